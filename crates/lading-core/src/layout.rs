@@ -1,0 +1,319 @@
+//! The node layout of SPEC §2 (Merritt's mrt-zk layout): ids, paths and the JSON records
+//! stored in nodes. Every path the engine touches is built here and nowhere else.
+//!
+//! Records keep fields they do not know (`extra`), so rewriting a status written by another
+//! tool never drops that tool's fields.
+
+use crate::state::{AccessState, BatchState, JobState};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::fmt;
+
+pub const BATCHES: &str = "/batches";
+pub const BATCH_PREFIX: &str = "/batches/bid";
+pub const BATCH_UUIDS: &str = "/batch-uuids";
+pub const JOBS: &str = "/jobs";
+pub const JOB_PREFIX: &str = "/jobs/jid";
+pub const JOB_STATES: &str = "/jobs/states";
+pub const ACCESS: &str = "/access";
+pub const LOCKS: &str = "/locks";
+pub const QUEUE_LOCKS: &str = "/locks/queue";
+pub const COLLECTION_LOCKS: &str = "/locks/collections";
+pub const STORAGE_LOCKS: &str = "/locks/storage";
+pub const INVENTORY_LOCKS: &str = "/locks/inventory";
+
+/// Folders the engine creates once, up front, so every later operation can assume them.
+pub const ROOTS: &[&str] = &[
+    BATCHES,
+    BATCH_UUIDS,
+    JOBS,
+    JOB_STATES,
+    ACCESS,
+    "/access/small",
+    "/access/large",
+    LOCKS,
+    QUEUE_LOCKS,
+    COLLECTION_LOCKS,
+    STORAGE_LOCKS,
+    INVENTORY_LOCKS,
+];
+
+/// The batch reference folders under `/batches/BID/states`.
+pub const BATCH_FOLDERS: &[&str] = &["batch-processing", "batch-completed", "batch-failed", "batch-deleted"];
+
+/// An id that is not of the expected form.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a valid {1} id (expected {2} followed by digits)")]
+pub struct BadId(pub String, pub &'static str, pub &'static str);
+
+macro_rules! id_type {
+    ($name:ident, $prefix:literal, $what:literal) => {
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(String);
+
+        impl $name {
+            pub const PREFIX: &'static str = $prefix;
+            pub fn parse(s: &str) -> Result<Self, BadId> {
+                let digits = s.strip_prefix($prefix).ok_or_else(|| BadId(s.into(), $what, $prefix))?;
+                if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(BadId(s.into(), $what, $prefix));
+                }
+                Ok($name(s.to_string()))
+            }
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
+}
+
+id_type!(BatchId, "bid", "batch");
+id_type!(JobId, "jid", "job");
+id_type!(AccessId, "qid", "access");
+
+/// The two access queues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AccessQueue {
+    Small,
+    Large,
+}
+
+impl AccessQueue {
+    pub fn name(self) -> &'static str {
+        match self {
+            AccessQueue::Small => "small",
+            AccessQueue::Large => "large",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "small" => Some(AccessQueue::Small),
+            "large" => Some(AccessQueue::Large),
+            _ => None,
+        }
+    }
+    /// The queue-pause lock name of this queue.
+    pub fn lock_name(self) -> &'static str {
+        match self {
+            AccessQueue::Small => "accessSmall",
+            AccessQueue::Large => "accessLarge",
+        }
+    }
+}
+
+/// Queues that can be paused with `/locks/queue/NAME`.
+pub const QUEUE_NAMES: &[&str] = &["ingest", "accessSmall", "accessLarge"];
+
+pub fn batch_path(b: &BatchId) -> String {
+    format!("{BATCHES}/{b}")
+}
+pub fn batch_node(b: &BatchId, name: &str) -> String {
+    format!("{BATCHES}/{b}/{name}")
+}
+pub fn batch_states(b: &BatchId) -> String {
+    format!("{BATCHES}/{b}/states")
+}
+pub fn batch_ref_folder(b: &BatchId, folder: &str) -> String {
+    format!("{BATCHES}/{b}/states/{folder}")
+}
+pub fn batch_ref(b: &BatchId, folder: &str, j: &JobId) -> String {
+    format!("{BATCHES}/{b}/states/{folder}/{j}")
+}
+pub fn batch_uuid_path(uuid: &str) -> String {
+    format!("{BATCH_UUIDS}/{uuid}")
+}
+pub fn job_path(j: &JobId) -> String {
+    format!("{JOBS}/{j}")
+}
+pub fn job_node(j: &JobId, name: &str) -> String {
+    format!("{JOBS}/{j}/{name}")
+}
+pub fn job_state_folder(s: JobState) -> String {
+    format!("{JOB_STATES}/{}", s.node_name())
+}
+/// The name of a job's reference in its state folder: two-digit priority, dash, id.
+pub fn job_ref_name(priority: u8, j: &JobId) -> String {
+    format!("{priority:02}-{j}")
+}
+pub fn job_ref(s: JobState, priority: u8, j: &JobId) -> String {
+    format!("{JOB_STATES}/{}/{}", s.node_name(), job_ref_name(priority, j))
+}
+/// Reads `PP-jidNNN` back into (priority, job id).
+pub fn parse_job_ref(name: &str) -> Option<(u8, JobId)> {
+    let (pp, jid) = name.split_once('-')?;
+    Some((pp.parse().ok()?, JobId::parse(jid).ok()?))
+}
+pub fn access_folder(q: AccessQueue) -> String {
+    format!("{ACCESS}/{}", q.name())
+}
+pub fn access_path(q: AccessQueue, a: &AccessId) -> String {
+    format!("{ACCESS}/{}/{a}", q.name())
+}
+pub fn queue_lock(name: &str) -> String {
+    format!("{QUEUE_LOCKS}/{name}")
+}
+pub fn collection_lock(mnemonic: &str) -> String {
+    format!("{COLLECTION_LOCKS}/{mnemonic}")
+}
+/// An ark as a single node name: `:/` and `/` become `_`.
+pub fn ark_node_name(ark: &str) -> String {
+    ark.replace(":/", "_").replace('/', "_")
+}
+pub fn storage_lock(ark: &str) -> String {
+    format!("{STORAGE_LOCKS}/{}", ark_node_name(ark))
+}
+pub fn inventory_lock(ark: &str) -> String {
+    format!("{INVENTORY_LOCKS}/{}", ark_node_name(ark))
+}
+
+/// Checks a collection mnemonic or queue name is usable as one node name.
+pub fn check_name(kind: &'static str, name: &str) -> Result<(), BadName> {
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." || name.contains('\0') {
+        return Err(BadName(kind, name.to_string()));
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {0} name {1:?}")]
+pub struct BadName(pub &'static str, pub String);
+
+/// `/jobs/JID/status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobStatus {
+    pub status: JobState,
+    #[serde(default)]
+    pub last_successful_status: Option<JobState>,
+    #[serde(default)]
+    pub last_modified: String,
+    #[serde(default)]
+    pub retry_count: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// `/batches/BID/status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchStatus {
+    pub status: BatchState,
+    #[serde(default)]
+    pub last_modified: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// `/access/QUEUE/QID/status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AccessStatus {
+    pub status: AccessState,
+    #[serde(default)]
+    pub last_modified: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// `/batches/BID/status-report`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StatusReport {
+    #[serde(default)]
+    pub last_modified: String,
+    #[serde(default)]
+    pub completed_jobs: Vec<String>,
+    #[serde(default)]
+    pub failed_jobs: Vec<String>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// `/jobs/JID/identifiers`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Identifiers {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary_id: Option<String>,
+    #[serde(default)]
+    pub local_id: Vec<String>,
+}
+
+/// `/jobs/JID/metadata`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ErcMetadata {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub erc_who: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub erc_what: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub erc_when: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub erc_where: Option<String>,
+}
+
+/// Data of a lock node: who holds it. Merritt's tools only test a lock's presence, so the
+/// identity rides along without changing what they see.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockOwner {
+    pub owner: String,
+    pub session: u64,
+    pub acquired: String,
+}
+
+/// Encodes a record as node bytes.
+pub fn to_bytes<T: Serialize>(v: &T) -> Vec<u8> {
+    // Serialising these plain records cannot fail: no maps with non-string keys, no floats.
+    serde_json::to_vec(v).expect("record serialises")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_parse_and_refuse() {
+        assert!(BatchId::parse("bid0000000001").is_ok());
+        assert!(JobId::parse("jid0001").is_ok());
+        assert!(JobId::parse("bid0001").is_err());
+        assert!(JobId::parse("jid").is_err());
+        assert!(JobId::parse("jid12a").is_err());
+        let e = JobId::parse("x").unwrap_err();
+        assert!(e.to_string().contains("\"x\" is not a valid job id"));
+    }
+
+    #[test]
+    fn job_refs_sort_by_priority_then_age() {
+        let a = job_ref_name(5, &JobId::parse("jid0000000002").unwrap());
+        let b = job_ref_name(10, &JobId::parse("jid0000000001").unwrap());
+        let c = job_ref_name(5, &JobId::parse("jid0000000001").unwrap());
+        let mut v = vec![a.clone(), b.clone(), c.clone()];
+        v.sort();
+        assert_eq!(v, vec![c, a, b]);
+        assert_eq!(parse_job_ref("05-jid0000000001").unwrap().0, 5);
+    }
+
+    #[test]
+    fn arks_become_one_node_name() {
+        assert_eq!(ark_node_name("ark:/13030/m5abc"), "ark_13030_m5abc");
+    }
+
+    #[test]
+    fn status_keeps_unknown_fields() {
+        let raw = r#"{"status":"Estimating","last_successful_status":null,"last_modified":"2026-11-21 14:03:07 +0000","retry_count":0,"owner_note":"x"}"#;
+        let s: JobStatus = serde_json::from_str(raw).unwrap();
+        assert_eq!(s.status, JobState::Estimating);
+        let back = String::from_utf8(to_bytes(&s)).unwrap();
+        assert!(back.contains("\"owner_note\":\"x\""));
+        assert!(back.contains("\"last_successful_status\":null"));
+    }
+}

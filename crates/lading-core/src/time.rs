@@ -1,0 +1,159 @@
+//! Time, injected. Everything that reads the clock takes a [`Clock`], so tests can set time
+//! instead of sleeping; timestamps are written the way Merritt writes them
+//! (`2026-11-21 14:03:07 +0000`) and read in that form or RFC 3339.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// A source of wall-clock time in milliseconds since the Unix epoch.
+pub trait Clock: Send + Sync + 'static {
+    fn now_ms(&self) -> u64;
+}
+
+/// The real clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> u64 {
+        SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    }
+}
+
+/// A clock that moves only when told to.
+#[derive(Debug, Default)]
+pub struct ManualClock(AtomicU64);
+
+impl ManualClock {
+    pub fn new(start_ms: u64) -> Arc<Self> {
+        Arc::new(ManualClock(AtomicU64::new(start_ms)))
+    }
+    pub fn advance_ms(&self, ms: u64) {
+        self.0.fetch_add(ms, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+pub type SharedClock = Arc<dyn Clock>;
+
+pub fn system_clock() -> SharedClock {
+    Arc::new(SystemClock)
+}
+
+// Civil-date conversion after Howard Hinnant's `days_from_civil` / `civil_from_days`.
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = if y >= 0 { y } else { y - 399 } / 400;
+    let yoe = y - era * 400;
+    let mp = (m as i64 + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d as i64 - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { yoe + era * 400 + 1 } else { yoe + era * 400 }, m, d)
+}
+
+/// Formats epoch milliseconds as `yyyy-MM-dd HH:mm:ss +0000` (UTC).
+pub fn format_ts(ms: u64) -> String {
+    let secs = (ms / 1000) as i64;
+    let (y, mo, d) = civil_from_days(secs.div_euclid(86_400));
+    let rem = secs.rem_euclid(86_400);
+    format!("{y:04}-{mo:02}-{d:02} {:02}:{:02}:{:02} +0000", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// Parses `yyyy-MM-dd HH:mm:ss ±hhmm` (Merritt's form) or RFC 3339
+/// (`yyyy-MM-ddTHH:mm:ss[.fff](Z|±hh:mm)`) into epoch milliseconds.
+pub fn parse_ts(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let b = s.as_bytes();
+    if b.len() < 19 || b[4] != b'-' || b[7] != b'-' || !(b[10] == b' ' || b[10] == b'T' || b[10] == b't') || b[13] != b':' || b[16] != b':' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| -> Option<u32> {
+        let part = s.get(r)?;
+        if part.bytes().all(|c| c.is_ascii_digit()) { part.parse().ok() } else { None }
+    };
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, mi, se) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || se > 60 {
+        return None;
+    }
+    let mut rest = &s[19..];
+    let mut millis = 0u64;
+    if let Some(frac) = rest.strip_prefix('.') {
+        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return None;
+        }
+        let padded = format!("{:0<3}", &frac[..digits.min(3)]);
+        millis = padded.parse().ok()?;
+        rest = &frac[digits..];
+    }
+    let rest = rest.trim_start();
+    let offset_secs: i64 = if rest.eq_ignore_ascii_case("z") {
+        0
+    } else {
+        let sign = match rest.as_bytes().first()? {
+            b'+' => 1,
+            b'-' => -1,
+            _ => return None,
+        };
+        let digits: String = rest[1..].chars().filter(|c| *c != ':').collect();
+        if digits.len() != 4 || !digits.bytes().all(|c| c.is_ascii_digit()) {
+            return None;
+        }
+        let oh: i64 = digits[..2].parse().ok()?;
+        let om: i64 = digits[2..].parse().ok()?;
+        sign * (oh * 3600 + om * 60)
+    };
+    let days = days_from_civil(y as i64, mo, d);
+    let secs = days * 86_400 + (h * 3600 + mi * 60 + se) as i64 - offset_secs;
+    u64::try_from(secs).ok().map(|s| s * 1000 + millis)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_like_merritt() {
+        assert_eq!(format_ts(0), "1970-01-01 00:00:00 +0000");
+        // 2026-11-21 14:03:07 UTC
+        assert_eq!(format_ts(1_795_269_787_000), "2026-11-21 14:03:07 +0000");
+    }
+
+    #[test]
+    fn parses_both_forms() {
+        let ms = 1_795_269_787_000;
+        assert_eq!(parse_ts("2026-11-21 14:03:07 +0000"), Some(ms));
+        assert_eq!(parse_ts("2026-11-21 06:03:07 -0800"), Some(ms));
+        assert_eq!(parse_ts("2026-11-21T14:03:07Z"), Some(ms));
+        assert_eq!(parse_ts("2026-11-21T15:03:07.250+01:00"), Some(ms + 250));
+        assert_eq!(parse_ts("2026-13-21 14:03:07 +0000"), None);
+        assert_eq!(parse_ts("yesterday"), None);
+    }
+
+    #[test]
+    fn round_trips_over_a_range_of_days() {
+        for day in (0..40_000u64).step_by(37) {
+            let ms = day * 86_400_000 + 45_296_000;
+            assert_eq!(parse_ts(&format_ts(ms)), Some(ms));
+        }
+    }
+}

@@ -1,0 +1,313 @@
+//! The coordination tree: the one interface every backend implements.
+//!
+//! It is ZooKeeper's data model, no more: nodes addressed by slash paths, each with optional
+//! bytes and a version that counts its `set`s; persistent, sequential and ephemeral nodes; an
+//! all-or-nothing `multi`; one-shot watches. Everything the engine guarantees is built from
+//! these, so a backend that implements them faithfully gets the guarantees for free — and a
+//! ZooKeeper ensemble implements them natively.
+//!
+//! A [`Tree`] value is one *session*: the ephemeral nodes it creates live exactly as long as
+//! the session, and an expired session can never commit again.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+/// A boxed, sendable future; keeps [`Tree`] object-safe (`Arc<dyn Tree>`).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Node metadata.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stat {
+    /// Number of `set`s since creation (ZooKeeper's `version`), 0 when new.
+    pub version: i32,
+    /// Session that owns this ephemeral node, 0 for a persistent one.
+    pub ephemeral_owner: u64,
+    pub ctime_ms: u64,
+    pub mtime_ms: u64,
+}
+
+/// A node's data and metadata. `data` is `None` for an empty node (no bytes at all).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    pub data: Option<Vec<u8>>,
+    pub stat: Stat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CreateMode {
+    Persistent,
+    /// Appends a 10-digit, per-parent increasing counter to the name.
+    PersistentSequential,
+    /// Removed when the creating session ends.
+    Ephemeral,
+}
+
+/// One operation of a [`Tree::multi`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Fails unless the node exists (and, with `Some(v)`, has version `v`).
+    Check { path: String, version: Option<i32> },
+    Create { path: String, data: Option<Vec<u8>>, mode: CreateMode },
+    /// With `Some(v)`, fails unless the current version is `v`.
+    Set { path: String, data: Option<Vec<u8>>, version: Option<i32> },
+    /// With `Some(v)`, fails unless the current version is `v`. Fails on a node with children.
+    Delete { path: String, version: Option<i32> },
+}
+
+impl Op {
+    pub fn check(path: impl Into<String>, version: Option<i32>) -> Op {
+        Op::Check { path: path.into(), version }
+    }
+    pub fn create(path: impl Into<String>, data: Option<Vec<u8>>) -> Op {
+        Op::Create { path: path.into(), data, mode: CreateMode::Persistent }
+    }
+    pub fn create_mode(path: impl Into<String>, data: Option<Vec<u8>>, mode: CreateMode) -> Op {
+        Op::Create { path: path.into(), data, mode }
+    }
+    pub fn set(path: impl Into<String>, data: Option<Vec<u8>>, version: Option<i32>) -> Op {
+        Op::Set { path: path.into(), data, version }
+    }
+    pub fn delete(path: impl Into<String>, version: Option<i32>) -> Op {
+        Op::Delete { path: path.into(), version }
+    }
+    pub fn path(&self) -> &str {
+        match self {
+            Op::Check { path, .. } | Op::Create { path, .. } | Op::Set { path, .. } | Op::Delete { path, .. } => path,
+        }
+    }
+}
+
+/// The result of one successful operation of a `multi`, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OpResult {
+    Check,
+    /// The created path (with the sequence suffix, for a sequential node).
+    Create(String),
+    Set(Stat),
+    Delete,
+}
+
+/// What the tree refuses. Each variant says whether retrying the same call can help.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TreeError {
+    #[error("no node at {0}")]
+    NoNode(String),
+    #[error("node already exists at {0}")]
+    NodeExists(String),
+    #[error("version mismatch at {path}: expected {expected}, found {actual}")]
+    BadVersion { path: String, expected: i32, actual: i32 },
+    #[error("node {0} has children")]
+    NotEmpty(String),
+    #[error("ephemeral node {0} cannot have children")]
+    NoChildrenForEphemerals(String),
+    #[error("invalid path {0:?}: {1}")]
+    InvalidPath(String, &'static str),
+    #[error("session expired")]
+    SessionExpired,
+    #[error("connection lost: {0}")]
+    ConnectionLoss(String),
+    #[error("operation {index} of multi failed ({op_path}): {source}")]
+    Multi {
+        index: usize,
+        op_path: String,
+        #[source]
+        source: Box<TreeError>,
+    },
+    #[error("store {0} is not a Lading store: {1}")]
+    NotOurs(String, String),
+    #[error("backend error: {0}")]
+    Backend(String),
+}
+
+impl TreeError {
+    /// Whether the same call may succeed later without anything else changing.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            TreeError::ConnectionLoss(_) => true,
+            TreeError::Multi { source, .. } => source.is_retryable(),
+            _ => false,
+        }
+    }
+
+    /// The error of the failing operation, for a `multi` error; the error itself otherwise.
+    pub fn root(&self) -> &TreeError {
+        match self {
+            TreeError::Multi { source, .. } => source.root(),
+            e => e,
+        }
+    }
+
+    /// Index of the failing operation of a `multi`.
+    pub fn failed_op(&self) -> Option<usize> {
+        match self {
+            TreeError::Multi { index, .. } => Some(*index),
+            _ => None,
+        }
+    }
+}
+
+/// What a watch waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WatchKind {
+    /// The node is created, set or deleted.
+    Data,
+    /// A child of the node is created or deleted.
+    Children,
+}
+
+/// A one-shot watch: a future that completes when the watched change happens (or, spuriously,
+/// when the backend cannot tell; a waiter always re-reads). Registered before the future is
+/// returned, so a change after `watch` returns is never missed.
+pub struct Watch(BoxFuture<'static, ()>);
+
+impl Watch {
+    pub fn new(fut: impl Future<Output = ()> + Send + 'static) -> Watch {
+        Watch(Box::pin(fut))
+    }
+}
+
+impl Future for Watch {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.0.as_mut().poll(cx)
+    }
+}
+
+impl fmt::Debug for Watch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Watch")
+    }
+}
+
+/// The coordination tree, as one session sees it.
+pub trait Tree: Send + Sync + 'static {
+    /// A short name of the backend kind (`sqlite`, `zookeeper`).
+    fn kind(&self) -> &'static str;
+
+    /// The current session. Changes when an expired session is replaced by a new one; a lease
+    /// taken under an older session is lost.
+    fn session_id(&self) -> u64;
+
+    fn get<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<Node>, TreeError>>;
+
+    fn exists<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<Stat>, TreeError>> {
+        Box::pin(async move { Ok(self.get(path).await?.map(|n| n.stat)) })
+    }
+
+    /// Names (not paths) of all children, sorted. `NoNode` when `path` does not exist.
+    fn children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Vec<String>, TreeError>>;
+
+    /// At most `limit` children, sorted, strictly after `after`. The way to read the head of a
+    /// very long queue without paying for its length.
+    fn children_page<'a>(
+        &'a self,
+        path: &'a str,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>, TreeError>>;
+
+    /// Number of children (ZooKeeper's `numChildren`).
+    fn count_children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<u64, TreeError>>;
+
+    /// Applies every op or none. On failure the error is [`TreeError::Multi`] naming the first
+    /// failing op; nothing was changed.
+    fn multi(&self, ops: Vec<Op>) -> BoxFuture<'_, Result<Vec<OpResult>, TreeError>>;
+
+    /// Registers a one-shot watch on `path`.
+    fn watch<'a>(&'a self, path: &'a str, kind: WatchKind) -> BoxFuture<'a, Result<Watch, TreeError>>;
+
+    /// Ends the session: its ephemeral nodes are removed now, not at expiry.
+    fn close(&self) -> BoxFuture<'_, Result<(), TreeError>>;
+
+    fn create(&self, path: &str, data: Option<Vec<u8>>, mode: CreateMode) -> BoxFuture<'_, Result<String, TreeError>> {
+        let op = Op::create_mode(path, data, mode);
+        Box::pin(async move {
+            match self.multi(vec![op]).await.map_err(unwrap_single)?.pop() {
+                Some(OpResult::Create(p)) => Ok(p),
+                other => Err(TreeError::Backend(format!("create returned {other:?}"))),
+            }
+        })
+    }
+
+    fn set(&self, path: &str, data: Option<Vec<u8>>, version: Option<i32>) -> BoxFuture<'_, Result<Stat, TreeError>> {
+        let op = Op::set(path, data, version);
+        Box::pin(async move {
+            match self.multi(vec![op]).await.map_err(unwrap_single)?.pop() {
+                Some(OpResult::Set(s)) => Ok(s),
+                other => Err(TreeError::Backend(format!("set returned {other:?}"))),
+            }
+        })
+    }
+
+    fn delete(&self, path: &str, version: Option<i32>) -> BoxFuture<'_, Result<(), TreeError>> {
+        let op = Op::delete(path, version);
+        Box::pin(async move {
+            self.multi(vec![op]).await.map_err(unwrap_single)?;
+            Ok(())
+        })
+    }
+}
+
+/// A single-op multi reports the op's own error, not a wrapper.
+fn unwrap_single(e: TreeError) -> TreeError {
+    match e {
+        TreeError::Multi { source, .. } => *source,
+        e => e,
+    }
+}
+
+/// Checks a path is absolute, has no empty segment and no trailing slash (`/` alone is the
+/// root).
+pub fn validate_path(path: &str) -> Result<(), TreeError> {
+    if path == "/" {
+        return Ok(());
+    }
+    if !path.starts_with('/') {
+        return Err(TreeError::InvalidPath(path.into(), "must start with /"));
+    }
+    if path.ends_with('/') {
+        return Err(TreeError::InvalidPath(path.into(), "must not end with /"));
+    }
+    if path[1..].split('/').any(|s| s.is_empty() || s == "." || s == "..") {
+        return Err(TreeError::InvalidPath(path.into(), "empty, . or .. segment"));
+    }
+    if path.contains('\0') {
+        return Err(TreeError::InvalidPath(path.into(), "contains NUL"));
+    }
+    Ok(())
+}
+
+/// Splits a valid non-root path into (parent, name).
+pub fn split_path(path: &str) -> (&str, &str) {
+    match path.rfind('/') {
+        Some(0) => ("/", &path[1..]),
+        Some(i) => (&path[..i], &path[i + 1..]),
+        None => ("/", path),
+    }
+}
+
+/// Joins a parent path and a child name.
+pub fn join_path(parent: &str, name: &str) -> String {
+    if parent == "/" { format!("/{name}") } else { format!("{parent}/{name}") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_validated_and_split() {
+        assert!(validate_path("/").is_ok());
+        assert!(validate_path("/jobs/jid0000000001").is_ok());
+        assert!(validate_path("jobs").is_err());
+        assert!(validate_path("/jobs/").is_err());
+        assert!(validate_path("/jobs//x").is_err());
+        assert!(validate_path("/jobs/../x").is_err());
+        assert_eq!(split_path("/jobs"), ("/", "jobs"));
+        assert_eq!(split_path("/jobs/states/pending"), ("/jobs/states", "pending"));
+        assert_eq!(join_path("/", "jobs"), "/jobs");
+        assert_eq!(join_path("/jobs", "x"), "/jobs/x");
+    }
+}
