@@ -1,1 +1,1406 @@
-//! placeholder
+//! The queue engine: batches, jobs and access requests on any [`Tree`], with the node layout
+//! of SPEC §2 and the guarantees of SPEC §3.
+//!
+//! How the guarantees are built from the tree:
+//! - **Atomic transitions**: one `multi` checks the caller's lock, rewrites the status with
+//!   the version read at acquisition, moves the `states/STATE/PP-JID` and batch references,
+//!   and (unless the caller keeps working) deletes the lock.
+//! - **Fencing**: a lease remembers the session it was taken in and the status version. A
+//!   lapsed session cannot commit; a status changed by anyone else fails the version check.
+//!   Either way the caller gets [`EngineError::LeaseLost`].
+//! - **Order without scans**: acquisition reads the head of the state folder a page at a time
+//!   (`children_page`), so its cost does not grow with the queue.
+//! - **Exactly-once batch completion**: a batch moves Processing → Reporting only through a
+//!   version-checked `set` after seeing `batch-processing` empty; the loser of a race sees
+//!   the version moved and stops. Anything that puts a job back into `batch-processing` bumps
+//!   the batch status version in the same `multi`.
+//! - **Admin actions on unlocked items** create and delete the item's lock inside their own
+//!   `multi`, so they fail cleanly (`Locked`) while a worker holds it.
+
+mod error;
+
+pub use error::{EngineError, Result};
+
+use lading_core::layout::{self, *};
+use lading_core::time::{SharedClock, format_ts};
+use lading_core::{
+    AccessState, BatchState, CreateMode, Event, JobProgress, JobState, Op, Tree, TreeError, WatchKind,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::broadcast;
+
+/// References read per page while looking for work.
+const PAGE: usize = 64;
+/// Most references one acquisition looks at before giving up (all locked by others).
+const MAX_SCAN: usize = 4096;
+/// Retries of an optimistic read-check-write loop before reporting `Conflict`.
+const MAX_OPTIMISTIC: usize = 32;
+
+/// A committed change, published to subscribers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ChangeEvent {
+    /// `batch`, `job` or `access`.
+    pub kind: &'static str,
+    pub id: String,
+    /// The batch a job belongs to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch: Option<String>,
+    pub from: Option<String>,
+    pub to: String,
+    pub time: String,
+}
+
+/// A job held by this worker.
+#[derive(Debug, Clone)]
+pub struct JobLease {
+    pub job: JobId,
+    pub batch: BatchId,
+    pub status: JobStatus,
+    pub priority: u8,
+    status_version: i32,
+    session: u64,
+}
+
+impl JobLease {
+    pub fn state(&self) -> JobState {
+        self.status.status
+    }
+}
+
+/// A batch held by this worker.
+#[derive(Debug, Clone)]
+pub struct BatchLease {
+    pub batch: BatchId,
+    pub status: BatchStatus,
+    status_version: i32,
+    session: u64,
+}
+
+/// An access request held by this worker.
+#[derive(Debug, Clone)]
+pub struct AccessLease {
+    pub queue: AccessQueue,
+    pub id: AccessId,
+    pub status: AccessStatus,
+    pub token: Value,
+    status_version: i32,
+    session: u64,
+}
+
+/// A per-object lock (`/locks/storage/ARK`, `/locks/inventory/ARK`).
+#[derive(Debug)]
+pub struct ArkLock {
+    path: String,
+    session: u64,
+}
+
+/// What a new job is made of.
+#[derive(Debug, Clone, Default)]
+pub struct JobSpec {
+    pub configuration: Map<String, Value>,
+    /// 0..=99; lower runs first. `None` means the default, 5.
+    pub priority: Option<u8>,
+    pub space_needed: u64,
+    pub identifiers: Identifiers,
+    pub metadata: ErcMetadata,
+}
+
+/// Everything stored about a job.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobInfo {
+    pub id: String,
+    pub bid: String,
+    pub status: JobStatus,
+    pub priority: u8,
+    pub space_needed: u64,
+    pub configuration: Value,
+    pub identifiers: Value,
+    pub metadata: Value,
+    pub locked: bool,
+}
+
+/// Everything stored about a batch, with its jobs per reference folder.
+#[derive(Debug, Clone, Serialize)]
+pub struct BatchInfo {
+    pub id: String,
+    pub status: BatchStatus,
+    pub submission: Value,
+    pub status_report: Option<StatusReport>,
+    pub jobs: BTreeMap<String, Vec<String>>,
+    pub locked: bool,
+}
+
+/// An access request.
+#[derive(Debug, Clone, Serialize)]
+pub struct AccessInfo {
+    pub queue: AccessQueue,
+    pub id: String,
+    pub status: AccessStatus,
+    pub token: Value,
+    pub locked: bool,
+}
+
+/// Default priority of a job (SPEC §2).
+pub const DEFAULT_PRIORITY: u8 = 5;
+
+/// The engine over one tree session.
+pub struct Engine {
+    tree: Arc<dyn Tree>,
+    clock: SharedClock,
+    owner: String,
+    events: broadcast::Sender<ChangeEvent>,
+    /// Locks this process is trying for or holds, so local workers do not race each other.
+    claimed: Mutex<HashSet<String>>,
+}
+
+fn lost(what: &str) -> EngineError {
+    EngineError::LeaseLost(what.to_string())
+}
+
+fn json_bytes<T: Serialize>(v: &T) -> Option<Vec<u8>> {
+    Some(to_bytes(v))
+}
+
+impl Engine {
+    /// Wraps a tree session. Call [`Engine::init`] once per store before use (it is idempotent).
+    pub fn new(tree: Arc<dyn Tree>, clock: SharedClock, owner: impl Into<String>) -> Engine {
+        let (events, _) = broadcast::channel(4096);
+        Engine { tree, clock, owner: owner.into(), events, claimed: Mutex::new(HashSet::new()) }
+    }
+
+    pub fn tree(&self) -> &Arc<dyn Tree> {
+        &self.tree
+    }
+
+    pub fn clock(&self) -> &SharedClock {
+        &self.clock
+    }
+
+    /// Subscribes to committed changes made through this engine.
+    pub fn subscribe(&self) -> broadcast::Receiver<ChangeEvent> {
+        self.events.subscribe()
+    }
+
+    fn now(&self) -> String {
+        format_ts(self.clock.now_ms())
+    }
+
+    fn publish(&self, kind: &'static str, id: &str, batch: Option<&BatchId>, from: Option<&str>, to: &str) {
+        tracing::debug!(kind, id, from, to, "transition");
+        let _ = self.events.send(ChangeEvent {
+            kind,
+            id: id.to_string(),
+            batch: batch.map(|b| b.to_string()),
+            from: from.map(str::to_string),
+            to: to.to_string(),
+            time: self.now(),
+        });
+    }
+
+    fn lock_data(&self) -> Option<Vec<u8>> {
+        json_bytes(&LockOwner { owner: self.owner.clone(), session: self.tree.session_id(), acquired: self.now() })
+    }
+
+    /// Creates the fixed folders of the layout (idempotent).
+    pub async fn init(&self) -> Result<()> {
+        let mut paths: Vec<String> = ROOTS.iter().map(|s| s.to_string()).collect();
+        paths.extend(JobState::ALL.iter().map(|s| job_state_folder(*s)));
+        for p in paths {
+            match self.tree.create(&p, None, CreateMode::Persistent).await {
+                Ok(_) | Err(TreeError::NodeExists(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    // ----- reading -----------------------------------------------------------------------
+
+    async fn read_json<T: DeserializeOwned>(&self, path: &str) -> Result<Option<(T, i32)>> {
+        let Some(node) = self.tree.get(path).await? else { return Ok(None) };
+        let bytes = node.data.unwrap_or_default();
+        let v = serde_json::from_slice(&bytes)
+            .map_err(|e| EngineError::Corrupt { path: path.to_string(), reason: format!("invalid JSON: {e}") })?;
+        Ok(Some((v, node.stat.version)))
+    }
+
+    async fn read_string(&self, path: &str) -> Result<Option<String>> {
+        let Some(node) = self.tree.get(path).await? else { return Ok(None) };
+        String::from_utf8(node.data.unwrap_or_default())
+            .map(|s| Some(s.trim().to_string()))
+            .map_err(|_| EngineError::Corrupt { path: path.into(), reason: "not UTF-8 text".into() })
+    }
+
+    async fn read_u64(&self, path: &str) -> Result<Option<u64>> {
+        match self.read_string(path).await? {
+            None => Ok(None),
+            Some(s) if s.is_empty() => Ok(Some(0)),
+            Some(s) => s
+                .parse()
+                .map(Some)
+                .map_err(|_| EngineError::Corrupt { path: path.into(), reason: format!("not a decimal integer: {s:?}") }),
+        }
+    }
+
+    async fn job_status(&self, job: &JobId) -> Result<(JobStatus, i32)> {
+        self.read_json(&job_node(job, "status")).await?.ok_or_else(|| EngineError::NoJob(job.to_string()))
+    }
+
+    async fn job_priority(&self, job: &JobId) -> Result<u8> {
+        let p = self.read_u64(&job_node(job, "priority")).await?.unwrap_or(DEFAULT_PRIORITY as u64);
+        u8::try_from(p).ok().filter(|p| *p <= 99).ok_or_else(|| EngineError::Corrupt {
+            path: job_node(job, "priority"),
+            reason: format!("priority {p} is outside 0..=99"),
+        })
+    }
+
+    async fn job_batch(&self, job: &JobId) -> Result<BatchId> {
+        let path = job_node(job, "bid");
+        let s = self.read_string(&path).await?.ok_or_else(|| EngineError::NoJob(job.to_string()))?;
+        BatchId::parse(&s).map_err(|e| EngineError::Corrupt { path, reason: e.to_string() })
+    }
+
+    async fn batch_status(&self, batch: &BatchId) -> Result<(BatchStatus, i32)> {
+        self.read_json(&batch_node(batch, "status")).await?.ok_or_else(|| EngineError::NoBatch(batch.to_string()))
+    }
+
+    /// A job's full record.
+    pub async fn job(&self, job: &JobId) -> Result<JobInfo> {
+        let (status, _) = self.job_status(job).await?;
+        let opt_json = |p: Option<(Value, i32)>| p.map(|(v, _)| v).unwrap_or(Value::Null);
+        Ok(JobInfo {
+            id: job.to_string(),
+            bid: self.job_batch(job).await?.to_string(),
+            status,
+            priority: self.job_priority(job).await?,
+            space_needed: self.read_u64(&job_node(job, "space_needed")).await?.unwrap_or(0),
+            configuration: opt_json(self.read_json(&job_node(job, "configuration")).await?),
+            identifiers: opt_json(self.read_json(&job_node(job, "identifiers")).await?),
+            metadata: opt_json(self.read_json(&job_node(job, "metadata")).await?),
+            locked: self.tree.exists(&job_node(job, "lock")).await?.is_some(),
+        })
+    }
+
+    /// A job's `configuration` node.
+    pub async fn job_configuration(&self, job: &JobId) -> Result<Map<String, Value>> {
+        Ok(self.read_json(&job_node(job, "configuration")).await?.map(|(v, _)| v).unwrap_or_default())
+    }
+
+    /// A batch's full record.
+    pub async fn batch(&self, batch: &BatchId) -> Result<BatchInfo> {
+        let (status, _) = self.batch_status(batch).await?;
+        let submission = self.read_json(&batch_node(batch, "submission")).await?.map(|(v, _)| v).unwrap_or(Value::Null);
+        let status_report = self.read_json(&batch_node(batch, "status-report")).await?.map(|(v, _)| v);
+        let mut jobs = BTreeMap::new();
+        for folder in BATCH_FOLDERS {
+            match self.tree.children(&batch_ref_folder(batch, folder)).await {
+                Ok(c) => {
+                    jobs.insert(folder.to_string(), c);
+                }
+                Err(TreeError::NoNode(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let locked = self.tree.exists(&batch_node(batch, "lock")).await?.is_some();
+        Ok(BatchInfo { id: batch.to_string(), status, submission, status_report, jobs, locked })
+    }
+
+    /// Finds a batch by the uuid in its submission.
+    pub async fn batch_by_uuid(&self, uuid: &str) -> Result<Option<BatchId>> {
+        layout::check_name("batch uuid", uuid)?;
+        match self.read_string(&batch_uuid_path(uuid)).await? {
+            None => Ok(None),
+            Some(s) => BatchId::parse(&s)
+                .map(Some)
+                .map_err(|e| EngineError::Corrupt { path: batch_uuid_path(uuid), reason: e.to_string() }),
+        }
+    }
+
+    /// Number of jobs per state (from the state folders; one count each).
+    pub async fn job_counts(&self) -> Result<BTreeMap<JobState, u64>> {
+        let mut out = BTreeMap::new();
+        for s in JobState::ALL {
+            let n = match self.tree.count_children(&job_state_folder(*s)).await {
+                Ok(n) => n,
+                Err(TreeError::NoNode(_)) => 0,
+                Err(e) => return Err(e.into()),
+            };
+            out.insert(*s, n);
+        }
+        Ok(out)
+    }
+
+    /// Jobs in a state, in acquisition order, a page at a time: (priority, id).
+    pub async fn list_jobs(&self, state: JobState, after: Option<&str>, limit: usize) -> Result<Vec<(u8, JobId)>> {
+        let names = self.tree.children_page(&job_state_folder(state), after, limit).await?;
+        Ok(names.iter().filter_map(|n| parse_job_ref(n)).collect())
+    }
+
+    /// All batch ids, in creation order.
+    pub async fn batch_ids(&self) -> Result<Vec<BatchId>> {
+        Ok(self.tree.children(BATCHES).await?.iter().filter_map(|n| BatchId::parse(n).ok()).collect())
+    }
+
+    /// Batch states with their number of batches (reads every batch status).
+    pub async fn batch_counts(&self) -> Result<BTreeMap<BatchState, u64>> {
+        let mut out: BTreeMap<BatchState, u64> = BatchState::ALL.iter().map(|s| (*s, 0)).collect();
+        for b in self.batch_ids().await? {
+            match self.batch_status(&b).await {
+                Ok((s, _)) => *out.entry(s.status).or_default() += 1,
+                Err(EngineError::NoBatch(_)) => {} // being created or purged
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    // ----- holds and pauses ----------------------------------------------------------------
+
+    async fn flag(&self, path: &str, on: bool) -> Result<bool> {
+        let r = if on {
+            self.tree.create(path, None, CreateMode::Persistent).await.map(|_| ())
+        } else {
+            self.tree.delete(path, None).await
+        };
+        match r {
+            Ok(()) => Ok(true),
+            Err(TreeError::NodeExists(_)) | Err(TreeError::NoNode(_)) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Pauses a queue (`ingest`, `accessSmall`, `accessLarge`). Returns false if already paused.
+    pub async fn pause_queue(&self, name: &str) -> Result<bool> {
+        check_queue(name)?;
+        self.flag(&queue_lock(name), true).await
+    }
+
+    pub async fn resume_queue(&self, name: &str) -> Result<bool> {
+        check_queue(name)?;
+        self.flag(&queue_lock(name), false).await
+    }
+
+    pub async fn queue_paused(&self, name: &str) -> Result<bool> {
+        check_queue(name)?;
+        Ok(self.tree.exists(&queue_lock(name)).await?.is_some())
+    }
+
+    /// Holds a collection: its pending batches and jobs turn Held when next acquired.
+    pub async fn hold_collection(&self, name: &str) -> Result<bool> {
+        check_name("collection", name)?;
+        self.flag(&collection_lock(name), true).await
+    }
+
+    pub async fn collection_held(&self, name: &str) -> Result<bool> {
+        check_name("collection", name)?;
+        Ok(self.tree.exists(&collection_lock(name)).await?.is_some())
+    }
+
+    /// Releases a collection hold and puts every Held batch and job of that collection back to
+    /// Pending. Returns how many items were released.
+    pub async fn release_collection(&self, name: &str) -> Result<usize> {
+        check_name("collection", name)?;
+        self.flag(&collection_lock(name), false).await?;
+        let mut released = 0;
+        for b in self.batch_ids().await? {
+            let Ok((st, _)) = self.batch_status(&b).await else { continue };
+            if st.status == BatchState::Held && self.batch_collection(&b).await?.as_deref() == Some(name) {
+                self.release_batch(&b).await?;
+                released += 1;
+            }
+        }
+        let mut after: Option<String> = None;
+        loop {
+            let page = self.tree.children_page(&job_state_folder(JobState::Held), after.as_deref(), PAGE).await?;
+            let Some(last) = page.last().cloned() else { break };
+            for name_ref in &page {
+                let Some((_, job)) = parse_job_ref(name_ref) else { continue };
+                if self.job_collection(&job).await?.as_deref() == Some(name) {
+                    self.admin_job(&job, |p| p.apply(Event::To(JobState::Pending))).await?;
+                    released += 1;
+                }
+            }
+            after = Some(last);
+        }
+        Ok(released)
+    }
+
+    async fn batch_collection(&self, batch: &BatchId) -> Result<Option<String>> {
+        let sub: Option<(Map<String, Value>, i32)> = self.read_json(&batch_node(batch, "submission")).await?;
+        Ok(sub.and_then(|(m, _)| m.get("collection").and_then(Value::as_str).map(str::to_string)))
+    }
+
+    async fn job_collection(&self, job: &JobId) -> Result<Option<String>> {
+        Ok(self.job_configuration(job).await?.get("collection").and_then(Value::as_str).map(str::to_string))
+    }
+
+    async fn any_collection_held(&self) -> Result<bool> {
+        Ok(self.tree.count_children(COLLECTION_LOCKS).await? > 0)
+    }
+
+    // ----- batches -------------------------------------------------------------------------
+
+    /// Creates a Pending batch from a submission (SPEC §2 `submission` fields; a `batchID` uuid
+    /// is generated when missing and indexed under `/batch-uuids`).
+    pub async fn create_batch(&self, mut submission: Map<String, Value>) -> Result<BatchId> {
+        let uuid = match submission.get("batchID") {
+            Some(Value::String(s)) if !s.is_empty() => s.clone(),
+            None | Some(Value::Null) => uuid::Uuid::new_v4().to_string(),
+            Some(other) => return Err(EngineError::Invalid(format!("batchID must be a string, got {other}"))),
+        };
+        check_name("batch uuid", &uuid)?;
+        if self.tree.exists(&batch_uuid_path(&uuid)).await?.is_some() {
+            return Err(EngineError::Invalid(format!("a batch with batchID {uuid} already exists")));
+        }
+        submission.insert("batchID".into(), Value::String(uuid.clone()));
+        submission.entry("submissionDate").or_insert_with(|| Value::String(self.now()));
+        let path = self.tree.create(BATCH_PREFIX, None, CreateMode::PersistentSequential).await?;
+        let bid = BatchId::parse(lading_core::tree::split_path(&path).1)?;
+        let status = BatchStatus { status: BatchState::Pending, last_modified: self.now(), message: None, extra: Map::new() };
+        let r = self
+            .tree
+            .multi(vec![
+                Op::create(batch_node(&bid, "submission"), json_bytes(&submission)),
+                Op::create(batch_node(&bid, "status"), json_bytes(&status)),
+                Op::create(batch_uuid_path(&uuid), Some(bid.to_string().into_bytes())),
+            ])
+            .await;
+        if let Err(e) = r {
+            // Leave no empty shell behind.
+            let _ = self.tree.delete(&path, None).await;
+            if matches!(e.root(), TreeError::NodeExists(p) if p.starts_with(BATCH_UUIDS)) {
+                return Err(EngineError::Invalid(format!("a batch with batchID {uuid} already exists")));
+            }
+            return Err(e.into());
+        }
+        self.publish("batch", bid.as_str(), None, None, BatchState::Pending.name());
+        Ok(bid)
+    }
+
+    /// Acquires a batch in `state` (Pending, Reporting or UpdateReporting), oldest first. A
+    /// pending batch of a held collection is moved to Held instead of being returned; a paused
+    /// ingest queue hands out nothing.
+    pub async fn acquire_batch(&self, state: BatchState) -> Result<Option<BatchLease>> {
+        if self.queue_paused("ingest").await? {
+            return Ok(None);
+        }
+        let holds = state == BatchState::Pending && self.any_collection_held().await?;
+        let mut after: Option<String> = None;
+        loop {
+            let page = self.tree.children_page(BATCHES, after.as_deref(), PAGE).await?;
+            let Some(last) = page.last().cloned() else { return Ok(None) };
+            for name in &page {
+                let Ok(bid) = BatchId::parse(name) else { continue };
+                let (status, version) = match self.batch_status(&bid).await {
+                    Ok(s) => s,
+                    Err(EngineError::NoBatch(_)) => continue,
+                    Err(e) => return Err(e),
+                };
+                if status.status != state {
+                    continue;
+                }
+                let lock = batch_node(&bid, "lock");
+                if !self.claim(&lock) {
+                    continue;
+                }
+                let got = self.try_lock(&lock, Op::check(batch_node(&bid, "status"), Some(version))).await;
+                let lease = match got {
+                    Ok(true) => BatchLease { batch: bid.clone(), status, status_version: version, session: self.tree.session_id() },
+                    Ok(false) => {
+                        self.unclaim(&lock);
+                        continue;
+                    }
+                    Err(e) => {
+                        self.unclaim(&lock);
+                        return Err(e);
+                    }
+                };
+                if holds {
+                    if let Some(c) = self.batch_collection(&bid).await? {
+                        if self.collection_held(&c).await? {
+                            self.batch_transition(lease, Event::To(BatchState::Held), Some(format!("collection {c} is held"))).await?;
+                            continue;
+                        }
+                    }
+                }
+                return Ok(Some(lease));
+            }
+            after = Some(last);
+        }
+    }
+
+    /// Creates the lock at `lock` if `guard` still holds. Ok(false) when someone else has it or
+    /// the guard failed (the item moved on).
+    async fn try_lock(&self, lock: &str, guard: Op) -> Result<bool> {
+        match self.tree.multi(vec![guard, Op::create_mode(lock, self.lock_data(), CreateMode::Ephemeral)]).await {
+            Ok(_) => Ok(true),
+            Err(e) => match e.root() {
+                TreeError::NodeExists(_) | TreeError::NoNode(_) | TreeError::BadVersion { .. } => Ok(false),
+                _ => Err(e.into()),
+            },
+        }
+    }
+
+    fn claim(&self, lock: &str) -> bool {
+        self.claimed.lock().unwrap_or_else(|p| p.into_inner()).insert(lock.to_string())
+    }
+
+    fn unclaim(&self, lock: &str) {
+        self.claimed.lock().unwrap_or_else(|p| p.into_inner()).remove(lock);
+    }
+
+    fn check_batch_lease(&self, lease: &BatchLease) -> Result<()> {
+        if lease.session != self.tree.session_id() {
+            return Err(lost(lease.batch.as_str()));
+        }
+        Ok(())
+    }
+
+    /// Moves a leased batch and releases its lock. Pending → Processing creates the batch's
+    /// `states` folders (as Merritt does on acquisition) and then checks whether the batch is
+    /// already finished.
+    pub async fn batch_transition(&self, lease: BatchLease, event: Event<BatchState>, message: Option<String>) -> Result<BatchStatus> {
+        let lock = batch_node(&lease.batch, "lock");
+        let r = self.batch_transition_inner(&lease, event, message).await;
+        self.unclaim(&lock);
+        let status = r?;
+        if status.status == BatchState::Processing {
+            self.maybe_report(&lease.batch).await?;
+        }
+        Ok(status)
+    }
+
+    async fn batch_transition_inner(&self, lease: &BatchLease, event: Event<BatchState>, message: Option<String>) -> Result<BatchStatus> {
+        self.check_batch_lease(lease)?;
+        let bid = &lease.batch;
+        let to = lease.status.status.resolve(event)?;
+        let mut status = lease.status.clone();
+        status.status = to;
+        status.last_modified = self.now();
+        status.message = message;
+        let lock = batch_node(bid, "lock");
+        let mut ops = vec![
+            Op::check(&lock, None),
+            Op::set(batch_node(bid, "status"), json_bytes(&status), Some(lease.status_version)),
+        ];
+        if to == BatchState::Processing && self.tree.exists(&batch_states(bid)).await?.is_none() {
+            ops.push(Op::create(batch_states(bid), None));
+            for f in BATCH_FOLDERS {
+                ops.push(Op::create(batch_ref_folder(bid, f), None));
+            }
+        }
+        ops.push(Op::delete(&lock, None));
+        self.tree.multi(ops).await.map_err(|e| self.lease_error(e, bid.as_str()))?;
+        self.publish("batch", bid.as_str(), None, Some(lease.status.status.name()), to.name());
+        Ok(status)
+    }
+
+    fn lease_error(&self, e: TreeError, what: &str) -> EngineError {
+        match (e.failed_op(), e.root()) {
+            (Some(_), TreeError::NoNode(p)) if p.ends_with("/lock") => lost(what),
+            (Some(_), TreeError::BadVersion { path, .. }) if path.ends_with("/status") => lost(what),
+            (_, TreeError::SessionExpired) => lost(what),
+            _ => e.into(),
+        }
+    }
+
+    /// Gives a batch back without moving it.
+    pub async fn release_batch_lease(&self, lease: BatchLease) -> Result<()> {
+        let lock = batch_node(&lease.batch, "lock");
+        self.unclaim(&lock);
+        self.check_batch_lease(&lease)?;
+        match self.tree.delete(&lock, None).await {
+            Ok(()) => Ok(()),
+            Err(TreeError::NoNode(_)) => Err(lost(lease.batch.as_str())),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Writes `/batches/BID/status-report` under the batch lease.
+    pub async fn write_status_report(&self, lease: &BatchLease, report: &StatusReport) -> Result<()> {
+        self.check_batch_lease(lease)?;
+        let path = batch_node(&lease.batch, "status-report");
+        let mut report = report.clone();
+        report.last_modified = self.now();
+        let write = if self.tree.exists(&path).await?.is_some() {
+            Op::set(&path, json_bytes(&report), None)
+        } else {
+            Op::create(&path, json_bytes(&report))
+        };
+        self.tree
+            .multi(vec![Op::check(batch_node(&lease.batch, "lock"), None), write])
+            .await
+            .map_err(|e| self.lease_error(e, lease.batch.as_str()))?;
+        Ok(())
+    }
+
+    /// The completed and failed jobs of a batch, as a report.
+    pub async fn build_report(&self, batch: &BatchId) -> Result<StatusReport> {
+        let list = |f: &'static str| async move {
+            match self.tree.children(&batch_ref_folder(batch, f)).await {
+                Ok(c) => Ok(c),
+                Err(TreeError::NoNode(_)) => Ok(vec![]),
+                Err(e) => Err(EngineError::from(e)),
+            }
+        };
+        Ok(StatusReport {
+            last_modified: self.now(),
+            completed_jobs: list("batch-completed").await?,
+            failed_jobs: list("batch-failed").await?,
+            extra: Map::new(),
+        })
+    }
+
+    /// Moves the batch to Reporting if it is Processing and its last job has left
+    /// `batch-processing`. Safe to call any number of times, from anywhere: exactly one caller
+    /// wins. Returns whether this call moved it.
+    pub async fn maybe_report(&self, batch: &BatchId) -> Result<bool> {
+        for _ in 0..MAX_OPTIMISTIC {
+            let (status, version) = match self.batch_status(batch).await {
+                Ok(s) => s,
+                Err(EngineError::NoBatch(_)) => return Ok(false),
+                Err(e) => return Err(e),
+            };
+            if status.status != BatchState::Processing {
+                return Ok(false);
+            }
+            match self.tree.count_children(&batch_ref_folder(batch, "batch-processing")).await {
+                Ok(0) => {}
+                Ok(_) | Err(TreeError::NoNode(_)) => return Ok(false),
+                Err(e) => return Err(e.into()),
+            }
+            let mut next = status.clone();
+            next.status = BatchState::Reporting;
+            next.last_modified = self.now();
+            next.message = None;
+            let lock = batch_node(batch, "lock");
+            let r = self
+                .tree
+                .multi(vec![
+                    Op::create_mode(&lock, None, CreateMode::Ephemeral),
+                    Op::set(batch_node(batch, "status"), json_bytes(&next), Some(version)),
+                    Op::delete(&lock, None),
+                ])
+                .await;
+            match r {
+                Ok(_) => {
+                    self.publish("batch", batch.as_str(), None, Some(BatchState::Processing.name()), BatchState::Reporting.name());
+                    return Ok(true);
+                }
+                // Someone holds the batch: they will check again when they let go.
+                Err(e) if matches!(e.root(), TreeError::NodeExists(_)) => return Ok(false),
+                Err(e) if matches!(e.root(), TreeError::BadVersion { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(EngineError::Conflict(batch.to_string()))
+    }
+
+    /// Runs [`Engine::maybe_report`] over every Processing batch: the safety net for a worker
+    /// that crashed between a job's last transition and the batch check.
+    pub async fn sweep_reporting(&self) -> Result<usize> {
+        let mut moved = 0;
+        for b in self.batch_ids().await? {
+            if self.maybe_report(&b).await? {
+                moved += 1;
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Admin action on an unlocked batch.
+    async fn admin_batch(&self, batch: &BatchId, to: BatchState, message: Option<String>) -> Result<BatchStatus> {
+        let (status, version) = self.batch_status(batch).await?;
+        let lease = BatchLease { batch: batch.clone(), status, status_version: version, session: self.tree.session_id() };
+        let lock = batch_node(batch, "lock");
+        let ops = vec![Op::create_mode(&lock, None, CreateMode::Ephemeral)];
+        // Take the lock inside the multi: fails with Locked if a worker has it.
+        let to_state = lease.status.status.resolve(Event::To(to))?;
+        let mut next = lease.status.clone();
+        next.status = to_state;
+        next.last_modified = self.now();
+        next.message = message;
+        let mut ops = ops;
+        ops.push(Op::set(batch_node(batch, "status"), json_bytes(&next), Some(version)));
+        ops.push(Op::delete(&lock, None));
+        match self.tree.multi(ops).await {
+            Ok(_) => {}
+            Err(e) if matches!(e.root(), TreeError::NodeExists(_)) => return Err(EngineError::Locked(batch.to_string())),
+            Err(e) if matches!(e.root(), TreeError::BadVersion { .. }) => return Err(EngineError::Conflict(batch.to_string())),
+            Err(e) => return Err(e.into()),
+        }
+        self.publish("batch", batch.as_str(), None, Some(lease.status.status.name()), to_state.name());
+        Ok(next)
+    }
+
+    /// Admin: Pending → Held.
+    pub async fn hold_batch(&self, batch: &BatchId) -> Result<BatchStatus> {
+        self.admin_batch(batch, BatchState::Held, Some("held by admin".into())).await
+    }
+
+    /// Admin: Held → Pending.
+    pub async fn release_batch(&self, batch: &BatchId) -> Result<BatchStatus> {
+        self.admin_batch(batch, BatchState::Pending, None).await
+    }
+
+    /// Admin: Failed → UpdateReporting.
+    pub async fn update_reporting(&self, batch: &BatchId) -> Result<BatchStatus> {
+        self.admin_batch(batch, BatchState::UpdateReporting, None).await
+    }
+
+    /// Admin: Failed or Held → Deleted. Every job of the batch must be deletable (Failed,
+    /// Held, Completed or Deleted); Failed and Held jobs are marked Deleted too.
+    pub async fn delete_batch(&self, batch: &BatchId) -> Result<BatchStatus> {
+        let (status, _) = self.batch_status(batch).await?;
+        status.status.resolve(Event::To(BatchState::Deleted))?;
+        let info = self.batch(batch).await?;
+        let jobs: Vec<JobId> = info.jobs.values().flatten().filter_map(|j| JobId::parse(j).ok()).collect();
+        for j in &jobs {
+            let (s, _) = self.job_status(j).await?;
+            if !s.status.is_deletable() {
+                return Err(EngineError::Invalid(format!(
+                    "batch {batch} cannot be deleted: its job {j} is {} (only Failed, Held, Completed or Deleted jobs may be)",
+                    s.status
+                )));
+            }
+        }
+        for j in &jobs {
+            let (s, _) = self.job_status(j).await?;
+            if matches!(s.status, JobState::Failed | JobState::Held) {
+                self.admin_job(j, |p| p.apply(Event::To(JobState::Deleted))).await?;
+            }
+        }
+        self.admin_batch(batch, BatchState::Deleted, Some("deleted by admin".into())).await
+    }
+
+    // ----- jobs ----------------------------------------------------------------------------
+
+    /// Creates a Pending job in a batch the caller holds (batch intake).
+    pub async fn create_job(&self, lease: &BatchLease, spec: JobSpec) -> Result<JobId> {
+        self.check_batch_lease(lease)?;
+        let priority = spec.priority.unwrap_or(DEFAULT_PRIORITY);
+        check_priority(priority)?;
+        let bid = &lease.batch;
+        if self.tree.exists(&batch_ref_folder(bid, "batch-processing")).await?.is_none() {
+            // Intake creates jobs after the Processing move made the folders, or before it; make
+            // sure the folders exist without disturbing Merritt's "no states = pending" rule
+            // for batches nobody holds.
+            let mut ops = vec![Op::check(batch_node(bid, "lock"), None)];
+            if self.tree.exists(&batch_states(bid)).await?.is_none() {
+                ops.push(Op::create(batch_states(bid), None));
+            }
+            for f in BATCH_FOLDERS {
+                if self.tree.exists(&batch_ref_folder(bid, f)).await?.is_none() {
+                    ops.push(Op::create(batch_ref_folder(bid, f), None));
+                }
+            }
+            self.tree.multi(ops).await.map_err(|e| self.lease_error(e, bid.as_str()))?;
+        }
+        let path = self.tree.create(JOB_PREFIX, None, CreateMode::PersistentSequential).await?;
+        let jid = JobId::parse(lading_core::tree::split_path(&path).1)?;
+        let status = JobStatus {
+            status: JobState::Pending,
+            last_successful_status: None,
+            last_modified: self.now(),
+            retry_count: 0,
+            message: None,
+            extra: Map::new(),
+        };
+        let ops = vec![
+            Op::check(batch_node(bid, "lock"), None),
+            Op::create(job_node(&jid, "bid"), Some(bid.to_string().into_bytes())),
+            Op::create(job_node(&jid, "configuration"), json_bytes(&spec.configuration)),
+            Op::create(job_node(&jid, "status"), json_bytes(&status)),
+            Op::create(job_node(&jid, "priority"), Some(priority.to_string().into_bytes())),
+            Op::create(job_node(&jid, "space_needed"), Some(spec.space_needed.to_string().into_bytes())),
+            Op::create(job_node(&jid, "identifiers"), json_bytes(&spec.identifiers)),
+            Op::create(job_node(&jid, "metadata"), json_bytes(&spec.metadata)),
+            Op::create(job_ref(JobState::Pending, priority, &jid), None),
+            Op::create(batch_ref(bid, "batch-processing", &jid), None),
+        ];
+        if let Err(e) = self.tree.multi(ops).await {
+            let _ = self.tree.delete(&path, None).await;
+            return Err(self.lease_error(e, bid.as_str()));
+        }
+        self.publish("job", jid.as_str(), Some(bid), None, JobState::Pending.name());
+        Ok(jid)
+    }
+
+    /// Acquires the next job in `state`: lowest priority number first, then oldest. Reads the
+    /// head of the state folder a page at a time, so the cost does not grow with the queue.
+    /// In Pending, a job of a held collection is moved to Held instead of being returned; a
+    /// paused ingest queue hands out nothing.
+    pub async fn acquire_job(&self, state: JobState) -> Result<Option<JobLease>> {
+        if self.queue_paused("ingest").await? {
+            return Ok(None);
+        }
+        let holds = state == JobState::Pending && self.any_collection_held().await?;
+        let folder = job_state_folder(state);
+        let mut after: Option<String> = None;
+        let mut scanned = 0;
+        while scanned < MAX_SCAN {
+            let page = self.tree.children_page(&folder, after.as_deref(), PAGE).await?;
+            let Some(last) = page.last().cloned() else { return Ok(None) };
+            scanned += page.len();
+            for name in &page {
+                let Some((priority, jid)) = parse_job_ref(name) else { continue };
+                let lock = job_node(&jid, "lock");
+                if !self.claim(&lock) {
+                    continue;
+                }
+                match self.try_lock(&lock, Op::check(join(&folder, name), None)).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        self.unclaim(&lock);
+                        continue;
+                    }
+                    Err(e) => {
+                        self.unclaim(&lock);
+                        return Err(e);
+                    }
+                }
+                let lease = match self.load_lease(&jid, priority, state).await {
+                    Ok(l) => l,
+                    Err(e) => {
+                        let _ = self.tree.delete(&lock, None).await;
+                        self.unclaim(&lock);
+                        return Err(e);
+                    }
+                };
+                if holds {
+                    if let Some(c) = self.job_collection(&jid).await? {
+                        if self.collection_held(&c).await? {
+                            self.job_transition(lease, Event::To(JobState::Held), Some(format!("collection {c} is held"))).await?;
+                            continue;
+                        }
+                    }
+                }
+                return Ok(Some(lease));
+            }
+            after = Some(last);
+        }
+        Ok(None)
+    }
+
+    async fn load_lease(&self, jid: &JobId, priority: u8, state: JobState) -> Result<JobLease> {
+        let (status, version) = self.job_status(jid).await?;
+        if status.status != state {
+            return Err(EngineError::Corrupt {
+                path: job_node(jid, "status"),
+                reason: format!("status says {} but the job is referenced under {}", status.status, state.node_name()),
+            });
+        }
+        Ok(JobLease { batch: self.job_batch(jid).await?, job: jid.clone(), status, priority, status_version: version, session: self.tree.session_id() })
+    }
+
+    /// Waits until a job in `state` can be acquired, or `timeout` passes. Woken by changes to
+    /// the state folder (and to the ingest pause flag), not by polling.
+    pub async fn wait_job(&self, state: JobState, timeout: Duration) -> Result<Option<JobLease>> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let folder_watch = self.tree.watch(&job_state_folder(state), WatchKind::Children).await?;
+            let pause_watch = self.tree.watch(&queue_lock("ingest"), WatchKind::Data).await?;
+            if let Some(l) = self.acquire_job(state).await? {
+                return Ok(Some(l));
+            }
+            tokio::select! {
+                _ = folder_watch => {}
+                _ = pause_watch => {}
+                _ = tokio::time::sleep_until(deadline) => return Ok(None),
+            }
+        }
+    }
+
+    fn check_job_lease(&self, lease: &JobLease) -> Result<()> {
+        if lease.session != self.tree.session_id() {
+            return Err(lost(lease.job.as_str()));
+        }
+        Ok(())
+    }
+
+    /// The ops that move a job's references from `old` to `new` state (and batch folder).
+    fn move_ops(&self, job: &JobId, batch: &BatchId, priority: u8, old: JobState, new: JobState, ops: &mut Vec<Op>) {
+        if old != new {
+            ops.push(Op::delete(job_ref(old, priority, job), None));
+            ops.push(Op::create(job_ref(new, priority, job), None));
+        }
+        let (of, nf) = (old.batch_folder(), new.batch_folder());
+        if of != nf {
+            ops.push(Op::delete(batch_ref(batch, of, job), None));
+            ops.push(Op::create(batch_ref(batch, nf, job), None));
+        }
+    }
+
+    /// Moves a leased job by success, fail or an explicit target, in one `multi`, and
+    /// releases the lock. Returns the new status.
+    pub async fn job_transition(&self, lease: JobLease, event: Event<JobState>, message: Option<String>) -> Result<JobStatus> {
+        let lock = job_node(&lease.job, "lock");
+        let r = self.job_transition_inner(&lease, event, message, false).await;
+        self.unclaim(&lock);
+        let (status, _) = r?;
+        if status.status.batch_folder() != "batch-processing" {
+            self.maybe_report(&lease.batch).await?;
+        }
+        Ok(status)
+    }
+
+    /// Like [`Engine::job_transition`] but keeps the lock: the caller goes on to work on the
+    /// job's next stage itself. Returns the updated lease.
+    pub async fn job_advance(&self, mut lease: JobLease, event: Event<JobState>, message: Option<String>) -> Result<JobLease> {
+        let (status, version) = match self.job_transition_inner(&lease, event, message, true).await {
+            Ok(r) => r,
+            Err(e) => {
+                self.unclaim(&job_node(&lease.job, "lock"));
+                return Err(e);
+            }
+        };
+        lease.status = status;
+        lease.status_version = version;
+        if lease.status.status.batch_folder() != "batch-processing" {
+            self.maybe_report(&lease.batch).await?;
+        }
+        Ok(lease)
+    }
+
+    async fn job_transition_inner(&self, lease: &JobLease, event: Event<JobState>, message: Option<String>, keep_lock: bool) -> Result<(JobStatus, i32)> {
+        self.check_job_lease(lease)?;
+        let old = &lease.status;
+        let progress = JobProgress { state: old.status, last_successful: old.last_successful_status, retry_count: old.retry_count };
+        let next = progress.apply(event)?;
+        let status = JobStatus {
+            status: next.state,
+            last_successful_status: next.last_successful,
+            last_modified: self.now(),
+            retry_count: next.retry_count,
+            message,
+            extra: old.extra.clone(),
+        };
+        let lock = job_node(&lease.job, "lock");
+        let mut ops = vec![
+            Op::check(&lock, None),
+            Op::set(job_node(&lease.job, "status"), json_bytes(&status), Some(lease.status_version)),
+        ];
+        self.move_ops(&lease.job, &lease.batch, lease.priority, old.status, next.state, &mut ops);
+        if !keep_lock {
+            ops.push(Op::delete(&lock, None));
+        }
+        self.tree.multi(ops).await.map_err(|e| self.lease_error(e, lease.job.as_str()))?;
+        self.publish("job", lease.job.as_str(), Some(&lease.batch), Some(old.status.name()), next.state.name());
+        Ok((status, lease.status_version + 1))
+    }
+
+    /// Gives a job back without moving it (e.g. a transient error; another worker retries).
+    pub async fn release_job_lease(&self, lease: JobLease) -> Result<()> {
+        let lock = job_node(&lease.job, "lock");
+        self.unclaim(&lock);
+        self.check_job_lease(&lease)?;
+        match self.tree.delete(&lock, None).await {
+            Ok(()) => Ok(()),
+            Err(TreeError::NoNode(_)) => Err(lost(lease.job.as_str())),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Changes a leased job's priority: rewrites `priority` and renames its `PP-JID` reference.
+    pub async fn set_priority(&self, lease: &mut JobLease, priority: u8) -> Result<()> {
+        check_priority(priority)?;
+        self.check_job_lease(lease)?;
+        if priority == lease.priority {
+            return Ok(());
+        }
+        let state = lease.state();
+        let ops = vec![
+            Op::check(job_node(&lease.job, "lock"), None),
+            Op::check(job_node(&lease.job, "status"), Some(lease.status_version)),
+            Op::set(job_node(&lease.job, "priority"), Some(priority.to_string().into_bytes()), None),
+            Op::delete(job_ref(state, lease.priority, &lease.job), None),
+            Op::create(job_ref(state, priority, &lease.job), None),
+        ];
+        self.tree.multi(ops).await.map_err(|e| self.lease_error(e, lease.job.as_str()))?;
+        lease.priority = priority;
+        Ok(())
+    }
+
+    /// Sets `space_needed` of a leased job.
+    pub async fn set_space_needed(&self, lease: &JobLease, bytes: u64) -> Result<()> {
+        self.set_job_node(lease, "space_needed", bytes.to_string().into_bytes()).await
+    }
+
+    /// Writes one of a leased job's JSON data nodes: `identifiers`, `metadata`, `inventory`,
+    /// `store` or `configuration`.
+    pub async fn set_job_data(&self, lease: &JobLease, name: &str, value: &Value) -> Result<()> {
+        if !["identifiers", "metadata", "inventory", "store", "configuration"].contains(&name) {
+            return Err(EngineError::Invalid(format!("{name:?} is not a job data node")));
+        }
+        self.set_job_node(lease, name, to_bytes(value)).await
+    }
+
+    async fn set_job_node(&self, lease: &JobLease, name: &str, bytes: Vec<u8>) -> Result<()> {
+        self.check_job_lease(lease)?;
+        let path = job_node(&lease.job, name);
+        let write = if self.tree.exists(&path).await?.is_some() {
+            Op::set(&path, Some(bytes), None)
+        } else {
+            Op::create(&path, Some(bytes))
+        };
+        self.tree
+            .multi(vec![Op::check(job_node(&lease.job, "lock"), None), write])
+            .await
+            .map_err(|e| self.lease_error(e, lease.job.as_str()))?;
+        Ok(())
+    }
+
+    /// An admin move of an unlocked job. `f` computes the new progress from the current one.
+    async fn admin_job(&self, job: &JobId, f: impl Fn(JobProgress) -> Result<JobProgress, lading_core::IllegalTransition>) -> Result<JobStatus> {
+        let (old, version) = self.job_status(job).await?;
+        let batch = self.job_batch(job).await?;
+        let priority = self.job_priority(job).await?;
+        let progress = JobProgress { state: old.status, last_successful: old.last_successful_status, retry_count: old.retry_count };
+        let next = f(progress)?;
+        let status = JobStatus {
+            status: next.state,
+            last_successful_status: next.last_successful,
+            last_modified: self.now(),
+            retry_count: next.retry_count,
+            message: None,
+            extra: old.extra.clone(),
+        };
+        let lock = job_node(job, "lock");
+        let mut ops = vec![
+            Op::create_mode(&lock, None, CreateMode::Ephemeral),
+            Op::set(job_node(job, "status"), json_bytes(&status), Some(version)),
+        ];
+        self.move_ops(job, &batch, priority, old.status, next.state, &mut ops);
+        // Back into batch-processing: bump the batch status version so a concurrent
+        // `maybe_report` that saw the folder empty cannot win.
+        let reentering = old.status.batch_folder() != "batch-processing" && next.state.batch_folder() == "batch-processing";
+        if reentering {
+            if let Ok((bstatus, bversion)) = self.batch_status(&batch).await {
+                let mut touched = bstatus.clone();
+                touched.last_modified = self.now();
+                ops.push(Op::set(batch_node(&batch, "status"), json_bytes(&touched), Some(bversion)));
+            }
+        }
+        ops.push(Op::delete(&lock, None));
+        match self.tree.multi(ops).await {
+            Ok(_) => {}
+            Err(e) if matches!(e.root(), TreeError::NodeExists(p) if p.ends_with("/lock")) => {
+                return Err(EngineError::Locked(job.to_string()));
+            }
+            Err(e) if matches!(e.root(), TreeError::BadVersion { .. }) => return Err(EngineError::Conflict(job.to_string())),
+            Err(e) => return Err(e.into()),
+        }
+        self.publish("job", job.as_str(), Some(&batch), Some(old.status.name()), next.state.name());
+        if next.state.batch_folder() != "batch-processing" && old.status.batch_folder() == "batch-processing" {
+            self.maybe_report(&batch).await?;
+        }
+        Ok(status)
+    }
+
+    /// Admin: Pending → Held.
+    pub async fn hold_job(&self, job: &JobId) -> Result<JobStatus> {
+        self.admin_job(job, |p| p.apply(Event::To(JobState::Held))).await
+    }
+
+    /// Admin: Held → Pending.
+    pub async fn release_job(&self, job: &JobId) -> Result<JobStatus> {
+        self.admin_job(job, |p| {
+            if p.state != JobState::Held {
+                return Err(lading_core::IllegalTransition { kind: "job", from: p.state.to_string(), to: "Pending (release)".into() });
+            }
+            p.apply(Event::To(JobState::Pending))
+        })
+        .await
+    }
+
+    /// Admin: requeue a Failed job to `target`, by default the stage that failed.
+    pub async fn requeue_job(&self, job: &JobId, target: Option<JobState>) -> Result<JobStatus> {
+        self.admin_job(job, |p| p.requeue(target)).await
+    }
+
+    /// Admin: delete a job. Failed and Held jobs move to Deleted; Completed and Deleted jobs
+    /// are purged from the tree. Any other state is refused.
+    pub async fn delete_job(&self, job: &JobId) -> Result<Option<JobStatus>> {
+        let (status, _) = self.job_status(job).await?;
+        match status.status {
+            JobState::Failed | JobState::Held => Ok(Some(self.admin_job(job, |p| p.apply(Event::To(JobState::Deleted))).await?)),
+            JobState::Completed | JobState::Deleted => {
+                self.purge_job(job).await?;
+                Ok(None)
+            }
+            s => Err(lading_core::IllegalTransition { kind: "job", from: s.to_string(), to: JobState::Deleted.to_string() }.into()),
+        }
+    }
+
+    /// Removes every node of a finished job (Completed or Deleted).
+    pub async fn purge_job(&self, job: &JobId) -> Result<()> {
+        let (status, version) = self.job_status(job).await?;
+        if !matches!(status.status, JobState::Completed | JobState::Deleted) {
+            return Err(lading_core::IllegalTransition { kind: "job", from: status.status.to_string(), to: "purged".into() }.into());
+        }
+        let batch = self.job_batch(job).await?;
+        let priority = self.job_priority(job).await?;
+        let mut ops = vec![Op::check(job_node(job, "status"), Some(version))];
+        for child in self.tree.children(&job_path(job)).await? {
+            if child == "lock" {
+                return Err(EngineError::Locked(job.to_string()));
+            }
+            ops.push(Op::delete(job_node(job, &child), None));
+        }
+        ops.push(Op::delete(job_path(job), None));
+        let jref = job_ref(status.status, priority, job);
+        if self.tree.exists(&jref).await?.is_some() {
+            ops.push(Op::delete(jref, None));
+        }
+        let bref = batch_ref(&batch, status.status.batch_folder(), job);
+        if self.tree.exists(&bref).await?.is_some() {
+            ops.push(Op::delete(bref, None));
+        }
+        self.tree.multi(ops).await.map_err(|e| match e.root() {
+            TreeError::BadVersion { .. } => EngineError::Conflict(job.to_string()),
+            _ => e.into(),
+        })?;
+        Ok(())
+    }
+
+    /// Removes a Completed or Deleted batch with all its jobs (cleanup). Jobs that are not
+    /// finished are refused by name.
+    pub async fn purge_batch(&self, batch: &BatchId) -> Result<usize> {
+        let info = self.batch(batch).await?;
+        if !matches!(info.status.status, BatchState::Completed | BatchState::Deleted) {
+            return Err(EngineError::Invalid(format!("batch {batch} is {}, only Completed or Deleted batches are purged", info.status.status)));
+        }
+        let mut purged = 0;
+        for j in info.jobs.values().flatten() {
+            let jid = JobId::parse(j)?;
+            match self.purge_job(&jid).await {
+                Ok(()) => purged += 1,
+                Err(EngineError::NoJob(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let mut ops = Vec::new();
+        self.delete_subtree_ops(&batch_path(batch), &mut ops).await?;
+        if let Some(uuid) = info.submission.get("batchID").and_then(Value::as_str) {
+            if self.tree.exists(&batch_uuid_path(uuid)).await?.is_some() {
+                ops.push(Op::delete(batch_uuid_path(uuid), None));
+            }
+        }
+        self.tree.multi(ops).await?;
+        Ok(purged)
+    }
+
+    async fn delete_subtree_ops(&self, path: &str, ops: &mut Vec<Op>) -> Result<()> {
+        let mut stack = vec![(path.to_string(), false)];
+        while let Some((p, expanded)) = stack.pop() {
+            if expanded {
+                ops.push(Op::delete(p, None));
+                continue;
+            }
+            let children = self.tree.children(&p).await?;
+            stack.push((p.clone(), true));
+            for c in children {
+                if c == "lock" {
+                    return Err(EngineError::Locked(p));
+                }
+                stack.push((join(&p, &c), false));
+            }
+        }
+        Ok(())
+    }
+
+    // ----- access --------------------------------------------------------------------------
+
+    /// Queues an object assembly request on the small or large queue.
+    pub async fn create_access(&self, queue: AccessQueue, token: &Value) -> Result<AccessId> {
+        let path = self.tree.create(&format!("{}/qid", access_folder(queue)), None, CreateMode::PersistentSequential).await?;
+        let id = AccessId::parse(lading_core::tree::split_path(&path).1)?;
+        let status = AccessStatus { status: AccessState::Pending, last_modified: self.now(), message: None, extra: Map::new() };
+        let r = self
+            .tree
+            .multi(vec![Op::create(format!("{path}/token"), Some(to_bytes(token))), Op::create(format!("{path}/status"), json_bytes(&status))])
+            .await;
+        if let Err(e) = r {
+            let _ = self.tree.delete(&path, None).await;
+            return Err(e.into());
+        }
+        self.publish("access", id.as_str(), None, None, AccessState::Pending.name());
+        Ok(id)
+    }
+
+    pub async fn access(&self, queue: AccessQueue, id: &AccessId) -> Result<AccessInfo> {
+        let path = access_path(queue, id);
+        let (status, _) = self.read_json(&format!("{path}/status")).await?.ok_or_else(|| EngineError::NoAccess(id.to_string()))?;
+        let token = self.read_json(&format!("{path}/token")).await?.map(|(v, _)| v).unwrap_or(Value::Null);
+        let locked = self.tree.exists(&format!("{path}/lock")).await?.is_some();
+        Ok(AccessInfo { queue, id: id.to_string(), status, token, locked })
+    }
+
+    /// Acquires the oldest Pending request of a queue (nothing while the queue is paused).
+    pub async fn acquire_access(&self, queue: AccessQueue) -> Result<Option<AccessLease>> {
+        if self.queue_paused(queue.lock_name()).await? {
+            return Ok(None);
+        }
+        let mut after: Option<String> = None;
+        loop {
+            let page = self.tree.children_page(&access_folder(queue), after.as_deref(), PAGE).await?;
+            let Some(last) = page.last().cloned() else { return Ok(None) };
+            for name in &page {
+                let Ok(id) = AccessId::parse(name) else { continue };
+                let path = access_path(queue, &id);
+                let Some((status, version)) = self.read_json::<AccessStatus>(&format!("{path}/status")).await? else { continue };
+                if status.status != AccessState::Pending {
+                    continue;
+                }
+                let lock = format!("{path}/lock");
+                if !self.claim(&lock) {
+                    continue;
+                }
+                if !self.try_lock(&lock, Op::check(format!("{path}/status"), Some(version))).await.inspect_err(|_| self.unclaim(&lock))? {
+                    self.unclaim(&lock);
+                    continue;
+                }
+                let token = self.read_json(&format!("{path}/token")).await?.map(|(v, _)| v).unwrap_or(Value::Null);
+                return Ok(Some(AccessLease { queue, id, status, token, status_version: version, session: self.tree.session_id() }));
+            }
+            after = Some(last);
+        }
+    }
+
+    /// Moves a leased access request and releases its lock.
+    pub async fn access_transition(&self, lease: AccessLease, event: Event<AccessState>, message: Option<String>) -> Result<AccessStatus> {
+        let path = access_path(lease.queue, &lease.id);
+        let lock = format!("{path}/lock");
+        self.unclaim(&lock);
+        if lease.session != self.tree.session_id() {
+            return Err(lost(lease.id.as_str()));
+        }
+        let to = lease.status.status.resolve(event)?;
+        let mut status = lease.status.clone();
+        status.status = to;
+        status.last_modified = self.now();
+        status.message = message;
+        self.tree
+            .multi(vec![
+                Op::check(&lock, None),
+                Op::set(format!("{path}/status"), json_bytes(&status), Some(lease.status_version)),
+                Op::delete(&lock, None),
+            ])
+            .await
+            .map_err(|e| self.lease_error(e, lease.id.as_str()))?;
+        self.publish("access", lease.id.as_str(), None, Some(lease.status.status.name()), to.name());
+        Ok(status)
+    }
+
+    /// Moves a leased access request but keeps the lock (Pending → Processing, then work).
+    pub async fn access_advance(&self, mut lease: AccessLease, event: Event<AccessState>) -> Result<AccessLease> {
+        let path = access_path(lease.queue, &lease.id);
+        if lease.session != self.tree.session_id() {
+            return Err(lost(lease.id.as_str()));
+        }
+        let to = lease.status.status.resolve(event)?;
+        let mut status = lease.status.clone();
+        status.status = to;
+        status.last_modified = self.now();
+        status.message = None;
+        self.tree
+            .multi(vec![Op::check(format!("{path}/lock"), None), Op::set(format!("{path}/status"), json_bytes(&status), Some(lease.status_version))])
+            .await
+            .map_err(|e| self.lease_error(e, lease.id.as_str()))?;
+        self.publish("access", lease.id.as_str(), None, Some(lease.status.status.name()), to.name());
+        lease.status = status;
+        lease.status_version += 1;
+        Ok(lease)
+    }
+
+    // ----- per-object locks ----------------------------------------------------------------
+
+    async fn ark_lock(&self, path: String) -> Result<ArkLock> {
+        match self.tree.create(&path, self.lock_data(), CreateMode::Ephemeral).await {
+            Ok(_) => Ok(ArkLock { path, session: self.tree.session_id() }),
+            Err(TreeError::NodeExists(p)) => Err(EngineError::Locked(p)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Takes `/locks/storage/ARK` (fails with `Locked` while another holds it).
+    pub async fn lock_storage(&self, ark: &str) -> Result<ArkLock> {
+        if ark.is_empty() {
+            return Err(EngineError::Invalid("empty ark".into()));
+        }
+        self.ark_lock(storage_lock(ark)).await
+    }
+
+    /// Takes `/locks/inventory/ARK`.
+    pub async fn lock_inventory(&self, ark: &str) -> Result<ArkLock> {
+        if ark.is_empty() {
+            return Err(EngineError::Invalid("empty ark".into()));
+        }
+        self.ark_lock(inventory_lock(ark)).await
+    }
+
+    pub async fn unlock_ark(&self, lock: ArkLock) -> Result<()> {
+        if lock.session != self.tree.session_id() {
+            return Err(lost(&lock.path));
+        }
+        match self.tree.delete(&lock.path, None).await {
+            Ok(()) => Ok(()),
+            Err(TreeError::NoNode(_)) => Err(lost(&lock.path)),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+fn join(parent: &str, name: &str) -> String {
+    lading_core::tree::join_path(parent, name)
+}
+
+fn check_priority(p: u8) -> Result<()> {
+    if p > 99 {
+        return Err(EngineError::Invalid(format!("priority {p} is outside 0..=99")));
+    }
+    Ok(())
+}
+
+fn check_queue(name: &str) -> Result<()> {
+    if !QUEUE_NAMES.contains(&name) {
+        return Err(EngineError::Invalid(format!("unknown queue {name:?} (expected one of {})", QUEUE_NAMES.join(", "))));
+    }
+    Ok(())
+}
+
+/// The tree under `root` as a sorted path → data map: JSON data decoded, other bytes as a
+/// string, empty nodes as null. What `lading dump` prints and golden tests compare.
+pub async fn dump(tree: &dyn Tree, root: &str) -> Result<BTreeMap<String, Value>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_string()];
+    while let Some(p) = stack.pop() {
+        let Some(node) = tree.get(&p).await? else {
+            if p == root {
+                return Err(EngineError::Tree(TreeError::NoNode(p)));
+            }
+            continue; // removed while we walked
+        };
+        out.insert(p.clone(), decode(node.data.as_deref()));
+        match tree.children(&p).await {
+            Ok(children) => stack.extend(children.iter().map(|c| join(&p, c))),
+            Err(TreeError::NoNode(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(out)
+}
+
+/// Node bytes as a JSON value: decoded JSON, else a string, else null when empty.
+pub fn decode(data: Option<&[u8]>) -> Value {
+    match data {
+        None => Value::Null,
+        Some(b) if b.is_empty() => Value::Null,
+        Some(b) => serde_json::from_slice(b).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(b).into_owned())),
+    }
+}

@@ -1,1 +1,791 @@
-//! placeholder
+//! The backend conformance suite: one set of tests, generic over the backend, covering the
+//! tree contract and every engine guarantee of SPEC §3. A behaviour not tested here is not
+//! guaranteed. A backend runs it with
+//! `lading_store_tests::conformance_tests!(my_harness_constructor);` in one of its test files.
+//!
+//! Tests wait on the engine and the tree, never on sleeps; the only timeouts are upper bounds
+//! that turn a hang into a failure.
+
+use lading_core::layout::*;
+use lading_core::time::system_clock;
+use lading_core::{BatchState, BoxFuture, CreateMode, Event, JobState, Op, OpResult, Tree, TreeError, WatchKind};
+use lading_engine::{EngineError, Engine, JobSpec};
+use serde_json::{Map, Value, json};
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One open session, plus a way to make it lapse.
+pub struct Session {
+    pub tree: Arc<dyn Tree>,
+    /// Makes the session expire as if its process stalled past the timeout, and lets the
+    /// store notice (its ephemeral nodes are gone when this returns).
+    pub expire: Box<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>,
+}
+
+/// A fresh, empty store of one backend kind.
+pub trait Harness: Send + Sync + 'static {
+    /// Opens a new session on this store.
+    fn open(&self) -> BoxFuture<'_, Session>;
+}
+
+/// Upper bound on any single wait in the suite; a hang fails instead of blocking CI.
+pub const WAIT: Duration = Duration::from_secs(30);
+
+pub async fn engine(h: &dyn Harness, owner: &str) -> (Arc<Engine>, Session) {
+    let s = h.open().await;
+    let e = Arc::new(Engine::new(s.tree.clone(), system_clock(), owner));
+    e.init().await.expect("init");
+    (e, s)
+}
+
+/// A Pending batch with `n` jobs, moved to Processing (what batch intake does).
+pub async fn batch_with_jobs(e: &Engine, n: usize, priorities: &[u8]) -> (BatchId, Vec<JobId>) {
+    let mut sub = Map::new();
+    sub.insert("profile_name".into(), json!("demo_profile"));
+    sub.insert("submitter".into(), json!("tester"));
+    sub.insert("payload_url".into(), json!("http://127.0.0.1/manifest.checkm"));
+    let bid = e.create_batch(sub).await.expect("create batch");
+    let lease = e.acquire_batch(BatchState::Pending).await.expect("acquire").expect("a pending batch");
+    assert_eq!(lease.batch, bid);
+    let mut jobs = Vec::new();
+    for i in 0..n {
+        let mut cfg = Map::new();
+        cfg.insert("profile_name".into(), json!("demo_profile"));
+        cfg.insert("local_id".into(), json!([format!("loc{i:03}")]));
+        let spec = JobSpec { configuration: cfg, priority: priorities.get(i).copied(), ..Default::default() };
+        jobs.push(e.create_job(&lease, spec).await.expect("create job"));
+    }
+    e.batch_transition(lease, Event::To(BatchState::Processing), None).await.expect("to processing");
+    (bid, jobs)
+}
+
+/// Drives one job from Pending through every stage to Completed, one lease per stage, as
+/// independent stage workers would.
+pub async fn run_job_to_completion(e: &Engine, state: JobState) -> Option<JobId> {
+    let lease = e.acquire_job(state).await.expect("acquire")?;
+    let id = lease.job.clone();
+    let mut state = if state == JobState::Pending {
+        e.job_transition(lease, Event::To(JobState::Estimating), None).await.expect("start").status
+    } else {
+        e.job_transition(lease, Event::Success, None).await.expect("advance").status
+    };
+    while state != JobState::Completed {
+        let lease = e.acquire_job(state).await.expect("acquire").expect("job waiting in its next state");
+        assert_eq!(lease.job, id);
+        state = e.job_transition(lease, Event::Success, None).await.expect("advance").status;
+    }
+    Some(id)
+}
+
+/// A dump with the volatile parts (times, uuids, lock owners) replaced by placeholders.
+pub async fn normalised_dump(tree: &dyn Tree) -> BTreeMap<String, Value> {
+    let mut d = lading_engine::dump(tree, "/").await.expect("dump");
+    for (path, v) in d.iter_mut() {
+        if let Value::Object(m) = v {
+            for k in ["last_modified", "submissionDate", "acquired"] {
+                if m.contains_key(k) {
+                    m.insert(k.into(), json!("<time>"));
+                }
+            }
+            if m.contains_key("batchID") {
+                m.insert("batchID".into(), json!("<uuid>"));
+            }
+            if m.contains_key("session") {
+                m.insert("session".into(), json!("<session>"));
+            }
+        }
+        let _ = path;
+    }
+    let uuids: Vec<String> = d.keys().filter(|k| k.starts_with("/batch-uuids/")).cloned().collect();
+    for k in uuids {
+        let v = d.remove(&k).unwrap_or(Value::Null);
+        d.insert("/batch-uuids/<uuid>".into(), v);
+    }
+    d
+}
+
+fn bytes(s: &str) -> Option<Vec<u8>> {
+    Some(s.as_bytes().to_vec())
+}
+
+// ===== the tree contract =====================================================================
+
+pub async fn tree_nodes_have_versions_and_sorted_children(h: &dyn Harness) {
+    let s = h.open().await;
+    let t = &s.tree;
+    t.create("/t", None, CreateMode::Persistent).await.unwrap();
+    t.create("/t/b", bytes("2"), CreateMode::Persistent).await.unwrap();
+    t.create("/t/a", bytes("1"), CreateMode::Persistent).await.unwrap();
+    assert_eq!(t.children("/t").await.unwrap(), vec!["a", "b"]);
+    let n = t.get("/t/a").await.unwrap().unwrap();
+    assert_eq!((n.data.as_deref(), n.stat.version), (Some(&b"1"[..]), 0));
+    assert_eq!(t.get("/t").await.unwrap().unwrap().data, None, "empty nodes carry no data");
+    let st = t.set("/t/a", bytes("x"), Some(0)).await.unwrap();
+    assert_eq!(st.version, 1);
+    assert!(matches!(t.set("/t/a", bytes("y"), Some(0)).await, Err(TreeError::BadVersion { expected: 0, actual: 1, .. })));
+    assert_eq!(t.get("/t/a").await.unwrap().unwrap().data.as_deref(), Some(&b"x"[..]), "a refused set changes nothing");
+    assert!(matches!(t.create("/t/a", None, CreateMode::Persistent).await, Err(TreeError::NodeExists(_))));
+    assert!(matches!(t.create("/nope/x", None, CreateMode::Persistent).await, Err(TreeError::NoNode(p)) if p == "/nope"));
+    assert!(matches!(t.delete("/t", None).await, Err(TreeError::NotEmpty(_))));
+    assert!(matches!(t.delete("/t/a", Some(0)).await, Err(TreeError::BadVersion { .. })));
+    t.delete("/t/a", Some(1)).await.unwrap();
+    assert!(t.get("/t/a").await.unwrap().is_none());
+    assert!(matches!(t.children("/missing").await, Err(TreeError::NoNode(_))));
+    assert!(matches!(t.get("relative").await, Err(TreeError::InvalidPath(..))));
+}
+
+pub async fn tree_sequential_names_have_ten_digits_and_increase(h: &dyn Harness) {
+    let s = h.open().await;
+    let t = &s.tree;
+    t.create("/seq", None, CreateMode::Persistent).await.unwrap();
+    let a = t.create("/seq/item", None, CreateMode::PersistentSequential).await.unwrap();
+    let b = t.create("/seq/item", None, CreateMode::PersistentSequential).await.unwrap();
+    assert_eq!(a.len(), "/seq/item".len() + 10, "{a}");
+    assert!(a["/seq/item".len()..].bytes().all(|c| c.is_ascii_digit()));
+    assert!(b > a);
+}
+
+pub async fn tree_children_page_reads_the_head_in_order(h: &dyn Harness) {
+    let s = h.open().await;
+    let t = &s.tree;
+    t.create("/p", None, CreateMode::Persistent).await.unwrap();
+    let ops: Vec<Op> = (0..50).rev().map(|i| Op::create(format!("/p/{i:03}"), None)).collect();
+    t.multi(ops).await.unwrap();
+    assert_eq!(t.children_page("/p", None, 3).await.unwrap(), vec!["000", "001", "002"]);
+    assert_eq!(t.children_page("/p", Some("002"), 2).await.unwrap(), vec!["003", "004"]);
+    assert!(t.children_page("/p", Some("049"), 10).await.unwrap().is_empty());
+    assert_eq!(t.count_children("/p").await.unwrap(), 50);
+}
+
+pub async fn multi_is_all_or_nothing(h: &dyn Harness) {
+    let s = h.open().await;
+    let t = &s.tree;
+    t.create("/m", bytes("v0"), CreateMode::Persistent).await.unwrap();
+    let err = t
+        .multi(vec![
+            Op::create("/m/new", None),
+            Op::set("/m", bytes("v1"), Some(0)),
+            Op::check("/m", Some(0)), // fails: the set above moved it to 1
+            Op::create("/m/never", None),
+        ])
+        .await
+        .unwrap_err();
+    assert_eq!(err.failed_op(), Some(2));
+    assert!(matches!(err.root(), TreeError::BadVersion { .. }));
+    assert!(t.get("/m/new").await.unwrap().is_none(), "nothing of a failed multi is applied");
+    let m = t.get("/m").await.unwrap().unwrap();
+    assert_eq!((m.data.as_deref(), m.stat.version), (Some(&b"v0"[..]), 0));
+    let ok = t.multi(vec![Op::create("/m/a", None), Op::create("/m/a/b", bytes("x")), Op::delete("/m/a/b", None)]).await.unwrap();
+    assert_eq!(ok, vec![OpResult::Create("/m/a".into()), OpResult::Create("/m/a/b".into()), OpResult::Delete]);
+}
+
+pub async fn ephemeral_nodes_end_with_their_session(h: &dyn Harness) {
+    let a = h.open().await;
+    let b = h.open().await;
+    a.tree.create("/e", None, CreateMode::Persistent).await.unwrap();
+    a.tree.create("/e/mine", bytes("a"), CreateMode::Ephemeral).await.unwrap();
+    a.tree.create("/e/closing", None, CreateMode::Ephemeral).await.unwrap();
+    let st = b.tree.exists("/e/mine").await.unwrap().unwrap();
+    assert_eq!(st.ephemeral_owner, a.tree.session_id());
+    assert!(matches!(
+        a.tree.create("/e/mine/child", None, CreateMode::Persistent).await,
+        Err(TreeError::NoChildrenForEphemerals(_))
+    ));
+    (a.expire)().await;
+    assert!(b.tree.get("/e/mine").await.unwrap().is_none(), "an expired session's ephemerals are removed");
+    assert_ne!(a.tree.session_id(), 0);
+    // A closed session's ephemerals go at once.
+    let c = h.open().await;
+    c.tree.create("/e/c", None, CreateMode::Ephemeral).await.unwrap();
+    c.tree.close().await.unwrap();
+    assert!(b.tree.get("/e/c").await.unwrap().is_none());
+}
+
+pub async fn watches_fire_on_changes(h: &dyn Harness) {
+    let a = h.open().await;
+    let b = h.open().await;
+    a.tree.create("/w", None, CreateMode::Persistent).await.unwrap();
+    let child_watch = a.tree.watch("/w", WatchKind::Children).await.unwrap();
+    let data_watch = a.tree.watch("/w", WatchKind::Data).await.unwrap();
+    b.tree.create("/w/x", None, CreateMode::Persistent).await.unwrap();
+    tokio::time::timeout(WAIT, child_watch).await.expect("child watch fired");
+    b.tree.set("/w", bytes("d"), None).await.unwrap();
+    tokio::time::timeout(WAIT, data_watch).await.expect("data watch fired");
+}
+
+// ===== the engine ===========================================================================
+
+pub async fn job_walks_the_pipeline_and_the_tree_matches_the_layout(h: &dyn Harness) {
+    let (e, s) = engine(h, "golden").await;
+    let (bid, jobs) = batch_with_jobs(&e, 2, &[]).await;
+    assert_eq!(jobs.len(), 2);
+    assert_eq!(run_job_to_completion(&e, JobState::Pending).await, Some(jobs[0].clone()));
+    // Second job fails in Downloading.
+    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    e.job_transition(l, Event::To(JobState::Estimating), None).await.unwrap();
+    for st in [JobState::Estimating, JobState::Provisioning] {
+        let l = e.acquire_job(st).await.unwrap().unwrap();
+        e.job_transition(l, Event::Success, None).await.unwrap();
+    }
+    let l = e.acquire_job(JobState::Downloading).await.unwrap().unwrap();
+    let failed = e.job_transition(l, Event::Fail, Some("digest mismatch".into())).await.unwrap();
+    assert_eq!(failed.last_successful_status, Some(JobState::Provisioning));
+    assert_eq!(e.batch(&bid).await.unwrap().status.status, BatchState::Reporting);
+
+    let got = normalised_dump(s.tree.as_ref()).await;
+    let mut expected: BTreeMap<String, Value> = serde_json::from_str(GOLDEN).expect("golden parses");
+    // Empty folders of every job state exist; add them rather than listing all twelve.
+    for st in JobState::ALL {
+        expected.entry(job_state_folder(*st)).or_insert(Value::Null);
+    }
+    let diff: Vec<String> = got
+        .keys()
+        .chain(expected.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .filter(|k| got.get(*k) != expected.get(*k))
+        .map(|k| format!("{k}: got {:?}, expected {:?}", got.get(k), expected.get(k)))
+        .collect();
+    assert!(diff.is_empty(), "tree differs from the golden layout:\n{}", diff.join("\n"));
+}
+
+/// The tree after `job_walks_the_pipeline_and_the_tree_matches_the_layout`, with volatile
+/// values normalised: Merritt's layout, node for node.
+pub const GOLDEN: &str = r#"{
+  "/": null,
+  "/access": null, "/access/large": null, "/access/small": null,
+  "/batch-uuids": null, "/batch-uuids/<uuid>": "bid0000000000",
+  "/batches": null,
+  "/batches/bid0000000000": null,
+  "/batches/bid0000000000/states": null,
+  "/batches/bid0000000000/states/batch-completed": null,
+  "/batches/bid0000000000/states/batch-completed/jid0000000000": null,
+  "/batches/bid0000000000/states/batch-deleted": null,
+  "/batches/bid0000000000/states/batch-failed": null,
+  "/batches/bid0000000000/states/batch-failed/jid0000000001": null,
+  "/batches/bid0000000000/states/batch-processing": null,
+  "/batches/bid0000000000/status": {"status": "Reporting", "last_modified": "<time>"},
+  "/batches/bid0000000000/submission": {"batchID": "<uuid>", "payload_url": "http://127.0.0.1/manifest.checkm", "profile_name": "demo_profile", "submissionDate": "<time>", "submitter": "tester"},
+  "/jobs": null,
+  "/jobs/jid0000000000": null,
+  "/jobs/jid0000000000/bid": "bid0000000000",
+  "/jobs/jid0000000000/configuration": {"local_id": ["loc000"], "profile_name": "demo_profile"},
+  "/jobs/jid0000000000/identifiers": {"local_id": []},
+  "/jobs/jid0000000000/metadata": {},
+  "/jobs/jid0000000000/priority": 5,
+  "/jobs/jid0000000000/space_needed": 0,
+  "/jobs/jid0000000000/status": {"status": "Completed", "last_successful_status": "Notify", "last_modified": "<time>", "retry_count": 0},
+  "/jobs/jid0000000001": null,
+  "/jobs/jid0000000001/bid": "bid0000000000",
+  "/jobs/jid0000000001/configuration": {"local_id": ["loc001"], "profile_name": "demo_profile"},
+  "/jobs/jid0000000001/identifiers": {"local_id": []},
+  "/jobs/jid0000000001/metadata": {},
+  "/jobs/jid0000000001/priority": 5,
+  "/jobs/jid0000000001/space_needed": 0,
+  "/jobs/jid0000000001/status": {"status": "Failed", "last_successful_status": "Provisioning", "last_modified": "<time>", "retry_count": 0, "message": "digest mismatch"},
+  "/jobs/states": null,
+  "/jobs/states/completed/05-jid0000000000": null,
+  "/jobs/states/failed/05-jid0000000001": null,
+  "/locks": null, "/locks/collections": null, "/locks/inventory": null, "/locks/queue": null, "/locks/storage": null
+}"#;
+
+pub async fn illegal_transition_is_refused_and_changes_nothing(h: &dyn Harness) {
+    let (e, s) = engine(h, "w").await;
+    let (_bid, jobs) = batch_with_jobs(&e, 1, &[]).await;
+    let before = normalised_dump(s.tree.as_ref()).await;
+    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let err = e.job_transition(l.clone(), Event::To(JobState::Completed), None).await.unwrap_err();
+    assert_eq!(err.to_string(), "illegal job transition from Pending to Completed");
+    e.release_job_lease(l).await.unwrap();
+    let err = e.requeue_job(&jobs[0], None).await.unwrap_err();
+    assert!(matches!(err, EngineError::Illegal(_)), "{err}");
+    let err = e.delete_job(&jobs[0]).await.unwrap_err();
+    assert!(err.to_string().contains("Pending") && err.to_string().contains("Deleted"), "{err}");
+    assert_eq!(normalised_dump(s.tree.as_ref()).await, before, "refused moves leave the tree as it was");
+}
+
+pub async fn unknown_ids_get_typed_errors(h: &dyn Harness) {
+    let (e, _s) = engine(h, "w").await;
+    let missing = JobId::parse("jid9999999999").unwrap();
+    assert!(matches!(e.job(&missing).await, Err(EngineError::NoJob(j)) if j == "jid9999999999"));
+    assert!(matches!(e.hold_job(&missing).await, Err(EngineError::NoJob(_))));
+    let b = BatchId::parse("bid9999999999").unwrap();
+    assert!(matches!(e.batch(&b).await, Err(EngineError::NoBatch(_))));
+    assert!(matches!(e.delete_batch(&b).await, Err(EngineError::NoBatch(_))));
+    assert!(matches!(e.pause_queue("nosuch").await, Err(EngineError::Invalid(_))));
+}
+
+pub async fn corrupt_node_is_named_and_nothing_changes(h: &dyn Harness) {
+    let (e, s) = engine(h, "w").await;
+    let (_bid, jobs) = batch_with_jobs(&e, 1, &[]).await;
+    s.tree.set(&job_node(&jobs[0], "status"), bytes("{not json"), None).await.unwrap();
+    let before = normalised_dump(s.tree.as_ref()).await;
+    let err = e.acquire_job(JobState::Pending).await.unwrap_err();
+    match &err {
+        EngineError::Corrupt { path, reason } => {
+            assert_eq!(path, &job_node(&jobs[0], "status"));
+            assert!(reason.contains("invalid JSON"), "{reason}");
+        }
+        other => panic!("expected Corrupt, got {other}"),
+    }
+    assert!(matches!(e.hold_job(&jobs[0]).await, Err(EngineError::Corrupt { .. })));
+    assert_eq!(normalised_dump(s.tree.as_ref()).await, before, "no lock or move left behind");
+}
+
+pub async fn acquisition_follows_priority_then_age(h: &dyn Harness) {
+    let (e, _s) = engine(h, "w").await;
+    let (_bid, jobs) = batch_with_jobs(&e, 4, &[7, 3, 7, 3]).await;
+    let mut order = Vec::new();
+    while let Some(l) = e.acquire_job(JobState::Pending).await.unwrap() {
+        order.push(l.job.clone());
+        e.job_transition(l, Event::To(JobState::Estimating), None).await.unwrap();
+    }
+    assert_eq!(order, vec![jobs[1].clone(), jobs[3].clone(), jobs[0].clone(), jobs[2].clone()]);
+}
+
+pub async fn set_priority_moves_the_reference(h: &dyn Harness) {
+    let (e, s) = engine(h, "w").await;
+    let (_bid, jobs) = batch_with_jobs(&e, 2, &[]).await;
+    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let l = e.job_advance(l, Event::To(JobState::Estimating), None).await.unwrap();
+    let mut l = l;
+    e.set_priority(&mut l, 12).await.unwrap();
+    e.set_space_needed(&l, 1_000_000_000).await.unwrap();
+    e.job_transition(l, Event::Success, None).await.unwrap();
+    assert!(s.tree.exists(&job_ref(JobState::Provisioning, 12, &jobs[0])).await.unwrap().is_some());
+    assert!(s.tree.exists(&job_ref(JobState::Estimating, 5, &jobs[0])).await.unwrap().is_none());
+    let info = e.job(&jobs[0]).await.unwrap();
+    assert_eq!((info.priority, info.space_needed), (12, 1_000_000_000));
+    assert!(matches!(e.set_priority(&mut e.acquire_job(JobState::Pending).await.unwrap().unwrap(), 100).await, Err(EngineError::Invalid(_))));
+}
+
+pub async fn concurrent_workers_each_job_handed_to_exactly_one(h: &dyn Harness) {
+    let (e, _s) = engine(h, "setup").await;
+    let (_bid, jobs) = batch_with_jobs(&e, 60, &[]).await;
+    // Three sessions (as three processes would have), four workers each.
+    let mut handles = Vec::new();
+    for w in 0..3 {
+        let (ew, sw) = engine(h, &format!("worker{w}")).await;
+        for _ in 0..4 {
+            let ew = ew.clone();
+            handles.push(tokio::spawn(async move {
+                let mut got = Vec::new();
+                while let Some(l) = ew.acquire_job(JobState::Pending).await.expect("acquire") {
+                    got.push(l.job.clone());
+                    tokio::task::yield_now().await;
+                    ew.job_transition(l, Event::To(JobState::Estimating), None).await.expect("transition");
+                }
+                got
+            }));
+        }
+        std::mem::forget(sw); // sessions stay open for the test's life
+    }
+    let mut all = Vec::new();
+    for hd in handles {
+        all.extend(tokio::time::timeout(WAIT, hd).await.expect("worker finished").expect("worker ok"));
+    }
+    let unique: HashSet<_> = all.iter().cloned().collect();
+    assert_eq!(all.len(), jobs.len(), "every job handed out exactly once");
+    assert_eq!(unique.len(), jobs.len());
+    assert_eq!(e.job_counts().await.unwrap()[&JobState::Estimating], 60);
+}
+
+pub async fn lost_lease_cannot_commit_transition(h: &dyn Harness) {
+    let (e1, s1) = engine(h, "stalled").await;
+    let (e2, _s2) = engine(h, "healthy").await;
+    let (_bid, jobs) = batch_with_jobs(&e1, 1, &[]).await;
+    let l = e1.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let l = e1.job_advance(l, Event::To(JobState::Estimating), None).await.unwrap();
+    assert!(e2.acquire_job(JobState::Estimating).await.unwrap().is_none(), "locked while held");
+    (s1.expire)().await;
+    // The stalled worker wakes up and tries to commit: refused, nothing changes.
+    let err = e1.job_transition(l.clone(), Event::Success, None).await.unwrap_err();
+    assert!(matches!(err, EngineError::LeaseLost(ref j) if j == jobs[0].as_str()), "{err}");
+    assert!(matches!(e1.set_space_needed(&l, 5).await, Err(EngineError::LeaseLost(_))));
+    // Another worker picks it up in the state it was in.
+    let l2 = e2.acquire_job(JobState::Estimating).await.unwrap().expect("job available again");
+    assert_eq!(l2.job, jobs[0]);
+    assert_eq!(e2.job(&jobs[0]).await.unwrap().space_needed, 0);
+    e2.job_transition(l2, Event::Success, None).await.unwrap();
+    assert_eq!(e2.job(&jobs[0]).await.unwrap().status.status, JobState::Provisioning);
+}
+
+pub async fn stale_lease_after_a_takeover_is_lost(h: &dyn Harness) {
+    // Same session, but the status moved underneath (admin action after the lock was gone).
+    let (e, s) = engine(h, "w").await;
+    let (_bid, jobs) = batch_with_jobs(&e, 1, &[]).await;
+    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    s.tree.delete(&job_node(&jobs[0], "lock"), None).await.unwrap();
+    e.hold_job(&jobs[0]).await.unwrap();
+    let err = e.job_transition(l, Event::To(JobState::Estimating), None).await.unwrap_err();
+    assert!(matches!(err, EngineError::LeaseLost(_)), "{err}");
+    assert_eq!(e.job(&jobs[0]).await.unwrap().status.status, JobState::Held);
+}
+
+pub async fn batch_reports_exactly_once_when_jobs_finish_concurrently(h: &dyn Harness) {
+    for round in 0..3 {
+        let (e, _s) = engine(h, "setup").await;
+        let (bid, _jobs) = batch_with_jobs(&e, 12, &[]).await;
+        // Bring every job to Notify.
+        while let Some(l) = e.acquire_job(JobState::Pending).await.unwrap() {
+            let mut l = e.job_advance(l, Event::To(JobState::Estimating), None).await.unwrap();
+            while l.state() != JobState::Notify {
+                l = e.job_advance(l, Event::Success, None).await.unwrap();
+            }
+            e.release_job_lease(l).await.unwrap();
+        }
+        let mut engines = Vec::new();
+        for w in 0..4 {
+            engines.push(engine(h, &format!("w{round}{w}")).await);
+        }
+        let mut receivers: Vec<_> = engines.iter().map(|(ew, _)| ew.subscribe()).collect();
+        receivers.push(e.subscribe());
+        let mut leases = Vec::new();
+        let mut i = 0;
+        while let Some(l) = engines[i % 4].0.acquire_job(JobState::Notify).await.unwrap() {
+            leases.push((engines[i % 4].0.clone(), l));
+            i += 1;
+        }
+        assert_eq!(leases.len(), 12);
+        let mut handles = Vec::new();
+        for (idx, (ew, l)) in leases.into_iter().enumerate() {
+            handles.push(tokio::spawn(async move {
+                let ev = if idx % 5 == 0 { Event::Fail } else { Event::Success };
+                ew.job_transition(l, ev, None).await.expect("final transition");
+            }));
+        }
+        for hd in handles {
+            hd.await.unwrap();
+        }
+        let info = e.batch(&bid).await.unwrap();
+        assert_eq!(info.status.status, BatchState::Reporting);
+        assert!(info.jobs["batch-processing"].is_empty());
+        assert_eq!(info.jobs["batch-completed"].len() + info.jobs["batch-failed"].len(), 12);
+        // Exactly one Processing → Reporting move, across every engine's events.
+        let mut moves = 0;
+        for rx in receivers.iter_mut() {
+            while let Ok(ev) = rx.try_recv() {
+                if ev.kind == "batch" && ev.id == bid.as_str() && ev.to == "Reporting" {
+                    moves += 1;
+                }
+            }
+        }
+        assert_eq!(moves, 1, "the batch moved to Reporting exactly once");
+        // The sweep finds nothing more to do.
+        assert_eq!(e.sweep_reporting().await.unwrap(), 0);
+        assert!(!e.maybe_report(&bid).await.unwrap());
+    }
+}
+
+pub async fn requeue_returns_a_failed_job_to_the_stage_that_failed(h: &dyn Harness) {
+    let (e, _s) = engine(h, "w").await;
+    let (bid, jobs) = batch_with_jobs(&e, 1, &[]).await;
+    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let mut l = e.job_advance(l, Event::To(JobState::Estimating), None).await.unwrap();
+    while l.state() != JobState::Recording {
+        l = e.job_advance(l, Event::Success, None).await.unwrap();
+    }
+    e.job_transition(l, Event::Fail, Some("inventory down".into())).await.unwrap();
+    assert_eq!(e.batch(&bid).await.unwrap().status.status, BatchState::Reporting);
+    let st = e.requeue_job(&jobs[0], None).await.unwrap();
+    assert_eq!((st.status, st.retry_count, st.last_successful_status), (JobState::Recording, 1, Some(JobState::Storing)));
+    let info = e.batch(&bid).await.unwrap();
+    assert_eq!(info.jobs["batch-processing"], vec![jobs[0].to_string()]);
+    assert!(info.jobs["batch-failed"].is_empty());
+    // An explicit target from the table is accepted too.
+    let l = e.acquire_job(JobState::Recording).await.unwrap().unwrap();
+    e.job_transition(l, Event::Fail, None).await.unwrap();
+    let st = e.requeue_job(&jobs[0], Some(JobState::Downloading)).await.unwrap();
+    assert_eq!((st.status, st.retry_count), (JobState::Downloading, 2));
+}
+
+pub async fn report_and_update_reporting(h: &dyn Harness) {
+    let (e, _s) = engine(h, "w").await;
+    let (bid, jobs) = batch_with_jobs(&e, 2, &[]).await;
+    run_job_to_completion(&e, JobState::Pending).await.unwrap();
+    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    e.job_transition(l, Event::Fail, Some("bad manifest row".into())).await.unwrap();
+    let lease = e.acquire_batch(BatchState::Reporting).await.unwrap().expect("reporting batch");
+    let report = e.build_report(&bid).await.unwrap();
+    assert_eq!((report.completed_jobs.clone(), report.failed_jobs.clone()), (vec![jobs[0].to_string()], vec![jobs[1].to_string()]));
+    e.write_status_report(&lease, &report).await.unwrap();
+    e.batch_transition(lease, Event::Fail, Some("1 job failed".into())).await.unwrap();
+    // Admin fixes the failed job, then asks for an updated report.
+    e.requeue_job(&jobs[1], None).await.unwrap();
+    run_job_to_completion(&e, JobState::Pending).await.unwrap();
+    let st = e.update_reporting(&bid).await.unwrap();
+    assert_eq!(st.status, BatchState::UpdateReporting);
+    let lease = e.acquire_batch(BatchState::UpdateReporting).await.unwrap().unwrap();
+    let report = e.build_report(&bid).await.unwrap();
+    assert_eq!(report.completed_jobs.len(), 2);
+    assert!(report.failed_jobs.is_empty());
+    e.write_status_report(&lease, &report).await.unwrap();
+    e.batch_transition(lease, Event::Success, None).await.unwrap();
+    let info = e.batch(&bid).await.unwrap();
+    assert_eq!(info.status.status, BatchState::Completed);
+    assert_eq!(info.status_report.unwrap().completed_jobs.len(), 2);
+    // Cleanup purges a completed batch and its jobs.
+    assert_eq!(e.purge_batch(&bid).await.unwrap(), 2);
+    assert!(matches!(e.batch(&bid).await, Err(EngineError::NoBatch(_))));
+    assert!(matches!(e.job(&jobs[0]).await, Err(EngineError::NoJob(_))));
+    assert_eq!(e.job_counts().await.unwrap().values().sum::<u64>(), 0);
+}
+
+pub async fn held_collection_holds_batches_and_jobs_until_released(h: &dyn Harness) {
+    let (e, _s) = engine(h, "w").await;
+    // A job of collection "coll" is queued, then the collection is held.
+    let mut sub = Map::new();
+    sub.insert("collection".into(), json!("coll"));
+    let bid = e.create_batch(sub.clone()).await.unwrap();
+    let lease = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
+    let mut cfg = Map::new();
+    cfg.insert("collection".into(), json!("coll"));
+    let jid = e.create_job(&lease, JobSpec { configuration: cfg, ..Default::default() }).await.unwrap();
+    e.batch_transition(lease, Event::To(BatchState::Processing), None).await.unwrap();
+    assert!(e.hold_collection("coll").await.unwrap());
+    let held_batch = e.create_batch(sub).await.unwrap();
+    assert!(e.acquire_batch(BatchState::Pending).await.unwrap().is_none());
+    assert!(e.acquire_job(JobState::Pending).await.unwrap().is_none());
+    assert_eq!(e.batch(&held_batch).await.unwrap().status.status, BatchState::Held);
+    assert_eq!(e.job(&jid).await.unwrap().status.status, JobState::Held);
+    assert_eq!(e.release_collection("coll").await.unwrap(), 2);
+    assert!(!e.collection_held("coll").await.unwrap());
+    assert_eq!(e.batch(&held_batch).await.unwrap().status.status, BatchState::Pending);
+    let l = e.acquire_job(JobState::Pending).await.unwrap().expect("released job is pending again");
+    assert_eq!(l.job, jid);
+    let _ = bid;
+}
+
+pub async fn paused_queue_hands_out_nothing(h: &dyn Harness) {
+    let (e, _s) = engine(h, "w").await;
+    let (_bid, _jobs) = batch_with_jobs(&e, 1, &[]).await;
+    e.create_batch(Map::new()).await.unwrap();
+    assert!(e.pause_queue("ingest").await.unwrap());
+    assert!(!e.pause_queue("ingest").await.unwrap(), "already paused");
+    assert!(e.acquire_job(JobState::Pending).await.unwrap().is_none());
+    assert!(e.acquire_batch(BatchState::Pending).await.unwrap().is_none());
+    // A waiting worker is woken by the resume, not by polling.
+    let e2 = e.clone();
+    let waiter = tokio::spawn(async move { e2.wait_job(JobState::Pending, WAIT).await });
+    tokio::task::yield_now().await;
+    e.resume_queue("ingest").await.unwrap();
+    let got = tokio::time::timeout(WAIT, waiter).await.unwrap().unwrap().unwrap();
+    assert!(got.is_some(), "resumed queue hands the job out");
+}
+
+pub async fn waiting_worker_is_woken_by_new_work(h: &dyn Harness) {
+    let (e, _s) = engine(h, "w").await;
+    let (other, _s2) = engine(h, "producer").await;
+    let e2 = e.clone();
+    let waiter = tokio::spawn(async move { e2.wait_job(JobState::Pending, WAIT).await });
+    tokio::task::yield_now().await;
+    let (_bid, jobs) = batch_with_jobs(&other, 1, &[]).await;
+    let got = tokio::time::timeout(WAIT, waiter).await.unwrap().unwrap().unwrap().expect("woken with the job");
+    assert_eq!(got.job, jobs[0]);
+}
+
+pub async fn admin_actions_respect_locks_and_the_table(h: &dyn Harness) {
+    let (e, s) = engine(h, "w").await;
+    let (bid, jobs) = batch_with_jobs(&e, 2, &[]).await;
+    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let locked = l.job.clone();
+    let before = normalised_dump(s.tree.as_ref()).await;
+    assert!(matches!(e.hold_job(&locked).await, Err(EngineError::Locked(_))));
+    assert_eq!(normalised_dump(s.tree.as_ref()).await, before, "a refused admin action changes nothing");
+    e.release_job_lease(l).await.unwrap();
+    e.hold_job(&jobs[0]).await.unwrap();
+    e.hold_job(&jobs[1]).await.unwrap();
+    e.release_job(&jobs[1]).await.unwrap();
+    assert!(matches!(e.release_job(&jobs[1]).await, Err(EngineError::Illegal(_))), "only Held jobs are released");
+    // Deleting a held job moves it to Deleted and out of batch-processing.
+    let st = e.delete_job(&jobs[0]).await.unwrap().unwrap();
+    assert_eq!(st.status, JobState::Deleted);
+    let info = e.batch(&bid).await.unwrap();
+    assert_eq!(info.jobs["batch-deleted"], vec![jobs[0].to_string()]);
+    // A batch with a pending job cannot be deleted; its status stays.
+    assert!(matches!(e.delete_batch(&bid).await, Err(EngineError::Illegal(_)) | Err(EngineError::Invalid(_))));
+    assert_eq!(e.batch(&bid).await.unwrap().status.status, BatchState::Processing);
+    // Hold/release of a pending batch.
+    let b2 = e.create_batch(Map::new()).await.unwrap();
+    e.hold_batch(&b2).await.unwrap();
+    assert!(matches!(e.hold_batch(&b2).await, Err(EngineError::Illegal(_))));
+    e.delete_batch(&b2).await.unwrap();
+    assert_eq!(e.batch(&b2).await.unwrap().status.status, BatchState::Deleted);
+}
+
+pub async fn duplicate_batch_uuid_is_refused(h: &dyn Harness) {
+    let (e, _s) = engine(h, "w").await;
+    let mut sub = Map::new();
+    sub.insert("batchID".into(), json!("0b7e2a4e-1111-4222-8333-944445555666"));
+    let bid = e.create_batch(sub.clone()).await.unwrap();
+    assert_eq!(e.batch_by_uuid("0b7e2a4e-1111-4222-8333-944445555666").await.unwrap(), Some(bid));
+    let err = e.create_batch(sub).await.unwrap_err();
+    assert!(err.to_string().contains("already exists"), "{err}");
+    assert_eq!(e.batch_ids().await.unwrap().len(), 1, "no half-made batch left behind");
+}
+
+pub async fn access_requests_move_through_their_states(h: &dyn Harness) {
+    let (e, _s) = engine(h, "w").await;
+    let id = e.create_access(AccessQueue::Small, &json!({"ark": "ark:/99999/fk4x", "version": 1})).await.unwrap();
+    e.pause_queue("accessSmall").await.unwrap();
+    assert!(e.acquire_access(AccessQueue::Small).await.unwrap().is_none());
+    e.resume_queue("accessSmall").await.unwrap();
+    assert!(e.acquire_access(AccessQueue::Large).await.unwrap().is_none());
+    let l = e.acquire_access(AccessQueue::Small).await.unwrap().unwrap();
+    assert_eq!(l.token["ark"], "ark:/99999/fk4x");
+    let l = e.access_advance(l, Event::Success).await.unwrap();
+    assert_eq!(l.status.status, lading_core::AccessState::Processing);
+    e.access_transition(l, Event::Success, None).await.unwrap();
+    let info = e.access(AccessQueue::Small, &id).await.unwrap();
+    assert_eq!(info.status.status, lading_core::AccessState::Completed);
+    assert!(!info.locked);
+}
+
+pub async fn ark_locks_are_exclusive_and_end_with_the_session(h: &dyn Harness) {
+    let (e1, s1) = engine(h, "a").await;
+    let (e2, _s2) = engine(h, "b").await;
+    let lock = e1.lock_storage("ark:/13030/m5abc").await.unwrap();
+    assert!(matches!(e2.lock_storage("ark:/13030/m5abc").await, Err(EngineError::Locked(p)) if p == "/locks/storage/ark_13030_m5abc"));
+    let inv = e2.lock_inventory("ark:/13030/m5abc").await.unwrap();
+    e1.unlock_ark(lock).await.unwrap();
+    let again = e2.lock_storage("ark:/13030/m5abc").await.unwrap();
+    e2.unlock_ark(again).await.unwrap();
+    e2.unlock_ark(inv).await.unwrap();
+    let _held = e1.lock_storage("ark:/1/x").await.unwrap();
+    (s1.expire)().await;
+    assert!(e2.lock_storage("ark:/1/x").await.is_ok(), "a dead session's ark lock is gone");
+}
+
+/// A tree that counts the calls made through it, to measure cost in round trips.
+pub struct CountingTree {
+    inner: Arc<dyn Tree>,
+    pub calls: std::sync::atomic::AtomicUsize,
+}
+
+impl CountingTree {
+    fn bump(&self) {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+    pub fn calls(&self) -> usize {
+        self.calls.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Tree for CountingTree {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    fn session_id(&self) -> u64 {
+        self.inner.session_id()
+    }
+    fn get<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<lading_core::Node>, TreeError>> {
+        self.bump();
+        self.inner.get(path)
+    }
+    fn exists<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<lading_core::Stat>, TreeError>> {
+        self.bump();
+        self.inner.exists(path)
+    }
+    fn children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Vec<String>, TreeError>> {
+        self.bump();
+        self.inner.children(path)
+    }
+    fn children_page<'a>(&'a self, path: &'a str, after: Option<&'a str>, limit: usize) -> BoxFuture<'a, Result<Vec<String>, TreeError>> {
+        self.bump();
+        self.inner.children_page(path, after, limit)
+    }
+    fn count_children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<u64, TreeError>> {
+        self.bump();
+        self.inner.count_children(path)
+    }
+    fn multi(&self, ops: Vec<Op>) -> BoxFuture<'_, Result<Vec<OpResult>, TreeError>> {
+        self.bump();
+        self.inner.multi(ops)
+    }
+    fn watch<'a>(&'a self, path: &'a str, kind: WatchKind) -> BoxFuture<'a, Result<lading_core::Watch, TreeError>> {
+        self.inner.watch(path, kind)
+    }
+    fn close(&self) -> BoxFuture<'_, Result<(), TreeError>> {
+        self.inner.close()
+    }
+}
+
+/// Round trips one acquisition costs with `queued` other jobs queued behind the head.
+async fn acquisition_round_trips(h: &dyn Harness, queued: u32) -> usize {
+    let s = h.open().await;
+    let counting = Arc::new(CountingTree { inner: s.tree.clone(), calls: Default::default() });
+    let e = Engine::new(counting.clone(), system_clock(), "counter");
+    e.init().await.unwrap();
+    // Queue references directly (cheaper than whole jobs) behind one real job at the head.
+    let folder = job_state_folder(JobState::Pending);
+    let names: Vec<u32> = (0..queued).collect();
+    for chunk in names.chunks(500) {
+        let ops = chunk.iter().map(|i| Op::create(format!("{folder}/50-jid9{queued:05}{i:06}"), None)).collect();
+        s.tree.multi(ops).await.unwrap();
+    }
+    let b = e.create_batch(Map::new()).await.unwrap();
+    let lease = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
+    assert_eq!(lease.batch, b);
+    let jid = e.create_job(&lease, JobSpec { priority: Some(1), ..Default::default() }).await.unwrap();
+    e.batch_transition(lease, Event::To(BatchState::Processing), None).await.unwrap();
+    let before = counting.calls();
+    let got = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let cost = counting.calls() - before;
+    assert_eq!(got.job, jid, "the head of the queue is found");
+    assert!(e.job_counts().await.unwrap()[&JobState::Pending] > queued as u64);
+    e.job_transition(got, Event::To(JobState::Estimating), None).await.unwrap();
+    cost
+}
+
+pub async fn acquisition_cost_does_not_grow_with_the_queue(h: &dyn Harness) {
+    let small = acquisition_round_trips(h, 100).await;
+    let large = acquisition_round_trips(h, 3000).await;
+    assert_eq!(small, large, "round trips per acquisition: {small} with 100 queued, {large} with 3,000");
+    assert!(small <= 8, "acquisition takes {small} round trips");
+}
+
+/// Instantiates every conformance test for a backend. `$make` is an expression that yields a
+/// fresh `impl Harness` (a new, empty store) each time it is evaluated.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make:expr) => {
+        $crate::conformance_tests!(@each $make;
+            tree_nodes_have_versions_and_sorted_children,
+            tree_sequential_names_have_ten_digits_and_increase,
+            tree_children_page_reads_the_head_in_order,
+            multi_is_all_or_nothing,
+            ephemeral_nodes_end_with_their_session,
+            watches_fire_on_changes,
+            job_walks_the_pipeline_and_the_tree_matches_the_layout,
+            illegal_transition_is_refused_and_changes_nothing,
+            unknown_ids_get_typed_errors,
+            corrupt_node_is_named_and_nothing_changes,
+            acquisition_follows_priority_then_age,
+            set_priority_moves_the_reference,
+            concurrent_workers_each_job_handed_to_exactly_one,
+            lost_lease_cannot_commit_transition,
+            stale_lease_after_a_takeover_is_lost,
+            batch_reports_exactly_once_when_jobs_finish_concurrently,
+            requeue_returns_a_failed_job_to_the_stage_that_failed,
+            report_and_update_reporting,
+            held_collection_holds_batches_and_jobs_until_released,
+            paused_queue_hands_out_nothing,
+            waiting_worker_is_woken_by_new_work,
+            admin_actions_respect_locks_and_the_table,
+            duplicate_batch_uuid_is_refused,
+            access_requests_move_through_their_states,
+            ark_locks_are_exclusive_and_end_with_the_session,
+            acquisition_cost_does_not_grow_with_the_queue,
+        );
+    };
+    (@each $make:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let harness = $make;
+                $crate::$name(&harness).await;
+            }
+        )*
+    };
+}
