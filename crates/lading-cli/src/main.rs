@@ -1,1 +1,315 @@
-fn main() {}
+//! `lading`, the command line: inspect and administer a store, and measure it.
+//!
+//! Thin by design: every command opens a store, builds an [`Engine`] and calls one or two of
+//! its methods. Exit codes: 0 success, 1 failure, 2 usage, 3 unknown id, 4 refused (an
+//! illegal transition, a locked item, invalid input).
+
+mod bench;
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use lading_core::layout::{AccessId, AccessQueue, BatchId, JobId};
+use lading_core::time::{parse_ts, system_clock};
+use lading_core::{BatchState, JobState, Tree};
+use lading_engine::{Engine, EngineError};
+use lading_store_sqlite::{SqliteOptions, SqliteTree};
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+pub const DEFAULT_STORE: &str = "sqlite:./lading-data/lading.db";
+
+#[derive(Parser)]
+#[command(name = "lading", version, about = "A durable, distributed ingest queue")]
+struct Cli {
+    /// The store: `sqlite:PATH` (or a bare path) for the embedded store.
+    /// Default: sqlite:./lading-data/lading.db (`bench` makes a fresh store instead).
+    #[arg(long, global = true, env = "LADING_STORE")]
+    store: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the tree (or the part under PATH) as a path → data map.
+    Dump {
+        #[arg(default_value = "/")]
+        path: String,
+        #[arg(long, value_enum, default_value_t = Format::Yaml)]
+        format: Format,
+    },
+    /// Show a batch (bid…, or its uuid), a job (jid…) or an access request (qid…); with no
+    /// id, counts per state.
+    Status { id: Option<String> },
+    /// Administrative actions.
+    Admin {
+        #[command(subcommand)]
+        action: Admin,
+    },
+    /// Measure the store.
+    Bench {
+        #[command(subcommand)]
+        what: bench::Bench,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Yaml,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Admin {
+    /// Jobs: hold (Pending → Held), release (Held → Pending), requeue a Failed job (to the
+    /// stage that failed, or --to STATE), delete (Failed/Held → Deleted; Completed/Deleted are
+    /// purged).
+    Job {
+        #[arg(value_enum)]
+        action: JobAction,
+        job: String,
+        /// Requeue target state.
+        #[arg(long)]
+        to: Option<String>,
+    },
+    /// Batches: hold, release, delete, update-reporting.
+    Batch {
+        #[arg(value_enum)]
+        action: BatchAction,
+        batch: String,
+    },
+    /// Collections: hold or release (release puts their Held batches and jobs back to Pending).
+    Collection {
+        #[arg(value_enum)]
+        action: HoldAction,
+        name: String,
+    },
+    /// Queues (ingest, accessSmall, accessLarge): pause or resume.
+    Queue {
+        #[arg(value_enum)]
+        action: PauseAction,
+        name: String,
+    },
+    /// Remove Completed and Deleted batches (and their jobs) last changed more than
+    /// --older-than-hours ago.
+    Cleanup {
+        #[arg(long, default_value_t = 24 * 7)]
+        older_than_hours: u64,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum JobAction {
+    Hold,
+    Release,
+    Requeue,
+    Delete,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum BatchAction {
+    Hold,
+    Release,
+    Delete,
+    UpdateReporting,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum HoldAction {
+    Hold,
+    Release,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PauseAction {
+    Pause,
+    Resume,
+}
+
+/// Opens a store from its URL.
+pub fn open_store(url: &str) -> anyhow::Result<Arc<dyn Tree>> {
+    if let Some(rest) = url.strip_prefix("zk://") {
+        bail!("the ZooKeeper backend is not built into this version (store {url:?}, hosts {rest:?}); use sqlite:PATH");
+    }
+    let path = url.strip_prefix("sqlite:").unwrap_or(url);
+    if path.is_empty() {
+        bail!("empty store path in {url:?}");
+    }
+    if url.contains("://") {
+        bail!("unknown store URL {url:?}: expected sqlite:PATH or zk://host:port[,host:port]/chroot");
+    }
+    let tree = SqliteTree::open(PathBuf::from(path), SqliteOptions::default()).with_context(|| format!("opening store {url}"))?;
+    Ok(Arc::new(tree))
+}
+
+async fn engine(url: &str) -> anyhow::Result<Engine> {
+    let tree = open_store(url)?;
+    let e = Engine::new(tree, system_clock(), lading_store_sqlite::default_owner());
+    e.init().await?;
+    Ok(e)
+}
+
+fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let store = cli.store.clone().unwrap_or_else(|| DEFAULT_STORE.to_string());
+    match cli.command {
+        Command::Dump { path, format } => {
+            let tree = open_store(&store)?;
+            lading_core::tree::validate_path(&path)?;
+            let map = lading_engine::dump(tree.as_ref(), &path).await?;
+            match format {
+                Format::Json => print_json(&map)?,
+                Format::Yaml => print!("{}", serde_yaml_ng::to_string(&map)?),
+            }
+            tree.close().await?;
+        }
+        Command::Status { id } => {
+            let e = engine(&store).await?;
+            match id {
+                None => {
+                    let jobs: serde_json::Map<String, Value> =
+                        e.job_counts().await?.into_iter().map(|(s, n)| (s.name().to_string(), json!(n))).collect();
+                    let batches: serde_json::Map<String, Value> =
+                        e.batch_counts().await?.into_iter().map(|(s, n)| (s.name().to_string(), json!(n))).collect();
+                    let mut paused = Vec::new();
+                    for q in lading_core::layout::QUEUE_NAMES {
+                        if e.queue_paused(q).await? {
+                            paused.push(*q);
+                        }
+                    }
+                    print_json(&json!({"jobs": jobs, "batches": batches, "paused_queues": paused}))?;
+                }
+                Some(id) if id.starts_with(JobId::PREFIX) => print_json(&e.job(&JobId::parse(&id)?).await?)?,
+                Some(id) if id.starts_with(BatchId::PREFIX) => print_json(&e.batch(&BatchId::parse(&id)?).await?)?,
+                Some(id) if id.starts_with(AccessId::PREFIX) => {
+                    let aid = AccessId::parse(&id)?;
+                    match e.access(AccessQueue::Small, &aid).await {
+                        Err(EngineError::NoAccess(_)) => print_json(&e.access(AccessQueue::Large, &aid).await?)?,
+                        r => print_json(&r?)?,
+                    }
+                }
+                Some(uuid) => match e.batch_by_uuid(&uuid).await? {
+                    Some(bid) => print_json(&e.batch(&bid).await?)?,
+                    None => return Err(EngineError::NoBatch(format!("{uuid} (no batch, job, access id or batch uuid)")).into()),
+                },
+            }
+            e.tree().close().await?;
+        }
+        Command::Admin { action } => {
+            let e = engine(&store).await?;
+            admin(&e, action).await?;
+            e.tree().close().await?;
+        }
+        Command::Bench { what } => bench::run(what, cli.store.as_deref()).await?,
+    }
+    Ok(())
+}
+
+async fn admin(e: &Engine, action: Admin) -> anyhow::Result<()> {
+    match action {
+        Admin::Job { action, job, to } => {
+            let jid = JobId::parse(&job)?;
+            let target = match to.as_deref() {
+                None => None,
+                Some(s) => Some(JobState::parse(s).ok_or_else(|| EngineError::Invalid(format!("unknown job state {s:?}")))?),
+            };
+            if target.is_some() && !matches!(action, JobAction::Requeue) {
+                return Err(EngineError::Invalid("--to applies to requeue only".into()).into());
+            }
+            let st = match action {
+                JobAction::Hold => Some(e.hold_job(&jid).await?),
+                JobAction::Release => Some(e.release_job(&jid).await?),
+                JobAction::Requeue => Some(e.requeue_job(&jid, target).await?),
+                JobAction::Delete => e.delete_job(&jid).await?,
+            };
+            match st {
+                Some(st) => println!("{jid}: {}", st.status),
+                None => println!("{jid}: purged"),
+            }
+        }
+        Admin::Batch { action, batch } => {
+            let bid = BatchId::parse(&batch)?;
+            let st = match action {
+                BatchAction::Hold => e.hold_batch(&bid).await?,
+                BatchAction::Release => e.release_batch(&bid).await?,
+                BatchAction::Delete => e.delete_batch(&bid).await?,
+                BatchAction::UpdateReporting => e.update_reporting(&bid).await?,
+            };
+            println!("{bid}: {}", st.status);
+        }
+        Admin::Collection { action, name } => match action {
+            HoldAction::Hold => {
+                let new = e.hold_collection(&name).await?;
+                println!("collection {name}: held{}", if new { "" } else { " (already)" });
+            }
+            HoldAction::Release => {
+                let n = e.release_collection(&name).await?;
+                println!("collection {name}: released, {n} held batches and jobs back to Pending");
+            }
+        },
+        Admin::Queue { action, name } => {
+            let changed = match action {
+                PauseAction::Pause => e.pause_queue(&name).await?,
+                PauseAction::Resume => e.resume_queue(&name).await?,
+            };
+            let word = if matches!(action, PauseAction::Pause) { "paused" } else { "resumed" };
+            println!("queue {name}: {word}{}", if changed { "" } else { " (already)" });
+        }
+        Admin::Cleanup { older_than_hours } => {
+            let cutoff = e.clock().now_ms().saturating_sub(older_than_hours * 3_600_000);
+            let (mut batches, mut jobs) = (0, 0);
+            for bid in e.batch_ids().await? {
+                let info = match e.batch(&bid).await {
+                    Ok(i) => i,
+                    Err(EngineError::NoBatch(_)) => continue,
+                    Err(err) => return Err(err.into()),
+                };
+                let done = matches!(info.status.status, BatchState::Completed | BatchState::Deleted);
+                let old = parse_ts(&info.status.last_modified).is_some_and(|t| t <= cutoff);
+                if done && old {
+                    jobs += e.purge_batch(&bid).await?;
+                    batches += 1;
+                }
+            }
+            println!("removed {batches} batches and {jobs} jobs finished more than {older_than_hours} h ago");
+        }
+    }
+    Ok(())
+}
+
+fn exit_code(err: &anyhow::Error) -> u8 {
+    match err.downcast_ref::<EngineError>() {
+        Some(EngineError::NoBatch(_) | EngineError::NoJob(_) | EngineError::NoAccess(_)) => 3,
+        Some(EngineError::Illegal(_) | EngineError::Locked(_) | EngineError::Invalid(_)) => 4,
+        _ if err.downcast_ref::<lading_core::layout::BadId>().is_some() => 4,
+        _ => 1,
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("LADING_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(exit_code(&e))
+        }
+    }
+}

@@ -108,12 +108,11 @@ pub enum TreeError {
     SessionExpired,
     #[error("connection lost: {0}")]
     ConnectionLoss(String),
-    #[error("operation {index} of multi failed ({op_path}): {source}")]
+    #[error("operation {index} of multi failed ({op_path}): {cause}")]
     Multi {
         index: usize,
         op_path: String,
-        #[source]
-        source: Box<TreeError>,
+        cause: Box<TreeError>,
     },
     #[error("store {0} is not a Lading store: {1}")]
     NotOurs(String, String),
@@ -126,7 +125,7 @@ impl TreeError {
     pub fn is_retryable(&self) -> bool {
         match self {
             TreeError::ConnectionLoss(_) => true,
-            TreeError::Multi { source, .. } => source.is_retryable(),
+            TreeError::Multi { cause, .. } => cause.is_retryable(),
             _ => false,
         }
     }
@@ -134,7 +133,7 @@ impl TreeError {
     /// The error of the failing operation, for a `multi` error; the error itself otherwise.
     pub fn root(&self) -> &TreeError {
         match self {
-            TreeError::Multi { source, .. } => source.root(),
+            TreeError::Multi { cause, .. } => cause.root(),
             e => e,
         }
     }
@@ -253,7 +252,7 @@ pub trait Tree: Send + Sync + 'static {
 /// A single-op multi reports the op's own error, not a wrapper.
 fn unwrap_single(e: TreeError) -> TreeError {
     match e {
-        TreeError::Multi { source, .. } => *source,
+        TreeError::Multi { cause, .. } => *cause,
         e => e,
     }
 }

@@ -669,8 +669,9 @@ impl Engine {
             if status.status != BatchState::Processing {
                 return Ok(false);
             }
-            match self.tree.count_children(&batch_ref_folder(batch, "batch-processing")).await {
-                Ok(0) => {}
+            // One child is enough to know it is not empty; a count would cost the batch size.
+            match self.tree.children_page(&batch_ref_folder(batch, "batch-processing"), None, 1).await {
+                Ok(c) if c.is_empty() => {}
                 Ok(_) | Err(TreeError::NoNode(_)) => return Ok(false),
                 Err(e) => return Err(e.into()),
             }
@@ -799,7 +800,12 @@ impl Engine {
                     ops.push(Op::create(batch_ref_folder(bid, f), None));
                 }
             }
-            self.tree.multi(ops).await.map_err(|e| self.lease_error(e, bid.as_str()))?;
+            match self.tree.multi(ops).await {
+                Ok(_) => {}
+                // A concurrent create_job of the same intake made them first.
+                Err(e) if matches!(e.root(), TreeError::NodeExists(_)) => {}
+                Err(e) => return Err(self.lease_error(e, bid.as_str())),
+            }
         }
         let path = self.tree.create(JOB_PREFIX, None, CreateMode::PersistentSequential).await?;
         let jid = JobId::parse(lading_core::tree::split_path(&path).1)?;
