@@ -49,12 +49,19 @@ const LOOK_ORDER: [JobState; 8] = [
 
 pub async fn run(what: Bench, store: Option<&str>) -> anyhow::Result<()> {
     match what {
-        Bench::Queue { jobs, workers, mode, json } => queue(jobs, workers.max(1), mode, json, store).await,
+        Bench::Queue {
+            jobs,
+            workers,
+            mode,
+            json,
+        } => queue(jobs, workers.max(1), mode, json, store).await,
     }
 }
 
 fn fresh_store() -> anyhow::Result<PathBuf> {
-    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_millis();
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis();
     let dir = PathBuf::from("lading-bench").join(format!("queue-{stamp}"));
     std::fs::create_dir_all(&dir)?;
     Ok(dir.join("lading.db"))
@@ -64,7 +71,12 @@ fn fresh_store() -> anyhow::Result<PathBuf> {
 /// durable commits there.
 pub fn fsync_rate(dir: &Path) -> anyhow::Result<f64> {
     let path = dir.join(".lading-fsync-probe");
-    let mut f = std::fs::OpenOptions::new().create(true).truncate(true).read(true).write(true).open(&path)?;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&path)?;
     let block = [0x5au8; 4096];
     let start = Instant::now();
     let mut n = 0u64;
@@ -88,13 +100,23 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
     sorted[idx] as f64 / 1000.0
 }
 
-async fn queue(n: usize, k: usize, mode: Mode, as_json: bool, store: Option<&str>) -> anyhow::Result<()> {
+async fn queue(
+    n: usize,
+    k: usize,
+    mode: Mode,
+    as_json: bool,
+    store: Option<&str>,
+) -> anyhow::Result<()> {
     let url = match store {
         Some(s) => s.to_string(),
         None => format!("sqlite:{}", fresh_store()?.display()),
     };
     let tree = crate::open_store(&url)?;
-    let engine = Arc::new(Engine::new(tree.clone(), system_clock(), lading_store_sqlite::default_owner()));
+    let engine = Arc::new(Engine::new(
+        tree.clone(),
+        system_clock(),
+        lading_store_sqlite::default_owner(),
+    ));
     engine.init().await?;
 
     // Setup (not measured): one batch, N jobs, created concurrently so commits group.
@@ -107,7 +129,9 @@ async fn queue(n: usize, k: usize, mode: Mode, as_json: bool, store: Option<&str
         match engine.acquire_batch(BatchState::Pending).await? {
             Some(l) if l.batch == bid => break l,
             Some(other) => engine.release_batch_lease(other).await?,
-            None => anyhow::bail!("the bench batch {bid} could not be acquired (is the ingest queue paused?)"),
+            None => anyhow::bail!(
+                "the bench batch {bid} could not be acquired (is the ingest queue paused?)"
+            ),
         }
     };
     let next = Arc::new(AtomicUsize::new(0));
@@ -124,7 +148,9 @@ async fn queue(n: usize, k: usize, mode: Mode, as_json: bool, store: Option<&str
     for c in creators {
         c.await??;
     }
-    engine.batch_transition(lease, Event::To(BatchState::Processing), None).await?;
+    engine
+        .batch_transition(lease, Event::To(BatchState::Processing), None)
+        .await?;
     let setup_s = setup.elapsed().as_secs_f64();
 
     // The measured part: every job through every stage.
@@ -133,7 +159,9 @@ async fn queue(n: usize, k: usize, mode: Mode, as_json: bool, store: Option<&str
     let mut handles = Vec::new();
     for _ in 0..k {
         let (e, completed) = (engine.clone(), completed.clone());
-        handles.push(tokio::spawn(async move { worker(&e, mode, n, &completed).await }));
+        handles.push(tokio::spawn(async move {
+            worker(&e, mode, n, &completed).await
+        }));
     }
     let mut latencies_us = Vec::new();
     for h in handles {
@@ -145,16 +173,25 @@ async fn queue(n: usize, k: usize, mode: Mode, as_json: bool, store: Option<&str
     let batch = engine.batch(&bid).await?;
     let done = batch.jobs.get("batch-completed").map_or(0, Vec::len);
     if done != n || batch.status.status != BatchState::Reporting {
-        anyhow::bail!("bench ended with {done} of {n} jobs completed and the batch {}", batch.status.status);
+        anyhow::bail!(
+            "bench ended with {done} of {n} jobs completed and the batch {}",
+            batch.status.status
+        );
     }
     let path = url.strip_prefix("sqlite:").unwrap_or(&url).to_string();
-    let dir = Path::new(&path).parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = Path::new(&path)
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let fsync = fsync_rate(dir)?;
     tree.close().await?;
 
     let jobs_per_s = n as f64 / elapsed;
     let transitions_per_s = transitions as f64 / elapsed;
-    let (p50, p99) = (percentile(&latencies_us, 0.50), percentile(&latencies_us, 0.99));
+    let (p50, p99) = (
+        percentile(&latencies_us, 0.50),
+        percentile(&latencies_us, 0.99),
+    );
     if as_json {
         println!(
             "{}",
@@ -167,11 +204,17 @@ async fn queue(n: usize, k: usize, mode: Mode, as_json: bool, store: Option<&str
     } else {
         println!("lading bench queue: {n} jobs, {k} workers, {mode:?} mode, store {url}");
         println!("  setup        {n} jobs created in {setup_s:.2} s (not counted below)");
-        println!("  pipeline     {transitions} transitions in {elapsed:.2} s; batch {bid} is {}", batch.status.status);
+        println!(
+            "  pipeline     {transitions} transitions in {elapsed:.2} s; batch {bid} is {}",
+            batch.status.status
+        );
         println!("  jobs/s       {jobs_per_s:.0}");
         println!("  transitions/s {transitions_per_s:.0}");
         println!("  latency      p50 {p50:.2} ms, p99 {p99:.2} ms per transition");
-        println!("  raw fsync/s  {fsync:.0} (4 KiB fdatasync in {})", dir.display());
+        println!(
+            "  raw fsync/s  {fsync:.0} (4 KiB fdatasync in {})",
+            dir.display()
+        );
         println!("  inspect with lading --store {url} dump /batches/{bid}");
     }
     Ok(())
@@ -179,7 +222,12 @@ async fn queue(n: usize, k: usize, mode: Mode, as_json: bool, store: Option<&str
 
 /// One worker: take the latest-stage job it can find, move it on, repeat until all are done.
 /// Returns the latency of each transition it committed, in microseconds.
-async fn worker(e: &Engine, mode: Mode, n: usize, completed: &AtomicUsize) -> anyhow::Result<Vec<u64>> {
+async fn worker(
+    e: &Engine,
+    mode: Mode,
+    n: usize,
+    completed: &AtomicUsize,
+) -> anyhow::Result<Vec<u64>> {
     let mut lat = Vec::new();
     let mut idle = 0u32;
     while completed.load(Ordering::SeqCst) < n {
@@ -198,7 +246,11 @@ async fn worker(e: &Engine, mode: Mode, n: usize, completed: &AtomicUsize) -> an
         };
         idle = 0;
         loop {
-            let ev = if lease.state() == JobState::Pending { Event::To(JobState::Estimating) } else { Event::Success };
+            let ev = if lease.state() == JobState::Pending {
+                Event::To(JobState::Estimating)
+            } else {
+                Event::Success
+            };
             let last = lease.state() == JobState::Notify;
             let t = Instant::now();
             if mode == Mode::Chain && !last {

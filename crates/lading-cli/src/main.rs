@@ -21,7 +21,11 @@ use std::sync::Arc;
 pub const DEFAULT_STORE: &str = "sqlite:./lading-data/lading.db";
 
 #[derive(Parser)]
-#[command(name = "lading", version, about = "A durable, distributed ingest queue")]
+#[command(
+    name = "lading",
+    version,
+    about = "A durable, distributed ingest queue"
+)]
 struct Cli {
     /// The store: `sqlite:PATH` (or a bare path) for the embedded store.
     /// Default: sqlite:./lading-data/lading.db (`bench` makes a fresh store instead).
@@ -53,6 +57,9 @@ enum Command {
         #[command(subcommand)]
         what: bench::Bench,
     },
+    /// Test aid: acquire a Pending job and hold its lock until killed (prints the job id).
+    #[command(hide = true)]
+    HoldJob,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -131,16 +138,21 @@ enum PauseAction {
 /// Opens a store from its URL.
 pub fn open_store(url: &str) -> anyhow::Result<Arc<dyn Tree>> {
     if let Some(rest) = url.strip_prefix("zk://") {
-        bail!("the ZooKeeper backend is not built into this version (store {url:?}, hosts {rest:?}); use sqlite:PATH");
+        bail!(
+            "the ZooKeeper backend is not built into this version (store {url:?}, hosts {rest:?}); use sqlite:PATH"
+        );
     }
     let path = url.strip_prefix("sqlite:").unwrap_or(url);
     if path.is_empty() {
         bail!("empty store path in {url:?}");
     }
     if url.contains("://") {
-        bail!("unknown store URL {url:?}: expected sqlite:PATH or zk://host:port[,host:port]/chroot");
+        bail!(
+            "unknown store URL {url:?}: expected sqlite:PATH or zk://host:port[,host:port]/chroot"
+        );
     }
-    let tree = SqliteTree::open(PathBuf::from(path), SqliteOptions::default()).with_context(|| format!("opening store {url}"))?;
+    let tree = SqliteTree::open(PathBuf::from(path), SqliteOptions::default())
+        .with_context(|| format!("opening store {url}"))?;
     Ok(Arc::new(tree))
 }
 
@@ -157,7 +169,10 @@ fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let store = cli.store.clone().unwrap_or_else(|| DEFAULT_STORE.to_string());
+    let store = cli
+        .store
+        .clone()
+        .unwrap_or_else(|| DEFAULT_STORE.to_string());
     match cli.command {
         Command::Dump { path, format } => {
             let tree = open_store(&store)?;
@@ -173,30 +188,51 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let e = engine(&store).await?;
             match id {
                 None => {
-                    let jobs: serde_json::Map<String, Value> =
-                        e.job_counts().await?.into_iter().map(|(s, n)| (s.name().to_string(), json!(n))).collect();
-                    let batches: serde_json::Map<String, Value> =
-                        e.batch_counts().await?.into_iter().map(|(s, n)| (s.name().to_string(), json!(n))).collect();
+                    let jobs: serde_json::Map<String, Value> = e
+                        .job_counts()
+                        .await?
+                        .into_iter()
+                        .map(|(s, n)| (s.name().to_string(), json!(n)))
+                        .collect();
+                    let batches: serde_json::Map<String, Value> = e
+                        .batch_counts()
+                        .await?
+                        .into_iter()
+                        .map(|(s, n)| (s.name().to_string(), json!(n)))
+                        .collect();
                     let mut paused = Vec::new();
                     for q in lading_core::layout::QUEUE_NAMES {
                         if e.queue_paused(q).await? {
                             paused.push(*q);
                         }
                     }
-                    print_json(&json!({"jobs": jobs, "batches": batches, "paused_queues": paused}))?;
+                    print_json(
+                        &json!({"jobs": jobs, "batches": batches, "paused_queues": paused}),
+                    )?;
                 }
-                Some(id) if id.starts_with(JobId::PREFIX) => print_json(&e.job(&JobId::parse(&id)?).await?)?,
-                Some(id) if id.starts_with(BatchId::PREFIX) => print_json(&e.batch(&BatchId::parse(&id)?).await?)?,
+                Some(id) if id.starts_with(JobId::PREFIX) => {
+                    print_json(&e.job(&JobId::parse(&id)?).await?)?
+                }
+                Some(id) if id.starts_with(BatchId::PREFIX) => {
+                    print_json(&e.batch(&BatchId::parse(&id)?).await?)?
+                }
                 Some(id) if id.starts_with(AccessId::PREFIX) => {
                     let aid = AccessId::parse(&id)?;
                     match e.access(AccessQueue::Small, &aid).await {
-                        Err(EngineError::NoAccess(_)) => print_json(&e.access(AccessQueue::Large, &aid).await?)?,
+                        Err(EngineError::NoAccess(_)) => {
+                            print_json(&e.access(AccessQueue::Large, &aid).await?)?
+                        }
                         r => print_json(&r?)?,
                     }
                 }
                 Some(uuid) => match e.batch_by_uuid(&uuid).await? {
                     Some(bid) => print_json(&e.batch(&bid).await?)?,
-                    None => return Err(EngineError::NoBatch(format!("{uuid} (no batch, job, access id or batch uuid)")).into()),
+                    None => {
+                        return Err(EngineError::NoBatch(format!(
+                            "{uuid} (no batch, job, access id or batch uuid)"
+                        ))
+                        .into());
+                    }
                 },
             }
             e.tree().close().await?;
@@ -207,6 +243,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             e.tree().close().await?;
         }
         Command::Bench { what } => bench::run(what, cli.store.as_deref()).await?,
+        Command::HoldJob => {
+            let e = engine(&store).await?;
+            let lease = e
+                .acquire_job(JobState::Pending)
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("no pending job to hold"))?;
+            println!("{}", lease.job);
+            use std::io::Write;
+            std::io::stdout().flush()?;
+            std::future::pending::<()>().await;
+        }
     }
     Ok(())
 }
@@ -217,7 +264,10 @@ async fn admin(e: &Engine, action: Admin) -> anyhow::Result<()> {
             let jid = JobId::parse(&job)?;
             let target = match to.as_deref() {
                 None => None,
-                Some(s) => Some(JobState::parse(s).ok_or_else(|| EngineError::Invalid(format!("unknown job state {s:?}")))?),
+                Some(s) => Some(
+                    JobState::parse(s)
+                        .ok_or_else(|| EngineError::Invalid(format!("unknown job state {s:?}")))?,
+                ),
             };
             if target.is_some() && !matches!(action, JobAction::Requeue) {
                 return Err(EngineError::Invalid("--to applies to requeue only".into()).into());
@@ -246,7 +296,10 @@ async fn admin(e: &Engine, action: Admin) -> anyhow::Result<()> {
         Admin::Collection { action, name } => match action {
             HoldAction::Hold => {
                 let new = e.hold_collection(&name).await?;
-                println!("collection {name}: held{}", if new { "" } else { " (already)" });
+                println!(
+                    "collection {name}: held{}",
+                    if new { "" } else { " (already)" }
+                );
             }
             HoldAction::Release => {
                 let n = e.release_collection(&name).await?;
@@ -258,11 +311,21 @@ async fn admin(e: &Engine, action: Admin) -> anyhow::Result<()> {
                 PauseAction::Pause => e.pause_queue(&name).await?,
                 PauseAction::Resume => e.resume_queue(&name).await?,
             };
-            let word = if matches!(action, PauseAction::Pause) { "paused" } else { "resumed" };
-            println!("queue {name}: {word}{}", if changed { "" } else { " (already)" });
+            let word = if matches!(action, PauseAction::Pause) {
+                "paused"
+            } else {
+                "resumed"
+            };
+            println!(
+                "queue {name}: {word}{}",
+                if changed { "" } else { " (already)" }
+            );
         }
         Admin::Cleanup { older_than_hours } => {
-            let cutoff = e.clock().now_ms().saturating_sub(older_than_hours * 3_600_000);
+            let cutoff = e
+                .clock()
+                .now_ms()
+                .saturating_sub(older_than_hours * 3_600_000);
             let (mut batches, mut jobs) = (0, 0);
             for bid in e.batch_ids().await? {
                 let info = match e.batch(&bid).await {
@@ -270,14 +333,19 @@ async fn admin(e: &Engine, action: Admin) -> anyhow::Result<()> {
                     Err(EngineError::NoBatch(_)) => continue,
                     Err(err) => return Err(err.into()),
                 };
-                let done = matches!(info.status.status, BatchState::Completed | BatchState::Deleted);
+                let done = matches!(
+                    info.status.status,
+                    BatchState::Completed | BatchState::Deleted
+                );
                 let old = parse_ts(&info.status.last_modified).is_some_and(|t| t <= cutoff);
                 if done && old {
                     jobs += e.purge_batch(&bid).await?;
                     batches += 1;
                 }
             }
-            println!("removed {batches} batches and {jobs} jobs finished more than {older_than_hours} h ago");
+            println!(
+                "removed {batches} batches and {jobs} jobs finished more than {older_than_hours} h ago"
+            );
         }
     }
     Ok(())
@@ -294,11 +362,17 @@ fn exit_code(err: &anyhow::Error) -> u8 {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("LADING_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LADING_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");

@@ -39,7 +39,12 @@ pub const ROOTS: &[&str] = &[
 ];
 
 /// The batch reference folders under `/batches/BID/states`.
-pub const BATCH_FOLDERS: &[&str] = &["batch-processing", "batch-completed", "batch-failed", "batch-deleted"];
+pub const BATCH_FOLDERS: &[&str] = &[
+    "batch-processing",
+    "batch-completed",
+    "batch-failed",
+    "batch-deleted",
+];
 
 /// An id that is not of the expected form.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -55,7 +60,9 @@ macro_rules! id_type {
         impl $name {
             pub const PREFIX: &'static str = $prefix;
             pub fn parse(s: &str) -> Result<Self, BadId> {
-                let digits = s.strip_prefix($prefix).ok_or_else(|| BadId(s.into(), $what, $prefix))?;
+                let digits = s
+                    .strip_prefix($prefix)
+                    .ok_or_else(|| BadId(s.into(), $what, $prefix))?;
                 if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
                     return Err(BadId(s.into(), $what, $prefix));
                 }
@@ -144,7 +151,11 @@ pub fn job_ref_name(priority: u8, j: &JobId) -> String {
     format!("{priority:02}-{j}")
 }
 pub fn job_ref(s: JobState, priority: u8, j: &JobId) -> String {
-    format!("{JOB_STATES}/{}/{}", s.node_name(), job_ref_name(priority, j))
+    format!(
+        "{JOB_STATES}/{}/{}",
+        s.node_name(),
+        job_ref_name(priority, j)
+    )
 }
 /// Reads `PP-jidNNN` back into (priority, job id).
 pub fn parse_job_ref(name: &str) -> Option<(u8, JobId)> {

@@ -10,4 +10,6 @@ pub mod time;
 pub mod tree;
 
 pub use state::{AccessState, BatchState, Event, IllegalTransition, JobProgress, JobState};
-pub use tree::{BoxFuture, CreateMode, Node, Op, OpResult, Stat, Tree, TreeError, Watch, WatchKind};
+pub use tree::{
+    BoxFuture, CreateMode, Node, Op, OpResult, Stat, Tree, TreeError, Watch, WatchKind,
+};

@@ -122,8 +122,16 @@ pub enum Event<S> {
     To(S),
 }
 
-fn illegal<S: fmt::Display>(kind: &'static str, from: S, to: impl fmt::Display) -> IllegalTransition {
-    IllegalTransition { kind, from: from.to_string(), to: to.to_string() }
+fn illegal<S: fmt::Display>(
+    kind: &'static str,
+    from: S,
+    to: impl fmt::Display,
+) -> IllegalTransition {
+    IllegalTransition {
+        kind,
+        from: from.to_string(),
+        to: to.to_string(),
+    }
 }
 
 impl JobState {
@@ -174,8 +182,8 @@ impl JobState {
     pub fn fail(self) -> Option<JobState> {
         use JobState::*;
         match self {
-            Pending | Estimating | Provisioning | Downloading | Processing | Storing | Recording
-            | Notify => Some(Failed),
+            Pending | Estimating | Provisioning | Downloading | Processing | Storing
+            | Recording | Notify => Some(Failed),
             _ => None,
         }
     }
@@ -193,7 +201,10 @@ impl JobState {
     /// Admin delete is allowed: Failed and Held (by transition), Completed and Deleted
     /// (purge of a finished job).
     pub fn is_deletable(self) -> bool {
-        matches!(self, JobState::Failed | JobState::Held | JobState::Completed | JobState::Deleted)
+        matches!(
+            self,
+            JobState::Failed | JobState::Held | JobState::Completed | JobState::Deleted
+        )
     }
 
     /// The batch reference folder a job in this state lives in.
@@ -209,11 +220,17 @@ impl JobState {
     /// Resolves an event to a target state, or refuses it.
     pub fn resolve(self, event: Event<JobState>) -> Result<JobState, IllegalTransition> {
         let to = match event {
-            Event::Success => self.success().ok_or_else(|| illegal("job", self, "its success successor (none)"))?,
+            Event::Success => self
+                .success()
+                .ok_or_else(|| illegal("job", self, "its success successor (none)"))?,
             Event::Fail => self.fail().ok_or_else(|| illegal("job", self, "Failed"))?,
             Event::To(t) => t,
         };
-        if self.targets().contains(&to) { Ok(to) } else { Err(illegal("job", self, to)) }
+        if self.targets().contains(&to) {
+            Ok(to)
+        } else {
+            Err(illegal("job", self, to))
+        }
     }
 }
 
@@ -254,11 +271,19 @@ impl BatchState {
 
     pub fn resolve(self, event: Event<BatchState>) -> Result<BatchState, IllegalTransition> {
         let to = match event {
-            Event::Success => self.success().ok_or_else(|| illegal("batch", self, "its success successor (none)"))?,
-            Event::Fail => self.fail().ok_or_else(|| illegal("batch", self, "Failed"))?,
+            Event::Success => self
+                .success()
+                .ok_or_else(|| illegal("batch", self, "its success successor (none)"))?,
+            Event::Fail => self
+                .fail()
+                .ok_or_else(|| illegal("batch", self, "Failed"))?,
             Event::To(t) => t,
         };
-        if self.targets().contains(&to) { Ok(to) } else { Err(illegal("batch", self, to)) }
+        if self.targets().contains(&to) {
+            Ok(to)
+        } else {
+            Err(illegal("batch", self, to))
+        }
     }
 }
 
@@ -287,7 +312,11 @@ impl AccessState {
             },
             Event::To(t) => t,
         };
-        if self.targets().contains(&to) { Ok(to) } else { Err(illegal("access", self, to)) }
+        if self.targets().contains(&to) {
+            Ok(to)
+        } else {
+            Err(illegal("access", self, to))
+        }
     }
 }
 
@@ -302,7 +331,11 @@ pub struct JobProgress {
 
 impl JobProgress {
     pub fn new() -> Self {
-        JobProgress { state: JobState::Pending, last_successful: None, retry_count: 0 }
+        JobProgress {
+            state: JobState::Pending,
+            last_successful: None,
+            retry_count: 0,
+        }
     }
 
     /// Applies one move (SPEC §1). `last_successful_status` becomes the old state on a forward
@@ -321,7 +354,9 @@ impl JobProgress {
     /// The default target of an admin requeue: the stage that failed, i.e. the success
     /// successor of `last_successful_status`, or Pending when that is null.
     pub fn requeue_target(self) -> JobState {
-        self.last_successful.and_then(JobState::success).unwrap_or(JobState::Pending)
+        self.last_successful
+            .and_then(JobState::success)
+            .unwrap_or(JobState::Pending)
     }
 
     /// An admin requeue of a Failed job: to `target` (default: the stage that failed) with
@@ -359,15 +394,25 @@ mod tests {
             assert_eq!(BatchState::parse(s.name()), Some(*s));
             assert_eq!(BatchState::parse(s.node_name()), Some(*s));
         }
-        assert_eq!(BatchState::parse("update_reporting"), Some(BatchState::UpdateReporting));
+        assert_eq!(
+            BatchState::parse("update_reporting"),
+            Some(BatchState::UpdateReporting)
+        );
         assert_eq!(JobState::parse("Bogus"), None);
     }
 
     #[test]
     fn illegal_transition_names_both_states() {
-        let err = JobState::Completed.resolve(Event::To(JobState::Pending)).unwrap_err();
-        assert_eq!(err.to_string(), "illegal job transition from Completed to Pending");
-        let err = BatchState::Pending.resolve(Event::To(BatchState::Completed)).unwrap_err();
+        let err = JobState::Completed
+            .resolve(Event::To(JobState::Pending))
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "illegal job transition from Completed to Pending"
+        );
+        let err = BatchState::Pending
+            .resolve(Event::To(BatchState::Completed))
+            .unwrap_err();
         assert!(err.to_string().contains("Pending") && err.to_string().contains("Completed"));
     }
 
@@ -377,11 +422,20 @@ mod tests {
         let p = p.apply(Event::To(JobState::Estimating)).unwrap();
         assert_eq!(p.last_successful, None, "Pending → Estimating keeps nil");
         let p = p.apply(Event::Success).unwrap();
-        assert_eq!((p.state, p.last_successful), (JobState::Provisioning, Some(JobState::Estimating)));
+        assert_eq!(
+            (p.state, p.last_successful),
+            (JobState::Provisioning, Some(JobState::Estimating))
+        );
         let p = p.apply(Event::Success).unwrap().apply(Event::Fail).unwrap();
-        assert_eq!((p.state, p.last_successful), (JobState::Failed, Some(JobState::Provisioning)));
+        assert_eq!(
+            (p.state, p.last_successful),
+            (JobState::Failed, Some(JobState::Provisioning))
+        );
         let r = p.requeue(None).unwrap();
-        assert_eq!((r.state, r.last_successful, r.retry_count), (JobState::Downloading, Some(JobState::Provisioning), 1));
+        assert_eq!(
+            (r.state, r.last_successful, r.retry_count),
+            (JobState::Downloading, Some(JobState::Provisioning), 1)
+        );
     }
 
     #[test]

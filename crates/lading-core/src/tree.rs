@@ -49,32 +49,61 @@ pub enum CreateMode {
 pub enum Op {
     /// Fails unless the node exists (and, with `Some(v)`, has version `v`).
     Check { path: String, version: Option<i32> },
-    Create { path: String, data: Option<Vec<u8>>, mode: CreateMode },
+    Create {
+        path: String,
+        data: Option<Vec<u8>>,
+        mode: CreateMode,
+    },
     /// With `Some(v)`, fails unless the current version is `v`.
-    Set { path: String, data: Option<Vec<u8>>, version: Option<i32> },
+    Set {
+        path: String,
+        data: Option<Vec<u8>>,
+        version: Option<i32>,
+    },
     /// With `Some(v)`, fails unless the current version is `v`. Fails on a node with children.
     Delete { path: String, version: Option<i32> },
 }
 
 impl Op {
     pub fn check(path: impl Into<String>, version: Option<i32>) -> Op {
-        Op::Check { path: path.into(), version }
+        Op::Check {
+            path: path.into(),
+            version,
+        }
     }
     pub fn create(path: impl Into<String>, data: Option<Vec<u8>>) -> Op {
-        Op::Create { path: path.into(), data, mode: CreateMode::Persistent }
+        Op::Create {
+            path: path.into(),
+            data,
+            mode: CreateMode::Persistent,
+        }
     }
     pub fn create_mode(path: impl Into<String>, data: Option<Vec<u8>>, mode: CreateMode) -> Op {
-        Op::Create { path: path.into(), data, mode }
+        Op::Create {
+            path: path.into(),
+            data,
+            mode,
+        }
     }
     pub fn set(path: impl Into<String>, data: Option<Vec<u8>>, version: Option<i32>) -> Op {
-        Op::Set { path: path.into(), data, version }
+        Op::Set {
+            path: path.into(),
+            data,
+            version,
+        }
     }
     pub fn delete(path: impl Into<String>, version: Option<i32>) -> Op {
-        Op::Delete { path: path.into(), version }
+        Op::Delete {
+            path: path.into(),
+            version,
+        }
     }
     pub fn path(&self) -> &str {
         match self {
-            Op::Check { path, .. } | Op::Create { path, .. } | Op::Set { path, .. } | Op::Delete { path, .. } => path,
+            Op::Check { path, .. }
+            | Op::Create { path, .. }
+            | Op::Set { path, .. }
+            | Op::Delete { path, .. } => path,
         }
     }
 }
@@ -97,7 +126,11 @@ pub enum TreeError {
     #[error("node already exists at {0}")]
     NodeExists(String),
     #[error("version mismatch at {path}: expected {expected}, found {actual}")]
-    BadVersion { path: String, expected: i32, actual: i32 },
+    BadVersion {
+        path: String,
+        expected: i32,
+        actual: i32,
+    },
     #[error("node {0} has children")]
     NotEmpty(String),
     #[error("ephemeral node {0} cannot have children")]
@@ -215,12 +248,21 @@ pub trait Tree: Send + Sync + 'static {
     fn multi(&self, ops: Vec<Op>) -> BoxFuture<'_, Result<Vec<OpResult>, TreeError>>;
 
     /// Registers a one-shot watch on `path`.
-    fn watch<'a>(&'a self, path: &'a str, kind: WatchKind) -> BoxFuture<'a, Result<Watch, TreeError>>;
+    fn watch<'a>(
+        &'a self,
+        path: &'a str,
+        kind: WatchKind,
+    ) -> BoxFuture<'a, Result<Watch, TreeError>>;
 
     /// Ends the session: its ephemeral nodes are removed now, not at expiry.
     fn close(&self) -> BoxFuture<'_, Result<(), TreeError>>;
 
-    fn create(&self, path: &str, data: Option<Vec<u8>>, mode: CreateMode) -> BoxFuture<'_, Result<String, TreeError>> {
+    fn create(
+        &self,
+        path: &str,
+        data: Option<Vec<u8>>,
+        mode: CreateMode,
+    ) -> BoxFuture<'_, Result<String, TreeError>> {
         let op = Op::create_mode(path, data, mode);
         Box::pin(async move {
             match self.multi(vec![op]).await.map_err(unwrap_single)?.pop() {
@@ -230,7 +272,12 @@ pub trait Tree: Send + Sync + 'static {
         })
     }
 
-    fn set(&self, path: &str, data: Option<Vec<u8>>, version: Option<i32>) -> BoxFuture<'_, Result<Stat, TreeError>> {
+    fn set(
+        &self,
+        path: &str,
+        data: Option<Vec<u8>>,
+        version: Option<i32>,
+    ) -> BoxFuture<'_, Result<Stat, TreeError>> {
         let op = Op::set(path, data, version);
         Box::pin(async move {
             match self.multi(vec![op]).await.map_err(unwrap_single)?.pop() {
@@ -269,8 +316,14 @@ pub fn validate_path(path: &str) -> Result<(), TreeError> {
     if path.ends_with('/') {
         return Err(TreeError::InvalidPath(path.into(), "must not end with /"));
     }
-    if path[1..].split('/').any(|s| s.is_empty() || s == "." || s == "..") {
-        return Err(TreeError::InvalidPath(path.into(), "empty, . or .. segment"));
+    if path[1..]
+        .split('/')
+        .any(|s| s.is_empty() || s == "." || s == "..")
+    {
+        return Err(TreeError::InvalidPath(
+            path.into(),
+            "empty, . or .. segment",
+        ));
     }
     if path.contains('\0') {
         return Err(TreeError::InvalidPath(path.into(), "contains NUL"));
@@ -289,7 +342,11 @@ pub fn split_path(path: &str) -> (&str, &str) {
 
 /// Joins a parent path and a child name.
 pub fn join_path(parent: &str, name: &str) -> String {
-    if parent == "/" { format!("/{name}") } else { format!("{parent}/{name}") }
+    if parent == "/" {
+        format!("/{name}")
+    } else {
+        format!("{parent}/{name}")
+    }
 }
 
 #[cfg(test)]
@@ -305,7 +362,10 @@ mod tests {
         assert!(validate_path("/jobs//x").is_err());
         assert!(validate_path("/jobs/../x").is_err());
         assert_eq!(split_path("/jobs"), ("/", "jobs"));
-        assert_eq!(split_path("/jobs/states/pending"), ("/jobs/states", "pending"));
+        assert_eq!(
+            split_path("/jobs/states/pending"),
+            ("/jobs/states", "pending")
+        );
         assert_eq!(join_path("/", "jobs"), "/jobs");
         assert_eq!(join_path("/jobs", "x"), "/jobs/x");
     }

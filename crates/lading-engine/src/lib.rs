@@ -24,7 +24,8 @@ pub use error::{EngineError, Result};
 use lading_core::layout::{self, *};
 use lading_core::time::{SharedClock, format_ts};
 use lading_core::{
-    AccessState, BatchState, CreateMode, Event, JobProgress, JobState, Op, Tree, TreeError, WatchKind,
+    AccessState, BatchState, CreateMode, Event, JobProgress, JobState, Op, Tree, TreeError,
+    WatchKind,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -170,7 +171,13 @@ impl Engine {
     /// Wraps a tree session. Call [`Engine::init`] once per store before use (it is idempotent).
     pub fn new(tree: Arc<dyn Tree>, clock: SharedClock, owner: impl Into<String>) -> Engine {
         let (events, _) = broadcast::channel(4096);
-        Engine { tree, clock, owner: owner.into(), events, claimed: Mutex::new(HashSet::new()) }
+        Engine {
+            tree,
+            clock,
+            owner: owner.into(),
+            events,
+            claimed: Mutex::new(HashSet::new()),
+        }
     }
 
     pub fn tree(&self) -> &Arc<dyn Tree> {
@@ -190,7 +197,14 @@ impl Engine {
         format_ts(self.clock.now_ms())
     }
 
-    fn publish(&self, kind: &'static str, id: &str, batch: Option<&BatchId>, from: Option<&str>, to: &str) {
+    fn publish(
+        &self,
+        kind: &'static str,
+        id: &str,
+        batch: Option<&BatchId>,
+        from: Option<&str>,
+        to: &str,
+    ) {
         tracing::debug!(kind, id, from, to, "transition");
         let _ = self.events.send(ChangeEvent {
             kind,
@@ -203,7 +217,11 @@ impl Engine {
     }
 
     fn lock_data(&self) -> Option<Vec<u8>> {
-        json_bytes(&LockOwner { owner: self.owner.clone(), session: self.tree.session_id(), acquired: self.now() })
+        json_bytes(&LockOwner {
+            owner: self.owner.clone(),
+            session: self.tree.session_id(),
+            acquired: self.now(),
+        })
     }
 
     /// Creates the fixed folders of the layout (idempotent).
@@ -222,51 +240,76 @@ impl Engine {
     // ----- reading -----------------------------------------------------------------------
 
     async fn read_json<T: DeserializeOwned>(&self, path: &str) -> Result<Option<(T, i32)>> {
-        let Some(node) = self.tree.get(path).await? else { return Ok(None) };
+        let Some(node) = self.tree.get(path).await? else {
+            return Ok(None);
+        };
         let bytes = node.data.unwrap_or_default();
-        let v = serde_json::from_slice(&bytes)
-            .map_err(|e| EngineError::Corrupt { path: path.to_string(), reason: format!("invalid JSON: {e}") })?;
+        let v = serde_json::from_slice(&bytes).map_err(|e| EngineError::Corrupt {
+            path: path.to_string(),
+            reason: format!("invalid JSON: {e}"),
+        })?;
         Ok(Some((v, node.stat.version)))
     }
 
     async fn read_string(&self, path: &str) -> Result<Option<String>> {
-        let Some(node) = self.tree.get(path).await? else { return Ok(None) };
+        let Some(node) = self.tree.get(path).await? else {
+            return Ok(None);
+        };
         String::from_utf8(node.data.unwrap_or_default())
             .map(|s| Some(s.trim().to_string()))
-            .map_err(|_| EngineError::Corrupt { path: path.into(), reason: "not UTF-8 text".into() })
+            .map_err(|_| EngineError::Corrupt {
+                path: path.into(),
+                reason: "not UTF-8 text".into(),
+            })
     }
 
     async fn read_u64(&self, path: &str) -> Result<Option<u64>> {
         match self.read_string(path).await? {
             None => Ok(None),
             Some(s) if s.is_empty() => Ok(Some(0)),
-            Some(s) => s
-                .parse()
-                .map(Some)
-                .map_err(|_| EngineError::Corrupt { path: path.into(), reason: format!("not a decimal integer: {s:?}") }),
+            Some(s) => s.parse().map(Some).map_err(|_| EngineError::Corrupt {
+                path: path.into(),
+                reason: format!("not a decimal integer: {s:?}"),
+            }),
         }
     }
 
     async fn job_status(&self, job: &JobId) -> Result<(JobStatus, i32)> {
-        self.read_json(&job_node(job, "status")).await?.ok_or_else(|| EngineError::NoJob(job.to_string()))
+        self.read_json(&job_node(job, "status"))
+            .await?
+            .ok_or_else(|| EngineError::NoJob(job.to_string()))
     }
 
     async fn job_priority(&self, job: &JobId) -> Result<u8> {
-        let p = self.read_u64(&job_node(job, "priority")).await?.unwrap_or(DEFAULT_PRIORITY as u64);
-        u8::try_from(p).ok().filter(|p| *p <= 99).ok_or_else(|| EngineError::Corrupt {
-            path: job_node(job, "priority"),
-            reason: format!("priority {p} is outside 0..=99"),
-        })
+        let p = self
+            .read_u64(&job_node(job, "priority"))
+            .await?
+            .unwrap_or(DEFAULT_PRIORITY as u64);
+        u8::try_from(p)
+            .ok()
+            .filter(|p| *p <= 99)
+            .ok_or_else(|| EngineError::Corrupt {
+                path: job_node(job, "priority"),
+                reason: format!("priority {p} is outside 0..=99"),
+            })
     }
 
     async fn job_batch(&self, job: &JobId) -> Result<BatchId> {
         let path = job_node(job, "bid");
-        let s = self.read_string(&path).await?.ok_or_else(|| EngineError::NoJob(job.to_string()))?;
-        BatchId::parse(&s).map_err(|e| EngineError::Corrupt { path, reason: e.to_string() })
+        let s = self
+            .read_string(&path)
+            .await?
+            .ok_or_else(|| EngineError::NoJob(job.to_string()))?;
+        BatchId::parse(&s).map_err(|e| EngineError::Corrupt {
+            path,
+            reason: e.to_string(),
+        })
     }
 
     async fn batch_status(&self, batch: &BatchId) -> Result<(BatchStatus, i32)> {
-        self.read_json(&batch_node(batch, "status")).await?.ok_or_else(|| EngineError::NoBatch(batch.to_string()))
+        self.read_json(&batch_node(batch, "status"))
+            .await?
+            .ok_or_else(|| EngineError::NoBatch(batch.to_string()))
     }
 
     /// A job's full record.
@@ -278,7 +321,10 @@ impl Engine {
             bid: self.job_batch(job).await?.to_string(),
             status,
             priority: self.job_priority(job).await?,
-            space_needed: self.read_u64(&job_node(job, "space_needed")).await?.unwrap_or(0),
+            space_needed: self
+                .read_u64(&job_node(job, "space_needed"))
+                .await?
+                .unwrap_or(0),
             configuration: opt_json(self.read_json(&job_node(job, "configuration")).await?),
             identifiers: opt_json(self.read_json(&job_node(job, "identifiers")).await?),
             metadata: opt_json(self.read_json(&job_node(job, "metadata")).await?),
@@ -288,14 +334,25 @@ impl Engine {
 
     /// A job's `configuration` node.
     pub async fn job_configuration(&self, job: &JobId) -> Result<Map<String, Value>> {
-        Ok(self.read_json(&job_node(job, "configuration")).await?.map(|(v, _)| v).unwrap_or_default())
+        Ok(self
+            .read_json(&job_node(job, "configuration"))
+            .await?
+            .map(|(v, _)| v)
+            .unwrap_or_default())
     }
 
     /// A batch's full record.
     pub async fn batch(&self, batch: &BatchId) -> Result<BatchInfo> {
         let (status, _) = self.batch_status(batch).await?;
-        let submission = self.read_json(&batch_node(batch, "submission")).await?.map(|(v, _)| v).unwrap_or(Value::Null);
-        let status_report = self.read_json(&batch_node(batch, "status-report")).await?.map(|(v, _)| v);
+        let submission = self
+            .read_json(&batch_node(batch, "submission"))
+            .await?
+            .map(|(v, _)| v)
+            .unwrap_or(Value::Null);
+        let status_report = self
+            .read_json(&batch_node(batch, "status-report"))
+            .await?
+            .map(|(v, _)| v);
         let mut jobs = BTreeMap::new();
         for folder in BATCH_FOLDERS {
             match self.tree.children(&batch_ref_folder(batch, folder)).await {
@@ -306,8 +363,19 @@ impl Engine {
                 Err(e) => return Err(e.into()),
             }
         }
-        let locked = self.tree.exists(&batch_node(batch, "lock")).await?.is_some();
-        Ok(BatchInfo { id: batch.to_string(), status, submission, status_report, jobs, locked })
+        let locked = self
+            .tree
+            .exists(&batch_node(batch, "lock"))
+            .await?
+            .is_some();
+        Ok(BatchInfo {
+            id: batch.to_string(),
+            status,
+            submission,
+            status_report,
+            jobs,
+            locked,
+        })
     }
 
     /// Finds a batch by the uuid in its submission.
@@ -317,7 +385,10 @@ impl Engine {
             None => Ok(None),
             Some(s) => BatchId::parse(&s)
                 .map(Some)
-                .map_err(|e| EngineError::Corrupt { path: batch_uuid_path(uuid), reason: e.to_string() }),
+                .map_err(|e| EngineError::Corrupt {
+                    path: batch_uuid_path(uuid),
+                    reason: e.to_string(),
+                }),
         }
     }
 
@@ -336,14 +407,28 @@ impl Engine {
     }
 
     /// Jobs in a state, in acquisition order, a page at a time: (priority, id).
-    pub async fn list_jobs(&self, state: JobState, after: Option<&str>, limit: usize) -> Result<Vec<(u8, JobId)>> {
-        let names = self.tree.children_page(&job_state_folder(state), after, limit).await?;
+    pub async fn list_jobs(
+        &self,
+        state: JobState,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(u8, JobId)>> {
+        let names = self
+            .tree
+            .children_page(&job_state_folder(state), after, limit)
+            .await?;
         Ok(names.iter().filter_map(|n| parse_job_ref(n)).collect())
     }
 
     /// All batch ids, in creation order.
     pub async fn batch_ids(&self) -> Result<Vec<BatchId>> {
-        Ok(self.tree.children(BATCHES).await?.iter().filter_map(|n| BatchId::parse(n).ok()).collect())
+        Ok(self
+            .tree
+            .children(BATCHES)
+            .await?
+            .iter()
+            .filter_map(|n| BatchId::parse(n).ok())
+            .collect())
     }
 
     /// Batch states with their number of batches (reads every batch status).
@@ -363,7 +448,10 @@ impl Engine {
 
     async fn flag(&self, path: &str, on: bool) -> Result<bool> {
         let r = if on {
-            self.tree.create(path, None, CreateMode::Persistent).await.map(|_| ())
+            self.tree
+                .create(path, None, CreateMode::Persistent)
+                .await
+                .map(|_| ())
         } else {
             self.tree.delete(path, None).await
         };
@@ -408,20 +496,32 @@ impl Engine {
         self.flag(&collection_lock(name), false).await?;
         let mut released = 0;
         for b in self.batch_ids().await? {
-            let Ok((st, _)) = self.batch_status(&b).await else { continue };
-            if st.status == BatchState::Held && self.batch_collection(&b).await?.as_deref() == Some(name) {
+            let Ok((st, _)) = self.batch_status(&b).await else {
+                continue;
+            };
+            if st.status == BatchState::Held
+                && self.batch_collection(&b).await?.as_deref() == Some(name)
+            {
                 self.release_batch(&b).await?;
                 released += 1;
             }
         }
         let mut after: Option<String> = None;
         loop {
-            let page = self.tree.children_page(&job_state_folder(JobState::Held), after.as_deref(), PAGE).await?;
-            let Some(last) = page.last().cloned() else { break };
+            let page = self
+                .tree
+                .children_page(&job_state_folder(JobState::Held), after.as_deref(), PAGE)
+                .await?;
+            let Some(last) = page.last().cloned() else {
+                break;
+            };
             for name_ref in &page {
-                let Some((_, job)) = parse_job_ref(name_ref) else { continue };
+                let Some((_, job)) = parse_job_ref(name_ref) else {
+                    continue;
+                };
                 if self.job_collection(&job).await?.as_deref() == Some(name) {
-                    self.admin_job(&job, |p| p.apply(Event::To(JobState::Pending))).await?;
+                    self.admin_job(&job, |p| p.apply(Event::To(JobState::Pending)))
+                        .await?;
                     released += 1;
                 }
             }
@@ -431,12 +531,22 @@ impl Engine {
     }
 
     async fn batch_collection(&self, batch: &BatchId) -> Result<Option<String>> {
-        let sub: Option<(Map<String, Value>, i32)> = self.read_json(&batch_node(batch, "submission")).await?;
-        Ok(sub.and_then(|(m, _)| m.get("collection").and_then(Value::as_str).map(str::to_string)))
+        let sub: Option<(Map<String, Value>, i32)> =
+            self.read_json(&batch_node(batch, "submission")).await?;
+        Ok(sub.and_then(|(m, _)| {
+            m.get("collection")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        }))
     }
 
     async fn job_collection(&self, job: &JobId) -> Result<Option<String>> {
-        Ok(self.job_configuration(job).await?.get("collection").and_then(Value::as_str).map(str::to_string))
+        Ok(self
+            .job_configuration(job)
+            .await?
+            .get("collection")
+            .and_then(Value::as_str)
+            .map(str::to_string))
     }
 
     async fn any_collection_held(&self) -> Result<bool> {
@@ -451,17 +561,33 @@ impl Engine {
         let uuid = match submission.get("batchID") {
             Some(Value::String(s)) if !s.is_empty() => s.clone(),
             None | Some(Value::Null) => uuid::Uuid::new_v4().to_string(),
-            Some(other) => return Err(EngineError::Invalid(format!("batchID must be a string, got {other}"))),
+            Some(other) => {
+                return Err(EngineError::Invalid(format!(
+                    "batchID must be a string, got {other}"
+                )));
+            }
         };
         check_name("batch uuid", &uuid)?;
         if self.tree.exists(&batch_uuid_path(&uuid)).await?.is_some() {
-            return Err(EngineError::Invalid(format!("a batch with batchID {uuid} already exists")));
+            return Err(EngineError::Invalid(format!(
+                "a batch with batchID {uuid} already exists"
+            )));
         }
         submission.insert("batchID".into(), Value::String(uuid.clone()));
-        submission.entry("submissionDate").or_insert_with(|| Value::String(self.now()));
-        let path = self.tree.create(BATCH_PREFIX, None, CreateMode::PersistentSequential).await?;
+        submission
+            .entry("submissionDate")
+            .or_insert_with(|| Value::String(self.now()));
+        let path = self
+            .tree
+            .create(BATCH_PREFIX, None, CreateMode::PersistentSequential)
+            .await?;
         let bid = BatchId::parse(lading_core::tree::split_path(&path).1)?;
-        let status = BatchStatus { status: BatchState::Pending, last_modified: self.now(), message: None, extra: Map::new() };
+        let status = BatchStatus {
+            status: BatchState::Pending,
+            last_modified: self.now(),
+            message: None,
+            extra: Map::new(),
+        };
         let r = self
             .tree
             .multi(vec![
@@ -474,11 +600,19 @@ impl Engine {
             // Leave no empty shell behind.
             let _ = self.tree.delete(&path, None).await;
             if matches!(e.root(), TreeError::NodeExists(p) if p.starts_with(BATCH_UUIDS)) {
-                return Err(EngineError::Invalid(format!("a batch with batchID {uuid} already exists")));
+                return Err(EngineError::Invalid(format!(
+                    "a batch with batchID {uuid} already exists"
+                )));
             }
             return Err(e.into());
         }
-        self.publish("batch", bid.as_str(), None, None, BatchState::Pending.name());
+        self.publish(
+            "batch",
+            bid.as_str(),
+            None,
+            None,
+            BatchState::Pending.name(),
+        );
         Ok(bid)
     }
 
@@ -492,10 +626,17 @@ impl Engine {
         let holds = state == BatchState::Pending && self.any_collection_held().await?;
         let mut after: Option<String> = None;
         loop {
-            let page = self.tree.children_page(BATCHES, after.as_deref(), PAGE).await?;
-            let Some(last) = page.last().cloned() else { return Ok(None) };
+            let page = self
+                .tree
+                .children_page(BATCHES, after.as_deref(), PAGE)
+                .await?;
+            let Some(last) = page.last().cloned() else {
+                return Ok(None);
+            };
             for name in &page {
-                let Ok(bid) = BatchId::parse(name) else { continue };
+                let Ok(bid) = BatchId::parse(name) else {
+                    continue;
+                };
                 let (status, version) = match self.batch_status(&bid).await {
                     Ok(s) => s,
                     Err(EngineError::NoBatch(_)) => continue,
@@ -508,9 +649,16 @@ impl Engine {
                 if !self.claim(&lock) {
                     continue;
                 }
-                let got = self.try_lock(&lock, Op::check(batch_node(&bid, "status"), Some(version))).await;
+                let got = self
+                    .try_lock(&lock, Op::check(batch_node(&bid, "status"), Some(version)))
+                    .await;
                 let lease = match got {
-                    Ok(true) => BatchLease { batch: bid.clone(), status, status_version: version, session: self.tree.session_id() },
+                    Ok(true) => BatchLease {
+                        batch: bid.clone(),
+                        status,
+                        status_version: version,
+                        session: self.tree.session_id(),
+                    },
                     Ok(false) => {
                         self.unclaim(&lock);
                         continue;
@@ -523,7 +671,12 @@ impl Engine {
                 if holds {
                     if let Some(c) = self.batch_collection(&bid).await? {
                         if self.collection_held(&c).await? {
-                            self.batch_transition(lease, Event::To(BatchState::Held), Some(format!("collection {c} is held"))).await?;
+                            self.batch_transition(
+                                lease,
+                                Event::To(BatchState::Held),
+                                Some(format!("collection {c} is held")),
+                            )
+                            .await?;
                             continue;
                         }
                     }
@@ -537,21 +690,36 @@ impl Engine {
     /// Creates the lock at `lock` if `guard` still holds. Ok(false) when someone else has it or
     /// the guard failed (the item moved on).
     async fn try_lock(&self, lock: &str, guard: Op) -> Result<bool> {
-        match self.tree.multi(vec![guard, Op::create_mode(lock, self.lock_data(), CreateMode::Ephemeral)]).await {
+        match self
+            .tree
+            .multi(vec![
+                guard,
+                Op::create_mode(lock, self.lock_data(), CreateMode::Ephemeral),
+            ])
+            .await
+        {
             Ok(_) => Ok(true),
             Err(e) => match e.root() {
-                TreeError::NodeExists(_) | TreeError::NoNode(_) | TreeError::BadVersion { .. } => Ok(false),
+                TreeError::NodeExists(_) | TreeError::NoNode(_) | TreeError::BadVersion { .. } => {
+                    Ok(false)
+                }
                 _ => Err(e.into()),
             },
         }
     }
 
     fn claim(&self, lock: &str) -> bool {
-        self.claimed.lock().unwrap_or_else(|p| p.into_inner()).insert(lock.to_string())
+        self.claimed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(lock.to_string())
     }
 
     fn unclaim(&self, lock: &str) {
-        self.claimed.lock().unwrap_or_else(|p| p.into_inner()).remove(lock);
+        self.claimed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(lock);
     }
 
     fn check_batch_lease(&self, lease: &BatchLease) -> Result<()> {
@@ -564,7 +732,12 @@ impl Engine {
     /// Moves a leased batch and releases its lock. Pending → Processing creates the batch's
     /// `states` folders (as Merritt does on acquisition) and then checks whether the batch is
     /// already finished.
-    pub async fn batch_transition(&self, lease: BatchLease, event: Event<BatchState>, message: Option<String>) -> Result<BatchStatus> {
+    pub async fn batch_transition(
+        &self,
+        lease: BatchLease,
+        event: Event<BatchState>,
+        message: Option<String>,
+    ) -> Result<BatchStatus> {
         let lock = batch_node(&lease.batch, "lock");
         let r = self.batch_transition_inner(&lease, event, message).await;
         self.unclaim(&lock);
@@ -575,7 +748,12 @@ impl Engine {
         Ok(status)
     }
 
-    async fn batch_transition_inner(&self, lease: &BatchLease, event: Event<BatchState>, message: Option<String>) -> Result<BatchStatus> {
+    async fn batch_transition_inner(
+        &self,
+        lease: &BatchLease,
+        event: Event<BatchState>,
+        message: Option<String>,
+    ) -> Result<BatchStatus> {
         self.check_batch_lease(lease)?;
         let bid = &lease.batch;
         let to = lease.status.status.resolve(event)?;
@@ -586,7 +764,11 @@ impl Engine {
         let lock = batch_node(bid, "lock");
         let mut ops = vec![
             Op::check(&lock, None),
-            Op::set(batch_node(bid, "status"), json_bytes(&status), Some(lease.status_version)),
+            Op::set(
+                batch_node(bid, "status"),
+                json_bytes(&status),
+                Some(lease.status_version),
+            ),
         ];
         if to == BatchState::Processing && self.tree.exists(&batch_states(bid)).await?.is_none() {
             ops.push(Op::create(batch_states(bid), None));
@@ -595,15 +777,26 @@ impl Engine {
             }
         }
         ops.push(Op::delete(&lock, None));
-        self.tree.multi(ops).await.map_err(|e| self.lease_error(e, bid.as_str()))?;
-        self.publish("batch", bid.as_str(), None, Some(lease.status.status.name()), to.name());
+        self.tree
+            .multi(ops)
+            .await
+            .map_err(|e| self.lease_error(e, bid.as_str()))?;
+        self.publish(
+            "batch",
+            bid.as_str(),
+            None,
+            Some(lease.status.status.name()),
+            to.name(),
+        );
         Ok(status)
     }
 
     fn lease_error(&self, e: TreeError, what: &str) -> EngineError {
         match (e.failed_op(), e.root()) {
             (Some(_), TreeError::NoNode(p)) if p.ends_with("/lock") => lost(what),
-            (Some(_), TreeError::BadVersion { path, .. }) if path.ends_with("/status") => lost(what),
+            (Some(_), TreeError::BadVersion { path, .. }) if path.ends_with("/status") => {
+                lost(what)
+            }
             (_, TreeError::SessionExpired) => lost(what),
             _ => e.into(),
         }
@@ -622,7 +815,11 @@ impl Engine {
     }
 
     /// Writes `/batches/BID/status-report` under the batch lease.
-    pub async fn write_status_report(&self, lease: &BatchLease, report: &StatusReport) -> Result<()> {
+    pub async fn write_status_report(
+        &self,
+        lease: &BatchLease,
+        report: &StatusReport,
+    ) -> Result<()> {
         self.check_batch_lease(lease)?;
         let path = batch_node(&lease.batch, "status-report");
         let mut report = report.clone();
@@ -633,7 +830,10 @@ impl Engine {
             Op::create(&path, json_bytes(&report))
         };
         self.tree
-            .multi(vec![Op::check(batch_node(&lease.batch, "lock"), None), write])
+            .multi(vec![
+                Op::check(batch_node(&lease.batch, "lock"), None),
+                write,
+            ])
             .await
             .map_err(|e| self.lease_error(e, lease.batch.as_str()))?;
         Ok(())
@@ -670,7 +870,11 @@ impl Engine {
                 return Ok(false);
             }
             // One child is enough to know it is not empty; a count would cost the batch size.
-            match self.tree.children_page(&batch_ref_folder(batch, "batch-processing"), None, 1).await {
+            match self
+                .tree
+                .children_page(&batch_ref_folder(batch, "batch-processing"), None, 1)
+                .await
+            {
                 Ok(c) if c.is_empty() => {}
                 Ok(_) | Err(TreeError::NoNode(_)) => return Ok(false),
                 Err(e) => return Err(e.into()),
@@ -684,13 +888,23 @@ impl Engine {
                 .tree
                 .multi(vec![
                     Op::create_mode(&lock, None, CreateMode::Ephemeral),
-                    Op::set(batch_node(batch, "status"), json_bytes(&next), Some(version)),
+                    Op::set(
+                        batch_node(batch, "status"),
+                        json_bytes(&next),
+                        Some(version),
+                    ),
                     Op::delete(&lock, None),
                 ])
                 .await;
             match r {
                 Ok(_) => {
-                    self.publish("batch", batch.as_str(), None, Some(BatchState::Processing.name()), BatchState::Reporting.name());
+                    self.publish(
+                        "batch",
+                        batch.as_str(),
+                        None,
+                        Some(BatchState::Processing.name()),
+                        BatchState::Reporting.name(),
+                    );
                     return Ok(true);
                 }
                 // Someone holds the batch: they will check again when they let go.
@@ -715,9 +929,19 @@ impl Engine {
     }
 
     /// Admin action on an unlocked batch.
-    async fn admin_batch(&self, batch: &BatchId, to: BatchState, message: Option<String>) -> Result<BatchStatus> {
+    async fn admin_batch(
+        &self,
+        batch: &BatchId,
+        to: BatchState,
+        message: Option<String>,
+    ) -> Result<BatchStatus> {
         let (status, version) = self.batch_status(batch).await?;
-        let lease = BatchLease { batch: batch.clone(), status, status_version: version, session: self.tree.session_id() };
+        let lease = BatchLease {
+            batch: batch.clone(),
+            status,
+            status_version: version,
+            session: self.tree.session_id(),
+        };
         let lock = batch_node(batch, "lock");
         let ops = vec![Op::create_mode(&lock, None, CreateMode::Ephemeral)];
         // Take the lock inside the multi: fails with Locked if a worker has it.
@@ -727,21 +951,36 @@ impl Engine {
         next.last_modified = self.now();
         next.message = message;
         let mut ops = ops;
-        ops.push(Op::set(batch_node(batch, "status"), json_bytes(&next), Some(version)));
+        ops.push(Op::set(
+            batch_node(batch, "status"),
+            json_bytes(&next),
+            Some(version),
+        ));
         ops.push(Op::delete(&lock, None));
         match self.tree.multi(ops).await {
             Ok(_) => {}
-            Err(e) if matches!(e.root(), TreeError::NodeExists(_)) => return Err(EngineError::Locked(batch.to_string())),
-            Err(e) if matches!(e.root(), TreeError::BadVersion { .. }) => return Err(EngineError::Conflict(batch.to_string())),
+            Err(e) if matches!(e.root(), TreeError::NodeExists(_)) => {
+                return Err(EngineError::Locked(batch.to_string()));
+            }
+            Err(e) if matches!(e.root(), TreeError::BadVersion { .. }) => {
+                return Err(EngineError::Conflict(batch.to_string()));
+            }
             Err(e) => return Err(e.into()),
         }
-        self.publish("batch", batch.as_str(), None, Some(lease.status.status.name()), to_state.name());
+        self.publish(
+            "batch",
+            batch.as_str(),
+            None,
+            Some(lease.status.status.name()),
+            to_state.name(),
+        );
         Ok(next)
     }
 
     /// Admin: Pending → Held.
     pub async fn hold_batch(&self, batch: &BatchId) -> Result<BatchStatus> {
-        self.admin_batch(batch, BatchState::Held, Some("held by admin".into())).await
+        self.admin_batch(batch, BatchState::Held, Some("held by admin".into()))
+            .await
     }
 
     /// Admin: Held → Pending.
@@ -751,7 +990,8 @@ impl Engine {
 
     /// Admin: Failed → UpdateReporting.
     pub async fn update_reporting(&self, batch: &BatchId) -> Result<BatchStatus> {
-        self.admin_batch(batch, BatchState::UpdateReporting, None).await
+        self.admin_batch(batch, BatchState::UpdateReporting, None)
+            .await
     }
 
     /// Admin: Failed or Held → Deleted. Every job of the batch must be deletable (Failed,
@@ -760,7 +1000,12 @@ impl Engine {
         let (status, _) = self.batch_status(batch).await?;
         status.status.resolve(Event::To(BatchState::Deleted))?;
         let info = self.batch(batch).await?;
-        let jobs: Vec<JobId> = info.jobs.values().flatten().filter_map(|j| JobId::parse(j).ok()).collect();
+        let jobs: Vec<JobId> = info
+            .jobs
+            .values()
+            .flatten()
+            .filter_map(|j| JobId::parse(j).ok())
+            .collect();
         for j in &jobs {
             let (s, _) = self.job_status(j).await?;
             if !s.status.is_deletable() {
@@ -773,10 +1018,12 @@ impl Engine {
         for j in &jobs {
             let (s, _) = self.job_status(j).await?;
             if matches!(s.status, JobState::Failed | JobState::Held) {
-                self.admin_job(j, |p| p.apply(Event::To(JobState::Deleted))).await?;
+                self.admin_job(j, |p| p.apply(Event::To(JobState::Deleted)))
+                    .await?;
             }
         }
-        self.admin_batch(batch, BatchState::Deleted, Some("deleted by admin".into())).await
+        self.admin_batch(batch, BatchState::Deleted, Some("deleted by admin".into()))
+            .await
     }
 
     // ----- jobs ----------------------------------------------------------------------------
@@ -787,7 +1034,12 @@ impl Engine {
         let priority = spec.priority.unwrap_or(DEFAULT_PRIORITY);
         check_priority(priority)?;
         let bid = &lease.batch;
-        if self.tree.exists(&batch_ref_folder(bid, "batch-processing")).await?.is_none() {
+        if self
+            .tree
+            .exists(&batch_ref_folder(bid, "batch-processing"))
+            .await?
+            .is_none()
+        {
             // Intake creates jobs after the Processing move made the folders, or before it; make
             // sure the folders exist without disturbing Merritt's "no states = pending" rule
             // for batches nobody holds.
@@ -807,7 +1059,10 @@ impl Engine {
                 Err(e) => return Err(self.lease_error(e, bid.as_str())),
             }
         }
-        let path = self.tree.create(JOB_PREFIX, None, CreateMode::PersistentSequential).await?;
+        let path = self
+            .tree
+            .create(JOB_PREFIX, None, CreateMode::PersistentSequential)
+            .await?;
         let jid = JobId::parse(lading_core::tree::split_path(&path).1)?;
         let status = JobStatus {
             status: JobState::Pending,
@@ -820,10 +1075,19 @@ impl Engine {
         let ops = vec![
             Op::check(batch_node(bid, "lock"), None),
             Op::create(job_node(&jid, "bid"), Some(bid.to_string().into_bytes())),
-            Op::create(job_node(&jid, "configuration"), json_bytes(&spec.configuration)),
+            Op::create(
+                job_node(&jid, "configuration"),
+                json_bytes(&spec.configuration),
+            ),
             Op::create(job_node(&jid, "status"), json_bytes(&status)),
-            Op::create(job_node(&jid, "priority"), Some(priority.to_string().into_bytes())),
-            Op::create(job_node(&jid, "space_needed"), Some(spec.space_needed.to_string().into_bytes())),
+            Op::create(
+                job_node(&jid, "priority"),
+                Some(priority.to_string().into_bytes()),
+            ),
+            Op::create(
+                job_node(&jid, "space_needed"),
+                Some(spec.space_needed.to_string().into_bytes()),
+            ),
             Op::create(job_node(&jid, "identifiers"), json_bytes(&spec.identifiers)),
             Op::create(job_node(&jid, "metadata"), json_bytes(&spec.metadata)),
             Op::create(job_ref(JobState::Pending, priority, &jid), None),
@@ -833,7 +1097,13 @@ impl Engine {
             let _ = self.tree.delete(&path, None).await;
             return Err(self.lease_error(e, bid.as_str()));
         }
-        self.publish("job", jid.as_str(), Some(bid), None, JobState::Pending.name());
+        self.publish(
+            "job",
+            jid.as_str(),
+            Some(bid),
+            None,
+            JobState::Pending.name(),
+        );
         Ok(jid)
     }
 
@@ -850,16 +1120,26 @@ impl Engine {
         let mut after: Option<String> = None;
         let mut scanned = 0;
         while scanned < MAX_SCAN {
-            let page = self.tree.children_page(&folder, after.as_deref(), PAGE).await?;
-            let Some(last) = page.last().cloned() else { return Ok(None) };
+            let page = self
+                .tree
+                .children_page(&folder, after.as_deref(), PAGE)
+                .await?;
+            let Some(last) = page.last().cloned() else {
+                return Ok(None);
+            };
             scanned += page.len();
             for name in &page {
-                let Some((priority, jid)) = parse_job_ref(name) else { continue };
+                let Some((priority, jid)) = parse_job_ref(name) else {
+                    continue;
+                };
                 let lock = job_node(&jid, "lock");
                 if !self.claim(&lock) {
                     continue;
                 }
-                match self.try_lock(&lock, Op::check(join(&folder, name), None)).await {
+                match self
+                    .try_lock(&lock, Op::check(join(&folder, name), None))
+                    .await
+                {
                     Ok(true) => {}
                     Ok(false) => {
                         self.unclaim(&lock);
@@ -881,7 +1161,12 @@ impl Engine {
                 if holds {
                     if let Some(c) = self.job_collection(&jid).await? {
                         if self.collection_held(&c).await? {
-                            self.job_transition(lease, Event::To(JobState::Held), Some(format!("collection {c} is held"))).await?;
+                            self.job_transition(
+                                lease,
+                                Event::To(JobState::Held),
+                                Some(format!("collection {c} is held")),
+                            )
+                            .await?;
                             continue;
                         }
                     }
@@ -898,10 +1183,21 @@ impl Engine {
         if status.status != state {
             return Err(EngineError::Corrupt {
                 path: job_node(jid, "status"),
-                reason: format!("status says {} but the job is referenced under {}", status.status, state.node_name()),
+                reason: format!(
+                    "status says {} but the job is referenced under {}",
+                    status.status,
+                    state.node_name()
+                ),
             });
         }
-        Ok(JobLease { batch: self.job_batch(jid).await?, job: jid.clone(), status, priority, status_version: version, session: self.tree.session_id() })
+        Ok(JobLease {
+            batch: self.job_batch(jid).await?,
+            job: jid.clone(),
+            status,
+            priority,
+            status_version: version,
+            session: self.tree.session_id(),
+        })
     }
 
     /// Waits until a job in `state` can be acquired, or `timeout` passes. Woken by changes to
@@ -909,8 +1205,14 @@ impl Engine {
     pub async fn wait_job(&self, state: JobState, timeout: Duration) -> Result<Option<JobLease>> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            let folder_watch = self.tree.watch(&job_state_folder(state), WatchKind::Children).await?;
-            let pause_watch = self.tree.watch(&queue_lock("ingest"), WatchKind::Data).await?;
+            let folder_watch = self
+                .tree
+                .watch(&job_state_folder(state), WatchKind::Children)
+                .await?;
+            let pause_watch = self
+                .tree
+                .watch(&queue_lock("ingest"), WatchKind::Data)
+                .await?;
             if let Some(l) = self.acquire_job(state).await? {
                 return Ok(Some(l));
             }
@@ -930,7 +1232,15 @@ impl Engine {
     }
 
     /// The ops that move a job's references from `old` to `new` state (and batch folder).
-    fn move_ops(&self, job: &JobId, batch: &BatchId, priority: u8, old: JobState, new: JobState, ops: &mut Vec<Op>) {
+    fn move_ops(
+        &self,
+        job: &JobId,
+        batch: &BatchId,
+        priority: u8,
+        old: JobState,
+        new: JobState,
+        ops: &mut Vec<Op>,
+    ) {
         if old != new {
             ops.push(Op::delete(job_ref(old, priority, job), None));
             ops.push(Op::create(job_ref(new, priority, job), None));
@@ -944,9 +1254,16 @@ impl Engine {
 
     /// Moves a leased job by success, fail or an explicit target, in one `multi`, and
     /// releases the lock. Returns the new status.
-    pub async fn job_transition(&self, lease: JobLease, event: Event<JobState>, message: Option<String>) -> Result<JobStatus> {
+    pub async fn job_transition(
+        &self,
+        lease: JobLease,
+        event: Event<JobState>,
+        message: Option<String>,
+    ) -> Result<JobStatus> {
         let lock = job_node(&lease.job, "lock");
-        let r = self.job_transition_inner(&lease, event, message, false).await;
+        let r = self
+            .job_transition_inner(&lease, event, message, false)
+            .await;
         self.unclaim(&lock);
         let (status, _) = r?;
         if status.status.batch_folder() != "batch-processing" {
@@ -957,8 +1274,16 @@ impl Engine {
 
     /// Like [`Engine::job_transition`] but keeps the lock: the caller goes on to work on the
     /// job's next stage itself. Returns the updated lease.
-    pub async fn job_advance(&self, mut lease: JobLease, event: Event<JobState>, message: Option<String>) -> Result<JobLease> {
-        let (status, version) = match self.job_transition_inner(&lease, event, message, true).await {
+    pub async fn job_advance(
+        &self,
+        mut lease: JobLease,
+        event: Event<JobState>,
+        message: Option<String>,
+    ) -> Result<JobLease> {
+        let (status, version) = match self
+            .job_transition_inner(&lease, event, message, true)
+            .await
+        {
             Ok(r) => r,
             Err(e) => {
                 self.unclaim(&job_node(&lease.job, "lock"));
@@ -973,10 +1298,20 @@ impl Engine {
         Ok(lease)
     }
 
-    async fn job_transition_inner(&self, lease: &JobLease, event: Event<JobState>, message: Option<String>, keep_lock: bool) -> Result<(JobStatus, i32)> {
+    async fn job_transition_inner(
+        &self,
+        lease: &JobLease,
+        event: Event<JobState>,
+        message: Option<String>,
+        keep_lock: bool,
+    ) -> Result<(JobStatus, i32)> {
         self.check_job_lease(lease)?;
         let old = &lease.status;
-        let progress = JobProgress { state: old.status, last_successful: old.last_successful_status, retry_count: old.retry_count };
+        let progress = JobProgress {
+            state: old.status,
+            last_successful: old.last_successful_status,
+            retry_count: old.retry_count,
+        };
         let next = progress.apply(event)?;
         let status = JobStatus {
             status: next.state,
@@ -989,14 +1324,34 @@ impl Engine {
         let lock = job_node(&lease.job, "lock");
         let mut ops = vec![
             Op::check(&lock, None),
-            Op::set(job_node(&lease.job, "status"), json_bytes(&status), Some(lease.status_version)),
+            Op::set(
+                job_node(&lease.job, "status"),
+                json_bytes(&status),
+                Some(lease.status_version),
+            ),
         ];
-        self.move_ops(&lease.job, &lease.batch, lease.priority, old.status, next.state, &mut ops);
+        self.move_ops(
+            &lease.job,
+            &lease.batch,
+            lease.priority,
+            old.status,
+            next.state,
+            &mut ops,
+        );
         if !keep_lock {
             ops.push(Op::delete(&lock, None));
         }
-        self.tree.multi(ops).await.map_err(|e| self.lease_error(e, lease.job.as_str()))?;
-        self.publish("job", lease.job.as_str(), Some(&lease.batch), Some(old.status.name()), next.state.name());
+        self.tree
+            .multi(ops)
+            .await
+            .map_err(|e| self.lease_error(e, lease.job.as_str()))?;
+        self.publish(
+            "job",
+            lease.job.as_str(),
+            Some(&lease.batch),
+            Some(old.status.name()),
+            next.state.name(),
+        );
         Ok((status, lease.status_version + 1))
     }
 
@@ -1023,25 +1378,43 @@ impl Engine {
         let ops = vec![
             Op::check(job_node(&lease.job, "lock"), None),
             Op::check(job_node(&lease.job, "status"), Some(lease.status_version)),
-            Op::set(job_node(&lease.job, "priority"), Some(priority.to_string().into_bytes()), None),
+            Op::set(
+                job_node(&lease.job, "priority"),
+                Some(priority.to_string().into_bytes()),
+                None,
+            ),
             Op::delete(job_ref(state, lease.priority, &lease.job), None),
             Op::create(job_ref(state, priority, &lease.job), None),
         ];
-        self.tree.multi(ops).await.map_err(|e| self.lease_error(e, lease.job.as_str()))?;
+        self.tree
+            .multi(ops)
+            .await
+            .map_err(|e| self.lease_error(e, lease.job.as_str()))?;
         lease.priority = priority;
         Ok(())
     }
 
     /// Sets `space_needed` of a leased job.
     pub async fn set_space_needed(&self, lease: &JobLease, bytes: u64) -> Result<()> {
-        self.set_job_node(lease, "space_needed", bytes.to_string().into_bytes()).await
+        self.set_job_node(lease, "space_needed", bytes.to_string().into_bytes())
+            .await
     }
 
     /// Writes one of a leased job's JSON data nodes: `identifiers`, `metadata`, `inventory`,
     /// `store` or `configuration`.
     pub async fn set_job_data(&self, lease: &JobLease, name: &str, value: &Value) -> Result<()> {
-        if !["identifiers", "metadata", "inventory", "store", "configuration"].contains(&name) {
-            return Err(EngineError::Invalid(format!("{name:?} is not a job data node")));
+        if ![
+            "identifiers",
+            "metadata",
+            "inventory",
+            "store",
+            "configuration",
+        ]
+        .contains(&name)
+        {
+            return Err(EngineError::Invalid(format!(
+                "{name:?} is not a job data node"
+            )));
         }
         self.set_job_node(lease, name, to_bytes(value)).await
     }
@@ -1062,11 +1435,19 @@ impl Engine {
     }
 
     /// An admin move of an unlocked job. `f` computes the new progress from the current one.
-    async fn admin_job(&self, job: &JobId, f: impl Fn(JobProgress) -> Result<JobProgress, lading_core::IllegalTransition>) -> Result<JobStatus> {
+    async fn admin_job(
+        &self,
+        job: &JobId,
+        f: impl Fn(JobProgress) -> Result<JobProgress, lading_core::IllegalTransition>,
+    ) -> Result<JobStatus> {
         let (old, version) = self.job_status(job).await?;
         let batch = self.job_batch(job).await?;
         let priority = self.job_priority(job).await?;
-        let progress = JobProgress { state: old.status, last_successful: old.last_successful_status, retry_count: old.retry_count };
+        let progress = JobProgress {
+            state: old.status,
+            last_successful: old.last_successful_status,
+            retry_count: old.retry_count,
+        };
         let next = f(progress)?;
         let status = JobStatus {
             status: next.state,
@@ -1084,12 +1465,17 @@ impl Engine {
         self.move_ops(job, &batch, priority, old.status, next.state, &mut ops);
         // Back into batch-processing: bump the batch status version so a concurrent
         // `maybe_report` that saw the folder empty cannot win.
-        let reentering = old.status.batch_folder() != "batch-processing" && next.state.batch_folder() == "batch-processing";
+        let reentering = old.status.batch_folder() != "batch-processing"
+            && next.state.batch_folder() == "batch-processing";
         if reentering {
             if let Ok((bstatus, bversion)) = self.batch_status(&batch).await {
                 let mut touched = bstatus.clone();
                 touched.last_modified = self.now();
-                ops.push(Op::set(batch_node(&batch, "status"), json_bytes(&touched), Some(bversion)));
+                ops.push(Op::set(
+                    batch_node(&batch, "status"),
+                    json_bytes(&touched),
+                    Some(bversion),
+                ));
             }
         }
         ops.push(Op::delete(&lock, None));
@@ -1098,11 +1484,21 @@ impl Engine {
             Err(e) if matches!(e.root(), TreeError::NodeExists(p) if p.ends_with("/lock")) => {
                 return Err(EngineError::Locked(job.to_string()));
             }
-            Err(e) if matches!(e.root(), TreeError::BadVersion { .. }) => return Err(EngineError::Conflict(job.to_string())),
+            Err(e) if matches!(e.root(), TreeError::BadVersion { .. }) => {
+                return Err(EngineError::Conflict(job.to_string()));
+            }
             Err(e) => return Err(e.into()),
         }
-        self.publish("job", job.as_str(), Some(&batch), Some(old.status.name()), next.state.name());
-        if next.state.batch_folder() != "batch-processing" && old.status.batch_folder() == "batch-processing" {
+        self.publish(
+            "job",
+            job.as_str(),
+            Some(&batch),
+            Some(old.status.name()),
+            next.state.name(),
+        );
+        if next.state.batch_folder() != "batch-processing"
+            && old.status.batch_folder() == "batch-processing"
+        {
             self.maybe_report(&batch).await?;
         }
         Ok(status)
@@ -1110,14 +1506,19 @@ impl Engine {
 
     /// Admin: Pending → Held.
     pub async fn hold_job(&self, job: &JobId) -> Result<JobStatus> {
-        self.admin_job(job, |p| p.apply(Event::To(JobState::Held))).await
+        self.admin_job(job, |p| p.apply(Event::To(JobState::Held)))
+            .await
     }
 
     /// Admin: Held → Pending.
     pub async fn release_job(&self, job: &JobId) -> Result<JobStatus> {
         self.admin_job(job, |p| {
             if p.state != JobState::Held {
-                return Err(lading_core::IllegalTransition { kind: "job", from: p.state.to_string(), to: "Pending (release)".into() });
+                return Err(lading_core::IllegalTransition {
+                    kind: "job",
+                    from: p.state.to_string(),
+                    to: "Pending (release)".into(),
+                });
             }
             p.apply(Event::To(JobState::Pending))
         })
@@ -1134,12 +1535,20 @@ impl Engine {
     pub async fn delete_job(&self, job: &JobId) -> Result<Option<JobStatus>> {
         let (status, _) = self.job_status(job).await?;
         match status.status {
-            JobState::Failed | JobState::Held => Ok(Some(self.admin_job(job, |p| p.apply(Event::To(JobState::Deleted))).await?)),
+            JobState::Failed | JobState::Held => Ok(Some(
+                self.admin_job(job, |p| p.apply(Event::To(JobState::Deleted)))
+                    .await?,
+            )),
             JobState::Completed | JobState::Deleted => {
                 self.purge_job(job).await?;
                 Ok(None)
             }
-            s => Err(lading_core::IllegalTransition { kind: "job", from: s.to_string(), to: JobState::Deleted.to_string() }.into()),
+            s => Err(lading_core::IllegalTransition {
+                kind: "job",
+                from: s.to_string(),
+                to: JobState::Deleted.to_string(),
+            }
+            .into()),
         }
     }
 
@@ -1147,7 +1556,12 @@ impl Engine {
     pub async fn purge_job(&self, job: &JobId) -> Result<()> {
         let (status, version) = self.job_status(job).await?;
         if !matches!(status.status, JobState::Completed | JobState::Deleted) {
-            return Err(lading_core::IllegalTransition { kind: "job", from: status.status.to_string(), to: "purged".into() }.into());
+            return Err(lading_core::IllegalTransition {
+                kind: "job",
+                from: status.status.to_string(),
+                to: "purged".into(),
+            }
+            .into());
         }
         let batch = self.job_batch(job).await?;
         let priority = self.job_priority(job).await?;
@@ -1178,8 +1592,14 @@ impl Engine {
     /// finished are refused by name.
     pub async fn purge_batch(&self, batch: &BatchId) -> Result<usize> {
         let info = self.batch(batch).await?;
-        if !matches!(info.status.status, BatchState::Completed | BatchState::Deleted) {
-            return Err(EngineError::Invalid(format!("batch {batch} is {}, only Completed or Deleted batches are purged", info.status.status)));
+        if !matches!(
+            info.status.status,
+            BatchState::Completed | BatchState::Deleted
+        ) {
+            return Err(EngineError::Invalid(format!(
+                "batch {batch} is {}, only Completed or Deleted batches are purged",
+                info.status.status
+            )));
         }
         let mut purged = 0;
         for j in info.jobs.values().flatten() {
@@ -1191,7 +1611,8 @@ impl Engine {
             }
         }
         let mut ops = Vec::new();
-        self.delete_subtree_ops(&batch_path(batch), &mut ops).await?;
+        self.delete_subtree_ops(&batch_path(batch), &mut ops)
+            .await?;
         if let Some(uuid) = info.submission.get("batchID").and_then(Value::as_str) {
             if self.tree.exists(&batch_uuid_path(uuid)).await?.is_some() {
                 ops.push(Op::delete(batch_uuid_path(uuid), None));
@@ -1224,27 +1645,61 @@ impl Engine {
 
     /// Queues an object assembly request on the small or large queue.
     pub async fn create_access(&self, queue: AccessQueue, token: &Value) -> Result<AccessId> {
-        let path = self.tree.create(&format!("{}/qid", access_folder(queue)), None, CreateMode::PersistentSequential).await?;
+        let path = self
+            .tree
+            .create(
+                &format!("{}/qid", access_folder(queue)),
+                None,
+                CreateMode::PersistentSequential,
+            )
+            .await?;
         let id = AccessId::parse(lading_core::tree::split_path(&path).1)?;
-        let status = AccessStatus { status: AccessState::Pending, last_modified: self.now(), message: None, extra: Map::new() };
+        let status = AccessStatus {
+            status: AccessState::Pending,
+            last_modified: self.now(),
+            message: None,
+            extra: Map::new(),
+        };
         let r = self
             .tree
-            .multi(vec![Op::create(format!("{path}/token"), Some(to_bytes(token))), Op::create(format!("{path}/status"), json_bytes(&status))])
+            .multi(vec![
+                Op::create(format!("{path}/token"), Some(to_bytes(token))),
+                Op::create(format!("{path}/status"), json_bytes(&status)),
+            ])
             .await;
         if let Err(e) = r {
             let _ = self.tree.delete(&path, None).await;
             return Err(e.into());
         }
-        self.publish("access", id.as_str(), None, None, AccessState::Pending.name());
+        self.publish(
+            "access",
+            id.as_str(),
+            None,
+            None,
+            AccessState::Pending.name(),
+        );
         Ok(id)
     }
 
     pub async fn access(&self, queue: AccessQueue, id: &AccessId) -> Result<AccessInfo> {
         let path = access_path(queue, id);
-        let (status, _) = self.read_json(&format!("{path}/status")).await?.ok_or_else(|| EngineError::NoAccess(id.to_string()))?;
-        let token = self.read_json(&format!("{path}/token")).await?.map(|(v, _)| v).unwrap_or(Value::Null);
+        let (status, _) = self
+            .read_json(&format!("{path}/status"))
+            .await?
+            .ok_or_else(|| EngineError::NoAccess(id.to_string()))?;
+        let token = self
+            .read_json(&format!("{path}/token"))
+            .await?
+            .map(|(v, _)| v)
+            .unwrap_or(Value::Null);
         let locked = self.tree.exists(&format!("{path}/lock")).await?.is_some();
-        Ok(AccessInfo { queue, id: id.to_string(), status, token, locked })
+        Ok(AccessInfo {
+            queue,
+            id: id.to_string(),
+            status,
+            token,
+            locked,
+        })
     }
 
     /// Acquires the oldest Pending request of a queue (nothing while the queue is paused).
@@ -1254,12 +1709,24 @@ impl Engine {
         }
         let mut after: Option<String> = None;
         loop {
-            let page = self.tree.children_page(&access_folder(queue), after.as_deref(), PAGE).await?;
-            let Some(last) = page.last().cloned() else { return Ok(None) };
+            let page = self
+                .tree
+                .children_page(&access_folder(queue), after.as_deref(), PAGE)
+                .await?;
+            let Some(last) = page.last().cloned() else {
+                return Ok(None);
+            };
             for name in &page {
-                let Ok(id) = AccessId::parse(name) else { continue };
+                let Ok(id) = AccessId::parse(name) else {
+                    continue;
+                };
                 let path = access_path(queue, &id);
-                let Some((status, version)) = self.read_json::<AccessStatus>(&format!("{path}/status")).await? else { continue };
+                let Some((status, version)) = self
+                    .read_json::<AccessStatus>(&format!("{path}/status"))
+                    .await?
+                else {
+                    continue;
+                };
                 if status.status != AccessState::Pending {
                     continue;
                 }
@@ -1267,19 +1734,39 @@ impl Engine {
                 if !self.claim(&lock) {
                     continue;
                 }
-                if !self.try_lock(&lock, Op::check(format!("{path}/status"), Some(version))).await.inspect_err(|_| self.unclaim(&lock))? {
+                if !self
+                    .try_lock(&lock, Op::check(format!("{path}/status"), Some(version)))
+                    .await
+                    .inspect_err(|_| self.unclaim(&lock))?
+                {
                     self.unclaim(&lock);
                     continue;
                 }
-                let token = self.read_json(&format!("{path}/token")).await?.map(|(v, _)| v).unwrap_or(Value::Null);
-                return Ok(Some(AccessLease { queue, id, status, token, status_version: version, session: self.tree.session_id() }));
+                let token = self
+                    .read_json(&format!("{path}/token"))
+                    .await?
+                    .map(|(v, _)| v)
+                    .unwrap_or(Value::Null);
+                return Ok(Some(AccessLease {
+                    queue,
+                    id,
+                    status,
+                    token,
+                    status_version: version,
+                    session: self.tree.session_id(),
+                }));
             }
             after = Some(last);
         }
     }
 
     /// Moves a leased access request and releases its lock.
-    pub async fn access_transition(&self, lease: AccessLease, event: Event<AccessState>, message: Option<String>) -> Result<AccessStatus> {
+    pub async fn access_transition(
+        &self,
+        lease: AccessLease,
+        event: Event<AccessState>,
+        message: Option<String>,
+    ) -> Result<AccessStatus> {
         let path = access_path(lease.queue, &lease.id);
         let lock = format!("{path}/lock");
         self.unclaim(&lock);
@@ -1294,17 +1781,31 @@ impl Engine {
         self.tree
             .multi(vec![
                 Op::check(&lock, None),
-                Op::set(format!("{path}/status"), json_bytes(&status), Some(lease.status_version)),
+                Op::set(
+                    format!("{path}/status"),
+                    json_bytes(&status),
+                    Some(lease.status_version),
+                ),
                 Op::delete(&lock, None),
             ])
             .await
             .map_err(|e| self.lease_error(e, lease.id.as_str()))?;
-        self.publish("access", lease.id.as_str(), None, Some(lease.status.status.name()), to.name());
+        self.publish(
+            "access",
+            lease.id.as_str(),
+            None,
+            Some(lease.status.status.name()),
+            to.name(),
+        );
         Ok(status)
     }
 
     /// Moves a leased access request but keeps the lock (Pending → Processing, then work).
-    pub async fn access_advance(&self, mut lease: AccessLease, event: Event<AccessState>) -> Result<AccessLease> {
+    pub async fn access_advance(
+        &self,
+        mut lease: AccessLease,
+        event: Event<AccessState>,
+    ) -> Result<AccessLease> {
         let path = access_path(lease.queue, &lease.id);
         if lease.session != self.tree.session_id() {
             return Err(lost(lease.id.as_str()));
@@ -1315,10 +1816,23 @@ impl Engine {
         status.last_modified = self.now();
         status.message = None;
         self.tree
-            .multi(vec![Op::check(format!("{path}/lock"), None), Op::set(format!("{path}/status"), json_bytes(&status), Some(lease.status_version))])
+            .multi(vec![
+                Op::check(format!("{path}/lock"), None),
+                Op::set(
+                    format!("{path}/status"),
+                    json_bytes(&status),
+                    Some(lease.status_version),
+                ),
+            ])
             .await
             .map_err(|e| self.lease_error(e, lease.id.as_str()))?;
-        self.publish("access", lease.id.as_str(), None, Some(lease.status.status.name()), to.name());
+        self.publish(
+            "access",
+            lease.id.as_str(),
+            None,
+            Some(lease.status.status.name()),
+            to.name(),
+        );
         lease.status = status;
         lease.status_version += 1;
         Ok(lease)
@@ -1327,8 +1841,15 @@ impl Engine {
     // ----- per-object locks ----------------------------------------------------------------
 
     async fn ark_lock(&self, path: String) -> Result<ArkLock> {
-        match self.tree.create(&path, self.lock_data(), CreateMode::Ephemeral).await {
-            Ok(_) => Ok(ArkLock { path, session: self.tree.session_id() }),
+        match self
+            .tree
+            .create(&path, self.lock_data(), CreateMode::Ephemeral)
+            .await
+        {
+            Ok(_) => Ok(ArkLock {
+                path,
+                session: self.tree.session_id(),
+            }),
             Err(TreeError::NodeExists(p)) => Err(EngineError::Locked(p)),
             Err(e) => Err(e.into()),
         }
@@ -1368,14 +1889,19 @@ fn join(parent: &str, name: &str) -> String {
 
 fn check_priority(p: u8) -> Result<()> {
     if p > 99 {
-        return Err(EngineError::Invalid(format!("priority {p} is outside 0..=99")));
+        return Err(EngineError::Invalid(format!(
+            "priority {p} is outside 0..=99"
+        )));
     }
     Ok(())
 }
 
 fn check_queue(name: &str) -> Result<()> {
     if !QUEUE_NAMES.contains(&name) {
-        return Err(EngineError::Invalid(format!("unknown queue {name:?} (expected one of {})", QUEUE_NAMES.join(", "))));
+        return Err(EngineError::Invalid(format!(
+            "unknown queue {name:?} (expected one of {})",
+            QUEUE_NAMES.join(", ")
+        )));
     }
     Ok(())
 }
@@ -1407,6 +1933,7 @@ pub fn decode(data: Option<&[u8]>) -> Value {
     match data {
         None => Value::Null,
         Some(b) if b.is_empty() => Value::Null,
-        Some(b) => serde_json::from_slice(b).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(b).into_owned())),
+        Some(b) => serde_json::from_slice(b)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(b).into_owned())),
     }
 }

@@ -18,7 +18,9 @@
 
 use lading_core::time::{SharedClock, format_ts, system_clock};
 use lading_core::tree::{join_path, split_path, validate_path};
-use lading_core::{BoxFuture, CreateMode, Node, Op, OpResult, Stat, Tree, TreeError, Watch, WatchKind};
+use lading_core::{
+    BoxFuture, CreateMode, Node, Op, OpResult, Stat, Tree, TreeError, Watch, WatchKind,
+};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -137,21 +139,48 @@ fn backend(e: rusqlite::Error) -> TreeError {
 fn open_conn(path: &Path, durable: bool) -> Result<Connection, TreeError> {
     let conn = Connection::open_with_flags(
         path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .map_err(|e| TreeError::NotOurs(path.display().to_string(), e.to_string()))?;
-    conn.busy_timeout(Duration::from_secs(30)).map_err(backend)?;
+    conn.busy_timeout(Duration::from_secs(30))
+        .map_err(backend)?;
     let mode: String = conn
         .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
         .map_err(|e| TreeError::NotOurs(path.display().to_string(), e.to_string()))?;
     if !mode.eq_ignore_ascii_case("wal") {
-        return Err(TreeError::Backend(format!("could not switch {} to WAL (got {mode})", path.display())));
+        return Err(TreeError::Backend(format!(
+            "could not switch {} to WAL (got {mode})",
+            path.display()
+        )));
     }
-    conn.execute_batch(if durable { "PRAGMA synchronous=FULL;" } else { "PRAGMA synchronous=NORMAL;" })
+    conn.execute_batch(if durable {
+        "PRAGMA synchronous=FULL;"
+    } else {
+        "PRAGMA synchronous=NORMAL;"
+    })
+    .map_err(backend)?;
+    conn.execute_batch("PRAGMA cache_size=-32768; PRAGMA temp_store=MEMORY;")
         .map_err(backend)?;
-    conn.execute_batch("PRAGMA cache_size=-32768; PRAGMA temp_store=MEMORY;").map_err(backend)?;
     conn.set_prepared_statement_cache_capacity(64);
     Ok(conn)
+}
+
+/// Refuses a file that holds anything but a Lading store (or nothing).
+fn check_ours(conn: &Connection, path: &Path) -> Result<(), TreeError> {
+    let not_ours = |why: String| TreeError::NotOurs(path.display().to_string(), why);
+    let tables: Vec<String> = conn
+        .prepare("SELECT name FROM sqlite_master WHERE type='table'")
+        .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+        .map_err(|e| not_ours(e.to_string()))?;
+    if !tables.is_empty() && !tables.iter().any(|t| t == "lading_meta") {
+        return Err(not_ours(format!(
+            "it holds other tables ({})",
+            tables.join(", ")
+        )));
+    }
+    Ok(())
 }
 
 /// Creates the schema, or checks an existing file is ours.
@@ -163,15 +192,24 @@ fn init_schema(conn: &Connection, path: &Path, now: u64) -> Result<(), TreeError
         .map_err(|e| not_ours(e.to_string()))?;
     if !tables.is_empty() {
         if !tables.iter().any(|t| t == "lading_meta") {
-            return Err(not_ours(format!("it holds other tables ({})", tables.join(", "))));
+            return Err(not_ours(format!(
+                "it holds other tables ({})",
+                tables.join(", ")
+            )));
         }
         let format: Option<String> = conn
-            .query_row("SELECT value FROM lading_meta WHERE key='format'", [], |r| r.get(0))
+            .query_row(
+                "SELECT value FROM lading_meta WHERE key='format'",
+                [],
+                |r| r.get(0),
+            )
             .optional()
             .map_err(backend)?;
         return match format.as_deref() {
             Some(FORMAT) => Ok(()),
-            other => Err(not_ours(format!("unknown format {other:?}, this build reads {FORMAT}"))),
+            other => Err(not_ours(format!(
+                "unknown format {other:?}, this build reads {FORMAT}"
+            ))),
         };
     }
     conn.execute_batch(
@@ -189,8 +227,11 @@ fn init_schema(conn: &Connection, path: &Path, now: u64) -> Result<(), TreeError
             commits INTEGER NOT NULL DEFAULT 0);",
     )
     .map_err(backend)?;
-    conn.execute("INSERT OR IGNORE INTO lading_meta(key, value) VALUES ('format', ?1)", [FORMAT])
-        .map_err(backend)?;
+    conn.execute(
+        "INSERT OR IGNORE INTO lading_meta(key, value) VALUES ('format', ?1)",
+        [FORMAT],
+    )
+    .map_err(backend)?;
     conn.execute(
         "INSERT OR IGNORE INTO nodes(parent, name, data, version, owner, ctime, mtime) VALUES ('', '', NULL, 0, 0, ?1, ?1)",
         [now as i64],
@@ -202,7 +243,11 @@ fn init_schema(conn: &Connection, path: &Path, now: u64) -> Result<(), TreeError
 
 /// `(parent, name)` keys of a path; the root is `("", "")`.
 fn key(path: &str) -> (&str, &str) {
-    if path == "/" { ("", "") } else { split_path(path) }
+    if path == "/" {
+        ("", "")
+    } else {
+        split_path(path)
+    }
 }
 
 fn new_session(conn: &Connection, opts: &SqliteOptions) -> Result<u64, TreeError> {
@@ -230,7 +275,9 @@ fn reap(conn: &Connection, now: u64, keep: u64) -> rusqlite::Result<Vec<String>>
     let host = hostname();
     let sessions: Vec<(i64, String, u32, Option<i64>, i64)> = conn
         .prepare_cached("SELECT id, host, pid, start_time, expires_ms FROM sessions")?
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))?
+        .query_map([], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })?
         .collect::<rusqlite::Result<_>>()?;
     let mut removed = Vec::new();
     for (id, h, pid, start, expires) in sessions {
@@ -238,7 +285,9 @@ fn reap(conn: &Connection, now: u64, keep: u64) -> rusqlite::Result<Vec<String>>
             continue;
         }
         let lapsed = (expires as u64) < now;
-        let dead = h == host && pid != std::process::id() && process_start_time(pid).map(|t| t as i64) != start;
+        let dead = h == host
+            && pid != std::process::id()
+            && process_start_time(pid).map(|t| t as i64) != start;
         if lapsed || dead {
             removed.extend(drop_session(conn, id as u64)?);
         }
@@ -249,7 +298,9 @@ fn reap(conn: &Connection, now: u64, keep: u64) -> rusqlite::Result<Vec<String>>
 fn drop_session(conn: &Connection, id: u64) -> rusqlite::Result<Vec<String>> {
     let paths: Vec<String> = conn
         .prepare_cached("DELETE FROM nodes WHERE owner = ?1 RETURNING parent, name")?
-        .query_map([id as i64], |r| Ok(join_path(&r.get::<_, String>(0)?, &r.get::<_, String>(1)?)))?
+        .query_map([id as i64], |r| {
+            Ok(join_path(&r.get::<_, String>(0)?, &r.get::<_, String>(1)?))
+        })?
         .collect::<rusqlite::Result<_>>()?;
     conn.execute("DELETE FROM sessions WHERE id = ?1", [id as i64])?;
     tracing::debug!(session = id, ephemerals = paths.len(), "session removed");
@@ -296,8 +347,13 @@ impl Writer {
             self.conn.execute_batch("BEGIN IMMEDIATE")?;
             let session = self.shared.session.load(Ordering::SeqCst);
             // Counts this commit for other processes' pollers, and proves the session is live.
-            let live = self.conn.prepare_cached("UPDATE sessions SET commits = commits + 1 WHERE id = ?1 AND expires_ms >= ?2")?
-                .execute(params![session as i64, now as i64])? == 1;
+            let live = self
+                .conn
+                .prepare_cached(
+                    "UPDATE sessions SET commits = commits + 1 WHERE id = ?1 AND expires_ms >= ?2",
+                )?
+                .execute(params![session as i64, now as i64])?
+                == 1;
             let mut session_ok = live;
             if !live {
                 // Our session lapsed (or another process reaped it): its ephemerals go, and
@@ -306,9 +362,14 @@ impl Writer {
                     changes.push(Change::Data(p.clone()));
                     changes.push(Change::Child(split_path(&p).0.to_string()));
                 }
-                let fresh = new_session(&self.conn, &self.shared.opts).map_err(|_| rusqlite::Error::InvalidQuery)?;
+                let fresh = new_session(&self.conn, &self.shared.opts)
+                    .map_err(|_| rusqlite::Error::InvalidQuery)?;
                 self.shared.session.store(fresh, Ordering::SeqCst);
-                tracing::warn!(old = session, new = fresh, "session expired; opened a new one");
+                tracing::warn!(
+                    old = session,
+                    new = fresh,
+                    "session expired; opened a new one"
+                );
             }
             let session = self.shared.session.load(Ordering::SeqCst);
             for req in group {
@@ -336,7 +397,10 @@ impl Writer {
                     Req::Heartbeat => {
                         self.conn.execute(
                             "UPDATE sessions SET expires_ms = ?2 WHERE id = ?1",
-                            params![session as i64, (now + self.shared.opts.session_timeout_ms) as i64],
+                            params![
+                                session as i64,
+                                (now + self.shared.opts.session_timeout_ms) as i64
+                            ],
                         )?;
                     }
                     Req::Reap => {
@@ -348,7 +412,10 @@ impl Writer {
                         }
                     }
                     Req::Expire(done) => {
-                        self.conn.execute("UPDATE sessions SET expires_ms = 0 WHERE id = ?1", [session as i64])?;
+                        self.conn.execute(
+                            "UPDATE sessions SET expires_ms = 0 WHERE id = ?1",
+                            [session as i64],
+                        )?;
                         session_ok = false;
                         after.push(done);
                     }
@@ -367,7 +434,11 @@ impl Writer {
 
         match result {
             Ok(()) => {
-                let mut w = self.shared.watches.lock().unwrap_or_else(|p| p.into_inner());
+                let mut w = self
+                    .shared
+                    .watches
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
                 if fire_all {
                     w.fire_all();
                 }
@@ -400,10 +471,22 @@ impl Writer {
         true
     }
 
-    fn apply_ops(&self, ops: &[Op], session: u64, now: u64, changes: &mut Vec<Change>) -> Result<Vec<OpResult>, OpFailure> {
+    fn apply_ops(
+        &self,
+        ops: &[Op],
+        session: u64,
+        now: u64,
+        changes: &mut Vec<Change>,
+    ) -> Result<Vec<OpResult>, OpFailure> {
         let mut out = Vec::with_capacity(ops.len());
         for (index, op) in ops.iter().enumerate() {
-            let wrap = |e: TreeError| OpFailure::Tree(TreeError::Multi { index, op_path: op.path().to_string(), cause: Box::new(e) });
+            let wrap = |e: TreeError| {
+                OpFailure::Tree(TreeError::Multi {
+                    index,
+                    op_path: op.path().to_string(),
+                    cause: Box::new(e),
+                })
+            };
             validate_path(op.path()).map_err(wrap)?;
             let r = self.apply_op(op, session, now, changes);
             match r {
@@ -424,14 +507,27 @@ impl Writer {
     }
 
     fn expect(&self, path: &str, version: Option<i32>) -> Result<i32, OpFailure> {
-        let (actual, _) = self.version_of(path)?.ok_or_else(|| TreeError::NoNode(path.into()))?;
+        let (actual, _) = self
+            .version_of(path)?
+            .ok_or_else(|| TreeError::NoNode(path.into()))?;
         match version {
-            Some(v) if v != actual => Err(TreeError::BadVersion { path: path.into(), expected: v, actual }.into()),
+            Some(v) if v != actual => Err(TreeError::BadVersion {
+                path: path.into(),
+                expected: v,
+                actual,
+            }
+            .into()),
             _ => Ok(actual),
         }
     }
 
-    fn apply_op(&self, op: &Op, session: u64, now: u64, changes: &mut Vec<Change>) -> Result<OpResult, OpFailure> {
+    fn apply_op(
+        &self,
+        op: &Op,
+        session: u64,
+        now: u64,
+        changes: &mut Vec<Change>,
+    ) -> Result<OpResult, OpFailure> {
         match op {
             Op::Check { path, version } => {
                 self.expect(path, *version)?;
@@ -443,7 +539,9 @@ impl Writer {
                 }
                 check_size(path, data)?;
                 let (parent, name) = split_path(path);
-                let (_, parent_owner) = self.version_of(parent)?.ok_or_else(|| TreeError::NoNode(parent.into()))?;
+                let (_, parent_owner) = self
+                    .version_of(parent)?
+                    .ok_or_else(|| TreeError::NoNode(parent.into()))?;
                 if parent_owner != 0 {
                     return Err(TreeError::NoChildrenForEphemerals(parent.into()).into());
                 }
@@ -457,7 +555,11 @@ impl Writer {
                 } else {
                     name.to_string()
                 };
-                let owner = if *mode == CreateMode::Ephemeral { session } else { 0 };
+                let owner = if *mode == CreateMode::Ephemeral {
+                    session
+                } else {
+                    0
+                };
                 let inserted = self
                     .conn
                     .prepare_cached(
@@ -472,7 +574,11 @@ impl Writer {
                 changes.push(Change::Child(parent.to_string()));
                 Ok(OpResult::Create(full))
             }
-            Op::Set { path, data, version } => {
+            Op::Set {
+                path,
+                data,
+                version,
+            } => {
                 check_size(path, data)?;
                 let actual = self.expect(path, *version)?;
                 let (p, n) = key(path);
@@ -482,13 +588,22 @@ impl Writer {
                 changes.push(Change::Data(path.clone()));
                 let (ctime, owner): (i64, i64) = self
                     .conn
-                    .prepare_cached("SELECT ctime, owner FROM nodes WHERE parent = ?1 AND name = ?2")?
+                    .prepare_cached(
+                        "SELECT ctime, owner FROM nodes WHERE parent = ?1 AND name = ?2",
+                    )?
                     .query_row([p, n], |r| Ok((r.get(0)?, r.get(1)?)))?;
-                Ok(OpResult::Set(Stat { version: actual + 1, ephemeral_owner: owner as u64, ctime_ms: ctime as u64, mtime_ms: now }))
+                Ok(OpResult::Set(Stat {
+                    version: actual + 1,
+                    ephemeral_owner: owner as u64,
+                    ctime_ms: ctime as u64,
+                    mtime_ms: now,
+                }))
             }
             Op::Delete { path, version } => {
                 if path == "/" {
-                    return Err(TreeError::InvalidPath("/".into(), "the root cannot be deleted").into());
+                    return Err(
+                        TreeError::InvalidPath("/".into(), "the root cannot be deleted").into(),
+                    );
                 }
                 self.expect(path, *version)?;
                 let has_child = self
@@ -499,7 +614,9 @@ impl Writer {
                     return Err(TreeError::NotEmpty(path.clone()).into());
                 }
                 let (p, n) = key(path);
-                self.conn.prepare_cached("DELETE FROM nodes WHERE parent = ?1 AND name = ?2")?.execute([p, n])?;
+                self.conn
+                    .prepare_cached("DELETE FROM nodes WHERE parent = ?1 AND name = ?2")?
+                    .execute([p, n])?;
                 changes.push(Change::Data(path.clone()));
                 changes.push(Change::Child(p.to_string()));
                 Ok(OpResult::Delete)
@@ -540,7 +657,17 @@ impl SqliteTree {
     pub fn open(path: impl AsRef<Path>, opts: SqliteOptions) -> Result<SqliteTree, TreeError> {
         let path = path.as_ref().to_path_buf();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| TreeError::Backend(format!("cannot create {}: {e}", dir.display())))?;
+            std::fs::create_dir_all(dir)
+                .map_err(|e| TreeError::Backend(format!("cannot create {}: {e}", dir.display())))?;
+        }
+        // Look before touching: a file that is not ours must not even be switched to WAL.
+        {
+            let probe = Connection::open_with_flags(
+                &path,
+                OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
+            )
+            .map_err(|e| TreeError::NotOurs(path.display().to_string(), e.to_string()))?;
+            check_ours(&probe, &path)?;
         }
         let conn = open_conn(&path, opts.durable)?;
         init_schema(&conn, &path, opts.clock.now_ms())?;
@@ -550,7 +677,10 @@ impl SqliteTree {
         let session = new_session(&conn, &opts)?;
         conn.execute_batch("COMMIT").map_err(backend)?;
         if !reaped.is_empty() {
-            tracing::info!(count = reaped.len(), "removed ephemeral nodes of dead sessions");
+            tracing::info!(
+                count = reaped.len(),
+                "removed ephemeral nodes of dead sessions"
+            );
         }
         let shared = Arc::new(Shared {
             path: path.clone(),
@@ -561,7 +691,10 @@ impl SqliteTree {
             stopping: AtomicBool::new(false),
         });
         let (tx, rx) = mpsc::channel();
-        let writer = Writer { conn, shared: shared.clone() };
+        let writer = Writer {
+            conn,
+            shared: shared.clone(),
+        };
         let mut threads = vec![
             std::thread::Builder::new()
                 .name("lading-sqlite-writer".into())
@@ -576,7 +709,11 @@ impl SqliteTree {
                 .spawn(move || maintenance(s2, tx2, poll_conn))
                 .map_err(|e| TreeError::Backend(e.to_string()))?,
         );
-        Ok(SqliteTree { shared, tx: Mutex::new(Some(tx)), threads: Mutex::new(threads) })
+        Ok(SqliteTree {
+            shared,
+            tx: Mutex::new(Some(tx)),
+            threads: Mutex::new(threads),
+        })
     }
 
     /// The store file.
@@ -603,14 +740,20 @@ impl SqliteTree {
     fn send(&self, req: Req) -> Result<(), TreeError> {
         let guard = self.tx.lock().unwrap_or_else(|p| p.into_inner());
         match guard.as_ref() {
-            Some(tx) => tx.send(req).map_err(|_| TreeError::Backend("store handle is closed".into())),
+            Some(tx) => tx
+                .send(req)
+                .map_err(|_| TreeError::Backend("store handle is closed".into())),
             None => Err(TreeError::Backend("store handle is closed".into())),
         }
     }
 
     fn read<R>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<R>) -> Result<R, TreeError> {
         let conn = {
-            let mut pool = self.shared.readers.lock().unwrap_or_else(|p| p.into_inner());
+            let mut pool = self
+                .shared
+                .readers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             pool.pop()
         };
         let conn = match conn {
@@ -618,7 +761,11 @@ impl SqliteTree {
             None => open_conn(&self.shared.path, self.shared.opts.durable)?,
         };
         let r = f(&conn).map_err(backend);
-        let mut pool = self.shared.readers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pool = self
+            .shared
+            .readers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         if pool.len() < READ_POOL_MAX {
             pool.push(conn);
         }
@@ -632,11 +779,20 @@ impl SqliteTree {
             let (done, _rx) = oneshot::channel();
             let _ = tx.send(Req::Close(done));
         }
-        let threads: Vec<_> = self.threads.lock().unwrap_or_else(|p| p.into_inner()).drain(..).collect();
+        let threads: Vec<_> = self
+            .threads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+            .collect();
         for t in threads {
             let _ = t.join();
         }
-        self.shared.watches.lock().unwrap_or_else(|p| p.into_inner()).fire_all();
+        self.shared
+            .watches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .fire_all();
     }
 }
 
@@ -670,7 +826,11 @@ fn maintenance(shared: Arc<Shared>, tx: mpsc::Sender<Req>, conn: Connection) {
         );
         if let Ok(seen) = seen {
             if last_seen.is_some_and(|l| l != seen) {
-                shared.watches.lock().unwrap_or_else(|p| p.into_inner()).fire_all();
+                shared
+                    .watches
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .fire_all();
             }
             last_seen = Some(seen);
         }
@@ -719,13 +879,18 @@ impl Tree for SqliteTree {
             validate_path(path)?;
             let (p, n) = key(path);
             self.read(|c| {
-                if !c.prepare_cached("SELECT 1 FROM nodes WHERE parent = ?1 AND name = ?2")?.exists([p, n])? {
+                if !c
+                    .prepare_cached("SELECT 1 FROM nodes WHERE parent = ?1 AND name = ?2")?
+                    .exists([p, n])?
+                {
                     return Ok(None);
                 }
-                c.prepare_cached("SELECT name FROM nodes WHERE parent = CAST(?1 AS TEXT) ORDER BY name")?
-                    .query_map([path], |r| r.get(0))?
-                    .collect::<rusqlite::Result<Vec<String>>>()
-                    .map(Some)
+                c.prepare_cached(
+                    "SELECT name FROM nodes WHERE parent = CAST(?1 AS TEXT) ORDER BY name",
+                )?
+                .query_map([path], |r| r.get(0))?
+                .collect::<rusqlite::Result<Vec<String>>>()
+                .map(Some)
             })?
             .ok_or_else(|| TreeError::NoNode(path.into()))
         })
@@ -769,7 +934,10 @@ impl Tree for SqliteTree {
             validate_path(path)?;
             let (p, n) = key(path);
             self.read(|c| {
-                if !c.prepare_cached("SELECT 1 FROM nodes WHERE parent = ?1 AND name = ?2")?.exists([p, n])? {
+                if !c
+                    .prepare_cached("SELECT 1 FROM nodes WHERE parent = ?1 AND name = ?2")?
+                    .exists([p, n])?
+                {
                     return Ok(None);
                 }
                 c.prepare_cached("SELECT count(*) FROM nodes WHERE parent = ?1")?
@@ -784,11 +952,16 @@ impl Tree for SqliteTree {
         Box::pin(async move {
             let (tx, rx) = oneshot::channel();
             self.send(Req::Multi(ops, tx))?;
-            rx.await.map_err(|_| TreeError::Backend("store writer stopped".into()))?
+            rx.await
+                .map_err(|_| TreeError::Backend("store writer stopped".into()))?
         })
     }
 
-    fn watch<'a>(&'a self, path: &'a str, kind: WatchKind) -> BoxFuture<'a, Result<Watch, TreeError>> {
+    fn watch<'a>(
+        &'a self,
+        path: &'a str,
+        kind: WatchKind,
+    ) -> BoxFuture<'a, Result<Watch, TreeError>> {
         Box::pin(async move {
             validate_path(path)?;
             let (tx, rx) = oneshot::channel();
@@ -823,8 +996,15 @@ pub fn describe_sessions(path: &Path) -> Result<Vec<String>, TreeError> {
     let rows = conn
         .prepare("SELECT id, owner, expires_ms FROM sessions ORDER BY id")
         .and_then(|mut s| {
-            s.query_map([], |r| Ok(format!("{} {} expires {}", r.get::<_, i64>(0)?, r.get::<_, String>(1)?, format_ts(r.get::<_, i64>(2)? as u64))))?
-                .collect::<rusqlite::Result<Vec<_>>>()
+            s.query_map([], |r| {
+                Ok(format!(
+                    "{} {} expires {}",
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, String>(1)?,
+                    format_ts(r.get::<_, i64>(2)? as u64)
+                ))
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()
         })
         .map_err(backend)?;
     Ok(rows)

@@ -13,14 +13,19 @@ struct SqliteHarness {
 
 fn harness() -> SqliteHarness {
     let dir = tempfile::tempdir().expect("tempdir");
-    let janitor = Arc::new(SqliteTree::open(dir.path().join("lading.db"), SqliteOptions::default()).expect("open"));
+    let janitor = Arc::new(
+        SqliteTree::open(dir.path().join("lading.db"), SqliteOptions::default()).expect("open"),
+    );
     SqliteHarness { dir, janitor }
 }
 
 impl Harness for SqliteHarness {
     fn open(&self) -> BoxFuture<'_, Session> {
         Box::pin(async move {
-            let t = Arc::new(SqliteTree::open(self.dir.path().join("lading.db"), SqliteOptions::default()).expect("open"));
+            let t = Arc::new(
+                SqliteTree::open(self.dir.path().join("lading.db"), SqliteOptions::default())
+                    .expect("open"),
+            );
             let (t2, janitor) = (t.clone(), self.janitor.clone());
             Session {
                 tree: t as Arc<dyn Tree>,

@@ -8,8 +8,10 @@
 
 use lading_core::layout::*;
 use lading_core::time::system_clock;
-use lading_core::{BatchState, BoxFuture, CreateMode, Event, JobState, Op, OpResult, Tree, TreeError, WatchKind};
-use lading_engine::{EngineError, Engine, JobSpec};
+use lading_core::{
+    BatchState, BoxFuture, CreateMode, Event, JobState, Op, OpResult, Tree, TreeError, WatchKind,
+};
+use lading_engine::{Engine, EngineError, JobSpec};
 use serde_json::{Map, Value, json};
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -44,19 +46,32 @@ pub async fn batch_with_jobs(e: &Engine, n: usize, priorities: &[u8]) -> (BatchI
     let mut sub = Map::new();
     sub.insert("profile_name".into(), json!("demo_profile"));
     sub.insert("submitter".into(), json!("tester"));
-    sub.insert("payload_url".into(), json!("http://127.0.0.1/manifest.checkm"));
+    sub.insert(
+        "payload_url".into(),
+        json!("http://127.0.0.1/manifest.checkm"),
+    );
     let bid = e.create_batch(sub).await.expect("create batch");
-    let lease = e.acquire_batch(BatchState::Pending).await.expect("acquire").expect("a pending batch");
+    let lease = e
+        .acquire_batch(BatchState::Pending)
+        .await
+        .expect("acquire")
+        .expect("a pending batch");
     assert_eq!(lease.batch, bid);
     let mut jobs = Vec::new();
     for i in 0..n {
         let mut cfg = Map::new();
         cfg.insert("profile_name".into(), json!("demo_profile"));
         cfg.insert("local_id".into(), json!([format!("loc{i:03}")]));
-        let spec = JobSpec { configuration: cfg, priority: priorities.get(i).copied(), ..Default::default() };
+        let spec = JobSpec {
+            configuration: cfg,
+            priority: priorities.get(i).copied(),
+            ..Default::default()
+        };
         jobs.push(e.create_job(&lease, spec).await.expect("create job"));
     }
-    e.batch_transition(lease, Event::To(BatchState::Processing), None).await.expect("to processing");
+    e.batch_transition(lease, Event::To(BatchState::Processing), None)
+        .await
+        .expect("to processing");
     (bid, jobs)
 }
 
@@ -66,14 +81,28 @@ pub async fn run_job_to_completion(e: &Engine, state: JobState) -> Option<JobId>
     let lease = e.acquire_job(state).await.expect("acquire")?;
     let id = lease.job.clone();
     let mut state = if state == JobState::Pending {
-        e.job_transition(lease, Event::To(JobState::Estimating), None).await.expect("start").status
+        e.job_transition(lease, Event::To(JobState::Estimating), None)
+            .await
+            .expect("start")
+            .status
     } else {
-        e.job_transition(lease, Event::Success, None).await.expect("advance").status
+        e.job_transition(lease, Event::Success, None)
+            .await
+            .expect("advance")
+            .status
     };
     while state != JobState::Completed {
-        let lease = e.acquire_job(state).await.expect("acquire").expect("job waiting in its next state");
+        let lease = e
+            .acquire_job(state)
+            .await
+            .expect("acquire")
+            .expect("job waiting in its next state");
         assert_eq!(lease.job, id);
-        state = e.job_transition(lease, Event::Success, None).await.expect("advance").status;
+        state = e
+            .job_transition(lease, Event::Success, None)
+            .await
+            .expect("advance")
+            .status;
     }
     Some(id)
 }
@@ -97,7 +126,11 @@ pub async fn normalised_dump(tree: &dyn Tree) -> BTreeMap<String, Value> {
         }
         let _ = path;
     }
-    let uuids: Vec<String> = d.keys().filter(|k| k.starts_with("/batch-uuids/")).cloned().collect();
+    let uuids: Vec<String> = d
+        .keys()
+        .filter(|k| k.starts_with("/batch-uuids/"))
+        .cloned()
+        .collect();
     for k in uuids {
         let v = d.remove(&k).unwrap_or(Value::Null);
         d.insert("/batch-uuids/<uuid>".into(), v);
@@ -115,32 +148,76 @@ pub async fn tree_nodes_have_versions_and_sorted_children(h: &dyn Harness) {
     let s = h.open().await;
     let t = &s.tree;
     t.create("/t", None, CreateMode::Persistent).await.unwrap();
-    t.create("/t/b", bytes("2"), CreateMode::Persistent).await.unwrap();
-    t.create("/t/a", bytes("1"), CreateMode::Persistent).await.unwrap();
+    t.create("/t/b", bytes("2"), CreateMode::Persistent)
+        .await
+        .unwrap();
+    t.create("/t/a", bytes("1"), CreateMode::Persistent)
+        .await
+        .unwrap();
     assert_eq!(t.children("/t").await.unwrap(), vec!["a", "b"]);
     let n = t.get("/t/a").await.unwrap().unwrap();
     assert_eq!((n.data.as_deref(), n.stat.version), (Some(&b"1"[..]), 0));
-    assert_eq!(t.get("/t").await.unwrap().unwrap().data, None, "empty nodes carry no data");
+    assert_eq!(
+        t.get("/t").await.unwrap().unwrap().data,
+        None,
+        "empty nodes carry no data"
+    );
     let st = t.set("/t/a", bytes("x"), Some(0)).await.unwrap();
     assert_eq!(st.version, 1);
-    assert!(matches!(t.set("/t/a", bytes("y"), Some(0)).await, Err(TreeError::BadVersion { expected: 0, actual: 1, .. })));
-    assert_eq!(t.get("/t/a").await.unwrap().unwrap().data.as_deref(), Some(&b"x"[..]), "a refused set changes nothing");
-    assert!(matches!(t.create("/t/a", None, CreateMode::Persistent).await, Err(TreeError::NodeExists(_))));
-    assert!(matches!(t.create("/nope/x", None, CreateMode::Persistent).await, Err(TreeError::NoNode(p)) if p == "/nope"));
-    assert!(matches!(t.delete("/t", None).await, Err(TreeError::NotEmpty(_))));
-    assert!(matches!(t.delete("/t/a", Some(0)).await, Err(TreeError::BadVersion { .. })));
+    assert!(matches!(
+        t.set("/t/a", bytes("y"), Some(0)).await,
+        Err(TreeError::BadVersion {
+            expected: 0,
+            actual: 1,
+            ..
+        })
+    ));
+    assert_eq!(
+        t.get("/t/a").await.unwrap().unwrap().data.as_deref(),
+        Some(&b"x"[..]),
+        "a refused set changes nothing"
+    );
+    assert!(matches!(
+        t.create("/t/a", None, CreateMode::Persistent).await,
+        Err(TreeError::NodeExists(_))
+    ));
+    assert!(
+        matches!(t.create("/nope/x", None, CreateMode::Persistent).await, Err(TreeError::NoNode(p)) if p == "/nope")
+    );
+    assert!(matches!(
+        t.delete("/t", None).await,
+        Err(TreeError::NotEmpty(_))
+    ));
+    assert!(matches!(
+        t.delete("/t/a", Some(0)).await,
+        Err(TreeError::BadVersion { .. })
+    ));
     t.delete("/t/a", Some(1)).await.unwrap();
     assert!(t.get("/t/a").await.unwrap().is_none());
-    assert!(matches!(t.children("/missing").await, Err(TreeError::NoNode(_))));
-    assert!(matches!(t.get("relative").await, Err(TreeError::InvalidPath(..))));
+    assert!(matches!(
+        t.children("/missing").await,
+        Err(TreeError::NoNode(_))
+    ));
+    assert!(matches!(
+        t.get("relative").await,
+        Err(TreeError::InvalidPath(..))
+    ));
 }
 
 pub async fn tree_sequential_names_have_ten_digits_and_increase(h: &dyn Harness) {
     let s = h.open().await;
     let t = &s.tree;
-    t.create("/seq", None, CreateMode::Persistent).await.unwrap();
-    let a = t.create("/seq/item", None, CreateMode::PersistentSequential).await.unwrap();
-    let b = t.create("/seq/item", None, CreateMode::PersistentSequential).await.unwrap();
+    t.create("/seq", None, CreateMode::Persistent)
+        .await
+        .unwrap();
+    let a = t
+        .create("/seq/item", None, CreateMode::PersistentSequential)
+        .await
+        .unwrap();
+    let b = t
+        .create("/seq/item", None, CreateMode::PersistentSequential)
+        .await
+        .unwrap();
     assert_eq!(a.len(), "/seq/item".len() + 10, "{a}");
     assert!(a["/seq/item".len()..].bytes().all(|c| c.is_ascii_digit()));
     assert!(b > a);
@@ -150,18 +227,34 @@ pub async fn tree_children_page_reads_the_head_in_order(h: &dyn Harness) {
     let s = h.open().await;
     let t = &s.tree;
     t.create("/p", None, CreateMode::Persistent).await.unwrap();
-    let ops: Vec<Op> = (0..50).rev().map(|i| Op::create(format!("/p/{i:03}"), None)).collect();
+    let ops: Vec<Op> = (0..50)
+        .rev()
+        .map(|i| Op::create(format!("/p/{i:03}"), None))
+        .collect();
     t.multi(ops).await.unwrap();
-    assert_eq!(t.children_page("/p", None, 3).await.unwrap(), vec!["000", "001", "002"]);
-    assert_eq!(t.children_page("/p", Some("002"), 2).await.unwrap(), vec!["003", "004"]);
-    assert!(t.children_page("/p", Some("049"), 10).await.unwrap().is_empty());
+    assert_eq!(
+        t.children_page("/p", None, 3).await.unwrap(),
+        vec!["000", "001", "002"]
+    );
+    assert_eq!(
+        t.children_page("/p", Some("002"), 2).await.unwrap(),
+        vec!["003", "004"]
+    );
+    assert!(
+        t.children_page("/p", Some("049"), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     assert_eq!(t.count_children("/p").await.unwrap(), 50);
 }
 
 pub async fn multi_is_all_or_nothing(h: &dyn Harness) {
     let s = h.open().await;
     let t = &s.tree;
-    t.create("/m", bytes("v0"), CreateMode::Persistent).await.unwrap();
+    t.create("/m", bytes("v0"), CreateMode::Persistent)
+        .await
+        .unwrap();
     let err = t
         .multi(vec![
             Op::create("/m/new", None),
@@ -173,31 +266,65 @@ pub async fn multi_is_all_or_nothing(h: &dyn Harness) {
         .unwrap_err();
     assert_eq!(err.failed_op(), Some(2));
     assert!(matches!(err.root(), TreeError::BadVersion { .. }));
-    assert!(t.get("/m/new").await.unwrap().is_none(), "nothing of a failed multi is applied");
+    assert!(
+        t.get("/m/new").await.unwrap().is_none(),
+        "nothing of a failed multi is applied"
+    );
     let m = t.get("/m").await.unwrap().unwrap();
     assert_eq!((m.data.as_deref(), m.stat.version), (Some(&b"v0"[..]), 0));
-    let ok = t.multi(vec![Op::create("/m/a", None), Op::create("/m/a/b", bytes("x")), Op::delete("/m/a/b", None)]).await.unwrap();
-    assert_eq!(ok, vec![OpResult::Create("/m/a".into()), OpResult::Create("/m/a/b".into()), OpResult::Delete]);
+    let ok = t
+        .multi(vec![
+            Op::create("/m/a", None),
+            Op::create("/m/a/b", bytes("x")),
+            Op::delete("/m/a/b", None),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        ok,
+        vec![
+            OpResult::Create("/m/a".into()),
+            OpResult::Create("/m/a/b".into()),
+            OpResult::Delete
+        ]
+    );
 }
 
 pub async fn ephemeral_nodes_end_with_their_session(h: &dyn Harness) {
     let a = h.open().await;
     let b = h.open().await;
-    a.tree.create("/e", None, CreateMode::Persistent).await.unwrap();
-    a.tree.create("/e/mine", bytes("a"), CreateMode::Ephemeral).await.unwrap();
-    a.tree.create("/e/closing", None, CreateMode::Ephemeral).await.unwrap();
+    a.tree
+        .create("/e", None, CreateMode::Persistent)
+        .await
+        .unwrap();
+    a.tree
+        .create("/e/mine", bytes("a"), CreateMode::Ephemeral)
+        .await
+        .unwrap();
+    a.tree
+        .create("/e/closing", None, CreateMode::Ephemeral)
+        .await
+        .unwrap();
     let st = b.tree.exists("/e/mine").await.unwrap().unwrap();
     assert_eq!(st.ephemeral_owner, a.tree.session_id());
     assert!(matches!(
-        a.tree.create("/e/mine/child", None, CreateMode::Persistent).await,
+        a.tree
+            .create("/e/mine/child", None, CreateMode::Persistent)
+            .await,
         Err(TreeError::NoChildrenForEphemerals(_))
     ));
     (a.expire)().await;
-    assert!(b.tree.get("/e/mine").await.unwrap().is_none(), "an expired session's ephemerals are removed");
+    assert!(
+        b.tree.get("/e/mine").await.unwrap().is_none(),
+        "an expired session's ephemerals are removed"
+    );
     assert_ne!(a.tree.session_id(), 0);
     // A closed session's ephemerals go at once.
     let c = h.open().await;
-    c.tree.create("/e/c", None, CreateMode::Ephemeral).await.unwrap();
+    c.tree
+        .create("/e/c", None, CreateMode::Ephemeral)
+        .await
+        .unwrap();
     c.tree.close().await.unwrap();
     assert!(b.tree.get("/e/c").await.unwrap().is_none());
 }
@@ -205,13 +332,23 @@ pub async fn ephemeral_nodes_end_with_their_session(h: &dyn Harness) {
 pub async fn watches_fire_on_changes(h: &dyn Harness) {
     let a = h.open().await;
     let b = h.open().await;
-    a.tree.create("/w", None, CreateMode::Persistent).await.unwrap();
+    a.tree
+        .create("/w", None, CreateMode::Persistent)
+        .await
+        .unwrap();
     let child_watch = a.tree.watch("/w", WatchKind::Children).await.unwrap();
     let data_watch = a.tree.watch("/w", WatchKind::Data).await.unwrap();
-    b.tree.create("/w/x", None, CreateMode::Persistent).await.unwrap();
-    tokio::time::timeout(WAIT, child_watch).await.expect("child watch fired");
+    b.tree
+        .create("/w/x", None, CreateMode::Persistent)
+        .await
+        .unwrap();
+    tokio::time::timeout(WAIT, child_watch)
+        .await
+        .expect("child watch fired");
     b.tree.set("/w", bytes("d"), None).await.unwrap();
-    tokio::time::timeout(WAIT, data_watch).await.expect("data watch fired");
+    tokio::time::timeout(WAIT, data_watch)
+        .await
+        .expect("data watch fired");
 }
 
 // ===== the engine ===========================================================================
@@ -220,21 +357,33 @@ pub async fn job_walks_the_pipeline_and_the_tree_matches_the_layout(h: &dyn Harn
     let (e, s) = engine(h, "golden").await;
     let (bid, jobs) = batch_with_jobs(&e, 2, &[]).await;
     assert_eq!(jobs.len(), 2);
-    assert_eq!(run_job_to_completion(&e, JobState::Pending).await, Some(jobs[0].clone()));
+    assert_eq!(
+        run_job_to_completion(&e, JobState::Pending).await,
+        Some(jobs[0].clone())
+    );
     // Second job fails in Downloading.
     let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
-    e.job_transition(l, Event::To(JobState::Estimating), None).await.unwrap();
+    e.job_transition(l, Event::To(JobState::Estimating), None)
+        .await
+        .unwrap();
     for st in [JobState::Estimating, JobState::Provisioning] {
         let l = e.acquire_job(st).await.unwrap().unwrap();
         e.job_transition(l, Event::Success, None).await.unwrap();
     }
     let l = e.acquire_job(JobState::Downloading).await.unwrap().unwrap();
-    let failed = e.job_transition(l, Event::Fail, Some("digest mismatch".into())).await.unwrap();
+    let failed = e
+        .job_transition(l, Event::Fail, Some("digest mismatch".into()))
+        .await
+        .unwrap();
     assert_eq!(failed.last_successful_status, Some(JobState::Provisioning));
-    assert_eq!(e.batch(&bid).await.unwrap().status.status, BatchState::Reporting);
+    assert_eq!(
+        e.batch(&bid).await.unwrap().status.status,
+        BatchState::Reporting
+    );
 
     let got = normalised_dump(s.tree.as_ref()).await;
-    let mut expected: BTreeMap<String, Value> = serde_json::from_str(GOLDEN).expect("golden parses");
+    let mut expected: BTreeMap<String, Value> =
+        serde_json::from_str(GOLDEN).expect("golden parses");
     // Empty folders of every job state exist; add them rather than listing all twelve.
     for st in JobState::ALL {
         expected.entry(job_state_folder(*st)).or_insert(Value::Null);
@@ -247,7 +396,11 @@ pub async fn job_walks_the_pipeline_and_the_tree_matches_the_layout(h: &dyn Harn
         .filter(|k| got.get(*k) != expected.get(*k))
         .map(|k| format!("{k}: got {:?}, expected {:?}", got.get(k), expected.get(k)))
         .collect();
-    assert!(diff.is_empty(), "tree differs from the golden layout:\n{}", diff.join("\n"));
+    assert!(
+        diff.is_empty(),
+        "tree differs from the golden layout:\n{}",
+        diff.join("\n")
+    );
 }
 
 /// The tree after `job_walks_the_pipeline_and_the_tree_matches_the_layout`, with volatile
@@ -295,31 +448,56 @@ pub async fn illegal_transition_is_refused_and_changes_nothing(h: &dyn Harness) 
     let (_bid, jobs) = batch_with_jobs(&e, 1, &[]).await;
     let before = normalised_dump(s.tree.as_ref()).await;
     let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
-    let err = e.job_transition(l.clone(), Event::To(JobState::Completed), None).await.unwrap_err();
-    assert_eq!(err.to_string(), "illegal job transition from Pending to Completed");
+    let err = e
+        .job_transition(l.clone(), Event::To(JobState::Completed), None)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "illegal job transition from Pending to Completed"
+    );
     e.release_job_lease(l).await.unwrap();
     let err = e.requeue_job(&jobs[0], None).await.unwrap_err();
     assert!(matches!(err, EngineError::Illegal(_)), "{err}");
     let err = e.delete_job(&jobs[0]).await.unwrap_err();
-    assert!(err.to_string().contains("Pending") && err.to_string().contains("Deleted"), "{err}");
-    assert_eq!(normalised_dump(s.tree.as_ref()).await, before, "refused moves leave the tree as it was");
+    assert!(
+        err.to_string().contains("Pending") && err.to_string().contains("Deleted"),
+        "{err}"
+    );
+    assert_eq!(
+        normalised_dump(s.tree.as_ref()).await,
+        before,
+        "refused moves leave the tree as it was"
+    );
 }
 
 pub async fn unknown_ids_get_typed_errors(h: &dyn Harness) {
     let (e, _s) = engine(h, "w").await;
     let missing = JobId::parse("jid9999999999").unwrap();
     assert!(matches!(e.job(&missing).await, Err(EngineError::NoJob(j)) if j == "jid9999999999"));
-    assert!(matches!(e.hold_job(&missing).await, Err(EngineError::NoJob(_))));
+    assert!(matches!(
+        e.hold_job(&missing).await,
+        Err(EngineError::NoJob(_))
+    ));
     let b = BatchId::parse("bid9999999999").unwrap();
     assert!(matches!(e.batch(&b).await, Err(EngineError::NoBatch(_))));
-    assert!(matches!(e.delete_batch(&b).await, Err(EngineError::NoBatch(_))));
-    assert!(matches!(e.pause_queue("nosuch").await, Err(EngineError::Invalid(_))));
+    assert!(matches!(
+        e.delete_batch(&b).await,
+        Err(EngineError::NoBatch(_))
+    ));
+    assert!(matches!(
+        e.pause_queue("nosuch").await,
+        Err(EngineError::Invalid(_))
+    ));
 }
 
 pub async fn corrupt_node_is_named_and_nothing_changes(h: &dyn Harness) {
     let (e, s) = engine(h, "w").await;
     let (_bid, jobs) = batch_with_jobs(&e, 1, &[]).await;
-    s.tree.set(&job_node(&jobs[0], "status"), bytes("{not json"), None).await.unwrap();
+    s.tree
+        .set(&job_node(&jobs[0], "status"), bytes("{not json"), None)
+        .await
+        .unwrap();
     let before = normalised_dump(s.tree.as_ref()).await;
     let err = e.acquire_job(JobState::Pending).await.unwrap_err();
     match &err {
@@ -329,8 +507,15 @@ pub async fn corrupt_node_is_named_and_nothing_changes(h: &dyn Harness) {
         }
         other => panic!("expected Corrupt, got {other}"),
     }
-    assert!(matches!(e.hold_job(&jobs[0]).await, Err(EngineError::Corrupt { .. })));
-    assert_eq!(normalised_dump(s.tree.as_ref()).await, before, "no lock or move left behind");
+    assert!(matches!(
+        e.hold_job(&jobs[0]).await,
+        Err(EngineError::Corrupt { .. })
+    ));
+    assert_eq!(
+        normalised_dump(s.tree.as_ref()).await,
+        before,
+        "no lock or move left behind"
+    );
 }
 
 pub async fn acquisition_follows_priority_then_age(h: &dyn Harness) {
@@ -339,25 +524,57 @@ pub async fn acquisition_follows_priority_then_age(h: &dyn Harness) {
     let mut order = Vec::new();
     while let Some(l) = e.acquire_job(JobState::Pending).await.unwrap() {
         order.push(l.job.clone());
-        e.job_transition(l, Event::To(JobState::Estimating), None).await.unwrap();
+        e.job_transition(l, Event::To(JobState::Estimating), None)
+            .await
+            .unwrap();
     }
-    assert_eq!(order, vec![jobs[1].clone(), jobs[3].clone(), jobs[0].clone(), jobs[2].clone()]);
+    assert_eq!(
+        order,
+        vec![
+            jobs[1].clone(),
+            jobs[3].clone(),
+            jobs[0].clone(),
+            jobs[2].clone()
+        ]
+    );
 }
 
 pub async fn set_priority_moves_the_reference(h: &dyn Harness) {
     let (e, s) = engine(h, "w").await;
     let (_bid, jobs) = batch_with_jobs(&e, 2, &[]).await;
     let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
-    let l = e.job_advance(l, Event::To(JobState::Estimating), None).await.unwrap();
+    let l = e
+        .job_advance(l, Event::To(JobState::Estimating), None)
+        .await
+        .unwrap();
     let mut l = l;
     e.set_priority(&mut l, 12).await.unwrap();
     e.set_space_needed(&l, 1_000_000_000).await.unwrap();
     e.job_transition(l, Event::Success, None).await.unwrap();
-    assert!(s.tree.exists(&job_ref(JobState::Provisioning, 12, &jobs[0])).await.unwrap().is_some());
-    assert!(s.tree.exists(&job_ref(JobState::Estimating, 5, &jobs[0])).await.unwrap().is_none());
+    assert!(
+        s.tree
+            .exists(&job_ref(JobState::Provisioning, 12, &jobs[0]))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        s.tree
+            .exists(&job_ref(JobState::Estimating, 5, &jobs[0]))
+            .await
+            .unwrap()
+            .is_none()
+    );
     let info = e.job(&jobs[0]).await.unwrap();
     assert_eq!((info.priority, info.space_needed), (12, 1_000_000_000));
-    assert!(matches!(e.set_priority(&mut e.acquire_job(JobState::Pending).await.unwrap().unwrap(), 100).await, Err(EngineError::Invalid(_))));
+    assert!(matches!(
+        e.set_priority(
+            &mut e.acquire_job(JobState::Pending).await.unwrap().unwrap(),
+            100
+        )
+        .await,
+        Err(EngineError::Invalid(_))
+    ));
 }
 
 pub async fn concurrent_workers_each_job_handed_to_exactly_one(h: &dyn Harness) {
@@ -374,7 +591,9 @@ pub async fn concurrent_workers_each_job_handed_to_exactly_one(h: &dyn Harness) 
                 while let Some(l) = ew.acquire_job(JobState::Pending).await.expect("acquire") {
                     got.push(l.job.clone());
                     tokio::task::yield_now().await;
-                    ew.job_transition(l, Event::To(JobState::Estimating), None).await.expect("transition");
+                    ew.job_transition(l, Event::To(JobState::Estimating), None)
+                        .await
+                        .expect("transition");
                 }
                 got
             }));
@@ -383,7 +602,12 @@ pub async fn concurrent_workers_each_job_handed_to_exactly_one(h: &dyn Harness) 
     }
     let mut all = Vec::new();
     for hd in handles {
-        all.extend(tokio::time::timeout(WAIT, hd).await.expect("worker finished").expect("worker ok"));
+        all.extend(
+            tokio::time::timeout(WAIT, hd)
+                .await
+                .expect("worker finished")
+                .expect("worker ok"),
+        );
     }
     let unique: HashSet<_> = all.iter().cloned().collect();
     assert_eq!(all.len(), jobs.len(), "every job handed out exactly once");
@@ -396,19 +620,44 @@ pub async fn lost_lease_cannot_commit_transition(h: &dyn Harness) {
     let (e2, _s2) = engine(h, "healthy").await;
     let (_bid, jobs) = batch_with_jobs(&e1, 1, &[]).await;
     let l = e1.acquire_job(JobState::Pending).await.unwrap().unwrap();
-    let l = e1.job_advance(l, Event::To(JobState::Estimating), None).await.unwrap();
-    assert!(e2.acquire_job(JobState::Estimating).await.unwrap().is_none(), "locked while held");
+    let l = e1
+        .job_advance(l, Event::To(JobState::Estimating), None)
+        .await
+        .unwrap();
+    assert!(
+        e2.acquire_job(JobState::Estimating)
+            .await
+            .unwrap()
+            .is_none(),
+        "locked while held"
+    );
     (s1.expire)().await;
     // The stalled worker wakes up and tries to commit: refused, nothing changes.
-    let err = e1.job_transition(l.clone(), Event::Success, None).await.unwrap_err();
-    assert!(matches!(err, EngineError::LeaseLost(ref j) if j == jobs[0].as_str()), "{err}");
-    assert!(matches!(e1.set_space_needed(&l, 5).await, Err(EngineError::LeaseLost(_))));
+    let err = e1
+        .job_transition(l.clone(), Event::Success, None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, EngineError::LeaseLost(ref j) if j == jobs[0].as_str()),
+        "{err}"
+    );
+    assert!(matches!(
+        e1.set_space_needed(&l, 5).await,
+        Err(EngineError::LeaseLost(_))
+    ));
     // Another worker picks it up in the state it was in.
-    let l2 = e2.acquire_job(JobState::Estimating).await.unwrap().expect("job available again");
+    let l2 = e2
+        .acquire_job(JobState::Estimating)
+        .await
+        .unwrap()
+        .expect("job available again");
     assert_eq!(l2.job, jobs[0]);
     assert_eq!(e2.job(&jobs[0]).await.unwrap().space_needed, 0);
     e2.job_transition(l2, Event::Success, None).await.unwrap();
-    assert_eq!(e2.job(&jobs[0]).await.unwrap().status.status, JobState::Provisioning);
+    assert_eq!(
+        e2.job(&jobs[0]).await.unwrap().status.status,
+        JobState::Provisioning
+    );
 }
 
 pub async fn stale_lease_after_a_takeover_is_lost(h: &dyn Harness) {
@@ -416,9 +665,15 @@ pub async fn stale_lease_after_a_takeover_is_lost(h: &dyn Harness) {
     let (e, s) = engine(h, "w").await;
     let (_bid, jobs) = batch_with_jobs(&e, 1, &[]).await;
     let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
-    s.tree.delete(&job_node(&jobs[0], "lock"), None).await.unwrap();
+    s.tree
+        .delete(&job_node(&jobs[0], "lock"), None)
+        .await
+        .unwrap();
     e.hold_job(&jobs[0]).await.unwrap();
-    let err = e.job_transition(l, Event::To(JobState::Estimating), None).await.unwrap_err();
+    let err = e
+        .job_transition(l, Event::To(JobState::Estimating), None)
+        .await
+        .unwrap_err();
     assert!(matches!(err, EngineError::LeaseLost(_)), "{err}");
     assert_eq!(e.job(&jobs[0]).await.unwrap().status.status, JobState::Held);
 }
@@ -429,7 +684,10 @@ pub async fn batch_reports_exactly_once_when_jobs_finish_concurrently(h: &dyn Ha
         let (bid, _jobs) = batch_with_jobs(&e, 12, &[]).await;
         // Bring every job to Notify.
         while let Some(l) = e.acquire_job(JobState::Pending).await.unwrap() {
-            let mut l = e.job_advance(l, Event::To(JobState::Estimating), None).await.unwrap();
+            let mut l = e
+                .job_advance(l, Event::To(JobState::Estimating), None)
+                .await
+                .unwrap();
             while l.state() != JobState::Notify {
                 l = e.job_advance(l, Event::Success, None).await.unwrap();
             }
@@ -443,7 +701,12 @@ pub async fn batch_reports_exactly_once_when_jobs_finish_concurrently(h: &dyn Ha
         receivers.push(e.subscribe());
         let mut leases = Vec::new();
         let mut i = 0;
-        while let Some(l) = engines[i % 4].0.acquire_job(JobState::Notify).await.unwrap() {
+        while let Some(l) = engines[i % 4]
+            .0
+            .acquire_job(JobState::Notify)
+            .await
+            .unwrap()
+        {
             leases.push((engines[i % 4].0.clone(), l));
             i += 1;
         }
@@ -451,8 +714,14 @@ pub async fn batch_reports_exactly_once_when_jobs_finish_concurrently(h: &dyn Ha
         let mut handles = Vec::new();
         for (idx, (ew, l)) in leases.into_iter().enumerate() {
             handles.push(tokio::spawn(async move {
-                let ev = if idx % 5 == 0 { Event::Fail } else { Event::Success };
-                ew.job_transition(l, ev, None).await.expect("final transition");
+                let ev = if idx % 5 == 0 {
+                    Event::Fail
+                } else {
+                    Event::Success
+                };
+                ew.job_transition(l, ev, None)
+                    .await
+                    .expect("final transition");
             }));
         }
         for hd in handles {
@@ -461,7 +730,10 @@ pub async fn batch_reports_exactly_once_when_jobs_finish_concurrently(h: &dyn Ha
         let info = e.batch(&bid).await.unwrap();
         assert_eq!(info.status.status, BatchState::Reporting);
         assert!(info.jobs["batch-processing"].is_empty());
-        assert_eq!(info.jobs["batch-completed"].len() + info.jobs["batch-failed"].len(), 12);
+        assert_eq!(
+            info.jobs["batch-completed"].len() + info.jobs["batch-failed"].len(),
+            12
+        );
         // Exactly one Processing → Reporting move, across every engine's events.
         let mut moves = 0;
         for rx in receivers.iter_mut() {
@@ -482,21 +754,35 @@ pub async fn requeue_returns_a_failed_job_to_the_stage_that_failed(h: &dyn Harne
     let (e, _s) = engine(h, "w").await;
     let (bid, jobs) = batch_with_jobs(&e, 1, &[]).await;
     let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
-    let mut l = e.job_advance(l, Event::To(JobState::Estimating), None).await.unwrap();
+    let mut l = e
+        .job_advance(l, Event::To(JobState::Estimating), None)
+        .await
+        .unwrap();
     while l.state() != JobState::Recording {
         l = e.job_advance(l, Event::Success, None).await.unwrap();
     }
-    e.job_transition(l, Event::Fail, Some("inventory down".into())).await.unwrap();
-    assert_eq!(e.batch(&bid).await.unwrap().status.status, BatchState::Reporting);
+    e.job_transition(l, Event::Fail, Some("inventory down".into()))
+        .await
+        .unwrap();
+    assert_eq!(
+        e.batch(&bid).await.unwrap().status.status,
+        BatchState::Reporting
+    );
     let st = e.requeue_job(&jobs[0], None).await.unwrap();
-    assert_eq!((st.status, st.retry_count, st.last_successful_status), (JobState::Recording, 1, Some(JobState::Storing)));
+    assert_eq!(
+        (st.status, st.retry_count, st.last_successful_status),
+        (JobState::Recording, 1, Some(JobState::Storing))
+    );
     let info = e.batch(&bid).await.unwrap();
     assert_eq!(info.jobs["batch-processing"], vec![jobs[0].to_string()]);
     assert!(info.jobs["batch-failed"].is_empty());
     // An explicit target from the table is accepted too.
     let l = e.acquire_job(JobState::Recording).await.unwrap().unwrap();
     e.job_transition(l, Event::Fail, None).await.unwrap();
-    let st = e.requeue_job(&jobs[0], Some(JobState::Downloading)).await.unwrap();
+    let st = e
+        .requeue_job(&jobs[0], Some(JobState::Downloading))
+        .await
+        .unwrap();
     assert_eq!((st.status, st.retry_count), (JobState::Downloading, 2));
 }
 
@@ -505,23 +791,40 @@ pub async fn report_and_update_reporting(h: &dyn Harness) {
     let (bid, jobs) = batch_with_jobs(&e, 2, &[]).await;
     run_job_to_completion(&e, JobState::Pending).await.unwrap();
     let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
-    e.job_transition(l, Event::Fail, Some("bad manifest row".into())).await.unwrap();
-    let lease = e.acquire_batch(BatchState::Reporting).await.unwrap().expect("reporting batch");
+    e.job_transition(l, Event::Fail, Some("bad manifest row".into()))
+        .await
+        .unwrap();
+    let lease = e
+        .acquire_batch(BatchState::Reporting)
+        .await
+        .unwrap()
+        .expect("reporting batch");
     let report = e.build_report(&bid).await.unwrap();
-    assert_eq!((report.completed_jobs.clone(), report.failed_jobs.clone()), (vec![jobs[0].to_string()], vec![jobs[1].to_string()]));
+    assert_eq!(
+        (report.completed_jobs.clone(), report.failed_jobs.clone()),
+        (vec![jobs[0].to_string()], vec![jobs[1].to_string()])
+    );
     e.write_status_report(&lease, &report).await.unwrap();
-    e.batch_transition(lease, Event::Fail, Some("1 job failed".into())).await.unwrap();
+    e.batch_transition(lease, Event::Fail, Some("1 job failed".into()))
+        .await
+        .unwrap();
     // Admin fixes the failed job, then asks for an updated report.
     e.requeue_job(&jobs[1], None).await.unwrap();
     run_job_to_completion(&e, JobState::Pending).await.unwrap();
     let st = e.update_reporting(&bid).await.unwrap();
     assert_eq!(st.status, BatchState::UpdateReporting);
-    let lease = e.acquire_batch(BatchState::UpdateReporting).await.unwrap().unwrap();
+    let lease = e
+        .acquire_batch(BatchState::UpdateReporting)
+        .await
+        .unwrap()
+        .unwrap();
     let report = e.build_report(&bid).await.unwrap();
     assert_eq!(report.completed_jobs.len(), 2);
     assert!(report.failed_jobs.is_empty());
     e.write_status_report(&lease, &report).await.unwrap();
-    e.batch_transition(lease, Event::Success, None).await.unwrap();
+    e.batch_transition(lease, Event::Success, None)
+        .await
+        .unwrap();
     let info = e.batch(&bid).await.unwrap();
     assert_eq!(info.status.status, BatchState::Completed);
     assert_eq!(info.status_report.unwrap().completed_jobs.len(), 2);
@@ -541,18 +844,44 @@ pub async fn held_collection_holds_batches_and_jobs_until_released(h: &dyn Harne
     let lease = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
     let mut cfg = Map::new();
     cfg.insert("collection".into(), json!("coll"));
-    let jid = e.create_job(&lease, JobSpec { configuration: cfg, ..Default::default() }).await.unwrap();
-    e.batch_transition(lease, Event::To(BatchState::Processing), None).await.unwrap();
+    let jid = e
+        .create_job(
+            &lease,
+            JobSpec {
+                configuration: cfg,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    e.batch_transition(lease, Event::To(BatchState::Processing), None)
+        .await
+        .unwrap();
     assert!(e.hold_collection("coll").await.unwrap());
     let held_batch = e.create_batch(sub).await.unwrap();
-    assert!(e.acquire_batch(BatchState::Pending).await.unwrap().is_none());
+    assert!(
+        e.acquire_batch(BatchState::Pending)
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert!(e.acquire_job(JobState::Pending).await.unwrap().is_none());
-    assert_eq!(e.batch(&held_batch).await.unwrap().status.status, BatchState::Held);
+    assert_eq!(
+        e.batch(&held_batch).await.unwrap().status.status,
+        BatchState::Held
+    );
     assert_eq!(e.job(&jid).await.unwrap().status.status, JobState::Held);
     assert_eq!(e.release_collection("coll").await.unwrap(), 2);
     assert!(!e.collection_held("coll").await.unwrap());
-    assert_eq!(e.batch(&held_batch).await.unwrap().status.status, BatchState::Pending);
-    let l = e.acquire_job(JobState::Pending).await.unwrap().expect("released job is pending again");
+    assert_eq!(
+        e.batch(&held_batch).await.unwrap().status.status,
+        BatchState::Pending
+    );
+    let l = e
+        .acquire_job(JobState::Pending)
+        .await
+        .unwrap()
+        .expect("released job is pending again");
     assert_eq!(l.job, jid);
     let _ = bid;
 }
@@ -564,13 +893,22 @@ pub async fn paused_queue_hands_out_nothing(h: &dyn Harness) {
     assert!(e.pause_queue("ingest").await.unwrap());
     assert!(!e.pause_queue("ingest").await.unwrap(), "already paused");
     assert!(e.acquire_job(JobState::Pending).await.unwrap().is_none());
-    assert!(e.acquire_batch(BatchState::Pending).await.unwrap().is_none());
+    assert!(
+        e.acquire_batch(BatchState::Pending)
+            .await
+            .unwrap()
+            .is_none()
+    );
     // A waiting worker is woken by the resume, not by polling.
     let e2 = e.clone();
     let waiter = tokio::spawn(async move { e2.wait_job(JobState::Pending, WAIT).await });
     tokio::task::yield_now().await;
     e.resume_queue("ingest").await.unwrap();
-    let got = tokio::time::timeout(WAIT, waiter).await.unwrap().unwrap().unwrap();
+    let got = tokio::time::timeout(WAIT, waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     assert!(got.is_some(), "resumed queue hands the job out");
 }
 
@@ -581,7 +919,12 @@ pub async fn waiting_worker_is_woken_by_new_work(h: &dyn Harness) {
     let waiter = tokio::spawn(async move { e2.wait_job(JobState::Pending, WAIT).await });
     tokio::task::yield_now().await;
     let (_bid, jobs) = batch_with_jobs(&other, 1, &[]).await;
-    let got = tokio::time::timeout(WAIT, waiter).await.unwrap().unwrap().unwrap().expect("woken with the job");
+    let got = tokio::time::timeout(WAIT, waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap()
+        .expect("woken with the job");
     assert_eq!(got.job, jobs[0]);
 }
 
@@ -591,47 +934,97 @@ pub async fn admin_actions_respect_locks_and_the_table(h: &dyn Harness) {
     let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
     let locked = l.job.clone();
     let before = normalised_dump(s.tree.as_ref()).await;
-    assert!(matches!(e.hold_job(&locked).await, Err(EngineError::Locked(_))));
-    assert_eq!(normalised_dump(s.tree.as_ref()).await, before, "a refused admin action changes nothing");
+    assert!(matches!(
+        e.hold_job(&locked).await,
+        Err(EngineError::Locked(_))
+    ));
+    assert_eq!(
+        normalised_dump(s.tree.as_ref()).await,
+        before,
+        "a refused admin action changes nothing"
+    );
     e.release_job_lease(l).await.unwrap();
     e.hold_job(&jobs[0]).await.unwrap();
     e.hold_job(&jobs[1]).await.unwrap();
     e.release_job(&jobs[1]).await.unwrap();
-    assert!(matches!(e.release_job(&jobs[1]).await, Err(EngineError::Illegal(_))), "only Held jobs are released");
+    assert!(
+        matches!(e.release_job(&jobs[1]).await, Err(EngineError::Illegal(_))),
+        "only Held jobs are released"
+    );
     // Deleting a held job moves it to Deleted and out of batch-processing.
     let st = e.delete_job(&jobs[0]).await.unwrap().unwrap();
     assert_eq!(st.status, JobState::Deleted);
     let info = e.batch(&bid).await.unwrap();
     assert_eq!(info.jobs["batch-deleted"], vec![jobs[0].to_string()]);
     // A batch with a pending job cannot be deleted; its status stays.
-    assert!(matches!(e.delete_batch(&bid).await, Err(EngineError::Illegal(_)) | Err(EngineError::Invalid(_))));
-    assert_eq!(e.batch(&bid).await.unwrap().status.status, BatchState::Processing);
+    assert!(matches!(
+        e.delete_batch(&bid).await,
+        Err(EngineError::Illegal(_)) | Err(EngineError::Invalid(_))
+    ));
+    assert_eq!(
+        e.batch(&bid).await.unwrap().status.status,
+        BatchState::Processing
+    );
     // Hold/release of a pending batch.
     let b2 = e.create_batch(Map::new()).await.unwrap();
     e.hold_batch(&b2).await.unwrap();
-    assert!(matches!(e.hold_batch(&b2).await, Err(EngineError::Illegal(_))));
+    assert!(matches!(
+        e.hold_batch(&b2).await,
+        Err(EngineError::Illegal(_))
+    ));
     e.delete_batch(&b2).await.unwrap();
-    assert_eq!(e.batch(&b2).await.unwrap().status.status, BatchState::Deleted);
+    assert_eq!(
+        e.batch(&b2).await.unwrap().status.status,
+        BatchState::Deleted
+    );
 }
 
 pub async fn duplicate_batch_uuid_is_refused(h: &dyn Harness) {
     let (e, _s) = engine(h, "w").await;
     let mut sub = Map::new();
-    sub.insert("batchID".into(), json!("0b7e2a4e-1111-4222-8333-944445555666"));
+    sub.insert(
+        "batchID".into(),
+        json!("0b7e2a4e-1111-4222-8333-944445555666"),
+    );
     let bid = e.create_batch(sub.clone()).await.unwrap();
-    assert_eq!(e.batch_by_uuid("0b7e2a4e-1111-4222-8333-944445555666").await.unwrap(), Some(bid));
+    assert_eq!(
+        e.batch_by_uuid("0b7e2a4e-1111-4222-8333-944445555666")
+            .await
+            .unwrap(),
+        Some(bid)
+    );
     let err = e.create_batch(sub).await.unwrap_err();
     assert!(err.to_string().contains("already exists"), "{err}");
-    assert_eq!(e.batch_ids().await.unwrap().len(), 1, "no half-made batch left behind");
+    assert_eq!(
+        e.batch_ids().await.unwrap().len(),
+        1,
+        "no half-made batch left behind"
+    );
 }
 
 pub async fn access_requests_move_through_their_states(h: &dyn Harness) {
     let (e, _s) = engine(h, "w").await;
-    let id = e.create_access(AccessQueue::Small, &json!({"ark": "ark:/99999/fk4x", "version": 1})).await.unwrap();
+    let id = e
+        .create_access(
+            AccessQueue::Small,
+            &json!({"ark": "ark:/99999/fk4x", "version": 1}),
+        )
+        .await
+        .unwrap();
     e.pause_queue("accessSmall").await.unwrap();
-    assert!(e.acquire_access(AccessQueue::Small).await.unwrap().is_none());
+    assert!(
+        e.acquire_access(AccessQueue::Small)
+            .await
+            .unwrap()
+            .is_none()
+    );
     e.resume_queue("accessSmall").await.unwrap();
-    assert!(e.acquire_access(AccessQueue::Large).await.unwrap().is_none());
+    assert!(
+        e.acquire_access(AccessQueue::Large)
+            .await
+            .unwrap()
+            .is_none()
+    );
     let l = e.acquire_access(AccessQueue::Small).await.unwrap().unwrap();
     assert_eq!(l.token["ark"], "ark:/99999/fk4x");
     let l = e.access_advance(l, Event::Success).await.unwrap();
@@ -646,7 +1039,9 @@ pub async fn ark_locks_are_exclusive_and_end_with_the_session(h: &dyn Harness) {
     let (e1, s1) = engine(h, "a").await;
     let (e2, _s2) = engine(h, "b").await;
     let lock = e1.lock_storage("ark:/13030/m5abc").await.unwrap();
-    assert!(matches!(e2.lock_storage("ark:/13030/m5abc").await, Err(EngineError::Locked(p)) if p == "/locks/storage/ark_13030_m5abc"));
+    assert!(
+        matches!(e2.lock_storage("ark:/13030/m5abc").await, Err(EngineError::Locked(p)) if p == "/locks/storage/ark_13030_m5abc")
+    );
     let inv = e2.lock_inventory("ark:/13030/m5abc").await.unwrap();
     e1.unlock_ark(lock).await.unwrap();
     let again = e2.lock_storage("ark:/13030/m5abc").await.unwrap();
@@ -654,7 +1049,10 @@ pub async fn ark_locks_are_exclusive_and_end_with_the_session(h: &dyn Harness) {
     e2.unlock_ark(inv).await.unwrap();
     let _held = e1.lock_storage("ark:/1/x").await.unwrap();
     (s1.expire)().await;
-    assert!(e2.lock_storage("ark:/1/x").await.is_ok(), "a dead session's ark lock is gone");
+    assert!(
+        e2.lock_storage("ark:/1/x").await.is_ok(),
+        "a dead session's ark lock is gone"
+    );
 }
 
 /// A tree that counts the calls made through it, to measure cost in round trips.
@@ -679,11 +1077,17 @@ impl Tree for CountingTree {
     fn session_id(&self) -> u64 {
         self.inner.session_id()
     }
-    fn get<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<lading_core::Node>, TreeError>> {
+    fn get<'a>(
+        &'a self,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<Option<lading_core::Node>, TreeError>> {
         self.bump();
         self.inner.get(path)
     }
-    fn exists<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<lading_core::Stat>, TreeError>> {
+    fn exists<'a>(
+        &'a self,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<Option<lading_core::Stat>, TreeError>> {
         self.bump();
         self.inner.exists(path)
     }
@@ -691,7 +1095,12 @@ impl Tree for CountingTree {
         self.bump();
         self.inner.children(path)
     }
-    fn children_page<'a>(&'a self, path: &'a str, after: Option<&'a str>, limit: usize) -> BoxFuture<'a, Result<Vec<String>, TreeError>> {
+    fn children_page<'a>(
+        &'a self,
+        path: &'a str,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>, TreeError>> {
         self.bump();
         self.inner.children_page(path, after, limit)
     }
@@ -703,7 +1112,11 @@ impl Tree for CountingTree {
         self.bump();
         self.inner.multi(ops)
     }
-    fn watch<'a>(&'a self, path: &'a str, kind: WatchKind) -> BoxFuture<'a, Result<lading_core::Watch, TreeError>> {
+    fn watch<'a>(
+        &'a self,
+        path: &'a str,
+        kind: WatchKind,
+    ) -> BoxFuture<'a, Result<lading_core::Watch, TreeError>> {
         self.inner.watch(path, kind)
     }
     fn close(&self) -> BoxFuture<'_, Result<(), TreeError>> {
@@ -714,34 +1127,56 @@ impl Tree for CountingTree {
 /// Round trips one acquisition costs with `queued` other jobs queued behind the head.
 async fn acquisition_round_trips(h: &dyn Harness, queued: u32) -> usize {
     let s = h.open().await;
-    let counting = Arc::new(CountingTree { inner: s.tree.clone(), calls: Default::default() });
+    let counting = Arc::new(CountingTree {
+        inner: s.tree.clone(),
+        calls: Default::default(),
+    });
     let e = Engine::new(counting.clone(), system_clock(), "counter");
     e.init().await.unwrap();
     // Queue references directly (cheaper than whole jobs) behind one real job at the head.
     let folder = job_state_folder(JobState::Pending);
     let names: Vec<u32> = (0..queued).collect();
     for chunk in names.chunks(500) {
-        let ops = chunk.iter().map(|i| Op::create(format!("{folder}/50-jid9{queued:05}{i:06}"), None)).collect();
+        let ops = chunk
+            .iter()
+            .map(|i| Op::create(format!("{folder}/50-jid9{queued:05}{i:06}"), None))
+            .collect();
         s.tree.multi(ops).await.unwrap();
     }
     let b = e.create_batch(Map::new()).await.unwrap();
     let lease = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
     assert_eq!(lease.batch, b);
-    let jid = e.create_job(&lease, JobSpec { priority: Some(1), ..Default::default() }).await.unwrap();
-    e.batch_transition(lease, Event::To(BatchState::Processing), None).await.unwrap();
+    let jid = e
+        .create_job(
+            &lease,
+            JobSpec {
+                priority: Some(1),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    e.batch_transition(lease, Event::To(BatchState::Processing), None)
+        .await
+        .unwrap();
     let before = counting.calls();
     let got = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
     let cost = counting.calls() - before;
     assert_eq!(got.job, jid, "the head of the queue is found");
     assert!(e.job_counts().await.unwrap()[&JobState::Pending] > queued as u64);
-    e.job_transition(got, Event::To(JobState::Estimating), None).await.unwrap();
+    e.job_transition(got, Event::To(JobState::Estimating), None)
+        .await
+        .unwrap();
     cost
 }
 
 pub async fn acquisition_cost_does_not_grow_with_the_queue(h: &dyn Harness) {
     let small = acquisition_round_trips(h, 100).await;
     let large = acquisition_round_trips(h, 3000).await;
-    assert_eq!(small, large, "round trips per acquisition: {small} with 100 queued, {large} with 3,000");
+    assert_eq!(
+        small, large,
+        "round trips per acquisition: {small} with 100 queued, {large} with 3,000"
+    );
     assert!(small <= 8, "acquisition takes {small} round trips");
 }
 

@@ -1,0 +1,235 @@
+//! The `lading` binary, run as a user would: exit codes, messages, and that refused commands
+//! leave the store as it was.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+fn lading(store: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lading"))
+        .arg("--store")
+        .arg(format!("sqlite:{}", store.display()))
+        .args(args)
+        .env_remove("LADING_STORE")
+        .output()
+        .expect("run lading")
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// A store with one finished bench batch of three jobs.
+fn store_with_jobs(dir: &Path) -> std::path::PathBuf {
+    let db = dir.join("lading.db");
+    let o = lading(
+        &db,
+        &["bench", "queue", "--jobs", "3", "--workers", "2", "--json"],
+    );
+    assert!(o.status.success(), "{:?}", text(&o));
+    let (out, _) = text(&o);
+    let v: serde_json::Value =
+        serde_json::from_str(out.trim()).expect("bench prints one JSON object");
+    for k in [
+        "jobs_per_s",
+        "transitions_per_s",
+        "p50_ms",
+        "p99_ms",
+        "fsync_per_s",
+    ] {
+        assert!(v[k].as_f64().is_some_and(|x| x >= 0.0), "{k} in {v}");
+    }
+    db
+}
+
+#[test]
+fn dump_prints_the_layout_as_yaml_and_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = store_with_jobs(dir.path());
+    let o = lading(&db, &["dump", "/jobs/jid0000000000"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("/jobs/jid0000000000/status:"), "{out}");
+    assert!(out.contains("status: Completed"), "{out}");
+    let o = lading(&db, &["dump", "--format", "json", "/batches"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["/batches/bid0000000000/status"]["status"], "Reporting");
+    assert_eq!(
+        v["/batches/bid0000000000/states/batch-completed/jid0000000002"],
+        serde_json::Value::Null
+    );
+}
+
+#[test]
+fn status_of_unknown_ids_exits_3_and_names_the_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = store_with_jobs(dir.path());
+    let o = lading(&db, &["status", "jid0000000099"]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(err.contains("no such job: jid0000000099"), "{err}");
+    let o = lading(&db, &["status", "bid0000000007"]);
+    assert_eq!(o.status.code(), Some(3));
+    let o = lading(&db, &["status", "not-an-id"]);
+    assert_eq!(o.status.code(), Some(3));
+    let o = lading(&db, &["status"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["jobs"]["Completed"], 3);
+}
+
+#[test]
+fn illegal_admin_transition_exits_4_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = store_with_jobs(dir.path());
+    let before = lading(&db, &["dump", "--format", "json"]).stdout;
+    let o = lading(&db, &["admin", "job", "hold", "jid0000000001"]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(4), "{err}");
+    assert!(
+        err.contains("illegal job transition from Completed to Held"),
+        "{err}"
+    );
+    let o = lading(
+        &db,
+        &[
+            "admin",
+            "job",
+            "requeue",
+            "jid0000000001",
+            "--to",
+            "Nowhere",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(4));
+    assert!(text(&o).1.contains("unknown job state \"Nowhere\""));
+    let o = lading(&db, &["admin", "queue", "pause", "bogus"]);
+    assert_eq!(o.status.code(), Some(4));
+    assert_eq!(
+        lading(&db, &["dump", "--format", "json"]).stdout,
+        before,
+        "refused commands leave the store as it was"
+    );
+}
+
+#[test]
+fn admin_verbs_change_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = store_with_jobs(dir.path());
+    let o = lading(&db, &["admin", "queue", "pause", "ingest"]);
+    assert!(o.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&lading(&db, &["status"]).stdout).unwrap();
+    assert_eq!(v["paused_queues"], serde_json::json!(["ingest"]));
+    assert!(
+        lading(&db, &["admin", "queue", "resume", "ingest"])
+            .status
+            .success()
+    );
+    assert!(
+        lading(&db, &["admin", "collection", "hold", "demo"])
+            .status
+            .success()
+    );
+    let o = lading(&db, &["admin", "collection", "release", "demo"]);
+    assert!(text(&o).0.contains("released, 0 held"), "{:?}", text(&o));
+    // A completed job is purged by delete.
+    let o = lading(&db, &["admin", "job", "delete", "jid0000000000"]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert_eq!(
+        lading(&db, &["status", "jid0000000000"]).status.code(),
+        Some(3)
+    );
+}
+
+#[test]
+fn a_file_that_is_not_a_lading_store_is_refused_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("notes.txt");
+    std::fs::write(&junk, b"these are my notes, not a database\n".repeat(200)).unwrap();
+    let o = lading(&junk, &["status"]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(err.contains("not a Lading store"), "{err}");
+    assert_eq!(
+        std::fs::read(&junk).unwrap(),
+        b"these are my notes, not a database\n".repeat(200)
+    );
+    // Another program's SQLite database.
+    let other = dir.path().join("other.db");
+    let c = rusqlite::Connection::open(&other).unwrap();
+    c.execute_batch("CREATE TABLE customers(id INTEGER PRIMARY KEY, name TEXT); INSERT INTO customers(name) VALUES ('a');").unwrap();
+    drop(c);
+    let o = lading(&other, &["dump"]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        err.contains("not a Lading store") && err.contains("customers"),
+        "{err}"
+    );
+    let c = rusqlite::Connection::open(&other).unwrap();
+    let n: i64 = c
+        .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 1, "no table was added to someone else's database");
+    let mode: String = c
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "delete", "its journal mode was not changed");
+}
+
+#[test]
+fn a_killed_process_loses_its_locks_on_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("lading.db");
+    // One pending job, made with the engine directly.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        use lading_core::{BatchState, Event};
+        let tree = std::sync::Arc::new(
+            lading_store_sqlite::SqliteTree::open(&db, Default::default()).unwrap(),
+        );
+        let e =
+            lading_engine::Engine::new(tree.clone(), lading_core::time::system_clock(), "setup");
+        e.init().await.unwrap();
+        e.create_batch(Default::default()).await.unwrap();
+        let l = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
+        e.create_job(&l, Default::default()).await.unwrap();
+        e.batch_transition(l, Event::To(BatchState::Processing), None)
+            .await
+            .unwrap();
+        lading_core::Tree::close(tree.as_ref()).await.unwrap();
+    });
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lading"))
+        .arg("--store")
+        .arg(format!("sqlite:{}", db.display()))
+        .arg("hold-job")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "jid0000000000");
+    let o = lading(&db, &["dump", "--format", "json", "/jobs/jid0000000000"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        v.get("/jobs/jid0000000000/lock").is_some(),
+        "the live holder's lock is kept: {v}"
+    );
+    child.kill().unwrap(); // SIGKILL: no cleanup runs
+    child.wait().unwrap();
+    let o = lading(&db, &["dump", "--format", "json", "/jobs/jid0000000000"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        v.get("/jobs/jid0000000000/lock").is_none(),
+        "the dead process's lock is gone: {v}"
+    );
+    assert_eq!(
+        v["/jobs/jid0000000000/status"]["status"], "Pending",
+        "the job is where it was"
+    );
+}
