@@ -668,18 +668,17 @@ impl Engine {
                         return Err(e);
                     }
                 };
-                if holds {
-                    if let Some(c) = self.batch_collection(&bid).await? {
-                        if self.collection_held(&c).await? {
-                            self.batch_transition(
-                                lease,
-                                Event::To(BatchState::Held),
-                                Some(format!("collection {c} is held")),
-                            )
-                            .await?;
-                            continue;
-                        }
-                    }
+                if holds
+                    && let Some(c) = self.batch_collection(&bid).await?
+                    && self.collection_held(&c).await?
+                {
+                    self.batch_transition(
+                        lease,
+                        Event::To(BatchState::Held),
+                        Some(format!("collection {c} is held")),
+                    )
+                    .await?;
+                    continue;
                 }
                 return Ok(Some(lease));
             }
@@ -1158,18 +1157,17 @@ impl Engine {
                         return Err(e);
                     }
                 };
-                if holds {
-                    if let Some(c) = self.job_collection(&jid).await? {
-                        if self.collection_held(&c).await? {
-                            self.job_transition(
-                                lease,
-                                Event::To(JobState::Held),
-                                Some(format!("collection {c} is held")),
-                            )
-                            .await?;
-                            continue;
-                        }
-                    }
+                if holds
+                    && let Some(c) = self.job_collection(&jid).await?
+                    && self.collection_held(&c).await?
+                {
+                    self.job_transition(
+                        lease,
+                        Event::To(JobState::Held),
+                        Some(format!("collection {c} is held")),
+                    )
+                    .await?;
+                    continue;
                 }
                 return Ok(Some(lease));
             }
@@ -1467,16 +1465,14 @@ impl Engine {
         // `maybe_report` that saw the folder empty cannot win.
         let reentering = old.status.batch_folder() != "batch-processing"
             && next.state.batch_folder() == "batch-processing";
-        if reentering {
-            if let Ok((bstatus, bversion)) = self.batch_status(&batch).await {
-                let mut touched = bstatus.clone();
-                touched.last_modified = self.now();
-                ops.push(Op::set(
-                    batch_node(&batch, "status"),
-                    json_bytes(&touched),
-                    Some(bversion),
-                ));
-            }
+        if reentering && let Ok((bstatus, bversion)) = self.batch_status(&batch).await {
+            let mut touched = bstatus.clone();
+            touched.last_modified = self.now();
+            ops.push(Op::set(
+                batch_node(&batch, "status"),
+                json_bytes(&touched),
+                Some(bversion),
+            ));
         }
         ops.push(Op::delete(&lock, None));
         match self.tree.multi(ops).await {
@@ -1613,10 +1609,10 @@ impl Engine {
         let mut ops = Vec::new();
         self.delete_subtree_ops(&batch_path(batch), &mut ops)
             .await?;
-        if let Some(uuid) = info.submission.get("batchID").and_then(Value::as_str) {
-            if self.tree.exists(&batch_uuid_path(uuid)).await?.is_some() {
-                ops.push(Op::delete(batch_uuid_path(uuid), None));
-            }
+        if let Some(uuid) = info.submission.get("batchID").and_then(Value::as_str)
+            && self.tree.exists(&batch_uuid_path(uuid)).await?.is_some()
+        {
+            ops.push(Op::delete(batch_uuid_path(uuid), None));
         }
         self.tree.multi(ops).await?;
         Ok(purged)
@@ -1932,7 +1928,7 @@ pub async fn dump(tree: &dyn Tree, root: &str) -> Result<BTreeMap<String, Value>
 pub fn decode(data: Option<&[u8]>) -> Value {
     match data {
         None => Value::Null,
-        Some(b) if b.is_empty() => Value::Null,
+        Some([]) => Value::Null,
         Some(b) => serde_json::from_slice(b)
             .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(b).into_owned())),
     }
