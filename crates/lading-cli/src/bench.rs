@@ -111,7 +111,8 @@ async fn queue(
         Some(s) => s.to_string(),
         None => format!("sqlite:{}", fresh_store()?.display()),
     };
-    let tree = crate::open_store(&url)?;
+    let sqlite = crate::open_sqlite(&url)?;
+    let tree: Arc<dyn lading_core::Tree> = sqlite.clone();
     let engine = Arc::new(Engine::new(
         tree.clone(),
         system_clock(),
@@ -154,6 +155,7 @@ async fn queue(
     let setup_s = setup.elapsed().as_secs_f64();
 
     // The measured part: every job through every stage.
+    let stats0 = sqlite.stats();
     let completed = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
     let mut handles = Vec::new();
@@ -168,6 +170,9 @@ async fn queue(
         latencies_us.extend(h.await??);
     }
     let elapsed = start.elapsed().as_secs_f64();
+    let stats = sqlite.stats();
+    let (commits, multis) = (stats.commits - stats0.commits, stats.multis - stats0.multis);
+    let per_commit = multis as f64 / commits.max(1) as f64;
     latencies_us.sort_unstable();
     let transitions = latencies_us.len();
     let batch = engine.batch(&bid).await?;
@@ -199,6 +204,7 @@ async fn queue(
                 "jobs": n, "workers": k, "mode": format!("{mode:?}").to_lowercase(), "store": url,
                 "seconds": elapsed, "jobs_per_s": jobs_per_s, "transitions_per_s": transitions_per_s,
                 "p50_ms": p50, "p99_ms": p99, "fsync_per_s": fsync, "setup_s": setup_s,
+                "commits": commits, "multis": multis, "multis_per_commit": per_commit,
             })
         );
     } else {
@@ -211,6 +217,10 @@ async fn queue(
         println!("  jobs/s       {jobs_per_s:.0}");
         println!("  transitions/s {transitions_per_s:.0}");
         println!("  latency      p50 {p50:.2} ms, p99 {p99:.2} ms per transition");
+        println!(
+            "  commits      {commits} durable commits carried {multis} multis ({per_commit:.1} per commit, {:.0} commits/s)",
+            commits as f64 / elapsed
+        );
         println!(
             "  raw fsync/s  {fsync:.0} (4 KiB fdatasync in {})",
             dir.display()

@@ -137,6 +137,11 @@ enum PauseAction {
 
 /// Opens a store from its URL.
 pub fn open_store(url: &str) -> anyhow::Result<Arc<dyn Tree>> {
+    Ok(open_sqlite(url)?)
+}
+
+/// Opens an embedded store from its URL.
+pub fn open_sqlite(url: &str) -> anyhow::Result<Arc<SqliteTree>> {
     if let Some(rest) = url.strip_prefix("zk://") {
         bail!(
             "the ZooKeeper backend is not built into this version (store {url:?}, hosts {rest:?}); use sqlite:PATH"

@@ -116,8 +116,19 @@ impl Watches {
     }
 }
 
+/// Counters of the writer, for benchmarks and diagnostics.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct WriterStats {
+    /// Durable commits made.
+    pub commits: u64,
+    /// `multi` requests applied (committed or refused).
+    pub multis: u64,
+}
+
 struct Shared {
     path: PathBuf,
+    commits: AtomicU64,
+    multis: AtomicU64,
     session: AtomicU64,
     watches: Mutex<Watches>,
     readers: Mutex<Vec<Connection>>,
@@ -161,8 +172,10 @@ fn open_conn(path: &Path, durable: bool) -> Result<Connection, TreeError> {
         "PRAGMA synchronous=NORMAL;"
     })
     .map_err(backend)?;
-    conn.execute_batch("PRAGMA cache_size=-32768; PRAGMA temp_store=MEMORY;")
-        .map_err(backend)?;
+    conn.execute_batch(
+        "PRAGMA cache_size=-32768; PRAGMA temp_store=MEMORY; PRAGMA wal_autocheckpoint=10000;",
+    )
+    .map_err(backend)?;
     conn.set_prepared_statement_cache_capacity(64);
     Ok(conn)
 }
@@ -379,16 +392,17 @@ impl Writer {
                             replies.push((reply, Err(TreeError::SessionExpired)));
                             continue;
                         }
-                        self.conn.execute_batch("SAVEPOINT op")?;
+                        self.conn.prepare_cached("SAVEPOINT op")?.execute([])?;
                         let mut local = Vec::new();
                         match self.apply_ops(&ops, session, now, &mut local) {
                             Ok(results) => {
-                                self.conn.execute_batch("RELEASE op")?;
+                                self.conn.prepare_cached("RELEASE op")?.execute([])?;
                                 changes.extend(local);
                                 replies.push((reply, Ok(results)));
                             }
                             Err(OpFailure::Tree(e)) => {
-                                self.conn.execute_batch("ROLLBACK TO op; RELEASE op")?;
+                                self.conn.prepare_cached("ROLLBACK TO op")?.execute([])?;
+                                self.conn.prepare_cached("RELEASE op")?.execute([])?;
                                 replies.push((reply, Err(e)));
                             }
                             Err(OpFailure::Sql(e)) => return Err(e),
@@ -429,6 +443,10 @@ impl Writer {
                 }
             }
             self.conn.execute_batch("COMMIT")?;
+            self.shared.commits.fetch_add(1, Ordering::Relaxed);
+            self.shared
+                .multis
+                .fetch_add(replies.len() as u64, Ordering::Relaxed);
             Ok(())
         })();
 
@@ -539,34 +557,48 @@ impl Writer {
                 }
                 check_size(path, data)?;
                 let (parent, name) = split_path(path);
-                let (_, parent_owner) = self
-                    .version_of(parent)?
-                    .ok_or_else(|| TreeError::NoNode(parent.into()))?;
-                if parent_owner != 0 {
-                    return Err(TreeError::NoChildrenForEphemerals(parent.into()).into());
-                }
-                let name = if *mode == CreateMode::PersistentSequential {
-                    let (pp, pn) = key(parent);
-                    let seq: i64 = self
-                        .conn
-                        .prepare_cached("UPDATE nodes SET seq = seq + 1 WHERE parent = ?1 AND name = ?2 RETURNING seq - 1")?
-                        .query_row([pp, pn], |r| r.get(0))?;
-                    format!("{name}{seq:010}")
-                } else {
-                    name.to_string()
-                };
+                let (pp, pn) = key(parent);
                 let owner = if *mode == CreateMode::Ephemeral {
                     session
                 } else {
                     0
                 };
-                let inserted = self
-                    .conn
-                    .prepare_cached(
-                        "INSERT OR IGNORE INTO nodes(parent, name, data, version, owner, ctime, mtime) VALUES (?1, ?2, ?3, 0, ?4, ?5, ?5)",
-                    )?
-                    .execute(params![parent, name, data, owner as i64, now as i64])?;
-                let full = join_path(parent, &name);
+                // One guarded statement per op on the hot path; the failure path asks why.
+                let (full, inserted) = if *mode == CreateMode::PersistentSequential {
+                    let seq: Option<i64> = self
+                        .conn
+                        .prepare_cached(
+                            "UPDATE nodes SET seq = seq + 1 WHERE parent = ?1 AND name = ?2 AND owner = 0 RETURNING seq - 1",
+                        )?
+                        .query_row([pp, pn], |r| r.get(0))
+                        .optional()?;
+                    let Some(seq) = seq else {
+                        return Err(self.why_no_parent(parent)?.into());
+                    };
+                    let name = format!("{name}{seq:010}");
+                    let n = self
+                        .conn
+                        .prepare_cached(
+                            "INSERT OR IGNORE INTO nodes(parent, name, data, version, owner, ctime, mtime) VALUES (?1, ?2, ?3, 0, ?4, ?5, ?5)",
+                        )?
+                        .execute(params![parent, name, data, owner as i64, now as i64])?;
+                    (join_path(parent, &name), n)
+                } else {
+                    let n = self
+                        .conn
+                        .prepare_cached(
+                            "INSERT OR IGNORE INTO nodes(parent, name, data, version, owner, ctime, mtime) \
+                             SELECT ?1, ?2, ?3, 0, ?4, ?5, ?5 WHERE EXISTS \
+                             (SELECT 1 FROM nodes WHERE parent = ?6 AND name = ?7 AND owner = 0)",
+                        )?
+                        .execute(params![parent, name, data, owner as i64, now as i64, pp, pn])?;
+                    if n == 0 {
+                        if let Some(e) = self.why_no_parent_opt(parent)? {
+                            return Err(e.into());
+                        }
+                    }
+                    (path.clone(), n)
+                };
                 if inserted == 0 {
                     return Err(TreeError::NodeExists(full).into());
                 }
@@ -580,20 +612,22 @@ impl Writer {
                 version,
             } => {
                 check_size(path, data)?;
-                let actual = self.expect(path, *version)?;
                 let (p, n) = key(path);
-                self.conn
-                    .prepare_cached("UPDATE nodes SET data = ?3, version = version + 1, mtime = ?4 WHERE parent = ?1 AND name = ?2")?
-                    .execute(params![p, n, data, now as i64])?;
-                changes.push(Change::Data(path.clone()));
-                let (ctime, owner): (i64, i64) = self
+                let row: Option<(i32, i64, i64)> = self
                     .conn
                     .prepare_cached(
-                        "SELECT ctime, owner FROM nodes WHERE parent = ?1 AND name = ?2",
+                        "UPDATE nodes SET data = ?3, version = version + 1, mtime = ?4 \
+                         WHERE parent = ?1 AND name = ?2 AND (?5 IS NULL OR version = ?5) RETURNING version, ctime, owner",
                     )?
-                    .query_row([p, n], |r| Ok((r.get(0)?, r.get(1)?)))?;
+                    .query_row(params![p, n, data, now as i64, version], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                    .optional()?;
+                let Some((v, ctime, owner)) = row else {
+                    self.expect(path, *version)?;
+                    return Err(TreeError::Backend(format!("set of {path} changed nothing")).into());
+                };
+                changes.push(Change::Data(path.clone()));
                 Ok(OpResult::Set(Stat {
-                    version: actual + 1,
+                    version: v,
                     ephemeral_owner: owner as u64,
                     ctime_ms: ctime as u64,
                     mtime_ms: now,
@@ -605,23 +639,40 @@ impl Writer {
                         TreeError::InvalidPath("/".into(), "the root cannot be deleted").into(),
                     );
                 }
-                self.expect(path, *version)?;
-                let has_child = self
+                let (p, n) = key(path);
+                let deleted = self
                     .conn
-                    .prepare_cached("SELECT 1 FROM nodes WHERE parent = ?1 LIMIT 1")?
-                    .exists([path.as_str()])?;
-                if has_child {
+                    .prepare_cached(
+                        "DELETE FROM nodes WHERE parent = ?1 AND name = ?2 AND (?3 IS NULL OR version = ?3) \
+                         AND NOT EXISTS (SELECT 1 FROM nodes WHERE parent = ?4)",
+                    )?
+                    .execute(params![p, n, version, path])?;
+                if deleted == 0 {
+                    self.expect(path, *version)?;
                     return Err(TreeError::NotEmpty(path.clone()).into());
                 }
-                let (p, n) = key(path);
-                self.conn
-                    .prepare_cached("DELETE FROM nodes WHERE parent = ?1 AND name = ?2")?
-                    .execute([p, n])?;
                 changes.push(Change::Data(path.clone()));
                 changes.push(Change::Child(p.to_string()));
                 Ok(OpResult::Delete)
             }
         }
+    }
+
+    /// Why a child of `parent` cannot be created: it is missing, or ephemeral.
+    fn why_no_parent_opt(&self, parent: &str) -> rusqlite::Result<Option<TreeError>> {
+        Ok(match self.version_of(parent)? {
+            None => Some(TreeError::NoNode(parent.into())),
+            Some((_, owner)) if owner != 0 => {
+                Some(TreeError::NoChildrenForEphemerals(parent.into()))
+            }
+            Some(_) => None,
+        })
+    }
+
+    fn why_no_parent(&self, parent: &str) -> rusqlite::Result<TreeError> {
+        Ok(self
+            .why_no_parent_opt(parent)?
+            .unwrap_or_else(|| TreeError::Backend(format!("cannot create under {parent}"))))
     }
 }
 
@@ -685,6 +736,8 @@ impl SqliteTree {
         let shared = Arc::new(Shared {
             path: path.clone(),
             session: AtomicU64::new(session),
+            commits: AtomicU64::new(0),
+            multis: AtomicU64::new(0),
             watches: Mutex::new(Watches::default()),
             readers: Mutex::new(Vec::new()),
             opts: opts.clone(),
@@ -714,6 +767,14 @@ impl SqliteTree {
             tx: Mutex::new(Some(tx)),
             threads: Mutex::new(threads),
         })
+    }
+
+    /// What the writer has done so far.
+    pub fn stats(&self) -> WriterStats {
+        WriterStats {
+            commits: self.shared.commits.load(Ordering::Relaxed),
+            multis: self.shared.multis.load(Ordering::Relaxed),
+        }
     }
 
     /// The store file.
