@@ -325,8 +325,11 @@ pub fn validate_path(path: &str) -> Result<(), TreeError> {
             "empty, . or .. segment",
         ));
     }
-    if path.contains('\0') {
-        return Err(TreeError::InvalidPath(path.into(), "contains NUL"));
+    if path.chars().any(char::is_control) {
+        return Err(TreeError::InvalidPath(
+            path.into(),
+            "contains a control character",
+        ));
     }
     Ok(())
 }
@@ -361,6 +364,7 @@ mod tests {
         assert!(validate_path("/jobs/").is_err());
         assert!(validate_path("/jobs//x").is_err());
         assert!(validate_path("/jobs/../x").is_err());
+        assert!(validate_path("/jobs/a\nb").is_err());
         assert_eq!(split_path("/jobs"), ("/", "jobs"));
         assert_eq!(
             split_path("/jobs/states/pending"),

@@ -1,42 +1,53 @@
 //! The embedded backend: the coordination tree in one SQLite file.
 //!
 //! Shape, and why:
+//! - **The tree lives in memory; SQLite makes it durable.** Each handle loads the tree at
+//!   open ([`mem::Mem`]). Reads are memory lookups. The writer validates a `multi` against
+//!   memory (versions, parents, emptiness) and writes only the rows that changed — no reads,
+//!   no savepoints on the commit path.
 //! - **One writer thread per session handle, group commit.** Every `multi` is sent to the
-//!   writer, which takes everything queued (up to [`MAX_GROUP`] requests), applies each inside
-//!   its own savepoint (a failing `multi` rolls back alone), and makes the whole group durable
-//!   with one commit — one fsync for many transitions.
-//! - **Readers are a small pool of connections** used inline; WAL lets them run beside the
-//!   writer, and they see every commit whose reply has been delivered.
+//!   writer, which takes everything queued (up to [`MAX_GROUP`] requests), applies each to an
+//!   overlay (a failing `multi` is undone alone), and makes the whole group durable with one
+//!   commit — one fsync for many transitions. Only then is the overlay folded into memory and
+//!   the callers answered, so nobody reads a change that could still be lost.
+//! - **Several processes share one file** through a change log: every commit appends one row
+//!   listing the paths it changed. Before it validates anything, a writer (holding SQLite's
+//!   write lock) folds in what others committed; a reader does the same when
+//!   `PRAGMA data_version` says another connection committed. A handle that fell behind the
+//!   pruned log reloads the whole tree.
 //! - **Sessions like ZooKeeper's.** A handle registers a session with a timeout and
 //!   heartbeats it. Any process sharing the file reaps sessions that lapsed or whose process
 //!   is gone (same host, pid no longer alive), deleting their ephemeral nodes. A handle whose
 //!   own session lapsed fails that commit with `SessionExpired`, then continues under a fresh
 //!   session: leases taken under the old one are lost for good.
-//! - **Watches** fire from the writer after commit; commits by other processes are noticed
-//!   by a poller (a per-session commit counter) and wake every local watch, which is allowed:
-//!   watchers always re-read.
+//! - **Watches** fire after commit, for this handle's changes and for changes folded in from
+//!   other processes alike.
+//!
+//! Memory: the whole tree is held by every open handle (about 200 bytes per node plus data).
+
+mod mem;
+
+pub use mem::MAX_DATA_BYTES;
 
 use lading_core::time::{SharedClock, format_ts, system_clock};
-use lading_core::tree::{join_path, split_path, validate_path};
-use lading_core::{
-    BoxFuture, CreateMode, Node, Op, OpResult, Stat, Tree, TreeError, Watch, WatchKind,
-};
+use lading_core::tree::{split_path, validate_path};
+use lading_core::{BoxFuture, Node, Op, OpResult, Tree, TreeError, Watch, WatchKind};
+use mem::{Mem, MemNode, Overlay};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use tokio::sync::oneshot;
 
 /// Most requests one commit carries.
 pub const MAX_GROUP: usize = 1024;
-/// Largest node data accepted, as in ZooKeeper's default `jute.maxbuffer`.
-pub const MAX_DATA_BYTES: usize = 1024 * 1024;
 const FORMAT: &str = "lading-tree-1";
-const READ_POOL_MAX: usize = 8;
+/// Change-log rows kept; a handle further behind than this reloads the tree.
+const CHANGES_KEPT: i64 = 100_000;
 
 /// How a store is opened.
 #[derive(Clone)]
@@ -48,7 +59,7 @@ pub struct SqliteOptions {
     /// Who this session is, for lock data and `lading dump`.
     pub owner: String,
     pub clock: SharedClock,
-    /// How often other processes' commits are looked for.
+    /// How often other processes' commits are looked for when nobody reads.
     pub poll_interval_ms: u64,
 }
 
@@ -101,12 +112,24 @@ struct Watches {
 
 impl Watches {
     fn fire(&mut self, path: &str, kind: WatchKind) {
+        if self.map.is_empty() {
+            return;
+        }
         if let Some(list) = self.map.remove(&(path.to_string(), kind)) {
             for tx in list {
                 let _ = tx.send(());
             }
         }
     }
+
+    /// Fires the watches a change of `path` concerns: its own, and its parent's children.
+    fn fire_changed(&mut self, path: &str) {
+        self.fire(path, WatchKind::Data);
+        if path != "/" {
+            self.fire(split_path(path).0, WatchKind::Children);
+        }
+    }
+
     fn fire_all(&mut self) {
         for (_, list) in self.map.drain() {
             for tx in list {
@@ -125,13 +148,20 @@ pub struct WriterStats {
     pub multis: u64,
 }
 
+/// The connection readers use to notice other processes' commits.
+struct SyncConn {
+    conn: Connection,
+    data_version: i64,
+}
+
 struct Shared {
     path: PathBuf,
+    session: AtomicU64,
+    mem: RwLock<Mem>,
+    sync: Mutex<SyncConn>,
+    watches: Mutex<Watches>,
     commits: AtomicU64,
     multis: AtomicU64,
-    session: AtomicU64,
-    watches: Mutex<Watches>,
-    readers: Mutex<Vec<Connection>>,
     opts: SqliteOptions,
     stopping: AtomicBool,
 }
@@ -145,6 +175,10 @@ pub struct SqliteTree {
 
 fn backend(e: rusqlite::Error) -> TreeError {
     TreeError::Backend(e.to_string())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn open_conn(path: &Path, durable: bool) -> Result<Connection, TreeError> {
@@ -172,10 +206,8 @@ fn open_conn(path: &Path, durable: bool) -> Result<Connection, TreeError> {
         "PRAGMA synchronous=NORMAL;"
     })
     .map_err(backend)?;
-    conn.execute_batch(
-        "PRAGMA cache_size=-32768; PRAGMA temp_store=MEMORY; PRAGMA wal_autocheckpoint=10000;",
-    )
-    .map_err(backend)?;
+    conn.execute_batch("PRAGMA cache_size=-32768; PRAGMA temp_store=MEMORY;")
+        .map_err(backend)?;
     conn.set_prepared_statement_cache_capacity(64);
     Ok(conn)
 }
@@ -196,20 +228,18 @@ fn check_ours(conn: &Connection, path: &Path) -> Result<(), TreeError> {
     Ok(())
 }
 
-/// Creates the schema, or checks an existing file is ours.
+/// Creates the schema, or checks an existing file is of our format.
 fn init_schema(conn: &Connection, path: &Path, now: u64) -> Result<(), TreeError> {
     let not_ours = |why: String| TreeError::NotOurs(path.display().to_string(), why);
-    let tables: Vec<String> = conn
-        .prepare("SELECT name FROM sqlite_master WHERE type='table'")
-        .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
-        .map_err(|e| not_ours(e.to_string()))?;
-    if !tables.is_empty() {
-        if !tables.iter().any(|t| t == "lading_meta") {
-            return Err(not_ours(format!(
-                "it holds other tables ({})",
-                tables.join(", ")
-            )));
-        }
+    let has_meta: bool = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='lading_meta'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .map_err(backend)?
+        > 0;
+    if has_meta {
         let format: Option<String> = conn
             .query_row(
                 "SELECT value FROM lading_meta WHERE key='format'",
@@ -234,10 +264,10 @@ fn init_schema(conn: &Connection, path: &Path, now: u64) -> Result<(), TreeError
             ctime INTEGER NOT NULL, mtime INTEGER NOT NULL, seq INTEGER NOT NULL DEFAULT 0,
             PRIMARY KEY(parent, name)) WITHOUT ROWID;
          CREATE INDEX IF NOT EXISTS nodes_owner ON nodes(owner) WHERE owner <> 0;
+         CREATE TABLE IF NOT EXISTS changes(seq INTEGER PRIMARY KEY, paths TEXT NOT NULL);
          CREATE TABLE IF NOT EXISTS sessions(
             id INTEGER PRIMARY KEY, owner TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL,
-            start_time INTEGER, timeout_ms INTEGER NOT NULL, expires_ms INTEGER NOT NULL,
-            commits INTEGER NOT NULL DEFAULT 0);",
+            start_time INTEGER, timeout_ms INTEGER NOT NULL, expires_ms INTEGER NOT NULL);",
     )
     .map_err(backend)?;
     conn.execute(
@@ -263,7 +293,94 @@ fn key(path: &str) -> (&str, &str) {
     }
 }
 
-fn new_session(conn: &Connection, opts: &SqliteOptions) -> Result<u64, TreeError> {
+fn path_of(parent: String, name: String) -> String {
+    if parent.is_empty() {
+        "/".into()
+    } else {
+        lading_core::tree::join_path(&parent, &name)
+    }
+}
+
+fn row_node(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<MemNode> {
+    Ok(MemNode {
+        data: r.get(at)?,
+        version: r.get(at + 1)?,
+        owner: r.get::<_, i64>(at + 2)? as u64,
+        ctime: r.get::<_, i64>(at + 3)? as u64,
+        mtime: r.get::<_, i64>(at + 4)? as u64,
+        seq: r.get(at + 5)?,
+    })
+}
+
+fn last_change(conn: &Connection) -> rusqlite::Result<(i64, i64)> {
+    // Two single-aggregate subqueries: each is one index probe. `coalesce(min(..))` in one
+    // select would scan the whole log.
+    conn.prepare_cached("SELECT coalesce((SELECT min(seq) FROM changes), 0), coalesce((SELECT max(seq) FROM changes), 0)")?
+        .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))
+}
+
+/// Loads the whole tree. Call inside a transaction so nodes and log position agree.
+fn full_load(conn: &Connection, mem: &mut Mem) -> rusqlite::Result<()> {
+    mem.clear();
+    let mut stmt =
+        conn.prepare("SELECT parent, name, data, version, owner, ctime, mtime, seq FROM nodes")?;
+    let mut rows = stmt.query([])?;
+    while let Some(r) = rows.next()? {
+        mem.put(path_of(r.get(0)?, r.get(1)?), row_node(r, 2)?);
+    }
+    mem.synced = last_change(conn)?.1;
+    Ok(())
+}
+
+/// What a sync found.
+enum Synced {
+    Nothing,
+    Paths(Vec<String>),
+    Reloaded,
+}
+
+/// Folds other connections' commits into `mem`. Call inside a transaction.
+fn sync_from(conn: &Connection, mem: &mut Mem) -> rusqlite::Result<Synced> {
+    let (first, last) = last_change(conn)?;
+    if last <= mem.synced {
+        return Ok(Synced::Nothing);
+    }
+    if first > mem.synced + 1 {
+        full_load(conn, mem)?;
+        return Ok(Synced::Reloaded);
+    }
+    let mut paths: HashSet<String> = HashSet::new();
+    {
+        let mut stmt =
+            conn.prepare_cached("SELECT paths FROM changes WHERE seq > ?1 ORDER BY seq")?;
+        let mut rows = stmt.query([mem.synced])?;
+        while let Some(r) = rows.next()? {
+            let list: String = r.get(0)?;
+            paths.extend(
+                list.split('\n')
+                    .filter(|p| !p.is_empty())
+                    .map(str::to_string),
+            );
+        }
+    }
+    let mut get = conn.prepare_cached(
+        "SELECT data, version, owner, ctime, mtime, seq FROM nodes WHERE parent = ?1 AND name = ?2",
+    )?;
+    for p in &paths {
+        let (parent, name) = key(p);
+        match get
+            .query_row([parent, name], |r| row_node(r, 0))
+            .optional()?
+        {
+            Some(n) => mem.put(p.clone(), n),
+            None => mem.remove(p),
+        }
+    }
+    mem.synced = last;
+    Ok(Synced::Paths(paths.into_iter().collect()))
+}
+
+fn new_session(conn: &Connection, opts: &SqliteOptions) -> rusqlite::Result<u64> {
     let now = opts.clock.now_ms();
     let pid = std::process::id();
     conn.query_row(
@@ -279,12 +396,10 @@ fn new_session(conn: &Connection, opts: &SqliteOptions) -> Result<u64, TreeError
         |r| r.get::<_, i64>(0),
     )
     .map(|id| id as u64)
-    .map_err(backend)
 }
 
-/// Deletes sessions that lapsed or whose process is gone, with their ephemeral nodes.
-/// Returns the paths removed (for watches).
-fn reap(conn: &Connection, now: u64, keep: u64) -> rusqlite::Result<Vec<String>> {
+/// Sessions that lapsed, or whose process on this host is gone.
+fn dead_sessions(conn: &Connection, now: u64, keep: u64) -> rusqlite::Result<Vec<u64>> {
     let host = hostname();
     let sessions: Vec<(i64, String, u32, Option<i64>, i64)> = conn
         .prepare_cached("SELECT id, host, pid, start_time, expires_ms FROM sessions")?
@@ -292,43 +407,29 @@ fn reap(conn: &Connection, now: u64, keep: u64) -> rusqlite::Result<Vec<String>>
             Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
         })?
         .collect::<rusqlite::Result<_>>()?;
-    let mut removed = Vec::new();
-    for (id, h, pid, start, expires) in sessions {
-        if id as u64 == keep {
-            continue;
-        }
-        let lapsed = (expires as u64) < now;
-        let dead = h == host
-            && pid != std::process::id()
-            && process_start_time(pid).map(|t| t as i64) != start;
-        if lapsed || dead {
-            removed.extend(drop_session(conn, id as u64)?);
-        }
-    }
-    Ok(removed)
-}
-
-fn drop_session(conn: &Connection, id: u64) -> rusqlite::Result<Vec<String>> {
-    let paths: Vec<String> = conn
-        .prepare_cached("DELETE FROM nodes WHERE owner = ?1 RETURNING parent, name")?
-        .query_map([id as i64], |r| {
-            Ok(join_path(&r.get::<_, String>(0)?, &r.get::<_, String>(1)?))
-        })?
-        .collect::<rusqlite::Result<_>>()?;
-    conn.execute("DELETE FROM sessions WHERE id = ?1", [id as i64])?;
-    tracing::debug!(session = id, ephemerals = paths.len(), "session removed");
-    Ok(paths)
-}
-
-/// A change made by a committed op, for watches.
-enum Change {
-    Data(String),
-    Child(String),
+    Ok(sessions
+        .into_iter()
+        .filter(|(id, h, pid, start, expires)| {
+            let lapsed = (*expires as u64) < now;
+            let gone = *h == host
+                && *pid != std::process::id()
+                && process_start_time(*pid).map(|t| t as i64) != *start;
+            *id as u64 != keep && (lapsed || gone)
+        })
+        .map(|s| s.0 as u64)
+        .collect())
 }
 
 struct Writer {
     conn: Connection,
     shared: Arc<Shared>,
+    /// Commits since the change log was last pruned.
+    since_prune: u32,
+}
+
+enum Done {
+    Open,
+    Closed,
 }
 
 impl Writer {
@@ -341,88 +442,83 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            if !self.apply_group(group) {
+            if let Done::Closed = self.apply_group(group) {
                 break;
             }
         }
     }
 
-    /// Applies one group in one transaction. Returns false when the handle closed.
-    fn apply_group(&mut self, group: Vec<Req>) -> bool {
+    /// Removes a session and its ephemeral nodes (into the overlay).
+    fn drop_session(&self, ov: &mut Overlay, base: &Mem, id: u64) -> rusqlite::Result<()> {
+        for p in ov.owned_by(base, id) {
+            ov.force_delete(base, &p);
+        }
+        self.conn
+            .prepare_cached("DELETE FROM sessions WHERE id = ?1")?
+            .execute([id as i64])?;
+        tracing::debug!(session = id, "session removed");
+        Ok(())
+    }
+
+    /// Applies one group in one transaction.
+    fn apply_group(&mut self, group: Vec<Req>) -> Done {
         let now = self.shared.opts.clock.now_ms();
+        let shared = self.shared.clone();
+        let mut ov = Overlay::default();
         let mut replies: Vec<(Reply, Result<Vec<OpResult>, TreeError>)> = Vec::new();
-        let mut changes: Vec<Change> = Vec::new();
         let mut after: Vec<oneshot::Sender<()>> = Vec::new();
         let mut close: Option<oneshot::Sender<Result<(), TreeError>>> = None;
-        let mut fire_all = false;
+        let mut synced = Synced::Nothing;
 
-        let result = (|| -> rusqlite::Result<()> {
+        let result = (|| -> rusqlite::Result<Option<i64>> {
             self.conn.execute_batch("BEGIN IMMEDIATE")?;
-            let session = self.shared.session.load(Ordering::SeqCst);
-            // Counts this commit for other processes' pollers, and proves the session is live.
+            // Others may have committed since we last looked; we hold the write lock now, so
+            // after this nothing changes underneath us until COMMIT.
+            synced = sync_from(
+                &self.conn,
+                &mut shared.mem.write().unwrap_or_else(|p| p.into_inner()),
+            )?;
+            let base = shared.mem.read().unwrap_or_else(|p| p.into_inner());
+            let session = shared.session.load(Ordering::SeqCst);
             let live = self
                 .conn
-                .prepare_cached(
-                    "UPDATE sessions SET commits = commits + 1 WHERE id = ?1 AND expires_ms >= ?2",
-                )?
-                .execute(params![session as i64, now as i64])?
-                == 1;
+                .prepare_cached("SELECT 1 FROM sessions WHERE id = ?1 AND expires_ms >= ?2")?
+                .exists(params![session as i64, now as i64])?;
             let mut session_ok = live;
             if !live {
                 // Our session lapsed (or another process reaped it): its ephemerals go, and
-                // everything in this group fails; later requests run under a new session.
-                for p in drop_session(&self.conn, session)? {
-                    changes.push(Change::Data(p.clone()));
-                    changes.push(Change::Child(split_path(&p).0.to_string()));
-                }
-                let fresh = new_session(&self.conn, &self.shared.opts)
-                    .map_err(|_| rusqlite::Error::InvalidQuery)?;
-                self.shared.session.store(fresh, Ordering::SeqCst);
+                // every multi of this group fails; later requests run under a new session.
+                self.drop_session(&mut ov, &base, session)?;
+                let fresh = new_session(&self.conn, &shared.opts)?;
+                shared.session.store(fresh, Ordering::SeqCst);
                 tracing::warn!(
                     old = session,
                     new = fresh,
                     "session expired; opened a new one"
                 );
             }
-            let session = self.shared.session.load(Ordering::SeqCst);
+            let session = shared.session.load(Ordering::SeqCst);
             for req in group {
                 match req {
                     Req::Multi(ops, reply) => {
-                        if !session_ok {
-                            replies.push((reply, Err(TreeError::SessionExpired)));
-                            continue;
-                        }
-                        self.conn.prepare_cached("SAVEPOINT op")?.execute([])?;
-                        let mut local = Vec::new();
-                        match self.apply_ops(&ops, session, now, &mut local) {
-                            Ok(results) => {
-                                self.conn.prepare_cached("RELEASE op")?.execute([])?;
-                                changes.extend(local);
-                                replies.push((reply, Ok(results)));
-                            }
-                            Err(OpFailure::Tree(e)) => {
-                                self.conn.prepare_cached("ROLLBACK TO op")?.execute([])?;
-                                self.conn.prepare_cached("RELEASE op")?.execute([])?;
-                                replies.push((reply, Err(e)));
-                            }
-                            Err(OpFailure::Sql(e)) => return Err(e),
-                        }
+                        let r = if session_ok {
+                            ov.apply_multi(&base, &ops, session, now)
+                        } else {
+                            Err(TreeError::SessionExpired)
+                        };
+                        replies.push((reply, r));
                     }
                     Req::Heartbeat => {
-                        self.conn.execute(
-                            "UPDATE sessions SET expires_ms = ?2 WHERE id = ?1",
-                            params![
+                        self.conn
+                            .prepare_cached("UPDATE sessions SET expires_ms = ?2 WHERE id = ?1")?
+                            .execute(params![
                                 session as i64,
-                                (now + self.shared.opts.session_timeout_ms) as i64
-                            ],
-                        )?;
+                                (now + shared.opts.session_timeout_ms) as i64
+                            ])?;
                     }
                     Req::Reap => {
-                        let removed = reap(&self.conn, now, session)?;
-                        fire_all |= !removed.is_empty();
-                        for p in removed {
-                            changes.push(Change::Data(p.clone()));
-                            changes.push(Change::Child(split_path(&p).0.to_string()));
+                        for id in dead_sessions(&self.conn, now, session)? {
+                            self.drop_session(&mut ov, &base, id)?;
                         }
                     }
                     Req::Expire(done) => {
@@ -434,38 +530,77 @@ impl Writer {
                         after.push(done);
                     }
                     Req::Close(done) => {
-                        for p in drop_session(&self.conn, session)? {
-                            changes.push(Change::Data(p.clone()));
-                            changes.push(Change::Child(split_path(&p).0.to_string()));
-                        }
+                        self.drop_session(&mut ov, &base, session)?;
                         close = Some(done);
                     }
                 }
             }
+            drop(base);
+            if ov.is_empty() {
+                self.conn.execute_batch("COMMIT")?;
+                return Ok(None);
+            }
+            let mut paths = String::new();
+            {
+                let mut put = self.conn.prepare_cached(
+                    "INSERT OR REPLACE INTO nodes(parent, name, data, version, owner, ctime, mtime, seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                )?;
+                let mut del = self
+                    .conn
+                    .prepare_cached("DELETE FROM nodes WHERE parent = ?1 AND name = ?2")?;
+                for (path, node) in &ov.changed {
+                    let (parent, name) = key(path);
+                    match node {
+                        Some(n) => put.execute(params![
+                            parent,
+                            name,
+                            n.data,
+                            n.version,
+                            n.owner as i64,
+                            n.ctime as i64,
+                            n.mtime as i64,
+                            n.seq
+                        ])?,
+                        None => del.execute([parent, name])?,
+                    };
+                    paths.push_str(path);
+                    paths.push('\n');
+                }
+            }
+            let seq: i64 = self
+                .conn
+                .prepare_cached("INSERT INTO changes(paths) VALUES (?1) RETURNING seq")?
+                .query_row([&paths], |r| r.get(0))?;
+            self.since_prune += 1;
+            if self.since_prune >= 1024 {
+                self.since_prune = 0;
+                self.conn
+                    .prepare_cached("DELETE FROM changes WHERE seq <= ?1")?
+                    .execute([seq - CHANGES_KEPT])?;
+            }
             self.conn.execute_batch("COMMIT")?;
-            self.shared.commits.fetch_add(1, Ordering::Relaxed);
-            self.shared
-                .multis
-                .fetch_add(replies.len() as u64, Ordering::Relaxed);
-            Ok(())
+            Ok(Some(seq))
         })();
 
+        let changed: Vec<String> = ov.changed.keys().cloned().collect();
         match result {
-            Ok(()) => {
-                let mut w = self
-                    .shared
-                    .watches
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner());
-                if fire_all {
-                    w.fire_all();
+            Ok(seq) => {
+                if let Some(seq) = seq {
+                    let mut mem = shared.mem.write().unwrap_or_else(|p| p.into_inner());
+                    ov.apply_to(&mut mem);
+                    mem.synced = seq;
                 }
-                for c in &changes {
-                    match c {
-                        Change::Data(p) => w.fire(p, WatchKind::Data),
-                        Change::Child(p) => w.fire(p, WatchKind::Children),
-                    }
+                shared.commits.fetch_add(1, Ordering::Relaxed);
+                shared
+                    .multis
+                    .fetch_add(replies.len() as u64, Ordering::Relaxed);
+                let mut w = lock(&shared.watches);
+                match &synced {
+                    Synced::Reloaded => w.fire_all(),
+                    Synced::Paths(ps) => ps.iter().for_each(|p| w.fire_changed(p)),
+                    Synced::Nothing => {}
                 }
+                changed.iter().for_each(|p| w.fire_changed(p));
                 drop(w);
                 for (reply, r) in replies {
                     let _ = reply.send(r);
@@ -474,232 +609,62 @@ impl Writer {
             Err(e) => {
                 let _ = self.conn.execute_batch("ROLLBACK");
                 tracing::error!(error = %e, "group commit failed");
-                for (reply, _) in replies {
-                    let _ = reply.send(Err(TreeError::Backend(format!("commit failed: {e}"))));
+                for (reply, r) in replies {
+                    let r = match r {
+                        Ok(_) => Err(TreeError::Backend(format!("commit failed: {e}"))),
+                        refused => refused,
+                    };
+                    let _ = reply.send(r);
                 }
             }
         }
         for done in after {
             let _ = done.send(());
         }
-        if let Some(done) = close {
-            let _ = done.send(Ok(()));
-            return false;
+        match close {
+            Some(done) => {
+                let _ = done.send(Ok(()));
+                Done::Closed
+            }
+            None => Done::Open,
         }
-        true
-    }
-
-    fn apply_ops(
-        &self,
-        ops: &[Op],
-        session: u64,
-        now: u64,
-        changes: &mut Vec<Change>,
-    ) -> Result<Vec<OpResult>, OpFailure> {
-        let mut out = Vec::with_capacity(ops.len());
-        for (index, op) in ops.iter().enumerate() {
-            let wrap = |e: TreeError| {
-                OpFailure::Tree(TreeError::Multi {
-                    index,
-                    op_path: op.path().to_string(),
-                    cause: Box::new(e),
-                })
-            };
-            validate_path(op.path()).map_err(wrap)?;
-            let r = self.apply_op(op, session, now, changes);
-            match r {
-                Ok(res) => out.push(res),
-                Err(OpFailure::Tree(e)) => return Err(wrap(e)),
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(out)
-    }
-
-    fn version_of(&self, path: &str) -> rusqlite::Result<Option<(i32, u64)>> {
-        let (p, n) = key(path);
-        self.conn
-            .prepare_cached("SELECT version, owner FROM nodes WHERE parent = ?1 AND name = ?2")?
-            .query_row([p, n], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as u64)))
-            .optional()
-    }
-
-    fn expect(&self, path: &str, version: Option<i32>) -> Result<i32, OpFailure> {
-        let (actual, _) = self
-            .version_of(path)?
-            .ok_or_else(|| TreeError::NoNode(path.into()))?;
-        match version {
-            Some(v) if v != actual => Err(TreeError::BadVersion {
-                path: path.into(),
-                expected: v,
-                actual,
-            }
-            .into()),
-            _ => Ok(actual),
-        }
-    }
-
-    fn apply_op(
-        &self,
-        op: &Op,
-        session: u64,
-        now: u64,
-        changes: &mut Vec<Change>,
-    ) -> Result<OpResult, OpFailure> {
-        match op {
-            Op::Check { path, version } => {
-                self.expect(path, *version)?;
-                Ok(OpResult::Check)
-            }
-            Op::Create { path, data, mode } => {
-                if path == "/" {
-                    return Err(TreeError::NodeExists("/".into()).into());
-                }
-                check_size(path, data)?;
-                let (parent, name) = split_path(path);
-                let (pp, pn) = key(parent);
-                let owner = if *mode == CreateMode::Ephemeral {
-                    session
-                } else {
-                    0
-                };
-                // One guarded statement per op on the hot path; the failure path asks why.
-                let (full, inserted) = if *mode == CreateMode::PersistentSequential {
-                    let seq: Option<i64> = self
-                        .conn
-                        .prepare_cached(
-                            "UPDATE nodes SET seq = seq + 1 WHERE parent = ?1 AND name = ?2 AND owner = 0 RETURNING seq - 1",
-                        )?
-                        .query_row([pp, pn], |r| r.get(0))
-                        .optional()?;
-                    let Some(seq) = seq else {
-                        return Err(self.why_no_parent(parent)?.into());
-                    };
-                    let name = format!("{name}{seq:010}");
-                    let n = self
-                        .conn
-                        .prepare_cached(
-                            "INSERT OR IGNORE INTO nodes(parent, name, data, version, owner, ctime, mtime) VALUES (?1, ?2, ?3, 0, ?4, ?5, ?5)",
-                        )?
-                        .execute(params![parent, name, data, owner as i64, now as i64])?;
-                    (join_path(parent, &name), n)
-                } else {
-                    let n = self
-                        .conn
-                        .prepare_cached(
-                            "INSERT OR IGNORE INTO nodes(parent, name, data, version, owner, ctime, mtime) \
-                             SELECT ?1, ?2, ?3, 0, ?4, ?5, ?5 WHERE EXISTS \
-                             (SELECT 1 FROM nodes WHERE parent = ?6 AND name = ?7 AND owner = 0)",
-                        )?
-                        .execute(params![parent, name, data, owner as i64, now as i64, pp, pn])?;
-                    if n == 0 {
-                        if let Some(e) = self.why_no_parent_opt(parent)? {
-                            return Err(e.into());
-                        }
-                    }
-                    (path.clone(), n)
-                };
-                if inserted == 0 {
-                    return Err(TreeError::NodeExists(full).into());
-                }
-                changes.push(Change::Data(full.clone()));
-                changes.push(Change::Child(parent.to_string()));
-                Ok(OpResult::Create(full))
-            }
-            Op::Set {
-                path,
-                data,
-                version,
-            } => {
-                check_size(path, data)?;
-                let (p, n) = key(path);
-                let row: Option<(i32, i64, i64)> = self
-                    .conn
-                    .prepare_cached(
-                        "UPDATE nodes SET data = ?3, version = version + 1, mtime = ?4 \
-                         WHERE parent = ?1 AND name = ?2 AND (?5 IS NULL OR version = ?5) RETURNING version, ctime, owner",
-                    )?
-                    .query_row(params![p, n, data, now as i64, version], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-                    .optional()?;
-                let Some((v, ctime, owner)) = row else {
-                    self.expect(path, *version)?;
-                    return Err(TreeError::Backend(format!("set of {path} changed nothing")).into());
-                };
-                changes.push(Change::Data(path.clone()));
-                Ok(OpResult::Set(Stat {
-                    version: v,
-                    ephemeral_owner: owner as u64,
-                    ctime_ms: ctime as u64,
-                    mtime_ms: now,
-                }))
-            }
-            Op::Delete { path, version } => {
-                if path == "/" {
-                    return Err(
-                        TreeError::InvalidPath("/".into(), "the root cannot be deleted").into(),
-                    );
-                }
-                let (p, n) = key(path);
-                let deleted = self
-                    .conn
-                    .prepare_cached(
-                        "DELETE FROM nodes WHERE parent = ?1 AND name = ?2 AND (?3 IS NULL OR version = ?3) \
-                         AND NOT EXISTS (SELECT 1 FROM nodes WHERE parent = ?4)",
-                    )?
-                    .execute(params![p, n, version, path])?;
-                if deleted == 0 {
-                    self.expect(path, *version)?;
-                    return Err(TreeError::NotEmpty(path.clone()).into());
-                }
-                changes.push(Change::Data(path.clone()));
-                changes.push(Change::Child(p.to_string()));
-                Ok(OpResult::Delete)
-            }
-        }
-    }
-
-    /// Why a child of `parent` cannot be created: it is missing, or ephemeral.
-    fn why_no_parent_opt(&self, parent: &str) -> rusqlite::Result<Option<TreeError>> {
-        Ok(match self.version_of(parent)? {
-            None => Some(TreeError::NoNode(parent.into())),
-            Some((_, owner)) if owner != 0 => {
-                Some(TreeError::NoChildrenForEphemerals(parent.into()))
-            }
-            Some(_) => None,
-        })
-    }
-
-    fn why_no_parent(&self, parent: &str) -> rusqlite::Result<TreeError> {
-        Ok(self
-            .why_no_parent_opt(parent)?
-            .unwrap_or_else(|| TreeError::Backend(format!("cannot create under {parent}"))))
     }
 }
 
-fn check_size(path: &str, data: &Option<Vec<u8>>) -> Result<(), OpFailure> {
-    match data {
-        Some(d) if d.len() > MAX_DATA_BYTES => Err(TreeError::Backend(format!(
-            "data for {path} is {} bytes, over the {MAX_DATA_BYTES}-byte node limit",
-            d.len()
-        ))
-        .into()),
-        _ => Ok(()),
+impl Shared {
+    /// Folds in other processes' commits if any happened since the last look.
+    fn refresh(&self) -> Result<(), TreeError> {
+        let mut sc = lock(&self.sync);
+        let dv: i64 = sc
+            .conn
+            .query_row("PRAGMA data_version", [], |r| r.get(0))
+            .map_err(backend)?;
+        if dv == sc.data_version {
+            return Ok(());
+        }
+        sc.conn.execute_batch("BEGIN").map_err(backend)?;
+        let synced = {
+            let mut mem = self.mem.write().unwrap_or_else(|p| p.into_inner());
+            sync_from(&sc.conn, &mut mem)
+        };
+        let _ = sc.conn.execute_batch("COMMIT");
+        let synced = synced.map_err(backend)?;
+        sc.data_version = dv;
+        drop(sc);
+        let mut w = lock(&self.watches);
+        match synced {
+            Synced::Reloaded => w.fire_all(),
+            Synced::Paths(ps) => ps.iter().for_each(|p| w.fire_changed(p)),
+            Synced::Nothing => {}
+        }
+        Ok(())
     }
-}
 
-enum OpFailure {
-    Tree(TreeError),
-    Sql(rusqlite::Error),
-}
-
-impl From<TreeError> for OpFailure {
-    fn from(e: TreeError) -> Self {
-        OpFailure::Tree(e)
-    }
-}
-impl From<rusqlite::Error> for OpFailure {
-    fn from(e: rusqlite::Error) -> Self {
-        OpFailure::Sql(e)
+    fn read<R>(&self, path: &str, f: impl FnOnce(&Mem) -> R) -> Result<R, TreeError> {
+        validate_path(path)?;
+        self.refresh()?;
+        let mem = self.mem.read().unwrap_or_else(|p| p.into_inner());
+        Ok(f(&mem))
     }
 }
 
@@ -719,49 +684,72 @@ impl SqliteTree {
             )
             .map_err(|e| TreeError::NotOurs(path.display().to_string(), e.to_string()))?;
             check_ours(&probe, &path)?;
+            // A new file gets its page size before its first table (it cannot change later).
+            let page: u32 = std::env::var("LADING_PAGE_SIZE")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(4096);
+            probe
+                .execute_batch(&format!("PRAGMA page_size={page}"))
+                .map_err(backend)?;
+            init_schema(&probe, &path, opts.clock.now_ms())?;
         }
         let conn = open_conn(&path, opts.durable)?;
-        init_schema(&conn, &path, opts.clock.now_ms())?;
-        // Reap what crashed processes left before we start, so their locks do not linger.
-        conn.execute_batch("BEGIN IMMEDIATE").map_err(backend)?;
-        let reaped = reap(&conn, opts.clock.now_ms(), 0).map_err(backend)?;
-        let session = new_session(&conn, &opts)?;
-        conn.execute_batch("COMMIT").map_err(backend)?;
-        if !reaped.is_empty() {
-            tracing::info!(
-                count = reaped.len(),
-                "removed ephemeral nodes of dead sessions"
-            );
-        }
+        let sync_conn = open_conn(&path, opts.durable)?;
+        let mut mem = Mem::default();
+        // Register, reap what crashed processes left, and load — in one write transaction so
+        // the image and the log position agree.
+        let session = (|| -> rusqlite::Result<u64> {
+            conn.execute_batch("BEGIN IMMEDIATE")?;
+            let session = new_session(&conn, &opts)?;
+            full_load(&conn, &mut mem)?;
+            conn.execute_batch("COMMIT")?;
+            Ok(session)
+        })()
+        .map_err(|e| {
+            let _ = conn.execute_batch("ROLLBACK");
+            backend(e)
+        })?;
+        let data_version: i64 = sync_conn
+            .query_row("PRAGMA data_version", [], |r| r.get(0))
+            .map_err(backend)?;
         let shared = Arc::new(Shared {
             path: path.clone(),
             session: AtomicU64::new(session),
+            mem: RwLock::new(mem),
+            sync: Mutex::new(SyncConn {
+                conn: sync_conn,
+                data_version,
+            }),
+            watches: Mutex::new(Watches::default()),
             commits: AtomicU64::new(0),
             multis: AtomicU64::new(0),
-            watches: Mutex::new(Watches::default()),
-            readers: Mutex::new(Vec::new()),
             opts: opts.clone(),
             stopping: AtomicBool::new(false),
         });
         let (tx, rx) = mpsc::channel();
-        let writer = Writer {
+        let mut writer = Writer {
             conn,
             shared: shared.clone(),
+            since_prune: 0,
         };
-        let mut threads = vec![
+        // Dead sessions' locks must not linger: reap before anyone reads.
+        writer.apply_group(vec![Req::Reap]);
+        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
-                .name("lading-sqlite-writer".into())
-                .spawn(move || writer.run(rx))
-                .map_err(|e| TreeError::Backend(e.to_string()))?,
-        ];
-        let poll_conn = open_conn(&path, opts.durable)?;
+                .name(name.into())
+                .spawn(f)
+                .map_err(|e| TreeError::Backend(e.to_string()))
+        };
+        let mut threads = vec![spawn(
+            "lading-sqlite-writer",
+            Box::new(move || writer.run(rx)),
+        )?];
         let (s2, tx2) = (shared.clone(), tx.clone());
-        threads.push(
-            std::thread::Builder::new()
-                .name("lading-sqlite-maint".into())
-                .spawn(move || maintenance(s2, tx2, poll_conn))
-                .map_err(|e| TreeError::Backend(e.to_string()))?,
-        );
+        threads.push(spawn(
+            "lading-sqlite-maint",
+            Box::new(move || maintenance(s2, tx2)),
+        )?);
         Ok(SqliteTree {
             shared,
             tx: Mutex::new(Some(tx)),
@@ -799,8 +787,7 @@ impl SqliteTree {
     }
 
     fn send(&self, req: Req) -> Result<(), TreeError> {
-        let guard = self.tx.lock().unwrap_or_else(|p| p.into_inner());
-        match guard.as_ref() {
+        match lock(&self.tx).as_ref() {
             Some(tx) => tx
                 .send(req)
                 .map_err(|_| TreeError::Backend("store handle is closed".into())),
@@ -808,63 +795,28 @@ impl SqliteTree {
         }
     }
 
-    fn read<R>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<R>) -> Result<R, TreeError> {
-        let conn = {
-            let mut pool = self
-                .shared
-                .readers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            pool.pop()
-        };
-        let conn = match conn {
-            Some(c) => c,
-            None => open_conn(&self.shared.path, self.shared.opts.durable)?,
-        };
-        let r = f(&conn).map_err(backend);
-        let mut pool = self
-            .shared
-            .readers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if pool.len() < READ_POOL_MAX {
-            pool.push(conn);
-        }
-        r
-    }
-
     fn stop(&self) {
         self.shared.stopping.store(true, Ordering::SeqCst);
-        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(tx) = tx {
+        if let Some(tx) = lock(&self.tx).take() {
             let (done, _rx) = oneshot::channel();
             let _ = tx.send(Req::Close(done));
         }
-        let threads: Vec<_> = self
-            .threads
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain(..)
-            .collect();
+        let threads: Vec<_> = lock(&self.threads).drain(..).collect();
         for t in threads {
             let _ = t.join();
         }
-        self.shared
-            .watches
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .fire_all();
+        lock(&self.shared.watches).fire_all();
     }
 }
 
-/// Heartbeats the session, reaps others', and notices other processes' commits.
-fn maintenance(shared: Arc<Shared>, tx: mpsc::Sender<Req>, conn: Connection) {
+/// Heartbeats the session, reaps others', and folds in other processes' commits so watches
+/// fire even when nobody reads.
+fn maintenance(shared: Arc<Shared>, tx: mpsc::Sender<Req>) {
     let opts = &shared.opts;
     let tick = Duration::from_millis(opts.poll_interval_ms.max(1));
     let heartbeat_every = (opts.session_timeout_ms / 3).max(1);
     let mut last_heartbeat = std::time::Instant::now();
     let mut last_reap = std::time::Instant::now();
-    let mut last_seen: Option<(f64, i64)> = None;
     while !shared.stopping.load(Ordering::SeqCst) {
         std::thread::sleep(tick);
         if last_heartbeat.elapsed().as_millis() as u64 >= heartbeat_every {
@@ -879,21 +831,8 @@ fn maintenance(shared: Arc<Shared>, tx: mpsc::Sender<Req>, conn: Connection) {
                 return;
             }
         }
-        let me = shared.session.load(Ordering::SeqCst) as i64;
-        let seen = conn.query_row(
-            "SELECT total(commits), count(*) FROM sessions WHERE id <> ?1",
-            [me],
-            |r| Ok((r.get::<_, f64>(0)?, r.get::<_, i64>(1)?)),
-        );
-        if let Ok(seen) = seen {
-            if last_seen.is_some_and(|l| l != seen) {
-                shared
-                    .watches
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .fire_all();
-            }
-            last_seen = Some(seen);
+        if let Err(e) = shared.refresh() {
+            tracing::warn!(error = %e, "could not fold in other processes' commits");
         }
     }
 }
@@ -915,45 +854,27 @@ impl Tree for SqliteTree {
 
     fn get<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<Node>, TreeError>> {
         Box::pin(async move {
-            validate_path(path)?;
-            let (p, n) = key(path);
-            self.read(|c| {
-                c.prepare_cached("SELECT data, version, owner, ctime, mtime FROM nodes WHERE parent = ?1 AND name = ?2")?
-                    .query_row([p, n], |r| {
-                        Ok(Node {
-                            data: r.get(0)?,
-                            stat: Stat {
-                                version: r.get(1)?,
-                                ephemeral_owner: r.get::<_, i64>(2)? as u64,
-                                ctime_ms: r.get::<_, i64>(3)? as u64,
-                                mtime_ms: r.get::<_, i64>(4)? as u64,
-                            },
-                        })
-                    })
-                    .optional()
+            self.shared.read(path, |m| {
+                m.get(path).map(|n| Node {
+                    data: n.data.clone(),
+                    stat: n.stat(),
+                })
             })
         })
     }
 
+    fn exists<'a>(
+        &'a self,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<Option<lading_core::Stat>, TreeError>> {
+        Box::pin(async move { self.shared.read(path, |m| m.get(path).map(MemNode::stat)) })
+    }
+
     fn children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Vec<String>, TreeError>> {
         Box::pin(async move {
-            validate_path(path)?;
-            let (p, n) = key(path);
-            self.read(|c| {
-                if !c
-                    .prepare_cached("SELECT 1 FROM nodes WHERE parent = ?1 AND name = ?2")?
-                    .exists([p, n])?
-                {
-                    return Ok(None);
-                }
-                c.prepare_cached(
-                    "SELECT name FROM nodes WHERE parent = CAST(?1 AS TEXT) ORDER BY name",
-                )?
-                .query_map([path], |r| r.get(0))?
-                .collect::<rusqlite::Result<Vec<String>>>()
-                .map(Some)
-            })?
-            .ok_or_else(|| TreeError::NoNode(path.into()))
+            self.shared
+                .read(path, |m| m.children(path).map(|c| c.cloned().collect()))?
+                .ok_or_else(|| TreeError::NoNode(path.into()))
         })
     }
 
@@ -964,48 +885,17 @@ impl Tree for SqliteTree {
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<String>, TreeError>> {
         Box::pin(async move {
-            validate_path(path)?;
-            let (p, n) = key(path);
-            self.read(|c| {
-                if !c.prepare_cached("SELECT 1 FROM nodes WHERE parent = ?1 AND name = ?2")?.exists([p, n])? {
-                    return Ok(None);
-                }
-                // `CAST(?1 AS TEXT)`, not `?1`: with `ORDER BY name`, a bare parameter makes SQLite
-                // re-prepare the cached statement on every use (measured: ~20% of the CPU of a
-                // bench run). The limit is part of the SQL for the same reason.
-                let limit = limit.min(i64::MAX as usize);
-                match after {
-                    None => c
-                        .prepare_cached(&format!("SELECT name FROM nodes WHERE parent = CAST(?1 AS TEXT) ORDER BY name LIMIT {limit}"))?
-                        .query_map(params![path], |r| r.get(0))?
-                        .collect::<rusqlite::Result<Vec<String>>>(),
-                    Some(after) => c
-                        .prepare_cached(&format!("SELECT name FROM nodes WHERE parent = CAST(?1 AS TEXT) AND name > ?2 ORDER BY name LIMIT {limit}"))?
-                        .query_map(params![path, after], |r| r.get(0))?
-                        .collect::<rusqlite::Result<Vec<String>>>(),
-                }
-                .map(Some)
-            })?
-            .ok_or_else(|| TreeError::NoNode(path.into()))
+            self.shared
+                .read(path, |m| m.children_page(path, after, limit))?
+                .ok_or_else(|| TreeError::NoNode(path.into()))
         })
     }
 
     fn count_children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<u64, TreeError>> {
         Box::pin(async move {
-            validate_path(path)?;
-            let (p, n) = key(path);
-            self.read(|c| {
-                if !c
-                    .prepare_cached("SELECT 1 FROM nodes WHERE parent = ?1 AND name = ?2")?
-                    .exists([p, n])?
-                {
-                    return Ok(None);
-                }
-                c.prepare_cached("SELECT count(*) FROM nodes WHERE parent = ?1")?
-                    .query_row([path], |r| r.get::<_, i64>(0))
-                    .map(|n| Some(n as u64))
-            })?
-            .ok_or_else(|| TreeError::NoNode(path.into()))
+            self.shared
+                .read(path, |m| m.count_children(path))?
+                .ok_or_else(|| TreeError::NoNode(path.into()))
         })
     }
 
@@ -1026,10 +916,7 @@ impl Tree for SqliteTree {
         Box::pin(async move {
             validate_path(path)?;
             let (tx, rx) = oneshot::channel();
-            self.shared
-                .watches
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
+            lock(&self.shared.watches)
                 .map
                 .entry((path.to_string(), kind))
                 .or_default()

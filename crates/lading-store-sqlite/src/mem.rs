@@ -1,0 +1,459 @@
+//! The in-memory image of the tree, and the overlay that applies `multi`s to it.
+//!
+//! Every handle keeps the whole tree in memory: reads never touch SQLite, and the writer
+//! validates a `multi` (versions, parents, emptiness) against memory instead of querying. A
+//! group of `multi`s is applied to an [`Overlay`] first; only after its commit is durable is the
+//! overlay folded into the shared [`Mem`], so readers never see a change that could still be
+//! lost.
+//!
+//! Pure data, no I/O: the semantics of every tree operation live here.
+
+use lading_core::tree::{join_path, split_path, validate_path};
+use lading_core::{CreateMode, Op, OpResult, Stat, TreeError};
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+/// Largest node data accepted, as in ZooKeeper's default `jute.maxbuffer`.
+pub const MAX_DATA_BYTES: usize = 1024 * 1024;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemNode {
+    pub data: Option<Vec<u8>>,
+    pub version: i32,
+    /// Owning session of an ephemeral node; 0 for a persistent one.
+    pub owner: u64,
+    pub ctime: u64,
+    pub mtime: u64,
+    /// Next sequence number for sequential children.
+    pub seq: i64,
+}
+
+impl MemNode {
+    pub fn new(data: Option<Vec<u8>>, owner: u64, now: u64) -> MemNode {
+        MemNode {
+            data,
+            version: 0,
+            owner,
+            ctime: now,
+            mtime: now,
+            seq: 0,
+        }
+    }
+
+    pub fn stat(&self) -> Stat {
+        Stat {
+            version: self.version,
+            ephemeral_owner: self.owner,
+            ctime_ms: self.ctime,
+            mtime_ms: self.mtime,
+        }
+    }
+}
+
+/// The committed tree.
+#[derive(Debug, Default)]
+pub struct Mem {
+    nodes: HashMap<String, MemNode>,
+    kids: HashMap<String, BTreeSet<String>>,
+    /// The last change-log entry folded in.
+    pub synced: i64,
+}
+
+impl Mem {
+    pub fn get(&self, path: &str) -> Option<&MemNode> {
+        self.nodes.get(path)
+    }
+
+    /// Children names of `path`, sorted; `None` when `path` does not exist.
+    pub fn children(&self, path: &str) -> Option<impl Iterator<Item = &String>> {
+        self.nodes.get(path)?;
+        Some(self.kids.get(path).into_iter().flatten())
+    }
+
+    /// At most `limit` children strictly after `after`.
+    pub fn children_page(
+        &self,
+        path: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Option<Vec<String>> {
+        self.nodes.get(path)?;
+        let Some(set) = self.kids.get(path) else {
+            return Some(vec![]);
+        };
+        let it: Box<dyn Iterator<Item = &String>> = match after {
+            Some(a) => Box::new(
+                set.range::<str, _>((std::ops::Bound::Excluded(a), std::ops::Bound::Unbounded)),
+            ),
+            None => Box::new(set.iter()),
+        };
+        Some(it.take(limit).cloned().collect())
+    }
+
+    pub fn count_children(&self, path: &str) -> Option<u64> {
+        self.nodes.get(path)?;
+        Some(self.kids.get(path).map_or(0, |s| s.len() as u64))
+    }
+
+    pub fn put(&mut self, path: String, node: MemNode) {
+        if path != "/" && !self.nodes.contains_key(&path) {
+            let (parent, name) = split_path(&path);
+            self.kids
+                .entry(parent.to_string())
+                .or_default()
+                .insert(name.to_string());
+        }
+        self.nodes.insert(path, node);
+    }
+
+    pub fn remove(&mut self, path: &str) {
+        if self.nodes.remove(path).is_some() && path != "/" {
+            let (parent, name) = split_path(path);
+            if let Some(set) = self.kids.get_mut(parent) {
+                set.remove(name);
+                if set.is_empty() {
+                    self.kids.remove(parent);
+                }
+            }
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.nodes.clear();
+        self.kids.clear();
+    }
+
+    /// Paths of the nodes a session owns.
+    pub fn owned_by(&self, session: u64) -> Vec<String> {
+        self.nodes
+            .iter()
+            .filter(|(_, n)| n.owner == session)
+            .map(|(p, _)| p.clone())
+            .collect()
+    }
+}
+
+enum Undo {
+    Changed(String, Option<Option<MemNode>>),
+    KidAdded(String, String),
+    KidRemoved(String, String),
+}
+
+/// Changes of one commit group on top of [`Mem`], not yet durable.
+#[derive(Default)]
+pub struct Overlay {
+    /// Path → its new state (`None`: deleted).
+    pub changed: HashMap<String, Option<MemNode>>,
+    /// Children created in this overlay, per parent (for emptiness checks).
+    added: HashMap<String, HashSet<String>>,
+}
+
+impl Overlay {
+    pub fn is_empty(&self) -> bool {
+        self.changed.is_empty()
+    }
+
+    fn lookup<'a>(&'a self, base: &'a Mem, path: &str) -> Option<&'a MemNode> {
+        match self.changed.get(path) {
+            Some(v) => v.as_ref(),
+            None => base.get(path),
+        }
+    }
+
+    fn has_children(&self, base: &Mem, path: &str) -> bool {
+        if self.added.get(path).is_some_and(|s| !s.is_empty()) {
+            return true;
+        }
+        match base.kids.get(path) {
+            None => false,
+            Some(set) => set
+                .iter()
+                .any(|c| !matches!(self.changed.get(&join_path(path, c)), Some(None))),
+        }
+    }
+
+    fn set(&mut self, path: &str, node: Option<MemNode>, undo: &mut Vec<Undo>) {
+        let prev = self.changed.insert(path.to_string(), node.clone());
+        undo.push(Undo::Changed(path.to_string(), prev));
+        if path == "/" {
+            return;
+        }
+        let (parent, name) = split_path(path);
+        if node.is_some() {
+            if self
+                .added
+                .entry(parent.to_string())
+                .or_default()
+                .insert(name.to_string())
+            {
+                undo.push(Undo::KidAdded(parent.to_string(), name.to_string()));
+            }
+        } else if self.added.get_mut(parent).is_some_and(|s| s.remove(name)) {
+            undo.push(Undo::KidRemoved(parent.to_string(), name.to_string()));
+        }
+    }
+
+    fn rollback(&mut self, undo: Vec<Undo>) {
+        for u in undo.into_iter().rev() {
+            match u {
+                Undo::Changed(p, None) => {
+                    self.changed.remove(&p);
+                }
+                Undo::Changed(p, Some(prev)) => {
+                    self.changed.insert(p, prev);
+                }
+                Undo::KidAdded(parent, name) => {
+                    if let Some(s) = self.added.get_mut(&parent) {
+                        s.remove(&name);
+                    }
+                }
+                Undo::KidRemoved(parent, name) => {
+                    self.added.entry(parent).or_default().insert(name);
+                }
+            }
+        }
+    }
+
+    /// Applies every op or none (ZooKeeper's `multi`). On failure the error names the op.
+    pub fn apply_multi(
+        &mut self,
+        base: &Mem,
+        ops: &[Op],
+        session: u64,
+        now: u64,
+    ) -> Result<Vec<OpResult>, TreeError> {
+        let mut undo = Vec::new();
+        let mut out = Vec::with_capacity(ops.len());
+        for (index, op) in ops.iter().enumerate() {
+            match self.apply_op(base, op, session, now, &mut undo) {
+                Ok(r) => out.push(r),
+                Err(e) => {
+                    self.rollback(undo);
+                    return Err(TreeError::Multi {
+                        index,
+                        op_path: op.path().to_string(),
+                        cause: Box::new(e),
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn expect(&self, base: &Mem, path: &str, version: Option<i32>) -> Result<MemNode, TreeError> {
+        let node = self
+            .lookup(base, path)
+            .ok_or_else(|| TreeError::NoNode(path.into()))?;
+        match version {
+            Some(v) if v != node.version => Err(TreeError::BadVersion {
+                path: path.into(),
+                expected: v,
+                actual: node.version,
+            }),
+            _ => Ok(node.clone()),
+        }
+    }
+
+    fn apply_op(
+        &mut self,
+        base: &Mem,
+        op: &Op,
+        session: u64,
+        now: u64,
+        undo: &mut Vec<Undo>,
+    ) -> Result<OpResult, TreeError> {
+        validate_path(op.path())?;
+        match op {
+            Op::Check { path, version } => {
+                self.expect(base, path, *version)?;
+                Ok(OpResult::Check)
+            }
+            Op::Create { path, data, mode } => {
+                if path == "/" {
+                    return Err(TreeError::NodeExists("/".into()));
+                }
+                check_size(path, data)?;
+                let (parent, name) = split_path(path);
+                let mut pnode = self
+                    .lookup(base, parent)
+                    .cloned()
+                    .ok_or_else(|| TreeError::NoNode(parent.into()))?;
+                if pnode.owner != 0 {
+                    return Err(TreeError::NoChildrenForEphemerals(parent.into()));
+                }
+                let full = if *mode == CreateMode::PersistentSequential {
+                    let full = join_path(parent, &format!("{name}{:010}", pnode.seq));
+                    pnode.seq += 1;
+                    self.set(parent, Some(pnode), undo);
+                    full
+                } else {
+                    path.clone()
+                };
+                if self.lookup(base, &full).is_some() {
+                    return Err(TreeError::NodeExists(full));
+                }
+                let owner = if *mode == CreateMode::Ephemeral {
+                    session
+                } else {
+                    0
+                };
+                self.set(&full, Some(MemNode::new(data.clone(), owner, now)), undo);
+                Ok(OpResult::Create(full))
+            }
+            Op::Set {
+                path,
+                data,
+                version,
+            } => {
+                check_size(path, data)?;
+                let mut node = self.expect(base, path, *version)?;
+                node.data = data.clone();
+                node.version += 1;
+                node.mtime = now;
+                let stat = node.stat();
+                self.set(path, Some(node), undo);
+                Ok(OpResult::Set(stat))
+            }
+            Op::Delete { path, version } => {
+                if path == "/" {
+                    return Err(TreeError::InvalidPath(
+                        "/".into(),
+                        "the root cannot be deleted",
+                    ));
+                }
+                self.expect(base, path, *version)?;
+                if self.has_children(base, path) {
+                    return Err(TreeError::NotEmpty(path.clone()));
+                }
+                self.set(path, None, undo);
+                Ok(OpResult::Delete)
+            }
+        }
+    }
+
+    /// Deletes a node unconditionally (session cleanup; ephemeral nodes have no children).
+    pub fn force_delete(&mut self, base: &Mem, path: &str) {
+        if self.lookup(base, path).is_some() {
+            let mut undo = Vec::new();
+            self.set(path, None, &mut undo);
+        }
+    }
+
+    /// Nodes a session owns, committed or in this overlay.
+    pub fn owned_by(&self, base: &Mem, session: u64) -> Vec<String> {
+        let mut paths: HashSet<String> = base.owned_by(session).into_iter().collect();
+        for (p, n) in &self.changed {
+            match n {
+                Some(n) if n.owner == session => {
+                    paths.insert(p.clone());
+                }
+                _ => {}
+            }
+        }
+        paths
+            .into_iter()
+            .filter(|p| self.lookup(base, p).is_some_and(|n| n.owner == session))
+            .collect()
+    }
+
+    /// Folds the overlay into the committed tree.
+    pub fn apply_to(self, mem: &mut Mem) {
+        for (path, node) in self.changed {
+            match node {
+                Some(n) => mem.put(path, n),
+                None => mem.remove(&path),
+            }
+        }
+    }
+}
+
+fn check_size(path: &str, data: &Option<Vec<u8>>) -> Result<(), TreeError> {
+    match data {
+        Some(d) if d.len() > MAX_DATA_BYTES => Err(TreeError::Backend(format!(
+            "data for {path} is {} bytes, over the {MAX_DATA_BYTES}-byte node limit",
+            d.len()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mem() -> Mem {
+        let mut m = Mem::default();
+        m.put("/".into(), MemNode::new(None, 0, 0));
+        m
+    }
+
+    #[test]
+    fn a_failed_multi_leaves_the_overlay_as_it_was() {
+        let m = mem();
+        let mut ov = Overlay::default();
+        ov.apply_multi(&m, &[Op::create("/a", None)], 1, 0).unwrap();
+        let err = ov
+            .apply_multi(
+                &m,
+                &[Op::create("/a/b", None), Op::create("/a/b", None)],
+                1,
+                0,
+            )
+            .unwrap_err();
+        assert_eq!(err.failed_op(), Some(1));
+        assert_eq!(ov.changed.len(), 1, "only /a remains");
+        assert!(!ov.has_children(&m, "/a"));
+        ov.apply_multi(&m, &[Op::delete("/a", None)], 1, 0).unwrap();
+    }
+
+    #[test]
+    fn emptiness_sees_base_and_overlay() {
+        let mut m = mem();
+        m.put("/p".into(), MemNode::new(None, 0, 0));
+        m.put("/p/x".into(), MemNode::new(None, 0, 0));
+        let mut ov = Overlay::default();
+        let e = ov
+            .apply_multi(&m, &[Op::delete("/p", None)], 1, 0)
+            .unwrap_err();
+        assert!(matches!(e.root(), TreeError::NotEmpty(_)));
+        ov.apply_multi(
+            &m,
+            &[Op::delete("/p/x", None), Op::delete("/p", None)],
+            1,
+            0,
+        )
+        .unwrap();
+        ov.apply_to(&mut m);
+        assert!(m.get("/p").is_none());
+        assert_eq!(m.count_children("/"), Some(0));
+    }
+
+    #[test]
+    fn sequential_names_come_from_the_parent_counter() {
+        let mut m = mem();
+        let mut ov = Overlay::default();
+        ov.apply_multi(&m, &[Op::create("/q", None)], 1, 0).unwrap();
+        let r = ov
+            .apply_multi(
+                &m,
+                &[
+                    Op::create_mode("/q/n", None, CreateMode::PersistentSequential),
+                    Op::create_mode("/q/n", None, CreateMode::PersistentSequential),
+                ],
+                1,
+                0,
+            )
+            .unwrap();
+        assert_eq!(
+            r,
+            vec![
+                OpResult::Create("/q/n0000000000".into()),
+                OpResult::Create("/q/n0000000001".into())
+            ]
+        );
+        ov.apply_to(&mut m);
+        assert_eq!(
+            m.children_page("/q", Some("n0000000000"), 5).unwrap(),
+            vec!["n0000000001".to_string()]
+        );
+    }
+}
