@@ -92,6 +92,21 @@ pub fn fsync_rate(dir: &Path) -> anyhow::Result<f64> {
     Ok(rate)
 }
 
+/// CPU seconds this process has used (user + system), from `/proc/self/stat`.
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+        return 0.0;
+    };
+    let f: Vec<&str> = rest.split(' ').collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the command name; in
+    // clock ticks, which are 100 per second on Linux.
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 fn percentile(sorted: &[u64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -156,6 +171,7 @@ async fn queue(
 
     // The measured part: every job through every stage.
     let stats0 = sqlite.stats();
+    let cpu0 = cpu_seconds();
     let completed = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
     let mut handles = Vec::new();
@@ -171,7 +187,10 @@ async fn queue(
     }
     let elapsed = start.elapsed().as_secs_f64();
     let stats = sqlite.stats();
+    let cores_busy = (cpu_seconds() - cpu0) / elapsed;
     let (commits, multis) = (stats.commits - stats0.commits, stats.multis - stats0.multis);
+    let fsyncs = stats.fsyncs - stats0.fsyncs;
+    let fsync_mean_us = (stats.fsync_us - stats0.fsync_us) as f64 / fsyncs.max(1) as f64;
     let per_commit = multis as f64 / commits.max(1) as f64;
     latencies_us.sort_unstable();
     let transitions = latencies_us.len();
@@ -205,6 +224,7 @@ async fn queue(
                 "seconds": elapsed, "jobs_per_s": jobs_per_s, "transitions_per_s": transitions_per_s,
                 "p50_ms": p50, "p99_ms": p99, "fsync_per_s": fsync, "setup_s": setup_s,
                 "commits": commits, "multis": multis, "multis_per_commit": per_commit,
+                "fsyncs": fsyncs, "fsync_mean_us": fsync_mean_us, "cores_busy": cores_busy,
             })
         );
     } else {
@@ -221,6 +241,8 @@ async fn queue(
             "  commits      {commits} durable commits carried {multis} multis ({per_commit:.1} per commit, {:.0} commits/s)",
             commits as f64 / elapsed
         );
+        println!("  fsyncs       {fsyncs} of the WAL, {fsync_mean_us:.0} µs each on average");
+        println!("  cpu          {cores_busy:.2} cores busy on average while measured");
         println!(
             "  raw fsync/s  {fsync:.0} (4 KiB fdatasync in {})",
             dir.display()

@@ -32,7 +32,7 @@ pub use mem::MAX_DATA_BYTES;
 use lading_core::time::{SharedClock, format_ts, system_clock};
 use lading_core::tree::{split_path, validate_path};
 use lading_core::{BoxFuture, Node, Op, OpResult, Tree, TreeError, Watch, WatchKind};
-use mem::{Mem, MemNode, Overlay};
+use mem::{Below, Mem, MemNode, Overlay};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -146,6 +146,9 @@ pub struct WriterStats {
     pub commits: u64,
     /// `multi` requests applied (committed or refused).
     pub multis: u64,
+    /// `fdatasync`s of the WAL, and the time spent in them.
+    pub fsyncs: u64,
+    pub fsync_us: u64,
 }
 
 /// The connection readers use to notice other processes' commits.
@@ -154,14 +157,29 @@ struct SyncConn {
     data_version: i64,
 }
 
+/// Groups committed by this handle's writer but not yet durable and folded into memory.
+#[derive(Default)]
+struct Pending {
+    groups: std::collections::VecDeque<(i64, Arc<Overlay>)>,
+    /// Set when an fsync failed: memory and file may disagree, so nothing more is done.
+    poisoned: Option<String>,
+}
+
+/// Most committed groups waiting for their fsync at once.
+const MAX_PENDING: usize = 4;
+
 struct Shared {
     path: PathBuf,
     session: AtomicU64,
     mem: RwLock<Mem>,
+    pending: Mutex<Pending>,
+    pending_changed: std::sync::Condvar,
     sync: Mutex<SyncConn>,
     watches: Mutex<Watches>,
     commits: AtomicU64,
     multis: AtomicU64,
+    fsyncs: AtomicU64,
+    fsync_us: AtomicU64,
     opts: SqliteOptions,
     stopping: AtomicBool,
 }
@@ -179,6 +197,10 @@ fn backend(e: rusqlite::Error) -> TreeError {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn lock_read<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(|p| p.into_inner())
 }
 
 fn open_conn(path: &Path, durable: bool) -> Result<Connection, TreeError> {
@@ -423,6 +445,10 @@ fn dead_sessions(conn: &Connection, now: u64, keep: u64) -> rusqlite::Result<Vec
 struct Writer {
     conn: Connection,
     shared: Arc<Shared>,
+    /// Where committed groups go to be made durable and answered.
+    to_syncer: mpsc::Sender<Committed>,
+    /// The last change-log entry this writer made or folded in.
+    last_seq: i64,
     /// Commits since the change log was last pruned.
     since_prune: u32,
 }
@@ -430,6 +456,18 @@ struct Writer {
 enum Done {
     Open,
     Closed,
+}
+
+/// A group the writer committed, on its way to the syncer: made durable, folded into memory,
+/// then answered, in commit order.
+struct Committed {
+    /// The change-log entry, or `None` when the group changed no node.
+    seq: Option<i64>,
+    overlay: Arc<Overlay>,
+    synced: Synced,
+    replies: Vec<(Reply, Result<Vec<OpResult>, TreeError>)>,
+    after: Vec<oneshot::Sender<()>>,
+    close: Option<oneshot::Sender<Result<(), TreeError>>>,
 }
 
 impl Writer {
@@ -449,7 +487,12 @@ impl Writer {
     }
 
     /// Removes a session and its ephemeral nodes (into the overlay).
-    fn drop_session(&self, ov: &mut Overlay, base: &Mem, id: u64) -> rusqlite::Result<()> {
+    fn drop_session(
+        &self,
+        ov: &mut Overlay,
+        base: &dyn mem::Below,
+        id: u64,
+    ) -> rusqlite::Result<()> {
         for p in ov.owned_by(base, id) {
             ov.force_delete(base, &p);
         }
@@ -460,7 +503,7 @@ impl Writer {
         Ok(())
     }
 
-    /// Applies one group in one transaction.
+    /// Applies one group in one transaction and hands it to the syncer.
     fn apply_group(&mut self, group: Vec<Req>) -> Done {
         let now = self.shared.opts.clock.now_ms();
         let shared = self.shared.clone();
@@ -470,15 +513,48 @@ impl Writer {
         let mut close: Option<oneshot::Sender<Result<(), TreeError>>> = None;
         let mut synced = Synced::Nothing;
 
+        if let Some(why) = lock(&shared.pending).poisoned.clone() {
+            for req in group {
+                match req {
+                    Req::Multi(_, reply) => {
+                        let _ = reply.send(Err(TreeError::Backend(why.clone())));
+                    }
+                    Req::Expire(done) => {
+                        let _ = done.send(());
+                    }
+                    Req::Close(done) => {
+                        let _ = done.send(Err(TreeError::Backend(why.clone())));
+                        return Done::Closed;
+                    }
+                    Req::Heartbeat | Req::Reap => {}
+                }
+            }
+            return Done::Open;
+        }
+        shared.wait_pending(|n| n < MAX_PENDING);
+
         let result = (|| -> rusqlite::Result<Option<i64>> {
-            self.conn.execute_batch("BEGIN IMMEDIATE")?;
-            // Others may have committed since we last looked; we hold the write lock now, so
-            // after this nothing changes underneath us until COMMIT.
-            synced = sync_from(
-                &self.conn,
-                &mut shared.mem.write().unwrap_or_else(|p| p.into_inner()),
-            )?;
-            let base = shared.mem.read().unwrap_or_else(|p| p.into_inner());
+            self.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+            // Did another process commit since our last group? Then fold that in first, in
+            // order: our own pending groups go before it.
+            if last_change(&self.conn)?.1 > self.last_seq {
+                shared.wait_pending(|n| n == 0);
+                synced = sync_from(
+                    &self.conn,
+                    &mut shared.mem.write().unwrap_or_else(|p| p.into_inner()),
+                )?;
+                self.last_seq = shared.mem.read().unwrap_or_else(|p| p.into_inner()).synced;
+            }
+            let pending: Vec<Arc<Overlay>> = lock(&shared.pending)
+                .groups
+                .iter()
+                .map(|(_, o)| o.clone())
+                .collect();
+            let mem_guard = shared.mem.read().unwrap_or_else(|p| p.into_inner());
+            let base = mem::Layers {
+                mem: &mem_guard,
+                pending: &pending,
+            };
             let session = shared.session.load(Ordering::SeqCst);
             let live = self
                 .conn
@@ -535,42 +611,58 @@ impl Writer {
                     }
                 }
             }
-            drop(base);
-            if ov.is_empty() {
-                self.conn.execute_batch("COMMIT")?;
-                return Ok(None);
-            }
+            // Whether each changed node is in the committed file: decides UPDATE, INSERT, DELETE,
+            // or nothing (a lock made and dropped within the group never reaches SQL).
+            let writes: Vec<(&String, Option<&MemNode>, bool)> = ov
+                .changed
+                .iter()
+                .map(|(p, n)| (p, n.as_ref(), base.get(p).is_some()))
+                .collect();
+            drop(mem_guard);
             let mut paths = String::new();
             {
-                let mut put = self.conn.prepare_cached(
-                    "INSERT OR REPLACE INTO nodes(parent, name, data, version, owner, ctime, mtime, seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                let mut insert = self.conn.prepare_cached(
+                    "INSERT INTO nodes(parent, name, data, version, owner, ctime, mtime, seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                )?;
+                let mut update = self.conn.prepare_cached(
+                    "UPDATE nodes SET data = ?3, version = ?4, owner = ?5, ctime = ?6, mtime = ?7, seq = ?8 WHERE parent = ?1 AND name = ?2",
                 )?;
                 let mut del = self
                     .conn
                     .prepare_cached("DELETE FROM nodes WHERE parent = ?1 AND name = ?2")?;
-                for (path, node) in &ov.changed {
+                for (path, node, existed) in writes {
                     let (parent, name) = key(path);
-                    match node {
-                        Some(n) => put.execute(params![
-                            parent,
-                            name,
-                            n.data,
-                            n.version,
-                            n.owner as i64,
-                            n.ctime as i64,
-                            n.mtime as i64,
-                            n.seq
-                        ])?,
-                        None => del.execute([parent, name])?,
-                    };
+                    match (node, existed) {
+                        (Some(n), existed) => {
+                            let stmt = if existed { &mut update } else { &mut insert };
+                            stmt.execute(params![
+                                parent,
+                                name,
+                                n.data,
+                                n.version,
+                                n.owner as i64,
+                                n.ctime as i64,
+                                n.mtime as i64,
+                                n.seq
+                            ])?;
+                        }
+                        (None, true) => {
+                            del.execute([parent, name])?;
+                        }
+                        (None, false) => continue,
+                    }
                     paths.push_str(path);
                     paths.push('\n');
                 }
             }
-            let seq: i64 = self
-                .conn
-                .prepare_cached("INSERT INTO changes(paths) VALUES (?1) RETURNING seq")?
-                .query_row([&paths], |r| r.get(0))?;
+            if paths.is_empty() {
+                self.conn.prepare_cached("COMMIT")?.execute([])?;
+                return Ok(None);
+            }
+            self.conn
+                .prepare_cached("INSERT INTO changes(paths) VALUES (?1)")?
+                .execute([&paths])?;
+            let seq = self.conn.last_insert_rowid();
             self.since_prune += 1;
             if self.since_prune >= 1024 {
                 self.since_prune = 0;
@@ -578,32 +670,38 @@ impl Writer {
                     .prepare_cached("DELETE FROM changes WHERE seq <= ?1")?
                     .execute([seq - CHANGES_KEPT])?;
             }
-            self.conn.execute_batch("COMMIT")?;
+            self.conn.prepare_cached("COMMIT")?.execute([])?;
             Ok(Some(seq))
         })();
 
-        let changed: Vec<String> = ov.changed.keys().cloned().collect();
+        let closing = close.is_some();
         match result {
             Ok(seq) => {
-                if let Some(seq) = seq {
-                    let mut mem = shared.mem.write().unwrap_or_else(|p| p.into_inner());
-                    ov.apply_to(&mut mem);
-                    mem.synced = seq;
-                }
                 shared.commits.fetch_add(1, Ordering::Relaxed);
                 shared
                     .multis
                     .fetch_add(replies.len() as u64, Ordering::Relaxed);
-                let mut w = lock(&shared.watches);
-                match &synced {
-                    Synced::Reloaded => w.fire_all(),
-                    Synced::Paths(ps) => ps.iter().for_each(|p| w.fire_changed(p)),
-                    Synced::Nothing => {}
+                let overlay = Arc::new(ov);
+                if let Some(seq) = seq {
+                    self.last_seq = seq;
+                    lock(&shared.pending)
+                        .groups
+                        .push_back((seq, overlay.clone()));
                 }
-                changed.iter().for_each(|p| w.fire_changed(p));
-                drop(w);
-                for (reply, r) in replies {
-                    let _ = reply.send(r);
+                let item = Committed {
+                    seq,
+                    overlay,
+                    synced,
+                    replies,
+                    after,
+                    close,
+                };
+                if let Err(mpsc::SendError(item)) = self.to_syncer.send(item) {
+                    // The syncer is gone (only at shutdown): answer here.
+                    for (reply, _) in item.replies {
+                        let _ =
+                            reply.send(Err(TreeError::Backend("store handle is closing".into())));
+                    }
                 }
             }
             Err(e) => {
@@ -616,28 +714,126 @@ impl Writer {
                     };
                     let _ = reply.send(r);
                 }
+                for done in after {
+                    let _ = done.send(());
+                }
+                if let Some(done) = close {
+                    let _ = done.send(Err(TreeError::Backend(format!("commit failed: {e}"))));
+                }
             }
         }
-        for done in after {
-            let _ = done.send(());
+        if closing { Done::Closed } else { Done::Open }
+    }
+}
+
+/// Makes committed groups durable (one `fdatasync` of the WAL for all that are waiting), folds
+/// them into memory in commit order, fires watches, and answers the callers.
+fn syncer(shared: Arc<Shared>, rx: mpsc::Receiver<Committed>, durable: bool) {
+    let wal = PathBuf::from(format!("{}-wal", shared.path.display()));
+    while let Ok(first) = rx.recv() {
+        let mut items = vec![first];
+        while let Ok(more) = rx.try_recv() {
+            items.push(more);
         }
-        match close {
-            Some(done) => {
+        let mut failure: Option<String> = None;
+        if durable && items.iter().any(|i| i.seq.is_some()) {
+            // The frames were written at COMMIT; this makes them durable.
+            let t = std::time::Instant::now();
+            let r = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&wal)
+                .and_then(|f| f.sync_data());
+            shared.fsyncs.fetch_add(1, Ordering::Relaxed);
+            shared
+                .fsync_us
+                .fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+            if let Err(e) = r {
+                failure = Some(format!(
+                    "fsync of {} failed: {e}; this store handle refuses all further work",
+                    wal.display()
+                ));
+            }
+        }
+        if let Some(why) = &failure {
+            tracing::error!("{why}");
+            let mut p = lock(&shared.pending);
+            p.poisoned = Some(why.clone());
+            p.groups.clear();
+            drop(p);
+            shared.pending_changed.notify_all();
+            for item in items {
+                for (reply, _) in item.replies {
+                    let _ = reply.send(Err(TreeError::Backend(why.clone())));
+                }
+                for done in item.after {
+                    let _ = done.send(());
+                }
+                if let Some(done) = item.close {
+                    let _ = done.send(Err(TreeError::Backend(why.clone())));
+                }
+            }
+            continue;
+        }
+        for item in items {
+            if let Some(seq) = item.seq {
+                let mut mem = shared.mem.write().unwrap_or_else(|p| p.into_inner());
+                item.overlay.apply_to(&mut mem);
+                mem.synced = seq;
+                // Under the memory lock, so the writer sees a group in memory or pending,
+                // never in neither.
+                let popped = lock(&shared.pending).groups.pop_front();
+                debug_assert_eq!(
+                    popped.map(|(s, _)| s),
+                    Some(seq),
+                    "groups are folded in commit order"
+                );
+            }
+            shared.pending_changed.notify_all();
+            let mut w = lock(&shared.watches);
+            match &item.synced {
+                Synced::Reloaded => w.fire_all(),
+                Synced::Paths(ps) => ps.iter().for_each(|p| w.fire_changed(p)),
+                Synced::Nothing => {}
+            }
+            item.overlay.changed.keys().for_each(|p| w.fire_changed(p));
+            drop(w);
+            for (reply, r) in item.replies {
+                let _ = reply.send(r);
+            }
+            for done in item.after {
+                let _ = done.send(());
+            }
+            if let Some(done) = item.close {
                 let _ = done.send(Ok(()));
-                Done::Closed
             }
-            None => Done::Open,
         }
     }
 }
 
 impl Shared {
+    /// Blocks until the number of groups awaiting their fsync satisfies `ok` (or poisoned).
+    fn wait_pending(&self, ok: impl Fn(usize) -> bool) {
+        let mut p = lock(&self.pending);
+        while !ok(p.groups.len()) && p.poisoned.is_none() {
+            p = self
+                .pending_changed
+                .wait(p)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
     /// Folds in other processes' commits if any happened since the last look.
     fn refresh(&self) -> Result<(), TreeError> {
+        // While our own groups await their fsync, memory must take changes in commit order:
+        // theirs come after ours, so they wait for the syncer.
+        if !lock(&self.pending).groups.is_empty() {
+            return Ok(());
+        }
         let mut sc = lock(&self.sync);
         let dv: i64 = sc
             .conn
-            .query_row("PRAGMA data_version", [], |r| r.get(0))
+            .prepare_cached("PRAGMA data_version")
+            .and_then(|mut st| st.query_row([], |r| r.get(0)))
             .map_err(backend)?;
         if dv == sc.data_version {
             return Ok(());
@@ -684,17 +880,11 @@ impl SqliteTree {
             )
             .map_err(|e| TreeError::NotOurs(path.display().to_string(), e.to_string()))?;
             check_ours(&probe, &path)?;
-            // A new file gets its page size before its first table (it cannot change later).
-            let page: u32 = std::env::var("LADING_PAGE_SIZE")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(4096);
-            probe
-                .execute_batch(&format!("PRAGMA page_size={page}"))
-                .map_err(backend)?;
             init_schema(&probe, &path, opts.clock.now_ms())?;
         }
-        let conn = open_conn(&path, opts.durable)?;
+        // The writer commits without fsync; the syncer thread fsyncs the WAL before anyone is
+        // told a commit happened (when `durable`), so the next group need not wait for it.
+        let conn = open_conn(&path, false)?;
         let sync_conn = open_conn(&path, opts.durable)?;
         let mut mem = Mem::default();
         // Register, reap what crashed processes left, and load — in one write transaction so
@@ -717,6 +907,8 @@ impl SqliteTree {
             path: path.clone(),
             session: AtomicU64::new(session),
             mem: RwLock::new(mem),
+            pending: Mutex::new(Pending::default()),
+            pending_changed: std::sync::Condvar::new(),
             sync: Mutex::new(SyncConn {
                 conn: sync_conn,
                 data_version,
@@ -724,13 +916,19 @@ impl SqliteTree {
             watches: Mutex::new(Watches::default()),
             commits: AtomicU64::new(0),
             multis: AtomicU64::new(0),
+            fsyncs: AtomicU64::new(0),
+            fsync_us: AtomicU64::new(0),
             opts: opts.clone(),
             stopping: AtomicBool::new(false),
         });
         let (tx, rx) = mpsc::channel();
+        let (to_syncer, from_writer) = mpsc::channel();
+        let last_seq = lock_read(&shared.mem).synced;
         let mut writer = Writer {
             conn,
             shared: shared.clone(),
+            to_syncer,
+            last_seq,
             since_prune: 0,
         };
         // Dead sessions' locks must not linger: reap before anyone reads.
@@ -741,10 +939,17 @@ impl SqliteTree {
                 .spawn(f)
                 .map_err(|e| TreeError::Backend(e.to_string()))
         };
+        let s1 = shared.clone();
+        let durable = opts.durable;
         let mut threads = vec![spawn(
+            "lading-sqlite-sync",
+            Box::new(move || syncer(s1, from_writer, durable)),
+        )?];
+        shared.wait_pending(|n| n == 0);
+        threads.push(spawn(
             "lading-sqlite-writer",
             Box::new(move || writer.run(rx)),
-        )?];
+        )?);
         let (s2, tx2) = (shared.clone(), tx.clone());
         threads.push(spawn(
             "lading-sqlite-maint",
@@ -762,6 +967,8 @@ impl SqliteTree {
         WriterStats {
             commits: self.shared.commits.load(Ordering::Relaxed),
             multis: self.shared.multis.load(Ordering::Relaxed),
+            fsyncs: self.shared.fsyncs.load(Ordering::Relaxed),
+            fsync_us: self.shared.fsync_us.load(Ordering::Relaxed),
         }
     }
 

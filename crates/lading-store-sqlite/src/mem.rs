@@ -132,6 +132,68 @@ impl Mem {
     }
 }
 
+/// What an overlay is applied on top of: the committed tree, possibly with groups that are
+/// committed but not yet folded in (awaiting their fsync).
+pub trait Below {
+    fn get(&self, path: &str) -> Option<&MemNode>;
+    /// Names that may be children of `path` (a superset; callers check each).
+    fn child_candidates(&self, path: &str) -> Vec<String>;
+    /// Paths that may be owned by `session` (a superset; callers check each).
+    fn owned_candidates(&self, session: u64) -> Vec<String>;
+}
+
+impl Below for Mem {
+    fn get(&self, path: &str) -> Option<&MemNode> {
+        self.nodes.get(path)
+    }
+    fn child_candidates(&self, path: &str) -> Vec<String> {
+        self.kids
+            .get(path)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+    fn owned_candidates(&self, session: u64) -> Vec<String> {
+        self.owned_by(session)
+    }
+}
+
+/// The committed tree plus overlays still awaiting their fsync, oldest first.
+pub struct Layers<'a> {
+    pub mem: &'a Mem,
+    pub pending: &'a [std::sync::Arc<Overlay>],
+}
+
+impl Below for Layers<'_> {
+    fn get(&self, path: &str) -> Option<&MemNode> {
+        for ov in self.pending.iter().rev() {
+            if let Some(v) = ov.changed.get(path) {
+                return v.as_ref();
+            }
+        }
+        self.mem.nodes.get(path)
+    }
+    fn child_candidates(&self, path: &str) -> Vec<String> {
+        let mut names = self.mem.child_candidates(path);
+        for ov in self.pending {
+            if let Some(added) = ov.added.get(path) {
+                names.extend(added.iter().cloned());
+            }
+        }
+        names
+    }
+    fn owned_candidates(&self, session: u64) -> Vec<String> {
+        let mut paths = self.mem.owned_by(session);
+        for ov in self.pending {
+            for (p, n) in &ov.changed {
+                if n.as_ref().is_some_and(|n| n.owner == session) {
+                    paths.push(p.clone());
+                }
+            }
+        }
+        paths
+    }
+}
+
 enum Undo {
     Changed(String, Option<Option<MemNode>>),
     KidAdded(String, String),
@@ -148,27 +210,18 @@ pub struct Overlay {
 }
 
 impl Overlay {
-    pub fn is_empty(&self) -> bool {
-        self.changed.is_empty()
-    }
-
-    fn lookup<'a>(&'a self, base: &'a Mem, path: &str) -> Option<&'a MemNode> {
+    fn lookup<'a>(&'a self, base: &'a dyn Below, path: &str) -> Option<&'a MemNode> {
         match self.changed.get(path) {
             Some(v) => v.as_ref(),
             None => base.get(path),
         }
     }
 
-    fn has_children(&self, base: &Mem, path: &str) -> bool {
-        if self.added.get(path).is_some_and(|s| !s.is_empty()) {
-            return true;
-        }
-        match base.kids.get(path) {
-            None => false,
-            Some(set) => set
-                .iter()
-                .any(|c| !matches!(self.changed.get(&join_path(path, c)), Some(None))),
-        }
+    /// Whether the node at `path` currently has a child (in base, pending or this overlay).
+    fn has_children(&self, base: &dyn Below, path: &str) -> bool {
+        let present = |name: &String| self.lookup(base, &join_path(path, name)).is_some();
+        self.added.get(path).is_some_and(|s| s.iter().any(present))
+            || base.child_candidates(path).iter().any(present)
     }
 
     fn set(&mut self, path: &str, node: Option<MemNode>, undo: &mut Vec<Undo>) {
@@ -216,7 +269,7 @@ impl Overlay {
     /// Applies every op or none (ZooKeeper's `multi`). On failure the error names the op.
     pub fn apply_multi(
         &mut self,
-        base: &Mem,
+        base: &dyn Below,
         ops: &[Op],
         session: u64,
         now: u64,
@@ -239,7 +292,12 @@ impl Overlay {
         Ok(out)
     }
 
-    fn expect(&self, base: &Mem, path: &str, version: Option<i32>) -> Result<MemNode, TreeError> {
+    fn expect(
+        &self,
+        base: &dyn Below,
+        path: &str,
+        version: Option<i32>,
+    ) -> Result<MemNode, TreeError> {
         let node = self
             .lookup(base, path)
             .ok_or_else(|| TreeError::NoNode(path.into()))?;
@@ -255,7 +313,7 @@ impl Overlay {
 
     fn apply_op(
         &mut self,
-        base: &Mem,
+        base: &dyn Below,
         op: &Op,
         session: u64,
         now: u64,
@@ -331,7 +389,7 @@ impl Overlay {
     }
 
     /// Deletes a node unconditionally (session cleanup; ephemeral nodes have no children).
-    pub fn force_delete(&mut self, base: &Mem, path: &str) {
+    pub fn force_delete(&mut self, base: &dyn Below, path: &str) {
         if self.lookup(base, path).is_some() {
             let mut undo = Vec::new();
             self.set(path, None, &mut undo);
@@ -339,8 +397,8 @@ impl Overlay {
     }
 
     /// Nodes a session owns, committed or in this overlay.
-    pub fn owned_by(&self, base: &Mem, session: u64) -> Vec<String> {
-        let mut paths: HashSet<String> = base.owned_by(session).into_iter().collect();
+    pub fn owned_by(&self, base: &dyn Below, session: u64) -> Vec<String> {
+        let mut paths: HashSet<String> = base.owned_candidates(session).into_iter().collect();
         for (p, n) in &self.changed {
             match n {
                 Some(n) if n.owner == session => {
@@ -356,11 +414,11 @@ impl Overlay {
     }
 
     /// Folds the overlay into the committed tree.
-    pub fn apply_to(self, mem: &mut Mem) {
-        for (path, node) in self.changed {
+    pub fn apply_to(&self, mem: &mut Mem) {
+        for (path, node) in &self.changed {
             match node {
-                Some(n) => mem.put(path, n),
-                None => mem.remove(&path),
+                Some(n) => mem.put(path.clone(), n.clone()),
+                None => mem.remove(path),
             }
         }
     }
