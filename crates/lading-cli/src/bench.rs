@@ -300,3 +300,35 @@ async fn worker(
     }
     Ok(lat)
 }
+
+/// Test aid behind `lading drive`: moves any job it can acquire one stage on (no work done),
+/// until nothing was found for `idle`. Returns (transitions, jobs completed).
+pub async fn drive(e: &Engine, idle: Duration) -> anyhow::Result<(u64, u64)> {
+    let (mut transitions, mut completed) = (0u64, 0u64);
+    let mut last_work = Instant::now();
+    while last_work.elapsed() < idle {
+        let mut got = None;
+        for st in LOOK_ORDER {
+            if let Some(l) = e.acquire_job(st).await? {
+                got = Some(l);
+                break;
+            }
+        }
+        let Some(lease) = got else {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            continue;
+        };
+        last_work = Instant::now();
+        let ev = if lease.state() == JobState::Pending {
+            Event::To(JobState::Estimating)
+        } else {
+            Event::Success
+        };
+        let st = e.job_transition(lease, ev, None).await?;
+        transitions += 1;
+        if st.status == JobState::Completed {
+            completed += 1;
+        }
+    }
+    Ok((transitions, completed))
+}

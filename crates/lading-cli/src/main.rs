@@ -60,6 +60,13 @@ enum Command {
     /// Test aid: acquire a Pending job and hold its lock until killed (prints the job id).
     #[command(hide = true)]
     HoldJob,
+    /// Test aid: move every job it can acquire on by one stage (no work), until idle for
+    /// --idle-ms; prints `transitions completed`.
+    #[command(hide = true)]
+    Drive {
+        #[arg(long, default_value_t = 1000)]
+        idle_ms: u64,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -248,6 +255,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             e.tree().close().await?;
         }
         Command::Bench { what } => bench::run(what, cli.store.as_deref()).await?,
+        Command::Drive { idle_ms } => {
+            let e = engine(&store).await?;
+            let (t, c) = bench::drive(&e, std::time::Duration::from_millis(idle_ms)).await?;
+            println!("{t} {c}");
+            e.tree().close().await?;
+        }
         Command::HoldJob => {
             let e = engine(&store).await?;
             let lease = e

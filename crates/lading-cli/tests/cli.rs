@@ -233,3 +233,76 @@ fn a_killed_process_loses_its_locks_on_reopen() {
         "the job is where it was"
     );
 }
+
+/// Makes a store with one Processing batch of `n` Pending jobs.
+fn store_with_pending_jobs(db: &Path, n: usize) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        use lading_core::{BatchState, Event};
+        let tree = std::sync::Arc::new(
+            lading_store_sqlite::SqliteTree::open(db, Default::default()).unwrap(),
+        );
+        let e =
+            lading_engine::Engine::new(tree.clone(), lading_core::time::system_clock(), "setup");
+        e.init().await.unwrap();
+        e.create_batch(Default::default()).await.unwrap();
+        let l = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
+        for _ in 0..n {
+            e.create_job(&l, Default::default()).await.unwrap();
+        }
+        e.batch_transition(l, Event::To(BatchState::Processing), None)
+            .await
+            .unwrap();
+        lading_core::Tree::close(tree.as_ref()).await.unwrap();
+    });
+}
+
+#[test]
+fn three_processes_sharing_one_store_complete_every_job_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("lading.db");
+    store_with_pending_jobs(&db, 240);
+    let children: Vec<_> = (0..3)
+        .map(|_| {
+            Command::new(env!("CARGO_BIN_EXE_lading"))
+                .arg("--store")
+                .arg(format!("sqlite:{}", db.display()))
+                .args(["drive", "--idle-ms", "1500"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let (mut transitions, mut completed) = (0u64, 0u64);
+    for c in children {
+        let o = c.wait_with_output().unwrap();
+        assert!(o.status.success(), "{:?}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout);
+        let mut it = out.split_whitespace().map(|v| v.parse::<u64>().unwrap());
+        transitions += it.next().unwrap();
+        completed += it.next().unwrap();
+    }
+    assert_eq!(completed, 240, "each job completed by exactly one process");
+    assert_eq!(transitions, 240 * 8, "every transition made exactly once");
+    let v: serde_json::Value =
+        serde_json::from_slice(&lading(&db, &["dump", "--format", "json"]).stdout).unwrap();
+    let map = v.as_object().unwrap();
+    assert_eq!(
+        map.keys()
+            .filter(|k| k.starts_with("/jobs/states/completed/"))
+            .count(),
+        240
+    );
+    assert_eq!(
+        map.keys()
+            .filter(|k| k.starts_with("/batches/bid0000000000/states/batch-completed/"))
+            .count(),
+        240
+    );
+    assert!(
+        !map.keys().any(|k| k.ends_with("/lock")),
+        "no lock left behind"
+    );
+    assert_eq!(v["/batches/bid0000000000/status"]["status"], "Reporting");
+}
