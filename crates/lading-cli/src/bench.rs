@@ -27,6 +27,18 @@ pub enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// Time acquiring the head of the Pending queue when it holds each of the given numbers
+    /// of jobs (a fresh store per size).
+    Acquire {
+        /// Queue lengths, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "100,100000")]
+        queued: Vec<usize>,
+        /// Acquisitions timed per queue length.
+        #[arg(long, default_value_t = 2000)]
+        samples: usize,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum, Debug)]
@@ -55,6 +67,11 @@ pub async fn run(what: Bench, store: Option<&str>) -> anyhow::Result<()> {
             mode,
             json,
         } => queue(jobs, workers.max(1), mode, json, store).await,
+        Bench::Acquire {
+            queued,
+            samples,
+            json,
+        } => acquire(&queued, samples, json).await,
     }
 }
 
@@ -331,4 +348,91 @@ pub async fn drive(e: &Engine, idle: Duration) -> anyhow::Result<(u64, u64)> {
         }
     }
     Ok((transitions, completed))
+}
+
+/// Creates a batch with `n` Pending jobs, concurrently so commits group; returns its id.
+async fn fill(engine: &Arc<Engine>, n: usize) -> anyhow::Result<lading_core::layout::BatchId> {
+    let bid = engine.create_batch(serde_json::Map::new()).await?;
+    let lease = loop {
+        match engine.acquire_batch(BatchState::Pending).await? {
+            Some(l) if l.batch == bid => break l,
+            Some(other) => engine.release_batch_lease(other).await?,
+            None => {
+                anyhow::bail!("batch {bid} could not be acquired (is the ingest queue paused?)")
+            }
+        }
+    };
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut creators = Vec::new();
+    for _ in 0..64.min(n.max(1)) {
+        let (e, l, next) = (engine.clone(), lease.clone(), next.clone());
+        creators.push(tokio::spawn(async move {
+            while next.fetch_add(1, Ordering::SeqCst) < n {
+                e.create_job(&l, JobSpec::default()).await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for c in creators {
+        c.await??;
+    }
+    engine
+        .batch_transition(lease, Event::To(BatchState::Processing), None)
+        .await?;
+    Ok(bid)
+}
+
+async fn acquire(sizes: &[usize], samples: usize, as_json: bool) -> anyhow::Result<()> {
+    let mut rows = Vec::new();
+    for &q in sizes {
+        let url = format!("sqlite:{}", fresh_store()?.display());
+        let tree = crate::open_store(&url)?;
+        let engine = Arc::new(Engine::new(
+            tree.clone(),
+            system_clock(),
+            lading_store_sqlite::default_owner(),
+        ));
+        engine.init().await?;
+        // The queue, plus the jobs the samples will take off its head.
+        let fill_start = Instant::now();
+        fill(&engine, q + samples).await?;
+        let fill_s = fill_start.elapsed().as_secs_f64();
+        let mut lat = Vec::with_capacity(samples);
+        for _ in 0..samples {
+            let t = Instant::now();
+            let lease = engine
+                .acquire_job(JobState::Pending)
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("queue ran dry"))?;
+            lat.push(t.elapsed().as_micros() as u64);
+            engine
+                .job_transition(lease, Event::To(JobState::Estimating), None)
+                .await?;
+        }
+        lat.sort_unstable();
+        let left = engine.job_counts().await?[&JobState::Pending];
+        tree.close().await?;
+        let mean_us = lat.iter().sum::<u64>() as f64 / lat.len().max(1) as f64;
+        rows.push(json!({
+            "queued": left, "samples": samples, "mean_us": mean_us,
+            "p50_us": percentile(&lat, 0.5) * 1000.0, "p99_us": percentile(&lat, 0.99) * 1000.0,
+            "fill_s": fill_s, "store": url,
+        }));
+    }
+    if as_json {
+        println!("{}", serde_json::Value::Array(rows));
+    } else {
+        println!("lading bench acquire: {samples} acquisitions from the head of the Pending queue");
+        for r in &rows {
+            println!(
+                "  {:>8} queued   mean {:>6.0} µs   p50 {:>6.0} µs   p99 {:>6.0} µs   (queue filled in {:.1} s)",
+                r["queued"].as_u64().unwrap_or(0),
+                r["mean_us"].as_f64().unwrap_or(0.0),
+                r["p50_us"].as_f64().unwrap_or(0.0),
+                r["p99_us"].as_f64().unwrap_or(0.0),
+                r["fill_s"].as_f64().unwrap_or(0.0),
+            );
+        }
+    }
+    Ok(())
 }
