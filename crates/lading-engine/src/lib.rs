@@ -30,7 +30,7 @@ use lading_core::{
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::broadcast;
@@ -156,7 +156,9 @@ pub struct Engine {
     owner: String,
     events: broadcast::Sender<ChangeEvent>,
     /// Locks this process is trying for or holds, so local workers do not race each other.
-    claimed: Mutex<HashSet<String>>,
+    /// Lock path → the session it was claimed in; a claim from an older session is void (that
+    /// session's locks are gone).
+    claimed: Mutex<HashMap<String, u64>>,
 }
 
 fn lost(what: &str) -> EngineError {
@@ -176,7 +178,7 @@ impl Engine {
             clock,
             owner: owner.into(),
             events,
-            claimed: Mutex::new(HashSet::new()),
+            claimed: Mutex::new(HashMap::new()),
         }
     }
 
@@ -708,10 +710,15 @@ impl Engine {
     }
 
     fn claim(&self, lock: &str) -> bool {
-        self.claimed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(lock.to_string())
+        let session = self.tree.session_id();
+        let mut claimed = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
+        match claimed.get(lock) {
+            Some(s) if *s == session => false,
+            _ => {
+                claimed.insert(lock.to_string(), session);
+                true
+            }
+        }
     }
 
     fn unclaim(&self, lock: &str) {

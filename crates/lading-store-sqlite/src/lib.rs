@@ -288,7 +288,7 @@ fn init_schema(conn: &Connection, path: &Path, now: u64) -> Result<(), TreeError
          CREATE INDEX IF NOT EXISTS nodes_owner ON nodes(owner) WHERE owner <> 0;
          CREATE TABLE IF NOT EXISTS changes(seq INTEGER PRIMARY KEY, paths TEXT NOT NULL);
          CREATE TABLE IF NOT EXISTS sessions(
-            id INTEGER PRIMARY KEY, owner TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL,
+            id INTEGER PRIMARY KEY AUTOINCREMENT, owner TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL,
             start_time INTEGER, timeout_ms INTEGER NOT NULL, expires_ms INTEGER NOT NULL);",
     )
     .map_err(backend)?;

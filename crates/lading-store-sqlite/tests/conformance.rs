@@ -34,6 +34,9 @@ impl Harness for SqliteHarness {
                     Box::pin(async move {
                         t.expire_session().await;
                         j.reap_now().await.expect("reap");
+                        // The process notices, as a ZooKeeper client does on reconnect: its
+                        // next contact fails and opens a new session.
+                        let _ = t.multi(vec![]).await;
                     })
                 }),
             }

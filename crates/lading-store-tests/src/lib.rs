@@ -660,6 +660,30 @@ pub async fn lost_lease_cannot_commit_transition(h: &dyn Harness) {
     );
 }
 
+pub async fn a_worker_whose_session_expired_can_acquire_again(h: &dyn Harness) {
+    // Regressions: the engine remembered its claims across a session expiry and never handed
+    // those jobs out again in that process; and the SQLite store gave a new session the id of
+    // the one it replaced, so the dead session's leases looked alive.
+    let (e, s) = engine(h, "w").await;
+    let (_bid, jobs) = batch_with_jobs(&e, 1, &[]).await;
+    let lease = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    // The handler holding it is cancelled: the lease is dropped, never released.
+    drop(lease);
+    let before = s.tree.session_id();
+    (s.expire)().await;
+    assert_ne!(
+        s.tree.session_id(),
+        before,
+        "a new session never reuses an old id"
+    );
+    let again = e
+        .acquire_job(JobState::Pending)
+        .await
+        .unwrap()
+        .expect("the job is handed out again");
+    assert_eq!(again.job, jobs[0]);
+}
+
 pub async fn stale_lease_after_a_takeover_is_lost(h: &dyn Harness) {
     // Same session, but the status moved underneath (admin action after the lock was gone).
     let (e, s) = engine(h, "w").await;
@@ -1201,6 +1225,7 @@ macro_rules! conformance_tests {
             concurrent_workers_each_job_handed_to_exactly_one,
             lost_lease_cannot_commit_transition,
             stale_lease_after_a_takeover_is_lost,
+            a_worker_whose_session_expired_can_acquire_again,
             batch_reports_exactly_once_when_jobs_finish_concurrently,
             requeue_returns_a_failed_job_to_the_stage_that_failed,
             report_and_update_reporting,
