@@ -157,33 +157,7 @@ async fn queue(
     let mut sub = serde_json::Map::new();
     sub.insert("profile_name".into(), json!("bench"));
     sub.insert("submitter".into(), json!("lading bench"));
-    let bid = engine.create_batch(sub).await?;
-    let lease = loop {
-        match engine.acquire_batch(BatchState::Pending).await? {
-            Some(l) if l.batch == bid => break l,
-            Some(other) => engine.release_batch_lease(other).await?,
-            None => anyhow::bail!(
-                "the bench batch {bid} could not be acquired (is the ingest queue paused?)"
-            ),
-        }
-    };
-    let next = Arc::new(AtomicUsize::new(0));
-    let mut creators = Vec::new();
-    for _ in 0..64.min(n.max(1)) {
-        let (e, l, next) = (engine.clone(), lease.clone(), next.clone());
-        creators.push(tokio::spawn(async move {
-            while next.fetch_add(1, Ordering::SeqCst) < n {
-                e.create_job(&l, JobSpec::default()).await?;
-            }
-            anyhow::Ok(())
-        }));
-    }
-    for c in creators {
-        c.await??;
-    }
-    engine
-        .batch_transition(lease, Event::To(BatchState::Processing), None)
-        .await?;
+    let bid = fill(&engine, sub, n).await?;
     let setup_s = setup.elapsed().as_secs_f64();
 
     // The measured part: every job through every stage.
@@ -351,8 +325,12 @@ pub async fn drive(e: &Engine, idle: Duration) -> anyhow::Result<(u64, u64)> {
 }
 
 /// Creates a batch with `n` Pending jobs, concurrently so commits group; returns its id.
-async fn fill(engine: &Arc<Engine>, n: usize) -> anyhow::Result<lading_core::layout::BatchId> {
-    let bid = engine.create_batch(serde_json::Map::new()).await?;
+async fn fill(
+    engine: &Arc<Engine>,
+    submission: serde_json::Map<String, serde_json::Value>,
+    n: usize,
+) -> anyhow::Result<lading_core::layout::BatchId> {
+    let bid = engine.create_batch(submission).await?;
     let lease = loop {
         match engine.acquire_batch(BatchState::Pending).await? {
             Some(l) if l.batch == bid => break l,
@@ -395,7 +373,7 @@ async fn acquire(sizes: &[usize], samples: usize, as_json: bool) -> anyhow::Resu
         engine.init().await?;
         // The queue, plus the jobs the samples will take off its head.
         let fill_start = Instant::now();
-        fill(&engine, q + samples).await?;
+        fill(&engine, serde_json::Map::new(), q + samples).await?;
         let fill_s = fill_start.elapsed().as_secs_f64();
         let mut lat = Vec::with_capacity(samples);
         for _ in 0..samples {
