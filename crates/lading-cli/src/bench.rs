@@ -181,6 +181,7 @@ async fn queue(
     let cores_busy = (cpu_seconds() - cpu0) / elapsed;
     let (commits, multis) = (stats.commits - stats0.commits, stats.multis - stats0.multis);
     let fsyncs = stats.fsyncs - stats0.fsyncs;
+    let writer_busy = (stats.writer_busy_us - stats0.writer_busy_us) as f64 / 1e6 / elapsed;
     let fsync_mean_us = (stats.fsync_us - stats0.fsync_us) as f64 / fsyncs.max(1) as f64;
     let per_commit = multis as f64 / commits.max(1) as f64;
     latencies_us.sort_unstable();
@@ -216,6 +217,7 @@ async fn queue(
                 "p50_ms": p50, "p99_ms": p99, "fsync_per_s": fsync, "setup_s": setup_s,
                 "commits": commits, "multis": multis, "multis_per_commit": per_commit,
                 "fsyncs": fsyncs, "fsync_mean_us": fsync_mean_us, "cores_busy": cores_busy,
+                "writer_busy": writer_busy,
             })
         );
     } else {
@@ -233,7 +235,10 @@ async fn queue(
             commits as f64 / elapsed
         );
         println!("  fsyncs       {fsyncs} of the WAL, {fsync_mean_us:.0} µs each on average");
-        println!("  cpu          {cores_busy:.2} cores busy on average while measured");
+        println!(
+            "  cpu          {cores_busy:.2} cores busy on average while measured; the store's writer thread busy {:.0}% of the time",
+            writer_busy * 100.0
+        );
         println!(
             "  raw fsync/s  {fsync:.0} (4 KiB fdatasync in {})",
             dir.display()

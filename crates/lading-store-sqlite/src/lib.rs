@@ -149,6 +149,8 @@ pub struct WriterStats {
     /// `fdatasync`s of the WAL, and the time spent in them.
     pub fsyncs: u64,
     pub fsync_us: u64,
+    /// Time the writer spent applying and committing groups.
+    pub writer_busy_us: u64,
 }
 
 /// The connection readers use to notice other processes' commits.
@@ -166,7 +168,7 @@ struct Pending {
 }
 
 /// Most committed groups waiting for their fsync at once.
-const MAX_PENDING: usize = 4;
+const MAX_PENDING: usize = 16;
 
 struct Shared {
     path: PathBuf,
@@ -180,6 +182,7 @@ struct Shared {
     multis: AtomicU64,
     fsyncs: AtomicU64,
     fsync_us: AtomicU64,
+    writer_busy_us: AtomicU64,
     opts: SqliteOptions,
     stopping: AtomicBool,
 }
@@ -480,7 +483,12 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            if let Done::Closed = self.apply_group(group) {
+            let t = std::time::Instant::now();
+            let done = self.apply_group(group);
+            self.shared
+                .writer_busy_us
+                .fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+            if let Done::Closed = done {
                 break;
             }
         }
@@ -918,6 +926,7 @@ impl SqliteTree {
             multis: AtomicU64::new(0),
             fsyncs: AtomicU64::new(0),
             fsync_us: AtomicU64::new(0),
+            writer_busy_us: AtomicU64::new(0),
             opts: opts.clone(),
             stopping: AtomicBool::new(false),
         });
@@ -969,6 +978,7 @@ impl SqliteTree {
             multis: self.shared.multis.load(Ordering::Relaxed),
             fsyncs: self.shared.fsyncs.load(Ordering::Relaxed),
             fsync_us: self.shared.fsync_us.load(Ordering::Relaxed),
+            writer_busy_us: self.shared.writer_busy_us.load(Ordering::Relaxed),
         }
     }
 
