@@ -175,9 +175,22 @@ async fn engine(url: &str) -> anyhow::Result<Engine> {
     Ok(e)
 }
 
+/// Writes to standard output; a reader that went away (`lading dump | head`) ends the
+/// program quietly instead of with a panic.
+fn out(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        r => Ok(r?),
+    }
+}
+
 fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(v)?);
-    Ok(())
+    out(&format!("{}\n", serde_json::to_string_pretty(v)?))
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -192,7 +205,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let map = lading_engine::dump(tree.as_ref(), &path).await?;
             match format {
                 Format::Json => print_json(&map)?,
-                Format::Yaml => print!("{}", serde_yaml_ng::to_string(&map)?),
+                Format::Yaml => out(&serde_yaml_ng::to_string(&map)?)?,
             }
             tree.close().await?;
         }

@@ -306,3 +306,38 @@ fn three_processes_sharing_one_store_complete_every_job_exactly_once() {
     );
     assert_eq!(v["/batches/bid0000000000/status"]["status"], "Reporting");
 }
+
+#[test]
+fn a_reader_that_stops_early_ends_dump_quietly() {
+    // `lading dump | head` must not panic when head goes away.
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("lading.db");
+    let o = lading(
+        &db,
+        &[
+            "bench",
+            "queue",
+            "--jobs",
+            "1000",
+            "--workers",
+            "4",
+            "--json",
+        ],
+    );
+    assert!(o.status.success());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lading"))
+        .arg("--store")
+        .arg(format!("sqlite:{}", db.display()))
+        .args(["dump", "--format", "json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 64];
+    std::io::Read::read_exact(child.stdout.as_mut().unwrap(), &mut first).unwrap();
+    drop(child.stdout.take()); // the reader goes away with most of the dump unread
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "exit {:?}: {err}", o.status);
+    assert!(!err.contains("panicked"), "{err}");
+}
