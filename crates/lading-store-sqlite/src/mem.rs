@@ -515,3 +515,188 @@ mod tests {
         );
     }
 }
+
+/// The overlay against a deliberately naive model of ZooKeeper's rules, over random multis,
+/// with groups split across pending layers as the writer and syncer split them.
+#[cfg(test)]
+mod model {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    const PATHS: &[&str] = &["/a", "/a/b", "/a/c", "/a/b/d", "/b", "/b/x", "/q", "/q/n"];
+
+    /// path → (data, version, owner, seq)
+    type Model = BTreeMap<String, (Option<Vec<u8>>, i32, u64, i64)>;
+
+    fn parent(p: &str) -> &str {
+        split_path(p).0
+    }
+
+    fn model_multi(
+        m: &Model,
+        ops: &[Op],
+        session: u64,
+    ) -> (Result<Vec<OpResult>, (usize, String)>, Model) {
+        let mut t = m.clone();
+        let mut out = vec![];
+        for (i, op) in ops.iter().enumerate() {
+            let fail = |why: &str| Err((i, why.to_string()));
+            match op {
+                Op::Check { path, version } => match t.get(path) {
+                    None => return (fail("NoNode"), m.clone()),
+                    Some(n) if version.is_some_and(|v| v != n.1) => {
+                        return (fail("BadVersion"), m.clone());
+                    }
+                    _ => out.push(OpResult::Check),
+                },
+                Op::Create { path, data, mode } => {
+                    let par = parent(path).to_string();
+                    let Some(pn) = t.get(&par).cloned() else {
+                        return (fail("NoNode"), m.clone());
+                    };
+                    if pn.2 != 0 {
+                        return (fail("NoChildrenForEphemerals"), m.clone());
+                    }
+                    let full = if *mode == CreateMode::PersistentSequential {
+                        t.insert(par.clone(), (pn.0.clone(), pn.1, pn.2, pn.3 + 1));
+                        format!("{path}{:010}", pn.3)
+                    } else {
+                        path.clone()
+                    };
+                    if t.contains_key(&full) {
+                        return (fail("NodeExists"), m.clone());
+                    }
+                    let owner = if *mode == CreateMode::Ephemeral {
+                        session
+                    } else {
+                        0
+                    };
+                    t.insert(full.clone(), (data.clone(), 0, owner, 0));
+                    out.push(OpResult::Create(full));
+                }
+                Op::Set {
+                    path,
+                    data,
+                    version,
+                } => match t.get(path).cloned() {
+                    None => return (fail("NoNode"), m.clone()),
+                    Some(n) if version.is_some_and(|v| v != n.1) => {
+                        return (fail("BadVersion"), m.clone());
+                    }
+                    Some(n) => {
+                        t.insert(path.clone(), (data.clone(), n.1 + 1, n.2, n.3));
+                        out.push(OpResult::Set(Stat {
+                            version: n.1 + 1,
+                            ephemeral_owner: n.2,
+                            ctime_ms: 0,
+                            mtime_ms: 0,
+                        }));
+                    }
+                },
+                Op::Delete { path, version } => match t.get(path).cloned() {
+                    None => return (fail("NoNode"), m.clone()),
+                    Some(n) if version.is_some_and(|v| v != n.1) => {
+                        return (fail("BadVersion"), m.clone());
+                    }
+                    Some(_) => {
+                        let prefix = format!("{path}/");
+                        if t.keys().any(|k| k.starts_with(&prefix)) {
+                            return (fail("NotEmpty"), m.clone());
+                        }
+                        t.remove(path);
+                        out.push(OpResult::Delete);
+                    }
+                },
+            }
+        }
+        (Ok(out), t)
+    }
+
+    fn kind(e: &TreeError) -> String {
+        let s = format!("{:?}", e.root());
+        s.split(['(', ' ', '{']).next().unwrap_or("").to_string()
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let path = proptest::sample::select(PATHS).prop_map(str::to_string);
+        let version = proptest::option::of(0i32..3);
+        let data = proptest::option::of(proptest::collection::vec(any::<u8>(), 0..3));
+        let mode = prop_oneof![
+            Just(CreateMode::Persistent),
+            Just(CreateMode::Ephemeral),
+            Just(CreateMode::PersistentSequential)
+        ];
+        prop_oneof![
+            (path.clone(), version.clone()).prop_map(|(p, v)| Op::check(p, v)),
+            (path.clone(), data.clone(), mode).prop_map(|(p, d, m)| Op::create_mode(p, d, m)),
+            (path.clone(), data, version.clone()).prop_map(|(p, d, v)| Op::set(p, d, v)),
+            (path, version).prop_map(|(p, v)| Op::delete(p, v)),
+        ]
+    }
+
+    fn stats_free(r: &[OpResult]) -> Vec<OpResult> {
+        r.iter()
+            .map(|x| match x {
+                OpResult::Set(s) => OpResult::Set(Stat {
+                    ctime_ms: 0,
+                    mtime_ms: 0,
+                    ..*s
+                }),
+                o => o.clone(),
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+        #[test]
+        fn overlay_layers_agree_with_the_model(
+            multis in proptest::collection::vec(proptest::collection::vec(op(), 1..5), 1..30),
+            cuts in proptest::collection::vec(any::<bool>(), 30),
+        ) {
+            let mut mem = Mem::default();
+            mem.put("/".into(), MemNode::new(None, 0, 0));
+            let mut model: Model = BTreeMap::new();
+            model.insert("/".into(), (None, 0, 0, 0));
+            let mut pending: Vec<Arc<Overlay>> = vec![];
+            let mut ov = Overlay::default();
+            for (i, ops) in multis.iter().enumerate() {
+                let session = 7;
+                let (want, next) = model_multi(&model, ops, session);
+                let got = ov.apply_multi(&Layers { mem: &mem, pending: &pending }, ops, session, 0);
+                match (&want, &got) {
+                    (Ok(w), Ok(g)) => prop_assert_eq!(stats_free(w), stats_free(g)),
+                    (Err((wi, wk)), Err(e)) => {
+                        prop_assert_eq!(Some(*wi), e.failed_op());
+                        prop_assert_eq!(wk, &kind(e));
+                    }
+                    _ => prop_assert!(false, "model {:?} vs overlay {:?} for {:?}", want, got, ops),
+                }
+                model = next;
+                // End the group here sometimes: it becomes a pending layer; sometimes also fold
+                // the oldest pending layer into memory, as the syncer does.
+                if cuts[i] {
+                    pending.push(Arc::new(std::mem::take(&mut ov)));
+                    if i % 3 == 0 {
+                        let first = pending.remove(0);
+                        first.apply_to(&mut mem);
+                    }
+                }
+            }
+            pending.push(Arc::new(ov));
+            for p in pending {
+                p.apply_to(&mut mem);
+            }
+            let got: Model = mem.nodes.iter().map(|(p, n)| (p.clone(), (n.data.clone(), n.version, n.owner, n.seq))).collect();
+            prop_assert_eq!(&got, &model);
+            // The children index agrees with the nodes.
+            for p in model.keys() {
+                let want: Vec<String> = model.keys().filter(|k| *k != "/" && parent(k) == p).map(|k| split_path(k).1.to_string()).collect();
+                let have: Vec<String> = mem.children(p).unwrap().cloned().collect();
+                prop_assert_eq!(want, have);
+            }
+        }
+    }
+}
