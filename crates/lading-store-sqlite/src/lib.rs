@@ -516,6 +516,8 @@ impl Writer {
         let now = self.shared.opts.clock.now_ms();
         let shared = self.shared.clone();
         let mut ov = Overlay::default();
+        // The overlay as queued for the syncer, once committed.
+        let mut pending_overlay: Option<Arc<Overlay>> = None;
         let mut replies: Vec<(Reply, Result<Vec<OpResult>, TreeError>)> = Vec::new();
         let mut after: Vec<oneshot::Sender<()>> = Vec::new();
         let mut close: Option<oneshot::Sender<Result<(), TreeError>>> = None;
@@ -678,7 +680,19 @@ impl Writer {
                     .prepare_cached("DELETE FROM changes WHERE seq <= ?1")?
                     .execute([seq - CHANGES_KEPT])?;
             }
+            // Commit and enter the pending queue as one step for readers: a reader folding in
+            // the change log must never see our row committed but not yet pending (it would
+            // take an un-fsynced change into memory, and the syncer would later re-apply it
+            // out of order).
+            let committed = Arc::new(std::mem::take(&mut ov));
+            let sync_guard = lock(&shared.sync);
             self.conn.prepare_cached("COMMIT")?.execute([])?;
+            self.last_seq = seq;
+            lock(&shared.pending)
+                .groups
+                .push_back((seq, committed.clone()));
+            drop(sync_guard);
+            pending_overlay = Some(committed);
             Ok(Some(seq))
         })();
 
@@ -689,13 +703,10 @@ impl Writer {
                 shared
                     .multis
                     .fetch_add(replies.len() as u64, Ordering::Relaxed);
-                let overlay = Arc::new(ov);
-                if let Some(seq) = seq {
-                    self.last_seq = seq;
-                    lock(&shared.pending)
-                        .groups
-                        .push_back((seq, overlay.clone()));
-                }
+                let _ = seq;
+                let overlay = pending_overlay
+                    .take()
+                    .unwrap_or_else(|| Arc::new(std::mem::take(&mut ov)));
                 let item = Committed {
                     seq,
                     overlay,
@@ -838,6 +849,11 @@ impl Shared {
             return Ok(());
         }
         let mut sc = lock(&self.sync);
+        // Again under the mutex the writer holds across COMMIT and queueing: now no own commit
+        // can be in the file without being pending.
+        if !lock(&self.pending).groups.is_empty() {
+            return Ok(());
+        }
         let dv: i64 = sc
             .conn
             .prepare_cached("PRAGMA data_version")
