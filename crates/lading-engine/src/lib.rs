@@ -648,27 +648,15 @@ impl Engine {
                     continue;
                 }
                 let lock = batch_node(&bid, "lock");
-                if !self.claim(&lock) {
+                let guard = Op::check(batch_node(&bid, "status"), Some(version));
+                if !self.take_lock(&lock, guard).await? {
                     continue;
                 }
-                let got = self
-                    .try_lock(&lock, Op::check(batch_node(&bid, "status"), Some(version)))
-                    .await;
-                let lease = match got {
-                    Ok(true) => BatchLease {
-                        batch: bid.clone(),
-                        status,
-                        status_version: version,
-                        session: self.tree.session_id(),
-                    },
-                    Ok(false) => {
-                        self.unclaim(&lock);
-                        continue;
-                    }
-                    Err(e) => {
-                        self.unclaim(&lock);
-                        return Err(e);
-                    }
+                let lease = BatchLease {
+                    batch: bid.clone(),
+                    status,
+                    status_version: version,
+                    session: self.tree.session_id(),
                 };
                 if holds
                     && let Some(c) = self.batch_collection(&bid).await?
@@ -707,6 +695,19 @@ impl Engine {
                 _ => Err(e.into()),
             },
         }
+    }
+
+    /// Claims `lock` for this process and creates it if `guard` still holds. Ok(false) when a
+    /// local worker, another session, or a moved item got in the way; the claim is then dropped.
+    async fn take_lock(&self, lock: &str, guard: Op) -> Result<bool> {
+        if !self.claim(lock) {
+            return Ok(false);
+        }
+        let got = self.try_lock(lock, guard).await;
+        if !matches!(got, Ok(true)) {
+            self.unclaim(lock);
+        }
+        got
     }
 
     fn claim(&self, lock: &str) -> bool {
@@ -1139,22 +1140,11 @@ impl Engine {
                     continue;
                 };
                 let lock = job_node(&jid, "lock");
-                if !self.claim(&lock) {
-                    continue;
-                }
-                match self
-                    .try_lock(&lock, Op::check(join(&folder, name), None))
-                    .await
+                if !self
+                    .take_lock(&lock, Op::check(join(&folder, name), None))
+                    .await?
                 {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        self.unclaim(&lock);
-                        continue;
-                    }
-                    Err(e) => {
-                        self.unclaim(&lock);
-                        return Err(e);
-                    }
+                    continue;
                 }
                 let lease = match self.load_lease(&jid, priority, state).await {
                     Ok(l) => l,
@@ -1734,15 +1724,8 @@ impl Engine {
                     continue;
                 }
                 let lock = format!("{path}/lock");
-                if !self.claim(&lock) {
-                    continue;
-                }
-                if !self
-                    .try_lock(&lock, Op::check(format!("{path}/status"), Some(version)))
-                    .await
-                    .inspect_err(|_| self.unclaim(&lock))?
-                {
-                    self.unclaim(&lock);
+                let guard = Op::check(format!("{path}/status"), Some(version));
+                if !self.take_lock(&lock, guard).await? {
                     continue;
                 }
                 let token = self
