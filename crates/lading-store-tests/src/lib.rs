@@ -135,7 +135,55 @@ pub async fn normalised_dump(tree: &dyn Tree) -> BTreeMap<String, Value> {
         let v = d.remove(&k).unwrap_or(Value::Null);
         d.insert("/batch-uuids/<uuid>".into(), v);
     }
-    d
+    renumber_ids(d)
+}
+
+/// Sequential ids are the server's to choose (ZooKeeper numbers a child by its parent's change
+/// count, so `/jobs/states` existing makes the first job `jid0000000001`). Renames the k-th
+/// smallest id of each prefix to number k, keeping everything else byte for byte.
+fn renumber_ids(d: BTreeMap<String, Value>) -> BTreeMap<String, Value> {
+    fn ids(s: &str, out: &mut std::collections::BTreeSet<String>) {
+        for prefix in ["bid", "jid", "qid"] {
+            let mut from = 0;
+            while let Some(i) = s[from..].find(prefix) {
+                let start = from + i;
+                let digits = &s[start + 3..];
+                if digits.len() >= 10 && digits.as_bytes()[..10].iter().all(u8::is_ascii_digit) {
+                    out.insert(s[start..start + 13].to_string());
+                }
+                from = start + 3;
+            }
+        }
+    }
+    let mut found = std::collections::BTreeSet::new();
+    for (k, v) in &d {
+        ids(k, &mut found);
+        ids(&v.to_string(), &mut found);
+    }
+    let mut rename = BTreeMap::new();
+    let mut counters: BTreeMap<String, usize> = BTreeMap::new();
+    for id in found {
+        let n = counters.entry(id[..3].to_string()).or_default();
+        rename.insert(id.clone(), format!("{}{:010}", &id[..3], n));
+        *n += 1;
+    }
+    let fix = |s: &str| {
+        let mut out = s.to_string();
+        // Renaming goes through placeholders so that one rename never feeds another.
+        for (i, old) in rename.keys().enumerate() {
+            out = out.replace(old.as_str(), &format!("<id{i}>"));
+        }
+        for (i, new) in rename.values().enumerate() {
+            out = out.replace(&format!("<id{i}>"), new);
+        }
+        out
+    };
+    d.into_iter()
+        .map(|(k, v)| {
+            let v: Value = serde_json::from_str(&fix(&v.to_string())).unwrap_or(v);
+            (fix(&k), v)
+        })
+        .collect()
 }
 
 fn bytes(s: &str) -> Option<Vec<u8>> {

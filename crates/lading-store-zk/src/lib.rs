@@ -1,0 +1,855 @@
+//! The coordination tree on Apache ZooKeeper: the tree *is* the ZooKeeper tree, in Merritt's
+//! layout, so Merritt's own tools read and drive what Lading writes.
+//!
+//! A [`ZkTree`] is one ZooKeeper session at a time. What it adds to the plain client:
+//!
+//! - **Expiry is told from connection loss.** A lost connection is waited out (the client
+//!   reconnects to any server of the ensemble on the same session, with backoff); reads are
+//!   retried. An expired session is replaced by a new one on the next call, and
+//!   [`Tree::session_id`] changes, so every lease taken under the old one is lost. A `multi` is
+//!   never moved silently to the new session: it fails with `SessionExpired`.
+//! - **A `multi` whose reply was lost is resolved by reading back**, never by blindly sending
+//!   it again: its first version-checked `set` (or plain `create`) is read to tell "applied"
+//!   from "not applied". Only a `multi` found not applied is sent again, and because it carries
+//!   version checks a second application is impossible anyway.
+//! - **Long queues** (`/jobs/states/*`, the access queues) are served from a per-session cache
+//!   kept fresh by one persistent recursive watch (see [`cache`]), so acquisition reads the head
+//!   of a 100,000-job queue without listing it.
+//! - **Empty nodes** are written with zero-length data, as Merritt's Java library writes them
+//!   (`new byte[0]`); zero-length and null data both read back as "no data".
+
+mod cache;
+pub mod server;
+
+use cache::{Cache, Lookup};
+use lading_core::CreateMode;
+use lading_core::tree::validate_path;
+use lading_core::tree::{BoxFuture, Node, Op, OpResult, Stat, Tree, TreeError, Watch, WatchKind};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use zookeeper_client as zk;
+
+/// How a [`ZkTree`] connects and what it caches.
+#[derive(Debug, Clone)]
+pub struct ZkOptions {
+    /// Session timeout asked of the server (it may clamp it to its own bounds).
+    pub session_timeout: Duration,
+    /// How long [`ZkTree::open`] waits for a server to answer.
+    pub connect_timeout: Duration,
+    /// Folders whose descendants' child lists are cached (see the crate docs).
+    pub cached_roots: Vec<String>,
+}
+
+impl Default for ZkOptions {
+    fn default() -> Self {
+        ZkOptions {
+            session_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(15),
+            cached_roots: vec![
+                "/jobs/states".into(),
+                "/access/small".into(),
+                "/access/large".into(),
+            ],
+        }
+    }
+}
+
+/// One session and what hangs off it.
+struct Conn {
+    client: zk::Client,
+    session: u64,
+    cache: Arc<Cache>,
+    events: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        for h in &self.events {
+            h.abort();
+        }
+    }
+}
+
+impl Conn {
+    fn terminated(&self) -> bool {
+        self.client.state().is_terminated()
+    }
+}
+
+/// The coordination tree on a ZooKeeper ensemble.
+pub struct ZkTree {
+    /// `host:port[,host:port…][/chroot]`, as the client takes it.
+    connect: String,
+    opts: ZkOptions,
+    /// `None` once closed.
+    current: RwLock<Option<Arc<Conn>>>,
+    renewing: tokio::sync::Mutex<()>,
+    closed: AtomicBool,
+}
+
+/// Parses `zk://host:port[,host:port…][/chroot]` into the client's connect string.
+pub fn parse_url(url: &str) -> Result<String, TreeError> {
+    let rest = url.strip_prefix("zk://").ok_or_else(|| {
+        TreeError::Backend(format!(
+            "{url:?} is not a ZooKeeper URL; expected zk://host:port[,host:port…][/chroot]"
+        ))
+    })?;
+    let (hosts, chroot) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    if hosts.is_empty() {
+        return Err(TreeError::Backend(format!(
+            "{url:?} names no ZooKeeper server"
+        )));
+    }
+    for h in hosts.split(',') {
+        let ok = h
+            .rsplit_once(':')
+            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        if !ok {
+            return Err(TreeError::Backend(format!(
+                "{url:?}: {h:?} is not host:port"
+            )));
+        }
+    }
+    if !chroot.is_empty() && chroot != "/" {
+        validate_path(chroot)?;
+    }
+    Ok(format!(
+        "{hosts}{}",
+        if chroot == "/" { "" } else { chroot }
+    ))
+}
+
+fn chroot_of(connect: &str) -> &str {
+    connect.find('/').map(|i| &connect[i..]).unwrap_or("/")
+}
+
+fn hosts_of(connect: &str) -> &str {
+    connect.find('/').map(|i| &connect[..i]).unwrap_or(connect)
+}
+
+/// Maps a client error about `path` to the tree's error.
+fn tree_error(e: zk::Error, path: &str) -> TreeError {
+    match e {
+        zk::Error::NoNode => TreeError::NoNode(path.into()),
+        zk::Error::NodeExists => TreeError::NodeExists(path.into()),
+        zk::Error::BadVersion => TreeError::BadVersion {
+            path: path.into(),
+            expected: -1,
+            actual: -1,
+        },
+        zk::Error::NotEmpty => TreeError::NotEmpty(path.into()),
+        zk::Error::NoChildrenForEphemerals => TreeError::NoChildrenForEphemerals(path.into()),
+        zk::Error::SessionExpired => TreeError::SessionExpired,
+        zk::Error::ConnectionLoss | zk::Error::Timeout => {
+            TreeError::ConnectionLoss(format!("{e} (at {path})"))
+        }
+        zk::Error::BadArguments(msg) => TreeError::InvalidPath(path.into(), msg),
+        e => TreeError::Backend(format!("ZooKeeper: {e} (at {path})")),
+    }
+}
+
+fn stat(s: &zk::Stat) -> Stat {
+    Stat {
+        version: s.version,
+        ephemeral_owner: s.ephemeral_owner as u64,
+        ctime_ms: s.ctime.max(0) as u64,
+        mtime_ms: s.mtime.max(0) as u64,
+    }
+}
+
+fn data_of(d: Vec<u8>) -> Option<Vec<u8>> {
+    if d.is_empty() { None } else { Some(d) }
+}
+
+fn acls() -> zk::Acls<'static> {
+    zk::Acls::anyone_all()
+}
+
+fn create_options(mode: CreateMode) -> zk::CreateOptions<'static> {
+    match mode {
+        CreateMode::Persistent => zk::CreateMode::Persistent.with_acls(acls()),
+        CreateMode::PersistentSequential => zk::CreateMode::PersistentSequential.with_acls(acls()),
+        CreateMode::Ephemeral => zk::CreateMode::Ephemeral.with_acls(acls()),
+    }
+}
+
+/// What reading back a `multi` whose reply was lost found.
+enum Outcome {
+    Applied(Vec<OpResult>),
+    NotApplied,
+}
+
+impl ZkTree {
+    /// Opens a session on the ensemble named by `url` (`zk://h1:p,h2:p/chroot`). Fails with a
+    /// clear error when no server answers within the connect timeout or the chroot is missing.
+    pub async fn open(url: &str, opts: ZkOptions) -> Result<ZkTree, TreeError> {
+        let connect = parse_url(url)?;
+        let conn = Self::connect(&connect, &opts).await?;
+        let chroot = chroot_of(&connect);
+        if chroot != "/" {
+            match conn.client.check_stat("/").await {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    return Err(TreeError::Backend(format!(
+                        "the chroot {chroot} does not exist on ZooKeeper {}; create it first \
+                         (e.g. `zkCli.sh create {chroot}`) or fix the URL",
+                        hosts_of(&connect)
+                    )));
+                }
+                Err(e) => return Err(tree_error(e, chroot)),
+            }
+        }
+        Ok(ZkTree {
+            connect,
+            opts,
+            current: RwLock::new(Some(conn)),
+            renewing: tokio::sync::Mutex::new(()),
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    /// Creates `chroot` (and its parents) on the ensemble at `hosts` if missing.
+    pub async fn ensure_chroot(hosts: &str, chroot: &str) -> Result<(), TreeError> {
+        validate_path(chroot)?;
+        let client = tokio::time::timeout(Duration::from_secs(15), zk::Client::connect(hosts))
+            .await
+            .map_err(|_| unreachable_error(hosts, Duration::from_secs(15)))?
+            .map_err(|e| tree_error(e, "/"))?;
+        let mut path = String::new();
+        for seg in chroot[1..].split('/') {
+            path.push('/');
+            path.push_str(seg);
+            match client
+                .create(&path, &[], &create_options(CreateMode::Persistent))
+                .await
+            {
+                Ok(_) | Err(zk::Error::NodeExists) => {}
+                Err(e) => return Err(tree_error(e, &path)),
+            }
+        }
+        Ok(())
+    }
+
+    async fn connect(connect: &str, opts: &ZkOptions) -> Result<Arc<Conn>, TreeError> {
+        let connector = zk::Client::connector().with_session_timeout(opts.session_timeout);
+        let client =
+            match tokio::time::timeout(opts.connect_timeout, connector.connect(connect)).await {
+                Ok(Ok(c)) => c,
+                Ok(Err(zk::Error::Timeout | zk::Error::NoHosts | zk::Error::ConnectionLoss))
+                | Err(_) => {
+                    return Err(unreachable_error(hosts_of(connect), opts.connect_timeout));
+                }
+                Ok(Err(e)) => return Err(tree_error(e, "/")),
+            };
+        let cache = Arc::new(Cache::new(opts.cached_roots.clone()));
+        let mut events = Vec::new();
+        for root in cache.roots() {
+            let watcher = client
+                .watch(root, zk::AddWatchMode::PersistentRecursive)
+                .await
+                .map_err(|e| tree_error(e, root))?;
+            events.push(tokio::spawn(follow(watcher, cache.clone())));
+        }
+        let session = client.session_id().0 as u64;
+        tracing::debug!(
+            session = format!("{session:#x}"),
+            "ZooKeeper session opened"
+        );
+        Ok(Arc::new(Conn {
+            client,
+            session,
+            cache,
+            events,
+        }))
+    }
+
+    fn conn_now(&self) -> Result<Arc<Conn>, TreeError> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| TreeError::Backend("the ZooKeeper session was closed".into()))
+    }
+
+    /// The live session, replacing an expired one first.
+    async fn conn(&self) -> Result<Arc<Conn>, TreeError> {
+        let c = self.conn_now()?;
+        if c.terminated() {
+            self.renew(&c).await
+        } else {
+            Ok(c)
+        }
+    }
+
+    async fn renew(&self, old: &Arc<Conn>) -> Result<Arc<Conn>, TreeError> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(TreeError::Backend(
+                "the ZooKeeper session was closed".into(),
+            ));
+        }
+        let _g = self.renewing.lock().await;
+        let cur = self.conn_now()?;
+        if !Arc::ptr_eq(&cur, old) {
+            return Ok(cur);
+        }
+        tracing::warn!(
+            session = format!("{:#x}", old.session),
+            "ZooKeeper session expired; opening a new one (its leases are lost)"
+        );
+        let new = Self::connect(&self.connect, &self.opts).await?;
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = Some(new.clone());
+        Ok(new)
+    }
+
+    /// How long a lost connection is waited out before an operation gives up.
+    fn patience(&self) -> Duration {
+        self.opts.session_timeout + Duration::from_secs(2)
+    }
+
+    /// Runs a read, waiting out connection loss and moving to a new session after expiry
+    /// (reads carry no lease, so they may).
+    async fn read<T, F, Fut>(&self, path: &str, f: F) -> Result<T, TreeError>
+    where
+        F: Fn(Arc<Conn>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, zk::Error>>,
+    {
+        validate_path(path)?;
+        let deadline = tokio::time::Instant::now() + self.patience();
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            let conn = self.conn().await?;
+            match f(conn.clone()).await {
+                Ok(v) => return Ok(v),
+                Err(zk::Error::SessionExpired) => {
+                    self.renew(&conn).await?;
+                }
+                Err(zk::Error::ConnectionLoss | zk::Error::Timeout)
+                    if tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                }
+                Err(e) => return Err(tree_error(e, path)),
+            }
+        }
+    }
+
+    /// The session's ZooKeeper client (for tests that reach past the tree).
+    pub fn session_info(&self) -> Option<zk::SessionInfo> {
+        self.conn_now().ok().map(|c| c.client.session().clone())
+    }
+
+    /// The connect string this tree uses.
+    pub fn connect_string(&self) -> &str {
+        &self.connect
+    }
+
+    /// Waits until the client has seen its session expire (for tests).
+    pub async fn wait_expired(&self, within: Duration) -> bool {
+        let Ok(c) = self.conn_now() else {
+            return true;
+        };
+        let mut w = c.client.state_watcher();
+        let wait = async {
+            loop {
+                if w.peek_state().is_terminated() {
+                    return;
+                }
+                w.changed().await;
+            }
+        };
+        tokio::time::timeout(within, wait).await.is_ok()
+    }
+
+    async fn children_listing(&self, path: &str) -> Result<Option<Vec<String>>, TreeError> {
+        let r = self
+            .read(path, |c| {
+                let path = path.to_string();
+                async move { c.client.list_children(&path).await }
+            })
+            .await;
+        match r {
+            Ok(v) => Ok(Some(v)),
+            Err(TreeError::NoNode(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A page of a cached folder, priming it first when needed. `None` when not cached.
+    async fn cached_page(
+        &self,
+        path: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Option<Vec<String>>, TreeError> {
+        let conn = self.conn().await?;
+        if !conn.cache.covers(path) {
+            return Ok(None);
+        }
+        if let Lookup::Hit(p) = conn.cache.page(path, after, limit) {
+            return Ok(Some(p));
+        }
+        let Some(generation) = conn.cache.begin_prime(path) else {
+            return Ok(None);
+        };
+        match conn.client.list_children(path).await {
+            Ok(l) => conn.cache.finish_prime(path, generation, Some(l)),
+            Err(zk::Error::NoNode) => conn.cache.finish_prime(path, generation, None),
+            Err(_) => {
+                conn.cache.abort_prime(path, generation);
+                return Ok(None);
+            }
+        }
+        match conn.cache.page(path, after, limit) {
+            Lookup::Hit(p) => Ok(Some(p)),
+            Lookup::Miss => Ok(None),
+        }
+    }
+
+    /// The creates and deletes of `ops` in primed cached folders: what the cache must see.
+    fn cached_changes(conn: &Conn, ops: &[Op]) -> Vec<(bool, String)> {
+        ops.iter()
+            .filter_map(|op| match op {
+                Op::Create { path, mode, .. } if *mode != CreateMode::PersistentSequential => {
+                    Some((true, path.clone()))
+                }
+                Op::Delete { path, .. } => Some((false, path.clone())),
+                _ => None,
+            })
+            .filter(|(_, p)| conn.cache.is_ready(lading_core::tree::split_path(p).0))
+            .collect()
+    }
+
+    /// After a `multi` succeeded, waits until the cache has applied the events of its own
+    /// changes, so this session reads its writes.
+    async fn sync_cache(conn: &Conn, mark: u64, changes: &[(bool, String)]) {
+        if changes.is_empty() {
+            return;
+        }
+        if !conn
+            .cache
+            .wait_seen(mark, changes, Duration::from_secs(2))
+            .await
+        {
+            tracing::warn!("ZooKeeper watch events late by 2 s; forgetting cached folders");
+            for (_, p) in changes {
+                conn.cache.forget(lading_core::tree::split_path(p).0);
+            }
+        }
+    }
+
+    async fn send_multi(
+        conn: &Conn,
+        ops: &[Op],
+    ) -> Result<Vec<zk::MultiWriteResult>, zk::MultiWriteError> {
+        let mut w = conn.client.new_multi_writer();
+        for op in ops {
+            let r = match op {
+                Op::Check { path, version } => w.add_check_version(path, version.unwrap_or(-1)),
+                Op::Create { path, data, mode } => w.add_create(
+                    path,
+                    data.as_deref().unwrap_or_default(),
+                    &create_options(*mode),
+                ),
+                Op::Set {
+                    path,
+                    data,
+                    version,
+                } => w.add_set_data(path, data.as_deref().unwrap_or_default(), *version),
+                Op::Delete { path, version } => w.add_delete(path, *version),
+            };
+            r?;
+        }
+        w.commit().await
+    }
+
+    async fn multi_inner(&self, ops: Vec<Op>) -> Result<Vec<OpResult>, TreeError> {
+        if ops.is_empty() {
+            // A contact with the server: it lets an expired session be noticed and replaced.
+            self.conn()
+                .await?
+                .client
+                .check_stat("/")
+                .await
+                .map_err(|e| tree_error(e, "/"))?;
+            return Ok(Vec::new());
+        }
+        for op in &ops {
+            validate_path(op.path())?;
+        }
+        let conn = self.conn_now()?;
+        if conn.terminated() {
+            // Never move a multi to a new session: its checks were made under the old one.
+            self.renew(&conn).await?;
+            return Err(TreeError::SessionExpired);
+        }
+        let changes = Self::cached_changes(&conn, &ops);
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let mark = conn.cache.mark();
+            match Self::send_multi(&conn, &ops).await {
+                Ok(results) => {
+                    Self::sync_cache(&conn, mark, &changes).await;
+                    return Ok(ops
+                        .iter()
+                        .zip(results)
+                        .map(|(_, r)| match r {
+                            zk::MultiWriteResult::Check => OpResult::Check,
+                            zk::MultiWriteResult::Delete => OpResult::Delete,
+                            zk::MultiWriteResult::Create { path, .. } => OpResult::Create(path),
+                            zk::MultiWriteResult::SetData { stat: s } => OpResult::Set(stat(&s)),
+                            _ => OpResult::Check,
+                        })
+                        .collect());
+                }
+                Err(zk::MultiWriteError::OperationFailed { index, source }) => {
+                    let path = ops.get(index).map(Op::path).unwrap_or("/").to_string();
+                    let mut cause = match (&source, ops.get(index)) {
+                        // A create finds no node when its parent is missing: name the parent.
+                        (zk::Error::NoNode, Some(Op::Create { path, .. })) => {
+                            TreeError::NoNode(lading_core::tree::split_path(path).0.to_string())
+                        }
+                        _ => tree_error(source, &path),
+                    };
+                    if let (TreeError::BadVersion { .. }, Some(op)) = (&cause, ops.get(index)) {
+                        cause = self.bad_version(&conn, op).await;
+                    }
+                    // The server just told us about one child; a cached folder that said
+                    // otherwise is fixed now (its event follows).
+                    match (&cause, ops.get(index)) {
+                        (TreeError::NoNode(p), Some(Op::Check { .. } | Op::Delete { .. })) => {
+                            conn.cache.fix(p, false)
+                        }
+                        (TreeError::NodeExists(p), Some(Op::Create { .. })) => {
+                            conn.cache.fix(p, true)
+                        }
+                        _ => {}
+                    }
+                    return Err(TreeError::Multi {
+                        index,
+                        op_path: path,
+                        cause: Box::new(cause),
+                    });
+                }
+                Err(zk::MultiWriteError::RequestFailed { source }) => match source {
+                    zk::Error::ConnectionLoss | zk::Error::Timeout | zk::Error::SessionExpired
+                        if attempts < 5 =>
+                    {
+                        match self.read_back(&conn, &ops).await? {
+                            Outcome::Applied(results) => return Ok(results),
+                            Outcome::NotApplied if conn.terminated() => {
+                                self.renew(&conn).await?;
+                                return Err(TreeError::SessionExpired);
+                            }
+                            Outcome::NotApplied => continue,
+                        }
+                    }
+                    zk::Error::SessionExpired => {
+                        self.renew(&conn).await?;
+                        return Err(TreeError::SessionExpired);
+                    }
+                    e => return Err(tree_error(e, ops[0].path())),
+                },
+            }
+        }
+    }
+
+    /// The full BadVersion error for a failed versioned op (reads the actual version).
+    async fn bad_version(&self, conn: &Conn, op: &Op) -> TreeError {
+        let (path, expected) = match op {
+            Op::Check { path, version }
+            | Op::Set { path, version, .. }
+            | Op::Delete { path, version } => (path.clone(), version.unwrap_or(-1)),
+            Op::Create { path, .. } => (path.clone(), -1),
+        };
+        let actual = match conn.client.check_stat(&path).await {
+            Ok(Some(s)) => s.version,
+            _ => -1,
+        };
+        TreeError::BadVersion {
+            path,
+            expected,
+            actual,
+        }
+    }
+
+    /// Waits for the connection to come back (or the session to end), then reads back whether
+    /// `ops` were applied.
+    async fn read_back(&self, conn: &Conn, ops: &[Op]) -> Result<Outcome, TreeError> {
+        // Reads go through the live session: a new one if this one expired meanwhile.
+        let witness = ops.iter().find(|op| {
+            matches!(
+                op,
+                Op::Set {
+                    version: Some(_),
+                    ..
+                }
+            ) || matches!(op, Op::Create { mode, .. } if *mode != CreateMode::PersistentSequential)
+        });
+        let Some(witness) = witness else {
+            // Only checks, deletes and sequential creates: sending again is harmless except that
+            // a lost sequential create leaves an empty id node behind (as a crash would).
+            tracing::warn!("multi reply lost; sending it again (no witness to read back)");
+            return Ok(Outcome::NotApplied);
+        };
+        let node = self.get(witness.path()).await?;
+        let applied = match (witness, &node) {
+            (
+                Op::Set {
+                    data,
+                    version: Some(v),
+                    ..
+                },
+                Some(n),
+            ) => {
+                if n.stat.version == v + 1
+                    && n.data.as_deref().unwrap_or_default() == data.as_deref().unwrap_or_default()
+                {
+                    true
+                } else if n.stat.version == *v {
+                    false
+                } else {
+                    // Changed by someone else since: sending again fails cleanly on the
+                    // version check, which is the truthful answer for the caller.
+                    false
+                }
+            }
+            (Op::Create { data, mode, .. }, Some(n)) => {
+                n.data.as_deref().unwrap_or_default() == data.as_deref().unwrap_or_default()
+                    && (*mode != CreateMode::Ephemeral || n.stat.ephemeral_owner == conn.session)
+            }
+            _ => false,
+        };
+        tracing::warn!(
+            path = witness.path(),
+            applied,
+            "multi reply lost in a connection drop; resolved by reading back"
+        );
+        if !applied {
+            return Ok(Outcome::NotApplied);
+        }
+        let mut results = Vec::with_capacity(ops.len());
+        for op in ops {
+            results.push(match op {
+                Op::Check { .. } => OpResult::Check,
+                Op::Delete { .. } => OpResult::Delete,
+                Op::Create { path, .. } => OpResult::Create(path.clone()),
+                Op::Set { path, .. } => match self.exists(path).await? {
+                    Some(s) => OpResult::Set(s),
+                    None => return Err(TreeError::NoNode(path.clone())),
+                },
+            });
+        }
+        Ok(Outcome::Applied(results))
+    }
+}
+
+fn unreachable_error(hosts: &str, within: Duration) -> TreeError {
+    TreeError::ConnectionLoss(format!(
+        "no ZooKeeper server at {hosts} answered within {} s; is it running?",
+        within.as_secs()
+    ))
+}
+
+/// Applies a persistent recursive watch's events to the cache until the session ends.
+async fn follow(mut watcher: zk::PersistentWatcher, cache: Arc<Cache>) {
+    let mut disconnected = false;
+    loop {
+        let ev = watcher.changed().await;
+        match ev.event_type {
+            zk::EventType::Session => match ev.session_state {
+                zk::SessionState::Disconnected => disconnected = true,
+                zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
+                    if disconnected {
+                        // Events during the gap are lost (ZOOKEEPER-4698): start again.
+                        cache.invalidate();
+                        disconnected = false;
+                    }
+                }
+                s => {
+                    if s.is_terminated() {
+                        cache.invalidate();
+                        return;
+                    }
+                }
+            },
+            zk::EventType::NodeCreated => cache.apply(&ev.path, true),
+            zk::EventType::NodeDeleted => cache.apply(&ev.path, false),
+            _ => {}
+        }
+    }
+}
+
+impl Tree for ZkTree {
+    fn kind(&self) -> &'static str {
+        "zookeeper"
+    }
+
+    fn session_id(&self) -> u64 {
+        self.conn_now().map(|c| c.session).unwrap_or(0)
+    }
+
+    fn get<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<Node>, TreeError>> {
+        Box::pin(async move {
+            let r = self
+                .read(path, |c| {
+                    let path = path.to_string();
+                    async move { c.client.get_data(&path).await }
+                })
+                .await;
+            match r {
+                Ok((d, s)) => Ok(Some(Node {
+                    data: data_of(d),
+                    stat: stat(&s),
+                })),
+                Err(TreeError::NoNode(_)) => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    fn exists<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<Stat>, TreeError>> {
+        Box::pin(async move {
+            let s = self
+                .read(path, |c| {
+                    let path = path.to_string();
+                    async move { c.client.check_stat(&path).await }
+                })
+                .await?;
+            Ok(s.as_ref().map(stat))
+        })
+    }
+
+    fn children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Vec<String>, TreeError>> {
+        Box::pin(async move {
+            if let Some(all) = self.cached_page(path, None, usize::MAX).await? {
+                return Ok(all);
+            }
+            let mut v = self
+                .children_listing(path)
+                .await?
+                .ok_or_else(|| TreeError::NoNode(path.into()))?;
+            v.sort();
+            Ok(v)
+        })
+    }
+
+    fn children_page<'a>(
+        &'a self,
+        path: &'a str,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>, TreeError>> {
+        Box::pin(async move {
+            validate_path(path)?;
+            if let Some(p) = self.cached_page(path, after, limit).await? {
+                return Ok(p);
+            }
+            let mut v = self.children_listing(path).await?.unwrap_or_default();
+            v.sort();
+            Ok(v.into_iter()
+                .filter(|n| after.is_none_or(|a| n.as_str() > a))
+                .take(limit)
+                .collect())
+        })
+    }
+
+    fn count_children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<u64, TreeError>> {
+        Box::pin(async move {
+            let s = self
+                .read(path, |c| {
+                    let path = path.to_string();
+                    async move { c.client.check_stat(&path).await }
+                })
+                .await?;
+            Ok(s.map(|s| s.num_children.max(0) as u64).unwrap_or(0))
+        })
+    }
+
+    fn multi(&self, ops: Vec<Op>) -> BoxFuture<'_, Result<Vec<OpResult>, TreeError>> {
+        Box::pin(self.multi_inner(ops))
+    }
+
+    fn watch<'a>(
+        &'a self,
+        path: &'a str,
+        kind: WatchKind,
+    ) -> BoxFuture<'a, Result<Watch, TreeError>> {
+        Box::pin(async move {
+            validate_path(path)?;
+            let conn = self.conn().await?;
+            if kind == WatchKind::Children && conn.cache.covers(path) {
+                let mut rx = conn.cache.subscribe(path);
+                let mut state = conn.client.state_watcher();
+                return Ok(Watch::new(async move {
+                    tokio::select! {
+                        _ = rx.changed() => {}
+                        _ = state.changed() => {}
+                    }
+                }));
+            }
+            let watcher = match kind {
+                WatchKind::Data => {
+                    self.read(path, |c| {
+                        let path = path.to_string();
+                        async move { c.client.check_and_watch_stat(&path).await.map(|(_, w)| w) }
+                    })
+                    .await?
+                }
+                WatchKind::Children => {
+                    let r = self
+                        .read(path, |c| {
+                            let path = path.to_string();
+                            async move {
+                                match c.client.get_and_watch_children(&path).await {
+                                    Ok((_, _, w)) => Ok(w),
+                                    // No folder yet: wake when it is created.
+                                    Err(zk::Error::NoNode) => {
+                                        c.client.check_and_watch_stat(&path).await.map(|(_, w)| w)
+                                    }
+                                    Err(e) => Err(e),
+                                }
+                            }
+                        })
+                        .await;
+                    r?
+                }
+            };
+            Ok(Watch::new(async move {
+                watcher.changed().await;
+            }))
+        })
+    }
+
+    fn close(&self) -> BoxFuture<'_, Result<(), TreeError>> {
+        Box::pin(async move {
+            self.closed.store(true, Ordering::SeqCst);
+            let conn = self
+                .current
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            let Some(conn) = conn else {
+                return Ok(());
+            };
+            // Dropping the last handle of the client ends the session, but the client sends
+            // closeSession in the background. Delete this session's ephemeral nodes first, so
+            // they are gone when `close` returns.
+            if !conn.terminated()
+                && let Ok(paths) = conn.client.list_ephemerals("/").await
+            {
+                for p in paths {
+                    let _ = conn.client.delete(&p, None).await;
+                }
+            }
+            drop(conn);
+            Ok(())
+        })
+    }
+}
