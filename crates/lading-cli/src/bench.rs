@@ -28,7 +28,7 @@ pub enum Bench {
         json: bool,
     },
     /// Time acquiring the head of the Pending queue when it holds each of the given numbers
-    /// of jobs (a fresh store per size).
+    /// of jobs (a fresh store per size; with `--store zk://…`, a fresh chroot under it).
     Acquire {
         /// Queue lengths, comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "100,100000")]
@@ -71,7 +71,7 @@ pub async fn run(what: Bench, store: Option<&str>) -> anyhow::Result<()> {
             queued,
             samples,
             json,
-        } => acquire(&queued, samples, json).await,
+        } => acquire(&queued, samples, json, store).await,
     }
 }
 
@@ -139,12 +139,10 @@ async fn queue(
     as_json: bool,
     store: Option<&str>,
 ) -> anyhow::Result<()> {
-    let url = match store {
-        Some(s) => s.to_string(),
-        None => format!("sqlite:{}", fresh_store()?.display()),
-    };
-    let sqlite = crate::open_sqlite(&url)?;
-    let tree: Arc<dyn lading_core::Tree> = sqlite.clone();
+    let scratch = Scratch::new(store).await?;
+    let url = scratch.url.clone();
+    let st = crate::open(&url).await?;
+    let tree = st.tree();
     let engine = Arc::new(Engine::new(
         tree.clone(),
         system_clock(),
@@ -161,13 +159,36 @@ async fn queue(
     let setup_s = setup.elapsed().as_secs_f64();
 
     // The measured part: every job through every stage.
-    let stats0 = sqlite.stats();
+    let stats0 = StoreStats::of(&st);
     let cpu0 = cpu_seconds();
+    // On ZooKeeper each worker is its own client session, as separate worker processes are
+    // (ZooKeeper serves one session's requests strictly in order, so workers sharing one
+    // session would wait behind each other's writes). The embedded store is one process.
+    let mut sessions: Vec<Arc<lading_store_zk::ZkTree>> = Vec::new();
+    let mut engines = Vec::new();
+    for _ in 0..k {
+        match &st {
+            crate::Store::Sqlite(_) => engines.push(engine.clone()),
+            crate::Store::Zk(_) => {
+                let t = Arc::new(
+                    lading_store_zk::ZkTree::open(&url, lading_store_zk::ZkOptions::default())
+                        .await?,
+                );
+                engines.push(Arc::new(Engine::new(
+                    t.clone(),
+                    system_clock(),
+                    lading_store_sqlite::default_owner(),
+                )));
+                sessions.push(t);
+            }
+        }
+    }
+    let zk0: Vec<_> = sessions.iter().map(|t| t.stats()).collect();
     let completed = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
     let mut handles = Vec::new();
-    for _ in 0..k {
-        let (e, completed) = (engine.clone(), completed.clone());
+    for e in engines {
+        let completed = completed.clone();
         handles.push(tokio::spawn(async move {
             worker(&e, mode, n, &completed).await
         }));
@@ -177,13 +198,21 @@ async fn queue(
         latencies_us.extend(h.await??);
     }
     let elapsed = start.elapsed().as_secs_f64();
-    let stats = sqlite.stats();
+    let mut stats = StoreStats::of(&st).since(&stats0);
+    if let StoreStats::Zk(z) = &mut stats {
+        for (t, before) in sessions.iter().zip(&zk0) {
+            let a = t.stats();
+            z.multis += a.multis - before.multis;
+            z.reads += a.reads - before.reads;
+            z.cached_reads += a.cached_reads - before.cached_reads;
+            z.sessions += a.sessions - before.sessions;
+            z.read_backs += a.read_backs - before.read_backs;
+        }
+    }
+    for t in &sessions {
+        lading_core::Tree::close(t.as_ref()).await?;
+    }
     let cores_busy = (cpu_seconds() - cpu0) / elapsed;
-    let (commits, multis) = (stats.commits - stats0.commits, stats.multis - stats0.multis);
-    let fsyncs = stats.fsyncs - stats0.fsyncs;
-    let writer_busy = (stats.writer_busy_us - stats0.writer_busy_us) as f64 / 1e6 / elapsed;
-    let fsync_mean_us = (stats.fsync_us - stats0.fsync_us) as f64 / fsyncs.max(1) as f64;
-    let per_commit = multis as f64 / commits.max(1) as f64;
     latencies_us.sort_unstable();
     let transitions = latencies_us.len();
     let batch = engine.batch(&bid).await?;
@@ -194,13 +223,22 @@ async fn queue(
             batch.status.status
         );
     }
-    let path = url.strip_prefix("sqlite:").unwrap_or(&url).to_string();
-    let dir = Path::new(&path)
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let fsync = fsync_rate(dir)?;
+    let fsync = match &st {
+        crate::Store::Sqlite(_) => {
+            let path = url.strip_prefix("sqlite:").unwrap_or(&url).to_string();
+            let dir = Path::new(&path)
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .unwrap_or(Path::new("."))
+                .to_path_buf();
+            Some((fsync_rate(&dir)?, dir))
+        }
+        crate::Store::Zk(_) => None,
+    };
     tree.close().await?;
+    drop(st);
+    let kept = scratch.kept;
+    scratch.finish().await?;
 
     let jobs_per_s = n as f64 / elapsed;
     let transitions_per_s = transitions as f64 / elapsed;
@@ -208,18 +246,17 @@ async fn queue(
         percentile(&latencies_us, 0.50),
         percentile(&latencies_us, 0.99),
     );
+    let mut figures = json!({
+        "jobs": n, "workers": k, "mode": format!("{mode:?}").to_lowercase(), "store": url,
+        "seconds": elapsed, "jobs_per_s": jobs_per_s, "transitions_per_s": transitions_per_s,
+        "p50_ms": p50, "p99_ms": p99, "setup_s": setup_s, "cores_busy": cores_busy,
+    });
+    stats.add_json(&mut figures, elapsed);
+    if let Some((rate, _)) = &fsync {
+        figures["fsync_per_s"] = json!(rate);
+    }
     if as_json {
-        println!(
-            "{}",
-            json!({
-                "jobs": n, "workers": k, "mode": format!("{mode:?}").to_lowercase(), "store": url,
-                "seconds": elapsed, "jobs_per_s": jobs_per_s, "transitions_per_s": transitions_per_s,
-                "p50_ms": p50, "p99_ms": p99, "fsync_per_s": fsync, "setup_s": setup_s,
-                "commits": commits, "multis": multis, "multis_per_commit": per_commit,
-                "fsyncs": fsyncs, "fsync_mean_us": fsync_mean_us, "cores_busy": cores_busy,
-                "writer_busy": writer_busy,
-            })
-        );
+        println!("{figures}");
     } else {
         println!("lading bench queue: {n} jobs, {k} workers, {mode:?} mode, store {url}");
         println!("  setup        {n} jobs created in {setup_s:.2} s (not counted below)");
@@ -230,22 +267,166 @@ async fn queue(
         println!("  jobs/s       {jobs_per_s:.0}");
         println!("  transitions/s {transitions_per_s:.0}");
         println!("  latency      p50 {p50:.2} ms, p99 {p99:.2} ms per transition");
+        stats.print(elapsed, n);
         println!(
-            "  commits      {commits} durable commits carried {multis} multis ({per_commit:.1} per commit, {:.0} commits/s)",
-            commits as f64 / elapsed
+            "  cpu          {cores_busy:.2} cores busy in this process on average while measured"
         );
-        println!("  fsyncs       {fsyncs} of the WAL, {fsync_mean_us:.0} µs each on average");
-        println!(
-            "  cpu          {cores_busy:.2} cores busy on average while measured; the store's writer thread busy {:.0}% of the time",
-            writer_busy * 100.0
-        );
-        println!(
-            "  raw fsync/s  {fsync:.0} (4 KiB fdatasync in {})",
-            dir.display()
-        );
-        println!("  inspect with lading --store {url} dump /batches/{bid}");
+        if let Some((rate, dir)) = &fsync {
+            println!(
+                "  raw fsync/s  {rate:.0} (4 KiB fdatasync in {})",
+                dir.display()
+            );
+        }
+        if kept {
+            println!("  inspect with lading --store {url} dump /batches/{bid}");
+        }
     }
     Ok(())
+}
+
+/// Where a benchmark runs: a fresh embedded store, the store given, or a fresh chroot under
+/// the ZooKeeper URL given (removed afterwards, so runs do not pile up in the server's memory).
+struct Scratch {
+    url: String,
+    /// The ZooKeeper (parent URL, chroot) to delete when done.
+    zk: Option<(String, String)>,
+    kept: bool,
+}
+
+impl Scratch {
+    async fn new(store: Option<&str>) -> anyhow::Result<Scratch> {
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis();
+        Ok(match store {
+            None => Scratch {
+                url: format!("sqlite:{}", fresh_store()?.display()),
+                zk: None,
+                kept: true,
+            },
+            Some(url) if url.starts_with("zk://") => {
+                let (hosts, chroot) = lading_store_zk::split_url(url)?;
+                let base = if chroot == "/" { String::new() } else { chroot };
+                let scratch = format!("{base}/lading-bench-{stamp}");
+                lading_store_zk::ZkTree::ensure_chroot(&hosts, &scratch).await?;
+                Scratch {
+                    url: format!("zk://{hosts}{scratch}"),
+                    zk: Some((format!("zk://{hosts}"), scratch)),
+                    kept: false,
+                }
+            }
+            Some(url) => Scratch {
+                url: url.to_string(),
+                zk: None,
+                kept: true,
+            },
+        })
+    }
+
+    async fn finish(self) -> anyhow::Result<()> {
+        if let Some((root, chroot)) = self.zk {
+            let t = lading_store_zk::ZkTree::open(&root, Default::default()).await?;
+            t.delete_tree(&chroot).await?;
+            lading_core::Tree::close(&t).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The store's own counters, where it keeps any.
+enum StoreStats {
+    Sqlite(lading_store_sqlite::WriterStats),
+    Zk(lading_store_zk::ZkStats),
+}
+
+impl StoreStats {
+    fn of(st: &crate::Store) -> StoreStats {
+        match st {
+            crate::Store::Sqlite(t) => StoreStats::Sqlite(t.stats()),
+            crate::Store::Zk(t) => StoreStats::Zk(t.stats()),
+        }
+    }
+
+    fn since(self, before: &StoreStats) -> StoreStats {
+        match (self, before) {
+            (StoreStats::Sqlite(a), StoreStats::Sqlite(b)) => {
+                StoreStats::Sqlite(lading_store_sqlite::WriterStats {
+                    commits: a.commits - b.commits,
+                    multis: a.multis - b.multis,
+                    fsyncs: a.fsyncs - b.fsyncs,
+                    fsync_us: a.fsync_us - b.fsync_us,
+                    writer_busy_us: a.writer_busy_us - b.writer_busy_us,
+                })
+            }
+            (StoreStats::Zk(a), StoreStats::Zk(b)) => StoreStats::Zk(lading_store_zk::ZkStats {
+                multis: a.multis - b.multis,
+                reads: a.reads - b.reads,
+                cached_reads: a.cached_reads - b.cached_reads,
+                sessions: a.sessions - b.sessions,
+                read_backs: a.read_backs - b.read_backs,
+            }),
+            (a, _) => a,
+        }
+    }
+
+    fn add_json(&self, v: &mut serde_json::Value, elapsed: f64) {
+        match self {
+            StoreStats::Sqlite(s) => {
+                v["commits"] = json!(s.commits);
+                v["multis"] = json!(s.multis);
+                v["multis_per_commit"] = json!(s.multis as f64 / s.commits.max(1) as f64);
+                v["fsyncs"] = json!(s.fsyncs);
+                v["fsync_mean_us"] = json!(s.fsync_us as f64 / s.fsyncs.max(1) as f64);
+                v["writer_busy"] = json!(s.writer_busy_us as f64 / 1e6 / elapsed);
+            }
+            StoreStats::Zk(s) => {
+                v["multis"] = json!(s.multis);
+                v["reads"] = json!(s.reads);
+                v["cached_reads"] = json!(s.cached_reads);
+                v["read_backs"] = json!(s.read_backs);
+                v["new_sessions"] = json!(s.sessions);
+            }
+        }
+    }
+
+    fn print(&self, elapsed: f64, n: usize) {
+        match self {
+            StoreStats::Sqlite(s) => {
+                println!(
+                    "  commits      {} durable commits carried {} multis ({:.1} per commit, {:.0} commits/s)",
+                    s.commits,
+                    s.multis,
+                    s.multis as f64 / s.commits.max(1) as f64,
+                    s.commits as f64 / elapsed
+                );
+                println!(
+                    "  fsyncs       {} of the WAL, {:.0} µs each on average",
+                    s.fsyncs,
+                    s.fsync_us as f64 / s.fsyncs.max(1) as f64
+                );
+                println!(
+                    "  writer       the store's writer thread busy {:.0}% of the time",
+                    s.writer_busy_us as f64 / 1e6 / elapsed * 100.0
+                );
+            }
+            StoreStats::Zk(s) => {
+                let per_job = |x: u64| x as f64 / n.max(1) as f64;
+                println!(
+                    "  zookeeper    {} multis ({:.0}/s, {:.1} per job), {} reads ({:.1} per job), {} child listings from the watched cache",
+                    s.multis,
+                    s.multis as f64 / elapsed,
+                    per_job(s.multis),
+                    s.reads,
+                    per_job(s.reads),
+                    s.cached_reads
+                );
+                println!(
+                    "  sessions     {} renewed, {} multis read back after a lost reply",
+                    s.sessions, s.read_backs
+                );
+            }
+        }
+    }
 }
 
 /// One worker: take the latest-stage job it can find, move it on, repeat until all are done.
@@ -365,11 +546,17 @@ async fn fill(
     Ok(bid)
 }
 
-async fn acquire(sizes: &[usize], samples: usize, as_json: bool) -> anyhow::Result<()> {
+async fn acquire(
+    sizes: &[usize],
+    samples: usize,
+    as_json: bool,
+    store: Option<&str>,
+) -> anyhow::Result<()> {
     let mut rows = Vec::new();
     for &q in sizes {
-        let url = format!("sqlite:{}", fresh_store()?.display());
-        let tree = crate::open_store(&url)?;
+        let scratch = Scratch::new(store).await?;
+        let url = scratch.url.clone();
+        let tree = crate::open_store(&url).await?;
         let engine = Arc::new(Engine::new(
             tree.clone(),
             system_clock(),
@@ -394,7 +581,10 @@ async fn acquire(sizes: &[usize], samples: usize, as_json: bool) -> anyhow::Resu
         }
         lat.sort_unstable();
         let left = engine.job_counts().await?[&JobState::Pending];
+        drop(engine);
         tree.close().await?;
+        drop(tree);
+        scratch.finish().await?;
         let mean_us = lat.iter().sum::<u64>() as f64 / lat.len().max(1) as f64;
         rows.push(json!({
             "queued": left, "samples": samples, "mean_us": mean_us,

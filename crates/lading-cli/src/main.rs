@@ -13,6 +13,7 @@ use lading_core::time::{parse_ts, system_clock};
 use lading_core::{BatchState, JobState, Tree};
 use lading_engine::{Engine, EngineError};
 use lading_store_sqlite::{SqliteOptions, SqliteTree};
+use lading_store_zk::{ZkOptions, ZkTree};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -27,7 +28,8 @@ pub const DEFAULT_STORE: &str = "sqlite:./lading-data/lading.db";
     about = "A durable, distributed ingest queue"
 )]
 struct Cli {
-    /// The store: `sqlite:PATH` (or a bare path) for the embedded store.
+    /// The store: `sqlite:PATH` (or a bare path) for the embedded store, or
+    /// `zk://host:port[,host:port…][/chroot]` for a ZooKeeper ensemble.
     /// Default: sqlite:./lading-data/lading.db (`bench` makes a fresh store instead).
     #[arg(long, global = true, env = "LADING_STORE")]
     store: Option<String>,
@@ -142,18 +144,40 @@ enum PauseAction {
     Resume,
 }
 
-/// Opens a store from its URL.
-pub fn open_store(url: &str) -> anyhow::Result<Arc<dyn Tree>> {
-    Ok(open_sqlite(url)?)
+/// An open store of either kind.
+pub enum Store {
+    Sqlite(Arc<SqliteTree>),
+    Zk(Arc<ZkTree>),
+}
+
+impl Store {
+    pub fn tree(&self) -> Arc<dyn Tree> {
+        match self {
+            Store::Sqlite(t) => t.clone(),
+            Store::Zk(t) => t.clone(),
+        }
+    }
+}
+
+/// Opens a store from its URL: `sqlite:PATH` (or a bare path), or
+/// `zk://host:port[,host:port…][/chroot]`.
+pub async fn open(url: &str) -> anyhow::Result<Store> {
+    if url.starts_with("zk://") {
+        let tree = ZkTree::open(url, ZkOptions::default())
+            .await
+            .with_context(|| format!("opening store {url}"))?;
+        return Ok(Store::Zk(Arc::new(tree)));
+    }
+    Ok(Store::Sqlite(open_sqlite(url)?))
+}
+
+/// Opens a store from its URL, as a tree.
+pub async fn open_store(url: &str) -> anyhow::Result<Arc<dyn Tree>> {
+    Ok(open(url).await?.tree())
 }
 
 /// Opens an embedded store from its URL.
 pub fn open_sqlite(url: &str) -> anyhow::Result<Arc<SqliteTree>> {
-    if let Some(rest) = url.strip_prefix("zk://") {
-        bail!(
-            "the ZooKeeper backend is not built into this version (store {url:?}, hosts {rest:?}); use sqlite:PATH"
-        );
-    }
     let path = url.strip_prefix("sqlite:").unwrap_or(url);
     if path.is_empty() {
         bail!("empty store path in {url:?}");
@@ -169,7 +193,7 @@ pub fn open_sqlite(url: &str) -> anyhow::Result<Arc<SqliteTree>> {
 }
 
 async fn engine(url: &str) -> anyhow::Result<Engine> {
-    let tree = open_store(url)?;
+    let tree = open_store(url).await?;
     let e = Engine::new(tree, system_clock(), lading_store_sqlite::default_owner());
     e.init().await?;
     Ok(e)
@@ -200,7 +224,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         .unwrap_or_else(|| DEFAULT_STORE.to_string());
     match cli.command {
         Command::Dump { path, format } => {
-            let tree = open_store(&store)?;
+            let tree = open_store(&store).await?;
             lading_core::tree::validate_path(&path)?;
             let map = lading_engine::dump(tree.as_ref(), &path).await?;
             match format {

@@ -31,6 +31,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::broadcast;
@@ -159,7 +160,19 @@ pub struct Engine {
     /// Lock path → the session it was claimed in; a claim from an older session is void (that
     /// session's locks are gone).
     claimed: Mutex<HashMap<String, u64>>,
+    /// Job → batch, which never changes once written: saves a read per acquisition.
+    job_batches: Mutex<HashMap<JobId, BatchId>>,
+    /// Pause and hold flags read under a watch: valid until the watch fires.
+    flags: Mutex<HashMap<String, (bool, Arc<AtomicBool>)>>,
+    /// Job locks another worker was found holding, skipped by acquisition for a moment.
+    busy: Mutex<HashMap<String, std::time::Instant>>,
 }
+
+/// How long a job found locked by another worker is skipped by this process's acquisitions.
+const BUSY_SKIP: Duration = Duration::from_millis(500);
+
+/// Bound on `job_batches`; it is simply emptied when full.
+const JOB_BATCHES_KEPT: usize = 100_000;
 
 fn lost(what: &str) -> EngineError {
     EngineError::LeaseLost(what.to_string())
@@ -179,6 +192,9 @@ impl Engine {
             owner: owner.into(),
             events,
             claimed: Mutex::new(HashMap::new()),
+            job_batches: Mutex::new(HashMap::new()),
+            flags: Mutex::new(HashMap::new()),
+            busy: Mutex::new(HashMap::new()),
         }
     }
 
@@ -297,15 +313,30 @@ impl Engine {
     }
 
     async fn job_batch(&self, job: &JobId) -> Result<BatchId> {
+        let known = self
+            .job_batches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(job)
+            .cloned();
+        if let Some(b) = known {
+            return Ok(b);
+        }
         let path = job_node(job, "bid");
         let s = self
             .read_string(&path)
             .await?
             .ok_or_else(|| EngineError::NoJob(job.to_string()))?;
-        BatchId::parse(&s).map_err(|e| EngineError::Corrupt {
+        let bid = BatchId::parse(&s).map_err(|e| EngineError::Corrupt {
             path,
             reason: e.to_string(),
-        })
+        })?;
+        let mut cache = self.job_batches.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= JOB_BATCHES_KEPT {
+            cache.clear();
+        }
+        cache.insert(job.clone(), bid.clone());
+        Ok(bid)
     }
 
     async fn batch_status(&self, batch: &BatchId) -> Result<(BatchStatus, i32)> {
@@ -448,7 +479,39 @@ impl Engine {
 
     // ----- holds and pauses ----------------------------------------------------------------
 
+    /// A boolean read of the tree, remembered until a watch on `path` fires (or this engine
+    /// changes a flag itself). Costs no round trip while nothing changes.
+    async fn watched_flag<F>(&self, path: &str, kind: WatchKind, read: F) -> Result<bool>
+    where
+        F: std::future::Future<Output = Result<bool>>,
+    {
+        let key = format!("{kind:?}:{path}");
+        if let Some((v, fresh)) = self
+            .flags
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            && fresh.load(Ordering::SeqCst)
+        {
+            return Ok(*v);
+        }
+        let watch = self.tree.watch(path, kind).await?;
+        let value = read.await?;
+        let fresh = Arc::new(AtomicBool::new(true));
+        let f = fresh.clone();
+        tokio::spawn(async move {
+            watch.await;
+            f.store(false, Ordering::SeqCst);
+        });
+        self.flags
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, (value, fresh));
+        Ok(value)
+    }
+
     async fn flag(&self, path: &str, on: bool) -> Result<bool> {
+        self.flags.lock().unwrap_or_else(|p| p.into_inner()).clear();
         let r = if on {
             self.tree
                 .create(path, None, CreateMode::Persistent)
@@ -477,7 +540,11 @@ impl Engine {
 
     pub async fn queue_paused(&self, name: &str) -> Result<bool> {
         check_queue(name)?;
-        Ok(self.tree.exists(&queue_lock(name)).await?.is_some())
+        let path = queue_lock(name);
+        self.watched_flag(&path, WatchKind::Data, async {
+            Ok(self.tree.exists(&path).await?.is_some())
+        })
+        .await
     }
 
     /// Holds a collection: its pending batches and jobs turn Held when next acquired.
@@ -552,7 +619,10 @@ impl Engine {
     }
 
     async fn any_collection_held(&self) -> Result<bool> {
-        Ok(self.tree.count_children(COLLECTION_LOCKS).await? > 0)
+        self.watched_flag(COLLECTION_LOCKS, WatchKind::Children, async {
+            Ok(self.tree.count_children(COLLECTION_LOCKS).await? > 0)
+        })
+        .await
     }
 
     // ----- batches -------------------------------------------------------------------------
@@ -1119,13 +1189,12 @@ impl Engine {
     /// In Pending, a job of a held collection is moved to Held instead of being returned; a
     /// paused ingest queue hands out nothing.
     pub async fn acquire_job(&self, state: JobState) -> Result<Option<JobLease>> {
-        if self.queue_paused("ingest").await? {
-            return Ok(None);
-        }
-        let holds = state == JobState::Pending && self.any_collection_held().await?;
         let folder = job_state_folder(state);
         let mut after: Option<String> = None;
         let mut scanned = 0;
+        // Pause and holds are read only once there is something to take: an idle worker polling
+        // an empty state costs no round trip on a backend that caches its queues.
+        let mut holds = None;
         while scanned < MAX_SCAN {
             let page = self
                 .tree
@@ -1134,8 +1203,44 @@ impl Engine {
             let Some(last) = page.last().cloned() else {
                 return Ok(None);
             };
+            let holds = match holds {
+                Some(h) => h,
+                None => {
+                    if self.queue_paused("ingest").await? {
+                        return Ok(None);
+                    }
+                    let h = state == JobState::Pending && self.any_collection_held().await?;
+                    holds = Some(h);
+                    h
+                }
+            };
             scanned += page.len();
-            for name in &page {
+            // Jobs found locked by others a moment ago go last: tried only when nothing else
+            // is free, so a lock that has just gone is still found.
+            let (mut names, busy): (Vec<&String>, Vec<&String>) =
+                page.iter().partition(|n| !self.is_busy(n));
+            // At most one of them per call, the one found locked longest ago: every such job
+            // is still tried in turn, without a burst of refused writes.
+            let busy = busy.into_iter().min_by_key(|n| self.busy_since(n));
+            let free = names.len();
+            names.extend(busy);
+            // Once this process has met other workers at the head of a queue, it spreads its
+            // picks from the start; a lone worker takes strictly the head.
+            let mut contended = self.contended_lately();
+            for i in 0..names.len() {
+                if contended && i < free {
+                    // Others are taking the head too: pick among the next few of the same
+                    // priority at random rather than all trying the same one.
+                    let prefix = &names[i][..names[i].len().min(3)];
+                    let window = names[i..free]
+                        .iter()
+                        .take(16)
+                        .take_while(|n| n.starts_with(prefix))
+                        .count();
+                    let j = i + (uuid::Uuid::new_v4().as_u128() % window.max(1) as u128) as usize;
+                    names.swap(i, j);
+                }
+                let name = names[i];
                 let Some((priority, jid)) = parse_job_ref(name) else {
                     continue;
                 };
@@ -1144,6 +1249,8 @@ impl Engine {
                     .take_lock(&lock, Op::check(join(&folder, name), None))
                     .await?
                 {
+                    self.mark_busy(name);
+                    contended = true;
                     continue;
                 }
                 let lease = match self.load_lease(&jid, priority, state).await {
@@ -1171,6 +1278,42 @@ impl Engine {
             after = Some(last);
         }
         Ok(None)
+    }
+
+    fn is_busy(&self, reference: &str) -> bool {
+        let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        match busy.get(reference) {
+            Some(t) if t.elapsed() < BUSY_SKIP => true,
+            Some(_) => {
+                busy.remove(reference);
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn busy_since(&self, reference: &str) -> Option<std::time::Instant> {
+        self.busy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(reference)
+            .copied()
+    }
+
+    fn contended_lately(&self) -> bool {
+        self.busy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .any(|t| t.elapsed() < BUSY_SKIP)
+    }
+
+    fn mark_busy(&self, reference: &str) {
+        let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        if busy.len() > 10_000 {
+            busy.retain(|_, t| t.elapsed() < BUSY_SKIP);
+        }
+        busy.insert(reference.to_string(), std::time::Instant::now());
     }
 
     async fn load_lease(&self, jid: &JobId, priority: u8, state: JobState) -> Result<JobLease> {

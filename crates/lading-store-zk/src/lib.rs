@@ -25,7 +25,7 @@ use cache::{Cache, Lookup};
 use lading_core::CreateMode;
 use lading_core::tree::validate_path;
 use lading_core::tree::{BoxFuture, Node, Op, OpResult, Stat, Tree, TreeError, Watch, WatchKind};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -49,6 +49,7 @@ impl Default for ZkOptions {
             connect_timeout: Duration::from_secs(15),
             cached_roots: vec![
                 "/jobs/states".into(),
+                "/batches".into(),
                 "/access/small".into(),
                 "/access/large".into(),
             ],
@@ -87,6 +88,31 @@ pub struct ZkTree {
     current: RwLock<Option<Arc<Conn>>>,
     renewing: tokio::sync::Mutex<()>,
     closed: AtomicBool,
+    stats: Counters,
+}
+
+#[derive(Default)]
+struct Counters {
+    multis: AtomicU64,
+    reads: AtomicU64,
+    cached_reads: AtomicU64,
+    sessions: AtomicU64,
+    read_backs: AtomicU64,
+}
+
+/// What a [`ZkTree`] has done since it was opened.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ZkStats {
+    /// `multi` requests sent (each one round trip and one ZooKeeper transaction).
+    pub multis: u64,
+    /// Read requests sent to a server.
+    pub reads: u64,
+    /// Child listings served from the watched cache without a round trip.
+    pub cached_reads: u64,
+    /// Sessions opened (1 + renewals after expiry).
+    pub sessions: u64,
+    /// `multi`s whose reply was lost and whose outcome was read back.
+    pub read_backs: u64,
 }
 
 /// Parses `zk://host:port[,host:port…][/chroot]` into the client's connect string.
@@ -122,6 +148,12 @@ pub fn parse_url(url: &str) -> Result<String, TreeError> {
         "{hosts}{}",
         if chroot == "/" { "" } else { chroot }
     ))
+}
+
+/// Splits `zk://hosts[/chroot]` into (hosts, chroot), chroot `/` when none.
+pub fn split_url(url: &str) -> Result<(String, String), TreeError> {
+    let c = parse_url(url)?;
+    Ok((hosts_of(&c).to_string(), chroot_of(&c).to_string()))
 }
 
 fn chroot_of(connect: &str) -> &str {
@@ -210,7 +242,58 @@ impl ZkTree {
             current: RwLock::new(Some(conn)),
             renewing: tokio::sync::Mutex::new(()),
             closed: AtomicBool::new(false),
+            stats: Counters {
+                sessions: AtomicU64::new(1),
+                ..Counters::default()
+            },
         })
+    }
+
+    /// Counters since the tree was opened.
+    pub fn stats(&self) -> ZkStats {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        ZkStats {
+            multis: g(&self.stats.multis),
+            reads: g(&self.stats.reads),
+            cached_reads: g(&self.stats.cached_reads),
+            sessions: g(&self.stats.sessions),
+            read_backs: g(&self.stats.read_backs),
+        }
+    }
+
+    /// Deletes `path` and everything below it (children first, in `multi`s of up to 500).
+    pub async fn delete_tree(&self, path: &str) -> Result<(), TreeError> {
+        let mut order = Vec::new();
+        let mut stack = vec![path.to_string()];
+        while let Some(p) = stack.pop() {
+            match self.children_listing(&p).await? {
+                Some(kids) => {
+                    for k in kids {
+                        stack.push(lading_core::tree::join_path(&p, &k));
+                    }
+                    order.push(p);
+                }
+                None => continue,
+            }
+        }
+        // Parents were pushed before their children: delete in reverse.
+        order.reverse();
+        for chunk in order.chunks(500) {
+            let ops = chunk.iter().map(|p| Op::delete(p.clone(), None)).collect();
+            match self.multi(ops).await {
+                Ok(_) => {}
+                Err(e) if matches!(e.root(), TreeError::NoNode(_)) => {
+                    for p in chunk {
+                        match self.delete(p, None).await {
+                            Ok(()) | Err(TreeError::NoNode(_)) => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     /// Creates `chroot` (and its parents) on the ensemble at `hosts` if missing.
@@ -302,6 +385,7 @@ impl ZkTree {
             "ZooKeeper session expired; opening a new one (its leases are lost)"
         );
         let new = Self::connect(&self.connect, &self.opts).await?;
+        self.stats.sessions.fetch_add(1, Ordering::Relaxed);
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = Some(new.clone());
         Ok(new)
     }
@@ -323,6 +407,7 @@ impl ZkTree {
         let mut backoff = Duration::from_millis(20);
         loop {
             let conn = self.conn().await?;
+            self.stats.reads.fetch_add(1, Ordering::Relaxed);
             match f(conn.clone()).await {
                 Ok(v) => return Ok(v),
                 Err(zk::Error::SessionExpired) => {
@@ -392,8 +477,10 @@ impl ZkTree {
             return Ok(None);
         }
         if let Lookup::Hit(p) = conn.cache.page(path, after, limit) {
+            self.stats.cached_reads.fetch_add(1, Ordering::Relaxed);
             return Ok(Some(p));
         }
+        self.stats.reads.fetch_add(1, Ordering::Relaxed);
         let Some(generation) = conn.cache.begin_prime(path) else {
             return Ok(None);
         };
@@ -493,6 +580,7 @@ impl ZkTree {
         loop {
             attempts += 1;
             let mark = conn.cache.mark();
+            self.stats.multis.fetch_add(1, Ordering::Relaxed);
             match Self::send_multi(&conn, &ops).await {
                 Ok(results) => {
                     Self::sync_cache(&conn, mark, &changes).await;
@@ -541,6 +629,7 @@ impl ZkTree {
                     zk::Error::ConnectionLoss | zk::Error::Timeout | zk::Error::SessionExpired
                         if attempts < 5 =>
                     {
+                        self.stats.read_backs.fetch_add(1, Ordering::Relaxed);
                         match self.read_back(&conn, &ops).await? {
                             Outcome::Applied(results) => return Ok(results),
                             Outcome::NotApplied if conn.terminated() => {
