@@ -177,7 +177,7 @@ fn tree_error(e: zk::Error, path: &str) -> TreeError {
         zk::Error::NotEmpty => TreeError::NotEmpty(path.into()),
         zk::Error::NoChildrenForEphemerals => TreeError::NoChildrenForEphemerals(path.into()),
         zk::Error::SessionExpired => TreeError::SessionExpired,
-        zk::Error::ConnectionLoss | zk::Error::Timeout => {
+        zk::Error::ConnectionLoss | zk::Error::Timeout | zk::Error::Custom(_) => {
             TreeError::ConnectionLoss(format!("{e} (at {path})"))
         }
         zk::Error::BadArguments(msg) => TreeError::InvalidPath(path.into(), msg),
@@ -319,25 +319,44 @@ impl ZkTree {
     }
 
     async fn connect(connect: &str, opts: &ZkOptions) -> Result<Arc<Conn>, TreeError> {
-        let connector = zk::Client::connector().with_session_timeout(opts.session_timeout);
-        let client =
-            match tokio::time::timeout(opts.connect_timeout, connector.connect(connect)).await {
-                Ok(Ok(c)) => c,
+        // Servers that are down or unreachable are tried again, with backoff, until the
+        // connect timeout has passed.
+        let deadline = tokio::time::Instant::now() + opts.connect_timeout;
+        let mut backoff = Duration::from_millis(100);
+        let client = loop {
+            let connector = zk::Client::connector().with_session_timeout(opts.session_timeout);
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match tokio::time::timeout(left, connector.connect(connect)).await {
+                Ok(Ok(c)) => break c,
+                Ok(Err(zk::Error::Timeout | zk::Error::NoHosts | zk::Error::ConnectionLoss))
+                    if tokio::time::Instant::now() + backoff < deadline =>
+                {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
                 Ok(Err(zk::Error::Timeout | zk::Error::NoHosts | zk::Error::ConnectionLoss))
                 | Err(_) => {
                     return Err(unreachable_error(hosts_of(connect), opts.connect_timeout));
                 }
                 Ok(Err(e)) => return Err(tree_error(e, "/")),
-            };
+            }
+        };
         let cache = Arc::new(Cache::new(opts.cached_roots.clone()));
-        let mut events = Vec::new();
+        // The watches are in place before the session is handed out, so no change made through
+        // it can be missed by the cache.
+        let mut watchers = Vec::new();
         for root in cache.roots() {
-            let watcher = client
+            let w = client
                 .watch(root, zk::AddWatchMode::PersistentRecursive)
                 .await
                 .map_err(|e| tree_error(e, root))?;
-            events.push(tokio::spawn(follow(watcher, cache.clone())));
+            watchers.push(w);
         }
+        let events = vec![tokio::spawn(follow(
+            client.clone(),
+            cache.clone(),
+            watchers,
+        ))];
         let session = client.session_id().0 as u64;
         tracing::debug!(
             session = format!("{session:#x}"),
@@ -413,7 +432,7 @@ impl ZkTree {
                 Err(zk::Error::SessionExpired) => {
                     self.renew(&conn).await?;
                 }
-                Err(zk::Error::ConnectionLoss | zk::Error::Timeout)
+                Err(zk::Error::ConnectionLoss | zk::Error::Timeout | zk::Error::Custom(_))
                     if tokio::time::Instant::now() < deadline =>
                 {
                     tokio::time::sleep(backoff).await;
@@ -626,7 +645,10 @@ impl ZkTree {
                     });
                 }
                 Err(zk::MultiWriteError::RequestFailed { source }) => match source {
-                    zk::Error::ConnectionLoss | zk::Error::Timeout | zk::Error::SessionExpired
+                    zk::Error::ConnectionLoss
+                    | zk::Error::Timeout
+                    | zk::Error::SessionExpired
+                    | zk::Error::Custom(_)
                         if attempts < 5 =>
                     {
                         self.stats.read_backs.fetch_add(1, Ordering::Relaxed);
@@ -746,31 +768,82 @@ fn unreachable_error(hosts: &str, within: Duration) -> TreeError {
     ))
 }
 
-/// Applies a persistent recursive watch's events to the cache until the session ends.
-async fn follow(mut watcher: zk::PersistentWatcher, cache: Arc<Cache>) {
-    let mut disconnected = false;
+/// Applies the persistent recursive watches' events to the cache until the session ends.
+/// After a disconnection the watches are set up afresh and the cache forgotten: events of the
+/// gap are lost (ZOOKEEPER-4698), and a watch may not survive a move to another server.
+async fn follow(client: zk::Client, cache: Arc<Cache>, mut watchers: Vec<zk::PersistentWatcher>) {
+    let mut state = client.state_watcher();
     loop {
-        let ev = watcher.changed().await;
-        match ev.event_type {
-            zk::EventType::Session => match ev.session_state {
-                zk::SessionState::Disconnected => disconnected = true,
-                zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
-                    if disconnected {
-                        // Events during the gap are lost (ZOOKEEPER-4698): start again.
-                        cache.invalidate();
-                        disconnected = false;
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut forwarders = tokio::task::JoinSet::new();
+        for mut w in watchers.drain(..) {
+            let tx = tx.clone();
+            forwarders.spawn(async move {
+                loop {
+                    let ev = w.changed().await;
+                    let end = ev.event_type == zk::EventType::Session
+                        && ev.session_state != zk::SessionState::SyncConnected;
+                    if tx.send(ev).is_err() || end {
+                        // A watcher must not be polled after a terminal event; after a
+                        // disconnection it is replaced anyway.
+                        return;
                     }
                 }
-                s => {
+            });
+        }
+        drop(tx);
+        // Follow events until the connection is lost.
+        loop {
+            tokio::select! {
+                s = state.changed() => {
                     if s.is_terminated() {
                         cache.invalidate();
                         return;
                     }
+                    if s == zk::SessionState::Disconnected {
+                        break;
+                    }
                 }
-            },
-            zk::EventType::NodeCreated => cache.apply(&ev.path, true),
-            zk::EventType::NodeDeleted => cache.apply(&ev.path, false),
-            _ => {}
+                ev = rx.recv() => match ev {
+                    Some(ev) => match ev.event_type {
+                        zk::EventType::NodeCreated => cache.apply(&ev.path, true),
+                        zk::EventType::NodeDeleted => cache.apply(&ev.path, false),
+                        _ => {}
+                    },
+                    None => break,
+                },
+            }
+        }
+        forwarders.abort_all();
+        // Wait for the session to come back, then watch again from scratch.
+        loop {
+            let s = state.peek_state();
+            if s.is_terminated() {
+                cache.invalidate();
+                return;
+            }
+            if s == zk::SessionState::SyncConnected {
+                break;
+            }
+            state.changed().await;
+        }
+        for root in cache.roots() {
+            match client
+                .watch(root, zk::AddWatchMode::PersistentRecursive)
+                .await
+            {
+                Ok(w) => watchers.push(w),
+                Err(e) => {
+                    tracing::warn!(root, "cannot watch again after reconnecting: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+        cache.invalidate();
+        if watchers.len() < cache.roots().len() {
+            // Try the whole reconnection step again shortly.
+            watchers.clear();
+            continue;
         }
     }
 }

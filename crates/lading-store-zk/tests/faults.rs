@@ -1,0 +1,364 @@
+//! Faults against real ZooKeeper servers: a leader killed under load, replies lost in a
+//! connection drop, sessions expiring mid-transition, and bad input at open.
+
+use lading_core::time::system_clock;
+use lading_core::{Event, JobState, Tree, TreeError};
+use lading_engine::{Engine, EngineError};
+use lading_store_tests::{WAIT, batch_with_jobs};
+use lading_store_zk::server::{ZkEnsemble, ZkServer, free_port};
+use lading_store_zk::{ZkOptions, ZkTree};
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+fn opts(session_ms: u64) -> ZkOptions {
+    ZkOptions {
+        session_timeout: Duration::from_millis(session_ms),
+        connect_timeout: Duration::from_secs(20),
+        ..ZkOptions::default()
+    }
+}
+
+async fn chroot(hosts: &str) -> String {
+    let c = format!("/t-{}", uuid::Uuid::new_v4().simple());
+    ZkTree::ensure_chroot(hosts, &c).await.expect("chroot");
+    format!("zk://{hosts}{c}")
+}
+
+async fn engine_on(url: &str, owner: &str, session_ms: u64) -> (Arc<Engine>, Arc<ZkTree>) {
+    let t = Arc::new(ZkTree::open(url, opts(session_ms)).await.expect("open"));
+    let e = Arc::new(Engine::new(t.clone(), system_clock(), owner));
+    e.init().await.expect("init");
+    (e, t)
+}
+
+const STAGES: [JobState; 8] = [
+    JobState::Notify,
+    JobState::Recording,
+    JobState::Storing,
+    JobState::Processing,
+    JobState::Downloading,
+    JobState::Provisioning,
+    JobState::Estimating,
+    JobState::Pending,
+];
+
+/// A worker that survives faults: it retries what can be retried, drops a lost lease, and
+/// records every transition it committed as (job, from-state).
+async fn resilient_worker(
+    e: Arc<Engine>,
+    stop: Arc<AtomicBool>,
+    done: Arc<Mutex<Vec<(String, JobState)>>>,
+) {
+    while !stop.load(Ordering::SeqCst) {
+        let mut got = None;
+        for st in STAGES {
+            match e.acquire_job(st).await {
+                Ok(Some(l)) => {
+                    got = Some(l);
+                    break;
+                }
+                Ok(None) => {}
+                Err(err) => {
+                    eprintln!("acquire in {st}: {err}");
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
+            }
+        }
+        let Some(lease) = got else {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            continue;
+        };
+        let from = lease.state();
+        let ev = if from == JobState::Pending {
+            Event::To(JobState::Estimating)
+        } else {
+            Event::Success
+        };
+        let job = lease.job.to_string();
+        match e.job_transition(lease, ev, None).await {
+            Ok(_) => done.lock().unwrap().push((job, from)),
+            // The lease is gone (or the outcome was refused): someone else will carry on.
+            Err(EngineError::LeaseLost(_)) => {}
+            Err(err) => eprintln!("transition of {job} from {from}: {err}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_carry_on_when_the_leader_dies_and_no_job_is_lost_or_doubled() {
+    let mut ens = ZkEnsemble::start(3).expect("ensemble");
+    let hosts = ens.connect_string();
+    let url = chroot(&hosts).await;
+    let (admin, _t) = engine_on(&url, "admin", 6000).await;
+    const N: usize = 150;
+    let (bid, jobs) = batch_with_jobs(&admin, N, &[]).await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(Mutex::new(Vec::new()));
+    let mut workers = Vec::new();
+    for i in 0..4 {
+        let (e, _t) = engine_on(&url, &format!("w{i}"), 6000).await;
+        workers.push(tokio::spawn(resilient_worker(
+            e,
+            stop.clone(),
+            done.clone(),
+        )));
+    }
+    // Kill the leader once work is under way.
+    let start = Instant::now();
+    while done.lock().unwrap().len() < N && start.elapsed() < WAIT {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let leader = ens.wait_leader(Duration::from_secs(10)).expect("a leader");
+    ens.nodes[leader].kill();
+    let killed_at = done.lock().unwrap().len();
+    assert!(killed_at < N * 8, "the leader died while work remained");
+    // Work continues after re-election and finishes.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let completed = admin
+            .job_counts()
+            .await
+            .ok()
+            .map(|c| c.get(&JobState::Completed).copied().unwrap_or(0));
+        if completed == Some(N as u64) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "jobs did not all complete: {completed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    for w in workers {
+        w.await.unwrap();
+    }
+    let done = done.lock().unwrap().clone();
+    assert!(
+        done.len() > killed_at,
+        "transitions were committed after the leader died"
+    );
+    // Every stage of every job committed exactly once.
+    let unique: HashSet<_> = done.iter().cloned().collect();
+    assert_eq!(unique.len(), done.len(), "a transition was committed twice");
+    assert_eq!(
+        done.len(),
+        N * 8,
+        "every job went through its 8 transitions once"
+    );
+    let info = admin.batch(&bid).await.unwrap();
+    assert_eq!(info.jobs.get("batch-completed").map_or(0, Vec::len), N);
+    for j in &jobs {
+        assert_eq!(
+            admin.job(j).await.unwrap().status.status,
+            JobState::Completed
+        );
+    }
+}
+
+/// A TCP relay between client and server that can lose traffic on demand.
+struct Relay {
+    port: u16,
+    /// Drop what the server sends (replies) and cut the connections.
+    drop_replies: Arc<AtomicBool>,
+    /// Drop what the client sends (requests) and cut the connections.
+    drop_requests: Arc<AtomicBool>,
+    /// Refuse connections (a partition).
+    refuse: Arc<AtomicBool>,
+}
+
+impl Relay {
+    async fn start(server_port: u16) -> Relay {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let drop_replies = Arc::new(AtomicBool::new(false));
+        let drop_requests = Arc::new(AtomicBool::new(false));
+        let refuse = Arc::new(AtomicBool::new(false));
+        let (dr, dq, rf) = (drop_replies.clone(), drop_requests.clone(), refuse.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = l.accept().await else {
+                    return;
+                };
+                if rf.load(Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect(("127.0.0.1", server_port)).await else {
+                    continue;
+                };
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                let dq = dq.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        let n = match cr.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        if dq.load(Ordering::SeqCst) {
+                            return; // the request never reaches the server
+                        }
+                        if sw.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+                let dr = dr.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        let n = match sr.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        if dr.load(Ordering::SeqCst) {
+                            return; // the reply is lost and the connection cut
+                        }
+                        if cw.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Relay {
+            port,
+            drop_replies,
+            drop_requests,
+            refuse,
+        }
+    }
+}
+
+fn server() -> &'static ZkServer {
+    static S: std::sync::OnceLock<ZkServer> = std::sync::OnceLock::new();
+    S.get_or_init(|| ZkServer::start().expect("ZooKeeper"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transition_whose_reply_is_lost_is_read_back_not_repeated() {
+    let s = server();
+    let url = chroot(&s.connect_string()).await;
+    let relay = Relay::start(s.node.port).await;
+    let relayed = url.replace(&s.connect_string(), &format!("127.0.0.1:{}", relay.port));
+    let (admin, _) = engine_on(&url, "admin", 6000).await;
+    let (_bid, jobs) = batch_with_jobs(&admin, 1, &[]).await;
+    let (e, t) = engine_on(&relayed, "worker", 6000).await;
+    let lease = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let before = t.stats();
+    // The server applies the transition; its reply is lost with the connection.
+    relay.drop_replies.store(true, Ordering::SeqCst);
+    let flip = relay.drop_replies.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        flip.store(false, Ordering::SeqCst);
+    });
+    let st = e
+        .job_transition(lease, Event::To(JobState::Estimating), None)
+        .await
+        .expect("resolved as applied");
+    assert_eq!(st.status, JobState::Estimating);
+    let after = t.stats();
+    assert_eq!(
+        after.read_backs - before.read_backs,
+        1,
+        "resolved by reading back"
+    );
+    assert_eq!(after.sessions, before.sessions, "same session throughout");
+    let info = admin.job(&jobs[0]).await.unwrap();
+    assert_eq!(info.status.status, JobState::Estimating);
+    assert_eq!(admin.job_counts().await.unwrap()[&JobState::Estimating], 1);
+    assert_eq!(admin.job_counts().await.unwrap()[&JobState::Pending], 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_expires_mid_transition_commits_nothing() {
+    let s = server();
+    let url = chroot(&s.connect_string()).await;
+    let relay = Relay::start(s.node.port).await;
+    let relayed = url.replace(&s.connect_string(), &format!("127.0.0.1:{}", relay.port));
+    let (admin, _) = engine_on(&url, "admin", 6000).await;
+    let (_bid, jobs) = batch_with_jobs(&admin, 1, &[]).await;
+    let (e, t) = engine_on(&relayed, "worker", 2000).await;
+    let lease = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let session = t.session_id();
+    // The request is lost and the worker is cut off until its session has expired.
+    relay.drop_requests.store(true, Ordering::SeqCst);
+    relay.refuse.store(true, Ordering::SeqCst);
+    let (q, r) = (relay.drop_requests.clone(), relay.refuse.clone());
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        q.store(false, Ordering::SeqCst);
+        r.store(false, Ordering::SeqCst);
+    });
+    let err = e
+        .job_transition(lease, Event::To(JobState::Estimating), None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, EngineError::LeaseLost(_)), "{err}");
+    // Nothing changed; the lock went with the session; the job is free in the state it was in.
+    let info = admin.job(&jobs[0]).await.unwrap();
+    assert_eq!(info.status.status, JobState::Pending);
+    assert_eq!(admin.job_counts().await.unwrap()[&JobState::Pending], 1);
+    let l = admin
+        .acquire_job(JobState::Pending)
+        .await
+        .unwrap()
+        .expect("free again");
+    assert_eq!(l.job, jobs[0]);
+    // The worker has moved to a new session and can work again.
+    let _ = t.multi(vec![]).await;
+    assert_ne!(t.session_id(), session);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_down_at_start_and_a_wrong_chroot_are_named() {
+    let port = free_port().unwrap();
+    let o = ZkOptions {
+        connect_timeout: Duration::from_secs(2),
+        ..ZkOptions::default()
+    };
+    let err = ZkTree::open(&format!("zk://127.0.0.1:{port}/lading"), o)
+        .await
+        .err()
+        .expect("nothing listens there");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&format!("127.0.0.1:{port}")) && msg.contains("answered"),
+        "{msg}"
+    );
+
+    let s = server();
+    let err = ZkTree::open(
+        &format!("zk://{}/no-such-chroot", s.connect_string()),
+        ZkOptions::default(),
+    )
+    .await
+    .err()
+    .expect("missing chroot refused");
+    assert!(
+        err.to_string().contains("/no-such-chroot does not exist"),
+        "{err}"
+    );
+    for bad in [
+        "zk://",
+        "zk://host",
+        "zk://h:notaport/x",
+        "zk://h:1/bad//path",
+    ] {
+        assert!(
+            matches!(
+                ZkTree::open(bad, ZkOptions::default()).await,
+                Err(TreeError::Backend(_) | TreeError::InvalidPath(..))
+            ),
+            "{bad} refused"
+        );
+    }
+}
