@@ -10,7 +10,7 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use lading_core::layout::{AccessId, AccessQueue, BatchId, JobId};
 use lading_core::time::{parse_ts, system_clock};
-use lading_core::{BatchState, JobState, Tree};
+use lading_core::{BatchState, Event, JobState, Tree};
 use lading_engine::{Engine, EngineError};
 use lading_store_sqlite::{SqliteOptions, SqliteTree};
 use lading_store_zk::{ZkOptions, ZkTree};
@@ -59,9 +59,16 @@ enum Command {
         #[command(subcommand)]
         what: bench::Bench,
     },
-    /// Test aid: acquire a Pending job and hold its lock until killed (prints the job id).
+    /// Test aid: acquire a job in STATE (default Pending) and hold its lock until killed
+    /// (prints the job id). With --advance-on-input, moves it on once a line arrives on
+    /// standard input and prints `committed` or the error (exit 4 when the lease was lost).
     #[command(hide = true)]
-    HoldJob,
+    HoldJob {
+        #[arg(long, default_value = "Pending")]
+        state: String,
+        #[arg(long)]
+        advance_on_input: bool,
+    },
     /// Test aid: move every job it can acquire on by one stage (no work), until idle for
     /// --idle-ms; prints `transitions completed`.
     #[command(hide = true)]
@@ -163,7 +170,14 @@ impl Store {
 /// `zk://host:port[,host:port…][/chroot]`.
 pub async fn open(url: &str) -> anyhow::Result<Store> {
     if url.starts_with("zk://") {
-        let tree = ZkTree::open(url, ZkOptions::default())
+        let mut opts = ZkOptions::default();
+        if let Ok(ms) = std::env::var("LADING_ZK_SESSION_TIMEOUT_MS") {
+            let ms: u64 = ms.parse().with_context(|| {
+                format!("LADING_ZK_SESSION_TIMEOUT_MS must be milliseconds, not {ms:?}")
+            })?;
+            opts.session_timeout = std::time::Duration::from_millis(ms);
+        }
+        let tree = ZkTree::open(url, opts)
             .await
             .with_context(|| format!("opening store {url}"))?;
         return Ok(Store::Zk(Arc::new(tree)));
@@ -298,16 +312,39 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{t} {c}");
             e.tree().close().await?;
         }
-        Command::HoldJob => {
+        Command::HoldJob {
+            state,
+            advance_on_input,
+        } => {
+            let state = JobState::parse(&state)
+                .ok_or_else(|| anyhow::anyhow!("unknown job state {state:?}"))?;
             let e = engine(&store).await?;
             let lease = e
-                .acquire_job(JobState::Pending)
+                .acquire_job(state)
                 .await?
-                .ok_or_else(|| anyhow::anyhow!("no pending job to hold"))?;
+                .ok_or_else(|| anyhow::anyhow!("no {state} job to hold"))?;
             println!("{}", lease.job);
             use std::io::Write;
             std::io::stdout().flush()?;
-            std::future::pending::<()>().await;
+            if !advance_on_input {
+                std::future::pending::<()>().await;
+            }
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line)?;
+            let ev = if state == JobState::Pending {
+                Event::To(JobState::Estimating)
+            } else {
+                Event::Success
+            };
+            match e.job_transition(lease, ev, None).await {
+                Ok(s) => println!("committed {}", s.status),
+                Err(err @ lading_engine::EngineError::LeaseLost(_)) => {
+                    println!("error: {err}");
+                    std::io::stdout().flush()?;
+                    std::process::exit(4);
+                }
+                Err(err) => return Err(err.into()),
+            }
         }
     }
     Ok(())

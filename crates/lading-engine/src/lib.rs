@@ -170,6 +170,10 @@ pub struct Engine {
 
 /// How long a job found locked by another worker is skipped by this process's acquisitions.
 const BUSY_SKIP: Duration = Duration::from_millis(500);
+/// Locks of busy jobs a waiting worker watches.
+const WAIT_LOCKS: usize = 16;
+/// A waiting worker looks again at least this often, whatever it was told.
+const SWEEP: Duration = Duration::from_secs(10);
 
 /// Bound on `job_batches`; it is simply emptied when full.
 const JOB_BATCHES_KEPT: usize = 100_000;
@@ -1292,6 +1296,14 @@ impl Engine {
         }
     }
 
+    /// References found locked lately, newest first, at most `n`.
+    fn busy_names(&self, n: usize) -> Vec<String> {
+        let busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<(&String, &std::time::Instant)> = busy.iter().collect();
+        v.sort_by(|a, b| b.1.cmp(a.1));
+        v.into_iter().take(n).map(|(k, _)| k.clone()).collect()
+    }
+
     fn busy_since(&self, reference: &str) -> Option<std::time::Instant> {
         self.busy
             .lock()
@@ -1354,9 +1366,34 @@ impl Engine {
             if let Some(l) = self.acquire_job(state).await? {
                 return Ok(Some(l));
             }
+            // Jobs that are there but locked become free when their lock goes (a worker
+            // released it, or its session expired): watch those locks too.
+            let mut lock_watches = Vec::new();
+            for name in self.busy_names(WAIT_LOCKS) {
+                if let Some((_, jid)) = parse_job_ref(&name) {
+                    lock_watches.push(
+                        self.tree
+                            .watch(&job_node(&jid, "lock"), WatchKind::Data)
+                            .await?,
+                    );
+                }
+            }
+            let any_lock = async move {
+                if lock_watches.is_empty() {
+                    std::future::pending::<()>().await;
+                }
+                let mut set = tokio::task::JoinSet::new();
+                for w in lock_watches {
+                    set.spawn(w);
+                }
+                set.join_next().await;
+            };
             tokio::select! {
                 _ = folder_watch => {}
                 _ = pause_watch => {}
+                _ = any_lock => {}
+                // The safety net: a slow sweep, should a wake-up ever be missed.
+                _ = tokio::time::sleep(SWEEP) => {}
                 _ = tokio::time::sleep_until(deadline) => return Ok(None),
             }
         }

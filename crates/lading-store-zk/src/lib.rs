@@ -709,6 +709,12 @@ impl ZkTree {
             tracing::warn!("multi reply lost; sending it again (no witness to read back)");
             return Ok(Outcome::NotApplied);
         };
+        if conn.terminated() {
+            // The session is gone, and with it the lease the multi was checked under. Its data
+            // cannot tell ours from a live worker's identical move made since (same state, same
+            // second), so the only safe answer is "not applied": the caller's lease is lost.
+            return Ok(Outcome::NotApplied);
+        }
         let node = self.get(witness.path()).await?;
         let applied = match (witness, &node) {
             (

@@ -1,0 +1,190 @@
+//! The `lading` binary against a real ZooKeeper server: every command on a `zk://` store, and
+//! worker processes that die or stall while holding leases.
+
+use lading_core::time::system_clock;
+use lading_core::{Event, JobState};
+use lading_engine::Engine;
+use lading_store_zk::server::ZkServer;
+use lading_store_zk::{ZkOptions, ZkTree};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+fn server() -> &'static ZkServer {
+    static S: OnceLock<ZkServer> = OnceLock::new();
+    S.get_or_init(|| ZkServer::start().expect("ZooKeeper"))
+}
+
+/// A fresh chroot on the shared server, as a store URL.
+async fn store() -> String {
+    let hosts = server().connect_string();
+    let c = format!("/cli-{}", uuid::Uuid::new_v4().simple());
+    ZkTree::ensure_chroot(&hosts, &c).await.unwrap();
+    format!("zk://{hosts}{c}")
+}
+
+async fn engine(url: &str) -> Arc<Engine> {
+    let t = Arc::new(ZkTree::open(url, ZkOptions::default()).await.unwrap());
+    let e = Arc::new(Engine::new(t, system_clock(), "test"));
+    e.init().await.unwrap();
+    e
+}
+
+fn lading(url: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lading"))
+        .args(["--store", url])
+        .args(args)
+        .env_remove("LADING_STORE")
+        .output()
+        .expect("run lading")
+}
+
+fn ok(o: &Output) -> String {
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    );
+    assert!(o.status.success(), "stdout {out}\nstderr {err}");
+    out
+}
+
+/// A worker process holding one job in `state`, with a short session timeout.
+fn hold(url: &str, state: &str, advance: bool) -> (Child, String) {
+    let mut args = vec!["--store", url, "hold-job", "--state", state];
+    if advance {
+        args.push("--advance-on-input");
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lading"))
+        .args(&args)
+        .env("LADING_ZK_SESSION_TIMEOUT_MS", "2000")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    (child, line.trim().to_string())
+}
+
+fn signal(child: &Child, sig: &str) {
+    let st = Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_works_on_a_zookeeper_store() {
+    let url = store().await;
+    let e = engine(&url).await;
+    let (bid, jobs) = lading_store_tests::batch_with_jobs(&e, 2, &[]).await;
+    let out = ok(&lading(&url, &["status"]));
+    assert!(out.contains("Pending"), "{out}");
+    let out = ok(&lading(&url, &["status", jobs[0].as_str()]));
+    assert!(out.contains("Pending"), "{out}");
+    let out = ok(&lading(&url, &["dump", &format!("/batches/{bid}")]));
+    assert!(out.contains("batch-processing"), "{out}");
+    ok(&lading(&url, &["admin", "job", "hold", jobs[1].as_str()]));
+    assert_eq!(e.job(&jobs[1]).await.unwrap().status.status, JobState::Held);
+    ok(&lading(&url, &["admin", "queue", "pause", "ingest"]));
+    assert!(e.queue_paused("ingest").await.unwrap());
+    ok(&lading(&url, &["admin", "queue", "resume", "ingest"]));
+    let out = ok(&lading(&url, &["drive", "--idle-ms", "500"]));
+    assert_eq!(
+        out.trim(),
+        "8 1",
+        "one job through its 8 stages, the held one left"
+    );
+    // The bench runs in a fresh chroot under the store and removes it afterwards.
+    let out = ok(&lading(
+        &url,
+        &["bench", "queue", "--jobs", "20", "--workers", "4", "--json"],
+    ));
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert!(v["jobs_per_s"].as_f64().unwrap() > 0.0, "{v}");
+    assert!(v["multis"].as_u64().unwrap() >= 20 * 8, "{v}");
+    let children = e.tree().children("/").await.unwrap();
+    assert!(
+        !children.iter().any(|c| c.starts_with("lading-bench")),
+        "bench chroot removed: {children:?}"
+    );
+    // A wrong chroot is named, and nothing is created.
+    let o = lading(
+        &format!("zk://{}/no/such/root", server().connect_string()),
+        &["status"],
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("/no/such/root does not exist"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_workers_job_is_picked_up_in_the_state_it_was_in() {
+    let url = store().await;
+    let e = engine(&url).await;
+    let (_bid, jobs) = lading_store_tests::batch_with_jobs(&e, 1, &[]).await;
+    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    e.job_transition(l, Event::To(JobState::Estimating), None)
+        .await
+        .unwrap();
+    let (mut child, held) = hold(&url, "Estimating", false);
+    assert_eq!(held, jobs[0].as_str());
+    assert!(
+        e.acquire_job(JobState::Estimating).await.unwrap().is_none(),
+        "locked"
+    );
+    child.kill().unwrap(); // SIGKILL: no cleanup runs
+    child.wait().unwrap();
+    // Once the dead session expires its lock goes, and the job is there in Estimating.
+    let l = e
+        .wait_job(JobState::Estimating, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("picked up after the session expired");
+    assert_eq!(l.job, jobs[0]);
+    assert_eq!(l.state(), JobState::Estimating);
+    e.job_transition(l, Event::Success, None).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_paused_past_its_session_sees_lease_lost_and_commits_nothing() {
+    let url = store().await;
+    let e = engine(&url).await;
+    let (_bid, jobs) = lading_store_tests::batch_with_jobs(&e, 1, &[]).await;
+    let (mut child, held) = hold(&url, "Pending", true);
+    assert_eq!(held, jobs[0].as_str());
+    signal(&child, "-STOP");
+    // Another worker gets the job once the stalled session has expired, and moves it on.
+    let start = Instant::now();
+    let l = loop {
+        if let Some(l) = e.acquire_job(JobState::Pending).await.unwrap() {
+            break l;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "lock never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    e.job_transition(l, Event::To(JobState::Estimating), None)
+        .await
+        .unwrap();
+    // The stalled worker wakes and tries to commit its own move: refused.
+    signal(&child, "-CONT");
+    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(4), "{text}");
+    assert!(text.contains("lease lost"), "{text}");
+    let info = e.job(&jobs[0]).await.unwrap();
+    assert_eq!(
+        info.status.status,
+        JobState::Estimating,
+        "moved once, by the live worker"
+    );
+    assert_eq!(e.job_counts().await.unwrap()[&JobState::Estimating], 1);
+}
