@@ -553,6 +553,9 @@ async fn acquire(
     store: Option<&str>,
 ) -> anyhow::Result<()> {
     let mut rows = Vec::new();
+    if !as_json {
+        println!("lading bench acquire: {samples} acquisitions from the head of the Pending queue");
+    }
     for &q in sizes {
         let scratch = Scratch::new(store).await?;
         let url = scratch.url.clone();
@@ -586,6 +589,16 @@ async fn acquire(
         drop(tree);
         scratch.finish().await?;
         let mean_us = lat.iter().sum::<u64>() as f64 / lat.len().max(1) as f64;
+        if !as_json {
+            println!(
+                "  {:>8} queued   mean {:>6.0} µs   p50 {:>6.0} µs   p99 {:>6.0} µs   (queue filled in {:.1} s)",
+                left,
+                mean_us,
+                percentile(&lat, 0.5) * 1000.0,
+                percentile(&lat, 0.99) * 1000.0,
+                fill_s,
+            );
+        }
         rows.push(json!({
             "queued": left, "samples": samples, "mean_us": mean_us,
             "p50_us": percentile(&lat, 0.5) * 1000.0, "p99_us": percentile(&lat, 0.99) * 1000.0,
@@ -594,18 +607,6 @@ async fn acquire(
     }
     if as_json {
         println!("{}", serde_json::Value::Array(rows));
-    } else {
-        println!("lading bench acquire: {samples} acquisitions from the head of the Pending queue");
-        for r in &rows {
-            println!(
-                "  {:>8} queued   mean {:>6.0} µs   p50 {:>6.0} µs   p99 {:>6.0} µs   (queue filled in {:.1} s)",
-                r["queued"].as_u64().unwrap_or(0),
-                r["mean_us"].as_f64().unwrap_or(0.0),
-                r["p50_us"].as_f64().unwrap_or(0.0),
-                r["p99_us"].as_f64().unwrap_or(0.0),
-                r["fill_s"].as_f64().unwrap_or(0.0),
-            );
-        }
     }
     Ok(())
 }
