@@ -256,3 +256,100 @@ impl ZkEnsemble {
         None
     }
 }
+
+/// A TCP relay in front of a server that can lose traffic on demand, to test connection loss,
+/// lost replies and session expiry against a real server. Runs on the current tokio runtime.
+pub struct Relay {
+    pub port: u16,
+    state: std::sync::Arc<RelayState>,
+}
+
+#[derive(Default)]
+struct RelayState {
+    drop_replies: std::sync::atomic::AtomicBool,
+    drop_requests: std::sync::atomic::AtomicBool,
+    refuse: std::sync::atomic::AtomicBool,
+    cut: tokio::sync::Notify,
+}
+
+impl Relay {
+    /// Starts relaying a free loopback port to `127.0.0.1:server_port`.
+    pub async fn start(server_port: u16) -> std::io::Result<Relay> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let port = l.local_addr()?.port();
+        let state = std::sync::Arc::new(RelayState::default());
+        let st = state.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = l.accept().await else {
+                    return;
+                };
+                if st.refuse.load(SeqCst) {
+                    continue;
+                }
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", server_port)).await
+                else {
+                    continue;
+                };
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                tokio::spawn(pump(cr, sw, st.clone(), true));
+                tokio::spawn(pump(sr, cw, st.clone(), false));
+            }
+        });
+        Ok(Relay { port, state })
+    }
+
+    /// The server's replies are lost, and the connection cut at the first one.
+    pub fn drop_replies(&self, on: bool) {
+        self.state
+            .drop_replies
+            .store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Requests are lost, and the connection cut at the first one.
+    pub fn drop_requests(&self, on: bool) {
+        self.state
+            .drop_requests
+            .store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// A partition: live connections are cut and new ones closed at once, until `false`.
+    pub fn partition(&self, on: bool) {
+        self.state
+            .refuse
+            .store(on, std::sync::atomic::Ordering::SeqCst);
+        if on {
+            self.state.cut.notify_waiters();
+        }
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    st: std::sync::Arc<RelayState>,
+    requests: bool,
+) {
+    use std::sync::atomic::Ordering::SeqCst;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = tokio::select! {
+            r = from.read(&mut buf) => match r {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
+            _ = st.cut.notified() => return,
+        };
+        let lose = if requests {
+            st.drop_requests.load(SeqCst)
+        } else {
+            st.drop_replies.load(SeqCst)
+        };
+        if lose || st.refuse.load(SeqCst) || to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}

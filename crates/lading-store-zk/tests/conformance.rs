@@ -5,11 +5,10 @@
 
 use lading_core::{BoxFuture, Tree};
 use lading_store_tests::{Harness, Session};
-use lading_store_zk::server::ZkServer;
+use lading_store_zk::server::{Relay, ZkServer};
 use lading_store_zk::{ZkOptions, ZkTree};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use zookeeper_client as zk;
 
 fn server() -> &'static ZkServer {
     static SERVER: OnceLock<ZkServer> = OnceLock::new();
@@ -32,12 +31,7 @@ fn harness() -> ZkHarness {
     }
 }
 
-fn options() -> ZkOptions {
-    ZkOptions {
-        session_timeout: Duration::from_secs(4),
-        ..ZkOptions::default()
-    }
-}
+const SESSION: Duration = Duration::from_millis(2000);
 
 impl Harness for ZkHarness {
     fn open(&self) -> BoxFuture<'_, Session> {
@@ -45,38 +39,28 @@ impl Harness for ZkHarness {
             ZkTree::ensure_chroot(&self.hosts, &self.chroot)
                 .await
                 .expect("chroot");
-            let t = Arc::new(ZkTree::open(&self.url, options()).await.expect("open"));
-            let (t2, hosts) = (t.clone(), self.hosts.clone());
+            // Each session talks through its own relay, so it alone can be cut off.
+            let relay = Arc::new(Relay::start(server().node.port).await.expect("relay"));
+            let url = self
+                .url
+                .replace(&self.hosts, &format!("127.0.0.1:{}", relay.port));
+            let opts = ZkOptions {
+                session_timeout: SESSION,
+                ..ZkOptions::default()
+            };
+            let t = Arc::new(ZkTree::open(&url, opts).await.expect("open"));
+            let t2 = t.clone();
             Session {
                 tree: t as Arc<dyn Tree>,
                 expire: Box::new(move || {
-                    let (t, hosts) = (t2.clone(), hosts.clone());
+                    let (t, relay) = (t2.clone(), relay.clone());
                     Box::pin(async move {
-                        // Another connection on the same session closes it, as the server
-                        // does when a stalled client misses its timeout.
-                        let info = t.session_info().expect("open session");
-                        let mut tries = 0;
-                        loop {
-                            tries += 1;
-                            assert!(tries <= 10, "could not make the session expire");
-                            match zk::Client::connector()
-                                .with_session(info.clone())
-                                .with_session_timeout(Duration::from_secs(4))
-                                .connect(&hosts)
-                                .await
-                            {
-                                // Dropping the twin closes the session it shares.
-                                Ok(twin) => drop(twin),
-                                Err(zk::Error::SessionExpired) => {}
-                                Err(e) => {
-                                    eprintln!("twin connect: {e}; again");
-                                    continue;
-                                }
-                            }
-                            if t.wait_expired(Duration::from_secs(5)).await {
-                                break;
-                            }
-                        }
+                        // The process is cut off (as if stalled) past its session timeout: the
+                        // server expires the session and removes its ephemeral nodes.
+                        relay.partition(true);
+                        tokio::time::sleep(SESSION * 2).await;
+                        relay.partition(false);
+                        assert!(t.wait_expired(Duration::from_secs(30)).await, "expiry seen");
                         // The process notices on its next contact and opens a new session.
                         let _ = t.multi(vec![]).await;
                     })

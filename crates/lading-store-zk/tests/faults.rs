@@ -5,14 +5,12 @@ use lading_core::time::system_clock;
 use lading_core::{Event, JobState, Tree, TreeError};
 use lading_engine::{Engine, EngineError};
 use lading_store_tests::{WAIT, batch_with_jobs};
-use lading_store_zk::server::{ZkEnsemble, ZkServer, free_port};
+use lading_store_zk::server::{Relay, ZkEnsemble, ZkServer, free_port};
 use lading_store_zk::{ZkOptions, ZkTree};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 
 fn opts(session_ms: u64) -> ZkOptions {
     ZkOptions {
@@ -161,82 +159,6 @@ async fn workers_carry_on_when_the_leader_dies_and_no_job_is_lost_or_doubled() {
     }
 }
 
-/// A TCP relay between client and server that can lose traffic on demand.
-struct Relay {
-    port: u16,
-    /// Drop what the server sends (replies) and cut the connections.
-    drop_replies: Arc<AtomicBool>,
-    /// Drop what the client sends (requests) and cut the connections.
-    drop_requests: Arc<AtomicBool>,
-    /// Refuse connections (a partition).
-    refuse: Arc<AtomicBool>,
-}
-
-impl Relay {
-    async fn start(server_port: u16) -> Relay {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = l.local_addr().unwrap().port();
-        let drop_replies = Arc::new(AtomicBool::new(false));
-        let drop_requests = Arc::new(AtomicBool::new(false));
-        let refuse = Arc::new(AtomicBool::new(false));
-        let (dr, dq, rf) = (drop_replies.clone(), drop_requests.clone(), refuse.clone());
-        tokio::spawn(async move {
-            loop {
-                let Ok((client, _)) = l.accept().await else {
-                    return;
-                };
-                if rf.load(Ordering::SeqCst) {
-                    drop(client);
-                    continue;
-                }
-                let Ok(server) = TcpStream::connect(("127.0.0.1", server_port)).await else {
-                    continue;
-                };
-                let (mut cr, mut cw) = client.into_split();
-                let (mut sr, mut sw) = server.into_split();
-                let dq = dq.clone();
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 64 * 1024];
-                    loop {
-                        let n = match cr.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => n,
-                        };
-                        if dq.load(Ordering::SeqCst) {
-                            return; // the request never reaches the server
-                        }
-                        if sw.write_all(&buf[..n]).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-                let dr = dr.clone();
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 64 * 1024];
-                    loop {
-                        let n = match sr.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => n,
-                        };
-                        if dr.load(Ordering::SeqCst) {
-                            return; // the reply is lost and the connection cut
-                        }
-                        if cw.write_all(&buf[..n]).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        });
-        Relay {
-            port,
-            drop_replies,
-            drop_requests,
-            refuse,
-        }
-    }
-}
-
 fn server() -> &'static ZkServer {
     static S: std::sync::OnceLock<ZkServer> = std::sync::OnceLock::new();
     S.get_or_init(|| ZkServer::start().expect("ZooKeeper"))
@@ -246,7 +168,7 @@ fn server() -> &'static ZkServer {
 async fn a_transition_whose_reply_is_lost_is_read_back_not_repeated() {
     let s = server();
     let url = chroot(&s.connect_string()).await;
-    let relay = Relay::start(s.node.port).await;
+    let relay = Relay::start(s.node.port).await.unwrap();
     let relayed = url.replace(&s.connect_string(), &format!("127.0.0.1:{}", relay.port));
     let (admin, _) = engine_on(&url, "admin", 6000).await;
     let (_bid, jobs) = batch_with_jobs(&admin, 1, &[]).await;
@@ -254,11 +176,12 @@ async fn a_transition_whose_reply_is_lost_is_read_back_not_repeated() {
     let lease = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
     let before = t.stats();
     // The server applies the transition; its reply is lost with the connection.
-    relay.drop_replies.store(true, Ordering::SeqCst);
-    let flip = relay.drop_replies.clone();
+    relay.drop_replies(true);
+    let relay = Arc::new(relay);
+    let r = relay.clone();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(300)).await;
-        flip.store(false, Ordering::SeqCst);
+        r.drop_replies(false);
     });
     let st = e
         .job_transition(lease, Event::To(JobState::Estimating), None)
@@ -282,7 +205,7 @@ async fn a_transition_whose_reply_is_lost_is_read_back_not_repeated() {
 async fn a_session_that_expires_mid_transition_commits_nothing() {
     let s = server();
     let url = chroot(&s.connect_string()).await;
-    let relay = Relay::start(s.node.port).await;
+    let relay = Relay::start(s.node.port).await.unwrap();
     let relayed = url.replace(&s.connect_string(), &format!("127.0.0.1:{}", relay.port));
     let (admin, _) = engine_on(&url, "admin", 6000).await;
     let (_bid, jobs) = batch_with_jobs(&admin, 1, &[]).await;
@@ -290,13 +213,16 @@ async fn a_session_that_expires_mid_transition_commits_nothing() {
     let lease = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
     let session = t.session_id();
     // The request is lost and the worker is cut off until its session has expired.
-    relay.drop_requests.store(true, Ordering::SeqCst);
-    relay.refuse.store(true, Ordering::SeqCst);
-    let (q, r) = (relay.drop_requests.clone(), relay.refuse.clone());
+    relay.drop_requests(true);
+    let relay = Arc::new(relay);
+    let r = relay.clone();
     tokio::spawn(async move {
+        // The lost request cuts the connection; then a partition outlasts the session.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        r.partition(true);
+        r.drop_requests(false);
         tokio::time::sleep(Duration::from_secs(5)).await;
-        q.store(false, Ordering::SeqCst);
-        r.store(false, Ordering::SeqCst);
+        r.partition(false);
     });
     let err = e
         .job_transition(lease, Event::To(JobState::Estimating), None)
