@@ -704,7 +704,6 @@ impl ZkTree {
     /// Waits for the connection to come back (or the session to end), then reads back whether
     /// `ops` were applied.
     async fn read_back(&self, conn: &Conn, ops: &[Op]) -> Result<Outcome, TreeError> {
-        // Reads go through the live session: a new one if this one expired meanwhile.
         let witness = ops.iter().find(|op| {
             matches!(
                 op,
@@ -720,13 +719,35 @@ impl ZkTree {
             tracing::warn!("multi reply lost; sending it again (no witness to read back)");
             return Ok(Outcome::NotApplied);
         };
-        if conn.terminated() {
-            // The session is gone, and with it the lease the multi was checked under. Its data
-            // cannot tell ours from a live worker's identical move made since (same state, same
-            // second), so the only safe answer is "not applied": the caller's lease is lost.
-            return Ok(Outcome::NotApplied);
-        }
-        let node = self.get(witness.path()).await?;
+        // The witness is read on the multi's own session. If that session has expired, the
+        // lease the multi was checked under is gone, and the data cannot tell ours from a live
+        // worker's identical move made since (same state, same second): the only safe answer
+        // is "not applied". A read that succeeds on the old session proves it alive, so no one
+        // else can have moved the item.
+        let deadline = tokio::time::Instant::now() + self.patience();
+        let mut backoff = Duration::from_millis(20);
+        let node = loop {
+            if conn.terminated() {
+                return Ok(Outcome::NotApplied);
+            }
+            match conn.client.get_data(witness.path()).await {
+                Ok((d, st)) => {
+                    break Some(Node {
+                        data: data_of(d),
+                        stat: stat(&st),
+                    });
+                }
+                Err(zk::Error::NoNode) => break None,
+                Err(zk::Error::SessionExpired) => return Ok(Outcome::NotApplied),
+                Err(zk::Error::ConnectionLoss | zk::Error::Timeout | zk::Error::Custom(_))
+                    if tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                }
+                Err(e) => return Err(tree_error(e, witness.path())),
+            }
+        };
         let applied = match (witness, &node) {
             (
                 Op::Set {
