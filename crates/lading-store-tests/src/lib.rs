@@ -451,6 +451,201 @@ pub async fn job_walks_the_pipeline_and_the_tree_matches_the_layout(h: &dyn Harn
     );
 }
 
+/// What one step changed in the tree: `+path` added, `-path` removed, `~path` rewritten, each
+/// with its (normalised) data.
+fn step_diff(
+    before: &BTreeMap<String, Value>,
+    after: &BTreeMap<String, Value>,
+) -> BTreeMap<String, Value> {
+    let mut d = BTreeMap::new();
+    for (k, v) in after {
+        match before.get(k) {
+            None => {
+                d.insert(format!("+{k}"), v.clone());
+            }
+            Some(old) if old != v => {
+                d.insert(format!("~{k}"), v.clone());
+            }
+            _ => {}
+        }
+    }
+    for k in before.keys() {
+        if !after.contains_key(k) {
+            d.insert(format!("-{k}"), Value::Null);
+        }
+    }
+    d
+}
+
+/// Compares what changed since `prev` with `expected`, then moves `prev` on.
+async fn check_step(
+    tree: &dyn Tree,
+    prev: &mut BTreeMap<String, Value>,
+    label: &str,
+    expected: Value,
+) {
+    let now = normalised_dump(tree).await;
+    let got = step_diff(prev, &now);
+    let want: BTreeMap<String, Value> = serde_json::from_value(expected).expect("expected diff");
+    assert_eq!(
+        serde_json::to_string_pretty(&got).unwrap(),
+        serde_json::to_string_pretty(&want).unwrap(),
+        "step {label}"
+    );
+    *prev = now;
+}
+
+/// Merritt's documented transitions (seed 000), one at a time: after each step exactly the
+/// nodes the seed names change, with the data it gives.
+pub async fn merritt_transitions_change_exactly_the_documented_nodes(h: &dyn Harness) {
+    let (e, s) = engine(h, "golden").await;
+    let tree = s.tree.clone();
+    let mut prev = normalised_dump(tree.as_ref()).await;
+    let lock = json!({"owner": "golden", "session": "<session>", "acquired": "<time>"});
+    // Batch: API call creates and queues a batch.
+    let mut sub = Map::new();
+    sub.insert("profile_name".into(), json!("merritt_demo"));
+    sub.insert("submitter".into(), json!("depositor"));
+    sub.insert("payload_url".into(), json!("http://127.0.0.1/file1.checkm"));
+    sub.insert("type".into(), json!("file"));
+    let bid = e.create_batch(sub).await.unwrap();
+    check_step(tree.as_ref(), &mut prev, "create batch", json!({
+        "+/batches/bid0000000000": null,
+        "+/batches/bid0000000000/status": {"status": "Pending", "last_modified": "<time>"},
+        "+/batches/bid0000000000/submission": {"batchID": "<uuid>", "payload_url": "http://127.0.0.1/file1.checkm", "profile_name": "merritt_demo", "submissionDate": "<time>", "submitter": "depositor", "type": "file"},
+        "+/batch-uuids/<uuid>": "bid0000000000",
+    })).await;
+    // Batch: acquire pending batch — create lock.
+    let lease = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
+    assert_eq!(lease.batch, bid);
+    check_step(
+        tree.as_ref(),
+        &mut prev,
+        "acquire batch",
+        json!({"+/batches/bid0000000000/lock": lock}),
+    )
+    .await;
+    // Job creation: a new job id is written in 3 places.
+    let mut cfg = Map::new();
+    cfg.insert("profile_name".into(), json!("merritt_demo"));
+    cfg.insert("payload_url".into(), json!("file1.checkm"));
+    cfg.insert("local_id".into(), json!(["loc001"]));
+    let jid = e
+        .create_job(
+            &lease,
+            JobSpec {
+                configuration: cfg,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    check_step(tree.as_ref(), &mut prev, "create job", json!({
+        "+/jobs/jid0000000000": null,
+        "+/jobs/jid0000000000/bid": "bid0000000000",
+        "+/jobs/jid0000000000/configuration": {"local_id": ["loc001"], "payload_url": "file1.checkm", "profile_name": "merritt_demo"},
+        "+/jobs/jid0000000000/identifiers": {"local_id": []},
+        "+/jobs/jid0000000000/metadata": {},
+        "+/jobs/jid0000000000/priority": 5,
+        "+/jobs/jid0000000000/space_needed": 0,
+        "+/jobs/jid0000000000/status": {"status": "Pending", "last_successful_status": null, "last_modified": "<time>", "retry_count": 0},
+        "+/jobs/states/pending/05-jid0000000000": null,
+        "+/batches/bid0000000000/states": null,
+        "+/batches/bid0000000000/states/batch-completed": null,
+        "+/batches/bid0000000000/states/batch-deleted": null,
+        "+/batches/bid0000000000/states/batch-failed": null,
+        "+/batches/bid0000000000/states/batch-processing": null,
+        "+/batches/bid0000000000/states/batch-processing/jid0000000000": null,
+    })).await;
+    // Batch: Pending → Processing; delete the lock.
+    e.batch_transition(lease, Event::To(BatchState::Processing), None)
+        .await
+        .unwrap();
+    check_step(
+        tree.as_ref(),
+        &mut prev,
+        "batch Pending -> Processing",
+        json!({
+            "~/batches/bid0000000000/status": {"status": "Processing", "last_modified": "<time>"},
+            "-/batches/bid0000000000/lock": null,
+        }),
+    )
+    .await;
+    // Job: acquire pending job — create lock; Pending → Estimating.
+    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    assert_eq!(l.job, jid);
+    check_step(
+        tree.as_ref(),
+        &mut prev,
+        "acquire job",
+        json!({"+/jobs/jid0000000000/lock": lock}),
+    )
+    .await;
+    e.job_transition(l, Event::To(JobState::Estimating), None)
+        .await
+        .unwrap();
+    check_step(tree.as_ref(), &mut prev, "job Pending -> Estimating", json!({
+        "~/jobs/jid0000000000/status": {"status": "Estimating", "last_successful_status": null, "last_modified": "<time>", "retry_count": 0},
+        "-/jobs/states/pending/05-jid0000000000": null,
+        "+/jobs/states/estimating/05-jid0000000000": null,
+        "-/jobs/jid0000000000/lock": null,
+    })).await;
+    // Every working stage: the status moves on, last_successful_status is the stage left.
+    let stages = [
+        (
+            JobState::Estimating,
+            "Provisioning",
+            "estimating",
+            "provisioning",
+        ),
+        (
+            JobState::Provisioning,
+            "Downloading",
+            "provisioning",
+            "downloading",
+        ),
+        (
+            JobState::Downloading,
+            "Processing",
+            "downloading",
+            "processing",
+        ),
+        (JobState::Processing, "Storing", "processing", "storing"),
+        (JobState::Storing, "Recording", "storing", "recording"),
+        (JobState::Recording, "Notify", "recording", "notify"),
+    ];
+    for (from, to, old_folder, new_folder) in stages {
+        let l = e.acquire_job(from).await.unwrap().unwrap();
+        e.job_transition(l, Event::Success, None).await.unwrap();
+        let mut want = Map::new();
+        want.insert(
+            "~/jobs/jid0000000000/status".into(),
+            json!({"status": to, "last_successful_status": from.name(), "last_modified": "<time>", "retry_count": 0}),
+        );
+        want.insert(
+            format!("-/jobs/states/{old_folder}/05-jid0000000000"),
+            Value::Null,
+        );
+        want.insert(
+            format!("+/jobs/states/{new_folder}/05-jid0000000000"),
+            Value::Null,
+        );
+        check_step(tree.as_ref(), &mut prev, "job stage", Value::Object(want)).await;
+    }
+    // Job: Notify → Completed; the batch reference moves, and the batch, whose last job that
+    // was, goes to Reporting.
+    let l = e.acquire_job(JobState::Notify).await.unwrap().unwrap();
+    e.job_transition(l, Event::Success, None).await.unwrap();
+    check_step(tree.as_ref(), &mut prev, "job Notify -> Completed", json!({
+        "~/jobs/jid0000000000/status": {"status": "Completed", "last_successful_status": "Notify", "last_modified": "<time>", "retry_count": 0},
+        "-/jobs/states/notify/05-jid0000000000": null,
+        "+/jobs/states/completed/05-jid0000000000": null,
+        "-/batches/bid0000000000/states/batch-processing/jid0000000000": null,
+        "+/batches/bid0000000000/states/batch-completed/jid0000000000": null,
+        "~/batches/bid0000000000/status": {"status": "Reporting", "last_modified": "<time>"},
+    })).await;
+}
+
 /// The tree after `job_walks_the_pipeline_and_the_tree_matches_the_layout`, with volatile
 /// values normalised: Merritt's layout, node for node.
 pub const GOLDEN: &str = r#"{
@@ -1265,6 +1460,7 @@ macro_rules! conformance_tests {
             ephemeral_nodes_end_with_their_session,
             watches_fire_on_changes,
             job_walks_the_pipeline_and_the_tree_matches_the_layout,
+            merritt_transitions_change_exactly_the_documented_nodes,
             illegal_transition_is_refused_and_changes_nothing,
             unknown_ids_get_typed_errors,
             corrupt_node_is_named_and_nothing_changes,
