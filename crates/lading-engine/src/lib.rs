@@ -542,7 +542,15 @@ impl Engine {
         self.flag(&queue_lock(name), false).await
     }
 
+    /// Whether a queue is paused, read from the tree now.
     pub async fn queue_paused(&self, name: &str) -> Result<bool> {
+        check_queue(name)?;
+        Ok(self.tree.exists(&queue_lock(name)).await?.is_some())
+    }
+
+    /// The same, as acquisition reads it: remembered under a watch, so another process's pause
+    /// takes effect here when its watch event arrives (milliseconds), at no round trip before.
+    async fn queue_paused_watched(&self, name: &str) -> Result<bool> {
         check_queue(name)?;
         let path = queue_lock(name);
         self.watched_flag(&path, WatchKind::Data, async {
@@ -696,7 +704,7 @@ impl Engine {
     /// pending batch of a held collection is moved to Held instead of being returned; a paused
     /// ingest queue hands out nothing.
     pub async fn acquire_batch(&self, state: BatchState) -> Result<Option<BatchLease>> {
-        if self.queue_paused("ingest").await? {
+        if self.queue_paused_watched("ingest").await? {
             return Ok(None);
         }
         let holds = state == BatchState::Pending && self.any_collection_held().await?;
@@ -1210,7 +1218,7 @@ impl Engine {
             let holds = match holds {
                 Some(h) => h,
                 None => {
-                    if self.queue_paused("ingest").await? {
+                    if self.queue_paused_watched("ingest").await? {
                         return Ok(None);
                     }
                     let h = state == JobState::Pending && self.any_collection_held().await?;
@@ -1877,7 +1885,7 @@ impl Engine {
 
     /// Acquires the oldest Pending request of a queue (nothing while the queue is paused).
     pub async fn acquire_access(&self, queue: AccessQueue) -> Result<Option<AccessLease>> {
-        if self.queue_paused(queue.lock_name()).await? {
+        if self.queue_paused_watched(queue.lock_name()).await? {
             return Ok(None);
         }
         let mut after: Option<String> = None;
