@@ -162,6 +162,9 @@ pub struct Engine {
     claimed: Mutex<HashMap<String, u64>>,
     /// Job → batch, which never changes once written: saves a read per acquisition.
     job_batches: Mutex<HashMap<JobId, BatchId>>,
+    /// Batches seen in a terminal state (Completed, Deleted), which they never leave: batch
+    /// acquisition skips them without reading their status again.
+    terminal_batches: Mutex<HashMap<BatchId, BatchState>>,
     /// Pause and hold flags read under a watch: valid until the watch fires.
     flags: Mutex<HashMap<String, (bool, Arc<AtomicBool>)>>,
     /// Job locks another worker was found holding, skipped by acquisition for a moment.
@@ -197,6 +200,7 @@ impl Engine {
             events,
             claimed: Mutex::new(HashMap::new()),
             job_batches: Mutex::new(HashMap::new()),
+            terminal_batches: Mutex::new(HashMap::new()),
             flags: Mutex::new(HashMap::new()),
             busy: Mutex::new(HashMap::new()),
         }
@@ -721,11 +725,30 @@ impl Engine {
                 let Ok(bid) = BatchId::parse(name) else {
                     continue;
                 };
+                let known = self
+                    .terminal_batches
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&bid)
+                    .copied();
+                if known.is_some_and(|t| t != state) {
+                    continue;
+                }
                 let (status, version) = match self.batch_status(&bid).await {
                     Ok(s) => s,
                     Err(EngineError::NoBatch(_)) => continue,
                     Err(e) => return Err(e),
                 };
+                if matches!(status.status, BatchState::Completed | BatchState::Deleted) {
+                    let mut t = self
+                        .terminal_batches
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner());
+                    if t.len() >= JOB_BATCHES_KEPT {
+                        t.clear();
+                    }
+                    t.insert(bid.clone(), status.status);
+                }
                 if status.status != state {
                     continue;
                 }

@@ -144,10 +144,17 @@ async fn workers_carry_on_when_the_leader_dies_and_no_job_is_lost_or_doubled() {
     // Every stage of every job committed exactly once.
     let unique: HashSet<_> = done.iter().cloned().collect();
     assert_eq!(unique.len(), done.len(), "a transition was committed twice");
-    assert_eq!(
-        done.len(),
-        N * 8,
-        "every job went through its 8 transitions once"
+    // A worker whose session expired during the failover is told its lease is lost even if its
+    // last multi had been applied (ambiguous outcomes are reported as lost, never as done), so
+    // it may have acknowledged fewer than all 1,200 moves; it can never acknowledge more.
+    assert!(
+        done.len() <= N * 8,
+        "{} transitions for {N} jobs",
+        done.len()
+    );
+    assert!(
+        done.len() >= N * 8 - 16,
+        "at most one unacknowledged move per session and stage"
     );
     let info = admin.batch(&bid).await.unwrap();
     assert_eq!(info.jobs.get("batch-completed").map_or(0, Vec::len), N);
