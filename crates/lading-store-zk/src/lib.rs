@@ -434,23 +434,29 @@ impl ZkTree {
     {
         validate_path(path)?;
         let deadline = tokio::time::Instant::now() + self.patience();
-        let mut backoff = Duration::from_millis(20);
         loop {
             let conn = self.conn().await?;
             self.stats.reads.fetch_add(1, Ordering::Relaxed);
-            match f(conn.clone()).await {
+            match on_session(&conn, deadline, &f).await {
                 Ok(v) => return Ok(v),
                 Err(zk::Error::SessionExpired) => {
                     self.renew(&conn).await?;
                 }
-                Err(zk::Error::ConnectionLoss | zk::Error::Timeout | zk::Error::Custom(_))
-                    if tokio::time::Instant::now() < deadline =>
-                {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_millis(500));
-                }
                 Err(e) => return Err(tree_error(e, path)),
             }
+        }
+    }
+
+    /// A read where a missing node is `None`.
+    async fn read_opt<T, F, Fut>(&self, path: &str, f: F) -> Result<Option<T>, TreeError>
+    where
+        F: Fn(Arc<Conn>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, zk::Error>>,
+    {
+        match self.read(path, f).await {
+            Ok(v) => Ok(Some(v)),
+            Err(TreeError::NoNode(_)) => Ok(None),
+            Err(e) => Err(e),
         }
     }
 
@@ -482,17 +488,11 @@ impl ZkTree {
     }
 
     async fn children_listing(&self, path: &str) -> Result<Option<Vec<String>>, TreeError> {
-        let r = self
-            .read(path, |c| {
-                let path = path.to_string();
-                async move { c.client.list_children(&path).await }
-            })
-            .await;
-        match r {
-            Ok(v) => Ok(Some(v)),
-            Err(TreeError::NoNode(_)) => Ok(None),
-            Err(e) => Err(e),
-        }
+        self.read_opt(path, |c| {
+            let path = path.to_string();
+            async move { c.client.list_children(&path).await }
+        })
+        .await
     }
 
     /// A page of a cached folder, priming it first when needed. `None` when not cached.
@@ -703,7 +703,7 @@ impl ZkTree {
 
     /// Waits for the connection to come back (or the session to end), then reads back whether
     /// `ops` were applied.
-    async fn read_back(&self, conn: &Conn, ops: &[Op]) -> Result<Outcome, TreeError> {
+    async fn read_back(&self, conn: &Arc<Conn>, ops: &[Op]) -> Result<Outcome, TreeError> {
         let witness = ops.iter().find(|op| {
             matches!(
                 op,
@@ -724,29 +724,25 @@ impl ZkTree {
         // worker's identical move made since (same state, same second): the only safe answer
         // is "not applied". A read that succeeds on the old session proves it alive, so no one
         // else can have moved the item.
+        if conn.terminated() {
+            return Ok(Outcome::NotApplied);
+        }
         let deadline = tokio::time::Instant::now() + self.patience();
-        let mut backoff = Duration::from_millis(20);
-        let node = loop {
-            if conn.terminated() {
+        let read = on_session(conn, deadline, |c| {
+            let path = witness.path().to_string();
+            async move { c.client.get_data(&path).await }
+        });
+        let node = match read.await {
+            Ok((d, st)) => Some(Node {
+                data: data_of(d),
+                stat: stat(&st),
+            }),
+            Err(zk::Error::NoNode) => None,
+            Err(zk::Error::SessionExpired | zk::Error::ClientClosed) => {
                 return Ok(Outcome::NotApplied);
             }
-            match conn.client.get_data(witness.path()).await {
-                Ok((d, st)) => {
-                    break Some(Node {
-                        data: data_of(d),
-                        stat: stat(&st),
-                    });
-                }
-                Err(zk::Error::NoNode) => break None,
-                Err(zk::Error::SessionExpired) => return Ok(Outcome::NotApplied),
-                Err(zk::Error::ConnectionLoss | zk::Error::Timeout | zk::Error::Custom(_))
-                    if tokio::time::Instant::now() < deadline =>
-                {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_millis(500));
-                }
-                Err(e) => return Err(tree_error(e, witness.path())),
-            }
+            Err(_) if conn.terminated() => return Ok(Outcome::NotApplied),
+            Err(e) => return Err(tree_error(e, witness.path())),
         };
         let applied = match (witness, &node) {
             (
@@ -796,6 +792,31 @@ impl ZkTree {
             });
         }
         Ok(Outcome::Applied(results))
+    }
+}
+
+/// Runs `f` on `conn`'s session, waiting out connection loss (with backoff) until `deadline`.
+/// Never moves to another session: expiry comes back as `SessionExpired`.
+async fn on_session<T, F, Fut>(
+    conn: &Arc<Conn>,
+    deadline: tokio::time::Instant,
+    f: F,
+) -> Result<T, zk::Error>
+where
+    F: Fn(Arc<Conn>) -> Fut,
+    Fut: std::future::Future<Output = Result<T, zk::Error>>,
+{
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        match f(conn.clone()).await {
+            Err(zk::Error::ConnectionLoss | zk::Error::Timeout | zk::Error::Custom(_))
+                if tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_millis(500));
+            }
+            r => return r,
+        }
     }
 }
 
@@ -898,19 +919,15 @@ impl Tree for ZkTree {
     fn get<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<Node>, TreeError>> {
         Box::pin(async move {
             let r = self
-                .read(path, |c| {
+                .read_opt(path, |c| {
                     let path = path.to_string();
                     async move { c.client.get_data(&path).await }
                 })
-                .await;
-            match r {
-                Ok((d, s)) => Ok(Some(Node {
-                    data: data_of(d),
-                    stat: stat(&s),
-                })),
-                Err(TreeError::NoNode(_)) => Ok(None),
-                Err(e) => Err(e),
-            }
+                .await?;
+            Ok(r.map(|(d, s)| Node {
+                data: data_of(d),
+                stat: stat(&s),
+            }))
         })
     }
 

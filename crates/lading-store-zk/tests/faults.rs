@@ -171,15 +171,30 @@ fn server() -> &'static ZkServer {
     S.get_or_init(|| ZkServer::start().expect("ZooKeeper"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_transition_whose_reply_is_lost_is_read_back_not_repeated() {
+/// One Pending job on the shared server; an admin engine connected directly, and a worker
+/// engine (session timeout `session_ms`) connected through a relay.
+async fn relayed_worker(
+    session_ms: u64,
+) -> (
+    Arc<Engine>,
+    Vec<lading_core::layout::JobId>,
+    Arc<Engine>,
+    Arc<ZkTree>,
+    Relay,
+) {
     let s = server();
     let url = chroot(&s.connect_string()).await;
     let relay = Relay::start(s.node.port).await.unwrap();
     let relayed = url.replace(&s.connect_string(), &format!("127.0.0.1:{}", relay.port));
     let (admin, _) = engine_on(&url, "admin", 6000).await;
     let (_bid, jobs) = batch_with_jobs(&admin, 1, &[]).await;
-    let (e, t) = engine_on(&relayed, "worker", 6000).await;
+    let (e, t) = engine_on(&relayed, "worker", session_ms).await;
+    (admin, jobs, e, t, relay)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transition_whose_reply_is_lost_is_read_back_not_repeated() {
+    let (admin, jobs, e, t, relay) = relayed_worker(6000).await;
     let lease = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
     let before = t.stats();
     // The server applies the transition; its reply is lost with the connection.
@@ -210,13 +225,7 @@ async fn a_transition_whose_reply_is_lost_is_read_back_not_repeated() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_that_expires_mid_transition_commits_nothing() {
-    let s = server();
-    let url = chroot(&s.connect_string()).await;
-    let relay = Relay::start(s.node.port).await.unwrap();
-    let relayed = url.replace(&s.connect_string(), &format!("127.0.0.1:{}", relay.port));
-    let (admin, _) = engine_on(&url, "admin", 6000).await;
-    let (_bid, jobs) = batch_with_jobs(&admin, 1, &[]).await;
-    let (e, t) = engine_on(&relayed, "worker", 2000).await;
+    let (admin, jobs, e, t, relay) = relayed_worker(2000).await;
     let lease = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
     let session = t.session_id();
     // The request is lost and the worker is cut off until its session has expired.
