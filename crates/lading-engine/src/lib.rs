@@ -169,7 +169,16 @@ pub struct Engine {
     flags: Mutex<HashMap<String, (bool, Arc<AtomicBool>)>>,
     /// Job locks another worker was found holding, skipped by acquisition for a moment.
     busy: Mutex<HashMap<String, std::time::Instant>>,
+    /// References of jobs found deferred (a retry time in the future) → that time in ms:
+    /// acquisition skips them without a round trip until then.
+    deferred: Mutex<HashMap<String, u64>>,
 }
+
+/// Status field (`/jobs/JID/status`, beside Merritt's fields) holding the earliest time, in
+/// ms since the epoch, at which a deferred job may be taken again.
+pub const RETRY_AT_FIELD: &str = "retry_at_ms";
+/// Status field holding how many attempts of the current stage ended in a transient error.
+pub const ATTEMPTS_FIELD: &str = "attempts";
 
 /// How long a job found locked by another worker is skipped by this process's acquisitions.
 const BUSY_SKIP: Duration = Duration::from_millis(500);
@@ -203,6 +212,7 @@ impl Engine {
             terminal_batches: Mutex::new(HashMap::new()),
             flags: Mutex::new(HashMap::new()),
             busy: Mutex::new(HashMap::new()),
+            deferred: Mutex::new(HashMap::new()),
         }
     }
 
@@ -1252,8 +1262,10 @@ impl Engine {
             scanned += page.len();
             // Jobs found locked by others a moment ago go last: tried only when nothing else
             // is free, so a lock that has just gone is still found.
-            let (mut names, busy): (Vec<&String>, Vec<&String>) =
-                page.iter().partition(|n| !self.is_busy(n));
+            let (mut names, busy): (Vec<&String>, Vec<&String>) = page
+                .iter()
+                .filter(|n| !self.is_deferred(&folder, n))
+                .partition(|n| !self.is_busy(n));
             // At most one of them per call, the one found locked longest ago: every such job
             // is still tried in turn, without a burst of refused writes.
             let busy = busy.into_iter().min_by_key(|n| self.busy_since(n));
@@ -1296,6 +1308,14 @@ impl Engine {
                         return Err(e);
                     }
                 };
+                if let Some(at) = retry_at(&lease.status)
+                    && at > self.clock.now_ms()
+                {
+                    // Deferred by a worker after a transient error: not due yet.
+                    self.mark_deferred(&folder, name, at);
+                    self.release_job_lease(lease).await?;
+                    continue;
+                }
                 if holds
                     && let Some(c) = self.job_collection(&jid).await?
                     && self.collection_held(&c).await?
@@ -1313,6 +1333,40 @@ impl Engine {
             after = Some(last);
         }
         Ok(None)
+    }
+
+    fn is_deferred(&self, folder: &str, reference: &str) -> bool {
+        let key = join(folder, reference);
+        let mut deferred = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
+        match deferred.get(&key) {
+            Some(at) if *at > self.clock.now_ms() => true,
+            Some(_) => {
+                deferred.remove(&key);
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn mark_deferred(&self, folder: &str, reference: &str, at_ms: u64) {
+        let mut deferred = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
+        if deferred.len() > 10_000 {
+            let now = self.clock.now_ms();
+            deferred.retain(|_, at| *at > now);
+        }
+        deferred.insert(join(folder, reference), at_ms);
+    }
+
+    /// How long until the earliest job this process saw deferred becomes due.
+    fn next_due(&self) -> Option<Duration> {
+        let now = self.clock.now_ms();
+        self.deferred
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|at| **at > now)
+            .min()
+            .map(|at| Duration::from_millis(at - now))
     }
 
     fn is_busy(&self, reference: &str) -> bool {
@@ -1419,10 +1473,13 @@ impl Engine {
                 }
                 set.join_next().await;
             };
+            let due = self.next_due().unwrap_or(SWEEP).min(SWEEP);
             tokio::select! {
                 _ = folder_watch => {}
                 _ = pause_watch => {}
                 _ = any_lock => {}
+                // A job deferred after a transient error becomes due.
+                _ = tokio::time::sleep(due) => {}
                 // The safety net: a slow sweep, should a wake-up ever be missed.
                 _ = tokio::time::sleep(SWEEP) => {}
                 _ = tokio::time::sleep_until(deadline) => return Ok(None),
@@ -1519,13 +1576,19 @@ impl Engine {
             retry_count: old.retry_count,
         };
         let next = progress.apply(event)?;
+        let mut extra = old.extra.clone();
+        if next.state != old.status {
+            // Attempts and retry times belong to the stage being left.
+            extra.remove(ATTEMPTS_FIELD);
+            extra.remove(RETRY_AT_FIELD);
+        }
         let status = JobStatus {
             status: next.state,
             last_successful_status: next.last_successful,
             last_modified: self.now(),
             retry_count: next.retry_count,
             message,
-            extra: old.extra.clone(),
+            extra,
         };
         let lock = job_node(&lease.job, "lock");
         let mut ops = vec![
@@ -1559,6 +1622,50 @@ impl Engine {
             next.state.name(),
         );
         Ok((status, lease.status_version + 1))
+    }
+
+    /// Gives a job back in its state, not to be taken again before `retry_at_ms` (ms since the
+    /// epoch), recording `attempts` of its current stage and the reason: one `multi` that
+    /// rewrites the status (version-checked) and deletes the lock. Every worker, in every
+    /// process, honours the retry time.
+    pub async fn job_defer(
+        &self,
+        lease: JobLease,
+        retry_at_ms: u64,
+        attempts: u32,
+        message: Option<String>,
+    ) -> Result<JobStatus> {
+        let lock = job_node(&lease.job, "lock");
+        self.unclaim(&lock);
+        self.check_job_lease(&lease)?;
+        let mut status = lease.status.clone();
+        status.last_modified = self.now();
+        status.message = message;
+        status
+            .extra
+            .insert(ATTEMPTS_FIELD.to_string(), Value::from(attempts));
+        status
+            .extra
+            .insert(RETRY_AT_FIELD.to_string(), Value::from(retry_at_ms));
+        let ops = vec![
+            Op::check(&lock, None),
+            Op::set(
+                job_node(&lease.job, "status"),
+                json_bytes(&status),
+                Some(lease.status_version),
+            ),
+            Op::delete(&lock, None),
+        ];
+        self.tree
+            .multi(ops)
+            .await
+            .map_err(|e| self.lease_error(e, lease.job.as_str()))?;
+        self.mark_deferred(
+            &job_state_folder(lease.state()),
+            &job_ref_name(lease.priority, &lease.job),
+            retry_at_ms,
+        );
+        Ok(status)
     }
 
     /// Gives a job back without moving it (e.g. a transient error; another worker retries).
@@ -2123,6 +2230,20 @@ pub async fn dump(tree: &dyn Tree, root: &str) -> Result<BTreeMap<String, Value>
         }
     }
     Ok(out)
+}
+
+/// The retry time a deferred job's status carries, if any.
+pub fn retry_at(status: &JobStatus) -> Option<u64> {
+    status.extra.get(RETRY_AT_FIELD).and_then(Value::as_u64)
+}
+
+/// Attempts of the current stage that ended in a transient error.
+pub fn attempts(status: &JobStatus) -> u32 {
+    status
+        .extra
+        .get(ATTEMPTS_FIELD)
+        .and_then(Value::as_u64)
+        .map_or(0, |n| n.min(u32::MAX as u64) as u32)
 }
 
 /// Node bytes as a JSON value: decoded JSON, else a string, else null when empty.

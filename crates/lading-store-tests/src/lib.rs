@@ -1053,6 +1053,48 @@ pub async fn requeue_returns_a_failed_job_to_the_stage_that_failed(h: &dyn Harne
     assert_eq!((st.status, st.retry_count), (JobState::Downloading, 2));
 }
 
+pub async fn deferred_job_is_not_taken_before_its_retry_time(h: &dyn Harness) {
+    let (e, _s) = engine(h, "w1").await;
+    let (other, _s2) = engine(h, "w2").await;
+    let (_bid, jobs) = batch_with_jobs(&e, 2, &[]).await;
+    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    assert_eq!(l.job, jobs[0]);
+    let retry_at_ms = e.clock().now_ms() + 1500;
+    let st = e
+        .job_defer(l, retry_at_ms, 1, Some("server busy".into()))
+        .await
+        .unwrap();
+    assert_eq!(lading_engine::attempts(&st), 1);
+    let stored = e.job(&jobs[0]).await.unwrap();
+    assert_eq!(stored.status.status, JobState::Pending);
+    assert_eq!(stored.status.message.as_deref(), Some("server busy"));
+    assert_eq!(lading_engine::retry_at(&stored.status), Some(retry_at_ms));
+    assert!(!stored.locked, "deferring releases the lock");
+    // Another process honours the retry time: it takes the next job, then nothing.
+    let l2 = other.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    assert_eq!(l2.job, jobs[1]);
+    other.release_job_lease(l2).await.unwrap();
+    let again = other.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    assert_eq!(again.job, jobs[1]);
+    assert!(other.acquire_job(JobState::Pending).await.unwrap().is_none());
+    // A waiting worker is woken when the deferred job becomes due.
+    let l = other
+        .wait_job(JobState::Pending, WAIT)
+        .await
+        .unwrap()
+        .expect("the deferred job once due");
+    assert_eq!(l.job, jobs[0]);
+    assert!(e.clock().now_ms() >= retry_at_ms);
+    // Leaving the stage forgets its attempts and retry time.
+    let st = other
+        .job_transition(l, Event::To(JobState::Estimating), None)
+        .await
+        .unwrap();
+    assert_eq!(lading_engine::attempts(&st), 0);
+    assert_eq!(lading_engine::retry_at(&st), None);
+    other.release_job_lease(again).await.unwrap();
+}
+
 pub async fn report_and_update_reporting(h: &dyn Harness) {
     let (e, _s) = engine(h, "w").await;
     let (bid, jobs) = batch_with_jobs(&e, 2, &[]).await;
@@ -1473,6 +1515,7 @@ macro_rules! conformance_tests {
             batch_reports_exactly_once_when_jobs_finish_concurrently,
             requeue_returns_a_failed_job_to_the_stage_that_failed,
             report_and_update_reporting,
+            deferred_job_is_not_taken_before_its_retry_time,
             held_collection_holds_batches_and_jobs_until_released,
             paused_queue_hands_out_nothing,
             waiting_worker_is_woken_by_new_work,
