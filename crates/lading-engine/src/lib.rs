@@ -172,6 +172,9 @@ pub struct Engine {
     /// References of jobs found deferred (a retry time in the future) → that time in ms:
     /// acquisition skips them without a round trip until then.
     deferred: Mutex<HashMap<String, u64>>,
+    /// Batches the last batch scan found in a non-terminal state: what a waiting batch worker
+    /// watches.
+    live_batches: Mutex<Vec<BatchId>>,
 }
 
 /// Status field (`/jobs/JID/status`, beside Merritt's fields) holding the earliest time, in
@@ -182,6 +185,8 @@ pub const ATTEMPTS_FIELD: &str = "attempts";
 
 /// How long a job found locked by another worker is skipped by this process's acquisitions.
 const BUSY_SKIP: Duration = Duration::from_millis(500);
+/// Live batches whose status and lock a waiting batch worker watches.
+const WAIT_BATCHES: usize = 32;
 /// Locks of busy jobs a waiting worker watches.
 const WAIT_LOCKS: usize = 16;
 /// A waiting worker looks again at least this often, whatever it was told.
@@ -213,6 +218,7 @@ impl Engine {
             flags: Mutex::new(HashMap::new()),
             busy: Mutex::new(HashMap::new()),
             deferred: Mutex::new(HashMap::new()),
+            live_batches: Mutex::new(Vec::new()),
         }
     }
 
@@ -723,12 +729,14 @@ impl Engine {
         }
         let holds = state == BatchState::Pending && self.any_collection_held().await?;
         let mut after: Option<String> = None;
+        let mut live = Vec::new();
         loop {
             let page = self
                 .tree
                 .children_page(BATCHES, after.as_deref(), PAGE)
                 .await?;
             let Some(last) = page.last().cloned() else {
+                *self.live_batches.lock().unwrap_or_else(|p| p.into_inner()) = live;
                 return Ok(None);
             };
             for name in &page {
@@ -758,6 +766,8 @@ impl Engine {
                         t.clear();
                     }
                     t.insert(bid.clone(), status.status);
+                } else if live.len() < WAIT_BATCHES {
+                    live.push(bid.clone());
                 }
                 if status.status != state {
                     continue;
@@ -788,6 +798,63 @@ impl Engine {
                 return Ok(Some(lease));
             }
             after = Some(last);
+        }
+    }
+
+    /// Waits until a batch in `state` can be acquired, or `timeout` passes. Woken by new
+    /// batches, by status and lock changes of the live batches the last scan saw, and by the
+    /// ingest pause flag; a slow sweep backs them up.
+    pub async fn wait_batch(
+        &self,
+        state: BatchState,
+        timeout: Duration,
+    ) -> Result<Option<BatchLease>> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let mut watches = vec![
+                self.tree.watch(BATCHES, WatchKind::Children).await?,
+                self.tree
+                    .watch(&queue_lock("ingest"), WatchKind::Data)
+                    .await?,
+            ];
+            let live = self
+                .live_batches
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            for bid in &live {
+                watches.push(
+                    self.tree
+                        .watch(&batch_node(bid, "status"), WatchKind::Data)
+                        .await?,
+                );
+                watches.push(
+                    self.tree
+                        .watch(&batch_node(bid, "lock"), WatchKind::Data)
+                        .await?,
+                );
+            }
+            if let Some(l) = self.acquire_batch(state).await? {
+                return Ok(Some(l));
+            }
+            // Batches the scan just found live but that were not watched yet.
+            let now_live = self
+                .live_batches
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            if now_live.iter().any(|b| !live.contains(b)) {
+                continue;
+            }
+            let mut set = tokio::task::JoinSet::new();
+            for w in watches {
+                set.spawn(w);
+            }
+            tokio::select! {
+                _ = set.join_next() => {}
+                _ = tokio::time::sleep(SWEEP) => {}
+                _ = tokio::time::sleep_until(deadline) => return Ok(None),
+            }
         }
     }
 

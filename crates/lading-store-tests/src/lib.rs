@@ -1195,6 +1195,49 @@ pub async fn held_collection_holds_batches_and_jobs_until_released(h: &dyn Harne
     let _ = bid;
 }
 
+pub async fn batch_worker_is_woken_when_a_batch_needs_reporting(h: &dyn Harness) {
+    let (e, _s) = engine(h, "jobs").await;
+    let (reporter, _s2) = engine(h, "reporter").await;
+    let (bid, _jobs) = batch_with_jobs(&e, 1, &[]).await;
+    // The reporter has looked once and found nothing to report; then it waits.
+    assert!(
+        reporter
+            .acquire_batch(BatchState::Reporting)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let waiting = {
+        let r = reporter.clone();
+        tokio::spawn(async move { r.wait_batch(BatchState::Reporting, WAIT).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    run_job_to_completion(&e, JobState::Pending).await.unwrap();
+    let lease = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("woken well before the sweep")
+        .unwrap()
+        .unwrap()
+        .expect("the batch to report");
+    assert_eq!(lease.batch, bid);
+    // A new Pending batch wakes an intake worker too.
+    let waiting = {
+        let r = reporter.clone();
+        tokio::spawn(async move { r.wait_batch(BatchState::Pending, WAIT).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut sub = Map::new();
+    sub.insert("profile_name".into(), json!("demo_profile"));
+    let new = e.create_batch(sub).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("woken by the new batch")
+        .unwrap()
+        .unwrap()
+        .expect("the new batch");
+    assert_eq!(got.batch, new);
+}
+
 pub async fn paused_queue_hands_out_nothing(h: &dyn Harness) {
     let (e, _s) = engine(h, "w").await;
     let (_bid, _jobs) = batch_with_jobs(&e, 1, &[]).await;
@@ -1518,6 +1561,7 @@ macro_rules! conformance_tests {
             deferred_job_is_not_taken_before_its_retry_time,
             held_collection_holds_batches_and_jobs_until_released,
             paused_queue_hands_out_nothing,
+            batch_worker_is_woken_when_a_batch_needs_reporting,
             waiting_worker_is_woken_by_new_work,
             admin_actions_respect_locks_and_the_table,
             duplicate_batch_uuid_is_refused,
