@@ -1,0 +1,634 @@
+//! The stage-worker framework (seed 003): the loop every consumer daemon shares, so a stage
+//! is only its handler.
+//!
+//! A handler returns an [`Outcome`]:
+//! - `Done`: the job moves on (the stage's success event), in one transition.
+//! - `Transient(reason)`: the job stays in its state, its lock is released and it is deferred
+//!   with exponential backoff and jitter; the retry time and the attempt count are stored in
+//!   the job's status, so *any* worker in any process honours them. After the stage's
+//!   `max_attempts` the job is Failed with the reason and the count.
+//! - `Wait { after, reason }`: deferred like a transient error but not counted (a job waiting
+//!   for room in provisioning is not failing).
+//! - `Fatal(reason)`: Failed at once.
+//!
+//! A handler that panics is `Fatal` with the panic message; one that runs past the stage's
+//! timeout is aborted and counts as `Transient`. Handlers run in their own tasks, so neither
+//! takes the worker down. Work is picked up from change notifications (`wait_job`,
+//! `wait_batch`), never a polling loop.
+//!
+//! Shutdown has two steps ([`Shutdown`]): *stop* ends acquisition and lets running handlers
+//! finish; *abort* cuts them off and releases their leases. The binary sends *stop* on the first
+//! SIGINT/SIGTERM and *abort* after a grace period or a second signal. Nothing committed is lost
+//! either way: a transition is one atomic step, and a job whose handler was cut off is still in
+//! its state for the next worker, with whatever interim state the handler kept in its
+//! working directory.
+
+mod stats;
+
+pub use stats::{StageFigures, Stats};
+
+use lading_core::layout::{BatchId, JobId};
+use lading_core::tree::BoxFuture;
+use lading_core::{BatchState, Event, JobState};
+use lading_engine::{BatchInfo, BatchLease, Engine, EngineError, JobInfo, JobLease, JobSpec};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{Mutex, watch};
+
+/// What a stage handler made of one job or batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Done,
+    /// Not ready yet; look again after `after`. Not counted as an attempt.
+    Wait {
+        after: Duration,
+        reason: String,
+    },
+    /// Might work later (a network error, a busy service).
+    Transient(String),
+    /// Will never work without an admin (bad input).
+    Fatal(String),
+}
+
+impl Outcome {
+    pub fn transient(e: impl std::fmt::Display) -> Outcome {
+        Outcome::Transient(e.to_string())
+    }
+    pub fn fatal(e: impl std::fmt::Display) -> Outcome {
+        Outcome::Fatal(e.to_string())
+    }
+}
+
+/// An engine error inside a handler: a lost lease or a store hiccup is worth a retry, a corrupt
+/// node is not.
+impl From<EngineError> for Outcome {
+    fn from(e: EngineError) -> Outcome {
+        if e.is_retryable() || matches!(e, EngineError::LeaseLost(_)) {
+            Outcome::Transient(e.to_string())
+        } else {
+            Outcome::Fatal(e.to_string())
+        }
+    }
+}
+
+/// How one stage runs.
+#[derive(Debug, Clone)]
+pub struct StageConfig {
+    /// Jobs of this stage handled at once by this process.
+    pub concurrency: usize,
+    /// Longest a handler may run; past it the attempt counts as transient.
+    pub timeout: Duration,
+    /// Attempts ending in a transient error before the job is Failed.
+    pub max_attempts: u32,
+    /// First retry delay; doubles per attempt, up to `backoff_max`, with jitter.
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+}
+
+impl Default for StageConfig {
+    fn default() -> Self {
+        StageConfig {
+            concurrency: 2,
+            timeout: Duration::from_secs(3600),
+            max_attempts: 5,
+            backoff_base: Duration::from_secs(2),
+            backoff_max: Duration::from_secs(300),
+        }
+    }
+}
+
+impl StageConfig {
+    /// The delay before retry number `attempt` (1 = after the first failure): doubling from
+    /// the base, capped, then scaled by a random factor in [0.5, 1] so retries of many jobs
+    /// that failed together spread out.
+    pub fn backoff(&self, attempt: u32, unit_random: f64) -> Duration {
+        let exp = attempt.saturating_sub(1).min(30);
+        let raw = self.backoff_base.saturating_mul(1u32 << exp);
+        raw.min(self.backoff_max)
+            .mul_f64(0.5 + 0.5 * unit_random.clamp(0.0, 1.0))
+    }
+}
+
+/// A uniform random number in [0, 1).
+fn unit_random() -> f64 {
+    (uuid::Uuid::new_v4().as_u128() >> 75) as f64 / (1u64 << 53) as f64
+}
+
+/// One job in the hands of a handler.
+pub struct JobCtx {
+    pub engine: Arc<Engine>,
+    /// The job as it was read when the handler started.
+    pub info: JobInfo,
+    /// This attempt's number in the current stage, from 1.
+    pub attempt: u32,
+    /// The job's working directory (created before the handler runs): interim state that
+    /// lets a retried or recovered job do only the work left lives here.
+    pub workdir: PathBuf,
+    info_id: JobId,
+    lease: Mutex<JobLease>,
+}
+
+impl JobCtx {
+    pub fn job(&self) -> &JobId {
+        &self.info_id
+    }
+
+    pub fn state(&self) -> JobState {
+        self.info.status.status
+    }
+
+    /// A string from the job's configuration.
+    pub fn config_str(&self, key: &str) -> Option<&str> {
+        self.info.configuration.get(key).and_then(Value::as_str)
+    }
+
+    pub async fn set_space_needed(&self, bytes: u64) -> Result<(), EngineError> {
+        let lease = self.lease.lock().await;
+        self.engine.set_space_needed(&lease, bytes).await
+    }
+
+    pub async fn set_priority(&self, priority: u8) -> Result<(), EngineError> {
+        let mut lease = self.lease.lock().await;
+        self.engine.set_priority(&mut lease, priority).await
+    }
+
+    pub async fn priority(&self) -> u8 {
+        self.lease.lock().await.priority
+    }
+
+    /// Writes one of the job's JSON data nodes (`identifiers`, `metadata`, `inventory`,
+    /// `store`, `configuration`).
+    pub async fn set_data(&self, name: &str, value: &Value) -> Result<(), EngineError> {
+        let lease = self.lease.lock().await;
+        self.engine.set_job_data(&lease, name, value).await
+    }
+
+    /// Appends a line to the job's log (`job.log` in its working directory).
+    pub fn log(&self, line: &str) {
+        append_log(&self.workdir, self.state().name(), line);
+    }
+}
+
+/// Appends `line` to `dir/job.log`, stamped with the time and the stage. A log that cannot be
+/// written is reported through tracing and otherwise ignored: it must not fail the job.
+pub fn append_log(dir: &Path, stage: &str, line: &str) {
+    use std::io::Write;
+    let stamp = lading_core::time::format_ts(lading_core::time::system_clock().now_ms());
+    let r = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("job.log"))
+        .and_then(|mut f| writeln!(f, "{stamp} [{stage}] {line}"));
+    if let Err(e) = r {
+        tracing::warn!(dir = %dir.display(), error = %e, "cannot write the job log");
+    }
+}
+
+/// One batch in the hands of a handler.
+pub struct BatchCtx {
+    pub engine: Arc<Engine>,
+    pub info: BatchInfo,
+    pub attempt: u32,
+    batch_id: BatchId,
+    lease: Mutex<BatchLease>,
+}
+
+impl BatchCtx {
+    pub fn batch(&self) -> &BatchId {
+        &self.batch_id
+    }
+
+    /// A string from the batch's submission.
+    pub fn submission_str(&self, key: &str) -> Option<&str> {
+        self.info.submission.get(key).and_then(Value::as_str)
+    }
+
+    /// Creates a job of this batch (intake).
+    pub async fn create_job(&self, spec: JobSpec) -> Result<JobId, EngineError> {
+        let lease = self.lease.lock().await;
+        self.engine.create_job(&lease, spec).await
+    }
+}
+
+/// A job stage: the handler of one job state.
+pub trait JobStage: Send + Sync + 'static {
+    /// The state whose jobs this stage takes.
+    fn state(&self) -> JobState;
+    /// Where `Done` moves the job; the state's success successor unless said otherwise.
+    fn success(&self) -> Event<JobState> {
+        Event::Success
+    }
+    fn run(&self, job: Arc<JobCtx>) -> BoxFuture<'static, Outcome>;
+}
+
+/// A batch stage (intake, reporting, update-reporting).
+pub trait BatchStage: Send + Sync + 'static {
+    fn state(&self) -> BatchState;
+    fn success(&self) -> Event<BatchState> {
+        Event::Success
+    }
+    fn run(&self, batch: Arc<BatchCtx>) -> BoxFuture<'static, Outcome>;
+}
+
+/// Tells a running [`Worker`] to stop: see the crate docs for the two steps.
+#[derive(Clone)]
+pub struct ShutdownHandle {
+    stop: Arc<watch::Sender<bool>>,
+    abort: Arc<watch::Sender<bool>>,
+}
+
+impl ShutdownHandle {
+    /// Stop acquiring; let running handlers finish.
+    pub fn stop(&self) {
+        self.stop.send_replace(true);
+    }
+    /// Cut running handlers off and release what they hold.
+    pub fn abort(&self) {
+        self.stop.send_replace(true);
+        self.abort.send_replace(true);
+    }
+}
+
+/// The receiving side of a [`ShutdownHandle`].
+#[derive(Clone)]
+pub struct Shutdown {
+    stop: watch::Receiver<bool>,
+    abort: watch::Receiver<bool>,
+}
+
+impl Shutdown {
+    pub fn new() -> (ShutdownHandle, Shutdown) {
+        let (stop_tx, stop) = watch::channel(false);
+        let (abort_tx, abort) = watch::channel(false);
+        (
+            ShutdownHandle {
+                stop: Arc::new(stop_tx),
+                abort: Arc::new(abort_tx),
+            },
+            Shutdown { stop, abort },
+        )
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    async fn stopped(&mut self) {
+        let _ = self.stop.wait_for(|s| *s).await;
+    }
+
+    async fn aborted(&mut self) {
+        let _ = self.abort.wait_for(|s| *s).await;
+    }
+}
+
+/// How long an idle stage loop waits for work before looking at the shutdown flag again (it
+/// also wakes on the flag itself; this only bounds a single wait).
+const IDLE_WAIT: Duration = Duration::from_secs(60);
+/// Pause after a store error before a stage loop tries again.
+const ERROR_PAUSE: Duration = Duration::from_millis(500);
+
+/// Runs stages against one engine.
+pub struct Worker {
+    engine: Arc<Engine>,
+    work_root: PathBuf,
+    stats: Arc<Stats>,
+}
+
+impl Worker {
+    /// `work_root` holds the working directories of jobs whose configuration names none.
+    pub fn new(engine: Arc<Engine>, work_root: impl Into<PathBuf>) -> Worker {
+        Worker {
+            engine,
+            work_root: work_root.into(),
+            stats: Arc::new(Stats::default()),
+        }
+    }
+
+    pub fn stats(&self) -> Arc<Stats> {
+        self.stats.clone()
+    }
+
+    /// The working directory of a job.
+    pub fn workdir(&self, info: &JobInfo) -> PathBuf {
+        workdir(&self.work_root, info)
+    }
+
+    /// Runs the stages until shut down: `concurrency` loops per stage, each taking one job or
+    /// batch at a time.
+    pub async fn run(
+        &self,
+        jobs: Vec<(Arc<dyn JobStage>, StageConfig)>,
+        batches: Vec<(Arc<dyn BatchStage>, StageConfig)>,
+        shutdown: Shutdown,
+    ) {
+        let mut set = tokio::task::JoinSet::new();
+        for (stage, cfg) in jobs {
+            for _ in 0..cfg.concurrency.max(1) {
+                let l = JobLoop {
+                    engine: self.engine.clone(),
+                    work_root: self.work_root.clone(),
+                    stats: self.stats.clone(),
+                    stage: stage.clone(),
+                    cfg: cfg.clone(),
+                };
+                set.spawn(l.run(shutdown.clone()));
+            }
+        }
+        for (stage, cfg) in batches {
+            for _ in 0..cfg.concurrency.max(1) {
+                let l = BatchLoop {
+                    engine: self.engine.clone(),
+                    stats: self.stats.clone(),
+                    stage: stage.clone(),
+                    cfg: cfg.clone(),
+                };
+                set.spawn(l.run(shutdown.clone()));
+            }
+        }
+        while let Some(r) = set.join_next().await {
+            if let Err(e) = r {
+                tracing::error!(error = %e, "a stage loop ended abnormally");
+            }
+        }
+    }
+}
+
+/// `configuration.working_dir` when set, else `work_root/JID`.
+pub fn workdir(work_root: &Path, info: &JobInfo) -> PathBuf {
+    match info.configuration.get("working_dir").and_then(Value::as_str) {
+        Some(d) if !d.is_empty() => PathBuf::from(d),
+        _ => work_root.join(&info.id),
+    }
+}
+
+/// The text of a panic payload.
+fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_string()
+    }
+}
+
+/// Runs `fut` in its own task under `timeout`; a panic is `Fatal`, a timeout `Transient`, an
+/// abort `None` (the task was cut off).
+async fn supervise(
+    fut: BoxFuture<'static, Outcome>,
+    timeout: Duration,
+    shutdown: &mut Shutdown,
+) -> Option<Outcome> {
+    let mut handle = tokio::spawn(fut);
+    tokio::select! {
+        r = tokio::time::timeout(timeout, &mut handle) => Some(match r {
+            Ok(Ok(o)) => o,
+            Ok(Err(e)) if e.is_panic() => {
+                Outcome::Fatal(format!("handler panicked: {}", panic_message(e.into_panic())))
+            }
+            Ok(Err(e)) => Outcome::Transient(format!("handler ended abnormally: {e}")),
+            Err(_) => {
+                handle.abort();
+                Outcome::Transient(format!("timed out after {} s", timeout.as_secs_f64()))
+            }
+        }),
+        _ = shutdown.aborted() => {
+            handle.abort();
+            None
+        }
+    }
+}
+
+struct JobLoop {
+    engine: Arc<Engine>,
+    work_root: PathBuf,
+    stats: Arc<Stats>,
+    stage: Arc<dyn JobStage>,
+    cfg: StageConfig,
+}
+
+impl JobLoop {
+    async fn run(self, mut shutdown: Shutdown) {
+        let state = self.stage.state();
+        loop {
+            if shutdown.is_stopping() {
+                return;
+            }
+            let lease = tokio::select! {
+                r = self.engine.wait_job(state, IDLE_WAIT) => r,
+                _ = shutdown.stopped() => return,
+            };
+            match lease {
+                Ok(Some(lease)) => self.handle(lease, &mut shutdown).await,
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(state = state.name(), error = %e, "cannot acquire a job");
+                    tokio::time::sleep(ERROR_PAUSE).await;
+                }
+            }
+        }
+    }
+
+    async fn handle(&self, lease: JobLease, shutdown: &mut Shutdown) {
+        let started = Instant::now();
+        let state = lease.state();
+        let job = lease.job.clone();
+        let info = match self.engine.job(&job).await {
+            Ok(i) => i,
+            Err(e) => {
+                tracing::warn!(job = %job, error = %e, "cannot read the job");
+                let _ = self.engine.release_job_lease(lease).await;
+                return;
+            }
+        };
+        let dir = workdir(&self.work_root, &info);
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            let reason = format!("cannot create working directory {}: {e}", dir.display());
+            self.finish(lease, Outcome::Transient(reason), started).await;
+            return;
+        }
+        let attempt = lading_engine::attempts(&lease.status) + 1;
+        let ctx = Arc::new(JobCtx {
+            engine: self.engine.clone(),
+            info_id: job.clone(),
+            info,
+            attempt,
+            workdir: dir,
+            lease: Mutex::new(lease.clone()),
+        });
+        tracing::debug!(job = %job, state = state.name(), attempt, "handling");
+        let outcome = supervise(self.stage.run(ctx.clone()), self.cfg.timeout, shutdown).await;
+        // The handler may have changed the priority: the lease it held is the current one.
+        let lease = ctx.lease.lock().await.clone();
+        match outcome {
+            Some(o) => self.finish(lease, o, started).await,
+            None => {
+                tracing::info!(job = %job, "shutting down: job released in {}", state.name());
+                let _ = self.engine.release_job_lease(lease).await;
+            }
+        }
+    }
+
+    async fn finish(&self, lease: JobLease, outcome: Outcome, started: Instant) {
+        let state = lease.state();
+        let job = lease.job.clone();
+        let now = self.engine.clock().now_ms();
+        let attempts = lading_engine::attempts(&lease.status);
+        let r = match &outcome {
+            Outcome::Done => self
+                .engine
+                .job_transition(lease, self.stage.success(), None)
+                .await
+                .map(|_| ()),
+            Outcome::Wait { after, reason } => self
+                .engine
+                .job_defer(
+                    lease,
+                    now + after.as_millis() as u64,
+                    attempts,
+                    Some(reason.clone()),
+                )
+                .await
+                .map(|_| ()),
+            Outcome::Transient(reason) => {
+                let n = attempts + 1;
+                if n >= self.cfg.max_attempts {
+                    let msg = format!("{reason} (gave up after {n} attempts)");
+                    self.engine
+                        .job_transition(lease, Event::Fail, Some(msg))
+                        .await
+                        .map(|_| ())
+                } else {
+                    let delay = self.cfg.backoff(n, unit_random());
+                    let msg = format!(
+                        "{reason} (attempt {n} of {}; retry in {:.1} s)",
+                        self.cfg.max_attempts,
+                        delay.as_secs_f64()
+                    );
+                    self.engine
+                        .job_defer(lease, now + delay.as_millis() as u64, n, Some(msg))
+                        .await
+                        .map(|_| ())
+                }
+            }
+            Outcome::Fatal(reason) => self
+                .engine
+                .job_transition(lease, Event::Fail, Some(reason.clone()))
+                .await
+                .map(|_| ()),
+        };
+        self.stats.record(state.name(), &outcome, started.elapsed());
+        match r {
+            Ok(()) => tracing::debug!(job = %job, state = state.name(), ?outcome, "handled"),
+            Err(e) => tracing::warn!(job = %job, state = state.name(), error = %e,
+                "could not record the outcome; the job stays for another worker"),
+        }
+    }
+}
+
+struct BatchLoop {
+    engine: Arc<Engine>,
+    stats: Arc<Stats>,
+    stage: Arc<dyn BatchStage>,
+    cfg: StageConfig,
+}
+
+impl BatchLoop {
+    async fn run(self, mut shutdown: Shutdown) {
+        let state = self.stage.state();
+        loop {
+            if shutdown.is_stopping() {
+                return;
+            }
+            let lease = tokio::select! {
+                r = self.engine.wait_batch(state, IDLE_WAIT) => r,
+                _ = shutdown.stopped() => return,
+            };
+            match lease {
+                Ok(Some(lease)) => self.handle(lease, &mut shutdown).await,
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(state = state.name(), error = %e, "cannot acquire a batch");
+                    tokio::time::sleep(ERROR_PAUSE).await;
+                }
+            }
+        }
+    }
+
+    /// A batch has no stored retry time: transient errors are retried here, holding the
+    /// batch, with the same backoff; the lock keeps other workers off meanwhile.
+    async fn handle(&self, lease: BatchLease, shutdown: &mut Shutdown) {
+        let started = Instant::now();
+        let bid = lease.batch.clone();
+        let state = lease.status.status;
+        let info = match self.engine.batch(&bid).await {
+            Ok(i) => i,
+            Err(e) => {
+                tracing::warn!(batch = %bid, error = %e, "cannot read the batch");
+                let _ = self.engine.release_batch_lease(lease).await;
+                return;
+            }
+        };
+        let ctx_lease = Mutex::new(lease);
+        let mut ctx = Arc::new(BatchCtx {
+            engine: self.engine.clone(),
+            batch_id: bid.clone(),
+            info,
+            attempt: 1,
+            lease: ctx_lease,
+        });
+        let outcome = loop {
+            let o = supervise(self.stage.run(ctx.clone()), self.cfg.timeout, shutdown).await;
+            match o {
+                Some(Outcome::Transient(reason)) if ctx.attempt < self.cfg.max_attempts => {
+                    let delay = self.cfg.backoff(ctx.attempt, unit_random());
+                    tracing::warn!(batch = %bid, attempt = ctx.attempt, %reason,
+                        "transient error; retrying in {:.1} s", delay.as_secs_f64());
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = shutdown.aborted() => break None,
+                    }
+                    let lease = ctx.lease.lock().await.clone();
+                    ctx = Arc::new(BatchCtx {
+                        engine: self.engine.clone(),
+                        batch_id: bid.clone(),
+                        info: ctx.info.clone(),
+                        attempt: ctx.attempt + 1,
+                        lease: Mutex::new(lease),
+                    });
+                }
+                Some(Outcome::Transient(reason)) => {
+                    break Some(Outcome::Fatal(format!(
+                        "{reason} (gave up after {} attempts)",
+                        ctx.attempt
+                    )));
+                }
+                other => break other,
+            }
+        };
+        let lease = ctx.lease.lock().await.clone();
+        let r = match &outcome {
+            None => self.engine.release_batch_lease(lease).await,
+            Some(Outcome::Done) => self
+                .engine
+                .batch_transition(lease, self.stage.success(), None)
+                .await
+                .map(|_| ()),
+            Some(Outcome::Wait { .. }) => self.engine.release_batch_lease(lease).await,
+            Some(Outcome::Fatal(reason)) | Some(Outcome::Transient(reason)) => self
+                .engine
+                .batch_transition(lease, Event::Fail, Some(reason.clone()))
+                .await
+                .map(|_| ()),
+        };
+        if let Some(o) = &outcome {
+            self.stats.record(state.name(), o, started.elapsed());
+        }
+        if let Err(e) = r {
+            tracing::warn!(batch = %bid, error = %e, "could not record the batch outcome");
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! Per-stage figures a worker keeps: outcomes and handler latencies, for `lading bench
+//! pipeline` and the metrics endpoint.
+
+use crate::Outcome;
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Latency samples kept per stage; past it, samples are replaced at random (a reservoir), so
+/// percentiles stay representative with bounded memory.
+const SAMPLES_KEPT: usize = 100_000;
+
+#[derive(Debug, Default, Clone)]
+struct Stage {
+    done: u64,
+    waits: u64,
+    transient: u64,
+    fatal: u64,
+    seen: u64,
+    samples_ms: Vec<f64>,
+}
+
+/// Figures of one stage.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct StageFigures {
+    pub done: u64,
+    pub waits: u64,
+    pub transient: u64,
+    pub fatal: u64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+#[derive(Debug, Default)]
+pub struct Stats {
+    stages: Mutex<BTreeMap<String, Stage>>,
+}
+
+impl Stats {
+    pub fn record(&self, stage: &str, outcome: &Outcome, took: Duration) {
+        let mut stages = self.stages.lock().unwrap_or_else(|p| p.into_inner());
+        let s = stages.entry(stage.to_string()).or_default();
+        match outcome {
+            Outcome::Done => s.done += 1,
+            Outcome::Wait { .. } => s.waits += 1,
+            Outcome::Transient(_) => s.transient += 1,
+            Outcome::Fatal(_) => s.fatal += 1,
+        }
+        s.seen += 1;
+        let ms = took.as_secs_f64() * 1000.0;
+        if s.samples_ms.len() < SAMPLES_KEPT {
+            s.samples_ms.push(ms);
+        } else {
+            let i = (uuid::Uuid::new_v4().as_u128() % s.seen as u128) as usize;
+            if i < SAMPLES_KEPT {
+                s.samples_ms[i] = ms;
+            }
+        }
+    }
+
+    /// Figures per stage, by stage name.
+    pub fn figures(&self) -> BTreeMap<String, StageFigures> {
+        let stages = self.stages.lock().unwrap_or_else(|p| p.into_inner());
+        stages
+            .iter()
+            .map(|(name, s)| {
+                let mut v = s.samples_ms.clone();
+                v.sort_by(f64::total_cmp);
+                let pct = |p: f64| {
+                    if v.is_empty() {
+                        0.0
+                    } else {
+                        v[((v.len() - 1) as f64 * p).round() as usize]
+                    }
+                };
+                let f = StageFigures {
+                    done: s.done,
+                    waits: s.waits,
+                    transient: s.transient,
+                    fatal: s.fatal,
+                    p50_ms: pct(0.5),
+                    p99_ms: pct(0.99),
+                    max_ms: v.last().copied().unwrap_or(0.0),
+                };
+                (name.clone(), f)
+            })
+            .collect()
+    }
+}
