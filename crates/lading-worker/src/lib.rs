@@ -205,6 +205,15 @@ impl BatchCtx {
         self.info.submission.get(key).and_then(Value::as_str)
     }
 
+    /// Writes the batch's `status-report`.
+    pub async fn write_status_report(
+        &self,
+        report: &lading_core::layout::StatusReport,
+    ) -> Result<(), EngineError> {
+        let lease = self.lease.lock().await;
+        self.engine.write_status_report(&lease, report).await
+    }
+
     /// Creates a job of this batch (intake).
     pub async fn create_job(&self, spec: JobSpec) -> Result<JobId, EngineError> {
         let lease = self.lease.lock().await;

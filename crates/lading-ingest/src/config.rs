@@ -1,0 +1,320 @@
+//! The service configuration (one TOML file, environment overrides) and ingest profiles (one
+//! TOML file each in a directory).
+
+use lading_worker::StageConfig;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {error}")]
+    Read { path: PathBuf, error: std::io::Error },
+    #[error("{path}: {error}")]
+    Parse { path: PathBuf, error: String },
+    #[error("unknown profile {name:?} (no {path})")]
+    UnknownProfile { name: String, path: PathBuf },
+    #[error("invalid profile name {0:?}: letters, digits, '_', '-' and '.' only")]
+    BadProfileName(String),
+    #[error("environment variable {name}: {error}")]
+    Env { name: String, error: String },
+}
+
+/// Per-stage settings in the config file (`[stages.downloading]`, …).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageSettings {
+    pub concurrency: Option<usize>,
+    pub timeout_s: Option<u64>,
+    pub max_attempts: Option<u32>,
+    pub backoff_base_ms: Option<u64>,
+    pub backoff_max_ms: Option<u64>,
+}
+
+/// The service configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Where everything below lives unless given explicitly.
+    pub data_dir: PathBuf,
+    pub work_dir: Option<PathBuf>,
+    pub storage_root: Option<PathBuf>,
+    /// The inventory database (SQLite file).
+    pub inventory: Option<PathBuf>,
+    pub profiles_dir: Option<PathBuf>,
+    /// Kept free on the working storage beyond a job's `space_needed`.
+    pub reserve_bytes: u64,
+    /// Unestimated jobs (space_needed 0) wait while free space is below this.
+    pub unestimated_min_free_bytes: u64,
+    /// How often a job waiting for space is looked at again.
+    pub provisioning_round_ms: u64,
+    /// Jobs needing more than this get `large_job_priority`.
+    pub large_job_bytes: u64,
+    pub large_job_priority: u8,
+    /// Concurrent HEAD requests per job while estimating.
+    pub estimate_concurrency: usize,
+    /// Attempts per file inside one download attempt.
+    pub file_attempts: u32,
+    pub smtp_host: Option<String>,
+    pub smtp_port: u16,
+    pub mail_from: String,
+    /// Completed batches older than this are removed by cleanup.
+    pub retention_hours: u64,
+    /// The shoulder minted primary identifiers start with, unless the profile names one.
+    pub shoulder: String,
+    pub stages: BTreeMap<String, StageSettings>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            data_dir: PathBuf::from("lading-data"),
+            work_dir: None,
+            storage_root: None,
+            inventory: None,
+            profiles_dir: None,
+            reserve_bytes: 256 << 20,
+            unestimated_min_free_bytes: 1 << 30,
+            provisioning_round_ms: 5_000,
+            large_job_bytes: 10 << 30,
+            large_job_priority: 8,
+            estimate_concurrency: 8,
+            file_attempts: 3,
+            smtp_host: None,
+            smtp_port: 25,
+            mail_from: "lading@localhost".into(),
+            retention_hours: 24 * 30,
+            shoulder: "ark:/99999/fk4".into(),
+            stages: BTreeMap::new(),
+        }
+    }
+}
+
+impl Config {
+    /// Reads `path` (when given) and applies `LADING_*` environment overrides.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let mut cfg = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|error| ConfigError::Read {
+                    path: p.to_path_buf(),
+                    error,
+                })?;
+                toml::from_str(&text).map_err(|e| ConfigError::Parse {
+                    path: p.to_path_buf(),
+                    error: e.to_string(),
+                })?
+            }
+            None => Config::default(),
+        };
+        cfg.apply_env(|k| std::env::var(k).ok())?;
+        Ok(cfg)
+    }
+
+    /// Overrides from the environment: `LADING_DATA_DIR`, `LADING_WORK_DIR`,
+    /// `LADING_STORAGE_ROOT`, `LADING_INVENTORY`, `LADING_PROFILES_DIR`, `LADING_SMTP_HOST`,
+    /// `LADING_SMTP_PORT`, `LADING_MAIL_FROM`, `LADING_RESERVE_BYTES`,
+    /// `LADING_RETENTION_HOURS`.
+    pub fn apply_env(
+        &mut self,
+        get: impl Fn(&str) -> Option<String>,
+    ) -> Result<(), ConfigError> {
+        fn num<T: std::str::FromStr>(name: &str, v: String) -> Result<T, ConfigError> {
+            v.parse().map_err(|_| ConfigError::Env {
+                name: name.into(),
+                error: format!("{v:?} is not a number"),
+            })
+        }
+        if let Some(v) = get("LADING_DATA_DIR") {
+            self.data_dir = v.into();
+        }
+        if let Some(v) = get("LADING_WORK_DIR") {
+            self.work_dir = Some(v.into());
+        }
+        if let Some(v) = get("LADING_STORAGE_ROOT") {
+            self.storage_root = Some(v.into());
+        }
+        if let Some(v) = get("LADING_INVENTORY") {
+            self.inventory = Some(v.into());
+        }
+        if let Some(v) = get("LADING_PROFILES_DIR") {
+            self.profiles_dir = Some(v.into());
+        }
+        if let Some(v) = get("LADING_SMTP_HOST") {
+            self.smtp_host = Some(v);
+        }
+        if let Some(v) = get("LADING_SMTP_PORT") {
+            self.smtp_port = num("LADING_SMTP_PORT", v)?;
+        }
+        if let Some(v) = get("LADING_MAIL_FROM") {
+            self.mail_from = v;
+        }
+        if let Some(v) = get("LADING_RESERVE_BYTES") {
+            self.reserve_bytes = num("LADING_RESERVE_BYTES", v)?;
+        }
+        if let Some(v) = get("LADING_RETENTION_HOURS") {
+            self.retention_hours = num("LADING_RETENTION_HOURS", v)?;
+        }
+        Ok(())
+    }
+
+    pub fn work_dir(&self) -> PathBuf {
+        self.work_dir
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("work"))
+    }
+    pub fn storage_root(&self) -> PathBuf {
+        self.storage_root
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("storage"))
+    }
+    pub fn inventory(&self) -> PathBuf {
+        self.inventory
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("inventory.db"))
+    }
+    pub fn profiles_dir(&self) -> PathBuf {
+        self.profiles_dir
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("profiles"))
+    }
+
+    /// The settings of stage `name` (a lower-case state name), defaults filled in.
+    pub fn stage(&self, name: &str) -> StageConfig {
+        let mut c = StageConfig::default();
+        if let Some(s) = self.stages.get(name) {
+            if let Some(v) = s.concurrency {
+                c.concurrency = v;
+            }
+            if let Some(v) = s.timeout_s {
+                c.timeout = Duration::from_secs(v);
+            }
+            if let Some(v) = s.max_attempts {
+                c.max_attempts = v;
+            }
+            if let Some(v) = s.backoff_base_ms {
+                c.backoff_base = Duration::from_millis(v);
+            }
+            if let Some(v) = s.backoff_max_ms {
+                c.backoff_max = Duration::from_millis(v);
+            }
+        }
+        c
+    }
+
+    /// Reads profile `name` from the profiles directory.
+    pub fn profile(&self, name: &str) -> Result<Profile, ConfigError> {
+        Profile::load(&self.profiles_dir(), name)
+    }
+}
+
+/// An ingest profile: where a depositor's content goes and who hears about it.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    /// The file's stem; not written in the file.
+    #[serde(skip)]
+    pub name: String,
+    /// The collection mnemonic (held collections hold its batches).
+    pub collection: String,
+    /// Priority of its jobs (0..=99, lower first); default 5.
+    pub priority: Option<u8>,
+    /// Addresses the batch report is mailed to.
+    #[serde(default)]
+    pub notification: Vec<String>,
+    /// POSTed the outcome of each job.
+    pub callback_url: Option<String>,
+    /// A shell command run in the job's working directory during processing.
+    pub command: Option<String>,
+    /// Shoulder for minted identifiers, e.g. `ark:/99999/fk4`.
+    pub shoulder: Option<String>,
+    /// Storage root for this profile's objects, instead of the service's.
+    pub storage_root: Option<PathBuf>,
+    /// Attempts per stage, overriding the service's (`downloading = 3`).
+    #[serde(default)]
+    pub max_attempts: BTreeMap<String, u32>,
+}
+
+impl Profile {
+    pub fn load(dir: &Path, name: &str) -> Result<Profile, ConfigError> {
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+            || name.starts_with('.')
+        {
+            return Err(ConfigError::BadProfileName(name.into()));
+        }
+        let path = dir.join(format!("{name}.toml"));
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(ConfigError::UnknownProfile {
+                    name: name.into(),
+                    path,
+                });
+            }
+            Err(error) => return Err(ConfigError::Read { path, error }),
+        };
+        let mut p: Profile = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.clone(),
+            error: e.to_string(),
+        })?;
+        if p.collection.is_empty() {
+            return Err(ConfigError::Parse {
+                path,
+                error: "collection is missing or empty".into(),
+            });
+        }
+        if p.priority.is_some_and(|x| x > 99) {
+            return Err(ConfigError::Parse {
+                path,
+                error: "priority must be 0..=99".into(),
+            });
+        }
+        p.name = name.to_string();
+        Ok(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profiles_load_and_bad_ones_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("oac.toml"),
+            "collection = \"oac\"\npriority = 3\nnotification = [\"a@example.org\"]\n\
+             [max_attempts]\ndownloading = 2\n",
+        )
+        .unwrap();
+        let p = Profile::load(dir.path(), "oac").unwrap();
+        assert_eq!(p.collection, "oac");
+        assert_eq!(p.priority, Some(3));
+        assert_eq!(p.max_attempts["downloading"], 2);
+        let e = Profile::load(dir.path(), "nope").unwrap_err();
+        assert!(e.to_string().starts_with("unknown profile \"nope\""), "{e}");
+        assert!(matches!(
+            Profile::load(dir.path(), "../oac"),
+            Err(ConfigError::BadProfileName(_))
+        ));
+        std::fs::write(dir.path().join("bad.toml"), "collection = \"x\"\ncolour = 1\n").unwrap();
+        let e = Profile::load(dir.path(), "bad").unwrap_err().to_string();
+        assert!(e.contains("colour"), "{e}");
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let mut c: Config = toml::from_str("data_dir = \"/srv/lading\"\nsmtp_port = 2525\n").unwrap();
+        c.apply_env(|k| (k == "LADING_SMTP_PORT").then(|| "2600".to_string()))
+            .unwrap();
+        assert_eq!(c.smtp_port, 2600);
+        assert_eq!(c.work_dir(), PathBuf::from("/srv/lading/work"));
+        let e = c
+            .apply_env(|k| (k == "LADING_RESERVE_BYTES").then(|| "lots".to_string()))
+            .unwrap_err();
+        assert!(e.to_string().contains("LADING_RESERVE_BYTES"), "{e}");
+    }
+}

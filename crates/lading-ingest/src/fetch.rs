@@ -1,0 +1,303 @@
+//! Getting payloads: HEAD for sizes, GET for manifests and files (http, https and `file://`),
+//! streamed to disk in constant memory with the digests computed on the way.
+
+use crate::checkm::{Digest, HashAlg};
+use sha2::Digest as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+
+/// Why a fetch failed, and whether trying again can help.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FetchError {
+    /// The network or the server may recover (refused, reset, timeout, 5xx, 429).
+    #[error("{0}")]
+    Transient(String),
+    /// It will not work as asked (404, a bad URL, a digest that does not match).
+    #[error("{0}")]
+    Fatal(String),
+}
+
+/// Largest manifest read into memory.
+pub const MANIFEST_LIMIT_BYTES: u64 = 64 << 20;
+
+/// A running hash of one algorithm.
+pub enum Hasher {
+    Md5(md5::Md5),
+    Sha1(sha1::Sha1),
+    Sha256(sha2::Sha256),
+    Sha512(sha2::Sha512),
+}
+
+impl Hasher {
+    pub fn new(alg: HashAlg) -> Hasher {
+        match alg {
+            HashAlg::Md5 => Hasher::Md5(md5::Md5::new()),
+            HashAlg::Sha1 => Hasher::Sha1(sha1::Sha1::new()),
+            HashAlg::Sha256 => Hasher::Sha256(sha2::Sha256::new()),
+            HashAlg::Sha512 => Hasher::Sha512(sha2::Sha512::new()),
+        }
+    }
+    pub fn update(&mut self, b: &[u8]) {
+        match self {
+            Hasher::Md5(h) => h.update(b),
+            Hasher::Sha1(h) => h.update(b),
+            Hasher::Sha256(h) => h.update(b),
+            Hasher::Sha512(h) => h.update(b),
+        }
+    }
+    pub fn hex(self) -> String {
+        match self {
+            Hasher::Md5(h) => hex(&h.finalize()),
+            Hasher::Sha1(h) => hex(&h.finalize()),
+            Hasher::Sha256(h) => hex(&h.finalize()),
+            Hasher::Sha512(h) => hex(&h.finalize()),
+        }
+    }
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// Size and sha256 of a file, read in blocks.
+pub fn file_sha256(path: &Path) -> std::io::Result<(u64, String)> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 256 << 10];
+    let mut size = 0u64;
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        size += n as u64;
+        h.update(&buf[..n]);
+    }
+    Ok((size, hex(&h.finalize())))
+}
+
+/// What a finished download measured.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Fetched {
+    pub size: u64,
+    pub sha256: String,
+}
+
+/// An HTTP client plus `file://` support.
+#[derive(Clone)]
+pub struct Fetcher {
+    client: reqwest::Client,
+}
+
+impl Default for Fetcher {
+    fn default() -> Self {
+        Fetcher::new()
+    }
+}
+
+fn file_path(url: &str) -> Option<PathBuf> {
+    let rest = url.strip_prefix("file://")?;
+    Some(PathBuf::from(rest))
+}
+
+fn classify(e: reqwest::Error, url: &str) -> FetchError {
+    if e.is_builder() {
+        FetchError::Fatal(format!("bad URL {url}: {e}"))
+    } else {
+        FetchError::Transient(format!("cannot fetch {url}: {e}"))
+    }
+}
+
+fn status_error(status: reqwest::StatusCode, url: &str) -> FetchError {
+    let msg = format!("{url} answered {status}");
+    if status.is_server_error() || status == reqwest::StatusCode::TOO_MANY_REQUESTS {
+        FetchError::Transient(msg)
+    } else {
+        FetchError::Fatal(msg)
+    }
+}
+
+impl Fetcher {
+    pub fn new() -> Fetcher {
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(30))
+            .read_timeout(Duration::from_secs(120))
+            .user_agent(concat!("lading/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .unwrap_or_default();
+        Fetcher { client }
+    }
+
+    pub fn client(&self) -> &reqwest::Client {
+        &self.client
+    }
+
+    /// The length a HEAD request reports; `None` when unknown, refused or unsupported.
+    pub async fn head_len(&self, url: &str) -> Option<u64> {
+        if let Some(p) = file_path(url) {
+            return tokio::fs::metadata(p).await.ok().map(|m| m.len());
+        }
+        let r = self
+            .client
+            .head(url)
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .ok()?;
+        if !r.status().is_success() {
+            return None;
+        }
+        r.headers()
+            .get(reqwest::header::CONTENT_LENGTH)?
+            .to_str()
+            .ok()?
+            .parse()
+            .ok()
+    }
+
+    /// A small text document (a manifest), at most [`MANIFEST_LIMIT_BYTES`].
+    pub async fn get_text(&self, url: &str) -> Result<String, FetchError> {
+        let bytes = if let Some(p) = file_path(url) {
+            let meta = tokio::fs::metadata(&p)
+                .await
+                .map_err(|e| FetchError::Fatal(format!("cannot read {url}: {e}")))?;
+            if meta.len() > MANIFEST_LIMIT_BYTES {
+                return Err(FetchError::Fatal(format!(
+                    "{url} is larger than {MANIFEST_LIMIT_BYTES} bytes"
+                )));
+            }
+            tokio::fs::read(&p)
+                .await
+                .map_err(|e| FetchError::Fatal(format!("cannot read {url}: {e}")))?
+        } else {
+            let mut r = self
+                .client
+                .get(url)
+                .send()
+                .await
+                .map_err(|e| classify(e, url))?;
+            if !r.status().is_success() {
+                return Err(status_error(r.status(), url));
+            }
+            let mut out = Vec::new();
+            while let Some(chunk) = r.chunk().await.map_err(|e| classify(e, url))? {
+                out.extend_from_slice(&chunk);
+                if out.len() as u64 > MANIFEST_LIMIT_BYTES {
+                    return Err(FetchError::Fatal(format!(
+                        "{url} is larger than {MANIFEST_LIMIT_BYTES} bytes"
+                    )));
+                }
+            }
+            out
+        };
+        String::from_utf8(bytes).map_err(|_| FetchError::Fatal(format!("{url} is not UTF-8 text")))
+    }
+
+    /// Streams `url` into `dest` (through `dest.part`, renamed only once verified), checking
+    /// the expected size and digest. Memory use does not depend on the file's size.
+    pub async fn download(
+        &self,
+        url: &str,
+        dest: &Path,
+        size: Option<u64>,
+        digest: Option<&Digest>,
+    ) -> Result<Fetched, FetchError> {
+        if let Some(parent) = dest.parent() {
+            tokio::fs::create_dir_all(parent)
+                .await
+                .map_err(|e| local(parent, e))?;
+        }
+        let part = dest.with_extension(match dest.extension() {
+            Some(e) => format!("{}.part", e.to_string_lossy()),
+            None => "part".into(),
+        });
+        let mut out = tokio::fs::File::create(&part)
+            .await
+            .map_err(|e| local(&part, e))?;
+        let mut sha = Hasher::new(HashAlg::Sha256);
+        let mut other = digest
+            .filter(|d| d.alg != HashAlg::Sha256)
+            .map(|d| Hasher::new(d.alg));
+        let mut n = 0u64;
+        let mut feed = |b: &[u8], n: &mut u64| {
+            sha.update(b);
+            if let Some(h) = other.as_mut() {
+                h.update(b);
+            }
+            *n += b.len() as u64;
+        };
+        if let Some(p) = file_path(url) {
+            use tokio::io::AsyncReadExt;
+            let mut f = tokio::fs::File::open(&p)
+                .await
+                .map_err(|e| FetchError::Fatal(format!("cannot read {url}: {e}")))?;
+            let mut buf = vec![0u8; 256 << 10];
+            loop {
+                let k = f
+                    .read(&mut buf)
+                    .await
+                    .map_err(|e| FetchError::Transient(format!("reading {url}: {e}")))?;
+                if k == 0 {
+                    break;
+                }
+                feed(&buf[..k], &mut n);
+                out.write_all(&buf[..k]).await.map_err(|e| local(&part, e))?;
+            }
+        } else {
+            let mut r = self
+                .client
+                .get(url)
+                .send()
+                .await
+                .map_err(|e| classify(e, url))?;
+            if !r.status().is_success() {
+                return Err(status_error(r.status(), url));
+            }
+            while let Some(chunk) = r.chunk().await.map_err(|e| classify(e, url))? {
+                feed(&chunk, &mut n);
+                out.write_all(&chunk).await.map_err(|e| local(&part, e))?;
+            }
+        }
+        out.sync_all().await.map_err(|e| local(&part, e))?;
+        drop(out);
+        let sha256 = sha.hex();
+        if let Some(expected) = size
+            && expected != n
+        {
+            let _ = tokio::fs::remove_file(&part).await;
+            return Err(FetchError::Fatal(format!(
+                "size mismatch for {url}: the manifest says {expected} bytes, got {n}"
+            )));
+        }
+        if let Some(d) = digest {
+            let got = match other {
+                Some(h) => h.hex(),
+                None => sha256.clone(),
+            };
+            if got != d.hex {
+                let _ = tokio::fs::remove_file(&part).await;
+                return Err(FetchError::Fatal(format!(
+                    "{} digest mismatch for {url}: the manifest says {}, got {got}",
+                    d.alg.name(),
+                    d.hex
+                )));
+            }
+        }
+        tokio::fs::rename(&part, dest)
+            .await
+            .map_err(|e| local(dest, e))?;
+        Ok(Fetched { size: n, sha256 })
+    }
+}
+
+/// A local file error: a full disk may clear, so it is transient.
+fn local(path: &Path, e: std::io::Error) -> FetchError {
+    FetchError::Transient(format!("writing {}: {e}", path.display()))
+}

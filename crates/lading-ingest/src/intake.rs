@@ -1,0 +1,297 @@
+//! Submission and batch intake: a batch's payload becomes one job per object.
+
+use crate::checkm::{self, FileEntry, ManifestKind, Row};
+use crate::fetch::FetchError;
+use crate::{Ingest, fatal_or_transient};
+use lading_core::tree::BoxFuture;
+use lading_core::{BatchState, Event};
+use lading_engine::{EngineError, JobSpec};
+use lading_core::layout::{BatchId, ErcMetadata, Identifiers};
+use lading_worker::{BatchCtx, BatchStage, Outcome};
+use serde_json::{Map, Value, json};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+/// What a depositor's payload is (the submission's `type`, Merritt's names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PayloadType {
+    File,
+    Container,
+    /// An object manifest (`mrt-ingest-manifest`).
+    Manifest,
+    BatchManifest,
+    SingleFileBatchManifest,
+    ContainerBatchManifest,
+}
+
+impl PayloadType {
+    pub const ALL: &'static [PayloadType] = &[
+        PayloadType::File,
+        PayloadType::Container,
+        PayloadType::Manifest,
+        PayloadType::BatchManifest,
+        PayloadType::SingleFileBatchManifest,
+        PayloadType::ContainerBatchManifest,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PayloadType::File => "file",
+            PayloadType::Container => "container",
+            PayloadType::Manifest => "manifest",
+            PayloadType::BatchManifest => "batch-manifest",
+            PayloadType::SingleFileBatchManifest => "single-file-batch-manifest",
+            PayloadType::ContainerBatchManifest => "container-batch-manifest",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<PayloadType> {
+        PayloadType::ALL.iter().copied().find(|t| t.name() == s)
+    }
+}
+
+/// A submission, as the CLI and the HTTP API take it.
+#[derive(Debug, Clone, Default)]
+pub struct Submission {
+    pub profile: String,
+    pub submitter: String,
+    pub payload_url: String,
+    /// A [`PayloadType`] name.
+    pub payload_type: String,
+    pub title: Option<String>,
+    pub creator: Option<String>,
+    pub date: Option<String>,
+    pub local_id: Option<String>,
+    pub primary_id: Option<String>,
+}
+
+/// Why a submission was refused (nothing was stored).
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    #[error(transparent)]
+    Profile(#[from] crate::config::ConfigError),
+    #[error("unknown payload type {0:?} (one of: file, container, manifest, batch-manifest, single-file-batch-manifest, container-batch-manifest)")]
+    PayloadType(String),
+    #[error("payload URL: {0}")]
+    Url(String),
+    #[error("submitter is empty")]
+    Submitter,
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+/// Checks a submission against the profiles and creates its batch, Pending.
+pub async fn submit(ingest: &Ingest, s: &Submission) -> Result<BatchId, SubmitError> {
+    let profile = ingest.cfg.profile(&s.profile)?;
+    if PayloadType::parse(&s.payload_type).is_none() {
+        return Err(SubmitError::PayloadType(s.payload_type.clone()));
+    }
+    checkm::check_url(&s.payload_url).map_err(SubmitError::Url)?;
+    if s.submitter.trim().is_empty() {
+        return Err(SubmitError::Submitter);
+    }
+    let mut sub = Map::new();
+    sub.insert("profile_name".into(), json!(profile.name));
+    sub.insert("collection".into(), json!(profile.collection));
+    sub.insert("submitter".into(), json!(s.submitter));
+    sub.insert("payload_url".into(), json!(s.payload_url));
+    sub.insert("type".into(), json!(s.payload_type));
+    sub.insert("submission_mode".into(), json!("add"));
+    sub.insert("response_type".into(), json!("json"));
+    for (k, v) in [
+        ("erc_what", &s.title),
+        ("erc_who", &s.creator),
+        ("erc_when", &s.date),
+        ("local_id", &s.local_id),
+        ("primary_id", &s.primary_id),
+    ] {
+        if let Some(v) = v {
+            sub.insert(k.into(), json!(v));
+        }
+    }
+    Ok(ingest.engine.create_batch(sub).await?)
+}
+
+/// Batch intake: Pending batch → jobs → Processing.
+pub struct Intake(pub Arc<Ingest>);
+
+/// One object of a batch, before it is a job.
+struct Object {
+    payload_type: &'static str,
+    payload_url: String,
+    file: Option<FileEntry>,
+    identifiers: Identifiers,
+    metadata: ErcMetadata,
+}
+
+fn row_object(row: &Row, payload_type: &'static str) -> Result<Object, checkm::ManifestError> {
+    let file = row.file_entry()?;
+    Ok(Object {
+        payload_type,
+        payload_url: file.url.clone(),
+        file: (payload_type != "manifest").then_some(file),
+        identifiers: Identifiers {
+            primary_id: row.get(checkm::PRIMARY_ID).map(str::to_string),
+            local_id: row
+                .get(checkm::LOCAL_ID)
+                .map(|s| vec![s.to_string()])
+                .unwrap_or_default(),
+        },
+        metadata: ErcMetadata {
+            erc_who: row.get(checkm::CREATOR).map(str::to_string),
+            erc_what: row.get(checkm::TITLE).map(str::to_string),
+            erc_when: row.get(checkm::DATE).map(str::to_string),
+            erc_where: row.get(checkm::PRIMARY_ID).map(str::to_string),
+        },
+    })
+}
+
+impl Intake {
+    async fn objects(&self, b: &BatchCtx) -> Result<Vec<Object>, Outcome> {
+        let url = b
+            .submission_str("payload_url")
+            .ok_or_else(|| Outcome::fatal("the submission has no payload_url"))?
+            .to_string();
+        let ty_name = b.submission_str("type").unwrap_or("file");
+        let ty = PayloadType::parse(ty_name)
+            .ok_or_else(|| Outcome::fatal(SubmitError::PayloadType(ty_name.into())))?;
+        let str_of = |k: &str| b.submission_str(k).map(str::to_string);
+        let single = |payload_type: &'static str| -> Result<Vec<Object>, Outcome> {
+            let name = checkm::url_file_name(&url)
+                .ok_or_else(|| Outcome::fatal(format!("no file name in payload URL {url:?}")))?;
+            Ok(vec![Object {
+                payload_type,
+                payload_url: url.clone(),
+                file: (payload_type != "manifest").then(|| FileEntry {
+                    url: url.clone(),
+                    name,
+                    size: None,
+                    digest: None,
+                }),
+                identifiers: Identifiers {
+                    primary_id: str_of("primary_id"),
+                    local_id: str_of("local_id").into_iter().collect(),
+                },
+                metadata: ErcMetadata {
+                    erc_who: str_of("erc_who"),
+                    erc_what: str_of("erc_what"),
+                    erc_when: str_of("erc_when"),
+                    erc_where: str_of("primary_id"),
+                },
+            }])
+        };
+        let (expected, payload_type) = match ty {
+            PayloadType::File => return single("file"),
+            PayloadType::Container => return single("container"),
+            PayloadType::Manifest => return single("manifest"),
+            PayloadType::BatchManifest => (ManifestKind::Batch, "manifest"),
+            PayloadType::SingleFileBatchManifest => (ManifestKind::SingleFileBatch, "file"),
+            PayloadType::ContainerBatchManifest => (ManifestKind::ContainerBatch, "container"),
+        };
+        let text = self
+            .0
+            .fetcher
+            .get_text(&url)
+            .await
+            .map_err(fatal_or_transient)?;
+        let m = checkm::parse(&text).map_err(|e| Outcome::fatal(format!("{url}: {e}")))?;
+        if m.kind != expected {
+            return Err(Outcome::fatal(format!(
+                "{url} is a {} but the batch was submitted as {}",
+                m.kind.profile_name(),
+                ty.name()
+            )));
+        }
+        if m.rows.is_empty() {
+            return Err(Outcome::fatal(format!("{url} lists no objects")));
+        }
+        m.rows
+            .iter()
+            .map(|r| row_object(r, payload_type))
+            .collect::<Result<_, _>>()
+            .map_err(|e| Outcome::fatal(format!("{url}: {e}")))
+    }
+
+    async fn run(&self, b: Arc<BatchCtx>) -> Outcome {
+        let objects = match self.objects(&b).await {
+            Ok(o) => o,
+            Err(o) => return o,
+        };
+        let profile_name = b.submission_str("profile_name").unwrap_or_default();
+        let profile = match self.0.cfg.profile(profile_name) {
+            Ok(p) => p,
+            Err(e) => return Outcome::fatal(e),
+        };
+        // A retried intake (after a crash or a transient error) skips the objects it made.
+        let done: BTreeSet<u64> = match self.existing_rows(&b).await {
+            Ok(d) => d,
+            Err(e) => return e.into(),
+        };
+        for (i, o) in objects.into_iter().enumerate() {
+            if done.contains(&(i as u64)) {
+                continue;
+            }
+            let mut cfg = Map::new();
+            cfg.insert("profile_name".into(), json!(profile.name));
+            cfg.insert("collection".into(), json!(profile.collection));
+            cfg.insert(
+                "submitter".into(),
+                json!(b.submission_str("submitter").unwrap_or_default()),
+            );
+            cfg.insert("payload_url".into(), json!(o.payload_url));
+            cfg.insert("payload_type".into(), json!(o.payload_type));
+            cfg.insert("response_type".into(), json!("json"));
+            cfg.insert("submission_mode".into(), json!("add"));
+            cfg.insert("local_id".into(), json!(o.identifiers.local_id));
+            cfg.insert("intake_row".into(), json!(i));
+            if let Some(f) = &o.file {
+                cfg.insert("file".into(), json!(f));
+            }
+            let spec = JobSpec {
+                configuration: cfg,
+                priority: profile.priority,
+                space_needed: 0,
+                identifiers: o.identifiers,
+                metadata: o.metadata,
+            };
+            if let Err(e) = b.create_job(spec).await {
+                return e.into();
+            }
+        }
+        Outcome::Done
+    }
+
+    async fn existing_rows(&self, b: &BatchCtx) -> Result<BTreeSet<u64>, EngineError> {
+        let info = b.engine.batch(b.batch()).await?;
+        let mut rows = BTreeSet::new();
+        for ids in info.jobs.values() {
+            for id in ids {
+                let job = lading_core::layout::JobId::parse(id)?;
+                let cfg = b.engine.job_configuration(&job).await?;
+                if let Some(r) = cfg.get("intake_row").and_then(Value::as_u64) {
+                    rows.insert(r);
+                }
+            }
+        }
+        Ok(rows)
+    }
+}
+
+impl BatchStage for Intake {
+    fn state(&self) -> BatchState {
+        BatchState::Pending
+    }
+    fn success(&self) -> Event<BatchState> {
+        Event::To(BatchState::Processing)
+    }
+    fn run(&self, b: Arc<BatchCtx>) -> BoxFuture<'static, Outcome> {
+        let me = Intake(self.0.clone());
+        Box::pin(async move { me.run(b).await })
+    }
+}
+
+impl From<FetchError> for Outcome {
+    fn from(e: FetchError) -> Outcome {
+        fatal_or_transient(e)
+    }
+}

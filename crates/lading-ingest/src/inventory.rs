@@ -1,0 +1,87 @@
+//! The inventory database (SQLite): objects, versions and files, so stored content can be
+//! found. Recording a version twice changes nothing.
+
+use crate::stages::{StoredVersion, list_files};
+use rusqlite::{Connection, params};
+use std::path::Path;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS objects(ark TEXT PRIMARY KEY, created TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS versions(ark TEXT NOT NULL REFERENCES objects(ark), version INTEGER NOT NULL,
+  job TEXT NOT NULL, batch TEXT NOT NULL, path TEXT NOT NULL, created TEXT NOT NULL,
+  PRIMARY KEY(ark, version));
+CREATE TABLE IF NOT EXISTS files(ark TEXT NOT NULL, version INTEGER NOT NULL, path TEXT NOT NULL,
+  size INTEGER NOT NULL, sha256 TEXT NOT NULL, PRIMARY KEY(ark, version, path),
+  FOREIGN KEY(ark, version) REFERENCES versions(ark, version));
+";
+
+/// What one `record` call did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    /// False when the version was already in the inventory.
+    pub new: bool,
+    pub files: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum InventoryError {
+    #[error(transparent)]
+    Sql(#[from] rusqlite::Error),
+    #[error("reading the stored version: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+pub fn open(db: &Path) -> Result<Connection, InventoryError> {
+    if let Some(p) = db.parent() {
+        std::fs::create_dir_all(p)?;
+    }
+    let c = Connection::open(db)?;
+    c.busy_timeout(std::time::Duration::from_secs(30))?;
+    c.pragma_update(None, "journal_mode", "WAL")?;
+    c.pragma_update(None, "foreign_keys", "ON")?;
+    c.execute_batch(SCHEMA)?;
+    Ok(c)
+}
+
+/// Records a stored version and its files (read from the version itself) in one transaction.
+pub fn record(db: &Path, v: &StoredVersion) -> Result<Recorded, InventoryError> {
+    let files = list_files(Path::new(&v.path))?;
+    let mut c = open(db)?;
+    let tx = c.transaction()?;
+    let now = lading_core::time::format_ts(lading_core::time::system_clock().now_ms());
+    tx.execute(
+        "INSERT OR IGNORE INTO objects(ark, created) VALUES (?1, ?2)",
+        params![v.ark, now],
+    )?;
+    let new = tx.execute(
+        "INSERT OR IGNORE INTO versions(ark, version, job, batch, path, created) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![v.ark, v.version, v.job, v.batch, v.path, now],
+    )? == 1;
+    for f in &files {
+        tx.execute(
+            "INSERT OR IGNORE INTO files(ark, version, path, size, sha256) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![v.ark, v.version, f.path, f.size as i64, f.sha256],
+        )?;
+    }
+    tx.commit()?;
+    Ok(Recorded {
+        new,
+        files: files.len(),
+    })
+}
+
+/// Versions recorded for `ark`: (version, file count, total bytes).
+pub fn versions_of(db: &Path, ark: &str) -> Result<Vec<(u32, u64, u64)>, InventoryError> {
+    let c = open(db)?;
+    let mut st = c.prepare(
+        "SELECT v.version, COUNT(f.path), COALESCE(SUM(f.size), 0) FROM versions v
+         LEFT JOIN files f ON f.ark = v.ark AND f.version = v.version
+         WHERE v.ark = ?1 GROUP BY v.version ORDER BY v.version",
+    )?;
+    let rows = st
+        .query_map(params![ark], |r| {
+            Ok((r.get::<_, u32>(0)?, r.get::<_, i64>(1)? as u64, r.get::<_, i64>(2)? as u64))
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(rows)
+}

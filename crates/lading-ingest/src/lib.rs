@@ -1,0 +1,142 @@
+//! The ingest pipeline: submission, batch intake, the job stages (estimating through
+//! notify), reporting, cleanup — each a handler for `lading-worker`, each doing real work
+//! against real servers (HTTP for payloads and callbacks, the file system for working and
+//! storage, SQLite for the inventory, SMTP for reports).
+//!
+//! [`Ingest`] carries what every stage shares; [`stages`] lists them in pipeline order;
+//! [`run`] runs a chosen set in one process.
+
+pub mod checkm;
+pub mod cleanup;
+pub mod config;
+pub mod fetch;
+pub mod intake;
+pub mod inventory;
+pub mod report;
+pub mod stages;
+mod unpack;
+
+pub use config::{Config, Profile};
+pub use intake::{PayloadType, Submission, SubmitError, submit};
+
+use fetch::{FetchError, Fetcher};
+use lading_core::BatchState;
+use lading_engine::Engine;
+use lading_worker::{BatchStage, JobStage, Outcome, Shutdown, StageConfig, Worker};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// What the stages share.
+pub struct Ingest {
+    pub engine: Arc<Engine>,
+    pub cfg: Config,
+    pub fetcher: Fetcher,
+    pub stats: IngestStats,
+}
+
+/// Figures beyond the per-stage ones the worker keeps.
+#[derive(Debug, Default)]
+pub struct IngestStats {
+    bytes_downloaded: AtomicU64,
+}
+
+impl IngestStats {
+    pub fn add_bytes(&self, n: u64) {
+        self.bytes_downloaded.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn bytes_downloaded(&self) -> u64 {
+        self.bytes_downloaded.load(Ordering::Relaxed)
+    }
+}
+
+impl Ingest {
+    pub fn new(engine: Arc<Engine>, cfg: Config) -> Arc<Ingest> {
+        Arc::new(Ingest {
+            engine,
+            cfg,
+            fetcher: Fetcher::new(),
+            stats: IngestStats::default(),
+        })
+    }
+}
+
+pub(crate) fn fatal_or_transient(e: FetchError) -> Outcome {
+    match e {
+        FetchError::Transient(m) => Outcome::Transient(m),
+        FetchError::Fatal(m) => Outcome::Fatal(m),
+    }
+}
+
+/// Stage names, in pipeline order, as `lading worker --stages` takes them.
+pub const STAGE_NAMES: &[&str] = &[
+    "intake",
+    "pending",
+    "estimating",
+    "provisioning",
+    "downloading",
+    "processing",
+    "storing",
+    "recording",
+    "notify",
+    "reporting",
+    "update-reporting",
+];
+
+/// The job and batch stages named, with their settings from the config.
+#[allow(clippy::type_complexity)]
+pub fn stages(
+    ingest: &Arc<Ingest>,
+    names: &[&str],
+) -> Result<
+    (
+        Vec<(Arc<dyn JobStage>, StageConfig)>,
+        Vec<(Arc<dyn BatchStage>, StageConfig)>,
+    ),
+    String,
+> {
+    let mut jobs: Vec<(Arc<dyn JobStage>, StageConfig)> = Vec::new();
+    let mut batches: Vec<(Arc<dyn BatchStage>, StageConfig)> = Vec::new();
+    let i = ingest.clone();
+    for &name in names {
+        let cfg = ingest.cfg.stage(name);
+        match name {
+            "intake" => batches.push((Arc::new(intake::Intake(i.clone())), cfg)),
+            "reporting" => batches.push((
+                Arc::new(report::Report(i.clone(), BatchState::Reporting)),
+                cfg,
+            )),
+            "update-reporting" => batches.push((
+                Arc::new(report::Report(i.clone(), BatchState::UpdateReporting)),
+                cfg,
+            )),
+            "pending" => jobs.push((Arc::new(stages::Start(i.clone())), cfg)),
+            "estimating" => jobs.push((Arc::new(stages::Estimate(i.clone())), cfg)),
+            "provisioning" => jobs.push((Arc::new(stages::Provision(i.clone())), cfg)),
+            "downloading" => jobs.push((Arc::new(stages::Download(i.clone())), cfg)),
+            "processing" => jobs.push((Arc::new(stages::Process(i.clone())), cfg)),
+            "storing" => jobs.push((Arc::new(stages::Store(i.clone())), cfg)),
+            "recording" => jobs.push((Arc::new(stages::Record(i.clone())), cfg)),
+            "notify" => jobs.push((Arc::new(stages::Notify(i.clone())), cfg)),
+            other => {
+                return Err(format!(
+                    "unknown stage {other:?} (one of: {})",
+                    STAGE_NAMES.join(", ")
+                ));
+            }
+        }
+    }
+    Ok((jobs, batches))
+}
+
+/// Runs the named stages until shut down; returns the worker's per-stage figures.
+pub async fn run(
+    ingest: &Arc<Ingest>,
+    names: &[&str],
+    shutdown: Shutdown,
+) -> Result<Arc<lading_worker::Stats>, String> {
+    let (jobs, batches) = stages(ingest, names)?;
+    let worker = Worker::new(ingest.engine.clone(), ingest.cfg.work_dir());
+    let stats = worker.stats();
+    worker.run(jobs, batches, shutdown).await;
+    Ok(stats)
+}

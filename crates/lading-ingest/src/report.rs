@@ -1,0 +1,151 @@
+//! Reporting and UpdateReporting: the batch's `status-report`, and a summary mailed to the
+//! depositor over SMTP when the profile lists addresses.
+
+use crate::Ingest;
+use lading_core::BatchState;
+use lading_core::layout::{JobId, StatusReport};
+use lading_core::tree::BoxFuture;
+use lading_worker::{BatchCtx, BatchStage, Outcome};
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+/// The batch stage of `Reporting` or `UpdateReporting` (whichever state it is given).
+pub struct Report(pub Arc<Ingest>, pub BatchState);
+
+impl BatchStage for Report {
+    fn state(&self) -> BatchState {
+        self.1
+    }
+    fn run(&self, b: Arc<BatchCtx>) -> BoxFuture<'static, Outcome> {
+        let ingest = self.0.clone();
+        let update = self.1 == BatchState::UpdateReporting;
+        Box::pin(async move { report(&ingest, &b, update).await.unwrap_or_else(|o| o) })
+    }
+}
+
+async fn report(ingest: &Ingest, b: &BatchCtx, update: bool) -> Result<Outcome, Outcome> {
+    let mut report = b.engine.build_report(b.batch()).await?;
+    if update {
+        // What an admin fixed since the last report: jobs failed then, completed now.
+        let before: Vec<String> = b
+            .info
+            .status_report
+            .as_ref()
+            .map(|r| r.failed_jobs.clone())
+            .unwrap_or_default();
+        let fixed: Vec<&String> = report
+            .completed_jobs
+            .iter()
+            .filter(|j| before.contains(j))
+            .collect();
+        report.extra.insert("updated_jobs".into(), json!(fixed));
+    }
+    b.write_status_report(&report).await?;
+    let profile = match ingest
+        .cfg
+        .profile(b.submission_str("profile_name").unwrap_or_default())
+    {
+        Ok(p) => p,
+        // The profile was removed since submission: the report is written, nobody to mail.
+        Err(e) => {
+            tracing::warn!(batch = %b.batch(), error = %e, "no profile; report not mailed");
+            return Ok(Outcome::Done);
+        }
+    };
+    if profile.notification.is_empty() {
+        return Ok(Outcome::Done);
+    }
+    let Some(host) = ingest.cfg.smtp_host.clone() else {
+        tracing::warn!(batch = %b.batch(), "the profile lists addresses but no smtp_host is configured; report not mailed");
+        return Ok(Outcome::Done);
+    };
+    let (subject, body) = summary(b, &report, update).await?;
+    send_mail(
+        &host,
+        ingest.cfg.smtp_port,
+        &ingest.cfg.mail_from,
+        &profile.notification,
+        &subject,
+        body,
+    )
+    .await?;
+    Ok(Outcome::Done)
+}
+
+async fn summary(
+    b: &BatchCtx,
+    report: &StatusReport,
+    update: bool,
+) -> Result<(String, String), Outcome> {
+    let bid = b.batch();
+    let subject = format!(
+        "Lading batch {bid}{}: {} completed, {} failed",
+        if update { " (update)" } else { "" },
+        report.completed_jobs.len(),
+        report.failed_jobs.len()
+    );
+    let mut body = format!(
+        "Batch {bid} ({}) from {}\nPayload: {}\n\n",
+        b.submission_str("profile_name").unwrap_or_default(),
+        b.submission_str("submitter").unwrap_or_default(),
+        b.submission_str("payload_url").unwrap_or_default(),
+    );
+    if let Some(Value::Array(fixed)) = report.extra.get("updated_jobs") {
+        body.push_str(&format!("Fixed since the last report: {}\n\n", fixed.len()));
+    }
+    body.push_str(&format!("Completed ({}):\n", report.completed_jobs.len()));
+    for j in &report.completed_jobs {
+        let info = b.engine.job(&JobId::parse(j).map_err(Outcome::fatal)?).await?;
+        let ark = info
+            .identifiers
+            .get("primary_id")
+            .and_then(Value::as_str)
+            .unwrap_or("-");
+        body.push_str(&format!("  {j}  {ark}\n"));
+    }
+    body.push_str(&format!("\nFailed ({}):\n", report.failed_jobs.len()));
+    for j in &report.failed_jobs {
+        let info = b.engine.job(&JobId::parse(j).map_err(Outcome::fatal)?).await?;
+        body.push_str(&format!(
+            "  {j}  {}: {}\n",
+            info.status
+                .last_successful_status
+                .map_or("Pending".to_string(), |s| s.to_string()),
+            info.status.message.unwrap_or_default()
+        ));
+    }
+    Ok((subject, body))
+}
+
+/// Sends one plain-text message over SMTP (no TLS: a local relay is the usual peer).
+pub async fn send_mail(
+    host: &str,
+    port: u16,
+    from: &str,
+    to: &[String],
+    subject: &str,
+    body: String,
+) -> Result<(), Outcome> {
+    use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
+    let from = from
+        .parse()
+        .map_err(|e| Outcome::fatal(format!("mail_from {from:?}: {e}")))?;
+    let mut m = Message::builder().from(from).subject(subject);
+    for addr in to {
+        m = m.to(addr
+            .parse()
+            .map_err(|e| Outcome::fatal(format!("notification address {addr:?}: {e}")))?);
+    }
+    let msg = m
+        .body(body)
+        .map_err(|e| Outcome::fatal(format!("building the message: {e}")))?;
+    let transport = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(host)
+        .port(port)
+        .timeout(Some(std::time::Duration::from_secs(30)))
+        .build();
+    transport
+        .send(msg)
+        .await
+        .map_err(|e| Outcome::Transient(format!("mail to {}: {e}", to.join(", "))))?;
+    Ok(())
+}

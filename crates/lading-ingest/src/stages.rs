@@ -1,0 +1,685 @@
+//! The job stages, Pending to Notify. Each is a handler for the worker framework; what a
+//! retried or recovered job needs to skip done work lives in its working directory.
+
+use crate::checkm::{self, FileEntry, ManifestKind};
+use crate::fetch::{Fetched, file_sha256};
+use crate::{Ingest, fatal_or_transient, inventory};
+use lading_core::JobState;
+use lading_core::tree::BoxFuture;
+use lading_core::{Event, layout::ark_node_name};
+use lading_engine::EngineError;
+use lading_worker::{JobCtx, JobStage, Outcome};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The object's files inside the working directory.
+pub const PRODUCER: &str = "producer";
+/// Downloaded containers, before processing unpacks them.
+pub const CONTAINER: &str = "container";
+/// Files Lading writes about the object (its manifest).
+pub const SYSTEM: &str = "system";
+/// Interim state of the stages.
+pub const INTERIM: &str = ".lading";
+/// The object manifest as fetched.
+const FETCHED_MANIFEST: &str = "mrt-ingest-manifest.checkm";
+
+macro_rules! stage {
+    ($ty:ident, $state:expr, $method:ident $(, success = $succ:expr)?) => {
+        impl JobStage for $ty {
+            fn state(&self) -> JobState {
+                $state
+            }
+            $(fn success(&self) -> Event<JobState> {
+                $succ
+            })?
+            fn run(&self, job: Arc<JobCtx>) -> BoxFuture<'static, Outcome> {
+                let ingest = self.0.clone();
+                Box::pin(async move { $method(&ingest, &job).await.unwrap_or_else(|o| o) })
+            }
+        }
+    };
+}
+
+/// Pending → Estimating: the queue's entry point (quotas will sit here).
+pub struct Start(pub Arc<Ingest>);
+stage!(Start, JobState::Pending, start, success = Event::To(JobState::Estimating));
+
+async fn start(_: &Ingest, _: &JobCtx) -> Result<Outcome, Outcome> {
+    Ok(Outcome::Done)
+}
+
+/// Estimating: HEAD every file, `space_needed` = the sum; large jobs get a lower priority.
+pub struct Estimate(pub Arc<Ingest>);
+stage!(Estimate, JobState::Estimating, estimate);
+
+/// Provisioning: wait for room on the working storage.
+pub struct Provision(pub Arc<Ingest>);
+stage!(Provision, JobState::Provisioning, provision);
+
+/// Downloading: every file into the working directory, verified, resumable.
+pub struct Download(pub Arc<Ingest>);
+stage!(Download, JobState::Downloading, download);
+
+/// Processing: unpack, manifest with digests, identifier, the profile's command.
+pub struct Process(pub Arc<Ingest>);
+stage!(Process, JobState::Processing, process);
+
+/// Storing: a new version in the storage root, atomically.
+pub struct Store(pub Arc<Ingest>);
+stage!(Store, JobState::Storing, store);
+
+/// Recording: the version into the inventory database.
+pub struct Record(pub Arc<Ingest>);
+stage!(Record, JobState::Recording, record);
+
+/// Notify: the profile's callback.
+pub struct Notify(pub Arc<Ingest>);
+stage!(Notify, JobState::Notify, notify);
+
+fn engine_err(e: EngineError) -> Outcome {
+    e.into()
+}
+
+fn io_err(what: &str, path: &Path, e: std::io::Error) -> Outcome {
+    // A full disk or a vanished mount may recover; everything else local is a bug or worse,
+    // but a retry costs little and Failed comes after max_attempts anyway.
+    Outcome::Transient(format!("{what} {}: {e}", path.display()))
+}
+
+/// The files of a job's object: the manifest's rows, or the one file/container.
+/// `fetch_manifest` false means a missing manifest is an error rather than a fetch.
+async fn object_files(ingest: &Ingest, job: &JobCtx) -> Result<Vec<FileEntry>, Outcome> {
+    let ty = job.config_str("payload_type").unwrap_or("file");
+    if ty == "manifest" {
+        let url = job
+            .config_str("payload_url")
+            .ok_or_else(|| Outcome::fatal("the job has no payload_url"))?;
+        let saved = job.workdir.join(SYSTEM).join(FETCHED_MANIFEST);
+        let text = match tokio::fs::read_to_string(&saved).await {
+            Ok(t) => t,
+            Err(_) => {
+                let t = ingest
+                    .fetcher
+                    .get_text(url)
+                    .await
+                    .map_err(fatal_or_transient)?;
+                write_atomic(&saved, t.as_bytes())
+                    .map_err(|e| io_err("writing", &saved, e))?;
+                t
+            }
+        };
+        let m = checkm::parse(&text).map_err(|e| Outcome::fatal(format!("{url}: {e}")))?;
+        if m.kind != ManifestKind::Object {
+            return Err(Outcome::fatal(format!(
+                "{url} is a {}, not an object manifest",
+                m.kind.profile_name()
+            )));
+        }
+        let files: Vec<FileEntry> = m
+            .rows
+            .iter()
+            .map(|r| r.file_entry())
+            .collect::<Result<_, _>>()
+            .map_err(|e| Outcome::fatal(format!("{url}: {e}")))?;
+        let mut names = std::collections::HashSet::new();
+        for f in &files {
+            if !names.insert(f.name.as_str()) {
+                return Err(Outcome::fatal(format!(
+                    "{url}: file name {:?} appears twice",
+                    f.name
+                )));
+            }
+        }
+        return Ok(files);
+    }
+    let f = job
+        .info
+        .configuration
+        .get("file")
+        .cloned()
+        .ok_or_else(|| Outcome::fatal("the job names no file"))?;
+    let f: FileEntry =
+        serde_json::from_value(f).map_err(|e| Outcome::fatal(format!("bad file entry: {e}")))?;
+    Ok(vec![f])
+}
+
+/// Writes through a temporary file and a rename, so a reader sees all or nothing.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    if let Some(p) = path.parent() {
+        std::fs::create_dir_all(p)?;
+    }
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+async fn estimate(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
+    // Never fails: what cannot be sized counts 0.
+    let files = match object_files(ingest, job).await {
+        Ok(f) => f,
+        Err(o) => {
+            job.log(&format!("cannot list the files yet ({o:?}); size unknown"));
+            return Ok(Outcome::Done);
+        }
+    };
+    let sem = Arc::new(tokio::sync::Semaphore::new(
+        ingest.cfg.estimate_concurrency.max(1),
+    ));
+    let mut set = tokio::task::JoinSet::new();
+    for f in files {
+        let (fetcher, sem) = (ingest.fetcher.clone(), sem.clone());
+        set.spawn(async move {
+            let _permit = sem.acquire_owned().await;
+            match fetcher.head_len(&f.url).await {
+                Some(n) => n,
+                None => f.size.unwrap_or(0),
+            }
+        });
+    }
+    let mut total = 0u64;
+    while let Some(r) = set.join_next().await {
+        total = total.saturating_add(r.unwrap_or(0));
+    }
+    job.set_space_needed(total).await.map_err(engine_err)?;
+    job.log(&format!("space needed: {total} bytes"));
+    if total > ingest.cfg.large_job_bytes {
+        let p = ingest.cfg.large_job_priority;
+        if job.priority().await < p {
+            job.set_priority(p).await.map_err(engine_err)?;
+            job.log(&format!("large job: priority lowered to {p}"));
+        }
+    }
+    Ok(Outcome::Done)
+}
+
+/// Free bytes for unprivileged users on the file system holding `path`.
+pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::other("path contains NUL"))?;
+    // SAFETY: statvfs writes into the zeroed struct we own; `c` is a valid C string.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((s.f_bavail as u64).saturating_mul(s.f_frsize as u64))
+}
+
+async fn provision(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
+    let root = ingest.cfg.work_dir();
+    let free = free_bytes(&root).map_err(|e| io_err("checking free space on", &root, e))?;
+    let needed = job.info.space_needed;
+    let round = Duration::from_millis(ingest.cfg.provisioning_round_ms);
+    if needed == 0 {
+        if free < ingest.cfg.unestimated_min_free_bytes {
+            return Ok(Outcome::Wait {
+                after: round,
+                reason: format!(
+                    "waiting for space: size unknown and only {free} bytes free (under {})",
+                    ingest.cfg.unestimated_min_free_bytes
+                ),
+            });
+        }
+        return Ok(Outcome::Done);
+    }
+    let want = needed.saturating_add(ingest.cfg.reserve_bytes);
+    if free < want {
+        return Ok(Outcome::Wait {
+            after: round,
+            reason: format!(
+                "waiting for space: needs {needed} bytes plus a reserve of {}, {free} free",
+                ingest.cfg.reserve_bytes
+            ),
+        });
+    }
+    Ok(Outcome::Done)
+}
+
+/// Files already downloaded and verified, by name: the downloading stage's interim state.
+type Verified = BTreeMap<String, Fetched>;
+
+fn verified_path(workdir: &Path) -> PathBuf {
+    workdir.join(INTERIM).join("downloaded.json")
+}
+
+fn read_verified(workdir: &Path) -> Verified {
+    std::fs::read(verified_path(workdir))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+async fn download(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
+    let files = object_files(ingest, job).await?;
+    let into = if job.config_str("payload_type") == Some("container") {
+        CONTAINER
+    } else {
+        PRODUCER
+    };
+    let mut verified = read_verified(&job.workdir);
+    let attempts = ingest.cfg.file_attempts.max(1);
+    for f in &files {
+        let dest = job.workdir.join(into).join(&f.name);
+        if let Some(v) = verified.get(&f.name)
+            && std::fs::metadata(&dest).is_ok_and(|m| m.len() == v.size)
+        {
+            job.log(&format!("{} already verified; not fetched again", f.name));
+            continue;
+        }
+        let mut k = 0;
+        let got = loop {
+            k += 1;
+            match ingest
+                .fetcher
+                .download(&f.url, &dest, f.size, f.digest.as_ref())
+                .await
+            {
+                Ok(got) => break got,
+                Err(crate::fetch::FetchError::Transient(e)) if k < attempts => {
+                    let wait = Duration::from_millis(200 << k.min(8));
+                    job.log(&format!("{e}; retrying in {} ms", wait.as_millis()));
+                    tokio::time::sleep(wait).await;
+                }
+                Err(e) => return Err(fatal_or_transient(e)),
+            }
+        };
+        job.log(&format!("fetched {} ({} bytes)", f.name, got.size));
+        ingest.stats.add_bytes(got.size);
+        verified.insert(f.name.clone(), got);
+        let bytes = serde_json::to_vec(&verified).unwrap_or_default();
+        let p = verified_path(&job.workdir);
+        write_atomic(&p, &bytes).map_err(|e| io_err("writing", &p, e))?;
+    }
+    Ok(Outcome::Done)
+}
+
+/// One file of a built object.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ObjectFile {
+    pub path: String,
+    pub size: u64,
+    pub sha256: String,
+}
+
+/// Every regular file under `dir`, relative paths sorted, with size and sha256.
+pub fn list_files(dir: &Path) -> std::io::Result<Vec<ObjectFile>> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d)? {
+            let e = e?;
+            let t = e.file_type()?;
+            if t.is_dir() {
+                stack.push(e.path());
+            } else if t.is_file() {
+                let (size, sha256) = file_sha256(&e.path())?;
+                let rel = e
+                    .path()
+                    .strip_prefix(dir)
+                    .map_err(std::io::Error::other)?
+                    .to_string_lossy()
+                    .into_owned();
+                out.push(ObjectFile {
+                    path: rel,
+                    size,
+                    sha256,
+                });
+            }
+        }
+    }
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(out)
+}
+
+async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
+    let wd = job.workdir.clone();
+    let producer = wd.join(PRODUCER);
+    if job.config_str("payload_type") == Some("container") {
+        let marker = wd.join(INTERIM).join("unpacked");
+        if !marker.exists() {
+            let (c, p) = (wd.join(CONTAINER), producer.clone());
+            tokio::task::spawn_blocking(move || crate::unpack::unpack_all(&c, &p))
+                .await
+                .map_err(|e| Outcome::Transient(e.to_string()))??;
+            write_atomic(&marker, b"").map_err(|e| io_err("writing", &marker, e))?;
+            job.log("containers unpacked");
+        }
+    }
+    std::fs::create_dir_all(&producer).map_err(|e| io_err("creating", &producer, e))?;
+    let p = producer.clone();
+    let files = tokio::task::spawn_blocking(move || list_files(&p))
+        .await
+        .map_err(|e| Outcome::Transient(e.to_string()))?
+        .map_err(|e| io_err("reading", &producer, e))?;
+    if files.is_empty() {
+        return Err(Outcome::fatal("the object has no files"));
+    }
+    // The object's manifest, with digests.
+    let rows: Vec<Vec<String>> = files
+        .iter()
+        .map(|f| {
+            vec![
+                format!("{PRODUCER}/{}", f.path),
+                "sha256".into(),
+                f.sha256.clone(),
+                f.size.to_string(),
+                f.path.clone(),
+            ]
+        })
+        .collect();
+    let manifest = checkm::write(
+        ManifestKind::Object,
+        &[
+            checkm::FILE_URL,
+            checkm::HASH_ALG,
+            checkm::HASH_VALUE,
+            checkm::FILE_SIZE,
+            checkm::FILE_NAME,
+        ],
+        &rows,
+    );
+    let mpath = wd.join(SYSTEM).join("manifest.checkm");
+    write_atomic(&mpath, manifest.as_bytes()).map_err(|e| io_err("writing", &mpath, e))?;
+    // The primary identifier: given, or minted once (kept in the job, so a retry reuses it).
+    let mut ids: lading_core::layout::Identifiers =
+        serde_json::from_value(job.info.identifiers.clone()).unwrap_or_default();
+    let profile = ingest
+        .cfg
+        .profile(job.config_str("profile_name").unwrap_or_default())
+        .map_err(Outcome::fatal)?;
+    if ids.primary_id.as_deref().is_none_or(str::is_empty) {
+        let shoulder = profile.shoulder.as_deref().unwrap_or(&ingest.cfg.shoulder);
+        let minted = format!("{shoulder}{}", uuid::Uuid::new_v4().simple());
+        job.log(&format!("minted {minted}"));
+        ids.primary_id = Some(minted);
+        job.set_data("identifiers", &json!(ids))
+            .await
+            .map_err(engine_err)?;
+    }
+    let ark = ids.primary_id.clone().unwrap_or_default();
+    if let Some(cmd) = &profile.command {
+        run_command(job, cmd, &ark).await?;
+    }
+    let size: u64 = files.iter().map(|f| f.size).sum();
+    job.set_data(
+        "inventory",
+        &json!({ "primary_id": ark, "files": files, "size": size }),
+    )
+    .await
+    .map_err(engine_err)?;
+    Ok(Outcome::Done)
+}
+
+/// Lines of a failed command's output quoted in the job's message.
+const TAIL_LINES: usize = 5;
+
+async fn run_command(job: &JobCtx, cmd: &str, ark: &str) -> Result<(), Outcome> {
+    job.log(&format!("running: {cmd}"));
+    let out = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .current_dir(&job.workdir)
+        .env("LADING_JOB_ID", job.job().as_str())
+        .env("LADING_BATCH_ID", &job.info.bid)
+        .env("LADING_PRIMARY_ID", ark)
+        .env(
+            "LADING_PROFILE",
+            job.config_str("profile_name").unwrap_or_default(),
+        )
+        .env("LADING_WORKDIR", &job.workdir)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| Outcome::Transient(format!("cannot run {cmd:?}: {e}")))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in text.lines() {
+        job.log(&format!("| {line}"));
+    }
+    if !out.status.success() {
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(TAIL_LINES)..].join("\n");
+        return Err(Outcome::Fatal(format!(
+            "processing command exited with {}: {tail}",
+            out.status
+        )));
+    }
+    Ok(())
+}
+
+/// What the storing stage wrote, kept in `/jobs/JID/store` and in the version's
+/// `lading-version.json`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StoredVersion {
+    pub ark: String,
+    pub version: u32,
+    pub path: String,
+    pub job: String,
+    pub batch: String,
+}
+
+const VERSION_FILE: &str = "lading-version.json";
+
+fn object_ark(job: &JobCtx) -> Result<String, Outcome> {
+    job.info
+        .identifiers
+        .get("primary_id")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .ok_or_else(|| Outcome::fatal("the job has no primary identifier (processing sets it)"))
+}
+
+/// Versions present under an object directory: `v1`, `v2`, …
+fn versions(object_dir: &Path) -> std::io::Result<Vec<u32>> {
+    let mut v = Vec::new();
+    match std::fs::read_dir(object_dir) {
+        Ok(rd) => {
+            for e in rd {
+                let name = e?.file_name();
+                if let Some(n) = name.to_str().and_then(|s| s.strip_prefix('v'))
+                    && let Ok(n) = n.parse()
+                {
+                    v.push(n);
+                }
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    v.sort_unstable();
+    Ok(v)
+}
+
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        let t = e.file_type()?;
+        let dest = to.join(e.file_name());
+        if t.is_dir() {
+            copy_tree(&e.path(), &dest)?;
+        } else if t.is_file() {
+            std::fs::copy(e.path(), &dest)?;
+            std::fs::File::open(&dest)?.sync_all()?;
+        }
+    }
+    Ok(())
+}
+
+/// Lock errors: someone else is on this object; look again shortly.
+fn lock_wait(e: EngineError) -> Outcome {
+    match e {
+        EngineError::Locked(what) => Outcome::Wait {
+            after: Duration::from_secs(1),
+            reason: format!("{what} is locked by another worker"),
+        },
+        e => e.into(),
+    }
+}
+
+async fn store(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
+    let ark = object_ark(job)?;
+    let profile = ingest
+        .cfg
+        .profile(job.config_str("profile_name").unwrap_or_default())
+        .map_err(Outcome::fatal)?;
+    let root = profile
+        .storage_root
+        .clone()
+        .unwrap_or_else(|| ingest.cfg.storage_root());
+    let lock = job.engine.lock_storage(&ark).await.map_err(lock_wait)?;
+    let r = store_locked(job, &root, &ark).await;
+    let _ = job.engine.unlock_ark(lock).await;
+    let stored = r?;
+    job.log(&format!("stored {} as version {}", ark, stored.version));
+    job.set_data("store", &json!(stored))
+        .await
+        .map_err(engine_err)?;
+    Ok(Outcome::Done)
+}
+
+async fn store_locked(job: &JobCtx, root: &Path, ark: &str) -> Result<StoredVersion, Outcome> {
+    let object_dir = root.join(ark_node_name(ark));
+    let (wd, jid, bid, ark) = (
+        job.workdir.clone(),
+        job.job().to_string(),
+        job.info.bid.clone(),
+        ark.to_string(),
+    );
+    tokio::task::spawn_blocking(move || -> Result<StoredVersion, Outcome> {
+        let io = |what: &str, p: &Path| {
+            let p = p.to_path_buf();
+            let what = what.to_string();
+            move |e| io_err(&what, &p, e)
+        };
+        let existing = versions(&object_dir).map_err(io("reading", &object_dir))?;
+        // A version this job already stored (it crashed before recording that) is reused.
+        for v in existing.iter().rev() {
+            let f = object_dir.join(format!("v{v}")).join(VERSION_FILE);
+            if let Ok(b) = std::fs::read(&f)
+                && let Ok(s) = serde_json::from_slice::<StoredVersion>(&b)
+                && s.job == jid
+            {
+                return Ok(s);
+            }
+        }
+        let version = existing.last().copied().unwrap_or(0) + 1;
+        let tmp = object_dir.join(format!(".tmp-{jid}"));
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).map_err(io("removing", &tmp))?;
+        }
+        for part in [PRODUCER, SYSTEM] {
+            let from = wd.join(part);
+            if from.exists() {
+                copy_tree(&from, &tmp.join(part)).map_err(io("copying into", &tmp))?;
+            }
+        }
+        let final_dir = object_dir.join(format!("v{version}"));
+        let stored = StoredVersion {
+            ark,
+            version,
+            path: final_dir.to_string_lossy().into_owned(),
+            job: jid,
+            batch: bid,
+        };
+        let vf = tmp.join(VERSION_FILE);
+        write_atomic(&vf, &serde_json::to_vec_pretty(&stored).unwrap_or_default())
+            .map_err(io("writing", &vf))?;
+        // The rename is the commit: a reader sees no version or a whole one.
+        std::fs::rename(&tmp, &final_dir).map_err(io("renaming into", &final_dir))?;
+        std::fs::File::open(&object_dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io("syncing", &object_dir))?;
+        Ok(stored)
+    })
+    .await
+    .map_err(|e| Outcome::Transient(e.to_string()))?
+}
+
+async fn record(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
+    let stored: StoredVersion = job
+        .engine
+        .tree()
+        .get(&lading_core::layout::job_node(job.job(), "store"))
+        .await
+        .map_err(|e| engine_err(e.into()))?
+        .and_then(|n| n.data)
+        .and_then(|d| serde_json::from_slice(&d).ok())
+        .ok_or_else(|| Outcome::fatal("the job has no store record (storing writes it)"))?;
+    let lock = job
+        .engine
+        .lock_inventory(&stored.ark)
+        .await
+        .map_err(lock_wait)?;
+    let db = ingest.cfg.inventory();
+    let s = stored.clone();
+    let r = tokio::task::spawn_blocking(move || inventory::record(&db, &s))
+        .await
+        .map_err(|e| Outcome::Transient(e.to_string()));
+    let _ = job.engine.unlock_ark(lock).await;
+    let added = r?.map_err(|e| Outcome::Transient(format!("inventory: {e}")))?;
+    job.log(&format!(
+        "recorded {} v{} ({} files{})",
+        stored.ark,
+        stored.version,
+        added.files,
+        if added.new { "" } else { ", already recorded" }
+    ));
+    Ok(Outcome::Done)
+}
+
+async fn notify(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
+    let profile = ingest
+        .cfg
+        .profile(job.config_str("profile_name").unwrap_or_default())
+        .map_err(Outcome::fatal)?;
+    let Some(url) = profile.callback_url else {
+        return Ok(Outcome::Done);
+    };
+    let store = job
+        .engine
+        .tree()
+        .get(&lading_core::layout::job_node(job.job(), "store"))
+        .await
+        .map_err(|e| engine_err(e.into()))?
+        .and_then(|n| n.data)
+        .and_then(|d| serde_json::from_slice::<Value>(&d).ok())
+        .unwrap_or(Value::Null);
+    let body = json!({
+        "job": job.job().as_str(),
+        "batch": job.info.bid,
+        "status": "Completed",
+        "profile": profile.name,
+        "identifiers": job.info.identifiers,
+        "metadata": job.info.metadata,
+        "store": store,
+    });
+    let r = ingest
+        .fetcher
+        .client()
+        .post(&url)
+        .json(&body)
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .map_err(|e| Outcome::Transient(format!("callback {url}: {e}")))?;
+    if !r.status().is_success() {
+        return Err(Outcome::Transient(format!(
+            "callback {url} answered {}",
+            r.status()
+        )));
+    }
+    job.log(&format!("callback {url} answered {}", r.status()));
+    Ok(Outcome::Done)
+}
