@@ -175,6 +175,11 @@ pub struct Engine {
     /// Batches the last batch scan found in a non-terminal state: what a waiting batch worker
     /// watches.
     live_batches: Mutex<Vec<BatchId>>,
+    /// Signalled when this process lets go of a claim, and counted when a claim was refused
+    /// because another local worker had it: a waiter that lost such a race is woken when the
+    /// winner lets go (the tree's own watch may have fired before the claim was dropped).
+    unclaimed: tokio::sync::Notify,
+    local_conflicts: std::sync::atomic::AtomicU64,
 }
 
 /// Status field (`/jobs/JID/status`, beside Merritt's fields) holding the earliest time, in
@@ -219,6 +224,8 @@ impl Engine {
             busy: Mutex::new(HashMap::new()),
             deferred: Mutex::new(HashMap::new()),
             live_batches: Mutex::new(Vec::new()),
+            unclaimed: tokio::sync::Notify::new(),
+            local_conflicts: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -809,7 +816,20 @@ impl Engine {
         state: BatchState,
         timeout: Duration,
     ) -> Result<Option<BatchLease>> {
+        self.wait_batch_or(state, timeout, std::future::pending())
+            .await
+    }
+
+    /// [`Engine::wait_batch`] that gives up when `cancel` completes (see
+    /// [`Engine::wait_job_or`]).
+    pub async fn wait_batch_or(
+        &self,
+        state: BatchState,
+        timeout: Duration,
+        cancel: impl std::future::Future<Output = ()>,
+    ) -> Result<Option<BatchLease>> {
         let deadline = tokio::time::Instant::now() + timeout;
+        let mut cancel = std::pin::pin!(cancel);
         loop {
             let mut watches = vec![
                 self.tree.watch(BATCHES, WatchKind::Children).await?,
@@ -834,9 +854,14 @@ impl Engine {
                         .await?,
                 );
             }
+            let conflicts = self.local_conflicts.load(Ordering::Relaxed);
+            let unclaimed = self.unclaimed.notified();
+            let mut unclaimed = std::pin::pin!(unclaimed);
+            unclaimed.as_mut().enable();
             if let Some(l) = self.acquire_batch(state).await? {
                 return Ok(Some(l));
             }
+            let lost_locally = self.local_conflicts.load(Ordering::Relaxed) != conflicts;
             // Batches the scan just found live but that were not watched yet.
             let now_live = self
                 .live_batches
@@ -852,6 +877,8 @@ impl Engine {
             }
             tokio::select! {
                 _ = set.join_next() => {}
+                _ = &mut unclaimed, if lost_locally => {}
+                _ = &mut cancel => return Ok(None),
                 _ = tokio::time::sleep(SWEEP) => {}
                 _ = tokio::time::sleep_until(deadline) => return Ok(None),
             }
@@ -896,7 +923,10 @@ impl Engine {
         let session = self.tree.session_id();
         let mut claimed = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
         match claimed.get(lock) {
-            Some(s) if *s == session => false,
+            Some(s) if *s == session => {
+                self.local_conflicts.fetch_add(1, Ordering::Relaxed);
+                false
+            }
             _ => {
                 claimed.insert(lock.to_string(), session);
                 true
@@ -905,10 +935,15 @@ impl Engine {
     }
 
     fn unclaim(&self, lock: &str) {
-        self.claimed
+        let had = self
+            .claimed
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(lock);
+            .remove(lock)
+            .is_some();
+        if had {
+            self.unclaimed.notify_waiters();
+        }
     }
 
     fn check_batch_lease(&self, lease: &BatchLease) -> Result<()> {
@@ -928,13 +963,39 @@ impl Engine {
         message: Option<String>,
     ) -> Result<BatchStatus> {
         let lock = batch_node(&lease.batch, "lock");
-        let r = self.batch_transition_inner(&lease, event, message).await;
+        let r = self
+            .batch_transition_inner(&lease, event, message, false)
+            .await;
         self.unclaim(&lock);
-        let status = r?;
+        let (status, _) = r?;
         if status.status == BatchState::Processing {
             self.maybe_report(&lease.batch).await?;
         }
         Ok(status)
+    }
+
+    /// Like [`Engine::batch_transition`] but keeps the lock (e.g. intake failing a batch
+    /// goes Pending → Processing → Failed, and nobody may report it in between).
+    pub async fn batch_advance(
+        &self,
+        mut lease: BatchLease,
+        event: Event<BatchState>,
+        message: Option<String>,
+    ) -> Result<BatchLease> {
+        match self
+            .batch_transition_inner(&lease, event, message, true)
+            .await
+        {
+            Ok((status, version)) => {
+                lease.status = status;
+                lease.status_version = version;
+                Ok(lease)
+            }
+            Err(e) => {
+                self.unclaim(&batch_node(&lease.batch, "lock"));
+                Err(e)
+            }
+        }
     }
 
     async fn batch_transition_inner(
@@ -942,7 +1003,8 @@ impl Engine {
         lease: &BatchLease,
         event: Event<BatchState>,
         message: Option<String>,
-    ) -> Result<BatchStatus> {
+        keep_lock: bool,
+    ) -> Result<(BatchStatus, i32)> {
         self.check_batch_lease(lease)?;
         let bid = &lease.batch;
         let to = lease.status.status.resolve(event)?;
@@ -965,7 +1027,9 @@ impl Engine {
                 ops.push(Op::create(batch_ref_folder(bid, f), None));
             }
         }
-        ops.push(Op::delete(&lock, None));
+        if !keep_lock {
+            ops.push(Op::delete(&lock, None));
+        }
         self.tree
             .multi(ops)
             .await
@@ -977,7 +1041,7 @@ impl Engine {
             Some(lease.status.status.name()),
             to.name(),
         );
-        Ok(status)
+        Ok((status, lease.status_version + 1))
     }
 
     fn lease_error(&self, e: TreeError, what: &str) -> EngineError {
@@ -1505,7 +1569,21 @@ impl Engine {
     /// Waits until a job in `state` can be acquired, or `timeout` passes. Woken by changes to
     /// the state folder (and to the ingest pause flag), not by polling.
     pub async fn wait_job(&self, state: JobState, timeout: Duration) -> Result<Option<JobLease>> {
+        self.wait_job_or(state, timeout, std::future::pending())
+            .await
+    }
+
+    /// [`Engine::wait_job`] that also gives up (`Ok(None)`) when `cancel` completes. Cancel
+    /// this way rather than by dropping the future: `cancel` is only looked at while waiting,
+    /// never in the middle of taking a lock, so nothing is left claimed or locked.
+    pub async fn wait_job_or(
+        &self,
+        state: JobState,
+        timeout: Duration,
+        cancel: impl std::future::Future<Output = ()>,
+    ) -> Result<Option<JobLease>> {
         let deadline = tokio::time::Instant::now() + timeout;
+        let mut cancel = std::pin::pin!(cancel);
         loop {
             let folder_watch = self
                 .tree
@@ -1515,9 +1593,14 @@ impl Engine {
                 .tree
                 .watch(&queue_lock("ingest"), WatchKind::Data)
                 .await?;
+            let conflicts = self.local_conflicts.load(Ordering::Relaxed);
+            let unclaimed = self.unclaimed.notified();
+            let mut unclaimed = std::pin::pin!(unclaimed);
+            unclaimed.as_mut().enable();
             if let Some(l) = self.acquire_job(state).await? {
                 return Ok(Some(l));
             }
+            let lost_locally = self.local_conflicts.load(Ordering::Relaxed) != conflicts;
             // Jobs that are there but locked become free when their lock goes (a worker
             // released it, or its session expired): watch those locks too.
             let mut lock_watches = Vec::new();
@@ -1545,8 +1628,10 @@ impl Engine {
                 _ = folder_watch => {}
                 _ = pause_watch => {}
                 _ = any_lock => {}
+                _ = &mut unclaimed, if lost_locally => {}
                 // A job deferred after a transient error becomes due.
                 _ = tokio::time::sleep(due) => {}
+                _ = &mut cancel => return Ok(None),
                 // The safety net: a slow sweep, should a wake-up ever be missed.
                 _ = tokio::time::sleep(SWEEP) => {}
                 _ = tokio::time::sleep_until(deadline) => return Ok(None),

@@ -10,7 +10,10 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read {path}: {error}")]
-    Read { path: PathBuf, error: std::io::Error },
+    Read {
+        path: PathBuf,
+        error: std::io::Error,
+    },
     #[error("{path}: {error}")]
     Parse { path: PathBuf, error: String },
     #[error("unknown profile {name:?} (no {path})")]
@@ -115,10 +118,7 @@ impl Config {
     /// `LADING_STORAGE_ROOT`, `LADING_INVENTORY`, `LADING_PROFILES_DIR`, `LADING_SMTP_HOST`,
     /// `LADING_SMTP_PORT`, `LADING_MAIL_FROM`, `LADING_RESERVE_BYTES`,
     /// `LADING_RETENTION_HOURS`.
-    pub fn apply_env(
-        &mut self,
-        get: impl Fn(&str) -> Option<String>,
-    ) -> Result<(), ConfigError> {
+    pub fn apply_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
         fn num<T: std::str::FromStr>(name: &str, v: String) -> Result<T, ConfigError> {
             v.parse().map_err(|_| ConfigError::Env {
                 name: name.into(),
@@ -300,14 +300,19 @@ mod tests {
             Profile::load(dir.path(), "../oac"),
             Err(ConfigError::BadProfileName(_))
         ));
-        std::fs::write(dir.path().join("bad.toml"), "collection = \"x\"\ncolour = 1\n").unwrap();
+        std::fs::write(
+            dir.path().join("bad.toml"),
+            "collection = \"x\"\ncolour = 1\n",
+        )
+        .unwrap();
         let e = Profile::load(dir.path(), "bad").unwrap_err().to_string();
         assert!(e.contains("colour"), "{e}");
     }
 
     #[test]
     fn environment_overrides_the_file() {
-        let mut c: Config = toml::from_str("data_dir = \"/srv/lading\"\nsmtp_port = 2525\n").unwrap();
+        let mut c: Config =
+            toml::from_str("data_dir = \"/srv/lading\"\nsmtp_port = 2525\n").unwrap();
         c.apply_env(|k| (k == "LADING_SMTP_PORT").then(|| "2600".to_string()))
             .unwrap();
         assert_eq!(c.smtp_port, 2600);

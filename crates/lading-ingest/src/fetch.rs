@@ -248,7 +248,9 @@ impl Fetcher {
                     break;
                 }
                 feed(&buf[..k], &mut n);
-                out.write_all(&buf[..k]).await.map_err(|e| local(&part, e))?;
+                out.write_all(&buf[..k])
+                    .await
+                    .map_err(|e| local(&part, e))?;
             }
         } else {
             let mut r = self

@@ -3,10 +3,10 @@
 use crate::checkm::{self, FileEntry, ManifestKind, Row};
 use crate::fetch::FetchError;
 use crate::{Ingest, fatal_or_transient};
+use lading_core::layout::{BatchId, ErcMetadata, Identifiers};
 use lading_core::tree::BoxFuture;
 use lading_core::{BatchState, Event};
 use lading_engine::{EngineError, JobSpec};
-use lading_core::layout::{BatchId, ErcMetadata, Identifiers};
 use lading_worker::{BatchCtx, BatchStage, Outcome};
 use serde_json::{Map, Value, json};
 use std::collections::BTreeSet;
@@ -70,7 +70,9 @@ pub struct Submission {
 pub enum SubmitError {
     #[error(transparent)]
     Profile(#[from] crate::config::ConfigError),
-    #[error("unknown payload type {0:?} (one of: file, container, manifest, batch-manifest, single-file-batch-manifest, container-batch-manifest)")]
+    #[error(
+        "unknown payload type {0:?} (one of: file, container, manifest, batch-manifest, single-file-batch-manifest, container-batch-manifest)"
+    )]
     PayloadType(String),
     #[error("payload URL: {0}")]
     Url(String),

@@ -80,7 +80,11 @@ pub fn versions_of(db: &Path, ark: &str) -> Result<Vec<(u32, u64, u64)>, Invento
     )?;
     let rows = st
         .query_map(params![ark], |r| {
-            Ok((r.get::<_, u32>(0)?, r.get::<_, i64>(1)? as u64, r.get::<_, i64>(2)? as u64))
+            Ok((
+                r.get::<_, u32>(0)?,
+                r.get::<_, i64>(1)? as u64,
+                r.get::<_, i64>(2)? as u64,
+            ))
         })?
         .collect::<Result<Vec<_>, _>>()?;
     Ok(rows)

@@ -12,6 +12,7 @@ pub mod config;
 pub mod fetch;
 pub mod intake;
 pub mod inventory;
+pub mod payload_server;
 pub mod report;
 pub mod stages;
 mod unpack;

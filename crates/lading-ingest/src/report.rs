@@ -49,15 +49,15 @@ async fn report(ingest: &Ingest, b: &BatchCtx, update: bool) -> Result<Outcome, 
         // The profile was removed since submission: the report is written, nobody to mail.
         Err(e) => {
             tracing::warn!(batch = %b.batch(), error = %e, "no profile; report not mailed");
-            return Ok(Outcome::Done);
+            return Ok(verdict(&report));
         }
     };
     if profile.notification.is_empty() {
-        return Ok(Outcome::Done);
+        return Ok(verdict(&report));
     }
     let Some(host) = ingest.cfg.smtp_host.clone() else {
         tracing::warn!(batch = %b.batch(), "the profile lists addresses but no smtp_host is configured; report not mailed");
-        return Ok(Outcome::Done);
+        return Ok(verdict(&report));
     };
     let (subject, body) = summary(b, &report, update).await?;
     send_mail(
@@ -69,7 +69,21 @@ async fn report(ingest: &Ingest, b: &BatchCtx, update: bool) -> Result<Outcome, 
         body,
     )
     .await?;
-    Ok(Outcome::Done)
+    Ok(verdict(&report))
+}
+
+/// A batch with failed jobs ends Failed (an admin may fix them and ask for an update
+/// report); one without ends Completed.
+fn verdict(report: &StatusReport) -> Outcome {
+    if report.failed_jobs.is_empty() {
+        Outcome::Done
+    } else {
+        Outcome::Fatal(format!(
+            "{} of {} jobs failed",
+            report.failed_jobs.len(),
+            report.failed_jobs.len() + report.completed_jobs.len()
+        ))
+    }
 }
 
 async fn summary(
@@ -95,7 +109,10 @@ async fn summary(
     }
     body.push_str(&format!("Completed ({}):\n", report.completed_jobs.len()));
     for j in &report.completed_jobs {
-        let info = b.engine.job(&JobId::parse(j).map_err(Outcome::fatal)?).await?;
+        let info = b
+            .engine
+            .job(&JobId::parse(j).map_err(Outcome::fatal)?)
+            .await?;
         let ark = info
             .identifiers
             .get("primary_id")
@@ -105,7 +122,10 @@ async fn summary(
     }
     body.push_str(&format!("\nFailed ({}):\n", report.failed_jobs.len()));
     for j in &report.failed_jobs {
-        let info = b.engine.job(&JobId::parse(j).map_err(Outcome::fatal)?).await?;
+        let info = b
+            .engine
+            .job(&JobId::parse(j).map_err(Outcome::fatal)?)
+            .await?;
         body.push_str(&format!(
             "  {j}  {}: {}\n",
             info.status

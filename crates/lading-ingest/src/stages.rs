@@ -45,7 +45,12 @@ macro_rules! stage {
 
 /// Pending → Estimating: the queue's entry point (quotas will sit here).
 pub struct Start(pub Arc<Ingest>);
-stage!(Start, JobState::Pending, start, success = Event::To(JobState::Estimating));
+stage!(
+    Start,
+    JobState::Pending,
+    start,
+    success = Event::To(JobState::Estimating)
+);
 
 async fn start(_: &Ingest, _: &JobCtx) -> Result<Outcome, Outcome> {
     Ok(Outcome::Done)
@@ -106,8 +111,7 @@ async fn object_files(ingest: &Ingest, job: &JobCtx) -> Result<Vec<FileEntry>, O
                     .get_text(url)
                     .await
                     .map_err(fatal_or_transient)?;
-                write_atomic(&saved, t.as_bytes())
-                    .map_err(|e| io_err("writing", &saved, e))?;
+                write_atomic(&saved, t.as_bytes()).map_err(|e| io_err("writing", &saved, e))?;
                 t
             }
         };

@@ -96,7 +96,10 @@ fn untar(r: impl Read, into: &Path, name: &str) -> Result<(), Outcome> {
     for entry in ar.entries().map_err(bad)? {
         let mut entry = entry.map_err(bad)?;
         let path = entry.path().map_err(bad)?.to_string_lossy().into_owned();
-        let rel = path.trim_start_matches("./").trim_end_matches('/').to_string();
+        let rel = path
+            .trim_start_matches("./")
+            .trim_end_matches('/')
+            .to_string();
         if rel.is_empty() {
             continue;
         }
@@ -114,8 +117,7 @@ fn untar(r: impl Read, into: &Path, name: &str) -> Result<(), Outcome> {
                 if let Some(p) = dest.parent() {
                     std::fs::create_dir_all(p).map_err(|e| io("creating", p, e))?;
                 }
-                let mut out =
-                    std::fs::File::create(&dest).map_err(|e| io("creating", &dest, e))?;
+                let mut out = std::fs::File::create(&dest).map_err(|e| io("creating", &dest, e))?;
                 std::io::copy(&mut entry, &mut out).map_err(bad)?;
             }
             // Links and devices could point outside the object: refused.

@@ -1076,7 +1076,13 @@ pub async fn deferred_job_is_not_taken_before_its_retry_time(h: &dyn Harness) {
     other.release_job_lease(l2).await.unwrap();
     let again = other.acquire_job(JobState::Pending).await.unwrap().unwrap();
     assert_eq!(again.job, jobs[1]);
-    assert!(other.acquire_job(JobState::Pending).await.unwrap().is_none());
+    assert!(
+        other
+            .acquire_job(JobState::Pending)
+            .await
+            .unwrap()
+            .is_none()
+    );
     // A waiting worker is woken when the deferred job becomes due.
     let l = other
         .wait_job(JobState::Pending, WAIT)

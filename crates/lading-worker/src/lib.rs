@@ -284,7 +284,7 @@ impl Shutdown {
         *self.stop.borrow()
     }
 
-    async fn stopped(&mut self) {
+    async fn into_stopped(mut self) {
         let _ = self.stop.wait_for(|s| *s).await;
     }
 
@@ -367,7 +367,11 @@ impl Worker {
 
 /// `configuration.working_dir` when set, else `work_root/JID`.
 pub fn workdir(work_root: &Path, info: &JobInfo) -> PathBuf {
-    match info.configuration.get("working_dir").and_then(Value::as_str) {
+    match info
+        .configuration
+        .get("working_dir")
+        .and_then(Value::as_str)
+    {
         Some(d) if !d.is_empty() => PathBuf::from(d),
         _ => work_root.join(&info.id),
     }
@@ -426,10 +430,12 @@ impl JobLoop {
             if shutdown.is_stopping() {
                 return;
             }
-            let lease = tokio::select! {
-                r = self.engine.wait_job(state, IDLE_WAIT) => r,
-                _ = shutdown.stopped() => return,
-            };
+            // Cancelled through the engine, never by dropping an acquisition half done.
+            let stop = shutdown.clone();
+            let lease = self
+                .engine
+                .wait_job_or(state, IDLE_WAIT, stop.into_stopped())
+                .await;
             match lease {
                 Ok(Some(lease)) => self.handle(lease, &mut shutdown).await,
                 Ok(None) => {}
@@ -456,7 +462,8 @@ impl JobLoop {
         let dir = workdir(&self.work_root, &info);
         if let Err(e) = std::fs::create_dir_all(&dir) {
             let reason = format!("cannot create working directory {}: {e}", dir.display());
-            self.finish(lease, Outcome::Transient(reason), started).await;
+            self.finish(lease, Outcome::Transient(reason), started)
+                .await;
             return;
         }
         let attempt = lading_engine::attempts(&lease.status) + 1;
@@ -538,6 +545,24 @@ impl JobLoop {
     }
 }
 
+impl BatchLoop {
+    /// Fails a batch. A Pending batch has no Failed move of its own: it goes through
+    /// Processing, keeping its lock, so nobody reports the empty batch in between.
+    async fn fail(&self, lease: BatchLease, reason: String) -> Result<(), EngineError> {
+        let lease = if lease.status.status == BatchState::Pending {
+            self.engine
+                .batch_advance(lease, Event::To(BatchState::Processing), None)
+                .await?
+        } else {
+            lease
+        };
+        self.engine
+            .batch_transition(lease, Event::Fail, Some(reason))
+            .await
+            .map(|_| ())
+    }
+}
+
 struct BatchLoop {
     engine: Arc<Engine>,
     stats: Arc<Stats>,
@@ -552,10 +577,11 @@ impl BatchLoop {
             if shutdown.is_stopping() {
                 return;
             }
-            let lease = tokio::select! {
-                r = self.engine.wait_batch(state, IDLE_WAIT) => r,
-                _ = shutdown.stopped() => return,
-            };
+            let stop = shutdown.clone();
+            let lease = self
+                .engine
+                .wait_batch_or(state, IDLE_WAIT, stop.into_stopped())
+                .await;
             match lease {
                 Ok(Some(lease)) => self.handle(lease, &mut shutdown).await,
                 Ok(None) => {}
@@ -627,11 +653,9 @@ impl BatchLoop {
                 .await
                 .map(|_| ()),
             Some(Outcome::Wait { .. }) => self.engine.release_batch_lease(lease).await,
-            Some(Outcome::Fatal(reason)) | Some(Outcome::Transient(reason)) => self
-                .engine
-                .batch_transition(lease, Event::Fail, Some(reason.clone()))
-                .await
-                .map(|_| ()),
+            Some(Outcome::Fatal(reason)) | Some(Outcome::Transient(reason)) => {
+                self.fail(lease, reason.clone()).await
+            }
         };
         if let Some(o) = &outcome {
             self.stats.record(state.name(), o, started.elapsed());

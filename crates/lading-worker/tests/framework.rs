@@ -143,7 +143,11 @@ async fn a_transient_error_keeps_the_job_in_its_state_until_it_succeeds() {
     reaches(&s.engine, &jobs[0], JobState::Estimating).await;
     assert_eq!(*stage.attempts_seen.lock().unwrap(), vec![1, 2, 3]);
     let info = s.engine.job(&jobs[0]).await.unwrap();
-    assert_eq!(lading_engine::attempts(&info.status), 0, "a new stage starts afresh");
+    assert_eq!(
+        lading_engine::attempts(&info.status),
+        0,
+        "a new stage starts afresh"
+    );
     let log = std::fs::read_to_string(s.work_root.join(jobs[0].as_str()).join("job.log")).unwrap();
     assert_eq!(log.lines().count(), 3, "{log}");
     h.stop();
@@ -270,7 +274,10 @@ async fn abort_releases_a_running_job_in_its_state() {
         })
     });
     let (h, task) = start(&s, stage, quick(5));
-    tokio::time::timeout(WAIT, started_rx).await.unwrap().unwrap();
+    tokio::time::timeout(WAIT, started_rx)
+        .await
+        .unwrap()
+        .unwrap();
     assert!(s.engine.job(&jobs[0]).await.unwrap().locked);
     h.stop();
     // Stopping alone lets the handler run on.
@@ -280,7 +287,13 @@ async fn abort_releases_a_running_job_in_its_state() {
     let info = s.engine.job(&jobs[0]).await.unwrap();
     assert_eq!(info.status.status, JobState::Pending);
     assert!(!info.locked, "released for the next worker");
-    assert!(s.engine.acquire_job(JobState::Pending).await.unwrap().is_some());
+    assert!(
+        s.engine
+            .acquire_job(JobState::Pending)
+            .await
+            .unwrap()
+            .is_some()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

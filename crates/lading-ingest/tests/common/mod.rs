@@ -1,0 +1,290 @@
+//! What the pipeline tests share: a store, a config, profiles, a payload server and an SMTP
+//! receiver, all real and on loopback, in a temporary directory.
+
+#![allow(dead_code)]
+
+use lading_core::layout::{BatchId, JobId};
+use lading_core::time::system_clock;
+use lading_core::{BatchState, JobState};
+use lading_engine::Engine;
+use lading_ingest::checkm::{self, ManifestKind};
+use lading_ingest::fetch::Hasher;
+use lading_ingest::payload_server::PayloadServer;
+use lading_ingest::{Config, Ingest, Submission};
+use lading_store_sqlite::{SqliteOptions, SqliteTree};
+use lading_worker::{Shutdown, ShutdownHandle};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+pub const WAIT: Duration = Duration::from_secs(60);
+
+pub struct World {
+    pub dir: tempfile::TempDir,
+    pub engine: Arc<Engine>,
+    pub server: PayloadServer,
+    pub smtp: Smtp,
+    pub cfg: Config,
+}
+
+impl World {
+    pub async fn new() -> World {
+        let dir = tempfile::tempdir().unwrap();
+        let tree = Arc::new(
+            SqliteTree::open(dir.path().join("lading.db"), SqliteOptions::default()).unwrap(),
+        );
+        let engine = Arc::new(Engine::new(tree, system_clock(), "pipeline-test"));
+        engine.init().await.unwrap();
+        std::fs::create_dir_all(dir.path().join("payload")).unwrap();
+        let server = PayloadServer::start(dir.path().join("payload"))
+            .await
+            .unwrap();
+        let smtp = Smtp::start().await;
+        let mut cfg = Config {
+            data_dir: dir.path().join("data"),
+            smtp_host: Some("127.0.0.1".into()),
+            smtp_port: smtp.port,
+            reserve_bytes: 0,
+            unestimated_min_free_bytes: 0,
+            provisioning_round_ms: 200,
+            file_attempts: 2,
+            ..Config::default()
+        };
+        for s in lading_ingest::STAGE_NAMES {
+            cfg.stages.insert(
+                s.to_string(),
+                lading_ingest::config::StageSettings {
+                    concurrency: Some(2),
+                    timeout_s: Some(60),
+                    max_attempts: Some(3),
+                    backoff_base_ms: Some(50),
+                    backoff_max_ms: Some(200),
+                },
+            );
+        }
+        std::fs::create_dir_all(cfg.profiles_dir()).unwrap();
+        std::fs::create_dir_all(cfg.work_dir()).unwrap();
+        let w = World {
+            dir,
+            engine,
+            server,
+            smtp,
+            cfg,
+        };
+        w.profile(
+            "demo",
+            &format!(
+                "collection = \"demo\"\nnotification = [\"depositor@example.org\"]\ncallback_url = \"{}\"\n",
+                w.server.callback_url()
+            ),
+        );
+        w
+    }
+
+    pub fn profile(&self, name: &str, toml: &str) {
+        std::fs::write(self.cfg.profiles_dir().join(format!("{name}.toml")), toml).unwrap();
+    }
+
+    pub fn ingest(&self) -> Arc<Ingest> {
+        Ingest::new(self.engine.clone(), self.cfg.clone())
+    }
+
+    pub fn payload(&self) -> PathBuf {
+        self.dir.path().join("payload")
+    }
+
+    /// Writes a payload file; returns its URL and md5.
+    pub fn file(&self, rel: &str, bytes: &[u8]) -> (String, String) {
+        let p = self.payload().join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, bytes).unwrap();
+        let mut h = Hasher::new(checkm::HashAlg::Md5);
+        h.update(bytes);
+        (self.server.url(rel), h.hex())
+    }
+
+    /// An object manifest of `files` (name, bytes), served at `rel`; returns its URL.
+    pub fn object_manifest(&self, rel: &str, files: &[(&str, &[u8])]) -> String {
+        let rows: Vec<Vec<String>> = files
+            .iter()
+            .map(|(name, bytes)| {
+                let (url, md5) = self.file(&format!("{rel}.d/{name}"), bytes);
+                vec![
+                    url,
+                    "md5".into(),
+                    md5,
+                    bytes.len().to_string(),
+                    name.to_string(),
+                ]
+            })
+            .collect();
+        let text = checkm::write(
+            ManifestKind::Object,
+            &[
+                checkm::FILE_URL,
+                checkm::HASH_ALG,
+                checkm::HASH_VALUE,
+                checkm::FILE_SIZE,
+                checkm::FILE_NAME,
+            ],
+            &rows,
+        );
+        self.file(rel, text.as_bytes()).0
+    }
+
+    pub async fn submit(&self, ingest: &Ingest, url: &str, ty: &str) -> BatchId {
+        lading_ingest::submit(
+            ingest,
+            &Submission {
+                profile: "demo".into(),
+                submitter: "depositor".into(),
+                payload_url: url.into(),
+                payload_type: ty.into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+    }
+
+    /// Runs every stage in a task; returns the handle that stops it.
+    pub fn run_all(&self, ingest: &Arc<Ingest>) -> (ShutdownHandle, tokio::task::JoinHandle<()>) {
+        let (h, shutdown) = Shutdown::new();
+        let i = ingest.clone();
+        let t = tokio::spawn(async move {
+            lading_ingest::run(&i, lading_ingest::STAGE_NAMES, shutdown)
+                .await
+                .unwrap();
+        });
+        (h, t)
+    }
+
+    /// Waits, on change events, until `batch` is in one of `states`.
+    pub async fn batch_reaches(&self, batch: &BatchId, states: &[BatchState]) -> BatchState {
+        let mut ev = self.engine.subscribe();
+        tokio::time::timeout(WAIT, async {
+            loop {
+                let s = self.engine.batch(batch).await.unwrap().status.status;
+                if states.contains(&s) {
+                    return s;
+                }
+                // Other processes' changes (and missed events) are caught by a slow re-read.
+                let _ = tokio::time::timeout(Duration::from_secs(1), ev.recv()).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("batch {batch} never reached {states:?}"))
+    }
+
+    pub async fn job_reaches(&self, job: &JobId, state: JobState) {
+        let mut ev = self.engine.subscribe();
+        tokio::time::timeout(WAIT, async {
+            loop {
+                if self.engine.job(job).await.unwrap().status.status == state {
+                    return;
+                }
+                let _ = tokio::time::timeout(Duration::from_secs(1), ev.recv()).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("job {job} never reached {state}"))
+    }
+
+    pub async fn jobs_of(&self, batch: &BatchId) -> Vec<JobId> {
+        let info = self.engine.batch(batch).await.unwrap();
+        let mut v: Vec<JobId> = info
+            .jobs
+            .values()
+            .flatten()
+            .map(|j| JobId::parse(j).unwrap())
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+/// Files of a stored version, relative, sorted.
+pub fn stored_files(version_dir: &Path) -> Vec<String> {
+    lading_ingest::stages::list_files(version_dir)
+        .unwrap()
+        .into_iter()
+        .map(|f| f.path)
+        .collect()
+}
+
+/// A minimal SMTP receiver: speaks the protocol for real (greeting, EHLO, MAIL, RCPT, DATA,
+/// QUIT) and hands each message over.
+pub struct Smtp {
+    pub port: u16,
+    pub messages: tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<String>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Smtp {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Smtp {
+    pub async fn start() -> Smtp {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let (r, mut w) = s.into_split();
+                    let mut r = BufReader::new(r);
+                    let _ = w.write_all(b"220 localhost ESMTP test\r\n").await;
+                    let mut line = String::new();
+                    let mut data: Option<String> = None;
+                    loop {
+                        line.clear();
+                        if r.read_line(&mut line).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if let Some(d) = data.as_mut() {
+                            if line == ".\r\n" {
+                                let _ = tx.send(data.take().unwrap());
+                                let _ = w.write_all(b"250 2.0.0 queued\r\n").await;
+                            } else {
+                                d.push_str(&line);
+                            }
+                            continue;
+                        }
+                        let verb = line.get(..4).unwrap_or("").to_ascii_uppercase();
+                        let reply: &[u8] = match verb.as_str() {
+                            "EHLO" | "HELO" => b"250 localhost\r\n",
+                            "MAIL" | "RCPT" | "RSET" | "NOOP" => b"250 2.0.0 ok\r\n",
+                            "DATA" => {
+                                data = Some(String::new());
+                                b"354 go ahead\r\n"
+                            }
+                            "QUIT" => {
+                                let _ = w.write_all(b"221 bye\r\n").await;
+                                return;
+                            }
+                            _ => b"502 5.5.2 not implemented\r\n",
+                        };
+                        let _ = w.write_all(reply).await;
+                    }
+                });
+            }
+        });
+        Smtp {
+            port,
+            messages: tokio::sync::Mutex::new(rx),
+            task,
+        }
+    }
+
+    pub async fn next(&self) -> String {
+        tokio::time::timeout(WAIT, self.messages.lock().await.recv())
+            .await
+            .expect("a mail")
+            .expect("the receiver is running")
+    }
+}

@@ -1,0 +1,451 @@
+//! The pipeline end to end on real parts: a SQLite store, an HTTP payload server and callback
+//! receiver, an SMTP receiver, the file system for working and storage, a SQLite inventory.
+
+mod common;
+
+use common::*;
+use lading_core::{BatchState, JobState};
+use lading_ingest::checkm::{self, ManifestKind};
+use lading_ingest::stages::StoredVersion;
+use lading_ingest::{Submission, SubmitError, inventory};
+
+async fn stored(w: &World, job: &lading_core::layout::JobId) -> StoredVersion {
+    let n = w
+        .engine
+        .tree()
+        .get(&lading_core::layout::job_node(job, "store"))
+        .await
+        .unwrap()
+        .expect("a store record");
+    serde_json::from_slice(&n.data.unwrap()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manifest_of_manifests_goes_through_every_stage_to_a_report() {
+    let w = World::new().await;
+    let m1 = w.object_manifest(
+        "obj1.checkm",
+        &[("a.txt", b"alpha"), ("dir/b.txt", b"bravo!")],
+    );
+    let m2 = w.object_manifest("obj2.checkm", &[("c.txt", b"charlie")]);
+    let batch = checkm::write(
+        ManifestKind::Batch,
+        &[
+            checkm::FILE_URL,
+            checkm::LOCAL_ID,
+            checkm::TITLE,
+            checkm::CREATOR,
+        ],
+        &[
+            vec![m1, "local-1".into(), "First".into(), "Ann".into()],
+            vec![m2, "local-2".into(), "Second".into(), "Bob".into()],
+        ],
+    );
+    let (url, _) = w.file("batch.checkm", batch.as_bytes());
+    let ingest = w.ingest();
+    let bid = w.submit(&ingest, &url, "batch-manifest").await;
+    let (h, task) = w.run_all(&ingest);
+    assert_eq!(
+        w.batch_reaches(&bid, &[BatchState::Completed, BatchState::Failed])
+            .await,
+        BatchState::Completed
+    );
+    let jobs = w.jobs_of(&bid).await;
+    assert_eq!(jobs.len(), 2);
+    let mut files_seen = Vec::new();
+    for j in &jobs {
+        let info = w.engine.job(j).await.unwrap();
+        assert_eq!(info.status.status, JobState::Completed, "{info:?}");
+        let ark = info.identifiers["primary_id"].as_str().unwrap().to_string();
+        assert!(ark.starts_with("ark:/99999/fk4"), "minted: {ark}");
+        let local = info.identifiers["local_id"][0]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(local.starts_with("local-"));
+        assert!(info.metadata["erc_what"].is_string());
+        assert!(info.space_needed > 0, "estimated");
+        let s = stored(&w, j).await;
+        assert_eq!((s.ark.as_str(), s.version), (ark.as_str(), 1));
+        let files = stored_files(std::path::Path::new(&s.path));
+        assert!(
+            files.contains(&"system/manifest.checkm".to_string()),
+            "{files:?}"
+        );
+        files_seen.extend(files.into_iter().filter(|f| f.starts_with("producer/")));
+        let versions = inventory::versions_of(&w.cfg.inventory(), &ark).unwrap();
+        assert_eq!(versions.len(), 1);
+        assert_eq!(versions[0].0, 1);
+    }
+    files_seen.sort();
+    assert_eq!(
+        files_seen,
+        ["producer/a.txt", "producer/c.txt", "producer/dir/b.txt"]
+    );
+    let report = w.engine.batch(&bid).await.unwrap().status_report.unwrap();
+    assert_eq!(report.completed_jobs.len(), 2);
+    assert!(report.failed_jobs.is_empty());
+    let callbacks = w.server.callbacks();
+    assert_eq!(callbacks.len(), 2);
+    assert_eq!(callbacks[0]["body"]["status"], "Completed");
+    let mail = w.smtp.next().await;
+    assert!(mail.contains("2 completed, 0 failed"), "{mail}");
+    assert!(mail.contains("depositor@example.org"), "{mail}");
+    h.stop();
+    task.await.unwrap();
+}
+
+fn zip_bytes(files: &[(&str, &[u8])]) -> Vec<u8> {
+    use std::io::Write;
+    let mut buf = std::io::Cursor::new(Vec::new());
+    let mut z = zip::ZipWriter::new(&mut buf);
+    for (name, bytes) in files {
+        z.start_file(*name, zip::write::SimpleFileOptions::default())
+            .unwrap();
+        z.write_all(bytes).unwrap();
+    }
+    z.finish().unwrap();
+    buf.into_inner()
+}
+
+fn tar_gz_bytes(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    let mut t = tar::Builder::new(gz);
+    for (name, bytes) in files {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(bytes.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        t.append_data(&mut h, name, *bytes).unwrap();
+    }
+    t.into_inner().unwrap().finish().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containers_and_single_files_are_objects_too() {
+    let w = World::new().await;
+    let (zip_url, zip_md5) = w.file(
+        "c1.zip",
+        &zip_bytes(&[("x/one.txt", b"1"), ("two.txt", b"22")]),
+    );
+    let (tgz_url, _) = w.file("c2.tar.gz", &tar_gz_bytes(&[("three.txt", b"333")]));
+    let containers = checkm::write(
+        ManifestKind::ContainerBatch,
+        &[checkm::FILE_URL, checkm::HASH_ALG, checkm::HASH_VALUE],
+        &[
+            vec![zip_url, "md5".into(), zip_md5],
+            vec![tgz_url, "".into(), "".into()],
+        ],
+    );
+    let (c_url, _) = w.file("containers.checkm", containers.as_bytes());
+    let (f1, _) = w.file("single/one.bin", b"single one");
+    let (f2, _) = w.file("single/two.bin", b"single two");
+    let singles = checkm::write(
+        ManifestKind::SingleFileBatch,
+        &[checkm::FILE_URL, checkm::PRIMARY_ID],
+        &[vec![f1, "ark:/13030/given1".into()], vec![f2, "".into()]],
+    );
+    let (s_url, _) = w.file("singles.checkm", singles.as_bytes());
+    let ingest = w.ingest();
+    let b1 = w.submit(&ingest, &c_url, "container-batch-manifest").await;
+    let b2 = w
+        .submit(&ingest, &s_url, "single-file-batch-manifest")
+        .await;
+    let (h, task) = w.run_all(&ingest);
+    for b in [&b1, &b2] {
+        assert_eq!(
+            w.batch_reaches(b, &[BatchState::Completed, BatchState::Failed])
+                .await,
+            BatchState::Completed
+        );
+    }
+    let mut contents = Vec::new();
+    for j in w.jobs_of(&b1).await {
+        let s = stored(&w, &j).await;
+        contents.extend(stored_files(std::path::Path::new(&s.path)));
+    }
+    contents.sort();
+    assert!(
+        contents.contains(&"producer/x/one.txt".to_string()),
+        "{contents:?}"
+    );
+    assert!(
+        contents.contains(&"producer/two.txt".to_string()),
+        "{contents:?}"
+    );
+    assert!(
+        contents.contains(&"producer/three.txt".to_string()),
+        "{contents:?}"
+    );
+    let jobs = w.jobs_of(&b2).await;
+    let first = stored(&w, &jobs[0]).await;
+    assert_eq!(first.ark, "ark:/13030/given1", "a given identifier is kept");
+    assert!(
+        std::path::Path::new(&first.path)
+            .join("producer/one.bin")
+            .exists()
+    );
+    h.stop();
+    task.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_url_fails_the_job_after_its_attempts_and_the_batch_reports_it() {
+    let w = World::new().await;
+    let singles = checkm::write(
+        ManifestKind::SingleFileBatch,
+        &[checkm::FILE_URL],
+        &[vec!["http://127.0.0.1:1/gone.bin".into()]],
+    );
+    let (url, _) = w.file("singles.checkm", singles.as_bytes());
+    let ingest = w.ingest();
+    let bid = w.submit(&ingest, &url, "single-file-batch-manifest").await;
+    let (h, task) = w.run_all(&ingest);
+    assert_eq!(
+        w.batch_reaches(&bid, &[BatchState::Completed, BatchState::Failed])
+            .await,
+        BatchState::Failed
+    );
+    let job = w.jobs_of(&bid).await.remove(0);
+    let info = w.engine.job(&job).await.unwrap();
+    assert_eq!(info.status.status, JobState::Failed);
+    assert_eq!(
+        info.status.last_successful_status,
+        Some(JobState::Provisioning)
+    );
+    let msg = info.status.message.unwrap();
+    assert!(msg.contains("127.0.0.1:1/gone.bin"), "{msg}");
+    assert!(msg.contains("gave up after 3 attempts"), "{msg}");
+    let batch = w.engine.batch(&bid).await.unwrap();
+    assert_eq!(batch.status.message.as_deref(), Some("1 of 1 jobs failed"));
+    let mail = w.smtp.next().await;
+    assert!(mail.contains("0 completed, 1 failed"), "{mail}");
+    h.stop();
+    task.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_digest_mismatch_fails_the_job_at_once() {
+    let w = World::new().await;
+    let (f, _) = w.file("obj.d/a.txt", b"the real content");
+    let text = checkm::write(
+        ManifestKind::Object,
+        &[
+            checkm::FILE_URL,
+            checkm::HASH_ALG,
+            checkm::HASH_VALUE,
+            checkm::FILE_NAME,
+        ],
+        &[vec![f, "sha256".into(), "0".repeat(64), "a.txt".into()]],
+    );
+    let (url, _) = w.file("obj.checkm", text.as_bytes());
+    let ingest = w.ingest();
+    let bid = w.submit(&ingest, &url, "manifest").await;
+    let (h, task) = w.run_all(&ingest);
+    w.batch_reaches(&bid, &[BatchState::Failed]).await;
+    let job = w.jobs_of(&bid).await.remove(0);
+    let info = w.engine.job(&job).await.unwrap();
+    let msg = info.status.message.unwrap();
+    assert!(msg.starts_with("sha256 digest mismatch for"), "{msg}");
+    assert_eq!(w.server.gets("obj.d/a.txt"), 1, "not retried");
+    assert!(
+        !w.cfg
+            .work_dir()
+            .join(job.as_str())
+            .join("producer/a.txt")
+            .exists()
+    );
+    h.stop();
+    task.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_callback_fails_the_job_and_a_requeue_after_the_fix_completes_it() {
+    let w = World::new().await;
+    w.server.set_callback_status(500);
+    let m = w.object_manifest("o.checkm", &[("f.txt", b"payload")]);
+    let ingest = w.ingest();
+    let bid = w.submit(&ingest, &m, "manifest").await;
+    let (h, task) = w.run_all(&ingest);
+    w.batch_reaches(&bid, &[BatchState::Failed]).await;
+    let job = w.jobs_of(&bid).await.remove(0);
+    let info = w.engine.job(&job).await.unwrap();
+    assert_eq!(
+        info.status.last_successful_status,
+        Some(JobState::Recording)
+    );
+    let msg = info.status.message.unwrap();
+    assert!(msg.contains("answered 500"), "{msg}");
+    assert_eq!(w.server.callbacks().len(), 3, "one per attempt");
+    let first = w.smtp.next().await;
+    assert!(first.contains("0 completed, 1 failed"), "{first}");
+    // The admin fixes the receiver and requeues: the job resumes at Notify, not earlier.
+    w.server.set_callback_status(200);
+    let st = w.engine.requeue_job(&job, None).await.unwrap();
+    assert_eq!(st.status, JobState::Notify);
+    w.job_reaches(&job, JobState::Completed).await;
+    assert_eq!(stored(&w, &job).await.version, 1, "not stored again");
+    w.engine.update_reporting(&bid).await.unwrap();
+    assert_eq!(
+        w.batch_reaches(&bid, &[BatchState::Completed]).await,
+        BatchState::Completed
+    );
+    let report = w.engine.batch(&bid).await.unwrap().status_report.unwrap();
+    assert_eq!(
+        report.extra["updated_jobs"],
+        serde_json::json!([job.as_str()])
+    );
+    let update = w.smtp.next().await;
+    assert!(
+        update.contains("(update): 1 completed, 0 failed"),
+        "{update}"
+    );
+    assert!(
+        update.contains("Fixed since the last report: 1"),
+        "{update}"
+    );
+    h.stop();
+    task.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_wait_in_provisioning_while_storage_is_full_then_proceed() {
+    let mut w = World::new().await;
+    let m = w.object_manifest("o.checkm", &[("f.txt", b"needs room")]);
+    w.cfg.reserve_bytes = u64::MAX / 4;
+    let full = w.ingest();
+    let bid = w.submit(&full, &m, "manifest").await;
+    let (h, task) = w.run_all(&full);
+    // Wait for the job to be seen waiting for room: its status message says so.
+    let job = loop {
+        let jobs = w.jobs_of(&bid).await;
+        if let Some(j) = jobs.first() {
+            break j.clone();
+        }
+        w.batch_reaches(&bid, &[BatchState::Processing]).await;
+    };
+    let status = lading_core::layout::job_node(&job, "status");
+    tokio::time::timeout(WAIT, async {
+        loop {
+            let watch = w
+                .engine
+                .tree()
+                .watch(&status, lading_core::WatchKind::Data)
+                .await
+                .unwrap();
+            let info = w.engine.job(&job).await.unwrap();
+            if info
+                .status
+                .message
+                .as_deref()
+                .is_some_and(|m| m.starts_with("waiting for space"))
+            {
+                assert_eq!(info.status.status, JobState::Provisioning);
+                assert_eq!(
+                    lading_engine::attempts(&info.status),
+                    0,
+                    "waiting is not failing"
+                );
+                return;
+            }
+            watch.await;
+        }
+    })
+    .await
+    .expect("the job waits for space");
+    h.abort();
+    task.await.unwrap();
+    // Room appears (here: the reserve is lowered) and the job goes on.
+    w.cfg.reserve_bytes = 0;
+    let roomy = w.ingest();
+    let (h, task) = w.run_all(&roomy);
+    assert_eq!(
+        w.batch_reaches(&bid, &[BatchState::Completed, BatchState::Failed])
+            .await,
+        BatchState::Completed
+    );
+    h.stop();
+    task.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_manifest_fails_the_batch_naming_the_line() {
+    let w = World::new().await;
+    let text = "#%checkm_0.7\n#%profile | http://uc3.cdlib.org/registry/ingest/manifest/mrt-batch-manifest\n#%fields | nfo:fileUrl | nfo:fileSize\nhttp://h/m1.checkm | 12\nhttp://h/m2.checkm | twelve\n#%eof\n";
+    let (url, _) = w.file("bad.checkm", text.as_bytes());
+    let ingest = w.ingest();
+    let bid = w.submit(&ingest, &url, "batch-manifest").await;
+    let (h, task) = w.run_all(&ingest);
+    w.batch_reaches(&bid, &[BatchState::Failed]).await;
+    let info = w.engine.batch(&bid).await.unwrap();
+    let msg = info.status.message.unwrap();
+    assert!(
+        msg.contains("manifest line 5: file size \"twelve\""),
+        "{msg}"
+    );
+    assert!(w.jobs_of(&bid).await.is_empty(), "no job was made");
+    h.stop();
+    task.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_submissions_are_refused_and_store_nothing() {
+    let w = World::new().await;
+    let ingest = w.ingest();
+    let sub = |profile: &str, url: &str, ty: &str| Submission {
+        profile: profile.into(),
+        submitter: "me".into(),
+        payload_url: url.into(),
+        payload_type: ty.into(),
+        ..Default::default()
+    };
+    let e = lading_ingest::submit(&ingest, &sub("nope", "http://h/x", "file"))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().starts_with("unknown profile \"nope\""), "{e}");
+    let e = lading_ingest::submit(&ingest, &sub("demo", "http://h/x", "bag"))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, SubmitError::PayloadType(_)), "{e}");
+    let e = lading_ingest::submit(&ingest, &sub("demo", "gopher://h/x", "file"))
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("not an http, https or file URL"),
+        "{e}"
+    );
+    assert!(w.engine.batch_ids().await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_download_fetches_only_the_files_not_yet_verified() {
+    let w = World::new().await;
+    let m = w.object_manifest(
+        "o.checkm",
+        &[("1.txt", b"first file"), ("2.txt", b"second file")],
+    );
+    // Both tries of the second file in the first attempt get 503; the job is retried.
+    w.server.fail_next("o.checkm.d/2.txt", 2);
+    let ingest = w.ingest();
+    let bid = w.submit(&ingest, &m, "manifest").await;
+    let (h, task) = w.run_all(&ingest);
+    assert_eq!(
+        w.batch_reaches(&bid, &[BatchState::Completed, BatchState::Failed])
+            .await,
+        BatchState::Completed
+    );
+    assert_eq!(
+        w.server.gets("o.checkm.d/1.txt"),
+        1,
+        "verified once, not fetched again"
+    );
+    assert_eq!(w.server.gets("o.checkm.d/2.txt"), 3);
+    let job = w.jobs_of(&bid).await.remove(0);
+    let log = std::fs::read_to_string(w.cfg.work_dir().join(job.as_str()).join("job.log")).unwrap();
+    assert!(
+        log.contains("1.txt already verified; not fetched again"),
+        "{log}"
+    );
+    h.stop();
+    task.await.unwrap();
+}
