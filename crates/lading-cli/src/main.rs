@@ -5,13 +5,15 @@
 //! illegal transition, a locked item, invalid input).
 
 mod bench;
+mod pipeline;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use lading_core::layout::{AccessId, AccessQueue, BatchId, JobId};
-use lading_core::time::{parse_ts, system_clock};
-use lading_core::{BatchState, Event, JobState, Tree};
+use lading_core::time::system_clock;
+use lading_core::{Event, JobState, Tree};
 use lading_engine::{Engine, EngineError};
+use lading_ingest::{Config, Ingest};
 use lading_store_sqlite::{SqliteOptions, SqliteTree};
 use lading_store_zk::{ZkOptions, ZkTree};
 use serde_json::{Value, json};
@@ -33,12 +35,61 @@ struct Cli {
     /// Default: sqlite:./lading-data/lading.db (`bench` makes a fresh store instead).
     #[arg(long, global = true, env = "LADING_STORE")]
     store: Option<String>,
+    /// The service configuration (TOML); `LADING_*` environment variables override it.
+    #[arg(long, global = true, env = "LADING_CONFIG")]
+    config: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
 enum Command {
+    /// Watch a real batch go through every stage: a manifest of manifests served from a
+    /// loopback HTTP server, on a fresh embedded store in --dir.
+    Demo {
+        #[arg(long, default_value = "lading-demo")]
+        dir: PathBuf,
+        #[arg(long, default_value_t = 3)]
+        objects: usize,
+        #[arg(long, default_value_t = 3)]
+        files: usize,
+    },
+    /// Run pipeline stages until SIGINT/SIGTERM.
+    Worker {
+        /// Stages, comma-separated: intake, pending, estimating, provisioning, downloading,
+        /// processing, storing, recording, notify, reporting, update-reporting.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "intake,pending,estimating,provisioning,downloading,processing,storing,recording,notify,reporting,update-reporting"
+        )]
+        stages: Vec<String>,
+        /// Seconds running jobs get to finish after the first signal.
+        #[arg(long, default_value_t = 30)]
+        grace_s: u64,
+    },
+    /// Run every stage in one process (the HTTP API joins it later).
+    Serve {
+        #[arg(long, default_value_t = 30)]
+        grace_s: u64,
+    },
+    /// Submit a batch: PAYLOAD is an http(s) or file:// URL.
+    Submit {
+        payload: String,
+        #[arg(long)]
+        profile: String,
+        /// file, container, manifest, batch-manifest, single-file-batch-manifest,
+        /// container-batch-manifest.
+        #[arg(long = "type", default_value = "file")]
+        payload_type: String,
+        #[arg(long)]
+        submitter: Option<String>,
+        #[arg(long)]
+        title: Option<String>,
+        /// Wait until the batch is reported, showing its progress, then print the report.
+        #[arg(long)]
+        wait: bool,
+    },
     /// Print the tree (or the part under PATH) as a path → data map.
     Dump {
         #[arg(default_value = "/")]
@@ -237,6 +288,58 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| DEFAULT_STORE.to_string());
     match cli.command {
+        Command::Demo {
+            dir,
+            objects,
+            files,
+        } => {
+            if dir.join("lading.db").exists() && dir.join("payload").is_dir() {
+                std::fs::remove_dir_all(&dir)
+                    .with_context(|| format!("removing the previous demo in {}", dir.display()))?;
+            } else if dir.exists() && std::fs::read_dir(&dir)?.next().is_some() {
+                bail!(
+                    "{} exists and is not a previous demo; choose another --dir",
+                    dir.display()
+                );
+            }
+            pipeline::demo(&dir, objects.max(1), files.max(1)).await?;
+        }
+        Command::Worker { stages, grace_s } => {
+            let cfg = pipeline::config(cli.config.as_deref())?;
+            let ingest = pipeline::ingest(&store, cfg).await?;
+            let names: Vec<&str> = stages.iter().map(String::as_str).collect();
+            pipeline::run_until_signal(&ingest, &names, std::time::Duration::from_secs(grace_s))
+                .await?;
+        }
+        Command::Serve { grace_s } => {
+            let cfg = pipeline::config(cli.config.as_deref())?;
+            let ingest = pipeline::ingest(&store, cfg).await?;
+            pipeline::run_until_signal(
+                &ingest,
+                lading_ingest::STAGE_NAMES,
+                std::time::Duration::from_secs(grace_s),
+            )
+            .await?;
+        }
+        Command::Submit {
+            payload,
+            profile,
+            payload_type,
+            submitter,
+            title,
+            wait,
+        } => {
+            let cfg = pipeline::config(cli.config.as_deref())?;
+            let ingest = pipeline::ingest(&store, cfg).await?;
+            let sub = pipeline::submission(payload, profile, payload_type, submitter, title);
+            let bid = lading_ingest::submit(&ingest, &sub).await?;
+            println!("{bid}");
+            if wait {
+                pipeline::wait_batch(&ingest.engine, &bid, true).await?;
+                pipeline::print_report(&ingest.engine, &bid).await?;
+            }
+            ingest.engine.tree().close().await?;
+        }
         Command::Dump { path, format } => {
             let tree = open_store(&store).await?;
             lading_core::tree::validate_path(&path)?;
@@ -301,8 +404,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             e.tree().close().await?;
         }
         Command::Admin { action } => {
-            let e = engine(&store).await?;
-            admin(&e, action).await?;
+            let cfg = pipeline::config(cli.config.as_deref())?;
+            let e = Arc::new(engine(&store).await?);
+            admin(&e, action, cfg).await?;
             e.tree().close().await?;
         }
         Command::Bench { what } => bench::run(what, cli.store.as_deref()).await?,
@@ -350,7 +454,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn admin(e: &Engine, action: Admin) -> anyhow::Result<()> {
+async fn admin(e: &Arc<Engine>, action: Admin, cfg: Config) -> anyhow::Result<()> {
     match action {
         Admin::Job { action, job, to } => {
             let jid = JobId::parse(&job)?;
@@ -414,29 +518,16 @@ async fn admin(e: &Engine, action: Admin) -> anyhow::Result<()> {
             );
         }
         Admin::Cleanup { older_than_hours } => {
-            let cutoff = e
-                .clock()
-                .now_ms()
-                .saturating_sub(older_than_hours * 3_600_000);
-            let (mut batches, mut jobs) = (0, 0);
-            for bid in e.batch_ids().await? {
-                let info = match e.batch(&bid).await {
-                    Ok(i) => i,
-                    Err(EngineError::NoBatch(_)) => continue,
-                    Err(err) => return Err(err.into()),
-                };
-                let done = matches!(
-                    info.status.status,
-                    BatchState::Completed | BatchState::Deleted
-                );
-                let old = parse_ts(&info.status.last_modified).is_some_and(|t| t <= cutoff);
-                if done && old {
-                    jobs += e.purge_batch(&bid).await?;
-                    batches += 1;
-                }
-            }
+            let ingest = Ingest::new(e.clone(), cfg);
+            let c = lading_ingest::cleanup::cleanup(
+                &ingest,
+                e.clock().now_ms(),
+                older_than_hours.saturating_mul(3_600_000),
+            )
+            .await?;
             println!(
-                "removed {batches} batches and {jobs} jobs finished more than {older_than_hours} h ago"
+                "removed {} batches and {} jobs (with their working directories) finished more than {older_than_hours} h ago",
+                c.batches, c.jobs
             );
         }
     }

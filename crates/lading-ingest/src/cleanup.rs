@@ -1,4 +1,4 @@
-//! Cleanup: completed batches older than the retention age go, with their jobs and working
+//! Cleanup: completed (and deleted) batches older than the retention age go, with their jobs and working
 //! directories. Stored objects and the inventory stay: they are the point of ingest.
 
 use crate::Ingest;
@@ -13,7 +13,7 @@ pub struct Cleaned {
     pub jobs: usize,
 }
 
-/// Removes Completed batches whose last change is older than `retention_ms` before `now_ms`.
+/// Removes Completed and Deleted batches whose last change is older than `retention_ms` before `now_ms`.
 pub async fn cleanup(
     ingest: &Ingest,
     now_ms: u64,
@@ -27,7 +27,10 @@ pub async fn cleanup(
             Err(EngineError::NoBatch(_)) => continue,
             Err(err) => return Err(err),
         };
-        if info.status.status != BatchState::Completed {
+        if !matches!(
+            info.status.status,
+            BatchState::Completed | BatchState::Deleted
+        ) {
             continue;
         }
         let Some(at) = parse_ts(&info.status.last_modified) else {

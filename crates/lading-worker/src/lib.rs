@@ -658,7 +658,12 @@ impl BatchLoop {
             }
         };
         if let Some(o) = &outcome {
-            self.stats.record(state.name(), o, started.elapsed());
+            let name = if state == BatchState::Pending {
+                "Intake"
+            } else {
+                state.name()
+            };
+            self.stats.record(name, o, started.elapsed());
         }
         if let Err(e) = r {
             tracing::warn!(batch = %bid, error = %e, "could not record the batch outcome");

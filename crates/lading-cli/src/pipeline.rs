@@ -1,0 +1,333 @@
+//! The pipeline commands: `worker`, `serve`, `submit`, `demo`. They wire a store, the
+//! config and the stages of `lading-ingest` together, and handle signals.
+
+use anyhow::Context;
+use lading_core::BatchState;
+use lading_core::layout::BatchId;
+use lading_core::time::system_clock;
+use lading_engine::Engine;
+use lading_ingest::checkm::{self, ManifestKind};
+use lading_ingest::payload_server::PayloadServer;
+use lading_ingest::{Config, Ingest, Submission};
+use lading_worker::Shutdown;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Loads the config (file and environment).
+pub fn config(path: Option<&Path>) -> anyhow::Result<Config> {
+    Ok(Config::load(path)?)
+}
+
+pub async fn ingest(store: &str, cfg: Config) -> anyhow::Result<Arc<Ingest>> {
+    let tree = crate::open_store(store).await?;
+    let engine = Arc::new(Engine::new(
+        tree,
+        system_clock(),
+        lading_store_sqlite::default_owner(),
+    ));
+    engine.init().await?;
+    std::fs::create_dir_all(cfg.work_dir())
+        .with_context(|| format!("creating {}", cfg.work_dir().display()))?;
+    Ok(Ingest::new(engine, cfg))
+}
+
+/// Waits for SIGINT or SIGTERM.
+async fn signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) {
+            (Ok(mut i), Ok(mut t)) => {
+                tokio::select! {
+                    _ = i.recv() => {}
+                    _ = t.recv() => {}
+                }
+            }
+            _ => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Runs `stages` until SIGINT/SIGTERM: the first signal stops acquisition and gives running
+/// handlers `grace` to finish; a second signal (or the end of the grace) cuts them off and
+/// releases their jobs. Either way the store is closed cleanly.
+pub async fn run_until_signal(
+    ingest: &Arc<Ingest>,
+    stages: &[&str],
+    grace: Duration,
+) -> anyhow::Result<()> {
+    lading_ingest::stages(ingest, stages).map_err(anyhow::Error::msg)?;
+    let (handle, shutdown) = Shutdown::new();
+    let i = ingest.clone();
+    let names: Vec<String> = stages.iter().map(|s| s.to_string()).collect();
+    let mut task = tokio::spawn(async move {
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        lading_ingest::run(&i, &names, shutdown).await
+    });
+    eprintln!(
+        "lading: running {} (stop with Ctrl-C)",
+        if stages.len() == lading_ingest::STAGE_NAMES.len() {
+            "every stage".to_string()
+        } else {
+            stages.join(", ")
+        }
+    );
+    let cleanup = periodic_cleanup(ingest.clone(), stages.contains(&"reporting"));
+    tokio::select! {
+        r = &mut task => { r?.map_err(anyhow::Error::msg)?; }
+        _ = signal() => {
+            eprintln!(
+                "lading: stopping; running jobs get {} s to finish (signal again to stop now)",
+                grace.as_secs()
+            );
+            handle.stop();
+            tokio::select! {
+                r = &mut task => { r?.map_err(anyhow::Error::msg)?; }
+                _ = signal() => {
+                    eprintln!("lading: stopping now; running jobs are released in their stage");
+                    handle.abort();
+                    task.await?.map_err(anyhow::Error::msg)?;
+                }
+                _ = tokio::time::sleep(grace) => {
+                    eprintln!("lading: grace period over; running jobs are released in their stage");
+                    handle.abort();
+                    task.await?.map_err(anyhow::Error::msg)?;
+                }
+            }
+        }
+    }
+    cleanup.abort();
+    ingest.engine.tree().close().await?;
+    eprintln!("lading: stopped");
+    Ok(())
+}
+
+/// Removes old completed batches once an hour, in the process that runs reporting.
+fn periodic_cleanup(ingest: Arc<Ingest>, enabled: bool) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        if !enabled {
+            return;
+        }
+        loop {
+            let now = ingest.engine.clock().now_ms();
+            let retention_ms = ingest.cfg.retention_hours.saturating_mul(3_600_000);
+            match lading_ingest::cleanup::cleanup(&ingest, now, retention_ms).await {
+                Ok(c) if c.batches > 0 => {
+                    tracing::info!(batches = c.batches, jobs = c.jobs, "cleanup")
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "cleanup failed"),
+            }
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
+    })
+}
+
+/// Waits until `batch` is Completed or Failed, printing each batch and job change (from
+/// this process's events, with a slow re-read for other processes' changes).
+pub async fn wait_batch(engine: &Engine, batch: &BatchId, verbose: bool) -> anyhow::Result<()> {
+    let mut events = engine.subscribe();
+    loop {
+        let info = engine.batch(batch).await?;
+        if matches!(
+            info.status.status,
+            BatchState::Completed | BatchState::Failed | BatchState::Deleted
+        ) {
+            return Ok(());
+        }
+        match tokio::time::timeout(Duration::from_secs(1), events.recv()).await {
+            Ok(Ok(ev)) if verbose => {
+                if ev.kind == "batch" && ev.id == batch.as_str()
+                    || ev.batch.as_deref() == Some(batch.as_str())
+                {
+                    eprintln!(
+                        "  {} {:<14} {} → {}",
+                        ev.kind,
+                        ev.id,
+                        ev.from.as_deref().unwrap_or("-"),
+                        ev.to
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Prints a batch's outcome: state, message, and each job with its identifier and message.
+pub async fn print_report(engine: &Engine, batch: &BatchId) -> anyhow::Result<()> {
+    let info = engine.batch(batch).await?;
+    println!(
+        "batch {batch}: {}{}",
+        info.status.status,
+        info.status
+            .message
+            .as_deref()
+            .map(|m| format!(" ({m})"))
+            .unwrap_or_default()
+    );
+    let mut jobs: Vec<&String> = info.jobs.values().flatten().collect();
+    jobs.sort();
+    for j in jobs {
+        let job = engine.job(&lading_core::layout::JobId::parse(j)?).await?;
+        println!(
+            "  {j}  {:<10} {}  {}",
+            job.status.status.to_string(),
+            job.identifiers
+                .get("primary_id")
+                .and_then(|v| v.as_str())
+                .unwrap_or("-"),
+            job.status.message.unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+pub fn submission(
+    payload: String,
+    profile: String,
+    payload_type: String,
+    submitter: Option<String>,
+    title: Option<String>,
+) -> Submission {
+    Submission {
+        profile,
+        submitter: submitter.unwrap_or_else(|| std::env::var("USER").unwrap_or("lading".into())),
+        payload_url: payload,
+        payload_type,
+        title,
+        ..Default::default()
+    }
+}
+
+/// `lading demo`: a manifest of manifests served from loopback, through every stage, on a
+/// fresh embedded store in `dir`.
+pub async fn demo(dir: &Path, objects: usize, files: usize) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let payload = dir.join("payload");
+    std::fs::create_dir_all(&payload)?;
+    let server = PayloadServer::start(&payload).await?;
+    let cfg = Config {
+        data_dir: dir.join("data"),
+        provisioning_round_ms: 500,
+        unestimated_min_free_bytes: 0,
+        reserve_bytes: 0,
+        ..Config::default()
+    };
+    std::fs::create_dir_all(cfg.profiles_dir())?;
+    std::fs::write(
+        cfg.profiles_dir().join("demo.toml"),
+        format!(
+            "collection = \"demo\"\ncallback_url = \"{}\"\ncommand = \"ls -R producer | wc -l\"\n",
+            server.callback_url()
+        ),
+    )?;
+    // The depositor's content: `objects` objects of `files` files each.
+    let mut batch_rows = Vec::new();
+    for o in 0..objects {
+        let mut rows = Vec::new();
+        for f in 0..files {
+            let name = format!("obj{o}/file{f}.txt");
+            let body = format!("object {o}, file {f}\n").repeat(100 * (f + 1));
+            std::fs::create_dir_all(payload.join(format!("obj{o}")))?;
+            std::fs::write(payload.join(&name), &body)?;
+            let mut h = lading_ingest::fetch::Hasher::new(checkm::HashAlg::Sha256);
+            h.update(body.as_bytes());
+            rows.push(vec![
+                server.url(&name),
+                "sha256".into(),
+                h.hex(),
+                body.len().to_string(),
+                format!("file{f}.txt"),
+            ]);
+        }
+        let m = checkm::write(
+            ManifestKind::Object,
+            &[
+                checkm::FILE_URL,
+                checkm::HASH_ALG,
+                checkm::HASH_VALUE,
+                checkm::FILE_SIZE,
+                checkm::FILE_NAME,
+            ],
+            &rows,
+        );
+        std::fs::write(payload.join(format!("obj{o}.checkm")), m)?;
+        batch_rows.push(vec![
+            server.url(&format!("obj{o}.checkm")),
+            format!("demo-{o}"),
+            format!("Demo object {o}"),
+        ]);
+    }
+    let batch = checkm::write(
+        ManifestKind::Batch,
+        &[checkm::FILE_URL, checkm::LOCAL_ID, checkm::TITLE],
+        &batch_rows,
+    );
+    std::fs::write(payload.join("batch.checkm"), batch)?;
+    let store = format!("sqlite:{}", dir.join("lading.db").display());
+    let ingest = ingest(&store, cfg.clone()).await?;
+    let url = server.url("batch.checkm");
+    println!("payload served at {url}");
+    let bid = lading_ingest::submit(
+        &ingest,
+        &Submission {
+            profile: "demo".into(),
+            submitter: "demo".into(),
+            payload_url: url,
+            payload_type: "batch-manifest".into(),
+            title: Some("Lading demo".into()),
+            ..Default::default()
+        },
+    )
+    .await?;
+    println!("submitted batch {bid} ({objects} objects of {files} files)");
+    let (handle, shutdown) = Shutdown::new();
+    let i = ingest.clone();
+    let task =
+        tokio::spawn(
+            async move { lading_ingest::run(&i, lading_ingest::STAGE_NAMES, shutdown).await },
+        );
+    wait_batch(&ingest.engine, &bid, true).await?;
+    handle.stop();
+    let stats = task.await?.map_err(anyhow::Error::msg)?;
+    print_report(&ingest.engine, &bid).await?;
+    println!("\nper stage (handler time):");
+    let figures = stats.figures();
+    let order = [
+        "Intake",
+        "Pending",
+        "Estimating",
+        "Provisioning",
+        "Downloading",
+        "Processing",
+        "Storing",
+        "Recording",
+        "Notify",
+        "Reporting",
+    ];
+    for (stage, f) in order.iter().filter_map(|s| figures.get(*s).map(|f| (s, f))) {
+        println!(
+            "  {stage:<14} done {:>3}  p50 {:>7.2} ms  max {:>7.2} ms",
+            f.done, f.p50_ms, f.max_ms
+        );
+    }
+    println!(
+        "\nstored objects: {}\ninventory: {}\ncallbacks received: {}\nstore: {store} (try `lading --store {store} dump /batches`)",
+        cfg.storage_root().display(),
+        cfg.inventory().display(),
+        server.callbacks().len()
+    );
+    ingest.engine.tree().close().await?;
+    Ok(())
+}

@@ -1,0 +1,218 @@
+//! `lading worker`, `submit` and `demo` as processes: a worker SIGKILLed mid-download is
+//! resumed by another process without fetching verified files again; SIGTERM stops a worker
+//! cleanly; a newcomer's `lading demo` runs a batch to its report.
+
+use lading_core::BatchState;
+use lading_core::layout::BatchId;
+use lading_core::time::system_clock;
+use lading_engine::Engine;
+use lading_ingest::checkm::{self, ManifestKind};
+use lading_ingest::payload_server::PayloadServer;
+use lading_store_sqlite::{SqliteOptions, SqliteTree};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+struct Setup {
+    dir: tempfile::TempDir,
+    db: PathBuf,
+    config: PathBuf,
+}
+
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("profiles")).unwrap();
+    std::fs::write(data.join("profiles/demo.toml"), "collection = \"demo\"\n").unwrap();
+    let config = dir.path().join("lading.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = \"{}\"\nreserve_bytes = 0\nunestimated_min_free_bytes = 0\nfile_attempts = 1\n\
+             [stages.downloading]\nmax_attempts = 100\nbackoff_base_ms = 100\nbackoff_max_ms = 200\n",
+            data.display()
+        ),
+    )
+    .unwrap();
+    Setup {
+        db: dir.path().join("lading.db"),
+        dir,
+        config,
+    }
+}
+
+impl Setup {
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_lading"));
+        c.arg("--store")
+            .arg(format!("sqlite:{}", self.db.display()))
+            .arg("--config")
+            .arg(&self.config)
+            .args(args)
+            .env_remove("LADING_STORE")
+            .env_remove("LADING_CONFIG");
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().expect("run lading")
+    }
+
+    fn worker(&self) -> Child {
+        self.cmd(&["worker", "--grace-s", "5"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start a worker")
+    }
+
+    fn work(&self) -> PathBuf {
+        self.dir.path().join("data/work")
+    }
+}
+
+async fn engine(db: &Path) -> Arc<Engine> {
+    let tree = Arc::new(SqliteTree::open(db, SqliteOptions::default()).unwrap());
+    let e = Arc::new(Engine::new(tree, system_clock(), "observer"));
+    e.init().await.unwrap();
+    e
+}
+
+/// Waits until `cond` holds, looking every 50 ms (another process's progress has no event
+/// this process could wait on).
+async fn until(what: &str, mut cond: impl AsyncFnMut() -> bool) {
+    let start = Instant::now();
+    while !cond().await {
+        assert!(start.elapsed() < WAIT, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn object_manifest(server: &PayloadServer, payload: &Path, files: &[(&str, &[u8])]) -> String {
+    let rows: Vec<Vec<String>> = files
+        .iter()
+        .map(|(name, bytes)| {
+            std::fs::write(payload.join(name), bytes).unwrap();
+            vec![server.url(name), bytes.len().to_string(), name.to_string()]
+        })
+        .collect();
+    let m = checkm::write(
+        ManifestKind::Object,
+        &[checkm::FILE_URL, checkm::FILE_SIZE, checkm::FILE_NAME],
+        &rows,
+    );
+    std::fs::write(payload.join("object.checkm"), m).unwrap();
+    server.url("object.checkm")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_download_is_resumed_by_another_without_refetching() {
+    let s = setup();
+    let payload = s.dir.path().join("payload");
+    std::fs::create_dir_all(&payload).unwrap();
+    let server = PayloadServer::start(&payload).await.unwrap();
+    let url = object_manifest(
+        &server,
+        &payload,
+        &[("a.bin", &[7u8; 100_000]), ("b.bin", &[9u8; 50_000])],
+    );
+    // The second file is unavailable for now: the first worker fetches and verifies a.bin,
+    // then keeps retrying b.bin.
+    server.fail_next("b.bin", 1_000_000);
+    let o = s.run(&["submit", &url, "--profile", "demo", "--type", "manifest"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let bid = BatchId::parse(String::from_utf8_lossy(&o.stdout).trim()).unwrap();
+    let mut first = s.worker();
+    let work = s.work();
+    until("a.bin verified by the first worker", async || {
+        std::fs::read_dir(&work)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|d| {
+                std::fs::read_to_string(d.path().join(".lading/downloaded.json"))
+                    .is_ok_and(|t| t.contains("a.bin"))
+            })
+    })
+    .await;
+    until("a failed try of b.bin", async || server.gets("b.bin") >= 1).await;
+    first.kill().unwrap(); // SIGKILL: no cleanup runs
+    first.wait().unwrap();
+    assert_eq!(server.gets("a.bin"), 1);
+    server.fail_next("b.bin", 0);
+    let mut second = s.worker();
+    let e = engine(&s.db).await;
+    until("the batch to complete on the second worker", async || {
+        e.batch(&bid).await.unwrap().status.status == BatchState::Completed
+    })
+    .await;
+    assert_eq!(
+        server.gets("a.bin"),
+        1,
+        "a verified file is not fetched again"
+    );
+    let job = e.batch(&bid).await.unwrap().jobs["batch-completed"][0].clone();
+    let log = std::fs::read_to_string(work.join(&job).join("job.log")).unwrap();
+    assert!(
+        log.contains("a.bin already verified; not fetched again"),
+        "{log}"
+    );
+    // SIGTERM: the worker stops taking work, releases nothing it does not hold, exits 0.
+    let st = Command::new("kill")
+        .args(["-TERM", &second.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = second.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("lading: stopped"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_wait_shows_progress_and_ends_with_the_report() {
+    let s = setup();
+    let payload = s.dir.path().join("payload");
+    std::fs::create_dir_all(&payload).unwrap();
+    std::fs::write(payload.join("one.txt"), b"one file").unwrap();
+    let url = format!("file://{}", payload.join("one.txt").display());
+    let mut worker = s.worker();
+    let o = s.run(&["submit", &url, "--profile", "demo", "--wait"]);
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains(": Completed"), "{out}");
+    assert!(out.contains("ark:/99999/fk4"), "{out}");
+    worker.kill().unwrap();
+    worker.wait().unwrap();
+    // Bad input: an unknown profile is refused, and nothing is stored.
+    let o = s.run(&["submit", &url, "--profile", "nope"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("unknown profile \"nope\""), "{err}");
+    let e = engine(&s.db).await;
+    assert_eq!(e.batch_ids().await.unwrap().len(), 1);
+}
+
+#[test]
+fn demo_runs_a_batch_through_every_stage() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_lading"))
+        .args(["demo", "--objects", "2", "--files", "2", "--dir"])
+        .arg(dir.path().join("demo"))
+        .env_remove("LADING_STORE")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.contains("batch bid0000000000: Completed"), "{out}");
+    assert!(out.contains("callbacks received: 2"), "{out}");
+    for stage in ["Intake", "Downloading", "Storing", "Recording", "Reporting"] {
+        assert!(out.contains(stage), "{stage} in {out}");
+    }
+}
