@@ -145,21 +145,18 @@ pub async fn wait_batch(engine: &Engine, batch: &BatchId, verbose: bool) -> anyh
         ) {
             return Ok(());
         }
-        match tokio::time::timeout(Duration::from_secs(1), events.recv()).await {
-            Ok(Ok(ev)) if verbose => {
-                if ev.kind == "batch" && ev.id == batch.as_str()
-                    || ev.batch.as_deref() == Some(batch.as_str())
-                {
-                    eprintln!(
-                        "  {} {:<14} {} → {}",
-                        ev.kind,
-                        ev.id,
-                        ev.from.as_deref().unwrap_or("-"),
-                        ev.to
-                    );
-                }
-            }
-            _ => {}
+        if let Ok(Ok(ev)) = tokio::time::timeout(Duration::from_secs(1), events.recv()).await
+            && verbose
+            && (ev.kind == "batch" && ev.id == batch.as_str()
+                || ev.batch.as_deref() == Some(batch.as_str()))
+        {
+            eprintln!(
+                "  {} {:<14} {} → {}",
+                ev.kind,
+                ev.id,
+                ev.from.as_deref().unwrap_or("-"),
+                ev.to
+            );
         }
     }
 }

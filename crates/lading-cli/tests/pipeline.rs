@@ -143,7 +143,7 @@ async fn a_worker_killed_mid_download_is_resumed_by_another_without_refetching()
     first.wait().unwrap();
     assert_eq!(server.gets("a.bin"), 1);
     server.fail_next("b.bin", 0);
-    let mut second = s.worker();
+    let second = s.worker();
     let e = engine(&s.db).await;
     until("the batch to complete on the second worker", async || {
         e.batch(&bid).await.unwrap().status.status == BatchState::Completed
