@@ -27,6 +27,23 @@ pub enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// M objects of F files served from loopback, through every stage on a fresh store (or
+    /// the one given): objects/s, MB/s, one-stream download and store speed against this
+    /// disk's copy speed, and per-stage latency.
+    Pipeline {
+        #[arg(long, default_value_t = 200)]
+        objects: usize,
+        #[arg(long, default_value_t = 3)]
+        files: usize,
+        /// Bytes per file.
+        #[arg(long, default_value_t = 4096)]
+        file_bytes: u64,
+        /// Handlers per stage.
+        #[arg(long, default_value_t = 4)]
+        concurrency: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Time acquiring the head of the Pending queue when it holds each of the given numbers
     /// of jobs (a fresh store per size; with `--store zk://…`, a fresh chroot under it).
     Acquire {
@@ -72,6 +89,36 @@ pub async fn run(what: Bench, store: Option<&str>) -> anyhow::Result<()> {
             samples,
             json,
         } => acquire(&queued, samples, json, store).await,
+        Bench::Pipeline {
+            objects,
+            files,
+            file_bytes,
+            concurrency,
+            json,
+        } => {
+            let scratch = Scratch::new(store).await?;
+            let stamp = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)?
+                .as_millis();
+            let dir = PathBuf::from("lading-bench").join(format!("pipeline-{stamp}"));
+            let f = crate::pipeline::bench(
+                &scratch.url,
+                &dir,
+                objects.max(1),
+                files.max(1),
+                file_bytes,
+                concurrency.max(1),
+            )
+            .await;
+            scratch.finish().await?;
+            let f = f?;
+            if json {
+                println!("{}", serde_json::to_string(&f)?);
+            } else {
+                crate::pipeline::print_pipeline(&f);
+            }
+            Ok(())
+        }
     }
 }
 

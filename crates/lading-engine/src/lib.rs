@@ -1900,11 +1900,27 @@ impl Engine {
     }
 
     /// An admin move of an unlocked job. `f` computes the new progress from the current one.
+    /// A version that moved meanwhile (the job, or its batch being reported) means reading
+    /// again and retrying, a bounded number of times.
     async fn admin_job(
         &self,
         job: &JobId,
         f: impl Fn(JobProgress) -> Result<JobProgress, lading_core::IllegalTransition>,
     ) -> Result<JobStatus> {
+        for _ in 0..MAX_OPTIMISTIC {
+            if let Some(st) = self.admin_job_once(job, &f).await? {
+                return Ok(st);
+            }
+        }
+        Err(EngineError::Conflict(job.to_string()))
+    }
+
+    /// One try of [`Engine::admin_job`]; `None` when a version moved.
+    async fn admin_job_once(
+        &self,
+        job: &JobId,
+        f: &impl Fn(JobProgress) -> Result<JobProgress, lading_core::IllegalTransition>,
+    ) -> Result<Option<JobStatus>> {
         let (old, version) = self.job_status(job).await?;
         let batch = self.job_batch(job).await?;
         let priority = self.job_priority(job).await?;
@@ -1947,9 +1963,7 @@ impl Engine {
             Err(e) if matches!(e.root(), TreeError::NodeExists(p) if p.ends_with("/lock")) => {
                 return Err(EngineError::Locked(job.to_string()));
             }
-            Err(e) if matches!(e.root(), TreeError::BadVersion { .. }) => {
-                return Err(EngineError::Conflict(job.to_string()));
-            }
+            Err(e) if matches!(e.root(), TreeError::BadVersion { .. }) => return Ok(None),
             Err(e) => return Err(e.into()),
         }
         self.publish(
@@ -1964,7 +1978,7 @@ impl Engine {
         {
             self.maybe_report(&batch).await?;
         }
-        Ok(status)
+        Ok(Some(status))
     }
 
     /// Admin: Pending → Held.

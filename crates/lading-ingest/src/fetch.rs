@@ -267,7 +267,9 @@ impl Fetcher {
                 out.write_all(&chunk).await.map_err(|e| local(&part, e))?;
             }
         }
-        out.sync_all().await.map_err(|e| local(&part, e))?;
+        // No fsync per file: the stage syncs the file system once when it is done (see
+        // `stages::sync_fs`), and a resumed job re-hashes what it finds.
+        out.flush().await.map_err(|e| local(&part, e))?;
         drop(out);
         let sha256 = sha.hex();
         if let Some(expected) = size

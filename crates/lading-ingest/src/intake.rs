@@ -148,6 +148,20 @@ fn row_object(row: &Row, payload_type: &'static str) -> Result<Object, checkm::M
     })
 }
 
+/// Jobs one intake creates at once.
+const INTAKE_CONCURRENCY: usize = 16;
+
+/// The outcome to stop with when a creation failed.
+fn created(
+    r: Result<Result<lading_core::layout::JobId, EngineError>, tokio::task::JoinError>,
+) -> Option<Outcome> {
+    match r {
+        Ok(Ok(_)) => None,
+        Ok(Err(e)) => Some(e.into()),
+        Err(e) => Some(Outcome::Transient(format!("creating a job: {e}"))),
+    }
+}
+
 impl Intake {
     async fn objects(&self, b: &BatchCtx) -> Result<Vec<Object>, Outcome> {
         let url = b
@@ -215,6 +229,7 @@ impl Intake {
     }
 
     async fn run(&self, b: Arc<BatchCtx>) -> Outcome {
+        let b = &b;
         let objects = match self.objects(&b).await {
             Ok(o) => o,
             Err(o) => return o,
@@ -229,6 +244,9 @@ impl Intake {
             Ok(d) => d,
             Err(e) => return e.into(),
         };
+        // Jobs are created a few at a time: each creation is durable on its own, and
+        // concurrent ones share the store's group commits.
+        let mut set = tokio::task::JoinSet::new();
         for (i, o) in objects.into_iter().enumerate() {
             if done.contains(&(i as u64)) {
                 continue;
@@ -256,8 +274,18 @@ impl Intake {
                 identifiers: o.identifiers,
                 metadata: o.metadata,
             };
-            if let Err(e) = b.create_job(spec).await {
-                return e.into();
+            if set.len() >= INTAKE_CONCURRENCY
+                && let Some(r) = set.join_next().await
+                && let Some(o) = created(r)
+            {
+                return o;
+            }
+            let b = b.clone();
+            set.spawn(async move { b.create_job(spec).await });
+        }
+        while let Some(r) = set.join_next().await {
+            if let Some(o) = created(r) {
+                return o;
             }
         }
         Outcome::Done

@@ -43,10 +43,51 @@ pub fn open(db: &Path) -> Result<Connection, InventoryError> {
     Ok(c)
 }
 
+/// An open inventory, shared by a process's recording handlers (one connection: opening
+/// one per record cost more than the record).
+pub struct Inventory {
+    path: std::path::PathBuf,
+    conn: std::sync::Mutex<Option<Connection>>,
+}
+
+impl Inventory {
+    pub fn new(path: impl Into<std::path::PathBuf>) -> Inventory {
+        Inventory {
+            path: path.into(),
+            conn: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Records a stored version and its files (read from the version itself) in one
+    /// transaction. Blocking: call from a blocking thread.
+    pub fn record(&self, v: &StoredVersion) -> Result<Recorded, InventoryError> {
+        let files = list_files(Path::new(&v.path))?;
+        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.is_none() {
+            *guard = Some(open(&self.path)?);
+        }
+        let c = guard.as_mut().expect("opened above");
+        let r = record_into(c, v, &files);
+        if r.is_err() {
+            // A broken connection is not reused.
+            *guard = None;
+        }
+        r
+    }
+}
+
 /// Records a stored version and its files (read from the version itself) in one transaction.
 pub fn record(db: &Path, v: &StoredVersion) -> Result<Recorded, InventoryError> {
     let files = list_files(Path::new(&v.path))?;
     let mut c = open(db)?;
+    record_into(&mut c, v, &files)
+}
+
+fn record_into(
+    c: &mut Connection,
+    v: &StoredVersion,
+    files: &[crate::stages::ObjectFile],
+) -> Result<Recorded, InventoryError> {
     let tx = c.transaction()?;
     let now = lading_core::time::format_ts(lading_core::time::system_clock().now_ms());
     tx.execute(
@@ -57,7 +98,7 @@ pub fn record(db: &Path, v: &StoredVersion) -> Result<Recorded, InventoryError> 
         "INSERT OR IGNORE INTO versions(ark, version, job, batch, path, created) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         params![v.ark, v.version, v.job, v.batch, v.path, now],
     )? == 1;
-    for f in &files {
+    for f in files {
         tx.execute(
             "INSERT OR IGNORE INTO files(ark, version, path, size, sha256) VALUES (?1, ?2, ?3, ?4, ?5)",
             params![v.ark, v.version, f.path, f.size as i64, f.sha256],

@@ -33,6 +33,7 @@ pub struct Ingest {
     pub cfg: Config,
     pub fetcher: Fetcher,
     pub stats: IngestStats,
+    pub inventory: Arc<inventory::Inventory>,
 }
 
 /// Figures beyond the per-stage ones the worker keeps.
@@ -54,6 +55,7 @@ impl Ingest {
     pub fn new(engine: Arc<Engine>, cfg: Config) -> Arc<Ingest> {
         Arc::new(Ingest {
             engine,
+            inventory: Arc::new(inventory::Inventory::new(cfg.inventory())),
             cfg,
             fetcher: Fetcher::new(),
             stats: IngestStats::default(),

@@ -3,7 +3,7 @@
 
 use crate::checkm::{self, FileEntry, ManifestKind};
 use crate::fetch::{Fetched, file_sha256};
-use crate::{Ingest, fatal_or_transient, inventory};
+use crate::{Ingest, fatal_or_transient};
 use lading_core::JobState;
 use lading_core::tree::BoxFuture;
 use lading_core::{Event, layout::ark_node_name};
@@ -150,7 +150,8 @@ async fn object_files(ingest: &Ingest, job: &JobCtx) -> Result<Vec<FileEntry>, O
     Ok(vec![f])
 }
 
-/// Writes through a temporary file and a rename, so a reader sees all or nothing.
+/// Writes through a temporary file and a rename, so a reader sees all or nothing (durable
+/// once the file system is synced; see [`sync_fs`]).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     if let Some(p) = path.parent() {
@@ -159,8 +160,19 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
     let mut f = std::fs::File::create(&tmp)?;
     f.write_all(bytes)?;
-    f.sync_all()?;
     std::fs::rename(&tmp, path)
+}
+
+/// Makes everything written to the file system holding `path` durable: one `syncfs` instead
+/// of an fsync per file (a stage writes many small files).
+pub fn sync_fs(path: &Path) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path)?;
+    // SAFETY: syncfs takes an open descriptor, which `f` owns for the duration of the call.
+    if unsafe { libc::syncfs(f.as_raw_fd()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 async fn estimate(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
@@ -270,11 +282,23 @@ async fn download(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
     let attempts = ingest.cfg.file_attempts.max(1);
     for f in &files {
         let dest = job.workdir.join(into).join(&f.name);
-        if let Some(v) = verified.get(&f.name)
-            && std::fs::metadata(&dest).is_ok_and(|m| m.len() == v.size)
-        {
-            job.log(&format!("{} already verified; not fetched again", f.name));
-            continue;
+        if let Some(v) = verified.get(&f.name) {
+            // Verified by an earlier attempt, maybe in a process that crashed before the file
+            // reached the disk: trusted only if it still hashes the same.
+            let d = dest.clone();
+            let same = tokio::task::spawn_blocking(move || file_sha256(&d))
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .is_some_and(|(size, sha)| size == v.size && sha == v.sha256);
+            if same {
+                job.log(&format!("{} already verified; not fetched again", f.name));
+                continue;
+            }
+            job.log(&format!(
+                "{} changed since it was verified; fetching again",
+                f.name
+            ));
         }
         let mut k = 0;
         let got = loop {
@@ -300,7 +324,27 @@ async fn download(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
         let p = verified_path(&job.workdir);
         write_atomic(&p, &bytes).map_err(|e| io_err("writing", &p, e))?;
     }
+    // Not synced: the working directory is scratch. Processing hashes every file anyway and
+    // checks it against what was verified here, so a copy lost to a power cut is caught
+    // there, before anything is stored.
     Ok(Outcome::Done)
+}
+
+/// Checks the files under `dir` that downloading verified against their recorded digests.
+fn check_verified(workdir: &Path, dir: &str, found: &[ObjectFile]) -> Result<(), Outcome> {
+    let verified = read_verified(workdir);
+    for f in found {
+        if let Some(v) = verified.get(&f.path)
+            && (v.sha256 != f.sha256 || v.size != f.size)
+        {
+            return Err(Outcome::fatal(format!(
+                "the working copy of {dir}/{} no longer matches what was downloaded and \
+                 verified (a crash lost it?); requeue the job to Downloading",
+                f.path
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// One file of a built object.
@@ -347,6 +391,12 @@ async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
     if job.config_str("payload_type") == Some("container") {
         let marker = wd.join(INTERIM).join("unpacked");
         if !marker.exists() {
+            let c = wd.join(CONTAINER);
+            let found = tokio::task::spawn_blocking(move || list_files(&c))
+                .await
+                .map_err(|e| Outcome::Transient(e.to_string()))?
+                .map_err(|e| io_err("reading", &wd.join(CONTAINER), e))?;
+            check_verified(&wd, CONTAINER, &found)?;
             let (c, p) = (wd.join(CONTAINER), producer.clone());
             tokio::task::spawn_blocking(move || crate::unpack::unpack_all(&c, &p))
                 .await
@@ -363,6 +413,9 @@ async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
         .map_err(|e| io_err("reading", &producer, e))?;
     if files.is_empty() {
         return Err(Outcome::fatal("the object has no files"));
+    }
+    if job.config_str("payload_type") != Some("container") {
+        check_verified(&wd, PRODUCER, &files)?;
     }
     // The object's manifest, with digests.
     let rows: Vec<Vec<String>> = files
@@ -515,7 +568,6 @@ fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
             copy_tree(&e.path(), &dest)?;
         } else if t.is_file() {
             std::fs::copy(e.path(), &dest)?;
-            std::fs::File::open(&dest)?.sync_all()?;
         }
     }
     Ok(())
@@ -600,6 +652,8 @@ async fn store_locked(job: &JobCtx, root: &Path, ark: &str) -> Result<StoredVers
         let vf = tmp.join(VERSION_FILE);
         write_atomic(&vf, &serde_json::to_vec_pretty(&stored).unwrap_or_default())
             .map_err(io("writing", &vf))?;
+        // The copy is durable before it is published.
+        sync_fs(&tmp).map_err(io("syncing", &tmp))?;
         // The rename is the commit: a reader sees no version or a whole one.
         std::fs::rename(&tmp, &final_dir).map_err(io("renaming into", &final_dir))?;
         std::fs::File::open(&object_dir)
@@ -626,9 +680,8 @@ async fn record(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
         .lock_inventory(&stored.ark)
         .await
         .map_err(lock_wait)?;
-    let db = ingest.cfg.inventory();
-    let s = stored.clone();
-    let r = tokio::task::spawn_blocking(move || inventory::record(&db, &s))
+    let (inv, s) = (ingest.inventory.clone(), stored.clone());
+    let r = tokio::task::spawn_blocking(move || inv.record(&s))
         .await
         .map_err(|e| Outcome::Transient(e.to_string()));
     let _ = job.engine.unlock_ark(lock).await;

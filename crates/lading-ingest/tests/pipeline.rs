@@ -449,3 +449,58 @@ async fn a_retried_download_fetches_only_the_files_not_yet_verified() {
     h.stop();
     task.await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_working_copy_that_changed_after_download_is_caught_before_storing() {
+    let w = World::new().await;
+    let m = w.object_manifest("o.checkm", &[("f.txt", b"verified content")]);
+    let ingest = w.ingest();
+    let bid = w.submit(&ingest, &m, "manifest").await;
+    // Only the stages up to downloading run at first.
+    let (h, shutdown) = lading_worker::Shutdown::new();
+    let i = ingest.clone();
+    let task = tokio::spawn(async move {
+        let early = [
+            "intake",
+            "pending",
+            "estimating",
+            "provisioning",
+            "downloading",
+        ];
+        lading_ingest::run(&i, &early, shutdown).await.unwrap();
+    });
+    let job = loop {
+        if let Some(j) = w.jobs_of(&bid).await.first() {
+            break j.clone();
+        }
+        w.batch_reaches(&bid, &[BatchState::Processing]).await;
+    };
+    w.job_reaches(&job, JobState::Processing).await;
+    h.stop();
+    task.await.unwrap();
+    // A crash (or anything else) damages the working copy.
+    let copy = w.cfg.work_dir().join(job.as_str()).join("producer/f.txt");
+    std::fs::write(&copy, b"damaged content!").unwrap();
+    let (h, task) = w.run_all(&ingest);
+    w.job_reaches(&job, JobState::Failed).await;
+    let info = w.engine.job(&job).await.unwrap();
+    let msg = info.status.message.unwrap();
+    assert!(msg.contains("producer/f.txt no longer matches"), "{msg}");
+    assert!(
+        !w.cfg.storage_root().exists()
+            || std::fs::read_dir(w.cfg.storage_root())
+                .unwrap()
+                .next()
+                .is_none(),
+        "nothing was stored"
+    );
+    // Requeued to Downloading, the damaged file is fetched again and the job completes.
+    w.engine
+        .requeue_job(&job, Some(JobState::Downloading))
+        .await
+        .unwrap();
+    w.job_reaches(&job, JobState::Completed).await;
+    assert_eq!(w.server.gets("o.checkm.d/f.txt"), 2);
+    h.stop();
+    task.await.unwrap();
+}
