@@ -230,7 +230,7 @@ impl Intake {
 
     async fn run(&self, b: Arc<BatchCtx>) -> Outcome {
         let b = &b;
-        let objects = match self.objects(&b).await {
+        let objects = match self.objects(b).await {
             Ok(o) => o,
             Err(o) => return o,
         };
@@ -240,7 +240,7 @@ impl Intake {
             Err(e) => return Outcome::fatal(e),
         };
         // A retried intake (after a crash or a transient error) skips the objects it made.
-        let done: BTreeSet<u64> = match self.existing_rows(&b).await {
+        let done: BTreeSet<u64> = match self.existing_rows(b).await {
             Ok(d) => d,
             Err(e) => return e.into(),
         };
