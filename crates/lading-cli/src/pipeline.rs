@@ -431,7 +431,14 @@ pub async fn bench(
             let body = filler(file_bytes as usize, (o * 1000 + f) as u64 + 1);
             let mut h = lading_ingest::fetch::Hasher::new(checkm::HashAlg::Sha256);
             h.update(&body);
-            std::fs::write(payload.join(&name), &body)?;
+            {
+                // Synced, so the depositor's files are not dirty pages the pipeline's own
+                // syncs would have to flush.
+                use std::io::Write;
+                let mut file = std::fs::File::create(payload.join(&name))?;
+                file.write_all(&body)?;
+                file.sync_all()?;
+            }
             rows.push(vec![
                 server.url(&name),
                 "sha256".into(),

@@ -5,7 +5,6 @@ use crate::checkm::{Digest, HashAlg};
 use sha2::Digest as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
 
 /// Why a fetch failed, and whether trying again can help.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -218,27 +217,27 @@ impl Fetcher {
             Some(e) => format!("{}.part", e.to_string_lossy()),
             None => "part".into(),
         });
-        let mut out = tokio::fs::File::create(&part)
-            .await
-            .map_err(|e| local(&part, e))?;
-        let mut sha = Hasher::new(HashAlg::Sha256);
-        let mut other = digest
-            .filter(|d| d.alg != HashAlg::Sha256)
-            .map(|d| Hasher::new(d.alg));
-        let mut n = 0u64;
-        let mut feed = |b: &[u8], n: &mut u64| {
-            sha.update(b);
-            if let Some(h) = other.as_mut() {
-                h.update(b);
-            }
-            *n += b.len() as u64;
+        let file = std::fs::File::create(&part).map_err(|e| local(&part, e))?;
+        // Blocks of WRITE_BLOCK bytes are hashed and written on a blocking thread, one block
+        // in flight while the next is received: network, hashing and disk overlap, and
+        // memory stays at two blocks whatever the file's size.
+        let mut sink = Sink {
+            file: Some(file),
+            sha: Some(Hasher::new(HashAlg::Sha256)),
+            other: digest
+                .filter(|d| d.alg != HashAlg::Sha256)
+                .map(|d| Hasher::new(d.alg)),
+            pending: None,
+            buf: Vec::with_capacity(WRITE_BLOCK),
+            n: 0,
+            part: part.clone(),
         };
         if let Some(p) = file_path(url) {
             use tokio::io::AsyncReadExt;
             let mut f = tokio::fs::File::open(&p)
                 .await
                 .map_err(|e| FetchError::Fatal(format!("cannot read {url}: {e}")))?;
-            let mut buf = vec![0u8; 256 << 10];
+            let mut buf = vec![0u8; WRITE_BLOCK];
             loop {
                 let k = f
                     .read(&mut buf)
@@ -247,10 +246,7 @@ impl Fetcher {
                 if k == 0 {
                     break;
                 }
-                feed(&buf[..k], &mut n);
-                out.write_all(&buf[..k])
-                    .await
-                    .map_err(|e| local(&part, e))?;
+                sink.push(&buf[..k]).await?;
             }
         } else {
             let mut r = self
@@ -263,15 +259,11 @@ impl Fetcher {
                 return Err(status_error(r.status(), url));
             }
             while let Some(chunk) = r.chunk().await.map_err(|e| classify(e, url))? {
-                feed(&chunk, &mut n);
-                out.write_all(&chunk).await.map_err(|e| local(&part, e))?;
+                sink.push(&chunk).await?;
             }
         }
-        // No fsync per file: the stage syncs the file system once when it is done (see
-        // `stages::sync_fs`), and a resumed job re-hashes what it finds.
-        out.flush().await.map_err(|e| local(&part, e))?;
-        drop(out);
-        let sha256 = sha.hex();
+        let (n, sha, other) = sink.finish().await?;
+        let sha256 = sha;
         if let Some(expected) = size
             && expected != n
         {
@@ -282,7 +274,7 @@ impl Fetcher {
         }
         if let Some(d) = digest {
             let got = match other {
-                Some(h) => h.hex(),
+                Some(h) => h,
                 None => sha256.clone(),
             };
             if got != d.hex {
@@ -298,6 +290,77 @@ impl Fetcher {
             .await
             .map_err(|e| local(dest, e))?;
         Ok(Fetched { size: n, sha256 })
+    }
+}
+
+/// Bytes written per blocking write.
+const WRITE_BLOCK: usize = 1 << 20;
+
+/// What a block write hands back: the file and the running hashes.
+type Written = (std::fs::File, Hasher, Option<Hasher>);
+
+/// The writing end of a download: hashes and writes blocks off the async threads.
+struct Sink {
+    file: Option<std::fs::File>,
+    sha: Option<Hasher>,
+    other: Option<Hasher>,
+    /// The block being written.
+    pending: Option<tokio::task::JoinHandle<std::io::Result<Written>>>,
+    buf: Vec<u8>,
+    n: u64,
+    part: PathBuf,
+}
+
+impl Sink {
+    async fn push(&mut self, b: &[u8]) -> Result<(), FetchError> {
+        self.buf.extend_from_slice(b);
+        self.n += b.len() as u64;
+        if self.buf.len() >= WRITE_BLOCK {
+            self.flush_block().await?;
+        }
+        Ok(())
+    }
+
+    async fn settle(&mut self) -> Result<(), FetchError> {
+        if let Some(h) = self.pending.take() {
+            let (f, sha, other) = h
+                .await
+                .map_err(|e| FetchError::Transient(e.to_string()))?
+                .map_err(|e| local(&self.part, e))?;
+            self.file = Some(f);
+            self.sha = Some(sha);
+            self.other = other;
+        }
+        Ok(())
+    }
+
+    async fn flush_block(&mut self) -> Result<(), FetchError> {
+        self.settle().await?;
+        let block = std::mem::replace(&mut self.buf, Vec::with_capacity(WRITE_BLOCK));
+        let (Some(mut f), Some(mut sha)) = (self.file.take(), self.sha.take()) else {
+            return Err(FetchError::Transient("download sink lost its file".into()));
+        };
+        let mut other = self.other.take();
+        self.pending = Some(tokio::task::spawn_blocking(move || {
+            use std::io::Write;
+            sha.update(&block);
+            if let Some(h) = other.as_mut() {
+                h.update(&block);
+            }
+            f.write_all(&block)?;
+            Ok((f, sha, other))
+        }));
+        Ok(())
+    }
+
+    /// Writes what is left; returns the size and the hex digests (sha256, other).
+    async fn finish(mut self) -> Result<(u64, String, Option<String>), FetchError> {
+        if !self.buf.is_empty() {
+            self.flush_block().await?;
+        }
+        self.settle().await?;
+        let sha = self.sha.take().map(Hasher::hex).unwrap_or_default();
+        Ok((self.n, sha, self.other.take().map(Hasher::hex)))
     }
 }
 

@@ -1,7 +1,7 @@
 //! The inventory database (SQLite): objects, versions and files, so stored content can be
 //! found. Recording a version twice changes nothing.
 
-use crate::stages::{StoredVersion, list_files};
+use crate::stages::{ObjectFile, StoredVersion, list_files};
 use rusqlite::{Connection, params};
 use std::path::Path;
 
@@ -58,10 +58,50 @@ impl Inventory {
         }
     }
 
-    /// Records a stored version and its files (read from the version itself) in one
-    /// transaction. Blocking: call from a blocking thread.
-    pub fn record(&self, v: &StoredVersion) -> Result<Recorded, InventoryError> {
-        let files = list_files(Path::new(&v.path))?;
+    /// Records a stored version and its files in one transaction. `producer` lists the
+    /// object's own files as processing hashed them (so they are not read again); the rest of
+    /// the version (Lading's manifest and version record, a few small files) is hashed here.
+    /// Blocking: call from a blocking thread.
+    pub fn record(
+        &self,
+        v: &StoredVersion,
+        producer: Option<&[ObjectFile]>,
+    ) -> Result<Recorded, InventoryError> {
+        let files = match producer {
+            None => list_files(Path::new(&v.path))?,
+            Some(known) => {
+                let root = Path::new(&v.path);
+                let mut all: Vec<ObjectFile> = known
+                    .iter()
+                    .map(|f| ObjectFile {
+                        path: format!("{}/{}", crate::stages::PRODUCER, f.path),
+                        ..f.clone()
+                    })
+                    .collect();
+                for e in std::fs::read_dir(root)? {
+                    let e = e?;
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    if name == crate::stages::PRODUCER {
+                        continue;
+                    }
+                    if e.file_type()?.is_dir() {
+                        all.extend(list_files(&e.path())?.into_iter().map(|f| ObjectFile {
+                            path: format!("{name}/{}", f.path),
+                            ..f
+                        }));
+                    } else {
+                        let (size, sha256) = crate::fetch::file_sha256(&e.path())?;
+                        all.push(ObjectFile {
+                            path: name,
+                            size,
+                            sha256,
+                        });
+                    }
+                }
+                all.sort_by(|a, b| a.path.cmp(&b.path));
+                all
+            }
+        };
         let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         if guard.is_none() {
             *guard = Some(open(&self.path)?);
@@ -86,7 +126,7 @@ pub fn record(db: &Path, v: &StoredVersion) -> Result<Recorded, InventoryError> 
 fn record_into(
     c: &mut Connection,
     v: &StoredVersion,
-    files: &[crate::stages::ObjectFile],
+    files: &[ObjectFile],
 ) -> Result<Recorded, InventoryError> {
     let tx = c.transaction()?;
     let now = lading_core::time::format_ts(lading_core::time::system_clock().now_ms());

@@ -150,8 +150,8 @@ async fn object_files(ingest: &Ingest, job: &JobCtx) -> Result<Vec<FileEntry>, O
     Ok(vec![f])
 }
 
-/// Writes through a temporary file and a rename, so a reader sees all or nothing (durable
-/// once the file system is synced; see [`sync_fs`]).
+/// Writes through a temporary file and a rename, so a reader sees all or nothing (not
+/// synced: callers that need durability sync what they wrote).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     if let Some(p) = path.parent() {
@@ -163,16 +163,16 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-/// Makes everything written to the file system holding `path` durable: one `syncfs` instead
-/// of an fsync per file (a stage writes many small files).
-pub fn sync_fs(path: &Path) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let f = std::fs::File::open(path)?;
-    // SAFETY: syncfs takes an open descriptor, which `f` owns for the duration of the call.
-    if unsafe { libc::syncfs(f.as_raw_fd()) } != 0 {
-        return Err(std::io::Error::last_os_error());
+/// Fsyncs `dir` and every folder under it, so the names of files synced inside are durable
+/// too.
+pub fn sync_dirs(dir: &Path) -> std::io::Result<()> {
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        if e.file_type()?.is_dir() {
+            sync_dirs(&e.path())?;
+        }
     }
-    Ok(())
+    std::fs::File::open(dir)?.sync_all()
 }
 
 async fn estimate(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
@@ -568,6 +568,9 @@ fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
             copy_tree(&e.path(), &dest)?;
         } else if t.is_file() {
             std::fs::copy(e.path(), &dest)?;
+            // Only this version's own data is flushed (a file-system-wide sync would also
+            // wait for every other job's writes).
+            std::fs::File::open(&dest)?.sync_data()?;
         }
     }
     Ok(())
@@ -652,8 +655,11 @@ async fn store_locked(job: &JobCtx, root: &Path, ark: &str) -> Result<StoredVers
         let vf = tmp.join(VERSION_FILE);
         write_atomic(&vf, &serde_json::to_vec_pretty(&stored).unwrap_or_default())
             .map_err(io("writing", &vf))?;
+        std::fs::File::open(&vf)
+            .and_then(|f| f.sync_data())
+            .map_err(io("syncing", &vf))?;
         // The copy is durable before it is published.
-        sync_fs(&tmp).map_err(io("syncing", &tmp))?;
+        sync_dirs(&tmp).map_err(io("syncing", &tmp))?;
         // The rename is the commit: a reader sees no version or a whole one.
         std::fs::rename(&tmp, &final_dir).map_err(io("renaming into", &final_dir))?;
         std::fs::File::open(&object_dir)
@@ -680,8 +686,18 @@ async fn record(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
         .lock_inventory(&stored.ark)
         .await
         .map_err(lock_wait)?;
+    // The object's files as processing hashed them.
+    let producer: Option<Vec<ObjectFile>> = job
+        .engine
+        .tree()
+        .get(&lading_core::layout::job_node(job.job(), "inventory"))
+        .await
+        .map_err(|e| engine_err(e.into()))?
+        .and_then(|n| n.data)
+        .and_then(|d| serde_json::from_slice::<Value>(&d).ok())
+        .and_then(|v| serde_json::from_value(v.get("files")?.clone()).ok());
     let (inv, s) = (ingest.inventory.clone(), stored.clone());
-    let r = tokio::task::spawn_blocking(move || inv.record(&s))
+    let r = tokio::task::spawn_blocking(move || inv.record(&s, producer.as_deref()))
         .await
         .map_err(|e| Outcome::Transient(e.to_string()));
     let _ = job.engine.unlock_ark(lock).await;
