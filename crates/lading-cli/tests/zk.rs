@@ -188,3 +188,75 @@ async fn a_worker_paused_past_its_session_sees_lease_lost_and_commits_nothing() 
     );
     assert_eq!(e.job_counts().await.unwrap()[&JobState::Estimating], 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pipeline_runs_on_zookeeper_across_worker_processes() {
+    let url = store().await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("profiles")).unwrap();
+    std::fs::write(data.join("profiles/demo.toml"), "collection = \"demo\"\n").unwrap();
+    let config = dir.path().join("lading.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = \"{}\"\nreserve_bytes = 0\nunestimated_min_free_bytes = 0\n",
+            data.display()
+        ),
+    )
+    .unwrap();
+    let payload = dir.path().join("payload");
+    std::fs::create_dir_all(&payload).unwrap();
+    let mut rows = String::new();
+    for i in 0..3 {
+        let f = payload.join(format!("f{i}.txt"));
+        std::fs::write(&f, format!("file {i}")).unwrap();
+        rows.push_str(&format!("file://{}\n", f.display()));
+    }
+    let manifest = payload.join("singles.checkm");
+    std::fs::write(
+        &manifest,
+        format!(
+            "#%checkm_0.7\n#%profile | http://uc3.cdlib.org/registry/ingest/manifest/mrt-single-file-batch-manifest\n#%fields | nfo:fileUrl\n{rows}#%eof\n"
+        ),
+    )
+    .unwrap();
+    let worker = |stages: &str| {
+        Command::new(env!("CARGO_BIN_EXE_lading"))
+            .args(["--store", &url, "--config"])
+            .arg(&config)
+            .args(["worker", "--stages", stages])
+            .env_remove("LADING_STORE")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    // Two processes split the stages between them, as separate daemons would.
+    let mut early = worker("intake,pending,estimating,provisioning,downloading");
+    let mut late = worker("processing,storing,recording,notify,reporting");
+    let o = Command::new(env!("CARGO_BIN_EXE_lading"))
+        .args(["--store", &url, "--config"])
+        .arg(&config)
+        .args(["submit", &format!("file://{}", manifest.display())])
+        .args([
+            "--profile",
+            "demo",
+            "--type",
+            "single-file-batch-manifest",
+            "--wait",
+        ])
+        .env_remove("LADING_STORE")
+        .output()
+        .unwrap();
+    let out = ok(&o);
+    assert!(out.contains(": Completed"), "{out}");
+    assert_eq!(out.matches("ark:/99999/fk4").count(), 3, "{out}");
+    for c in [&mut early, &mut late] {
+        signal(c, "-TERM");
+        assert!(c.wait().unwrap().success());
+    }
+    let e = engine(&url).await;
+    let counts = e.job_counts().await.unwrap();
+    assert_eq!(counts.get(&JobState::Completed), Some(&3));
+}

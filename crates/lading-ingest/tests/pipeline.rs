@@ -509,3 +509,94 @@ async fn a_working_copy_that_changed_after_download_is_caught_before_storing() {
     h.stop();
     task.await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_processing_command_fails_the_job_with_its_last_lines() {
+    let w = World::new().await;
+    w.profile(
+        "scan",
+        "collection = \"demo\"\ncommand = \"echo scanning $LADING_JOB_ID; ls producer; echo 'virus found in f.txt' >&2; exit 3\"\n",
+    );
+    let m = w.object_manifest("o.checkm", &[("f.txt", b"eicar")]);
+    let ingest = w.ingest();
+    let bid = lading_ingest::submit(
+        &ingest,
+        &Submission {
+            profile: "scan".into(),
+            submitter: "me".into(),
+            payload_url: m,
+            payload_type: "manifest".into(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let (h, task) = w.run_all(&ingest);
+    w.batch_reaches(&bid, &[BatchState::Failed]).await;
+    let job = w.jobs_of(&bid).await.remove(0);
+    let info = w.engine.job(&job).await.unwrap();
+    assert_eq!(
+        info.status.last_successful_status,
+        Some(JobState::Downloading)
+    );
+    let msg = info.status.message.unwrap();
+    assert!(msg.contains("exit status: 3"), "{msg}");
+    assert!(msg.contains("virus found in f.txt"), "{msg}");
+    let log = std::fs::read_to_string(w.cfg.work_dir().join(job.as_str()).join("job.log")).unwrap();
+    assert!(log.contains(&format!("| scanning {job}")), "{log}");
+    assert!(log.contains("| f.txt"), "{log}");
+    h.stop();
+    task.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_collection_holds_its_batches_until_released() {
+    let w = World::new().await;
+    w.engine.hold_collection("demo").await.unwrap();
+    let m = w.object_manifest("o.checkm", &[("f.txt", b"held")]);
+    let ingest = w.ingest();
+    let bid = w.submit(&ingest, &m, "manifest").await;
+    let (h, task) = w.run_all(&ingest);
+    w.batch_reaches(&bid, &[BatchState::Held]).await;
+    assert!(w.jobs_of(&bid).await.is_empty());
+    w.engine.release_collection("demo").await.unwrap();
+    assert_eq!(
+        w.batch_reaches(&bid, &[BatchState::Completed, BatchState::Failed])
+            .await,
+        BatchState::Completed
+    );
+    h.stop();
+    task.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_removes_old_batches_and_working_folders_but_not_stored_objects() {
+    let w = World::new().await;
+    let m = w.object_manifest("o.checkm", &[("f.txt", b"keep me")]);
+    let ingest = w.ingest();
+    let bid = w.submit(&ingest, &m, "manifest").await;
+    let (h, task) = w.run_all(&ingest);
+    w.batch_reaches(&bid, &[BatchState::Completed]).await;
+    h.stop();
+    task.await.unwrap();
+    let job = w.jobs_of(&bid).await.remove(0);
+    let stored_at = stored(&w, &job).await.path;
+    assert!(w.cfg.work_dir().join(job.as_str()).exists());
+    let now = w.engine.clock().now_ms();
+    // Younger than the retention: kept.
+    let kept = lading_ingest::cleanup::cleanup(&ingest, now, 3_600_000)
+        .await
+        .unwrap();
+    assert_eq!(kept.batches, 0);
+    let gone = lading_ingest::cleanup::cleanup(&ingest, now + 3_600_001, 3_600_000)
+        .await
+        .unwrap();
+    assert_eq!((gone.batches, gone.jobs), (1, 1));
+    assert!(w.engine.batch(&bid).await.is_err());
+    assert!(!w.cfg.work_dir().join(job.as_str()).exists());
+    assert!(
+        std::path::Path::new(&stored_at)
+            .join("producer/f.txt")
+            .exists()
+    );
+}
