@@ -248,17 +248,7 @@ pub async fn demo(dir: &Path, objects: usize, files: usize) -> anyhow::Result<()
                 format!("file{f}.txt"),
             ]);
         }
-        let m = checkm::write(
-            ManifestKind::Object,
-            &[
-                checkm::FILE_URL,
-                checkm::HASH_ALG,
-                checkm::HASH_VALUE,
-                checkm::FILE_SIZE,
-                checkm::FILE_NAME,
-            ],
-            &rows,
-        );
+        let m = checkm::write(ManifestKind::Object, checkm::OBJECT_FIELDS, &rows);
         std::fs::write(payload.join(format!("obj{o}.checkm")), m)?;
         batch_rows.push(vec![
             server.url(&format!("obj{o}.checkm")),
@@ -447,17 +437,7 @@ pub async fn bench(
                 format!("f{f}.bin"),
             ]);
         }
-        let m = checkm::write(
-            ManifestKind::Object,
-            &[
-                checkm::FILE_URL,
-                checkm::HASH_ALG,
-                checkm::HASH_VALUE,
-                checkm::FILE_SIZE,
-                checkm::FILE_NAME,
-            ],
-            &rows,
-        );
+        let m = checkm::write(ManifestKind::Object, checkm::OBJECT_FIELDS, &rows);
         std::fs::write(payload.join(format!("o{o}.checkm")), m)?;
         batch_rows.push(vec![server.url(&format!("o{o}.checkm"))]);
     }

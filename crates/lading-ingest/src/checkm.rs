@@ -161,6 +161,9 @@ pub const CREATOR: &str = "mrt:creator";
 pub const TITLE: &str = "mrt:title";
 pub const DATE: &str = "mrt:date";
 
+/// The fields of the object manifests Lading writes: one file per row, with its digest.
+pub const OBJECT_FIELDS: &[&str] = &[FILE_URL, HASH_ALG, HASH_VALUE, FILE_SIZE, FILE_NAME];
+
 /// Parses a checkm 0.7 manifest.
 pub fn parse(text: &str) -> Result<Manifest, ManifestError> {
     let mut header_seen = false;

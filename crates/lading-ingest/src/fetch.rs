@@ -138,6 +138,20 @@ impl Fetcher {
         &self.client
     }
 
+    /// A successful GET response, its body not read yet.
+    async fn get(&self, url: &str) -> Result<reqwest::Response, FetchError> {
+        let r = self
+            .client
+            .get(url)
+            .send()
+            .await
+            .map_err(|e| classify(e, url))?;
+        if !r.status().is_success() {
+            return Err(status_error(r.status(), url));
+        }
+        Ok(r)
+    }
+
     /// The length a HEAD request reports; `None` when unknown, refused or unsupported.
     pub async fn head_len(&self, url: &str) -> Option<u64> {
         if let Some(p) = file_path(url) {
@@ -176,15 +190,7 @@ impl Fetcher {
                 .await
                 .map_err(|e| FetchError::Fatal(format!("cannot read {url}: {e}")))?
         } else {
-            let mut r = self
-                .client
-                .get(url)
-                .send()
-                .await
-                .map_err(|e| classify(e, url))?;
-            if !r.status().is_success() {
-                return Err(status_error(r.status(), url));
-            }
+            let mut r = self.get(url).await?;
             let mut out = Vec::new();
             while let Some(chunk) = r.chunk().await.map_err(|e| classify(e, url))? {
                 out.extend_from_slice(&chunk);
@@ -249,15 +255,7 @@ impl Fetcher {
                 sink.push(&buf[..k]).await?;
             }
         } else {
-            let mut r = self
-                .client
-                .get(url)
-                .send()
-                .await
-                .map_err(|e| classify(e, url))?;
-            if !r.status().is_success() {
-                return Err(status_error(r.status(), url));
-            }
+            let mut r = self.get(url).await?;
             while let Some(chunk) = r.chunk().await.map_err(|e| classify(e, url))? {
                 sink.push(&chunk).await?;
             }

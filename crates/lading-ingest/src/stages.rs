@@ -430,17 +430,7 @@ async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
             ]
         })
         .collect();
-    let manifest = checkm::write(
-        ManifestKind::Object,
-        &[
-            checkm::FILE_URL,
-            checkm::HASH_ALG,
-            checkm::HASH_VALUE,
-            checkm::FILE_SIZE,
-            checkm::FILE_NAME,
-        ],
-        &rows,
-    );
+    let manifest = checkm::write(ManifestKind::Object, checkm::OBJECT_FIELDS, &rows);
     let mpath = wd.join(SYSTEM).join("manifest.checkm");
     write_atomic(&mpath, manifest.as_bytes()).map_err(|e| io_err("writing", &mpath, e))?;
     // The primary identifier: given, or minted once (kept in the job, so a retry reuses it).

@@ -119,17 +119,7 @@ impl World {
                 ]
             })
             .collect();
-        let text = checkm::write(
-            ManifestKind::Object,
-            &[
-                checkm::FILE_URL,
-                checkm::HASH_ALG,
-                checkm::HASH_VALUE,
-                checkm::FILE_SIZE,
-                checkm::FILE_NAME,
-            ],
-            &rows,
-        );
+        let text = checkm::write(ManifestKind::Object, checkm::OBJECT_FIELDS, &rows);
         self.file(rel, text.as_bytes()).0
     }
 
