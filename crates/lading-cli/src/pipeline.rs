@@ -82,7 +82,6 @@ pub async fn run_until_signal(
             stages.join(", ")
         }
     );
-    let cleanup = periodic_cleanup(ingest.clone(), stages.contains(&"reporting"));
     tokio::select! {
         r = &mut task => { r?.map_err(anyhow::Error::msg)?; }
         _ = signal() => {
@@ -106,31 +105,9 @@ pub async fn run_until_signal(
             }
         }
     }
-    cleanup.abort();
     ingest.engine.tree().close().await?;
     eprintln!("lading: stopped");
     Ok(())
-}
-
-/// Removes old completed batches once an hour, in the process that runs reporting.
-fn periodic_cleanup(ingest: Arc<Ingest>, enabled: bool) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        if !enabled {
-            return;
-        }
-        loop {
-            let now = ingest.engine.clock().now_ms();
-            let retention_ms = ingest.cfg.retention_hours.saturating_mul(3_600_000);
-            match lading_ingest::cleanup::cleanup(&ingest, now, retention_ms).await {
-                Ok(c) if c.batches > 0 => {
-                    tracing::info!(batches = c.batches, jobs = c.jobs, "cleanup")
-                }
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "cleanup failed"),
-            }
-            tokio::time::sleep(Duration::from_secs(3600)).await;
-        }
-    })
 }
 
 /// Waits until `batch` is Completed or Failed, printing each batch and job change (from

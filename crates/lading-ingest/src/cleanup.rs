@@ -52,3 +52,36 @@ pub async fn cleanup(
     }
     Ok(out)
 }
+
+/// How often the process that runs reporting looks for batches a crash left in Processing.
+const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
+/// How often it removes old batches.
+const CLEANUP_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Housekeeping of the process that runs reporting, until dropped: at start and every ten
+/// minutes, a batch whose jobs have all left `batch-processing` but that is still Processing
+/// (its last job's worker died between the two steps) is moved to Reporting; every hour, old
+/// batches are cleaned up.
+pub async fn housekeeping(ingest: std::sync::Arc<Ingest>) {
+    let mut last_cleanup: Option<std::time::Instant> = None;
+    loop {
+        match ingest.engine.sweep_reporting().await {
+            Ok(n) if n > 0 => tracing::info!(batches = n, "batches moved on to Reporting"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "reporting sweep failed"),
+        }
+        if last_cleanup.is_none_or(|t| t.elapsed() >= CLEANUP_EVERY) {
+            last_cleanup = Some(std::time::Instant::now());
+            let now = ingest.engine.clock().now_ms();
+            let retention_ms = ingest.cfg.retention_hours.saturating_mul(3_600_000);
+            match cleanup(&ingest, now, retention_ms).await {
+                Ok(c) if c.batches > 0 => {
+                    tracing::info!(batches = c.batches, jobs = c.jobs, "cleanup")
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "cleanup failed"),
+            }
+        }
+        tokio::time::sleep(SWEEP_EVERY).await;
+    }
+}

@@ -131,7 +131,8 @@ pub fn stages(
     Ok((jobs, batches))
 }
 
-/// Runs the named stages until shut down; returns the worker's per-stage figures.
+/// Runs the named stages until shut down; returns the worker's per-stage figures. With
+/// `reporting` among them, also [`cleanup::housekeeping`].
 pub async fn run(
     ingest: &Arc<Ingest>,
     names: &[&str],
@@ -140,6 +141,13 @@ pub async fn run(
     let (jobs, batches) = stages(ingest, names)?;
     let worker = Worker::new(ingest.engine.clone(), ingest.cfg.work_dir());
     let stats = worker.stats();
+    // The process that reports also repairs and cleans up.
+    let housekeeping = names
+        .contains(&"reporting")
+        .then(|| tokio::spawn(cleanup::housekeeping(ingest.clone())));
     worker.run(jobs, batches, shutdown).await;
+    if let Some(h) = housekeeping {
+        h.abort();
+    }
     Ok(stats)
 }

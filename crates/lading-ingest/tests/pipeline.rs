@@ -600,3 +600,48 @@ async fn cleanup_removes_old_batches_and_working_folders_but_not_stored_objects(
             .exists()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_left_in_processing_by_a_crash_is_reported_when_reporting_starts() {
+    let w = World::new().await;
+    let m = w.object_manifest("o.checkm", &[("f.txt", b"done before the crash")]);
+    let ingest = w.ingest();
+    let bid = w.submit(&ingest, &m, "manifest").await;
+    // Everything but reporting: the batch reaches Reporting and waits there.
+    let (h, shutdown) = lading_worker::Shutdown::new();
+    let i = ingest.clone();
+    let task = tokio::spawn(async move {
+        let stages: Vec<&str> = lading_ingest::STAGE_NAMES
+            .iter()
+            .copied()
+            .filter(|s| !s.contains("reporting"))
+            .collect();
+        lading_ingest::run(&i, &stages, shutdown).await.unwrap();
+    });
+    w.batch_reaches(&bid, &[BatchState::Reporting]).await;
+    h.stop();
+    task.await.unwrap();
+    // Put the batch back in Processing, as a worker that died between the job's last move and
+    // the batch's would have left it.
+    let path = lading_core::layout::batch_node(&bid, "status");
+    let node = w.engine.tree().get(&path).await.unwrap().unwrap();
+    let mut status: serde_json::Value = serde_json::from_slice(&node.data.unwrap()).unwrap();
+    status["status"] = "Processing".into();
+    w.engine
+        .tree()
+        .set(
+            &path,
+            Some(serde_json::to_vec(&status).unwrap()),
+            Some(node.stat.version),
+        )
+        .await
+        .unwrap();
+    let (h, task) = w.run_all(&ingest);
+    assert_eq!(
+        w.batch_reaches(&bid, &[BatchState::Completed, BatchState::Failed])
+            .await,
+        BatchState::Completed
+    );
+    h.stop();
+    task.await.unwrap();
+}
