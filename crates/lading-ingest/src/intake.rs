@@ -84,7 +84,7 @@ pub enum SubmitError {
 
 /// Checks a submission against the profiles and creates its batch, Pending.
 pub async fn submit(ingest: &Ingest, s: &Submission) -> Result<BatchId, SubmitError> {
-    let profile = ingest.cfg.profile(&s.profile)?;
+    let profile = ingest.profile(&s.profile)?;
     if PayloadType::parse(&s.payload_type).is_none() {
         return Err(SubmitError::PayloadType(s.payload_type.clone()));
     }
@@ -235,7 +235,7 @@ impl Intake {
             Err(o) => return o,
         };
         let profile_name = b.submission_str("profile_name").unwrap_or_default();
-        let profile = match self.0.cfg.profile(profile_name) {
+        let profile = match self.0.profile(profile_name) {
             Ok(p) => p,
             Err(e) => return Outcome::fatal(e),
         };

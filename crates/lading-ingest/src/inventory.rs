@@ -116,13 +116,6 @@ impl Inventory {
     }
 }
 
-/// Records a stored version and its files (read from the version itself) in one transaction.
-pub fn record(db: &Path, v: &StoredVersion) -> Result<Recorded, InventoryError> {
-    let files = list_files(Path::new(&v.path))?;
-    let mut c = open(db)?;
-    record_into(&mut c, v, &files)
-}
-
 fn record_into(
     c: &mut Connection,
     v: &StoredVersion,
@@ -169,4 +162,45 @@ pub fn versions_of(db: &Path, ark: &str) -> Result<Vec<(u32, u64, u64)>, Invento
         })?
         .collect::<Result<Vec<_>, _>>()?;
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recording_a_version_twice_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let v1 = dir.path().join("obj/v1");
+        std::fs::create_dir_all(v1.join("producer")).unwrap();
+        std::fs::write(v1.join("producer/a.txt"), b"alpha").unwrap();
+        let v = StoredVersion {
+            ark: "ark:/99999/fk4x".into(),
+            version: 1,
+            path: v1.to_string_lossy().into_owned(),
+            job: "jid0000000001".into(),
+            batch: "bid0000000001".into(),
+        };
+        let inv = Inventory::new(dir.path().join("inventory.db"));
+        let first = inv.record(&v, None).unwrap();
+        assert_eq!(
+            first,
+            Recorded {
+                new: true,
+                files: 1
+            }
+        );
+        let again = inv.record(&v, None).unwrap();
+        assert_eq!(
+            again,
+            Recorded {
+                new: false,
+                files: 1
+            }
+        );
+        assert_eq!(
+            versions_of(&dir.path().join("inventory.db"), "ark:/99999/fk4x").unwrap(),
+            vec![(1, 1, 5)]
+        );
+    }
 }

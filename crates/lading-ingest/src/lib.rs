@@ -24,31 +24,19 @@ use fetch::{FetchError, Fetcher};
 use lading_core::BatchState;
 use lading_engine::Engine;
 use lading_worker::{BatchStage, JobStage, Outcome, Shutdown, StageConfig, Worker};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
 /// What the stages share.
 pub struct Ingest {
     pub engine: Arc<Engine>,
     pub cfg: Config,
     pub fetcher: Fetcher,
-    pub stats: IngestStats,
     pub inventory: Arc<inventory::Inventory>,
-}
-
-/// Figures beyond the per-stage ones the worker keeps.
-#[derive(Debug, Default)]
-pub struct IngestStats {
-    bytes_downloaded: AtomicU64,
-}
-
-impl IngestStats {
-    pub fn add_bytes(&self, n: u64) {
-        self.bytes_downloaded.fetch_add(n, Ordering::Relaxed);
-    }
-    pub fn bytes_downloaded(&self) -> u64 {
-        self.bytes_downloaded.load(Ordering::Relaxed)
-    }
+    /// Profiles read so far, with the modification time of their file: every stage of every
+    /// job asks for its profile, and a `stat` is much cheaper than reading and parsing.
+    profiles: Mutex<HashMap<String, (Option<SystemTime>, Profile)>>,
 }
 
 impl Ingest {
@@ -58,8 +46,30 @@ impl Ingest {
             inventory: Arc::new(inventory::Inventory::new(cfg.inventory())),
             cfg,
             fetcher: Fetcher::new(),
-            stats: IngestStats::default(),
+            profiles: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Profile `name`, re-read only when its file changed.
+    pub fn profile(&self, name: &str) -> Result<Profile, config::ConfigError> {
+        let path = self.cfg.profiles_dir().join(format!("{name}.toml"));
+        let mtime = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
+        if let Some((seen, p)) = self
+            .profiles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            && mtime.is_some()
+            && *seen == mtime
+        {
+            return Ok(p.clone());
+        }
+        let p = self.cfg.profile(name)?;
+        self.profiles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.to_string(), (mtime, p.clone()));
+        Ok(p)
     }
 }
 

@@ -41,10 +41,7 @@ async fn report(ingest: &Ingest, b: &BatchCtx, update: bool) -> Result<Outcome, 
         report.extra.insert("updated_jobs".into(), json!(fixed));
     }
     b.write_status_report(&report).await?;
-    let profile = match ingest
-        .cfg
-        .profile(b.submission_str("profile_name").unwrap_or_default())
-    {
+    let profile = match ingest.profile(b.submission_str("profile_name").unwrap_or_default()) {
         Ok(p) => p,
         // The profile was removed since submission: the report is written, nobody to mail.
         Err(e) => {

@@ -35,6 +35,9 @@ macro_rules! stage {
             $(fn success(&self) -> Event<JobState> {
                 $succ
             })?
+            fn max_attempts(&self, job: &lading_engine::JobInfo) -> Option<u32> {
+                profile_attempts(&self.0, job, $state)
+            }
             fn run(&self, job: Arc<JobCtx>) -> BoxFuture<'static, Outcome> {
                 let ingest = self.0.clone();
                 Box::pin(async move { $method(&ingest, &job).await.unwrap_or_else(|o| o) })
@@ -83,6 +86,14 @@ stage!(Record, JobState::Recording, record);
 /// Notify: the profile's callback.
 pub struct Notify(pub Arc<Ingest>);
 stage!(Notify, JobState::Notify, notify);
+
+/// The profile's own attempt limit for `state`, if it sets one (`[max_attempts]` in the
+/// profile, keyed by the stage's lower-case name).
+fn profile_attempts(ingest: &Ingest, job: &lading_engine::JobInfo, state: JobState) -> Option<u32> {
+    let name = job.configuration.get("profile_name")?.as_str()?;
+    let profile = ingest.profile(name).ok()?;
+    profile.max_attempts.get(state.node_name()).copied()
+}
 
 fn engine_err(e: EngineError) -> Outcome {
     e.into()
@@ -318,7 +329,6 @@ async fn download(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
             }
         };
         job.log(&format!("fetched {} ({} bytes)", f.name, got.size));
-        ingest.stats.add_bytes(got.size);
         verified.insert(f.name.clone(), got);
         let bytes = serde_json::to_vec(&verified).unwrap_or_default();
         let p = verified_path(&job.workdir);
@@ -437,7 +447,6 @@ async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
     let mut ids: lading_core::layout::Identifiers =
         serde_json::from_value(job.info.identifiers.clone()).unwrap_or_default();
     let profile = ingest
-        .cfg
         .profile(job.config_str("profile_name").unwrap_or_default())
         .map_err(Outcome::fatal)?;
     if ids.primary_id.as_deref().is_none_or(str::is_empty) {
@@ -580,7 +589,6 @@ fn lock_wait(e: EngineError) -> Outcome {
 async fn store(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
     let ark = object_ark(job)?;
     let profile = ingest
-        .cfg
         .profile(job.config_str("profile_name").unwrap_or_default())
         .map_err(Outcome::fatal)?;
     let root = profile
@@ -704,7 +712,6 @@ async fn record(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
 
 async fn notify(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
     let profile = ingest
-        .cfg
         .profile(job.config_str("profile_name").unwrap_or_default())
         .map_err(Outcome::fatal)?;
     let Some(url) = profile.callback_url else {

@@ -130,3 +130,74 @@ fn untar(r: impl Read, into: &Path, name: &str) -> Result<(), Outcome> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn setup(name: &str, bytes: &[u8]) -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("container")).unwrap();
+        std::fs::write(dir.path().join("container").join(name), bytes).unwrap();
+        let producer = dir.path().join("producer");
+        (dir, producer)
+    }
+
+    fn zip_of(names: &[&str]) -> Vec<u8> {
+        let mut buf = std::io::Cursor::new(Vec::new());
+        let mut z = zip::ZipWriter::new(&mut buf);
+        for n in names {
+            z.start_file(*n, zip::write::SimpleFileOptions::default())
+                .unwrap();
+            z.write_all(b"x").unwrap();
+        }
+        z.finish().unwrap();
+        buf.into_inner()
+    }
+
+    #[test]
+    fn a_zip_unpacks_into_the_object() {
+        let (dir, producer) = setup("c.zip", &zip_of(&["a/b.txt", "c.txt"]));
+        unpack_all(&dir.path().join("container"), &producer).unwrap();
+        assert!(producer.join("a/b.txt").is_file());
+        assert!(producer.join("c.txt").is_file());
+    }
+
+    #[test]
+    fn a_zip_entry_that_climbs_out_is_refused_and_nothing_is_unpacked() {
+        let (dir, producer) = setup("evil.zip", &zip_of(&["ok.txt", "../../escaped.txt"]));
+        let err = unpack_all(&dir.path().join("container"), &producer).unwrap_err();
+        match err {
+            Outcome::Fatal(m) => assert!(m.contains("outside the object"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(!producer.exists(), "no half-unpacked object");
+        assert!(!dir.path().join("escaped.txt").exists());
+    }
+
+    #[test]
+    fn a_tar_link_is_refused() {
+        let mut t = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_size(0);
+        t.append_link(&mut h, "passwd", "/etc/passwd").unwrap();
+        let (dir, producer) = setup("c.tar", &t.into_inner().unwrap());
+        let err = unpack_all(&dir.path().join("container"), &producer).unwrap_err();
+        match err {
+            Outcome::Fatal(m) => assert!(m.contains("not a file or folder"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn something_that_is_no_container_is_named() {
+        let (dir, producer) = setup("notes.txt", b"just text");
+        let err = unpack_all(&dir.path().join("container"), &producer).unwrap_err();
+        assert_eq!(
+            err,
+            Outcome::Fatal("container notes.txt is not a zip, tar or tar.gz file".into())
+        );
+    }
+}

@@ -45,11 +45,7 @@ async fn a_manifest_of_manifests_goes_through_every_stage_to_a_report() {
     let ingest = w.ingest();
     let bid = w.submit(&ingest, &url, "batch-manifest").await;
     let (h, task) = w.run_all(&ingest);
-    assert_eq!(
-        w.batch_reaches(&bid, &[BatchState::Completed, BatchState::Failed])
-            .await,
-        BatchState::Completed
-    );
+    w.completes(&bid).await;
     let jobs = w.jobs_of(&bid).await;
     assert_eq!(jobs.len(), 2);
     let mut files_seen = Vec::new();
@@ -153,11 +149,7 @@ async fn containers_and_single_files_are_objects_too() {
         .await;
     let (h, task) = w.run_all(&ingest);
     for b in [&b1, &b2] {
-        assert_eq!(
-            w.batch_reaches(b, &[BatchState::Completed, BatchState::Failed])
-                .await,
-            BatchState::Completed
-        );
+        w.completes(b).await;
     }
     let mut contents = Vec::new();
     for j in w.jobs_of(&b1).await {
@@ -322,13 +314,7 @@ async fn jobs_wait_in_provisioning_while_storage_is_full_then_proceed() {
     let bid = w.submit(&full, &m, "manifest").await;
     let (h, task) = w.run_all(&full);
     // Wait for the job to be seen waiting for room: its status message says so.
-    let job = loop {
-        let jobs = w.jobs_of(&bid).await;
-        if let Some(j) = jobs.first() {
-            break j.clone();
-        }
-        w.batch_reaches(&bid, &[BatchState::Processing]).await;
-    };
+    let job = w.first_job(&bid).await;
     let status = lading_core::layout::job_node(&job, "status");
     tokio::time::timeout(WAIT, async {
         loop {
@@ -364,11 +350,7 @@ async fn jobs_wait_in_provisioning_while_storage_is_full_then_proceed() {
     w.cfg.reserve_bytes = 0;
     let roomy = w.ingest();
     let (h, task) = w.run_all(&roomy);
-    assert_eq!(
-        w.batch_reaches(&bid, &[BatchState::Completed, BatchState::Failed])
-            .await,
-        BatchState::Completed
-    );
+    w.completes(&bid).await;
     h.stop();
     task.await.unwrap();
 }
@@ -434,11 +416,7 @@ async fn a_retried_download_fetches_only_the_files_not_yet_verified() {
     let ingest = w.ingest();
     let bid = w.submit(&ingest, &m, "manifest").await;
     let (h, task) = w.run_all(&ingest);
-    assert_eq!(
-        w.batch_reaches(&bid, &[BatchState::Completed, BatchState::Failed])
-            .await,
-        BatchState::Completed
-    );
+    w.completes(&bid).await;
     assert_eq!(
         w.server.gets("o.checkm.d/1.txt"),
         1,
@@ -474,12 +452,7 @@ async fn a_working_copy_that_changed_after_download_is_caught_before_storing() {
         ];
         lading_ingest::run(&i, &early, shutdown).await.unwrap();
     });
-    let job = loop {
-        if let Some(j) = w.jobs_of(&bid).await.first() {
-            break j.clone();
-        }
-        w.batch_reaches(&bid, &[BatchState::Processing]).await;
-    };
+    let job = w.first_job(&bid).await;
     w.job_reaches(&job, JobState::Processing).await;
     h.stop();
     task.await.unwrap();
@@ -560,11 +533,7 @@ async fn a_held_collection_holds_its_batches_until_released() {
     w.batch_reaches(&bid, &[BatchState::Held]).await;
     assert!(w.jobs_of(&bid).await.is_empty());
     w.engine.release_collection("demo").await.unwrap();
-    assert_eq!(
-        w.batch_reaches(&bid, &[BatchState::Completed, BatchState::Failed])
-            .await,
-        BatchState::Completed
-    );
+    w.completes(&bid).await;
     h.stop();
     task.await.unwrap();
 }
@@ -637,10 +606,99 @@ async fn a_batch_left_in_processing_by_a_crash_is_reported_when_reporting_starts
         .await
         .unwrap();
     let (h, task) = w.run_all(&ingest);
-    assert_eq!(
-        w.batch_reaches(&bid, &[BatchState::Completed, BatchState::Failed])
-            .await,
-        BatchState::Completed
+    w.completes(&bid).await;
+    h.stop();
+    task.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sha1_and_sha512_digests_are_checked_too() {
+    let w = World::new().await;
+    let mut rows = Vec::new();
+    for (name, alg) in [
+        ("one.txt", checkm::HashAlg::Sha1),
+        ("two.txt", checkm::HashAlg::Sha512),
+    ] {
+        let body = format!("content of {name}");
+        let (url, _) = w.file(&format!("o.d/{name}"), body.as_bytes());
+        let mut h = lading_ingest::fetch::Hasher::new(alg);
+        h.update(body.as_bytes());
+        rows.push(vec![
+            url,
+            alg.name().to_string(),
+            h.hex(),
+            body.len().to_string(),
+            name.to_string(),
+        ]);
+    }
+    // A wrong sha512 in a second object fails that one only.
+    let mut bad = rows[1].clone();
+    bad[2] = "ab".repeat(64);
+    let good = checkm::write(ManifestKind::Object, checkm::OBJECT_FIELDS, &rows);
+    let broken = checkm::write(ManifestKind::Object, checkm::OBJECT_FIELDS, &[bad]);
+    let (good, _) = w.file("good.checkm", good.as_bytes());
+    let (broken, _) = w.file("broken.checkm", broken.as_bytes());
+    let ingest = w.ingest();
+    let ok = w.submit(&ingest, &good, "manifest").await;
+    let ko = w.submit(&ingest, &broken, "manifest").await;
+    let (h, task) = w.run_all(&ingest);
+    w.completes(&ok).await;
+    w.batch_reaches(&ko, &[BatchState::Failed]).await;
+    let job = w.first_job(&ko).await;
+    let msg = w.engine.job(&job).await.unwrap().status.message.unwrap();
+    assert!(msg.starts_with("sha512 digest mismatch"), "{msg}");
+    h.stop();
+    task.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_profile_sets_its_own_attempts_and_large_jobs_get_a_lower_priority() {
+    let mut w = World::new().await;
+    w.cfg.large_job_bytes = 10;
+    w.profile(
+        "once",
+        "collection = \"demo\"\n[max_attempts]\ndownloading = 1\n",
+    );
+    let (big, _) = w.file("big.bin", &[1u8; 100]);
+    let singles = checkm::write(
+        ManifestKind::SingleFileBatch,
+        &[checkm::FILE_URL],
+        &[vec![big], vec!["http://127.0.0.1:1/gone.bin".into()]],
+    );
+    let (url, _) = w.file("singles.checkm", singles.as_bytes());
+    let ingest = w.ingest();
+    let bid = lading_ingest::submit(
+        &ingest,
+        &Submission {
+            profile: "once".into(),
+            submitter: "me".into(),
+            payload_url: url,
+            payload_type: "single-file-batch-manifest".into(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let (h, task) = w.run_all(&ingest);
+    w.batch_reaches(&bid, &[BatchState::Failed]).await;
+    let mut seen = Vec::new();
+    for j in w.jobs_of(&bid).await {
+        let info = w.engine.job(&j).await.unwrap();
+        seen.push((info.status.status, info.priority, info.status.message));
+    }
+    seen.sort_by_key(|s| s.1);
+    // The 100-byte job is over large_job_bytes: priority 8 (large_job_priority).
+    assert!(
+        seen.iter()
+            .any(|(st, p, _)| *st == JobState::Completed && *p == 8),
+        "{seen:?}"
+    );
+    // The unreachable one had one attempt only, as its profile says (the service allows 3).
+    assert!(
+        seen.iter().any(|(st, _, m)| *st == JobState::Failed
+            && m.as_deref()
+                .is_some_and(|m| m.contains("gave up after 1 attempts"))),
+        "{seen:?}"
     );
     h.stop();
     task.await.unwrap();

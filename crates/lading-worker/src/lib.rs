@@ -53,9 +53,6 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub fn transient(e: impl std::fmt::Display) -> Outcome {
-        Outcome::Transient(e.to_string())
-    }
     pub fn fatal(e: impl std::fmt::Display) -> Outcome {
         Outcome::Fatal(e.to_string())
     }
@@ -229,6 +226,11 @@ pub trait JobStage: Send + Sync + 'static {
     fn success(&self) -> Event<JobState> {
         Event::Success
     }
+    /// Attempts this job gets in this stage, when it differs from the stage's configured
+    /// `max_attempts` (e.g. a profile's own limit).
+    fn max_attempts(&self, _job: &JobInfo) -> Option<u32> {
+        None
+    }
     fn run(&self, job: Arc<JobCtx>) -> BoxFuture<'static, Outcome>;
 }
 
@@ -320,11 +322,6 @@ impl Worker {
         self.stats.clone()
     }
 
-    /// The working directory of a job.
-    pub fn workdir(&self, info: &JobInfo) -> PathBuf {
-        workdir(&self.work_root, info)
-    }
-
     /// Runs the stages until shut down: `concurrency` loops per stage, each taking one job or
     /// batch at a time.
     pub async fn run(
@@ -343,7 +340,7 @@ impl Worker {
                     stage: stage.clone(),
                     cfg: cfg.clone(),
                 };
-                set.spawn(l.run(shutdown.clone()));
+                set.spawn(stage_loop(l, shutdown.clone()));
             }
         }
         for (stage, cfg) in batches {
@@ -354,7 +351,7 @@ impl Worker {
                     stage: stage.clone(),
                     cfg: cfg.clone(),
                 };
-                set.spawn(l.run(shutdown.clone()));
+                set.spawn(stage_loop(l, shutdown.clone()));
             }
         }
         while let Some(r) = set.join_next().await {
@@ -423,31 +420,62 @@ struct JobLoop {
     cfg: StageConfig,
 }
 
-impl JobLoop {
-    async fn run(self, mut shutdown: Shutdown) {
-        let state = self.stage.state();
-        loop {
-            if shutdown.is_stopping() {
-                return;
-            }
-            // Cancelled through the engine, never by dropping an acquisition half done.
-            let stop = shutdown.clone();
-            let lease = self
-                .engine
-                .wait_job_or(state, IDLE_WAIT, stop.into_stopped())
-                .await;
-            match lease {
-                Ok(Some(lease)) => self.handle(lease, &mut shutdown).await,
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::warn!(state = state.name(), error = %e, "cannot acquire a job");
-                    tokio::time::sleep(ERROR_PAUSE).await;
-                }
+/// What a stage loop waits for and handles: jobs in one state, or batches in one state.
+trait Acquire: Send + Sync + 'static {
+    type Lease: Send;
+    /// `job` or `batch`, for messages.
+    const WHAT: &'static str;
+    fn state_name(&self) -> &'static str;
+    /// Waits for work until `stop` says stop (cancelled through the engine, never by
+    /// dropping an acquisition half done).
+    fn wait(
+        &self,
+        stop: Shutdown,
+    ) -> impl Future<Output = lading_engine::Result<Option<Self::Lease>>> + Send;
+    fn handle(
+        &self,
+        lease: Self::Lease,
+        shutdown: &mut Shutdown,
+    ) -> impl Future<Output = ()> + Send;
+}
+
+/// One stage loop: wait for work, handle it, until shut down.
+async fn stage_loop<L: Acquire>(l: L, mut shutdown: Shutdown) {
+    loop {
+        if shutdown.is_stopping() {
+            return;
+        }
+        match l.wait(shutdown.clone()).await {
+            Ok(Some(lease)) => l.handle(lease, &mut shutdown).await,
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(state = l.state_name(), error = %e, "cannot acquire a {}", L::WHAT);
+                tokio::time::sleep(ERROR_PAUSE).await;
             }
         }
     }
+}
 
-    async fn handle(&self, lease: JobLease, shutdown: &mut Shutdown) {
+impl Acquire for JobLoop {
+    type Lease = JobLease;
+    const WHAT: &'static str = "job";
+    fn state_name(&self) -> &'static str {
+        self.stage.state().name()
+    }
+    fn wait(
+        &self,
+        stop: Shutdown,
+    ) -> impl Future<Output = lading_engine::Result<Option<JobLease>>> + Send {
+        self.engine
+            .wait_job_or(self.stage.state(), IDLE_WAIT, stop.into_stopped())
+    }
+    fn handle(&self, lease: JobLease, shutdown: &mut Shutdown) -> impl Future<Output = ()> + Send {
+        self.handle_job(lease, shutdown)
+    }
+}
+
+impl JobLoop {
+    async fn handle_job(&self, lease: JobLease, shutdown: &mut Shutdown) {
         let started = Instant::now();
         let state = lease.state();
         let job = lease.job.clone();
@@ -462,11 +490,20 @@ impl JobLoop {
         let dir = workdir(&self.work_root, &info);
         if let Err(e) = std::fs::create_dir_all(&dir) {
             let reason = format!("cannot create working directory {}: {e}", dir.display());
-            self.finish(lease, Outcome::Transient(reason), started)
-                .await;
+            self.finish(
+                lease,
+                Outcome::Transient(reason),
+                self.cfg.max_attempts,
+                started,
+            )
+            .await;
             return;
         }
         let attempt = lading_engine::attempts(&lease.status) + 1;
+        let max_attempts = self
+            .stage
+            .max_attempts(&info)
+            .unwrap_or(self.cfg.max_attempts);
         let ctx = Arc::new(JobCtx {
             engine: self.engine.clone(),
             info_id: job.clone(),
@@ -480,7 +517,7 @@ impl JobLoop {
         // The handler may have changed the priority: the lease it held is the current one.
         let lease = ctx.lease.lock().await.clone();
         match outcome {
-            Some(o) => self.finish(lease, o, started).await,
+            Some(o) => self.finish(lease, o, max_attempts, started).await,
             None => {
                 tracing::info!(job = %job, "shutting down: job released in {}", state.name());
                 let _ = self.engine.release_job_lease(lease).await;
@@ -488,7 +525,7 @@ impl JobLoop {
         }
     }
 
-    async fn finish(&self, lease: JobLease, outcome: Outcome, started: Instant) {
+    async fn finish(&self, lease: JobLease, outcome: Outcome, max_attempts: u32, started: Instant) {
         let state = lease.state();
         let job = lease.job.clone();
         let now = self.engine.clock().now_ms();
@@ -511,7 +548,7 @@ impl JobLoop {
                 .map(|_| ()),
             Outcome::Transient(reason) => {
                 let n = attempts + 1;
-                if n >= self.cfg.max_attempts {
+                if n >= max_attempts {
                     let msg = format!("{reason} (gave up after {n} attempts)");
                     self.engine
                         .job_transition(lease, Event::Fail, Some(msg))
@@ -521,7 +558,7 @@ impl JobLoop {
                     let delay = self.cfg.backoff(n, unit_random());
                     let msg = format!(
                         "{reason} (attempt {n} of {}; retry in {:.1} s)",
-                        self.cfg.max_attempts,
+                        max_attempts,
                         delay.as_secs_f64()
                     );
                     self.engine
@@ -570,32 +607,32 @@ struct BatchLoop {
     cfg: StageConfig,
 }
 
-impl BatchLoop {
-    async fn run(self, mut shutdown: Shutdown) {
-        let state = self.stage.state();
-        loop {
-            if shutdown.is_stopping() {
-                return;
-            }
-            let stop = shutdown.clone();
-            let lease = self
-                .engine
-                .wait_batch_or(state, IDLE_WAIT, stop.into_stopped())
-                .await;
-            match lease {
-                Ok(Some(lease)) => self.handle(lease, &mut shutdown).await,
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::warn!(state = state.name(), error = %e, "cannot acquire a batch");
-                    tokio::time::sleep(ERROR_PAUSE).await;
-                }
-            }
-        }
+impl Acquire for BatchLoop {
+    type Lease = BatchLease;
+    const WHAT: &'static str = "batch";
+    fn state_name(&self) -> &'static str {
+        self.stage.state().name()
     }
+    fn wait(
+        &self,
+        stop: Shutdown,
+    ) -> impl Future<Output = lading_engine::Result<Option<BatchLease>>> + Send {
+        self.engine
+            .wait_batch_or(self.stage.state(), IDLE_WAIT, stop.into_stopped())
+    }
+    fn handle(
+        &self,
+        lease: BatchLease,
+        shutdown: &mut Shutdown,
+    ) -> impl Future<Output = ()> + Send {
+        self.handle_batch(lease, shutdown)
+    }
+}
 
+impl BatchLoop {
     /// A batch has no stored retry time: transient errors are retried here, holding the
     /// batch, with the same backoff; the lock keeps other workers off meanwhile.
-    async fn handle(&self, lease: BatchLease, shutdown: &mut Shutdown) {
+    async fn handle_batch(&self, lease: BatchLease, shutdown: &mut Shutdown) {
         let started = Instant::now();
         let bid = lease.batch.clone();
         let state = lease.status.status;

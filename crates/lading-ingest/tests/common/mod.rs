@@ -167,6 +167,24 @@ impl World {
         .unwrap_or_else(|_| panic!("batch {batch} never reached {states:?}"))
     }
 
+    /// Waits for `batch` to end; panics unless it ended Completed.
+    pub async fn completes(&self, batch: &BatchId) {
+        let end = self
+            .batch_reaches(batch, &[BatchState::Completed, BatchState::Failed])
+            .await;
+        assert_eq!(end, BatchState::Completed, "batch {batch}");
+    }
+
+    /// The batch's first job, once intake has made it.
+    pub async fn first_job(&self, batch: &BatchId) -> JobId {
+        loop {
+            if let Some(j) = self.jobs_of(batch).await.first() {
+                return j.clone();
+            }
+            self.batch_reaches(batch, &[BatchState::Processing]).await;
+        }
+    }
+
     pub async fn job_reaches(&self, job: &JobId, state: JobState) {
         let mut ev = self.engine.subscribe();
         tokio::time::timeout(WAIT, async {
