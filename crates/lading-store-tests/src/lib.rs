@@ -6,6 +6,9 @@
 //! Tests wait on the engine and the tree, never on sleeps; the only timeouts are upper bounds
 //! that turn a hang into a failure.
 
+mod generic;
+pub use generic::*;
+
 use lading_core::layout::*;
 use lading_core::time::system_clock;
 use lading_core::{
@@ -1574,6 +1577,15 @@ macro_rules! conformance_tests {
             access_requests_move_through_their_states,
             ark_locks_are_exclusive_and_end_with_the_session,
             acquisition_cost_does_not_grow_with_the_queue,
+            generic_jobs_walk_their_states_in_their_own_subtree,
+            generic_jobs_racing_acceptors_hold_each_job_alone,
+            generic_jobs_stale_processor_is_fenced,
+            generic_jobs_scheduled_later_are_not_accepted_early,
+            generic_jobs_resubmit_while_running_runs_again,
+            generic_jobs_removed_while_running_halt_the_processor,
+            generic_jobs_activity_monitor_requeues_a_stalled_job_once,
+            generic_jobs_subscribers_see_each_state_change,
+            generic_jobs_waiting_acceptor_is_woken_by_an_add,
         );
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {
