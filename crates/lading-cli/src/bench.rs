@@ -44,6 +44,22 @@ pub enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// Generic jobs (seed 004): add + accept + finish of N empty jobs by K processors;
+    /// jobs/s and add→accept latency.
+    Jobs {
+        #[arg(long, default_value_t = 20_000)]
+        jobs: usize,
+        #[arg(long, default_value_t = 16)]
+        workers: usize,
+        /// Most jobs added and not yet finished (default 2 × workers).
+        #[arg(long)]
+        inflight: Option<usize>,
+        /// Tasks adding jobs.
+        #[arg(long, default_value_t = 4)]
+        producers: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Time acquiring the head of the Pending queue when it holds each of the given numbers
     /// of jobs (a fresh store per size; with `--store zk://…`, a fresh chroot under it).
     Acquire {
@@ -84,6 +100,24 @@ pub async fn run(what: Bench, store: Option<&str>) -> anyhow::Result<()> {
             mode,
             json,
         } => queue(jobs, workers.max(1), mode, json, store).await,
+        Bench::Jobs {
+            jobs,
+            workers,
+            inflight,
+            producers,
+            json,
+        } => {
+            let k = workers.max(1);
+            crate::bench_jobs::jobs(
+                jobs.max(1),
+                k,
+                inflight.unwrap_or(2 * k).max(1),
+                producers.max(1),
+                json,
+                store,
+            )
+            .await
+        }
         Bench::Acquire {
             queued,
             samples,
@@ -157,7 +191,7 @@ pub fn fsync_rate(dir: &Path) -> anyhow::Result<f64> {
 }
 
 /// CPU seconds this process has used (user + system), from `/proc/self/stat`.
-fn cpu_seconds() -> f64 {
+pub(crate) fn cpu_seconds() -> f64 {
     let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
         return 0.0;
     };
@@ -171,7 +205,7 @@ fn cpu_seconds() -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-fn percentile(sorted: &[u64], p: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[u64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
@@ -333,15 +367,15 @@ async fn queue(
 
 /// Where a benchmark runs: a fresh embedded store, the store given, or a fresh chroot under
 /// the ZooKeeper URL given (removed afterwards, so runs do not pile up in the server's memory).
-struct Scratch {
-    url: String,
+pub(crate) struct Scratch {
+    pub(crate) url: String,
     /// The ZooKeeper (parent URL, chroot) to delete when done.
     zk: Option<(String, String)>,
     kept: bool,
 }
 
 impl Scratch {
-    async fn new(store: Option<&str>) -> anyhow::Result<Scratch> {
+    pub(crate) async fn new(store: Option<&str>) -> anyhow::Result<Scratch> {
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)?
             .as_millis();
@@ -370,7 +404,7 @@ impl Scratch {
         })
     }
 
-    async fn finish(self) -> anyhow::Result<()> {
+    pub(crate) async fn finish(self) -> anyhow::Result<()> {
         if let Some((root, chroot)) = self.zk {
             let t = lading_store_zk::ZkTree::open(&root, Default::default()).await?;
             t.delete_tree(&chroot).await?;
@@ -381,20 +415,20 @@ impl Scratch {
 }
 
 /// The store's own counters, where it keeps any.
-enum StoreStats {
+pub(crate) enum StoreStats {
     Sqlite(lading_store_sqlite::WriterStats),
     Zk(lading_store_zk::ZkStats),
 }
 
 impl StoreStats {
-    fn of(st: &crate::Store) -> StoreStats {
+    pub(crate) fn of(st: &crate::Store) -> StoreStats {
         match st {
             crate::Store::Sqlite(t) => StoreStats::Sqlite(t.stats()),
             crate::Store::Zk(t) => StoreStats::Zk(t.stats()),
         }
     }
 
-    fn since(self, before: &StoreStats) -> StoreStats {
+    pub(crate) fn since(self, before: &StoreStats) -> StoreStats {
         match (self, before) {
             (StoreStats::Sqlite(a), StoreStats::Sqlite(b)) => {
                 StoreStats::Sqlite(lading_store_sqlite::WriterStats {
@@ -416,7 +450,7 @@ impl StoreStats {
         }
     }
 
-    fn add_json(&self, v: &mut serde_json::Value, elapsed: f64) {
+    pub(crate) fn add_json(&self, v: &mut serde_json::Value, elapsed: f64) {
         match self {
             StoreStats::Sqlite(s) => {
                 v["commits"] = json!(s.commits);
@@ -436,7 +470,7 @@ impl StoreStats {
         }
     }
 
-    fn print(&self, elapsed: f64, n: usize) {
+    pub(crate) fn print(&self, elapsed: f64, n: usize) {
         match self {
             StoreStats::Sqlite(s) => {
                 println!(

@@ -5,6 +5,7 @@
 //! illegal transition, a locked item, invalid input).
 
 mod bench;
+mod bench_jobs;
 mod pipeline;
 
 use anyhow::{Context, bail};

@@ -324,8 +324,26 @@ fn is_race(e: &TreeError) -> bool {
     )
 }
 
+/// A lock token never used before: a random per-process prefix and a counter (one
+/// `getrandom` per process instead of one per acceptance).
 fn lock_token() -> String {
-    uuid::Uuid::new_v4().simple().to_string()
+    static PREFIX: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let prefix = PREFIX.get_or_init(|| uuid::Uuid::new_v4().as_u64_pair().0);
+    format!(
+        "{prefix:016x}{:016x}",
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A cheap pseudo-random number (to spread acceptors over the due head; not for secrets).
+fn spread(n: usize) -> usize {
+    static STATE: AtomicU64 = AtomicU64::new(0x9E37_79B9_7F4A_7C15);
+    let x = STATE.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+    let mut z = x;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    ((z ^ (z >> 31)) % n as u64) as usize
 }
 
 fn secs_to_ms(s: u64) -> Result<u64> {
@@ -756,7 +774,7 @@ impl Jobs {
                 due.push((name, ms, id));
             }
             if opts.no_schedule && due.len() > 1 {
-                let r = (uuid::Uuid::new_v4().as_u128() % due.len() as u128) as usize;
+                let r = spread(due.len());
                 due.rotate_left(r);
             }
             for (name, ms, id) in due {

@@ -1,0 +1,153 @@
+//! `lading bench jobs`: add + accept + finish of N empty generic jobs by K processors.
+//!
+//! Closed loop: producers keep at most `--inflight` jobs added and not yet finished (default
+//! 2 × K), so the latency measured is the queue's own (add committed → accept committed), not
+//! the age of a backlog the producers piled up faster than anyone could drain it.
+
+use super::bench::{Scratch, StoreStats, cpu_seconds, percentile};
+use lading_core::time::system_clock;
+use lading_jobs::{AcceptOptions, Jobs};
+use serde_json::json;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
+
+const TYPE: &str = "bench";
+
+pub async fn jobs(
+    n: usize,
+    k: usize,
+    inflight: usize,
+    producers: usize,
+    as_json: bool,
+    store: Option<&str>,
+) -> anyhow::Result<()> {
+    let scratch = Scratch::new(store).await?;
+    let url = scratch.url.clone();
+    let st = crate::open(&url).await?;
+    let owner = lading_store_sqlite::default_owner();
+    let main = Arc::new(Jobs::new(st.tree(), system_clock(), owner.clone()));
+    main.set_type_timeout(TYPE, 60).await?;
+    // On ZooKeeper each processor is its own session, as separate processes would be.
+    let mut sessions = Vec::new();
+    let mut procs = Vec::new();
+    for _ in 0..k {
+        match &st {
+            crate::Store::Sqlite(_) => procs.push(main.clone()),
+            crate::Store::Zk(_) => {
+                let s = crate::open(&url).await?;
+                procs.push(Arc::new(Jobs::new(s.tree(), system_clock(), owner.clone())));
+                sessions.push(s);
+            }
+        }
+    }
+
+    let stats0 = StoreStats::of(&st);
+    let cpu0 = cpu_seconds();
+    let start = Instant::now();
+    // When each job's add committed, in µs since start.
+    let added: Arc<Vec<AtomicU64>> = Arc::new((0..n).map(|_| AtomicU64::new(0)).collect());
+    let window = Arc::new(Semaphore::new(inflight));
+    let next = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+
+    let mut adders = Vec::new();
+    for _ in 0..producers {
+        let (j, added, window, next) = (main.clone(), added.clone(), window.clone(), next.clone());
+        adders.push(tokio::spawn(async move {
+            loop {
+                let permit = window.acquire().await?;
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    return anyhow::Ok(());
+                }
+                permit.forget();
+                j.add(TYPE, &format!("j{i:09}"), json!({}), None).await?;
+                added[i].store(start.elapsed().as_micros() as u64, Ordering::Release);
+            }
+        }));
+    }
+    let mut workers = Vec::new();
+    for j in procs {
+        let (added, window, done) = (added.clone(), window.clone(), done.clone());
+        workers.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let opts = AcceptOptions {
+                timeout: Duration::from_millis(200),
+                no_schedule: true,
+                ..Default::default()
+            };
+            while done.load(Ordering::Acquire) < n {
+                let Some(mut job) = j.accept(TYPE, &opts).await? else {
+                    continue;
+                };
+                let at = start.elapsed().as_micros() as u64;
+                let i: usize = job.id[1..].parse()?;
+                // The add's commit and the producer's timestamp race by microseconds; the
+                // timestamp is stored right after the commit returns.
+                let mut t_add = added[i].load(Ordering::Acquire);
+                while t_add == 0 {
+                    tokio::task::yield_now().await;
+                    t_add = added[i].load(Ordering::Acquire);
+                }
+                lat.push(at.saturating_sub(t_add));
+                j.finish(&mut job, None).await?;
+                done.fetch_add(1, Ordering::AcqRel);
+                window.add_permits(1);
+            }
+            anyhow::Ok(lat)
+        }));
+    }
+    for a in adders {
+        a.await??;
+    }
+    let mut lat_us = Vec::new();
+    for w in workers {
+        lat_us.extend(w.await??);
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let cores_busy = (cpu_seconds() - cpu0) / elapsed;
+    let stats = StoreStats::of(&st).since(&stats0);
+    let counts = main.counts(TYPE).await?;
+    let finished = counts
+        .get(&lading_jobs::State::Finished)
+        .copied()
+        .unwrap_or(0);
+    if finished != n as u64 || lat_us.len() != n {
+        anyhow::bail!(
+            "bench ended with {finished} of {n} jobs finished ({} accepted)",
+            lat_us.len()
+        );
+    }
+    for s in &sessions {
+        s.tree().close().await?;
+    }
+    st.tree().close().await?;
+    drop(st);
+    scratch.finish().await?;
+
+    lat_us.sort_unstable();
+    let (p50, p99) = (percentile(&lat_us, 0.50), percentile(&lat_us, 0.99));
+    let jobs_per_s = n as f64 / elapsed;
+    let mut figures = json!({
+        "jobs": n, "workers": k, "inflight": inflight, "producers": producers, "store": url,
+        "seconds": elapsed, "jobs_per_s": jobs_per_s, "p50_ms": p50, "p99_ms": p99,
+        "cores_busy": cores_busy,
+    });
+    stats.add_json(&mut figures, elapsed);
+    if as_json {
+        println!("{figures}");
+    } else {
+        println!(
+            "lading bench jobs: {n} jobs, {k} processors, {producers} producers, at most {inflight} in flight, store {url}"
+        );
+        println!("  jobs/s       {jobs_per_s:.0} (add + accept + finish, {elapsed:.2} s)");
+        println!("  add→accept   p50 {p50:.2} ms, p99 {p99:.2} ms");
+        stats.print(elapsed, n);
+        println!(
+            "  cpu          {cores_busy:.2} cores busy in this process on average while measured"
+        );
+    }
+    Ok(())
+}
