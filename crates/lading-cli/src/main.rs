@@ -6,6 +6,7 @@
 
 mod bench;
 mod bench_jobs;
+mod jobs_cmd;
 mod pipeline;
 
 use anyhow::{Context, bail};
@@ -105,6 +106,12 @@ enum Command {
     Admin {
         #[command(subcommand)]
         action: Admin,
+    },
+    /// Generic jobs (seed 004): types, add, list, show, remove, watch, and a processor that
+    /// runs a command per job.
+    Jobs {
+        #[command(subcommand)]
+        action: jobs_cmd::JobsCmd,
     },
     /// Measure the store.
     Bench {
@@ -410,6 +417,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             admin(&e, action, cfg).await?;
             e.tree().close().await?;
         }
+        Command::Jobs { action } => jobs_cmd::run(&store, action).await?,
         Command::Bench { what } => bench::run(what, cli.store.as_deref()).await?,
         Command::Drive { idle_ms } => {
             let e = engine(&store).await?;
@@ -536,6 +544,12 @@ async fn admin(e: &Arc<Engine>, action: Admin, cfg: Config) -> anyhow::Result<()
 }
 
 fn exit_code(err: &anyhow::Error) -> u8 {
+    use lading_jobs::JobsError;
+    match err.downcast_ref::<JobsError>() {
+        Some(JobsError::NoJob { .. } | JobsError::NoType(_)) => return 3,
+        Some(JobsError::Invalid(_) | JobsError::Halt { .. }) => return 4,
+        _ => {}
+    }
     match err.downcast_ref::<EngineError>() {
         Some(EngineError::NoBatch(_) | EngineError::NoJob(_) | EngineError::NoAccess(_)) => 3,
         Some(EngineError::Illegal(_) | EngineError::Locked(_) | EngineError::Invalid(_)) => 4,

@@ -33,7 +33,7 @@ pub async fn ingest(store: &str, cfg: Config) -> anyhow::Result<Arc<Ingest>> {
 }
 
 /// Waits for SIGINT or SIGTERM.
-async fn signal() {
+pub(crate) async fn signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

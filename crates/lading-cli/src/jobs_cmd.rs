@@ -1,0 +1,363 @@
+//! `lading jobs …`: the generic job API (seed 004) from the command line, and a processor
+//! that runs a command per job.
+
+use clap::Subcommand;
+use lading_core::time::system_clock;
+use lading_jobs::{AcceptOptions, Job, Jobs, JobsError, State};
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{Notify, watch};
+
+#[derive(Subcommand)]
+pub enum JobsCmd {
+    /// Print a type's activity timeout, or set it (seconds; creates the type). A running job
+    /// not updated for this long is re-enqueued by the activity monitor.
+    Timeout {
+        r#type: String,
+        seconds: Option<u64>,
+    },
+    /// Every type, with its timeout and its jobs per state.
+    Types,
+    /// Add a job. An existing id is updated as seed 004 says: pending → new data (and time,
+    /// if given); running → runs again with this data when it finishes; finished → pending.
+    Add {
+        r#type: String,
+        id: String,
+        /// The job's data, JSON.
+        #[arg(long, default_value = "{}")]
+        data: String,
+        /// Due at this time (seconds since the epoch).
+        #[arg(long, conflicts_with = "in_s")]
+        at: Option<u64>,
+        /// Due this many seconds from now.
+        #[arg(long = "in")]
+        in_s: Option<u64>,
+    },
+    /// List a type's jobs in id order.
+    List {
+        r#type: String,
+        /// pending, running or finished.
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Start after this id (the last id of the previous page).
+        #[arg(long)]
+        after: Option<String>,
+    },
+    /// Show one job.
+    Show { r#type: String, id: String },
+    /// Remove a job; a processor running it is told to halt.
+    Remove { r#type: String, id: String },
+    /// Print the job's state, then each change, until it reaches --until (or is removed) or
+    /// --timeout-s passes (exit 1).
+    Watch {
+        r#type: String,
+        id: String,
+        #[arg(long)]
+        until: Option<String>,
+        #[arg(long)]
+        timeout_s: Option<u64>,
+    },
+    /// Process jobs until SIGINT/SIGTERM: for each, run COMMAND with the job's data as JSON on
+    /// standard input and LADING_JOB_TYPE / LADING_JOB_ID set, heartbeating while it runs. If
+    /// it exits 0 and prints JSON, that becomes the job's data. Also runs the activity monitor.
+    Run {
+        r#type: String,
+        /// Jobs run at once.
+        #[arg(long, default_value_t = 1)]
+        concurrency: usize,
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<String>,
+    },
+    /// Run only the activity monitor, until SIGINT/SIGTERM.
+    Monitor,
+}
+
+fn parse_state(s: &str) -> anyhow::Result<State> {
+    State::parse(s).ok_or_else(|| {
+        JobsError::Invalid(format!(
+            "unknown state {s:?}: expected pending, running or finished"
+        ))
+        .into()
+    })
+}
+
+fn now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+pub async fn run(store: &str, cmd: JobsCmd) -> anyhow::Result<()> {
+    let tree = crate::open_store(store).await?;
+    let jobs = Arc::new(Jobs::new(
+        tree.clone(),
+        system_clock(),
+        lading_store_sqlite::default_owner(),
+    ));
+    let r = dispatch(&jobs, cmd).await;
+    tree.close().await?;
+    r
+}
+
+async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
+    match cmd {
+        JobsCmd::Timeout { r#type, seconds } => match seconds {
+            Some(s) => {
+                j.set_type_timeout(&r#type, s).await?;
+                println!("{type}: activity timeout {s} s", type = r#type);
+            }
+            None => println!("{}", j.get_type_timeout(&r#type).await?),
+        },
+        JobsCmd::Types => {
+            let mut out = serde_json::Map::new();
+            for (ty, timeout) in j.types().await? {
+                let c = j.counts(&ty).await?;
+                let n = |s| c.get(&s).copied().unwrap_or(0);
+                out.insert(
+                    ty,
+                    json!({"timeout_s": timeout, "pending": n(State::Pending),
+                           "running": n(State::Running), "finished": n(State::Finished)}),
+                );
+            }
+            crate::print_json(&out)?;
+        }
+        JobsCmd::Add {
+            r#type,
+            id,
+            data,
+            at,
+            in_s,
+        } => {
+            let data: Value = serde_json::from_str(&data)
+                .map_err(|e| JobsError::Invalid(format!("--data is not JSON: {e}")))?;
+            let when = at.or(in_s.map(|s| now_s() + s));
+            let added = j.add(&r#type, &id, data, when).await?;
+            println!("{id}: {}", json!(added).as_str().unwrap_or("added"));
+        }
+        JobsCmd::List {
+            r#type,
+            state,
+            limit,
+            after,
+        } => {
+            let state = state.as_deref().map(parse_state).transpose()?;
+            let list = j.list(&r#type, state, after.as_deref(), limit).await?;
+            crate::print_json(&list)?;
+        }
+        JobsCmd::Show { r#type, id } => crate::print_json(&j.get_job(&r#type, &id).await?)?,
+        JobsCmd::Remove { r#type, id } => {
+            j.remove(&r#type, &id).await?;
+            println!("{id}: removed");
+        }
+        JobsCmd::Watch {
+            r#type,
+            id,
+            until,
+            timeout_s,
+        } => {
+            let until = until.as_deref().map(parse_state).transpose()?;
+            let (sub, state) = j.subscribe(&r#type, &id).await?;
+            println!("{id}: {state}");
+            if until == Some(state) {
+                return Ok(());
+            }
+            let deadline = timeout_s.map(|s| tokio::time::Instant::now() + Duration::from_secs(s));
+            loop {
+                let left = deadline.map_or(Duration::from_secs(3600), |d| {
+                    d.saturating_duration_since(tokio::time::Instant::now())
+                });
+                match j.wait(&[sub], None, left).await? {
+                    Some(c) => match c.state {
+                        None => {
+                            println!("{id}: removed");
+                            return Ok(());
+                        }
+                        Some(s) => {
+                            println!("{id}: {s}");
+                            if until == Some(s) {
+                                return Ok(());
+                            }
+                        }
+                    },
+                    None if deadline.is_some() => {
+                        anyhow::bail!("{id}: no change to {until:?} within the timeout")
+                    }
+                    None => {}
+                }
+            }
+        }
+        JobsCmd::Run {
+            r#type,
+            concurrency,
+            command,
+        } => process(j, &r#type, concurrency.max(1), command).await?,
+        JobsCmd::Monitor => {
+            let stop = Arc::new(Notify::new());
+            let (jj, s) = (j.clone(), stop.clone());
+            let task = tokio::spawn(async move { jj.run_monitor(&s).await });
+            eprintln!("lading: activity monitor running (stop with Ctrl-C)");
+            crate::pipeline::signal().await;
+            stop.notify_one();
+            task.await?;
+        }
+    }
+    Ok(())
+}
+
+/// The processor of `lading jobs run`.
+async fn process(
+    j: &Arc<Jobs>,
+    ty: &str,
+    concurrency: usize,
+    command: Vec<String>,
+) -> anyhow::Result<()> {
+    let timeout_s = j.get_type_timeout(ty).await?;
+    // stop: accept nothing more. abort: kill running commands and put their jobs back.
+    let (stop_tx, stop_rx) = watch::channel(0u8);
+    let monitor_stop = Arc::new(Notify::new());
+    let monitor = {
+        let (jj, s) = (j.clone(), monitor_stop.clone());
+        tokio::spawn(async move { jj.run_monitor(&s).await })
+    };
+    let command = Arc::new(command);
+    let mut loops = Vec::new();
+    for _ in 0..concurrency {
+        let (j, ty, command, mut rx) =
+            (j.clone(), ty.to_string(), command.clone(), stop_rx.clone());
+        loops.push(tokio::spawn(async move {
+            let opts = AcceptOptions {
+                timeout: Duration::from_secs(3600),
+                ..Default::default()
+            };
+            loop {
+                if *rx.borrow() > 0 {
+                    return anyhow::Ok(());
+                }
+                let job = tokio::select! {
+                    r = j.accept(&ty, &opts) => r?,
+                    _ = rx.changed() => continue,
+                };
+                if let Some(job) = job {
+                    run_one(&j, job, &command, timeout_s, rx.clone()).await?;
+                }
+            }
+        }));
+    }
+    eprintln!(
+        "lading: processing {ty} jobs with {concurrency} at a time: {} (stop with Ctrl-C)",
+        command.join(" ")
+    );
+    let all = async {
+        for l in loops {
+            l.await??;
+        }
+        anyhow::Ok(())
+    };
+    tokio::pin!(all);
+    tokio::select! {
+        r = &mut all => r?,
+        _ = crate::pipeline::signal() => {
+            eprintln!("lading: stopping; running jobs finish first (signal again to stop now)");
+            let _ = stop_tx.send(1);
+            tokio::select! {
+                r = &mut all => r?,
+                _ = crate::pipeline::signal() => {
+                    eprintln!("lading: stopping now; running jobs go back to pending");
+                    let _ = stop_tx.send(2);
+                    all.await?;
+                }
+            }
+        }
+    }
+    monitor_stop.notify_one();
+    monitor.await?;
+    eprintln!("lading: stopped");
+    Ok(())
+}
+
+/// Runs one job's command, heartbeating every third of the type's timeout. A `Halt` (removed,
+/// or re-enqueued because this process stalled) kills the command and writes nothing.
+async fn run_one(
+    j: &Jobs,
+    mut job: Job,
+    command: &[String],
+    timeout_s: u64,
+    mut stop: watch::Receiver<u8>,
+) -> anyhow::Result<()> {
+    let mut child = tokio::process::Command::new(&command[0])
+        .args(&command[1..])
+        .env("LADING_JOB_TYPE", &job.ty)
+        .env("LADING_JOB_ID", &job.id)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("cannot run {:?}: {e}", command[0]))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        let data = serde_json::to_vec(job.data())?;
+        // A command that does not read its input is fine.
+        let _ = stdin.write_all(&data).await;
+    }
+    let mut stdout = child.stdout.take();
+    let output = tokio::spawn(async move {
+        let mut buf = Vec::new();
+        if let Some(out) = stdout.as_mut() {
+            use tokio::io::AsyncReadExt;
+            let _ = out.take(16 << 20).read_to_end(&mut buf).await;
+        }
+        buf
+    });
+    let beat = Duration::from_millis((timeout_s * 1000 / 3).max(100));
+    let status = loop {
+        tokio::select! {
+            s = child.wait() => break Some(s?),
+            _ = tokio::time::sleep(beat) => {
+                match j.update(&mut job, None).await {
+                    Ok(()) => {}
+                    Err(e @ JobsError::Halt { .. }) => {
+                        eprintln!("lading: {}: {e}; command stopped", job.id);
+                        let _ = child.kill().await;
+                        return Ok(());
+                    }
+                    Err(e) => eprintln!("lading: {}: heartbeat failed: {e}", job.id),
+                }
+            }
+            _ = stop.changed() => {
+                if *stop.borrow() == 2 {
+                    let _ = child.kill().await;
+                    break None;
+                }
+            }
+        }
+    };
+    let Some(status) = status else {
+        // Aborted: back to pending now rather than after the activity timeout.
+        let r = async {
+            j.resubmit(&mut job, None).await?;
+            j.finish(&mut job, None).await
+        };
+        if let Err(e) = r.await {
+            eprintln!("lading: {}: could not put it back: {e}", job.id);
+        }
+        return Ok(());
+    };
+    let out = output.await.unwrap_or_default();
+    let result = status
+        .success()
+        .then(|| serde_json::from_slice::<Value>(&out).ok())
+        .flatten();
+    match j.finish(&mut job, result).await {
+        Ok(()) if status.success() => println!("{}: finished", job.id),
+        Ok(()) => {
+            println!("{}: finished ({status}; data kept)", job.id);
+        }
+        Err(e @ JobsError::Halt { .. }) => eprintln!("lading: {}: {e}", job.id),
+        Err(e) => return Err(e.into()),
+    }
+    Ok(())
+}

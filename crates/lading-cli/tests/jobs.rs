@@ -1,0 +1,192 @@
+//! `lading jobs …` as a user runs it: verbs, errors that leave the store alone, a processor
+//! that runs a command per job, and the activity monitor recovering a job whose processor was
+//! SIGKILLed.
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+
+fn cmd(store: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_lading"));
+    c.arg("--store")
+        .arg(format!("sqlite:{}", store.display()))
+        .args(args)
+        .env_remove("LADING_STORE");
+    c
+}
+
+fn lading(store: &Path, args: &[&str]) -> Output {
+    cmd(store, args).output().expect("run lading")
+}
+
+fn ok(store: &Path, args: &[&str]) -> String {
+    let o = lading(store, args);
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn show(store: &Path, id: &str) -> serde_json::Value {
+    serde_json::from_str(&ok(store, &["jobs", "show", "t", id])).unwrap()
+}
+
+fn spawn(store: &Path, args: &[&str]) -> Child {
+    cmd(store, args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn lading")
+}
+
+/// Polls `lading jobs show` until the job is in `state` (a bound turns a hang into a failure).
+fn wait_state(store: &Path, id: &str, state: &str) -> serde_json::Value {
+    let o = lading(
+        store,
+        &[
+            "jobs",
+            "watch",
+            "t",
+            id,
+            "--until",
+            state,
+            "--timeout-s",
+            "30",
+        ],
+    );
+    assert!(
+        o.status.success(),
+        "{id} never reached {state}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    show(store, id)
+}
+
+#[test]
+fn verbs_add_list_show_remove_and_refuse_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("lading.db");
+    let o = lading(&db, &["jobs", "add", "t", "a"]);
+    assert_eq!(o.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no activity timeout"));
+    ok(&db, &["jobs", "timeout", "t", "30"]);
+    assert_eq!(ok(&db, &["jobs", "timeout", "t"]).trim(), "30");
+    assert_eq!(
+        ok(&db, &["jobs", "add", "t", "a", "--data", r#"{"n":1}"#]).trim(),
+        "a: created"
+    );
+    assert_eq!(
+        ok(&db, &["jobs", "add", "t", "b", "--in", "3600"]).trim(),
+        "b: created"
+    );
+    let before = ok(&db, &["dump", "/generic-jobs"]);
+    for (args, code, says) in [
+        (
+            vec!["jobs", "add", "t", "x/y"],
+            4,
+            "job id \"x/y\" contains '/'",
+        ),
+        (
+            vec!["jobs", "add", "t", "c", "--data", "{oops"],
+            4,
+            "--data is not JSON",
+        ),
+        (vec!["jobs", "remove", "t", "zz"], 3, "no job \"zz\""),
+        (vec!["jobs", "show", "t", "zz"], 3, "no job \"zz\""),
+        (
+            vec!["jobs", "list", "t", "--state", "done"],
+            4,
+            "unknown state",
+        ),
+        (vec!["jobs", "timeout", "t", "0"], 4, "at least 1 second"),
+    ] {
+        let o = lading(&db, &args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    assert_eq!(
+        ok(&db, &["dump", "/generic-jobs"]),
+        before,
+        "refused commands changed nothing"
+    );
+    let list: serde_json::Value =
+        serde_json::from_str(&ok(&db, &["jobs", "list", "t", "--state", "pending"])).unwrap();
+    let ids: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["a", "b"]);
+    assert_eq!(show(&db, "a")["data"]["n"], 1);
+    let types: serde_json::Value = serde_json::from_str(&ok(&db, &["jobs", "types"])).unwrap();
+    assert_eq!(types["t"]["pending"], 2);
+    assert_eq!(ok(&db, &["jobs", "remove", "t", "b"]).trim(), "b: removed");
+    let o = lading(&db, &["jobs", "show", "t", "b"]);
+    assert_eq!(o.status.code(), Some(3));
+}
+
+#[test]
+fn a_processor_runs_the_command_and_its_json_becomes_the_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("lading.db");
+    ok(&db, &["jobs", "timeout", "t", "30"]);
+    ok(
+        &db,
+        &["jobs", "add", "t", "sum", "--data", r#"{"a":2,"b":3}"#],
+    );
+    ok(
+        &db,
+        &["jobs", "add", "t", "fails", "--data", r#"{"keep":true}"#],
+    );
+    // The command reads the job's data on stdin and prints its result as JSON.
+    let script = r#"case "$LADING_JOB_ID" in
+        fails) exit 7;;
+        *) read -r d; echo "{\"input\": $d, \"id\": \"$LADING_JOB_ID\"}";;
+        esac"#;
+    let mut p = spawn(&db, &["jobs", "run", "t", "--", "sh", "-c", script]);
+    let sum = wait_state(&db, "sum", "finished");
+    let fails = wait_state(&db, "fails", "finished");
+    p.kill().unwrap();
+    p.wait().unwrap();
+    assert_eq!(
+        sum["data"],
+        serde_json::json!({"input": {"a": 2, "b": 3}, "id": "sum"})
+    );
+    assert_eq!(
+        fails["data"],
+        serde_json::json!({"keep": true}),
+        "a failing command keeps the data"
+    );
+}
+
+#[test]
+fn a_job_whose_processor_was_sigkilled_is_requeued_by_the_monitor_and_runs_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("lading.db");
+    ok(&db, &["jobs", "timeout", "t", "1"]);
+    ok(&db, &["jobs", "add", "t", "long"]);
+    let mut stuck = spawn(&db, &["jobs", "run", "t", "--", "sleep", "30"]);
+    let running = wait_state(&db, "long", "running");
+    assert_eq!(running["runs"], 1);
+    // SIGKILL: no heartbeat, no cleanup. Child::kill sends SIGKILL.
+    stuck.kill().unwrap();
+    stuck.wait().unwrap();
+    // An independent monitor process notices the silence and puts the job back.
+    let mut monitor = spawn(&db, &["jobs", "monitor"]);
+    let pending = wait_state(&db, "long", "pending");
+    assert_eq!(
+        (pending["stalls"].as_u64(), pending["runs"].as_u64()),
+        (Some(1), Some(1))
+    );
+    // Another processor runs it to the end.
+    let mut worker = spawn(&db, &["jobs", "run", "t", "--", "true"]);
+    let done = wait_state(&db, "long", "finished");
+    assert_eq!(done["runs"], 2);
+    for p in [&mut monitor, &mut worker] {
+        p.kill().unwrap();
+        p.wait().unwrap();
+    }
+}
