@@ -8,6 +8,7 @@ mod bench;
 mod bench_jobs;
 mod jobs_cmd;
 mod pipeline;
+mod serve;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -70,8 +71,12 @@ enum Command {
         #[arg(long, default_value_t = 30)]
         grace_s: u64,
     },
-    /// Run every stage in one process (the HTTP API joins it later).
+    /// The HTTP API (/api/v1), every pipeline stage and the generic-jobs activity monitor
+    /// in one process, until SIGINT/SIGTERM.
     Serve {
+        /// Address to listen on (default: the config's `listen`, 127.0.0.1:8080).
+        #[arg(long)]
+        listen: Option<String>,
         #[arg(long, default_value_t = 30)]
         grace_s: u64,
     },
@@ -316,18 +321,22 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let cfg = pipeline::config(cli.config.as_deref())?;
             let ingest = pipeline::ingest(&store, cfg).await?;
             let names: Vec<&str> = stages.iter().map(String::as_str).collect();
-            pipeline::run_until_signal(&ingest, &names, std::time::Duration::from_secs(grace_s))
-                .await?;
-        }
-        Command::Serve { grace_s } => {
-            let cfg = pipeline::config(cli.config.as_deref())?;
-            let ingest = pipeline::ingest(&store, cfg).await?;
             pipeline::run_until_signal(
                 &ingest,
-                lading_ingest::STAGE_NAMES,
+                &names,
                 std::time::Duration::from_secs(grace_s),
+                || {},
             )
             .await?;
+        }
+        Command::Serve { listen, grace_s } => {
+            serve::serve(
+                &store,
+                cli.config.as_deref(),
+                listen,
+                std::time::Duration::from_secs(grace_s),
+            )
+            .await?
         }
         Command::Submit {
             payload,

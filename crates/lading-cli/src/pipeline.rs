@@ -60,11 +60,13 @@ pub(crate) async fn signal() {
 
 /// Runs `stages` until SIGINT/SIGTERM: the first signal stops acquisition and gives running
 /// handlers `grace` to finish; a second signal (or the end of the grace) cuts them off and
-/// releases their jobs. Either way the store is closed cleanly.
+/// releases their jobs. Either way the store is closed cleanly. `on_stop` runs at the first
+/// signal (to stop whatever else the process serves).
 pub async fn run_until_signal(
     ingest: &Arc<Ingest>,
     stages: &[&str],
     grace: Duration,
+    on_stop: impl FnOnce(),
 ) -> anyhow::Result<()> {
     lading_ingest::stages(ingest, stages).map_err(anyhow::Error::msg)?;
     let (handle, shutdown) = Shutdown::new();
@@ -89,6 +91,7 @@ pub async fn run_until_signal(
                 "lading: stopping; running jobs get {} s to finish (signal again to stop now)",
                 grace.as_secs()
             );
+            on_stop();
             handle.stop();
             tokio::select! {
                 r = &mut task => { r?.map_err(anyhow::Error::msg)?; }

@@ -190,3 +190,108 @@ fn a_job_whose_processor_was_sigkilled_is_requeued_by_the_monitor_and_runs_again
         p.wait().unwrap();
     }
 }
+
+/// One HTTP/1.1 request over a plain socket; returns (status, body).
+fn http(addr: &str, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out[9..12].parse().unwrap();
+    let body = out
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (status, body)
+}
+
+#[test]
+fn serve_makes_an_admin_token_and_serves_generic_jobs_over_http() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("lading.db");
+    let data = dir.path().join("data");
+    // With no tokens configured, only loopback is allowed.
+    let o = cmd(&db, &["serve", "--listen", "0.0.0.0:0"])
+        .env("LADING_DATA_DIR", &data)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("refusing to listen on 0.0.0.0"));
+    assert!(
+        !data.join("admin.token").exists(),
+        "refused before anything was made"
+    );
+
+    let mut server = cmd(&db, &["serve", "--listen", "127.0.0.1:0"])
+        .env("LADING_DATA_DIR", &data)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(server.stderr.take().unwrap()).lines();
+    let (mut token, mut addr) = (None, None);
+    while token.is_none() || addr.is_none() {
+        let line = lines.next().expect("serve ended early").unwrap();
+        if let Some(rest) = line.strip_prefix("lading: admin token ") {
+            token = rest.split_whitespace().next().map(str::to_string);
+        }
+        if let Some(rest) = line.strip_prefix("lading: API on http://") {
+            addr = rest.strip_suffix("/api/v1").map(str::to_string);
+        }
+    }
+    let (token, addr) = (token.unwrap(), addr.unwrap());
+    std::thread::spawn(move || for _ in lines {});
+    assert_eq!(
+        std::fs::read_to_string(data.join("admin.token")).unwrap(),
+        token
+    );
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(data.join("admin.token"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "only the owner may read the token");
+    }
+    assert_eq!(http(&addr, "GET", "/api/v1/health", None, "").0, 200);
+    assert_eq!(http(&addr, "GET", "/api/v1/types", None, "").0, 401);
+    let t = Some(token.as_str());
+    assert_eq!(
+        http(&addr, "PUT", "/api/v1/types/t", t, r#"{"timeout_s": 30}"#).0,
+        200
+    );
+    assert_eq!(
+        http(&addr, "POST", "/api/v1/types/t/jobs", t, r#"{"id": "web"}"#).0,
+        201
+    );
+    // The store is shared: the command line sees what the API wrote.
+    assert_eq!(show(&db, "web")["state"], "pending");
+    let (st, body) = http(&addr, "POST", "/api/v1/types/t/accept", t, "{}");
+    assert_eq!(st, 200, "{body}");
+    let job: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let done = format!(
+        r#"{{"lock": "{}", "data": {{"ok": true}}}}"#,
+        job["lock"].as_str().unwrap()
+    );
+    assert_eq!(
+        http(&addr, "POST", "/api/v1/types/t/jobs/web/finish", t, &done).0,
+        200
+    );
+    assert_eq!(show(&db, "web")["data"]["ok"], true);
+    let st = Command::new("kill")
+        .args(["-TERM", &server.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let status = server.wait().unwrap();
+    assert!(status.success(), "SIGTERM: clean exit, got {status}");
+}

@@ -35,6 +35,17 @@ pub struct StageSettings {
     pub backoff_max_ms: Option<u64>,
 }
 
+/// An API bearer token (`[[tokens]]` in the config file).
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TokenSettings {
+    /// Who holds it: the submitter name recorded with the batches it submits.
+    pub name: String,
+    pub token: String,
+    /// `admin` (everything) or `submitter` (submit, and read its own batches).
+    pub role: String,
+}
+
 /// The service configuration.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -67,6 +78,11 @@ pub struct Config {
     /// The shoulder minted primary identifiers start with, unless the profile names one.
     pub shoulder: String,
     pub stages: BTreeMap<String, StageSettings>,
+    /// Where `lading serve` listens.
+    pub listen: String,
+    /// API tokens. With none, `lading serve` makes an admin token in the data directory and
+    /// listens on loopback only.
+    pub tokens: Vec<TokenSettings>,
 }
 
 impl Default for Config {
@@ -90,6 +106,8 @@ impl Default for Config {
             retention_hours: 24 * 30,
             shoulder: "ark:/99999/fk4".into(),
             stages: BTreeMap::new(),
+            listen: "127.0.0.1:8080".into(),
+            tokens: Vec::new(),
         }
     }
 }
@@ -117,7 +135,7 @@ impl Config {
     /// Overrides from the environment: `LADING_DATA_DIR`, `LADING_WORK_DIR`,
     /// `LADING_STORAGE_ROOT`, `LADING_INVENTORY`, `LADING_PROFILES_DIR`, `LADING_SMTP_HOST`,
     /// `LADING_SMTP_PORT`, `LADING_MAIL_FROM`, `LADING_RESERVE_BYTES`,
-    /// `LADING_RETENTION_HOURS`.
+    /// `LADING_RETENTION_HOURS`, `LADING_LISTEN`.
     pub fn apply_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
         fn num<T: std::str::FromStr>(name: &str, v: String) -> Result<T, ConfigError> {
             v.parse().map_err(|_| ConfigError::Env {
@@ -151,6 +169,9 @@ impl Config {
         }
         if let Some(v) = get("LADING_RESERVE_BYTES") {
             self.reserve_bytes = num("LADING_RESERVE_BYTES", v)?;
+        }
+        if let Some(v) = get("LADING_LISTEN") {
+            self.listen = v;
         }
         if let Some(v) = get("LADING_RETENTION_HOURS") {
             self.retention_hours = num("LADING_RETENTION_HOURS", v)?;

@@ -17,7 +17,7 @@ pub mod report;
 pub mod stages;
 mod unpack;
 
-pub use config::{Config, Profile};
+pub use config::{Config, Profile, TokenSettings};
 pub use intake::{PayloadType, Submission, SubmitError, submit};
 
 use fetch::{FetchError, Fetcher};

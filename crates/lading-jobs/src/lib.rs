@@ -846,6 +846,31 @@ impl Jobs {
         }
     }
 
+    /// The job `id` as held under `lock` — for a processor that keeps only the id and the lock
+    /// (an HTTP client). `Halt` when that lock no longer holds it.
+    pub async fn held(&self, ty: &str, id: &str, lock: &str) -> Result<Job> {
+        check_type(ty)?;
+        check_id(id)?;
+        let halt = |why| JobsError::Halt {
+            ty: ty.into(),
+            id: id.into(),
+            why,
+        };
+        match self.read(ty, id).await? {
+            None => Err(halt("removed")),
+            Some((rec, _)) if rec.lock.as_deref() != Some(lock) => {
+                Err(halt("not held under this lock"))
+            }
+            Some((record, version)) => Ok(Job {
+                ty: ty.into(),
+                id: id.into(),
+                lock: lock.into(),
+                record,
+                version,
+            }),
+        }
+    }
+
     /// Writes `change(record)` fenced by the job's lock: retried over concurrent `add`s,
     /// `Halt` once the lock is gone. `finishing` also releases the lock.
     async fn fenced(

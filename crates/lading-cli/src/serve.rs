@@ -1,0 +1,79 @@
+//! `lading serve`: the HTTP API, every pipeline stage and the generic-jobs activity monitor in
+//! one process.
+
+use lading_core::time::system_clock;
+use lading_jobs::Jobs;
+use lading_server::{AppState, Auth};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub async fn serve(
+    store: &str,
+    config: Option<&std::path::Path>,
+    listen: Option<String>,
+    grace: Duration,
+) -> anyhow::Result<()> {
+    let cfg = crate::pipeline::config(config)?;
+    let listen = listen.unwrap_or_else(|| cfg.listen.clone());
+    let addr: SocketAddr = listen
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--listen {listen:?} is not host:port: {e}"))?;
+    let mut auth = Auth::new(&cfg.tokens).map_err(anyhow::Error::msg)?;
+    if auth.is_empty() {
+        if !addr.ip().is_loopback() {
+            anyhow::bail!(
+                "refusing to listen on {addr}: no API tokens are configured, so only loopback \
+                 is allowed; add [[tokens]] to the config to serve other hosts"
+            );
+        }
+        let (token, path, made) = lading_server::auth::admin_token(&cfg.data_dir)?;
+        eprintln!(
+            "lading: admin token {token} ({} {})",
+            if made { "made and kept in" } else { "from" },
+            path.display()
+        );
+        auth = auth.with_admin(&token);
+    }
+    let ingest = crate::pipeline::ingest(store, cfg).await?;
+    let tree = ingest.engine.tree().clone();
+    let jobs = Arc::new(Jobs::new(
+        tree,
+        system_clock(),
+        lading_store_sqlite::default_owner(),
+    ));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let state = AppState {
+        jobs: jobs.clone(),
+        auth: Arc::new(auth),
+        stopping: stop_rx.clone(),
+    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+    eprintln!("lading: API on http://{}/api/v1", listener.local_addr()?);
+    let mut rx = stop_rx.clone();
+    let server = tokio::spawn(lading_server::serve(
+        listener,
+        lading_server::router(state),
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        },
+    ));
+    let monitor_stop = Arc::new(tokio::sync::Notify::new());
+    let monitor = {
+        let (j, s) = (jobs.clone(), monitor_stop.clone());
+        tokio::spawn(async move { j.run_monitor(&s).await })
+    };
+    let on_stop = || {
+        let _ = stop_tx.send(true);
+        monitor_stop.notify_one();
+    };
+    // The tree is closed when the workers stop; the server and monitor stop first.
+    let r = crate::pipeline::run_until_signal(&ingest, lading_ingest::STAGE_NAMES, grace, &on_stop)
+        .await;
+    on_stop();
+    server.await??;
+    monitor.await?;
+    r
+}

@@ -1,0 +1,165 @@
+//! Bearer tokens and roles. Tokens are kept only as SHA-256 digests, and looked up by digest,
+//! so neither memory dumps nor lookup timing give a token away.
+
+use crate::{ApiError, AppState};
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use lading_ingest::TokenSettings;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// What a token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Everything.
+    Admin,
+    /// Submit batches and read its own.
+    Submitter,
+}
+
+/// Who made a request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Principal {
+    pub name: String,
+    pub role: Role,
+}
+
+impl Principal {
+    pub fn require_admin(&self) -> Result<(), ApiError> {
+        if self.role == Role::Admin {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden(format!(
+                "{} is a {:?} token; this needs an admin token",
+                self.name, self.role
+            )))
+        }
+    }
+}
+
+/// Paths anyone may read without a token.
+pub const PUBLIC: &[&str] = &["/api/v1/health", "/api/v1/openapi.json", "/metrics"];
+
+pub struct Auth {
+    by_digest: HashMap<[u8; 32], Principal>,
+}
+
+fn digest(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+impl Auth {
+    /// From the config's `[[tokens]]`; refuses unknown roles, short or repeated tokens.
+    pub fn new(tokens: &[TokenSettings]) -> Result<Auth, String> {
+        let mut by_digest = HashMap::new();
+        for t in tokens {
+            let role = match t.role.as_str() {
+                "admin" => Role::Admin,
+                "submitter" => Role::Submitter,
+                other => {
+                    return Err(format!(
+                        "token {:?}: unknown role {other:?} (admin or submitter)",
+                        t.name
+                    ));
+                }
+            };
+            if t.token.len() < 16 {
+                return Err(format!("token {:?} is shorter than 16 characters", t.name));
+            }
+            let p = Principal {
+                name: t.name.clone(),
+                role,
+            };
+            if by_digest.insert(digest(&t.token), p).is_some() {
+                return Err(format!("token {:?} is given twice", t.name));
+            }
+        }
+        Ok(Auth { by_digest })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_digest.is_empty()
+    }
+
+    /// Adds the generated admin token.
+    pub fn with_admin(mut self, token: &str) -> Auth {
+        self.by_digest.insert(
+            digest(token),
+            Principal {
+                name: "admin".into(),
+                role: Role::Admin,
+            },
+        );
+        self
+    }
+
+    /// The holder of the `Authorization: Bearer …` value, or 401.
+    pub fn check(&self, header: Option<&str>) -> Result<Principal, ApiError> {
+        let unauthorized = |m: &str| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", m);
+        let h = header.ok_or_else(|| unauthorized("missing Authorization: Bearer TOKEN"))?;
+        let token = h
+            .strip_prefix("Bearer ")
+            .ok_or_else(|| unauthorized("Authorization must be Bearer TOKEN"))?;
+        self.by_digest
+            .get(&digest(token.trim()))
+            .cloned()
+            .ok_or_else(|| unauthorized("unknown token"))
+    }
+}
+
+/// The generated admin token of `data_dir` (`admin.token`, mode 0600): read if present,
+/// made otherwise. Returns the token, its file, and whether it was made now.
+pub fn admin_token(data_dir: &Path) -> std::io::Result<(String, PathBuf, bool)> {
+    let path = data_dir.join("admin.token");
+    match std::fs::read_to_string(&path) {
+        Ok(t) if t.trim().len() >= 16 => return Ok((t.trim().to_string(), path, false)),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    std::fs::create_dir_all(data_dir)?;
+    let token = format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    );
+    let tmp = data_dir.join("admin.token.tmp");
+    {
+        use std::io::Write;
+        #[cfg(unix)]
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut o = std::fs::OpenOptions::new();
+        o.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        o.mode(0o600);
+        let mut f = o.open(&tmp)?;
+        f.write_all(token.as_bytes())?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, &path)?;
+    Ok((token, path, true))
+}
+
+/// Middleware: every path but [`PUBLIC`] needs a known token; the holder is put in the
+/// request's extensions for the handler.
+pub async fn require_token(State(s): State<AppState>, mut req: Request, next: Next) -> Response {
+    if PUBLIC.contains(&req.uri().path()) {
+        return next.run(req).await;
+    }
+    let header = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    match s.auth.check(header) {
+        Ok(p) => {
+            req.extensions_mut().insert(p);
+            next.run(req).await
+        }
+        Err(e) => e.into_response(),
+    }
+}

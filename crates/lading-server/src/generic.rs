@@ -1,0 +1,378 @@
+//! Generic jobs over HTTP: the seed-004 operations under `/api/v1/types/{type}`, with
+//! long-polling `accept` and `wait`. Admin tokens only.
+//!
+//! ```text
+//! GET    /api/v1/types                               types, timeouts, counts
+//! PUT    /api/v1/types/{type}                        {"timeout_s"}            set_type_timeout
+//! GET    /api/v1/types/{type}                                                 get_type_timeout
+//! POST   /api/v1/types/{type}/jobs                   {"id","data"?,"scheduled_time"?}  add
+//! GET    /api/v1/types/{type}/jobs?state=&after=&limit=                       list
+//! GET    /api/v1/types/{type}/jobs/{id}                                       the job
+//! DELETE /api/v1/types/{type}/jobs/{id}                                       remove
+//! POST   /api/v1/types/{type}/accept                 {"max_sched_time"?,"timeout_ms"?,"no_schedule"?}
+//!                                                    200 the job with its lock, 204 none
+//! POST   /api/v1/types/{type}/jobs/{id}/update       {"lock","data"?}         409 halt
+//! POST   /api/v1/types/{type}/jobs/{id}/finish       {"lock","data"?}         409 halt
+//! POST   /api/v1/types/{type}/jobs/{id}/resubmit     {"lock","scheduled_time"?}
+//! POST   /api/v1/types/{type}/jobs/{id}/subscribe    {"subscription","state"}
+//! POST   /api/v1/subscriptions/wait                  {"subscriptions","state"?,"timeout_ms"?}
+//!                                                    200 the change, 204 none
+//! DELETE /api/v1/subscriptions/{subscription}
+//! ```
+
+use crate::{ApiError, AppState, Body, MAX_POLL_MS, PathParams, Principal, Query};
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Extension, Json, Router};
+use lading_jobs::{AcceptOptions, JobView, State as JobState};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/api/v1/types", get(types))
+        .route("/api/v1/types/{type}", get(get_type).put(put_type))
+        .route("/api/v1/types/{type}/jobs", get(list).post(add))
+        .route("/api/v1/types/{type}/jobs/{id}", get(show).delete(remove))
+        .route("/api/v1/types/{type}/accept", post(accept))
+        .route("/api/v1/types/{type}/jobs/{id}/update", post(update))
+        .route("/api/v1/types/{type}/jobs/{id}/finish", post(finish))
+        .route("/api/v1/types/{type}/jobs/{id}/resubmit", post(resubmit))
+        .route("/api/v1/types/{type}/jobs/{id}/subscribe", post(subscribe))
+        .route("/api/v1/subscriptions/wait", post(wait))
+        .route("/api/v1/subscriptions/{subscription}", delete(unsubscribe))
+}
+
+type Result<T, E = ApiError> = std::result::Result<T, E>;
+
+fn poll_timeout(ms: Option<u64>) -> Result<Duration> {
+    match ms {
+        Some(ms) if ms > MAX_POLL_MS => Err(ApiError::bad_request(format!(
+            "timeout_ms {ms} is over the most a request may wait ({MAX_POLL_MS})"
+        ))),
+        ms => Ok(Duration::from_millis(ms.unwrap_or(0))),
+    }
+}
+
+fn parse_state(s: &str) -> Result<JobState> {
+    JobState::parse(s).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "unknown state {s:?}: expected pending, running or finished"
+        ))
+    })
+}
+
+async fn types(State(s): State<AppState>, Extension(p): Extension<Principal>) -> Result<Response> {
+    p.require_admin()?;
+    let mut out = Vec::new();
+    for (ty, timeout_s) in s.jobs.types().await.map_err(ApiError::from)? {
+        out.push(type_json(&s, &ty, timeout_s).await?);
+    }
+    Ok(Json(out).into_response())
+}
+
+async fn type_json(s: &AppState, ty: &str, timeout_s: u64) -> Result<Value> {
+    let c = s.jobs.counts(ty).await?;
+    let n = |st| c.get(&st).copied().unwrap_or(0);
+    Ok(
+        json!({"type": ty, "timeout_s": timeout_s, "pending": n(JobState::Pending),
+              "running": n(JobState::Running), "finished": n(JobState::Finished)}),
+    )
+}
+
+async fn get_type(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    PathParams(ty): PathParams<String>,
+) -> Result<Json<Value>> {
+    p.require_admin()?;
+    let timeout = s.jobs.get_type_timeout(&ty).await?;
+    Ok(Json(type_json(&s, &ty, timeout).await?))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TypeBody {
+    timeout_s: u64,
+}
+
+async fn put_type(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    PathParams(ty): PathParams<String>,
+    Body(b): Body<TypeBody>,
+) -> Result<Json<Value>> {
+    p.require_admin()?;
+    s.jobs.set_type_timeout(&ty, b.timeout_s).await?;
+    Ok(Json(type_json(&s, &ty, b.timeout_s).await?))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AddBody {
+    id: String,
+    #[serde(default)]
+    data: Option<Value>,
+    /// Seconds since the epoch.
+    #[serde(default)]
+    scheduled_time: Option<u64>,
+}
+
+async fn add(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    PathParams(ty): PathParams<String>,
+    Body(b): Body<AddBody>,
+) -> Result<Response> {
+    p.require_admin()?;
+    let added = s
+        .jobs
+        .add(
+            &ty,
+            &b.id,
+            b.data.unwrap_or_else(|| json!({})),
+            b.scheduled_time,
+        )
+        .await?;
+    let status = if added == lading_jobs::Added::Created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((
+        status,
+        Json(json!({"type": ty, "id": b.id, "result": added})),
+    )
+        .into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    state: Option<String>,
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+async fn list(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    PathParams(ty): PathParams<String>,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<Value>> {
+    p.require_admin()?;
+    let state = q.state.as_deref().map(parse_state).transpose()?;
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let jobs = s.jobs.list(&ty, state, q.after.as_deref(), limit).await?;
+    let next = (jobs.len() == limit)
+        .then(|| jobs.last().map(|j| j.id.clone()))
+        .flatten();
+    Ok(Json(json!({"jobs": jobs, "next_after": next})))
+}
+
+async fn show(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    PathParams((ty, id)): PathParams<(String, String)>,
+) -> Result<Json<JobView>> {
+    p.require_admin()?;
+    Ok(Json(s.jobs.get_job(&ty, &id).await?))
+}
+
+async fn remove(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    PathParams((ty, id)): PathParams<(String, String)>,
+) -> Result<StatusCode> {
+    p.require_admin()?;
+    s.jobs.remove(&ty, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct AcceptBody {
+    max_sched_time: Option<u64>,
+    timeout_ms: Option<u64>,
+    #[serde(default)]
+    no_schedule: bool,
+}
+
+async fn accept(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    PathParams(ty): PathParams<String>,
+    Body(b): Body<AcceptBody>,
+) -> Result<Response> {
+    p.require_admin()?;
+    let opts = AcceptOptions {
+        max_sched_time: b.max_sched_time,
+        timeout: poll_timeout(b.timeout_ms)?,
+        no_schedule: b.no_schedule,
+    };
+    // The acceptance runs in its own task: if the client goes away while it waits, a job
+    // taken after that is put straight back instead of running under a lock nobody knows.
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let jobs = s.jobs.clone();
+    tokio::spawn(async move {
+        let r = jobs.accept(&ty, &opts).await;
+        if let Err(Ok(Some(mut job))) = tx.send(r) {
+            let back = async {
+                jobs.resubmit(&mut job, None).await?;
+                jobs.finish(&mut job, None).await
+            };
+            if let Err(e) = back.await {
+                tracing::warn!("accepted job {} for a client that left: {e}", job.id);
+            }
+        }
+    });
+    let r = s.unless_stopping(rx).await?.map_err(|_| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "accept task ended",
+        )
+    })?;
+    Ok(match r? {
+        Some(job) => Json(JobView {
+            ty: job.ty.clone(),
+            id: job.id.clone(),
+            record: job.record().clone(),
+        })
+        .into_response(),
+        None => StatusCode::NO_CONTENT.into_response(),
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HeldBody {
+    lock: String,
+    #[serde(default)]
+    data: Option<Value>,
+    /// resubmit only: seconds since the epoch.
+    #[serde(default)]
+    scheduled_time: Option<u64>,
+}
+
+enum HeldOp {
+    Update,
+    Finish,
+    Resubmit,
+}
+
+async fn held(
+    s: AppState,
+    ty: String,
+    id: String,
+    b: HeldBody,
+    op: HeldOp,
+) -> Result<Json<JobView>> {
+    let mut job = s.jobs.held(&ty, &id, &b.lock).await?;
+    match op {
+        HeldOp::Update => s.jobs.update(&mut job, b.data).await?,
+        HeldOp::Finish => s.jobs.finish(&mut job, b.data).await?,
+        HeldOp::Resubmit => {
+            if b.data.is_some() {
+                return Err(ApiError::bad_request("resubmit takes no data"));
+            }
+            s.jobs.resubmit(&mut job, b.scheduled_time).await?
+        }
+    }
+    Ok(Json(JobView {
+        ty,
+        id,
+        record: job.record().clone(),
+    }))
+}
+
+async fn update(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    PathParams((ty, id)): PathParams<(String, String)>,
+    Body(b): Body<HeldBody>,
+) -> Result<Json<JobView>> {
+    p.require_admin()?;
+    if b.scheduled_time.is_some() {
+        return Err(ApiError::bad_request(
+            "scheduled_time applies to resubmit only",
+        ));
+    }
+    held(s, ty, id, b, HeldOp::Update).await
+}
+
+async fn finish(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    PathParams((ty, id)): PathParams<(String, String)>,
+    Body(b): Body<HeldBody>,
+) -> Result<Json<JobView>> {
+    p.require_admin()?;
+    if b.scheduled_time.is_some() {
+        return Err(ApiError::bad_request(
+            "scheduled_time applies to resubmit only",
+        ));
+    }
+    held(s, ty, id, b, HeldOp::Finish).await
+}
+
+async fn resubmit(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    PathParams((ty, id)): PathParams<(String, String)>,
+    Body(b): Body<HeldBody>,
+) -> Result<Json<JobView>> {
+    p.require_admin()?;
+    held(s, ty, id, b, HeldOp::Resubmit).await
+}
+
+async fn subscribe(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    PathParams((ty, id)): PathParams<(String, String)>,
+) -> Result<Json<Value>> {
+    p.require_admin()?;
+    let (sid, state) = s.jobs.subscribe(&ty, &id).await?;
+    Ok(Json(json!({"subscription": sid, "state": state})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WaitBody {
+    subscriptions: Vec<u64>,
+    state: Option<String>,
+    timeout_ms: Option<u64>,
+}
+
+async fn wait(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    Body(b): Body<WaitBody>,
+) -> Result<Response> {
+    p.require_admin()?;
+    let state = b.state.as_deref().map(parse_state).transpose()?;
+    let timeout = poll_timeout(b.timeout_ms)?;
+    let r = s
+        .unless_stopping(s.jobs.wait(&b.subscriptions, state, timeout))
+        .await?;
+    Ok(match r? {
+        Some(change) => Json(change).into_response(),
+        None => StatusCode::NO_CONTENT.into_response(),
+    })
+}
+
+async fn unsubscribe(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    PathParams(sid): PathParams<u64>,
+) -> Result<StatusCode> {
+    p.require_admin()?;
+    if s.jobs.unsubscribe(sid) {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(lading_jobs::JobsError::NoSubscription(sid).into())
+    }
+}

@@ -1,0 +1,181 @@
+//! The HTTP face of Lading (axum): `/api/v1`, JSON in and out, bearer-token auth.
+//!
+//! Shape: one [`AppState`] shared by every handler; [`router`] builds the whole API; errors
+//! are one type, [`ApiError`], that renders as `{"error": "...", "kind": "..."}` with a 4xx
+//! for anything the caller can fix. Request bodies are parsed strictly (unknown fields are
+//! refused) by [`Body`], so a typo is an error, not a silently ignored field.
+
+pub mod auth;
+mod generic;
+
+pub use auth::{Auth, Principal, Role};
+
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use lading_jobs::{Jobs, JobsError};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use std::sync::Arc;
+
+/// Longest a long-poll (`accept`, `wait`) may ask to wait.
+pub const MAX_POLL_MS: u64 = 120_000;
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub jobs: Arc<Jobs>,
+    pub auth: Arc<Auth>,
+    /// Becomes true when the server stops: long-polls end at once (503) instead of holding
+    /// the shutdown up for their whole timeout.
+    pub stopping: tokio::sync::watch::Receiver<bool>,
+}
+
+impl AppState {
+    /// Runs `fut` unless the server starts stopping first.
+    pub async fn unless_stopping<T>(
+        &self,
+        fut: impl std::future::Future<Output = T>,
+    ) -> Result<T, ApiError> {
+        let mut stopping = self.stopping.clone();
+        tokio::select! {
+            v = fut => Ok(v),
+            _ = stopping.wait_for(|s| *s) => Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "the server is shutting down",
+            )),
+        }
+    }
+}
+
+/// The whole API.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/api/v1/health", get(health))
+        .merge(generic::routes())
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_token,
+        ))
+        .with_state(state)
+}
+
+async fn health(axum::extract::State(s): axum::extract::State<AppState>) -> Response {
+    match s.jobs.tree().exists("/").await {
+        Ok(_) => Json(json!({"status": "ok", "store": s.jobs.tree().kind()})).into_response(),
+        Err(e) => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            format!("store: {e}"),
+        )
+        .into_response(),
+    }
+}
+
+/// An error as the API reports it.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub kind: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            kind,
+            message: message.into(),
+        }
+    }
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid", message)
+    }
+    pub fn forbidden(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            Json(json!({"error": self.message, "kind": self.kind})),
+        )
+            .into_response()
+    }
+}
+
+impl From<JobsError> for ApiError {
+    fn from(e: JobsError) -> ApiError {
+        let (status, kind) = match &e {
+            JobsError::NoJob { .. } | JobsError::NoType(_) | JobsError::NoSubscription(_) => {
+                (StatusCode::NOT_FOUND, "not_found")
+            }
+            JobsError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid"),
+            JobsError::Halt { .. } => (StatusCode::CONFLICT, "halt"),
+            JobsError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            JobsError::Tree(t) if t.is_retryable() => {
+                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+            }
+            JobsError::Corrupt { .. } | JobsError::Tree(_) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "internal")
+            }
+        };
+        ApiError::new(status, kind, e.to_string())
+    }
+}
+
+/// A JSON request body, parsed strictly; a rejection is an [`ApiError`] naming the problem.
+pub struct Body<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
+    type Rejection = ApiError;
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(Body(v)),
+            Err(rej) => Err(ApiError::new(rej.status(), "invalid", rej.body_text())),
+        }
+    }
+}
+
+/// Query parameters, parsed strictly.
+pub struct Query<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Query<T> {
+    type Rejection = ApiError;
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(v)) => Ok(Query(v)),
+            Err(rej) => Err(ApiError::bad_request(rej.body_text())),
+        }
+    }
+}
+
+/// Path parameters; a malformed one is a 400 naming it.
+pub struct PathParams<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for PathParams<T> {
+    type Rejection = ApiError;
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(v)) => Ok(PathParams(v)),
+            Err(rej) => Err(ApiError::bad_request(rej.body_text())),
+        }
+    }
+}
+
+/// Serves `router` on `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}

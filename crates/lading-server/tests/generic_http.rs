@@ -1,0 +1,445 @@
+//! Generic jobs over real HTTP on loopback, against a real SQLite store: every operation,
+//! long-polls woken by changes, auth, and bad input refused with nothing stored changed.
+
+use lading_core::time::system_clock;
+use lading_ingest::TokenSettings;
+use lading_jobs::Jobs;
+use lading_server::{AppState, Auth};
+use lading_store_sqlite::{SqliteOptions, SqliteTree};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::Duration;
+
+const ADMIN: &str = "admin-token-0123456789";
+const SUBMITTER: &str = "submitter-token-0123456789";
+
+struct Server {
+    base: String,
+    jobs: Arc<Jobs>,
+    http: reqwest::Client,
+    _stop: tokio::sync::watch::Sender<bool>,
+    _dir: tempfile::TempDir,
+}
+
+async fn start() -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let tree =
+        Arc::new(SqliteTree::open(dir.path().join("lading.db"), SqliteOptions::default()).unwrap());
+    let jobs = Arc::new(Jobs::new(tree, system_clock(), "test"));
+    let auth = Auth::new(&[
+        TokenSettings {
+            name: "root".into(),
+            token: ADMIN.into(),
+            role: "admin".into(),
+        },
+        TokenSettings {
+            name: "alice".into(),
+            token: SUBMITTER.into(),
+            role: "submitter".into(),
+        },
+    ])
+    .unwrap();
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let state = AppState {
+        jobs: jobs.clone(),
+        auth: Arc::new(auth),
+        stopping: rx.clone(),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let mut stop = rx;
+    tokio::spawn(lading_server::serve(
+        listener,
+        lading_server::router(state),
+        async move {
+            let _ = stop.wait_for(|s| *s).await;
+        },
+    ));
+    Server {
+        base,
+        jobs,
+        http: reqwest::Client::new(),
+        _stop: tx,
+        _dir: dir,
+    }
+}
+
+impl Server {
+    async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+        self.call_as(ADMIN, method, path, body).await
+    }
+
+    async fn call_as(
+        &self,
+        token: &str,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let mut r = self
+            .http
+            .request(method.parse().unwrap(), format!("{}{path}", self.base))
+            .bearer_auth(token);
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        let resp = r.send().await.unwrap();
+        let status = resp.status();
+        let text = resp.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn raw(&self, method: &str, path: &str, body: &str) -> (StatusCode, Value) {
+        let resp = self
+            .http
+            .request(method.parse().unwrap(), format!("{}{path}", self.base))
+            .bearer_auth(ADMIN)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Everything stored under the generic-jobs subtree.
+    async fn stored(&self) -> Value {
+        let t = self.jobs.tree();
+        let mut out = serde_json::Map::new();
+        let mut todo = vec![lading_jobs::ROOT.to_string()];
+        while let Some(p) = todo.pop() {
+            let Some(n) = t.get(&p).await.unwrap() else {
+                continue;
+            };
+            out.insert(
+                p.clone(),
+                json!(n.data.map(|d| String::from_utf8_lossy(&d).into_owned())),
+            );
+            for c in t.children(&p).await.unwrap() {
+                todo.push(format!("{p}/{c}"));
+            }
+        }
+        Value::Object(out)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation_over_http() {
+    let s = start().await;
+    let (st, _) = s
+        .call("PUT", "/api/v1/types/conv", Some(json!({"timeout_s": 30})))
+        .await;
+    assert_eq!(st, StatusCode::OK);
+    let (st, v) = s
+        .call(
+            "POST",
+            "/api/v1/types/conv/jobs",
+            Some(json!({"id": "a", "data": {"n": 1}})),
+        )
+        .await;
+    assert_eq!(
+        (st, v["result"].as_str()),
+        (StatusCode::CREATED, Some("created"))
+    );
+    let (st, v) = s.call("GET", "/api/v1/types/conv/jobs/a", None).await;
+    assert_eq!((st, v["state"].as_str()), (StatusCode::OK, Some("pending")));
+
+    let (_, sub) = s
+        .call("POST", "/api/v1/types/conv/jobs/a/subscribe", None)
+        .await;
+    assert_eq!(sub["state"], "pending");
+    let sid = sub["subscription"].as_u64().unwrap();
+
+    let (st, job) = s
+        .call("POST", "/api/v1/types/conv/accept", Some(json!({})))
+        .await;
+    assert_eq!((st, job["id"].as_str()), (StatusCode::OK, Some("a")));
+    let lock = job["lock"].as_str().unwrap().to_string();
+    let (st, change) = s
+        .call(
+            "POST",
+            "/api/v1/subscriptions/wait",
+            Some(json!({"subscriptions": [sid], "timeout_ms": 5000})),
+        )
+        .await;
+    assert_eq!(
+        (st, change["state"].as_str()),
+        (StatusCode::OK, Some("running"))
+    );
+
+    let (st, v) = s
+        .call(
+            "POST",
+            "/api/v1/types/conv/jobs/a/update",
+            Some(json!({"lock": lock, "data": {"n": 1, "half": true}})),
+        )
+        .await;
+    assert_eq!((st, &v["data"]["half"]), (StatusCode::OK, &json!(true)));
+    // A wrong lock: 409 halt, nothing written.
+    let before = s.stored().await;
+    let (st, v) = s
+        .call(
+            "POST",
+            "/api/v1/types/conv/jobs/a/finish",
+            Some(json!({"lock": "not-the-lock", "data": {}})),
+        )
+        .await;
+    assert_eq!(
+        (st, v["kind"].as_str()),
+        (StatusCode::CONFLICT, Some("halt"))
+    );
+    assert_eq!(s.stored().await, before);
+    let (st, v) = s
+        .call(
+            "POST",
+            "/api/v1/types/conv/jobs/a/finish",
+            Some(json!({"lock": lock, "data": {"done": 1}})),
+        )
+        .await;
+    assert_eq!(
+        (st, v["state"].as_str()),
+        (StatusCode::OK, Some("finished"))
+    );
+    let (_, change) = s
+        .call(
+            "POST",
+            "/api/v1/subscriptions/wait",
+            Some(json!({"subscriptions": [sid], "state": "finished", "timeout_ms": 5000})),
+        )
+        .await;
+    assert_eq!(change["state"], "finished");
+    let (st, _) = s
+        .call("DELETE", &format!("/api/v1/subscriptions/{sid}"), None)
+        .await;
+    assert_eq!(st, StatusCode::NO_CONTENT);
+
+    // Nothing due: 204 at once; a long-poll is woken by an add.
+    let (st, _) = s
+        .call("POST", "/api/v1/types/conv/accept", Some(json!({})))
+        .await;
+    assert_eq!(st, StatusCode::NO_CONTENT);
+    let s = Arc::new(s);
+    let s2 = s.clone();
+    let poll = tokio::spawn(async move {
+        s2.call(
+            "POST",
+            "/api/v1/types/conv/accept",
+            Some(json!({"timeout_ms": 60000})),
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = std::time::Instant::now();
+    s.call("POST", "/api/v1/types/conv/jobs", Some(json!({"id": "b"})))
+        .await;
+    let (st, job) = poll.await.unwrap();
+    assert_eq!((st, job["id"].as_str()), (StatusCode::OK, Some("b")));
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "woken, not timed out"
+    );
+    let lock = job["lock"].as_str().unwrap();
+    let (st, v) = s
+        .call(
+            "POST",
+            "/api/v1/types/conv/jobs/b/resubmit",
+            Some(json!({"lock": lock})),
+        )
+        .await;
+    assert_eq!((st, v["resubmit"].as_bool()), (StatusCode::OK, Some(true)));
+    s.call(
+        "POST",
+        "/api/v1/types/conv/jobs/b/finish",
+        Some(json!({"lock": lock})),
+    )
+    .await;
+    let (_, list) = s
+        .call("GET", "/api/v1/types/conv/jobs?state=pending", None)
+        .await;
+    let ids: Vec<&str> = list["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["b"], "resubmitted: pending again");
+    let (_, types) = s.call("GET", "/api/v1/types", None).await;
+    assert_eq!(types[0]["finished"], 1);
+    let (st, _) = s.call("DELETE", "/api/v1/types/conv/jobs/b", None).await;
+    assert_eq!(st, StatusCode::NO_CONTENT);
+    let (st, _) = s.call("GET", "/api/v1/types/conv/jobs/b", None).await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_json_errors_and_change_nothing() {
+    let s = start().await;
+    s.call("PUT", "/api/v1/types/conv", Some(json!({"timeout_s": 30})))
+        .await;
+    s.call(
+        "POST",
+        "/api/v1/types/conv/jobs",
+        Some(json!({"id": "keep", "data": {"v": 1}})),
+    )
+    .await;
+    let before = s.stored().await;
+    let cases: Vec<(&str, &str, &str, StatusCode, &str)> = vec![
+        (
+            "POST",
+            "/api/v1/types/conv/jobs",
+            "{not json",
+            StatusCode::BAD_REQUEST,
+            "JSON",
+        ),
+        (
+            "POST",
+            "/api/v1/types/conv/jobs",
+            r#"{"id": "x", "colour": 1}"#,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unknown field `colour`",
+        ),
+        (
+            "POST",
+            "/api/v1/types/conv/jobs",
+            r#"{"id": "../etc"}"#,
+            StatusCode::BAD_REQUEST,
+            "job id \"../etc\"",
+        ),
+        (
+            "POST",
+            "/api/v1/types/nosuch/jobs",
+            r#"{"id": "x"}"#,
+            StatusCode::NOT_FOUND,
+            "no activity timeout",
+        ),
+        (
+            "PUT",
+            "/api/v1/types/conv",
+            r#"{"timeout_s": 0}"#,
+            StatusCode::BAD_REQUEST,
+            "at least 1 second",
+        ),
+        (
+            "POST",
+            "/api/v1/types/conv/accept",
+            r#"{"timeout_ms": 999999999}"#,
+            StatusCode::BAD_REQUEST,
+            "timeout_ms",
+        ),
+        (
+            "POST",
+            "/api/v1/types/conv/jobs/keep/finish",
+            r#"{"lock": "nope"}"#,
+            StatusCode::CONFLICT,
+            "halt",
+        ),
+        (
+            "DELETE",
+            "/api/v1/types/conv/jobs/ghost",
+            "",
+            StatusCode::NOT_FOUND,
+            "no job \"ghost\"",
+        ),
+        (
+            "POST",
+            "/api/v1/subscriptions/wait",
+            r#"{"subscriptions": [12345]}"#,
+            StatusCode::NOT_FOUND,
+            "no subscription 12345",
+        ),
+        (
+            "GET",
+            "/api/v1/types/conv/jobs?state=done",
+            "",
+            StatusCode::BAD_REQUEST,
+            "unknown state",
+        ),
+    ];
+    for (method, path, body, status, says) in cases {
+        let (st, v) = s.raw(method, path, body).await;
+        assert_eq!(st, status, "{method} {path} {body}: {v}");
+        let msg = v["error"].as_str().unwrap_or_default();
+        assert!(
+            msg.contains(says),
+            "{method} {path}: {msg:?} should name {says:?}"
+        );
+        assert_eq!(
+            s.stored().await,
+            before,
+            "{method} {path} changed the store"
+        );
+    }
+
+    // Auth: no token, a wrong token → 401; a submitter token → 403. Nothing happens.
+    let resp = s
+        .http
+        .post(format!("{}/api/v1/types/conv/jobs", s.base))
+        .json(&json!({"id": "sneaky"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    let (st, v) = s
+        .call_as(
+            "wrong-token-0123456789",
+            "POST",
+            "/api/v1/types/conv/jobs",
+            Some(json!({"id": "sneaky"})),
+        )
+        .await;
+    assert_eq!(
+        (st, v["kind"].as_str()),
+        (StatusCode::UNAUTHORIZED, Some("unauthorized"))
+    );
+    let (st, v) = s
+        .call_as(SUBMITTER, "DELETE", "/api/v1/types/conv/jobs/keep", None)
+        .await;
+    assert_eq!(st, StatusCode::FORBIDDEN, "{v}");
+    assert_eq!(s.stored().await, before);
+    // Health needs no token.
+    let resp = s
+        .http
+        .get(format!("{}/api/v1/health", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_taken_for_a_client_that_left_goes_back_to_pending() {
+    let s = start().await;
+    s.call("PUT", "/api/v1/types/conv", Some(json!({"timeout_s": 30})))
+        .await;
+    // The client gives up after 300 ms; the server is still waiting for a job for it.
+    let r = s
+        .http
+        .post(format!("{}/api/v1/types/conv/accept", s.base))
+        .bearer_auth(ADMIN)
+        .json(&json!({"timeout_ms": 3000}))
+        .timeout(Duration::from_millis(300))
+        .send()
+        .await;
+    assert!(r.is_err(), "the client timed out");
+    s.call(
+        "POST",
+        "/api/v1/types/conv/jobs",
+        Some(json!({"id": "orphan"})),
+    )
+    .await;
+    // Whether the server noticed at once or took the job and put it back, the job ends up
+    // pending and a present client gets it.
+    let (st, job) = s
+        .call(
+            "POST",
+            "/api/v1/types/conv/accept",
+            Some(json!({"timeout_ms": 10000})),
+        )
+        .await;
+    assert_eq!((st, job["id"].as_str()), (StatusCode::OK, Some("orphan")));
+}
