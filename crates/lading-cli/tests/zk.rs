@@ -260,3 +260,64 @@ async fn the_pipeline_runs_on_zookeeper_across_worker_processes() {
     let counts = e.job_counts().await.unwrap();
     assert_eq!(counts.get(&JobState::Completed), Some(&3));
 }
+
+/// `lading jobs show` on a zk store, as JSON.
+fn generic_job(url: &str, id: &str) -> serde_json::Value {
+    serde_json::from_str(&ok(&lading(url, &["jobs", "show", "t", id]))).unwrap()
+}
+
+fn watch_until(url: &str, id: &str, state: &str) {
+    ok(&lading(
+        url,
+        &[
+            "jobs",
+            "watch",
+            "t",
+            id,
+            "--until",
+            state,
+            "--timeout-s",
+            "60",
+        ],
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generic_job_whose_processor_was_sigkilled_is_requeued_on_zookeeper() {
+    let url = store().await;
+    ok(&lading(&url, &["jobs", "timeout", "t", "1"]));
+    ok(&lading(
+        &url,
+        &["jobs", "add", "t", "long", "--data", r#"{"k": 1}"#],
+    ));
+    let spawn = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_lading"))
+            .args(["--store", &url])
+            .args(args)
+            .env_remove("LADING_STORE")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut stuck = spawn(&["jobs", "run", "t", "--", "sleep", "30"]);
+    watch_until(&url, "long", "running");
+    stuck.kill().unwrap();
+    stuck.wait().unwrap();
+    // Two monitors on the store: the job is re-enqueued once.
+    let mut monitors = [spawn(&["jobs", "monitor"]), spawn(&["jobs", "monitor"])];
+    watch_until(&url, "long", "pending");
+    let mut worker = spawn(&["jobs", "run", "t", "--", "true"]);
+    watch_until(&url, "long", "finished");
+    let job = generic_job(&url, "long");
+    assert_eq!(
+        (job["runs"].as_u64(), job["stalls"].as_u64(), &job["data"]),
+        (Some(2), Some(1), &serde_json::json!({"k": 1}))
+    );
+    worker.kill().unwrap();
+    worker.wait().unwrap();
+    for m in &mut monitors {
+        m.kill().unwrap();
+        m.wait().unwrap();
+    }
+}
