@@ -761,7 +761,15 @@ impl Engine {
                 }
                 let (status, version) = match self.batch_status(&bid).await {
                     Ok(s) => s,
-                    Err(EngineError::NoBatch(_)) => continue,
+                    Err(EngineError::NoBatch(_)) => {
+                        // Being created (its node comes first, its status in a second
+                        // `multi`): a waiter must watch for the status, or it would sleep
+                        // through the batch's arrival until the sweep.
+                        if live.len() < WAIT_BATCHES {
+                            live.push(bid.clone());
+                        }
+                        continue;
+                    }
                     Err(e) => return Err(e),
                 };
                 if matches!(status.status, BatchState::Completed | BatchState::Deleted) {

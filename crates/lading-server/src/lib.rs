@@ -6,6 +6,7 @@
 //! refused) by [`Body`], so a typo is an error, not a silently ignored field.
 
 pub mod auth;
+mod batches;
 mod generic;
 
 pub use auth::{Auth, Principal, Role};
@@ -27,6 +28,7 @@ pub const MAX_POLL_MS: u64 = 120_000;
 /// What every handler can reach.
 #[derive(Clone)]
 pub struct AppState {
+    pub ingest: Arc<lading_ingest::Ingest>,
     pub jobs: Arc<Jobs>,
     pub auth: Arc<Auth>,
     /// Becomes true when the server stops: long-polls end at once (503) instead of holding
@@ -56,6 +58,7 @@ impl AppState {
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/api/v1/health", get(health))
+        .merge(batches::routes())
         .merge(generic::routes())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

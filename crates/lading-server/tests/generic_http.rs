@@ -1,132 +1,13 @@
 //! Generic jobs over real HTTP on loopback, against a real SQLite store: every operation,
 //! long-polls woken by changes, auth, and bad input refused with nothing stored changed.
 
-use lading_core::time::system_clock;
-use lading_ingest::TokenSettings;
-use lading_jobs::Jobs;
-use lading_server::{AppState, Auth};
-use lading_store_sqlite::{SqliteOptions, SqliteTree};
+mod common;
+
+use common::*;
 use reqwest::StatusCode;
-use serde_json::{Value, json};
+use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
-
-const ADMIN: &str = "admin-token-0123456789";
-const SUBMITTER: &str = "submitter-token-0123456789";
-
-struct Server {
-    base: String,
-    jobs: Arc<Jobs>,
-    http: reqwest::Client,
-    _stop: tokio::sync::watch::Sender<bool>,
-    _dir: tempfile::TempDir,
-}
-
-async fn start() -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let tree =
-        Arc::new(SqliteTree::open(dir.path().join("lading.db"), SqliteOptions::default()).unwrap());
-    let jobs = Arc::new(Jobs::new(tree, system_clock(), "test"));
-    let auth = Auth::new(&[
-        TokenSettings {
-            name: "root".into(),
-            token: ADMIN.into(),
-            role: "admin".into(),
-        },
-        TokenSettings {
-            name: "alice".into(),
-            token: SUBMITTER.into(),
-            role: "submitter".into(),
-        },
-    ])
-    .unwrap();
-    let (tx, rx) = tokio::sync::watch::channel(false);
-    let state = AppState {
-        jobs: jobs.clone(),
-        auth: Arc::new(auth),
-        stopping: rx.clone(),
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let mut stop = rx;
-    tokio::spawn(lading_server::serve(
-        listener,
-        lading_server::router(state),
-        async move {
-            let _ = stop.wait_for(|s| *s).await;
-        },
-    ));
-    Server {
-        base,
-        jobs,
-        http: reqwest::Client::new(),
-        _stop: tx,
-        _dir: dir,
-    }
-}
-
-impl Server {
-    async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-        self.call_as(ADMIN, method, path, body).await
-    }
-
-    async fn call_as(
-        &self,
-        token: &str,
-        method: &str,
-        path: &str,
-        body: Option<Value>,
-    ) -> (StatusCode, Value) {
-        let mut r = self
-            .http
-            .request(method.parse().unwrap(), format!("{}{path}", self.base))
-            .bearer_auth(token);
-        if let Some(b) = body {
-            r = r.json(&b);
-        }
-        let resp = r.send().await.unwrap();
-        let status = resp.status();
-        let text = resp.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
-    }
-
-    async fn raw(&self, method: &str, path: &str, body: &str) -> (StatusCode, Value) {
-        let resp = self
-            .http
-            .request(method.parse().unwrap(), format!("{}{path}", self.base))
-            .bearer_auth(ADMIN)
-            .header("content-type", "application/json")
-            .body(body.to_string())
-            .send()
-            .await
-            .unwrap();
-        let status = resp.status();
-        (status, resp.json().await.unwrap_or(Value::Null))
-    }
-
-    /// Everything stored under the generic-jobs subtree.
-    async fn stored(&self) -> Value {
-        let t = self.jobs.tree();
-        let mut out = serde_json::Map::new();
-        let mut todo = vec![lading_jobs::ROOT.to_string()];
-        while let Some(p) = todo.pop() {
-            let Some(n) = t.get(&p).await.unwrap() else {
-                continue;
-            };
-            out.insert(
-                p.clone(),
-                json!(n.data.map(|d| String::from_utf8_lossy(&d).into_owned())),
-            );
-            for c in t.children(&p).await.unwrap() {
-                todo.push(format!("{p}/{c}"));
-            }
-        }
-        Value::Object(out)
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_operation_over_http() {

@@ -1245,6 +1245,34 @@ pub async fn batch_worker_is_woken_when_a_batch_needs_reporting(h: &dyn Harness)
         .unwrap()
         .expect("the new batch");
     assert_eq!(got.batch, new);
+    // A batch is made in two steps (its node, then its status): a waiter that wakes and looks
+    // in between must still be woken when the status arrives, not by the sweep 10 s later.
+    let waiting = {
+        let r = reporter.clone();
+        tokio::spawn(async move { r.wait_batch(BatchState::Pending, WAIT).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let path = e
+        .tree()
+        .create(BATCH_PREFIX, None, CreateMode::PersistentSequential)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let status = json!({"status": "Pending", "last_modified": "2026-11-21 00:00:00 +0000"});
+    e.tree()
+        .multi(vec![
+            Op::create(format!("{path}/submission"), bytes("{}")),
+            Op::create(format!("{path}/status"), bytes(&status.to_string())),
+        ])
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("woken by the status of a batch seen half made")
+        .unwrap()
+        .unwrap()
+        .expect("the batch");
+    assert_eq!(format!("/batches/{}", got.batch), path);
 }
 
 pub async fn paused_queue_hands_out_nothing(h: &dyn Harness) {

@@ -1,0 +1,487 @@
+//! Ingest over HTTP: submit a batch by URL, read batches and jobs, and every admin action of
+//! SPEC §5.
+//!
+//! ```text
+//! POST /api/v1/batches                      {"payload_url","profile","type"?,"title"?,…}  201
+//! GET  /api/v1/batches?state=&profile=&submitter=&collection=&after=&limit=
+//! GET  /api/v1/batches/{bid|uuid}
+//! POST /api/v1/batches/{bid}/hold|release|delete|update-reporting          admin
+//! GET  /api/v1/jobs?state=STATE&after=&limit=                                 admin
+//! GET  /api/v1/jobs/{jid}
+//! POST /api/v1/jobs/{jid}/hold|release|requeue|delete   requeue: {"to"?}      admin
+//! PUT|DELETE /api/v1/collections/{name}/hold                                  admin
+//! PUT|DELETE /api/v1/queues/{name}/pause                                      admin
+//! GET  /api/v1/status                       counts per state, paused queues   admin
+//! ```
+//!
+//! A submitter token sees only its own batches and their jobs; another's is "not found", so
+//! ids cannot be probed.
+
+use crate::{ApiError, AppState, Body, PathParams, Principal, Query, Role};
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Extension, Json, Router};
+use lading_core::layout::{BatchId, JobId, QUEUE_NAMES};
+use lading_core::{BatchState, JobState};
+use lading_engine::EngineError;
+use lading_ingest::{Submission, SubmitError};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/api/v1/batches", get(list_batches).post(submit))
+        .route("/api/v1/batches/{id}", get(show_batch))
+        .route("/api/v1/batches/{id}/{action}", post(batch_action))
+        .route("/api/v1/jobs", get(list_jobs))
+        .route("/api/v1/jobs/{id}", get(show_job))
+        .route("/api/v1/jobs/{id}/{action}", post(job_action))
+        .route(
+            "/api/v1/collections/{name}/hold",
+            put(hold_collection).delete(release_collection),
+        )
+        .route(
+            "/api/v1/queues/{name}/pause",
+            put(pause_queue).delete(resume_queue),
+        )
+        .route("/api/v1/status", get(status))
+}
+
+type Result<T, E = ApiError> = std::result::Result<T, E>;
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> ApiError {
+        let (status, kind) = match &e {
+            EngineError::NoBatch(_) | EngineError::NoJob(_) | EngineError::NoAccess(_) => {
+                (StatusCode::NOT_FOUND, "not_found")
+            }
+            EngineError::Illegal(_) => (StatusCode::CONFLICT, "illegal_transition"),
+            EngineError::Locked(_) => (StatusCode::CONFLICT, "locked"),
+            EngineError::LeaseLost(_) | EngineError::Conflict(_) => {
+                (StatusCode::CONFLICT, "conflict")
+            }
+            EngineError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid"),
+            EngineError::Tree(t) if t.is_retryable() => {
+                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+            }
+            EngineError::Corrupt { .. } | EngineError::Tree(_) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "internal")
+            }
+        };
+        ApiError::new(status, kind, e.to_string())
+    }
+}
+
+impl From<SubmitError> for ApiError {
+    fn from(e: SubmitError) -> ApiError {
+        match e {
+            SubmitError::Engine(e) => e.into(),
+            e => ApiError::bad_request(e.to_string()),
+        }
+    }
+}
+
+fn not_found_batch(id: &str) -> ApiError {
+    EngineError::NoBatch(id.to_string()).into()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SubmitBody {
+    payload_url: String,
+    profile: String,
+    #[serde(rename = "type", default = "default_type")]
+    payload_type: String,
+    title: Option<String>,
+    creator: Option<String>,
+    date: Option<String>,
+    local_id: Option<String>,
+    primary_id: Option<String>,
+    /// Admin tokens only: submit on someone's behalf.
+    submitter: Option<String>,
+}
+
+fn default_type() -> String {
+    "file".into()
+}
+
+async fn submit(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    Body(b): Body<SubmitBody>,
+) -> Result<Response> {
+    let submitter = match (b.submitter, p.role) {
+        (Some(other), Role::Submitter) if other != p.name => {
+            return Err(ApiError::forbidden(format!(
+                "{} may not submit as {other:?}",
+                p.name
+            )));
+        }
+        (Some(name), _) => name,
+        (None, _) => p.name.clone(),
+    };
+    let sub = Submission {
+        profile: b.profile,
+        submitter,
+        payload_url: b.payload_url,
+        payload_type: b.payload_type,
+        title: b.title,
+        creator: b.creator,
+        date: b.date,
+        local_id: b.local_id,
+        primary_id: b.primary_id,
+    };
+    let bid = lading_ingest::submit(&s.ingest, &sub).await?;
+    Ok((
+        StatusCode::CREATED,
+        [(
+            axum::http::header::LOCATION,
+            format!("/api/v1/batches/{bid}"),
+        )],
+        Json(json!({"id": bid, "status": "Pending"})),
+    )
+        .into_response())
+}
+
+/// The batch `id` (a `bid…` or its uuid) if `p` may see it.
+async fn visible_batch(s: &AppState, p: &Principal, id: &str) -> Result<lading_engine::BatchInfo> {
+    let bid = if id.starts_with(BatchId::PREFIX) {
+        BatchId::parse(id).map_err(|e| ApiError::bad_request(e.to_string()))?
+    } else {
+        s.ingest
+            .engine
+            .batch_by_uuid(id)
+            .await?
+            .ok_or_else(|| not_found_batch(id))?
+    };
+    let info = s.ingest.engine.batch(&bid).await?;
+    if p.role != Role::Admin && info.submission["submitter"].as_str() != Some(&p.name) {
+        return Err(not_found_batch(id));
+    }
+    Ok(info)
+}
+
+async fn show_batch(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    PathParams(id): PathParams<String>,
+) -> Result<Json<lading_engine::BatchInfo>> {
+    Ok(Json(visible_batch(&s, &p, &id).await?))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchQuery {
+    state: Option<String>,
+    profile: Option<String>,
+    submitter: Option<String>,
+    collection: Option<String>,
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+async fn list_batches(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    Query(q): Query<BatchQuery>,
+) -> Result<Json<Value>> {
+    let state = q
+        .state
+        .as_deref()
+        .map(|st| {
+            BatchState::parse(st)
+                .ok_or_else(|| ApiError::bad_request(format!("unknown batch state {st:?}")))
+        })
+        .transpose()?;
+    let submitter = match p.role {
+        Role::Admin => q.submitter,
+        Role::Submitter => match q.submitter {
+            Some(other) if other != p.name => {
+                return Err(ApiError::forbidden(format!(
+                    "{} may list only its own batches",
+                    p.name
+                )));
+            }
+            _ => Some(p.name.clone()),
+        },
+    };
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let e = &s.ingest.engine;
+    let mut out = Vec::new();
+    let mut last = None;
+    for bid in e.batch_ids().await? {
+        if q.after.as_deref().is_some_and(|a| bid.as_str() <= a) {
+            continue;
+        }
+        let info = match e.batch(&bid).await {
+            Ok(i) => i,
+            Err(EngineError::NoBatch(_)) => continue,
+            Err(err) => return Err(err.into()),
+        };
+        let field = |k: &str| info.submission[k].as_str().map(str::to_string);
+        if state.is_some_and(|st| st != info.status.status)
+            || submitter
+                .as_ref()
+                .is_some_and(|x| field("submitter").as_ref() != Some(x))
+            || q.profile
+                .as_ref()
+                .is_some_and(|x| field("profile_name").as_ref() != Some(x))
+            || q.collection
+                .as_ref()
+                .is_some_and(|x| field("collection").as_ref() != Some(x))
+        {
+            continue;
+        }
+        let counts: serde_json::Map<String, Value> = info
+            .jobs
+            .iter()
+            .map(|(k, v)| (k.clone(), json!(v.len())))
+            .collect();
+        out.push(
+            json!({"id": info.id, "status": info.status, "submission": info.submission,
+                        "jobs": counts}),
+        );
+        last = Some(bid.to_string());
+        if out.len() == limit {
+            break;
+        }
+    }
+    let next = (out.len() == limit).then_some(last).flatten();
+    Ok(Json(json!({"batches": out, "next_after": next})))
+}
+
+async fn show_job(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    PathParams(id): PathParams<String>,
+) -> Result<Json<lading_engine::JobInfo>> {
+    let jid = JobId::parse(&id).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let info = s.ingest.engine.job(&jid).await?;
+    if p.role != Role::Admin {
+        let visible = match BatchId::parse(&info.bid) {
+            Ok(bid) => s
+                .ingest
+                .engine
+                .batch(&bid)
+                .await
+                .map(|b| b.submission["submitter"].as_str() == Some(&p.name))
+                .unwrap_or(false),
+            Err(_) => false,
+        };
+        if !visible {
+            return Err(EngineError::NoJob(id).into());
+        }
+    }
+    Ok(Json(info))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JobQuery {
+    state: String,
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+async fn list_jobs(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    Query(q): Query<JobQuery>,
+) -> Result<Json<Value>> {
+    p.require_admin()?;
+    let state = JobState::parse(&q.state)
+        .ok_or_else(|| ApiError::bad_request(format!("unknown job state {:?}", q.state)))?;
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let page = s
+        .ingest
+        .engine
+        .list_jobs(state, q.after.as_deref(), limit)
+        .await?;
+    let next = (page.len() == limit)
+        .then(|| page.last().map(|(prio, j)| format!("{prio:02}-{j}")))
+        .flatten();
+    let jobs: Vec<Value> = page
+        .iter()
+        .map(|(prio, j)| json!({"id": j, "priority": prio}))
+        .collect();
+    Ok(Json(
+        json!({"state": state.name(), "jobs": jobs, "next_after": next}),
+    ))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ActionBody {
+    /// requeue only: the target state (default: the stage that failed).
+    to: Option<String>,
+}
+
+/// An optional JSON body: absent or empty is the default.
+async fn optional_body(req: axum::extract::Request) -> Result<ActionBody> {
+    let bytes = axum::body::to_bytes(req.into_body(), 64 << 10)
+        .await
+        .map_err(|e| ApiError::bad_request(format!("reading the body: {e}")))?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(ActionBody::default());
+    }
+    serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("body: {e}")))
+}
+
+async fn job_action(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    PathParams((id, action)): PathParams<(String, String)>,
+    req: axum::extract::Request,
+) -> Result<Json<Value>> {
+    p.require_admin()?;
+    let jid = JobId::parse(&id).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let body = optional_body(req).await?;
+    if body.to.is_some() && action != "requeue" {
+        return Err(ApiError::bad_request("\"to\" applies to requeue only"));
+    }
+    let e = &s.ingest.engine;
+    let st = match action.as_str() {
+        "hold" => Some(e.hold_job(&jid).await?),
+        "release" => Some(e.release_job(&jid).await?),
+        "requeue" => {
+            let to = body
+                .to
+                .as_deref()
+                .map(|t| {
+                    JobState::parse(t)
+                        .ok_or_else(|| ApiError::bad_request(format!("unknown job state {t:?}")))
+                })
+                .transpose()?;
+            Some(e.requeue_job(&jid, to).await?)
+        }
+        "delete" => e.delete_job(&jid).await?,
+        other => {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no job action {other:?} (hold, release, requeue, delete)"),
+            ));
+        }
+    };
+    Ok(Json(match st {
+        Some(st) => json!({"id": jid, "status": st.status}),
+        None => json!({"id": jid, "status": null, "purged": true}),
+    }))
+}
+
+async fn batch_action(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    PathParams((id, action)): PathParams<(String, String)>,
+) -> Result<Json<Value>> {
+    p.require_admin()?;
+    let bid = BatchId::parse(&id).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let e = &s.ingest.engine;
+    let st = match action.as_str() {
+        "hold" => e.hold_batch(&bid).await?,
+        "release" => e.release_batch(&bid).await?,
+        "delete" => e.delete_batch(&bid).await?,
+        "update-reporting" => e.update_reporting(&bid).await?,
+        other => {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no batch action {other:?} (hold, release, delete, update-reporting)"),
+            ));
+        }
+    };
+    Ok(Json(json!({"id": bid, "status": st.status})))
+}
+
+async fn hold_collection(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    PathParams(name): PathParams<String>,
+) -> Result<Json<Value>> {
+    p.require_admin()?;
+    let new = s.ingest.engine.hold_collection(&name).await?;
+    Ok(Json(
+        json!({"collection": name, "held": true, "changed": new}),
+    ))
+}
+
+async fn release_collection(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    PathParams(name): PathParams<String>,
+) -> Result<Json<Value>> {
+    p.require_admin()?;
+    let n = s.ingest.engine.release_collection(&name).await?;
+    Ok(Json(
+        json!({"collection": name, "held": false, "released": n}),
+    ))
+}
+
+fn check_queue(name: &str) -> Result<()> {
+    if QUEUE_NAMES.contains(&name) {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no queue {name:?} (one of: {})", QUEUE_NAMES.join(", ")),
+        ))
+    }
+}
+
+async fn pause_queue(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    PathParams(name): PathParams<String>,
+) -> Result<Json<Value>> {
+    p.require_admin()?;
+    check_queue(&name)?;
+    let changed = s.ingest.engine.pause_queue(&name).await?;
+    Ok(Json(
+        json!({"queue": name, "paused": true, "changed": changed}),
+    ))
+}
+
+async fn resume_queue(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    PathParams(name): PathParams<String>,
+) -> Result<Json<Value>> {
+    p.require_admin()?;
+    check_queue(&name)?;
+    let changed = s.ingest.engine.resume_queue(&name).await?;
+    Ok(Json(
+        json!({"queue": name, "paused": false, "changed": changed}),
+    ))
+}
+
+async fn status(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+) -> Result<Json<Value>> {
+    p.require_admin()?;
+    let e = &s.ingest.engine;
+    let jobs: serde_json::Map<String, Value> = e
+        .job_counts()
+        .await?
+        .into_iter()
+        .map(|(st, n)| (st.name().to_string(), json!(n)))
+        .collect();
+    let batches: serde_json::Map<String, Value> = e
+        .batch_counts()
+        .await?
+        .into_iter()
+        .map(|(st, n)| (st.name().to_string(), json!(n)))
+        .collect();
+    let mut paused = Vec::new();
+    for q in QUEUE_NAMES {
+        if e.queue_paused(q).await? {
+            paused.push(*q);
+        }
+    }
+    Ok(Json(
+        json!({"jobs": jobs, "batches": batches, "paused_queues": paused}),
+    ))
+}

@@ -1,0 +1,224 @@
+//! Ingest over real HTTP: submission by URL, reading batches and jobs with ownership, admin
+//! actions, and bad input refused with the whole tree unchanged.
+
+mod common;
+
+use common::*;
+use lading_ingest::payload_server::PayloadServer;
+use reqwest::StatusCode;
+use serde_json::json;
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submitters_see_only_their_batches_and_bad_submissions_change_nothing() {
+    let s = start().await;
+    let url = "http://127.0.0.1:9/object.bin";
+    let (st, v) = s
+        .call_as(
+            SUBMITTER,
+            "POST",
+            "/api/v1/batches",
+            Some(json!({"payload_url": url, "profile": "demo", "title": "A"})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    let bid = v["id"].as_str().unwrap().to_string();
+    let path = format!("/api/v1/batches/{bid}");
+    let (st, b) = s.call_as(SUBMITTER, "GET", &path, None).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(
+        (
+            b["status"]["status"].as_str(),
+            b["submission"]["submitter"].as_str()
+        ),
+        (Some("Pending"), Some("alice"))
+    );
+    // Another submitter cannot see it, nor tell it exists.
+    let (st, v) = s.call_as(BOB, "GET", &path, None).await;
+    assert_eq!(
+        (st, v["kind"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_found"))
+    );
+    let (_, list) = s.call_as(BOB, "GET", "/api/v1/batches", None).await;
+    assert_eq!(list["batches"], json!([]));
+    let (_, list) = s.call_as(SUBMITTER, "GET", "/api/v1/batches", None).await;
+    assert_eq!(list["batches"][0]["id"], bid.as_str());
+    let (st, _) = s
+        .call_as(SUBMITTER, "GET", "/api/v1/batches?submitter=bob", None)
+        .await;
+    assert_eq!(st, StatusCode::FORBIDDEN);
+    let (_, list) = s
+        .call(
+            "GET",
+            "/api/v1/batches?submitter=alice&state=Pending&profile=demo",
+            None,
+        )
+        .await;
+    assert_eq!(list["batches"].as_array().unwrap().len(), 1);
+    let (_, list) = s
+        .call("GET", "/api/v1/batches?collection=other", None)
+        .await;
+    assert_eq!(list["batches"], json!([]));
+    // Submitters do not administer.
+    let (st, _) = s
+        .call_as(SUBMITTER, "POST", &format!("{path}/hold"), None)
+        .await;
+    assert_eq!(st, StatusCode::FORBIDDEN);
+
+    let before = s.dump().await;
+    let post = "/api/v1/batches";
+    for (body, status, says) in [
+        (
+            json!({"payload_url": url, "profile": "nosuch"}),
+            StatusCode::BAD_REQUEST,
+            "unknown profile \"nosuch\"",
+        ),
+        (
+            json!({"payload_url": url, "profile": "../etc/passwd"}),
+            StatusCode::BAD_REQUEST,
+            "invalid profile name",
+        ),
+        (
+            json!({"payload_url": "ftp://x/y", "profile": "demo"}),
+            StatusCode::BAD_REQUEST,
+            "payload URL",
+        ),
+        (
+            json!({"payload_url": url, "profile": "demo", "type": "zip"}),
+            StatusCode::BAD_REQUEST,
+            "unknown payload type \"zip\"",
+        ),
+        (
+            json!({"payload_url": url, "profile": "demo", "colour": "red"}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unknown field `colour`",
+        ),
+        (
+            json!({"payload_url": url, "profile": "demo", "submitter": "bob"}),
+            StatusCode::FORBIDDEN,
+            "may not submit as \"bob\"",
+        ),
+    ] {
+        let (st, v) = s.call_as(SUBMITTER, "POST", post, Some(body.clone())).await;
+        assert_eq!(st, status, "{body}: {v}");
+        let msg = v["error"].as_str().unwrap_or_default();
+        assert!(msg.contains(says), "{body}: {msg:?} should say {says:?}");
+    }
+    let (st, _) = s.raw("POST", post, "{\"payload_url\": ").await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    for (method, p, status) in [
+        (
+            "GET",
+            "/api/v1/batches/bid0000009999",
+            StatusCode::NOT_FOUND,
+        ),
+        ("GET", "/api/v1/batches/no-such-uuid", StatusCode::NOT_FOUND),
+        ("GET", "/api/v1/jobs/jid0000009999", StatusCode::NOT_FOUND),
+        ("GET", "/api/v1/jobs/nonsense", StatusCode::BAD_REQUEST),
+        (
+            "POST",
+            "/api/v1/jobs/jid0000009999/hold",
+            StatusCode::NOT_FOUND,
+        ),
+        (
+            "POST",
+            "/api/v1/batches/bid0000009999/release",
+            StatusCode::NOT_FOUND,
+        ),
+        ("POST", &format!("{path}/explode"), StatusCode::NOT_FOUND),
+        ("PUT", "/api/v1/queues/nosuch/pause", StatusCode::NOT_FOUND),
+        // Releasing a batch that is not Held is an illegal transition.
+        ("POST", &format!("{path}/release"), StatusCode::CONFLICT),
+    ] {
+        let (st, v) = s.call(method, p, None).await;
+        assert_eq!(st, status, "{method} {p}: {v}");
+        assert!(v["error"].is_string(), "{method} {p}: JSON error, got {v}");
+    }
+    assert_eq!(s.dump().await, before, "refused requests changed the tree");
+
+    // Admin actions that are allowed do what they say.
+    let (st, v) = s.call("POST", &format!("{path}/hold"), None).await;
+    assert_eq!((st, v["status"].as_str()), (StatusCode::OK, Some("Held")));
+    let (st, v) = s.call("POST", &format!("{path}/release"), None).await;
+    assert_eq!(
+        (st, v["status"].as_str()),
+        (StatusCode::OK, Some("Pending"))
+    );
+    let (_, v) = s.call("PUT", "/api/v1/queues/ingest/pause", None).await;
+    assert_eq!(v["paused"], true);
+    let (_, v) = s.call("GET", "/api/v1/status", None).await;
+    assert_eq!(v["paused_queues"], json!(["ingest"]));
+    assert_eq!(v["batches"]["Pending"], 1);
+    s.call("DELETE", "/api/v1/queues/ingest/pause", None).await;
+    let (_, v) = s.call("PUT", "/api/v1/collections/demo/hold", None).await;
+    assert_eq!(v["held"], true);
+    let (_, v) = s
+        .call("DELETE", "/api/v1/collections/demo/hold", None)
+        .await;
+    assert_eq!(v["held"], false);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
+    let s = start().await;
+    let payload = s.dir.path().join("payload");
+    std::fs::create_dir_all(&payload).unwrap();
+    std::fs::write(payload.join("hello.txt"), b"hello, lading\n").unwrap();
+    let files = PayloadServer::start(&payload).await.unwrap();
+    let (shutdown_handle, shutdown) = lading_worker::Shutdown::new();
+    let ingest = s.ingest.clone();
+    let workers = tokio::spawn(async move {
+        lading_ingest::run(&ingest, lading_ingest::STAGE_NAMES, shutdown).await
+    });
+    let (st, v) = s
+        .call_as(
+            SUBMITTER,
+            "POST",
+            "/api/v1/batches",
+            Some(json!({"payload_url": files.url("hello.txt"), "profile": "demo"})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    let path = format!("/api/v1/batches/{}", v["id"].as_str().unwrap());
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let batch = loop {
+        let (_, b) = s.call_as(SUBMITTER, "GET", &path, None).await;
+        if b["status"]["status"] == "Completed" {
+            break b;
+        }
+        assert!(std::time::Instant::now() < deadline, "batch stuck: {b}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let jid = batch["jobs"]["batch-completed"][0]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (st, job) = s
+        .call_as(SUBMITTER, "GET", &format!("/api/v1/jobs/{jid}"), None)
+        .await;
+    assert_eq!(
+        (st, job["status"]["status"].as_str()),
+        (StatusCode::OK, Some("Completed"))
+    );
+    let (st, _) = s
+        .call_as(BOB, "GET", &format!("/api/v1/jobs/{jid}"), None)
+        .await;
+    assert_eq!(
+        st,
+        StatusCode::NOT_FOUND,
+        "another submitter's job is not found"
+    );
+    let (_, list) = s.call("GET", "/api/v1/jobs?state=Completed", None).await;
+    assert_eq!(list["jobs"][0]["id"], jid.as_str());
+    // A completed job cannot be requeued or held: 409, nothing changes.
+    let before = s.dump().await;
+    for action in ["requeue", "hold", "release"] {
+        let (st, v) = s
+            .call("POST", &format!("/api/v1/jobs/{jid}/{action}"), None)
+            .await;
+        assert_eq!(st, StatusCode::CONFLICT, "{action}: {v}");
+    }
+    assert_eq!(s.dump().await, before);
+    shutdown_handle.stop();
+    workers.await.unwrap().unwrap();
+}

@@ -1,0 +1,163 @@
+//! What the HTTP tests share: a real server on a loopback port over a real SQLite store, with
+//! an ingest config (profiles, data folders) in a temporary directory, and a client.
+
+#![allow(dead_code)]
+
+use lading_core::time::system_clock;
+use lading_engine::Engine;
+use lading_ingest::{Config, Ingest, TokenSettings};
+use lading_jobs::Jobs;
+use lading_server::{AppState, Auth};
+use lading_store_sqlite::{SqliteOptions, SqliteTree};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+pub const ADMIN: &str = "admin-token-0123456789";
+pub const SUBMITTER: &str = "submitter-token-0123456789";
+pub const BOB: &str = "bob-token-0123456789";
+
+pub struct Server {
+    pub base: String,
+    pub jobs: Arc<Jobs>,
+    pub ingest: Arc<Ingest>,
+    pub http: reqwest::Client,
+    _stop: tokio::sync::watch::Sender<bool>,
+    pub dir: tempfile::TempDir,
+}
+
+pub async fn start() -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let tree =
+        Arc::new(SqliteTree::open(dir.path().join("lading.db"), SqliteOptions::default()).unwrap());
+    let jobs = Arc::new(Jobs::new(tree.clone(), system_clock(), "test"));
+    let engine = Arc::new(Engine::new(tree, system_clock(), "test"));
+    engine.init().await.unwrap();
+    let cfg = Config {
+        data_dir: dir.path().join("data"),
+        reserve_bytes: 0,
+        unestimated_min_free_bytes: 0,
+        provisioning_round_ms: 200,
+        ..Config::default()
+    };
+    std::fs::create_dir_all(cfg.profiles_dir()).unwrap();
+    std::fs::write(
+        cfg.profiles_dir().join("demo.toml"),
+        "collection = \"demo\"\n",
+    )
+    .unwrap();
+    let ingest = Ingest::new(engine, cfg);
+    let auth = Auth::new(&[
+        TokenSettings {
+            name: "root".into(),
+            token: ADMIN.into(),
+            role: "admin".into(),
+        },
+        TokenSettings {
+            name: "alice".into(),
+            token: SUBMITTER.into(),
+            role: "submitter".into(),
+        },
+        TokenSettings {
+            name: "bob".into(),
+            token: BOB.into(),
+            role: "submitter".into(),
+        },
+    ])
+    .unwrap();
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let state = AppState {
+        ingest: ingest.clone(),
+        jobs: jobs.clone(),
+        auth: Arc::new(auth),
+        stopping: rx.clone(),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let mut stop = rx;
+    tokio::spawn(lading_server::serve(
+        listener,
+        lading_server::router(state),
+        async move {
+            let _ = stop.wait_for(|s| *s).await;
+        },
+    ));
+    Server {
+        base,
+        jobs,
+        ingest,
+        http: reqwest::Client::new(),
+        _stop: tx,
+        dir,
+    }
+}
+
+impl Server {
+    pub async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+        self.call_as(ADMIN, method, path, body).await
+    }
+
+    pub async fn call_as(
+        &self,
+        token: &str,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let mut r = self
+            .http
+            .request(method.parse().unwrap(), format!("{}{path}", self.base))
+            .bearer_auth(token);
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        let resp = r.send().await.unwrap();
+        let status = resp.status();
+        let text = resp.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    pub async fn raw(&self, method: &str, path: &str, body: &str) -> (StatusCode, Value) {
+        let resp = self
+            .http
+            .request(method.parse().unwrap(), format!("{}{path}", self.base))
+            .bearer_auth(ADMIN)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Everything stored under the generic-jobs subtree.
+    pub async fn stored(&self) -> Value {
+        let t = self.jobs.tree();
+        let mut out = serde_json::Map::new();
+        let mut todo = vec![lading_jobs::ROOT.to_string()];
+        while let Some(p) = todo.pop() {
+            let Some(n) = t.get(&p).await.unwrap() else {
+                continue;
+            };
+            out.insert(
+                p.clone(),
+                json!(n.data.map(|d| String::from_utf8_lossy(&d).into_owned())),
+            );
+            for c in t.children(&p).await.unwrap() {
+                todo.push(format!("{p}/{c}"));
+            }
+        }
+        Value::Object(out)
+    }
+
+    /// The whole tree, as `lading dump` shows it.
+    pub async fn dump(&self) -> std::collections::BTreeMap<String, Value> {
+        lading_engine::dump(self.jobs.tree().as_ref(), "/")
+            .await
+            .unwrap()
+    }
+}
