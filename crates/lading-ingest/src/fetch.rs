@@ -93,6 +93,8 @@ pub struct Fetched {
 #[derive(Clone)]
 pub struct Fetcher {
     client: reqwest::Client,
+    /// Payload bytes downloaded and verified by this process (for `/metrics`).
+    downloaded: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Default for Fetcher {
@@ -131,11 +133,19 @@ impl Fetcher {
             .user_agent(concat!("lading/", env!("CARGO_PKG_VERSION")))
             .build()
             .unwrap_or_default();
-        Fetcher { client }
+        Fetcher {
+            client,
+            downloaded: Default::default(),
+        }
     }
 
     pub fn client(&self) -> &reqwest::Client {
         &self.client
+    }
+
+    /// Payload bytes downloaded and verified by this process.
+    pub fn bytes_downloaded(&self) -> u64 {
+        self.downloaded.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// A successful GET response, its body not read yet.
@@ -287,6 +297,8 @@ impl Fetcher {
         tokio::fs::rename(&part, dest)
             .await
             .map_err(|e| local(dest, e))?;
+        self.downloaded
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
         Ok(Fetched { size: n, sha256 })
     }
 }

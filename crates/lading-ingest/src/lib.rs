@@ -34,6 +34,8 @@ pub struct Ingest {
     pub cfg: Config,
     pub fetcher: Fetcher,
     pub inventory: Arc<inventory::Inventory>,
+    /// What this process's stage workers did (outcomes, latencies), for `/metrics`.
+    pub stats: Arc<lading_worker::Stats>,
     /// Profiles read so far, with the modification time of their file: every stage of every
     /// job asks for its profile, and a `stat` is much cheaper than reading and parsing.
     profiles: Mutex<HashMap<String, (Option<SystemTime>, Profile)>>,
@@ -46,6 +48,7 @@ impl Ingest {
             inventory: Arc::new(inventory::Inventory::new(cfg.inventory())),
             cfg,
             fetcher: Fetcher::new(),
+            stats: Arc::new(lading_worker::Stats::default()),
             profiles: Mutex::new(HashMap::new()),
         })
     }
@@ -149,7 +152,8 @@ pub async fn run(
     shutdown: Shutdown,
 ) -> Result<Arc<lading_worker::Stats>, String> {
     let (jobs, batches) = stages(ingest, names)?;
-    let worker = Worker::new(ingest.engine.clone(), ingest.cfg.work_dir());
+    let worker =
+        Worker::new(ingest.engine.clone(), ingest.cfg.work_dir()).with_stats(ingest.stats.clone());
     let stats = worker.stats();
     // The process that reports also repairs and cleans up.
     let housekeeping = names

@@ -8,6 +8,7 @@
 pub mod auth;
 mod batches;
 mod generic;
+mod metrics;
 
 pub use auth::{Auth, Principal, Role};
 
@@ -58,6 +59,7 @@ impl AppState {
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/api/v1/health", get(health))
+        .route("/metrics", get(metrics::metrics))
         .merge(batches::routes())
         .merge(generic::routes())
         .layer(axum::middleware::from_fn_with_state(

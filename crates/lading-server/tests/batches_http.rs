@@ -219,6 +219,27 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
         assert_eq!(st, StatusCode::CONFLICT, "{action}: {v}");
     }
     assert_eq!(s.dump().await, before);
+    // Metrics need no token and show what happened.
+    let m = s
+        .http
+        .get(format!("{}/metrics", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(m.status(), StatusCode::OK);
+    let m = m.text().await.unwrap();
+    for line in [
+        "lading_jobs{state=\"Completed\"} 1",
+        "lading_batches{state=\"Completed\"} 1",
+        "lading_stage_runs_total{stage=\"Downloading\",outcome=\"done\"} 1",
+        "lading_stage_seconds_count{stage=\"Storing\"} 1",
+        "lading_stage_seconds_bucket{stage=\"Storing\",le=\"+Inf\"} 1",
+        "lading_queue_paused{queue=\"ingest\"} 0",
+        "lading_downloaded_bytes_total 14",
+        "# TYPE lading_stage_seconds histogram",
+    ] {
+        assert!(m.contains(line), "{line} missing from\n{m}");
+    }
     shutdown_handle.stop();
     workers.await.unwrap().unwrap();
 }

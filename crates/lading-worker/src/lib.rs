@@ -25,7 +25,7 @@
 
 mod stats;
 
-pub use stats::{StageFigures, Stats};
+pub use stats::{BUCKETS_S, Histogram, StageFigures, Stats};
 
 use lading_core::layout::{BatchId, JobId};
 use lading_core::tree::BoxFuture;
@@ -320,6 +320,12 @@ impl Worker {
 
     pub fn stats(&self) -> Arc<Stats> {
         self.stats.clone()
+    }
+
+    /// Records into `stats` (shared with whoever reports them, e.g. `/metrics`).
+    pub fn with_stats(mut self, stats: Arc<Stats>) -> Worker {
+        self.stats = stats;
+        self
     }
 
     /// Runs the stages until shut down: `concurrency` loops per stage, each taking one job or

@@ -10,6 +10,11 @@ use std::time::Duration;
 /// percentiles stay representative with bounded memory.
 const SAMPLES_KEPT: usize = 100_000;
 
+/// Upper bounds (seconds) of the latency histogram buckets, as Prometheus reports them.
+pub const BUCKETS_S: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
 #[derive(Debug, Default, Clone)]
 struct Stage {
     done: u64,
@@ -18,6 +23,17 @@ struct Stage {
     fatal: u64,
     seen: u64,
     samples_ms: Vec<f64>,
+    /// Handler runs per bucket of [`BUCKETS_S`] (not cumulative), the last for larger ones.
+    buckets: Vec<u64>,
+    sum_s: f64,
+}
+
+/// A stage's latency histogram: cumulative counts per bucket bound, total count, sum.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Histogram {
+    pub cumulative: Vec<(f64, u64)>,
+    pub count: u64,
+    pub sum_s: f64,
 }
 
 /// Figures of one stage.
@@ -48,7 +64,17 @@ impl Stats {
             Outcome::Fatal(_) => s.fatal += 1,
         }
         s.seen += 1;
-        let ms = took.as_secs_f64() * 1000.0;
+        if s.buckets.is_empty() {
+            s.buckets = vec![0; BUCKETS_S.len() + 1];
+        }
+        let secs = took.as_secs_f64();
+        let b = BUCKETS_S
+            .iter()
+            .position(|le| secs <= *le)
+            .unwrap_or(BUCKETS_S.len());
+        s.buckets[b] += 1;
+        s.sum_s += secs;
+        let ms = secs * 1000.0;
         if s.samples_ms.len() < SAMPLES_KEPT {
             s.samples_ms.push(ms);
         } else {
@@ -57,6 +83,31 @@ impl Stats {
                 s.samples_ms[i] = ms;
             }
         }
+    }
+
+    /// Latency histograms per stage, by stage name.
+    pub fn histograms(&self) -> BTreeMap<String, Histogram> {
+        let stages = self.stages.lock().unwrap_or_else(|p| p.into_inner());
+        stages
+            .iter()
+            .map(|(name, s)| {
+                let mut acc = 0;
+                let cumulative = BUCKETS_S
+                    .iter()
+                    .zip(&s.buckets)
+                    .map(|(le, n)| {
+                        acc += n;
+                        (*le, acc)
+                    })
+                    .collect();
+                let h = Histogram {
+                    cumulative,
+                    count: s.seen,
+                    sum_s: s.sum_s,
+                };
+                (name.clone(), h)
+            })
+            .collect()
     }
 
     /// Figures per stage, by stage name.

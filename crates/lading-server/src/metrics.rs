@@ -1,0 +1,147 @@
+//! `/metrics`: Prometheus text format (version 0.0.4), written by hand — a few gauges,
+//! counters and one histogram family need no library.
+//!
+//! Store-wide figures (jobs and batches per state, generic jobs per type and state, paused
+//! queues) are read from the store at each scrape; the rest (stage runs by outcome, stage
+//! latency, bytes downloaded) are what this process's workers did since it started.
+
+use crate::{ApiError, AppState};
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use lading_core::layout::QUEUE_NAMES;
+use std::fmt::Write;
+
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+pub async fn metrics(State(s): State<AppState>) -> Result<Response, ApiError> {
+    let e = &s.ingest.engine;
+    let mut out = String::with_capacity(4096);
+
+    family(
+        &mut out,
+        "lading_jobs",
+        "gauge",
+        "Ingest jobs per state, in the whole store.",
+    );
+    for (st, n) in e.job_counts().await? {
+        let _ = writeln!(out, "lading_jobs{{state=\"{}\"}} {n}", st.name());
+    }
+    family(
+        &mut out,
+        "lading_batches",
+        "gauge",
+        "Batches per state, in the whole store.",
+    );
+    for (st, n) in e.batch_counts().await? {
+        let _ = writeln!(out, "lading_batches{{state=\"{}\"}} {n}", st.name());
+    }
+    family(
+        &mut out,
+        "lading_queue_paused",
+        "gauge",
+        "1 when the queue is paused.",
+    );
+    for q in QUEUE_NAMES {
+        let p = u8::from(e.queue_paused(q).await?);
+        let _ = writeln!(out, "lading_queue_paused{{queue=\"{q}\"}} {p}");
+    }
+    family(
+        &mut out,
+        "lading_generic_jobs",
+        "gauge",
+        "Generic jobs per type and state, in the whole store.",
+    );
+    for (ty, _) in s.jobs.types().await? {
+        let mut counts: Vec<_> = s.jobs.counts(&ty).await?.into_iter().collect();
+        counts.sort_by_key(|(st, _)| st.name());
+        for (st, n) in counts {
+            let _ = writeln!(
+                out,
+                "lading_generic_jobs{{type=\"{}\",state=\"{}\"}} {n}",
+                label(&ty),
+                st.name()
+            );
+        }
+    }
+
+    let stats = &s.ingest.stats;
+    family(
+        &mut out,
+        "lading_stage_runs_total",
+        "counter",
+        "Stage handler runs in this process by outcome (done, wait, transient = retried later, fatal = failed).",
+    );
+    for (stage, f) in stats.figures() {
+        for (outcome, n) in [
+            ("done", f.done),
+            ("wait", f.waits),
+            ("transient", f.transient),
+            ("fatal", f.fatal),
+        ] {
+            let _ = writeln!(
+                out,
+                "lading_stage_runs_total{{stage=\"{}\",outcome=\"{outcome}\"}} {n}",
+                label(&stage)
+            );
+        }
+    }
+    family(
+        &mut out,
+        "lading_stage_seconds",
+        "histogram",
+        "Stage handler latency in this process.",
+    );
+    for (stage, h) in stats.histograms() {
+        let stage = label(&stage);
+        for (le, n) in &h.cumulative {
+            let _ = writeln!(
+                out,
+                "lading_stage_seconds_bucket{{stage=\"{stage}\",le=\"{le}\"}} {n}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "lading_stage_seconds_bucket{{stage=\"{stage}\",le=\"+Inf\"}} {}",
+            h.count
+        );
+        let _ = writeln!(
+            out,
+            "lading_stage_seconds_sum{{stage=\"{stage}\"}} {}",
+            h.sum_s
+        );
+        let _ = writeln!(
+            out,
+            "lading_stage_seconds_count{{stage=\"{stage}\"}} {}",
+            h.count
+        );
+    }
+    family(
+        &mut out,
+        "lading_downloaded_bytes_total",
+        "counter",
+        "Payload bytes downloaded and verified by this process.",
+    );
+    let _ = writeln!(
+        out,
+        "lading_downloaded_bytes_total {}",
+        s.ingest.fetcher.bytes_downloaded()
+    );
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        out,
+    )
+        .into_response())
+}
