@@ -60,6 +60,18 @@ pub enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// The HTTP API under load on loopback: GET /api/v1/jobs/{id}, then POST /api/v1/batches
+    /// (by URL), from C keep-alive connections, server in this process on a fresh store.
+    Http {
+        #[arg(long, default_value_t = 100_000)]
+        gets: usize,
+        #[arg(long, default_value_t = 10_000)]
+        posts: usize,
+        #[arg(long, default_value_t = 64)]
+        connections: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Time acquiring the head of the Pending queue when it holds each of the given numbers
     /// of jobs (a fresh store per size; with `--store zk://…`, a fresh chroot under it).
     Acquire {
@@ -117,6 +129,15 @@ pub async fn run(what: Bench, store: Option<&str>) -> anyhow::Result<()> {
                 store,
             )
             .await
+        }
+        Bench::Http {
+            gets,
+            posts,
+            connections,
+            json,
+        } => {
+            crate::bench_http::http(gets.max(1), posts.max(1), connections.max(1), json, store)
+                .await
         }
         Bench::Acquire {
             queued,
@@ -592,7 +613,7 @@ pub async fn drive(e: &Engine, idle: Duration) -> anyhow::Result<(u64, u64)> {
 }
 
 /// Creates a batch with `n` Pending jobs, concurrently so commits group; returns its id.
-async fn fill(
+pub(crate) async fn fill(
     engine: &Arc<Engine>,
     submission: serde_json::Map<String, serde_json::Value>,
     n: usize,

@@ -5,6 +5,7 @@
 //! illegal transition, a locked item, invalid input).
 
 mod bench;
+mod bench_http;
 mod bench_jobs;
 mod jobs_cmd;
 mod pipeline;

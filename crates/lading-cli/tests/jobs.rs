@@ -295,3 +295,44 @@ fn serve_makes_an_admin_token_and_serves_generic_jobs_over_http() {
     let status = server.wait().unwrap();
     assert!(status.success(), "SIGTERM: clean exit, got {status}");
 }
+
+#[test]
+fn the_jobs_and_http_benchmarks_print_their_figures() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| -> serde_json::Value {
+        let o = Command::new(env!("CARGO_BIN_EXE_lading"))
+            .args(args)
+            .current_dir(dir.path())
+            .env_remove("LADING_STORE")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).expect("one JSON object")
+    };
+    let v = run(&["bench", "jobs", "--jobs", "200", "--workers", "4", "--json"]);
+    for k in ["jobs_per_s", "p50_ms", "p99_ms"] {
+        assert!(v[k].as_f64().is_some_and(|x| x > 0.0), "{k} in {v}");
+    }
+    assert_eq!(v["jobs"], 200);
+    let v = run(&[
+        "bench",
+        "http",
+        "--gets",
+        "300",
+        "--posts",
+        "50",
+        "--connections",
+        "4",
+        "--json",
+    ]);
+    for k in ["get_job", "post_batch"] {
+        assert!(
+            v[k]["per_s"].as_f64().is_some_and(|x| x > 0.0),
+            "{k} in {v}"
+        );
+        assert!(
+            v[k]["p99_ms"].as_f64().is_some_and(|x| x > 0.0),
+            "{k} in {v}"
+        );
+    }
+}

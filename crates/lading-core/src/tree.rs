@@ -224,6 +224,22 @@ pub trait Tree: Send + Sync + 'static {
 
     fn get<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<Node>, TreeError>>;
 
+    /// Several nodes at once, in order (`None` for a missing one). A backend may read them
+    /// as one snapshot and with one look for other writers' changes; the default reads them
+    /// one by one.
+    fn get_many<'a>(
+        &'a self,
+        paths: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Option<Node>>, TreeError>> {
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(paths.len());
+            for p in paths {
+                out.push(self.get(p).await?);
+            }
+            Ok(out)
+        })
+    }
+
     fn exists<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<Stat>, TreeError>> {
         Box::pin(async move { Ok(self.get(path).await?.map(|n| n.stat)) })
     }

@@ -376,23 +376,83 @@ impl Engine {
             .ok_or_else(|| EngineError::NoBatch(batch.to_string()))
     }
 
-    /// A job's full record.
+    /// A job's full record, read as one snapshot.
     pub async fn job(&self, job: &JobId) -> Result<JobInfo> {
-        let (status, _) = self.job_status(job).await?;
-        let opt_json = |p: Option<(Value, i32)>| p.map(|(v, _)| v).unwrap_or(Value::Null);
+        let names = [
+            "status",
+            "bid",
+            "priority",
+            "space_needed",
+            "configuration",
+            "identifiers",
+            "metadata",
+            "lock",
+        ];
+        let paths: Vec<String> = names.iter().map(|n| job_node(job, n)).collect();
+        let nodes = self.tree.get_many(&paths).await?;
+        let text = |i: usize| -> Result<Option<String>> {
+            match &nodes[i] {
+                None => Ok(None),
+                Some(n) => String::from_utf8(n.data.clone().unwrap_or_default())
+                    .map(|s| Some(s.trim().to_string()))
+                    .map_err(|_| EngineError::Corrupt {
+                        path: paths[i].clone(),
+                        reason: "not UTF-8 text".into(),
+                    }),
+            }
+        };
+        let json = |i: usize| -> Result<Option<Value>> {
+            match &nodes[i] {
+                None => Ok(None),
+                Some(n) => serde_json::from_slice(n.data.as_deref().unwrap_or_default())
+                    .map(Some)
+                    .map_err(|e| EngineError::Corrupt {
+                        path: paths[i].clone(),
+                        reason: format!("invalid JSON: {e}"),
+                    }),
+            }
+        };
+        let number = |i: usize| -> Result<Option<u64>> {
+            match text(i)? {
+                None => Ok(None),
+                Some(s) if s.is_empty() => Ok(Some(0)),
+                Some(s) => s.parse().map(Some).map_err(|_| EngineError::Corrupt {
+                    path: paths[i].clone(),
+                    reason: format!("not a decimal integer: {s:?}"),
+                }),
+            }
+        };
+        let status: JobStatus = match json(0)? {
+            None => return Err(EngineError::NoJob(job.to_string())),
+            Some(v) => serde_json::from_value(v).map_err(|e| EngineError::Corrupt {
+                path: paths[0].clone(),
+                reason: format!("invalid JSON: {e}"),
+            })?,
+        };
+        let bid = text(1)?.ok_or_else(|| EngineError::NoJob(job.to_string()))?;
+        BatchId::parse(&bid).map_err(|e| EngineError::Corrupt {
+            path: paths[1].clone(),
+            reason: e.to_string(),
+        })?;
+        let p = number(2)?.unwrap_or(DEFAULT_PRIORITY as u64);
+        let priority =
+            u8::try_from(p)
+                .ok()
+                .filter(|p| *p <= 99)
+                .ok_or_else(|| EngineError::Corrupt {
+                    path: paths[2].clone(),
+                    reason: format!("priority {p} is outside 0..=99"),
+                })?;
         Ok(JobInfo {
             id: job.to_string(),
-            bid: self.job_batch(job).await?.to_string(),
+            bid,
             status,
-            priority: self.job_priority(job).await?,
-            space_needed: self
-                .read_u64(&job_node(job, "space_needed"))
-                .await?
-                .unwrap_or(0),
-            configuration: opt_json(self.read_json(&job_node(job, "configuration")).await?),
-            identifiers: opt_json(self.read_json(&job_node(job, "identifiers")).await?),
-            metadata: opt_json(self.read_json(&job_node(job, "metadata")).await?),
-            locked: self.tree.exists(&job_node(job, "lock")).await?.is_some(),
+            priority,
+            space_needed: number(3)?.unwrap_or(0),
+            configuration: json(4)?.unwrap_or(Value::Null),
+            identifiers: json(5)?.unwrap_or(Value::Null),
+            metadata: json(6)?.unwrap_or(Value::Null),
+            locked: nodes[7].is_some(),
         })
     }
 

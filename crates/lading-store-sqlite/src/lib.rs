@@ -1096,6 +1096,28 @@ impl Tree for SqliteTree {
         })
     }
 
+    fn get_many<'a>(
+        &'a self,
+        paths: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Option<Node>>, TreeError>> {
+        Box::pin(async move {
+            for p in paths {
+                validate_path(p)?;
+            }
+            self.shared.refresh()?;
+            let mem = self.shared.mem.read().unwrap_or_else(|p| p.into_inner());
+            Ok(paths
+                .iter()
+                .map(|p| {
+                    mem.get(p).map(|n| Node {
+                        data: n.data.clone(),
+                        stat: n.stat(),
+                    })
+                })
+                .collect())
+        })
+    }
+
     fn exists<'a>(
         &'a self,
         path: &'a str,

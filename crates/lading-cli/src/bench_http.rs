@@ -1,0 +1,184 @@
+//! `lading bench http`: the API under load on loopback — `GET /api/v1/jobs/{id}` and
+//! `POST /api/v1/batches` (by URL) from C keep-alive connections, against a server in this
+//! process on a fresh store. Client and server share this machine's cores, so the figures
+//! are a floor for a server with the machine to itself.
+
+use super::bench::{Scratch, cpu_seconds, percentile};
+use lading_core::time::system_clock;
+use lading_engine::Engine;
+use lading_ingest::{Config, Ingest, TokenSettings};
+use lading_jobs::Jobs;
+use lading_server::{AppState, Auth};
+use serde_json::json;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+const TOKEN: &str = "bench-admin-token-0123456789";
+
+/// One load phase: `total` requests from `conns` connections, each made by `make(i)`.
+async fn load(
+    conns: usize,
+    total: usize,
+    make: impl Fn(&reqwest::Client, usize) -> reqwest::RequestBuilder + Send + Sync + 'static,
+    expect: reqwest::StatusCode,
+) -> anyhow::Result<(f64, Vec<u64>, f64)> {
+    let make = Arc::new(make);
+    let next = Arc::new(AtomicUsize::new(0));
+    let cpu0 = cpu_seconds();
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..conns {
+        // One client per task: one connection each, kept alive.
+        let client = reqwest::Client::builder()
+            .pool_max_idle_per_host(1)
+            .tcp_nodelay(true)
+            .build()?;
+        let (make, next) = (make.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= total {
+                    return anyhow::Ok(lat);
+                }
+                let t = Instant::now();
+                let r = make(&client, i).bearer_auth(TOKEN).send().await?;
+                let status = r.status();
+                let body = r.bytes().await?;
+                if status != expect {
+                    anyhow::bail!("request {i}: {status}: {}", String::from_utf8_lossy(&body));
+                }
+                lat.push(t.elapsed().as_micros() as u64);
+            }
+        }));
+    }
+    let mut lat = Vec::with_capacity(total);
+    for t in tasks {
+        lat.extend(t.await??);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let cores = (cpu_seconds() - cpu0) / secs;
+    lat.sort_unstable();
+    Ok((total as f64 / secs, lat, cores))
+}
+
+pub async fn http(
+    gets: usize,
+    posts: usize,
+    conns: usize,
+    as_json: bool,
+    store: Option<&str>,
+) -> anyhow::Result<()> {
+    let scratch = Scratch::new(store).await?;
+    let url = scratch.url.clone();
+    let st = crate::open(&url).await?;
+    let tree = st.tree();
+    let owner = lading_store_sqlite::default_owner();
+    let engine = Arc::new(Engine::new(tree.clone(), system_clock(), owner.clone()));
+    engine.init().await?;
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis();
+    let data = std::path::PathBuf::from("lading-bench").join(format!("http-{stamp}"));
+    let cfg = Config {
+        data_dir: data.clone(),
+        ..Config::default()
+    };
+    std::fs::create_dir_all(cfg.profiles_dir())?;
+    std::fs::write(
+        cfg.profiles_dir().join("bench.toml"),
+        "collection = \"bench\"\n",
+    )?;
+    let ingest = Ingest::new(engine.clone(), cfg);
+    let jobs = Arc::new(Jobs::new(tree.clone(), system_clock(), owner));
+    let auth = Auth::new(&[TokenSettings {
+        name: "bench".into(),
+        token: TOKEN.into(),
+        role: "admin".into(),
+    }])
+    .map_err(anyhow::Error::msg)?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let state = AppState {
+        ingest,
+        jobs,
+        auth: Arc::new(auth),
+        stopping: stop_rx.clone(),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let mut rx = stop_rx;
+    let server = tokio::spawn(lading_server::serve(
+        listener,
+        lading_server::router(state),
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        },
+    ));
+
+    // Setup (not measured): jobs to read.
+    let n_jobs = 1000;
+    let mut sub = serde_json::Map::new();
+    sub.insert("profile_name".into(), json!("bench"));
+    sub.insert("submitter".into(), json!("bench"));
+    let bid = super::bench::fill(&engine, sub, n_jobs).await?;
+    let ids: Arc<Vec<String>> =
+        Arc::new(engine.batch(&bid).await?.jobs["batch-processing"].to_vec());
+
+    let b = base.clone();
+    let (get_rate, get_lat, get_cores) = load(
+        conns,
+        gets,
+        move |c, i| c.get(format!("{b}/api/v1/jobs/{}", ids[i % ids.len()])),
+        reqwest::StatusCode::OK,
+    )
+    .await?;
+    let b = base.clone();
+    let (post_rate, post_lat, post_cores) = load(
+        conns,
+        posts,
+        move |c, _| {
+            c.post(format!("{b}/api/v1/batches"))
+                .json(&json!({"payload_url": "http://127.0.0.1:9/object.bin", "profile": "bench"}))
+        },
+        reqwest::StatusCode::CREATED,
+    )
+    .await?;
+    let made = engine.batch_ids().await?.len();
+    if made != posts + 1 {
+        anyhow::bail!("{made} batches in the store after {posts} submissions (+1 setup)");
+    }
+    let _ = stop_tx.send(true);
+    server.await??;
+    tree.close().await?;
+    drop(st);
+    scratch.finish().await?;
+    let _ = std::fs::remove_dir_all(&data);
+
+    let ms = |v: &[u64], p| percentile(v, p);
+    let figures = json!({
+        "connections": conns, "store": url,
+        "get_job": {"requests": gets, "per_s": get_rate, "p50_ms": ms(&get_lat, 0.5),
+                    "p99_ms": ms(&get_lat, 0.99), "cores_busy": get_cores},
+        "post_batch": {"requests": posts, "per_s": post_rate, "p50_ms": ms(&post_lat, 0.5),
+                       "p99_ms": ms(&post_lat, 0.99), "cores_busy": post_cores},
+    });
+    if as_json {
+        println!("{figures}");
+    } else {
+        println!(
+            "lading bench http: {conns} keep-alive connections, client and server in this process, store {url}"
+        );
+        println!(
+            "  GET  /api/v1/jobs/{{id}}  {get_rate:.0} requests/s, p50 {:.2} ms, p99 {:.2} ms ({gets} requests, {get_cores:.2} cores busy)",
+            ms(&get_lat, 0.5),
+            ms(&get_lat, 0.99)
+        );
+        println!(
+            "  POST /api/v1/batches    {post_rate:.0} batches/s, p50 {:.2} ms, p99 {:.2} ms ({posts} submissions by URL, durable, {post_cores:.2} cores busy)",
+            ms(&post_lat, 0.5),
+            ms(&post_lat, 0.99)
+        );
+    }
+    Ok(())
+}
