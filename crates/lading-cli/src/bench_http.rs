@@ -100,6 +100,7 @@ pub async fn http(
     .map_err(anyhow::Error::msg)?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let state = AppState {
+        events: lading_server::events::EventHub::start(&ingest.engine),
         ingest,
         jobs,
         auth: Arc::new(auth),

@@ -44,6 +44,7 @@ pub async fn serve(
     ));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let state = AppState {
+        events: lading_server::events::EventHub::start(&ingest.engine),
         ingest: ingest.clone(),
         jobs: jobs.clone(),
         auth: Arc::new(auth),

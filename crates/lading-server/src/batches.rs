@@ -146,7 +146,11 @@ async fn submit(
 }
 
 /// The batch `id` (a `bid…` or its uuid) if `p` may see it.
-async fn visible_batch(s: &AppState, p: &Principal, id: &str) -> Result<lading_engine::BatchInfo> {
+pub(crate) async fn visible_batch(
+    s: &AppState,
+    p: &Principal,
+    id: &str,
+) -> Result<lading_engine::BatchInfo> {
     let bid = if id.starts_with(BatchId::PREFIX) {
         BatchId::parse(id).map_err(|e| ApiError::bad_request(e.to_string()))?
     } else {

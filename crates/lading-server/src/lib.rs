@@ -7,6 +7,7 @@
 
 pub mod auth;
 mod batches;
+pub mod events;
 mod generic;
 mod metrics;
 
@@ -30,6 +31,7 @@ pub const MAX_POLL_MS: u64 = 120_000;
 #[derive(Clone)]
 pub struct AppState {
     pub ingest: Arc<lading_ingest::Ingest>,
+    pub events: Arc<events::EventHub>,
     pub jobs: Arc<Jobs>,
     pub auth: Arc<Auth>,
     /// Becomes true when the server stops: long-polls end at once (503) instead of holding
@@ -60,6 +62,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/api/v1/health", get(health))
         .route("/metrics", get(metrics::metrics))
+        .route("/api/v1/events", get(events::events))
         .merge(batches::routes())
         .merge(generic::routes())
         .layer(axum::middleware::from_fn_with_state(

@@ -67,6 +67,7 @@ pub async fn start() -> Server {
     .unwrap();
     let (tx, rx) = tokio::sync::watch::channel(false);
     let state = AppState {
+        events: lading_server::events::EventHub::start(&ingest.engine),
         ingest: ingest.clone(),
         jobs: jobs.clone(),
         auth: Arc::new(auth),
