@@ -72,6 +72,14 @@ pub enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// One multipart upload of --bytes to an in-process server: rate, and the process's peak
+    /// memory growth while the upload streams to disk.
+    Upload {
+        #[arg(long, default_value_t = 1 << 30)]
+        bytes: u64,
+        #[arg(long)]
+        json: bool,
+    },
     /// Time acquiring the head of the Pending queue when it holds each of the given numbers
     /// of jobs (a fresh store per size; with `--store zk://…`, a fresh chroot under it).
     Acquire {
@@ -139,6 +147,7 @@ pub async fn run(what: Bench, store: Option<&str>) -> anyhow::Result<()> {
             crate::bench_http::http(gets.max(1), posts.max(1), connections.max(1), json, store)
                 .await
         }
+        Bench::Upload { bytes, json } => crate::bench_http::upload(bytes, json, store).await,
         Bench::Acquire {
             queued,
             samples,

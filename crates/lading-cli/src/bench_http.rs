@@ -63,6 +63,91 @@ async fn load(
     Ok((total as f64 / secs, lat, cores))
 }
 
+/// A server in this process on a fresh store, for a benchmark.
+struct BenchServer {
+    base: String,
+    url: String,
+    engine: Arc<Engine>,
+    data: std::path::PathBuf,
+    stop_tx: tokio::sync::watch::Sender<bool>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+    st: crate::Store,
+    scratch: Scratch,
+}
+
+impl BenchServer {
+    async fn start(store: Option<&str>, max_upload_bytes: u64) -> anyhow::Result<BenchServer> {
+        let scratch = Scratch::new(store).await?;
+        let url = scratch.url.clone();
+        let st = crate::open(&url).await?;
+        let tree = st.tree();
+        let owner = lading_store_sqlite::default_owner();
+        let engine = Arc::new(Engine::new(tree.clone(), system_clock(), owner.clone()));
+        engine.init().await?;
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis();
+        let data = std::path::PathBuf::from("lading-bench").join(format!("http-{stamp}"));
+        let cfg = Config {
+            data_dir: data.clone(),
+            max_upload_bytes,
+            ..Config::default()
+        };
+        std::fs::create_dir_all(cfg.profiles_dir())?;
+        std::fs::write(
+            cfg.profiles_dir().join("bench.toml"),
+            "collection = \"bench\"\n",
+        )?;
+        let ingest = Ingest::new(engine.clone(), cfg);
+        let jobs = Arc::new(Jobs::new(tree.clone(), system_clock(), owner));
+        let auth = Auth::new(&[TokenSettings {
+            name: "bench".into(),
+            token: TOKEN.into(),
+            role: "admin".into(),
+        }])
+        .map_err(anyhow::Error::msg)?;
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let state = AppState {
+            events: lading_server::events::EventHub::start(&ingest.engine),
+            ingest,
+            jobs,
+            auth: Arc::new(auth),
+            stopping: stop_rx.clone(),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let base = format!("http://{}", listener.local_addr()?);
+        let mut rx = stop_rx;
+        let server = tokio::spawn(lading_server::serve(
+            listener,
+            lading_server::router(state),
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            },
+        ));
+
+        Ok(BenchServer {
+            base,
+            url,
+            engine,
+            data,
+            stop_tx,
+            server,
+            st,
+            scratch,
+        })
+    }
+
+    async fn finish(self) -> anyhow::Result<()> {
+        let _ = self.stop_tx.send(true);
+        self.server.await??;
+        self.st.tree().close().await?;
+        drop(self.st);
+        self.scratch.finish().await?;
+        let _ = std::fs::remove_dir_all(&self.data);
+        Ok(())
+    }
+}
+
 pub async fn http(
     gets: usize,
     posts: usize,
@@ -70,53 +155,8 @@ pub async fn http(
     as_json: bool,
     store: Option<&str>,
 ) -> anyhow::Result<()> {
-    let scratch = Scratch::new(store).await?;
-    let url = scratch.url.clone();
-    let st = crate::open(&url).await?;
-    let tree = st.tree();
-    let owner = lading_store_sqlite::default_owner();
-    let engine = Arc::new(Engine::new(tree.clone(), system_clock(), owner.clone()));
-    engine.init().await?;
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_millis();
-    let data = std::path::PathBuf::from("lading-bench").join(format!("http-{stamp}"));
-    let cfg = Config {
-        data_dir: data.clone(),
-        ..Config::default()
-    };
-    std::fs::create_dir_all(cfg.profiles_dir())?;
-    std::fs::write(
-        cfg.profiles_dir().join("bench.toml"),
-        "collection = \"bench\"\n",
-    )?;
-    let ingest = Ingest::new(engine.clone(), cfg);
-    let jobs = Arc::new(Jobs::new(tree.clone(), system_clock(), owner));
-    let auth = Auth::new(&[TokenSettings {
-        name: "bench".into(),
-        token: TOKEN.into(),
-        role: "admin".into(),
-    }])
-    .map_err(anyhow::Error::msg)?;
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let state = AppState {
-        events: lading_server::events::EventHub::start(&ingest.engine),
-        ingest,
-        jobs,
-        auth: Arc::new(auth),
-        stopping: stop_rx.clone(),
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let base = format!("http://{}", listener.local_addr()?);
-    let mut rx = stop_rx;
-    let server = tokio::spawn(lading_server::serve(
-        listener,
-        lading_server::router(state),
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
-        },
-    ));
-
+    let srv = BenchServer::start(store, 8 << 30).await?;
+    let (base, url, engine) = (srv.base.clone(), srv.url.clone(), srv.engine.clone());
     // Setup (not measured): jobs to read.
     let n_jobs = 1000;
     let mut sub = serde_json::Map::new();
@@ -149,12 +189,7 @@ pub async fn http(
     if made != posts + 1 {
         anyhow::bail!("{made} batches in the store after {posts} submissions (+1 setup)");
     }
-    let _ = stop_tx.send(true);
-    server.await??;
-    tree.close().await?;
-    drop(st);
-    scratch.finish().await?;
-    let _ = std::fs::remove_dir_all(&data);
+    srv.finish().await?;
 
     let ms = |v: &[u64], p| percentile(v, p);
     let figures = json!({
@@ -179,6 +214,97 @@ pub async fn http(
             "  POST /api/v1/batches    {post_rate:.0} batches/s, p50 {:.2} ms, p99 {:.2} ms ({posts} submissions by URL, durable, {post_cores:.2} cores busy)",
             ms(&post_lat, 0.5),
             ms(&post_lat, 0.99)
+        );
+    }
+    Ok(())
+}
+
+/// A `/proc/self/status` field in bytes (`VmRSS`, `VmHWM`).
+fn proc_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .unwrap_or(0)
+        * 1024
+}
+
+/// `lading bench upload`: one upload of `bytes` (generated on the fly by a client that sends
+/// 1 MiB at a time over a plain socket) to an in-process server; the process's peak memory
+/// growth while it streams to disk, and the rate.
+pub async fn upload(bytes: u64, as_json: bool, store: Option<&str>) -> anyhow::Result<()> {
+    let srv = BenchServer::start(store, bytes.saturating_add(1)).await?;
+    let addr = srv.base.trim_start_matches("http://").to_string();
+    // Peak memory from here on (Linux: writing 5 to clear_refs resets VmHWM).
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+    let rss0 = proc_kib("VmRSS:");
+    let start = Instant::now();
+    let reply = tokio::task::spawn_blocking(move || -> anyhow::Result<String> {
+        use std::io::{Read, Write};
+        let boundary = "lading-bench-boundary";
+        let head = format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"big.bin\"\r\nContent-Type: application/octet-stream\r\n\r\n"
+        );
+        let tail = format!("\r\n--{boundary}--\r\n");
+        let len = head.len() as u64 + bytes + tail.len() as u64;
+        let mut s = std::net::TcpStream::connect(&addr)?;
+        write!(
+            s,
+            "POST /api/v1/batches/upload?profile=bench HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: multipart/form-data; boundary={boundary}\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n{head}"
+        )?;
+        let block: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(block.len() as u64) as usize;
+            s.write_all(&block[..n])?;
+            left -= n as u64;
+        }
+        s.write_all(tail.as_bytes())?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        Ok(out)
+    })
+    .await??;
+    let secs = start.elapsed().as_secs_f64();
+    let peak = proc_kib("VmHWM:");
+    if !reply.starts_with("HTTP/1.1 201") {
+        anyhow::bail!(
+            "upload refused: {}",
+            reply.lines().last().unwrap_or_default()
+        );
+    }
+    let stored = std::fs::read_dir(srv.data.join("uploads"))?
+        .flatten()
+        .map(|d| d.path().join("big.bin"))
+        .find(|p| p.exists())
+        .map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+        .unwrap_or(0);
+    srv.finish().await?;
+    if stored != bytes {
+        anyhow::bail!("stored {stored} bytes of {bytes}");
+    }
+    let growth = peak.saturating_sub(rss0);
+    let mb = |b: u64| b as f64 / (1 << 20) as f64;
+    if as_json {
+        println!(
+            "{}",
+            json!({"bytes": bytes, "seconds": secs, "mb_per_s": mb(bytes) / secs,
+                   "rss_before_mb": mb(rss0), "peak_mb": mb(peak), "growth_mb": mb(growth)})
+        );
+    } else {
+        println!(
+            "lading bench upload: {bytes} bytes in one multipart upload, streamed to disk and fsynced"
+        );
+        println!("  rate         {:.1} MB/s ({secs:.2} s)", mb(bytes) / secs);
+        println!(
+            "  memory       {:.1} MiB before, peak {:.1} MiB: growth {:.1} MiB (the whole process, client included)",
+            mb(rss0),
+            mb(peak),
+            mb(growth)
         );
     }
     Ok(())

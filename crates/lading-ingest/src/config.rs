@@ -80,6 +80,8 @@ pub struct Config {
     pub stages: BTreeMap<String, StageSettings>,
     /// Where `lading serve` listens.
     pub listen: String,
+    /// Largest upload `POST /api/v1/batches/upload` takes.
+    pub max_upload_bytes: u64,
     /// API tokens. With none, `lading serve` makes an admin token in the data directory and
     /// listens on loopback only.
     pub tokens: Vec<TokenSettings>,
@@ -107,6 +109,7 @@ impl Default for Config {
             shoulder: "ark:/99999/fk4".into(),
             stages: BTreeMap::new(),
             listen: "127.0.0.1:8080".into(),
+            max_upload_bytes: 8 << 30,
             tokens: Vec::new(),
         }
     }
@@ -135,7 +138,7 @@ impl Config {
     /// Overrides from the environment: `LADING_DATA_DIR`, `LADING_WORK_DIR`,
     /// `LADING_STORAGE_ROOT`, `LADING_INVENTORY`, `LADING_PROFILES_DIR`, `LADING_SMTP_HOST`,
     /// `LADING_SMTP_PORT`, `LADING_MAIL_FROM`, `LADING_RESERVE_BYTES`,
-    /// `LADING_RETENTION_HOURS`, `LADING_LISTEN`.
+    /// `LADING_RETENTION_HOURS`, `LADING_LISTEN`, `LADING_MAX_UPLOAD_BYTES`.
     pub fn apply_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
         fn num<T: std::str::FromStr>(name: &str, v: String) -> Result<T, ConfigError> {
             v.parse().map_err(|_| ConfigError::Env {
@@ -169,6 +172,9 @@ impl Config {
         }
         if let Some(v) = get("LADING_RESERVE_BYTES") {
             self.reserve_bytes = num("LADING_RESERVE_BYTES", v)?;
+        }
+        if let Some(v) = get("LADING_MAX_UPLOAD_BYTES") {
+            self.max_upload_bytes = num("LADING_MAX_UPLOAD_BYTES", v)?;
         }
         if let Some(v) = get("LADING_LISTEN") {
             self.listen = v;

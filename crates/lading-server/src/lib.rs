@@ -10,6 +10,7 @@ mod batches;
 pub mod events;
 mod generic;
 mod metrics;
+pub mod upload;
 
 pub use auth::{Auth, Principal, Role};
 
@@ -63,6 +64,10 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/health", get(health))
         .route("/metrics", get(metrics::metrics))
         .route("/api/v1/events", get(events::events))
+        .route(
+            "/api/v1/batches/upload",
+            axum::routing::post(upload::upload).layer(axum::extract::DefaultBodyLimit::disable()),
+        )
         .merge(batches::routes())
         .merge(generic::routes())
         .layer(axum::middleware::from_fn_with_state(

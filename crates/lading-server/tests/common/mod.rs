@@ -38,6 +38,7 @@ pub async fn start() -> Server {
         reserve_bytes: 0,
         unestimated_min_free_bytes: 0,
         provisioning_round_ms: 200,
+        max_upload_bytes: 1 << 20,
         ..Config::default()
     };
     std::fs::create_dir_all(cfg.profiles_dir()).unwrap();
@@ -160,5 +161,53 @@ impl Server {
         lading_engine::dump(self.jobs.tree().as_ref(), "/")
             .await
             .unwrap()
+    }
+}
+
+/// A multipart/form-data body with one file part: (content type, body).
+pub fn multipart(field: &str, file_name: &str, content: &[u8]) -> (String, Vec<u8>) {
+    let boundary = "lading-test-boundary-7d1f";
+    let mut body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"{field}\"; filename=\"{file_name}\"\r\nContent-Type: application/octet-stream\r\n\r\n"
+    )
+    .into_bytes();
+    body.extend_from_slice(content);
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    (format!("multipart/form-data; boundary={boundary}"), body)
+}
+
+impl Server {
+    /// POSTs a raw body with a content type as `token`.
+    pub async fn post_raw(
+        &self,
+        token: &str,
+        path: &str,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> (StatusCode, Value) {
+        let resp = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(token)
+            .header("content-type", content_type)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Files under the upload folder.
+    pub fn uploads(&self) -> Vec<std::path::PathBuf> {
+        let root = self.ingest.cfg.data_dir.join("uploads");
+        let mut out = Vec::new();
+        for d in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+            out.push(d.path());
+            for f in std::fs::read_dir(d.path()).into_iter().flatten().flatten() {
+                out.push(f.path());
+            }
+        }
+        out
     }
 }

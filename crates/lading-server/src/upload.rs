@@ -1,0 +1,177 @@
+//! `POST /api/v1/batches/upload?profile=P&type=T…`: a batch from an uploaded file, container
+//! or manifest (multipart/form-data, one part named `file`).
+//!
+//! The part is streamed to `DATA_DIR/uploads/UUID/NAME` a chunk at a time (constant memory
+//! whatever its size), counted against `max_upload_bytes`, and made durable before the batch
+//! that points at it (`file://…`) is created. Anything refused — a bad name (`../`, `/`, a
+//! leading dot), an oversized or truncated body, a missing part, an unknown profile — gets a
+//! 4xx naming it, and leaves neither a file nor a batch behind.
+
+use crate::{ApiError, AppState, Principal, Query, Role};
+use axum::extract::{Multipart, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use lading_ingest::{PayloadType, Submission};
+use serde::Deserialize;
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use tokio::io::AsyncWriteExt;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UploadQuery {
+    profile: String,
+    #[serde(rename = "type")]
+    payload_type: Option<String>,
+    title: Option<String>,
+    creator: Option<String>,
+    date: Option<String>,
+    local_id: Option<String>,
+    primary_id: Option<String>,
+    submitter: Option<String>,
+}
+
+/// A file name safe to create in the upload folder, or why not.
+pub fn check_name(name: &str) -> Result<&str, ApiError> {
+    let bad = |why: &str| ApiError::bad_request(format!("upload name {name:?} {why}"));
+    if name.is_empty() || name.len() > 255 {
+        return Err(bad("must be 1 to 255 bytes"));
+    }
+    if name.contains('/') || name.contains('\\') {
+        return Err(bad("must not contain a path (/ or \\)"));
+    }
+    if name.starts_with('.') {
+        return Err(bad("must not start with '.' (no ../, no hidden files)"));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(bad("must not contain control characters"));
+    }
+    Ok(name)
+}
+
+/// A multipart body; a request that is not one gets a JSON error naming the problem.
+pub struct Form(pub Multipart);
+
+impl<S: Send + Sync> axum::extract::FromRequest<S> for Form {
+    type Rejection = ApiError;
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
+        Multipart::from_request(req, state)
+            .await
+            .map(Form)
+            .map_err(|r| ApiError::new(r.status(), "invalid", format!("upload: {}", r.body_text())))
+    }
+}
+
+/// Removes a refused upload's folder.
+struct Scrap(Option<PathBuf>);
+
+impl Drop for Scrap {
+    fn drop(&mut self) {
+        if let Some(d) = self.0.take() {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+async fn save(dir: &Path, multipart: &mut Multipart, max: u64) -> Result<(PathBuf, u64), ApiError> {
+    let bad_body = |e: axum::extract::multipart::MultipartError| {
+        ApiError::new(
+            e.status(),
+            "invalid",
+            format!("upload body: {}", e.body_text()),
+        )
+    };
+    let mut saved = None;
+    while let Some(mut field) = multipart.next_field().await.map_err(bad_body)? {
+        if field.name() != Some("file") {
+            return Err(ApiError::bad_request(format!(
+                "unexpected form field {:?}; send one part named \"file\"",
+                field.name().unwrap_or("")
+            )));
+        }
+        if saved.is_some() {
+            return Err(ApiError::bad_request("more than one \"file\" part"));
+        }
+        let name = check_name(field.file_name().unwrap_or(""))?.to_string();
+        let path = dir.join(&name);
+        let mut f = tokio::fs::File::create(&path).await.map_err(|e| {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+        })?;
+        let mut n: u64 = 0;
+        while let Some(chunk) = field.chunk().await.map_err(bad_body)? {
+            n += chunk.len() as u64;
+            if n > max {
+                return Err(ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "too_large",
+                    format!("upload is larger than the limit of {max} bytes"),
+                ));
+            }
+            f.write_all(&chunk).await.map_err(|e| {
+                ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "storage", e.to_string())
+            })?;
+        }
+        f.sync_all().await.map_err(|e| {
+            ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "storage", e.to_string())
+        })?;
+        saved = Some((path, n));
+    }
+    saved.ok_or_else(|| ApiError::bad_request("no \"file\" part in the upload"))
+}
+
+pub async fn upload(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    Query(q): Query<UploadQuery>,
+    Form(mut multipart): Form,
+) -> Result<Response, ApiError> {
+    // Refuse what can be refused before reading a byte of the body.
+    s.ingest
+        .profile(&q.profile)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let payload_type = q.payload_type.unwrap_or_else(|| "file".into());
+    if PayloadType::parse(&payload_type).is_none() {
+        return Err(lading_ingest::SubmitError::PayloadType(payload_type).into());
+    }
+    let submitter = match (q.submitter, p.role) {
+        (Some(other), Role::Submitter) if other != p.name => {
+            return Err(ApiError::forbidden(format!(
+                "{} may not submit as {other:?}",
+                p.name
+            )));
+        }
+        (Some(n), _) => n,
+        (None, _) => p.name.clone(),
+    };
+    let root = std::path::absolute(s.ingest.cfg.data_dir.join("uploads"))
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    let dir = root.join(uuid::Uuid::new_v4().simple().to_string());
+    tokio::fs::create_dir_all(&dir)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "storage", e.to_string()))?;
+    let mut scrap = Scrap(Some(dir.clone()));
+    let (path, size) = save(&dir, &mut multipart, s.ingest.cfg.max_upload_bytes).await?;
+    let sub = Submission {
+        profile: q.profile,
+        submitter,
+        payload_url: format!("file://{}", path.display()),
+        payload_type,
+        title: q.title,
+        creator: q.creator,
+        date: q.date,
+        local_id: q.local_id,
+        primary_id: q.primary_id,
+    };
+    let bid = lading_ingest::submit(&s.ingest, &sub).await?;
+    scrap.0 = None;
+    Ok((
+        StatusCode::CREATED,
+        [(
+            axum::http::header::LOCATION,
+            format!("/api/v1/batches/{bid}"),
+        )],
+        Json(json!({"id": bid, "status": "Pending", "bytes": size})),
+    )
+        .into_response())
+}

@@ -1,0 +1,158 @@
+//! Batches from uploads over real HTTP: the file is streamed to disk and ingested; bad names,
+//! oversized and truncated bodies are refused and leave no file and no batch.
+
+mod common;
+
+use common::*;
+use reqwest::StatusCode;
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uploaded_file_becomes_a_batch_and_is_ingested() {
+    let s = start().await;
+    let (shutdown_handle, shutdown) = lading_worker::Shutdown::new();
+    let ingest = s.ingest.clone();
+    let workers = tokio::spawn(async move {
+        lading_ingest::run(&ingest, lading_ingest::STAGE_NAMES, shutdown).await
+    });
+    let content = b"uploaded content\n".repeat(1000);
+    let (ct, body) = multipart("file", "report.txt", &content);
+    let (st, v) = s
+        .post_raw(
+            SUBMITTER,
+            "/api/v1/batches/upload?profile=demo&title=Report",
+            &ct,
+            body,
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    assert_eq!(v["bytes"], content.len());
+    let path = format!("/api/v1/batches/{}", v["id"].as_str().unwrap());
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, b) = s.call_as(SUBMITTER, "GET", &path, None).await;
+        if b["status"]["status"] == "Completed" {
+            assert!(
+                b["submission"]["payload_url"]
+                    .as_str()
+                    .unwrap()
+                    .ends_with("/report.txt")
+            );
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "batch stuck: {b}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stored = s.ingest.cfg.storage_root();
+    let found = walk(&stored)
+        .into_iter()
+        .any(|p| p.ends_with("report.txt") && std::fs::read(&p).unwrap() == content);
+    assert!(
+        found,
+        "the uploaded file is stored under {}",
+        stored.display()
+    );
+    shutdown_handle.stop();
+    workers.await.unwrap().unwrap();
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_uploads_are_refused_and_leave_nothing() {
+    let s = start().await;
+    let before = s.dump().await;
+    let small = b"x".to_vec();
+    let up = "/api/v1/batches/upload?profile=demo";
+    let cases: Vec<(&str, String, Vec<u8>, StatusCode, &str)> = {
+        let (ct, b) = multipart("file", "../../etc/evil", &small);
+        let (ct2, b2) = multipart("file", ".hidden", &small);
+        let (ct3, b3) = multipart("file", "big.bin", &vec![7u8; (1 << 20) + 1]);
+        let (ct4, mut b4) = multipart("file", "cut.bin", &vec![1u8; 5000]);
+        b4.truncate(3000);
+        let (ct5, b5) = multipart("other", "a.bin", &small);
+        let (ct6, b6) = multipart("file", "a.bin", &small);
+        vec![
+            (
+                up,
+                ct,
+                b,
+                StatusCode::BAD_REQUEST,
+                "must not contain a path",
+            ),
+            (
+                up,
+                ct2,
+                b2,
+                StatusCode::BAD_REQUEST,
+                "must not start with '.'",
+            ),
+            (
+                up,
+                ct3,
+                b3,
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "larger than the limit",
+            ),
+            (up, ct4, b4, StatusCode::BAD_REQUEST, "upload body"),
+            (
+                up,
+                ct5,
+                b5,
+                StatusCode::BAD_REQUEST,
+                "unexpected form field \"other\"",
+            ),
+            (
+                "/api/v1/batches/upload?profile=nosuch",
+                ct6.clone(),
+                b6.clone(),
+                StatusCode::BAD_REQUEST,
+                "unknown profile \"nosuch\"",
+            ),
+            (
+                "/api/v1/batches/upload?profile=demo&type=zip",
+                ct6.clone(),
+                b6.clone(),
+                StatusCode::BAD_REQUEST,
+                "unknown payload type",
+            ),
+            (
+                "/api/v1/batches/upload?profile=demo&colour=red",
+                ct6,
+                b6,
+                StatusCode::BAD_REQUEST,
+                "unknown field `colour`",
+            ),
+            (
+                up,
+                "application/json".into(),
+                b"{}".to_vec(),
+                StatusCode::BAD_REQUEST,
+                "multipart",
+            ),
+        ]
+    };
+    for (path, ct, body, status, says) in cases {
+        let (st, v) = s.post_raw(SUBMITTER, path, &ct, body).await;
+        assert_eq!(st, status, "{path} {says}: {v}");
+        let msg = v["error"].as_str().unwrap_or_default();
+        assert!(msg.contains(says), "{msg:?} should say {says:?}");
+        assert_eq!(
+            s.uploads(),
+            Vec::<std::path::PathBuf>::new(),
+            "{says}: files left"
+        );
+        assert_eq!(s.dump().await, before, "{says}: the tree changed");
+    }
+}
