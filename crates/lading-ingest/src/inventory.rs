@@ -2,7 +2,7 @@
 //! found. Recording a version twice changes nothing.
 
 use crate::stages::{ObjectFile, StoredVersion, list_files};
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use std::path::Path;
 
 const SCHEMA: &str = "
@@ -162,6 +162,17 @@ pub fn versions_of(db: &Path, ark: &str) -> Result<Vec<(u32, u64, u64)>, Invento
         })?
         .collect::<Result<Vec<_>, _>>()?;
     Ok(rows)
+}
+
+/// Where version `version` of `ark` is stored, if it was recorded.
+pub fn version_path(db: &Path, ark: &str, version: u32) -> Result<Option<String>, InventoryError> {
+    let c = open(db)?;
+    Ok(c.query_row(
+        "SELECT path FROM versions WHERE ark = ?1 AND version = ?2",
+        params![ark, version],
+        |r| r.get(0),
+    )
+    .optional()?)
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 
 pub mod auth;
 mod batches;
+pub mod download;
 pub mod events;
 mod generic;
 mod metrics;
@@ -64,6 +65,8 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/health", get(health))
         .route("/metrics", get(metrics::metrics))
         .route("/api/v1/events", get(events::events))
+        .route("/api/v1/jobs/{id}/download", get(download::job_download))
+        .route("/api/v1/objects/download", get(download::object_download))
         .route(
             "/api/v1/batches/upload",
             axum::routing::post(upload::upload).layer(axum::extract::DefaultBodyLimit::disable()),

@@ -136,6 +136,30 @@ async fn submitters_see_only_their_batches_and_bad_submissions_change_nothing() 
     }
     assert_eq!(s.dump().await, before, "refused requests changed the tree");
 
+    // A job that has stored nothing yet: 409 and where it is.
+    let e = &s.ingest.engine;
+    let lease = e
+        .acquire_batch(lading_core::BatchState::Pending)
+        .await
+        .unwrap()
+        .unwrap();
+    let jid = e
+        .create_job(&lease, lading_engine::JobSpec::default())
+        .await
+        .unwrap();
+    e.release_batch_lease(lease).await.unwrap();
+    let (st, v) = s
+        .call_as(
+            SUBMITTER,
+            "GET",
+            &format!("/api/v1/jobs/{jid}/download"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (st, v["kind"].as_str(), v["state"].as_str()),
+        (StatusCode::CONFLICT, Some("not_ready"), Some("Pending"))
+    );
     // Admin actions that are allowed do what they say.
     let (st, v) = s.call("POST", &format!("{path}/hold"), None).await;
     assert_eq!((st, v["status"].as_str()), (StatusCode::OK, Some("Held")));
@@ -219,6 +243,78 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
         assert_eq!(st, StatusCode::CONFLICT, "{action}: {v}");
     }
     assert_eq!(s.dump().await, before);
+    // The stored version, as a zip streamed back; by job and by ark and version.
+    let zip_of = |bytes: Vec<u8>| {
+        let mut z = zip::ZipArchive::new(std::io::Cursor::new(bytes)).expect("a whole zip");
+        let mut out = std::collections::BTreeMap::new();
+        for i in 0..z.len() {
+            let mut f = z.by_index(i).unwrap();
+            let mut v = Vec::new();
+            std::io::Read::read_to_end(&mut f, &mut v).unwrap();
+            out.insert(f.name().unwrap().to_string(), v);
+        }
+        out
+    };
+    let r = s
+        .http
+        .get(format!("{}/api/v1/jobs/{jid}/download", s.base))
+        .bearer_auth(SUBMITTER)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers()["content-type"], "application/zip");
+    let files = zip_of(r.bytes().await.unwrap().to_vec());
+    assert_eq!(
+        files.get("producer/hello.txt").map(Vec::as_slice),
+        Some(&b"hello, lading\n"[..]),
+        "{:?}",
+        files.keys().collect::<Vec<_>>()
+    );
+    assert!(files.contains_key("system/manifest.checkm"));
+    let (st, _) = s
+        .call_as(BOB, "GET", &format!("/api/v1/jobs/{jid}/download"), None)
+        .await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "not another submitter's");
+    let ark = job["configuration"]["primary_id"]
+        .as_str()
+        .or(job["identifiers"]["primary_id"].as_str())
+        .map(str::to_string);
+    let stored: serde_json::Value = serde_json::from_slice(
+        &s.jobs
+            .tree()
+            .get(&format!("/jobs/{jid}/store"))
+            .await
+            .unwrap()
+            .unwrap()
+            .data
+            .unwrap(),
+    )
+    .unwrap();
+    let ark = ark.unwrap_or_else(|| stored["ark"].as_str().unwrap().to_string());
+    let r = s
+        .http
+        .get(format!(
+            "{}/api/v1/objects/download?ark={ark}&version=1",
+            s.base
+        ))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(zip_of(r.bytes().await.unwrap().to_vec()), files);
+    let r = s
+        .http
+        .get(format!(
+            "{}/api/v1/objects/download?ark={ark}&version=9",
+            s.base
+        ))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
     // Metrics need no token and show what happened.
     let m = s
         .http

@@ -1,0 +1,197 @@
+//! Results as zip files streamed in constant memory:
+//!
+//! ```text
+//! GET /api/v1/jobs/{jid}/download                    the version the job stored
+//! GET /api/v1/objects/download?ark=ARK&version=N     any recorded version (admin)
+//! ```
+//!
+//! The zip is written on a blocking thread into a bounded channel (8 × 64 KiB) that the
+//! response body drains, so memory does not grow with the object; entries are stored
+//! uncompressed (payloads are usually compressed already) with ZIP64 for files over 4 GiB.
+//! A job that has not stored anything yet gets 409 with the state it is in.
+
+use crate::{ApiError, AppState, PathParams, Principal, Query, Role};
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use lading_core::layout::{BatchId, JobId, ark_node_name, job_node};
+use lading_engine::EngineError;
+use lading_ingest::stages::StoredVersion;
+use serde::Deserialize;
+use serde_json::json;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+type Chunk = Result<Bytes, std::io::Error>;
+
+/// Forwards what the zip writer writes to the response body.
+struct ChannelWriter(tokio::sync::mpsc::Sender<Chunk>);
+
+impl Write for ChannelWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .blocking_send(Ok(Bytes::copy_from_slice(buf)))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "client went away"))?;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Files under `dir`, sorted, as (path relative to `dir` with `/`, absolute path, size).
+fn files(dir: &Path) -> std::io::Result<Vec<(String, PathBuf, u64)>> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d)? {
+            let e = e?;
+            let t = e.file_type()?;
+            if t.is_dir() {
+                todo.push(e.path());
+            } else if t.is_file() {
+                let rel = e
+                    .path()
+                    .strip_prefix(dir)
+                    .map(|r| r.to_string_lossy().replace('\\', "/"))
+                    .unwrap_or_default();
+                out.push((rel, e.path(), e.metadata()?.len()));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn write_zip(dir: &Path, out: ChannelWriter) -> std::io::Result<()> {
+    let list = files(dir)?;
+    let mut zip = zip::ZipWriter::new_stream(std::io::BufWriter::with_capacity(64 << 10, out));
+    for (name, path, size) in list {
+        let opts = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Stored)
+            .large_file(size >= u32::MAX as u64);
+        zip.start_file(name, opts).map_err(std::io::Error::other)?;
+        std::io::copy(&mut std::fs::File::open(&path)?, &mut zip)?;
+    }
+    zip.finish().map_err(std::io::Error::other)?.flush()
+}
+
+/// A response streaming `dir` as `file_name`.
+pub fn zip_response(dir: PathBuf, file_name: &str) -> Response {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Chunk>(8);
+    tokio::task::spawn_blocking(move || {
+        if let Err(e) = write_zip(&dir, ChannelWriter(tx.clone())) {
+            if e.kind() != std::io::ErrorKind::BrokenPipe {
+                tracing::warn!("zip of {}: {e}", dir.display());
+            }
+            // The client sees a broken body rather than a zip that looks whole.
+            let _ = tx.blocking_send(Err(e));
+        }
+    });
+    let stream = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+    (
+        [
+            (header::CONTENT_TYPE, "application/zip".to_string()),
+            (
+                header::CONTENT_DISPOSITION,
+                format!("attachment; filename=\"{file_name}\""),
+            ),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+pub async fn job_download(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    PathParams(id): PathParams<String>,
+) -> Result<Response, ApiError> {
+    let jid = JobId::parse(&id).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let e = &s.ingest.engine;
+    let info = e.job(&jid).await?;
+    if p.role != Role::Admin {
+        let mine = match BatchId::parse(&info.bid) {
+            Ok(bid) => e
+                .batch(&bid)
+                .await
+                .map(|b| b.submission["submitter"].as_str() == Some(&p.name))
+                .unwrap_or(false),
+            Err(_) => false,
+        };
+        if !mine {
+            return Err(EngineError::NoJob(id).into());
+        }
+    }
+    let stored: Option<StoredVersion> = e
+        .tree()
+        .get(&job_node(&jid, "store"))
+        .await
+        .map_err(EngineError::from)?
+        .and_then(|n| n.data)
+        .and_then(|d| serde_json::from_slice(&d).ok());
+    let Some(stored) = stored else {
+        let state = info.status.status.name();
+        return Ok((
+            StatusCode::CONFLICT,
+            Json(json!({
+                "error": format!("{jid} has stored nothing yet; it is {state}"),
+                "kind": "not_ready",
+                "state": state,
+                "message": info.status.message,
+            })),
+        )
+            .into_response());
+    };
+    let dir = PathBuf::from(&stored.path);
+    if !dir.is_dir() {
+        return Err(ApiError::new(
+            StatusCode::GONE,
+            "gone",
+            format!(
+                "version {} of {} is no longer at {}",
+                stored.version, stored.ark, stored.path
+            ),
+        ));
+    }
+    Ok(zip_response(
+        dir,
+        &format!("{}-v{}.zip", ark_node_name(&stored.ark), stored.version),
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObjectQuery {
+    ark: String,
+    version: u32,
+}
+
+pub async fn object_download(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    Query(q): Query<ObjectQuery>,
+) -> Result<Response, ApiError> {
+    p.require_admin()?;
+    let db = s.ingest.cfg.inventory();
+    let (ark, version) = (q.ark.clone(), q.version);
+    let path = tokio::task::spawn_blocking(move || {
+        lading_ingest::inventory::version_path(&db, &ark, version)
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
+    .ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no version {} of {:?} is recorded", q.version, q.ark),
+        )
+    })?;
+    Ok(zip_response(
+        PathBuf::from(path),
+        &format!("{}-v{}.zip", ark_node_name(&q.ark), q.version),
+    ))
+}
