@@ -62,6 +62,19 @@ pub async fn serve(
             let _ = rx.wait_for(|s| *s).await;
         },
     ));
+    let access_workers: Vec<_> = [
+        lading_core::layout::AccessQueue::Small,
+        lading_core::layout::AccessQueue::Large,
+    ]
+    .into_iter()
+    .map(|q| {
+        tokio::spawn(lading_server::access::run_worker(
+            ingest.clone(),
+            q,
+            stop_rx.clone(),
+        ))
+    })
+    .collect();
     let monitor_stop = Arc::new(tokio::sync::Notify::new());
     let monitor = {
         let (j, s) = (jobs.clone(), monitor_stop.clone());
@@ -77,5 +90,8 @@ pub async fn serve(
     on_stop();
     server.await??;
     monitor.await?;
+    for w in access_workers {
+        w.await?;
+    }
     r
 }

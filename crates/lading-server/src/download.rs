@@ -78,6 +78,28 @@ fn write_zip(dir: &Path, out: ChannelWriter) -> std::io::Result<()> {
     zip.finish().map_err(std::io::Error::other)?.flush()
 }
 
+/// Writes `dir` as a zip to `out` (through `out.part`, fsynced, then renamed).
+pub fn zip_to_file(dir: &Path, out: &Path) -> std::io::Result<()> {
+    if let Some(p) = out.parent() {
+        std::fs::create_dir_all(p)?;
+    }
+    let part = out.with_extension("zip.part");
+    let list = files(dir)?;
+    let f = std::fs::File::create(&part)?;
+    let mut zip = zip::ZipWriter::new(std::io::BufWriter::with_capacity(64 << 10, f));
+    for (name, path, size) in list {
+        let opts = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Stored)
+            .large_file(size >= u32::MAX as u64);
+        zip.start_file(name, opts).map_err(std::io::Error::other)?;
+        std::io::copy(&mut std::fs::File::open(&path)?, &mut zip)?;
+    }
+    let mut w = zip.finish().map_err(std::io::Error::other)?;
+    w.flush()?;
+    w.get_ref().sync_all()?;
+    std::fs::rename(&part, out)
+}
+
 /// A response streaming `dir` as `file_name`.
 pub fn zip_response(dir: PathBuf, file_name: &str) -> Response {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Chunk>(8);

@@ -5,6 +5,7 @@
 //! for anything the caller can fix. Request bodies are parsed strictly (unknown fields are
 //! refused) by [`Body`], so a typo is an error, not a silently ignored field.
 
+pub mod access;
 pub mod auth;
 mod batches;
 pub mod download;
@@ -65,6 +66,9 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/health", get(health))
         .route("/metrics", get(metrics::metrics))
         .route("/api/v1/events", get(events::events))
+        .route("/api/v1/access", axum::routing::post(access::request))
+        .route("/api/v1/access/{token}", get(access::status))
+        .route("/api/v1/access/{token}/file", get(access::file))
         .route("/api/v1/jobs/{id}/download", get(download::job_download))
         .route("/api/v1/objects/download", get(download::object_download))
         .route(

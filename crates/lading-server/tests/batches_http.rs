@@ -315,6 +315,92 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    // The access queue: a request waits while its queue is paused, then is assembled.
+    let (stop_access, stop_rx) = tokio::sync::watch::channel(false);
+    let access_worker = tokio::spawn(lading_server::access::run_worker(
+        s.ingest.clone(),
+        lading_core::layout::AccessQueue::Small,
+        stop_rx,
+    ));
+    s.call("PUT", "/api/v1/queues/accessSmall/pause", None)
+        .await;
+    let (st, v) = s
+        .call_as(
+            SUBMITTER,
+            "POST",
+            "/api/v1/access",
+            Some(json!({"ark": ark, "version": 1})),
+        )
+        .await;
+    assert_eq!(
+        (st, v["queue"].as_str()),
+        (StatusCode::ACCEPTED, Some("small")),
+        "{v}"
+    );
+    let token = v["token"].as_str().unwrap().to_string();
+    let (_, v) = s
+        .call_as(SUBMITTER, "GET", &format!("/api/v1/access/{token}"), None)
+        .await;
+    assert_eq!(v["state"], "Pending");
+    let (st, v) = s
+        .call_as(
+            SUBMITTER,
+            "GET",
+            &format!("/api/v1/access/{token}/file"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (st, v["kind"].as_str()),
+        (StatusCode::CONFLICT, Some("not_ready"))
+    );
+    let forged = format!("{}0", &token[..token.len() - 1]);
+    let (st, _) = s
+        .call("GET", &format!("/api/v1/access/{forged}"), None)
+        .await;
+    assert_eq!(
+        st,
+        StatusCode::NOT_FOUND,
+        "a token with a wrong secret names nothing"
+    );
+    for (body, status) in [
+        (json!({"ark": ark, "version": 7}), StatusCode::NOT_FOUND),
+        (
+            json!({"ark": ark, "version": 1, "queue": "medium"}),
+            StatusCode::BAD_REQUEST,
+        ),
+    ] {
+        let (st, v) = s.call("POST", "/api/v1/access", Some(body)).await;
+        assert_eq!(st, status, "{v}");
+    }
+    s.call("DELETE", "/api/v1/queues/accessSmall/pause", None)
+        .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, v) = s
+            .call_as(SUBMITTER, "GET", &format!("/api/v1/access/{token}"), None)
+            .await;
+        if v["state"] == "Completed" {
+            break;
+        }
+        assert_ne!(v["state"], "Failed", "{v}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "access request stuck: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = s
+        .http
+        .get(format!("{}/api/v1/access/{token}/file", s.base))
+        .bearer_auth(SUBMITTER)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(zip_of(r.bytes().await.unwrap().to_vec()), files);
+    stop_access.send(true).unwrap();
+    access_worker.await.unwrap();
     // Metrics need no token and show what happened.
     let m = s
         .http

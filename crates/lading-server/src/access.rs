@@ -1,0 +1,248 @@
+//! The access queue (seed 001): ask for a stored object version as a zip, on the `small` or
+//! `large` queue; an access worker assembles it; poll with the token the request returned.
+//!
+//! ```text
+//! POST /api/v1/access                 {"ark","version","queue"?}  → 202 {"token","id","queue"}
+//! GET  /api/v1/access/{token}         the request's state (and message)
+//! GET  /api/v1/access/{token}/file    the zip, once Completed (409 before)
+//! ```
+//!
+//! The token is `QUEUE.QID.SECRET`; the secret is kept in the request's token node, so a token
+//! cannot be guessed from a request id. Without `queue`, versions over [`LARGE_BYTES`] go to
+//! `large`. Workers ([`run_worker`]) honour the queue pause flags
+//! (`/locks/queue/accessSmall|accessLarge`).
+
+use crate::{ApiError, AppState, Body, PathParams, Principal};
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use lading_core::layout::{AccessId, AccessQueue, access_folder, queue_lock};
+use lading_core::{AccessState, Event, WatchKind};
+use lading_engine::{AccessLease, EngineError};
+use lading_ingest::Ingest;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Versions larger than this go to the `large` queue unless the request names one.
+pub const LARGE_BYTES: u64 = 1 << 30;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccessBody {
+    ark: String,
+    version: u32,
+    queue: Option<String>,
+}
+
+fn zip_path(ingest: &Ingest, queue: AccessQueue, id: &AccessId) -> PathBuf {
+    ingest
+        .cfg
+        .data_dir
+        .join("access")
+        .join(format!("{}-{id}.zip", queue.name()))
+}
+
+fn internal(e: impl std::fmt::Display) -> ApiError {
+    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+}
+
+pub async fn request(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    Body(b): Body<AccessBody>,
+) -> Result<Response, ApiError> {
+    let db = s.ingest.cfg.inventory();
+    let ark = b.ark.clone();
+    let versions =
+        tokio::task::spawn_blocking(move || lading_ingest::inventory::versions_of(&db, &ark))
+            .await
+            .map_err(internal)?
+            .map_err(internal)?;
+    let Some((_, _, bytes)) = versions.iter().find(|(v, _, _)| *v == b.version) else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no version {} of {:?} is recorded", b.version, b.ark),
+        ));
+    };
+    let queue = match b.queue.as_deref() {
+        Some(q) => AccessQueue::parse(q).ok_or_else(|| {
+            ApiError::bad_request(format!("unknown access queue {q:?} (small or large)"))
+        })?,
+        None if *bytes > LARGE_BYTES => AccessQueue::Large,
+        None => AccessQueue::Small,
+    };
+    let secret = uuid::Uuid::new_v4().simple().to_string();
+    let token = json!({"ark": b.ark, "version": b.version, "requester": p.name,
+                       "secret": secret, "bytes": bytes});
+    let id = s.ingest.engine.create_access(queue, &token).await?;
+    let t = format!("{}.{id}.{secret}", queue.name());
+    Ok((
+        StatusCode::ACCEPTED,
+        [(header::LOCATION, format!("/api/v1/access/{t}"))],
+        Json(json!({"token": t, "id": id, "queue": queue.name()})),
+    )
+        .into_response())
+}
+
+/// The request a token names, if the token is right.
+async fn lookup(
+    s: &AppState,
+    token: &str,
+) -> Result<(AccessQueue, AccessId, lading_engine::AccessInfo), ApiError> {
+    let unknown = || {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no access request has this token",
+        )
+    };
+    let mut parts = token.splitn(3, '.');
+    let (Some(q), Some(id), Some(secret)) = (parts.next(), parts.next(), parts.next()) else {
+        return Err(unknown());
+    };
+    let queue = AccessQueue::parse(q).ok_or_else(unknown)?;
+    let id = AccessId::parse(id).map_err(|_| unknown())?;
+    let info = match s.ingest.engine.access(queue, &id).await {
+        Err(EngineError::NoAccess(_)) => return Err(unknown()),
+        r => r?,
+    };
+    if info.token["secret"].as_str() != Some(secret) {
+        return Err(unknown());
+    }
+    Ok((queue, id, info))
+}
+
+pub async fn status(
+    State(s): State<AppState>,
+    PathParams(token): PathParams<String>,
+) -> Result<Json<Value>, ApiError> {
+    let (queue, id, info) = lookup(&s, &token).await?;
+    Ok(Json(json!({
+        "id": id, "queue": queue.name(), "state": info.status.status.name(),
+        "message": info.status.message, "ark": info.token["ark"],
+        "version": info.token["version"],
+        "file": (info.status.status == AccessState::Completed)
+            .then(|| format!("/api/v1/access/{token}/file")),
+    })))
+}
+
+pub async fn file(
+    State(s): State<AppState>,
+    PathParams(token): PathParams<String>,
+) -> Result<Response, ApiError> {
+    let (queue, id, info) = lookup(&s, &token).await?;
+    if info.status.status != AccessState::Completed {
+        let state = info.status.status.name();
+        return Ok((
+            StatusCode::CONFLICT,
+            Json(
+                json!({"error": format!("access request {id} is {state}, not Completed"),
+                        "kind": "not_ready", "state": state}),
+            ),
+        )
+            .into_response());
+    }
+    let path = zip_path(&s.ingest, queue, &id);
+    let f = tokio::fs::File::open(&path).await.map_err(|e| {
+        ApiError::new(
+            StatusCode::GONE,
+            "gone",
+            format!("the assembled file is gone: {e}"),
+        )
+    })?;
+    let len = f.metadata().await.map_err(internal)?.len();
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/zip".to_string()),
+            (header::CONTENT_LENGTH, len.to_string()),
+            (
+                header::CONTENT_DISPOSITION,
+                format!("attachment; filename=\"{id}.zip\""),
+            ),
+        ],
+        axum::body::Body::from_stream(tokio_util::io::ReaderStream::new(f)),
+    )
+        .into_response())
+}
+
+/// Assembles one request's zip. Err: why it failed.
+async fn assemble(ingest: &Ingest, lease: &AccessLease) -> Result<(), String> {
+    let ark = lease.token["ark"].as_str().ok_or("the token has no ark")?;
+    let version = lease.token["version"]
+        .as_u64()
+        .ok_or("the token has no version")? as u32;
+    let db = ingest.cfg.inventory();
+    let a = ark.to_string();
+    let path = tokio::task::spawn_blocking(move || {
+        lading_ingest::inventory::version_path(&db, &a, version)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())?
+    .ok_or_else(|| format!("version {version} of {ark} is no longer recorded"))?;
+    let out = zip_path(ingest, lease.queue, &lease.id);
+    tokio::task::spawn_blocking(move || crate::download::zip_to_file(&PathBuf::from(path), &out))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
+}
+
+/// Serves one access queue until `stop` turns true: takes the oldest Pending request,
+/// assembles its zip, marks it Completed (or Failed with the reason). Woken by new requests
+/// and by the queue's pause flag.
+pub async fn run_worker(
+    ingest: Arc<Ingest>,
+    queue: AccessQueue,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let e = ingest.engine.clone();
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let watches = async {
+            let a = e
+                .tree()
+                .watch(&access_folder(queue), WatchKind::Children)
+                .await;
+            let b = e
+                .tree()
+                .watch(&queue_lock(queue.lock_name()), WatchKind::Data)
+                .await;
+            (a, b)
+        }
+        .await;
+        match e.acquire_access(queue).await {
+            Ok(Some(lease)) => {
+                let r = async {
+                    let lease = e.access_advance(lease, Event::Success).await?;
+                    let outcome = assemble(&ingest, &lease).await;
+                    let (ev, msg) = match outcome {
+                        Ok(()) => (Event::Success, None),
+                        Err(why) => (Event::Fail, Some(why)),
+                    };
+                    e.access_transition(lease, ev, msg).await
+                }
+                .await;
+                if let Err(err) = r {
+                    tracing::warn!(queue = queue.name(), "access request: {err}");
+                }
+                continue;
+            }
+            Ok(None) => {}
+            Err(err) => tracing::warn!(queue = queue.name(), "access queue: {err}"),
+        }
+        let (a, b) = watches;
+        tokio::select! {
+            _ = async { if let Ok(w) = a { w.await } else { std::future::pending().await } } => {}
+            _ = async { if let Ok(w) = b { w.await } else { std::future::pending().await } } => {}
+            _ = stop.wait_for(|s| *s) => return,
+            _ = tokio::time::sleep(Duration::from_secs(10)) => {}
+        }
+    }
+}
