@@ -63,6 +63,7 @@ impl AppState {
 /// The whole API.
 pub fn router(state: AppState) -> Router {
     Router::new()
+        .route("/", get(index))
         .route("/api/v1/health", get(health))
         .route("/metrics", get(metrics::metrics))
         .route("/api/v1/events", get(events::events))
@@ -82,6 +83,21 @@ pub fn router(state: AppState) -> Router {
             auth::require_token,
         ))
         .with_state(state)
+}
+
+/// The admin page: static HTML and script; it asks for a token and talks to the API.
+async fn index() -> Response {
+    (
+        [
+            (axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (
+                axum::http::header::CONTENT_SECURITY_POLICY,
+                "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'",
+            ),
+        ],
+        include_str!("web/index.html"),
+    )
+        .into_response()
 }
 
 async fn health(axum::extract::State(s): axum::extract::State<AppState>) -> Response {
