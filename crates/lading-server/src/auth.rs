@@ -43,7 +43,13 @@ impl Principal {
 }
 
 /// Paths anyone may read without a token.
-pub const PUBLIC: &[&str] = &["/", "/api/v1/health", "/api/v1/openapi.json", "/metrics"];
+pub const PUBLIC: &[&str] = &[
+    "/",
+    "/api/v1/health",
+    "/api/v1/ready",
+    "/api/v1/openapi.json",
+    "/metrics",
+];
 
 pub struct Auth {
     by_digest: HashMap<[u8; 32], Principal>,

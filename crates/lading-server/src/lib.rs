@@ -65,6 +65,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/", get(index))
         .route("/api/v1/health", get(health))
+        .route("/api/v1/ready", get(ready))
         .route("/metrics", get(metrics::metrics))
         .route("/api/v1/events", get(events::events))
         .route("/api/v1/access", axum::routing::post(access::request))
@@ -100,9 +101,23 @@ async fn index() -> Response {
         .into_response()
 }
 
-async fn health(axum::extract::State(s): axum::extract::State<AppState>) -> Response {
+/// Liveness: the process answers.
+async fn health() -> Json<serde_json::Value> {
+    Json(json!({"status": "ok"}))
+}
+
+/// Readiness: the store answers and the server is not stopping.
+async fn ready(axum::extract::State(s): axum::extract::State<AppState>) -> Response {
+    if *s.stopping.borrow() {
+        return ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "the server is shutting down",
+        )
+        .into_response();
+    }
     match s.jobs.tree().exists("/").await {
-        Ok(_) => Json(json!({"status": "ok", "store": s.jobs.tree().kind()})).into_response(),
+        Ok(_) => Json(json!({"status": "ready", "store": s.jobs.tree().kind()})).into_response(),
         Err(e) => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "unavailable",

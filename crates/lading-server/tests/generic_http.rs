@@ -282,14 +282,16 @@ async fn bad_requests_get_json_errors_and_change_nothing() {
         .await;
     assert_eq!(st, StatusCode::FORBIDDEN, "{v}");
     assert_eq!(s.stored().await, before);
-    // Health needs no token.
-    let resp = s
-        .http
-        .get(format!("{}/api/v1/health", s.base))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), StatusCode::OK);
+    // Health and readiness need no token.
+    for path in ["/api/v1/health", "/api/v1/ready"] {
+        let resp = s
+            .http
+            .get(format!("{}{path}", s.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK, "{path}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
