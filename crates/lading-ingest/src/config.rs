@@ -260,6 +260,9 @@ pub struct Profile {
     /// Attempts per stage, overriding the service's (`downloading = 3`).
     #[serde(default)]
     pub max_attempts: BTreeMap<String, u32>,
+    /// Most jobs of this profile one submitter may have in flight (past Pending, not
+    /// finished); the rest wait in Pending. None: no limit.
+    pub max_in_flight_per_submitter: Option<u32>,
 }
 
 impl Profile {

@@ -13,6 +13,7 @@ pub mod fetch;
 pub mod intake;
 pub mod inventory;
 pub mod payload_server;
+pub mod quota;
 pub mod report;
 pub mod stages;
 mod unpack;

@@ -55,9 +55,36 @@ stage!(
     success = Event::To(JobState::Estimating)
 );
 
-async fn start(_: &Ingest, _: &JobCtx) -> Result<Outcome, Outcome> {
-    Ok(Outcome::Done)
+/// Pending → Estimating, within the submitter's quota for the profile (see [`crate::quota`]).
+async fn start(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
+    let profile_name = job.config_str("profile_name").unwrap_or_default();
+    let profile = ingest.profile(profile_name).map_err(Outcome::fatal)?;
+    let Some(limit) = profile.max_in_flight_per_submitter else {
+        return Ok(Outcome::Done);
+    };
+    let submitter = job.config_str("submitter").unwrap_or_default();
+    match crate::quota::reserve(
+        &job.engine,
+        profile_name,
+        submitter,
+        job.job(),
+        limit as usize,
+    )
+    .await
+    .map_err(engine_err)?
+    {
+        crate::quota::Slot::Granted => Ok(Outcome::Done),
+        crate::quota::Slot::Full(n) => Ok(Outcome::Wait {
+            after: QUOTA_ROUND,
+            reason: format!(
+                "{submitter} has {n} jobs of profile {profile_name} in flight (limit {limit})"
+            ),
+        }),
+    }
 }
+
+/// How often a job waiting for its submitter's quota looks again.
+const QUOTA_ROUND: Duration = Duration::from_millis(500);
 
 /// Estimating: HEAD every file, `space_needed` = the sum; large jobs get a lower priority.
 pub struct Estimate(pub Arc<Ingest>);

@@ -703,3 +703,77 @@ async fn a_profile_sets_its_own_attempts_and_large_jobs_get_a_lower_priority() {
     h.stop();
     task.await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submitters_quota_keeps_its_jobs_waiting_while_others_go_ahead() {
+    let w = World::new().await;
+    // One job of this profile in flight per submitter; processing takes a while.
+    w.profile(
+        "quota",
+        "collection = \"demo\"\ncommand = \"sleep 0.3\"\nmax_in_flight_per_submitter = 1\n",
+    );
+    let rows: Vec<Vec<String>> = (0..3)
+        .map(|i| vec![w.file(&format!("a{i}.bin"), b"alice's").0])
+        .collect();
+    let alice_list = checkm::write(ManifestKind::SingleFileBatch, &[checkm::FILE_URL], &rows);
+    let (alice_url, _) = w.file("alice.checkm", alice_list.as_bytes());
+    let (bob_url, _) = w.file("bob.bin", b"bob's");
+    let ingest = w.ingest();
+    let submit = |who: &str, url: String, ty: &str| {
+        let s = Submission {
+            profile: "quota".into(),
+            submitter: who.into(),
+            payload_url: url,
+            payload_type: ty.into(),
+            ..Default::default()
+        };
+        let ingest = ingest.clone();
+        async move { lading_ingest::submit(&ingest, &s).await.unwrap() }
+    };
+    let alice = submit("alice", alice_url, "single-file-batch-manifest").await;
+    let (h, task) = w.run_all(&ingest);
+    w.batch_reaches(&alice, &[BatchState::Processing]).await;
+    let bob = submit("bob", bob_url, "file").await;
+    // Watch alice's jobs: never more than one past Pending and not finished.
+    let jobs = w.jobs_of(&alice).await;
+    assert_eq!(jobs.len(), 3);
+    let (mut most, mut waited, mut bob_done_first) = (0, false, false);
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let mut flying = 0;
+        let mut done = 0;
+        for j in &jobs {
+            let st = w.engine.job(j).await.unwrap().status;
+            match st.status {
+                JobState::Completed => done += 1,
+                JobState::Pending => {
+                    waited |= st
+                        .message
+                        .is_some_and(|m| m.contains("in flight (limit 1)"));
+                }
+                JobState::Failed => panic!("{j} failed: {:?}", st.message),
+                _ => flying += 1,
+            }
+        }
+        most = most.max(flying);
+        let bob_state = w.engine.batch(&bob).await.unwrap().status.status;
+        if bob_state == BatchState::Completed && done < 3 {
+            bob_done_first = true;
+        }
+        if done == 3 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "alice's jobs stuck");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(most, 1, "alice never had more than one job in flight");
+    assert!(
+        waited,
+        "a job over the quota waited in Pending with the reason"
+    );
+    assert!(bob_done_first, "bob's job was not held behind alice's");
+    w.completes(&alice).await;
+    w.completes(&bob).await;
+    h.stop();
+    task.await.unwrap();
+}

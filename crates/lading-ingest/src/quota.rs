@@ -1,0 +1,148 @@
+//! Per-submitter quotas (seed 002): a profile's `max_in_flight_per_submitter` caps how many
+//! of one submitter's jobs of that profile are past Pending and not finished. A job over the
+//! cap waits in Pending — deferred, not failed — and is looked at again each round, so it
+//! starts as the submitter's others finish, while other submitters' jobs (not over their cap)
+//! are taken meanwhile: one large depositor cannot starve the rest.
+//!
+//! Kept in the tree, so every worker on every machine counts the same:
+//!
+//! ```text
+//! /quotas/PROFILE/SUBMITTER        its version serialises reservations
+//! /quotas/PROFILE/SUBMITTER/JID    one per job holding a slot
+//! ```
+//!
+//! A job reserves its slot when it starts (in a `multi` that bumps the folder's version, so
+//! two workers cannot both take the last slot). Slots are given back lazily: when the folder
+//! is full, slots of jobs that have finished (Completed, Failed, Deleted) or are gone are
+//! removed in one versioned `multi`. A slot reserved by a job still in Pending (its worker
+//! stopped between reserving and moving it) stays its own: the retry finds it.
+
+use lading_core::layout::JobId;
+use lading_core::{JobState, Op, TreeError};
+use lading_engine::{Engine, EngineError};
+
+pub const QUOTAS: &str = "/quotas";
+const MAX_TRIES: usize = 32;
+
+/// A submitter name as one node name: letters, digits, `.`, `_`, `-` kept, the rest `%XX`.
+pub fn node_name(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"._-".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    if out.starts_with('.') {
+        out.replace_range(0..1, "%2E");
+    }
+    out
+}
+
+/// What a reservation found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Slot {
+    Granted,
+    /// The submitter's jobs in flight, at the cap.
+    Full(usize),
+}
+
+async fn ensure(engine: &Engine, path: &str) -> Result<(), EngineError> {
+    let mut at = String::new();
+    for part in path.trim_start_matches('/').split('/') {
+        at = format!("{at}/{part}");
+        match engine
+            .tree()
+            .create(&at, None, lading_core::CreateMode::Persistent)
+            .await
+        {
+            Ok(_) | Err(TreeError::NodeExists(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+fn in_flight(s: JobState) -> bool {
+    !matches!(
+        s,
+        JobState::Completed | JobState::Failed | JobState::Deleted | JobState::Held
+    )
+}
+
+/// Reserves a slot for `job` under `limit`, or says the submitter is full.
+pub async fn reserve(
+    engine: &Engine,
+    profile: &str,
+    submitter: &str,
+    job: &JobId,
+    limit: usize,
+) -> Result<Slot, EngineError> {
+    let dir = format!("{QUOTAS}/{}/{}", node_name(profile), node_name(submitter));
+    let t = engine.tree();
+    for _ in 0..MAX_TRIES {
+        let Some(node) = t.get(&dir).await? else {
+            ensure(engine, &dir).await?;
+            continue;
+        };
+        let v = node.stat.version;
+        let held = t.children(&dir).await?;
+        if held.iter().any(|j| j == job.as_str()) {
+            return Ok(Slot::Granted);
+        }
+        if held.len() >= limit {
+            let mut stale = Vec::new();
+            for j in &held {
+                let gone = match JobId::parse(j) {
+                    Err(_) => true,
+                    Ok(jid) => match engine.job(&jid).await {
+                        Ok(info) => !in_flight(info.status.status),
+                        Err(EngineError::NoJob(_)) => true,
+                        Err(e) => return Err(e),
+                    },
+                };
+                if gone {
+                    stale.push(format!("{dir}/{j}"));
+                }
+            }
+            if stale.is_empty() {
+                return Ok(Slot::Full(held.len()));
+            }
+            let mut ops = vec![Op::set(&dir, None, Some(v))];
+            ops.extend(stale.into_iter().map(|p| Op::delete(p, None)));
+            match t.multi(ops).await {
+                Ok(_) => continue,
+                Err(e) if is_race(&e) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let ops = vec![
+            Op::set(&dir, None, Some(v)),
+            Op::create(format!("{dir}/{job}"), None),
+        ];
+        match t.multi(ops).await {
+            Ok(_) => return Ok(Slot::Granted),
+            Err(e) if is_race(&e) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(EngineError::Conflict(dir))
+}
+
+fn is_race(e: &TreeError) -> bool {
+    matches!(
+        e.root(),
+        TreeError::BadVersion { .. } | TreeError::NodeExists(_) | TreeError::NoNode(_)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn submitter_names_become_safe_node_names() {
+        assert_eq!(super::node_name("alice"), "alice");
+        assert_eq!(super::node_name("a b/c"), "a%20b%2Fc");
+        assert_eq!(super::node_name(".."), "%2E.");
+    }
+}
