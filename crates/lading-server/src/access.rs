@@ -30,7 +30,7 @@ use std::time::Duration;
 /// Versions larger than this go to the `large` queue unless the request names one.
 pub const LARGE_BYTES: u64 = 1 << 30;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AccessBody {
     ark: String,
@@ -50,6 +50,7 @@ fn internal(e: impl std::fmt::Display) -> ApiError {
     ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
 }
 
+#[utoipa::path(post, path = "/api/v1/access", tag = "access", summary = "Request an object version through the access queue", request_body = AccessBody, responses((status = 202, description = "queued; the body has the token", body = serde_json::Value), (status = 404, description = "no such recorded version"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub async fn request(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
@@ -117,6 +118,7 @@ async fn lookup(
     Ok((queue, id, info))
 }
 
+#[utoipa::path(get, path = "/api/v1/access/{token}", tag = "access", summary = "Poll an access request", params(("token" = String, Path, description = "the token the request returned")), responses((status = 200, description = "the request's state", body = serde_json::Value), (status = 404, description = "no request has this token")))]
 pub async fn status(
     State(s): State<AppState>,
     PathParams(token): PathParams<String>,
@@ -131,6 +133,7 @@ pub async fn status(
     })))
 }
 
+#[utoipa::path(get, path = "/api/v1/access/{token}/file", tag = "access", summary = "Fetch an access request's zip", params(("token" = String, Path, description = "the token the request returned")), responses((status = 200, description = "the assembled zip", content_type = "application/zip"), (status = 404, description = "no request has this token"), (status = 409, description = "not Completed yet", body = serde_json::Value)))]
 pub async fn file(
     State(s): State<AppState>,
     PathParams(token): PathParams<String>,

@@ -87,9 +87,9 @@ fn not_found_batch(id: &str) -> ApiError {
     EngineError::NoBatch(id.to_string()).into()
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct SubmitBody {
+pub(crate) struct SubmitBody {
     payload_url: String,
     profile: String,
     #[serde(rename = "type", default = "default_type")]
@@ -107,7 +107,8 @@ fn default_type() -> String {
     "file".into()
 }
 
-async fn submit(
+#[utoipa::path(post, path = "/api/v1/batches", tag = "batches", summary = "Submit a batch by payload URL", request_body = SubmitBody, responses((status = 201, description = "the batch, Pending", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub(crate) async fn submit(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
     Body(b): Body<SubmitBody>,
@@ -167,7 +168,8 @@ pub(crate) async fn visible_batch(
     Ok(info)
 }
 
-async fn show_batch(
+#[utoipa::path(get, path = "/api/v1/batches/{id}", tag = "batches", summary = "A batch", params(("id" = String, Path, description = "bid… or the batch uuid")), responses((status = 200, description = "the batch", body = serde_json::Value), (status = 404, description = "no such batch (or not yours)")))]
+pub(crate) async fn show_batch(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
     PathParams(id): PathParams<String>,
@@ -177,7 +179,7 @@ async fn show_batch(
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct BatchQuery {
+pub(crate) struct BatchQuery {
     state: Option<String>,
     profile: Option<String>,
     submitter: Option<String>,
@@ -186,7 +188,8 @@ struct BatchQuery {
     limit: Option<usize>,
 }
 
-async fn list_batches(
+#[utoipa::path(get, path = "/api/v1/batches", tag = "batches", summary = "List batches", params(("state" = Option<String>, Query, description = "batch state"), ("profile" = Option<String>, Query, description = "profile"), ("submitter" = Option<String>, Query, description = "submitter"), ("collection" = Option<String>, Query, description = "collection"), ("after" = Option<String>, Query, description = "cursor: the last id of the previous page"), ("limit" = Option<usize>, Query, description = "page size (1..=1000)")), responses((status = 200, description = "a page of batches", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub(crate) async fn list_batches(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
     Query(q): Query<BatchQuery>,
@@ -256,7 +259,8 @@ async fn list_batches(
     Ok(Json(json!({"batches": out, "next_after": next})))
 }
 
-async fn show_job(
+#[utoipa::path(get, path = "/api/v1/jobs/{id}", tag = "jobs", summary = "A job", params(("id" = String, Path, description = "jid…")), responses((status = 200, description = "the job", body = serde_json::Value), (status = 404, description = "no such job (or not yours)")))]
+pub(crate) async fn show_job(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
     PathParams(id): PathParams<String>,
@@ -283,13 +287,14 @@ async fn show_job(
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct JobQuery {
+pub(crate) struct JobQuery {
     state: String,
     after: Option<String>,
     limit: Option<usize>,
 }
 
-async fn list_jobs(
+#[utoipa::path(get, path = "/api/v1/jobs", tag = "jobs", summary = "List jobs in a state", params(("state" = String, Query, description = "job state"), ("after" = Option<String>, Query, description = "cursor"), ("limit" = Option<usize>, Query, description = "page size")), responses((status = 200, description = "a page of jobs in acquisition order", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub(crate) async fn list_jobs(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
     Query(q): Query<JobQuery>,
@@ -315,9 +320,9 @@ async fn list_jobs(
     ))
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct ActionBody {
+pub(crate) struct ActionBody {
     /// requeue only: the target state (default: the stage that failed).
     to: Option<String>,
 }
@@ -333,7 +338,8 @@ async fn optional_body(req: axum::extract::Request) -> Result<ActionBody> {
     serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("body: {e}")))
 }
 
-async fn job_action(
+#[utoipa::path(post, path = "/api/v1/jobs/{id}/{action}", tag = "admin", summary = "Administer a job (requeue takes an optional target)", params(("id" = String, Path, description = "jid…"), ("action" = String, Path, description = "hold, release, requeue or delete")), request_body = ActionBody, responses((status = 200, description = "the new state", body = serde_json::Value), (status = 404, description = "no such job or action"), (status = 409, description = "illegal transition or locked"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub(crate) async fn job_action(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
     PathParams((id, action)): PathParams<(String, String)>,
@@ -375,7 +381,8 @@ async fn job_action(
     }))
 }
 
-async fn batch_action(
+#[utoipa::path(post, path = "/api/v1/batches/{id}/{action}", tag = "admin", summary = "Administer a batch", params(("id" = String, Path, description = "bid…"), ("action" = String, Path, description = "hold, release, delete or update-reporting")), responses((status = 200, description = "the new state", body = serde_json::Value), (status = 404, description = "no such batch or action"), (status = 409, description = "illegal transition or locked"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub(crate) async fn batch_action(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
     PathParams((id, action)): PathParams<(String, String)>,
@@ -399,7 +406,8 @@ async fn batch_action(
     Ok(Json(json!({"id": bid, "status": st.status})))
 }
 
-async fn hold_collection(
+#[utoipa::path(put, path = "/api/v1/collections/{name}/hold", tag = "admin", summary = "Hold a collection", params(("name" = String, Path, description = "collection mnemonic")), responses((status = 200, description = "held", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub(crate) async fn hold_collection(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
     PathParams(name): PathParams<String>,
@@ -411,7 +419,8 @@ async fn hold_collection(
     ))
 }
 
-async fn release_collection(
+#[utoipa::path(delete, path = "/api/v1/collections/{name}/hold", tag = "admin", summary = "Release a collection", params(("name" = String, Path, description = "collection mnemonic")), responses((status = 200, description = "released, with how many batches and jobs went back to Pending", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub(crate) async fn release_collection(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
     PathParams(name): PathParams<String>,
@@ -435,7 +444,8 @@ fn check_queue(name: &str) -> Result<()> {
     }
 }
 
-async fn pause_queue(
+#[utoipa::path(put, path = "/api/v1/queues/{name}/pause", tag = "admin", summary = "Pause a queue", params(("name" = String, Path, description = "ingest, accessSmall or accessLarge")), responses((status = 200, description = "paused", body = serde_json::Value), (status = 404, description = "no such queue"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub(crate) async fn pause_queue(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
     PathParams(name): PathParams<String>,
@@ -448,7 +458,8 @@ async fn pause_queue(
     ))
 }
 
-async fn resume_queue(
+#[utoipa::path(delete, path = "/api/v1/queues/{name}/pause", tag = "admin", summary = "Resume a queue", params(("name" = String, Path, description = "ingest, accessSmall or accessLarge")), responses((status = 200, description = "resumed", body = serde_json::Value), (status = 404, description = "no such queue"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub(crate) async fn resume_queue(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
     PathParams(name): PathParams<String>,
@@ -461,7 +472,8 @@ async fn resume_queue(
     ))
 }
 
-async fn status(
+#[utoipa::path(get, path = "/api/v1/status", tag = "admin", summary = "Counts per state", responses((status = 200, description = "jobs and batches per state, paused queues", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub(crate) async fn status(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
 ) -> Result<Json<Value>> {

@@ -126,6 +126,7 @@ pub fn zip_response(dir: PathBuf, file_name: &str) -> Response {
         .into_response()
 }
 
+#[utoipa::path(get, path = "/api/v1/jobs/{id}/download", tag = "results", summary = "Download the version a job stored", params(("id" = String, Path, description = "job id (jid…)")), responses((status = 200, description = "the stored version as a zip", content_type = "application/zip"), (status = 404, description = "no such job (or not yours)"), (status = 409, description = "nothing stored yet; the body says the state", body = serde_json::Value)))]
 pub async fn job_download(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
@@ -191,6 +192,7 @@ pub struct ObjectQuery {
     version: u32,
 }
 
+#[utoipa::path(get, path = "/api/v1/objects/download", tag = "results", summary = "Download any recorded object version", params(("ark" = String, Query, description = "the object's ARK"), ("version" = u32, Query, description = "version number")), responses((status = 200, description = "the version as a zip", content_type = "application/zip"), (status = 404, description = "no such recorded version"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub async fn object_download(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,

@@ -131,6 +131,7 @@ fn matches(filter: Option<&str>, ev: &ChangeEvent) -> bool {
     }
 }
 
+#[utoipa::path(get, path = "/api/v1/events", tag = "events", summary = "Committed batch and job changes as server-sent events", params(("batch" = Option<String>, Query, description = "only this batch and its jobs"), ("last_event_id" = Option<String>, Query, description = "resume after this event (or the Last-Event-ID header)")), responses((status = 200, description = "text/event-stream of `change` and `reset` events", content_type = "text/event-stream"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this"), (status = 404, description = "no such batch (or not yours)")))]
 pub async fn events(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,

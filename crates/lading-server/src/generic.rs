@@ -65,7 +65,11 @@ fn parse_state(s: &str) -> Result<JobState> {
     })
 }
 
-async fn types(State(s): State<AppState>, Extension(p): Extension<Principal>) -> Result<Response> {
+#[utoipa::path(get, path = "/api/v1/types", tag = "generic jobs", summary = "Generic job types", responses((status = 200, description = "types with timeouts and counts", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub(crate) async fn types(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+) -> Result<Response> {
     p.require_admin()?;
     let mut out = Vec::new();
     for (ty, timeout_s) in s.jobs.types().await.map_err(ApiError::from)? {
@@ -83,7 +87,8 @@ async fn type_json(s: &AppState, ty: &str, timeout_s: u64) -> Result<Value> {
     )
 }
 
-async fn get_type(
+#[utoipa::path(get, path = "/api/v1/types/{type}", tag = "generic jobs", summary = "A type's timeout and counts", params(("type" = String, Path, description = "job type")), responses((status = 200, description = "the type", body = serde_json::Value), (status = 404, description = "no such type"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub(crate) async fn get_type(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
     PathParams(ty): PathParams<String>,
@@ -93,13 +98,14 @@ async fn get_type(
     Ok(Json(type_json(&s, &ty, timeout).await?))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct TypeBody {
+pub(crate) struct TypeBody {
     timeout_s: u64,
 }
 
-async fn put_type(
+#[utoipa::path(put, path = "/api/v1/types/{type}", tag = "generic jobs", summary = "Set a type's activity timeout (creates the type)", params(("type" = String, Path, description = "job type")), request_body = TypeBody, responses((status = 200, description = "the type", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub(crate) async fn put_type(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
     PathParams(ty): PathParams<String>,
@@ -110,18 +116,20 @@ async fn put_type(
     Ok(Json(type_json(&s, &ty, b.timeout_s).await?))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct AddBody {
+pub(crate) struct AddBody {
     id: String,
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     data: Option<Value>,
     /// Seconds since the epoch.
     #[serde(default)]
     scheduled_time: Option<u64>,
 }
 
-async fn add(
+#[utoipa::path(post, path = "/api/v1/types/{type}/jobs", tag = "generic jobs", summary = "Add (or re-add) a job", params(("type" = String, Path, description = "job type")), request_body = AddBody, responses((status = 201, description = "created", body = serde_json::Value), (status = 200, description = "updated, resubmitted or requeued", body = serde_json::Value), (status = 404, description = "no such type"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub(crate) async fn add(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
     PathParams(ty): PathParams<String>,
@@ -151,13 +159,14 @@ async fn add(
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ListQuery {
+pub(crate) struct ListQuery {
     state: Option<String>,
     after: Option<String>,
     limit: Option<usize>,
 }
 
-async fn list(
+#[utoipa::path(get, path = "/api/v1/types/{type}/jobs", tag = "generic jobs", summary = "List a type's jobs", params(("type" = String, Path, description = "job type"), ("state" = Option<String>, Query, description = "pending, running or finished"), ("after" = Option<String>, Query, description = "cursor"), ("limit" = Option<usize>, Query, description = "page size")), responses((status = 200, description = "a page of jobs", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub(crate) async fn list(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
     PathParams(ty): PathParams<String>,
@@ -173,7 +182,8 @@ async fn list(
     Ok(Json(json!({"jobs": jobs, "next_after": next})))
 }
 
-async fn show(
+#[utoipa::path(get, path = "/api/v1/types/{type}/jobs/{id}", tag = "generic jobs", summary = "A job", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), responses((status = 200, description = "the job", body = serde_json::Value), (status = 404, description = "no such job")))]
+pub(crate) async fn show(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
     PathParams((ty, id)): PathParams<(String, String)>,
@@ -182,7 +192,8 @@ async fn show(
     Ok(Json(s.jobs.get_job(&ty, &id).await?))
 }
 
-async fn remove(
+#[utoipa::path(delete, path = "/api/v1/types/{type}/jobs/{id}", tag = "generic jobs", summary = "Remove a job (its processor gets halt)", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), responses((status = 204, description = "removed"), (status = 404, description = "no such job")))]
+pub(crate) async fn remove(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
     PathParams((ty, id)): PathParams<(String, String)>,
@@ -192,16 +203,17 @@ async fn remove(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct AcceptBody {
+pub(crate) struct AcceptBody {
     max_sched_time: Option<u64>,
     timeout_ms: Option<u64>,
     #[serde(default)]
     no_schedule: bool,
 }
 
-async fn accept(
+#[utoipa::path(post, path = "/api/v1/types/{type}/accept", tag = "generic jobs", summary = "Accept the earliest due job (long-poll)", params(("type" = String, Path, description = "job type")), request_body = AcceptBody, responses((status = 200, description = "the job, with its lock", body = serde_json::Value), (status = 204, description = "none became due in time"), (status = 404, description = "no such type"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub(crate) async fn accept(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
     PathParams(ty): PathParams<String>,
@@ -247,11 +259,12 @@ async fn accept(
     })
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct HeldBody {
+pub(crate) struct HeldBody {
     lock: String,
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     data: Option<Value>,
     /// resubmit only: seconds since the epoch.
     #[serde(default)]
@@ -289,7 +302,8 @@ async fn held(
     }))
 }
 
-async fn update(
+#[utoipa::path(post, path = "/api/v1/types/{type}/jobs/{id}/update", tag = "generic jobs", summary = "Heartbeat, with new data", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), request_body = HeldBody, responses((status = 200, description = "the job", body = serde_json::Value), (status = 409, description = "halt: stop running the job")))]
+pub(crate) async fn update(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
     PathParams((ty, id)): PathParams<(String, String)>,
@@ -304,7 +318,8 @@ async fn update(
     held(s, ty, id, b, HeldOp::Update).await
 }
 
-async fn finish(
+#[utoipa::path(post, path = "/api/v1/types/{type}/jobs/{id}/finish", tag = "generic jobs", summary = "Finish a job", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), request_body = HeldBody, responses((status = 200, description = "the job", body = serde_json::Value), (status = 409, description = "halt: nothing was written")))]
+pub(crate) async fn finish(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
     PathParams((ty, id)): PathParams<(String, String)>,
@@ -319,7 +334,8 @@ async fn finish(
     held(s, ty, id, b, HeldOp::Finish).await
 }
 
-async fn resubmit(
+#[utoipa::path(post, path = "/api/v1/types/{type}/jobs/{id}/resubmit", tag = "generic jobs", summary = "Ask for another run when this one finishes", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), request_body = HeldBody, responses((status = 200, description = "the job", body = serde_json::Value), (status = 409, description = "halt")))]
+pub(crate) async fn resubmit(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
     PathParams((ty, id)): PathParams<(String, String)>,
@@ -329,7 +345,8 @@ async fn resubmit(
     held(s, ty, id, b, HeldOp::Resubmit).await
 }
 
-async fn subscribe(
+#[utoipa::path(post, path = "/api/v1/types/{type}/jobs/{id}/subscribe", tag = "generic jobs", summary = "Subscribe to a job's state changes", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), responses((status = 200, description = "the subscription and the current state", body = serde_json::Value), (status = 404, description = "no such job")))]
+pub(crate) async fn subscribe(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
     PathParams((ty, id)): PathParams<(String, String)>,
@@ -339,15 +356,16 @@ async fn subscribe(
     Ok(Json(json!({"subscription": sid, "state": state})))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct WaitBody {
+pub(crate) struct WaitBody {
     subscriptions: Vec<u64>,
     state: Option<String>,
     timeout_ms: Option<u64>,
 }
 
-async fn wait(
+#[utoipa::path(post, path = "/api/v1/subscriptions/wait", tag = "generic jobs", summary = "Wait for the next change (long-poll)", request_body = WaitBody, responses((status = 200, description = "the change", body = serde_json::Value), (status = 204, description = "no change in time"), (status = 404, description = "no such subscription"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub(crate) async fn wait(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
     Body(b): Body<WaitBody>,
@@ -364,7 +382,8 @@ async fn wait(
     })
 }
 
-async fn unsubscribe(
+#[utoipa::path(delete, path = "/api/v1/subscriptions/{subscription}", tag = "generic jobs", summary = "End a subscription", params(("subscription" = u64, Path, description = "subscription id")), responses((status = 204, description = "ended"), (status = 404, description = "no such subscription")))]
+pub(crate) async fn unsubscribe(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
     PathParams(sid): PathParams<u64>,

@@ -12,6 +12,7 @@ pub mod download;
 pub mod events;
 mod generic;
 mod metrics;
+pub mod openapi;
 pub mod upload;
 
 pub use auth::{Auth, Principal, Role};
@@ -66,6 +67,7 @@ pub fn router(state: AppState) -> Router {
         .route("/", get(index))
         .route("/api/v1/health", get(health))
         .route("/api/v1/ready", get(ready))
+        .route("/api/v1/openapi.json", get(openapi::openapi))
         .route("/metrics", get(metrics::metrics))
         .route("/api/v1/events", get(events::events))
         .route("/api/v1/access", axum::routing::post(access::request))
@@ -87,7 +89,8 @@ pub fn router(state: AppState) -> Router {
 }
 
 /// The admin page: static HTML and script; it asks for a token and talks to the API.
-async fn index() -> Response {
+#[utoipa::path(get, path = "/", tag = "page", summary = "The web admin page", responses((status = 200, description = "the admin page (HTML)", content_type = "text/html")), security(()))]
+pub(crate) async fn index() -> Response {
     (
         [
             (axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8"),
@@ -102,12 +105,14 @@ async fn index() -> Response {
 }
 
 /// Liveness: the process answers.
-async fn health() -> Json<serde_json::Value> {
+#[utoipa::path(get, path = "/api/v1/health", tag = "service", summary = "Liveness", responses((status = 200, description = "the process answers", body = serde_json::Value)), security(()))]
+pub(crate) async fn health() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))
 }
 
 /// Readiness: the store answers and the server is not stopping.
-async fn ready(axum::extract::State(s): axum::extract::State<AppState>) -> Response {
+#[utoipa::path(get, path = "/api/v1/ready", tag = "service", summary = "Readiness", responses((status = 200, description = "ready", body = serde_json::Value), (status = 503, description = "the store does not answer, or the server is stopping")), security(()))]
+pub(crate) async fn ready(axum::extract::State(s): axum::extract::State<AppState>) -> Response {
     if *s.stopping.borrow() {
         return ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,

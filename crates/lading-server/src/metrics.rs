@@ -23,6 +23,7 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
+#[utoipa::path(get, path = "/metrics", tag = "service", summary = "Metrics", responses((status = 200, description = "Prometheus text format 0.0.4", content_type = "text/plain")), security(()))]
 pub async fn metrics(State(s): State<AppState>) -> Result<Response, ApiError> {
     let e = &s.ingest.engine;
     let mut out = String::with_capacity(4096);

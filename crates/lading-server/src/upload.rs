@@ -120,6 +120,7 @@ async fn save(dir: &Path, multipart: &mut Multipart, max: u64) -> Result<(PathBu
     saved.ok_or_else(|| ApiError::bad_request("no \"file\" part in the upload"))
 }
 
+#[utoipa::path(post, path = "/api/v1/batches/upload", tag = "batches", summary = "Submit a batch by multipart upload (one part named `file`)", params(("profile" = String, Query, description = "the profile"), ("type" = Option<String>, Query, description = "payload type (default file)"), ("title" = Option<String>, Query, description = "ERC what"), ("creator" = Option<String>, Query, description = "ERC who"), ("date" = Option<String>, Query, description = "ERC when"), ("local_id" = Option<String>, Query, description = "local id"), ("primary_id" = Option<String>, Query, description = "primary id"), ("submitter" = Option<String>, Query, description = "admin only: on someone's behalf")), responses((status = 201, description = "the batch, Pending", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this"), (status = 413, description = "over max_upload_bytes")))]
 pub async fn upload(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,

@@ -1,0 +1,124 @@
+//! The OpenAPI document: served without a token, and it describes every route the server has.
+
+mod common;
+
+use common::*;
+use reqwest::StatusCode;
+
+/// Every route of the router, (method, path). A route added without its description fails.
+const ROUTES: &[(&str, &str)] = &[
+    ("get", "/"),
+    ("get", "/api/v1/health"),
+    ("get", "/api/v1/ready"),
+    ("get", "/api/v1/openapi.json"),
+    ("get", "/metrics"),
+    ("get", "/api/v1/events"),
+    ("post", "/api/v1/batches/upload"),
+    ("get", "/api/v1/jobs/{id}/download"),
+    ("get", "/api/v1/objects/download"),
+    ("post", "/api/v1/access"),
+    ("get", "/api/v1/access/{token}"),
+    ("get", "/api/v1/access/{token}/file"),
+    ("post", "/api/v1/batches"),
+    ("get", "/api/v1/batches"),
+    ("get", "/api/v1/batches/{id}"),
+    ("post", "/api/v1/batches/{id}/{action}"),
+    ("get", "/api/v1/jobs"),
+    ("get", "/api/v1/jobs/{id}"),
+    ("post", "/api/v1/jobs/{id}/{action}"),
+    ("put", "/api/v1/collections/{name}/hold"),
+    ("delete", "/api/v1/collections/{name}/hold"),
+    ("put", "/api/v1/queues/{name}/pause"),
+    ("delete", "/api/v1/queues/{name}/pause"),
+    ("get", "/api/v1/status"),
+    ("get", "/api/v1/types"),
+    ("get", "/api/v1/types/{type}"),
+    ("put", "/api/v1/types/{type}"),
+    ("post", "/api/v1/types/{type}/jobs"),
+    ("get", "/api/v1/types/{type}/jobs"),
+    ("get", "/api/v1/types/{type}/jobs/{id}"),
+    ("delete", "/api/v1/types/{type}/jobs/{id}"),
+    ("post", "/api/v1/types/{type}/accept"),
+    ("post", "/api/v1/types/{type}/jobs/{id}/update"),
+    ("post", "/api/v1/types/{type}/jobs/{id}/finish"),
+    ("post", "/api/v1/types/{type}/jobs/{id}/resubmit"),
+    ("post", "/api/v1/types/{type}/jobs/{id}/subscribe"),
+    ("post", "/api/v1/subscriptions/wait"),
+    ("delete", "/api/v1/subscriptions/{subscription}"),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openapi_document_describes_every_route() {
+    let s = start().await;
+    let r = s
+        .http
+        .get(format!("{}/api/v1/openapi.json", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK, "no token needed");
+    let doc: serde_json::Value = r.json().await.unwrap();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    let mut described = 0;
+    for (method, path) in ROUTES {
+        let op = &doc["paths"][path][method];
+        assert!(op.is_object(), "{method} {path} is not described");
+        assert!(op["summary"].is_string(), "{method} {path} has no summary");
+        described += 1;
+    }
+    let total: usize = doc["paths"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|p| p.as_object().unwrap().len())
+        .sum();
+    assert_eq!(
+        total, described,
+        "the document describes routes the server lacks"
+    );
+    // Each route is really served (not 404 / 405 from the router).
+    for (method, path) in ROUTES {
+        let concrete = path
+            .replace("{id}", "x")
+            .replace("{action}", "hold")
+            .replace("{token}", "t")
+            .replace("{name}", "ingest")
+            .replace("{type}", "t")
+            .replace("{subscription}", "1");
+        let resp = s
+            .http
+            .request(
+                method.to_uppercase().parse().unwrap(),
+                format!("{}{concrete}", s.base),
+            )
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status();
+        assert_ne!(
+            status,
+            StatusCode::METHOD_NOT_ALLOWED,
+            "{method} {path}: the router has no such route"
+        );
+        if status == StatusCode::NOT_FOUND {
+            // Ours name what is missing; the router's own 404 is empty.
+            let v: serde_json::Value = resp.json().await.unwrap_or_default();
+            assert!(
+                v["error"].is_string(),
+                "{method} {path}: the router has no such route"
+            );
+        }
+    }
+    let submit = &doc["components"]["schemas"]["SubmitBody"];
+    assert!(
+        submit["required"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!("payload_url"))
+    );
+    assert_eq!(
+        doc["components"]["securitySchemes"]["bearer"]["scheme"],
+        "bearer"
+    );
+}
