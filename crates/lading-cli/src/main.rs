@@ -7,6 +7,7 @@
 mod bench;
 mod bench_http;
 mod bench_jobs;
+mod client;
 mod jobs_cmd;
 mod pipeline;
 mod serve;
@@ -42,6 +43,13 @@ struct Cli {
     /// The service configuration (TOML); `LADING_*` environment variables override it.
     #[arg(long, global = true, env = "LADING_CONFIG")]
     config: Option<PathBuf>,
+    /// Talk to a `lading serve` at this URL instead of opening a store (submit, status,
+    /// admin): e.g. http://127.0.0.1:8080.
+    #[arg(long, global = true, env = "LADING_SERVER")]
+    server: Option<String>,
+    /// The bearer token for --server.
+    #[arg(long, global = true, env = "LADING_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -346,6 +354,34 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             submitter,
             title,
             wait,
+        } if cli.server.is_some() => {
+            let c = client::Client::new(cli.server.as_deref().unwrap_or_default(), cli.token)?;
+            client::submit(
+                &c,
+                &payload,
+                &profile,
+                &payload_type,
+                submitter,
+                title,
+                wait,
+            )
+            .await?;
+        }
+        Command::Status { id } if cli.server.is_some() => {
+            let c = client::Client::new(cli.server.as_deref().unwrap_or_default(), cli.token)?;
+            print_json(&client::status(&c, id.as_deref()).await?)?;
+        }
+        Command::Admin { action } if cli.server.is_some() => {
+            let c = client::Client::new(cli.server.as_deref().unwrap_or_default(), cli.token)?;
+            admin_remote(&c, action).await?;
+        }
+        Command::Submit {
+            payload,
+            profile,
+            payload_type,
+            submitter,
+            title,
+            wait,
         } => {
             let cfg = pipeline::config(cli.config.as_deref())?;
             let ingest = pipeline::ingest(&store, cfg).await?;
@@ -553,7 +589,64 @@ async fn admin(e: &Arc<Engine>, action: Admin, cfg: Config) -> anyhow::Result<()
     Ok(())
 }
 
+/// `lading admin …` through a server.
+async fn admin_remote(c: &client::Client, action: Admin) -> anyhow::Result<()> {
+    let v = match action {
+        Admin::Job { action, job, to } => {
+            let name = match action {
+                JobAction::Hold => "hold",
+                JobAction::Release => "release",
+                JobAction::Requeue => "requeue",
+                JobAction::Delete => "delete",
+            };
+            let body = to.map(|t| json!({ "to": t }));
+            c.call("POST", &format!("/api/v1/jobs/{job}/{name}"), body)
+                .await?
+        }
+        Admin::Batch { action, batch } => {
+            let name = match action {
+                BatchAction::Hold => "hold",
+                BatchAction::Release => "release",
+                BatchAction::Delete => "delete",
+                BatchAction::UpdateReporting => "update-reporting",
+            };
+            c.call("POST", &format!("/api/v1/batches/{batch}/{name}"), None)
+                .await?
+        }
+        Admin::Collection { action, name } => {
+            let m = if matches!(action, HoldAction::Hold) {
+                "PUT"
+            } else {
+                "DELETE"
+            };
+            c.call(m, &format!("/api/v1/collections/{name}/hold"), None)
+                .await?
+        }
+        Admin::Queue { action, name } => {
+            let m = if matches!(action, PauseAction::Pause) {
+                "PUT"
+            } else {
+                "DELETE"
+            };
+            c.call(m, &format!("/api/v1/queues/{name}/pause"), None)
+                .await?
+        }
+        Admin::Cleanup { .. } => {
+            bail!("cleanup works on the store and its folders; run it without --server")
+        }
+    };
+    match (v["id"].as_str(), v["status"].as_str()) {
+        (Some(id), Some(st)) => println!("{id}: {st}"),
+        (Some(id), None) if v["purged"] == true => println!("{id}: purged"),
+        _ => println!("{v}"),
+    }
+    Ok(())
+}
+
 fn exit_code(err: &anyhow::Error) -> u8 {
+    if let Some(h) = err.downcast_ref::<client::HttpError>() {
+        return h.exit_code();
+    }
     use lading_jobs::JobsError;
     match err.downcast_ref::<JobsError>() {
         Some(JobsError::NoJob { .. } | JobsError::NoType(_)) => return 3,

@@ -214,7 +214,6 @@ fn http(addr: &str, method: &str, path: &str, token: Option<&str>, body: &str) -
 
 #[test]
 fn serve_makes_an_admin_token_and_serves_generic_jobs_over_http() {
-    use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("lading.db");
     let data = dir.path().join("data");
@@ -230,25 +229,7 @@ fn serve_makes_an_admin_token_and_serves_generic_jobs_over_http() {
         "refused before anything was made"
     );
 
-    let mut server = cmd(&db, &["serve", "--listen", "127.0.0.1:0"])
-        .env("LADING_DATA_DIR", &data)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufReader::new(server.stderr.take().unwrap()).lines();
-    let (mut token, mut addr) = (None, None);
-    while token.is_none() || addr.is_none() {
-        let line = lines.next().expect("serve ended early").unwrap();
-        if let Some(rest) = line.strip_prefix("lading: admin token ") {
-            token = rest.split_whitespace().next().map(str::to_string);
-        }
-        if let Some(rest) = line.strip_prefix("lading: API on http://") {
-            addr = rest.strip_suffix("/api/v1").map(str::to_string);
-        }
-    }
-    let (token, addr) = (token.unwrap(), addr.unwrap());
-    std::thread::spawn(move || for _ in lines {});
+    let (mut server, addr, token) = serve(&db, &data);
     assert_eq!(
         std::fs::read_to_string(data.join("admin.token")).unwrap(),
         token
@@ -335,4 +316,110 @@ fn the_jobs_and_http_benchmarks_print_their_figures() {
             "{k} in {v}"
         );
     }
+}
+
+/// Starts `lading serve` on a free port with its data in `data`; returns it, its address and
+/// the admin token it printed.
+fn serve(db: &Path, data: &Path) -> (Child, String, String) {
+    use std::io::BufRead;
+    let mut server = cmd(db, &["serve", "--listen", "127.0.0.1:0"])
+        .env("LADING_DATA_DIR", data)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(server.stderr.take().unwrap()).lines();
+    let (mut token, mut addr) = (None, None);
+    while token.is_none() || addr.is_none() {
+        let line = lines.next().expect("serve ended early").unwrap();
+        if let Some(rest) = line.strip_prefix("lading: admin token ") {
+            token = rest.split_whitespace().next().map(str::to_string);
+        }
+        if let Some(rest) = line.strip_prefix("lading: API on http://") {
+            addr = rest.strip_suffix("/api/v1").map(str::to_string);
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    (server, addr.unwrap(), token.unwrap())
+}
+
+#[test]
+fn the_command_line_submits_and_administers_through_a_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("lading.db");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("profiles")).unwrap();
+    std::fs::write(data.join("profiles/demo.toml"), "collection = \"demo\"\n").unwrap();
+    let file = dir.path().join("hello.txt");
+    std::fs::write(&file, b"hello through the server\n").unwrap();
+    let (mut server, addr, token) = serve(&db, &data);
+    let url = format!("http://{addr}");
+    // No store is opened by the client: point --store somewhere that does not exist.
+    let client = |args: &[&str], tok: &str| {
+        Command::new(env!("CARGO_BIN_EXE_lading"))
+            .args([
+                "--store",
+                "sqlite:/nonexistent/never.db",
+                "--server",
+                &url,
+                "--token",
+                tok,
+            ])
+            .args(args)
+            .env_remove("LADING_STORE")
+            .output()
+            .unwrap()
+    };
+    let o = client(
+        &[
+            "submit",
+            file.to_str().unwrap(),
+            "--profile",
+            "demo",
+            "--wait",
+        ],
+        &token,
+    );
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(o.status.success(), "{out}\n{err}");
+    let bid = out.lines().next().unwrap().trim().to_string();
+    assert!(bid.starts_with("bid"), "{out}");
+    assert!(out.contains(&format!("batch {bid}: Completed")), "{out}");
+    assert!(out.contains("Completed"), "{out}");
+    let o = client(&["status", &bid], &token);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["status"]["status"], "Completed");
+    assert_eq!(
+        v["submission"]["payload_url"]
+            .as_str()
+            .map(|u| u.ends_with("/hello.txt")),
+        Some(true)
+    );
+    // Refusals keep their exit codes and name the problem.
+    let o = client(&["admin", "job", "hold", "jid0000009999"], &token);
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = client(&["admin", "batch", "hold", &bid], &token);
+    assert_eq!(o.status.code(), Some(4));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("illegal"));
+    let o = client(&["status"], "wrong-token-0123456789");
+    assert_eq!(o.status.code(), Some(4));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unknown token"));
+    let o = client(&["admin", "queue", "pause", "ingest"], &token);
+    assert!(o.status.success());
+    let o = client(&["status"], &token);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["paused_queues"], serde_json::json!(["ingest"]));
+    Command::new("kill")
+        .args(["-TERM", &server.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(server.wait().unwrap().success());
 }

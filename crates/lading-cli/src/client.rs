@@ -1,0 +1,362 @@
+//! The command line as a client of `lading serve` (`--server URL --token T`): submit (by URL,
+//! or a local file as an upload), status, and the admin verbs, over the HTTP API.
+
+use futures_util::StreamExt;
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// An error the server answered with; the exit code follows its status.
+#[derive(Debug, thiserror::Error)]
+#[error("{message} (HTTP {status})")]
+pub struct HttpError {
+    pub status: u16,
+    pub message: String,
+}
+
+impl HttpError {
+    pub fn exit_code(&self) -> u8 {
+        match self.status {
+            404 => 3,
+            400 | 401 | 403 | 409 | 413 | 422 => 4,
+            _ => 1,
+        }
+    }
+}
+
+pub struct Client {
+    base: String,
+    token: String,
+    http: reqwest::Client,
+}
+
+impl Client {
+    pub fn new(server: &str, token: Option<String>) -> anyhow::Result<Client> {
+        let token = token.ok_or_else(|| {
+            anyhow::anyhow!(
+                "--server needs --token (or LADING_TOKEN): the API wants a bearer token"
+            )
+        })?;
+        Ok(Client {
+            base: server.trim_end_matches('/').to_string(),
+            token,
+            http: reqwest::Client::builder().build()?,
+        })
+    }
+
+    fn request(&self, method: &str, path: &str) -> anyhow::Result<reqwest::RequestBuilder> {
+        Ok(self
+            .http
+            .request(method.parse()?, format!("{}{path}", self.base))
+            .bearer_auth(&self.token))
+    }
+
+    async fn answer(resp: reqwest::Response) -> anyhow::Result<Value> {
+        let status = resp.status();
+        let text = resp.text().await?;
+        let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        if !status.is_success() {
+            let message = v["error"]
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| v.to_string());
+            return Err(HttpError {
+                status: status.as_u16(),
+                message,
+            }
+            .into());
+        }
+        Ok(v)
+    }
+
+    pub async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> anyhow::Result<Value> {
+        let mut r = self.request(method, path)?;
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        let resp = r
+            .send()
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot reach {}: {e}", self.base))?;
+        Self::answer(resp).await
+    }
+
+    /// Uploads a local file as a batch (multipart, streamed from disk).
+    async fn upload(&self, file: &Path, query: &str) -> anyhow::Result<Value> {
+        let name = file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| anyhow::anyhow!("{} has no usable file name", file.display()))?;
+        let f = tokio::fs::File::open(file)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?;
+        let len = f.metadata().await?.len();
+        let boundary = format!("lading-{}", std::process::id());
+        let head = format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\nContent-Type: application/octet-stream\r\n\r\n"
+        );
+        let tail = format!("\r\n--{boundary}--\r\n");
+        let total = head.len() as u64 + len + tail.len() as u64;
+        let part = |s: String| {
+            futures_util::stream::once(async move {
+                Ok::<_, std::io::Error>(tokio_util::bytes::Bytes::from(s))
+            })
+        };
+        let body = part(head)
+            .chain(tokio_util::io::ReaderStream::new(f))
+            .chain(part(tail));
+        let resp = self
+            .request("POST", &format!("/api/v1/batches/upload?{query}"))?
+            .header(
+                "content-type",
+                format!("multipart/form-data; boundary={boundary}"),
+            )
+            .header("content-length", total)
+            .body(reqwest::Body::wrap_stream(body))
+            .send()
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot reach {}: {e}", self.base))?;
+        Self::answer(resp).await
+    }
+}
+
+/// Query-string escaping of one value.
+fn enc(v: &str) -> String {
+    let mut out = String::new();
+    for b in v.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+pub async fn submit(
+    c: &Client,
+    payload: &str,
+    profile: &str,
+    payload_type: &str,
+    submitter: Option<String>,
+    title: Option<String>,
+    wait: bool,
+) -> anyhow::Result<()> {
+    let is_url = payload.contains("://");
+    let v = if is_url {
+        let mut body = json!({"payload_url": payload, "profile": profile, "type": payload_type});
+        if let Some(t) = title {
+            body["title"] = json!(t);
+        }
+        if let Some(s) = submitter {
+            body["submitter"] = json!(s);
+        }
+        c.call("POST", "/api/v1/batches", Some(body)).await?
+    } else {
+        let mut q = format!("profile={}&type={}", enc(profile), enc(payload_type));
+        if let Some(t) = title {
+            q.push_str(&format!("&title={}", enc(&t)));
+        }
+        if let Some(s) = submitter {
+            q.push_str(&format!("&submitter={}", enc(&s)));
+        }
+        c.upload(Path::new(payload), &q).await?
+    };
+    let bid = v["id"].as_str().unwrap_or_default().to_string();
+    println!("{bid}");
+    if wait {
+        follow(c, &bid).await?;
+        report(c, &bid).await?;
+    }
+    Ok(())
+}
+
+/// Job stages in order, for the progress display.
+const STAGES: [&str; 8] = [
+    "Pending",
+    "Estimating",
+    "Provisioning",
+    "Downloading",
+    "Processing",
+    "Storing",
+    "Recording",
+    "Notify",
+];
+
+fn rank(state: &str) -> usize {
+    STAGES
+        .iter()
+        .position(|s| *s == state)
+        .unwrap_or(if state == "Completed" {
+            STAGES.len()
+        } else {
+            0
+        })
+}
+
+/// Re-reads the batch's state and its jobs' states (a job already known in a live folder
+/// keeps the state the events gave it).
+async fn refresh(
+    c: &Client,
+    bid: &str,
+    jobs: &mut HashMap<String, String>,
+    state: &mut String,
+) -> anyhow::Result<()> {
+    let b = c
+        .call("GET", &format!("/api/v1/batches/{bid}"), None)
+        .await?;
+    *state = b["status"]["status"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    for (folder, list) in b["jobs"].as_object().into_iter().flatten() {
+        for j in list.as_array().into_iter().flatten() {
+            let j = j.as_str().unwrap_or_default().to_string();
+            let st = match folder.as_str() {
+                "batch-completed" => "Completed".to_string(),
+                "batch-failed" => "Failed".to_string(),
+                _ if jobs.contains_key(&j) => continue,
+                _ => c.call("GET", &format!("/api/v1/jobs/{j}"), None).await?["status"]["status"]
+                    .as_str()
+                    .unwrap_or("Pending")
+                    .to_string(),
+            };
+            jobs.insert(j, st);
+        }
+    }
+    Ok(())
+}
+
+/// Shows the batch's progress per stage until it ends, following its event stream.
+async fn follow(c: &Client, bid: &str) -> anyhow::Result<()> {
+    // The stream first, then the state: nothing in between is missed.
+    let resp = c
+        .request("GET", &format!("/api/v1/events?batch={bid}"))?
+        .send()
+        .await?;
+    let mut events = resp.error_for_status()?;
+    let mut jobs: HashMap<String, String> = HashMap::new();
+    let mut batch_state = String::new();
+    refresh(c, bid, &mut jobs, &mut batch_state).await?;
+    let multi = MultiProgress::new();
+    let style =
+        ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len}")?.progress_chars("=> ");
+    let bars: Vec<ProgressBar> = STAGES[1..]
+        .iter()
+        .chain(["Completed"].iter())
+        .map(|s| {
+            let b = multi.add(ProgressBar::new(0));
+            b.set_style(style.clone());
+            b.set_prefix(s.to_string());
+            b
+        })
+        .collect();
+    let failed_line = multi.add(ProgressBar::new_spinner());
+    let draw = |jobs: &HashMap<String, String>, state: &str| {
+        let total = jobs.len() as u64;
+        for (i, b) in bars.iter().enumerate() {
+            // Stage i+1 is done for a job past it (or Completed).
+            let n = jobs.values().filter(|s| rank(s) > i + 1).count() as u64;
+            b.set_length(total);
+            b.set_position(n);
+        }
+        let failed = jobs.values().filter(|s| *s == "Failed").count();
+        failed_line.set_message(format!("batch {state}; {failed} failed"));
+    };
+    draw(&jobs, &batch_state);
+    let mut buf = String::new();
+    while !matches!(batch_state.as_str(), "Completed" | "Failed" | "Deleted") {
+        let chunk = tokio::select! {
+            c = events.chunk() => c?,
+            // A slow re-read backs the stream up (a missed or reset stream).
+            _ = tokio::time::sleep(std::time::Duration::from_secs(5)) => {
+                refresh(c, bid, &mut jobs, &mut batch_state).await?;
+                draw(&jobs, &batch_state);
+                continue;
+            }
+        };
+        let Some(chunk) = chunk else {
+            refresh(c, bid, &mut jobs, &mut batch_state).await?;
+            break;
+        };
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(i) = buf.find("\n\n") {
+            let block: String = buf.drain(..i + 2).collect();
+            if block.contains("event: reset") || block.contains("event:reset") {
+                refresh(c, bid, &mut jobs, &mut batch_state).await?;
+            }
+            for line in block.lines() {
+                let Some(data) = line.strip_prefix("data:") else {
+                    continue;
+                };
+                let Ok(ev) = serde_json::from_str::<Value>(data.trim()) else {
+                    continue;
+                };
+                let to = ev["to"].as_str().unwrap_or_default().to_string();
+                match ev["kind"].as_str() {
+                    Some("job") => {
+                        jobs.insert(ev["id"].as_str().unwrap_or_default().to_string(), to);
+                    }
+                    Some("batch") => batch_state = to,
+                    _ => {}
+                }
+            }
+        }
+        draw(&jobs, &batch_state);
+    }
+    for b in &bars {
+        b.finish();
+    }
+    failed_line.finish();
+    Ok(())
+}
+
+/// Prints the batch and each job, as the local `submit --wait` does.
+async fn report(c: &Client, bid: &str) -> anyhow::Result<()> {
+    let b = c
+        .call("GET", &format!("/api/v1/batches/{bid}"), None)
+        .await?;
+    println!(
+        "batch {bid}: {}{}",
+        b["status"]["status"].as_str().unwrap_or("?"),
+        b["status"]["message"]
+            .as_str()
+            .map(|m| format!(" ({m})"))
+            .unwrap_or_default()
+    );
+    let mut ids: Vec<String> = b["jobs"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .flat_map(|(_, l)| l.as_array().cloned().unwrap_or_default())
+        .filter_map(|j| j.as_str().map(str::to_string))
+        .collect();
+    ids.sort();
+    for j in ids {
+        let job = c.call("GET", &format!("/api/v1/jobs/{j}"), None).await?;
+        println!(
+            "  {j}  {:<10} {}  {}",
+            job["status"]["status"].as_str().unwrap_or("?"),
+            job["identifiers"]["primary_id"].as_str().unwrap_or("-"),
+            job["status"]["message"].as_str().unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+/// `lading status [ID]` through the server.
+pub async fn status(c: &Client, id: Option<&str>) -> anyhow::Result<Value> {
+    let path = match id {
+        None => "/api/v1/status".to_string(),
+        Some(j) if j.starts_with("jid") => format!("/api/v1/jobs/{j}"),
+        Some(b) => format!("/api/v1/batches/{b}"),
+    };
+    c.call("GET", &path, None).await
+}
