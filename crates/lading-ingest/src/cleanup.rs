@@ -1,5 +1,6 @@
-//! Cleanup: completed (and deleted) batches older than the retention age go, with their jobs and working
-//! directories. Stored objects and the inventory stay: they are the point of ingest.
+//! Cleanup: completed (and deleted) batches older than the retention age go, with their jobs,
+//! working directories and — for a batch made from an upload — the uploaded file. Stored
+//! objects and the inventory stay: they are the point of ingest.
 
 use crate::Ingest;
 use lading_core::BatchState;
@@ -47,10 +48,27 @@ pub async fn cleanup(
                 tracing::warn!(dir = %dir.display(), error = %err, "cannot remove working directory");
             }
         }
+        let upload = info.submission["payload_url"]
+            .as_str()
+            .and_then(|u| upload_dir(ingest, u));
         out.jobs += e.purge_batch(&bid).await?;
         out.batches += 1;
+        if let Some(dir) = upload
+            && let Err(err) = std::fs::remove_dir_all(&dir)
+        {
+            tracing::warn!(dir = %dir.display(), error = %err, "cannot remove an upload");
+        }
     }
     Ok(out)
+}
+
+/// The folder an uploaded payload was saved in (`DATA_DIR/uploads/UUID/NAME`), if
+/// `payload_url` is one.
+pub fn upload_dir(ingest: &Ingest, payload_url: &str) -> Option<std::path::PathBuf> {
+    let file = std::path::Path::new(payload_url.strip_prefix("file://")?);
+    let root = std::path::absolute(ingest.cfg.data_dir.join("uploads")).ok()?;
+    let dir = file.parent()?;
+    (dir.parent()? == root).then(|| dir.to_path_buf())
 }
 
 /// How often the process that runs reporting looks for batches a crash left in Processing.

@@ -777,3 +777,38 @@ async fn a_submitters_quota_keeps_its_jobs_waiting_while_others_go_ahead() {
     h.stop();
     task.await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_removes_an_uploaded_payload_with_its_batch_but_no_other_file() {
+    let w = World::new().await;
+    // As the server saves uploads: DATA_DIR/uploads/UUID/NAME.
+    let up = std::path::absolute(w.cfg.data_dir.join("uploads/abc123")).unwrap();
+    std::fs::create_dir_all(&up).unwrap();
+    std::fs::write(up.join("u.bin"), b"uploaded").unwrap();
+    let elsewhere = w.payload().join("local.bin");
+    std::fs::write(&elsewhere, b"a local payload").unwrap();
+    let ingest = w.ingest();
+    let a = w
+        .submit(
+            &ingest,
+            &format!("file://{}", up.join("u.bin").display()),
+            "file",
+        )
+        .await;
+    let b = w
+        .submit(&ingest, &format!("file://{}", elsewhere.display()), "file")
+        .await;
+    let (h, task) = w.run_all(&ingest);
+    w.completes(&a).await;
+    w.completes(&b).await;
+    h.stop();
+    task.await.unwrap();
+    let now = w.engine.clock().now_ms();
+    let gone = lading_ingest::cleanup::cleanup(&ingest, now + 3_600_001, 3_600_000)
+        .await
+        .unwrap();
+    assert_eq!(gone.batches, 2);
+    assert!(!up.exists(), "the upload went with its batch");
+    assert!(elsewhere.exists(), "a payload that was not uploaded stays");
+    assert!(w.cfg.data_dir.join("uploads").exists());
+}
