@@ -2133,6 +2133,51 @@ impl Engine {
         Ok(())
     }
 
+    /// Removes a finished access request (Completed, Failed or Deleted) from its queue
+    /// (cleanup). A locked or unfinished one is refused.
+    pub async fn purge_access(&self, queue: AccessQueue, id: &AccessId) -> Result<()> {
+        let path = access_path(queue, id);
+        let (status, version) = self
+            .read_json::<AccessStatus>(&format!("{path}/status"))
+            .await?
+            .ok_or_else(|| EngineError::NoAccess(id.to_string()))?;
+        if !matches!(
+            status.status,
+            AccessState::Completed | AccessState::Failed | AccessState::Deleted
+        ) {
+            return Err(lading_core::IllegalTransition {
+                kind: "access",
+                from: status.status.to_string(),
+                to: "purged".into(),
+            }
+            .into());
+        }
+        let mut ops = vec![Op::check(format!("{path}/status"), Some(version))];
+        for child in self.tree.children(&path).await? {
+            if child == "lock" {
+                return Err(EngineError::Locked(id.to_string()));
+            }
+            ops.push(Op::delete(format!("{path}/{child}"), None));
+        }
+        ops.push(Op::delete(&path, None));
+        self.tree.multi(ops).await.map_err(|e| match e.root() {
+            TreeError::BadVersion { .. } => EngineError::Conflict(id.to_string()),
+            _ => e.into(),
+        })?;
+        Ok(())
+    }
+
+    /// Access requests of a queue, oldest first.
+    pub async fn access_ids(&self, queue: AccessQueue) -> Result<Vec<AccessId>> {
+        Ok(self
+            .tree
+            .children(&access_folder(queue))
+            .await?
+            .iter()
+            .filter_map(|n| AccessId::parse(n).ok())
+            .collect())
+    }
+
     /// Removes a Completed or Deleted batch with all its jobs (cleanup). Jobs that are not
     /// finished are refused by name.
     pub async fn purge_batch(&self, batch: &BatchId) -> Result<usize> {

@@ -1,6 +1,7 @@
 //! Cleanup: completed (and deleted) batches older than the retention age go, with their jobs,
-//! working directories and — for a batch made from an upload — the uploaded file. Stored
-//! objects and the inventory stay: they are the point of ingest.
+//! working directories and — for a batch made from an upload — the uploaded file; so do
+//! finished access requests with their assembled zips. Stored objects and the inventory
+//! stay: they are the point of ingest.
 
 use crate::Ingest;
 use lading_core::BatchState;
@@ -12,6 +13,19 @@ use lading_engine::EngineError;
 pub struct Cleaned {
     pub batches: usize,
     pub jobs: usize,
+    /// Finished access requests, with their assembled zips.
+    pub access: usize,
+}
+
+/// Where the access worker puts request `id`'s zip.
+pub fn access_zip(
+    cfg: &crate::Config,
+    queue: lading_core::layout::AccessQueue,
+    id: &lading_core::layout::AccessId,
+) -> std::path::PathBuf {
+    cfg.data_dir
+        .join("access")
+        .join(format!("{}-{id}.zip", queue.name()))
 }
 
 /// Removes Completed and Deleted batches whose last change is older than `retention_ms` before `now_ms`.
@@ -57,6 +71,40 @@ pub async fn cleanup(
             && let Err(err) = std::fs::remove_dir_all(&dir)
         {
             tracing::warn!(dir = %dir.display(), error = %err, "cannot remove an upload");
+        }
+    }
+    use lading_core::AccessState;
+    use lading_core::layout::AccessQueue;
+    for queue in [AccessQueue::Small, AccessQueue::Large] {
+        for id in e.access_ids(queue).await? {
+            let info = match e.access(queue, &id).await {
+                Ok(i) => i,
+                Err(EngineError::NoAccess(_)) => continue,
+                Err(err) => return Err(err),
+            };
+            let finished = matches!(
+                info.status.status,
+                AccessState::Completed | AccessState::Failed | AccessState::Deleted
+            );
+            let old = parse_ts(&info.status.last_modified)
+                .is_some_and(|at| at.saturating_add(retention_ms) <= now_ms);
+            if !finished || !old || info.locked {
+                continue;
+            }
+            let zip = access_zip(&ingest.cfg, queue, &id);
+            match std::fs::remove_file(&zip) {
+                Ok(()) => {}
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                Err(err) => {
+                    tracing::warn!(file = %zip.display(), error = %err, "cannot remove an access zip");
+                    continue;
+                }
+            }
+            match e.purge_access(queue, &id).await {
+                Ok(()) => out.access += 1,
+                Err(EngineError::Locked(_) | EngineError::Conflict(_)) => {}
+                Err(err) => return Err(err),
+            }
         }
     }
     Ok(out)

@@ -39,11 +39,7 @@ pub struct AccessBody {
 }
 
 fn zip_path(ingest: &Ingest, queue: AccessQueue, id: &AccessId) -> PathBuf {
-    ingest
-        .cfg
-        .data_dir
-        .join("access")
-        .join(format!("{}-{id}.zip", queue.name()))
+    lading_ingest::cleanup::access_zip(&ingest.cfg, queue, id)
 }
 
 fn internal(e: impl std::fmt::Display) -> ApiError {

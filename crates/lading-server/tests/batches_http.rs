@@ -422,6 +422,24 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
     ] {
         assert!(m.contains(line), "{line} missing from\n{m}");
     }
+    // Cleanup past the retention removes the finished request and its zip.
+    let zips = s.ingest.cfg.data_dir.join("access");
+    assert_eq!(std::fs::read_dir(&zips).unwrap().count(), 1);
+    let later = s.ingest.engine.clock().now_ms() + s.ingest.cfg.retention_hours * 3_600_000 + 1;
+    let c =
+        lading_ingest::cleanup::cleanup(&s.ingest, later, s.ingest.cfg.retention_hours * 3_600_000)
+            .await
+            .unwrap();
+    assert_eq!((c.access, c.batches), (1, 1));
+    assert_eq!(
+        std::fs::read_dir(&zips).unwrap().count(),
+        0,
+        "the zip went too"
+    );
+    let (st, _) = s
+        .call_as(SUBMITTER, "GET", &format!("/api/v1/access/{token}"), None)
+        .await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
     shutdown_handle.stop();
     workers.await.unwrap().unwrap();
 }
