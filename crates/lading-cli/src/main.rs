@@ -89,7 +89,8 @@ enum Command {
         #[arg(long, default_value_t = 30)]
         grace_s: u64,
     },
-    /// Submit a batch: PAYLOAD is an http(s) or file:// URL.
+    /// Submit a batch: PAYLOAD is an http(s) or file:// URL (with --server, also a local file,
+    /// uploaded).
     Submit {
         payload: String,
         #[arg(long)]
