@@ -480,6 +480,17 @@ impl StoreStats {
         }
     }
 
+    /// Adds another session's figures (ZooKeeper; the embedded store has one writer).
+    pub(crate) fn add(&mut self, other: StoreStats) {
+        if let (StoreStats::Zk(a), StoreStats::Zk(b)) = (self, other) {
+            a.multis += b.multis;
+            a.reads += b.reads;
+            a.cached_reads += b.cached_reads;
+            a.sessions += b.sessions;
+            a.read_backs += b.read_backs;
+        }
+    }
+
     pub(crate) fn add_json(&self, v: &mut serde_json::Value, elapsed: f64) {
         match self {
             StoreStats::Sqlite(s) => {

@@ -44,6 +44,7 @@ pub async fn jobs(
     }
 
     let stats0 = StoreStats::of(&st);
+    let sessions0: Vec<StoreStats> = sessions.iter().map(StoreStats::of).collect();
     let cpu0 = cpu_seconds();
     let start = Instant::now();
     // When each job's add committed, in µs since start.
@@ -108,7 +109,11 @@ pub async fn jobs(
     }
     let elapsed = start.elapsed().as_secs_f64();
     let cores_busy = (cpu_seconds() - cpu0) / elapsed;
-    let stats = StoreStats::of(&st).since(&stats0);
+    let mut stats = StoreStats::of(&st).since(&stats0);
+    // On ZooKeeper each processor's session counts its own requests.
+    for (s, before) in sessions.iter().zip(&sessions0) {
+        stats.add(StoreStats::of(s).since(before));
+    }
     let counts = main.counts(TYPE).await?;
     let finished = counts
         .get(&lading_jobs::State::Finished)
