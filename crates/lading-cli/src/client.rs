@@ -323,31 +323,11 @@ async fn report(c: &Client, bid: &str) -> anyhow::Result<()> {
     let b = c
         .call("GET", &format!("/api/v1/batches/{bid}"), None)
         .await?;
-    println!(
-        "batch {bid}: {}{}",
-        b["status"]["status"].as_str().unwrap_or("?"),
-        b["status"]["message"]
-            .as_str()
-            .map(|m| format!(" ({m})"))
-            .unwrap_or_default()
-    );
-    let mut ids: Vec<String> = b["jobs"]
-        .as_object()
-        .into_iter()
-        .flatten()
-        .flat_map(|(_, l)| l.as_array().cloned().unwrap_or_default())
-        .filter_map(|j| j.as_str().map(str::to_string))
-        .collect();
-    ids.sort();
-    for j in ids {
-        let job = c.call("GET", &format!("/api/v1/jobs/{j}"), None).await?;
-        println!(
-            "  {j}  {:<10} {}  {}",
-            job["status"]["status"].as_str().unwrap_or("?"),
-            job["identifiers"]["primary_id"].as_str().unwrap_or("-"),
-            job["status"]["message"].as_str().unwrap_or_default()
-        );
+    let mut jobs = Vec::new();
+    for j in crate::pipeline::report_job_ids(&b) {
+        jobs.push(c.call("GET", &format!("/api/v1/jobs/{j}"), None).await?);
     }
+    print!("{}", crate::pipeline::report_text(&b, &jobs));
     Ok(())
 }
 

@@ -590,29 +590,32 @@ async fn admin(e: &Arc<Engine>, action: Admin, cfg: Config) -> anyhow::Result<()
     Ok(())
 }
 
+/// The command-line name of a value (`update-reporting`), which is also the API's.
+fn value_name(v: impl ValueEnum) -> String {
+    v.to_possible_value()
+        .map(|p| p.get_name().to_string())
+        .unwrap_or_default()
+}
+
 /// `lading admin …` through a server.
 async fn admin_remote(c: &client::Client, action: Admin) -> anyhow::Result<()> {
     let v = match action {
         Admin::Job { action, job, to } => {
-            let name = match action {
-                JobAction::Hold => "hold",
-                JobAction::Release => "release",
-                JobAction::Requeue => "requeue",
-                JobAction::Delete => "delete",
-            };
             let body = to.map(|t| json!({ "to": t }));
-            c.call("POST", &format!("/api/v1/jobs/{job}/{name}"), body)
-                .await?
+            c.call(
+                "POST",
+                &format!("/api/v1/jobs/{job}/{}", value_name(action)),
+                body,
+            )
+            .await?
         }
         Admin::Batch { action, batch } => {
-            let name = match action {
-                BatchAction::Hold => "hold",
-                BatchAction::Release => "release",
-                BatchAction::Delete => "delete",
-                BatchAction::UpdateReporting => "update-reporting",
-            };
-            c.call("POST", &format!("/api/v1/batches/{batch}/{name}"), None)
-                .await?
+            c.call(
+                "POST",
+                &format!("/api/v1/batches/{batch}/{}", value_name(action)),
+                None,
+            )
+            .await?
         }
         Admin::Collection { action, name } => {
             let m = if matches!(action, HoldAction::Hold) {

@@ -143,31 +143,52 @@ pub async fn wait_batch(engine: &Engine, batch: &BatchId, verbose: bool) -> anyh
 
 /// Prints a batch's outcome: state, message, and each job with its identifier and message.
 pub async fn print_report(engine: &Engine, batch: &BatchId) -> anyhow::Result<()> {
-    let info = engine.batch(batch).await?;
-    println!(
-        "batch {batch}: {}{}",
-        info.status.status,
-        info.status
-            .message
-            .as_deref()
+    let info = serde_json::to_value(engine.batch(batch).await?)?;
+    let mut jobs = Vec::new();
+    for j in report_job_ids(&info) {
+        jobs.push(serde_json::to_value(
+            engine.job(&lading_core::layout::JobId::parse(&j)?).await?,
+        )?);
+    }
+    print!("{}", report_text(&info, &jobs));
+    Ok(())
+}
+
+/// The ids of a batch's jobs (the batch as the API shows it), sorted.
+pub fn report_job_ids(batch: &serde_json::Value) -> Vec<String> {
+    let mut ids: Vec<String> = batch["jobs"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .flat_map(|(_, l)| l.as_array().cloned().unwrap_or_default())
+        .filter_map(|j| j.as_str().map(str::to_string))
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// The report `submit --wait` ends with, from the batch and its jobs as the API shows them
+/// (the same for a local store and a server).
+pub fn report_text(batch: &serde_json::Value, jobs: &[serde_json::Value]) -> String {
+    let mut out = format!(
+        "batch {}: {}{}\n",
+        batch["id"].as_str().unwrap_or("?"),
+        batch["status"]["status"].as_str().unwrap_or("?"),
+        batch["status"]["message"]
+            .as_str()
             .map(|m| format!(" ({m})"))
             .unwrap_or_default()
     );
-    let mut jobs: Vec<&String> = info.jobs.values().flatten().collect();
-    jobs.sort();
-    for j in jobs {
-        let job = engine.job(&lading_core::layout::JobId::parse(j)?).await?;
-        println!(
-            "  {j}  {:<10} {}  {}",
-            job.status.status.to_string(),
-            job.identifiers
-                .get("primary_id")
-                .and_then(|v| v.as_str())
-                .unwrap_or("-"),
-            job.status.message.unwrap_or_default()
-        );
+    for job in jobs {
+        out.push_str(&format!(
+            "  {}  {:<10} {}  {}\n",
+            job["id"].as_str().unwrap_or("?"),
+            job["status"]["status"].as_str().unwrap_or("?"),
+            job["identifiers"]["primary_id"].as_str().unwrap_or("-"),
+            job["status"]["message"].as_str().unwrap_or_default()
+        ));
     }
-    Ok(())
+    out
 }
 
 pub fn submission(

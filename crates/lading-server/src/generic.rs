@@ -284,6 +284,11 @@ async fn held(
     b: HeldBody,
     op: HeldOp,
 ) -> Result<Json<JobView>> {
+    if b.scheduled_time.is_some() && !matches!(op, HeldOp::Resubmit) {
+        return Err(ApiError::bad_request(
+            "scheduled_time applies to resubmit only",
+        ));
+    }
     let mut job = s.jobs.held(&ty, &id, &b.lock).await?;
     match op {
         HeldOp::Update => s.jobs.update(&mut job, b.data).await?,
@@ -310,11 +315,6 @@ pub(crate) async fn update(
     Body(b): Body<HeldBody>,
 ) -> Result<Json<JobView>> {
     p.require_admin()?;
-    if b.scheduled_time.is_some() {
-        return Err(ApiError::bad_request(
-            "scheduled_time applies to resubmit only",
-        ));
-    }
     held(s, ty, id, b, HeldOp::Update).await
 }
 
@@ -326,11 +326,6 @@ pub(crate) async fn finish(
     Body(b): Body<HeldBody>,
 ) -> Result<Json<JobView>> {
     p.require_admin()?;
-    if b.scheduled_time.is_some() {
-        return Err(ApiError::bad_request(
-            "scheduled_time applies to resubmit only",
-        ));
-    }
     held(s, ty, id, b, HeldOp::Finish).await
 }
 

@@ -220,6 +220,13 @@ async fn bad_requests_get_json_errors_and_change_nothing() {
             "halt",
         ),
         (
+            "POST",
+            "/api/v1/types/conv/jobs/keep/update",
+            r#"{"lock": "nope", "scheduled_time": 5}"#,
+            StatusCode::BAD_REQUEST,
+            "resubmit only",
+        ),
+        (
             "DELETE",
             "/api/v1/types/conv/jobs/ghost",
             "",
