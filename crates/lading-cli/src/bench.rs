@@ -467,6 +467,9 @@ impl StoreStats {
                     fsyncs: a.fsyncs - b.fsyncs,
                     fsync_us: a.fsync_us - b.fsync_us,
                     writer_busy_us: a.writer_busy_us - b.writer_busy_us,
+                    materializations: a.materializations - b.materializations,
+                    materialized_rows: a.materialized_rows - b.materialized_rows,
+                    materialize_us: a.materialize_us - b.materialize_us,
                 })
             }
             (StoreStats::Zk(a), StoreStats::Zk(b)) => StoreStats::Zk(lading_store_zk::ZkStats {
@@ -500,6 +503,10 @@ impl StoreStats {
                 v["fsyncs"] = json!(s.fsyncs);
                 v["fsync_mean_us"] = json!(s.fsync_us as f64 / s.fsyncs.max(1) as f64);
                 v["writer_busy"] = json!(s.writer_busy_us as f64 / 1e6 / elapsed);
+                v["materializations"] = json!(s.materializations);
+                v["materialized_rows"] = json!(s.materialized_rows);
+                v["materialize_mean_us"] =
+                    json!(s.materialize_us as f64 / s.materializations.max(1) as f64);
             }
             StoreStats::Zk(s) => {
                 v["multis"] = json!(s.multis);
@@ -529,6 +536,13 @@ impl StoreStats {
                 println!(
                     "  writer       the store's writer thread busy {:.0}% of the time",
                     s.writer_busy_us as f64 / 1e6 / elapsed * 100.0
+                );
+                println!(
+                    "  table        brought up to date {} times, {} rows written ({:.1} per commit), {:.1} ms each on average",
+                    s.materializations,
+                    s.materialized_rows,
+                    s.materialized_rows as f64 / s.commits.max(1) as f64,
+                    s.materialize_us as f64 / 1e3 / s.materializations.max(1) as f64
                 );
             }
             StoreStats::Zk(s) => {

@@ -3,18 +3,22 @@
 //! Shape, and why:
 //! - **The tree lives in memory; SQLite makes it durable.** Each handle loads the tree at
 //!   open ([`mem::Mem`]). Reads are memory lookups. The writer validates a `multi` against
-//!   memory (versions, parents, emptiness) and writes only the rows that changed — no reads,
-//!   no savepoints on the commit path.
+//!   memory (versions, parents, emptiness) — no reads, no savepoints on the commit path.
+//! - **A commit is one log entry.** What a group changed is appended to the `changes` table as
+//!   one row of node images ([`log`]); that row is the durable record. The `nodes` table is
+//!   brought up to date in bulk every [`MATERIALIZE_AFTER`] commits, on a quiet second, and at
+//!   close: each node changed meanwhile is written once with its last image, and a node made
+//!   and dropped in between (a lease, a state reference) never reaches it. Opening loads the
+//!   rows, then replays the log after them (`lading_meta.applied`).
 //! - **One writer thread per session handle, group commit.** Every `multi` is sent to the
 //!   writer, which takes everything queued (up to [`MAX_GROUP`] requests), applies each to an
 //!   overlay (a failing `multi` is undone alone), and makes the whole group durable with one
 //!   commit — one fsync for many transitions. Only then is the overlay folded into memory and
 //!   the callers answered, so nobody reads a change that could still be lost.
-//! - **Several processes share one file** through a change log: every commit appends one row
-//!   listing the paths it changed. Before it validates anything, a writer (holding SQLite's
-//!   write lock) folds in what others committed; a reader does the same when
-//!   `PRAGMA data_version` says another connection committed. A handle that fell behind the
-//!   pruned log reloads the whole tree.
+//! - **Several processes share one file** through the change log. Before it validates
+//!   anything, a writer (holding SQLite's write lock) folds in what others committed; a reader
+//!   does the same when `PRAGMA data_version` says another connection committed. A handle that
+//!   fell behind the pruned log reloads the whole tree.
 //! - **Sessions like ZooKeeper's.** A handle registers a session with a timeout and
 //!   heartbeats it. Any process sharing the file reaps sessions that lapsed or whose process
 //!   is gone (same host, pid no longer alive), deleting their ephemeral nodes. A handle whose
@@ -25,6 +29,7 @@
 //!
 //! Memory: the whole tree is held by every open handle (about 200 bytes per node plus data).
 
+mod log;
 mod mem;
 
 pub use mem::MAX_DATA_BYTES;
@@ -45,9 +50,15 @@ use tokio::sync::oneshot;
 
 /// Most requests one commit carries.
 pub const MAX_GROUP: usize = 1024;
-const FORMAT: &str = "lading-tree-1";
-/// Change-log rows kept; a handle further behind than this reloads the tree.
-const CHANGES_KEPT: i64 = 100_000;
+const FORMAT: &str = "lading-tree-2";
+/// The earlier format: every commit wrote its rows, the log held paths only. Upgraded on open.
+const FORMAT_1: &str = "lading-tree-1";
+/// Change-log rows kept past materialization; a handle further behind reloads the tree.
+const CHANGES_KEPT: i64 = 10_000;
+/// Commits after which the writer brings the `nodes` table up to date.
+pub const MATERIALIZE_AFTER: i64 = 512;
+/// How often the `nodes` table is brought up to date when fewer commits came.
+const MATERIALIZE_IDLE: Duration = Duration::from_secs(1);
 
 /// How a store is opened.
 #[derive(Clone)]
@@ -100,6 +111,8 @@ enum Req {
     Multi(Vec<Op>, Reply),
     Heartbeat,
     Reap,
+    /// Bring the `nodes` table up to date with the change log.
+    Materialize,
     /// Test hook: make this handle's session lapse now.
     Expire(oneshot::Sender<()>),
     Close(oneshot::Sender<Result<(), TreeError>>),
@@ -149,8 +162,12 @@ pub struct WriterStats {
     /// `fdatasync`s of the WAL, and the time spent in them.
     pub fsyncs: u64,
     pub fsync_us: u64,
-    /// Time the writer spent applying and committing groups.
+    /// Time the writer spent applying and committing groups (materializing included).
     pub writer_busy_us: u64,
+    /// Times the `nodes` table was brought up to date, the rows written, and the time taken.
+    pub materializations: u64,
+    pub materialized_rows: u64,
+    pub materialize_us: u64,
 }
 
 /// The connection readers use to notice other processes' commits.
@@ -183,6 +200,9 @@ struct Shared {
     fsyncs: AtomicU64,
     fsync_us: AtomicU64,
     writer_busy_us: AtomicU64,
+    materializations: AtomicU64,
+    materialized_rows: AtomicU64,
+    materialize_us: AtomicU64,
     opts: SqliteOptions,
     stopping: AtomicBool,
 }
@@ -275,6 +295,21 @@ fn init_schema(conn: &Connection, path: &Path, now: u64) -> Result<(), TreeError
             .map_err(backend)?;
         return match format.as_deref() {
             Some(FORMAT) => Ok(()),
+            // Every row of format 1 is current, so its log (paths only) is simply replaced.
+            Some(FORMAT_1) => conn
+                .execute_batch(
+                    "BEGIN IMMEDIATE;
+                     DROP TABLE IF EXISTS changes;
+                     DROP INDEX IF EXISTS nodes_owner;
+                     CREATE TABLE changes(seq INTEGER PRIMARY KEY, body BLOB NOT NULL);
+                     INSERT OR REPLACE INTO lading_meta(key, value) VALUES ('applied', '0');
+                     UPDATE lading_meta SET value = 'lading-tree-2' WHERE key = 'format';
+                     COMMIT;",
+                )
+                .map_err(|e| {
+                    let _ = conn.execute_batch("ROLLBACK");
+                    backend(e)
+                }),
             other => Err(not_ours(format!(
                 "unknown format {other:?}, this build reads {FORMAT}"
             ))),
@@ -288,15 +323,14 @@ fn init_schema(conn: &Connection, path: &Path, now: u64) -> Result<(), TreeError
             version INTEGER NOT NULL, owner INTEGER NOT NULL,
             ctime INTEGER NOT NULL, mtime INTEGER NOT NULL, seq INTEGER NOT NULL DEFAULT 0,
             PRIMARY KEY(parent, name)) WITHOUT ROWID;
-         CREATE INDEX IF NOT EXISTS nodes_owner ON nodes(owner) WHERE owner <> 0;
-         CREATE TABLE IF NOT EXISTS changes(seq INTEGER PRIMARY KEY, paths TEXT NOT NULL);
+         CREATE TABLE IF NOT EXISTS changes(seq INTEGER PRIMARY KEY, body BLOB NOT NULL);
          CREATE TABLE IF NOT EXISTS sessions(
             id INTEGER PRIMARY KEY AUTOINCREMENT, owner TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL,
             start_time INTEGER, timeout_ms INTEGER NOT NULL, expires_ms INTEGER NOT NULL);",
     )
     .map_err(backend)?;
     conn.execute(
-        "INSERT OR IGNORE INTO lading_meta(key, value) VALUES ('format', ?1)",
+        "INSERT OR IGNORE INTO lading_meta(key, value) VALUES ('format', ?1), ('applied', '0')",
         [FORMAT],
     )
     .map_err(backend)?;
@@ -344,7 +378,55 @@ fn last_change(conn: &Connection) -> rusqlite::Result<(i64, i64)> {
         .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))
 }
 
-/// Loads the whole tree. Call inside a transaction so nodes and log position agree.
+/// The last change-log entry the `nodes` table reflects.
+fn applied(conn: &Connection) -> rusqlite::Result<i64> {
+    let v: String = conn
+        .prepare_cached("SELECT value FROM lading_meta WHERE key = 'applied'")?
+        .query_row([], |r| r.get(0))?;
+    v.parse().map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
+fn corrupt(why: String) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Blob, why.into())
+}
+
+/// Calls `f` with each change-log entry after `after`, in commit order.
+fn each_change(
+    conn: &Connection,
+    after: i64,
+    mut f: impl FnMut(i64, Vec<log::Entry>),
+) -> rusqlite::Result<()> {
+    let mut stmt =
+        conn.prepare_cached("SELECT seq, body FROM changes WHERE seq > ?1 ORDER BY seq")?;
+    let mut rows = stmt.query([after])?;
+    while let Some(r) = rows.next()? {
+        let seq: i64 = r.get(0)?;
+        let body = r.get_ref(1)?.as_blob()?;
+        f(
+            seq,
+            log::decode(body).map_err(|e| corrupt(format!("change {seq}: {e}")))?,
+        );
+    }
+    Ok(())
+}
+
+fn fold_entries(mem: &mut Mem, entries: Vec<log::Entry>, paths: Option<&mut HashSet<String>>) {
+    let mut paths = paths;
+    for e in entries {
+        match e.node {
+            Some(n) => mem.put(e.path.clone(), n),
+            None => mem.remove(&e.path),
+        }
+        if let Some(ps) = paths.as_deref_mut() {
+            ps.insert(e.path);
+        }
+    }
+}
+
+/// Loads the whole tree: the materialized rows, then the log after them. Call inside a
+/// transaction so rows and log agree.
 fn full_load(conn: &Connection, mem: &mut Mem) -> rusqlite::Result<()> {
     mem.clear();
     let mut stmt =
@@ -353,7 +435,13 @@ fn full_load(conn: &Connection, mem: &mut Mem) -> rusqlite::Result<()> {
     while let Some(r) = rows.next()? {
         mem.put(path_of(r.get(0)?, r.get(1)?), row_node(r, 2)?);
     }
-    mem.synced = last_change(conn)?.1;
+    let applied = applied(conn)?;
+    let mut synced = applied.max(last_change(conn)?.1);
+    each_change(conn, applied, |seq, entries| {
+        fold_entries(mem, entries, None);
+        synced = synced.max(seq);
+    })?;
+    mem.synced = synced;
     Ok(())
 }
 
@@ -375,32 +463,9 @@ fn sync_from(conn: &Connection, mem: &mut Mem) -> rusqlite::Result<Synced> {
         return Ok(Synced::Reloaded);
     }
     let mut paths: HashSet<String> = HashSet::new();
-    {
-        let mut stmt =
-            conn.prepare_cached("SELECT paths FROM changes WHERE seq > ?1 ORDER BY seq")?;
-        let mut rows = stmt.query([mem.synced])?;
-        while let Some(r) = rows.next()? {
-            let list: String = r.get(0)?;
-            paths.extend(
-                list.split('\n')
-                    .filter(|p| !p.is_empty())
-                    .map(str::to_string),
-            );
-        }
-    }
-    let mut get = conn.prepare_cached(
-        "SELECT data, version, owner, ctime, mtime, seq FROM nodes WHERE parent = ?1 AND name = ?2",
-    )?;
-    for p in &paths {
-        let (parent, name) = key(p);
-        match get
-            .query_row([parent, name], |r| row_node(r, 0))
-            .optional()?
-        {
-            Some(n) => mem.put(p.clone(), n),
-            None => mem.remove(p),
-        }
-    }
+    each_change(conn, mem.synced, |_, entries| {
+        fold_entries(mem, entries, Some(&mut paths))
+    })?;
     mem.synced = last;
     Ok(Synced::Paths(paths.into_iter().collect()))
 }
@@ -452,8 +517,11 @@ struct Writer {
     to_syncer: mpsc::Sender<Committed>,
     /// The last change-log entry this writer made or folded in.
     last_seq: i64,
-    /// Commits since the change log was last pruned.
-    since_prune: u32,
+    /// The last entry this writer knows the `nodes` table reflects (another process may have
+    /// gone further).
+    applied: i64,
+    /// Bring the `nodes` table up to date after this group (asked for, or closing).
+    materialize: bool,
 }
 
 enum Done {
@@ -485,6 +553,13 @@ impl Writer {
             }
             let t = std::time::Instant::now();
             let done = self.apply_group(group);
+            if self.materialize || self.last_seq - self.applied >= MATERIALIZE_AFTER {
+                self.materialize = false;
+                if let Err(e) = self.materialize_now() {
+                    let _ = self.conn.execute_batch("ROLLBACK");
+                    tracing::warn!(error = %e, "could not bring the nodes table up to date");
+                }
+            }
             self.shared
                 .writer_busy_us
                 .fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
@@ -492,6 +567,72 @@ impl Writer {
                 break;
             }
         }
+    }
+
+    /// Brings the `nodes` table up to date with the change log, in one transaction: each node
+    /// changed since the last materialization is written once, with its last image. Needs no
+    /// fsync of its own: the WAL keeps commits in order, so losing this one at a crash only
+    /// leaves more log to replay.
+    fn materialize_now(&mut self) -> rusqlite::Result<()> {
+        let t = std::time::Instant::now();
+        self.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+        let mut rows = 0u64;
+        let from = applied(&self.conn)?;
+        let mut folded = log::Coalesced::default();
+        let mut to = from;
+        each_change(&self.conn, from, |seq, entries| {
+            folded.add(entries);
+            to = seq;
+        })?;
+        if to > from {
+            let mut upsert = self.conn.prepare_cached(
+                "INSERT INTO nodes(parent, name, data, version, owner, ctime, mtime, seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+                 ON CONFLICT(parent, name) DO UPDATE SET data = excluded.data, version = excluded.version,
+                   owner = excluded.owner, ctime = excluded.ctime, mtime = excluded.mtime, seq = excluded.seq",
+            )?;
+            let mut del = self
+                .conn
+                .prepare_cached("DELETE FROM nodes WHERE parent = ?1 AND name = ?2")?;
+            for w in folded.writes() {
+                rows += 1;
+                match w {
+                    log::RowWrite::Upsert(path, n) => {
+                        let (parent, name) = key(path);
+                        upsert.execute(params![
+                            parent,
+                            name,
+                            n.data,
+                            n.version,
+                            n.owner as i64,
+                            n.ctime as i64,
+                            n.mtime as i64,
+                            n.seq
+                        ])?;
+                    }
+                    log::RowWrite::Delete(path) => {
+                        let (parent, name) = key(path);
+                        del.execute([parent, name])?;
+                    }
+                }
+            }
+            self.conn
+                .prepare_cached("UPDATE lading_meta SET value = ?1 WHERE key = 'applied'")?
+                .execute([to.to_string()])?;
+            // Keep the newest entry always: sequence numbers must never be reused.
+            self.conn
+                .prepare_cached("DELETE FROM changes WHERE seq <= ?1")?
+                .execute([(to - CHANGES_KEPT).min(to - 1)])?;
+        }
+        self.conn.prepare_cached("COMMIT")?.execute([])?;
+        self.applied = to.max(from);
+        if to > from {
+            let s = &self.shared;
+            s.materializations.fetch_add(1, Ordering::Relaxed);
+            s.materialized_rows.fetch_add(rows, Ordering::Relaxed);
+            s.materialize_us
+                .fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// Removes a session and its ephemeral nodes (into the overlay).
@@ -536,7 +677,7 @@ impl Writer {
                         let _ = done.send(Err(TreeError::Backend(why.clone())));
                         return Done::Closed;
                     }
-                    Req::Heartbeat | Req::Reap => {}
+                    Req::Heartbeat | Req::Reap | Req::Materialize => {}
                 }
             }
             return Done::Open;
@@ -607,6 +748,7 @@ impl Writer {
                             self.drop_session(&mut ov, &base, id)?;
                         }
                     }
+                    Req::Materialize => self.materialize |= self.last_seq > self.applied,
                     Req::Expire(done) => {
                         self.conn.execute(
                             "UPDATE sessions SET expires_ms = 0 WHERE id = ?1",
@@ -617,6 +759,7 @@ impl Writer {
                     }
                     Req::Close(done) => {
                         self.drop_session(&mut ov, &base, session)?;
+                        self.materialize = true;
                         close = Some(done);
                     }
                 }
@@ -629,57 +772,21 @@ impl Writer {
                 .map(|(p, n)| (p, n.as_ref(), base.get(p).is_some()))
                 .collect();
             drop(mem_guard);
-            let mut paths = String::new();
-            {
-                let mut insert = self.conn.prepare_cached(
-                    "INSERT INTO nodes(parent, name, data, version, owner, ctime, mtime, seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                )?;
-                let mut update = self.conn.prepare_cached(
-                    "UPDATE nodes SET data = ?3, version = ?4, owner = ?5, ctime = ?6, mtime = ?7, seq = ?8 WHERE parent = ?1 AND name = ?2",
-                )?;
-                let mut del = self
-                    .conn
-                    .prepare_cached("DELETE FROM nodes WHERE parent = ?1 AND name = ?2")?;
-                for (path, node, existed) in writes {
-                    let (parent, name) = key(path);
-                    match (node, existed) {
-                        (Some(n), existed) => {
-                            let stmt = if existed { &mut update } else { &mut insert };
-                            stmt.execute(params![
-                                parent,
-                                name,
-                                n.data,
-                                n.version,
-                                n.owner as i64,
-                                n.ctime as i64,
-                                n.mtime as i64,
-                                n.seq
-                            ])?;
-                        }
-                        (None, true) => {
-                            del.execute([parent, name])?;
-                        }
-                        (None, false) => continue,
-                    }
-                    paths.push_str(path);
-                    paths.push('\n');
-                }
-            }
-            if paths.is_empty() {
+            // A lock made and dropped within the group is in neither the file nor the log.
+            let body = log::encode(
+                writes
+                    .into_iter()
+                    .filter(|(_, node, existed)| node.is_some() || *existed)
+                    .map(|(p, n, existed)| (p.as_str(), n, existed)),
+            );
+            if body.len() == 1 {
                 self.conn.prepare_cached("COMMIT")?.execute([])?;
                 return Ok(None);
             }
             self.conn
-                .prepare_cached("INSERT INTO changes(paths) VALUES (?1)")?
-                .execute([&paths])?;
+                .prepare_cached("INSERT INTO changes(body) VALUES (?1)")?
+                .execute([&body])?;
             let seq = self.conn.last_insert_rowid();
-            self.since_prune += 1;
-            if self.since_prune >= 1024 {
-                self.since_prune = 0;
-                self.conn
-                    .prepare_cached("DELETE FROM changes WHERE seq <= ?1")?
-                    .execute([seq - CHANGES_KEPT])?;
-            }
             // Commit and enter the pending queue as one step for readers: a reader folding in
             // the change log must never see our row committed but not yet pending (it would
             // take an un-fsynced change into memory, and the syncer would later re-apply it
@@ -943,6 +1050,9 @@ impl SqliteTree {
             fsyncs: AtomicU64::new(0),
             fsync_us: AtomicU64::new(0),
             writer_busy_us: AtomicU64::new(0),
+            materializations: AtomicU64::new(0),
+            materialized_rows: AtomicU64::new(0),
+            materialize_us: AtomicU64::new(0),
             opts: opts.clone(),
             stopping: AtomicBool::new(false),
         });
@@ -954,7 +1064,8 @@ impl SqliteTree {
             shared: shared.clone(),
             to_syncer,
             last_seq,
-            since_prune: 0,
+            applied: 0,
+            materialize: false,
         };
         // Dead sessions' locks must not linger: reap before anyone reads.
         writer.apply_group(vec![Req::Reap]);
@@ -995,6 +1106,9 @@ impl SqliteTree {
             fsyncs: self.shared.fsyncs.load(Ordering::Relaxed),
             fsync_us: self.shared.fsync_us.load(Ordering::Relaxed),
             writer_busy_us: self.shared.writer_busy_us.load(Ordering::Relaxed),
+            materializations: self.shared.materializations.load(Ordering::Relaxed),
+            materialized_rows: self.shared.materialized_rows.load(Ordering::Relaxed),
+            materialize_us: self.shared.materialize_us.load(Ordering::Relaxed),
         }
     }
 
@@ -1050,6 +1164,7 @@ fn maintenance(shared: Arc<Shared>, tx: mpsc::Sender<Req>) {
     let heartbeat_every = (opts.session_timeout_ms / 3).max(1);
     let mut last_heartbeat = std::time::Instant::now();
     let mut last_reap = std::time::Instant::now();
+    let mut last_materialize = std::time::Instant::now();
     while !shared.stopping.load(Ordering::SeqCst) {
         std::thread::sleep(tick);
         if last_heartbeat.elapsed().as_millis() as u64 >= heartbeat_every {
@@ -1061,6 +1176,13 @@ fn maintenance(shared: Arc<Shared>, tx: mpsc::Sender<Req>) {
         if last_reap.elapsed().as_millis() as u64 >= opts.session_timeout_ms {
             last_reap = std::time::Instant::now();
             if tx.send(Req::Reap).is_err() {
+                return;
+            }
+        }
+        // A quiet store's table catches up with its log within a second.
+        if last_materialize.elapsed() >= MATERIALIZE_IDLE {
+            last_materialize = std::time::Instant::now();
+            if tx.send(Req::Materialize).is_err() {
                 return;
             }
         }

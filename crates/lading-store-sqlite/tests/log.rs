@@ -1,0 +1,239 @@
+//! The change log and the `nodes` table: a commit is durable as one log entry, the table is
+//! brought up to date in bulk later, and every way of opening the file sees the same tree.
+
+use lading_core::{CreateMode, Op, Tree, TreeError};
+use lading_store_sqlite::{SqliteOptions, SqliteTree};
+use rusqlite::Connection;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+type Dump = BTreeMap<String, (Option<Vec<u8>>, i32, u64)>;
+
+/// The whole tree as path → (data, version, ephemeral owner).
+async fn dump(t: &dyn Tree) -> Dump {
+    let mut out = BTreeMap::new();
+    let mut todo = vec!["/".to_string()];
+    while let Some(p) = todo.pop() {
+        let n = t.get(&p).await.unwrap().expect("listed node exists");
+        out.insert(p.clone(), (n.data, n.stat.version, n.stat.ephemeral_owner));
+        for c in t.children(&p).await.unwrap() {
+            todo.push(lading_core::tree::join_path(&p, &c));
+        }
+    }
+    out
+}
+
+/// The `nodes` table read directly, as path → (data, version, owner), and the log position
+/// it reflects.
+fn table(file: &Path) -> (Dump, i64) {
+    let conn = Connection::open(file).unwrap();
+    let mut rows = BTreeMap::new();
+    let mut st = conn
+        .prepare("SELECT parent, name, data, version, owner FROM nodes")
+        .unwrap();
+    let mut q = st.query([]).unwrap();
+    while let Some(r) = q.next().unwrap() {
+        let (parent, name): (String, String) = (r.get(0).unwrap(), r.get(1).unwrap());
+        let path = if parent.is_empty() {
+            "/".to_string()
+        } else {
+            lading_core::tree::join_path(&parent, &name)
+        };
+        rows.insert(
+            path,
+            (
+                r.get(2).unwrap(),
+                r.get(3).unwrap(),
+                r.get::<_, i64>(4).unwrap() as u64,
+            ),
+        );
+    }
+    let applied: String = conn
+        .query_row(
+            "SELECT value FROM lading_meta WHERE key = 'applied'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    (rows, applied.parse().unwrap())
+}
+
+fn max_seq(file: &Path) -> i64 {
+    Connection::open(file)
+        .unwrap()
+        .query_row("SELECT coalesce(max(seq), 0) FROM changes", [], |r| {
+            r.get(0)
+        })
+        .unwrap()
+}
+
+/// Creates, rewrites and deletes nodes over `rounds` commits, leaving some of each kind.
+async fn churn(t: &SqliteTree, rounds: usize) {
+    t.create("/q", None, CreateMode::Persistent).await.unwrap();
+    for i in 0..rounds {
+        let p = format!("/q/n{i:05}");
+        t.create(&p, Some(b"new".to_vec()), CreateMode::Persistent)
+            .await
+            .unwrap();
+        // A lock made and dropped, as a worker's lease is.
+        t.multi(vec![Op::create_mode(
+            format!("{p}-lock"),
+            None,
+            CreateMode::Ephemeral,
+        )])
+        .await
+        .unwrap();
+        t.multi(vec![
+            Op::set(&p, Some(format!("v{i}").into_bytes()), Some(0)),
+            Op::delete(format!("{p}-lock"), None),
+        ])
+        .await
+        .unwrap();
+        if i % 3 == 0 {
+            t.delete(&p, None).await.unwrap();
+        }
+    }
+    t.create("/held", None, CreateMode::Ephemeral)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn every_way_of_opening_sees_the_same_tree_before_and_after_the_table_catches_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("lading.db");
+    let a = SqliteTree::open(&file, SqliteOptions::default()).unwrap();
+    // 1,300 rounds of 3–4 commits: the table is brought up to date on the way, and the last
+    // few hundred commits are only in the log.
+    churn(&a, 1300).await;
+    let want = dump(&a).await;
+    assert!(a.stats().materializations > 0, "{:?}", a.stats());
+    let (rows, applied) = table(&file);
+    assert!(
+        applied < max_seq(&file),
+        "the newest commits are in the log only"
+    );
+    assert_ne!(rows, want, "so the table alone is behind");
+
+    // A second handle loads rows plus the log after them.
+    let b = SqliteTree::open(&file, SqliteOptions::default()).unwrap();
+    assert_eq!(dump(&b).await, want);
+    b.close().await.unwrap();
+
+    // Closing brings the table up to date; reopening reads the same tree, minus the closed
+    // session's ephemeral node.
+    a.close().await.unwrap();
+    drop(a);
+    let (rows, applied) = table(&file);
+    assert_eq!(applied, max_seq(&file));
+    let mut want_after = want.clone();
+    want_after.remove("/held");
+    assert_eq!(rows, want_after, "table and memory agree after close");
+    let c = SqliteTree::open(&file, SqliteOptions::default()).unwrap();
+    assert_eq!(dump(&c).await, want_after);
+    // Every third node of 1,300 was deleted: 434 gone, 866 left under /q.
+    assert_eq!(c.children("/q").await.unwrap().len(), 866);
+    c.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn another_handle_follows_through_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("lading.db");
+    let a = SqliteTree::open(&file, SqliteOptions::default()).unwrap();
+    let b = SqliteTree::open(&file, SqliteOptions::default()).unwrap();
+    churn(&a, 50).await;
+    // b folds a's entries in on its next read.
+    assert_eq!(dump(&b).await, dump(&a).await);
+    b.set("/q/n00001", Some(b"from b".to_vec()), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        a.get("/q/n00001").await.unwrap().unwrap().data.as_deref(),
+        Some(&b"from b"[..])
+    );
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_store_of_the_first_format_is_upgraded_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("lading.db");
+    {
+        // The first format, as its builds wrote it: every row current, the log paths only.
+        let conn = Connection::open(&file).unwrap();
+        conn.execute_batch(
+            "PRAGMA journal_mode=WAL;
+             CREATE TABLE lading_meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+             CREATE TABLE nodes(
+                parent TEXT NOT NULL, name TEXT NOT NULL, data BLOB,
+                version INTEGER NOT NULL, owner INTEGER NOT NULL,
+                ctime INTEGER NOT NULL, mtime INTEGER NOT NULL, seq INTEGER NOT NULL DEFAULT 0,
+                PRIMARY KEY(parent, name)) WITHOUT ROWID;
+             CREATE INDEX nodes_owner ON nodes(owner) WHERE owner <> 0;
+             CREATE TABLE changes(seq INTEGER PRIMARY KEY, paths TEXT NOT NULL);
+             CREATE TABLE sessions(
+                id INTEGER PRIMARY KEY AUTOINCREMENT, owner TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL,
+                start_time INTEGER, timeout_ms INTEGER NOT NULL, expires_ms INTEGER NOT NULL);
+             INSERT INTO lading_meta VALUES ('format', 'lading-tree-1');
+             INSERT INTO nodes VALUES ('', '', NULL, 0, 0, 1, 1, 0);
+             INSERT INTO nodes VALUES ('/', 'jobs', NULL, 0, 0, 1, 1, 0);
+             INSERT INTO nodes VALUES ('/jobs', 'jid0000000001', X'7B7D', 3, 0, 1, 2, 0);
+             INSERT INTO changes(paths) VALUES ('/jobs\n/jobs/jid0000000001\n');",
+        )
+        .unwrap();
+    }
+    let t = SqliteTree::open(&file, SqliteOptions::default()).unwrap();
+    let n = t.get("/jobs/jid0000000001").await.unwrap().unwrap();
+    assert_eq!((n.data.as_deref(), n.stat.version), (Some(&b"{}"[..]), 3));
+    t.create("/jobs/jid0000000002", None, CreateMode::Persistent)
+        .await
+        .unwrap();
+    t.close().await.unwrap();
+    drop(t);
+    let conn = Connection::open(&file).unwrap();
+    let format: String = conn
+        .query_row(
+            "SELECT value FROM lading_meta WHERE key='format'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(format, "lading-tree-2");
+    let t = SqliteTree::open(&file, SqliteOptions::default()).unwrap();
+    assert_eq!(
+        t.children("/jobs").await.unwrap(),
+        vec!["jid0000000001", "jid0000000002"]
+    );
+    t.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_corrupt_log_entry_is_named_and_nothing_is_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("lading.db");
+    let a = SqliteTree::open(&file, SqliteOptions::default()).unwrap();
+    a.create("/kept", Some(b"1".to_vec()), CreateMode::Persistent)
+        .await
+        .unwrap();
+    a.close().await.unwrap();
+    drop(a);
+    let conn = Connection::open(&file).unwrap();
+    conn.execute("INSERT INTO changes(body) VALUES (X'0100')", [])
+        .unwrap();
+    let seq: i64 = conn.last_insert_rowid();
+    let before = table(&file);
+    let err = match SqliteTree::open(&file, SqliteOptions::default()) {
+        Ok(_) => panic!("a corrupt log entry was accepted"),
+        Err(e) => e,
+    };
+    assert!(matches!(err, TreeError::Backend(_)), "{err:?}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&format!("change {seq}")) && msg.contains("truncated"),
+        "{msg}"
+    );
+    assert_eq!(table(&file), before, "the table is as it was");
+    assert_eq!(max_seq(&file), seq, "the log is as it was");
+}
