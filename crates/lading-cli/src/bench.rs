@@ -305,8 +305,11 @@ async fn queue(
         }));
     }
     let mut latencies_us = Vec::new();
+    let mut acquire_us = Vec::new();
     for h in handles {
-        latencies_us.extend(h.await??);
+        let (t, a) = h.await??;
+        latencies_us.extend(t);
+        acquire_us.extend(a);
     }
     let elapsed = start.elapsed().as_secs_f64();
     let mut stats = StoreStats::of(&st).since(&stats0);
@@ -325,6 +328,7 @@ async fn queue(
     }
     let cores_busy = (cpu_seconds() - cpu0) / elapsed;
     latencies_us.sort_unstable();
+    acquire_us.sort_unstable();
     let transitions = latencies_us.len();
     let batch = engine.batch(&bid).await?;
     let done = batch.jobs.get("batch-completed").map_or(0, Vec::len);
@@ -361,6 +365,8 @@ async fn queue(
         "jobs": n, "workers": k, "mode": format!("{mode:?}").to_lowercase(), "store": url,
         "seconds": elapsed, "jobs_per_s": jobs_per_s, "transitions_per_s": transitions_per_s,
         "p50_ms": p50, "p99_ms": p99, "setup_s": setup_s, "cores_busy": cores_busy,
+        "acquisitions": acquire_us.len(), "acquire_p50_ms": percentile(&acquire_us, 0.50),
+        "acquire_p99_ms": percentile(&acquire_us, 0.99),
     });
     stats.add_json(&mut figures, elapsed);
     if let Some((rate, _)) = &fsync {
@@ -378,6 +384,12 @@ async fn queue(
         println!("  jobs/s       {jobs_per_s:.0}");
         println!("  transitions/s {transitions_per_s:.0}");
         println!("  latency      p50 {p50:.2} ms, p99 {p99:.2} ms per transition");
+        println!(
+            "  acquiring    {} acquisitions, p50 {:.2} ms, p99 {:.2} ms each (looking included)",
+            acquire_us.len(),
+            percentile(&acquire_us, 0.50),
+            percentile(&acquire_us, 0.99)
+        );
         stats.print(elapsed, n);
         println!(
             "  cpu          {cores_busy:.2} cores busy in this process on average while measured"
@@ -566,16 +578,19 @@ impl StoreStats {
 }
 
 /// One worker: take the latest-stage job it can find, move it on, repeat until all are done.
-/// Returns the latency of each transition it committed, in microseconds.
+/// Returns the latency of each transition it committed and of each acquisition, in
+/// microseconds.
 async fn worker(
     e: &Engine,
     mode: Mode,
     n: usize,
     completed: &AtomicUsize,
-) -> anyhow::Result<Vec<u64>> {
+) -> anyhow::Result<(Vec<u64>, Vec<u64>)> {
     let mut lat = Vec::new();
+    let mut acq = Vec::new();
     let mut idle = 0u32;
     while completed.load(Ordering::SeqCst) < n {
+        let looking = Instant::now();
         let mut got: Option<JobLease> = None;
         for st in LOOK_ORDER {
             if let Some(l) = e.acquire_job(st).await? {
@@ -590,6 +605,7 @@ async fn worker(
             continue;
         };
         idle = 0;
+        acq.push(looking.elapsed().as_micros() as u64);
         loop {
             let ev = if lease.state() == JobState::Pending {
                 Event::To(JobState::Estimating)
@@ -611,7 +627,7 @@ async fn worker(
             break;
         }
     }
-    Ok(lat)
+    Ok((lat, acq))
 }
 
 /// Test aid behind `lading drive`: moves any job it can acquire one stage on (no work done),
