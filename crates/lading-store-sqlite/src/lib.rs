@@ -57,8 +57,6 @@ const FORMAT_1: &str = "lading-tree-1";
 const CHANGES_KEPT: i64 = 10_000;
 /// Commits after which the writer brings the `nodes` table up to date.
 pub const MATERIALIZE_AFTER: i64 = 512;
-/// How often the `nodes` table is brought up to date when fewer commits came.
-const MATERIALIZE_IDLE: Duration = Duration::from_secs(1);
 
 /// How a store is opened.
 #[derive(Clone)]
@@ -72,6 +70,9 @@ pub struct SqliteOptions {
     pub clock: SharedClock,
     /// How often other processes' commits are looked for when nobody reads.
     pub poll_interval_ms: u64,
+    /// How often the `nodes` table is brought up to date when fewer than
+    /// [`MATERIALIZE_AFTER`] commits came.
+    pub materialize_every_ms: u64,
 }
 
 impl Default for SqliteOptions {
@@ -82,6 +83,7 @@ impl Default for SqliteOptions {
             owner: default_owner(),
             clock: system_clock(),
             poll_interval_ms: 20,
+            materialize_every_ms: 1000,
         }
     }
 }
@@ -1180,7 +1182,7 @@ fn maintenance(shared: Arc<Shared>, tx: mpsc::Sender<Req>) {
             }
         }
         // A quiet store's table catches up with its log within a second.
-        if last_materialize.elapsed() >= MATERIALIZE_IDLE {
+        if last_materialize.elapsed().as_millis() as u64 >= opts.materialize_every_ms {
             last_materialize = std::time::Instant::now();
             if tx.send(Req::Materialize).is_err() {
                 return;

@@ -102,7 +102,11 @@ async fn churn(t: &SqliteTree, rounds: usize) {
 async fn every_way_of_opening_sees_the_same_tree_before_and_after_the_table_catches_up() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("lading.db");
-    let a = SqliteTree::open(&file, SqliteOptions::default()).unwrap();
+    let slow = SqliteOptions {
+        materialize_every_ms: 3_600_000,
+        ..SqliteOptions::default()
+    };
+    let a = SqliteTree::open(&file, slow).unwrap();
     // 1,300 rounds of 3–4 commits: the table is brought up to date on the way, and the last
     // few hundred commits are only in the log.
     churn(&a, 1300).await;
@@ -236,4 +240,33 @@ async fn a_corrupt_log_entry_is_named_and_nothing_is_changed() {
     );
     assert_eq!(table(&file), before, "the table is as it was");
     assert_eq!(max_seq(&file), seq, "the log is as it was");
+}
+
+#[tokio::test]
+async fn a_quiet_store_brings_its_table_up_to_date_on_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("lading.db");
+    let opts = SqliteOptions {
+        materialize_every_ms: 50,
+        ..SqliteOptions::default()
+    };
+    let a = SqliteTree::open(&file, opts).unwrap();
+    churn(&a, 20).await;
+    let want = dump(&a).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (rows, applied) = table(&file);
+        if applied == max_seq(&file) {
+            assert_eq!(rows, want, "the table holds exactly the tree");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "table still at {applied}, log at {}",
+            max_seq(&file)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(a.stats().materializations >= 1);
+    a.close().await.unwrap();
 }
