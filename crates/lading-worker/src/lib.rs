@@ -35,7 +35,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{Mutex, watch};
+use tokio::sync::{Mutex, RwLock, watch};
 
 /// What a stage handler made of one job or batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -189,7 +189,9 @@ pub struct BatchCtx {
     pub info: BatchInfo,
     pub attempt: u32,
     batch_id: BatchId,
-    lease: Mutex<BatchLease>,
+    /// Shared by a handler's concurrent calls (intake creates jobs many at a time); taken
+    /// whole once the handler is done, so no call of it is still using the lease.
+    lease: RwLock<BatchLease>,
 }
 
 impl BatchCtx {
@@ -207,13 +209,13 @@ impl BatchCtx {
         &self,
         report: &lading_core::layout::StatusReport,
     ) -> Result<(), EngineError> {
-        let lease = self.lease.lock().await;
+        let lease = self.lease.read().await;
         self.engine.write_status_report(&lease, report).await
     }
 
     /// Creates a job of this batch (intake).
     pub async fn create_job(&self, spec: JobSpec) -> Result<JobId, EngineError> {
-        let lease = self.lease.lock().await;
+        let lease = self.lease.read().await;
         self.engine.create_job(&lease, spec).await
     }
 }
@@ -650,7 +652,7 @@ impl BatchLoop {
                 return;
             }
         };
-        let ctx_lease = Mutex::new(lease);
+        let ctx_lease = RwLock::new(lease);
         let mut ctx = Arc::new(BatchCtx {
             engine: self.engine.clone(),
             batch_id: bid.clone(),
@@ -669,13 +671,13 @@ impl BatchLoop {
                         _ = tokio::time::sleep(delay) => {}
                         _ = shutdown.aborted() => break None,
                     }
-                    let lease = ctx.lease.lock().await.clone();
+                    let lease = ctx.lease.write().await.clone();
                     ctx = Arc::new(BatchCtx {
                         engine: self.engine.clone(),
                         batch_id: bid.clone(),
                         info: ctx.info.clone(),
                         attempt: ctx.attempt + 1,
-                        lease: Mutex::new(lease),
+                        lease: RwLock::new(lease),
                     });
                 }
                 Some(Outcome::Transient(reason)) => {
@@ -687,7 +689,7 @@ impl BatchLoop {
                 other => break other,
             }
         };
-        let lease = ctx.lease.lock().await.clone();
+        let lease = ctx.lease.write().await.clone();
         let r = match &outcome {
             None => self.engine.release_batch_lease(lease).await,
             Some(Outcome::Done) => self
