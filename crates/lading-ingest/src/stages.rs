@@ -584,22 +584,34 @@ fn versions(object_dir: &Path) -> std::io::Result<Vec<u32>> {
     Ok(v)
 }
 
-fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+/// Places the files of `from` under `to`: a hard link where both are on one file system (no
+/// second copy of the bytes, no new inode), a copy otherwise (or when `link` is false). Safe
+/// because nothing rewrites a working file in place: downloads, unpacking and manifests all
+/// write a temporary file and rename it. Returns how many files were linked and copied.
+fn place_tree(from: &Path, to: &Path, link: bool) -> std::io::Result<(u64, u64)> {
     std::fs::create_dir_all(to)?;
+    let (mut linked, mut copied) = (0, 0);
     for e in std::fs::read_dir(from)? {
         let e = e?;
         let t = e.file_type()?;
         let dest = to.join(e.file_name());
         if t.is_dir() {
-            copy_tree(&e.path(), &dest)?;
+            let (l, c) = place_tree(&e.path(), &dest, link)?;
+            linked += l;
+            copied += c;
         } else if t.is_file() {
-            std::fs::copy(e.path(), &dest)?;
+            if link && std::fs::hard_link(e.path(), &dest).is_ok() {
+                linked += 1;
+            } else {
+                std::fs::copy(e.path(), &dest)?;
+                copied += 1;
+            }
             // Only this version's own data is flushed (a file-system-wide sync would also
             // wait for every other job's writes).
             std::fs::File::open(&dest)?.sync_data()?;
         }
     }
-    Ok(())
+    Ok((linked, copied))
 }
 
 /// Lock errors: someone else is on this object; look again shortly.
@@ -666,7 +678,7 @@ async fn store_locked(job: &JobCtx, root: &Path, ark: &str) -> Result<StoredVers
         for part in [PRODUCER, SYSTEM] {
             let from = wd.join(part);
             if from.exists() {
-                copy_tree(&from, &tmp.join(part)).map_err(io("copying into", &tmp))?;
+                place_tree(&from, &tmp.join(part), true).map_err(io("copying into", &tmp))?;
             }
         }
         let final_dir = object_dir.join(format!("v{version}"));
@@ -779,4 +791,51 @@ async fn notify(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
     }
     job.log(&format!("callback {url} answered {}", r.status()));
     Ok(Outcome::Done)
+}
+
+#[cfg(test)]
+mod place_tests {
+    use super::place_tree;
+    use std::os::unix::fs::MetadataExt;
+
+    fn tree(root: &std::path::Path) {
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        std::fs::write(root.join("a.txt"), b"alpha").unwrap();
+        std::fs::write(root.join("sub/b.bin"), b"beta").unwrap();
+    }
+
+    #[test]
+    fn on_one_file_system_files_are_linked_not_copied() {
+        let dir = tempfile::tempdir().unwrap();
+        let (from, to) = (dir.path().join("work"), dir.path().join("store"));
+        tree(&from);
+        assert_eq!(place_tree(&from, &to, true).unwrap(), (2, 0));
+        for f in ["a.txt", "sub/b.bin"] {
+            let (w, s) = (
+                std::fs::metadata(from.join(f)).unwrap(),
+                std::fs::metadata(to.join(f)).unwrap(),
+            );
+            assert_eq!(w.ino(), s.ino(), "{f} is the same inode");
+            assert_eq!(s.nlink(), 2);
+        }
+        // Removing the working copy leaves the stored one whole.
+        std::fs::remove_dir_all(&from).unwrap();
+        assert_eq!(std::fs::read(to.join("sub/b.bin")).unwrap(), b"beta");
+        assert_eq!(std::fs::metadata(to.join("a.txt")).unwrap().nlink(), 1);
+    }
+
+    #[test]
+    fn without_links_files_are_copied() {
+        let dir = tempfile::tempdir().unwrap();
+        let (from, to) = (dir.path().join("work"), dir.path().join("store"));
+        tree(&from);
+        assert_eq!(place_tree(&from, &to, false).unwrap(), (0, 2));
+        let (w, s) = (
+            std::fs::metadata(from.join("a.txt")).unwrap(),
+            std::fs::metadata(to.join("a.txt")).unwrap(),
+        );
+        assert_ne!(w.ino(), s.ino());
+        assert_eq!(std::fs::read(to.join("a.txt")).unwrap(), b"alpha");
+        assert_eq!(std::fs::read(to.join("sub/b.bin")).unwrap(), b"beta");
+    }
 }
