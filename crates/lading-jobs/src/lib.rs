@@ -107,8 +107,10 @@ pub enum JobsError {
         id: String,
         why: &'static str,
     },
-    #[error("no subscription {0}")]
+    #[error("no subscription {0} (never made, ended, or expired after 10 minutes unused)")]
     NoSubscription(u64),
+    #[error("this process already holds {0} subscriptions; end some (unsubscribe) first")]
+    TooManySubscriptions(usize),
     #[error("invalid input: {0}")]
     Invalid(String),
     #[error("corrupt node {path}: {reason}")]
@@ -233,10 +235,39 @@ pub struct Change {
     pub state: Option<State>,
 }
 
+/// A subscription nobody has waited on for this long is ended (a client that went away).
+pub const SUBSCRIPTION_IDLE_MS: u64 = 10 * 60_000;
+/// Most subscriptions one process holds at once.
+pub const MAX_SUBSCRIPTIONS: usize = 100_000;
+
 struct Sub {
     ty: String,
     id: String,
     last: Option<State>,
+    /// When it was made or last waited on (ms, the API's clock).
+    used_ms: u64,
+    /// Waits in progress on it; a subscription being waited on never expires.
+    waiting: u32,
+}
+
+/// Counts a wait on its subscriptions for as long as it lives (a dropped wait included).
+struct Waiting<'a> {
+    subs: &'a Mutex<HashMap<SubId, Sub>>,
+    ids: Vec<SubId>,
+    clock: &'a SharedClock,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let now = self.clock.now_ms();
+        let mut m = self.subs.lock().unwrap();
+        for id in &self.ids {
+            if let Some(s) = m.get_mut(id) {
+                s.waiting = s.waiting.saturating_sub(1);
+                s.used_ms = s.used_ms.max(now);
+            }
+        }
+    }
 }
 
 /// The job API over one tree session.
@@ -253,6 +284,8 @@ pub struct Jobs {
     types: Mutex<HashSet<String>>,
     subs: Mutex<HashMap<SubId, Sub>>,
     next_sub: AtomicU64,
+    /// When idle subscriptions were last swept (ms).
+    swept_ms: AtomicU64,
 }
 
 fn type_path(ty: &str) -> String {
@@ -376,6 +409,7 @@ impl Jobs {
             types: Mutex::new(HashSet::new()),
             subs: Mutex::new(HashMap::new()),
             next_sub: AtomicU64::new(1),
+            swept_ms: AtomicU64::new(0),
         }
     }
 
@@ -1047,18 +1081,37 @@ impl Jobs {
     // ----- subscriptions -----
 
     /// Subscribes to a job's state changes; returns the subscription and the current state.
+    /// Subscriptions not waited on for [`SUBSCRIPTION_IDLE_MS`] are ended (swept at most once
+    /// a minute, on a new subscription); at most [`MAX_SUBSCRIPTIONS`] are held.
     pub async fn subscribe(&self, ty: &str, id: &str) -> Result<(SubId, State)> {
         let state = self.get_job_state(ty, id).await?;
+        let now = self.clock.now_ms();
+        let mut m = self.subs.lock().unwrap();
+        let swept = self.swept_ms.load(Ordering::Relaxed);
+        if now.saturating_sub(swept) >= 60_000 || m.len() >= MAX_SUBSCRIPTIONS {
+            self.swept_ms.store(now, Ordering::Relaxed);
+            m.retain(|_, s| s.waiting > 0 || now.saturating_sub(s.used_ms) < SUBSCRIPTION_IDLE_MS);
+        }
+        if m.len() >= MAX_SUBSCRIPTIONS {
+            return Err(JobsError::TooManySubscriptions(m.len()));
+        }
         let sid = self.next_sub.fetch_add(1, Ordering::Relaxed);
-        self.subs.lock().unwrap().insert(
+        m.insert(
             sid,
             Sub {
                 ty: ty.into(),
                 id: id.into(),
                 last: Some(state),
+                used_ms: now,
+                waiting: 0,
             },
         );
         Ok((sid, state))
+    }
+
+    /// How many subscriptions this process holds.
+    pub fn subscription_count(&self) -> usize {
+        self.subs.lock().unwrap().len()
     }
 
     /// Ends a subscription; false when there was none.
@@ -1080,6 +1133,24 @@ impl Jobs {
                 "wait needs at least one subscription".into(),
             ));
         }
+        let _waiting = {
+            let now_ms = self.clock.now_ms();
+            let mut m = self.subs.lock().unwrap();
+            if let Some(&missing) = subs.iter().find(|id| !m.contains_key(id)) {
+                return Err(JobsError::NoSubscription(missing));
+            }
+            for id in subs {
+                if let Some(s) = m.get_mut(id) {
+                    s.waiting += 1;
+                    s.used_ms = now_ms;
+                }
+            }
+            Waiting {
+                subs: &self.subs,
+                ids: subs.to_vec(),
+                clock: &self.clock,
+            }
+        };
         let deadline = Instant::now() + timeout;
         loop {
             let mut watches = Vec::with_capacity(subs.len());

@@ -340,7 +340,7 @@ pub(crate) async fn resubmit(
     held(s, ty, id, b, HeldOp::Resubmit).await
 }
 
-#[utoipa::path(post, path = "/api/v1/types/{type}/jobs/{id}/subscribe", tag = "generic jobs", summary = "Subscribe to a job's state changes", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), responses((status = 200, description = "the subscription and the current state", body = serde_json::Value), (status = 404, description = "no such job")))]
+#[utoipa::path(post, path = "/api/v1/types/{type}/jobs/{id}/subscribe", tag = "generic jobs", summary = "Subscribe to a job's state changes", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), responses((status = 200, description = "the subscription and the current state", body = serde_json::Value), (status = 404, description = "no such job"), (status = 429, description = "this server holds its most subscriptions (100,000); end some first")))]
 pub(crate) async fn subscribe(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,

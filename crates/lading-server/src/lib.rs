@@ -173,6 +173,7 @@ impl From<JobsError> for ApiError {
                 (StatusCode::NOT_FOUND, "not_found")
             }
             JobsError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid"),
+            JobsError::TooManySubscriptions(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many"),
             JobsError::Halt { .. } => (StatusCode::CONFLICT, "halt"),
             JobsError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             JobsError::Tree(t) if t.is_retryable() => {
@@ -234,4 +235,36 @@ pub async fn serve(
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_api_errors_map_to_statuses_that_name_them() {
+        let cases = [
+            (
+                JobsError::NoSubscription(7),
+                StatusCode::NOT_FOUND,
+                "not_found",
+            ),
+            (
+                JobsError::TooManySubscriptions(100_000),
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many",
+            ),
+            (
+                JobsError::Invalid("x".into()),
+                StatusCode::BAD_REQUEST,
+                "invalid",
+            ),
+        ];
+        for (e, status, kind) in cases {
+            let msg = e.to_string();
+            let api = ApiError::from(e);
+            assert_eq!((api.status, api.kind), (status, kind), "{msg}");
+            assert_eq!(api.message, msg);
+        }
+    }
 }

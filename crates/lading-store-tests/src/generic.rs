@@ -477,6 +477,66 @@ pub async fn generic_jobs_subscribers_see_each_state_change(h: &dyn Harness) {
     assert!(!j.unsubscribe(finished.subscription));
 }
 
+/// A client that subscribes and goes away does not leave its subscription behind for ever:
+/// one nobody waited on for ten minutes is ended, one being waited on never is.
+pub async fn generic_jobs_unused_subscriptions_expire(h: &dyn Harness) {
+    let clock = ManualClock::new(1_700_000_000_000);
+    let (j, _s) = jobs_on(h, clock.clone(), "tester").await;
+    j.set_type_timeout("subx", 60).await.unwrap();
+    j.add("subx", "a", json!({}), None).await.unwrap();
+    let before = subtree(&j).await;
+    let (used, _) = j.subscribe("subx", "a").await.unwrap();
+    let (idle, _) = j.subscribe("subx", "a").await.unwrap();
+    let (held, _) = j.subscribe("subx", "a").await.unwrap();
+    // One is waited on for a long time, another briefly after five minutes.
+    let j2 = j.clone();
+    let long_wait = tokio::spawn(async move { j2.wait(&[held], None, WAIT * 10).await });
+    // Let it start waiting (its first poll marks the subscription as in use).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    clock.advance_ms(5 * 60_000);
+    assert!(
+        j.wait(&[used], None, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    clock.advance_ms(6 * 60_000);
+    // The next subscription sweeps: only the one unused for 11 minutes goes.
+    let (fresh, _) = j.subscribe("subx", "a").await.unwrap();
+    assert_eq!(j.subscription_count(), 4 - 1);
+    let err = j.wait(&[idle], None, Duration::ZERO).await.unwrap_err();
+    assert!(matches!(err, JobsError::NoSubscription(id) if id == idle));
+    assert!(
+        err.to_string().contains("expired after 10 minutes unused"),
+        "{err}"
+    );
+    assert_eq!(
+        lading_jobs::SUBSCRIPTION_IDLE_MS,
+        10 * 60_000,
+        "the message says so"
+    );
+    assert!(
+        j.wait(&[used, fresh], None, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // The long wait ends (its client went away); ten minutes later its subscription goes.
+    long_wait.abort();
+    let _ = long_wait.await;
+    clock.advance_ms(11 * 60_000);
+    let _ = j.subscribe("subx", "a").await.unwrap();
+    assert!(matches!(
+        j.wait(&[held], None, Duration::ZERO).await,
+        Err(JobsError::NoSubscription(_))
+    ));
+    assert_eq!(
+        subtree(&j).await,
+        before,
+        "subscriptions never touch the tree"
+    );
+}
+
 pub async fn generic_jobs_waiting_acceptor_is_woken_by_an_add(h: &dyn Harness) {
     let (j, _s) = jobs(h).await;
     let (adder, _sa) = jobs(h).await;

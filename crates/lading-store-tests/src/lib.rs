@@ -1613,6 +1613,7 @@ macro_rules! conformance_tests {
             generic_jobs_removed_while_running_halt_the_processor,
             generic_jobs_activity_monitor_requeues_a_stalled_job_once,
             generic_jobs_subscribers_see_each_state_change,
+            generic_jobs_unused_subscriptions_expire,
             generic_jobs_waiting_acceptor_is_woken_by_an_add,
         );
     };
