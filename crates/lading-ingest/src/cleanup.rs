@@ -1,7 +1,8 @@
 //! Cleanup: completed (and deleted) batches older than the retention age go, with their jobs,
 //! working directories and — for a batch made from an upload — the uploaded file; so do
-//! finished access requests with their assembled zips. Stored objects and the inventory
-//! stay: they are the point of ingest.
+//! finished access requests with their assembled zips; and, whatever their age, the quota
+//! slots of finished jobs and quota folders left empty. Stored objects and the inventory stay:
+//! they are the point of ingest.
 
 use crate::Ingest;
 use lading_core::BatchState;
@@ -15,6 +16,8 @@ pub struct Cleaned {
     pub jobs: usize,
     /// Finished access requests, with their assembled zips.
     pub access: usize,
+    /// Quota slots of finished jobs, and quota folders left empty (any age).
+    pub quotas: usize,
 }
 
 /// Where the access worker puts request `id`'s zip.
@@ -107,6 +110,7 @@ pub async fn cleanup(
             }
         }
     }
+    out.quotas = crate::quota::sweep(e).await?;
     Ok(out)
 }
 

@@ -130,6 +130,67 @@ pub async fn reserve(
     Err(EngineError::Conflict(dir))
 }
 
+/// Gives back every slot held by a job that is finished or gone, and removes the folders of
+/// submitters (and profiles) left with none — so `/quotas` does not keep a folder for every
+/// submitter ever seen. Each folder is changed in one versioned `multi`, so a reservation racing
+/// with the sweep is never lost: one of the two retries. Returns how many slots and folders
+/// went.
+pub async fn sweep(engine: &Engine) -> Result<usize, EngineError> {
+    let t = engine.tree();
+    let profiles = match t.children(QUOTAS).await {
+        Ok(p) => p,
+        Err(TreeError::NoNode(_)) => return Ok(0),
+        Err(e) => return Err(e.into()),
+    };
+    let mut removed = 0;
+    for p in profiles {
+        let pdir = format!("{QUOTAS}/{p}");
+        for s in t.children(&pdir).await.unwrap_or_default() {
+            let dir = format!("{pdir}/{s}");
+            let Some(node) = t.get(&dir).await? else {
+                continue;
+            };
+            let held = t.children(&dir).await.unwrap_or_default();
+            let mut stale = Vec::new();
+            for j in &held {
+                let gone = match JobId::parse(j) {
+                    Err(_) => true,
+                    Ok(jid) => match engine.job(&jid).await {
+                        Ok(info) => !in_flight(info.status.status),
+                        Err(EngineError::NoJob(_)) => true,
+                        Err(e) => return Err(e),
+                    },
+                };
+                if gone {
+                    stale.push(format!("{dir}/{j}"));
+                }
+            }
+            let empty = stale.len() == held.len();
+            if stale.is_empty() && !empty {
+                continue;
+            }
+            let n = stale.len() + usize::from(empty);
+            let mut ops = vec![Op::set(&dir, None, Some(node.stat.version))];
+            ops.extend(stale.into_iter().map(|p| Op::delete(p, None)));
+            if empty {
+                ops.push(Op::delete(&dir, None));
+            }
+            match t.multi(ops).await {
+                Ok(_) => removed += n,
+                // A reservation got in first: its folder is in use; the next sweep looks again.
+                Err(e) if is_race(&e) || matches!(e.root(), TreeError::NotEmpty(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        match t.delete(&pdir, None).await {
+            Ok(()) => removed += 1,
+            Err(TreeError::NotEmpty(_) | TreeError::NoNode(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(removed)
+}
+
 fn is_race(e: &TreeError) -> bool {
     matches!(
         e.root(),

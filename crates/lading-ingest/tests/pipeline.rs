@@ -776,6 +776,29 @@ async fn a_submitters_quota_keeps_its_jobs_waiting_while_others_go_ahead() {
     w.completes(&bob).await;
     h.stop();
     task.await.unwrap();
+    // Slots are given back lazily; cleanup gives back the rest and drops the empty folders,
+    // whatever the batches' age (both batches are young and stay).
+    let t = w.engine.tree();
+    assert!(t.exists("/quotas/quota/alice").await.unwrap().is_some());
+    let before = lading_engine::dump(t.as_ref(), "/batches").await.unwrap();
+    let now = w.engine.clock().now_ms();
+    let c = lading_ingest::cleanup::cleanup(&ingest, now, 3_600_000)
+        .await
+        .unwrap();
+    assert_eq!(c.batches, 0);
+    assert!(c.quotas >= 3, "{c:?}");
+    assert!(t.exists("/quotas/quota").await.unwrap().is_none());
+    assert_eq!(
+        lading_engine::dump(t.as_ref(), "/batches").await.unwrap(),
+        before,
+        "the batches are as they were"
+    );
+    // A new reservation makes its folders again.
+    let bob2 = submit("bob", w.file("bob2.bin", b"again").0, "file").await;
+    let (h, task) = w.run_all(&ingest);
+    w.completes(&bob2).await;
+    h.stop();
+    task.await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

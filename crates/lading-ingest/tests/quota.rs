@@ -1,0 +1,129 @@
+//! The quota sweep on a real store: it gives back only the slots of finished jobs, drops
+//! folders left empty, and never loses a reservation made while it runs.
+
+use lading_core::time::system_clock;
+use lading_core::{BatchState, Event, JobState, Tree};
+use lading_engine::{Engine, JobSpec};
+use lading_ingest::quota::{self, Slot};
+use lading_store_sqlite::{SqliteOptions, SqliteTree};
+use std::sync::Arc;
+
+async fn engine(dir: &std::path::Path) -> Arc<Engine> {
+    let tree = Arc::new(SqliteTree::open(dir.join("lading.db"), SqliteOptions::default()).unwrap());
+    let e = Arc::new(Engine::new(tree, system_clock(), "tester"));
+    e.init().await.unwrap();
+    e
+}
+
+/// A batch with `n` Pending jobs.
+async fn jobs(e: &Engine, n: usize) -> Vec<lading_core::layout::JobId> {
+    let mut sub = serde_json::Map::new();
+    sub.insert("profile_name".into(), "p".into());
+    let bid = e.create_batch(sub).await.unwrap();
+    let lease = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
+    assert_eq!(lease.batch, bid);
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(e.create_job(&lease, JobSpec::default()).await.unwrap());
+    }
+    e.release_batch_lease(lease).await.unwrap();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_gives_back_finished_slots_only_and_races_no_reservation() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = engine(dir.path()).await;
+    let t = e.tree().clone();
+    assert_eq!(
+        quota::sweep(&e).await.unwrap(),
+        0,
+        "nothing to sweep, no /quotas"
+    );
+    let ids = jobs(&e, 17).await;
+
+    // Reservations race with sweeps: every granted slot of a live job survives.
+    let mut tasks = Vec::new();
+    for (i, j) in ids.iter().take(16).enumerate() {
+        let (e, j) = (e.clone(), j.clone());
+        tasks.push(tokio::spawn(async move {
+            quota::reserve(&e, "p", &format!("s{}", i % 4), &j, 100)
+                .await
+                .unwrap()
+        }));
+    }
+    let sweeper = {
+        let e = e.clone();
+        tokio::spawn(async move {
+            let mut n = 0;
+            for _ in 0..50 {
+                n += quota::sweep(&e).await.unwrap();
+                tokio::task::yield_now().await;
+            }
+            n
+        })
+    };
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), Slot::Granted);
+    }
+    sweeper.await.unwrap();
+    for (i, j) in ids.iter().take(16).enumerate() {
+        let slot = format!("/quotas/p/s{}/{j}", i % 4);
+        assert!(t.exists(&slot).await.unwrap().is_some(), "{slot} was lost");
+    }
+    assert_eq!(
+        quota::sweep(&e).await.unwrap(),
+        0,
+        "live jobs keep their slots"
+    );
+
+    // One job fails (finished): its slot goes, the others stay; a slot of a job that never existed
+    // goes too.
+    let lease = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let done = lease.job.clone();
+    e.job_transition(lease, Event::Fail, Some("failed for the test".into()))
+        .await
+        .unwrap();
+    assert_eq!(
+        quota::reserve(&e, "p", "ghost", &ids[16], 1).await.unwrap(),
+        Slot::Granted
+    );
+    e.tree()
+        .multi(vec![lading_core::Op::delete(
+            format!("/quotas/p/ghost/{}", ids[16]),
+            None,
+        )])
+        .await
+        .unwrap();
+    t.create(
+        "/quotas/p/ghost/not-a-job",
+        None,
+        lading_core::CreateMode::Persistent,
+    )
+    .await
+    .unwrap();
+    let n = quota::sweep(&e).await.unwrap();
+    assert_eq!(
+        n,
+        1 + 2,
+        "the finished job's slot, the ghost's slot and its folder"
+    );
+    let held: usize = futures_count(&t, &["s0", "s1", "s2", "s3"]).await;
+    assert_eq!(held, 15);
+    assert!(t.exists("/quotas/p/ghost").await.unwrap().is_none());
+    let i = ids.iter().position(|j| *j == done).unwrap();
+    assert!(
+        t.exists(&format!("/quotas/p/s{}/{done}", i % 4))
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+async fn futures_count(t: &Arc<dyn Tree>, subs: &[&str]) -> usize {
+    let mut n = 0;
+    for s in subs {
+        n += t.children(&format!("/quotas/p/{s}")).await.unwrap().len();
+    }
+    n
+}
