@@ -69,11 +69,12 @@ enum Command {
     /// Run pipeline stages until SIGINT/SIGTERM.
     Worker {
         /// Stages, comma-separated: intake, pending, estimating, provisioning, downloading,
-        /// processing, storing, recording, notify, reporting, update-reporting.
+        /// processing, storing, recording, notify, reporting, update-reporting, and the access
+        /// queues access-small, access-large (assembling requested versions as zips).
         #[arg(
             long,
             value_delimiter = ',',
-            default_value = "intake,pending,estimating,provisioning,downloading,processing,storing,recording,notify,reporting,update-reporting"
+            default_value = "intake,pending,estimating,provisioning,downloading,processing,storing,recording,notify,reporting,update-reporting,access-small,access-large"
         )]
         stages: Vec<String>,
         /// Seconds running jobs get to finish after the first signal.
@@ -330,14 +331,38 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Worker { stages, grace_s } => {
             let cfg = pipeline::config(cli.config.as_deref())?;
             let ingest = pipeline::ingest(&store, cfg).await?;
-            let names: Vec<&str> = stages.iter().map(String::as_str).collect();
-            pipeline::run_until_signal(
-                &ingest,
-                &names,
-                std::time::Duration::from_secs(grace_s),
-                || {},
-            )
-            .await?;
+            if let Some(bad) = stages.iter().find(|n| {
+                !lading_ingest::STAGE_NAMES.contains(&n.as_str())
+                    && !serve::ACCESS_STAGES.contains(&n.as_str())
+            }) {
+                anyhow::bail!(
+                    "unknown stage {bad:?}; the stages are {}, {}",
+                    lading_ingest::STAGE_NAMES.join(", "),
+                    serve::ACCESS_STAGES.join(", ")
+                );
+            }
+            let (access, names): (Vec<&str>, Vec<&str>) = stages
+                .iter()
+                .map(String::as_str)
+                .partition(|n| serve::ACCESS_STAGES.contains(n));
+            let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+            let access = serve::access_workers(&ingest, &access, &stop_rx);
+            let grace = std::time::Duration::from_secs(grace_s);
+            let r = if names.is_empty() && !access.is_empty() {
+                eprintln!("lading: running the access queues (stop with Ctrl-C)");
+                pipeline::signal().await;
+                Ok(())
+            } else {
+                pipeline::run_until_signal(&ingest, &names, grace, || {
+                    let _ = stop_tx.send(true);
+                })
+                .await
+            };
+            let _ = stop_tx.send(true);
+            for w in access {
+                w.await?;
+            }
+            r?;
         }
         Command::Serve { listen, grace_s } => {
             serve::serve(

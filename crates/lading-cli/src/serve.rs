@@ -62,19 +62,7 @@ pub async fn serve(
             let _ = rx.wait_for(|s| *s).await;
         },
     ));
-    let access_workers: Vec<_> = [
-        lading_core::layout::AccessQueue::Small,
-        lading_core::layout::AccessQueue::Large,
-    ]
-    .into_iter()
-    .map(|q| {
-        tokio::spawn(lading_server::access::run_worker(
-            ingest.clone(),
-            q,
-            stop_rx.clone(),
-        ))
-    })
-    .collect();
+    let access_workers = access_workers(&ingest, &ACCESS_STAGES, &stop_rx);
     let monitor_stop = Arc::new(tokio::sync::Notify::new());
     let monitor = {
         let (j, s) = (jobs.clone(), monitor_stop.clone());
@@ -94,4 +82,32 @@ pub async fn serve(
         w.await?;
     }
     r
+}
+
+/// The access queues as `lading worker` stage names.
+pub const ACCESS_STAGES: [&str; 2] = ["access-small", "access-large"];
+
+/// Starts a worker for each access queue named (`access-small`, `access-large`); each runs
+/// until `stop` turns true.
+pub fn access_workers(
+    ingest: &Arc<lading_ingest::Ingest>,
+    names: &[&str],
+    stop: &tokio::sync::watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    use lading_core::layout::AccessQueue;
+    names
+        .iter()
+        .filter_map(|n| match *n {
+            "access-small" => Some(AccessQueue::Small),
+            "access-large" => Some(AccessQueue::Large),
+            _ => None,
+        })
+        .map(|q| {
+            tokio::spawn(lading_server::access::run_worker(
+                ingest.clone(),
+                q,
+                stop.clone(),
+            ))
+        })
+        .collect()
 }

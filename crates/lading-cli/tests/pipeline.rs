@@ -1,6 +1,7 @@
 //! `lading worker`, `submit` and `demo` as processes: a worker SIGKILLed mid-download is
 //! resumed by another process without fetching verified files again; SIGTERM stops a worker
-//! cleanly; a newcomer's `lading demo` runs a batch to its report.
+//! cleanly (also one serving the access queues alone); a worker's default stages include the
+//! access queues; a newcomer's `lading demo` runs a batch to its report.
 
 use lading_core::BatchState;
 use lading_core::layout::BatchId;
@@ -188,14 +189,77 @@ async fn submit_wait_shows_progress_and_ends_with_the_report() {
     assert!(o.status.success(), "{err}");
     assert!(out.contains(": Completed"), "{out}");
     assert!(out.contains("ark:/99999/fk4"), "{out}");
+    // The same worker serves the access queues: a request for the stored version gets its zip.
+    let e = engine(&s.db).await;
+    let ark = out
+        .split_whitespace()
+        .find(|w| w.starts_with("ark:/99999/fk4"))
+        .unwrap()
+        .trim_end_matches([',', ';', ')'])
+        .to_string();
+    let queue = lading_core::layout::AccessQueue::Small;
+    let id = e
+        .create_access(queue, &serde_json::json!({"ark": ark, "version": 1}))
+        .await
+        .unwrap();
+    let zip = s.dir.path().join(format!("data/access/small-{id}.zip"));
+    until("the access request to complete", async || {
+        e.access(queue, &id).await.unwrap().status.status == lading_core::AccessState::Completed
+    })
+    .await;
+    assert!(
+        std::fs::metadata(&zip).unwrap().len() > 0,
+        "{}",
+        zip.display()
+    );
     worker.kill().unwrap();
     worker.wait().unwrap();
+    // A worker of the access queues alone, as a process of its own.
+    let mut access = s
+        .cmd(&["worker", "--stages", "access-large"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let large = lading_core::layout::AccessQueue::Large;
+    let id = e
+        .create_access(large, &serde_json::json!({"ark": ark, "version": 1}))
+        .await
+        .unwrap();
+    until("the large access request to complete", async || {
+        e.access(large, &id).await.unwrap().status.status == lading_core::AccessState::Completed
+    })
+    .await;
+    assert!(
+        s.dir
+            .path()
+            .join(format!("data/access/large-{id}.zip"))
+            .exists()
+    );
+    let st = Command::new("kill")
+        .args(["-TERM", &access.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let status = access.wait().unwrap();
+    assert!(
+        status.success(),
+        "an access worker stops cleanly on SIGTERM: {status:?}"
+    );
+    // Bad input: an unknown stage is named, with the list.
+    let o = s.run(&["worker", "--stages", "access-medium"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("unknown stage \"access-medium\"")
+            && err.contains("access-small, access-large"),
+        "{err}"
+    );
     // Bad input: an unknown profile is refused, and nothing is stored.
     let o = s.run(&["submit", &url, "--profile", "nope"]);
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("unknown profile \"nope\""), "{err}");
-    let e = engine(&s.db).await;
     assert_eq!(e.batch_ids().await.unwrap().len(), 1);
 }
 
