@@ -336,6 +336,9 @@ pub struct PipelineFigures {
     pub store_stream_mb_s: f64,
     /// `std::fs::copy` of one object's worth of bytes plus fsync, in the same directory.
     pub disk_copy_mb_s: f64,
+    /// CPU time of this process while measured: user and system (kernel) seconds.
+    pub cpu_user_s: f64,
+    pub cpu_system_s: f64,
     pub stages: std::collections::BTreeMap<String, lading_worker::StageFigures>,
 }
 
@@ -446,6 +449,7 @@ pub async fn bench(
     std::fs::write(payload.join("batch.checkm"), batch)?;
     let ingest = ingest(store, cfg).await?;
     let start = std::time::Instant::now();
+    let cpu0 = crate::bench::cpu_user_system();
     let bid = lading_ingest::submit(
         &ingest,
         &Submission {
@@ -465,6 +469,7 @@ pub async fn bench(
         );
     wait_batch(&ingest.engine, &bid, false).await?;
     let seconds = start.elapsed().as_secs_f64();
+    let cpu1 = crate::bench::cpu_user_system();
     handle.stop();
     let stats = task.await?.map_err(anyhow::Error::msg)?;
     let info = ingest.engine.batch(&bid).await?;
@@ -488,6 +493,8 @@ pub async fn bench(
         download_stream_mb_s: stream("Downloading"),
         store_stream_mb_s: stream("Storing"),
         disk_copy_mb_s: copy,
+        cpu_user_s: cpu1.0 - cpu0.0,
+        cpu_system_s: cpu1.1 - cpu0.1,
         stages,
     };
     ingest.engine.tree().close().await?;
@@ -511,6 +518,10 @@ pub fn print_pipeline(f: &PipelineFigures) {
     println!(
         "  one stream: downloading {:.1} MB/s, storing {:.1} MB/s; disk copy here {:.1} MB/s",
         f.download_stream_mb_s, f.store_stream_mb_s, f.disk_copy_mb_s
+    );
+    println!(
+        "  cpu: {:.2} s user, {:.2} s system (kernel) in this process while measured",
+        f.cpu_user_s, f.cpu_system_s
     );
     println!("  per stage (handler time): done, p50, p99 ms");
     for (s, x) in &f.stages {
