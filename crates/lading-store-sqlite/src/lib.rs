@@ -559,6 +559,8 @@ impl Writer {
                 self.materialize = false;
                 if let Err(e) = self.materialize_now() {
                     let _ = self.conn.execute_batch("ROLLBACK");
+                    // The log keeps everything; try again after as many commits again.
+                    self.applied = self.last_seq;
                     tracing::warn!(error = %e, "could not bring the nodes table up to date");
                 }
             }
