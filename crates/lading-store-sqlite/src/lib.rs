@@ -6,7 +6,8 @@
 //!   memory (versions, parents, emptiness) — no reads, no savepoints on the commit path.
 //! - **A commit is one log entry.** What a group changed is appended to the `changes` table as
 //!   one row of node images ([`log`]); that row is the durable record. The `nodes` table is
-//!   brought up to date in bulk every [`MATERIALIZE_AFTER`] commits, on a quiet second, and at
+//!   brought up to date in bulk: after 64 commits when no request is waiting (so no request
+//!   waits long behind it), after [`MATERIALIZE_AFTER`] at the latest, on a quiet second, and at
 //!   close: each node changed meanwhile is written once with its last image, and a node made
 //!   and dropped in between (a lease, a state reference) never reaches it. Opening loads the
 //!   rows, then replays the log after them (`lading_meta.applied`).
@@ -57,6 +58,8 @@ const FORMAT_1: &str = "lading-tree-1";
 const CHANGES_KEPT: i64 = 10_000;
 /// Commits after which the writer brings the `nodes` table up to date.
 pub const MATERIALIZE_AFTER: i64 = 512;
+/// Commits after which the writer brings the table up to date when no request is waiting.
+pub const MATERIALIZE_IDLE_AFTER: i64 = 64;
 
 /// How a store is opened.
 #[derive(Clone)]
@@ -73,6 +76,11 @@ pub struct SqliteOptions {
     /// How often the `nodes` table is brought up to date when fewer than
     /// [`MATERIALIZE_AFTER`] commits came.
     pub materialize_every_ms: u64,
+    /// Commits after which the table is brought up to date at the latest
+    /// ([`MATERIALIZE_AFTER`]), and after which it is when no request is waiting
+    /// ([`MATERIALIZE_IDLE_AFTER`]).
+    pub materialize_after: i64,
+    pub materialize_idle_after: i64,
 }
 
 impl Default for SqliteOptions {
@@ -84,6 +92,8 @@ impl Default for SqliteOptions {
             clock: system_clock(),
             poll_interval_ms: 20,
             materialize_every_ms: 1000,
+            materialize_after: MATERIALIZE_AFTER,
+            materialize_idle_after: MATERIALIZE_IDLE_AFTER,
         }
     }
 }
@@ -545,7 +555,15 @@ struct Committed {
 
 impl Writer {
     fn run(mut self, rx: mpsc::Receiver<Req>) {
-        while let Ok(first) = rx.recv() {
+        let mut carry: Option<Req> = None;
+        loop {
+            let first = match carry.take() {
+                Some(r) => r,
+                None => match rx.recv() {
+                    Ok(r) => r,
+                    Err(_) => break,
+                },
+            };
             let mut group = vec![first];
             while group.len() < MAX_GROUP {
                 match rx.try_recv() {
@@ -555,7 +573,12 @@ impl Writer {
             }
             let t = std::time::Instant::now();
             let done = self.apply_group(group);
-            if self.materialize || self.last_seq - self.applied >= MATERIALIZE_AFTER {
+            // Nobody waiting: a good moment to catch the table up on a smaller backlog.
+            carry = rx.try_recv().ok();
+            let backlog = self.last_seq - self.applied;
+            let opts = &self.shared.opts;
+            let idle = carry.is_none() && backlog >= opts.materialize_idle_after;
+            if self.materialize || idle || backlog >= opts.materialize_after {
                 self.materialize = false;
                 if let Err(e) = self.materialize_now() {
                     let _ = self.conn.execute_batch("ROLLBACK");
