@@ -269,13 +269,28 @@ fn open_conn(path: &Path, durable: bool) -> Result<Connection, TreeError> {
     Ok(conn)
 }
 
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}
+
 /// Refuses a file that holds anything but a Lading store (or nothing).
 fn check_ours(conn: &Connection, path: &Path) -> Result<(), TreeError> {
     let not_ours = |why: String| TreeError::NotOurs(path.display().to_string(), why);
     let tables: Vec<String> = conn
         .prepare("SELECT name FROM sqlite_master WHERE type='table'")
         .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
-        .map_err(|e| not_ours(e.to_string()))?;
+        .map_err(|e| {
+            if is_busy(&e) {
+                // Another process is creating or changing the store right now, for longer
+                // than the busy timeout: that says nothing about whose file it is.
+                TreeError::Backend(format!("{} is busy: {e}", path.display()))
+            } else {
+                not_ours(e.to_string())
+            }
+        })?;
     if !tables.is_empty() && !tables.iter().any(|t| t == "lading_meta") {
         return Err(not_ours(format!(
             "it holds other tables ({})",
@@ -1037,6 +1052,10 @@ impl SqliteTree {
                 OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
             )
             .map_err(|e| TreeError::NotOurs(path.display().to_string(), e.to_string()))?;
+            // Several processes may open a new store at once: wait out the one creating it.
+            probe
+                .busy_timeout(Duration::from_secs(30))
+                .map_err(backend)?;
             check_ours(&probe, &path)?;
             init_schema(&probe, &path, opts.clock.now_ms())?;
         }

@@ -272,3 +272,31 @@ async fn a_quiet_store_brings_its_table_up_to_date_on_its_own() {
     assert!(a.stats().materializations >= 1);
     a.close().await.unwrap();
 }
+
+#[test]
+fn processes_opening_a_new_store_at_once_all_get_it() {
+    // As `lading worker` and `lading submit` started together do: one creates the schema while
+    // the others look at the file; they wait for it instead of calling it "not ours".
+    for _ in 0..5 {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("lading.db");
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(8));
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let (file, barrier) = (file.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    SqliteTree::open(&file, SqliteOptions::default()).map(|t| t.session_id())
+                })
+            })
+            .collect();
+        let mut sessions = std::collections::HashSet::new();
+        for h in handles {
+            let s = h
+                .join()
+                .unwrap()
+                .unwrap_or_else(|e| panic!("open failed: {e}"));
+            assert!(sessions.insert(s), "each opener has its own session");
+        }
+    }
+}
