@@ -250,7 +250,13 @@ fn open_conn(path: &Path, durable: bool) -> Result<Connection, TreeError> {
         .map_err(backend)?;
     let mode: String = conn
         .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
-        .map_err(|e| TreeError::NotOurs(path.display().to_string(), e.to_string()))?;
+        .map_err(|e| {
+            if is_busy(&e) {
+                busy(path, e)
+            } else {
+                TreeError::NotOurs(path.display().to_string(), e.to_string())
+            }
+        })?;
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(TreeError::Backend(format!(
             "could not switch {} to WAL (got {mode})",
@@ -262,11 +268,26 @@ fn open_conn(path: &Path, durable: bool) -> Result<Connection, TreeError> {
     } else {
         "PRAGMA synchronous=NORMAL;"
     })
-    .map_err(backend)?;
+    .map_err(|e| busy_or_backend(path, e))?;
     conn.execute_batch("PRAGMA cache_size=-32768; PRAGMA temp_store=MEMORY;")
-        .map_err(backend)?;
+        .map_err(|e| busy_or_backend(path, e))?;
     conn.set_prepared_statement_cache_capacity(64);
     Ok(conn)
+}
+
+/// What a busy error's message says, so opening can tell it apart and try again.
+const BUSY: &str = " is busy: ";
+
+fn busy(path: &Path, e: rusqlite::Error) -> TreeError {
+    TreeError::Backend(format!("{}{BUSY}{e}", path.display()))
+}
+
+fn busy_or_backend(path: &Path, e: rusqlite::Error) -> TreeError {
+    if is_busy(&e) {
+        busy(path, e)
+    } else {
+        backend(e)
+    }
 }
 
 fn is_busy(e: &rusqlite::Error) -> bool {
@@ -284,9 +305,9 @@ fn check_ours(conn: &Connection, path: &Path) -> Result<(), TreeError> {
         .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
         .map_err(|e| {
             if is_busy(&e) {
-                // Another process is creating or changing the store right now, for longer
-                // than the busy timeout: that says nothing about whose file it is.
-                TreeError::Backend(format!("{} is busy: {e}", path.display()))
+                // Another process is creating or changing the store right now: that says
+                // nothing about whose file it is.
+                busy(path, e)
             } else {
                 not_ours(e.to_string())
             }
@@ -309,7 +330,7 @@ fn init_schema(conn: &Connection, path: &Path, now: u64) -> Result<(), TreeError
             [],
             |r| r.get::<_, i64>(0),
         )
-        .map_err(backend)?
+        .map_err(|e| busy_or_backend(path, e))?
         > 0;
     if has_meta {
         let format: Option<String> = conn
@@ -319,7 +340,7 @@ fn init_schema(conn: &Connection, path: &Path, now: u64) -> Result<(), TreeError
                 |r| r.get(0),
             )
             .optional()
-            .map_err(backend)?;
+            .map_err(|e| busy_or_backend(path, e))?;
         return match format.as_deref() {
             Some(FORMAT) => Ok(()),
             // Every row of format 1 is current, so its log (paths only) is simply replaced.
@@ -335,7 +356,7 @@ fn init_schema(conn: &Connection, path: &Path, now: u64) -> Result<(), TreeError
                 )
                 .map_err(|e| {
                     let _ = conn.execute_batch("ROLLBACK");
-                    backend(e)
+                    busy_or_backend(path, e)
                 }),
             other => Err(not_ours(format!(
                 "unknown format {other:?}, this build reads {FORMAT}"
@@ -355,18 +376,19 @@ fn init_schema(conn: &Connection, path: &Path, now: u64) -> Result<(), TreeError
             id INTEGER PRIMARY KEY AUTOINCREMENT, owner TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL,
             start_time INTEGER, timeout_ms INTEGER NOT NULL, expires_ms INTEGER NOT NULL);",
     )
-    .map_err(backend)?;
+    .map_err(|e| busy_or_backend(path, e))?;
     conn.execute(
         "INSERT OR IGNORE INTO lading_meta(key, value) VALUES ('format', ?1), ('applied', '0')",
         [FORMAT],
     )
-    .map_err(backend)?;
+    .map_err(|e| busy_or_backend(path, e))?;
     conn.execute(
         "INSERT OR IGNORE INTO nodes(parent, name, data, version, owner, ctime, mtime) VALUES ('', '', NULL, 0, 0, ?1, ?1)",
         [now as i64],
     )
-    .map_err(backend)?;
-    conn.execute_batch("COMMIT;").map_err(backend)?;
+    .map_err(|e| busy_or_backend(path, e))?;
+    conn.execute_batch("COMMIT;")
+        .map_err(|e| busy_or_backend(path, e))?;
     Ok(())
 }
 
@@ -1045,10 +1067,33 @@ impl SqliteTree {
             std::fs::create_dir_all(dir)
                 .map_err(|e| TreeError::Backend(format!("cannot create {}: {e}", dir.display())))?;
         }
+        // Several processes may open a new store at once; one creating it or switching it to
+        // WAL can keep the others busy past SQLite's own wait (changing the journal mode does
+        // not wait). They try again.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let (conn, sync_conn) = loop {
+            match Self::prepare_file(&path, &opts) {
+                Err(TreeError::Backend(m))
+                    if m.contains(BUSY) && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                r => break r?,
+            }
+        };
+        Self::open_prepared(path, opts, conn, sync_conn)
+    }
+
+    /// Checks the file is ours (or empty), makes the schema, and opens the writer's and the
+    /// readers' connections.
+    fn prepare_file(
+        path: &Path,
+        opts: &SqliteOptions,
+    ) -> Result<(Connection, Connection), TreeError> {
         // Look before touching: a file that is not ours must not even be switched to WAL.
         {
             let probe = Connection::open_with_flags(
-                &path,
+                path,
                 OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
             )
             .map_err(|e| TreeError::NotOurs(path.display().to_string(), e.to_string()))?;
@@ -1056,13 +1101,23 @@ impl SqliteTree {
             probe
                 .busy_timeout(Duration::from_secs(30))
                 .map_err(backend)?;
-            check_ours(&probe, &path)?;
-            init_schema(&probe, &path, opts.clock.now_ms())?;
+            check_ours(&probe, path)?;
+            init_schema(&probe, path, opts.clock.now_ms())?;
         }
         // The writer commits without fsync; the syncer thread fsyncs the WAL before anyone is
         // told a commit happened (when `durable`), so the next group need not wait for it.
-        let conn = open_conn(&path, false)?;
-        let sync_conn = open_conn(&path, opts.durable)?;
+        let conn = open_conn(path, false)?;
+        let sync_conn = open_conn(path, opts.durable)?;
+        Ok((conn, sync_conn))
+    }
+
+    /// Registers the session, loads the tree and starts the threads.
+    fn open_prepared(
+        path: PathBuf,
+        opts: SqliteOptions,
+        conn: Connection,
+        sync_conn: Connection,
+    ) -> Result<SqliteTree, TreeError> {
         let mut mem = Mem::default();
         // Register, reap what crashed processes left, and load — in one write transaction so
         // the image and the log position agree.

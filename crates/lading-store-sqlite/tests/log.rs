@@ -277,7 +277,7 @@ async fn a_quiet_store_brings_its_table_up_to_date_on_its_own() {
 fn processes_opening_a_new_store_at_once_all_get_it() {
     // As `lading worker` and `lading submit` started together do: one creates the schema while
     // the others look at the file; they wait for it instead of calling it "not ours".
-    for _ in 0..5 {
+    for _ in 0..20 {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("lading.db");
         let barrier = std::sync::Arc::new(std::sync::Barrier::new(8));
