@@ -75,6 +75,16 @@ impl Setup {
     }
 }
 
+/// A child process that is killed when the test ends, also when it fails half-way.
+struct Reap(Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 async fn engine(db: &Path) -> Arc<Engine> {
     let tree = Arc::new(SqliteTree::open(db, SqliteOptions::default()).unwrap());
     let e = Arc::new(Engine::new(tree, system_clock(), "observer"));
@@ -180,7 +190,7 @@ async fn submit_wait_shows_progress_and_ends_with_the_report() {
     std::fs::create_dir_all(&payload).unwrap();
     std::fs::write(payload.join("one.txt"), b"one file").unwrap();
     let url = format!("file://{}", payload.join("one.txt").display());
-    let mut worker = s.worker();
+    let mut worker = Reap(s.worker());
     let o = s.run(&["submit", &url, "--profile", "demo", "--wait"]);
     let (out, err) = (
         String::from_utf8_lossy(&o.stdout),
@@ -212,15 +222,16 @@ async fn submit_wait_shows_progress_and_ends_with_the_report() {
         "{}",
         zip.display()
     );
-    worker.kill().unwrap();
-    worker.wait().unwrap();
+    worker.0.kill().unwrap();
+    worker.0.wait().unwrap();
     // A worker of the access queues alone, as a process of its own.
-    let mut access = s
-        .cmd(&["worker", "--stages", "access-large"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut access = Reap(
+        s.cmd(&["worker", "--stages", "access-large"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let large = lading_core::layout::AccessQueue::Large;
     let id = e
         .create_access(large, &serde_json::json!({"ark": ark, "version": 1}))
@@ -237,11 +248,11 @@ async fn submit_wait_shows_progress_and_ends_with_the_report() {
             .exists()
     );
     let st = Command::new("kill")
-        .args(["-TERM", &access.id().to_string()])
+        .args(["-TERM", &access.0.id().to_string()])
         .status()
         .unwrap();
     assert!(st.success());
-    let status = access.wait().unwrap();
+    let status = access.0.wait().unwrap();
     assert!(
         status.success(),
         "an access worker stops cleanly on SIGTERM: {status:?}"
