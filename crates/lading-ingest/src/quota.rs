@@ -71,6 +71,29 @@ fn in_flight(s: JobState) -> bool {
     )
 }
 
+/// The paths of the slots in `dir` (children `held`) whose job is finished or gone.
+async fn stale_slots(
+    engine: &Engine,
+    dir: &str,
+    held: &[String],
+) -> Result<Vec<String>, EngineError> {
+    let mut stale = Vec::new();
+    for j in held {
+        let gone = match JobId::parse(j) {
+            Err(_) => true,
+            Ok(jid) => match engine.job(&jid).await {
+                Ok(info) => !in_flight(info.status.status),
+                Err(EngineError::NoJob(_)) => true,
+                Err(e) => return Err(e),
+            },
+        };
+        if gone {
+            stale.push(format!("{dir}/{j}"));
+        }
+    }
+    Ok(stale)
+}
+
 /// Reserves a slot for `job` under `limit`, or says the submitter is full.
 pub async fn reserve(
     engine: &Engine,
@@ -92,20 +115,7 @@ pub async fn reserve(
             return Ok(Slot::Granted);
         }
         if held.len() >= limit {
-            let mut stale = Vec::new();
-            for j in &held {
-                let gone = match JobId::parse(j) {
-                    Err(_) => true,
-                    Ok(jid) => match engine.job(&jid).await {
-                        Ok(info) => !in_flight(info.status.status),
-                        Err(EngineError::NoJob(_)) => true,
-                        Err(e) => return Err(e),
-                    },
-                };
-                if gone {
-                    stale.push(format!("{dir}/{j}"));
-                }
-            }
+            let stale = stale_slots(engine, &dir, &held).await?;
             if stale.is_empty() {
                 return Ok(Slot::Full(held.len()));
             }
@@ -151,20 +161,7 @@ pub async fn sweep(engine: &Engine) -> Result<usize, EngineError> {
                 continue;
             };
             let held = t.children(&dir).await.unwrap_or_default();
-            let mut stale = Vec::new();
-            for j in &held {
-                let gone = match JobId::parse(j) {
-                    Err(_) => true,
-                    Ok(jid) => match engine.job(&jid).await {
-                        Ok(info) => !in_flight(info.status.status),
-                        Err(EngineError::NoJob(_)) => true,
-                        Err(e) => return Err(e),
-                    },
-                };
-                if gone {
-                    stale.push(format!("{dir}/{j}"));
-                }
-            }
+            let stale = stale_slots(engine, &dir, &held).await?;
             let empty = stale.len() == held.len();
             if stale.is_empty() && !empty {
                 continue;

@@ -461,8 +461,7 @@ fn each_change(
     Ok(())
 }
 
-fn fold_entries(mem: &mut Mem, entries: Vec<log::Entry>, paths: Option<&mut HashSet<String>>) {
-    let mut paths = paths;
+fn fold_entries(mem: &mut Mem, entries: Vec<log::Entry>, mut paths: Option<&mut HashSet<String>>) {
     for e in entries {
         match e.node {
             Some(n) => mem.put(e.path.clone(), n),
