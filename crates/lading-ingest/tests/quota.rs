@@ -108,7 +108,7 @@ async fn the_sweep_gives_back_finished_slots_only_and_races_no_reservation() {
         1 + 2,
         "the finished job's slot, the ghost's slot and its folder"
     );
-    let held: usize = futures_count(&t, &["s0", "s1", "s2", "s3"]).await;
+    let held: usize = slots_held(&t, &["s0", "s1", "s2", "s3"]).await;
     assert_eq!(held, 15);
     assert!(t.exists("/quotas/p/ghost").await.unwrap().is_none());
     let i = ids.iter().position(|j| *j == done).unwrap();
@@ -120,7 +120,7 @@ async fn the_sweep_gives_back_finished_slots_only_and_races_no_reservation() {
     );
 }
 
-async fn futures_count(t: &Arc<dyn Tree>, subs: &[&str]) -> usize {
+async fn slots_held(t: &Arc<dyn Tree>, subs: &[&str]) -> usize {
     let mut n = 0;
     for s in subs {
         n += t.children(&format!("/quotas/p/{s}")).await.unwrap().len();
