@@ -144,7 +144,7 @@ async fn a_worker_killed_mid_download_is_resumed_by_another_without_refetching()
             .flatten()
             .flatten()
             .any(|d| {
-                std::fs::read_to_string(d.path().join(".lading/downloaded.json"))
+                std::fs::read_to_string(d.path().join(".lading/downloaded.jsonl"))
                     .is_ok_and(|t| t.contains("a.bin"))
             })
     })

@@ -24,7 +24,7 @@ pub use error::{EngineError, Result};
 use lading_core::layout::{self, *};
 use lading_core::time::{SharedClock, format_ts};
 use lading_core::{
-    AccessState, BatchState, CreateMode, Event, JobProgress, JobState, Op, Tree, TreeError,
+    AccessState, BatchState, CreateMode, Event, JobProgress, JobState, Op, Tree, TreeError, Watch,
     WatchKind,
 };
 use serde::Serialize;
@@ -167,8 +167,9 @@ pub struct Engine {
     terminal_batches: Mutex<HashMap<BatchId, BatchState>>,
     /// Pause and hold flags read under a watch: valid until the watch fires.
     flags: Mutex<HashMap<String, (bool, Arc<AtomicBool>)>>,
-    /// Job locks another worker was found holding, skipped by acquisition for a moment.
-    busy: Mutex<HashMap<String, std::time::Instant>>,
+    /// Job locks another worker was found holding, per state folder: skipped by acquisition
+    /// for a moment, and watched by a waiting worker of that state.
+    busy: Mutex<HashMap<String, BusyFolder>>,
     /// References of jobs found deferred (a retry time in the future) → that time in ms:
     /// acquisition skips them without a round trip until then.
     deferred: Mutex<HashMap<String, u64>>,
@@ -180,6 +181,14 @@ pub struct Engine {
     /// winner lets go (the tree's own watch may have fired before the claim was dropped).
     unclaimed: tokio::sync::Notify,
     local_conflicts: std::sync::atomic::AtomicU64,
+}
+
+/// References of one state folder found locked by other workers, and when.
+#[derive(Default)]
+struct BusyFolder {
+    names: HashMap<String, std::time::Instant>,
+    /// When a lock was last found taken here.
+    last: Option<std::time::Instant>,
 }
 
 /// Status field (`/jobs/JID/status`, beside Merritt's fields) holding the earliest time, in
@@ -199,6 +208,19 @@ const SWEEP: Duration = Duration::from_secs(10);
 
 /// Bound on `job_batches`; it is simply emptied when full.
 const JOB_BATCHES_KEPT: usize = 100_000;
+
+/// Ready when any of `watches` fires; never, when there are none.
+async fn any_of(mut watches: Vec<Watch>) {
+    std::future::poll_fn(|cx| {
+        for w in watches.iter_mut() {
+            if std::pin::Pin::new(w).poll(cx).is_ready() {
+                return std::task::Poll::Ready(());
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
+}
 
 fn lost(what: &str) -> EngineError {
     EngineError::LeaseLost(what.to_string())
@@ -939,12 +961,8 @@ impl Engine {
             if now_live.iter().any(|b| !live.contains(b)) {
                 continue;
             }
-            let mut set = tokio::task::JoinSet::new();
-            for w in watches {
-                set.spawn(w);
-            }
             tokio::select! {
-                _ = set.join_next() => {}
+                _ = any_of(watches) => {}
                 _ = &mut unclaimed, if lost_locally => {}
                 _ = &mut cancel => return Ok(None),
                 _ = tokio::time::sleep(SWEEP) => {}
@@ -1464,15 +1482,15 @@ impl Engine {
             let (mut names, busy): (Vec<&String>, Vec<&String>) = page
                 .iter()
                 .filter(|n| !self.is_deferred(&folder, n))
-                .partition(|n| !self.is_busy(n));
+                .partition(|n| !self.is_busy(&folder, n));
             // At most one of them per call, the one found locked longest ago: every such job
             // is still tried in turn, without a burst of refused writes.
-            let busy = busy.into_iter().min_by_key(|n| self.busy_since(n));
+            let busy = busy.into_iter().min_by_key(|n| self.busy_since(&folder, n));
             let free = names.len();
             names.extend(busy);
             // Once this process has met other workers at the head of a queue, it spreads its
             // picks from the start; a lone worker takes strictly the head.
-            let mut contended = self.contended_lately();
+            let mut contended = self.contended_lately(&folder);
             for i in 0..names.len() {
                 if contended && i < free {
                     // Others are taking the head too: pick among the next few of the same
@@ -1495,7 +1513,7 @@ impl Engine {
                     .take_lock(&lock, Op::check(join(&folder, name), None))
                     .await?
                 {
-                    self.mark_busy(name);
+                    self.mark_busy(&folder, name);
                     contended = true;
                     continue;
                 }
@@ -1568,48 +1586,60 @@ impl Engine {
             .map(|at| Duration::from_millis(at - now))
     }
 
-    fn is_busy(&self, reference: &str) -> bool {
+    fn is_busy(&self, folder: &str, reference: &str) -> bool {
         let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
-        match busy.get(reference) {
+        let Some(f) = busy.get_mut(folder) else {
+            return false;
+        };
+        match f.names.get(reference) {
             Some(t) if t.elapsed() < BUSY_SKIP => true,
             Some(_) => {
-                busy.remove(reference);
+                f.names.remove(reference);
                 false
             }
             None => false,
         }
     }
 
-    /// References found locked lately, newest first, at most `n`.
-    fn busy_names(&self, n: usize) -> Vec<String> {
-        let busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
-        let mut v: Vec<(&String, &std::time::Instant)> = busy.iter().collect();
-        v.sort_by(|a, b| b.1.cmp(a.1));
-        v.into_iter().take(n).map(|(k, _)| k.clone()).collect()
-    }
-
-    fn busy_since(&self, reference: &str) -> Option<std::time::Instant> {
-        self.busy
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(reference)
-            .copied()
-    }
-
-    fn contended_lately(&self) -> bool {
-        self.busy
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .any(|t| t.elapsed() < BUSY_SKIP)
-    }
-
-    fn mark_busy(&self, reference: &str) {
+    /// References of `folder` found locked lately, newest first, at most `n`; older ones are
+    /// forgotten here (a job that moved on leaves its entry behind).
+    fn busy_names(&self, folder: &str, n: usize) -> Vec<String> {
         let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
-        if busy.len() > 10_000 {
-            busy.retain(|_, t| t.elapsed() < BUSY_SKIP);
+        let Some(f) = busy.get_mut(folder) else {
+            return Vec::new();
+        };
+        f.names.retain(|_, t| t.elapsed() < BUSY_SKIP);
+        let mut v: Vec<(&String, &std::time::Instant)> = f.names.iter().collect();
+        if v.len() > n {
+            v.select_nth_unstable_by(n, |a, b| b.1.cmp(a.1));
+            v.truncate(n);
         }
-        busy.insert(reference.to_string(), std::time::Instant::now());
+        v.sort_by(|a, b| b.1.cmp(a.1));
+        v.into_iter().map(|(k, _)| k.clone()).collect()
+    }
+
+    fn busy_since(&self, folder: &str, reference: &str) -> Option<std::time::Instant> {
+        let busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        busy.get(folder)?.names.get(reference).copied()
+    }
+
+    /// Whether this process met another worker at the head of `folder` lately.
+    fn contended_lately(&self, folder: &str) -> bool {
+        let busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        busy.get(folder)
+            .and_then(|f| f.last)
+            .is_some_and(|t| t.elapsed() < BUSY_SKIP)
+    }
+
+    fn mark_busy(&self, folder: &str, reference: &str) {
+        let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        let f = busy.entry(folder.to_string()).or_default();
+        if f.names.len() > 10_000 {
+            f.names.retain(|_, t| t.elapsed() < BUSY_SKIP);
+        }
+        let now = std::time::Instant::now();
+        f.names.insert(reference.to_string(), now);
+        f.last = Some(now);
     }
 
     async fn load_lease(&self, jid: &JobId, priority: u8, state: JobState) -> Result<JobLease> {
@@ -1672,7 +1702,7 @@ impl Engine {
             // Jobs that are there but locked become free when their lock goes (a worker
             // released it, or its session expired): watch those locks too.
             let mut lock_watches = Vec::new();
-            for name in self.busy_names(WAIT_LOCKS) {
+            for name in self.busy_names(&job_state_folder(state), WAIT_LOCKS) {
                 if let Some((_, jid)) = parse_job_ref(&name) {
                     lock_watches.push(
                         self.tree
@@ -1681,16 +1711,7 @@ impl Engine {
                     );
                 }
             }
-            let any_lock = async move {
-                if lock_watches.is_empty() {
-                    std::future::pending::<()>().await;
-                }
-                let mut set = tokio::task::JoinSet::new();
-                for w in lock_watches {
-                    set.spawn(w);
-                }
-                set.join_next().await;
-            };
+            let any_lock = any_of(lock_watches);
             let due = self.next_due().unwrap_or(SWEEP).min(SWEEP);
             tokio::select! {
                 _ = folder_watch => {}

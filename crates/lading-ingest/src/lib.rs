@@ -153,6 +153,11 @@ pub async fn run(
     shutdown: Shutdown,
 ) -> Result<Arc<lading_worker::Stats>, String> {
     let (jobs, batches) = stages(ingest, names)?;
+    let work = ingest.cfg.work_dir();
+    std::fs::create_dir_all(&work).map_err(|e| format!("creating {}: {e}", work.display()))?;
+    if let Err(e) = stages::spread_subdirs(&work) {
+        tracing::debug!(dir = %work.display(), error = %e, "cannot spread job folders");
+    }
     let worker =
         Worker::new(ingest.engine.clone(), ingest.cfg.work_dir()).with_stats(ingest.stats.clone());
     let stats = worker.stats();

@@ -136,6 +136,17 @@ struct Watches {
 }
 
 impl Watches {
+    /// Registers a watch. Watches dropped before firing are swept out of their list whenever
+    /// it doubles, so a node that never changes (a pause flag every waiting worker watches)
+    /// does not collect them without bound.
+    fn add(&mut self, path: &str, kind: WatchKind, tx: oneshot::Sender<()>) {
+        let list = self.map.entry((path.to_string(), kind)).or_default();
+        if list.len() >= 8 && list.len().is_power_of_two() {
+            list.retain(|t| !t.is_closed());
+        }
+        list.push(tx);
+    }
+
     fn fire(&mut self, path: &str, kind: WatchKind) {
         if self.map.is_empty() {
             return;
@@ -1393,11 +1404,7 @@ impl Tree for SqliteTree {
         Box::pin(async move {
             validate_path(path)?;
             let (tx, rx) = oneshot::channel();
-            lock(&self.shared.watches)
-                .map
-                .entry((path.to_string(), kind))
-                .or_default()
-                .push(tx);
+            lock(&self.shared.watches).add(path, kind, tx);
             Ok(Watch::new(async move {
                 let _ = rx.await;
             }))
