@@ -925,3 +925,63 @@ mod place_tests {
         assert_eq!(std::fs::read(to.join("sub/b.bin")).unwrap(), b"beta");
     }
 }
+
+#[cfg(test)]
+mod record_tests {
+    use super::{append_verified, read_verified, spread_subdirs, verified_path};
+    use crate::fetch::Fetched;
+
+    fn fetched(size: u64, sha: &str) -> Fetched {
+        Fetched {
+            size,
+            sha256: sha.into(),
+        }
+    }
+
+    #[test]
+    fn the_download_record_is_appended_and_a_torn_line_spoils_only_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let wd = dir.path();
+        assert!(read_verified(wd).is_empty());
+        append_verified(wd, "a.bin", &fetched(1, "aa")).unwrap();
+        let ino = |p| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+        let first = ino(verified_path(wd));
+        // A crash in the middle of the next line.
+        let mut torn = std::fs::read(verified_path(wd)).unwrap();
+        torn.extend_from_slice(b"\n{\"name\":\"b.bin\",\"si");
+        std::fs::write(verified_path(wd), &torn).unwrap();
+        assert_eq!(read_verified(wd).len(), 1, "the torn line is ignored");
+        append_verified(wd, "c.bin", &fetched(3, "cc")).unwrap();
+        // A file verified again (it had changed) counts with its latest digest.
+        append_verified(wd, "a.bin", &fetched(1, "a2")).unwrap();
+        let v = read_verified(wd);
+        assert_eq!(v.len(), 2);
+        assert_eq!(v["a.bin"], fetched(1, "a2"));
+        assert_eq!(v["c.bin"], fetched(3, "cc"));
+        assert!(!v.contains_key("b.bin"), "b.bin is fetched again");
+        assert_eq!(ino(verified_path(wd)), first, "one file, never replaced");
+    }
+
+    #[test]
+    fn spreading_folders_is_set_once_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("work");
+        std::fs::create_dir(&root).unwrap();
+        let set = spread_subdirs(&root).unwrap();
+        // Where the file system has the attribute, it is there now and setting it again is a
+        // no-op; elsewhere both calls say so without an error.
+        assert_eq!(spread_subdirs(&root).unwrap(), set);
+        if set {
+            use std::os::fd::AsRawFd;
+            let f = std::fs::File::open(&root).unwrap();
+            let mut flags: libc::c_int = 0;
+            // SAFETY: as in spread_subdirs.
+            assert_eq!(
+                unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) },
+                0
+            );
+            assert_ne!(flags & 0x0002_0000, 0, "FS_TOPDIR_FL is set");
+        }
+        assert!(spread_subdirs(&dir.path().join("missing")).is_err());
+    }
+}

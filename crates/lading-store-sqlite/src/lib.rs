@@ -1209,6 +1209,11 @@ impl SqliteTree {
         })
     }
 
+    /// Watches registered and not yet fired (dropped ones included until they are swept).
+    pub fn registered_watches(&self) -> usize {
+        lock(&self.shared.watches).map.values().map(Vec::len).sum()
+    }
+
     /// What the writer has done so far.
     pub fn stats(&self) -> WriterStats {
         WriterStats {

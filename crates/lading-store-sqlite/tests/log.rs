@@ -1,7 +1,7 @@
 //! The change log and the `nodes` table: a commit is durable as one log entry, the table is
 //! brought up to date in bulk later, and every way of opening the file sees the same tree.
 
-use lading_core::{CreateMode, Op, Tree, TreeError};
+use lading_core::{CreateMode, Op, Tree, TreeError, WatchKind};
 use lading_store_sqlite::{SqliteOptions, SqliteTree};
 use rusqlite::Connection;
 use std::collections::BTreeMap;
@@ -299,4 +299,28 @@ fn processes_opening_a_new_store_at_once_all_get_it() {
             assert!(sessions.insert(s), "each opener has its own session");
         }
     }
+}
+
+/// Every waiting worker watches the queue's pause flag, which may never change: watches
+/// dropped unfired must not pile up behind it.
+#[tokio::test]
+async fn dropped_watches_do_not_pile_up_on_a_node_that_never_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = SqliteTree::open(&dir.path().join("s.db"), SqliteOptions::default()).unwrap();
+    t.create("/flag", Some(b"0".to_vec()), CreateMode::Persistent)
+        .await
+        .unwrap();
+    let kept = t.watch("/flag", WatchKind::Data).await.unwrap();
+    for _ in 0..10_000 {
+        drop(t.watch("/flag", WatchKind::Data).await.unwrap());
+    }
+    let n = t.registered_watches();
+    assert!(n < 64, "{n} watches registered after 10,000 were dropped");
+    // The one still held fires as before.
+    t.set("/flag", Some(b"1".to_vec()), None).await.unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(5), kept)
+        .await
+        .expect("the held watch fires");
+    assert_eq!(t.registered_watches(), 0);
+    t.close().await.unwrap();
 }
