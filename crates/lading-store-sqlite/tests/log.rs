@@ -306,7 +306,7 @@ fn processes_opening_a_new_store_at_once_all_get_it() {
 #[tokio::test]
 async fn dropped_watches_do_not_pile_up_on_a_node_that_never_changes() {
     let dir = tempfile::tempdir().unwrap();
-    let t = SqliteTree::open(&dir.path().join("s.db"), SqliteOptions::default()).unwrap();
+    let t = SqliteTree::open(dir.path().join("s.db"), SqliteOptions::default()).unwrap();
     t.create("/flag", Some(b"0".to_vec()), CreateMode::Persistent)
         .await
         .unwrap();
