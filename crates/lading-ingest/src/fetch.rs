@@ -306,16 +306,20 @@ impl Fetcher {
 /// Bytes written per blocking write.
 const WRITE_BLOCK: usize = 1 << 20;
 
-/// What a block write hands back: the file and the running hashes.
-type Written = (std::fs::File, Hasher, Option<Hasher>);
+/// The running hashes, handed to the thread hashing a block and back.
+type Hashes = (Hasher, Option<Hasher>);
 
-/// The writing end of a download: hashes and writes blocks off the async threads.
+/// The writing end of a download: hashes and writes blocks off the async threads, each
+/// block hashed on one thread while another writes it (both take about as long).
 struct Sink {
     file: Option<std::fs::File>,
     sha: Option<Hasher>,
     other: Option<Hasher>,
-    /// The block being written.
-    pending: Option<tokio::task::JoinHandle<std::io::Result<Written>>>,
+    /// The block being written, and the one being hashed.
+    pending: Option<(
+        tokio::task::JoinHandle<std::io::Result<std::fs::File>>,
+        tokio::task::JoinHandle<Hashes>,
+    )>,
     buf: Vec<u8>,
     n: u64,
     part: PathBuf,
@@ -332,10 +336,12 @@ impl Sink {
     }
 
     async fn settle(&mut self) -> Result<(), FetchError> {
-        if let Some(h) = self.pending.take() {
-            let (f, sha, other) = h
+        if let Some((write, hash)) = self.pending.take() {
+            let joined = |e: tokio::task::JoinError| FetchError::Transient(e.to_string());
+            let (sha, other) = hash.await.map_err(joined)?;
+            let f = write
                 .await
-                .map_err(|e| FetchError::Transient(e.to_string()))?
+                .map_err(joined)?
                 .map_err(|e| local(&self.part, e))?;
             self.file = Some(f);
             self.sha = Some(sha);
@@ -346,20 +352,28 @@ impl Sink {
 
     async fn flush_block(&mut self) -> Result<(), FetchError> {
         self.settle().await?;
-        let block = std::mem::replace(&mut self.buf, Vec::with_capacity(WRITE_BLOCK));
+        let block = std::sync::Arc::new(std::mem::replace(
+            &mut self.buf,
+            Vec::with_capacity(WRITE_BLOCK),
+        ));
         let (Some(mut f), Some(mut sha)) = (self.file.take(), self.sha.take()) else {
             return Err(FetchError::Transient("download sink lost its file".into()));
         };
         let mut other = self.other.take();
-        self.pending = Some(tokio::task::spawn_blocking(move || {
-            use std::io::Write;
-            sha.update(&block);
+        let to_hash = block.clone();
+        let hash = tokio::task::spawn_blocking(move || {
+            sha.update(&to_hash);
             if let Some(h) = other.as_mut() {
-                h.update(&block);
+                h.update(&to_hash);
             }
+            (sha, other)
+        });
+        let write = tokio::task::spawn_blocking(move || {
+            use std::io::Write;
             f.write_all(&block)?;
-            Ok((f, sha, other))
-        }));
+            Ok(f)
+        });
+        self.pending = Some((write, hash));
         Ok(())
     }
 
