@@ -392,6 +392,8 @@ pub async fn bench(
 ) -> anyhow::Result<PipelineFigures> {
     let payload = dir.join("payload");
     std::fs::create_dir_all(&payload)?;
+    // One folder per object here too: spread them, as the work root is (setup only).
+    let _ = lading_ingest::stages::spread_subdirs(&payload);
     let server = PayloadServer::start(&payload).await?;
     let mut cfg = Config {
         data_dir: dir.join("data"),
@@ -503,6 +505,7 @@ pub async fn bench(
     for d in [payload, dir.join("data")] {
         let _ = std::fs::remove_dir_all(d);
     }
+    let _ = std::fs::remove_dir(dir);
     Ok(figures)
 }
 
