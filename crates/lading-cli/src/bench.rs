@@ -54,9 +54,10 @@ pub enum Bench {
         /// Most jobs added and not yet finished (default 2 × workers).
         #[arg(long)]
         inflight: Option<usize>,
-        /// Tasks adding jobs.
-        #[arg(long, default_value_t = 4)]
-        producers: usize,
+        /// Tasks adding jobs (default workers / 2, at least 4): each add waits for its
+        /// commit, so a few producers cap the rate below what the queue can take.
+        #[arg(long)]
+        producers: Option<usize>,
         #[arg(long)]
         json: bool,
     },
@@ -132,7 +133,7 @@ pub async fn run(what: Bench, store: Option<&str>) -> anyhow::Result<()> {
                 jobs.max(1),
                 k,
                 inflight.unwrap_or(2 * k).max(1),
-                producers.max(1),
+                producers.unwrap_or((k / 2).max(4)).max(1),
                 json,
                 store,
             )

@@ -745,7 +745,8 @@ impl Jobs {
         let mut watch = None;
         loop {
             let unclaimed = self.unclaimed.notified();
-            let next_due = match self.try_accept(ty, opts).await? {
+            let mut skipped = false;
+            let next_due = match self.try_accept(ty, opts, &mut skipped).await? {
                 Ok(job) => return Ok(Some(job)),
                 Err(next_due) => next_due,
             };
@@ -769,18 +770,22 @@ impl Jobs {
             }
             tokio::select! {
                 _ = w => {}
-                _ = unclaimed => {}
+                // Only a pass that stepped over a local peer's claim waits for it to end (a
+                // wake-up for every lost race would stir every idle acceptor).
+                _ = unclaimed, if skipped => {}
                 _ = tokio::time::sleep(wait) => {}
             }
         }
     }
 
     /// One pass over the due head. `Err(next)` when nothing could be taken; `next` is when the
-    /// first not-yet-due job becomes due, if waiting for it can help.
+    /// first not-yet-due job becomes due, if waiting for it can help. `skipped` is set when
+    /// a job was passed over because another acceptor of this process was claiming it.
     async fn try_accept(
         &self,
         ty: &str,
         opts: &AcceptOptions,
+        skipped: &mut bool,
     ) -> Result<std::result::Result<Job, Option<u64>>> {
         let now = self.now_ms();
         let limit = match opts.max_sched_time {
@@ -814,6 +819,7 @@ impl Jobs {
             for (name, ms, id) in due {
                 let entry = format!("{dir}/{name}");
                 if !self.claims.lock().unwrap().insert(entry.clone()) {
+                    *skipped = true;
                     continue;
                 }
                 let r = self.claim(ty, id, ms).await;
