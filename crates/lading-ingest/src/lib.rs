@@ -158,8 +158,7 @@ pub async fn run(
     if let Err(e) = stages::spread_subdirs(&work) {
         tracing::debug!(dir = %work.display(), error = %e, "cannot spread job folders");
     }
-    let worker =
-        Worker::new(ingest.engine.clone(), ingest.cfg.work_dir()).with_stats(ingest.stats.clone());
+    let worker = Worker::new(ingest.engine.clone(), work).with_stats(ingest.stats.clone());
     let stats = worker.stats();
     // The process that reports also repairs and cleans up.
     let housekeeping = names

@@ -213,31 +213,41 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// without it (`ENOTTY`, `EOPNOTSUPP`, `EINVAL`) is not an error.
 pub fn spread_subdirs(dir: &Path) -> std::io::Result<bool> {
     use std::os::fd::AsRawFd;
-    /// `FS_TOPDIR_FL` in `linux/fs.h`.
-    const TOPDIR: libc::c_int = 0x0002_0000;
-    let unsupported = |e: &std::io::Error| {
-        matches!(
-            e.raw_os_error(),
-            Some(libc::ENOTTY | libc::EOPNOTSUPP | libc::EINVAL)
-        )
-    };
     let d = std::fs::File::open(dir)?;
-    let mut flags: libc::c_int = 0;
-    // SAFETY: FS_IOC_GETFLAGS writes one int into `flags`, which we own; `d` is open.
-    if unsafe { libc::ioctl(d.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) } != 0 {
-        let e = std::io::Error::last_os_error();
-        return if unsupported(&e) { Ok(false) } else { Err(e) };
-    }
+    let Some(flags) = inode_flags(&d)? else {
+        return Ok(false);
+    };
     if flags & TOPDIR != 0 {
         return Ok(true);
     }
-    flags |= TOPDIR;
+    let flags = flags | TOPDIR;
     // SAFETY: FS_IOC_SETFLAGS reads one int from `flags`; `d` is open.
     if unsafe { libc::ioctl(d.as_raw_fd(), libc::FS_IOC_SETFLAGS, &flags) } != 0 {
-        let e = std::io::Error::last_os_error();
-        return if unsupported(&e) { Ok(false) } else { Err(e) };
+        return unsupported::<()>(std::io::Error::last_os_error()).map(|_| false);
     }
     Ok(true)
+}
+
+/// `FS_TOPDIR_FL` in `linux/fs.h`.
+const TOPDIR: libc::c_int = 0x0002_0000;
+
+/// The inode flags of `f` (what `lsattr` shows); `None` where the file system has none.
+fn inode_flags(f: &std::fs::File) -> std::io::Result<Option<libc::c_int>> {
+    use std::os::fd::AsRawFd;
+    let mut flags: libc::c_int = 0;
+    // SAFETY: FS_IOC_GETFLAGS writes one int into `flags`, which we own; `f` is open.
+    if unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) } != 0 {
+        return unsupported(std::io::Error::last_os_error());
+    }
+    Ok(Some(flags))
+}
+
+/// `Ok(None)` for the errors of a file system without inode flags, `Err` for the others.
+fn unsupported<T>(e: std::io::Error) -> std::io::Result<Option<T>> {
+    match e.raw_os_error() {
+        Some(libc::ENOTTY | libc::EOPNOTSUPP | libc::EINVAL) => Ok(None),
+        _ => Err(e),
+    }
 }
 
 /// Fsyncs `dir` and every folder under it, so the names of files synced inside are durable
@@ -928,7 +938,9 @@ mod place_tests {
 
 #[cfg(test)]
 mod record_tests {
-    use super::{append_verified, read_verified, spread_subdirs, verified_path};
+    use super::{
+        TOPDIR, append_verified, inode_flags, read_verified, spread_subdirs, verified_path,
+    };
     use crate::fetch::Fetched;
 
     fn fetched(size: u64, sha: &str) -> Fetched {
@@ -972,15 +984,8 @@ mod record_tests {
         // no-op; elsewhere both calls say so without an error.
         assert_eq!(spread_subdirs(&root).unwrap(), set);
         if set {
-            use std::os::fd::AsRawFd;
-            let f = std::fs::File::open(&root).unwrap();
-            let mut flags: libc::c_int = 0;
-            // SAFETY: as in spread_subdirs.
-            assert_eq!(
-                unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) },
-                0
-            );
-            assert_ne!(flags & 0x0002_0000, 0, "FS_TOPDIR_FL is set");
+            let flags = inode_flags(&std::fs::File::open(&root).unwrap()).unwrap();
+            assert_ne!(flags.unwrap() & TOPDIR, 0, "FS_TOPDIR_FL is set");
         }
         assert!(spread_subdirs(&dir.path().join("missing")).is_err());
     }
