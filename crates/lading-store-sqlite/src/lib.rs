@@ -15,7 +15,9 @@
 //!   writer, which takes everything queued (up to [`MAX_GROUP`] requests), applies each to an
 //!   overlay (a failing `multi` is undone alone), and makes the whole group durable with one
 //!   commit — one fsync for many transitions. Only then is the overlay folded into memory and
-//!   the callers answered, so nobody reads a change that could still be lost.
+//!   the callers answered, so nobody reads a change that could still be lost. A group that
+//!   changed only ephemeral nodes (leases) is answered without an fsync: it can only be lost
+//!   with the machine, together with every session that could have held them.
 //! - **Several processes share one file** through the change log. Before it validates
 //!   anything, a writer (holding SQLite's write lock) folds in what others committed; a reader
 //!   does the same when `PRAGMA data_version` says another connection committed. A handle that
@@ -593,6 +595,10 @@ enum Done {
 struct Committed {
     /// The change-log entry, or `None` when the group changed no node.
     seq: Option<i64>,
+    /// Whether the group must be fsynced before it is answered: it changed a persistent node.
+    /// A group that only made, changed or dropped ephemeral nodes needs none (see
+    /// [`only_ephemeral`]).
+    needs_sync: bool,
     overlay: Arc<Overlay>,
     synced: Synced,
     replies: Vec<(Reply, Result<Vec<OpResult>, TreeError>)>,
@@ -737,6 +743,7 @@ impl Writer {
         let mut after: Vec<oneshot::Sender<()>> = Vec::new();
         let mut close: Option<oneshot::Sender<Result<(), TreeError>>> = None;
         let mut synced = Synced::Nothing;
+        let mut needs_sync = false;
 
         if let Some(why) = lock(&shared.pending).poisoned.clone() {
             for req in group {
@@ -845,6 +852,7 @@ impl Writer {
                 .iter()
                 .map(|(p, n)| (p, n.as_ref(), base.get(p).is_some()))
                 .collect();
+            needs_sync = !only_ephemeral(&ov, &base);
             drop(mem_guard);
             // A lock made and dropped within the group is in neither the file nor the log.
             let body = log::encode(
@@ -890,6 +898,7 @@ impl Writer {
                     .unwrap_or_else(|| Arc::new(std::mem::take(&mut ov)));
                 let item = Committed {
                     seq,
+                    needs_sync: needs_sync && seq.is_some(),
                     overlay,
                     synced,
                     replies,
@@ -926,6 +935,19 @@ impl Writer {
     }
 }
 
+/// Whether every node the overlay changes is ephemeral, before and after. Such a group is
+/// committed but not fsynced before it is answered, which is safe because of what ephemeral
+/// nodes are: it can only be lost with the machine (a process crash loses nothing the kernel
+/// holds), and then every session that could own or have seen those nodes is dead, so the
+/// tree after restart is the one reaping those sessions would leave anyway. Anything durable
+/// that was decided after seeing the group comes later in the WAL, and its fsync covers the
+/// group too. A lease is taken this way with no fsync; the transition that ends it has one.
+fn only_ephemeral(ov: &Overlay, base: &dyn Below) -> bool {
+    ov.changed.iter().all(|(p, n)| {
+        n.as_ref().is_none_or(|n| n.owner != 0) && base.get(p).is_none_or(|n| n.owner != 0)
+    })
+}
+
 /// Makes committed groups durable (one `fdatasync` of the WAL for all that are waiting), folds
 /// them into memory in commit order, fires watches, and answers the callers.
 fn syncer(shared: Arc<Shared>, rx: mpsc::Receiver<Committed>, durable: bool) {
@@ -936,8 +958,9 @@ fn syncer(shared: Arc<Shared>, rx: mpsc::Receiver<Committed>, durable: bool) {
             items.push(more);
         }
         let mut failure: Option<String> = None;
-        if durable && items.iter().any(|i| i.seq.is_some()) {
-            // The frames were written at COMMIT; this makes them durable.
+        if durable && items.iter().any(|i| i.needs_sync) {
+            // The frames were written at COMMIT; this makes them durable (and every commit
+            // before them: the WAL is one file written in order).
             let t = std::time::Instant::now();
             let r = std::fs::OpenOptions::new()
                 .write(true)

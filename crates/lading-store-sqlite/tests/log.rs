@@ -324,3 +324,50 @@ async fn dropped_watches_do_not_pile_up_on_a_node_that_never_changes() {
     assert_eq!(t.registered_watches(), 0);
     t.close().await.unwrap();
 }
+
+/// A lease is an ephemeral node: making, changing or dropping one waits for no fsync (it can
+/// only be lost with the machine, and then every session that could have held it is gone too).
+/// Every change to a persistent node still does, and carries the leases committed before it.
+#[tokio::test]
+async fn only_changes_to_persistent_nodes_wait_for_an_fsync() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("s.db");
+    let t = SqliteTree::open(&file, SqliteOptions::default()).unwrap();
+    let other = SqliteTree::open(&file, SqliteOptions::default()).unwrap();
+    t.create("/jobs", None, CreateMode::Persistent)
+        .await
+        .unwrap();
+    let before = t.stats().fsyncs;
+    assert!(before >= 1, "a persistent create is fsynced");
+    t.create("/jobs/lock", Some(b"a".to_vec()), CreateMode::Ephemeral)
+        .await
+        .unwrap();
+    t.set("/jobs/lock", Some(b"b".to_vec()), None)
+        .await
+        .unwrap();
+    t.delete("/jobs/lock", None).await.unwrap();
+    t.create("/jobs/lock", Some(b"c".to_vec()), CreateMode::Ephemeral)
+        .await
+        .unwrap();
+    assert_eq!(t.stats().fsyncs, before, "ephemeral changes were fsynced");
+    // Committed all the same: another handle on the file sees the lease.
+    let seen = other
+        .get("/jobs/lock")
+        .await
+        .unwrap()
+        .expect("the lease is there");
+    assert_eq!(seen.data.as_deref(), Some(&b"c"[..]));
+    assert_ne!(seen.stat.ephemeral_owner, 0);
+    // A multi that touches a persistent node is fsynced, lease included.
+    t.multi(vec![
+        Op::create("/jobs/ref", None),
+        Op::delete("/jobs/lock", None),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(t.stats().fsyncs, before + 1);
+    assert!(other.exists("/jobs/ref").await.unwrap().is_some());
+    assert!(other.exists("/jobs/lock").await.unwrap().is_none());
+    other.close().await.unwrap();
+    t.close().await.unwrap();
+}
