@@ -20,7 +20,9 @@ pub enum Bench {
         #[arg(long, default_value_t = 16)]
         workers: usize,
         /// handoff: every stage releases the job and the next stage acquires it again (as
-        /// Merritt's daemons do). chain: a worker keeps the lock and runs the next stage itself.
+        /// Merritt's daemons do); a worker locks its next job in the multi that releases the
+        /// last one. separate: the same, each acquisition its own round trip. chain: a worker
+        /// keeps the lock and runs the next stage itself.
         #[arg(long, value_enum, default_value_t = Mode::Handoff)]
         mode: Mode,
         /// Print one JSON object instead of text.
@@ -98,6 +100,7 @@ pub enum Bench {
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum, Debug)]
 pub enum Mode {
     Handoff,
+    Separate,
     Chain,
 }
 
@@ -313,10 +316,12 @@ async fn queue(
     }
     let mut latencies_us = Vec::new();
     let mut acquire_us = Vec::new();
+    let mut joined = 0;
     for h in handles {
-        let (t, a) = h.await??;
+        let (t, a, j) = h.await??;
         latencies_us.extend(t);
         acquire_us.extend(a);
+        joined += j;
     }
     let elapsed = start.elapsed().as_secs_f64();
     let mut stats = StoreStats::of(&st).since(&stats0);
@@ -373,7 +378,7 @@ async fn queue(
         "seconds": elapsed, "jobs_per_s": jobs_per_s, "transitions_per_s": transitions_per_s,
         "p50_ms": p50, "p99_ms": p99, "setup_s": setup_s, "cores_busy": cores_busy,
         "acquisitions": acquire_us.len(), "acquire_p50_ms": percentile(&acquire_us, 0.50),
-        "acquire_p99_ms": percentile(&acquire_us, 0.99),
+        "acquire_p99_ms": percentile(&acquire_us, 0.99), "acquired_with_move": joined,
     });
     stats.add_json(&mut figures, elapsed);
     if let Some((rate, _)) = &fsync {
@@ -392,7 +397,7 @@ async fn queue(
         println!("  transitions/s {transitions_per_s:.0}");
         println!("  latency      p50 {p50:.2} ms, p99 {p99:.2} ms per transition");
         println!(
-            "  acquiring    {} acquisitions, p50 {:.2} ms, p99 {:.2} ms each (looking included)",
+            "  acquiring    {} acquisitions on their own, p50 {:.2} ms, p99 {:.2} ms each (looking included); {joined} more in the multi of the move before",
             acquire_us.len(),
             percentile(&acquire_us, 0.50),
             percentile(&acquire_us, 0.99)
@@ -541,7 +546,7 @@ impl StoreStats {
         match self {
             StoreStats::Sqlite(s) => {
                 println!(
-                    "  commits      {} durable commits carried {} multis ({:.1} per commit, {:.0} commits/s)",
+                    "  commits      {} commits carried {} multis ({:.1} per commit, {:.0} commits/s)",
                     s.commits,
                     s.multis,
                     s.multis as f64 / s.commits.max(1) as f64,
@@ -592,9 +597,10 @@ async fn worker(
     mode: Mode,
     n: usize,
     completed: &AtomicUsize,
-) -> anyhow::Result<(Vec<u64>, Vec<u64>)> {
+) -> anyhow::Result<(Vec<u64>, Vec<u64>, usize)> {
     let mut lat = Vec::new();
     let mut acq = Vec::new();
+    let mut joined = 0;
     let mut idle = 0u32;
     while completed.load(Ordering::SeqCst) < n {
         let looking = Instant::now();
@@ -626,15 +632,26 @@ async fn worker(
                 lat.push(t.elapsed().as_micros() as u64);
                 continue;
             }
-            let st = e.job_transition(lease, ev, None).await?;
+            let (st, next) = if mode == Mode::Handoff {
+                e.job_transition_then_acquire(lease, ev, None, &LOOK_ORDER)
+                    .await?
+            } else {
+                (e.job_transition(lease, ev, None).await?, None)
+            };
             lat.push(t.elapsed().as_micros() as u64);
             if st.status == JobState::Completed {
                 completed.fetch_add(1, Ordering::SeqCst);
             }
-            break;
+            match next {
+                Some(l) => {
+                    joined += 1;
+                    lease = l;
+                }
+                None => break,
+            }
         }
     }
-    Ok((lat, acq))
+    Ok((lat, acq, joined))
 }
 
 /// Test aid behind `lading drive`: moves any job it can acquire one stage on (no work done),

@@ -38,6 +38,8 @@ use tokio::sync::broadcast;
 
 /// References read per page while looking for work.
 const PAGE: usize = 64;
+/// How many free jobs at the head of a contended queue a worker picks among at random.
+const SPREAD: usize = 16;
 /// Most references one acquisition looks at before giving up (all locked by others).
 const MAX_SCAN: usize = 4096;
 /// Retries of an optimistic read-check-write loop before reporting `Conflict`.
@@ -1493,15 +1495,7 @@ impl Engine {
             let mut contended = self.contended_lately(&folder);
             for i in 0..names.len() {
                 if contended && i < free {
-                    // Others are taking the head too: pick among the next few of the same
-                    // priority at random rather than all trying the same one.
-                    let prefix = &names[i][..names[i].len().min(3)];
-                    let window = names[i..free]
-                        .iter()
-                        .take(16)
-                        .take_while(|n| n.starts_with(prefix))
-                        .count();
-                    let j = i + (uuid::Uuid::new_v4().as_u128() % window.max(1) as u128) as usize;
+                    let j = i + spread_pick(&names[i..free]);
                     names.swap(i, j);
                 }
                 let name = names[i];
@@ -1517,44 +1511,123 @@ impl Engine {
                     contended = true;
                     continue;
                 }
-                let lease = match self.load_lease(&jid, priority, state).await {
-                    Ok(l) => l,
-                    Err(e) => {
-                        let _ = self.tree.delete(&lock, None).await;
-                        self.unclaim(&lock);
-                        return Err(e);
-                    }
-                };
-                if let Some(at) = retry_at(&lease.status)
-                    && at > self.clock.now_ms()
+                if let Some(lease) = self
+                    .lease_locked(&folder, name, &jid, priority, state, holds)
+                    .await?
                 {
-                    // Deferred by a worker after a transient error: not due yet.
-                    self.mark_deferred(&folder, name, at);
-                    self.release_job_lease(lease).await?;
-                    continue;
+                    return Ok(Some(lease));
                 }
-                if holds
-                    && let Some(c) = self.job_collection(&jid).await?
-                    && self.collection_held(&c).await?
-                {
-                    self.job_transition(
-                        lease,
-                        Event::To(JobState::Held),
-                        Some(format!("collection {c} is held")),
-                    )
-                    .await?;
-                    continue;
-                }
-                return Ok(Some(lease));
             }
             after = Some(last);
         }
         Ok(None)
     }
 
+    /// The lease of job `jid`, referenced as `name` in `folder`, once its lock is taken; or
+    /// `None` when it is not to be worked on now, and the caller tries another: deferred (its
+    /// retry time has not come; the lock is given back) or moved to Held (`holds`: some
+    /// collection is held, and it is the job's).
+    async fn lease_locked(
+        &self,
+        folder: &str,
+        name: &str,
+        jid: &JobId,
+        priority: u8,
+        state: JobState,
+        holds: bool,
+    ) -> Result<Option<JobLease>> {
+        let lease = match self.load_lease(jid, priority, state).await {
+            Ok(l) => l,
+            Err(e) => {
+                let lock = job_node(jid, "lock");
+                let _ = self.tree.delete(&lock, None).await;
+                self.unclaim(&lock);
+                return Err(e);
+            }
+        };
+        if let Some(at) = retry_at(&lease.status)
+            && at > self.clock.now_ms()
+        {
+            // Deferred by a worker after a transient error: not due yet.
+            self.mark_deferred(folder, name, at);
+            self.release_job_lease(lease).await?;
+            return Ok(None);
+        }
+        if holds
+            && let Some(c) = self.job_collection(jid).await?
+            && self.collection_held(&c).await?
+        {
+            self.job_transition(
+                lease,
+                Event::To(JobState::Held),
+                Some(format!("collection {c} is held")),
+            )
+            .await?;
+            return Ok(None);
+        }
+        Ok(Some(lease))
+    }
+
+    /// A job this process could lock next in the first of `states` that has one free, read
+    /// from memory on a backend that caches its queues, and claimed locally so no local
+    /// worker tries it too. `None` when the queue is paused or nothing is free; Pending is
+    /// passed over while a collection is held (a full acquisition moves such jobs to Held).
+    async fn claim_next(&self, states: &[JobState]) -> Result<Option<Candidate>> {
+        let mut checked_pause = false;
+        for &state in states {
+            let folder = job_state_folder(state);
+            let page = self.tree.children_page(&folder, None, PAGE).await?;
+            if page.is_empty() {
+                continue;
+            }
+            if !checked_pause {
+                if self.queue_paused_watched("ingest").await? {
+                    return Ok(None);
+                }
+                checked_pause = true;
+            }
+            if state == JobState::Pending && self.any_collection_held().await? {
+                continue;
+            }
+            // Only as many as a pick spreads over are looked at.
+            let free: Vec<&String> = page
+                .iter()
+                .filter(|n| !self.is_deferred(&folder, n) && !self.is_busy(&folder, n))
+                .take(SPREAD)
+                .collect();
+            let start = if self.contended_lately(&folder) {
+                spread_pick(&free)
+            } else {
+                0
+            };
+            let ordered = free[start..].iter().chain(&free[..start]);
+            for name in ordered {
+                let Some((priority, jid)) = parse_job_ref(name) else {
+                    continue;
+                };
+                let lock = job_node(&jid, "lock");
+                if self.claim(&lock) {
+                    return Ok(Some(Candidate {
+                        reference: join(&folder, name),
+                        name: name.to_string(),
+                        folder,
+                        lock,
+                        priority,
+                        jid,
+                        state,
+                    }));
+                }
+            }
+        }
+        Ok(None)
+    }
+
     fn is_deferred(&self, folder: &str, reference: &str) -> bool {
-        let key = join(folder, reference);
         let mut deferred = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
+        if deferred.is_empty() {
+            return false;
+        }
+        let key = join(folder, reference);
         match deferred.get(&key) {
             Some(at) if *at > self.clock.now_ms() => true,
             Some(_) => {
@@ -1809,6 +1882,35 @@ impl Engine {
         message: Option<String>,
         keep_lock: bool,
     ) -> Result<(JobStatus, i32)> {
+        let (mut ops, status) = self.transition_plan(lease, event, message)?;
+        if !keep_lock {
+            ops.push(Op::delete(job_node(&lease.job, "lock"), None));
+        }
+        self.tree
+            .multi(ops)
+            .await
+            .map_err(|e| self.lease_error(e, lease.job.as_str()))?;
+        self.publish_move(lease, &status);
+        Ok((status, lease.status_version + 1))
+    }
+
+    fn publish_move(&self, lease: &JobLease, status: &JobStatus) {
+        self.publish(
+            "job",
+            lease.job.as_str(),
+            Some(&lease.batch),
+            Some(lease.status.status.name()),
+            status.status.name(),
+        );
+    }
+
+    /// The ops of a leased job's move (the lock is checked, not dropped) and its new status.
+    fn transition_plan(
+        &self,
+        lease: &JobLease,
+        event: Event<JobState>,
+        message: Option<String>,
+    ) -> Result<(Vec<Op>, JobStatus)> {
         self.check_job_lease(lease)?;
         let old = &lease.status;
         let progress = JobProgress {
@@ -1848,21 +1950,92 @@ impl Engine {
             next.state,
             &mut ops,
         );
-        if !keep_lock {
-            ops.push(Op::delete(&lock, None));
+        Ok((ops, status))
+    }
+
+    /// Moves a leased job as [`Engine::job_transition`] does and, in the same `multi`, locks
+    /// the next job to work on in the first of `next` that has one free: a daemon going
+    /// straight on to its next job pays one round trip per job, not two. Every stage still
+    /// releases its job and takes the next one by its lock, so nothing else changes for
+    /// other workers. When someone else locked that job first, the move is made alone and no
+    /// lease comes back (acquire as usual then). Returns the new status and the next lease.
+    pub async fn job_transition_then_acquire(
+        &self,
+        lease: JobLease,
+        event: Event<JobState>,
+        message: Option<String>,
+        next: &[JobState],
+    ) -> Result<(JobStatus, Option<JobLease>)> {
+        let lock = job_node(&lease.job, "lock");
+        let candidate = match self.claim_next(next).await {
+            Ok(c) => c,
+            Err(e) => {
+                self.unclaim(&lock);
+                return Err(e);
+            }
+        };
+        let Some(c) = candidate else {
+            return Ok((self.job_transition(lease, event, message).await?, None));
+        };
+        let (mut ops, status) = match self.transition_plan(&lease, event, message.clone()) {
+            Ok(p) => p,
+            Err(e) => {
+                self.unclaim(&c.lock);
+                self.unclaim(&lock);
+                return Err(e);
+            }
+        };
+        ops.push(Op::delete(&lock, None));
+        let ours = ops.len();
+        ops.push(Op::check(&c.reference, None));
+        ops.push(Op::create_mode(
+            &c.lock,
+            self.lock_data(),
+            CreateMode::Ephemeral,
+        ));
+        if let Err(e) = self.tree.multi(ops).await {
+            self.unclaim(&c.lock);
+            let theirs = e.failed_op().is_some_and(|i| i >= ours)
+                && matches!(
+                    e.root(),
+                    TreeError::NodeExists(_) | TreeError::NoNode(_) | TreeError::BadVersion { .. }
+                );
+            if theirs {
+                // The next job was taken or moved on meanwhile: the move alone.
+                self.mark_busy(&c.folder, &c.name);
+                return Ok((self.job_transition(lease, event, message).await?, None));
+            }
+            self.unclaim(&lock);
+            return Err(self.lease_error(e, lease.job.as_str()));
         }
-        self.tree
-            .multi(ops)
+        self.unclaim(&lock);
+        self.publish_move(&lease, &status);
+        let reported = if status.status.batch_folder() != "batch-processing" {
+            self.maybe_report(&lease.batch).await
+        } else {
+            Ok(false)
+        };
+        // The move is made whatever happens to the next job: a job that cannot be leased now
+        // (deferred, or unreadable: its lock is dropped) is left for a full acquisition.
+        let next = match self
+            .lease_locked(&c.folder, &c.name, &c.jid, c.priority, c.state, false)
             .await
-            .map_err(|e| self.lease_error(e, lease.job.as_str()))?;
-        self.publish(
-            "job",
-            lease.job.as_str(),
-            Some(&lease.batch),
-            Some(old.status.name()),
-            next.state.name(),
-        );
-        Ok((status, lease.status_version + 1))
+        {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(job = %c.jid, error = %e, "cannot lease the next job");
+                None
+            }
+        };
+        match reported {
+            Ok(_) => Ok((status, next)),
+            Err(e) => {
+                if let Some(n) = next {
+                    let _ = self.release_job_lease(n).await;
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Gives a job back in its state, not to be taken again before `retry_at_ms` (ms since the
@@ -2508,6 +2681,34 @@ fn check_queue(name: &str) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// A job picked to be locked next by [`Engine::job_transition_then_acquire`].
+struct Candidate {
+    folder: String,
+    /// Its reference's name in `folder`, and the reference's full path.
+    name: String,
+    reference: String,
+    lock: String,
+    priority: u8,
+    jid: JobId,
+    state: JobState,
+}
+
+/// Where to start among `names` (free references in queue order) when other workers are
+/// taking from the same queue: one of the next few of the head's priority, at random, rather
+/// than all trying the head.
+fn spread_pick(names: &[&String]) -> usize {
+    let Some(head) = names.first() else {
+        return 0;
+    };
+    let prefix = &head[..head.len().min(3)];
+    let window = names
+        .iter()
+        .take(SPREAD)
+        .take_while(|n| n.starts_with(prefix))
+        .count();
+    (uuid::Uuid::new_v4().as_u128() % window.max(1) as u128) as usize
 }
 
 /// The tree under `root` as a sorted path → data map: JSON data decoded, other bytes as a

@@ -861,6 +861,85 @@ pub async fn concurrent_workers_each_job_handed_to_exactly_one(h: &dyn Harness) 
     assert_eq!(e.job_counts().await.unwrap()[&JobState::Estimating], 60);
 }
 
+/// A worker that moves a job on may lock its next job in the same `multi`: the next one in
+/// queue order, locked against everyone else; when another session got it first, the move is
+/// made alone; a paused queue hands nothing out this way either; a lost lease moves nothing
+/// and locks nothing.
+pub async fn moving_a_job_can_lock_the_next_in_the_same_multi(h: &dyn Harness) {
+    let (e1, s1) = engine(h, "w1").await;
+    let (e2, _s2) = engine(h, "w2").await;
+    let (_bid, jobs) = batch_with_jobs(&e1, 4, &[]).await;
+    let next = [JobState::Pending];
+    let l0 = e1.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    assert_eq!(l0.job, jobs[0]);
+    let (st, l1) = e1
+        .job_transition_then_acquire(l0, Event::To(JobState::Estimating), None, &next)
+        .await
+        .unwrap();
+    assert_eq!(st.status, JobState::Estimating);
+    let l1 = l1.expect("the next Pending job comes with the move");
+    assert_eq!(l1.job, jobs[1], "queue order");
+    assert_eq!(l1.state(), JobState::Pending);
+    let moved = e2.acquire_job(JobState::Estimating).await.unwrap().unwrap();
+    assert_eq!(moved.job, jobs[0], "the moved job's lock is gone");
+    e2.release_job_lease(moved).await.unwrap();
+    // This session takes one of the last two, the other session the other: this one never
+    // met that lock. The job that came with the move is locked against the other session.
+    let ly = e1.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let lx = e2.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let mut three = vec![l1.job.clone(), ly.job.clone(), lx.job.clone()];
+    three.sort();
+    assert_eq!(three, jobs[1..].to_vec());
+    assert!(e2.acquire_job(JobState::Pending).await.unwrap().is_none());
+
+    // The only candidate is locked by the other session: the move is made alone.
+    let (st, none) = e1
+        .job_transition_then_acquire(l1, Event::To(JobState::Estimating), None, &next)
+        .await
+        .unwrap();
+    assert_eq!(st.status, JobState::Estimating);
+    assert!(none.is_none(), "the next job was locked elsewhere");
+    assert_eq!(
+        e1.job(&jobs[1]).await.unwrap().status.status,
+        JobState::Estimating
+    );
+    // The other session's lease is intact.
+    e2.job_transition(lx, Event::To(JobState::Estimating), None)
+        .await
+        .unwrap();
+
+    // A lost lease moves nothing and locks nothing.
+    let (e3, _s3) = engine(h, "w3").await;
+    let (_bid, more) = batch_with_jobs(&e3, 2, &[]).await;
+    (s1.expire)().await;
+    let y = ly.job.clone();
+    let err = e1
+        .job_transition_then_acquire(ly, Event::To(JobState::Estimating), None, &next)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, EngineError::LeaseLost(_)), "{err}");
+    assert_eq!(e3.job(&y).await.unwrap().status.status, JobState::Pending);
+    let mut free = HashSet::new();
+    while let Some(l) = e3.acquire_job(JobState::Pending).await.unwrap() {
+        free.insert(l.job.clone());
+    }
+    assert_eq!(free, HashSet::from([y, more[0].clone(), more[1].clone()]));
+
+    // A paused queue: the move is made, nothing more is handed out.
+    let (e4, _s4) = engine(h, "w4").await;
+    let (_bid, last) = batch_with_jobs(&e4, 2, &[]).await;
+    let l = e4.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    assert!(last.contains(&l.job));
+    e4.pause_queue("ingest").await.unwrap();
+    let (st, none) = e4
+        .job_transition_then_acquire(l, Event::To(JobState::Estimating), None, &next)
+        .await
+        .unwrap();
+    assert_eq!(st.status, JobState::Estimating);
+    assert!(none.is_none(), "a paused queue hands out nothing");
+    e4.resume_queue("ingest").await.unwrap();
+}
+
 pub async fn lost_lease_cannot_commit_transition(h: &dyn Harness) {
     let (e1, s1) = engine(h, "stalled").await;
     let (e2, _s2) = engine(h, "healthy").await;
@@ -1590,6 +1669,7 @@ macro_rules! conformance_tests {
             set_priority_moves_the_reference,
             concurrent_workers_each_job_handed_to_exactly_one,
             lost_lease_cannot_commit_transition,
+            moving_a_job_can_lock_the_next_in_the_same_multi,
             stale_lease_after_a_takeover_is_lost,
             a_worker_whose_session_expired_can_acquire_again,
             batch_reports_exactly_once_when_jobs_finish_concurrently,
