@@ -440,27 +440,41 @@ trait Acquire: Send + Sync + 'static {
         &self,
         stop: Shutdown,
     ) -> impl Future<Output = lading_engine::Result<Option<Self::Lease>>> + Send;
+    /// Handles one item; may come back with the next one, already leased.
     fn handle(
         &self,
         lease: Self::Lease,
         shutdown: &mut Shutdown,
-    ) -> impl Future<Output = ()> + Send;
+    ) -> impl Future<Output = Option<Self::Lease>> + Send;
+    /// Gives back an item leased but not handled.
+    fn release(&self, lease: Self::Lease) -> impl Future<Output = ()> + Send;
 }
 
-/// One stage loop: wait for work, handle it, until shut down.
+/// One stage loop: wait for work, handle it, until shut down. A job handled successfully
+/// may bring its successor along (locked in the same `multi` that moved it on); that one is
+/// handled next without waiting.
 async fn stage_loop<L: Acquire>(l: L, mut shutdown: Shutdown) {
+    let mut next: Option<L::Lease> = None;
     loop {
         if shutdown.is_stopping() {
+            if let Some(lease) = next.take() {
+                l.release(lease).await;
+            }
             return;
         }
-        match l.wait(shutdown.clone()).await {
-            Ok(Some(lease)) => l.handle(lease, &mut shutdown).await,
-            Ok(None) => {}
-            Err(e) => {
-                tracing::warn!(state = l.state_name(), error = %e, "cannot acquire a {}", L::WHAT);
-                tokio::time::sleep(ERROR_PAUSE).await;
-            }
-        }
+        let lease = match next.take() {
+            Some(lease) => lease,
+            None => match l.wait(shutdown.clone()).await {
+                Ok(Some(lease)) => lease,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(state = l.state_name(), error = %e, "cannot acquire a {}", L::WHAT);
+                    tokio::time::sleep(ERROR_PAUSE).await;
+                    continue;
+                }
+            },
+        };
+        next = l.handle(lease, &mut shutdown).await;
     }
 }
 
@@ -477,13 +491,20 @@ impl Acquire for JobLoop {
         self.engine
             .wait_job_or(self.stage.state(), IDLE_WAIT, stop.into_stopped())
     }
-    fn handle(&self, lease: JobLease, shutdown: &mut Shutdown) -> impl Future<Output = ()> + Send {
+    fn handle(
+        &self,
+        lease: JobLease,
+        shutdown: &mut Shutdown,
+    ) -> impl Future<Output = Option<JobLease>> + Send {
         self.handle_job(lease, shutdown)
+    }
+    async fn release(&self, lease: JobLease) {
+        let _ = self.engine.release_job_lease(lease).await;
     }
 }
 
 impl JobLoop {
-    async fn handle_job(&self, lease: JobLease, shutdown: &mut Shutdown) {
+    async fn handle_job(&self, lease: JobLease, shutdown: &mut Shutdown) -> Option<JobLease> {
         let started = Instant::now();
         let state = lease.state();
         let job = lease.job.clone();
@@ -492,7 +513,7 @@ impl JobLoop {
             Err(e) => {
                 tracing::warn!(job = %job, error = %e, "cannot read the job");
                 let _ = self.engine.release_job_lease(lease).await;
-                return;
+                return None;
             }
         };
         let dir = workdir(&self.work_root, &info);
@@ -503,9 +524,10 @@ impl JobLoop {
                 Outcome::Transient(reason),
                 self.cfg.max_attempts,
                 started,
+                false,
             )
             .await;
-            return;
+            return None;
         }
         let attempt = lading_engine::attempts(&lease.status) + 1;
         let max_attempts = self
@@ -525,25 +547,38 @@ impl JobLoop {
         // The handler may have changed the priority: the lease it held is the current one.
         let lease = ctx.lease.lock().await.clone();
         match outcome {
-            Some(o) => self.finish(lease, o, max_attempts, started).await,
+            Some(o) => {
+                let chain = !shutdown.is_stopping();
+                self.finish(lease, o, max_attempts, started, chain).await
+            }
             None => {
                 tracing::info!(job = %job, "shutting down: job released in {}", state.name());
                 let _ = self.engine.release_job_lease(lease).await;
+                None
             }
         }
     }
 
-    async fn finish(&self, lease: JobLease, outcome: Outcome, max_attempts: u32, started: Instant) {
+    /// Records a handler's outcome. With `chain`, a job that moves on brings back the next
+    /// job of this stage, locked in the same `multi`.
+    async fn finish(
+        &self,
+        lease: JobLease,
+        outcome: Outcome,
+        max_attempts: u32,
+        started: Instant,
+        chain: bool,
+    ) -> Option<JobLease> {
         let state = lease.state();
         let job = lease.job.clone();
         let now = self.engine.clock().now_ms();
         let attempts = lading_engine::attempts(&lease.status);
+        let mut next = None;
         let r = match &outcome {
             Outcome::Done => self
-                .engine
-                .job_transition(lease, self.stage.success(), None)
+                .move_on(lease, self.stage.success(), None, chain)
                 .await
-                .map(|_| ()),
+                .map(|n| next = n),
             Outcome::Wait { after, reason } => self
                 .engine
                 .job_defer(
@@ -558,10 +593,9 @@ impl JobLoop {
                 let n = attempts + 1;
                 if n >= max_attempts {
                     let msg = format!("{reason} (gave up after {n} attempts)");
-                    self.engine
-                        .job_transition(lease, Event::Fail, Some(msg))
+                    self.move_on(lease, Event::Fail, Some(msg), chain)
                         .await
-                        .map(|_| ())
+                        .map(|n| next = n)
                 } else {
                     let delay = self.cfg.backoff(n, unit_random());
                     let msg = format!(
@@ -576,10 +610,9 @@ impl JobLoop {
                 }
             }
             Outcome::Fatal(reason) => self
-                .engine
-                .job_transition(lease, Event::Fail, Some(reason.clone()))
+                .move_on(lease, Event::Fail, Some(reason.clone()), chain)
                 .await
-                .map(|_| ()),
+                .map(|n| next = n),
         };
         self.stats.record(state.name(), &outcome, started.elapsed());
         match r {
@@ -587,6 +620,30 @@ impl JobLoop {
             Err(e) => tracing::warn!(job = %job, state = state.name(), error = %e,
                 "could not record the outcome; the job stays for another worker"),
         }
+        next
+    }
+
+    /// Moves a job on; with `chain`, in the same `multi` locks this stage's next job, if one
+    /// is free.
+    async fn move_on(
+        &self,
+        lease: JobLease,
+        event: Event<JobState>,
+        message: Option<String>,
+        chain: bool,
+    ) -> Result<Option<JobLease>, EngineError> {
+        if !chain {
+            return self
+                .engine
+                .job_transition(lease, event, message)
+                .await
+                .map(|_| None);
+        }
+        let (_, next) = self
+            .engine
+            .job_transition_then_acquire(lease, event, message, &[self.stage.state()])
+            .await?;
+        Ok(next)
     }
 }
 
@@ -628,12 +685,12 @@ impl Acquire for BatchLoop {
         self.engine
             .wait_batch_or(self.stage.state(), IDLE_WAIT, stop.into_stopped())
     }
-    fn handle(
-        &self,
-        lease: BatchLease,
-        shutdown: &mut Shutdown,
-    ) -> impl Future<Output = ()> + Send {
-        self.handle_batch(lease, shutdown)
+    async fn handle(&self, lease: BatchLease, shutdown: &mut Shutdown) -> Option<BatchLease> {
+        self.handle_batch(lease, shutdown).await;
+        None
+    }
+    async fn release(&self, lease: BatchLease) {
+        let _ = self.engine.release_batch_lease(lease).await;
     }
 }
 

@@ -16,6 +16,7 @@ const WAIT: Duration = Duration::from_secs(30);
 
 struct Setup {
     _dir: tempfile::TempDir,
+    tree: Arc<SqliteTree>,
     engine: Arc<Engine>,
     work_root: std::path::PathBuf,
 }
@@ -24,13 +25,14 @@ async fn setup(jobs: usize) -> (Setup, Vec<JobId>) {
     let dir = tempfile::tempdir().unwrap();
     let tree =
         Arc::new(SqliteTree::open(dir.path().join("lading.db"), SqliteOptions::default()).unwrap());
-    let engine = Arc::new(Engine::new(tree, system_clock(), "test-worker"));
+    let engine = Arc::new(Engine::new(tree.clone(), system_clock(), "test-worker"));
     engine.init().await.unwrap();
     let (_bid, ids) = lading_store_tests::batch_with_jobs(&engine, jobs, &[]).await;
     let work_root = dir.path().join("work");
     (
         Setup {
             _dir: dir,
+            tree,
             engine,
             work_root,
         },
@@ -322,6 +324,29 @@ async fn stop_lets_a_running_handler_finish_and_takes_no_more() {
     assert!(states.contains(&JobState::Estimating), "{states:?}");
     assert!(states.contains(&JobState::Pending), "{states:?}");
     assert_eq!(stage.calls.load(Ordering::SeqCst), 1);
+    // The job not taken is free: stopping brought no successor along with the move.
+    for j in &jobs {
+        assert!(!s.engine.job(j).await.unwrap().locked, "{j} left locked");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_stage_locks_each_next_job_in_the_move_of_the_last() {
+    let (s, jobs) = setup(5).await;
+    let stage = scripted(|_| Box::pin(async { Outcome::Done }));
+    let before = s.tree.stats().multis;
+    let (h, task) = start(&s, stage.clone(), quick(5));
+    for j in &jobs {
+        reaches(&s.engine, j, JobState::Estimating).await;
+    }
+    h.stop();
+    tokio::time::timeout(WAIT, task).await.unwrap().unwrap();
+    assert_eq!(stage.calls.load(Ordering::SeqCst), 5);
+    for j in &jobs {
+        assert!(!s.engine.job(j).await.unwrap().locked, "{j} left locked");
+    }
+    // One acquisition of its own, then five moves, the first four each locking the next job.
+    assert_eq!(s.tree.stats().multis - before, 6);
 }
 
 #[test]
