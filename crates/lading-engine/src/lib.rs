@@ -2708,7 +2708,24 @@ fn spread_pick(names: &[&String]) -> usize {
         .take(SPREAD)
         .take_while(|n| n.starts_with(prefix))
         .count();
-    (uuid::Uuid::new_v4().as_u128() % window.max(1) as u128) as usize
+    (cheap_random() % window.max(1) as u64) as usize
+}
+
+/// A pseudo-random number (xorshift64*), one state per thread seeded once from the OS: picks
+/// among queue heads need spread, not secrecy, and asking the OS each time was measurable.
+fn cheap_random() -> u64 {
+    thread_local! {
+        static STATE: std::cell::Cell<u64> =
+            std::cell::Cell::new(uuid::Uuid::new_v4().as_u64_pair().0 | 1);
+    }
+    STATE.with(|s| {
+        let mut x = s.get();
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        s.set(x);
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    })
 }
 
 /// The tree under `root` as a sorted path → data map: JSON data decoded, other bytes as a
