@@ -42,7 +42,7 @@ use lading_core::tree::{split_path, validate_path};
 use lading_core::{BoxFuture, Node, Op, OpResult, Tree, TreeError, Watch, WatchKind};
 use mem::{Below, Mem, MemNode, Overlay};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashSet, HashSetExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;

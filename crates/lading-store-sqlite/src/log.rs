@@ -13,7 +13,7 @@
 //! byte followed by `u32` length and bytes.
 
 use crate::mem::MemNode;
-use std::collections::HashMap;
+use foldhash::HashMap;
 
 const FORMAT: u8 = 1;
 const PRESENT: u8 = 1;

@@ -10,7 +10,8 @@
 
 use lading_core::tree::{join_path, split_path, validate_path};
 use lading_core::{CreateMode, Op, OpResult, Stat, TreeError};
-use std::collections::{BTreeSet, HashMap, HashSet};
+use foldhash::{HashMap, HashSet};
+use std::collections::BTreeSet;
 
 /// Largest node data accepted, as in ZooKeeper's default `jute.maxbuffer`.
 pub const MAX_DATA_BYTES: usize = 1024 * 1024;
