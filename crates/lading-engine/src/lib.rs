@@ -1577,7 +1577,7 @@ impl Engine {
         let mut checked_pause = false;
         for &state in states {
             let folder = job_state_folder(state);
-            let page = self.tree.children_page(&folder, None, PAGE).await?;
+            let page = self.tree.children_page(&folder, None, 2 * SPREAD).await?;
             if page.is_empty() {
                 continue;
             }

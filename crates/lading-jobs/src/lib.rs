@@ -51,6 +51,8 @@ use tokio::sync::Notify;
 pub const ROOT: &str = "/generic-jobs";
 /// Pending entries read per round trip when looking for a due job.
 const PAGE: usize = 64;
+/// Pending entries an acceptor reads first.
+const FIRST_PAGE: usize = 16;
 /// Attempts of an optimistic read-modify-write before giving up with `Conflict`.
 const MAX_OPTIMISTIC: usize = 64;
 /// Longest job id, type name.
@@ -794,10 +796,12 @@ impl Jobs {
         };
         let dir = pending_dir(ty);
         let mut after: Option<String> = None;
+        // The head is nearly always enough: a short first page, full ones after it.
+        let mut page_len = FIRST_PAGE;
         loop {
             let page = self
                 .tree
-                .children_page(&dir, after.as_deref(), PAGE)
+                .children_page(&dir, after.as_deref(), page_len)
                 .await?;
             let mut due: Vec<(&str, u64, &str)> = Vec::new();
             let mut next = None;
@@ -833,10 +837,11 @@ impl Jobs {
                     }
                 }
             }
-            if next.is_some() || page.len() < PAGE {
+            if next.is_some() || page.len() < page_len {
                 return Ok(Err(next));
             }
             after = page.last().cloned();
+            page_len = PAGE;
         }
     }
 
