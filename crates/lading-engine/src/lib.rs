@@ -21,6 +21,7 @@ mod error;
 
 pub use error::{EngineError, Result};
 
+use foldhash::{HashMap, HashMapExt};
 use lading_core::layout::{self, *};
 use lading_core::time::{SharedClock, format_ts};
 use lading_core::{
@@ -30,15 +31,19 @@ use lading_core::{
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
-use foldhash::{HashMap, HashMapExt};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::broadcast;
 
 /// References read per page while looking for work.
 const PAGE: usize = 64;
+/// How many next jobs a move tries to lock along with it before it is made alone.
+const NEXT_TRIES: usize = 2;
+/// See `Engine::next_score`.
+const NEXT_SCORE_MAX: i32 = 8;
+const NEXT_PROBE: u32 = 16;
 /// How many free jobs at the head of a contended queue a worker picks among at random.
 const SPREAD: usize = 16;
 /// Most references one acquisition looks at before giving up (all locked by others).
@@ -176,6 +181,12 @@ pub struct Engine {
     /// References of jobs found deferred (a retry time in the future) → that time in ms:
     /// acquisition skips them without a round trip until then.
     deferred: Mutex<HashMap<String, u64>>,
+    /// How moves that also lock the next job fared lately: up on success, down harder on a
+    /// race lost to another session. Below zero such moves are mostly made alone (one in
+    /// [`NEXT_PROBE`] still tries): where many sessions share the queue heads, a lost race
+    /// costs a round trip that a plain move and acquisition would not.
+    next_score: AtomicI32,
+    next_calls: AtomicU32,
     /// Batches the last batch scan found in a non-terminal state: what a waiting batch worker
     /// watches.
     live_batches: Mutex<Vec<BatchId>>,
@@ -248,6 +259,8 @@ impl Engine {
             flags: Mutex::new(HashMap::new()),
             busy: Mutex::new(HashMap::new()),
             deferred: Mutex::new(HashMap::new()),
+            next_score: AtomicI32::new(0),
+            next_calls: AtomicU32::new(0),
             live_batches: Mutex::new(Vec::new()),
             unclaimed: tokio::sync::Notify::new(),
             local_conflicts: std::sync::atomic::AtomicU64::new(0),
@@ -1958,8 +1971,9 @@ impl Engine {
     /// the next job to work on in the first of `next` that has one free: a daemon going
     /// straight on to its next job pays one round trip per job, not two. Every stage still
     /// releases its job and takes the next one by its lock, so nothing else changes for
-    /// other workers. When someone else locked that job first, the move is made alone and no
-    /// lease comes back (acquire as usual then). Returns the new status and the next lease.
+    /// other workers. When someone else locked that job first, the move is tried again with
+    /// the next free job, a few times, then made alone with no lease coming back (acquire as
+    /// usual then). Returns the new status and the next lease.
     pub async fn job_transition_then_acquire(
         &self,
         lease: JobLease,
@@ -1968,47 +1982,86 @@ impl Engine {
         next: &[JobState],
     ) -> Result<(JobStatus, Option<JobLease>)> {
         let lock = job_node(&lease.job, "lock");
-        let candidate = match self.claim_next(next).await {
-            Ok(c) => c,
-            Err(e) => {
-                self.unclaim(&lock);
-                return Err(e);
-            }
+        let mut plan: Option<(Vec<Op>, JobStatus)> = None;
+        let probe = self.next_calls.fetch_add(1, Ordering::Relaxed) % NEXT_PROBE == 0;
+        let mut tries = if self.next_score.load(Ordering::Relaxed) < 0 && !probe {
+            NEXT_TRIES
+        } else {
+            0
         };
-        let Some(c) = candidate else {
-            return Ok((self.job_transition(lease, event, message).await?, None));
-        };
-        let (mut ops, status) = match self.transition_plan(&lease, event, message.clone()) {
-            Ok(p) => p,
-            Err(e) => {
-                self.unclaim(&c.lock);
-                self.unclaim(&lock);
-                return Err(e);
-            }
-        };
-        ops.push(Op::delete(&lock, None));
-        let ours = ops.len();
-        ops.push(Op::check(&c.reference, None));
-        ops.push(Op::create_mode(
-            &c.lock,
-            self.lock_data(),
-            CreateMode::Ephemeral,
-        ));
-        if let Err(e) = self.tree.multi(ops).await {
-            self.unclaim(&c.lock);
-            let theirs = e.failed_op().is_some_and(|i| i >= ours)
-                && matches!(
-                    e.root(),
-                    TreeError::NodeExists(_) | TreeError::NoNode(_) | TreeError::BadVersion { .. }
-                );
-            if theirs {
-                // The next job was taken or moved on meanwhile: the move alone.
-                self.mark_busy(&c.folder, &c.name);
+        let (c, status) = loop {
+            let candidate = if tries < NEXT_TRIES {
+                match self.claim_next(next).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        self.unclaim(&lock);
+                        return Err(e);
+                    }
+                }
+            } else {
+                None
+            };
+            let Some(c) = candidate else {
                 return Ok((self.job_transition(lease, event, message).await?, None));
+            };
+            tries += 1;
+            if plan.is_none() {
+                match self.transition_plan(&lease, event, message.clone()) {
+                    Ok((mut ops, status)) => {
+                        ops.push(Op::delete(&lock, None));
+                        plan = Some((ops, status));
+                    }
+                    Err(e) => {
+                        self.unclaim(&c.lock);
+                        self.unclaim(&lock);
+                        return Err(e);
+                    }
+                }
             }
-            self.unclaim(&lock);
-            return Err(self.lease_error(e, lease.job.as_str()));
-        }
+            let Some((move_ops, status)) = &plan else {
+                unreachable!("planned above")
+            };
+            let mut ops = move_ops.clone();
+            let ours = ops.len();
+            ops.push(Op::check(&c.reference, None));
+            ops.push(Op::create_mode(
+                &c.lock,
+                self.lock_data(),
+                CreateMode::Ephemeral,
+            ));
+            match self.tree.multi(ops).await {
+                Ok(_) => {
+                    let _ =
+                        self.next_score
+                            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                                Some((v + 1).min(NEXT_SCORE_MAX))
+                            });
+                    break (c, status.clone());
+                }
+                Err(e) => {
+                    self.unclaim(&c.lock);
+                    let theirs = e.failed_op().is_some_and(|i| i >= ours)
+                        && matches!(
+                            e.root(),
+                            TreeError::NodeExists(_)
+                                | TreeError::NoNode(_)
+                                | TreeError::BadVersion { .. }
+                        );
+                    if !theirs {
+                        self.unclaim(&lock);
+                        return Err(self.lease_error(e, lease.job.as_str()));
+                    }
+                    // Another worker took that job, or it moved on: try the next free one
+                    // with the move again (each try costs what the move alone would).
+                    self.mark_busy(&c.folder, &c.name);
+                    let _ =
+                        self.next_score
+                            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                                Some((v - 2).max(-NEXT_SCORE_MAX))
+                            });
+                }
+            }
+        };
         self.unclaim(&lock);
         self.publish_move(&lease, &status);
         let reported = if status.status.batch_folder() != "batch-processing" {

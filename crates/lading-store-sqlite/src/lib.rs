@@ -37,12 +37,12 @@ mod mem;
 
 pub use mem::MAX_DATA_BYTES;
 
+use foldhash::{HashMap, HashSet, HashSetExt};
 use lading_core::time::{SharedClock, format_ts, system_clock};
 use lading_core::tree::{split_path, validate_path};
 use lading_core::{BoxFuture, Node, Op, OpResult, Tree, TreeError, Watch, WatchKind};
 use mem::{Below, Mem, MemNode, Overlay};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
-use foldhash::{HashMap, HashSet, HashSetExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;

@@ -8,9 +8,9 @@
 //!
 //! Pure data, no I/O: the semantics of every tree operation live here.
 
+use foldhash::{HashMap, HashSet};
 use lading_core::tree::{join_path, split_path, validate_path};
 use lading_core::{CreateMode, Op, OpResult, Stat, TreeError};
-use foldhash::{HashMap, HashSet};
 use std::collections::BTreeSet;
 
 /// Largest node data accepted, as in ZooKeeper's default `jute.maxbuffer`.
