@@ -1983,7 +1983,10 @@ impl Engine {
     ) -> Result<(JobStatus, Option<JobLease>)> {
         let lock = job_node(&lease.job, "lock");
         let mut plan: Option<(Vec<Op>, JobStatus)> = None;
-        let probe = self.next_calls.fetch_add(1, Ordering::Relaxed) % NEXT_PROBE == 0;
+        let probe = self
+            .next_calls
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(NEXT_PROBE);
         let mut tries = if self.next_score.load(Ordering::Relaxed) < 0 && !probe {
             NEXT_TRIES
         } else {
