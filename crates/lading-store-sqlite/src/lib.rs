@@ -952,6 +952,7 @@ fn only_ephemeral(ov: &Overlay, base: &dyn Below) -> bool {
 /// them into memory in commit order, fires watches, and answers the callers.
 fn syncer(shared: Arc<Shared>, rx: mpsc::Receiver<Committed>, durable: bool) {
     let wal = PathBuf::from(format!("{}-wal", shared.path.display()));
+    let mut wal_file: Option<std::fs::File> = None;
     while let Ok(first) = rx.recv() {
         let mut items = vec![first];
         while let Ok(more) = rx.try_recv() {
@@ -962,10 +963,19 @@ fn syncer(shared: Arc<Shared>, rx: mpsc::Receiver<Committed>, durable: bool) {
             // The frames were written at COMMIT; this makes them durable (and every commit
             // before them: the WAL is one file written in order).
             let t = std::time::Instant::now();
-            let r = std::fs::OpenOptions::new()
-                .write(true)
-                .open(&wal)
-                .and_then(|f| f.sync_data());
+            // The WAL stays while this handle's connections are open: one descriptor serves
+            // every fsync. A failed fsync is never retried (the kernel may have dropped the
+            // pages it could not write, and a second fsync would report success): it poisons.
+            if wal_file.is_none() {
+                wal_file = std::fs::OpenOptions::new().write(true).open(&wal).ok();
+            }
+            let r = match &wal_file {
+                Some(f) => f.sync_data(),
+                None => std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&wal)
+                    .and_then(|f| f.sync_data()),
+            };
             shared.fsyncs.fetch_add(1, Ordering::Relaxed);
             shared
                 .fsync_us
