@@ -999,12 +999,8 @@ impl Engine {
             .await
         {
             Ok(_) => Ok(true),
-            Err(e) => match e.root() {
-                TreeError::NodeExists(_) | TreeError::NoNode(_) | TreeError::BadVersion { .. } => {
-                    Ok(false)
-                }
-                _ => Err(e.into()),
-            },
+            Err(e) if lost_race(&e) => Ok(false),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -1908,6 +1904,15 @@ impl Engine {
         Ok((status, lease.status_version + 1))
     }
 
+    /// Moves [`Engine::next_score`] by `by`, within its bounds.
+    fn score_next(&self, by: i32) {
+        let _ = self
+            .next_score
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some((v + by).clamp(-NEXT_SCORE_MAX, NEXT_SCORE_MAX))
+            });
+    }
+
     fn publish_move(&self, lease: &JobLease, status: &JobStatus) {
         self.publish(
             "job",
@@ -1971,9 +1976,10 @@ impl Engine {
     /// the next job to work on in the first of `next` that has one free: a daemon going
     /// straight on to its next job pays one round trip per job, not two. Every stage still
     /// releases its job and takes the next one by its lock, so nothing else changes for
-    /// other workers. When someone else locked that job first, the move is tried again with
-    /// the next free job, a few times, then made alone with no lease coming back (acquire as
-    /// usual then). Returns the new status and the next lease.
+    /// other workers. When someone else locked that job first, the move is tried once more
+    /// with the next free job, then made alone with no lease coming back (acquire as usual
+    /// then); an engine that keeps losing such races mostly moves alone for a while
+    /// ([`Engine::next_score`]). Returns the new status and the next lease.
     pub async fn job_transition_then_acquire(
         &self,
         lease: JobLease,
@@ -1982,7 +1988,14 @@ impl Engine {
         next: &[JobState],
     ) -> Result<(JobStatus, Option<JobLease>)> {
         let lock = job_node(&lease.job, "lock");
-        let mut plan: Option<(Vec<Op>, JobStatus)> = None;
+        let (mut move_ops, status) = match self.transition_plan(&lease, event, message) {
+            Ok(p) => p,
+            Err(e) => {
+                self.unclaim(&lock);
+                return Err(e);
+            }
+        };
+        move_ops.push(Op::delete(&lock, None));
         let probe = self
             .next_calls
             .fetch_add(1, Ordering::Relaxed)
@@ -1992,38 +2005,17 @@ impl Engine {
         } else {
             0
         };
-        let (c, status) = loop {
-            let candidate = if tries < NEXT_TRIES {
-                match self.claim_next(next).await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        self.unclaim(&lock);
-                        return Err(e);
-                    }
+        let mut taken: Option<Candidate> = None;
+        while tries < NEXT_TRIES {
+            let c = match self.claim_next(next).await {
+                Ok(Some(c)) => c,
+                Ok(None) => break,
+                Err(e) => {
+                    self.unclaim(&lock);
+                    return Err(e);
                 }
-            } else {
-                None
-            };
-            let Some(c) = candidate else {
-                return Ok((self.job_transition(lease, event, message).await?, None));
             };
             tries += 1;
-            if plan.is_none() {
-                match self.transition_plan(&lease, event, message.clone()) {
-                    Ok((mut ops, status)) => {
-                        ops.push(Op::delete(&lock, None));
-                        plan = Some((ops, status));
-                    }
-                    Err(e) => {
-                        self.unclaim(&c.lock);
-                        self.unclaim(&lock);
-                        return Err(e);
-                    }
-                }
-            }
-            let Some((move_ops, status)) = &plan else {
-                unreachable!("planned above")
-            };
             let mut ops = move_ops.clone();
             let ours = ops.len();
             ops.push(Op::check(&c.reference, None));
@@ -2034,37 +2026,29 @@ impl Engine {
             ));
             match self.tree.multi(ops).await {
                 Ok(_) => {
-                    let _ =
-                        self.next_score
-                            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-                                Some((v + 1).min(NEXT_SCORE_MAX))
-                            });
-                    break (c, status.clone());
+                    self.score_next(1);
+                    taken = Some(c);
+                    break;
                 }
                 Err(e) => {
                     self.unclaim(&c.lock);
-                    let theirs = e.failed_op().is_some_and(|i| i >= ours)
-                        && matches!(
-                            e.root(),
-                            TreeError::NodeExists(_)
-                                | TreeError::NoNode(_)
-                                | TreeError::BadVersion { .. }
-                        );
-                    if !theirs {
+                    if !(e.failed_op().is_some_and(|i| i >= ours) && lost_race(&e)) {
                         self.unclaim(&lock);
                         return Err(self.lease_error(e, lease.job.as_str()));
                     }
                     // Another worker took that job, or it moved on: try the next free one
                     // with the move again (each try costs what the move alone would).
                     self.mark_busy(&c.folder, &c.name);
-                    let _ =
-                        self.next_score
-                            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-                                Some((v - 2).max(-NEXT_SCORE_MAX))
-                            });
+                    self.score_next(-2);
                 }
             }
-        };
+        }
+        if taken.is_none()
+            && let Err(e) = self.tree.multi(move_ops).await
+        {
+            self.unclaim(&lock);
+            return Err(self.lease_error(e, lease.job.as_str()));
+        }
         self.unclaim(&lock);
         self.publish_move(&lease, &status);
         let reported = if status.status.batch_folder() != "batch-processing" {
@@ -2074,15 +2058,18 @@ impl Engine {
         };
         // The move is made whatever happens to the next job: a job that cannot be leased now
         // (deferred, or unreadable: its lock is dropped) is left for a full acquisition.
-        let next = match self
-            .lease_locked(&c.folder, &c.name, &c.jid, c.priority, c.state, false)
-            .await
-        {
-            Ok(n) => n,
-            Err(e) => {
-                tracing::warn!(job = %c.jid, error = %e, "cannot lease the next job");
-                None
-            }
+        let next = match taken {
+            None => None,
+            Some(c) => match self
+                .lease_locked(&c.folder, &c.name, &c.jid, c.priority, c.state, false)
+                .await
+            {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::warn!(job = %c.jid, error = %e, "cannot lease the next job");
+                    None
+                }
+            },
         };
         match reported {
             Ok(_) => Ok((status, next)),
@@ -2750,6 +2737,15 @@ struct Candidate {
     priority: u8,
     jid: JobId,
     state: JobState,
+}
+
+/// Whether a `multi` failed because another worker got there first or the item moved on
+/// (taken, gone, or changed), rather than for a reason to report.
+fn lost_race(e: &TreeError) -> bool {
+    matches!(
+        e.root(),
+        TreeError::NodeExists(_) | TreeError::NoNode(_) | TreeError::BadVersion { .. }
+    )
 }
 
 /// Where to start among `names` (free references in queue order) when other workers are
