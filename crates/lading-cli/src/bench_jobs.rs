@@ -52,6 +52,9 @@ pub async fn jobs(
     let window = Arc::new(Semaphore::new(inflight));
     let next = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicUsize::new(0));
+    // Cancelled by the last finish: processors idle in `accept` stop at once instead of
+    // waiting out their timeout (which would be counted as part of the work).
+    let all_done = tokio_util::sync::CancellationToken::new();
 
     let mut adders = Vec::new();
     for _ in 0..producers {
@@ -71,7 +74,12 @@ pub async fn jobs(
     }
     let mut workers = Vec::new();
     for j in procs {
-        let (added, window, done) = (added.clone(), window.clone(), done.clone());
+        let (added, window, done, all_done) = (
+            added.clone(),
+            window.clone(),
+            done.clone(),
+            all_done.clone(),
+        );
         workers.push(tokio::spawn(async move {
             let mut lat = Vec::new();
             let opts = AcceptOptions {
@@ -80,7 +88,11 @@ pub async fn jobs(
                 ..Default::default()
             };
             while done.load(Ordering::Acquire) < n {
-                let Some(mut job) = j.accept(TYPE, &opts).await? else {
+                let accepted = tokio::select! {
+                    r = j.accept(TYPE, &opts) => r?,
+                    _ = all_done.cancelled() => break,
+                };
+                let Some(mut job) = accepted else {
                     continue;
                 };
                 let at = start.elapsed().as_micros() as u64;
@@ -94,7 +106,9 @@ pub async fn jobs(
                 }
                 lat.push(at.saturating_sub(t_add));
                 j.finish(&mut job, None).await?;
-                done.fetch_add(1, Ordering::AcqRel);
+                if done.fetch_add(1, Ordering::AcqRel) + 1 == n {
+                    all_done.cancel();
+                }
                 window.add_permits(1);
             }
             anyhow::Ok(lat)
