@@ -60,6 +60,11 @@ pub enum Bench {
         /// commit, so a few producers cap the rate below what the queue can take.
         #[arg(long)]
         producers: Option<usize>,
+        /// `separate`: a processor calls `finish`, then `accept`; `chain`: it calls
+        /// `finish_then_accept`, which claims its next job in the finish's multi when there
+        /// is a backlog.
+        #[arg(long, value_enum, default_value_t = JobsMode::Separate)]
+        mode: JobsMode,
         #[arg(long)]
         json: bool,
     },
@@ -98,6 +103,12 @@ pub enum Bench {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum, Debug)]
+pub enum JobsMode {
+    Separate,
+    Chain,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum, Debug)]
 pub enum Mode {
     Handoff,
     Separate,
@@ -129,10 +140,12 @@ pub async fn run(what: Bench, store: Option<&str>) -> anyhow::Result<()> {
             workers,
             inflight,
             producers,
+            mode,
             json,
         } => {
             let k = workers.max(1);
             crate::bench_jobs::jobs(
+                mode,
                 jobs.max(1),
                 k,
                 inflight.unwrap_or(2 * k).max(1),

@@ -4,7 +4,7 @@
 //! 2 × K), so the latency measured is the queue's own (add committed → accept committed), not
 //! the age of a backlog the producers piled up faster than anyone could drain it.
 
-use super::bench::{Scratch, StoreStats, cpu_seconds, percentile};
+use super::bench::{JobsMode, Scratch, StoreStats, cpu_seconds, percentile};
 use lading_core::time::system_clock;
 use lading_jobs::{AcceptOptions, Jobs};
 use serde_json::json;
@@ -16,6 +16,7 @@ use tokio::sync::Semaphore;
 const TYPE: &str = "bench";
 
 pub async fn jobs(
+    mode: JobsMode,
     n: usize,
     k: usize,
     inflight: usize,
@@ -87,10 +88,19 @@ pub async fn jobs(
                 no_schedule: true,
                 ..Default::default()
             };
+            let now = AcceptOptions {
+                timeout: Duration::ZERO,
+                ..opts.clone()
+            };
+            // The next job, when the last finish claimed it.
+            let mut next = None;
             while done.load(Ordering::Acquire) < n {
-                let accepted = tokio::select! {
-                    r = j.accept(TYPE, &opts) => r?,
-                    _ = all_done.cancelled() => break,
+                let accepted = match next.take() {
+                    Some(job) => Some(job),
+                    None => tokio::select! {
+                        r = j.accept(TYPE, &opts) => r?,
+                        _ = all_done.cancelled() => break,
+                    },
                 };
                 let Some(mut job) = accepted else {
                     continue;
@@ -105,7 +115,11 @@ pub async fn jobs(
                     t_add = added[i].load(Ordering::Acquire);
                 }
                 lat.push(at.saturating_sub(t_add));
-                j.finish(&mut job, None).await?;
+                match mode {
+                    // No wait here: with nothing due, the loop's `accept` waits.
+                    JobsMode::Chain => next = j.finish_then_accept(&mut job, None, &now).await?,
+                    JobsMode::Separate => j.finish(&mut job, None).await?,
+                }
                 if done.fetch_add(1, Ordering::AcqRel) + 1 == n {
                     all_done.cancel();
                 }
@@ -150,7 +164,7 @@ pub async fn jobs(
     let (p50, p99) = (percentile(&lat_us, 0.50), percentile(&lat_us, 0.99));
     let jobs_per_s = n as f64 / elapsed;
     let mut figures = json!({
-        "jobs": n, "workers": k, "inflight": inflight, "producers": producers, "store": url,
+        "mode": format!("{mode:?}").to_lowercase(), "jobs": n, "workers": k, "inflight": inflight, "producers": producers, "store": url,
         "seconds": elapsed, "jobs_per_s": jobs_per_s, "p50_ms": p50, "p99_ms": p99,
         "cores_busy": cores_busy,
     });
@@ -160,6 +174,14 @@ pub async fn jobs(
     } else {
         println!(
             "lading bench jobs: {n} jobs, {k} processors, {producers} producers, at most {inflight} in flight, store {url}"
+        );
+        println!(
+            "  mode         {}",
+            match mode {
+                JobsMode::Chain =>
+                    "chain: finish_then_accept (the finish claims the next job when there is a backlog)",
+                JobsMode::Separate => "separate: finish, then accept",
+            }
         );
         println!("  jobs/s       {jobs_per_s:.0} (add + accept + finish, {elapsed:.2} s)");
         println!("  add→accept   p50 {p50:.2} ms, p99 {p99:.2} ms");

@@ -41,7 +41,7 @@ use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -55,6 +55,9 @@ const PAGE: usize = 64;
 const FIRST_PAGE: usize = 16;
 /// Attempts of an optimistic read-modify-write before giving up with `Conflict`.
 const MAX_OPTIMISTIC: usize = 64;
+/// Due jobs `finish_then_accept` tries to claim in the finish's `multi` before it finishes
+/// alone (each lost race costs a round trip).
+const NEXT_CLAIMS: usize = 2;
 /// Longest job id, type name.
 const MAX_ID: usize = 200;
 const MAX_TYPE: usize = 64;
@@ -184,6 +187,14 @@ pub struct Job {
 }
 
 impl Job {
+    /// Takes the record a fenced `multi` wrote (its set is the `multi`'s second op).
+    fn held(&mut self, rec: Record, res: &[OpResult]) {
+        if let Some(OpResult::Set(stat)) = res.get(1) {
+            self.version = stat.version;
+        }
+        self.record = rec;
+    }
+
     pub fn data(&self) -> &Value {
         &self.record.data
     }
@@ -252,6 +263,15 @@ struct Sub {
     waiting: u32,
 }
 
+/// Counts an acceptor as idle for as long as it lives.
+struct Idle<'a>(&'a AtomicUsize);
+
+impl Drop for Idle<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Counts a wait on its subscriptions for as long as it lives (a dropped wait included).
 struct Waiting<'a> {
     subs: &'a Mutex<HashMap<SubId, Sub>>,
@@ -282,6 +302,9 @@ pub struct Jobs {
     claims: Mutex<HashSet<String>>,
     /// Woken when a local claim failed (its entry may still be due).
     unclaimed: Notify,
+    /// Acceptors of this process waiting for a job to become due. While there are any, the
+    /// queue has no backlog, and a finishing processor leaves new jobs to them.
+    idle_acceptors: AtomicUsize,
     /// Types known to exist (types are never deleted).
     types: Mutex<HashSet<String>>,
     subs: Mutex<HashMap<SubId, Sub>>,
@@ -408,6 +431,7 @@ impl Jobs {
             owner: owner.into(),
             claims: Mutex::new(HashSet::new()),
             unclaimed: Notify::new(),
+            idle_acceptors: AtomicUsize::new(0),
             types: Mutex::new(HashSet::new()),
             subs: Mutex::new(HashMap::new()),
             next_sub: AtomicU64::new(1),
@@ -748,8 +772,11 @@ impl Jobs {
         loop {
             let unclaimed = self.unclaimed.notified();
             let mut skipped = false;
-            let next_due = match self.try_accept(ty, opts, &mut skipped).await? {
-                Ok(job) => return Ok(Some(job)),
+            let next_due = match self
+                .try_accept(ty, opts, &mut skipped, &[], usize::MAX)
+                .await?
+            {
+                Ok((job, _)) => return Ok(Some(job)),
                 Err(next_due) => next_due,
             };
             let now = Instant::now();
@@ -770,6 +797,8 @@ impl Jobs {
                 let ms = due.saturating_sub(self.now_ms()) + 1;
                 wait = wait.min(Duration::from_millis(ms));
             }
+            self.idle_acceptors.fetch_add(1, Ordering::Relaxed);
+            let _idle = Idle(&self.idle_acceptors);
             tokio::select! {
                 _ = w => {}
                 // Only a pass that stepped over a local peer's claim waits for it to end (a
@@ -783,12 +812,17 @@ impl Jobs {
     /// One pass over the due head. `Err(next)` when nothing could be taken; `next` is when the
     /// first not-yet-due job becomes due, if waiting for it can help. `skipped` is set when
     /// a job was passed over because another acceptor of this process was claiming it.
+    ///
+    /// Each claim's `multi` starts with `prefix` (its results come first); an error in the
+    /// prefix is returned as is. At most `max_claims` claims are tried.
     async fn try_accept(
         &self,
         ty: &str,
         opts: &AcceptOptions,
         skipped: &mut bool,
-    ) -> Result<std::result::Result<Job, Option<u64>>> {
+        prefix: &[Op],
+        mut max_claims: usize,
+    ) -> Result<std::result::Result<(Job, Vec<OpResult>), Option<u64>>> {
         let now = self.now_ms();
         let limit = match opts.max_sched_time {
             Some(s) => secs_to_ms(s)?,
@@ -821,15 +855,19 @@ impl Jobs {
                 due.rotate_left(r);
             }
             for (name, ms, id) in due {
+                if max_claims == 0 {
+                    return Ok(Err(None));
+                }
                 let entry = format!("{dir}/{name}");
                 if !self.claims.lock().unwrap().insert(entry.clone()) {
                     *skipped = true;
                     continue;
                 }
-                let r = self.claim(ty, id, ms).await;
+                max_claims -= 1;
+                let r = self.claim(ty, id, ms, prefix).await;
                 self.claims.lock().unwrap().remove(&entry);
                 match r {
-                    Ok(Some(job)) => return Ok(Ok(job)),
+                    Ok(Some(got)) => return Ok(Ok(got)),
                     Ok(None) => self.unclaimed.notify_waiters(),
                     Err(e) => {
                         self.unclaimed.notify_waiters();
@@ -845,9 +883,16 @@ impl Jobs {
         }
     }
 
-    /// Marks one pending job running; `None` when another acceptor (or an `add`/`remove`)
-    /// got there first.
-    async fn claim(&self, ty: &str, id: &str, scheduled_ms: u64) -> Result<Option<Job>> {
+    /// Marks one pending job running, in one `multi` after `prefix`; `None` when another
+    /// acceptor (or an `add`/`remove`) got there first. Returns the job and the results of
+    /// the whole `multi`.
+    async fn claim(
+        &self,
+        ty: &str,
+        id: &str,
+        scheduled_ms: u64,
+        prefix: &[Op],
+    ) -> Result<Option<(Job, Vec<OpResult>)>> {
         let Some((mut rec, v)) = self.read(ty, id).await? else {
             return Ok(None);
         };
@@ -860,7 +905,8 @@ impl Jobs {
         rec.owner = Some(self.owner.clone());
         rec.updated_ms = self.now_ms();
         rec.runs += 1;
-        let ops = vec![
+        let mut ops = prefix.to_vec();
+        ops.extend([
             Op::delete(pending_path(ty, scheduled_ms, id), None),
             Op::set(
                 job_path(ty, id),
@@ -871,22 +917,23 @@ impl Jobs {
                 active_path(ty, id, &lock),
                 Some(self.owner.as_bytes().to_vec()),
             ),
-        ];
+        ]);
         match self.tree.multi(ops).await {
             Ok(res) => {
-                let version = match res.get(1) {
+                let version = match res.get(prefix.len() + 1) {
                     Some(OpResult::Set(stat)) => stat.version,
                     _ => v + 1,
                 };
-                Ok(Some(Job {
+                let job = Job {
                     ty: ty.into(),
                     id: id.into(),
                     lock,
                     record: rec,
                     version,
-                }))
+                };
+                Ok(Some((job, res)))
             }
-            Err(e) if is_race(&e) => Ok(None),
+            Err(e) if is_race(&e) && e.failed_op().is_none_or(|i| i >= prefix.len()) => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
@@ -916,6 +963,33 @@ impl Jobs {
         }
     }
 
+    /// The ops writing `change(record)` fenced by the job's lock (a check of the lock, or its
+    /// delete when `finishing`; the record's set; what `change` adds), and the new record.
+    fn fenced_ops(
+        &self,
+        job: &Job,
+        finishing: bool,
+        change: &impl Fn(&mut Record, u64) -> Vec<Op>,
+    ) -> (Vec<Op>, Record) {
+        let active = active_path(&job.ty, &job.id, &job.lock);
+        let mut rec = job.record.clone();
+        let extra = change(&mut rec, self.now_ms());
+        let mut ops = vec![
+            if finishing {
+                Op::delete(active, None)
+            } else {
+                Op::check(active, None)
+            },
+            Op::set(
+                job_path(&job.ty, &job.id),
+                Some(serde_json::to_vec(&rec).unwrap()),
+                Some(job.version),
+            ),
+        ];
+        ops.extend(extra);
+        (ops, rec)
+    }
+
     /// Writes `change(record)` fenced by the job's lock: retried over concurrent `add`s,
     /// `Halt` once the lock is gone. `finishing` also releases the lock.
     async fn fenced(
@@ -925,34 +999,16 @@ impl Jobs {
         change: impl Fn(&mut Record, u64) -> Vec<Op>,
     ) -> Result<()> {
         let path = job_path(&job.ty, &job.id);
-        let active = active_path(&job.ty, &job.id, &job.lock);
         let halt = |why| JobsError::Halt {
             ty: job.ty.clone(),
             id: job.id.clone(),
             why,
         };
         for _ in 0..MAX_OPTIMISTIC {
-            let mut rec = job.record.clone();
-            let extra = change(&mut rec, self.now_ms());
-            let mut ops = vec![
-                if finishing {
-                    Op::delete(&active, None)
-                } else {
-                    Op::check(&active, None)
-                },
-                Op::set(
-                    &path,
-                    Some(serde_json::to_vec(&rec).unwrap()),
-                    Some(job.version),
-                ),
-            ];
-            ops.extend(extra);
+            let (ops, rec) = self.fenced_ops(job, finishing, &change);
             match self.tree.multi(ops).await {
                 Ok(res) => {
-                    if let Some(OpResult::Set(stat)) = res.get(1) {
-                        job.version = stat.version;
-                    }
-                    job.record = rec;
+                    job.held(rec, &res);
                     return Ok(());
                 }
                 Err(e) if e.failed_op() == Some(0) && is_race(&e) => {
@@ -1004,17 +1060,53 @@ impl Jobs {
     /// Finishes the job (with its final data, when given) — or, when a resubmission was
     /// requested, makes it pending again. `Halt`: nothing was written.
     pub async fn finish(&self, job: &mut Job, data: Option<Value>) -> Result<()> {
-        let (ty, id) = (job.ty.clone(), job.id.clone());
-        self.fenced(job, true, |rec, now| {
-            if let Some(d) = &data {
-                rec.data = d.clone();
+        let change = finishing(job, data);
+        self.fenced(job, true, change).await
+    }
+
+    /// [`finish`](Self::finish), then [`accept`](Self::accept) of the same type — with the
+    /// finish and the next job's claim in one `multi` when a job is due, so a busy processor
+    /// pays one round trip per job instead of two. (Not while other acceptors of this process
+    /// wait for work: then there is no backlog, and new jobs are left to them.) Whatever happens to the claim, the finish
+    /// means what `finish` means: `Halt` when the lock no longer holds the job (then nothing
+    /// was written and no job was taken). Waits up to `opts.timeout` for a next job, as
+    /// `accept` does.
+    pub async fn finish_then_accept(
+        &self,
+        job: &mut Job,
+        data: Option<Value>,
+        opts: &AcceptOptions,
+    ) -> Result<Option<Job>> {
+        if let Some(s) = opts.max_sched_time {
+            secs_to_ms(s)?;
+        }
+        let ty = job.ty.clone();
+        // Acceptors of this process are idle: no backlog, and a due job is theirs.
+        if self.idle_acceptors.load(Ordering::Relaxed) > 0 {
+            self.finish(job, data).await?;
+            return self.accept(&ty, opts).await;
+        }
+        let change = finishing(job, data.clone());
+        let (ops, rec) = self.fenced_ops(job, true, &change);
+        let n = ops.len();
+        let mut skipped = false;
+        match self
+            .try_accept(&ty, opts, &mut skipped, &ops, NEXT_CLAIMS)
+            .await
+        {
+            Ok(Ok((next, res))) => {
+                job.held(rec, &res);
+                return Ok(Some(next));
             }
-            rec.lock = None;
-            rec.owner = None;
-            rec.updated_ms = now;
-            requeue(rec, &ty, &id, now)
-        })
-        .await
+            // Nothing due, or lost every race for it: finish alone, then accept.
+            Ok(Err(_)) => {}
+            // The finish part was refused (the record changed, or the lock is gone):
+            // `finish` re-reads, retries or halts as it always does.
+            Err(JobsError::Tree(e)) if e.failed_op().is_some_and(|i| i < n) => {}
+            Err(e) => return Err(e),
+        }
+        self.finish(job, data).await?;
+        self.accept(&ty, opts).await
     }
 
     // ----- the activity monitor -----
@@ -1201,6 +1293,20 @@ impl Jobs {
                 _ = tokio::time::sleep(left) => return Ok(None),
             }
         }
+    }
+}
+
+/// The change `finish` makes to a held job's record (and the op re-enqueueing it, if any).
+fn finishing(job: &Job, data: Option<Value>) -> impl Fn(&mut Record, u64) -> Vec<Op> + use<> {
+    let (ty, id) = (job.ty.clone(), job.id.clone());
+    move |rec, now| {
+        if let Some(d) = &data {
+            rec.data = d.clone();
+        }
+        rec.lock = None;
+        rec.owner = None;
+        rec.updated_ms = now;
+        requeue(rec, &ty, &id, now)
     }
 }
 

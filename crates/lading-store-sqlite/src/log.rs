@@ -148,6 +148,14 @@ pub enum RowWrite<'a> {
     Delete(&'a str),
 }
 
+impl RowWrite<'_> {
+    pub fn path(&self) -> &str {
+        match self {
+            RowWrite::Upsert(p, _) | RowWrite::Delete(p) => p,
+        }
+    }
+}
+
 impl Coalesced {
     /// Folds in one commit's changes (commits in order).
     pub fn add(&mut self, entries: Vec<Entry>) {
@@ -159,6 +167,12 @@ impl Coalesced {
                 }
             }
         }
+    }
+
+    /// Forgets everything folded in, keeping the memory for the next round (a fresh map
+    /// would fault in its pages again each time).
+    pub fn clear(&mut self) {
+        self.nodes.clear();
     }
 
     /// The row writes that bring the table from before the first commit to after the last:

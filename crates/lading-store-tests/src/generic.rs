@@ -216,8 +216,11 @@ pub async fn generic_jobs_racing_acceptors_hold_each_job_alone(h: &dyn Harness) 
     for k in 0..8 {
         let j = if k % 2 == 0 { a.clone() } else { b.clone() };
         let (holding, runs) = (holding.clone(), runs.clone());
+        // Half the processors finish each job and claim the next in one multi.
+        let chained = k % 4 < 2;
         tasks.push(tokio::spawn(async move {
-            while let Some(mut job) = j.accept("race", &NOW).await.unwrap() {
+            let mut next = j.accept("race", &NOW).await.unwrap();
+            while let Some(mut job) = next {
                 assert!(
                     holding.lock().unwrap().insert(job.id.clone()),
                     "{} held by two processors",
@@ -232,7 +235,12 @@ pub async fn generic_jobs_racing_acceptors_hold_each_job_alone(h: &dyn Harness) 
                         .unwrap();
                 }
                 holding.lock().unwrap().remove(&job.id);
-                j.finish(&mut job, None).await.unwrap();
+                next = if chained {
+                    j.finish_then_accept(&mut job, None, &NOW).await.unwrap()
+                } else {
+                    j.finish(&mut job, None).await.unwrap();
+                    j.accept("race", &NOW).await.unwrap()
+                };
             }
         }));
     }
@@ -248,6 +256,107 @@ pub async fn generic_jobs_racing_acceptors_hold_each_job_alone(h: &dyn Harness) 
     assert_eq!(
         (c[&State::Pending], c[&State::Running], c[&State::Finished]),
         (0, 0, N as u64)
+    );
+}
+
+pub async fn generic_jobs_finish_then_accept_claims_the_next_job(h: &dyn Harness) {
+    let clock = ManualClock::new(1_800_000_000_000);
+    let (j, _s) = jobs_on(h, clock.clone(), "chain").await;
+    let (other, _so) = jobs_on(h, clock.clone(), "other").await;
+    j.set_type_timeout("chain", 60).await.unwrap();
+    for id in ["a", "b", "c"] {
+        j.add("chain", id, json!({"id": id}), None).await.unwrap();
+        clock.advance_ms(1);
+    }
+    // The finish and the claim of the next due job, in queue order.
+    let mut a = j.accept("chain", &NOW).await.unwrap().unwrap();
+    assert_eq!(a.id, "a");
+    let mut b = j
+        .finish_then_accept(&mut a, Some(json!({"done": "a"})), &NOW)
+        .await
+        .unwrap()
+        .expect("b is due");
+    assert_eq!((b.id.as_str(), b.data()), ("b", &json!({"id": "b"})));
+    let view = j.get_job("chain", "a").await.unwrap();
+    assert_eq!(
+        (view.record.state, view.record.data, view.record.lock),
+        (State::Finished, json!({"done": "a"}), None)
+    );
+    let t = subtree(&j).await;
+    assert_eq!(
+        names_under(&t, "/generic-jobs/chain/active"),
+        vec![format!("b~{}", b.lock)],
+        "exactly the next job is held: {t:?}"
+    );
+    assert_eq!(j.get_job_state("chain", "b").await.unwrap(), State::Running);
+    // The job taken that way is held like any other: fenced, updatable, and nobody else's.
+    j.update(&mut b, Some(json!({"progress": 1})))
+        .await
+        .unwrap();
+    let mut c = other.accept("chain", &NOW).await.unwrap().unwrap();
+    assert_eq!(c.id, "c", "another processor gets the job after, not b");
+    assert!(other.accept("chain", &NOW).await.unwrap().is_none());
+    // A resubmission asked for while running still re-enqueues the finished job, which is
+    // then the one due.
+    j.add("chain", "b", json!({"again": true}), None)
+        .await
+        .unwrap();
+    j.update(&mut b, None).await.unwrap();
+    let mut b2 = j
+        .finish_then_accept(&mut b, None, &NOW)
+        .await
+        .unwrap()
+        .expect("b is due again");
+    assert_eq!((b2.id.as_str(), b2.record().runs), ("b", 2));
+    assert_eq!(b2.data(), &json!({"again": true}));
+    // Nothing due: the job finishes and nothing is taken.
+    assert!(
+        j.finish_then_accept(&mut b2, None, &NOW)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(
+        j.get_job_state("chain", "b").await.unwrap(),
+        State::Finished
+    );
+    // A processor whose job was removed is halted; the due job it would have taken stays
+    // pending, and the removed job stays gone.
+    other.add("chain", "d", json!({}), None).await.unwrap();
+    j.add("chain", "e", json!({}), None).await.unwrap();
+    let mut d = j.accept("chain", &NOW).await.unwrap().unwrap();
+    assert_eq!(d.id, "d");
+    other.remove("chain", "d").await.unwrap();
+    let before = subtree(&j).await;
+    assert!(matches!(
+        j.finish_then_accept(&mut d, Some(json!({"x": 1})), &NOW)
+            .await,
+        Err(JobsError::Halt { .. })
+    ));
+    assert_eq!(
+        subtree(&j).await,
+        before,
+        "a halted finish writes and takes nothing"
+    );
+    assert_eq!(j.get_job_state("chain", "e").await.unwrap(), State::Pending);
+    // Waiting: with nothing due, it waits up to the timeout for an add, as accept does.
+    other.finish(&mut c, None).await.unwrap();
+    let mut e = j.accept("chain", &NOW).await.unwrap().unwrap();
+    let adder = other.clone();
+    let add_later = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        adder.add("chain", "f", json!({}), None).await.unwrap();
+    });
+    let f = j
+        .finish_then_accept(&mut e, None, &within(WAIT))
+        .await
+        .unwrap()
+        .expect("woken by the add");
+    assert_eq!(f.id, "f");
+    add_later.await.unwrap();
+    assert_eq!(
+        j.get_job_state("chain", "e").await.unwrap(),
+        State::Finished
     );
 }
 

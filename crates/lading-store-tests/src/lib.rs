@@ -1687,6 +1687,7 @@ macro_rules! conformance_tests {
             acquisition_cost_does_not_grow_with_the_queue,
             generic_jobs_walk_their_states_in_their_own_subtree,
             generic_jobs_racing_acceptors_hold_each_job_alone,
+            generic_jobs_finish_then_accept_claims_the_next_job,
             generic_jobs_stale_processor_is_fenced,
             generic_jobs_scheduled_later_are_not_accepted_early,
             generic_jobs_resubmit_while_running_runs_again,
