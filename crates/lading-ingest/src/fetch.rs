@@ -234,20 +234,13 @@ impl Fetcher {
             None => "part".into(),
         });
         let file = std::fs::File::create(&part).map_err(|e| local(&part, e))?;
-        // Blocks of WRITE_BLOCK bytes are hashed and written on a blocking thread, one block
-        // in flight while the next is received: network, hashing and disk overlap, and
-        // memory stays at two blocks whatever the file's size.
-        let mut sink = Sink {
-            file: Some(file),
-            sha: Some(Hasher::new(HashAlg::Sha256)),
-            other: digest
+        let mut sink = Sink::new(
+            file,
+            digest
                 .filter(|d| d.alg != HashAlg::Sha256)
                 .map(|d| Hasher::new(d.alg)),
-            pending: None,
-            buf: Vec::with_capacity(WRITE_BLOCK),
-            n: 0,
-            part: part.clone(),
-        };
+            part.clone(),
+        );
         if let Some(p) = file_path(url) {
             use tokio::io::AsyncReadExt;
             let mut f = tokio::fs::File::open(&p)
@@ -306,26 +299,57 @@ impl Fetcher {
 /// Bytes written per blocking write.
 const WRITE_BLOCK: usize = 1 << 20;
 
-/// The running hashes, handed to the thread hashing a block and back.
-type Hashes = (Hasher, Option<Hasher>);
+/// Blocks received but not yet hashed (or not yet written): the memory a download holds.
+const BLOCKS_IN_FLIGHT: usize = 4;
 
-/// The writing end of a download: hashes and writes blocks off the async threads, each
-/// block hashed on one thread while another writes it (both take about as long).
+/// The writing end of a download. Blocks of [`WRITE_BLOCK`] bytes go to two blocking
+/// threads, one hashing them and one writing them, each through a queue of
+/// [`BLOCKS_IN_FLIGHT`]: receiving goes on while a block is hashed and written, and memory
+/// stays at a few blocks whatever the file's size.
 struct Sink {
-    file: Option<std::fs::File>,
-    sha: Option<Hasher>,
-    other: Option<Hasher>,
-    /// The block being written, and the one being hashed.
-    pending: Option<(
-        tokio::task::JoinHandle<std::io::Result<std::fs::File>>,
-        tokio::task::JoinHandle<Hashes>,
-    )>,
+    to_hash: tokio::sync::mpsc::Sender<std::sync::Arc<Vec<u8>>>,
+    to_write: tokio::sync::mpsc::Sender<std::sync::Arc<Vec<u8>>>,
+    hashing: tokio::task::JoinHandle<(Hasher, Option<Hasher>)>,
+    writing: tokio::task::JoinHandle<std::io::Result<()>>,
     buf: Vec<u8>,
     n: u64,
     part: PathBuf,
 }
 
 impl Sink {
+    fn new(mut file: std::fs::File, mut other: Option<Hasher>, part: PathBuf) -> Sink {
+        let (to_hash, mut hash_rx) =
+            tokio::sync::mpsc::channel::<std::sync::Arc<Vec<u8>>>(BLOCKS_IN_FLIGHT);
+        let (to_write, mut write_rx) =
+            tokio::sync::mpsc::channel::<std::sync::Arc<Vec<u8>>>(BLOCKS_IN_FLIGHT);
+        let hashing = tokio::task::spawn_blocking(move || {
+            let mut sha = Hasher::new(HashAlg::Sha256);
+            while let Some(block) = hash_rx.blocking_recv() {
+                sha.update(&block);
+                if let Some(h) = other.as_mut() {
+                    h.update(&block);
+                }
+            }
+            (sha, other)
+        });
+        let writing = tokio::task::spawn_blocking(move || {
+            use std::io::Write;
+            while let Some(block) = write_rx.blocking_recv() {
+                file.write_all(&block)?;
+            }
+            Ok(())
+        });
+        Sink {
+            to_hash,
+            to_write,
+            hashing,
+            writing,
+            buf: Vec::with_capacity(WRITE_BLOCK),
+            n: 0,
+            part,
+        }
+    }
+
     async fn push(&mut self, b: &[u8]) -> Result<(), FetchError> {
         self.buf.extend_from_slice(b);
         self.n += b.len() as u64;
@@ -335,45 +359,23 @@ impl Sink {
         Ok(())
     }
 
-    async fn settle(&mut self) -> Result<(), FetchError> {
-        if let Some((write, hash)) = self.pending.take() {
-            let joined = |e: tokio::task::JoinError| FetchError::Transient(e.to_string());
-            let (sha, other) = hash.await.map_err(joined)?;
-            let f = write
-                .await
-                .map_err(joined)?
-                .map_err(|e| local(&self.part, e))?;
-            self.file = Some(f);
-            self.sha = Some(sha);
-            self.other = other;
-        }
-        Ok(())
-    }
-
     async fn flush_block(&mut self) -> Result<(), FetchError> {
-        self.settle().await?;
         let block = std::sync::Arc::new(std::mem::replace(
             &mut self.buf,
             Vec::with_capacity(WRITE_BLOCK),
         ));
-        let (Some(mut f), Some(mut sha)) = (self.file.take(), self.sha.take()) else {
-            return Err(FetchError::Transient("download sink lost its file".into()));
-        };
-        let mut other = self.other.take();
-        let to_hash = block.clone();
-        let hash = tokio::task::spawn_blocking(move || {
-            sha.update(&to_hash);
-            if let Some(h) = other.as_mut() {
-                h.update(&to_hash);
-            }
-            (sha, other)
-        });
-        let write = tokio::task::spawn_blocking(move || {
-            use std::io::Write;
-            f.write_all(&block)?;
-            Ok(f)
-        });
-        self.pending = Some((write, hash));
+        // A queue closes only when its thread ended early: the writer on an error (which
+        // says why), the hasher only by a panic.
+        if self.to_write.send(block.clone()).await.is_err() {
+            return Err(match (&mut self.writing).await {
+                Ok(Err(e)) => local(&self.part, e),
+                Ok(Ok(())) => FetchError::Transient("download writer stopped".into()),
+                Err(e) => FetchError::Transient(e.to_string()),
+            });
+        }
+        if self.to_hash.send(block).await.is_err() {
+            return Err(FetchError::Transient("download hasher stopped".into()));
+        }
         Ok(())
     }
 
@@ -382,13 +384,99 @@ impl Sink {
         if !self.buf.is_empty() {
             self.flush_block().await?;
         }
-        self.settle().await?;
-        let sha = self.sha.take().map(Hasher::hex).unwrap_or_default();
-        Ok((self.n, sha, self.other.take().map(Hasher::hex)))
+        let Sink {
+            to_hash,
+            to_write,
+            hashing,
+            writing,
+            n,
+            part,
+            ..
+        } = self;
+        drop((to_hash, to_write));
+        let joined = |e: tokio::task::JoinError| FetchError::Transient(e.to_string());
+        writing
+            .await
+            .map_err(joined)?
+            .map_err(|e| local(&part, e))?;
+        let (sha, other) = hashing.await.map_err(joined)?;
+        Ok((n, sha.hex(), other.map(Hasher::hex)))
     }
 }
 
 /// A local file error: a full disk may clear, so it is transient.
 fn local(path: &Path, e: std::io::Error) -> FetchError {
     FetchError::Transient(format!("writing {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sink whose file is `/dev/full`: every write fails with "no space left".
+    fn full_sink() -> Sink {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        Sink::new(file, None, PathBuf::from("/dev/full"))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_disk_fails_the_download_with_the_reason() {
+        // Small: the error comes at the end.
+        let mut sink = full_sink();
+        sink.push(b"a few bytes").await.unwrap();
+        let Err(FetchError::Transient(e)) = sink.finish().await else {
+            panic!("a failed write must fail the download");
+        };
+        assert!(
+            e.contains("/dev/full") && e.contains("No space left"),
+            "{e}"
+        );
+        // Large: it stops the download while bytes still arrive (the queue stays bounded).
+        let mut sink = full_sink();
+        let block = vec![7u8; WRITE_BLOCK];
+        let mut failed = None;
+        for _ in 0..4 * BLOCKS_IN_FLIGHT {
+            if let Err(e) = sink.push(&block).await {
+                failed = Some(e);
+                break;
+            }
+        }
+        let Some(FetchError::Transient(e)) = failed else {
+            panic!("pushing must fail once the writer stopped: {failed:?}");
+        };
+        assert!(e.contains("No space left"), "{e}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_sink_writes_and_hashes_every_byte_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let mut sink = Sink::new(
+            std::fs::File::create(&path).unwrap(),
+            Some(Hasher::new(HashAlg::Md5)),
+            path.clone(),
+        );
+        let mut all = Vec::new();
+        // Uneven pieces, so blocks and pieces do not line up.
+        for i in 0..5000u32 {
+            let piece: Vec<u8> = (0..(i % 997) as usize + 1)
+                .map(|j| (i as usize * 31 + j) as u8)
+                .collect();
+            all.extend_from_slice(&piece);
+            sink.push(&piece).await.unwrap();
+        }
+        let (n, sha, md5) = sink.finish().await.unwrap();
+        assert_eq!(n, all.len() as u64);
+        assert!(all.len() > 2 * WRITE_BLOCK);
+        assert_eq!(std::fs::read(&path).unwrap(), all);
+        let mut h = Hasher::new(HashAlg::Sha256);
+        h.update(&all);
+        assert_eq!(sha, h.hex());
+        let mut h = Hasher::new(HashAlg::Md5);
+        h.update(&all);
+        assert_eq!(md5, Some(h.hex()));
+    }
 }
