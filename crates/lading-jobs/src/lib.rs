@@ -1066,11 +1066,12 @@ impl Jobs {
 
     /// [`finish`](Self::finish), then [`accept`](Self::accept) of the same type — with the
     /// finish and the next job's claim in one `multi` when a job is due, so a busy processor
-    /// pays one round trip per job instead of two. (Not while other acceptors of this process
-    /// wait for work: then there is no backlog, and new jobs are left to them.) Whatever happens to the claim, the finish
-    /// means what `finish` means: `Halt` when the lock no longer holds the job (then nothing
-    /// was written and no job was taken). Waits up to `opts.timeout` for a next job, as
-    /// `accept` does.
+    /// pays one round trip per job instead of two. Not while other acceptors of this process
+    /// wait for work: then there is no backlog, and new jobs are left to them.
+    ///
+    /// Whatever happens to the claim, the finish means what `finish` means: `Halt` when the
+    /// lock no longer holds the job (then nothing was written and no job was taken). Waits up
+    /// to `opts.timeout` for a next job, as `accept` does.
     pub async fn finish_then_accept(
         &self,
         job: &mut Job,
@@ -1082,28 +1083,26 @@ impl Jobs {
         }
         let ty = job.ty.clone();
         // Acceptors of this process are idle: no backlog, and a due job is theirs.
-        if self.idle_acceptors.load(Ordering::Relaxed) > 0 {
-            self.finish(job, data).await?;
-            return self.accept(&ty, opts).await;
-        }
-        let change = finishing(job, data.clone());
-        let (ops, rec) = self.fenced_ops(job, true, &change);
-        let n = ops.len();
-        let mut skipped = false;
-        match self
-            .try_accept(&ty, opts, &mut skipped, &ops, NEXT_CLAIMS)
-            .await
-        {
-            Ok(Ok((next, res))) => {
-                job.held(rec, &res);
-                return Ok(Some(next));
+        if self.idle_acceptors.load(Ordering::Relaxed) == 0 {
+            let change = finishing(job, data.clone());
+            let (ops, rec) = self.fenced_ops(job, true, &change);
+            let n = ops.len();
+            let mut skipped = false;
+            match self
+                .try_accept(&ty, opts, &mut skipped, &ops, NEXT_CLAIMS)
+                .await
+            {
+                Ok(Ok((next, res))) => {
+                    job.held(rec, &res);
+                    return Ok(Some(next));
+                }
+                // Nothing due, or lost every race for it: finish alone, then accept.
+                Ok(Err(_)) => {}
+                // The finish part was refused (the record changed, or the lock is gone):
+                // `finish` re-reads, retries or halts as it always does.
+                Err(JobsError::Tree(e)) if e.failed_op().is_some_and(|i| i < n) => {}
+                Err(e) => return Err(e),
             }
-            // Nothing due, or lost every race for it: finish alone, then accept.
-            Ok(Err(_)) => {}
-            // The finish part was refused (the record changed, or the lock is gone):
-            // `finish` re-reads, retries or halts as it always does.
-            Err(JobsError::Tree(e)) if e.failed_op().is_some_and(|i| i < n) => {}
-            Err(e) => return Err(e),
         }
         self.finish(job, data).await?;
         self.accept(&ty, opts).await
