@@ -35,14 +35,14 @@
 //!   a wait for a job scheduled later also wakes at its time.
 
 use lading_core::time::SharedClock;
-use lading_core::{Op, OpResult, Tree, TreeError, WatchKind};
+use lading_core::{Op, OpResult, Tree, TreeError, Watch, WatchKind};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
@@ -272,6 +272,69 @@ impl Drop for Idle<'_> {
     }
 }
 
+/// The acceptors of one type in this process that wait for any due job (no
+/// `max_sched_time`: they are interchangeable), and the one watch of the pending folder that
+/// wakes them. Each change wakes one of them, not all: a woken acceptor that takes a job and
+/// sees more due wakes the next (see `try_accept`), so a burst of jobs wakes as many acceptors
+/// as it needs and a single job stirs only one.
+#[derive(Default)]
+struct Waiters {
+    /// One wake-up per change of the pending folder, and one per job left due by a taker.
+    notify: Notify,
+    /// How many acceptors are registered as waiting, and whether a watch task is running.
+    state: Mutex<WaitersState>,
+}
+
+#[derive(Default)]
+struct WaitersState {
+    waiting: usize,
+    watching: bool,
+}
+
+/// Counts an acceptor as waiting on its type's [`Waiters`] for as long as it lives.
+struct Registered(Arc<Waiters>);
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.0.state.lock().unwrap().waiting -= 1;
+    }
+}
+
+/// Keeps one watch of `dir` armed while acceptors wait, and wakes one of them per firing. The
+/// next watch is armed before anyone is woken, so a change after the wake-up fires it and a
+/// change before is seen by the woken acceptor's look. Ends at the first firing with nobody
+/// waiting, when the `Jobs` or the tree is gone, or when the watch cannot be armed (then every
+/// waiter is woken and the next to wait arms it itself, getting the error).
+fn watch_pending(tree: Weak<dyn Tree>, dir: String, waiters: Weak<Waiters>, mut watch: Watch) {
+    tokio::spawn(async move {
+        loop {
+            (&mut watch).await;
+            let (Some(tree), Some(w)) = (tree.upgrade(), waiters.upgrade()) else {
+                return;
+            };
+            {
+                // Checked and given up together: a waiter registering meanwhile arms its own.
+                let mut st = w.state.lock().unwrap();
+                if st.waiting == 0 {
+                    st.watching = false;
+                    return;
+                }
+            }
+            match tree.watch(&dir, WatchKind::Children).await {
+                Ok(next) => {
+                    w.notify.notify_one();
+                    watch = next;
+                }
+                Err(_) => {
+                    w.state.lock().unwrap().watching = false;
+                    w.notify.notify_waiters();
+                    return;
+                }
+            }
+        }
+    });
+}
+
 /// Counts a wait on its subscriptions for as long as it lives (a dropped wait included).
 struct Waiting<'a> {
     subs: &'a Mutex<HashMap<SubId, Sub>>,
@@ -297,9 +360,12 @@ pub struct Jobs {
     tree: Arc<dyn Tree>,
     clock: SharedClock,
     owner: String,
-    /// Pending entries an acceptor of this process is claiming: siblings skip them, so local
-    /// acceptors do not all race for the head.
-    claims: Mutex<HashSet<String>>,
+    /// Pending entries (type → names) an acceptor of this process is claiming: siblings skip
+    /// them, so local acceptors do not all race for the head.
+    claims: Mutex<HashMap<String, HashSet<String>>>,
+    /// Per type: the acceptors of this process waiting for any due job, and the one watch that
+    /// wakes them one at a time.
+    waiters: Mutex<HashMap<String, Arc<Waiters>>>,
     /// Woken when a local claim failed (its entry may still be due).
     unclaimed: Notify,
     /// Acceptors of this process waiting for a job to become due. While there are any, the
@@ -429,7 +495,8 @@ impl Jobs {
             tree,
             clock,
             owner: owner.into(),
-            claims: Mutex::new(HashSet::new()),
+            claims: Mutex::new(HashMap::new()),
+            waiters: Mutex::new(HashMap::new()),
             unclaimed: Notify::new(),
             idle_acceptors: AtomicUsize::new(0),
             types: Mutex::new(HashSet::new()),
@@ -768,6 +835,9 @@ impl Jobs {
             secs_to_ms(s)?;
         }
         let deadline = Instant::now() + opts.timeout;
+        if opts.max_sched_time.is_none() {
+            return self.accept_any(ty, opts, deadline).await;
+        }
         let mut watch = None;
         loop {
             let unclaimed = self.unclaimed.notified();
@@ -805,6 +875,96 @@ impl Jobs {
                 // wake-up for every lost race would stir every idle acceptor).
                 _ = unclaimed, if skipped => {}
                 _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// `accept` of any due job: waits on the type's shared [`Waiters`], woken one at a time.
+    async fn accept_any(
+        &self,
+        ty: &str,
+        opts: &AcceptOptions,
+        deadline: Instant,
+    ) -> Result<Option<Job>> {
+        let waiters = self.waiters(ty);
+        let mut registered = None;
+        loop {
+            let unclaimed = self.unclaimed.notified();
+            // Enabled before the look: a wake-up during it is kept (and handed on to another
+            // waiter if this acceptor takes a job and never waits).
+            let woken = waiters.notify.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            let mut skipped = false;
+            let next_due = match self
+                .try_accept(ty, opts, &mut skipped, &[], usize::MAX)
+                .await?
+            {
+                Ok((job, _)) => return Ok(Some(job)),
+                Err(next_due) => next_due,
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            if self.wait_on(ty, &waiters, &mut registered).await? {
+                // This acceptor armed the watch: look once more, so a job added before it was
+                // armed is not missed.
+                continue;
+            }
+            let mut wait = deadline - now;
+            if let Some(due) = next_due {
+                let ms = due.saturating_sub(self.now_ms()) + 1;
+                wait = wait.min(Duration::from_millis(ms));
+            }
+            self.idle_acceptors.fetch_add(1, Ordering::Relaxed);
+            let _idle = Idle(&self.idle_acceptors);
+            tokio::select! {
+                _ = woken => {}
+                // Only a pass that stepped over a local peer's claim waits for it to end (a
+                // wake-up for every lost race would stir every idle acceptor).
+                _ = unclaimed, if skipped => {}
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    fn waiters(&self, ty: &str) -> Arc<Waiters> {
+        let mut m = self.waiters.lock().unwrap();
+        match m.get(ty) {
+            Some(w) => w.clone(),
+            None => m.entry(ty.to_string()).or_default().clone(),
+        }
+    }
+
+    /// Registers an acceptor as waiting on `waiters` (once) and makes sure a watch of the
+    /// pending folder is armed. `true` when this call armed it.
+    async fn wait_on(
+        &self,
+        ty: &str,
+        waiters: &Arc<Waiters>,
+        registered: &mut Option<Registered>,
+    ) -> Result<bool> {
+        let arm = {
+            let mut st = waiters.state.lock().unwrap();
+            if registered.is_none() {
+                st.waiting += 1;
+                *registered = Some(Registered(waiters.clone()));
+            }
+            !std::mem::replace(&mut st.watching, true)
+        };
+        if !arm {
+            return Ok(false);
+        }
+        let dir = pending_dir(ty);
+        match self.tree.watch(&dir, WatchKind::Children).await {
+            Ok(w) => {
+                watch_pending(Arc::downgrade(&self.tree), dir, Arc::downgrade(waiters), w);
+                Ok(true)
+            }
+            Err(e) => {
+                waiters.state.lock().unwrap().watching = false;
+                Err(e.into())
             }
         }
     }
@@ -854,20 +1014,29 @@ impl Jobs {
                 let r = spread(due.len());
                 due.rotate_left(r);
             }
-            for (name, ms, id) in due {
+            let more_pages = next.is_none() && page.len() == page_len;
+            let n_due = due.len();
+            for (i, (name, ms, id)) in due.into_iter().enumerate() {
                 if max_claims == 0 {
                     return Ok(Err(None));
                 }
-                let entry = format!("{dir}/{name}");
-                if !self.claims.lock().unwrap().insert(entry.clone()) {
+                if !self.claim_entry(ty, name) {
                     *skipped = true;
                     continue;
                 }
                 max_claims -= 1;
                 let r = self.claim(ty, id, ms, prefix).await;
-                self.claims.lock().unwrap().remove(&entry);
+                self.unclaim_entry(ty, name);
                 match r {
-                    Ok(Some(got)) => return Ok(Ok(got)),
+                    Ok(Some(got)) => {
+                        // More may be due than this acceptor takes: wake a waiting one.
+                        if (i + 1 < n_due || more_pages)
+                            && self.idle_acceptors.load(Ordering::Relaxed) > 0
+                        {
+                            self.waiters(ty).notify.notify_one();
+                        }
+                        return Ok(Ok(got));
+                    }
                     Ok(None) => self.unclaimed.notify_waiters(),
                     Err(e) => {
                         self.unclaimed.notify_waiters();
@@ -880,6 +1049,25 @@ impl Jobs {
             }
             after = page.last().cloned();
             page_len = PAGE;
+        }
+    }
+
+    /// Marks pending entry `name` of `ty` as being claimed by this process; `false` when a
+    /// local acceptor already is.
+    fn claim_entry(&self, ty: &str, name: &str) -> bool {
+        let mut c = self.claims.lock().unwrap();
+        match c.get_mut(ty) {
+            Some(set) => !set.contains(name) && set.insert(name.to_string()),
+            None => {
+                c.insert(ty.to_string(), HashSet::from([name.to_string()]));
+                true
+            }
+        }
+    }
+
+    fn unclaim_entry(&self, ty: &str, name: &str) {
+        if let Some(set) = self.claims.lock().unwrap().get_mut(ty) {
+            set.remove(name);
         }
     }
 

@@ -663,3 +663,70 @@ pub async fn generic_jobs_waiting_acceptor_is_woken_by_an_add(h: &dyn Harness) {
     // A zero timeout does not wait.
     assert!(j.accept("wake", &NOW).await.unwrap().is_none());
 }
+
+/// Acceptors of one process waiting for any due job share one watch that wakes them one at a
+/// time; a burst must still reach as many of them as it has jobs, and a single add one more.
+pub async fn generic_jobs_waiting_acceptors_share_out_a_burst(h: &dyn Harness) {
+    let (j, _s) = jobs(h).await;
+    let (adder, _sa) = jobs(h).await;
+    j.set_type_timeout("burst", 60).await.unwrap();
+    let mut waiting: Vec<tokio::task::JoinHandle<Option<Job>>> = Vec::new();
+    for _ in 0..8 {
+        let jj = j.clone();
+        waiting.push(tokio::spawn(async move {
+            jj.accept("burst", &within(WAIT)).await.unwrap()
+        }));
+    }
+    // One acceptor bounded by a scheduled time waits on its own watch beside them.
+    let jj = j.clone();
+    let bounded = tokio::spawn(async move {
+        let opts = AcceptOptions {
+            max_sched_time: Some(4_000_000_000),
+            ..within(WAIT)
+        };
+        jj.accept("burst", &opts).await.unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = std::time::Instant::now();
+    let finished =
+        |w: &[tokio::task::JoinHandle<Option<Job>>]| w.iter().filter(|t| t.is_finished()).count();
+    // Added together, so they can land in one change and fire the watch once.
+    let adds: Vec<_> = (0..5)
+        .map(|i| {
+            let adder = adder.clone();
+            tokio::spawn(async move { adder.add("burst", &format!("b{i}"), json!({}), None).await })
+        })
+        .collect();
+    for a in adds {
+        a.await.unwrap().unwrap();
+    }
+    let mut taken = HashSet::new();
+    while finished(&waiting) + usize::from(bounded.is_finished()) < 5 {
+        assert!(
+            started.elapsed() < WAIT / 2,
+            "the burst did not reach five acceptors"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // One at a time, each add wakes one more.
+    for i in 5..9 {
+        adder
+            .add("burst", &format!("b{i}"), json!({}), None)
+            .await
+            .unwrap();
+        while finished(&waiting) + usize::from(bounded.is_finished()) < i + 1 {
+            assert!(started.elapsed() < WAIT / 2, "add {i} woke nobody");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    waiting.push(bounded);
+    for t in waiting {
+        let job = t.await.unwrap().expect("every acceptor got a job");
+        assert!(taken.insert(job.id.clone()), "{} taken twice", job.id);
+    }
+    assert_eq!(taken.len(), 9);
+    let c = j.counts("burst").await.unwrap();
+    assert_eq!((c[&State::Pending], c[&State::Running]), (0, 9));
+    // Nothing is left due, and an acceptor that does not wait says so.
+    assert!(j.accept("burst", &NOW).await.unwrap().is_none());
+}

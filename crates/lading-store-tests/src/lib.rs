@@ -1696,6 +1696,7 @@ macro_rules! conformance_tests {
             generic_jobs_subscribers_see_each_state_change,
             generic_jobs_unused_subscriptions_expire,
             generic_jobs_waiting_acceptor_is_woken_by_an_add,
+            generic_jobs_waiting_acceptors_share_out_a_burst,
         );
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {
