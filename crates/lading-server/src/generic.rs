@@ -13,6 +13,9 @@
 //!                                                    200 the job with its lock, 204 none
 //! POST   /api/v1/types/{type}/jobs/{id}/update       {"lock","data"?}         409 halt
 //! POST   /api/v1/types/{type}/jobs/{id}/finish       {"lock","data"?}         409 halt
+//! POST   /api/v1/types/{type}/jobs/{id}/finish-and-accept
+//!                                                    {"lock","data"?, and accept's fields}
+//!                                                    200 {"finished","next"}, 409 halt
 //! POST   /api/v1/types/{type}/jobs/{id}/resubmit     {"lock","scheduled_time"?}
 //! POST   /api/v1/types/{type}/jobs/{id}/subscribe    {"subscription","state"}
 //! POST   /api/v1/subscriptions/wait                  {"subscriptions","state"?,"timeout_ms"?}
@@ -26,7 +29,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Extension, Json, Router};
-use lading_jobs::{AcceptOptions, JobView, State as JobState};
+use lading_jobs::{AcceptOptions, Job, JobView, State as JobState};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -40,6 +43,10 @@ pub fn routes() -> Router<AppState> {
         .route("/api/v1/types/{type}/accept", post(accept))
         .route("/api/v1/types/{type}/jobs/{id}/update", post(update))
         .route("/api/v1/types/{type}/jobs/{id}/finish", post(finish))
+        .route(
+            "/api/v1/types/{type}/jobs/{id}/finish-and-accept",
+            post(finish_and_accept),
+        )
         .route("/api/v1/types/{type}/jobs/{id}/resubmit", post(resubmit))
         .route("/api/v1/types/{type}/jobs/{id}/subscribe", post(subscribe))
         .route("/api/v1/subscriptions/wait", post(wait))
@@ -220,18 +227,48 @@ pub(crate) async fn accept(
     Body(b): Body<AcceptBody>,
 ) -> Result<Response> {
     p.require_admin()?;
-    let opts = AcceptOptions {
-        max_sched_time: b.max_sched_time,
-        timeout: poll_timeout(b.timeout_ms)?,
-        no_schedule: b.no_schedule,
-    };
-    // The acceptance runs in its own task: if the client goes away while it waits, a job
-    // taken after that is put straight back instead of running under a lock nobody knows.
+    let opts = accept_options(b.max_sched_time, b.timeout_ms, b.no_schedule)?;
+    let jobs = s.jobs.clone();
+    let ((), next) =
+        for_client(&s, async move { Ok(((), jobs.accept(&ty, &opts).await?)) }).await?;
+    Ok(match next {
+        Some(job) => Json(view(&job)).into_response(),
+        None => StatusCode::NO_CONTENT.into_response(),
+    })
+}
+
+fn accept_options(
+    max_sched_time: Option<u64>,
+    timeout_ms: Option<u64>,
+    no_schedule: bool,
+) -> Result<AcceptOptions> {
+    Ok(AcceptOptions {
+        max_sched_time,
+        timeout: poll_timeout(timeout_ms)?,
+        no_schedule,
+    })
+}
+
+fn view(job: &Job) -> JobView {
+    JobView {
+        ty: job.ty.clone(),
+        id: job.id.clone(),
+        record: job.record().clone(),
+    }
+}
+
+/// Runs `work`, which may take a job for the client, in its own task: if the client goes
+/// away meanwhile, a job taken after that is put straight back instead of running under a
+/// lock nobody knows. Returns what `work` returned, unless the server is stopping.
+async fn for_client<T: Send + 'static>(
+    s: &AppState,
+    work: impl std::future::Future<Output = lading_jobs::Result<(T, Option<Job>)>> + Send + 'static,
+) -> Result<(T, Option<Job>)> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let jobs = s.jobs.clone();
     tokio::spawn(async move {
-        let r = jobs.accept(&ty, &opts).await;
-        if let Err(Ok(Some(mut job))) = tx.send(r) {
+        let r = work.await;
+        if let Err(Ok((_, Some(mut job)))) = tx.send(r) {
             let back = async {
                 jobs.resubmit(&mut job, None).await?;
                 jobs.finish(&mut job, None).await
@@ -248,15 +285,42 @@ pub(crate) async fn accept(
             "accept task ended",
         )
     })?;
-    Ok(match r? {
-        Some(job) => Json(JobView {
-            ty: job.ty.clone(),
-            id: job.id.clone(),
-            record: job.record().clone(),
-        })
-        .into_response(),
-        None => StatusCode::NO_CONTENT.into_response(),
+    Ok(r?)
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FinishAcceptBody {
+    lock: String,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    data: Option<Value>,
+    max_sched_time: Option<u64>,
+    timeout_ms: Option<u64>,
+    #[serde(default)]
+    no_schedule: bool,
+}
+
+#[utoipa::path(post, path = "/api/v1/types/{type}/jobs/{id}/finish-and-accept", tag = "generic jobs", summary = "Finish a job and accept the next (one round trip)", description = "Finishes the job as `finish` does and accepts the next due job of the type as `accept` does (long-poll). Under a backlog the finish and the claim are one store transaction. `next` is null when none came in time.", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), request_body = FinishAcceptBody, responses((status = 200, description = "{\"finished\": the job, \"next\": the next job with its lock, or null}", body = serde_json::Value), (status = 409, description = "halt: nothing was written and no job was taken"), (status = 400, description = "bad input (the error names it)")))]
+pub(crate) async fn finish_and_accept(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    PathParams((ty, id)): PathParams<(String, String)>,
+    Body(b): Body<FinishAcceptBody>,
+) -> Result<Json<Value>> {
+    p.require_admin()?;
+    let opts = accept_options(b.max_sched_time, b.timeout_ms, b.no_schedule)?;
+    let mut job = s.jobs.held(&ty, &id, &b.lock).await?;
+    let jobs = s.jobs.clone();
+    let (finished, next) = for_client(&s, async move {
+        let next = jobs.finish_then_accept(&mut job, b.data, &opts).await?;
+        Ok((job, next))
     })
+    .await?;
+    Ok(Json(json!({
+        "finished": view(&finished),
+        "next": next.as_ref().map(view),
+    })))
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]

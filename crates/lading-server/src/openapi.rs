@@ -47,6 +47,7 @@ use utoipa::{Modify, OpenApi};
         generic::accept,
         generic::update,
         generic::finish,
+        generic::finish_and_accept,
         generic::resubmit,
         generic::subscribe,
         generic::wait,

@@ -221,6 +221,27 @@ async fn bad_requests_get_json_errors_and_change_nothing() {
         ),
         (
             "POST",
+            "/api/v1/types/conv/jobs/keep/finish-and-accept",
+            r#"{"lock": "nope"}"#,
+            StatusCode::CONFLICT,
+            "halt",
+        ),
+        (
+            "POST",
+            "/api/v1/types/conv/jobs/keep/finish-and-accept",
+            r#"{"lock": "nope", "timeout_ms": 999999999}"#,
+            StatusCode::BAD_REQUEST,
+            "timeout_ms",
+        ),
+        (
+            "POST",
+            "/api/v1/types/conv/jobs/keep/finish-and-accept",
+            r#"{"lock": "nope", "next": true}"#,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unknown field `next`",
+        ),
+        (
+            "POST",
             "/api/v1/types/conv/jobs/keep/update",
             r#"{"lock": "nope", "scheduled_time": 5}"#,
             StatusCode::BAD_REQUEST,
@@ -332,4 +353,75 @@ async fn a_job_taken_for_a_client_that_left_goes_back_to_pending() {
         )
         .await;
     assert_eq!((st, job["id"].as_str()), (StatusCode::OK, Some("orphan")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finish_and_accept_hands_over_the_next_job_in_one_request() {
+    let s = start().await;
+    s.call("PUT", "/api/v1/types/conv", Some(json!({"timeout_s": 30})))
+        .await;
+    for id in ["a", "b"] {
+        s.call("POST", "/api/v1/types/conv/jobs", Some(json!({"id": id})))
+            .await;
+    }
+    let (_, a) = s
+        .call("POST", "/api/v1/types/conv/accept", Some(json!({})))
+        .await;
+    assert_eq!(a["id"], "a");
+    let lock_a = a["lock"].as_str().unwrap().to_string();
+    let (st, v) = s
+        .call(
+            "POST",
+            "/api/v1/types/conv/jobs/a/finish-and-accept",
+            Some(json!({"lock": lock_a, "data": {"done": true}})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(
+        (
+            &v["finished"]["id"],
+            &v["finished"]["state"],
+            &v["finished"]["data"]
+        ),
+        (&json!("a"), &json!("finished"), &json!({"done": true}))
+    );
+    assert_eq!(
+        (&v["next"]["id"], &v["next"]["state"]),
+        (&json!("b"), &json!("running"))
+    );
+    let lock_b = v["next"]["lock"].as_str().unwrap().to_string();
+    // The finished job's lock is spent: halt, and nothing changes.
+    let before = s.stored().await;
+    let (st, v) = s
+        .call(
+            "POST",
+            "/api/v1/types/conv/jobs/a/finish-and-accept",
+            Some(json!({"lock": lock_a})),
+        )
+        .await;
+    assert_eq!(
+        (st, v["kind"].as_str()),
+        (StatusCode::CONFLICT, Some("halt"))
+    );
+    assert_eq!(s.stored().await, before);
+    // The next job holds under its own lock; with nothing left due, `next` is null at once.
+    let (st, v) = s
+        .call(
+            "POST",
+            "/api/v1/types/conv/jobs/b/finish-and-accept",
+            Some(json!({"lock": lock_b, "timeout_ms": 0})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["finished"]["state"], "finished");
+    assert!(v["next"].is_null(), "{v}");
+    let (_, types) = s.call("GET", "/api/v1/types", None).await;
+    assert_eq!(
+        (
+            &types[0]["pending"],
+            &types[0]["running"],
+            &types[0]["finished"]
+        ),
+        (&json!(0), &json!(0), &json!(2))
+    );
 }

@@ -41,6 +41,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("post", "/api/v1/types/{type}/accept"),
     ("post", "/api/v1/types/{type}/jobs/{id}/update"),
     ("post", "/api/v1/types/{type}/jobs/{id}/finish"),
+    ("post", "/api/v1/types/{type}/jobs/{id}/finish-and-accept"),
     ("post", "/api/v1/types/{type}/jobs/{id}/resubmit"),
     ("post", "/api/v1/types/{type}/jobs/{id}/subscribe"),
     ("post", "/api/v1/subscriptions/wait"),
