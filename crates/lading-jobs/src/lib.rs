@@ -42,7 +42,7 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
@@ -273,66 +273,30 @@ impl Drop for Idle<'_> {
 }
 
 /// The acceptors of one type in this process that wait for any due job (no
-/// `max_sched_time`: they are interchangeable), and the one watch of the pending folder that
-/// wakes them. Each change wakes one of them, not all: a woken acceptor that takes a job and
-/// sees more due wakes the next (see `try_accept`), so a burst of jobs wakes as many acceptors
-/// as it needs and a single job stirs only one.
+/// `max_sched_time`: they are interchangeable). One of them, the leader, holds a watch of the
+/// pending folder and looks at each change itself; the others wait to be woken one at a time:
+/// by a taker that saw more due than it took (see `try_accept`), so a burst reaches as many
+/// acceptors as it needs while a single job stirs only the leader; and by a leader that
+/// leaves, so another takes its place.
 #[derive(Default)]
 struct Waiters {
-    /// One wake-up per change of the pending folder, and one per job left due by a taker.
     notify: Notify,
-    /// How many acceptors are registered as waiting, and whether a watch task is running.
-    state: Mutex<WaitersState>,
+    /// Whether an acceptor leads.
+    leader: Mutex<bool>,
 }
 
-#[derive(Default)]
-struct WaitersState {
-    waiting: usize,
-    watching: bool,
+/// Leadership of a type's [`Waiters`], and the watch that goes with it. Dropped (the acceptor
+/// got a job, gave up, or failed), it wakes another waiter to lead.
+struct Leading<'a> {
+    waiters: &'a Waiters,
+    watch: Option<Watch>,
 }
 
-/// Counts an acceptor as waiting on its type's [`Waiters`] for as long as it lives.
-struct Registered(Arc<Waiters>);
-
-impl Drop for Registered {
+impl Drop for Leading<'_> {
     fn drop(&mut self) {
-        self.0.state.lock().unwrap().waiting -= 1;
+        *self.waiters.leader.lock().unwrap() = false;
+        self.waiters.notify.notify_one();
     }
-}
-
-/// Keeps one watch of `dir` armed while acceptors wait, and wakes one of them per firing. The
-/// next watch is armed before anyone is woken, so a change after the wake-up fires it and a
-/// change before is seen by the woken acceptor's look. Ends at the first firing with nobody
-/// waiting, when the `Jobs` or the tree is gone, or when the watch cannot be armed (then every
-/// waiter is woken and the next to wait arms it itself, getting the error).
-fn watch_pending(tree: Weak<dyn Tree>, dir: String, waiters: Weak<Waiters>, mut watch: Watch) {
-    tokio::spawn(async move {
-        loop {
-            (&mut watch).await;
-            let (Some(tree), Some(w)) = (tree.upgrade(), waiters.upgrade()) else {
-                return;
-            };
-            {
-                // Checked and given up together: a waiter registering meanwhile arms its own.
-                let mut st = w.state.lock().unwrap();
-                if st.waiting == 0 {
-                    st.watching = false;
-                    return;
-                }
-            }
-            match tree.watch(&dir, WatchKind::Children).await {
-                Ok(next) => {
-                    w.notify.notify_one();
-                    watch = next;
-                }
-                Err(_) => {
-                    w.state.lock().unwrap().watching = false;
-                    w.notify.notify_waiters();
-                    return;
-                }
-            }
-        }
-    });
 }
 
 /// Counts a wait on its subscriptions for as long as it lives (a dropped wait included).
@@ -363,8 +327,8 @@ pub struct Jobs {
     /// Pending entries (type → names) an acceptor of this process is claiming: siblings skip
     /// them, so local acceptors do not all race for the head.
     claims: Mutex<HashMap<String, HashSet<String>>>,
-    /// Per type: the acceptors of this process waiting for any due job, and the one watch that
-    /// wakes them one at a time.
+    /// Per type: the acceptors of this process waiting for any due job, led by one that
+    /// watches.
     waiters: Mutex<HashMap<String, Arc<Waiters>>>,
     /// Woken when a local claim failed (its entry may still be due).
     unclaimed: Notify,
@@ -879,7 +843,8 @@ impl Jobs {
         }
     }
 
-    /// `accept` of any due job: waits on the type's shared [`Waiters`], woken one at a time.
+    /// `accept` of any due job: waits as the type's leader (on a watch) or as a follower
+    /// (woken one at a time), see [`Waiters`].
     async fn accept_any(
         &self,
         ty: &str,
@@ -887,7 +852,8 @@ impl Jobs {
         deadline: Instant,
     ) -> Result<Option<Job>> {
         let waiters = self.waiters(ty);
-        let mut registered = None;
+        let dir = pending_dir(ty);
+        let mut leading: Option<Leading> = None;
         loop {
             let unclaimed = self.unclaimed.notified();
             // Enabled before the look: a wake-up during it is kept (and handed on to another
@@ -907,9 +873,21 @@ impl Jobs {
             if now >= deadline {
                 return Ok(None);
             }
-            if self.wait_on(ty, &waiters, &mut registered).await? {
-                // This acceptor armed the watch: look once more, so a job added before it was
-                // armed is not missed.
+            if leading.is_none() {
+                let mut leader = waiters.leader.lock().unwrap();
+                if !*leader {
+                    *leader = true;
+                    leading = Some(Leading {
+                        waiters: &waiters,
+                        watch: None,
+                    });
+                }
+            }
+            if let Some(l) = leading.as_mut()
+                && l.watch.is_none()
+            {
+                // Watch first, then look once more: a job added in between is not missed.
+                l.watch = Some(self.tree.watch(&dir, WatchKind::Children).await?);
                 continue;
             }
             let mut wait = deadline - now;
@@ -919,12 +897,24 @@ impl Jobs {
             }
             self.idle_acceptors.fetch_add(1, Ordering::Relaxed);
             let _idle = Idle(&self.idle_acceptors);
-            tokio::select! {
-                _ = woken => {}
+            let watch = leading.as_mut().and_then(|l| l.watch.as_mut());
+            let fired = async {
+                match watch {
+                    Some(w) => w.await,
+                    None => std::future::pending().await,
+                }
+            };
+            let fired = tokio::select! {
+                _ = fired => true,
+                _ = woken => false,
                 // Only a pass that stepped over a local peer's claim waits for it to end (a
                 // wake-up for every lost race would stir every idle acceptor).
-                _ = unclaimed, if skipped => {}
-                _ = tokio::time::sleep(wait) => {}
+                _ = unclaimed, if skipped => false,
+                _ = tokio::time::sleep(wait) => false,
+            };
+            if fired && let Some(l) = leading.as_mut() {
+                // Armed again before the look: a change after the look fires it.
+                l.watch = Some(self.tree.watch(&dir, WatchKind::Children).await?);
             }
         }
     }
@@ -934,38 +924,6 @@ impl Jobs {
         match m.get(ty) {
             Some(w) => w.clone(),
             None => m.entry(ty.to_string()).or_default().clone(),
-        }
-    }
-
-    /// Registers an acceptor as waiting on `waiters` (once) and makes sure a watch of the
-    /// pending folder is armed. `true` when this call armed it.
-    async fn wait_on(
-        &self,
-        ty: &str,
-        waiters: &Arc<Waiters>,
-        registered: &mut Option<Registered>,
-    ) -> Result<bool> {
-        let arm = {
-            let mut st = waiters.state.lock().unwrap();
-            if registered.is_none() {
-                st.waiting += 1;
-                *registered = Some(Registered(waiters.clone()));
-            }
-            !std::mem::replace(&mut st.watching, true)
-        };
-        if !arm {
-            return Ok(false);
-        }
-        let dir = pending_dir(ty);
-        match self.tree.watch(&dir, WatchKind::Children).await {
-            Ok(w) => {
-                watch_pending(Arc::downgrade(&self.tree), dir, Arc::downgrade(waiters), w);
-                Ok(true)
-            }
-            Err(e) => {
-                waiters.state.lock().unwrap().watching = false;
-                Err(e.into())
-            }
         }
     }
 
