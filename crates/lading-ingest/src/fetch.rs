@@ -244,20 +244,14 @@ impl Fetcher {
             part.clone(),
         );
         if let Some(p) = file_path(url) {
-            use tokio::io::AsyncReadExt;
-            let mut f = tokio::fs::File::open(&p)
+            use futures_util::StreamExt;
+            let f = tokio::fs::File::open(&p)
                 .await
                 .map_err(|e| FetchError::Fatal(format!("cannot read {url}: {e}")))?;
-            loop {
-                let mut buf = bytes::BytesMut::with_capacity(WRITE_BLOCK);
-                let k = f
-                    .read_buf(&mut buf)
-                    .await
-                    .map_err(|e| FetchError::Transient(format!("reading {url}: {e}")))?;
-                if k == 0 {
-                    break;
-                }
-                sink.push(buf.freeze()).await?;
+            let mut chunks = std::pin::pin!(file_chunks(f.into_std().await));
+            while let Some(c) = chunks.next().await {
+                let c = c.map_err(|e| FetchError::Transient(format!("reading {url}: {e}")))?;
+                sink.push(c).await?;
             }
         } else {
             let mut r = self.get(url).await?;
@@ -412,6 +406,34 @@ impl Sink {
         let (sha, other) = hashing.await.map_err(joined)?;
         Ok((n, sha.hex(), other.map(Hasher::hex)))
     }
+}
+
+/// A file's bytes in chunks of [`WRITE_BLOCK`], read by a blocking thread straight into the
+/// buffers handed on (no copy on the way), at most a few chunks ahead of the reader: the
+/// `file://` downloads here, and the payload server's responses.
+pub fn file_chunks(
+    mut f: std::fs::File,
+) -> impl futures_util::Stream<Item = std::io::Result<bytes::Bytes>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(BLOCKS_IN_FLIGHT);
+    tokio::task::spawn_blocking(move || {
+        use std::io::Read;
+        loop {
+            let mut buf = Vec::with_capacity(WRITE_BLOCK);
+            match (&mut f).take(WRITE_BLOCK as u64).read_to_end(&mut buf) {
+                Ok(0) => return,
+                Ok(_) => {
+                    if tx.blocking_send(Ok(bytes::Bytes::from(buf))).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.blocking_send(Err(e));
+                    return;
+                }
+            }
+        }
+    });
+    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) })
 }
 
 /// Writes every byte of `chunks`, as few `writev` calls as it takes.

@@ -139,35 +139,9 @@ async fn file(
     if method == Method::HEAD {
         return (headers, Body::empty()).into_response();
     }
-    (headers, Body::from_stream(file_chunks(f.into_std().await))).into_response()
-}
-
-/// Bytes read per chunk of a served file.
-const CHUNK: usize = 1 << 20;
-
-/// A file's bytes in chunks of [`CHUNK`], read by a blocking thread straight into the buffers
-/// that go out (no copy on the way), at most a few chunks ahead of the socket.
-fn file_chunks(
-    mut f: std::fs::File,
-) -> impl futures_util::Stream<Item = std::io::Result<bytes::Bytes>> {
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    tokio::task::spawn_blocking(move || {
-        use std::io::Read;
-        loop {
-            let mut buf = Vec::with_capacity(CHUNK);
-            match (&mut f).take(CHUNK as u64).read_to_end(&mut buf) {
-                Ok(0) => return,
-                Ok(_) => {
-                    if tx.blocking_send(Ok(bytes::Bytes::from(buf))).is_err() {
-                        return;
-                    }
-                }
-                Err(e) => {
-                    let _ = tx.blocking_send(Err(e));
-                    return;
-                }
-            }
-        }
-    });
-    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) })
+    (
+        headers,
+        Body::from_stream(crate::fetch::file_chunks(f.into_std().await)),
+    )
+        .into_response()
 }

@@ -277,7 +277,8 @@ impl Drop for Idle<'_> {
 /// pending folder and looks at each change itself; the others wait to be woken one at a time:
 /// by a taker that saw more due than it took (see `try_accept`), so a burst reaches as many
 /// acceptors as it needs while a single job stirs only the leader; and by a leader that
-/// leaves, so another takes its place.
+/// leaves, so another takes its place. An acceptor bounded by a `max_sched_time` leads a
+/// `Waiters` of its own.
 #[derive(Default)]
 struct Waiters {
     notify: Notify,
@@ -799,59 +800,13 @@ impl Jobs {
             secs_to_ms(s)?;
         }
         let deadline = Instant::now() + opts.timeout;
-        if opts.max_sched_time.is_none() {
-            return self.accept_any(ty, opts, deadline).await;
-        }
-        let mut watch = None;
-        loop {
-            let unclaimed = self.unclaimed.notified();
-            let mut skipped = false;
-            let next_due = match self
-                .try_accept(ty, opts, &mut skipped, &[], usize::MAX)
-                .await?
-            {
-                Ok((job, _)) => return Ok(Some(job)),
-                Err(next_due) => next_due,
-            };
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(None);
-            }
-            let Some(w) = watch.take() else {
-                // Watch first, then look once more: a job added in between is not missed.
-                watch = Some(
-                    self.tree
-                        .watch(&pending_dir(ty), WatchKind::Children)
-                        .await?,
-                );
-                continue;
-            };
-            let mut wait = deadline - now;
-            if let Some(due) = next_due {
-                let ms = due.saturating_sub(self.now_ms()) + 1;
-                wait = wait.min(Duration::from_millis(ms));
-            }
-            self.idle_acceptors.fetch_add(1, Ordering::Relaxed);
-            let _idle = Idle(&self.idle_acceptors);
-            tokio::select! {
-                _ = w => {}
-                // Only a pass that stepped over a local peer's claim waits for it to end (a
-                // wake-up for every lost race would stir every idle acceptor).
-                _ = unclaimed, if skipped => {}
-                _ = tokio::time::sleep(wait) => {}
-            }
-        }
-    }
-
-    /// `accept` of any due job: waits as the type's leader (on a watch) or as a follower
-    /// (woken one at a time), see [`Waiters`].
-    async fn accept_any(
-        &self,
-        ty: &str,
-        opts: &AcceptOptions,
-        deadline: Instant,
-    ) -> Result<Option<Job>> {
-        let waiters = self.waiters(ty);
+        // Acceptors of any due job share their type's waiters. One bounded by a scheduled time
+        // can neither stand in for them nor they for it: it leads waiters of its own (its own
+        // watch, and nobody to wake).
+        let waiters = match opts.max_sched_time {
+            None => self.waiters(ty),
+            Some(_) => Arc::new(Waiters::default()),
+        };
         let dir = pending_dir(ty);
         let mut leading: Option<Leading> = None;
         loop {
