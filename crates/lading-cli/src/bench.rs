@@ -507,6 +507,10 @@ impl StoreStats {
                     materializations: a.materializations - b.materializations,
                     materialized_rows: a.materialized_rows - b.materialized_rows,
                     materialize_us: a.materialize_us - b.materialize_us,
+                    checkpoints: a.checkpoints - b.checkpoints,
+                    checkpoint_us: a.checkpoint_us - b.checkpoint_us,
+                    wal_restarts: a.wal_restarts - b.wal_restarts,
+                    wal_restart_us: a.wal_restart_us - b.wal_restart_us,
                 })
             }
             (StoreStats::Zk(a), StoreStats::Zk(b)) => StoreStats::Zk(lading_store_zk::ZkStats {
@@ -544,6 +548,12 @@ impl StoreStats {
                 v["materialized_rows"] = json!(s.materialized_rows);
                 v["materialize_mean_us"] =
                     json!(s.materialize_us as f64 / s.materializations.max(1) as f64);
+                v["checkpoints"] = json!(s.checkpoints);
+                v["checkpoint_mean_us"] =
+                    json!(s.checkpoint_us as f64 / s.checkpoints.max(1) as f64);
+                v["wal_restarts"] = json!(s.wal_restarts);
+                v["wal_restart_mean_us"] =
+                    json!(s.wal_restart_us as f64 / s.wal_restarts.max(1) as f64);
             }
             StoreStats::Zk(s) => {
                 v["multis"] = json!(s.multis);
@@ -580,6 +590,13 @@ impl StoreStats {
                     s.materialized_rows,
                     s.materialized_rows as f64 / s.commits.max(1) as f64,
                     s.materialize_us as f64 / 1e3 / s.materializations.max(1) as f64
+                );
+                println!(
+                    "  checkpoints  {} in the background, {:.1} ms each on average; the writer finished {} (the WAL started over), {:.1} ms each",
+                    s.checkpoints,
+                    s.checkpoint_us as f64 / 1e3 / s.checkpoints.max(1) as f64,
+                    s.wal_restarts,
+                    s.wal_restart_us as f64 / 1e3 / s.wal_restarts.max(1) as f64
                 );
             }
             StoreStats::Zk(s) => {

@@ -2,7 +2,7 @@
 //! brought up to date in bulk later, and every way of opening the file sees the same tree.
 
 use lading_core::{CreateMode, Op, Tree, TreeError, WatchKind};
-use lading_store_sqlite::{SqliteOptions, SqliteTree};
+use lading_store_sqlite::{SqliteOptions, SqliteTree, WAL_RESTART_FRAMES};
 use rusqlite::Connection;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -370,4 +370,45 @@ async fn only_changes_to_persistent_nodes_wait_for_an_fsync() {
     assert!(other.exists("/jobs/lock").await.unwrap().is_none());
     other.close().await.unwrap();
     t.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_wal_starts_over_under_a_steady_stream_of_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("s.db");
+    let wal = dir.path().join("s.db-wal");
+    let opts = SqliteOptions {
+        durable: false,
+        ..SqliteOptions::default()
+    };
+    let t = SqliteTree::open(&file, opts).unwrap();
+    t.create("/big", None, CreateMode::Persistent).await.unwrap();
+    // Each commit logs a node image of 20 kB: several WAL frames of 4 kB each.
+    let frame = 4096 + 24;
+    let mut written = 0u64;
+    let mut commits = 0u64;
+    while written < 3 * WAL_RESTART_FRAMES as u64 * frame {
+        let data = format!("{commits:020}").repeat(1000).into_bytes();
+        written += data.len() as u64;
+        t.set("/big", Some(data), None).await.unwrap();
+        commits += 1;
+    }
+    let s = t.stats();
+    assert!(s.checkpoints >= 1, "no background checkpoint: {s:?}");
+    assert!(s.wal_restarts >= 1, "the WAL never started over: {s:?}");
+    // The WAL keeps the largest size it reached: the threshold and what came in while the
+    // checkpointer caught up, far less than everything written.
+    let size = std::fs::metadata(&wal).unwrap().len();
+    assert!(
+        size < 2 * WAL_RESTART_FRAMES as u64 * frame,
+        "the WAL grew to {size} bytes after {written} bytes were written"
+    );
+    let last = format!("{:020}", commits - 1).repeat(1000).into_bytes();
+    assert_eq!(t.get("/big").await.unwrap().unwrap().data, Some(last.clone()));
+    t.close().await.unwrap();
+    let again = SqliteTree::open(&file, SqliteOptions::default()).unwrap();
+    let n = again.get("/big").await.unwrap().unwrap();
+    assert_eq!(n.data, Some(last));
+    assert_eq!(n.stat.version as u64, commits);
+    again.close().await.unwrap();
 }
