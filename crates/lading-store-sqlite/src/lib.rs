@@ -227,7 +227,7 @@ struct Pending {
 const MAX_PENDING: usize = 16;
 
 /// The writer wakes the checkpointer after this many commits.
-pub const CHECKPOINT_EVERY: u32 = 256;
+pub const CHECKPOINT_EVERY: u32 = 64;
 /// Once the WAL holds this many frames (about 32 MB), the writer copies what the checkpointer
 /// has not yet copied, so that its next commit starts the WAL over from its beginning.
 pub const WAL_RESTART_FRAMES: i64 = 8000;
