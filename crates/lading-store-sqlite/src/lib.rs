@@ -721,7 +721,9 @@ impl Writer {
             // checkpointer has been round once more.
             Ok(_) => {
                 self.shared.wal_frames.store(0, Ordering::Relaxed);
-                self.since_restart = self.since_restart.min(WAL_RESTART_COMMITS - CHECKPOINT_EVERY);
+                self.since_restart = self
+                    .since_restart
+                    .min(WAL_RESTART_COMMITS - CHECKPOINT_EVERY);
             }
             Err(e) => {
                 self.since_restart = 0;

@@ -382,7 +382,9 @@ async fn the_wal_starts_over_under_a_steady_stream_of_commits() {
         ..SqliteOptions::default()
     };
     let t = SqliteTree::open(&file, opts).unwrap();
-    t.create("/big", None, CreateMode::Persistent).await.unwrap();
+    t.create("/big", None, CreateMode::Persistent)
+        .await
+        .unwrap();
     // Each commit logs a node image of 20 kB: several WAL frames of 4 kB each.
     let frame = 4096 + 24;
     let mut written = 0u64;
@@ -404,7 +406,10 @@ async fn the_wal_starts_over_under_a_steady_stream_of_commits() {
         "the WAL grew to {size} bytes after {written} bytes were written"
     );
     let last = format!("{:020}", commits - 1).repeat(1000).into_bytes();
-    assert_eq!(t.get("/big").await.unwrap().unwrap().data, Some(last.clone()));
+    assert_eq!(
+        t.get("/big").await.unwrap().unwrap().data,
+        Some(last.clone())
+    );
     t.close().await.unwrap();
     let again = SqliteTree::open(&file, SqliteOptions::default()).unwrap();
     let n = again.get("/big").await.unwrap().unwrap();
