@@ -546,17 +546,21 @@ pub async fn generic_jobs_subscribers_see_each_state_change(h: &dyn Harness) {
             .is_none(),
         "no change yet"
     );
-    // A waiter is woken by the change, from another session.
+    // A waiter is woken by the change, from another session. The job is finished only once
+    // the waiter has seen it running: a waiter reads the state when it is woken, so one
+    // woken late (a loaded machine) would see the later state, as it should.
     let w = worker.clone();
+    let (seen, seen_rx) = tokio::sync::oneshot::channel::<()>();
     let run = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let mut job = w.accept("sub", &NOW).await.unwrap().unwrap();
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        seen_rx.await.unwrap();
         w.finish(&mut job, None).await.unwrap();
         job.id
     });
     let first = j.wait(&[sa, sb], None, WAIT).await.unwrap().unwrap();
     assert_eq!(first.state, Some(State::Running));
+    seen.send(()).unwrap();
     let finished = j
         .wait(&[first.subscription], Some(State::Finished), WAIT)
         .await
