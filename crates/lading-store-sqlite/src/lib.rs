@@ -1048,6 +1048,11 @@ fn checkpoint(conn: &Connection) -> rusqlite::Result<(bool, i64, i64)> {
 /// grown, without holding up commits (a passive checkpoint takes no lock a writer needs).
 fn checkpointer(shared: Arc<Shared>, conn: Connection, wake: mpsc::Receiver<()>) {
     while wake.recv().is_ok() {
+        // The writer is to finish this round: stay out of its way (a checkpoint under way
+        // would make its own find the WAL busy, and the WAL grow on).
+        if shared.wal_frames.load(Ordering::Relaxed) >= WAL_RESTART_FRAMES {
+            continue;
+        }
         let t = std::time::Instant::now();
         match checkpoint(&conn) {
             Ok((_, frames, _)) => {
