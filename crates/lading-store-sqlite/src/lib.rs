@@ -248,7 +248,8 @@ struct Shared {
     fsyncs: AtomicU64,
     fsync_us: AtomicU64,
     writer_busy_us: AtomicU64,
-    /// Frames in the WAL when the checkpointer last looked (0 once the writer has restarted it).
+    /// Frames in the WAL when the checkpointer last looked (0 once the writer has tried to
+    /// finish the round, whether or not the WAL started over).
     wal_frames: std::sync::atomic::AtomicI64,
     checkpoints: AtomicU64,
     checkpoint_us: AtomicU64,
