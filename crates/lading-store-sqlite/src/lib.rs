@@ -26,9 +26,11 @@
 //!   from the beginning. Before, the writer checkpointed all 8,000 frames itself and no
 //!   commit was made for the 40–50 ms that took.
 //! - **Several processes share one file** through the change log. Before it validates
-//!   anything, a writer (holding SQLite's write lock) folds in what others committed; a reader
-//!   does the same when `PRAGMA data_version` says another connection committed. A handle that
-//!   fell behind the pruned log reloads the whole tree.
+//!   anything, a writer (holding SQLite's write lock) folds in what others committed. A reader
+//!   asks SQLite (`PRAGMA data_version`) only when the commit counter in `<db>-commits` moved
+//!   (one `pread`; see `counter.rs`), and the handle's poll asks every `poll_interval_ms`
+//!   whatever the counter says. A handle that fell behind the pruned log reloads the whole
+//!   tree.
 //! - **Sessions like ZooKeeper's.** A handle registers a session with a timeout and
 //!   heartbeats it. Any process sharing the file reaps sessions that lapsed or whose process
 //!   is gone (same host, pid no longer alive), deleting their ephemeral nodes. A handle whose
@@ -39,6 +41,7 @@
 //!
 //! Memory: the whole tree is held by every open handle (about 200 bytes per node plus data).
 
+mod counter;
 mod log;
 mod mem;
 
@@ -242,6 +245,8 @@ struct Shared {
     pending: Mutex<Pending>,
     pending_changed: std::sync::Condvar,
     sync: Mutex<SyncConn>,
+    /// Whether another process has committed since memory last caught up.
+    counter: counter::Counter,
     watches: Mutex<Watches>,
     commits: AtomicU64,
     multis: AtomicU64,
@@ -970,6 +975,11 @@ impl Writer {
                 .groups
                 .push_back((seq, committed.clone()));
             drop(sync_guard);
+            // Counted before anyone is answered: whoever learns of this commit finds the
+            // counter moved.
+            if let Err(e) = shared.counter.count_own() {
+                tracing::warn!(error = %e, "could not count a commit; other processes will see it at their next poll");
+            }
             pending_overlay = Some(committed);
             Ok(Some(seq))
         })();
@@ -1175,13 +1185,25 @@ impl Shared {
         }
     }
 
-    /// Folds in other processes' commits if any happened since the last look.
-    fn refresh(&self) -> Result<(), TreeError> {
+    /// Folds in other processes' commits if any happened since the last look (as the
+    /// commit counter says; `ask_sqlite`: as SQLite says, which also finds a commit whose
+    /// process died before counting it).
+    fn refresh(&self, ask_sqlite: bool) -> Result<(), TreeError> {
         // While our own groups await their fsync, memory must take changes in commit order:
         // theirs come after ours, so they wait for the syncer.
         if !lock(&self.pending).groups.is_empty() {
             return Ok(());
         }
+        // Read before the look: every commit counted by now is in the file when SQLite is
+        // asked below.
+        let counted = match self.counter.read() {
+            Ok(n) if !ask_sqlite && !self.counter.moved(n) => return Ok(()),
+            Ok(n) => Some(n),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the commit counter; asking SQLite");
+                None
+            }
+        };
         let mut sc = lock(&self.sync);
         // Again under the mutex the writer holds across COMMIT and queueing: now no own commit
         // can be in the file without being pending.
@@ -1194,6 +1216,8 @@ impl Shared {
             .and_then(|mut st| st.query_row([], |r| r.get(0)))
             .map_err(backend)?;
         if dv == sc.data_version {
+            drop(sc);
+            counted.inspect(|n| self.counter.caught_up(*n));
             return Ok(());
         }
         sc.conn.execute_batch("BEGIN").map_err(backend)?;
@@ -1205,6 +1229,7 @@ impl Shared {
         let synced = synced.map_err(backend)?;
         sc.data_version = dv;
         drop(sc);
+        counted.inspect(|n| self.counter.caught_up(*n));
         let mut w = lock(&self.watches);
         match synced {
             Synced::Reloaded => w.fire_all(),
@@ -1216,7 +1241,7 @@ impl Shared {
 
     fn read<R>(&self, path: &str, f: impl FnOnce(&Mem) -> R) -> Result<R, TreeError> {
         validate_path(path)?;
-        self.refresh()?;
+        self.refresh(false)?;
         let mem = self.mem.read().unwrap_or_else(|p| p.into_inner());
         Ok(f(&mem))
     }
@@ -1282,6 +1307,13 @@ impl SqliteTree {
         sync_conn: Connection,
     ) -> Result<SqliteTree, TreeError> {
         let mut mem = Mem::default();
+        // Before the load: every commit counted by now is in it.
+        let counter = counter::Counter::open(&path).map_err(|e| {
+            TreeError::Backend(format!(
+                "could not open the commit counter beside {}: {e}",
+                path.display()
+            ))
+        })?;
         // Register, reap what crashed processes left, and load — in one write transaction so
         // the image and the log position agree.
         let session = (|| -> rusqlite::Result<u64> {
@@ -1308,6 +1340,7 @@ impl SqliteTree {
                 conn: sync_conn,
                 data_version,
             }),
+            counter,
             watches: Mutex::new(Watches::default()),
             commits: AtomicU64::new(0),
             multis: AtomicU64::new(0),
@@ -1439,6 +1472,8 @@ impl SqliteTree {
         }
         let threads: Vec<_> = lock(&self.threads).drain(..).collect();
         for t in threads {
+            // The maintenance thread sleeps parked between polls.
+            t.thread().unpark();
             let _ = t.join();
         }
         lock(&self.shared.watches).fire_all();
@@ -1455,7 +1490,11 @@ fn maintenance(shared: Arc<Shared>, tx: mpsc::Sender<Req>) {
     let mut last_reap = std::time::Instant::now();
     let mut last_materialize = std::time::Instant::now();
     while !shared.stopping.load(Ordering::SeqCst) {
-        std::thread::sleep(tick);
+        // Parked, not asleep: closing the handle wakes it at once.
+        std::thread::park_timeout(tick);
+        if shared.stopping.load(Ordering::SeqCst) {
+            return;
+        }
         if last_heartbeat.elapsed().as_millis() as u64 >= heartbeat_every {
             last_heartbeat = std::time::Instant::now();
             if tx.send(Req::Heartbeat).is_err() {
@@ -1475,7 +1514,7 @@ fn maintenance(shared: Arc<Shared>, tx: mpsc::Sender<Req>) {
                 return;
             }
         }
-        if let Err(e) = shared.refresh() {
+        if let Err(e) = shared.refresh(true) {
             tracing::warn!(error = %e, "could not fold in other processes' commits");
         }
     }
@@ -1515,7 +1554,7 @@ impl Tree for SqliteTree {
             for p in paths {
                 validate_path(p)?;
             }
-            self.shared.refresh()?;
+            self.shared.refresh(false)?;
             let mem = self.shared.mem.read().unwrap_or_else(|p| p.into_inner());
             Ok(paths
                 .iter()

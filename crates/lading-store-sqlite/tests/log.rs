@@ -162,6 +162,69 @@ async fn another_handle_follows_through_the_log() {
     b.close().await.unwrap();
 }
 
+/// A read looks for other processes' commits only when the commit counter beside the file
+/// moved; a commit whose process died before counting it is found by the poll.
+#[tokio::test]
+async fn other_handles_commits_are_found_through_the_counter_or_the_poll() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("lading.db");
+    let counter = dir.path().join("lading.db-commits");
+    let no_poll = SqliteOptions {
+        poll_interval_ms: 3_600_000,
+        ..SqliteOptions::default()
+    };
+    let a = SqliteTree::open(&file, no_poll.clone()).unwrap();
+    let b = SqliteTree::open(&file, no_poll).unwrap();
+    a.create("/x", Some(b"1".to_vec()), CreateMode::Persistent)
+        .await
+        .unwrap();
+    assert!(b.get("/x").await.unwrap().is_some(), "counted: b looks");
+
+    // b commits and "dies" before counting: the counter is put back as it was.
+    let before = std::fs::read(&counter).unwrap();
+    assert_eq!(before.len(), 8);
+    b.create("/uncounted", None, CreateMode::Persistent)
+        .await
+        .unwrap();
+    std::fs::write(&counter, &before).unwrap();
+    assert!(
+        a.get("/uncounted").await.unwrap().is_none(),
+        "with the counter unmoved and no poll, a does not look"
+    );
+    // The next counted commit brings both.
+    b.create("/counted", None, CreateMode::Persistent)
+        .await
+        .unwrap();
+    assert!(a.get("/counted").await.unwrap().is_some());
+    assert!(a.get("/uncounted").await.unwrap().is_some());
+
+    // With the poll on, an uncounted commit shows up without any other.
+    let c = SqliteTree::open(&file, SqliteOptions::default()).unwrap();
+    assert!(c.get("/late").await.unwrap().is_none());
+    let before = std::fs::read(&counter).unwrap();
+    b.create("/late", None, CreateMode::Persistent)
+        .await
+        .unwrap();
+    std::fs::write(&counter, &before).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while c.get("/late").await.unwrap().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the poll never found the uncounted commit"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    // After one more counted commit everyone agrees, and the data is intact.
+    b.create("/done", None, CreateMode::Persistent)
+        .await
+        .unwrap();
+    assert_eq!(dump(&a).await, dump(&b).await);
+    assert_eq!(dump(&c).await, dump(&b).await);
+    for t in [a, b, c] {
+        t.close().await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn a_store_of_the_first_format_is_upgraded_in_place() {
     let dir = tempfile::tempdir().unwrap();
