@@ -344,26 +344,33 @@ pub struct Jobs {
     swept_ms: AtomicU64,
 }
 
+/// `parts` joined, in one allocation of the right size (these paths are built several times
+/// per job; `format!` costs about as much again).
+fn concat(parts: &[&str]) -> String {
+    let mut s = String::with_capacity(parts.iter().map(|p| p.len()).sum());
+    parts.iter().for_each(|p| s.push_str(p));
+    s
+}
 fn type_path(ty: &str) -> String {
-    format!("{ROOT}/{ty}")
+    concat(&[ROOT, "/", ty])
 }
 fn job_path(ty: &str, id: &str) -> String {
-    format!("{ROOT}/{ty}/jobs/{id}")
+    concat(&[ROOT, "/", ty, "/jobs/", id])
 }
 fn pending_dir(ty: &str) -> String {
-    format!("{ROOT}/{ty}/pending")
+    concat(&[ROOT, "/", ty, "/pending"])
 }
 fn pending_name(scheduled_ms: u64, id: &str) -> String {
     format!("{scheduled_ms:013}-{id}")
 }
 fn pending_path(ty: &str, scheduled_ms: u64, id: &str) -> String {
-    format!("{ROOT}/{ty}/pending/{}", pending_name(scheduled_ms, id))
+    concat(&[ROOT, "/", ty, "/pending/", &pending_name(scheduled_ms, id)])
 }
 fn active_dir(ty: &str) -> String {
-    format!("{ROOT}/{ty}/active")
+    concat(&[ROOT, "/", ty, "/active"])
 }
 fn active_path(ty: &str, id: &str, lock: &str) -> String {
-    format!("{ROOT}/{ty}/active/{id}~{lock}")
+    concat(&[ROOT, "/", ty, "/active/", id, "~", lock])
 }
 
 /// `(scheduled_ms, id)` of a pending entry's name.

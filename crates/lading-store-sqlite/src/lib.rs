@@ -1137,9 +1137,11 @@ fn syncer(shared: Arc<Shared>, rx: mpsc::Receiver<Committed>, durable: bool) {
             }
             continue;
         }
-        for item in items {
-            if let Some(seq) = item.seq {
-                let mut mem = shared.mem.write().unwrap_or_else(|p| p.into_inner());
+        // All of them under one write lock: readers wait once, not once per group.
+        if items.iter().any(|i| i.seq.is_some()) {
+            let mut mem = shared.mem.write().unwrap_or_else(|p| p.into_inner());
+            for item in &items {
+                let Some(seq) = item.seq else { continue };
                 item.overlay.apply_to(&mut mem);
                 mem.synced = seq;
                 // Under the memory lock, so the writer sees a group in memory or pending,
@@ -1151,7 +1153,9 @@ fn syncer(shared: Arc<Shared>, rx: mpsc::Receiver<Committed>, durable: bool) {
                     "groups are folded in commit order"
                 );
             }
-            shared.pending_changed.notify_all();
+        }
+        shared.pending_changed.notify_all();
+        for item in items {
             let mut w = lock(&shared.watches);
             match &item.synced {
                 Synced::Reloaded => w.fire_all(),

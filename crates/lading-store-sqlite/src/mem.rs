@@ -98,21 +98,28 @@ impl Mem {
     pub fn put(&mut self, path: String, node: MemNode) {
         if path != "/" && !self.nodes.contains_key(&path) {
             let (parent, name) = split_path(&path);
-            self.kids
-                .entry(parent.to_string())
-                .or_default()
-                .insert(name.to_string());
+            // Looked up before it is made: a parent's key is allocated once, not per child.
+            match self.kids.get_mut(parent) {
+                Some(set) => set.insert(name.to_string()),
+                None => self
+                    .kids
+                    .entry(parent.to_string())
+                    .or_default()
+                    .insert(name.to_string()),
+            };
         }
         self.nodes.insert(path, node);
     }
 
+    /// A parent's (possibly empty) set of children stays as long as the parent does: a
+    /// queue folder that empties and fills again all the time keeps its set.
     pub fn remove(&mut self, path: &str) {
-        if self.nodes.remove(path).is_some() && path != "/" {
-            let (parent, name) = split_path(path);
-            if let Some(set) = self.kids.get_mut(parent) {
-                set.remove(name);
-                if set.is_empty() {
-                    self.kids.remove(parent);
+        if self.nodes.remove(path).is_some() {
+            self.kids.remove(path);
+            if path != "/" {
+                let (parent, name) = split_path(path);
+                if let Some(set) = self.kids.get_mut(parent) {
+                    set.remove(name);
                 }
             }
         }
