@@ -49,9 +49,11 @@ pub enum Bench {
     /// Generic jobs (seed 004): add + accept + finish of N empty jobs by K processors;
     /// jobs/s and add→accept latency.
     Jobs {
-        #[arg(long, default_value_t = 20_000)]
+        #[arg(long, default_value_t = 100_000)]
         jobs: usize,
-        #[arg(long, default_value_t = 16)]
+        /// Processors. Fewer give lower latency and fewer jobs/s: on a 2-core machine 16 gave
+        /// about 15,000 jobs/s at p50 0.6 ms, 64 about 27,000 at 1.6 ms.
+        #[arg(long, default_value_t = 64)]
         workers: usize,
         /// Most jobs added and not yet finished (default 2 × workers).
         #[arg(long)]
