@@ -441,6 +441,8 @@ pub(crate) struct Scratch {
     /// The ZooKeeper (parent URL, chroot) to delete when done.
     zk: Option<(String, String)>,
     kept: bool,
+    /// The folder made here for a fresh SQLite store.
+    fresh: Option<PathBuf>,
 }
 
 impl Scratch {
@@ -449,11 +451,15 @@ impl Scratch {
             .duration_since(std::time::UNIX_EPOCH)?
             .as_millis();
         Ok(match store {
-            None => Scratch {
-                url: format!("sqlite:{}", fresh_store()?.display()),
-                zk: None,
-                kept: true,
-            },
+            None => {
+                let db = fresh_store()?;
+                Scratch {
+                    url: format!("sqlite:{}", db.display()),
+                    zk: None,
+                    kept: true,
+                    fresh: db.parent().map(Path::to_path_buf),
+                }
+            }
             Some(url) if url.starts_with("zk://") => {
                 let (hosts, chroot) = lading_store_zk::split_url(url)?;
                 let base = if chroot == "/" { String::new() } else { chroot };
@@ -463,12 +469,14 @@ impl Scratch {
                     url: format!("zk://{hosts}{scratch}"),
                     zk: Some((format!("zk://{hosts}"), scratch)),
                     kept: false,
+                    fresh: None,
                 }
             }
             Some(url) => Scratch {
                 url: url.to_string(),
                 zk: None,
                 kept: true,
+                fresh: None,
             },
         })
     }
@@ -478,6 +486,18 @@ impl Scratch {
             let t = lading_store_zk::ZkTree::open(&root, Default::default()).await?;
             t.delete_tree(&chroot).await?;
             lading_core::Tree::close(&t).await?;
+        }
+        Ok(())
+    }
+
+    /// [`finish`](Self::finish), and a fresh SQLite store made here is deleted too (a bench
+    /// that leaves nothing worth inspecting; a store named with `--store` is kept).
+    pub(crate) async fn discard(self) -> anyhow::Result<()> {
+        let fresh = self.fresh.clone();
+        self.finish().await?;
+        if let Some(dir) = fresh {
+            std::fs::remove_dir_all(&dir)
+                .map_err(|e| anyhow::anyhow!("could not delete {}: {e}", dir.display()))?;
         }
         Ok(())
     }

@@ -158,7 +158,7 @@ pub async fn jobs(
     }
     st.tree().close().await?;
     drop(st);
-    scratch.finish().await?;
+    scratch.discard().await?;
 
     lat_us.sort_unstable();
     let (p50, p99) = (percentile(&lat_us, 0.50), percentile(&lat_us, 0.99));

@@ -295,6 +295,11 @@ fn the_jobs_and_http_benchmarks_print_their_figures() {
         assert!(v[k].as_f64().is_some_and(|x| x > 0.0), "{k} in {v}");
     }
     assert_eq!(v["jobs"], 200);
+    // Its fresh store is deleted afterwards: nothing is left to inspect, and runs add up.
+    let left: Vec<_> = std::fs::read_dir(dir.path().join("lading-bench"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "bench jobs left {left:?}");
     let v = run(&[
         "bench",
         "http",
