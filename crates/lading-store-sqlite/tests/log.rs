@@ -162,6 +162,15 @@ async fn another_handle_follows_through_the_log() {
     b.close().await.unwrap();
 }
 
+/// Creates `path` through `t`, then puts the commit counter at `counter` back as it was: as
+/// if `t`'s process had died between COMMIT and counting.
+async fn create_uncounted(t: &SqliteTree, path: &str, counter: &Path) {
+    let before = std::fs::read(counter).unwrap();
+    assert_eq!(before.len(), 8);
+    t.create(path, None, CreateMode::Persistent).await.unwrap();
+    std::fs::write(counter, &before).unwrap();
+}
+
 /// A read looks for other processes' commits only when the commit counter beside the file
 /// moved; a commit whose process died before counting it is found by the poll.
 #[tokio::test]
@@ -180,13 +189,7 @@ async fn other_handles_commits_are_found_through_the_counter_or_the_poll() {
         .unwrap();
     assert!(b.get("/x").await.unwrap().is_some(), "counted: b looks");
 
-    // b commits and "dies" before counting: the counter is put back as it was.
-    let before = std::fs::read(&counter).unwrap();
-    assert_eq!(before.len(), 8);
-    b.create("/uncounted", None, CreateMode::Persistent)
-        .await
-        .unwrap();
-    std::fs::write(&counter, &before).unwrap();
+    create_uncounted(&b, "/uncounted", &counter).await;
     assert!(
         a.get("/uncounted").await.unwrap().is_none(),
         "with the counter unmoved and no poll, a does not look"
@@ -201,11 +204,7 @@ async fn other_handles_commits_are_found_through_the_counter_or_the_poll() {
     // With the poll on, an uncounted commit shows up without any other.
     let c = SqliteTree::open(&file, SqliteOptions::default()).unwrap();
     assert!(c.get("/late").await.unwrap().is_none());
-    let before = std::fs::read(&counter).unwrap();
-    b.create("/late", None, CreateMode::Persistent)
-        .await
-        .unwrap();
-    std::fs::write(&counter, &before).unwrap();
+    create_uncounted(&b, "/late", &counter).await;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while c.get("/late").await.unwrap().is_none() {
         assert!(
