@@ -91,6 +91,11 @@ impl BenchServer {
         let cfg = Config {
             data_dir: data.clone(),
             max_upload_bytes,
+            // The bench submits a loopback URL that is never fetched.
+            payload: lading_ingest::PayloadSettings {
+                allow: vec!["http://127.0.0.1:9/".into()],
+                ..Default::default()
+            },
             ..Config::default()
         };
         std::fs::create_dir_all(cfg.profiles_dir())?;
@@ -123,6 +128,7 @@ impl BenchServer {
             async move {
                 let _ = rx.wait_for(|s| *s).await;
             },
+            lading_server::conn::Limits::default(),
         ));
 
         Ok(BenchServer {

@@ -703,6 +703,13 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    // Everything Lading creates (stores, inventory, tokens, uploads, working and stored
+    // files) is its own user's alone: files 0600, folders 0700. `storage_umask` widens the
+    // stored objects.
+    // SAFETY: umask only sets the process's file-creation mask.
+    unsafe {
+        libc::umask(0o077);
+    }
     let cli = Cli::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -14,9 +14,27 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Loads the config (file and environment).
+/// Loads the config (file and environment); warns when a config that holds tokens can be
+/// read by other users.
 pub fn config(path: Option<&Path>) -> anyhow::Result<Config> {
-    Ok(Config::load(path)?)
+    let cfg = Config::load(path)?;
+    cfg.storage_umask_bits().map_err(anyhow::Error::msg)?;
+    if let Some(p) = path
+        && !cfg.tokens.is_empty()
+        && let Ok(m) = std::fs::metadata(p)
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if m.permissions().mode() & 0o077 != 0 {
+            let msg = format!(
+                "{} holds API tokens but other users may read it (mode {:o}); chmod 600 it",
+                p.display(),
+                m.permissions().mode() & 0o777
+            );
+            eprintln!("lading: warning: {msg}");
+            tracing::warn!("{msg}");
+        }
+    }
+    Ok(cfg)
 }
 
 pub async fn ingest(store: &str, cfg: Config) -> anyhow::Result<Arc<Ingest>> {
@@ -29,7 +47,7 @@ pub async fn ingest(store: &str, cfg: Config) -> anyhow::Result<Arc<Ingest>> {
     engine.init().await?;
     std::fs::create_dir_all(cfg.work_dir())
         .with_context(|| format!("creating {}", cfg.work_dir().display()))?;
-    Ok(Ingest::new(engine, cfg))
+    Ingest::try_new(engine, cfg).map_err(anyhow::Error::msg)
 }
 
 /// Waits for SIGINT or SIGTERM.

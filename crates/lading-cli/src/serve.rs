@@ -61,6 +61,7 @@ pub async fn serve(
         async move {
             let _ = rx.wait_for(|s| *s).await;
         },
+        lading_server::conn::Limits::from(&ingest.cfg.http),
     ));
     let access_workers = access_workers(&ingest, &ACCESS_STAGES, &stop_rx);
     let monitor_stop = Arc::new(tokio::sync::Notify::new());

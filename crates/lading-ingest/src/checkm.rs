@@ -164,16 +164,59 @@ pub const DATE: &str = "mrt:date";
 /// The fields of the object manifests Lading writes: one file per row, with its digest.
 pub const OBJECT_FIELDS: &[&str] = &[FILE_URL, HASH_ALG, HASH_VALUE, FILE_SIZE, FILE_NAME];
 
-/// Parses a checkm 0.7 manifest.
+/// Bounds on one manifest; exceeding one is an error naming it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub max_rows: usize,
+    pub max_fields: usize,
+    pub max_prefixes: usize,
+    pub max_line_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        let d = crate::config::PayloadSettings::default();
+        Limits::from(&d)
+    }
+}
+
+impl From<&crate::config::PayloadSettings> for Limits {
+    fn from(p: &crate::config::PayloadSettings) -> Limits {
+        Limits {
+            max_rows: p.max_rows,
+            max_fields: p.max_fields,
+            max_prefixes: p.max_prefixes,
+            max_line_bytes: p.max_line_bytes,
+        }
+    }
+}
+
+/// Parses a checkm 0.7 manifest within the default [`Limits`].
 pub fn parse(text: &str) -> Result<Manifest, ManifestError> {
+    parse_within(text, &Limits::default())
+}
+
+/// Parses a checkm 0.7 manifest within `limits`, in time linear in its length.
+pub fn parse_within(text: &str, limits: &Limits) -> Result<Manifest, ManifestError> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut header_seen = false;
     let mut kind = None;
     let mut fields: Option<Vec<String>> = None;
-    let mut prefixes: Vec<String> = Vec::new();
+    let mut prefixes: std::collections::HashSet<String> = Default::default();
     let mut rows = Vec::new();
     let mut eof_line = None;
     for (i, raw) in text.lines().enumerate() {
         let n = i + 1;
+        if raw.len() > limits.max_line_bytes {
+            return Err(bad(
+                n,
+                format!(
+                    "the line is {} bytes, over the limit of {} (payload.max_line_bytes)",
+                    raw.len(),
+                    limits.max_line_bytes
+                ),
+            ));
+        }
         let line = raw.trim_end_matches('\r').trim();
         if line.is_empty() {
             continue;
@@ -218,9 +261,28 @@ pub fn parse(text: &str) -> Result<Manifest, ManifestError> {
                     if parts.get(2).is_none_or(|u| u.is_empty()) {
                         return Err(bad(n, format!("#%prefix {p} names no URI")));
                     }
-                    prefixes.push(p.trim_end_matches(':').to_string());
+                    if prefixes.len() >= limits.max_prefixes {
+                        return Err(bad(
+                            n,
+                            format!(
+                                "more than {} #%prefix lines (payload.max_prefixes)",
+                                limits.max_prefixes
+                            ),
+                        ));
+                    }
+                    prefixes.insert(p.trim_end_matches(':').to_string());
                 }
                 "fields" => {
+                    if parts.len() - 1 > limits.max_fields {
+                        return Err(bad(
+                            n,
+                            format!(
+                                "#%fields declares {} fields, over the limit of {} (payload.max_fields)",
+                                parts.len() - 1,
+                                limits.max_fields
+                            ),
+                        ));
+                    }
                     let f: Vec<String> = parts[1..].iter().map(|s| s.to_string()).collect();
                     if f.is_empty() || f.iter().any(String::is_empty) {
                         return Err(bad(n, "#%fields has an empty field name"));
@@ -230,7 +292,7 @@ pub fn parse(text: &str) -> Result<Manifest, ManifestError> {
                     }
                     for name in &f {
                         if let Some((p, _)) = name.split_once(':')
-                            && !prefixes.iter().any(|x| x == p)
+                            && !prefixes.contains(p)
                             && !matches!(p, "nfo" | "mrt")
                         {
                             return Err(bad(
@@ -276,6 +338,12 @@ pub fn parse(text: &str) -> Result<Manifest, ManifestError> {
             values: map,
         };
         check_row(&row)?;
+        if rows.len() >= limits.max_rows {
+            return Err(bad(
+                n,
+                format!("more than {} rows (payload.max_rows)", limits.max_rows),
+            ));
+        }
         rows.push(row);
     }
     if !header_seen {

@@ -85,6 +85,110 @@ pub struct Config {
     /// API tokens. With none, `lading serve` makes an admin token in the data directory and
     /// listens on loopback only.
     pub tokens: Vec<TokenSettings>,
+    /// What depositors' payloads may reach and how large they may be (`[payload]`).
+    pub payload: PayloadSettings,
+    /// The HTTP server's limits and timeouts (`[http]`).
+    pub http: HttpSettings,
+    /// The permission bits taken away from stored objects' files and folders (octal, like a
+    /// `umask`): `"077"` (the default) keeps them to the service's own user; `"027"` lets
+    /// its group read them.
+    pub storage_umask: String,
+}
+
+/// Bounds on what a depositor sends (`[payload]` in the config), each with a safe default.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PayloadSettings {
+    /// URL prefixes depositors may name beyond public http(s) addresses, e.g.
+    /// `"http://127.0.0.1:9000/"`.
+    pub allow: Vec<String>,
+    /// The only folders depositors' `file://` URLs may point into (canonicalised).
+    pub allow_file_roots: Vec<PathBuf>,
+    /// Largest manifest, counted while it streams in.
+    pub max_manifest_bytes: u64,
+    /// Most rows (objects or files) one manifest may list.
+    pub max_rows: usize,
+    /// Most `#%fields` names one manifest may declare.
+    pub max_fields: usize,
+    /// Most `#%prefix` lines one manifest may have.
+    pub max_prefixes: usize,
+    /// Longest manifest line.
+    pub max_line_bytes: usize,
+    /// Largest file one job may download (a declared size caps it further).
+    pub max_file_bytes: u64,
+    /// Most bytes the containers of one job may unpack to.
+    pub max_unpacked_bytes: u64,
+    /// Most entries the containers of one job may hold.
+    pub max_unpacked_entries: u64,
+    /// Most a container may expand: unpacked bytes per byte of container.
+    pub max_unpack_ratio: u64,
+    /// A download slower than this over `rate_window_s` is cut off (transient: it is retried
+    /// with backoff, and fails after the stage's attempts).
+    pub min_rate_bytes_per_s: u64,
+    pub rate_window_s: u64,
+    /// Longest a job whose declared size does not fit waits for space before it fails.
+    pub max_space_wait_s: u64,
+}
+
+impl Default for PayloadSettings {
+    fn default() -> Self {
+        PayloadSettings {
+            allow: Vec::new(),
+            allow_file_roots: Vec::new(),
+            max_manifest_bytes: 64 << 20,
+            max_rows: 10_000,
+            max_fields: 64,
+            max_prefixes: 64,
+            max_line_bytes: 64 << 10,
+            max_file_bytes: 1 << 40,
+            max_unpacked_bytes: 1 << 40,
+            max_unpacked_entries: 100_000,
+            max_unpack_ratio: 200,
+            min_rate_bytes_per_s: 1024,
+            rate_window_s: 30,
+            max_space_wait_s: 3_600,
+        }
+    }
+}
+
+/// The HTTP server's limits (`[http]` in the config).
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpSettings {
+    /// Open connections at most; at the cap, the longest-idle connection (one with no
+    /// request in progress) is closed to make room, so a flood of idle connections cannot
+    /// lock others out.
+    pub max_connections: usize,
+    /// Time a client has to send a request's headers.
+    pub header_timeout_s: u64,
+    /// A keep-alive connection with no request for this long is closed.
+    pub idle_timeout_s: u64,
+    /// Time an ordinary (not streaming, not long-poll, not upload) request may take,
+    /// reading its body included.
+    pub request_timeout_s: u64,
+    /// An upload that sends nothing for this long is refused (408).
+    pub upload_stall_s: u64,
+    /// Largest JSON request body.
+    pub max_body_bytes: usize,
+    /// Largest header block of one multipart part.
+    pub max_part_header_bytes: usize,
+    /// `/metrics` (public) shows generic-job type names, which tenants choose.
+    pub metrics_type_names: bool,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        HttpSettings {
+            max_connections: 1024,
+            header_timeout_s: 10,
+            idle_timeout_s: 60,
+            request_timeout_s: 60,
+            upload_stall_s: 60,
+            max_body_bytes: 1 << 20,
+            max_part_header_bytes: 16 << 10,
+            metrics_type_names: false,
+        }
+    }
 }
 
 impl Default for Config {
@@ -111,6 +215,9 @@ impl Default for Config {
             listen: "127.0.0.1:8080".into(),
             max_upload_bytes: 8 << 30,
             tokens: Vec::new(),
+            payload: PayloadSettings::default(),
+            http: HttpSettings::default(),
+            storage_umask: "077".into(),
         }
     }
 }
@@ -227,6 +334,19 @@ impl Config {
             }
         }
         c
+    }
+
+    /// The bits of `storage_umask` (octal), or why it is not one.
+    pub fn storage_umask_bits(&self) -> Result<u32, String> {
+        u32::from_str_radix(self.storage_umask.trim(), 8)
+            .ok()
+            .filter(|m| *m <= 0o777)
+            .ok_or_else(|| {
+                format!(
+                    "storage_umask {:?} is not an octal mode like \"077\" or \"027\"",
+                    self.storage_umask
+                )
+            })
     }
 
     /// Reads profile `name` from the profiles directory.

@@ -2,6 +2,8 @@
 //! streamed to disk in constant memory with the digests computed on the way.
 
 use crate::checkm::{Digest, HashAlg};
+use crate::config::PayloadSettings;
+use crate::policy::{Policy, Trust};
 use bytes::Bytes;
 use sha2::Digest as _;
 use std::path::{Path, PathBuf};
@@ -18,9 +20,6 @@ pub enum FetchError {
     #[error("{0}")]
     Fatal(String),
 }
-
-/// Largest manifest read into memory.
-pub const MANIFEST_LIMIT_BYTES: u64 = 64 << 20;
 
 /// A running hash of one algorithm.
 pub enum Hasher {
@@ -91,10 +90,16 @@ pub struct Fetched {
     pub sha256: String,
 }
 
-/// An HTTP client plus `file://` support.
+/// HTTP clients plus `file://` support, and the payload policy and bounds.
 #[derive(Clone)]
 pub struct Fetcher {
+    /// For the operator's own URLs.
     client: reqwest::Client,
+    /// For depositors' URLs: public addresses only (checked after resolution), each
+    /// redirect checked, no proxy from the environment.
+    depositor: reqwest::Client,
+    policy: Arc<Policy>,
+    limits: Arc<PayloadSettings>,
     /// Payload bytes downloaded and verified by this process (for `/metrics`).
     downloaded: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
@@ -106,11 +111,22 @@ impl Default for Fetcher {
 }
 
 fn file_path(url: &str) -> Option<PathBuf> {
-    let rest = url.strip_prefix("file://")?;
-    Some(PathBuf::from(rest))
+    let scheme = url.get(..7)?;
+    if !scheme.eq_ignore_ascii_case("file://") {
+        return None;
+    }
+    // Percent-escapes decoded as a file URL means them; a URL that is not one is used as is.
+    let p = reqwest::Url::parse(url)
+        .ok()
+        .and_then(|u| u.to_file_path().ok())
+        .unwrap_or_else(|| PathBuf::from(&url[7..]));
+    Some(p)
 }
 
 fn classify(e: reqwest::Error, url: &str) -> FetchError {
+    if let Some(r) = crate::policy::refusal_in(&e) {
+        return FetchError::Fatal(format!("{url}: refused by the payload policy: {r}"));
+    }
     if e.is_builder() {
         FetchError::Fatal(format!("bad URL {url}: {e}"))
     } else {
@@ -127,22 +143,66 @@ fn status_error(status: reqwest::StatusCode, url: &str) -> FetchError {
     }
 }
 
+/// A local file opened for reading a payload: a regular file, or a fatal error (a folder, a
+/// device, a pipe or a missing file will not become one by trying again).
+fn open_regular(p: &Path, url: &str) -> Result<std::fs::File, FetchError> {
+    let f =
+        std::fs::File::open(p).map_err(|e| FetchError::Fatal(format!("cannot read {url}: {e}")))?;
+    let meta = f
+        .metadata()
+        .map_err(|e| FetchError::Fatal(format!("cannot read {url}: {e}")))?;
+    if !meta.is_file() {
+        return Err(FetchError::Fatal(format!("{url} is not a regular file")));
+    }
+    Ok(f)
+}
+
 impl Fetcher {
+    /// A fetcher with the default policy and bounds.
     pub fn new() -> Fetcher {
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(30))
-            .read_timeout(Duration::from_secs(120))
-            .user_agent(concat!("lading/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .unwrap_or_default();
-        Fetcher {
-            client,
-            downloaded: Default::default(),
-        }
+        Fetcher::with_settings(&PayloadSettings::default())
+            .expect("the default payload settings are valid")
     }
 
+    /// A fetcher with the config's payload policy and bounds; an invalid `allow` entry or a
+    /// missing file root is named.
+    pub fn with_settings(p: &PayloadSettings) -> Result<Fetcher, String> {
+        let policy = Arc::new(Policy::new(&p.allow, &p.allow_file_roots)?);
+        let base = || {
+            reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(30))
+                .read_timeout(Duration::from_secs(120))
+                .user_agent(concat!("lading/", env!("CARGO_PKG_VERSION")))
+        };
+        let client = base().build().map_err(|e| e.to_string())?;
+        let depositor = base()
+            .no_proxy()
+            .dns_resolver(policy.resolver())
+            .redirect(policy.redirects())
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(Fetcher {
+            client,
+            depositor,
+            policy,
+            limits: Arc::new(p.clone()),
+            downloaded: Default::default(),
+        })
+    }
+
+    /// The operator's client (callbacks).
     pub fn client(&self) -> &reqwest::Client {
         &self.client
+    }
+
+    /// The bounds in force.
+    pub fn limits(&self) -> &PayloadSettings {
+        &self.limits
+    }
+
+    /// The payload policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
     }
 
     /// Payload bytes downloaded and verified by this process.
@@ -150,14 +210,28 @@ impl Fetcher {
         self.downloaded.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// The client for `url` under `trust`, once the policy allows it (a refusal is fatal and
+    /// names the rule; nothing is fetched).
+    fn client_for(&self, url: &str, trust: &Trust) -> Result<&reqwest::Client, FetchError> {
+        match trust {
+            Trust::Operator => Ok(&self.client),
+            Trust::Depositor { upload } if upload.as_deref() == Some(url) => Ok(&self.client),
+            Trust::Depositor { .. } => {
+                self.policy.check(url).map_err(|r| {
+                    FetchError::Fatal(format!("{url}: refused by the payload policy: {r}"))
+                })?;
+                Ok(&self.depositor)
+            }
+        }
+    }
+
     /// A successful GET response, its body not read yet.
-    async fn get(&self, url: &str) -> Result<reqwest::Response, FetchError> {
-        let r = self
-            .client
-            .get(url)
-            .send()
-            .await
-            .map_err(|e| classify(e, url))?;
+    async fn get(
+        &self,
+        client: &reqwest::Client,
+        url: &str,
+    ) -> Result<reqwest::Response, FetchError> {
+        let r = client.get(url).send().await.map_err(|e| classify(e, url))?;
         if !r.status().is_success() {
             return Err(status_error(r.status(), url));
         }
@@ -165,12 +239,16 @@ impl Fetcher {
     }
 
     /// The length a HEAD request reports; `None` when unknown, refused or unsupported.
-    pub async fn head_len(&self, url: &str) -> Option<u64> {
+    pub async fn head_len(&self, url: &str, trust: &Trust) -> Option<u64> {
+        let client = self.client_for(url, trust).ok()?;
         if let Some(p) = file_path(url) {
-            return tokio::fs::metadata(p).await.ok().map(|m| m.len());
+            return tokio::fs::metadata(p)
+                .await
+                .ok()
+                .filter(|m| m.is_file())
+                .map(|m| m.len());
         }
-        let r = self
-            .client
+        let r = client
             .head(url)
             .timeout(Duration::from_secs(30))
             .send()
@@ -187,45 +265,79 @@ impl Fetcher {
             .ok()
     }
 
-    /// A small text document (a manifest), at most [`MANIFEST_LIMIT_BYTES`].
-    pub async fn get_text(&self, url: &str) -> Result<String, FetchError> {
+    /// A small text document (a manifest), at most `max_manifest_bytes`, counted while it
+    /// streams in (never trusting a stated size); a leading byte-order mark is dropped.
+    pub async fn get_text(&self, url: &str, trust: &Trust) -> Result<String, FetchError> {
+        let limit = self.limits.max_manifest_bytes;
+        let too_large = || {
+            FetchError::Fatal(format!(
+                "{url} is larger than the manifest limit of {limit} bytes (payload.max_manifest_bytes)"
+            ))
+        };
+        let client = self.client_for(url, trust)?;
         let bytes = if let Some(p) = file_path(url) {
-            let meta = tokio::fs::metadata(&p)
-                .await
-                .map_err(|e| FetchError::Fatal(format!("cannot read {url}: {e}")))?;
-            if meta.len() > MANIFEST_LIMIT_BYTES {
-                return Err(FetchError::Fatal(format!(
-                    "{url} is larger than {MANIFEST_LIMIT_BYTES} bytes"
-                )));
-            }
-            tokio::fs::read(&p)
-                .await
-                .map_err(|e| FetchError::Fatal(format!("cannot read {url}: {e}")))?
+            let u = url.to_string();
+            tokio::task::spawn_blocking(move || -> Result<Vec<u8>, FetchError> {
+                use std::io::Read;
+                let f = open_regular(&p, &u)?;
+                let mut out = Vec::new();
+                f.take(limit + 1)
+                    .read_to_end(&mut out)
+                    .map_err(|e| FetchError::Transient(format!("reading {u}: {e}")))?;
+                Ok(out)
+            })
+            .await
+            .map_err(|e| FetchError::Transient(e.to_string()))??
         } else {
-            let mut r = self.get(url).await?;
+            let mut r = self.get(client, url).await?;
+            if r.content_length().is_some_and(|n| n > limit) {
+                return Err(too_large());
+            }
             let mut out = Vec::new();
             while let Some(chunk) = r.chunk().await.map_err(|e| classify(e, url))? {
                 out.extend_from_slice(&chunk);
-                if out.len() as u64 > MANIFEST_LIMIT_BYTES {
-                    return Err(FetchError::Fatal(format!(
-                        "{url} is larger than {MANIFEST_LIMIT_BYTES} bytes"
-                    )));
+                if out.len() as u64 > limit {
+                    return Err(too_large());
                 }
             }
             out
         };
-        String::from_utf8(bytes).map_err(|_| FetchError::Fatal(format!("{url} is not UTF-8 text")))
+        if bytes.len() as u64 > limit {
+            return Err(too_large());
+        }
+        let mut text = String::from_utf8(bytes)
+            .map_err(|_| FetchError::Fatal(format!("{url} is not UTF-8 text")))?;
+        if text.starts_with('\u{feff}') {
+            text.drain(..3);
+        }
+        Ok(text)
     }
 
     /// Streams `url` into `dest` (through `dest.part`, renamed only once verified), checking
-    /// the expected size and digest. Memory use does not depend on the file's size.
+    /// the expected size and digest. Memory use does not depend on the file's size. At most
+    /// the declared `size` (or `max_file_bytes`) is read, and a transfer slower than
+    /// `min_rate_bytes_per_s` over `rate_window_s` is cut off.
     pub async fn download(
         &self,
         url: &str,
         dest: &Path,
         size: Option<u64>,
         digest: Option<&Digest>,
+        trust: &Trust,
     ) -> Result<Fetched, FetchError> {
+        let client = self.client_for(url, trust)?;
+        let max = self.limits.max_file_bytes;
+        let cap = size.map_or(max, |s| s.min(max));
+        let over = |n: u64| {
+            FetchError::Fatal(match size {
+                Some(s) if s <= max => {
+                    format!("{url} sends more than the {s} bytes declared for it (at least {n})")
+                }
+                _ => format!(
+                    "{url} is larger than the file limit of {max} bytes (payload.max_file_bytes)"
+                ),
+            })
+        };
         if let Some(parent) = dest.parent() {
             tokio::fs::create_dir_all(parent)
                 .await
@@ -243,21 +355,53 @@ impl Fetcher {
                 .map(|d| Hasher::new(d.alg)),
             part.clone(),
         );
-        if let Some(p) = file_path(url) {
-            use futures_util::StreamExt;
-            let f = tokio::fs::File::open(&p)
-                .await
-                .map_err(|e| FetchError::Fatal(format!("cannot read {url}: {e}")))?;
-            let mut chunks = std::pin::pin!(file_chunks(f.into_std().await));
-            while let Some(c) = chunks.next().await {
-                let c = c.map_err(|e| FetchError::Transient(format!("reading {url}: {e}")))?;
-                sink.push(c).await?;
+        let r = async {
+            if let Some(p) = file_path(url) {
+                use futures_util::StreamExt;
+                let u = url.to_string();
+                let f = tokio::task::spawn_blocking(move || open_regular(&p, &u))
+                    .await
+                    .map_err(|e| FetchError::Transient(e.to_string()))??;
+                let mut chunks = std::pin::pin!(file_chunks(f));
+                while let Some(c) = chunks.next().await {
+                    let c = c.map_err(|e| FetchError::Transient(format!("reading {url}: {e}")))?;
+                    if sink.n + c.len() as u64 > cap {
+                        return Err(over(sink.n + c.len() as u64));
+                    }
+                    sink.push(c).await?;
+                }
+            } else {
+                let mut r = self.get(client, url).await?;
+                if let Some(n) = r.content_length()
+                    && n > cap
+                {
+                    return Err(over(n));
+                }
+                let mut rate = Rate::new(&self.limits);
+                loop {
+                    // Cut off at the end of a window that brought too few bytes, whether or
+                    // not a chunk arrived (a dripping server may send one byte at a time).
+                    let Ok(chunk) = tokio::time::timeout_at(rate.deadline, r.chunk()).await else {
+                        rate.check(sink.n, url)?;
+                        continue;
+                    };
+                    let Some(chunk) = chunk.map_err(|e| classify(e, url))? else {
+                        break;
+                    };
+                    rate.check(sink.n + chunk.len() as u64, url)?;
+                    if sink.n + chunk.len() as u64 > cap {
+                        return Err(over(sink.n + chunk.len() as u64));
+                    }
+                    sink.push(chunk).await?;
+                }
             }
-        } else {
-            let mut r = self.get(url).await?;
-            while let Some(chunk) = r.chunk().await.map_err(|e| classify(e, url))? {
-                sink.push(chunk).await?;
-            }
+            Ok(())
+        }
+        .await;
+        if let Err(e) = r {
+            drop(sink);
+            let _ = tokio::fs::remove_file(&part).await;
+            return Err(e);
         }
         let (n, sha, other) = sink.finish().await?;
         let sha256 = sha;
@@ -289,6 +433,50 @@ impl Fetcher {
         self.downloaded
             .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
         Ok(Fetched { size: n, sha256 })
+    }
+}
+
+/// The minimum transfer rate: every `rate_window_s` the bytes received in the window are
+/// counted; too few cut the download off.
+struct Rate {
+    deadline: tokio::time::Instant,
+    window: Duration,
+    /// Bytes received when the window started.
+    start_n: u64,
+    min_bytes: u64,
+}
+
+impl Rate {
+    fn new(l: &PayloadSettings) -> Rate {
+        let window = Duration::from_secs(l.rate_window_s.max(1));
+        Rate {
+            deadline: tokio::time::Instant::now() + window,
+            window,
+            start_n: 0,
+            min_bytes: l
+                .min_rate_bytes_per_s
+                .saturating_mul(l.rate_window_s.max(1)),
+        }
+    }
+
+    /// Called after each chunk (or at the deadline with an empty one): at the end of a
+    /// window, fails when it brought too few bytes.
+    fn check(&mut self, n: u64, url: &str) -> Result<(), FetchError> {
+        if tokio::time::Instant::now() < self.deadline {
+            return Ok(());
+        }
+        let got = n - self.start_n;
+        if got < self.min_bytes {
+            return Err(FetchError::Transient(format!(
+                "{url} sent {got} bytes in {} s, slower than the minimum of {} bytes/s \
+                 (payload.min_rate_bytes_per_s)",
+                self.window.as_secs(),
+                self.min_bytes / self.window.as_secs().max(1)
+            )));
+        }
+        self.start_n = n;
+        self.deadline = tokio::time::Instant::now() + self.window;
+        Ok(())
     }
 }
 
@@ -452,9 +640,18 @@ fn write_all_vectored(file: &mut std::fs::File, chunks: &[Bytes]) -> std::io::Re
     Ok(())
 }
 
-/// A local file error: a full disk may clear, so it is transient.
+/// A local file error: a full disk or an I/O error may clear, so it is transient; a name
+/// that cannot exist here (too long, a file where a folder must be) never will.
 fn local(path: &Path, e: std::io::Error) -> FetchError {
-    FetchError::Transient(format!("writing {}: {e}", path.display()))
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if crate::stages::is_permanent(&e) {
+        FetchError::Fatal(format!("cannot write {name:?}: {e}"))
+    } else {
+        FetchError::Transient(format!("writing {name:?}: {e}"))
+    }
 }
 
 #[cfg(test)]
@@ -478,10 +675,7 @@ mod tests {
         let Err(FetchError::Transient(e)) = sink.finish().await else {
             panic!("a failed write must fail the download");
         };
-        assert!(
-            e.contains("/dev/full") && e.contains("No space left"),
-            "{e}"
-        );
+        assert!(e.contains("\"full\"") && e.contains("No space left"), "{e}");
         // Large: it stops the download while bytes still arrive (the queue stays bounded).
         let mut sink = full_sink();
         let block = Bytes::from(vec![7u8; WRITE_BLOCK]);

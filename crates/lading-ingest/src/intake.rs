@@ -2,6 +2,7 @@
 
 use crate::checkm::{self, FileEntry, ManifestKind, Row};
 use crate::fetch::FetchError;
+use crate::policy::Trust;
 use crate::{Ingest, fatal_or_transient};
 use lading_core::layout::{BatchId, ErcMetadata, Identifiers};
 use lading_core::tree::BoxFuture;
@@ -63,6 +64,8 @@ pub struct Submission {
     pub date: Option<String>,
     pub local_id: Option<String>,
     pub primary_id: Option<String>,
+    /// Whose URLs these are: a depositor's (through the API) are held to the payload policy.
+    pub trust: Trust,
 }
 
 /// Why a submission was refused (nothing was stored).
@@ -78,6 +81,14 @@ pub enum SubmitError {
     Url(String),
     #[error("submitter is empty")]
     Submitter,
+    #[error("payload URL {url:?} refused by the payload policy: {why}")]
+    Policy { url: String, why: String },
+    #[error("primary identifier: {0}")]
+    PrimaryId(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("inventory: {0}")]
+    Inventory(String),
     #[error(transparent)]
     Engine(#[from] EngineError),
 }
@@ -91,6 +102,32 @@ pub async fn submit(ingest: &Ingest, s: &Submission) -> Result<BatchId, SubmitEr
     checkm::check_url(&s.payload_url).map_err(SubmitError::Url)?;
     if s.submitter.trim().is_empty() {
         return Err(SubmitError::Submitter);
+    }
+    if let Trust::Depositor { upload } = &s.trust
+        && upload.as_deref() != Some(s.payload_url.as_str())
+    {
+        ingest
+            .fetcher
+            .policy()
+            .check(&s.payload_url)
+            .map_err(|r| SubmitError::Policy {
+                url: s.payload_url.clone(),
+                why: r.0,
+            })?;
+    }
+    if let Some(id) = s.primary_id.as_deref() {
+        check_primary_id(id).map_err(SubmitError::PrimaryId)?;
+        let owner = crate::inventory::owner_of(&ingest.inventory, id)
+            .await
+            .map_err(|e| SubmitError::Inventory(e.to_string()))?;
+        if let Some(owner) = owner
+            && owner != profile.collection
+        {
+            return Err(SubmitError::Forbidden(format!(
+                "{id} belongs to another collection; profile {} (collection {}) may not add a version to it",
+                profile.name, profile.collection
+            )));
+        }
     }
     let mut sub = Map::new();
     sub.insert("profile_name".into(), json!(profile.name));
@@ -111,7 +148,34 @@ pub async fn submit(ingest: &Ingest, s: &Submission) -> Result<BatchId, SubmitEr
             sub.insert(k.into(), json!(v));
         }
     }
+    s.trust.record(&mut sub);
     Ok(ingest.engine.create_batch(sub).await?)
+}
+
+/// Longest primary identifier taken (it names a folder in the storage root).
+pub const MAX_PRIMARY_ID_BYTES: usize = 200;
+
+/// A primary identifier that can name an object's folder, or why not.
+pub fn check_primary_id(id: &str) -> Result<(), String> {
+    let node = lading_core::layout::ark_node_name(id);
+    if id.trim().is_empty() {
+        return Err("it is empty".into());
+    }
+    if id.len() > MAX_PRIMARY_ID_BYTES {
+        return Err(format!(
+            "it is {} bytes, over the limit of {MAX_PRIMARY_ID_BYTES}",
+            id.len()
+        ));
+    }
+    if id.chars().any(char::is_control) {
+        return Err(format!("{id:?} contains control characters"));
+    }
+    if node == "." || node == ".." || node.starts_with('.') || node.contains('\\') {
+        return Err(format!(
+            "{id:?} cannot name an object (no leading '.', no '\\')"
+        ));
+    }
+    Ok(())
 }
 
 /// Batch intake: Pending batch → jobs → Processing.
@@ -204,13 +268,18 @@ impl Intake {
             PayloadType::SingleFileBatchManifest => (ManifestKind::SingleFileBatch, "file"),
             PayloadType::ContainerBatchManifest => (ManifestKind::ContainerBatch, "container"),
         };
+        let trust = Trust::from_fields(|k| b.submission_str(k));
         let text = self
             .0
             .fetcher
-            .get_text(&url)
+            .get_text(&url, &trust)
             .await
             .map_err(fatal_or_transient)?;
-        let m = checkm::parse(&text).map_err(|e| Outcome::fatal(format!("{url}: {e}")))?;
+        let limits = checkm::Limits::from(self.0.fetcher.limits());
+        let m = tokio::task::spawn_blocking(move || checkm::parse_within(&text, &limits))
+            .await
+            .map_err(|e| Outcome::Transient(e.to_string()))?
+            .map_err(|e| Outcome::fatal(format!("{}: {e}", shown_url(&url))))?;
         if m.kind != expected {
             return Err(Outcome::fatal(format!(
                 "{url} is a {} but the batch was submitted as {}",
@@ -221,11 +290,32 @@ impl Intake {
         if m.rows.is_empty() {
             return Err(Outcome::fatal(format!("{url} lists no objects")));
         }
-        m.rows
+        let objects: Vec<Object> = m
+            .rows
             .iter()
             .map(|r| row_object(r, payload_type))
             .collect::<Result<_, _>>()
-            .map_err(|e| Outcome::fatal(format!("{url}: {e}")))
+            .map_err(|e| Outcome::fatal(format!("{url}: {e}")))?;
+        // A depositor's rows are held to the policy before any job exists.
+        if let Trust::Depositor { .. } = trust {
+            for (o, r) in objects.iter().zip(&m.rows) {
+                if let Err(why) = self.0.fetcher.policy().check(&o.payload_url) {
+                    return Err(Outcome::fatal(format!(
+                        "{url}: manifest line {}: {:?} refused by the payload policy: {why}",
+                        r.line, o.payload_url
+                    )));
+                }
+                if let Some(id) = &o.identifiers.primary_id
+                    && let Err(why) = check_primary_id(id)
+                {
+                    return Err(Outcome::fatal(format!(
+                        "{url}: manifest line {}: primary identifier: {why}",
+                        r.line
+                    )));
+                }
+            }
+        }
+        Ok(objects)
     }
 
     async fn run(&self, b: Arc<BatchCtx>) -> Outcome {
@@ -239,6 +329,7 @@ impl Intake {
             Ok(p) => p,
             Err(e) => return Outcome::fatal(e),
         };
+        let trust = Trust::from_fields(|k| b.submission_str(k));
         // A retried intake (after a crash or a transient error) skips the objects it made.
         let done: BTreeSet<u64> = match self.existing_rows(b).await {
             Ok(d) => d,
@@ -264,6 +355,7 @@ impl Intake {
             cfg.insert("submission_mode".into(), json!("add"));
             cfg.insert("local_id".into(), json!(o.identifiers.local_id));
             cfg.insert("intake_row".into(), json!(i));
+            trust.record(&mut cfg);
             if let Some(f) = &o.file {
                 cfg.insert("file".into(), json!(f));
             }
@@ -317,6 +409,18 @@ impl BatchStage for Intake {
     fn run(&self, b: Arc<BatchCtx>) -> BoxFuture<'static, Outcome> {
         let me = Intake(self.0.clone());
         Box::pin(async move { me.run(b).await })
+    }
+}
+
+/// A URL as a message may show it: a server-made upload's `file://` path is not the
+/// depositor's business, only its name.
+pub fn shown_url(url: &str) -> String {
+    match url.strip_prefix("file://") {
+        Some(p) => format!(
+            "the uploaded file {:?}",
+            p.rsplit('/').next().unwrap_or_default()
+        ),
+        None => url.to_string(),
     }
 }
 

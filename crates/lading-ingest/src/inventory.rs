@@ -6,7 +6,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use std::path::Path;
 
 const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS objects(ark TEXT PRIMARY KEY, created TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS objects(ark TEXT PRIMARY KEY, created TEXT NOT NULL, collection TEXT);
 CREATE TABLE IF NOT EXISTS versions(ark TEXT NOT NULL REFERENCES objects(ark), version INTEGER NOT NULL,
   job TEXT NOT NULL, batch TEXT NOT NULL, path TEXT NOT NULL, created TEXT NOT NULL,
   PRIMARY KEY(ark, version));
@@ -40,6 +40,13 @@ pub fn open(db: &Path) -> Result<Connection, InventoryError> {
     c.pragma_update(None, "journal_mode", "WAL")?;
     c.pragma_update(None, "foreign_keys", "ON")?;
     c.execute_batch(SCHEMA)?;
+    // Inventories made before objects had owners: the column is added, empty.
+    let has_owner: bool = c
+        .prepare("SELECT 1 FROM pragma_table_info('objects') WHERE name = 'collection'")?
+        .exists([])?;
+    if !has_owner {
+        c.execute_batch("ALTER TABLE objects ADD COLUMN collection TEXT")?;
+    }
     Ok(c)
 }
 
@@ -114,6 +121,58 @@ impl Inventory {
         }
         r
     }
+
+    /// Runs `f` on the shared connection (opened on first use). Blocking.
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, InventoryError>,
+    ) -> Result<T, InventoryError> {
+        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.is_none() {
+            *guard = Some(open(&self.path)?);
+        }
+        let r = f(guard.as_ref().expect("opened above"));
+        if r.is_err() {
+            *guard = None;
+        }
+        r
+    }
+
+    /// The collection that owns `ark` (the one whose profile created it), if it is recorded;
+    /// `Some("")` for an object recorded before owners were kept. Blocking.
+    pub fn owner(&self, ark: &str) -> Result<Option<String>, InventoryError> {
+        self.with(|c| {
+            Ok(c.query_row(
+                "SELECT COALESCE(collection, '') FROM objects WHERE ark = ?1",
+                params![ark],
+                |r| r.get(0),
+            )
+            .optional()?)
+        })
+    }
+
+    /// The batch that stored version `version` of `ark`, if it is recorded. Blocking.
+    pub fn version_batch(&self, ark: &str, version: u32) -> Result<Option<String>, InventoryError> {
+        self.with(|c| {
+            Ok(c.query_row(
+                "SELECT batch FROM versions WHERE ark = ?1 AND version = ?2",
+                params![ark, version],
+                |r| r.get(0),
+            )
+            .optional()?)
+        })
+    }
+}
+
+/// [`Inventory::owner`] off the async runtime.
+pub async fn owner_of(
+    inv: &std::sync::Arc<Inventory>,
+    ark: &str,
+) -> Result<Option<String>, InventoryError> {
+    let (inv, ark) = (inv.clone(), ark.to_string());
+    tokio::task::spawn_blocking(move || inv.owner(&ark))
+        .await
+        .map_err(|e| InventoryError::Io(std::io::Error::other(e)))?
 }
 
 fn record_into(
@@ -124,9 +183,16 @@ fn record_into(
     let tx = c.transaction()?;
     let now = lading_core::time::format_ts(lading_core::time::system_clock().now_ms());
     tx.execute(
-        "INSERT OR IGNORE INTO objects(ark, created) VALUES (?1, ?2)",
-        params![v.ark, now],
+        "INSERT OR IGNORE INTO objects(ark, created, collection) VALUES (?1, ?2, ?3)",
+        params![v.ark, now, v.collection],
     )?;
+    if v.collection.is_some() {
+        // An object recorded before owners were kept gets its first recorded owner.
+        tx.execute(
+            "UPDATE objects SET collection = ?2 WHERE ark = ?1 AND collection IS NULL",
+            params![v.ark, v.collection],
+        )?;
+    }
     let new = tx.execute(
         "INSERT OR IGNORE INTO versions(ark, version, job, batch, path, created) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         params![v.ark, v.version, v.job, v.batch, v.path, now],
@@ -191,6 +257,7 @@ mod tests {
             path: v1.to_string_lossy().into_owned(),
             job: "jid0000000001".into(),
             batch: "bid0000000001".into(),
+            collection: Some("demo".into()),
         };
         let inv = Inventory::new(dir.path().join("inventory.db"));
         let first = inv.record(&v, None).unwrap();
@@ -212,6 +279,15 @@ mod tests {
         assert_eq!(
             versions_of(&dir.path().join("inventory.db"), "ark:/99999/fk4x").unwrap(),
             vec![(1, 1, 5)]
+        );
+        assert_eq!(
+            inv.owner("ark:/99999/fk4x").unwrap().as_deref(),
+            Some("demo")
+        );
+        assert_eq!(inv.owner("ark:/99999/nope").unwrap(), None);
+        assert_eq!(
+            inv.version_batch("ark:/99999/fk4x", 1).unwrap().as_deref(),
+            Some("bid0000000001")
         );
     }
 }

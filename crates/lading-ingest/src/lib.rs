@@ -13,13 +13,15 @@ pub mod fetch;
 pub mod intake;
 pub mod inventory;
 pub mod payload_server;
+pub mod policy;
 pub mod quota;
 pub mod report;
 pub mod stages;
 mod unpack;
 
-pub use config::{Config, Profile, TokenSettings};
+pub use config::{Config, HttpSettings, PayloadSettings, Profile, TokenSettings};
 pub use intake::{PayloadType, Submission, SubmitError, submit};
+pub use policy::Trust;
 
 use fetch::{FetchError, Fetcher};
 use lading_core::BatchState;
@@ -43,15 +45,23 @@ pub struct Ingest {
 }
 
 impl Ingest {
+    /// Panics on a payload policy that cannot be built (see [`Ingest::try_new`]).
     pub fn new(engine: Arc<Engine>, cfg: Config) -> Arc<Ingest> {
-        Arc::new(Ingest {
+        Ingest::try_new(engine, cfg).expect("valid [payload] settings")
+    }
+
+    /// The stages' shared state; an invalid `[payload] allow` entry or a missing
+    /// `allow_file_roots` folder is named.
+    pub fn try_new(engine: Arc<Engine>, cfg: Config) -> Result<Arc<Ingest>, String> {
+        let fetcher = Fetcher::with_settings(&cfg.payload)?;
+        Ok(Arc::new(Ingest {
             engine,
             inventory: Arc::new(inventory::Inventory::new(cfg.inventory())),
             cfg,
-            fetcher: Fetcher::new(),
+            fetcher,
             stats: Arc::new(lading_worker::Stats::default()),
             profiles: Mutex::new(HashMap::new()),
-        })
+        }))
     }
 
     /// Profile `name`, re-read only when its file changed.

@@ -127,9 +127,38 @@ fn engine_err(e: EngineError) -> Outcome {
 }
 
 fn io_err(what: &str, path: &Path, e: std::io::Error) -> Outcome {
-    // A full disk or a vanished mount may recover; everything else local is a bug or worse,
-    // but a retry costs little and Failed comes after max_attempts anyway.
-    Outcome::Transient(format!("{what} {}: {e}", path.display()))
+    // A full disk or a vanished mount may recover; a name that cannot exist here will not.
+    // Messages name the file, not the server's folders.
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if is_permanent(&e) {
+        Outcome::Fatal(format!("{what} {name:?}: {e}"))
+    } else {
+        Outcome::Transient(format!("{what} {name:?}: {e}"))
+    }
+}
+
+/// File-system errors that trying again cannot clear: a name too long, a file where a folder
+/// must be (or the other way round), a name that is not valid here.
+pub fn is_permanent(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::ENAMETOOLONG
+                | libc::ENOTDIR
+                | libc::EISDIR
+                | libc::EEXIST
+                | libc::EINVAL
+                | libc::ELOOP
+        )
+    )
+}
+
+/// Whose URLs a job holds.
+fn trust(job: &JobCtx) -> crate::policy::Trust {
+    crate::policy::Trust::from_fields(|k| job.config_str(k))
 }
 
 /// The files of a job's object: the manifest's rows, or the one file/container.
@@ -146,14 +175,18 @@ async fn object_files(ingest: &Ingest, job: &JobCtx) -> Result<Vec<FileEntry>, O
             Err(_) => {
                 let t = ingest
                     .fetcher
-                    .get_text(url)
+                    .get_text(url, &trust(job))
                     .await
                     .map_err(fatal_or_transient)?;
                 write_atomic(&saved, t.as_bytes()).map_err(|e| io_err("writing", &saved, e))?;
                 t
             }
         };
-        let m = checkm::parse(&text).map_err(|e| Outcome::fatal(format!("{url}: {e}")))?;
+        let limits = checkm::Limits::from(ingest.fetcher.limits());
+        let m = tokio::task::spawn_blocking(move || checkm::parse_within(&text, &limits))
+            .await
+            .map_err(|e| Outcome::Transient(e.to_string()))?
+            .map_err(|e| Outcome::fatal(format!("{}: {e}", crate::intake::shown_url(url))))?;
         if m.kind != ManifestKind::Object {
             return Err(Outcome::fatal(format!(
                 "{url} is a {}, not an object manifest",
@@ -166,8 +199,21 @@ async fn object_files(ingest: &Ingest, job: &JobCtx) -> Result<Vec<FileEntry>, O
             .map(|r| r.file_entry())
             .collect::<Result<_, _>>()
             .map_err(|e| Outcome::fatal(format!("{url}: {e}")))?;
+        if let crate::policy::Trust::Depositor { .. } = trust(job) {
+            for (f, r) in files.iter().zip(&m.rows) {
+                if let Err(why) = ingest.fetcher.policy().check(&f.url) {
+                    return Err(Outcome::fatal(format!(
+                        "{url}: manifest line {}: {:?} refused by the payload policy: {why}",
+                        r.line, f.url
+                    )));
+                }
+            }
+        }
         let mut names = std::collections::HashSet::new();
         for f in &files {
+            if let Err(why) = check_file_name(&f.name) {
+                return Err(Outcome::fatal(format!("{url}: {why}")));
+            }
             if !names.insert(f.name.as_str()) {
                 return Err(Outcome::fatal(format!(
                     "{url}: file name {:?} appears twice",
@@ -185,7 +231,25 @@ async fn object_files(ingest: &Ingest, job: &JobCtx) -> Result<Vec<FileEntry>, O
         .ok_or_else(|| Outcome::fatal("the job names no file"))?;
     let f: FileEntry =
         serde_json::from_value(f).map_err(|e| Outcome::fatal(format!("bad file entry: {e}")))?;
+    check_file_name(&f.name).map_err(Outcome::fatal)?;
     Ok(vec![f])
+}
+
+/// Longest name of one path segment a file system here takes.
+pub const MAX_SEGMENT_BYTES: usize = 250;
+
+/// A file name (a relative path) that can be created in a working folder, or why not. Each
+/// segment leaves room for the `.part` a download writes first.
+pub fn check_file_name(name: &str) -> Result<(), String> {
+    checkm::check_relative_path(name)?;
+    if let Some(seg) = name.split('/').find(|s| s.len() > MAX_SEGMENT_BYTES) {
+        return Err(format!(
+            "file name {:?}… has a part of {} bytes, over the limit of {MAX_SEGMENT_BYTES}",
+            seg.chars().take(32).collect::<String>(),
+            seg.len()
+        ));
+    }
+    Ok(())
 }
 
 /// Writes through a temporary file and a rename, so a reader sees all or nothing (not
@@ -276,13 +340,14 @@ async fn estimate(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
     ));
     let mut set = tokio::task::JoinSet::new();
     for f in files {
-        let (fetcher, sem) = (ingest.fetcher.clone(), sem.clone());
+        let (fetcher, sem, trust) = (ingest.fetcher.clone(), sem.clone(), trust(job));
         set.spawn(async move {
-            let _permit = sem.acquire_owned().await;
-            match fetcher.head_len(&f.url).await {
-                Some(n) => n,
-                None => f.size.unwrap_or(0),
+            // A declared size is what the download will be held to: no need to ask.
+            if let Some(n) = f.size {
+                return n;
             }
+            let _permit = sem.acquire_owned().await;
+            fetcher.head_len(&f.url, &trust).await.unwrap_or(0)
         });
     }
     let mut total = 0u64;
@@ -301,8 +366,8 @@ async fn estimate(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
     Ok(Outcome::Done)
 }
 
-/// Free bytes for unprivileged users on the file system holding `path`.
-pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
+/// `statvfs` of the file system holding `path`.
+fn statvfs(path: &Path) -> std::io::Result<libc::statvfs> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|_| std::io::Error::other("path contains NUL"))?;
@@ -311,6 +376,12 @@ pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
     if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
+    Ok(s)
+}
+
+/// Free bytes for unprivileged users on the file system holding `path`.
+pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
+    let s = statvfs(path)?;
     Ok((s.f_bavail as u64).saturating_mul(s.f_frsize as u64))
 }
 
@@ -332,7 +403,26 @@ async fn provision(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
         return Ok(Outcome::Done);
     }
     let want = needed.saturating_add(ingest.cfg.reserve_bytes);
+    let capacity = total_bytes(&root).map_err(|e| io_err("checking the size of", &root, e))?;
+    if want > capacity {
+        return Err(Outcome::fatal(format!(
+            "the job needs {needed} bytes plus a reserve of {}, more than the working storage \
+             holds ({capacity} bytes); it can never fit",
+            ingest.cfg.reserve_bytes
+        )));
+    }
+    let since = space_wait_since(&job.workdir);
     if free < want {
+        let waited = since.elapsed().unwrap_or_default();
+        let max = Duration::from_secs(ingest.cfg.payload.max_space_wait_s);
+        if waited >= max {
+            return Err(Outcome::fatal(format!(
+                "gave up waiting for space after {} s (payload.max_space_wait_s): needs \
+                 {needed} bytes plus a reserve of {}, {free} free",
+                waited.as_secs(),
+                ingest.cfg.reserve_bytes
+            )));
+        }
         return Ok(Outcome::Wait {
             after: round,
             reason: format!(
@@ -341,7 +431,30 @@ async fn provision(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
             ),
         });
     }
+    let _ = std::fs::remove_file(job.workdir.join(INTERIM).join(SPACE_WAIT));
     Ok(Outcome::Done)
+}
+
+/// When the job started waiting for space (a marker in its working folder).
+const SPACE_WAIT: &str = "space-wait";
+
+fn space_wait_since(workdir: &Path) -> std::time::SystemTime {
+    let p = workdir.join(INTERIM).join(SPACE_WAIT);
+    if let Ok(t) = std::fs::metadata(&p).and_then(|m| m.modified()) {
+        return t;
+    }
+    let _ = write_atomic(&p, b"");
+    std::time::SystemTime::now()
+}
+
+/// Size of the file system holding `path`, as unprivileged users can use it.
+pub fn total_bytes(path: &Path) -> std::io::Result<u64> {
+    let s = statvfs(path)?;
+    // Blocks reserved for root are not ours.
+    let reserved = (s.f_bfree as u64).saturating_sub(s.f_bavail as u64);
+    Ok((s.f_blocks as u64)
+        .saturating_sub(reserved)
+        .saturating_mul(s.f_frsize as u64))
 }
 
 /// Files already downloaded and verified, by name: the downloading stage's interim state.
@@ -426,7 +539,7 @@ async fn download(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
             k += 1;
             match ingest
                 .fetcher
-                .download(&f.url, &dest, f.size, f.digest.as_ref())
+                .download(&f.url, &dest, f.size, f.digest.as_ref(), &trust(job))
                 .await
             {
                 Ok(got) => break got,
@@ -517,11 +630,18 @@ async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
                 .map_err(|e| io_err("reading", &wd.join(CONTAINER), e))?;
             check_verified(&wd, CONTAINER, &found)?;
             let (c, p) = (wd.join(CONTAINER), producer.clone());
-            tokio::task::spawn_blocking(move || crate::unpack::unpack_all(&c, &p))
+            let limits = crate::unpack::Limits::from(&ingest.cfg.payload);
+            let unpacked =
+                tokio::task::spawn_blocking(move || crate::unpack::unpack_all(&c, &p, &limits))
+                    .await
+                    .map_err(|e| Outcome::Transient(e.to_string()))??;
+            // What the job takes now: the containers and what they held.
+            let packed: u64 = found.iter().map(|f| f.size).sum();
+            job.set_space_needed(packed.saturating_add(unpacked))
                 .await
-                .map_err(|e| Outcome::Transient(e.to_string()))??;
+                .map_err(engine_err)?;
             write_atomic(&marker, b"").map_err(|e| io_err("writing", &marker, e))?;
-            job.log("containers unpacked");
+            job.log(&format!("containers unpacked ({unpacked} bytes)"));
         }
     }
     std::fs::create_dir_all(&producer).map_err(|e| io_err("creating", &producer, e))?;
@@ -568,6 +688,9 @@ async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
             .map_err(engine_err)?;
     }
     let ark = ids.primary_id.clone().unwrap_or_default();
+    crate::intake::check_primary_id(&ark)
+        .map_err(|why| Outcome::fatal(format!("primary identifier: {why}")))?;
+    check_owner(ingest, &ark, &profile.collection).await?;
     if let Some(cmd) = &profile.command {
         run_command(job, cmd, &ark).await?;
     }
@@ -579,6 +702,20 @@ async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
     .await
     .map_err(engine_err)?;
     Ok(Outcome::Done)
+}
+
+/// Fails unless `ark` is new or belongs to `collection` (the inventory records each object's
+/// owning collection).
+async fn check_owner(ingest: &Ingest, ark: &str, collection: &str) -> Result<(), Outcome> {
+    match crate::inventory::owner_of(&ingest.inventory, ark).await {
+        Ok(Some(owner)) if !owner.is_empty() && owner != collection => {
+            Err(Outcome::fatal(format!(
+                "{ark} belongs to another collection; collection {collection} may not add a version to it"
+            )))
+        }
+        Ok(_) => Ok(()),
+        Err(e) => Err(Outcome::Transient(format!("inventory: {e}"))),
+    }
 }
 
 /// Lines of a failed command's output quoted in the job's message.
@@ -631,6 +768,9 @@ pub struct StoredVersion {
     pub path: String,
     pub job: String,
     pub batch: String,
+    /// The collection of the profile that stored it: the object's owner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collection: Option<String>,
 }
 
 const VERSION_FILE: &str = "lading-version.json";
@@ -696,6 +836,25 @@ fn place_tree(from: &Path, to: &Path, link: bool) -> std::io::Result<(u64, u64)>
     Ok((linked, copied))
 }
 
+/// The process's file-creation mask (set by the `lading` binary): files 0600, folders 0700.
+pub const DEFAULT_UMASK: u32 = 0o077;
+
+/// Sets the modes of everything under `dir` (and `dir`) as `umask` would have made them.
+fn set_modes(dir: &Path, umask: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777 & !umask))?;
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let t = e.file_type()?;
+        if t.is_dir() {
+            set_modes(&e.path(), umask)?;
+        } else if t.is_file() {
+            std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(0o666 & !umask))?;
+        }
+    }
+    Ok(())
+}
+
 /// Lock errors: someone else is on this object; look again shortly.
 fn lock_wait(e: EngineError) -> Outcome {
     match e {
@@ -717,7 +876,8 @@ async fn store(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
         .clone()
         .unwrap_or_else(|| ingest.cfg.storage_root());
     let lock = job.engine.lock_storage(&ark).await.map_err(lock_wait)?;
-    let r = store_locked(job, &root, &ark).await;
+    let umask = ingest.cfg.storage_umask_bits().map_err(Outcome::fatal)?;
+    let r = store_locked(job, &root, &ark, &profile.collection, umask).await;
     let _ = job.engine.unlock_ark(lock).await;
     let stored = r?;
     job.log(&format!("stored {} as version {}", ark, stored.version));
@@ -727,7 +887,14 @@ async fn store(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
     Ok(Outcome::Done)
 }
 
-async fn store_locked(job: &JobCtx, root: &Path, ark: &str) -> Result<StoredVersion, Outcome> {
+async fn store_locked(
+    job: &JobCtx,
+    root: &Path,
+    ark: &str,
+    collection: &str,
+    umask: u32,
+) -> Result<StoredVersion, Outcome> {
+    let collection = collection.to_string();
     let object_dir = root.join(ark_node_name(ark));
     let root = root.to_path_buf();
     let (wd, jid, bid, ark) = (
@@ -751,6 +918,20 @@ async fn store_locked(job: &JobCtx, root: &Path, ark: &str) -> Result<StoredVers
                 && s.job == jid
             {
                 return Ok(s);
+            }
+        }
+        // Under the object's storage lock: the newest version says who owns it, so two
+        // collections racing for one new identifier cannot both write to it.
+        if let Some(v) = existing.last() {
+            let f = object_dir.join(format!("v{v}")).join(VERSION_FILE);
+            if let Ok(b) = std::fs::read(&f)
+                && let Ok(s) = serde_json::from_slice::<StoredVersion>(&b)
+                && let Some(owner) = s.collection
+                && owner != collection
+            {
+                return Err(Outcome::fatal(format!(
+                    "{ark} belongs to another collection; collection {collection} may not add a version to it"
+                )));
             }
         }
         let version = existing.last().copied().unwrap_or(0) + 1;
@@ -778,6 +959,7 @@ async fn store_locked(job: &JobCtx, root: &Path, ark: &str) -> Result<StoredVers
             path: final_dir.to_string_lossy().into_owned(),
             job: jid,
             batch: bid,
+            collection: Some(collection),
         };
         let vf = tmp.join(VERSION_FILE);
         write_atomic(&vf, &serde_json::to_vec_pretty(&stored).unwrap_or_default())
@@ -785,6 +967,9 @@ async fn store_locked(job: &JobCtx, root: &Path, ark: &str) -> Result<StoredVers
         std::fs::File::open(&vf)
             .and_then(|f| f.sync_data())
             .map_err(io("syncing", &vf))?;
+        if umask != DEFAULT_UMASK {
+            set_modes(&tmp, umask).map_err(io("setting modes in", &tmp))?;
+        }
         // The copy is durable before it is published.
         sync_dirs(&tmp).map_err(io("syncing", &tmp))?;
         // The rename is the commit: a reader sees no version or a whole one.

@@ -61,6 +61,9 @@ const NEXT_CLAIMS: usize = 2;
 /// Longest job id, type name.
 const MAX_ID: usize = 200;
 const MAX_TYPE: usize = 64;
+/// Longest activity timeout a type may have (ten years): more is a mistake, and far more
+/// would overflow once turned into milliseconds.
+pub const MAX_TIMEOUT_S: u64 = 10 * 365 * 24 * 3600;
 
 /// A job's state (seed 004: pending → running → finished, and back to pending).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -517,10 +520,10 @@ impl Jobs {
     /// Sets a type's activity timeout (whole seconds, at least 1), creating the type.
     pub async fn set_type_timeout(&self, ty: &str, timeout_s: u64) -> Result<()> {
         check_type(ty)?;
-        if timeout_s == 0 {
-            return Err(JobsError::Invalid(
-                "an activity timeout must be at least 1 second".into(),
-            ));
+        if timeout_s == 0 || timeout_s > MAX_TIMEOUT_S {
+            return Err(JobsError::Invalid(format!(
+                "an activity timeout must be 1 to {MAX_TIMEOUT_S} seconds (ten years), not {timeout_s}"
+            )));
         }
         let data = Some(serde_json::to_vec(&serde_json::json!({"timeout_s": timeout_s})).unwrap());
         let tp = type_path(ty);
@@ -1234,7 +1237,7 @@ impl Jobs {
                 };
                 let now = self.now_ms();
                 if rec.lock.as_deref() != Some(lock)
-                    || now.saturating_sub(rec.updated_ms) <= timeout_s * 1000
+                    || now.saturating_sub(rec.updated_ms) <= timeout_s.saturating_mul(1000)
                 {
                     continue;
                 }

@@ -59,13 +59,20 @@ pub async fn request(
             .await
             .map_err(internal)?
             .map_err(internal)?;
-    let Some((_, _, bytes)) = versions.iter().find(|(v, _, _)| *v == b.version) else {
-        return Err(ApiError::new(
+    // Not recorded and not the submitter's own get the same answer: no existence oracle.
+    let not_found = || {
+        ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found",
             format!("no version {} of {:?} is recorded", b.version, b.ark),
-        ));
+        )
     };
+    let Some((_, _, bytes)) = versions.iter().find(|(v, _, _)| *v == b.version) else {
+        return Err(not_found());
+    };
+    if p.role != crate::Role::Admin && !submitted_by(&s, &p, &b.ark, b.version).await? {
+        return Err(not_found());
+    }
     let queue = match b.queue.as_deref() {
         Some(q) => AccessQueue::parse(q).ok_or_else(|| {
             ApiError::bad_request(format!("unknown access queue {q:?} (small or large)"))
@@ -74,8 +81,9 @@ pub async fn request(
         None => AccessQueue::Small,
     };
     let secret = uuid::Uuid::new_v4().simple().to_string();
+    // Only the secret's digest is kept in the tree.
     let token = json!({"ark": b.ark, "version": b.version, "requester": p.name,
-                       "secret": secret, "bytes": bytes});
+                       "secret_sha256": secret_digest(&secret), "bytes": bytes});
     let id = s.ingest.engine.create_access(queue, &token).await?;
     let t = format!("{}.{id}.{secret}", queue.name());
     Ok((
@@ -84,6 +92,39 @@ pub async fn request(
         Json(json!({"token": t, "id": id, "queue": queue.name()})),
     )
         .into_response())
+}
+
+/// Whether `p` submitted the batch that stored version `version` of `ark`.
+async fn submitted_by(
+    s: &AppState,
+    p: &Principal,
+    ark: &str,
+    version: u32,
+) -> Result<bool, ApiError> {
+    let (inv, a) = (s.ingest.inventory.clone(), ark.to_string());
+    let bid = tokio::task::spawn_blocking(move || inv.version_batch(&a, version))
+        .await
+        .map_err(internal)?
+        .map_err(internal)?;
+    let Some(bid) = bid.and_then(|b| lading_core::layout::BatchId::parse(&b).ok()) else {
+        return Ok(false);
+    };
+    match s.ingest.engine.batch(&bid).await {
+        Ok(info) => Ok(info.submission["submitter"].as_str() == Some(p.name.as_str())),
+        Err(EngineError::NoBatch(_)) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The hex SHA-256 of an access secret.
+fn secret_digest(secret: &str) -> String {
+    use sha2::Digest;
+    lading_ingest::fetch::hex(&sha2::Sha256::digest(secret.as_bytes()))
+}
+
+/// Equality whose time does not depend on where the inputs differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// The request a token names, if the token is right.
@@ -108,7 +149,16 @@ async fn lookup(
         Err(EngineError::NoAccess(_)) => return Err(unknown()),
         r => r?,
     };
-    if info.token["secret"].as_str() != Some(secret) {
+    // Compared in constant time; a request made before digests were kept has its secret.
+    let expected = match (
+        info.token["secret_sha256"].as_str(),
+        info.token["secret"].as_str(),
+    ) {
+        (Some(d), _) => d.to_string(),
+        (None, Some(plain)) => secret_digest(plain),
+        (None, None) => return Err(unknown()),
+    };
+    if !constant_time_eq(expected.as_bytes(), secret_digest(secret).as_bytes()) {
         return Err(unknown());
     }
     Ok((queue, id, info))

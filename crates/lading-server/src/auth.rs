@@ -42,6 +42,27 @@ impl Principal {
     }
 }
 
+/// An admin's request: as an extractor placed before the path and the body, it refuses any
+/// other token with 403 before anything of the request is parsed (so a submitter learns
+/// nothing of an admin route's input).
+pub struct Admin(pub Principal);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Admin {
+    type Rejection = ApiError;
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, ApiError> {
+        let p = parts
+            .extensions
+            .get::<Principal>()
+            .cloned()
+            .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "no token"))?;
+        p.require_admin()?;
+        Ok(Admin(p))
+    }
+}
+
 /// Paths anyone may read without a token.
 pub const PUBLIC: &[&str] = &[
     "/",
@@ -108,8 +129,11 @@ impl Auth {
     pub fn check(&self, header: Option<&str>) -> Result<Principal, ApiError> {
         let unauthorized = |m: &str| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", m);
         let h = header.ok_or_else(|| unauthorized("missing Authorization: Bearer TOKEN"))?;
+        // The scheme is case-insensitive (RFC 9110 §11.1).
         let token = h
-            .strip_prefix("Bearer ")
+            .split_once(' ')
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, t)| t)
             .ok_or_else(|| unauthorized("Authorization must be Bearer TOKEN"))?;
         self.by_digest
             .get(&digest(token.trim()))

@@ -17,7 +17,7 @@
 //! A submitter token sees only its own batches and their jobs; another's is "not found", so
 //! ids cannot be probed.
 
-use crate::{ApiError, AppState, Body, PathParams, Principal, Query, Role};
+use crate::{Admin, ApiError, AppState, Body, PathParams, Principal, Query, Role};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -78,6 +78,10 @@ impl From<SubmitError> for ApiError {
     fn from(e: SubmitError) -> ApiError {
         match e {
             SubmitError::Engine(e) => e.into(),
+            e @ SubmitError::Forbidden(_) => ApiError::forbidden(e.to_string()),
+            e @ SubmitError::Inventory(_) => {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+            }
             e => ApiError::bad_request(e.to_string()),
         }
     }
@@ -133,6 +137,8 @@ pub(crate) async fn submit(
         date: b.date,
         local_id: b.local_id,
         primary_id: b.primary_id,
+        // Whoever sends it, a URL that comes in over the API is held to the payload policy.
+        trust: lading_ingest::Trust::Depositor { upload: None },
     };
     let bid = lading_ingest::submit(&s.ingest, &sub).await?;
     Ok((
@@ -296,10 +302,9 @@ pub(crate) struct JobQuery {
 #[utoipa::path(get, path = "/api/v1/jobs", tag = "jobs", summary = "List jobs in a state", params(("state" = String, Query, description = "job state"), ("after" = Option<String>, Query, description = "cursor"), ("limit" = Option<usize>, Query, description = "page size")), responses((status = 200, description = "a page of jobs in acquisition order", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn list_jobs(
     State(s): State<AppState>,
-    Extension(p): Extension<Principal>,
+    Admin(_): Admin,
     Query(q): Query<JobQuery>,
 ) -> Result<Json<Value>> {
-    p.require_admin()?;
     let state = JobState::parse(&q.state)
         .ok_or_else(|| ApiError::bad_request(format!("unknown job state {:?}", q.state)))?;
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
@@ -341,11 +346,10 @@ async fn optional_body(req: axum::extract::Request) -> Result<ActionBody> {
 #[utoipa::path(post, path = "/api/v1/jobs/{id}/{action}", tag = "admin", summary = "Administer a job (requeue takes an optional target)", params(("id" = String, Path, description = "jid…"), ("action" = String, Path, description = "hold, release, requeue or delete")), request_body = ActionBody, responses((status = 200, description = "the new state", body = serde_json::Value), (status = 404, description = "no such job or action"), (status = 409, description = "illegal transition or locked"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn job_action(
     State(s): State<AppState>,
-    Extension(p): Extension<Principal>,
+    Admin(_): Admin,
     PathParams((id, action)): PathParams<(String, String)>,
     req: axum::extract::Request,
 ) -> Result<Json<Value>> {
-    p.require_admin()?;
     let jid = JobId::parse(&id).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let body = optional_body(req).await?;
     if body.to.is_some() && action != "requeue" {
@@ -384,10 +388,9 @@ pub(crate) async fn job_action(
 #[utoipa::path(post, path = "/api/v1/batches/{id}/{action}", tag = "admin", summary = "Administer a batch", params(("id" = String, Path, description = "bid…"), ("action" = String, Path, description = "hold, release, delete or update-reporting")), responses((status = 200, description = "the new state", body = serde_json::Value), (status = 404, description = "no such batch or action"), (status = 409, description = "illegal transition or locked"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn batch_action(
     State(s): State<AppState>,
-    Extension(p): Extension<Principal>,
+    Admin(_): Admin,
     PathParams((id, action)): PathParams<(String, String)>,
 ) -> Result<Json<Value>> {
-    p.require_admin()?;
     let bid = BatchId::parse(&id).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let e = &s.ingest.engine;
     let st = match action.as_str() {
@@ -409,10 +412,9 @@ pub(crate) async fn batch_action(
 #[utoipa::path(put, path = "/api/v1/collections/{name}/hold", tag = "admin", summary = "Hold a collection", params(("name" = String, Path, description = "collection mnemonic")), responses((status = 200, description = "held", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn hold_collection(
     State(s): State<AppState>,
-    Extension(p): Extension<Principal>,
+    Admin(_): Admin,
     PathParams(name): PathParams<String>,
 ) -> Result<Json<Value>> {
-    p.require_admin()?;
     let new = s.ingest.engine.hold_collection(&name).await?;
     Ok(Json(
         json!({"collection": name, "held": true, "changed": new}),
@@ -422,10 +424,9 @@ pub(crate) async fn hold_collection(
 #[utoipa::path(delete, path = "/api/v1/collections/{name}/hold", tag = "admin", summary = "Release a collection", params(("name" = String, Path, description = "collection mnemonic")), responses((status = 200, description = "released, with how many batches and jobs went back to Pending", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn release_collection(
     State(s): State<AppState>,
-    Extension(p): Extension<Principal>,
+    Admin(_): Admin,
     PathParams(name): PathParams<String>,
 ) -> Result<Json<Value>> {
-    p.require_admin()?;
     let n = s.ingest.engine.release_collection(&name).await?;
     Ok(Json(
         json!({"collection": name, "held": false, "released": n}),
@@ -447,10 +448,9 @@ fn check_queue(name: &str) -> Result<()> {
 #[utoipa::path(put, path = "/api/v1/queues/{name}/pause", tag = "admin", summary = "Pause a queue", params(("name" = String, Path, description = "ingest, accessSmall or accessLarge")), responses((status = 200, description = "paused", body = serde_json::Value), (status = 404, description = "no such queue"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn pause_queue(
     State(s): State<AppState>,
-    Extension(p): Extension<Principal>,
+    Admin(_): Admin,
     PathParams(name): PathParams<String>,
 ) -> Result<Json<Value>> {
-    p.require_admin()?;
     check_queue(&name)?;
     let changed = s.ingest.engine.pause_queue(&name).await?;
     Ok(Json(
@@ -461,10 +461,9 @@ pub(crate) async fn pause_queue(
 #[utoipa::path(delete, path = "/api/v1/queues/{name}/pause", tag = "admin", summary = "Resume a queue", params(("name" = String, Path, description = "ingest, accessSmall or accessLarge")), responses((status = 200, description = "resumed", body = serde_json::Value), (status = 404, description = "no such queue"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn resume_queue(
     State(s): State<AppState>,
-    Extension(p): Extension<Principal>,
+    Admin(_): Admin,
     PathParams(name): PathParams<String>,
 ) -> Result<Json<Value>> {
-    p.require_admin()?;
     check_queue(&name)?;
     let changed = s.ingest.engine.resume_queue(&name).await?;
     Ok(Json(
@@ -473,11 +472,7 @@ pub(crate) async fn resume_queue(
 }
 
 #[utoipa::path(get, path = "/api/v1/status", tag = "admin", summary = "Counts per state", responses((status = 200, description = "jobs and batches per state, paused queues", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
-pub(crate) async fn status(
-    State(s): State<AppState>,
-    Extension(p): Extension<Principal>,
-) -> Result<Json<Value>> {
-    p.require_admin()?;
+pub(crate) async fn status(State(s): State<AppState>, Admin(_): Admin) -> Result<Json<Value>> {
     let e = &s.ingest.engine;
     let jobs: serde_json::Map<String, Value> = e
         .job_counts()

@@ -10,7 +10,7 @@
 //! uncompressed (payloads are usually compressed already) with ZIP64 for files over 4 GiB.
 //! A job that has not stored anything yet gets 409 with the state it is in.
 
-use crate::{ApiError, AppState, PathParams, Principal, Query, Role};
+use crate::{Admin, ApiError, AppState, PathParams, Principal, Query, Role};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{StatusCode, header};
@@ -195,10 +195,9 @@ pub struct ObjectQuery {
 #[utoipa::path(get, path = "/api/v1/objects/download", tag = "results", summary = "Download any recorded object version", params(("ark" = String, Query, description = "the object's ARK"), ("version" = u32, Query, description = "version number")), responses((status = 200, description = "the version as a zip", content_type = "application/zip"), (status = 404, description = "no such recorded version"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub async fn object_download(
     State(s): State<AppState>,
-    Extension(p): Extension<Principal>,
+    Admin(_): Admin,
     Query(q): Query<ObjectQuery>,
 ) -> Result<Response, ApiError> {
-    p.require_admin()?;
     let db = s.ingest.cfg.inventory();
     let (ark, version) = (q.ark.clone(), q.version);
     let path = tokio::task::spawn_blocking(move || {

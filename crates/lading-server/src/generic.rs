@@ -23,12 +23,12 @@
 //! DELETE /api/v1/subscriptions/{subscription}
 //! ```
 
-use crate::{ApiError, AppState, Body, MAX_POLL_MS, PathParams, Principal, Query};
+use crate::{Admin, ApiError, AppState, Body, MAX_POLL_MS, PathParams, Query};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
-use axum::{Extension, Json, Router};
+use axum::{Json, Router};
 use lading_jobs::{AcceptOptions, Job, JobView, State as JobState};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -73,11 +73,7 @@ fn parse_state(s: &str) -> Result<JobState> {
 }
 
 #[utoipa::path(get, path = "/api/v1/types", tag = "generic jobs", summary = "Generic job types", responses((status = 200, description = "types with timeouts and counts", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
-pub(crate) async fn types(
-    State(s): State<AppState>,
-    Extension(p): Extension<Principal>,
-) -> Result<Response> {
-    p.require_admin()?;
+pub(crate) async fn types(State(s): State<AppState>, Admin(_): Admin) -> Result<Response> {
     let mut out = Vec::new();
     for (ty, timeout_s) in s.jobs.types().await.map_err(ApiError::from)? {
         out.push(type_json(&s, &ty, timeout_s).await?);
@@ -97,10 +93,9 @@ async fn type_json(s: &AppState, ty: &str, timeout_s: u64) -> Result<Value> {
 #[utoipa::path(get, path = "/api/v1/types/{type}", tag = "generic jobs", summary = "A type's timeout and counts", params(("type" = String, Path, description = "job type")), responses((status = 200, description = "the type", body = serde_json::Value), (status = 404, description = "no such type"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn get_type(
     State(s): State<AppState>,
-    Extension(p): Extension<Principal>,
+    Admin(_): Admin,
     PathParams(ty): PathParams<String>,
 ) -> Result<Json<Value>> {
-    p.require_admin()?;
     let timeout = s.jobs.get_type_timeout(&ty).await?;
     Ok(Json(type_json(&s, &ty, timeout).await?))
 }
@@ -114,11 +109,10 @@ pub(crate) struct TypeBody {
 #[utoipa::path(put, path = "/api/v1/types/{type}", tag = "generic jobs", summary = "Set a type's activity timeout (creates the type)", params(("type" = String, Path, description = "job type")), request_body = TypeBody, responses((status = 200, description = "the type", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn put_type(
     State(s): State<AppState>,
-    Extension(p): Extension<Principal>,
+    Admin(_): Admin,
     PathParams(ty): PathParams<String>,
     Body(b): Body<TypeBody>,
 ) -> Result<Json<Value>> {
-    p.require_admin()?;
     s.jobs.set_type_timeout(&ty, b.timeout_s).await?;
     Ok(Json(type_json(&s, &ty, b.timeout_s).await?))
 }
@@ -138,11 +132,10 @@ pub(crate) struct AddBody {
 #[utoipa::path(post, path = "/api/v1/types/{type}/jobs", tag = "generic jobs", summary = "Add (or re-add) a job", params(("type" = String, Path, description = "job type")), request_body = AddBody, responses((status = 201, description = "created", body = serde_json::Value), (status = 200, description = "updated, resubmitted or requeued", body = serde_json::Value), (status = 404, description = "no such type"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn add(
     State(s): State<AppState>,
-    Extension(p): Extension<Principal>,
+    Admin(_): Admin,
     PathParams(ty): PathParams<String>,
     Body(b): Body<AddBody>,
 ) -> Result<Response> {
-    p.require_admin()?;
     let added = s
         .jobs
         .add(
@@ -175,11 +168,10 @@ pub(crate) struct ListQuery {
 #[utoipa::path(get, path = "/api/v1/types/{type}/jobs", tag = "generic jobs", summary = "List a type's jobs", params(("type" = String, Path, description = "job type"), ("state" = Option<String>, Query, description = "pending, running or finished"), ("after" = Option<String>, Query, description = "cursor"), ("limit" = Option<usize>, Query, description = "page size")), responses((status = 200, description = "a page of jobs", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn list(
     State(s): State<AppState>,
-    Extension(p): Extension<Principal>,
+    Admin(_): Admin,
     PathParams(ty): PathParams<String>,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<Value>> {
-    p.require_admin()?;
     let state = q.state.as_deref().map(parse_state).transpose()?;
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let jobs = s.jobs.list(&ty, state, q.after.as_deref(), limit).await?;
@@ -192,20 +184,18 @@ pub(crate) async fn list(
 #[utoipa::path(get, path = "/api/v1/types/{type}/jobs/{id}", tag = "generic jobs", summary = "A job", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), responses((status = 200, description = "the job", body = serde_json::Value), (status = 404, description = "no such job")))]
 pub(crate) async fn show(
     State(s): State<AppState>,
-    Extension(p): Extension<Principal>,
+    Admin(_): Admin,
     PathParams((ty, id)): PathParams<(String, String)>,
 ) -> Result<Json<JobView>> {
-    p.require_admin()?;
     Ok(Json(s.jobs.get_job(&ty, &id).await?))
 }
 
 #[utoipa::path(delete, path = "/api/v1/types/{type}/jobs/{id}", tag = "generic jobs", summary = "Remove a job (its processor gets halt)", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), responses((status = 204, description = "removed"), (status = 404, description = "no such job")))]
 pub(crate) async fn remove(
     State(s): State<AppState>,
-    Extension(p): Extension<Principal>,
+    Admin(_): Admin,
     PathParams((ty, id)): PathParams<(String, String)>,
 ) -> Result<StatusCode> {
-    p.require_admin()?;
     s.jobs.remove(&ty, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -222,11 +212,10 @@ pub(crate) struct AcceptBody {
 #[utoipa::path(post, path = "/api/v1/types/{type}/accept", tag = "generic jobs", summary = "Accept the earliest due job (long-poll)", params(("type" = String, Path, description = "job type")), request_body = AcceptBody, responses((status = 200, description = "the job, with its lock", body = serde_json::Value), (status = 204, description = "none became due in time"), (status = 404, description = "no such type"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn accept(
     State(s): State<AppState>,
-    Extension(p): Extension<Principal>,
+    Admin(_): Admin,
     PathParams(ty): PathParams<String>,
     Body(b): Body<AcceptBody>,
 ) -> Result<Response> {
-    p.require_admin()?;
     let opts = accept_options(b.max_sched_time, b.timeout_ms, b.no_schedule)?;
     let jobs = s.jobs.clone();
     let ((), next) =
@@ -267,7 +256,14 @@ async fn for_client<T: Send + 'static>(
     let (tx, rx) = tokio::sync::oneshot::channel();
     let jobs = s.jobs.clone();
     tokio::spawn(async move {
-        let r = work.await;
+        let mut tx = tx;
+        // A client that leaves while its accept still waits takes nothing: the wait ends
+        // with it, before any job is claimed.
+        let r = tokio::select! {
+            biased;
+            _ = tx.closed() => return,
+            r = work => r,
+        };
         if let Err(Ok((_, Some(mut job)))) = tx.send(r) {
             let back = async {
                 jobs.resubmit(&mut job, None).await?;
@@ -304,11 +300,10 @@ pub(crate) struct FinishAcceptBody {
 #[utoipa::path(post, path = "/api/v1/types/{type}/jobs/{id}/finish-and-accept", tag = "generic jobs", summary = "Finish a job and accept the next (one round trip)", description = "Finishes the job as `finish` does and accepts the next due job of the type as `accept` does (long-poll). Under a backlog the finish and the claim are one store transaction. `next` is null when none came in time.", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), request_body = FinishAcceptBody, responses((status = 200, description = "{\"finished\": the job, \"next\": the next job with its lock, or null}", body = serde_json::Value), (status = 409, description = "halt: nothing was written and no job was taken"), (status = 400, description = "bad input (the error names it)")))]
 pub(crate) async fn finish_and_accept(
     State(s): State<AppState>,
-    Extension(p): Extension<Principal>,
+    Admin(_): Admin,
     PathParams((ty, id)): PathParams<(String, String)>,
     Body(b): Body<FinishAcceptBody>,
 ) -> Result<Json<Value>> {
-    p.require_admin()?;
     let opts = accept_options(b.max_sched_time, b.timeout_ms, b.no_schedule)?;
     let mut job = s.jobs.held(&ty, &id, &b.lock).await?;
     let jobs = s.jobs.clone();
@@ -374,43 +369,39 @@ async fn held(
 #[utoipa::path(post, path = "/api/v1/types/{type}/jobs/{id}/update", tag = "generic jobs", summary = "Heartbeat, with new data", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), request_body = HeldBody, responses((status = 200, description = "the job", body = serde_json::Value), (status = 409, description = "halt: stop running the job")))]
 pub(crate) async fn update(
     State(s): State<AppState>,
-    Extension(p): Extension<Principal>,
+    Admin(_): Admin,
     PathParams((ty, id)): PathParams<(String, String)>,
     Body(b): Body<HeldBody>,
 ) -> Result<Json<JobView>> {
-    p.require_admin()?;
     held(s, ty, id, b, HeldOp::Update).await
 }
 
 #[utoipa::path(post, path = "/api/v1/types/{type}/jobs/{id}/finish", tag = "generic jobs", summary = "Finish a job", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), request_body = HeldBody, responses((status = 200, description = "the job", body = serde_json::Value), (status = 409, description = "halt: nothing was written")))]
 pub(crate) async fn finish(
     State(s): State<AppState>,
-    Extension(p): Extension<Principal>,
+    Admin(_): Admin,
     PathParams((ty, id)): PathParams<(String, String)>,
     Body(b): Body<HeldBody>,
 ) -> Result<Json<JobView>> {
-    p.require_admin()?;
     held(s, ty, id, b, HeldOp::Finish).await
 }
 
 #[utoipa::path(post, path = "/api/v1/types/{type}/jobs/{id}/resubmit", tag = "generic jobs", summary = "Ask for another run when this one finishes", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), request_body = HeldBody, responses((status = 200, description = "the job", body = serde_json::Value), (status = 409, description = "halt")))]
 pub(crate) async fn resubmit(
     State(s): State<AppState>,
-    Extension(p): Extension<Principal>,
+    Admin(_): Admin,
     PathParams((ty, id)): PathParams<(String, String)>,
     Body(b): Body<HeldBody>,
 ) -> Result<Json<JobView>> {
-    p.require_admin()?;
     held(s, ty, id, b, HeldOp::Resubmit).await
 }
 
 #[utoipa::path(post, path = "/api/v1/types/{type}/jobs/{id}/subscribe", tag = "generic jobs", summary = "Subscribe to a job's state changes", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), responses((status = 200, description = "the subscription and the current state", body = serde_json::Value), (status = 404, description = "no such job"), (status = 429, description = "this server holds its most subscriptions (100,000); end some first")))]
 pub(crate) async fn subscribe(
     State(s): State<AppState>,
-    Extension(p): Extension<Principal>,
+    Admin(_): Admin,
     PathParams((ty, id)): PathParams<(String, String)>,
 ) -> Result<Json<Value>> {
-    p.require_admin()?;
     let (sid, state) = s.jobs.subscribe(&ty, &id).await?;
     Ok(Json(json!({"subscription": sid, "state": state})))
 }
@@ -426,10 +417,9 @@ pub(crate) struct WaitBody {
 #[utoipa::path(post, path = "/api/v1/subscriptions/wait", tag = "generic jobs", summary = "Wait for the next change (long-poll)", request_body = WaitBody, responses((status = 200, description = "the change", body = serde_json::Value), (status = 204, description = "no change in time"), (status = 404, description = "no such subscription"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn wait(
     State(s): State<AppState>,
-    Extension(p): Extension<Principal>,
+    Admin(_): Admin,
     Body(b): Body<WaitBody>,
 ) -> Result<Response> {
-    p.require_admin()?;
     let state = b.state.as_deref().map(parse_state).transpose()?;
     let timeout = poll_timeout(b.timeout_ms)?;
     let r = s
@@ -444,10 +434,9 @@ pub(crate) async fn wait(
 #[utoipa::path(delete, path = "/api/v1/subscriptions/{subscription}", tag = "generic jobs", summary = "End a subscription", params(("subscription" = u64, Path, description = "subscription id")), responses((status = 204, description = "ended"), (status = 404, description = "no such subscription")))]
 pub(crate) async fn unsubscribe(
     State(s): State<AppState>,
-    Extension(p): Extension<Principal>,
+    Admin(_): Admin,
     PathParams(sid): PathParams<u64>,
 ) -> Result<StatusCode> {
-    p.require_admin()?;
     if s.jobs.unsubscribe(sid) {
         Ok(StatusCode::NO_CONTENT)
     } else {

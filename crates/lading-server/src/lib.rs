@@ -8,6 +8,7 @@
 pub mod access;
 pub mod auth;
 mod batches;
+pub mod conn;
 pub mod download;
 pub mod events;
 mod generic;
@@ -15,7 +16,7 @@ mod metrics;
 pub mod openapi;
 pub mod upload;
 
-pub use auth::{Auth, Principal, Role};
+pub use auth::{Admin, Auth, Principal, Role};
 
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::StatusCode;
@@ -83,9 +84,47 @@ pub fn router(state: AppState) -> Router {
         .merge(generic::routes())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
+            request_timeout,
+        ))
+        .layer(axum::extract::DefaultBodyLimit::max(
+            state.ingest.cfg.http.max_body_bytes,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
             auth::require_token,
         ))
         .with_state(state)
+}
+
+/// Requests that may take long by design: long-polls and uploads.
+fn is_long(path: &str) -> bool {
+    path == "/api/v1/batches/upload"
+        || path == "/api/v1/subscriptions/wait"
+        || path == "/api/v1/events"
+        || path.ends_with("/accept")
+        || path.ends_with("/finish-and-accept")
+}
+
+/// Middleware: an ordinary request (reading its body included) gets `request_timeout_s`,
+/// then 408. A streamed response is not cut: its handler has returned by then.
+async fn request_timeout(
+    axum::extract::State(s): axum::extract::State<AppState>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if is_long(req.uri().path()) {
+        return next.run(req).await;
+    }
+    let secs = s.ingest.cfg.http.request_timeout_s.max(1);
+    match tokio::time::timeout(std::time::Duration::from_secs(secs), next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "timeout",
+            format!("the request took longer than {secs} s (http.request_timeout_s)"),
+        )
+        .into_response(),
+    }
 }
 
 /// The admin page: static HTML and script; it asks for a token and talks to the API.
@@ -226,15 +265,14 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for PathPar
     }
 }
 
-/// Serves `router` on `listener` until `shutdown` completes.
+/// Serves `router` on `listener` under `limits` until `shutdown` completes (see [`conn`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    limits: conn::Limits,
 ) -> std::io::Result<()> {
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    conn::serve(listener, app, shutdown, limits).await
 }
 
 #[cfg(test)]

@@ -60,18 +60,29 @@ pub async fn metrics(State(s): State<AppState>) -> Result<Response, ApiError> {
         &mut out,
         "lading_generic_jobs",
         "gauge",
-        "Generic jobs per type and state, in the whole store.",
+        "Generic jobs per state (and per type when http.metrics_type_names is set: type \
+         names are chosen by tenants, and this page needs no token), in the whole store.",
     );
+    let by_type = s.ingest.cfg.http.metrics_type_names;
+    let mut totals = std::collections::BTreeMap::new();
     for (ty, _) in s.jobs.types().await? {
         let mut counts: Vec<_> = s.jobs.counts(&ty).await?.into_iter().collect();
         counts.sort_by_key(|(st, _)| st.name());
         for (st, n) in counts {
-            let _ = writeln!(
-                out,
-                "lading_generic_jobs{{type=\"{}\",state=\"{}\"}} {n}",
-                label(&ty),
-                st.name()
-            );
+            *totals.entry(st.name()).or_insert(0u64) += n as u64;
+            if by_type {
+                let _ = writeln!(
+                    out,
+                    "lading_generic_jobs{{type=\"{}\",state=\"{}\"}} {n}",
+                    label(&ty),
+                    st.name()
+                );
+            }
+        }
+    }
+    if !by_type {
+        for (st, n) in totals {
+            let _ = writeln!(out, "lading_generic_jobs{{state=\"{st}\"}} {n}");
         }
     }
 

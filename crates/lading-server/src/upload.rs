@@ -8,7 +8,7 @@
 //! 4xx naming it, and leaves neither a file nor a batch behind.
 
 use crate::{ApiError, AppState, Principal, Query, Role};
-use axum::extract::{Multipart, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -35,8 +35,13 @@ pub struct UploadQuery {
 /// A file name safe to create in the upload folder, or why not.
 pub fn check_name(name: &str) -> Result<&str, ApiError> {
     let bad = |why: &str| ApiError::bad_request(format!("upload name {name:?} {why}"));
-    if name.is_empty() || name.len() > 255 {
-        return Err(bad("must be 1 to 255 bytes"));
+    let max = lading_ingest::stages::MAX_SEGMENT_BYTES;
+    if name.is_empty() || name.len() > max {
+        return Err(bad(&format!("must be 1 to {max} bytes")));
+    }
+    // The name ends a file:// URL: these would cut it short or be decoded.
+    if name.contains(['?', '#', '%']) {
+        return Err(bad("must not contain '?', '#' or '%'"));
     }
     if name.contains('/') || name.contains('\\') {
         return Err(bad("must not contain a path (/ or \\)"));
@@ -50,17 +55,128 @@ pub fn check_name(name: &str) -> Result<&str, ApiError> {
     Ok(name)
 }
 
-/// A multipart body; a request that is not one gets a JSON error naming the problem.
-pub struct Form(pub Multipart);
+/// A multipart body; a request that is not one gets a JSON error naming the problem. Each
+/// part's header block is held to `http.max_part_header_bytes` while it streams in
+/// ([`PartHeaders`]), before the multipart parser would buffer it.
+pub struct Form(pub multer::Multipart<'static>);
 
-impl<S: Send + Sync> axum::extract::FromRequest<S> for Form {
+impl axum::extract::FromRequest<AppState> for Form {
     type Rejection = ApiError;
-    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, ApiError> {
-        Multipart::from_request(req, state)
-            .await
-            .map(Form)
-            .map_err(|r| ApiError::new(r.status(), "invalid", format!("upload: {}", r.body_text())))
+    async fn from_request(req: axum::extract::Request, s: &AppState) -> Result<Self, ApiError> {
+        use futures_util::StreamExt;
+        let ct = req
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let boundary = multer::parse_boundary(ct).map_err(|e| {
+            ApiError::bad_request(format!("upload: not a multipart/form-data body ({e})"))
+        })?;
+        let mut guard = PartHeaders::new(&boundary, s.ingest.cfg.http.max_part_header_bytes);
+        let stream = req.into_body().into_data_stream().map(move |c| match c {
+            Ok(c) => guard.scan(&c).map(|()| c),
+            Err(e) => Err(std::io::Error::other(e)),
+        });
+        Ok(Form(multer::Multipart::new(stream, boundary)))
     }
+}
+
+/// Watches a multipart stream for part headers longer than a limit: after each delimiter
+/// (`--BOUNDARY`) the bytes up to the blank line are counted across chunks.
+pub struct PartHeaders {
+    delim: Vec<u8>,
+    max: usize,
+    /// The end of the previous chunk, where a delimiter or blank line may have begun.
+    tail: Vec<u8>,
+    /// Stream offset of `tail`'s first byte.
+    offset: u64,
+    /// Where the current part's headers began, while they are being read.
+    headers_at: Option<u64>,
+}
+
+impl PartHeaders {
+    pub fn new(boundary: &str, max: usize) -> PartHeaders {
+        PartHeaders {
+            delim: format!("--{boundary}").into_bytes(),
+            max,
+            tail: Vec::new(),
+            offset: 0,
+            headers_at: None,
+        }
+    }
+
+    pub fn scan(&mut self, chunk: &[u8]) -> std::io::Result<()> {
+        let mut buf = std::mem::take(&mut self.tail);
+        buf.extend_from_slice(chunk);
+        let mut pos = 0;
+        loop {
+            match self.headers_at {
+                None => match memchr::memmem::find(&buf[pos..], &self.delim) {
+                    Some(i) => {
+                        pos += i + self.delim.len();
+                        self.headers_at = Some(self.offset + pos as u64);
+                    }
+                    None => break,
+                },
+                Some(at) => {
+                    let found = memchr::memmem::find(&buf[pos..], b"\r\n\r\n");
+                    let end = found.map_or(buf.len(), |i| pos + i);
+                    if self.offset + end as u64 - at > self.max as u64 {
+                        return Err(std::io::Error::other(format!(
+                            "a part's headers are longer than {} bytes (http.max_part_header_bytes)",
+                            self.max
+                        )));
+                    }
+                    match found {
+                        Some(i) => {
+                            pos += i + 4;
+                            self.headers_at = None;
+                        }
+                        None => break,
+                    }
+                }
+            }
+        }
+        let keep = self.delim.len().max(4) - 1;
+        let from = pos.max(buf.len().saturating_sub(keep));
+        self.offset += from as u64;
+        self.tail = buf[from..].to_vec();
+        Ok(())
+    }
+}
+
+/// A multipart error as the API reports it.
+fn bad_body(e: multer::Error) -> ApiError {
+    let msg = format!("upload body: {e}");
+    let source = std::error::Error::source(&e)
+        .map(|s| s.to_string())
+        .unwrap_or_default();
+    if source.contains("max_part_header_bytes") {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!("upload body: {source}"),
+        )
+    } else {
+        ApiError::bad_request(msg)
+    }
+}
+
+/// `fut`, or 408 when the client sends nothing for `stall`.
+async fn unless_stalled<T>(
+    stall: std::time::Duration,
+    fut: impl std::future::Future<Output = T>,
+) -> Result<T, ApiError> {
+    tokio::time::timeout(stall, fut).await.map_err(|_| {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "timeout",
+            format!(
+                "the upload sent nothing for {} s (http.upload_stall_s)",
+                stall.as_secs()
+            ),
+        )
+    })
 }
 
 /// Removes a refused upload's folder.
@@ -74,16 +190,17 @@ impl Drop for Scrap {
     }
 }
 
-async fn save(dir: &Path, multipart: &mut Multipart, max: u64) -> Result<(PathBuf, u64), ApiError> {
-    let bad_body = |e: axum::extract::multipart::MultipartError| {
-        ApiError::new(
-            e.status(),
-            "invalid",
-            format!("upload body: {}", e.body_text()),
-        )
-    };
+async fn save(
+    dir: &Path,
+    multipart: &mut multer::Multipart<'static>,
+    max: u64,
+    stall: std::time::Duration,
+) -> Result<(PathBuf, u64), ApiError> {
     let mut saved = None;
-    while let Some(mut field) = multipart.next_field().await.map_err(bad_body)? {
+    while let Some(mut field) = unless_stalled(stall, multipart.next_field())
+        .await?
+        .map_err(bad_body)?
+    {
         if field.name() != Some("file") {
             return Err(ApiError::bad_request(format!(
                 "unexpected form field {:?}; send one part named \"file\"",
@@ -99,7 +216,10 @@ async fn save(dir: &Path, multipart: &mut Multipart, max: u64) -> Result<(PathBu
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
         })?;
         let mut n: u64 = 0;
-        while let Some(chunk) = field.chunk().await.map_err(bad_body)? {
+        while let Some(chunk) = unless_stalled(stall, field.chunk())
+            .await?
+            .map_err(bad_body)?
+        {
             n += chunk.len() as u64;
             if n > max {
                 return Err(ApiError::new(
@@ -152,17 +272,23 @@ pub async fn upload(
         .await
         .map_err(|e| ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "storage", e.to_string()))?;
     let mut scrap = Scrap(Some(dir.clone()));
-    let (path, size) = save(&dir, &mut multipart, s.ingest.cfg.max_upload_bytes).await?;
+    let stall = std::time::Duration::from_secs(s.ingest.cfg.http.upload_stall_s.max(1));
+    let (path, size) = save(&dir, &mut multipart, s.ingest.cfg.max_upload_bytes, stall).await?;
+    let payload_url = format!("file://{}", path.display());
     let sub = Submission {
         profile: q.profile,
         submitter,
-        payload_url: format!("file://{}", path.display()),
+        payload_url: payload_url.clone(),
         payload_type,
         title: q.title,
         creator: q.creator,
         date: q.date,
         local_id: q.local_id,
         primary_id: q.primary_id,
+        // The upload itself is the server's own file; URLs inside it are the depositor's.
+        trust: lading_ingest::Trust::Depositor {
+            upload: Some(payload_url),
+        },
     };
     let bid = lading_ingest::submit(&s.ingest, &sub).await?;
     scrap.0 = None;

@@ -184,11 +184,11 @@ async fn submitters_see_only_their_batches_and_bad_submissions_change_nothing() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
-    let s = start().await;
-    let payload = s.dir.path().join("payload");
-    std::fs::create_dir_all(&payload).unwrap();
+    let pdir = tempfile::tempdir().unwrap();
+    let payload = pdir.path().to_path_buf();
     std::fs::write(payload.join("hello.txt"), b"hello, lading\n").unwrap();
     let files = PayloadServer::start(&payload).await.unwrap();
+    let s = start_allowing(&[&format!("http://{}/", files.addr)]).await;
     let (shutdown_handle, shutdown) = lading_worker::Shutdown::new();
     let ingest = s.ingest.clone();
     let workers = tokio::spawn(async move {

@@ -26,7 +26,14 @@ pub struct Server {
     pub dir: tempfile::TempDir,
 }
 
+/// A server whose depositors may name the unused loopback port 9 (submissions that are
+/// never fetched).
 pub async fn start() -> Server {
+    start_allowing(&["http://127.0.0.1:9/"]).await
+}
+
+/// A server whose depositors may name the URL prefixes `allow` besides public addresses.
+pub async fn start_allowing(allow: &[&str]) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let tree =
         Arc::new(SqliteTree::open(dir.path().join("lading.db"), SqliteOptions::default()).unwrap());
@@ -39,6 +46,10 @@ pub async fn start() -> Server {
         unestimated_min_free_bytes: 0,
         provisioning_round_ms: 200,
         max_upload_bytes: 1 << 20,
+        payload: lading_ingest::PayloadSettings {
+            allow: allow.iter().map(|a| a.to_string()).collect(),
+            ..Default::default()
+        },
         ..Config::default()
     };
     std::fs::create_dir_all(cfg.profiles_dir()).unwrap();
@@ -83,6 +94,7 @@ pub async fn start() -> Server {
         async move {
             let _ = stop.wait_for(|s| *s).await;
         },
+        lading_server::conn::Limits::default(),
     ));
     Server {
         base,

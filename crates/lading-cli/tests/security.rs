@@ -1,0 +1,1064 @@
+//! The trust boundary, tried as a hostile submitter would: a real `lading serve` process on
+//! loopback with real tokens, real payload servers (one allowed, one "internal" that must
+//! never be reached), bombs and oversized inputs built here, and raw sockets for the
+//! connection floods. Every refusal is checked to name its rule and to leave the stored state
+//! as it was. See docs/SECURITY.md.
+
+use lading_ingest::payload_server::PayloadServer;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+const ADMIN: &str = "root-token-0123456789abcdef";
+const ALICE: &str = "alice-token-0123456789abcdef";
+const BOB: &str = "bob-token-0123456789abcdef";
+
+/// A `lading serve` process with its own folder, config and store.
+struct Serve {
+    child: Child,
+    base: String,
+    dir: tempfile::TempDir,
+    stderr: Arc<std::sync::Mutex<String>>,
+    http: reqwest::Client,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `lading serve` with `extra` tables in the config (TOML), `payload` more keys of
+/// `[payload]`, and depositors allowed to reach `allow` (URL prefixes).
+fn serve_with(allow: &[String], payload: &str, extra: &str) -> Serve {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("profiles")).unwrap();
+    std::fs::write(data.join("profiles/alpha.toml"), "collection = \"alpha\"\n").unwrap();
+    std::fs::write(data.join("profiles/beta.toml"), "collection = \"beta\"\n").unwrap();
+    let allow: Vec<String> = allow.iter().map(|a| format!("{a:?}")).collect();
+    let cfg = format!(
+        "data_dir = {data:?}\nlisten = \"127.0.0.1:0\"\nreserve_bytes = 0\n\
+         unestimated_min_free_bytes = 0\nprovisioning_round_ms = 200\n{extra}\n\
+         [payload]\nallow = [{}]\n{}\n\
+         [[tokens]]\nname = \"root\"\ntoken = \"{ADMIN}\"\nrole = \"admin\"\n\
+         [[tokens]]\nname = \"alice\"\ntoken = \"{ALICE}\"\nrole = \"submitter\"\n\
+         [[tokens]]\nname = \"bob\"\ntoken = \"{BOB}\"\nrole = \"submitter\"\n",
+        allow.join(", "),
+        payload,
+    );
+    let cfg_path = dir.path().join("lading.toml");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lading"))
+        .arg("--store")
+        .arg(format!("sqlite:{}", dir.path().join("lading.db").display()))
+        .arg("--config")
+        .arg(&cfg_path)
+        .arg("serve")
+        .env_remove("LADING_STORE")
+        .env("LADING_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run lading serve");
+    let stderr = Arc::new(std::sync::Mutex::new(String::new()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    {
+        let err = child.stderr.take().unwrap();
+        let seen = stderr.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("API on http://").nth(1) {
+                    let _ = tx.send(rest.trim_end_matches("/api/v1").to_string());
+                }
+                let mut s = seen.lock().unwrap();
+                s.push_str(&line);
+                s.push('\n');
+            }
+        });
+    }
+    let addr = rx
+        .recv_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("lading serve did not start: {}", stderr.lock().unwrap()));
+    Serve {
+        child,
+        base: format!("http://{addr}"),
+        dir,
+        stderr,
+        http: reqwest::Client::new(),
+    }
+}
+
+fn serve(allow: &[String], extra: &str) -> Serve {
+    serve_with(allow, "", extra)
+}
+
+impl Serve {
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    async fn call(
+        &self,
+        token: &str,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let mut r = self
+            .http
+            .request(method.parse().unwrap(), format!("{}{path}", self.base))
+            .bearer_auth(token);
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        let resp = r.send().await.unwrap();
+        let st = resp.status();
+        let text = resp.text().await.unwrap();
+        (
+            st,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn upload(
+        &self,
+        token: &str,
+        query: &str,
+        name: &str,
+        content: &[u8],
+    ) -> (StatusCode, Value) {
+        let boundary = "sec-test-boundary-5b1e";
+        let mut body = format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\n\r\n"
+        )
+        .into_bytes();
+        body.extend_from_slice(content);
+        body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+        self.post_raw(
+            token,
+            &format!("/api/v1/batches/upload?{query}"),
+            boundary,
+            body,
+        )
+        .await
+    }
+
+    async fn post_raw(
+        &self,
+        token: &str,
+        path: &str,
+        boundary: &str,
+        body: Vec<u8>,
+    ) -> (StatusCode, Value) {
+        let resp = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(token)
+            .header(
+                "content-type",
+                format!("multipart/form-data; boundary={boundary}"),
+            )
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let st = resp.status();
+        let text = resp.text().await.unwrap();
+        (
+            st,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    /// Every batch id in the store.
+    async fn batches(&self) -> Vec<String> {
+        let (st, v) = self
+            .call(ADMIN, "GET", "/api/v1/batches?limit=1000", None)
+            .await;
+        assert_eq!(st, StatusCode::OK, "{v}");
+        v["batches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["id"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    /// Waits for batch `bid` to end (Completed or Failed); returns it.
+    async fn finished(&self, bid: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let (st, v) = self
+                .call(ADMIN, "GET", &format!("/api/v1/batches/{bid}"), None)
+                .await;
+            assert_eq!(st, StatusCode::OK, "{v}");
+            let s = v["status"]["status"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            if s == "Completed" || s == "Failed" {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "batch {bid} did not finish: {v}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The jobs of a finished batch, read as the admin.
+    async fn jobs_of(&self, batch: &Value) -> Vec<Value> {
+        let mut out = Vec::new();
+        for ids in batch["jobs"].as_object().unwrap().values() {
+            for id in ids.as_array().unwrap() {
+                let (_, j) = self
+                    .call(
+                        ADMIN,
+                        "GET",
+                        &format!("/api/v1/jobs/{}", id.as_str().unwrap()),
+                        None,
+                    )
+                    .await;
+                out.push(j);
+            }
+        }
+        out
+    }
+
+    /// The one job of a finished batch, with the batch's failure message when there is none.
+    async fn only_job(&self, batch: &Value) -> Value {
+        let jobs = self.jobs_of(batch).await;
+        assert_eq!(jobs.len(), 1, "{batch}");
+        jobs.into_iter().next().unwrap()
+    }
+
+    /// Files under the storage root.
+    fn stored_files(&self) -> Vec<PathBuf> {
+        walk(&self.data().join("storage"))
+    }
+
+    /// Asserts `/api/v1/health` answers within 100 ms.
+    async fn healthy(&self) {
+        let t = Instant::now();
+        let r = reqwest::Client::new()
+            .get(format!("{}/api/v1/health", self.base))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await;
+        let took = t.elapsed();
+        assert!(
+            r.is_ok_and(|r| r.status().is_success()),
+            "health did not answer"
+        );
+        assert!(took < Duration::from_millis(100), "health took {took:?}");
+    }
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            if e.file_type().unwrap().is_dir() {
+                todo.push(e.path());
+            } else {
+                out.push(e.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A loopback "internal service" that counts every connection made to it: no depositor's
+/// URL may ever reach it.
+struct Internal {
+    addr: std::net::SocketAddr,
+    hits: Arc<AtomicUsize>,
+}
+
+fn internal_service() -> Internal {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let h = hits.clone();
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            h.fetch_add(1, Ordering::SeqCst);
+            let mut s = s;
+            let _ = s.write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\nConnection: close\r\n\r\nsecret",
+            );
+        }
+    });
+    Internal { addr, hits }
+}
+
+/// A server answering every request with `head` and then `body` forever, `chunk` bytes
+/// every `every`.
+fn endless_server(head: &'static str, chunk: usize, every: Duration) -> std::net::SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut s = s;
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf);
+                if s.write_all(head.as_bytes()).is_err() {
+                    return;
+                }
+                let block = vec![b'0'; chunk];
+                loop {
+                    if s.write_all(&block).is_err() {
+                        return;
+                    }
+                    if !every.is_zero() {
+                        std::thread::sleep(every);
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+fn manifest(kind: &str, fields: &str, rows: &[String]) -> String {
+    let mut s = format!(
+        "#%checkm_0.7\n#%profile | http://uc3.cdlib.org/registry/ingest/manifest/{kind}\n\
+         #%prefix | mrt: | http://merritt.cdlib.org/terms#\n\
+         #%prefix | nfo: | http://www.semanticdesktop.org/ontologies/2007/03/22/nfo#\n\
+         #%fields | {fields}\n"
+    );
+    for r in rows {
+        s.push_str(r);
+        s.push('\n');
+    }
+    s.push_str("#%eof\n");
+    s
+}
+
+fn message(v: &Value) -> String {
+    v["status"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_urls_and_internal_addresses_are_refused_and_nothing_reaches_them() {
+    let internal = internal_service();
+    let s = serve(&[], "");
+    let secret = format!("http://{}/admin", internal.addr);
+    for url in [
+        "file:///proc/self/cmdline".to_string(),
+        "FILE:///etc/passwd".to_string(),
+        format!("file://{}/lading.toml", s.dir.path().display()),
+        "file://lading.toml/x".to_string(),
+        secret.clone(),
+        format!("http://localhost:{}/admin", internal.addr.port()),
+        format!("http://[::1]:{}/admin", internal.addr.port()),
+        format!("http://0x7f000001:{}/admin", internal.addr.port()),
+        "http://169.254.169.254/latest/meta-data/".to_string(),
+        "gopher://example.org/x".to_string(),
+    ] {
+        for token in [BOB, ADMIN] {
+            let (st, v) = s
+                .call(
+                    token,
+                    "POST",
+                    "/api/v1/batches",
+                    Some(json!({"payload_url": url, "profile": "alpha"})),
+                )
+                .await;
+            assert_eq!(st, StatusCode::BAD_REQUEST, "{url}: {v}");
+            let e = v["error"].as_str().unwrap();
+            assert!(
+                e.contains("payload policy") || e.contains("not an http, https or file URL"),
+                "{url}: {e}"
+            );
+            assert!(
+                !e.contains("No such file"),
+                "a refusal tells nothing of the file: {e}"
+            );
+        }
+    }
+    // A missing file and an existing one outside the roots read the same.
+    let (_, a) = s
+        .call(
+            BOB,
+            "POST",
+            "/api/v1/batches",
+            Some(json!({"payload_url": "file:///etc/passwd", "profile": "alpha"})),
+        )
+        .await;
+    let (_, b) = s
+        .call(
+            BOB,
+            "POST",
+            "/api/v1/batches",
+            Some(json!({"payload_url": "file:///etc/nonexistent-9f2", "profile": "alpha"})),
+        )
+        .await;
+    assert_eq!(
+        a["error"].as_str().unwrap().replace("passwd", "X"),
+        b["error"].as_str().unwrap().replace("nonexistent-9f2", "X")
+    );
+    assert!(s.batches().await.is_empty(), "no batch was stored");
+
+    // Inside an uploaded manifest, the rows are the depositor's too: the batch fails at
+    // intake naming the rule, no job is made, nothing is fetched.
+    let rows = vec![
+        "file:///etc/passwd | | | | | passwd".to_string(),
+        format!("{secret} | | | | | secret.txt"),
+    ];
+    for row in rows {
+        let m = manifest(
+            "mrt-single-file-batch-manifest",
+            "nfo:fileUrl | nfo:hashAlgorithm | nfo:hashValue | nfo:fileSize | nfo:fileLastModified | nfo:fileName",
+            &[row.clone()],
+        );
+        let (st, v) = s
+            .upload(
+                BOB,
+                "profile=alpha&type=single-file-batch-manifest",
+                "m.checkm",
+                m.as_bytes(),
+            )
+            .await;
+        assert_eq!(st, StatusCode::CREATED, "{v}");
+        let b = s.finished(v["id"].as_str().unwrap()).await;
+        assert_eq!(b["status"]["status"], "Failed", "{b}");
+        assert!(message(&b).contains("payload policy"), "{row}: {b}");
+        assert!(s.jobs_of(&b).await.is_empty(), "no job was made: {b}");
+    }
+    assert_eq!(
+        internal.hits.load(Ordering::SeqCst),
+        0,
+        "the internal service was reached"
+    );
+    assert!(s.stored_files().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_to_an_internal_address_is_refused() {
+    let internal = internal_service();
+    // An allowed server that redirects to the internal one.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let redirector = l.local_addr().unwrap();
+    let target = format!("http://{}/admin", internal.addr);
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            let mut s = s;
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(
+                format!("HTTP/1.1 302 Found\r\nLocation: {target}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                    .as_bytes(),
+            );
+        }
+    });
+    let s = serve(
+        &[format!("http://{redirector}/")],
+        "[stages.downloading]\nmax_attempts = 1\n",
+    );
+    let (st, v) = s
+        .call(
+            BOB,
+            "POST",
+            "/api/v1/batches",
+            Some(json!({"payload_url": format!("http://{redirector}/f.txt"), "profile": "alpha"})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    let b = s.finished(v["id"].as_str().unwrap()).await;
+    let job = s.only_job(&b).await;
+    assert_eq!(job["status"]["status"], "Failed", "{job}");
+    assert!(message(&job).contains("redirect"), "{job}");
+    assert!(message(&job).contains("payload policy"), "{job}");
+    assert_eq!(internal.hits.load(Ordering::SeqCst), 0);
+    assert!(s.stored_files().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenant_can_neither_read_nor_extend_anothers_object() {
+    let pdir = tempfile::tempdir().unwrap();
+    std::fs::write(pdir.path().join("a.txt"), b"alice's words\n").unwrap();
+    std::fs::write(pdir.path().join("b.txt"), b"bob's words\n").unwrap();
+    let files = PayloadServer::start(pdir.path()).await.unwrap();
+    let s = serve(&[format!("http://{}/", files.addr)], "");
+    let (st, v) = s
+        .call(
+            ALICE,
+            "POST",
+            "/api/v1/batches",
+            Some(json!({"payload_url": files.url("a.txt"), "profile": "alpha"})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    let b = s.finished(v["id"].as_str().unwrap()).await;
+    assert_eq!(b["status"]["status"], "Completed", "{b}");
+    let job = s.only_job(&b).await;
+    let ark = job["identifiers"]["primary_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let stored_before = s.stored_files();
+
+    // Read: Bob's request for Alice's object is the same 404 as for a made-up one.
+    let (st, mine) = s
+        .call(
+            BOB,
+            "POST",
+            "/api/v1/access",
+            Some(json!({"ark": ark, "version": 1})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "{mine}");
+    let (st2, none) = s
+        .call(
+            BOB,
+            "POST",
+            "/api/v1/access",
+            Some(json!({"ark": "ark:/99999/fk4nothing", "version": 1})),
+        )
+        .await;
+    assert_eq!(st2, StatusCode::NOT_FOUND);
+    assert_eq!(
+        mine["error"].as_str().unwrap().replace(&ark, "ARK"),
+        none["error"]
+            .as_str()
+            .unwrap()
+            .replace("ark:/99999/fk4nothing", "ARK")
+    );
+    // Alice herself may.
+    let (st, v) = s
+        .call(
+            ALICE,
+            "POST",
+            "/api/v1/access",
+            Some(json!({"ark": ark, "version": 1})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::ACCEPTED, "{v}");
+    // The secret is kept only as a digest.
+    let token = v["token"].as_str().unwrap().to_string();
+    let secret = token.rsplit('.').next().unwrap().to_string();
+    let (st, _) = s
+        .call(ALICE, "GET", &format!("/api/v1/access/{token}"), None)
+        .await;
+    assert_eq!(st, StatusCode::OK);
+    let dump = Command::new(env!("CARGO_BIN_EXE_lading"))
+        .arg("--store")
+        .arg(format!(
+            "sqlite:{}",
+            s.dir.path().join("lading.db").display()
+        ))
+        .args(["dump", "--format", "json", "/access"])
+        .output()
+        .unwrap();
+    let dump = String::from_utf8_lossy(&dump.stdout);
+    assert!(dump.contains("secret_sha256"), "{dump}");
+    assert!(!dump.contains(&secret), "the secret is in the tree: {dump}");
+
+    // Write: Bob's file as a new version of Alice's object, from another collection.
+    let (st, v) = s
+        .call(
+            BOB,
+            "POST",
+            "/api/v1/batches",
+            Some(json!({"payload_url": files.url("b.txt"), "profile": "beta", "primary_id": ark})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::FORBIDDEN, "{v}");
+    assert!(
+        v["error"].as_str().unwrap().contains("another collection"),
+        "{v}"
+    );
+    // The same through a manifest row: the job fails, nothing is stored.
+    let m = manifest(
+        "mrt-single-file-batch-manifest",
+        "nfo:fileUrl | nfo:hashAlgorithm | nfo:hashValue | nfo:fileSize | nfo:fileLastModified | nfo:fileName | mrt:primaryIdentifier",
+        &[format!("{} | | | | | b.txt | {ark}", files.url("b.txt"))],
+    );
+    let (st, v) = s
+        .upload(
+            BOB,
+            "profile=beta&type=single-file-batch-manifest",
+            "m.checkm",
+            m.as_bytes(),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    let b = s.finished(v["id"].as_str().unwrap()).await;
+    let job = s.only_job(&b).await;
+    assert_eq!(job["status"]["status"], "Failed", "{job}");
+    assert!(message(&job).contains("another collection"), "{job}");
+    assert_eq!(s.stored_files(), stored_before, "nothing more was stored");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_slow_connections_cannot_lock_the_server_up() {
+    let s = serve(&[], "[http]\nmax_connections = 200\nheader_timeout_s = 2\n");
+    let addr = s.base.trim_start_matches("http://").to_string();
+    let mut held = Vec::new();
+    // Idle connections, half-sent headers and a slow body, well past the cap.
+    for i in 0..1100 {
+        let mut c = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        use tokio::io::AsyncWriteExt;
+        match i % 3 {
+            0 => {}
+            1 => {
+                let _ = c
+                    .write_all(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                    .await;
+            }
+            _ => {
+                let _ = c
+                    .write_all(
+                        format!(
+                            "POST /api/v1/batches HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {BOB}\r\n\
+                             Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{{"
+                        )
+                        .as_bytes(),
+                    )
+                    .await;
+            }
+        }
+        held.push(c);
+        if i % 100 == 99 {
+            s.healthy().await;
+        }
+    }
+    for _ in 0..10 {
+        s.healthy().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The idle and half-header ones are closed once their header time is up.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut closed = 0;
+    for c in held.iter_mut().step_by(3) {
+        use tokio::io::AsyncReadExt;
+        let mut b = [0u8; 64];
+        if let Ok(Ok(0)) = tokio::time::timeout(Duration::from_millis(200), c.read(&mut b)).await {
+            closed += 1;
+        }
+    }
+    assert_eq!(
+        closed,
+        held.len().div_ceil(3),
+        "every idle connection was closed"
+    );
+    s.healthy().await;
+    assert!(s.batches().await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_and_hostile_manifests_are_refused_without_stalling_the_server() {
+    let s = serve_with(&[], "max_rows = 100\nmax_manifest_bytes = 4194304\n", "");
+    let fields = "nfo:fileUrl | nfo:hashAlgorithm | nfo:hashValue | nfo:fileSize | nfo:fileLastModified | nfo:fileName";
+    // Many prefixes and very wide fields: each refused by its limit, quickly.
+    let mut prefixes = String::from(
+        "#%checkm_0.7\n#%profile | http://uc3.cdlib.org/registry/ingest/manifest/mrt-single-file-batch-manifest\n",
+    );
+    for i in 0..20_000 {
+        prefixes.push_str(&format!("#%prefix | p{i}: | http://example.org/{i}#\n"));
+    }
+    let wide: Vec<String> = (0..100_000).map(|i| format!("x:f{i}")).collect();
+    let wide = format!(
+        "#%checkm_0.7\n#%profile | http://uc3.cdlib.org/registry/ingest/manifest/mrt-single-file-batch-manifest\n\
+         #%fields | nfo:fileUrl | {}\n#%eof\n",
+        wide.join(" | ")
+    );
+    let rows: Vec<String> = (0..101)
+        .map(|i| format!("https://example.org/{i} | | | | | f{i}"))
+        .collect();
+    let many = manifest("mrt-single-file-batch-manifest", fields, &rows);
+    let long_line = manifest(
+        "mrt-single-file-batch-manifest",
+        fields,
+        &[format!(
+            "https://example.org/{} | | | | | f",
+            "a".repeat(70_000)
+        )],
+    );
+    for (what, text, expect) in [
+        ("prefixes", prefixes, "payload.max_prefixes"),
+        ("fields", wide, "payload.max_line_bytes"),
+        ("rows", many, "payload.max_rows"),
+        ("line", long_line, "payload.max_line_bytes"),
+    ] {
+        let (st, v) = s
+            .upload(
+                BOB,
+                "profile=alpha&type=single-file-batch-manifest",
+                "m.checkm",
+                text.as_bytes(),
+            )
+            .await;
+        assert_eq!(st, StatusCode::CREATED, "{what}: {v}");
+        let bid = v["id"].as_str().unwrap().to_string();
+        s.healthy().await;
+        let b = s.finished(&bid).await;
+        assert_eq!(b["status"]["status"], "Failed", "{what}: {b}");
+        assert!(message(&b).contains(expect), "{what}: {b}");
+        assert!(s.jobs_of(&b).await.is_empty(), "{what}: no job was made");
+    }
+    // Many fields within the line limit.
+    let wide: Vec<String> = (0..2_000).map(|i| format!("x:{i}")).collect();
+    let wide = format!(
+        "#%checkm_0.7\n#%profile | http://uc3.cdlib.org/registry/ingest/manifest/mrt-single-file-batch-manifest\n\
+         #%fields | nfo:fileUrl | {}\n#%eof\n",
+        wide.join(" | ")
+    );
+    let (_, v) = s
+        .upload(
+            BOB,
+            "profile=alpha&type=single-file-batch-manifest",
+            "m.checkm",
+            wide.as_bytes(),
+        )
+        .await;
+    let b = s.finished(v["id"].as_str().unwrap()).await;
+    assert!(message(&b).contains("payload.max_fields"), "{b}");
+    // A byte-order mark at the start is fine.
+    let bom = format!(
+        "\u{feff}{}",
+        manifest(
+            "mrt-single-file-batch-manifest",
+            fields,
+            &["https://example.org/x | | | | | x".into()]
+        )
+    );
+    let (_, v) = s
+        .upload(
+            BOB,
+            "profile=alpha&type=single-file-batch-manifest",
+            "m.checkm",
+            bom.as_bytes(),
+        )
+        .await;
+    let b = s.finished(v["id"].as_str().unwrap()).await;
+    assert!(
+        !message(&b).contains("checkm_0.7"),
+        "the BOM is accepted: {b}"
+    );
+    assert!(s.stored_files().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endless_and_dripping_payloads_are_cut_off() {
+    let endless = endless_server(
+        "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n",
+        64 << 10,
+        Duration::ZERO,
+    );
+    let drip = endless_server(
+        "HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\nConnection: close\r\n\r\n",
+        1,
+        Duration::from_millis(500),
+    );
+    let s = serve_with(
+        &[format!("http://{endless}/"), format!("http://{drip}/")],
+        "max_manifest_bytes = 1048576\nmin_rate_bytes_per_s = 1000\nrate_window_s = 2\n",
+        "[stages.downloading]\nmax_attempts = 1\n",
+    );
+    // An endless manifest: refused past the manifest limit.
+    let (st, v) = s
+        .call(
+            BOB,
+            "POST",
+            "/api/v1/batches",
+            Some(json!({"payload_url": format!("http://{endless}/m.checkm"), "profile": "alpha", "type": "batch-manifest"})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    let b = s.finished(v["id"].as_str().unwrap()).await;
+    assert!(message(&b).contains("payload.max_manifest_bytes"), "{b}");
+    // An endless file whose manifest declares 10 bytes: cut off at the 11th.
+    let m = manifest(
+        "mrt-single-file-batch-manifest",
+        "nfo:fileUrl | nfo:hashAlgorithm | nfo:hashValue | nfo:fileSize | nfo:fileLastModified | nfo:fileName",
+        &[format!("http://{endless}/f.bin | | | 10 | | f.bin")],
+    );
+    let (_, v) = s
+        .upload(
+            BOB,
+            "profile=alpha&type=single-file-batch-manifest",
+            "m.checkm",
+            m.as_bytes(),
+        )
+        .await;
+    let b = s.finished(v["id"].as_str().unwrap()).await;
+    let job = s.only_job(&b).await;
+    assert!(
+        message(&job).contains("sends more than the 10 bytes"),
+        "{job}"
+    );
+    // A file dripping one byte at a time: cut off by the minimum rate.
+    let (_, v) = s
+        .call(
+            BOB,
+            "POST",
+            "/api/v1/batches",
+            Some(json!({"payload_url": format!("http://{drip}/d.bin"), "profile": "alpha"})),
+        )
+        .await;
+    let b = s.finished(v["id"].as_str().unwrap()).await;
+    let job = s.only_job(&b).await;
+    assert!(
+        message(&job).contains("payload.min_rate_bytes_per_s"),
+        "{job}"
+    );
+    // A size that can never fit fails at once, not after hours of waiting.
+    let m = manifest(
+        "mrt-single-file-batch-manifest",
+        "nfo:fileUrl | nfo:hashAlgorithm | nfo:hashValue | nfo:fileSize | nfo:fileLastModified | nfo:fileName",
+        &[format!(
+            "http://{drip}/missing | | | 999999999999999999 | | x"
+        )],
+    );
+    let (_, v) = s
+        .upload(
+            BOB,
+            "profile=alpha&type=single-file-batch-manifest",
+            "m.checkm",
+            m.as_bytes(),
+        )
+        .await;
+    let b = s.finished(v["id"].as_str().unwrap()).await;
+    let job = s.only_job(&b).await;
+    assert!(message(&job).contains("can never fit"), "{job}");
+    // Nothing large was left in the working folders.
+    for f in walk(&s.data().join("work")) {
+        assert!(
+            std::fs::metadata(&f).unwrap().len() < 2 << 20,
+            "{}",
+            f.display()
+        );
+    }
+    assert!(s.stored_files().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn container_bombs_are_refused_and_leave_nothing_behind() {
+    let s = serve(&[], "");
+    // 64 MiB of zeros in a tar.gz of a few dozen KiB: far past the default ratio of 200.
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("zeros.bin"), vec![0u8; 64 << 20]).unwrap();
+    let st = Command::new("tar")
+        .current_dir(tmp.path())
+        .args(["czf", "bomb.tar.gz", "zeros.bin"])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let bomb = std::fs::read(tmp.path().join("bomb.tar.gz")).unwrap();
+    assert!(bomb.len() < 1 << 20);
+    let (st, v) = s
+        .upload(BOB, "profile=alpha&type=container", "bomb.tar.gz", &bomb)
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    let b = s.finished(v["id"].as_str().unwrap()).await;
+    let job = s.only_job(&b).await;
+    assert_eq!(job["status"]["status"], "Failed", "{job}");
+    assert!(message(&job).contains("payload.max_unpack_ratio"), "{job}");
+    for f in walk(&s.data().join("work")) {
+        assert!(
+            std::fs::metadata(&f).unwrap().len() < 2 << 20,
+            "{}",
+            f.display()
+        );
+    }
+    assert!(s.stored_files().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_with_huge_headers_or_bad_names_are_refused_and_leave_nothing() {
+    let s = serve(&[], "");
+    let uploads = || walk(&s.data().join("uploads"));
+    // One part with a megabyte of headers.
+    let boundary = "sec-test-boundary-5b1e";
+    let mut body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.txt\"\r\nX-Pad: "
+    )
+    .into_bytes();
+    body.extend(std::iter::repeat_n(b'a', 1 << 20));
+    body.extend_from_slice(format!("\r\n\r\nhello\r\n--{boundary}--\r\n").as_bytes());
+    let (st, v) = s
+        .post_raw(BOB, "/api/v1/batches/upload?profile=alpha", boundary, body)
+        .await;
+    assert_eq!(st, StatusCode::PAYLOAD_TOO_LARGE, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("http.max_part_header_bytes"),
+        "{v}"
+    );
+    for name in ["#frag.txt", "q?x=1.txt", "100%.txt", &"n".repeat(251)] {
+        let (st, v) = s.upload(BOB, "profile=alpha", name, b"x").await;
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{name}: {v}");
+    }
+    for id in [".", "..", "a\u{0}b", "..x"] {
+        let (st, v) = s
+            .call(BOB, "POST", "/api/v1/batches", Some(json!({"payload_url": "https://example.org/x", "profile": "alpha", "primary_id": id})))
+            .await;
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{id:?}: {v}");
+        assert!(
+            v["error"].as_str().unwrap().contains("primary identifier"),
+            "{v}"
+        );
+    }
+    assert!(uploads().is_empty(), "{:?}", uploads());
+    assert!(s.batches().await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_that_cannot_be_stored_fail_at_once() {
+    let s = serve(&[], "");
+    let long = "n".repeat(252);
+    let m = manifest(
+        "mrt-ingest-manifest",
+        "nfo:fileUrl | nfo:hashAlgorithm | nfo:hashValue | nfo:fileSize | nfo:fileLastModified | nfo:fileName",
+        &[format!("https://example.org/x | | | | | {long}")],
+    );
+    let (st, v) = s
+        .upload(BOB, "profile=alpha&type=manifest", "m.checkm", m.as_bytes())
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    let b = s.finished(v["id"].as_str().unwrap()).await;
+    let job = s.only_job(&b).await;
+    assert_eq!(job["status"]["status"], "Failed", "{job}");
+    assert!(message(&job).contains("over the limit of 250"), "{job}");
+    assert_eq!(job["status"]["retry_count"], 0, "not retried: {job}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hardening_roles_overflow_ghost_acceptors_metrics_and_file_modes() {
+    let s = serve(&[], "");
+    // The config holds tokens and is world-readable by default here: a warning.
+    assert!(
+        s.stderr
+            .lock()
+            .unwrap()
+            .contains("holds API tokens but other users may read it")
+    );
+    // `bearer` in lower case.
+    let r = s
+        .http
+        .get(format!("{}/api/v1/batches", s.base))
+        .header("authorization", format!("bearer {BOB}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    // A submitter on an admin route with a bad body: 403, not the body's schema.
+    let r = s
+        .http
+        .put(format!("{}/api/v1/types/thumbs", s.base))
+        .bearer_auth(BOB)
+        .header("content-type", "application/json")
+        .body("{\"nonsense\": 1}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    // A timeout that would overflow in milliseconds: 400, and no type is made.
+    let (st, v) = s
+        .call(
+            ADMIN,
+            "PUT",
+            "/api/v1/types/thumbs",
+            Some(json!({"timeout_s": 18446744073709552u64})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST, "{v}");
+    let (st, _) = s.call(ADMIN, "GET", "/api/v1/types/thumbs", None).await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+    let (st, _) = s
+        .call(
+            ADMIN,
+            "PUT",
+            "/api/v1/types/thumbs",
+            Some(json!({"timeout_s": 60})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK);
+    // Ghost acceptors: clients that hang up take nothing.
+    let mut ghosts = Vec::new();
+    for _ in 0..20 {
+        let (http, base) = (reqwest::Client::new(), s.base.clone());
+        ghosts.push(tokio::spawn(async move {
+            let _ = http
+                .post(format!("{base}/api/v1/types/thumbs/accept"))
+                .bearer_auth(ADMIN)
+                .json(&json!({"timeout_ms": 60000}))
+                .send()
+                .await;
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for g in &ghosts {
+        g.abort();
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (st, v) = s
+        .call(
+            ADMIN,
+            "POST",
+            "/api/v1/types/thumbs/jobs",
+            Some(json!({"id": "j1", "data": {}})),
+        )
+        .await;
+    assert!(st.is_success(), "{v}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, j) = s
+        .call(ADMIN, "GET", "/api/v1/types/thumbs/jobs/j1", None)
+        .await;
+    assert_eq!(j["state"], "pending", "no ghost took it: {j}");
+    let (st, j) = s
+        .call(
+            ADMIN,
+            "POST",
+            "/api/v1/types/thumbs/accept",
+            Some(json!({"timeout_ms": 5000})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{j}");
+    // Tenant-chosen names stay off the public metrics page.
+    let m = s
+        .http
+        .get(format!("{}/metrics", s.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!m.contains("thumbs"), "{m}");
+    assert!(
+        m.contains("lading_generic_jobs{state=\"running\"} 1"),
+        "{m}"
+    );
+    // Files are the service's own.
+    use std::os::unix::fs::PermissionsExt;
+    for f in ["lading.db", "data/inventory.db"] {
+        let p = s.dir.path().join(f);
+        if let Ok(m) = std::fs::metadata(&p) {
+            assert_eq!(
+                m.permissions().mode() & 0o077,
+                0,
+                "{f} is {:o}",
+                m.permissions().mode()
+            );
+        }
+    }
+    let m = std::fs::metadata(s.dir.path().join("lading.db")).unwrap();
+    assert_eq!(m.permissions().mode() & 0o077, 0);
+}

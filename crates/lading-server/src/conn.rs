@@ -1,0 +1,269 @@
+//! The accept loop: HTTP/1.1 connections served by hyper under Lading's limits.
+//!
+//! - **Header timeout**: a client has `header_timeout` to send a request's headers, counted
+//!   from when the connection opens or its previous response ended (so it is also the
+//!   keep-alive idle timeout). Idle and half-sent-header connections are closed.
+//! - **Connection cap**: at most `max_connections` open. At the cap, a new connection makes
+//!   room by closing the connection that has been idle longest (no request in progress);
+//!   failing that, the one whose request has waited longest in its handler (a slow body, a
+//!   long-poll). A connection streaming its response (a download, the event stream) is never
+//!   closed for room; when every connection is streaming, the new one is closed at once. So
+//!   a flood of idle, half-sent or slow-body connections cannot lock anyone out.
+//! - On shutdown, no new connection is taken and open ones finish their requests.
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::Request;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+/// The limits of [`serve`].
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_connections: usize,
+    pub header_timeout: Duration,
+}
+
+impl From<&lading_ingest::HttpSettings> for Limits {
+    fn from(h: &lading_ingest::HttpSettings) -> Limits {
+        Limits {
+            max_connections: h.max_connections.max(1),
+            header_timeout: Duration::from_secs(h.header_timeout_s.max(1)),
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits::from(&lading_ingest::HttpSettings::default())
+    }
+}
+
+/// One open connection, as the cap sees it.
+struct Conn {
+    state: Arc<ConnState>,
+    close: CancellationToken,
+}
+
+/// What a connection is doing, as the cap sees it.
+#[derive(Default)]
+struct ConnState {
+    /// Requests in progress (a response counts until its body is done).
+    active: AtomicUsize,
+    /// Requests still in their handler (reading the body, waiting in a long-poll).
+    in_handler: AtomicUsize,
+    /// When its state last changed (ms since the loop started).
+    since: AtomicU64,
+}
+
+/// Open connections by number.
+#[derive(Default)]
+struct Table {
+    next: u64,
+    open: HashMap<u64, Conn>,
+}
+
+impl Table {
+    /// Makes room for one more under `max`: true if there is (perhaps after closing the
+    /// connection idle longest).
+    fn room(&mut self, max: usize) -> bool {
+        if self.open.len() < max {
+            return true;
+        }
+        // Idle first (rank 0), then waiting in a handler (rank 1); oldest first.
+        let victim = self
+            .open
+            .iter()
+            .filter(|(_, c)| !c.close.is_cancelled())
+            .filter_map(|(id, c)| {
+                let active = c.state.active.load(Ordering::Acquire);
+                let in_handler = c.state.in_handler.load(Ordering::Acquire);
+                let rank = match (active, in_handler) {
+                    (0, _) => 0,
+                    (a, h) if a == h => 1,
+                    _ => return None,
+                };
+                Some(((rank, c.state.since.load(Ordering::Relaxed)), *id))
+            })
+            .min()
+            .map(|(_, id)| id);
+        match victim {
+            Some(id) => {
+                if let Some(c) = self.open.remove(&id) {
+                    c.close.cancel();
+                }
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl ConnState {
+    fn touch(&self, epoch: Instant) {
+        self.since
+            .store(epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+}
+
+/// Counts a request in progress on its connection until dropped.
+struct Active {
+    state: Arc<ConnState>,
+    epoch: Instant,
+}
+
+impl Active {
+    fn new(state: &Arc<ConnState>, epoch: Instant) -> Active {
+        state.touch(epoch);
+        state.active.fetch_add(1, Ordering::AcqRel);
+        Active {
+            state: state.clone(),
+            epoch,
+        }
+    }
+}
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.state.touch(self.epoch);
+        self.state.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Counts a request as in its handler until dropped.
+struct InHandler(Arc<ConnState>);
+
+impl InHandler {
+    fn new(state: &Arc<ConnState>) -> InHandler {
+        state.in_handler.fetch_add(1, Ordering::AcqRel);
+        InHandler(state.clone())
+    }
+}
+
+impl Drop for InHandler {
+    fn drop(&mut self) {
+        self.0.in_handler.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A response body that keeps its request counted as in progress until it ends.
+struct Counted {
+    inner: Body,
+    _active: Active,
+}
+
+impl http_body::Body for Counted {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Serves `app` on `listener` under `limits` until `shutdown` completes; then waits for the
+/// open connections to finish their requests.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    limits: Limits,
+) -> std::io::Result<()> {
+    let epoch = Instant::now();
+    let table = Arc::new(Mutex::new(Table::default()));
+    let stop = CancellationToken::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    let tracker = tokio_util::task::TaskTracker::new();
+    loop {
+        let (stream, _peer) = tokio::select! {
+            _ = &mut shutdown => break,
+            r = listener.accept() => match r {
+                Ok(s) => s,
+                Err(e) => {
+                    // Out of descriptors and the like: wait a little, never spin.
+                    tracing::warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let (id, conn) = {
+            let mut t = table.lock().unwrap_or_else(|p| p.into_inner());
+            if !t.room(limits.max_connections) {
+                drop(stream);
+                continue;
+            }
+            let conn = Conn {
+                state: Arc::new(ConnState::default()),
+                close: stop.child_token(),
+            };
+            conn.state.touch(epoch);
+            let id = t.next;
+            t.next += 1;
+            let handles = (conn.state.clone(), conn.close.clone());
+            t.open.insert(id, conn);
+            (id, handles)
+        };
+        let (state, close) = conn;
+        let app = app.clone();
+        let table = table.clone();
+        tracker.spawn(async move {
+            let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                let counted = Active::new(&state, epoch);
+                let in_handler = InHandler::new(&state);
+                let app = app.clone();
+                async move {
+                    let resp = app.oneshot(req.map(Body::new)).await?;
+                    drop(in_handler);
+                    Ok::<_, std::convert::Infallible>(resp.map(|b| {
+                        Body::new(Counted {
+                            inner: b,
+                            _active: counted,
+                        })
+                    }))
+                }
+            });
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_timeout)
+                .keep_alive(true);
+            let conn = builder.serve_connection(TokioIo::new(stream), svc);
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = close.cancelled() => {
+                    // Evicted or stopping: finish what is in progress, take nothing new.
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+            table
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .open
+                .remove(&id);
+        });
+    }
+    drop(listener);
+    stop.cancel();
+    tracker.close();
+    tracker.wait().await;
+    Ok(())
+}
