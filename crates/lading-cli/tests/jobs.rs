@@ -99,7 +99,12 @@ fn verbs_add_list_show_remove_and_refuse_bad_input() {
             4,
             "unknown state",
         ),
-        (vec!["jobs", "timeout", "t", "0"], 4, "at least 1 second"),
+        (vec!["jobs", "timeout", "t", "0"], 4, "must be 1 to"),
+        (
+            vec!["jobs", "timeout", "t", "18446744073709552"],
+            4,
+            "must be 1 to",
+        ),
     ] {
         let o = lading(&db, &args);
         let err = String::from_utf8_lossy(&o.stderr);

@@ -12,6 +12,9 @@ use std::fmt;
 pub const BATCHES: &str = "/batches";
 pub const BATCH_PREFIX: &str = "/batches/bid";
 pub const BATCH_UUIDS: &str = "/batch-uuids";
+/// Lading's index of batches by submitter (`/batch-submitters/SUBMITTER/BID`, empty nodes),
+/// so one submitter's listing reads only its own batches. Not part of Merritt's layout.
+pub const BATCH_SUBMITTERS: &str = "/batch-submitters";
 pub const JOBS: &str = "/jobs";
 pub const JOB_PREFIX: &str = "/jobs/jid";
 pub const JOB_STATES: &str = "/jobs/states";
@@ -186,6 +189,28 @@ pub fn inventory_lock(ark: &str) -> String {
 }
 
 /// Checks a collection mnemonic or queue name is usable as one node name.
+/// Any string as one node name: letters, digits, `.`, `_`, `-` kept, every other byte `%XX`,
+/// a leading `.` too (so `.` and `..` cannot be made).
+pub fn escape_node_name(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"._-".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    if out.starts_with('.') {
+        out.replace_range(0..1, "%2E");
+    }
+    out
+}
+
+/// The folder of `submitter`'s batches in [`BATCH_SUBMITTERS`].
+pub fn submitter_batches(submitter: &str) -> String {
+    format!("{BATCH_SUBMITTERS}/{}", escape_node_name(submitter))
+}
+
 pub fn check_name(kind: &'static str, name: &str) -> Result<(), BadName> {
     if name.is_empty() || name.contains('/') || name == "." || name == ".." || name.contains('\0') {
         return Err(BadName(kind, name.to_string()));

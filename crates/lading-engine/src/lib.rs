@@ -316,12 +316,35 @@ impl Engine {
         let mut paths: Vec<String> = ROOTS.iter().map(|s| s.to_string()).collect();
         paths.extend(JobState::ALL.iter().map(|s| job_state_folder(*s)));
         for p in paths {
-            match self.tree.create(&p, None, CreateMode::Persistent).await {
-                Ok(_) | Err(TreeError::NodeExists(_)) => {}
-                Err(e) => return Err(e.into()),
+            self.ensure(&p).await?;
+        }
+        // A tree made before the submitter index: index its batches once.
+        if self.tree.exists(BATCH_SUBMITTERS).await?.is_none() {
+            for bid in self.batch_ids().await? {
+                let Some((sub, _)) = self
+                    .read_json::<Map<String, Value>>(&batch_node(&bid, "submission"))
+                    .await?
+                else {
+                    continue;
+                };
+                if let Some(who) = sub.get("submitter").and_then(Value::as_str) {
+                    let dir = submitter_batches(who);
+                    self.ensure(BATCH_SUBMITTERS).await?;
+                    self.ensure(&dir).await?;
+                    self.ensure(&format!("{dir}/{bid}")).await?;
+                }
             }
+            self.ensure(BATCH_SUBMITTERS).await?;
         }
         Ok(())
+    }
+
+    /// Creates the persistent node `path` unless it exists.
+    async fn ensure(&self, path: &str) -> Result<()> {
+        match self.tree.create(path, None, CreateMode::Persistent).await {
+            Ok(_) | Err(TreeError::NodeExists(_)) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 
     // ----- reading -----------------------------------------------------------------------
@@ -593,6 +616,23 @@ impl Engine {
             .collect())
     }
 
+    /// The ids of the batches `submitter` submitted, in creation order (reads only those).
+    pub async fn batch_ids_of(&self, submitter: &str) -> Result<Vec<BatchId>> {
+        let mut ids: Vec<BatchId> = self
+            .tree
+            .children(&submitter_batches(submitter))
+            .await
+            .or_else(|e| match e {
+                TreeError::NoNode(_) => Ok(Vec::new()),
+                e => Err(e),
+            })?
+            .iter()
+            .filter_map(|n| BatchId::parse(n).ok())
+            .collect();
+        ids.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        Ok(ids)
+    }
+
     /// Batch states with their number of batches (reads every batch status).
     pub async fn batch_counts(&self) -> Result<BTreeMap<BatchState, u64>> {
         let mut out: BTreeMap<BatchState, u64> = BatchState::ALL.iter().map(|s| (*s, 0)).collect();
@@ -797,14 +837,18 @@ impl Engine {
             message: None,
             extra: Map::new(),
         };
-        let r = self
-            .tree
-            .multi(vec![
-                Op::create(batch_node(&bid, "submission"), json_bytes(&submission)),
-                Op::create(batch_node(&bid, "status"), json_bytes(&status)),
-                Op::create(batch_uuid_path(&uuid), Some(bid.to_string().into_bytes())),
-            ])
-            .await;
+        let mut ops = vec![
+            Op::create(batch_node(&bid, "submission"), json_bytes(&submission)),
+            Op::create(batch_node(&bid, "status"), json_bytes(&status)),
+            Op::create(batch_uuid_path(&uuid), Some(bid.to_string().into_bytes())),
+        ];
+        if let Some(who) = submission.get("submitter").and_then(Value::as_str) {
+            let dir = submitter_batches(who);
+            self.ensure(BATCH_SUBMITTERS).await?;
+            self.ensure(&dir).await?;
+            ops.push(Op::create(format!("{dir}/{bid}"), None));
+        }
+        let r = self.tree.multi(ops).await;
         if let Err(e) = r {
             // Leave no empty shell behind.
             let _ = self.tree.delete(&path, None).await;
@@ -2445,6 +2489,12 @@ impl Engine {
             && self.tree.exists(&batch_uuid_path(uuid)).await?.is_some()
         {
             ops.push(Op::delete(batch_uuid_path(uuid), None));
+        }
+        if let Some(who) = info.submission.get("submitter").and_then(Value::as_str) {
+            let entry = format!("{}/{batch}", submitter_batches(who));
+            if self.tree.exists(&entry).await?.is_some() {
+                ops.push(Op::delete(entry, None));
+            }
         }
         self.tree.multi(ops).await?;
         Ok(purged)

@@ -159,10 +159,9 @@ pub struct HttpSettings {
     /// request in progress) is closed to make room, so a flood of idle connections cannot
     /// lock others out.
     pub max_connections: usize,
-    /// Time a client has to send a request's headers.
+    /// Time a client has to send a request's headers, counted from when the connection
+    /// opens or its previous response ended: also the keep-alive idle timeout.
     pub header_timeout_s: u64,
-    /// A keep-alive connection with no request for this long is closed.
-    pub idle_timeout_s: u64,
     /// Time an ordinary (not streaming, not long-poll, not upload) request may take,
     /// reading its body included.
     pub request_timeout_s: u64,
@@ -181,7 +180,6 @@ impl Default for HttpSettings {
         HttpSettings {
             max_connections: 1024,
             header_timeout_s: 10,
-            idle_timeout_s: 60,
             request_timeout_s: 60,
             upload_stall_s: 60,
             max_body_bytes: 1 << 20,

@@ -24,20 +24,9 @@ use lading_engine::{Engine, EngineError};
 pub const QUOTAS: &str = "/quotas";
 const MAX_TRIES: usize = 32;
 
-/// A submitter name as one node name: letters, digits, `.`, `_`, `-` kept, the rest `%XX`.
+/// A submitter name as one node name (see [`lading_core::layout::escape_node_name`]).
 pub fn node_name(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"._-".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    if out.starts_with('.') {
-        out.replace_range(0..1, "%2E");
-    }
-    out
+    lading_core::layout::escape_node_name(s)
 }
 
 /// What a reservation found.

@@ -309,7 +309,13 @@ async fn a_failing_callback_fails_the_job_and_a_requeue_after_the_fix_completes_
 async fn jobs_wait_in_provisioning_while_storage_is_full_then_proceed() {
     let mut w = World::new().await;
     let m = w.object_manifest("o.checkm", &[("f.txt", b"needs room")]);
-    w.cfg.reserve_bytes = u64::MAX / 4;
+    // A reserve that leaves no room now, yet could fit on this file system (a job that
+    // never could fails at once instead).
+    let work = w.cfg.work_dir();
+    std::fs::create_dir_all(&work).unwrap();
+    let free = lading_ingest::stages::free_bytes(&work).unwrap();
+    let total = lading_ingest::stages::total_bytes(&work).unwrap();
+    w.cfg.reserve_bytes = free + (total - free) / 2;
     let full = w.ingest();
     let bid = w.submit(&full, &m, "manifest").await;
     let (h, task) = w.run_all(&full);

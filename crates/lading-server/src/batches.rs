@@ -180,7 +180,14 @@ pub(crate) async fn show_batch(
     Extension(p): Extension<Principal>,
     PathParams(id): PathParams<String>,
 ) -> Result<Json<lading_engine::BatchInfo>> {
-    Ok(Json(visible_batch(&s, &p, &id).await?))
+    let mut info = visible_batch(&s, &p, &id).await?;
+    if p.role != Role::Admin {
+        crate::redact::paths(&s, &mut info.submission);
+        if let Some(m) = info.status.message.as_mut() {
+            crate::redact::text(&s, m);
+        }
+    }
+    Ok(Json(info))
 }
 
 #[derive(Deserialize)]
@@ -224,7 +231,12 @@ pub(crate) async fn list_batches(
     let e = &s.ingest.engine;
     let mut out = Vec::new();
     let mut last = None;
-    for bid in e.batch_ids().await? {
+    // A submitter's listing reads only its own batches (the submitter index).
+    let ids = match p.role {
+        Role::Admin => e.batch_ids().await?,
+        Role::Submitter => e.batch_ids_of(&p.name).await?,
+    };
+    for bid in ids {
         if q.after.as_deref().is_some_and(|a| bid.as_str() <= a) {
             continue;
         }
@@ -252,8 +264,16 @@ pub(crate) async fn list_batches(
             .iter()
             .map(|(k, v)| (k.clone(), json!(v.len())))
             .collect();
+        let mut submission = info.submission.clone();
+        let mut status = info.status.clone();
+        if p.role != Role::Admin {
+            crate::redact::paths(&s, &mut submission);
+            if let Some(m) = status.message.as_mut() {
+                crate::redact::text(&s, m);
+            }
+        }
         out.push(
-            json!({"id": info.id, "status": info.status, "submission": info.submission,
+            json!({"id": info.id, "status": status, "submission": submission,
                         "jobs": counts}),
         );
         last = Some(bid.to_string());
@@ -287,6 +307,12 @@ pub(crate) async fn show_job(
         if !visible {
             return Err(EngineError::NoJob(id).into());
         }
+        let mut info = info;
+        crate::redact::paths(&s, &mut info.configuration);
+        if let Some(m) = info.status.message.as_mut() {
+            crate::redact::text(&s, m);
+        }
+        return Ok(Json(info));
     }
     Ok(Json(info))
 }

@@ -14,6 +14,7 @@ pub mod events;
 mod generic;
 mod metrics;
 pub mod openapi;
+mod redact;
 pub mod upload;
 
 pub use auth::{Admin, Auth, Principal, Role};

@@ -203,7 +203,7 @@ async fn bad_requests_get_json_errors_and_change_nothing() {
             "/api/v1/types/conv",
             r#"{"timeout_s": 0}"#,
             StatusCode::BAD_REQUEST,
-            "at least 1 second",
+            "must be 1 to",
         ),
         (
             "POST",
