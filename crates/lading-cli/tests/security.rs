@@ -422,7 +422,7 @@ async fn file_urls_and_internal_addresses_are_refused_and_nothing_reaches_them()
         let m = manifest(
             "mrt-single-file-batch-manifest",
             "nfo:fileUrl | nfo:hashAlgorithm | nfo:hashValue | nfo:fileSize | nfo:fileLastModified | nfo:fileName",
-            &[row.clone()],
+            std::slice::from_ref(&row),
         );
         let (st, v) = s
             .upload(

@@ -1532,13 +1532,15 @@ impl Engine {
                     h
                 }
             };
-            scanned += page.len();
             // Jobs found locked by others a moment ago go last: tried only when nothing else
             // is free, so a lock that has just gone is still found.
             let (mut names, busy): (Vec<&String>, Vec<&String>) = page
                 .iter()
                 .filter(|n| !self.is_deferred(&folder, n))
                 .partition(|n| !self.is_busy(&folder, n));
+            // Deferred jobs (parked for a quota slot, waiting to retry) are passed over in
+            // memory and do not count: thousands of them never hide a due job behind them.
+            scanned += names.len() + busy.len();
             // At most one of them per call, the one found locked longest ago: every such job
             // is still tried in turn, without a burst of refused writes.
             let busy = busy.into_iter().min_by_key(|n| self.busy_since(&folder, n));
@@ -2123,6 +2125,60 @@ impl Engine {
                 }
                 Err(e)
             }
+        }
+    }
+
+    /// Makes a job deferred in `state` due now (it waited for something that has come, e.g.
+    /// a quota slot): its retry time is cleared and its reference re-made, so waiting workers
+    /// look again, in one `multi` that also takes and drops its lock (so no worker holds it
+    /// meanwhile). This process forgets the deferral at once; another process that saw the
+    /// job deferred takes it when its own record of the retry time runs out. Returns false
+    /// when the job is not deferred in `state` or is locked.
+    pub async fn wake_job(&self, state: JobState, job: &JobId) -> Result<bool> {
+        let (mut status, version) = self.job_status(job).await?;
+        if status.status != state {
+            return Ok(false);
+        }
+        let priority = self.job_priority(job).await?;
+        let folder = job_state_folder(state);
+        let name = job_ref_name(priority, job);
+        let forget = || {
+            self.deferred
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&join(&folder, &name));
+        };
+        if retry_at(&status).is_none_or(|at| at <= self.clock.now_ms()) {
+            forget();
+            return Ok(true);
+        }
+        status.extra.remove(RETRY_AT_FIELD);
+        // Forgotten before the commit: a worker woken by it must not find it still deferred
+        // here (should the commit fail, the next look at the job defers it again).
+        forget();
+        let lock = job_node(job, "lock");
+        let reference = job_ref(state, priority, job);
+        let r = self
+            .tree
+            .multi(vec![
+                Op::create(&lock, None),
+                Op::set(job_node(job, "status"), json_bytes(&status), Some(version)),
+                Op::delete(&reference, None),
+                Op::create(&reference, None),
+                Op::delete(&lock, None),
+            ])
+            .await;
+        match r {
+            Ok(_) => Ok(true),
+            Err(e)
+                if matches!(
+                    e.root(),
+                    TreeError::NodeExists(_) | TreeError::BadVersion { .. } | TreeError::NoNode(_)
+                ) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(e.into()),
         }
     }
 

@@ -174,7 +174,18 @@ pub async fn run(
     let housekeeping = names
         .contains(&"reporting")
         .then(|| tokio::spawn(cleanup::housekeeping(ingest.clone())));
+    // The process that starts jobs also wakes those parked for a quota slot.
+    let (waker_stop, waker_stopped) = tokio::sync::oneshot::channel::<()>();
+    let waker = names.contains(&"pending").then(|| {
+        tokio::spawn(quota::run_waker(ingest.clone(), async move {
+            let _ = waker_stopped.await;
+        }))
+    });
     worker.run(jobs, batches, shutdown).await;
+    let _ = waker_stop.send(());
+    if let Some(w) = waker {
+        let _ = w.await;
+    }
     if let Some(h) = housekeeping {
         h.abort();
     }

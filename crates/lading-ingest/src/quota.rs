@@ -11,6 +11,12 @@
 //! /quotas/PROFILE/SUBMITTER/JID    one per job holding a slot
 //! ```
 //!
+//! A job over the cap is *parked*: recorded under `/quota-waiters/PROFILE/SUBMITTER/JID` and
+//! deferred for [`PARK`] (so it costs nothing while it waits, and workers pass it over for
+//! other submitters' jobs). The waker ([`run_waker`], run beside the Pending stage) watches
+//! jobs finish; when a submitter with parked jobs has free slots, it wakes that many of them
+//! ([`Engine::wake_job`]), oldest first.
+//!
 //! A job reserves its slot when it starts (in a `multi` that bumps the folder's version, so
 //! two workers cannot both take the last slot). Slots are given back lazily: when the folder
 //! is full, slots of jobs that have finished (Completed, Failed, Deleted) or are gone are
@@ -22,6 +28,10 @@ use lading_core::{JobState, Op, TreeError};
 use lading_engine::{Engine, EngineError};
 
 pub const QUOTAS: &str = "/quotas";
+/// Jobs parked for a slot: `/quota-waiters/PROFILE/SUBMITTER/JID`.
+pub const WAITERS: &str = "/quota-waiters";
+/// How long a parked job waits unless woken: a safety net, not a polling interval.
+pub const PARK: std::time::Duration = std::time::Duration::from_secs(600);
 const MAX_TRIES: usize = 32;
 
 /// A submitter name as one node name (see [`lading_core::layout::escape_node_name`]).
@@ -175,6 +185,162 @@ pub async fn sweep(engine: &Engine) -> Result<usize, EngineError> {
         }
     }
     Ok(removed)
+}
+
+/// Records `job` as parked for a slot of (`profile`, `submitter`).
+pub async fn park(
+    engine: &Engine,
+    profile: &str,
+    submitter: &str,
+    job: &JobId,
+) -> Result<(), EngineError> {
+    let dir = format!("{WAITERS}/{}/{}", node_name(profile), node_name(submitter));
+    ensure(engine, &dir).await?;
+    match engine
+        .tree()
+        .create(
+            &format!("{dir}/{job}"),
+            None,
+            lading_core::CreateMode::Persistent,
+        )
+        .await
+    {
+        Ok(_) | Err(TreeError::NodeExists(_)) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Forgets that `job` was parked (it got its slot, or is gone).
+pub async fn unpark(
+    engine: &Engine,
+    profile: &str,
+    submitter: &str,
+    job: &JobId,
+) -> Result<(), EngineError> {
+    let path = format!(
+        "{WAITERS}/{}/{}/{job}",
+        node_name(profile),
+        node_name(submitter)
+    );
+    match engine.tree().delete(&path, None).await {
+        Ok(()) | Err(TreeError::NoNode(_)) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Wakes, for every submitter with parked jobs, as many of them as it has free slots (oldest
+/// first); parked jobs no longer in Pending are forgotten. Returns how many were woken.
+pub async fn wake(ingest: &crate::Ingest) -> Result<usize, EngineError> {
+    let engine = &ingest.engine;
+    let t = engine.tree();
+    let profiles = match t.children(WAITERS).await {
+        Ok(p) => p,
+        Err(TreeError::NoNode(_)) => return Ok(0),
+        Err(e) => return Err(e.into()),
+    };
+    let mut woken = 0;
+    for p in profiles {
+        // Profile names are node names already (letters, digits, '_', '-', '.').
+        let limit = ingest
+            .profile(&p)
+            .ok()
+            .and_then(|pr| pr.max_in_flight_per_submitter)
+            .map_or(usize::MAX, |l| l as usize);
+        let pdir = format!("{WAITERS}/{p}");
+        for s in t.children(&pdir).await.unwrap_or_default() {
+            let wdir = format!("{pdir}/{s}");
+            let mut waiting = t.children(&wdir).await.unwrap_or_default();
+            if waiting.is_empty() {
+                let _ = t.delete(&wdir, None).await;
+                continue;
+            }
+            waiting.sort();
+            let qdir = format!("{QUOTAS}/{p}/{s}");
+            let held = match t.children(&qdir).await {
+                Ok(h) => h,
+                Err(TreeError::NoNode(_)) => Vec::new(),
+                Err(e) => return Err(e.into()),
+            };
+            let stale = stale_slots(engine, &qdir, &held).await?;
+            let mut free = limit.saturating_sub(held.len() - stale.len());
+            for j in waiting {
+                if free == 0 {
+                    break;
+                }
+                let Ok(jid) = JobId::parse(&j) else {
+                    let _ = t.delete(&format!("{wdir}/{j}"), None).await;
+                    continue;
+                };
+                match engine.wake_job(JobState::Pending, &jid).await {
+                    Ok(true) => {
+                        woken += 1;
+                        free -= 1;
+                    }
+                    // Locked (being started right now) or no longer parked: its slot is
+                    // spoken for either way.
+                    Ok(false) => {
+                        if engine
+                            .job(&jid)
+                            .await
+                            .is_ok_and(|i| i.status.status == JobState::Pending)
+                        {
+                            free -= 1;
+                            continue;
+                        }
+                    }
+                    Err(EngineError::NoJob(_)) => {}
+                    Err(e) => return Err(e),
+                }
+                let _ = t.delete(&format!("{wdir}/{j}"), None).await;
+            }
+        }
+    }
+    Ok(woken)
+}
+
+/// Runs [`wake`] whenever a job reaches a final state (at most every 100 ms), and every
+/// [`PARK`]/10 as a safety net, until `stop` completes.
+pub async fn run_waker(
+    ingest: std::sync::Arc<crate::Ingest>,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    use lading_core::WatchKind;
+    let mut stop = std::pin::pin!(stop);
+    let t = ingest.engine.tree().clone();
+    loop {
+        let mut watches = Vec::new();
+        for s in [
+            JobState::Completed,
+            JobState::Failed,
+            JobState::Deleted,
+            JobState::Held,
+        ] {
+            if let Ok(w) = t
+                .watch(
+                    &lading_core::layout::job_state_folder(s),
+                    WatchKind::Children,
+                )
+                .await
+            {
+                watches.push(w);
+            }
+        }
+        if let Err(e) = wake(&ingest).await {
+            tracing::warn!(error = %e, "waking jobs parked for a quota slot");
+        }
+        let any =
+            futures_util::future::select_all(watches.into_iter().map(Box::pin).collect::<Vec<_>>());
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = any => {}
+            _ = tokio::time::sleep(PARK / 10) => {}
+        }
+        // Many jobs finish at once: look once for all of them.
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
+        }
+    }
 }
 
 fn is_race(e: &TreeError) -> bool {

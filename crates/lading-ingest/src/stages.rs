@@ -73,18 +73,27 @@ async fn start(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
     .await
     .map_err(engine_err)?
     {
-        crate::quota::Slot::Granted => Ok(Outcome::Done),
-        crate::quota::Slot::Full(n) => Ok(Outcome::Wait {
-            after: QUOTA_ROUND,
-            reason: format!(
-                "{submitter} has {n} jobs of profile {profile_name} in flight (limit {limit})"
-            ),
-        }),
+        crate::quota::Slot::Granted => {
+            crate::quota::unpark(&job.engine, profile_name, submitter, job.job())
+                .await
+                .map_err(engine_err)?;
+            Ok(Outcome::Done)
+        }
+        crate::quota::Slot::Full(n) => {
+            // Parked until a slot frees (the waker wakes it), not polled.
+            crate::quota::park(&job.engine, profile_name, submitter, job.job())
+                .await
+                .map_err(engine_err)?;
+            Ok(Outcome::Wait {
+                after: crate::quota::PARK,
+                reason: format!(
+                    "{submitter} has {n} jobs of profile {profile_name} in flight (limit {limit}); \
+                     waiting for one to finish"
+                ),
+            })
+        }
     }
 }
-
-/// How often a job waiting for its submitter's quota looks again.
-const QUOTA_ROUND: Duration = Duration::from_millis(500);
 
 /// Estimating: HEAD every file, `space_needed` = the sum; large jobs get a lower priority.
 pub struct Estimate(pub Arc<Ingest>);

@@ -718,7 +718,8 @@ async fn a_submitters_quota_keeps_its_jobs_waiting_while_others_go_ahead() {
         "quota",
         "collection = \"demo\"\ncommand = \"sleep 0.3\"\nmax_in_flight_per_submitter = 1\n",
     );
-    let rows: Vec<Vec<String>> = (0..3)
+    const ALICE_JOBS: usize = 8;
+    let rows: Vec<Vec<String>> = (0..ALICE_JOBS)
         .map(|i| vec![w.file(&format!("a{i}.bin"), b"alice's").0])
         .collect();
     let alice_list = checkm::write(ManifestKind::SingleFileBatch, &[checkm::FILE_URL], &rows);
@@ -742,7 +743,7 @@ async fn a_submitters_quota_keeps_its_jobs_waiting_while_others_go_ahead() {
     let bob = submit("bob", bob_url, "file").await;
     // Watch alice's jobs: never more than one past Pending and not finished.
     let jobs = w.jobs_of(&alice).await;
-    assert_eq!(jobs.len(), 3);
+    assert_eq!(jobs.len(), ALICE_JOBS);
     let (mut most, mut waited, mut bob_done_first) = (0, false, false);
     let deadline = std::time::Instant::now() + WAIT;
     loop {
@@ -763,10 +764,10 @@ async fn a_submitters_quota_keeps_its_jobs_waiting_while_others_go_ahead() {
         }
         most = most.max(flying);
         let bob_state = w.engine.batch(&bob).await.unwrap().status.status;
-        if bob_state == BatchState::Completed && done < 3 {
+        if bob_state == BatchState::Completed && done < ALICE_JOBS {
             bob_done_first = true;
         }
-        if done == 3 {
+        if done == ALICE_JOBS {
             break;
         }
         assert!(std::time::Instant::now() < deadline, "alice's jobs stuck");
@@ -778,6 +779,23 @@ async fn a_submitters_quota_keeps_its_jobs_waiting_while_others_go_ahead() {
         "a job over the quota waited in Pending with the reason"
     );
     assert!(bob_done_first, "bob's job was not held behind alice's");
+    // Waiting costs nothing: a job over the quota is parked until a slot frees and woken
+    // then, not looked at again every round (polling every 500 ms made about 30 waits here).
+    let figures = ingest.stats.figures();
+    let pending = figures.get("Pending").expect("the Pending stage ran");
+    assert!(
+        pending.waits <= 2 * ALICE_JOBS as u64,
+        "parked jobs were polled: {figures:?}"
+    );
+    assert!(
+        w.engine
+            .tree()
+            .children("/quota-waiters/quota/alice")
+            .await
+            .unwrap_or_default()
+            .is_empty(),
+        "no job is left parked"
+    );
     w.completes(&alice).await;
     w.completes(&bob).await;
     h.stop();

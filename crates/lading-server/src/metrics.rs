@@ -69,7 +69,7 @@ pub async fn metrics(State(s): State<AppState>) -> Result<Response, ApiError> {
         let mut counts: Vec<_> = s.jobs.counts(&ty).await?.into_iter().collect();
         counts.sort_by_key(|(st, _)| st.name());
         for (st, n) in counts {
-            *totals.entry(st.name()).or_insert(0u64) += n as u64;
+            *totals.entry(st.name()).or_insert(0) += n;
             if by_type {
                 let _ = writeln!(
                     out,

@@ -517,6 +517,9 @@ pub async fn merritt_transitions_change_exactly_the_documented_nodes(h: &dyn Har
         "+/batches/bid0000000000/status": {"status": "Pending", "last_modified": "<time>"},
         "+/batches/bid0000000000/submission": {"batchID": "<uuid>", "payload_url": "http://127.0.0.1/file1.checkm", "profile_name": "merritt_demo", "submissionDate": "<time>", "submitter": "depositor", "type": "file"},
         "+/batch-uuids/<uuid>": "bid0000000000",
+        // Lading's own index of batches by submitter (outside Merritt's layout).
+        "+/batch-submitters/depositor": null,
+        "+/batch-submitters/depositor/bid0000000000": null,
     })).await;
     // Batch: acquire pending batch — create lock.
     let lease = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
@@ -655,6 +658,8 @@ pub const GOLDEN: &str = r#"{
   "/": null,
   "/access": null, "/access/large": null, "/access/small": null,
   "/batch-uuids": null, "/batch-uuids/<uuid>": "bid0000000000",
+  "/batch-submitters": null, "/batch-submitters/tester": null,
+  "/batch-submitters/tester/bid0000000000": null,
   "/batches": null,
   "/batches/bid0000000000": null,
   "/batches/bid0000000000/states": null,
