@@ -16,6 +16,8 @@ use lading_ingest::{PayloadType, Submission};
 use serde::Deserialize;
 use serde_json::json;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::io::AsyncWriteExt;
 
 #[derive(Deserialize)]
@@ -58,7 +60,11 @@ pub fn check_name(name: &str) -> Result<&str, ApiError> {
 /// A multipart body; a request that is not one gets a JSON error naming the problem. Each
 /// part's header block is held to `http.max_part_header_bytes` while it streams in
 /// ([`PartHeaders`]), before the multipart parser would buffer it.
-pub struct Form(pub multer::Multipart<'static>);
+pub struct Form(
+    pub multer::Multipart<'static>,
+    /// Set when a part's headers went over the limit.
+    pub Arc<AtomicBool>,
+);
 
 impl axum::extract::FromRequest<AppState> for Form {
     type Rejection = ApiError;
@@ -73,13 +79,35 @@ impl axum::extract::FromRequest<AppState> for Form {
             ApiError::bad_request(format!("upload: not a multipart/form-data body ({e})"))
         })?;
         let mut guard = PartHeaders::new(&boundary, s.ingest.cfg.http.max_part_header_bytes);
+        let over = Arc::new(AtomicBool::new(false));
+        let seen = over.clone();
+        // Past the limit the rest of the body is read and dropped (up to LINGER bytes), so
+        // the client is sent the refusal rather than a reset connection.
+        let mut dropped = 0u64;
         let stream = req.into_body().into_data_stream().map(move |c| match c {
-            Ok(c) => guard.scan(&c).map(|()| c),
+            Ok(c) if seen.load(Ordering::Relaxed) => {
+                dropped += c.len() as u64;
+                if dropped > LINGER {
+                    Err(std::io::Error::other("the upload went on past its refusal"))
+                } else {
+                    Ok(axum::body::Bytes::new())
+                }
+            }
+            Ok(c) => match guard.scan(&c) {
+                Ok(()) => Ok(c),
+                Err(_) => {
+                    seen.store(true, Ordering::Relaxed);
+                    Ok(axum::body::Bytes::new())
+                }
+            },
             Err(e) => Err(std::io::Error::other(e)),
         });
-        Ok(Form(multer::Multipart::new(stream, boundary)))
+        Ok(Form(multer::Multipart::new(stream, boundary), over))
     }
 }
+
+/// Bytes of a refused upload still read (and dropped) so the refusal reaches the client.
+const LINGER: u64 = 64 << 20;
 
 /// Watches a multipart stream for part headers longer than a limit: after each delimiter
 /// (`--BOUNDARY`) the bytes up to the blank line are counted across chunks.
@@ -147,19 +175,7 @@ impl PartHeaders {
 
 /// A multipart error as the API reports it.
 fn bad_body(e: multer::Error) -> ApiError {
-    let msg = format!("upload body: {e}");
-    let source = std::error::Error::source(&e)
-        .map(|s| s.to_string())
-        .unwrap_or_default();
-    if source.contains("max_part_header_bytes") {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "too_large",
-            format!("upload body: {source}"),
-        )
-    } else {
-        ApiError::bad_request(msg)
-    }
+    ApiError::bad_request(format!("upload body: {e}"))
 }
 
 /// `fut`, or 408 when the client sends nothing for `stall`.
@@ -222,6 +238,13 @@ async fn save(
         {
             n += chunk.len() as u64;
             if n > max {
+                // The rest is read and dropped (up to LINGER) so the client gets the answer.
+                let mut more = 0u64;
+                while more < LINGER
+                    && let Ok(Ok(Some(c))) = tokio::time::timeout(stall, field.chunk()).await
+                {
+                    more += c.len() as u64;
+                }
                 return Err(ApiError::new(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     "too_large",
@@ -245,7 +268,7 @@ pub async fn upload(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
     Query(q): Query<UploadQuery>,
-    Form(mut multipart): Form,
+    Form(mut multipart, over): Form,
 ) -> Result<Response, ApiError> {
     // Refuse what can be refused before reading a byte of the body.
     s.ingest
@@ -273,7 +296,18 @@ pub async fn upload(
         .map_err(|e| ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "storage", e.to_string()))?;
     let mut scrap = Scrap(Some(dir.clone()));
     let stall = std::time::Duration::from_secs(s.ingest.cfg.http.upload_stall_s.max(1));
-    let (path, size) = save(&dir, &mut multipart, s.ingest.cfg.max_upload_bytes, stall).await?;
+    let saved = save(&dir, &mut multipart, s.ingest.cfg.max_upload_bytes, stall).await;
+    if over.load(Ordering::Relaxed) {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!(
+                "upload body: a part's headers are longer than {} bytes (http.max_part_header_bytes)",
+                s.ingest.cfg.http.max_part_header_bytes
+            ),
+        ));
+    }
+    let (path, size) = saved?;
     let payload_url = format!("file://{}", path.display());
     let sub = Submission {
         profile: q.profile,

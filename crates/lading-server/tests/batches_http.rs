@@ -447,3 +447,72 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
     shutdown_handle.stop();
     workers.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submitters_listing_reads_only_its_own_batches_even_in_an_older_tree() {
+    let s = start().await;
+    let submit = |token: &'static str| {
+        let s = &s;
+        async move {
+            let (st, v) = s
+                .call_as(
+                    token,
+                    "POST",
+                    "/api/v1/batches",
+                    Some(json!({"payload_url": "http://127.0.0.1:9/x.bin", "profile": "demo"})),
+                )
+                .await;
+            assert_eq!(st, StatusCode::CREATED, "{v}");
+            v["id"].as_str().unwrap().to_string()
+        }
+    };
+    let mut alices = Vec::new();
+    for i in 0..30 {
+        if i % 10 == 0 {
+            alices.push(submit(SUBMITTER).await);
+        } else {
+            submit(BOB).await;
+        }
+    }
+    let t = s.ingest.engine.tree();
+    // The index holds exactly each submitter's batches: alice's listing reads those three.
+    let mut indexed = t.children("/batch-submitters/alice").await.unwrap();
+    indexed.sort();
+    assert_eq!(indexed, alices);
+    assert_eq!(t.children("/batch-submitters/bob").await.unwrap().len(), 27);
+    let ids = |v: &serde_json::Value| -> Vec<String> {
+        v["batches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (_, list) = s.call_as(SUBMITTER, "GET", "/api/v1/batches", None).await;
+    assert_eq!(ids(&list), alices);
+    // A tree made before the index (no /batch-submitters): opening it indexes every batch.
+    for who in ["alice", "bob"] {
+        for c in t
+            .children(&format!("/batch-submitters/{who}"))
+            .await
+            .unwrap()
+        {
+            t.delete(&format!("/batch-submitters/{who}/{c}"), None)
+                .await
+                .unwrap();
+        }
+        t.delete(&format!("/batch-submitters/{who}"), None)
+            .await
+            .unwrap();
+    }
+    t.delete("/batch-submitters", None).await.unwrap();
+    let (_, list) = s.call_as(SUBMITTER, "GET", "/api/v1/batches", None).await;
+    assert_eq!(list["batches"], json!([]), "nothing indexed, nothing read");
+    s.ingest.engine.init().await.unwrap();
+    let (_, list) = s.call_as(SUBMITTER, "GET", "/api/v1/batches", None).await;
+    assert_eq!(ids(&list), alices);
+    let (_, list) = s
+        .call_as(BOB, "GET", "/api/v1/batches?limit=1000", None)
+        .await;
+    assert_eq!(ids(&list).len(), 27);
+}
