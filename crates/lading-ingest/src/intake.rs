@@ -355,6 +355,9 @@ impl Intake {
             cfg.insert("submission_mode".into(), json!("add"));
             cfg.insert("local_id".into(), json!(o.identifiers.local_id));
             cfg.insert("intake_row".into(), json!(i));
+            if let Some(u) = b.submission_str("batchID") {
+                cfg.insert("batch_uuid".into(), json!(u));
+            }
             trust.record(&mut cfg);
             if let Some(f) = &o.file {
                 cfg.insert("file".into(), json!(f));

@@ -98,9 +98,18 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-async fn callback(State(s): State<Arc<Shared>>, body: axum::Json<Value>) -> StatusCode {
+async fn callback(
+    State(s): State<Arc<Shared>>,
+    headers: axum::http::HeaderMap,
+    body: axum::Json<Value>,
+) -> StatusCode {
     let status = *lock(&s.callback_status);
-    lock(&s.callbacks).push(serde_json::json!({ "status": status, "body": body.0 }));
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    lock(&s.callbacks)
+        .push(serde_json::json!({ "status": status, "body": body.0, "idempotency_key": key }));
     StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 

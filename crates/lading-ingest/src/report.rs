@@ -40,6 +40,30 @@ async fn report(ingest: &Ingest, b: &BatchCtx, update: bool) -> Result<Outcome, 
             .collect();
         report.extra.insert("updated_jobs".into(), json!(fixed));
     }
+    // The report's number: 1 for the first, one more for each update report. A report written
+    // in this same stay in the state (a retry after a crash) keeps its number, so a mail sent
+    // again carries the same Message-ID.
+    // A stay is told by the state and the time the batch entered it (to the second: two
+    // update reports asked for within one second would share a number).
+    let episode = format!("{}@{}", b.info.status.status, b.info.status.last_modified);
+    let number = match b.info.status_report.as_ref() {
+        _ if !update => 1,
+        Some(prev) => {
+            let n = prev
+                .extra
+                .get("report_number")
+                .and_then(Value::as_u64)
+                .unwrap_or(1);
+            if prev.extra.get("report_episode").and_then(Value::as_str) == Some(&episode) {
+                n
+            } else {
+                n + 1
+            }
+        }
+        None => 2,
+    };
+    report.extra.insert("report_number".into(), json!(number));
+    report.extra.insert("report_episode".into(), json!(episode));
     b.write_status_report(&report).await?;
     let profile = match ingest.profile(b.submission_str("profile_name").unwrap_or_default()) {
         Ok(p) => p,
@@ -57,6 +81,19 @@ async fn report(ingest: &Ingest, b: &BatchCtx, update: bool) -> Result<Outcome, 
         return Ok(verdict(&report));
     };
     let (subject, body) = summary(b, &report, update).await?;
+    // Stable for every attempt at sending this report: a repeat after a crash can be
+    // recognised (delivery is at least once).
+    let message_id = format!(
+        "<lading.{}.report-{number}@{}>",
+        b.submission_str("batchID").unwrap_or(b.batch().as_str()),
+        ingest
+            .cfg
+            .mail_from
+            .rsplit('@')
+            .next()
+            .filter(|d| !d.is_empty())
+            .unwrap_or("lading")
+    );
     send_mail(
         &host,
         ingest.cfg.smtp_port,
@@ -64,6 +101,7 @@ async fn report(ingest: &Ingest, b: &BatchCtx, update: bool) -> Result<Outcome, 
         &profile.notification,
         &subject,
         body,
+        Some(message_id),
     )
     .await?;
     Ok(verdict(&report))
@@ -142,12 +180,16 @@ pub async fn send_mail(
     to: &[String],
     subject: &str,
     body: String,
+    message_id: Option<String>,
 ) -> Result<(), Outcome> {
     use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
     let from = from
         .parse()
         .map_err(|e| Outcome::fatal(format!("mail_from {from:?}: {e}")))?;
-    let mut m = Message::builder().from(from).subject(subject);
+    let mut m = Message::builder()
+        .from(from)
+        .subject(subject)
+        .message_id(message_id);
     for addr in to {
         m = m.to(addr
             .parse()

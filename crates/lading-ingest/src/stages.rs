@@ -1055,7 +1055,16 @@ async fn notify(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
         .and_then(|n| n.data)
         .and_then(|d| serde_json::from_slice::<Value>(&d).ok())
         .unwrap_or(Value::Null);
+    // The same for every attempt at delivering this outcome (the job and the version it
+    // stored), so the receiver can drop a repeat: delivery is at least once.
+    let key = format!(
+        "lading:{}:{}:completed:{}",
+        job.config_str("batch_uuid").unwrap_or(&job.info.bid),
+        job.job(),
+        store.get("version").and_then(Value::as_u64).unwrap_or(0)
+    );
     let body = json!({
+        "idempotency_key": key,
         "job": job.job().as_str(),
         "batch": job.info.bid,
         "status": "Completed",
@@ -1068,6 +1077,7 @@ async fn notify(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
         .fetcher
         .client()
         .post(&url)
+        .header("Idempotency-Key", &key)
         .json(&body)
         .timeout(Duration::from_secs(30))
         .send()

@@ -91,6 +91,17 @@ async fn a_manifest_of_manifests_goes_through_every_stage_to_a_report() {
     task.await.unwrap();
 }
 
+/// The Message-ID header of a mail as the SMTP receiver got it.
+fn message_id(mail: &str) -> String {
+    mail.lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("message-id")
+                .then(|| v.trim().to_string())
+        })
+        .unwrap_or_else(|| panic!("no Message-ID in {mail}"))
+}
+
 fn zip_bytes(files: &[(&str, &[u8])]) -> Vec<u8> {
     use std::io::Write;
     let mut buf = std::io::Cursor::new(Vec::new());
@@ -274,8 +285,21 @@ async fn a_failing_callback_fails_the_job_and_a_requeue_after_the_fix_completes_
     let msg = info.status.message.unwrap();
     assert!(msg.contains("answered 500"), "{msg}");
     assert_eq!(w.server.callbacks().len(), 3, "one per attempt");
+    // Every attempt at one outcome carries one Idempotency-Key, in the header and the body.
+    let keys: std::collections::BTreeSet<String> = w
+        .server
+        .callbacks()
+        .iter()
+        .map(|c| {
+            assert_eq!(c["idempotency_key"], c["body"]["idempotency_key"], "{c}");
+            c["idempotency_key"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(keys.len(), 1, "{keys:?}");
     let first = w.smtp.next().await;
     assert!(first.contains("0 completed, 1 failed"), "{first}");
+    let first_id = message_id(&first);
+    assert!(first_id.contains(".report-1@"), "{first}");
     // The admin fixes the receiver and requeues: the job resumes at Notify, not earlier.
     w.server.set_callback_status(200);
     let st = w.engine.requeue_job(&job, None).await.unwrap();
@@ -296,6 +320,13 @@ async fn a_failing_callback_fails_the_job_and_a_requeue_after_the_fix_completes_
     assert!(
         update.contains("(update): 1 completed, 0 failed"),
         "{update}"
+    );
+    let update_id = message_id(&update);
+    assert!(update_id.contains(".report-2@"), "{update}");
+    assert_eq!(
+        update_id.replace(".report-2@", ".report-1@"),
+        first_id,
+        "one batch, one stem"
     );
     assert!(
         update.contains("Fixed since the last report: 1"),

@@ -9,7 +9,8 @@
 //!   long-poll). A connection streaming its response (a download, the event stream) is never
 //!   closed for room; when every connection is streaming, the new one is closed at once. So
 //!   a flood of idle, half-sent or slow-body connections cannot lock anyone out.
-//! - On shutdown, no new connection is taken and open ones finish their requests.
+//! - On shutdown, no new connection is taken and open ones finish their requests, for at most
+//!   [`DRAIN`]; then they are closed.
 
 use axum::Router;
 use axum::body::Body;
@@ -23,6 +24,9 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
+
+/// How long stopping waits for busy connections (a long download) before closing them.
+pub const DRAIN: Duration = Duration::from_secs(5);
 
 /// The limits of [`serve`].
 #[derive(Debug, Clone, Copy)]
@@ -187,6 +191,8 @@ pub async fn serve(
     let epoch = Instant::now();
     let table = Arc::new(Mutex::new(Table::default()));
     let stop = CancellationToken::new();
+    // Cuts off connections still busy when the drain time is up.
+    let force = CancellationToken::new();
     let mut shutdown = std::pin::pin!(shutdown);
     let tracker = tokio_util::task::TaskTracker::new();
     loop {
@@ -223,6 +229,7 @@ pub async fn serve(
         let (state, close) = conn;
         let app = app.clone();
         let table = table.clone();
+        let force = force.clone();
         tracker.spawn(async move {
             let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                 let counted = Active::new(&state, epoch);
@@ -249,9 +256,13 @@ pub async fn serve(
             tokio::select! {
                 _ = conn.as_mut() => {}
                 _ = close.cancelled() => {
-                    // Evicted or stopping: finish what is in progress, take nothing new.
+                    // Evicted or stopping: finish what is in progress, take nothing new
+                    // (cut off when the server's drain time is up).
                     conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
+                    tokio::select! {
+                        _ = conn.as_mut() => {}
+                        _ = force.cancelled() => {}
+                    }
                 }
             }
             table
@@ -264,6 +275,13 @@ pub async fn serve(
     drop(listener);
     stop.cancel();
     tracker.close();
-    tracker.wait().await;
+    if tokio::time::timeout(DRAIN, tracker.wait()).await.is_err() {
+        tracing::warn!(
+            "connections still busy after {} s; closing them",
+            DRAIN.as_secs()
+        );
+        force.cancel();
+        tracker.wait().await;
+    }
     Ok(())
 }
