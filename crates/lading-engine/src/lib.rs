@@ -339,8 +339,12 @@ impl Engine {
         Ok(())
     }
 
-    /// Creates the persistent node `path` unless it exists.
+    /// Creates the persistent node `path` unless it exists (looked at first: a read is much
+    /// cheaper than a refused write).
     async fn ensure(&self, path: &str) -> Result<()> {
+        if self.tree.exists(path).await?.is_some() {
+            return Ok(());
+        }
         match self.tree.create(path, None, CreateMode::Persistent).await {
             Ok(_) | Err(TreeError::NodeExists(_)) => Ok(()),
             Err(e) => Err(e.into()),
@@ -843,8 +847,8 @@ impl Engine {
             Op::create(batch_uuid_path(&uuid), Some(bid.to_string().into_bytes())),
         ];
         if let Some(who) = submission.get("submitter").and_then(Value::as_str) {
+            // BATCH_SUBMITTERS itself is made by `init`.
             let dir = submitter_batches(who);
-            self.ensure(BATCH_SUBMITTERS).await?;
             self.ensure(&dir).await?;
             ops.push(Op::create(format!("{dir}/{bid}"), None));
         }

@@ -955,10 +955,21 @@ async fn store_locked(
         if tmp.exists() {
             std::fs::remove_dir_all(&tmp).map_err(io("removing", &tmp))?;
         }
+        // Whatever fails from here on leaves no partial copy (and no empty object folder)
+        // to take up the storage root's space.
+        let scrap = |o: Outcome| {
+            let _ = std::fs::remove_dir_all(&tmp);
+            if new_object {
+                let _ = std::fs::remove_dir(&object_dir);
+            }
+            o
+        };
         for part in [PRODUCER, SYSTEM] {
             let from = wd.join(part);
             if from.exists() {
-                place_tree(&from, &tmp.join(part), true).map_err(io("copying into", &tmp))?;
+                place_tree(&from, &tmp.join(part), true)
+                    .map_err(io("copying into", &tmp))
+                    .map_err(scrap)?;
             }
         }
         let final_dir = object_dir.join(format!("v{version}"));
@@ -972,17 +983,23 @@ async fn store_locked(
         };
         let vf = tmp.join(VERSION_FILE);
         write_atomic(&vf, &serde_json::to_vec_pretty(&stored).unwrap_or_default())
-            .map_err(io("writing", &vf))?;
+            .map_err(io("writing", &vf))
+            .map_err(scrap)?;
         std::fs::File::open(&vf)
             .and_then(|f| f.sync_data())
-            .map_err(io("syncing", &vf))?;
+            .map_err(io("syncing", &vf))
+            .map_err(scrap)?;
         if umask != DEFAULT_UMASK {
-            set_modes(&tmp, umask).map_err(io("setting modes in", &tmp))?;
+            set_modes(&tmp, umask)
+                .map_err(io("setting modes in", &tmp))
+                .map_err(scrap)?;
         }
         // The copy is durable before it is published.
-        sync_dirs(&tmp).map_err(io("syncing", &tmp))?;
+        sync_dirs(&tmp).map_err(io("syncing", &tmp)).map_err(scrap)?;
         // The rename is the commit: a reader sees no version or a whole one.
-        std::fs::rename(&tmp, &final_dir).map_err(io("renaming into", &final_dir))?;
+        std::fs::rename(&tmp, &final_dir)
+            .map_err(io("renaming into", &final_dir))
+            .map_err(scrap)?;
         std::fs::File::open(&object_dir)
             .and_then(|d| d.sync_all())
             .map_err(io("syncing", &object_dir))?;

@@ -9,6 +9,8 @@
 //!   long-poll). A connection streaming its response (a download, the event stream) is never
 //!   closed for room; when every connection is streaming, the new one is closed at once. So
 //!   a flood of idle, half-sent or slow-body connections cannot lock anyone out.
+//! - **Request timeout**: an ordinary request (reading its body included) gets
+//!   `request_timeout`, then 408; long-polls, the event stream and uploads are exempt.
 //! - On shutdown, no new connection is taken and open ones finish their requests, for at most
 //!   [`DRAIN`]; then they are closed.
 
@@ -33,6 +35,8 @@ pub const DRAIN: Duration = Duration::from_secs(5);
 pub struct Limits {
     pub max_connections: usize,
     pub header_timeout: Duration,
+    /// Time an ordinary request may take, reading its body included (408 after).
+    pub request_timeout: Duration,
 }
 
 impl From<&lading_ingest::HttpSettings> for Limits {
@@ -40,6 +44,7 @@ impl From<&lading_ingest::HttpSettings> for Limits {
         Limits {
             max_connections: h.max_connections.max(1),
             header_timeout: Duration::from_secs(h.header_timeout_s.max(1)),
+            request_timeout: Duration::from_secs(h.request_timeout_s.max(1)),
         }
     }
 }
@@ -180,6 +185,30 @@ impl http_body::Body for Counted {
     }
 }
 
+/// Requests that may take long by design: long-polls, the event stream and uploads.
+fn is_long(path: &str) -> bool {
+    path == "/api/v1/batches/upload"
+        || path == "/api/v1/subscriptions/wait"
+        || path == "/api/v1/events"
+        || path.ends_with("/accept")
+        || path.ends_with("/finish-and-accept")
+}
+
+/// The answer to a request that ran out of time. A streamed response is never cut: its
+/// handler has returned by then.
+fn timed_out(after: Duration) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    crate::ApiError::new(
+        axum::http::StatusCode::REQUEST_TIMEOUT,
+        "timeout",
+        format!(
+            "the request took longer than {} s (http.request_timeout_s)",
+            after.as_secs()
+        ),
+    )
+    .into_response()
+}
+
 /// Serves `app` on `listener` under `limits` until `shutdown` completes; then waits for the
 /// open connections to finish their requests.
 pub async fn serve(
@@ -235,8 +264,17 @@ pub async fn serve(
                 let counted = Active::new(&state, epoch);
                 let in_handler = InHandler::new(&state);
                 let app = app.clone();
+                let long = is_long(req.uri().path());
                 async move {
-                    let resp = app.oneshot(req.map(Body::new)).await?;
+                    let call = app.oneshot(req.map(Body::new));
+                    let resp = if long {
+                        call.await?
+                    } else {
+                        match tokio::time::timeout(limits.request_timeout, call).await {
+                            Ok(r) => r?,
+                            Err(_) => timed_out(limits.request_timeout),
+                        }
+                    };
                     drop(in_handler);
                     Ok::<_, std::convert::Infallible>(resp.map(|b| {
                         Body::new(Counted {

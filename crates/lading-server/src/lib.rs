@@ -83,10 +83,6 @@ pub fn router(state: AppState) -> Router {
         )
         .merge(batches::routes())
         .merge(generic::routes())
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            request_timeout,
-        ))
         .layer(axum::extract::DefaultBodyLimit::max(
             state.ingest.cfg.http.max_body_bytes,
         ))
@@ -95,37 +91,6 @@ pub fn router(state: AppState) -> Router {
             auth::require_token,
         ))
         .with_state(state)
-}
-
-/// Requests that may take long by design: long-polls and uploads.
-fn is_long(path: &str) -> bool {
-    path == "/api/v1/batches/upload"
-        || path == "/api/v1/subscriptions/wait"
-        || path == "/api/v1/events"
-        || path.ends_with("/accept")
-        || path.ends_with("/finish-and-accept")
-}
-
-/// Middleware: an ordinary request (reading its body included) gets `request_timeout_s`,
-/// then 408. A streamed response is not cut: its handler has returned by then.
-async fn request_timeout(
-    axum::extract::State(s): axum::extract::State<AppState>,
-    req: Request,
-    next: axum::middleware::Next,
-) -> Response {
-    if is_long(req.uri().path()) {
-        return next.run(req).await;
-    }
-    let secs = s.ingest.cfg.http.request_timeout_s.max(1);
-    match tokio::time::timeout(std::time::Duration::from_secs(secs), next.run(req)).await {
-        Ok(r) => r,
-        Err(_) => ApiError::new(
-            StatusCode::REQUEST_TIMEOUT,
-            "timeout",
-            format!("the request took longer than {secs} s (http.request_timeout_s)"),
-        )
-        .into_response(),
-    }
 }
 
 /// The admin page: static HTML and script; it asks for a token and talks to the API.
