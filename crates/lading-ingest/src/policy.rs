@@ -366,6 +366,72 @@ mod tests {
         assert!(p.check("https://example.org/x").is_ok());
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_resolver_drops_non_public_addresses_unless_the_host_is_allowed() {
+        use reqwest::dns::Resolve;
+        // A name that resolves only to loopback, as a rebinding name would at fetch time:
+        // the resolver itself refuses it (the name check is not involved here).
+        let p = Arc::new(Policy::new(&[], &[]).unwrap());
+        let r = p.resolver();
+        let err = match r.resolve("localhost".parse().unwrap()).await {
+            Ok(a) => panic!("resolved to {:?}", a.collect::<Vec<_>>()),
+            Err(e) => e,
+        };
+        let refused = refusal_in(err.as_ref()).expect("a policy refusal");
+        assert!(refused.0.contains("no public address"), "{refused}");
+        // An allowed prefix's host resolves as usual.
+        let p = Arc::new(Policy::new(&["http://localhost:9/".into()], &[]).unwrap());
+        let addrs: Vec<_> = p
+            .resolver()
+            .resolve("localhost".parse().unwrap())
+            .await
+            .unwrap()
+            .collect();
+        assert!(!addrs.is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_name_that_resolves_to_this_host_is_refused_after_resolution() {
+        // The machine's own name passes the name check but resolves to a loopback or
+        // private address: the fetch is refused by the resolver, fatally, and no connection
+        // reaches the listener.
+        let host = std::fs::read_to_string("/etc/hostname")
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        let addrs: Vec<SocketAddr> = match tokio::net::lookup_host((host.as_str(), 0)).await {
+            Ok(a) => a.collect(),
+            Err(_) => Vec::new(),
+        };
+        if host.is_empty() || addrs.is_empty() || addrs.iter().any(|a| is_public(a.ip())) {
+            eprintln!("skipped: this host's name {host:?} resolves to {addrs:?}");
+            return;
+        }
+        let l = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let port = l.local_addr().unwrap().port();
+        let f = crate::fetch::Fetcher::new();
+        let url = format!("http://{host}:{port}/m.checkm");
+        assert!(
+            Policy::default().check(&url).is_ok(),
+            "the name itself passes"
+        );
+        let e = f
+            .get_text(&url, &Trust::Depositor { upload: None })
+            .await
+            .unwrap_err();
+        match e {
+            crate::fetch::FetchError::Fatal(m) => {
+                assert!(
+                    m.contains("payload policy") && m.contains("no public address"),
+                    "{m}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(l.accept().is_err(), "a connection was made");
+    }
+
     #[test]
     fn file_roots_are_canonical_and_links_do_not_lead_out() {
         let dir = tempfile::tempdir().unwrap();
