@@ -937,6 +937,42 @@ async fn names_that_cannot_be_stored_fail_at_once() {
     assert_eq!(job["status"]["status"], "Failed", "{job}");
     assert!(message(&job).contains("over the limit of 250"), "{job}");
     assert_eq!(job["status"]["retry_count"], 0, "not retried: {job}");
+    assert_eq!(job["status"]["failure_kind"], "fatal", "{job}");
+    assert_eq!(job["status"]["failed_attempts"], 1, "{job}");
+    // Failed jobs are listed with what failed and how, and filtered on it.
+    let (st, v) = s
+        .call(
+            ADMIN,
+            "GET",
+            "/api/v1/jobs?state=Failed&failure_kind=fatal",
+            None,
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["jobs"][0]["id"], job["id"], "{v}");
+    assert_eq!(v["jobs"][0]["failure_kind"], "fatal", "{v}");
+    assert_eq!(
+        v["jobs"][0]["failed_stage"], job["status"]["failed_stage"],
+        "{v}"
+    );
+    let (_, v) = s
+        .call(
+            ADMIN,
+            "GET",
+            "/api/v1/jobs?state=Failed&failure_kind=exhausted",
+            None,
+        )
+        .await;
+    assert_eq!(v["jobs"], json!([]), "{v}");
+    let (st, _) = s
+        .call(
+            ADMIN,
+            "GET",
+            "/api/v1/jobs?state=Failed&failure_kind=bogus",
+            None,
+        )
+        .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -72,6 +72,9 @@ pub struct JobLease {
     pub batch: BatchId,
     pub status: JobStatus,
     pub priority: u8,
+    /// Why a `Fail` moves the job, recorded with it: `fatal` (bad input, will not work) or
+    /// `exhausted` (the stage's attempts ran out). Set by the worker before it fails the job.
+    pub failure_kind: Option<&'static str>,
     status_version: i32,
     session: u64,
 }
@@ -1788,6 +1791,7 @@ impl Engine {
             });
         }
         Ok(JobLease {
+            failure_kind: None,
             batch: self.job_batch(jid).await?,
             job: jid.clone(),
             status,
@@ -1990,6 +1994,22 @@ impl Engine {
         let next = progress.apply(event)?;
         let mut extra = old.extra.clone();
         if next.state != old.status {
+            if next.state == JobState::Failed {
+                // What failed, how, after how many attempts: kept with the failed job.
+                let attempts = extra
+                    .get(ATTEMPTS_FIELD)
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0)
+                    + 1;
+                extra.insert(FAILED_STAGE_FIELD.into(), Value::from(old.status.name()));
+                extra.insert(
+                    FAILURE_KIND_FIELD.into(),
+                    Value::from(lease.failure_kind.unwrap_or("fatal")),
+                );
+                extra.insert(FAILED_ATTEMPTS_FIELD.into(), Value::from(attempts));
+            } else {
+                clear_failure(&mut extra);
+            }
             // Attempts and retry times belong to the stage being left.
             extra.remove(ATTEMPTS_FIELD);
             extra.remove(RETRY_AT_FIELD);
@@ -2340,13 +2360,17 @@ impl Engine {
             retry_count: old.retry_count,
         };
         let next = f(progress)?;
+        let mut extra = old.extra.clone();
+        if next.state != JobState::Failed {
+            clear_failure(&mut extra);
+        }
         let status = JobStatus {
             status: next.state,
             last_successful_status: next.last_successful,
             last_modified: self.now(),
             retry_count: next.retry_count,
             message: None,
-            extra: old.extra.clone(),
+            extra,
         };
         let lock = job_node(job, "lock");
         let mut ops = vec![
@@ -2914,6 +2938,31 @@ pub async fn dump(tree: &dyn Tree, root: &str) -> Result<BTreeMap<String, Value>
 }
 
 /// The retry time a deferred job's status carries, if any.
+/// A failed job's stage, failure kind (`fatal` or `exhausted`) and attempts, in its status.
+pub const FAILED_STAGE_FIELD: &str = "failed_stage";
+pub const FAILURE_KIND_FIELD: &str = "failure_kind";
+pub const FAILED_ATTEMPTS_FIELD: &str = "failed_attempts";
+
+fn clear_failure(extra: &mut Map<String, Value>) {
+    for k in [
+        FAILED_STAGE_FIELD,
+        FAILURE_KIND_FIELD,
+        FAILED_ATTEMPTS_FIELD,
+    ] {
+        extra.remove(k);
+    }
+}
+
+/// The stage a failed job failed in, if recorded.
+pub fn failed_stage(status: &JobStatus) -> Option<&str> {
+    status.extra.get(FAILED_STAGE_FIELD).and_then(Value::as_str)
+}
+
+/// `fatal` or `exhausted` for a failed job, if recorded.
+pub fn failure_kind(status: &JobStatus) -> Option<&str> {
+    status.extra.get(FAILURE_KIND_FIELD).and_then(Value::as_str)
+}
+
 pub fn retry_at(status: &JobStatus) -> Option<u64> {
     status.extra.get(RETRY_AT_FIELD).and_then(Value::as_u64)
 }

@@ -161,12 +161,19 @@ async fn summary(
             .engine
             .job(&JobId::parse(j).map_err(Outcome::fatal)?)
             .await?;
+        // The stage that failed (recorded at the failure; before that was kept, the stage
+        // after the last one that succeeded).
+        let stage = lading_engine::failed_stage(&info.status)
+            .map(str::to_string)
+            .unwrap_or_else(|| {
+                info.status
+                    .last_successful_status
+                    .map_or("Pending".to_string(), |s| s.to_string())
+            });
+        let kind = lading_engine::failure_kind(&info.status).unwrap_or("fatal");
         body.push_str(&format!(
-            "  {j}  {}: {}\n",
-            info.status
-                .last_successful_status
-                .map_or("Pending".to_string(), |s| s.to_string()),
-            info.status.message.unwrap_or_default()
+            "  {j}  {stage} ({kind}): {}\n",
+            info.status.message.clone().unwrap_or_default()
         ));
     }
     Ok((subject, body))

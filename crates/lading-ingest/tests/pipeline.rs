@@ -253,6 +253,13 @@ async fn a_digest_mismatch_fails_the_job_at_once() {
     w.batch_reaches(&bid, &[BatchState::Failed]).await;
     let job = w.jobs_of(&bid).await.remove(0);
     let info = w.engine.job(&job).await.unwrap();
+    // A fatal failure, in the stage that failed, after one attempt.
+    assert_eq!(lading_engine::failure_kind(&info.status), Some("fatal"));
+    assert_eq!(
+        lading_engine::failed_stage(&info.status),
+        Some("Downloading")
+    );
+    assert_eq!(info.status.extra["failed_attempts"], 1);
     let msg = info.status.message.unwrap();
     assert!(msg.starts_with("sha256 digest mismatch for"), "{msg}");
     assert_eq!(w.server.gets("obj.d/a.txt"), 1, "not retried");
@@ -282,9 +289,12 @@ async fn a_failing_callback_fails_the_job_and_a_requeue_after_the_fix_completes_
         info.status.last_successful_status,
         Some(JobState::Recording)
     );
-    let msg = info.status.message.unwrap();
+    let msg = info.status.message.clone().unwrap();
     assert!(msg.contains("answered 500"), "{msg}");
     assert_eq!(w.server.callbacks().len(), 3, "one per attempt");
+    assert_eq!(lading_engine::failure_kind(&info.status), Some("exhausted"));
+    assert_eq!(lading_engine::failed_stage(&info.status), Some("Notify"));
+    assert_eq!(info.status.extra["failed_attempts"], 3);
     // Every attempt at one outcome carries one Idempotency-Key, in the header and the body.
     let keys: std::collections::BTreeSet<String> = w
         .server
@@ -298,12 +308,21 @@ async fn a_failing_callback_fails_the_job_and_a_requeue_after_the_fix_completes_
     assert_eq!(keys.len(), 1, "{keys:?}");
     let first = w.smtp.next().await;
     assert!(first.contains("0 completed, 1 failed"), "{first}");
+    assert!(
+        first.contains("Notify (exhausted): "),
+        "the stage that failed: {first}"
+    );
     let first_id = message_id(&first);
     assert!(first_id.contains(".report-1@"), "{first}");
     // The admin fixes the receiver and requeues: the job resumes at Notify, not earlier.
     w.server.set_callback_status(200);
     let st = w.engine.requeue_job(&job, None).await.unwrap();
     assert_eq!(st.status, JobState::Notify);
+    assert_eq!(
+        lading_engine::failure_kind(&st),
+        None,
+        "a requeued job is not failed"
+    );
     w.job_reaches(&job, JobState::Completed).await;
     assert_eq!(stored(&w, &job).await.version, 1, "not stored again");
     w.engine.update_reporting(&bid).await.unwrap();

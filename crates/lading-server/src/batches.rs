@@ -321,6 +321,8 @@ pub(crate) async fn show_job(
 #[serde(deny_unknown_fields)]
 pub(crate) struct JobQuery {
     state: String,
+    /// Failed jobs only: `fatal` or `exhausted`.
+    failure_kind: Option<String>,
     after: Option<String>,
     limit: Option<usize>,
 }
@@ -342,10 +344,33 @@ pub(crate) async fn list_jobs(
     let next = (page.len() == limit)
         .then(|| page.last().map(|(prio, j)| format!("{prio:02}-{j}")))
         .flatten();
-    let jobs: Vec<Value> = page
-        .iter()
-        .map(|(prio, j)| json!({"id": j, "priority": prio}))
-        .collect();
+    if let Some(k) = q.failure_kind.as_deref()
+        && !matches!(k, "fatal" | "exhausted")
+    {
+        return Err(ApiError::bad_request(format!(
+            "unknown failure_kind {k:?} (fatal or exhausted)"
+        )));
+    }
+    let mut jobs: Vec<Value> = Vec::new();
+    for (prio, j) in &page {
+        let mut row = json!({"id": j, "priority": prio});
+        if state == JobState::Failed {
+            // What failed and how, so failures can be told apart at a glance.
+            let st = match s.ingest.engine.job(j).await {
+                Ok(info) => info.status,
+                Err(EngineError::NoJob(_)) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let kind = lading_engine::failure_kind(&st).unwrap_or("fatal");
+            if q.failure_kind.as_deref().is_some_and(|k| k != kind) {
+                continue;
+            }
+            row["failure_kind"] = json!(kind);
+            row["failed_stage"] = json!(lading_engine::failed_stage(&st));
+            row["message"] = json!(st.message);
+        }
+        jobs.push(row);
+    }
     Ok(Json(
         json!({"state": state.name(), "jobs": jobs, "next_after": next}),
     ))

@@ -687,7 +687,7 @@ pub const GOLDEN: &str = r#"{
   "/jobs/jid0000000001/metadata": {},
   "/jobs/jid0000000001/priority": 5,
   "/jobs/jid0000000001/space_needed": 0,
-  "/jobs/jid0000000001/status": {"status": "Failed", "last_successful_status": "Provisioning", "last_modified": "<time>", "retry_count": 0, "message": "digest mismatch"},
+  "/jobs/jid0000000001/status": {"status": "Failed", "last_successful_status": "Provisioning", "last_modified": "<time>", "retry_count": 0, "message": "digest mismatch", "failed_stage": "Downloading", "failure_kind": "fatal", "failed_attempts": 1},
   "/jobs/states": null,
   "/jobs/states/completed/05-jid0000000000": null,
   "/jobs/states/failed/05-jid0000000001": null,

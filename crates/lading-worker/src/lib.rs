@@ -593,6 +593,8 @@ impl JobLoop {
                 let n = attempts + 1;
                 if n >= max_attempts {
                     let msg = format!("{reason} (gave up after {n} attempts)");
+                    let mut lease = lease;
+                    lease.failure_kind = Some("exhausted");
                     self.move_on(lease, Event::Fail, Some(msg), chain)
                         .await
                         .map(|n| next = n)
