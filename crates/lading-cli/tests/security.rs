@@ -238,6 +238,36 @@ impl Serve {
         jobs.into_iter().next().unwrap()
     }
 
+    /// Bob's upload of a single-file batch manifest of one `row`; its one job once the batch
+    /// has finished.
+    async fn single_file_batch_job(&self, row: &str) -> Value {
+        let m = manifest(
+            "mrt-single-file-batch-manifest",
+            "nfo:fileUrl | nfo:hashAlgorithm | nfo:hashValue | nfo:fileSize | nfo:fileLastModified | nfo:fileName",
+            &[row.to_string()],
+        );
+        let (st, v) = self
+            .upload(
+                BOB,
+                "profile=alpha&type=single-file-batch-manifest",
+                "m.checkm",
+                m.as_bytes(),
+            )
+            .await;
+        assert_eq!(st, StatusCode::CREATED, "{v}");
+        let b = self.finished(v["id"].as_str().unwrap()).await;
+        self.only_job(&b).await
+    }
+
+    /// Asserts no file in the working folders grew large (a bomb or endless download cut
+    /// off in time leaves none).
+    fn no_large_working_files(&self) {
+        for f in walk(&self.data().join("work")) {
+            let n = std::fs::metadata(&f).unwrap().len();
+            assert!(n < 2 << 20, "{} is {n} bytes", f.display());
+        }
+    }
+
     /// Files under the storage root.
     fn stored_files(&self) -> Vec<PathBuf> {
         walk(&self.data().join("storage"))
@@ -782,21 +812,9 @@ async fn endless_and_dripping_payloads_are_cut_off() {
     let b = s.finished(v["id"].as_str().unwrap()).await;
     assert!(message(&b).contains("payload.max_manifest_bytes"), "{b}");
     // An endless file whose manifest declares 10 bytes: cut off at the 11th.
-    let m = manifest(
-        "mrt-single-file-batch-manifest",
-        "nfo:fileUrl | nfo:hashAlgorithm | nfo:hashValue | nfo:fileSize | nfo:fileLastModified | nfo:fileName",
-        &[format!("http://{endless}/f.bin | | | 10 | | f.bin")],
-    );
-    let (_, v) = s
-        .upload(
-            BOB,
-            "profile=alpha&type=single-file-batch-manifest",
-            "m.checkm",
-            m.as_bytes(),
-        )
+    let job = s
+        .single_file_batch_job(&format!("http://{endless}/f.bin | | | 10 | | f.bin"))
         .await;
-    let b = s.finished(v["id"].as_str().unwrap()).await;
-    let job = s.only_job(&b).await;
     assert!(
         message(&job).contains("sends more than the 10 bytes"),
         "{job}"
@@ -817,32 +835,14 @@ async fn endless_and_dripping_payloads_are_cut_off() {
         "{job}"
     );
     // A size that can never fit fails at once, not after hours of waiting.
-    let m = manifest(
-        "mrt-single-file-batch-manifest",
-        "nfo:fileUrl | nfo:hashAlgorithm | nfo:hashValue | nfo:fileSize | nfo:fileLastModified | nfo:fileName",
-        &[format!(
+    let job = s
+        .single_file_batch_job(&format!(
             "http://{drip}/missing | | | 999999999999999999 | | x"
-        )],
-    );
-    let (_, v) = s
-        .upload(
-            BOB,
-            "profile=alpha&type=single-file-batch-manifest",
-            "m.checkm",
-            m.as_bytes(),
-        )
+        ))
         .await;
-    let b = s.finished(v["id"].as_str().unwrap()).await;
-    let job = s.only_job(&b).await;
     assert!(message(&job).contains("can never fit"), "{job}");
     // Nothing large was left in the working folders.
-    for f in walk(&s.data().join("work")) {
-        assert!(
-            std::fs::metadata(&f).unwrap().len() < 2 << 20,
-            "{}",
-            f.display()
-        );
-    }
+    s.no_large_working_files();
     assert!(s.stored_files().is_empty());
 }
 
@@ -868,13 +868,7 @@ async fn container_bombs_are_refused_and_leave_nothing_behind() {
     let job = s.only_job(&b).await;
     assert_eq!(job["status"]["status"], "Failed", "{job}");
     assert!(message(&job).contains("payload.max_unpack_ratio"), "{job}");
-    for f in walk(&s.data().join("work")) {
-        assert!(
-            std::fs::metadata(&f).unwrap().len() < 2 << 20,
-            "{}",
-            f.display()
-        );
-    }
+    s.no_large_working_files();
     assert!(s.stored_files().is_empty());
 }
 

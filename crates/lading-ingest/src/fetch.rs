@@ -643,14 +643,10 @@ fn write_all_vectored(file: &mut std::fs::File, chunks: &[Bytes]) -> std::io::Re
 /// A local file error: a full disk or an I/O error may clear, so it is transient; a name
 /// that cannot exist here (too long, a file where a folder must be) never will.
 fn local(path: &Path, e: std::io::Error) -> FetchError {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    if crate::stages::is_permanent(&e) {
-        FetchError::Fatal(format!("cannot write {name:?}: {e}"))
-    } else {
-        FetchError::Transient(format!("writing {name:?}: {e}"))
+    match crate::stages::io_err("writing", path, e) {
+        lading_worker::Outcome::Fatal(m) => FetchError::Fatal(m),
+        lading_worker::Outcome::Transient(m) => FetchError::Transient(m),
+        other => FetchError::Transient(format!("{other:?}")),
     }
 }
 

@@ -135,7 +135,7 @@ fn engine_err(e: EngineError) -> Outcome {
     e.into()
 }
 
-fn io_err(what: &str, path: &Path, e: std::io::Error) -> Outcome {
+pub(crate) fn io_err(what: &str, path: &Path, e: std::io::Error) -> Outcome {
     // A full disk or a vanished mount may recover; a name that cannot exist here will not.
     // Messages name the file, not the server's folders.
     let name = path

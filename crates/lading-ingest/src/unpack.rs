@@ -7,15 +7,7 @@ use std::io::Read;
 use std::path::Path;
 
 fn io(what: &str, p: &Path, e: std::io::Error) -> Outcome {
-    let name = p
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    if crate::stages::is_permanent(&e) {
-        Outcome::Fatal(format!("{what} {name:?}: {e}"))
-    } else {
-        Outcome::Transient(format!("{what} {name:?}: {e}"))
-    }
+    crate::stages::io_err(what, p, e)
 }
 
 /// Bounds on what one job's containers may unpack to (from `[payload]`).
