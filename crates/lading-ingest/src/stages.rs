@@ -179,15 +179,22 @@ async fn object_files(ingest: &Ingest, job: &JobCtx) -> Result<Vec<FileEntry>, O
             .config_str("payload_url")
             .ok_or_else(|| Outcome::fatal("the job has no payload_url"))?;
         let saved = job.workdir.join(SYSTEM).join(FETCHED_MANIFEST);
+        // The copy is the job's own until an admin requeues it (which counts a retry): then
+        // the depositor's manifest is fetched again, so a corrected one is read.
+        let fetched_at = job.workdir.join(INTERIM).join("manifest-retry");
+        let retry = job.info.status.retry_count.to_string();
+        let current = std::fs::read_to_string(&fetched_at).is_ok_and(|r| r == retry);
         let text = match tokio::fs::read_to_string(&saved).await {
-            Ok(t) => t,
-            Err(_) => {
+            Ok(t) if current => t,
+            _ => {
                 let t = ingest
                     .fetcher
                     .get_text(url, &trust(job))
                     .await
                     .map_err(fatal_or_transient)?;
                 write_atomic(&saved, t.as_bytes()).map_err(|e| io_err("writing", &saved, e))?;
+                write_atomic(&fetched_at, retry.as_bytes())
+                    .map_err(|e| io_err("writing", &fetched_at, e))?;
                 t
             }
         };

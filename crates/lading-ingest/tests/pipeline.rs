@@ -270,6 +270,28 @@ async fn a_digest_mismatch_fails_the_job_at_once() {
             .join("producer/a.txt")
             .exists()
     );
+    // The depositor corrects the digest; a requeue reads the corrected manifest.
+    let mut h256 = lading_ingest::fetch::Hasher::new(checkm::HashAlg::Sha256);
+    h256.update(b"the real content");
+    let fixed = checkm::write(
+        ManifestKind::Object,
+        &[
+            checkm::FILE_URL,
+            checkm::HASH_ALG,
+            checkm::HASH_VALUE,
+            checkm::FILE_NAME,
+        ],
+        &[vec![
+            w.server.url("obj.d/a.txt"),
+            "sha256".into(),
+            h256.hex(),
+            "a.txt".into(),
+        ]],
+    );
+    w.file("obj.checkm", fixed.as_bytes());
+    let st = w.engine.requeue_job(&job, None).await.unwrap();
+    assert_eq!(st.status, JobState::Downloading);
+    w.job_reaches(&job, JobState::Completed).await;
     h.stop();
     task.await.unwrap();
 }
