@@ -1092,3 +1092,85 @@ async fn hardening_roles_overflow_ghost_acceptors_metrics_and_file_modes() {
     let m = std::fs::metadata(s.dir.path().join("lading.db")).unwrap();
     assert_eq!(m.permissions().mode() & 0o077, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_submitters_slow_downloads_do_not_hold_every_slot() {
+    // Endless dripping files, and a long rate window: nothing is cut off by the rate here.
+    let drip = endless_server(
+        "HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\nConnection: close\r\n\r\n",
+        1,
+        Duration::from_millis(200),
+    );
+    let pdir = tempfile::tempdir().unwrap();
+    std::fs::write(pdir.path().join("tiny.txt"), b"tiny\n").unwrap();
+    let files = PayloadServer::start(pdir.path()).await.unwrap();
+    let s = serve_with(
+        &[format!("http://{drip}/"), format!("http://{}/", files.addr)],
+        "min_rate_bytes_per_s = 1\nrate_window_s = 600\n",
+        "[stages.downloading]\nconcurrency = 2\n",
+    );
+    // Bob's three slow files take both slots.
+    let rows: Vec<String> = (0..3)
+        .map(|i| format!("http://{drip}/d{i}.bin | | | | | d{i}.bin"))
+        .collect();
+    let m = manifest(
+        "mrt-single-file-batch-manifest",
+        "nfo:fileUrl | nfo:hashAlgorithm | nfo:hashValue | nfo:fileSize | nfo:fileLastModified | nfo:fileName",
+        &rows,
+    );
+    let (st, v) = s
+        .upload(
+            BOB,
+            "profile=alpha&type=single-file-batch-manifest",
+            "m.checkm",
+            m.as_bytes(),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    let bobs = v["id"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, b) = s
+            .call(ADMIN, "GET", &format!("/api/v1/batches/{bobs}"), None)
+            .await;
+        let downloading = s
+            .jobs_of(&b)
+            .await
+            .iter()
+            .filter(|j| j["status"]["status"] == "Downloading" && j["locked"] == true)
+            .count();
+        if downloading == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "bob's downloads did not start: {b}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Alice's tiny file gets a slot and completes while Bob's still drip.
+    let (st, v) = s
+        .call(
+            ALICE,
+            "POST",
+            "/api/v1/batches",
+            Some(json!({"payload_url": files.url("tiny.txt"), "profile": "alpha"})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    let b = s.finished(v["id"].as_str().unwrap()).await;
+    assert_eq!(b["status"]["status"], "Completed", "{b}");
+    let (_, bob) = s
+        .call(ADMIN, "GET", &format!("/api/v1/batches/{bobs}"), None)
+        .await;
+    assert_eq!(
+        bob["status"]["status"], "Processing",
+        "bob's are still going: {bob}"
+    );
+    // One of Bob's gave its slot back, and said so; none failed.
+    let jobs = s.jobs_of(&bob).await;
+    assert!(
+        jobs.iter().all(|j| j["status"]["status"] != "Failed"),
+        "{jobs:?}"
+    );
+}

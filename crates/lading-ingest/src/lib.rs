@@ -9,6 +9,7 @@
 pub mod checkm;
 pub mod cleanup;
 pub mod config;
+pub mod fair;
 pub mod fetch;
 pub mod intake;
 pub mod inventory;
@@ -39,6 +40,8 @@ pub struct Ingest {
     pub inventory: Arc<inventory::Inventory>,
     /// What this process's stage workers did (outcomes, latencies), for `/metrics`.
     pub stats: Arc<lading_worker::Stats>,
+    /// This process's download slots per submitter (see [`fair`]).
+    pub slots: fair::Slots,
     /// Profiles read so far, with the modification time of their file: every stage of every
     /// job asks for its profile, and a `stat` is much cheaper than reading and parsing.
     profiles: Mutex<HashMap<String, (Option<SystemTime>, Profile)>>,
@@ -60,6 +63,7 @@ impl Ingest {
             cfg,
             fetcher,
             stats: Arc::new(lading_worker::Stats::default()),
+            slots: fair::Slots::default(),
             profiles: Mutex::new(HashMap::new()),
         }))
     }

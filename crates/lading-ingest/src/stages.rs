@@ -523,6 +523,33 @@ fn append_verified(workdir: &Path, name: &str, fetched: &Fetched) -> std::io::Re
 
 async fn download(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
     let files = object_files(ingest, job).await?;
+    // A fair share of the slots for the submitter, given back when it is over it.
+    let who = job.config_str("submitter").unwrap_or_default().to_string();
+    let _slot = match crate::fair::admit(ingest, &who).await {
+        Ok(slot) => slot,
+        Err(reason) => {
+            return Ok(Outcome::Wait {
+                after: crate::fair::CHECK,
+                reason,
+            });
+        }
+    };
+    tokio::select! {
+        r = download_files(ingest, job, files) => r,
+        reason = crate::fair::over_share(ingest, &who) => {
+            job.log(&reason);
+            Ok(Outcome::Wait { after: crate::fair::CHECK, reason })
+        }
+    }
+}
+
+/// Fetches and verifies `files` into the job's working folder (those verified before and
+/// unchanged are kept).
+async fn download_files(
+    ingest: &Ingest,
+    job: &JobCtx,
+    files: Vec<FileEntry>,
+) -> Result<Outcome, Outcome> {
     let into = if job.config_str("payload_type") == Some("container") {
         CONTAINER
     } else {
