@@ -35,6 +35,14 @@ pub async fn serve(
         );
         auth = auth.with_admin(&token);
     }
+    let files = raise_open_files();
+    if cfg.http.max_connections + 256 > files {
+        eprintln!(
+            "lading: warning: [http] max_connections = {} is close to this process's limit of \
+             {files} open files; raise the limit (ulimit -n, LimitNOFILE=) or lower the cap",
+            cfg.http.max_connections
+        );
+    }
     let ingest = crate::pipeline::ingest(store, cfg).await?;
     let tree = ingest.engine.tree().clone();
     let jobs = Arc::new(Jobs::new(
@@ -83,6 +91,30 @@ pub async fn serve(
         w.await?;
     }
     r
+}
+
+/// Raises this process's soft limit of open files to its hard limit; returns the limit.
+fn raise_open_files() -> usize {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write the struct we own.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return 1024;
+        }
+        if r.rlim_cur < r.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: r.rlim_max,
+                rlim_max: r.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                r.rlim_cur = r.rlim_max;
+            }
+        }
+    }
+    r.rlim_cur.min(1 << 20) as usize
 }
 
 /// The access queues as `lading worker` stage names.
