@@ -172,6 +172,14 @@ pub async fn run(
     if let Err(e) = stages::spread_subdirs(&work) {
         tracing::debug!(dir = %work.display(), error = %e, "cannot spread job folders");
     }
+    if names.contains(&"storing") {
+        // What stores that failed in an earlier run (a full disk, a crash) left behind.
+        match stages::sweep_storage(ingest).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(removed = n, "storage root: partial copies removed"),
+            Err(e) => tracing::warn!(error = %e, "cannot sweep the storage root"),
+        }
+    }
     let worker = Worker::new(ingest.engine.clone(), work).with_stats(ingest.stats.clone());
     let stats = worker.stats();
     // The process that reports also repairs and cleans up.

@@ -1049,6 +1049,55 @@ async fn store_locked(
     .map_err(|e| Outcome::Transient(e.to_string()))?
 }
 
+/// Removes what failed stores left in the service's storage root: `.tmp-JID` copies of jobs
+/// that are not being stored right now (not locked in Storing), and object folders left
+/// empty. Run when a process with the storing stage starts. Returns what went.
+pub async fn sweep_storage(ingest: &Ingest) -> std::io::Result<usize> {
+    let root = ingest.cfg.storage_root();
+    let mut debris = Vec::new();
+    let mut objects = Vec::new();
+    let rd = match std::fs::read_dir(&root) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    for e in rd {
+        let e = e?;
+        if !e.file_type()?.is_dir() {
+            continue;
+        }
+        objects.push(e.path());
+        for c in std::fs::read_dir(e.path())? {
+            let c = c?;
+            let name = c.file_name().to_string_lossy().into_owned();
+            if let Some(jid) = name.strip_prefix(".tmp-") {
+                debris.push((c.path(), jid.to_string()));
+            }
+        }
+    }
+    let mut gone = 0;
+    for (path, jid) in debris {
+        let busy = match lading_core::layout::JobId::parse(&jid) {
+            Ok(j) => ingest
+                .engine
+                .job(&j)
+                .await
+                .is_ok_and(|i| i.status.status == JobState::Storing && i.locked),
+            Err(_) => false,
+        };
+        if !busy && std::fs::remove_dir_all(&path).is_ok() {
+            gone += 1;
+        }
+    }
+    for o in objects {
+        // Only an empty folder goes (remove_dir refuses any other).
+        if std::fs::remove_dir(&o).is_ok() {
+            gone += 1;
+        }
+    }
+    Ok(gone)
+}
+
 async fn record(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
     let stored: StoredVersion = job
         .engine

@@ -931,3 +931,37 @@ async fn cleanup_removes_an_uploaded_payload_with_its_batch_but_no_other_file() 
     assert!(elsewhere.exists(), "a payload that was not uploaded stays");
     assert!(w.cfg.data_dir.join("uploads").exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_starting_removes_what_failed_stores_left_in_the_storage_root() {
+    let w = World::new().await;
+    let root = w.cfg.storage_root();
+    // A stored object with a partial copy of a job that is gone, and an empty object folder.
+    let kept = root.join("ark_99999_fk4kept");
+    std::fs::create_dir_all(kept.join("v1/producer")).unwrap();
+    std::fs::write(kept.join("v1/producer/a.txt"), b"stored").unwrap();
+    std::fs::create_dir_all(kept.join(".tmp-jid0000000042/producer")).unwrap();
+    std::fs::write(kept.join(".tmp-jid0000000042/producer/a.txt"), b"half").unwrap();
+    std::fs::create_dir_all(root.join("ark_99999_fk4empty")).unwrap();
+    let ingest = w.ingest();
+    let (h, task) = w.run_all(&ingest);
+    // The sweep runs before the stages start: a batch completing proves it has run.
+    let (url, _) = w.file("x.bin", b"x");
+    let bid = w.submit(&ingest, &url, "file").await;
+    w.completes(&bid).await;
+    h.stop();
+    task.await.unwrap();
+    assert!(
+        !kept.join(".tmp-jid0000000042").exists(),
+        "the partial copy went"
+    );
+    assert!(
+        !root.join("ark_99999_fk4empty").exists(),
+        "the empty folder went"
+    );
+    assert_eq!(
+        std::fs::read(kept.join("v1/producer/a.txt")).unwrap(),
+        b"stored",
+        "stored versions stay"
+    );
+}
