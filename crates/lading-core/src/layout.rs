@@ -24,6 +24,14 @@ pub const QUEUE_LOCKS: &str = "/locks/queue";
 pub const COLLECTION_LOCKS: &str = "/locks/collections";
 pub const STORAGE_LOCKS: &str = "/locks/storage";
 pub const INVENTORY_LOCKS: &str = "/locks/inventory";
+/// Lading's outbox: one node per outside effect (a mail, a callback) still to deliver,
+/// created in the same `multi` as the state change that causes it. Not part of Merritt's
+/// layout.
+pub const OUTBOX: &str = "/outbox";
+pub const OUTBOX_PREFIX: &str = "/outbox/e";
+/// Lading's space reservations of jobs admitted by provisioning (`/reservations/JID`), held
+/// until their download ends either way. Not part of Merritt's layout.
+pub const RESERVATIONS: &str = "/reservations";
 
 /// Folders the engine creates once, up front, so every later operation can assume them.
 pub const ROOTS: &[&str] = &[
@@ -39,6 +47,8 @@ pub const ROOTS: &[&str] = &[
     COLLECTION_LOCKS,
     STORAGE_LOCKS,
     INVENTORY_LOCKS,
+    OUTBOX,
+    RESERVATIONS,
 ];
 
 /// The batch reference folders under `/batches/BID/states`.

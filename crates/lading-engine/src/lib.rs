@@ -18,8 +18,10 @@
 //!   `multi`, so they fail cleanly (`Locked`) while a worker holds it.
 
 mod error;
+mod outbox;
 
 pub use error::{EngineError, Result};
+pub use outbox::{Effect, OutboxClaim, OutboxEntry, OutboxItem};
 
 use foldhash::{HashMap, HashMapExt};
 use lading_core::layout::{self, *};
@@ -75,6 +77,9 @@ pub struct JobLease {
     /// Why a `Fail` moves the job, recorded with it: `fatal` (bad input, will not work) or
     /// `exhausted` (the stage's attempts ran out). Set by the worker before it fails the job.
     pub failure_kind: Option<&'static str>,
+    /// Outside effects the job's next move causes: recorded in the outbox in that move's
+    /// `multi`, delivered after it commits (see [`Effect`]).
+    pub effects: Vec<Effect>,
     status_version: i32,
     session: u64,
 }
@@ -90,6 +95,11 @@ impl JobLease {
 pub struct BatchLease {
     pub batch: BatchId,
     pub status: BatchStatus,
+    /// Outside effects the batch's next move causes, recorded in that move's `multi`.
+    pub effects: Vec<Effect>,
+    /// A `status-report` written in the batch's next move's `multi` (a report exists only
+    /// for a move that committed).
+    pub report: Option<StatusReport>,
     status_version: i32,
     session: u64,
 }
@@ -944,6 +954,8 @@ impl Engine {
                 let lease = BatchLease {
                     batch: bid.clone(),
                     status,
+                    effects: Vec::new(),
+                    report: None,
                     status_version: version,
                     session: self.tree.session_id(),
                 };
@@ -1138,6 +1150,8 @@ impl Engine {
             Ok((status, version)) => {
                 lease.status = status;
                 lease.status_version = version;
+                lease.effects.clear();
+                lease.report = None;
                 Ok(lease)
             }
             Err(e) => {
@@ -1176,13 +1190,28 @@ impl Engine {
                 ops.push(Op::create(batch_ref_folder(bid, f), None));
             }
         }
+        if let Some(report) = &lease.report {
+            let path = batch_node(bid, "status-report");
+            let mut report = report.clone();
+            report.last_modified = self.now();
+            ops.push(if self.tree.exists(&path).await?.is_some() {
+                Op::set(&path, json_bytes(&report), None)
+            } else {
+                Op::create(&path, json_bytes(&report))
+            });
+        }
+        ops.extend(self.effect_ops(&lease.effects));
         if !keep_lock {
             ops.push(Op::delete(&lock, None));
         }
-        self.tree
-            .multi(ops)
-            .await
-            .map_err(|e| self.lease_error(e, bid.as_str()))?;
+        if let Err(e) = self.tree.multi(ops).await {
+            if matches!(e.root(), TreeError::BadVersion { .. }) {
+                // Someone moved the batch under us (an admin requeue reopened it): the lock
+                // is still ours and must not outlive this failed move.
+                self.drop_own_lock(&lock).await;
+            }
+            return Err(self.lease_error(e, bid.as_str()));
+        }
         self.publish(
             "batch",
             bid.as_str(),
@@ -1191,6 +1220,16 @@ impl Engine {
             to.name(),
         );
         Ok((status, lease.status_version + 1))
+    }
+
+    /// Deletes `lock` if this session holds it (best effort: the session's end removes it
+    /// anyway).
+    async fn drop_own_lock(&self, lock: &str) {
+        if let Ok(Some(stat)) = self.tree.exists(lock).await
+            && stat.ephemeral_owner == self.tree.session_id()
+        {
+            let _ = self.tree.delete(lock, Some(stat.version)).await;
+        }
     }
 
     fn lease_error(&self, e: TreeError, what: &str) -> EngineError {
@@ -1341,6 +1380,8 @@ impl Engine {
         let lease = BatchLease {
             batch: batch.clone(),
             status,
+            effects: Vec::new(),
+            report: None,
             status_version: version,
             session: self.tree.session_id(),
         };
@@ -1792,6 +1833,7 @@ impl Engine {
         }
         Ok(JobLease {
             failure_kind: None,
+            effects: Vec::new(),
             batch: self.job_batch(jid).await?,
             job: jid.clone(),
             status,
@@ -1947,13 +1989,16 @@ impl Engine {
         keep_lock: bool,
     ) -> Result<(JobStatus, i32)> {
         let (mut ops, status) = self.transition_plan(lease, event, message)?;
+        let lock = job_node(&lease.job, "lock");
         if !keep_lock {
-            ops.push(Op::delete(job_node(&lease.job, "lock"), None));
+            ops.push(Op::delete(&lock, None));
         }
-        self.tree
-            .multi(ops)
-            .await
-            .map_err(|e| self.lease_error(e, lease.job.as_str()))?;
+        if let Err(e) = self.tree.multi(ops).await {
+            if matches!(e.root(), TreeError::BadVersion { .. }) {
+                self.drop_own_lock(&lock).await;
+            }
+            return Err(self.lease_error(e, lease.job.as_str()));
+        }
         self.publish_move(lease, &status);
         Ok((status, lease.status_version + 1))
     }
@@ -2039,6 +2084,7 @@ impl Engine {
             next.state,
             &mut ops,
         );
+        ops.extend(self.effect_ops(&lease.effects));
         Ok((ops, status))
     }
 
@@ -2379,17 +2425,59 @@ impl Engine {
         ];
         self.move_ops(job, &batch, priority, old.status, next.state, &mut ops);
         // Back into batch-processing: bump the batch status version so a concurrent
-        // `maybe_report` that saw the folder empty cannot win.
+        // `maybe_report` that saw the folder empty cannot win. A batch already reporting or
+        // reported is reopened (back to Processing): it reports again, with the next report
+        // number, once its jobs are done; a reporter holding it loses its lease, and nothing it
+        // meant to record (the report, its mail) is.
         let reentering = old.status.batch_folder() != "batch-processing"
             && next.state.batch_folder() == "batch-processing";
-        if reentering && let Ok((bstatus, bversion)) = self.batch_status(&batch).await {
+        let leaving_failed = old.status.batch_folder() == "batch-failed"
+            && next.state.batch_folder() != "batch-failed";
+        let mut batch_moved: Option<(BatchState, BatchState)> = None;
+        if (reentering || leaving_failed)
+            && let Ok((bstatus, bversion)) = self.batch_status(&batch).await
+        {
             let mut touched = bstatus.clone();
             touched.last_modified = self.now();
-            ops.push(Op::set(
-                batch_node(&batch, "status"),
-                json_bytes(&touched),
-                Some(bversion),
-            ));
+            match bstatus.status {
+                BatchState::Deleted if reentering => {
+                    return Err(EngineError::Invalid(format!(
+                        "job {job} belongs to batch {batch}, which is Deleted: it cannot be requeued"
+                    )));
+                }
+                BatchState::Reporting
+                | BatchState::UpdateReporting
+                | BatchState::Failed
+                | BatchState::Completed
+                    if reentering =>
+                {
+                    touched.status = BatchState::Processing;
+                    touched.message = Some(format!(
+                        "reopened: job {job} requeued (was {})",
+                        bstatus.status
+                    ));
+                    batch_moved = Some((bstatus.status, BatchState::Processing));
+                }
+                BatchState::Failed => {
+                    // A failed job deleted: the message keeps matching the counts.
+                    touched.message = Some(
+                        self.batch_counts_message(
+                            &batch,
+                            old.status.batch_folder(),
+                            next.state.batch_folder(),
+                        )
+                        .await?,
+                    );
+                }
+                _ => {}
+            }
+            if reentering || touched.message != bstatus.message {
+                ops.push(Op::set(
+                    batch_node(&batch, "status"),
+                    json_bytes(&touched),
+                    Some(bversion),
+                ));
+            }
         }
         ops.push(Op::delete(&lock, None));
         match self.tree.multi(ops).await {
@@ -2407,12 +2495,37 @@ impl Engine {
             Some(old.status.name()),
             next.state.name(),
         );
+        if let Some((from, to)) = batch_moved {
+            self.publish("batch", batch.as_str(), None, Some(from.name()), to.name());
+        }
         if next.state.batch_folder() != "batch-processing"
             && old.status.batch_folder() == "batch-processing"
         {
             self.maybe_report(&batch).await?;
         }
         Ok(Some(status))
+    }
+
+    /// The message of a Failed batch after one of its jobs moves from the reference folder
+    /// `from` to `to`: the counts as they will be, and whether an update report is due.
+    async fn batch_counts_message(&self, batch: &BatchId, from: &str, to: &str) -> Result<String> {
+        let mut n = [0usize; 3];
+        for (i, f) in ["batch-completed", "batch-failed", "batch-deleted"]
+            .into_iter()
+            .enumerate()
+        {
+            let c = match self.tree.count_children(&batch_ref_folder(batch, f)).await {
+                Ok(c) => c as usize,
+                Err(TreeError::NoNode(_)) => 0,
+                Err(e) => return Err(e.into()),
+            };
+            n[i] = c + usize::from(f == to) - usize::from(f == from && c > 0);
+        }
+        let mut m = batch_summary(n[0], n[1], n[2]);
+        if n[1] == 0 {
+            m.push_str(": an update report is due");
+        }
+        Ok(m)
     }
 
     /// Admin: Pending → Held.
@@ -2951,6 +3064,20 @@ fn clear_failure(extra: &mut Map<String, Value>) {
     ] {
         extra.remove(k);
     }
+}
+
+/// A batch's message from its job counts: `N of M jobs failed` (M the completed and failed),
+/// and the deleted ones apart.
+pub fn batch_summary(completed: usize, failed: usize, deleted: usize) -> String {
+    let mut s = if failed > 0 {
+        format!("{failed} of {} jobs failed", completed + failed)
+    } else {
+        format!("no failed jobs left ({completed} completed)")
+    };
+    if deleted > 0 {
+        s.push_str(&format!("; {deleted} deleted"));
+    }
+    s
 }
 
 /// The stage a failed job failed in, if recorded.

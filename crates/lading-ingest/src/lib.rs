@@ -13,6 +13,7 @@ pub mod fair;
 pub mod fetch;
 pub mod intake;
 pub mod inventory;
+pub mod outbox;
 pub mod payload_server;
 pub mod policy;
 pub mod quota;
@@ -193,7 +194,21 @@ pub async fn run(
             let _ = waker_stopped.await;
         }))
     });
+    // The processes that record mails and callbacks also deliver them.
+    let (outbox_stop, outbox_stopped) = tokio::sync::oneshot::channel::<()>();
+    let deliverer = names
+        .iter()
+        .any(|n| matches!(*n, "notify" | "reporting" | "update-reporting"))
+        .then(|| {
+            tokio::spawn(outbox::run(ingest.clone(), async move {
+                let _ = outbox_stopped.await;
+            }))
+        });
     worker.run(jobs, batches, shutdown).await;
+    let _ = outbox_stop.send(());
+    if let Some(d) = deliverer {
+        let _ = d.await;
+    }
     let _ = waker_stop.send(());
     if let Some(w) = waker {
         let _ = w.await;

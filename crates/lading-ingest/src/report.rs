@@ -5,6 +5,7 @@ use crate::Ingest;
 use lading_core::BatchState;
 use lading_core::layout::{JobId, StatusReport};
 use lading_core::tree::BoxFuture;
+use lading_engine::Effect;
 use lading_worker::{BatchCtx, BatchStage, Outcome};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -25,98 +26,85 @@ impl BatchStage for Report {
 
 async fn report(ingest: &Ingest, b: &BatchCtx, update: bool) -> Result<Outcome, Outcome> {
     let mut report = b.engine.build_report(b.batch()).await?;
-    if update {
-        // What an admin fixed since the last report: jobs failed then, completed now.
-        let before: Vec<String> = b
-            .info
-            .status_report
-            .as_ref()
-            .map(|r| r.failed_jobs.clone())
-            .unwrap_or_default();
+    let prev = b.info.status_report.as_ref();
+    if let Some(prev) = prev {
+        // What was fixed since the last report: jobs failed then, completed now.
         let fixed: Vec<&String> = report
             .completed_jobs
             .iter()
-            .filter(|j| before.contains(j))
+            .filter(|j| prev.failed_jobs.contains(j))
             .collect();
         report.extra.insert("updated_jobs".into(), json!(fixed));
     }
-    // The report's number: 1 for the first, one more for each update report. A report written
-    // in this same stay in the state (a retry after a crash) keeps its number, so a mail sent
-    // again carries the same Message-ID.
-    // A stay is told by the state and the time the batch entered it (to the second: two
-    // update reports asked for within one second would share a number).
-    let episode = format!("{}@{}", b.info.status.status, b.info.status.last_modified);
-    let number = match b.info.status_report.as_ref() {
-        _ if !update => 1,
-        Some(prev) => {
-            let n = prev
-                .extra
+    // The report's number: 1 for the first, one more for each later one. A report is written
+    // only in the move that ends this stage (one `multi`), so a retry after a crash or a lost
+    // lease computes the same number again, and its mail the same Message-ID.
+    let number = match prev {
+        None => 1,
+        Some(p) => {
+            p.extra
                 .get("report_number")
                 .and_then(Value::as_u64)
-                .unwrap_or(1);
-            if prev.extra.get("report_episode").and_then(Value::as_str) == Some(&episode) {
-                n
-            } else {
-                n + 1
-            }
+                .unwrap_or(1)
+                + 1
         }
-        None => 2,
     };
+    let update = update || number > 1;
     report.extra.insert("report_number".into(), json!(number));
-    report.extra.insert("report_episode".into(), json!(episode));
-    b.write_status_report(&report).await?;
-    let profile = match ingest.profile(b.submission_str("profile_name").unwrap_or_default()) {
-        Ok(p) => p,
+    let deleted = b.info.jobs.get("batch-deleted").map_or(0, Vec::len);
+    let outcome = verdict(&report, deleted);
+    let mut effects = Vec::new();
+    match ingest.profile(b.submission_str("profile_name").unwrap_or_default()) {
         // The profile was removed since submission: the report is written, nobody to mail.
-        Err(e) => {
-            tracing::warn!(batch = %b.batch(), error = %e, "no profile; report not mailed");
-            return Ok(verdict(&report));
+        Err(e) => tracing::warn!(batch = %b.batch(), error = %e, "no profile; report not mailed"),
+        Ok(p) if p.notification.is_empty() => {}
+        Ok(_) if ingest.cfg.smtp_host.is_none() => tracing::warn!(batch = %b.batch(),
+            "the profile lists addresses but no smtp_host is configured; report not mailed"),
+        Ok(profile) => {
+            let (subject, body) = summary(b, &report, update).await?;
+            // Stable for every attempt at sending this report: a repeat after a crash can be
+            // recognised (delivery is at least once).
+            let message_id = format!(
+                "<lading.{}.report-{number}@{}>",
+                b.submission_str("batchID").unwrap_or(b.batch().as_str()),
+                ingest
+                    .cfg
+                    .mail_from
+                    .rsplit('@')
+                    .next()
+                    .filter(|d| !d.is_empty())
+                    .unwrap_or("lading")
+            );
+            effects.push(Effect {
+                kind: "mail".into(),
+                key: message_id.clone(),
+                batch: Some(b.batch().to_string()),
+                job: None,
+                payload: json!({
+                    "to": profile.notification,
+                    "subject": subject,
+                    "body": body,
+                    "message_id": message_id,
+                }),
+            });
         }
-    };
-    if profile.notification.is_empty() {
-        return Ok(verdict(&report));
     }
-    let Some(host) = ingest.cfg.smtp_host.clone() else {
-        tracing::warn!(batch = %b.batch(), "the profile lists addresses but no smtp_host is configured; report not mailed");
-        return Ok(verdict(&report));
-    };
-    let (subject, body) = summary(b, &report, update).await?;
-    // Stable for every attempt at sending this report: a repeat after a crash can be
-    // recognised (delivery is at least once).
-    let message_id = format!(
-        "<lading.{}.report-{number}@{}>",
-        b.submission_str("batchID").unwrap_or(b.batch().as_str()),
-        ingest
-            .cfg
-            .mail_from
-            .rsplit('@')
-            .next()
-            .filter(|d| !d.is_empty())
-            .unwrap_or("lading")
-    );
-    send_mail(
-        &host,
-        ingest.cfg.smtp_port,
-        &ingest.cfg.mail_from,
-        &profile.notification,
-        &subject,
-        body,
-        Some(message_id),
-    )
-    .await?;
-    Ok(verdict(&report))
+    // Written, and the mail recorded in the outbox, with the batch's move to Completed or
+    // Failed: all or nothing.
+    b.set_report(report, effects).await;
+    Ok(outcome)
 }
 
 /// A batch with failed jobs ends Failed (an admin may fix them and ask for an update
 /// report); one without ends Completed.
-fn verdict(report: &StatusReport) -> Outcome {
+fn verdict(report: &StatusReport, deleted: usize) -> Outcome {
     if report.failed_jobs.is_empty() {
         Outcome::Done
     } else {
-        Outcome::Fatal(format!(
-            "{} of {} jobs failed",
+        Outcome::Fatal(lading_engine::batch_summary(
+            report.completed_jobs.len(),
             report.failed_jobs.len(),
-            report.failed_jobs.len() + report.completed_jobs.len()
+            deleted,
         ))
     }
 }

@@ -1173,23 +1173,17 @@ async fn notify(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
         "metadata": job.info.metadata,
         "store": store,
     });
-    let r = ingest
-        .fetcher
-        .client()
-        .post(&url)
-        .header("Idempotency-Key", &key)
-        .json(&body)
-        .timeout(Duration::from_secs(30))
-        .send()
-        .await
-        .map_err(|e| Outcome::Transient(format!("callback {url}: {e}")))?;
-    if !r.status().is_success() {
-        return Err(Outcome::Transient(format!(
-            "callback {url} answered {}",
-            r.status()
-        )));
-    }
-    job.log(&format!("callback {url} answered {}", r.status()));
+    // Recorded in the outbox with the job's move to Completed, and posted after it commits:
+    // a worker fenced or killed before its commit sends nothing.
+    job.add_effect(lading_engine::Effect {
+        kind: "callback".into(),
+        key: key.clone(),
+        batch: Some(job.info.bid.clone()),
+        job: Some(job.job().to_string()),
+        payload: json!({"url": url, "body": body}),
+    })
+    .await;
+    job.log(&format!("callback to {url} recorded ({key})"));
     Ok(Outcome::Done)
 }
 

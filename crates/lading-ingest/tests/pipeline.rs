@@ -8,6 +8,7 @@ use lading_core::{BatchState, JobState};
 use lading_ingest::checkm::{self, ManifestKind};
 use lading_ingest::stages::StoredVersion;
 use lading_ingest::{Submission, SubmitError, inventory};
+use std::time::Duration;
 
 async fn stored(w: &World, job: &lading_core::layout::JobId) -> StoredVersion {
     let n = w
@@ -289,70 +290,24 @@ async fn a_digest_mismatch_fails_the_job_at_once() {
         ]],
     );
     w.file("obj.checkm", fixed.as_bytes());
-    let st = w.engine.requeue_job(&job, None).await.unwrap();
-    assert_eq!(st.status, JobState::Downloading);
-    w.job_reaches(&job, JobState::Completed).await;
-    h.stop();
-    task.await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_callback_fails_the_job_and_a_requeue_after_the_fix_completes_it() {
-    let w = World::new().await;
-    w.server.set_callback_status(500);
-    let m = w.object_manifest("o.checkm", &[("f.txt", b"payload")]);
-    let ingest = w.ingest();
-    let bid = w.submit(&ingest, &m, "manifest").await;
-    let (h, task) = w.run_all(&ingest);
-    w.batch_reaches(&bid, &[BatchState::Failed]).await;
-    let job = w.jobs_of(&bid).await.remove(0);
-    let info = w.engine.job(&job).await.unwrap();
-    assert_eq!(
-        info.status.last_successful_status,
-        Some(JobState::Recording)
-    );
-    let msg = info.status.message.clone().unwrap();
-    assert!(msg.contains("answered 500"), "{msg}");
-    assert_eq!(w.server.callbacks().len(), 3, "one per attempt");
-    assert_eq!(lading_engine::failure_kind(&info.status), Some("exhausted"));
-    assert_eq!(lading_engine::failed_stage(&info.status), Some("Notify"));
-    assert_eq!(info.status.extra["failed_attempts"], 3);
-    // Every attempt at one outcome carries one Idempotency-Key, in the header and the body.
-    let keys: std::collections::BTreeSet<String> = w
-        .server
-        .callbacks()
-        .iter()
-        .map(|c| {
-            assert_eq!(c["idempotency_key"], c["body"]["idempotency_key"], "{c}");
-            c["idempotency_key"].as_str().unwrap().to_string()
-        })
-        .collect();
-    assert_eq!(keys.len(), 1, "{keys:?}");
     let first = w.smtp.next().await;
     assert!(first.contains("0 completed, 1 failed"), "{first}");
     assert!(
-        first.contains("Notify (exhausted): "),
-        "the stage that failed: {first}"
+        first.contains("Downloading (fatal): sha256 digest mismatch"),
+        "{first}"
     );
     let first_id = message_id(&first);
     assert!(first_id.contains(".report-1@"), "{first}");
-    // The admin fixes the receiver and requeues: the job resumes at Notify, not earlier.
-    w.server.set_callback_status(200);
     let st = w.engine.requeue_job(&job, None).await.unwrap();
-    assert_eq!(st.status, JobState::Notify);
-    assert_eq!(
-        lading_engine::failure_kind(&st),
-        None,
-        "a requeued job is not failed"
-    );
+    assert_eq!(st.status, JobState::Downloading);
+    // The requeue reopened the batch: it reports again by itself once the job is done.
     w.job_reaches(&job, JobState::Completed).await;
-    assert_eq!(stored(&w, &job).await.version, 1, "not stored again");
-    w.engine.update_reporting(&bid).await.unwrap();
     assert_eq!(
         w.batch_reaches(&bid, &[BatchState::Completed]).await,
         BatchState::Completed
     );
     let report = w.engine.batch(&bid).await.unwrap().status_report.unwrap();
+    assert_eq!(report.extra["report_number"], 2);
     assert_eq!(
         report.extra["updated_jobs"],
         serde_json::json!([job.as_str()])
@@ -362,17 +317,83 @@ async fn a_failing_callback_fails_the_job_and_a_requeue_after_the_fix_completes_
         update.contains("(update): 1 completed, 0 failed"),
         "{update}"
     );
-    let update_id = message_id(&update);
-    assert!(update_id.contains(".report-2@"), "{update}");
-    assert_eq!(
-        update_id.replace(".report-2@", ".report-1@"),
-        first_id,
-        "one batch, one stem"
-    );
     assert!(
         update.contains("Fixed since the last report: 1"),
         "{update}"
     );
+    let update_id = message_id(&update);
+    assert_eq!(
+        update_id.replace(".report-2@", ".report-1@"),
+        first_id,
+        "one batch, one stem, the next number"
+    );
+    h.stop();
+    task.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_callback_is_retried_from_the_outbox_with_one_key_until_an_admin_retries_it() {
+    let w = World::new().await;
+    w.server.set_callback_status(500);
+    let m = w.object_manifest("o.checkm", &[("f.txt", b"payload")]);
+    let ingest = w.ingest();
+    let bid = w.submit(&ingest, &m, "manifest").await;
+    let (h, task) = w.run_all(&ingest);
+    // The callback is an effect of the job's completion: the job and its batch complete,
+    // the callback waits in the outbox.
+    assert_eq!(
+        w.batch_reaches(&bid, &[BatchState::Completed, BatchState::Failed])
+            .await,
+        BatchState::Completed
+    );
+    let job = w.jobs_of(&bid).await.remove(0);
+    let first = w.smtp.next().await;
+    assert!(first.contains("1 completed, 0 failed"), "{first}");
+    // Three attempts (the test's `[stages.outbox]`), then kept as dead for an admin.
+    let dead = loop {
+        let out = w.engine.outbox().await.unwrap();
+        if let Some(e) = out.iter().find(|e| e.entry.dead) {
+            break e.clone();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(dead.entry.attempts, 3);
+    assert_eq!(dead.entry.effect.kind, "callback");
+    assert!(
+        dead.entry
+            .last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("answered 500"),
+        "{dead:?}"
+    );
+    assert_eq!(w.server.callbacks().len(), 3, "one per attempt");
+    // The admin fixes the receiver and retries the entry: delivered once more, then gone.
+    w.server.set_callback_status(200);
+    w.engine.retry_effect(&dead.name).await.unwrap();
+    let start = std::time::Instant::now();
+    while !w.engine.outbox().await.unwrap().is_empty() {
+        assert!(
+            start.elapsed() < WAIT,
+            "the retried callback was never delivered"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let calls = w.server.callbacks();
+    assert_eq!(calls.len(), 4);
+    // Every attempt at one outcome carries one Idempotency-Key, in the header and the body.
+    let keys: std::collections::BTreeSet<String> = calls
+        .iter()
+        .map(|c| {
+            assert_eq!(c["idempotency_key"], c["body"]["idempotency_key"], "{c}");
+            c["idempotency_key"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let key = keys.into_iter().next().unwrap();
+    assert!(key.ends_with(&format!(":{job}:completed:1")), "{key}");
+    assert_eq!(calls[3]["body"]["status"], "Completed");
+    assert_eq!(stored(&w, &job).await.version, 1, "stored once");
     h.stop();
     task.await.unwrap();
 }

@@ -691,7 +691,8 @@ pub const GOLDEN: &str = r#"{
   "/jobs/states": null,
   "/jobs/states/completed/05-jid0000000000": null,
   "/jobs/states/failed/05-jid0000000001": null,
-  "/locks": null, "/locks/collections": null, "/locks/inventory": null, "/locks/queue": null, "/locks/storage": null
+  "/locks": null, "/locks/collections": null, "/locks/inventory": null, "/locks/queue": null, "/locks/storage": null,
+  "/outbox": null, "/reservations": null
 }"#;
 
 pub async fn illegal_transition_is_refused_and_changes_nothing(h: &dyn Harness) {
@@ -1210,9 +1211,7 @@ pub async fn report_and_update_reporting(h: &dyn Harness) {
     e.batch_transition(lease, Event::Fail, Some("1 job failed".into()))
         .await
         .unwrap();
-    // Admin fixes the failed job, then asks for an updated report.
-    e.requeue_job(&jobs[1], None).await.unwrap();
-    run_job_to_completion(&e, JobState::Pending).await.unwrap();
+    // Merritt's way: an admin asks for an updated report of the Failed batch.
     let st = e.update_reporting(&bid).await.unwrap();
     assert_eq!(st.status, BatchState::UpdateReporting);
     let lease = e
@@ -1220,10 +1219,25 @@ pub async fn report_and_update_reporting(h: &dyn Harness) {
         .await
         .unwrap()
         .unwrap();
+    e.batch_transition(lease, Event::Fail, Some("1 of 2 jobs failed".into()))
+        .await
+        .unwrap();
+    // Requeuing the failed job reopens the batch; done, it reports again by itself.
+    e.requeue_job(&jobs[1], None).await.unwrap();
+    assert_eq!(
+        e.batch(&bid).await.unwrap().status.status,
+        BatchState::Processing
+    );
+    run_job_to_completion(&e, JobState::Pending).await.unwrap();
+    let mut lease = e
+        .acquire_batch(BatchState::Reporting)
+        .await
+        .unwrap()
+        .expect("the reopened batch reports again");
     let report = e.build_report(&bid).await.unwrap();
     assert_eq!(report.completed_jobs.len(), 2);
     assert!(report.failed_jobs.is_empty());
-    e.write_status_report(&lease, &report).await.unwrap();
+    lease.report = Some(report);
     e.batch_transition(lease, Event::Success, None)
         .await
         .unwrap();
@@ -1235,6 +1249,252 @@ pub async fn report_and_update_reporting(h: &dyn Harness) {
     assert!(matches!(e.batch(&bid).await, Err(EngineError::NoBatch(_))));
     assert!(matches!(e.job(&jobs[0]).await, Err(EngineError::NoJob(_))));
     assert_eq!(e.job_counts().await.unwrap().values().sum::<u64>(), 0);
+}
+
+/// A batch of two jobs, the first completed and the second Failed, with the batch in `state`
+/// (Processing: the second job failed while the first still ran).
+async fn batch_with_a_failed_job(e: &Engine, state: BatchState) -> (BatchId, Vec<JobId>) {
+    let (bid, jobs) = batch_with_jobs(e, 2, &[]).await;
+    if state == BatchState::Processing {
+        // The second fails first: the first is still in the pipeline.
+        let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+        let l = if l.job == jobs[1] {
+            l
+        } else {
+            // Held while the other is taken.
+            let second = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+            e.release_job_lease(l).await.unwrap();
+            second
+        };
+        assert_eq!(l.job, jobs[1]);
+        e.job_transition(l, Event::Fail, Some("bad row".into()))
+            .await
+            .unwrap();
+        return (bid, jobs);
+    }
+    run_job_to_completion(e, JobState::Pending).await.unwrap();
+    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    e.job_transition(l, Event::Fail, Some("bad row".into()))
+        .await
+        .unwrap();
+    if state == BatchState::Reporting {
+        let jobs = failed_last(e, &bid, jobs).await;
+        return (bid, jobs);
+    }
+    let lease = e
+        .acquire_batch(BatchState::Reporting)
+        .await
+        .unwrap()
+        .unwrap();
+    e.batch_transition(lease, Event::Fail, Some("1 of 2 jobs failed".into()))
+        .await
+        .unwrap();
+    if state == BatchState::UpdateReporting {
+        e.update_reporting(&bid).await.unwrap();
+    }
+    let jobs = failed_last(e, &bid, jobs).await;
+    (bid, jobs)
+}
+
+/// `jobs` with the batch's failed job last (acquisition picks among equals at random).
+async fn failed_last(e: &Engine, bid: &BatchId, mut jobs: Vec<JobId>) -> Vec<JobId> {
+    let failed = e.batch(bid).await.unwrap().jobs["batch-failed"].clone();
+    jobs.sort_by_key(|j| failed.contains(&j.to_string()));
+    jobs
+}
+
+pub async fn requeue_at_every_batch_state_reports_again(h: &dyn Harness) {
+    let (e, _s) = engine(h, "w").await;
+    for state in [
+        BatchState::Processing,
+        BatchState::Reporting,
+        BatchState::Failed,
+        BatchState::UpdateReporting,
+    ] {
+        let (bid, jobs) = batch_with_a_failed_job(&e, state).await;
+        assert_eq!(e.batch(&bid).await.unwrap().status.status, state);
+        let st = e
+            .requeue_job(&jobs[1], Some(JobState::Pending))
+            .await
+            .unwrap();
+        assert_eq!(st.status, JobState::Pending);
+        let info = e.batch(&bid).await.unwrap();
+        assert_eq!(info.status.status, BatchState::Processing, "from {state}");
+        assert!(!info.locked, "from {state}");
+        if state != BatchState::Processing {
+            let msg = info.status.message.unwrap_or_default();
+            assert!(
+                msg.contains("reopened") && msg.contains(jobs[1].as_str()),
+                "{msg}"
+            );
+        }
+        // The rest of the batch's work, then one report that sees every job completed.
+        while run_job_to_completion(&e, JobState::Pending).await.is_some() {}
+        let lease = e
+            .acquire_batch(BatchState::Reporting)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("batch from {state} reports again"));
+        assert_eq!(lease.batch, bid);
+        let report = e.build_report(&bid).await.unwrap();
+        assert_eq!(report.completed_jobs.len(), 2, "from {state}");
+        e.batch_transition(lease, Event::Success, None)
+            .await
+            .unwrap();
+        assert_eq!(
+            e.batch(&bid).await.unwrap().status.status,
+            BatchState::Completed
+        );
+        // A Completed batch has nothing to requeue: refused, nothing changes.
+        let before = e.batch(&bid).await.unwrap().status;
+        let err = e.requeue_job(&jobs[0], None).await.unwrap_err();
+        assert!(matches!(err, EngineError::Illegal(_)), "{err}");
+        assert_eq!(e.batch(&bid).await.unwrap().status, before);
+    }
+}
+
+pub async fn a_reporter_that_loses_its_batch_to_a_requeue_records_nothing(h: &dyn Harness) {
+    let (e, s) = engine(h, "w").await;
+    let (bid, jobs) = batch_with_a_failed_job(&e, BatchState::Reporting).await;
+    let mut lease = e
+        .acquire_batch(BatchState::Reporting)
+        .await
+        .unwrap()
+        .unwrap();
+    lease.report = Some(e.build_report(&bid).await.unwrap());
+    lease.effects.push(lading_engine::Effect {
+        kind: "mail".into(),
+        key: "<report-1>".into(),
+        batch: Some(bid.to_string()),
+        job: None,
+        payload: json!({}),
+    });
+    // While the reporter works, an admin requeues the failed job.
+    e.requeue_job(&jobs[1], None).await.unwrap();
+    let err = e
+        .batch_transition(lease, Event::Fail, Some("1 of 2 jobs failed".into()))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, EngineError::LeaseLost(_)), "{err}");
+    let info = e.batch(&bid).await.unwrap();
+    assert_eq!(info.status.status, BatchState::Processing);
+    assert!(!info.locked, "the reporter let go of the batch");
+    assert!(
+        info.status_report.is_none(),
+        "no report of a move that failed"
+    );
+    assert!(e.outbox().await.unwrap().is_empty(), "no mail either");
+    assert!(s.tree.children(OUTBOX).await.unwrap().is_empty());
+    // The requeued job finishes; the batch reports once, then, with its mail in the outbox.
+    run_job_to_completion(&e, JobState::Pending).await.unwrap();
+    let mut lease = e
+        .acquire_batch(BatchState::Reporting)
+        .await
+        .unwrap()
+        .unwrap();
+    lease.report = Some(e.build_report(&bid).await.unwrap());
+    lease.effects.push(lading_engine::Effect {
+        kind: "mail".into(),
+        key: "<report-1>".into(),
+        batch: Some(bid.to_string()),
+        job: None,
+        payload: json!({"to": ["a@example.org"]}),
+    });
+    e.batch_transition(lease, Event::Success, None)
+        .await
+        .unwrap();
+    let out = e.outbox().await.unwrap();
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].entry.effect.key, "<report-1>");
+    assert_eq!(out[0].entry.attempts, 0);
+    assert_eq!(
+        e.batch(&bid)
+            .await
+            .unwrap()
+            .status_report
+            .unwrap()
+            .completed_jobs
+            .len(),
+        2
+    );
+}
+
+pub async fn outbox_entries_are_claimed_once_retried_and_deleted_when_delivered(h: &dyn Harness) {
+    let (e, _s) = engine(h, "a").await;
+    let (other, _s2) = engine(h, "b").await;
+    let (_bid, _jobs) = batch_with_jobs(&e, 1, &[]).await;
+    // A job's move records its callback; a failed move records nothing.
+    let mut l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    l.effects.push(lading_engine::Effect {
+        kind: "callback".into(),
+        key: "k1".into(),
+        batch: None,
+        job: Some(l.job.to_string()),
+        payload: json!({"url": "http://127.0.0.1/"}),
+    });
+    let stale = l.clone();
+    e.job_transition(l, Event::To(JobState::Estimating), None)
+        .await
+        .unwrap();
+    assert!(
+        e.job_transition(stale, Event::To(JobState::Estimating), None)
+            .await
+            .is_err()
+    );
+    let out = e.outbox().await.unwrap();
+    assert_eq!(out.len(), 1, "one entry: the stale move recorded nothing");
+    // One claim at a time, across sessions.
+    let c = e.claim_effect(&["callback"]).await.unwrap().unwrap();
+    assert_eq!(c.entry.effect.key, "k1");
+    assert!(matches!(
+        other.claim_effect(&["callback"]).await.unwrap(),
+        Err(None)
+    ));
+    assert!(matches!(
+        e.claim_effect(&["mail"]).await.unwrap(),
+        Err(None)
+    ));
+    // A failure keeps it with a retry time; not due before it.
+    let at = e.clock().now_ms() + 60_000;
+    e.effect_failed(c, "answered 500", Some(at)).await.unwrap();
+    assert!(matches!(other.claim_effect(&["callback"]).await.unwrap(), Err(Some(t)) if t == at));
+    let item = &e.outbox().await.unwrap()[0];
+    assert_eq!(
+        (item.entry.attempts, item.entry.last_error.as_deref()),
+        (1, Some("answered 500"))
+    );
+    // Given up: dead, never claimed, until an admin retries it.
+    let name = item.name.clone();
+    e.retry_effect(&name).await.unwrap();
+    let c = other.claim_effect(&["callback"]).await.unwrap().unwrap();
+    other.effect_failed(c, "gone", None).await.unwrap();
+    assert!(matches!(
+        e.claim_effect(&["callback"]).await.unwrap(),
+        Err(None)
+    ));
+    assert!(e.outbox().await.unwrap()[0].entry.dead);
+    e.retry_effect(&name).await.unwrap();
+    // Delivered: gone for good.
+    let c = e.claim_effect(&["callback"]).await.unwrap().unwrap();
+    assert_eq!(c.entry.effect.key, "k1");
+    e.effect_done(c).await.unwrap();
+    assert!(e.outbox().await.unwrap().is_empty());
+    assert!(matches!(
+        other.claim_effect(&["callback"]).await.unwrap(),
+        Err(None)
+    ));
+}
+
+pub async fn deleting_the_last_failed_job_says_an_update_report_is_due(h: &dyn Harness) {
+    let (e, _s) = engine(h, "w").await;
+    let (bid, jobs) = batch_with_a_failed_job(&e, BatchState::Failed).await;
+    e.delete_job(&jobs[1]).await.unwrap();
+    let st = e.batch(&bid).await.unwrap().status;
+    assert_eq!(st.status, BatchState::Failed);
+    assert_eq!(
+        st.message.as_deref(),
+        Some("no failed jobs left (1 completed); 1 deleted: an update report is due")
+    );
 }
 
 pub async fn held_collection_holds_batches_and_jobs_until_released(h: &dyn Harness) {
@@ -1680,6 +1940,10 @@ macro_rules! conformance_tests {
             batch_reports_exactly_once_when_jobs_finish_concurrently,
             requeue_returns_a_failed_job_to_the_stage_that_failed,
             report_and_update_reporting,
+            requeue_at_every_batch_state_reports_again,
+            a_reporter_that_loses_its_batch_to_a_requeue_records_nothing,
+            outbox_entries_are_claimed_once_retried_and_deleted_when_delivered,
+            deleting_the_last_failed_job_says_an_update_report_is_due,
             deferred_job_is_not_taken_before_its_retry_time,
             held_collection_holds_batches_and_jobs_until_released,
             paused_queue_hands_out_nothing,

@@ -30,7 +30,9 @@ pub use stats::{BUCKETS_S, Histogram, StageFigures, Stats};
 use lading_core::layout::{BatchId, JobId};
 use lading_core::tree::BoxFuture;
 use lading_core::{BatchState, Event, JobState};
-use lading_engine::{BatchInfo, BatchLease, Engine, EngineError, JobInfo, JobLease, JobSpec};
+use lading_engine::{
+    BatchInfo, BatchLease, Effect, Engine, EngineError, JobInfo, JobLease, JobSpec,
+};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -162,6 +164,13 @@ impl JobCtx {
         self.engine.set_job_data(&lease, name, value).await
     }
 
+    /// An outside effect of this job moving on (its handler returning `Done`): recorded in
+    /// the outbox in the move's own `multi` and delivered after it commits; dropped when the
+    /// handler ends any other way.
+    pub async fn add_effect(&self, effect: Effect) {
+        self.lease.lock().await.effects.push(effect);
+    }
+
     /// Appends a line to the job's log (`job.log` in its working directory).
     pub fn log(&self, line: &str) {
         append_log(&self.workdir, self.state().name(), line);
@@ -204,7 +213,19 @@ impl BatchCtx {
         self.info.submission.get(key).and_then(Value::as_str)
     }
 
-    /// Writes the batch's `status-report`.
+    /// Sets the `status-report` and the outside effects written with the move that ends this
+    /// handler's work (Done, or Fatal from the handler itself; not a retry that ran out).
+    pub async fn set_report(
+        &self,
+        report: lading_core::layout::StatusReport,
+        effects: Vec<Effect>,
+    ) {
+        let mut lease = self.lease.write().await;
+        lease.report = Some(report);
+        lease.effects = effects;
+    }
+
+    /// Writes the batch's `status-report` now, on its own.
     pub async fn write_status_report(
         &self,
         report: &lading_core::layout::StatusReport,
@@ -573,6 +594,11 @@ impl JobLoop {
         let job = lease.job.clone();
         let now = self.engine.clock().now_ms();
         let attempts = lading_engine::attempts(&lease.status);
+        let mut lease = lease;
+        if outcome != Outcome::Done {
+            // Effects belong to the move the handler asked for, not to a retry or a failure.
+            lease.effects.clear();
+        }
         let mut next = None;
         let r = match &outcome {
             Outcome::Done => self
@@ -593,7 +619,6 @@ impl JobLoop {
                 let n = attempts + 1;
                 if n >= max_attempts {
                     let msg = format!("{reason} (gave up after {n} attempts)");
-                    let mut lease = lease;
                     lease.failure_kind = Some("exhausted");
                     self.move_on(lease, Event::Fail, Some(msg), chain)
                         .await
@@ -730,7 +755,9 @@ impl BatchLoop {
                         _ = tokio::time::sleep(delay) => {}
                         _ = shutdown.aborted() => break None,
                     }
-                    let lease = ctx.lease.write().await.clone();
+                    let mut lease = ctx.lease.write().await.clone();
+                    lease.effects.clear();
+                    lease.report = None;
                     ctx = Arc::new(BatchCtx {
                         engine: self.engine.clone(),
                         batch_id: bid.clone(),
@@ -740,6 +767,10 @@ impl BatchLoop {
                     });
                 }
                 Some(Outcome::Transient(reason)) => {
+                    let mut lease = ctx.lease.write().await;
+                    lease.effects.clear();
+                    lease.report = None;
+                    drop(lease);
                     break Some(Outcome::Fatal(format!(
                         "{reason} (gave up after {} attempts)",
                         ctx.attempt

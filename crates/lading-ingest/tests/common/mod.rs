@@ -63,6 +63,16 @@ impl World {
                 },
             );
         }
+        cfg.stages.insert(
+            "outbox".into(),
+            lading_ingest::config::StageSettings {
+                concurrency: Some(2),
+                timeout_s: Some(10),
+                max_attempts: Some(3),
+                backoff_base_ms: Some(50),
+                backoff_max_ms: Some(200),
+            },
+        );
         std::fs::create_dir_all(cfg.profiles_dir()).unwrap();
         std::fs::create_dir_all(cfg.work_dir()).unwrap();
         let w = World {

@@ -1,0 +1,260 @@
+//! The outbox: outside effects (a report mail, a callback) recorded in the tree in the same
+//! `multi` as the state change that causes them, and delivered after that commit.
+//!
+//! - A stage handler adds [`Effect`]s to its lease; the move that ends its work creates one
+//!   `/outbox/eNNNNNNNNNN` node per effect in its own `multi`. A move that fails (a lost lease,
+//!   a fenced worker) records nothing, so nothing is delivered for it.
+//! - A deliverer claims an entry with an ephemeral `lock` child, delivers it, and deletes the
+//!   entry with its lock in one `multi`. A deliverer that dies inside a send loses its lock and
+//!   the next one sends again: delivery is at least once, and every attempt carries the
+//!   effect's stable `key` so the receiver can drop a repeat. An entry recorded as delivered
+//!   (deleted) is never sent again.
+//! - A failed delivery is kept with its attempt count and next time; after the caller's last
+//!   attempt it is kept as `dead`, for an admin to see and retry.
+
+use crate::{Engine, EngineError, Result, json_bytes};
+use lading_core::layout::{OUTBOX, OUTBOX_PREFIX, to_bytes};
+use lading_core::{CreateMode, Op, TreeError, WatchKind};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::time::Duration;
+
+/// One outside effect to deliver.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Effect {
+    /// What delivers it: `mail`, `callback`.
+    pub kind: String,
+    /// The same for every attempt at this one effect (a mail's `Message-ID`, a callback's
+    /// `Idempotency-Key`).
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<String>,
+    /// What the deliverer needs (addresses, URL, body).
+    pub payload: Value,
+}
+
+/// An effect waiting in the outbox, with its delivery record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutboxEntry {
+    #[serde(flatten)]
+    pub effect: Effect,
+    /// When it was recorded, ms since the epoch.
+    pub created_ms: u64,
+    #[serde(default)]
+    pub attempts: u32,
+    /// Not to be tried before this time, ms since the epoch.
+    #[serde(default)]
+    pub next_at_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// Given up on: kept for an admin, never tried again by itself.
+    #[serde(default)]
+    pub dead: bool,
+}
+
+/// An entry this process claimed for delivery.
+#[derive(Debug, Clone)]
+pub struct OutboxClaim {
+    /// The entry's node name (`eNNNNNNNNNN`).
+    pub name: String,
+    pub entry: OutboxEntry,
+    version: i32,
+}
+
+/// One entry as an admin listing shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct OutboxItem {
+    pub name: String,
+    #[serde(flatten)]
+    pub entry: OutboxEntry,
+    /// Being delivered right now by some process.
+    pub delivering: bool,
+}
+
+fn entry_path(name: &str) -> String {
+    format!("{OUTBOX}/{name}")
+}
+
+fn lock_path(name: &str) -> String {
+    format!("{OUTBOX}/{name}/lock")
+}
+
+impl Engine {
+    /// The `multi` ops that record `effects` in the outbox.
+    pub(crate) fn effect_ops(&self, effects: &[Effect]) -> Vec<Op> {
+        let now = self.clock.now_ms();
+        effects
+            .iter()
+            .map(|e| {
+                let entry = OutboxEntry {
+                    effect: e.clone(),
+                    created_ms: now,
+                    attempts: 0,
+                    next_at_ms: 0,
+                    last_error: None,
+                    dead: false,
+                };
+                Op::create_mode(
+                    OUTBOX_PREFIX,
+                    Some(to_bytes(&entry)),
+                    CreateMode::PersistentSequential,
+                )
+            })
+            .collect()
+    }
+
+    /// Every entry of the outbox, oldest first.
+    pub async fn outbox(&self) -> Result<Vec<OutboxItem>> {
+        let mut names = self.tree.children(OUTBOX).await?;
+        names.sort();
+        let mut out = Vec::with_capacity(names.len());
+        for name in names {
+            let Some((entry, _)) = self.read_json::<OutboxEntry>(&entry_path(&name)).await? else {
+                continue;
+            };
+            let delivering = self.tree.exists(&lock_path(&name)).await?.is_some();
+            out.push(OutboxItem {
+                name,
+                entry,
+                delivering,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Claims the oldest entry that is due and not being delivered. Returns it, or the time
+    /// (ms since the epoch) the next one falls due, if any.
+    pub async fn claim_effect(
+        &self,
+        kinds: &[&str],
+    ) -> Result<std::result::Result<OutboxClaim, Option<u64>>> {
+        let mut names = self.tree.children(OUTBOX).await?;
+        names.sort();
+        let now = self.clock.now_ms();
+        let mut next_due: Option<u64> = None;
+        for name in names {
+            let lock = lock_path(&name);
+            let Some((entry, version)) = self.read_json::<OutboxEntry>(&entry_path(&name)).await?
+            else {
+                continue;
+            };
+            if entry.dead || !kinds.contains(&entry.effect.kind.as_str()) {
+                continue;
+            }
+            if entry.next_at_ms > now {
+                next_due = Some(next_due.map_or(entry.next_at_ms, |n| n.min(entry.next_at_ms)));
+                continue;
+            }
+            if !self.claim(&lock) {
+                continue;
+            }
+            match self.tree.create(&lock, None, CreateMode::Ephemeral).await {
+                Ok(_) => {
+                    return Ok(Ok(OutboxClaim {
+                        name,
+                        entry,
+                        version,
+                    }));
+                }
+                Err(TreeError::NodeExists(_)) | Err(TreeError::NoNode(_)) => self.unclaim(&lock),
+                Err(e) => {
+                    self.unclaim(&lock);
+                    return Err(e.into());
+                }
+            }
+        }
+        Ok(Err(next_due))
+    }
+
+    /// Waits until the outbox changes or `timeout` passes.
+    pub async fn wait_outbox(&self, timeout: Duration) -> Result<()> {
+        let w = self.tree.watch(OUTBOX, WatchKind::Children).await?;
+        let _ = tokio::time::timeout(timeout, w).await;
+        Ok(())
+    }
+
+    /// Records a claimed entry as delivered: it and its lock go in one `multi`.
+    pub async fn effect_done(&self, claim: OutboxClaim) -> Result<()> {
+        let lock = lock_path(&claim.name);
+        let r = self
+            .tree
+            .multi(vec![
+                Op::check(&lock, None),
+                Op::delete(&lock, None),
+                Op::delete(entry_path(&claim.name), None),
+            ])
+            .await;
+        self.unclaim(&lock);
+        r.map(|_| ()).map_err(|e| match e.root() {
+            TreeError::NoNode(_) | TreeError::SessionExpired => {
+                EngineError::LeaseLost(claim.name.clone())
+            }
+            _ => e.into(),
+        })
+    }
+
+    /// Records a failed delivery: tried again at `retry_at_ms`, or, with `None`, kept as dead.
+    pub async fn effect_failed(
+        &self,
+        claim: OutboxClaim,
+        error: &str,
+        retry_at_ms: Option<u64>,
+    ) -> Result<()> {
+        let lock = lock_path(&claim.name);
+        let mut entry = claim.entry.clone();
+        entry.attempts += 1;
+        entry.last_error = Some(error.chars().take(2000).collect());
+        match retry_at_ms {
+            Some(t) => entry.next_at_ms = t,
+            None => entry.dead = true,
+        }
+        let r = self
+            .tree
+            .multi(vec![
+                Op::check(&lock, None),
+                Op::set(
+                    entry_path(&claim.name),
+                    json_bytes(&entry),
+                    Some(claim.version),
+                ),
+                Op::delete(&lock, None),
+            ])
+            .await;
+        self.unclaim(&lock);
+        r.map(|_| ()).map_err(EngineError::from)
+    }
+
+    /// Gives a claimed entry back untouched (the deliverer is shutting down).
+    pub async fn effect_release(&self, claim: OutboxClaim) -> Result<()> {
+        let lock = lock_path(&claim.name);
+        let r = self.tree.delete(&lock, None).await;
+        self.unclaim(&lock);
+        match r {
+            Ok(()) | Err(TreeError::NoNode(_)) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Admin: tries a dead (or waiting) entry again now, with a fresh attempt count.
+    pub async fn retry_effect(&self, name: &str) -> Result<OutboxEntry> {
+        let path = entry_path(name);
+        let Some((mut entry, version)) = self.read_json::<OutboxEntry>(&path).await? else {
+            return Err(EngineError::Invalid(format!(
+                "no outbox entry {name:?} (delivered, or never recorded)"
+            )));
+        };
+        entry.dead = false;
+        entry.attempts = 0;
+        entry.next_at_ms = 0;
+        self.tree
+            .set(&path, json_bytes(&entry), Some(version))
+            .await
+            .map_err(|e| match e {
+                TreeError::BadVersion { .. } => EngineError::Conflict(name.to_string()),
+                e => e.into(),
+            })?;
+        Ok(entry)
+    }
+}

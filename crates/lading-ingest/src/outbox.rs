@@ -1,0 +1,172 @@
+//! Delivers the outbox (see `lading_engine::Effect`): report mails over SMTP and callbacks
+//! over HTTP, after the moves that recorded them committed.
+//!
+//! Delivery is at least once, with a key: a process killed inside a send leaves the entry
+//! for the next deliverer, which sends it again with the same key (a mail's `Message-ID`, a
+//! callback's `Idempotency-Key` header and `idempotency_key` field). An entry recorded as
+//! delivered is never sent again. Failed deliveries are retried with the `[stages.outbox]`
+//! backoff; after its `max_attempts` (or at once, for an error no retry can fix) an entry is
+//! kept as dead for an admin (`lading admin outbox`).
+
+use crate::Ingest;
+use lading_engine::{Effect, OutboxClaim};
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The effect kinds this deliverer knows.
+pub const KINDS: &[&str] = &["mail", "callback"];
+
+/// How a delivery went.
+enum Failure {
+    /// Worth another try later.
+    Retry(String),
+    /// No retry will help (a malformed address): kept as dead at once.
+    Never(String),
+}
+
+/// Delivers due entries until `stop` resolves; deliveries in flight then finish (each is
+/// bounded by the outbox timeout).
+pub async fn run(ingest: Arc<Ingest>, stop: impl std::future::Future<Output = ()>) {
+    let cfg = ingest.cfg.stage("outbox");
+    let slots = Arc::new(tokio::sync::Semaphore::new(cfg.concurrency.max(1)));
+    let mut tasks = tokio::task::JoinSet::new();
+    tokio::pin!(stop);
+    loop {
+        while tasks.try_join_next().is_some() {}
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => p.expect("never closed"),
+            _ = &mut stop => break,
+        };
+        let wait = match ingest.engine.claim_effect(KINDS).await {
+            Ok(Ok(claim)) => {
+                let i = ingest.clone();
+                tasks.spawn(async move {
+                    deliver(&i, claim).await;
+                    drop(permit);
+                });
+                continue;
+            }
+            Ok(Err(next_due)) => {
+                let now = ingest.engine.clock().now_ms();
+                // The watch wakes us on any new entry; a retry time needs the clock.
+                next_due.map_or(Duration::from_secs(30), |t| {
+                    Duration::from_millis(t.saturating_sub(now)).min(Duration::from_secs(30))
+                })
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the outbox");
+                Duration::from_secs(1)
+            }
+        };
+        drop(permit);
+        tokio::select! {
+            _ = ingest.engine.wait_outbox(wait) => {}
+            // Entries this process gave back (or a delivery that ended) may be due now.
+            _ = tasks.join_next(), if !tasks.is_empty() => {}
+            _ = &mut stop => break,
+        }
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+async fn deliver(ingest: &Ingest, claim: OutboxClaim) {
+    let cfg = ingest.cfg.stage("outbox");
+    let e = &claim.entry.effect;
+    let r = match tokio::time::timeout(cfg.timeout, send(ingest, e)).await {
+        Ok(r) => r,
+        Err(_) => Err(Failure::Retry(format!(
+            "timed out after {} s",
+            cfg.timeout.as_secs()
+        ))),
+    };
+    let (kind, key, attempts) = (e.kind.clone(), e.key.clone(), claim.entry.attempts + 1);
+    let recorded = match r {
+        Ok(()) => {
+            tracing::info!(%kind, %key, attempts, "delivered");
+            ingest.engine.effect_done(claim).await
+        }
+        Err(Failure::Retry(why)) if attempts < cfg.max_attempts => {
+            let delay = cfg.backoff(attempts, jitter());
+            tracing::warn!(%kind, %key, attempts, error = %why,
+                "delivery failed; again in {:.1} s", delay.as_secs_f64());
+            let at = ingest.engine.clock().now_ms() + delay.as_millis() as u64;
+            ingest.engine.effect_failed(claim, &why, Some(at)).await
+        }
+        Err(Failure::Retry(why)) | Err(Failure::Never(why)) => {
+            tracing::error!(%kind, %key, attempts, error = %why,
+                "delivery given up; kept in the outbox for an admin");
+            ingest.engine.effect_failed(claim, &why, None).await
+        }
+    };
+    if let Err(err) = recorded {
+        // The entry stays (its lock goes with this session): it is sent again, same key.
+        tracing::warn!(%kind, %key, error = %err, "cannot record the delivery");
+    }
+}
+
+fn jitter() -> f64 {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    f64::from(n % 1000) / 1000.0
+}
+
+async fn send(ingest: &Ingest, e: &Effect) -> Result<(), Failure> {
+    let p = &e.payload;
+    let s = |k: &str| p.get(k).and_then(Value::as_str).unwrap_or_default();
+    match e.kind.as_str() {
+        "mail" => {
+            let Some(host) = ingest.cfg.smtp_host.as_deref() else {
+                return Err(Failure::Retry("no smtp_host is configured".into()));
+            };
+            let to: Vec<String> = p
+                .get("to")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default();
+            crate::report::send_mail(
+                host,
+                ingest.cfg.smtp_port,
+                &ingest.cfg.mail_from,
+                &to,
+                s("subject"),
+                s("body").to_string(),
+                Some(e.key.clone()),
+            )
+            .await
+            .map_err(|o| match o {
+                lading_worker::Outcome::Fatal(m) => Failure::Never(m),
+                lading_worker::Outcome::Transient(m)
+                | lading_worker::Outcome::Wait { reason: m, .. } => Failure::Retry(m),
+                lading_worker::Outcome::Done => Failure::Retry("no answer".into()),
+            })
+        }
+        "callback" => {
+            let url = s("url");
+            let r = ingest
+                .fetcher
+                .client()
+                .post(url)
+                .header("Idempotency-Key", &e.key)
+                .json(p.get("body").unwrap_or(&Value::Null))
+                .send()
+                .await
+                .map_err(|err| Failure::Retry(format!("callback {url}: {err}")))?;
+            if r.status().is_success() {
+                Ok(())
+            } else {
+                Err(Failure::Retry(format!(
+                    "callback {url} answered {}",
+                    r.status()
+                )))
+            }
+        }
+        other => Err(Failure::Never(format!("unknown effect kind {other:?}"))),
+    }
+}
