@@ -356,6 +356,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let r = if names.is_empty() && !access.is_empty() {
                 eprintln!("lading: running the access queues (stop with Ctrl-C)");
                 pipeline::signal().await;
+                pipeline::exit_after(grace + pipeline::STOP_MARGIN);
                 Ok(())
             } else {
                 pipeline::run_until_signal(&ingest, &names, grace, || {

@@ -76,6 +76,24 @@ pub(crate) async fn signal() {
     }
 }
 
+/// How long a stopping process may spend after its grace period (releasing leases, closing
+/// the store) before it exits anyway.
+pub(crate) const STOP_MARGIN: Duration = Duration::from_millis(1500);
+
+/// Ends the process after `after`, whatever it is waiting for (a store that cannot be
+/// reached, a busy database): a stop always completes. Leases still held then end with the
+/// store session, as after a crash; nothing committed is lost.
+pub(crate) fn exit_after(after: Duration) {
+    std::thread::spawn(move || {
+        std::thread::sleep(after);
+        eprintln!(
+            "lading: could not stop cleanly in time (is the store reachable?); exiting now, \
+             held jobs are released when the store session ends"
+        );
+        std::process::exit(0);
+    });
+}
+
 /// Runs `stages` until SIGINT/SIGTERM: the first signal stops acquisition and gives running
 /// handlers `grace` to finish; a second signal (or the end of the grace) cuts them off and
 /// releases their jobs. Either way the store is closed cleanly. `on_stop` runs at the first
@@ -109,12 +127,16 @@ pub async fn run_until_signal(
                 "lading: stopping; running jobs get {} s to finish (signal again to stop now)",
                 grace.as_secs()
             );
+            // Whatever the store does, the process is gone by the end of the grace period
+            // plus the margin.
+            exit_after(grace + STOP_MARGIN);
             on_stop();
             handle.stop();
             tokio::select! {
                 r = &mut task => { r?.map_err(anyhow::Error::msg)?; }
                 _ = signal() => {
                     eprintln!("lading: stopping now; running jobs are released in their stage");
+                    exit_after(Duration::from_millis(500));
                     handle.abort();
                     task.await?.map_err(anyhow::Error::msg)?;
                 }

@@ -261,6 +261,132 @@ async fn the_pipeline_runs_on_zookeeper_across_worker_processes() {
     assert_eq!(counts.get(&JobState::Completed), Some(&3));
 }
 
+/// Starts `lading worker` (or `serve`) on `url` and waits until it says it runs.
+fn running(url: &str, dir: &std::path::Path, args: &[&str]) -> Child {
+    let data = dir.join("data");
+    std::fs::create_dir_all(data.join("profiles")).unwrap();
+    let config = dir.join("lading.toml");
+    std::fs::write(&config, format!("data_dir = \"{}\"\n", data.display())).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lading"))
+        .args(["--store", url, "--config"])
+        .arg(&config)
+        .args(args)
+        .env_remove("LADING_STORE")
+        .env("LADING_ZK_SESSION_TIMEOUT_MS", "4000")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            err.read_line(&mut line).unwrap() > 0,
+            "the process ended early"
+        );
+        if line.contains("running") {
+            break;
+        }
+    }
+    // Keep draining its stderr so it never blocks on a full pipe.
+    std::thread::spawn(move || {
+        let mut sink = String::new();
+        while err.read_line(&mut sink).unwrap_or(0) > 0 {
+            sink.clear();
+        }
+    });
+    child
+}
+
+/// Waits for every child to exit; how long each took from `start`. A child still running at
+/// its limit is killed and named.
+fn exit_times(children: &mut [(&str, &mut Child, Duration)], start: Instant) -> Vec<Duration> {
+    let mut done: Vec<Option<Duration>> = vec![None; children.len()];
+    while done.iter().any(Option::is_none) {
+        for (i, (name, c, limit)) in children.iter_mut().enumerate() {
+            if done[i].is_some() {
+                continue;
+            }
+            if c.try_wait().unwrap().is_some() {
+                done[i] = Some(start.elapsed());
+            } else if start.elapsed() > *limit {
+                let _ = c.kill();
+                let _ = c.wait();
+                panic!(
+                    "{name} still running {:.1} s after SIGTERM",
+                    limit.as_secs_f64()
+                );
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    done.into_iter().map(Option::unwrap).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_zookeeper_down_exits_within_the_grace_period() {
+    // A server of its own: this test kills it.
+    let mut zk = ZkServer::start().expect("ZooKeeper");
+    let hosts = zk.connect_string();
+    ZkTree::ensure_chroot(&hosts, "/down").await.unwrap();
+    let url = format!("zk://{hosts}/down");
+    let dir = tempfile::tempdir().unwrap();
+    let grace = 2;
+    let mut worker = running(
+        &url,
+        dir.path(),
+        &["worker", "--grace-s", &grace.to_string()],
+    );
+    let mut server = running(
+        &url,
+        &dir.path().join("serve"),
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--grace-s",
+            &grace.to_string(),
+        ],
+    );
+    // A third, stopped with two signals: the second one ends it at once.
+    let mut twice = running(
+        &url,
+        &dir.path().join("twice"),
+        &["worker", "--grace-s", "60"],
+    );
+    zk.node.kill();
+    std::thread::sleep(Duration::from_millis(500));
+    let start = Instant::now();
+    for c in [&worker, &server, &twice] {
+        signal(c, "-TERM");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    signal(&twice, "-TERM");
+    // The bound is the grace period plus 2 s; the extra second is for a loaded machine.
+    let limit = Duration::from_secs(grace + 3);
+    let t = exit_times(
+        &mut [
+            ("lading worker", &mut worker, limit),
+            ("lading serve", &mut server, limit),
+            // Its grace is 60 s: only the second signal can end it this soon.
+            (
+                "lading worker signalled twice",
+                &mut twice,
+                Duration::from_secs(3),
+            ),
+        ],
+        start,
+    );
+    eprintln!(
+        "exit after SIGTERM with ZooKeeper down (grace {grace} s): worker {:.2} s, serve {:.2} s, \
+         signalled twice {:.2} s",
+        t[0].as_secs_f64(),
+        t[1].as_secs_f64(),
+        t[2].as_secs_f64()
+    );
+}
+
 /// `lading jobs show` on a zk store, as JSON.
 fn generic_job(url: &str, id: &str) -> serde_json::Value {
     serde_json::from_str(&ok(&lading(url, &["jobs", "show", "t", id]))).unwrap()

@@ -19,9 +19,11 @@
 
 mod error;
 mod outbox;
+mod reserve;
 
 pub use error::{EngineError, Result};
 pub use outbox::{Effect, OutboxClaim, OutboxEntry, OutboxItem};
+pub use reserve::{RESERVED_FIELD, Reservation};
 
 use foldhash::{HashMap, HashMapExt};
 use lading_core::layout::{self, *};
@@ -2059,6 +2061,12 @@ impl Engine {
             extra.remove(ATTEMPTS_FIELD);
             extra.remove(RETRY_AT_FIELD);
         }
+        // A space reservation lasts until the download ends, either way.
+        let release = extra.contains_key(RESERVED_FIELD)
+            && !matches!(next.state, JobState::Provisioning | JobState::Downloading);
+        if release {
+            extra.remove(RESERVED_FIELD);
+        }
         let status = JobStatus {
             status: next.state,
             last_successful_status: next.last_successful,
@@ -2084,6 +2092,12 @@ impl Engine {
             next.state,
             &mut ops,
         );
+        if release {
+            ops.push(Op::delete(
+                reserve::reservation_path(lease.job.as_str()),
+                None,
+            ));
+        }
         ops.extend(self.effect_ops(&lease.effects));
         Ok((ops, status))
     }

@@ -63,6 +63,10 @@ pub struct Config {
     pub unestimated_min_free_bytes: u64,
     /// How often a job waiting for space is looked at again.
     pub provisioning_round_ms: u64,
+    /// Names the working file system in space reservations (default: this host's name and
+    /// the working folder's path). Hosts that share one working file system must give it
+    /// the same id; hosts with disks of their own, different ones.
+    pub work_root_id: Option<String>,
     /// Jobs needing more than this get `large_job_priority`.
     pub large_job_bytes: u64,
     pub large_job_priority: u8,
@@ -200,6 +204,7 @@ impl Default for Config {
             reserve_bytes: 256 << 20,
             unestimated_min_free_bytes: 1 << 30,
             provisioning_round_ms: 5_000,
+            work_root_id: None,
             large_job_bytes: 10 << 30,
             large_job_priority: 8,
             estimate_concurrency: 8,
@@ -295,6 +300,19 @@ impl Config {
             .clone()
             .unwrap_or_else(|| self.data_dir.join("work"))
     }
+    /// The id space reservations give the working file system (see `work_root_id`).
+    pub fn work_root_id(&self) -> String {
+        if let Some(id) = &self.work_root_id {
+            return id.clone();
+        }
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_default();
+        let dir = self.work_dir();
+        let dir = std::fs::canonicalize(&dir).unwrap_or(dir);
+        format!("{host}:{}", dir.display())
+    }
+
     pub fn storage_root(&self) -> PathBuf {
         self.storage_root
             .clone()

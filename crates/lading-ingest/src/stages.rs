@@ -447,6 +447,22 @@ async fn provision(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
             ),
         });
     }
+    // Reserved in the tree until the download ends: jobs admitted at the same moment, here
+    // or on other hosts, do not count the same free space twice.
+    let root_id = ingest.cfg.work_root_id();
+    if let Some(held) = job
+        .reserve_space(&root_id, needed, free, ingest.cfg.reserve_bytes)
+        .await?
+    {
+        return Ok(Outcome::Wait {
+            after: round,
+            reason: format!(
+                "waiting for space: needs {needed} bytes plus a reserve of {}, {free} free of \
+                 which {held} are reserved by jobs admitted before",
+                ingest.cfg.reserve_bytes
+            ),
+        });
+    }
     let _ = std::fs::remove_file(job.workdir.join(INTERIM).join(SPACE_WAIT));
     Ok(Outcome::Done)
 }

@@ -1497,6 +1497,102 @@ pub async fn deleting_the_last_failed_job_says_an_update_report_is_due(h: &dyn H
     );
 }
 
+pub async fn concurrent_admissions_never_reserve_more_than_is_free(h: &dyn Harness) {
+    const MIB: u64 = 1 << 20;
+    let (a, _sa) = engine(h, "a").await;
+    let (b, _sb) = engine(h, "b").await;
+    let (_bid, _jobs) = batch_with_jobs(&a, 9, &[]).await;
+    for _ in 0..9 {
+        let l = a.acquire_job(JobState::Pending).await.unwrap().unwrap();
+        let l = a
+            .job_advance(l, Event::To(JobState::Estimating), None)
+            .await
+            .unwrap();
+        a.job_transition(l, Event::Success, None).await.unwrap();
+    }
+    // Nine jobs of 1 MiB, admitted at the same moment by two sessions into 6 MiB.
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..9 {
+        let e = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let mut l = e
+            .acquire_job(JobState::Provisioning)
+            .await
+            .unwrap()
+            .unwrap();
+        set.spawn(async move {
+            let r = e
+                .reserve_space(&mut l, "host:/work", MIB, 6 * MIB, 0)
+                .await
+                .unwrap();
+            (e, l, r)
+        });
+    }
+    let mut admitted = Vec::new();
+    let mut waiting = Vec::new();
+    while let Some(r) = set.join_next().await {
+        let (e, l, r) = r.unwrap();
+        match r {
+            None => admitted.push((e, l)),
+            Some(held) => {
+                assert!(held > 0 && held + MIB > 6 * MIB, "refused with {held} held");
+                waiting.push((e, l));
+            }
+        }
+    }
+    assert_eq!(admitted.len(), 6, "6 MiB hold six jobs of 1 MiB");
+    let held: u64 = a
+        .reservations()
+        .await
+        .unwrap()
+        .iter()
+        .map(|(_, r)| r.bytes)
+        .sum();
+    assert_eq!(held, 6 * MIB);
+    // Another root is another file system.
+    let (e, mut l) = waiting.pop().unwrap();
+    assert_eq!(
+        e.reserve_space(&mut l, "other:/work", MIB, 6 * MIB, 0)
+            .await
+            .unwrap(),
+        None
+    );
+    e.job_transition(l, Event::Success, None).await.unwrap();
+    // A download that ends (either way) gives its space back, in its own move.
+    let (e, l) = admitted.pop().unwrap();
+    let l = e.job_advance(l, Event::Success, None).await.unwrap();
+    assert_eq!(l.state(), JobState::Downloading);
+    assert!(l.status.extra.contains_key(lading_engine::RESERVED_FIELD));
+    e.job_transition(l, Event::Fail, Some("digest mismatch".into()))
+        .await
+        .unwrap();
+    let (e, l) = admitted.pop().unwrap();
+    let l = e.job_advance(l, Event::Success, None).await.unwrap();
+    let st = e.job_transition(l, Event::Success, None).await.unwrap();
+    assert_eq!(st.status, JobState::Processing);
+    assert!(!st.extra.contains_key(lading_engine::RESERVED_FIELD));
+    assert_eq!(
+        a.reservations().await.unwrap().len(),
+        5,
+        "4 left on host:/work, 1 on other"
+    );
+    // Now two of the waiting fit.
+    let mut fits = 0;
+    for (e, mut l) in waiting {
+        if e.reserve_space(&mut l, "host:/work", MIB, 6 * MIB, 0)
+            .await
+            .unwrap()
+            .is_none()
+        {
+            fits += 1;
+        }
+        e.release_job_lease(l).await.unwrap();
+    }
+    assert_eq!(fits, 2);
+    for (e, l) in admitted {
+        e.release_job_lease(l).await.unwrap();
+    }
+}
+
 pub async fn held_collection_holds_batches_and_jobs_until_released(h: &dyn Harness) {
     let (e, _s) = engine(h, "w").await;
     // A job of collection "coll" is queued, then the collection is held.
@@ -1944,6 +2040,7 @@ macro_rules! conformance_tests {
             a_reporter_that_loses_its_batch_to_a_requeue_records_nothing,
             outbox_entries_are_claimed_once_retried_and_deleted_when_delivered,
             deleting_the_last_failed_job_says_an_update_report_is_due,
+            concurrent_admissions_never_reserve_more_than_is_free,
             deferred_job_is_not_taken_before_its_retry_time,
             held_collection_holds_batches_and_jobs_until_released,
             paused_queue_hands_out_nothing,

@@ -148,6 +148,21 @@ impl JobCtx {
         self.engine.set_space_needed(&lease, bytes).await
     }
 
+    /// Reserves working space for the job (see `Engine::reserve_space`): `None` when
+    /// reserved, else the bytes other jobs hold on that root.
+    pub async fn reserve_space(
+        &self,
+        root: &str,
+        bytes: u64,
+        free: u64,
+        keep: u64,
+    ) -> Result<Option<u64>, EngineError> {
+        let mut lease = self.lease.lock().await;
+        self.engine
+            .reserve_space(&mut lease, root, bytes, free, keep)
+            .await
+    }
+
     pub async fn set_priority(&self, priority: u8) -> Result<(), EngineError> {
         let mut lease = self.lease.lock().await;
         self.engine.set_priority(&mut lease, priority).await
