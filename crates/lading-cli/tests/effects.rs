@@ -1,0 +1,503 @@
+//! Outside effects under crashes, with real processes: `lading worker` processes sharing one
+//! SQLite store are SIGKILLed while an SMTP receiver holds back its final `250` and while a
+//! callback receiver holds back its answer; every repeat carries the key of the first try.
+//! Also: a store that fills the storage disk (a real, small tmpfs) leaves no partial copy.
+
+use lading_core::BatchState;
+use lading_core::layout::{BatchId, JobId};
+use lading_core::time::system_clock;
+use lading_engine::Engine;
+use lading_store_sqlite::{SqliteOptions, SqliteTree};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(90);
+
+struct Setup {
+    dir: tempfile::TempDir,
+    db: PathBuf,
+    config: PathBuf,
+}
+
+/// A store, a data folder, a `demo` profile with `profile` lines added, and a config with
+/// `extra` lines added; outbox retries come quickly.
+fn setup(profile: &str, extra: &str) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("profiles")).unwrap();
+    std::fs::write(
+        data.join("profiles/demo.toml"),
+        format!("collection = \"demo\"\n{profile}"),
+    )
+    .unwrap();
+    let config = dir.path().join("lading.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = \"{}\"\nreserve_bytes = 0\nunestimated_min_free_bytes = 0\n{extra}\n\
+             [stages.outbox]\nmax_attempts = 100\nbackoff_base_ms = 100\nbackoff_max_ms = 300\n",
+            data.display()
+        ),
+    )
+    .unwrap();
+    Setup {
+        db: dir.path().join("lading.db"),
+        dir,
+        config,
+    }
+}
+
+impl Setup {
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_lading"));
+        c.arg("--store")
+            .arg(format!("sqlite:{}", self.db.display()))
+            .arg("--config")
+            .arg(&self.config)
+            .args(args)
+            .env_remove("LADING_STORE")
+            .env_remove("LADING_CONFIG");
+        c
+    }
+
+    fn workers(&self, n: usize) -> Vec<Reap> {
+        (0..n)
+            .map(|_| {
+                Reap(
+                    self.cmd(&["worker", "--grace-s", "1"])
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .spawn()
+                        .expect("start a worker"),
+                )
+            })
+            .collect()
+    }
+
+    /// Submits files as a single-file batch manifest; returns the batch id.
+    fn submit_files(&self, n: usize, bytes: usize) -> BatchId {
+        let payload = self.dir.path().join("payload");
+        std::fs::create_dir_all(&payload).unwrap();
+        let mut rows = String::new();
+        for i in 0..n {
+            let f = payload.join(format!("f{i}-{bytes}.bin"));
+            std::fs::write(&f, vec![b'a' + (i % 26) as u8; bytes]).unwrap();
+            rows.push_str(&format!("file://{}\n", f.display()));
+        }
+        let manifest = payload.join(format!("batch-{n}-{bytes}.checkm"));
+        std::fs::write(
+            &manifest,
+            format!(
+                "#%checkm_0.7\n#%profile | http://uc3.cdlib.org/registry/ingest/manifest/mrt-single-file-batch-manifest\n#%fields | nfo:fileUrl\n{rows}#%eof\n"
+            ),
+        )
+        .unwrap();
+        let o = self
+            .cmd(&[
+                "submit",
+                &format!("file://{}", manifest.display()),
+                "--profile",
+                "demo",
+                "--type",
+                "single-file-batch-manifest",
+            ])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        BatchId::parse(String::from_utf8_lossy(&o.stdout).trim()).unwrap()
+    }
+}
+
+/// A child process that is SIGKILLed when dropped.
+struct Reap(Child);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn engine(db: &Path) -> Arc<Engine> {
+    let tree = Arc::new(SqliteTree::open(db, SqliteOptions::default()).unwrap());
+    let e = Arc::new(Engine::new(tree, system_clock(), "observer"));
+    e.init().await.unwrap();
+    e
+}
+
+async fn until(what: &str, mut cond: impl AsyncFnMut() -> bool) {
+    let start = Instant::now();
+    while !cond().await {
+        assert!(start.elapsed() < WAIT, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// What a receiver got: each delivery, and a signal per delivery it holds back.
+struct Received {
+    items: Arc<Mutex<Vec<String>>>,
+    held: mpsc::Receiver<()>,
+}
+
+/// An SMTP receiver speaking the protocol for real. For the first `hold` messages it takes
+/// the whole message, signals, and never gives the final `250` (its client is killed
+/// meanwhile); later ones are accepted.
+fn smtp_receiver(hold: usize) -> (u16, Received) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let items = Arc::new(Mutex::new(Vec::new()));
+    let (tx, rx) = mpsc::channel();
+    let left = Arc::new(AtomicUsize::new(hold));
+    let got = items.clone();
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            let (got, tx, left) = (got.clone(), tx.clone(), left.clone());
+            std::thread::spawn(move || {
+                let mut w = s.try_clone().unwrap();
+                let mut r = BufReader::new(s);
+                let _ = w.write_all(b"220 localhost ESMTP test\r\n");
+                let mut data: Option<String> = None;
+                let mut line = String::new();
+                loop {
+                    line.clear();
+                    if r.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    if let Some(d) = data.as_mut() {
+                        if line == ".\r\n" {
+                            got.lock().unwrap().push(data.take().unwrap());
+                            let held = left
+                                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                                    n.checked_sub(1)
+                                })
+                                .is_ok();
+                            if held {
+                                let _ = tx.send(());
+                                // No 250: wait for the client to go away.
+                                let _ = r.read_line(&mut line);
+                                return;
+                            }
+                            let _ = w.write_all(b"250 2.0.0 queued\r\n");
+                        } else {
+                            d.push_str(&line);
+                        }
+                        continue;
+                    }
+                    let reply: &[u8] =
+                        match line.get(..4).unwrap_or("").to_ascii_uppercase().as_str() {
+                            "EHLO" | "HELO" => b"250 localhost\r\n",
+                            "MAIL" | "RCPT" | "RSET" | "NOOP" => b"250 2.0.0 ok\r\n",
+                            "DATA" => {
+                                data = Some(String::new());
+                                b"354 go ahead\r\n"
+                            }
+                            "QUIT" => {
+                                let _ = w.write_all(b"221 bye\r\n");
+                                return;
+                            }
+                            _ => b"502 5.5.2 not implemented\r\n",
+                        };
+                    let _ = w.write_all(reply);
+                }
+            });
+        }
+    });
+    (port, Received { items, held: rx })
+}
+
+/// An HTTP callback receiver. For the first `hold` calls it reads the whole request,
+/// records it, signals, and never answers; later ones get 200. Each record is
+/// `HEADER-KEY\tBODY`.
+fn callback_receiver(hold: usize) -> (String, Received) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/callback", l.local_addr().unwrap());
+    let items = Arc::new(Mutex::new(Vec::new()));
+    let (tx, rx) = mpsc::channel();
+    let left = Arc::new(AtomicUsize::new(hold));
+    let got = items.clone();
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            let (got, tx, left) = (got.clone(), tx.clone(), left.clone());
+            std::thread::spawn(move || {
+                let mut w = s.try_clone().unwrap();
+                let mut r = BufReader::new(s);
+                loop {
+                    let (mut key, mut len) = (String::new(), 0usize);
+                    let mut line = String::new();
+                    loop {
+                        line.clear();
+                        if r.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                        let lower = line.to_ascii_lowercase();
+                        if let Some(v) = lower.strip_prefix("content-length:") {
+                            len = v.trim().parse().unwrap_or(0);
+                        }
+                        if lower.starts_with("idempotency-key:") {
+                            key = line["idempotency-key:".len()..].trim().to_string();
+                        }
+                    }
+                    let mut body = vec![0; len.min(1 << 20)];
+                    if r.read_exact(&mut body).is_err() {
+                        return;
+                    }
+                    got.lock()
+                        .unwrap()
+                        .push(format!("{key}\t{}", String::from_utf8_lossy(&body)));
+                    let held = left
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                        .is_ok();
+                    if held {
+                        let _ = tx.send(());
+                        let _ = r.read_line(&mut line);
+                        return;
+                    }
+                    if w.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, Received { items, held: rx })
+}
+
+fn message_id(mail: &str) -> String {
+    mail.lines()
+        .find_map(|l| {
+            l.strip_prefix("Message-ID: ")
+                .or_else(|| l.strip_prefix("Message-Id: "))
+        })
+        .unwrap_or_else(|| panic!("no Message-ID in {mail}"))
+        .trim()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_mail_resent_after_workers_die_before_the_250_keeps_its_message_id() {
+    let (port, got) = smtp_receiver(2);
+    let s = setup(
+        "notification = [\"depositor@example.org\"]\n",
+        &format!(
+            "smtp_host = \"127.0.0.1\"\nsmtp_port = {port}\nmail_from = \"lading@example.org\""
+        ),
+    );
+    let mut workers = s.workers(2);
+    let bid = s.submit_files(2, 100);
+    // Twice: the receiver has the whole mail and holds back its 250; every worker is
+    // killed, and new ones start.
+    for _ in 0..2 {
+        got.held
+            .recv_timeout(WAIT)
+            .expect("a mail held at the receiver");
+        workers.clear();
+        workers = s.workers(2);
+    }
+    let e = engine(&s.db).await;
+    until("the outbox to empty", async || {
+        e.outbox().await.unwrap().is_empty() && got.items.lock().unwrap().len() >= 3
+    })
+    .await;
+    let info = e.batch(&bid).await.unwrap();
+    assert_eq!(info.status.status, BatchState::Completed);
+    let report = info.status_report.unwrap();
+    assert_eq!(report.extra["report_number"], 1, "one report");
+    let mails = got.items.lock().unwrap().clone();
+    assert_eq!(
+        mails.len(),
+        3,
+        "two tries cut off, one delivered: {mails:?}"
+    );
+    let ids: std::collections::BTreeSet<String> = mails.iter().map(|m| message_id(m)).collect();
+    assert_eq!(ids.len(), 1, "one report, one Message-ID: {ids:?}");
+    let id = ids.into_iter().next().unwrap();
+    let uuid = info.submission["batchID"].as_str().unwrap();
+    assert_eq!(id, format!("<lading.{uuid}.report-1@example.org>"));
+    assert!(mails.iter().all(|m| m.contains("2 completed, 0 failed")));
+    eprintln!("{} deliveries of one report, all {id}", mails.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callbacks_resent_after_workers_die_mid_call_keep_their_idempotency_key() {
+    let (url, got) = callback_receiver(2);
+    let s = setup(&format!("callback_url = \"{url}\"\n"), "");
+    let mut workers = s.workers(2);
+    let bid = s.submit_files(5, 100);
+    for _ in 0..2 {
+        got.held
+            .recv_timeout(WAIT)
+            .expect("a callback held at the receiver");
+        workers.clear();
+        workers = s.workers(2);
+    }
+    let e = engine(&s.db).await;
+    until(
+        "every job and the batch to complete, and the outbox to empty",
+        async || {
+            e.batch(&bid).await.unwrap().status.status == BatchState::Completed
+                && e.outbox().await.unwrap().is_empty()
+        },
+    )
+    .await;
+    let info = e.batch(&bid).await.unwrap();
+    let uuid = info.submission["batchID"].as_str().unwrap().to_string();
+    let jobs: Vec<JobId> = info.jobs["batch-completed"]
+        .iter()
+        .map(|j| JobId::parse(j).unwrap())
+        .collect();
+    assert_eq!(jobs.len(), 5);
+    let calls = got.items.lock().unwrap().clone();
+    assert!(
+        calls.len() >= 7,
+        "five outcomes, two of them cut off: {calls:?}"
+    );
+    let mut per_key: std::collections::BTreeMap<String, usize> = Default::default();
+    for c in &calls {
+        let (key, body) = c.split_once('\t').unwrap();
+        let body: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(body["idempotency_key"], key, "header and body agree");
+        assert_eq!(body["status"], "Completed");
+        *per_key.entry(key.to_string()).or_default() += 1;
+    }
+    let want: std::collections::BTreeSet<String> = jobs
+        .iter()
+        .map(|j| format!("lading:{uuid}:{j}:completed:1"))
+        .collect();
+    assert_eq!(
+        per_key
+            .keys()
+            .cloned()
+            .collect::<std::collections::BTreeSet<_>>(),
+        want,
+        "one key per job outcome, each stored once (version 1)"
+    );
+    assert!(
+        per_key.values().filter(|n| **n >= 2).count() >= 1,
+        "a held call was sent again with its key: {per_key:?}"
+    );
+    eprintln!("callback deliveries per key: {per_key:?}");
+    drop(workers);
+}
+
+/// Runs `lading worker` in a mount namespace of its own in which the storage root is a
+/// tmpfs of `size`. `None` when this machine allows no such namespace.
+fn worker_with_small_storage(s: &Setup, storage: &Path, size: &str) -> Option<Reap> {
+    let probe = Command::new("unshare")
+        .args(["--user", "--map-root-user", "--mount", "true"])
+        .status();
+    let as_root = unsafe { libc::geteuid() } == 0;
+    let mut c = if as_root {
+        let mut c = Command::new("unshare");
+        c.args(["--mount", "--propagation", "private"]);
+        c
+    } else if matches!(probe, Ok(st) if st.success()) {
+        let mut c = Command::new("unshare");
+        c.args(["--user", "--map-root-user", "--mount"]);
+        c
+    } else {
+        return None;
+    };
+    let lading = s.cmd(&["worker", "--grace-s", "1"]);
+    let args: Vec<String> = std::iter::once(lading.get_program())
+        .chain(lading.get_args())
+        .map(|a| format!("'{}'", a.to_string_lossy()))
+        .collect();
+    c.args([
+        "sh",
+        "-c",
+        &format!(
+            "mount -t tmpfs -o size={size} tmpfs '{}' && exec {}",
+            storage.display(),
+            args.join(" ")
+        ),
+    ])
+    .env_remove("LADING_STORE")
+    .env_remove("LADING_CONFIG")
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    Some(Reap(c.spawn().ok()?))
+}
+
+/// Every entry under `dir` (through the worker's own view of its mounts).
+fn listing(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            out.push(p.strip_prefix(dir).unwrap().display().to_string());
+            if p.is_dir() {
+                stack.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_fills_the_disk_leaves_nothing_behind() {
+    let storage = tempfile::tempdir().unwrap();
+    let s = setup(
+        "",
+        &format!(
+            "storage_root = \"{}\"\n[stages.storing]\nmax_attempts = 2\nbackoff_base_ms = 100\nbackoff_max_ms = 100",
+            storage.path().display()
+        ),
+    );
+    let Some(w) = worker_with_small_storage(&s, storage.path(), "1m") else {
+        eprintln!("SKIPPED: this machine allows no mount namespace for a small storage disk");
+        return;
+    };
+    // The worker's view of the storage root: its tmpfs.
+    let root = PathBuf::from(format!(
+        "/proc/{}/root{}",
+        w.0.id(),
+        storage.path().display()
+    ));
+    let e = engine(&s.db).await;
+    let done = async |bid: &BatchId| {
+        let st = e.batch(bid).await.unwrap().status.status;
+        matches!(st, BatchState::Completed | BatchState::Failed)
+    };
+    // 600 KiB fit in 1 MiB; a second 600 KiB do not.
+    let first = s.submit_files(1, 600 << 10);
+    until("the first batch", async || done(&first).await).await;
+    assert_eq!(
+        e.batch(&first).await.unwrap().status.status,
+        BatchState::Completed
+    );
+    let before = listing(&root);
+    assert!(!before.is_empty(), "the worker stores on its tmpfs");
+    let second = s.submit_files(1, 601 << 10);
+    until("the second batch", async || done(&second).await).await;
+    let info = e.batch(&second).await.unwrap();
+    assert_eq!(info.status.status, BatchState::Failed);
+    let job = JobId::parse(&info.jobs["batch-failed"][0]).unwrap();
+    let st = e.job(&job).await.unwrap().status;
+    assert_eq!(lading_engine::failed_stage(&st), Some("Storing"));
+    // No partial copy, no empty object folder: the storage root is as the first left it.
+    assert_eq!(listing(&root), before, "debris in the storage root");
+    eprintln!(
+        "after the failed store, the storage root holds {before:?}; failure: {:?}",
+        st.message
+    );
+    // Its space is free again: 300 KiB more fit.
+    let third = s.submit_files(1, 300 << 10);
+    until("the third batch", async || done(&third).await).await;
+    assert_eq!(
+        e.batch(&third).await.unwrap().status.status,
+        BatchState::Completed
+    );
+    drop(w);
+}
