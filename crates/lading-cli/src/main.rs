@@ -26,7 +26,7 @@ use lading_engine::{Engine, EngineError};
 use lading_ingest::{Config, Ingest};
 use lading_store_sqlite::{SqliteOptions, SqliteTree};
 use lading_store_zk::{ZkOptions, ZkTree};
-use serde_json::{Value, json};
+use serde_json::json;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -195,12 +195,26 @@ enum Admin {
         action: PauseAction,
         name: String,
     },
+    /// The outbox of mails and callbacks: list it, or retry an entry (e.g. one given up on,
+    /// after its receiver was fixed).
+    Outbox {
+        #[arg(value_enum)]
+        action: OutboxAction,
+        /// The entry to retry (its name, e.g. e0000000007).
+        entry: Option<String>,
+    },
     /// Remove Completed and Deleted batches (and their jobs) last changed more than
     /// --older-than-hours ago.
     Cleanup {
         #[arg(long, default_value_t = 24 * 7)]
         older_than_hours: u64,
     },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum OutboxAction {
+    List,
+    Retry,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -439,29 +453,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Status { id } => {
             let e = engine(&store).await?;
             match id {
-                None => {
-                    let jobs: serde_json::Map<String, Value> = e
-                        .job_counts()
-                        .await?
-                        .into_iter()
-                        .map(|(s, n)| (s.name().to_string(), json!(n)))
-                        .collect();
-                    let batches: serde_json::Map<String, Value> = e
-                        .batch_counts()
-                        .await?
-                        .into_iter()
-                        .map(|(s, n)| (s.name().to_string(), json!(n)))
-                        .collect();
-                    let mut paused = Vec::new();
-                    for q in lading_core::layout::QUEUE_NAMES {
-                        if e.queue_paused(q).await? {
-                            paused.push(*q);
-                        }
-                    }
-                    print_json(
-                        &json!({"jobs": jobs, "batches": batches, "paused_queues": paused}),
-                    )?;
-                }
+                None => print_json(&e.summary().await?)?,
                 Some(id) if id.starts_with(JobId::PREFIX) => {
                     print_json(&e.job(&JobId::parse(&id)?).await?)?
                 }
@@ -604,6 +596,19 @@ async fn admin(e: &Arc<Engine>, action: Admin, cfg: Config) -> anyhow::Result<()
                 if changed { "" } else { " (already)" }
             );
         }
+        Admin::Outbox { action, entry } => match (action, entry) {
+            (OutboxAction::List, _) => {
+                let items = e.outbox().await?;
+                print_outbox(&serde_json::to_value(&items)?);
+            }
+            (OutboxAction::Retry, Some(name)) => {
+                e.retry_effect(&name).await?;
+                println!("{name}: due now");
+            }
+            (OutboxAction::Retry, None) => {
+                bail!("name the entry to retry (lading admin outbox list)")
+            }
+        },
         Admin::Cleanup { older_than_hours } => {
             let ingest = Ingest::new(e.clone(), cfg);
             let c = lading_ingest::cleanup::cleanup(
@@ -666,6 +671,22 @@ async fn admin_remote(c: &client::Client, action: Admin) -> anyhow::Result<()> {
             c.call(m, &format!("/api/v1/queues/{name}/pause"), None)
                 .await?
         }
+        Admin::Outbox { action, entry } => match (action, entry) {
+            (OutboxAction::List, _) => {
+                let v = c.call("GET", "/api/v1/outbox", None).await?;
+                print_outbox(&v["entries"]);
+                return Ok(());
+            }
+            (OutboxAction::Retry, Some(name)) => {
+                c.call("POST", &format!("/api/v1/outbox/{name}/retry"), None)
+                    .await?;
+                println!("{name}: due now");
+                return Ok(());
+            }
+            (OutboxAction::Retry, None) => {
+                bail!("name the entry to retry (lading admin outbox list)")
+            }
+        },
         Admin::Cleanup { .. } => {
             bail!("cleanup works on the store and its folders; run it without --server")
         }
@@ -676,6 +697,34 @@ async fn admin_remote(c: &client::Client, action: Admin) -> anyhow::Result<()> {
         _ => println!("{v}"),
     }
     Ok(())
+}
+
+/// One line per outbox entry: name, kind, key, state, attempts, last error.
+fn print_outbox(entries: &serde_json::Value) {
+    let list = entries.as_array().cloned().unwrap_or_default();
+    if list.is_empty() {
+        println!("the outbox is empty");
+    }
+    for v in list {
+        let state = if v["dead"] == true {
+            "dead"
+        } else if v["delivering"] == true {
+            "delivering"
+        } else {
+            "waiting"
+        };
+        println!(
+            "{}  {}  {}  {state}  attempts {}{}",
+            v["name"].as_str().unwrap_or("?"),
+            v["kind"].as_str().unwrap_or("?"),
+            v["key"].as_str().unwrap_or("?"),
+            v["attempts"],
+            v["last_error"]
+                .as_str()
+                .map(|e| format!("  last error: {e}"))
+                .unwrap_or_default()
+        );
+    }
 }
 
 fn exit_code(err: &anyhow::Error) -> u8 {

@@ -133,6 +133,17 @@ fn admin_verbs_change_state() {
     );
     let o = lading(&db, &["admin", "collection", "release", "demo"]);
     assert!(text(&o).0.contains("released, 0 held"), "{:?}", text(&o));
+    // The outbox: counted in the status, listed, and an unknown entry named in the refusal.
+    assert_eq!(v["outbox"], serde_json::json!({"waiting": 0, "dead": 0}));
+    let o = lading(&db, &["admin", "outbox", "list"]);
+    assert_eq!(text(&o).0.trim(), "the outbox is empty", "{:?}", text(&o));
+    let o = lading(&db, &["admin", "outbox", "retry", "e0000000009"]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).1.contains("no outbox entry \"e0000000009\""),
+        "{:?}",
+        text(&o)
+    );
     // A completed job is purged by delete.
     let o = lading(&db, &["admin", "job", "delete", "jid0000000000"]);
     assert!(o.status.success(), "{:?}", text(&o));

@@ -237,6 +237,37 @@ impl Engine {
         }
     }
 
+    /// The store at a glance, as `lading status` and `GET /api/v1/status` show it: jobs and
+    /// batches per state, paused queues, and the outbox (waiting and given-up entries).
+    pub async fn summary(&self) -> Result<Value> {
+        let jobs: serde_json::Map<String, Value> = self
+            .job_counts()
+            .await?
+            .into_iter()
+            .map(|(st, n)| (st.name().to_string(), Value::from(n)))
+            .collect();
+        let batches: serde_json::Map<String, Value> = self
+            .batch_counts()
+            .await?
+            .into_iter()
+            .map(|(st, n)| (st.name().to_string(), Value::from(n)))
+            .collect();
+        let mut paused = Vec::new();
+        for q in lading_core::layout::QUEUE_NAMES {
+            if self.queue_paused(q).await? {
+                paused.push(*q);
+            }
+        }
+        let outbox = self.outbox().await?;
+        let dead = outbox.iter().filter(|o| o.entry.dead).count();
+        Ok(serde_json::json!({
+            "jobs": jobs,
+            "batches": batches,
+            "paused_queues": paused,
+            "outbox": {"waiting": outbox.len() - dead, "dead": dead},
+        }))
+    }
+
     /// Admin: tries a dead (or waiting) entry again now, with a fresh attempt count.
     pub async fn retry_effect(&self, name: &str) -> Result<OutboxEntry> {
         let path = entry_path(name);

@@ -47,6 +47,8 @@ pub fn routes() -> Router<AppState> {
             put(pause_queue).delete(resume_queue),
         )
         .route("/api/v1/status", get(status))
+        .route("/api/v1/outbox", get(list_outbox))
+        .route("/api/v1/outbox/{name}/retry", post(retry_outbox))
 }
 
 type Result<T, E = ApiError> = std::result::Result<T, E>;
@@ -524,26 +526,21 @@ pub(crate) async fn resume_queue(
 
 #[utoipa::path(get, path = "/api/v1/status", tag = "admin", summary = "Counts per state", responses((status = 200, description = "jobs and batches per state, paused queues", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn status(State(s): State<AppState>, Admin(_): Admin) -> Result<Json<Value>> {
-    let e = &s.ingest.engine;
-    let jobs: serde_json::Map<String, Value> = e
-        .job_counts()
-        .await?
-        .into_iter()
-        .map(|(st, n)| (st.name().to_string(), json!(n)))
-        .collect();
-    let batches: serde_json::Map<String, Value> = e
-        .batch_counts()
-        .await?
-        .into_iter()
-        .map(|(st, n)| (st.name().to_string(), json!(n)))
-        .collect();
-    let mut paused = Vec::new();
-    for q in QUEUE_NAMES {
-        if e.queue_paused(q).await? {
-            paused.push(*q);
-        }
-    }
-    Ok(Json(
-        json!({"jobs": jobs, "batches": batches, "paused_queues": paused}),
-    ))
+    Ok(Json(s.ingest.engine.summary().await?))
+}
+
+#[utoipa::path(get, path = "/api/v1/outbox", tag = "admin", summary = "Mails and callbacks waiting for delivery", responses((status = 200, description = "every outbox entry, oldest first: kind, key, attempts, last error, dead (given up), delivering", body = serde_json::Value), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub(crate) async fn list_outbox(State(s): State<AppState>, Admin(_): Admin) -> Result<Json<Value>> {
+    let items = s.ingest.engine.outbox().await?;
+    Ok(Json(json!({ "entries": items })))
+}
+
+#[utoipa::path(post, path = "/api/v1/outbox/{name}/retry", tag = "admin", summary = "Deliver an outbox entry again now", params(("name" = String, Path, description = "the entry's name, e.g. e0000000007")), responses((status = 200, description = "the entry, due now with a fresh attempt count", body = serde_json::Value), (status = 400, description = "no such entry (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub(crate) async fn retry_outbox(
+    State(s): State<AppState>,
+    Admin(_): Admin,
+    PathParams(name): PathParams<String>,
+) -> Result<Json<Value>> {
+    let entry = s.ingest.engine.retry_effect(&name).await?;
+    Ok(Json(json!({ "name": name, "entry": entry })))
 }

@@ -37,6 +37,8 @@ use utoipa::{Modify, OpenApi};
         batches::pause_queue,
         batches::resume_queue,
         batches::status,
+        batches::list_outbox,
+        batches::retry_outbox,
         generic::types,
         generic::get_type,
         generic::put_type,

@@ -185,6 +185,12 @@ async fn the_admin_page_performs_a_clicked_action_and_updates_live() {
             &session,
             "document.getElementById('live').textContent === 'live'",
         );
+        // The outbox section reads its own endpoint; the failure-kind filter shows only
+        // for Failed jobs.
+        br.wait_for(
+            &session,
+            "document.getElementById('outbox-count').textContent === '(empty)' && document.getElementById('failure-kind').hidden",
+        );
         br.click(&session, &format!("{row} button[data-action=\"hold\"]"));
         // The page shows the change by itself (the event stream), no reload.
         br.wait_for(
