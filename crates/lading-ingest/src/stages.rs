@@ -504,6 +504,29 @@ struct VerifiedLine {
     name: String,
     #[serde(flatten)]
     fetched: Fetched,
+    /// The manifest row it was fetched for (URL, declared size, digest): a requeued job
+    /// whose corrected manifest changed the row fetches the file again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    source: Option<String>,
+}
+
+/// What identifies a manifest row's file for [`VerifiedLine::source`].
+fn row_source(f: &FileEntry) -> String {
+    format!(
+        "{} {} {}",
+        f.url,
+        f.size.map_or("-".into(), |n| n.to_string()),
+        f.digest.as_ref().map_or("-".into(), |d| format!("{:?}", d))
+    )
+}
+
+/// The manifest row each verified file was fetched for, by name (the latest line wins).
+fn verified_sources(workdir: &Path) -> BTreeMap<String, Option<String>> {
+    let text = std::fs::read_to_string(verified_path(workdir)).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<VerifiedLine>(l).ok())
+        .map(|l| (l.name, l.source))
+        .collect()
 }
 
 /// The record so far; a line cut short by a crash (the last one) is ignored, so that file is
@@ -516,7 +539,12 @@ fn read_verified(workdir: &Path) -> Verified {
         .collect()
 }
 
-fn append_verified(workdir: &Path, name: &str, fetched: &Fetched) -> std::io::Result<()> {
+fn append_verified(
+    workdir: &Path,
+    name: &str,
+    fetched: &Fetched,
+    source: Option<String>,
+) -> std::io::Result<()> {
     use std::io::Write;
     let p = verified_path(workdir);
     if let Some(d) = p.parent() {
@@ -525,6 +553,7 @@ fn append_verified(workdir: &Path, name: &str, fetched: &Fetched) -> std::io::Re
     let mut line = serde_json::to_vec(&VerifiedLine {
         name: name.to_owned(),
         fetched: fetched.clone(),
+        source,
     })
     .map_err(std::io::Error::other)?;
     // A line torn by a crash before this one is ended here, so it spoils only itself.
@@ -572,10 +601,21 @@ async fn download_files(
         PRODUCER
     };
     let mut verified = read_verified(&job.workdir);
+    let sources = verified_sources(&job.workdir);
     let attempts = ingest.cfg.file_attempts.max(1);
     for f in &files {
         let dest = job.workdir.join(into).join(&f.name);
-        if let Some(v) = verified.get(&f.name) {
+        let source = row_source(f);
+        let same_row = sources
+            .get(&f.name)
+            .is_none_or(|s| s.as_deref().is_none_or(|s| s == source));
+        if !same_row {
+            job.log(&format!(
+                "{}: its manifest row changed since it was verified; fetching again",
+                f.name
+            ));
+        }
+        if let Some(v) = verified.get(&f.name).filter(|_| same_row) {
             // Verified by an earlier attempt, maybe in a process that crashed before the file
             // reached the disk: trusted only if it still hashes the same.
             let d = dest.clone();
@@ -611,7 +651,7 @@ async fn download_files(
             }
         };
         job.log(&format!("fetched {} ({} bytes)", f.name, got.size));
-        append_verified(&job.workdir, &f.name, &got)
+        append_verified(&job.workdir, &f.name, &got, Some(source))
             .map_err(|e| io_err("writing", &verified_path(&job.workdir), e))?;
         verified.insert(f.name.clone(), got);
     }
@@ -1269,7 +1309,7 @@ mod record_tests {
         let dir = tempfile::tempdir().unwrap();
         let wd = dir.path();
         assert!(read_verified(wd).is_empty());
-        append_verified(wd, "a.bin", &fetched(1, "aa")).unwrap();
+        append_verified(wd, "a.bin", &fetched(1, "aa"), None).unwrap();
         let ino = |p| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
         let first = ino(verified_path(wd));
         // A crash in the middle of the next line.
@@ -1277,9 +1317,9 @@ mod record_tests {
         torn.extend_from_slice(b"\n{\"name\":\"b.bin\",\"si");
         std::fs::write(verified_path(wd), &torn).unwrap();
         assert_eq!(read_verified(wd).len(), 1, "the torn line is ignored");
-        append_verified(wd, "c.bin", &fetched(3, "cc")).unwrap();
+        append_verified(wd, "c.bin", &fetched(3, "cc"), None).unwrap();
         // A file verified again (it had changed) counts with its latest digest.
-        append_verified(wd, "a.bin", &fetched(1, "a2")).unwrap();
+        append_verified(wd, "a.bin", &fetched(1, "a2"), None).unwrap();
         let v = read_verified(wd);
         assert_eq!(v.len(), 2);
         assert_eq!(v["a.bin"], fetched(1, "a2"));

@@ -332,6 +332,73 @@ async fn a_digest_mismatch_fails_the_job_at_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requeue_fetches_again_only_the_files_whose_manifest_rows_changed() {
+    let w = World::new().await;
+    let sha = |b: &[u8]| {
+        let mut h = lading_ingest::fetch::Hasher::new(checkm::HashAlg::Sha256);
+        h.update(b);
+        h.hex()
+    };
+    let (a_old, _) = w.file("d/a-old.txt", b"first a");
+    let (a_new, _) = w.file("d/a-new.txt", b"corrected a");
+    let (b, _) = w.file("d/b.txt", b"the b");
+    let (c, _) = w.file("d/c.txt", b"the c");
+    let manifest = |rows: Vec<Vec<String>>| {
+        checkm::write(
+            ManifestKind::Object,
+            &[
+                checkm::FILE_URL,
+                checkm::HASH_ALG,
+                checkm::HASH_VALUE,
+                checkm::FILE_NAME,
+            ],
+            &rows,
+        )
+    };
+    let row = |url: &str, digest: String, name: &str| {
+        vec![url.to_string(), "sha256".into(), digest, name.to_string()]
+    };
+    // a and c verify; b's digest is wrong: the job fails in Downloading.
+    let first = manifest(vec![
+        row(&a_old, sha(b"first a"), "a.txt"),
+        row(&c, sha(b"the c"), "c.txt"),
+        row(&b, "0".repeat(64), "b.txt"),
+    ]);
+    let (url, _) = w.file("obj.checkm", first.as_bytes());
+    let ingest = w.ingest();
+    let bid = w.submit(&ingest, &url, "manifest").await;
+    let (h, task) = w.run_all(&ingest);
+    w.batch_reaches(&bid, &[BatchState::Failed]).await;
+    let job = w.jobs_of(&bid).await.remove(0);
+    // The depositor fixes b's digest and points a at a corrected file; c is unchanged.
+    let fixed = manifest(vec![
+        row(&a_new, sha(b"corrected a"), "a.txt"),
+        row(&c, sha(b"the c"), "c.txt"),
+        row(&b, sha(b"the b"), "b.txt"),
+    ]);
+    w.file("obj.checkm", fixed.as_bytes());
+    w.engine.requeue_job(&job, None).await.unwrap();
+    w.batch_reaches(&bid, &[BatchState::Completed]).await;
+    assert_eq!(
+        w.server.gets("d/c.txt"),
+        1,
+        "an unchanged row is not fetched again"
+    );
+    assert_eq!(w.server.gets("d/a-old.txt"), 1);
+    assert_eq!(
+        w.server.gets("d/a-new.txt"),
+        1,
+        "a changed row is fetched again"
+    );
+    assert_eq!(w.server.gets("d/b.txt"), 2);
+    let v = stored(&w, &job).await;
+    let a = std::fs::read(std::path::Path::new(&v.path).join("producer/a.txt")).unwrap();
+    assert_eq!(a, b"corrected a");
+    h.stop();
+    task.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_callback_is_retried_from_the_outbox_with_one_key_until_an_admin_retries_it() {
     let w = World::new().await;
     w.server.set_callback_status(500);

@@ -31,6 +31,8 @@ const ROUTES: &[(&str, &str)] = &[
     ("put", "/api/v1/queues/{name}/pause"),
     ("delete", "/api/v1/queues/{name}/pause"),
     ("get", "/api/v1/status"),
+    ("get", "/api/v1/outbox"),
+    ("post", "/api/v1/outbox/{name}/retry"),
     ("get", "/api/v1/types"),
     ("get", "/api/v1/types/{type}"),
     ("put", "/api/v1/types/{type}"),
