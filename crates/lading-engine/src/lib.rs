@@ -183,6 +183,8 @@ pub struct Engine {
     /// Lock path → the session it was claimed in; a claim from an older session is void (that
     /// session's locks are gone).
     claimed: Mutex<HashMap<String, u64>>,
+    /// Batch reference folders seen to exist (see `folder_ops`).
+    known_folders: Mutex<foldhash::HashSet<String>>,
     /// Job → batch, which never changes once written: saves a read per acquisition.
     job_batches: Mutex<HashMap<JobId, BatchId>>,
     /// Batches seen in a terminal state (Completed, Deleted), which they never leave: batch
@@ -270,6 +272,7 @@ impl Engine {
             events,
             claimed: Mutex::new(HashMap::new()),
             job_batches: Mutex::new(HashMap::new()),
+            known_folders: Mutex::new(foldhash::HashSet::default()),
             terminal_batches: Mutex::new(HashMap::new()),
             flags: Mutex::new(HashMap::new()),
             busy: Mutex::new(HashMap::new()),
@@ -1917,6 +1920,45 @@ impl Engine {
     }
 
     /// The ops that move a job's references from `old` to `new` state (and batch folder).
+    /// Ops creating the batch reference folder a job moves into when no one has made it yet:
+    /// Merritt creates `states/batch-processing` when it first needs it and the others only
+    /// when its own code moves a job there, so a batch it made may lack them. Folders seen
+    /// are remembered (they are never removed while the batch lives).
+    async fn folder_ops(
+        &self,
+        batch: &BatchId,
+        old: JobState,
+        new: JobState,
+        ops: &mut Vec<Op>,
+    ) -> Result<()> {
+        let folder = new.batch_folder();
+        if folder == old.batch_folder() {
+            return Ok(());
+        }
+        let path = batch_ref_folder(batch, folder);
+        if self
+            .known_folders
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&path)
+        {
+            return Ok(());
+        }
+        if self.tree.exists(&path).await?.is_some() {
+            let mut known = self.known_folders.lock().unwrap_or_else(|p| p.into_inner());
+            if known.len() >= JOB_BATCHES_KEPT {
+                known.clear();
+            }
+            known.insert(path);
+            return Ok(());
+        }
+        if self.tree.exists(&batch_states(batch)).await?.is_none() {
+            ops.push(Op::create(batch_states(batch), None));
+        }
+        ops.push(Op::create(path, None));
+        Ok(())
+    }
+
     fn move_ops(
         &self,
         job: &JobId,
@@ -1990,7 +2032,7 @@ impl Engine {
         message: Option<String>,
         keep_lock: bool,
     ) -> Result<(JobStatus, i32)> {
-        let (mut ops, status) = self.transition_plan(lease, event, message)?;
+        let (mut ops, status) = self.transition_plan(lease, event, message).await?;
         let lock = job_node(&lease.job, "lock");
         if !keep_lock {
             ops.push(Op::delete(&lock, None));
@@ -2025,7 +2067,7 @@ impl Engine {
     }
 
     /// The ops of a leased job's move (the lock is checked, not dropped) and its new status.
-    fn transition_plan(
+    async fn transition_plan(
         &self,
         lease: &JobLease,
         event: Event<JobState>,
@@ -2084,6 +2126,8 @@ impl Engine {
                 Some(lease.status_version),
             ),
         ];
+        self.folder_ops(&lease.batch, old.status, next.state, &mut ops)
+            .await?;
         self.move_ops(
             &lease.job,
             &lease.batch,
@@ -2118,7 +2162,7 @@ impl Engine {
         next: &[JobState],
     ) -> Result<(JobStatus, Option<JobLease>)> {
         let lock = job_node(&lease.job, "lock");
-        let (mut move_ops, status) = match self.transition_plan(&lease, event, message) {
+        let (mut move_ops, status) = match self.transition_plan(&lease, event, message).await {
             Ok(p) => p,
             Err(e) => {
                 self.unclaim(&lock);
@@ -2437,6 +2481,8 @@ impl Engine {
             Op::create_mode(&lock, None, CreateMode::Ephemeral),
             Op::set(job_node(job, "status"), json_bytes(&status), Some(version)),
         ];
+        self.folder_ops(&batch, old.status, next.state, &mut ops)
+            .await?;
         self.move_ops(job, &batch, priority, old.status, next.state, &mut ops);
         // Back into batch-processing: bump the batch status version so a concurrent
         // `maybe_report` that saw the folder empty cannot win. A batch already reporting or
@@ -2564,7 +2610,22 @@ impl Engine {
     }
 
     /// Admin: requeue a Failed job to `target`, by default the stage that failed.
+    /// The default target is the recorded `failed_stage` (Lading's own field), so a job whose
+    /// `last_successful_status` another tool set to `"Failed"` (Merritt does, moving a job
+    /// out of Failed) still goes back to the stage that failed.
     pub async fn requeue_job(&self, job: &JobId, target: Option<JobState>) -> Result<JobStatus> {
+        let target = match target {
+            Some(t) => Some(t),
+            None => {
+                let (st, _) = self.job_status(job).await?;
+                failed_stage(&st).and_then(JobState::parse).filter(|s| {
+                    !matches!(
+                        s,
+                        JobState::Failed | JobState::Completed | JobState::Deleted | JobState::Held
+                    )
+                })
+            }
+        };
         self.admin_job(job, |p| p.requeue(target)).await
     }
 

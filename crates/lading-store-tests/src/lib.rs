@@ -1593,6 +1593,84 @@ pub async fn concurrent_admissions_never_reserve_more_than_is_free(h: &dyn Harne
     }
 }
 
+/// Merritt's `Batch.acquirePendingBatch` creates only `states`, and `Job.createJob` only
+/// `states/batch-processing`; the other reference folders appear when Merritt's own code
+/// first moves a job there. Lading's moves create them when missing.
+pub async fn merritt_lazily_made_batch_folders_are_created_by_the_move(h: &dyn Harness) {
+    let (e, s) = engine(h, "w").await;
+    let (bid, jobs) = batch_with_jobs(&e, 3, &[]).await;
+    for f in ["batch-completed", "batch-failed", "batch-deleted"] {
+        s.tree
+            .delete(&batch_ref_folder(&bid, f), None)
+            .await
+            .unwrap();
+    }
+    run_job_to_completion(&e, JobState::Pending).await.unwrap();
+    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let failed = l.job.clone();
+    e.job_transition(l, Event::Fail, Some("bad row".into()))
+        .await
+        .unwrap();
+    e.delete_job(&failed).await.unwrap();
+    let info = e.batch(&bid).await.unwrap();
+    assert_eq!(info.jobs["batch-completed"].len(), 1);
+    assert_eq!(info.jobs["batch-deleted"], vec![failed.to_string()]);
+    assert_eq!(info.jobs["batch-processing"].len(), 1);
+    // The third job (its batch made by a Merritt that created only `states`) fails too.
+    for f in ["batch-failed"] {
+        s.tree
+            .delete(&batch_ref_folder(&bid, f), None)
+            .await
+            .unwrap();
+    }
+    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    assert!(jobs.contains(&l.job));
+    e.job_transition(l, Event::Fail, Some("bad row".into()))
+        .await
+        .unwrap();
+    let info = e.batch(&bid).await.unwrap();
+    assert_eq!(info.jobs["batch-failed"].len(), 1);
+    assert_eq!(
+        info.status.status,
+        BatchState::Reporting,
+        "the batch reports"
+    );
+}
+
+/// Merritt's Java code writes `"Failed"` into `last_successful_status` when it moves a job out
+/// of Failed; a requeue after the job fails again still goes to the stage that failed.
+pub async fn merritt_last_successful_failed_still_requeues_to_the_stage_that_failed(
+    h: &dyn Harness,
+) {
+    let (e, s) = engine(h, "w").await;
+    let (_bid, jobs) = batch_with_jobs(&e, 1, &[]).await;
+    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let l = e
+        .job_advance(l, Event::To(JobState::Estimating), None)
+        .await
+        .unwrap();
+    let l = e.job_advance(l, Event::Success, None).await.unwrap();
+    e.job_transition(l, Event::Success, None).await.unwrap();
+    // Downloading, as Merritt writes the status after its own requeue.
+    s.tree
+        .set(
+            &job_node(&jobs[0], "status"),
+            Some(
+                br#"{"status":"Downloading","last_successful_status":"Failed","last_modified":"2026-11-24 10:00:00","retry_count":1,"message":""}"#
+                    .to_vec(),
+            ),
+            None,
+        )
+        .await
+        .unwrap();
+    let l = e.acquire_job(JobState::Downloading).await.unwrap().unwrap();
+    e.job_transition(l, Event::Fail, Some("digest mismatch".into()))
+        .await
+        .unwrap();
+    let st = e.requeue_job(&jobs[0], None).await.unwrap();
+    assert_eq!(st.status, JobState::Downloading);
+}
+
 pub async fn held_collection_holds_batches_and_jobs_until_released(h: &dyn Harness) {
     let (e, _s) = engine(h, "w").await;
     // A job of collection "coll" is queued, then the collection is held.
@@ -2041,6 +2119,8 @@ macro_rules! conformance_tests {
             outbox_entries_are_claimed_once_retried_and_deleted_when_delivered,
             deleting_the_last_failed_job_says_an_update_report_is_due,
             concurrent_admissions_never_reserve_more_than_is_free,
+            merritt_lazily_made_batch_folders_are_created_by_the_move,
+            merritt_last_successful_failed_still_requeues_to_the_stage_that_failed,
             deferred_job_is_not_taken_before_its_retry_time,
             held_collection_holds_batches_and_jobs_until_released,
             paused_queue_hands_out_nothing,
