@@ -224,7 +224,10 @@ pub fn report_text(batch: &serde_json::Value, jobs: &[serde_json::Value]) -> Str
             "  {}  {:<10} {}  {}\n",
             job["id"].as_str().unwrap_or("?"),
             job["status"]["status"].as_str().unwrap_or("?"),
-            job["identifiers"]["primary_id"].as_str().unwrap_or("-"),
+            job["identifiers"]["primary_id"]
+                .as_str()
+                .filter(|s| !s.is_empty())
+                .unwrap_or("-"),
             job["status"]["message"].as_str().unwrap_or_default()
         ));
     }

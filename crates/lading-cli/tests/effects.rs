@@ -1,7 +1,8 @@
 //! Outside effects under crashes, with real processes: `lading worker` processes sharing one
 //! SQLite store are SIGKILLed while an SMTP receiver holds back its final `250` and while a
 //! callback receiver holds back its answer; every repeat carries the key of the first try.
-//! Also: a store that fills the storage disk (a real, small tmpfs) leaves no partial copy.
+//! Also: a store that fills the storage disk (a real, small tmpfs) leaves no partial copy, and
+//! a batch whose last job another tool moved is reported within seconds.
 
 use lading_core::BatchState;
 use lading_core::layout::{BatchId, JobId};
@@ -499,5 +500,61 @@ async fn a_store_that_fills_the_disk_leaves_nothing_behind() {
         e.batch(&third).await.unwrap().status.status,
         BatchState::Completed
     );
+    drop(w);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merritt_moving_a_batchs_last_job_is_noticed_within_seconds() {
+    let s = setup("", "");
+    let e = engine(&s.db).await;
+    let (bid, jobs) = lading_store_tests::batch_with_jobs(&e, 1, &[]).await;
+    let mut w = Reap(
+        s.cmd(&["worker", "--stages", "reporting", "--grace-s", "1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut err = BufReader::new(w.0.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("running") {
+        line.clear();
+        assert!(err.read_line(&mut line).unwrap() > 0, "the worker ended");
+    }
+    std::thread::spawn(move || {
+        let mut sink = String::new();
+        while err.read_line(&mut sink).unwrap_or(0) > 0 {
+            sink.clear();
+        }
+    });
+    // Another tool (Merritt's library) completes the job with its own raw writes: no
+    // Lading code runs for it, so only the worker's watch can notice.
+    let j = &jobs[0];
+    let status = br#"{"status":"Completed","last_successful_status":"Notify","last_modified":"2026-11-24 10:00:00","retry_count":0,"message":""}"#;
+    e.tree()
+        .multi(vec![
+            lading_core::Op::set(
+                lading_core::layout::job_node(j, "status"),
+                Some(status.to_vec()),
+                None,
+            ),
+            lading_core::Op::delete(format!("/jobs/states/pending/05-{j}"), None),
+            lading_core::Op::create(format!("/jobs/states/completed/05-{j}"), None),
+            lading_core::Op::delete(format!("/batches/{bid}/states/batch-processing/{j}"), None),
+            lading_core::Op::create(format!("/batches/{bid}/states/batch-completed/{j}"), None),
+        ])
+        .await
+        .unwrap();
+    let start = Instant::now();
+    until("the batch to be reported", async || {
+        e.batch(&bid).await.unwrap().status.status == BatchState::Completed
+    })
+    .await;
+    eprintln!(
+        "reported {:.2} s after the foreign move",
+        start.elapsed().as_secs_f64()
+    );
+    // Well before the ten-minute sweep.
+    assert!(start.elapsed() < Duration::from_secs(30));
     drop(w);
 }

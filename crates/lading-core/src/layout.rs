@@ -242,10 +242,25 @@ pub struct JobStatus {
     pub last_modified: String,
     #[serde(default)]
     pub retry_count: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Always written (`""` for none), as Merritt writes and reads it.
+    #[serde(default, with = "message_field")]
     pub message: Option<String>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
+}
+
+/// A field Merritt always has (a status `message`, `primary_id`): written as `""` when
+/// there is none, and `""` read as none.
+mod message_field {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(m: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(m.as_deref().unwrap_or(""))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+        Ok(Option::<String>::deserialize(d)?.filter(|m| !m.is_empty()))
+    }
 }
 
 /// `/batches/BID/status`.
@@ -254,7 +269,8 @@ pub struct BatchStatus {
     pub status: BatchState,
     #[serde(default)]
     pub last_modified: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Always written (`""` for none), as Merritt writes and reads it.
+    #[serde(default, with = "message_field")]
     pub message: Option<String>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -288,7 +304,8 @@ pub struct StatusReport {
 /// `/jobs/JID/identifiers`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Identifiers {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Always written (`""` until one is given or minted), as Merritt reads it.
+    #[serde(default, with = "message_field")]
     pub primary_id: Option<String>,
     #[serde(default)]
     pub local_id: Vec<String>,

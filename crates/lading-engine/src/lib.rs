@@ -237,6 +237,9 @@ const WAIT_LOCKS: usize = 16;
 /// A waiting worker looks again at least this often, whatever it was told.
 const SWEEP: Duration = Duration::from_secs(10);
 
+/// Processing batches whose `batch-processing` folder `watch_finishing_batches` watches.
+const WATCH_PROCESSING: usize = 256;
+
 /// Bound on `job_batches`; it is simply emptied when full.
 const JOB_BATCHES_KEPT: usize = 100_000;
 
@@ -1374,6 +1377,58 @@ impl Engine {
         Ok(moved)
     }
 
+    /// Waits until a job leaves `batch-processing` of some Processing batch (whoever moved it:
+    /// this process, another, or another tool such as Merritt's own library), or a batch is
+    /// added, or `timeout` passes; then moves every such batch that has finished to
+    /// Reporting. Returns how many it moved. Watches at most [`WATCH_PROCESSING`] batches;
+    /// [`Engine::sweep_reporting`] remains the net for the rest.
+    pub async fn watch_finishing_batches(&self, timeout: Duration) -> Result<usize> {
+        let mut processing = Vec::new();
+        let mut watches = vec![self.tree.watch(BATCHES, WatchKind::Children).await?];
+        for b in self.batch_ids().await?.into_iter().rev() {
+            if processing.len() >= WATCH_PROCESSING {
+                break;
+            }
+            if self
+                .terminal_batches
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains_key(&b)
+            {
+                continue;
+            }
+            match self.batch_status(&b).await {
+                Ok((st, _)) if st.status == BatchState::Processing => {}
+                Ok(_) | Err(EngineError::NoBatch(_)) => continue,
+                Err(e) => return Err(e),
+            }
+            let folder = batch_ref_folder(&b, "batch-processing");
+            match self.tree.watch(&folder, WatchKind::Children).await {
+                Ok(w) => watches.push(w),
+                Err(TreeError::NoNode(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+            processing.push(b);
+        }
+        // Finished before the watch was set: caught now.
+        let mut moved = 0;
+        for b in &processing {
+            if self.maybe_report(b).await? {
+                moved += 1;
+            }
+        }
+        if moved > 0 {
+            return Ok(moved);
+        }
+        let _ = tokio::time::timeout(timeout, any_of(watches)).await;
+        for b in &processing {
+            if self.maybe_report(b).await? {
+                moved += 1;
+            }
+        }
+        Ok(moved)
+    }
+
     /// Admin action on an unlocked batch.
     async fn admin_batch(
         &self,
@@ -1404,6 +1459,14 @@ impl Engine {
             json_bytes(&next),
             Some(version),
         ));
+        // Merritt takes any batch without `states` for pending: a held batch gets its
+        // folders now, so Merritt's consumers leave it alone.
+        if to_state == BatchState::Held && self.tree.exists(&batch_states(batch)).await?.is_none() {
+            ops.push(Op::create(batch_states(batch), None));
+            for f in BATCH_FOLDERS {
+                ops.push(Op::create(batch_ref_folder(batch, f), None));
+            }
+        }
         ops.push(Op::delete(&lock, None));
         match self.tree.multi(ops).await {
             Ok(_) => {}

@@ -133,6 +133,27 @@ const CLEANUP_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
 /// (its last job's worker died between the two steps) is moved to Reporting; every hour, old
 /// batches are cleaned up.
 pub async fn housekeeping(ingest: std::sync::Arc<Ingest>) {
+    // A batch whose last job another process or tool moved is noticed within seconds, not
+    // at the next sweep.
+    let i = ingest.clone();
+    let _finishing = AbortOnDrop(tokio::spawn(async move {
+        loop {
+            match i
+                .engine
+                .watch_finishing_batches(std::time::Duration::from_secs(30))
+                .await
+            {
+                Ok(n) if n > 0 => {
+                    tracing::info!(batches = n, "finished batches moved on to Reporting")
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "watching batches failed");
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                }
+            }
+        }
+    }));
     let mut last_cleanup: Option<std::time::Instant> = None;
     loop {
         match ingest.engine.sweep_reporting().await {
@@ -153,5 +174,14 @@ pub async fn housekeeping(ingest: std::sync::Arc<Ingest>) {
             }
         }
         tokio::time::sleep(SWEEP_EVERY).await;
+    }
+}
+
+/// A task aborted with its owner (housekeeping is itself aborted at shutdown).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }

@@ -140,6 +140,7 @@ async fn summary(
             .identifiers
             .get("primary_id")
             .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
             .unwrap_or("-");
         body.push_str(&format!("  {j}  {ark}\n"));
     }

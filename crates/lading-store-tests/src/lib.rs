@@ -514,7 +514,7 @@ pub async fn merritt_transitions_change_exactly_the_documented_nodes(h: &dyn Har
     let bid = e.create_batch(sub).await.unwrap();
     check_step(tree.as_ref(), &mut prev, "create batch", json!({
         "+/batches/bid0000000000": null,
-        "+/batches/bid0000000000/status": {"status": "Pending", "last_modified": "<time>"},
+        "+/batches/bid0000000000/status": {"status": "Pending", "last_modified": "<time>", "message": ""},
         "+/batches/bid0000000000/submission": {"batchID": "<uuid>", "payload_url": "http://127.0.0.1/file1.checkm", "profile_name": "merritt_demo", "submissionDate": "<time>", "submitter": "depositor", "type": "file"},
         "+/batch-uuids/<uuid>": "bid0000000000",
         // Lading's own index of batches by submitter (outside Merritt's layout).
@@ -550,11 +550,11 @@ pub async fn merritt_transitions_change_exactly_the_documented_nodes(h: &dyn Har
         "+/jobs/jid0000000000": null,
         "+/jobs/jid0000000000/bid": "bid0000000000",
         "+/jobs/jid0000000000/configuration": {"local_id": ["loc001"], "payload_url": "file1.checkm", "profile_name": "merritt_demo"},
-        "+/jobs/jid0000000000/identifiers": {"local_id": []},
+        "+/jobs/jid0000000000/identifiers": {"primary_id": "", "local_id": []},
         "+/jobs/jid0000000000/metadata": {},
         "+/jobs/jid0000000000/priority": 5,
         "+/jobs/jid0000000000/space_needed": 0,
-        "+/jobs/jid0000000000/status": {"status": "Pending", "last_successful_status": null, "last_modified": "<time>", "retry_count": 0},
+        "+/jobs/jid0000000000/status": {"status": "Pending", "last_successful_status": null, "last_modified": "<time>", "retry_count": 0, "message": ""},
         "+/jobs/states/pending/05-jid0000000000": null,
         "+/batches/bid0000000000/states": null,
         "+/batches/bid0000000000/states/batch-completed": null,
@@ -572,7 +572,7 @@ pub async fn merritt_transitions_change_exactly_the_documented_nodes(h: &dyn Har
         &mut prev,
         "batch Pending -> Processing",
         json!({
-            "~/batches/bid0000000000/status": {"status": "Processing", "last_modified": "<time>"},
+            "~/batches/bid0000000000/status": {"status": "Processing", "last_modified": "<time>", "message": ""},
             "-/batches/bid0000000000/lock": null,
         }),
     )
@@ -591,7 +591,7 @@ pub async fn merritt_transitions_change_exactly_the_documented_nodes(h: &dyn Har
         .await
         .unwrap();
     check_step(tree.as_ref(), &mut prev, "job Pending -> Estimating", json!({
-        "~/jobs/jid0000000000/status": {"status": "Estimating", "last_successful_status": null, "last_modified": "<time>", "retry_count": 0},
+        "~/jobs/jid0000000000/status": {"status": "Estimating", "last_successful_status": null, "last_modified": "<time>", "retry_count": 0, "message": ""},
         "-/jobs/states/pending/05-jid0000000000": null,
         "+/jobs/states/estimating/05-jid0000000000": null,
         "-/jobs/jid0000000000/lock": null,
@@ -626,7 +626,7 @@ pub async fn merritt_transitions_change_exactly_the_documented_nodes(h: &dyn Har
         let mut want = Map::new();
         want.insert(
             "~/jobs/jid0000000000/status".into(),
-            json!({"status": to, "last_successful_status": from.name(), "last_modified": "<time>", "retry_count": 0}),
+            json!({"status": to, "last_successful_status": from.name(), "last_modified": "<time>", "retry_count": 0, "message": ""}),
         );
         want.insert(
             format!("-/jobs/states/{old_folder}/05-jid0000000000"),
@@ -643,12 +643,12 @@ pub async fn merritt_transitions_change_exactly_the_documented_nodes(h: &dyn Har
     let l = e.acquire_job(JobState::Notify).await.unwrap().unwrap();
     e.job_transition(l, Event::Success, None).await.unwrap();
     check_step(tree.as_ref(), &mut prev, "job Notify -> Completed", json!({
-        "~/jobs/jid0000000000/status": {"status": "Completed", "last_successful_status": "Notify", "last_modified": "<time>", "retry_count": 0},
+        "~/jobs/jid0000000000/status": {"status": "Completed", "last_successful_status": "Notify", "last_modified": "<time>", "retry_count": 0, "message": ""},
         "-/jobs/states/notify/05-jid0000000000": null,
         "+/jobs/states/completed/05-jid0000000000": null,
         "-/batches/bid0000000000/states/batch-processing/jid0000000000": null,
         "+/batches/bid0000000000/states/batch-completed/jid0000000000": null,
-        "~/batches/bid0000000000/status": {"status": "Reporting", "last_modified": "<time>"},
+        "~/batches/bid0000000000/status": {"status": "Reporting", "last_modified": "<time>", "message": ""},
     })).await;
 }
 
@@ -669,21 +669,21 @@ pub const GOLDEN: &str = r#"{
   "/batches/bid0000000000/states/batch-failed": null,
   "/batches/bid0000000000/states/batch-failed/jid0000000001": null,
   "/batches/bid0000000000/states/batch-processing": null,
-  "/batches/bid0000000000/status": {"status": "Reporting", "last_modified": "<time>"},
+  "/batches/bid0000000000/status": {"status": "Reporting", "last_modified": "<time>", "message": ""},
   "/batches/bid0000000000/submission": {"batchID": "<uuid>", "payload_url": "http://127.0.0.1/manifest.checkm", "profile_name": "demo_profile", "submissionDate": "<time>", "submitter": "tester"},
   "/jobs": null,
   "/jobs/jid0000000000": null,
   "/jobs/jid0000000000/bid": "bid0000000000",
   "/jobs/jid0000000000/configuration": {"local_id": ["loc000"], "profile_name": "demo_profile"},
-  "/jobs/jid0000000000/identifiers": {"local_id": []},
+  "/jobs/jid0000000000/identifiers": {"primary_id": "", "local_id": []},
   "/jobs/jid0000000000/metadata": {},
   "/jobs/jid0000000000/priority": 5,
   "/jobs/jid0000000000/space_needed": 0,
-  "/jobs/jid0000000000/status": {"status": "Completed", "last_successful_status": "Notify", "last_modified": "<time>", "retry_count": 0},
+  "/jobs/jid0000000000/status": {"status": "Completed", "last_successful_status": "Notify", "last_modified": "<time>", "retry_count": 0, "message": ""},
   "/jobs/jid0000000001": null,
   "/jobs/jid0000000001/bid": "bid0000000000",
   "/jobs/jid0000000001/configuration": {"local_id": ["loc001"], "profile_name": "demo_profile"},
-  "/jobs/jid0000000001/identifiers": {"local_id": []},
+  "/jobs/jid0000000001/identifiers": {"primary_id": "", "local_id": []},
   "/jobs/jid0000000001/metadata": {},
   "/jobs/jid0000000001/priority": 5,
   "/jobs/jid0000000001/space_needed": 0,
@@ -1671,6 +1671,39 @@ pub async fn merritt_last_successful_failed_still_requeues_to_the_stage_that_fai
     assert_eq!(st.status, JobState::Downloading);
 }
 
+/// Merritt's pending-batch scan takes any batch without `states` for pending (and then
+/// throws on a Held one, leaving its lock): a batch Lading holds has `states`.
+pub async fn merritt_pending_scan_skips_a_held_batch(h: &dyn Harness) {
+    let (e, s) = engine(h, "w").await;
+    let bid = e.create_batch(Map::new()).await.unwrap();
+    assert!(s.tree.exists(&batch_states(&bid)).await.unwrap().is_none());
+    e.hold_batch(&bid).await.unwrap();
+    assert!(s.tree.exists(&batch_states(&bid)).await.unwrap().is_some());
+    for f in BATCH_FOLDERS {
+        assert!(
+            s.tree
+                .exists(&batch_ref_folder(&bid, f))
+                .await
+                .unwrap()
+                .is_some()
+        );
+    }
+    // Released, it is Lading's to take, and it goes on as any batch.
+    e.release_batch(&bid).await.unwrap();
+    let l = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
+    assert_eq!(l.batch, bid);
+    let st = e
+        .batch_transition(l, Event::To(BatchState::Processing), None)
+        .await
+        .unwrap();
+    // No jobs: it reports at once.
+    assert!(matches!(
+        st.status,
+        BatchState::Processing | BatchState::Reporting
+    ));
+    assert!(!e.batch(&bid).await.unwrap().locked);
+}
+
 pub async fn held_collection_holds_batches_and_jobs_until_released(h: &dyn Harness) {
     let (e, _s) = engine(h, "w").await;
     // A job of collection "coll" is queued, then the collection is held.
@@ -2120,6 +2153,7 @@ macro_rules! conformance_tests {
             deleting_the_last_failed_job_says_an_update_report_is_due,
             concurrent_admissions_never_reserve_more_than_is_free,
             merritt_lazily_made_batch_folders_are_created_by_the_move,
+            merritt_pending_scan_skips_a_held_batch,
             merritt_last_successful_failed_still_requeues_to_the_stage_that_failed,
             deferred_job_is_not_taken_before_its_retry_time,
             held_collection_holds_batches_and_jobs_until_released,
