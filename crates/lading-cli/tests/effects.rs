@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 const WAIT: Duration = Duration::from_secs(90);
 
 struct Setup {
-    dir: tempfile::TempDir,
+    dir: Arc<tempfile::TempDir>,
     db: PathBuf,
     config: PathBuf,
 }
@@ -48,7 +48,7 @@ fn setup(profile: &str, extra: &str) -> Setup {
     .unwrap();
     Setup {
         db: dir.path().join("lading.db"),
-        dir,
+        dir: Arc::new(dir),
         config,
     }
 }
@@ -557,4 +557,59 @@ async fn merritt_moving_a_batchs_last_job_is_noticed_within_seconds() {
     // Well before the ten-minute sweep.
     assert!(start.elapsed() < Duration::from_secs(30));
     drop(w);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_trees_sharing_a_data_folder_never_mix_working_files() {
+    let a = setup("", "");
+    // Another tree (its own store), the same config and data folder: its first job has the
+    // same id as the first tree's.
+    let b = Setup {
+        dir: a.dir.clone(),
+        db: a.dir.path().join("other.db"),
+        config: a.config.clone(),
+    };
+    let stored_files = async |s: &Setup, bid: &BatchId| {
+        let e = engine(&s.db).await;
+        until("the batch", async || {
+            e.batch(bid).await.unwrap().status.status == BatchState::Completed
+        })
+        .await;
+        let job = JobId::parse(&e.batch(bid).await.unwrap().jobs["batch-completed"][0]).unwrap();
+        let node = e
+            .tree()
+            .get(&lading_core::layout::job_node(&job, "store"))
+            .await
+            .unwrap()
+            .expect("a store record");
+        let store: serde_json::Value = serde_json::from_slice(&node.data.unwrap()).unwrap();
+        let path = store["path"].as_str().unwrap().to_string();
+        (job, listing(&Path::new(&path).join("producer")))
+    };
+    let first = a.submit_files(1, 100);
+    let w = a.workers(1);
+    let (ja, fa) = stored_files(&a, &first).await;
+    drop(w);
+    let second = b.submit_files(1, 200);
+    let w = b.workers(1);
+    let (jb, fb) = stored_files(&b, &second).await;
+    drop(w);
+    assert_eq!(ja, jb, "the same job id in both trees");
+    assert_eq!(fa, vec!["f0-100.bin".to_string()]);
+    assert_eq!(
+        fb,
+        vec!["f0-200.bin".to_string()],
+        "no file of the other tree's job"
+    );
+    // The other job's folder was moved aside, not used and not deleted.
+    let work = a.dir.path().join("data/work");
+    let names: Vec<String> = std::fs::read_dir(&work)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names.iter().any(|n| n.starts_with(&format!("{ja}.other-"))),
+        "{names:?}"
+    );
 }

@@ -418,6 +418,36 @@ pub fn workdir(work_root: &Path, info: &JobInfo) -> PathBuf {
     }
 }
 
+/// Makes `dir` the working folder of `owner`: created with an owner mark
+/// (`.lading/owner`), or adopted when its mark is `owner`'s. A folder marked for another job
+/// (the same job id in another tree sharing this data folder) is moved aside, never used, so
+/// no file of another job reaches this one. A folder without a mark (made before marks were
+/// kept) is adopted.
+pub fn claim_workdir(dir: &Path, owner: &str) -> std::io::Result<()> {
+    let mark = dir.join(".lading").join("owner");
+    match std::fs::read_to_string(&mark) {
+        Ok(found) if found == owner => return Ok(()),
+        Ok(found) => {
+            let aside = dir.with_file_name(format!(
+                "{}.other-{}",
+                dir.file_name().and_then(|n| n.to_str()).unwrap_or("job"),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis())
+            ));
+            tracing::warn!(dir = %dir.display(), %found, %owner, aside = %aside.display(),
+                "the working folder belongs to another job; moved aside");
+            std::fs::rename(dir, &aside)?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    std::fs::create_dir_all(dir.join(".lading"))?;
+    let tmp = dir.join(".lading").join("owner.tmp");
+    std::fs::write(&tmp, owner)?;
+    std::fs::rename(&tmp, &mark)
+}
+
 /// The text of a panic payload.
 fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
     if let Some(s) = p.downcast_ref::<&str>() {
@@ -540,6 +570,31 @@ impl Acquire for JobLoop {
 }
 
 impl JobLoop {
+    /// Who a working folder belongs to: the batch's uuid and the job id (job ids alone repeat
+    /// across trees, e.g. a ZooKeeper rebuilt, or two chroots sharing one data folder).
+    async fn owner_of(&self, info: &JobInfo) -> String {
+        let uuid = match info.configuration.get("batch_uuid").and_then(Value::as_str) {
+            Some(u) => u.to_string(),
+            // A job made by another tool (Merritt's library): the batch's submission says.
+            None => match BatchId::parse(&info.bid) {
+                Ok(b) => self
+                    .engine
+                    .batch(&b)
+                    .await
+                    .ok()
+                    .and_then(|i| {
+                        i.submission
+                            .get("batchID")
+                            .and_then(Value::as_str)
+                            .map(str::to_string)
+                    })
+                    .unwrap_or_default(),
+                Err(_) => String::new(),
+            },
+        };
+        format!("{uuid}/{}", info.id)
+    }
+
     async fn handle_job(&self, lease: JobLease, shutdown: &mut Shutdown) -> Option<JobLease> {
         let started = Instant::now();
         let state = lease.state();
@@ -553,7 +608,8 @@ impl JobLoop {
             }
         };
         let dir = workdir(&self.work_root, &info);
-        if let Err(e) = std::fs::create_dir_all(&dir) {
+        let owner = self.owner_of(&info).await;
+        if let Err(e) = claim_workdir(&dir, &owner) {
             let reason = format!("cannot create working directory {}: {e}", dir.display());
             self.finish(
                 lease,
