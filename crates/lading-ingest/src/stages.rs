@@ -980,7 +980,31 @@ async fn store(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
     let _ = job.engine.unlock_ark(lock).await;
     let stored = r?;
     job.log(&format!("stored {} as version {}", ark, stored.version));
-    job.set_data("store", &json!(stored))
+    // Merritt's fields beside Lading's: the store record names the manifest it was given and
+    // how (`add` for a new object, `update` for a new version); the inventory record names
+    // the stored version's manifest, which the recording stage reads.
+    let mode = if stored.version == 1 { "add" } else { "update" };
+    let file_url = |p: PathBuf| format!("file://{}", p.display());
+    let mut store = json!(stored);
+    store["manifest_url"] = json!(file_url(job.workdir.join(SYSTEM).join("manifest.checkm")));
+    store["mode"] = json!(mode);
+    store["delete"] = json!(false);
+    job.set_data("store", &store).await.map_err(engine_err)?;
+    let mut inventory = job
+        .engine
+        .tree()
+        .get(&lading_core::layout::job_node(job.job(), "inventory"))
+        .await
+        .map_err(|e| engine_err(e.into()))?
+        .and_then(|n| n.data)
+        .and_then(|d| serde_json::from_slice::<Value>(&d).ok())
+        .filter(Value::is_object)
+        .unwrap_or_else(|| json!({}));
+    inventory["manifest_url"] = json!(file_url(
+        Path::new(&stored.path).join(SYSTEM).join("manifest.checkm")
+    ));
+    inventory["mode"] = json!(mode);
+    job.set_data("inventory", &inventory)
         .await
         .map_err(engine_err)?;
     Ok(Outcome::Done)

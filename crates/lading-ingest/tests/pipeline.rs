@@ -70,6 +70,32 @@ async fn a_manifest_of_manifests_goes_through_every_stage_to_a_report() {
             "{files:?}"
         );
         files_seen.extend(files.into_iter().filter(|f| f.starts_with("producer/")));
+        // The fields Merritt reads, beside Lading's own.
+        let node = |name: &'static str| {
+            let e = w.engine.clone();
+            let j = j.clone();
+            async move {
+                let n = e
+                    .tree()
+                    .get(&lading_core::layout::job_node(&j, name))
+                    .await
+                    .unwrap()
+                    .unwrap();
+                serde_json::from_slice::<serde_json::Value>(&n.data.unwrap()).unwrap()
+            }
+        };
+        let store = node("store").await;
+        assert_eq!((store["mode"].as_str(), store["delete"].as_bool()), (Some("add"), Some(false)));
+        assert!(store["manifest_url"].as_str().unwrap().starts_with("file://"), "{store}");
+        let inv = node("inventory").await;
+        assert_eq!(inv["mode"], "add");
+        assert_eq!(
+            inv["manifest_url"],
+            format!("file://{}/system/manifest.checkm", s.path)
+        );
+        assert!(inv["files"].is_array(), "Lading's own fields stay: {inv}");
+        let status = node("status").await;
+        assert_eq!(status["message"], "", "Merritt always has a message");
         let versions = inventory::versions_of(&w.cfg.inventory(), &ark).unwrap();
         assert_eq!(versions.len(), 1);
         assert_eq!(versions[0].0, 1);
