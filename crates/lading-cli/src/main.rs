@@ -203,6 +203,14 @@ enum Admin {
         /// The entry to retry (its name, e.g. e0000000007).
         entry: Option<String>,
     },
+    /// Clear a persistent storage or inventory lock left by another tool (a crashed Merritt
+    /// process); `lading status` lists them under `foreign_locks`.
+    ClearLock {
+        /// storage or inventory.
+        kind: String,
+        /// The lock's name, as `lading status` shows it.
+        name: String,
+    },
     /// Remove Completed and Deleted batches (and their jobs) last changed more than
     /// --older-than-hours ago.
     Cleanup {
@@ -609,6 +617,10 @@ async fn admin(e: &Arc<Engine>, action: Admin, cfg: Config) -> anyhow::Result<()
                 bail!("name the entry to retry (lading admin outbox list)")
             }
         },
+        Admin::ClearLock { kind, name } => {
+            e.clear_foreign_lock(&kind, &name).await?;
+            println!("{kind} lock {name}: cleared");
+        }
         Admin::Cleanup { older_than_hours } => {
             let ingest = Ingest::new(e.clone(), cfg);
             let c = lading_ingest::cleanup::cleanup(
@@ -687,6 +699,12 @@ async fn admin_remote(c: &client::Client, action: Admin) -> anyhow::Result<()> {
                 bail!("name the entry to retry (lading admin outbox list)")
             }
         },
+        Admin::ClearLock { kind, name } => {
+            c.call("DELETE", &format!("/api/v1/locks/{kind}/{name}"), None)
+                .await?;
+            println!("{kind} lock {name}: cleared");
+            return Ok(());
+        }
         Admin::Cleanup { .. } => {
             bail!("cleanup works on the store and its folders; run it without --server")
         }

@@ -352,3 +352,67 @@ fn a_reader_that_stops_early_ends_dump_quietly() {
     assert!(o.status.success(), "exit {:?}: {err}", o.status);
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// Merritt's `lockObjectStorage` makes a persistent node; one left by a crashed Merritt
+/// process is listed and can be cleared. A live session's lock cannot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_persistent_storage_lock_left_by_merritt_is_listed_and_cleared() {
+    use lading_core::{CreateMode, Tree};
+    let dir = tempfile::tempdir().unwrap();
+    let db = store_with_jobs(dir.path());
+    let tree = lading_store_sqlite::SqliteTree::open(&db, Default::default()).unwrap();
+    let name = "ark_99999_fk4merritt";
+    tree.create(
+        &format!("/locks/storage/{name}"),
+        None,
+        CreateMode::Persistent,
+    )
+    .await
+    .unwrap();
+    tree.create(
+        "/locks/inventory/ark_99999_fk4live",
+        None,
+        CreateMode::Ephemeral,
+    )
+    .await
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&lading(&db, &["status"]).stdout).unwrap();
+    let locks = v["foreign_locks"].as_array().unwrap();
+    assert_eq!(locks.len(), 1, "only the persistent one: {v}");
+    assert_eq!(
+        (locks[0]["kind"].as_str(), locks[0]["name"].as_str()),
+        (Some("storage"), Some(name))
+    );
+    let o = lading(
+        &db,
+        &["admin", "clear-lock", "inventory", "ark_99999_fk4live"],
+    );
+    assert!(!o.status.success());
+    assert!(
+        text(&o).1.contains("held by a live session"),
+        "{:?}",
+        text(&o)
+    );
+    let o = lading(
+        &db,
+        &["admin", "clear-lock", "storage", "ark_99999_fk4nothing"],
+    );
+    assert!(!o.status.success());
+    assert!(
+        text(&o)
+            .1
+            .contains("no storage lock \"ark_99999_fk4nothing\""),
+        "{:?}",
+        text(&o)
+    );
+    let o = lading(&db, &["admin", "clear-lock", "storage", name]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&lading(&db, &["status"]).stdout).unwrap();
+    assert_eq!(v["foreign_locks"], serde_json::json!([]));
+    assert!(
+        tree.exists("/locks/inventory/ark_99999_fk4live")
+            .await
+            .unwrap()
+            .is_some()
+    );
+}

@@ -18,10 +18,12 @@
 //!   `multi`, so they fail cleanly (`Locked`) while a worker holds it.
 
 mod error;
+mod locks;
 mod outbox;
 mod reserve;
 
 pub use error::{EngineError, Result};
+pub use locks::ForeignLock;
 pub use outbox::{Effect, OutboxClaim, OutboxEntry, OutboxItem};
 pub use reserve::{RESERVED_FIELD, Reservation};
 

@@ -238,7 +238,8 @@ impl Engine {
     }
 
     /// The store at a glance, as `lading status` and `GET /api/v1/status` show it: jobs and
-    /// batches per state, paused queues, and the outbox (waiting and given-up entries).
+    /// batches per state, paused queues, the outbox (waiting and given-up entries) and
+    /// persistent storage/inventory locks left by other tools.
     pub async fn summary(&self) -> Result<Value> {
         let jobs: serde_json::Map<String, Value> = self
             .job_counts()
@@ -265,6 +266,7 @@ impl Engine {
             "batches": batches,
             "paused_queues": paused,
             "outbox": {"waiting": outbox.len() - dead, "dead": dead},
+            "foreign_locks": self.foreign_locks().await?,
         }))
     }
 

@@ -85,8 +85,17 @@ async fn a_manifest_of_manifests_goes_through_every_stage_to_a_report() {
             }
         };
         let store = node("store").await;
-        assert_eq!((store["mode"].as_str(), store["delete"].as_bool()), (Some("add"), Some(false)));
-        assert!(store["manifest_url"].as_str().unwrap().starts_with("file://"), "{store}");
+        assert_eq!(
+            (store["mode"].as_str(), store["delete"].as_bool()),
+            (Some("add"), Some(false))
+        );
+        assert!(
+            store["manifest_url"]
+                .as_str()
+                .unwrap()
+                .starts_with("file://"),
+            "{store}"
+        );
         let inv = node("inventory").await;
         assert_eq!(inv["mode"], "add");
         assert_eq!(

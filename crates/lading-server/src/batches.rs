@@ -49,6 +49,10 @@ pub fn routes() -> Router<AppState> {
         .route("/api/v1/status", get(status))
         .route("/api/v1/outbox", get(list_outbox))
         .route("/api/v1/outbox/{name}/retry", post(retry_outbox))
+        .route(
+            "/api/v1/locks/{kind}/{name}",
+            axum::routing::delete(clear_lock),
+        )
 }
 
 type Result<T, E = ApiError> = std::result::Result<T, E>;
@@ -543,4 +547,14 @@ pub(crate) async fn retry_outbox(
 ) -> Result<Json<Value>> {
     let entry = s.ingest.engine.retry_effect(&name).await?;
     Ok(Json(json!({ "name": name, "entry": entry })))
+}
+
+#[utoipa::path(delete, path = "/api/v1/locks/{kind}/{name}", tag = "admin", summary = "Clear a persistent storage or inventory lock left by another tool", params(("kind" = String, Path, description = "storage or inventory"), ("name" = String, Path, description = "the lock's name, as /api/v1/status lists it under foreign_locks")), responses((status = 200, description = "cleared", body = serde_json::Value), (status = 400, description = "no such lock, or one held by a live session (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub(crate) async fn clear_lock(
+    State(s): State<AppState>,
+    Admin(_): Admin,
+    PathParams((kind, name)): PathParams<(String, String)>,
+) -> Result<Json<Value>> {
+    s.ingest.engine.clear_foreign_lock(&kind, &name).await?;
+    Ok(Json(json!({ "kind": kind, "name": name, "cleared": true })))
 }

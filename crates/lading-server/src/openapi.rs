@@ -39,6 +39,7 @@ use utoipa::{Modify, OpenApi};
         batches::status,
         batches::list_outbox,
         batches::retry_outbox,
+        batches::clear_lock,
         generic::types,
         generic::get_type,
         generic::put_type,

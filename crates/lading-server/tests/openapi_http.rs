@@ -33,6 +33,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/api/v1/status"),
     ("get", "/api/v1/outbox"),
     ("post", "/api/v1/outbox/{name}/retry"),
+    ("delete", "/api/v1/locks/{kind}/{name}"),
     ("get", "/api/v1/types"),
     ("get", "/api/v1/types/{type}"),
     ("put", "/api/v1/types/{type}"),
