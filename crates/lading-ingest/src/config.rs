@@ -67,6 +67,10 @@ pub struct Config {
     /// the working folder's path). Hosts that share one working file system must give it
     /// the same id; hosts with disks of their own, different ones.
     pub work_root_id: Option<String>,
+    /// The folder holding Merritt's ingest packages: a batch submitted by Merritt's ingest
+    /// service names its package by `filename`, resolved here (never outside). Unset: such
+    /// batches fail, saying so.
+    pub merritt_package_root: Option<PathBuf>,
     /// Jobs needing more than this get `large_job_priority`.
     pub large_job_bytes: u64,
     pub large_job_priority: u8,
@@ -205,6 +209,7 @@ impl Default for Config {
             unestimated_min_free_bytes: 1 << 30,
             provisioning_round_ms: 5_000,
             work_root_id: None,
+            merritt_package_root: None,
             large_job_bytes: 10 << 30,
             large_job_priority: 8,
             estimate_concurrency: 8,

@@ -46,7 +46,14 @@ impl PayloadType {
         }
     }
 
+    /// A type by Lading's name, or by the name Merritt's ingest service writes.
     pub fn parse(s: &str) -> Option<PayloadType> {
+        let s = match s {
+            "batchManifest" => "batch-manifest",
+            "batchManifestFile" => "single-file-batch-manifest",
+            "batchManifestContainer" => "container-batch-manifest",
+            s => s,
+        };
         PayloadType::ALL.iter().copied().find(|t| t.name() == s)
     }
 }
@@ -226,16 +233,63 @@ fn created(
     }
 }
 
+/// Submission keys as Merritt's ingest service (`HandlerSubmit`) writes them, for Lading's.
+const MERRITT_KEYS: &[(&str, &str)] = &[
+    ("profile_name", "profile"),
+    ("erc_who", "creator"),
+    ("erc_what", "title"),
+    ("erc_when", "date"),
+    ("primary_id", "objectID"),
+    ("local_id", "localID"),
+];
+
+/// A submission field by Lading's key, else by the key Merritt's ingest service uses for it.
+pub(crate) fn field<'a>(b: &'a BatchCtx, key: &str) -> Option<&'a str> {
+    b.submission_str(key).filter(|v| !v.is_empty()).or_else(|| {
+        MERRITT_KEYS
+            .iter()
+            .find(|(ours, _)| *ours == key)
+            .and_then(|(_, theirs)| b.submission_str(theirs))
+            .filter(|v| !v.is_empty())
+    })
+}
+
+/// The payload of a submission: its `payload_url`, or, for one made by Merritt's ingest
+/// service, its `filename` (a package on Merritt's ingest storage) under the configured
+/// `merritt_package_root`, never outside it.
+fn payload_url(ingest: &Ingest, b: &BatchCtx) -> Result<String, Outcome> {
+    if let Some(u) = b.submission_str("payload_url") {
+        return Ok(u.to_string());
+    }
+    let Some(name) = b.submission_str("filename") else {
+        return Err(Outcome::fatal(
+            "the submission has no payload_url (nor a Merritt filename)",
+        ));
+    };
+    let Some(root) = &ingest.cfg.merritt_package_root else {
+        return Err(Outcome::fatal(format!(
+            "the submission names a Merritt package ({name:?}) but merritt_package_root is not configured"
+        )));
+    };
+    let root = std::fs::canonicalize(root)
+        .map_err(|e| Outcome::fatal(format!("merritt_package_root {}: {e}", root.display())))?;
+    let path = std::fs::canonicalize(root.join(name))
+        .map_err(|e| Outcome::fatal(format!("Merritt package {name:?}: {e}")))?;
+    if !path.starts_with(&root) || !path.is_file() {
+        return Err(Outcome::fatal(format!(
+            "Merritt package {name:?} is not a file inside merritt_package_root"
+        )));
+    }
+    Ok(format!("file://{}", path.display()))
+}
+
 impl Intake {
     async fn objects(&self, b: &BatchCtx) -> Result<Vec<Object>, Outcome> {
-        let url = b
-            .submission_str("payload_url")
-            .ok_or_else(|| Outcome::fatal("the submission has no payload_url"))?
-            .to_string();
+        let url = payload_url(&self.0, b)?;
         let ty_name = b.submission_str("type").unwrap_or("file");
         let ty = PayloadType::parse(ty_name)
             .ok_or_else(|| Outcome::fatal(SubmitError::PayloadType(ty_name.into())))?;
-        let str_of = |k: &str| b.submission_str(k).map(str::to_string);
+        let str_of = |k: &str| field(b, k).map(str::to_string);
         let single = |payload_type: &'static str| -> Result<Vec<Object>, Outcome> {
             let name = checkm::url_file_name(&url)
                 .ok_or_else(|| Outcome::fatal(format!("no file name in payload URL {url:?}")))?;
@@ -324,7 +378,7 @@ impl Intake {
             Ok(o) => o,
             Err(o) => return o,
         };
-        let profile_name = b.submission_str("profile_name").unwrap_or_default();
+        let profile_name = field(b, "profile_name").unwrap_or_default();
         let profile = match self.0.profile(profile_name) {
             Ok(p) => p,
             Err(e) => return Outcome::fatal(e),

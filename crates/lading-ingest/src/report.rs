@@ -54,7 +54,7 @@ async fn report(ingest: &Ingest, b: &BatchCtx, update: bool) -> Result<Outcome, 
     let deleted = b.info.jobs.get("batch-deleted").map_or(0, Vec::len);
     let outcome = verdict(&report, deleted);
     let mut effects = Vec::new();
-    match ingest.profile(b.submission_str("profile_name").unwrap_or_default()) {
+    match ingest.profile(crate::intake::field(b, "profile_name").unwrap_or_default()) {
         // The profile was removed since submission: the report is written, nobody to mail.
         Err(e) => tracing::warn!(batch = %b.batch(), error = %e, "no profile; report not mailed"),
         Ok(p) if p.notification.is_empty() => {}
@@ -123,7 +123,7 @@ async fn summary(
     );
     let mut body = format!(
         "Batch {bid} ({}) from {}\nPayload: {}\n\n",
-        b.submission_str("profile_name").unwrap_or_default(),
+        crate::intake::field(b, "profile_name").unwrap_or_default(),
         b.submission_str("submitter").unwrap_or_default(),
         b.submission_str("payload_url").unwrap_or_default(),
     );

@@ -239,14 +239,25 @@ async fn object_files(ingest: &Ingest, job: &JobCtx) -> Result<Vec<FileEntry>, O
         }
         return Ok(files);
     }
-    let f = job
-        .info
-        .configuration
-        .get("file")
-        .cloned()
-        .ok_or_else(|| Outcome::fatal("the job names no file"))?;
-    let f: FileEntry =
-        serde_json::from_value(f).map_err(|e| Outcome::fatal(format!("bad file entry: {e}")))?;
+    let f: FileEntry = match job.info.configuration.get("file") {
+        Some(f) => serde_json::from_value(f.clone())
+            .map_err(|e| Outcome::fatal(format!("bad file entry: {e}")))?,
+        // A job configuration as Merritt's `Job.createJobConfiguration` writes it: the file
+        // (or container) is the payload URL, named by its last segment.
+        None => {
+            let url = job
+                .config_str("payload_url")
+                .ok_or_else(|| Outcome::fatal("the job names no file and has no payload_url"))?;
+            let name = checkm::url_file_name(url)
+                .ok_or_else(|| Outcome::fatal(format!("no file name in payload URL {url:?}")))?;
+            FileEntry {
+                url: url.to_string(),
+                name,
+                size: None,
+                digest: None,
+            }
+        }
+    };
     check_file_name(&f.name).map_err(Outcome::fatal)?;
     Ok(vec![f])
 }

@@ -1088,3 +1088,149 @@ async fn a_worker_starting_removes_what_failed_stores_left_in_the_storage_root()
         "stored versions stay"
     );
 }
+
+/// A batch submitted by Merritt's ingest service (`HandlerSubmit`): its keys (`profile`,
+/// `type`, `filename` on Merritt's ingest storage, `title`, `creator`, `localID`) and no
+/// `payload_url`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merritt_ingest_service_submission_keys_run_to_completion() {
+    let w = World::new().await;
+    let packages = w.dir.path().join("merritt-packages");
+    std::fs::create_dir_all(packages.join("queue")).unwrap();
+    std::fs::write(packages.join("queue/object.txt"), b"from merritt").unwrap();
+    std::fs::write(w.dir.path().join("secret.txt"), b"not a package").unwrap();
+    let mut cfg = w.cfg.clone();
+    cfg.merritt_package_root = Some(packages.clone());
+    let ingest = lading_ingest::Ingest::new(w.engine.clone(), cfg);
+    let merritt = |filename: &str| {
+        let v = serde_json::json!({
+            "profile": "demo", "type": "file", "filename": filename, "size": 12,
+            "submitter": "merritt-user", "responseForm": "xml", "title": "A title",
+            "creator": "A creator", "date": "2026", "localID": "merritt-local-1",
+            "update": false, "note": "n", "notification": "",
+        });
+        v.as_object().unwrap().clone()
+    };
+    let good = w
+        .engine
+        .create_batch(merritt("queue/object.txt"))
+        .await
+        .unwrap();
+    let outside = w
+        .engine
+        .create_batch(merritt("../secret.txt"))
+        .await
+        .unwrap();
+    let (h, task) = w.run_all(&ingest);
+    assert_eq!(
+        w.batch_reaches(&good, &[BatchState::Completed, BatchState::Failed])
+            .await,
+        BatchState::Completed
+    );
+    let job = w.jobs_of(&good).await.remove(0);
+    let info = w.engine.job(&job).await.unwrap();
+    assert_eq!(info.metadata["erc_what"], "A title");
+    assert_eq!(info.metadata["erc_who"], "A creator");
+    assert_eq!(
+        info.identifiers["local_id"],
+        serde_json::json!(["merritt-local-1"])
+    );
+    assert_eq!(info.configuration["profile_name"], "demo");
+    let s = stored(&w, &job).await;
+    assert_eq!(
+        std::fs::read(std::path::Path::new(&s.path).join("producer/object.txt")).unwrap(),
+        b"from merritt"
+    );
+    // A filename leading out of the package folder is refused, naming the rule.
+    assert_eq!(
+        w.batch_reaches(&outside, &[BatchState::Completed, BatchState::Failed])
+            .await,
+        BatchState::Failed
+    );
+    let msg = w
+        .engine
+        .batch(&outside)
+        .await
+        .unwrap()
+        .status
+        .message
+        .unwrap();
+    assert!(
+        msg.contains("not a file inside merritt_package_root"),
+        "{msg}"
+    );
+    assert!(w.jobs_of(&outside).await.is_empty());
+    h.stop();
+    task.await.unwrap();
+    // Without a package root, such a batch fails saying so.
+    let plain = w.ingest();
+    let unset = w
+        .engine
+        .create_batch(merritt("queue/object.txt"))
+        .await
+        .unwrap();
+    let (h, task) = w.run_all(&plain);
+    w.batch_reaches(&unset, &[BatchState::Failed]).await;
+    let msg = w
+        .engine
+        .batch(&unset)
+        .await
+        .unwrap()
+        .status
+        .message
+        .unwrap();
+    assert!(
+        msg.contains("merritt_package_root is not configured"),
+        "{msg}"
+    );
+    h.stop();
+    task.await.unwrap();
+}
+
+/// A job whose configuration is exactly what Merritt's `Job.createJobConfiguration` writes
+/// (`profile_name`, `submitter`, `payload_url`, `payload_type`, `response_type`): no `file`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merritt_job_configuration_alone_runs_to_completion() {
+    let w = World::new().await;
+    let (url, _) = w.file("m/merritt-file.txt", b"made by merritt");
+    let bid = w.engine.create_batch(serde_json::Map::new()).await.unwrap();
+    let lease = w
+        .engine
+        .acquire_batch(BatchState::Pending)
+        .await
+        .unwrap()
+        .unwrap();
+    let cfg = serde_json::json!({
+        "profile_name": "demo", "submitter": "merritt-user", "payload_url": url,
+        "payload_type": "file", "response_type": "tsv",
+    });
+    w.engine
+        .create_job(
+            &lease,
+            lading_engine::JobSpec {
+                configuration: cfg.as_object().unwrap().clone(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    w.engine
+        .batch_transition(lease, lading_core::Event::To(BatchState::Processing), None)
+        .await
+        .unwrap();
+    let ingest = w.ingest();
+    let (h, task) = w.run_all(&ingest);
+    assert_eq!(
+        w.batch_reaches(&bid, &[BatchState::Completed, BatchState::Failed])
+            .await,
+        BatchState::Completed
+    );
+    let job = w.jobs_of(&bid).await.remove(0);
+    let s = stored(&w, &job).await;
+    assert_eq!(
+        std::fs::read(std::path::Path::new(&s.path).join("producer/merritt-file.txt")).unwrap(),
+        b"made by merritt"
+    );
+    h.stop();
+    task.await.unwrap();
+}
