@@ -2945,16 +2945,21 @@ impl Engine {
                 if status.status != AccessState::Pending {
                     continue;
                 }
-                let lock = format!("{path}/lock");
-                let guard = Op::check(format!("{path}/status"), Some(version));
-                if !self.take_lock(&lock, guard).await? {
-                    continue;
-                }
                 let token = self
                     .read_json(&format!("{path}/token"))
                     .await?
                     .map(|(v, _)| v)
                     .unwrap_or(Value::Null);
+                // A request another tool made (Merritt's access service names no `ark`): left
+                // for that tool, not taken and failed here.
+                if token.get("ark").and_then(Value::as_str).is_none() {
+                    continue;
+                }
+                let lock = format!("{path}/lock");
+                let guard = Op::check(format!("{path}/status"), Some(version));
+                if !self.take_lock(&lock, guard).await? {
+                    continue;
+                }
                 return Ok(Some(AccessLease {
                     queue,
                     id,

@@ -1942,6 +1942,41 @@ pub async fn duplicate_batch_uuid_is_refused(h: &dyn Harness) {
     );
 }
 
+/// An access request Merritt's own service made (its token names no `ark`) is left for it:
+/// Lading's access workers take only their own.
+pub async fn merritt_access_requests_are_left_to_merritt(h: &dyn Harness) {
+    let (e, _s) = engine(h, "w").await;
+    let merritt = e
+        .create_access(
+            AccessQueue::Small,
+            &json!({"token": "4c0ffee0-0000-4000-8000-000000000001", "delivery-node": 7777,
+                    "cloud-content-byte": 12, "status": 202, "url": "https://example.org/t",
+                    "anticipated-availability-time": "2026-11-24T10:00:00-08:00"}),
+        )
+        .await
+        .unwrap();
+    assert!(
+        e.acquire_access(AccessQueue::Small)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let ours = e
+        .create_access(
+            AccessQueue::Small,
+            &json!({"ark": "ark:/99999/fk4x", "version": 1}),
+        )
+        .await
+        .unwrap();
+    let l = e.acquire_access(AccessQueue::Small).await.unwrap().unwrap();
+    assert_eq!(l.id, ours, "Lading's own request, past Merritt's");
+    let l = e.access_advance(l, Event::Success).await.unwrap();
+    e.access_transition(l, Event::Success, None).await.unwrap();
+    let info = e.access(AccessQueue::Small, &merritt).await.unwrap();
+    assert_eq!(info.status.status, lading_core::AccessState::Pending);
+    assert!(!info.locked);
+}
+
 pub async fn access_requests_move_through_their_states(h: &dyn Harness) {
     let (e, _s) = engine(h, "w").await;
     let id = e
@@ -2163,6 +2198,7 @@ macro_rules! conformance_tests {
             admin_actions_respect_locks_and_the_table,
             duplicate_batch_uuid_is_refused,
             access_requests_move_through_their_states,
+            merritt_access_requests_are_left_to_merritt,
             ark_locks_are_exclusive_and_end_with_the_session,
             acquisition_cost_does_not_grow_with_the_queue,
             generic_jobs_walk_their_states_in_their_own_subtree,
