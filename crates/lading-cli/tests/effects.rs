@@ -4,15 +4,15 @@
 //! Also: a store that fills the storage disk (a real, small tmpfs) leaves no partial copy, and
 //! a batch whose last job another tool moved is reported within seconds.
 
+mod common;
+
+use common::{Reap, engine, until};
 use lading_core::BatchState;
 use lading_core::layout::{BatchId, JobId};
-use lading_core::time::system_clock;
-use lading_engine::Engine;
-use lading_store_sqlite::{SqliteOptions, SqliteTree};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
@@ -114,163 +114,145 @@ impl Setup {
     }
 }
 
-/// A child process that is SIGKILLed when dropped.
-struct Reap(Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-async fn engine(db: &Path) -> Arc<Engine> {
-    let tree = Arc::new(SqliteTree::open(db, SqliteOptions::default()).unwrap());
-    let e = Arc::new(Engine::new(tree, system_clock(), "observer"));
-    e.init().await.unwrap();
-    e
-}
-
-async fn until(what: &str, mut cond: impl AsyncFnMut() -> bool) {
-    let start = Instant::now();
-    while !cond().await {
-        assert!(start.elapsed() < WAIT, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// What a receiver got: each delivery, and a signal per delivery it holds back.
 struct Received {
     items: Arc<Mutex<Vec<String>>>,
     held: mpsc::Receiver<()>,
 }
 
+/// A receiver's record, shared by its connections.
+#[derive(Clone)]
+struct Log {
+    items: Arc<Mutex<Vec<String>>>,
+    held: mpsc::Sender<()>,
+    /// Deliveries still to hold back.
+    left: Arc<AtomicUsize>,
+}
+
+impl Log {
+    /// Records a delivery; true when it is to be held back (no answer; signalled).
+    fn take(&self, item: String) -> bool {
+        self.items.lock().unwrap().push(item);
+        let hold = self
+            .left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if hold {
+            let _ = self.held.send(());
+        }
+        hold
+    }
+}
+
+/// A receiver on a free loopback port: `serve` runs each connection in a thread of its own.
+fn receiver(hold: usize, serve: fn(TcpStream, &Log)) -> (std::net::SocketAddr, Received) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let items = Arc::new(Mutex::new(Vec::new()));
+    let (tx, rx) = mpsc::channel();
+    let log = Log {
+        items: items.clone(),
+        held: tx,
+        left: Arc::new(AtomicUsize::new(hold)),
+    };
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            let log = log.clone();
+            std::thread::spawn(move || serve(s, &log));
+        }
+    });
+    (addr, Received { items, held: rx })
+}
+
 /// An SMTP receiver speaking the protocol for real. For the first `hold` messages it takes
 /// the whole message, signals, and never gives the final `250` (its client is killed
 /// meanwhile); later ones are accepted.
 fn smtp_receiver(hold: usize) -> (u16, Received) {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    let items = Arc::new(Mutex::new(Vec::new()));
-    let (tx, rx) = mpsc::channel();
-    let left = Arc::new(AtomicUsize::new(hold));
-    let got = items.clone();
-    std::thread::spawn(move || {
-        for s in l.incoming().flatten() {
-            let (got, tx, left) = (got.clone(), tx.clone(), left.clone());
-            std::thread::spawn(move || {
-                let mut w = s.try_clone().unwrap();
-                let mut r = BufReader::new(s);
-                let _ = w.write_all(b"220 localhost ESMTP test\r\n");
-                let mut data: Option<String> = None;
-                let mut line = String::new();
-                loop {
-                    line.clear();
-                    if r.read_line(&mut line).unwrap_or(0) == 0 {
+    let (addr, got) = receiver(hold, |s, log| {
+        let mut w = s.try_clone().unwrap();
+        let mut r = BufReader::new(s);
+        let _ = w.write_all(b"220 localhost ESMTP test\r\n");
+        let mut data: Option<String> = None;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if r.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            if let Some(d) = data.as_mut() {
+                if line == ".\r\n" {
+                    if log.take(data.take().unwrap()) {
+                        // No 250: wait for the client to go away.
+                        let _ = r.read_line(&mut line);
                         return;
                     }
-                    if let Some(d) = data.as_mut() {
-                        if line == ".\r\n" {
-                            got.lock().unwrap().push(data.take().unwrap());
-                            let held = left
-                                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                                    n.checked_sub(1)
-                                })
-                                .is_ok();
-                            if held {
-                                let _ = tx.send(());
-                                // No 250: wait for the client to go away.
-                                let _ = r.read_line(&mut line);
-                                return;
-                            }
-                            let _ = w.write_all(b"250 2.0.0 queued\r\n");
-                        } else {
-                            d.push_str(&line);
-                        }
-                        continue;
-                    }
-                    let reply: &[u8] =
-                        match line.get(..4).unwrap_or("").to_ascii_uppercase().as_str() {
-                            "EHLO" | "HELO" => b"250 localhost\r\n",
-                            "MAIL" | "RCPT" | "RSET" | "NOOP" => b"250 2.0.0 ok\r\n",
-                            "DATA" => {
-                                data = Some(String::new());
-                                b"354 go ahead\r\n"
-                            }
-                            "QUIT" => {
-                                let _ = w.write_all(b"221 bye\r\n");
-                                return;
-                            }
-                            _ => b"502 5.5.2 not implemented\r\n",
-                        };
-                    let _ = w.write_all(reply);
+                    let _ = w.write_all(b"250 2.0.0 queued\r\n");
+                } else {
+                    d.push_str(&line);
                 }
-            });
+                continue;
+            }
+            let reply: &[u8] = match line.get(..4).unwrap_or("").to_ascii_uppercase().as_str() {
+                "EHLO" | "HELO" => b"250 localhost\r\n",
+                "MAIL" | "RCPT" | "RSET" | "NOOP" => b"250 2.0.0 ok\r\n",
+                "DATA" => {
+                    data = Some(String::new());
+                    b"354 go ahead\r\n"
+                }
+                "QUIT" => {
+                    let _ = w.write_all(b"221 bye\r\n");
+                    return;
+                }
+                _ => b"502 5.5.2 not implemented\r\n",
+            };
+            let _ = w.write_all(reply);
         }
     });
-    (port, Received { items, held: rx })
+    (addr.port(), got)
 }
 
 /// An HTTP callback receiver. For the first `hold` calls it reads the whole request,
 /// records it, signals, and never answers; later ones get 200. Each record is
 /// `HEADER-KEY\tBODY`.
 fn callback_receiver(hold: usize) -> (String, Received) {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/callback", l.local_addr().unwrap());
-    let items = Arc::new(Mutex::new(Vec::new()));
-    let (tx, rx) = mpsc::channel();
-    let left = Arc::new(AtomicUsize::new(hold));
-    let got = items.clone();
-    std::thread::spawn(move || {
-        for s in l.incoming().flatten() {
-            let (got, tx, left) = (got.clone(), tx.clone(), left.clone());
-            std::thread::spawn(move || {
-                let mut w = s.try_clone().unwrap();
-                let mut r = BufReader::new(s);
-                loop {
-                    let (mut key, mut len) = (String::new(), 0usize);
-                    let mut line = String::new();
-                    loop {
-                        line.clear();
-                        if r.read_line(&mut line).unwrap_or(0) == 0 {
-                            return;
-                        }
-                        if line == "\r\n" {
-                            break;
-                        }
-                        let lower = line.to_ascii_lowercase();
-                        if let Some(v) = lower.strip_prefix("content-length:") {
-                            len = v.trim().parse().unwrap_or(0);
-                        }
-                        if lower.starts_with("idempotency-key:") {
-                            key = line["idempotency-key:".len()..].trim().to_string();
-                        }
-                    }
-                    let mut body = vec![0; len.min(1 << 20)];
-                    if r.read_exact(&mut body).is_err() {
-                        return;
-                    }
-                    got.lock()
-                        .unwrap()
-                        .push(format!("{key}\t{}", String::from_utf8_lossy(&body)));
-                    let held = left
-                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                        .is_ok();
-                    if held {
-                        let _ = tx.send(());
-                        let _ = r.read_line(&mut line);
-                        return;
-                    }
-                    if w.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
-                        .is_err()
-                    {
-                        return;
-                    }
+    let (addr, got) = receiver(hold, |s, log| {
+        let mut w = s.try_clone().unwrap();
+        let mut r = BufReader::new(s);
+        loop {
+            let (mut key, mut len) = (String::new(), 0usize);
+            let mut line = String::new();
+            loop {
+                line.clear();
+                if r.read_line(&mut line).unwrap_or(0) == 0 {
+                    return;
                 }
-            });
+                if line == "\r\n" {
+                    break;
+                }
+                let lower = line.to_ascii_lowercase();
+                if let Some(v) = lower.strip_prefix("content-length:") {
+                    len = v.trim().parse().unwrap_or(0);
+                }
+                if lower.starts_with("idempotency-key:") {
+                    key = line["idempotency-key:".len()..].trim().to_string();
+                }
+            }
+            let mut body = vec![0; len.min(1 << 20)];
+            if r.read_exact(&mut body).is_err() {
+                return;
+            }
+            if log.take(format!("{key}\t{}", String::from_utf8_lossy(&body))) {
+                let _ = r.read_line(&mut line);
+                return;
+            }
+            if w.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                .is_err()
+            {
+                return;
+            }
         }
     });
-    (url, Received { items, held: rx })
+    (format!("http://{addr}/callback"), got)
 }
 
 fn message_id(mail: &str) -> String {

@@ -3,19 +3,15 @@
 //! cleanly (also one serving the access queues alone); a worker's default stages include the
 //! access queues; a newcomer's `lading demo` runs a batch to its report.
 
+mod common;
+
+use common::{Reap, engine, until};
 use lading_core::BatchState;
 use lading_core::layout::BatchId;
-use lading_core::time::system_clock;
-use lading_engine::Engine;
 use lading_ingest::checkm::{self, ManifestKind};
 use lading_ingest::payload_server::PayloadServer;
-use lading_store_sqlite::{SqliteOptions, SqliteTree};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-const WAIT: Duration = Duration::from_secs(60);
 
 struct Setup {
     dir: tempfile::TempDir,
@@ -72,33 +68,6 @@ impl Setup {
 
     fn work(&self) -> PathBuf {
         self.dir.path().join("data/work")
-    }
-}
-
-/// A child process that is killed when the test ends, also when it fails half-way.
-struct Reap(Child);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-async fn engine(db: &Path) -> Arc<Engine> {
-    let tree = Arc::new(SqliteTree::open(db, SqliteOptions::default()).unwrap());
-    let e = Arc::new(Engine::new(tree, system_clock(), "observer"));
-    e.init().await.unwrap();
-    e
-}
-
-/// Waits until `cond` holds, looking every 50 ms (another process's progress has no event
-/// this process could wait on).
-async fn until(what: &str, mut cond: impl AsyncFnMut() -> bool) {
-    let start = Instant::now();
-    while !cond().await {
-        assert!(start.elapsed() < WAIT, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -261,8 +261,13 @@ async fn the_pipeline_runs_on_zookeeper_across_worker_processes() {
     assert_eq!(counts.get(&JobState::Completed), Some(&3));
 }
 
-/// Starts `lading worker` (or `serve`) on `url` and waits until it says it runs.
-fn running(url: &str, dir: &std::path::Path, args: &[&str]) -> Child {
+/// Starts `lading worker` (or `serve`) on `url` and waits until it says it runs; its later
+/// stderr lines come through the receiver.
+fn running(
+    url: &str,
+    dir: &std::path::Path,
+    args: &[&str],
+) -> (Child, std::sync::mpsc::Receiver<String>) {
     let data = dir.join("data");
     std::fs::create_dir_all(data.join("profiles")).unwrap();
     let config = dir.join("lading.toml");
@@ -290,13 +295,14 @@ fn running(url: &str, dir: &std::path::Path, args: &[&str]) -> Child {
         }
     }
     // Keep draining its stderr so it never blocks on a full pipe.
+    let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let mut sink = String::new();
-        while err.read_line(&mut sink).unwrap_or(0) > 0 {
-            sink.clear();
+        let mut line = String::new();
+        while err.read_line(&mut line).unwrap_or(0) > 0 {
+            let _ = tx.send(std::mem::take(&mut line));
         }
     });
-    child
+    (child, rx)
 }
 
 /// Waits for every child to exit; how long each took from `start`. A child still running at
@@ -333,12 +339,12 @@ async fn sigterm_with_zookeeper_down_exits_within_the_grace_period() {
     let url = format!("zk://{hosts}/down");
     let dir = tempfile::tempdir().unwrap();
     let grace = 2;
-    let mut worker = running(
+    let (mut worker, _) = running(
         &url,
         dir.path(),
         &["worker", "--grace-s", &grace.to_string()],
     );
-    let mut server = running(
+    let (mut server, _) = running(
         &url,
         &dir.path().join("serve"),
         &[
@@ -350,18 +356,22 @@ async fn sigterm_with_zookeeper_down_exits_within_the_grace_period() {
         ],
     );
     // A third, stopped with two signals: the second one ends it at once.
-    let mut twice = running(
+    let (mut twice, twice_says) = running(
         &url,
         &dir.path().join("twice"),
         &["worker", "--grace-s", "60"],
     );
     zk.node.kill();
-    std::thread::sleep(Duration::from_millis(500));
     let start = Instant::now();
     for c in [&worker, &server, &twice] {
         signal(c, "-TERM");
     }
-    std::thread::sleep(Duration::from_millis(300));
+    // The second signal once the first is handled (two pending signals would be one).
+    while !twice_says
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the worker says it is stopping")
+        .contains("stopping")
+    {}
     signal(&twice, "-TERM");
     // The bound is the grace period plus 2 s; the extra second is for a loaded machine.
     let limit = Duration::from_secs(grace + 3);

@@ -336,15 +336,25 @@ impl Config {
 
     /// The settings of stage `name` (a lower-case state name), defaults filled in.
     pub fn stage(&self, name: &str) -> StageConfig {
-        let mut c = StageConfig::default();
-        if name == "outbox" {
-            // Deliveries of mails and callbacks: short tries, kept up for about an hour.
-            c.timeout = Duration::from_secs(60);
-            c.max_attempts = 12;
-            c.backoff_base = Duration::from_secs(1);
-            c.backoff_max = Duration::from_secs(600);
-            c.concurrency = 4;
-        }
+        self.stage_from(name, StageConfig::default())
+    }
+
+    /// How the outbox delivers (`[stages.outbox]`): short tries, kept up for about an hour.
+    pub fn outbox(&self) -> StageConfig {
+        self.stage_from(
+            "outbox",
+            StageConfig {
+                concurrency: 4,
+                timeout: Duration::from_secs(60),
+                max_attempts: 12,
+                backoff_base: Duration::from_secs(1),
+                backoff_max: Duration::from_secs(600),
+            },
+        )
+    }
+
+    /// `defaults` with the `[stages.NAME]` settings over them.
+    fn stage_from(&self, name: &str, mut c: StageConfig) -> StageConfig {
         if let Some(s) = self.stages.get(name) {
             if let Some(v) = s.concurrency {
                 c.concurrency = v;

@@ -28,7 +28,7 @@ enum Failure {
 /// Delivers due entries until `stop` resolves; deliveries in flight then finish (each is
 /// bounded by the outbox timeout).
 pub async fn run(ingest: Arc<Ingest>, stop: impl std::future::Future<Output = ()>) {
-    let cfg = ingest.cfg.stage("outbox");
+    let cfg = ingest.cfg.outbox();
     let slots = Arc::new(tokio::sync::Semaphore::new(cfg.concurrency.max(1)));
     let mut tasks = tokio::task::JoinSet::new();
     tokio::pin!(stop);
@@ -71,7 +71,7 @@ pub async fn run(ingest: Arc<Ingest>, stop: impl std::future::Future<Output = ()
 }
 
 async fn deliver(ingest: &Ingest, claim: OutboxClaim) {
-    let cfg = ingest.cfg.stage("outbox");
+    let cfg = ingest.cfg.outbox();
     let e = &claim.entry.effect;
     let r = match tokio::time::timeout(cfg.timeout, send(ingest, e)).await {
         Ok(r) => r,

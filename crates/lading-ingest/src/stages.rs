@@ -1001,14 +1001,8 @@ async fn store(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
     store["mode"] = json!(mode);
     store["delete"] = json!(false);
     job.set_data("store", &store).await.map_err(engine_err)?;
-    let mut inventory = job
-        .engine
-        .tree()
-        .get(&lading_core::layout::job_node(job.job(), "inventory"))
-        .await
-        .map_err(|e| engine_err(e.into()))?
-        .and_then(|n| n.data)
-        .and_then(|d| serde_json::from_slice::<Value>(&d).ok())
+    let mut inventory = job_json(job, "inventory")
+        .await?
         .filter(Value::is_object)
         .unwrap_or_else(|| json!({}));
     inventory["manifest_url"] = json!(file_url(
@@ -1189,15 +1183,22 @@ pub async fn sweep_storage(ingest: &Ingest) -> std::io::Result<usize> {
     Ok(gone)
 }
 
-async fn record(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
-    let stored: StoredVersion = job
+/// One of the job's JSON data nodes (`store`, `inventory`, …), if present and JSON.
+async fn job_json(job: &JobCtx, name: &str) -> Result<Option<Value>, Outcome> {
+    Ok(job
         .engine
         .tree()
-        .get(&lading_core::layout::job_node(job.job(), "store"))
+        .get(&lading_core::layout::job_node(job.job(), name))
         .await
         .map_err(|e| engine_err(e.into()))?
         .and_then(|n| n.data)
-        .and_then(|d| serde_json::from_slice(&d).ok())
+        .and_then(|d| serde_json::from_slice::<Value>(&d).ok()))
+}
+
+async fn record(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
+    let stored: StoredVersion = job_json(job, "store")
+        .await?
+        .and_then(|v| serde_json::from_value(v).ok())
         .ok_or_else(|| Outcome::fatal("the job has no store record (storing writes it)"))?;
     let lock = job
         .engine
@@ -1205,14 +1206,8 @@ async fn record(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
         .await
         .map_err(lock_wait)?;
     // The object's files as processing hashed them.
-    let producer: Option<Vec<ObjectFile>> = job
-        .engine
-        .tree()
-        .get(&lading_core::layout::job_node(job.job(), "inventory"))
-        .await
-        .map_err(|e| engine_err(e.into()))?
-        .and_then(|n| n.data)
-        .and_then(|d| serde_json::from_slice::<Value>(&d).ok())
+    let producer: Option<Vec<ObjectFile>> = job_json(job, "inventory")
+        .await?
         .and_then(|v| serde_json::from_value(v.get("files")?.clone()).ok());
     let (inv, s) = (ingest.inventory.clone(), stored.clone());
     let r = tokio::task::spawn_blocking(move || inv.record(&s, producer.as_deref()))
@@ -1237,15 +1232,7 @@ async fn notify(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
     let Some(url) = profile.callback_url else {
         return Ok(Outcome::Done);
     };
-    let store = job
-        .engine
-        .tree()
-        .get(&lading_core::layout::job_node(job.job(), "store"))
-        .await
-        .map_err(|e| engine_err(e.into()))?
-        .and_then(|n| n.data)
-        .and_then(|d| serde_json::from_slice::<Value>(&d).ok())
-        .unwrap_or(Value::Null);
+    let store = job_json(job, "store").await?.unwrap_or(Value::Null);
     // The same for every attempt at delivering this outcome (the job and the version it
     // stored), so the receiver can drop a repeat: delivery is at least once.
     let key = format!(

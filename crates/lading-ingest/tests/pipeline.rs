@@ -8,7 +8,6 @@ use lading_core::{BatchState, JobState};
 use lading_ingest::checkm::{self, ManifestKind};
 use lading_ingest::stages::StoredVersion;
 use lading_ingest::{Submission, SubmitError, inventory};
-use std::time::Duration;
 
 async fn stored(w: &World, job: &lading_core::layout::JobId) -> StoredVersion {
     let n = w
@@ -433,6 +432,40 @@ async fn a_requeue_fetches_again_only_the_files_whose_manifest_rows_changed() {
     task.await.unwrap();
 }
 
+/// Waits until the outbox satisfies `cond`: woken by its changes (entries added, removed or
+/// rewritten), not by polling.
+async fn outbox_until(
+    w: &World,
+    what: &str,
+    cond: impl Fn(&[lading_engine::OutboxItem]) -> bool,
+) -> Vec<lading_engine::OutboxItem> {
+    use lading_core::layout::OUTBOX;
+    let tree = w.engine.tree().clone();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        // Watches first, then the read: no change falls between them.
+        let mut changed = tokio::task::JoinSet::new();
+        changed.spawn(
+            tree.watch(OUTBOX, lading_core::WatchKind::Children)
+                .await
+                .unwrap(),
+        );
+        for name in tree.children(OUTBOX).await.unwrap() {
+            let path = format!("{OUTBOX}/{name}");
+            if let Ok(watch) = tree.watch(&path, lading_core::WatchKind::Data).await {
+                changed.spawn(watch);
+            }
+        }
+        let items = w.engine.outbox().await.unwrap();
+        if cond(&items) {
+            return items;
+        }
+        tokio::time::timeout_at(deadline, changed.join_next())
+            .await
+            .unwrap_or_else(|_| panic!("timed out waiting for {what}"));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_callback_is_retried_from_the_outbox_with_one_key_until_an_admin_retries_it() {
     let w = World::new().await;
@@ -452,13 +485,8 @@ async fn a_failing_callback_is_retried_from_the_outbox_with_one_key_until_an_adm
     let first = w.smtp.next().await;
     assert!(first.contains("1 completed, 0 failed"), "{first}");
     // Three attempts (the test's `[stages.outbox]`), then kept as dead for an admin.
-    let dead = loop {
-        let out = w.engine.outbox().await.unwrap();
-        if let Some(e) = out.iter().find(|e| e.entry.dead) {
-            break e.clone();
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let out = outbox_until(&w, "a dead entry", |o| o.iter().any(|e| e.entry.dead)).await;
+    let dead = out.into_iter().find(|e| e.entry.dead).unwrap();
     assert_eq!(dead.entry.attempts, 3);
     assert_eq!(dead.entry.effect.kind, "callback");
     assert!(
@@ -473,14 +501,7 @@ async fn a_failing_callback_is_retried_from_the_outbox_with_one_key_until_an_adm
     // The admin fixes the receiver and retries the entry: delivered once more, then gone.
     w.server.set_callback_status(200);
     w.engine.retry_effect(&dead.name).await.unwrap();
-    let start = std::time::Instant::now();
-    while !w.engine.outbox().await.unwrap().is_empty() {
-        assert!(
-            start.elapsed() < WAIT,
-            "the retried callback was never delivered"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    outbox_until(&w, "the retried callback's delivery", |o| o.is_empty()).await;
     let calls = w.server.callbacks();
     assert_eq!(calls.len(), 4);
     // Every attempt at one outcome carries one Idempotency-Key, in the header and the body.

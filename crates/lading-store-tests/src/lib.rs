@@ -1353,6 +1353,17 @@ pub async fn requeue_at_every_batch_state_reports_again(h: &dyn Harness) {
     }
 }
 
+/// The first report's mail of `bid`, as an effect.
+fn report_mail(bid: &BatchId, payload: Value) -> lading_engine::Effect {
+    lading_engine::Effect {
+        kind: "mail".into(),
+        key: "<report-1>".into(),
+        batch: Some(bid.to_string()),
+        job: None,
+        payload,
+    }
+}
+
 pub async fn a_reporter_that_loses_its_batch_to_a_requeue_records_nothing(h: &dyn Harness) {
     let (e, s) = engine(h, "w").await;
     let (bid, jobs) = batch_with_a_failed_job(&e, BatchState::Reporting).await;
@@ -1362,13 +1373,7 @@ pub async fn a_reporter_that_loses_its_batch_to_a_requeue_records_nothing(h: &dy
         .unwrap()
         .unwrap();
     lease.report = Some(e.build_report(&bid).await.unwrap());
-    lease.effects.push(lading_engine::Effect {
-        kind: "mail".into(),
-        key: "<report-1>".into(),
-        batch: Some(bid.to_string()),
-        job: None,
-        payload: json!({}),
-    });
+    lease.effects.push(report_mail(&bid, json!({})));
     // While the reporter works, an admin requeues the failed job.
     e.requeue_job(&jobs[1], None).await.unwrap();
     let err = e
@@ -1393,13 +1398,9 @@ pub async fn a_reporter_that_loses_its_batch_to_a_requeue_records_nothing(h: &dy
         .unwrap()
         .unwrap();
     lease.report = Some(e.build_report(&bid).await.unwrap());
-    lease.effects.push(lading_engine::Effect {
-        kind: "mail".into(),
-        key: "<report-1>".into(),
-        batch: Some(bid.to_string()),
-        job: None,
-        payload: json!({"to": ["a@example.org"]}),
-    });
+    lease
+        .effects
+        .push(report_mail(&bid, json!({"to": ["a@example.org"]})));
     e.batch_transition(lease, Event::Success, None)
         .await
         .unwrap();
