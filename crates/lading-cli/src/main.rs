@@ -203,10 +203,11 @@ enum Admin {
         /// The entry to retry (its name, e.g. e0000000007).
         entry: Option<String>,
     },
-    /// Clear a persistent storage or inventory lock left by another tool (a crashed Merritt
-    /// process); `lading status` lists them under `foreign_locks`.
+    /// Clear a lock left by another tool: a persistent storage or inventory lock (a crashed
+    /// Merritt process), or the lock on a Held batch (a failed Merritt consumer's);
+    /// `lading status` lists them under `foreign_locks`.
     ClearLock {
-        /// storage or inventory.
+        /// storage, inventory or batch.
         kind: String,
         /// The lock's name, as `lading status` shows it.
         name: String,
@@ -757,7 +758,12 @@ fn exit_code(err: &anyhow::Error) -> u8 {
     }
     match err.downcast_ref::<EngineError>() {
         Some(EngineError::NoBatch(_) | EngineError::NoJob(_) | EngineError::NoAccess(_)) => 3,
-        Some(EngineError::Illegal(_) | EngineError::Locked(_) | EngineError::Invalid(_)) => 4,
+        Some(
+            EngineError::Illegal(_)
+            | EngineError::Locked(_)
+            | EngineError::ForeignLocked(_)
+            | EngineError::Invalid(_),
+        ) => 4,
         _ if err.downcast_ref::<lading_core::layout::BadId>().is_some() => 4,
         _ => 1,
     }

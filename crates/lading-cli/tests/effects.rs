@@ -486,62 +486,6 @@ async fn a_store_that_fills_the_disk_leaves_nothing_behind() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn merritt_moving_a_batchs_last_job_is_noticed_within_seconds() {
-    let s = setup("", "");
-    let e = engine(&s.db).await;
-    let (bid, jobs) = lading_store_tests::batch_with_jobs(&e, 1, &[]).await;
-    let mut w = Reap(
-        s.cmd(&["worker", "--stages", "reporting", "--grace-s", "1"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let mut err = BufReader::new(w.0.stderr.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("running") {
-        line.clear();
-        assert!(err.read_line(&mut line).unwrap() > 0, "the worker ended");
-    }
-    std::thread::spawn(move || {
-        let mut sink = String::new();
-        while err.read_line(&mut sink).unwrap_or(0) > 0 {
-            sink.clear();
-        }
-    });
-    // Another tool (Merritt's library) completes the job with its own raw writes: no
-    // Lading code runs for it, so only the worker's watch can notice.
-    let j = &jobs[0];
-    let status = br#"{"status":"Completed","last_successful_status":"Notify","last_modified":"2026-11-24 10:00:00","retry_count":0,"message":""}"#;
-    e.tree()
-        .multi(vec![
-            lading_core::Op::set(
-                lading_core::layout::job_node(j, "status"),
-                Some(status.to_vec()),
-                None,
-            ),
-            lading_core::Op::delete(format!("/jobs/states/pending/05-{j}"), None),
-            lading_core::Op::create(format!("/jobs/states/completed/05-{j}"), None),
-            lading_core::Op::delete(format!("/batches/{bid}/states/batch-processing/{j}"), None),
-            lading_core::Op::create(format!("/batches/{bid}/states/batch-completed/{j}"), None),
-        ])
-        .await
-        .unwrap();
-    let start = Instant::now();
-    until("the batch to be reported", async || {
-        e.batch(&bid).await.unwrap().status.status == BatchState::Completed
-    })
-    .await;
-    eprintln!(
-        "reported {:.2} s after the foreign move",
-        start.elapsed().as_secs_f64()
-    );
-    // Well before the ten-minute sweep.
-    assert!(start.elapsed() < Duration::from_secs(30));
-    drop(w);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_trees_sharing_a_data_folder_never_mix_working_files() {
     let a = setup("", "");
     // Another tree (its own store), the same config and data folder: its first job has the

@@ -93,6 +93,12 @@ pub fn format_ts(ms: u64) -> String {
     )
 }
 
+/// Formats epoch milliseconds as RFC 3339 in UTC, `yyyy-MM-ddTHH:mm:ssZ`.
+pub fn format_rfc3339(ms: u64) -> String {
+    let t = format_ts(ms);
+    format!("{}T{}Z", &t[..10], &t[11..19])
+}
+
 /// Parses `yyyy-MM-dd HH:mm:ss ±hhmm` (Merritt's form) or RFC 3339
 /// (`yyyy-MM-ddTHH:mm:ss[.fff](Z|±hh:mm)`) into epoch milliseconds.
 pub fn parse_ts(s: &str) -> Option<u64> {
@@ -162,6 +168,11 @@ mod tests {
         assert_eq!(format_ts(0), "1970-01-01 00:00:00 +0000");
         // 2026-11-21 14:03:07 UTC
         assert_eq!(format_ts(1_795_269_787_000), "2026-11-21 14:03:07 +0000");
+        assert_eq!(format_rfc3339(1_795_269_787_000), "2026-11-21T14:03:07Z");
+        assert_eq!(
+            parse_ts(&format_rfc3339(1_795_269_787_000)),
+            Some(1_795_269_787_000)
+        );
     }
 
     #[test]

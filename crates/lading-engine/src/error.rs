@@ -20,6 +20,11 @@ pub enum EngineError {
     LeaseLost(String),
     #[error("{0} is locked by a worker; try again when it is released")]
     Locked(String),
+    /// A Held batch is locked: Lading never leaves such a lock, so another tool holds it.
+    #[error(
+        "{0} is Held but locked by another tool (a Merritt consumer that failed on it keeps its lock while its process lives); `lading admin clear-lock batch {0}` removes it"
+    )]
+    ForeignLocked(String),
     #[error("corrupt node {path}: {reason}")]
     Corrupt { path: String, reason: String },
     #[error("invalid input: {0}")]

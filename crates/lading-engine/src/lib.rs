@@ -1194,12 +1194,7 @@ impl Engine {
                 Some(lease.status_version),
             ),
         ];
-        if to == BatchState::Processing && self.tree.exists(&batch_states(bid)).await?.is_none() {
-            ops.push(Op::create(batch_states(bid), None));
-            for f in BATCH_FOLDERS {
-                ops.push(Op::create(batch_ref_folder(bid, f), None));
-            }
-        }
+        ops.extend(self.states_ops(bid, to).await?);
         if let Some(report) = &lease.report {
             let path = batch_node(bid, "status-report");
             let mut report = report.clone();
@@ -1431,6 +1426,24 @@ impl Engine {
         Ok(moved)
     }
 
+    /// The ops that give a batch moving to `to` its `states` folders when it has none. A batch
+    /// going Processing needs them for its jobs; Merritt takes any batch without `states` for
+    /// pending, so a held batch gets them too and Merritt's consumers leave it alone.
+    async fn states_ops(&self, bid: &BatchId, to: BatchState) -> Result<Vec<Op>> {
+        if !matches!(to, BatchState::Processing | BatchState::Held)
+            || self.tree.exists(&batch_states(bid)).await?.is_some()
+        {
+            return Ok(Vec::new());
+        }
+        let mut ops = vec![Op::create(batch_states(bid), None)];
+        ops.extend(
+            BATCH_FOLDERS
+                .iter()
+                .map(|f| Op::create(batch_ref_folder(bid, f), None)),
+        );
+        Ok(ops)
+    }
+
     /// Admin action on an unlocked batch.
     async fn admin_batch(
         &self,
@@ -1461,19 +1474,16 @@ impl Engine {
             json_bytes(&next),
             Some(version),
         ));
-        // Merritt takes any batch without `states` for pending: a held batch gets its
-        // folders now, so Merritt's consumers leave it alone.
-        if to_state == BatchState::Held && self.tree.exists(&batch_states(batch)).await?.is_none() {
-            ops.push(Op::create(batch_states(batch), None));
-            for f in BATCH_FOLDERS {
-                ops.push(Op::create(batch_ref_folder(batch, f), None));
-            }
-        }
+        ops.extend(self.states_ops(batch, to_state).await?);
         ops.push(Op::delete(&lock, None));
         match self.tree.multi(ops).await {
             Ok(_) => {}
             Err(e) if matches!(e.root(), TreeError::NodeExists(_)) => {
-                return Err(EngineError::Locked(batch.to_string()));
+                return Err(if lease.status.status == BatchState::Held {
+                    EngineError::ForeignLocked(batch.to_string())
+                } else {
+                    EngineError::Locked(batch.to_string())
+                });
             }
             Err(e) if matches!(e.root(), TreeError::BadVersion { .. }) => {
                 return Err(EngineError::Conflict(batch.to_string()));
@@ -2860,6 +2870,16 @@ impl Engine {
 
     /// Queues an object assembly request on the small or large queue.
     pub async fn create_access(&self, queue: AccessQueue, token: &Value) -> Result<AccessId> {
+        self.create_access_with(queue, |_| token.clone()).await
+    }
+
+    /// [`Engine::create_access`] with a token made once the request's id is known (Merritt's
+    /// token fields name the request).
+    pub async fn create_access_with(
+        &self,
+        queue: AccessQueue,
+        token: impl FnOnce(&AccessId) -> Value,
+    ) -> Result<AccessId> {
         let path = self
             .tree
             .create(
@@ -2878,7 +2898,7 @@ impl Engine {
         let r = self
             .tree
             .multi(vec![
-                Op::create(format!("{path}/token"), Some(to_bytes(token))),
+                Op::create(format!("{path}/token"), Some(to_bytes(&token(&id)))),
                 Op::create(format!("{path}/status"), json_bytes(&status)),
             ])
             .await;

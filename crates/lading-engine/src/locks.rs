@@ -2,18 +2,25 @@
 //! with the session that holds them); Merritt's `lockObjectStorage` and
 //! `lockObjectInventory` make persistent ones, which a crashed Merritt process leaves behind,
 //! blocking that object for good. They are listed, and an admin may clear one.
+//!
+//! A batch lock is ephemeral in both tools, but a Merritt consumer that fails on a batch
+//! (it throws on a Held batch it took for pending) keeps its lock for as long as its process
+//! lives. Lading never leaves a lock on a Held batch (its holds take and drop the lock in
+//! one `multi`), so a lock seen there is foreign: listed as kind `batch`, and clearable.
 
 use crate::{Engine, EngineError, Result};
 use lading_core::TreeError;
-use lading_core::layout::{INVENTORY_LOCKS, STORAGE_LOCKS};
+use lading_core::BatchState;
+use lading_core::layout::{BatchId, INVENTORY_LOCKS, STORAGE_LOCKS, batch_node};
 use serde::Serialize;
 
-/// A persistent (foreign) storage or inventory lock.
+/// A lock left by another tool: a persistent storage or inventory lock, or a lock on a Held
+/// batch.
 #[derive(Debug, Clone, Serialize)]
 pub struct ForeignLock {
-    /// `storage` or `inventory`.
+    /// `storage`, `inventory` or `batch`.
     pub kind: &'static str,
-    /// The lock node's name (the ark, escaped as a node name).
+    /// The lock node's name (the ark, escaped as a node name), or the batch id.
     pub name: String,
     /// When it was made, ms since the epoch.
     pub since_ms: u64,
@@ -24,7 +31,7 @@ fn folder(kind: &str) -> Result<&'static str> {
         "storage" => Ok(STORAGE_LOCKS),
         "inventory" => Ok(INVENTORY_LOCKS),
         other => Err(EngineError::Invalid(format!(
-            "unknown lock kind {other:?} (storage or inventory)"
+            "unknown lock kind {other:?} (storage, inventory or batch)"
         ))),
     }
 }
@@ -53,12 +60,29 @@ impl Engine {
                 }
             }
         }
+        for bid in self.batch_ids().await? {
+            match self.batch_status(&bid).await {
+                Ok((s, _)) if s.status == BatchState::Held => {}
+                Ok(_) | Err(EngineError::NoBatch(_)) => continue,
+                Err(e) => return Err(e),
+            }
+            if let Some(stat) = self.tree.exists(&batch_node(&bid, "lock")).await? {
+                out.push(ForeignLock {
+                    kind: "batch",
+                    name: bid.to_string(),
+                    since_ms: stat.ctime_ms,
+                });
+            }
+        }
         Ok(out)
     }
 
     /// Admin: removes a persistent storage or inventory lock left by another tool. A lock
     /// held by a live session (ephemeral) is refused: it ends with its holder.
     pub async fn clear_foreign_lock(&self, kind: &str, name: &str) -> Result<()> {
+        if kind == "batch" {
+            return self.clear_held_batch_lock(name).await;
+        }
         let path = format!("{}/{name}", folder(kind)?);
         lading_core::tree::validate_path(&path)
             .map_err(|e| EngineError::Invalid(format!("lock name {name:?}: {e}")))?;
@@ -70,6 +94,29 @@ impl Engine {
                 "the {kind} lock {name:?} is held by a live session; it ends with its holder"
             )));
         }
+        match self.tree.delete(&path, Some(stat.version)).await {
+            Ok(()) | Err(TreeError::NoNode(_)) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Admin: removes the lock on a Held batch (left by a Merritt consumer that failed on it,
+    /// and kept for as long as that process's session lives). Refused for a batch in any
+    /// other state, where the lock may be a live worker's.
+    async fn clear_held_batch_lock(&self, name: &str) -> Result<()> {
+        let bid = BatchId::parse(name)
+            .map_err(|_| EngineError::Invalid(format!("{name:?} is not a batch id")))?;
+        let (status, _) = self.batch_status(&bid).await?;
+        if status.status != BatchState::Held {
+            return Err(EngineError::Invalid(format!(
+                "batch {bid} is {}, not Held: only a Held batch's lock is another tool's for sure",
+                status.status.name()
+            )));
+        }
+        let path = batch_node(&bid, "lock");
+        let Some(stat) = self.tree.exists(&path).await? else {
+            return Err(EngineError::Invalid(format!("batch {bid} has no lock")));
+        };
         match self.tree.delete(&path, Some(stat.version)).await {
             Ok(()) | Err(TreeError::NoNode(_)) => Ok(()),
             Err(e) => Err(e.into()),

@@ -241,6 +241,7 @@ const MERRITT_KEYS: &[(&str, &str)] = &[
     ("erc_when", "date"),
     ("primary_id", "objectID"),
     ("local_id", "localID"),
+    ("response_type", "responseForm"),
 ];
 
 /// A submission field by Lading's key, else by the key Merritt's ingest service uses for it.
@@ -405,7 +406,10 @@ impl Intake {
             );
             cfg.insert("payload_url".into(), json!(o.payload_url));
             cfg.insert("payload_type".into(), json!(o.payload_type));
-            cfg.insert("response_type".into(), json!("json"));
+            cfg.insert(
+                "response_type".into(),
+                json!(field(b, "response_type").unwrap_or("json")),
+            );
             cfg.insert("submission_mode".into(), json!("add"));
             cfg.insert("local_id".into(), json!(o.identifiers.local_id));
             cfg.insert("intake_row".into(), json!(i));

@@ -999,7 +999,8 @@ async fn store(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
     let mut store = json!(stored);
     store["manifest_url"] = json!(file_url(job.workdir.join(SYSTEM).join("manifest.checkm")));
     store["mode"] = json!(mode);
-    store["delete"] = json!(false);
+    // Merritt's `Job.setStore` takes `delete` as a string and its reader calls `getString`.
+    store["delete"] = json!("false");
     job.set_data("store", &store).await.map_err(engine_err)?;
     let mut inventory = job_json(job, "inventory")
         .await?

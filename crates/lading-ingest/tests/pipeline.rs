@@ -85,8 +85,9 @@ async fn a_manifest_of_manifests_goes_through_every_stage_to_a_report() {
         };
         let store = node("store").await;
         assert_eq!(
-            (store["mode"].as_str(), store["delete"].as_bool()),
-            (Some("add"), Some(false))
+            (store["mode"].as_str(), store["delete"].as_str()),
+            (Some("add"), Some("false")),
+            "Merritt reads mode and delete with getString"
         );
         assert!(
             store["manifest_url"]
@@ -1110,12 +1111,38 @@ async fn a_worker_starting_removes_what_failed_stores_left_in_the_storage_root()
     );
 }
 
-/// A batch submitted by Merritt's ingest service (`HandlerSubmit`): its keys (`profile`,
-/// `type`, `filename` on Merritt's ingest storage, `title`, `creator`, `localID`) and no
-/// `payload_url`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn merritt_ingest_service_submission_keys_run_to_completion() {
-    let w = World::new().await;
+/// Runs a test body on both backends: `NAME_on_sqlite` and `NAME_on_zookeeper`.
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod both_backends {
+            use super::*;
+            $(
+                pub mod $name {
+                    use super::*;
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    async fn on_sqlite() {
+                        super::super::$name(World::on(Backend::Sqlite).await).await;
+                    }
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    async fn on_zookeeper() {
+                        super::super::$name(World::on(Backend::ZooKeeper).await).await;
+                    }
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    merritt_ingest_service_submission_keys_run_to_completion,
+    merritt_created_jobs_run_to_completed_and_to_failed,
+    merritt_moving_a_batchs_last_job_is_noticed_by_a_watch,
+);
+
+/// A batch submitted by Merritt's ingest service (`HandlerSubmit`), written node by node as
+/// `Batch.createBatch` writes it: its keys (`profile`, `type`, `filename` on Merritt's ingest
+/// storage, `title`, `creator`, `localID`, `responseForm`) and no `payload_url`.
+async fn merritt_ingest_service_submission_keys_run_to_completion(w: World) {
     let packages = w.dir.path().join("merritt-packages");
     std::fs::create_dir_all(packages.join("queue")).unwrap();
     std::fs::write(packages.join("queue/object.txt"), b"from merritt").unwrap();
@@ -1123,25 +1150,17 @@ async fn merritt_ingest_service_submission_keys_run_to_completion() {
     let mut cfg = w.cfg.clone();
     cfg.merritt_package_root = Some(packages.clone());
     let ingest = lading_ingest::Ingest::new(w.engine.clone(), cfg);
+    let tree = w.engine.tree().clone();
     let merritt = |filename: &str| {
-        let v = serde_json::json!({
-            "profile": "demo", "type": "file", "filename": filename, "size": 12,
-            "submitter": "merritt-user", "responseForm": "xml", "title": "A title",
+        serde_json::json!({
+            "batchID": uuid(), "profile": "demo", "type": "file", "filename": filename,
+            "size": 12, "submitter": "merritt-user", "responseForm": "xml", "title": "A title",
             "creator": "A creator", "date": "2026", "localID": "merritt-local-1",
             "update": false, "note": "n", "notification": "",
-        });
-        v.as_object().unwrap().clone()
+        })
     };
-    let good = w
-        .engine
-        .create_batch(merritt("queue/object.txt"))
-        .await
-        .unwrap();
-    let outside = w
-        .engine
-        .create_batch(merritt("../secret.txt"))
-        .await
-        .unwrap();
+    let good = merritt::create_batch(&*tree, &merritt("queue/object.txt")).await;
+    let outside = merritt::create_batch(&*tree, &merritt("../secret.txt")).await;
     let (h, task) = w.run_all(&ingest);
     assert_eq!(
         w.batch_reaches(&good, &[BatchState::Completed, BatchState::Failed])
@@ -1157,6 +1176,7 @@ async fn merritt_ingest_service_submission_keys_run_to_completion() {
         serde_json::json!(["merritt-local-1"])
     );
     assert_eq!(info.configuration["profile_name"], "demo");
+    assert_eq!(info.configuration["response_type"], "xml", "responseForm");
     let s = stored(&w, &job).await;
     assert_eq!(
         std::fs::read(std::path::Path::new(&s.path).join("producer/object.txt")).unwrap(),
@@ -1185,11 +1205,7 @@ async fn merritt_ingest_service_submission_keys_run_to_completion() {
     task.await.unwrap();
     // Without a package root, such a batch fails saying so.
     let plain = w.ingest();
-    let unset = w
-        .engine
-        .create_batch(merritt("queue/object.txt"))
-        .await
-        .unwrap();
+    let unset = merritt::create_batch(&*tree, &merritt("queue/object.txt")).await;
     let (h, task) = w.run_all(&plain);
     w.batch_reaches(&unset, &[BatchState::Failed]).await;
     let msg = w
@@ -1208,50 +1224,138 @@ async fn merritt_ingest_service_submission_keys_run_to_completion() {
     task.await.unwrap();
 }
 
-/// A job whose configuration is exactly what Merritt's `Job.createJobConfiguration` writes
-/// (`profile_name`, `submitter`, `payload_url`, `payload_type`, `response_type`): no `file`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn merritt_job_configuration_alone_runs_to_completion() {
-    let w = World::new().await;
-    let (url, _) = w.file("m/merritt-file.txt", b"made by merritt");
-    let bid = w.engine.create_batch(serde_json::Map::new()).await.unwrap();
-    let lease = w
-        .engine
-        .acquire_batch(BatchState::Pending)
-        .await
-        .unwrap()
-        .unwrap();
-    let cfg = serde_json::json!({
-        "profile_name": "demo", "submitter": "merritt-user", "payload_url": url,
-        "payload_type": "file", "response_type": "tsv",
-    });
-    w.engine
-        .create_job(
-            &lease,
-            lading_engine::JobSpec {
-                configuration: cfg.as_object().unwrap().clone(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    w.engine
-        .batch_transition(lease, lading_core::Event::To(BatchState::Processing), None)
-        .await
-        .unwrap();
+fn uuid() -> String {
+    format!(
+        "{:08x}-0000-4000-8000-{:012x}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+            & 0xffff_ffff_ffff
+    )
+}
+
+/// Merritt's ingest service and consumer make the batch and its jobs node by node
+/// (`Batch.createBatch`, `Batch.acquirePendingBatch`, `Job.createJob` with exactly what
+/// `Job.createJobConfiguration`, `createJobIdentifiers` and `createJobMetadata` give: no
+/// `file`, and only `batch-processing` made among the batch's folders). Lading's workers take
+/// one job to Completed and one to Failed, making Merritt's lazily made folders as they go.
+async fn merritt_created_jobs_run_to_completed_and_to_failed(w: World) {
+    let (good, _) = w.file("m/merritt-file.txt", b"made by merritt");
+    let missing = w.server.url("m/missing.txt");
+    let tree = w.engine.tree().clone();
+    let bid = merritt::create_batch(
+        &*tree,
+        &serde_json::json!({"batchID": uuid(), "submitter": "merritt-user", "profile": "demo"}),
+    )
+    .await;
+    merritt::acquire_batch(&*tree, &bid).await;
+    let conf = |url: &str| {
+        serde_json::json!({"profile_name": "demo", "submitter": "merritt-user",
+                           "payload_url": url, "payload_type": "file", "response_type": "tsv"})
+    };
+    let ids = serde_json::json!({"primary_id": "", "local_id": ["merritt-local"]});
+    let meta = serde_json::json!({"erc_who": "who", "erc_what": "what", "erc_when": "when",
+                                  "erc_where": "where"});
+    let ok = merritt::create_job(&*tree, &bid, 2, &conf(&good), &ids, &meta, false).await;
+    let bad = merritt::create_job(&*tree, &bid, 2, &conf(&missing), &ids, &meta, false).await;
+    merritt::unlock_batch(&*tree, &bid).await;
+    for f in ["batch-completed", "batch-failed"] {
+        assert!(
+            tree.exists(&format!("/batches/{bid}/states/{f}"))
+                .await
+                .unwrap()
+                .is_none(),
+            "Merritt has not made {f}"
+        );
+    }
     let ingest = w.ingest();
     let (h, task) = w.run_all(&ingest);
     assert_eq!(
         w.batch_reaches(&bid, &[BatchState::Completed, BatchState::Failed])
             .await,
-        BatchState::Completed
+        BatchState::Failed,
+        "one of two jobs failed"
     );
-    let job = w.jobs_of(&bid).await.remove(0);
-    let s = stored(&w, &job).await;
+    let info = w.engine.job(&ok).await.unwrap();
+    assert_eq!(info.status.status, JobState::Completed, "{info:?}");
+    assert_eq!(info.metadata["erc_what"], "what");
+    assert!(
+        info.identifiers["primary_id"]
+            .as_str()
+            .unwrap()
+            .starts_with("ark:/"),
+        "an empty primary_id is minted: {info:?}"
+    );
+    let s = stored(&w, &ok).await;
     assert_eq!(
         std::fs::read(std::path::Path::new(&s.path).join("producer/merritt-file.txt")).unwrap(),
         b"made by merritt"
     );
+    let failed = w.engine.job(&bad).await.unwrap();
+    assert_eq!(failed.status.status, JobState::Failed);
+    assert!(
+        failed.status.message.as_deref().unwrap_or("").contains("404"),
+        "{failed:?}"
+    );
+    let b = w.engine.batch(&bid).await.unwrap();
+    assert_eq!(b.jobs["batch-completed"], vec![ok.to_string()]);
+    assert_eq!(b.jobs["batch-failed"], vec![bad.to_string()]);
+    assert!(b.jobs["batch-processing"].is_empty());
+    h.stop();
+    task.await.unwrap();
+}
+
+/// A batch with one job for Lading and one a Merritt worker holds (its lock, from its own
+/// session). Lading finishes its job; then Merritt moves its own job to Completed, with raw
+/// writes no Lading code sees: only the watch on the batch's folder can notice at once that the
+/// batch is done.
+async fn merritt_moving_a_batchs_last_job_is_noticed_by_a_watch(w: World) {
+    let (url, _) = w.file("m/ours.txt", b"lading's");
+    let tree = w.engine.tree().clone();
+    let other = w.other_session().await;
+    let bid = merritt::create_batch(
+        &*tree,
+        &serde_json::json!({"batchID": uuid(), "submitter": "merritt-user", "profile": "demo"}),
+    )
+    .await;
+    merritt::acquire_batch(&*tree, &bid).await;
+    let conf = serde_json::json!({"profile_name": "demo", "submitter": "merritt-user",
+                                  "payload_url": url, "payload_type": "file",
+                                  "response_type": "tsv"});
+    let none = serde_json::json!({});
+    let ours = merritt::create_job(&*tree, &bid, 5, &conf, &none, &none, false).await;
+    let theirs = merritt::create_job(&*other, &bid, 5, &conf, &none, &none, true).await;
+    merritt::unlock_batch(&*tree, &bid).await;
+    let ingest = w.ingest();
+    let (h, task) = w.run_all(&ingest);
+    w.job_reaches(&ours, JobState::Completed).await;
+    assert_eq!(
+        w.engine.batch(&bid).await.unwrap().status.status,
+        BatchState::Processing,
+        "Merritt's job is still running"
+    );
+    let walk = [
+        "Pending",
+        "Estimating",
+        "Provisioning",
+        "Downloading",
+        "Processing",
+        "Storing",
+        "Recording",
+        "Notify",
+        "Completed",
+    ];
+    for pair in walk.windows(2) {
+        merritt::move_job(&*other, &bid, &theirs, 5, pair[0], pair[1]).await;
+    }
+    merritt::unlock_job(&*other, &theirs).await;
+    // Housekeeping also re-reads Processing batches every 30 s: half that bound tells the
+    // watch from the fallback (a watch fires in milliseconds).
+    tokio::time::timeout(std::time::Duration::from_secs(15), w.completes(&bid))
+        .await
+        .expect("the batch's completion was noticed by the watch, before any re-read");
     h.stop();
     task.await.unwrap();
 }

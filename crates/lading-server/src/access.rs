@@ -81,10 +81,25 @@ pub async fn request(
         None => AccessQueue::Small,
     };
     let secret = uuid::Uuid::new_v4().simple().to_string();
-    // Only the secret's digest is kept in the tree.
-    let token = json!({"ark": b.ark, "version": b.version, "requester": p.name,
-                       "secret_sha256": secret_digest(&secret), "bytes": bytes});
-    let id = s.ingest.engine.create_access(queue, &token).await?;
+    let (bytes, now) = (*bytes, s.ingest.engine.clock().now_ms());
+    // Only the secret's digest is kept in the tree. Merritt's fields beside Lading's: `token`
+    // is the request's public name (the part of the depositor's token before the secret),
+    // `url` where the zip will be, `status` "200" (accepted, as Merritt's storage answers an
+    // assembly request), and an availability estimate at 50 MiB/s.
+    let id = s
+        .ingest
+        .engine
+        .create_access_with(queue, |id| {
+            let zip = zip_path(&s.ingest, queue, id);
+            json!({"ark": b.ark, "version": b.version, "requester": p.name,
+                   "secret_sha256": secret_digest(&secret), "bytes": bytes,
+                   "token": format!("{}.{id}", queue.name()), "delivery-node": 0,
+                   "cloud-content-byte": bytes, "status": "200",
+                   "url": format!("file://{}", zip.display()),
+                   "anticipated-availability-time":
+                       lading_core::time::format_rfc3339(now + 1_000 + bytes / (50 << 20) * 1_000)})
+        })
+        .await?;
     let t = format!("{}.{id}.{secret}", queue.name());
     Ok((
         StatusCode::ACCEPTED,

@@ -64,7 +64,9 @@ impl From<EngineError> for ApiError {
                 (StatusCode::NOT_FOUND, "not_found")
             }
             EngineError::Illegal(_) => (StatusCode::CONFLICT, "illegal_transition"),
-            EngineError::Locked(_) => (StatusCode::CONFLICT, "locked"),
+            EngineError::Locked(_) | EngineError::ForeignLocked(_) => {
+                (StatusCode::CONFLICT, "locked")
+            }
             EngineError::LeaseLost(_) | EngineError::Conflict(_) => {
                 (StatusCode::CONFLICT, "conflict")
             }
@@ -549,7 +551,7 @@ pub(crate) async fn retry_outbox(
     Ok(Json(json!({ "name": name, "entry": entry })))
 }
 
-#[utoipa::path(delete, path = "/api/v1/locks/{kind}/{name}", tag = "admin", summary = "Clear a persistent storage or inventory lock left by another tool", params(("kind" = String, Path, description = "storage or inventory"), ("name" = String, Path, description = "the lock's name, as /api/v1/status lists it under foreign_locks")), responses((status = 200, description = "cleared", body = serde_json::Value), (status = 400, description = "no such lock, or one held by a live session (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+#[utoipa::path(delete, path = "/api/v1/locks/{kind}/{name}", tag = "admin", summary = "Clear a lock left by another tool: a persistent storage or inventory lock, or a Held batch's lock", params(("kind" = String, Path, description = "storage, inventory or batch"), ("name" = String, Path, description = "the lock's name, as /api/v1/status lists it under foreign_locks")), responses((status = 200, description = "cleared", body = serde_json::Value), (status = 400, description = "no such lock, or one held by a live session (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn clear_lock(
     State(s): State<AppState>,
     Admin(_): Admin,

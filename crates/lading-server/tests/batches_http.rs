@@ -338,6 +338,34 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
         "{v}"
     );
     let token = v["token"].as_str().unwrap().to_string();
+    // The token node carries Merritt's fields, of the types Merritt's `Access` reads them
+    // with (getString, getInt, getLong), and never the secret.
+    let qid = v["id"].as_str().unwrap().to_string();
+    let node = s
+        .ingest
+        .engine
+        .tree()
+        .get(&format!("/access/small/{qid}/token"))
+        .await
+        .unwrap()
+        .unwrap();
+    let t: serde_json::Value = serde_json::from_slice(&node.data.unwrap()).unwrap();
+    assert_eq!(t["token"], format!("small.{qid}"), "{t}");
+    assert!(t["delivery-node"].is_i64(), "{t}");
+    assert!(t["cloud-content-byte"].as_u64().unwrap() > 0, "{t}");
+    assert_eq!(t["status"], "200", "{t}");
+    assert!(
+        t["url"].as_str().unwrap().starts_with("file://")
+            && t["url"].as_str().unwrap().ends_with(".zip"),
+        "{t}"
+    );
+    assert!(
+        lading_core::time::parse_ts(t["anticipated-availability-time"].as_str().unwrap())
+            .is_some(),
+        "{t}"
+    );
+    let secret = token.rsplit('.').next().unwrap();
+    assert!(!String::from_utf8_lossy(&serde_json::to_vec(&t).unwrap()).contains(secret));
     let (_, v) = s
         .call_as(SUBMITTER, "GET", &format!("/api/v1/access/{token}"), None)
         .await;

@@ -1943,6 +1943,72 @@ pub async fn duplicate_batch_uuid_is_refused(h: &dyn Harness) {
     );
 }
 
+/// A batch held because its collection is held (the acquisition path, not the admin's) gets
+/// its `states` folders too, so Merritt's `Batch.acquirePendingBatch` passes it over.
+pub async fn merritt_pending_scan_skips_a_batch_held_by_its_collection(h: &dyn Harness) {
+    let (e, s) = engine(h, "w").await;
+    let mut sub = Map::new();
+    sub.insert("collection".into(), json!("held_coll"));
+    let bid = e.create_batch(sub).await.unwrap();
+    e.hold_collection("held_coll").await.unwrap();
+    assert!(e.acquire_batch(BatchState::Pending).await.unwrap().is_none());
+    assert_eq!(
+        e.batch(&bid).await.unwrap().status.status,
+        BatchState::Held
+    );
+    assert!(s.tree.exists(&batch_states(&bid)).await.unwrap().is_some());
+    for f in BATCH_FOLDERS {
+        assert!(
+            s.tree
+                .exists(&batch_ref_folder(&bid, f))
+                .await
+                .unwrap()
+                .is_some(),
+            "{f}"
+        );
+    }
+}
+
+/// A Merritt consumer that took a Held batch for pending throws and keeps the batch's lock
+/// (ephemeral, for as long as its process lives). Lading lists it as a foreign lock, names
+/// it when an admin action meets it, and lets an admin clear it; a lock on a batch in any
+/// other state is refused, and nothing else changes.
+pub async fn merritt_failed_consumers_lock_on_a_held_batch_is_listed_and_cleared(
+    h: &dyn Harness,
+) {
+    let (e, _s) = engine(h, "w").await;
+    let (_m, merritt) = engine(h, "merritt").await;
+    let bid = e.create_batch(Map::new()).await.unwrap();
+    e.hold_batch(&bid).await.unwrap();
+    // What Merritt's failed consumer leaves: its lock, made by its own session.
+    merritt
+        .tree
+        .create(&batch_node(&bid, "lock"), None, CreateMode::Ephemeral)
+        .await
+        .unwrap();
+    let locks = e.foreign_locks().await.unwrap();
+    assert_eq!(locks.len(), 1, "{locks:?}");
+    assert_eq!((locks[0].kind, locks[0].name.as_str()), ("batch", bid.as_str()));
+    let err = e.release_batch(&bid).await.unwrap_err();
+    assert!(matches!(err, EngineError::ForeignLocked(_)), "{err}");
+    assert!(err.to_string().contains("clear-lock batch"), "{err}");
+    assert_eq!(e.batch(&bid).await.unwrap().status.status, BatchState::Held);
+    // A completed batch's lock is never called foreign, nor cleared.
+    let (done, _) = batch_with_jobs(&e, 0, &[]).await;
+    let err = e
+        .clear_foreign_lock("batch", done.as_str())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("not Held"), "{err}");
+    let err = e.clear_foreign_lock("batch", "nonsense").await.unwrap_err();
+    assert!(err.to_string().contains("not a batch id"), "{err}");
+    e.clear_foreign_lock("batch", bid.as_str()).await.unwrap();
+    assert!(e.foreign_locks().await.unwrap().is_empty());
+    e.release_batch(&bid).await.unwrap();
+    let l = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
+    assert_eq!(l.batch, bid);
+}
+
 /// An access request Merritt's own service made (its token names no `ark`) is left for it:
 /// Lading's access workers take only their own.
 pub async fn merritt_access_requests_are_left_to_merritt(h: &dyn Harness) {
@@ -2190,6 +2256,8 @@ macro_rules! conformance_tests {
             concurrent_admissions_never_reserve_more_than_is_free,
             merritt_lazily_made_batch_folders_are_created_by_the_move,
             merritt_pending_scan_skips_a_held_batch,
+            merritt_pending_scan_skips_a_batch_held_by_its_collection,
+            merritt_failed_consumers_lock_on_a_held_batch_is_listed_and_cleared,
             merritt_last_successful_failed_still_requeues_to_the_stage_that_failed,
             deferred_job_is_not_taken_before_its_retry_time,
             held_collection_holds_batches_and_jobs_until_released,

@@ -6,6 +6,7 @@
 use lading_core::layout::{BatchId, JobId};
 use lading_core::time::system_clock;
 use lading_core::{BatchState, JobState};
+use lading_core::Tree;
 use lading_engine::Engine;
 use lading_ingest::checkm::{self, ManifestKind};
 use lading_ingest::fetch::Hasher;
@@ -20,7 +21,24 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 pub const WAIT: Duration = Duration::from_secs(60);
 
+/// The store a [`World`] runs on.
+#[derive(Debug, Clone, Copy)]
+pub enum Backend {
+    Sqlite,
+    /// A real ZooKeeper server (one per test binary), a fresh chroot per world.
+    ZooKeeper,
+}
+
+fn zk_server() -> &'static lading_store_zk::server::ZkServer {
+    static SERVER: std::sync::OnceLock<lading_store_zk::server::ZkServer> =
+        std::sync::OnceLock::new();
+    SERVER.get_or_init(|| lading_store_zk::server::ZkServer::start().expect("start ZooKeeper"))
+}
+
 pub struct World {
+    pub backend: Backend,
+    /// The store's address: the SQLite file, or `zk://HOSTS/CHROOT`.
+    pub store: String,
     pub dir: tempfile::TempDir,
     pub engine: Arc<Engine>,
     pub server: PayloadServer,
@@ -30,10 +48,24 @@ pub struct World {
 
 impl World {
     pub async fn new() -> World {
+        World::on(Backend::Sqlite).await
+    }
+
+    pub async fn on(backend: Backend) -> World {
         let dir = tempfile::tempdir().unwrap();
-        let tree = Arc::new(
-            SqliteTree::open(dir.path().join("lading.db"), SqliteOptions::default()).unwrap(),
-        );
+        let store = match backend {
+            Backend::Sqlite => dir.path().join("lading.db").display().to_string(),
+            Backend::ZooKeeper => {
+                let hosts = zk_server().connect_string();
+                let name = dir.path().file_name().unwrap().to_string_lossy();
+                let chroot = format!("/t-{}", name.trim_start_matches('.'));
+                lading_store_zk::ZkTree::ensure_chroot(&hosts, &chroot)
+                    .await
+                    .unwrap();
+                format!("zk://{hosts}{chroot}")
+            }
+        };
+        let tree = open_tree(backend, &store).await;
         let engine = Arc::new(Engine::new(tree, system_clock(), "pipeline-test"));
         engine.init().await.unwrap();
         std::fs::create_dir_all(dir.path().join("payload")).unwrap();
@@ -76,6 +108,8 @@ impl World {
         std::fs::create_dir_all(cfg.profiles_dir()).unwrap();
         std::fs::create_dir_all(cfg.work_dir()).unwrap();
         let w = World {
+            backend,
+            store,
             dir,
             engine,
             server,
@@ -90,6 +124,11 @@ impl World {
             ),
         );
         w
+    }
+
+    /// A second session on the same store, as another tool (Merritt's) would have.
+    pub async fn other_session(&self) -> Arc<dyn Tree> {
+        open_tree(self.backend, &self.store).await
     }
 
     pub fn profile(&self, name: &str, toml: &str) {
@@ -219,6 +258,177 @@ impl World {
             .collect();
         v.sort();
         v
+    }
+}
+
+async fn open_tree(backend: Backend, store: &str) -> Arc<dyn Tree> {
+    match backend {
+        Backend::Sqlite => Arc::new(SqliteTree::open(store, SqliteOptions::default()).unwrap()),
+        Backend::ZooKeeper => Arc::new(
+            lading_store_zk::ZkTree::open(store, lading_store_zk::ZkOptions::default())
+                .await
+                .unwrap(),
+        ),
+    }
+}
+
+/// Merritt's own writes, node by node, as its Java library (`mrt-zk`) makes them: what a
+/// test lays down to play Merritt's ingest service and consumers. Data is what
+/// `QueueItemHelper.serializeAsBytes` gives (a JSON object's text, a number's digits, an
+/// empty node for none); status objects have Merritt's keys in Merritt's order.
+pub mod merritt {
+    use lading_core::layout::{BatchId, JobId};
+    use lading_core::{CreateMode, Tree};
+    use serde_json::{Value, json};
+
+    const NOW: &str = "2026-11-24 10:00:00 +0000";
+
+    fn bytes(v: &Value) -> Option<Vec<u8>> {
+        Some(v.to_string().into_bytes())
+    }
+
+    async fn create(t: &dyn Tree, path: &str, data: Option<Vec<u8>>) -> String {
+        t.create(path, data, CreateMode::Persistent)
+            .await
+            .unwrap_or_else(|e| panic!("create {path}: {e}"))
+    }
+
+    /// `Batch.createBatch(client, submission)`: `/batches/bidN`, its `/batch-uuids` entry,
+    /// `submission` and a Pending `status`.
+    pub async fn create_batch(t: &dyn Tree, submission: &Value) -> BatchId {
+        let path = t
+            .create("/batches/bid", Some(Vec::new()), CreateMode::PersistentSequential)
+            .await
+            .unwrap();
+        let bid = BatchId::parse(lading_core::tree::split_path(&path).1).unwrap();
+        if let Some(u) = submission["batchID"].as_str().filter(|u| !u.is_empty()) {
+            create(t, &format!("/batch-uuids/{u}"), Some(bid.as_str().into())).await;
+        }
+        create(t, &format!("{path}/submission"), bytes(submission)).await;
+        let status = json!({"status": "Pending", "last_modified": NOW, "message": ""});
+        create(t, &format!("{path}/status"), bytes(&status)).await;
+        bid
+    }
+
+    /// `Batch.acquirePendingBatch`: the consumer locks the batch, makes a bare `states` and
+    /// sets it Processing. Returns with the lock still held (the consumer unlocks after
+    /// making its jobs).
+    pub async fn acquire_batch(t: &dyn Tree, bid: &BatchId) {
+        t.create(&format!("/batches/{bid}/lock"), Some(Vec::new()), CreateMode::Ephemeral)
+            .await
+            .unwrap();
+        create(t, &format!("/batches/{bid}/states"), Some(Vec::new())).await;
+        let status = json!({"status": "Processing", "last_modified": NOW, "message": ""});
+        t.set(&format!("/batches/{bid}/status"), bytes(&status), None)
+            .await
+            .unwrap();
+    }
+
+    /// `QueueItem.unlock`.
+    pub async fn unlock_batch(t: &dyn Tree, bid: &BatchId) {
+        t.delete(&format!("/batches/{bid}/lock"), None).await.unwrap();
+    }
+
+    /// `Job.createJob(client, bid, priority, configuration, identifiers, metadata)`: the job
+    /// is locked while it is made and unlocked at the end unless `keep_lock` (a Merritt
+    /// worker that goes on with it).
+    pub async fn create_job(
+        t: &dyn Tree,
+        bid: &BatchId,
+        priority: u8,
+        configuration: &Value,
+        identifiers: &Value,
+        metadata: &Value,
+        keep_lock: bool,
+    ) -> JobId {
+        let path = t
+            .create("/jobs/jid", Some(Vec::new()), CreateMode::PersistentSequential)
+            .await
+            .unwrap();
+        let jid = JobId::parse(lading_core::tree::split_path(&path).1).unwrap();
+        t.create(&format!("{path}/lock"), Some(Vec::new()), CreateMode::Ephemeral)
+            .await
+            .unwrap();
+        create(t, &format!("{path}/bid"), Some(bid.as_str().into())).await;
+        create(t, &format!("{path}/priority"), Some(priority.to_string().into())).await;
+        create(t, &format!("{path}/space_needed"), Some("0".into())).await;
+        create(t, &format!("{path}/configuration"), bytes(configuration)).await;
+        if identifiers.as_object().is_some_and(|m| !m.is_empty()) {
+            create(t, &format!("{path}/identifiers"), bytes(identifiers)).await;
+        }
+        if metadata.as_object().is_some_and(|m| !m.is_empty()) {
+            create(t, &format!("{path}/metadata"), bytes(metadata)).await;
+        }
+        let status = json!({"status": "Pending", "last_modified": NOW,
+                            "last_successful_status": null, "retry_count": 0, "message": ""});
+        create(t, &format!("{path}/status"), bytes(&status)).await;
+        let folder = format!("/batches/{bid}/states/batch-processing");
+        if t.exists(&folder).await.unwrap().is_none() {
+            create(t, &folder, Some(Vec::new())).await;
+        }
+        create(t, &format!("{folder}/{jid}"), Some(Vec::new())).await;
+        create(t, &format!("/jobs/states/pending/{priority:02}-{jid}"), Some(Vec::new())).await;
+        if !keep_lock {
+            t.delete(&format!("{path}/lock"), None).await.unwrap();
+        }
+        jid
+    }
+
+    /// `Job.setStatus(client, to)` by the job's lock holder, from `from` (at priority `priority`): the
+    /// job's status, its `/jobs/states` reference and its batch reference, each its own write
+    /// as Merritt makes them, the batch's target folder made when missing.
+    pub async fn move_job(
+        t: &dyn Tree,
+        bid: &BatchId,
+        jid: &JobId,
+        priority: u8,
+        from: &str,
+        to: &str,
+    ) {
+        // `Job.statusObject`: the old object with status and time replaced, and
+        // last_successful_status set to the old status unless moving to Failed or Deleted.
+        let old = t.get(&format!("/jobs/{jid}/status")).await.unwrap().unwrap();
+        let mut status: Value = serde_json::from_slice(&old.data.unwrap()).unwrap();
+        status["status"] = json!(to);
+        status["last_modified"] = json!(NOW);
+        if !matches!(to, "Failed" | "Deleted") {
+            status["last_successful_status"] = json!(from);
+        }
+        status["message"] = json!("");
+        t.set(&format!("/jobs/{jid}/status"), bytes(&status), None)
+            .await
+            .unwrap();
+        let (lf, lt) = (from.to_lowercase(), to.to_lowercase());
+        t.delete(&format!("/jobs/states/{lf}/{priority:02}-{jid}"), None)
+            .await
+            .unwrap();
+        let folder = format!("/jobs/states/{lt}");
+        if t.exists(&folder).await.unwrap().is_none() {
+            create(t, &folder, Some(Vec::new())).await;
+        }
+        create(t, &format!("{folder}/{priority:02}-{jid}"), Some(Vec::new())).await;
+        let sub = |s: &str| match s {
+            "Completed" => "batch-completed",
+            "Failed" => "batch-failed",
+            "Deleted" => "batch-deleted",
+            _ => "batch-processing",
+        };
+        let (bf, bt) = (sub(from), sub(to));
+        if bf != bt {
+            t.delete(&format!("/batches/{bid}/states/{bf}/{jid}"), None)
+                .await
+                .unwrap();
+            let folder = format!("/batches/{bid}/states/{bt}");
+            if t.exists(&folder).await.unwrap().is_none() {
+                create(t, &folder, Some(Vec::new())).await;
+            }
+            create(t, &format!("{folder}/{jid}"), Some(Vec::new())).await;
+        }
+    }
+
+    /// `QueueItem.unlock` of a job.
+    pub async fn unlock_job(t: &dyn Tree, jid: &JobId) {
+        t.delete(&format!("/jobs/{jid}/lock"), None).await.unwrap();
     }
 }
 
