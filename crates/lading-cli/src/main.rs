@@ -631,8 +631,8 @@ async fn admin(e: &Arc<Engine>, action: Admin, cfg: Config) -> anyhow::Result<()
             )
             .await?;
             println!(
-                "removed {} batches and {} jobs (with their working directories and uploads) and {} access requests (with their zips) finished more than {older_than_hours} h ago; gave back {} quota slots and folders",
-                c.batches, c.jobs, c.access, c.quotas
+                "removed {} batches and {} jobs (with their working directories and uploads) and {} access requests (with their zips) finished more than {older_than_hours} h ago; gave back {} quota slots and folders; dropped {} submitter-index entries of batches another tool deleted",
+                c.batches, c.jobs, c.access, c.quotas, c.index_entries
             );
         }
     }

@@ -643,6 +643,40 @@ impl Engine {
             .collect())
     }
 
+    /// Removes submitter-index entries whose batch is gone: another tool (Merritt's
+    /// `Batch.deleteCompletedBatches`) deleted the batch without knowing Lading's index. An
+    /// entry is made in the same `multi` as its batch's submission, so a missing batch is a
+    /// deleted one. Returns how many entries went.
+    pub async fn prune_submitter_index(&self) -> Result<usize> {
+        let mut pruned = 0;
+        let submitters = match self.tree.children(BATCH_SUBMITTERS).await {
+            Ok(s) => s,
+            Err(TreeError::NoNode(_)) => return Ok(0),
+            Err(e) => return Err(e.into()),
+        };
+        for who in submitters {
+            let dir = format!("{BATCH_SUBMITTERS}/{who}");
+            let entries = match self.tree.children(&dir).await {
+                Ok(e) => e,
+                Err(TreeError::NoNode(_)) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            for name in entries {
+                let Ok(bid) = BatchId::parse(&name) else {
+                    continue;
+                };
+                if self.tree.exists(&batch_path(&bid)).await?.is_none() {
+                    match self.tree.delete(&format!("{dir}/{name}"), None).await {
+                        Ok(()) => pruned += 1,
+                        Err(TreeError::NoNode(_)) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+        }
+        Ok(pruned)
+    }
+
     /// The ids of the batches `submitter` submitted, in creation order (reads only those).
     pub async fn batch_ids_of(&self, submitter: &str) -> Result<Vec<BatchId>> {
         let mut ids: Vec<BatchId> = self

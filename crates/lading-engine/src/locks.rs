@@ -9,8 +9,8 @@
 //! one `multi`), so a lock seen there is foreign: listed as kind `batch`, and clearable.
 
 use crate::{Engine, EngineError, Result};
-use lading_core::TreeError;
 use lading_core::BatchState;
+use lading_core::TreeError;
 use lading_core::layout::{BatchId, INVENTORY_LOCKS, STORAGE_LOCKS, batch_node};
 use serde::Serialize;
 

@@ -18,6 +18,8 @@ pub struct Cleaned {
     pub access: usize,
     /// Quota slots of finished jobs, and quota folders left empty (any age).
     pub quotas: usize,
+    /// Submitter-index entries of batches another tool deleted.
+    pub index_entries: usize,
 }
 
 /// Where the access worker puts request `id`'s zip.
@@ -111,6 +113,7 @@ pub async fn cleanup(
         }
     }
     out.quotas = crate::quota::sweep(e).await?;
+    out.index_entries = e.prune_submitter_index().await?;
     Ok(out)
 }
 

@@ -1296,7 +1296,12 @@ async fn merritt_created_jobs_run_to_completed_and_to_failed(w: World) {
     let failed = w.engine.job(&bad).await.unwrap();
     assert_eq!(failed.status.status, JobState::Failed);
     assert!(
-        failed.status.message.as_deref().unwrap_or("").contains("404"),
+        failed
+            .status
+            .message
+            .as_deref()
+            .unwrap_or("")
+            .contains("404"),
         "{failed:?}"
     );
     let b = w.engine.batch(&bid).await.unwrap();

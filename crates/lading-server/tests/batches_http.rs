@@ -360,8 +360,7 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
         "{t}"
     );
     assert!(
-        lading_core::time::parse_ts(t["anticipated-availability-time"].as_str().unwrap())
-            .is_some(),
+        lading_core::time::parse_ts(t["anticipated-availability-time"].as_str().unwrap()).is_some(),
         "{t}"
     );
     let secret = token.rsplit('.').next().unwrap();

@@ -1951,11 +1951,13 @@ pub async fn merritt_pending_scan_skips_a_batch_held_by_its_collection(h: &dyn H
     sub.insert("collection".into(), json!("held_coll"));
     let bid = e.create_batch(sub).await.unwrap();
     e.hold_collection("held_coll").await.unwrap();
-    assert!(e.acquire_batch(BatchState::Pending).await.unwrap().is_none());
-    assert_eq!(
-        e.batch(&bid).await.unwrap().status.status,
-        BatchState::Held
+    assert!(
+        e.acquire_batch(BatchState::Pending)
+            .await
+            .unwrap()
+            .is_none()
     );
+    assert_eq!(e.batch(&bid).await.unwrap().status.status, BatchState::Held);
     assert!(s.tree.exists(&batch_states(&bid)).await.unwrap().is_some());
     for f in BATCH_FOLDERS {
         assert!(
@@ -1973,9 +1975,7 @@ pub async fn merritt_pending_scan_skips_a_batch_held_by_its_collection(h: &dyn H
 /// (ephemeral, for as long as its process lives). Lading lists it as a foreign lock, names
 /// it when an admin action meets it, and lets an admin clear it; a lock on a batch in any
 /// other state is refused, and nothing else changes.
-pub async fn merritt_failed_consumers_lock_on_a_held_batch_is_listed_and_cleared(
-    h: &dyn Harness,
-) {
+pub async fn merritt_failed_consumers_lock_on_a_held_batch_is_listed_and_cleared(h: &dyn Harness) {
     let (e, _s) = engine(h, "w").await;
     let (_m, merritt) = engine(h, "merritt").await;
     let bid = e.create_batch(Map::new()).await.unwrap();
@@ -1988,7 +1988,10 @@ pub async fn merritt_failed_consumers_lock_on_a_held_batch_is_listed_and_cleared
         .unwrap();
     let locks = e.foreign_locks().await.unwrap();
     assert_eq!(locks.len(), 1, "{locks:?}");
-    assert_eq!((locks[0].kind, locks[0].name.as_str()), ("batch", bid.as_str()));
+    assert_eq!(
+        (locks[0].kind, locks[0].name.as_str()),
+        ("batch", bid.as_str())
+    );
     let err = e.release_batch(&bid).await.unwrap_err();
     assert!(matches!(err, EngineError::ForeignLocked(_)), "{err}");
     assert!(err.to_string().contains("clear-lock batch"), "{err}");
@@ -2007,6 +2010,64 @@ pub async fn merritt_failed_consumers_lock_on_a_held_batch_is_listed_and_cleared
     e.release_batch(&bid).await.unwrap();
     let l = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
     assert_eq!(l.batch, bid);
+}
+
+/// Merritt's `Batch.deleteCompletedBatches` deletes a completed batch, its jobs and its
+/// `/batch-uuids` entry, knowing nothing of Lading's submitter index: the entry it leaves is
+/// skipped by readers and pruned by cleanup.
+pub async fn merritt_deleting_completed_batches_leaves_no_dangling_index(h: &dyn Harness) {
+    let (e, s) = engine(h, "w").await;
+    let (bid, jobs) = batch_with_jobs(&e, 1, &[]).await;
+    assert_eq!(e.batch_ids_of("tester").await.unwrap(), vec![bid.clone()]);
+    // Merritt's deletion, node by node: each job's subtree and state reference, then the
+    // batch's subtree and its uuid entry.
+    let mut doomed = Vec::new();
+    let dump = lading_engine::dump(s.tree.as_ref(), &format!("/batches/{bid}"))
+        .await
+        .unwrap();
+    for j in &jobs {
+        let jd = lading_engine::dump(s.tree.as_ref(), &format!("/jobs/{j}"))
+            .await
+            .unwrap();
+        doomed.extend(jd.keys().cloned());
+        for st in s.tree.children("/jobs/states").await.unwrap() {
+            for r in s
+                .tree
+                .children(&format!("/jobs/states/{st}"))
+                .await
+                .unwrap()
+            {
+                if r.ends_with(j.as_str()) {
+                    s.tree
+                        .delete(&format!("/jobs/states/{st}/{r}"), None)
+                        .await
+                        .unwrap();
+                }
+            }
+        }
+    }
+    doomed.extend(dump.keys().cloned());
+    doomed.sort_by_key(|p| std::cmp::Reverse(p.matches('/').count()));
+    for p in doomed {
+        s.tree.delete(&p, None).await.unwrap();
+    }
+    assert!(e.batch_ids().await.unwrap().is_empty(), "the batch is gone");
+    for u in s.tree.children(BATCH_UUIDS).await.unwrap() {
+        s.tree
+            .delete(&format!("{BATCH_UUIDS}/{u}"), None)
+            .await
+            .unwrap();
+    }
+    // The index still names it; readers skip it; pruning drops it, once.
+    assert_eq!(e.batch_ids_of("tester").await.unwrap(), vec![bid.clone()]);
+    assert!(matches!(e.batch(&bid).await, Err(EngineError::NoBatch(_))));
+    assert_eq!(e.prune_submitter_index().await.unwrap(), 1);
+    assert!(e.batch_ids_of("tester").await.unwrap().is_empty());
+    assert_eq!(e.prune_submitter_index().await.unwrap(), 0);
+    // A live batch's entry stays.
+    let (live, _) = batch_with_jobs(&e, 1, &[]).await;
+    assert_eq!(e.prune_submitter_index().await.unwrap(), 0);
+    assert_eq!(e.batch_ids_of("tester").await.unwrap(), vec![live]);
 }
 
 /// An access request Merritt's own service made (its token names no `ark`) is left for it:
@@ -2258,6 +2319,7 @@ macro_rules! conformance_tests {
             merritt_pending_scan_skips_a_held_batch,
             merritt_pending_scan_skips_a_batch_held_by_its_collection,
             merritt_failed_consumers_lock_on_a_held_batch_is_listed_and_cleared,
+            merritt_deleting_completed_batches_leaves_no_dangling_index,
             merritt_last_successful_failed_still_requeues_to_the_stage_that_failed,
             deferred_job_is_not_taken_before_its_retry_time,
             held_collection_holds_batches_and_jobs_until_released,

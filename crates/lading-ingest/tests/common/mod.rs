@@ -3,10 +3,10 @@
 
 #![allow(dead_code)]
 
+use lading_core::Tree;
 use lading_core::layout::{BatchId, JobId};
 use lading_core::time::system_clock;
 use lading_core::{BatchState, JobState};
-use lading_core::Tree;
 use lading_engine::Engine;
 use lading_ingest::checkm::{self, ManifestKind};
 use lading_ingest::fetch::Hasher;
@@ -297,7 +297,11 @@ pub mod merritt {
     /// `submission` and a Pending `status`.
     pub async fn create_batch(t: &dyn Tree, submission: &Value) -> BatchId {
         let path = t
-            .create("/batches/bid", Some(Vec::new()), CreateMode::PersistentSequential)
+            .create(
+                "/batches/bid",
+                Some(Vec::new()),
+                CreateMode::PersistentSequential,
+            )
             .await
             .unwrap();
         let bid = BatchId::parse(lading_core::tree::split_path(&path).1).unwrap();
@@ -314,9 +318,13 @@ pub mod merritt {
     /// sets it Processing. Returns with the lock still held (the consumer unlocks after
     /// making its jobs).
     pub async fn acquire_batch(t: &dyn Tree, bid: &BatchId) {
-        t.create(&format!("/batches/{bid}/lock"), Some(Vec::new()), CreateMode::Ephemeral)
-            .await
-            .unwrap();
+        t.create(
+            &format!("/batches/{bid}/lock"),
+            Some(Vec::new()),
+            CreateMode::Ephemeral,
+        )
+        .await
+        .unwrap();
         create(t, &format!("/batches/{bid}/states"), Some(Vec::new())).await;
         let status = json!({"status": "Processing", "last_modified": NOW, "message": ""});
         t.set(&format!("/batches/{bid}/status"), bytes(&status), None)
@@ -326,7 +334,9 @@ pub mod merritt {
 
     /// `QueueItem.unlock`.
     pub async fn unlock_batch(t: &dyn Tree, bid: &BatchId) {
-        t.delete(&format!("/batches/{bid}/lock"), None).await.unwrap();
+        t.delete(&format!("/batches/{bid}/lock"), None)
+            .await
+            .unwrap();
     }
 
     /// `Job.createJob(client, bid, priority, configuration, identifiers, metadata)`: the job
@@ -342,15 +352,28 @@ pub mod merritt {
         keep_lock: bool,
     ) -> JobId {
         let path = t
-            .create("/jobs/jid", Some(Vec::new()), CreateMode::PersistentSequential)
+            .create(
+                "/jobs/jid",
+                Some(Vec::new()),
+                CreateMode::PersistentSequential,
+            )
             .await
             .unwrap();
         let jid = JobId::parse(lading_core::tree::split_path(&path).1).unwrap();
-        t.create(&format!("{path}/lock"), Some(Vec::new()), CreateMode::Ephemeral)
-            .await
-            .unwrap();
+        t.create(
+            &format!("{path}/lock"),
+            Some(Vec::new()),
+            CreateMode::Ephemeral,
+        )
+        .await
+        .unwrap();
         create(t, &format!("{path}/bid"), Some(bid.as_str().into())).await;
-        create(t, &format!("{path}/priority"), Some(priority.to_string().into())).await;
+        create(
+            t,
+            &format!("{path}/priority"),
+            Some(priority.to_string().into()),
+        )
+        .await;
         create(t, &format!("{path}/space_needed"), Some("0".into())).await;
         create(t, &format!("{path}/configuration"), bytes(configuration)).await;
         if identifiers.as_object().is_some_and(|m| !m.is_empty()) {
@@ -367,7 +390,12 @@ pub mod merritt {
             create(t, &folder, Some(Vec::new())).await;
         }
         create(t, &format!("{folder}/{jid}"), Some(Vec::new())).await;
-        create(t, &format!("/jobs/states/pending/{priority:02}-{jid}"), Some(Vec::new())).await;
+        create(
+            t,
+            &format!("/jobs/states/pending/{priority:02}-{jid}"),
+            Some(Vec::new()),
+        )
+        .await;
         if !keep_lock {
             t.delete(&format!("{path}/lock"), None).await.unwrap();
         }
@@ -387,7 +415,11 @@ pub mod merritt {
     ) {
         // `Job.statusObject`: the old object with status and time replaced, and
         // last_successful_status set to the old status unless moving to Failed or Deleted.
-        let old = t.get(&format!("/jobs/{jid}/status")).await.unwrap().unwrap();
+        let old = t
+            .get(&format!("/jobs/{jid}/status"))
+            .await
+            .unwrap()
+            .unwrap();
         let mut status: Value = serde_json::from_slice(&old.data.unwrap()).unwrap();
         status["status"] = json!(to);
         status["last_modified"] = json!(NOW);
@@ -406,7 +438,12 @@ pub mod merritt {
         if t.exists(&folder).await.unwrap().is_none() {
             create(t, &folder, Some(Vec::new())).await;
         }
-        create(t, &format!("{folder}/{priority:02}-{jid}"), Some(Vec::new())).await;
+        create(
+            t,
+            &format!("{folder}/{priority:02}-{jid}"),
+            Some(Vec::new()),
+        )
+        .await;
         let sub = |s: &str| match s {
             "Completed" => "batch-completed",
             "Failed" => "batch-failed",
