@@ -1,4 +1,5 @@
-//! Storage and inventory locks as an operator sees them. Lading's are ephemeral (they end
+//! Per-object locks: storage and inventory locks on an ark (ephemeral, [`Engine::lock_storage`],
+//! [`Engine::lock_inventory`]), and locks as an operator sees them. Lading's are ephemeral (they end
 //! with the session that holds them); Merritt's `lockObjectStorage` and
 //! `lockObjectInventory` make persistent ones, which a crashed Merritt process leaves behind,
 //! blocking that object for good. They are listed, and an admin may clear one.
@@ -8,10 +9,12 @@
 //! lives. Lading never leaves a lock on a Held batch (its holds take and drop the lock in
 //! one `multi`), so a lock seen there is foreign: listed as kind `batch`, and clearable.
 
-use crate::{Engine, EngineError, Result};
+use crate::{ArkLock, Engine, EngineError, Result, lost};
 use lading_core::BatchState;
-use lading_core::TreeError;
-use lading_core::layout::{BatchId, INVENTORY_LOCKS, STORAGE_LOCKS, batch_node};
+use lading_core::layout::{
+    BatchId, INVENTORY_LOCKS, STORAGE_LOCKS, batch_node, inventory_lock, storage_lock,
+};
+use lading_core::{CreateMode, TreeError};
 use serde::Serialize;
 
 /// A lock left by another tool: a persistent storage or inventory lock, or a lock on a Held
@@ -119,6 +122,50 @@ impl Engine {
         };
         match self.tree.delete(&path, Some(stat.version)).await {
             Ok(()) | Err(TreeError::NoNode(_)) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+impl Engine {
+    pub(crate) async fn ark_lock(&self, path: String) -> Result<ArkLock> {
+        match self
+            .tree
+            .create(&path, self.lock_data(), CreateMode::Ephemeral)
+            .await
+        {
+            Ok(_) => Ok(ArkLock {
+                path,
+                session: self.tree.session_id(),
+            }),
+            Err(TreeError::NodeExists(p)) => Err(EngineError::Locked(p)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Takes `/locks/storage/ARK` (fails with `Locked` while another holds it).
+    pub async fn lock_storage(&self, ark: &str) -> Result<ArkLock> {
+        if ark.is_empty() {
+            return Err(EngineError::Invalid("empty ark".into()));
+        }
+        self.ark_lock(storage_lock(ark)).await
+    }
+
+    /// Takes `/locks/inventory/ARK`.
+    pub async fn lock_inventory(&self, ark: &str) -> Result<ArkLock> {
+        if ark.is_empty() {
+            return Err(EngineError::Invalid("empty ark".into()));
+        }
+        self.ark_lock(inventory_lock(ark)).await
+    }
+
+    pub async fn unlock_ark(&self, lock: ArkLock) -> Result<()> {
+        if lock.session != self.tree.session_id() {
+            return Err(lost(&lock.path));
+        }
+        match self.tree.delete(&lock.path, None).await {
+            Ok(()) => Ok(()),
+            Err(TreeError::NoNode(_)) => Err(lost(&lock.path)),
             Err(e) => Err(e.into()),
         }
     }

@@ -1,0 +1,395 @@
+//! Batches: creation, acquisition, waiting, leases and their transitions.
+
+use super::*;
+
+impl Engine {
+    /// Creates a Pending batch from a submission (SPEC §2 `submission` fields; a `batchID` uuid
+    /// is generated when missing and indexed under `/batch-uuids`).
+    pub async fn create_batch(&self, mut submission: Map<String, Value>) -> Result<BatchId> {
+        let uuid = match submission.get("batchID") {
+            Some(Value::String(s)) if !s.is_empty() => s.clone(),
+            None | Some(Value::Null) => uuid::Uuid::new_v4().to_string(),
+            Some(other) => {
+                return Err(EngineError::Invalid(format!(
+                    "batchID must be a string, got {other}"
+                )));
+            }
+        };
+        check_name("batch uuid", &uuid)?;
+        if self.tree.exists(&batch_uuid_path(&uuid)).await?.is_some() {
+            return Err(EngineError::Invalid(format!(
+                "a batch with batchID {uuid} already exists"
+            )));
+        }
+        submission.insert("batchID".into(), Value::String(uuid.clone()));
+        submission
+            .entry("submissionDate")
+            .or_insert_with(|| Value::String(self.now()));
+        let path = self
+            .tree
+            .create(BATCH_PREFIX, None, CreateMode::PersistentSequential)
+            .await?;
+        let bid = BatchId::parse(lading_core::tree::split_path(&path).1)?;
+        let status = BatchStatus {
+            status: BatchState::Pending,
+            last_modified: self.now(),
+            message: None,
+            extra: Map::new(),
+        };
+        let mut ops = vec![
+            Op::create(batch_node(&bid, "submission"), json_bytes(&submission)),
+            Op::create(batch_node(&bid, "status"), json_bytes(&status)),
+            Op::create(batch_uuid_path(&uuid), Some(bid.to_string().into_bytes())),
+        ];
+        if let Some(who) = submission.get("submitter").and_then(Value::as_str) {
+            // BATCH_SUBMITTERS itself is made by `init`.
+            let dir = submitter_batches(who);
+            self.ensure(&dir).await?;
+            ops.push(Op::create(format!("{dir}/{bid}"), None));
+        }
+        let r = self.tree.multi(ops).await;
+        if let Err(e) = r {
+            // Leave no empty shell behind.
+            let _ = self.tree.delete(&path, None).await;
+            if matches!(e.root(), TreeError::NodeExists(p) if p.starts_with(BATCH_UUIDS)) {
+                return Err(EngineError::Invalid(format!(
+                    "a batch with batchID {uuid} already exists"
+                )));
+            }
+            return Err(e.into());
+        }
+        self.publish(
+            "batch",
+            bid.as_str(),
+            None,
+            None,
+            BatchState::Pending.name(),
+        );
+        Ok(bid)
+    }
+
+    /// Acquires a batch in `state` (Pending, Reporting or UpdateReporting), oldest first. A
+    /// pending batch of a held collection is moved to Held instead of being returned; a paused
+    /// ingest queue hands out nothing.
+    pub async fn acquire_batch(&self, state: BatchState) -> Result<Option<BatchLease>> {
+        if self.queue_paused_watched("ingest").await? {
+            return Ok(None);
+        }
+        let holds = state == BatchState::Pending && self.any_collection_held().await?;
+        let mut after: Option<String> = None;
+        let mut live = Vec::new();
+        loop {
+            let page = self
+                .tree
+                .children_page(BATCHES, after.as_deref(), PAGE)
+                .await?;
+            let Some(last) = page.last().cloned() else {
+                *self.live_batches.lock().unwrap_or_else(|p| p.into_inner()) = live;
+                return Ok(None);
+            };
+            for name in &page {
+                let Ok(bid) = BatchId::parse(name) else {
+                    continue;
+                };
+                let known = self
+                    .terminal_batches
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&bid)
+                    .copied();
+                if known.is_some_and(|t| t != state) {
+                    continue;
+                }
+                let (status, version) = match self.batch_status(&bid).await {
+                    Ok(s) => s,
+                    Err(EngineError::NoBatch(_)) => {
+                        // Being created (its node comes first, its status in a second
+                        // `multi`): a waiter must watch for the status, or it would sleep
+                        // through the batch's arrival until the sweep.
+                        if live.len() < WAIT_BATCHES {
+                            live.push(bid.clone());
+                        }
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                if matches!(status.status, BatchState::Completed | BatchState::Deleted) {
+                    let mut t = self
+                        .terminal_batches
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner());
+                    if t.len() >= JOB_BATCHES_KEPT {
+                        t.clear();
+                    }
+                    t.insert(bid.clone(), status.status);
+                } else if live.len() < WAIT_BATCHES {
+                    live.push(bid.clone());
+                }
+                if status.status != state {
+                    continue;
+                }
+                let lock = batch_node(&bid, "lock");
+                let guard = Op::check(batch_node(&bid, "status"), Some(version));
+                if !self.take_lock(&lock, guard).await? {
+                    continue;
+                }
+                let lease = BatchLease {
+                    batch: bid.clone(),
+                    status,
+                    effects: Vec::new(),
+                    report: None,
+                    status_version: version,
+                    session: self.tree.session_id(),
+                };
+                if holds
+                    && let Some(c) = self.batch_collection(&bid).await?
+                    && self.collection_held(&c).await?
+                {
+                    self.batch_transition(
+                        lease,
+                        Event::To(BatchState::Held),
+                        Some(format!("collection {c} is held")),
+                    )
+                    .await?;
+                    continue;
+                }
+                return Ok(Some(lease));
+            }
+            after = Some(last);
+        }
+    }
+
+    /// Waits until a batch in `state` can be acquired, or `timeout` passes. Woken by new
+    /// batches, by status and lock changes of the live batches the last scan saw, and by the
+    /// ingest pause flag; a slow sweep backs them up.
+    pub async fn wait_batch(
+        &self,
+        state: BatchState,
+        timeout: Duration,
+    ) -> Result<Option<BatchLease>> {
+        self.wait_batch_or(state, timeout, std::future::pending())
+            .await
+    }
+
+    /// [`Engine::wait_batch`] that gives up when `cancel` completes (see
+    /// [`Engine::wait_job_or`]).
+    pub async fn wait_batch_or(
+        &self,
+        state: BatchState,
+        timeout: Duration,
+        cancel: impl std::future::Future<Output = ()>,
+    ) -> Result<Option<BatchLease>> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut cancel = std::pin::pin!(cancel);
+        loop {
+            let mut watches = vec![
+                self.tree.watch(BATCHES, WatchKind::Children).await?,
+                self.tree
+                    .watch(&queue_lock("ingest"), WatchKind::Data)
+                    .await?,
+            ];
+            let live = self
+                .live_batches
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            for bid in &live {
+                watches.push(
+                    self.tree
+                        .watch(&batch_node(bid, "status"), WatchKind::Data)
+                        .await?,
+                );
+                watches.push(
+                    self.tree
+                        .watch(&batch_node(bid, "lock"), WatchKind::Data)
+                        .await?,
+                );
+            }
+            let conflicts = self.local_conflicts.load(Ordering::Relaxed);
+            let unclaimed = self.unclaimed.notified();
+            let mut unclaimed = std::pin::pin!(unclaimed);
+            unclaimed.as_mut().enable();
+            if let Some(l) = self.acquire_batch(state).await? {
+                return Ok(Some(l));
+            }
+            let lost_locally = self.local_conflicts.load(Ordering::Relaxed) != conflicts;
+            // Batches the scan just found live but that were not watched yet.
+            let now_live = self
+                .live_batches
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            if now_live.iter().any(|b| !live.contains(b)) {
+                continue;
+            }
+            tokio::select! {
+                _ = any_of(watches) => {}
+                _ = &mut unclaimed, if lost_locally => {}
+                _ = &mut cancel => return Ok(None),
+                _ = tokio::time::sleep(SWEEP) => {}
+                _ = tokio::time::sleep_until(deadline) => return Ok(None),
+            }
+        }
+    }
+
+    pub(crate) fn check_batch_lease(&self, lease: &BatchLease) -> Result<()> {
+        if lease.session != self.tree.session_id() {
+            return Err(lost(lease.batch.as_str()));
+        }
+        Ok(())
+    }
+
+    /// Moves a leased batch and releases its lock. Pending → Processing creates the batch's
+    /// `states` folders (as Merritt does on acquisition) and then checks whether the batch is
+    /// already finished.
+    pub async fn batch_transition(
+        &self,
+        lease: BatchLease,
+        event: Event<BatchState>,
+        message: Option<String>,
+    ) -> Result<BatchStatus> {
+        let lock = batch_node(&lease.batch, "lock");
+        let r = self
+            .batch_transition_inner(&lease, event, message, false)
+            .await;
+        self.unclaim(&lock);
+        let (status, _) = r?;
+        if status.status == BatchState::Processing {
+            self.maybe_report(&lease.batch).await?;
+        }
+        Ok(status)
+    }
+
+    /// Like [`Engine::batch_transition`] but keeps the lock (e.g. intake failing a batch
+    /// goes Pending → Processing → Failed, and nobody may report it in between).
+    pub async fn batch_advance(
+        &self,
+        mut lease: BatchLease,
+        event: Event<BatchState>,
+        message: Option<String>,
+    ) -> Result<BatchLease> {
+        match self
+            .batch_transition_inner(&lease, event, message, true)
+            .await
+        {
+            Ok((status, version)) => {
+                lease.status = status;
+                lease.status_version = version;
+                lease.effects.clear();
+                lease.report = None;
+                Ok(lease)
+            }
+            Err(e) => {
+                self.unclaim(&batch_node(&lease.batch, "lock"));
+                Err(e)
+            }
+        }
+    }
+
+    pub(crate) async fn batch_transition_inner(
+        &self,
+        lease: &BatchLease,
+        event: Event<BatchState>,
+        message: Option<String>,
+        keep_lock: bool,
+    ) -> Result<(BatchStatus, i32)> {
+        self.check_batch_lease(lease)?;
+        let bid = &lease.batch;
+        let to = lease.status.status.resolve(event)?;
+        let mut status = lease.status.clone();
+        status.status = to;
+        status.last_modified = self.now();
+        status.message = message;
+        let lock = batch_node(bid, "lock");
+        let mut ops = vec![
+            Op::check(&lock, None),
+            Op::set(
+                batch_node(bid, "status"),
+                json_bytes(&status),
+                Some(lease.status_version),
+            ),
+        ];
+        ops.extend(self.states_ops(bid, to).await?);
+        if let Some(report) = &lease.report {
+            let path = batch_node(bid, "status-report");
+            let mut report = report.clone();
+            report.last_modified = self.now();
+            ops.push(if self.tree.exists(&path).await?.is_some() {
+                Op::set(&path, json_bytes(&report), None)
+            } else {
+                Op::create(&path, json_bytes(&report))
+            });
+        }
+        ops.extend(self.effect_ops(&lease.effects));
+        if !keep_lock {
+            ops.push(Op::delete(&lock, None));
+        }
+        if let Err(e) = self.tree.multi(ops).await {
+            if matches!(e.root(), TreeError::BadVersion { .. }) {
+                // Someone moved the batch under us (an admin requeue reopened it): the lock
+                // is still ours and must not outlive this failed move.
+                self.drop_own_lock(&lock).await;
+            }
+            return Err(self.lease_error(e, bid.as_str()));
+        }
+        self.publish(
+            "batch",
+            bid.as_str(),
+            None,
+            Some(lease.status.status.name()),
+            to.name(),
+        );
+        Ok((status, lease.status_version + 1))
+    }
+
+    /// Deletes `lock` if this session holds it (best effort: the session's end removes it
+    /// anyway).
+    pub(crate) async fn drop_own_lock(&self, lock: &str) {
+        if let Ok(Some(stat)) = self.tree.exists(lock).await
+            && stat.ephemeral_owner == self.tree.session_id()
+        {
+            let _ = self.tree.delete(lock, Some(stat.version)).await;
+        }
+    }
+
+    pub(crate) fn lease_error(&self, e: TreeError, what: &str) -> EngineError {
+        match (e.failed_op(), e.root()) {
+            (Some(_), TreeError::NoNode(p)) if p.ends_with("/lock") => lost(what),
+            (Some(_), TreeError::BadVersion { path, .. }) if path.ends_with("/status") => {
+                lost(what)
+            }
+            (_, TreeError::SessionExpired) => lost(what),
+            _ => e.into(),
+        }
+    }
+
+    /// Gives a batch back without moving it.
+    pub async fn release_batch_lease(&self, lease: BatchLease) -> Result<()> {
+        let lock = batch_node(&lease.batch, "lock");
+        self.unclaim(&lock);
+        self.check_batch_lease(&lease)?;
+        match self.tree.delete(&lock, None).await {
+            Ok(()) => Ok(()),
+            Err(TreeError::NoNode(_)) => Err(lost(lease.batch.as_str())),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The ops that give a batch moving to `to` its `states` folders when it has none. A batch
+    /// going Processing needs them for its jobs; Merritt takes any batch without `states` for
+    /// pending, so a held batch gets them too and Merritt's consumers leave it alone.
+    pub(crate) async fn states_ops(&self, bid: &BatchId, to: BatchState) -> Result<Vec<Op>> {
+        if !matches!(to, BatchState::Processing | BatchState::Held)
+            || self.tree.exists(&batch_states(bid)).await?.is_some()
+        {
+            return Ok(Vec::new());
+        }
+        let mut ops = vec![Op::create(batch_states(bid), None)];
+        ops.extend(
+            BATCH_FOLDERS
+                .iter()
+                .map(|f| Op::create(batch_ref_folder(bid, f), None)),
+        );
+        Ok(ops)
+    }
+}

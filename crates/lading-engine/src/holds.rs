@@ -1,0 +1,159 @@
+//! Holds and pauses: queue pause flags and collection holds, read through watched flags.
+
+use super::*;
+
+impl Engine {
+    /// A boolean read of the tree, remembered until a watch on `path` fires (or this engine
+    /// changes a flag itself). Costs no round trip while nothing changes.
+    pub(crate) async fn watched_flag<F>(&self, path: &str, kind: WatchKind, read: F) -> Result<bool>
+    where
+        F: std::future::Future<Output = Result<bool>>,
+    {
+        let key = format!("{kind:?}:{path}");
+        if let Some((v, fresh)) = self
+            .flags
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            && fresh.load(Ordering::SeqCst)
+        {
+            return Ok(*v);
+        }
+        let watch = self.tree.watch(path, kind).await?;
+        let value = read.await?;
+        let fresh = Arc::new(AtomicBool::new(true));
+        let f = fresh.clone();
+        tokio::spawn(async move {
+            watch.await;
+            f.store(false, Ordering::SeqCst);
+        });
+        self.flags
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, (value, fresh));
+        Ok(value)
+    }
+
+    pub(crate) async fn flag(&self, path: &str, on: bool) -> Result<bool> {
+        self.flags.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        let r = if on {
+            self.tree
+                .create(path, None, CreateMode::Persistent)
+                .await
+                .map(|_| ())
+        } else {
+            self.tree.delete(path, None).await
+        };
+        match r {
+            Ok(()) => Ok(true),
+            Err(TreeError::NodeExists(_)) | Err(TreeError::NoNode(_)) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Pauses a queue (`ingest`, `accessSmall`, `accessLarge`). Returns false if already paused.
+    pub async fn pause_queue(&self, name: &str) -> Result<bool> {
+        check_queue(name)?;
+        self.flag(&queue_lock(name), true).await
+    }
+
+    pub async fn resume_queue(&self, name: &str) -> Result<bool> {
+        check_queue(name)?;
+        self.flag(&queue_lock(name), false).await
+    }
+
+    /// Whether a queue is paused, read from the tree now.
+    pub async fn queue_paused(&self, name: &str) -> Result<bool> {
+        check_queue(name)?;
+        Ok(self.tree.exists(&queue_lock(name)).await?.is_some())
+    }
+
+    /// The same, as acquisition reads it: remembered under a watch, so another process's pause
+    /// takes effect here when its watch event arrives (milliseconds), at no round trip before.
+    pub(crate) async fn queue_paused_watched(&self, name: &str) -> Result<bool> {
+        check_queue(name)?;
+        let path = queue_lock(name);
+        self.watched_flag(&path, WatchKind::Data, async {
+            Ok(self.tree.exists(&path).await?.is_some())
+        })
+        .await
+    }
+
+    /// Holds a collection: its pending batches and jobs turn Held when next acquired.
+    pub async fn hold_collection(&self, name: &str) -> Result<bool> {
+        check_name("collection", name)?;
+        self.flag(&collection_lock(name), true).await
+    }
+
+    pub async fn collection_held(&self, name: &str) -> Result<bool> {
+        check_name("collection", name)?;
+        Ok(self.tree.exists(&collection_lock(name)).await?.is_some())
+    }
+
+    /// Releases a collection hold and puts every Held batch and job of that collection back to
+    /// Pending. Returns how many items were released.
+    pub async fn release_collection(&self, name: &str) -> Result<usize> {
+        check_name("collection", name)?;
+        self.flag(&collection_lock(name), false).await?;
+        let mut released = 0;
+        for b in self.batch_ids().await? {
+            let Ok((st, _)) = self.batch_status(&b).await else {
+                continue;
+            };
+            if st.status == BatchState::Held
+                && self.batch_collection(&b).await?.as_deref() == Some(name)
+            {
+                self.release_batch(&b).await?;
+                released += 1;
+            }
+        }
+        let mut after: Option<String> = None;
+        loop {
+            let page = self
+                .tree
+                .children_page(&job_state_folder(JobState::Held), after.as_deref(), PAGE)
+                .await?;
+            let Some(last) = page.last().cloned() else {
+                break;
+            };
+            for name_ref in &page {
+                let Some((_, job)) = parse_job_ref(name_ref) else {
+                    continue;
+                };
+                if self.job_collection(&job).await?.as_deref() == Some(name) {
+                    self.admin_job(&job, |p| p.apply(Event::To(JobState::Pending)))
+                        .await?;
+                    released += 1;
+                }
+            }
+            after = Some(last);
+        }
+        Ok(released)
+    }
+
+    pub(crate) async fn batch_collection(&self, batch: &BatchId) -> Result<Option<String>> {
+        let sub: Option<(Map<String, Value>, i32)> =
+            self.read_json(&batch_node(batch, "submission")).await?;
+        Ok(sub.and_then(|(m, _)| {
+            m.get("collection")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        }))
+    }
+
+    pub(crate) async fn job_collection(&self, job: &JobId) -> Result<Option<String>> {
+        Ok(self
+            .job_configuration(job)
+            .await?
+            .get("collection")
+            .and_then(Value::as_str)
+            .map(str::to_string))
+    }
+
+    pub(crate) async fn any_collection_held(&self) -> Result<bool> {
+        self.watched_flag(COLLECTION_LOCKS, WatchKind::Children, async {
+            Ok(self.tree.count_children(COLLECTION_LOCKS).await? > 0)
+        })
+        .await
+    }
+}

@@ -1,0 +1,360 @@
+//! Jobs: creation, acquisition in priority-then-age order, leases and waiting.
+
+use super::*;
+
+impl Engine {
+    /// Creates a Pending job in a batch the caller holds (batch intake).
+    pub async fn create_job(&self, lease: &BatchLease, spec: JobSpec) -> Result<JobId> {
+        self.check_batch_lease(lease)?;
+        let priority = spec.priority.unwrap_or(DEFAULT_PRIORITY);
+        check_priority(priority)?;
+        let bid = &lease.batch;
+        if self
+            .tree
+            .exists(&batch_ref_folder(bid, "batch-processing"))
+            .await?
+            .is_none()
+        {
+            // Intake creates jobs after the Processing move made the folders, or before it; make
+            // sure the folders exist without disturbing Merritt's "no states = pending" rule
+            // for batches nobody holds.
+            let mut ops = vec![Op::check(batch_node(bid, "lock"), None)];
+            if self.tree.exists(&batch_states(bid)).await?.is_none() {
+                ops.push(Op::create(batch_states(bid), None));
+            }
+            for f in BATCH_FOLDERS {
+                if self.tree.exists(&batch_ref_folder(bid, f)).await?.is_none() {
+                    ops.push(Op::create(batch_ref_folder(bid, f), None));
+                }
+            }
+            match self.tree.multi(ops).await {
+                Ok(_) => {}
+                // A concurrent create_job of the same intake made them first.
+                Err(e) if matches!(e.root(), TreeError::NodeExists(_)) => {}
+                Err(e) => return Err(self.lease_error(e, bid.as_str())),
+            }
+        }
+        let path = self
+            .tree
+            .create(JOB_PREFIX, None, CreateMode::PersistentSequential)
+            .await?;
+        let jid = JobId::parse(lading_core::tree::split_path(&path).1)?;
+        let status = JobStatus {
+            status: JobState::Pending,
+            last_successful_status: None,
+            last_modified: self.now(),
+            retry_count: 0,
+            message: None,
+            extra: Map::new(),
+        };
+        let ops = vec![
+            Op::check(batch_node(bid, "lock"), None),
+            Op::create(job_node(&jid, "bid"), Some(bid.to_string().into_bytes())),
+            Op::create(
+                job_node(&jid, "configuration"),
+                json_bytes(&spec.configuration),
+            ),
+            Op::create(job_node(&jid, "status"), json_bytes(&status)),
+            Op::create(
+                job_node(&jid, "priority"),
+                Some(priority.to_string().into_bytes()),
+            ),
+            Op::create(
+                job_node(&jid, "space_needed"),
+                Some(spec.space_needed.to_string().into_bytes()),
+            ),
+            Op::create(job_node(&jid, "identifiers"), json_bytes(&spec.identifiers)),
+            Op::create(job_node(&jid, "metadata"), json_bytes(&spec.metadata)),
+            Op::create(job_ref(JobState::Pending, priority, &jid), None),
+            Op::create(batch_ref(bid, "batch-processing", &jid), None),
+        ];
+        if let Err(e) = self.tree.multi(ops).await {
+            let _ = self.tree.delete(&path, None).await;
+            return Err(self.lease_error(e, bid.as_str()));
+        }
+        self.publish(
+            "job",
+            jid.as_str(),
+            Some(bid),
+            None,
+            JobState::Pending.name(),
+        );
+        Ok(jid)
+    }
+
+    /// Acquires the next job in `state`: lowest priority number first, then oldest. Reads the
+    /// head of the state folder a page at a time, so the cost does not grow with the queue.
+    /// In Pending, a job of a held collection is moved to Held instead of being returned; a
+    /// paused ingest queue hands out nothing.
+    pub async fn acquire_job(&self, state: JobState) -> Result<Option<JobLease>> {
+        let folder = job_state_folder(state);
+        let mut after: Option<String> = None;
+        let mut scanned = 0;
+        // Pause and holds are read only once there is something to take: an idle worker polling
+        // an empty state costs no round trip on a backend that caches its queues.
+        let mut holds = None;
+        while scanned < MAX_SCAN {
+            let page = self
+                .tree
+                .children_page(&folder, after.as_deref(), PAGE)
+                .await?;
+            let Some(last) = page.last().cloned() else {
+                return Ok(None);
+            };
+            let holds = match holds {
+                Some(h) => h,
+                None => {
+                    if self.queue_paused_watched("ingest").await? {
+                        return Ok(None);
+                    }
+                    let h = state == JobState::Pending && self.any_collection_held().await?;
+                    holds = Some(h);
+                    h
+                }
+            };
+            // Jobs found locked by others a moment ago go last: tried only when nothing else
+            // is free, so a lock that has just gone is still found.
+            let (mut names, busy): (Vec<&String>, Vec<&String>) = page
+                .iter()
+                .filter(|n| !self.is_deferred(&folder, n))
+                .partition(|n| !self.is_busy(&folder, n));
+            // Deferred jobs (parked for a quota slot, waiting to retry) are passed over in
+            // memory and do not count: thousands of them never hide a due job behind them.
+            scanned += names.len() + busy.len();
+            // At most one of them per call, the one found locked longest ago: every such job
+            // is still tried in turn, without a burst of refused writes.
+            let busy = busy.into_iter().min_by_key(|n| self.busy_since(&folder, n));
+            let free = names.len();
+            names.extend(busy);
+            // Once this process has met other workers at the head of a queue, it spreads its
+            // picks from the start; a lone worker takes strictly the head.
+            let mut contended = self.contended_lately(&folder);
+            for i in 0..names.len() {
+                if contended && i < free {
+                    let j = i + spread_pick(&names[i..free]);
+                    names.swap(i, j);
+                }
+                let name = names[i];
+                let Some((priority, jid)) = parse_job_ref(name) else {
+                    continue;
+                };
+                let lock = job_node(&jid, "lock");
+                if !self
+                    .take_lock(&lock, Op::check(join(&folder, name), None))
+                    .await?
+                {
+                    self.mark_busy(&folder, name);
+                    contended = true;
+                    continue;
+                }
+                if let Some(lease) = self
+                    .lease_locked(&folder, name, &jid, priority, state, holds)
+                    .await?
+                {
+                    return Ok(Some(lease));
+                }
+            }
+            after = Some(last);
+        }
+        Ok(None)
+    }
+
+    /// The lease of job `jid`, referenced as `name` in `folder`, once its lock is taken; or
+    /// `None` when it is not to be worked on now, and the caller tries another: deferred (its
+    /// retry time has not come; the lock is given back) or moved to Held (`holds`: some
+    /// collection is held, and it is the job's).
+    pub(crate) async fn lease_locked(
+        &self,
+        folder: &str,
+        name: &str,
+        jid: &JobId,
+        priority: u8,
+        state: JobState,
+        holds: bool,
+    ) -> Result<Option<JobLease>> {
+        let lease = match self.load_lease(jid, priority, state).await {
+            Ok(l) => l,
+            Err(e) => {
+                let lock = job_node(jid, "lock");
+                let _ = self.tree.delete(&lock, None).await;
+                self.unclaim(&lock);
+                return Err(e);
+            }
+        };
+        if let Some(at) = retry_at(&lease.status)
+            && at > self.clock.now_ms()
+        {
+            // Deferred by a worker after a transient error: not due yet.
+            self.mark_deferred(folder, name, at);
+            self.release_job_lease(lease).await?;
+            return Ok(None);
+        }
+        if holds
+            && let Some(c) = self.job_collection(jid).await?
+            && self.collection_held(&c).await?
+        {
+            self.job_transition(
+                lease,
+                Event::To(JobState::Held),
+                Some(format!("collection {c} is held")),
+            )
+            .await?;
+            return Ok(None);
+        }
+        Ok(Some(lease))
+    }
+
+    /// A job this process could lock next in the first of `states` that has one free, read
+    /// from memory on a backend that caches its queues, and claimed locally so no local
+    /// worker tries it too. `None` when the queue is paused or nothing is free; Pending is
+    /// passed over while a collection is held (a full acquisition moves such jobs to Held).
+    pub(crate) async fn claim_next(&self, states: &[JobState]) -> Result<Option<Candidate>> {
+        let mut checked_pause = false;
+        for &state in states {
+            let folder = job_state_folder(state);
+            let page = self.tree.children_page(&folder, None, 2 * SPREAD).await?;
+            if page.is_empty() {
+                continue;
+            }
+            if !checked_pause {
+                if self.queue_paused_watched("ingest").await? {
+                    return Ok(None);
+                }
+                checked_pause = true;
+            }
+            if state == JobState::Pending && self.any_collection_held().await? {
+                continue;
+            }
+            // Only as many as a pick spreads over are looked at.
+            let free: Vec<&String> = page
+                .iter()
+                .filter(|n| !self.is_deferred(&folder, n) && !self.is_busy(&folder, n))
+                .take(SPREAD)
+                .collect();
+            let start = if self.contended_lately(&folder) {
+                spread_pick(&free)
+            } else {
+                0
+            };
+            let ordered = free[start..].iter().chain(&free[..start]);
+            for name in ordered {
+                let Some((priority, jid)) = parse_job_ref(name) else {
+                    continue;
+                };
+                let lock = job_node(&jid, "lock");
+                if self.claim(&lock) {
+                    return Ok(Some(Candidate {
+                        reference: join(&folder, name),
+                        name: name.to_string(),
+                        folder,
+                        lock,
+                        priority,
+                        jid,
+                        state,
+                    }));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    pub(crate) async fn load_lease(
+        &self,
+        jid: &JobId,
+        priority: u8,
+        state: JobState,
+    ) -> Result<JobLease> {
+        let (status, version) = self.job_status(jid).await?;
+        if status.status != state {
+            return Err(EngineError::Corrupt {
+                path: job_node(jid, "status"),
+                reason: format!(
+                    "status says {} but the job is referenced under {}",
+                    status.status,
+                    state.node_name()
+                ),
+            });
+        }
+        Ok(JobLease {
+            failure_kind: None,
+            effects: Vec::new(),
+            batch: self.job_batch(jid).await?,
+            job: jid.clone(),
+            status,
+            priority,
+            status_version: version,
+            session: self.tree.session_id(),
+        })
+    }
+
+    /// Waits until a job in `state` can be acquired, or `timeout` passes. Woken by changes to
+    /// the state folder (and to the ingest pause flag), not by polling.
+    pub async fn wait_job(&self, state: JobState, timeout: Duration) -> Result<Option<JobLease>> {
+        self.wait_job_or(state, timeout, std::future::pending())
+            .await
+    }
+
+    /// [`Engine::wait_job`] that also gives up (`Ok(None)`) when `cancel` completes. Cancel
+    /// this way rather than by dropping the future: `cancel` is only looked at while waiting,
+    /// never in the middle of taking a lock, so nothing is left claimed or locked.
+    pub async fn wait_job_or(
+        &self,
+        state: JobState,
+        timeout: Duration,
+        cancel: impl std::future::Future<Output = ()>,
+    ) -> Result<Option<JobLease>> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut cancel = std::pin::pin!(cancel);
+        loop {
+            let folder_watch = self
+                .tree
+                .watch(&job_state_folder(state), WatchKind::Children)
+                .await?;
+            let pause_watch = self
+                .tree
+                .watch(&queue_lock("ingest"), WatchKind::Data)
+                .await?;
+            let conflicts = self.local_conflicts.load(Ordering::Relaxed);
+            let unclaimed = self.unclaimed.notified();
+            let mut unclaimed = std::pin::pin!(unclaimed);
+            unclaimed.as_mut().enable();
+            if let Some(l) = self.acquire_job(state).await? {
+                return Ok(Some(l));
+            }
+            let lost_locally = self.local_conflicts.load(Ordering::Relaxed) != conflicts;
+            // Jobs that are there but locked become free when their lock goes (a worker
+            // released it, or its session expired): watch those locks too.
+            let mut lock_watches = Vec::new();
+            for name in self.busy_names(&job_state_folder(state), WAIT_LOCKS) {
+                if let Some((_, jid)) = parse_job_ref(&name) {
+                    lock_watches.push(
+                        self.tree
+                            .watch(&job_node(&jid, "lock"), WatchKind::Data)
+                            .await?,
+                    );
+                }
+            }
+            let any_lock = any_of(lock_watches);
+            let due = self.next_due().unwrap_or(SWEEP).min(SWEEP);
+            tokio::select! {
+                _ = folder_watch => {}
+                _ = pause_watch => {}
+                _ = any_lock => {}
+                _ = &mut unclaimed, if lost_locally => {}
+                // A job deferred after a transient error becomes due.
+                _ = tokio::time::sleep(due) => {}
+                _ = &mut cancel => return Ok(None),
+                // The safety net: a slow sweep, should a wake-up ever be missed.
+                _ = tokio::time::sleep(SWEEP) => {}
+                _ = tokio::time::sleep_until(deadline) => return Ok(None),
+            }
+        }
+    }
+
+    pub(crate) fn check_job_lease(&self, lease: &JobLease) -> Result<()> {
+        if lease.session != self.tree.session_id() {
+            return Err(lost(lease.job.as_str()));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,339 @@
+//! Reading jobs and batches: typed reads of their nodes, listings and counts.
+
+use super::*;
+
+impl Engine {
+    pub(crate) async fn read_json<T: DeserializeOwned>(
+        &self,
+        path: &str,
+    ) -> Result<Option<(T, i32)>> {
+        let Some(node) = self.tree.get(path).await? else {
+            return Ok(None);
+        };
+        let bytes = node.data.unwrap_or_default();
+        let v = serde_json::from_slice(&bytes).map_err(|e| EngineError::Corrupt {
+            path: path.to_string(),
+            reason: format!("invalid JSON: {e}"),
+        })?;
+        Ok(Some((v, node.stat.version)))
+    }
+
+    pub(crate) async fn read_string(&self, path: &str) -> Result<Option<String>> {
+        let Some(node) = self.tree.get(path).await? else {
+            return Ok(None);
+        };
+        String::from_utf8(node.data.unwrap_or_default())
+            .map(|s| Some(s.trim().to_string()))
+            .map_err(|_| EngineError::Corrupt {
+                path: path.into(),
+                reason: "not UTF-8 text".into(),
+            })
+    }
+
+    pub(crate) async fn read_u64(&self, path: &str) -> Result<Option<u64>> {
+        match self.read_string(path).await? {
+            None => Ok(None),
+            Some(s) if s.is_empty() => Ok(Some(0)),
+            Some(s) => s.parse().map(Some).map_err(|_| EngineError::Corrupt {
+                path: path.into(),
+                reason: format!("not a decimal integer: {s:?}"),
+            }),
+        }
+    }
+
+    pub(crate) async fn job_status(&self, job: &JobId) -> Result<(JobStatus, i32)> {
+        self.read_json(&job_node(job, "status"))
+            .await?
+            .ok_or_else(|| EngineError::NoJob(job.to_string()))
+    }
+
+    pub(crate) async fn job_priority(&self, job: &JobId) -> Result<u8> {
+        let p = self
+            .read_u64(&job_node(job, "priority"))
+            .await?
+            .unwrap_or(DEFAULT_PRIORITY as u64);
+        u8::try_from(p)
+            .ok()
+            .filter(|p| *p <= 99)
+            .ok_or_else(|| EngineError::Corrupt {
+                path: job_node(job, "priority"),
+                reason: format!("priority {p} is outside 0..=99"),
+            })
+    }
+
+    pub(crate) async fn job_batch(&self, job: &JobId) -> Result<BatchId> {
+        let known = self
+            .job_batches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(job)
+            .cloned();
+        if let Some(b) = known {
+            return Ok(b);
+        }
+        let path = job_node(job, "bid");
+        let s = self
+            .read_string(&path)
+            .await?
+            .ok_or_else(|| EngineError::NoJob(job.to_string()))?;
+        let bid = BatchId::parse(&s).map_err(|e| EngineError::Corrupt {
+            path,
+            reason: e.to_string(),
+        })?;
+        let mut cache = self.job_batches.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= JOB_BATCHES_KEPT {
+            cache.clear();
+        }
+        cache.insert(job.clone(), bid.clone());
+        Ok(bid)
+    }
+
+    pub(crate) async fn batch_status(&self, batch: &BatchId) -> Result<(BatchStatus, i32)> {
+        self.read_json(&batch_node(batch, "status"))
+            .await?
+            .ok_or_else(|| EngineError::NoBatch(batch.to_string()))
+    }
+
+    /// A job's full record, read as one snapshot.
+    pub async fn job(&self, job: &JobId) -> Result<JobInfo> {
+        let names = [
+            "status",
+            "bid",
+            "priority",
+            "space_needed",
+            "configuration",
+            "identifiers",
+            "metadata",
+            "lock",
+        ];
+        let paths: Vec<String> = names.iter().map(|n| job_node(job, n)).collect();
+        let nodes = self.tree.get_many(&paths).await?;
+        let text = |i: usize| -> Result<Option<String>> {
+            match &nodes[i] {
+                None => Ok(None),
+                Some(n) => String::from_utf8(n.data.clone().unwrap_or_default())
+                    .map(|s| Some(s.trim().to_string()))
+                    .map_err(|_| EngineError::Corrupt {
+                        path: paths[i].clone(),
+                        reason: "not UTF-8 text".into(),
+                    }),
+            }
+        };
+        let json = |i: usize| -> Result<Option<Value>> {
+            match &nodes[i] {
+                None => Ok(None),
+                Some(n) => serde_json::from_slice(n.data.as_deref().unwrap_or_default())
+                    .map(Some)
+                    .map_err(|e| EngineError::Corrupt {
+                        path: paths[i].clone(),
+                        reason: format!("invalid JSON: {e}"),
+                    }),
+            }
+        };
+        let number = |i: usize| -> Result<Option<u64>> {
+            match text(i)? {
+                None => Ok(None),
+                Some(s) if s.is_empty() => Ok(Some(0)),
+                Some(s) => s.parse().map(Some).map_err(|_| EngineError::Corrupt {
+                    path: paths[i].clone(),
+                    reason: format!("not a decimal integer: {s:?}"),
+                }),
+            }
+        };
+        let status: JobStatus = match json(0)? {
+            None => return Err(EngineError::NoJob(job.to_string())),
+            Some(v) => serde_json::from_value(v).map_err(|e| EngineError::Corrupt {
+                path: paths[0].clone(),
+                reason: format!("invalid JSON: {e}"),
+            })?,
+        };
+        let bid = text(1)?.ok_or_else(|| EngineError::NoJob(job.to_string()))?;
+        BatchId::parse(&bid).map_err(|e| EngineError::Corrupt {
+            path: paths[1].clone(),
+            reason: e.to_string(),
+        })?;
+        let p = number(2)?.unwrap_or(DEFAULT_PRIORITY as u64);
+        let priority =
+            u8::try_from(p)
+                .ok()
+                .filter(|p| *p <= 99)
+                .ok_or_else(|| EngineError::Corrupt {
+                    path: paths[2].clone(),
+                    reason: format!("priority {p} is outside 0..=99"),
+                })?;
+        Ok(JobInfo {
+            id: job.to_string(),
+            bid,
+            status,
+            priority,
+            space_needed: number(3)?.unwrap_or(0),
+            configuration: json(4)?.unwrap_or(Value::Null),
+            identifiers: json(5)?.unwrap_or(Value::Null),
+            metadata: json(6)?.unwrap_or(Value::Null),
+            locked: nodes[7].is_some(),
+        })
+    }
+
+    /// A job's `configuration` node.
+    pub async fn job_configuration(&self, job: &JobId) -> Result<Map<String, Value>> {
+        Ok(self
+            .read_json(&job_node(job, "configuration"))
+            .await?
+            .map(|(v, _)| v)
+            .unwrap_or_default())
+    }
+
+    /// A batch's full record.
+    pub async fn batch(&self, batch: &BatchId) -> Result<BatchInfo> {
+        let (status, _) = self.batch_status(batch).await?;
+        let submission = self
+            .read_json(&batch_node(batch, "submission"))
+            .await?
+            .map(|(v, _)| v)
+            .unwrap_or(Value::Null);
+        let status_report = self
+            .read_json(&batch_node(batch, "status-report"))
+            .await?
+            .map(|(v, _)| v);
+        let mut jobs = BTreeMap::new();
+        for folder in BATCH_FOLDERS {
+            match self.tree.children(&batch_ref_folder(batch, folder)).await {
+                Ok(c) => {
+                    jobs.insert(folder.to_string(), c);
+                }
+                Err(TreeError::NoNode(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let locked = self
+            .tree
+            .exists(&batch_node(batch, "lock"))
+            .await?
+            .is_some();
+        Ok(BatchInfo {
+            id: batch.to_string(),
+            status,
+            submission,
+            status_report,
+            jobs,
+            locked,
+        })
+    }
+
+    /// Finds a batch by the uuid in its submission.
+    pub async fn batch_by_uuid(&self, uuid: &str) -> Result<Option<BatchId>> {
+        layout::check_name("batch uuid", uuid)?;
+        match self.read_string(&batch_uuid_path(uuid)).await? {
+            None => Ok(None),
+            Some(s) => BatchId::parse(&s)
+                .map(Some)
+                .map_err(|e| EngineError::Corrupt {
+                    path: batch_uuid_path(uuid),
+                    reason: e.to_string(),
+                }),
+        }
+    }
+
+    /// Number of jobs per state (from the state folders; one count each).
+    pub async fn job_counts(&self) -> Result<BTreeMap<JobState, u64>> {
+        let mut out = BTreeMap::new();
+        for s in JobState::ALL {
+            let n = match self.tree.count_children(&job_state_folder(*s)).await {
+                Ok(n) => n,
+                Err(TreeError::NoNode(_)) => 0,
+                Err(e) => return Err(e.into()),
+            };
+            out.insert(*s, n);
+        }
+        Ok(out)
+    }
+
+    /// Jobs in a state, in acquisition order, a page at a time: (priority, id).
+    pub async fn list_jobs(
+        &self,
+        state: JobState,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(u8, JobId)>> {
+        let names = self
+            .tree
+            .children_page(&job_state_folder(state), after, limit)
+            .await?;
+        Ok(names.iter().filter_map(|n| parse_job_ref(n)).collect())
+    }
+
+    /// All batch ids, in creation order.
+    pub async fn batch_ids(&self) -> Result<Vec<BatchId>> {
+        Ok(self
+            .tree
+            .children(BATCHES)
+            .await?
+            .iter()
+            .filter_map(|n| BatchId::parse(n).ok())
+            .collect())
+    }
+
+    /// Removes submitter-index entries whose batch is gone: another tool (Merritt's
+    /// `Batch.deleteCompletedBatches`) deleted the batch without knowing Lading's index. An
+    /// entry is made in the same `multi` as its batch's submission, so a missing batch is a
+    /// deleted one. Returns how many entries went.
+    pub async fn prune_submitter_index(&self) -> Result<usize> {
+        let mut pruned = 0;
+        let submitters = match self.tree.children(BATCH_SUBMITTERS).await {
+            Ok(s) => s,
+            Err(TreeError::NoNode(_)) => return Ok(0),
+            Err(e) => return Err(e.into()),
+        };
+        for who in submitters {
+            let dir = format!("{BATCH_SUBMITTERS}/{who}");
+            let entries = match self.tree.children(&dir).await {
+                Ok(e) => e,
+                Err(TreeError::NoNode(_)) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            for name in entries {
+                let Ok(bid) = BatchId::parse(&name) else {
+                    continue;
+                };
+                if self.tree.exists(&batch_path(&bid)).await?.is_none() {
+                    match self.tree.delete(&format!("{dir}/{name}"), None).await {
+                        Ok(()) => pruned += 1,
+                        Err(TreeError::NoNode(_)) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+        }
+        Ok(pruned)
+    }
+
+    /// The ids of the batches `submitter` submitted, in creation order (reads only those).
+    pub async fn batch_ids_of(&self, submitter: &str) -> Result<Vec<BatchId>> {
+        let mut ids: Vec<BatchId> = self
+            .tree
+            .children(&submitter_batches(submitter))
+            .await
+            .or_else(|e| match e {
+                TreeError::NoNode(_) => Ok(Vec::new()),
+                e => Err(e),
+            })?
+            .iter()
+            .filter_map(|n| BatchId::parse(n).ok())
+            .collect();
+        ids.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        Ok(ids)
+    }
+
+    /// Batch states with their number of batches (reads every batch status).
+    pub async fn batch_counts(&self) -> Result<BTreeMap<BatchState, u64>> {
+        let mut out: BTreeMap<BatchState, u64> = BatchState::ALL.iter().map(|s| (*s, 0)).collect();
+        for b in self.batch_ids().await? {
+            match self.batch_status(&b).await {
+                Ok((s, _)) => *out.entry(s.status).or_default() += 1,
+                Err(EngineError::NoBatch(_)) => {} // being created or purged
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+}

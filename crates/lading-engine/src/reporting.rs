@@ -1,0 +1,199 @@
+//! Reporting: the status report, and noticing batches whose last job has finished
+//! (whoever moved it).
+
+use super::*;
+
+impl Engine {
+    /// Writes `/batches/BID/status-report` under the batch lease.
+    pub async fn write_status_report(
+        &self,
+        lease: &BatchLease,
+        report: &StatusReport,
+    ) -> Result<()> {
+        self.check_batch_lease(lease)?;
+        let path = batch_node(&lease.batch, "status-report");
+        let mut report = report.clone();
+        report.last_modified = self.now();
+        let write = if self.tree.exists(&path).await?.is_some() {
+            Op::set(&path, json_bytes(&report), None)
+        } else {
+            Op::create(&path, json_bytes(&report))
+        };
+        self.tree
+            .multi(vec![
+                Op::check(batch_node(&lease.batch, "lock"), None),
+                write,
+            ])
+            .await
+            .map_err(|e| self.lease_error(e, lease.batch.as_str()))?;
+        Ok(())
+    }
+
+    /// The completed and failed jobs of a batch, as a report.
+    pub async fn build_report(&self, batch: &BatchId) -> Result<StatusReport> {
+        let list = |f: &'static str| async move {
+            match self.tree.children(&batch_ref_folder(batch, f)).await {
+                Ok(c) => Ok(c),
+                Err(TreeError::NoNode(_)) => Ok(vec![]),
+                Err(e) => Err(EngineError::from(e)),
+            }
+        };
+        Ok(StatusReport {
+            last_modified: self.now(),
+            completed_jobs: list("batch-completed").await?,
+            failed_jobs: list("batch-failed").await?,
+            extra: Map::new(),
+        })
+    }
+
+    /// Moves the batch to Reporting if it is Processing and its last job has left
+    /// `batch-processing`. Safe to call any number of times, from anywhere: exactly one caller
+    /// wins. Returns whether this call moved it.
+    pub async fn maybe_report(&self, batch: &BatchId) -> Result<bool> {
+        for _ in 0..MAX_OPTIMISTIC {
+            let (status, version) = match self.batch_status(batch).await {
+                Ok(s) => s,
+                Err(EngineError::NoBatch(_)) => return Ok(false),
+                Err(e) => return Err(e),
+            };
+            if status.status != BatchState::Processing {
+                return Ok(false);
+            }
+            // One child is enough to know it is not empty; a count would cost the batch size.
+            match self
+                .tree
+                .children_page(&batch_ref_folder(batch, "batch-processing"), None, 1)
+                .await
+            {
+                Ok(c) if c.is_empty() => {}
+                Ok(_) | Err(TreeError::NoNode(_)) => return Ok(false),
+                Err(e) => return Err(e.into()),
+            }
+            let mut next = status.clone();
+            next.status = BatchState::Reporting;
+            next.last_modified = self.now();
+            next.message = None;
+            let lock = batch_node(batch, "lock");
+            let r = self
+                .tree
+                .multi(vec![
+                    Op::create_mode(&lock, None, CreateMode::Ephemeral),
+                    Op::set(
+                        batch_node(batch, "status"),
+                        json_bytes(&next),
+                        Some(version),
+                    ),
+                    Op::delete(&lock, None),
+                ])
+                .await;
+            match r {
+                Ok(_) => {
+                    self.publish(
+                        "batch",
+                        batch.as_str(),
+                        None,
+                        Some(BatchState::Processing.name()),
+                        BatchState::Reporting.name(),
+                    );
+                    return Ok(true);
+                }
+                // Someone holds the batch: they will check again when they let go.
+                Err(e) if matches!(e.root(), TreeError::NodeExists(_)) => return Ok(false),
+                Err(e) if matches!(e.root(), TreeError::BadVersion { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(EngineError::Conflict(batch.to_string()))
+    }
+
+    /// Runs [`Engine::maybe_report`] over every Processing batch: the safety net for a worker
+    /// that crashed between a job's last transition and the batch check.
+    pub async fn sweep_reporting(&self) -> Result<usize> {
+        let mut moved = 0;
+        for b in self.batch_ids().await? {
+            if self.maybe_report(&b).await? {
+                moved += 1;
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Waits until a job leaves `batch-processing` of some Processing batch (whoever moved it:
+    /// this process, another, or another tool such as Merritt's own library), or a batch is
+    /// added, or `timeout` passes; then moves every such batch that has finished to
+    /// Reporting. Returns how many it moved. Watches at most [`WATCH_PROCESSING`] batches;
+    /// [`Engine::sweep_reporting`] remains the net for the rest.
+    pub async fn watch_finishing_batches(&self, timeout: Duration) -> Result<usize> {
+        let mut processing = Vec::new();
+        let mut watches = vec![self.tree.watch(BATCHES, WatchKind::Children).await?];
+        for b in self.batch_ids().await?.into_iter().rev() {
+            if processing.len() >= WATCH_PROCESSING {
+                break;
+            }
+            if self
+                .terminal_batches
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains_key(&b)
+            {
+                continue;
+            }
+            match self.batch_status(&b).await {
+                Ok((st, _)) if st.status == BatchState::Processing => {}
+                Ok(_) | Err(EngineError::NoBatch(_)) => continue,
+                Err(e) => return Err(e),
+            }
+            let folder = batch_ref_folder(&b, "batch-processing");
+            match self.tree.watch(&folder, WatchKind::Children).await {
+                Ok(w) => watches.push(w),
+                Err(TreeError::NoNode(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+            processing.push(b);
+        }
+        // Finished before the watch was set: caught now.
+        let mut moved = 0;
+        for b in &processing {
+            if self.maybe_report(b).await? {
+                moved += 1;
+            }
+        }
+        if moved > 0 {
+            return Ok(moved);
+        }
+        let _ = tokio::time::timeout(timeout, any_of(watches)).await;
+        for b in &processing {
+            if self.maybe_report(b).await? {
+                moved += 1;
+            }
+        }
+        Ok(moved)
+    }
+
+    /// The message of a Failed batch after one of its jobs moves from the reference folder
+    /// `from` to `to`: the counts as they will be, and whether an update report is due.
+    pub(crate) async fn batch_counts_message(
+        &self,
+        batch: &BatchId,
+        from: &str,
+        to: &str,
+    ) -> Result<String> {
+        let mut n = [0usize; 3];
+        for (i, f) in ["batch-completed", "batch-failed", "batch-deleted"]
+            .into_iter()
+            .enumerate()
+        {
+            let c = match self.tree.count_children(&batch_ref_folder(batch, f)).await {
+                Ok(c) => c as usize,
+                Err(TreeError::NoNode(_)) => 0,
+                Err(e) => return Err(e.into()),
+            };
+            n[i] = c + usize::from(f == to) - usize::from(f == from && c > 0);
+        }
+        let mut m = batch_summary(n[0], n[1], n[2]);
+        if n[1] == 0 {
+            m.push_str(": an update report is due");
+        }
+        Ok(m)
+    }
+}
