@@ -74,6 +74,59 @@ impl Engine {
 
     /// Acquires the oldest Pending request of a queue (nothing while the queue is paused).
     pub async fn acquire_access(&self, queue: AccessQueue) -> Result<Option<AccessLease>> {
+        self.acquire_access_noting(queue, &mut Vec::new()).await
+    }
+
+    /// Waits until a request of `queue` can be taken, or `timeout` passes. Woken by new
+    /// requests, by the queue's pause flag, and by the status of a request still being made
+    /// (its node and its status are two commits, so a new request is seen before it can be
+    /// taken).
+    pub async fn wait_access(
+        &self,
+        queue: AccessQueue,
+        timeout: Duration,
+    ) -> Result<Option<AccessLease>> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let mut watches = vec![
+                self.tree
+                    .watch(&access_folder(queue), WatchKind::Children)
+                    .await?,
+                self.tree
+                    .watch(&queue_lock(queue.lock_name()), WatchKind::Data)
+                    .await?,
+            ];
+            let mut unmade = Vec::new();
+            if let Some(lease) = self.acquire_access_noting(queue, &mut unmade).await? {
+                return Ok(Some(lease));
+            }
+            for path in unmade {
+                watches.push(self.tree.watch(&path, WatchKind::Data).await?);
+                // Made between the scan and the watch: look again at once.
+                if self.tree.exists(&path).await?.is_some() {
+                    watches.clear();
+                    break;
+                }
+            }
+            if watches.is_empty() {
+                continue;
+            }
+            if tokio::time::timeout_at(deadline, any_of(watches))
+                .await
+                .is_err()
+            {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// [`Engine::acquire_access`], noting in `unmade` the status paths of requests whose
+    /// status is not written yet.
+    async fn acquire_access_noting(
+        &self,
+        queue: AccessQueue,
+        unmade: &mut Vec<String>,
+    ) -> Result<Option<AccessLease>> {
         if self.queue_paused_watched(queue.lock_name()).await? {
             return Ok(None);
         }
@@ -95,6 +148,7 @@ impl Engine {
                     .read_json::<AccessStatus>(&format!("{path}/status"))
                     .await?
                 else {
+                    unmade.push(format!("{path}/status"));
                     continue;
                 };
                 if status.status != AccessState::Pending {

@@ -17,8 +17,8 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use lading_core::layout::{AccessId, AccessQueue, access_folder, queue_lock};
-use lading_core::{AccessState, Event, WatchKind};
+use lading_core::layout::{AccessId, AccessQueue};
+use lading_core::{AccessState, Event};
 use lading_engine::{AccessLease, EngineError};
 use lading_ingest::Ingest;
 use serde::Deserialize;
@@ -269,19 +269,11 @@ pub async fn run_worker(
         if *stop.borrow() {
             return;
         }
-        let watches = async {
-            let a = e
-                .tree()
-                .watch(&access_folder(queue), WatchKind::Children)
-                .await;
-            let b = e
-                .tree()
-                .watch(&queue_lock(queue.lock_name()), WatchKind::Data)
-                .await;
-            (a, b)
-        }
-        .await;
-        match e.acquire_access(queue).await {
+        let got = tokio::select! {
+            r = e.wait_access(queue, Duration::from_secs(10)) => r,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        match got {
             Ok(Some(lease)) => {
                 let r = async {
                     let lease = e.access_advance(lease, Event::Success).await?;
@@ -296,17 +288,15 @@ pub async fn run_worker(
                 if let Err(err) = r {
                     tracing::warn!(queue = queue.name(), "access request: {err}");
                 }
-                continue;
             }
             Ok(None) => {}
-            Err(err) => tracing::warn!(queue = queue.name(), "access queue: {err}"),
-        }
-        let (a, b) = watches;
-        tokio::select! {
-            _ = async { if let Ok(w) = a { w.await } else { std::future::pending().await } } => {}
-            _ = async { if let Ok(w) = b { w.await } else { std::future::pending().await } } => {}
-            _ = stop.wait_for(|s| *s) => return,
-            _ = tokio::time::sleep(Duration::from_secs(10)) => {}
+            Err(err) => {
+                tracing::warn!(queue = queue.name(), "access queue: {err}");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+            }
         }
     }
 }

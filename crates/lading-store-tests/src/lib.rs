@@ -2105,6 +2105,54 @@ pub async fn merritt_access_requests_are_left_to_merritt(h: &dyn Harness) {
     assert!(!info.locked);
 }
 
+/// A request's node and its status are two commits: a waiting access worker that saw the
+/// node first is woken by the status, not by a timer.
+pub async fn access_waiter_is_woken_by_a_request_still_being_made(h: &dyn Harness) {
+    let (e, s) = engine(h, "w").await;
+    let path = s
+        .tree
+        .create(
+            &format!("{}/qid", access_folder(AccessQueue::Small)),
+            None,
+            CreateMode::PersistentSequential,
+        )
+        .await
+        .unwrap();
+    let waiter = {
+        let e = e.clone();
+        tokio::spawn(async move {
+            e.wait_access(AccessQueue::Small, Duration::from_secs(600))
+                .await
+        })
+    };
+    // The waiter has seen the half-made request (its watch on the status is set) once it
+    // is parked; then the second commit lands.
+    tokio::task::yield_now().await;
+    let status = json!({"status": "Pending", "last_modified": "2026-11-24 10:00:00 +0000",
+                        "message": ""});
+    s.tree
+        .multi(vec![
+            Op::create(
+                format!("{path}/token"),
+                Some(
+                    json!({"ark": "ark:/99999/fk4x", "version": 1})
+                        .to_string()
+                        .into(),
+                ),
+            ),
+            Op::create(format!("{path}/status"), Some(status.to_string().into())),
+        ])
+        .await
+        .unwrap();
+    let lease = tokio::time::timeout(Duration::from_secs(60), waiter)
+        .await
+        .expect("woken by the status, long before its own timeout")
+        .unwrap()
+        .unwrap()
+        .expect("the request, taken");
+    assert_eq!(lease.token["ark"], "ark:/99999/fk4x");
+}
+
 pub async fn access_requests_move_through_their_states(h: &dyn Harness) {
     let (e, _s) = engine(h, "w").await;
     let id = e
@@ -2329,6 +2377,7 @@ macro_rules! conformance_tests {
             admin_actions_respect_locks_and_the_table,
             duplicate_batch_uuid_is_refused,
             access_requests_move_through_their_states,
+            access_waiter_is_woken_by_a_request_still_being_made,
             merritt_access_requests_are_left_to_merritt,
             ark_locks_are_exclusive_and_end_with_the_session,
             acquisition_cost_does_not_grow_with_the_queue,
