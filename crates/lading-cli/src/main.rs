@@ -4,9 +4,6 @@
 //! its methods. Exit codes: 0 success, 1 failure, 2 usage, 3 unknown id, 4 refused (an
 //! illegal transition, a locked item, invalid input).
 
-mod bench;
-mod bench_http;
-mod bench_jobs;
 mod client;
 mod jobs_cmd;
 mod pipeline;
@@ -21,11 +18,10 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use lading_core::layout::{AccessId, AccessQueue, BatchId, JobId};
 use lading_core::time::system_clock;
-use lading_core::{Event, JobState, Tree};
+use lading_core::{Event, JobState};
 use lading_engine::{Engine, EngineError};
 use lading_ingest::{Config, Ingest};
-use lading_store_sqlite::{SqliteOptions, SqliteTree};
-use lading_store_zk::{ZkOptions, ZkTree};
+use lading_server::node::{self, open_store};
 use serde_json::json;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -137,7 +133,7 @@ enum Command {
     /// Measure the store.
     Bench {
         #[command(subcommand)]
-        what: bench::Bench,
+        what: lading_bench::Bench,
     },
     /// Test aid: acquire a job in STATE (default Pending) and hold its lock until killed
     /// (prints the job id). With --advance-on-input, moves it on once a line arrives on
@@ -254,64 +250,8 @@ enum PauseAction {
     Resume,
 }
 
-/// An open store of either kind.
-pub enum Store {
-    Sqlite(Arc<SqliteTree>),
-    Zk(Arc<ZkTree>),
-}
-
-impl Store {
-    pub fn tree(&self) -> Arc<dyn Tree> {
-        match self {
-            Store::Sqlite(t) => t.clone(),
-            Store::Zk(t) => t.clone(),
-        }
-    }
-}
-
-/// Opens a store from its URL: `sqlite:PATH` (or a bare path), or
-/// `zk://host:port[,host:port…][/chroot]`.
-pub async fn open(url: &str) -> anyhow::Result<Store> {
-    if url.starts_with("zk://") {
-        let mut opts = ZkOptions::default();
-        if let Ok(ms) = std::env::var("LADING_ZK_SESSION_TIMEOUT_MS") {
-            let ms: u64 = ms.parse().with_context(|| {
-                format!("LADING_ZK_SESSION_TIMEOUT_MS must be milliseconds, not {ms:?}")
-            })?;
-            opts.session_timeout = std::time::Duration::from_millis(ms);
-        }
-        let tree = ZkTree::open(url, opts)
-            .await
-            .with_context(|| format!("opening store {url}"))?;
-        return Ok(Store::Zk(Arc::new(tree)));
-    }
-    Ok(Store::Sqlite(open_sqlite(url)?))
-}
-
-/// Opens a store from its URL, as a tree.
-pub async fn open_store(url: &str) -> anyhow::Result<Arc<dyn Tree>> {
-    Ok(open(url).await?.tree())
-}
-
-/// Opens an embedded store from its URL.
-pub fn open_sqlite(url: &str) -> anyhow::Result<Arc<SqliteTree>> {
-    let path = url.strip_prefix("sqlite:").unwrap_or(url);
-    if path.is_empty() {
-        bail!("empty store path in {url:?}");
-    }
-    if url.contains("://") {
-        bail!(
-            "unknown store URL {url:?}: expected sqlite:PATH or zk://host:port[,host:port]/chroot"
-        );
-    }
-    let tree = SqliteTree::open(PathBuf::from(path), SqliteOptions::default())
-        .with_context(|| format!("opening store {url}"))?;
-    Ok(Arc::new(tree))
-}
-
 async fn engine(url: &str) -> anyhow::Result<Engine> {
-    let tree = open_store(url).await?;
-    let e = Engine::new(tree, system_clock(), lading_store_sqlite::default_owner());
+    let e = Engine::new(open_store(url).await?, system_clock(), node::owner());
     e.init().await?;
     Ok(e)
 }
@@ -357,41 +297,37 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             pipeline::demo(&dir, objects.max(1), files.max(1)).await?;
         }
         Command::Worker { stages, grace_s } => {
-            let cfg = pipeline::config(cli.config.as_deref())?;
-            let ingest = pipeline::ingest(&store, cfg).await?;
+            let cfg = node::config(cli.config.as_deref())?;
             if let Some(bad) = stages.iter().find(|n| {
-                !lading_ingest::STAGE_NAMES.contains(&n.as_str())
-                    && !serve::ACCESS_STAGES.contains(&n.as_str())
+                !lading_ingest::STAGE_NAMES.contains(&n.as_str()) && node::access_queue(n).is_none()
             }) {
                 anyhow::bail!(
                     "unknown stage {bad:?}; the stages are {}, {}",
                     lading_ingest::STAGE_NAMES.join(", "),
-                    serve::ACCESS_STAGES.join(", ")
+                    node::ACCESS_STAGES.join(", ")
                 );
             }
-            let (access, names): (Vec<&str>, Vec<&str>) = stages
-                .iter()
-                .map(String::as_str)
-                .partition(|n| serve::ACCESS_STAGES.contains(n));
-            let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-            let access = serve::access_workers(&ingest, &access, &stop_rx);
-            let grace = std::time::Duration::from_secs(grace_s);
-            let r = if names.is_empty() && !access.is_empty() {
-                eprintln!("lading: running the access queues (stop with Ctrl-C)");
-                pipeline::signal().await;
-                pipeline::exit_after(grace + pipeline::STOP_MARGIN);
-                Ok(())
-            } else {
-                pipeline::run_until_signal(&ingest, &names, grace, || {
-                    let _ = stop_tx.send(true);
-                })
-                .await
+            let ingest = node::ingest(&store, cfg).await?;
+            let spec = node::NodeSpec {
+                access: stages
+                    .iter()
+                    .filter_map(|n| node::access_queue(n))
+                    .collect(),
+                stages: stages
+                    .iter()
+                    .filter(|n| node::access_queue(n).is_none())
+                    .cloned()
+                    .collect(),
+                ..Default::default()
             };
-            let _ = stop_tx.send(true);
-            for w in access {
-                w.await?;
-            }
-            r?;
+            let what = if spec.stages.len() == lading_ingest::STAGE_NAMES.len() {
+                "every stage".to_string()
+            } else {
+                stages.join(", ")
+            };
+            let node = node::Node::start(ingest, spec).await?;
+            pipeline::run_until_signal(node, std::time::Duration::from_secs(grace_s), &what)
+                .await?;
         }
         Command::Serve { listen, grace_s } => {
             serve::serve(
@@ -438,8 +374,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             title,
             wait,
         } => {
-            let cfg = pipeline::config(cli.config.as_deref())?;
-            let ingest = pipeline::ingest(&store, cfg).await?;
+            let cfg = node::config(cli.config.as_deref())?;
+            let ingest = node::ingest(&store, cfg).await?;
             let sub = pipeline::submission(payload, profile, payload_type, submitter, title);
             let bid = lading_ingest::submit(&ingest, &sub).await?;
             println!("{bid}");
@@ -491,16 +427,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             e.tree().close().await?;
         }
         Command::Admin { action } => {
-            let cfg = pipeline::config(cli.config.as_deref())?;
+            let cfg = node::config(cli.config.as_deref())?;
             let e = Arc::new(engine(&store).await?);
             admin(&e, action, cfg).await?;
             e.tree().close().await?;
         }
         Command::Jobs { action } => jobs_cmd::run(&store, action).await?,
-        Command::Bench { what } => bench::run(what, cli.store.as_deref()).await?,
+        Command::Bench { what } => lading_bench::run(what, cli.store.as_deref()).await?,
         Command::Drive { idle_ms } => {
             let e = engine(&store).await?;
-            let (t, c) = bench::drive(&e, std::time::Duration::from_millis(idle_ms)).await?;
+            let (t, c) = lading_bench::drive(&e, std::time::Duration::from_millis(idle_ms)).await?;
             println!("{t} {c}");
             e.tree().close().await?;
         }

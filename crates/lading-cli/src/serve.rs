@@ -1,11 +1,10 @@
 //! `lading serve`: the HTTP API, every pipeline stage and the generic-jobs activity monitor in
 //! one process.
 
-use lading_core::time::system_clock;
-use lading_jobs::Jobs;
-use lading_server::{AppState, Auth};
+use lading_core::layout::AccessQueue;
+use lading_server::Auth;
+use lading_server::node::{self, Node, NodeSpec};
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 pub async fn serve(
@@ -14,7 +13,7 @@ pub async fn serve(
     listen: Option<String>,
     grace: Duration,
 ) -> anyhow::Result<()> {
-    let cfg = crate::pipeline::config(config)?;
+    let cfg = node::config(config)?;
     let listen = listen.unwrap_or_else(|| cfg.listen.clone());
     let addr: SocketAddr = listen
         .parse()
@@ -43,54 +42,27 @@ pub async fn serve(
             cfg.http.max_connections
         );
     }
-    let ingest = crate::pipeline::ingest(store, cfg).await?;
-    let tree = ingest.engine.tree().clone();
-    let jobs = Arc::new(Jobs::new(
-        tree,
-        system_clock(),
-        lading_store_sqlite::default_owner(),
-    ));
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let state = AppState {
-        events: lading_server::events::EventHub::start(&ingest.engine),
-        ingest: ingest.clone(),
-        jobs: jobs.clone(),
-        auth: Arc::new(auth),
-        stopping: stop_rx.clone(),
-    };
+    let ingest = node::ingest(store, cfg).await?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
-    eprintln!("lading: API on http://{}/api/v1", listener.local_addr()?);
-    let mut rx = stop_rx.clone();
-    let server = tokio::spawn(lading_server::serve(
-        listener,
-        lading_server::router(state),
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
+    let node = Node::start(
+        ingest,
+        NodeSpec {
+            stages: lading_ingest::STAGE_NAMES
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            access: vec![AccessQueue::Small, AccessQueue::Large],
+            monitor: true,
+            http: Some((listener, auth)),
         },
-        lading_server::conn::Limits::from(&ingest.cfg.http),
-    ));
-    let access_workers = access_workers(&ingest, &ACCESS_STAGES, &stop_rx);
-    let monitor_stop = Arc::new(tokio::sync::Notify::new());
-    let monitor = {
-        let (j, s) = (jobs.clone(), monitor_stop.clone());
-        tokio::spawn(async move { j.run_monitor(&s).await })
-    };
-    let on_stop = || {
-        let _ = stop_tx.send(true);
-        monitor_stop.notify_one();
-    };
-    // The tree is closed when the workers stop; the server and monitor stop first.
-    let r = crate::pipeline::run_until_signal(&ingest, lading_ingest::STAGE_NAMES, grace, &on_stop)
-        .await;
-    on_stop();
-    server.await??;
-    monitor.await?;
-    for w in access_workers {
-        w.await?;
+    )
+    .await?;
+    if let Some(a) = node.addr {
+        eprintln!("lading: API on http://{a}/api/v1");
     }
-    r
+    crate::pipeline::run_until_signal(node, grace, "every stage").await
 }
 
 /// Raises this process's soft limit of open files to its hard limit; returns the limit.
@@ -115,32 +87,4 @@ fn raise_open_files() -> usize {
         }
     }
     r.rlim_cur.min(1 << 20) as usize
-}
-
-/// The access queues as `lading worker` stage names.
-pub const ACCESS_STAGES: [&str; 2] = ["access-small", "access-large"];
-
-/// Starts a worker for each access queue named (`access-small`, `access-large`); each runs
-/// until `stop` turns true.
-pub fn access_workers(
-    ingest: &Arc<lading_ingest::Ingest>,
-    names: &[&str],
-    stop: &tokio::sync::watch::Receiver<bool>,
-) -> Vec<tokio::task::JoinHandle<()>> {
-    use lading_core::layout::AccessQueue;
-    names
-        .iter()
-        .filter_map(|n| match *n {
-            "access-small" => Some(AccessQueue::Small),
-            "access-large" => Some(AccessQueue::Large),
-            _ => None,
-        })
-        .map(|q| {
-            tokio::spawn(lading_server::access::run_worker(
-                ingest.clone(),
-                q,
-                stop.clone(),
-            ))
-        })
-        .collect()
 }

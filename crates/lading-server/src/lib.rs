@@ -13,6 +13,7 @@ pub mod download;
 pub mod events;
 mod generic;
 mod metrics;
+pub mod node;
 pub mod openapi;
 mod redact;
 pub mod upload;

@@ -1,9 +1,15 @@
-//! `lading bench`: programs that print figures. Nothing here asserts a time.
+//! `lading bench`: programs that print figures. Nothing here asserts a time. The CLI's
+//! `lading bench` parses [`Bench`] and calls [`run`].
+
+mod http;
+mod jobs;
+mod pipeline;
 
 use clap::{Subcommand, ValueEnum};
 use lading_core::time::system_clock;
 use lading_core::{BatchState, Event, JobState};
 use lading_engine::{Engine, JobLease, JobSpec};
+use lading_server::node;
 use serde_json::json;
 use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -146,7 +152,7 @@ pub async fn run(what: Bench, store: Option<&str>) -> anyhow::Result<()> {
             json,
         } => {
             let k = workers.max(1);
-            crate::bench_jobs::jobs(
+            crate::jobs::jobs(
                 mode,
                 jobs.max(1),
                 k,
@@ -162,11 +168,8 @@ pub async fn run(what: Bench, store: Option<&str>) -> anyhow::Result<()> {
             posts,
             connections,
             json,
-        } => {
-            crate::bench_http::http(gets.max(1), posts.max(1), connections.max(1), json, store)
-                .await
-        }
-        Bench::Upload { bytes, json } => crate::bench_http::upload(bytes, json, store).await,
+        } => crate::http::http(gets.max(1), posts.max(1), connections.max(1), json, store).await,
+        Bench::Upload { bytes, json } => crate::http::upload(bytes, json, store).await,
         Bench::Acquire {
             queued,
             samples,
@@ -277,7 +280,7 @@ async fn queue(
 ) -> anyhow::Result<()> {
     let scratch = Scratch::new(store).await?;
     let url = scratch.url.clone();
-    let st = crate::open(&url).await?;
+    let st = node::open(&url).await?;
     let tree = st.tree();
     let engine = Arc::new(Engine::new(
         tree.clone(),
@@ -304,8 +307,8 @@ async fn queue(
     let mut engines = Vec::new();
     for _ in 0..k {
         match &st {
-            crate::Store::Sqlite(_) => engines.push(engine.clone()),
-            crate::Store::Zk(_) => {
+            node::Store::Sqlite(_) => engines.push(engine.clone()),
+            node::Store::Zk(_) => {
                 let t = Arc::new(
                     lading_store_zk::ZkTree::open(&url, lading_store_zk::ZkOptions::default())
                         .await?,
@@ -366,7 +369,7 @@ async fn queue(
         );
     }
     let fsync = match &st {
-        crate::Store::Sqlite(_) => {
+        node::Store::Sqlite(_) => {
             let path = url.strip_prefix("sqlite:").unwrap_or(&url).to_string();
             let dir = Path::new(&path)
                 .parent()
@@ -375,7 +378,7 @@ async fn queue(
                 .to_path_buf();
             Some((fsync_rate(&dir)?, dir))
         }
-        crate::Store::Zk(_) => None,
+        node::Store::Zk(_) => None,
     };
     tree.close().await?;
     drop(st);
@@ -510,10 +513,10 @@ pub(crate) enum StoreStats {
 }
 
 impl StoreStats {
-    pub(crate) fn of(st: &crate::Store) -> StoreStats {
+    pub(crate) fn of(st: &node::Store) -> StoreStats {
         match st {
-            crate::Store::Sqlite(t) => StoreStats::Sqlite(t.stats()),
-            crate::Store::Zk(t) => StoreStats::Zk(t.stats()),
+            node::Store::Sqlite(t) => StoreStats::Sqlite(t.stats()),
+            node::Store::Zk(t) => StoreStats::Zk(t.stats()),
         }
     }
 
@@ -787,7 +790,7 @@ async fn acquire(
     for &q in sizes {
         let scratch = Scratch::new(store).await?;
         let url = scratch.url.clone();
-        let tree = crate::open_store(&url).await?;
+        let tree = node::open_store(&url).await?;
         let engine = Arc::new(Engine::new(
             tree.clone(),
             system_clock(),

@@ -4,9 +4,10 @@
 //! 2 × K), so the latency measured is the queue's own (add committed → accept committed), not
 //! the age of a backlog the producers piled up faster than anyone could drain it.
 
-use super::bench::{JobsMode, Scratch, StoreStats, cpu_seconds, percentile};
+use crate::{JobsMode, Scratch, StoreStats, cpu_seconds, percentile};
 use lading_core::time::system_clock;
 use lading_jobs::{AcceptOptions, Jobs};
+use lading_server::node;
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -26,7 +27,7 @@ pub async fn jobs(
 ) -> anyhow::Result<()> {
     let scratch = Scratch::new(store).await?;
     let url = scratch.url.clone();
-    let st = crate::open(&url).await?;
+    let st = node::open(&url).await?;
     let owner = lading_store_sqlite::default_owner();
     let main = Arc::new(Jobs::new(st.tree(), system_clock(), owner.clone()));
     main.set_type_timeout(TYPE, 60).await?;
@@ -35,9 +36,9 @@ pub async fn jobs(
     let mut procs = Vec::new();
     for _ in 0..k {
         match &st {
-            crate::Store::Sqlite(_) => procs.push(main.clone()),
-            crate::Store::Zk(_) => {
-                let s = crate::open(&url).await?;
+            node::Store::Sqlite(_) => procs.push(main.clone()),
+            node::Store::Zk(_) => {
+                let s = node::open(&url).await?;
                 procs.push(Arc::new(Jobs::new(s.tree(), system_clock(), owner.clone())));
                 sessions.push(s);
             }

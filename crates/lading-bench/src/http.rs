@@ -3,11 +3,12 @@
 //! process on a fresh store. Client and server share this machine's cores, so the figures
 //! are a floor for a server with the machine to itself.
 
-use super::bench::{Scratch, cpu_seconds, percentile};
+use crate::{Scratch, cpu_seconds, percentile};
 use lading_core::time::system_clock;
 use lading_engine::Engine;
 use lading_ingest::{Config, Ingest, TokenSettings};
 use lading_jobs::Jobs;
+use lading_server::node;
 use lading_server::{AppState, Auth};
 use serde_json::json;
 use std::sync::Arc;
@@ -71,7 +72,7 @@ struct BenchServer {
     data: std::path::PathBuf,
     stop_tx: tokio::sync::watch::Sender<bool>,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
-    st: crate::Store,
+    st: node::Store,
     scratch: Scratch,
 }
 
@@ -79,7 +80,7 @@ impl BenchServer {
     async fn start(store: Option<&str>, max_upload_bytes: u64) -> anyhow::Result<BenchServer> {
         let scratch = Scratch::new(store).await?;
         let url = scratch.url.clone();
-        let st = crate::open(&url).await?;
+        let st = node::open(&url).await?;
         let tree = st.tree();
         let owner = lading_store_sqlite::default_owner();
         let engine = Arc::new(Engine::new(tree.clone(), system_clock(), owner.clone()));
@@ -168,7 +169,7 @@ pub async fn http(
     let mut sub = serde_json::Map::new();
     sub.insert("profile_name".into(), json!("bench"));
     sub.insert("submitter".into(), json!("bench"));
-    let bid = super::bench::fill(&engine, sub, n_jobs).await?;
+    let bid = crate::fill(&engine, sub, n_jobs).await?;
     let ids: Arc<Vec<String>> =
         Arc::new(engine.batch(&bid).await?.jobs["batch-processing"].to_vec());
 

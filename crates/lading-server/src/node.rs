@@ -1,0 +1,285 @@
+//! A Lading process's wiring, in one place: the store, its engine, the ingest service and
+//! generic jobs on it, and what runs on them (pipeline stages, access workers, the
+//! generic-jobs activity monitor, the HTTP API), started together and stopped with one
+//! [`Node::stop`]. `lading serve`, `lading worker`, the benchmarks and the tests all build
+//! their process through it.
+
+use crate::{AppState, Auth};
+use anyhow::Context;
+use lading_core::Tree;
+use lading_core::layout::AccessQueue;
+use lading_core::time::system_clock;
+use lading_engine::Engine;
+use lading_ingest::{Config, Ingest};
+use lading_jobs::Jobs;
+use lading_store_sqlite::{SqliteOptions, SqliteTree};
+use lading_store_zk::{ZkOptions, ZkTree};
+use lading_worker::{Shutdown, ShutdownHandle};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tokio::task::JoinHandle;
+
+/// An open store of either kind.
+pub enum Store {
+    Sqlite(Arc<SqliteTree>),
+    Zk(Arc<ZkTree>),
+}
+
+impl Store {
+    pub fn tree(&self) -> Arc<dyn Tree> {
+        match self {
+            Store::Sqlite(t) => t.clone(),
+            Store::Zk(t) => t.clone(),
+        }
+    }
+}
+
+/// Opens a store from its URL: `sqlite:PATH` (or a bare path), or
+/// `zk://host:port[,host:port…][/chroot]`.
+pub async fn open(url: &str) -> anyhow::Result<Store> {
+    if url.starts_with("zk://") {
+        let mut opts = ZkOptions::default();
+        if let Ok(ms) = std::env::var("LADING_ZK_SESSION_TIMEOUT_MS") {
+            let ms: u64 = ms.parse().with_context(|| {
+                format!("LADING_ZK_SESSION_TIMEOUT_MS must be milliseconds, not {ms:?}")
+            })?;
+            opts.session_timeout = std::time::Duration::from_millis(ms);
+        }
+        let tree = ZkTree::open(url, opts)
+            .await
+            .with_context(|| format!("opening store {url}"))?;
+        return Ok(Store::Zk(Arc::new(tree)));
+    }
+    Ok(Store::Sqlite(open_sqlite(url)?))
+}
+
+/// Opens a store from its URL, as a tree.
+pub async fn open_store(url: &str) -> anyhow::Result<Arc<dyn Tree>> {
+    Ok(open(url).await?.tree())
+}
+
+/// Opens an embedded store from its URL.
+pub fn open_sqlite(url: &str) -> anyhow::Result<Arc<SqliteTree>> {
+    let path = url.strip_prefix("sqlite:").unwrap_or(url);
+    if path.is_empty() {
+        anyhow::bail!("empty store path in {url:?}");
+    }
+    if url.contains("://") {
+        anyhow::bail!(
+            "unknown store URL {url:?}: expected sqlite:PATH or zk://host:port[,host:port]/chroot"
+        );
+    }
+    let tree = SqliteTree::open(PathBuf::from(path), SqliteOptions::default())
+        .with_context(|| format!("opening store {url}"))?;
+    Ok(Arc::new(tree))
+}
+
+/// The name this process's locks and leases carry: `HOST:PID`.
+pub fn owner() -> String {
+    lading_store_sqlite::default_owner()
+}
+
+/// An engine on the store at `url`, initialised.
+pub async fn engine(url: &str) -> anyhow::Result<Arc<Engine>> {
+    let e = Arc::new(Engine::new(open_store(url).await?, system_clock(), owner()));
+    e.init().await?;
+    Ok(e)
+}
+
+/// Loads the config (file and environment); warns when a config that holds tokens can be
+/// read by other users.
+pub fn config(path: Option<&Path>) -> anyhow::Result<Config> {
+    let cfg = Config::load(path)?;
+    cfg.storage_umask_bits().map_err(anyhow::Error::msg)?;
+    if let Some(p) = path
+        && !cfg.tokens.is_empty()
+        && let Ok(m) = std::fs::metadata(p)
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if m.permissions().mode() & 0o077 != 0 {
+            let msg = format!(
+                "{} holds API tokens but other users may read it (mode {:o}); chmod 600 it",
+                p.display(),
+                m.permissions().mode() & 0o777
+            );
+            eprintln!("lading: warning: {msg}");
+            tracing::warn!("{msg}");
+        }
+    }
+    Ok(cfg)
+}
+
+/// The ingest service on an engine, with its working folder made.
+pub fn ingest_on(engine: Arc<Engine>, cfg: Config) -> anyhow::Result<Arc<Ingest>> {
+    std::fs::create_dir_all(cfg.work_dir())
+        .with_context(|| format!("creating {}", cfg.work_dir().display()))?;
+    Ingest::try_new(engine, cfg).map_err(anyhow::Error::msg)
+}
+
+/// The ingest service on the store at `url`.
+pub async fn ingest(url: &str, cfg: Config) -> anyhow::Result<Arc<Ingest>> {
+    ingest_on(engine(url).await?, cfg)
+}
+
+/// The access queues as stage names (`lading worker --stages access-small`).
+pub const ACCESS_STAGES: [&str; 2] = ["access-small", "access-large"];
+
+/// The access queue a stage name names.
+pub fn access_queue(stage: &str) -> Option<AccessQueue> {
+    match stage {
+        "access-small" => Some(AccessQueue::Small),
+        "access-large" => Some(AccessQueue::Large),
+        _ => None,
+    }
+}
+
+/// What a [`Node`] runs.
+#[derive(Default)]
+pub struct NodeSpec {
+    /// Pipeline stages (names of [`lading_ingest::STAGE_NAMES`]).
+    pub stages: Vec<String>,
+    /// Access queues whose requests this node assembles.
+    pub access: Vec<AccessQueue>,
+    /// Whether to run the generic-jobs activity monitor.
+    pub monitor: bool,
+    /// The HTTP API, on this listener with these tokens.
+    pub http: Option<(tokio::net::TcpListener, Auth)>,
+}
+
+/// A running process: everything of its [`NodeSpec`] on one store.
+pub struct Node {
+    pub ingest: Arc<Ingest>,
+    pub jobs: Arc<Jobs>,
+    /// Where the HTTP API listens, when it does.
+    pub addr: Option<SocketAddr>,
+    stages: ShutdownHandle,
+    stop: tokio::sync::watch::Sender<bool>,
+    monitor_stop: Arc<tokio::sync::Notify>,
+    stage_task: Option<JoinHandle<Result<Arc<lading_worker::Stats>, String>>>,
+    others: Vec<JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Node {
+    /// Starts everything `spec` names on `ingest`'s store.
+    pub async fn start(ingest: Arc<Ingest>, spec: NodeSpec) -> anyhow::Result<Node> {
+        let names: Vec<&str> = spec.stages.iter().map(String::as_str).collect();
+        lading_ingest::stages(&ingest, &names).map_err(anyhow::Error::msg)?;
+        let jobs = Arc::new(Jobs::new(
+            ingest.engine.tree().clone(),
+            ingest.engine.clock().clone(),
+            owner(),
+        ));
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let monitor_stop = Arc::new(tokio::sync::Notify::new());
+        let mut others: Vec<JoinHandle<anyhow::Result<()>>> = Vec::new();
+        let mut addr = None;
+        if let Some((listener, auth)) = spec.http {
+            addr = Some(listener.local_addr()?);
+            let state = AppState {
+                events: crate::events::EventHub::start(&ingest.engine),
+                ingest: ingest.clone(),
+                jobs: jobs.clone(),
+                auth: Arc::new(auth),
+                stopping: stop_rx.clone(),
+            };
+            let mut rx = stop_rx.clone();
+            let limits = crate::conn::Limits::from(&ingest.cfg.http);
+            others.push(tokio::spawn(async move {
+                crate::serve(
+                    listener,
+                    crate::router(state),
+                    async move {
+                        let _ = rx.wait_for(|s| *s).await;
+                    },
+                    limits,
+                )
+                .await?;
+                Ok(())
+            }));
+        }
+        for q in spec.access {
+            let (i, rx) = (ingest.clone(), stop_rx.clone());
+            others.push(tokio::spawn(async move {
+                crate::access::run_worker(i, q, rx).await;
+                Ok(())
+            }));
+        }
+        if spec.monitor {
+            let (j, s) = (jobs.clone(), monitor_stop.clone());
+            others.push(tokio::spawn(async move {
+                j.run_monitor(&s).await;
+                Ok(())
+            }));
+        }
+        let (stages, shutdown) = Shutdown::new();
+        let stage_task = (!spec.stages.is_empty()).then(|| {
+            let i = ingest.clone();
+            let names = spec.stages.clone();
+            tokio::spawn(async move {
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                lading_ingest::run(&i, &names, shutdown).await
+            })
+        });
+        Ok(Node {
+            ingest,
+            jobs,
+            addr,
+            stages,
+            stop,
+            monitor_stop,
+            stage_task,
+            others,
+        })
+    }
+
+    /// Begins a graceful stop: no new work is taken, the HTTP API and the other loops end,
+    /// running stage handlers may finish.
+    pub fn stop(&self) {
+        let _ = self.stop.send(true);
+        self.monitor_stop.notify_one();
+        self.stages.stop();
+    }
+
+    /// Cuts running stage handlers off (their jobs are released in their stage).
+    pub fn abort(&self) {
+        self.stages.abort();
+    }
+
+    /// A handle that can [`abort`](ShutdownHandle::abort) the stages while [`Node::join`]
+    /// waits.
+    pub fn aborter(&self) -> ShutdownHandle {
+        self.stages.clone()
+    }
+
+    /// Waits until the stages end by themselves (a stage's fatal error), or forever when
+    /// none run. For a `select!` beside the process's signals.
+    pub async fn stages_ended(&mut self) -> anyhow::Result<()> {
+        match self.stage_task.as_mut() {
+            Some(t) => {
+                let r = t.await;
+                self.stage_task = None;
+                r?.map(drop).map_err(anyhow::Error::msg)
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Stops (if not yet stopping), waits for every loop to end, and closes the store.
+    pub async fn join(mut self) -> anyhow::Result<()> {
+        self.stop();
+        let mut first_err = None;
+        if let Some(t) = self.stage_task.take()
+            && let Err(e) = t.await?
+        {
+            first_err = Some(anyhow::Error::msg(e));
+        }
+        for t in self.others.drain(..) {
+            if let Err(e) = t.await? {
+                first_err.get_or_insert(e);
+            }
+        }
+        self.ingest.engine.tree().close().await?;
+        first_err.map_or(Ok(()), Err)
+    }
+}
