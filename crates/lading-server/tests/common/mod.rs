@@ -7,7 +7,7 @@ use lading_core::time::system_clock;
 use lading_engine::Engine;
 use lading_ingest::{Config, Ingest, TokenSettings};
 use lading_jobs::Jobs;
-use lading_server::{AppState, Auth};
+use lading_server::Auth;
 use lading_store_sqlite::{SqliteOptions, SqliteTree};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -22,7 +22,7 @@ pub struct Server {
     pub jobs: Arc<Jobs>,
     pub ingest: Arc<Ingest>,
     pub http: reqwest::Client,
-    _stop: tokio::sync::watch::Sender<bool>,
+    _node: lading_server::node::Node,
     pub dir: tempfile::TempDir,
 }
 
@@ -37,7 +37,6 @@ pub async fn start_allowing(allow: &[&str]) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let tree =
         Arc::new(SqliteTree::open(dir.path().join("lading.db"), SqliteOptions::default()).unwrap());
-    let jobs = Arc::new(Jobs::new(tree.clone(), system_clock(), "test"));
     let engine = Arc::new(Engine::new(tree, system_clock(), "test"));
     engine.init().await.unwrap();
     let cfg = Config {
@@ -77,31 +76,23 @@ pub async fn start_allowing(allow: &[&str]) -> Server {
         },
     ])
     .unwrap();
-    let (tx, rx) = tokio::sync::watch::channel(false);
-    let state = AppState {
-        events: lading_server::events::EventHub::start(&ingest.engine),
-        ingest: ingest.clone(),
-        jobs: jobs.clone(),
-        auth: Arc::new(auth),
-        stopping: rx.clone(),
-    };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let mut stop = rx;
-    tokio::spawn(lading_server::serve(
-        listener,
-        lading_server::router(state),
-        async move {
-            let _ = stop.wait_for(|s| *s).await;
+    let node = lading_server::node::Node::start(
+        ingest,
+        lading_server::node::NodeSpec {
+            http: Some((listener, auth)),
+            ..Default::default()
         },
-        lading_server::conn::Limits::default(),
-    ));
+    )
+    .await
+    .unwrap();
+    let base = format!("http://{}", node.addr.unwrap());
     Server {
         base,
-        jobs,
-        ingest,
+        jobs: node.jobs.clone(),
+        ingest: node.ingest.clone(),
         http: reqwest::Client::new(),
-        _stop: tx,
+        _node: node,
         dir,
     }
 }
