@@ -7,9 +7,8 @@ use crate::{Scratch, cpu_seconds, percentile};
 use lading_core::time::system_clock;
 use lading_engine::Engine;
 use lading_ingest::{Config, Ingest, TokenSettings};
-use lading_jobs::Jobs;
+use lading_server::Auth;
 use lading_server::node;
-use lading_server::{AppState, Auth};
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -70,8 +69,7 @@ struct BenchServer {
     url: String,
     engine: Arc<Engine>,
     data: std::path::PathBuf,
-    stop_tx: tokio::sync::watch::Sender<bool>,
-    server: tokio::task::JoinHandle<std::io::Result<()>>,
+    node: node::Node,
     st: node::Store,
     scratch: Scratch,
 }
@@ -82,8 +80,7 @@ impl BenchServer {
         let url = scratch.url.clone();
         let st = node::open(&url).await?;
         let tree = st.tree();
-        let owner = lading_store_sqlite::default_owner();
-        let engine = Arc::new(Engine::new(tree.clone(), system_clock(), owner.clone()));
+        let engine = Arc::new(Engine::new(tree.clone(), system_clock(), node::owner()));
         engine.init().await?;
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)?
@@ -105,49 +102,36 @@ impl BenchServer {
             "collection = \"bench\"\n",
         )?;
         let ingest = Ingest::new(engine.clone(), cfg);
-        let jobs = Arc::new(Jobs::new(tree.clone(), system_clock(), owner));
         let auth = Auth::new(&[TokenSettings {
             name: "bench".into(),
             token: TOKEN.into(),
             role: "admin".into(),
         }])
         .map_err(anyhow::Error::msg)?;
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let state = AppState {
-            events: lading_server::events::EventHub::start(&ingest.engine),
-            ingest,
-            jobs,
-            auth: Arc::new(auth),
-            stopping: stop_rx.clone(),
-        };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let base = format!("http://{}", listener.local_addr()?);
-        let mut rx = stop_rx;
-        let server = tokio::spawn(lading_server::serve(
-            listener,
-            lading_server::router(state),
-            async move {
-                let _ = rx.wait_for(|s| *s).await;
+        let node = node::Node::start(
+            ingest,
+            node::NodeSpec {
+                http: Some((listener, auth)),
+                ..Default::default()
             },
-            lading_server::conn::Limits::default(),
-        ));
-
+        )
+        .await?;
+        let base = format!("http://{}", node.addr.expect("listening"));
         Ok(BenchServer {
             base,
             url,
             engine,
             data,
-            stop_tx,
-            server,
+            node,
             st,
             scratch,
         })
     }
 
     async fn finish(self) -> anyhow::Result<()> {
-        let _ = self.stop_tx.send(true);
-        self.server.await??;
-        self.st.tree().close().await?;
+        // Stops the server and closes the store.
+        self.node.join().await?;
         drop(self.st);
         self.scratch.finish().await?;
         let _ = std::fs::remove_dir_all(&self.data);
