@@ -86,7 +86,20 @@ impl Engine {
         queue: AccessQueue,
         timeout: Duration,
     ) -> Result<Option<AccessLease>> {
+        self.wait_access_or(queue, timeout, std::future::pending())
+            .await
+    }
+
+    /// [`Engine::wait_access`] that also gives up (with `None`) when `stop` completes. Only
+    /// the waiting is cut short, never an acquisition half done.
+    pub async fn wait_access_or(
+        &self,
+        queue: AccessQueue,
+        timeout: Duration,
+        stop: impl std::future::Future<Output = ()> + Send,
+    ) -> Result<Option<AccessLease>> {
         let deadline = tokio::time::Instant::now() + timeout;
+        tokio::pin!(stop);
         loop {
             let mut watches = vec![
                 self.tree
@@ -111,11 +124,13 @@ impl Engine {
             if watches.is_empty() {
                 continue;
             }
-            if tokio::time::timeout_at(deadline, any_of(watches))
-                .await
-                .is_err()
-            {
-                return Ok(None);
+            tokio::select! {
+                r = tokio::time::timeout_at(deadline, any_of(watches)) => {
+                    if r.is_err() {
+                        return Ok(None);
+                    }
+                }
+                _ = &mut stop => return Ok(None),
             }
         }
     }
@@ -258,5 +273,19 @@ impl Engine {
         lease.status = status;
         lease.status_version += 1;
         Ok(lease)
+    }
+
+    /// Gives back a request leased but not handled: it stays Pending for the next worker.
+    pub async fn release_access_lease(&self, lease: AccessLease) -> Result<()> {
+        let lock = format!("{}/lock", access_path(lease.queue, &lease.id));
+        self.unclaim(&lock);
+        if lease.session != self.tree.session_id() {
+            return Err(lost(lease.id.as_str()));
+        }
+        match self.tree.delete(&lock, None).await {
+            Ok(()) => Ok(()),
+            Err(TreeError::NoNode(_)) => Err(lost(lease.id.as_str())),
+            Err(e) => Err(e.into()),
+        }
     }
 }

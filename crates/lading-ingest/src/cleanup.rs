@@ -22,17 +22,6 @@ pub struct Cleaned {
     pub index_entries: usize,
 }
 
-/// Where the access worker puts request `id`'s zip.
-pub fn access_zip(
-    cfg: &crate::Config,
-    queue: lading_core::layout::AccessQueue,
-    id: &lading_core::layout::AccessId,
-) -> std::path::PathBuf {
-    cfg.data_dir
-        .join("access")
-        .join(format!("{}-{id}.zip", queue.name()))
-}
-
 /// Removes Completed and Deleted batches whose last change is older than `retention_ms` before `now_ms`.
 pub async fn cleanup(
     ingest: &Ingest,
@@ -96,7 +85,7 @@ pub async fn cleanup(
             if !finished || !old || info.locked {
                 continue;
             }
-            let zip = access_zip(&ingest.cfg, queue, &id);
+            let zip = crate::access::zip_path(&ingest.cfg, queue, &id);
             match std::fs::remove_file(&zip) {
                 Ok(()) => {}
                 Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}

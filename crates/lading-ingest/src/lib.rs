@@ -6,6 +6,7 @@
 //! [`Ingest`] carries what every stage shares; [`stages`] lists them in pipeline order;
 //! [`run`] runs a chosen set in one process.
 
+pub mod access;
 pub mod checkm;
 pub mod cleanup;
 pub mod config;

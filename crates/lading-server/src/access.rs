@@ -7,9 +7,10 @@
 //! GET  /api/v1/access/{token}/file    the zip, once Completed (409 before)
 //! ```
 //!
-//! The token is `QUEUE.QID.SECRET`; the secret is kept in the request's token node, so a token
-//! cannot be guessed from a request id. Without `queue`, versions over [`LARGE_BYTES`] go to
-//! `large`. Workers ([`run_worker`]) honour the queue pause flags
+//! The token is `QUEUE.QID.SECRET`; only the secret's digest is kept in the request's token
+//! node, so a token cannot be guessed from a request id. Without `queue`, versions over
+//! [`LARGE_BYTES`] go to `large`. The requests are assembled by the access stage
+//! (`lading_ingest::access`), which honours the queue pause flags
 //! (`/locks/queue/accessSmall|accessLarge`).
 
 use crate::{ApiError, AppState, Body, PathParams, Principal};
@@ -17,15 +18,13 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use lading_core::AccessState;
 use lading_core::layout::{AccessId, AccessQueue};
-use lading_core::{AccessState, Event};
-use lading_engine::{AccessLease, EngineError};
+use lading_engine::EngineError;
 use lading_ingest::Ingest;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
 
 /// Versions larger than this go to the `large` queue unless the request names one.
 pub const LARGE_BYTES: u64 = 1 << 30;
@@ -39,7 +38,7 @@ pub struct AccessBody {
 }
 
 fn zip_path(ingest: &Ingest, queue: AccessQueue, id: &AccessId) -> PathBuf {
-    lading_ingest::cleanup::access_zip(&ingest.cfg, queue, id)
+    lading_ingest::access::zip_path(&ingest.cfg, queue, id)
 }
 
 fn internal(e: impl std::fmt::Display) -> ApiError {
@@ -232,71 +231,4 @@ pub async fn file(
         axum::body::Body::from_stream(tokio_util::io::ReaderStream::new(f)),
     )
         .into_response())
-}
-
-/// Assembles one request's zip. Err: why it failed.
-async fn assemble(ingest: &Ingest, lease: &AccessLease) -> Result<(), String> {
-    let ark = lease.token["ark"].as_str().ok_or("the token has no ark")?;
-    let version = lease.token["version"]
-        .as_u64()
-        .ok_or("the token has no version")? as u32;
-    let db = ingest.cfg.inventory();
-    let a = ark.to_string();
-    let path = tokio::task::spawn_blocking(move || {
-        lading_ingest::inventory::version_path(&db, &a, version)
-    })
-    .await
-    .map_err(|e| e.to_string())?
-    .map_err(|e| e.to_string())?
-    .ok_or_else(|| format!("version {version} of {ark} is no longer recorded"))?;
-    let out = zip_path(ingest, lease.queue, &lease.id);
-    tokio::task::spawn_blocking(move || crate::download::zip_to_file(&PathBuf::from(path), &out))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())
-}
-
-/// Serves one access queue until `stop` turns true: takes the oldest Pending request,
-/// assembles its zip, marks it Completed (or Failed with the reason). Woken by new requests
-/// and by the queue's pause flag.
-pub async fn run_worker(
-    ingest: Arc<Ingest>,
-    queue: AccessQueue,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
-    let e = ingest.engine.clone();
-    loop {
-        if *stop.borrow() {
-            return;
-        }
-        let got = tokio::select! {
-            r = e.wait_access(queue, Duration::from_secs(10)) => r,
-            _ = stop.wait_for(|s| *s) => return,
-        };
-        match got {
-            Ok(Some(lease)) => {
-                let r = async {
-                    let lease = e.access_advance(lease, Event::Success).await?;
-                    let outcome = assemble(&ingest, &lease).await;
-                    let (ev, msg) = match outcome {
-                        Ok(()) => (Event::Success, None),
-                        Err(why) => (Event::Fail, Some(why)),
-                    };
-                    e.access_transition(lease, ev, msg).await
-                }
-                .await;
-                if let Err(err) = r {
-                    tracing::warn!(queue = queue.name(), "access request: {err}");
-                }
-            }
-            Ok(None) => {}
-            Err(err) => {
-                tracing::warn!(queue = queue.name(), "access queue: {err}");
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    _ = stop.wait_for(|s| *s) => return,
-                }
-            }
-        }
-    }
 }

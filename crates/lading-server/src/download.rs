@@ -22,7 +22,7 @@ use lading_ingest::stages::StoredVersion;
 use serde::Deserialize;
 use serde_json::json;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 type Chunk = Result<Bytes, std::io::Error>;
 
@@ -41,70 +41,11 @@ impl Write for ChannelWriter {
     }
 }
 
-/// Files under `dir`, sorted, as (path relative to `dir` with `/`, absolute path, size).
-fn files(dir: &Path) -> std::io::Result<Vec<(String, PathBuf, u64)>> {
-    let mut out = Vec::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for e in std::fs::read_dir(&d)? {
-            let e = e?;
-            let t = e.file_type()?;
-            if t.is_dir() {
-                todo.push(e.path());
-            } else if t.is_file() {
-                let rel = e
-                    .path()
-                    .strip_prefix(dir)
-                    .map(|r| r.to_string_lossy().replace('\\', "/"))
-                    .unwrap_or_default();
-                out.push((rel, e.path(), e.metadata()?.len()));
-            }
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
-fn write_zip(dir: &Path, out: ChannelWriter) -> std::io::Result<()> {
-    let list = files(dir)?;
-    let mut zip = zip::ZipWriter::new_stream(std::io::BufWriter::with_capacity(64 << 10, out));
-    for (name, path, size) in list {
-        let opts = zip::write::SimpleFileOptions::default()
-            .compression_method(zip::CompressionMethod::Stored)
-            .large_file(size >= u32::MAX as u64);
-        zip.start_file(name, opts).map_err(std::io::Error::other)?;
-        std::io::copy(&mut std::fs::File::open(&path)?, &mut zip)?;
-    }
-    zip.finish().map_err(std::io::Error::other)?.flush()
-}
-
-/// Writes `dir` as a zip to `out` (through `out.part`, fsynced, then renamed).
-pub fn zip_to_file(dir: &Path, out: &Path) -> std::io::Result<()> {
-    if let Some(p) = out.parent() {
-        std::fs::create_dir_all(p)?;
-    }
-    let part = out.with_extension("zip.part");
-    let list = files(dir)?;
-    let f = std::fs::File::create(&part)?;
-    let mut zip = zip::ZipWriter::new(std::io::BufWriter::with_capacity(64 << 10, f));
-    for (name, path, size) in list {
-        let opts = zip::write::SimpleFileOptions::default()
-            .compression_method(zip::CompressionMethod::Stored)
-            .large_file(size >= u32::MAX as u64);
-        zip.start_file(name, opts).map_err(std::io::Error::other)?;
-        std::io::copy(&mut std::fs::File::open(&path)?, &mut zip)?;
-    }
-    let mut w = zip.finish().map_err(std::io::Error::other)?;
-    w.flush()?;
-    w.get_ref().sync_all()?;
-    std::fs::rename(&part, out)
-}
-
 /// A response streaming `dir` as `file_name`.
 pub fn zip_response(dir: PathBuf, file_name: &str) -> Response {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Chunk>(8);
     tokio::task::spawn_blocking(move || {
-        if let Err(e) = write_zip(&dir, ChannelWriter(tx.clone())) {
+        if let Err(e) = lading_ingest::access::write_zip(&dir, ChannelWriter(tx.clone())) {
             if e.kind() != std::io::ErrorKind::BrokenPipe {
                 tracing::warn!("zip of {}: {e}", dir.display());
             }

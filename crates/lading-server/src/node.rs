@@ -198,13 +198,7 @@ impl Node {
                 Ok(())
             }));
         }
-        for q in spec.access {
-            let (i, rx) = (ingest.clone(), stop_rx.clone());
-            others.push(tokio::spawn(async move {
-                crate::access::run_worker(i, q, rx).await;
-                Ok(())
-            }));
-        }
+
         if spec.monitor {
             let (j, s) = (jobs.clone(), monitor_stop.clone());
             others.push(tokio::spawn(async move {
@@ -213,6 +207,14 @@ impl Node {
             }));
         }
         let (stages, shutdown) = Shutdown::new();
+        // The access queues run on the same runtime and stop with the stages.
+        for q in spec.access {
+            let (i, sd) = (ingest.clone(), shutdown.clone());
+            others.push(tokio::spawn(async move {
+                lading_ingest::access::run(i, q, sd).await;
+                Ok(())
+            }));
+        }
         let stage_task = (!spec.stages.is_empty()).then(|| {
             let i = ingest.clone();
             let names = spec.stages.clone();

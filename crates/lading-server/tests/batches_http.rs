@@ -316,11 +316,11 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
     // The access queue: a request waits while its queue is paused, then is assembled.
-    let (stop_access, stop_rx) = tokio::sync::watch::channel(false);
-    let access_worker = tokio::spawn(lading_server::access::run_worker(
+    let (stop_access, shutdown) = lading_worker::Shutdown::new();
+    let access_worker = tokio::spawn(lading_ingest::access::run(
         s.ingest.clone(),
         lading_core::layout::AccessQueue::Small,
-        stop_rx,
+        shutdown,
     ));
     s.call("PUT", "/api/v1/queues/accessSmall/pause", None)
         .await;
@@ -430,7 +430,7 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(zip_of(r.bytes().await.unwrap().to_vec()), files);
-    stop_access.send(true).unwrap();
+    stop_access.stop();
     access_worker.await.unwrap();
     // Metrics need no token and show what happened.
     let m = s

@@ -324,11 +324,13 @@ impl Shutdown {
         *self.stop.borrow()
     }
 
-    async fn into_stopped(mut self) {
+    /// Completes when a stop is asked for.
+    pub async fn into_stopped(mut self) {
         let _ = self.stop.wait_for(|s| *s).await;
     }
 
-    async fn aborted(&mut self) {
+    /// Completes when an abort is asked for.
+    pub async fn aborted(&mut self) {
         let _ = self.abort.wait_for(|s| *s).await;
     }
 }
@@ -384,7 +386,7 @@ impl Worker {
                     stage: stage.clone(),
                     cfg: cfg.clone(),
                 };
-                set.spawn(stage_loop(l, shutdown.clone()));
+                set.spawn(stage_loop(Arc::new(l), shutdown.clone()));
             }
         }
         for (stage, cfg) in batches {
@@ -395,7 +397,7 @@ impl Worker {
                     stage: stage.clone(),
                     cfg: cfg.clone(),
                 };
-                set.spawn(stage_loop(l, shutdown.clone()));
+                set.spawn(stage_loop(Arc::new(l), shutdown.clone()));
             }
         }
         while let Some(r) = set.join_next().await {
@@ -494,18 +496,23 @@ struct JobLoop {
     cfg: StageConfig,
 }
 
-/// What a stage loop waits for and handles: jobs in one state, or batches in one state.
-trait Acquire: Send + Sync + 'static {
+/// Something the runtime runs: it waits for an item of work, handles it, and gives back one it
+/// leased but did not handle. Ingest jobs and batches (one state each), access requests,
+/// generic jobs of one type and scheduled tasks are all run as `Acquire`s through
+/// [`run_loops`], so every loop has the same stop, the same error pause and the same
+/// shutdown.
+pub trait Acquire: Send + Sync + 'static {
     type Lease: Send;
-    /// `job` or `batch`, for messages.
+    /// What an item is (`job`, `batch`, `access request`), for messages.
     const WHAT: &'static str;
-    fn state_name(&self) -> &'static str;
-    /// Waits for work until `stop` says stop (cancelled through the engine, never by
-    /// dropping an acquisition half done).
+    /// The loop's name (a state, a queue, a type), for messages.
+    fn state_name(&self) -> &str;
+    /// Waits for work until `stop` says stop (cancelled through the store, never by
+    /// dropping an acquisition half done). `Ok(None)`: nothing yet, ask again.
     fn wait(
         &self,
         stop: Shutdown,
-    ) -> impl Future<Output = lading_engine::Result<Option<Self::Lease>>> + Send;
+    ) -> impl Future<Output = Result<Option<Self::Lease>, String>> + Send;
     /// Handles one item; may come back with the next one, already leased.
     fn handle(
         &self,
@@ -516,10 +523,23 @@ trait Acquire: Send + Sync + 'static {
     fn release(&self, lease: Self::Lease) -> impl Future<Output = ()> + Send;
 }
 
+/// Runs `n` loops of `l` until shut down, and waits for them all.
+pub async fn run_loops<L: Acquire>(l: Arc<L>, n: usize, shutdown: Shutdown) {
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..n.max(1) {
+        set.spawn(stage_loop(l.clone(), shutdown.clone()));
+    }
+    while let Some(r) = set.join_next().await {
+        if let Err(e) = r {
+            tracing::error!(error = %e, "a {} loop ended abnormally", L::WHAT);
+        }
+    }
+}
+
 /// One stage loop: wait for work, handle it, until shut down. A job handled successfully
 /// may bring its successor along (locked in the same `multi` that moved it on); that one is
 /// handled next without waiting.
-async fn stage_loop<L: Acquire>(l: L, mut shutdown: Shutdown) {
+async fn stage_loop<L: Acquire>(l: Arc<L>, mut shutdown: Shutdown) {
     let mut next: Option<L::Lease> = None;
     loop {
         if shutdown.is_stopping() {
@@ -547,15 +567,14 @@ async fn stage_loop<L: Acquire>(l: L, mut shutdown: Shutdown) {
 impl Acquire for JobLoop {
     type Lease = JobLease;
     const WHAT: &'static str = "job";
-    fn state_name(&self) -> &'static str {
+    fn state_name(&self) -> &str {
         self.stage.state().name()
     }
-    fn wait(
-        &self,
-        stop: Shutdown,
-    ) -> impl Future<Output = lading_engine::Result<Option<JobLease>>> + Send {
+    async fn wait(&self, stop: Shutdown) -> Result<Option<JobLease>, String> {
         self.engine
             .wait_job_or(self.stage.state(), IDLE_WAIT, stop.into_stopped())
+            .await
+            .map_err(|e| e.to_string())
     }
     fn handle(
         &self,
@@ -773,15 +792,14 @@ struct BatchLoop {
 impl Acquire for BatchLoop {
     type Lease = BatchLease;
     const WHAT: &'static str = "batch";
-    fn state_name(&self) -> &'static str {
+    fn state_name(&self) -> &str {
         self.stage.state().name()
     }
-    fn wait(
-        &self,
-        stop: Shutdown,
-    ) -> impl Future<Output = lading_engine::Result<Option<BatchLease>>> + Send {
+    async fn wait(&self, stop: Shutdown) -> Result<Option<BatchLease>, String> {
         self.engine
             .wait_batch_or(self.stage.state(), IDLE_WAIT, stop.into_stopped())
+            .await
+            .map_err(|e| e.to_string())
     }
     async fn handle(&self, lease: BatchLease, shutdown: &mut Shutdown) -> Option<BatchLease> {
         self.handle_batch(lease, shutdown).await;

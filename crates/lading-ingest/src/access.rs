@@ -1,0 +1,143 @@
+//! The access queue's stage (seed 001): a request for a stored object version is assembled
+//! as a zip of the version's files, and the request moves to Completed (or Failed with the
+//! reason). Run by the shared runtime ([`lading_worker::run_loops`]) like every other stage;
+//! the HTTP side (requests, tokens, serving the zip) is in `lading-server`.
+
+use crate::Ingest;
+use lading_core::Event;
+use lading_core::layout::{AccessId, AccessQueue};
+use lading_engine::AccessLease;
+use lading_worker::{Acquire, Shutdown};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Where request `id`'s zip is written.
+pub fn zip_path(cfg: &crate::Config, queue: AccessQueue, id: &AccessId) -> PathBuf {
+    cfg.data_dir
+        .join("access")
+        .join(format!("{}-{id}.zip", queue.name()))
+}
+
+/// Files under `dir`, sorted, as (path relative to `dir` with `/`, absolute path, size).
+pub fn files(dir: &Path) -> std::io::Result<Vec<(String, PathBuf, u64)>> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d)? {
+            let e = e?;
+            let t = e.file_type()?;
+            if t.is_dir() {
+                todo.push(e.path());
+            } else if t.is_file() {
+                let rel = e
+                    .path()
+                    .strip_prefix(dir)
+                    .map(|r| r.to_string_lossy().replace('\\', "/"))
+                    .unwrap_or_default();
+                out.push((rel, e.path(), e.metadata()?.len()));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Writes the files under `dir` as a zip to `out`, which need not be seekable (entries are
+/// stored uncompressed, with ZIP64 for files over 4 GiB); returns `out`, flushed.
+pub fn write_zip<W: Write>(dir: &Path, out: W) -> std::io::Result<W> {
+    let list = files(dir)?;
+    let mut zip = zip::ZipWriter::new_stream(std::io::BufWriter::with_capacity(64 << 10, out));
+    for (name, path, size) in list {
+        let opts = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Stored)
+            .large_file(size >= u32::MAX as u64);
+        zip.start_file(name, opts).map_err(std::io::Error::other)?;
+        std::io::copy(&mut std::fs::File::open(&path)?, &mut zip)?;
+    }
+    let mut w = zip.finish().map_err(std::io::Error::other)?;
+    w.flush()?;
+    w.into_inner().into_inner().map_err(|e| e.into_error())
+}
+
+/// Writes `dir` as a zip to `out` (through `out.part`, fsynced, then renamed).
+pub fn zip_to_file(dir: &Path, out: &Path) -> std::io::Result<()> {
+    if let Some(p) = out.parent() {
+        std::fs::create_dir_all(p)?;
+    }
+    let part = out.with_extension("zip.part");
+    let f = write_zip(dir, std::fs::File::create(&part)?)?;
+    f.sync_all()?;
+    std::fs::rename(&part, out)
+}
+
+async fn assemble(ingest: &Ingest, lease: &AccessLease) -> Result<(), String> {
+    let ark = lease.token["ark"].as_str().ok_or("the token has no ark")?;
+    let version = lease.token["version"]
+        .as_u64()
+        .ok_or("the token has no version")? as u32;
+    let db = ingest.cfg.inventory();
+    let a = ark.to_string();
+    let path =
+        tokio::task::spawn_blocking(move || crate::inventory::version_path(&db, &a, version))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("version {version} of {ark} is no longer recorded"))?;
+    let out = zip_path(&ingest.cfg, lease.queue, &lease.id);
+    tokio::task::spawn_blocking(move || zip_to_file(&PathBuf::from(path), &out))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
+}
+
+/// One access queue as a loop of the runtime.
+struct AccessLoop {
+    ingest: Arc<Ingest>,
+    queue: AccessQueue,
+}
+
+/// How long an idle access loop waits before asking again (it also wakes on new requests,
+/// on a request's status landing, on the queue's pause flag and on a stop).
+const IDLE_WAIT: Duration = Duration::from_secs(60);
+
+impl Acquire for AccessLoop {
+    type Lease = AccessLease;
+    const WHAT: &'static str = "access request";
+    fn state_name(&self) -> &str {
+        self.queue.lock_name()
+    }
+    async fn wait(&self, stop: Shutdown) -> Result<Option<AccessLease>, String> {
+        self.ingest
+            .engine
+            .wait_access_or(self.queue, IDLE_WAIT, stop.into_stopped())
+            .await
+            .map_err(|e| e.to_string())
+    }
+    async fn handle(&self, lease: AccessLease, _: &mut Shutdown) -> Option<AccessLease> {
+        let e = &self.ingest.engine;
+        let r = async {
+            let lease = e.access_advance(lease, Event::Success).await?;
+            let (ev, msg) = match assemble(&self.ingest, &lease).await {
+                Ok(()) => (Event::Success, None),
+                Err(why) => (Event::Fail, Some(why)),
+            };
+            e.access_transition(lease, ev, msg).await
+        }
+        .await;
+        if let Err(err) = r {
+            tracing::warn!(queue = self.queue.name(), "access request: {err}");
+        }
+        None
+    }
+    async fn release(&self, lease: AccessLease) {
+        let _ = self.ingest.engine.release_access_lease(lease).await;
+    }
+}
+
+/// Serves one access queue until shut down: takes the oldest Pending request, assembles its
+/// zip, marks it Completed (or Failed with the reason).
+pub async fn run(ingest: Arc<Ingest>, queue: AccessQueue, shutdown: Shutdown) {
+    lading_worker::run_loops(Arc::new(AccessLoop { ingest, queue }), 1, shutdown).await
+}
