@@ -3,12 +3,11 @@
 
 use clap::Subcommand;
 use lading_core::time::system_clock;
-use lading_jobs::{AcceptOptions, Job, Jobs, JobsError, State};
+use lading_jobs::{CommandProcessor, Jobs, JobsError, State};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 
 #[derive(Subcommand)]
 pub enum JobsCmd {
@@ -209,67 +208,39 @@ async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The processor of `lading jobs run`.
+/// The processor of `lading jobs run`: `concurrency` loops of [`CommandProcessor`] until
+/// SIGINT/SIGTERM (a second signal kills running commands and puts their jobs back), with
+/// the activity monitor beside them.
 async fn process(
     j: &Arc<Jobs>,
     ty: &str,
     concurrency: usize,
     command: Vec<String>,
 ) -> anyhow::Result<()> {
-    let timeout_s = j.get_type_timeout(ty).await?;
-    // stop: accept nothing more. abort: kill running commands and put their jobs back.
-    let (stop_tx, stop_rx) = watch::channel(0u8);
+    let shown = command.join(" ");
+    let processor = CommandProcessor::new(j.clone(), ty, command).await?;
+    let (handle, shutdown) = lading_worker::Shutdown::new();
     let monitor_stop = Arc::new(Notify::new());
     let monitor = {
         let (jj, s) = (j.clone(), monitor_stop.clone());
         tokio::spawn(async move { jj.run_monitor(&s).await })
     };
-    let command = Arc::new(command);
-    let mut loops = Vec::new();
-    for _ in 0..concurrency {
-        let (j, ty, command, mut rx) =
-            (j.clone(), ty.to_string(), command.clone(), stop_rx.clone());
-        loops.push(tokio::spawn(async move {
-            let opts = AcceptOptions {
-                timeout: Duration::from_secs(3600),
-                ..Default::default()
-            };
-            loop {
-                if *rx.borrow() > 0 {
-                    return anyhow::Ok(());
-                }
-                let job = tokio::select! {
-                    r = j.accept(&ty, &opts) => r?,
-                    _ = rx.changed() => continue,
-                };
-                if let Some(job) = job {
-                    run_one(&j, job, &command, timeout_s, rx.clone()).await?;
-                }
-            }
-        }));
-    }
     eprintln!(
-        "lading: processing {ty} jobs with {concurrency} at a time: {} (stop with Ctrl-C)",
-        command.join(" ")
+        "lading: processing {ty} jobs with {concurrency} at a time: {shown} (stop with Ctrl-C)"
     );
-    let all = async {
-        for l in loops {
-            l.await??;
-        }
-        anyhow::Ok(())
-    };
+    let all = processor.run(concurrency, shutdown);
     tokio::pin!(all);
     tokio::select! {
-        r = &mut all => r?,
+        () = &mut all => {}
         _ = crate::pipeline::signal() => {
             eprintln!("lading: stopping; running jobs finish first (signal again to stop now)");
-            let _ = stop_tx.send(1);
+            handle.stop();
             tokio::select! {
-                r = &mut all => r?,
+                () = &mut all => {}
                 _ = crate::pipeline::signal() => {
                     eprintln!("lading: stopping now; running jobs go back to pending");
-                    let _ = stop_tx.send(2);
-                    all.await?;
+                    handle.abort();
+                    all.await;
                 }
             }
         }
@@ -277,87 +248,5 @@ async fn process(
     monitor_stop.notify_one();
     monitor.await?;
     eprintln!("lading: stopped");
-    Ok(())
-}
-
-/// Runs one job's command, heartbeating every third of the type's timeout. A `Halt` (removed,
-/// or re-enqueued because this process stalled) kills the command and writes nothing.
-async fn run_one(
-    j: &Jobs,
-    mut job: Job,
-    command: &[String],
-    timeout_s: u64,
-    mut stop: watch::Receiver<u8>,
-) -> anyhow::Result<()> {
-    let mut child = tokio::process::Command::new(&command[0])
-        .args(&command[1..])
-        .env("LADING_JOB_TYPE", &job.ty)
-        .env("LADING_JOB_ID", &job.id)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| anyhow::anyhow!("cannot run {:?}: {e}", command[0]))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        let data = serde_json::to_vec(job.data())?;
-        // A command that does not read its input is fine.
-        let _ = stdin.write_all(&data).await;
-    }
-    let mut stdout = child.stdout.take();
-    let output = tokio::spawn(async move {
-        let mut buf = Vec::new();
-        if let Some(out) = stdout.as_mut() {
-            use tokio::io::AsyncReadExt;
-            let _ = out.take(16 << 20).read_to_end(&mut buf).await;
-        }
-        buf
-    });
-    let beat = Duration::from_millis((timeout_s * 1000 / 3).max(100));
-    let status = loop {
-        tokio::select! {
-            s = child.wait() => break Some(s?),
-            _ = tokio::time::sleep(beat) => {
-                match j.update(&mut job, None).await {
-                    Ok(()) => {}
-                    Err(e @ JobsError::Halt { .. }) => {
-                        eprintln!("lading: {}: {e}; command stopped", job.id);
-                        let _ = child.kill().await;
-                        return Ok(());
-                    }
-                    Err(e) => eprintln!("lading: {}: heartbeat failed: {e}", job.id),
-                }
-            }
-            _ = stop.changed() => {
-                if *stop.borrow() == 2 {
-                    let _ = child.kill().await;
-                    break None;
-                }
-            }
-        }
-    };
-    let Some(status) = status else {
-        // Aborted: back to pending now rather than after the activity timeout.
-        let r = async {
-            j.resubmit(&mut job, None).await?;
-            j.finish(&mut job, None).await
-        };
-        if let Err(e) = r.await {
-            eprintln!("lading: {}: could not put it back: {e}", job.id);
-        }
-        return Ok(());
-    };
-    let out = output.await.unwrap_or_default();
-    let result = status
-        .success()
-        .then(|| serde_json::from_slice::<Value>(&out).ok())
-        .flatten();
-    match j.finish(&mut job, result).await {
-        Ok(()) if status.success() => println!("{}: finished", job.id),
-        Ok(()) => {
-            println!("{}: finished ({status}; data kept)", job.id);
-        }
-        Err(e @ JobsError::Halt { .. }) => eprintln!("lading: {}: {e}", job.id),
-        Err(e) => return Err(e.into()),
-    }
     Ok(())
 }

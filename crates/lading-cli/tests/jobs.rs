@@ -433,3 +433,25 @@ fn the_command_line_submits_and_administers_through_a_server() {
         .unwrap();
     assert!(server.wait().unwrap().success());
 }
+
+/// A processor whose command cannot be run is refused before it takes a job: it exits
+/// naming the command, and the job stays pending with its data.
+#[test]
+fn a_processor_with_a_command_that_cannot_run_takes_no_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("l.db");
+    ok(&db, &["jobs", "timeout", "t", "30"]);
+    ok(&db, &["jobs", "add", "t", "j1", "--data", r#"{"n":1}"#]);
+    for command in ["/no/such/program", "no-such-program-on-path"] {
+        let o = lading(&db, &["jobs", "run", "t", "--", command]);
+        assert!(!o.status.success());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("cannot run") && err.contains(command), "{err}");
+        let j = show(&db, "j1");
+        assert_eq!(
+            (j["state"].as_str(), &j["data"]),
+            (Some("pending"), &serde_json::json!({"n": 1})),
+            "{j}"
+        );
+    }
+}

@@ -34,6 +34,9 @@
 //! - **Waiting** (`accept` with a timeout, `wait`) is woken by the tree's watches, not polling;
 //!   a wait for a job scheduled later also wakes at its time.
 
+pub mod processor;
+pub use processor::CommandProcessor;
+
 use lading_core::time::SharedClock;
 use lading_core::{Op, OpResult, Tree, TreeError, Watch, WatchKind};
 use serde::{Deserialize, Serialize};
