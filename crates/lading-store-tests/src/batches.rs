@@ -1,0 +1,721 @@
+//! Batches: exactly-once reporting, update reports, requeue at every state, the outbox, holds, pauses, waking, admin actions and space admission.
+
+use super::*;
+
+pub async fn batch_reports_exactly_once_when_jobs_finish_concurrently(h: &dyn Harness) {
+    for round in 0..3 {
+        let (e, _s) = engine(h, "setup").await;
+        let (bid, _jobs) = batch_with_jobs(&e, 12, &[]).await;
+        // Bring every job to Notify.
+        while let Some(l) = e.acquire_job(JobState::Pending).await.unwrap() {
+            let mut l = e
+                .job_advance(l, Event::To(JobState::Estimating), None)
+                .await
+                .unwrap();
+            while l.state() != JobState::Notify {
+                l = e.job_advance(l, Event::Success, None).await.unwrap();
+            }
+            e.release_job_lease(l).await.unwrap();
+        }
+        let mut engines = Vec::new();
+        for w in 0..4 {
+            engines.push(engine(h, &format!("w{round}{w}")).await);
+        }
+        let mut receivers: Vec<_> = engines.iter().map(|(ew, _)| ew.subscribe()).collect();
+        receivers.push(e.subscribe());
+        let mut leases = Vec::new();
+        let mut i = 0;
+        while let Some(l) = engines[i % 4]
+            .0
+            .acquire_job(JobState::Notify)
+            .await
+            .unwrap()
+        {
+            leases.push((engines[i % 4].0.clone(), l));
+            i += 1;
+        }
+        assert_eq!(leases.len(), 12);
+        let mut handles = Vec::new();
+        for (idx, (ew, l)) in leases.into_iter().enumerate() {
+            handles.push(tokio::spawn(async move {
+                let ev = if idx % 5 == 0 {
+                    Event::Fail
+                } else {
+                    Event::Success
+                };
+                ew.job_transition(l, ev, None)
+                    .await
+                    .expect("final transition");
+            }));
+        }
+        for hd in handles {
+            hd.await.unwrap();
+        }
+        let info = e.batch(&bid).await.unwrap();
+        assert_eq!(info.status.status, BatchState::Reporting);
+        assert!(info.jobs["batch-processing"].is_empty());
+        assert_eq!(
+            info.jobs["batch-completed"].len() + info.jobs["batch-failed"].len(),
+            12
+        );
+        // Exactly one Processing → Reporting move, across every engine's events.
+        let mut moves = 0;
+        for rx in receivers.iter_mut() {
+            while let Ok(ev) = rx.try_recv() {
+                if ev.kind == "batch" && ev.id == bid.as_str() && ev.to == "Reporting" {
+                    moves += 1;
+                }
+            }
+        }
+        assert_eq!(moves, 1, "the batch moved to Reporting exactly once");
+        // The sweep finds nothing more to do.
+        assert_eq!(e.sweep_reporting().await.unwrap(), 0);
+        assert!(!e.maybe_report(&bid).await.unwrap());
+    }
+}
+
+pub async fn report_and_update_reporting(h: &dyn Harness) {
+    let (e, _s) = engine(h, "w").await;
+    let (bid, jobs) = batch_with_jobs(&e, 2, &[]).await;
+    run_job_to_completion(&e, JobState::Pending).await.unwrap();
+    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    e.job_transition(l, Event::Fail, Some("bad manifest row".into()))
+        .await
+        .unwrap();
+    let lease = e
+        .acquire_batch(BatchState::Reporting)
+        .await
+        .unwrap()
+        .expect("reporting batch");
+    let report = e.build_report(&bid).await.unwrap();
+    assert_eq!(
+        (report.completed_jobs.clone(), report.failed_jobs.clone()),
+        (vec![jobs[0].to_string()], vec![jobs[1].to_string()])
+    );
+    e.write_status_report(&lease, &report).await.unwrap();
+    e.batch_transition(lease, Event::Fail, Some("1 job failed".into()))
+        .await
+        .unwrap();
+    // Merritt's way: an admin asks for an updated report of the Failed batch.
+    let st = e.update_reporting(&bid).await.unwrap();
+    assert_eq!(st.status, BatchState::UpdateReporting);
+    let lease = e
+        .acquire_batch(BatchState::UpdateReporting)
+        .await
+        .unwrap()
+        .unwrap();
+    e.batch_transition(lease, Event::Fail, Some("1 of 2 jobs failed".into()))
+        .await
+        .unwrap();
+    // Requeuing the failed job reopens the batch; done, it reports again by itself.
+    e.requeue_job(&jobs[1], None).await.unwrap();
+    assert_eq!(
+        e.batch(&bid).await.unwrap().status.status,
+        BatchState::Processing
+    );
+    run_job_to_completion(&e, JobState::Pending).await.unwrap();
+    let mut lease = e
+        .acquire_batch(BatchState::Reporting)
+        .await
+        .unwrap()
+        .expect("the reopened batch reports again");
+    let report = e.build_report(&bid).await.unwrap();
+    assert_eq!(report.completed_jobs.len(), 2);
+    assert!(report.failed_jobs.is_empty());
+    lease.report = Some(report);
+    e.batch_transition(lease, Event::Success, None)
+        .await
+        .unwrap();
+    let info = e.batch(&bid).await.unwrap();
+    assert_eq!(info.status.status, BatchState::Completed);
+    assert_eq!(info.status_report.unwrap().completed_jobs.len(), 2);
+    // Cleanup purges a completed batch and its jobs.
+    assert_eq!(e.purge_batch(&bid).await.unwrap(), 2);
+    assert!(matches!(e.batch(&bid).await, Err(EngineError::NoBatch(_))));
+    assert!(matches!(e.job(&jobs[0]).await, Err(EngineError::NoJob(_))));
+    assert_eq!(e.job_counts().await.unwrap().values().sum::<u64>(), 0);
+}
+
+/// A batch of two jobs, the first completed and the second Failed, with the batch in `state`
+/// (Processing: the second job failed while the first still ran).
+pub(crate) async fn batch_with_a_failed_job(
+    e: &Engine,
+    state: BatchState,
+) -> (BatchId, Vec<JobId>) {
+    let (bid, jobs) = batch_with_jobs(e, 2, &[]).await;
+    if state == BatchState::Processing {
+        // The second fails first: the first is still in the pipeline.
+        let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+        let l = if l.job == jobs[1] {
+            l
+        } else {
+            // Held while the other is taken.
+            let second = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+            e.release_job_lease(l).await.unwrap();
+            second
+        };
+        assert_eq!(l.job, jobs[1]);
+        e.job_transition(l, Event::Fail, Some("bad row".into()))
+            .await
+            .unwrap();
+        return (bid, jobs);
+    }
+    run_job_to_completion(e, JobState::Pending).await.unwrap();
+    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    e.job_transition(l, Event::Fail, Some("bad row".into()))
+        .await
+        .unwrap();
+    if state == BatchState::Reporting {
+        let jobs = failed_last(e, &bid, jobs).await;
+        return (bid, jobs);
+    }
+    let lease = e
+        .acquire_batch(BatchState::Reporting)
+        .await
+        .unwrap()
+        .unwrap();
+    e.batch_transition(lease, Event::Fail, Some("1 of 2 jobs failed".into()))
+        .await
+        .unwrap();
+    if state == BatchState::UpdateReporting {
+        e.update_reporting(&bid).await.unwrap();
+    }
+    let jobs = failed_last(e, &bid, jobs).await;
+    (bid, jobs)
+}
+
+/// `jobs` with the batch's failed job last (acquisition picks among equals at random).
+pub(crate) async fn failed_last(e: &Engine, bid: &BatchId, mut jobs: Vec<JobId>) -> Vec<JobId> {
+    let failed = e.batch(bid).await.unwrap().jobs["batch-failed"].clone();
+    jobs.sort_by_key(|j| failed.contains(&j.to_string()));
+    jobs
+}
+
+pub async fn requeue_at_every_batch_state_reports_again(h: &dyn Harness) {
+    let (e, _s) = engine(h, "w").await;
+    for state in [
+        BatchState::Processing,
+        BatchState::Reporting,
+        BatchState::Failed,
+        BatchState::UpdateReporting,
+    ] {
+        let (bid, jobs) = batch_with_a_failed_job(&e, state).await;
+        assert_eq!(e.batch(&bid).await.unwrap().status.status, state);
+        let st = e
+            .requeue_job(&jobs[1], Some(JobState::Pending))
+            .await
+            .unwrap();
+        assert_eq!(st.status, JobState::Pending);
+        let info = e.batch(&bid).await.unwrap();
+        assert_eq!(info.status.status, BatchState::Processing, "from {state}");
+        assert!(!info.locked, "from {state}");
+        if state != BatchState::Processing {
+            let msg = info.status.message.unwrap_or_default();
+            assert!(
+                msg.contains("reopened") && msg.contains(jobs[1].as_str()),
+                "{msg}"
+            );
+        }
+        // The rest of the batch's work, then one report that sees every job completed.
+        while run_job_to_completion(&e, JobState::Pending).await.is_some() {}
+        let lease = e
+            .acquire_batch(BatchState::Reporting)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("batch from {state} reports again"));
+        assert_eq!(lease.batch, bid);
+        let report = e.build_report(&bid).await.unwrap();
+        assert_eq!(report.completed_jobs.len(), 2, "from {state}");
+        e.batch_transition(lease, Event::Success, None)
+            .await
+            .unwrap();
+        assert_eq!(
+            e.batch(&bid).await.unwrap().status.status,
+            BatchState::Completed
+        );
+        // A Completed batch has nothing to requeue: refused, nothing changes.
+        let before = e.batch(&bid).await.unwrap().status;
+        let err = e.requeue_job(&jobs[0], None).await.unwrap_err();
+        assert!(matches!(err, EngineError::Illegal(_)), "{err}");
+        assert_eq!(e.batch(&bid).await.unwrap().status, before);
+    }
+}
+
+/// The first report's mail of `bid`, as an effect.
+pub(crate) fn report_mail(bid: &BatchId, payload: Value) -> lading_engine::Effect {
+    lading_engine::Effect {
+        kind: "mail".into(),
+        key: "<report-1>".into(),
+        batch: Some(bid.to_string()),
+        job: None,
+        payload,
+    }
+}
+
+pub async fn a_reporter_that_loses_its_batch_to_a_requeue_records_nothing(h: &dyn Harness) {
+    let (e, s) = engine(h, "w").await;
+    let (bid, jobs) = batch_with_a_failed_job(&e, BatchState::Reporting).await;
+    let mut lease = e
+        .acquire_batch(BatchState::Reporting)
+        .await
+        .unwrap()
+        .unwrap();
+    lease.report = Some(e.build_report(&bid).await.unwrap());
+    lease.effects.push(report_mail(&bid, json!({})));
+    // While the reporter works, an admin requeues the failed job.
+    e.requeue_job(&jobs[1], None).await.unwrap();
+    let err = e
+        .batch_transition(lease, Event::Fail, Some("1 of 2 jobs failed".into()))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, EngineError::LeaseLost(_)), "{err}");
+    let info = e.batch(&bid).await.unwrap();
+    assert_eq!(info.status.status, BatchState::Processing);
+    assert!(!info.locked, "the reporter let go of the batch");
+    assert!(
+        info.status_report.is_none(),
+        "no report of a move that failed"
+    );
+    assert!(e.outbox().await.unwrap().is_empty(), "no mail either");
+    assert!(s.tree.children(OUTBOX).await.unwrap().is_empty());
+    // The requeued job finishes; the batch reports once, then, with its mail in the outbox.
+    run_job_to_completion(&e, JobState::Pending).await.unwrap();
+    let mut lease = e
+        .acquire_batch(BatchState::Reporting)
+        .await
+        .unwrap()
+        .unwrap();
+    lease.report = Some(e.build_report(&bid).await.unwrap());
+    lease
+        .effects
+        .push(report_mail(&bid, json!({"to": ["a@example.org"]})));
+    e.batch_transition(lease, Event::Success, None)
+        .await
+        .unwrap();
+    let out = e.outbox().await.unwrap();
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].entry.effect.key, "<report-1>");
+    assert_eq!(out[0].entry.attempts, 0);
+    assert_eq!(
+        e.batch(&bid)
+            .await
+            .unwrap()
+            .status_report
+            .unwrap()
+            .completed_jobs
+            .len(),
+        2
+    );
+}
+
+pub async fn outbox_entries_are_claimed_once_retried_and_deleted_when_delivered(h: &dyn Harness) {
+    let (e, _s) = engine(h, "a").await;
+    let (other, _s2) = engine(h, "b").await;
+    let (_bid, _jobs) = batch_with_jobs(&e, 1, &[]).await;
+    // A job's move records its callback; a failed move records nothing.
+    let mut l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    l.effects.push(lading_engine::Effect {
+        kind: "callback".into(),
+        key: "k1".into(),
+        batch: None,
+        job: Some(l.job.to_string()),
+        payload: json!({"url": "http://127.0.0.1/"}),
+    });
+    let stale = l.clone();
+    e.job_transition(l, Event::To(JobState::Estimating), None)
+        .await
+        .unwrap();
+    assert!(
+        e.job_transition(stale, Event::To(JobState::Estimating), None)
+            .await
+            .is_err()
+    );
+    let out = e.outbox().await.unwrap();
+    assert_eq!(out.len(), 1, "one entry: the stale move recorded nothing");
+    // One claim at a time, across sessions.
+    let c = e.claim_effect(&["callback"]).await.unwrap().unwrap();
+    assert_eq!(c.entry.effect.key, "k1");
+    assert!(matches!(
+        other.claim_effect(&["callback"]).await.unwrap(),
+        Err(None)
+    ));
+    assert!(matches!(
+        e.claim_effect(&["mail"]).await.unwrap(),
+        Err(None)
+    ));
+    // A failure keeps it with a retry time; not due before it.
+    let at = e.clock().now_ms() + 60_000;
+    e.effect_failed(c, "answered 500", Some(at)).await.unwrap();
+    assert!(matches!(other.claim_effect(&["callback"]).await.unwrap(), Err(Some(t)) if t == at));
+    let item = &e.outbox().await.unwrap()[0];
+    assert_eq!(
+        (item.entry.attempts, item.entry.last_error.as_deref()),
+        (1, Some("answered 500"))
+    );
+    // Given up: dead, never claimed, until an admin retries it.
+    let name = item.name.clone();
+    e.retry_effect(&name).await.unwrap();
+    let c = other.claim_effect(&["callback"]).await.unwrap().unwrap();
+    other.effect_failed(c, "gone", None).await.unwrap();
+    assert!(matches!(
+        e.claim_effect(&["callback"]).await.unwrap(),
+        Err(None)
+    ));
+    assert!(e.outbox().await.unwrap()[0].entry.dead);
+    e.retry_effect(&name).await.unwrap();
+    // Delivered: gone for good.
+    let c = e.claim_effect(&["callback"]).await.unwrap().unwrap();
+    assert_eq!(c.entry.effect.key, "k1");
+    e.effect_done(c).await.unwrap();
+    assert!(e.outbox().await.unwrap().is_empty());
+    assert!(matches!(
+        other.claim_effect(&["callback"]).await.unwrap(),
+        Err(None)
+    ));
+}
+
+pub async fn deleting_the_last_failed_job_says_an_update_report_is_due(h: &dyn Harness) {
+    let (e, _s) = engine(h, "w").await;
+    let (bid, jobs) = batch_with_a_failed_job(&e, BatchState::Failed).await;
+    e.delete_job(&jobs[1]).await.unwrap();
+    let st = e.batch(&bid).await.unwrap().status;
+    assert_eq!(st.status, BatchState::Failed);
+    assert_eq!(
+        st.message.as_deref(),
+        Some("no failed jobs left (1 completed); 1 deleted: an update report is due")
+    );
+}
+
+pub async fn concurrent_admissions_never_reserve_more_than_is_free(h: &dyn Harness) {
+    const MIB: u64 = 1 << 20;
+    let (a, _sa) = engine(h, "a").await;
+    let (b, _sb) = engine(h, "b").await;
+    let (_bid, _jobs) = batch_with_jobs(&a, 9, &[]).await;
+    for _ in 0..9 {
+        let l = a.acquire_job(JobState::Pending).await.unwrap().unwrap();
+        let l = a
+            .job_advance(l, Event::To(JobState::Estimating), None)
+            .await
+            .unwrap();
+        a.job_transition(l, Event::Success, None).await.unwrap();
+    }
+    // Nine jobs of 1 MiB, admitted at the same moment by two sessions into 6 MiB.
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..9 {
+        let e = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let mut l = e
+            .acquire_job(JobState::Provisioning)
+            .await
+            .unwrap()
+            .unwrap();
+        set.spawn(async move {
+            let r = e
+                .reserve_space(&mut l, "host:/work", MIB, 6 * MIB, 0)
+                .await
+                .unwrap();
+            (e, l, r)
+        });
+    }
+    let mut admitted = Vec::new();
+    let mut waiting = Vec::new();
+    while let Some(r) = set.join_next().await {
+        let (e, l, r) = r.unwrap();
+        match r {
+            None => admitted.push((e, l)),
+            Some(held) => {
+                assert!(held > 0 && held + MIB > 6 * MIB, "refused with {held} held");
+                waiting.push((e, l));
+            }
+        }
+    }
+    assert_eq!(admitted.len(), 6, "6 MiB hold six jobs of 1 MiB");
+    let held: u64 = a
+        .reservations()
+        .await
+        .unwrap()
+        .iter()
+        .map(|(_, r)| r.bytes)
+        .sum();
+    assert_eq!(held, 6 * MIB);
+    // Another root is another file system.
+    let (e, mut l) = waiting.pop().unwrap();
+    assert_eq!(
+        e.reserve_space(&mut l, "other:/work", MIB, 6 * MIB, 0)
+            .await
+            .unwrap(),
+        None
+    );
+    e.job_transition(l, Event::Success, None).await.unwrap();
+    // A download that ends (either way) gives its space back, in its own move.
+    let (e, l) = admitted.pop().unwrap();
+    let l = e.job_advance(l, Event::Success, None).await.unwrap();
+    assert_eq!(l.state(), JobState::Downloading);
+    assert!(l.status.extra.contains_key(lading_engine::RESERVED_FIELD));
+    e.job_transition(l, Event::Fail, Some("digest mismatch".into()))
+        .await
+        .unwrap();
+    let (e, l) = admitted.pop().unwrap();
+    let l = e.job_advance(l, Event::Success, None).await.unwrap();
+    let st = e.job_transition(l, Event::Success, None).await.unwrap();
+    assert_eq!(st.status, JobState::Processing);
+    assert!(!st.extra.contains_key(lading_engine::RESERVED_FIELD));
+    assert_eq!(
+        a.reservations().await.unwrap().len(),
+        5,
+        "4 left on host:/work, 1 on other"
+    );
+    // Now two of the waiting fit.
+    let mut fits = 0;
+    for (e, mut l) in waiting {
+        if e.reserve_space(&mut l, "host:/work", MIB, 6 * MIB, 0)
+            .await
+            .unwrap()
+            .is_none()
+        {
+            fits += 1;
+        }
+        e.release_job_lease(l).await.unwrap();
+    }
+    assert_eq!(fits, 2);
+    for (e, l) in admitted {
+        e.release_job_lease(l).await.unwrap();
+    }
+}
+
+pub async fn held_collection_holds_batches_and_jobs_until_released(h: &dyn Harness) {
+    let (e, _s) = engine(h, "w").await;
+    // A job of collection "coll" is queued, then the collection is held.
+    let mut sub = Map::new();
+    sub.insert("collection".into(), json!("coll"));
+    let bid = e.create_batch(sub.clone()).await.unwrap();
+    let lease = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
+    let mut cfg = Map::new();
+    cfg.insert("collection".into(), json!("coll"));
+    let jid = e
+        .create_job(
+            &lease,
+            JobSpec {
+                configuration: cfg,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    e.batch_transition(lease, Event::To(BatchState::Processing), None)
+        .await
+        .unwrap();
+    assert!(e.hold_collection("coll").await.unwrap());
+    let held_batch = e.create_batch(sub).await.unwrap();
+    assert!(
+        e.acquire_batch(BatchState::Pending)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(e.acquire_job(JobState::Pending).await.unwrap().is_none());
+    assert_eq!(
+        e.batch(&held_batch).await.unwrap().status.status,
+        BatchState::Held
+    );
+    assert_eq!(e.job(&jid).await.unwrap().status.status, JobState::Held);
+    assert_eq!(e.release_collection("coll").await.unwrap(), 2);
+    assert!(!e.collection_held("coll").await.unwrap());
+    assert_eq!(
+        e.batch(&held_batch).await.unwrap().status.status,
+        BatchState::Pending
+    );
+    let l = e
+        .acquire_job(JobState::Pending)
+        .await
+        .unwrap()
+        .expect("released job is pending again");
+    assert_eq!(l.job, jid);
+    let _ = bid;
+}
+
+pub async fn batch_worker_is_woken_when_a_batch_needs_reporting(h: &dyn Harness) {
+    let (e, _s) = engine(h, "jobs").await;
+    let (reporter, _s2) = engine(h, "reporter").await;
+    let (bid, _jobs) = batch_with_jobs(&e, 1, &[]).await;
+    // The reporter has looked once and found nothing to report; then it waits.
+    assert!(
+        reporter
+            .acquire_batch(BatchState::Reporting)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let waiting = {
+        let r = reporter.clone();
+        tokio::spawn(async move { r.wait_batch(BatchState::Reporting, WAIT).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    run_job_to_completion(&e, JobState::Pending).await.unwrap();
+    let lease = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("woken well before the sweep")
+        .unwrap()
+        .unwrap()
+        .expect("the batch to report");
+    assert_eq!(lease.batch, bid);
+    // A new Pending batch wakes an intake worker too.
+    let waiting = {
+        let r = reporter.clone();
+        tokio::spawn(async move { r.wait_batch(BatchState::Pending, WAIT).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut sub = Map::new();
+    sub.insert("profile_name".into(), json!("demo_profile"));
+    let new = e.create_batch(sub).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("woken by the new batch")
+        .unwrap()
+        .unwrap()
+        .expect("the new batch");
+    assert_eq!(got.batch, new);
+    // A batch is made in two steps (its node, then its status): a waiter that wakes and looks
+    // in between must still be woken when the status arrives, not by the sweep 10 s later.
+    let waiting = {
+        let r = reporter.clone();
+        tokio::spawn(async move { r.wait_batch(BatchState::Pending, WAIT).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let path = e
+        .tree()
+        .create(BATCH_PREFIX, None, CreateMode::PersistentSequential)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let status = json!({"status": "Pending", "last_modified": "2026-11-21 00:00:00 +0000"});
+    e.tree()
+        .multi(vec![
+            Op::create(format!("{path}/submission"), bytes("{}")),
+            Op::create(format!("{path}/status"), bytes(&status.to_string())),
+        ])
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("woken by the status of a batch seen half made")
+        .unwrap()
+        .unwrap()
+        .expect("the batch");
+    assert_eq!(format!("/batches/{}", got.batch), path);
+}
+
+pub async fn paused_queue_hands_out_nothing(h: &dyn Harness) {
+    let (e, _s) = engine(h, "w").await;
+    let (_bid, _jobs) = batch_with_jobs(&e, 1, &[]).await;
+    e.create_batch(Map::new()).await.unwrap();
+    assert!(e.pause_queue("ingest").await.unwrap());
+    assert!(!e.pause_queue("ingest").await.unwrap(), "already paused");
+    assert!(e.acquire_job(JobState::Pending).await.unwrap().is_none());
+    assert!(
+        e.acquire_batch(BatchState::Pending)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // A waiting worker is woken by the resume, not by polling.
+    let e2 = e.clone();
+    let waiter = tokio::spawn(async move { e2.wait_job(JobState::Pending, WAIT).await });
+    tokio::task::yield_now().await;
+    e.resume_queue("ingest").await.unwrap();
+    let got = tokio::time::timeout(WAIT, waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(got.is_some(), "resumed queue hands the job out");
+}
+
+pub async fn waiting_worker_is_woken_by_new_work(h: &dyn Harness) {
+    let (e, _s) = engine(h, "w").await;
+    let (other, _s2) = engine(h, "producer").await;
+    let e2 = e.clone();
+    let waiter = tokio::spawn(async move { e2.wait_job(JobState::Pending, WAIT).await });
+    tokio::task::yield_now().await;
+    let (_bid, jobs) = batch_with_jobs(&other, 1, &[]).await;
+    let got = tokio::time::timeout(WAIT, waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap()
+        .expect("woken with the job");
+    assert_eq!(got.job, jobs[0]);
+}
+
+pub async fn admin_actions_respect_locks_and_the_table(h: &dyn Harness) {
+    let (e, s) = engine(h, "w").await;
+    let (bid, jobs) = batch_with_jobs(&e, 2, &[]).await;
+    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let locked = l.job.clone();
+    let before = normalised_dump(s.tree.as_ref()).await;
+    assert!(matches!(
+        e.hold_job(&locked).await,
+        Err(EngineError::Locked(_))
+    ));
+    assert_eq!(
+        normalised_dump(s.tree.as_ref()).await,
+        before,
+        "a refused admin action changes nothing"
+    );
+    e.release_job_lease(l).await.unwrap();
+    e.hold_job(&jobs[0]).await.unwrap();
+    e.hold_job(&jobs[1]).await.unwrap();
+    e.release_job(&jobs[1]).await.unwrap();
+    assert!(
+        matches!(e.release_job(&jobs[1]).await, Err(EngineError::Illegal(_))),
+        "only Held jobs are released"
+    );
+    // Deleting a held job moves it to Deleted and out of batch-processing.
+    let st = e.delete_job(&jobs[0]).await.unwrap().unwrap();
+    assert_eq!(st.status, JobState::Deleted);
+    let info = e.batch(&bid).await.unwrap();
+    assert_eq!(info.jobs["batch-deleted"], vec![jobs[0].to_string()]);
+    // A batch with a pending job cannot be deleted; its status stays.
+    assert!(matches!(
+        e.delete_batch(&bid).await,
+        Err(EngineError::Illegal(_)) | Err(EngineError::Invalid(_))
+    ));
+    assert_eq!(
+        e.batch(&bid).await.unwrap().status.status,
+        BatchState::Processing
+    );
+    // Hold/release of a pending batch.
+    let b2 = e.create_batch(Map::new()).await.unwrap();
+    e.hold_batch(&b2).await.unwrap();
+    assert!(matches!(
+        e.hold_batch(&b2).await,
+        Err(EngineError::Illegal(_))
+    ));
+    e.delete_batch(&b2).await.unwrap();
+    assert_eq!(
+        e.batch(&b2).await.unwrap().status.status,
+        BatchState::Deleted
+    );
+}
+
+pub async fn duplicate_batch_uuid_is_refused(h: &dyn Harness) {
+    let (e, _s) = engine(h, "w").await;
+    let mut sub = Map::new();
+    sub.insert(
+        "batchID".into(),
+        json!("0b7e2a4e-1111-4222-8333-944445555666"),
+    );
+    let bid = e.create_batch(sub.clone()).await.unwrap();
+    assert_eq!(
+        e.batch_by_uuid("0b7e2a4e-1111-4222-8333-944445555666")
+            .await
+            .unwrap(),
+        Some(bid)
+    );
+    let err = e.create_batch(sub).await.unwrap_err();
+    assert!(err.to_string().contains("already exists"), "{err}");
+    assert_eq!(
+        e.batch_ids().await.unwrap().len(),
+        1,
+        "no half-made batch left behind"
+    );
+}

@@ -1,0 +1,644 @@
+//! Jobs: the pipeline walk, acquisition order and cost, leases, fencing, deferral and requeue.
+
+use super::*;
+
+pub async fn job_walks_the_pipeline_and_the_tree_matches_the_layout(h: &dyn Harness) {
+    let (e, s) = engine(h, "golden").await;
+    let (bid, jobs) = batch_with_jobs(&e, 2, &[]).await;
+    assert_eq!(jobs.len(), 2);
+    assert_eq!(
+        run_job_to_completion(&e, JobState::Pending).await,
+        Some(jobs[0].clone())
+    );
+    // Second job fails in Downloading.
+    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    e.job_transition(l, Event::To(JobState::Estimating), None)
+        .await
+        .unwrap();
+    for st in [JobState::Estimating, JobState::Provisioning] {
+        let l = e.acquire_job(st).await.unwrap().unwrap();
+        e.job_transition(l, Event::Success, None).await.unwrap();
+    }
+    let l = e.acquire_job(JobState::Downloading).await.unwrap().unwrap();
+    let failed = e
+        .job_transition(l, Event::Fail, Some("digest mismatch".into()))
+        .await
+        .unwrap();
+    assert_eq!(failed.last_successful_status, Some(JobState::Provisioning));
+    assert_eq!(
+        e.batch(&bid).await.unwrap().status.status,
+        BatchState::Reporting
+    );
+
+    let got = normalised_dump(s.tree.as_ref()).await;
+    let mut expected: BTreeMap<String, Value> =
+        serde_json::from_str(GOLDEN).expect("golden parses");
+    // Empty folders of every job state exist; add them rather than listing all twelve.
+    for st in JobState::ALL {
+        expected.entry(job_state_folder(*st)).or_insert(Value::Null);
+    }
+    let diff: Vec<String> = got
+        .keys()
+        .chain(expected.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .filter(|k| got.get(*k) != expected.get(*k))
+        .map(|k| format!("{k}: got {:?}, expected {:?}", got.get(k), expected.get(k)))
+        .collect();
+    assert!(
+        diff.is_empty(),
+        "tree differs from the golden layout:\n{}",
+        diff.join("\n")
+    );
+}
+
+/// What one step changed in the tree: `+path` added, `-path` removed, `~path` rewritten, each
+/// with its (normalised) data.
+pub(crate) fn step_diff(
+    before: &BTreeMap<String, Value>,
+    after: &BTreeMap<String, Value>,
+) -> BTreeMap<String, Value> {
+    let mut d = BTreeMap::new();
+    for (k, v) in after {
+        match before.get(k) {
+            None => {
+                d.insert(format!("+{k}"), v.clone());
+            }
+            Some(old) if old != v => {
+                d.insert(format!("~{k}"), v.clone());
+            }
+            _ => {}
+        }
+    }
+    for k in before.keys() {
+        if !after.contains_key(k) {
+            d.insert(format!("-{k}"), Value::Null);
+        }
+    }
+    d
+}
+
+/// Compares what changed since `prev` with `expected`, then moves `prev` on.
+pub(crate) async fn check_step(
+    tree: &dyn Tree,
+    prev: &mut BTreeMap<String, Value>,
+    label: &str,
+    expected: Value,
+) {
+    let now = normalised_dump(tree).await;
+    let got = step_diff(prev, &now);
+    let want: BTreeMap<String, Value> = serde_json::from_value(expected).expect("expected diff");
+    assert_eq!(
+        serde_json::to_string_pretty(&got).unwrap(),
+        serde_json::to_string_pretty(&want).unwrap(),
+        "step {label}"
+    );
+    *prev = now;
+}
+
+pub async fn illegal_transition_is_refused_and_changes_nothing(h: &dyn Harness) {
+    let (e, s) = engine(h, "w").await;
+    let (_bid, jobs) = batch_with_jobs(&e, 1, &[]).await;
+    let before = normalised_dump(s.tree.as_ref()).await;
+    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let err = e
+        .job_transition(l.clone(), Event::To(JobState::Completed), None)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "illegal job transition from Pending to Completed"
+    );
+    e.release_job_lease(l).await.unwrap();
+    let err = e.requeue_job(&jobs[0], None).await.unwrap_err();
+    assert!(matches!(err, EngineError::Illegal(_)), "{err}");
+    let err = e.delete_job(&jobs[0]).await.unwrap_err();
+    assert!(
+        err.to_string().contains("Pending") && err.to_string().contains("Deleted"),
+        "{err}"
+    );
+    assert_eq!(
+        normalised_dump(s.tree.as_ref()).await,
+        before,
+        "refused moves leave the tree as it was"
+    );
+}
+
+pub async fn unknown_ids_get_typed_errors(h: &dyn Harness) {
+    let (e, _s) = engine(h, "w").await;
+    let missing = JobId::parse("jid9999999999").unwrap();
+    assert!(matches!(e.job(&missing).await, Err(EngineError::NoJob(j)) if j == "jid9999999999"));
+    assert!(matches!(
+        e.hold_job(&missing).await,
+        Err(EngineError::NoJob(_))
+    ));
+    let b = BatchId::parse("bid9999999999").unwrap();
+    assert!(matches!(e.batch(&b).await, Err(EngineError::NoBatch(_))));
+    assert!(matches!(
+        e.delete_batch(&b).await,
+        Err(EngineError::NoBatch(_))
+    ));
+    assert!(matches!(
+        e.pause_queue("nosuch").await,
+        Err(EngineError::Invalid(_))
+    ));
+}
+
+pub async fn corrupt_node_is_named_and_nothing_changes(h: &dyn Harness) {
+    let (e, s) = engine(h, "w").await;
+    let (_bid, jobs) = batch_with_jobs(&e, 1, &[]).await;
+    s.tree
+        .set(&job_node(&jobs[0], "status"), bytes("{not json"), None)
+        .await
+        .unwrap();
+    let before = normalised_dump(s.tree.as_ref()).await;
+    let err = e.acquire_job(JobState::Pending).await.unwrap_err();
+    match &err {
+        EngineError::Corrupt { path, reason } => {
+            assert_eq!(path, &job_node(&jobs[0], "status"));
+            assert!(reason.contains("invalid JSON"), "{reason}");
+        }
+        other => panic!("expected Corrupt, got {other}"),
+    }
+    assert!(matches!(
+        e.hold_job(&jobs[0]).await,
+        Err(EngineError::Corrupt { .. })
+    ));
+    assert_eq!(
+        normalised_dump(s.tree.as_ref()).await,
+        before,
+        "no lock or move left behind"
+    );
+}
+
+pub async fn acquisition_follows_priority_then_age(h: &dyn Harness) {
+    let (e, _s) = engine(h, "w").await;
+    let (_bid, jobs) = batch_with_jobs(&e, 4, &[7, 3, 7, 3]).await;
+    let mut order = Vec::new();
+    while let Some(l) = e.acquire_job(JobState::Pending).await.unwrap() {
+        order.push(l.job.clone());
+        e.job_transition(l, Event::To(JobState::Estimating), None)
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        order,
+        vec![
+            jobs[1].clone(),
+            jobs[3].clone(),
+            jobs[0].clone(),
+            jobs[2].clone()
+        ]
+    );
+}
+
+pub async fn set_priority_moves_the_reference(h: &dyn Harness) {
+    let (e, s) = engine(h, "w").await;
+    let (_bid, jobs) = batch_with_jobs(&e, 2, &[]).await;
+    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let l = e
+        .job_advance(l, Event::To(JobState::Estimating), None)
+        .await
+        .unwrap();
+    let mut l = l;
+    e.set_priority(&mut l, 12).await.unwrap();
+    e.set_space_needed(&l, 1_000_000_000).await.unwrap();
+    e.job_transition(l, Event::Success, None).await.unwrap();
+    assert!(
+        s.tree
+            .exists(&job_ref(JobState::Provisioning, 12, &jobs[0]))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        s.tree
+            .exists(&job_ref(JobState::Estimating, 5, &jobs[0]))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let info = e.job(&jobs[0]).await.unwrap();
+    assert_eq!((info.priority, info.space_needed), (12, 1_000_000_000));
+    assert!(matches!(
+        e.set_priority(
+            &mut e.acquire_job(JobState::Pending).await.unwrap().unwrap(),
+            100
+        )
+        .await,
+        Err(EngineError::Invalid(_))
+    ));
+}
+
+pub async fn concurrent_workers_each_job_handed_to_exactly_one(h: &dyn Harness) {
+    let (e, _s) = engine(h, "setup").await;
+    let (_bid, jobs) = batch_with_jobs(&e, 60, &[]).await;
+    // Three sessions (as three processes would have), four workers each.
+    let mut handles = Vec::new();
+    for w in 0..3 {
+        let (ew, sw) = engine(h, &format!("worker{w}")).await;
+        for _ in 0..4 {
+            let ew = ew.clone();
+            handles.push(tokio::spawn(async move {
+                let mut got = Vec::new();
+                while let Some(l) = ew.acquire_job(JobState::Pending).await.expect("acquire") {
+                    got.push(l.job.clone());
+                    tokio::task::yield_now().await;
+                    ew.job_transition(l, Event::To(JobState::Estimating), None)
+                        .await
+                        .expect("transition");
+                }
+                got
+            }));
+        }
+        std::mem::forget(sw); // sessions stay open for the test's life
+    }
+    let mut all = Vec::new();
+    for hd in handles {
+        all.extend(
+            tokio::time::timeout(WAIT, hd)
+                .await
+                .expect("worker finished")
+                .expect("worker ok"),
+        );
+    }
+    let unique: HashSet<_> = all.iter().cloned().collect();
+    assert_eq!(all.len(), jobs.len(), "every job handed out exactly once");
+    assert_eq!(unique.len(), jobs.len());
+    assert_eq!(e.job_counts().await.unwrap()[&JobState::Estimating], 60);
+}
+
+/// A worker that moves a job on may lock its next job in the same `multi`: the next one in
+/// queue order, locked against everyone else; when another session got it first, the move is
+/// made alone; a paused queue hands nothing out this way either; a lost lease moves nothing
+/// and locks nothing.
+pub async fn moving_a_job_can_lock_the_next_in_the_same_multi(h: &dyn Harness) {
+    let (e1, s1) = engine(h, "w1").await;
+    let (e2, _s2) = engine(h, "w2").await;
+    let (_bid, jobs) = batch_with_jobs(&e1, 4, &[]).await;
+    let next = [JobState::Pending];
+    let l0 = e1.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    assert_eq!(l0.job, jobs[0]);
+    let (st, l1) = e1
+        .job_transition_then_acquire(l0, Event::To(JobState::Estimating), None, &next)
+        .await
+        .unwrap();
+    assert_eq!(st.status, JobState::Estimating);
+    let l1 = l1.expect("the next Pending job comes with the move");
+    assert_eq!(l1.job, jobs[1], "queue order");
+    assert_eq!(l1.state(), JobState::Pending);
+    let moved = e2.acquire_job(JobState::Estimating).await.unwrap().unwrap();
+    assert_eq!(moved.job, jobs[0], "the moved job's lock is gone");
+    e2.release_job_lease(moved).await.unwrap();
+    // This session takes one of the last two, the other session the other: this one never
+    // met that lock. The job that came with the move is locked against the other session.
+    let ly = e1.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let lx = e2.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let mut three = vec![l1.job.clone(), ly.job.clone(), lx.job.clone()];
+    three.sort();
+    assert_eq!(three, jobs[1..].to_vec());
+    assert!(e2.acquire_job(JobState::Pending).await.unwrap().is_none());
+
+    // The only candidate is locked by the other session: the move is made alone.
+    let (st, none) = e1
+        .job_transition_then_acquire(l1, Event::To(JobState::Estimating), None, &next)
+        .await
+        .unwrap();
+    assert_eq!(st.status, JobState::Estimating);
+    assert!(none.is_none(), "the next job was locked elsewhere");
+    assert_eq!(
+        e1.job(&jobs[1]).await.unwrap().status.status,
+        JobState::Estimating
+    );
+    // The other session's lease is intact.
+    e2.job_transition(lx, Event::To(JobState::Estimating), None)
+        .await
+        .unwrap();
+
+    // A lost lease moves nothing and locks nothing.
+    let (e3, _s3) = engine(h, "w3").await;
+    let (_bid, more) = batch_with_jobs(&e3, 2, &[]).await;
+    (s1.expire)().await;
+    let y = ly.job.clone();
+    let err = e1
+        .job_transition_then_acquire(ly, Event::To(JobState::Estimating), None, &next)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, EngineError::LeaseLost(_)), "{err}");
+    assert_eq!(e3.job(&y).await.unwrap().status.status, JobState::Pending);
+    let mut free = HashSet::new();
+    while let Some(l) = e3.acquire_job(JobState::Pending).await.unwrap() {
+        free.insert(l.job.clone());
+    }
+    assert_eq!(free, HashSet::from([y, more[0].clone(), more[1].clone()]));
+
+    // A paused queue: the move is made, nothing more is handed out.
+    let (e4, _s4) = engine(h, "w4").await;
+    let (_bid, last) = batch_with_jobs(&e4, 2, &[]).await;
+    let l = e4.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    assert!(last.contains(&l.job));
+    e4.pause_queue("ingest").await.unwrap();
+    let (st, none) = e4
+        .job_transition_then_acquire(l, Event::To(JobState::Estimating), None, &next)
+        .await
+        .unwrap();
+    assert_eq!(st.status, JobState::Estimating);
+    assert!(none.is_none(), "a paused queue hands out nothing");
+    e4.resume_queue("ingest").await.unwrap();
+}
+
+pub async fn lost_lease_cannot_commit_transition(h: &dyn Harness) {
+    let (e1, s1) = engine(h, "stalled").await;
+    let (e2, _s2) = engine(h, "healthy").await;
+    let (_bid, jobs) = batch_with_jobs(&e1, 1, &[]).await;
+    let l = e1.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let l = e1
+        .job_advance(l, Event::To(JobState::Estimating), None)
+        .await
+        .unwrap();
+    assert!(
+        e2.acquire_job(JobState::Estimating)
+            .await
+            .unwrap()
+            .is_none(),
+        "locked while held"
+    );
+    (s1.expire)().await;
+    // The stalled worker wakes up and tries to commit: refused, nothing changes.
+    let err = e1
+        .job_transition(l.clone(), Event::Success, None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, EngineError::LeaseLost(ref j) if j == jobs[0].as_str()),
+        "{err}"
+    );
+    assert!(matches!(
+        e1.set_space_needed(&l, 5).await,
+        Err(EngineError::LeaseLost(_))
+    ));
+    // Another worker picks it up in the state it was in.
+    let l2 = e2
+        .acquire_job(JobState::Estimating)
+        .await
+        .unwrap()
+        .expect("job available again");
+    assert_eq!(l2.job, jobs[0]);
+    assert_eq!(e2.job(&jobs[0]).await.unwrap().space_needed, 0);
+    e2.job_transition(l2, Event::Success, None).await.unwrap();
+    assert_eq!(
+        e2.job(&jobs[0]).await.unwrap().status.status,
+        JobState::Provisioning
+    );
+}
+
+pub async fn a_worker_whose_session_expired_can_acquire_again(h: &dyn Harness) {
+    // Regressions: the engine remembered its claims across a session expiry and never handed
+    // those jobs out again in that process; and the SQLite store gave a new session the id of
+    // the one it replaced, so the dead session's leases looked alive.
+    let (e, s) = engine(h, "w").await;
+    let (_bid, jobs) = batch_with_jobs(&e, 1, &[]).await;
+    let lease = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    // The handler holding it is cancelled: the lease is dropped, never released.
+    drop(lease);
+    let before = s.tree.session_id();
+    (s.expire)().await;
+    assert_ne!(
+        s.tree.session_id(),
+        before,
+        "a new session never reuses an old id"
+    );
+    let again = e
+        .acquire_job(JobState::Pending)
+        .await
+        .unwrap()
+        .expect("the job is handed out again");
+    assert_eq!(again.job, jobs[0]);
+}
+
+pub async fn stale_lease_after_a_takeover_is_lost(h: &dyn Harness) {
+    // Same session, but the status moved underneath (admin action after the lock was gone).
+    let (e, s) = engine(h, "w").await;
+    let (_bid, jobs) = batch_with_jobs(&e, 1, &[]).await;
+    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    s.tree
+        .delete(&job_node(&jobs[0], "lock"), None)
+        .await
+        .unwrap();
+    e.hold_job(&jobs[0]).await.unwrap();
+    let err = e
+        .job_transition(l, Event::To(JobState::Estimating), None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, EngineError::LeaseLost(_)), "{err}");
+    assert_eq!(e.job(&jobs[0]).await.unwrap().status.status, JobState::Held);
+}
+
+pub async fn requeue_returns_a_failed_job_to_the_stage_that_failed(h: &dyn Harness) {
+    let (e, _s) = engine(h, "w").await;
+    let (bid, jobs) = batch_with_jobs(&e, 1, &[]).await;
+    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let mut l = e
+        .job_advance(l, Event::To(JobState::Estimating), None)
+        .await
+        .unwrap();
+    while l.state() != JobState::Recording {
+        l = e.job_advance(l, Event::Success, None).await.unwrap();
+    }
+    e.job_transition(l, Event::Fail, Some("inventory down".into()))
+        .await
+        .unwrap();
+    assert_eq!(
+        e.batch(&bid).await.unwrap().status.status,
+        BatchState::Reporting
+    );
+    let st = e.requeue_job(&jobs[0], None).await.unwrap();
+    assert_eq!(
+        (st.status, st.retry_count, st.last_successful_status),
+        (JobState::Recording, 1, Some(JobState::Storing))
+    );
+    let info = e.batch(&bid).await.unwrap();
+    assert_eq!(info.jobs["batch-processing"], vec![jobs[0].to_string()]);
+    assert!(info.jobs["batch-failed"].is_empty());
+    // An explicit target from the table is accepted too.
+    let l = e.acquire_job(JobState::Recording).await.unwrap().unwrap();
+    e.job_transition(l, Event::Fail, None).await.unwrap();
+    let st = e
+        .requeue_job(&jobs[0], Some(JobState::Downloading))
+        .await
+        .unwrap();
+    assert_eq!((st.status, st.retry_count), (JobState::Downloading, 2));
+}
+
+pub async fn deferred_job_is_not_taken_before_its_retry_time(h: &dyn Harness) {
+    let (e, _s) = engine(h, "w1").await;
+    let (other, _s2) = engine(h, "w2").await;
+    let (_bid, jobs) = batch_with_jobs(&e, 2, &[]).await;
+    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    assert_eq!(l.job, jobs[0]);
+    let retry_at_ms = e.clock().now_ms() + 1500;
+    let st = e
+        .job_defer(l, retry_at_ms, 1, Some("server busy".into()))
+        .await
+        .unwrap();
+    assert_eq!(lading_engine::attempts(&st), 1);
+    let stored = e.job(&jobs[0]).await.unwrap();
+    assert_eq!(stored.status.status, JobState::Pending);
+    assert_eq!(stored.status.message.as_deref(), Some("server busy"));
+    assert_eq!(lading_engine::retry_at(&stored.status), Some(retry_at_ms));
+    assert!(!stored.locked, "deferring releases the lock");
+    // Another process honours the retry time: it takes the next job, then nothing.
+    let l2 = other.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    assert_eq!(l2.job, jobs[1]);
+    other.release_job_lease(l2).await.unwrap();
+    let again = other.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    assert_eq!(again.job, jobs[1]);
+    assert!(
+        other
+            .acquire_job(JobState::Pending)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // A waiting worker is woken when the deferred job becomes due.
+    let l = other
+        .wait_job(JobState::Pending, WAIT)
+        .await
+        .unwrap()
+        .expect("the deferred job once due");
+    assert_eq!(l.job, jobs[0]);
+    assert!(e.clock().now_ms() >= retry_at_ms);
+    // Leaving the stage forgets its attempts and retry time.
+    let st = other
+        .job_transition(l, Event::To(JobState::Estimating), None)
+        .await
+        .unwrap();
+    assert_eq!(lading_engine::attempts(&st), 0);
+    assert_eq!(lading_engine::retry_at(&st), None);
+    other.release_job_lease(again).await.unwrap();
+}
+
+/// A tree that counts the calls made through it, to measure cost in round trips.
+pub struct CountingTree {
+    inner: Arc<dyn Tree>,
+    pub calls: std::sync::atomic::AtomicUsize,
+}
+
+impl CountingTree {
+    fn bump(&self) {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+    pub fn calls(&self) -> usize {
+        self.calls.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Tree for CountingTree {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    fn session_id(&self) -> u64 {
+        self.inner.session_id()
+    }
+    fn get<'a>(
+        &'a self,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<Option<lading_core::Node>, TreeError>> {
+        self.bump();
+        self.inner.get(path)
+    }
+    fn exists<'a>(
+        &'a self,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<Option<lading_core::Stat>, TreeError>> {
+        self.bump();
+        self.inner.exists(path)
+    }
+    fn children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Vec<String>, TreeError>> {
+        self.bump();
+        self.inner.children(path)
+    }
+    fn children_page<'a>(
+        &'a self,
+        path: &'a str,
+        after: Option<&'a str>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<String>, TreeError>> {
+        self.bump();
+        self.inner.children_page(path, after, limit)
+    }
+    fn count_children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<u64, TreeError>> {
+        self.bump();
+        self.inner.count_children(path)
+    }
+    fn multi(&self, ops: Vec<Op>) -> BoxFuture<'_, Result<Vec<OpResult>, TreeError>> {
+        self.bump();
+        self.inner.multi(ops)
+    }
+    fn watch<'a>(
+        &'a self,
+        path: &'a str,
+        kind: WatchKind,
+    ) -> BoxFuture<'a, Result<lading_core::Watch, TreeError>> {
+        self.inner.watch(path, kind)
+    }
+    fn close(&self) -> BoxFuture<'_, Result<(), TreeError>> {
+        self.inner.close()
+    }
+}
+
+/// Round trips one acquisition costs with `queued` other jobs queued behind the head.
+pub(crate) async fn acquisition_round_trips(h: &dyn Harness, queued: u32) -> usize {
+    let s = h.open().await;
+    let counting = Arc::new(CountingTree {
+        inner: s.tree.clone(),
+        calls: Default::default(),
+    });
+    let e = Engine::new(counting.clone(), system_clock(), "counter");
+    e.init().await.unwrap();
+    // Queue references directly (cheaper than whole jobs) behind one real job at the head.
+    let folder = job_state_folder(JobState::Pending);
+    let names: Vec<u32> = (0..queued).collect();
+    for chunk in names.chunks(500) {
+        let ops = chunk
+            .iter()
+            .map(|i| Op::create(format!("{folder}/50-jid9{queued:05}{i:06}"), None))
+            .collect();
+        s.tree.multi(ops).await.unwrap();
+    }
+    let b = e.create_batch(Map::new()).await.unwrap();
+    let lease = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
+    assert_eq!(lease.batch, b);
+    let jid = e
+        .create_job(
+            &lease,
+            JobSpec {
+                priority: Some(1),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    e.batch_transition(lease, Event::To(BatchState::Processing), None)
+        .await
+        .unwrap();
+    let before = counting.calls();
+    let got = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let cost = counting.calls() - before;
+    assert_eq!(got.job, jid, "the head of the queue is found");
+    assert!(e.job_counts().await.unwrap()[&JobState::Pending] > queued as u64);
+    e.job_transition(got, Event::To(JobState::Estimating), None)
+        .await
+        .unwrap();
+    cost
+}
+
+pub async fn acquisition_cost_does_not_grow_with_the_queue(h: &dyn Harness) {
+    let small = acquisition_round_trips(h, 100).await;
+    let large = acquisition_round_trips(h, 3000).await;
+    assert_eq!(
+        small, large,
+        "round trips per acquisition: {small} with 100 queued, {large} with 3,000"
+    );
+    assert!(small <= 8, "acquisition takes {small} round trips");
+}
