@@ -1,0 +1,85 @@
+//! Reading jobs: one, a listing, counts per state.
+
+use super::*;
+
+impl Jobs {
+    pub async fn get_job(&self, ty: &str, id: &str) -> Result<JobView> {
+        check_type(ty)?;
+        check_id(id)?;
+        match self.read(ty, id).await? {
+            Some((record, _)) => Ok(JobView {
+                ty: ty.into(),
+                id: id.into(),
+                record,
+            }),
+            None => Err(JobsError::NoJob {
+                ty: ty.into(),
+                id: id.into(),
+            }),
+        }
+    }
+
+    pub async fn get_job_data(&self, ty: &str, id: &str) -> Result<Value> {
+        Ok(self.get_job(ty, id).await?.record.data)
+    }
+
+    pub async fn get_job_state(&self, ty: &str, id: &str) -> Result<State> {
+        Ok(self.get_job(ty, id).await?.record.state)
+    }
+
+    /// Up to `limit` jobs of a type with ids after `after`, in id order, optionally only
+    /// those in `state`. The last id returned is the cursor for the next page.
+    pub async fn list(
+        &self,
+        ty: &str,
+        state: Option<State>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<JobView>> {
+        self.require_type(ty).await?;
+        let dir = format!("{ROOT}/{ty}/jobs");
+        let mut out = Vec::new();
+        let mut cursor = after.map(str::to_string);
+        while out.len() < limit {
+            let page = self
+                .tree
+                .children_page(&dir, cursor.as_deref(), PAGE.max(limit))
+                .await?;
+            for id in &page {
+                if let Some((record, _)) = self.read(ty, id).await?
+                    && state.is_none_or(|s| s == record.state)
+                {
+                    out.push(JobView {
+                        ty: ty.into(),
+                        id: id.clone(),
+                        record,
+                    });
+                    if out.len() == limit {
+                        break;
+                    }
+                }
+            }
+            if page.len() < PAGE.max(limit) {
+                break;
+            }
+            cursor = page.last().cloned();
+        }
+        Ok(out)
+    }
+
+    /// Jobs of a type per state.
+    pub async fn counts(&self, ty: &str) -> Result<HashMap<State, u64>> {
+        self.require_type(ty).await?;
+        let pending = self.tree.count_children(&pending_dir(ty)).await?;
+        let running = self.tree.count_children(&active_dir(ty)).await?;
+        let all = self
+            .tree
+            .count_children(&format!("{ROOT}/{ty}/jobs"))
+            .await?;
+        Ok(HashMap::from([
+            (State::Pending, pending),
+            (State::Running, running),
+            (State::Finished, all.saturating_sub(pending + running)),
+        ]))
+    }
+}
