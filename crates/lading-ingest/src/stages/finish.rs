@@ -1,0 +1,73 @@
+//! Recording (the inventory) and notifying (the callback, through the outbox).
+
+use super::*;
+
+pub(crate) async fn record(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
+    let stored: StoredVersion = job_json(job, "store")
+        .await?
+        .and_then(|v| serde_json::from_value(v).ok())
+        .ok_or_else(|| Outcome::fatal("the job has no store record (storing writes it)"))?;
+    let lock = job
+        .engine
+        .lock_inventory(&stored.ark)
+        .await
+        .map_err(lock_wait)?;
+    // The object's files as processing hashed them.
+    let producer: Option<Vec<ObjectFile>> = job_json(job, "inventory")
+        .await?
+        .and_then(|v| serde_json::from_value(v.get("files")?.clone()).ok());
+    let (inv, s) = (ingest.inventory.clone(), stored.clone());
+    let r = tokio::task::spawn_blocking(move || inv.record(&s, producer.as_deref()))
+        .await
+        .map_err(|e| Outcome::Transient(e.to_string()));
+    let _ = job.engine.unlock_ark(lock).await;
+    let added = r?.map_err(|e| Outcome::Transient(format!("inventory: {e}")))?;
+    job.log(&format!(
+        "recorded {} v{} ({} files{})",
+        stored.ark,
+        stored.version,
+        added.files,
+        if added.new { "" } else { ", already recorded" }
+    ));
+    Ok(Outcome::Done)
+}
+
+pub(crate) async fn notify(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
+    let profile = ingest
+        .profile(job.config_str("profile_name").unwrap_or_default())
+        .map_err(Outcome::fatal)?;
+    let Some(url) = profile.callback_url else {
+        return Ok(Outcome::Done);
+    };
+    let store = job_json(job, "store").await?.unwrap_or(Value::Null);
+    // The same for every attempt at delivering this outcome (the job and the version it
+    // stored), so the receiver can drop a repeat: delivery is at least once.
+    let key = format!(
+        "lading:{}:{}:completed:{}",
+        job.config_str("batch_uuid").unwrap_or(&job.info.bid),
+        job.job(),
+        store.get("version").and_then(Value::as_u64).unwrap_or(0)
+    );
+    let body = json!({
+        "idempotency_key": key,
+        "job": job.job().as_str(),
+        "batch": job.info.bid,
+        "status": "Completed",
+        "profile": profile.name,
+        "identifiers": job.info.identifiers,
+        "metadata": job.info.metadata,
+        "store": store,
+    });
+    // Recorded in the outbox with the job's move to Completed, and posted after it commits:
+    // a worker fenced or killed before its commit sends nothing.
+    job.add_effect(lading_engine::Effect {
+        kind: "callback".into(),
+        key: key.clone(),
+        batch: Some(job.info.bid.clone()),
+        job: Some(job.job().to_string()),
+        payload: json!({"url": url, "body": body}),
+    })
+    .await;
+    job.log(&format!("callback to {url} recorded ({key})"));
+    Ok(Outcome::Done)
+}

@@ -1,0 +1,149 @@
+//! Processing: the object's manifest, ownership checks and the profile's command.
+
+use super::*;
+
+pub(crate) async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
+    let wd = job.workdir.clone();
+    let producer = wd.join(PRODUCER);
+    if job.config_str("payload_type") == Some("container") {
+        let marker = wd.join(INTERIM).join("unpacked");
+        if !marker.exists() {
+            let c = wd.join(CONTAINER);
+            let found = tokio::task::spawn_blocking(move || list_files(&c))
+                .await
+                .map_err(|e| Outcome::Transient(e.to_string()))?
+                .map_err(|e| io_err("reading", &wd.join(CONTAINER), e))?;
+            check_verified(&wd, CONTAINER, &found)?;
+            let (c, p) = (wd.join(CONTAINER), producer.clone());
+            let limits = crate::unpack::Limits::from(&ingest.cfg.payload);
+            let unpacked =
+                tokio::task::spawn_blocking(move || crate::unpack::unpack_all(&c, &p, &limits))
+                    .await
+                    .map_err(|e| Outcome::Transient(e.to_string()))??;
+            // What the job takes now: the containers and what they held.
+            let packed: u64 = found.iter().map(|f| f.size).sum();
+            job.set_space_needed(packed.saturating_add(unpacked))
+                .await
+                .map_err(engine_err)?;
+            write_atomic(&marker, b"").map_err(|e| io_err("writing", &marker, e))?;
+            job.log(&format!("containers unpacked ({unpacked} bytes)"));
+        }
+    }
+    std::fs::create_dir_all(&producer).map_err(|e| io_err("creating", &producer, e))?;
+    let p = producer.clone();
+    let files = tokio::task::spawn_blocking(move || list_files(&p))
+        .await
+        .map_err(|e| Outcome::Transient(e.to_string()))?
+        .map_err(|e| io_err("reading", &producer, e))?;
+    if files.is_empty() {
+        return Err(Outcome::fatal("the object has no files"));
+    }
+    if job.config_str("payload_type") != Some("container") {
+        check_verified(&wd, PRODUCER, &files)?;
+    }
+    // The object's manifest, with digests.
+    let rows: Vec<Vec<String>> = files
+        .iter()
+        .map(|f| {
+            vec![
+                format!("{PRODUCER}/{}", f.path),
+                "sha256".into(),
+                f.sha256.clone(),
+                f.size.to_string(),
+                f.path.clone(),
+            ]
+        })
+        .collect();
+    let manifest = checkm::write(ManifestKind::Object, checkm::OBJECT_FIELDS, &rows);
+    let mpath = wd.join(SYSTEM).join("manifest.checkm");
+    write_atomic(&mpath, manifest.as_bytes()).map_err(|e| io_err("writing", &mpath, e))?;
+    // The primary identifier: given, or minted once (kept in the job, so a retry reuses it).
+    let mut ids: lading_core::layout::Identifiers =
+        serde_json::from_value(job.info.identifiers.clone()).unwrap_or_default();
+    let profile = ingest
+        .profile(job.config_str("profile_name").unwrap_or_default())
+        .map_err(Outcome::fatal)?;
+    if ids.primary_id.as_deref().is_none_or(str::is_empty) {
+        let shoulder = profile.shoulder.as_deref().unwrap_or(&ingest.cfg.shoulder);
+        let minted = format!("{shoulder}{}", uuid::Uuid::new_v4().simple());
+        job.log(&format!("minted {minted}"));
+        ids.primary_id = Some(minted);
+        job.set_data("identifiers", &json!(ids))
+            .await
+            .map_err(engine_err)?;
+    }
+    let ark = ids.primary_id.clone().unwrap_or_default();
+    crate::intake::check_primary_id(&ark)
+        .map_err(|why| Outcome::fatal(format!("primary identifier: {why}")))?;
+    check_owner(ingest, &ark, &profile.collection).await?;
+    if let Some(cmd) = &profile.command {
+        run_command(job, cmd, &ark).await?;
+    }
+    let size: u64 = files.iter().map(|f| f.size).sum();
+    job.set_data(
+        "inventory",
+        &json!({ "primary_id": ark, "files": files, "size": size }),
+    )
+    .await
+    .map_err(engine_err)?;
+    Ok(Outcome::Done)
+}
+
+/// Fails unless `ark` is new or belongs to `collection` (the inventory records each object's
+/// owning collection).
+pub(crate) async fn check_owner(
+    ingest: &Ingest,
+    ark: &str,
+    collection: &str,
+) -> Result<(), Outcome> {
+    match crate::inventory::owner_of(&ingest.inventory, ark).await {
+        Ok(Some(owner)) if !owner.is_empty() && owner != collection => {
+            Err(Outcome::fatal(format!(
+                "{ark} belongs to another collection; collection {collection} may not add a version to it"
+            )))
+        }
+        Ok(_) => Ok(()),
+        Err(e) => Err(Outcome::Transient(format!("inventory: {e}"))),
+    }
+}
+
+/// Lines of a failed command's output quoted in the job's message.
+pub(crate) const TAIL_LINES: usize = 5;
+
+pub(crate) async fn run_command(job: &JobCtx, cmd: &str, ark: &str) -> Result<(), Outcome> {
+    job.log(&format!("running: {cmd}"));
+    let out = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .current_dir(&job.workdir)
+        .env("LADING_JOB_ID", job.job().as_str())
+        .env("LADING_BATCH_ID", &job.info.bid)
+        .env("LADING_PRIMARY_ID", ark)
+        .env(
+            "LADING_PROFILE",
+            job.config_str("profile_name").unwrap_or_default(),
+        )
+        .env("LADING_WORKDIR", &job.workdir)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| Outcome::Transient(format!("cannot run {cmd:?}: {e}")))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in text.lines() {
+        job.log(&format!("| {line}"));
+    }
+    if !out.status.success() {
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(TAIL_LINES)..].join("\n");
+        return Err(Outcome::Fatal(format!(
+            "processing command exited with {}: {tail}",
+            out.status
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,269 @@
+//! Storing: a new version of the object under the storage root, under the ark's storage lock, and the sweep of half-written versions.
+
+use super::*;
+
+/// What the storing stage wrote, kept in `/jobs/JID/store` and in the version's
+/// `lading-version.json`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StoredVersion {
+    pub ark: String,
+    pub version: u32,
+    pub path: String,
+    pub job: String,
+    pub batch: String,
+    /// The collection of the profile that stored it: the object's owner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collection: Option<String>,
+}
+
+pub(crate) const VERSION_FILE: &str = "lading-version.json";
+
+pub(crate) fn object_ark(job: &JobCtx) -> Result<String, Outcome> {
+    job.info
+        .identifiers
+        .get("primary_id")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .ok_or_else(|| Outcome::fatal("the job has no primary identifier (processing sets it)"))
+}
+
+/// Versions present under an object directory: `v1`, `v2`, …
+pub(crate) fn versions(object_dir: &Path) -> std::io::Result<Vec<u32>> {
+    let mut v = Vec::new();
+    match std::fs::read_dir(object_dir) {
+        Ok(rd) => {
+            for e in rd {
+                let name = e?.file_name();
+                if let Some(n) = name.to_str().and_then(|s| s.strip_prefix('v'))
+                    && let Ok(n) = n.parse()
+                {
+                    v.push(n);
+                }
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    v.sort_unstable();
+    Ok(v)
+}
+
+/// Lock errors: someone else is on this object; look again shortly.
+pub(crate) fn lock_wait(e: EngineError) -> Outcome {
+    match e {
+        EngineError::Locked(what) => Outcome::Wait {
+            after: Duration::from_secs(1),
+            reason: format!("{what} is locked by another worker"),
+        },
+        e => e.into(),
+    }
+}
+
+pub(crate) async fn store(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
+    let ark = object_ark(job)?;
+    let profile = ingest
+        .profile(job.config_str("profile_name").unwrap_or_default())
+        .map_err(Outcome::fatal)?;
+    let root = profile
+        .storage_root
+        .clone()
+        .unwrap_or_else(|| ingest.cfg.storage_root());
+    let lock = job.engine.lock_storage(&ark).await.map_err(lock_wait)?;
+    let umask = ingest.cfg.storage_umask_bits().map_err(Outcome::fatal)?;
+    let r = store_locked(job, &root, &ark, &profile.collection, umask).await;
+    let _ = job.engine.unlock_ark(lock).await;
+    let stored = r?;
+    job.log(&format!("stored {} as version {}", ark, stored.version));
+    // Merritt's fields beside Lading's: the store record names the manifest it was given and
+    // how (`add` for a new object, `update` for a new version); the inventory record names
+    // the stored version's manifest, which the recording stage reads.
+    let mode = if stored.version == 1 { "add" } else { "update" };
+    let file_url = |p: PathBuf| format!("file://{}", p.display());
+    let mut store = json!(stored);
+    store["manifest_url"] = json!(file_url(job.workdir.join(SYSTEM).join("manifest.checkm")));
+    store["mode"] = json!(mode);
+    // Merritt's `Job.setStore` takes `delete` as a string and its reader calls `getString`.
+    store["delete"] = json!("false");
+    job.set_data("store", &store).await.map_err(engine_err)?;
+    let mut inventory = job_json(job, "inventory")
+        .await?
+        .filter(Value::is_object)
+        .unwrap_or_else(|| json!({}));
+    inventory["manifest_url"] = json!(file_url(
+        Path::new(&stored.path).join(SYSTEM).join("manifest.checkm")
+    ));
+    inventory["mode"] = json!(mode);
+    job.set_data("inventory", &inventory)
+        .await
+        .map_err(engine_err)?;
+    Ok(Outcome::Done)
+}
+
+pub(crate) async fn store_locked(
+    job: &JobCtx,
+    root: &Path,
+    ark: &str,
+    collection: &str,
+    umask: u32,
+) -> Result<StoredVersion, Outcome> {
+    let collection = collection.to_string();
+    let object_dir = root.join(ark_node_name(ark));
+    let root = root.to_path_buf();
+    let (wd, jid, bid, ark) = (
+        job.workdir.clone(),
+        job.job().to_string(),
+        job.info.bid.clone(),
+        ark.to_string(),
+    );
+    tokio::task::spawn_blocking(move || -> Result<StoredVersion, Outcome> {
+        let io = |what: &str, p: &Path| {
+            let p = p.to_path_buf();
+            let what = what.to_string();
+            move |e| io_err(&what, &p, e)
+        };
+        let existing = versions(&object_dir).map_err(io("reading", &object_dir))?;
+        // A version this job already stored (it crashed before recording that) is reused.
+        for v in existing.iter().rev() {
+            let f = object_dir.join(format!("v{v}")).join(VERSION_FILE);
+            if let Ok(b) = std::fs::read(&f)
+                && let Ok(s) = serde_json::from_slice::<StoredVersion>(&b)
+                && s.job == jid
+            {
+                return Ok(s);
+            }
+        }
+        // Under the object's storage lock: the newest version says who owns it, so two
+        // collections racing for one new identifier cannot both write to it.
+        if let Some(v) = existing.last() {
+            let f = object_dir.join(format!("v{v}")).join(VERSION_FILE);
+            if let Ok(b) = std::fs::read(&f)
+                && let Ok(s) = serde_json::from_slice::<StoredVersion>(&b)
+                && let Some(owner) = s.collection
+                && owner != collection
+            {
+                return Err(Outcome::fatal(format!(
+                    "{ark} belongs to another collection; collection {collection} may not add a version to it"
+                )));
+            }
+        }
+        let version = existing.last().copied().unwrap_or(0) + 1;
+        let new_object = !object_dir.exists();
+        if new_object {
+            std::fs::create_dir_all(&root).map_err(io("creating", &root))?;
+            if let Err(e) = spread_subdirs(&root) {
+                tracing::debug!(dir = %root.display(), error = %e, "cannot spread folders");
+            }
+        }
+        let tmp = object_dir.join(format!(".tmp-{jid}"));
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).map_err(io("removing", &tmp))?;
+        }
+        // Whatever fails from here on leaves no partial copy (and no empty object folder)
+        // to take up the storage root's space.
+        let scrap = |o: Outcome| {
+            let _ = std::fs::remove_dir_all(&tmp);
+            if new_object {
+                let _ = std::fs::remove_dir(&object_dir);
+            }
+            o
+        };
+        for part in [PRODUCER, SYSTEM] {
+            let from = wd.join(part);
+            if from.exists() {
+                place_tree(&from, &tmp.join(part), true)
+                    .map_err(io("copying into", &tmp))
+                    .map_err(scrap)?;
+            }
+        }
+        let final_dir = object_dir.join(format!("v{version}"));
+        let stored = StoredVersion {
+            ark,
+            version,
+            path: final_dir.to_string_lossy().into_owned(),
+            job: jid,
+            batch: bid,
+            collection: Some(collection),
+        };
+        let vf = tmp.join(VERSION_FILE);
+        write_atomic(&vf, &serde_json::to_vec_pretty(&stored).unwrap_or_default())
+            .map_err(io("writing", &vf))
+            .map_err(scrap)?;
+        std::fs::File::open(&vf)
+            .and_then(|f| f.sync_data())
+            .map_err(io("syncing", &vf))
+            .map_err(scrap)?;
+        if umask != DEFAULT_UMASK {
+            set_modes(&tmp, umask)
+                .map_err(io("setting modes in", &tmp))
+                .map_err(scrap)?;
+        }
+        // The copy is durable before it is published.
+        sync_dirs(&tmp).map_err(io("syncing", &tmp)).map_err(scrap)?;
+        // The rename is the commit: a reader sees no version or a whole one.
+        std::fs::rename(&tmp, &final_dir)
+            .map_err(io("renaming into", &final_dir))
+            .map_err(scrap)?;
+        std::fs::File::open(&object_dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io("syncing", &object_dir))?;
+        if new_object {
+            // The object's own folder is a new name in the root: durable too.
+            std::fs::File::open(&root)
+                .and_then(|d| d.sync_all())
+                .map_err(io("syncing", &root))?;
+        }
+        Ok(stored)
+    })
+    .await
+    .map_err(|e| Outcome::Transient(e.to_string()))?
+}
+
+/// Removes what failed stores left in the service's storage root: `.tmp-JID` copies of jobs
+/// that are not being stored right now (not locked in Storing), and object folders left
+/// empty. Run when a process with the storing stage starts. Returns what went.
+pub async fn sweep_storage(ingest: &Ingest) -> std::io::Result<usize> {
+    let root = ingest.cfg.storage_root();
+    let mut debris = Vec::new();
+    let mut objects = Vec::new();
+    let rd = match std::fs::read_dir(&root) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    for e in rd {
+        let e = e?;
+        if !e.file_type()?.is_dir() {
+            continue;
+        }
+        objects.push(e.path());
+        for c in std::fs::read_dir(e.path())? {
+            let c = c?;
+            let name = c.file_name().to_string_lossy().into_owned();
+            if let Some(jid) = name.strip_prefix(".tmp-") {
+                debris.push((c.path(), jid.to_string()));
+            }
+        }
+    }
+    let mut gone = 0;
+    for (path, jid) in debris {
+        let busy = match lading_core::layout::JobId::parse(&jid) {
+            Ok(j) => ingest
+                .engine
+                .job(&j)
+                .await
+                .is_ok_and(|i| i.status.status == JobState::Storing && i.locked),
+            Err(_) => false,
+        };
+        if !busy && std::fs::remove_dir_all(&path).is_ok() {
+            gone += 1;
+        }
+    }
+    for o in objects {
+        // Only an empty folder goes (remove_dir refuses any other).
+        if std::fs::remove_dir(&o).is_ok() {
+            gone += 1;
+        }
+    }
+    Ok(gone)
+}
