@@ -1,0 +1,570 @@
+//! The writer thread: `multi`s applied to the in-memory tree and committed in groups, the syncer that makes each group durable before its callers are answered, and the checkpointer.
+
+use super::*;
+
+pub(crate) struct Writer {
+    pub(crate) conn: Connection,
+    pub(crate) shared: Arc<Shared>,
+    /// Where committed groups go to be made durable and answered.
+    pub(crate) to_syncer: mpsc::Sender<Committed>,
+    /// The last change-log entry this writer made or folded in.
+    pub(crate) last_seq: i64,
+    /// The last entry this writer knows the `nodes` table reflects (another process may have
+    /// gone further).
+    pub(crate) applied: i64,
+    /// Bring the `nodes` table up to date after this group (asked for, or closing).
+    pub(crate) materialize: bool,
+    /// The images a materialization folds together (kept between rounds for its memory).
+    pub(crate) folded: log::Coalesced,
+    /// Wakes the checkpointer (a full channel means it is already awake).
+    pub(crate) checkpointer: mpsc::SyncSender<()>,
+    /// Commits since the checkpointer was last woken, and since the WAL last started over.
+    pub(crate) since_checkpoint: u32,
+    pub(crate) since_restart: u32,
+}
+
+pub(crate) enum Done {
+    Open,
+    Closed,
+}
+
+/// A group the writer committed, on its way to the syncer: made durable, folded into memory,
+/// then answered, in commit order.
+pub(crate) struct Committed {
+    /// The change-log entry, or `None` when the group changed no node.
+    seq: Option<i64>,
+    /// Whether the group must be fsynced before it is answered: it changed a persistent node.
+    /// A group that only made, changed or dropped ephemeral nodes needs none (see
+    /// [`only_ephemeral`]).
+    needs_sync: bool,
+    overlay: Arc<Overlay>,
+    synced: Synced,
+    replies: Vec<(Reply, Result<Vec<OpResult>, TreeError>)>,
+    after: Vec<oneshot::Sender<()>>,
+    close: Option<oneshot::Sender<Result<(), TreeError>>>,
+}
+
+impl Writer {
+    pub(crate) fn run(mut self, rx: mpsc::Receiver<Req>) {
+        let mut carry: Option<Req> = None;
+        loop {
+            let first = match carry.take() {
+                Some(r) => r,
+                None => match rx.recv() {
+                    Ok(r) => r,
+                    Err(_) => break,
+                },
+            };
+            let mut group = vec![first];
+            while group.len() < MAX_GROUP {
+                match rx.try_recv() {
+                    Ok(r) => group.push(r),
+                    Err(_) => break,
+                }
+            }
+            let t = std::time::Instant::now();
+            let commits = self.shared.commits.load(Ordering::Relaxed);
+            let done = self.apply_group(group);
+            if self.shared.commits.load(Ordering::Relaxed) > commits {
+                self.since_checkpoint += 1;
+                self.since_restart += 1;
+                if self.since_checkpoint >= CHECKPOINT_EVERY {
+                    self.since_checkpoint = 0;
+                    let _ = self.checkpointer.try_send(());
+                }
+            }
+            // Nobody waiting: a good moment to catch the table up on a smaller backlog.
+            carry = rx.try_recv().ok();
+            let backlog = self.last_seq - self.applied;
+            let opts = &self.shared.opts;
+            let idle = carry.is_none() && backlog >= opts.materialize_idle_after;
+            if self.materialize || idle || backlog >= opts.materialize_after {
+                self.materialize = false;
+                if let Err(e) = self.materialize_now() {
+                    let _ = self.conn.execute_batch("ROLLBACK");
+                    // The log keeps everything; try again after as many commits again.
+                    self.applied = self.last_seq;
+                    tracing::warn!(error = %e, "could not bring the nodes table up to date");
+                }
+            }
+            if self.shared.wal_frames.load(Ordering::Relaxed) >= WAL_RESTART_FRAMES
+                || self.since_restart >= WAL_RESTART_COMMITS
+            {
+                self.restart_wal();
+            }
+            self.shared
+                .writer_busy_us
+                .fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+            if let Done::Closed = done {
+                break;
+            }
+        }
+    }
+
+    /// Copies into the file what of the WAL the checkpointer has not copied yet (little, as it
+    /// keeps up in the background), so that the next commit starts the WAL over instead of
+    /// growing it. Nothing else commits meanwhile, so the copy can be complete.
+    pub(crate) fn restart_wal(&mut self) {
+        let t = std::time::Instant::now();
+        match checkpoint(&self.conn) {
+            Ok((false, frames, copied)) if frames == copied => {
+                self.since_restart = 0;
+                self.shared.wal_frames.store(0, Ordering::Relaxed);
+                let s = &self.shared;
+                s.wal_restarts.fetch_add(1, Ordering::Relaxed);
+                s.wal_restart_us
+                    .fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+            }
+            // The checkpointer is at it, or a reader holds old frames: again once the
+            // checkpointer has been round once more.
+            Ok(_) => {
+                self.shared.wal_frames.store(0, Ordering::Relaxed);
+                self.since_restart = self
+                    .since_restart
+                    .min(WAL_RESTART_COMMITS - CHECKPOINT_EVERY);
+            }
+            Err(e) => {
+                self.since_restart = 0;
+                tracing::warn!(error = %e, "could not checkpoint the WAL");
+            }
+        }
+    }
+
+    /// Brings the `nodes` table up to date with the change log, in one transaction: each node
+    /// changed since the last materialization is written once, with its last image. Needs no
+    /// fsync of its own: the WAL keeps commits in order, so losing this one at a crash only
+    /// leaves more log to replay.
+    pub(crate) fn materialize_now(&mut self) -> rusqlite::Result<()> {
+        let t = std::time::Instant::now();
+        self.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+        let mut rows = 0u64;
+        let from = applied(&self.conn)?;
+        let folded = &mut self.folded;
+        folded.clear();
+        let mut to = from;
+        each_change(&self.conn, from, |seq, entries| {
+            folded.add(entries);
+            to = seq;
+        })?;
+        if to > from {
+            let mut upsert = self.conn.prepare_cached(
+                "INSERT INTO nodes(parent, name, data, version, owner, ctime, mtime, seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+                 ON CONFLICT(parent, name) DO UPDATE SET data = excluded.data, version = excluded.version,
+                   owner = excluded.owner, ctime = excluded.ctime, mtime = excluded.mtime, seq = excluded.seq",
+            )?;
+            let mut del = self
+                .conn
+                .prepare_cached("DELETE FROM nodes WHERE parent = ?1 AND name = ?2")?;
+            // In the table's key order: neighbouring rows share pages, so the transaction
+            // dirties (and the WAL and the next checkpoint copy) far fewer of them.
+            let mut writes: Vec<log::RowWrite> = folded.writes().collect();
+            writes.sort_unstable_by(|a, b| key(a.path()).cmp(&key(b.path())));
+            for w in writes {
+                rows += 1;
+                match w {
+                    log::RowWrite::Upsert(path, n) => {
+                        let (parent, name) = key(path);
+                        upsert.execute(params![
+                            parent,
+                            name,
+                            n.data,
+                            n.version,
+                            n.owner as i64,
+                            n.ctime as i64,
+                            n.mtime as i64,
+                            n.seq
+                        ])?;
+                    }
+                    log::RowWrite::Delete(path) => {
+                        let (parent, name) = key(path);
+                        del.execute([parent, name])?;
+                    }
+                }
+            }
+            self.conn
+                .prepare_cached("UPDATE lading_meta SET value = ?1 WHERE key = 'applied'")?
+                .execute([to.to_string()])?;
+            // Keep the newest entry always: sequence numbers must never be reused.
+            self.conn
+                .prepare_cached("DELETE FROM changes WHERE seq <= ?1")?
+                .execute([(to - CHANGES_KEPT).min(to - 1)])?;
+        }
+        self.conn.prepare_cached("COMMIT")?.execute([])?;
+        self.applied = to.max(from);
+        if to > from {
+            let s = &self.shared;
+            s.materializations.fetch_add(1, Ordering::Relaxed);
+            s.materialized_rows.fetch_add(rows, Ordering::Relaxed);
+            s.materialize_us
+                .fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Removes a session and its ephemeral nodes (into the overlay).
+    pub(crate) fn drop_session(
+        &self,
+        ov: &mut Overlay,
+        base: &dyn mem::Below,
+        id: u64,
+    ) -> rusqlite::Result<()> {
+        for p in ov.owned_by(base, id) {
+            ov.force_delete(base, &p);
+        }
+        self.conn
+            .prepare_cached("DELETE FROM sessions WHERE id = ?1")?
+            .execute([id as i64])?;
+        tracing::debug!(session = id, "session removed");
+        Ok(())
+    }
+
+    /// Applies one group in one transaction and hands it to the syncer.
+    pub(crate) fn apply_group(&mut self, group: Vec<Req>) -> Done {
+        let now = self.shared.opts.clock.now_ms();
+        let shared = self.shared.clone();
+        let mut ov = Overlay::default();
+        // The overlay as queued for the syncer, once committed.
+        let mut pending_overlay: Option<Arc<Overlay>> = None;
+        let mut replies: Vec<(Reply, Result<Vec<OpResult>, TreeError>)> = Vec::new();
+        let mut after: Vec<oneshot::Sender<()>> = Vec::new();
+        let mut close: Option<oneshot::Sender<Result<(), TreeError>>> = None;
+        let mut synced = Synced::Nothing;
+        let mut needs_sync = false;
+
+        if let Some(why) = lock(&shared.pending).poisoned.clone() {
+            for req in group {
+                match req {
+                    Req::Multi(_, reply) => {
+                        let _ = reply.send(Err(TreeError::Backend(why.clone())));
+                    }
+                    Req::Expire(done) => {
+                        let _ = done.send(());
+                    }
+                    Req::Close(done) => {
+                        let _ = done.send(Err(TreeError::Backend(why.clone())));
+                        return Done::Closed;
+                    }
+                    Req::Heartbeat | Req::Reap | Req::Materialize => {}
+                }
+            }
+            return Done::Open;
+        }
+        shared.wait_pending(|n| n < MAX_PENDING);
+
+        let result = (|| -> rusqlite::Result<Option<i64>> {
+            self.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+            // Did another process commit since our last group? Then fold that in first, in
+            // order: our own pending groups go before it.
+            if last_change(&self.conn)?.1 > self.last_seq {
+                shared.wait_pending(|n| n == 0);
+                synced = sync_from(
+                    &self.conn,
+                    &mut shared.mem.write().unwrap_or_else(|p| p.into_inner()),
+                )?;
+                self.last_seq = shared.mem.read().unwrap_or_else(|p| p.into_inner()).synced;
+            }
+            let pending: Vec<Arc<Overlay>> = lock(&shared.pending)
+                .groups
+                .iter()
+                .map(|(_, o)| o.clone())
+                .collect();
+            let mem_guard = shared.mem.read().unwrap_or_else(|p| p.into_inner());
+            let base = mem::Layers {
+                mem: &mem_guard,
+                pending: &pending,
+            };
+            let session = shared.session.load(Ordering::SeqCst);
+            let live = self
+                .conn
+                .prepare_cached("SELECT 1 FROM sessions WHERE id = ?1 AND expires_ms >= ?2")?
+                .exists(params![session as i64, now as i64])?;
+            let mut session_ok = live;
+            if !live {
+                // Our session lapsed (or another process reaped it): its ephemerals go, and
+                // every multi of this group fails; later requests run under a new session.
+                self.drop_session(&mut ov, &base, session)?;
+                let fresh = new_session(&self.conn, &shared.opts)?;
+                shared.session.store(fresh, Ordering::SeqCst);
+                tracing::warn!(
+                    old = session,
+                    new = fresh,
+                    "session expired; opened a new one"
+                );
+            }
+            let session = shared.session.load(Ordering::SeqCst);
+            for req in group {
+                match req {
+                    Req::Multi(ops, reply) => {
+                        let r = if session_ok {
+                            ov.apply_multi(&base, &ops, session, now)
+                        } else {
+                            Err(TreeError::SessionExpired)
+                        };
+                        replies.push((reply, r));
+                    }
+                    Req::Heartbeat => {
+                        self.conn
+                            .prepare_cached("UPDATE sessions SET expires_ms = ?2 WHERE id = ?1")?
+                            .execute(params![
+                                session as i64,
+                                (now + shared.opts.session_timeout_ms) as i64
+                            ])?;
+                    }
+                    Req::Reap => {
+                        for id in dead_sessions(&self.conn, now, session)? {
+                            self.drop_session(&mut ov, &base, id)?;
+                        }
+                    }
+                    Req::Materialize => self.materialize |= self.last_seq > self.applied,
+                    Req::Expire(done) => {
+                        self.conn.execute(
+                            "UPDATE sessions SET expires_ms = 0 WHERE id = ?1",
+                            [session as i64],
+                        )?;
+                        session_ok = false;
+                        after.push(done);
+                    }
+                    Req::Close(done) => {
+                        self.drop_session(&mut ov, &base, session)?;
+                        self.materialize = true;
+                        close = Some(done);
+                    }
+                }
+            }
+            // Whether each changed node is in the committed file: decides UPDATE, INSERT, DELETE,
+            // or nothing (a lock made and dropped within the group never reaches SQL).
+            let writes: Vec<(&String, Option<&MemNode>, bool)> = ov
+                .changed
+                .iter()
+                .map(|(p, n)| (p, n.as_ref(), base.get(p).is_some()))
+                .collect();
+            needs_sync = !only_ephemeral(&ov, &base);
+            drop(mem_guard);
+            // A lock made and dropped within the group is in neither the file nor the log.
+            let body = log::encode(
+                writes
+                    .into_iter()
+                    .filter(|(_, node, existed)| node.is_some() || *existed)
+                    .map(|(p, n, existed)| (p.as_str(), n, existed)),
+            );
+            if body.len() == 1 {
+                self.conn.prepare_cached("COMMIT")?.execute([])?;
+                return Ok(None);
+            }
+            self.conn
+                .prepare_cached("INSERT INTO changes(body) VALUES (?1)")?
+                .execute([&body])?;
+            let seq = self.conn.last_insert_rowid();
+            // Commit and enter the pending queue as one step for readers: a reader folding in
+            // the change log must never see our row committed but not yet pending (it would
+            // take an un-fsynced change into memory, and the syncer would later re-apply it
+            // out of order).
+            let committed = Arc::new(std::mem::take(&mut ov));
+            let sync_guard = lock(&shared.sync);
+            self.conn.prepare_cached("COMMIT")?.execute([])?;
+            self.last_seq = seq;
+            lock(&shared.pending)
+                .groups
+                .push_back((seq, committed.clone()));
+            drop(sync_guard);
+            // Counted before anyone is answered: whoever learns of this commit finds the
+            // counter moved.
+            if let Err(e) = shared.counter.count_own() {
+                tracing::warn!(error = %e, "could not count a commit; other processes will see it at their next poll");
+            }
+            pending_overlay = Some(committed);
+            Ok(Some(seq))
+        })();
+
+        let closing = close.is_some();
+        match result {
+            Ok(seq) => {
+                shared.commits.fetch_add(1, Ordering::Relaxed);
+                shared
+                    .multis
+                    .fetch_add(replies.len() as u64, Ordering::Relaxed);
+                let _ = seq;
+                let overlay = pending_overlay
+                    .take()
+                    .unwrap_or_else(|| Arc::new(std::mem::take(&mut ov)));
+                let item = Committed {
+                    seq,
+                    needs_sync: needs_sync && seq.is_some(),
+                    overlay,
+                    synced,
+                    replies,
+                    after,
+                    close,
+                };
+                if let Err(mpsc::SendError(item)) = self.to_syncer.send(item) {
+                    // The syncer is gone (only at shutdown): answer here.
+                    for (reply, _) in item.replies {
+                        let _ =
+                            reply.send(Err(TreeError::Backend("store handle is closing".into())));
+                    }
+                }
+            }
+            Err(e) => {
+                let _ = self.conn.execute_batch("ROLLBACK");
+                tracing::error!(error = %e, "group commit failed");
+                for (reply, r) in replies {
+                    let r = match r {
+                        Ok(_) => Err(TreeError::Backend(format!("commit failed: {e}"))),
+                        refused => refused,
+                    };
+                    let _ = reply.send(r);
+                }
+                for done in after {
+                    let _ = done.send(());
+                }
+                if let Some(done) = close {
+                    let _ = done.send(Err(TreeError::Backend(format!("commit failed: {e}"))));
+                }
+            }
+        }
+        if closing { Done::Closed } else { Done::Open }
+    }
+}
+
+/// Whether every node the overlay changes is ephemeral, before and after. Such a group is
+/// committed but not fsynced before it is answered, which is safe because of what ephemeral
+/// nodes are: it can only be lost with the machine (a process crash loses nothing the kernel
+/// holds), and then every session that could own or have seen those nodes is dead, so the
+/// tree after restart is the one reaping those sessions would leave anyway. Anything durable
+/// that was decided after seeing the group comes later in the WAL, and its fsync covers the
+/// group too. A lease is taken this way with no fsync; the transition that ends it has one.
+pub(crate) fn only_ephemeral(ov: &Overlay, base: &dyn Below) -> bool {
+    ov.changed.iter().all(|(p, n)| {
+        n.as_ref().is_none_or(|n| n.owner != 0) && base.get(p).is_none_or(|n| n.owner != 0)
+    })
+}
+
+/// A passive checkpoint on `conn`: whether another checkpoint was under way, the frames in the
+/// WAL, and how many of them are now copied into the database file.
+pub(crate) fn checkpoint(conn: &Connection) -> rusqlite::Result<(bool, i64, i64)> {
+    conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+        Ok((r.get::<_, i64>(0)? != 0, r.get(1)?, r.get(2)?))
+    })
+}
+
+/// Copies the WAL into the database file in the background whenever the writer says it has
+/// grown, without holding up commits (a passive checkpoint takes no lock a writer needs).
+pub(crate) fn checkpointer(shared: Arc<Shared>, conn: Connection, wake: mpsc::Receiver<()>) {
+    while wake.recv().is_ok() {
+        // The writer is to finish this round: stay out of its way (a checkpoint under way
+        // would make its own find the WAL busy, and the WAL grow on).
+        if shared.wal_frames.load(Ordering::Relaxed) >= WAL_RESTART_FRAMES {
+            continue;
+        }
+        let t = std::time::Instant::now();
+        match checkpoint(&conn) {
+            Ok((_, frames, _)) => {
+                shared.wal_frames.store(frames, Ordering::Relaxed);
+                shared.checkpoints.fetch_add(1, Ordering::Relaxed);
+                shared
+                    .checkpoint_us
+                    .fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+            }
+            Err(e) => tracing::warn!(error = %e, "could not checkpoint the WAL"),
+        }
+    }
+}
+
+/// Makes committed groups durable (one `fdatasync` of the WAL for all that are waiting), folds
+/// them into memory in commit order, fires watches, and answers the callers.
+pub(crate) fn syncer(shared: Arc<Shared>, rx: mpsc::Receiver<Committed>, durable: bool) {
+    let wal = PathBuf::from(format!("{}-wal", shared.path.display()));
+    let mut wal_file: Option<std::fs::File> = None;
+    while let Ok(first) = rx.recv() {
+        let mut items = vec![first];
+        while let Ok(more) = rx.try_recv() {
+            items.push(more);
+        }
+        let mut failure: Option<String> = None;
+        if durable && items.iter().any(|i| i.needs_sync) {
+            // The frames were written at COMMIT; this makes them durable (and every commit
+            // before them: the WAL is one file written in order).
+            let t = std::time::Instant::now();
+            // The WAL stays while this handle's connections are open: one descriptor serves
+            // every fsync. A failed fsync is never retried (the kernel may have dropped the
+            // pages it could not write, and a second fsync would report success): it poisons.
+            if wal_file.is_none() {
+                wal_file = std::fs::OpenOptions::new().write(true).open(&wal).ok();
+            }
+            let r = match &wal_file {
+                Some(f) => f.sync_data(),
+                None => std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&wal)
+                    .and_then(|f| f.sync_data()),
+            };
+            shared.fsyncs.fetch_add(1, Ordering::Relaxed);
+            shared
+                .fsync_us
+                .fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+            if let Err(e) = r {
+                failure = Some(format!(
+                    "fsync of {} failed: {e}; this store handle refuses all further work",
+                    wal.display()
+                ));
+            }
+        }
+        if let Some(why) = &failure {
+            tracing::error!("{why}");
+            let mut p = lock(&shared.pending);
+            p.poisoned = Some(why.clone());
+            p.groups.clear();
+            drop(p);
+            shared.pending_changed.notify_all();
+            for item in items {
+                for (reply, _) in item.replies {
+                    let _ = reply.send(Err(TreeError::Backend(why.clone())));
+                }
+                for done in item.after {
+                    let _ = done.send(());
+                }
+                if let Some(done) = item.close {
+                    let _ = done.send(Err(TreeError::Backend(why.clone())));
+                }
+            }
+            continue;
+        }
+        // All of them under one write lock: readers wait once, not once per group.
+        if items.iter().any(|i| i.seq.is_some()) {
+            let mut mem = shared.mem.write().unwrap_or_else(|p| p.into_inner());
+            for item in &items {
+                let Some(seq) = item.seq else { continue };
+                item.overlay.apply_to(&mut mem);
+                mem.synced = seq;
+                // Under the memory lock, so the writer sees a group in memory or pending,
+                // never in neither.
+                let popped = lock(&shared.pending).groups.pop_front();
+                debug_assert_eq!(
+                    popped.map(|(s, _)| s),
+                    Some(seq),
+                    "groups are folded in commit order"
+                );
+            }
+        }
+        shared.pending_changed.notify_all();
+        for item in items {
+            let mut w = lock(&shared.watches);
+            match &item.synced {
+                Synced::Reloaded => w.fire_all(),
+                Synced::Paths(ps) => ps.iter().for_each(|p| w.fire_changed(p)),
+                Synced::Nothing => {}
+            }
+            item.overlay.changed.keys().for_each(|p| w.fire_changed(p));
+            drop(w);
+            for (reply, r) in item.replies {
+                let _ = reply.send(r);
+            }
+            for done in item.after {
+                let _ = done.send(());
+            }
+            if let Some(done) = item.close {
+                let _ = done.send(Ok(()));
+            }
+        }
+    }
+}
