@@ -581,7 +581,9 @@ impl Acquire for JobLoop {
         lease: JobLease,
         shutdown: &mut Shutdown,
     ) -> impl Future<Output = Option<JobLease>> + Send {
-        self.handle_job(lease, shutdown)
+        use tracing::Instrument;
+        let span = tracing::info_span!("job", job = %lease.job, stage = lease.state().name());
+        self.handle_job(lease, shutdown).instrument(span)
     }
     async fn release(&self, lease: JobLease) {
         let _ = self.engine.release_job_lease(lease).await;
@@ -732,9 +734,30 @@ impl JobLoop {
                 .map(|n| next = n),
         };
         self.stats.record(state.name(), &outcome, started.elapsed());
-        match r {
-            Ok(()) => tracing::debug!(job = %job, state = state.name(), ?outcome, "handled"),
-            Err(e) => tracing::warn!(job = %job, state = state.name(), error = %e,
+        match (r, &outcome) {
+            (Ok(()), Outcome::Done)
+                if state.resolve(self.stage.success()).ok() == Some(JobState::Completed) =>
+            {
+                tracing::info!(job = %job, state = state.name(), "job completed")
+            }
+            (Ok(()), Outcome::Done) => {
+                tracing::debug!(job = %job, state = state.name(), "handled")
+            }
+            (Ok(()), Outcome::Fatal(reason)) => {
+                tracing::info!(job = %job, state = state.name(), %reason, "job failed")
+            }
+            (Ok(()), Outcome::Transient(reason)) if attempts + 1 >= max_attempts => {
+                tracing::info!(job = %job, state = state.name(), %reason, attempts = attempts + 1,
+                    "job failed: out of attempts")
+            }
+            (Ok(()), Outcome::Transient(reason)) => {
+                tracing::info!(job = %job, state = state.name(), %reason, attempt = attempts + 1,
+                    "job deferred for a retry")
+            }
+            (Ok(()), Outcome::Wait { reason, .. }) => {
+                tracing::debug!(job = %job, state = state.name(), %reason, "job waits")
+            }
+            (Err(e), _) => tracing::warn!(job = %job, state = state.name(), error = %e,
                 "could not record the outcome; the job stays for another worker"),
         }
         next
@@ -802,7 +825,10 @@ impl Acquire for BatchLoop {
             .map_err(|e| e.to_string())
     }
     async fn handle(&self, lease: BatchLease, shutdown: &mut Shutdown) -> Option<BatchLease> {
-        self.handle_batch(lease, shutdown).await;
+        use tracing::Instrument;
+        let span =
+            tracing::info_span!("batch", batch = %lease.batch, stage = lease.status.status.name());
+        self.handle_batch(lease, shutdown).instrument(span).await;
         None
     }
     async fn release(&self, lease: BatchLease) {
@@ -889,8 +915,19 @@ impl BatchLoop {
             };
             self.stats.record(name, o, started.elapsed());
         }
-        if let Err(e) = r {
-            tracing::warn!(batch = %bid, error = %e, "could not record the batch outcome");
+        match (r, &outcome) {
+            (Err(e), _) => {
+                tracing::warn!(batch = %bid, error = %e, "could not record the batch outcome")
+            }
+            (Ok(()), Some(Outcome::Done)) => {
+                let to = state.resolve(self.stage.success()).map(|s| s.name());
+                tracing::info!(batch = %bid, from = state.name(), to = to.unwrap_or("?"),
+                    "batch moved on")
+            }
+            (Ok(()), Some(Outcome::Fatal(reason) | Outcome::Transient(reason))) => {
+                tracing::info!(batch = %bid, state = state.name(), %reason, "batch failed")
+            }
+            (Ok(()), _) => {}
         }
     }
 }
