@@ -4,7 +4,7 @@
 //! connection floods. Every refusal is checked to name its rule and to leave the stored state
 //! as it was. See docs/SECURITY.md.
 
-use lading_ingest::payload_server::PayloadServer;
+use lading_server::payload_server::PayloadServer;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};

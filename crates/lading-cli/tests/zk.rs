@@ -4,8 +4,8 @@
 use lading_core::time::system_clock;
 use lading_core::{Event, JobState};
 use lading_engine::Engine;
-use lading_store_zk::server::ZkServer;
 use lading_store_zk::{ZkOptions, ZkTree};
+use lading_testkit::zk::ZkServer;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, OnceLock};

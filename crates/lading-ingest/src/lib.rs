@@ -15,7 +15,6 @@ pub mod fetch;
 pub mod intake;
 pub mod inventory;
 pub mod outbox;
-pub mod payload_server;
 pub mod policy;
 pub mod quota;
 pub mod report;

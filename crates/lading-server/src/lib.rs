@@ -15,6 +15,7 @@ mod generic;
 mod metrics;
 pub mod node;
 pub mod openapi;
+pub mod payload_server;
 mod redact;
 pub mod upload;
 

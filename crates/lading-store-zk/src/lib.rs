@@ -20,7 +20,6 @@
 
 mod cache;
 mod multi;
-pub mod server;
 
 use cache::{Cache, Lookup};
 use lading_core::CreateMode;

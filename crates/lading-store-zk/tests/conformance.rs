@@ -5,8 +5,8 @@
 
 use lading_core::{BoxFuture, Tree};
 use lading_store_tests::{Harness, Session};
-use lading_store_zk::server::{Relay, ZkServer};
 use lading_store_zk::{ZkOptions, ZkTree};
+use lading_testkit::zk::{Relay, ZkServer};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 

@@ -10,8 +10,8 @@ use lading_core::{BatchState, JobState};
 use lading_engine::Engine;
 use lading_ingest::checkm::{self, ManifestKind};
 use lading_ingest::fetch::Hasher;
-use lading_ingest::payload_server::PayloadServer;
 use lading_ingest::{Config, Ingest, Submission};
+use lading_server::payload_server::PayloadServer;
 use lading_store_sqlite::{SqliteOptions, SqliteTree};
 use lading_worker::{Shutdown, ShutdownHandle};
 use std::path::{Path, PathBuf};
@@ -29,10 +29,9 @@ pub enum Backend {
     ZooKeeper,
 }
 
-fn zk_server() -> &'static lading_store_zk::server::ZkServer {
-    static SERVER: std::sync::OnceLock<lading_store_zk::server::ZkServer> =
-        std::sync::OnceLock::new();
-    SERVER.get_or_init(|| lading_store_zk::server::ZkServer::start().expect("start ZooKeeper"))
+fn zk_server() -> &'static lading_testkit::zk::ZkServer {
+    static SERVER: std::sync::OnceLock<lading_testkit::zk::ZkServer> = std::sync::OnceLock::new();
+    SERVER.get_or_init(|| lading_testkit::zk::ZkServer::start().expect("start ZooKeeper"))
 }
 
 pub struct World {

@@ -150,7 +150,7 @@ async fn file(
     }
     (
         headers,
-        Body::from_stream(crate::fetch::file_chunks(f.into_std().await)),
+        Body::from_stream(lading_ingest::fetch::file_chunks(f.into_std().await)),
     )
         .into_response()
 }
