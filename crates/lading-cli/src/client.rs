@@ -328,6 +328,9 @@ async fn report(c: &Client, bid: &str) -> anyhow::Result<()> {
         jobs.push(c.call("GET", &format!("/api/v1/jobs/{j}"), None).await?);
     }
     print!("{}", crate::pipeline::report_text(&b, &jobs));
+    if b["status"]["status"] == "Failed" {
+        return Err(crate::pipeline::BatchFailed(bid.to_string()).into());
+    }
     Ok(())
 }
 

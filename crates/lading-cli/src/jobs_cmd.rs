@@ -92,11 +92,20 @@ fn now_s() -> u64 {
 }
 
 pub async fn run(store: &str, cmd: JobsCmd) -> anyhow::Result<()> {
-    let tree = crate::open_store(store).await?;
+    // Reading commands never create a store.
+    let reads = matches!(
+        cmd,
+        JobsCmd::Types | JobsCmd::List { .. } | JobsCmd::Show { .. } | JobsCmd::Watch { .. }
+    );
+    let tree = if reads {
+        lading_server::node::open_existing(store).await?
+    } else {
+        crate::open_store(store).await?
+    };
     let jobs = Arc::new(Jobs::new(
         tree.clone(),
         system_clock(),
-        lading_store_sqlite::default_owner(),
+        lading_server::node::owner(),
     ));
     let r = dispatch(&jobs, cmd).await;
     tree.close().await?;

@@ -250,8 +250,13 @@ enum PauseAction {
     Resume,
 }
 
+/// An engine on an existing store (commands that read or administer one never create it).
 async fn engine(url: &str) -> anyhow::Result<Engine> {
-    let e = Engine::new(open_store(url).await?, system_clock(), node::owner());
+    let e = Engine::new(
+        node::open_existing(url).await?,
+        system_clock(),
+        node::owner(),
+    );
     e.init().await?;
     Ok(e)
 }
@@ -379,14 +384,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let sub = pipeline::submission(payload, profile, payload_type, submitter, title);
             let bid = lading_ingest::submit(&ingest, &sub).await?;
             println!("{bid}");
+            let mut failed = false;
             if wait {
                 pipeline::wait_batch(&ingest.engine, &bid, true).await?;
                 pipeline::print_report(&ingest.engine, &bid).await?;
+                failed = ingest.engine.batch(&bid).await?.status.status
+                    == lading_core::BatchState::Failed;
             }
             ingest.engine.tree().close().await?;
+            if failed {
+                return Err(pipeline::BatchFailed(bid.to_string()).into());
+            }
         }
         Command::Dump { path, format } => {
-            let tree = open_store(&store).await?;
+            let tree = node::open_existing(&store).await?;
             lading_core::tree::validate_path(&path)?;
             let map = lading_engine::dump(tree.as_ref(), &path).await?;
             match format {
@@ -685,6 +696,12 @@ fn print_outbox(entries: &serde_json::Value) {
 fn exit_code(err: &anyhow::Error) -> u8 {
     if let Some(h) = err.downcast_ref::<client::HttpError>() {
         return h.exit_code();
+    }
+    if err.downcast_ref::<node::NoStore>().is_some() {
+        return 3;
+    }
+    if err.downcast_ref::<pipeline::BatchFailed>().is_some() {
+        return 5;
     }
     use lading_jobs::JobsError;
     match err.downcast_ref::<JobsError>() {

@@ -13,6 +13,11 @@ use lading_worker::Shutdown;
 use std::path::Path;
 use std::time::Duration;
 
+/// `submit --wait` saw its batch end Failed (exit code 5).
+#[derive(Debug, thiserror::Error)]
+#[error("batch {0} ended Failed")]
+pub struct BatchFailed(pub String);
+
 /// Waits for SIGINT or SIGTERM.
 pub(crate) async fn signal() {
     #[cfg(unix)]

@@ -416,3 +416,32 @@ async fn a_persistent_storage_lock_left_by_merritt_is_listed_and_cleared() {
             .is_some()
     );
 }
+
+/// A command that reads or administers a store never creates one: pointed at a store that
+/// does not exist it exits 3 naming it, and no file (nor folder) appears.
+#[test]
+fn reading_commands_never_create_a_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("sub/none.db");
+    for args in [
+        vec!["status"],
+        vec!["dump", "/"],
+        vec!["admin", "queue", "pause", "ingest"],
+        vec!["jobs", "types"],
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_lading"))
+            .arg("--store")
+            .arg(format!("sqlite:{}", db.display()))
+            .args(&args)
+            .env_remove("LADING_STORE")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(3), "{args:?}: {err}");
+        assert!(err.contains("no store at"), "{args:?}: {err}");
+        assert!(
+            !db.exists() && !dir.path().join("sub").exists(),
+            "{args:?} made a store"
+        );
+    }
+}

@@ -168,6 +168,17 @@ async fn submit_wait_shows_progress_and_ends_with_the_report() {
     assert!(o.status.success(), "{err}");
     assert!(out.contains(": Completed"), "{out}");
     assert!(out.contains("ark:/99999/fk4"), "{out}");
+    // A batch that ends Failed: the report, then exit code 5 for scripts.
+    let missing = format!("file://{}", payload.join("missing.txt").display());
+    let o = s.run(&["submit", &missing, "--profile", "demo", "--wait"]);
+    let failed = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(5), "{failed}");
+    assert!(failed.contains(": Failed"), "{failed}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("ended Failed"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     // The same worker serves the access queues: a request for the stored version gets its zip.
     let e = engine(&s.db).await;
     let ark = out
@@ -240,7 +251,11 @@ async fn submit_wait_shows_progress_and_ends_with_the_report() {
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("unknown profile \"nope\""), "{err}");
-    assert_eq!(e.batch_ids().await.unwrap().len(), 1);
+    assert_eq!(
+        e.batch_ids().await.unwrap().len(),
+        2,
+        "the completed and the failed batch, nothing more"
+    );
 }
 
 #[test]

@@ -59,6 +59,25 @@ pub async fn open_store(url: &str) -> anyhow::Result<Arc<dyn Tree>> {
     Ok(open(url).await?.tree())
 }
 
+/// A command that only reads (or administers) a store was pointed at one that does not exist.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "no store at {0}: only lading serve, worker, submit and demo create one (is --store right?)"
+)]
+pub struct NoStore(pub String);
+
+/// [`open_store`] for a command that must not create a store: an embedded store whose file
+/// does not exist is [`NoStore`], and nothing is made.
+pub async fn open_existing(url: &str) -> anyhow::Result<Arc<dyn Tree>> {
+    if !url.starts_with("zk://") {
+        let path = url.strip_prefix("sqlite:").unwrap_or(url);
+        if !path.is_empty() && !url.contains("://") && !Path::new(path).exists() {
+            return Err(NoStore(path.to_string()).into());
+        }
+    }
+    open_store(url).await
+}
+
 /// Opens an embedded store from its URL.
 pub fn open_sqlite(url: &str) -> anyhow::Result<Arc<SqliteTree>> {
     let path = url.strip_prefix("sqlite:").unwrap_or(url);
