@@ -257,7 +257,7 @@ const WAIT_LOCKS: usize = 16;
 /// A waiting worker looks again at least this often, whatever it was told.
 const SWEEP: Duration = Duration::from_secs(10);
 
-/// Processing batches whose `batch-processing` folder `watch_finishing_batches` watches.
+/// Processing batches whose `batch-processing` folder `watch_finishing` watches.
 const WATCH_PROCESSING: usize = 256;
 
 /// Bound on `job_batches`; it is simply emptied when full.

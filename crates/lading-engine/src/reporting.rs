@@ -118,12 +118,12 @@ impl Engine {
         Ok(moved)
     }
 
-    /// Waits until a job leaves `batch-processing` of some Processing batch (whoever moved it:
-    /// this process, another, or another tool such as Merritt's own library), or a batch is
-    /// added, or `timeout` passes; then moves every such batch that has finished to
-    /// Reporting. Returns how many it moved. Watches at most [`WATCH_PROCESSING`] batches;
-    /// [`Engine::sweep_reporting`] remains the net for the rest.
-    pub async fn watch_finishing_batches(&self, timeout: Duration) -> Result<usize> {
+    /// The Processing batches to keep an eye on (the newest, at most a few hundred), and a
+    /// watch on each one's `batch-processing` folder and on the batches folder: one fires
+    /// when a batch may have finished, whoever moved its last job (another Lading process,
+    /// Merritt's own tools). Check them with [`Engine::report_finished`] once the watches are
+    /// set (a batch that finished before is caught then) and after one fires.
+    pub async fn watch_finishing(&self) -> Result<(Vec<BatchId>, Vec<Watch>)> {
         let mut processing = Vec::new();
         let mut watches = vec![self.tree.watch(BATCHES, WatchKind::Children).await?];
         for b in self.batch_ids().await?.into_iter().rev() {
@@ -151,18 +151,14 @@ impl Engine {
             }
             processing.push(b);
         }
-        // Finished before the watch was set: caught now.
+        Ok((processing, watches))
+    }
+
+    /// Moves each of `batches` whose jobs have all finished on to Reporting; returns how
+    /// many moved.
+    pub async fn report_finished(&self, batches: &[BatchId]) -> Result<usize> {
         let mut moved = 0;
-        for b in &processing {
-            if self.maybe_report(b).await? {
-                moved += 1;
-            }
-        }
-        if moved > 0 {
-            return Ok(moved);
-        }
-        let _ = tokio::time::timeout(timeout, any_of(watches)).await;
-        for b in &processing {
+        for b in batches {
             if self.maybe_report(b).await? {
                 moved += 1;
             }

@@ -8,6 +8,7 @@ use crate::Ingest;
 use lading_core::BatchState;
 use lading_core::time::parse_ts;
 use lading_engine::EngineError;
+use lading_worker::{Acquire, Shutdown};
 
 /// What one cleanup pass removed.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -120,60 +121,82 @@ const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
 /// How often it removes old batches.
 const CLEANUP_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
 
-/// Housekeeping of the process that runs reporting, until dropped: at start and every ten
-/// minutes, a batch whose jobs have all left `batch-processing` but that is still Processing
-/// (its last job's worker died between the two steps) is moved to Reporting; every hour, old
-/// batches are cleaned up.
-pub async fn housekeeping(ingest: std::sync::Arc<Ingest>) {
-    // A batch whose last job another process or tool moved is noticed within seconds, not
-    // at the next sweep.
-    let i = ingest.clone();
-    let _finishing = AbortOnDrop(tokio::spawn(async move {
-        loop {
-            match i
-                .engine
-                .watch_finishing_batches(std::time::Duration::from_secs(30))
-                .await
-            {
-                Ok(n) if n > 0 => {
-                    tracing::info!(batches = n, "finished batches moved on to Reporting")
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, "watching batches failed");
-                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                }
+/// Housekeeping, on the runtime until shut down: batches whose last job another process or
+/// tool moved are noticed within seconds (a watch on their `batch-processing` folders, read
+/// again every 30 s), and every ten minutes a reporting sweep, with cleanup hourly.
+pub async fn housekeeping(ingest: std::sync::Arc<Ingest>, shutdown: Shutdown) {
+    let finishing = lading_worker::run_loops(
+        std::sync::Arc::new(Finishing(ingest.clone())),
+        1,
+        shutdown.clone(),
+    );
+    let last_cleanup = std::sync::Mutex::new(None::<std::time::Instant>);
+    let sweeps = lading_worker::every("housekeeping", SWEEP_EVERY, shutdown, move || {
+        let ingest = ingest.clone();
+        let due = {
+            let mut last = last_cleanup.lock().unwrap_or_else(|p| p.into_inner());
+            let due = last.is_none_or(|t| t.elapsed() >= CLEANUP_EVERY);
+            if due {
+                *last = Some(std::time::Instant::now());
             }
-        }
-    }));
-    let mut last_cleanup: Option<std::time::Instant> = None;
-    loop {
-        match ingest.engine.sweep_reporting().await {
-            Ok(n) if n > 0 => tracing::info!(batches = n, "batches moved on to Reporting"),
+            due
+        };
+        async move { sweep(&ingest, due).await }
+    });
+    tokio::join!(finishing, sweeps);
+}
+
+/// One housekeeping sweep: batches that should be reporting, and (when `cleanup_due`) the
+/// cleanup of old batches.
+async fn sweep(ingest: &Ingest, cleanup_due: bool) {
+    match ingest.engine.sweep_reporting().await {
+        Ok(n) if n > 0 => tracing::info!(batches = n, "batches moved on to Reporting"),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "reporting sweep failed"),
+    }
+    if cleanup_due {
+        let now = ingest.engine.clock().now_ms();
+        let retention_ms = ingest.cfg.retention_hours.saturating_mul(3_600_000);
+        match cleanup(ingest, now, retention_ms).await {
+            Ok(c) if c.batches > 0 => {
+                tracing::info!(batches = c.batches, jobs = c.jobs, "cleanup")
+            }
             Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "reporting sweep failed"),
+            Err(e) => tracing::warn!(error = %e, "cleanup failed"),
         }
-        if last_cleanup.is_none_or(|t| t.elapsed() >= CLEANUP_EVERY) {
-            last_cleanup = Some(std::time::Instant::now());
-            let now = ingest.engine.clock().now_ms();
-            let retention_ms = ingest.cfg.retention_hours.saturating_mul(3_600_000);
-            match cleanup(&ingest, now, retention_ms).await {
-                Ok(c) if c.batches > 0 => {
-                    tracing::info!(batches = c.batches, jobs = c.jobs, "cleanup")
-                }
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "cleanup failed"),
-            }
-        }
-        tokio::time::sleep(SWEEP_EVERY).await;
     }
 }
 
-/// A task aborted with its owner (housekeeping is itself aborted at shutdown).
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+/// Watches the Processing batches; an item is the list to check once a watch fired.
+struct Finishing(std::sync::Arc<Ingest>);
 
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
+/// How long the finishing watch waits before reading every Processing batch again.
+const FINISHING_REREAD: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl Acquire for Finishing {
+    type Lease = Vec<lading_core::layout::BatchId>;
+    const WHAT: &'static str = "finishing batches watch";
+    fn state_name(&self) -> &str {
+        "Processing"
     }
+    async fn wait(&self, stop: Shutdown) -> Result<Option<Self::Lease>, String> {
+        let e = &self.0.engine;
+        let (batches, watches) = e.watch_finishing().await.map_err(|e| e.to_string())?;
+        // Finished before the watches were set: caught now.
+        self.handle(batches.clone(), &mut stop.clone()).await;
+        let fired = futures_util::future::select_all(watches.into_iter().map(Box::pin));
+        tokio::select! {
+            _ = tokio::time::timeout(FINISHING_REREAD, fired) => Ok(Some(batches)),
+            _ = stop.into_stopped() => Ok(None),
+        }
+    }
+    async fn handle(&self, batches: Self::Lease, _: &mut Shutdown) -> Option<Self::Lease> {
+        match self.0.engine.report_finished(&batches).await {
+            Ok(n) if n > 0 => tracing::info!(batches = n, "finished batches moved on to Reporting"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "checking finished batches failed"),
+        }
+        None
+    }
+    async fn release(&self, _: Self::Lease) {}
 }

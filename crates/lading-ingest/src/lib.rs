@@ -161,7 +161,7 @@ pub fn stages(
 }
 
 /// Runs the named stages until shut down; returns the worker's per-stage figures. With
-/// `reporting` among them, also [`cleanup::housekeeping`].
+/// `reporting` among them, also [`cleanup::housekeeping`], on the same shutdown.
 pub async fn run(
     ingest: &Arc<Ingest>,
     names: &[&str],
@@ -186,7 +186,7 @@ pub async fn run(
     // The process that reports also repairs and cleans up.
     let housekeeping = names
         .contains(&"reporting")
-        .then(|| tokio::spawn(cleanup::housekeeping(ingest.clone())));
+        .then(|| tokio::spawn(cleanup::housekeeping(ingest.clone(), shutdown.clone())));
     // The process that starts jobs also wakes those parked for a quota slot.
     let (waker_stop, waker_stopped) = tokio::sync::oneshot::channel::<()>();
     let waker = names.contains(&"pending").then(|| {
@@ -214,7 +214,7 @@ pub async fn run(
         let _ = w.await;
     }
     if let Some(h) = housekeeping {
-        h.abort();
+        let _ = h.await;
     }
     Ok(stats)
 }

@@ -536,6 +536,56 @@ pub async fn run_loops<L: Acquire>(l: Arc<L>, n: usize, shutdown: Shutdown) {
     }
 }
 
+/// A task the runtime runs now and then: at once, then every `every`, until shut down. A
+/// stop ends the wait between two runs; a run in progress finishes first.
+pub struct Every<F> {
+    name: &'static str,
+    every: Duration,
+    task: F,
+    first: std::sync::atomic::AtomicBool,
+}
+
+impl<F, Fut> Acquire for Every<F>
+where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    type Lease = ();
+    const WHAT: &'static str = "scheduled task";
+    fn state_name(&self) -> &str {
+        self.name
+    }
+    async fn wait(&self, stop: Shutdown) -> Result<Option<()>, String> {
+        if self.first.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            return Ok(Some(()));
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(self.every) => Ok(Some(())),
+            _ = stop.into_stopped() => Ok(None),
+        }
+    }
+    async fn handle(&self, _: (), _: &mut Shutdown) -> Option<()> {
+        (self.task)().await;
+        None
+    }
+    async fn release(&self, _: ()) {}
+}
+
+/// Runs `task` at once and then every `every` until shut down, as a loop of the runtime.
+pub async fn every<F, Fut>(name: &'static str, every: Duration, shutdown: Shutdown, task: F)
+where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let e = Every {
+        name,
+        every,
+        task,
+        first: std::sync::atomic::AtomicBool::new(true),
+    };
+    run_loops(Arc::new(e), 1, shutdown).await
+}
+
 /// One stage loop: wait for work, handle it, until shut down. A job handled successfully
 /// may bring its successor along (locked in the same `multi` that moved it on); that one is
 /// handled next without waiting.
