@@ -98,9 +98,7 @@ impl Engine {
         timeout: Duration,
         stop: impl std::future::Future<Output = ()> + Send,
     ) -> Result<Option<AccessLease>> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        tokio::pin!(stop);
-        loop {
+        self.wait_until(timeout, stop, || async move {
             let mut watches = vec![
                 self.tree
                     .watch(&access_folder(queue), WatchKind::Children)
@@ -111,28 +109,21 @@ impl Engine {
             ];
             let mut unmade = Vec::new();
             if let Some(lease) = self.acquire_access_noting(queue, &mut unmade).await? {
-                return Ok(Some(lease));
+                return Ok(Round::Got(lease));
             }
             for path in unmade {
                 watches.push(self.tree.watch(&path, WatchKind::Data).await?);
                 // Made between the scan and the watch: look again at once.
                 if self.tree.exists(&path).await?.is_some() {
-                    watches.clear();
-                    break;
+                    return Ok(Round::Again);
                 }
             }
-            if watches.is_empty() {
-                continue;
-            }
-            tokio::select! {
-                r = tokio::time::timeout_at(deadline, any_of(watches)) => {
-                    if r.is_err() {
-                        return Ok(None);
-                    }
-                }
-                _ = &mut stop => return Ok(None),
-            }
-        }
+            Ok(Round::Wait {
+                watches,
+                due: SWEEP,
+            })
+        })
+        .await
     }
 
     /// [`Engine::acquire_access`], noting in `unmade` the status paths of requests whose

@@ -179,9 +179,7 @@ impl Engine {
         timeout: Duration,
         cancel: impl std::future::Future<Output = ()>,
     ) -> Result<Option<BatchLease>> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut cancel = std::pin::pin!(cancel);
-        loop {
+        self.wait_until(timeout, cancel, || async move {
             let mut watches = vec![
                 self.tree.watch(BATCHES, WatchKind::Children).await?,
                 self.tree
@@ -205,14 +203,9 @@ impl Engine {
                         .await?,
                 );
             }
-            let conflicts = self.local_conflicts.load(Ordering::Relaxed);
-            let unclaimed = self.unclaimed.notified();
-            let mut unclaimed = std::pin::pin!(unclaimed);
-            unclaimed.as_mut().enable();
             if let Some(l) = self.acquire_batch(state).await? {
-                return Ok(Some(l));
+                return Ok(Round::Got(l));
             }
-            let lost_locally = self.local_conflicts.load(Ordering::Relaxed) != conflicts;
             // Batches the scan just found live but that were not watched yet.
             let now_live = self
                 .live_batches
@@ -220,16 +213,14 @@ impl Engine {
                 .unwrap_or_else(|p| p.into_inner())
                 .clone();
             if now_live.iter().any(|b| !live.contains(b)) {
-                continue;
+                return Ok(Round::Again);
             }
-            tokio::select! {
-                _ = any_of(watches) => {}
-                _ = &mut unclaimed, if lost_locally => {}
-                _ = &mut cancel => return Ok(None),
-                _ = tokio::time::sleep(SWEEP) => {}
-                _ = tokio::time::sleep_until(deadline) => return Ok(None),
-            }
-        }
+            Ok(Round::Wait {
+                watches,
+                due: SWEEP,
+            })
+        })
+        .await
     }
 
     pub(crate) fn check_batch_lease(&self, lease: &BatchLease) -> Result<()> {

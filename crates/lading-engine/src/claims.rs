@@ -163,4 +163,52 @@ impl Engine {
                 Some((v + by).clamp(-NEXT_SCORE_MAX, NEXT_SCORE_MAX))
             });
     }
+
+    /// The one waiting skeleton of acquisition: each round registers its watches, then tries
+    /// to acquire; when nothing is free it waits for a watch, for a claim this process lost
+    /// to itself to be given up, for `due` (at most the slow sweep), for `cancel` (→ `None`)
+    /// or for the deadline (→ `None`). Only the waiting is cancelled, never a round.
+    pub(crate) async fn wait_until<T, F, Fut>(
+        &self,
+        timeout: Duration,
+        cancel: impl std::future::Future<Output = ()>,
+        mut round: F,
+    ) -> Result<Option<T>>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<Round<T>>>,
+    {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut cancel = std::pin::pin!(cancel);
+        loop {
+            let conflicts = self.local_conflicts.load(Ordering::Relaxed);
+            let unclaimed = self.unclaimed.notified();
+            let mut unclaimed = std::pin::pin!(unclaimed);
+            unclaimed.as_mut().enable();
+            let (watches, due) = match round().await? {
+                Round::Got(t) => return Ok(Some(t)),
+                Round::Again => continue,
+                Round::Wait { watches, due } => (watches, due),
+            };
+            let lost_locally = self.local_conflicts.load(Ordering::Relaxed) != conflicts;
+            tokio::select! {
+                _ = any_of(watches) => {}
+                _ = &mut unclaimed, if lost_locally => {}
+                _ = &mut cancel => return Ok(None),
+                // The safety net: a slow sweep, should a wake-up ever be missed.
+                _ = tokio::time::sleep(due.min(SWEEP)) => {}
+                _ = tokio::time::sleep_until(deadline) => return Ok(None),
+            }
+        }
+    }
+}
+
+/// What one round of [`Engine::wait_until`] found.
+pub(crate) enum Round<T> {
+    /// Acquired.
+    Got(T),
+    /// Look again at once (the round saw something it had not watched yet).
+    Again,
+    /// Nothing free: wait for one of `watches`, or `due`.
+    Wait { watches: Vec<Watch>, due: Duration },
 }

@@ -303,52 +303,34 @@ impl Engine {
         timeout: Duration,
         cancel: impl std::future::Future<Output = ()>,
     ) -> Result<Option<JobLease>> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut cancel = std::pin::pin!(cancel);
-        loop {
-            let folder_watch = self
-                .tree
-                .watch(&job_state_folder(state), WatchKind::Children)
-                .await?;
-            let pause_watch = self
-                .tree
-                .watch(&queue_lock("ingest"), WatchKind::Data)
-                .await?;
-            let conflicts = self.local_conflicts.load(Ordering::Relaxed);
-            let unclaimed = self.unclaimed.notified();
-            let mut unclaimed = std::pin::pin!(unclaimed);
-            unclaimed.as_mut().enable();
+        self.wait_until(timeout, cancel, || async move {
+            let mut watches = vec![
+                self.tree
+                    .watch(&job_state_folder(state), WatchKind::Children)
+                    .await?,
+                self.tree
+                    .watch(&queue_lock("ingest"), WatchKind::Data)
+                    .await?,
+            ];
             if let Some(l) = self.acquire_job(state).await? {
-                return Ok(Some(l));
+                return Ok(Round::Got(l));
             }
-            let lost_locally = self.local_conflicts.load(Ordering::Relaxed) != conflicts;
             // Jobs that are there but locked become free when their lock goes (a worker
             // released it, or its session expired): watch those locks too.
-            let mut lock_watches = Vec::new();
             for name in self.busy_names(&job_state_folder(state), WAIT_LOCKS) {
                 if let Some((_, jid)) = parse_job_ref(&name) {
-                    lock_watches.push(
+                    watches.push(
                         self.tree
                             .watch(&job_node(&jid, "lock"), WatchKind::Data)
                             .await?,
                     );
                 }
             }
-            let any_lock = any_of(lock_watches);
-            let due = self.next_due().unwrap_or(SWEEP).min(SWEEP);
-            tokio::select! {
-                _ = folder_watch => {}
-                _ = pause_watch => {}
-                _ = any_lock => {}
-                _ = &mut unclaimed, if lost_locally => {}
-                // A job deferred after a transient error becomes due.
-                _ = tokio::time::sleep(due) => {}
-                _ = &mut cancel => return Ok(None),
-                // The safety net: a slow sweep, should a wake-up ever be missed.
-                _ = tokio::time::sleep(SWEEP) => {}
-                _ = tokio::time::sleep_until(deadline) => return Ok(None),
-            }
-        }
+            // A job deferred after a transient error becomes due.
+            let due = self.next_due().unwrap_or(SWEEP);
+            Ok(Round::Wait { watches, due })
+        })
+        .await
     }
 
     pub(crate) fn check_job_lease(&self, lease: &JobLease) -> Result<()> {

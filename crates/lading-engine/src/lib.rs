@@ -40,6 +40,7 @@ mod read;
 mod reporting;
 mod reserve;
 
+use claims::Round;
 pub use error::{EngineError, Result};
 pub use locks::ForeignLock;
 pub use outbox::{Effect, OutboxClaim, OutboxEntry, OutboxItem};
