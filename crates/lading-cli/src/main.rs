@@ -351,7 +351,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             title,
             wait,
         } if cli.server.is_some() => {
-            let c = client::Client::new(cli.server.as_deref().unwrap_or_default(), cli.token)?;
+            let c = lading_server::client::Client::new(
+                cli.server.as_deref().unwrap_or_default(),
+                cli.token,
+            )?;
             client::submit(
                 &c,
                 &payload,
@@ -364,11 +367,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             .await?;
         }
         Command::Status { id } if cli.server.is_some() => {
-            let c = client::Client::new(cli.server.as_deref().unwrap_or_default(), cli.token)?;
+            let c = lading_server::client::Client::new(
+                cli.server.as_deref().unwrap_or_default(),
+                cli.token,
+            )?;
             print_json(&client::status(&c, id.as_deref()).await?)?;
         }
         Command::Admin { action } if cli.server.is_some() => {
-            let c = client::Client::new(cli.server.as_deref().unwrap_or_default(), cli.token)?;
+            let c = lading_server::client::Client::new(
+                cli.server.as_deref().unwrap_or_default(),
+                cli.token,
+            )?;
             admin_remote(&c, action).await?;
         }
         Command::Submit {
@@ -594,7 +603,7 @@ fn value_name(v: impl ValueEnum) -> String {
 }
 
 /// `lading admin …` through a server.
-async fn admin_remote(c: &client::Client, action: Admin) -> anyhow::Result<()> {
+async fn admin_remote(c: &lading_server::client::Client, action: Admin) -> anyhow::Result<()> {
     let v = match action {
         Admin::Job { action, job, to } => {
             let body = to.map(|t| json!({ "to": t }));
@@ -694,7 +703,7 @@ fn print_outbox(entries: &serde_json::Value) {
 }
 
 fn exit_code(err: &anyhow::Error) -> u8 {
-    if let Some(h) = err.downcast_ref::<client::HttpError>() {
+    if let Some(h) = err.downcast_ref::<lading_server::client::HttpError>() {
         return h.exit_code();
     }
     if err.downcast_ref::<node::NoStore>().is_some() {

@@ -8,6 +8,7 @@
 pub mod access;
 pub mod auth;
 mod batches;
+pub mod client;
 pub mod conn;
 pub mod download;
 pub mod events;

@@ -1,0 +1,140 @@
+//! A client of this API, for the command line (`lading --server URL --token T …`) and
+//! anything else that talks to a `lading serve`: bearer auth, JSON answers, errors as
+//! [`HttpError`] with the server's message and status, multipart uploads streamed from disk.
+
+use futures_util::StreamExt;
+use serde_json::Value;
+use std::path::Path;
+
+/// An error the server answered with; the exit code follows its status.
+#[derive(Debug, thiserror::Error)]
+#[error("{message} (HTTP {status})")]
+pub struct HttpError {
+    pub status: u16,
+    pub message: String,
+}
+
+impl HttpError {
+    pub fn exit_code(&self) -> u8 {
+        match self.status {
+            404 => 3,
+            400 | 401 | 403 | 409 | 413 | 422 => 4,
+            _ => 1,
+        }
+    }
+}
+
+pub struct Client {
+    base: String,
+    token: String,
+    http: reqwest::Client,
+}
+
+impl Client {
+    pub fn new(server: &str, token: Option<String>) -> anyhow::Result<Client> {
+        let token = token.ok_or_else(|| {
+            anyhow::anyhow!(
+                "--server needs --token (or LADING_TOKEN): the API wants a bearer token"
+            )
+        })?;
+        Ok(Client {
+            base: server.trim_end_matches('/').to_string(),
+            token,
+            http: reqwest::Client::builder().build()?,
+        })
+    }
+
+    /// A request with the bearer token, to a path of the API.
+    pub fn request(&self, method: &str, path: &str) -> anyhow::Result<reqwest::RequestBuilder> {
+        Ok(self
+            .http
+            .request(method.parse()?, format!("{}{path}", self.base))
+            .bearer_auth(&self.token))
+    }
+
+    async fn answer(resp: reqwest::Response) -> anyhow::Result<Value> {
+        let status = resp.status();
+        let text = resp.text().await?;
+        let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        if !status.is_success() {
+            let message = v["error"]
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| v.to_string());
+            return Err(HttpError {
+                status: status.as_u16(),
+                message,
+            }
+            .into());
+        }
+        Ok(v)
+    }
+
+    pub async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> anyhow::Result<Value> {
+        let mut r = self.request(method, path)?;
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        let resp = r
+            .send()
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot reach {}: {e}", self.base))?;
+        Self::answer(resp).await
+    }
+
+    /// Uploads a local file as a batch (multipart, streamed from disk).
+    pub async fn upload(&self, file: &Path, query: &str) -> anyhow::Result<Value> {
+        let name = file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| anyhow::anyhow!("{} has no usable file name", file.display()))?;
+        let f = tokio::fs::File::open(file)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?;
+        let len = f.metadata().await?.len();
+        let boundary = format!("lading-{}", std::process::id());
+        let head = format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\nContent-Type: application/octet-stream\r\n\r\n"
+        );
+        let tail = format!("\r\n--{boundary}--\r\n");
+        let total = head.len() as u64 + len + tail.len() as u64;
+        let part = |s: String| {
+            futures_util::stream::once(async move {
+                Ok::<_, std::io::Error>(tokio_util::bytes::Bytes::from(s))
+            })
+        };
+        let body = part(head)
+            .chain(tokio_util::io::ReaderStream::new(f))
+            .chain(part(tail));
+        let resp = self
+            .request("POST", &format!("/api/v1/batches/upload?{query}"))?
+            .header(
+                "content-type",
+                format!("multipart/form-data; boundary={boundary}"),
+            )
+            .header("content-length", total)
+            .body(reqwest::Body::wrap_stream(body))
+            .send()
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot reach {}: {e}", self.base))?;
+        Self::answer(resp).await
+    }
+}
+
+/// Query-string escaping of one value.
+pub fn enc(v: &str) -> String {
+    let mut out = String::new();
+    for b in v.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
