@@ -195,36 +195,9 @@ impl Engine {
         event: Event<AccessState>,
         message: Option<String>,
     ) -> Result<AccessStatus> {
-        let path = access_path(lease.queue, &lease.id);
-        let lock = format!("{path}/lock");
+        let lock = format!("{}/lock", access_path(lease.queue, &lease.id));
         self.unclaim(&lock);
-        if lease.session != self.tree.session_id() {
-            return Err(lost(lease.id.as_str()));
-        }
-        let to = lease.status.status.resolve(event)?;
-        let mut status = lease.status.clone();
-        status.status = to;
-        status.last_modified = self.now();
-        status.message = message;
-        self.tree
-            .multi(vec![
-                Op::check(&lock, None),
-                Op::set(
-                    format!("{path}/status"),
-                    json_bytes(&status),
-                    Some(lease.status_version),
-                ),
-                Op::delete(&lock, None),
-            ])
-            .await
-            .map_err(|e| self.lease_error(e, lease.id.as_str()))?;
-        self.publish(
-            "access",
-            lease.id.as_str(),
-            None,
-            Some(lease.status.status.name()),
-            to.name(),
-        );
+        let (status, _) = self.access_move(&lease, event, message, true).await?;
         Ok(status)
     }
 
@@ -234,6 +207,21 @@ impl Engine {
         mut lease: AccessLease,
         event: Event<AccessState>,
     ) -> Result<AccessLease> {
+        let (status, version) = self.access_move(&lease, event, None, false).await?;
+        lease.status = status;
+        lease.status_version = version;
+        Ok(lease)
+    }
+
+    /// The one move of a leased request: its status, checked against the lease's version and
+    /// lock; `release` drops the lock in the same `multi`. Returns the new status and version.
+    async fn access_move(
+        &self,
+        lease: &AccessLease,
+        event: Event<AccessState>,
+        message: Option<String>,
+        release: bool,
+    ) -> Result<(AccessStatus, i32)> {
         let path = access_path(lease.queue, &lease.id);
         if lease.session != self.tree.session_id() {
             return Err(lost(lease.id.as_str()));
@@ -242,16 +230,21 @@ impl Engine {
         let mut status = lease.status.clone();
         status.status = to;
         status.last_modified = self.now();
-        status.message = None;
+        status.message = message;
+        let lock = format!("{path}/lock");
+        let mut ops = vec![
+            Op::check(&lock, None),
+            Op::set(
+                format!("{path}/status"),
+                json_bytes(&status),
+                Some(lease.status_version),
+            ),
+        ];
+        if release {
+            ops.push(Op::delete(&lock, None));
+        }
         self.tree
-            .multi(vec![
-                Op::check(format!("{path}/lock"), None),
-                Op::set(
-                    format!("{path}/status"),
-                    json_bytes(&status),
-                    Some(lease.status_version),
-                ),
-            ])
+            .multi(ops)
             .await
             .map_err(|e| self.lease_error(e, lease.id.as_str()))?;
         self.publish(
@@ -261,9 +254,7 @@ impl Engine {
             Some(lease.status.status.name()),
             to.name(),
         );
-        lease.status = status;
-        lease.status_version += 1;
-        Ok(lease)
+        Ok((status, lease.status_version + 1))
     }
 
     /// Gives back a request leased but not handled: it stays Pending for the next worker.

@@ -30,6 +30,18 @@ pub struct Principal {
 }
 
 impl Principal {
+    /// Who a submission is made as: `asked` when given and allowed (an admin may submit as
+    /// anyone, a submitter only as itself), else this principal.
+    pub fn submitter(&self, asked: Option<String>) -> Result<String, ApiError> {
+        match (asked, self.role) {
+            (Some(other), Role::Submitter) if other != self.name => Err(ApiError::forbidden(
+                format!("{} may not submit as {other:?}", self.name),
+            )),
+            (Some(name), _) => Ok(name),
+            (None, _) => Ok(self.name.clone()),
+        }
+    }
+
     pub fn require_admin(&self) -> Result<(), ApiError> {
         if self.role == Role::Admin {
             Ok(())

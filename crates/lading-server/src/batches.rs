@@ -125,16 +125,7 @@ pub(crate) async fn submit(
     Extension(p): Extension<Principal>,
     Body(b): Body<SubmitBody>,
 ) -> Result<Response> {
-    let submitter = match (b.submitter, p.role) {
-        (Some(other), Role::Submitter) if other != p.name => {
-            return Err(ApiError::forbidden(format!(
-                "{} may not submit as {other:?}",
-                p.name
-            )));
-        }
-        (Some(name), _) => name,
-        (None, _) => p.name.clone(),
-    };
+    let submitter = p.submitter(b.submitter)?;
     let sub = Submission {
         profile: b.profile,
         submitter,

@@ -7,7 +7,7 @@
 //! leading dot), an oversized or truncated body, a missing part, an unknown profile — gets a
 //! 4xx naming it, and leaves neither a file nor a batch behind.
 
-use crate::{ApiError, AppState, Principal, Query, Role};
+use crate::{ApiError, AppState, Principal, Query};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -278,16 +278,7 @@ pub async fn upload(
     if PayloadType::parse(&payload_type).is_none() {
         return Err(lading_ingest::SubmitError::PayloadType(payload_type).into());
     }
-    let submitter = match (q.submitter, p.role) {
-        (Some(other), Role::Submitter) if other != p.name => {
-            return Err(ApiError::forbidden(format!(
-                "{} may not submit as {other:?}",
-                p.name
-            )));
-        }
-        (Some(n), _) => n,
-        (None, _) => p.name.clone(),
-    };
+    let submitter = p.submitter(q.submitter)?;
     let root = std::path::absolute(s.ingest.cfg.data_dir.join("uploads"))
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
     let dir = root.join(uuid::Uuid::new_v4().simple().to_string());
