@@ -32,7 +32,7 @@ pub const DEFAULT_STORE: &str = "sqlite:./lading-data/lading.db";
 #[derive(Parser)]
 #[command(
     name = "lading",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("LADING_COMMIT"), ")"),
     about = "A durable, distributed ingest queue"
 )]
 struct Cli {

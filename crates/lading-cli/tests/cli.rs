@@ -445,3 +445,28 @@ fn reading_commands_never_create_a_store() {
         );
     }
 }
+
+/// `lading --version` names the version and the commit it was built from.
+#[test]
+fn version_names_the_commit() {
+    let o = Command::new(env!("CARGO_BIN_EXE_lading"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success());
+    assert!(
+        out.starts_with(&format!("lading {} (commit ", env!("CARGO_PKG_VERSION"))),
+        "{out}"
+    );
+    let commit = out
+        .split("(commit ")
+        .nth(1)
+        .unwrap()
+        .trim_end_matches([')', '\n']);
+    let hash = commit.trim_end_matches("-modified");
+    assert!(
+        hash == "unknown" || (hash.len() == 12 && hash.chars().all(|c| c.is_ascii_hexdigit())),
+        "{out}"
+    );
+}
