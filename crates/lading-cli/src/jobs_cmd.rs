@@ -237,16 +237,17 @@ async fn process(
     eprintln!(
         "lading: processing {ty} jobs with {concurrency} at a time: {shown} (stop with Ctrl-C)"
     );
+    let mut signals = crate::pipeline::Signals::new()?;
     let all = processor.run(concurrency, shutdown);
     tokio::pin!(all);
     tokio::select! {
         () = &mut all => {}
-        _ = crate::pipeline::signal() => {
+        _ = signals.next() => {
             eprintln!("lading: stopping; running jobs finish first (signal again to stop now)");
             handle.stop();
             tokio::select! {
                 () = &mut all => {}
-                _ = crate::pipeline::signal() => {
+                _ = signals.next() => {
                     eprintln!("lading: stopping now; running jobs go back to pending");
                     handle.abort();
                     all.await;

@@ -18,29 +18,39 @@ use std::time::Duration;
 #[error("batch {0} ended Failed")]
 pub struct BatchFailed(pub String);
 
-/// Waits for SIGINT or SIGTERM.
-pub(crate) async fn signal() {
-    #[cfg(unix)]
-    {
+/// SIGINT and SIGTERM, listened to from creation: a signal that arrives between two waits
+/// is kept for the next one (a listener made afresh for the second wait could miss a second
+/// signal sent right after the first was answered).
+pub(crate) struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    pub(crate) fn new() -> std::io::Result<Signals> {
         use tokio::signal::unix::{SignalKind, signal};
-        match (
-            signal(SignalKind::interrupt()),
-            signal(SignalKind::terminate()),
-        ) {
-            (Ok(mut i), Ok(mut t)) => {
-                tokio::select! {
-                    _ = i.recv() => {}
-                    _ = t.recv() => {}
-                }
-            }
-            _ => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
+        Ok(Signals {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+        })
+    }
+
+    /// Waits for the next SIGINT or SIGTERM.
+    pub(crate) async fn next(&mut self) {
+        tokio::select! {
+            _ = self.int.recv() => {}
+            _ = self.term.recv() => {}
         }
     }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
+}
+
+/// Waits for SIGINT or SIGTERM (once).
+pub(crate) async fn signal() {
+    match Signals::new() {
+        Ok(mut s) => s.next().await,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 
@@ -70,6 +80,7 @@ pub async fn run_until_signal(
     grace: Duration,
     what: &str,
 ) -> anyhow::Result<()> {
+    let mut signals = Signals::new()?;
     eprintln!("lading: running {what} (stop with Ctrl-C)");
     tokio::select! {
         r = node.stages_ended() => {
@@ -77,7 +88,7 @@ pub async fn run_until_signal(
             r?;
             j?;
         }
-        _ = signal() => {
+        _ = signals.next() => {
             eprintln!(
                 "lading: stopping; running jobs get {} s to finish (signal again to stop now)",
                 grace.as_secs()
@@ -90,7 +101,7 @@ pub async fn run_until_signal(
             tokio::pin!(join);
             tokio::select! {
                 r = &mut join => r?,
-                _ = signal() => {
+                _ = signals.next() => {
                     eprintln!("lading: stopping now; running jobs are released in their stage");
                     exit_after(Duration::from_millis(500));
                     aborter.abort();
