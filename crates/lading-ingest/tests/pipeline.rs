@@ -1341,20 +1341,15 @@ async fn merritt_moving_a_batchs_last_job_is_noticed_by_a_watch(w: World) {
         BatchState::Processing,
         "Merritt's job is still running"
     );
-    let walk = [
-        "Pending",
-        "Estimating",
-        "Provisioning",
-        "Downloading",
-        "Processing",
-        "Storing",
-        "Recording",
-        "Notify",
-        "Completed",
-    ];
-    for pair in walk.windows(2) {
-        merritt::move_job(&*other, &bid, &theirs, 5, pair[0], pair[1]).await;
+    // Stage by stage, as Merritt's daemons would: the pipeline's own order.
+    // Pending is left by starting the job; each stage after it by its success.
+    merritt::move_job(&*other, &bid, &theirs, 5, "Pending", "Estimating").await;
+    let mut at = JobState::Estimating;
+    while let Some(next) = at.success() {
+        merritt::move_job(&*other, &bid, &theirs, 5, at.name(), next.name()).await;
+        at = next;
     }
+    assert_eq!(at, JobState::Completed);
     merritt::unlock_job(&*other, &theirs).await;
     // Housekeeping also re-reads Processing batches every 30 s: half that bound tells the
     // watch from the fallback (a watch fires in milliseconds).
