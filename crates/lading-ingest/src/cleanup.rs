@@ -107,6 +107,45 @@ pub async fn cleanup(
     Ok(out)
 }
 
+/// How often a host running job stages removes working folders of jobs that are gone.
+pub const WORK_SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Removes this host's working folders whose job no longer exists in the tree: with several
+/// hosts, a job's folder stays on each host it passed through, and only the host that
+/// cleans its batch up removes its own. Folders of live jobs (in any state) are kept; so is
+/// anything that is not named like a job.
+pub async fn sweep_work_dirs(ingest: &Ingest) -> Result<usize, EngineError> {
+    let root = ingest.cfg.work_dir();
+    let Ok(entries) = std::fs::read_dir(&root) else {
+        return Ok(0);
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(jid) = name
+            .to_str()
+            .and_then(|n| lading_core::layout::JobId::parse(n).ok())
+        else {
+            continue;
+        };
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        match ingest.engine.job(&jid).await {
+            Err(EngineError::NoJob(_)) => {}
+            Ok(_) => continue,
+            Err(err) => return Err(err),
+        }
+        match std::fs::remove_dir_all(entry.path()) {
+            Ok(()) => removed += 1,
+            Err(err) => {
+                tracing::warn!(dir = %entry.path().display(), error = %err, "cannot remove a working folder")
+            }
+        }
+    }
+    Ok(removed)
+}
+
 /// The folder an uploaded payload was saved in (`DATA_DIR/uploads/UUID/NAME`), if
 /// `payload_url` is one.
 pub fn upload_dir(ingest: &Ingest, payload_url: &str) -> Option<std::path::PathBuf> {

@@ -181,6 +181,28 @@ pub async fn run(
             Err(e) => tracing::warn!(error = %e, "cannot sweep the storage root"),
         }
     }
+    // Hosts that keep working folders also remove those of jobs cleaned up elsewhere.
+    let work_sweep = names
+        .iter()
+        .any(|n| matches!(*n, "downloading" | "processing" | "storing"))
+        .then(|| {
+            let i = ingest.clone();
+            tokio::spawn(lading_worker::every(
+                "working folders",
+                cleanup::WORK_SWEEP_EVERY,
+                shutdown.clone(),
+                move || {
+                    let i = i.clone();
+                    async move {
+                        match cleanup::sweep_work_dirs(&i).await {
+                            Ok(0) => {}
+                            Ok(n) => tracing::info!(removed = n, "working folders of removed jobs"),
+                            Err(e) => tracing::warn!(error = %e, "cannot sweep working folders"),
+                        }
+                    }
+                },
+            ))
+        });
     let worker = Worker::new(ingest.engine.clone(), work).with_stats(ingest.stats.clone());
     let stats = worker.stats();
     // The process that reports also repairs and cleans up.
@@ -214,6 +236,9 @@ pub async fn run(
         let _ = w.await;
     }
     if let Some(h) = housekeeping {
+        let _ = h.await;
+    }
+    if let Some(h) = work_sweep {
         let _ = h.await;
     }
     Ok(stats)

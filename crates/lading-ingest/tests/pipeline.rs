@@ -1134,6 +1134,7 @@ macro_rules! on_both_backends {
 }
 
 on_both_backends!(
+    a_job_that_changes_hosts_is_fetched_and_processed_again_where_it_goes,
     merritt_ingest_service_submission_keys_run_to_completion,
     merritt_created_jobs_run_to_completed_and_to_failed,
     merritt_moving_a_batchs_last_job_is_noticed_by_a_watch,
@@ -1358,4 +1359,101 @@ async fn merritt_moving_a_batchs_last_job_is_noticed_by_a_watch(w: World) {
         .expect("the batch's completion was noticed by the watch, before any re-read");
     h.stop();
     task.await.unwrap();
+}
+
+/// Hosts with their own working folders share one storage root: a job downloaded on host A,
+/// processed on host B and stored on A is fetched again on B (A's files are not there) and
+/// processed again on A (B's processed copy is not there), and stores every file, verified.
+async fn a_job_that_changes_hosts_is_fetched_and_processed_again_where_it_goes(w: World) {
+    let files: [(&str, &[u8]); 2] = [("a.txt", b"first file"), ("dir/b.txt", b"second file")];
+    let m = w.object_manifest("o.checkm", &files);
+    let a = w.ingest();
+    let b = w.other_host("host-b").await;
+    assert_ne!(a.cfg.work_dir(), b.cfg.work_dir());
+    let bid = w.submit(&a, &m, "manifest").await;
+    let (h, task) = w.run_stages(
+        &a,
+        &[
+            "intake",
+            "pending",
+            "estimating",
+            "provisioning",
+            "downloading",
+        ],
+    );
+    let job = w.first_job(&bid).await;
+    w.job_reaches(&job, JobState::Processing).await;
+    h.stop();
+    task.await.unwrap();
+    assert_eq!(w.server.gets("o.checkm.d/a.txt"), 1);
+    // Host B processes: the downloads are on A, so B fetches the files itself.
+    let (h, task) = w.run_stages(&b, &["processing"]);
+    w.job_reaches(&job, JobState::Storing).await;
+    h.stop();
+    task.await.unwrap();
+    assert_eq!(w.server.gets("o.checkm.d/a.txt"), 2, "fetched again on B");
+    assert_eq!(
+        w.server.gets("o.checkm.d/dir/b.txt"),
+        2,
+        "fetched again on B"
+    );
+    assert!(
+        b.cfg
+            .work_dir()
+            .join(job.as_str())
+            .join("producer/dir/b.txt")
+            .is_file()
+    );
+    // Host A stores: its folder holds the downloads but not B's processing, so A processes
+    // again (from its own verified downloads, nothing fetched) before it stores.
+    let (h, task) = w.run_all(&a);
+    w.completes(&bid).await;
+    h.stop();
+    task.await.unwrap();
+    assert_eq!(
+        w.server.gets("o.checkm.d/a.txt"),
+        2,
+        "A's downloads were reused"
+    );
+    let v = stored(&w, &job).await;
+    let dir = std::path::Path::new(&v.path);
+    assert_eq!(
+        stored_files(dir),
+        vec![
+            "lading-version.json",
+            "producer/a.txt",
+            "producer/dir/b.txt",
+            "system/manifest.checkm",
+            "system/mrt-ingest-manifest.checkm",
+        ]
+    );
+    for (name, bytes) in files {
+        assert_eq!(
+            std::fs::read(dir.join("producer").join(name)).unwrap(),
+            bytes
+        );
+    }
+    let versions = inventory::versions_of(&w.cfg.inventory(), &v.ark).unwrap();
+    assert_eq!(versions.len(), 1, "recorded once");
+    // B's folder stays while the job exists; once cleanup (on A) removes the batch, B's sweep
+    // removes it, and leaves alone what is not a job's.
+    let b_dir = b.cfg.work_dir().join(job.as_str());
+    std::fs::create_dir_all(b.cfg.work_dir().join("not-a-job")).unwrap();
+    assert_eq!(
+        lading_ingest::cleanup::sweep_work_dirs(&b).await.unwrap(),
+        0
+    );
+    assert!(b_dir.is_dir());
+    let now = w.engine.clock().now_ms();
+    let c = lading_ingest::cleanup::cleanup(&a, now + 1, 0)
+        .await
+        .unwrap();
+    assert_eq!(c.batches, 1);
+    assert!(!a.cfg.work_dir().join(job.as_str()).exists());
+    assert_eq!(
+        lading_ingest::cleanup::sweep_work_dirs(&b).await.unwrap(),
+        1
+    );
+    assert!(!b_dir.exists());
+    assert!(b.cfg.work_dir().join("not-a-job").is_dir());
 }

@@ -168,7 +168,59 @@ pub(crate) async fn download_files(
     // Not synced: the working directory is scratch. Processing hashes every file anyway and
     // checks it against what was verified here, so a copy lost to a power cut is caught
     // there, before anything is stored.
+    let names: Vec<&str> = files.iter().map(|f| f.name.as_str()).collect();
+    let done = done_path(&job.workdir);
+    let record = serde_json::json!({ "dir": into, "files": names });
+    write_atomic(&done, record.to_string().as_bytes()).map_err(|e| io_err("writing", &done, e))?;
     Ok(Outcome::Done)
+}
+
+/// Written when every file of the manifest is verified in this working folder: what
+/// Processing looks for before it trusts the folder (a job that changed hosts finds none).
+pub(crate) fn done_path(workdir: &Path) -> PathBuf {
+    workdir.join(INTERIM).join("downloaded.done")
+}
+
+/// Whether this host's working folder holds every file Downloading verified for the job: its
+/// record is here and names only files that are present.
+pub(crate) fn downloads_here(workdir: &Path) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Done {
+        dir: String,
+        files: Vec<String>,
+    }
+    let Ok(text) = std::fs::read_to_string(done_path(workdir)) else {
+        return false;
+    };
+    let Ok(done) = serde_json::from_str::<Done>(&text) else {
+        return false;
+    };
+    // After unpacking, the containers' contents are what Processing reads.
+    if done.dir == CONTAINER && workdir.join(INTERIM).join("unpacked").exists() {
+        return workdir.join(PRODUCER).is_dir();
+    }
+    done.files
+        .iter()
+        .all(|f| workdir.join(&done.dir).join(f).is_file())
+}
+
+/// Makes sure the job's files are in this host's working folder, fetching (and verifying)
+/// again whatever is not: a job taken up by another host than the one that downloaded it
+/// (or whose working folder was lost) never goes on with fewer files than its manifest names.
+pub(crate) async fn ensure_downloaded(ingest: &Ingest, job: &JobCtx) -> Result<(), Outcome> {
+    if downloads_here(&job.workdir) {
+        return Ok(());
+    }
+    job.log(&format!(
+        "the job's downloaded files are not in this host's working folder ({}); fetching them here",
+        ingest.cfg.work_root_id()
+    ));
+    tracing::info!(job = %job.job(), "downloads not on this host; fetching again");
+    let files = object_files(ingest, job).await?;
+    match download_files(ingest, job, files).await? {
+        Outcome::Done => Ok(()),
+        other => Err(other),
+    }
 }
 
 /// Checks the files under `dir` that downloading verified against their recorded digests.

@@ -3,6 +3,7 @@
 use super::*;
 
 pub(crate) async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
+    ensure_downloaded(ingest, job).await?;
     let wd = job.workdir.clone();
     let producer = wd.join(PRODUCER);
     if job.config_str("payload_type") == Some("container") {
@@ -80,13 +81,47 @@ pub(crate) async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Ou
         run_command(job, cmd, &ark).await?;
     }
     let size: u64 = files.iter().map(|f| f.size).sum();
+    // This working folder's mark, in the folder and in the job: Storing stores from a folder
+    // only when the two agree, so a job that reached another host is processed there again.
+    let mark = uuid::Uuid::new_v4().simple().to_string();
+    let at = processed_path(&wd);
+    write_atomic(&at, mark.as_bytes()).map_err(|e| io_err("writing", &at, e))?;
     job.set_data(
         "inventory",
-        &json!({ "primary_id": ark, "files": files, "size": size }),
+        &json!({ "primary_id": ark, "files": files, "size": size, "working_copy": mark }),
     )
     .await
     .map_err(engine_err)?;
     Ok(Outcome::Done)
+}
+
+/// Where Processing leaves its mark in the working folder.
+pub(crate) fn processed_path(workdir: &Path) -> PathBuf {
+    workdir.join(INTERIM).join("processed")
+}
+
+/// Makes sure the working folder on this host is the one this job was processed in (its mark
+/// matches the job's), processing it here again (after fetching its files) when it is not.
+pub(crate) async fn ensure_processed(ingest: &Ingest, job: &JobCtx) -> Result<(), Outcome> {
+    let recorded = job_json(job, "inventory").await?.and_then(|v| {
+        v.get("working_copy")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    });
+    let here = std::fs::read_to_string(processed_path(&job.workdir)).ok();
+    if recorded.is_some() && recorded == here && job.workdir.join(PRODUCER).is_dir() {
+        return Ok(());
+    }
+    job.log(&format!(
+        "the processed working copy is not in this host's working folder ({}); \
+         processing the job here again",
+        ingest.cfg.work_root_id()
+    ));
+    tracing::info!(job = %job.job(), "processed copy not on this host; processing again");
+    match process(ingest, job).await? {
+        Outcome::Done => Ok(()),
+        other => Err(other),
+    }
 }
 
 /// Fails unless `ark` is new or belongs to `collection` (the inventory records each object's

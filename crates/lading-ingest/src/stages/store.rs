@@ -61,6 +61,7 @@ pub(crate) fn lock_wait(e: EngineError) -> Outcome {
 }
 
 pub(crate) async fn store(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
+    ensure_processed(ingest, job).await?;
     let ark = object_ark(job)?;
     let profile = ingest
         .profile(job.config_str("profile_name").unwrap_or_default())

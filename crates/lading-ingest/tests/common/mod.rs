@@ -130,6 +130,41 @@ impl World {
         open_tree(self.backend, &self.store).await
     }
 
+    /// Another host on the same store: its own store session, data and working folders, and
+    /// the storage root and inventory shared with this world's (as a network file system
+    /// would share them).
+    pub async fn other_host(&self, name: &str) -> Arc<Ingest> {
+        let engine = Arc::new(Engine::new(
+            self.other_session().await,
+            system_clock(),
+            name,
+        ));
+        engine.init().await.unwrap();
+        let cfg = Config {
+            data_dir: self.dir.path().join(name),
+            storage_root: Some(self.cfg.storage_root()),
+            inventory: Some(self.cfg.inventory()),
+            profiles_dir: Some(self.cfg.profiles_dir()),
+            ..self.cfg.clone()
+        };
+        std::fs::create_dir_all(cfg.work_dir()).unwrap();
+        Ingest::new(engine, cfg)
+    }
+
+    /// Runs the named stages of `ingest` in a task; returns the handle that stops it.
+    pub fn run_stages(
+        &self,
+        ingest: &Arc<Ingest>,
+        names: &'static [&'static str],
+    ) -> (ShutdownHandle, tokio::task::JoinHandle<()>) {
+        let (h, shutdown) = Shutdown::new();
+        let i = ingest.clone();
+        let t = tokio::spawn(async move {
+            lading_ingest::run(&i, names, shutdown).await.unwrap();
+        });
+        (h, t)
+    }
+
     pub fn profile(&self, name: &str, toml: &str) {
         std::fs::write(self.cfg.profiles_dir().join(format!("{name}.toml")), toml).unwrap();
     }
