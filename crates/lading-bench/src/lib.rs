@@ -52,7 +52,7 @@ pub enum Bench {
         #[arg(long)]
         json: bool,
     },
-    /// Generic jobs (seed 004): add + accept + finish of N empty jobs by K processors;
+    /// Generic jobs (CouchDB's couch_jobs API): add + accept + finish of N empty jobs by K processors;
     /// jobs/s and add→accept latency.
     Jobs {
         #[arg(long, default_value_t = 100_000)]

@@ -1,4 +1,4 @@
-//! `lading jobs …`: the generic job API (seed 004) from the command line, and a processor
+//! `lading jobs …`: the generic job API (CouchDB's couch_jobs) from the command line, and a processor
 //! that runs a command per job.
 
 use clap::Subcommand;
@@ -19,7 +19,7 @@ pub enum JobsCmd {
     },
     /// Every type, with its timeout and its jobs per state.
     Types,
-    /// Add a job. An existing id is updated as seed 004 says: pending → new data (and time,
+    /// Add a job. An existing id is updated as couch_jobs does: pending → new data (and time,
     /// if given); running → runs again with this data when it finishes; finished → pending.
     Add {
         r#type: String,

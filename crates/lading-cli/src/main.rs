@@ -4,6 +4,23 @@
 //! its methods. Exit codes: 0 success, 1 failure, 2 usage, 3 unknown id, 4 refused (an
 //! illegal transition, a locked item, invalid input).
 
+/// A status line of a long-running command ("running", "stopping", "stopped"): on stderr as
+/// text, or as a log object with `--log-format json`, so that stream stays one JSON object
+/// per line.
+macro_rules! say {
+    ($($t:tt)*) => { crate::say_line(&format!($($t)*)) };
+}
+
+static JSON_LOGS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn say_line(line: &str) {
+    if JSON_LOGS.load(std::sync::atomic::Ordering::Relaxed) {
+        tracing::info!(target: "lading", "{}", line.strip_prefix("lading: ").unwrap_or(line));
+    } else {
+        eprintln!("{line}");
+    }
+}
+
 mod client;
 mod jobs_cmd;
 mod pipeline;
@@ -51,8 +68,38 @@ struct Cli {
     /// The bearer token for --server.
     #[arg(long, global = true, env = "LADING_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// Log lines as `text` (colour only on a terminal, and not with NO_COLOR set) or `json`
+    /// (one object per line). Which lines: env LADING_LOG (e.g. `info`, `lading_worker=debug`);
+    /// by default `info` for `serve` and `worker`, `warn` otherwise.
+    #[arg(long, global = true, env = "LADING_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Logs go to stderr, filtered by LADING_LOG (default `default_level`).
+fn init_logs(format: LogFormat, default_level: &str) {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("LADING_LOG")
+        .unwrap_or_else(|_| default_level.into());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => {
+            JSON_LOGS.store(true, std::sync::atomic::Ordering::Relaxed);
+            logs.json().with_current_span(true).init()
+        }
+        LogFormat::Text => logs
+            .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
+            .init(),
+    }
 }
 
 #[derive(Subcommand)]
@@ -124,7 +171,7 @@ enum Command {
         #[command(subcommand)]
         action: Admin,
     },
-    /// Generic jobs (seed 004): types, add, list, show, remove, watch, and a processor that
+    /// Generic jobs (CouchDB's couch_jobs API): types, add, list, show, remove, watch, and a processor that
     /// runs a command per job.
     Jobs {
         #[command(subcommand)]
@@ -732,13 +779,6 @@ fn exit_code(err: &anyhow::Error) -> u8 {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LADING_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     // Everything Lading creates (stores, inventory, tokens, uploads, working and stored
     // files) is its own user's alone: files 0600, folders 0700. `storage_umask` widens the
     // stored objects.
@@ -747,6 +787,8 @@ fn main() -> ExitCode {
         libc::umask(0o077);
     }
     let cli = Cli::parse();
+    let long_running = matches!(cli.command, Command::Serve { .. } | Command::Worker { .. });
+    init_logs(cli.log_format, if long_running { "info" } else { "warn" });
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

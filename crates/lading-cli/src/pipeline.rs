@@ -64,7 +64,7 @@ pub(crate) const STOP_MARGIN: Duration = Duration::from_millis(1500);
 pub(crate) fn exit_after(after: Duration) {
     std::thread::spawn(move || {
         std::thread::sleep(after);
-        eprintln!(
+        say!(
             "lading: could not stop cleanly in time (is the store reachable?); exiting now, \
              held jobs are released when the store session ends"
         );
@@ -81,7 +81,7 @@ pub async fn run_until_signal(
     what: &str,
 ) -> anyhow::Result<()> {
     let mut signals = Signals::new()?;
-    eprintln!("lading: running {what} (stop with Ctrl-C)");
+    say!("lading: running {what} (stop with Ctrl-C)");
     tokio::select! {
         r = node.stages_ended() => {
             let j = node.join().await;
@@ -89,7 +89,7 @@ pub async fn run_until_signal(
             j?;
         }
         _ = signals.next() => {
-            eprintln!(
+            say!(
                 "lading: stopping; running jobs get {} s to finish (signal again to stop now)",
                 grace.as_secs()
             );
@@ -102,20 +102,20 @@ pub async fn run_until_signal(
             tokio::select! {
                 r = &mut join => r?,
                 _ = signals.next() => {
-                    eprintln!("lading: stopping now; running jobs are released in their stage");
+                    say!("lading: stopping now; running jobs are released in their stage");
                     exit_after(Duration::from_millis(500));
                     aborter.abort();
                     join.await?;
                 }
                 _ = tokio::time::sleep(grace) => {
-                    eprintln!("lading: grace period over; running jobs are released in their stage");
+                    say!("lading: grace period over; running jobs are released in their stage");
                     aborter.abort();
                     join.await?;
                 }
             }
         }
     }
-    eprintln!("lading: stopped");
+    say!("lading: stopped");
     Ok(())
 }
 
@@ -136,7 +136,7 @@ pub async fn wait_batch(engine: &Engine, batch: &BatchId, verbose: bool) -> anyh
             && (ev.kind == "batch" && ev.id == batch.as_str()
                 || ev.batch.as_deref() == Some(batch.as_str()))
         {
-            eprintln!(
+            say!(
                 "  {} {:<14} {} → {}",
                 ev.kind,
                 ev.id,
@@ -182,6 +182,7 @@ pub fn report_text(batch: &serde_json::Value, jobs: &[serde_json::Value]) -> Str
         batch["status"]["status"].as_str().unwrap_or("?"),
         batch["status"]["message"]
             .as_str()
+            .filter(|m| !m.is_empty())
             .map(|m| format!(" ({m})"))
             .unwrap_or_default()
     );

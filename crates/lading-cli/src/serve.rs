@@ -27,7 +27,7 @@ pub async fn serve(
             );
         }
         let (token, path, made) = lading_server::auth::admin_token(&cfg.data_dir)?;
-        eprintln!(
+        say!(
             "lading: admin token {token} ({} {})",
             if made { "made and kept in" } else { "from" },
             path.display()
@@ -36,7 +36,7 @@ pub async fn serve(
     }
     let files = raise_open_files();
     if cfg.http.max_connections + 256 > files {
-        eprintln!(
+        say!(
             "lading: warning: [http] max_connections = {} is close to this process's limit of \
              {files} open files; raise the limit (ulimit -n, LimitNOFILE=) or lower the cap",
             cfg.http.max_connections
@@ -60,7 +60,7 @@ pub async fn serve(
     )
     .await?;
     if let Some(a) = node.addr {
-        eprintln!("lading: API on http://{a}/api/v1");
+        say!("lading: API on http://{a}/api/v1");
     }
     crate::pipeline::run_until_signal(node, grace, "every stage").await
 }

@@ -470,3 +470,51 @@ fn version_names_the_commit() {
         "{out}"
     );
 }
+
+/// `--log-format json`: every line a worker writes to stderr is one JSON object (its status
+/// lines too), with the level and message; text logs carry no colour codes off a terminal.
+#[test]
+fn json_logs_are_one_object_per_line_and_text_logs_have_no_colour_off_a_terminal() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("lading.db");
+    for format in ["json", "text"] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_lading"))
+            .arg("--store")
+            .arg(format!("sqlite:{}", db.display()))
+            .args(["--log-format", format, "worker", "--stages", "reporting"])
+            .env_remove("LADING_STORE")
+            .env_remove("LADING_LOG")
+            .env_remove("NO_COLOR")
+            .env("LADING_DATA_DIR", dir.path().join("data"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+        let mut lines = Vec::new();
+        let mut line = String::new();
+        // Its first line says it runs; then it is stopped.
+        assert!(err.read_line(&mut line).unwrap() > 0, "{format}: no output");
+        lines.push(std::mem::take(&mut line));
+        // SAFETY: kill only sends a signal to the child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        while err.read_line(&mut line).unwrap() > 0 {
+            lines.push(std::mem::take(&mut line));
+        }
+        assert!(child.wait().unwrap().success(), "{format}: {lines:?}");
+        let all = lines.concat();
+        assert!(all.contains("stopped"), "{format}: {all}");
+        assert!(!all.contains('\u{1b}'), "{format}: colour codes in {all:?}");
+        if format == "json" {
+            for l in &lines {
+                let v: serde_json::Value = serde_json::from_str(l)
+                    .unwrap_or_else(|e| panic!("not one JSON object: {l:?}: {e}"));
+                assert!(v["level"].is_string(), "{l}");
+                assert!(v["fields"]["message"].is_string(), "{l}");
+            }
+        } else {
+            assert!(lines[0].starts_with("lading: running"), "{lines:?}");
+        }
+    }
+}

@@ -50,7 +50,9 @@ impl Setup {
             .arg(&self.config)
             .args(args)
             .env_remove("LADING_STORE")
-            .env_remove("LADING_CONFIG");
+            .env_remove("LADING_CONFIG")
+            // Workers log each job at info; these tests read stderr only at the end.
+            .env("LADING_LOG", "warn");
         c
     }
 

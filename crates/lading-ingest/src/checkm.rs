@@ -198,6 +198,18 @@ pub fn parse(text: &str) -> Result<Manifest, ManifestError> {
 
 /// Parses a checkm 0.7 manifest within `limits`, in time linear in its length.
 pub fn parse_within(text: &str, limits: &Limits) -> Result<Manifest, ManifestError> {
+    parse_at(text, limits, None)
+}
+
+/// [`parse_within`] for a manifest fetched from `base`: a row's `nfo:fileUrl` may then be
+/// relative (`files/a.txt`: no scheme, no leading `/`, no `..`), and is read as the file of
+/// that name beside the manifest (an extension to checkm, whose URLs are absolute). Rows
+/// come out with absolute URLs, so every later check sees the URL that is fetched.
+pub fn parse_at(
+    text: &str,
+    limits: &Limits,
+    base: Option<&str>,
+) -> Result<Manifest, ManifestError> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut header_seen = false;
     let mut kind = None;
@@ -333,6 +345,13 @@ pub fn parse_within(text: &str, limits: &Limits) -> Result<Manifest, ManifestErr
         for (k, v) in fields.iter().zip(values.iter()) {
             map.insert(k.clone(), v.to_string());
         }
+        if let Some(base) = base
+            && let Some(url) = map.get_mut(FILE_URL)
+            && !url.is_empty()
+            && !url.contains("://")
+        {
+            *url = resolve(base, url).map_err(|r| bad(n, r))?;
+        }
         let row = Row {
             line: n,
             values: map,
@@ -405,6 +424,37 @@ fn check_row(row: &Row) -> Result<(), ManifestError> {
         check_relative_path(name).map_err(|r| bad(n, r))?;
     }
     Ok(())
+}
+
+/// `rel` (a relative URL: no scheme, no leading `/`, no `.` or `..` part, no query) as the
+/// file beside the manifest at `base`.
+pub fn resolve(base: &str, rel: &str) -> Result<String, String> {
+    let path = rel.split(['?', '#']).next().unwrap_or_default();
+    if rel.contains(['?', '#']) || rel.starts_with('/') || path.contains('\\') {
+        return Err(format!(
+            "{rel:?} is neither an absolute URL nor a plain relative path"
+        ));
+    }
+    if path
+        .split('/')
+        .any(|p| p.is_empty() || p == "." || p == "..")
+    {
+        return Err(format!(
+            "relative URL {rel:?} must name a file beside the manifest or below it (no '.', \
+             '..' or empty parts)"
+        ));
+    }
+    let base = base.split(['?', '#']).next().unwrap_or_default();
+    let Some(scheme_end) = base.find("://") else {
+        return Err(format!("relative URL {rel:?} in a manifest without a URL"));
+    };
+    let after = &base[scheme_end + 3..];
+    let folder = match after.rfind('/') {
+        Some(i) => base[..scheme_end + 3 + i + 1].to_string(),
+        // `https://host` has no path: the file is at the root.
+        None => format!("{base}/"),
+    };
+    Ok(format!("{folder}{rel}"))
 }
 
 /// URLs a payload may come from.
@@ -491,6 +541,56 @@ pub fn write(kind: ManifestKind, fields: &[&str], rows: &[Vec<String>]) -> Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn relative_urls_name_files_beside_the_manifest() {
+        assert_eq!(
+            resolve("file:///srv/in/o.checkm", "a.txt").unwrap(),
+            "file:///srv/in/a.txt"
+        );
+        assert_eq!(
+            resolve("https://h.example/d/o.checkm?x=1", "sub/b.txt").unwrap(),
+            "https://h.example/d/sub/b.txt"
+        );
+        assert_eq!(
+            resolve("https://h.example", "b.txt").unwrap(),
+            "https://h.example/b.txt"
+        );
+        for bad in [
+            "../etc/passwd",
+            "a/../../b",
+            "/etc/passwd",
+            "./a",
+            "a//b",
+            "a?b",
+        ] {
+            let e = resolve("file:///srv/in/o.checkm", bad).unwrap_err();
+            assert!(e.contains(bad), "{bad}: {e}");
+        }
+        let text = checkm_text(&[vec!["a.txt".into()], vec!["https://o.example/b".into()]]);
+        let m = parse_at(
+            &text,
+            &Limits::default(),
+            Some("file:///srv/in/batch.checkm"),
+        )
+        .unwrap();
+        let urls: Vec<_> = m.rows.iter().map(|r| r.get(FILE_URL).unwrap()).collect();
+        assert_eq!(urls, ["file:///srv/in/a.txt", "https://o.example/b"]);
+        // Without a base, a relative URL is refused, naming its line.
+        let e = parse(&text).unwrap_err();
+        assert_eq!(e.line, 6, "{e}");
+        let e = parse_at(
+            &checkm_text(&[vec!["../x".into()]]),
+            &Limits::default(),
+            Some("file:///srv/in/b.checkm"),
+        )
+        .unwrap_err();
+        assert!(e.reason.contains("'..'"), "{e}");
+    }
+
+    fn checkm_text(rows: &[Vec<String>]) -> String {
+        write(ManifestKind::Batch, &[FILE_URL], rows)
+    }
 
     const OBJECT: &str = "#%checkm_0.7
 #%profile | http://uc3.cdlib.org/registry/ingest/manifest/mrt-ingest-manifest

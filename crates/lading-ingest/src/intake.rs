@@ -331,7 +331,8 @@ impl Intake {
             .await
             .map_err(fatal_or_transient)?;
         let limits = checkm::Limits::from(self.0.fetcher.limits());
-        let m = tokio::task::spawn_blocking(move || checkm::parse_within(&text, &limits))
+        let base = url.to_string();
+        let m = tokio::task::spawn_blocking(move || checkm::parse_at(&text, &limits, Some(&base)))
             .await
             .map_err(|e| Outcome::Transient(e.to_string()))?
             .map_err(|e| Outcome::fatal(format!("{}: {e}", shown_url(&url))))?;

@@ -212,7 +212,8 @@ async fn object_files(ingest: &Ingest, job: &JobCtx) -> Result<Vec<FileEntry>, O
             }
         };
         let limits = checkm::Limits::from(ingest.fetcher.limits());
-        let m = tokio::task::spawn_blocking(move || checkm::parse_within(&text, &limits))
+        let base = url.to_string();
+        let m = tokio::task::spawn_blocking(move || checkm::parse_at(&text, &limits, Some(&base)))
             .await
             .map_err(|e| Outcome::Transient(e.to_string()))?
             .map_err(|e| Outcome::fatal(format!("{}: {e}", crate::intake::shown_url(url))))?;
