@@ -193,7 +193,8 @@ async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
                         }
                     },
                     None if deadline.is_some() => {
-                        anyhow::bail!("{id}: no change to {until:?} within the timeout")
+                        let waited = until.map_or("a change".to_string(), |u| format!("{u}"));
+                        anyhow::bail!("{id}: still not {waited} when the timeout ran out")
                     }
                     None => {}
                 }

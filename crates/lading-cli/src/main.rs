@@ -511,8 +511,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             state,
             advance_on_input,
         } => {
-            let state = JobState::parse(&state)
-                .ok_or_else(|| anyhow::anyhow!("unknown job state {state:?}"))?;
+            let state = JobState::parse_named(&state).map_err(anyhow::Error::msg)?;
             let e = engine(&store).await?;
             let lease = e
                 .acquire_job(state)
@@ -551,10 +550,7 @@ async fn admin(e: &Arc<Engine>, action: Admin, cfg: Config) -> anyhow::Result<()
             let jid = JobId::parse(&job)?;
             let target = match to.as_deref() {
                 None => None,
-                Some(s) => Some(
-                    JobState::parse(s)
-                        .ok_or_else(|| EngineError::Invalid(format!("unknown job state {s:?}")))?,
-                ),
+                Some(s) => Some(JobState::parse_named(s).map_err(EngineError::Invalid)?),
             };
             if target.is_some() && !matches!(action, JobAction::Requeue) {
                 return Err(EngineError::Invalid("--to applies to requeue only".into()).into());
@@ -589,8 +585,15 @@ async fn admin(e: &Arc<Engine>, action: Admin, cfg: Config) -> anyhow::Result<()
                 );
             }
             HoldAction::Release => {
+                let was_held = e.collection_held(&name).await?;
                 let n = e.release_collection(&name).await?;
-                println!("collection {name}: released, {n} held batches and jobs back to Pending");
+                if was_held || n > 0 {
+                    println!(
+                        "collection {name}: released, {n} held batches and jobs back to Pending"
+                    );
+                } else {
+                    println!("collection {name}: was not held; nothing released");
+                }
             }
         },
         Admin::Queue { action, name } => {
@@ -786,7 +789,29 @@ fn main() -> ExitCode {
     unsafe {
         libc::umask(0o077);
     }
-    let cli = Cli::parse();
+    let matches = <Cli as clap::CommandFactory>::command().get_matches();
+    let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    if cli.server.is_some()
+        && !matches!(
+            cli.command,
+            Command::Submit { .. } | Command::Status { .. } | Command::Admin { .. }
+        )
+    {
+        let name = matches.subcommand_name().unwrap_or("this command");
+        if matches.value_source("server") == Some(clap::parser::ValueSource::EnvVariable) {
+            eprintln!(
+                "lading: LADING_SERVER is set, but `lading {name}` works on the store itself, not through a server"
+            );
+        } else {
+            eprintln!(
+                "error: `lading {name}` works on the store itself and cannot use --server (submit, status and admin can)"
+            );
+            return ExitCode::from(2);
+        }
+    }
     let long_running = matches!(cli.command, Command::Serve { .. } | Command::Worker { .. });
     init_logs(cli.log_format, if long_running { "info" } else { "warn" });
     let rt = match tokio::runtime::Builder::new_multi_thread()

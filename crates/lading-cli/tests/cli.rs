@@ -518,3 +518,61 @@ fn json_logs_are_one_object_per_line_and_text_logs_have_no_colour_off_a_terminal
         }
     }
 }
+
+/// Refusals say what is allowed, in plain words, and change nothing: a requeue of a
+/// Completed job, an unknown state, an unknown generic-job type, `--server` given to a
+/// command that works on the store, releasing a collection that is not held.
+#[test]
+fn refusals_name_what_is_allowed_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = store_with_jobs(dir.path());
+    let before = lading(&db, &["dump", "--format", "json"]).stdout;
+    let o = lading(&db, &["admin", "job", "requeue", "jid0000000001"]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(4), "{err}");
+    assert!(err.contains("only a Failed job can be requeued"), "{err}");
+    let o = lading(
+        &db,
+        &["admin", "job", "requeue", "jid0000000001", "--to", "Bogus"],
+    );
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(4), "{err}");
+    assert!(err.contains("(one of Pending, Held, Estimating"), "{err}");
+    let o = lading(
+        &db,
+        &[
+            "--server",
+            "http://127.0.0.1:9",
+            "--token",
+            "t",
+            "dump",
+            "/",
+        ],
+    );
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("cannot use --server"), "{err}");
+    assert!(out.is_empty(), "{out}");
+    let o = lading(&db, &["admin", "collection", "release", "nosuch"]);
+    let (out, _) = text(&o);
+    assert!(o.status.success());
+    assert!(out.contains("was not held; nothing released"), "{out}");
+    assert_eq!(
+        lading(&db, &["dump", "--format", "json"]).stdout,
+        before,
+        "nothing changed"
+    );
+    let o = lading(&db, &["jobs", "list", "nosuchtype"]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("lading jobs timeout nosuchtype SECONDS"),
+        "{err}"
+    );
+    assert!(!err.contains("set_type_timeout"), "{err}");
+    // `--server` on a command that cannot use it creates no store either.
+    let none = dir.path().join("none.db");
+    let o = lading(&none, &["--server", "http://127.0.0.1:9", "worker"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(!none.exists());
+}

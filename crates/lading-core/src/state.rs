@@ -10,11 +10,13 @@ use std::fmt;
 /// A move that the state table does not allow. Names both states, so the message alone tells
 /// an operator what was attempted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("illegal {kind} transition from {from} to {to}")]
+#[error("illegal {kind} transition from {from} to {to}{}", .why.map(|w| format!(": {w}")).unwrap_or_default())]
 pub struct IllegalTransition {
     pub kind: &'static str,
     pub from: String,
     pub to: String,
+    /// What would be allowed instead, in words, when the table alone does not say it.
+    pub why: Option<&'static str>,
 }
 
 macro_rules! state_enum {
@@ -44,6 +46,14 @@ macro_rules! state_enum {
                 $(if norm == $json.to_ascii_lowercase() { return Some($name::$variant); })*
                 None
             }
+
+            /// [`Self::parse`], or a message naming the valid states.
+            pub fn parse_named(s: &str) -> Result<Self, String> {
+                Self::parse(s).ok_or_else(|| {
+                    let all: Vec<&str> = Self::ALL.iter().map(|x| x.name()).collect();
+                    format!("unknown {} state {:?} (one of {})", $kind, s, all.join(", "))
+                })
+            }
         }
 
         impl fmt::Display for $name {
@@ -57,7 +67,7 @@ macro_rules! state_enum {
         impl<'de> Deserialize<'de> for $name {
             fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
                 let s = String::deserialize(d)?;
-                $name::parse(&s).ok_or_else(|| serde::de::Error::custom(format!("unknown {} state {:?}", $kind, s)))
+                $name::parse_named(&s).map_err(serde::de::Error::custom)
             }
         }
     };
@@ -131,6 +141,7 @@ fn illegal<S: fmt::Display>(
         kind,
         from: from.to_string(),
         to: to.to_string(),
+        why: None,
     }
 }
 
@@ -364,8 +375,17 @@ impl JobProgress {
     /// not Deleted.
     pub fn requeue(self, target: Option<JobState>) -> Result<JobProgress, IllegalTransition> {
         let to = target.unwrap_or_else(|| self.requeue_target());
-        if self.state != JobState::Failed || to == JobState::Deleted {
-            return Err(illegal("job", self.state, to));
+        if self.state != JobState::Failed {
+            return Err(IllegalTransition {
+                why: Some("only a Failed job can be requeued"),
+                ..illegal("job", self.state, to)
+            });
+        }
+        if to == JobState::Deleted {
+            return Err(IllegalTransition {
+                why: Some("delete it instead"),
+                ..illegal("job", self.state, to)
+            });
         }
         let mut next = self.apply(Event::To(to))?;
         next.retry_count += 1;

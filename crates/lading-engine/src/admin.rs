@@ -256,6 +256,7 @@ impl Engine {
                     kind: "job",
                     from: p.state.to_string(),
                     to: "Pending (release)".into(),
+                    why: None,
                 });
             }
             p.apply(Event::To(JobState::Pending))
@@ -300,6 +301,7 @@ impl Engine {
                 kind: "job",
                 from: s.to_string(),
                 to: JobState::Deleted.to_string(),
+                why: Some("only a Failed or Held job can be deleted (a Completed one is purged); a Pending job can be held first"),
             }
             .into()),
         }
@@ -313,6 +315,7 @@ impl Engine {
                 kind: "job",
                 from: status.status.to_string(),
                 to: "purged".into(),
+                why: None,
             }
             .into());
         }
@@ -357,6 +360,7 @@ impl Engine {
                 kind: "access",
                 from: status.status.to_string(),
                 to: "purged".into(),
+                why: None,
             }
             .into());
         }

@@ -332,8 +332,7 @@ pub(crate) async fn list_jobs(
     Admin(_): Admin,
     Query(q): Query<JobQuery>,
 ) -> Result<Json<Value>> {
-    let state = JobState::parse(&q.state)
-        .ok_or_else(|| ApiError::bad_request(format!("unknown job state {:?}", q.state)))?;
+    let state = JobState::parse_named(&q.state).map_err(ApiError::bad_request)?;
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let page = s
         .ingest
@@ -413,10 +412,7 @@ pub(crate) async fn job_action(
             let to = body
                 .to
                 .as_deref()
-                .map(|t| {
-                    JobState::parse(t)
-                        .ok_or_else(|| ApiError::bad_request(format!("unknown job state {t:?}")))
-                })
+                .map(|t| JobState::parse_named(t).map_err(ApiError::bad_request))
                 .transpose()?;
             Some(e.requeue_job(&jid, to).await?)
         }
