@@ -110,11 +110,17 @@ pub async fn cleanup(
 /// How often a host running job stages removes working folders of jobs that are gone.
 pub const WORK_SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
 
-/// Removes this host's working folders whose job no longer exists in the tree: with several
-/// hosts, a job's folder stays on each host it passed through, and only the host that
-/// cleans its batch up removes its own. Folders of live jobs (in any state) are kept; so is
-/// anything that is not named like a job.
-pub async fn sweep_work_dirs(ingest: &Ingest) -> Result<usize, EngineError> {
+/// Removes this host's working folders whose job no longer exists in the tree and that
+/// nothing has touched for `min_age`: with several hosts, a job's folder stays on each host it
+/// passed through, and only the host that cleans its batch up removes its own. Folders of
+/// live jobs (in any state) are kept; so is anything not named like a job, and a folder
+/// touched recently (another tree sharing this data folder may own it: its job is not in this
+/// tree). A folder removed by mistake costs its job a fresh download, never a file: a job
+/// refetches what its folder lacks.
+pub async fn sweep_work_dirs(
+    ingest: &Ingest,
+    min_age: std::time::Duration,
+) -> Result<usize, EngineError> {
     let root = ingest.cfg.work_dir();
     let Ok(entries) = std::fs::read_dir(&root) else {
         return Ok(0);
@@ -129,6 +135,14 @@ pub async fn sweep_work_dirs(ingest: &Ingest) -> Result<usize, EngineError> {
             continue;
         };
         if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let dir = entry.path();
+        let touched = [dir.clone(), dir.join("job.log"), dir.join(".lading")]
+            .iter()
+            .filter_map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+            .max();
+        if touched.is_none_or(|t| t.elapsed().unwrap_or_default() < min_age) {
             continue;
         }
         match ingest.engine.job(&jid).await {

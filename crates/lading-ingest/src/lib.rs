@@ -194,7 +194,10 @@ pub async fn run(
                 move || {
                     let i = i.clone();
                     async move {
-                        match cleanup::sweep_work_dirs(&i).await {
+                        let age = std::time::Duration::from_secs(
+                            i.cfg.retention_hours.saturating_mul(3600),
+                        );
+                        match cleanup::sweep_work_dirs(&i, age).await {
                             Ok(0) => {}
                             Ok(n) => tracing::info!(removed = n, "working folders of removed jobs"),
                             Err(e) => tracing::warn!(error = %e, "cannot sweep working folders"),

@@ -1436,13 +1436,14 @@ async fn a_job_that_changes_hosts_is_fetched_and_processed_again_where_it_goes(w
     let versions = inventory::versions_of(&w.cfg.inventory(), &v.ark).unwrap();
     assert_eq!(versions.len(), 1, "recorded once");
     // B's folder stays while the job exists; once cleanup (on A) removes the batch, B's sweep
-    // removes it, and leaves alone what is not a job's.
+    // removes it, but only once nothing touched it for the age asked (by default the
+    // retention; zero here), and leaves alone what is not a job's.
+    use lading_ingest::cleanup::sweep_work_dirs;
+    use std::time::Duration;
+    let (zero, hour) = (Duration::ZERO, Duration::from_secs(3600));
     let b_dir = b.cfg.work_dir().join(job.as_str());
     std::fs::create_dir_all(b.cfg.work_dir().join("not-a-job")).unwrap();
-    assert_eq!(
-        lading_ingest::cleanup::sweep_work_dirs(&b).await.unwrap(),
-        0
-    );
+    assert_eq!(sweep_work_dirs(&b, zero).await.unwrap(), 0);
     assert!(b_dir.is_dir());
     let now = w.engine.clock().now_ms();
     let c = lading_ingest::cleanup::cleanup(&a, now + 1, 0)
@@ -1451,9 +1452,12 @@ async fn a_job_that_changes_hosts_is_fetched_and_processed_again_where_it_goes(w
     assert_eq!(c.batches, 1);
     assert!(!a.cfg.work_dir().join(job.as_str()).exists());
     assert_eq!(
-        lading_ingest::cleanup::sweep_work_dirs(&b).await.unwrap(),
-        1
+        sweep_work_dirs(&b, hour).await.unwrap(),
+        0,
+        "touched within the hour"
     );
+    assert!(b_dir.is_dir());
+    assert_eq!(sweep_work_dirs(&b, zero).await.unwrap(), 1);
     assert!(!b_dir.exists());
     assert!(b.cfg.work_dir().join("not-a-job").is_dir());
 }
