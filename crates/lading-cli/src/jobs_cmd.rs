@@ -45,9 +45,18 @@ pub enum JobsCmd {
         /// Start after this id (the last id of the previous page).
         #[arg(long)]
         after: Option<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
     },
     /// Show one job.
-    Show { r#type: String, id: String },
+    Show {
+        r#type: String,
+        id: String,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Remove a job; a processor running it is told to halt.
     Remove { r#type: String, id: String },
     /// Print the job's state, then each change, until it reaches --until (or is removed) or
@@ -152,12 +161,15 @@ async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
             state,
             limit,
             after,
+            json,
         } => {
             let state = state.as_deref().map(parse_state).transpose()?;
             let list = j.list(&r#type, state, after.as_deref(), limit).await?;
-            crate::print_json(&list)?;
+            crate::view::print(&serde_json::to_value(&list)?, json)?;
         }
-        JobsCmd::Show { r#type, id } => crate::print_json(&j.get_job(&r#type, &id).await?)?,
+        JobsCmd::Show { r#type, id, json } => {
+            crate::view::print(&serde_json::to_value(j.get_job(&r#type, &id).await?)?, json)?
+        }
         JobsCmd::Remove { r#type, id } => {
             j.remove(&r#type, &id).await?;
             println!("{id}: removed");

@@ -25,6 +25,7 @@ mod client;
 mod jobs_cmd;
 mod pipeline;
 mod serve;
+mod view;
 
 /// mimalloc: the store's writer frees what the async threads allocated, which glibc's
 /// per-thread arenas make slow (about a fifth of the writer's time in `perf`).
@@ -165,7 +166,12 @@ enum Command {
     },
     /// Show a batch (bid…, or its uuid), a job (jid…) or an access request (qid…); with no
     /// id, counts per state.
-    Status { id: Option<String> },
+    Status {
+        id: Option<String>,
+        /// Print the record as JSON (as the API gives it) instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Administrative actions.
     Admin {
         #[command(subcommand)]
@@ -413,12 +419,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             )
             .await?;
         }
-        Command::Status { id } if cli.server.is_some() => {
+        Command::Status { id, json } if cli.server.is_some() => {
             let c = lading_server::client::Client::new(
                 cli.server.as_deref().unwrap_or_default(),
                 cli.token,
             )?;
-            print_json(&client::status(&c, id.as_deref()).await?)?;
+            view::print(&client::status(&c, id.as_deref()).await?, json)?;
         }
         Command::Admin { action } if cli.server.is_some() => {
             let c = lading_server::client::Client::new(
@@ -462,27 +468,28 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             tree.close().await?;
         }
-        Command::Status { id } => {
+        Command::Status { id, json } => {
+            let show = |v: serde_json::Value| view::print(&v, json);
             let e = engine(&store).await?;
             match id {
-                None => print_json(&e.summary().await?)?,
+                None => show(serde_json::to_value(e.summary().await?)?)?,
                 Some(id) if id.starts_with(JobId::PREFIX) => {
-                    print_json(&e.job(&JobId::parse(&id)?).await?)?
+                    show(serde_json::to_value(e.job(&JobId::parse(&id)?).await?)?)?
                 }
                 Some(id) if id.starts_with(BatchId::PREFIX) => {
-                    print_json(&e.batch(&BatchId::parse(&id)?).await?)?
+                    show(serde_json::to_value(e.batch(&BatchId::parse(&id)?).await?)?)?
                 }
                 Some(id) if id.starts_with(AccessId::PREFIX) => {
                     let aid = AccessId::parse(&id)?;
                     match e.access(AccessQueue::Small, &aid).await {
-                        Err(EngineError::NoAccess(_)) => {
-                            print_json(&e.access(AccessQueue::Large, &aid).await?)?
-                        }
-                        r => print_json(&r?)?,
+                        Err(EngineError::NoAccess(_)) => show(serde_json::to_value(
+                            e.access(AccessQueue::Large, &aid).await?,
+                        )?)?,
+                        r => show(serde_json::to_value(r?)?)?,
                     }
                 }
                 Some(uuid) => match e.batch_by_uuid(&uuid).await? {
-                    Some(bid) => print_json(&e.batch(&bid).await?)?,
+                    Some(bid) => show(serde_json::to_value(e.batch(&bid).await?)?)?,
                     None => {
                         return Err(EngineError::NoBatch(format!(
                             "{uuid} (no batch, job, access id or batch uuid)"

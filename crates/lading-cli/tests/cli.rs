@@ -74,7 +74,7 @@ fn status_of_unknown_ids_exits_3_and_names_the_id() {
     assert_eq!(o.status.code(), Some(3));
     let o = lading(&db, &["status", "not-an-id"]);
     assert_eq!(o.status.code(), Some(3));
-    let o = lading(&db, &["status"]);
+    let o = lading(&db, &["status", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["jobs"]["Completed"], 3);
 }
@@ -119,7 +119,8 @@ fn admin_verbs_change_state() {
     let db = store_with_jobs(dir.path());
     let o = lading(&db, &["admin", "queue", "pause", "ingest"]);
     assert!(o.status.success());
-    let v: serde_json::Value = serde_json::from_slice(&lading(&db, &["status"]).stdout).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_slice(&lading(&db, &["status", "--json"]).stdout).unwrap();
     assert_eq!(v["paused_queues"], serde_json::json!(["ingest"]));
     assert!(
         lading(&db, &["admin", "queue", "resume", "ingest"])
@@ -376,7 +377,8 @@ async fn a_persistent_storage_lock_left_by_merritt_is_listed_and_cleared() {
     )
     .await
     .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&lading(&db, &["status"]).stdout).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_slice(&lading(&db, &["status", "--json"]).stdout).unwrap();
     let locks = v["foreign_locks"].as_array().unwrap();
     assert_eq!(locks.len(), 1, "only the persistent one: {v}");
     assert_eq!(
@@ -407,7 +409,8 @@ async fn a_persistent_storage_lock_left_by_merritt_is_listed_and_cleared() {
     );
     let o = lading(&db, &["admin", "clear-lock", "storage", name]);
     assert!(o.status.success(), "{:?}", text(&o));
-    let v: serde_json::Value = serde_json::from_slice(&lading(&db, &["status"]).stdout).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_slice(&lading(&db, &["status", "--json"]).stdout).unwrap();
     assert_eq!(v["foreign_locks"], serde_json::json!([]));
     assert!(
         tree.exists("/locks/inventory/ark_99999_fk4live")

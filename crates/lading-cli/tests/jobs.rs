@@ -31,7 +31,7 @@ fn ok(store: &Path, args: &[&str]) -> String {
 }
 
 fn show(store: &Path, id: &str) -> serde_json::Value {
-    serde_json::from_str(&ok(store, &["jobs", "show", "t", id])).unwrap()
+    serde_json::from_str(&ok(store, &["jobs", "show", "t", id, "--json"])).unwrap()
 }
 
 fn spawn(store: &Path, args: &[&str]) -> Child {
@@ -118,8 +118,11 @@ fn verbs_add_list_show_remove_and_refuse_bad_input() {
         before,
         "refused commands changed nothing"
     );
-    let list: serde_json::Value =
-        serde_json::from_str(&ok(&db, &["jobs", "list", "t", "--state", "pending"])).unwrap();
+    let list: serde_json::Value = serde_json::from_str(&ok(
+        &db,
+        &["jobs", "list", "t", "--state", "pending", "--json"],
+    ))
+    .unwrap();
     let ids: Vec<&str> = list
         .as_array()
         .unwrap()
@@ -401,7 +404,7 @@ fn the_command_line_submits_and_administers_through_a_server() {
     assert!(bid.starts_with("bid"), "{out}");
     assert!(out.contains(&format!("batch {bid}: Completed")), "{out}");
     assert!(out.contains("Completed"), "{out}");
-    let o = client(&["status", &bid], &token);
+    let o = client(&["status", &bid, "--json"], &token);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["status"]["status"], "Completed");
     assert_eq!(
@@ -426,7 +429,7 @@ fn the_command_line_submits_and_administers_through_a_server() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("unknown token"));
     let o = client(&["admin", "queue", "pause", "ingest"], &token);
     assert!(o.status.success());
-    let o = client(&["status"], &token);
+    let o = client(&["status", "--json"], &token);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["paused_queues"], serde_json::json!(["ingest"]));
     Command::new("kill")

@@ -399,7 +399,7 @@ async fn sigterm_with_zookeeper_down_exits_within_the_grace_period() {
 
 /// `lading jobs show` on a zk store, as JSON.
 fn generic_job(url: &str, id: &str) -> serde_json::Value {
-    serde_json::from_str(&ok(&lading(url, &["jobs", "show", "t", id]))).unwrap()
+    serde_json::from_str(&ok(&lading(url, &["jobs", "show", "t", id, "--json"]))).unwrap()
 }
 
 fn watch_until(url: &str, id: &str, state: &str) {

@@ -111,7 +111,7 @@ impl std::fmt::Display for State {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum JobsError {
     #[error(
-        "there is no job type {0:?}: a type is made by giving it an activity timeout (`lading jobs timeout {0} SECONDS`, or PUT /api/v1/types/{0})"
+        "job type {0:?} has no activity timeout, so it does not exist yet: give it one with `lading jobs timeout {0} SECONDS` (or PUT /api/v1/types/{0})"
     )]
     NoType(String),
     #[error("no job {id:?} of type {ty:?}")]
