@@ -1,14 +1,12 @@
 //! `lading bench pipeline`: objects served from loopback, through every stage in one
 //! process, on a fresh store or the one given.
 
-use lading_core::BatchState;
 use lading_ingest::checkm::{self, ManifestKind};
 use lading_ingest::{Config, Submission};
 use lading_server::node;
 use lading_server::payload_server::PayloadServer;
 use lading_worker::Shutdown;
 use std::path::Path;
-use std::time::Duration;
 
 /// Figures of one `lading bench pipeline` run.
 #[derive(Debug, serde::Serialize)]
@@ -159,7 +157,7 @@ pub async fn bench(
         tokio::spawn(
             async move { lading_ingest::run(&i, lading_ingest::STAGE_NAMES, shutdown).await },
         );
-    wait_done(&ingest.engine, &bid).await?;
+    node::wait_batch_end(&ingest.engine, &bid, |_| {}).await?;
     let seconds = start.elapsed().as_secs_f64();
     let cpu1 = crate::cpu_user_system();
     handle.stop();
@@ -222,24 +220,5 @@ pub fn print_pipeline(f: &PipelineFigures) {
             "    {s:<14} {:>6} {:>9.2} {:>9.2}",
             x.done, x.p50_ms, x.p99_ms
         );
-    }
-}
-
-/// Waits until `batch` is Completed, Failed or Deleted (this process's events wake it; a
-/// re-read each second backs them up).
-async fn wait_done(
-    engine: &lading_engine::Engine,
-    batch: &lading_core::layout::BatchId,
-) -> anyhow::Result<()> {
-    let mut events = engine.subscribe();
-    loop {
-        let info = engine.batch(batch).await?;
-        if matches!(
-            info.status.status,
-            BatchState::Completed | BatchState::Failed | BatchState::Deleted
-        ) {
-            return Ok(());
-        }
-        let _ = tokio::time::timeout(Duration::from_secs(1), events.recv()).await;
     }
 }

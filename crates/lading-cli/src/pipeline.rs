@@ -2,7 +2,6 @@
 //! config and the stages of `lading-ingest` together, and handle signals.
 
 use anyhow::Context;
-use lading_core::BatchState;
 use lading_core::layout::BatchId;
 use lading_engine::Engine;
 use lading_ingest::checkm::{self, ManifestKind};
@@ -119,23 +118,10 @@ pub async fn run_until_signal(
     Ok(())
 }
 
-/// Waits until `batch` is Completed or Failed, printing each batch and job change (from
-/// this process's events, with a slow re-read for other processes' changes).
+/// Waits until `batch` ends, printing each batch and job change when `verbose`.
 pub async fn wait_batch(engine: &Engine, batch: &BatchId, verbose: bool) -> anyhow::Result<()> {
-    let mut events = engine.subscribe();
-    loop {
-        let info = engine.batch(batch).await?;
-        if matches!(
-            info.status.status,
-            BatchState::Completed | BatchState::Failed | BatchState::Deleted
-        ) {
-            return Ok(());
-        }
-        if let Ok(Ok(ev)) = tokio::time::timeout(Duration::from_secs(1), events.recv()).await
-            && verbose
-            && (ev.kind == "batch" && ev.id == batch.as_str()
-                || ev.batch.as_deref() == Some(batch.as_str()))
-        {
+    node::wait_batch_end(engine, batch, |ev| {
+        if verbose {
             say!(
                 "  {} {:<14} {} → {}",
                 ev.kind,
@@ -144,7 +130,8 @@ pub async fn wait_batch(engine: &Engine, batch: &BatchId, verbose: bool) -> anyh
                 ev.to
             );
         }
-    }
+    })
+    .await
 }
 
 /// Prints a batch's outcome: state, message, and each job with its identifier and message.

@@ -304,3 +304,31 @@ impl Node {
         first_err.map_or(Ok(()), Err)
     }
 }
+
+/// Waits until `batch` is Completed, Failed or Deleted, handing each change of the batch or
+/// its jobs to `on_change` (this process's events wake it; a re-read each second backs them
+/// up, for changes other processes make).
+pub async fn wait_batch_end(
+    engine: &Engine,
+    batch: &lading_core::layout::BatchId,
+    mut on_change: impl FnMut(&lading_engine::ChangeEvent),
+) -> anyhow::Result<()> {
+    use lading_core::BatchState;
+    let mut events = engine.subscribe();
+    loop {
+        let info = engine.batch(batch).await?;
+        if matches!(
+            info.status.status,
+            BatchState::Completed | BatchState::Failed | BatchState::Deleted
+        ) {
+            return Ok(());
+        }
+        if let Ok(Ok(ev)) =
+            tokio::time::timeout(std::time::Duration::from_secs(1), events.recv()).await
+            && (ev.kind == "batch" && ev.id == batch.as_str()
+                || ev.batch.as_deref() == Some(batch.as_str()))
+        {
+            on_change(&ev);
+        }
+    }
+}
