@@ -106,6 +106,7 @@ impl BenchServer {
             name: "bench".into(),
             token: TOKEN.into(),
             role: "admin".into(),
+            types: Vec::new(),
         }])
         .map_err(anyhow::Error::msg)?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

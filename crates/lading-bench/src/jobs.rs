@@ -6,7 +6,7 @@
 
 use crate::{JobsMode, Scratch, StoreStats, cpu_seconds, percentile};
 use lading_core::time::system_clock;
-use lading_jobs::{AcceptOptions, Jobs};
+use lading_jobs::{AcceptOptions, Jobs, Outcome};
 use lading_server::node;
 use serde_json::json;
 use std::sync::Arc;
@@ -16,8 +16,10 @@ use tokio::sync::Semaphore;
 
 const TYPE: &str = "bench";
 
+#[allow(clippy::too_many_arguments)]
 pub async fn jobs(
     mode: JobsMode,
+    batch: usize,
     n: usize,
     k: usize,
     inflight: usize,
@@ -63,14 +65,34 @@ pub async fn jobs(
         let (j, added, window, next) = (main.clone(), added.clone(), window.clone(), next.clone());
         adders.push(tokio::spawn(async move {
             loop {
+                // One job, and up to a batch when the window has room for more.
                 let permit = window.acquire().await?;
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= n {
+                permit.forget();
+                let mut take = 1;
+                while take < batch {
+                    match window.try_acquire() {
+                        Ok(p) => {
+                            p.forget();
+                            take += 1;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                let first = next.fetch_add(take, Ordering::Relaxed);
+                if first >= n {
                     return anyhow::Ok(());
                 }
-                permit.forget();
-                j.add(TYPE, &format!("j{i:09}"), json!({}), None).await?;
-                added[i].store(start.elapsed().as_micros() as u64, Ordering::Release);
+                let last = (first + take).min(n);
+                if batch == 1 {
+                    j.add(TYPE, &format!("j{first:09}"), json!({}), None).await?;
+                } else {
+                    let items = (first..last).map(|i| (format!("j{i:09}"), json!({}))).collect();
+                    j.add_many(TYPE, items, Default::default()).await?;
+                }
+                let t = start.elapsed().as_micros() as u64;
+                for slot in &added[first..last] {
+                    slot.store(t, Ordering::Release);
+                }
             }
         }));
     }
@@ -95,7 +117,35 @@ pub async fn jobs(
             };
             // The next job, when the last finish claimed it.
             let mut next = None;
-            while done.load(Ordering::Acquire) < n {
+            while batch > 1 && done.load(Ordering::Acquire) < n {
+                let mut got = tokio::select! {
+                    r = j.accept_many(TYPE, batch, &opts) => r?,
+                    _ = all_done.cancelled() => break,
+                };
+                if got.is_empty() {
+                    continue;
+                }
+                let at = start.elapsed().as_micros() as u64;
+                for job in &got {
+                    let i: usize = job.id[1..].parse()?;
+                    let mut t_add = added[i].load(Ordering::Acquire);
+                    while t_add == 0 {
+                        tokio::task::yield_now().await;
+                        t_add = added[i].load(Ordering::Acquire);
+                    }
+                    lat.push(at.saturating_sub(t_add));
+                }
+                let outcomes = got.iter().map(|_| Outcome::Success(None)).collect();
+                for r in j.finish_many(&mut got, outcomes).await {
+                    r?;
+                }
+                let m = got.len();
+                if done.fetch_add(m, Ordering::AcqRel) + m == n {
+                    all_done.cancel();
+                }
+                window.add_permits(m);
+            }
+            while batch == 1 && done.load(Ordering::Acquire) < n {
                 let accepted = match next.take() {
                     Some(job) => Some(job),
                     None => tokio::select! {

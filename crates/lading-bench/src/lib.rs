@@ -73,6 +73,11 @@ pub enum Bench {
         /// is a backlog.
         #[arg(long, value_enum, default_value_t = JobsMode::Separate)]
         mode: JobsMode,
+        /// Each processor accepts up to this many jobs in one `accept_many` and finishes
+        /// them in one `finish_many` (and each producer adds that many per commit with
+        /// `add_many`); 1 is one job at a time (`--mode` applies only then).
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
         #[arg(long)]
         json: bool,
     },
@@ -149,11 +154,13 @@ pub async fn run(what: Bench, store: Option<&str>) -> anyhow::Result<()> {
             inflight,
             producers,
             mode,
+            batch,
             json,
         } => {
             let k = workers.max(1);
             crate::jobs::jobs(
                 mode,
+                batch.clamp(1, lading_jobs::MAX_BATCH),
                 jobs.max(1),
                 k,
                 inflight.unwrap_or(2 * k).max(1),

@@ -3,7 +3,7 @@
 
 use clap::Subcommand;
 use lading_core::time::system_clock;
-use lading_jobs::{CommandProcessor, Jobs, JobsError, State};
+use lading_jobs::{AddOptions, CommandProcessor, Cron, Every, Jobs, JobsError, State, TypeUpdate};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,8 +17,51 @@ pub enum JobsCmd {
         r#type: String,
         seconds: Option<u64>,
     },
-    /// Every type, with its timeout and its jobs per state.
+    /// Print a type's settings, or change some (`--timeout-s` makes the type). A failed run
+    /// is retried up to --max-attempts runs in all, after --backoff-base-ms doubled per
+    /// error (with jitter, at most an hour); --rate-per-s caps accepts per second across
+    /// every processor; finished and failed jobs are removed after --keep-finished-s and
+    /// --keep-failed-s. For the last three, 0 means none (no limit, kept).
+    Type {
+        r#type: String,
+        #[arg(long)]
+        timeout_s: Option<u64>,
+        #[arg(long)]
+        max_attempts: Option<u32>,
+        #[arg(long)]
+        backoff_base_ms: Option<u64>,
+        #[arg(long)]
+        rate_per_s: Option<u32>,
+        #[arg(long)]
+        keep_finished_s: Option<u64>,
+        #[arg(long)]
+        keep_failed_s: Option<u64>,
+    },
+    /// Every type, with its settings and its jobs per state.
     Types,
+    /// Retry a failed job: pending now, its attempts reset.
+    Retry { r#type: String, id: String },
+    /// Add a job per tick of a schedule, exactly once per tick however many monitors run:
+    /// the job NAME@TICK (TICK in seconds since the epoch). Replaces a schedule of that name.
+    Schedule {
+        r#type: String,
+        name: String,
+        /// Every this many seconds (ticks at multiples of it since the epoch).
+        #[arg(long, conflicts_with = "cron", required_unless_present = "cron")]
+        every_s: Option<u64>,
+        /// A cron expression, "m h dom mon dow", UTC.
+        #[arg(long)]
+        cron: Option<String>,
+        /// The data of each job, JSON.
+        #[arg(long, default_value = "{}")]
+        data: String,
+        #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+        priority: i32,
+    },
+    /// A type's schedules, with their next tick.
+    Schedules { r#type: String },
+    /// Remove a schedule (the jobs it added stay).
+    Unschedule { r#type: String, name: String },
     /// Add a job. An existing id is updated as couch_jobs does: pending → new data (and time,
     /// if given); running → runs again with this data when it finishes; finished → pending.
     Add {
@@ -33,11 +76,14 @@ pub enum JobsCmd {
         /// Due this many seconds from now.
         #[arg(long = "in")]
         in_s: Option<u64>,
+        /// Lower runs first among due jobs: -1000 to 1000 (default 0).
+        #[arg(long, allow_hyphen_values = true)]
+        priority: Option<i32>,
     },
     /// List a type's jobs in id order.
     List {
         r#type: String,
-        /// pending, running or finished.
+        /// pending, running, finished or failed.
         #[arg(long)]
         state: Option<String>,
         #[arg(long, default_value_t = 100)]
@@ -77,6 +123,10 @@ pub enum JobsCmd {
         /// Jobs run at once.
         #[arg(long, default_value_t = 1)]
         concurrency: usize,
+        /// Each loop accepts up to this many jobs at once, runs them one after the other and
+        /// finishes them together (fewer round trips for short jobs).
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<String>,
     },
@@ -85,12 +135,7 @@ pub enum JobsCmd {
 }
 
 fn parse_state(s: &str) -> anyhow::Result<State> {
-    State::parse(s).ok_or_else(|| {
-        JobsError::Invalid(format!(
-            "unknown state {s:?}: expected pending, running or finished"
-        ))
-        .into()
-    })
+    Ok(State::parse_named(s)?)
 }
 
 fn now_s() -> u64 {
@@ -104,7 +149,11 @@ pub async fn run(store: &str, cmd: JobsCmd) -> anyhow::Result<()> {
     // Reading commands never create a store.
     let reads = matches!(
         cmd,
-        JobsCmd::Types | JobsCmd::List { .. } | JobsCmd::Show { .. } | JobsCmd::Watch { .. }
+        JobsCmd::Types
+            | JobsCmd::List { .. }
+            | JobsCmd::Show { .. }
+            | JobsCmd::Watch { .. }
+            | JobsCmd::Schedules { .. }
     );
     let tree = if reads {
         lading_server::node::open_existing(store).await?
@@ -130,18 +179,78 @@ async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
             }
             None => println!("{}", j.get_type_timeout(&r#type).await?),
         },
+        JobsCmd::Type {
+            r#type,
+            timeout_s,
+            max_attempts,
+            backoff_base_ms,
+            rate_per_s,
+            keep_finished_s,
+            keep_failed_s,
+        } => {
+            let update = TypeUpdate {
+                timeout_s,
+                max_attempts,
+                backoff_base_ms,
+                rate_per_s,
+                keep_finished_s,
+                keep_failed_s,
+            };
+            let settings = if update == TypeUpdate::default() {
+                j.read_type(&r#type).await?
+            } else {
+                j.update_type(&r#type, &update).await?
+            };
+            crate::print_json(&settings)?;
+        }
         JobsCmd::Types => {
             let mut out = serde_json::Map::new();
-            for (ty, timeout) in j.types().await? {
+            for (ty, settings) in j.types().await? {
                 let c = j.counts(&ty).await?;
-                let n = |s| c.get(&s).copied().unwrap_or(0);
-                out.insert(
-                    ty,
-                    json!({"timeout_s": timeout, "pending": n(State::Pending),
-                           "running": n(State::Running), "finished": n(State::Finished)}),
-                );
+                let mut v = serde_json::to_value(&settings)?;
+                for st in State::ALL {
+                    v[st.name()] = json!(c.get(&st).copied().unwrap_or(0));
+                }
+                out.insert(ty, v);
             }
             crate::print_json(&out)?;
+        }
+        JobsCmd::Retry { r#type, id } => {
+            j.retry(&r#type, &id).await?;
+            println!("{id}: pending (retried)");
+        }
+        JobsCmd::Schedule {
+            r#type,
+            name,
+            every_s,
+            cron,
+            data,
+            priority,
+        } => {
+            let data: Value = serde_json::from_str(&data)
+                .map_err(|e| JobsError::Invalid(format!("--data is not JSON: {e}")))?;
+            let every = match (every_s, cron) {
+                (Some(n), _) => Every::Seconds(n),
+                (None, Some(c)) => Every::Cron(Cron::parse(&c)?),
+                (None, None) => anyhow::bail!("give --every-s N or --cron \"m h dom mon dow\""),
+            };
+            let s = j.set_schedule(&r#type, &name, every, data, priority).await?;
+            let next = s.next_tick_ms().map(lading_core::time::format_rfc3339);
+            println!("{name}: next tick {}", next.unwrap_or_default());
+        }
+        JobsCmd::Schedules { r#type } => {
+            let mut out = Vec::new();
+            for (name, s) in j.schedules(&r#type).await? {
+                let mut v = serde_json::to_value(&s)?;
+                v["name"] = json!(name);
+                v["next_tick"] = json!(s.next_tick_ms().map(lading_core::time::format_rfc3339));
+                out.push(v);
+            }
+            crate::print_json(&out)?;
+        }
+        JobsCmd::Unschedule { r#type, name } => {
+            j.remove_schedule(&r#type, &name).await?;
+            println!("{name}: removed");
         }
         JobsCmd::Add {
             r#type,
@@ -149,11 +258,16 @@ async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
             data,
             at,
             in_s,
+            priority,
         } => {
             let data: Value = serde_json::from_str(&data)
                 .map_err(|e| JobsError::Invalid(format!("--data is not JSON: {e}")))?;
             let when = at.or(in_s.map(|s| now_s() + s));
-            let added = j.add(&r#type, &id, data, when).await?;
+            let opts = AddOptions {
+                scheduled_time: when,
+                priority,
+            };
+            let added = j.add_with(&r#type, &id, data, opts).await?;
             println!("{id}: {}", json!(added).as_str().unwrap_or("added"));
         }
         JobsCmd::List {
@@ -215,8 +329,9 @@ async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
         JobsCmd::Run {
             r#type,
             concurrency,
+            batch,
             command,
-        } => process(j, &r#type, concurrency.max(1), command).await?,
+        } => process(j, &r#type, concurrency.max(1), batch, command).await?,
         JobsCmd::Monitor => {
             let stop = Arc::new(Notify::new());
             let (jj, s) = (j.clone(), stop.clone());
@@ -237,10 +352,13 @@ async fn process(
     j: &Arc<Jobs>,
     ty: &str,
     concurrency: usize,
+    batch: usize,
     command: Vec<String>,
 ) -> anyhow::Result<()> {
     let shown = command.join(" ");
-    let processor = CommandProcessor::new(j.clone(), ty, command).await?;
+    let processor = CommandProcessor::new(j.clone(), ty, command)
+        .await?
+        .with_batch(batch)?;
     let (handle, shutdown) = lading_worker::Shutdown::new();
     let monitor_stop = Arc::new(Notify::new());
     let monitor = {

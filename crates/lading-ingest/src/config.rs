@@ -42,8 +42,12 @@ pub struct TokenSettings {
     /// Who holds it: the submitter name recorded with the batches it submits.
     pub name: String,
     pub token: String,
-    /// `admin` (everything) or `submitter` (submit, and read its own batches).
+    /// `admin` (everything), `submitter` (submit, and read its own batches) or `processor`
+    /// (accept, update and finish generic jobs of `types`, nothing else).
     pub role: String,
+    /// For a `processor` token: the generic-job types it may process.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub types: Vec<String>,
 }
 
 /// The service configuration.

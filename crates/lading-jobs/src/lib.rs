@@ -9,17 +9,35 @@
 //!
 //! ```text
 //! /generic-jobs                                  folder
-//! /generic-jobs/TYPE                             {"timeout_s": N}   the type's activity timeout
+//! /generic-jobs/TYPE                             the type's settings ([`TypeSettings`]: activity
+//!                                                timeout, retry policy, rate limit, retention)
 //! /generic-jobs/TYPE/jobs/ID                     the job record (JSON, see [`Record`])
-//! /generic-jobs/TYPE/pending/SSSSSSSSSSSSS-ID    empty; one per pending job, SSS… its scheduled
-//!                                                time in ms (13 digits), so children sort in
-//!                                                the order jobs become due
+//! /generic-jobs/TYPE/pending/PPPP-SSSSSSSSSSSSS-ID
+//!                                                empty; one per pending job: PPPP its priority
+//!                                                + 1000 (4 digits), SSS… its scheduled time in
+//!                                                ms (13 digits), so children sort by priority,
+//!                                                then by the time jobs become due
 //! /generic-jobs/TYPE/active/ID~LOCK              owner; exists exactly while LOCK holds ID
+//! /generic-jobs/TYPE/finished/SSSSSSSSSSSSS-ID   empty; one per finished job, by the time it
+//!                                                finished (retention removes the oldest)
+//! /generic-jobs/TYPE/failed/SSSSSSSSSSSSS-ID     the same for failed jobs
+//! /generic-jobs/TYPE/rate                        {"second","count"}: accepts in this second,
+//!                                                when the type has a rate limit
+//! /generic-jobs/TYPE/schedules/NAME              a schedule ([`Schedule`]) and its last tick
 //! ```
 //!
 //! A job's state is in its record and matches where its entries are: pending ⇔ a `pending`
-//! entry, running ⇔ an `active` entry, finished ⇔ neither. Every change is one `multi` that
-//! moves the record and the entries together, so they never disagree.
+//! entry, running ⇔ an `active` entry, finished ⇔ a `finished` entry, failed ⇔ a `failed`
+//! entry (jobs finished before that folder existed have none). Every change is one `multi`
+//! that moves the record and the entries together, so they never disagree.
+//!
+//! # Extensions of couch_jobs
+//! couch_jobs' operations keep their meaning. Beside them: a run ends with an [`Outcome`]
+//! (an error is retried by the type's policy, with exponential backoff and jitter, and after
+//! the last attempt the job is **failed**, a fourth state, until an admin retries it);
+//! priorities (lower first, then due time); schedules (one job per tick, exactly once however
+//! many monitors run); a rate limit per type; retention of finished and failed jobs; batched
+//! accept and finish; and subscriptions that see every transition, in order.
 //!
 //! # Guarantees and how they are kept
 //! - **Mutual exclusion**: `accept` deletes the pending entry in the same `multi` that marks
@@ -39,9 +57,14 @@ mod monitor;
 mod process;
 pub mod processor;
 mod read;
+mod schedule;
 mod subscribe;
 mod types;
+pub use monitor::MonitorPass;
+pub use process::MAX_BATCH;
 pub use processor::CommandProcessor;
+pub use schedule::{Cron, Every, Schedule};
+pub use types::{TypeSettings, TypeUpdate};
 
 use lading_core::time::SharedClock;
 use lading_core::{Op, OpResult, Tree, TreeError, Watch, WatchKind};
@@ -58,6 +81,8 @@ use tokio::sync::Notify;
 
 /// The subtree every generic job lives in.
 pub const ROOT: &str = "/generic-jobs";
+/// How long a process uses a type's settings before reading them again.
+const SETTINGS_TTL: Duration = Duration::from_secs(1);
 /// Pending entries read per round trip when looking for a due job.
 const PAGE: usize = 64;
 /// Pending entries an acceptor reads first.
@@ -74,30 +99,39 @@ const MAX_TYPE: usize = 64;
 /// would overflow once turned into milliseconds.
 pub const MAX_TIMEOUT_S: u64 = 10 * 365 * 24 * 3600;
 
-/// A job's state (seed 004: pending → running → finished, and back to pending).
+/// A job's state (seed 004: pending → running → finished, and back to pending; and, an
+/// extension, failed: a run that ended in error on its last attempt).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum State {
     Pending,
     Running,
     Finished,
+    Failed,
 }
 
 impl State {
+    pub const ALL: [State; 4] = [State::Pending, State::Running, State::Finished, State::Failed];
     pub fn name(self) -> &'static str {
         match self {
             State::Pending => "pending",
             State::Running => "running",
             State::Finished => "finished",
+            State::Failed => "failed",
         }
     }
     pub fn parse(s: &str) -> Option<State> {
-        match s.to_ascii_lowercase().as_str() {
-            "pending" => Some(State::Pending),
-            "running" => Some(State::Running),
-            "finished" => Some(State::Finished),
-            _ => None,
-        }
+        State::ALL
+            .into_iter()
+            .find(|st| st.name().eq_ignore_ascii_case(s))
+    }
+    /// `parse`, or an error that lists the states.
+    pub fn parse_named(s: &str) -> Result<State> {
+        State::parse(s).ok_or_else(|| {
+            JobsError::Invalid(format!(
+                "unknown state {s:?}: expected pending, running, finished or failed"
+            ))
+        })
     }
 }
 
@@ -134,6 +168,16 @@ pub enum JobsError {
     Corrupt { path: String, reason: String },
     #[error("{0} changed concurrently too often; retry")]
     Conflict(String),
+    /// The job is not in a state the operation applies to. Nothing was written.
+    #[error("job {id:?} of type {ty:?} is {state}: {why}")]
+    WrongState {
+        ty: String,
+        id: String,
+        state: State,
+        why: &'static str,
+    },
+    #[error("no schedule {name:?} of type {ty:?}")]
+    NoSchedule { ty: String, name: String },
     #[error(transparent)]
     Tree(#[from] TreeError),
 }
@@ -172,8 +216,118 @@ pub struct Record {
     /// Times the activity monitor re-enqueued it.
     #[serde(default)]
     pub stalls: u64,
+    /// Lower runs first (among due jobs); -1000 to 1000.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub priority: i32,
+    /// Runs that ended in error since the job was added, last succeeded or was retried.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attempts: u32,
+    /// The last run's error, when it ended in one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// When it finished or failed (ms); names its `finished`/`failed` entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_ms: Option<u64>,
+    /// Transitions so far (each state it entered counts one).
+    #[serde(default)]
+    pub seq: u64,
+    /// The states of the last transitions (at most [`HISTORY`]), oldest first, the last one
+    /// `state`: a subscriber that was slower than the job still sees each one, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<State>,
     #[serde(flatten)]
     pub extra: serde_json::Map<String, Value>,
+}
+
+fn is_zero<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
+}
+
+/// Transitions a record remembers for subscribers.
+pub const HISTORY: usize = 8;
+/// Longest error message kept (longer ones keep their end).
+pub const MAX_ERROR: usize = 4096;
+/// Priorities allowed: lower runs first.
+pub const PRIORITIES: std::ops::RangeInclusive<i32> = -1000..=1000;
+
+impl Record {
+    /// A new pending job.
+    fn new(data: Value, scheduled_ms: u64, priority: i32, now: u64) -> Record {
+        let mut rec = Record {
+            state: State::Pending,
+            data,
+            scheduled_ms,
+            resubmit: false,
+            resubmit_ms: None,
+            next_data: None,
+            lock: None,
+            owner: None,
+            updated_ms: now,
+            added_ms: now,
+            runs: 0,
+            stalls: 0,
+            priority,
+            attempts: 0,
+            last_error: None,
+            ended_ms: None,
+            seq: 0,
+            history: Vec::new(),
+            extra: Default::default(),
+        };
+        rec.enter(State::Pending);
+        rec
+    }
+
+    /// Moves to `state`, remembering the transition.
+    fn enter(&mut self, state: State) {
+        self.state = state;
+        self.seq += 1;
+        self.history.push(state);
+        if self.history.len() > HISTORY {
+            self.history.remove(0);
+        }
+    }
+
+    /// The ops removing the entry of a finished or failed job (none when it has none).
+    fn leave_end(&mut self, ty: &str, id: &str) -> Vec<Op> {
+        let ops = match (self.state, self.ended_ms) {
+            (State::Finished, Some(ms)) => vec![Op::delete(finished_path(ty, ms, id), None)],
+            (State::Failed, Some(ms)) => vec![Op::delete(failed_path(ty, ms, id), None)],
+            _ => Vec::new(),
+        };
+        self.ended_ms = None;
+        ops
+    }
+
+    /// Ends the job in `state` (finished or failed) at `now`: the op making its entry.
+    fn end(&mut self, state: State, ty: &str, id: &str, now: u64) -> Op {
+        self.enter(state);
+        self.ended_ms = Some(now);
+        match state {
+            State::Failed => Op::create(failed_path(ty, now, id), None),
+            _ => Op::create(finished_path(ty, now, id), None),
+        }
+    }
+
+    /// Pending at `scheduled_ms`: the op making its entry.
+    fn enqueue(&mut self, ty: &str, id: &str, scheduled_ms: u64) -> Op {
+        self.enter(State::Pending);
+        self.scheduled_ms = scheduled_ms;
+        Op::create(pending_path(ty, self.priority, scheduled_ms, id), None)
+    }
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Done; the job's final data when given.
+    Success(Option<Value>),
+    /// Failed with `message`: retried by the type's policy, failed after its last attempt.
+    /// Its data is updated when given.
+    Error {
+        message: String,
+        data: Option<Value>,
+    },
 }
 
 /// A job as a reader sees it.
@@ -221,6 +375,17 @@ impl Job {
     }
 }
 
+/// Options of [`Jobs::add_with`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AddOptions {
+    /// Due at this time (seconds since the epoch); default now (for an existing pending job:
+    /// its time is kept).
+    pub scheduled_time: Option<u64>,
+    /// Lower runs first; -1000 to 1000, default 0 (for an existing job: its priority is
+    /// kept unless given).
+    pub priority: Option<i32>,
+}
+
 /// Options of [`Jobs::accept`].
 #[derive(Debug, Clone, Default)]
 pub struct AcceptOptions {
@@ -258,6 +423,13 @@ pub struct Change {
     pub ty: String,
     pub id: String,
     pub state: Option<State>,
+    /// The transition's number in the job's life (0 for a removal, and for records written
+    /// before transitions were counted).
+    pub seq: u64,
+    /// Transitions that happened since the last one reported and are no longer remembered
+    /// (more than [`HISTORY`] while nobody waited): reported as a count, never silently.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub missed: u64,
 }
 
 /// A subscription nobody has waited on for this long is ended (a client that went away).
@@ -269,6 +441,8 @@ struct Sub {
     ty: String,
     id: String,
     last: Option<State>,
+    /// The last transition reported (or seen at subscription).
+    last_seq: u64,
     /// When it was made or last waited on (ms, the API's clock).
     used_ms: u64,
     /// Waits in progress on it; a subscription being waited on never expires.
@@ -348,8 +522,8 @@ pub struct Jobs {
     /// Acceptors of this process waiting for a job to become due. While there are any, the
     /// queue has no backlog, and a finishing processor leaves new jobs to them.
     idle_acceptors: AtomicUsize,
-    /// Types known to exist (types are never deleted).
-    types: Mutex<HashSet<String>>,
+    /// Types known to exist (types are never deleted), with their settings as last read.
+    types: Mutex<HashMap<String, (Arc<TypeSettings>, Instant)>>,
     subs: Mutex<HashMap<SubId, Sub>>,
     next_sub: AtomicU64,
     /// When idle subscriptions were last swept (ms).
@@ -372,11 +546,35 @@ fn job_path(ty: &str, id: &str) -> String {
 fn pending_dir(ty: &str) -> String {
     concat(&[ROOT, "/", ty, "/pending"])
 }
-fn pending_name(scheduled_ms: u64, id: &str) -> String {
-    format!("{scheduled_ms:013}-{id}")
+fn pending_name(priority: i32, scheduled_ms: u64, id: &str) -> String {
+    format!("{:04}-{scheduled_ms:013}-{id}", priority + 1000)
 }
-fn pending_path(ty: &str, scheduled_ms: u64, id: &str) -> String {
-    concat(&[ROOT, "/", ty, "/pending/", &pending_name(scheduled_ms, id)])
+fn pending_path(ty: &str, priority: i32, scheduled_ms: u64, id: &str) -> String {
+    concat(&[
+        ROOT,
+        "/",
+        ty,
+        "/pending/",
+        &pending_name(priority, scheduled_ms, id),
+    ])
+}
+fn finished_path(ty: &str, ms: u64, id: &str) -> String {
+    concat(&[ROOT, "/", ty, "/finished/", &format!("{ms:013}-{id}")])
+}
+fn failed_path(ty: &str, ms: u64, id: &str) -> String {
+    concat(&[ROOT, "/", ty, "/failed/", &format!("{ms:013}-{id}")])
+}
+fn rate_path(ty: &str) -> String {
+    concat(&[ROOT, "/", ty, "/rate"])
+}
+fn schedules_dir(ty: &str) -> String {
+    concat(&[ROOT, "/", ty, "/schedules"])
+}
+/// The folders of a type (created with it; added to a type made by an older version on
+/// first use).
+fn type_dirs(ty: &str) -> [String; 6] {
+    ["jobs", "pending", "active", "finished", "failed", "schedules"]
+        .map(|d| concat(&[ROOT, "/", ty, "/", d]))
 }
 fn active_dir(ty: &str) -> String {
     concat(&[ROOT, "/", ty, "/active"])
@@ -385,11 +583,37 @@ fn active_path(ty: &str, id: &str, lock: &str) -> String {
     concat(&[ROOT, "/", ty, "/active/", id, "~", lock])
 }
 
-/// `(scheduled_ms, id)` of a pending entry's name.
-fn parse_pending(name: &str) -> Option<(u64, &str)> {
+/// A pending entry's name: `(priority, scheduled_ms, id)`, and whether it has the priority
+/// prefix (entries written before priorities existed, `SSS…-ID`, are priority 0).
+fn parse_pending(name: &str) -> Option<(i32, u64, &str, bool)> {
+    if name.as_bytes().get(4) == Some(&b'-') {
+        let code: i32 = name[..4].parse().ok()?;
+        let (ms, id) = parse_ended(&name[5..])?;
+        return Some((code - 1000, ms, id, true));
+    }
+    let (ms, id) = parse_ended(name)?;
+    Some((0, ms, id, false))
+}
+
+/// `(ms, id)` of a `finished`/`failed` entry's name (`SSSSSSSSSSSSS-ID`).
+fn parse_ended(name: &str) -> Option<(u64, &str)> {
     let (ms, rest) = name.split_at_checked(13)?;
     let id = rest.strip_prefix('-')?;
+    if !ms.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
     Some((ms.parse().ok()?, id))
+}
+
+/// Checks a priority.
+pub fn check_priority(p: i32) -> Result<()> {
+    if PRIORITIES.contains(&p) {
+        Ok(())
+    } else {
+        Err(JobsError::Invalid(format!(
+            "priority {p} is out of range: -1000 to 1000 (lower runs first)"
+        )))
+    }
 }
 
 /// Checks a job id: 1–200 characters of `A-Z a-z 0-9 . _ : @ + = -`, not starting with `.`.
@@ -483,7 +707,7 @@ impl Jobs {
             waiters: Mutex::new(HashMap::new()),
             unclaimed: Notify::new(),
             idle_acceptors: AtomicUsize::new(0),
-            types: Mutex::new(HashSet::new()),
+            types: Mutex::new(HashMap::new()),
             subs: Mutex::new(HashMap::new()),
             next_sub: AtomicU64::new(1),
             swept_ms: AtomicU64::new(0),
@@ -512,47 +736,130 @@ impl Jobs {
         Ok(Some((rec, node.stat.version)))
     }
 
-    async fn require_type(&self, ty: &str) -> Result<()> {
+    /// The type's settings: checks the type exists (and on first use in this process, that
+    /// it has every folder). Read again at most once a second, so a change made elsewhere
+    /// applies here within a second.
+    async fn require_type(&self, ty: &str) -> Result<Arc<TypeSettings>> {
         check_type(ty)?;
-        if self.types.lock().unwrap().contains(ty) {
-            return Ok(());
+        let known = self.types.lock().unwrap().get(ty).cloned();
+        if let Some((settings, at)) = &known
+            && at.elapsed() < SETTINGS_TTL
+        {
+            return Ok(settings.clone());
         }
-        if self.tree.exists(&type_path(ty)).await?.is_none() {
-            return Err(JobsError::NoType(ty.into()));
+        let settings = Arc::new(self.read_type(ty).await?);
+        if known.is_none() {
+            self.ensure_dirs(ty).await?;
         }
-        self.types.lock().unwrap().insert(ty.into());
+        self.types
+            .lock()
+            .unwrap()
+            .insert(ty.into(), (settings.clone(), Instant::now()));
+        Ok(settings)
+    }
+
+    /// Creates the folders a type made by an older version lacks.
+    async fn ensure_dirs(&self, ty: &str) -> Result<()> {
+        for dir in type_dirs(ty) {
+            if self.tree.exists(&dir).await?.is_none() {
+                match self
+                    .tree
+                    .create(&dir, None, lading_core::CreateMode::Persistent)
+                    .await
+                {
+                    Ok(_) | Err(TreeError::NodeExists(_)) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        // Pending entries written before priorities (`SSS…-ID`) get their priority prefix.
+        let dir = pending_dir(ty);
+        for name in self.tree.children(&dir).await? {
+            if let Some((p, ms, id, false)) = parse_pending(&name) {
+                let ops = vec![
+                    Op::delete(concat(&[&dir, "/", &name]), None),
+                    Op::create(pending_path(ty, p, ms, id), None),
+                ];
+                match self.tree.multi(ops).await {
+                    Ok(_) => {}
+                    Err(e) if is_race(&e) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
         Ok(())
     }
 }
 
-/// The change `finish` makes to a held job's record (and the op re-enqueueing it, if any).
-fn finishing(job: &Job, data: Option<Value>) -> impl Fn(&mut Record, u64) -> Vec<Op> + use<> {
+/// The change `finish` makes to a held job's record (and the ops entering its next state):
+/// success finishes it; an error re-enqueues it after a backoff while attempts are left and
+/// fails it after the last. Either way a resubmission asked for while it ran wins: it runs
+/// again (an error still counts as an attempt).
+fn finishing(
+    job: &Job,
+    outcome: Outcome,
+    settings: Arc<TypeSettings>,
+) -> impl Fn(&mut Record, u64) -> Vec<Op> + use<> {
     let (ty, id) = (job.ty.clone(), job.id.clone());
     move |rec, now| {
-        if let Some(d) = &data {
-            rec.data = d.clone();
-        }
         rec.lock = None;
         rec.owner = None;
         rec.updated_ms = now;
-        requeue(rec, &ty, &id, now)
+        match &outcome {
+            Outcome::Success(data) => {
+                if let Some(d) = data {
+                    rec.data = d.clone();
+                }
+                if !rec.resubmit {
+                    rec.attempts = 0;
+                    rec.last_error = None;
+                }
+                requeue(rec, &ty, &id, now)
+            }
+            Outcome::Error { message, data } => {
+                if let Some(d) = data {
+                    rec.data = d.clone();
+                }
+                rec.attempts = rec.attempts.saturating_add(1);
+                rec.last_error = Some(bounded_error(message));
+                if rec.resubmit {
+                    return requeue(rec, &ty, &id, now);
+                }
+                if rec.attempts < settings.max_attempts {
+                    let at = now + settings.backoff_ms(rec.attempts);
+                    vec![rec.enqueue(&ty, &id, at)]
+                } else {
+                    vec![rec.end(State::Failed, &ty, &id, now)]
+                }
+            }
+        }
     }
 }
 
+/// `message`, at most [`MAX_ERROR`] bytes (its end kept: the last lines say most).
+fn bounded_error(message: &str) -> String {
+    if message.len() <= MAX_ERROR {
+        return message.to_string();
+    }
+    let mut start = message.len() - MAX_ERROR + 3;
+    while !message.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("...{}", &message[start..])
+}
+
 /// A finishing (or stalled) job: pending again when a resubmission was asked for, finished
-/// otherwise. Returns the op that enqueues it, if any.
+/// otherwise. Returns the ops entering that state.
 fn requeue(rec: &mut Record, ty: &str, id: &str, now: u64) -> Vec<Op> {
     if !rec.resubmit {
-        rec.state = State::Finished;
-        return Vec::new();
+        return vec![rec.end(State::Finished, ty, id, now)];
     }
-    rec.state = State::Pending;
     rec.resubmit = false;
-    rec.scheduled_ms = rec.resubmit_ms.take().unwrap_or(now);
+    let at = rec.resubmit_ms.take().unwrap_or(now);
     if let Some(d) = rec.next_data.take() {
         rec.data = d;
     }
-    vec![Op::create(pending_path(ty, rec.scheduled_ms, id), None)]
+    vec![rec.enqueue(ty, id, at)]
 }
 
 #[cfg(test)]
@@ -569,10 +876,20 @@ mod tests {
         assert!(check_type("replication").is_ok());
         assert!(check_type("a:b").is_err());
         assert_eq!(
-            parse_pending(&pending_name(1_700_000_000_000, "job-1")),
-            Some((1_700_000_000_000, "job-1"))
+            parse_pending(&pending_name(-3, 1_700_000_000_000, "job-1")),
+            Some((-3, 1_700_000_000_000, "job-1", true))
+        );
+        assert_eq!(
+            parse_pending("1700000000000-old-1"),
+            Some((0, 1_700_000_000_000, "old-1", false))
         );
         assert_eq!(parse_pending("12-x"), None);
-        assert!(pending_name(5, "b") < pending_name(40, "a"));
+        assert!(pending_name(0, 5, "b") < pending_name(0, 40, "a"));
+        assert!(pending_name(-1, 99, "b") < pending_name(0, 5, "a"));
+        assert!(pending_name(-1000, 99, "b") < pending_name(1000, 5, "a"));
+        assert!(check_priority(1001).is_err() && check_priority(-1000).is_ok());
+        let long = "é".repeat(MAX_ERROR);
+        let b = bounded_error(&long);
+        assert!(b.len() <= MAX_ERROR && b.starts_with("...") && b.ends_with('é'));
     }
 }

@@ -2,10 +2,47 @@
 
 use super::*;
 
+/// Most jobs one `accept_many` or `finish_many` handles.
+pub const MAX_BATCH: usize = 1000;
+
+/// A pending entry seen by an acceptor.
+#[derive(Clone, Copy)]
+pub(crate) struct Entry<'a> {
+    name: &'a str,
+    priority: i32,
+    ms: u64,
+    id: &'a str,
+}
+
+/// What a claim got.
+pub(crate) enum Claimed {
+    Got(Vec<Job>, Vec<OpResult>),
+    Lost,
+    RateLimited(u64),
+}
+
 impl Jobs {
-    /// Takes the earliest due pending job of `ty` and marks it running under a new lock.
-    /// Waits up to `opts.timeout` for one to become due; `None` when none did.
+    /// Takes the earliest due pending job of `ty` (of the lowest priority among those due)
+    /// and marks it running under a new lock. Waits up to `opts.timeout` for one to become
+    /// due; `None` when none did.
     pub async fn accept(&self, ty: &str, opts: &AcceptOptions) -> Result<Option<Job>> {
+        Ok(self.accept_many(ty, 1, opts).await?.pop())
+    }
+
+    /// [`accept`](Self::accept) of up to `max` jobs (1 to [`MAX_BATCH`]) in one `multi`: the
+    /// due head, in the order `accept` would take it. Waits as `accept` does for the first
+    /// due job, not for `max` of them; empty when none became due in time.
+    pub async fn accept_many(
+        &self,
+        ty: &str,
+        max: usize,
+        opts: &AcceptOptions,
+    ) -> Result<Vec<Job>> {
+        if !(1..=MAX_BATCH).contains(&max) {
+            return Err(JobsError::Invalid(format!(
+                "a batch is 1 to {MAX_BATCH} jobs, not {max}"
+            )));
+        }
         self.require_type(ty).await?;
         if let Some(s) = opts.max_sched_time {
             secs_to_ms(s)?;
@@ -29,15 +66,15 @@ impl Jobs {
             woken.as_mut().enable();
             let mut skipped = false;
             let next_due = match self
-                .try_accept(ty, opts, &mut skipped, &[], usize::MAX)
+                .try_accept(ty, opts, &mut skipped, &[], usize::MAX, max)
                 .await?
             {
-                Ok((job, _)) => return Ok(Some(job)),
+                Ok((jobs, _)) => return Ok(jobs),
                 Err(next_due) => next_due,
             };
             let now = Instant::now();
             if now >= deadline {
-                return Ok(None);
+                return Ok(Vec::new());
             }
             if leading.is_none() {
                 let mut leader = waiters.leader.lock().unwrap();
@@ -93,12 +130,14 @@ impl Jobs {
         }
     }
 
-    /// One pass over the due head. `Err(next)` when nothing could be taken; `next` is when the
-    /// first not-yet-due job becomes due, if waiting for it can help. `skipped` is set when
-    /// a job was passed over because another acceptor of this process was claiming it.
+    /// One pass over the due head, lowest priority first. `Err(next)` when nothing could be
+    /// taken; `next` is when the first not-yet-due job becomes due (or the rate limit lets
+    /// the next one through), if waiting for it can help. `skipped` is set when a job was
+    /// passed over because another acceptor of this process was claiming it.
     ///
     /// Each claim's `multi` starts with `prefix` (its results come first); an error in the
-    /// prefix is returned as is. At most `max_claims` claims are tried.
+    /// prefix is returned as is. At most `max_claims` claims are tried, each of up to `want`
+    /// jobs.
     pub(crate) async fn try_accept(
         &self,
         ty: &str,
@@ -106,7 +145,9 @@ impl Jobs {
         skipped: &mut bool,
         prefix: &[Op],
         mut max_claims: usize,
-    ) -> Result<std::result::Result<(Job, Vec<OpResult>), Option<u64>>> {
+        want: usize,
+    ) -> Result<std::result::Result<(Vec<Job>, Vec<OpResult>), Option<u64>>> {
+        let settings = self.require_type(ty).await?;
         let now = self.now_ms();
         let limit = match opts.max_sched_time {
             Some(s) => secs_to_ms(s)?,
@@ -114,6 +155,7 @@ impl Jobs {
         };
         let dir = pending_dir(ty);
         let mut after: Option<String> = None;
+        let mut next: Option<u64> = None;
         // The head is nearly always enough: a short first page, full ones after it.
         let mut page_len = FIRST_PAGE;
         loop {
@@ -121,58 +163,92 @@ impl Jobs {
                 .tree
                 .children_page(&dir, after.as_deref(), page_len)
                 .await?;
-            let mut due: Vec<(&str, u64, &str)> = Vec::new();
-            let mut next = None;
+            let mut due: Vec<Entry> = Vec::new();
+            // Past a priority's first job not yet due, the rest of that priority is later
+            // still: the next look starts at the next priority.
+            let mut jump = None;
             for name in &page {
-                let Some((ms, id)) = parse_pending(name) else {
+                let Some((priority, ms, id, prefixed)) = parse_pending(name) else {
                     continue;
                 };
                 if ms > limit {
                     // Later jobs become due as time passes only when the limit is "now".
-                    next = opts.max_sched_time.is_none().then_some(ms);
-                    break;
+                    if opts.max_sched_time.is_none() {
+                        next = Some(next.map_or(ms, |n| n.min(ms)));
+                    }
+                    if prefixed {
+                        jump = Some(format!("{:04}-~", priority + 1000));
+                        break;
+                    }
+                    continue;
                 }
-                due.push((name, ms, id));
+                due.push(Entry {
+                    name,
+                    priority,
+                    ms,
+                    id,
+                });
             }
             if opts.no_schedule && due.len() > 1 {
-                let r = spread(due.len());
-                due.rotate_left(r);
+                let same = due.iter().take_while(|d| d.priority == due[0].priority).count();
+                let r = spread(same);
+                due[..same].rotate_left(r);
             }
-            let more_pages = next.is_none() && page.len() == page_len;
-            let n_due = due.len();
-            for (i, (name, ms, id)) in due.into_iter().enumerate() {
+            let more_pages = jump.is_some() || page.len() == page_len;
+            let mut i = 0;
+            while i < due.len() {
                 if max_claims == 0 {
                     return Ok(Err(None));
                 }
-                if !self.claim_entry(ty, name) {
-                    *skipped = true;
-                    continue;
+                let mut batch = Vec::new();
+                while i < due.len() && batch.len() < want {
+                    if self.claim_entry(ty, due[i].name) {
+                        batch.push(due[i]);
+                    } else {
+                        *skipped = true;
+                    }
+                    i += 1;
+                }
+                if batch.is_empty() {
+                    break;
                 }
                 max_claims -= 1;
-                let r = self.claim(ty, id, ms, prefix).await;
-                self.unclaim_entry(ty, name);
+                let r = self.claim_many(ty, &batch, prefix, &settings).await;
+                for e in &batch {
+                    self.unclaim_entry(ty, e.name);
+                }
                 match r {
-                    Ok(Some(got)) => {
+                    Ok(Claimed::Got(jobs, res)) => {
                         // More may be due than this acceptor takes: wake a waiting one.
-                        if (i + 1 < n_due || more_pages)
+                        if (i < due.len() || more_pages)
                             && self.idle_acceptors.load(Ordering::Relaxed) > 0
                         {
                             self.waiters(ty).notify.notify_one();
                         }
-                        return Ok(Ok(got));
+                        return Ok(Ok((jobs, res)));
                     }
-                    Ok(None) => self.unclaimed.notify_waiters(),
+                    Ok(Claimed::Lost) => self.unclaimed.notify_waiters(),
+                    Ok(Claimed::RateLimited(until)) => {
+                        self.unclaimed.notify_waiters();
+                        return Ok(Err(Some(until)));
+                    }
                     Err(e) => {
                         self.unclaimed.notify_waiters();
                         return Err(e);
                     }
                 }
             }
-            if next.is_some() || page.len() < page_len {
-                return Ok(Err(next));
+            match jump {
+                Some(j) => {
+                    after = Some(j);
+                    page_len = FIRST_PAGE;
+                }
+                None if page.len() < page_len => return Ok(Err(next)),
+                None => {
+                    after = page.last().cloned();
+                    page_len = PAGE;
+                }
             }
-            after = page.last().cloned();
-            page_len = PAGE;
         }
     }
 
@@ -195,59 +271,134 @@ impl Jobs {
         }
     }
 
-    /// Marks one pending job running, in one `multi` after `prefix`; `None` when another
-    /// acceptor (or an `add`/`remove`) got there first. Returns the job and the results of
-    /// the whole `multi`.
-    pub(crate) async fn claim(
+    /// Marks the pending jobs of `entries` running, in one `multi` after `prefix`: those
+    /// another acceptor (or an `add`/`remove`) got first are left out. `Lost` when that is
+    /// all of them; `RateLimited(until)` when the type's rate limit lets none through before
+    /// `until` (ms). Returns the jobs and the results of the whole `multi`.
+    pub(crate) async fn claim_many(
         &self,
         ty: &str,
-        id: &str,
-        scheduled_ms: u64,
+        entries: &[Entry<'_>],
         prefix: &[Op],
-    ) -> Result<Option<(Job, Vec<OpResult>)>> {
-        let Some((mut rec, v)) = self.read(ty, id).await? else {
-            return Ok(None);
-        };
-        if rec.state != State::Pending || rec.scheduled_ms != scheduled_ms {
-            return Ok(None);
+        settings: &TypeSettings,
+    ) -> Result<Claimed> {
+        let paths: Vec<String> = entries.iter().map(|e| job_path(ty, e.id)).collect();
+        let nodes = self.tree.get_many(&paths).await?;
+        let mut live: Vec<(&Entry, Record, i32)> = Vec::with_capacity(entries.len());
+        for ((e, node), path) in entries.iter().zip(nodes).zip(&paths) {
+            let Some(node) = node else { continue };
+            let rec: Record = serde_json::from_slice(node.data.as_deref().unwrap_or(b"null"))
+                .map_err(|err| JobsError::Corrupt {
+                    path: path.clone(),
+                    reason: err.to_string(),
+                })?;
+            if rec.state == State::Pending
+                && rec.scheduled_ms == e.ms
+                && rec.priority == e.priority
+            {
+                live.push((e, rec, node.stat.version));
+            }
         }
-        let lock = lock_token();
-        rec.state = State::Running;
-        rec.lock = Some(lock.clone());
-        rec.owner = Some(self.owner.clone());
-        rec.updated_ms = self.now_ms();
-        rec.runs += 1;
-        let mut ops = prefix.to_vec();
-        ops.extend([
-            Op::delete(pending_path(ty, scheduled_ms, id), None),
-            Op::set(
-                job_path(ty, id),
-                Some(serde_json::to_vec(&rec).unwrap()),
-                Some(v),
-            ),
-            Op::create(
-                active_path(ty, id, &lock),
-                Some(self.owner.as_bytes().to_vec()),
-            ),
-        ]);
-        match self.tree.multi(ops).await {
-            Ok(res) => {
-                let version = match res.get(prefix.len() + 1) {
-                    Some(OpResult::Set(stat)) => stat.version,
-                    _ => v + 1,
-                };
-                let job = Job {
+        for _ in 0..MAX_OPTIMISTIC {
+            if live.is_empty() {
+                return Ok(Claimed::Lost);
+            }
+            let now = self.now_ms();
+            let rate_op = match settings.rate_per_s {
+                0 => None,
+                per_s => {
+                    let (op, room) = self.rate_op(ty, per_s, now, live.len()).await?;
+                    if room == 0 {
+                        return Ok(Claimed::RateLimited((now / 1000 + 1) * 1000));
+                    }
+                    live.truncate(room);
+                    Some(op)
+                }
+            };
+            let mut ops = prefix.to_vec();
+            let mut jobs = Vec::with_capacity(live.len());
+            for (e, rec, v) in &live {
+                let lock = lock_token();
+                let mut rec = rec.clone();
+                rec.enter(State::Running);
+                rec.lock = Some(lock.clone());
+                rec.owner = Some(self.owner.clone());
+                rec.updated_ms = now;
+                rec.runs += 1;
+                ops.extend([
+                    Op::delete(concat(&[&pending_dir(ty), "/", e.name]), None),
+                    Op::set(
+                        job_path(ty, e.id),
+                        Some(serde_json::to_vec(&rec).unwrap()),
+                        Some(*v),
+                    ),
+                    Op::create(
+                        active_path(ty, e.id, &lock),
+                        Some(self.owner.as_bytes().to_vec()),
+                    ),
+                ]);
+                jobs.push(Job {
                     ty: ty.into(),
-                    id: id.into(),
+                    id: e.id.into(),
                     lock,
                     record: rec,
-                    version,
-                };
-                Ok(Some((job, res)))
+                    version: v + 1,
+                });
             }
-            Err(e) if is_race(&e) && e.failed_op().is_none_or(|i| i >= prefix.len()) => Ok(None),
-            Err(e) => Err(e.into()),
+            ops.extend(rate_op);
+            match self.tree.multi(ops).await {
+                Ok(res) => {
+                    for (k, job) in jobs.iter_mut().enumerate() {
+                        if let Some(OpResult::Set(stat)) = res.get(prefix.len() + 3 * k + 1) {
+                            job.version = stat.version;
+                        }
+                    }
+                    return Ok(Claimed::Got(jobs, res));
+                }
+                Err(e) if is_race(&e) => match e.failed_op() {
+                    Some(i) if i < prefix.len() => return Err(e.into()),
+                    // One job was taken by someone else: the others are tried again.
+                    Some(i) if (i - prefix.len()) / 3 < live.len() => {
+                        live.remove((i - prefix.len()) / 3);
+                    }
+                    // The rate node changed: read it again.
+                    Some(_) => {}
+                    None => return Ok(Claimed::Lost),
+                },
+                Err(e) => return Err(e.into()),
+            }
         }
+        Ok(Claimed::Lost)
+    }
+
+    /// The op counting `n` more accepts in this second against the type's rate limit, and
+    /// how many of the `n` it lets through (the op counts only those).
+    async fn rate_op(&self, ty: &str, per_s: u32, now: u64, n: usize) -> Result<(Op, usize)> {
+        let path = rate_path(ty);
+        let second = now / 1000;
+        let (used, version) = match self.tree.get(&path).await? {
+            Some(node) => {
+                let v: Value = serde_json::from_slice(node.data.as_deref().unwrap_or(b"{}"))
+                    .unwrap_or(Value::Null);
+                let used = if v.get("second").and_then(Value::as_u64) == Some(second) {
+                    v.get("count").and_then(Value::as_u64).unwrap_or(0)
+                } else {
+                    0
+                };
+                (used, Some(node.stat.version))
+            }
+            None => (0, None),
+        };
+        let room = (per_s as u64).saturating_sub(used).min(n as u64) as usize;
+        let data = Some(
+            serde_json::to_vec(&serde_json::json!({"second": second, "count": used + room as u64}))
+                .unwrap(),
+        );
+        let op = match version {
+            Some(v) => Op::set(path, data, Some(v)),
+            None => Op::create(path, data),
+        };
+        Ok((op, room))
     }
 
     /// The job `id` as held under `lock` — for a processor that keeps only the id and the lock
@@ -372,8 +523,114 @@ impl Jobs {
     /// Finishes the job (with its final data, when given) — or, when a resubmission was
     /// requested, makes it pending again. `Halt`: nothing was written.
     pub async fn finish(&self, job: &mut Job, data: Option<Value>) -> Result<()> {
-        let change = finishing(job, data);
+        self.finish_with(job, Outcome::Success(data)).await
+    }
+
+    /// Ends the run with `outcome`: a success finishes the job as [`finish`](Self::finish)
+    /// does; an error re-enqueues it after the type's backoff while attempts are left, and
+    /// fails it after the last (see [`TypeSettings`]). The job's record afterwards says
+    /// which. `Halt`: nothing was written.
+    pub async fn finish_with(&self, job: &mut Job, outcome: Outcome) -> Result<()> {
+        let settings = self.require_type(&job.ty).await?;
+        let change = finishing(job, outcome, settings);
         self.fenced(job, true, change).await
+    }
+
+    /// [`finish_with`](Self::finish_with) of many jobs in one `multi`: one result per job,
+    /// in order. A job whose lock is gone gets `Halt` (nothing written for it) and the others
+    /// are finished without it.
+    pub async fn finish_many(&self, jobs: &mut [Job], outcomes: Vec<Outcome>) -> Vec<Result<()>> {
+        if jobs.len() != outcomes.len() {
+            let e = JobsError::Invalid(format!(
+                "{} jobs and {} outcomes: give one outcome per job",
+                jobs.len(),
+                outcomes.len()
+            ));
+            return jobs.iter().map(|_| Err(e.clone())).collect();
+        }
+        let mut results: Vec<Option<Result<()>>> = (0..jobs.len()).map(|_| None).collect();
+        let mut left: Vec<usize> = (0..jobs.len()).collect();
+        let mut tries = 0;
+        while !left.is_empty() {
+            tries += 1;
+            if tries > MAX_OPTIMISTIC {
+                for &i in &left {
+                    results[i] = Some(Err(JobsError::Conflict(job_path(&jobs[i].ty, &jobs[i].id))));
+                }
+                break;
+            }
+            let mut ops = Vec::new();
+            let mut spans = Vec::with_capacity(left.len());
+            let mut recs = Vec::with_capacity(left.len());
+            let mut failed = None;
+            for &i in &left {
+                let settings = match self.require_type(&jobs[i].ty).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        failed = Some((i, e));
+                        break;
+                    }
+                };
+                let change = finishing(&jobs[i], outcomes[i].clone(), settings);
+                let (o, rec) = self.fenced_ops(&jobs[i], true, &change);
+                spans.push(ops.len());
+                ops.extend(o);
+                recs.push(rec);
+            }
+            if let Some((i, e)) = failed {
+                results[i] = Some(Err(e));
+                left.retain(|&j| j != i);
+                continue;
+            }
+            match self.tree.multi(ops).await {
+                Ok(res) => {
+                    for (k, (&i, rec)) in left.iter().zip(recs).enumerate() {
+                        jobs[i].held(rec, &res[spans[k]..]);
+                        results[i] = Some(Ok(()));
+                    }
+                    left.clear();
+                }
+                Err(e) if is_race(&e) && e.failed_op().is_some() => {
+                    let f = e.failed_op().unwrap_or(0);
+                    let k = spans.iter().rposition(|&s| s <= f).unwrap_or(0);
+                    let i = left[k];
+                    let job = &mut jobs[i];
+                    let halt = |why| JobsError::Halt {
+                        ty: job.ty.clone(),
+                        id: job.id.clone(),
+                        why,
+                    };
+                    let outcome = if f == spans[k] {
+                        Some(halt("removed, re-enqueued or accepted again"))
+                    } else {
+                        // The record changed under us (an add asked for a resubmit): re-read.
+                        match self.read(&job.ty, &job.id).await {
+                            Err(e) => Some(e),
+                            Ok(None) => Some(halt("removed")),
+                            Ok(Some((rec, _))) if rec.lock.as_deref() != Some(job.lock.as_str()) => {
+                                Some(halt("held under another lock"))
+                            }
+                            Ok(Some((rec, v))) => {
+                                job.record = rec;
+                                job.version = v;
+                                None
+                            }
+                        }
+                    };
+                    if let Some(err) = outcome {
+                        results[i] = Some(Err(err));
+                        left.remove(k);
+                    }
+                }
+                Err(e) => {
+                    for &i in &left {
+                        results[i] = Some(Err(e.clone().into()));
+                    }
+                    left.clear();
+                }
+            }
+        }
+        results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect()
     }
 
     /// [`finish`](Self::finish), then [`accept`](Self::accept) of the same type — with the
@@ -396,17 +653,18 @@ impl Jobs {
         let ty = job.ty.clone();
         // Acceptors of this process are idle: no backlog, and a due job is theirs.
         if self.idle_acceptors.load(Ordering::Relaxed) == 0 {
-            let change = finishing(job, data.clone());
+            let settings = self.require_type(&ty).await?;
+            let change = finishing(job, Outcome::Success(data.clone()), settings);
             let (ops, rec) = self.fenced_ops(job, true, &change);
             let n = ops.len();
             let mut skipped = false;
             match self
-                .try_accept(&ty, opts, &mut skipped, &ops, NEXT_CLAIMS)
+                .try_accept(&ty, opts, &mut skipped, &ops, NEXT_CLAIMS, 1)
                 .await
             {
-                Ok(Ok((next, res))) => {
+                Ok(Ok((mut next, res))) => {
                     job.held(rec, &res);
-                    return Ok(Some(next));
+                    return Ok(next.pop());
                 }
                 // Nothing due, or lost every race for it: finish alone, then accept.
                 Ok(Err(_)) => {}

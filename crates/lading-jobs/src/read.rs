@@ -72,6 +72,10 @@ impl Jobs {
         self.require_type(ty).await?;
         let pending = self.tree.count_children(&pending_dir(ty)).await?;
         let running = self.tree.count_children(&active_dir(ty)).await?;
+        let failed = self
+            .tree
+            .count_children(&concat(&[ROOT, "/", ty, "/failed"]))
+            .await?;
         let all = self
             .tree
             .count_children(&format!("{ROOT}/{ty}/jobs"))
@@ -79,7 +83,8 @@ impl Jobs {
         Ok(HashMap::from([
             (State::Pending, pending),
             (State::Running, running),
-            (State::Finished, all.saturating_sub(pending + running)),
+            (State::Failed, failed),
+            (State::Finished, all.saturating_sub(pending + running + failed)),
         ]))
     }
 }

@@ -7,7 +7,8 @@ impl Jobs {
     /// Subscriptions not waited on for [`SUBSCRIPTION_IDLE_MS`] are ended (swept at most once
     /// a minute, on a new subscription); at most [`MAX_SUBSCRIPTIONS`] are held.
     pub async fn subscribe(&self, ty: &str, id: &str) -> Result<(SubId, State)> {
-        let state = self.get_job_state(ty, id).await?;
+        let rec = self.get_job(ty, id).await?.record;
+        let state = rec.state;
         let now = self.clock.now_ms();
         let mut m = self.subs.lock().unwrap();
         let swept = self.swept_ms.load(Ordering::Relaxed);
@@ -25,6 +26,7 @@ impl Jobs {
                 ty: ty.into(),
                 id: id.into(),
                 last: Some(state),
+                last_seq: rec.seq,
                 used_ms: now,
                 waiting: 0,
             },
@@ -44,7 +46,9 @@ impl Jobs {
 
     /// The next state change of any of `subs` since it was last reported (or subscribed),
     /// only changes to `state` when given (a removal is always reported, and ends the
-    /// subscription); `None` after `timeout`.
+    /// subscription); `None` after `timeout`. Every transition is reported, in order, even
+    /// one the job left before this wait looked (the record remembers its last [`HISTORY`]
+    /// states; older ones not reported are counted in `missed`).
     pub async fn wait(
         &self,
         subs: &[SubId],
@@ -85,23 +89,47 @@ impl Jobs {
                 };
                 let path = job_path(&ty, &id);
                 watches.push(self.tree.watch(&path, WatchKind::Data).await?);
-                let now = self.read(&ty, &id).await?.map(|(r, _)| r.state);
-                if now == last {
+                let rec = self.read(&ty, &id).await?.map(|(r, _)| r);
+                let change = |state, seq, missed| Change {
+                    subscription: sid,
+                    ty: ty.clone(),
+                    id: id.clone(),
+                    state,
+                    seq,
+                    missed,
+                };
+                let Some(rec) = rec else {
+                    self.subs.lock().unwrap().remove(&sid);
+                    return Ok(Some(change(None, 0, 0)));
+                };
+                if rec.history.is_empty() {
+                    // Written before transitions were kept: the state as read.
+                    if Some(rec.state) == last {
+                        continue;
+                    }
+                    if let Some(s) = self.subs.lock().unwrap().get_mut(&sid) {
+                        s.last = Some(rec.state);
+                    }
+                    if state.is_none_or(|want| want == rec.state) {
+                        return Ok(Some(change(Some(rec.state), 0, 0)));
+                    }
                     continue;
                 }
+                let first = rec.seq + 1 - rec.history.len() as u64;
                 let mut m = self.subs.lock().unwrap();
-                if now.is_none() {
-                    m.remove(&sid);
-                } else if let Some(s) = m.get_mut(&sid) {
-                    s.last = now;
-                }
-                if now.is_none() || state.is_none() || now == state {
-                    return Ok(Some(Change {
-                        subscription: sid,
-                        ty,
-                        id,
-                        state: now,
-                    }));
+                let Some(s) = m.get_mut(&sid) else {
+                    return Err(JobsError::NoSubscription(sid));
+                };
+                let mut missed = 0;
+                while s.last_seq < rec.seq {
+                    let next = (s.last_seq + 1).max(first);
+                    missed += next - (s.last_seq + 1);
+                    let st = rec.history[(next - first) as usize];
+                    s.last_seq = next;
+                    s.last = Some(st);
+                    if state.is_none_or(|want| want == st) {
+                        return Ok(Some(change(Some(st), next, missed)));
+                    }
                 }
             }
             let left = deadline.saturating_duration_since(Instant::now());

@@ -20,6 +20,8 @@ pub enum Role {
     Admin,
     /// Submit batches and read its own.
     Submitter,
+    /// Accept, update and finish generic jobs of its types; nothing else.
+    Processor,
 }
 
 /// Who made a request.
@@ -27,6 +29,9 @@ pub enum Role {
 pub struct Principal {
     pub name: String,
     pub role: Role,
+    /// A processor's job types.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub types: Vec<String>,
 }
 
 impl Principal {
@@ -52,6 +57,58 @@ impl Principal {
             )))
         }
     }
+}
+
+/// A processor's request (an admin's too): accept, update and finish of generic jobs. The
+/// type was checked against a processor token's types by [`require_token`], before any of
+/// the request was read.
+pub struct Worker(pub Principal);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Worker {
+    type Rejection = ApiError;
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, ApiError> {
+        let p = parts
+            .extensions
+            .get::<Principal>()
+            .cloned()
+            .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "no token"))?;
+        match p.role {
+            Role::Admin | Role::Processor => Ok(Worker(p)),
+            Role::Submitter => Err(ApiError::forbidden(format!(
+                "{} is a submitter token; processing jobs needs a processor or admin token",
+                p.name
+            ))),
+        }
+    }
+}
+
+/// Whether a processor token may make this request: POST to accept, update or finish (one
+/// or many, or finish-and-accept) generic jobs of one of `types`. `Err` names why not.
+pub fn processor_may(method: &axum::http::Method, path: &str, types: &[String]) -> Result<(), String> {
+    let what = "a processor token may only accept, update and finish generic jobs of its types";
+    let seg: Vec<&str> = path.trim_end_matches('/').split('/').collect();
+    // "", "api", "v1", "types", TYPE, …
+    let shape_ok = method == axum::http::Method::POST
+        && seg.len() >= 6
+        && seg[..4] == ["", "api", "v1", "types"]
+        && match &seg[5..] {
+            ["accept"] | ["finish"] => true,
+            ["jobs", id, op] => {
+                !id.is_empty() && matches!(*op, "update" | "finish" | "finish-and-accept")
+            }
+            _ => false,
+        };
+    if !shape_ok {
+        return Err(format!("{what}; not {method} {path}"));
+    }
+    let ty = seg[4];
+    if !types.iter().any(|t| t == ty) {
+        return Err(format!("{what} ({}); not {ty:?}", types.join(", ")));
+    }
+    Ok(())
 }
 
 /// An admin's request: as an extractor placed before the path and the body, it refuses any
@@ -100,19 +157,39 @@ impl Auth {
             let role = match t.role.as_str() {
                 "admin" => Role::Admin,
                 "submitter" => Role::Submitter,
+                "processor" => Role::Processor,
                 other => {
                     return Err(format!(
-                        "token {:?}: unknown role {other:?} (admin or submitter)",
+                        "token {:?}: unknown role {other:?} (admin, submitter or processor)",
                         t.name
                     ));
                 }
             };
+            match (role, t.types.is_empty()) {
+                (Role::Processor, true) => {
+                    return Err(format!(
+                        "token {:?}: a processor token needs types = [\"TYPE\", …], the job types it may process",
+                        t.name
+                    ));
+                }
+                (Role::Admin | Role::Submitter, false) => {
+                    return Err(format!(
+                        "token {:?}: types applies to processor tokens only",
+                        t.name
+                    ));
+                }
+                _ => {}
+            }
+            for ty in &t.types {
+                lading_jobs::check_type(ty).map_err(|e| format!("token {:?}: {e}", t.name))?;
+            }
             if t.token.len() < 16 {
                 return Err(format!("token {:?} is shorter than 16 characters", t.name));
             }
             let p = Principal {
                 name: t.name.clone(),
                 role,
+                types: t.types.clone(),
             };
             if by_digest.insert(digest(&t.token), p).is_some() {
                 return Err(format!("token {:?} is given twice", t.name));
@@ -132,6 +209,7 @@ impl Auth {
             Principal {
                 name: "admin".into(),
                 role: Role::Admin,
+                types: Vec::new(),
             },
         );
         self
@@ -199,6 +277,13 @@ pub async fn require_token(State(s): State<AppState>, mut req: Request, next: Ne
         .and_then(|v| v.to_str().ok());
     match s.auth.check(header) {
         Ok(p) => {
+            // Deny by default: a processor token reaches only its own few routes, whatever
+            // any handler would do with it.
+            if p.role == Role::Processor
+                && let Err(why) = processor_may(req.method(), req.uri().path(), &p.types)
+            {
+                return ApiError::forbidden(why).into_response();
+            }
             req.extensions_mut().insert(p);
             next.run(req).await
         }

@@ -216,6 +216,7 @@ pub(crate) async fn list_batches(
         .transpose()?;
     let submitter = match p.role {
         Role::Admin => q.submitter,
+        Role::Processor => return Err(ApiError::forbidden("a processor token lists no batches")),
         Role::Submitter => match q.submitter {
             Some(other) if other != p.name => {
                 return Err(ApiError::forbidden(format!(
@@ -233,7 +234,7 @@ pub(crate) async fn list_batches(
     // A submitter's listing reads only its own batches (the submitter index).
     let ids = match p.role {
         Role::Admin => e.batch_ids().await?,
-        Role::Submitter => e.batch_ids_of(&p.name).await?,
+        Role::Submitter | Role::Processor => e.batch_ids_of(&p.name).await?,
     };
     for bid in ids {
         if q.after.as_deref().is_some_and(|a| bid.as_str() <= a) {

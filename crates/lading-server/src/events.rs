@@ -145,7 +145,7 @@ pub async fn events(
             Some(info.id)
         }
         (None, Role::Admin) => None,
-        (None, Role::Submitter) => {
+        (None, Role::Submitter | Role::Processor) => {
             return Err(ApiError::forbidden(
                 "a submitter token must name one of its batches (?batch=BID)",
             ));

@@ -1,20 +1,30 @@
 //! Generic jobs over HTTP: the seed-004 operations under `/api/v1/types/{type}`, with
-//! long-polling `accept` and `wait`. Admin tokens only.
+//! long-polling `accept` and `wait`. Admin tokens, and for accept, update and finish (one or
+//! many) processor tokens of the type (`*` below).
 //!
 //! ```text
-//! GET    /api/v1/types                               types, timeouts, counts
-//! PUT    /api/v1/types/{type}                        {"timeout_s"}            set_type_timeout
-//! GET    /api/v1/types/{type}                                                 get_type_timeout
-//! POST   /api/v1/types/{type}/jobs                   {"id","data"?,"scheduled_time"?}  add
+//! GET    /api/v1/types                               types, settings, counts
+//! PUT    /api/v1/types/{type}                        {"timeout_s"?,"max_attempts"?,"backoff_base_ms"?,
+//!                                                     "rate_per_s"?,"keep_finished_s"?,"keep_failed_s"?}
+//!                                                    changes those settings (timeout_s makes the type)
+//! GET    /api/v1/types/{type}                                                 settings, counts
+//! POST   /api/v1/types/{type}/jobs                   {"id","data"?,"scheduled_time"?,"priority"?}  add
 //! GET    /api/v1/types/{type}/jobs?state=&after=&limit=                       list
 //! GET    /api/v1/types/{type}/jobs/{id}                                       the job
 //! DELETE /api/v1/types/{type}/jobs/{id}                                       remove
-//! POST   /api/v1/types/{type}/accept                 {"max_sched_time"?,"timeout_ms"?,"no_schedule"?}
-//!                                                    200 the job with its lock, 204 none
-//! POST   /api/v1/types/{type}/jobs/{id}/update       {"lock","data"?}         409 halt
-//! POST   /api/v1/types/{type}/jobs/{id}/finish       {"lock","data"?}         409 halt
+//! POST   /api/v1/types/{type}/jobs/{id}/retry                                 a failed job: pending
+//! GET    /api/v1/types/{type}/schedules                                       schedules
+//! PUT    /api/v1/types/{type}/schedules/{name}       {"every_s"|"cron","data"?,"priority"?}
+//! DELETE /api/v1/types/{type}/schedules/{name}
+//! POST   /api/v1/types/{type}/accept            *    {"max_sched_time"?,"timeout_ms"?,"no_schedule"?,"max_jobs"?}
+//!                                                    200 the job with its lock (with max_jobs:
+//!                                                    {"jobs": [...]}), 204 none
+//! POST   /api/v1/types/{type}/finish            *    {"jobs": [{"id","lock","data"?,"error"?}]}
+//!                                                    200 {"results": [...]}, one per job
+//! POST   /api/v1/types/{type}/jobs/{id}/update  *    {"lock","data"?}         409 halt
+//! POST   /api/v1/types/{type}/jobs/{id}/finish  *    {"lock","data"?,"error"?} 409 halt
 //! POST   /api/v1/types/{type}/jobs/{id}/finish-and-accept
-//!                                                    {"lock","data"?, and accept's fields}
+//!                                               *    {"lock","data"?,"error"?, and accept's fields}
 //!                                                    200 {"finished","next"}, 409 halt
 //! POST   /api/v1/types/{type}/jobs/{id}/resubmit     {"lock","scheduled_time"?}
 //! POST   /api/v1/types/{type}/jobs/{id}/subscribe    {"subscription","state"}
@@ -23,13 +33,16 @@
 //! DELETE /api/v1/subscriptions/{subscription}
 //! ```
 
-use crate::{Admin, ApiError, AppState, Body, MAX_POLL_MS, PathParams, Query};
+use crate::{Admin, ApiError, AppState, Body, MAX_POLL_MS, PathParams, Query, Worker};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use lading_jobs::{AcceptOptions, Job, JobView, State as JobState};
+use lading_jobs::{
+    AcceptOptions, AddOptions, Cron, Every, Job, JobView, Outcome, State as JobState, TypeSettings,
+    TypeUpdate,
+};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -41,6 +54,13 @@ pub fn routes() -> Router<AppState> {
         .route("/api/v1/types/{type}/jobs", get(list).post(add))
         .route("/api/v1/types/{type}/jobs/{id}", get(show).delete(remove))
         .route("/api/v1/types/{type}/accept", post(accept))
+        .route("/api/v1/types/{type}/finish", post(finish_many))
+        .route("/api/v1/types/{type}/jobs/{id}/retry", post(retry))
+        .route("/api/v1/types/{type}/schedules", get(schedules))
+        .route(
+            "/api/v1/types/{type}/schedules/{name}",
+            axum::routing::put(put_schedule).delete(remove_schedule),
+        )
         .route("/api/v1/types/{type}/jobs/{id}/update", post(update))
         .route("/api/v1/types/{type}/jobs/{id}/finish", post(finish))
         .route(
@@ -65,29 +85,38 @@ fn poll_timeout(ms: Option<u64>) -> Result<Duration> {
 }
 
 fn parse_state(s: &str) -> Result<JobState> {
-    JobState::parse(s).ok_or_else(|| {
-        ApiError::bad_request(format!(
-            "unknown state {s:?}: expected pending, running or finished"
-        ))
-    })
+    Ok(JobState::parse_named(s)?)
 }
 
 #[utoipa::path(get, path = "/api/v1/types", tag = "generic jobs", summary = "Generic job types", responses((status = 200, description = "types with timeouts and counts", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn types(State(s): State<AppState>, Admin(_): Admin) -> Result<Response> {
     let mut out = Vec::new();
-    for (ty, timeout_s) in s.jobs.types().await.map_err(ApiError::from)? {
-        out.push(type_json(&s, &ty, timeout_s).await?);
+    for (ty, settings) in s.jobs.types().await.map_err(ApiError::from)? {
+        out.push(type_json(&s, &ty, &settings).await?);
     }
     Ok(Json(out).into_response())
 }
 
-async fn type_json(s: &AppState, ty: &str, timeout_s: u64) -> Result<Value> {
+/// A type as the API shows it: its settings (every one, defaults included) and its jobs per
+/// state.
+async fn type_json(s: &AppState, ty: &str, settings: &TypeSettings) -> Result<Value> {
     let c = s.jobs.counts(ty).await?;
-    let n = |st| c.get(&st).copied().unwrap_or(0);
-    Ok(
-        json!({"type": ty, "timeout_s": timeout_s, "pending": n(JobState::Pending),
-              "running": n(JobState::Running), "finished": n(JobState::Finished)}),
-    )
+    let mut v = json!({"type": ty});
+    let full = json!({
+        "timeout_s": settings.timeout_s,
+        "max_attempts": settings.max_attempts,
+        "backoff_base_ms": settings.backoff_base_ms,
+        "rate_per_s": settings.rate_per_s,
+        "keep_finished_s": settings.keep_finished_s,
+        "keep_failed_s": settings.keep_failed_s,
+    });
+    for (k, val) in full.as_object().into_iter().flatten() {
+        v[k] = val.clone();
+    }
+    for st in JobState::ALL {
+        v[st.name()] = json!(c.get(&st).copied().unwrap_or(0));
+    }
+    Ok(v)
 }
 
 #[utoipa::path(get, path = "/api/v1/types/{type}", tag = "generic jobs", summary = "A type's timeout and counts", params(("type" = String, Path, description = "job type")), responses((status = 200, description = "the type", body = serde_json::Value), (status = 404, description = "no such type"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
@@ -96,25 +125,40 @@ pub(crate) async fn get_type(
     Admin(_): Admin,
     PathParams(ty): PathParams<String>,
 ) -> Result<Json<Value>> {
-    let timeout = s.jobs.get_type_timeout(&ty).await?;
-    Ok(Json(type_json(&s, &ty, timeout).await?))
+    let settings = s.jobs.read_type(&ty).await?;
+    Ok(Json(type_json(&s, &ty, &settings).await?))
 }
 
+/// The settings to change; the others stay. `timeout_s` is needed to make a type. For
+/// `rate_per_s`, `keep_finished_s` and `keep_failed_s`, 0 means none (no limit, kept).
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct TypeBody {
-    timeout_s: u64,
+    timeout_s: Option<u64>,
+    max_attempts: Option<u32>,
+    backoff_base_ms: Option<u64>,
+    rate_per_s: Option<u32>,
+    keep_finished_s: Option<u64>,
+    keep_failed_s: Option<u64>,
 }
 
-#[utoipa::path(put, path = "/api/v1/types/{type}", tag = "generic jobs", summary = "Set a type's activity timeout (creates the type)", params(("type" = String, Path, description = "job type")), request_body = TypeBody, responses((status = 200, description = "the type", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+#[utoipa::path(put, path = "/api/v1/types/{type}", tag = "generic jobs", summary = "Change a type's settings (timeout_s creates the type)", params(("type" = String, Path, description = "job type")), request_body = TypeBody, responses((status = 200, description = "the type", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn put_type(
     State(s): State<AppState>,
     Admin(_): Admin,
     PathParams(ty): PathParams<String>,
     Body(b): Body<TypeBody>,
 ) -> Result<Json<Value>> {
-    s.jobs.set_type_timeout(&ty, b.timeout_s).await?;
-    Ok(Json(type_json(&s, &ty, b.timeout_s).await?))
+    let update = TypeUpdate {
+        timeout_s: b.timeout_s,
+        max_attempts: b.max_attempts,
+        backoff_base_ms: b.backoff_base_ms,
+        rate_per_s: b.rate_per_s,
+        keep_finished_s: b.keep_finished_s,
+        keep_failed_s: b.keep_failed_s,
+    };
+    let settings = s.jobs.update_type(&ty, &update).await?;
+    Ok(Json(type_json(&s, &ty, &settings).await?))
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -127,6 +171,9 @@ pub(crate) struct AddBody {
     /// Seconds since the epoch.
     #[serde(default)]
     scheduled_time: Option<u64>,
+    /// Lower runs first among due jobs: -1000 to 1000 (default 0).
+    #[serde(default)]
+    priority: Option<i32>,
 }
 
 #[utoipa::path(post, path = "/api/v1/types/{type}/jobs", tag = "generic jobs", summary = "Add (or re-add) a job", params(("type" = String, Path, description = "job type")), request_body = AddBody, responses((status = 201, description = "created", body = serde_json::Value), (status = 200, description = "updated, resubmitted or requeued", body = serde_json::Value), (status = 404, description = "no such type"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
@@ -138,11 +185,14 @@ pub(crate) async fn add(
 ) -> Result<Response> {
     let added = s
         .jobs
-        .add(
+        .add_with(
             &ty,
             &b.id,
             b.data.unwrap_or_else(|| json!({})),
-            b.scheduled_time,
+            AddOptions {
+                scheduled_time: b.scheduled_time,
+                priority: b.priority,
+            },
         )
         .await?;
     let status = if added == lading_jobs::Added::Created {
@@ -165,7 +215,7 @@ pub(crate) struct ListQuery {
     limit: Option<usize>,
 }
 
-#[utoipa::path(get, path = "/api/v1/types/{type}/jobs", tag = "generic jobs", summary = "List a type's jobs", params(("type" = String, Path, description = "job type"), ("state" = Option<String>, Query, description = "pending, running or finished"), ("after" = Option<String>, Query, description = "cursor"), ("limit" = Option<usize>, Query, description = "page size")), responses((status = 200, description = "a page of jobs", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+#[utoipa::path(get, path = "/api/v1/types/{type}/jobs", tag = "generic jobs", summary = "List a type's jobs", params(("type" = String, Path, description = "job type"), ("state" = Option<String>, Query, description = "pending, running, finished or failed"), ("after" = Option<String>, Query, description = "cursor"), ("limit" = Option<usize>, Query, description = "page size")), responses((status = 200, description = "a page of jobs", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn list(
     State(s): State<AppState>,
     Admin(_): Admin,
@@ -207,22 +257,37 @@ pub(crate) struct AcceptBody {
     timeout_ms: Option<u64>,
     #[serde(default)]
     no_schedule: bool,
+    /// Accept up to this many jobs at once (1 to 1000): the answer is `{"jobs": [...]}`.
+    max_jobs: Option<usize>,
 }
 
 #[utoipa::path(post, path = "/api/v1/types/{type}/accept", tag = "generic jobs", summary = "Accept the earliest due job (long-poll)", params(("type" = String, Path, description = "job type")), request_body = AcceptBody, responses((status = 200, description = "the job, with its lock", body = serde_json::Value), (status = 204, description = "none became due in time"), (status = 404, description = "no such type"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn accept(
     State(s): State<AppState>,
-    Admin(_): Admin,
+    Worker(_): Worker,
     PathParams(ty): PathParams<String>,
     Body(b): Body<AcceptBody>,
 ) -> Result<Response> {
     let opts = accept_options(b.max_sched_time, b.timeout_ms, b.no_schedule)?;
     let jobs = s.jobs.clone();
-    let ((), next) =
-        for_client(&s, async move { Ok(((), jobs.accept(&ty, &opts).await?)) }).await?;
-    Ok(match next {
-        Some(job) => Json(view(&job)).into_response(),
-        None => StatusCode::NO_CONTENT.into_response(),
+    let Some(max) = b.max_jobs else {
+        let ((), mut next) = for_client(&s, async move {
+            Ok(((), jobs.accept_many(&ty, 1, &opts).await?))
+        })
+        .await?;
+        return Ok(match next.pop() {
+            Some(job) => Json(view(&job)).into_response(),
+            None => StatusCode::NO_CONTENT.into_response(),
+        });
+    };
+    let ((), got) = for_client(&s, async move {
+        Ok(((), jobs.accept_many(&ty, max, &opts).await?))
+    })
+    .await?;
+    Ok(if got.is_empty() {
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        Json(json!({"jobs": got.iter().map(view).collect::<Vec<_>>()})).into_response()
     })
 }
 
@@ -246,13 +311,13 @@ fn view(job: &Job) -> JobView {
     }
 }
 
-/// Runs `work`, which may take a job for the client, in its own task: if the client goes
-/// away meanwhile, a job taken after that is put straight back instead of running under a
+/// Runs `work`, which may take jobs for the client, in its own task: if the client goes
+/// away meanwhile, jobs taken after that are put straight back instead of running under a
 /// lock nobody knows. Returns what `work` returned, unless the server is stopping.
-async fn for_client<T: Send + 'static>(
+async fn for_client<T: Send + 'static, J: IntoIterator<Item = Job, IntoIter: Send> + Send + 'static>(
     s: &AppState,
-    work: impl std::future::Future<Output = lading_jobs::Result<(T, Option<Job>)>> + Send + 'static,
-) -> Result<(T, Option<Job>)> {
+    work: impl std::future::Future<Output = lading_jobs::Result<(T, J)>> + Send + 'static,
+) -> Result<(T, J)> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let jobs = s.jobs.clone();
     tokio::spawn(async move {
@@ -264,13 +329,15 @@ async fn for_client<T: Send + 'static>(
             _ = tx.closed() => return,
             r = work => r,
         };
-        if let Err(Ok((_, Some(mut job)))) = tx.send(r) {
-            let back = async {
-                jobs.resubmit(&mut job, None).await?;
-                jobs.finish(&mut job, None).await
-            };
-            if let Err(e) = back.await {
-                tracing::warn!("accepted job {} for a client that left: {e}", job.id);
+        if let Err(Ok((_, taken))) = tx.send(r) {
+            for mut job in taken {
+                let back = async {
+                    jobs.resubmit(&mut job, None).await?;
+                    jobs.finish(&mut job, None).await
+                };
+                if let Err(e) = back.await {
+                    tracing::warn!("accepted job {} for a client that left: {e}", job.id);
+                }
             }
         }
     });
@@ -291,6 +358,9 @@ pub(crate) struct FinishAcceptBody {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     data: Option<Value>,
+    /// The run failed with this message (retried by the type's policy).
+    #[serde(default)]
+    error: Option<String>,
     max_sched_time: Option<u64>,
     timeout_ms: Option<u64>,
     #[serde(default)]
@@ -300,7 +370,7 @@ pub(crate) struct FinishAcceptBody {
 #[utoipa::path(post, path = "/api/v1/types/{type}/jobs/{id}/finish-and-accept", tag = "generic jobs", summary = "Finish a job and accept the next (one round trip)", description = "Finishes the job as `finish` does and accepts the next due job of the type as `accept` does (long-poll). Under a backlog the finish and the claim are one store transaction. `next` is null when none came in time.", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), request_body = FinishAcceptBody, responses((status = 200, description = "{\"finished\": the job, \"next\": the next job with its lock, or null}", body = serde_json::Value), (status = 409, description = "halt: nothing was written and no job was taken"), (status = 400, description = "bad input (the error names it)")))]
 pub(crate) async fn finish_and_accept(
     State(s): State<AppState>,
-    Admin(_): Admin,
+    Worker(_): Worker,
     PathParams((ty, id)): PathParams<(String, String)>,
     Body(b): Body<FinishAcceptBody>,
 ) -> Result<Json<Value>> {
@@ -308,7 +378,17 @@ pub(crate) async fn finish_and_accept(
     let mut job = s.jobs.held(&ty, &id, &b.lock).await?;
     let jobs = s.jobs.clone();
     let (finished, next) = for_client(&s, async move {
-        let next = jobs.finish_then_accept(&mut job, b.data, &opts).await?;
+        let next = match b.error {
+            None => jobs.finish_then_accept(&mut job, b.data, &opts).await?,
+            Some(message) => {
+                let outcome = Outcome::Error {
+                    message,
+                    data: b.data,
+                };
+                jobs.finish_with(&mut job, outcome).await?;
+                jobs.accept(&ty, &opts).await?
+            }
+        };
         Ok((job, next))
     })
     .await?;
@@ -328,6 +408,10 @@ pub(crate) struct HeldBody {
     /// resubmit only: seconds since the epoch.
     #[serde(default)]
     scheduled_time: Option<u64>,
+    /// finish only: the run failed with this message (retried by the type's policy, failed
+    /// after its last attempt).
+    #[serde(default)]
+    error: Option<String>,
 }
 
 enum HeldOp {
@@ -348,10 +432,22 @@ async fn held(
             "scheduled_time applies to resubmit only",
         ));
     }
+    if b.error.is_some() && !matches!(op, HeldOp::Finish) {
+        return Err(ApiError::bad_request("error applies to finish only"));
+    }
     let mut job = s.jobs.held(&ty, &id, &b.lock).await?;
     match op {
         HeldOp::Update => s.jobs.update(&mut job, b.data).await?,
-        HeldOp::Finish => s.jobs.finish(&mut job, b.data).await?,
+        HeldOp::Finish => {
+            let outcome = match b.error {
+                None => Outcome::Success(b.data),
+                Some(message) => Outcome::Error {
+                    message,
+                    data: b.data,
+                },
+            };
+            s.jobs.finish_with(&mut job, outcome).await?
+        }
         HeldOp::Resubmit => {
             if b.data.is_some() {
                 return Err(ApiError::bad_request("resubmit takes no data"));
@@ -369,7 +465,7 @@ async fn held(
 #[utoipa::path(post, path = "/api/v1/types/{type}/jobs/{id}/update", tag = "generic jobs", summary = "Heartbeat, with new data", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), request_body = HeldBody, responses((status = 200, description = "the job", body = serde_json::Value), (status = 409, description = "halt: stop running the job")))]
 pub(crate) async fn update(
     State(s): State<AppState>,
-    Admin(_): Admin,
+    Worker(_): Worker,
     PathParams((ty, id)): PathParams<(String, String)>,
     Body(b): Body<HeldBody>,
 ) -> Result<Json<JobView>> {
@@ -379,7 +475,7 @@ pub(crate) async fn update(
 #[utoipa::path(post, path = "/api/v1/types/{type}/jobs/{id}/finish", tag = "generic jobs", summary = "Finish a job", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), request_body = HeldBody, responses((status = 200, description = "the job", body = serde_json::Value), (status = 409, description = "halt: nothing was written")))]
 pub(crate) async fn finish(
     State(s): State<AppState>,
-    Admin(_): Admin,
+    Worker(_): Worker,
     PathParams((ty, id)): PathParams<(String, String)>,
     Body(b): Body<HeldBody>,
 ) -> Result<Json<JobView>> {
@@ -442,4 +538,151 @@ pub(crate) async fn unsubscribe(
     } else {
         Err(lading_jobs::JobsError::NoSubscription(sid).into())
     }
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FinishItem {
+    id: String,
+    lock: String,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    data: Option<Value>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FinishManyBody {
+    jobs: Vec<FinishItem>,
+}
+
+#[utoipa::path(post, path = "/api/v1/types/{type}/finish", tag = "generic jobs", summary = "Finish many jobs in one store transaction", description = "Each item ends its run as `finish` does (an `error` fails the run). One result per item, in order: `{\"id\", \"state\"}` or `{\"id\", \"error\", \"kind\"}` (kind `halt` when the lock no longer holds the job: nothing was written for it).", params(("type" = String, Path, description = "job type")), request_body = FinishManyBody, responses((status = 200, description = "one result per job", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub(crate) async fn finish_many(
+    State(s): State<AppState>,
+    Worker(_): Worker,
+    PathParams(ty): PathParams<String>,
+    Body(b): Body<FinishManyBody>,
+) -> Result<Json<Value>> {
+    if b.jobs.is_empty() || b.jobs.len() > lading_jobs::MAX_BATCH {
+        return Err(ApiError::bad_request(format!(
+            "jobs must hold 1 to {} items, not {}",
+            lading_jobs::MAX_BATCH,
+            b.jobs.len()
+        )));
+    }
+    let mut held = Vec::with_capacity(b.jobs.len());
+    let mut outcomes = Vec::with_capacity(b.jobs.len());
+    let mut results: Vec<Option<Value>> = Vec::with_capacity(b.jobs.len());
+    for item in b.jobs {
+        match s.jobs.held(&ty, &item.id, &item.lock).await {
+            Ok(job) => {
+                held.push(job);
+                outcomes.push(match item.error {
+                    None => Outcome::Success(item.data),
+                    Some(message) => Outcome::Error {
+                        message,
+                        data: item.data,
+                    },
+                });
+                results.push(None);
+            }
+            Err(e) => results.push(Some(item_error(&item.id, e))),
+        }
+    }
+    let done = s.jobs.finish_many(&mut held, outcomes).await;
+    let mut done = held.iter().zip(done);
+    let out: Vec<Value> = results
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or_else(|| {
+                let (job, r) = done.next().expect("one result per held job");
+                match r {
+                    Ok(()) => json!({"id": job.id, "state": job.record().state}),
+                    Err(e) => item_error(&job.id, e),
+                }
+            })
+        })
+        .collect();
+    Ok(Json(json!({"results": out})))
+}
+
+fn item_error(id: &str, e: lading_jobs::JobsError) -> Value {
+    let api = ApiError::from(e);
+    json!({"id": id, "error": api.message, "kind": api.kind})
+}
+
+#[utoipa::path(post, path = "/api/v1/types/{type}/jobs/{id}/retry", tag = "generic jobs", summary = "Retry a failed job (pending now, attempts reset)", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), responses((status = 200, description = "the job", body = serde_json::Value), (status = 404, description = "no such job"), (status = 409, description = "the job is not failed: nothing changed")))]
+pub(crate) async fn retry(
+    State(s): State<AppState>,
+    Admin(_): Admin,
+    PathParams((ty, id)): PathParams<(String, String)>,
+) -> Result<Json<JobView>> {
+    Ok(Json(s.jobs.retry(&ty, &id).await?))
+}
+
+#[utoipa::path(get, path = "/api/v1/types/{type}/schedules", tag = "generic jobs", summary = "A type's schedules", params(("type" = String, Path, description = "job type")), responses((status = 200, description = "the schedules, with their next tick", body = serde_json::Value), (status = 404, description = "no such type")))]
+pub(crate) async fn schedules(
+    State(s): State<AppState>,
+    Admin(_): Admin,
+    PathParams(ty): PathParams<String>,
+) -> Result<Json<Value>> {
+    let list = s.jobs.schedules(&ty).await?;
+    Ok(Json(json!({"schedules": list.iter().map(|(name, sch)| {
+        let mut v = serde_json::to_value(sch).unwrap_or_default();
+        v["name"] = json!(name);
+        v["next_tick_ms"] = json!(sch.next_tick_ms());
+        v
+    }).collect::<Vec<_>>()})))
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ScheduleBody {
+    /// Every this many seconds (ticks at multiples of it since the epoch).
+    every_s: Option<u64>,
+    /// Or a cron expression, `m h dom mon dow`, UTC.
+    cron: Option<String>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    data: Option<Value>,
+    #[serde(default)]
+    priority: i32,
+}
+
+#[utoipa::path(put, path = "/api/v1/types/{type}/schedules/{name}", tag = "generic jobs", summary = "Make or replace a schedule: one job NAME@TICK per tick, exactly once", params(("type" = String, Path, description = "job type"), ("name" = String, Path, description = "schedule name")), request_body = ScheduleBody, responses((status = 200, description = "the schedule", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 404, description = "no such type")))]
+pub(crate) async fn put_schedule(
+    State(s): State<AppState>,
+    Admin(_): Admin,
+    PathParams((ty, name)): PathParams<(String, String)>,
+    Body(b): Body<ScheduleBody>,
+) -> Result<Json<Value>> {
+    let every = match (b.every_s, b.cron) {
+        (Some(n), None) => Every::Seconds(n),
+        (None, Some(c)) => Every::Cron(Cron::parse(&c)?),
+        _ => {
+            return Err(ApiError::bad_request(
+                "give either every_s (seconds) or cron (\"m h dom mon dow\"), not both or neither",
+            ));
+        }
+    };
+    let sch = s
+        .jobs
+        .set_schedule(&ty, &name, every, b.data.unwrap_or_else(|| json!({})), b.priority)
+        .await?;
+    let mut v = serde_json::to_value(&sch).unwrap_or_default();
+    v["name"] = json!(name);
+    v["next_tick_ms"] = json!(sch.next_tick_ms());
+    Ok(Json(v))
+}
+
+#[utoipa::path(delete, path = "/api/v1/types/{type}/schedules/{name}", tag = "generic jobs", summary = "Remove a schedule (the jobs it added stay)", params(("type" = String, Path, description = "job type"), ("name" = String, Path, description = "schedule name")), responses((status = 204, description = "removed"), (status = 404, description = "no such schedule")))]
+pub(crate) async fn remove_schedule(
+    State(s): State<AppState>,
+    Admin(_): Admin,
+    PathParams((ty, name)): PathParams<(String, String)>,
+) -> Result<StatusCode> {
+    s.jobs.remove_schedule(&ty, &name).await?;
+    Ok(StatusCode::NO_CONTENT)
 }

@@ -20,7 +20,7 @@ pub mod payload_server;
 mod redact;
 pub mod upload;
 
-pub use auth::{Admin, Auth, Principal, Role};
+pub use auth::{Admin, Auth, Principal, Role, Worker};
 
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::StatusCode;
@@ -177,9 +177,11 @@ impl IntoResponse for ApiError {
 impl From<JobsError> for ApiError {
     fn from(e: JobsError) -> ApiError {
         let (status, kind) = match &e {
-            JobsError::NoJob { .. } | JobsError::NoType(_) | JobsError::NoSubscription(_) => {
-                (StatusCode::NOT_FOUND, "not_found")
-            }
+            JobsError::NoJob { .. }
+            | JobsError::NoType(_)
+            | JobsError::NoSubscription(_)
+            | JobsError::NoSchedule { .. } => (StatusCode::NOT_FOUND, "not_found"),
+            JobsError::WrongState { .. } => (StatusCode::CONFLICT, "wrong_state"),
             JobsError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid"),
             JobsError::TooManySubscriptions(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many"),
             JobsError::Halt { .. } => (StatusCode::CONFLICT, "halt"),

@@ -55,6 +55,11 @@ use utoipa::{Modify, OpenApi};
         generic::subscribe,
         generic::wait,
         generic::unsubscribe,
+        generic::finish_many,
+        generic::retry,
+        generic::schedules,
+        generic::put_schedule,
+        generic::remove_schedule,
     ),
     modifiers(&Bearer),
     security(("bearer" = []))

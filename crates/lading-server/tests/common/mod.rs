@@ -63,16 +63,19 @@ pub async fn start_allowing(allow: &[&str]) -> Server {
             name: "root".into(),
             token: ADMIN.into(),
             role: "admin".into(),
+            types: Vec::new(),
         },
         TokenSettings {
             name: "alice".into(),
             token: SUBMITTER.into(),
             role: "submitter".into(),
+            types: Vec::new(),
         },
         TokenSettings {
             name: "bob".into(),
             token: BOB.into(),
             role: "submitter".into(),
+            types: Vec::new(),
         },
     ])
     .unwrap();
