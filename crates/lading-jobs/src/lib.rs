@@ -233,10 +233,45 @@ pub struct Record {
     pub seq: u64,
     /// The states of the last transitions (at most [`HISTORY`]), oldest first, the last one
     /// `state`: a subscriber that was slower than the job still sees each one, in order.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// Stored as one letter per state (`p`ending, `r`unning, `f`inished, `x` failed).
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        serialize_with = "history_letters",
+        deserialize_with = "history_from_letters"
+    )]
     pub history: Vec<State>,
     #[serde(flatten)]
     pub extra: serde_json::Map<String, Value>,
+}
+
+fn history_letters<S: serde::Serializer>(h: &[State], s: S) -> Result<S::Ok, S::Error> {
+    let letters: String = h
+        .iter()
+        .map(|st| match st {
+            State::Pending => 'p',
+            State::Running => 'r',
+            State::Finished => 'f',
+            State::Failed => 'x',
+        })
+        .collect();
+    s.serialize_str(&letters)
+}
+
+fn history_from_letters<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<State>, D::Error> {
+    let letters = String::deserialize(d)?;
+    letters
+        .chars()
+        .map(|c| match c {
+            'p' => Ok(State::Pending),
+            'r' => Ok(State::Running),
+            'f' => Ok(State::Finished),
+            'x' => Ok(State::Failed),
+            other => Err(serde::de::Error::custom(format!(
+                "history letter {other:?} is none of p, r, f, x"
+            ))),
+        })
+        .collect()
 }
 
 fn is_zero<T: Default + PartialEq>(v: &T) -> bool {

@@ -112,8 +112,15 @@ pub async fn generic_jobs_walk_their_states_in_their_own_subtree(h: &dyn Harness
     let t = subtree(&j).await;
     let pending = names_under(&t, "/generic-jobs/convert/pending");
     assert_eq!(pending.len(), 1);
-    assert!(pending[0].ends_with("-doc-1") && pending[0].len() == 13 + 1 + 5);
-    assert_eq!(t["/generic-jobs/convert"], json!({"timeout_s": 30}));
+    assert!(
+        pending[0].starts_with("1000-") && pending[0].ends_with("-doc-1"),
+        "priority 0, then the time: {pending:?}"
+    );
+    assert_eq!(pending[0].len(), 4 + 1 + 13 + 1 + 5);
+    assert_eq!(
+        t["/generic-jobs/convert"],
+        json!({"timeout_s": 30, "max_attempts": 3, "backoff_base_ms": 1000})
+    );
 
     let mut job = j.accept("convert", &NOW).await.unwrap().expect("due job");
     assert_eq!((job.id.as_str(), job.data()), ("doc-1", &json!({"n": 1})));
@@ -172,7 +179,7 @@ pub async fn generic_jobs_walk_their_states_in_their_own_subtree(h: &dyn Harness
     );
     assert_eq!(
         names_under(&subtree(&j).await, "/generic-jobs/convert/pending"),
-        vec![format!("{:013}-doc-1", later * 1000)],
+        vec![format!("1000-{:013}-doc-1", later * 1000)],
         "one pending entry, under its new time"
     );
     let counts = j.counts("convert").await.unwrap();

@@ -9,12 +9,14 @@
 mod access;
 mod batches;
 mod generic;
+mod generic_ext;
 mod jobs;
 mod merritt;
 mod tree;
 pub use access::*;
 pub use batches::*;
 pub use generic::*;
+pub use generic_ext::*;
 pub use jobs::*;
 pub use merritt::*;
 pub use tree::*;
@@ -312,6 +314,13 @@ macro_rules! conformance_tests {
             generic_jobs_unused_subscriptions_expire,
             generic_jobs_waiting_acceptor_is_woken_by_an_add,
             generic_jobs_waiting_acceptors_share_out_a_burst,
+            generic_jobs_errors_are_retried_then_failed_and_retried_by_an_admin,
+            generic_jobs_run_by_priority_then_due_time,
+            generic_jobs_schedule_adds_one_job_per_tick_however_many_monitors_race,
+            generic_jobs_rate_limit_holds_across_processors,
+            generic_jobs_retention_removes_old_finished_and_failed_jobs,
+            generic_jobs_batched_accept_never_hands_one_job_to_two,
+            generic_jobs_subscribers_see_every_transition_in_order,
         );
     };
     (@each $make:expr; $($name:ident),* $(,)?) => {
