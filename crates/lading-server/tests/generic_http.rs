@@ -425,3 +425,253 @@ async fn finish_and_accept_hands_over_the_next_job_in_one_request() {
         (&json!(0), &json!(0), &json!(2))
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processor_tokens_process_their_types_and_nothing_else() {
+    let s = start().await;
+    for (ty, body) in [
+        ("thumbs", json!({"timeout_s": 30, "max_attempts": 2})),
+        ("other", json!({"timeout_s": 30})),
+    ] {
+        let (st, _) = s
+            .call("PUT", &format!("/api/v1/types/{ty}"), Some(body))
+            .await;
+        assert_eq!(st, StatusCode::OK);
+    }
+    for (ty, id) in [("thumbs", "t1"), ("thumbs", "t2"), ("other", "o1")] {
+        let (st, _) = s
+            .call(
+                "POST",
+                &format!("/api/v1/types/{ty}/jobs"),
+                Some(json!({"id": id})),
+            )
+            .await;
+        assert_eq!(st, StatusCode::CREATED);
+    }
+    let before = s.dump().await;
+    // Everything but accept, update and finish of its own type: 403, naming the rule.
+    let refused: &[(&str, &str, Option<serde_json::Value>)] = &[
+        ("GET", "/api/v1/types", None),
+        ("GET", "/api/v1/types/thumbs", None),
+        ("PUT", "/api/v1/types/thumbs", Some(json!({"max_attempts": 9}))),
+        ("POST", "/api/v1/types/thumbs/jobs", Some(json!({"id": "mine"}))),
+        ("GET", "/api/v1/types/thumbs/jobs", None),
+        ("GET", "/api/v1/types/thumbs/jobs/t1", None),
+        ("DELETE", "/api/v1/types/thumbs/jobs/t1", None),
+        ("POST", "/api/v1/types/thumbs/jobs/t1/retry", None),
+        ("POST", "/api/v1/types/thumbs/jobs/t1/subscribe", None),
+        ("POST", "/api/v1/types/thumbs/jobs/t1/resubmit", Some(json!({"lock": "x"}))),
+        ("GET", "/api/v1/types/thumbs/schedules", None),
+        ("PUT", "/api/v1/types/thumbs/schedules/s", Some(json!({"every_s": 60}))),
+        ("POST", "/api/v1/types/other/accept", Some(json!({}))),
+        ("POST", "/api/v1/types/other/finish", Some(json!({"jobs": []}))),
+        ("POST", "/api/v1/types/%74humbs/accept", Some(json!({}))),
+        ("GET", "/api/v1/types/thumbs/accept", None),
+        ("POST", "/api/v1/subscriptions/wait", Some(json!({"subscriptions": [1]}))),
+        ("GET", "/api/v1/batches", None),
+        ("POST", "/api/v1/batches", Some(json!({"url": "http://127.0.0.1:1/x"}))),
+        ("GET", "/api/v1/status", None),
+        ("GET", "/api/v1/outbox", None),
+        ("GET", "/api/v1/events", None),
+    ];
+    for (method, path, body) in refused {
+        let (st, v) = s.call_as(THUMBS, method, path, body.clone()).await;
+        assert_eq!(st, StatusCode::FORBIDDEN, "{method} {path}: {v}");
+        assert!(
+            v["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("processor token may only accept, update and finish")),
+            "{method} {path}: {v}"
+        );
+    }
+    assert_eq!(s.dump().await, before, "nothing changed by the refusals");
+    // A submitter may not process at all.
+    let (st, _) = s
+        .call_as(SUBMITTER, "POST", "/api/v1/types/thumbs/accept", Some(json!({})))
+        .await;
+    assert_eq!(st, StatusCode::FORBIDDEN);
+    assert_eq!(s.dump().await, before);
+
+    // Its own type: accept, update, finish (with an error: retried), a batch, a finish.
+    let (st, job) = s
+        .call_as(THUMBS, "POST", "/api/v1/types/thumbs/accept", Some(json!({})))
+        .await;
+    assert_eq!((st, job["id"].as_str()), (StatusCode::OK, Some("t1")));
+    let lock = job["lock"].as_str().unwrap().to_string();
+    let (st, _) = s
+        .call_as(
+            THUMBS,
+            "POST",
+            "/api/v1/types/thumbs/jobs/t1/update",
+            Some(json!({"lock": lock, "data": {"half": true}})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK);
+    let (st, v) = s
+        .call_as(
+            THUMBS,
+            "POST",
+            "/api/v1/types/thumbs/jobs/t1/finish",
+            Some(json!({"lock": lock, "error": "convert: no such file"})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(
+        (v["state"].as_str(), v["attempts"].as_u64(), v["last_error"].as_str()),
+        (Some("pending"), Some(1), Some("convert: no such file"))
+    );
+    let (st, v) = s
+        .call_as(
+            THUMBS,
+            "POST",
+            "/api/v1/types/thumbs/accept",
+            Some(json!({"max_jobs": 5})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    let got = v["jobs"].as_array().unwrap();
+    assert_eq!(got.len(), 1, "t1 waits out its backoff: {v}");
+    assert_eq!(got[0]["id"], "t2");
+    let lock2 = got[0]["lock"].as_str().unwrap();
+    let (st, v) = s
+        .call_as(
+            THUMBS,
+            "POST",
+            "/api/v1/types/thumbs/finish",
+            Some(json!({"jobs": [
+                {"id": "t2", "lock": lock2, "data": {"done": 1}},
+                {"id": "t1", "lock": "not-the-lock"},
+            ]})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["results"][0], json!({"id": "t2", "state": "finished"}));
+    assert_eq!(v["results"][1]["kind"], "halt");
+    let (_, t1) = s.call("GET", "/api/v1/types/thumbs/jobs/t1", None).await;
+    assert_eq!(t1["state"], "pending", "a wrong lock wrote nothing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_priorities_schedules_and_settings_over_http() {
+    let s = start().await;
+    let (st, v) = s
+        .call(
+            "PUT",
+            "/api/v1/types/conv",
+            Some(json!({"timeout_s": 30, "max_attempts": 1, "keep_finished_s": 3600})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(
+        (v["max_attempts"].as_u64(), v["keep_finished_s"].as_u64(), v["rate_per_s"].as_u64(), v["failed"].as_u64()),
+        (Some(1), Some(3600), Some(0), Some(0))
+    );
+    // Bad settings: 400 naming the field, nothing stored changed.
+    let before = s.stored().await;
+    for (body, field) in [
+        (json!({"max_attempts": 0}), "max_attempts"),
+        (json!({"timeout_s": 0}), "activity timeout"),
+        (json!({"rate_per_s": -1}), "rate_per_s"),
+        (json!({"retries": 3}), "retries"),
+    ] {
+        let (st, v) = s.call("PUT", "/api/v1/types/conv", Some(body.clone())).await;
+        // 400 for a value refused, 422 for one of the wrong type.
+        assert!(
+            st == StatusCode::BAD_REQUEST || st == StatusCode::UNPROCESSABLE_ENTITY,
+            "{body}: {st} {v}"
+        );
+        assert!(v["error"].as_str().unwrap().contains(field), "{body}: {v}");
+    }
+    let (st, v) = s
+        .call("PUT", "/api/v1/types/fresh", Some(json!({"max_attempts": 2})))
+        .await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "a type needs timeout_s: {v}");
+    let (st, _) = s
+        .call(
+            "POST",
+            "/api/v1/types/conv/jobs",
+            Some(json!({"id": "p", "priority": 5000})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    assert_eq!(s.stored().await, before);
+
+    // Priorities: the lower first.
+    for (id, prio) in [("later", 5), ("first", -5)] {
+        let (st, _) = s
+            .call(
+                "POST",
+                "/api/v1/types/conv/jobs",
+                Some(json!({"id": id, "priority": prio})),
+            )
+            .await;
+        assert_eq!(st, StatusCode::CREATED);
+    }
+    let (_, job) = s
+        .call("POST", "/api/v1/types/conv/accept", Some(json!({})))
+        .await;
+    assert_eq!(job["id"], "first");
+    // An error on the only attempt: failed, listed, counted, retried by an admin.
+    let (st, v) = s
+        .call(
+            "POST",
+            "/api/v1/types/conv/jobs/first/finish",
+            Some(json!({"lock": job["lock"], "error": "bad input"})),
+        )
+        .await;
+    assert_eq!((st, v["state"].as_str()), (StatusCode::OK, Some("failed")));
+    let (_, list) = s
+        .call("GET", "/api/v1/types/conv/jobs?state=failed", None)
+        .await;
+    assert_eq!(list["jobs"][0]["id"], "first");
+    assert_eq!(list["jobs"][0]["last_error"], "bad input");
+    let (_, ty) = s.call("GET", "/api/v1/types/conv", None).await;
+    assert_eq!((ty["failed"].as_u64(), ty["pending"].as_u64()), (Some(1), Some(1)));
+    let (st, v) = s
+        .call("POST", "/api/v1/types/conv/jobs/later/retry", None)
+        .await;
+    assert_eq!(st, StatusCode::CONFLICT, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("only a failed job"));
+    let (st, v) = s
+        .call("POST", "/api/v1/types/conv/jobs/first/retry", None)
+        .await;
+    assert_eq!((st, v["state"].as_str()), (StatusCode::OK, Some("pending")));
+
+    // Schedules.
+    let before = s.stored().await;
+    for body in [
+        json!({"cron": "61 * * * *"}),
+        json!({"every_s": 60, "cron": "* * * * *"}),
+        json!({}),
+        json!({"every_s": 0}),
+    ] {
+        let (st, v) = s
+            .call("PUT", "/api/v1/types/conv/schedules/nightly", Some(body.clone()))
+            .await;
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{body}: {v}");
+    }
+    assert_eq!(s.stored().await, before);
+    let (st, v) = s
+        .call(
+            "PUT",
+            "/api/v1/types/conv/schedules/nightly",
+            Some(json!({"cron": "0 3 * * *", "data": {"k": 1}})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert!(v["next_tick_ms"].as_u64().unwrap() % 86_400_000 == 3 * 3_600_000);
+    let (_, list) = s.call("GET", "/api/v1/types/conv/schedules", None).await;
+    assert_eq!(list["schedules"][0]["name"], "nightly");
+    let (st, _) = s
+        .call("DELETE", "/api/v1/types/conv/schedules/nightly", None)
+        .await;
+    assert_eq!(st, StatusCode::NO_CONTENT);
+    let (st, _) = s
+        .call("DELETE", "/api/v1/types/conv/schedules/nightly", None)
+        .await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+    let (st, _) = s
+        .call("POST", "/api/v1/types/conv/finish", Some(json!({"jobs": []})))
+        .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+}

@@ -16,6 +16,8 @@ use std::sync::Arc;
 pub const ADMIN: &str = "admin-token-0123456789";
 pub const SUBMITTER: &str = "submitter-token-0123456789";
 pub const BOB: &str = "bob-token-0123456789";
+/// A processor token for the generic-job type `thumbs` only.
+pub const THUMBS: &str = "thumbs-processor-token-0123456789";
 
 pub struct Server {
     pub base: String,
@@ -76,6 +78,12 @@ pub async fn start_allowing(allow: &[&str]) -> Server {
             token: BOB.into(),
             role: "submitter".into(),
             types: Vec::new(),
+        },
+        TokenSettings {
+            name: "thumbnailer".into(),
+            token: THUMBS.into(),
+            role: "processor".into(),
+            types: vec!["thumbs".into()],
         },
     ])
     .unwrap();
