@@ -215,7 +215,7 @@ pub async fn jobs(
     let (p50, p99) = (percentile(&lat_us, 0.50), percentile(&lat_us, 0.99));
     let jobs_per_s = n as f64 / elapsed;
     let mut figures = json!({
-        "mode": format!("{mode:?}").to_lowercase(), "jobs": n, "workers": k, "inflight": inflight, "producers": producers, "store": url,
+        "mode": format!("{mode:?}").to_lowercase(), "batch": batch, "jobs": n, "workers": k, "inflight": inflight, "producers": producers, "store": url,
         "seconds": elapsed, "jobs_per_s": jobs_per_s, "p50_ms": p50, "p99_ms": p99,
         "cores_busy": cores_busy,
     });
@@ -229,6 +229,7 @@ pub async fn jobs(
         println!(
             "  mode         {}",
             match mode {
+                _ if batch > 1 => "batch: accept_many, finish_many, add_many",
                 JobsMode::Chain =>
                     "chain: finish_then_accept (the finish claims the next job when there is a backlog)",
                 JobsMode::Separate => "separate: finish, then accept",

@@ -142,7 +142,20 @@ fn verbs_add_list_show_remove_and_refuse_bad_input() {
 fn a_processor_runs_the_command_and_its_json_becomes_the_data() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("lading.db");
-    ok(&db, &["jobs", "timeout", "t", "30"]);
+    ok(
+        &db,
+        &[
+            "jobs",
+            "type",
+            "t",
+            "--timeout-s",
+            "30",
+            "--max-attempts",
+            "2",
+            "--backoff-base-ms",
+            "100",
+        ],
+    );
     ok(
         &db,
         &["jobs", "add", "t", "sum", "--data", r#"{"a":2,"b":3}"#],
@@ -151,25 +164,50 @@ fn a_processor_runs_the_command_and_its_json_becomes_the_data() {
         &db,
         &["jobs", "add", "t", "fails", "--data", r#"{"keep":true}"#],
     );
-    // The command reads the job's data on stdin and prints its result as JSON.
+    for i in 0..5 {
+        ok(&db, &["jobs", "add", "t", &format!("b{i}")]);
+    }
+    // The command reads the job's data on stdin and prints its result as JSON; one job's
+    // command says a dozen lines on stderr and exits 7.
     let script = r#"case "$LADING_JOB_ID" in
-        fails) exit 7;;
+        fails) for i in 1 2 3 4 5 6 7 8 9 10 11 12; do echo "trouble $i" >&2; done; exit 7;;
         *) read -r d; echo "{\"input\": $d, \"id\": \"$LADING_JOB_ID\"}";;
         esac"#;
-    let mut p = spawn(&db, &["jobs", "run", "t", "--", "sh", "-c", script]);
+    // Batches of three: accepted together, run one by one, finished together.
+    let mut p = spawn(
+        &db,
+        &["jobs", "run", "t", "--batch", "3", "--", "sh", "-c", script],
+    );
     let sum = wait_state(&db, "sum", "finished");
-    let fails = wait_state(&db, "fails", "finished");
+    let fails = wait_state(&db, "fails", "failed");
+    for i in 0..5 {
+        wait_state(&db, &format!("b{i}"), "finished");
+    }
     p.kill().unwrap();
     p.wait().unwrap();
     assert_eq!(
         sum["data"],
         serde_json::json!({"input": {"a": 2, "b": 3}, "id": "sum"})
     );
-    assert_eq!(
-        fails["data"],
-        serde_json::json!({"keep": true}),
-        "a failing command keeps the data"
-    );
+    // A non-zero exit is an error: retried once, then failed, with the last lines said.
+    assert_eq!(fails["attempts"], 2);
+    assert_eq!(fails["runs"], 2);
+    assert_eq!(fails["data"], serde_json::json!({"keep": true}), "data kept");
+    let err = fails["last_error"].as_str().unwrap();
+    assert!(err.contains("exit status: 7"), "{err}");
+    assert!(err.contains("trouble 12") && err.contains("trouble 3"), "{err}");
+    assert!(!err.contains("trouble 2\n"), "only the last ten lines: {err}");
+    let listed = ok(&db, &["jobs", "list", "t", "--state", "failed", "--json"]);
+    assert!(listed.contains("\"fails\""), "{listed}");
+    // Retried by an admin: pending again, attempts reset; a job not failed is refused.
+    ok(&db, &["jobs", "retry", "t", "fails"]);
+    let again = show(&db, "fails");
+    assert_eq!((again["state"].as_str(), again["attempts"].as_u64()), (Some("pending"), None));
+    let o = lading(&db, &["jobs", "retry", "t", "sum"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("only a failed job can be retried"), "{err}");
+    assert_eq!(show(&db, "sum")["state"], "finished", "nothing changed");
 }
 
 #[test]
@@ -305,6 +343,11 @@ fn the_jobs_and_http_benchmarks_print_their_figures() {
         assert!(v[k].as_f64().is_some_and(|x| x > 0.0), "{k} in {v}");
     }
     assert_eq!(v["jobs"], 200);
+    let b = run(&[
+        "bench", "jobs", "--jobs", "200", "--workers", "4", "--batch", "16", "--json",
+    ]);
+    assert!(b["jobs_per_s"].as_f64().is_some_and(|x| x > 0.0), "{b}");
+    assert_eq!(b["batch"], 16);
     // Its fresh store is deleted afterwards: nothing is left to inspect, and runs add up.
     let left: Vec<_> = std::fs::read_dir(dir.path().join("lading-bench"))
         .map(|d| d.flatten().map(|e| e.file_name()).collect())
