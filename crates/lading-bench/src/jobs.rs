@@ -84,9 +84,12 @@ pub async fn jobs(
                 }
                 let last = (first + take).min(n);
                 if batch == 1 {
-                    j.add(TYPE, &format!("j{first:09}"), json!({}), None).await?;
+                    j.add(TYPE, &format!("j{first:09}"), json!({}), None)
+                        .await?;
                 } else {
-                    let items = (first..last).map(|i| (format!("j{i:09}"), json!({}))).collect();
+                    let items = (first..last)
+                        .map(|i| (format!("j{i:09}"), json!({})))
+                        .collect();
                     j.add_many(TYPE, items, Default::default()).await?;
                 }
                 let t = start.elapsed().as_micros() as u64;

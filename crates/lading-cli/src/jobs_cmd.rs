@@ -234,7 +234,9 @@ async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
                 (None, Some(c)) => Every::Cron(Cron::parse(&c)?),
                 (None, None) => anyhow::bail!("give --every-s N or --cron \"m h dom mon dow\""),
             };
-            let s = j.set_schedule(&r#type, &name, every, data, priority).await?;
+            let s = j
+                .set_schedule(&r#type, &name, every, data, priority)
+                .await?;
             let next = s.next_tick_ms().map(lading_core::time::format_rfc3339);
             println!("{name}: next tick {}", next.unwrap_or_default());
         }

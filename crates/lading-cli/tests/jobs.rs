@@ -192,17 +192,30 @@ fn a_processor_runs_the_command_and_its_json_becomes_the_data() {
     // A non-zero exit is an error: retried once, then failed, with the last lines said.
     assert_eq!(fails["attempts"], 2);
     assert_eq!(fails["runs"], 2);
-    assert_eq!(fails["data"], serde_json::json!({"keep": true}), "data kept");
+    assert_eq!(
+        fails["data"],
+        serde_json::json!({"keep": true}),
+        "data kept"
+    );
     let err = fails["last_error"].as_str().unwrap();
     assert!(err.contains("exit status: 7"), "{err}");
-    assert!(err.contains("trouble 12") && err.contains("trouble 3"), "{err}");
-    assert!(!err.contains("trouble 2\n"), "only the last ten lines: {err}");
+    assert!(
+        err.contains("trouble 12") && err.contains("trouble 3"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("trouble 2\n"),
+        "only the last ten lines: {err}"
+    );
     let listed = ok(&db, &["jobs", "list", "t", "--state", "failed", "--json"]);
     assert!(listed.contains("\"fails\""), "{listed}");
     // Retried by an admin: pending again, attempts reset; a job not failed is refused.
     ok(&db, &["jobs", "retry", "t", "fails"]);
     let again = show(&db, "fails");
-    assert_eq!((again["state"].as_str(), again["attempts"].as_u64()), (Some("pending"), None));
+    assert_eq!(
+        (again["state"].as_str(), again["attempts"].as_u64()),
+        (Some("pending"), None)
+    );
     let o = lading(&db, &["jobs", "retry", "t", "sum"]);
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
@@ -344,7 +357,15 @@ fn the_jobs_and_http_benchmarks_print_their_figures() {
     }
     assert_eq!(v["jobs"], 200);
     let b = run(&[
-        "bench", "jobs", "--jobs", "200", "--workers", "4", "--batch", "16", "--json",
+        "bench",
+        "jobs",
+        "--jobs",
+        "200",
+        "--workers",
+        "4",
+        "--batch",
+        "16",
+        "--json",
     ]);
     assert!(b["jobs_per_s"].as_f64().is_some_and(|x| x > 0.0), "{b}");
     assert_eq!(b["batch"], 16);

@@ -23,7 +23,13 @@ impl Jobs {
 
     /// [`add`](Self::add) with a priority (an extension: lower runs first among due jobs).
     /// A failed job is pending again, like a finished one, with its attempts reset.
-    pub async fn add_with(&self, ty: &str, id: &str, data: Value, opts: AddOptions) -> Result<Added> {
+    pub async fn add_with(
+        &self,
+        ty: &str,
+        id: &str,
+        data: Value,
+        opts: AddOptions,
+    ) -> Result<Added> {
         check_id(id)?;
         if let Some(p) = opts.priority {
             check_priority(p)?;
@@ -141,7 +147,10 @@ impl Jobs {
             for &i in &new {
                 let (id, data) = &items[i];
                 let rec = Record::new(data.clone(), s, prio, now);
-                ops.push(Op::create(&paths[i], Some(serde_json::to_vec(&rec).unwrap())));
+                ops.push(Op::create(
+                    &paths[i],
+                    Some(serde_json::to_vec(&rec).unwrap()),
+                ));
                 ops.push(Op::create(pending_path(ty, prio, s, id), None));
             }
             match self.tree.multi(ops).await {

@@ -111,7 +111,12 @@ pub enum State {
 }
 
 impl State {
-    pub const ALL: [State; 4] = [State::Pending, State::Running, State::Finished, State::Failed];
+    pub const ALL: [State; 4] = [
+        State::Pending,
+        State::Running,
+        State::Finished,
+        State::Failed,
+    ];
     pub fn name(self) -> &'static str {
         match self {
             State::Pending => "pending",
@@ -608,8 +613,15 @@ fn schedules_dir(ty: &str) -> String {
 /// The folders of a type (created with it; added to a type made by an older version on
 /// first use).
 fn type_dirs(ty: &str) -> [String; 6] {
-    ["jobs", "pending", "active", "finished", "failed", "schedules"]
-        .map(|d| concat(&[ROOT, "/", ty, "/", d]))
+    [
+        "jobs",
+        "pending",
+        "active",
+        "finished",
+        "failed",
+        "schedules",
+    ]
+    .map(|d| concat(&[ROOT, "/", ty, "/", d]))
 }
 fn active_dir(ty: &str) -> String {
     concat(&[ROOT, "/", ty, "/active"])

@@ -190,7 +190,10 @@ impl Jobs {
                 });
             }
             if opts.no_schedule && due.len() > 1 {
-                let same = due.iter().take_while(|d| d.priority == due[0].priority).count();
+                let same = due
+                    .iter()
+                    .take_while(|d| d.priority == due[0].priority)
+                    .count();
                 let r = spread(same);
                 due[..same].rotate_left(r);
             }
@@ -292,9 +295,7 @@ impl Jobs {
                     path: path.clone(),
                     reason: err.to_string(),
                 })?;
-            if rec.state == State::Pending
-                && rec.scheduled_ms == e.ms
-                && rec.priority == e.priority
+            if rec.state == State::Pending && rec.scheduled_ms == e.ms && rec.priority == e.priority
             {
                 live.push((e, rec, node.stat.version));
             }
@@ -607,7 +608,9 @@ impl Jobs {
                         match self.read(&job.ty, &job.id).await {
                             Err(e) => Some(e),
                             Ok(None) => Some(halt("removed")),
-                            Ok(Some((rec, _))) if rec.lock.as_deref() != Some(job.lock.as_str()) => {
+                            Ok(Some((rec, _)))
+                                if rec.lock.as_deref() != Some(job.lock.as_str()) =>
+                            {
                                 Some(halt("held under another lock"))
                             }
                             Ok(Some((rec, v))) => {

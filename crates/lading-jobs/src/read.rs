@@ -84,7 +84,10 @@ impl Jobs {
             (State::Pending, pending),
             (State::Running, running),
             (State::Failed, failed),
-            (State::Finished, all.saturating_sub(pending + running + failed)),
+            (
+                State::Finished,
+                all.saturating_sub(pending + running + failed),
+            ),
         ]))
     }
 }

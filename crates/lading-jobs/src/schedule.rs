@@ -369,7 +369,10 @@ impl Jobs {
                     }
                     // The job exists (added by hand, or left from before): the tick is
                     // spent all the same.
-                    Err(e) if matches!(e.root(), TreeError::NodeExists(_)) && e.failed_op() == Some(1) => {
+                    Err(e)
+                        if matches!(e.root(), TreeError::NodeExists(_))
+                            && e.failed_op() == Some(1) =>
+                    {
                         match self.tree.multi(vec![set]).await {
                             Ok(_) => break,
                             Err(e) if is_race(&e) => continue,
@@ -397,11 +400,20 @@ mod tests {
     #[test]
     fn cron_finds_the_next_matching_minute() {
         let c = Cron::parse("*/15 * * * *").unwrap();
-        assert_eq!(c.next_after(ms(2026, 11, 25, 10, 7)), ms(2026, 11, 25, 10, 15));
-        assert_eq!(c.next_after(ms(2026, 11, 25, 10, 15)), ms(2026, 11, 25, 10, 30));
+        assert_eq!(
+            c.next_after(ms(2026, 11, 25, 10, 7)),
+            ms(2026, 11, 25, 10, 15)
+        );
+        assert_eq!(
+            c.next_after(ms(2026, 11, 25, 10, 15)),
+            ms(2026, 11, 25, 10, 30)
+        );
         let c = Cron::parse("30 2 * * 1-5").unwrap(); // 02:30 on weekdays
         // 2026-11-27 is a Friday: the next is Monday the 30th.
-        assert_eq!(c.next_after(ms(2026, 11, 27, 3, 0)), ms(2026, 11, 30, 2, 30));
+        assert_eq!(
+            c.next_after(ms(2026, 11, 27, 3, 0)),
+            ms(2026, 11, 30, 2, 30)
+        );
         let c = Cron::parse("0 0 1 1 *").unwrap();
         assert_eq!(c.next_after(ms(2026, 6, 1, 0, 0)), ms(2027, 1, 1, 0, 0));
         let c = Cron::parse("0 12 29 2 *").unwrap();
@@ -409,7 +421,14 @@ mod tests {
         // Sunday as 7 and as 0.
         let c = Cron::parse("0 0 * * 7").unwrap();
         assert_eq!(c.next_after(ms(2026, 11, 25, 0, 0)), ms(2026, 11, 29, 0, 0));
-        for bad in ["* * * *", "60 * * * *", "* 24 * * *", "5-1 * * * *", "*/0 * * * *", "x * * * *"] {
+        for bad in [
+            "* * * *",
+            "60 * * * *",
+            "* 24 * * *",
+            "5-1 * * * *",
+            "*/0 * * * *",
+            "x * * * *",
+        ] {
             let e = Cron::parse(bad).unwrap_err().to_string();
             assert!(e.contains("cron"), "{bad}: {e}");
         }

@@ -162,7 +162,10 @@ impl Jobs {
         let tp = type_path(ty);
         for _ in 0..MAX_OPTIMISTIC {
             let current = match self.tree.get(&tp).await? {
-                Some(node) => Some((parse_settings(&tp, node.data.as_deref())?, node.stat.version)),
+                Some(node) => Some((
+                    parse_settings(&tp, node.data.as_deref())?,
+                    node.stat.version,
+                )),
                 None => None,
             };
             let settings = match &current {
@@ -202,10 +205,10 @@ impl Jobs {
             };
             match r {
                 Ok(_) => {
-                    self.types.lock().unwrap().insert(
-                        ty.into(),
-                        (Arc::new(settings.clone()), Instant::now()),
-                    );
+                    self.types
+                        .lock()
+                        .unwrap()
+                        .insert(ty.into(), (Arc::new(settings.clone()), Instant::now()));
                     return Ok(settings);
                 }
                 Err(e) if is_race(&e) => continue,

@@ -87,7 +87,11 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Worker {
 
 /// Whether a processor token may make this request: POST to accept, update or finish (one
 /// or many, or finish-and-accept) generic jobs of one of `types`. `Err` names why not.
-pub fn processor_may(method: &axum::http::Method, path: &str, types: &[String]) -> Result<(), String> {
+pub fn processor_may(
+    method: &axum::http::Method,
+    path: &str,
+    types: &[String],
+) -> Result<(), String> {
     let what = "a processor token may only accept, update and finish generic jobs of its types";
     let seg: Vec<&str> = path.trim_end_matches('/').split('/').collect();
     // "", "api", "v1", "types", TYPE, …

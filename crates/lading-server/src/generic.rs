@@ -314,7 +314,10 @@ fn view(job: &Job) -> JobView {
 /// Runs `work`, which may take jobs for the client, in its own task: if the client goes
 /// away meanwhile, jobs taken after that are put straight back instead of running under a
 /// lock nobody knows. Returns what `work` returned, unless the server is stopping.
-async fn for_client<T: Send + 'static, J: IntoIterator<Item = Job, IntoIter: Send> + Send + 'static>(
+async fn for_client<
+    T: Send + 'static,
+    J: IntoIterator<Item = Job, IntoIter: Send> + Send + 'static,
+>(
     s: &AppState,
     work: impl std::future::Future<Output = lading_jobs::Result<(T, J)>> + Send + 'static,
 ) -> Result<(T, J)> {
@@ -669,7 +672,13 @@ pub(crate) async fn put_schedule(
     };
     let sch = s
         .jobs
-        .set_schedule(&ty, &name, every, b.data.unwrap_or_else(|| json!({})), b.priority)
+        .set_schedule(
+            &ty,
+            &name,
+            every,
+            b.data.unwrap_or_else(|| json!({})),
+            b.priority,
+        )
         .await?;
     let mut v = serde_json::to_value(&sch).unwrap_or_default();
     v["name"] = json!(name);

@@ -453,23 +453,51 @@ async fn processor_tokens_process_their_types_and_nothing_else() {
     let refused: &[(&str, &str, Option<serde_json::Value>)] = &[
         ("GET", "/api/v1/types", None),
         ("GET", "/api/v1/types/thumbs", None),
-        ("PUT", "/api/v1/types/thumbs", Some(json!({"max_attempts": 9}))),
-        ("POST", "/api/v1/types/thumbs/jobs", Some(json!({"id": "mine"}))),
+        (
+            "PUT",
+            "/api/v1/types/thumbs",
+            Some(json!({"max_attempts": 9})),
+        ),
+        (
+            "POST",
+            "/api/v1/types/thumbs/jobs",
+            Some(json!({"id": "mine"})),
+        ),
         ("GET", "/api/v1/types/thumbs/jobs", None),
         ("GET", "/api/v1/types/thumbs/jobs/t1", None),
         ("DELETE", "/api/v1/types/thumbs/jobs/t1", None),
         ("POST", "/api/v1/types/thumbs/jobs/t1/retry", None),
         ("POST", "/api/v1/types/thumbs/jobs/t1/subscribe", None),
-        ("POST", "/api/v1/types/thumbs/jobs/t1/resubmit", Some(json!({"lock": "x"}))),
+        (
+            "POST",
+            "/api/v1/types/thumbs/jobs/t1/resubmit",
+            Some(json!({"lock": "x"})),
+        ),
         ("GET", "/api/v1/types/thumbs/schedules", None),
-        ("PUT", "/api/v1/types/thumbs/schedules/s", Some(json!({"every_s": 60}))),
+        (
+            "PUT",
+            "/api/v1/types/thumbs/schedules/s",
+            Some(json!({"every_s": 60})),
+        ),
         ("POST", "/api/v1/types/other/accept", Some(json!({}))),
-        ("POST", "/api/v1/types/other/finish", Some(json!({"jobs": []}))),
+        (
+            "POST",
+            "/api/v1/types/other/finish",
+            Some(json!({"jobs": []})),
+        ),
         ("POST", "/api/v1/types/%74humbs/accept", Some(json!({}))),
         ("GET", "/api/v1/types/thumbs/accept", None),
-        ("POST", "/api/v1/subscriptions/wait", Some(json!({"subscriptions": [1]}))),
+        (
+            "POST",
+            "/api/v1/subscriptions/wait",
+            Some(json!({"subscriptions": [1]})),
+        ),
         ("GET", "/api/v1/batches", None),
-        ("POST", "/api/v1/batches", Some(json!({"url": "http://127.0.0.1:1/x"}))),
+        (
+            "POST",
+            "/api/v1/batches",
+            Some(json!({"url": "http://127.0.0.1:1/x"})),
+        ),
         ("GET", "/api/v1/status", None),
         ("GET", "/api/v1/outbox", None),
         ("GET", "/api/v1/events", None),
@@ -487,14 +515,24 @@ async fn processor_tokens_process_their_types_and_nothing_else() {
     assert_eq!(s.dump().await, before, "nothing changed by the refusals");
     // A submitter may not process at all.
     let (st, _) = s
-        .call_as(SUBMITTER, "POST", "/api/v1/types/thumbs/accept", Some(json!({})))
+        .call_as(
+            SUBMITTER,
+            "POST",
+            "/api/v1/types/thumbs/accept",
+            Some(json!({})),
+        )
         .await;
     assert_eq!(st, StatusCode::FORBIDDEN);
     assert_eq!(s.dump().await, before);
 
     // Its own type: accept, update, finish (with an error: retried), a batch, a finish.
     let (st, job) = s
-        .call_as(THUMBS, "POST", "/api/v1/types/thumbs/accept", Some(json!({})))
+        .call_as(
+            THUMBS,
+            "POST",
+            "/api/v1/types/thumbs/accept",
+            Some(json!({})),
+        )
         .await;
     assert_eq!((st, job["id"].as_str()), (StatusCode::OK, Some("t1")));
     let lock = job["lock"].as_str().unwrap().to_string();
@@ -517,7 +555,11 @@ async fn processor_tokens_process_their_types_and_nothing_else() {
         .await;
     assert_eq!(st, StatusCode::OK, "{v}");
     assert_eq!(
-        (v["state"].as_str(), v["attempts"].as_u64(), v["last_error"].as_str()),
+        (
+            v["state"].as_str(),
+            v["attempts"].as_u64(),
+            v["last_error"].as_str()
+        ),
         (Some("pending"), Some(1), Some("convert: no such file"))
     );
     let (st, v) = s
@@ -563,7 +605,12 @@ async fn failures_priorities_schedules_and_settings_over_http() {
         .await;
     assert_eq!(st, StatusCode::OK, "{v}");
     assert_eq!(
-        (v["max_attempts"].as_u64(), v["keep_finished_s"].as_u64(), v["rate_per_s"].as_u64(), v["failed"].as_u64()),
+        (
+            v["max_attempts"].as_u64(),
+            v["keep_finished_s"].as_u64(),
+            v["rate_per_s"].as_u64(),
+            v["failed"].as_u64()
+        ),
         (Some(1), Some(3600), Some(0), Some(0))
     );
     // Bad settings: 400 naming the field, nothing stored changed.
@@ -574,7 +621,9 @@ async fn failures_priorities_schedules_and_settings_over_http() {
         (json!({"rate_per_s": -1}), "rate_per_s"),
         (json!({"retries": 3}), "retries"),
     ] {
-        let (st, v) = s.call("PUT", "/api/v1/types/conv", Some(body.clone())).await;
+        let (st, v) = s
+            .call("PUT", "/api/v1/types/conv", Some(body.clone()))
+            .await;
         // 400 for a value refused, 422 for one of the wrong type.
         assert!(
             st == StatusCode::BAD_REQUEST || st == StatusCode::UNPROCESSABLE_ENTITY,
@@ -583,7 +632,11 @@ async fn failures_priorities_schedules_and_settings_over_http() {
         assert!(v["error"].as_str().unwrap().contains(field), "{body}: {v}");
     }
     let (st, v) = s
-        .call("PUT", "/api/v1/types/fresh", Some(json!({"max_attempts": 2})))
+        .call(
+            "PUT",
+            "/api/v1/types/fresh",
+            Some(json!({"max_attempts": 2})),
+        )
         .await;
     assert_eq!(st, StatusCode::NOT_FOUND, "a type needs timeout_s: {v}");
     let (st, _) = s
@@ -626,7 +679,10 @@ async fn failures_priorities_schedules_and_settings_over_http() {
     assert_eq!(list["jobs"][0]["id"], "first");
     assert_eq!(list["jobs"][0]["last_error"], "bad input");
     let (_, ty) = s.call("GET", "/api/v1/types/conv", None).await;
-    assert_eq!((ty["failed"].as_u64(), ty["pending"].as_u64()), (Some(1), Some(1)));
+    assert_eq!(
+        (ty["failed"].as_u64(), ty["pending"].as_u64()),
+        (Some(1), Some(1))
+    );
     let (st, v) = s
         .call("POST", "/api/v1/types/conv/jobs/later/retry", None)
         .await;
@@ -646,7 +702,11 @@ async fn failures_priorities_schedules_and_settings_over_http() {
         json!({"every_s": 0}),
     ] {
         let (st, v) = s
-            .call("PUT", "/api/v1/types/conv/schedules/nightly", Some(body.clone()))
+            .call(
+                "PUT",
+                "/api/v1/types/conv/schedules/nightly",
+                Some(body.clone()),
+            )
             .await;
         assert_eq!(st, StatusCode::BAD_REQUEST, "{body}: {v}");
     }
@@ -671,7 +731,11 @@ async fn failures_priorities_schedules_and_settings_over_http() {
         .await;
     assert_eq!(st, StatusCode::NOT_FOUND);
     let (st, _) = s
-        .call("POST", "/api/v1/types/conv/finish", Some(json!({"jobs": []})))
+        .call(
+            "POST",
+            "/api/v1/types/conv/finish",
+            Some(json!({"jobs": []})),
+        )
         .await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
 }

@@ -62,9 +62,7 @@ fn error(message: &str) -> Outcome {
     }
 }
 
-pub async fn generic_jobs_errors_are_retried_then_failed_and_retried_by_an_admin(
-    h: &dyn Harness,
-) {
+pub async fn generic_jobs_errors_are_retried_then_failed_and_retried_by_an_admin(h: &dyn Harness) {
     let clock = ManualClock::new(T0);
     let (j, _s) = jobs_on(h, clock.clone(), "retry").await;
     let update = TypeUpdate {
@@ -108,7 +106,10 @@ pub async fn generic_jobs_errors_are_retried_then_failed_and_retried_by_an_admin
     );
     let wait = r.scheduled_ms - T0;
     assert!((500..=1000).contains(&wait), "backoff {wait} ms");
-    assert!(j.accept("flaky", &NOW).await.unwrap().is_none(), "not due yet");
+    assert!(
+        j.accept("flaky", &NOW).await.unwrap().is_none(),
+        "not due yet"
+    );
     clock.advance_ms(1000);
     // Second error: 1000–2000 ms.
     let mut job = j.accept("flaky", &NOW).await.unwrap().unwrap();
@@ -144,18 +145,30 @@ pub async fn generic_jobs_errors_are_retried_then_failed_and_retried_by_an_admin
         (c[&State::Failed], c[&State::Finished], c[&State::Pending]),
         (1, 0, 0)
     );
-    let listed = j.list("flaky", Some(State::Failed), None, 10).await.unwrap();
+    let listed = j
+        .list("flaky", Some(State::Failed), None, 10)
+        .await
+        .unwrap();
     assert_eq!(listed.len(), 1);
     assert!(j.accept("flaky", &NOW).await.unwrap().is_none());
     clock.advance_ms(3_600_000);
-    assert!(j.accept("flaky", &NOW).await.unwrap().is_none(), "failed stays");
+    assert!(
+        j.accept("flaky", &NOW).await.unwrap().is_none(),
+        "failed stays"
+    );
 
     // A retry of a job that is not failed: refused, nothing changes.
     j.add("flaky", "ok", json!({}), None).await.unwrap();
     let before = subtree(&j).await;
     let e = j.retry("flaky", "ok").await.unwrap_err();
     assert!(
-        matches!(e, JobsError::WrongState { state: State::Pending, .. }),
+        matches!(
+            e,
+            JobsError::WrongState {
+                state: State::Pending,
+                ..
+            }
+        ),
         "{e}"
     );
     assert!(e.to_string().contains("only a failed job can be retried"));
@@ -319,7 +332,11 @@ pub async fn generic_jobs_schedule_adds_one_job_per_tick_however_many_monitors_r
         }
         let mut added = 0;
         for t in tasks {
-            added += tokio::time::timeout(WAIT, t).await.unwrap().unwrap().scheduled;
+            added += tokio::time::timeout(WAIT, t)
+                .await
+                .unwrap()
+                .unwrap()
+                .scheduled;
         }
         added
     };
@@ -352,9 +369,14 @@ pub async fn generic_jobs_schedule_adds_one_job_per_tick_however_many_monitors_r
     assert_eq!(j.list("report", None, None, 100).await.unwrap().len(), 2);
     // A job already there under the tick's id (added by hand) spends the tick.
     let next = latest + 60_000;
-    j.add("report", &format!("hourly@{}", next / 1000), json!({"mine": 1}), None)
-        .await
-        .unwrap();
+    j.add(
+        "report",
+        &format!("hourly@{}", next / 1000),
+        json!({"mine": 1}),
+        None,
+    )
+    .await
+    .unwrap();
     clock.advance_ms(60_000);
     assert_eq!(race().await, 0);
     assert_eq!(j.list("report", None, None, 100).await.unwrap().len(), 3);
@@ -397,7 +419,9 @@ pub async fn generic_jobs_rate_limit_holds_across_processors(h: &dyn Harness) {
     };
     a.update_type("slow", &update).await.unwrap();
     for i in 0..10 {
-        a.add("slow", &format!("j{i}"), json!({}), None).await.unwrap();
+        a.add("slow", &format!("j{i}"), json!({}), None)
+            .await
+            .unwrap();
     }
     let take_all = || async {
         let mut n = 0;
@@ -488,7 +512,10 @@ pub async fn generic_jobs_batched_accept_never_hands_one_job_to_two(h: &dyn Harn
             .iter()
             .map(|i| (format!("j{i:04}"), json!({"i": i})))
             .collect();
-        let added = a.add_many("bulk", items, AddOptions::default()).await.unwrap();
+        let added = a
+            .add_many("bulk", items, AddOptions::default())
+            .await
+            .unwrap();
         assert!(added.iter().all(|x| *x == Added::Created));
     }
     // An id added twice in one batch, and one that exists: handled as `add` would.
@@ -497,7 +524,10 @@ pub async fn generic_jobs_batched_accept_never_hands_one_job_to_two(h: &dyn Harn
         ("extra".to_string(), json!({})),
         ("extra".to_string(), json!({"second": 1})),
     ];
-    let r = a.add_many("bulk", again, AddOptions::default()).await.unwrap();
+    let r = a
+        .add_many("bulk", again, AddOptions::default())
+        .await
+        .unwrap();
     assert_eq!(r, [Added::Updated, Added::Created, Added::Updated]);
     a.remove("bulk", "extra").await.unwrap();
     assert!(matches!(
