@@ -524,3 +524,73 @@ fn a_processor_with_a_command_that_cannot_run_takes_no_job() {
         );
     }
 }
+
+#[test]
+fn a_schedule_ticks_once_per_second_with_three_monitors_racing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("lading.db");
+    ok(&db, &["jobs", "type", "t", "--timeout-s", "30"]);
+    // Bad input: a clear error, nothing stored.
+    for (args, says) in [
+        (
+            vec!["jobs", "schedule", "t", "s", "--cron", "61 * * * *"],
+            "outside 0-59",
+        ),
+        (vec!["jobs", "schedule", "t", "s", "--every-s", "0"], "1 to"),
+        (
+            vec!["jobs", "type", "t", "--max-attempts", "0"],
+            "max_attempts",
+        ),
+    ] {
+        let o = lading(&db, &args);
+        assert!(!o.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    assert_eq!(ok(&db, &["jobs", "schedules", "t"]).trim(), "[]");
+    ok(&db, &["jobs", "schedule", "t", "tick", "--every-s", "1"]);
+    let listed: serde_json::Value =
+        serde_json::from_str(&ok(&db, &["jobs", "schedules", "t"])).unwrap();
+    assert_eq!(listed[0]["name"], "tick");
+    assert_eq!(listed[0]["every_s"], 1);
+    // Two monitors beside the processor's own; the processor stops itself (SIGTERM to its
+    // parent) once its command has run four jobs.
+    let mut monitors: Vec<Child> = (0..2).map(|_| spawn(&db, &["jobs", "monitor"])).collect();
+    let out = dir.path().join("ran");
+    let script = format!(
+        "echo \"$LADING_JOB_ID\" >> '{}'; [ \"$(wc -l < '{}')\" -ge 4 ] && kill -TERM $PPID; exit 0",
+        out.display(),
+        out.display()
+    );
+    let status = cmd(&db, &["jobs", "run", "t", "--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    for m in &mut monitors {
+        m.kill().unwrap();
+        m.wait().unwrap();
+    }
+    assert!(status.success(), "the processor stopped on its signal");
+    let ran = std::fs::read_to_string(&out).unwrap();
+    let ticks: Vec<u64> = ran
+        .lines()
+        .map(|l| l.strip_prefix("tick@").unwrap().parse().unwrap())
+        .collect();
+    assert!(ticks.len() >= 4, "{ran}");
+    let distinct: std::collections::BTreeSet<_> = ticks.iter().collect();
+    assert_eq!(distinct.len(), ticks.len(), "each tick once: {ran}");
+    // Every job is a tick's (the ids say which), and a finished tick was never added again.
+    let list: serde_json::Value =
+        serde_json::from_str(&ok(&db, &["jobs", "list", "t", "--json"])).unwrap();
+    for j in list.as_array().unwrap() {
+        assert!(j["id"].as_str().unwrap().starts_with("tick@"), "{j}");
+        assert_eq!(
+            j["runs"].as_u64().unwrap_or(0),
+            u64::from(j["state"] != "pending"),
+            "{j}"
+        );
+    }
+    ok(&db, &["jobs", "unschedule", "t", "tick"]);
+    assert_eq!(ok(&db, &["jobs", "schedules", "t"]).trim(), "[]");
+}
