@@ -217,14 +217,23 @@ enum Format {
 enum Admin {
     /// Jobs: hold (Pending → Held), release (Held → Pending), requeue a Failed job (to the
     /// stage that failed, or --to STATE), delete (Failed/Held → Deleted; Completed/Deleted are
-    /// purged).
+    /// purged). `requeue --batch BID [--stage S]` requeues every Failed job of a batch (only
+    /// those that failed at stage S).
     Job {
         #[arg(value_enum)]
         action: JobAction,
-        job: String,
+        /// The job (jid…); not with --batch.
+        #[arg(required_unless_present = "batch", conflicts_with = "batch")]
+        job: Option<String>,
         /// Requeue target state.
         #[arg(long)]
         to: Option<String>,
+        /// requeue only: every Failed job of this batch (bid…).
+        #[arg(long)]
+        batch: Option<String>,
+        /// With --batch: only the jobs that failed at this stage (e.g. Downloading).
+        #[arg(long, requires = "batch")]
+        stage: Option<String>,
     },
     /// Batches: hold, release, delete, update-reporting.
     Batch {
@@ -553,15 +562,41 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 
 async fn admin(e: &Arc<Engine>, action: Admin, cfg: Config) -> anyhow::Result<()> {
     match action {
-        Admin::Job { action, job, to } => {
-            let jid = JobId::parse(&job)?;
+        Admin::Job {
+            action,
+            job,
+            to,
+            batch,
+            stage,
+        } => {
             let target = match to.as_deref() {
                 None => None,
                 Some(s) => Some(JobState::parse_named(s).map_err(EngineError::Invalid)?),
             };
-            if target.is_some() && !matches!(action, JobAction::Requeue) {
-                return Err(EngineError::Invalid("--to applies to requeue only".into()).into());
+            if (target.is_some() || batch.is_some()) && !matches!(action, JobAction::Requeue) {
+                return Err(
+                    EngineError::Invalid("--to and --batch apply to requeue only".into()).into(),
+                );
             }
+            if let Some(batch) = batch {
+                let bid = BatchId::parse(&batch)?;
+                let stage = match stage.as_deref() {
+                    None => None,
+                    Some(s) => Some(JobState::parse_named(s).map_err(EngineError::Invalid)?),
+                };
+                return print_requeued(
+                    e.requeue_failed(&bid, stage, target)
+                        .await?
+                        .into_iter()
+                        .map(|(jid, r)| {
+                            (
+                                jid.to_string(),
+                                r.map(|st| st.status.to_string()).map_err(|e| e.to_string()),
+                            )
+                        }),
+                );
+            }
+            let jid = JobId::parse(job.as_deref().unwrap_or_default())?;
             let st = match action {
                 JobAction::Hold => Some(e.hold_job(&jid).await?),
                 JobAction::Release => Some(e.release_job(&jid).await?),
@@ -652,6 +687,31 @@ async fn admin(e: &Arc<Engine>, action: Admin, cfg: Config) -> anyhow::Result<()
     Ok(())
 }
 
+/// What a bulk requeue did: a line per job, and exit 4 when any was refused.
+fn print_requeued(
+    results: impl Iterator<Item = (String, Result<String, String>)>,
+) -> anyhow::Result<()> {
+    let (mut done, mut refused) = (0, 0);
+    for (jid, r) in results {
+        match r {
+            Ok(st) => {
+                done += 1;
+                println!("{jid}: {st}");
+            }
+            Err(e) => {
+                refused += 1;
+                println!("{jid}: not requeued: {e}");
+            }
+        }
+    }
+    println!("{done} requeued, {refused} refused");
+    if refused > 0 {
+        std::io::Write::flush(&mut std::io::stdout())?;
+        std::process::exit(4);
+    }
+    Ok(())
+}
+
 /// The command-line name of a value (`update-reporting`), which is also the API's.
 fn value_name(v: impl ValueEnum) -> String {
     v.to_possible_value()
@@ -662,7 +722,37 @@ fn value_name(v: impl ValueEnum) -> String {
 /// `lading admin …` through a server.
 async fn admin_remote(c: &lading_server::client::Client, action: Admin) -> anyhow::Result<()> {
     let v = match action {
-        Admin::Job { action, job, to } => {
+        Admin::Job {
+            action,
+            job: _,
+            to,
+            batch: Some(batch),
+            stage,
+        } => {
+            if !matches!(action, JobAction::Requeue) {
+                bail!("--batch applies to requeue only");
+            }
+            let body = json!({"to": to, "stage": stage});
+            let v = c
+                .call(
+                    "POST",
+                    &format!("/api/v1/batches/{batch}/requeue-failed"),
+                    Some(body),
+                )
+                .await?;
+            let field =
+                |x: &serde_json::Value, k: &str| x[k].as_str().unwrap_or_default().to_string();
+            let done = v["requeued"].as_array().into_iter().flatten();
+            let refused = v["refused"].as_array().into_iter().flatten();
+            return print_requeued(
+                done.map(|x| (field(x, "id"), Ok(field(x, "status"))))
+                    .chain(refused.map(|x| (field(x, "id"), Err(field(x, "error"))))),
+            );
+        }
+        Admin::Job {
+            action, job, to, ..
+        } => {
+            let job = job.unwrap_or_default();
             let body = to.map(|t| json!({ "to": t }));
             c.call(
                 "POST",

@@ -181,8 +181,52 @@ async fn submit_wait_shows_progress_and_ends_with_the_report() {
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    // The same worker serves the access queues: a request for the stored version gets its zip.
+    // The failed batch's jobs retried in bulk once the file exists: only those that failed
+    // at the stage named (none failed while storing), then all of them; the batch completes.
     let e = engine(&s.db).await;
+    let failed_bid = failed
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .find(|w| w.starts_with("bid"))
+        .expect("the report names the batch")
+        .to_string();
+    let o = s.run(&[
+        "admin",
+        "job",
+        "requeue",
+        "--batch",
+        &failed_bid,
+        "--stage",
+        "Storing",
+    ]);
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && said.contains("0 requeued, 0 refused"),
+        "{said}"
+    );
+    let o = s.run(&[
+        "admin",
+        "job",
+        "requeue",
+        "--batch",
+        &failed_bid,
+        "--stage",
+        "Bogus",
+    ]);
+    assert_eq!(o.status.code(), Some(4));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unknown job state \"Bogus\""));
+    std::fs::write(payload.join("missing.txt"), b"here now").unwrap();
+    let o = s.run(&["admin", "job", "requeue", "--batch", &failed_bid]);
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && said.contains("1 requeued, 0 refused"),
+        "{said}"
+    );
+    let bid = lading_core::layout::BatchId::parse(&failed_bid).unwrap();
+    until("the retried batch to complete", async || {
+        e.batch(&bid).await.unwrap().status.status == lading_core::BatchState::Completed
+    })
+    .await;
+    // The same worker serves the access queues: a request for the stored version gets its zip.
     let ark = out
         .split_whitespace()
         .find(|w| w.starts_with("ark:/99999/fk4"))

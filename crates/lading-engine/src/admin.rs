@@ -284,6 +284,52 @@ impl Engine {
         self.admin_job(job, |p| p.requeue(target)).await
     }
 
+    /// Admin: requeue every Failed job of `batch` — only those that failed at `stage`, when
+    /// given — each to `target` or to the stage it failed at, as [`requeue_job`] does. One
+    /// result per job, in job order: a job moved meanwhile by another admin or process
+    /// reports its error and the others go on. `NoBatch` for a batch that does not exist.
+    ///
+    /// [`requeue_job`]: Self::requeue_job
+    pub async fn requeue_failed(
+        &self,
+        batch: &BatchId,
+        stage: Option<JobState>,
+        target: Option<JobState>,
+    ) -> Result<Vec<(JobId, Result<JobStatus>)>> {
+        self.batch_status(batch).await?;
+        let mut names = match self
+            .tree
+            .children(&batch_ref_folder(batch, "batch-failed"))
+            .await
+        {
+            Ok(c) => c,
+            Err(TreeError::NoNode(_)) => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
+        names.sort();
+        let mut out = Vec::new();
+        for name in names {
+            let Ok(jid) = JobId::parse(&name) else {
+                continue;
+            };
+            if let Some(want) = stage {
+                let failed_at = match self.job_status(&jid).await {
+                    Ok((st, _)) => failed_stage(&st).and_then(JobState::parse),
+                    Err(e) => {
+                        out.push((jid, Err(e)));
+                        continue;
+                    }
+                };
+                if failed_at != Some(want) {
+                    continue;
+                }
+            }
+            let r = self.requeue_job(&jid, target).await;
+            out.push((jid, r));
+        }
+        Ok(out)
+    }
+
     /// Admin: delete a job. Failed and Held jobs move to Deleted; Completed and Deleted jobs
     /// are purged from the tree. Any other state is refused.
     pub async fn delete_job(&self, job: &JobId) -> Result<Option<JobStatus>> {

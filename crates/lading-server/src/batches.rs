@@ -432,24 +432,71 @@ pub(crate) async fn job_action(
     }))
 }
 
-#[utoipa::path(post, path = "/api/v1/batches/{id}/{action}", tag = "admin", summary = "Administer a batch", params(("id" = String, Path, description = "bid…"), ("action" = String, Path, description = "hold, release, delete or update-reporting")), responses((status = 200, description = "the new state", body = serde_json::Value), (status = 404, description = "no such batch or action"), (status = 409, description = "illegal transition or locked"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BatchActionBody {
+    /// requeue-failed only: just the jobs that failed at this stage.
+    stage: Option<String>,
+    /// requeue-failed only: the target state (default: the stage each job failed at).
+    to: Option<String>,
+}
+
+#[utoipa::path(post, path = "/api/v1/batches/{id}/{action}", tag = "admin", summary = "Administer a batch", description = "hold, release, delete, update-reporting, or requeue-failed: every Failed job of the batch (only those that failed at `stage`, when given) back to the stage it failed at (or `to`); the answer lists each job requeued and each refused with why.", params(("id" = String, Path, description = "bid…"), ("action" = String, Path, description = "hold, release, delete, update-reporting or requeue-failed")), request_body = BatchActionBody, responses((status = 200, description = "the new state", body = serde_json::Value), (status = 404, description = "no such batch or action"), (status = 409, description = "illegal transition or locked"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn batch_action(
     State(s): State<AppState>,
     Admin(_): Admin,
     PathParams((id, action)): PathParams<(String, String)>,
+    req: axum::extract::Request,
 ) -> Result<Json<Value>> {
     let bid = BatchId::parse(&id).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let bytes = axum::body::to_bytes(req.into_body(), 64 << 10)
+        .await
+        .map_err(|e| ApiError::bad_request(format!("reading the body: {e}")))?;
+    let body: BatchActionBody = if bytes.iter().all(u8::is_ascii_whitespace) {
+        BatchActionBody::default()
+    } else {
+        serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("body: {e}")))?
+    };
+    if (body.stage.is_some() || body.to.is_some()) && action != "requeue-failed" {
+        return Err(ApiError::bad_request(
+            "\"stage\" and \"to\" apply to requeue-failed only",
+        ));
+    }
     let e = &s.ingest.engine;
     let st = match action.as_str() {
         "hold" => e.hold_batch(&bid).await?,
         "release" => e.release_batch(&bid).await?,
         "delete" => e.delete_batch(&bid).await?,
         "update-reporting" => e.update_reporting(&bid).await?,
+        "requeue-failed" => {
+            let parse = |v: &Option<String>| {
+                v.as_deref()
+                    .map(|t| JobState::parse_named(t).map_err(ApiError::bad_request))
+                    .transpose()
+            };
+            let (stage, to) = (parse(&body.stage)?, parse(&body.to)?);
+            let mut requeued = Vec::new();
+            let mut refused = Vec::new();
+            for (jid, r) in e.requeue_failed(&bid, stage, to).await? {
+                match r {
+                    Ok(st) => requeued.push(json!({"id": jid, "status": st.status})),
+                    Err(err) => {
+                        let api = ApiError::from(err);
+                        refused.push(json!({"id": jid, "error": api.message, "kind": api.kind}));
+                    }
+                }
+            }
+            return Ok(Json(
+                json!({"id": bid, "requeued": requeued, "refused": refused}),
+            ));
+        }
         other => {
             return Err(ApiError::new(
                 StatusCode::NOT_FOUND,
                 "not_found",
-                format!("no batch action {other:?} (hold, release, delete, update-reporting)"),
+                format!(
+                    "no batch action {other:?} (hold, release, delete, update-reporting, requeue-failed)"
+                ),
             ));
         }
     };

@@ -543,3 +543,70 @@ async fn a_submitters_listing_reads_only_its_own_batches_even_in_an_older_tree()
         .await;
     assert_eq!(ids(&list).len(), 27);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requeue_failed_retries_a_batchs_failed_jobs_and_refuses_bad_input() {
+    use lading_core::{BatchState, Event, JobState};
+    use lading_engine::JobSpec;
+    let s = start().await;
+    let e = s.ingest.engine.clone();
+    let bid = e.create_batch(serde_json::Map::new()).await.unwrap();
+    let lease = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
+    for _ in 0..2 {
+        e.create_job(&lease, JobSpec::default()).await.unwrap();
+    }
+    e.batch_transition(lease, Event::To(BatchState::Processing), None)
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+        e.job_transition(l, Event::Fail, Some("no such file".into()))
+            .await
+            .unwrap();
+    }
+    let path = format!("/api/v1/batches/{bid}/requeue-failed");
+    let before = s.dump().await;
+    for (body, says) in [
+        (json!({"stage": "Bogus"}), "Bogus"),
+        (json!({"to": "Nowhere"}), "Nowhere"),
+        (json!({"stages": "Pending"}), "stages"),
+    ] {
+        let (st, v) = s.call("POST", &path, Some(body.clone())).await;
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{body}: {v}");
+        assert!(v["error"].as_str().unwrap().contains(says), "{body}: {v}");
+    }
+    let (st, _) = s
+        .call(
+            "POST",
+            &format!("/api/v1/batches/{bid}/hold"),
+            Some(json!({"stage": "Pending"})),
+        )
+        .await;
+    assert_eq!(
+        st,
+        StatusCode::BAD_REQUEST,
+        "stage is requeue-failed's only"
+    );
+    let (st, _) = s.call_as(SUBMITTER, "POST", &path, None).await;
+    assert_eq!(st, StatusCode::FORBIDDEN);
+    let (st, _) = s
+        .call("POST", "/api/v1/batches/bid0000009999/requeue-failed", None)
+        .await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+    // Only those that failed while downloading: none here.
+    let (st, v) = s
+        .call("POST", &path, Some(json!({"stage": "Downloading"})))
+        .await;
+    assert_eq!(
+        (st, v["requeued"].as_array().unwrap().len()),
+        (StatusCode::OK, 0)
+    );
+    assert_eq!(s.dump().await, before, "nothing changed");
+    // All of them, back to where they failed.
+    let (st, v) = s.call("POST", &path, None).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    let done = v["requeued"].as_array().unwrap();
+    assert_eq!(done.len(), 2, "{v}");
+    assert!(done.iter().all(|j| j["status"] == "Pending"), "{v}");
+    assert_eq!(v["refused"], json!([]));
+}

@@ -719,3 +719,69 @@ pub async fn duplicate_batch_uuid_is_refused(h: &dyn Harness) {
         "no half-made batch left behind"
     );
 }
+
+/// An admin's bulk retry: every Failed job of a batch (or only those that failed at one
+/// stage) goes back to the stage that failed; other jobs and other batches are untouched.
+pub async fn requeue_failed_retries_a_batchs_failed_jobs_by_stage(h: &dyn Harness) {
+    let (e, s) = engine(h, "admin").await;
+    let (bid, jobs) = batch_with_jobs(&e, 4, &[]).await;
+    // Two fail while estimating, one while pending; the fourth stays Pending.
+    for i in 0..3 {
+        let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+        let l = if i < 2 {
+            e.job_advance(l, Event::To(JobState::Estimating), None)
+                .await
+                .unwrap()
+        } else {
+            l
+        };
+        e.job_transition(l, Event::Fail, Some(format!("broke {i}")))
+            .await
+            .unwrap();
+    }
+    let state = |j: &JobId| {
+        let e = e.clone();
+        let j = j.clone();
+        async move { e.job(&j).await.unwrap().status.status }
+    };
+    let failed: Vec<JobId> = {
+        let mut v = Vec::new();
+        for j in &jobs {
+            if state(j).await == JobState::Failed {
+                v.push(j.clone());
+            }
+        }
+        v
+    };
+    assert_eq!(failed.len(), 3);
+    // An unknown batch: refused, nothing changed.
+    let before = normalised_dump(s.tree.as_ref()).await;
+    let nobody = BatchId::parse("bid0000009999").unwrap();
+    assert!(matches!(
+        e.requeue_failed(&nobody, None, None).await,
+        Err(EngineError::NoBatch(_))
+    ));
+    assert_eq!(normalised_dump(s.tree.as_ref()).await, before);
+    // Only those that failed while estimating, back to Estimating.
+    let r = e
+        .requeue_failed(&bid, Some(JobState::Estimating), None)
+        .await
+        .unwrap();
+    assert_eq!(r.len(), 2, "{r:?}");
+    for (j, st) in &r {
+        assert_eq!(st.as_ref().unwrap().status, JobState::Estimating, "{j}");
+    }
+    let mut failed_now = 0;
+    for j in &jobs {
+        failed_now += usize::from(state(j).await == JobState::Failed);
+    }
+    assert_eq!(failed_now, 1);
+    // The rest: back to where it failed (Pending).
+    let r = e.requeue_failed(&bid, None, None).await.unwrap();
+    assert_eq!(r.len(), 1);
+    assert_eq!(r[0].1.as_ref().unwrap().status, JobState::Pending);
+    // Nothing failed left: an empty answer, nothing changed.
+    let before = normalised_dump(s.tree.as_ref()).await;
+    assert!(e.requeue_failed(&bid, None, None).await.unwrap().is_empty());
+    assert_eq!(normalised_dump(s.tree.as_ref()).await, before);
+}

@@ -283,6 +283,7 @@ macro_rules! conformance_tests {
             a_reporter_that_loses_its_batch_to_a_requeue_records_nothing,
             outbox_entries_are_claimed_once_retried_and_deleted_when_delivered,
             deleting_the_last_failed_job_says_an_update_report_is_due,
+            requeue_failed_retries_a_batchs_failed_jobs_by_stage,
             concurrent_admissions_never_reserve_more_than_is_free,
             merritt_lazily_made_batch_folders_are_created_by_the_move,
             merritt_pending_scan_skips_a_held_batch,
