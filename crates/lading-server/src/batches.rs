@@ -196,11 +196,42 @@ pub(crate) struct BatchQuery {
     profile: Option<String>,
     submitter: Option<String>,
     collection: Option<String>,
+    /// Search: batches whose id, uuid, submitter, profile or title contains this
+    /// (case-insensitive).
+    q: Option<String>,
     after: Option<String>,
     limit: Option<usize>,
 }
 
-#[utoipa::path(get, path = "/api/v1/batches", tag = "batches", summary = "List batches", params(("state" = Option<String>, Query, description = "batch state"), ("profile" = Option<String>, Query, description = "profile"), ("submitter" = Option<String>, Query, description = "submitter"), ("collection" = Option<String>, Query, description = "collection"), ("after" = Option<String>, Query, description = "cursor: the last id of the previous page"), ("limit" = Option<usize>, Query, description = "page size (1..=1000)")), responses((status = 200, description = "a page of batches", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+/// Longest search text.
+const MAX_SEARCH: usize = 200;
+
+/// The search text, lower-cased; refused when longer than [`MAX_SEARCH`].
+fn search_text(q: Option<&str>) -> Result<Option<String>> {
+    match q.map(str::trim) {
+        None | Some("") => Ok(None),
+        Some(t) if t.len() > MAX_SEARCH => Err(ApiError::bad_request(format!(
+            "q is {} bytes long; at most {MAX_SEARCH}",
+            t.len()
+        ))),
+        Some(t) => Ok(Some(t.to_lowercase())),
+    }
+}
+
+/// Whether any of `fields` of `obj` (strings, or arrays of strings) contains `needle`
+/// (already lower-case).
+fn any_field_contains(obj: &Value, fields: &[&str], needle: &str) -> bool {
+    fields.iter().any(|f| match &obj[*f] {
+        Value::String(v) => v.to_lowercase().contains(needle),
+        Value::Array(a) => a.iter().any(|v| {
+            v.as_str()
+                .is_some_and(|v| v.to_lowercase().contains(needle))
+        }),
+        _ => false,
+    })
+}
+
+#[utoipa::path(get, path = "/api/v1/batches", tag = "batches", summary = "List batches", params(("state" = Option<String>, Query, description = "batch state"), ("profile" = Option<String>, Query, description = "profile"), ("submitter" = Option<String>, Query, description = "submitter"), ("collection" = Option<String>, Query, description = "collection"), ("q" = Option<String>, Query, description = "search: id, uuid, submitter, profile or title containing this (case-insensitive)"), ("after" = Option<String>, Query, description = "cursor: the last id of the previous page"), ("limit" = Option<usize>, Query, description = "page size (1..=1000)")), responses((status = 200, description = "a page of batches", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn list_batches(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
@@ -228,6 +259,7 @@ pub(crate) async fn list_batches(
         },
     };
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let needle = search_text(q.q.as_deref())?;
     let e = &s.ingest.engine;
     let mut out = Vec::new();
     let mut last = None;
@@ -256,6 +288,21 @@ pub(crate) async fn list_batches(
             || q.collection
                 .as_ref()
                 .is_some_and(|x| field("collection").as_ref() != Some(x))
+            || needle.as_deref().is_some_and(|n| {
+                !info.id.to_lowercase().contains(n)
+                    && !any_field_contains(
+                        &info.submission,
+                        &[
+                            "batchID",
+                            "submitter",
+                            "profile_name",
+                            "profile",
+                            "erc_what",
+                            "title",
+                        ],
+                        n,
+                    )
+            })
         {
             continue;
         }
@@ -323,11 +370,13 @@ pub(crate) struct JobQuery {
     state: String,
     /// Failed jobs only: `fatal` or `exhausted`.
     failure_kind: Option<String>,
+    /// Search: jobs whose id, ark, local id or title contains this (case-insensitive).
+    q: Option<String>,
     after: Option<String>,
     limit: Option<usize>,
 }
 
-#[utoipa::path(get, path = "/api/v1/jobs", tag = "jobs", summary = "List jobs in a state", params(("state" = String, Query, description = "job state"), ("after" = Option<String>, Query, description = "cursor"), ("limit" = Option<usize>, Query, description = "page size")), responses((status = 200, description = "a page of jobs in acquisition order", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+#[utoipa::path(get, path = "/api/v1/jobs", tag = "jobs", summary = "List jobs in a state", params(("state" = String, Query, description = "job state"), ("q" = Option<String>, Query, description = "search: id, ark, local id or title containing this (case-insensitive)"), ("after" = Option<String>, Query, description = "cursor"), ("limit" = Option<usize>, Query, description = "page size")), responses((status = 200, description = "a page of jobs in acquisition order", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn list_jobs(
     State(s): State<AppState>,
     Admin(_): Admin,
@@ -350,9 +399,29 @@ pub(crate) async fn list_jobs(
             "unknown failure_kind {k:?} (fatal or exhausted)"
         )));
     }
+    let needle = search_text(q.q.as_deref())?;
     let mut jobs: Vec<Value> = Vec::new();
     for (prio, j) in &page {
         let mut row = json!({"id": j, "priority": prio});
+        if let Some(n) = needle.as_deref()
+            && !j.as_str().to_lowercase().contains(n)
+        {
+            let info = match s.ingest.engine.job(j).await {
+                Ok(info) => info,
+                Err(EngineError::NoJob(_)) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let found = any_field_contains(&info.identifiers, &["primary_id", "local_id"], n)
+                || any_field_contains(&info.metadata, &["erc_what", "title"], n)
+                || any_field_contains(
+                    &info.configuration,
+                    &["primary_id", "local_id", "erc_what", "title"],
+                    n,
+                );
+            if !found {
+                continue;
+            }
+        }
         if state == JobState::Failed {
             // What failed and how, so failures can be told apart at a glance.
             let st = match s.ingest.engine.job(j).await {

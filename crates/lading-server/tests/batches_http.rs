@@ -234,6 +234,36 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
     );
     let (_, list) = s.call("GET", "/api/v1/jobs?state=Completed", None).await;
     assert_eq!(list["jobs"][0]["id"], jid.as_str());
+    // Search: batches by submitter or id, jobs by ark; a miss is an empty page.
+    let bid = v["id"].as_str().unwrap();
+    for q in ["ALIC", &bid[bid.len() - 4..]] {
+        let (st, found) = s.call("GET", &format!("/api/v1/batches?q={q}"), None).await;
+        assert_eq!(st, StatusCode::OK);
+        assert_eq!(found["batches"][0]["id"], bid, "q={q}: {found}");
+    }
+    let (_, none) = s.call("GET", "/api/v1/batches?q=no-such-thing", None).await;
+    assert_eq!(none["batches"], json!([]));
+    let ark = job["identifiers"]["primary_id"].as_str().unwrap();
+    let (_, found) = s
+        .call(
+            "GET",
+            &format!("/api/v1/jobs?state=Completed&q={}", &ark[ark.len() - 5..]),
+            None,
+        )
+        .await;
+    assert_eq!(found["jobs"][0]["id"], jid.as_str(), "{found}");
+    let (_, none) = s
+        .call("GET", "/api/v1/jobs?state=Completed&q=zzzz-none", None)
+        .await;
+    assert_eq!(none["jobs"], json!([]));
+    let (st, e) = s
+        .call(
+            "GET",
+            &format!("/api/v1/batches?q={}", "x".repeat(201)),
+            None,
+        )
+        .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST, "{e}");
     // A completed job cannot be requeued or held: 409, nothing changes.
     let before = s.dump().await;
     for action in ["requeue", "hold", "release"] {
