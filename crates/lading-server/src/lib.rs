@@ -104,7 +104,7 @@ pub(crate) async fn index() -> Response {
             (axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8"),
             (
                 axum::http::header::CONTENT_SECURITY_POLICY,
-                "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'",
+                "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:",
             ),
         ],
         include_str!("web/index.html"),

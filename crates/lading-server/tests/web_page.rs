@@ -1,6 +1,8 @@
-//! The admin page in a real headless browser (Debian's `chromium`, driven over the DevTools
-//! protocol on a pipe): it loads, shows the batch, a real mouse click on a button performs the
-//! admin action, and the page updates itself from the event stream.
+//! The console in a real headless browser (Debian's `chromium`, driven over the DevTools
+//! protocol on a pipe): it asks for the token first, then every page is visited and every
+//! kind of action performed with real mouse clicks and typing; the page updates itself from the
+//! event stream; any error in the browser's console fails the test; a screenshot of each page is
+//! written under the test's temporary folder (its path is printed).
 
 mod common;
 
@@ -18,6 +20,8 @@ struct Browser {
     to: std::fs::File,
     from: BufReader<std::fs::File>,
     next: u64,
+    /// Events the browser sent while a command was awaited.
+    events: Vec<Value>,
     _profile: tempfile::TempDir,
 }
 
@@ -70,6 +74,7 @@ impl Browser {
             to: unsafe { std::fs::File::from_raw_fd(cmd_w) },
             from: BufReader::new(unsafe { std::fs::File::from_raw_fd(resp_r) }),
             next: 1,
+            events: Vec::new(),
             _profile: profile,
         }
     }
@@ -95,6 +100,9 @@ impl Browser {
                 assert!(v.get("error").is_none(), "{method}: {v}");
                 return v["result"].clone();
             }
+            if v.get("method").is_some() {
+                self.events.push(v);
+            }
         }
     }
 
@@ -114,11 +122,57 @@ impl Browser {
         while self.eval(session, js) != json!(true) {
             assert!(
                 Instant::now() < deadline,
-                "page never satisfied {js}; error line: {}",
-                self.eval(session, "document.getElementById('error').textContent")
+                "page never satisfied {js}; the page: {}",
+                self.eval(session, "location.hash + ' | rendered ' + document.body.dataset.rendered + ' | error ' + (document.getElementById('error').hidden ? '(hidden) ' : '') + document.getElementById('error-text').textContent + ' | ' + document.querySelector('main').innerText.slice(0, 600)")
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Errors the page's console reported (exceptions, `console.error`, failed loads).
+    fn console_errors(&self) -> Vec<Value> {
+        self.events
+            .iter()
+            .filter(|e| {
+                e["method"] == "Runtime.exceptionThrown"
+                    || (e["method"] == "Runtime.consoleAPICalled" && e["params"]["type"] == "error")
+                    || (e["method"] == "Log.entryAdded" && e["params"]["entry"]["level"] == "error")
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Types `text` into the field `selector` as a user would: a click, then the keys' text.
+    fn type_into(&mut self, session: &str, selector: &str, text: &str) {
+        self.click(session, selector);
+        self.eval(
+            session,
+            &format!("document.querySelector({}).select?.()", json!(selector)),
+        );
+        self.call(Some(session), "Input.insertText", json!({"text": text}));
+    }
+
+    /// Presses Enter in the focused element.
+    fn enter(&mut self, session: &str) {
+        for kind in ["keyDown", "keyUp"] {
+            self.call(
+                Some(session),
+                "Input.dispatchKeyEvent",
+                json!({"type": kind, "key": "Enter", "code": "Enter", "windowsVirtualKeyCode": 13, "text": if kind == "keyDown" { "\r" } else { "" }}),
+            );
+        }
+    }
+
+    /// A screenshot of the page, written to `dir/NAME.png`.
+    fn shot(&mut self, session: &str, dir: &std::path::Path, name: &str) {
+        let r = self.call(
+            Some(session),
+            "Page.captureScreenshot",
+            json!({"format": "png"}),
+        );
+        let png = base64_decode(r["data"].as_str().unwrap());
+        assert!(png.starts_with(b"\x89PNG"), "{name}: not a PNG");
+        std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
     }
 
     /// A real mouse click in the middle of the element `selector`.
@@ -127,6 +181,10 @@ impl Browser {
             "(() => {{ const e = document.querySelector({sel}); e.scrollIntoView({{block: 'center'}});
                const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; }})()",
             sel = json!(selector)
+        );
+        self.wait_for(
+            session,
+            &format!("!!document.querySelector({})", json!(selector)),
         );
         let at = self.eval(session, &js);
         let (x, y) = (at[0].as_f64().unwrap(), at[1].as_f64().unwrap());
@@ -147,25 +205,101 @@ impl Drop for Browser {
     }
 }
 
+/// Standard base64 (the screenshots come that way); ten lines rather than a crate.
+fn base64_decode(s: &str) -> Vec<u8> {
+    let val = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        _ => 63,
+    };
+    let clean: Vec<u8> = s
+        .bytes()
+        .filter(|c| !c.is_ascii_whitespace() && *c != b'=')
+        .collect();
+    let mut out = Vec::with_capacity(clean.len() * 3 / 4);
+    for chunk in clean.chunks(4) {
+        let n = chunk.iter().enumerate().fold(0u32, |acc, (i, c)| {
+            acc | (u32::from(val(*c)) << (18 - 6 * i))
+        });
+        out.extend_from_slice(&n.to_be_bytes()[1..chunk.len()]);
+    }
+    out
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_admin_page_performs_a_clicked_action_and_updates_live() {
+async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks() {
+    use lading_core::{BatchState, Event, JobState};
     let s = start().await;
+    // A processing batch with three failed jobs (made first, so it is the one acquired).
+    let e = s.ingest.engine.clone();
+    let failed_bid = e.create_batch(serde_json::Map::new()).await.unwrap();
+    let lease = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
+    assert_eq!(lease.batch, failed_bid);
+    for _ in 0..3 {
+        e.create_job(&lease, lading_engine::JobSpec::default())
+            .await
+            .unwrap();
+    }
+    e.batch_transition(lease, Event::To(BatchState::Processing), None)
+        .await
+        .unwrap();
+    let mut failed_jobs = Vec::new();
+    for i in 0..3 {
+        let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+        failed_jobs.push(l.job.to_string());
+        e.job_transition(l, Event::Fail, Some(format!("no such file {i}")))
+            .await
+            .unwrap();
+    }
+    // A pending batch of alice's (never fetched: no workers run here).
     let (_, v) = s
         .call_as(
             SUBMITTER,
             "POST",
             "/api/v1/batches",
-            Some(json!({"payload_url": "http://127.0.0.1:9/x", "profile": "demo"})),
+            Some(json!({"payload_url": "http://127.0.0.1:9/x", "profile": "demo", "title": "Letters of 1910"})),
         )
         .await;
-    let bid = v["id"].as_str().unwrap().to_string();
+    let pending_bid = v["id"].as_str().unwrap().to_string();
+    // Generic jobs: one failed, one running.
+    s.call(
+        "PUT",
+        "/api/v1/types/thumbs",
+        Some(json!({"timeout_s": 600, "max_attempts": 1})),
+    )
+    .await;
+    for id in ["broken", "busy"] {
+        s.call("POST", "/api/v1/types/thumbs/jobs", Some(json!({"id": id})))
+            .await;
+    }
+    let (_, broken) = s
+        .call("POST", "/api/v1/types/thumbs/accept", Some(json!({})))
+        .await;
+    s.call(
+        "POST",
+        "/api/v1/types/thumbs/jobs/broken/finish",
+        Some(json!({"lock": broken["lock"], "error": "convert: bad header"})),
+    )
+    .await;
+    s.call("POST", "/api/v1/types/thumbs/accept", Some(json!({})))
+        .await;
+
     // The page is served without a token; the data it shows needs one.
     let page = s.http.get(format!("{}/", s.base)).send().await.unwrap();
     assert_eq!(page.status(), reqwest::StatusCode::OK);
     assert!(page.text().await.unwrap().contains("<title>Lading</title>"));
 
-    let url = format!("{}/#token={ADMIN}", s.base);
-    let b = bid.clone();
+    let shots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let base = s.base.clone();
+    let (pb, fb, fj) = (
+        pending_bid.clone(),
+        failed_bid.to_string(),
+        failed_jobs.clone(),
+    );
+    let dir = shots.clone();
     let browser = tokio::task::spawn_blocking(move || {
         let mut br = Browser::launch();
         let target = br.call(None, "Target.createTarget", json!({"url": "about:blank"}));
@@ -174,58 +308,161 @@ async fn the_admin_page_performs_a_clicked_action_and_updates_live() {
             "Target.attachToTarget",
             json!({"targetId": target["targetId"], "flatten": true}),
         );
-        let session = attached["sessionId"].as_str().unwrap().to_string();
-        br.call(Some(&session), "Page.navigate", json!({"url": url}));
-        let row = format!("tr[data-batch=\"{b}\"]");
-        br.wait_for(
-            &session,
-            &format!("document.querySelector('{row} .state')?.textContent === 'Pending'"),
-        );
-        br.wait_for(
-            &session,
-            "document.getElementById('live').textContent === 'live'",
-        );
-        // The outbox section reads its own endpoint; the failure-kind filter shows only
-        // for Failed jobs.
-        br.wait_for(
-            &session,
-            "document.getElementById('outbox-count').textContent === '(empty)' && document.getElementById('failure-kind').hidden",
-        );
-        br.click(&session, &format!("{row} button[data-action=\"hold\"]"));
-        // The page shows the change by itself (the event stream), no reload.
-        br.wait_for(
-            &session,
-            &format!("document.querySelector('{row} .state')?.textContent === 'Held'"),
-        );
-        br.click(&session, "button[data-queue=\"ingest\"]");
-        br.wait_for(
-            &session,
-            "document.getElementById('queues').textContent.includes('ingest (paused)')",
-        );
-        (br, session)
+        let sn = attached["sessionId"].as_str().unwrap().to_string();
+        for domain in ["Runtime.enable", "Log.enable", "Page.enable"] {
+            br.call(Some(&sn), domain, json!({}));
+        }
+        br.call(Some(&sn), "Page.navigate", json!({"url": format!("{base}/")}));
+        // The token first, and no error before one was given.
+        br.wait_for(&sn, "!document.getElementById('login-view').hidden");
+        assert_eq!(br.eval(&sn, "document.getElementById('error').hidden"), json!(true));
+        assert_eq!(br.eval(&sn, "document.getElementById('nav').hidden"), json!(true));
+        br.shot(&sn, &dir, "1-login");
+        // A wrong token is refused, and said so.
+        br.type_into(&sn, "#token", "not-a-token-at-all");
+        br.click(&sn, "#save-token");
+        br.wait_for(&sn, "!document.getElementById('error').hidden && document.getElementById('error-text').textContent.includes('refused')");
+        br.click(&sn, "#dismiss-error");
+        br.wait_for(&sn, "document.getElementById('error').hidden");
+        // That refusal is the one error the console may show: the 401 asked for.
+        let errors = br.console_errors();
+        assert_eq!(errors.len(), 1, "{errors:#?}");
+        assert!(errors[0]["params"]["entry"]["url"].as_str().unwrap().ends_with("/api/v1/status"));
+        br.events.clear();
+        br.type_into(&sn, "#token", ADMIN);
+        br.enter(&sn);
+        // Overview.
+        br.wait_for(&sn, "document.querySelector('[data-depth=Failed]')?.textContent === '3'");
+        br.wait_for(&sn, "document.getElementById('live').textContent === 'live'");
+        br.shot(&sn, &dir, "2-overview");
+        br.click(&sn, "button[data-queue=\"ingest\"]");
+        br.wait_for(&sn, "document.querySelector('[data-queue-state=ingest]').textContent.includes('paused')");
+        br.wait_for(&sn, "!document.getElementById('notice').hidden && document.getElementById('notice').textContent.includes('paused')");
+        // An error stays until dismissed.
+        br.click(&sn, "button[data-collection-action=\"release\"]");
+        br.wait_for(&sn, "!document.getElementById('error').hidden");
+        br.click(&sn, "button[data-queue=\"ingest\"]");
+        br.wait_for(&sn, "document.querySelector('[data-queue-state=ingest]').textContent.includes('running')");
+        assert_eq!(br.eval(&sn, "document.getElementById('error').hidden"), json!(false), "still shown");
+        br.click(&sn, "#dismiss-error");
+        // Batches: search, then the batch.
+        br.click(&sn, "a[data-nav=batches]");
+        br.wait_for(&sn, &format!("!!document.querySelector('tr[data-batch=\"{fb}\"]')"));
+        br.type_into(&sn, "#batch-q", "letters of");
+        br.click(&sn, "#batch-search");
+        br.wait_for(&sn, &format!("document.querySelectorAll('#batches tr').length === 1 && !!document.querySelector('tr[data-batch=\"{pb}\"]')"));
+        br.shot(&sn, &dir, "3-batches");
+        br.click(&sn, &format!("tr[data-batch=\"{pb}\"] a"));
+        br.wait_for(&sn, "document.getElementById('batch-title').dataset.state === 'Pending'");
+        // Only what a Pending batch allows.
+        assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#batch-actions button')].map(b => b.textContent).join(',')"), json!("hold"));
+        br.click(&sn, "#batch-actions button[data-action=hold]");
+        br.wait_for(&sn, "document.getElementById('batch-title').dataset.state === 'Held'");
+        assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#batch-actions button')].map(b => b.textContent).join(',')"), json!("release,delete"));
+        // Delete asks first; cancel leaves it.
+        br.click(&sn, "#batch-actions button[data-action=delete]");
+        br.wait_for(&sn, "!!document.querySelector('#batch-actions button[data-confirm=delete]')");
+        br.click(&sn, "#batch-actions button[data-cancel=delete]");
+        br.wait_for(&sn, "!!document.querySelector('#batch-actions button[data-action=delete]')");
+        br.shot(&sn, &dir, "4-batch");
+        (br, sn, fb, fj)
     })
     .await
     .unwrap();
-    let (_, v) = s.call("GET", &format!("/api/v1/batches/{bid}"), None).await;
+    let (_, v) = s
+        .call("GET", &format!("/api/v1/batches/{pending_bid}"), None)
+        .await;
     assert_eq!(v["status"]["status"], "Held", "the click held the batch");
     let (_, v) = s.call("GET", "/api/v1/status", None).await;
     assert_eq!(
         v["paused_queues"],
-        json!(["ingest"]),
-        "the click paused the queue"
+        json!([]),
+        "paused, then resumed by clicks"
     );
-    // A change made elsewhere (here, through the API) reaches the open page by itself.
-    s.call("POST", &format!("/api/v1/batches/{bid}/release"), None)
-        .await;
-    let (mut br, session) = browser;
-    tokio::task::spawn_blocking(move || {
-        br.wait_for(
-            &session,
-            &format!(
-                "document.querySelector('tr[data-batch=\"{bid}\"] .state')?.textContent === 'Pending'"
-            ),
-        );
+    // A change made elsewhere reaches the open page by itself.
+    s.call(
+        "POST",
+        &format!("/api/v1/batches/{pending_bid}/release"),
+        None,
+    )
+    .await;
+    let (mut br, sn, fb, fj) = browser;
+    let dir = shots.clone();
+    let base = s.base.clone();
+    let br = tokio::task::spawn_blocking(move || {
+        br.wait_for(&sn, "document.getElementById('batch-title').dataset.state === 'Pending'");
+        // The batch whose jobs all failed (Reporting, no reporter runs here): a failed job's
+        // page, its delete (confirmed), then retry of the rest.
+        br.eval(&sn, &format!("location.hash = '#/batch/{fb}'"));
+        br.wait_for(&sn, "document.getElementById('batch-title').dataset.state === 'Reporting'");
+        br.click(&sn, &format!("a[data-job-link=\"{}\"]", fj[0]));
+        br.wait_for(&sn, "document.getElementById('job-title').dataset.state === 'Failed'");
+        assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#job-actions button')].map(b => b.textContent).join(',')"), json!("requeue,delete"));
+        br.shot(&sn, &dir, "5-job");
+        br.click(&sn, "#job-actions button[data-action=delete]");
+        br.click(&sn, "#job-actions button[data-confirm=delete]");
+        br.wait_for(&sn, "document.getElementById('job-title').dataset.state === 'Deleted'");
+        br.wait_for(&sn, "document.getElementById('notice').textContent.includes('delete done')");
+        br.click(&sn, "dd[data-field=batch] a");
+        br.wait_for(&sn, "!!document.querySelector('#batch-actions button[data-action=\"retry failed jobs\"]')");
+        br.click(&sn, "#batch-actions button[data-action=\"retry failed jobs\"]");
+        br.wait_for(&sn, "document.getElementById('notice').textContent.includes('2 failed jobs requeued')");
+        // Jobs: from the overview's count, Pending jobs offer hold only.
+        br.click(&sn, "a[data-nav=overview]");
+        br.click(&sn, "[data-depth=Pending] a");
+        br.wait_for(&sn, "document.querySelectorAll('#jobs tr[data-job]').length === 2");
+        assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#jobs tr[data-job] button')].map(b => b.textContent).join(',')"), json!("hold,hold"));
+        br.type_into(&sn, "#job-q", "jid-no-such");
+        br.click(&sn, "#job-search");
+        br.wait_for(&sn, "document.querySelectorAll('#jobs tr[data-job]').length === 0");
+        br.shot(&sn, &dir, "6-jobs");
+        // Generic jobs: the type, its running job, its failed job retried.
+        br.click(&sn, "a[data-nav=generic]");
+        br.click(&sn, "button[data-open-type=thumbs]");
+        br.wait_for(&sn, "!!document.querySelector('#type-running tr[data-generic-job=busy]') && !!document.querySelector('#type-failed tr[data-generic-job=broken]')");
+        br.shot(&sn, &dir, "7-generic");
+        br.click(&sn, "#type-failed tr[data-generic-job=broken] button[data-action=retry]");
+        br.wait_for(&sn, "document.getElementById('notice').textContent.includes('pending again')");
+        // Outbox.
+        br.click(&sn, "a[data-nav=outbox]");
+        br.wait_for(&sn, "document.getElementById('outbox-count').textContent === '(empty)'");
+        br.shot(&sn, &dir, "8-outbox");
+        // Signing out asks for the token again.
+        br.click(&sn, "a[data-nav=logout]");
+        br.wait_for(&sn, "!document.getElementById('login-view').hidden");
+        br
     })
     .await
     .unwrap();
+    let errors = br.console_errors();
+    assert!(errors.is_empty(), "console errors: {errors:#?}");
+    for name in [
+        "1-login",
+        "2-overview",
+        "3-batches",
+        "4-batch",
+        "5-job",
+        "6-jobs",
+        "7-generic",
+        "8-outbox",
+    ] {
+        assert!(
+            shots.join(format!("{name}.png")).metadata().unwrap().len() > 1000,
+            "{name}"
+        );
+    }
+    println!("console screenshots: {}", shots.display());
+    let jobs: Vec<String> = failed_jobs.clone();
+    let (_, j0) = s
+        .call("GET", &format!("/api/v1/jobs/{}", jobs[0]), None)
+        .await;
+    assert_eq!(j0["status"]["status"], "Deleted");
+    for j in &jobs[1..] {
+        let (_, v) = s.call("GET", &format!("/api/v1/jobs/{j}"), None).await;
+        assert_eq!(v["status"]["status"], "Pending", "retried by the click");
+    }
+    let (_, g) = s
+        .call("GET", "/api/v1/types/thumbs/jobs/broken", None)
+        .await;
+    assert_eq!(g["state"], "pending");
 }
