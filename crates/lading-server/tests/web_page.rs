@@ -388,7 +388,6 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
     .await;
     let (mut br, sn, fb, fj) = browser;
     let dir = shots.clone();
-    let base = s.base.clone();
     let br = tokio::task::spawn_blocking(move || {
         br.wait_for(&sn, "document.getElementById('batch-title').dataset.state === 'Pending'");
         // The batch whose jobs all failed (Reporting, no reporter runs here): a failed job's
