@@ -1,7 +1,6 @@
 //! The command line as a client of `lading serve` (`--server URL --token T`): submit (by URL,
 //! or a local file as an upload), status, and the admin verbs, over the HTTP API.
 
-use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use lading_server::client::{Client, enc};
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -46,29 +45,6 @@ pub async fn submit(
     Ok(())
 }
 
-/// Job stages in order, for the progress display.
-const STAGES: [&str; 8] = [
-    "Pending",
-    "Estimating",
-    "Provisioning",
-    "Downloading",
-    "Processing",
-    "Storing",
-    "Recording",
-    "Notify",
-];
-
-fn rank(state: &str) -> usize {
-    STAGES
-        .iter()
-        .position(|s| *s == state)
-        .unwrap_or(if state == "Completed" {
-            STAGES.len()
-        } else {
-            0
-        })
-}
-
 /// Re-reads the batch's state and its jobs' states (a job already known in a live folder
 /// keeps the state the events gave it).
 async fn refresh(
@@ -110,55 +86,29 @@ async fn follow(c: &Client, bid: &str) -> anyhow::Result<()> {
         .send()
         .await?;
     let mut events = resp.error_for_status()?;
-    let mut jobs: HashMap<String, String> = HashMap::new();
-    let mut batch_state = String::new();
-    refresh(c, bid, &mut jobs, &mut batch_state).await?;
-    let multi = MultiProgress::new();
-    let style =
-        ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len}")?.progress_chars("=> ");
-    let bars: Vec<ProgressBar> = STAGES[1..]
-        .iter()
-        .chain(["Completed"].iter())
-        .map(|s| {
-            let b = multi.add(ProgressBar::new(0));
-            b.set_style(style.clone());
-            b.set_prefix(s.to_string());
-            b
-        })
-        .collect();
-    let failed_line = multi.add(ProgressBar::new_spinner());
-    let draw = |jobs: &HashMap<String, String>, state: &str| {
-        let total = jobs.len() as u64;
-        for (i, b) in bars.iter().enumerate() {
-            // Stage i+1 is done for a job past it (or Completed).
-            let n = jobs.values().filter(|s| rank(s) > i + 1).count() as u64;
-            b.set_length(total);
-            b.set_position(n);
-        }
-        let failed = jobs.values().filter(|s| *s == "Failed").count();
-        failed_line.set_message(format!("batch {state}; {failed} failed"));
-    };
-    draw(&jobs, &batch_state);
+    let mut p = crate::progress::StageProgress::new();
+    refresh(c, bid, &mut p.jobs, &mut p.batch_state).await?;
+    p.draw();
     let mut buf = String::new();
-    while !matches!(batch_state.as_str(), "Completed" | "Failed" | "Deleted") {
+    while !matches!(p.batch_state.as_str(), "Completed" | "Failed" | "Deleted") {
         let chunk = tokio::select! {
             c = events.chunk() => c?,
             // A slow re-read backs the stream up (a missed or reset stream).
             _ = tokio::time::sleep(std::time::Duration::from_secs(5)) => {
-                refresh(c, bid, &mut jobs, &mut batch_state).await?;
-                draw(&jobs, &batch_state);
+                refresh(c, bid, &mut p.jobs, &mut p.batch_state).await?;
+                p.draw();
                 continue;
             }
         };
         let Some(chunk) = chunk else {
-            refresh(c, bid, &mut jobs, &mut batch_state).await?;
+            refresh(c, bid, &mut p.jobs, &mut p.batch_state).await?;
             break;
         };
         buf.push_str(&String::from_utf8_lossy(&chunk));
         while let Some(i) = buf.find("\n\n") {
             let block: String = buf.drain(..i + 2).collect();
             if block.contains("event: reset") || block.contains("event:reset") {
-                refresh(c, bid, &mut jobs, &mut batch_state).await?;
+                refresh(c, bid, &mut p.jobs, &mut p.batch_state).await?;
             }
             for line in block.lines() {
                 let Some(data) = line.strip_prefix("data:") else {
@@ -170,19 +120,18 @@ async fn follow(c: &Client, bid: &str) -> anyhow::Result<()> {
                 let to = ev["to"].as_str().unwrap_or_default().to_string();
                 match ev["kind"].as_str() {
                     Some("job") => {
-                        jobs.insert(ev["id"].as_str().unwrap_or_default().to_string(), to);
+                        p.jobs
+                            .insert(ev["id"].as_str().unwrap_or_default().to_string(), to);
                     }
-                    Some("batch") => batch_state = to,
+                    Some("batch") => p.batch_state = to,
                     _ => {}
                 }
             }
         }
-        draw(&jobs, &batch_state);
+        p.draw();
     }
-    for b in &bars {
-        b.finish();
-    }
-    failed_line.finish();
+    p.draw();
+    p.finish();
     Ok(())
 }
 

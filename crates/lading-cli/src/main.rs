@@ -24,6 +24,7 @@ fn say_line(line: &str) {
 mod client;
 mod jobs_cmd;
 mod pipeline;
+mod progress;
 mod serve;
 mod view;
 
@@ -457,7 +458,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{bid}");
             let mut failed = false;
             if wait {
-                pipeline::wait_batch(&ingest.engine, &bid, true).await?;
+                pipeline::wait_with_progress(&ingest.engine, &bid).await?;
                 pipeline::print_report(&ingest.engine, &bid).await?;
                 failed = ingest.engine.batch(&bid).await?.status.status
                     == lading_core::BatchState::Failed;

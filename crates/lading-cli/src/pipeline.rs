@@ -134,6 +134,46 @@ pub async fn wait_batch(engine: &Engine, batch: &BatchId, verbose: bool) -> anyh
     .await
 }
 
+/// Waits until `batch` ends, drawing its progress as `submit --wait --server` does: the
+/// batch and its jobs are read again at each change this process sees and at least every
+/// second (the workers may be other processes).
+pub async fn wait_with_progress(engine: &Engine, batch: &BatchId) -> anyhow::Result<()> {
+    let mut p = crate::progress::StageProgress::new();
+    let mut events = engine.subscribe();
+    loop {
+        let info = engine.batch(batch).await?;
+        p.batch_state = info.status.status.name().to_string();
+        for (folder, ids) in &info.jobs {
+            for j in ids {
+                let st = match folder.as_str() {
+                    "batch-completed" => "Completed".to_string(),
+                    "batch-failed" => "Failed".to_string(),
+                    "batch-deleted" => "Deleted".to_string(),
+                    _ => match lading_core::layout::JobId::parse(j) {
+                        Ok(jid) => match engine.job(&jid).await {
+                            Ok(job) => job.status.status.name().to_string(),
+                            Err(_) => continue,
+                        },
+                        Err(_) => continue,
+                    },
+                };
+                p.jobs.insert(j.clone(), st);
+            }
+        }
+        p.draw();
+        if matches!(
+            info.status.status,
+            lading_core::BatchState::Completed
+                | lading_core::BatchState::Failed
+                | lading_core::BatchState::Deleted
+        ) {
+            p.finish();
+            return Ok(());
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(1), events.recv()).await;
+    }
+}
+
 /// Prints a batch's outcome: state, message, and each job with its identifier and message.
 pub async fn print_report(engine: &Engine, batch: &BatchId) -> anyhow::Result<()> {
     let info = serde_json::to_value(engine.batch(batch).await?)?;
