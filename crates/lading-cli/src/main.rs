@@ -184,6 +184,16 @@ enum Command {
         #[command(subcommand)]
         action: jobs_cmd::JobsCmd,
     },
+    /// Print a completion script for a shell, e.g. `lading completions bash >
+    /// ~/.local/share/bash-completion/completions/lading`, or for zsh into a folder on
+    /// $fpath as `_lading`, or for fish into ~/.config/fish/completions/lading.fish.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff), e.g. `lading man | man -l -`, or install it with
+    /// `lading man > /usr/local/share/man/man1/lading.1`.
+    Man,
     /// Measure the store.
     Bench {
         #[command(subcommand)]
@@ -517,6 +527,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             e.tree().close().await?;
         }
         Command::Jobs { action } => jobs_cmd::run(&store, action).await?,
+        // Answered in `main`, before any store or runtime.
+        Command::Completions { .. } | Command::Man => {}
         Command::Bench { what } => lading_bench::run(what, cli.store.as_deref()).await?,
         Command::Drive { idle_ms } => {
             let e = engine(&store).await?;
@@ -909,6 +921,36 @@ fn main() -> ExitCode {
             );
             return ExitCode::from(2);
         }
+    }
+    match &cli.command {
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            let mut buf = Vec::new();
+            clap_complete::generate(*shell, &mut cmd, "lading", &mut buf);
+            return match out(&String::from_utf8_lossy(&buf)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::from(1)
+                }
+            };
+        }
+        Command::Man => {
+            let mut buf = Vec::new();
+            let page = clap_mangen::Man::new(<Cli as clap::CommandFactory>::command());
+            let r = page
+                .render(&mut buf)
+                .map_err(anyhow::Error::from)
+                .and_then(|()| out(&String::from_utf8_lossy(&buf)));
+            return match r {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::from(1)
+                }
+            };
+        }
+        _ => {}
     }
     let long_running = matches!(cli.command, Command::Serve { .. } | Command::Worker { .. });
     init_logs(cli.log_format, if long_running { "info" } else { "warn" });

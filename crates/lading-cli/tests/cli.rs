@@ -579,3 +579,43 @@ fn refusals_name_what_is_allowed_and_change_nothing() {
     assert_eq!(o.status.code(), Some(2));
     assert!(!none.exists());
 }
+
+#[test]
+fn completions_and_the_manual_page_are_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("lading.db");
+    let run = |args: &[&str]| {
+        let o = lading(&db, args);
+        assert!(o.status.success(), "{args:?}: {}", text(&o).1);
+        text(&o).0
+    };
+    let bash = run(&["completions", "bash"]);
+    assert!(
+        bash.contains("_lading()") && bash.contains("complete -F _lading"),
+        "{bash}"
+    );
+    assert!(
+        bash.contains("requeue") || bash.contains("admin"),
+        "subcommands are completed"
+    );
+    // bash itself accepts the script.
+    let script = dir.path().join("lading.bash");
+    std::fs::write(&script, &bash).unwrap();
+    let st = std::process::Command::new("bash")
+        .arg("-n")
+        .arg(&script)
+        .status()
+        .unwrap();
+    assert!(st.success(), "bash -n refused the completion script");
+    assert!(run(&["completions", "zsh"]).starts_with("#compdef lading"));
+    assert!(run(&["completions", "fish"]).contains("complete -c lading"));
+    let man = run(&["man"]);
+    assert!(
+        man.contains(".TH lading 1") && man.contains("submit"),
+        "{man}"
+    );
+    let o = lading(&db, &["completions", "nosh"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).1.contains("bash, elvish, fish, powershell, zsh"));
+    assert!(!db.exists(), "neither made a store");
+}
