@@ -172,6 +172,9 @@ enum Command {
         /// Print the record as JSON (as the API gives it) instead of text.
         #[arg(long)]
         json: bool,
+        /// A job's or batch's transitions instead: when, from, to, which host, and why.
+        #[arg(long, requires = "id")]
+        history: bool,
     },
     /// Administrative actions.
     Admin {
@@ -439,12 +442,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             )
             .await?;
         }
-        Command::Status { id, json } if cli.server.is_some() => {
+        Command::Status { id, json, history } if cli.server.is_some() => {
             let c = lading_server::client::Client::new(
                 cli.server.as_deref().unwrap_or_default(),
                 cli.token,
             )?;
-            view::print(&client::status(&c, id.as_deref()).await?, json)?;
+            let v = client::status(&c, id.as_deref()).await?;
+            if history {
+                view::print_history(&v, json)?;
+            } else {
+                view::print(&v, json)?;
+            }
         }
         Command::Admin { action } if cli.server.is_some() => {
             let c = lading_server::client::Client::new(
@@ -488,8 +496,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             tree.close().await?;
         }
-        Command::Status { id, json } => {
-            let show = |v: serde_json::Value| view::print(&v, json);
+        Command::Status { id, json, history } => {
+            let show = |v: serde_json::Value| {
+                if history {
+                    view::print_history(&v, json)
+                } else {
+                    view::print(&v, json)
+                }
+            };
             let e = engine(&store).await?;
             match id {
                 None => show(serde_json::to_value(e.summary().await?)?)?,

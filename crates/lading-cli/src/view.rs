@@ -12,6 +12,44 @@ pub fn print(v: &Value, json: bool) -> anyhow::Result<()> {
     crate::out(&human(v))
 }
 
+/// The transitions of a job or batch record (its `status.history`): one line each, oldest
+/// first, or the list as JSON.
+pub fn print_history(v: &Value, json: bool) -> anyhow::Result<()> {
+    let list = v["status"]["history"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if json {
+        return crate::print_json(&list);
+    }
+    if list.is_empty() {
+        return crate::out("no transitions recorded\n");
+    }
+    let mut out = String::new();
+    for h in &list {
+        let s = |k: &str| h[k].as_str().unwrap_or("").to_string();
+        let from = if h["from"].is_null() {
+            "-".into()
+        } else {
+            s("from")
+        };
+        out.push_str(&format!(
+            "{}  {from} → {}  on {}",
+            s("at"),
+            s("to"),
+            s("host")
+        ));
+        if let Some(n) = h["retry_count"].as_u64() {
+            out.push_str(&format!("  (retry {n})"));
+        }
+        if let Some(m) = h["message"].as_str() {
+            out.push_str(&format!("  {m}"));
+        }
+        out.push('\n');
+    }
+    crate::out(&out)
+}
+
 /// A record as `key: value` lines (nested keys joined by `.`), a list of records as a table,
 /// the queue summary (`lading status` without an id) as counts per state.
 pub fn human(v: &Value) -> String {

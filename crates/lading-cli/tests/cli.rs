@@ -619,3 +619,28 @@ fn completions_and_the_manual_page_are_printed() {
     assert!(text(&o).1.contains("bash, elvish, fish, powershell, zsh"));
     assert!(!db.exists(), "neither made a store");
 }
+
+#[test]
+fn status_history_lists_each_transition_of_a_job_and_a_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = store_with_jobs(dir.path());
+    let o = lading(&db, &["status", "jid0000000000", "--history"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 9, "{out}");
+    assert!(lines[0].contains("- → Pending"), "{out}");
+    assert!(lines[8].contains("Notify → Completed"), "{out}");
+    let o = lading(&db, &["status", "jid0000000000", "--history", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 9);
+    assert!(v[3]["host"].as_str().is_some_and(|h| !h.is_empty()));
+    let o = lading(&db, &["status", "bid0000000000", "--history"]);
+    assert!(
+        text(&o).0.contains("Processing → Reporting"),
+        "{}",
+        text(&o).0
+    );
+    let o = lading(&db, &["status", "--history"]);
+    assert_eq!(o.status.code(), Some(2), "--history needs an id");
+}

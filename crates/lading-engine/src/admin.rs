@@ -27,6 +27,15 @@ impl Engine {
         let mut next = lease.status.clone();
         next.status = to_state;
         next.last_modified = self.now();
+        push_history(
+            &mut next.extra,
+            Some(lease.status.status.name()),
+            to_state.name(),
+            &next.last_modified,
+            &self.owner,
+            0,
+            Some(message.as_deref().unwrap_or("by an admin")),
+        );
         next.message = message;
         let mut ops = ops;
         ops.push(Op::set(
@@ -144,10 +153,20 @@ impl Engine {
         if next.state != JobState::Failed {
             clear_failure(&mut extra);
         }
+        let now = self.now();
+        push_history(
+            &mut extra,
+            Some(old.status.name()),
+            next.state.name(),
+            &now,
+            &self.owner,
+            next.retry_count,
+            Some("by an admin"),
+        );
         let status = JobStatus {
             status: next.state,
             last_successful_status: next.last_successful,
-            last_modified: self.now(),
+            last_modified: now,
             retry_count: next.retry_count,
             message: None,
             extra,
@@ -192,6 +211,15 @@ impl Engine {
                         "reopened: job {job} requeued (was {})",
                         bstatus.status
                     ));
+                    push_history(
+                        &mut touched.extra,
+                        Some(bstatus.status.name()),
+                        BatchState::Processing.name(),
+                        &touched.last_modified,
+                        &self.owner,
+                        0,
+                        touched.message.as_deref(),
+                    );
                     batch_moved = Some((bstatus.status, BatchState::Processing));
                 }
                 BatchState::Failed => {

@@ -30,12 +30,21 @@ impl Engine {
             .create(BATCH_PREFIX, None, CreateMode::PersistentSequential)
             .await?;
         let bid = BatchId::parse(lading_core::tree::split_path(&path).1)?;
-        let status = BatchStatus {
+        let mut status = BatchStatus {
             status: BatchState::Pending,
             last_modified: self.now(),
             message: None,
             extra: Map::new(),
         };
+        push_history(
+            &mut status.extra,
+            None,
+            "Pending",
+            &status.last_modified,
+            &self.owner,
+            0,
+            None,
+        );
         let mut ops = vec![
             Op::create(batch_node(&bid, "submission"), json_bytes(&submission)),
             Op::create(batch_node(&bid, "status"), json_bytes(&status)),
@@ -290,6 +299,17 @@ impl Engine {
         let mut status = lease.status.clone();
         status.status = to;
         status.last_modified = self.now();
+        if to != lease.status.status {
+            push_history(
+                &mut status.extra,
+                Some(lease.status.status.name()),
+                to.name(),
+                &status.last_modified,
+                &self.owner,
+                0,
+                message.as_deref(),
+            );
+        }
         status.message = message;
         let lock = batch_node(bid, "lock");
         let mut ops = vec![

@@ -39,7 +39,7 @@ impl Engine {
             .create(JOB_PREFIX, None, CreateMode::PersistentSequential)
             .await?;
         let jid = JobId::parse(lading_core::tree::split_path(&path).1)?;
-        let status = JobStatus {
+        let mut status = JobStatus {
             status: JobState::Pending,
             last_successful_status: None,
             last_modified: self.now(),
@@ -47,6 +47,15 @@ impl Engine {
             message: None,
             extra: Map::new(),
         };
+        push_history(
+            &mut status.extra,
+            None,
+            "Pending",
+            &status.last_modified,
+            &self.owner,
+            0,
+            None,
+        );
         let ops = vec![
             Op::check(batch_node(bid, "lock"), None),
             Op::create(job_node(&jid, "bid"), Some(bid.to_string().into_bytes())),

@@ -499,6 +499,65 @@ pub const FAILED_STAGE_FIELD: &str = "failed_stage";
 pub const FAILURE_KIND_FIELD: &str = "failure_kind";
 pub const FAILED_ATTEMPTS_FIELD: &str = "failed_attempts";
 
+/// The status field holding a job's or batch's transitions (the last [`MAX_HISTORY`]): each
+/// `{"at", "from", "to", "host", "retry_count", "message"}`. Kept in the status node, so it
+/// goes wherever the job goes and any host reads it; Merritt's own tools rewrite a status
+/// without it (their moves are not in it, and it starts again from the next of Lading's).
+pub const HISTORY_FIELD: &str = "history";
+/// Transitions a status keeps.
+pub const MAX_HISTORY: usize = 32;
+/// Longest message a history entry keeps.
+const HISTORY_MESSAGE: usize = 500;
+
+/// Appends a transition to the history in `extra`, dropping the oldest past [`MAX_HISTORY`].
+pub(crate) fn push_history(
+    extra: &mut Map<String, Value>,
+    from: Option<&str>,
+    to: &str,
+    at: &str,
+    host: &str,
+    retry_count: u32,
+    message: Option<&str>,
+) {
+    let mut entry = Map::new();
+    entry.insert("at".into(), Value::from(at));
+    entry.insert("from".into(), from.map_or(Value::Null, Value::from));
+    entry.insert("to".into(), Value::from(to));
+    entry.insert("host".into(), Value::from(host));
+    if retry_count > 0 {
+        entry.insert("retry_count".into(), Value::from(retry_count));
+    }
+    if let Some(m) = message.filter(|m| !m.is_empty()) {
+        let mut end = m.len().min(HISTORY_MESSAGE);
+        while !m.is_char_boundary(end) {
+            end -= 1;
+        }
+        entry.insert("message".into(), Value::from(&m[..end]));
+    }
+    let list = extra
+        .entry(HISTORY_FIELD)
+        .or_insert_with(|| Value::Array(Vec::new()));
+    if !list.is_array() {
+        *list = Value::Array(Vec::new());
+    }
+    if let Value::Array(a) = list {
+        a.push(Value::Object(entry));
+        if a.len() > MAX_HISTORY {
+            let drop = a.len() - MAX_HISTORY;
+            a.drain(..drop);
+        }
+    }
+}
+
+/// The history recorded in a status's extra fields (empty when there is none).
+pub fn history(extra: &Map<String, Value>) -> Vec<Value> {
+    extra
+        .get(HISTORY_FIELD)
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+}
+
 fn clear_failure(extra: &mut Map<String, Value>) {
     for k in [
         FAILED_STAGE_FIELD,

@@ -185,10 +185,22 @@ impl Engine {
         if release {
             extra.remove(RESERVED_FIELD);
         }
+        let now = self.now();
+        if next.state != old.status {
+            push_history(
+                &mut extra,
+                Some(old.status.name()),
+                next.state.name(),
+                &now,
+                &self.owner,
+                next.retry_count,
+                message.as_deref(),
+            );
+        }
         let status = JobStatus {
             status: next.state,
             last_successful_status: next.last_successful,
-            last_modified: self.now(),
+            last_modified: now,
             retry_count: next.retry_count,
             message,
             extra,

@@ -73,6 +73,15 @@ impl Engine {
             next.status = BatchState::Reporting;
             next.last_modified = self.now();
             next.message = None;
+            push_history(
+                &mut next.extra,
+                Some(status.status.name()),
+                BatchState::Reporting.name(),
+                &next.last_modified,
+                &self.owner,
+                0,
+                Some("its last job ended"),
+            );
             let lock = batch_node(batch, "lock");
             let r = self
                 .tree

@@ -34,6 +34,8 @@ pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/api/v1/batches", get(list_batches).post(submit))
         .route("/api/v1/batches/{id}", get(show_batch))
+        .route("/api/v1/batches/{id}/history", get(batch_history))
+        .route("/api/v1/jobs/{id}/history", get(job_history))
         .route("/api/v1/batches/{id}/{action}", post(batch_action))
         .route("/api/v1/jobs", get(list_jobs))
         .route("/api/v1/jobs/{id}", get(show_job))
@@ -185,8 +187,44 @@ pub(crate) async fn show_batch(
         if let Some(m) = info.status.message.as_mut() {
             crate::redact::text(&s, m);
         }
+        redact_history(&s, &mut info.status.extra);
     }
     Ok(Json(info))
+}
+
+/// No server paths in the messages of a history a submitter reads.
+fn redact_history(s: &AppState, extra: &mut serde_json::Map<String, Value>) {
+    if let Some(Value::Array(list)) = extra.get_mut(lading_engine::HISTORY_FIELD) {
+        for entry in list {
+            if let Some(Value::String(m)) = entry.get_mut("message") {
+                crate::redact::text(s, m);
+            }
+        }
+    }
+}
+
+#[utoipa::path(get, path = "/api/v1/batches/{id}/history", tag = "batches", summary = "A batch's transitions", description = "Each state change of the batch, oldest first (the last 32): `at`, `from`, `to`, `host` (the process that made it), `message`. Kept with the batch, so any host answers.", params(("id" = String, Path, description = "bid… or the batch uuid")), responses((status = 200, description = "{\"id\", \"history\"}", body = serde_json::Value), (status = 404, description = "no such batch (or not yours)")))]
+pub(crate) async fn batch_history(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    PathParams(id): PathParams<String>,
+) -> Result<Json<Value>> {
+    let Json(info) = show_batch(State(s), Extension(p), PathParams(id)).await?;
+    Ok(Json(
+        json!({"id": info.id, "history": lading_engine::history(&info.status.extra)}),
+    ))
+}
+
+#[utoipa::path(get, path = "/api/v1/jobs/{id}/history", tag = "jobs", summary = "A job's transitions", description = "Each state change of the job, oldest first (the last 32): `at`, `from`, `to`, `host` (the process that made it), `retry_count`, `message`. Kept with the job, so any host answers.", params(("id" = String, Path, description = "jid…")), responses((status = 200, description = "{\"id\", \"history\"}", body = serde_json::Value), (status = 404, description = "no such job (or not yours)")))]
+pub(crate) async fn job_history(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    PathParams(id): PathParams<String>,
+) -> Result<Json<Value>> {
+    let Json(info) = show_job(State(s), Extension(p), PathParams(id)).await?;
+    Ok(Json(
+        json!({"id": info.id, "history": lading_engine::history(&info.status.extra)}),
+    ))
 }
 
 #[derive(Deserialize)]
@@ -359,6 +397,7 @@ pub(crate) async fn show_job(
         if let Some(m) = info.status.message.as_mut() {
             crate::redact::text(&s, m);
         }
+        redact_history(&s, &mut info.status.extra);
         return Ok(Json(info));
     }
     Ok(Json(info))

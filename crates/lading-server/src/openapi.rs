@@ -40,6 +40,8 @@ use utoipa::{Modify, OpenApi};
         batches::list_outbox,
         batches::retry_outbox,
         batches::clear_lock,
+        batches::batch_history,
+        batches::job_history,
         generic::types,
         generic::get_type,
         generic::put_type,

@@ -234,6 +234,45 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
     );
     let (_, list) = s.call("GET", "/api/v1/jobs?state=Completed", None).await;
     assert_eq!(list["jobs"][0]["id"], jid.as_str());
+    // History: every transition, kept with the job and the batch; others' are not found.
+    let (st, h) = s
+        .call_as(
+            SUBMITTER,
+            "GET",
+            &format!("/api/v1/jobs/{jid}/history"),
+            None,
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{h}");
+    let to: Vec<&str> = h["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["to"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        to,
+        [
+            "Pending",
+            "Estimating",
+            "Provisioning",
+            "Downloading",
+            "Processing",
+            "Storing",
+            "Recording",
+            "Notify",
+            "Completed"
+        ]
+    );
+    let (st, _) = s
+        .call_as(BOB, "GET", &format!("/api/v1/jobs/{jid}/history"), None)
+        .await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+    let (_, bh) = s
+        .call_as(SUBMITTER, "GET", &format!("{path}/history"), None)
+        .await;
+    let last = bh["history"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["to"], "Completed", "{bh}");
     // Search: batches by submitter or id, jobs by ark; a miss is an empty page.
     let bid = v["id"].as_str().unwrap();
     for q in ["ALIC", &bid[bid.len() - 4..]] {

@@ -25,6 +25,8 @@ const ROUTES: &[(&str, &str)] = &[
     ("post", "/api/v1/batches/{id}/{action}"),
     ("get", "/api/v1/jobs"),
     ("get", "/api/v1/jobs/{id}"),
+    ("get", "/api/v1/jobs/{id}/history"),
+    ("get", "/api/v1/batches/{id}/history"),
     ("post", "/api/v1/jobs/{id}/{action}"),
     ("put", "/api/v1/collections/{name}/hold"),
     ("delete", "/api/v1/collections/{name}/hold"),

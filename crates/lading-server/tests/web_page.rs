@@ -397,6 +397,8 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         br.click(&sn, &format!("a[data-job-link=\"{}\"]", fj[0]));
         br.wait_for(&sn, "document.getElementById('job-title').dataset.state === 'Failed'");
         assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#job-actions button')].map(b => b.textContent).join(',')"), json!("requeue,delete"));
+        // Its history: made, taken, failed.
+        assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#job-history tr')].map(r => r.dataset.history).join(',')"), json!("Pending,Failed"));
         br.shot(&sn, &dir, "5-job");
         br.click(&sn, "#job-actions button[data-action=delete]");
         br.click(&sn, "#job-actions button[data-confirm=delete]");

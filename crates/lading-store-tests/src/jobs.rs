@@ -642,3 +642,68 @@ pub async fn acquisition_cost_does_not_grow_with_the_queue(h: &dyn Harness) {
     );
     assert!(small <= 8, "acquisition takes {small} round trips");
 }
+
+/// Every transition of a job and of its batch is kept with it (time, from, to, host,
+/// message), so any host can read it after the fact; an admin's moves say so.
+pub async fn history_records_every_transition_with_its_time_and_host(h: &dyn Harness) {
+    let (e, _s) = engine(h, "host-a:1").await;
+    let (bid, jobs) = batch_with_jobs(&e, 1, &[]).await;
+    let (other, _so) = engine(h, "host-b:2").await;
+    let l = other.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let l = other
+        .job_advance(l, Event::To(JobState::Estimating), None)
+        .await
+        .unwrap();
+    other
+        .job_transition(l, Event::Fail, Some("no space".into()))
+        .await
+        .unwrap();
+    e.requeue_job(&jobs[0], Some(JobState::Pending))
+        .await
+        .unwrap();
+    let info = e.job(&jobs[0]).await.unwrap();
+    let hist = lading_engine::history(&info.status.extra);
+    let steps: Vec<(Value, Value, Value)> = hist
+        .iter()
+        .map(|x| (x["from"].clone(), x["to"].clone(), x["host"].clone()))
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            (Value::Null, json!("Pending"), json!("host-a:1")),
+            (json!("Pending"), json!("Estimating"), json!("host-b:2")),
+            (json!("Estimating"), json!("Failed"), json!("host-b:2")),
+            (json!("Failed"), json!("Pending"), json!("host-a:1")),
+        ]
+    );
+    assert_eq!(hist[2]["message"], "no space");
+    assert_eq!(hist[3]["message"], "by an admin");
+    assert!(
+        hist.iter()
+            .all(|x| x["at"].as_str().is_some_and(|t| t.len() == 25))
+    );
+    // The batch: made, processing, reporting when its job failed, reopened by the requeue.
+    let b = e.batch(&bid).await.unwrap();
+    let to: Vec<Value> = lading_engine::history(&b.status.extra)
+        .iter()
+        .map(|x| x["to"].clone())
+        .collect();
+    assert_eq!(
+        to,
+        [
+            json!("Pending"),
+            json!("Processing"),
+            json!("Reporting"),
+            json!("Processing")
+        ]
+    );
+    // Bounded: a job moved back and forth keeps its last transitions only.
+    for _ in 0..20 {
+        e.hold_job(&jobs[0]).await.unwrap();
+        e.release_job(&jobs[0]).await.unwrap();
+    }
+    let hist = lading_engine::history(&e.job(&jobs[0]).await.unwrap().status.extra);
+    assert_eq!(hist.len(), lading_engine::MAX_HISTORY);
+    assert_eq!(hist.last().unwrap()["to"], "Pending");
+    assert_eq!(hist.last().unwrap()["from"], "Held");
+}

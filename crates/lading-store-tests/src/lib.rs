@@ -138,6 +138,12 @@ pub async fn normalised_dump(tree: &dyn Tree) -> BTreeMap<String, Value> {
             if m.contains_key("session") {
                 m.insert("session".into(), json!("<session>"));
             }
+            // The transitions Lading keeps in a status are checked by their own test
+            // (`history_records_every_transition_with_its_time_and_host`); the layout is
+            // compared without them.
+            if m.contains_key("status") {
+                m.remove(lading_engine::HISTORY_FIELD);
+            }
         }
         let _ = path;
     }
@@ -284,6 +290,7 @@ macro_rules! conformance_tests {
             outbox_entries_are_claimed_once_retried_and_deleted_when_delivered,
             deleting_the_last_failed_job_says_an_update_report_is_due,
             requeue_failed_retries_a_batchs_failed_jobs_by_stage,
+            history_records_every_transition_with_its_time_and_host,
             concurrent_admissions_never_reserve_more_than_is_free,
             merritt_lazily_made_batch_folders_are_created_by_the_move,
             merritt_pending_scan_skips_a_held_batch,
