@@ -508,10 +508,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             match id {
                 None => show(serde_json::to_value(e.summary().await?)?)?,
                 Some(id) if id.starts_with(JobId::PREFIX) => {
-                    show(serde_json::to_value(e.job(&JobId::parse(&id)?).await?)?)?
+                    let mut j = e.job(&JobId::parse(&id)?).await?;
+                    lading_engine::expand_history(&mut j.status.extra);
+                    show(serde_json::to_value(j)?)?
                 }
                 Some(id) if id.starts_with(BatchId::PREFIX) => {
-                    show(serde_json::to_value(e.batch(&BatchId::parse(&id)?).await?)?)?
+                    let mut b = e.batch(&BatchId::parse(&id)?).await?;
+                    lading_engine::expand_history(&mut b.status.extra);
+                    show(serde_json::to_value(b)?)?
                 }
                 Some(id) if id.starts_with(AccessId::PREFIX) => {
                     let aid = AccessId::parse(&id)?;
@@ -523,7 +527,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     }
                 }
                 Some(uuid) => match e.batch_by_uuid(&uuid).await? {
-                    Some(bid) => show(serde_json::to_value(e.batch(&bid).await?)?)?,
+                    Some(bid) => {
+                        let mut b = e.batch(&bid).await?;
+                        lading_engine::expand_history(&mut b.status.extra);
+                        show(serde_json::to_value(b)?)?
+                    }
                     None => {
                         return Err(EngineError::NoBatch(format!(
                             "{uuid} (no batch, job, access id or batch uuid)"

@@ -499,15 +499,17 @@ pub const FAILED_STAGE_FIELD: &str = "failed_stage";
 pub const FAILURE_KIND_FIELD: &str = "failure_kind";
 pub const FAILED_ATTEMPTS_FIELD: &str = "failed_attempts";
 
-/// The status field holding a job's or batch's transitions (the last [`MAX_HISTORY`]): each
-/// `{"at", "from", "to", "host", "retry_count", "message"}`. Kept in the status node, so it
-/// goes wherever the job goes and any host reads it; Merritt's own tools rewrite a status
-/// without it (their moves are not in it, and it starts again from the next of Lading's).
+/// The status field holding a job's or batch's transitions (the last [`MAX_HISTORY`]). Each
+/// is one string, `AT|FROM|TO|HOST|RETRY_COUNT|MESSAGE` (a string, not an object, so the
+/// status that carries it stays cheap to read and write on every move); [`history`] gives
+/// them as `{"at", "from", "to", "host", "retry_count", "message"}`. Kept in the status node,
+/// so it goes wherever the job goes and any host reads it; Merritt's own tools rewrite a
+/// status without it (their moves are not in it, and it starts again at Lading's next move).
 pub const HISTORY_FIELD: &str = "history";
 /// Transitions a status keeps.
 pub const MAX_HISTORY: usize = 32;
 /// Longest message a history entry keeps.
-const HISTORY_MESSAGE: usize = 500;
+const HISTORY_MESSAGE: usize = 300;
 
 /// Appends a transition to the history in `extra`, dropping the oldest past [`MAX_HISTORY`].
 pub(crate) fn push_history(
@@ -519,21 +521,19 @@ pub(crate) fn push_history(
     retry_count: u32,
     message: Option<&str>,
 ) {
-    let mut entry = Map::new();
-    entry.insert("at".into(), Value::from(at));
-    entry.insert("from".into(), from.map_or(Value::Null, Value::from));
-    entry.insert("to".into(), Value::from(to));
-    entry.insert("host".into(), Value::from(host));
-    if retry_count > 0 {
-        entry.insert("retry_count".into(), Value::from(retry_count));
+    let mut m = message.unwrap_or("");
+    let mut end = m.len().min(HISTORY_MESSAGE);
+    while !m.is_char_boundary(end) {
+        end -= 1;
     }
-    if let Some(m) = message.filter(|m| !m.is_empty()) {
-        let mut end = m.len().min(HISTORY_MESSAGE);
-        while !m.is_char_boundary(end) {
-            end -= 1;
-        }
-        entry.insert("message".into(), Value::from(&m[..end]));
-    }
+    m = &m[..end];
+    let clean = |t: &str| t.replace('|', "/");
+    let entry = format!(
+        "{at}|{}|{to}|{}|{retry_count}|{}",
+        from.unwrap_or(""),
+        clean(host),
+        clean(m).replace('\n', " ")
+    );
     let list = extra
         .entry(HISTORY_FIELD)
         .or_insert_with(|| Value::Array(Vec::new()));
@@ -541,7 +541,7 @@ pub(crate) fn push_history(
         *list = Value::Array(Vec::new());
     }
     if let Value::Array(a) = list {
-        a.push(Value::Object(entry));
+        a.push(Value::String(entry));
         if a.len() > MAX_HISTORY {
             let drop = a.len() - MAX_HISTORY;
             a.drain(..drop);
@@ -549,13 +549,49 @@ pub(crate) fn push_history(
     }
 }
 
-/// The history recorded in a status's extra fields (empty when there is none).
+/// Replaces the stored history in `extra` by its objects (as the API shows it).
+pub fn expand_history(extra: &mut Map<String, Value>) {
+    if extra.contains_key(HISTORY_FIELD) {
+        let h = history(extra);
+        extra.insert(HISTORY_FIELD.into(), Value::Array(h));
+    }
+}
+
+/// The history recorded in a status's extra fields, as objects (empty when there is none).
 pub fn history(extra: &Map<String, Value>) -> Vec<Value> {
-    extra
-        .get(HISTORY_FIELD)
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default()
+    let Some(list) = extra.get(HISTORY_FIELD).and_then(Value::as_array) else {
+        return Vec::new();
+    };
+    list.iter()
+        .filter_map(Value::as_str)
+        .map(|e| {
+            let mut f = e.splitn(6, '|');
+            let mut next = || f.next().unwrap_or("");
+            let (at, from, to, host, retry, message) =
+                (next(), next(), next(), next(), next(), next());
+            let mut o = Map::new();
+            o.insert("at".into(), Value::from(at));
+            o.insert(
+                "from".into(),
+                if from.is_empty() {
+                    Value::Null
+                } else {
+                    Value::from(from)
+                },
+            );
+            o.insert("to".into(), Value::from(to));
+            o.insert("host".into(), Value::from(host));
+            if let Ok(n) = retry.parse::<u32>()
+                && n > 0
+            {
+                o.insert("retry_count".into(), Value::from(n));
+            }
+            if !message.is_empty() {
+                o.insert("message".into(), Value::from(message));
+            }
+            Value::Object(o)
+        })
+        .collect()
 }
 
 fn clear_failure(extra: &mut Map<String, Value>) {

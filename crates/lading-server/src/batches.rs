@@ -182,6 +182,7 @@ pub(crate) async fn show_batch(
     PathParams(id): PathParams<String>,
 ) -> Result<Json<lading_engine::BatchInfo>> {
     let mut info = visible_batch(&s, &p, &id).await?;
+    lading_engine::expand_history(&mut info.status.extra);
     if p.role != Role::Admin {
         crate::redact::paths(&s, &mut info.submission);
         if let Some(m) = info.status.message.as_mut() {
@@ -210,8 +211,9 @@ pub(crate) async fn batch_history(
     PathParams(id): PathParams<String>,
 ) -> Result<Json<Value>> {
     let Json(info) = show_batch(State(s), Extension(p), PathParams(id)).await?;
+    let history = info.status.extra.get(lading_engine::HISTORY_FIELD).cloned();
     Ok(Json(
-        json!({"id": info.id, "history": lading_engine::history(&info.status.extra)}),
+        json!({"id": info.id, "history": history.unwrap_or_else(|| json!([]))}),
     ))
 }
 
@@ -222,8 +224,9 @@ pub(crate) async fn job_history(
     PathParams(id): PathParams<String>,
 ) -> Result<Json<Value>> {
     let Json(info) = show_job(State(s), Extension(p), PathParams(id)).await?;
+    let history = info.status.extra.get(lading_engine::HISTORY_FIELD).cloned();
     Ok(Json(
-        json!({"id": info.id, "history": lading_engine::history(&info.status.extra)}),
+        json!({"id": info.id, "history": history.unwrap_or_else(|| json!([]))}),
     ))
 }
 
@@ -351,6 +354,8 @@ pub(crate) async fn list_batches(
             .collect();
         let mut submission = info.submission.clone();
         let mut status = info.status.clone();
+        // A listing leaves the transitions out (GET /api/v1/batches/{bid}/history has them).
+        status.extra.remove(lading_engine::HISTORY_FIELD);
         if p.role != Role::Admin {
             crate::redact::paths(&s, &mut submission);
             if let Some(m) = status.message.as_mut() {
@@ -377,7 +382,8 @@ pub(crate) async fn show_job(
     PathParams(id): PathParams<String>,
 ) -> Result<Json<lading_engine::JobInfo>> {
     let jid = JobId::parse(&id).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let info = s.ingest.engine.job(&jid).await?;
+    let mut info = s.ingest.engine.job(&jid).await?;
+    lading_engine::expand_history(&mut info.status.extra);
     if p.role != Role::Admin {
         let visible = match BatchId::parse(&info.bid) {
             Ok(bid) => s
