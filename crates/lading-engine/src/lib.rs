@@ -500,11 +500,12 @@ pub const FAILURE_KIND_FIELD: &str = "failure_kind";
 pub const FAILED_ATTEMPTS_FIELD: &str = "failed_attempts";
 
 /// The status field holding a job's or batch's transitions (the last [`MAX_HISTORY`]). Each
-/// is one string, `AT|FROM|TO|HOST|RETRY_COUNT|MESSAGE` (a string, not an object, so the
-/// status that carries it stays cheap to read and write on every move); [`history`] gives
-/// them as `{"at", "from", "to", "host", "retry_count", "message"}`. Kept in the status node,
-/// so it goes wherever the job goes and any host reads it; Merritt's own tools rewrite a
-/// status without it (their moves are not in it, and it starts again at Lading's next move).
+/// is one short string, `SECONDS|FROM|TO|HOST|RETRY_COUNT|MESSAGE` (SECONDS since the epoch;
+/// HOST empty when it is the previous entry's; RETRY_COUNT empty for 0), so the status that
+/// carries it stays cheap to read and write on every move; [`history`] gives them as
+/// `{"at", "from", "to", "host", "retry_count", "message"}`. Kept in the status node, so it
+/// goes wherever the job goes and any host reads it; Merritt's own tools rewrite a status
+/// without it (their moves are not in it, and it starts again at Lading's next move).
 pub const HISTORY_FIELD: &str = "history";
 /// Transitions a status keeps.
 pub const MAX_HISTORY: usize = 32;
@@ -512,6 +513,7 @@ pub const MAX_HISTORY: usize = 32;
 const HISTORY_MESSAGE: usize = 300;
 
 /// Appends a transition to the history in `extra`, dropping the oldest past [`MAX_HISTORY`].
+/// `at` is the status's time (`yyyy-MM-dd HH:mm:ss +0000`).
 pub(crate) fn push_history(
     extra: &mut Map<String, Value>,
     from: Option<&str>,
@@ -527,26 +529,91 @@ pub(crate) fn push_history(
         end -= 1;
     }
     m = &m[..end];
-    let clean = |t: &str| t.replace('|', "/");
-    let entry = format!(
-        "{at}|{}|{to}|{}|{retry_count}|{}",
-        from.unwrap_or(""),
-        clean(host),
-        clean(m).replace('\n', " ")
-    );
+    let clean = |t: &str| t.replace('|', "/").replace('\n', " ");
+    let secs = lading_core::time::parse_ts(at).unwrap_or(0) / 1000;
     let list = extra
         .entry(HISTORY_FIELD)
         .or_insert_with(|| Value::Array(Vec::new()));
     if !list.is_array() {
         *list = Value::Array(Vec::new());
     }
-    if let Value::Array(a) = list {
-        a.push(Value::String(entry));
-        if a.len() > MAX_HISTORY {
-            let drop = a.len() - MAX_HISTORY;
-            a.drain(..drop);
+    let Value::Array(a) = list else { return };
+    let host = clean(host);
+    let last_host = a
+        .iter()
+        .rev()
+        .filter_map(Value::as_str)
+        .find_map(|e| e.splitn(6, '|').nth(3).filter(|h| !h.is_empty()));
+    let same_host = last_host == Some(host.as_str());
+    let entry = format!(
+        "{secs}|{}|{to}|{}|{}|{}",
+        from.unwrap_or(""),
+        if same_host { "" } else { host.as_str() },
+        if retry_count > 0 {
+            retry_count.to_string()
+        } else {
+            String::new()
+        },
+        clean(m)
+    );
+    a.push(Value::String(entry));
+    if a.len() > MAX_HISTORY {
+        // The oldest kept must name its host: the first dropped one named it, or an earlier.
+        let full = decoded(a);
+        let drop = a.len() - MAX_HISTORY;
+        a.drain(..drop);
+        if let (Some(Value::String(first)), Some(h)) = (a.first_mut(), full.get(drop)) {
+            let host = h["host"].as_str().unwrap_or("");
+            let mut f: Vec<&str> = first.splitn(6, '|').collect();
+            if f.len() == 6 && f[3].is_empty() {
+                f[3] = host;
+                *first = f.join("|");
+            }
         }
     }
+}
+
+/// The entries of a stored history, as objects (a host left empty is the previous one's).
+fn decoded(list: &[Value]) -> Vec<Value> {
+    let mut host = String::new();
+    list.iter()
+        .filter_map(Value::as_str)
+        .map(|e| {
+            let mut f = e.splitn(6, '|');
+            let mut next = || f.next().unwrap_or("");
+            let (at, from, to, h, retry, message) =
+                (next(), next(), next(), next(), next(), next());
+            if !h.is_empty() {
+                host = h.to_string();
+            }
+            let at = match at.parse::<u64>() {
+                Ok(secs) => lading_core::time::format_ts(secs * 1000),
+                // Written before the compact form: the time as it was.
+                Err(_) => at.to_string(),
+            };
+            let mut o = Map::new();
+            o.insert("at".into(), Value::from(at));
+            o.insert(
+                "from".into(),
+                if from.is_empty() {
+                    Value::Null
+                } else {
+                    Value::from(from)
+                },
+            );
+            o.insert("to".into(), Value::from(to));
+            o.insert("host".into(), Value::from(host.clone()));
+            if let Ok(n) = retry.parse::<u32>()
+                && n > 0
+            {
+                o.insert("retry_count".into(), Value::from(n));
+            }
+            if !message.is_empty() {
+                o.insert("message".into(), Value::from(message));
+            }
+            Value::Object(o)
+        })
+        .collect()
 }
 
 /// Replaces the stored history in `extra` by its objects (as the API shows it).
@@ -559,39 +626,10 @@ pub fn expand_history(extra: &mut Map<String, Value>) {
 
 /// The history recorded in a status's extra fields, as objects (empty when there is none).
 pub fn history(extra: &Map<String, Value>) -> Vec<Value> {
-    let Some(list) = extra.get(HISTORY_FIELD).and_then(Value::as_array) else {
-        return Vec::new();
-    };
-    list.iter()
-        .filter_map(Value::as_str)
-        .map(|e| {
-            let mut f = e.splitn(6, '|');
-            let mut next = || f.next().unwrap_or("");
-            let (at, from, to, host, retry, message) =
-                (next(), next(), next(), next(), next(), next());
-            let mut o = Map::new();
-            o.insert("at".into(), Value::from(at));
-            o.insert(
-                "from".into(),
-                if from.is_empty() {
-                    Value::Null
-                } else {
-                    Value::from(from)
-                },
-            );
-            o.insert("to".into(), Value::from(to));
-            o.insert("host".into(), Value::from(host));
-            if let Ok(n) = retry.parse::<u32>()
-                && n > 0
-            {
-                o.insert("retry_count".into(), Value::from(n));
-            }
-            if !message.is_empty() {
-                o.insert("message".into(), Value::from(message));
-            }
-            Value::Object(o)
-        })
-        .collect()
+    match extra.get(HISTORY_FIELD).and_then(Value::as_array) {
+        Some(list) => decoded(list),
+        None => Vec::new(),
+    }
 }
 
 fn clear_failure(extra: &mut Map<String, Value>) {

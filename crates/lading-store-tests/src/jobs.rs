@@ -704,6 +704,8 @@ pub async fn history_records_every_transition_with_its_time_and_host(h: &dyn Har
     }
     let hist = lading_engine::history(&e.job(&jobs[0]).await.unwrap().status.extra);
     assert_eq!(hist.len(), lading_engine::MAX_HISTORY);
+    // Hosts are stored once per run of the same host; the oldest kept still names its own.
+    assert!(hist.iter().all(|x| x["host"] == "host-a:1"), "{hist:?}");
     assert_eq!(hist.last().unwrap()["to"], "Pending");
     assert_eq!(hist.last().unwrap()["from"], "Held");
 }
