@@ -543,7 +543,7 @@ pub(crate) fn push_history(
         .iter()
         .rev()
         .filter_map(Value::as_str)
-        .find_map(|e| e.splitn(6, '|').nth(3).filter(|h| !h.is_empty()));
+        .find_map(|e| e.split('|').nth(3).filter(|h| !h.is_empty()));
     let same_host = last_host == Some(host.as_str());
     let entry = format!(
         "{secs}|{}|{to}|{}|{}|{}",
