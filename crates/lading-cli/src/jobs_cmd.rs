@@ -138,6 +138,11 @@ fn parse_state(s: &str) -> anyhow::Result<State> {
     Ok(State::parse_named(s)?)
 }
 
+/// `--data`: JSON, or an error that says so.
+fn parse_data(text: &str) -> Result<Value, JobsError> {
+    serde_json::from_str(text).map_err(|e| JobsError::Invalid(format!("--data is not JSON: {e}")))
+}
+
 fn now_s() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -227,8 +232,7 @@ async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
             data,
             priority,
         } => {
-            let data: Value = serde_json::from_str(&data)
-                .map_err(|e| JobsError::Invalid(format!("--data is not JSON: {e}")))?;
+            let data = parse_data(&data)?;
             let every = match (every_s, cron) {
                 (Some(n), _) => Every::Seconds(n),
                 (None, Some(c)) => Every::Cron(Cron::parse(&c)?),
@@ -262,8 +266,7 @@ async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
             in_s,
             priority,
         } => {
-            let data: Value = serde_json::from_str(&data)
-                .map_err(|e| JobsError::Invalid(format!("--data is not JSON: {e}")))?;
+            let data = parse_data(&data)?;
             let when = at.or(in_s.map(|s| now_s() + s));
             let opts = AddOptions {
                 scheduled_time: when,

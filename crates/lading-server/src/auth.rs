@@ -59,6 +59,15 @@ impl Principal {
     }
 }
 
+/// Who made the request, as [`require_token`] put it in its extensions.
+fn principal(parts: &axum::http::request::Parts) -> Result<Principal, ApiError> {
+    parts
+        .extensions
+        .get::<Principal>()
+        .cloned()
+        .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "no token"))
+}
+
 /// A processor's request (an admin's too): accept, update and finish of generic jobs. The
 /// type was checked against a processor token's types by [`require_token`], before any of
 /// the request was read.
@@ -70,11 +79,7 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Worker {
         parts: &mut axum::http::request::Parts,
         _: &S,
     ) -> Result<Self, ApiError> {
-        let p = parts
-            .extensions
-            .get::<Principal>()
-            .cloned()
-            .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "no token"))?;
+        let p = principal(parts)?;
         match p.role {
             Role::Admin | Role::Processor => Ok(Worker(p)),
             Role::Submitter => Err(ApiError::forbidden(format!(
@@ -126,11 +131,7 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Admin {
         parts: &mut axum::http::request::Parts,
         _: &S,
     ) -> Result<Self, ApiError> {
-        let p = parts
-            .extensions
-            .get::<Principal>()
-            .cloned()
-            .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "no token"))?;
+        let p = principal(parts)?;
         p.require_admin()?;
         Ok(Admin(p))
     }

@@ -632,12 +632,16 @@ pub(crate) async fn schedules(
     PathParams(ty): PathParams<String>,
 ) -> Result<Json<Value>> {
     let list = s.jobs.schedules(&ty).await?;
-    Ok(Json(json!({"schedules": list.iter().map(|(name, sch)| {
-        let mut v = serde_json::to_value(sch).unwrap_or_default();
-        v["name"] = json!(name);
-        v["next_tick_ms"] = json!(sch.next_tick_ms());
-        v
-    }).collect::<Vec<_>>()})))
+    let list: Vec<Value> = list.iter().map(|(n, sch)| schedule_json(n, sch)).collect();
+    Ok(Json(json!({ "schedules": list })))
+}
+
+/// A schedule as the API shows it: as stored, with its name and next tick.
+fn schedule_json(name: &str, sch: &lading_jobs::Schedule) -> Value {
+    let mut v = serde_json::to_value(sch).unwrap_or_default();
+    v["name"] = json!(name);
+    v["next_tick_ms"] = json!(sch.next_tick_ms());
+    v
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -680,10 +684,7 @@ pub(crate) async fn put_schedule(
             b.priority,
         )
         .await?;
-    let mut v = serde_json::to_value(&sch).unwrap_or_default();
-    v["name"] = json!(name);
-    v["next_tick_ms"] = json!(sch.next_tick_ms());
-    Ok(Json(v))
+    Ok(Json(schedule_json(&name, &sch)))
 }
 
 #[utoipa::path(delete, path = "/api/v1/types/{type}/schedules/{name}", tag = "generic jobs", summary = "Remove a schedule (the jobs it added stay)", params(("type" = String, Path, description = "job type"), ("name" = String, Path, description = "schedule name")), responses((status = 204, description = "removed"), (status = 404, description = "no such schedule")))]

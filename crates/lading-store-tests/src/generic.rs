@@ -9,7 +9,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-async fn jobs_on(h: &dyn Harness, clock: SharedClock, owner: &str) -> (Arc<Jobs>, Session) {
+pub(crate) async fn jobs_on(
+    h: &dyn Harness,
+    clock: SharedClock,
+    owner: &str,
+) -> (Arc<Jobs>, Session) {
     let s = h.open().await;
     (Arc::new(Jobs::new(s.tree.clone(), clock, owner)), s)
 }
@@ -25,7 +29,7 @@ fn now_s() -> u64 {
         .as_secs()
 }
 
-const NOW: AcceptOptions = AcceptOptions {
+pub(crate) const NOW: AcceptOptions = AcceptOptions {
     max_sched_time: None,
     timeout: Duration::ZERO,
     no_schedule: false,
@@ -36,7 +40,7 @@ fn within(t: Duration) -> AcceptOptions {
 }
 
 /// Everything under the generic-jobs subtree, as path → data.
-async fn subtree(j: &Jobs) -> BTreeMap<String, Value> {
+pub(crate) async fn subtree(j: &Jobs) -> BTreeMap<String, Value> {
     let mut out = BTreeMap::new();
     let mut todo = vec![ROOT.to_string()];
     while let Some(p) = todo.pop() {
@@ -58,7 +62,7 @@ async fn subtree(j: &Jobs) -> BTreeMap<String, Value> {
     out
 }
 
-fn names_under(t: &BTreeMap<String, Value>, dir: &str) -> Vec<String> {
+pub(crate) fn names_under(t: &BTreeMap<String, Value>, dir: &str) -> Vec<String> {
     t.keys()
         .filter_map(|k| k.strip_prefix(&format!("{dir}/")))
         .map(str::to_string)

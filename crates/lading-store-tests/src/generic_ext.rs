@@ -2,58 +2,16 @@
 //! and the failed state, priorities, schedules, the rate limit, retention, batched accept and
 //! finish, and subscriptions that see every transition — on every backend.
 
-use crate::{Harness, Session, WAIT};
-use lading_core::time::{ManualClock, SharedClock};
-use lading_jobs::{
-    AcceptOptions, AddOptions, Added, Cron, Every, Jobs, JobsError, Outcome, ROOT, State,
-    TypeUpdate,
-};
-use serde_json::{Value, json};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use crate::generic::{NOW, jobs_on, names_under, subtree};
+use crate::{Harness, WAIT};
+use lading_core::time::ManualClock;
+use lading_jobs::{AddOptions, Added, Cron, Every, JobsError, Outcome, State, TypeUpdate};
+use serde_json::json;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const T0: u64 = 1_800_000_000_000;
-
-async fn jobs_on(h: &dyn Harness, clock: SharedClock, owner: &str) -> (Arc<Jobs>, Session) {
-    let s = h.open().await;
-    (Arc::new(Jobs::new(s.tree.clone(), clock, owner)), s)
-}
-
-const NOW: AcceptOptions = AcceptOptions {
-    max_sched_time: None,
-    timeout: Duration::ZERO,
-    no_schedule: false,
-};
-
-/// Everything under the generic-jobs subtree, as path → data.
-async fn subtree(j: &Jobs) -> BTreeMap<String, Value> {
-    let mut out = BTreeMap::new();
-    let mut todo = vec![ROOT.to_string()];
-    while let Some(p) = todo.pop() {
-        let Some(n) = j.tree().get(&p).await.unwrap() else {
-            continue;
-        };
-        let v = n
-            .data
-            .as_deref()
-            .map(|d| serde_json::from_slice(d).unwrap_or(Value::Null))
-            .unwrap_or(Value::Null);
-        out.insert(p.clone(), v);
-        for c in j.tree().children(&p).await.unwrap() {
-            todo.push(format!("{p}/{c}"));
-        }
-    }
-    out
-}
-
-fn names_under(t: &BTreeMap<String, Value>, dir: &str) -> Vec<String> {
-    t.keys()
-        .filter_map(|k| k.strip_prefix(&format!("{dir}/")))
-        .filter(|k| !k.contains('/'))
-        .map(str::to_string)
-        .collect()
-}
 
 fn error(message: &str) -> Outcome {
     Outcome::Error {
