@@ -350,7 +350,7 @@ pub async fn demo(dir: &Path, objects: usize, files: usize) -> anyhow::Result<()
     println!(
         "\nstored objects: {}\ninventory: {}\ncallbacks received: {}\nstore: {store} (try `lading --store {store} dump /batches`)",
         cfg.storage_root().display(),
-        cfg.inventory().display(),
+        cfg.inventory(),
         server.callbacks().len()
     );
     ingest.engine.tree().close().await?;

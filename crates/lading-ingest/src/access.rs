@@ -77,14 +77,13 @@ async fn assemble(ingest: &Ingest, lease: &AccessLease) -> Result<(), String> {
     let version = lease.token["version"]
         .as_u64()
         .ok_or("the token has no version")? as u32;
-    let db = ingest.cfg.inventory();
     let a = ark.to_string();
-    let path =
-        tokio::task::spawn_blocking(move || crate::inventory::version_path(&db, &a, version))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("version {version} of {ark} is no longer recorded"))?;
+    let path = ingest
+        .inventory
+        .run(move |i| i.version_path(&a, version))
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("version {version} of {ark} is no longer recorded"))?;
     let out = zip_path(&ingest.cfg, lease.queue, &lease.id);
     tokio::task::spawn_blocking(move || zip_to_file(&PathBuf::from(path), &out))
         .await

@@ -58,7 +58,8 @@ pub struct Config {
     pub data_dir: PathBuf,
     pub work_dir: Option<PathBuf>,
     pub storage_root: Option<PathBuf>,
-    /// The inventory database (SQLite file).
+    /// The inventory database: a SQLite file, or a `postgres://USER@HOST:PORT/DB` URL for an
+    /// inventory shared by several hosts.
     pub inventory: Option<PathBuf>,
     pub profiles_dir: Option<PathBuf>,
     /// Kept free on the working storage beyond a job's `space_needed`.
@@ -327,10 +328,11 @@ impl Config {
             .clone()
             .unwrap_or_else(|| self.data_dir.join("storage"))
     }
-    pub fn inventory(&self) -> PathBuf {
-        self.inventory
-            .clone()
-            .unwrap_or_else(|| self.data_dir.join("inventory.db"))
+    pub fn inventory(&self) -> crate::inventory::Location {
+        match &self.inventory {
+            Some(s) => crate::inventory::Location::from_setting(s),
+            None => crate::inventory::Location::Sqlite(self.data_dir.join("inventory.db")),
+        }
     }
     pub fn profiles_dir(&self) -> PathBuf {
         self.profiles_dir

@@ -1,19 +1,31 @@
-//! The inventory database (SQLite): objects, versions and files, so stored content can be
-//! found. Recording a version twice changes nothing.
+//! The inventory database: objects, versions and files, so stored content can be found.
+//! Recording a version twice changes nothing. It lives in a SQLite file on one machine (the
+//! default, `DATA_DIR/inventory.db`) or in PostgreSQL (`inventory = "postgres://USER@HOST:PORT/DB"`)
+//! when several hosts record and serve objects: the same tables, the same idempotence.
 
 use crate::stages::{ObjectFile, StoredVersion, list_files};
 use rusqlite::{Connection, OptionalExtension, params};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+/// The tables, for both databases (SQLite takes `BIGINT` as an integer).
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS objects(ark TEXT PRIMARY KEY, created TEXT NOT NULL, collection TEXT);
 CREATE TABLE IF NOT EXISTS versions(ark TEXT NOT NULL REFERENCES objects(ark), version INTEGER NOT NULL,
   job TEXT NOT NULL, batch TEXT NOT NULL, path TEXT NOT NULL, created TEXT NOT NULL,
   PRIMARY KEY(ark, version));
 CREATE TABLE IF NOT EXISTS files(ark TEXT NOT NULL, version INTEGER NOT NULL, path TEXT NOT NULL,
-  size INTEGER NOT NULL, sha256 TEXT NOT NULL, PRIMARY KEY(ark, version, path),
+  size BIGINT NOT NULL, sha256 TEXT NOT NULL, PRIMARY KEY(ark, version, path),
   FOREIGN KEY(ark, version) REFERENCES versions(ark, version));
 ";
+
+/// Taken while PostgreSQL's tables are made, so hosts starting together do not race on
+/// `CREATE TABLE IF NOT EXISTS` (which is not safe against itself).
+const PG_SCHEMA_LOCK: i64 = 0x4c61_6469_6e67;
+
+/// The versions of one object: (version, file count, total bytes).
+pub type Versions = Vec<(u32, u64, u64)>;
 
 /// What one `record` call did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,8 +39,57 @@ pub struct Recorded {
 pub enum InventoryError {
     #[error(transparent)]
     Sql(#[from] rusqlite::Error),
+    #[error("PostgreSQL inventory at {at}: {error}")]
+    Postgres { at: String, error: postgres::Error },
+    #[error("the inventory setting {0:?} is not a PostgreSQL URL it can use: {1}")]
+    BadUrl(String, String),
     #[error("reading the stored version: {0}")]
     Io(#[from] std::io::Error),
+}
+
+/// Where the inventory is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    Sqlite(PathBuf),
+    /// A `postgres://` or `postgresql://` URL.
+    Postgres(String),
+}
+
+impl Location {
+    /// The configured value: a PostgreSQL URL, or else a SQLite file's path.
+    pub fn from_setting(s: &Path) -> Location {
+        match s.to_str() {
+            Some(u) if u.starts_with("postgres://") || u.starts_with("postgresql://") => {
+                Location::Postgres(u.to_string())
+            }
+            _ => Location::Sqlite(s.to_path_buf()),
+        }
+    }
+
+    /// The value that configures this location (the inverse of [`Location::from_setting`]).
+    pub fn setting(&self) -> PathBuf {
+        match self {
+            Location::Sqlite(p) => p.clone(),
+            Location::Postgres(u) => PathBuf::from(u),
+        }
+    }
+}
+
+/// The path, or the URL without its password.
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Location::Sqlite(p) => write!(f, "{}", p.display()),
+            Location::Postgres(u) => match url::Url::parse(u) {
+                Ok(mut parsed) if parsed.password().is_some() => {
+                    let _ = parsed.set_password(Some("***"));
+                    write!(f, "{parsed}")
+                }
+                Ok(_) => f.write_str(u),
+                Err(_) => f.write_str("postgres://(unreadable URL)"),
+            },
+        }
+    }
 }
 
 pub fn open(db: &Path) -> Result<Connection, InventoryError> {
@@ -50,25 +111,86 @@ pub fn open(db: &Path) -> Result<Connection, InventoryError> {
     Ok(c)
 }
 
-/// An open inventory, shared by a process's recording handlers (one connection: opening
-/// one per record cost more than the record).
+fn open_postgres(url: &str, shown: &str) -> Result<postgres::Client, InventoryError> {
+    let pg = |error| InventoryError::Postgres {
+        at: shown.to_string(),
+        error,
+    };
+    let mut config: postgres::Config = url
+        .parse()
+        .map_err(|e: postgres::Error| InventoryError::BadUrl(shown.to_string(), e.to_string()))?;
+    config
+        .connect_timeout(Duration::from_secs(10))
+        .application_name("lading");
+    let mut c = config.connect(postgres::NoTls).map_err(pg)?;
+    let mut tx = c.transaction().map_err(pg)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&PG_SCHEMA_LOCK])
+        .map_err(pg)?;
+    tx.batch_execute(SCHEMA).map_err(pg)?;
+    tx.commit().map_err(pg)?;
+    Ok(c)
+}
+
+enum Conn {
+    Sqlite(Connection),
+    Postgres(postgres::Client),
+}
+
+/// An open inventory, shared by a process's recording handlers and readers (one connection:
+/// opening one per record cost more than the record). Every call blocks: call it from a
+/// blocking thread, or through [`Inventory::run`].
 pub struct Inventory {
-    path: std::path::PathBuf,
-    conn: std::sync::Mutex<Option<Connection>>,
+    location: Location,
+    conn: Mutex<Option<Conn>>,
 }
 
 impl Inventory {
-    pub fn new(path: impl Into<std::path::PathBuf>) -> Inventory {
+    pub fn new(location: Location) -> Inventory {
         Inventory {
-            path: path.into(),
-            conn: std::sync::Mutex::new(None),
+            location,
+            conn: Mutex::new(None),
         }
+    }
+
+    pub fn location(&self) -> &Location {
+        &self.location
+    }
+
+    /// Runs `f` on a blocking thread.
+    pub async fn run<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&Inventory) -> Result<T, InventoryError> + Send + 'static,
+    ) -> Result<T, InventoryError> {
+        let inv = self.clone();
+        tokio::task::spawn_blocking(move || f(&inv))
+            .await
+            .map_err(|e| InventoryError::Io(std::io::Error::other(e)))?
+    }
+
+    /// Runs `f` on the shared connection (opened on first use); a connection that failed is
+    /// not reused.
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut Conn, &str) -> Result<T, InventoryError>,
+    ) -> Result<T, InventoryError> {
+        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let shown = self.location.to_string();
+        if guard.is_none() {
+            *guard = Some(match &self.location {
+                Location::Sqlite(p) => Conn::Sqlite(open(p)?),
+                Location::Postgres(u) => Conn::Postgres(open_postgres(u, &shown)?),
+            });
+        }
+        let r = f(guard.as_mut().expect("opened above"), &shown);
+        if r.is_err() {
+            *guard = None;
+        }
+        r
     }
 
     /// Records a stored version and its files in one transaction. `producer` lists the
     /// object's own files as processing hashed them (so they are not read again); the rest of
     /// the version (Lading's manifest and version record, a few small files) is hashed here.
-    /// Blocking: call from a blocking thread.
     pub fn record(
         &self,
         v: &StoredVersion,
@@ -109,79 +231,133 @@ impl Inventory {
                 all
             }
         };
-        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        if guard.is_none() {
-            *guard = Some(open(&self.path)?);
-        }
-        let c = guard.as_mut().expect("opened above");
-        let r = record_into(c, v, &files);
-        if r.is_err() {
-            // A broken connection is not reused.
-            *guard = None;
-        }
-        r
-    }
-
-    /// Runs `f` on the shared connection (opened on first use). Blocking.
-    fn with<T>(
-        &self,
-        f: impl FnOnce(&Connection) -> Result<T, InventoryError>,
-    ) -> Result<T, InventoryError> {
-        let mut guard = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        if guard.is_none() {
-            *guard = Some(open(&self.path)?);
-        }
-        let r = f(guard.as_ref().expect("opened above"));
-        if r.is_err() {
-            *guard = None;
-        }
-        r
-    }
-
-    /// The collection that owns `ark` (the one whose profile created it), if it is recorded;
-    /// `Some("")` for an object recorded before owners were kept. Blocking.
-    pub fn owner(&self, ark: &str) -> Result<Option<String>, InventoryError> {
-        self.with(|c| {
-            Ok(c.query_row(
-                "SELECT COALESCE(collection, '') FROM objects WHERE ark = ?1",
-                params![ark],
-                |r| r.get(0),
-            )
-            .optional()?)
+        self.with(|c, shown| match c {
+            Conn::Sqlite(c) => record_sqlite(c, v, &files),
+            Conn::Postgres(c) => {
+                record_postgres(c, v, &files).map_err(|error| InventoryError::Postgres {
+                    at: shown.to_string(),
+                    error,
+                })
+            }
         })
     }
 
-    /// The batch that stored version `version` of `ark`, if it is recorded. Blocking.
+    /// One row of one text column, or none.
+    fn text(
+        &self,
+        sqlite: &str,
+        postgres: &str,
+        ark: &str,
+        version: Option<u32>,
+    ) -> Result<Option<String>, InventoryError> {
+        self.with(|c, shown| match c {
+            Conn::Sqlite(c) => Ok(match version {
+                None => c.query_row(sqlite, params![ark], |r| r.get(0)),
+                Some(v) => c.query_row(sqlite, params![ark, v], |r| r.get(0)),
+            }
+            .optional()?),
+            Conn::Postgres(c) => {
+                let row = match version {
+                    None => c.query_opt(postgres, &[&ark]),
+                    Some(v) => c.query_opt(postgres, &[&ark, &(v as i32)]),
+                };
+                row.map(|r| r.map(|r| r.get(0)))
+                    .map_err(|error| InventoryError::Postgres {
+                        at: shown.to_string(),
+                        error,
+                    })
+            }
+        })
+    }
+
+    /// The collection that owns `ark` (the one whose profile created it), if it is recorded;
+    /// `Some("")` for an object recorded before owners were kept.
+    pub fn owner(&self, ark: &str) -> Result<Option<String>, InventoryError> {
+        self.text(
+            "SELECT COALESCE(collection, '') FROM objects WHERE ark = ?1",
+            "SELECT COALESCE(collection, '') FROM objects WHERE ark = $1",
+            ark,
+            None,
+        )
+    }
+
+    /// The batch that stored version `version` of `ark`, if it is recorded.
     pub fn version_batch(&self, ark: &str, version: u32) -> Result<Option<String>, InventoryError> {
-        self.with(|c| {
-            Ok(c.query_row(
-                "SELECT batch FROM versions WHERE ark = ?1 AND version = ?2",
-                params![ark, version],
-                |r| r.get(0),
-            )
-            .optional()?)
+        self.text(
+            "SELECT batch FROM versions WHERE ark = ?1 AND version = ?2",
+            "SELECT batch FROM versions WHERE ark = $1 AND version = $2",
+            ark,
+            Some(version),
+        )
+    }
+
+    /// Where version `version` of `ark` is stored, if it was recorded.
+    pub fn version_path(&self, ark: &str, version: u32) -> Result<Option<String>, InventoryError> {
+        self.text(
+            "SELECT path FROM versions WHERE ark = ?1 AND version = ?2",
+            "SELECT path FROM versions WHERE ark = $1 AND version = $2",
+            ark,
+            Some(version),
+        )
+    }
+
+    /// Versions recorded for `ark`: (version, file count, total bytes), oldest first.
+    pub fn versions(&self, ark: &str) -> Result<Versions, InventoryError> {
+        const Q: &str = "SELECT v.version, COUNT(f.path), CAST(COALESCE(SUM(f.size), 0) AS BIGINT)
+             FROM versions v LEFT JOIN files f ON f.ark = v.ark AND f.version = v.version
+             WHERE v.ark = $1 GROUP BY v.version ORDER BY v.version";
+        self.with(|c, shown| match c {
+            Conn::Sqlite(c) => {
+                let mut st = c.prepare(&Q.replace("$1", "?1"))?;
+                let rows = st
+                    .query_map(params![ark], |r| {
+                        Ok((
+                            r.get::<_, u32>(0)?,
+                            r.get::<_, i64>(1)? as u64,
+                            r.get::<_, i64>(2)? as u64,
+                        ))
+                    })?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            }
+            Conn::Postgres(c) => c
+                .query(Q, &[&ark])
+                .map(|rows| {
+                    rows.iter()
+                        .map(|r| {
+                            (
+                                r.get::<_, i32>(0) as u32,
+                                r.get::<_, i64>(1) as u64,
+                                r.get::<_, i64>(2) as u64,
+                            )
+                        })
+                        .collect()
+                })
+                .map_err(|error| InventoryError::Postgres {
+                    at: shown.to_string(),
+                    error,
+                }),
         })
     }
 }
 
 /// [`Inventory::owner`] off the async runtime.
-pub async fn owner_of(
-    inv: &std::sync::Arc<Inventory>,
-    ark: &str,
-) -> Result<Option<String>, InventoryError> {
-    let (inv, ark) = (inv.clone(), ark.to_string());
-    tokio::task::spawn_blocking(move || inv.owner(&ark))
-        .await
-        .map_err(|e| InventoryError::Io(std::io::Error::other(e)))?
+pub async fn owner_of(inv: &Arc<Inventory>, ark: &str) -> Result<Option<String>, InventoryError> {
+    let ark = ark.to_string();
+    inv.run(move |i| i.owner(&ark)).await
 }
 
-fn record_into(
+fn now() -> String {
+    lading_core::time::format_ts(lading_core::time::system_clock().now_ms())
+}
+
+fn record_sqlite(
     c: &mut Connection,
     v: &StoredVersion,
     files: &[ObjectFile],
 ) -> Result<Recorded, InventoryError> {
     let tx = c.transaction()?;
-    let now = lading_core::time::format_ts(lading_core::time::system_clock().now_ms());
+    let now = now();
     tx.execute(
         "INSERT OR IGNORE INTO objects(ark, created, collection) VALUES (?1, ?2, ?3)",
         params![v.ark, now, v.collection],
@@ -210,62 +386,76 @@ fn record_into(
     })
 }
 
-/// Versions recorded for `ark`: (version, file count, total bytes).
-pub fn versions_of(db: &Path, ark: &str) -> Result<Vec<(u32, u64, u64)>, InventoryError> {
-    let c = open(db)?;
-    let mut st = c.prepare(
-        "SELECT v.version, COUNT(f.path), COALESCE(SUM(f.size), 0) FROM versions v
-         LEFT JOIN files f ON f.ark = v.ark AND f.version = v.version
-         WHERE v.ark = ?1 GROUP BY v.version ORDER BY v.version",
+/// The same as [`record_sqlite`], with the files in one statement. Two hosts recording the
+/// same version at once: the second waits for the first's rows and then adds nothing.
+fn record_postgres(
+    c: &mut postgres::Client,
+    v: &StoredVersion,
+    files: &[ObjectFile],
+) -> Result<Recorded, postgres::Error> {
+    let mut tx = c.transaction()?;
+    let now = now();
+    let version = v.version as i32;
+    tx.execute(
+        "INSERT INTO objects(ark, created, collection) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+        &[&v.ark, &now, &v.collection],
     )?;
-    let rows = st
-        .query_map(params![ark], |r| {
-            Ok((
-                r.get::<_, u32>(0)?,
-                r.get::<_, i64>(1)? as u64,
-                r.get::<_, i64>(2)? as u64,
-            ))
-        })?
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(rows)
-}
-
-/// Where version `version` of `ark` is stored, if it was recorded.
-pub fn version_path(db: &Path, ark: &str, version: u32) -> Result<Option<String>, InventoryError> {
-    let c = open(db)?;
-    Ok(c.query_row(
-        "SELECT path FROM versions WHERE ark = ?1 AND version = ?2",
-        params![ark, version],
-        |r| r.get(0),
-    )
-    .optional()?)
+    if v.collection.is_some() {
+        tx.execute(
+            "UPDATE objects SET collection = $2 WHERE ark = $1 AND collection IS NULL",
+            &[&v.ark, &v.collection],
+        )?;
+    }
+    let new = tx.execute(
+        "INSERT INTO versions(ark, version, job, batch, path, created) VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT DO NOTHING",
+        &[&v.ark, &version, &v.job, &v.batch, &v.path, &now],
+    )? == 1;
+    let paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
+    let sizes: Vec<i64> = files.iter().map(|f| f.size as i64).collect();
+    let digests: Vec<&str> = files.iter().map(|f| f.sha256.as_str()).collect();
+    tx.execute(
+        "INSERT INTO files(ark, version, path, size, sha256)
+         SELECT $1, $2, p, s, h FROM unnest($3::text[], $4::bigint[], $5::text[]) AS t(p, s, h)
+         ON CONFLICT DO NOTHING",
+        &[&v.ark, &version, &paths, &sizes, &digests],
+    )?;
+    tx.commit()?;
+    Ok(Recorded {
+        new,
+        files: files.len(),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn recording_a_version_twice_changes_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let v1 = dir.path().join("obj/v1");
-        std::fs::create_dir_all(v1.join("producer")).unwrap();
-        std::fs::write(v1.join("producer/a.txt"), b"alpha").unwrap();
-        let v = StoredVersion {
+    fn version(dir: &Path, n: u32) -> StoredVersion {
+        let root = dir.join(format!("obj/v{n}"));
+        std::fs::create_dir_all(root.join("producer")).unwrap();
+        std::fs::write(root.join("producer/a.txt"), b"alpha").unwrap();
+        std::fs::write(root.join("producer/b.txt"), b"beta").unwrap();
+        StoredVersion {
             ark: "ark:/99999/fk4x".into(),
-            version: 1,
-            path: v1.to_string_lossy().into_owned(),
-            job: "jid0000000001".into(),
-            batch: "bid0000000001".into(),
+            version: n,
+            path: root.to_string_lossy().into_owned(),
+            job: format!("jid000000000{n}"),
+            batch: format!("bid000000000{n}"),
             collection: Some("demo".into()),
-        };
-        let inv = Inventory::new(dir.path().join("inventory.db"));
+        }
+    }
+
+    /// The same checks on every database: recording twice changes nothing, and every read.
+    fn recording_a_version_twice_changes_nothing(inv: Inventory) {
+        let dir = tempfile::tempdir().unwrap();
+        let v = version(dir.path(), 1);
         let first = inv.record(&v, None).unwrap();
         assert_eq!(
             first,
             Recorded {
                 new: true,
-                files: 1
+                files: 2
             }
         );
         let again = inv.record(&v, None).unwrap();
@@ -273,13 +463,19 @@ mod tests {
             again,
             Recorded {
                 new: false,
-                files: 1
+                files: 2
             }
         );
+        assert_eq!(inv.versions("ark:/99999/fk4x").unwrap(), vec![(1, 2, 9)]);
+        // A second version, recorded with the files processing hashed.
+        let v2 = version(dir.path(), 2);
+        let known = list_files(&Path::new(&v2.path).join("producer")).unwrap();
+        assert_eq!(inv.record(&v2, Some(&known)).unwrap().files, 2);
         assert_eq!(
-            versions_of(&dir.path().join("inventory.db"), "ark:/99999/fk4x").unwrap(),
-            vec![(1, 1, 5)]
+            inv.versions("ark:/99999/fk4x").unwrap(),
+            vec![(1, 2, 9), (2, 2, 9)]
         );
+        assert_eq!(inv.versions("ark:/99999/nope").unwrap(), vec![]);
         assert_eq!(
             inv.owner("ark:/99999/fk4x").unwrap().as_deref(),
             Some("demo")
@@ -288,6 +484,66 @@ mod tests {
         assert_eq!(
             inv.version_batch("ark:/99999/fk4x", 1).unwrap().as_deref(),
             Some("bid0000000001")
+        );
+        assert_eq!(
+            inv.version_path("ark:/99999/fk4x", 2).unwrap().as_deref(),
+            Some(v2.path.as_str())
+        );
+        assert_eq!(inv.version_path("ark:/99999/fk4x", 3).unwrap(), None);
+    }
+
+    #[test]
+    fn recording_a_version_twice_changes_nothing_on_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = Location::from_setting(&dir.path().join("inventory.db"));
+        assert!(matches!(at, Location::Sqlite(_)));
+        recording_a_version_twice_changes_nothing(Inventory::new(at));
+    }
+
+    #[test]
+    fn recording_a_version_twice_changes_nothing_on_postgres() {
+        let pg = lading_testkit::pg::PgServer::start().unwrap();
+        let url = pg.create_db("inventory").unwrap();
+        let at = Location::from_setting(Path::new(&url));
+        assert_eq!(at, Location::Postgres(url.clone()));
+        recording_a_version_twice_changes_nothing(Inventory::new(at.clone()));
+        // A second host (its own connection) sees the same records, and recording the same
+        // version from both at once adds it once.
+        let dir = tempfile::tempdir().unwrap();
+        let v = StoredVersion {
+            ark: "ark:/99999/fk4y".into(),
+            ..version(dir.path(), 1)
+        };
+        let hosts: Vec<_> = (0..4)
+            .map(|_| {
+                let (at, v) = (at.clone(), v.clone());
+                std::thread::spawn(move || Inventory::new(at).record(&v, None).unwrap())
+            })
+            .collect();
+        let news = hosts
+            .into_iter()
+            .map(|h| h.join().unwrap().new)
+            .filter(|n| *n)
+            .count();
+        assert_eq!(news, 1, "exactly one host added the version");
+        let other = Inventory::new(at);
+        assert_eq!(other.versions("ark:/99999/fk4y").unwrap(), vec![(1, 2, 9)]);
+        assert_eq!(other.versions("ark:/99999/fk4x").unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_postgres_url_is_shown_without_its_password_and_a_bad_one_is_named() {
+        let at = Location::from_setting(Path::new("postgres://lading:secret@db:5432/inv"));
+        assert_eq!(at.to_string(), "postgres://lading:***@db:5432/inv");
+        let bad = Inventory::new(Location::Postgres("postgres://lading@db:notaport/x".into()));
+        let e = bad.owner("ark:/1/2").unwrap_err().to_string();
+        assert!(e.contains("is not a PostgreSQL URL"), "{e}");
+        // Nothing listens on port 1: the refusal names where it tried.
+        let down = Inventory::new(Location::Postgres("postgres://lading@127.0.0.1:1/x".into()));
+        let e = down.owner("ark:/1/2").unwrap_err().to_string();
+        assert!(
+            e.contains("PostgreSQL inventory at postgres://lading@127.0.0.1:1/x"),
+            "{e}"
         );
     }
 }

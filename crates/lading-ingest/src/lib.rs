@@ -1,7 +1,7 @@
 //! The ingest pipeline: submission, batch intake, the job stages (estimating through
 //! notify), reporting, cleanup — each a handler for `lading-worker`, each doing real work
 //! against real servers (HTTP for payloads and callbacks, the file system for working and
-//! storage, SQLite for the inventory, SMTP for reports).
+//! storage, SQLite or PostgreSQL for the inventory, SMTP for reports).
 //!
 //! [`Ingest`] carries what every stage shares; [`stages`] lists them in pipeline order;
 //! [`run`] runs a chosen set in one process.

@@ -105,7 +105,9 @@ async fn a_manifest_of_manifests_goes_through_every_stage_to_a_report() {
         assert!(inv["files"].is_array(), "Lading's own fields stay: {inv}");
         let status = node("status").await;
         assert_eq!(status["message"], "", "Merritt always has a message");
-        let versions = inventory::versions_of(&w.cfg.inventory(), &ark).unwrap();
+        let versions = inventory::Inventory::new(w.cfg.inventory())
+            .versions(&ark)
+            .unwrap();
         assert_eq!(versions.len(), 1);
         assert_eq!(versions[0].0, 1);
     }
@@ -1433,7 +1435,9 @@ async fn a_job_that_changes_hosts_is_fetched_and_processed_again_where_it_goes(w
             bytes
         );
     }
-    let versions = inventory::versions_of(&w.cfg.inventory(), &v.ark).unwrap();
+    let versions = inventory::Inventory::new(w.cfg.inventory())
+        .versions(&v.ark)
+        .unwrap();
     assert_eq!(versions.len(), 1, "recorded once");
     // B's folder stays while the job exists; once cleanup (on A) removes the batch, B's sweep
     // removes it, but only once nothing touched it for the age asked (by default the

@@ -51,13 +51,13 @@ pub async fn request(
     Extension(p): Extension<Principal>,
     Body(b): Body<AccessBody>,
 ) -> Result<Response, ApiError> {
-    let db = s.ingest.cfg.inventory();
     let ark = b.ark.clone();
-    let versions =
-        tokio::task::spawn_blocking(move || lading_ingest::inventory::versions_of(&db, &ark))
-            .await
-            .map_err(internal)?
-            .map_err(internal)?;
+    let versions = s
+        .ingest
+        .inventory
+        .run(move |i| i.versions(&ark))
+        .await
+        .map_err(internal)?;
     // Not recorded and not the submitter's own get the same answer: no existence oracle.
     let not_found = || {
         ApiError::new(
@@ -115,10 +115,12 @@ async fn submitted_by(
     ark: &str,
     version: u32,
 ) -> Result<bool, ApiError> {
-    let (inv, a) = (s.ingest.inventory.clone(), ark.to_string());
-    let bid = tokio::task::spawn_blocking(move || inv.version_batch(&a, version))
+    let a = ark.to_string();
+    let bid = s
+        .ingest
+        .inventory
+        .run(move |i| i.version_batch(&a, version))
         .await
-        .map_err(internal)?
         .map_err(internal)?;
     let Some(bid) = bid.and_then(|b| lading_core::layout::BatchId::parse(&b).ok()) else {
         return Ok(false);

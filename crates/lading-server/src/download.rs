@@ -139,21 +139,20 @@ pub async fn object_download(
     Admin(_): Admin,
     Query(q): Query<ObjectQuery>,
 ) -> Result<Response, ApiError> {
-    let db = s.ingest.cfg.inventory();
     let (ark, version) = (q.ark.clone(), q.version);
-    let path = tokio::task::spawn_blocking(move || {
-        lading_ingest::inventory::version_path(&db, &ark, version)
-    })
-    .await
-    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
-    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
-    .ok_or_else(|| {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            format!("no version {} of {:?} is recorded", q.version, q.ark),
-        )
-    })?;
+    let path = s
+        .ingest
+        .inventory
+        .run(move |i| i.version_path(&ark, version))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no version {} of {:?} is recorded", q.version, q.ark),
+            )
+        })?;
     Ok(zip_response(
         PathBuf::from(path),
         &format!("{}-v{}.zip", ark_node_name(&q.ark), q.version),

@@ -1,5 +1,6 @@
 //! Test fixtures shared by the test suites, used only as a dev-dependency: real ZooKeeper
 //! servers and ensembles on free loopback ports, with relays that can cut a session off
-//! (`zk`).
+//! (`zk`), and private PostgreSQL servers (`pg`).
 
+pub mod pg;
 pub mod zk;

@@ -16,12 +16,13 @@ pub(crate) async fn record(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Out
     let producer: Option<Vec<ObjectFile>> = job_json(job, "inventory")
         .await?
         .and_then(|v| serde_json::from_value(v.get("files")?.clone()).ok());
-    let (inv, s) = (ingest.inventory.clone(), stored.clone());
-    let r = tokio::task::spawn_blocking(move || inv.record(&s, producer.as_deref()))
-        .await
-        .map_err(|e| Outcome::Transient(e.to_string()));
+    let s = stored.clone();
+    let r = ingest
+        .inventory
+        .run(move |i| i.record(&s, producer.as_deref()))
+        .await;
     let _ = job.engine.unlock_ark(lock).await;
-    let added = r?.map_err(|e| Outcome::Transient(format!("inventory: {e}")))?;
+    let added = r.map_err(|e| Outcome::Transient(format!("inventory: {e}")))?;
     job.log(&format!(
         "recorded {} v{} ({} files{})",
         stored.ark,

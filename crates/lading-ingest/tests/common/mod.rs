@@ -143,7 +143,7 @@ impl World {
         let cfg = Config {
             data_dir: self.dir.path().join(name),
             storage_root: Some(self.cfg.storage_root()),
-            inventory: Some(self.cfg.inventory()),
+            inventory: Some(self.cfg.inventory().setting()),
             profiles_dir: Some(self.cfg.profiles_dir()),
             ..self.cfg.clone()
         };
