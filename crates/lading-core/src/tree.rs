@@ -213,6 +213,29 @@ impl fmt::Debug for Watch {
     }
 }
 
+/// One report of a change feed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// The node at this path was created, set or deleted.
+    Node(String),
+    /// Changes may have been missed (the feed reconnected, or the backend reloaded the
+    /// tree): whoever follows re-reads what it needs.
+    Lost,
+}
+
+/// A feed of changes (see [`Tree::changes`]).
+pub trait ChangeFeed: Send {
+    /// The next change; `None` when the feed has ended (the tree was closed).
+    fn next(&mut self) -> BoxFuture<'_, Option<Change>>;
+}
+
+/// Whether `path` is `prefix` or below it.
+pub fn is_under(path: &str, prefix: &str) -> bool {
+    prefix == "/"
+        || (path.starts_with(prefix)
+            && (path.len() == prefix.len() || path.as_bytes()[prefix.len()] == b'/'))
+}
+
 /// The coordination tree, as one session sees it.
 pub trait Tree: Send + Sync + 'static {
     /// A short name of the backend kind (`sqlite`, `zookeeper`).
@@ -272,6 +295,17 @@ pub trait Tree: Send + Sync + 'static {
 
     /// Ends the session: its ephemeral nodes are removed now, not at expiry.
     fn close(&self) -> BoxFuture<'_, Result<(), TreeError>>;
+
+    /// Every change under `prefixes` (a node created, set or deleted), by any writer — this
+    /// session, other sessions, other processes, other tools — in commit order, until the
+    /// feed is dropped. `None` when the backend cannot follow changes.
+    fn changes<'a>(
+        &'a self,
+        prefixes: &'a [String],
+    ) -> BoxFuture<'a, Result<Option<Box<dyn ChangeFeed>>, TreeError>> {
+        let _ = prefixes;
+        Box::pin(async { Ok(None) })
+    }
 
     fn create(
         &self,

@@ -31,6 +31,7 @@ mod admin;
 mod batches;
 mod claims;
 mod error;
+mod follow;
 mod holds;
 mod jobs;
 mod locks;
@@ -42,6 +43,7 @@ mod reserve;
 
 use claims::Round;
 pub use error::{EngineError, Result};
+pub use follow::{Observed, transition_id, transition_id_time};
 pub use locks::ForeignLock;
 pub use outbox::{Effect, OutboxClaim, OutboxEntry, OutboxItem};
 pub use reserve::{RESERVED_FIELD, Reservation};
@@ -88,6 +90,11 @@ pub struct ChangeEvent {
     pub from: Option<String>,
     pub to: String,
     pub time: String,
+    /// The host (`owner` of the engine) that made it, when known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// A job held by this worker.
@@ -342,6 +349,8 @@ impl Engine {
             from: from.map(str::to_string),
             to: to.to_string(),
             time: self.now(),
+            host: Some(self.owner.clone()),
+            message: None,
         });
     }
 

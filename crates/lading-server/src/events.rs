@@ -1,14 +1,15 @@
-//! `GET /api/v1/events`: committed batch and job changes as server-sent events, resumable.
+//! `GET /api/v1/events`: batch and job transitions as server-sent events, resumable.
 //!
-//! Every change this process commits gets an id `EPOCH-SEQ` (EPOCH: when the server started)
-//! and is kept in a ring of the last [`KEPT`]. A client that reconnects with `Last-Event-ID`
-//! (or `?last_event_id=`) gets every event after that one, then the live ones, with nothing
-//! lost or repeated in between: replay and subscription are taken under one lock. When the
-//! events it missed are no longer kept (or the server restarted), it gets a `reset` event
-//! first and should re-read what it shows.
-//!
-//! Scope: the changes made through this process's engine — with `lading serve`, every stage.
-//! Workers in other processes publish to their own.
+//! The transitions come from the tree's change stream (see `lading_engine::Engine::
+//! follow_transitions`), so they are every writer's: this process's stages, `lading worker`
+//! processes on other hosts, Merritt's own tools. Each has an id that names the status change
+//! it comes from (`MTIME-ID-VERSION-K`), and the last [`KEPT`] are kept in memory. A client
+//! that reconnects with `Last-Event-ID` (or `?last_event_id=`) gets every event after that
+//! one, then the live ones: from memory when the id is still kept (nothing lost or repeated,
+//! as replay and subscription are taken under one lock); else, after a server restart or a
+//! long absence, from the tree itself: every transition of a job or batch whose status
+//! changed since the id's time (those of the id's own second may come again). A `reset` event
+//! says that some may have been missed (the change feed reconnected): re-read the state.
 
 use crate::{ApiError, AppState, Principal, Query, Role};
 use axum::Extension;
@@ -16,7 +17,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::stream::{self, Stream, StreamExt};
-use lading_engine::{ChangeEvent, Engine};
+use lading_engine::{ChangeEvent, Engine, Observed};
 use serde::Deserialize;
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -27,92 +28,116 @@ use tokio::sync::broadcast;
 /// Events kept for clients that reconnect.
 pub const KEPT: usize = 10_000;
 
-type Item = (u64, Arc<ChangeEvent>);
+/// (place in the ring, event id, event); `None` for a reset.
+type Item = (u64, Option<(Arc<str>, Arc<ChangeEvent>)>);
 
 struct Ring {
-    events: VecDeque<Item>,
+    events: VecDeque<(u64, Arc<str>, Arc<ChangeEvent>)>,
     next: u64,
-    /// Events before this sequence number may be missing (the hub fell behind the engine).
-    lost_before: u64,
 }
 
-/// Numbers the engine's changes and keeps the recent ones.
+/// Keeps the recent transitions and hands them to subscribers.
 pub struct EventHub {
-    epoch: u64,
+    engine: Arc<Engine>,
     ring: Mutex<Ring>,
     tx: broadcast::Sender<Item>,
 }
 
+/// Where a resuming client starts.
+enum Resume {
+    /// New client: live events only.
+    Live,
+    /// The kept events after its last.
+    Kept(Vec<Item>),
+    /// Its last is not kept: read the tree from that time.
+    FromTree(u64),
+    /// Its last is unreadable: a reset.
+    Unknown,
+}
+
 impl EventHub {
-    /// Starts following `engine`'s changes.
-    pub fn start(engine: &Engine) -> Arc<EventHub> {
-        let epoch = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
+    /// Starts following the tree's transitions (or, on a backend without a change feed,
+    /// this engine's own).
+    pub async fn start(engine: &Arc<Engine>) -> anyhow::Result<Arc<EventHub>> {
         let hub = Arc::new(EventHub {
-            epoch,
+            engine: engine.clone(),
             ring: Mutex::new(Ring {
                 events: VecDeque::new(),
                 next: 1,
-                lost_before: 0,
             }),
             tx: broadcast::channel(4096).0,
         });
-        let mut rx = engine.subscribe();
         let h = Arc::downgrade(&hub);
-        tokio::spawn(async move {
-            loop {
-                let ev = rx.recv().await;
-                let Some(hub) = h.upgrade() else { return };
-                match ev {
-                    Ok(ev) => hub.push(ev),
-                    Err(broadcast::error::RecvError::Lagged(_)) => {
-                        let mut r = hub.ring.lock().unwrap_or_else(|p| p.into_inner());
-                        r.lost_before = r.next;
+        match engine.follow_transitions().await? {
+            Some(mut rx) => {
+                tokio::spawn(async move {
+                    while let Some(o) = rx.recv().await {
+                        let Some(hub) = h.upgrade() else { return };
+                        match o {
+                            Observed::Transition(id, ev) => hub.push(Some((id.into(), ev.into()))),
+                            Observed::Lost => hub.push(None),
+                        }
                     }
-                    Err(broadcast::error::RecvError::Closed) => return,
-                }
+                });
             }
-        });
-        hub
-    }
-
-    fn push(&self, ev: ChangeEvent) {
-        let mut r = self.ring.lock().unwrap_or_else(|p| p.into_inner());
-        let item = (r.next, Arc::new(ev));
-        r.next += 1;
-        if r.events.len() == KEPT {
-            r.events.pop_front();
+            None => {
+                let mut rx = engine.subscribe();
+                tokio::spawn(async move {
+                    let mut n = 0u64;
+                    loop {
+                        let ev = rx.recv().await;
+                        let Some(hub) = h.upgrade() else { return };
+                        match ev {
+                            Ok(ev) => {
+                                n += 1;
+                                let ms = lading_core::time::parse_ts(&ev.time).unwrap_or(0);
+                                let id = lading_engine::transition_id(ms, &ev.id, 0, n as usize);
+                                hub.push(Some((id.into(), ev.into())));
+                            }
+                            Err(broadcast::error::RecvError::Lagged(_)) => hub.push(None),
+                            Err(broadcast::error::RecvError::Closed) => return,
+                        }
+                    }
+                });
+            }
         }
-        r.events.push_back(item.clone());
+        Ok(hub)
+    }
+
+    fn push(&self, ev: Option<(Arc<str>, Arc<ChangeEvent>)>) {
+        let mut r = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        let seq = r.next;
+        r.next += 1;
+        if let Some((id, e)) = &ev {
+            if r.events.len() == KEPT {
+                r.events.pop_front();
+            }
+            r.events.push_back((seq, id.clone(), e.clone()));
+        }
         // Sent under the lock, so a subscriber taken under it sees each event once.
-        let _ = self.tx.send(item);
+        let _ = self.tx.send((seq, ev));
     }
 
-    fn id(&self, seq: u64) -> String {
-        format!("{}-{seq}", self.epoch)
-    }
-
-    /// What follows `last` (an id this hub gave out): the kept events after it, whether some
-    /// are missing (a reset), and a receiver for the live ones.
-    fn resume(&self, last: Option<&str>) -> (Vec<Item>, bool, broadcast::Receiver<Item>) {
+    /// What follows `last` (an event id), and a receiver for the live ones.
+    fn resume(&self, last: Option<&str>) -> (Resume, broadcast::Receiver<Item>) {
         let r = self.ring.lock().unwrap_or_else(|p| p.into_inner());
         let rx = self.tx.subscribe();
         let Some(last) = last else {
-            return (Vec::new(), false, rx);
+            return (Resume::Live, rx);
         };
-        let seq = last
-            .split_once('-')
-            .filter(|(e, _)| e.parse() == Ok(self.epoch))
-            .and_then(|(_, s)| s.parse::<u64>().ok());
-        let Some(seq) = seq.filter(|s| *s < r.next) else {
-            return (Vec::new(), true, rx);
-        };
-        let oldest = r.events.front().map_or(r.next, |(s, _)| *s);
-        let missing = seq + 1 < oldest || seq + 1 < r.lost_before;
-        let after = r.events.iter().filter(|(s, _)| *s > seq).cloned().collect();
-        (after, missing, rx)
+        if let Some(i) = r.events.iter().position(|(_, id, _)| &**id == last) {
+            let after = r
+                .events
+                .iter()
+                .skip(i + 1)
+                .map(|(s, id, e)| (*s, Some((id.clone(), e.clone()))))
+                .collect();
+            return (Resume::Kept(after), rx);
+        }
+        match lading_engine::transition_id_time(last) {
+            Some(ms) => (Resume::FromTree(ms), rx),
+            None => (Resume::Unknown, rx),
+        }
     }
 }
 
@@ -157,16 +182,26 @@ pub async fn events(
         .map(str::to_string)
         .or(q.last_event_id);
     let hub = s.events.clone();
-    let (replay, reset, rx) = hub.resume(last.as_deref());
-    let to_event = {
-        let hub = hub.clone();
-        move |(seq, ev): &Item| {
-            Event::default()
-                .id(hub.id(*seq))
-                .event("change")
-                .json_data(ev.as_ref())
-                .unwrap_or_else(|_| Event::default().comment("unencodable event"))
-        }
+    let (resume, rx) = hub.resume(last.as_deref());
+    let admin = p.role == Role::Admin;
+    // Hosts and messages are the operator's: a submitter sees states and times.
+    let to_event = move |id: &str, ev: &ChangeEvent| {
+        let shown;
+        let ev = if admin {
+            ev
+        } else {
+            shown = ChangeEvent {
+                host: None,
+                message: None,
+                ..ev.clone()
+            };
+            &shown
+        };
+        Event::default()
+            .id(id)
+            .event("change")
+            .json_data(ev)
+            .unwrap_or_else(|_| Event::default().comment("unencodable event"))
     };
     let reset_event = || {
         Event::default()
@@ -174,32 +209,63 @@ pub async fn events(
             .data("some events were missed; re-read the state")
     };
     let mut head = Vec::new();
-    if reset {
-        head.push(reset_event());
+    // Ids read from the tree, so the same transition arriving live is not sent twice.
+    let mut sent: std::collections::HashSet<String> = std::collections::HashSet::new();
+    match resume {
+        Resume::Live => {}
+        Resume::Unknown => head.push(reset_event()),
+        Resume::Kept(items) => {
+            for (_, ev) in items {
+                match ev {
+                    Some((id, ev)) if matches(filter.as_deref(), &ev) => {
+                        head.push(to_event(&id, &ev))
+                    }
+                    Some(_) => {}
+                    None => head.push(reset_event()),
+                }
+            }
+        }
+        Resume::FromTree(ms) => {
+            let b = match &filter {
+                Some(b) => Some(
+                    lading_core::layout::BatchId::parse(b)
+                        .map_err(|e| ApiError::bad_request(e.to_string()))?,
+                ),
+                None => None,
+            };
+            let past = hub
+                .engine
+                .transitions_since(ms, b.as_ref())
+                .await
+                .map_err(ApiError::from)?;
+            for (id, ev) in past {
+                if id != last.as_deref().unwrap_or_default() && matches(filter.as_deref(), &ev) {
+                    head.push(to_event(&id, &ev));
+                    sent.insert(id);
+                }
+            }
+        }
     }
-    let f = filter.clone();
-    head.extend(
-        replay
-            .iter()
-            .filter(|(_, ev)| matches(f.as_deref(), ev))
-            .map(&to_event),
-    );
     let stopping = s.stopping.clone();
     let live = stream::unfold(
-        (rx, stopping, filter, to_event),
-        move |(mut rx, mut stopping, filter, to_event)| async move {
+        (rx, stopping, filter, to_event, sent),
+        move |(mut rx, mut stopping, filter, to_event, sent)| async move {
             loop {
                 let got = tokio::select! {
                     r = rx.recv() => r,
                     _ = stopping.wait_for(|s| *s) => return None,
                 };
                 let ev = match got {
-                    Ok(item) if matches(filter.as_deref(), &item.1) => to_event(&item),
-                    Ok(_) => continue,
-                    Err(broadcast::error::RecvError::Lagged(_)) => reset_event(),
+                    Ok((_, Some((id, ev))))
+                        if matches(filter.as_deref(), &ev) && !sent.contains(&*id) =>
+                    {
+                        to_event(&id, &ev)
+                    }
+                    Ok((_, Some(_))) => continue,
+                    Ok((_, None)) | Err(broadcast::error::RecvError::Lagged(_)) => reset_event(),
                     Err(broadcast::error::RecvError::Closed) => return None,
                 };
-                return Some((ev, (rx, stopping, filter, to_event)));
+                return Some((ev, (rx, stopping, filter, to_event, sent)));
             }
         },
     );

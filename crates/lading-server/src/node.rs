@@ -196,7 +196,7 @@ impl Node {
         if let Some((listener, auth)) = spec.http {
             addr = Some(listener.local_addr()?);
             let state = AppState {
-                events: crate::events::EventHub::start(&ingest.engine),
+                events: crate::events::EventHub::start(&ingest.engine).await?,
                 ingest: ingest.clone(),
                 jobs: jobs.clone(),
                 auth: Arc::new(auth),

@@ -133,3 +133,82 @@ async fn events_are_live_and_resumable_without_loss() {
     let (st, _) = Events::open(&s, BOB, "", None).await;
     assert_eq!(st, StatusCode::FORBIDDEN);
 }
+
+/// The stream carries what any writer commits (here another process's engine on the same
+/// store, as a worker on another host would be), with its host; and a client that resumes
+/// after a server restart gets, from the tree, every transition made while it was away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_come_from_every_writer_and_resume_after_a_restart() {
+    use lading_store_sqlite::{SqliteOptions, SqliteTree};
+    let s = start().await;
+    let other = {
+        let t = SqliteTree::open(s.dir.path().join("lading.db"), SqliteOptions::default()).unwrap();
+        std::sync::Arc::new(lading_engine::Engine::new(
+            std::sync::Arc::new(t),
+            lading_core::time::system_clock(),
+            "host-b:42",
+        ))
+    };
+    let (_, mut live) = Events::open(&s, ADMIN, "", None).await;
+    let (_, v) = s
+        .call_as(
+            SUBMITTER,
+            "POST",
+            "/api/v1/batches",
+            Some(json!({"payload_url": "http://127.0.0.1:9/x", "profile": "demo"})),
+        )
+        .await;
+    let bid = lading_core::layout::BatchId::parse(v["id"].as_str().unwrap()).unwrap();
+    assert_eq!(to(&live.next().await), "batch Pending");
+    other.hold_batch(&bid).await.unwrap();
+    let held = live.next().await;
+    assert_eq!(to(&held), "batch Held");
+    let ev: Value = serde_json::from_str(&held.2).unwrap();
+    assert_eq!(ev["host"], "host-b:42", "{ev}");
+    assert_eq!(ev["from"], "Pending");
+    // The server restarts; meanwhile the other host releases and holds the batch again.
+    let last = held.0.clone().unwrap();
+    drop(live);
+    let s = s.restart().await;
+    other.release_batch(&bid).await.unwrap();
+    other.hold_batch(&bid).await.unwrap();
+    let (_, mut back) = Events::open(&s, ADMIN, "", Some(&last)).await;
+    // Transitions of the last one's second may come again (history keeps seconds); the two
+    // made while the server was down come, in order, and nothing else.
+    let want = ["Held -> Pending", "Pending -> Held"];
+    let mut seen: Vec<String> = Vec::new();
+    while !seen.ends_with(&want.map(String::from)) {
+        assert!(seen.len() < 6, "{seen:?}");
+        let m = back.next().await;
+        assert_eq!(m.1, "change");
+        let ev: Value = serde_json::from_str(&m.2).unwrap();
+        assert_eq!(ev["kind"], "batch");
+        seen.push(format!(
+            "{} -> {}",
+            ev["from"].as_str().unwrap_or("-"),
+            ev["to"].as_str().unwrap()
+        ));
+        if ev["from"] == "Held" {
+            assert_eq!(ev["host"], "host-b:42", "{ev}");
+        }
+    }
+    // A submitter's view of the same resume has no hosts or messages.
+    let (_, mut own) = Events::open(
+        &s,
+        SUBMITTER,
+        &format!("?batch={bid}&last_event_id={last}"),
+        None,
+    )
+    .await;
+    let m = own.next().await;
+    let ev: Value = serde_json::from_str(&m.2).unwrap();
+    assert!(ev.get("host").is_none(), "{ev}");
+    assert_eq!(
+        ev["batch"].as_str().or(ev["id"].as_str()),
+        Some(bid.as_str())
+    );
+    // And live events still flow after the restart, from the other host too.
+    other.release_batch(&bid).await.unwrap();
+    let m = back.next().await;
+    assert_eq!(to(&m), "batch Pending");
+}

@@ -52,9 +52,9 @@ use writer::*;
 
 pub use mem::MAX_DATA_BYTES;
 
-use foldhash::{HashMap, HashSet, HashSetExt};
+use foldhash::HashMap;
 use lading_core::time::{SharedClock, format_ts, system_clock};
-use lading_core::tree::{split_path, validate_path};
+use lading_core::tree::{Change, ChangeFeed, is_under, split_path, validate_path};
 use lading_core::{BoxFuture, Node, Op, OpResult, Tree, TreeError, Watch, WatchKind};
 use mem::{Below, Mem, MemNode, Overlay};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
@@ -150,6 +150,17 @@ enum Req {
 #[derive(Default)]
 struct Watches {
     map: HashMap<(String, WatchKind), Vec<oneshot::Sender<()>>>,
+    /// Change feeds: their prefixes and where to send.
+    feeds: Vec<(Vec<String>, tokio::sync::mpsc::UnboundedSender<Change>)>,
+}
+
+/// A change feed of this handle: every commit it folds in, its own and other processes'.
+struct Feed(tokio::sync::mpsc::UnboundedReceiver<Change>);
+
+impl ChangeFeed for Feed {
+    fn next(&mut self) -> BoxFuture<'_, Option<Change>> {
+        Box::pin(self.0.recv())
+    }
 }
 
 impl Watches {
@@ -175,8 +186,15 @@ impl Watches {
         }
     }
 
-    /// Fires the watches a change of `path` concerns: its own, and its parent's children.
+    /// Fires the watches a change of `path` concerns: its own, and its parent's children;
+    /// and tells the feeds that follow it.
     fn fire_changed(&mut self, path: &str) {
+        if !self.feeds.is_empty() {
+            self.feeds.retain(|(prefixes, tx)| {
+                !prefixes.iter().any(|p| is_under(path, p))
+                    || tx.send(Change::Node(path.to_string())).is_ok()
+            });
+        }
         self.fire(path, WatchKind::Data);
         if path != "/" {
             self.fire(split_path(path).0, WatchKind::Children);
@@ -184,6 +202,7 @@ impl Watches {
     }
 
     fn fire_all(&mut self) {
+        self.feeds.retain(|(_, tx)| tx.send(Change::Lost).is_ok());
         for (_, list) in self.map.drain() {
             for tx in list {
                 let _ = tx.send(());
@@ -597,7 +616,10 @@ impl SqliteTree {
             t.thread().unpark();
             let _ = t.join();
         }
-        lock(&self.shared.watches).fire_all();
+        let mut w = lock(&self.shared.watches);
+        w.fire_all();
+        // Their `next` ends.
+        w.feeds.clear();
     }
 }
 
@@ -746,6 +768,22 @@ impl Tree for SqliteTree {
             Ok(Watch::new(async move {
                 let _ = rx.await;
             }))
+        })
+    }
+
+    fn changes<'a>(
+        &'a self,
+        prefixes: &'a [String],
+    ) -> BoxFuture<'a, Result<Option<Box<dyn ChangeFeed>>, TreeError>> {
+        Box::pin(async move {
+            for p in prefixes {
+                validate_path(p)?;
+            }
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            lock(&self.shared.watches)
+                .feeds
+                .push((prefixes.to_vec(), tx));
+            Ok(Some(Box::new(Feed(rx)) as Box<dyn ChangeFeed>))
         })
     }
 

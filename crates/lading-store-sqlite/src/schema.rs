@@ -229,7 +229,7 @@ pub(crate) fn each_change(
 pub(crate) fn fold_entries(
     mem: &mut Mem,
     entries: Vec<log::Entry>,
-    mut paths: Option<&mut HashSet<String>>,
+    mut paths: Option<&mut Vec<String>>,
 ) {
     for e in entries {
         match e.node {
@@ -237,7 +237,7 @@ pub(crate) fn fold_entries(
             None => mem.remove(&e.path),
         }
         if let Some(ps) = paths.as_deref_mut() {
-            ps.insert(e.path);
+            ps.push(e.path);
         }
     }
 }
@@ -279,12 +279,13 @@ pub(crate) fn sync_from(conn: &Connection, mem: &mut Mem) -> rusqlite::Result<Sy
         full_load(conn, mem)?;
         return Ok(Synced::Reloaded);
     }
-    let mut paths: HashSet<String> = HashSet::new();
+    // In commit order (change feeds report them so), each commit's paths once.
+    let mut paths: Vec<String> = Vec::new();
     each_change(conn, mem.synced, |_, entries| {
         fold_entries(mem, entries, Some(&mut paths))
     })?;
     mem.synced = last;
-    Ok(Synced::Paths(paths.into_iter().collect()))
+    Ok(Synced::Paths(paths))
 }
 
 pub(crate) fn new_session(conn: &Connection, opts: &SqliteOptions) -> rusqlite::Result<u64> {

@@ -270,6 +270,7 @@ macro_rules! conformance_tests {
             multi_is_all_or_nothing,
             ephemeral_nodes_end_with_their_session,
             watches_fire_on_changes,
+            change_feeds_see_every_writer,
             job_walks_the_pipeline_and_the_tree_matches_the_layout,
             merritt_transitions_change_exactly_the_documented_nodes,
             illegal_transition_is_refused_and_changes_nothing,

@@ -208,3 +208,66 @@ pub async fn watches_fire_on_changes(h: &dyn Harness) {
         .await
         .expect("data watch fired");
 }
+
+/// A change feed reports every change under its prefixes, by any session, in order, and
+/// nothing else.
+pub async fn change_feeds_see_every_writer(h: &dyn Harness) {
+    let a = h.open().await;
+    let b = h.open().await;
+    for p in ["/f", "/f/x", "/g", "/fg"] {
+        a.tree
+            .create(p, None, CreateMode::Persistent)
+            .await
+            .unwrap();
+    }
+    let prefixes = vec!["/f".to_string()];
+    let mut feed = a
+        .tree
+        .changes(&prefixes)
+        .await
+        .unwrap()
+        .expect("this backend follows changes");
+    // Another session's changes, inside and outside the prefix.
+    b.tree.set("/g", bytes("no"), None).await.unwrap();
+    b.tree.set("/fg", bytes("no"), None).await.unwrap();
+    b.tree.set("/f/x", bytes("1"), None).await.unwrap();
+    b.tree
+        .multi(vec![
+            Op::create("/f/x/y", None),
+            Op::set("/g", bytes("no"), None),
+        ])
+        .await
+        .unwrap();
+    b.tree.delete("/f/x/y", None).await.unwrap();
+    // And this session's own.
+    a.tree
+        .create("/f/z", None, CreateMode::Persistent)
+        .await
+        .unwrap();
+    // Each commit's changed paths, commits in order (a path changed twice in a row may be
+    // reported once).
+    let want = ["/f/x", "/f/x/y", "/f/z"];
+    let mut got: Vec<String> = Vec::new();
+    while got.len() < want.len() {
+        let next = tokio::time::timeout(WAIT, feed.next()).await;
+        match next.unwrap_or_else(|_| panic!("no change after {got:?}")) {
+            Some(lading_core::tree::Change::Node(p)) if got.last() != Some(&p) => got.push(p),
+            Some(_) => {}
+            None => panic!("the feed ended"),
+        }
+    }
+    assert_eq!(got, want);
+    // Closing the tree ends the feed.
+    a.tree.close().await.unwrap();
+    let end = tokio::time::timeout(WAIT, async {
+        loop {
+            match feed.next().await {
+                None => return,
+                Some(lading_core::tree::Change::Lost) => {}
+                Some(c) => panic!("unexpected {c:?}"),
+            }
+        }
+    })
+    .await;
+    assert!(end.is_ok(), "the feed ends when its tree is closed");
+}

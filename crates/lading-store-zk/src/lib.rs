@@ -23,8 +23,8 @@ mod multi;
 
 use cache::{Cache, Lookup};
 use lading_core::CreateMode;
-use lading_core::tree::validate_path;
 use lading_core::tree::{BoxFuture, Node, Op, OpResult, Stat, Tree, TreeError, Watch, WatchKind};
+use lading_core::tree::{Change, ChangeFeed, validate_path};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -88,6 +88,8 @@ pub struct ZkTree {
     current: RwLock<Option<Arc<Conn>>>,
     renewing: tokio::sync::Mutex<()>,
     closed: AtomicBool,
+    /// Set when closed: ends the change feeds.
+    shut: tokio::sync::watch::Sender<bool>,
     stats: Counters,
 }
 
@@ -242,6 +244,7 @@ impl ZkTree {
             current: RwLock::new(Some(conn)),
             renewing: tokio::sync::Mutex::new(()),
             closed: AtomicBool::new(false),
+            shut: tokio::sync::watch::channel(false).0,
             stats: Counters {
                 sessions: AtomicU64::new(1),
                 ..Counters::default()
@@ -561,6 +564,147 @@ fn unreachable_error(hosts: &str, within: Duration) -> TreeError {
     ))
 }
 
+/// A change feed: its own session (so it outlives any session of the tree's), with one
+/// persistent recursive watch per prefix.
+struct Feed(tokio::sync::mpsc::UnboundedReceiver<Change>);
+
+impl ChangeFeed for Feed {
+    fn next(&mut self) -> BoxFuture<'_, Option<Change>> {
+        Box::pin(self.0.recv())
+    }
+}
+
+/// Opens a client for a change feed and sets its watches.
+async fn feed_session(
+    connect: &str,
+    opts: &ZkOptions,
+    prefixes: &[String],
+) -> Result<(zk::Client, Vec<zk::PersistentWatcher>), TreeError> {
+    let connector = zk::Client::connector().with_session_timeout(opts.session_timeout);
+    let client = tokio::time::timeout(opts.connect_timeout, connector.connect(connect))
+        .await
+        .map_err(|_| unreachable_error(hosts_of(connect), opts.connect_timeout))?
+        .map_err(|e| tree_error(e, "/"))?;
+    let watchers = watch_all(&client, prefixes).await?;
+    Ok((client, watchers))
+}
+
+async fn watch_all(
+    client: &zk::Client,
+    prefixes: &[String],
+) -> Result<Vec<zk::PersistentWatcher>, TreeError> {
+    let mut ws = Vec::new();
+    for p in prefixes {
+        ws.push(
+            client
+                .watch(p, zk::AddWatchMode::PersistentRecursive)
+                .await
+                .map_err(|e| tree_error(e, p))?,
+        );
+    }
+    Ok(ws)
+}
+
+/// Follows `prefixes` for a feed until the feed is dropped or the tree closed. A
+/// disconnection or a new session is reported as [`Change::Lost`] (events of the gap are not
+/// replayed by ZooKeeper), then the watches are set again.
+async fn feed(
+    connect: String,
+    opts: ZkOptions,
+    prefixes: Vec<String>,
+    tx: tokio::sync::mpsc::UnboundedSender<Change>,
+    mut shut: tokio::sync::watch::Receiver<bool>,
+    first: (zk::Client, Vec<zk::PersistentWatcher>),
+) {
+    let mut current = Some(first);
+    let mut kept: Option<zk::Client> = None;
+    loop {
+        let (client, watchers) = match current.take() {
+            Some(cw) => cw,
+            None => {
+                let again = async {
+                    match kept.take() {
+                        // The same session, reconnected: watch again.
+                        Some(c) => match watch_all(&c, &prefixes).await {
+                            Ok(ws) => Ok((c, ws)),
+                            Err(e) => Err(e),
+                        },
+                        None => feed_session(&connect, &opts, &prefixes).await,
+                    }
+                };
+                let r = tokio::select! {
+                    r = again => r,
+                    _ = shut.wait_for(|s| *s) => return,
+                    _ = tx.closed() => return,
+                };
+                match r {
+                    Ok(cw) => cw,
+                    Err(e) => {
+                        tracing::warn!("change feed: {e}; trying again");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        continue;
+                    }
+                }
+            }
+        };
+        let (etx, mut erx) = tokio::sync::mpsc::unbounded_channel();
+        let mut forwarders = tokio::task::JoinSet::new();
+        for mut w in watchers {
+            let etx = etx.clone();
+            forwarders.spawn(async move {
+                loop {
+                    let ev = w.changed().await;
+                    let end = ev.event_type == zk::EventType::Session;
+                    if etx.send(ev).is_err() || end {
+                        return;
+                    }
+                }
+            });
+        }
+        drop(etx);
+        loop {
+            let ev = tokio::select! {
+                ev = erx.recv() => ev,
+                _ = shut.wait_for(|s| *s) => return,
+                _ = tx.closed() => return,
+            };
+            let Some(ev) = ev else { break };
+            match ev.event_type {
+                zk::EventType::NodeCreated
+                | zk::EventType::NodeDeleted
+                | zk::EventType::NodeDataChanged => {
+                    if tx.send(Change::Node(ev.path.to_string())).is_err() {
+                        return;
+                    }
+                }
+                zk::EventType::Session => break,
+                _ => {}
+            }
+        }
+        forwarders.abort_all();
+        if tx.send(Change::Lost).is_err() {
+            return;
+        }
+        // Back on the same session when it recovers, else on a new one.
+        let mut state = client.state_watcher();
+        loop {
+            let st = state.peek_state();
+            if st == zk::SessionState::SyncConnected {
+                kept = Some(client.clone());
+                break;
+            }
+            if st.is_terminated() {
+                break;
+            }
+            tokio::select! {
+                _ = state.changed() => {}
+                _ = shut.wait_for(|s| *s) => return,
+                _ = tx.closed() => return,
+            }
+        }
+    }
+}
+
 /// Applies the persistent recursive watches' events to the cache until the session ends.
 /// After a disconnection the watches are set up afresh and the cache forgotten: events of the
 /// gap are lost (ZOOKEEPER-4698), and a watch may not survive a move to another server.
@@ -778,9 +922,33 @@ impl Tree for ZkTree {
         })
     }
 
+    fn changes<'a>(
+        &'a self,
+        prefixes: &'a [String],
+    ) -> BoxFuture<'a, Result<Option<Box<dyn ChangeFeed>>, TreeError>> {
+        Box::pin(async move {
+            for p in prefixes {
+                validate_path(p)?;
+            }
+            // The watches are set before this returns: nothing after it is missed.
+            let first = feed_session(&self.connect, &self.opts, prefixes).await?;
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            tokio::spawn(feed(
+                self.connect.clone(),
+                self.opts.clone(),
+                prefixes.to_vec(),
+                tx,
+                self.shut.subscribe(),
+                first,
+            ));
+            Ok(Some(Box::new(Feed(rx)) as Box<dyn ChangeFeed>))
+        })
+    }
+
     fn close(&self) -> BoxFuture<'_, Result<(), TreeError>> {
         Box::pin(async move {
             self.closed.store(true, Ordering::SeqCst);
+            self.shut.send_replace(true);
             let conn = self
                 .current
                 .write()

@@ -24,7 +24,8 @@ pub struct Server {
     pub jobs: Arc<Jobs>,
     pub ingest: Arc<Ingest>,
     pub http: reqwest::Client,
-    _node: lading_server::node::Node,
+    node: Option<lading_server::node::Node>,
+    allow: Vec<String>,
     pub dir: tempfile::TempDir,
 }
 
@@ -36,7 +37,12 @@ pub async fn start() -> Server {
 
 /// A server whose depositors may name the URL prefixes `allow` besides public addresses.
 pub async fn start_allowing(allow: &[&str]) -> Server {
-    let dir = tempfile::tempdir().unwrap();
+    let allow: Vec<String> = allow.iter().map(|a| a.to_string()).collect();
+    start_in(tempfile::tempdir().unwrap(), allow).await
+}
+
+/// A server on the store and data in `dir` (new or left by an earlier server).
+async fn start_in(dir: tempfile::TempDir, allow: Vec<String>) -> Server {
     let tree =
         Arc::new(SqliteTree::open(dir.path().join("lading.db"), SqliteOptions::default()).unwrap());
     let engine = Arc::new(Engine::new(tree, system_clock(), "test"));
@@ -48,7 +54,7 @@ pub async fn start_allowing(allow: &[&str]) -> Server {
         provisioning_round_ms: 200,
         max_upload_bytes: 1 << 20,
         payload: lading_ingest::PayloadSettings {
-            allow: allow.iter().map(|a| a.to_string()).collect(),
+            allow: allow.clone(),
             ..Default::default()
         },
         ..Config::default()
@@ -103,12 +109,26 @@ pub async fn start_allowing(allow: &[&str]) -> Server {
         jobs: node.jobs.clone(),
         ingest: node.ingest.clone(),
         http: reqwest::Client::new(),
-        _node: node,
+        node: Some(node),
+        allow,
         dir,
     }
 }
 
 impl Server {
+    /// Stops this server (its store closed) and starts another on the same store and data,
+    /// on a new port.
+    pub async fn restart(mut self) -> Server {
+        if let Some(n) = self.node.take() {
+            n.join().await.unwrap();
+        }
+        let (dir, allow) = (
+            std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap()),
+            std::mem::take(&mut self.allow),
+        );
+        start_in(dir, allow).await
+    }
+
     pub async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (StatusCode, Value) {
         self.call_as(ADMIN, method, path, body).await
     }

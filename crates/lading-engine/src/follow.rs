@@ -1,0 +1,386 @@
+//! Transitions as the tree shows them, made by any writer: this process, other Lading hosts,
+//! Merritt's own tools.
+//!
+//! A follower takes the tree's change feed under `/jobs` and `/batches`, reads each status
+//! node that changed (several at once when changes come quickly) and compares its history
+//! (see [`HISTORY_FIELD`]) with what it saw last: every entry after that one is a
+//! transition. A status written without a history (by Merritt's tools) is a transition when
+//! its state differs from the one seen last.
+//!
+//! Each transition gets an id that stays meaningful after a restart:
+//! `MTIME-ID-VERSION-K` (the status node's modification time in ms, 13 digits; the job or
+//! batch; the status's version; the entry's place from the newest, 0 being the newest).
+//! [`Engine::transitions_since`] finds, from the tree alone, every transition of a status
+//! changed after a time: what a client resuming after a restart is owed.
+
+use crate::{ChangeEvent, Engine, HISTORY_FIELD, Result, history};
+use lading_core::layout::{BatchId, JobId, batch_node, job_node};
+use lading_core::tree::Change;
+use serde_json::{Map, Value};
+use std::collections::HashMap;
+use tokio::sync::mpsc;
+
+/// What a follower reports.
+#[derive(Debug, Clone)]
+pub enum Observed {
+    /// A transition, with its id.
+    Transition(String, ChangeEvent),
+    /// Transitions may have been missed (the feed reconnected): re-read the state.
+    Lost,
+}
+
+/// Statuses remembered per job or batch before the memory starts afresh.
+const KNOWN_MAX: usize = 200_000;
+/// Changes read together, at most.
+const GROUP: usize = 512;
+
+/// The job or batch whose status `path` is.
+fn status_of(path: &str) -> Option<(&'static str, &str)> {
+    let rest = path.strip_suffix("/status")?;
+    if let Some(id) = rest.strip_prefix("/jobs/") {
+        return (!id.contains('/') && JobId::parse(id).is_ok()).then_some(("job", id));
+    }
+    let id = rest.strip_prefix("/batches/")?;
+    (!id.contains('/') && BatchId::parse(id).is_ok()).then_some(("batch", id))
+}
+
+/// What a follower remembers of one status.
+struct Known {
+    /// The newest history entry seen (decoded), if any.
+    last: Option<Value>,
+    state: String,
+    batch: Option<String>,
+}
+
+/// The event id of a status's entry `k` (0 the newest).
+pub fn transition_id(mtime_ms: u64, id: &str, version: i32, k: usize) -> String {
+    format!("{mtime_ms:013}-{id}-{version}-{k}")
+}
+
+/// The modification time an id names (see [`transition_id`]).
+pub fn transition_id_time(event_id: &str) -> Option<u64> {
+    let (t, rest) = event_id.split_once('-')?;
+    (t.len() == 13 && rest.split('-').count() == 3)
+        .then(|| t.parse().ok())
+        .flatten()
+}
+
+/// A decoded history entry as a change event.
+fn event(kind: &'static str, id: &str, batch: Option<&str>, e: &Value) -> ChangeEvent {
+    let s = |k: &str| e.get(k).and_then(Value::as_str).map(str::to_string);
+    ChangeEvent {
+        kind,
+        id: id.to_string(),
+        batch: batch.map(str::to_string),
+        from: s("from"),
+        to: s("to").unwrap_or_default(),
+        time: s("at").unwrap_or_default(),
+        host: s("host").filter(|h| !h.is_empty()),
+        message: s("message"),
+    }
+}
+
+/// A status node's fields: its state and its extra fields (history among them).
+fn fields(data: Option<&[u8]>) -> Option<(String, Map<String, Value>)> {
+    let Value::Object(mut m) = serde_json::from_slice(data?).ok()? else {
+        return None;
+    };
+    let state = m.remove("status")?.as_str()?.to_string();
+    Some((state, m))
+}
+
+/// The seconds of a decoded entry's time, 0 when unreadable.
+fn entry_ms(e: &Value) -> u64 {
+    e.get("at")
+        .and_then(Value::as_str)
+        .and_then(lading_core::time::parse_ts)
+        .unwrap_or(0)
+}
+
+impl Engine {
+    /// Follows every job and batch transition in the tree, by any writer, until the receiver
+    /// is dropped. `None` when the backend has no change feed.
+    pub async fn follow_transitions(&self) -> Result<Option<mpsc::UnboundedReceiver<Observed>>> {
+        let prefixes = vec!["/jobs".to_string(), "/batches".to_string()];
+        let Some(mut feed) = self.tree.changes(&prefixes).await? else {
+            return Ok(None);
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let engine = self.clone_for_follow();
+        // Transitions from before now are the past: a status first seen is followed from its
+        // newest entry, and only that one is reported if it is this recent.
+        let start_ms = self.clock().now_ms().saturating_sub(1000);
+        tokio::spawn(async move {
+            let mut known: HashMap<String, Known> = HashMap::new();
+            loop {
+                let mut changed: Vec<(&'static str, String)> = Vec::new();
+                let mut lost = false;
+                let Some(first) = feed.next().await else {
+                    return;
+                };
+                let mut note = |c: Change, changed: &mut Vec<(&'static str, String)>| match c {
+                    Change::Lost => lost = true,
+                    Change::Node(p) => {
+                        if let Some((kind, id)) = status_of(&p)
+                            && !changed.iter().any(|(_, i)| i == id)
+                        {
+                            changed.push((kind, id.to_string()));
+                        }
+                    }
+                };
+                note(first, &mut changed);
+                // Whatever else is already there, read together.
+                while changed.len() < GROUP {
+                    match tokio::time::timeout(std::time::Duration::ZERO, feed.next()).await {
+                        Ok(Some(c)) => note(c, &mut changed),
+                        Ok(None) => return,
+                        Err(_) => break,
+                    }
+                }
+                if lost && tx.send(Observed::Lost).is_err() {
+                    return;
+                }
+                if changed.is_empty() {
+                    continue;
+                }
+                if known.len() > KNOWN_MAX {
+                    known.clear();
+                }
+                match engine.observe(&changed, &mut known, start_ms).await {
+                    Ok(events) => {
+                        for e in events {
+                            if tx.send(Observed::Transition(e.0, e.1)).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not read changed statuses");
+                        if tx.send(Observed::Lost).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        Ok(Some(rx))
+    }
+
+    /// A handle sharing this engine's tree and clock, for a follower task.
+    fn clone_for_follow(&self) -> Engine {
+        Engine::new(self.tree.clone(), self.clock.clone(), &self.owner)
+    }
+
+    /// Reads the changed statuses and returns their new transitions.
+    async fn observe(
+        &self,
+        changed: &[(&'static str, String)],
+        known: &mut HashMap<String, Known>,
+        start_ms: u64,
+    ) -> Result<Vec<(String, ChangeEvent)>> {
+        let mut paths: Vec<String> = Vec::with_capacity(changed.len() * 2);
+        for (kind, id) in changed {
+            if *kind == "job" {
+                let j = JobId::parse(id).expect("checked by status_of");
+                paths.push(job_node(&j, "status"));
+                paths.push(job_node(&j, "bid"));
+            } else {
+                let b = BatchId::parse(id).expect("checked by status_of");
+                paths.push(batch_node(&b, "status"));
+            }
+        }
+        let nodes = self.tree.get_many(&paths).await?;
+        let mut nodes = nodes.into_iter();
+        let mut out = Vec::new();
+        for (kind, id) in changed {
+            let status = nodes.next().flatten();
+            let bid = if *kind == "job" {
+                nodes.next().flatten().and_then(|n| n.data)
+            } else {
+                None
+            };
+            let Some(node) = status else {
+                // Gone (deleted with its job or batch).
+                known.remove(id.as_str());
+                continue;
+            };
+            let Some((state, extra)) = fields(node.data.as_deref()) else {
+                continue;
+            };
+            let batch = bid.map(|b| String::from_utf8_lossy(&b).into_owned());
+            let entries = history(&extra);
+            let prior = known.get(id.as_str());
+            let new: Vec<Value> = if extra.contains_key(HISTORY_FIELD) && !entries.is_empty() {
+                let after = match prior.and_then(|k| k.last.as_ref()) {
+                    Some(last) => match entries.iter().rposition(|e| e == last) {
+                        Some(i) => i + 1,
+                        // More moves than the history keeps, or a history started again.
+                        None => {
+                            let t = entry_ms(last);
+                            entries
+                                .iter()
+                                .position(|e| entry_ms(e) >= t)
+                                .unwrap_or(entries.len())
+                        }
+                    },
+                    None if prior.is_some() => 0,
+                    None => {
+                        // First seen: its newest entry, if it is recent.
+                        let newest = entries.len() - 1;
+                        if entry_ms(&entries[newest]) >= start_ms / 1000 * 1000 {
+                            newest
+                        } else {
+                            entries.len()
+                        }
+                    }
+                };
+                entries[after..].to_vec()
+            } else {
+                // No history (written by another tool): a change of state is a transition.
+                let from = prior.map(|k| k.state.clone());
+                if from.as_deref() == Some(state.as_str())
+                    || (from.is_none() && node.stat.mtime_ms < start_ms)
+                {
+                    Vec::new()
+                } else {
+                    let mut e = Map::new();
+                    e.insert("from".into(), from.map_or(Value::Null, Value::from));
+                    e.insert("to".into(), Value::from(state.clone()));
+                    e.insert(
+                        "at".into(),
+                        Value::from(lading_core::time::format_ts(node.stat.mtime_ms)),
+                    );
+                    vec![Value::Object(e)]
+                }
+            };
+            let n = new.len();
+            for (i, e) in new.iter().enumerate() {
+                out.push((
+                    transition_id(node.stat.mtime_ms, id, node.stat.version, n - 1 - i),
+                    event(kind, id, batch.as_deref(), e),
+                ));
+            }
+            let batch = batch.or_else(|| prior.and_then(|k| k.batch.clone()));
+            known.insert(
+                id.clone(),
+                Known {
+                    last: entries.last().cloned(),
+                    state,
+                    batch,
+                },
+            );
+        }
+        Ok(out)
+    }
+
+    /// Every transition of a job or batch whose status changed at or after `since_ms`, from
+    /// the tree alone, oldest first: what a client resuming after a restart is owed. Entries
+    /// of the same second as `since_ms` are included (history keeps seconds), so a client may
+    /// see a few again. With `batch`, only that batch and its jobs.
+    pub async fn transitions_since(
+        &self,
+        since_ms: u64,
+        batch: Option<&BatchId>,
+    ) -> Result<Vec<(String, ChangeEvent)>> {
+        let mut items: Vec<(&'static str, String)> = Vec::new();
+        match batch {
+            Some(b) => {
+                items.push(("batch", b.to_string()));
+                for jobs in self.batch(b).await?.jobs.into_values() {
+                    items.extend(jobs.into_iter().map(|j| ("job", j)));
+                }
+            }
+            None => {
+                for name in self.tree.children("/batches").await.unwrap_or_default() {
+                    if BatchId::parse(&name).is_ok() {
+                        items.push(("batch", name));
+                    }
+                }
+                for name in self.tree.children("/jobs").await.unwrap_or_default() {
+                    if JobId::parse(&name).is_ok() {
+                        items.push(("job", name));
+                    }
+                }
+            }
+        }
+        let from_ms = since_ms / 1000 * 1000;
+        let mut out = Vec::new();
+        for chunk in items.chunks(GROUP) {
+            let paths: Vec<String> = chunk
+                .iter()
+                .map(|(k, id)| {
+                    format!(
+                        "/{}/{id}/status",
+                        if *k == "job" { "jobs" } else { "batches" }
+                    )
+                })
+                .collect();
+            let nodes = self.tree.get_many(&paths).await?;
+            for ((kind, id), node) in chunk.iter().zip(nodes) {
+                let Some(node) = node.filter(|n| n.stat.mtime_ms >= from_ms) else {
+                    continue;
+                };
+                let Some((state, extra)) = fields(node.data.as_deref()) else {
+                    continue;
+                };
+                let batch = match (*kind, batch) {
+                    ("job", Some(b)) => Some(b.to_string()),
+                    ("job", None) => {
+                        let j = JobId::parse(id).expect("parsed above");
+                        self.job_batch(&j).await.ok().map(|b| b.to_string())
+                    }
+                    _ => None,
+                };
+                let mut entries: Vec<Value> = history(&extra)
+                    .into_iter()
+                    .filter(|e| entry_ms(e) >= from_ms)
+                    .collect();
+                if entries.is_empty() && !extra.contains_key(HISTORY_FIELD) {
+                    let mut e = Map::new();
+                    e.insert("from".into(), Value::Null);
+                    e.insert("to".into(), Value::from(state));
+                    e.insert(
+                        "at".into(),
+                        Value::from(lading_core::time::format_ts(node.stat.mtime_ms)),
+                    );
+                    entries.push(Value::Object(e));
+                }
+                let n = entries.len();
+                for (i, e) in entries.iter().enumerate() {
+                    out.push((
+                        entry_ms(e),
+                        transition_id(node.stat.mtime_ms, id, node.stat.version, n - 1 - i),
+                        event(kind, id, batch.as_deref(), e),
+                    ));
+                }
+            }
+        }
+        out.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        Ok(out.into_iter().map(|(_, id, e)| (id, e)).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_name_their_time_and_statuses_are_recognised() {
+        let id = transition_id(1_764_000_000_123, "jid0000000001", 7, 0);
+        assert_eq!(id, "1764000000123-jid0000000001-7-0");
+        assert_eq!(transition_id_time(&id), Some(1_764_000_000_123));
+        assert_eq!(transition_id_time("1764000000123-3"), None);
+        assert_eq!(transition_id_time("nonsense"), None);
+        assert_eq!(
+            status_of("/jobs/jid0000000001/status"),
+            Some(("job", "jid0000000001"))
+        );
+        assert_eq!(
+            status_of("/batches/bid0000000001/status"),
+            Some(("batch", "bid0000000001"))
+        );
+        assert_eq!(status_of("/jobs/states/Pending/05-jid0000000001"), None);
+        assert_eq!(status_of("/jobs/jid0000000001/lock"), None);
+        assert_eq!(status_of("/batches/bid0000000001/states/status"), None);
+    }
+}
