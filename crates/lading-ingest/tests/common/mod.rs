@@ -17,7 +17,6 @@ use lading_worker::{Shutdown, ShutdownHandle};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 pub const WAIT: Duration = Duration::from_secs(60);
 
@@ -512,78 +511,4 @@ pub fn stored_files(version_dir: &Path) -> Vec<String> {
         .collect()
 }
 
-/// A minimal SMTP receiver: speaks the protocol for real (greeting, EHLO, MAIL, RCPT, DATA,
-/// QUIT) and hands each message over.
-pub struct Smtp {
-    pub port: u16,
-    pub messages: tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<String>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Smtp {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl Smtp {
-    pub async fn start() -> Smtp {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = l.local_addr().unwrap().port();
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let task = tokio::spawn(async move {
-            while let Ok((s, _)) = l.accept().await {
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    let (r, mut w) = s.into_split();
-                    let mut r = BufReader::new(r);
-                    let _ = w.write_all(b"220 localhost ESMTP test\r\n").await;
-                    let mut line = String::new();
-                    let mut data: Option<String> = None;
-                    loop {
-                        line.clear();
-                        if r.read_line(&mut line).await.unwrap_or(0) == 0 {
-                            return;
-                        }
-                        if let Some(d) = data.as_mut() {
-                            if line == ".\r\n" {
-                                let _ = tx.send(data.take().unwrap());
-                                let _ = w.write_all(b"250 2.0.0 queued\r\n").await;
-                            } else {
-                                d.push_str(&line);
-                            }
-                            continue;
-                        }
-                        let verb = line.get(..4).unwrap_or("").to_ascii_uppercase();
-                        let reply: &[u8] = match verb.as_str() {
-                            "EHLO" | "HELO" => b"250 localhost\r\n",
-                            "MAIL" | "RCPT" | "RSET" | "NOOP" => b"250 2.0.0 ok\r\n",
-                            "DATA" => {
-                                data = Some(String::new());
-                                b"354 go ahead\r\n"
-                            }
-                            "QUIT" => {
-                                let _ = w.write_all(b"221 bye\r\n").await;
-                                return;
-                            }
-                            _ => b"502 5.5.2 not implemented\r\n",
-                        };
-                        let _ = w.write_all(reply).await;
-                    }
-                });
-            }
-        });
-        Smtp {
-            port,
-            messages: tokio::sync::Mutex::new(rx),
-            task,
-        }
-    }
-
-    pub async fn next(&self) -> String {
-        tokio::time::timeout(WAIT, self.messages.lock().await.recv())
-            .await
-            .expect("a mail")
-            .expect("the receiver is running")
-    }
-}
+pub use lading_testkit::smtp::Smtp;
