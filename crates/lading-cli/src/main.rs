@@ -104,6 +104,55 @@ fn init_logs(format: LogFormat, default_level: &str) {
     }
 }
 
+/// The stages a `worker` or `serve` runs.
+#[derive(clap::Args, Debug)]
+struct Stages {
+    /// Stages, comma-separated: intake, pending, estimating, provisioning, downloading,
+    /// processing, storing, recording, notify, reporting, update-reporting, and the access
+    /// queues access-small, access-large (assembling requested versions as zips); `none` for
+    /// none (an API-only `serve`).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "intake,pending,estimating,provisioning,downloading,processing,storing,recording,notify,reporting,update-reporting,access-small,access-large"
+    )]
+    stages: Vec<String>,
+}
+
+impl Stages {
+    /// The node's stages and access queues, and how to name them in the log; an unknown
+    /// stage is refused.
+    fn spec(&self) -> anyhow::Result<(node::NodeSpec, String)> {
+        let names: Vec<&String> = self.stages.iter().filter(|n| *n != "none").collect();
+        if let Some(bad) = names.iter().find(|n| {
+            !lading_ingest::STAGE_NAMES.contains(&n.as_str()) && node::access_queue(n).is_none()
+        }) {
+            anyhow::bail!(
+                "unknown stage {bad:?}; the stages are {}, {} (or none)",
+                lading_ingest::STAGE_NAMES.join(", "),
+                node::ACCESS_STAGES.join(", ")
+            );
+        }
+        let spec = node::NodeSpec {
+            access: names.iter().filter_map(|n| node::access_queue(n)).collect(),
+            stages: names
+                .iter()
+                .filter(|n| node::access_queue(n).is_none())
+                .map(|n| n.to_string())
+                .collect(),
+            ..Default::default()
+        };
+        let what = if spec.stages.len() == lading_ingest::STAGE_NAMES.len() {
+            "every stage".to_string()
+        } else if names.is_empty() {
+            "no stage".to_string()
+        } else {
+            self.stages.join(", ")
+        };
+        Ok((spec, what))
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Watch a real batch go through every stage: a manifest of manifests served from a
@@ -118,25 +167,20 @@ enum Command {
     },
     /// Run pipeline stages until SIGINT/SIGTERM.
     Worker {
-        /// Stages, comma-separated: intake, pending, estimating, provisioning, downloading,
-        /// processing, storing, recording, notify, reporting, update-reporting, and the access
-        /// queues access-small, access-large (assembling requested versions as zips).
-        #[arg(
-            long,
-            value_delimiter = ',',
-            default_value = "intake,pending,estimating,provisioning,downloading,processing,storing,recording,notify,reporting,update-reporting,access-small,access-large"
-        )]
-        stages: Vec<String>,
+        #[command(flatten)]
+        stages: Stages,
         /// Seconds running jobs get to finish after the first signal.
         #[arg(long, default_value_t = 30)]
         grace_s: u64,
     },
-    /// The HTTP API (/api/v1), every pipeline stage and the generic-jobs activity monitor
-    /// in one process, until SIGINT/SIGTERM.
+    /// The HTTP API (/api/v1), the pipeline stages (every one by default) and the
+    /// generic-jobs activity monitor in one process, until SIGINT/SIGTERM.
     Serve {
         /// Address to listen on (default: the config's `listen`, 127.0.0.1:8080).
         #[arg(long)]
         listen: Option<String>,
+        #[command(flatten)]
+        stages: Stages,
         #[arg(long, default_value_t = 30)]
         grace_s: u64,
     },
@@ -379,42 +423,22 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Worker { stages, grace_s } => {
             let cfg = node::config(cli.config.as_deref())?;
-            if let Some(bad) = stages.iter().find(|n| {
-                !lading_ingest::STAGE_NAMES.contains(&n.as_str()) && node::access_queue(n).is_none()
-            }) {
-                anyhow::bail!(
-                    "unknown stage {bad:?}; the stages are {}, {}",
-                    lading_ingest::STAGE_NAMES.join(", "),
-                    node::ACCESS_STAGES.join(", ")
-                );
-            }
+            let (spec, what) = stages.spec()?;
             let ingest = node::ingest(&store, cfg).await?;
-            let spec = node::NodeSpec {
-                access: stages
-                    .iter()
-                    .filter_map(|n| node::access_queue(n))
-                    .collect(),
-                stages: stages
-                    .iter()
-                    .filter(|n| node::access_queue(n).is_none())
-                    .cloned()
-                    .collect(),
-                ..Default::default()
-            };
-            let what = if spec.stages.len() == lading_ingest::STAGE_NAMES.len() {
-                "every stage".to_string()
-            } else {
-                stages.join(", ")
-            };
             let node = node::Node::start(ingest, spec).await?;
             pipeline::run_until_signal(node, std::time::Duration::from_secs(grace_s), &what)
                 .await?;
         }
-        Command::Serve { listen, grace_s } => {
+        Command::Serve {
+            listen,
+            stages,
+            grace_s,
+        } => {
             serve::serve(
                 &store,
                 cli.config.as_deref(),
                 listen,
+                stages.spec()?,
                 std::time::Duration::from_secs(grace_s),
             )
             .await?

@@ -1,7 +1,6 @@
 //! `lading serve`: the HTTP API, every pipeline stage and the generic-jobs activity monitor in
 //! one process.
 
-use lading_core::layout::AccessQueue;
 use lading_server::Auth;
 use lading_server::node::{self, Node, NodeSpec};
 use std::net::SocketAddr;
@@ -11,6 +10,7 @@ pub async fn serve(
     store: &str,
     config: Option<&std::path::Path>,
     listen: Option<String>,
+    stages: (NodeSpec, String),
     grace: Duration,
 ) -> anyhow::Result<()> {
     let cfg = node::config(config)?;
@@ -46,23 +46,20 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+    let (spec, what) = stages;
     let node = Node::start(
         ingest,
         NodeSpec {
-            stages: lading_ingest::STAGE_NAMES
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
-            access: vec![AccessQueue::Small, AccessQueue::Large],
             monitor: true,
             http: Some((listener, auth)),
+            ..spec
         },
     )
     .await?;
     if let Some(a) = node.addr {
         say!("lading: API on http://{a}/api/v1");
     }
-    crate::pipeline::run_until_signal(node, grace, "every stage").await
+    crate::pipeline::run_until_signal(node, grace, &what).await
 }
 
 /// Raises this process's soft limit of open files to its hard limit; returns the limit.

@@ -5,7 +5,11 @@
 //! node that changed (several at once when changes come quickly) and compares its history
 //! (see [`HISTORY_FIELD`]) with what it saw last: every entry after that one is a
 //! transition. A status written without a history (by Merritt's tools) is a transition when
-//! its state differs from the one seen last.
+//! its state differs from the one seen last. When the feed had a gap (a ZooKeeper
+//! reconnection), every status is read again and compared the same way, so the transitions
+//! the gap hid are reported late rather than lost; only when that reading fails is
+//! [`Observed::Lost`] reported. A status first seen reports its entries since the follower
+//! started.
 //!
 //! Each transition gets an id that stays meaningful after a restart:
 //! `MTIME-ID-VERSION-K` (the status node's modification time in ms, 13 digits; the job or
@@ -137,8 +141,24 @@ impl Engine {
                         Err(_) => break,
                     }
                 }
-                if lost && tx.send(Observed::Lost).is_err() {
-                    return;
+                if lost {
+                    // Changes of the gap were not reported: every status is read again and
+                    // compared with what was seen, so what the gap hid is reported now.
+                    match engine.every_status().await {
+                        Ok(all) => {
+                            for (kind, id) in all {
+                                if !changed.iter().any(|(_, i)| *i == id) {
+                                    changed.push((kind, id));
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "could not list statuses after a gap");
+                            if tx.send(Observed::Lost).is_err() {
+                                return;
+                            }
+                        }
+                    }
                 }
                 if changed.is_empty() {
                     continue;
@@ -146,18 +166,20 @@ impl Engine {
                 if known.len() > KNOWN_MAX {
                     known.clear();
                 }
-                match engine.observe(&changed, &mut known, start_ms).await {
-                    Ok(events) => {
-                        for e in events {
-                            if tx.send(Observed::Transition(e.0, e.1)).is_err() {
-                                return;
+                for group in changed.chunks(GROUP) {
+                    match engine.observe(group, &mut known, start_ms).await {
+                        Ok(events) => {
+                            for e in events {
+                                if tx.send(Observed::Transition(e.0, e.1)).is_err() {
+                                    return;
+                                }
                             }
                         }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "could not read changed statuses");
-                        if tx.send(Observed::Lost).is_err() {
-                            return;
+                        Err(e) => {
+                            tracing::warn!(error = %e, "could not read changed statuses");
+                            if tx.send(Observed::Lost).is_err() {
+                                return;
+                            }
                         }
                     }
                 }
@@ -225,13 +247,12 @@ impl Engine {
                     },
                     None if prior.is_some() => 0,
                     None => {
-                        // First seen: its newest entry, if it is recent.
-                        let newest = entries.len() - 1;
-                        if entry_ms(&entries[newest]) >= start_ms / 1000 * 1000 {
-                            newest
-                        } else {
-                            entries.len()
-                        }
+                        // First seen: its entries since the follower started.
+                        let from = start_ms / 1000 * 1000;
+                        entries
+                            .iter()
+                            .position(|e| entry_ms(e) >= from)
+                            .unwrap_or(entries.len())
                     }
                 };
                 entries[after..].to_vec()
@@ -273,6 +294,31 @@ impl Engine {
         Ok(out)
     }
 
+    /// Every batch and job in the tree, as (kind, id).
+    async fn every_status(&self) -> Result<Vec<(&'static str, String)>> {
+        let mut items = Vec::new();
+        for (kind, folder) in [("batch", "/batches"), ("job", "/jobs")] {
+            let names = match self.tree.children(folder).await {
+                Ok(n) => n,
+                Err(lading_core::TreeError::NoNode(_)) => Vec::new(),
+                Err(e) => return Err(e.into()),
+            };
+            items.extend(
+                names
+                    .into_iter()
+                    .filter(|n| {
+                        if kind == "job" {
+                            JobId::parse(n).is_ok()
+                        } else {
+                            BatchId::parse(n).is_ok()
+                        }
+                    })
+                    .map(|n| (kind, n)),
+            );
+        }
+        Ok(items)
+    }
+
     /// Every transition of a job or batch whose status changed at or after `since_ms`, from
     /// the tree alone, oldest first: what a client resuming after a restart is owed. Entries
     /// of the same second as `since_ms` are included (history keeps seconds), so a client may
@@ -282,27 +328,16 @@ impl Engine {
         since_ms: u64,
         batch: Option<&BatchId>,
     ) -> Result<Vec<(String, ChangeEvent)>> {
-        let mut items: Vec<(&'static str, String)> = Vec::new();
-        match batch {
+        let items = match batch {
             Some(b) => {
-                items.push(("batch", b.to_string()));
+                let mut items = vec![("batch", b.to_string())];
                 for jobs in self.batch(b).await?.jobs.into_values() {
                     items.extend(jobs.into_iter().map(|j| ("job", j)));
                 }
+                items
             }
-            None => {
-                for name in self.tree.children("/batches").await.unwrap_or_default() {
-                    if BatchId::parse(&name).is_ok() {
-                        items.push(("batch", name));
-                    }
-                }
-                for name in self.tree.children("/jobs").await.unwrap_or_default() {
-                    if JobId::parse(&name).is_ok() {
-                        items.push(("job", name));
-                    }
-                }
-            }
-        }
+            None => self.every_status().await?,
+        };
         let from_ms = since_ms / 1000 * 1000;
         let mut out = Vec::new();
         for chunk in items.chunks(GROUP) {

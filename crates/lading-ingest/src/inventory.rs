@@ -341,6 +341,21 @@ impl Inventory {
     }
 }
 
+impl Drop for Inventory {
+    /// A PostgreSQL client blocks on its own runtime to close, which must not happen on a
+    /// thread that drives async tasks: it is closed on a thread of its own.
+    fn drop(&mut self) {
+        let conn = self
+            .conn
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(Conn::Postgres(c)) = conn {
+            let _ = std::thread::spawn(move || drop(c)).join();
+        }
+    }
+}
+
 /// [`Inventory::owner`] off the async runtime.
 pub async fn owner_of(inv: &Arc<Inventory>, ark: &str) -> Result<Option<String>, InventoryError> {
     let ark = ark.to_string();

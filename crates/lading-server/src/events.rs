@@ -9,7 +9,8 @@
 //! as replay and subscription are taken under one lock); else, after a server restart or a
 //! long absence, from the tree itself: every transition of a job or batch whose status
 //! changed since the id's time (those of the id's own second may come again). A `reset` event
-//! says that some may have been missed (the change feed reconnected): re-read the state.
+//! says that some may have been missed (the tree could not be read after a gap in its change
+//! feed, or the client fell too far behind): re-read the state.
 
 use crate::{ApiError, AppState, Principal, Query, Role};
 use axum::Extension;
