@@ -8,7 +8,7 @@ mod pipeline;
 use clap::{Subcommand, ValueEnum};
 use lading_core::time::system_clock;
 use lading_core::{BatchState, Event, JobState};
-use lading_engine::{Engine, JobLease, JobSpec};
+use lading_engine::{Engine, JobSpec};
 use lading_server::node;
 use serde_json::json;
 use std::io::{Seek, SeekFrom, Write};
@@ -666,14 +666,7 @@ async fn worker(
     let mut idle = 0u32;
     while completed.load(Ordering::SeqCst) < n {
         let looking = Instant::now();
-        let mut got: Option<JobLease> = None;
-        for st in LOOK_ORDER {
-            if let Some(l) = e.acquire_job(st).await? {
-                got = Some(l);
-                break;
-            }
-        }
-        let Some(mut lease) = got else {
+        let Some(mut lease) = e.acquire_any(&LOOK_ORDER).await? else {
             // Everything left is held by other workers; wait for any of them to move.
             idle += 1;
             tokio::time::sleep(Duration::from_micros(200 * idle.min(10) as u64)).await;

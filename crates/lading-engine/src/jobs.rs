@@ -157,13 +157,129 @@ impl Engine {
                     continue;
                 }
                 if let Some(lease) = self
-                    .lease_locked(&folder, name, &jid, priority, state, holds)
+                    .lease_locked(&folder, name, &jid, priority, state, holds, None)
                     .await?
                 {
                     return Ok(Some(lease));
                 }
             }
             after = Some(last);
+        }
+        Ok(None)
+    }
+
+    /// Acquires a job in any of `states`. A lone worker takes strictly the first state's head
+    /// that is free, in the order given (as [`Engine::acquire_job`] state by state). Once this
+    /// process has met other workers at those heads, it picks at random among the free jobs of
+    /// every state's head window (the first [`WINDOW`] of the head's priority): many sessions
+    /// looking at the same few heads then rarely pick the same job, so fewer lock attempts are
+    /// lost (each is a round trip on ZooKeeper). Order stays priority-then-age within that
+    /// bounded window.
+    pub async fn acquire_any(&self, states: &[JobState]) -> Result<Option<JobLease>> {
+        let contended = states
+            .iter()
+            .any(|s| self.contended_lately(&job_state_folder(*s)));
+        if contended {
+            for _ in 0..ANY_TRIES {
+                let Some(c) = self.pick_candidate(states, false).await? else {
+                    break;
+                };
+                if !self
+                    .take_lock(&c.lock, Op::check(&c.reference, None))
+                    .await?
+                {
+                    self.mark_busy(&c.folder, &c.name);
+                    continue;
+                }
+                let holds = c.state == JobState::Pending && self.any_collection_held().await?;
+                if let Some(lease) = self
+                    .lease_locked(&c.folder, &c.name, &c.jid, c.priority, c.state, holds, None)
+                    .await?
+                {
+                    return Ok(Some(lease));
+                }
+            }
+        }
+        for &s in states {
+            if let Some(l) = self.acquire_job(s).await? {
+                return Ok(Some(l));
+            }
+        }
+        Ok(None)
+    }
+
+    /// A free job of `states` (see [`Engine::acquire_any`]): when this process is contended at
+    /// those heads, one at random from every state's head window; else the first state's
+    /// first. `claim`: also claim its lock locally. `None` when the queue is paused or nothing
+    /// is free; Pending is passed over while a collection is held.
+    pub(crate) async fn pick_candidate(
+        &self,
+        states: &[JobState],
+        claim: bool,
+    ) -> Result<Option<Candidate>> {
+        let mut checked_pause = false;
+        let mut pool: Vec<(JobState, String, String)> = Vec::new();
+        let contended = states
+            .iter()
+            .any(|s| self.contended_lately(&job_state_folder(*s)));
+        for &state in states {
+            let folder = job_state_folder(state);
+            let page = self.tree.children_page(&folder, None, 2 * WINDOW).await?;
+            if page.is_empty() {
+                continue;
+            }
+            if !checked_pause {
+                if self.queue_paused_watched("ingest").await? {
+                    return Ok(None);
+                }
+                checked_pause = true;
+            }
+            if state == JobState::Pending && self.any_collection_held().await? {
+                continue;
+            }
+            let free: Vec<&String> = page
+                .iter()
+                .filter(|n| !self.is_deferred(&folder, n) && !self.is_busy(&folder, n))
+                .collect();
+            let Some(head) = free.first() else { continue };
+            // The head's priority only: a window never reaches past a more urgent job.
+            let prefix = head[..head.len().min(3)].to_string();
+            pool.extend(
+                free.iter()
+                    .take(WINDOW)
+                    .take_while(|n| n.starts_with(&prefix))
+                    .map(|n| (state, folder.clone(), n.to_string())),
+            );
+            if !contended && !pool.is_empty() {
+                break;
+            }
+        }
+        let n = pool.len();
+        if n == 0 {
+            return Ok(None);
+        }
+        let start = if contended {
+            (cheap_random() % n as u64) as usize
+        } else {
+            0
+        };
+        for i in 0..n {
+            let (state, folder, name) = &pool[(start + i) % n];
+            let Some((priority, jid)) = parse_job_ref(name) else {
+                continue;
+            };
+            let lock = job_node(&jid, "lock");
+            if !claim || self.claim(&lock) {
+                return Ok(Some(Candidate {
+                    reference: join(folder, name),
+                    name: name.clone(),
+                    folder: folder.clone(),
+                    lock,
+                    priority,
+                    jid,
+                    state: *state,
+                }));
+            }
         }
         Ok(None)
     }
@@ -180,8 +296,13 @@ impl Engine {
         priority: u8,
         state: JobState,
         holds: bool,
+        read: Option<Vec<Option<lading_core::Node>>>,
     ) -> Result<Option<JobLease>> {
-        let lease = match self.load_lease(jid, priority, state).await {
+        let loaded = match read {
+            Some(nodes) => self.lease_from(jid, priority, state, nodes),
+            None => self.load_lease(jid, priority, state).await,
+        };
+        let lease = match loaded {
             Ok(l) => l,
             Err(e) => {
                 let lock = job_node(jid, "lock");
@@ -213,58 +334,16 @@ impl Engine {
         Ok(Some(lease))
     }
 
-    /// A job this process could lock next in the first of `states` that has one free, read
+    /// A job this process could lock next in `states` (see [`Engine::pick_candidate`]), read
     /// from memory on a backend that caches its queues, and claimed locally so no local
-    /// worker tries it too. `None` when the queue is paused or nothing is free; Pending is
-    /// passed over while a collection is held (a full acquisition moves such jobs to Held).
+    /// worker tries it too.
     pub(crate) async fn claim_next(&self, states: &[JobState]) -> Result<Option<Candidate>> {
-        let mut checked_pause = false;
-        for &state in states {
-            let folder = job_state_folder(state);
-            let page = self.tree.children_page(&folder, None, 2 * SPREAD).await?;
-            if page.is_empty() {
-                continue;
-            }
-            if !checked_pause {
-                if self.queue_paused_watched("ingest").await? {
-                    return Ok(None);
-                }
-                checked_pause = true;
-            }
-            if state == JobState::Pending && self.any_collection_held().await? {
-                continue;
-            }
-            // Only as many as a pick spreads over are looked at.
-            let free: Vec<&String> = page
-                .iter()
-                .filter(|n| !self.is_deferred(&folder, n) && !self.is_busy(&folder, n))
-                .take(SPREAD)
-                .collect();
-            let start = if self.contended_lately(&folder) {
-                spread_pick(&free)
-            } else {
-                0
-            };
-            let ordered = free[start..].iter().chain(&free[..start]);
-            for name in ordered {
-                let Some((priority, jid)) = parse_job_ref(name) else {
-                    continue;
-                };
-                let lock = job_node(&jid, "lock");
-                if self.claim(&lock) {
-                    return Ok(Some(Candidate {
-                        reference: join(&folder, name),
-                        name: name.to_string(),
-                        folder,
-                        lock,
-                        priority,
-                        jid,
-                        state,
-                    }));
-                }
-            }
-        }
-        Ok(None)
+        self.pick_candidate(states, true).await
+    }
+
+    /// The nodes a lease is made of: the job's status and batch, in one read.
+    pub(crate) fn lease_paths(jid: &JobId) -> [String; 2] {
+        [job_node(jid, "status"), job_node(jid, "bid")]
     }
 
     pub(crate) async fn load_lease(
@@ -273,7 +352,21 @@ impl Engine {
         priority: u8,
         state: JobState,
     ) -> Result<JobLease> {
-        let (status, version) = self.job_status(jid).await?;
+        let nodes = self.tree.get_many(&Self::lease_paths(jid)).await?;
+        self.lease_from(jid, priority, state, nodes)
+    }
+
+    /// A lease from the nodes [`Engine::lease_paths`] names, as read.
+    pub(crate) fn lease_from(
+        &self,
+        jid: &JobId,
+        priority: u8,
+        state: JobState,
+        nodes: Vec<Option<lading_core::Node>>,
+    ) -> Result<JobLease> {
+        let mut nodes = nodes.into_iter();
+        let (status, version) = self.decode_status(jid, nodes.next().flatten())?;
+        let batch = self.remember_batch(jid, nodes.next().flatten())?;
         if status.status != state {
             return Err(EngineError::Corrupt {
                 path: job_node(jid, "status"),
@@ -287,7 +380,7 @@ impl Engine {
         Ok(JobLease {
             failure_kind: None,
             effects: Vec::new(),
-            batch: self.job_batch(jid).await?,
+            batch,
             job: jid.clone(),
             status,
             priority,

@@ -73,6 +73,10 @@ const NEXT_SCORE_MAX: i32 = 8;
 const NEXT_PROBE: u32 = 16;
 /// How many free jobs at the head of a contended queue a worker picks among at random.
 const SPREAD: usize = 16;
+/// The head window a contended acquisition over several states picks from, per state.
+const WINDOW: usize = 64;
+/// Lost races an acquisition over several states takes before it looks state by state.
+const ANY_TRIES: usize = 4;
 /// Most references one acquisition looks at before giving up (all locked by others).
 const MAX_SCAN: usize = 4096;
 /// Retries of an optimistic read-check-write loop before reporting `Conflict`.

@@ -267,7 +267,7 @@ impl Engine {
         } else {
             0
         };
-        let mut taken: Option<Candidate> = None;
+        let mut taken: Option<(Candidate, Vec<Option<lading_core::Node>>)> = None;
         while tries < NEXT_TRIES {
             let c = match self.claim_next(next).await {
                 Ok(Some(c)) => c,
@@ -286,10 +286,16 @@ impl Engine {
                 self.lock_data(),
                 CreateMode::Ephemeral,
             ));
-            match self.tree.multi(ops).await {
+            // The next job's status is read together with the move: on ZooKeeper the read is
+            // sent right behind the `multi` on the same session (served in order, so it sees
+            // the lock taken), which saves a round trip. Elsewhere it may be read just before;
+            // a status changed in between fails the lease's version check at its next move.
+            let paths = Self::lease_paths(&c.jid);
+            let (moved, read) = tokio::join!(self.tree.multi(ops), self.tree.get_many(&paths));
+            match moved {
                 Ok(_) => {
                     self.score_next(1);
-                    taken = Some(c);
+                    taken = Some((c, read.unwrap_or_default()));
                     break;
                 }
                 Err(e) => {
@@ -322,8 +328,16 @@ impl Engine {
         // (deferred, or unreadable: its lock is dropped) is left for a full acquisition.
         let next = match taken {
             None => None,
-            Some(c) => match self
-                .lease_locked(&c.folder, &c.name, &c.jid, c.priority, c.state, false)
+            Some((c, read)) => match self
+                .lease_locked(
+                    &c.folder,
+                    &c.name,
+                    &c.jid,
+                    c.priority,
+                    c.state,
+                    false,
+                    (read.len() == 2).then_some(read),
+                )
                 .await
             {
                 Ok(n) => n,

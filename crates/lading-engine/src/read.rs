@@ -62,21 +62,32 @@ impl Engine {
     }
 
     pub(crate) async fn job_batch(&self, job: &JobId) -> Result<BatchId> {
-        let known = self
-            .job_batches
+        if let Some(b) = self.known_batch(job) {
+            return Ok(b);
+        }
+        let node = self.tree.get(&job_node(job, "bid")).await?;
+        self.remember_batch(job, node)
+    }
+
+    /// The batch of `job`, if this engine has read it before.
+    pub(crate) fn known_batch(&self, job: &JobId) -> Option<BatchId> {
+        self.job_batches
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(job)
-            .cloned();
-        if let Some(b) = known {
-            return Ok(b);
-        }
+            .cloned()
+    }
+
+    /// The batch id in `job`'s `bid` node (as read), remembered.
+    pub(crate) fn remember_batch(
+        &self,
+        job: &JobId,
+        node: Option<lading_core::Node>,
+    ) -> Result<BatchId> {
         let path = job_node(job, "bid");
-        let s = self
-            .read_string(&path)
-            .await?
-            .ok_or_else(|| EngineError::NoJob(job.to_string()))?;
-        let bid = BatchId::parse(&s).map_err(|e| EngineError::Corrupt {
+        let node = node.ok_or_else(|| EngineError::NoJob(job.to_string()))?;
+        let s = String::from_utf8_lossy(node.data.as_deref().unwrap_or_default()).into_owned();
+        let bid = BatchId::parse(s.trim()).map_err(|e| EngineError::Corrupt {
             path,
             reason: e.to_string(),
         })?;
@@ -86,6 +97,23 @@ impl Engine {
         }
         cache.insert(job.clone(), bid.clone());
         Ok(bid)
+    }
+
+    /// A job's status from its node (as read).
+    pub(crate) fn decode_status(
+        &self,
+        job: &JobId,
+        node: Option<lading_core::Node>,
+    ) -> Result<(JobStatus, i32)> {
+        let path = job_node(job, "status");
+        let node = node.ok_or_else(|| EngineError::NoJob(job.to_string()))?;
+        let v = serde_json::from_slice(node.data.as_deref().unwrap_or_default()).map_err(|e| {
+            EngineError::Corrupt {
+                path,
+                reason: format!("invalid JSON: {e}"),
+            }
+        })?;
+        Ok((v, node.stat.version))
     }
 
     pub(crate) async fn batch_status(&self, batch: &BatchId) -> Result<(BatchStatus, i32)> {

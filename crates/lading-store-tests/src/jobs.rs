@@ -268,6 +268,79 @@ pub async fn concurrent_workers_each_job_handed_to_exactly_one(h: &dyn Harness) 
     assert_eq!(e.job_counts().await.unwrap()[&JobState::Estimating], 60);
 }
 
+/// Acquiring from several states at once: a lone worker takes the first state's head in the
+/// order given; workers of several sessions racing over the states' heads (each picking at
+/// random in a bounded window) still get every job exactly once, and each move chains into
+/// the next job in its `multi`.
+pub async fn acquiring_over_several_states_hands_each_job_out_once(h: &dyn Harness) {
+    let (e, _s) = engine(h, "setup").await;
+    let (_bid, jobs) = batch_with_jobs(&e, 40, &[]).await;
+    let order = [JobState::Estimating, JobState::Pending];
+    // Alone: the Pending head, then (Estimating first) that same job again.
+    let l = e.acquire_any(&order).await.unwrap().expect("a job");
+    assert_eq!(l.job, jobs[0]);
+    e.job_transition(l, Event::To(JobState::Estimating), None)
+        .await
+        .unwrap();
+    let l = e.acquire_any(&order).await.unwrap().expect("a job");
+    assert_eq!(
+        (l.job.clone(), l.state()),
+        (jobs[0].clone(), JobState::Estimating)
+    );
+    e.job_transition(l, Event::Success, None).await.unwrap();
+    // Three sessions, three workers each, moving every job Pending → Estimating →
+    // Provisioning.
+    let mut handles = Vec::new();
+    for w in 0..3 {
+        let (ew, sw) = engine(h, &format!("worker{w}")).await;
+        for _ in 0..3 {
+            let ew = ew.clone();
+            handles.push(tokio::spawn(async move {
+                let mut moved = Vec::new();
+                let mut next = ew.acquire_any(&order).await.expect("acquire");
+                loop {
+                    let Some(l) = next.take() else {
+                        match ew.acquire_any(&order).await.expect("acquire") {
+                            Some(l) => {
+                                next = Some(l);
+                                continue;
+                            }
+                            None => break,
+                        }
+                    };
+                    moved.push((l.job.clone(), l.state()));
+                    let ev = if l.state() == JobState::Pending {
+                        Event::To(JobState::Estimating)
+                    } else {
+                        Event::Success
+                    };
+                    let (_, n) = ew
+                        .job_transition_then_acquire(l, ev, None, &order)
+                        .await
+                        .expect("transition");
+                    next = n;
+                }
+                moved
+            }));
+        }
+        std::mem::forget(sw);
+    }
+    let mut all = Vec::new();
+    for hd in handles {
+        all.extend(
+            tokio::time::timeout(WAIT, hd)
+                .await
+                .expect("worker finished")
+                .expect("worker ok"),
+        );
+    }
+    let unique: HashSet<_> = all.iter().cloned().collect();
+    assert_eq!(all.len(), unique.len(), "no job moved twice from one state");
+    assert_eq!(all.len(), 2 * (jobs.len() - 1), "every move made once");
+    let counts = e.job_counts().await.unwrap();
+    assert_eq!(counts[&JobState::Provisioning], 40, "{counts:?}");
+}
+
 /// A worker that moves a job on may lock its next job in the same `multi`: the next one in
 /// queue order, locked against everyone else; when another session got it first, the move is
 /// made alone; a paused queue hands nothing out this way either; a lost lease moves nothing

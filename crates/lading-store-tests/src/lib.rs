@@ -279,6 +279,7 @@ macro_rules! conformance_tests {
             acquisition_follows_priority_then_age,
             set_priority_moves_the_reference,
             concurrent_workers_each_job_handed_to_exactly_one,
+            acquiring_over_several_states_hands_each_job_out_once,
             lost_lease_cannot_commit_transition,
             moving_a_job_can_lock_the_next_in_the_same_multi,
             stale_lease_after_a_takeover_is_lost,

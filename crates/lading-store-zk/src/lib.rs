@@ -809,6 +809,52 @@ impl Tree for ZkTree {
         })
     }
 
+    /// One read-only `multi` per 500 paths: one round trip where `get` would take one each.
+    fn get_many<'a>(
+        &'a self,
+        paths: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Option<Node>>, TreeError>> {
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(paths.len());
+            for chunk in paths.chunks(500) {
+                for p in chunk {
+                    validate_path(p)?;
+                }
+                let first = chunk.first().map(String::as_str).unwrap_or("/");
+                let results = self
+                    .read(first, |c| {
+                        let chunk = chunk.to_vec();
+                        async move {
+                            let mut r = c.client.new_multi_reader();
+                            for p in &chunk {
+                                r.add_get_data(p)?;
+                            }
+                            r.commit().await
+                        }
+                    })
+                    .await?;
+                for (p, r) in chunk.iter().zip(results) {
+                    out.push(match r {
+                        zk::MultiReadResult::Data { data, stat: st } => Some(Node {
+                            data: data_of(data),
+                            stat: stat(&st),
+                        }),
+                        zk::MultiReadResult::Error {
+                            err: zk::Error::NoNode,
+                        } => None,
+                        zk::MultiReadResult::Error { err } => return Err(tree_error(err, p)),
+                        _ => {
+                            return Err(TreeError::Backend(format!(
+                                "ZooKeeper answered a read of {p} with something else"
+                            )));
+                        }
+                    });
+                }
+            }
+            Ok(out)
+        })
+    }
+
     fn exists<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<Stat>, TreeError>> {
         Box::pin(async move {
             let s = self
