@@ -296,6 +296,12 @@ pub trait Tree: Send + Sync + 'static {
     /// Ends the session: its ephemeral nodes are removed now, not at expiry.
     fn close(&self) -> BoxFuture<'_, Result<(), TreeError>>;
 
+    /// Whether reads are served from this process's memory (no round trip), so issuing one
+    /// early saves nothing.
+    fn local_reads(&self) -> bool {
+        false
+    }
+
     /// Every change under `prefixes` (a node created, set or deleted), by any writer — this
     /// session, other sessions, other processes, other tools — in commit order, until the
     /// feed is dropped. `None` when the backend cannot follow changes.

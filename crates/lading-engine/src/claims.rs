@@ -4,6 +4,12 @@
 
 use super::*;
 
+/// Whether `e` failed because op `lock_op` (a lock's create) found the lock there: a lock this
+/// process had claimed for itself, so another session holds it.
+pub(crate) fn held_by_another(e: &TreeError, lock_op: usize) -> bool {
+    e.failed_op() == Some(lock_op) && matches!(e.root(), TreeError::NodeExists(_))
+}
+
 impl Engine {
     /// Creates the lock at `lock` if `guard` still holds. Ok(false) when someone else has it or
     /// the guard failed (the item moved on).
@@ -17,7 +23,12 @@ impl Engine {
             .await
         {
             Ok(_) => Ok(true),
-            Err(e) if lost_race(&e) => Ok(false),
+            Err(e) if lost_race(&e) => {
+                if held_by_another(&e, 1) {
+                    self.note_raced();
+                }
+                Ok(false)
+            }
             Err(e) => Err(e.into()),
         }
     }
@@ -33,6 +44,18 @@ impl Engine {
             self.unclaim(lock);
         }
         got
+    }
+
+    /// Another session holds a lock this process tried for.
+    pub(crate) fn note_raced(&self) {
+        self.raced_at.store(self.clock.now_ms(), Ordering::Relaxed);
+    }
+
+    /// Whether this process lost a lock to another session lately: then several workers
+    /// (processes, hosts) look at the same heads, and picks are spread.
+    pub(crate) fn raced_lately(&self) -> bool {
+        let at = self.raced_at.load(Ordering::Relaxed);
+        at != 0 && self.clock.now_ms().saturating_sub(at) < BUSY_SKIP.as_millis() as u64
     }
 
     pub(crate) fn claim(&self, lock: &str) -> bool {

@@ -168,18 +168,15 @@ impl Engine {
         Ok(None)
     }
 
-    /// Acquires a job in any of `states`. A lone worker takes strictly the first state's head
-    /// that is free, in the order given (as [`Engine::acquire_job`] state by state). Once this
-    /// process has met other workers at those heads, it picks at random among the free jobs of
+    /// Acquires a job in any of `states`. A lone process takes the first state's head that is
+    /// free, in the order given (as [`Engine::acquire_job`] state by state). Once this process
+    /// has lost a lock to another session lately, it picks at random among the free jobs of
     /// every state's head window (the first [`WINDOW`] of the head's priority): many sessions
     /// looking at the same few heads then rarely pick the same job, so fewer lock attempts are
     /// lost (each is a round trip on ZooKeeper). Order stays priority-then-age within that
     /// bounded window.
     pub async fn acquire_any(&self, states: &[JobState]) -> Result<Option<JobLease>> {
-        let contended = states
-            .iter()
-            .any(|s| self.contended_lately(&job_state_folder(*s)));
-        if contended {
+        if self.raced_lately() {
             for _ in 0..ANY_TRIES {
                 let Some(c) = self.pick_candidate(states, false).await? else {
                     break;
@@ -208,9 +205,9 @@ impl Engine {
         Ok(None)
     }
 
-    /// A free job of `states` (see [`Engine::acquire_any`]): when this process is contended at
-    /// those heads, one at random from every state's head window; else the first state's
-    /// first. `claim`: also claim its lock locally. `None` when the queue is paused or nothing
+    /// A free job of `states` (see [`Engine::acquire_any`]): when this process lost a lock to
+    /// another session lately, one at random from every state's head window; else the first
+    /// state's first free one. `claim`: also claim its lock locally. `None` when the queue is paused or nothing
     /// is free; Pending is passed over while a collection is held.
     pub(crate) async fn pick_candidate(
         &self,
@@ -219,12 +216,11 @@ impl Engine {
     ) -> Result<Option<Candidate>> {
         let mut checked_pause = false;
         let mut pool: Vec<(JobState, String, String)> = Vec::new();
-        let contended = states
-            .iter()
-            .any(|s| self.contended_lately(&job_state_folder(*s)));
+        let contended = self.raced_lately();
         for &state in states {
             let folder = job_state_folder(state);
-            let page = self.tree.children_page(&folder, None, 2 * WINDOW).await?;
+            let depth = if contended { 2 * WINDOW } else { 2 * SPREAD };
+            let page = self.tree.children_page(&folder, None, depth).await?;
             if page.is_empty() {
                 continue;
             }
@@ -237,51 +233,62 @@ impl Engine {
             if state == JobState::Pending && self.any_collection_held().await? {
                 continue;
             }
-            let free: Vec<&String> = page
+            let mut free = page
                 .iter()
-                .filter(|n| !self.is_deferred(&folder, n) && !self.is_busy(&folder, n))
-                .collect();
-            let Some(head) = free.first() else { continue };
-            // The head's priority only: a window never reaches past a more urgent job.
-            let prefix = head[..head.len().min(3)].to_string();
-            pool.extend(
-                free.iter()
-                    .take(WINDOW)
-                    .take_while(|n| n.starts_with(&prefix))
-                    .map(|n| (state, folder.clone(), n.to_string())),
-            );
-            if !contended && !pool.is_empty() {
-                break;
+                .filter(|n| !self.is_deferred(&folder, n) && !self.is_busy(&folder, n));
+            if !contended {
+                // Alone at these heads: the first free one, in order.
+                for name in free.take(SPREAD) {
+                    if let Some(c) = self.candidate(state, &folder, name, claim) {
+                        return Ok(Some(c));
+                    }
+                }
+                continue;
             }
+            let Some(head) = free.next() else { continue };
+            // The head's priority only: a window never reaches past a more urgent job.
+            let prefix = &head[..head.len().min(3)];
+            pool.push((state, folder.clone(), head.clone()));
+            pool.extend(
+                free.take(WINDOW - 1)
+                    .take_while(|n| n.starts_with(prefix))
+                    .map(|n| (state, folder.clone(), n.clone())),
+            );
         }
         let n = pool.len();
-        if n == 0 {
-            return Ok(None);
-        }
-        let start = if contended {
-            (cheap_random() % n as u64) as usize
-        } else {
-            0
-        };
+        let start = (cheap_random() % n.max(1) as u64) as usize;
         for i in 0..n {
             let (state, folder, name) = &pool[(start + i) % n];
-            let Some((priority, jid)) = parse_job_ref(name) else {
-                continue;
-            };
-            let lock = job_node(&jid, "lock");
-            if !claim || self.claim(&lock) {
-                return Ok(Some(Candidate {
-                    reference: join(folder, name),
-                    name: name.clone(),
-                    folder: folder.clone(),
-                    lock,
-                    priority,
-                    jid,
-                    state: *state,
-                }));
+            if let Some(c) = self.candidate(*state, folder, name, claim) {
+                return Ok(Some(c));
             }
         }
         Ok(None)
+    }
+
+    /// `name` of `folder` as a candidate, its lock claimed locally when `claim` (`None` when a
+    /// local worker has it, or the name is not a job reference).
+    fn candidate(
+        &self,
+        state: JobState,
+        folder: &str,
+        name: &str,
+        claim: bool,
+    ) -> Option<Candidate> {
+        let (priority, jid) = parse_job_ref(name)?;
+        let lock = job_node(&jid, "lock");
+        if claim && !self.claim(&lock) {
+            return None;
+        }
+        Some(Candidate {
+            reference: join(folder, name),
+            name: name.to_string(),
+            folder: folder.to_string(),
+            lock,
+            priority,
+            jid,
+            state,
+        })
     }
 
     /// The lease of job `jid`, referenced as `name` in `folder`, once its lock is taken; or

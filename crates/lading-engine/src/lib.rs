@@ -244,6 +244,9 @@ pub struct Engine {
     /// winner lets go (the tree's own watch may have fired before the claim was dropped).
     unclaimed: tokio::sync::Notify,
     local_conflicts: std::sync::atomic::AtomicU64,
+    /// When (ms, this engine's clock) a lock was last lost to another session: what makes
+    /// acquisition over several states spread its picks.
+    raced_at: std::sync::atomic::AtomicU64,
 }
 
 /// References of one state folder found locked by other workers, and when.
@@ -317,6 +320,7 @@ impl Engine {
             live_batches: Mutex::new(Vec::new()),
             unclaimed: tokio::sync::Notify::new(),
             local_conflicts: std::sync::atomic::AtomicU64::new(0),
+            raced_at: std::sync::atomic::AtomicU64::new(0),
         }
     }
 

@@ -286,12 +286,17 @@ impl Engine {
                 self.lock_data(),
                 CreateMode::Ephemeral,
             ));
-            // The next job's status is read together with the move: on ZooKeeper the read is
-            // sent right behind the `multi` on the same session (served in order, so it sees
-            // the lock taken), which saves a round trip. Elsewhere it may be read just before;
-            // a status changed in between fails the lease's version check at its next move.
+            // Where reads are round trips, the next job's status is read together with the
+            // move: on ZooKeeper the read is sent right behind the `multi` on the same session
+            // (served in order, so it sees the lock taken), which saves a round trip; should it
+            // be read just before, a status changed in between fails the lease's version check
+            // at its next move.
             let paths = Self::lease_paths(&c.jid);
-            let (moved, read) = tokio::join!(self.tree.multi(ops), self.tree.get_many(&paths));
+            let (moved, read) = if self.tree.local_reads() {
+                (self.tree.multi(ops).await, Ok(Vec::new()))
+            } else {
+                tokio::join!(self.tree.multi(ops), self.tree.get_many(&paths))
+            };
             match moved {
                 Ok(_) => {
                     self.score_next(1);
@@ -307,6 +312,9 @@ impl Engine {
                     // Another worker took that job, or it moved on: try the next free one
                     // with the move again (each try costs what the move alone would).
                     self.mark_busy(&c.folder, &c.name);
+                    if claims::held_by_another(&e, ours + 1) {
+                        self.note_raced();
+                    }
                     self.score_next(-2);
                 }
             }

@@ -771,6 +771,10 @@ impl Tree for SqliteTree {
         })
     }
 
+    fn local_reads(&self) -> bool {
+        true
+    }
+
     fn changes<'a>(
         &'a self,
         prefixes: &'a [String],
