@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 #[derive(Debug, Clone)]
 pub enum Observed {
     /// A transition, with its id.
-    Transition(String, ChangeEvent),
+    Transition(String, Box<ChangeEvent>),
     /// Transitions may have been missed (the feed reconnected): re-read the state.
     Lost,
 }
@@ -170,7 +170,7 @@ impl Engine {
                     match engine.observe(group, &mut known, start_ms).await {
                         Ok(events) => {
                             for e in events {
-                                if tx.send(Observed::Transition(e.0, e.1)).is_err() {
+                                if tx.send(Observed::Transition(e.0, Box::new(e.1))).is_err() {
                                     return;
                                 }
                             }

@@ -144,22 +144,18 @@ impl Engine {
                     names.swap(i, j);
                 }
                 let name = names[i];
-                let Some((priority, jid)) = parse_job_ref(name) else {
+                let Some(c) = self.candidate(state, &folder, name, false) else {
                     continue;
                 };
-                let lock = job_node(&jid, "lock");
                 if !self
-                    .take_lock(&lock, Op::check(join(&folder, name), None))
+                    .take_lock(&c.lock, Op::check(&c.reference, None))
                     .await?
                 {
                     self.mark_busy(&folder, name);
                     contended = true;
                     continue;
                 }
-                if let Some(lease) = self
-                    .lease_locked(&folder, name, &jid, priority, state, holds, None)
-                    .await?
-                {
+                if let Some(lease) = self.lease_locked(&c, holds, None).await? {
                     return Ok(Some(lease));
                 }
             }
@@ -189,10 +185,7 @@ impl Engine {
                     continue;
                 }
                 let holds = c.state == JobState::Pending && self.any_collection_held().await?;
-                if let Some(lease) = self
-                    .lease_locked(&c.folder, &c.name, &c.jid, c.priority, c.state, holds, None)
-                    .await?
-                {
+                if let Some(lease) = self.lease_locked(&c, holds, None).await? {
                     return Ok(Some(lease));
                 }
             }
@@ -297,14 +290,17 @@ impl Engine {
     /// collection is held, and it is the job's).
     pub(crate) async fn lease_locked(
         &self,
-        folder: &str,
-        name: &str,
-        jid: &JobId,
-        priority: u8,
-        state: JobState,
+        c: &Candidate,
         holds: bool,
         read: Option<Vec<Option<lading_core::Node>>>,
     ) -> Result<Option<JobLease>> {
+        let (folder, name, jid, priority, state) = (
+            c.folder.as_str(),
+            c.name.as_str(),
+            &c.jid,
+            c.priority,
+            c.state,
+        );
         let loaded = match read {
             Some(nodes) => self.lease_from(jid, priority, state, nodes),
             None => self.load_lease(jid, priority, state).await,

@@ -337,15 +337,7 @@ impl Engine {
         let next = match taken {
             None => None,
             Some((c, read)) => match self
-                .lease_locked(
-                    &c.folder,
-                    &c.name,
-                    &c.jid,
-                    c.priority,
-                    c.state,
-                    false,
-                    (read.len() == 2).then_some(read),
-                )
+                .lease_locked(&c, false, (read.len() == 2).then_some(read))
                 .await
             {
                 Ok(n) => n,

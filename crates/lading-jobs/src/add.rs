@@ -37,9 +37,17 @@ impl Jobs {
         self.require_type(ty).await?;
         let sched = opts.scheduled_time.map(secs_to_ms).transpose()?;
         let path = job_path(ty, id);
+        // Where a read is a round trip, the create is tried first: a new id (the usual case)
+        // costs one round trip, and an existing one fails the create and is read.
+        let mut assume_new = !self.tree.local_reads();
         for _ in 0..MAX_OPTIMISTIC {
             let now = self.now_ms();
-            let (ops, added) = match self.read(ty, id).await? {
+            let current = if std::mem::take(&mut assume_new) {
+                None
+            } else {
+                self.read(ty, id).await?
+            };
+            let (ops, added) = match current {
                 None => {
                     let s = sched.unwrap_or(now);
                     let prio = opts.priority.unwrap_or(0);

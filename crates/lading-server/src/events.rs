@@ -75,7 +75,9 @@ impl EventHub {
                     while let Some(o) = rx.recv().await {
                         let Some(hub) = h.upgrade() else { return };
                         match o {
-                            Observed::Transition(id, ev) => hub.push(Some((id.into(), ev.into()))),
+                            Observed::Transition(id, ev) => {
+                                hub.push(Some((id.into(), Arc::from(ev))))
+                            }
                             Observed::Lost => hub.push(None),
                         }
                     }

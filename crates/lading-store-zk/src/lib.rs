@@ -669,16 +669,17 @@ async fn feed(
                 _ = tx.closed() => return,
             };
             let Some(ev) = ev else { break };
-            match ev.event_type {
+            let node = matches!(
+                ev.event_type,
                 zk::EventType::NodeCreated
-                | zk::EventType::NodeDeleted
-                | zk::EventType::NodeDataChanged => {
-                    if tx.send(Change::Node(ev.path.to_string())).is_err() {
-                        return;
-                    }
-                }
-                zk::EventType::Session => break,
-                _ => {}
+                    | zk::EventType::NodeDeleted
+                    | zk::EventType::NodeDataChanged
+            );
+            if node && tx.send(Change::Node(ev.path.to_string())).is_err() {
+                return;
+            }
+            if ev.event_type == zk::EventType::Session {
+                break;
             }
         }
         forwarders.abort_all();
