@@ -223,10 +223,21 @@ pub enum Change {
     Lost,
 }
 
-/// A feed of changes (see [`Tree::changes`]).
-pub trait ChangeFeed: Send {
+/// A feed of changes (see [`Tree::changes`]), with reads of its own: a read through the feed
+/// after it reported a change sees that change or a later state (on ZooKeeper the feed's
+/// session may be on another server than the tree's, which may not have it yet).
+pub trait ChangeFeed: Send + Sync {
     /// The next change; `None` when the feed has ended (the tree was closed).
     fn next(&mut self) -> BoxFuture<'_, Option<Change>>;
+
+    /// Several nodes, as [`Tree::get_many`].
+    fn get_many<'a>(
+        &'a self,
+        paths: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Option<Node>>, TreeError>>;
+
+    /// Names of all children, sorted, as [`Tree::children`].
+    fn children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Vec<String>, TreeError>>;
 }
 
 /// Whether `path` is `prefix` or below it.

@@ -19,7 +19,8 @@
 
 use crate::{ChangeEvent, Engine, HISTORY_FIELD, Result, history};
 use lading_core::layout::{BatchId, JobId, batch_node, job_node};
-use lading_core::tree::Change;
+use lading_core::tree::{Change, ChangeFeed};
+use lading_core::{Node, TreeError};
 use serde_json::{Map, Value};
 use std::collections::HashMap;
 use tokio::sync::mpsc;
@@ -110,7 +111,6 @@ impl Engine {
             return Ok(None);
         };
         let (tx, rx) = mpsc::unbounded_channel();
-        let engine = self.clone_for_follow();
         // Transitions from before now are the past: a status first seen is followed from its
         // newest entry, and only that one is reported if it is this recent.
         let start_ms = self.clock().now_ms().saturating_sub(1000);
@@ -144,7 +144,13 @@ impl Engine {
                 if lost {
                     // Changes of the gap were not reported: every status is read again and
                     // compared with what was seen, so what the gap hid is reported now.
-                    match engine.every_status().await {
+                    // Read through the feed's own session, which has seen what it reported.
+                    let listing = async {
+                        let b = none_if_missing(feed.children("/batches").await)?;
+                        let j = none_if_missing(feed.children("/jobs").await)?;
+                        Ok::<_, TreeError>(statuses_of(b, j))
+                    };
+                    match listing.await {
                         Ok(all) => {
                             for (kind, id) in all {
                                 if !changed.iter().any(|(_, i)| *i == id) {
@@ -167,7 +173,7 @@ impl Engine {
                     known.clear();
                 }
                 for group in changed.chunks(GROUP) {
-                    match engine.observe(group, &mut known, start_ms).await {
+                    match observe(&*feed, group, &mut known, start_ms).await {
                         Ok(events) => {
                             for e in events {
                                 if tx.send(Observed::Transition(e.0, Box::new(e.1))).is_err() {
@@ -187,138 +193,133 @@ impl Engine {
         });
         Ok(Some(rx))
     }
+}
 
-    /// A handle sharing this engine's tree and clock, for a follower task.
-    fn clone_for_follow(&self) -> Engine {
-        Engine::new(self.tree.clone(), self.clock.clone(), &self.owner)
+/// A listing, empty when the folder does not exist.
+fn none_if_missing(
+    r: std::result::Result<Vec<String>, TreeError>,
+) -> std::result::Result<Vec<String>, TreeError> {
+    match r {
+        Err(TreeError::NoNode(_)) => Ok(Vec::new()),
+        r => r,
     }
+}
 
-    /// Reads the changed statuses and returns their new transitions.
-    async fn observe(
-        &self,
-        changed: &[(&'static str, String)],
-        known: &mut HashMap<String, Known>,
-        start_ms: u64,
-    ) -> Result<Vec<(String, ChangeEvent)>> {
-        let mut paths: Vec<String> = Vec::with_capacity(changed.len() * 2);
-        for (kind, id) in changed {
-            if *kind == "job" {
-                let j = JobId::parse(id).expect("checked by status_of");
-                paths.push(job_node(&j, "status"));
-                paths.push(job_node(&j, "bid"));
-            } else {
-                let b = BatchId::parse(id).expect("checked by status_of");
-                paths.push(batch_node(&b, "status"));
-            }
+/// Every batch and job among the children of `/batches` and `/jobs`, as (kind, id).
+fn statuses_of(batches: Vec<String>, jobs: Vec<String>) -> Vec<(&'static str, String)> {
+    let b = batches
+        .into_iter()
+        .filter(|n| BatchId::parse(n).is_ok())
+        .map(|n| ("batch", n));
+    let j = jobs
+        .into_iter()
+        .filter(|n| JobId::parse(n).is_ok())
+        .map(|n| ("job", n));
+    b.chain(j).collect()
+}
+
+/// Reads the changed statuses (through the feed) and returns their new transitions.
+async fn observe(
+    feed: &dyn ChangeFeed,
+    changed: &[(&'static str, String)],
+    known: &mut HashMap<String, Known>,
+    start_ms: u64,
+) -> std::result::Result<Vec<(String, ChangeEvent)>, TreeError> {
+    let mut paths: Vec<String> = Vec::with_capacity(changed.len() * 2);
+    for (kind, id) in changed {
+        if *kind == "job" {
+            let j = JobId::parse(id).expect("checked by status_of");
+            paths.push(job_node(&j, "status"));
+            paths.push(job_node(&j, "bid"));
+        } else {
+            let b = BatchId::parse(id).expect("checked by status_of");
+            paths.push(batch_node(&b, "status"));
         }
-        let nodes = self.tree.get_many(&paths).await?;
-        let mut nodes = nodes.into_iter();
-        let mut out = Vec::new();
-        for (kind, id) in changed {
-            let status = nodes.next().flatten();
-            let bid = if *kind == "job" {
-                nodes.next().flatten().and_then(|n| n.data)
-            } else {
-                None
-            };
-            let Some(node) = status else {
-                // Gone (deleted with its job or batch).
-                known.remove(id.as_str());
-                continue;
-            };
-            let Some((state, extra)) = fields(node.data.as_deref()) else {
-                continue;
-            };
-            let batch = bid.map(|b| String::from_utf8_lossy(&b).into_owned());
-            let entries = history(&extra);
-            let prior = known.get(id.as_str());
-            let new: Vec<Value> = if extra.contains_key(HISTORY_FIELD) && !entries.is_empty() {
-                let after = match prior.and_then(|k| k.last.as_ref()) {
-                    Some(last) => match entries.iter().rposition(|e| e == last) {
-                        Some(i) => i + 1,
-                        // More moves than the history keeps, or a history started again.
-                        None => {
-                            let t = entry_ms(last);
-                            entries
-                                .iter()
-                                .position(|e| entry_ms(e) >= t)
-                                .unwrap_or(entries.len())
-                        }
-                    },
-                    None if prior.is_some() => 0,
+    }
+    let nodes: Vec<Option<Node>> = feed.get_many(&paths).await?;
+    let mut nodes = nodes.into_iter();
+    let mut out = Vec::new();
+    for (kind, id) in changed {
+        let status = nodes.next().flatten();
+        let bid = if *kind == "job" {
+            nodes.next().flatten().and_then(|n| n.data)
+        } else {
+            None
+        };
+        let Some(node) = status else {
+            // Gone (deleted with its job or batch).
+            known.remove(id.as_str());
+            continue;
+        };
+        let Some((state, extra)) = fields(node.data.as_deref()) else {
+            continue;
+        };
+        let batch = bid.map(|b| String::from_utf8_lossy(&b).into_owned());
+        let entries = history(&extra);
+        let prior = known.get(id.as_str());
+        let new: Vec<Value> = if extra.contains_key(HISTORY_FIELD) && !entries.is_empty() {
+            let after = match prior.and_then(|k| k.last.as_ref()) {
+                Some(last) => match entries.iter().rposition(|e| e == last) {
+                    Some(i) => i + 1,
+                    // More moves than the history keeps, or a history started again.
                     None => {
-                        // First seen: its entries since the follower started.
-                        let from = start_ms / 1000 * 1000;
+                        let t = entry_ms(last);
                         entries
                             .iter()
-                            .position(|e| entry_ms(e) >= from)
+                            .position(|e| entry_ms(e) >= t)
                             .unwrap_or(entries.len())
                     }
-                };
-                entries[after..].to_vec()
-            } else {
-                // No history (written by another tool): a change of state is a transition.
-                let from = prior.map(|k| k.state.clone());
-                if from.as_deref() == Some(state.as_str())
-                    || (from.is_none() && node.stat.mtime_ms < start_ms)
-                {
-                    Vec::new()
-                } else {
-                    let mut e = Map::new();
-                    e.insert("from".into(), from.map_or(Value::Null, Value::from));
-                    e.insert("to".into(), Value::from(state.clone()));
-                    e.insert(
-                        "at".into(),
-                        Value::from(lading_core::time::format_ts(node.stat.mtime_ms)),
-                    );
-                    vec![Value::Object(e)]
+                },
+                None if prior.is_some() => 0,
+                None => {
+                    // First seen: its entries since the follower started.
+                    let from = start_ms / 1000 * 1000;
+                    entries
+                        .iter()
+                        .position(|e| entry_ms(e) >= from)
+                        .unwrap_or(entries.len())
                 }
             };
-            let n = new.len();
-            for (i, e) in new.iter().enumerate() {
-                out.push((
-                    transition_id(node.stat.mtime_ms, id, node.stat.version, n - 1 - i),
-                    event(kind, id, batch.as_deref(), e),
-                ));
+            entries[after..].to_vec()
+        } else {
+            // No history (written by another tool): a change of state is a transition.
+            let from = prior.map(|k| k.state.clone());
+            if from.as_deref() == Some(state.as_str())
+                || (from.is_none() && node.stat.mtime_ms < start_ms)
+            {
+                Vec::new()
+            } else {
+                let mut e = Map::new();
+                e.insert("from".into(), from.map_or(Value::Null, Value::from));
+                e.insert("to".into(), Value::from(state.clone()));
+                e.insert(
+                    "at".into(),
+                    Value::from(lading_core::time::format_ts(node.stat.mtime_ms)),
+                );
+                vec![Value::Object(e)]
             }
-            let batch = batch.or_else(|| prior.and_then(|k| k.batch.clone()));
-            known.insert(
-                id.clone(),
-                Known {
-                    last: entries.last().cloned(),
-                    state,
-                    batch,
-                },
-            );
+        };
+        let n = new.len();
+        for (i, e) in new.iter().enumerate() {
+            out.push((
+                transition_id(node.stat.mtime_ms, id, node.stat.version, n - 1 - i),
+                event(kind, id, batch.as_deref(), e),
+            ));
         }
-        Ok(out)
+        let batch = batch.or_else(|| prior.and_then(|k| k.batch.clone()));
+        known.insert(
+            id.clone(),
+            Known {
+                last: entries.last().cloned(),
+                state,
+                batch,
+            },
+        );
     }
+    Ok(out)
+}
 
-    /// Every batch and job in the tree, as (kind, id).
-    async fn every_status(&self) -> Result<Vec<(&'static str, String)>> {
-        let mut items = Vec::new();
-        for (kind, folder) in [("batch", "/batches"), ("job", "/jobs")] {
-            let names = match self.tree.children(folder).await {
-                Ok(n) => n,
-                Err(lading_core::TreeError::NoNode(_)) => Vec::new(),
-                Err(e) => return Err(e.into()),
-            };
-            items.extend(
-                names
-                    .into_iter()
-                    .filter(|n| {
-                        if kind == "job" {
-                            JobId::parse(n).is_ok()
-                        } else {
-                            BatchId::parse(n).is_ok()
-                        }
-                    })
-                    .map(|n| (kind, n)),
-            );
-        }
-        Ok(items)
-    }
-
+impl Engine {
     /// Every transition of a job or batch whose status changed at or after `since_ms`, from
     /// the tree alone, oldest first: what a client resuming after a restart is owed. Entries
     /// of the same second as `since_ms` are included (history keeps seconds), so a client may
@@ -336,7 +337,10 @@ impl Engine {
                 }
                 items
             }
-            None => self.every_status().await?,
+            None => statuses_of(
+                none_if_missing(self.tree.children("/batches").await)?,
+                none_if_missing(self.tree.children("/jobs").await)?,
+            ),
         };
         let from_ms = since_ms / 1000 * 1000;
         let mut out = Vec::new();

@@ -208,7 +208,35 @@ async fn events_come_from_every_writer_and_resume_after_a_restart() {
         Some(bid.as_str())
     );
     // And live events still flow after the restart, from the other host too.
+    let (_, mut fresh) = Events::open(&s, ADMIN, "", None).await;
     other.release_batch(&bid).await.unwrap();
-    let m = back.next().await;
+    let m = fresh.next().await;
+    let ev: Value = serde_json::from_str(&m.2).unwrap();
     assert_eq!(to(&m), "batch Pending");
+    assert_eq!(ev["host"], "host-b:42", "{ev}");
+
+    // Merritt's own tools rewrite a status without a history: the change of state is an
+    // event all the same (no host is known).
+    let path = format!("/batches/{bid}/status");
+    let node = other.tree().get(&path).await.unwrap().unwrap();
+    let mut st: Value = serde_json::from_slice(node.data.as_deref().unwrap()).unwrap();
+    st["status"] = json!("Held");
+    st.as_object_mut().unwrap().remove("history");
+    other
+        .tree()
+        .set(
+            &path,
+            Some(serde_json::to_vec(&st).unwrap()),
+            Some(node.stat.version),
+        )
+        .await
+        .unwrap();
+    let m = fresh.next().await;
+    let ev: Value = serde_json::from_str(&m.2).unwrap();
+    assert_eq!(
+        (ev["from"].as_str(), ev["to"].as_str()),
+        (Some("Pending"), Some("Held")),
+        "{ev}"
+    );
+    assert!(ev.get("host").is_none(), "{ev}");
 }

@@ -155,11 +155,25 @@ struct Watches {
 }
 
 /// A change feed of this handle: every commit it folds in, its own and other processes'.
-struct Feed(tokio::sync::mpsc::UnboundedReceiver<Change>);
+struct Feed {
+    rx: tokio::sync::mpsc::UnboundedReceiver<Change>,
+    shared: Arc<Shared>,
+}
 
 impl ChangeFeed for Feed {
     fn next(&mut self) -> BoxFuture<'_, Option<Change>> {
-        Box::pin(self.0.recv())
+        Box::pin(self.rx.recv())
+    }
+
+    fn get_many<'a>(
+        &'a self,
+        paths: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Option<Node>>, TreeError>> {
+        Box::pin(async move { self.shared.get_many(paths) })
+    }
+
+    fn children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Vec<String>, TreeError>> {
+        Box::pin(async move { self.shared.children(path) })
     }
 }
 
@@ -377,6 +391,28 @@ impl Shared {
             Synced::Nothing => {}
         }
         Ok(())
+    }
+
+    fn get_many(&self, paths: &[String]) -> Result<Vec<Option<Node>>, TreeError> {
+        for p in paths {
+            validate_path(p)?;
+        }
+        self.refresh(false)?;
+        let mem = self.mem.read().unwrap_or_else(|p| p.into_inner());
+        Ok(paths
+            .iter()
+            .map(|p| {
+                mem.get(p).map(|n| Node {
+                    data: n.data.clone(),
+                    stat: n.stat(),
+                })
+            })
+            .collect())
+    }
+
+    fn children(&self, path: &str) -> Result<Vec<String>, TreeError> {
+        self.read(path, |m| m.children(path).map(|c| c.cloned().collect()))?
+            .ok_or_else(|| TreeError::NoNode(path.into()))
     }
 
     fn read<R>(&self, path: &str, f: impl FnOnce(&Mem) -> R) -> Result<R, TreeError> {
@@ -693,22 +729,7 @@ impl Tree for SqliteTree {
         &'a self,
         paths: &'a [String],
     ) -> BoxFuture<'a, Result<Vec<Option<Node>>, TreeError>> {
-        Box::pin(async move {
-            for p in paths {
-                validate_path(p)?;
-            }
-            self.shared.refresh(false)?;
-            let mem = self.shared.mem.read().unwrap_or_else(|p| p.into_inner());
-            Ok(paths
-                .iter()
-                .map(|p| {
-                    mem.get(p).map(|n| Node {
-                        data: n.data.clone(),
-                        stat: n.stat(),
-                    })
-                })
-                .collect())
-        })
+        Box::pin(async move { self.shared.get_many(paths) })
     }
 
     fn exists<'a>(
@@ -719,11 +740,7 @@ impl Tree for SqliteTree {
     }
 
     fn children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Vec<String>, TreeError>> {
-        Box::pin(async move {
-            self.shared
-                .read(path, |m| m.children(path).map(|c| c.cloned().collect()))?
-                .ok_or_else(|| TreeError::NoNode(path.into()))
-        })
+        Box::pin(async move { self.shared.children(path) })
     }
 
     fn children_page<'a>(
@@ -787,7 +804,10 @@ impl Tree for SqliteTree {
             lock(&self.shared.watches)
                 .feeds
                 .push((prefixes.to_vec(), tx));
-            Ok(Some(Box::new(Feed(rx)) as Box<dyn ChangeFeed>))
+            Ok(Some(Box::new(Feed {
+                rx,
+                shared: self.shared.clone(),
+            }) as Box<dyn ChangeFeed>))
         })
     }
 

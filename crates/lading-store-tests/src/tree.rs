@@ -257,6 +257,14 @@ pub async fn change_feeds_see_every_writer(h: &dyn Harness) {
         }
     }
     assert_eq!(got, want);
+    // Reads through the feed see what it reported.
+    let read = feed
+        .get_many(&["/f/x".to_string(), "/f/x/y".to_string()])
+        .await
+        .unwrap();
+    assert_eq!(read[0].as_ref().and_then(|n| n.data.clone()), bytes("1"));
+    assert!(read[1].is_none());
+    assert_eq!(feed.children("/f").await.unwrap(), ["x", "z"]);
     // Closing the tree ends the feed.
     a.tree.close().await.unwrap();
     let end = tokio::time::timeout(WAIT, async {

@@ -564,13 +564,90 @@ fn unreachable_error(hosts: &str, within: Duration) -> TreeError {
     ))
 }
 
+/// Reads `paths` (at most 500) in one read-only `multi`.
+async fn read_many(client: &zk::Client, paths: &[String]) -> Result<Vec<Option<Node>>, zk::Error> {
+    let mut r = client.new_multi_reader();
+    for p in paths {
+        r.add_get_data(p)?;
+    }
+    let results = r.commit().await?;
+    let mut out = Vec::with_capacity(paths.len());
+    for r in results {
+        out.push(match r {
+            zk::MultiReadResult::Data { data, stat: st } => Some(Node {
+                data: data_of(data),
+                stat: stat(&st),
+            }),
+            zk::MultiReadResult::Error {
+                err: zk::Error::NoNode,
+            } => None,
+            zk::MultiReadResult::Error { err } => return Err(err),
+            _ => {
+                return Err(zk::Error::UnexpectedError(
+                    "a read answered with a child list".into(),
+                ));
+            }
+        });
+    }
+    Ok(out)
+}
+
 /// A change feed: its own session (so it outlives any session of the tree's), with one
-/// persistent recursive watch per prefix.
-struct Feed(tokio::sync::mpsc::UnboundedReceiver<Change>);
+/// persistent recursive watch per prefix; its reads go through that session, so they see
+/// what its events reported.
+struct Feed {
+    rx: tokio::sync::mpsc::UnboundedReceiver<Change>,
+    client: Arc<std::sync::Mutex<Option<zk::Client>>>,
+}
+
+impl Feed {
+    fn client(&self) -> Result<zk::Client, TreeError> {
+        self.client
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| TreeError::ConnectionLoss("the change feed is reconnecting".into()))
+    }
+}
 
 impl ChangeFeed for Feed {
     fn next(&mut self) -> BoxFuture<'_, Option<Change>> {
-        Box::pin(self.0.recv())
+        Box::pin(self.rx.recv())
+    }
+
+    fn get_many<'a>(
+        &'a self,
+        paths: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<Option<Node>>, TreeError>> {
+        Box::pin(async move {
+            let client = self.client()?;
+            let mut out = Vec::with_capacity(paths.len());
+            for chunk in paths.chunks(500) {
+                for p in chunk {
+                    validate_path(p)?;
+                }
+                let first = chunk.first().map(String::as_str).unwrap_or("/");
+                out.extend(
+                    read_many(&client, chunk)
+                        .await
+                        .map_err(|e| tree_error(e, first))?,
+                );
+            }
+            Ok(out)
+        })
+    }
+
+    fn children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Vec<String>, TreeError>> {
+        Box::pin(async move {
+            validate_path(path)?;
+            let mut c = self
+                .client()?
+                .list_children(path)
+                .await
+                .map_err(|e| tree_error(e, path))?;
+            c.sort();
+            Ok(c)
+        })
     }
 }
 
@@ -615,9 +692,11 @@ async fn feed(
     tx: tokio::sync::mpsc::UnboundedSender<Change>,
     mut shut: tokio::sync::watch::Receiver<bool>,
     first: (zk::Client, Vec<zk::PersistentWatcher>),
+    shared: Arc<std::sync::Mutex<Option<zk::Client>>>,
 ) {
     let mut current = Some(first);
     let mut kept: Option<zk::Client> = None;
+    let mut gap = false;
     loop {
         let (client, watchers) = match current.take() {
             Some(cw) => cw,
@@ -647,6 +726,11 @@ async fn feed(
                 }
             }
         };
+        *shared.lock().unwrap_or_else(|p| p.into_inner()) = Some(client.clone());
+        // A gap is reported once the watches are back: whoever re-reads then misses nothing.
+        if std::mem::take(&mut gap) && tx.send(Change::Lost).is_err() {
+            return;
+        }
         let (etx, mut erx) = tokio::sync::mpsc::unbounded_channel();
         let mut forwarders = tokio::task::JoinSet::new();
         for mut w in watchers {
@@ -683,9 +767,7 @@ async fn feed(
             }
         }
         forwarders.abort_all();
-        if tx.send(Change::Lost).is_err() {
-            return;
-        }
+        gap = true;
         // Back on the same session when it recovers, else on a new one.
         let mut state = client.state_watcher();
         loop {
@@ -822,35 +904,13 @@ impl Tree for ZkTree {
                     validate_path(p)?;
                 }
                 let first = chunk.first().map(String::as_str).unwrap_or("/");
-                let results = self
-                    .read(first, |c| {
+                out.extend(
+                    self.read(first, |c| {
                         let chunk = chunk.to_vec();
-                        async move {
-                            let mut r = c.client.new_multi_reader();
-                            for p in &chunk {
-                                r.add_get_data(p)?;
-                            }
-                            r.commit().await
-                        }
+                        async move { read_many(&c.client, &chunk).await }
                     })
-                    .await?;
-                for (p, r) in chunk.iter().zip(results) {
-                    out.push(match r {
-                        zk::MultiReadResult::Data { data, stat: st } => Some(Node {
-                            data: data_of(data),
-                            stat: stat(&st),
-                        }),
-                        zk::MultiReadResult::Error {
-                            err: zk::Error::NoNode,
-                        } => None,
-                        zk::MultiReadResult::Error { err } => return Err(tree_error(err, p)),
-                        _ => {
-                            return Err(TreeError::Backend(format!(
-                                "ZooKeeper answered a read of {p} with something else"
-                            )));
-                        }
-                    });
-                }
+                    .await?,
+                );
             }
             Ok(out)
         })
@@ -980,6 +1040,7 @@ impl Tree for ZkTree {
             // The watches are set before this returns: nothing after it is missed.
             let first = feed_session(&self.connect, &self.opts, prefixes).await?;
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            let client = Arc::new(std::sync::Mutex::new(Some(first.0.clone())));
             tokio::spawn(feed(
                 self.connect.clone(),
                 self.opts.clone(),
@@ -987,8 +1048,9 @@ impl Tree for ZkTree {
                 tx,
                 self.shut.subscribe(),
                 first,
+                client.clone(),
             ));
-            Ok(Some(Box::new(Feed(rx)) as Box<dyn ChangeFeed>))
+            Ok(Some(Box::new(Feed { rx, client }) as Box<dyn ChangeFeed>))
         })
     }
 
