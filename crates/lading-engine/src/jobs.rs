@@ -144,17 +144,23 @@ impl Engine {
                     names.swap(i, j);
                 }
                 let name = names[i];
-                let Some(c) = self.candidate(state, &folder, name, false) else {
+                let Some((_, jid)) = parse_job_ref(name) else {
                     continue;
                 };
                 if !self
-                    .take_lock(&c.lock, Op::check(&c.reference, None))
+                    .take_lock(
+                        &job_node(&jid, "lock"),
+                        Op::check(join(&folder, name), None),
+                    )
                     .await?
                 {
                     self.mark_busy(&folder, name);
                     contended = true;
                     continue;
                 }
+                let Some(c) = self.candidate(state, &folder, name, false) else {
+                    continue;
+                };
                 if let Some(lease) = self.lease_locked(&c, holds, None).await? {
                     return Ok(Some(lease));
                 }
@@ -355,6 +361,13 @@ impl Engine {
         priority: u8,
         state: JobState,
     ) -> Result<JobLease> {
+        // Where reads are local and the batch is known, the status alone.
+        if self.tree.local_reads()
+            && let Some(batch) = self.known_batch(jid)
+        {
+            let (status, version) = self.job_status(jid).await?;
+            return self.lease_of(jid, priority, state, status, version, batch);
+        }
         let nodes = self.tree.get_many(&Self::lease_paths(jid)).await?;
         self.lease_from(jid, priority, state, nodes)
     }
@@ -370,6 +383,19 @@ impl Engine {
         let mut nodes = nodes.into_iter();
         let (status, version) = self.decode_status(jid, nodes.next().flatten())?;
         let batch = self.remember_batch(jid, nodes.next().flatten())?;
+        self.lease_of(jid, priority, state, status, version, batch)
+    }
+
+    /// A lease of `jid` from its status (at `version`) and batch.
+    fn lease_of(
+        &self,
+        jid: &JobId,
+        priority: u8,
+        state: JobState,
+        status: JobStatus,
+        version: i32,
+        batch: BatchId,
+    ) -> Result<JobLease> {
         if status.status != state {
             return Err(EngineError::Corrupt {
                 path: job_node(jid, "status"),
