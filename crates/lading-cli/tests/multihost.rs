@@ -12,6 +12,7 @@ use lading_testkit::smtp::Smtp;
 use lading_testkit::zk::{ZkEnsemble, free_port};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -27,6 +28,9 @@ struct Host {
     name: &'static str,
     dir: PathBuf,
     child: Option<Child>,
+    /// From the thread copying its stderr into `log`: `true` at the line that says it runs,
+    /// `false` when stderr closes (the process ended).
+    said: std::sync::mpsc::Receiver<bool>,
 }
 
 impl Host {
@@ -44,8 +48,8 @@ impl Host {
             std::os::unix::fs::PermissionsExt::from_mode(0o600),
         )
         .unwrap();
-        let log = std::fs::File::create(dir.join("log")).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_lading"))
+        let mut log = std::fs::File::create(dir.join("log")).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_lading"))
             .args(["--store", store, "--config"])
             .arg(dir.join("lading.toml"))
             .args(args)
@@ -53,20 +57,30 @@ impl Host {
             .env("LADING_ZK_SESSION_TIMEOUT_MS", "4000")
             .env("LADING_LOG", "info")
             .stdout(Stdio::null())
-            .stderr(log)
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap();
+        let (tx, said) = std::sync::mpsc::channel();
+        let err = BufReader::new(child.stderr.take().unwrap());
+        std::thread::spawn(move || {
+            for line in err.lines().map_while(Result::ok) {
+                let _ = writeln!(log, "{line}");
+                if line.contains("running") {
+                    let _ = tx.send(true);
+                }
+            }
+            let _ = tx.send(false);
+        });
         let h = Host {
             name,
             dir,
             child: Some(child),
+            said,
         };
-        let start = Instant::now();
-        while !h.log().contains("running") {
-            assert!(start.elapsed() < WAIT, "{name} did not start:\n{}", h.log());
-            std::thread::sleep(Duration::from_millis(50));
+        match h.said.recv_timeout(WAIT) {
+            Ok(true) => h,
+            _ => panic!("{name} did not start:\n{}", h.log()),
         }
-        h
     }
 
     fn log(&self) -> String {
@@ -90,15 +104,19 @@ impl Host {
         let _ = Command::new("kill")
             .args(["-TERM", &c.id().to_string()])
             .status();
-        let start = Instant::now();
+        // Its stderr closes when it ends.
         loop {
-            if let Some(st) = c.try_wait().unwrap() {
-                assert!(st.success(), "{} exited {st}:\n{}", self.name, self.log());
-                return;
+            match self.said.recv_timeout(WAIT) {
+                Ok(true) => continue,
+                Ok(false) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    let _ = c.kill();
+                    panic!("{} did not stop", self.name);
+                }
             }
-            assert!(start.elapsed() < WAIT, "{} did not stop", self.name);
-            std::thread::sleep(Duration::from_millis(50));
         }
+        let st = c.wait().unwrap();
+        assert!(st.success(), "{} exited {st}:\n{}", self.name, self.log());
     }
 }
 
@@ -170,7 +188,8 @@ async fn until_seen(
         }
         let left = WAIT.saturating_sub(start.elapsed());
         assert!(!left.is_zero(), "timed out waiting for {what}");
-        let _ = tokio::time::timeout(left.min(Duration::from_secs(1)), notified).await;
+        // Registered before the look above, so a change after it is not missed.
+        let _ = tokio::time::timeout(left, notified).await;
     }
 }
 

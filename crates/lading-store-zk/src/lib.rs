@@ -564,30 +564,31 @@ fn unreachable_error(hosts: &str, within: Duration) -> TreeError {
     ))
 }
 
-/// Reads `paths` (at most 500) in one read-only `multi`.
+/// Reads `paths` (validated by the caller), one read-only `multi` per 500 of them.
 async fn read_many(client: &zk::Client, paths: &[String]) -> Result<Vec<Option<Node>>, zk::Error> {
-    let mut r = client.new_multi_reader();
-    for p in paths {
-        r.add_get_data(p)?;
-    }
-    let results = r.commit().await?;
     let mut out = Vec::with_capacity(paths.len());
-    for r in results {
-        out.push(match r {
-            zk::MultiReadResult::Data { data, stat: st } => Some(Node {
-                data: data_of(data),
-                stat: stat(&st),
-            }),
-            zk::MultiReadResult::Error {
-                err: zk::Error::NoNode,
-            } => None,
-            zk::MultiReadResult::Error { err } => return Err(err),
-            _ => {
-                return Err(zk::Error::UnexpectedError(
-                    "a read answered with a child list".into(),
-                ));
-            }
-        });
+    for chunk in paths.chunks(500) {
+        let mut r = client.new_multi_reader();
+        for p in chunk {
+            r.add_get_data(p)?;
+        }
+        for res in r.commit().await? {
+            out.push(match res {
+                zk::MultiReadResult::Data { data, stat: st } => Some(Node {
+                    data: data_of(data),
+                    stat: stat(&st),
+                }),
+                zk::MultiReadResult::Error {
+                    err: zk::Error::NoNode,
+                } => None,
+                zk::MultiReadResult::Error { err } => return Err(err),
+                _ => {
+                    return Err(zk::Error::UnexpectedError(
+                        "a read answered with a child list".into(),
+                    ));
+                }
+            });
+        }
     }
     Ok(out)
 }
@@ -620,20 +621,11 @@ impl ChangeFeed for Feed {
         paths: &'a [String],
     ) -> BoxFuture<'a, Result<Vec<Option<Node>>, TreeError>> {
         Box::pin(async move {
-            let client = self.client()?;
-            let mut out = Vec::with_capacity(paths.len());
-            for chunk in paths.chunks(500) {
-                for p in chunk {
-                    validate_path(p)?;
-                }
-                let first = chunk.first().map(String::as_str).unwrap_or("/");
-                out.extend(
-                    read_many(&client, chunk)
-                        .await
-                        .map_err(|e| tree_error(e, first))?,
-                );
-            }
-            Ok(out)
+            paths.iter().try_for_each(|p| validate_path(p))?;
+            let first = paths.first().map(String::as_str).unwrap_or("/");
+            read_many(&self.client()?, paths)
+                .await
+                .map_err(|e| tree_error(e, first))
         })
     }
 
@@ -898,21 +890,14 @@ impl Tree for ZkTree {
         paths: &'a [String],
     ) -> BoxFuture<'a, Result<Vec<Option<Node>>, TreeError>> {
         Box::pin(async move {
-            let mut out = Vec::with_capacity(paths.len());
-            for chunk in paths.chunks(500) {
-                for p in chunk {
-                    validate_path(p)?;
-                }
-                let first = chunk.first().map(String::as_str).unwrap_or("/");
-                out.extend(
-                    self.read(first, |c| {
-                        let chunk = chunk.to_vec();
-                        async move { read_many(&c.client, &chunk).await }
-                    })
-                    .await?,
-                );
-            }
-            Ok(out)
+            paths.iter().try_for_each(|p| validate_path(p))?;
+            let first = paths.first().map(String::as_str).unwrap_or("/");
+            // Connection loss and expiry are waited out as for any read.
+            self.read(first, |c| {
+                let paths = paths.to_vec();
+                async move { read_many(&c.client, &paths).await }
+            })
+            .await
         })
     }
 

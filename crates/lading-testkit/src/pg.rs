@@ -4,10 +4,11 @@
 //! shutdown) and removes its data; the server also stops when the test process dies.
 
 use crate::zk::free_port;
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Why a server could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -100,7 +101,7 @@ impl PgServer {
         }
         let port = free_port()?;
         let log_path = dir.path().join("server.log");
-        let log = std::fs::File::create(&log_path)?;
+        let mut log = std::fs::File::create(&log_path)?;
         // Under a small shell that stops the server when its stdin closes: when this handle
         // is dropped, and also when the test process dies without running any destructor.
         let script = "\"$1\" -D \"$2\" -p \"$3\" -k \"$4\" -c listen_addresses=127.0.0.1 \
@@ -112,32 +113,36 @@ impl PgServer {
             .arg(port.to_string())
             .arg(dir.path())
             .stdin(Stdio::piped())
-            .stdout(log.try_clone()?)
-            .stderr(log)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()?;
         let stdin = child.stdin.take().expect("piped stdin");
+        // Its log is copied to `server.log`; the line saying it accepts connections is the
+        // signal that it is ready (`false`: the log ended first).
+        let (tx, ready) = std::sync::mpsc::channel();
+        let err = BufReader::new(child.stderr.take().expect("piped stderr"));
+        std::thread::spawn(move || {
+            for line in err.lines().map_while(Result::ok) {
+                let _ = writeln!(log, "{line}");
+                if line.contains("ready to accept connections") {
+                    let _ = tx.send(true);
+                }
+            }
+            let _ = tx.send(false);
+        });
         let server = PgServer {
             port,
             dir,
             child: Some((child, stdin)),
         };
-        let start = Instant::now();
         let within = Duration::from_secs(60);
-        loop {
-            let ready = Command::new(bin.join("pg_isready"))
-                .args(["-q", "-h", "127.0.0.1", "-p", &port.to_string()])
-                .status()?;
-            if ready.success() {
-                return Ok(server);
-            }
-            if start.elapsed() > within {
-                return Err(PgError::NotReady {
-                    port,
-                    secs: within.as_secs(),
-                    log: std::fs::read_to_string(&log_path).unwrap_or_default(),
-                });
-            }
-            std::thread::sleep(Duration::from_millis(100));
+        match ready.recv_timeout(within) {
+            Ok(true) => Ok(server),
+            _ => Err(PgError::NotReady {
+                port,
+                secs: within.as_secs(),
+                log: std::fs::read_to_string(&log_path).unwrap_or_default(),
+            }),
         }
     }
 
