@@ -182,9 +182,13 @@ impl Browser {
                const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; }})()",
             sel = json!(selector)
         );
+        // Present, and no re-render (from a late event) due that would replace it mid-click.
         self.wait_for(
             session,
-            &format!("!!document.querySelector({})", json!(selector)),
+            &format!(
+                "!!document.querySelector({}) && !document.body.dataset.busy",
+                json!(selector)
+            ),
         );
         let at = self.eval(session, &js);
         let (x, y) = (at[0].as_f64().unwrap(), at[1].as_f64().unwrap());
@@ -410,6 +414,9 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         br.wait_for(&sn, "document.getElementById('notice').textContent.includes('2 failed jobs requeued')");
         // Jobs: from the overview's count, Pending jobs offer hold only.
         br.click(&sn, "a[data-nav=overview]");
+        // The requeue's events come from the tree's change feed, a moment after the answer:
+        // the overview re-renders when they do, so wait for it to show them before clicking.
+        br.wait_for(&sn, "document.querySelector('[data-depth=Pending] a')?.textContent.trim() === '2'");
         br.click(&sn, "[data-depth=Pending] a");
         br.wait_for(&sn, "document.querySelectorAll('#jobs tr[data-job]').length === 2");
         assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#jobs tr[data-job] button')].map(b => b.textContent).join(',')"), json!("hold,hold"));
