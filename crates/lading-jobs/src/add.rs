@@ -42,7 +42,8 @@ impl Jobs {
         let mut assume_new = !self.tree.local_reads();
         for _ in 0..MAX_OPTIMISTIC {
             let now = self.now_ms();
-            let current = if std::mem::take(&mut assume_new) {
+            let first_try = std::mem::take(&mut assume_new);
+            let current = if first_try {
                 None
             } else {
                 self.read(ty, id).await?
@@ -107,7 +108,13 @@ impl Jobs {
                     (ops, added)
                 }
             };
-            match self.tree.multi(ops).await {
+            // The optimistic create goes with whatever other adds are waiting.
+            let r = if first_try {
+                self.adds.multi(&self.tree, ops).await
+            } else {
+                self.tree.multi(ops).await
+            };
+            match r {
                 Ok(_) => return Ok(added),
                 Err(e) if is_race(&e) => continue,
                 Err(e) => return Err(e.into()),

@@ -53,6 +53,7 @@
 //!   a wait for a job scheduled later also wakes at its time.
 
 mod add;
+mod group;
 mod monitor;
 mod process;
 pub mod processor;
@@ -87,6 +88,8 @@ const SETTINGS_TTL: Duration = Duration::from_secs(1);
 const PAGE: usize = 64;
 /// Pending entries an acceptor reads first.
 const FIRST_PAGE: usize = 16;
+/// Due entries an acceptor reads beyond those it wants, to stand in for any taken meanwhile.
+const SPARE: usize = 3;
 /// Attempts of an optimistic read-modify-write before giving up with `Conflict`.
 const MAX_OPTIMISTIC: usize = 64;
 /// Due jobs `finish_then_accept` tries to claim in the finish's `multi` before it finishes
@@ -568,6 +571,8 @@ pub struct Jobs {
     next_sub: AtomicU64,
     /// When idle subscriptions were last swept (ms).
     swept_ms: AtomicU64,
+    /// Adds of new jobs committed together where a `multi` is a round trip.
+    adds: Arc<group::Group>,
 }
 
 /// `parts` joined, in one allocation of the right size (these paths are built several times
@@ -758,6 +763,7 @@ impl Jobs {
             subs: Mutex::new(HashMap::new()),
             next_sub: AtomicU64::new(1),
             swept_ms: AtomicU64::new(0),
+            adds: Arc::default(),
         }
     }
 

@@ -157,7 +157,13 @@ impl Jobs {
         let mut after: Option<String> = None;
         let mut next: Option<u64> = None;
         // The head is nearly always enough: a short first page, full ones after it.
-        let mut page_len = FIRST_PAGE;
+        // (Unless any due job will do and a listing is a round trip whatever its length: then
+        // a wider head spreads acceptors out.)
+        let mut page_len = if opts.no_schedule && !self.tree.local_reads() {
+            PAGE
+        } else {
+            FIRST_PAGE
+        };
         loop {
             let page = self
                 .tree
@@ -203,8 +209,11 @@ impl Jobs {
                 if max_claims == 0 {
                     return Ok(Err(None));
                 }
+                // A few spare candidates are read with the wanted ones: when another
+                // acceptor took one meanwhile, a spare stands in without another round trip.
+                let spare = if self.tree.local_reads() { 0 } else { SPARE };
                 let mut batch = Vec::new();
-                while i < due.len() && batch.len() < want {
+                while i < due.len() && batch.len() < want + spare {
                     if self.claim_entry(ty, due[i].name) {
                         batch.push(due[i]);
                     } else {
@@ -216,14 +225,22 @@ impl Jobs {
                     break;
                 }
                 max_claims -= 1;
-                let r = self.claim_many(ty, &batch, prefix, &settings).await;
+                let r = self
+                    .claim_many(ty, &batch, want, opts.no_schedule, prefix, &settings)
+                    .await;
                 for e in &batch {
                     self.unclaim_entry(ty, e.name);
                 }
                 match r {
                     Ok(Claimed::Got(jobs, res)) => {
+                        // Spares left over are due still: siblings that stepped over them
+                        // look again.
+                        let spares_left = jobs.len() < batch.len();
+                        if spares_left {
+                            self.unclaimed.notify_waiters();
+                        }
                         // More may be due than this acceptor takes: wake a waiting one.
-                        if (i < due.len() || more_pages)
+                        if (i < due.len() || more_pages || spares_left)
                             && self.idle_acceptors.load(Ordering::Relaxed) > 0
                         {
                             self.waiters(ty).notify.notify_one();
@@ -274,14 +291,17 @@ impl Jobs {
         }
     }
 
-    /// Marks the pending jobs of `entries` running, in one `multi` after `prefix`: those
-    /// another acceptor (or an `add`/`remove`) got first are left out. `Lost` when that is
-    /// all of them; `RateLimited(until)` when the type's rate limit lets none through before
-    /// `until` (ms). Returns the jobs and the results of the whole `multi`.
+    /// Marks up to `want` of the pending jobs of `entries` running (the first still
+    /// pending), in one `multi` after `prefix`: those another acceptor (or an `add`/`remove`)
+    /// got first are left out. `Lost` when that is all of them; `RateLimited(until)` when the
+    /// type's rate limit lets none through before `until` (ms). Returns the jobs and the
+    /// results of the whole `multi`.
     pub(crate) async fn claim_many(
         &self,
         ty: &str,
         entries: &[Entry<'_>],
+        want: usize,
+        any_order: bool,
         prefix: &[Op],
         settings: &TypeSettings,
     ) -> Result<Claimed> {
@@ -300,25 +320,31 @@ impl Jobs {
                 live.push((e, rec, node.stat.version));
             }
         }
+        // In any order, acceptors that read the same candidates take different ones.
+        if any_order && live.len() > want {
+            let r = spread(live.len());
+            live.rotate_left(r);
+        }
         for _ in 0..MAX_OPTIMISTIC {
             if live.is_empty() {
                 return Ok(Claimed::Lost);
             }
             let now = self.now_ms();
+            let mut take = live.len().min(want);
             let rate_op = match settings.rate_per_s {
                 0 => None,
                 per_s => {
-                    let (op, room) = self.rate_op(ty, per_s, now, live.len()).await?;
+                    let (op, room) = self.rate_op(ty, per_s, now, take).await?;
                     if room == 0 {
                         return Ok(Claimed::RateLimited((now / 1000 + 1) * 1000));
                     }
-                    live.truncate(room);
+                    take = room;
                     Some(op)
                 }
             };
             let mut ops = prefix.to_vec();
-            let mut jobs = Vec::with_capacity(live.len());
-            for (e, rec, v) in &live {
+            let mut jobs = Vec::with_capacity(take);
+            for (e, rec, v) in &live[..take] {
                 let lock = lock_token();
                 let mut rec = rec.clone();
                 rec.enter(State::Running);
@@ -359,7 +385,7 @@ impl Jobs {
                 Err(e) if is_race(&e) => match e.failed_op() {
                     Some(i) if i < prefix.len() => return Err(e.into()),
                     // One job was taken by someone else: the others are tried again.
-                    Some(i) if (i - prefix.len()) / 3 < live.len() => {
+                    Some(i) if (i - prefix.len()) / 3 < take => {
                         live.remove((i - prefix.len()) / 3);
                     }
                     // The rate node changed: read it again.
