@@ -104,8 +104,12 @@ fn entry_ms(e: &Value) -> u64 {
 
 impl Engine {
     /// Follows every job and batch transition in the tree, by any writer, until the receiver
-    /// is dropped. `None` when the backend has no change feed.
-    pub async fn follow_transitions(&self) -> Result<Option<mpsc::UnboundedReceiver<Observed>>> {
+    /// is dropped; with the time (ms, a whole second) from which transitions are reported:
+    /// those before it are the past ([`transitions_since`](Self::transitions_since) has
+    /// them). `None` when the backend has no change feed.
+    pub async fn follow_transitions(
+        &self,
+    ) -> Result<Option<(mpsc::UnboundedReceiver<Observed>, u64)>> {
         let prefixes = vec!["/jobs".to_string(), "/batches".to_string()];
         let Some(mut feed) = self.tree.changes(&prefixes).await? else {
             return Ok(None);
@@ -114,6 +118,7 @@ impl Engine {
         // Transitions from before now are the past: a status first seen is followed from its
         // newest entry, and only that one is reported if it is this recent.
         let start_ms = self.clock().now_ms().saturating_sub(1000);
+        let reported_from = start_ms / 1000 * 1000;
         tokio::spawn(async move {
             let mut known: HashMap<String, Known> = HashMap::new();
             loop {
@@ -191,7 +196,7 @@ impl Engine {
                 }
             }
         });
-        Ok(Some(rx))
+        Ok(Some((rx, reported_from)))
     }
 }
 

@@ -85,6 +85,19 @@ impl Engine {
         self.flag(&collection_lock(name), true).await
     }
 
+    /// Every collection held now, by name.
+    pub async fn held_collections(&self) -> Result<Vec<String>> {
+        match self
+            .tree
+            .children(lading_core::layout::COLLECTION_LOCKS)
+            .await
+        {
+            Ok(names) => Ok(names),
+            Err(TreeError::NoNode(_)) => Ok(Vec::new()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     pub async fn collection_held(&self, name: &str) -> Result<bool> {
         check_name("collection", name)?;
         Ok(self.tree.exists(&collection_lock(name)).await?.is_some())

@@ -101,6 +101,19 @@ pub struct ChangeEvent {
     pub message: Option<String>,
 }
 
+/// How long a job state's longest-waiting job has been in it (see
+/// [`Engine::oldest_per_state`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Oldest {
+    /// When it entered the state (ms since the epoch); `None` for an empty state.
+    pub since_ms: Option<u64>,
+    /// False when the state holds more than [`OLDEST_SCAN`] jobs and only that many were read.
+    pub exact: bool,
+}
+
+/// References of one state read by [`Engine::oldest_per_state`], at most.
+pub const OLDEST_SCAN: usize = 2000;
+
 /// A job held by this worker.
 #[derive(Debug, Clone)]
 pub struct JobLease {

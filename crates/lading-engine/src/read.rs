@@ -276,6 +276,37 @@ impl Engine {
         Ok(out)
     }
 
+    /// Per job state, when the job that has been in it longest entered it (ms since the
+    /// epoch: the creation time of its reference in the state's folder, which a move makes
+    /// afresh), or `None` for an empty state. At most [`OLDEST_SCAN`] references of a state
+    /// are read; `exact` is false when it has more (the figure is then the oldest of those).
+    pub async fn oldest_per_state(&self) -> Result<BTreeMap<JobState, Oldest>> {
+        let mut out = BTreeMap::new();
+        for s in JobState::ALL {
+            let folder = job_state_folder(*s);
+            let names = match self
+                .tree
+                .children_page(&folder, None, OLDEST_SCAN + 1)
+                .await
+            {
+                Ok(n) => n,
+                Err(TreeError::NoNode(_)) => Vec::new(),
+                Err(e) => return Err(e.into()),
+            };
+            let exact = names.len() <= OLDEST_SCAN;
+            let mut since_ms: Option<u64> = None;
+            for chunk in names[..names.len().min(OLDEST_SCAN)].chunks(512) {
+                let paths: Vec<String> = chunk.iter().map(|n| format!("{folder}/{n}")).collect();
+                for node in self.tree.get_many(&paths).await?.into_iter().flatten() {
+                    let t = node.stat.ctime_ms;
+                    since_ms = Some(since_ms.map_or(t, |m| m.min(t)));
+                }
+            }
+            out.insert(*s, Oldest { since_ms, exact });
+        }
+        Ok(out)
+    }
+
     /// Jobs in a state, in acquisition order, a page at a time: (priority, id).
     pub async fn list_jobs(
         &self,

@@ -341,6 +341,85 @@ impl Inventory {
     }
 }
 
+/// A stored version's files as the inventory has them, for one job.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct JobVersion {
+    pub ark: String,
+    pub version: u32,
+    pub created: String,
+    /// (path, size, sha256), by path; at most [`MAX_LISTED`] per job.
+    pub files: Vec<(String, u64, String)>,
+}
+
+/// Files listed per job by [`Inventory::job_versions`], at most.
+pub const MAX_LISTED: usize = 5000;
+
+impl Inventory {
+    /// The versions `job` stored, with their files (sizes and digests), oldest first.
+    pub fn job_versions(&self, job: &str) -> Result<Vec<JobVersion>, InventoryError> {
+        const Q: &str = "SELECT v.ark, v.version, v.created, f.path, f.size, f.sha256
+             FROM versions v JOIN files f ON f.ark = v.ark AND f.version = v.version
+             WHERE v.job = $1 ORDER BY v.version, f.path LIMIT 5000";
+        type Row = (String, u32, String, String, u64, String);
+        let rows: Vec<Row> = self.with(|c, shown| match c {
+            Conn::Sqlite(c) => {
+                let mut st = c.prepare(&Q.replace("$1", "?1"))?;
+                let rows = st
+                    .query_map(params![job], |r| {
+                        Ok((
+                            r.get(0)?,
+                            r.get(1)?,
+                            r.get(2)?,
+                            r.get(3)?,
+                            r.get::<_, i64>(4)? as u64,
+                            r.get(5)?,
+                        ))
+                    })?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            }
+            Conn::Postgres(c) => c
+                .query(Q, &[&job])
+                .map(|rows| {
+                    rows.iter()
+                        .map(|r| {
+                            (
+                                r.get(0),
+                                r.get::<_, i32>(1) as u32,
+                                r.get(2),
+                                r.get(3),
+                                r.get::<_, i64>(4) as u64,
+                                r.get(5),
+                            )
+                        })
+                        .collect()
+                })
+                .map_err(|error| InventoryError::Postgres {
+                    at: shown.to_string(),
+                    error,
+                }),
+        })?;
+        let mut out: Vec<JobVersion> = Vec::new();
+        for (ark, version, created, path, size, sha) in rows {
+            if !out
+                .last()
+                .is_some_and(|v| v.ark == ark && v.version == version)
+            {
+                out.push(JobVersion {
+                    ark,
+                    version,
+                    created,
+                    files: Vec::new(),
+                });
+            }
+            if let Some(v) = out.last_mut() {
+                v.files.push((path, size, sha));
+            }
+        }
+        Ok(out)
+    }
+}
+
 impl Drop for Inventory {
     /// A PostgreSQL client blocks on its own runtime to close, which must not happen on a
     /// thread that drives async tasks: it is closed on a thread of its own.

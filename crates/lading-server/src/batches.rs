@@ -36,6 +36,7 @@ pub fn routes() -> Router<AppState> {
         .route("/api/v1/batches/{id}", get(show_batch))
         .route("/api/v1/batches/{id}/history", get(batch_history))
         .route("/api/v1/jobs/{id}/history", get(job_history))
+        .route("/api/v1/jobs/{id}/files", get(job_files))
         .route("/api/v1/batches/{id}/{action}", post(batch_action))
         .route("/api/v1/jobs", get(list_jobs))
         .route("/api/v1/jobs/{id}", get(show_job))
@@ -228,6 +229,98 @@ pub(crate) async fn job_history(
     Ok(Json(
         json!({"id": info.id, "history": history.unwrap_or_else(|| json!([]))}),
     ))
+}
+
+/// Working files listed per job, at most.
+const MAX_WORKING_FILES: usize = 1000;
+/// Lines of a job's log shown, at most, from its last [`LOG_TAIL_BYTES`].
+const LOG_TAIL_LINES: usize = 50;
+const LOG_TAIL_BYTES: u64 = 16 * 1024;
+
+#[utoipa::path(get, path = "/api/v1/jobs/{id}/files", tag = "admin", summary = "A job's files: the versions it stored (files with sizes and SHA-256 digests, from the inventory), what its working folder on this host holds, and the tail of its log there", params(("id" = String, Path, description = "jid…")), responses((status = 200, description = "`stored`: [{ark, version, created, files: [[path, size, sha256]]}] (at most 5,000 files); `working`: {host, present, files: [{path, size}], truncated} (paths relative to the job's folder; the object's own files and containers, not Lading's interim state); `log`: {lines, truncated} (the last 50 lines)", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this"), (status = 404, description = "no such job")))]
+pub(crate) async fn job_files(
+    State(s): State<AppState>,
+    Admin(_): Admin,
+    PathParams(id): PathParams<String>,
+) -> Result<Json<Value>> {
+    let jid = JobId::parse(&id).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let info = s.ingest.engine.job(&jid).await?;
+    let inv = s.ingest.inventory.clone();
+    let job = id.clone();
+    let stored = inv
+        .run(move |i| i.job_versions(&job))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let dir = lading_worker::workdir(&s.ingest.cfg.work_dir(), &info);
+    let (working, log) = tokio::task::spawn_blocking(move || (working_files(&dir), log_tail(&dir)))
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(Json(json!({
+        "id": id,
+        "stored": stored,
+        "working": working,
+        "log": log,
+    })))
+}
+
+/// The files under a job's working folder (not Lading's interim state), by path.
+fn working_files(dir: &std::path::Path) -> Value {
+    let mut files = Vec::new();
+    let mut truncated = false;
+    let mut stack = vec![std::path::PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(dir.join(&rel)) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = rel.join(e.file_name());
+            if rel.as_os_str().is_empty()
+                && (e.file_name() == lading_ingest::stages::INTERIM || e.file_name() == "job.log")
+            {
+                continue;
+            }
+            let Ok(meta) = e.metadata() else { continue };
+            if meta.is_dir() {
+                stack.push(name);
+            } else if files.len() == MAX_WORKING_FILES {
+                truncated = true;
+            } else {
+                files.push((name.to_string_lossy().into_owned(), meta.len()));
+            }
+        }
+    }
+    files.sort();
+    json!({
+        "host": lading_store_sqlite::default_owner(),
+        "present": dir.is_dir(),
+        "files": files.into_iter().map(|(path, size)| json!({"path": path, "size": size})).collect::<Vec<_>>(),
+        "truncated": truncated,
+    })
+}
+
+/// The last lines of a job's log on this host.
+fn log_tail(dir: &std::path::Path) -> Value {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(dir.join("job.log")) else {
+        return json!({"lines": [], "truncated": false});
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let start = len.saturating_sub(LOG_TAIL_BYTES);
+    let mut buf = Vec::new();
+    if f.seek(SeekFrom::Start(start)).is_err()
+        || f.take(LOG_TAIL_BYTES).read_to_end(&mut buf).is_err()
+    {
+        return json!({"lines": [], "truncated": false});
+    }
+    let text = String::from_utf8_lossy(&buf);
+    let mut lines: Vec<&str> = text.lines().collect();
+    // A tail that starts mid-file starts mid-line: that partial line is dropped.
+    if start > 0 && !lines.is_empty() {
+        lines.remove(0);
+    }
+    let truncated = start > 0 || lines.len() > LOG_TAIL_LINES;
+    let lines = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
+    json!({"lines": lines, "truncated": truncated})
 }
 
 #[derive(Deserialize)]

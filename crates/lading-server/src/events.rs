@@ -42,6 +42,8 @@ pub struct EventHub {
     engine: Arc<Engine>,
     ring: Mutex<Ring>,
     tx: broadcast::Sender<Item>,
+    /// Jobs ended per minute, for the console's overview.
+    tally: Arc<crate::overview::Tally>,
 }
 
 /// Where a resuming client starts.
@@ -67,10 +69,14 @@ impl EventHub {
                 next: 1,
             }),
             tx: broadcast::channel(4096).0,
+            tally: Arc::new(crate::overview::Tally::new(
+                engine.clock().now_ms() / 1000 * 1000,
+            )),
         });
         let h = Arc::downgrade(&hub);
         match engine.follow_transitions().await? {
-            Some(mut rx) => {
+            Some((mut rx, reported_from)) => {
+                hub.tally.set_live_from(reported_from);
                 tokio::spawn(async move {
                     while let Some(o) = rx.recv().await {
                         let Some(hub) = h.upgrade() else { return };
@@ -104,10 +110,21 @@ impl EventHub {
                 });
             }
         }
+        // The last hour read back while the server starts serving (counted once each).
+        let (tally, engine) = (hub.tally.clone(), engine.clone());
+        tokio::spawn(async move { tally.read_back(&engine).await });
         Ok(hub)
     }
 
+    /// Jobs ended per minute, and the overview's other figures.
+    pub fn tally(&self) -> &crate::overview::Tally {
+        &self.tally
+    }
+
     fn push(&self, ev: Option<(Arc<str>, Arc<ChangeEvent>)>) {
+        if let Some((_, e)) = &ev {
+            self.tally.note(e, self.engine.clock().now_ms());
+        }
         let mut r = self.ring.lock().unwrap_or_else(|p| p.into_inner());
         let seq = r.next;
         r.next += 1;

@@ -16,6 +16,7 @@ mod generic;
 mod metrics;
 pub mod node;
 pub mod openapi;
+pub mod overview;
 pub mod payload_server;
 mod redact;
 pub mod upload;
@@ -75,6 +76,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/openapi.json", get(openapi::openapi))
         .route("/metrics", get(metrics::metrics))
         .route("/api/v1/events", get(events::events))
+        .route("/api/v1/overview", get(overview::overview))
         .route("/api/v1/access", axum::routing::post(access::request))
         .route("/api/v1/access/{token}", get(access::status))
         .route("/api/v1/access/{token}/file", get(access::file))
@@ -161,6 +163,9 @@ impl ApiError {
     }
     pub fn forbidden(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
+    }
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
     }
 }
 

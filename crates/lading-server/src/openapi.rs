@@ -1,7 +1,7 @@
 //! `/api/v1/openapi.json`: the API described from the handlers themselves (`utoipa`: each
 //! handler carries its method, path, parameters, body and responses next to its code).
 
-use crate::{access, batches, download, events, generic, metrics, upload};
+use crate::{access, batches, download, events, generic, metrics, overview, upload};
 use axum::Json;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -19,6 +19,7 @@ use utoipa::{Modify, OpenApi};
         openapi,
         metrics::metrics,
         events::events,
+        overview::overview,
         upload::upload,
         download::job_download,
         download::object_download,
@@ -31,6 +32,7 @@ use utoipa::{Modify, OpenApi};
         batches::batch_action,
         batches::list_jobs,
         batches::show_job,
+        batches::job_files,
         batches::job_action,
         batches::hold_collection,
         batches::release_collection,

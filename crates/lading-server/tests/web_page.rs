@@ -123,7 +123,7 @@ impl Browser {
             assert!(
                 Instant::now() < deadline,
                 "page never satisfied {js}; the page: {}",
-                self.eval(session, "location.hash + ' | rendered ' + document.body.dataset.rendered + ' | error ' + (document.getElementById('error').hidden ? '(hidden) ' : '') + document.getElementById('error-text').textContent + ' | ' + document.querySelector('main').innerText.slice(0, 600)")
+                self.eval(session, "location.hash + ' | rendered ' + document.body.dataset.rendered + ' | busy ' + document.body.dataset.busy + ' | clicks ' + JSON.stringify(window.__clicks || []) + ' | fetched ' + performance.getEntriesByType('resource').slice(-6).map((e) => e.name.replace(location.origin, '') + ' ' + Math.round(e.startTime) + '+' + Math.round(e.duration)).join(', ') + ' | now ' + Math.round(performance.now()) + ' | error ' + (document.getElementById('error').hidden ? '(hidden) ' : '') + document.getElementById('error-text').textContent + ' | ' + document.querySelector('main').innerText.slice(0, 300)")
             );
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -182,11 +182,12 @@ impl Browser {
                const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; }})()",
             sel = json!(selector)
         );
-        // Present, and no re-render (from a late event) due that would replace it mid-click.
+        // Present and shown (a page being left still has its elements, hidden), and no
+        // re-render due that could move it mid-click.
         self.wait_for(
             session,
             &format!(
-                "!!document.querySelector({}) && !document.body.dataset.busy",
+                "((e) => !!e && e.getClientRects().length > 0)(document.querySelector({})) && !document.body.dataset.busy",
                 json!(selector)
             ),
         );
@@ -257,6 +258,28 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
             .await
             .unwrap();
     }
+    // The first failed job's files: a version it stored, its working folder here, its log.
+    let version = s.dir.path().join("store/v1");
+    std::fs::create_dir_all(version.join("producer")).unwrap();
+    std::fs::write(version.join("producer/letter.txt"), "hello").unwrap();
+    let stored = lading_ingest::stages::StoredVersion {
+        ark: "ark:/99999/fk4page".into(),
+        version: 1,
+        path: version.to_string_lossy().into_owned(),
+        job: failed_jobs[0].clone(),
+        batch: failed_bid.to_string(),
+        collection: None,
+    };
+    s.ingest
+        .inventory
+        .run(move |i| i.record(&stored, None))
+        .await
+        .unwrap();
+    let work = s.ingest.cfg.work_dir().join(&failed_jobs[0]);
+    std::fs::create_dir_all(work.join("producer")).unwrap();
+    std::fs::write(work.join("producer/scan.tif"), b"0123456789").unwrap();
+    let log: String = (1..=60).map(|i| format!("download line {i}\n")).collect();
+    std::fs::write(work.join("job.log"), log).unwrap();
     // A pending batch of alice's (never fetched: no workers run here).
     let (_, v) = s
         .call_as(
@@ -319,6 +342,8 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         br.call(Some(&sn), "Page.navigate", json!({"url": format!("{base}/")}));
         // The token first, and no error before one was given.
         br.wait_for(&sn, "!document.getElementById('login-view').hidden");
+        // Each click's target and time, for a failure's report.
+        br.eval(&sn, "document.addEventListener('click', (e) => (window.__clicks = window.__clicks || []).push((e.target.dataset?.action || e.target.tagName) + '@' + Math.round(performance.now())), true)");
         assert_eq!(br.eval(&sn, "document.getElementById('error').hidden"), json!(true));
         assert_eq!(br.eval(&sn, "document.getElementById('nav').hidden"), json!(true));
         br.shot(&sn, &dir, "1-login");
@@ -338,6 +363,12 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         // Overview.
         br.wait_for(&sn, "document.querySelector('[data-depth=Failed]')?.textContent === '3'");
         br.wait_for(&sn, "document.getElementById('live').textContent === 'live'");
+        // The last hour's chart counts the three failures; the oldest failed job's age shows.
+        br.wait_for(&sn, "document.getElementById('chart-failed').dataset.total === '3'");
+        assert_eq!(br.eval(&sn, "document.getElementById('chart-completed').dataset.total"), json!("0"));
+        assert_eq!(br.eval(&sn, "document.querySelectorAll('#chart-failed rect').length"), json!(60));
+        assert_eq!(br.eval(&sn, "document.querySelector('[data-oldest=Completed]').textContent"), json!("–"));
+        assert_eq!(br.eval(&sn, "/^\\d+ s$/.test(document.querySelector('[data-oldest=Failed]').textContent)"), json!(true));
         br.shot(&sn, &dir, "2-overview");
         br.click(&sn, "button[data-queue=\"ingest\"]");
         br.wait_for(&sn, "document.querySelector('[data-queue-state=ingest]').textContent.includes('paused')");
@@ -349,6 +380,12 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         br.wait_for(&sn, "document.querySelector('[data-queue-state=ingest]').textContent.includes('running')");
         assert_eq!(br.eval(&sn, "document.getElementById('error').hidden"), json!(false), "still shown");
         br.click(&sn, "#dismiss-error");
+        // A collection held is listed, and released from the list.
+        br.type_into(&sn, "#collection", "letters");
+        br.click(&sn, "button[data-collection-action=\"hold\"]");
+        br.wait_for(&sn, "!!document.querySelector('#held [data-held=letters]')");
+        br.click(&sn, "#held button[data-release=letters]");
+        br.wait_for(&sn, "!document.querySelector('#held [data-held=letters]') && document.getElementById('notice').textContent.includes('released')");
         // Batches: search, then the batch.
         br.click(&sn, "a[data-nav=batches]");
         br.wait_for(&sn, &format!("!!document.querySelector('tr[data-batch=\"{fb}\"]')"));
@@ -403,6 +440,13 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#job-actions button')].map(b => b.textContent).join(',')"), json!("requeue,delete"));
         // Its history: made, taken, failed.
         assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#job-history tr')].map(r => r.dataset.history).join(',')"), json!("Pending,Failed"));
+        // What it stored (with digests), its working files and its log's last lines.
+        br.wait_for(&sn, "!!document.querySelector('#job-stored tr[data-stored-file=\"producer/letter.txt\"]')");
+        assert_eq!(br.eval(&sn, "document.querySelector('#job-stored tr[data-stored-file=\"producer/letter.txt\"] td.sha').textContent"),
+            json!("2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"));
+        assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#job-working tr')].map(r => r.dataset.workingFile).join()"), json!("producer/scan.tif"));
+        assert_eq!(br.eval(&sn, "document.getElementById('job-log').textContent.split('\\n').length"), json!(50));
+        assert_eq!(br.eval(&sn, "document.getElementById('job-log').textContent.endsWith('download line 60')"), json!(true));
         br.shot(&sn, &dir, "5-job");
         br.click(&sn, "#job-actions button[data-action=delete]");
         br.click(&sn, "#job-actions button[data-confirm=delete]");
