@@ -937,6 +937,46 @@ fn exit_code(err: &anyhow::Error) -> u8 {
     }
 }
 
+/// The command line, each global option shown only under the commands it applies to: the
+/// store and config under those that open a store, `--server` and `--token` under those that
+/// can work through a server. (Elsewhere they are still accepted, and `--server` refused.)
+fn command() -> clap::Command {
+    let mut cmd = <Cli as clap::CommandFactory>::command();
+    cmd.build();
+    let names: Vec<String> = cmd
+        .get_subcommands()
+        .map(|c| c.get_name().to_string())
+        .collect();
+    for name in names {
+        let store = !matches!(name.as_str(), "demo" | "completions" | "man" | "help");
+        let server = matches!(name.as_str(), "submit" | "status" | "admin");
+        cmd = cmd.mut_subcommand(&name, |sc| hide_globals(sc, store, server));
+    }
+    cmd
+}
+
+fn hide_globals(mut sc: clap::Command, store: bool, server: bool) -> clap::Command {
+    let hidden = [
+        ("store", !store),
+        ("config", !store),
+        ("server", !server),
+        ("token", !server),
+    ];
+    // In place (`mut_arg` would move the argument behind the ones the build added).
+    sc = sc.mut_args(|a| {
+        let hide = hidden.iter().any(|(id, h)| *h && a.get_id() == *id);
+        if hide { a.hide(true) } else { a }
+    });
+    let names: Vec<String> = sc
+        .get_subcommands()
+        .map(|c| c.get_name().to_string())
+        .collect();
+    for name in names {
+        sc = sc.mut_subcommand(&name, |c| hide_globals(c, store, server));
+    }
+    sc
+}
+
 fn main() -> ExitCode {
     // Everything Lading creates (stores, inventory, tokens, uploads, working and stored
     // files) is its own user's alone: files 0600, folders 0700. `storage_umask` widens the
@@ -945,7 +985,7 @@ fn main() -> ExitCode {
     unsafe {
         libc::umask(0o077);
     }
-    let matches = <Cli as clap::CommandFactory>::command().get_matches();
+    let matches = command().get_matches();
     let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
@@ -970,7 +1010,7 @@ fn main() -> ExitCode {
     }
     match &cli.command {
         Command::Completions { shell } => {
-            let mut cmd = <Cli as clap::CommandFactory>::command();
+            let mut cmd = command();
             let mut buf = Vec::new();
             clap_complete::generate(*shell, &mut cmd, "lading", &mut buf);
             return match out(&String::from_utf8_lossy(&buf)) {
@@ -983,7 +1023,7 @@ fn main() -> ExitCode {
         }
         Command::Man => {
             let mut buf = Vec::new();
-            let page = clap_mangen::Man::new(<Cli as clap::CommandFactory>::command());
+            let page = clap_mangen::Man::new(command());
             let r = page
                 .render(&mut buf)
                 .map_err(anyhow::Error::from)

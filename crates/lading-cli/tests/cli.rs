@@ -620,6 +620,52 @@ fn completions_and_the_manual_page_are_printed() {
     assert!(!db.exists(), "neither made a store");
 }
 
+/// Each command's help lists the global options that apply to it, and only those; the man
+/// page shows the same.
+#[test]
+fn global_options_are_shown_only_where_they_apply() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("lading.db");
+    let help = |args: &[&str]| {
+        let mut a = args.to_vec();
+        a.push("--help");
+        let o = lading(&db, &a);
+        assert!(o.status.success(), "{args:?}: {}", text(&o).1);
+        text(&o).0
+    };
+    // (what, --store/--config shown, --server/--token shown)
+    let cases: [(&[&str], bool, bool); 10] = [
+        (&["completions"], false, false),
+        (&["man"], false, false),
+        (&["demo"], false, false),
+        (&["dump"], true, false),
+        (&["worker"], true, false),
+        (&["jobs", "list"], true, false),
+        (&["bench", "queue"], true, false),
+        (&["submit"], true, true),
+        (&["status"], true, true),
+        (&["admin", "job"], true, true),
+    ];
+    for (args, store, server) in cases {
+        let h = help(args);
+        assert_eq!(h.contains("--store <STORE>"), store, "{args:?}: {h}");
+        assert_eq!(h.contains("--config <CONFIG>"), store, "{args:?}: {h}");
+        assert_eq!(h.contains("--server <SERVER>"), server, "{args:?}: {h}");
+        assert_eq!(h.contains("--token <TOKEN>"), server, "{args:?}: {h}");
+        assert!(h.contains("--log-format"), "{args:?}: {h}");
+    }
+    // Hidden is not refused where harmless, and --server is refused where it cannot work.
+    let o = lading(
+        &db,
+        &["completions", "bash", "--config", "/nonexistent.toml"],
+    );
+    assert!(o.status.success(), "{}", text(&o).1);
+    let o = lading(&db, &["dump", "--server", "http://127.0.0.1:9"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o).1);
+    assert!(text(&o).1.contains("cannot use --server"));
+    assert!(!db.exists(), "nothing made a store");
+}
+
 #[test]
 fn status_history_lists_each_transition_of_a_job_and_a_batch() {
     let dir = tempfile::tempdir().unwrap();
