@@ -301,7 +301,10 @@ fn working_files(dir: &std::path::Path) -> Value {
 /// The last lines of a job's log on this host.
 fn log_tail(dir: &std::path::Path) -> Value {
     use std::io::{Read, Seek, SeekFrom};
-    let Ok(mut f) = std::fs::File::open(dir.join("job.log")) else {
+    let path = dir.join("job.log");
+    // Only a plain file: a link is not followed.
+    let plain = std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_file());
+    let Some(mut f) = plain.then(|| std::fs::File::open(&path).ok()).flatten() else {
         return json!({"lines": [], "truncated": false});
     };
     let len = f.metadata().map(|m| m.len()).unwrap_or(0);

@@ -213,6 +213,27 @@ async fn a_jobs_files_are_its_stored_versions_working_files_and_log_tail() {
         .call_as(SUBMITTER, "GET", &format!("/api/v1/jobs/{jid}/files"), None)
         .await;
     assert_eq!(st, StatusCode::FORBIDDEN);
+    // A log that is a link elsewhere is not followed.
+    std::fs::remove_file(work.join("job.log")).unwrap();
+    let secret = s.dir.path().join("secret.txt");
+    std::fs::write(&secret, "not for the page\n").unwrap();
+    std::os::unix::fs::symlink(&secret, work.join("job.log")).unwrap();
+    std::os::unix::fs::symlink(s.dir.path(), work.join("producer/outside")).unwrap();
+    let (_, f) = s
+        .call("GET", &format!("/api/v1/jobs/{jid}/files"), None)
+        .await;
+    assert_eq!(f["log"]["lines"], json!([]), "{f}");
+    let listed: Vec<&str> = f["working"]["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        listed,
+        ["producer/outside", "producer/scans/p1.tif"],
+        "a link is listed, not entered"
+    );
     // Reading changed nothing.
     assert!(work.join("job.log").exists() && work.join(".lading/owner").exists());
 }
