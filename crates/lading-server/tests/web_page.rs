@@ -242,7 +242,7 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
     let failed_bid = e.create_batch(serde_json::Map::new()).await.unwrap();
     let lease = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
     assert_eq!(lease.batch, failed_bid);
-    for _ in 0..3 {
+    for _ in 0..4 {
         e.create_job(&lease, lading_engine::JobSpec::default())
             .await
             .unwrap();
@@ -251,7 +251,7 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         .await
         .unwrap();
     let mut failed_jobs = Vec::new();
-    for i in 0..3 {
+    for i in 0..4 {
         let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
         failed_jobs.push(l.job.to_string());
         e.job_transition(l, Event::Fail, Some(format!("no such file {i}")))
@@ -280,6 +280,18 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
     std::fs::write(work.join("producer/scan.tif"), b"0123456789").unwrap();
     let log: String = (1..=60).map(|i| format!("download line {i}\n")).collect();
     std::fs::write(work.join("job.log"), log).unwrap();
+    // A storage lock a crashed Merritt process left (persistent, so nobody's session ends it).
+    s.jobs
+        .tree()
+        .multi(vec![lading_core::Op::create(
+            format!(
+                "{}/ark-99999-fk4crashed",
+                lading_core::layout::STORAGE_LOCKS
+            ),
+            None,
+        )])
+        .await
+        .unwrap();
     // A pending batch of alice's (never fetched: no workers run here).
     let (_, v) = s
         .call_as(
@@ -361,15 +373,18 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         br.type_into(&sn, "#token", ADMIN);
         br.enter(&sn);
         // Overview.
-        br.wait_for(&sn, "document.querySelector('[data-depth=Failed]')?.textContent === '3'");
+        br.wait_for(&sn, "document.querySelector('[data-depth=Failed]')?.textContent === '4'");
         br.wait_for(&sn, "document.getElementById('live').textContent === 'live'");
-        // The last hour's chart counts the three failures; the oldest failed job's age shows.
-        br.wait_for(&sn, "document.getElementById('chart-failed').dataset.total === '3'");
+        // The last hour's chart counts the four failures; the oldest failed job's age shows.
+        br.wait_for(&sn, "document.getElementById('chart-failed').dataset.total === '4'");
         assert_eq!(br.eval(&sn, "document.getElementById('chart-completed').dataset.total"), json!("0"));
         assert_eq!(br.eval(&sn, "document.querySelectorAll('#chart-failed rect').length"), json!(60));
         assert_eq!(br.eval(&sn, "document.querySelector('[data-oldest=Completed]').textContent"), json!("–"));
         assert_eq!(br.eval(&sn, "/^\\d+ s$/.test(document.querySelector('[data-oldest=Failed]').textContent)"), json!(true));
         br.shot(&sn, &dir, "2-overview");
+        // The lock the crashed tool left is cleared by a click.
+        br.click(&sn, "#foreign-locks button[data-action=clear-lock]");
+        br.wait_for(&sn, "document.getElementById('foreign-locks').textContent === 'none' && document.getElementById('notice').textContent.includes('cleared')");
         br.click(&sn, "button[data-queue=\"ingest\"]");
         br.wait_for(&sn, "document.querySelector('[data-queue-state=ingest]').textContent.includes('paused')");
         br.wait_for(&sn, "!document.getElementById('notice').hidden && document.getElementById('notice').textContent.includes('paused')");
@@ -452,6 +467,11 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         br.click(&sn, "#job-actions button[data-confirm=delete]");
         br.wait_for(&sn, "document.getElementById('job-title').dataset.state === 'Deleted'");
         br.wait_for(&sn, "document.getElementById('notice').textContent.includes('delete done')");
+        // Another failed job requeued from its own page.
+        br.eval(&sn, &format!("location.hash = '#/job/{}'", fj[3]));
+        br.wait_for(&sn, &format!("document.getElementById('job-title').textContent.includes('{}')", fj[3]));
+        br.click(&sn, "#job-actions button[data-action=requeue]");
+        br.wait_for(&sn, "document.getElementById('job-title').dataset.state === 'Pending' && document.getElementById('notice').textContent.includes('requeue done')");
         br.click(&sn, "dd[data-field=batch] a");
         br.wait_for(&sn, "!!document.querySelector('#batch-actions button[data-action=\"retry failed jobs\"]')");
         br.click(&sn, "#batch-actions button[data-action=\"retry failed jobs\"]");
@@ -460,14 +480,19 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         br.click(&sn, "a[data-nav=overview]");
         // The requeue's events come from the tree's change feed, a moment after the answer:
         // the overview re-renders when they do, so wait for it to show them before clicking.
-        br.wait_for(&sn, "document.querySelector('[data-depth=Pending] a')?.textContent.trim() === '2'");
+        br.wait_for(&sn, "document.querySelector('[data-depth=Pending] a')?.textContent.trim() === '3'");
         br.click(&sn, "[data-depth=Pending] a");
-        br.wait_for(&sn, "document.querySelectorAll('#jobs tr[data-job]').length === 2");
-        assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#jobs tr[data-job] button')].map(b => b.textContent).join(',')"), json!("hold,hold"));
+        br.wait_for(&sn, "document.querySelectorAll('#jobs tr[data-job]').length === 3");
+        assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#jobs tr[data-job] button')].map(b => b.textContent).join(',')"), json!("hold,hold,hold"));
+        // Held from the list: it leaves the Pending list.
+        let first = br.eval(&sn, "document.querySelector('#jobs tr[data-job]').dataset.job");
+        br.click(&sn, "#jobs tr[data-job] button[data-action=hold]");
+        br.wait_for(&sn, "document.getElementById('notice').textContent.includes('hold done; now Held') && document.querySelectorAll('#jobs tr[data-job]').length === 2");
         br.type_into(&sn, "#job-q", "jid-no-such");
         br.click(&sn, "#job-search");
         br.wait_for(&sn, "document.querySelectorAll('#jobs tr[data-job]').length === 0");
         br.shot(&sn, &dir, "6-jobs");
+        let held = first.as_str().unwrap().to_string();
         // Generic jobs: the type, its running job, its failed job retried.
         br.click(&sn, "a[data-nav=generic]");
         br.click(&sn, "button[data-open-type=thumbs]");
@@ -482,10 +507,11 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         // Signing out asks for the token again.
         br.click(&sn, "a[data-nav=logout]");
         br.wait_for(&sn, "!document.getElementById('login-view').hidden");
-        br
+        (br, held)
     })
     .await
     .unwrap();
+    let (br, held) = br;
     let errors = br.console_errors();
     assert!(errors.is_empty(), "console errors: {errors:#?}");
     for name in [
@@ -511,8 +537,11 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
     assert_eq!(j0["status"]["status"], "Deleted");
     for j in &jobs[1..] {
         let (_, v) = s.call("GET", &format!("/api/v1/jobs/{j}"), None).await;
-        assert_eq!(v["status"]["status"], "Pending", "retried by the click");
+        let want = if *j == held { "Held" } else { "Pending" };
+        assert_eq!(v["status"]["status"], want, "{j}: retried by the clicks");
     }
+    let (_, v) = s.call("GET", "/api/v1/status", None).await;
+    assert_eq!(v["foreign_locks"], json!([]), "cleared by the click");
     let (_, g) = s
         .call("GET", "/api/v1/types/thumbs/jobs/broken", None)
         .await;
