@@ -242,7 +242,7 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
     let failed_bid = e.create_batch(serde_json::Map::new()).await.unwrap();
     let lease = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
     assert_eq!(lease.batch, failed_bid);
-    for _ in 0..4 {
+    for _ in 0..5 {
         e.create_job(&lease, lading_engine::JobSpec::default())
             .await
             .unwrap();
@@ -262,6 +262,36 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
     let version = s.dir.path().join("store/v1");
     std::fs::create_dir_all(version.join("producer")).unwrap();
     std::fs::write(version.join("producer/letter.txt"), "hello").unwrap();
+    // The fifth job completes, having stored that version (as the Storing stage records it).
+    let mut st = JobState::Pending;
+    let mut done_job = None;
+    while st != JobState::Completed {
+        let l = e.acquire_job(st).await.unwrap().unwrap();
+        done_job = Some(l.job.clone());
+        let ev = match st {
+            JobState::Pending => Event::To(JobState::Estimating),
+            _ => Event::Success,
+        };
+        st = e.job_transition(l, ev, None).await.unwrap().status;
+    }
+    let done_job = done_job.unwrap();
+    let record = lading_ingest::stages::StoredVersion {
+        ark: "ark:/99999/fk4done".into(),
+        version: 1,
+        path: version.to_string_lossy().into_owned(),
+        job: done_job.to_string(),
+        batch: failed_bid.to_string(),
+        collection: None,
+    };
+    s.jobs
+        .tree()
+        .multi(vec![lading_core::Op::create(
+            lading_core::layout::job_node(&done_job, "store"),
+            Some(serde_json::to_vec(&record).unwrap()),
+        )])
+        .await
+        .unwrap();
+    let done_job = done_job.to_string();
     let stored = lading_ingest::stages::StoredVersion {
         ark: "ark:/99999/fk4page".into(),
         version: 1,
@@ -336,7 +366,7 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
     let (pb, fb, fj) = (
         pending_bid.clone(),
         failed_bid.to_string(),
-        failed_jobs.clone(),
+        (failed_jobs.clone(), done_job.clone()),
     );
     let dir = shots.clone();
     let browser = tokio::task::spawn_blocking(move || {
@@ -377,9 +407,9 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         br.wait_for(&sn, "document.getElementById('live').textContent === 'live'");
         // The last hour's chart counts the four failures; the oldest failed job's age shows.
         br.wait_for(&sn, "document.getElementById('chart-failed').dataset.total === '4'");
-        assert_eq!(br.eval(&sn, "document.getElementById('chart-completed').dataset.total"), json!("0"));
+        br.wait_for(&sn, "document.getElementById('chart-completed').dataset.total === '1'");
         assert_eq!(br.eval(&sn, "document.querySelectorAll('#chart-failed rect').length"), json!(60));
-        assert_eq!(br.eval(&sn, "document.querySelector('[data-oldest=Completed]').textContent"), json!("–"));
+        assert_eq!(br.eval(&sn, "document.querySelector('[data-oldest=Held]').textContent"), json!("–"));
         assert_eq!(br.eval(&sn, "/^\\d+ s$/.test(document.querySelector('[data-oldest=Failed]').textContent)"), json!(true));
         br.shot(&sn, &dir, "2-overview");
         // The lock the crashed tool left is cleared by a click.
@@ -442,7 +472,7 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         None,
     )
     .await;
-    let (mut br, sn, fb, fj) = browser;
+    let (mut br, sn, fb, (fj, done)) = browser;
     let dir = shots.clone();
     let br = tokio::task::spawn_blocking(move || {
         br.wait_for(&sn, "document.getElementById('batch-title').dataset.state === 'Pending'");
@@ -476,6 +506,12 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         br.wait_for(&sn, "!!document.querySelector('#batch-actions button[data-action=\"retry failed jobs\"]')");
         br.click(&sn, "#batch-actions button[data-action=\"retry failed jobs\"]");
         br.wait_for(&sn, "document.getElementById('notice').textContent.includes('2 failed jobs requeued')");
+        // The completed job's stored version is downloaded by a click.
+        br.eval(&sn, &format!("location.hash = '#/job/{done}'"));
+        br.wait_for(&sn, "document.getElementById('job-title').dataset.state === 'Completed'");
+        assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#job-actions button')].map(b => b.textContent).join(',')"), json!("delete,download the stored version"));
+        br.click(&sn, "#job-actions button[data-action=download]");
+        br.wait_for(&sn, &format!("document.getElementById('notice').textContent.includes('Download of {done} started')"));
         // Jobs: from the overview's count, Pending jobs offer hold only.
         br.click(&sn, "a[data-nav=overview]");
         // The requeue's events come from the tree's change feed, a moment after the answer:
