@@ -250,6 +250,21 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
     e.batch_transition(lease, Event::To(BatchState::Processing), None)
         .await
         .unwrap();
+    // A batch whose intake failed: its report can be asked for again.
+    let intake_failed = e.create_batch(serde_json::Map::new()).await.unwrap();
+    let l = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
+    assert_eq!(l.batch, intake_failed);
+    let l = e
+        .batch_advance(l, Event::To(BatchState::Processing), None)
+        .await
+        .unwrap();
+    e.batch_transition(
+        l,
+        Event::To(BatchState::Failed),
+        Some("the manifest could not be read".into()),
+    )
+    .await
+    .unwrap();
     let mut failed_jobs = Vec::new();
     for i in 0..4 {
         let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
@@ -266,8 +281,18 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
     let mut st = JobState::Pending;
     let mut done_job = None;
     while st != JobState::Completed {
-        let l = e.acquire_job(st).await.unwrap().unwrap();
+        let mut l = e.acquire_job(st).await.unwrap().unwrap();
         done_job = Some(l.job.clone());
+        // Its callback, recorded with its last move (delivered by nobody here).
+        if st == JobState::Notify {
+            l.effects.push(lading_engine::Effect {
+                kind: "callback".into(),
+                key: format!("{}-done", l.job),
+                batch: None,
+                job: Some(l.job.to_string()),
+                payload: json!({"url": "http://127.0.0.1:9/done"}),
+            });
+        }
         let ev = match st {
             JobState::Pending => Event::To(JobState::Estimating),
             _ => Event::Success,
@@ -275,6 +300,11 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         st = e.job_transition(l, ev, None).await.unwrap().status;
     }
     let done_job = done_job.unwrap();
+    // Its delivery was given up on.
+    let claim = e.claim_effect(&["callback"]).await.unwrap().ok().unwrap();
+    e.effect_failed(claim, "connection refused", None)
+        .await
+        .unwrap();
     let record = lading_ingest::stages::StoredVersion {
         ark: "ark:/99999/fk4done".into(),
         version: 1,
@@ -366,7 +396,11 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
     let (pb, fb, fj) = (
         pending_bid.clone(),
         failed_bid.to_string(),
-        (failed_jobs.clone(), done_job.clone()),
+        (
+            failed_jobs.clone(),
+            done_job.clone(),
+            intake_failed.to_string(),
+        ),
     );
     let dir = shots.clone();
     let browser = tokio::task::spawn_blocking(move || {
@@ -472,7 +506,7 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         None,
     )
     .await;
-    let (mut br, sn, fb, (fj, done)) = browser;
+    let (mut br, sn, fb, (fj, done, intake_failed)) = browser;
     let dir = shots.clone();
     let br = tokio::task::spawn_blocking(move || {
         br.wait_for(&sn, "document.getElementById('batch-title').dataset.state === 'Pending'");
@@ -512,6 +546,12 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#job-actions button')].map(b => b.textContent).join(',')"), json!("delete,download the stored version"));
         br.click(&sn, "#job-actions button[data-action=download]");
         br.wait_for(&sn, &format!("document.getElementById('notice').textContent.includes('Download of {done} started')"));
+        // A failed batch's report made again, by a click.
+        br.eval(&sn, &format!("location.hash = '#/batch/{intake_failed}'"));
+        br.wait_for(&sn, "document.getElementById('batch-title').dataset.state === 'Failed'");
+        assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#batch-actions button')].map(b => b.textContent).join(',')"), json!("update-reporting,delete"));
+        br.click(&sn, "#batch-actions button[data-action=update-reporting]");
+        br.wait_for(&sn, "document.getElementById('batch-title').dataset.state === 'UpdateReporting' && document.getElementById('notice').textContent.includes('update-reporting done')");
         // Jobs: from the overview's count, Pending jobs offer hold only.
         br.click(&sn, "a[data-nav=overview]");
         // The requeue's events come from the tree's change feed, a moment after the answer:
@@ -538,8 +578,12 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         br.wait_for(&sn, "document.getElementById('notice').textContent.includes('pending again')");
         // Outbox.
         br.click(&sn, "a[data-nav=outbox]");
-        br.wait_for(&sn, "document.getElementById('outbox-count').textContent === '(empty)'");
+        br.wait_for(&sn, "document.getElementById('outbox-count').textContent === '(1 waiting, 1 given up)'");
+        assert_eq!(br.eval(&sn, "document.querySelector('#outbox tr[data-outbox] td.state').textContent"), json!("given up"));
         br.shot(&sn, &dir, "8-outbox");
+        // Tried again by a click: due now, no longer given up.
+        br.click(&sn, "#outbox tr[data-outbox] button[data-action=retry]");
+        br.wait_for(&sn, "document.getElementById('notice').textContent.includes('due now') && document.getElementById('outbox-count').textContent === '(1 waiting, 0 given up)'");
         // Signing out asks for the token again.
         br.click(&sn, "a[data-nav=logout]");
         br.wait_for(&sn, "!document.getElementById('login-view').hidden");
