@@ -568,7 +568,13 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         br.click(&sn, "#job-search");
         br.wait_for(&sn, "document.querySelectorAll('#jobs tr[data-job]').length === 0");
         br.shot(&sn, &dir, "6-jobs");
+        // Released from its own page.
         let held = first.as_str().unwrap().to_string();
+        br.eval(&sn, &format!("location.hash = '#/job/{held}'"));
+        br.wait_for(&sn, "document.getElementById('job-title').dataset.state === 'Held'");
+        assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#job-actions button')].map(b => b.textContent).join(',')"), json!("release,delete"));
+        br.click(&sn, "#job-actions button[data-action=release]");
+        br.wait_for(&sn, "document.getElementById('job-title').dataset.state === 'Pending' && document.getElementById('notice').textContent.includes('release done')");
         // Generic jobs: the type, its running job, its failed job retried.
         br.click(&sn, "a[data-nav=generic]");
         br.click(&sn, "button[data-open-type=thumbs]");
@@ -617,9 +623,19 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
     assert_eq!(j0["status"]["status"], "Deleted");
     for j in &jobs[1..] {
         let (_, v) = s.call("GET", &format!("/api/v1/jobs/{j}"), None).await;
-        let want = if *j == held { "Held" } else { "Pending" };
-        assert_eq!(v["status"]["status"], want, "{j}: retried by the clicks");
+        assert_eq!(v["status"]["status"], "Pending", "{j}: retried by clicks");
     }
+    // The one held and released by clicks says so in its history.
+    let (_, h) = s
+        .call("GET", &format!("/api/v1/jobs/{held}/history"), None)
+        .await;
+    let tos: Vec<&str> = h["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["to"].as_str().unwrap_or(""))
+        .collect();
+    assert!(tos.ends_with(&["Held", "Pending"]), "{h}");
     let (_, v) = s.call("GET", "/api/v1/status", None).await;
     assert_eq!(v["foreign_locks"], json!([]), "cleared by the click");
     let (_, g) = s
