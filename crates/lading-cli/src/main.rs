@@ -918,6 +918,18 @@ fn exit_code(err: &anyhow::Error) -> u8 {
     if err.downcast_ref::<pipeline::BatchFailed>().is_some() {
         return 5;
     }
+    // A submission the service refuses is bad input.
+    if let Some(e) = err.downcast_ref::<lading_ingest::SubmitError>() {
+        use lading_ingest::SubmitError as S;
+        return match e {
+            S::Engine(e) => engine_exit_code(e),
+            S::Inventory(_) => 1,
+            _ => 4,
+        };
+    }
+    if let Some(e) = err.downcast_ref::<lading_core::TreeError>() {
+        return tree_exit_code(e);
+    }
     use lading_jobs::JobsError;
     match err.downcast_ref::<JobsError>() {
         Some(JobsError::NoJob { .. } | JobsError::NoType(_)) => return 3,
@@ -925,14 +937,29 @@ fn exit_code(err: &anyhow::Error) -> u8 {
         _ => {}
     }
     match err.downcast_ref::<EngineError>() {
-        Some(EngineError::NoBatch(_) | EngineError::NoJob(_) | EngineError::NoAccess(_)) => 3,
-        Some(
-            EngineError::Illegal(_)
-            | EngineError::Locked(_)
-            | EngineError::ForeignLocked(_)
-            | EngineError::Invalid(_),
-        ) => 4,
-        _ if err.downcast_ref::<lading_core::layout::BadId>().is_some() => 4,
+        Some(e) => engine_exit_code(e),
+        None if err.downcast_ref::<lading_core::layout::BadId>().is_some() => 4,
+        None => 1,
+    }
+}
+
+fn engine_exit_code(e: &EngineError) -> u8 {
+    match e {
+        EngineError::NoBatch(_) | EngineError::NoJob(_) | EngineError::NoAccess(_) => 3,
+        EngineError::Illegal(_)
+        | EngineError::Locked(_)
+        | EngineError::ForeignLocked(_)
+        | EngineError::Invalid(_) => 4,
+        EngineError::Tree(t) => tree_exit_code(t),
+        _ => 1,
+    }
+}
+
+/// A path that is not in the tree is unknown (3); one that cannot be a path is bad input (4).
+fn tree_exit_code(e: &lading_core::TreeError) -> u8 {
+    match e.root() {
+        lading_core::TreeError::NoNode(_) => 3,
+        lading_core::TreeError::InvalidPath(..) => 4,
         _ => 1,
     }
 }

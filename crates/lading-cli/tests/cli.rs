@@ -620,6 +620,77 @@ fn completions_and_the_manual_page_are_printed() {
     assert!(!db.exists(), "neither made a store");
 }
 
+/// The README's exit codes for refused input: a submission the service refuses exits 4, a
+/// path not in the tree 3, and neither changes the store.
+#[test]
+fn refused_submissions_exit_4_and_unknown_paths_3_leaving_the_store_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = store_with_jobs(dir.path());
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("profiles")).unwrap();
+    std::fs::write(data.join("profiles/demo.toml"), "collection = \"demo\"\n").unwrap();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_lading"))
+            .arg("--store")
+            .arg(format!("sqlite:{}", db.display()))
+            .args(args)
+            .env_remove("LADING_STORE")
+            .env("LADING_DATA_DIR", &data)
+            .output()
+            .unwrap()
+    };
+    let before = run(&["dump", "--format", "json"]).stdout;
+    let cases: [(&[&str], i32, &str); 6] = [
+        (
+            &["submit", "http://127.0.0.1:9/x", "--profile", "nope"],
+            4,
+            "unknown profile \"nope\"",
+        ),
+        (
+            &[
+                "submit",
+                "http://127.0.0.1:9/x",
+                "--profile",
+                "demo",
+                "--type",
+                "bogus",
+            ],
+            4,
+            "one of: file, container",
+        ),
+        (
+            &["submit", "not-a-url", "--profile", "demo"],
+            4,
+            "not an http, https or file URL",
+        ),
+        (
+            &[
+                "submit",
+                "http://127.0.0.1:9/x",
+                "--profile",
+                "demo",
+                "--submitter",
+                " ",
+            ],
+            4,
+            "submitter is empty",
+        ),
+        (&["dump", "/nope"], 3, "no node at /nope"),
+        (&["dump", "nope"], 4, "must start with /"),
+    ];
+    for (args, code, says) in cases {
+        let o = run(args);
+        let err = text(&o).1;
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    assert_eq!(
+        run(&["dump", "--format", "json"]).stdout,
+        before,
+        "nothing changed"
+    );
+}
+
 /// Each command's help lists the global options that apply to it, and only those; the man
 /// page shows the same.
 #[test]
