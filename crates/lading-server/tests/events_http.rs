@@ -170,6 +170,8 @@ async fn events_come_from_every_writer_and_resume_after_a_restart() {
     let last = held.0.clone().unwrap();
     drop(live);
     let s = s.restart().await;
+    // A new client, live from now on.
+    let (_, mut fresh) = Events::open(&s, ADMIN, "", None).await;
     other.release_batch(&bid).await.unwrap();
     other.hold_batch(&bid).await.unwrap();
     let (_, mut back) = Events::open(&s, ADMIN, "", Some(&last)).await;
@@ -207,8 +209,17 @@ async fn events_come_from_every_writer_and_resume_after_a_restart() {
         ev["batch"].as_str().or(ev["id"].as_str()),
         Some(bid.as_str())
     );
+    // The live client saw those two as they were made (another process's commits reach the
+    // server within its poll interval), and nothing from before the restart.
+    for want in ["batch Pending", "batch Held"] {
+        let m = fresh.next().await;
+        assert_eq!(to(&m), want, "{}", m.2);
+        assert_eq!(
+            serde_json::from_str::<Value>(&m.2).unwrap()["host"],
+            "host-b:42"
+        );
+    }
     // And live events still flow after the restart, from the other host too.
-    let (_, mut fresh) = Events::open(&s, ADMIN, "", None).await;
     other.release_batch(&bid).await.unwrap();
     let m = fresh.next().await;
     let ev: Value = serde_json::from_str(&m.2).unwrap();
