@@ -510,6 +510,15 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
     let dir = shots.clone();
     let br = tokio::task::spawn_blocking(move || {
         br.wait_for(&sn, "document.getElementById('batch-title').dataset.state === 'Pending'");
+        // Held, released and held again by clicks, then deleted once confirmed.
+        for (action, state) in [("hold", "Held"), ("release", "Pending"), ("hold", "Held")] {
+            br.click(&sn, &format!("#batch-actions button[data-action={action}]"));
+            br.wait_for(&sn, &format!("document.getElementById('batch-title').dataset.state === '{state}' && document.getElementById('notice').textContent.includes('{action} done')"));
+        }
+        br.click(&sn, "#batch-actions button[data-action=delete]");
+        br.click(&sn, "#batch-actions button[data-confirm=delete]");
+        br.wait_for(&sn, "document.getElementById('batch-title').dataset.state === 'Deleted' && document.getElementById('notice').textContent.includes('delete done')");
+        assert_eq!(br.eval(&sn, "document.getElementById('batch-actions').textContent"), json!("no action applies to a Deleted batch"));
         // The batch whose jobs all failed (Reporting, no reporter runs here): a failed job's
         // page, its delete (confirmed), then retry of the rest.
         br.eval(&sn, &format!("location.hash = '#/batch/{fb}'"));
