@@ -322,6 +322,10 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         .await
         .unwrap();
     let done_job = done_job.to_string();
+    // Fifty more batches, so the list has a second page.
+    for _ in 0..50 {
+        e.create_batch(serde_json::Map::new()).await.unwrap();
+    }
     let stored = lading_ingest::stages::StoredVersion {
         ark: "ark:/99999/fk4page".into(),
         version: 1,
@@ -468,6 +472,12 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         // Batches: search, then the batch.
         br.click(&sn, "a[data-nav=batches]");
         br.wait_for(&sn, &format!("!!document.querySelector('tr[data-batch=\"{fb}\"]')"));
+        // 53 batches: 50 on the first page, 3 on the next, and back.
+        assert_eq!(br.eval(&sn, "document.querySelectorAll('#batches tr[data-batch]').length"), json!(50));
+        br.click(&sn, "#batches-next");
+        br.wait_for(&sn, "document.getElementById('batches-page').textContent === 'page 2' && document.querySelectorAll('#batches tr[data-batch]').length === 3 && document.getElementById('batches-next').disabled");
+        br.click(&sn, "#batches-first");
+        br.wait_for(&sn, &format!("document.getElementById('batches-page').textContent === 'page 1' && !!document.querySelector('tr[data-batch=\"{fb}\"]')"));
         br.type_into(&sn, "#batch-q", "letters of");
         br.click(&sn, "#batch-search");
         br.wait_for(&sn, &format!("document.querySelectorAll('#batches tr').length === 1 && !!document.querySelector('tr[data-batch=\"{pb}\"]')"));
