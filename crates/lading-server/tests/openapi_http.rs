@@ -13,6 +13,8 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/api/v1/openapi.json"),
     ("get", "/metrics"),
     ("get", "/api/v1/events"),
+    ("get", "/api/v1/overview"),
+    ("get", "/api/v1/jobs/{id}/files"),
     ("post", "/api/v1/batches/upload"),
     ("get", "/api/v1/jobs/{id}/download"),
     ("get", "/api/v1/objects/download"),
