@@ -122,19 +122,18 @@ impl Engine {
         tokio::spawn(async move {
             let mut known: HashMap<String, Known> = HashMap::new();
             loop {
-                let mut changed: Vec<Changed> = Vec::new();
+                let mut changed: Vec<(&'static str, String)> = Vec::new();
                 let mut lost = false;
                 let Some(first) = feed.next().await else {
                     return;
                 };
-                let mut note = |c: Change, changed: &mut Vec<Changed>| match c {
+                let mut note = |c: Change, changed: &mut Vec<(&'static str, String)>| match c {
                     Change::Lost => lost = true,
                     Change::Node(p) => {
-                        if let Some((kind, id)) = status_of(&p) {
-                            match changed.iter_mut().find(|(_, i, _)| i == id) {
-                                Some((_, _, n)) => *n = n.map(|n| n + 1),
-                                None => changed.push((kind, id.to_string(), Some(1))),
-                            }
+                        if let Some((kind, id)) = status_of(&p)
+                            && !changed.iter().any(|(_, i)| i == id)
+                        {
+                            changed.push((kind, id.to_string()));
                         }
                     }
                 };
@@ -159,8 +158,8 @@ impl Engine {
                     match listing.await {
                         Ok(all) => {
                             for (kind, id) in all {
-                                if !changed.iter().any(|(_, i, _)| *i == id) {
-                                    changed.push((kind, id, None));
+                                if !changed.iter().any(|(_, i)| *i == id) {
+                                    changed.push((kind, id));
                                 }
                             }
                         }
@@ -201,10 +200,6 @@ impl Engine {
     }
 }
 
-/// A changed status: its kind, its id, and how many changes the feed reported for it (`None`
-/// when it is read again after a gap).
-type Changed = (&'static str, String, Option<usize>);
-
 /// A listing, empty when the folder does not exist.
 fn none_if_missing(
     r: std::result::Result<Vec<String>, TreeError>,
@@ -231,12 +226,12 @@ fn statuses_of(batches: Vec<String>, jobs: Vec<String>) -> Vec<(&'static str, St
 /// Reads the changed statuses (through the feed) and returns their new transitions.
 async fn observe(
     feed: &dyn ChangeFeed,
-    changed: &[Changed],
+    changed: &[(&'static str, String)],
     known: &mut HashMap<String, Known>,
     start_ms: u64,
 ) -> std::result::Result<Vec<(String, ChangeEvent)>, TreeError> {
     let mut paths: Vec<String> = Vec::with_capacity(changed.len() * 2);
-    for (kind, id, _) in changed {
+    for (kind, id) in changed {
         if *kind == "job" {
             let j = JobId::parse(id).expect("checked by status_of");
             paths.push(job_node(&j, "status"));
@@ -249,7 +244,7 @@ async fn observe(
     let nodes: Vec<Option<Node>> = feed.get_many(&paths).await?;
     let mut nodes = nodes.into_iter();
     let mut out = Vec::new();
-    for (kind, id, count) in changed {
+    for (kind, id) in changed {
         let status = nodes.next().flatten();
         let bid = if *kind == "job" {
             nodes.next().flatten().and_then(|n| n.data)
@@ -282,26 +277,12 @@ async fn observe(
                 },
                 None if prior.is_some() => 0,
                 None => {
-                    // First seen: its entries since the follower started. Entries keep
-                    // seconds, so those of the seconds around the start are told apart by
-                    // how many changes the feed reported: only that many newest ones.
+                    // First seen: its entries since the follower started.
                     let from = start_ms / 1000 * 1000;
-                    let by_time = entries
+                    entries
                         .iter()
                         .position(|e| entry_ms(e) >= from)
-                        .unwrap_or(entries.len());
-                    match count {
-                        Some(n) => {
-                            let surely_after = (start_ms / 1000 + 2) * 1000;
-                            let by_count = entries.len().saturating_sub(*n);
-                            let after_start = entries
-                                .iter()
-                                .position(|e| entry_ms(e) >= surely_after)
-                                .unwrap_or(entries.len());
-                            by_time.max(by_count.min(after_start))
-                        }
-                        None => by_time,
-                    }
+                        .unwrap_or(entries.len())
                 }
             };
             entries[after..].to_vec()
