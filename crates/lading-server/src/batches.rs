@@ -268,11 +268,20 @@ fn working_files(dir: &std::path::Path) -> Value {
     let mut files = Vec::new();
     let mut truncated = false;
     let mut stack = vec![std::path::PathBuf::new()];
-    while let Some(rel) = stack.pop() {
+    // Entries looked at, folders included: a tree of empty folders is bounded too.
+    let mut seen = 0;
+    // Bounded: the walk stops at the first entry past the cap (a depositor's container may
+    // hold any number of files).
+    'walk: while let Some(rel) = stack.pop() {
         let Ok(entries) = std::fs::read_dir(dir.join(&rel)) else {
             continue;
         };
         for e in entries.flatten() {
+            seen += 1;
+            if files.len() == MAX_WORKING_FILES || seen > 4 * MAX_WORKING_FILES {
+                truncated = true;
+                break 'walk;
+            }
             let name = rel.join(e.file_name());
             if rel.as_os_str().is_empty()
                 && (e.file_name() == lading_ingest::stages::INTERIM || e.file_name() == "job.log")
@@ -282,8 +291,6 @@ fn working_files(dir: &std::path::Path) -> Value {
             let Ok(meta) = e.metadata() else { continue };
             if meta.is_dir() {
                 stack.push(name);
-            } else if files.len() == MAX_WORKING_FILES {
-                truncated = true;
             } else {
                 files.push((name.to_string_lossy().into_owned(), meta.len()));
             }
