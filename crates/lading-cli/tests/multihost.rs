@@ -133,16 +133,19 @@ struct Seen {
     resets: usize,
 }
 
-async fn follow(base: String, seen: Arc<Mutex<Seen>>, wake: Arc<tokio::sync::Notify>) {
+/// Follows A's event stream (resuming after `last`, when given) into `seen`.
+async fn follow(
+    base: String,
+    seen: Arc<Mutex<Seen>>,
+    wake: Arc<tokio::sync::Notify>,
+    last: Option<String>,
+) {
     let http = reqwest::Client::new();
-    let mut resp = http
-        .get(format!("{base}/api/v1/events"))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .error_for_status()
-        .unwrap();
+    let mut req = http.get(format!("{base}/api/v1/events")).bearer_auth(ADMIN);
+    if let Some(l) = last {
+        req = req.header("Last-Event-ID", l);
+    }
+    let mut resp = req.send().await.unwrap().error_for_status().unwrap();
     let mut buf = String::new();
     while let Ok(Some(chunk)) = resp.chunk().await {
         buf.push_str(&String::from_utf8_lossy(&chunk));
@@ -291,7 +294,15 @@ async fn a_batch_runs_across_three_hosts_through_a_worker_kill_and_a_leader_kill
     let base = format!("http://{listen}");
     let seen = Arc::new(Mutex::new(Seen::default()));
     let wake = Arc::new(tokio::sync::Notify::new());
-    let stream = tokio::spawn(follow(base.clone(), seen.clone(), wake.clone()));
+    let stream = tokio::spawn(follow(base.clone(), seen.clone(), wake.clone(), None));
+    // An event id of a moment before the submission, that A never sent: a client resuming
+    // from it is owed everything since, read from the tree.
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        .saturating_sub(2000);
+    let before = format!("{before:013}-bid0000000000-0-0");
     let http = reqwest::Client::new();
     let r = http
         .post(format!("{base}/api/v1/batches"))
@@ -316,6 +327,15 @@ async fn a_batch_runs_across_three_hosts_through_a_worker_kill_and_a_leader_kill
     })
     .await;
     b.kill();
+    // A client resumes mid-run, while B's leases lapse and C takes over: from the tree
+    // (through ZooKeeper), then live.
+    let resumed = Arc::new(Mutex::new(Seen::default()));
+    let resumed_stream = tokio::spawn(follow(
+        base.clone(),
+        resumed.clone(),
+        wake.clone(),
+        Some(before),
+    ));
     until_seen("30 jobs completed", &seen, &wake, |s| {
         completed_jobs(s) >= 30
     })
@@ -334,10 +354,18 @@ async fn a_batch_runs_across_three_hosts_through_a_worker_kill_and_a_leader_kill
     })
     .await;
 
+    until_seen("the batch to end, resumed", &resumed, &wake, |s| {
+        s.changes
+            .iter()
+            .any(|e| e["kind"] == "batch" && e["id"] == bid.as_str() && e["to"] == "Completed")
+    })
+    .await;
+
     // The report mail, for this batch.
     let mail = smtp.next().await;
     assert!(mail.contains(&bid), "{mail}");
     stream.abort();
+    resumed_stream.abort();
 
     // Every job's history is complete, and the stream showed every transition B and C made.
     let get = |url: String| {
@@ -365,13 +393,19 @@ async fn a_batch_runs_across_three_hosts_through_a_worker_kill_and_a_leader_kill
         let s = seen.lock().unwrap();
         (s.changes.clone(), s.resets)
     };
-    let shown: BTreeSet<(String, String, String, String)> = seen
-        .iter()
-        .map(|e| {
-            let s = |k: &str| e[k].as_str().unwrap_or("").to_string();
-            (s("id"), s("from"), s("to"), s("host"))
-        })
-        .collect();
+    let keys = |seen: &[Value]| -> BTreeSet<(String, String, String, String)> {
+        seen.iter()
+            .map(|e| {
+                let s = |k: &str| e[k].as_str().unwrap_or("").to_string();
+                (s("id"), s("from"), s("to"), s("host"))
+            })
+            .collect()
+    };
+    let shown = keys(&seen);
+    let (resumed_shown, resumed_resets) = {
+        let r = resumed.lock().unwrap();
+        (keys(&r.changes), r.resets)
+    };
     let stages = [
         "Pending",
         "Estimating",
@@ -419,6 +453,10 @@ async fn a_batch_runs_across_three_hosts_through_a_worker_kill_and_a_leader_kill
                     shown.contains(&key),
                     "A's stream missed {key:?} (history {entries:?})"
                 );
+                assert!(
+                    resumed_shown.contains(&key),
+                    "the stream resumed mid-run missed {key:?} (history {entries:?})"
+                );
             }
         }
         let job: Value = get(format!("{base2}/api/v1/jobs/{jid}"))
@@ -437,8 +475,10 @@ async fn a_batch_runs_across_three_hosts_through_a_worker_kill_and_a_leader_kill
     assert!(by_host.get("C").copied().unwrap_or(0) > 0, "{by_host:?}");
     eprintln!(
         "transitions by host: {by_host:?}; completed at the leader kill: {at_leader_kill}; \
-         events seen by A's stream: {} (resets: {resets})",
-        seen.len()
+         events seen by A's stream: {} (resets: {resets}), by the resumed one: {} (resets: \
+         {resumed_resets})",
+        seen.len(),
+        resumed_shown.len()
     );
 
     // A serves every stored object, with the depositor's bytes (inventory on PostgreSQL,

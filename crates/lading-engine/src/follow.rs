@@ -18,12 +18,12 @@
 //! changed after a time: what a client resuming after a restart is owed.
 
 use crate::{ChangeEvent, Engine, HISTORY_FIELD, Result, history};
-use lading_core::layout::{BatchId, JobId, batch_node, job_node};
+use lading_core::layout::{BATCH_FOLDERS, BatchId, JobId, batch_node, batch_ref_folder, job_node};
 use lading_core::tree::{Change, ChangeFeed};
-use lading_core::{Node, TreeError};
+use lading_core::{BoxFuture, Node, Tree, TreeError};
 use serde_json::{Map, Value};
 use std::collections::HashMap;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 /// What a follower reports.
 #[derive(Debug, Clone)]
@@ -32,6 +32,103 @@ pub enum Observed {
     Transition(String, Box<ChangeEvent>),
     /// Transitions may have been missed (the feed reconnected): re-read the state.
     Lost,
+}
+
+/// A follower: its reports, the time from which it reports, and a way to ask it for the past.
+pub struct Following {
+    /// Transitions and losses, in the order the tree's change feed showed them.
+    pub reports: mpsc::UnboundedReceiver<Observed>,
+    /// The time (ms, a whole second) from which transitions are reported: those before it
+    /// are the past.
+    pub reported_from: u64,
+    /// Reads the past between two reports.
+    pub past: Past,
+}
+
+/// A transition with its id.
+pub type Transition = (String, ChangeEvent);
+
+struct PastRequest {
+    since_ms: u64,
+    batch: Option<BatchId>,
+    reply: oneshot::Sender<Result<(u64, Vec<Transition>)>>,
+}
+
+/// Asks a follower for the transitions a resuming client is owed.
+#[derive(Clone)]
+pub struct Past {
+    tx: mpsc::UnboundedSender<PastRequest>,
+}
+
+impl Past {
+    /// What [`Engine::transitions_since`] returns, read by the follower between two of its
+    /// reports through the feed's own reads, with the number of reports sent before the
+    /// read. Every transition reported up to that number is in the result when it is owed
+    /// (the feed's reads have seen what it reported); a later report may repeat one of the
+    /// result (same id) but none is missing from both. So a client that took the reports
+    /// before asking loses nothing by skipping the first ones up to that number.
+    pub async fn since(
+        &self,
+        since_ms: u64,
+        batch: Option<&BatchId>,
+    ) -> Result<(u64, Vec<Transition>)> {
+        let (reply, rx) = oneshot::channel();
+        let stopped =
+            || crate::EngineError::Tree(TreeError::Backend("the follower stopped".into()));
+        self.tx
+            .send(PastRequest {
+                since_ms,
+                batch: batch.cloned(),
+                reply,
+            })
+            .map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
+    }
+}
+
+/// The reads the past needs, from a tree handle or from a change feed.
+trait Reads: Send + Sync {
+    fn get_many<'a>(
+        &'a self,
+        paths: &'a [String],
+    ) -> BoxFuture<'a, std::result::Result<Vec<Option<Node>>, TreeError>>;
+    fn children<'a>(
+        &'a self,
+        path: &'a str,
+    ) -> BoxFuture<'a, std::result::Result<Vec<String>, TreeError>>;
+}
+
+struct TreeReads<'t>(&'t dyn Tree);
+struct FeedReads<'t>(&'t dyn ChangeFeed);
+
+impl Reads for TreeReads<'_> {
+    fn get_many<'a>(
+        &'a self,
+        paths: &'a [String],
+    ) -> BoxFuture<'a, std::result::Result<Vec<Option<Node>>, TreeError>> {
+        self.0.get_many(paths)
+    }
+    fn children<'a>(
+        &'a self,
+        path: &'a str,
+    ) -> BoxFuture<'a, std::result::Result<Vec<String>, TreeError>> {
+        self.0.children(path)
+    }
+}
+
+impl Reads for FeedReads<'_> {
+    fn get_many<'a>(
+        &'a self,
+        paths: &'a [String],
+    ) -> BoxFuture<'a, std::result::Result<Vec<Option<Node>>, TreeError>> {
+        self.0.get_many(paths)
+    }
+    fn children<'a>(
+        &'a self,
+        path: &'a str,
+    ) -> BoxFuture<'a, std::result::Result<Vec<String>, TreeError>> {
+        self.0.children(path)
+    }
 }
 
 /// Statuses remembered per job or batch before the memory starts afresh.
@@ -103,28 +200,40 @@ fn entry_ms(e: &Value) -> u64 {
 }
 
 impl Engine {
-    /// Follows every job and batch transition in the tree, by any writer, until the receiver
-    /// is dropped; with the time (ms, a whole second) from which transitions are reported:
-    /// those before it are the past ([`transitions_since`](Self::transitions_since) has
-    /// them). `None` when the backend has no change feed.
-    pub async fn follow_transitions(
-        &self,
-    ) -> Result<Option<(mpsc::UnboundedReceiver<Observed>, u64)>> {
+    /// Follows every job and batch transition in the tree, by any writer, until the reports
+    /// are dropped. `None` when the backend has no change feed.
+    pub async fn follow_transitions(&self) -> Result<Option<Following>> {
         let prefixes = vec!["/jobs".to_string(), "/batches".to_string()];
         let Some(mut feed) = self.tree.changes(&prefixes).await? else {
             return Ok(None);
         };
         let (tx, rx) = mpsc::unbounded_channel();
+        let (past_tx, mut past_rx) = mpsc::unbounded_channel::<PastRequest>();
         // Transitions from before now are the past: a status first seen is followed from its
         // newest entry, and only that one is reported if it is this recent.
         let start_ms = self.clock().now_ms().saturating_sub(1000);
         let reported_from = start_ms / 1000 * 1000;
         tokio::spawn(async move {
             let mut known: HashMap<String, Known> = HashMap::new();
+            // Reports sent so far.
+            let mut sent = 0u64;
+            let send = |o: Observed, sent: &mut u64| {
+                *sent += 1;
+                tx.send(o).is_ok()
+            };
             loop {
                 let mut changed: Vec<(&'static str, String)> = Vec::new();
                 let mut lost = false;
-                let Some(first) = feed.next().await else {
+                let first = tokio::select! {
+                    c = feed.next() => c,
+                    Some(r) = past_rx.recv() => {
+                        // Between two reports: the feed's reads have seen every one sent.
+                        let read = past(&FeedReads(&*feed), r.since_ms, r.batch.as_ref()).await;
+                        let _ = r.reply.send(read.map(|p| (sent, p)).map_err(Into::into));
+                        continue;
+                    }
+                };
+                let Some(first) = first else {
                     return;
                 };
                 let mut note = |c: Change, changed: &mut Vec<(&'static str, String)>| match c {
@@ -165,7 +274,7 @@ impl Engine {
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, "could not list statuses after a gap");
-                            if tx.send(Observed::Lost).is_err() {
+                            if !send(Observed::Lost, &mut sent) {
                                 return;
                             }
                         }
@@ -181,14 +290,14 @@ impl Engine {
                     match observe(&*feed, group, &mut known, start_ms).await {
                         Ok(events) => {
                             for e in events {
-                                if tx.send(Observed::Transition(e.0, Box::new(e.1))).is_err() {
+                                if !send(Observed::Transition(e.0, Box::new(e.1)), &mut sent) {
                                     return;
                                 }
                             }
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, "could not read changed statuses");
-                            if tx.send(Observed::Lost).is_err() {
+                            if !send(Observed::Lost, &mut sent) {
                                 return;
                             }
                         }
@@ -196,7 +305,11 @@ impl Engine {
                 }
             }
         });
-        Ok(Some((rx, reported_from)))
+        Ok(Some(Following {
+            reports: rx,
+            reported_from,
+            past: Past { tx: past_tx },
+        }))
     }
 }
 
@@ -333,75 +446,88 @@ impl Engine {
         &self,
         since_ms: u64,
         batch: Option<&BatchId>,
-    ) -> Result<Vec<(String, ChangeEvent)>> {
-        let items = match batch {
-            Some(b) => {
-                let mut items = vec![("batch", b.to_string())];
-                for jobs in self.batch(b).await?.jobs.into_values() {
-                    items.extend(jobs.into_iter().map(|j| ("job", j)));
-                }
-                items
+    ) -> Result<Vec<Transition>> {
+        Ok(past(&TreeReads(&*self.tree), since_ms, batch).await?)
+    }
+}
+
+/// See [`Engine::transitions_since`].
+async fn past(
+    reads: &dyn Reads,
+    since_ms: u64,
+    batch: Option<&BatchId>,
+) -> std::result::Result<Vec<Transition>, TreeError> {
+    let items = match batch {
+        Some(b) => {
+            let mut items = vec![("batch", b.to_string())];
+            for folder in BATCH_FOLDERS {
+                let jobs = none_if_missing(reads.children(&batch_ref_folder(b, folder)).await)?;
+                items.extend(jobs.into_iter().map(|j| ("job", j)));
             }
-            None => statuses_of(
-                none_if_missing(self.tree.children("/batches").await)?,
-                none_if_missing(self.tree.children("/jobs").await)?,
-            ),
-        };
-        let from_ms = since_ms / 1000 * 1000;
-        let mut out = Vec::new();
-        for chunk in items.chunks(GROUP) {
-            let paths: Vec<String> = chunk
-                .iter()
-                .map(|(k, id)| {
-                    format!(
-                        "/{}/{id}/status",
-                        if *k == "job" { "jobs" } else { "batches" }
-                    )
-                })
-                .collect();
-            let nodes = self.tree.get_many(&paths).await?;
-            for ((kind, id), node) in chunk.iter().zip(nodes) {
-                let Some(node) = node.filter(|n| n.stat.mtime_ms >= from_ms) else {
-                    continue;
-                };
-                let Some((state, extra)) = fields(node.data.as_deref()) else {
-                    continue;
-                };
-                let batch = match (*kind, batch) {
-                    ("job", Some(b)) => Some(b.to_string()),
-                    ("job", None) => {
-                        let j = JobId::parse(id).expect("parsed above");
-                        self.job_batch(&j).await.ok().map(|b| b.to_string())
-                    }
-                    _ => None,
-                };
-                let mut entries: Vec<Value> = history(&extra)
-                    .into_iter()
-                    .filter(|e| entry_ms(e) >= from_ms)
-                    .collect();
-                if entries.is_empty() && !extra.contains_key(HISTORY_FIELD) {
-                    let mut e = Map::new();
-                    e.insert("from".into(), Value::Null);
-                    e.insert("to".into(), Value::from(state));
-                    e.insert(
-                        "at".into(),
-                        Value::from(lading_core::time::format_ts(node.stat.mtime_ms)),
-                    );
-                    entries.push(Value::Object(e));
-                }
-                let n = entries.len();
-                for (i, e) in entries.iter().enumerate() {
-                    out.push((
-                        entry_ms(e),
-                        transition_id(node.stat.mtime_ms, id, node.stat.version, n - 1 - i),
-                        event(kind, id, batch.as_deref(), e),
-                    ));
-                }
+            items
+        }
+        None => statuses_of(
+            none_if_missing(reads.children("/batches").await)?,
+            none_if_missing(reads.children("/jobs").await)?,
+        ),
+    };
+    let from_ms = since_ms / 1000 * 1000;
+    let mut out = Vec::new();
+    for chunk in items.chunks(GROUP) {
+        // Each status, and for a job its batch when not known already.
+        let mut paths: Vec<String> = Vec::with_capacity(chunk.len() * 2);
+        for (kind, id) in chunk {
+            let folder = if *kind == "job" { "jobs" } else { "batches" };
+            paths.push(format!("/{folder}/{id}/status"));
+            if *kind == "job" && batch.is_none() {
+                paths.push(format!("/jobs/{id}/bid"));
             }
         }
-        out.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
-        Ok(out.into_iter().map(|(_, id, e)| (id, e)).collect())
+        let mut nodes = reads.get_many(&paths).await?.into_iter();
+        for (kind, id) in chunk {
+            let node = nodes.next().flatten();
+            let batch = match (*kind, batch) {
+                ("job", Some(b)) => Some(b.to_string()),
+                ("job", None) => nodes
+                    .next()
+                    .flatten()
+                    .and_then(|n| n.data)
+                    .map(|b| String::from_utf8_lossy(&b).into_owned()),
+                _ => None,
+            };
+            let Some(node) = node.filter(|n| n.stat.mtime_ms >= from_ms) else {
+                continue;
+            };
+            let Some((state, extra)) = fields(node.data.as_deref()) else {
+                continue;
+            };
+            let mut entries: Vec<Value> = history(&extra)
+                .into_iter()
+                .filter(|e| entry_ms(e) >= from_ms)
+                .collect();
+            if entries.is_empty() && !extra.contains_key(HISTORY_FIELD) {
+                let mut e = Map::new();
+                e.insert("from".into(), Value::Null);
+                e.insert("to".into(), Value::from(state));
+                e.insert(
+                    "at".into(),
+                    Value::from(lading_core::time::format_ts(node.stat.mtime_ms)),
+                );
+                entries.push(Value::Object(e));
+            }
+            let n = entries.len();
+            for (i, e) in entries.iter().enumerate() {
+                out.push((
+                    entry_ms(e),
+                    transition_id(node.stat.mtime_ms, id, node.stat.version, n - 1 - i),
+                    event(kind, id, batch.as_deref(), e),
+                ));
+            }
+        }
     }
+    // By time; a stable sort keeps each status's entries of one second in their order.
+    out.sort_by_key(|t| t.0);
+    Ok(out.into_iter().map(|(_, id, e)| (id, e)).collect())
 }
 
 #[cfg(test)]

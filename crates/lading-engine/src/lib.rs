@@ -43,7 +43,7 @@ mod reserve;
 
 use claims::Round;
 pub use error::{EngineError, Result};
-pub use follow::{Observed, transition_id, transition_id_time};
+pub use follow::{Following, Observed, Past, Transition, transition_id, transition_id_time};
 pub use locks::ForeignLock;
 pub use outbox::{Effect, OutboxClaim, OutboxEntry, OutboxItem};
 pub use reserve::{RESERVED_FIELD, Reservation};

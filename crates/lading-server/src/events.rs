@@ -8,7 +8,10 @@
 //! one, then the live ones: from memory when the id is still kept (nothing lost or repeated,
 //! as replay and subscription are taken under one lock); else, after a server restart or a
 //! long absence, from the tree itself: every transition of a job or batch whose status
-//! changed since the id's time (those of the id's own second may come again). A `reset` event
+//! changed since the id's time (those of the id's own second may come again). That reading
+//! is made by the follower between two of its reports, through the feed's own reads, and
+//! the live events start after the last report it had made: nothing falls between the
+//! two, whichever session saw a commit first (see `lading_engine::Past`). A `reset` event
 //! says that some may have been missed (the tree could not be read after a gap in its change
 //! feed, or the client fell too far behind): re-read the state.
 
@@ -18,17 +21,13 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::stream::{self, Stream, StreamExt};
-use lading_engine::{ChangeEvent, Engine, Observed};
+use lading_engine::{ChangeEvent, Engine, Observed, Past};
 use serde::Deserialize;
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::broadcast;
-
-// Known problem (not solved): a client resuming from the tree right after a restart, while
-// another process's commits are not yet folded into this server's view, was seen (in about
-// one run in ten under CPU load) to get neither those transitions from the tree nor them live.
 
 /// Events kept for clients that reconnect.
 pub const KEPT: usize = 10_000;
@@ -48,6 +47,8 @@ pub struct EventHub {
     tx: broadcast::Sender<Item>,
     /// Jobs ended per minute, for the console's overview.
     tally: Arc<crate::overview::Tally>,
+    /// The follower's reading of the past (none without a change feed).
+    past: std::sync::OnceLock<Past>,
 }
 
 /// Where a resuming client starts.
@@ -76,11 +77,15 @@ impl EventHub {
             tally: Arc::new(crate::overview::Tally::new(
                 engine.clock().now_ms() / 1000 * 1000,
             )),
+            past: std::sync::OnceLock::new(),
         });
         let h = Arc::downgrade(&hub);
         match engine.follow_transitions().await? {
-            Some((mut rx, reported_from)) => {
-                hub.tally.set_live_from(reported_from);
+            Some(f) => {
+                hub.tally.set_live_from(f.reported_from);
+                let _ = hub.past.set(f.past);
+                let mut rx = f.reports;
+                // One push per report, in order: the ring's places count the reports.
                 tokio::spawn(async move {
                     while let Some(o) = rx.recv().await {
                         let Some(hub) = h.upgrade() else { return };
@@ -235,6 +240,8 @@ pub async fn events(
     let mut head = Vec::new();
     // Ids read from the tree, so the same transition arriving live is not sent twice.
     let mut sent: std::collections::HashSet<String> = std::collections::HashSet::new();
+    // Live events at or before this place were in what was read from the tree.
+    let mut read_up_to = 0u64;
     match resume {
         Resume::Live => {}
         Resume::Unknown => head.push(reset_event()),
@@ -257,11 +264,18 @@ pub async fn events(
                 ),
                 None => None,
             };
-            let past = hub
-                .engine
-                .transitions_since(ms, b.as_ref())
-                .await
-                .map_err(ApiError::from)?;
+            let past = match hub.past.get() {
+                Some(p) => {
+                    let (n, past) = p.since(ms, b.as_ref()).await.map_err(ApiError::from)?;
+                    read_up_to = n;
+                    past
+                }
+                None => hub
+                    .engine
+                    .transitions_since(ms, b.as_ref())
+                    .await
+                    .map_err(ApiError::from)?,
+            };
             for (id, ev) in past {
                 if id != last.as_deref().unwrap_or_default() && matches(filter.as_deref(), &ev) {
                     head.push(to_event(&id, &ev));
@@ -280,6 +294,7 @@ pub async fn events(
                     _ = stopping.wait_for(|s| *s) => return None,
                 };
                 let ev = match got {
+                    Ok((seq, _)) if seq <= read_up_to => continue,
                     Ok((_, Some((id, ev))))
                         if matches(filter.as_deref(), &ev) && !sent.contains(&*id) =>
                     {
