@@ -1,7 +1,7 @@
 //! `lading bench jobs`: add + accept + finish of N empty generic jobs by K processors.
 //!
 //! Closed loop: producers keep at most `--inflight` jobs added and not yet finished (default
-//! 2 × K), so the latency measured is the queue's own (add committed → accept committed), not
+//! 2 × K, or K × B / 4 with batches of B when more), so the latency measured is the queue's own (add committed → accept committed), not
 //! the age of a backlog the producers piled up faster than anyone could drain it.
 
 use crate::{JobsMode, Scratch, StoreStats, cpu_seconds, percentile};

@@ -547,6 +547,7 @@ impl SqliteTree {
             applied: 0,
             materialize: false,
             folded: log::Coalesced::default(),
+            body: Vec::new(),
             checkpointer: checkpointer_tx,
             since_checkpoint: 0,
             since_restart: 0,

@@ -30,10 +30,23 @@ pub struct Entry {
 }
 
 /// Encodes a commit's changes.
+#[cfg(test)]
 pub fn encode<'a>(
     entries: impl IntoIterator<Item = (&'a str, Option<&'a MemNode>, bool)>,
 ) -> Vec<u8> {
-    let mut out = vec![FORMAT];
+    let mut out = Vec::new();
+    encode_into(&mut out, entries);
+    out
+}
+
+/// [`encode`] into `out` (cleared first), so a writer can keep one buffer: a fresh one per
+/// commit cost page faults and regrowth copies.
+pub fn encode_into<'a>(
+    out: &mut Vec<u8>,
+    entries: impl IntoIterator<Item = (&'a str, Option<&'a MemNode>, bool)>,
+) {
+    out.clear();
+    out.push(FORMAT);
     for (path, node, existed) in entries {
         out.extend_from_slice(&(path.len() as u32).to_le_bytes());
         out.extend_from_slice(path.as_bytes());
@@ -55,7 +68,6 @@ pub fn encode<'a>(
             }
         }
     }
-    out
 }
 
 struct Reader<'a> {

@@ -233,19 +233,19 @@ impl Overlay {
     }
 
     fn set(&mut self, path: &str, node: Option<MemNode>, undo: &mut Vec<Undo>) {
-        let prev = self.changed.insert(path.to_string(), node.clone());
+        let present = node.is_some();
+        let prev = self.changed.insert(path.to_string(), node);
         undo.push(Undo::Changed(path.to_string(), prev));
         if path == "/" {
             return;
         }
         let (parent, name) = split_path(path);
-        if node.is_some() {
-            if self
-                .added
-                .entry(parent.to_string())
-                .or_default()
-                .insert(name.to_string())
-            {
+        if present {
+            let kids = match self.added.get_mut(parent) {
+                Some(k) => k,
+                None => self.added.entry(parent.to_string()).or_default(),
+            };
+            if kids.insert(name.to_string()) {
                 undo.push(Undo::KidAdded(parent.to_string(), name.to_string()));
             }
         } else if self.added.get_mut(parent).is_some_and(|s| s.remove(name)) {
@@ -300,12 +300,12 @@ impl Overlay {
         Ok(out)
     }
 
-    fn expect(
-        &self,
-        base: &dyn Below,
+    fn expect<'a>(
+        &'a self,
+        base: &'a dyn Below,
         path: &str,
         version: Option<i32>,
-    ) -> Result<MemNode, TreeError> {
+    ) -> Result<&'a MemNode, TreeError> {
         let node = self
             .lookup(base, path)
             .ok_or_else(|| TreeError::NoNode(path.into()))?;
@@ -315,7 +315,7 @@ impl Overlay {
                 expected: v,
                 actual: node.version,
             }),
-            _ => Ok(node.clone()),
+            _ => Ok(node),
         }
     }
 
@@ -339,14 +339,14 @@ impl Overlay {
                 }
                 check_size(path, data)?;
                 let (parent, name) = split_path(path);
-                let mut pnode = self
+                let pnode = self
                     .lookup(base, parent)
-                    .cloned()
                     .ok_or_else(|| TreeError::NoNode(parent.into()))?;
                 if pnode.owner != 0 {
                     return Err(TreeError::NoChildrenForEphemerals(parent.into()));
                 }
                 let full = if *mode == CreateMode::PersistentSequential {
+                    let mut pnode = pnode.clone();
                     let full = join_path(parent, &format!("{name}{:010}", pnode.seq));
                     pnode.seq += 1;
                     self.set(parent, Some(pnode), undo);
@@ -371,10 +371,16 @@ impl Overlay {
                 version,
             } => {
                 check_size(path, data)?;
-                let mut node = self.expect(base, path, *version)?;
-                node.data = data.clone();
-                node.version += 1;
-                node.mtime = now;
+                let old = self.expect(base, path, *version)?;
+                // Everything but the data, which is replaced (not copied first).
+                let node = MemNode {
+                    data: data.clone(),
+                    version: old.version + 1,
+                    owner: old.owner,
+                    ctime: old.ctime,
+                    mtime: now,
+                    seq: old.seq,
+                };
                 let stat = node.stat();
                 self.set(path, Some(node), undo);
                 Ok(OpResult::Set(stat))

@@ -16,6 +16,8 @@ pub(crate) struct Writer {
     pub(crate) materialize: bool,
     /// The images a materialization folds together (kept between rounds for its memory).
     pub(crate) folded: log::Coalesced,
+    /// The change-log entry being written (kept between commits for its memory).
+    pub(crate) body: Vec<u8>,
     /// Wakes the checkpointer (a full channel means it is already awake).
     pub(crate) checkpointer: mpsc::SyncSender<()>,
     /// Commits since the checkpointer was last woken, and since the WAL last started over.
@@ -341,7 +343,9 @@ impl Writer {
             needs_sync = !only_ephemeral(&ov, &base);
             drop(mem_guard);
             // A lock made and dropped within the group is in neither the file nor the log.
-            let body = log::encode(
+            let body = &mut self.body;
+            log::encode_into(
+                body,
                 writes
                     .into_iter()
                     .filter(|(_, node, existed)| node.is_some() || *existed)
@@ -353,7 +357,11 @@ impl Writer {
             }
             self.conn
                 .prepare_cached("INSERT INTO changes(body) VALUES (?1)")?
-                .execute([&body])?;
+                .execute([&body[..]])?;
+            if body.capacity() > 4 << 20 {
+                // One huge group does not pin its memory.
+                *body = Vec::new();
+            }
             let seq = self.conn.last_insert_rowid();
             // Commit and enter the pending queue as one step for readers: a reader folding in
             // the change log must never see our row committed but not yet pending (it would
