@@ -929,9 +929,12 @@ async fn a_profile_sets_its_own_attempts_and_large_jobs_get_a_lower_priority() {
     task.await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_submitters_quota_keeps_its_jobs_waiting_while_others_go_ahead() {
-    let w = World::new().await;
+/// On both backends (see `on_both_backends!`).
+async fn a_submitters_quota_keeps_its_jobs_waiting_while_others_go_ahead(w: World) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("info,lading_ingest=debug,lading_worker=debug")
+        .with_test_writer()
+        .try_init();
     // One job of this profile in flight per submitter; processing takes a while.
     w.profile(
         "quota",
@@ -968,8 +971,10 @@ async fn a_submitters_quota_keeps_its_jobs_waiting_while_others_go_ahead() {
     loop {
         let mut flying = 0;
         let mut done = 0;
+        let mut states = Vec::new();
         for j in &jobs {
             let st = w.engine.job(j).await.unwrap().status;
+            states.push(format!("{j} {:?} {:?}", st.status, st.message));
             match st.status {
                 JobState::Completed => done += 1,
                 JobState::Pending => {
@@ -989,7 +994,10 @@ async fn a_submitters_quota_keeps_its_jobs_waiting_while_others_go_ahead() {
         if done == ALICE_JOBS {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "alice's jobs stuck");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "alice's jobs stuck: {states:#?}"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     assert_eq!(most, 1, "alice never had more than one job in flight");
@@ -1136,6 +1144,7 @@ macro_rules! on_both_backends {
 }
 
 on_both_backends!(
+    a_submitters_quota_keeps_its_jobs_waiting_while_others_go_ahead,
     a_job_that_changes_hosts_is_fetched_and_processed_again_where_it_goes,
     merritt_ingest_service_submission_keys_run_to_completion,
     merritt_created_jobs_run_to_completed_and_to_failed,

@@ -1,5 +1,6 @@
-//! The quota sweep on a real store: it gives back only the slots of finished jobs, drops
-//! folders left empty, and never loses a reservation made while it runs.
+//! The quota sweep on both real backends (a SQLite file and a ZooKeeper server): it gives
+//! back only the slots of finished jobs, drops folders left empty, and never loses a
+//! reservation made while it runs.
 
 use lading_core::time::system_clock;
 use lading_core::{BatchState, Event, JobState, Tree};
@@ -8,11 +9,31 @@ use lading_ingest::quota::{self, Slot};
 use lading_store_sqlite::{SqliteOptions, SqliteTree};
 use std::sync::Arc;
 
-async fn engine(dir: &std::path::Path) -> Arc<Engine> {
-    let tree = Arc::new(SqliteTree::open(dir.join("lading.db"), SqliteOptions::default()).unwrap());
+async fn engine(tree: Arc<dyn Tree>) -> Arc<Engine> {
     let e = Arc::new(Engine::new(tree, system_clock(), "tester"));
     e.init().await.unwrap();
     e
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_the_sweep_gives_back_finished_slots_only_and_races_no_reservation() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = SqliteTree::open(dir.path().join("lading.db"), SqliteOptions::default()).unwrap();
+    the_sweep_gives_back_finished_slots_only_and_races_no_reservation(Arc::new(tree)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_the_sweep_gives_back_finished_slots_only_and_races_no_reservation() {
+    let zk = lading_testkit::zk::ZkServer::start().expect("start ZooKeeper");
+    let hosts = zk.connect_string();
+    lading_store_zk::ZkTree::ensure_chroot(&hosts, "/quota")
+        .await
+        .unwrap();
+    let url = format!("zk://{hosts}/quota");
+    let tree = lading_store_zk::ZkTree::open(&url, lading_store_zk::ZkOptions::default())
+        .await
+        .unwrap();
+    the_sweep_gives_back_finished_slots_only_and_races_no_reservation(Arc::new(tree)).await;
 }
 
 /// A batch with `n` Pending jobs.
@@ -30,10 +51,8 @@ async fn jobs(e: &Engine, n: usize) -> Vec<lading_core::layout::JobId> {
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_sweep_gives_back_finished_slots_only_and_races_no_reservation() {
-    let dir = tempfile::tempdir().unwrap();
-    let e = engine(dir.path()).await;
+async fn the_sweep_gives_back_finished_slots_only_and_races_no_reservation(tree: Arc<dyn Tree>) {
+    let e = engine(tree).await;
     let t = e.tree().clone();
     assert_eq!(
         quota::sweep(&e).await.unwrap(),

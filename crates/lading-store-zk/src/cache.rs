@@ -211,7 +211,9 @@ impl Cache {
                 buffered.push((created, name.to_string()));
                 false
             }
-            None => false,
+            // Not listed here yet, but maybe watched (a waiter that never lists, such as the
+            // quota waker on the ended-job folders): its watchers hear of the change.
+            None => true,
         };
         if changed {
             Self::signal(inner, parent);
@@ -333,6 +335,24 @@ mod tests {
             panic!("primed")
         };
         assert_eq!(p, vec!["d".to_string()]);
+    }
+
+    #[test]
+    fn a_watcher_of_a_folder_never_listed_hears_of_its_changes() {
+        // The quota waker watches the ended-job folders and never lists them: a job ending
+        // there woke it only at its 60-second fallback.
+        let c = Cache::new(vec!["/q".into()]);
+        let mut rx = c.subscribe("/q/completed");
+        assert!(!rx.has_changed().unwrap());
+        c.apply("/q/completed/05-jid0000000001", true);
+        assert!(rx.has_changed().unwrap(), "a child created");
+        rx.borrow_and_update();
+        c.apply("/q/completed/05-jid0000000001", false);
+        assert!(rx.has_changed().unwrap(), "a child deleted");
+        // Another folder's change is not this one's.
+        rx.borrow_and_update();
+        c.apply("/q/failed/05-jid0000000002", true);
+        assert!(!rx.has_changed().unwrap());
     }
 
     fn futures_ready(f: impl std::future::Future<Output = bool>) -> bool {
