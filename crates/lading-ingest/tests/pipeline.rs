@@ -931,10 +931,6 @@ async fn a_profile_sets_its_own_attempts_and_large_jobs_get_a_lower_priority() {
 
 /// On both backends (see `on_both_backends!`).
 async fn a_submitters_quota_keeps_its_jobs_waiting_while_others_go_ahead(w: World) {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter("info,lading_ingest=debug,lading_worker=debug")
-        .with_test_writer()
-        .try_init();
     // One job of this profile in flight per submitter; processing takes a while.
     w.profile(
         "quota",
