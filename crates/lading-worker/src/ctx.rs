@@ -1,0 +1,212 @@
+//! What a handler gets: the job and batch contexts, the stage traits, a job's log and its
+//! working folder.
+
+use super::*;
+
+/// One job in the hands of a handler.
+pub struct JobCtx {
+    pub engine: Arc<Engine>,
+    /// The job as it was read when the handler started.
+    pub info: JobInfo,
+    /// This attempt's number in the current stage, from 1.
+    pub attempt: u32,
+    /// The job's working directory (created before the handler runs): interim state that
+    /// lets a retried or recovered job do only the work left lives here.
+    pub workdir: PathBuf,
+    pub(crate) info_id: JobId,
+    pub(crate) lease: Mutex<JobLease>,
+}
+
+impl JobCtx {
+    pub fn job(&self) -> &JobId {
+        &self.info_id
+    }
+
+    pub fn state(&self) -> JobState {
+        self.info.status.status
+    }
+
+    /// A string from the job's configuration.
+    pub fn config_str(&self, key: &str) -> Option<&str> {
+        self.info.configuration.get(key).and_then(Value::as_str)
+    }
+
+    pub async fn set_space_needed(&self, bytes: u64) -> Result<(), EngineError> {
+        let lease = self.lease.lock().await;
+        self.engine.set_space_needed(&lease, bytes).await
+    }
+
+    /// Reserves working space for the job (see `Engine::reserve_space`): `None` when
+    /// reserved, else the bytes other jobs hold on that root.
+    pub async fn reserve_space(
+        &self,
+        root: &str,
+        bytes: u64,
+        free: u64,
+        keep: u64,
+    ) -> Result<Option<u64>, EngineError> {
+        let mut lease = self.lease.lock().await;
+        self.engine
+            .reserve_space(&mut lease, root, bytes, free, keep)
+            .await
+    }
+
+    pub async fn set_priority(&self, priority: u8) -> Result<(), EngineError> {
+        let mut lease = self.lease.lock().await;
+        self.engine.set_priority(&mut lease, priority).await
+    }
+
+    pub async fn priority(&self) -> u8 {
+        self.lease.lock().await.priority
+    }
+
+    /// Writes one of the job's JSON data nodes (`identifiers`, `metadata`, `inventory`,
+    /// `store`, `configuration`).
+    pub async fn set_data(&self, name: &str, value: &Value) -> Result<(), EngineError> {
+        let lease = self.lease.lock().await;
+        self.engine.set_job_data(&lease, name, value).await
+    }
+
+    /// An outside effect of this job moving on (its handler returning `Done`): recorded in
+    /// the outbox in the move's own `multi` and delivered after it commits; dropped when the
+    /// handler ends any other way.
+    pub async fn add_effect(&self, effect: Effect) {
+        self.lease.lock().await.effects.push(effect);
+    }
+
+    /// Appends a line to the job's log (`job.log` in its working directory).
+    pub fn log(&self, line: &str) {
+        append_log(&self.workdir, self.state().name(), line);
+    }
+}
+
+/// Appends `line` to `dir/job.log`, stamped with the time and the stage. A log that cannot be
+/// written is reported through tracing and otherwise ignored: it must not fail the job.
+pub fn append_log(dir: &Path, stage: &str, line: &str) {
+    use std::io::Write;
+    let stamp = lading_core::time::format_ts(lading_core::time::system_clock().now_ms());
+    let r = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("job.log"))
+        .and_then(|mut f| writeln!(f, "{stamp} [{stage}] {line}"));
+    if let Err(e) = r {
+        tracing::warn!(dir = %dir.display(), error = %e, "cannot write the job log");
+    }
+}
+
+/// One batch in the hands of a handler.
+pub struct BatchCtx {
+    pub engine: Arc<Engine>,
+    pub info: BatchInfo,
+    pub attempt: u32,
+    pub(crate) batch_id: BatchId,
+    /// Shared by a handler's concurrent calls (intake creates jobs many at a time); taken
+    /// whole once the handler is done, so no call of it is still using the lease.
+    pub(crate) lease: RwLock<BatchLease>,
+}
+
+impl BatchCtx {
+    pub fn batch(&self) -> &BatchId {
+        &self.batch_id
+    }
+
+    /// A string from the batch's submission.
+    pub fn submission_str(&self, key: &str) -> Option<&str> {
+        self.info.submission.get(key).and_then(Value::as_str)
+    }
+
+    /// Sets the `status-report` and the outside effects written with the move that ends this
+    /// handler's work (Done, or Fatal from the handler itself; not a retry that ran out).
+    pub async fn set_report(
+        &self,
+        report: lading_core::layout::StatusReport,
+        effects: Vec<Effect>,
+    ) {
+        let mut lease = self.lease.write().await;
+        lease.report = Some(report);
+        lease.effects = effects;
+    }
+
+    /// Writes the batch's `status-report` now, on its own.
+    pub async fn write_status_report(
+        &self,
+        report: &lading_core::layout::StatusReport,
+    ) -> Result<(), EngineError> {
+        let lease = self.lease.read().await;
+        self.engine.write_status_report(&lease, report).await
+    }
+
+    /// Creates a job of this batch (intake).
+    pub async fn create_job(&self, spec: JobSpec) -> Result<JobId, EngineError> {
+        let lease = self.lease.read().await;
+        self.engine.create_job(&lease, spec).await
+    }
+}
+
+/// A job stage: the handler of one job state.
+pub trait JobStage: Send + Sync + 'static {
+    /// The state whose jobs this stage takes.
+    fn state(&self) -> JobState;
+    /// Where `Done` moves the job; the state's success successor unless said otherwise.
+    fn success(&self) -> Event<JobState> {
+        Event::Success
+    }
+    /// Attempts this job gets in this stage, when it differs from the stage's configured
+    /// `max_attempts` (e.g. a profile's own limit).
+    fn max_attempts(&self, _job: &JobInfo) -> Option<u32> {
+        None
+    }
+    fn run(&self, job: Arc<JobCtx>) -> BoxFuture<'static, Outcome>;
+}
+
+/// A batch stage (intake, reporting, update-reporting).
+pub trait BatchStage: Send + Sync + 'static {
+    fn state(&self) -> BatchState;
+    fn success(&self) -> Event<BatchState> {
+        Event::Success
+    }
+    fn run(&self, batch: Arc<BatchCtx>) -> BoxFuture<'static, Outcome>;
+}
+
+/// `configuration.working_dir` when set, else `work_root/JID`.
+pub fn workdir(work_root: &Path, info: &JobInfo) -> PathBuf {
+    match info
+        .configuration
+        .get("working_dir")
+        .and_then(Value::as_str)
+    {
+        Some(d) if !d.is_empty() => PathBuf::from(d),
+        _ => work_root.join(&info.id),
+    }
+}
+
+/// Makes `dir` the working folder of `owner`: created with an owner mark
+/// (`.lading/owner`), or adopted when its mark is `owner`'s. A folder marked for another job
+/// (the same job id in another tree sharing this data folder) is moved aside, never used, so
+/// no file of another job reaches this one. A folder without a mark (made before marks were
+/// kept) is adopted.
+pub fn claim_workdir(dir: &Path, owner: &str) -> std::io::Result<()> {
+    let mark = dir.join(".lading").join("owner");
+    match std::fs::read_to_string(&mark) {
+        Ok(found) if found == owner => return Ok(()),
+        Ok(found) => {
+            let aside = dir.with_file_name(format!(
+                "{}.other-{}",
+                dir.file_name().and_then(|n| n.to_str()).unwrap_or("job"),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis())
+            ));
+            tracing::warn!(dir = %dir.display(), %found, %owner, aside = %aside.display(),
+                "the working folder belongs to another job; moved aside");
+            std::fs::rename(dir, &aside)?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    std::fs::create_dir_all(dir.join(".lading"))?;
+    let tmp = dir.join(".lading").join("owner.tmp");
+    std::fs::write(&tmp, owner)?;
+    std::fs::rename(&tmp, &mark)
+}
