@@ -262,7 +262,10 @@ fn value_name(v: impl ValueEnum) -> String {
 }
 
 /// `lading admin …` through a server.
-pub(crate) async fn admin_remote(c: &lading_server::client::Client, action: Admin) -> anyhow::Result<()> {
+pub(crate) async fn admin_remote(
+    c: &lading_server::client::Client,
+    action: Admin,
+) -> anyhow::Result<()> {
     let v = match action {
         Admin::Job {
             action,

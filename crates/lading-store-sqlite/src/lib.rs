@@ -548,6 +548,7 @@ impl SqliteTree {
             materialize: false,
             folded: log::Coalesced::default(),
             body: Vec::new(),
+            recent: None,
             checkpointer: checkpointer_tx,
             since_checkpoint: 0,
             since_restart: 0,

@@ -18,11 +18,37 @@ pub(crate) struct Writer {
     pub(crate) folded: log::Coalesced,
     /// The change-log entry being written (kept between commits for its memory).
     pub(crate) body: Vec<u8>,
+    /// This writer's own commits since the table was last brought up to date, while they
+    /// are all the log holds after it: materialized from memory, without reading the log
+    /// back. `None` once another process's commit came between (then the log is read).
+    pub(crate) recent: Option<Recent>,
     /// Wakes the checkpointer (a full channel means it is already awake).
     pub(crate) checkpointer: mpsc::SyncSender<()>,
     /// Commits since the checkpointer was last woken, and since the WAL last started over.
     pub(crate) since_checkpoint: u32,
     pub(crate) since_restart: u32,
+}
+
+/// See [`Writer::recent`].
+pub(crate) struct Recent {
+    /// The table's `applied` these commits follow.
+    pub(crate) from: i64,
+    /// Each commit: its log entry, its overlay (frozen), and for each of the overlay's
+    /// changes in its order whether the node existed before the commit.
+    pub(crate) commits: Vec<(i64, Arc<Overlay>, Vec<bool>)>,
+}
+
+impl Recent {
+    /// Records a commit when it follows the last one directly.
+    fn push(&mut self, seq: i64, overlay: Arc<Overlay>, existed: Vec<bool>) -> bool {
+        let last = self.commits.last().map_or(self.from, |c| c.0);
+        // Bounded: a table that cannot be brought up to date does not pin every overlay.
+        if seq != last + 1 || self.commits.len() >= 4 * MATERIALIZE_AFTER as usize {
+            return false;
+        }
+        self.commits.push((seq, overlay, existed));
+        true
+    }
 }
 
 pub(crate) enum Done {
@@ -144,10 +170,38 @@ impl Writer {
         let folded = &mut self.folded;
         folded.clear();
         let mut to = from;
-        each_change(&self.conn, from, |seq, entries| {
-            folded.add(entries);
-            to = seq;
-        })?;
+        // Each node's last image, and whether it existed before the first change.
+        let mut last: foldhash::HashMap<&str, (bool, Option<&MemNode>)> = Default::default();
+        let writes: Vec<log::RowWrite> = match &self.recent {
+            Some(r) if r.from == from && !r.commits.is_empty() => {
+                // From memory: the log after `from` is exactly these commits.
+                for (seq, ov, existed) in &r.commits {
+                    for ((p, n), e) in ov.changed.iter().zip(existed) {
+                        if n.is_none() && !e {
+                            continue; // made and dropped within the commit
+                        }
+                        last.entry(p.as_str())
+                            .and_modify(|s| s.1 = n.as_ref())
+                            .or_insert((*e, n.as_ref()));
+                    }
+                    to = *seq;
+                }
+                last.iter()
+                    .filter_map(|(p, (existed, node))| match node {
+                        Some(n) => Some(log::RowWrite::Upsert(p, n)),
+                        None if *existed => Some(log::RowWrite::Delete(p)),
+                        None => None,
+                    })
+                    .collect()
+            }
+            _ => {
+                each_change(&self.conn, from, |seq, entries| {
+                    folded.add(entries);
+                    to = seq;
+                })?;
+                folded.writes().collect()
+            }
+        };
         if to > from {
             let mut upsert = self.conn.prepare_cached(
                 "INSERT INTO nodes(parent, name, data, version, owner, ctime, mtime, seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
@@ -159,7 +213,7 @@ impl Writer {
                 .prepare_cached("DELETE FROM nodes WHERE parent = ?1 AND name = ?2")?;
             // In the table's key order: neighbouring rows share pages, so the transaction
             // dirties (and the WAL and the next checkpoint copy) far fewer of them.
-            let mut writes: Vec<log::RowWrite> = folded.writes().collect();
+            let mut writes = writes;
             writes.sort_unstable_by(|a, b| key(a.path()).cmp(&key(b.path())));
             for w in writes {
                 rows += 1;
@@ -193,6 +247,11 @@ impl Writer {
         }
         self.conn.prepare_cached("COMMIT")?.execute([])?;
         self.applied = to.max(from);
+        // Commits after this one can be materialized from memory again.
+        self.recent = Some(Recent {
+            from: self.applied,
+            commits: Vec::new(),
+        });
         if to > from {
             let s = &self.shared;
             s.materializations.fetch_add(1, Ordering::Relaxed);
@@ -258,6 +317,8 @@ impl Writer {
             // Did another process commit since our last group? Then fold that in first, in
             // order: our own pending groups go before it.
             if last_change(&self.conn)?.1 > self.last_seq {
+                // The log now holds others' changes: the next materialization reads it.
+                self.recent = None;
                 shared.wait_pending(|n| n == 0);
                 synced = sync_from(
                     &self.conn,
@@ -343,6 +404,10 @@ impl Writer {
             needs_sync = !only_ephemeral(&ov, &base);
             drop(mem_guard);
             // A lock made and dropped within the group is in neither the file nor the log.
+            let existed: Vec<bool> = match self.recent {
+                Some(_) => writes.iter().map(|w| w.2).collect(),
+                None => Vec::new(),
+            };
             let body = &mut self.body;
             log::encode_into(
                 body,
@@ -371,6 +436,11 @@ impl Writer {
             let sync_guard = lock(&shared.sync);
             self.conn.prepare_cached("COMMIT")?.execute([])?;
             self.last_seq = seq;
+            if let Some(r) = &mut self.recent
+                && !r.push(seq, committed.clone(), existed)
+            {
+                self.recent = None;
+            }
             lock(&shared.pending)
                 .groups
                 .push_back((seq, committed.clone()));

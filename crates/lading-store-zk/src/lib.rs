@@ -23,7 +23,6 @@ mod multi;
 mod watch;
 
 use cache::{Cache, Lookup};
-use watch::{Feed, feed, feed_session, follow};
 use lading_core::CreateMode;
 use lading_core::tree::{BoxFuture, Node, Op, OpResult, Stat, Tree, TreeError, Watch, WatchKind};
 use lading_core::tree::{Change, ChangeFeed, validate_path};
@@ -31,6 +30,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::task::JoinHandle;
+use watch::{Feed, feed, feed_session, follow};
 use zookeeper_client as zk;
 
 /// How a [`ZkTree`] connects and what it caches.

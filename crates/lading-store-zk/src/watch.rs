@@ -193,7 +193,11 @@ pub(crate) async fn feed(
 /// Applies the persistent recursive watches' events to the cache until the session ends.
 /// After a disconnection the watches are set up afresh and the cache forgotten: events of the
 /// gap are lost (ZOOKEEPER-4698), and a watch may not survive a move to another server.
-pub(crate) async fn follow(client: zk::Client, cache: Arc<Cache>, mut watchers: Vec<zk::PersistentWatcher>) {
+pub(crate) async fn follow(
+    client: zk::Client,
+    cache: Arc<Cache>,
+    mut watchers: Vec<zk::PersistentWatcher>,
+) {
     let mut state = client.state_watcher();
     loop {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
