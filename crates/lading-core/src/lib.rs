@@ -5,6 +5,7 @@
 //! is plain data and pure functions, so it is tested exhaustively without a store.
 
 pub mod layout;
+pub mod random;
 pub mod state;
 pub mod time;
 pub mod tree;

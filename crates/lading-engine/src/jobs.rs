@@ -140,7 +140,7 @@ impl Engine {
             let mut contended = self.contended_lately(&folder);
             for i in 0..names.len() {
                 if contended && i < free {
-                    let j = i + spread_pick(&names[i..free]);
+                    let j = i + spread_pick(&names[i..free], &*self.random);
                     names.swap(i, j);
                 }
                 let name = names[i];
@@ -255,7 +255,7 @@ impl Engine {
             );
         }
         let n = pool.len();
-        let start = (cheap_random() % n.max(1) as u64) as usize;
+        let start = self.random.below(n);
         for i in 0..n {
             let (state, folder, name) = &pool[(start + i) % n];
             if let Some(c) = self.candidate(*state, folder, name, claim) {

@@ -222,6 +222,8 @@ pub const DEFAULT_PRIORITY: u8 = 5;
 pub struct Engine {
     tree: Arc<dyn Tree>,
     clock: SharedClock,
+    /// Spreads workers over a queue's head (see [`lading_core::random`]).
+    random: lading_core::random::SharedRandom,
     owner: String,
     events: broadcast::Sender<ChangeEvent>,
     /// Locks this process is trying for or holds, so local workers do not race each other.
@@ -319,6 +321,7 @@ impl Engine {
         Engine {
             tree,
             clock,
+            random: lading_core::random::os_seeded(),
             owner: owner.into(),
             events,
             claimed: Mutex::new(HashMap::new()),
@@ -339,6 +342,18 @@ impl Engine {
 
     pub fn tree(&self) -> &Arc<dyn Tree> {
         &self.tree
+    }
+
+    /// The same engine with `random` for its choices (a seeded source makes a test
+    /// repeatable).
+    pub fn with_random(mut self, random: lading_core::random::SharedRandom) -> Engine {
+        self.random = random;
+        self
+    }
+
+    /// Where this engine's (and its workers') random choices come from.
+    pub fn random(&self) -> &lading_core::random::SharedRandom {
+        &self.random
     }
 
     pub fn clock(&self) -> &SharedClock {
@@ -471,7 +486,7 @@ fn lost_race(e: &TreeError) -> bool {
 /// Where to start among `names` (free references in queue order) when other workers are
 /// taking from the same queue: one of the next few of the head's priority, at random, rather
 /// than all trying the head.
-fn spread_pick(names: &[&String]) -> usize {
+fn spread_pick(names: &[&String], random: &dyn lading_core::random::Random) -> usize {
     let Some(head) = names.first() else {
         return 0;
     };
@@ -481,24 +496,7 @@ fn spread_pick(names: &[&String]) -> usize {
         .take(SPREAD)
         .take_while(|n| n.starts_with(prefix))
         .count();
-    (cheap_random() % window.max(1) as u64) as usize
-}
-
-/// A pseudo-random number (xorshift64*), one state per thread seeded once from the OS: picks
-/// among queue heads need spread, not secrecy, and asking the OS each time was measurable.
-fn cheap_random() -> u64 {
-    thread_local! {
-        static STATE: std::cell::Cell<u64> =
-            std::cell::Cell::new(uuid::Uuid::new_v4().as_u64_pair().0 | 1);
-    }
-    STATE.with(|s| {
-        let mut x = s.get();
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        s.set(x);
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    })
+    random.below(window)
 }
 
 /// The tree under `root` as a sorted path → data map: JSON data decoded, other bytes as a

@@ -142,6 +142,8 @@ enum Conn {
 pub struct Inventory {
     location: Location,
     conn: Mutex<Option<Conn>>,
+    /// What a record's `created` time is read from.
+    clock: lading_core::time::SharedClock,
 }
 
 impl Inventory {
@@ -149,7 +151,14 @@ impl Inventory {
         Inventory {
             location,
             conn: Mutex::new(None),
+            clock: lading_core::time::system_clock(),
         }
+    }
+
+    /// The same inventory with `clock` for the times it records (the engine's).
+    pub fn with_clock(mut self, clock: lading_core::time::SharedClock) -> Inventory {
+        self.clock = clock;
+        self
     }
 
     pub fn location(&self) -> &Location {
@@ -231,10 +240,11 @@ impl Inventory {
                 all
             }
         };
+        let now = lading_core::time::format_ts(self.clock.now_ms());
         self.with(|c, shown| match c {
-            Conn::Sqlite(c) => record_sqlite(c, v, &files),
+            Conn::Sqlite(c) => record_sqlite(c, v, &files, &now),
             Conn::Postgres(c) => {
-                record_postgres(c, v, &files).map_err(|error| InventoryError::Postgres {
+                record_postgres(c, v, &files, &now).map_err(|error| InventoryError::Postgres {
                     at: shown.to_string(),
                     error,
                 })
@@ -441,17 +451,13 @@ pub async fn owner_of(inv: &Arc<Inventory>, ark: &str) -> Result<Option<String>,
     inv.run(move |i| i.owner(&ark)).await
 }
 
-fn now() -> String {
-    lading_core::time::format_ts(lading_core::time::system_clock().now_ms())
-}
-
 fn record_sqlite(
     c: &mut Connection,
     v: &StoredVersion,
     files: &[ObjectFile],
+    now: &str,
 ) -> Result<Recorded, InventoryError> {
     let tx = c.transaction()?;
-    let now = now();
     tx.execute(
         "INSERT OR IGNORE INTO objects(ark, created, collection) VALUES (?1, ?2, ?3)",
         params![v.ark, now, v.collection],
@@ -486,9 +492,9 @@ fn record_postgres(
     c: &mut postgres::Client,
     v: &StoredVersion,
     files: &[ObjectFile],
+    now: &str,
 ) -> Result<Recorded, postgres::Error> {
     let mut tx = c.transaction()?;
-    let now = now();
     let version = v.version as i32;
     tx.execute(
         "INSERT INTO objects(ark, created, collection) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",

@@ -58,9 +58,11 @@ impl Ingest {
     /// `allow_file_roots` folder is named.
     pub fn try_new(engine: Arc<Engine>, cfg: Config) -> Result<Arc<Ingest>, String> {
         let fetcher = Fetcher::with_settings(&cfg.payload)?;
+        let inventory =
+            inventory::Inventory::new(cfg.inventory()).with_clock(engine.clock().clone());
         Ok(Arc::new(Ingest {
             engine,
-            inventory: Arc::new(inventory::Inventory::new(cfg.inventory())),
+            inventory: Arc::new(inventory),
             cfg,
             fetcher,
             stats: Arc::new(lading_worker::Stats::default()),

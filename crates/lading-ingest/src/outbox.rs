@@ -87,7 +87,7 @@ async fn deliver(ingest: &Ingest, claim: OutboxClaim) {
             ingest.engine.effect_done(claim).await
         }
         Err(Failure::Retry(why)) if attempts < cfg.max_attempts => {
-            let delay = cfg.backoff(attempts, jitter());
+            let delay = cfg.backoff(attempts, ingest.engine.random().unit());
             tracing::warn!(%kind, %key, attempts, error = %why,
                 "delivery failed; again in {:.1} s", delay.as_secs_f64());
             let at = ingest.engine.clock().now_ms() + delay.as_millis() as u64;
@@ -103,13 +103,6 @@ async fn deliver(ingest: &Ingest, claim: OutboxClaim) {
         // The entry stays (its lock goes with this session): it is sent again, same key.
         tracing::warn!(%kind, %key, error = %err, "cannot record the delivery");
     }
-}
-
-fn jitter() -> f64 {
-    let n = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    f64::from(n % 1000) / 1000.0
 }
 
 async fn send(ingest: &Ingest, e: &Effect) -> Result<(), Failure> {

@@ -69,6 +69,7 @@ pub use processor::CommandProcessor;
 pub use schedule::{Cron, Every, Schedule};
 pub use types::{TypeSettings, TypeUpdate};
 
+use lading_core::random::SharedRandom;
 use lading_core::time::SharedClock;
 use lading_core::{Op, OpResult, Tree, TreeError, Watch, WatchKind};
 use serde::{Deserialize, Serialize};
@@ -555,6 +556,8 @@ impl Drop for Waiting<'_> {
 pub struct Jobs {
     tree: Arc<dyn Tree>,
     clock: SharedClock,
+    /// Spreads acceptors over the due head, and backoffs (see [`lading_core::random`]).
+    random: SharedRandom,
     owner: String,
     /// Pending entries (type → names) an acceptor of this process is claiming: siblings skip
     /// them, so local acceptors do not all race for the head.
@@ -640,16 +643,6 @@ fn lock_token() -> String {
     )
 }
 
-/// A cheap pseudo-random number (to spread acceptors over the due head; not for secrets).
-fn spread(n: usize) -> usize {
-    static STATE: AtomicU64 = AtomicU64::new(0x9E37_79B9_7F4A_7C15);
-    let x = STATE.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
-    let mut z = x;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    ((z ^ (z >> 31)) % n as u64) as usize
-}
-
 fn secs_to_ms(s: u64) -> Result<u64> {
     s.checked_mul(1000)
         .filter(|ms| *ms < 10_000_000_000_000)
@@ -674,6 +667,7 @@ impl Jobs {
         Jobs {
             tree,
             clock,
+            random: lading_core::random::os_seeded(),
             owner: owner.into(),
             claims: Mutex::new(HashMap::new()),
             waiters: Mutex::new(HashMap::new()),
@@ -689,6 +683,13 @@ impl Jobs {
 
     pub fn tree(&self) -> &Arc<dyn Tree> {
         &self.tree
+    }
+
+    /// The same API with `random` for its choices (a seeded source makes a test
+    /// repeatable).
+    pub fn with_random(mut self, random: SharedRandom) -> Jobs {
+        self.random = random;
+        self
     }
 
     fn now_ms(&self) -> u64 {
@@ -772,6 +773,7 @@ fn finishing(
     job: &Job,
     outcome: Outcome,
     settings: Arc<TypeSettings>,
+    random: SharedRandom,
 ) -> impl Fn(&mut Record, u64) -> Vec<Op> + use<> {
     let (ty, id) = (job.ty.clone(), job.id.clone());
     move |rec, now| {
@@ -799,7 +801,7 @@ fn finishing(
                     return requeue(rec, &ty, &id, now);
                 }
                 if rec.attempts < settings.max_attempts {
-                    let at = now + settings.backoff_ms(rec.attempts);
+                    let at = now + settings.backoff_ms(rec.attempts, &*random);
                     vec![rec.enqueue(&ty, &id, at)]
                 } else {
                     vec![rec.end(State::Failed, &ty, &id, now)]

@@ -200,7 +200,7 @@ impl Jobs {
                     .iter()
                     .take_while(|d| d.priority == due[0].priority)
                     .count();
-                let r = spread(same);
+                let r = self.random.below(same);
                 due[..same].rotate_left(r);
             }
             let more_pages = jump.is_some() || page.len() == page_len;
@@ -322,7 +322,7 @@ impl Jobs {
         }
         // In any order, acceptors that read the same candidates take different ones.
         if any_order && live.len() > want {
-            let r = spread(live.len());
+            let r = self.random.below(live.len());
             live.rotate_left(r);
         }
         for _ in 0..MAX_OPTIMISTIC {
@@ -559,7 +559,7 @@ impl Jobs {
     /// which. `Halt`: nothing was written.
     pub async fn finish_with(&self, job: &mut Job, outcome: Outcome) -> Result<()> {
         let settings = self.require_type(&job.ty).await?;
-        let change = finishing(job, outcome, settings);
+        let change = finishing(job, outcome, settings, self.random.clone());
         self.fenced(job, true, change).await
     }
 
@@ -598,7 +598,8 @@ impl Jobs {
                         break;
                     }
                 };
-                let change = finishing(&jobs[i], outcomes[i].clone(), settings);
+                let change =
+                    finishing(&jobs[i], outcomes[i].clone(), settings, self.random.clone());
                 let (o, rec) = self.fenced_ops(&jobs[i], true, &change);
                 spans.push(ops.len());
                 ops.extend(o);
@@ -683,7 +684,12 @@ impl Jobs {
         // Acceptors of this process are idle: no backlog, and a due job is theirs.
         if self.idle_acceptors.load(Ordering::Relaxed) == 0 {
             let settings = self.require_type(&ty).await?;
-            let change = finishing(job, Outcome::Success(data.clone()), settings);
+            let change = finishing(
+                job,
+                Outcome::Success(data.clone()),
+                settings,
+                self.random.clone(),
+            );
             let (ops, rec) = self.fenced_ops(job, true, &change);
             let n = ops.len();
             let mut skipped = false;

@@ -56,14 +56,14 @@ impl TypeSettings {
     /// The wait before the run after error number `attempts` (1 for the first): the base
     /// doubled per earlier error, at most an hour, then a random point in its upper half (so
     /// jobs that failed together do not come back together).
-    pub fn backoff_ms(&self, attempts: u32) -> u64 {
+    pub fn backoff_ms(&self, attempts: u32, random: &dyn lading_core::random::Random) -> u64 {
         let exp = attempts.saturating_sub(1).min(40);
         let full = self
             .backoff_base_ms
             .saturating_mul(1u64 << exp)
             .min(MAX_BACKOFF_MS);
         let half = full / 2;
-        full - half + spread(half as usize + 1) as u64
+        full - half + random.below(half as usize + 1) as u64
     }
 
     fn check(&self) -> Result<()> {

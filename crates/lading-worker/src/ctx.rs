@@ -76,15 +76,21 @@ impl JobCtx {
 
     /// Appends a line to the job's log (`job.log` in its working directory).
     pub fn log(&self, line: &str) {
-        append_log(&self.workdir, self.state().name(), line);
+        append_log(
+            &self.workdir,
+            self.state().name(),
+            line,
+            self.engine.clock().now_ms(),
+        );
     }
 }
 
-/// Appends `line` to `dir/job.log`, stamped with the time and the stage. A log that cannot be
-/// written is reported through tracing and otherwise ignored: it must not fail the job.
-pub fn append_log(dir: &Path, stage: &str, line: &str) {
+/// Appends `line` to `dir/job.log`, stamped with `now_ms` (the engine's clock) and the
+/// stage. A log that cannot be written is reported through tracing and otherwise ignored: it
+/// must not fail the job.
+pub fn append_log(dir: &Path, stage: &str, line: &str, now_ms: u64) {
     use std::io::Write;
-    let stamp = lading_core::time::format_ts(lading_core::time::system_clock().now_ms());
+    let stamp = lading_core::time::format_ts(now_ms);
     let r = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

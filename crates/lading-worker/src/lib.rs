@@ -112,11 +112,6 @@ impl StageConfig {
     }
 }
 
-/// A uniform random number in [0, 1).
-fn unit_random() -> f64 {
-    (uuid::Uuid::new_v4().as_u128() >> 75) as f64 / (1u64 << 53) as f64
-}
-
 /// Tells a running [`Worker`] to stop: see the crate docs for the two steps.
 #[derive(Clone)]
 pub struct ShutdownHandle {
@@ -560,7 +555,7 @@ impl JobLoop {
                         .await
                         .map(|n| next = n)
                 } else {
-                    let delay = self.cfg.backoff(n, unit_random());
+                    let delay = self.cfg.backoff(n, self.engine.random().unit());
                     let msg = format!(
                         "{reason} (attempt {n} of {}; retry in {:.1} s)",
                         max_attempts,
@@ -707,7 +702,7 @@ impl BatchLoop {
             let o = supervise(self.stage.run(ctx.clone()), self.cfg.timeout, shutdown).await;
             match o {
                 Some(Outcome::Transient(reason)) if ctx.attempt < self.cfg.max_attempts => {
-                    let delay = self.cfg.backoff(ctx.attempt, unit_random());
+                    let delay = self.cfg.backoff(ctx.attempt, self.engine.random().unit());
                     tracing::warn!(batch = %bid, attempt = ctx.attempt, %reason,
                         "transient error; retrying in {:.1} s", delay.as_secs_f64());
                     tokio::select! {
