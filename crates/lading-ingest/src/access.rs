@@ -115,7 +115,9 @@ impl Acquire for AccessLoop {
             .map_err(|e| e.to_string())
     }
     async fn handle(&self, lease: AccessLease, _: &mut Shutdown) -> Option<AccessLease> {
+        use tracing::Instrument;
         let e = &self.ingest.engine;
+        let span = tracing::info_span!("access", request = %lease.id, queue = lease.queue.name());
         let r = async {
             let lease = e.access_advance(lease, Event::Success).await?;
             let (ev, msg) = match assemble(&self.ingest, &lease).await {
@@ -124,8 +126,10 @@ impl Acquire for AccessLoop {
             };
             e.access_transition(lease, ev, msg).await
         }
+        .instrument(span.clone())
         .await;
         if let Err(err) = r {
+            let _in = span.enter();
             tracing::warn!(queue = self.queue.name(), "access request: {err}");
         }
         None

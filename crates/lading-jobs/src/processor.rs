@@ -276,7 +276,12 @@ impl Acquire for CommandProcessor {
         let mut held: Vec<Option<Job>> = jobs.into_iter().map(Some).collect();
         let mut outcomes: Vec<Option<Outcome>> = held.iter().map(|_| None).collect();
         for i in 0..held.len() {
-            match self.run_one(&mut held, i, shutdown).await {
+            let span = match &held[i] {
+                Some(j) => tracing::info_span!("generic_job", r#type = %j.ty, job = %j.id),
+                None => tracing::Span::none(),
+            };
+            match tracing::Instrument::instrument(self.run_one(&mut held, i, shutdown), span).await
+            {
                 Ok(Ran::Done(o)) => outcomes[i] = Some(o),
                 Ok(Ran::Halted) => held[i] = None,
                 Ok(Ran::Aborted) => break,

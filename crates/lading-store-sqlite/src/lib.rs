@@ -767,12 +767,18 @@ impl Tree for SqliteTree {
     }
 
     fn multi(&self, ops: Vec<Op>) -> BoxFuture<'_, Result<Vec<OpResult>, TreeError>> {
-        Box::pin(async move {
-            let (tx, rx) = oneshot::channel();
-            self.send(Req::Multi(ops, tx))?;
-            rx.await
-                .map_err(|_| TreeError::Backend("store writer stopped".into()))?
-        })
+        // Inside the caller's span (a job's, a batch's), so its ids go with it.
+        let span =
+            tracing::debug_span!("multi", ops = ops.len(), first = ops.first().map(Op::path));
+        Box::pin(tracing::Instrument::instrument(
+            async move {
+                let (tx, rx) = oneshot::channel();
+                self.send(Req::Multi(ops, tx))?;
+                rx.await
+                    .map_err(|_| TreeError::Backend("store writer stopped".into()))?
+            },
+            span,
+        ))
     }
 
     fn watch<'a>(

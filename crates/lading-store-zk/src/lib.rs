@@ -695,7 +695,10 @@ impl Tree for ZkTree {
     }
 
     fn multi(&self, ops: Vec<Op>) -> BoxFuture<'_, Result<Vec<OpResult>, TreeError>> {
-        Box::pin(self.multi_inner(ops))
+        // Inside the caller's span (a job's, a batch's), so its ids go with it.
+        let span =
+            tracing::debug_span!("multi", ops = ops.len(), first = ops.first().map(Op::path));
+        Box::pin(tracing::Instrument::instrument(self.multi_inner(ops), span))
     }
 
     fn watch<'a>(

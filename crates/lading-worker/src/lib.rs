@@ -421,7 +421,12 @@ impl Acquire for JobLoop {
         shutdown: &mut Shutdown,
     ) -> impl Future<Output = Option<JobLease>> + Send {
         use tracing::Instrument;
-        let span = tracing::info_span!("job", job = %lease.job, stage = lease.state().name());
+        let span = tracing::info_span!(
+            "job",
+            job = %lease.job,
+            batch = %lease.batch,
+            stage = lease.state().name()
+        );
         self.handle_job(lease, shutdown).instrument(span)
     }
     async fn release(&self, lease: JobLease) {
