@@ -164,53 +164,6 @@ fn receiver(hold: usize, serve: fn(TcpStream, &Log)) -> (std::net::SocketAddr, R
     (addr, Received { items, held: rx })
 }
 
-/// An SMTP receiver speaking the protocol for real. For the first `hold` messages it takes
-/// the whole message, signals, and never gives the final `250` (its client is killed
-/// meanwhile); later ones are accepted.
-fn smtp_receiver(hold: usize) -> (u16, Received) {
-    let (addr, got) = receiver(hold, |s, log| {
-        let mut w = s.try_clone().unwrap();
-        let mut r = BufReader::new(s);
-        let _ = w.write_all(b"220 localhost ESMTP test\r\n");
-        let mut data: Option<String> = None;
-        let mut line = String::new();
-        loop {
-            line.clear();
-            if r.read_line(&mut line).unwrap_or(0) == 0 {
-                return;
-            }
-            if let Some(d) = data.as_mut() {
-                if line == ".\r\n" {
-                    if log.take(data.take().unwrap()) {
-                        // No 250: wait for the client to go away.
-                        let _ = r.read_line(&mut line);
-                        return;
-                    }
-                    let _ = w.write_all(b"250 2.0.0 queued\r\n");
-                } else {
-                    d.push_str(&line);
-                }
-                continue;
-            }
-            let reply: &[u8] = match line.get(..4).unwrap_or("").to_ascii_uppercase().as_str() {
-                "EHLO" | "HELO" => b"250 localhost\r\n",
-                "MAIL" | "RCPT" | "RSET" | "NOOP" => b"250 2.0.0 ok\r\n",
-                "DATA" => {
-                    data = Some(String::new());
-                    b"354 go ahead\r\n"
-                }
-                "QUIT" => {
-                    let _ = w.write_all(b"221 bye\r\n");
-                    return;
-                }
-                _ => b"502 5.5.2 not implemented\r\n",
-            };
-            let _ = w.write_all(reply);
-        }
-    });
-    (addr.port(), got)
-}
-
 /// An HTTP callback receiver. For the first `hold` calls it reads the whole request,
 /// records it, signals, and never answers; later ones get 200. Each record is
 /// `HEADER-KEY\tBODY`.
@@ -268,7 +221,8 @@ fn message_id(mail: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_report_mail_resent_after_workers_die_before_the_250_keeps_its_message_id() {
-    let (port, got) = smtp_receiver(2);
+    let smtp = lading_testkit::smtp::Smtp::start_holding(2).await;
+    let port = smtp.port;
     let s = setup(
         "notification = [\"depositor@example.org\"]\n",
         &format!(
@@ -279,27 +233,26 @@ async fn a_report_mail_resent_after_workers_die_before_the_250_keeps_its_message
     let bid = s.submit_files(2, 100);
     // Twice: the receiver has the whole mail and holds back its 250; every worker is
     // killed, and new ones start.
+    let mut mails = Vec::new();
     for _ in 0..2 {
-        got.held
-            .recv_timeout(WAIT)
-            .expect("a mail held at the receiver");
+        mails.push(smtp.next().await);
         workers.clear();
         workers = s.workers(2);
     }
+    // The third try is accepted.
+    mails.push(smtp.next().await);
     let e = engine(&s.db).await;
     until("the outbox to empty", async || {
-        e.outbox().await.unwrap().is_empty() && got.items.lock().unwrap().len() >= 3
+        e.outbox().await.unwrap().is_empty()
     })
     .await;
     let info = e.batch(&bid).await.unwrap();
     assert_eq!(info.status.status, BatchState::Completed);
     let report = info.status_report.unwrap();
     assert_eq!(report.extra["report_number"], 1, "one report");
-    let mails = got.items.lock().unwrap().clone();
-    assert_eq!(
-        mails.len(),
-        3,
-        "two tries cut off, one delivered: {mails:?}"
+    assert!(
+        smtp.messages.lock().await.try_recv().is_err(),
+        "two tries cut off, one delivered, nothing after: {mails:?}"
     );
     let ids: std::collections::BTreeSet<String> = mails.iter().map(|m| message_id(m)).collect();
     assert_eq!(ids.len(), 1, "one report, one Message-ID: {ids:?}");

@@ -19,12 +19,21 @@ impl Drop for Smtp {
 
 impl Smtp {
     pub async fn start() -> Smtp {
+        Smtp::start_holding(0).await
+    }
+
+    /// A receiver that, for the first `hold` messages, takes the whole message and hands it
+    /// over but never gives the final `250` (as a server that dies at that moment would): the
+    /// connection waits until its client goes away. Later messages are accepted.
+    pub async fn start_holding(hold: usize) -> Smtp {
+        let left = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(hold));
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = l.local_addr().unwrap().port();
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let task = tokio::spawn(async move {
             while let Ok((s, _)) = l.accept().await {
                 let tx = tx.clone();
+                let left = left.clone();
                 tokio::spawn(async move {
                     let (r, mut w) = s.into_split();
                     let mut r = BufReader::new(r);
@@ -39,6 +48,18 @@ impl Smtp {
                         if let Some(d) = data.as_mut() {
                             if line == ".\r\n" {
                                 let _ = tx.send(data.take().unwrap());
+                                let held = left
+                                    .fetch_update(
+                                        std::sync::atomic::Ordering::SeqCst,
+                                        std::sync::atomic::Ordering::SeqCst,
+                                        |n| n.checked_sub(1),
+                                    )
+                                    .is_ok();
+                                if held {
+                                    // No 250: wait for the client to go away.
+                                    let _ = r.read_line(&mut line).await;
+                                    return;
+                                }
                                 let _ = w.write_all(b"250 2.0.0 queued\r\n").await;
                             } else {
                                 d.push_str(&line);
