@@ -214,6 +214,7 @@ impl Engine {
                 Round::Wait { watches, due } => (watches, due),
             };
             let lost_locally = self.local_conflicts.load(Ordering::Relaxed) != conflicts;
+            self.parked.send_modify(|n| *n += 1);
             tokio::select! {
                 _ = any_of(watches) => {}
                 _ = &mut unclaimed, if lost_locally => {}

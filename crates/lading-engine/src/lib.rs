@@ -258,6 +258,8 @@ pub struct Engine {
     /// because another local worker had it: a waiter that lost such a race is woken when the
     /// winner lets go (the tree's own watch may have fired before the claim was dropped).
     unclaimed: tokio::sync::Notify,
+    /// How many times a waiter has parked (see [`Engine::parked`]).
+    parked: tokio::sync::watch::Sender<u64>,
     local_conflicts: std::sync::atomic::AtomicU64,
     /// When (ms, this engine's clock) a lock was last lost to another session: what makes
     /// acquisition over several states spread its picks.
@@ -335,6 +337,7 @@ impl Engine {
             next_calls: AtomicU32::new(0),
             live_batches: Mutex::new(Vec::new()),
             unclaimed: tokio::sync::Notify::new(),
+            parked: tokio::sync::watch::Sender::new(0),
             local_conflicts: std::sync::atomic::AtomicU64::new(0),
             raced_at: std::sync::atomic::AtomicU64::new(0),
         }
@@ -349,6 +352,14 @@ impl Engine {
     pub fn with_random(mut self, random: lading_core::random::SharedRandom) -> Engine {
         self.random = random;
         self
+    }
+
+    /// How many times a waiter of this engine (`wait_job`, `wait_batch`, `wait_access`) has
+    /// parked: found nothing, armed its watches and started waiting. A test takes the count,
+    /// starts a waiter, and waits for the count to move before it makes the change the
+    /// waiter should wake for, instead of sleeping and hoping.
+    pub fn parked(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.parked.subscribe()
     }
 
     /// Where this engine's (and its workers') random choices come from.

@@ -570,6 +570,8 @@ pub struct Jobs {
     /// Acceptors of this process waiting for a job to become due. While there are any, the
     /// queue has no backlog, and a finishing processor leaves new jobs to them.
     idle_acceptors: AtomicUsize,
+    /// How many times an acceptor has parked (see [`Jobs::parked`]).
+    parked: tokio::sync::watch::Sender<u64>,
     /// Types known to exist (types are never deleted), with their settings as last read.
     types: Mutex<HashMap<String, (Arc<TypeSettings>, Instant)>>,
     subs: Mutex<HashMap<SubId, Sub>>,
@@ -673,6 +675,7 @@ impl Jobs {
             waiters: Mutex::new(HashMap::new()),
             unclaimed: Notify::new(),
             idle_acceptors: AtomicUsize::new(0),
+            parked: tokio::sync::watch::Sender::new(0),
             types: Mutex::new(HashMap::new()),
             subs: Mutex::new(HashMap::new()),
             next_sub: AtomicU64::new(1),
@@ -683,6 +686,13 @@ impl Jobs {
 
     pub fn tree(&self) -> &Arc<dyn Tree> {
         &self.tree
+    }
+
+    /// How many times an acceptor of this API has parked: found nothing due and started
+    /// waiting. A test takes the count, starts acceptors, and waits for it to move before it
+    /// adds the jobs they should wake for, instead of sleeping and hoping.
+    pub fn parked(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.parked.subscribe()
     }
 
     /// The same API with `random` for its choices (a seeded source makes a test

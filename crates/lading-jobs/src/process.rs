@@ -69,11 +69,15 @@ impl Jobs {
                 .try_accept(ty, opts, &mut skipped, &[], usize::MAX, max)
                 .await?
             {
-                Ok((jobs, _)) => return Ok(jobs),
+                Ok((jobs, _)) => {
+                    pass_the_lead(&waiters, &leading);
+                    return Ok(jobs);
+                }
                 Err(next_due) => next_due,
             };
             let now = Instant::now();
             if now >= deadline {
+                pass_the_lead(&waiters, &leading);
                 return Ok(Vec::new());
             }
             if leading.is_none() {
@@ -100,6 +104,7 @@ impl Jobs {
             }
             self.idle_acceptors.fetch_add(1, Ordering::Relaxed);
             let _idle = Idle(&self.idle_acceptors);
+            self.parked.send_modify(|n| *n += 1);
             let watch = leading.as_mut().and_then(|l| l.watch.as_mut());
             let fired = async {
                 match watch {
@@ -711,5 +716,15 @@ impl Jobs {
         }
         self.finish(job, data).await?;
         self.accept(&ty, opts).await
+    }
+}
+
+/// An acceptor leaves without leading: when nobody leads either (it may have been the waiter
+/// a leaving leader woke to take its place, and took a job instead), it wakes another, or
+/// the waiters left would have no watch and a later add would wake none of them. (A leader
+/// leaving wakes one through its `Leading`'s drop.)
+fn pass_the_lead(waiters: &Waiters, leading: &Option<Leading<'_>>) {
+    if leading.is_none() && !*waiters.leader.lock().unwrap() {
+        waiters.notify.notify_one();
     }
 }

@@ -204,15 +204,7 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
         .await;
     assert_eq!(st, StatusCode::CREATED, "{v}");
     let path = format!("/api/v1/batches/{}", v["id"].as_str().unwrap());
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let batch = loop {
-        let (_, b) = s.call_as(SUBMITTER, "GET", &path, None).await;
-        if b["status"]["status"] == "Completed" {
-            break b;
-        }
-        assert!(std::time::Instant::now() < deadline, "batch stuck: {b}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let batch = s.until_batch(v["id"].as_str().unwrap(), "Completed").await;
     let jid = batch["jobs"]["batch-completed"][0]
         .as_str()
         .unwrap()

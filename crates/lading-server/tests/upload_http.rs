@@ -5,7 +5,6 @@ mod common;
 
 use common::*;
 use reqwest::StatusCode;
-use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uploaded_file_becomes_a_batch_and_is_ingested() {
@@ -27,26 +26,21 @@ async fn an_uploaded_file_becomes_a_batch_and_is_ingested() {
         .await;
     assert_eq!(st, StatusCode::CREATED, "{v}");
     assert_eq!(v["bytes"], content.len());
-    let path = format!("/api/v1/batches/{}", v["id"].as_str().unwrap());
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let (_, b) = s.call_as(SUBMITTER, "GET", &path, None).await;
-        if b["status"]["status"] == "Completed" {
-            // The submitter sees its upload by name, not the server's folders.
-            assert_eq!(
-                b["submission"]["payload_url"].as_str().unwrap(),
-                "upload:report.txt",
-                "{b}"
-            );
-            assert!(
-                !b.to_string().contains(s.dir.path().to_str().unwrap()),
-                "{b}"
-            );
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "batch stuck: {b}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let bid = v["id"].as_str().unwrap();
+    s.until_batch(bid, "Completed").await;
+    // The submitter sees its upload by name, not the server's folders.
+    let (_, b) = s
+        .call_as(SUBMITTER, "GET", &format!("/api/v1/batches/{bid}"), None)
+        .await;
+    assert_eq!(
+        b["submission"]["payload_url"].as_str().unwrap(),
+        "upload:report.txt",
+        "{b}"
+    );
+    assert!(
+        !b.to_string().contains(s.dir.path().to_str().unwrap()),
+        "{b}"
+    );
     let stored = s.ingest.cfg.storage_root();
     let found = walk(&stored)
         .into_iter()

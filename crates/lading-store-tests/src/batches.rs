@@ -545,11 +545,13 @@ pub async fn batch_worker_is_woken_when_a_batch_needs_reporting(h: &dyn Harness)
             .unwrap()
             .is_none()
     );
+    let mut parks = Parks::of(&reporter);
     let waiting = {
         let r = reporter.clone();
         tokio::spawn(async move { r.wait_batch(BatchState::Reporting, WAIT).await })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Once it has looked and is waiting, not before.
+    parks.next().await;
     run_job_to_completion(&e, JobState::Pending).await.unwrap();
     let lease = tokio::time::timeout(Duration::from_secs(5), waiting)
         .await
@@ -559,11 +561,12 @@ pub async fn batch_worker_is_woken_when_a_batch_needs_reporting(h: &dyn Harness)
         .expect("the batch to report");
     assert_eq!(lease.batch, bid);
     // A new Pending batch wakes an intake worker too.
+    parks.restart();
     let waiting = {
         let r = reporter.clone();
         tokio::spawn(async move { r.wait_batch(BatchState::Pending, WAIT).await })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    parks.next().await;
     let mut sub = Map::new();
     sub.insert("profile_name".into(), json!("demo_profile"));
     let new = e.create_batch(sub).await.unwrap();
@@ -576,17 +579,19 @@ pub async fn batch_worker_is_woken_when_a_batch_needs_reporting(h: &dyn Harness)
     assert_eq!(got.batch, new);
     // A batch is made in two steps (its node, then its status): a waiter that wakes and looks
     // in between must still be woken when the status arrives, not by the sweep 10 s later.
+    parks.restart();
     let waiting = {
         let r = reporter.clone();
         tokio::spawn(async move { r.wait_batch(BatchState::Pending, WAIT).await })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    parks.next().await;
     let path = e
         .tree()
         .create(BATCH_PREFIX, None, CreateMode::PersistentSequential)
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Woken by the node, it looks, finds no status, and waits again.
+    parks.next().await;
     let status = json!({"status": "Pending", "last_modified": "2026-11-21 00:00:00 +0000"});
     e.tree()
         .multi(vec![
@@ -784,4 +789,36 @@ pub async fn requeue_failed_retries_a_batchs_failed_jobs_by_stage(h: &dyn Harnes
     let before = normalised_dump(s.tree.as_ref()).await;
     assert!(e.requeue_failed(&bid, None, None).await.unwrap().is_empty());
     assert_eq!(normalised_dump(s.tree.as_ref()).await, before);
+}
+
+/// Counts an engine's waiters parking (see `Engine::parked`): a waiter has looked, found
+/// nothing and is waiting.
+struct Parks {
+    rx: tokio::sync::watch::Receiver<u64>,
+    seen: u64,
+}
+
+impl Parks {
+    /// From now on (take it before starting the waiter).
+    fn of(e: &Engine) -> Parks {
+        let rx = e.parked();
+        let seen = *rx.borrow();
+        Parks { rx, seen }
+    }
+
+    /// Counts from now (before starting the next waiter).
+    fn restart(&mut self) {
+        self.seen = *self.rx.borrow_and_update();
+    }
+
+    /// Until a waiter has parked since the last time.
+    async fn next(&mut self) {
+        let seen = self.seen;
+        let now = tokio::time::timeout(WAIT, self.rx.wait_for(|p| *p > seen))
+            .await
+            .expect("a waiter parked")
+            .map(|p| *p)
+            .expect("the engine is alive");
+        self.seen = now;
+    }
 }

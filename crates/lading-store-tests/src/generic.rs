@@ -354,8 +354,14 @@ pub async fn generic_jobs_finish_then_accept_claims_the_next_job(h: &dyn Harness
     other.finish(&mut c, None).await.unwrap();
     let mut e = j.accept("chain", &NOW).await.unwrap().unwrap();
     let adder = other.clone();
+    let mut parked = j.parked();
+    let from = *parked.borrow_and_update();
+    // Added once the finish has found nothing due and is waiting.
     let add_later = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::timeout(WAIT, parked.wait_for(|p| *p > from))
+            .await
+            .expect("the finish's acceptance parked")
+            .unwrap();
         adder.add("chain", "f", json!({}), None).await.unwrap();
     });
     let f = j
@@ -666,9 +672,15 @@ pub async fn generic_jobs_waiting_acceptor_is_woken_by_an_add(h: &dyn Harness) {
     let (adder, _sa) = jobs(h).await;
     j.set_type_timeout("wake", 60).await.unwrap();
     let jj = j.clone();
+    let mut parked = j.parked();
+    let from = *parked.borrow_and_update();
     let waiting: tokio::task::JoinHandle<Option<Job>> =
         tokio::spawn(async move { jj.accept("wake", &within(WAIT)).await.unwrap() });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Once it has looked and is waiting, not before.
+    tokio::time::timeout(WAIT, parked.wait_for(|p| *p > from))
+        .await
+        .expect("the acceptor parked")
+        .unwrap();
     let started = std::time::Instant::now();
     adder.add("wake", "w", json!({}), None).await.unwrap();
     let job = waiting.await.unwrap().expect("woken with the job");
@@ -685,26 +697,37 @@ pub async fn generic_jobs_waiting_acceptors_share_out_a_burst(h: &dyn Harness) {
     let (j, _s) = jobs(h).await;
     let (adder, _sa) = jobs(h).await;
     j.set_type_timeout("burst", 60).await.unwrap();
-    let mut waiting: Vec<tokio::task::JoinHandle<Option<Job>>> = Vec::new();
+    let mut parked = j.parked();
+    let from = *parked.borrow_and_update();
+    let mut waiting: tokio::task::JoinSet<Option<Job>> = tokio::task::JoinSet::new();
     for _ in 0..8 {
         let jj = j.clone();
-        waiting.push(tokio::spawn(async move {
-            jj.accept("burst", &within(WAIT)).await.unwrap()
-        }));
+        waiting.spawn(async move { jj.accept("burst", &within(WAIT)).await.unwrap() });
     }
     // One acceptor bounded by a scheduled time waits on its own watch beside them.
     let jj = j.clone();
-    let bounded = tokio::spawn(async move {
+    waiting.spawn(async move {
         let opts = AcceptOptions {
             max_sched_time: Some(4_000_000_000),
             ..within(WAIT)
         };
         jj.accept("burst", &opts).await.unwrap()
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let started = std::time::Instant::now();
-    let finished =
-        |w: &[tokio::task::JoinHandle<Option<Job>>]| w.iter().filter(|t| t.is_finished()).count();
+    // All nine have looked, found nothing and are waiting.
+    tokio::time::timeout(WAIT, parked.wait_for(|p| *p >= from + 9))
+        .await
+        .expect("nine acceptors parked")
+        .unwrap();
+    let mut taken = HashSet::new();
+    let mut take = async |what: &str| {
+        let job = tokio::time::timeout(WAIT / 2, waiting.join_next())
+            .await
+            .unwrap_or_else(|_| panic!("{what}"))
+            .expect("an acceptor left")
+            .unwrap()
+            .expect("every acceptor got a job");
+        assert!(taken.insert(job.id.clone()), "{} taken twice", job.id);
+    };
     // Added together, so they can land in one change and fire the watch once.
     let adds: Vec<_> = (0..5)
         .map(|i| {
@@ -715,13 +738,8 @@ pub async fn generic_jobs_waiting_acceptors_share_out_a_burst(h: &dyn Harness) {
     for a in adds {
         a.await.unwrap().unwrap();
     }
-    let mut taken = HashSet::new();
-    while finished(&waiting) + usize::from(bounded.is_finished()) < 5 {
-        assert!(
-            started.elapsed() < WAIT / 2,
-            "the burst did not reach five acceptors"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    for _ in 0..5 {
+        take("the burst did not reach five acceptors").await;
     }
     // One at a time, each add wakes one more.
     for i in 5..9 {
@@ -729,16 +747,9 @@ pub async fn generic_jobs_waiting_acceptors_share_out_a_burst(h: &dyn Harness) {
             .add("burst", &format!("b{i}"), json!({}), None)
             .await
             .unwrap();
-        while finished(&waiting) + usize::from(bounded.is_finished()) < i + 1 {
-            assert!(started.elapsed() < WAIT / 2, "add {i} woke nobody");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        take(&format!("add {i} woke nobody")).await;
     }
-    waiting.push(bounded);
-    for t in waiting {
-        let job = t.await.unwrap().expect("every acceptor got a job");
-        assert!(taken.insert(job.id.clone()), "{} taken twice", job.id);
-    }
+    assert!(waiting.is_empty());
     assert_eq!(taken.len(), 9);
     let c = j.counts("burst").await.unwrap();
     assert_eq!((c[&State::Pending], c[&State::Running]), (0, 9));
