@@ -197,24 +197,17 @@ impl Serve {
             .collect()
     }
 
-    /// Waits for batch `bid` to end (Completed or Failed); returns it.
+    /// Waits for batch `bid` to end (Completed or Failed), on its event stream; returns it.
     async fn finished(&self, bid: &str) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let (st, v) = self
-                .call(ADMIN, "GET", &format!("/api/v1/batches/{bid}"), None)
-                .await;
-            assert_eq!(st, StatusCode::OK, "{v}");
-            let s = v["status"]["status"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
-            if s == "Completed" || s == "Failed" {
-                return v;
-            }
-            assert!(Instant::now() < deadline, "batch {bid} did not finish: {v}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        lading_testkit::events::until_batch(
+            &self.http,
+            &self.base,
+            ADMIN,
+            bid,
+            Duration::from_secs(120),
+            |v| matches!(v["status"]["status"].as_str(), Some("Completed" | "Failed")),
+        )
+        .await
     }
 
     /// The jobs of a finished batch, read as the admin.

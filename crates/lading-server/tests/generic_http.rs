@@ -106,6 +106,8 @@ async fn every_operation_over_http() {
     assert_eq!(st, StatusCode::NO_CONTENT);
     let s = Arc::new(s);
     let s2 = s.clone();
+    let mut parked = s.jobs.parked();
+    let from = *parked.borrow_and_update();
     let poll = tokio::spawn(async move {
         s2.call(
             "POST",
@@ -114,7 +116,11 @@ async fn every_operation_over_http() {
         )
         .await
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The add comes once the long-poll has looked and is waiting.
+    tokio::time::timeout(Duration::from_secs(30), parked.wait_for(|p| *p > from))
+        .await
+        .expect("the long-poll parked")
+        .unwrap();
     let started = std::time::Instant::now();
     s.call("POST", "/api/v1/types/conv/jobs", Some(json!({"id": "b"})))
         .await;

@@ -156,37 +156,18 @@ impl Server {
         )
     }
 
-    /// Waits until batch `bid` is in `state` (at most 60 s) and returns its record: it
-    /// follows the batch's event stream and looks again at each of its events (subscribed
-    /// before the first look, so no move is missed).
+    /// Waits until batch `bid` is in `state` (at most 60 s), on its event stream; returns
+    /// its record.
     pub async fn until_batch(&self, bid: &str, state: &str) -> Value {
-        let mut events = self
-            .http
-            .get(format!("{}/api/v1/events?batch={bid}", self.base))
-            .bearer_auth(ADMIN)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(events.status(), StatusCode::OK);
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
-        let path = format!("/api/v1/batches/{bid}");
-        loop {
-            let (_, b) = self.call("GET", &path, None).await;
-            if b["status"]["status"] == state {
-                return b;
-            }
-            // The next event of this batch (keep-alive comments are not).
-            loop {
-                let chunk = tokio::time::timeout_at(deadline, events.chunk())
-                    .await
-                    .unwrap_or_else(|_| panic!("batch {bid} never reached {state}: {b}"))
-                    .unwrap()
-                    .expect("the event stream goes on");
-                if String::from_utf8_lossy(&chunk).contains("data:") {
-                    break;
-                }
-            }
-        }
+        lading_testkit::events::until_batch(
+            &self.http,
+            &self.base,
+            ADMIN,
+            bid,
+            std::time::Duration::from_secs(60),
+            |v| v["status"]["status"] == state,
+        )
+        .await
     }
 
     pub async fn raw(&self, method: &str, path: &str, body: &str) -> (StatusCode, Value) {
