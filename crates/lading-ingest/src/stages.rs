@@ -296,16 +296,37 @@ pub fn check_file_name(name: &str) -> Result<(), String> {
 /// Files already downloaded and verified, by name: the downloading stage's interim state.
 type Verified = BTreeMap<String, Fetched>;
 
-/// One of the job's JSON data nodes (`store`, `inventory`, …), if present and JSON.
+/// One of the job's JSON data nodes (`store`, `inventory`, …), if present. A node that is
+/// not JSON is corrupt: the job fails naming it, rather than going on as if it were absent.
 async fn job_json(job: &JobCtx, name: &str) -> Result<Option<Value>, Outcome> {
-    Ok(job
+    let path = lading_core::layout::job_node(job.job(), name);
+    let data = job
         .engine
         .tree()
-        .get(&lading_core::layout::job_node(job.job(), name))
+        .get(&path)
         .await
         .map_err(|e| engine_err(e.into()))?
-        .and_then(|n| n.data)
-        .and_then(|d| serde_json::from_slice::<Value>(&d).ok()))
+        .and_then(|n| n.data);
+    match data {
+        None => Ok(None),
+        Some(d) => serde_json::from_slice::<Value>(&d)
+            .map(Some)
+            .map_err(|e| Outcome::fatal(format!("{path} is corrupt: not JSON ({e})"))),
+    }
+}
+
+/// [`job_json`] read as a `T`: a node of another shape is named as corrupt.
+async fn job_record<T: serde::de::DeserializeOwned>(
+    job: &JobCtx,
+    name: &str,
+) -> Result<Option<T>, Outcome> {
+    match job_json(job, name).await? {
+        None => Ok(None),
+        Some(v) => serde_json::from_value(v).map(Some).map_err(|e| {
+            let path = lading_core::layout::job_node(job.job(), name);
+            Outcome::fatal(format!("{path} is corrupt: {e}"))
+        }),
+    }
 }
 
 #[cfg(test)]

@@ -89,13 +89,23 @@ pub async fn job_download(
             return Err(EngineError::NoJob(id).into());
         }
     }
-    let stored: Option<StoredVersion> = e
+    let path = job_node(&jid, "store");
+    let stored: Option<StoredVersion> = match e
         .tree()
-        .get(&job_node(&jid, "store"))
+        .get(&path)
         .await
         .map_err(EngineError::from)?
         .and_then(|n| n.data)
-        .and_then(|d| serde_json::from_slice(&d).ok());
+    {
+        None => None,
+        // A store record that cannot be read is named, not taken for "nothing stored yet".
+        Some(d) => Some(
+            serde_json::from_slice(&d).map_err(|err| EngineError::Corrupt {
+                path: path.clone(),
+                reason: err.to_string(),
+            })?,
+        ),
+    };
     let Some(stored) = stored else {
         let state = info.status.status.name();
         return Ok((

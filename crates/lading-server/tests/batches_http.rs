@@ -337,6 +337,27 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
         .call_as(BOB, "GET", &format!("/api/v1/jobs/{jid}/download"), None)
         .await;
     assert_eq!(st, StatusCode::NOT_FOUND, "not another submitter's");
+    // A store record that cannot be read is named as corrupt, not taken for "nothing stored
+    // yet"; nothing is changed by asking.
+    let store_path = format!("/jobs/{jid}/store");
+    let t = s.jobs.tree().clone();
+    let good = t.get(&store_path).await.unwrap().unwrap();
+    t.set(&store_path, Some(b"{not json".to_vec()), None)
+        .await
+        .unwrap();
+    let before = s.dump().await;
+    let (st, v) = s
+        .call_as(
+            SUBMITTER,
+            "GET",
+            &format!("/api/v1/jobs/{jid}/download"),
+            None,
+        )
+        .await;
+    assert_eq!(st, StatusCode::INTERNAL_SERVER_ERROR, "{v}");
+    assert!(v.to_string().contains(&store_path), "{v}");
+    assert_eq!(s.dump().await, before);
+    t.set(&store_path, good.data, None).await.unwrap();
     let ark = job["configuration"]["primary_id"]
         .as_str()
         .or(job["identifiers"]["primary_id"].as_str())

@@ -3,9 +3,8 @@
 use super::*;
 
 pub(crate) async fn record(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
-    let stored: StoredVersion = job_json(job, "store")
+    let stored: StoredVersion = job_record(job, "store")
         .await?
-        .and_then(|v| serde_json::from_value(v).ok())
         .ok_or_else(|| Outcome::fatal("the job has no store record (storing writes it)"))?;
     let lock = job
         .engine
@@ -13,9 +12,13 @@ pub(crate) async fn record(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Out
         .await
         .map_err(lock_wait)?;
     // The object's files as processing hashed them.
-    let producer: Option<Vec<ObjectFile>> = job_json(job, "inventory")
+    #[derive(serde::Deserialize)]
+    struct Produced {
+        files: Option<Vec<ObjectFile>>,
+    }
+    let producer: Option<Vec<ObjectFile>> = job_record::<Produced>(job, "inventory")
         .await?
-        .and_then(|v| serde_json::from_value(v.get("files")?.clone()).ok());
+        .and_then(|p| p.files);
     let s = stored.clone();
     let r = ingest
         .inventory
