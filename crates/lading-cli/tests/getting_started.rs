@@ -64,6 +64,7 @@ fn the_readmes_getting_started_block_runs_as_written() {
     // A hung step fails the test instead of hanging it: the whole group goes after 5 min.
     let pid = child.id() as i32;
     std::thread::spawn(move || {
+        // Sleep (time is the subject): the watchdog's five minutes.
         std::thread::sleep(Duration::from_secs(300));
         // SAFETY: kill only sends a signal, to the group the block runs in.
         unsafe { libc::kill(-pid, libc::SIGKILL) };

@@ -372,6 +372,7 @@ fn endless_server(head: &'static str, chunk: usize, every: Duration) -> std::net
                         return;
                     }
                     if !every.is_zero() {
+                        // Sleep (time is the subject): a client that drips its body slowly.
                         std::thread::sleep(every);
                     }
                 }
@@ -693,6 +694,7 @@ async fn idle_and_slow_connections_cannot_lock_the_server_up() {
     }
     for _ in 0..10 {
         s.healthy().await;
+        // Sleep (time is the subject): the server stays healthy over a second of held connections.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // The idle and half-header ones are closed once their header time is up.
@@ -1058,10 +1060,12 @@ async fn hardening_roles_overflow_ghost_acceptors_metrics_and_file_modes() {
                 .await;
         }));
     }
+    // Sleep: the long-polls reach the server process (no signal across processes).
     tokio::time::sleep(Duration::from_millis(500)).await;
     for g in &ghosts {
         g.abort();
     }
+    // Sleep (time is the subject): the server notices the hang-ups.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (st, v) = s
         .call(
@@ -1072,6 +1076,7 @@ async fn hardening_roles_overflow_ghost_acceptors_metrics_and_file_modes() {
         )
         .await;
     assert!(st.is_success(), "{v}");
+    // Sleep (time is the subject): a ghost that wrongly took the job would have within this.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (_, j) = s
         .call(ADMIN, "GET", "/api/v1/types/thumbs/jobs/j1", None)
@@ -1171,6 +1176,7 @@ async fn one_submitters_slow_downloads_do_not_hold_every_slot() {
             Instant::now() < deadline,
             "bob's downloads did not start: {b}"
         );
+        // Sleep: another process's downloads have no event here; polled, with a deadline.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Alice's tiny file gets a slot and completes while Bob's still drip.

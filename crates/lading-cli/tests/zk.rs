@@ -168,6 +168,7 @@ async fn a_worker_paused_past_its_session_sees_lease_lost_and_commits_nothing() 
             start.elapsed() < Duration::from_secs(30),
             "lock never expired"
         );
+        // Sleep: ZooKeeper expires the session on its own clock; polled, with a deadline.
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     e.job_transition(l, Event::To(JobState::Estimating), None)
@@ -325,6 +326,7 @@ fn exit_times(children: &mut [(&str, &mut Child, Duration)], start: Instant) -> 
                 );
             }
         }
+        // Sleep: polls the child's exit against the grace period (time is the subject).
         std::thread::sleep(Duration::from_millis(20));
     }
     done.into_iter().map(Option::unwrap).collect()

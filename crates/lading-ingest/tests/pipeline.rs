@@ -994,6 +994,7 @@ async fn a_submitters_quota_keeps_its_jobs_waiting_while_others_go_ahead(w: Worl
             std::time::Instant::now() < deadline,
             "alice's jobs stuck: {states:#?}"
         );
+        // Sleep: samples how many jobs are in flight at once (the subject is concurrency over time).
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     assert_eq!(most, 1, "alice never had more than one job in flight");

@@ -501,6 +501,7 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
             std::time::Instant::now() < deadline,
             "access request stuck: {v}"
         );
+        // Sleep: an access request's state has no event stream; polled, with a deadline.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let r = s

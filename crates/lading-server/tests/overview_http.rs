@@ -20,6 +20,7 @@ async fn until(s: &Server, path: &str, ok: impl Fn(&Value) -> bool) -> Value {
             return v;
         }
         assert!(Instant::now() < deadline, "never held: {v:#}");
+        // Sleep: the overview read back after a restart has no signal; polled, with a deadline.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

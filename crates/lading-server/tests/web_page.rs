@@ -125,6 +125,7 @@ impl Browser {
                 "page never satisfied {js}; the page: {}",
                 self.eval(session, "location.hash + ' | rendered ' + document.body.dataset.rendered + ' | busy ' + document.body.dataset.busy + ' | clicks ' + JSON.stringify(window.__clicks || []) + ' | fetched ' + performance.getEntriesByType('resource').slice(-6).map((e) => e.name.replace(location.origin, '') + ' ' + Math.round(e.startTime) + '+' + Math.round(e.duration)).join(', ') + ' | now ' + Math.round(performance.now()) + ' | error ' + (document.getElementById('error').hidden ? '(hidden) ' : '') + document.getElementById('error-text').textContent + ' | ' + document.querySelector('main').innerText.slice(0, 300)")
             );
+            // Sleep: a condition inside the browser's page has no signal to wait on; polled.
             std::thread::sleep(Duration::from_millis(100));
         }
     }

@@ -277,6 +277,7 @@ async fn other_handles_commits_are_found_through_the_counter_or_the_poll() {
             std::time::Instant::now() < deadline,
             "the poll never found the uncounted commit"
         );
+        // Sleep (time is the subject): the handle's poll finds an uncounted commit within its interval.
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     // After one more counted commit everyone agrees, and the data is intact.
@@ -395,6 +396,7 @@ async fn a_quiet_store_brings_its_table_up_to_date_on_its_own() {
             "table still at {applied}, log at {}",
             max_seq(&file)
         );
+        // Sleep (time is the subject): the table catches up on a quiet second, by itself.
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     assert!(a.stats().materializations >= 1);

@@ -569,6 +569,7 @@ pub async fn generic_jobs_subscribers_see_each_state_change(h: &dyn Harness) {
     let w = worker.clone();
     let (seen, seen_rx) = tokio::sync::oneshot::channel::<()>();
     let run = tokio::spawn(async move {
+        // Sleep: the subscriber starts waiting before the job runs (a late waiter is also correct).
         tokio::time::sleep(Duration::from_millis(50)).await;
         let mut job = w.accept("sub", &NOW).await.unwrap().unwrap();
         seen_rx.await.unwrap();

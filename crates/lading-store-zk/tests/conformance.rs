@@ -58,6 +58,7 @@ impl Harness for ZkHarness {
                         // The process is cut off (as if stalled) past its session timeout: the
                         // server expires the session and removes its ephemeral nodes.
                         relay.partition(true);
+                        // Sleep (time is the subject): past the session timeout, the server expires the session.
                         tokio::time::sleep(SESSION * 2).await;
                         relay.partition(false);
                         assert!(t.wait_expired(Duration::from_secs(30)).await, "expiry seen");

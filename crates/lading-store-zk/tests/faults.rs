@@ -62,11 +62,13 @@ async fn resilient_worker(
                 Ok(None) => {}
                 Err(err) => {
                     eprintln!("acquire in {st}: {err}");
+                    // Sleep: the ensemble is failing over; tried again.
                     tokio::time::sleep(Duration::from_millis(50)).await
                 }
             }
         }
         let Some(lease) = got else {
+            // Sleep: nothing to take yet while the ensemble recovers; tried again.
             tokio::time::sleep(Duration::from_millis(5)).await;
             continue;
         };
@@ -109,6 +111,7 @@ async fn workers_carry_on_when_the_leader_dies_and_no_job_is_lost_or_doubled() {
     // Kill the leader once work is under way.
     let start = Instant::now();
     while done.lock().unwrap().len() < N && start.elapsed() < WAIT {
+        // Sleep: lets work get under way before the leader is killed.
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let leader = ens.wait_leader(Duration::from_secs(10)).expect("a leader");
@@ -130,6 +133,7 @@ async fn workers_carry_on_when_the_leader_dies_and_no_job_is_lost_or_doubled() {
             Instant::now() < deadline,
             "jobs did not all complete: {completed:?}"
         );
+        // Sleep: completion across a leader's death; polled, with a deadline.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     stop.store(true, Ordering::SeqCst);
@@ -202,6 +206,7 @@ async fn a_transition_whose_reply_is_lost_is_read_back_not_repeated() {
     let relay = Arc::new(relay);
     let r = relay.clone();
     tokio::spawn(async move {
+        // Sleep (time is the subject): replies are lost for a while, then come back.
         tokio::time::sleep(Duration::from_millis(300)).await;
         r.drop_replies(false);
     });

@@ -86,6 +86,7 @@ impl ZkNode {
             if self.mode().is_some() {
                 return Ok(());
             }
+            // Sleep: a separate Java process starts serving; polled, with a deadline.
             std::thread::sleep(Duration::from_millis(100));
         }
         Err(ServerError::NotReady {
@@ -251,6 +252,7 @@ impl ZkEnsemble {
             if let Some(i) = self.leader() {
                 return Some(i);
             }
+            // Sleep: a separate Java process elects a leader; polled, with a deadline.
             std::thread::sleep(Duration::from_millis(100));
         }
         None

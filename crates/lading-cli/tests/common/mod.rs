@@ -37,6 +37,7 @@ pub async fn until(what: &str, mut cond: impl AsyncFnMut() -> bool) {
     let start = Instant::now();
     while !cond().await {
         assert!(start.elapsed() < UNTIL, "timed out waiting for {what}");
+        // Sleep: see above; polled, with a deadline.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
