@@ -329,19 +329,10 @@ pub async fn demo(dir: &Path, objects: usize, files: usize) -> anyhow::Result<()
     print_report(&ingest.engine, &bid).await?;
     println!("\nper stage (handler time):");
     let figures = stats.figures();
-    let order = [
-        "Intake",
-        "Pending",
-        "Estimating",
-        "Provisioning",
-        "Downloading",
-        "Processing",
-        "Storing",
-        "Recording",
-        "Notify",
-        "Reporting",
-    ];
-    for (stage, f) in order.iter().filter_map(|s| figures.get(*s).map(|f| (s, f))) {
+    let order = std::iter::once("Intake")
+        .chain(crate::progress::STAGES)
+        .chain(["Reporting"]);
+    for (stage, f) in order.filter_map(|s| figures.get(s).map(|f| (s, f))) {
         println!(
             "  {stage:<14} done {:>3}  p50 {:>7.2} ms  max {:>7.2} ms",
             f.done, f.p50_ms, f.max_ms

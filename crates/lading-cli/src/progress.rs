@@ -7,16 +7,19 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use std::collections::HashMap;
 
 /// Job stages in order.
-pub const STAGES: [&str; 8] = [
-    "Pending",
-    "Estimating",
-    "Provisioning",
-    "Downloading",
-    "Processing",
-    "Storing",
-    "Recording",
-    "Notify",
-];
+pub const STAGES: [&str; 8] = {
+    let p = lading_core::JobState::PIPELINE;
+    [
+        p[0].name(),
+        p[1].name(),
+        p[2].name(),
+        p[3].name(),
+        p[4].name(),
+        p[5].name(),
+        p[6].name(),
+        p[7].name(),
+    ]
+};
 
 /// How far a job in `state` got: its stage's place, past the last for Completed; failed
 /// and deleted jobs are counted apart, not as progress.

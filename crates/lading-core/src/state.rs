@@ -30,7 +30,7 @@ macro_rules! state_enum {
             pub const KIND: &'static str = $kind;
 
             /// The capitalised name written into status JSON (`"Pending"`).
-            pub fn name(self) -> &'static str {
+            pub const fn name(self) -> &'static str {
                 match self { $($name::$variant => $json,)* }
             }
 
@@ -146,6 +146,19 @@ fn illegal<S: fmt::Display>(
 }
 
 impl JobState {
+    /// The stages a job goes through, in order (Pending, then each stage's success
+    /// successor up to Notify).
+    pub const PIPELINE: [JobState; 8] = [
+        JobState::Pending,
+        JobState::Estimating,
+        JobState::Provisioning,
+        JobState::Downloading,
+        JobState::Processing,
+        JobState::Storing,
+        JobState::Recording,
+        JobState::Notify,
+    ];
+
     /// Every state this one may move to (SPEC §1).
     pub fn targets(self) -> &'static [JobState] {
         use JobState::*;
@@ -403,6 +416,19 @@ impl Default for JobProgress {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn the_pipeline_is_the_chain_of_successes() {
+        let p = JobState::PIPELINE;
+        assert!(
+            p[0].targets().contains(&p[1]),
+            "Pending is taken into Estimating"
+        );
+        for w in p[1..].windows(2) {
+            assert_eq!(w[0].success(), Some(w[1]));
+        }
+        assert_eq!(p[p.len() - 1].success(), Some(JobState::Completed));
+    }
 
     #[test]
     fn names_round_trip_and_parse_leniently() {
