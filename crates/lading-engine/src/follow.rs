@@ -101,35 +101,27 @@ trait Reads: Send + Sync {
 struct TreeReads<'t>(&'t dyn Tree);
 struct FeedReads<'t>(&'t dyn ChangeFeed);
 
-impl Reads for TreeReads<'_> {
-    fn get_many<'a>(
-        &'a self,
-        paths: &'a [String],
-    ) -> BoxFuture<'a, std::result::Result<Vec<Option<Node>>, TreeError>> {
-        self.0.get_many(paths)
-    }
-    fn children<'a>(
-        &'a self,
-        path: &'a str,
-    ) -> BoxFuture<'a, std::result::Result<Vec<String>, TreeError>> {
-        self.0.children(path)
-    }
+/// Both read through their own `get_many` and `children`, which have the same shape.
+macro_rules! reads_through {
+    ($t:ident) => {
+        impl Reads for $t<'_> {
+            fn get_many<'a>(
+                &'a self,
+                paths: &'a [String],
+            ) -> BoxFuture<'a, std::result::Result<Vec<Option<Node>>, TreeError>> {
+                self.0.get_many(paths)
+            }
+            fn children<'a>(
+                &'a self,
+                path: &'a str,
+            ) -> BoxFuture<'a, std::result::Result<Vec<String>, TreeError>> {
+                self.0.children(path)
+            }
+        }
+    };
 }
-
-impl Reads for FeedReads<'_> {
-    fn get_many<'a>(
-        &'a self,
-        paths: &'a [String],
-    ) -> BoxFuture<'a, std::result::Result<Vec<Option<Node>>, TreeError>> {
-        self.0.get_many(paths)
-    }
-    fn children<'a>(
-        &'a self,
-        path: &'a str,
-    ) -> BoxFuture<'a, std::result::Result<Vec<String>, TreeError>> {
-        self.0.children(path)
-    }
-}
+reads_through!(TreeReads);
+reads_through!(FeedReads);
 
 /// Statuses remembered per job or batch before the memory starts afresh.
 const KNOWN_MAX: usize = 200_000;
