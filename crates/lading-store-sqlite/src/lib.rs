@@ -772,6 +772,7 @@ impl Tree for SqliteTree {
             tracing::debug_span!("multi", ops = ops.len(), first = ops.first().map(Op::path));
         Box::pin(tracing::Instrument::instrument(
             async move {
+                mem::validate_ops(&ops)?;
                 let (tx, rx) = oneshot::channel();
                 self.send(Req::Multi(ops, tx))?;
                 rx.await

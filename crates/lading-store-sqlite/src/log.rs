@@ -160,8 +160,8 @@ pub enum RowWrite<'a> {
     Delete(&'a str),
 }
 
-impl RowWrite<'_> {
-    pub fn path(&self) -> &str {
+impl<'a> RowWrite<'a> {
+    pub fn path(&self) -> &'a str {
         match self {
             RowWrite::Upsert(p, _) | RowWrite::Delete(p) => p,
         }

@@ -12,6 +12,39 @@ use foldhash::{HashMap, HashSet};
 use lading_core::tree::{join_path, split_path, validate_path};
 use lading_core::{CreateMode, Op, OpResult, Stat, TreeError};
 use std::collections::BTreeSet;
+use std::hash::BuildHasher;
+use std::sync::{Arc, LazyLock};
+
+/// One hash function (randomly seeded once per process) for every map keyed by a path, so
+/// that a path hashed once can be looked up in the committed tree and in each pending
+/// overlay without hashing it again.
+#[derive(Clone, Copy, Default)]
+pub struct PathHash;
+
+static PATH_HASH: LazyLock<foldhash::fast::RandomState> = LazyLock::new(Default::default);
+
+impl BuildHasher for PathHash {
+    type Hasher = foldhash::fast::FoldHasher<'static>;
+    fn build_hasher(&self) -> Self::Hasher {
+        PATH_HASH.build_hasher()
+    }
+}
+
+/// A map keyed by path, hashed with [`PathHash`]. A key is shared, not copied, between an
+/// overlay, its undo log and the committed tree it is folded into.
+pub type PathMap<V> = hashbrown::HashMap<Arc<str>, V, PathHash>;
+
+/// The hash of `path` in every [`PathMap`].
+#[inline]
+pub fn path_hash(path: &str) -> u64 {
+    PathHash.hash_one(path)
+}
+
+fn get_hashed<'a, V>(map: &'a PathMap<V>, path: &str, h: u64) -> Option<&'a V> {
+    map.raw_entry()
+        .from_key_hashed_nocheck(h, path)
+        .map(|(_, v)| v)
+}
 
 /// Largest node data accepted, as in ZooKeeper's default `jute.maxbuffer`.
 pub const MAX_DATA_BYTES: usize = 1024 * 1024;
@@ -53,7 +86,7 @@ impl MemNode {
 /// The committed tree.
 #[derive(Debug, Default)]
 pub struct Mem {
-    nodes: HashMap<String, MemNode>,
+    nodes: PathMap<MemNode>,
     kids: HashMap<String, BTreeSet<String>>,
     /// The last change-log entry folded in.
     pub synced: i64,
@@ -95,8 +128,8 @@ impl Mem {
         Some(self.kids.get(path).map_or(0, |s| s.len() as u64))
     }
 
-    pub fn put(&mut self, path: String, node: MemNode) {
-        if path != "/" && !self.nodes.contains_key(&path) {
+    pub fn put(&mut self, path: Arc<str>, node: MemNode) {
+        if &*path != "/" && !self.nodes.contains_key(&*path) {
             let (parent, name) = split_path(&path);
             // Looked up before it is made: a parent's key is allocated once, not per child.
             match self.kids.get_mut(parent) {
@@ -135,7 +168,7 @@ impl Mem {
         self.nodes
             .iter()
             .filter(|(_, n)| n.owner == session)
-            .map(|(p, _)| p.clone())
+            .map(|(p, _)| p.to_string())
             .collect()
     }
 }
@@ -143,7 +176,11 @@ impl Mem {
 /// What an overlay is applied on top of: the committed tree, possibly with groups that are
 /// committed but not yet folded in (awaiting their fsync).
 pub trait Below {
-    fn get(&self, path: &str) -> Option<&MemNode>;
+    fn get(&self, path: &str) -> Option<&MemNode> {
+        self.get_hashed(path, path_hash(path))
+    }
+    /// [`Below::get`] with the path's [`path_hash`] already computed.
+    fn get_hashed(&self, path: &str, h: u64) -> Option<&MemNode>;
     /// Names that may be children of `path` (a superset; callers check each).
     fn child_candidates(&self, path: &str) -> Vec<String>;
     /// Paths that may be owned by `session` (a superset; callers check each).
@@ -151,8 +188,8 @@ pub trait Below {
 }
 
 impl Below for Mem {
-    fn get(&self, path: &str) -> Option<&MemNode> {
-        self.nodes.get(path)
+    fn get_hashed(&self, path: &str, h: u64) -> Option<&MemNode> {
+        get_hashed(&self.nodes, path, h)
     }
     fn child_candidates(&self, path: &str) -> Vec<String> {
         self.kids
@@ -172,13 +209,13 @@ pub struct Layers<'a> {
 }
 
 impl Below for Layers<'_> {
-    fn get(&self, path: &str) -> Option<&MemNode> {
+    fn get_hashed(&self, path: &str, h: u64) -> Option<&MemNode> {
         for ov in self.pending.iter().rev() {
-            if let Some(v) = ov.changed.get(path) {
+            if let Some(v) = get_hashed(&ov.changed, path, h) {
                 return v.as_ref();
             }
         }
-        self.mem.nodes.get(path)
+        get_hashed(&self.mem.nodes, path, h)
     }
     fn child_candidates(&self, path: &str) -> Vec<String> {
         let mut names = self.mem.child_candidates(path);
@@ -194,7 +231,7 @@ impl Below for Layers<'_> {
         for ov in self.pending {
             for (p, n) in &ov.changed {
                 if n.as_ref().is_some_and(|n| n.owner == session) {
-                    paths.push(p.clone());
+                    paths.push(p.to_string());
                 }
             }
         }
@@ -202,26 +239,32 @@ impl Below for Layers<'_> {
     }
 }
 
-enum Undo {
-    Changed(String, Option<Option<MemNode>>),
-    KidAdded(String, String),
-    KidRemoved(String, String),
+/// One entry of a `multi`'s undo log: a path's previous state in the overlay, and what
+/// became of its name in its parent's `added` set (the parent and name are the path's own,
+/// so they need no copies of their own).
+struct Undo(Arc<str>, Option<Option<MemNode>>, Kid);
+
+enum Kid {
+    Same,
+    Added,
+    Removed,
 }
 
 /// Changes of one commit group on top of [`Mem`], not yet durable.
 #[derive(Default)]
 pub struct Overlay {
     /// Path → its new state (`None`: deleted).
-    pub changed: HashMap<String, Option<MemNode>>,
+    pub changed: PathMap<Option<MemNode>>,
     /// Children created in this overlay, per parent (for emptiness checks).
     added: HashMap<String, HashSet<String>>,
 }
 
 impl Overlay {
     fn lookup<'a>(&'a self, base: &'a dyn Below, path: &str) -> Option<&'a MemNode> {
-        match self.changed.get(path) {
+        let h = path_hash(path);
+        match get_hashed(&self.changed, path, h) {
             Some(v) => v.as_ref(),
-            None => base.get(path),
+            None => base.get_hashed(path, h),
         }
     }
 
@@ -234,47 +277,57 @@ impl Overlay {
 
     fn set(&mut self, path: &str, node: Option<MemNode>, undo: &mut Vec<Undo>) {
         let present = node.is_some();
-        let prev = self.changed.insert(path.to_string(), node);
-        undo.push(Undo::Changed(path.to_string(), prev));
-        if path == "/" {
-            return;
-        }
-        let (parent, name) = split_path(path);
-        if present {
-            let kids = match self.added.get_mut(parent) {
-                Some(k) => k,
-                None => self.added.entry(parent.to_string()).or_default(),
-            };
-            if kids.insert(name.to_string()) {
-                undo.push(Undo::KidAdded(parent.to_string(), name.to_string()));
+        let key: Arc<str> = Arc::from(path);
+        let prev = self.changed.insert(key.clone(), node);
+        let mut kid = Kid::Same;
+        if path != "/" {
+            let (parent, name) = split_path(path);
+            if present {
+                let kids = match self.added.get_mut(parent) {
+                    Some(k) => k,
+                    None => self.added.entry(parent.to_string()).or_default(),
+                };
+                if kids.insert(name.to_string()) {
+                    kid = Kid::Added;
+                }
+            } else if self.added.get_mut(parent).is_some_and(|s| s.remove(name)) {
+                kid = Kid::Removed;
             }
-        } else if self.added.get_mut(parent).is_some_and(|s| s.remove(name)) {
-            undo.push(Undo::KidRemoved(parent.to_string(), name.to_string()));
         }
+        undo.push(Undo(key, prev, kid));
     }
 
     fn rollback(&mut self, undo: Vec<Undo>) {
-        for u in undo.into_iter().rev() {
-            match u {
-                Undo::Changed(p, None) => {
-                    self.changed.remove(&p);
-                }
-                Undo::Changed(p, Some(prev)) => {
-                    self.changed.insert(p, prev);
-                }
-                Undo::KidAdded(parent, name) => {
-                    if let Some(s) = self.added.get_mut(&parent) {
-                        s.remove(&name);
+        for Undo(p, prev, kid) in undo.into_iter().rev() {
+            match kid {
+                Kid::Same => {}
+                Kid::Added => {
+                    let (parent, name) = split_path(&p);
+                    if let Some(s) = self.added.get_mut(parent) {
+                        s.remove(name);
                     }
                 }
-                Undo::KidRemoved(parent, name) => {
-                    self.added.entry(parent).or_default().insert(name);
+                Kid::Removed => {
+                    let (parent, name) = split_path(&p);
+                    self.added
+                        .entry(parent.to_string())
+                        .or_default()
+                        .insert(name.to_string());
+                }
+            }
+            match prev {
+                None => {
+                    self.changed.remove(&*p);
+                }
+                Some(prev) => {
+                    self.changed.insert(p, prev);
                 }
             }
         }
     }
 
     /// Applies every op or none (ZooKeeper's `multi`). On failure the error names the op.
+    /// The paths must have passed [`validate_ops`] (on the caller's thread, not the writer's).
     pub fn apply_multi(
         &mut self,
         base: &dyn Below,
@@ -282,7 +335,7 @@ impl Overlay {
         session: u64,
         now: u64,
     ) -> Result<Vec<OpResult>, TreeError> {
-        let mut undo = Vec::new();
+        let mut undo = Vec::with_capacity(ops.len() + 1);
         let mut out = Vec::with_capacity(ops.len());
         for (index, op) in ops.iter().enumerate() {
             match self.apply_op(base, op, session, now, &mut undo) {
@@ -327,7 +380,6 @@ impl Overlay {
         now: u64,
         undo: &mut Vec<Undo>,
     ) -> Result<OpResult, TreeError> {
-        validate_path(op.path())?;
         match op {
             Op::Check { path, version } => {
                 self.expect(base, path, *version)?;
@@ -416,7 +468,7 @@ impl Overlay {
         for (p, n) in &self.changed {
             match n {
                 Some(n) if n.owner == session => {
-                    paths.insert(p.clone());
+                    paths.insert(p.to_string());
                 }
                 _ => {}
             }
@@ -436,6 +488,21 @@ impl Overlay {
             }
         }
     }
+}
+
+/// Checks every op's path, as ZooKeeper's client does before it sends a `multi`; the error
+/// names the first bad op.
+pub fn validate_ops(ops: &[Op]) -> Result<(), TreeError> {
+    for (index, op) in ops.iter().enumerate() {
+        if let Err(e) = validate_path(op.path()) {
+            return Err(TreeError::Multi {
+                index,
+                op_path: op.path().to_string(),
+                cause: Box::new(e),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn check_size(path: &str, data: &Option<Vec<u8>>) -> Result<(), TreeError> {
@@ -703,7 +770,7 @@ mod model {
             for p in pending {
                 p.apply_to(&mut mem);
             }
-            let got: Model = mem.nodes.iter().map(|(p, n)| (p.clone(), (n.data.clone(), n.version, n.owner, n.seq))).collect();
+            let got: Model = mem.nodes.iter().map(|(p, n)| (p.to_string(), (n.data.clone(), n.version, n.owner, n.seq))).collect();
             prop_assert_eq!(&got, &model);
             // The children index agrees with the nodes.
             for p in model.keys() {

@@ -233,7 +233,7 @@ pub(crate) fn fold_entries(
 ) {
     for e in entries {
         match e.node {
-            Some(n) => mem.put(e.path.clone(), n),
+            Some(n) => mem.put(e.path.as_str().into(), n),
             None => mem.remove(&e.path),
         }
         if let Some(ps) = paths.as_deref_mut() {
@@ -250,7 +250,7 @@ pub(crate) fn full_load(conn: &Connection, mem: &mut Mem) -> rusqlite::Result<()
         conn.prepare("SELECT parent, name, data, version, owner, ctime, mtime, seq FROM nodes")?;
     let mut rows = stmt.query([])?;
     while let Some(r) = rows.next()? {
-        mem.put(path_of(r.get(0)?, r.get(1)?), row_node(r, 2)?);
+        mem.put(path_of(r.get(0)?, r.get(1)?).into(), row_node(r, 2)?);
     }
     let applied = applied(conn)?;
     let mut synced = applied.max(last_change(conn)?.1);

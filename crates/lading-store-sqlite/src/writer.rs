@@ -175,12 +175,13 @@ impl Writer {
         let writes: Vec<log::RowWrite> = match &self.recent {
             Some(r) if r.from == from && !r.commits.is_empty() => {
                 // From memory: the log after `from` is exactly these commits.
+                last.reserve(r.commits.iter().map(|c| c.1.changed.len()).sum());
                 for (seq, ov, existed) in &r.commits {
                     for ((p, n), e) in ov.changed.iter().zip(existed) {
                         if n.is_none() && !e {
                             continue; // made and dropped within the commit
                         }
-                        last.entry(p.as_str())
+                        last.entry(&**p)
                             .and_modify(|s| s.1 = n.as_ref())
                             .or_insert((*e, n.as_ref()));
                     }
@@ -213,13 +214,13 @@ impl Writer {
                 .prepare_cached("DELETE FROM nodes WHERE parent = ?1 AND name = ?2")?;
             // In the table's key order: neighbouring rows share pages, so the transaction
             // dirties (and the WAL and the next checkpoint copy) far fewer of them.
-            let mut writes = writes;
-            writes.sort_unstable_by(|a, b| key(a.path()).cmp(&key(b.path())));
-            for w in writes {
+            // Each row's key split out once, not at every comparison.
+            let mut writes: Vec<_> = writes.into_iter().map(|w| (key(w.path()), w)).collect();
+            writes.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            for ((parent, name), w) in writes {
                 rows += 1;
                 match w {
-                    log::RowWrite::Upsert(path, n) => {
-                        let (parent, name) = key(path);
+                    log::RowWrite::Upsert(_, n) => {
                         upsert.execute(params![
                             parent,
                             name,
@@ -231,8 +232,7 @@ impl Writer {
                             n.seq
                         ])?;
                     }
-                    log::RowWrite::Delete(path) => {
-                        let (parent, name) = key(path);
+                    log::RowWrite::Delete(_) => {
                         del.execute([parent, name])?;
                     }
                 }
@@ -396,10 +396,10 @@ impl Writer {
             }
             // Whether each changed node is in the committed file: decides UPDATE, INSERT, DELETE,
             // or nothing (a lock made and dropped within the group never reaches SQL).
-            let writes: Vec<(&String, Option<&MemNode>, bool)> = ov
+            let writes: Vec<(&str, Option<&MemNode>, bool)> = ov
                 .changed
                 .iter()
-                .map(|(p, n)| (p, n.as_ref(), base.get(p).is_some()))
+                .map(|(p, n)| (&**p, n.as_ref(), base.get(p).is_some()))
                 .collect();
             needs_sync = !only_ephemeral(&ov, &base);
             drop(mem_guard);
@@ -413,8 +413,7 @@ impl Writer {
                 body,
                 writes
                     .into_iter()
-                    .filter(|(_, node, existed)| node.is_some() || *existed)
-                    .map(|(p, n, existed)| (p.as_str(), n, existed)),
+                    .filter(|(_, node, existed)| node.is_some() || *existed),
             );
             if body.len() == 1 {
                 self.conn.prepare_cached("COMMIT")?.execute([])?;
