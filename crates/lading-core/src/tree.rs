@@ -383,16 +383,40 @@ pub fn validate_path(path: &str) -> Result<(), TreeError> {
     if path.ends_with('/') {
         return Err(TreeError::InvalidPath(path.into(), "must not end with /"));
     }
-    if path[1..]
-        .split('/')
-        .any(|s| s.is_empty() || s == "." || s == "..")
-    {
+    // One pass over the bytes (every `multi` checks every path): segments, and control
+    // characters, of which only C1 (U+0080–U+009F) needs the characters decoded.
+    let bytes = path.as_bytes();
+    let bad_segment = |seg: &[u8]| seg.is_empty() || seg == b"." || seg == b"..";
+    let mut start = 1;
+    let mut ascii = true;
+    for (i, &b) in bytes.iter().enumerate().skip(1) {
+        match b {
+            b'/' => {
+                if bad_segment(&bytes[start..i]) {
+                    return Err(TreeError::InvalidPath(
+                        path.into(),
+                        "empty, . or .. segment",
+                    ));
+                }
+                start = i + 1;
+            }
+            0..0x20 | 0x7f => {
+                return Err(TreeError::InvalidPath(
+                    path.into(),
+                    "contains a control character",
+                ));
+            }
+            0x80.. => ascii = false,
+            _ => {}
+        }
+    }
+    if bad_segment(&bytes[start..]) {
         return Err(TreeError::InvalidPath(
             path.into(),
             "empty, . or .. segment",
         ));
     }
-    if path.chars().any(char::is_control) {
+    if !ascii && path.chars().any(char::is_control) {
         return Err(TreeError::InvalidPath(
             path.into(),
             "contains a control character",
@@ -432,6 +456,14 @@ mod tests {
         assert!(validate_path("/jobs//x").is_err());
         assert!(validate_path("/jobs/../x").is_err());
         assert!(validate_path("/jobs/a\nb").is_err());
+        assert!(validate_path("/jobs/a\u{7f}b").is_err());
+        assert!(
+            validate_path("/jobs/a\u{85}b").is_err(),
+            "a C1 control character"
+        );
+        assert!(validate_path("/jobs/.").is_err());
+        assert!(validate_path("/../jobs").is_err());
+        assert!(validate_path("/jobs/.x/..y/é").is_ok());
         assert_eq!(split_path("/jobs"), ("/", "jobs"));
         assert_eq!(
             split_path("/jobs/states/pending"),

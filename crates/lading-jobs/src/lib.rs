@@ -75,6 +75,7 @@ use lading_core::{Op, OpResult, Tree, TreeError, Watch, WatchKind};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -284,7 +284,7 @@ impl Jobs {
         match c.get_mut(ty) {
             Some(set) => !set.contains(name) && set.insert(name.to_string()),
             None => {
-                c.insert(ty.to_string(), HashSet::from([name.to_string()]));
+                c.insert(ty.to_string(), [name.to_string()].into_iter().collect());
                 true
             }
         }

@@ -221,7 +221,7 @@ impl Below for Layers<'_> {
         let mut names = self.mem.child_candidates(path);
         for ov in self.pending {
             if let Some(added) = ov.added.get(path) {
-                names.extend(added.iter().cloned());
+                names.extend(added.iter().map(|p| split_path(p).1.to_string()));
             }
         }
         names
@@ -255,8 +255,9 @@ enum Kid {
 pub struct Overlay {
     /// Path → its new state (`None`: deleted).
     pub changed: PathMap<Option<MemNode>>,
-    /// Children created in this overlay, per parent (for emptiness checks).
-    added: HashMap<String, HashSet<String>>,
+    /// Children created in this overlay (their paths, shared with `changed`), per parent (for
+    /// emptiness checks).
+    added: HashMap<String, HashSet<Arc<str>>>,
 }
 
 impl Overlay {
@@ -271,7 +272,9 @@ impl Overlay {
     /// Whether the node at `path` currently has a child (in base, pending or this overlay).
     fn has_children(&self, base: &dyn Below, path: &str) -> bool {
         let present = |name: &String| self.lookup(base, &join_path(path, name)).is_some();
-        self.added.get(path).is_some_and(|s| s.iter().any(present))
+        self.added
+            .get(path)
+            .is_some_and(|s| s.iter().any(|p| self.lookup(base, p).is_some()))
             || base.child_candidates(path).iter().any(present)
     }
 
@@ -281,16 +284,16 @@ impl Overlay {
         let prev = self.changed.insert(key.clone(), node);
         let mut kid = Kid::Same;
         if path != "/" {
-            let (parent, name) = split_path(path);
+            let (parent, _) = split_path(path);
             if present {
                 let kids = match self.added.get_mut(parent) {
                     Some(k) => k,
                     None => self.added.entry(parent.to_string()).or_default(),
                 };
-                if kids.insert(name.to_string()) {
+                if kids.insert(key.clone()) {
                     kid = Kid::Added;
                 }
-            } else if self.added.get_mut(parent).is_some_and(|s| s.remove(name)) {
+            } else if self.added.get_mut(parent).is_some_and(|s| s.remove(path)) {
                 kid = Kid::Removed;
             }
         }
@@ -302,17 +305,15 @@ impl Overlay {
             match kid {
                 Kid::Same => {}
                 Kid::Added => {
-                    let (parent, name) = split_path(&p);
-                    if let Some(s) = self.added.get_mut(parent) {
-                        s.remove(name);
+                    if let Some(s) = self.added.get_mut(split_path(&p).0) {
+                        s.remove(&*p);
                     }
                 }
                 Kid::Removed => {
-                    let (parent, name) = split_path(&p);
                     self.added
-                        .entry(parent.to_string())
+                        .entry(split_path(&p).0.to_string())
                         .or_default()
-                        .insert(name.to_string());
+                        .insert(p.clone());
                 }
             }
             match prev {
