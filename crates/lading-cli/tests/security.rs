@@ -5,6 +5,7 @@
 //! as it was. See docs/SECURITY.md.
 
 use lading_server::payload_server::PayloadServer;
+use lading_testkit::poll;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -382,6 +383,35 @@ fn endless_server(head: &'static str, chunk: usize, every: Duration) -> std::net
     addr
 }
 
+/// Waits until the server's metrics show `n` generic-job acceptors waiting.
+async fn waiting_acceptors(s: &Serve, n: usize) {
+    let want = format!("\nlading_generic_acceptors_waiting {n}\n");
+    poll::until(
+        &format!("{n} acceptors waiting"),
+        Duration::from_secs(30),
+        async || {
+            let m = s
+                .http
+                .get(format!("{}/metrics", s.base))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            let line = m
+                .lines()
+                .find(|l| l.starts_with("lading_generic_acceptors_waiting "));
+            if m.contains(&want) {
+                Ok(())
+            } else {
+                Err(line.map(str::to_string))
+            }
+        },
+    )
+    .await
+}
+
 fn manifest(kind: &str, fields: &str, rows: &[String]) -> String {
     let mut s = format!(
         "#%checkm_0.7\n#%profile | http://uc3.cdlib.org/registry/ingest/manifest/{kind}\n\
@@ -692,18 +722,22 @@ async fn idle_and_slow_connections_cannot_lock_the_server_up() {
             s.healthy().await;
         }
     }
-    for _ in 0..10 {
+    // The server stays healthy while they are held, until the idle and half-header ones are
+    // closed once their header time is up (waited on as the first one's end of stream).
+    use tokio::io::AsyncReadExt;
+    let mut b = [0u8; 64];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
         s.healthy().await;
-        // Sleep (time is the subject): the server stays healthy over a second of held connections.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        match tokio::time::timeout(Duration::from_millis(100), held[0].read(&mut b)).await {
+            Ok(Ok(0)) => break,
+            Ok(r) => panic!("an idle connection got {r:?}"),
+            Err(_) => assert!(Instant::now() < deadline, "idle connections never closed"),
+        }
     }
-    // The idle and half-header ones are closed once their header time is up.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let mut closed = 0;
-    for c in held.iter_mut().step_by(3) {
-        use tokio::io::AsyncReadExt;
-        let mut b = [0u8; 64];
-        if let Ok(Ok(0)) = tokio::time::timeout(Duration::from_millis(200), c.read(&mut b)).await {
+    let mut closed = 1;
+    for c in held.iter_mut().step_by(3).skip(1) {
+        if let Ok(Ok(0)) = tokio::time::timeout(Duration::from_secs(10), c.read(&mut b)).await {
             closed += 1;
         }
     }
@@ -1060,13 +1094,13 @@ async fn hardening_roles_overflow_ghost_acceptors_metrics_and_file_modes() {
                 .await;
         }));
     }
-    // Sleep: the long-polls reach the server process (no signal across processes).
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The long-polls reach the server process; then the server notices their hang-ups.
+    waiting_acceptors(&s, 20).await;
     for g in &ghosts {
         g.abort();
     }
-    // Sleep (time is the subject): the server notices the hang-ups.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    waiting_acceptors(&s, 0).await;
+    // No acceptor is left waiting: a ghost that still held on would be counted above.
     let (st, v) = s
         .call(
             ADMIN,
@@ -1076,8 +1110,6 @@ async fn hardening_roles_overflow_ghost_acceptors_metrics_and_file_modes() {
         )
         .await;
     assert!(st.is_success(), "{v}");
-    // Sleep (time is the subject): a ghost that wrongly took the job would have within this.
-    tokio::time::sleep(Duration::from_millis(500)).await;
     let (_, j) = s
         .call(ADMIN, "GET", "/api/v1/types/thumbs/jobs/j1", None)
         .await;
@@ -1158,27 +1190,24 @@ async fn one_submitters_slow_downloads_do_not_hold_every_slot() {
         .await;
     assert_eq!(st, StatusCode::CREATED, "{v}");
     let bobs = v["id"].as_str().unwrap().to_string();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let (_, b) = s
-            .call(ADMIN, "GET", &format!("/api/v1/batches/{bobs}"), None)
-            .await;
-        let downloading = s
-            .jobs_of(&b)
-            .await
-            .iter()
-            .filter(|j| j["status"]["status"] == "Downloading" && j["locked"] == true)
-            .count();
-        if downloading == 2 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "bob's downloads did not start: {b}"
-        );
-        // Sleep: another process's downloads have no event here; polled, with a deadline.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // Another process's downloads have no event here.
+    poll::until(
+        "bob's downloads to start",
+        Duration::from_secs(60),
+        async || {
+            let (_, b) = s
+                .call(ADMIN, "GET", &format!("/api/v1/batches/{bobs}"), None)
+                .await;
+            let downloading = s
+                .jobs_of(&b)
+                .await
+                .iter()
+                .filter(|j| j["status"]["status"] == "Downloading" && j["locked"] == true)
+                .count();
+            if downloading == 2 { Ok(()) } else { Err(b) }
+        },
+    )
+    .await;
     // Alice's tiny file gets a slot and completes while Bob's still drip.
     let (st, v) = s
         .call(

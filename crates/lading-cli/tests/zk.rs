@@ -159,18 +159,18 @@ async fn a_worker_paused_past_its_session_sees_lease_lost_and_commits_nothing() 
     assert_eq!(held, jobs[0].as_str());
     signal(&child, "-STOP");
     // Another worker gets the job once the stalled session has expired, and moves it on.
-    let start = Instant::now();
-    let l = loop {
-        if let Some(l) = e.acquire_job(JobState::Pending).await.unwrap() {
-            break l;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "lock never expired"
-        );
-        // Sleep: ZooKeeper expires the session on its own clock; polled, with a deadline.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    // ZooKeeper expires the session on its own clock.
+    let l = lading_testkit::poll::until(
+        "the stalled lock to expire",
+        Duration::from_secs(30),
+        async || {
+            e.acquire_job(JobState::Pending)
+                .await
+                .unwrap()
+                .ok_or("still locked")
+        },
+    )
+    .await;
     e.job_transition(l, Event::To(JobState::Estimating), None)
         .await
         .unwrap();
@@ -309,27 +309,51 @@ fn running(
 /// Waits for every child to exit; how long each took from `start`. A child still running at
 /// its limit is killed and named.
 fn exit_times(children: &mut [(&str, &mut Child, Duration)], start: Instant) -> Vec<Duration> {
-    let mut done: Vec<Option<Duration>> = vec![None; children.len()];
-    while done.iter().any(Option::is_none) {
-        for (i, (name, c, limit)) in children.iter_mut().enumerate() {
-            if done[i].is_some() {
-                continue;
-            }
-            if c.try_wait().unwrap().is_some() {
-                done[i] = Some(start.elapsed());
-            } else if start.elapsed() > *limit {
-                let _ = c.kill();
+    let n = children.len();
+    let limits: Vec<(&str, u32, Duration)> = children
+        .iter()
+        .map(|(name, c, limit)| (*name, c.id(), *limit))
+        .collect();
+    std::thread::scope(|scope| {
+        // Each exit is waited on by a thread of its own and reported the moment it happens.
+        let (tx, rx) = std::sync::mpsc::channel();
+        for (i, (_, c, _)) in children.iter_mut().enumerate() {
+            let tx = tx.clone();
+            scope.spawn(move || {
                 let _ = c.wait();
-                panic!(
-                    "{name} still running {:.1} s after SIGTERM",
-                    limit.as_secs_f64()
-                );
+                let _ = tx.send((i, start.elapsed()));
+            });
+        }
+        let mut done: Vec<Option<Duration>> = vec![None; n];
+        while let Some(next) = (0..n)
+            .filter(|&i| done[i].is_none())
+            .map(|i| limits[i].2)
+            .min()
+        {
+            match rx.recv_timeout(next.saturating_sub(start.elapsed())) {
+                Ok((i, t)) => done[i] = Some(t),
+                Err(_) => {
+                    let late: Vec<_> = (0..n)
+                        .filter(|&i| done[i].is_none() && start.elapsed() >= limits[i].2)
+                        .collect();
+                    if late.is_empty() {
+                        continue;
+                    }
+                    // The waiting threads end once the children do.
+                    for i in (0..n).filter(|&i| done[i].is_none()) {
+                        // SAFETY: kill only sends a signal, to a child of this test.
+                        unsafe { libc::kill(limits[i].1 as i32, libc::SIGKILL) };
+                    }
+                    let (name, _, limit) = limits[late[0]];
+                    panic!(
+                        "{name} still running {:.1} s after SIGTERM",
+                        limit.as_secs_f64()
+                    );
+                }
             }
         }
-        // Sleep: polls the child's exit against the grace period (time is the subject).
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    done.into_iter().map(Option::unwrap).collect()
+        done.into_iter().map(Option::unwrap).collect()
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -573,6 +573,8 @@ pub struct Jobs {
     idle_acceptors: AtomicUsize,
     /// How many times an acceptor has parked (see [`Jobs::parked`]).
     parked: tokio::sync::watch::Sender<u64>,
+    /// How many times a subscription wait has parked (see [`Jobs::parked_waits`]).
+    parked_waits: tokio::sync::watch::Sender<u64>,
     /// Types known to exist (types are never deleted), with their settings as last read.
     types: Mutex<HashMap<String, (Arc<TypeSettings>, Instant)>>,
     subs: Mutex<HashMap<SubId, Sub>>,
@@ -677,6 +679,7 @@ impl Jobs {
             unclaimed: Notify::new(),
             idle_acceptors: AtomicUsize::new(0),
             parked: tokio::sync::watch::Sender::new(0),
+            parked_waits: tokio::sync::watch::Sender::new(0),
             types: Mutex::new(HashMap::new()),
             subs: Mutex::new(HashMap::new()),
             next_sub: AtomicU64::new(1),
@@ -694,6 +697,18 @@ impl Jobs {
     /// adds the jobs they should wake for, instead of sleeping and hoping.
     pub fn parked(&self) -> tokio::sync::watch::Receiver<u64> {
         self.parked.subscribe()
+    }
+
+    /// How many times a [`Jobs::wait`] has parked: found no change to report and started
+    /// waiting for one (what [`Jobs::parked`] is for acceptors).
+    pub fn parked_waits(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.parked_waits.subscribe()
+    }
+
+    /// Acceptors of this API waiting for a job now (a processor idle, or a client's
+    /// long-poll); one whose caller went away is no longer counted.
+    pub fn waiting_acceptors(&self) -> usize {
+        self.idle_acceptors.load(Ordering::Relaxed)
     }
 
     /// The same API with `random` for its choices (a seeded source makes a test

@@ -136,6 +136,7 @@ impl Jobs {
             if left.is_zero() {
                 return Ok(None);
             }
+            self.parked_waits.send_modify(|n| *n += 1);
             tokio::select! {
                 _ = any_fired(&mut watches) => {}
                 _ = tokio::time::sleep(left) => return Ok(None),

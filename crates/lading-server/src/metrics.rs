@@ -86,6 +86,17 @@ pub async fn metrics(State(s): State<AppState>) -> Result<Response, ApiError> {
         }
     }
 
+    family(
+        &mut out,
+        "lading_generic_acceptors_waiting",
+        "gauge",
+        "Generic-job acceptors in this process waiting for a job (idle processors and long-polls).",
+    );
+    let _ = writeln!(
+        out,
+        "lading_generic_acceptors_waiting {}",
+        s.jobs.waiting_acceptors()
+    );
     let stats = &s.ingest.stats;
     family(
         &mut out,

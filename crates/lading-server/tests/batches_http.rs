@@ -488,22 +488,19 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
     }
     s.call("DELETE", "/api/v1/queues/accessSmall/pause", None)
         .await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    // An access request's state has no event stream.
+    lading_testkit::poll::until("the access request", Duration::from_secs(30), async || {
         let (_, v) = s
             .call_as(SUBMITTER, "GET", &format!("/api/v1/access/{token}"), None)
             .await;
-        if v["state"] == "Completed" {
-            break;
-        }
         assert_ne!(v["state"], "Failed", "{v}");
-        assert!(
-            std::time::Instant::now() < deadline,
-            "access request stuck: {v}"
-        );
-        // Sleep: an access request's state has no event stream; polled, with a deadline.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        if v["state"] == "Completed" {
+            Ok(())
+        } else {
+            Err(v)
+        }
+    })
+    .await;
     let r = s
         .http
         .get(format!("{}/api/v1/access/{token}/file", s.base))

@@ -8,21 +8,17 @@ use common::*;
 use lading_core::{BatchState, Event, JobState};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Calls `GET path` until `ok` holds for the answer (at most 20 s).
 async fn until(s: &Server, path: &str, ok: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    // The overview read back after a restart has no signal.
+    lading_testkit::poll::until(path, Duration::from_secs(20), async || {
         let (st, v) = s.call("GET", path, None).await;
         assert_eq!(st, StatusCode::OK, "{v}");
-        if ok(&v) {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "never held: {v:#}");
-        // Sleep: the overview read back after a restart has no signal; polled, with a deadline.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        if ok(&v) { Ok(v) } else { Err(v) }
+    })
+    .await
 }
 
 fn totals(ov: &Value) -> (u64, u64) {

@@ -12,7 +12,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{FromRawFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A headless Chromium and its DevTools pipe (commands on its fd 3, replies on its fd 4).
 struct Browser {
@@ -118,15 +118,15 @@ impl Browser {
 
     /// Waits until `js` is true in the page.
     fn wait_for(&mut self, session: &str, js: &str) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self.eval(session, js) != json!(true) {
-            assert!(
-                Instant::now() < deadline,
+        // A condition inside the browser's page has no signal to wait on.
+        let met = lading_testkit::poll::within_blocking(Duration::from_secs(30), || {
+            (self.eval(session, js) == json!(true)).then_some(())
+        });
+        if met.is_none() {
+            panic!(
                 "page never satisfied {js}; the page: {}",
                 self.eval(session, "location.hash + ' | rendered ' + document.body.dataset.rendered + ' | busy ' + document.body.dataset.busy + ' | clicks ' + JSON.stringify(window.__clicks || []) + ' | fetched ' + performance.getEntriesByType('resource').slice(-6).map((e) => e.name.replace(location.origin, '') + ' ' + Math.round(e.startTime) + '+' + Math.round(e.duration)).join(', ') + ' | now ' + Math.round(performance.now()) + ' | error ' + (document.getElementById('error').hidden ? '(hidden) ' : '') + document.getElementById('error-text').textContent + ' | ' + document.querySelector('main').innerText.slice(0, 300)")
             );
-            // Sleep: a condition inside the browser's page has no signal to wait on; polled.
-            std::thread::sleep(Duration::from_millis(100));
         }
     }
 

@@ -271,15 +271,13 @@ async fn other_handles_commits_are_found_through_the_counter_or_the_poll() {
     let c = SqliteTree::open(&file, SqliteOptions::default()).unwrap();
     assert!(c.get("/late").await.unwrap().is_none());
     create_uncounted(&b, "/late", &counter).await;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while c.get("/late").await.unwrap().is_none() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the poll never found the uncounted commit"
-        );
-        // Sleep (time is the subject): the handle's poll finds an uncounted commit within its interval.
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    // The handle's own poll finds it within its interval, with no signal to this test.
+    lading_testkit::poll::until(
+        "the poll to find the uncounted commit",
+        std::time::Duration::from_secs(5),
+        async || c.get("/late").await.unwrap().ok_or("not yet"),
+    )
+    .await;
     // After one more counted commit everyone agrees, and the data is intact.
     b.create("/done", None, CreateMode::Persistent)
         .await
@@ -384,21 +382,22 @@ async fn a_quiet_store_brings_its_table_up_to_date_on_its_own() {
     let a = SqliteTree::open(&file, opts).unwrap();
     churn(&a, 20).await;
     let want = dump(&a).await;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let (rows, applied) = table(&file);
-        if applied == max_seq(&file) {
-            assert_eq!(rows, want, "the table holds exactly the tree");
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "table still at {applied}, log at {}",
-            max_seq(&file)
-        );
-        // Sleep (time is the subject): the table catches up on a quiet second, by itself.
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    // The table catches up on a quiet second, by itself.
+    let rows = lading_testkit::poll::until(
+        "the table to catch up",
+        std::time::Duration::from_secs(10),
+        async || {
+            let (rows, applied) = table(&file);
+            let log = max_seq(&file);
+            if applied == log {
+                Ok(rows)
+            } else {
+                Err(format!("table at {applied}, log at {log}"))
+            }
+        },
+    )
+    .await;
+    assert_eq!(rows, want, "the table holds exactly the tree");
     assert!(a.stats().materializations >= 1);
     a.close().await.unwrap();
 }

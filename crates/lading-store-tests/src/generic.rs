@@ -568,9 +568,12 @@ pub async fn generic_jobs_subscribers_see_each_state_change(h: &dyn Harness) {
     // woken late (a loaded machine) would see the later state, as it should.
     let w = worker.clone();
     let (seen, seen_rx) = tokio::sync::oneshot::channel::<()>();
+    let mut parked = j.parked_waits();
+    let before = *parked.borrow_and_update();
     let run = tokio::spawn(async move {
-        // Sleep: the subscriber starts waiting before the job runs (a late waiter is also correct).
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The subscriber is waiting before the job runs (a late one would also be correct,
+        // but would not be woken).
+        parked.wait_for(|n| *n > before).await.unwrap();
         let mut job = w.accept("sub", &NOW).await.unwrap().unwrap();
         seen_rx.await.unwrap();
         w.finish(&mut job, None).await.unwrap();
@@ -621,9 +624,11 @@ pub async fn generic_jobs_unused_subscriptions_expire(h: &dyn Harness) {
     let (held, _) = j.subscribe("subx", "a").await.unwrap();
     // One is waited on for a long time, another briefly after five minutes.
     let j2 = j.clone();
+    let mut parked = j.parked_waits();
+    let parked_before = *parked.borrow_and_update();
     let long_wait = tokio::spawn(async move { j2.wait(&[held], None, WAIT * 10).await });
-    // Let it start waiting (its first poll marks the subscription as in use).
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Once it waits, its subscription is marked in use.
+    parked.wait_for(|n| *n > parked_before).await.unwrap();
     clock.advance_ms(5 * 60_000);
     assert!(
         j.wait(&[used], None, Duration::ZERO)

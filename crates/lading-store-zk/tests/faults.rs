@@ -10,7 +10,7 @@ use lading_testkit::zk::{Relay, ZkEnsemble, ZkServer, free_port};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn opts(session_ms: u64) -> ZkOptions {
     ZkOptions {
@@ -109,33 +109,34 @@ async fn workers_carry_on_when_the_leader_dies_and_no_job_is_lost_or_doubled() {
         )));
     }
     // Kill the leader once work is under way.
-    let start = Instant::now();
-    while done.lock().unwrap().len() < N && start.elapsed() < WAIT {
-        // Sleep: lets work get under way before the leader is killed.
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    lading_testkit::poll::until("work under way", WAIT, async || {
+        let n = done.lock().unwrap().len();
+        if n >= N { Ok(()) } else { Err(n) }
+    })
+    .await;
     let leader = ens.wait_leader(Duration::from_secs(10)).expect("a leader");
     ens.nodes[leader].kill();
     let killed_at = done.lock().unwrap().len();
     assert!(killed_at < N * 8, "the leader died while work remained");
     // Work continues after re-election and finishes.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let completed = admin
-            .job_counts()
-            .await
-            .ok()
-            .map(|c| c.get(&JobState::Completed).copied().unwrap_or(0));
-        if completed == Some(N as u64) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "jobs did not all complete: {completed:?}"
-        );
-        // Sleep: completion across a leader's death; polled, with a deadline.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // Completion across a leader's death, read through another session.
+    lading_testkit::poll::until(
+        "every job to complete",
+        Duration::from_secs(120),
+        async || {
+            let completed = admin
+                .job_counts()
+                .await
+                .ok()
+                .map(|c| c.get(&JobState::Completed).copied().unwrap_or(0));
+            if completed == Some(N as u64) {
+                Ok(())
+            } else {
+                Err(completed)
+            }
+        },
+    )
+    .await;
     stop.store(true, Ordering::SeqCst);
     for w in workers {
         w.await.unwrap();

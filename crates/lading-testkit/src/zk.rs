@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Where Debian installs the server and the logging binding it needs.
 const CLASSPATH: &str = "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar";
@@ -81,13 +81,9 @@ impl ZkNode {
     }
 
     fn wait_ready(&self, within: Duration) -> Result<(), ServerError> {
-        let start = Instant::now();
-        while start.elapsed() < within {
-            if self.mode().is_some() {
-                return Ok(());
-            }
-            // Sleep: a separate Java process starts serving; polled, with a deadline.
-            std::thread::sleep(Duration::from_millis(100));
+        // A separate Java process starts serving: no signal reaches this one.
+        if crate::poll::within_blocking(within, || self.mode()).is_some() {
+            return Ok(());
         }
         Err(ServerError::NotReady {
             port: self.port,
@@ -247,15 +243,7 @@ impl ZkEnsemble {
 
     /// Waits until some running node reports itself leader.
     pub fn wait_leader(&self, within: Duration) -> Option<usize> {
-        let start = Instant::now();
-        while start.elapsed() < within {
-            if let Some(i) = self.leader() {
-                return Some(i);
-            }
-            // Sleep: a separate Java process elects a leader; polled, with a deadline.
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        None
+        crate::poll::within_blocking(within, || self.leader())
     }
 }
 

@@ -8,7 +8,7 @@ use lading_store_sqlite::{SqliteOptions, SqliteTree};
 use std::path::Path;
 use std::process::Child;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Longest a test waits for another process's progress.
 pub const UNTIL: Duration = Duration::from_secs(90);
@@ -31,13 +31,8 @@ pub async fn engine(db: &Path) -> Arc<Engine> {
     e
 }
 
-/// Waits until `cond` holds, looking every 50 ms: another process's progress has no event
+/// Waits until `cond` holds, looked at again and again: another process's progress has no event
 /// this process could wait on (its commits reach this handle only when it reads).
-pub async fn until(what: &str, mut cond: impl AsyncFnMut() -> bool) {
-    let start = Instant::now();
-    while !cond().await {
-        assert!(start.elapsed() < UNTIL, "timed out waiting for {what}");
-        // Sleep: see above; polled, with a deadline.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+pub async fn until(what: &str, cond: impl AsyncFnMut() -> bool) {
+    lading_testkit::poll::until_true(what, UNTIL, cond).await
 }
