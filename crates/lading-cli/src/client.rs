@@ -1,8 +1,9 @@
 //! The command line as a client of `lading serve` (`--server URL --token T`): submit (by URL,
 //! or a local file as an upload), status, and the admin verbs, over the HTTP API.
 
-use lading_server::client::{Client, enc};
-use serde_json::{Value, json};
+use lading_server::api::SubmitRequest;
+use lading_server::client::Client;
+use serde_json::Value;
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -16,25 +17,18 @@ pub async fn submit(
     title: Option<String>,
     wait: bool,
 ) -> anyhow::Result<()> {
-    let is_url = payload.contains("://");
-    let v = if is_url {
-        let mut body = json!({"payload_url": payload, "profile": profile, "type": payload_type});
-        if let Some(t) = title {
-            body["title"] = json!(t);
-        }
-        if let Some(s) = submitter {
-            body["submitter"] = json!(s);
-        }
-        c.call("POST", "/api/v1/batches", Some(body)).await?
+    let mut req = SubmitRequest {
+        profile: profile.to_string(),
+        payload_type: Some(payload_type.to_string()),
+        title,
+        submitter,
+        ..Default::default()
+    };
+    let v = if payload.contains("://") {
+        req.payload_url = Some(payload.to_string());
+        c.submit(&req).await?
     } else {
-        let mut q = format!("profile={}&type={}", enc(profile), enc(payload_type));
-        if let Some(t) = title {
-            q.push_str(&format!("&title={}", enc(&t)));
-        }
-        if let Some(s) = submitter {
-            q.push_str(&format!("&submitter={}", enc(&s)));
-        }
-        c.upload(Path::new(payload), &q).await?
+        c.upload(Path::new(payload), &req).await?
     };
     let bid = v["id"].as_str().unwrap_or_default().to_string();
     println!("{bid}");

@@ -26,7 +26,7 @@ use axum::{Extension, Json, Router};
 use lading_core::layout::{BatchId, JobId, QUEUE_NAMES};
 use lading_core::{BatchState, JobState};
 use lading_engine::EngineError;
-use lading_ingest::{Submission, SubmitError};
+use lading_ingest::SubmitError;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -102,46 +102,27 @@ fn not_found_batch(id: &str) -> ApiError {
     EngineError::NoBatch(id.to_string()).into()
 }
 
-#[derive(Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct SubmitBody {
-    payload_url: String,
-    profile: String,
-    #[serde(rename = "type", default = "default_type")]
-    payload_type: String,
-    title: Option<String>,
-    creator: Option<String>,
-    date: Option<String>,
-    local_id: Option<String>,
-    primary_id: Option<String>,
-    /// Admin tokens only: submit on someone's behalf.
-    submitter: Option<String>,
-}
-
-fn default_type() -> String {
-    "file".into()
-}
-
-#[utoipa::path(post, path = "/api/v1/batches", tag = "batches", summary = "Submit a batch by payload URL", request_body = SubmitBody, responses((status = 201, description = "the batch, Pending", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+#[utoipa::path(post, path = "/api/v1/batches", tag = "batches", summary = "Submit a batch by payload URL", request_body = crate::api::SubmitRequest, responses((status = 201, description = "the batch, Pending", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn submit(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
-    Body(b): Body<SubmitBody>,
+    Body(mut b): Body<crate::api::SubmitRequest>,
 ) -> Result<Response> {
-    let submitter = p.submitter(b.submitter)?;
-    let sub = Submission {
-        profile: b.profile,
+    let payload_url = b.payload_url.take().ok_or_else(|| {
+        // As any other missing field of the body.
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid",
+            "missing field `payload_url` (the payload's URL; to send a file, upload it)",
+        )
+    })?;
+    let submitter = p.submitter(b.submitter.take())?;
+    // Whoever sends it, a URL that comes in over the API is held to the payload policy.
+    let sub = b.into_submission(
         submitter,
-        payload_url: b.payload_url,
-        payload_type: b.payload_type,
-        title: b.title,
-        creator: b.creator,
-        date: b.date,
-        local_id: b.local_id,
-        primary_id: b.primary_id,
-        // Whoever sends it, a URL that comes in over the API is held to the payload policy.
-        trust: lading_ingest::Trust::Depositor { upload: None },
-    };
+        payload_url,
+        lading_ingest::Trust::Depositor { upload: None },
+    );
     let bid = lading_ingest::submit(&s.ingest, &sub).await?;
     Ok((
         StatusCode::CREATED,

@@ -2,6 +2,7 @@
 //! anything else that talks to a `lading serve`: bearer auth, JSON answers, errors as
 //! [`HttpError`] with the server's message and status, multipart uploads streamed from disk.
 
+use crate::api::SubmitRequest;
 use futures_util::StreamExt;
 use serde_json::Value;
 use std::path::Path;
@@ -87,8 +88,20 @@ impl Client {
         Self::answer(resp).await
     }
 
-    /// Uploads a local file as a batch (multipart, streamed from disk).
-    pub async fn upload(&self, file: &Path, query: &str) -> anyhow::Result<Value> {
+    /// Submits a batch by URL (`req.payload_url`).
+    pub async fn submit(&self, req: &SubmitRequest) -> anyhow::Result<Value> {
+        let resp = self
+            .request("POST", "/api/v1/batches")?
+            .json(req)
+            .send()
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot reach {}: {e}", self.base))?;
+        Self::answer(resp).await
+    }
+
+    /// Uploads a local file as a batch (multipart, streamed from disk), described by `req`
+    /// (without a `payload_url`: the file is the payload).
+    pub async fn upload(&self, file: &Path, req: &SubmitRequest) -> anyhow::Result<Value> {
         let name = file
             .file_name()
             .and_then(|n| n.to_str())
@@ -112,7 +125,8 @@ impl Client {
             .chain(tokio_util::io::ReaderStream::new(f))
             .chain(part(tail));
         let resp = self
-            .request("POST", &format!("/api/v1/batches/upload?{query}"))?
+            .request("POST", "/api/v1/batches/upload")?
+            .query(req)
             .header(
                 "content-type",
                 format!("multipart/form-data; boundary={boundary}"),

@@ -6,6 +6,7 @@
 //! refused) by [`Body`], so a typo is an error, not a silently ignored field.
 
 pub mod access;
+pub mod api;
 pub mod auth;
 mod batches;
 pub mod client;

@@ -12,27 +12,12 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use lading_ingest::{PayloadType, Submission};
-use serde::Deserialize;
+use lading_ingest::PayloadType;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::io::AsyncWriteExt;
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct UploadQuery {
-    profile: String,
-    #[serde(rename = "type")]
-    payload_type: Option<String>,
-    title: Option<String>,
-    creator: Option<String>,
-    date: Option<String>,
-    local_id: Option<String>,
-    primary_id: Option<String>,
-    submitter: Option<String>,
-}
 
 /// A file name safe to create in the upload folder, or why not.
 pub fn check_name(name: &str) -> Result<&str, ApiError> {
@@ -267,18 +252,22 @@ async fn save(
 pub async fn upload(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
-    Query(q): Query<UploadQuery>,
+    Query(mut q): Query<crate::api::SubmitRequest>,
     Form(mut multipart, over): Form,
 ) -> Result<Response, ApiError> {
     // Refuse what can be refused before reading a byte of the body.
+    if q.payload_url.is_some() {
+        return Err(ApiError::bad_request(
+            "payload_url is not taken with an upload: the uploaded file is the payload",
+        ));
+    }
     s.ingest
         .profile(&q.profile)
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let payload_type = q.payload_type.unwrap_or_else(|| "file".into());
-    if PayloadType::parse(&payload_type).is_none() {
-        return Err(lading_ingest::SubmitError::PayloadType(payload_type).into());
+    if PayloadType::parse(q.payload_type()).is_none() {
+        return Err(lading_ingest::SubmitError::PayloadType(q.payload_type().to_string()).into());
     }
-    let submitter = p.submitter(q.submitter)?;
+    let submitter = p.submitter(q.submitter.take())?;
     let root = std::path::absolute(s.ingest.cfg.data_dir.join("uploads"))
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
     let dir = root.join(uuid::Uuid::new_v4().simple().to_string());
@@ -300,21 +289,11 @@ pub async fn upload(
     }
     let (path, size) = saved?;
     let payload_url = format!("file://{}", path.display());
-    let sub = Submission {
-        profile: q.profile,
-        submitter,
-        payload_url: payload_url.clone(),
-        payload_type,
-        title: q.title,
-        creator: q.creator,
-        date: q.date,
-        local_id: q.local_id,
-        primary_id: q.primary_id,
-        // The upload itself is the server's own file; URLs inside it are the depositor's.
-        trust: lading_ingest::Trust::Depositor {
-            upload: Some(payload_url),
-        },
+    // The upload itself is the server's own file; URLs inside it are the depositor's.
+    let trust = lading_ingest::Trust::Depositor {
+        upload: Some(payload_url.clone()),
     };
+    let sub = q.into_submission(submitter, payload_url, trust);
     let bid = lading_ingest::submit(&s.ingest, &sub).await?;
     scrap.0 = None;
     Ok((

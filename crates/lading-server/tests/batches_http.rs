@@ -89,6 +89,11 @@ async fn submitters_see_only_their_batches_and_bad_submissions_change_nothing() 
             "unknown payload type \"zip\"",
         ),
         (
+            json!({"profile": "demo"}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "missing field `payload_url`",
+        ),
+        (
             json!({"payload_url": url, "profile": "demo", "colour": "red"}),
             StatusCode::UNPROCESSABLE_ENTITY,
             "unknown field `colour`",

@@ -123,7 +123,7 @@ async fn the_openapi_document_describes_every_route() {
             );
         }
     }
-    let submit = &doc["components"]["schemas"]["SubmitBody"];
+    let submit = &doc["components"]["schemas"]["SubmitRequest"];
     assert!(
         submit["required"]
             .as_array()

@@ -126,6 +126,13 @@ async fn bad_uploads_are_refused_and_leave_nothing() {
                 "unknown payload type",
             ),
             (
+                "/api/v1/batches/upload?profile=demo&payload_url=http%3A%2F%2Fexample.org%2Fx",
+                ct6.clone(),
+                b6.clone(),
+                StatusCode::BAD_REQUEST,
+                "payload_url is not taken with an upload",
+            ),
+            (
                 "/api/v1/batches/upload?profile=demo&colour=red",
                 ct6,
                 b6,
