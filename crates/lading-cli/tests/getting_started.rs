@@ -62,14 +62,20 @@ fn the_readmes_getting_started_block_runs_as_written() {
         .spawn()
         .unwrap();
     // A hung step fails the test instead of hanging it: the whole group goes after 5 min.
+    // The watchdog stands down as soon as the block ends (its group id may be reused later).
     let pid = child.id() as i32;
-    std::thread::spawn(move || {
-        // Sleep (time is the subject): the watchdog's five minutes.
-        std::thread::sleep(Duration::from_secs(300));
-        // SAFETY: kill only sends a signal, to the group the block runs in.
-        unsafe { libc::kill(-pid, libc::SIGKILL) };
+    let (ended, watch) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+            watch.recv_timeout(Duration::from_secs(300))
+        {
+            // SAFETY: kill only sends a signal, to the group the block runs in.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+        }
     });
     let out = child.wait_with_output().unwrap();
+    let _ = ended.send(());
+    watchdog.join().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);

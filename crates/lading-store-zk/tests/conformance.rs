@@ -57,9 +57,20 @@ impl Harness for ZkHarness {
                     Box::pin(async move {
                         // The process is cut off (as if stalled) past its session timeout: the
                         // server expires the session and removes its ephemeral nodes.
+                        let id = t.session_id();
                         relay.partition(true);
-                        // Sleep (time is the subject): past the session timeout, the server expires the session.
-                        tokio::time::sleep(SESSION * 2).await;
+                        lading_testkit::poll::until_with(
+                            "the server to expire the session",
+                            Duration::from_secs(60),
+                            move || async move {
+                                if server().node.has_session(id) {
+                                    Err("still held")
+                                } else {
+                                    Ok(())
+                                }
+                            },
+                        )
+                        .await;
                         relay.partition(false);
                         assert!(t.wait_expired(Duration::from_secs(30)).await, "expiry seen");
                         // The process notices on its next contact and opens a new session.

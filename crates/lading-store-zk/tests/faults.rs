@@ -235,15 +235,29 @@ async fn a_session_that_expires_mid_transition_commits_nothing() {
     let lease = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
     let session = t.session_id();
     // The request is lost and the worker is cut off until its session has expired.
+    let mut lost = relay.lost();
+    let lost_before = *lost.borrow_and_update();
     relay.drop_requests(true);
     let relay = Arc::new(relay);
     let r = relay.clone();
     tokio::spawn(async move {
-        // The lost request cuts the connection; then a partition outlasts the session.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // The lost request cuts the connection; then a partition outlasts the session, until
+        // the server has dropped it.
+        lost.wait_for(|n| *n > lost_before).await.unwrap();
         r.partition(true);
         r.drop_requests(false);
-        tokio::time::sleep(Duration::from_secs(5)).await;
+        lading_testkit::poll::until_with(
+            "the server to expire the session",
+            Duration::from_secs(60),
+            move || async move {
+                if server().node.has_session(session) {
+                    Err("still held")
+                } else {
+                    Ok(())
+                }
+            },
+        )
+        .await;
         r.partition(false);
     });
     let err = e

@@ -29,8 +29,33 @@ pub async fn until<T, E: Debug>(
                 "timed out after {within:?} waiting for {what}; last seen: {seen:?}"
             ),
         }
-        tokio::time::sleep(EVERY).await;
+        pause().await;
     }
+}
+
+/// [`until`] for a condition written as a closure that returns a future: what a task
+/// handed to `tokio::spawn` needs, as the futures of `async` closures are not known to be
+/// `Send`.
+pub async fn until_with<T, E: Debug, F: std::future::Future<Output = Result<T, E>>>(
+    what: &str,
+    within: Duration,
+    mut cond: impl FnMut() -> F,
+) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        match cond().await {
+            Ok(t) => return t,
+            Err(seen) => assert!(
+                Instant::now() < deadline,
+                "timed out after {within:?} waiting for {what}; last seen: {seen:?}"
+            ),
+        }
+        pause().await;
+    }
+}
+
+async fn pause() {
+    tokio::time::sleep(EVERY).await
 }
 
 /// [`until`] for a plain condition.

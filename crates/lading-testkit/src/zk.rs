@@ -92,6 +92,12 @@ impl ZkNode {
         })
     }
 
+    /// Whether the server still holds session `id` (its `dump`, on a standalone server or
+    /// the leader, lists every live session).
+    pub fn has_session(&self, id: u64) -> bool {
+        four_letter(self.port, "dump").contains(&format!("0x{id:x}"))
+    }
+
     /// Kills the process at once (SIGKILL), as a crash would.
     pub fn kill(&mut self) {
         if let Some((mut c, stdin)) = self.child.take() {
@@ -254,12 +260,13 @@ pub struct Relay {
     state: std::sync::Arc<RelayState>,
 }
 
-#[derive(Default)]
 struct RelayState {
     drop_replies: std::sync::atomic::AtomicBool,
     drop_requests: std::sync::atomic::AtomicBool,
     refuse: std::sync::atomic::AtomicBool,
     cut: tokio::sync::Notify,
+    /// Requests and replies lost so far (see [`Relay::lost`]).
+    lost: tokio::sync::watch::Sender<u64>,
 }
 
 impl Relay {
@@ -268,7 +275,13 @@ impl Relay {
         use std::sync::atomic::Ordering::SeqCst;
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let port = l.local_addr()?.port();
-        let state = std::sync::Arc::new(RelayState::default());
+        let state = std::sync::Arc::new(RelayState {
+            drop_replies: Default::default(),
+            drop_requests: Default::default(),
+            refuse: Default::default(),
+            cut: Default::default(),
+            lost: tokio::sync::watch::Sender::new(0),
+        });
         let st = state.clone();
         tokio::spawn(async move {
             loop {
@@ -305,6 +318,12 @@ impl Relay {
             .store(on, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// How many requests and replies were lost (each cut its connection): a test waits for
+    /// it to move instead of sleeping.
+    pub fn lost(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.state.lost.subscribe()
+    }
+
     /// A partition: live connections are cut and new ones closed at once, until `false`.
     pub fn partition(&self, on: bool) {
         self.state
@@ -338,7 +357,11 @@ async fn pump(
         } else {
             st.drop_replies.load(SeqCst)
         };
-        if lose || st.refuse.load(SeqCst) || to.write_all(&buf[..n]).await.is_err() {
+        if lose {
+            st.lost.send_modify(|n| *n += 1);
+            return;
+        }
+        if st.refuse.load(SeqCst) || to.write_all(&buf[..n]).await.is_err() {
             return;
         }
     }
