@@ -2,13 +2,22 @@
 //! instead of sleeping; timestamps are written the way Merritt writes them
 //! (`2026-11-21 14:03:07 +0000`) and read in that form or RFC 3339.
 
-use std::sync::Arc;
+use crate::BoxFuture;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// A source of wall-clock time in milliseconds since the Unix epoch.
 pub trait Clock: Send + Sync + 'static {
     fn now_ms(&self) -> u64;
+
+    /// For a clock that moves on its own schedule (a test's [`ManualClock`]): a future that
+    /// completes once the clock reads at least `ms`. `None` for the real clock: whoever
+    /// waits for a time sleeps for the difference on the runtime's timer.
+    fn reaches(self: Arc<Self>, _ms: u64) -> Option<BoxFuture<'static, ()>> {
+        None
+    }
 }
 
 /// The real clock.
@@ -24,22 +33,51 @@ impl Clock for SystemClock {
     }
 }
 
-/// A clock that moves only when told to.
+/// A clock that moves only when told to; whoever waits for a time on it (see
+/// [`Clock::reaches`]) is woken when it is moved there.
 #[derive(Debug, Default)]
-pub struct ManualClock(AtomicU64);
+pub struct ManualClock {
+    now: AtomicU64,
+    /// Wakers of futures waiting for the clock to reach their time.
+    waiting: Mutex<Vec<Waker>>,
+}
 
 impl ManualClock {
     pub fn new(start_ms: u64) -> Arc<Self> {
-        Arc::new(ManualClock(AtomicU64::new(start_ms)))
+        Arc::new(ManualClock {
+            now: AtomicU64::new(start_ms),
+            waiting: Mutex::default(),
+        })
     }
     pub fn advance_ms(&self, ms: u64) {
-        self.0.fetch_add(ms, Ordering::SeqCst);
+        self.now.fetch_add(ms, Ordering::SeqCst);
+        // Each looks at the new time itself, and waits again if it is not there yet.
+        let woken = std::mem::take(&mut *self.waiting.lock().unwrap_or_else(|p| p.into_inner()));
+        woken.into_iter().for_each(Waker::wake);
     }
 }
 
 impl Clock for ManualClock {
     fn now_ms(&self) -> u64 {
-        self.0.load(Ordering::SeqCst)
+        self.now.load(Ordering::SeqCst)
+    }
+
+    fn reaches(self: Arc<Self>, ms: u64) -> Option<BoxFuture<'static, ()>> {
+        Some(Box::pin(std::future::poll_fn(
+            move |cx: &mut Context<'_>| {
+                // Registered before the time is read: an advance in between still wakes it.
+                let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+                if !waiting.iter().any(|w| w.will_wake(cx.waker())) {
+                    waiting.push(cx.waker().clone());
+                }
+                drop(waiting);
+                if self.now_ms() >= ms {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            },
+        )))
     }
 }
 
@@ -164,6 +202,42 @@ pub fn parse_ts(s: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_manual_clock_wakes_whoever_waits_for_a_time_when_moved_there() {
+        use std::sync::atomic::AtomicUsize;
+        use std::task::Wake;
+        struct Count(AtomicUsize);
+        impl Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let clock = ManualClock::new(1_000);
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut until = clock
+            .clone()
+            .reaches(1_500)
+            .expect("a manual clock can be waited on");
+        assert!(until.as_mut().poll(&mut cx).is_pending());
+        assert!(
+            until.as_mut().poll(&mut cx).is_pending(),
+            "polled twice, one waker kept"
+        );
+        clock.advance_ms(499);
+        assert_eq!(count.0.load(Ordering::SeqCst), 1, "woken to look");
+        assert!(until.as_mut().poll(&mut cx).is_pending(), "not there yet");
+        clock.advance_ms(1);
+        assert_eq!(count.0.load(Ordering::SeqCst), 2);
+        assert!(until.as_mut().poll(&mut cx).is_ready());
+        assert!(SystemClock.now_ms() > 0);
+        assert!(
+            Arc::new(SystemClock).reaches(0).is_none(),
+            "the real clock is slept on"
+        );
+    }
 
     #[test]
     fn formats_like_merritt() {

@@ -214,13 +214,21 @@ impl Engine {
                 Round::Wait { watches, due } => (watches, due),
             };
             let lost_locally = self.local_conflicts.load(Ordering::Relaxed) != conflicts;
+            // `due` on the engine's clock: a test's manual clock wakes the wait when it is
+            // moved past it; the real one sleeps for it.
+            let due_at = self.clock.now_ms() + due.as_millis() as u64;
+            let until_due = match self.clock.clone().reaches(due_at) {
+                Some(f) => f,
+                None => Box::pin(tokio::time::sleep(due)),
+            };
             self.parked.send_modify(|n| *n += 1);
             tokio::select! {
                 _ = any_of(watches) => {}
                 _ = &mut unclaimed, if lost_locally => {}
                 _ = &mut cancel => return Ok(None),
+                _ = until_due => {}
                 // The safety net: a slow sweep, should a wake-up ever be missed.
-                _ = tokio::time::sleep(due.min(SWEEP)) => {}
+                _ = tokio::time::sleep(SWEEP) => {}
                 _ = tokio::time::sleep_until(deadline) => return Ok(None),
             }
         }

@@ -544,8 +544,10 @@ pub async fn requeue_returns_a_failed_job_to_the_stage_that_failed(h: &dyn Harne
 }
 
 pub async fn deferred_job_is_not_taken_before_its_retry_time(h: &dyn Harness) {
-    let (e, _s) = engine(h, "w1").await;
-    let (other, _s2) = engine(h, "w2").await;
+    // Both processes on one manual clock: the retry time comes when the test moves it.
+    let clock = lading_core::time::ManualClock::new(1_800_000_000_000);
+    let (e, _s) = engine_on_clock(h, "w1", clock.clone()).await;
+    let (other, _s2) = engine_on_clock(h, "w2", clock.clone()).await;
     let (_bid, jobs) = batch_with_jobs(&e, 2, &[]).await;
     let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
     assert_eq!(l.job, jobs[0]);
@@ -573,10 +575,28 @@ pub async fn deferred_job_is_not_taken_before_its_retry_time(h: &dyn Harness) {
             .unwrap()
             .is_none()
     );
-    // A waiting worker is woken when the deferred job becomes due.
-    let l = other
-        .wait_job(JobState::Pending, WAIT)
+    // A waiting worker is woken when the deferred job becomes due, and not before.
+    let mut parked = other.parked();
+    let before = *parked.borrow_and_update();
+    let waiter = {
+        let other = other.clone();
+        tokio::spawn(async move { other.wait_job(JobState::Pending, WAIT).await })
+    };
+    parked.wait_for(|n| *n > before).await.unwrap();
+    clock.advance_ms(1499);
+    assert!(
+        other
+            .acquire_job(JobState::Pending)
+            .await
+            .unwrap()
+            .is_none(),
+        "not a millisecond early"
+    );
+    assert!(!waiter.is_finished(), "the waiter still waits");
+    clock.advance_ms(1);
+    let l = waiter
         .await
+        .unwrap()
         .unwrap()
         .expect("the deferred job once due");
     assert_eq!(l.job, jobs[0]);

@@ -50,8 +50,17 @@ pub trait Harness: Send + Sync + 'static {
 pub const WAIT: Duration = Duration::from_secs(30);
 
 pub async fn engine(h: &dyn Harness, owner: &str) -> (Arc<Engine>, Session) {
+    engine_on_clock(h, owner, system_clock()).await
+}
+
+/// [`engine`] on `clock` (a [`lading_core::time::ManualClock`] where time is the subject).
+pub async fn engine_on_clock(
+    h: &dyn Harness,
+    owner: &str,
+    clock: lading_core::time::SharedClock,
+) -> (Arc<Engine>, Session) {
     let s = h.open().await;
-    let e = Arc::new(Engine::new(s.tree.clone(), system_clock(), owner));
+    let e = Arc::new(Engine::new(s.tree.clone(), clock, owner));
     e.init().await.expect("init");
     (e, s)
 }
