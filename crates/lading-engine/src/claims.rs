@@ -1,6 +1,6 @@
-//! Lock claims and the contention heuristics: which locks this process is taking, which
-//! references are busy (another worker holds them) or deferred (not due yet), and the score
-//! that decides whether a move also takes the next job.
+//! Lock claims (which locks this process is taking, so local workers do not race each
+//! other) and the one waiting skeleton of acquisition. What the claims teach about other
+//! workers is kept by [`crate::contention::Contention`].
 
 use super::*;
 
@@ -25,7 +25,7 @@ impl Engine {
             Ok(_) => Ok(true),
             Err(e) if lost_race(&e) => {
                 if held_by_another(&e, 1) {
-                    self.note_raced();
+                    self.contention.note_raced(self.clock.now_ms());
                 }
                 Ok(false)
             }
@@ -44,18 +44,6 @@ impl Engine {
             self.unclaim(lock);
         }
         got
-    }
-
-    /// Another session holds a lock this process tried for.
-    pub(crate) fn note_raced(&self) {
-        self.raced_at.store(self.clock.now_ms(), Ordering::Relaxed);
-    }
-
-    /// Whether this process lost a lock to another session lately: then several workers
-    /// (processes, hosts) look at the same heads, and picks are spread.
-    pub(crate) fn raced_lately(&self) -> bool {
-        let at = self.raced_at.load(Ordering::Relaxed);
-        at != 0 && self.clock.now_ms().saturating_sub(at) < BUSY_SKIP.as_millis() as u64
     }
 
     pub(crate) fn claim(&self, lock: &str) -> bool {
@@ -83,108 +71,6 @@ impl Engine {
         if had {
             self.unclaimed.notify_waiters();
         }
-    }
-
-    pub(crate) fn is_deferred(&self, folder: &str, reference: &str) -> bool {
-        let mut deferred = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
-        if deferred.is_empty() {
-            return false;
-        }
-        let key = join(folder, reference);
-        match deferred.get(&key) {
-            Some(at) if *at > self.clock.now_ms() => true,
-            Some(_) => {
-                deferred.remove(&key);
-                false
-            }
-            None => false,
-        }
-    }
-
-    pub(crate) fn mark_deferred(&self, folder: &str, reference: &str, at_ms: u64) {
-        let mut deferred = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
-        if deferred.len() > 10_000 {
-            let now = self.clock.now_ms();
-            deferred.retain(|_, at| *at > now);
-        }
-        deferred.insert(join(folder, reference), at_ms);
-    }
-
-    /// How long until the earliest job this process saw deferred becomes due.
-    pub(crate) fn next_due(&self) -> Option<Duration> {
-        let now = self.clock.now_ms();
-        self.deferred
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .filter(|at| **at > now)
-            .min()
-            .map(|at| Duration::from_millis(at - now))
-    }
-
-    pub(crate) fn is_busy(&self, folder: &str, reference: &str) -> bool {
-        let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(f) = busy.get_mut(folder) else {
-            return false;
-        };
-        match f.names.get(reference) {
-            Some(t) if t.elapsed() < BUSY_SKIP => true,
-            Some(_) => {
-                f.names.remove(reference);
-                false
-            }
-            None => false,
-        }
-    }
-
-    /// References of `folder` found locked lately, newest first, at most `n`; older ones are
-    /// forgotten here (a job that moved on leaves its entry behind).
-    pub(crate) fn busy_names(&self, folder: &str, n: usize) -> Vec<String> {
-        let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(f) = busy.get_mut(folder) else {
-            return Vec::new();
-        };
-        f.names.retain(|_, t| t.elapsed() < BUSY_SKIP);
-        let mut v: Vec<(&String, &std::time::Instant)> = f.names.iter().collect();
-        if v.len() > n {
-            v.select_nth_unstable_by(n, |a, b| b.1.cmp(a.1));
-            v.truncate(n);
-        }
-        v.sort_by(|a, b| b.1.cmp(a.1));
-        v.into_iter().map(|(k, _)| k.clone()).collect()
-    }
-
-    pub(crate) fn busy_since(&self, folder: &str, reference: &str) -> Option<std::time::Instant> {
-        let busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
-        busy.get(folder)?.names.get(reference).copied()
-    }
-
-    /// Whether this process met another worker at the head of `folder` lately.
-    pub(crate) fn contended_lately(&self, folder: &str) -> bool {
-        let busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
-        busy.get(folder)
-            .and_then(|f| f.last)
-            .is_some_and(|t| t.elapsed() < BUSY_SKIP)
-    }
-
-    pub(crate) fn mark_busy(&self, folder: &str, reference: &str) {
-        let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
-        let f = busy.entry(folder.to_string()).or_default();
-        if f.names.len() > 10_000 {
-            f.names.retain(|_, t| t.elapsed() < BUSY_SKIP);
-        }
-        let now = std::time::Instant::now();
-        f.names.insert(reference.to_string(), now);
-        f.last = Some(now);
-    }
-
-    /// Moves [`Engine::next_score`] by `by`, within its bounds.
-    pub(crate) fn score_next(&self, by: i32) {
-        let _ = self
-            .next_score
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-                Some((v + by).clamp(-NEXT_SCORE_MAX, NEXT_SCORE_MAX))
-            });
     }
 
     /// The one waiting skeleton of acquisition: each round registers its watches, then tries

@@ -125,19 +125,21 @@ impl Engine {
             // is free, so a lock that has just gone is still found.
             let (mut names, busy): (Vec<&String>, Vec<&String>) = page
                 .iter()
-                .filter(|n| !self.is_deferred(&folder, n))
-                .partition(|n| !self.is_busy(&folder, n));
+                .filter(|n| !self.contention.is_deferred(&folder, n, self.clock.now_ms()))
+                .partition(|n| !self.contention.is_busy(&folder, n));
             // Deferred jobs (parked for a quota slot, waiting to retry) are passed over in
             // memory and do not count: thousands of them never hide a due job behind them.
             scanned += names.len() + busy.len();
             // At most one of them per call, the one found locked longest ago: every such job
             // is still tried in turn, without a burst of refused writes.
-            let busy = busy.into_iter().min_by_key(|n| self.busy_since(&folder, n));
+            let busy = busy
+                .into_iter()
+                .min_by_key(|n| self.contention.busy_since(&folder, n));
             let free = names.len();
             names.extend(busy);
             // Once this process has met other workers at the head of a queue, it spreads its
             // picks from the start; a lone worker takes strictly the head.
-            let mut contended = self.contended_lately(&folder);
+            let mut contended = self.contention.contended_lately(&folder);
             for i in 0..names.len() {
                 if contended && i < free {
                     let j = i + spread_pick(&names[i..free], &*self.random);
@@ -154,7 +156,7 @@ impl Engine {
                     )
                     .await?
                 {
-                    self.mark_busy(&folder, name);
+                    self.contention.mark_busy(&folder, name);
                     contended = true;
                     continue;
                 }
@@ -178,7 +180,7 @@ impl Engine {
     /// lost (each is a round trip on ZooKeeper). Order stays priority-then-age within that
     /// bounded window.
     pub async fn acquire_any(&self, states: &[JobState]) -> Result<Option<JobLease>> {
-        if self.raced_lately() {
+        if self.contention.raced_lately(self.clock.now_ms()) {
             for _ in 0..ANY_TRIES {
                 let Some(c) = self.pick_candidate(states, false).await? else {
                     break;
@@ -187,7 +189,7 @@ impl Engine {
                     .take_lock(&c.lock, Op::check(&c.reference, None))
                     .await?
                 {
-                    self.mark_busy(&c.folder, &c.name);
+                    self.contention.mark_busy(&c.folder, &c.name);
                     continue;
                 }
                 let holds = c.state == JobState::Pending && self.any_collection_held().await?;
@@ -215,7 +217,7 @@ impl Engine {
     ) -> Result<Option<Candidate>> {
         let mut checked_pause = false;
         let mut pool: Vec<(JobState, String, String)> = Vec::new();
-        let contended = self.raced_lately();
+        let contended = self.contention.raced_lately(self.clock.now_ms());
         for &state in states {
             let folder = job_state_folder(state);
             let depth = if contended { 2 * WINDOW } else { 2 * SPREAD };
@@ -232,9 +234,10 @@ impl Engine {
             if state == JobState::Pending && self.any_collection_held().await? {
                 continue;
             }
-            let mut free = page
-                .iter()
-                .filter(|n| !self.is_deferred(&folder, n) && !self.is_busy(&folder, n));
+            let mut free = page.iter().filter(|n| {
+                !self.contention.is_deferred(&folder, n, self.clock.now_ms())
+                    && !self.contention.is_busy(&folder, n)
+            });
             if !contended {
                 // Alone at these heads: the first free one, in order.
                 for name in free.take(SPREAD) {
@@ -324,7 +327,8 @@ impl Engine {
             && at > self.clock.now_ms()
         {
             // Deferred by a worker after a transient error: not due yet.
-            self.mark_deferred(folder, name, at);
+            self.contention
+                .mark_deferred(folder, name, at, self.clock.now_ms());
             self.release_job_lease(lease).await?;
             return Ok(None);
         }
@@ -448,7 +452,10 @@ impl Engine {
             }
             // Jobs that are there but locked become free when their lock goes (a worker
             // released it, or its session expired): watch those locks too.
-            for name in self.busy_names(&job_state_folder(state), WAIT_LOCKS) {
+            for name in self
+                .contention
+                .busy_names(&job_state_folder(state), WAIT_LOCKS)
+            {
                 if let Some((_, jid)) = parse_job_ref(&name) {
                     watches.push(
                         self.tree
@@ -458,7 +465,10 @@ impl Engine {
                 }
             }
             // A job deferred after a transient error becomes due.
-            let due = self.next_due().unwrap_or(SWEEP);
+            let due = self
+                .contention
+                .next_due(self.clock.now_ms())
+                .unwrap_or(SWEEP);
             Ok(Round::Wait { watches, due })
         })
         .await

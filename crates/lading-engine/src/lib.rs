@@ -30,6 +30,7 @@ mod access;
 mod admin;
 mod batches;
 mod claims;
+mod contention;
 mod error;
 mod follow;
 mod holds;
@@ -59,7 +60,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::broadcast;
@@ -68,9 +69,6 @@ use tokio::sync::broadcast;
 const PAGE: usize = 64;
 /// How many next jobs a move tries to lock along with it before it is made alone.
 const NEXT_TRIES: usize = 2;
-/// See `Engine::next_score`.
-const NEXT_SCORE_MAX: i32 = 8;
-const NEXT_PROBE: u32 = 16;
 /// How many free jobs at the head of a contended queue a worker picks among at random.
 const SPREAD: usize = 16;
 /// The head window a contended acquisition over several states picks from, per state.
@@ -239,18 +237,9 @@ pub struct Engine {
     terminal_batches: Mutex<HashMap<BatchId, BatchState>>,
     /// Pause and hold flags read under a watch: valid until the watch fires.
     flags: Mutex<HashMap<String, (bool, Arc<AtomicBool>)>>,
-    /// Job locks another worker was found holding, per state folder: skipped by acquisition
-    /// for a moment, and watched by a waiting worker of that state.
-    busy: Mutex<HashMap<String, BusyFolder>>,
-    /// References of jobs found deferred (a retry time in the future) → that time in ms:
-    /// acquisition skips them without a round trip until then.
-    deferred: Mutex<HashMap<String, u64>>,
-    /// How moves that also lock the next job fared lately: up on success, down harder on a
-    /// race lost to another session. Below zero such moves are mostly made alone (one in
-    /// [`NEXT_PROBE`] still tries): where many sessions share the queue heads, a lost race
-    /// costs a round trip that a plain move and acquisition would not.
-    next_score: AtomicI32,
-    next_calls: AtomicU32,
+    /// What this process learnt lately about other workers (busy and deferred references,
+    /// lost races): see [`contention::Contention`].
+    contention: contention::Contention,
     /// Batches the last batch scan found in a non-terminal state: what a waiting batch worker
     /// watches.
     live_batches: Mutex<Vec<BatchId>>,
@@ -261,17 +250,6 @@ pub struct Engine {
     /// How many times a waiter has parked (see [`Engine::parked`]).
     parked: tokio::sync::watch::Sender<u64>,
     local_conflicts: std::sync::atomic::AtomicU64,
-    /// When (ms, this engine's clock) a lock was last lost to another session: what makes
-    /// acquisition over several states spread its picks.
-    raced_at: std::sync::atomic::AtomicU64,
-}
-
-/// References of one state folder found locked by other workers, and when.
-#[derive(Default)]
-struct BusyFolder {
-    names: HashMap<String, std::time::Instant>,
-    /// When a lock was last found taken here.
-    last: Option<std::time::Instant>,
 }
 
 /// Status field (`/jobs/JID/status`, beside Merritt's fields) holding the earliest time, in
@@ -280,8 +258,6 @@ pub const RETRY_AT_FIELD: &str = "retry_at_ms";
 /// Status field holding how many attempts of the current stage ended in a transient error.
 pub const ATTEMPTS_FIELD: &str = "attempts";
 
-/// How long a job found locked by another worker is skipped by this process's acquisitions.
-const BUSY_SKIP: Duration = Duration::from_millis(500);
 /// Live batches whose status and lock a waiting batch worker watches.
 const WAIT_BATCHES: usize = 32;
 /// Locks of busy jobs a waiting worker watches.
@@ -331,15 +307,11 @@ impl Engine {
             known_folders: Mutex::new(foldhash::HashSet::default()),
             terminal_batches: Mutex::new(HashMap::new()),
             flags: Mutex::new(HashMap::new()),
-            busy: Mutex::new(HashMap::new()),
-            deferred: Mutex::new(HashMap::new()),
-            next_score: AtomicI32::new(0),
-            next_calls: AtomicU32::new(0),
+            contention: Default::default(),
             live_batches: Mutex::new(Vec::new()),
             unclaimed: tokio::sync::Notify::new(),
             parked: tokio::sync::watch::Sender::new(0),
             local_conflicts: std::sync::atomic::AtomicU64::new(0),
-            raced_at: std::sync::atomic::AtomicU64::new(0),
         }
     }
 

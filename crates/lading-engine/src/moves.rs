@@ -258,14 +258,10 @@ impl Engine {
             }
         };
         move_ops.push(Op::delete(&lock, None));
-        let probe = self
-            .next_calls
-            .fetch_add(1, Ordering::Relaxed)
-            .is_multiple_of(NEXT_PROBE);
-        let mut tries = if self.next_score.load(Ordering::Relaxed) < 0 && !probe {
-            NEXT_TRIES
-        } else {
+        let mut tries = if self.contention.take_next_along() {
             0
+        } else {
+            NEXT_TRIES
         };
         let mut taken: Option<(Candidate, Vec<Option<lading_core::Node>>)> = None;
         while tries < NEXT_TRIES {
@@ -299,7 +295,7 @@ impl Engine {
             };
             match moved {
                 Ok(_) => {
-                    self.score_next(1);
+                    self.contention.score_next(1);
                     taken = Some((c, read.unwrap_or_default()));
                     break;
                 }
@@ -311,11 +307,11 @@ impl Engine {
                     }
                     // Another worker took that job, or it moved on: try the next free one
                     // with the move again (each try costs what the move alone would).
-                    self.mark_busy(&c.folder, &c.name);
+                    self.contention.mark_busy(&c.folder, &c.name);
                     if claims::held_by_another(&e, ours + 1) {
-                        self.note_raced();
+                        self.contention.note_raced(self.clock.now_ms());
                     }
-                    self.score_next(-2);
+                    self.contention.score_next(-2);
                 }
             }
         }
@@ -372,12 +368,7 @@ impl Engine {
         let priority = self.job_priority(job).await?;
         let folder = job_state_folder(state);
         let name = job_ref_name(priority, job);
-        let forget = || {
-            self.deferred
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&join(&folder, &name));
-        };
+        let forget = || self.contention.forget_deferred(&folder, &name);
         if retry_at(&status).is_none_or(|at| at <= self.clock.now_ms()) {
             forget();
             return Ok(true);
@@ -448,10 +439,11 @@ impl Engine {
             .multi(ops)
             .await
             .map_err(|e| self.lease_error(e, lease.job.as_str()))?;
-        self.mark_deferred(
+        self.contention.mark_deferred(
             &job_state_folder(lease.state()),
             &job_ref_name(lease.priority, &lease.job),
             retry_at_ms,
+            self.clock.now_ms(),
         );
         Ok(status)
     }

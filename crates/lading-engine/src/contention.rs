@@ -1,0 +1,240 @@
+//! The contention heuristics: what this process learnt lately about other workers, used to
+//! skip work that is busy or not due and to decide how greedy a move may be. Bookkeeping
+//! only, no I/O: it makes acquisition cheaper, never decides correctness (every lock is
+//! still taken in the tree).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long a job found locked by another worker is skipped by this process's acquisitions.
+pub(crate) const BUSY_SKIP: Duration = Duration::from_millis(500);
+/// Bounds of [`Contention::next_score`].
+const NEXT_SCORE_MAX: i32 = 8;
+/// One move in this many tries to take the next job along even when the score says not to.
+const NEXT_PROBE: u32 = 16;
+/// Entries kept per map before old ones are swept.
+const KEEP: usize = 10_000;
+
+#[derive(Default)]
+pub(crate) struct Contention {
+    /// Job locks another worker was found holding, per state folder: skipped by acquisition
+    /// for a moment, and watched by a waiting worker of that state.
+    busy: Mutex<HashMap<String, BusyFolder>>,
+    /// References of jobs found deferred (a retry time in the future) → that time in ms:
+    /// acquisition skips them without a round trip until then.
+    deferred: Mutex<HashMap<String, u64>>,
+    /// How moves that also lock the next job fared lately: up on success, down harder on a
+    /// race lost to another session. Below zero such moves are mostly made alone (one in
+    /// [`NEXT_PROBE`] still tries): where many sessions share the queue heads, a lost race
+    /// costs a round trip that a plain move and acquisition would not.
+    next_score: AtomicI32,
+    next_calls: AtomicU32,
+    /// When (ms, the engine's clock) this process last lost a lock to another session: an
+    /// acquisition over several states spreads its picks.
+    raced_at: AtomicU64,
+}
+
+/// References of one state folder found locked by other workers, and when.
+#[derive(Default)]
+struct BusyFolder {
+    names: HashMap<String, Instant>,
+    /// When a lock was last found taken here.
+    last: Option<Instant>,
+}
+
+fn key(folder: &str, reference: &str) -> String {
+    format!("{folder}/{reference}")
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Contention {
+    /// Whether `reference` of `folder` was seen deferred to after `now_ms`.
+    pub(crate) fn is_deferred(&self, folder: &str, reference: &str, now_ms: u64) -> bool {
+        let mut deferred = lock(&self.deferred);
+        if deferred.is_empty() {
+            return false;
+        }
+        let key = key(folder, reference);
+        match deferred.get(&key) {
+            Some(at) if *at > now_ms => true,
+            Some(_) => {
+                deferred.remove(&key);
+                false
+            }
+            None => false,
+        }
+    }
+
+    pub(crate) fn mark_deferred(&self, folder: &str, reference: &str, at_ms: u64, now_ms: u64) {
+        let mut deferred = lock(&self.deferred);
+        if deferred.len() > KEEP {
+            deferred.retain(|_, at| *at > now_ms);
+        }
+        deferred.insert(key(folder, reference), at_ms);
+    }
+
+    /// Forgets a deferral (the job was woken early).
+    pub(crate) fn forget_deferred(&self, folder: &str, reference: &str) {
+        lock(&self.deferred).remove(&key(folder, reference));
+    }
+
+    /// How long after `now_ms` the earliest job seen deferred becomes due.
+    pub(crate) fn next_due(&self, now_ms: u64) -> Option<Duration> {
+        lock(&self.deferred)
+            .values()
+            .filter(|at| **at > now_ms)
+            .min()
+            .map(|at| Duration::from_millis(at - now_ms))
+    }
+
+    pub(crate) fn is_busy(&self, folder: &str, reference: &str) -> bool {
+        let mut busy = lock(&self.busy);
+        let Some(f) = busy.get_mut(folder) else {
+            return false;
+        };
+        match f.names.get(reference) {
+            Some(t) if t.elapsed() < BUSY_SKIP => true,
+            Some(_) => {
+                f.names.remove(reference);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// References of `folder` found locked lately, newest first, at most `n`; older ones are
+    /// forgotten here (a job that moved on leaves its entry behind).
+    pub(crate) fn busy_names(&self, folder: &str, n: usize) -> Vec<String> {
+        let mut busy = lock(&self.busy);
+        let Some(f) = busy.get_mut(folder) else {
+            return Vec::new();
+        };
+        f.names.retain(|_, t| t.elapsed() < BUSY_SKIP);
+        let mut v: Vec<(&String, &Instant)> = f.names.iter().collect();
+        if v.len() > n {
+            v.select_nth_unstable_by(n, |a, b| b.1.cmp(a.1));
+            v.truncate(n);
+        }
+        v.sort_by(|a, b| b.1.cmp(a.1));
+        v.into_iter().map(|(k, _)| k.clone()).collect()
+    }
+
+    pub(crate) fn busy_since(&self, folder: &str, reference: &str) -> Option<Instant> {
+        lock(&self.busy).get(folder)?.names.get(reference).copied()
+    }
+
+    /// Whether this process met another worker at the head of `folder` lately.
+    pub(crate) fn contended_lately(&self, folder: &str) -> bool {
+        lock(&self.busy)
+            .get(folder)
+            .and_then(|f| f.last)
+            .is_some_and(|t| t.elapsed() < BUSY_SKIP)
+    }
+
+    pub(crate) fn mark_busy(&self, folder: &str, reference: &str) {
+        let mut busy = lock(&self.busy);
+        let f = busy.entry(folder.to_string()).or_default();
+        if f.names.len() > KEEP {
+            f.names.retain(|_, t| t.elapsed() < BUSY_SKIP);
+        }
+        let now = Instant::now();
+        f.names.insert(reference.to_string(), now);
+        f.last = Some(now);
+    }
+
+    /// Moves the next-job score by `by`, within its bounds.
+    pub(crate) fn score_next(&self, by: i32) {
+        let _ = self
+            .next_score
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some((v + by).clamp(-NEXT_SCORE_MAX, NEXT_SCORE_MAX))
+            });
+    }
+
+    /// Whether this move should try to take the next job along: while the score is not
+    /// below zero, and as a probe one time in [`NEXT_PROBE`] when it is.
+    pub(crate) fn take_next_along(&self) -> bool {
+        let probe = self
+            .next_calls
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(NEXT_PROBE);
+        probe || self.next_score.load(Ordering::Relaxed) >= 0
+    }
+
+    /// Another session holds a lock this process tried for (at `now_ms`).
+    pub(crate) fn note_raced(&self, now_ms: u64) {
+        self.raced_at.store(now_ms, Ordering::Relaxed);
+    }
+
+    /// Whether this process lost a lock to another session lately: then several workers
+    /// (processes, hosts) look at the same heads, and picks are spread.
+    pub(crate) fn raced_lately(&self, now_ms: u64) -> bool {
+        let at = self.raced_at.load(Ordering::Relaxed);
+        at != 0 && now_ms.saturating_sub(at) < BUSY_SKIP.as_millis() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deferred_reference_is_skipped_until_due_then_forgotten() {
+        let c = Contention::default();
+        assert!(!c.is_deferred("/f", "a", 0));
+        c.mark_deferred("/f", "a", 1_500, 1_000);
+        assert!(c.is_deferred("/f", "a", 1_499));
+        assert!(!c.is_deferred("/g", "a", 1_499), "per folder");
+        assert_eq!(c.next_due(1_000), Some(Duration::from_millis(500)));
+        assert!(!c.is_deferred("/f", "a", 1_500), "due");
+        assert_eq!(c.next_due(1_500), None, "forgotten once due");
+        c.mark_deferred("/f", "b", 9_000, 1_000);
+        c.forget_deferred("/f", "b");
+        assert!(!c.is_deferred("/f", "b", 1_000), "woken early");
+    }
+
+    #[test]
+    fn busy_references_are_skipped_and_listed_newest_first() {
+        let c = Contention::default();
+        assert!(!c.contended_lately("/f"));
+        c.mark_busy("/f", "a");
+        c.mark_busy("/f", "b");
+        assert!(c.is_busy("/f", "a") && c.is_busy("/f", "b"));
+        assert!(!c.is_busy("/f", "c") && !c.is_busy("/g", "a"));
+        assert!(c.contended_lately("/f"));
+        assert_eq!(c.busy_names("/f", 1), vec!["b".to_string()]);
+        assert_eq!(
+            c.busy_names("/f", 5),
+            vec!["b".to_string(), "a".to_string()]
+        );
+        assert!(c.busy_since("/f", "a") <= c.busy_since("/f", "b"));
+    }
+
+    #[test]
+    fn lost_races_make_moves_go_alone_but_still_probe() {
+        let c = Contention::default();
+        assert!(c.take_next_along(), "the first call probes");
+        assert!(c.take_next_along(), "a score of zero takes the next along");
+        for _ in 0..100 {
+            c.score_next(-2);
+        }
+        let along = (0..NEXT_PROBE * 4).filter(|_| c.take_next_along()).count();
+        assert_eq!(along, 4, "one probe in {NEXT_PROBE}");
+        for _ in 0..100 {
+            c.score_next(1);
+        }
+        assert!(
+            (0..10).all(|_| c.take_next_along()),
+            "bounded: recovers quickly"
+        );
+        assert!(!c.raced_lately(10_000));
+        c.note_raced(10_000);
+        assert!(c.raced_lately(10_000 + BUSY_SKIP.as_millis() as u64 - 1));
+        assert!(!c.raced_lately(10_000 + BUSY_SKIP.as_millis() as u64));
+    }
+}
