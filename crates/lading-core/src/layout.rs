@@ -380,3 +380,181 @@ mod tests {
         assert!(back.contains("\"last_successful_status\":null"));
     }
 }
+
+/// Whether a string field is absent or empty (Merritt writes `""` for none).
+fn blank(v: &Option<String>) -> bool {
+    v.as_deref().is_none_or(str::is_empty)
+}
+
+/// `/batches/BID/submission`: what Lading's submission writes, read also from one Merritt's
+/// ingest service wrote (its names for the same things are looked up in `extra` when
+/// Lading's are absent). Other fields are kept in `extra` and written back as they were.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct BatchSubmission {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collection: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitter: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload_url: Option<String>,
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub payload_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submission_mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub erc_what: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub erc_who: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub erc_when: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary_id: Option<String>,
+    /// Whose URLs the batch holds (`depositor`, or absent for the operator's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload_trust: Option<String>,
+    /// The server-made file of an upload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload_url: Option<String>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl BatchSubmission {
+    /// A field Merritt's ingest service writes under its own name, when Lading's is blank.
+    fn or_theirs<'a>(&'a self, ours: &'a Option<String>, theirs: &str) -> Option<&'a str> {
+        if blank(ours) {
+            self.extra
+                .get(theirs)
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+        } else {
+            ours.as_deref()
+        }
+    }
+    pub fn profile(&self) -> Option<&str> {
+        self.or_theirs(&self.profile_name, "profile")
+    }
+    pub fn creator(&self) -> Option<&str> {
+        self.or_theirs(&self.erc_who, "creator")
+    }
+    pub fn title(&self) -> Option<&str> {
+        self.or_theirs(&self.erc_what, "title")
+    }
+    pub fn date(&self) -> Option<&str> {
+        self.or_theirs(&self.erc_when, "date")
+    }
+    pub fn primary(&self) -> Option<&str> {
+        self.or_theirs(&self.primary_id, "objectID")
+    }
+    pub fn local(&self) -> Option<&str> {
+        self.or_theirs(&self.local_id, "localID")
+    }
+    pub fn response(&self) -> Option<&str> {
+        self.or_theirs(&self.response_type, "responseForm")
+    }
+    /// Merritt's package name (on its ingest storage), for a submission without a URL.
+    pub fn merritt_filename(&self) -> Option<&str> {
+        self.extra.get("filename").and_then(Value::as_str)
+    }
+    /// Merritt's uuid of the batch, when its ingest service made it.
+    pub fn merritt_batch_id(&self) -> Option<&str> {
+        self.extra.get("batchID").and_then(Value::as_str)
+    }
+    /// A field by its key, as written (the payload trust's keys included).
+    pub fn field(&self, key: &str) -> Option<&str> {
+        match key {
+            "payload_trust" => self.payload_trust.as_deref(),
+            "upload_url" => self.upload_url.as_deref(),
+            _ => self.extra.get(key).and_then(Value::as_str),
+        }
+    }
+}
+
+/// The submitter a batch's submission names, read from the submission as stored: what the
+/// owner checks and the submitters' index go by.
+pub fn submitter_of(submission: &Value) -> Option<&str> {
+    submission.as_object().and_then(submitter_in)
+}
+
+/// [`submitter_of`] a submission's fields (a job configuration names it the same way).
+pub fn submitter_in(fields: &Map<String, Value>) -> Option<&str> {
+    fields.get("submitter").and_then(Value::as_str)
+}
+
+/// `/jobs/JID/configuration`: Merritt's keys (`profile_name`, `submitter`, `payload_url`,
+/// `payload_type`, `response_type`), which every stage can work from alone, then Lading's.
+/// Other fields are kept in `extra` and written back as they were.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobConfiguration {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collection: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitter: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload_url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submission_mode: Option<String>,
+    /// The batch's uuid (Merritt's `batchID`), when Merritt's ingest service made the batch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_uuid: Option<String>,
+    /// The row of the batch's payload this job was made from (a retried intake skips it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intake_row: Option<u64>,
+    /// The object's file as the manifest named it (url, name, size, digest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload_trust: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload_url: Option<String>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl JobConfiguration {
+    /// A field by its key (the payload trust's keys), as written.
+    pub fn field(&self, key: &str) -> Option<&str> {
+        match key {
+            "payload_trust" => self.payload_trust.as_deref(),
+            "upload_url" => self.upload_url.as_deref(),
+            _ => self.extra.get(key).and_then(Value::as_str),
+        }
+    }
+
+    /// The payload type (`file` when not given).
+    pub fn payload_type(&self) -> &str {
+        self.payload_type.as_deref().unwrap_or("file")
+    }
+}
+
+/// A stored record read as `T`: absent (`null`) is `T`'s default; another shape is named as
+/// corrupt, with the node's path.
+pub fn read_record<T: serde::de::DeserializeOwned + Default>(
+    path: &str,
+    v: &Value,
+) -> Result<T, String> {
+    if v.is_null() {
+        return Ok(T::default());
+    }
+    T::deserialize(v).map_err(|e| format!("{path} is corrupt: {e}"))
+}
+
+/// A typed record as the JSON object it is stored as.
+pub fn to_object<T: Serialize>(record: &T) -> Map<String, Value> {
+    match serde_json::to_value(record) {
+        Ok(Value::Object(m)) => m,
+        _ => Map::new(),
+    }
+}

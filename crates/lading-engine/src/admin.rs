@@ -494,7 +494,7 @@ impl Engine {
         {
             ops.push(Op::delete(batch_uuid_path(uuid), None));
         }
-        if let Some(who) = info.submission.get("submitter").and_then(Value::as_str) {
+        if let Some(who) = lading_core::layout::submitter_of(&info.submission) {
             let entry = format!("{}/{batch}", submitter_batches(who));
             if self.tree.exists(&entry).await?.is_some() {
                 ops.push(Op::delete(entry, None));

@@ -50,7 +50,7 @@ impl Engine {
             Op::create(batch_node(&bid, "status"), json_bytes(&status)),
             Op::create(batch_uuid_path(&uuid), Some(bid.to_string().into_bytes())),
         ];
-        if let Some(who) = submission.get("submitter").and_then(Value::as_str) {
+        if let Some(who) = lading_core::layout::submitter_in(&submission) {
             // BATCH_SUBMITTERS itself is made by `init`.
             let dir = submitter_batches(who);
             self.ensure(&dir).await?;

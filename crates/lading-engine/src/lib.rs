@@ -397,7 +397,7 @@ impl Engine {
                 else {
                     continue;
                 };
-                if let Some(who) = sub.get("submitter").and_then(Value::as_str) {
+                if let Some(who) = lading_core::layout::submitter_in(&sub) {
                     let dir = submitter_batches(who);
                     self.ensure(BATCH_SUBMITTERS).await?;
                     self.ensure(&dir).await?;

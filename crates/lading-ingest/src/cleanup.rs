@@ -57,9 +57,12 @@ pub async fn cleanup(
                 tracing::warn!(dir = %dir.display(), error = %err, "cannot remove working directory");
             }
         }
-        let upload = info.submission["payload_url"]
-            .as_str()
-            .and_then(|u| upload_dir(ingest, u));
+        // A submission of another shape has no upload of Lading's to remove.
+        let sub: Option<lading_core::layout::BatchSubmission> =
+            serde_json::from_value(info.submission.clone()).ok();
+        let upload = sub
+            .and_then(|s| s.payload_url)
+            .and_then(|u| upload_dir(ingest, &u));
         out.jobs += e.purge_batch(&bid).await?;
         out.batches += 1;
         if let Some(dir) = upload

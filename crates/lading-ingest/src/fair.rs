@@ -85,7 +85,7 @@ async fn waiting_others(ingest: &Ingest, who: &str) -> BTreeSet<String> {
         let Ok(cfg) = ingest.engine.job_configuration(&jid).await else {
             continue;
         };
-        if let Some(s) = cfg.get("submitter").and_then(|v| v.as_str())
+        if let Some(s) = lading_core::layout::submitter_in(&cfg)
             && s != who
         {
             out.insert(s.to_string());

@@ -4,7 +4,9 @@ use crate::checkm::{self, FileEntry, ManifestKind, Row};
 use crate::fetch::FetchError;
 use crate::policy::Trust;
 use crate::{Ingest, fatal_or_transient};
-use lading_core::layout::{BatchId, ErcMetadata, Identifiers};
+use lading_core::layout::{
+    BatchId, BatchSubmission, ErcMetadata, Identifiers, JobConfiguration, to_object,
+};
 use lading_core::tree::BoxFuture;
 use lading_core::{BatchState, Event};
 use lading_engine::{EngineError, JobSpec};
@@ -136,27 +138,25 @@ pub async fn submit(ingest: &Ingest, s: &Submission) -> Result<BatchId, SubmitEr
             )));
         }
     }
-    let mut sub = Map::new();
-    sub.insert("profile_name".into(), json!(profile.name));
-    sub.insert("collection".into(), json!(profile.collection));
-    sub.insert("submitter".into(), json!(s.submitter));
-    sub.insert("payload_url".into(), json!(s.payload_url));
-    sub.insert("type".into(), json!(s.payload_type));
-    sub.insert("submission_mode".into(), json!("add"));
-    sub.insert("response_type".into(), json!("json"));
-    for (k, v) in [
-        ("erc_what", &s.title),
-        ("erc_who", &s.creator),
-        ("erc_when", &s.date),
-        ("local_id", &s.local_id),
-        ("primary_id", &s.primary_id),
-    ] {
-        if let Some(v) = v {
-            sub.insert(k.into(), json!(v));
-        }
-    }
-    s.trust.record(&mut sub);
-    Ok(ingest.engine.create_batch(sub).await?)
+    let (payload_trust, upload_url) = s.trust.fields();
+    let sub = BatchSubmission {
+        profile_name: Some(profile.name.clone()),
+        collection: Some(profile.collection.clone()),
+        submitter: Some(s.submitter.clone()),
+        payload_url: Some(s.payload_url.clone()),
+        payload_type: Some(s.payload_type.clone()),
+        submission_mode: Some("add".into()),
+        response_type: Some("json".into()),
+        erc_what: s.title.clone(),
+        erc_who: s.creator.clone(),
+        erc_when: s.date.clone(),
+        local_id: s.local_id.clone(),
+        primary_id: s.primary_id.clone(),
+        payload_trust,
+        upload_url,
+        extra: Map::new(),
+    };
+    Ok(ingest.engine.create_batch(to_object(&sub)).await?)
 }
 
 /// Longest primary identifier taken (it names a folder in the storage root).
@@ -233,36 +233,14 @@ fn created(
     }
 }
 
-/// Submission keys as Merritt's ingest service (`HandlerSubmit`) writes them, for Lading's.
-const MERRITT_KEYS: &[(&str, &str)] = &[
-    ("profile_name", "profile"),
-    ("erc_who", "creator"),
-    ("erc_what", "title"),
-    ("erc_when", "date"),
-    ("primary_id", "objectID"),
-    ("local_id", "localID"),
-    ("response_type", "responseForm"),
-];
-
-/// A submission field by Lading's key, else by the key Merritt's ingest service uses for it.
-pub(crate) fn field<'a>(b: &'a BatchCtx, key: &str) -> Option<&'a str> {
-    b.submission_str(key).filter(|v| !v.is_empty()).or_else(|| {
-        MERRITT_KEYS
-            .iter()
-            .find(|(ours, _)| *ours == key)
-            .and_then(|(_, theirs)| b.submission_str(theirs))
-            .filter(|v| !v.is_empty())
-    })
-}
-
 /// The payload of a submission: its `payload_url`, or, for one made by Merritt's ingest
 /// service, its `filename` (a package on Merritt's ingest storage) under the configured
 /// `merritt_package_root`, never outside it.
-fn payload_url(ingest: &Ingest, b: &BatchCtx) -> Result<String, Outcome> {
-    if let Some(u) = b.submission_str("payload_url") {
-        return Ok(u.to_string());
+fn payload_url(ingest: &Ingest, sub: &BatchSubmission) -> Result<String, Outcome> {
+    if let Some(u) = &sub.payload_url {
+        return Ok(u.clone());
     }
-    let Some(name) = b.submission_str("filename") else {
+    let Some(name) = sub.merritt_filename() else {
         return Err(Outcome::fatal(
             "the submission has no payload_url (nor a Merritt filename)",
         ));
@@ -286,11 +264,11 @@ fn payload_url(ingest: &Ingest, b: &BatchCtx) -> Result<String, Outcome> {
 
 impl Intake {
     async fn objects(&self, b: &BatchCtx) -> Result<Vec<Object>, Outcome> {
-        let url = payload_url(&self.0, b)?;
-        let ty_name = b.submission_str("type").unwrap_or("file");
+        let sub = b.submission()?;
+        let url = payload_url(&self.0, sub)?;
+        let ty_name = sub.payload_type.as_deref().unwrap_or("file");
         let ty = PayloadType::parse(ty_name)
             .ok_or_else(|| Outcome::fatal(SubmitError::PayloadType(ty_name.into())))?;
-        let str_of = |k: &str| field(b, k).map(str::to_string);
         let single = |payload_type: &'static str| -> Result<Vec<Object>, Outcome> {
             let name = checkm::url_file_name(&url)
                 .ok_or_else(|| Outcome::fatal(format!("no file name in payload URL {url:?}")))?;
@@ -304,14 +282,14 @@ impl Intake {
                     digest: None,
                 }),
                 identifiers: Identifiers {
-                    primary_id: str_of("primary_id"),
-                    local_id: str_of("local_id").into_iter().collect(),
+                    primary_id: sub.primary().map(str::to_string),
+                    local_id: sub.local().map(str::to_string).into_iter().collect(),
                 },
                 metadata: ErcMetadata {
-                    erc_who: str_of("erc_who"),
-                    erc_what: str_of("erc_what"),
-                    erc_when: str_of("erc_when"),
-                    erc_where: str_of("primary_id"),
+                    erc_who: sub.creator().map(str::to_string),
+                    erc_what: sub.title().map(str::to_string),
+                    erc_when: sub.date().map(str::to_string),
+                    erc_where: sub.primary().map(str::to_string),
                 },
             }])
         };
@@ -323,7 +301,7 @@ impl Intake {
             PayloadType::SingleFileBatchManifest => (ManifestKind::SingleFileBatch, "file"),
             PayloadType::ContainerBatchManifest => (ManifestKind::ContainerBatch, "container"),
         };
-        let trust = Trust::from_fields(|k| b.submission_str(k));
+        let trust = Trust::from_fields(|k| sub.field(k));
         let text = self
             .0
             .fetcher
@@ -380,12 +358,15 @@ impl Intake {
             Ok(o) => o,
             Err(o) => return o,
         };
-        let profile_name = field(b, "profile_name").unwrap_or_default();
-        let profile = match self.0.profile(profile_name) {
+        let sub = match b.submission() {
+            Ok(s) => s,
+            Err(o) => return o,
+        };
+        let profile = match self.0.profile(sub.profile().unwrap_or_default()) {
             Ok(p) => p,
             Err(e) => return Outcome::fatal(e),
         };
-        let trust = Trust::from_fields(|k| b.submission_str(k));
+        let trust = Trust::from_fields(|k| sub.field(k));
         // A retried intake (after a crash or a transient error) skips the objects it made.
         let done: BTreeSet<u64> = match self.existing_rows(b).await {
             Ok(d) => d,
@@ -398,31 +379,26 @@ impl Intake {
             if done.contains(&(i as u64)) {
                 continue;
             }
-            let mut cfg = Map::new();
-            cfg.insert("profile_name".into(), json!(profile.name));
-            cfg.insert("collection".into(), json!(profile.collection));
-            cfg.insert(
-                "submitter".into(),
-                json!(b.submission_str("submitter").unwrap_or_default()),
-            );
-            cfg.insert("payload_url".into(), json!(o.payload_url));
-            cfg.insert("payload_type".into(), json!(o.payload_type));
-            cfg.insert(
-                "response_type".into(),
-                json!(field(b, "response_type").unwrap_or("json")),
-            );
-            cfg.insert("submission_mode".into(), json!("add"));
-            cfg.insert("local_id".into(), json!(o.identifiers.local_id));
-            cfg.insert("intake_row".into(), json!(i));
-            if let Some(u) = b.submission_str("batchID") {
-                cfg.insert("batch_uuid".into(), json!(u));
-            }
-            trust.record(&mut cfg);
-            if let Some(f) = &o.file {
-                cfg.insert("file".into(), json!(f));
-            }
+            let (payload_trust, upload_url) = trust.fields();
+            let mut extra = Map::new();
+            extra.insert("local_id".into(), json!(o.identifiers.local_id));
+            let cfg = JobConfiguration {
+                profile_name: Some(profile.name.clone()),
+                collection: Some(profile.collection.clone()),
+                submitter: Some(sub.submitter.clone().unwrap_or_default()),
+                payload_url: Some(o.payload_url.clone()),
+                payload_type: Some(o.payload_type.to_string()),
+                response_type: Some(sub.response().unwrap_or("json").to_string()),
+                submission_mode: Some("add".into()),
+                batch_uuid: sub.merritt_batch_id().map(str::to_string),
+                intake_row: Some(i as u64),
+                file: o.file.as_ref().map(|f| json!(f)),
+                payload_trust,
+                upload_url,
+                extra,
+            };
             let spec = JobSpec {
-                configuration: cfg,
+                configuration: to_object(&cfg),
                 priority: profile.priority,
                 space_needed: 0,
                 identifiers: o.identifiers,

@@ -39,13 +39,12 @@ impl Trust {
         }
     }
 
-    /// Writes this trust into a submission or job configuration.
-    pub fn record(&self, rec: &mut serde_json::Map<String, serde_json::Value>) {
-        if let Trust::Depositor { upload } = self {
-            rec.insert(TRUST_KEY.into(), "depositor".into());
-            if let Some(u) = upload {
-                rec.insert(UPLOAD_KEY.into(), u.clone().into());
-            }
+    /// This trust as a record's fields: `payload_trust` ([`TRUST_KEY`]) and `upload_url`
+    /// ([`UPLOAD_KEY`]) of a submission or job configuration.
+    pub fn fields(&self) -> (Option<String>, Option<String>) {
+        match self {
+            Trust::Depositor { upload } => (Some("depositor".into()), upload.clone()),
+            Trust::Operator => (None, None),
         }
     }
 }

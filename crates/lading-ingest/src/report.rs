@@ -54,7 +54,8 @@ async fn report(ingest: &Ingest, b: &BatchCtx, update: bool) -> Result<Outcome, 
     let deleted = b.info.jobs.get("batch-deleted").map_or(0, Vec::len);
     let outcome = verdict(&report, deleted);
     let mut effects = Vec::new();
-    match ingest.profile(crate::intake::field(b, "profile_name").unwrap_or_default()) {
+    let sub = b.submission()?;
+    match ingest.profile(sub.profile().unwrap_or_default()) {
         // The profile was removed since submission: the report is written, nobody to mail.
         Err(e) => tracing::warn!(batch = %b.batch(), error = %e, "no profile; report not mailed"),
         Ok(p) if p.notification.is_empty() => {}
@@ -66,7 +67,7 @@ async fn report(ingest: &Ingest, b: &BatchCtx, update: bool) -> Result<Outcome, 
             // recognised (delivery is at least once).
             let message_id = format!(
                 "<lading.{}.report-{number}@{}>",
-                b.submission_str("batchID").unwrap_or(b.batch().as_str()),
+                sub.merritt_batch_id().unwrap_or(b.batch().as_str()),
                 ingest
                     .cfg
                     .mail_from
@@ -121,11 +122,12 @@ async fn summary(
         report.completed_jobs.len(),
         report.failed_jobs.len()
     );
+    let sub = b.submission()?;
     let mut body = format!(
         "Batch {bid} ({}) from {}\nPayload: {}\n\n",
-        crate::intake::field(b, "profile_name").unwrap_or_default(),
-        b.submission_str("submitter").unwrap_or_default(),
-        b.submission_str("payload_url").unwrap_or_default(),
+        sub.profile().unwrap_or_default(),
+        sub.submitter.as_deref().unwrap_or_default(),
+        sub.payload_url.as_deref().unwrap_or_default(),
     );
     if let Some(Value::Array(fixed)) = report.extra.get("updated_jobs") {
         body.push_str(&format!("Fixed since the last report: {}\n\n", fixed.len()));

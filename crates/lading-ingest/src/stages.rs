@@ -70,12 +70,13 @@ stage!(
 
 /// Pending → Estimating, within the submitter's quota for the profile (see [`crate::quota`]).
 async fn start(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
-    let profile_name = job.config_str("profile_name").unwrap_or_default();
+    let config = job.config()?;
+    let profile_name = config.profile_name.as_deref().unwrap_or_default();
     let profile = ingest.profile(profile_name).map_err(Outcome::fatal)?;
     let Some(limit) = profile.max_in_flight_per_submitter else {
         return Ok(Outcome::Done);
     };
-    let submitter = job.config_str("submitter").unwrap_or_default();
+    let submitter = config.submitter.as_deref().unwrap_or_default();
     match crate::quota::reserve(
         &job.engine,
         profile_name,
@@ -137,7 +138,9 @@ pub struct Notify(pub Arc<Ingest>);
 stage!(Notify, JobState::Notify, notify);
 
 /// The profile's own attempt limit for `state`, if it sets one (`[max_attempts]` in the
-/// profile, keyed by the stage's lower-case name).
+/// profile, keyed by the stage's lower-case name). Asked by the runtime, which has the job
+/// but not its typed configuration: none when it cannot tell (the handler then fails a
+/// configuration of the wrong shape, naming it).
 fn profile_attempts(ingest: &Ingest, job: &lading_engine::JobInfo, state: JobState) -> Option<u32> {
     let name = job.configuration.get("profile_name")?.as_str()?;
     let profile = ingest.profile(name).ok()?;
@@ -178,18 +181,29 @@ pub fn is_permanent(e: &std::io::Error) -> bool {
     )
 }
 
+/// The job's profile, by the name its configuration gives.
+pub(crate) fn job_profile(
+    ingest: &Ingest,
+    job: &JobCtx,
+) -> Result<crate::config::Profile, Outcome> {
+    let name = job.config()?.profile_name.as_deref().unwrap_or_default();
+    ingest.profile(name).map_err(Outcome::fatal)
+}
+
 /// Whose URLs a job holds.
-fn trust(job: &JobCtx) -> crate::policy::Trust {
-    crate::policy::Trust::from_fields(|k| job.config_str(k))
+fn trust(job: &JobCtx) -> Result<crate::policy::Trust, Outcome> {
+    let config = job.config()?;
+    Ok(crate::policy::Trust::from_fields(|k| config.field(k)))
 }
 
 /// The files of a job's object: the manifest's rows, or the one file/container.
 /// `fetch_manifest` false means a missing manifest is an error rather than a fetch.
 async fn object_files(ingest: &Ingest, job: &JobCtx) -> Result<Vec<FileEntry>, Outcome> {
-    let ty = job.config_str("payload_type").unwrap_or("file");
-    if ty == "manifest" {
-        let url = job
-            .config_str("payload_url")
+    let config = job.config()?;
+    if config.payload_type() == "manifest" {
+        let url = config
+            .payload_url
+            .as_deref()
             .ok_or_else(|| Outcome::fatal("the job has no payload_url"))?;
         let saved = job.workdir.join(SYSTEM).join(FETCHED_MANIFEST);
         // The copy is the job's own until an admin requeues it (which counts a retry): then
@@ -202,7 +216,7 @@ async fn object_files(ingest: &Ingest, job: &JobCtx) -> Result<Vec<FileEntry>, O
             _ => {
                 let t = ingest
                     .fetcher
-                    .get_text(url, &trust(job))
+                    .get_text(url, &trust(job)?)
                     .await
                     .map_err(fatal_or_transient)?;
                 write_atomic(&saved, t.as_bytes()).map_err(|e| io_err("writing", &saved, e))?;
@@ -229,7 +243,7 @@ async fn object_files(ingest: &Ingest, job: &JobCtx) -> Result<Vec<FileEntry>, O
             .map(|r| r.file_entry())
             .collect::<Result<_, _>>()
             .map_err(|e| Outcome::fatal(format!("{url}: {e}")))?;
-        if let crate::policy::Trust::Depositor { .. } = trust(job) {
+        if let crate::policy::Trust::Depositor { .. } = trust(job)? {
             for (f, r) in files.iter().zip(&m.rows) {
                 if let Err(why) = ingest.fetcher.policy().check(&f.url) {
                     return Err(Outcome::fatal(format!(
@@ -253,14 +267,15 @@ async fn object_files(ingest: &Ingest, job: &JobCtx) -> Result<Vec<FileEntry>, O
         }
         return Ok(files);
     }
-    let f: FileEntry = match job.info.configuration.get("file") {
+    let f: FileEntry = match &config.file {
         Some(f) => serde_json::from_value(f.clone())
             .map_err(|e| Outcome::fatal(format!("bad file entry: {e}")))?,
         // A job configuration as Merritt's `Job.createJobConfiguration` writes it: the file
         // (or container) is the payload URL, named by its last segment.
         None => {
-            let url = job
-                .config_str("payload_url")
+            let url = config
+                .payload_url
+                .as_deref()
                 .ok_or_else(|| Outcome::fatal("the job names no file and has no payload_url"))?;
             let name = checkm::url_file_name(url)
                 .ok_or_else(|| Outcome::fatal(format!("no file name in payload URL {url:?}")))?;

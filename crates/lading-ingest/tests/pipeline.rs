@@ -1269,6 +1269,10 @@ async fn merritt_created_jobs_run_to_completed_and_to_failed(w: World) {
                                   "erc_where": "where"});
     let ok = merritt::create_job(&*tree, &bid, 2, &conf(&good), &ids, &meta, false).await;
     let bad = merritt::create_job(&*tree, &bid, 2, &conf(&missing), &ids, &meta, false).await;
+    // A configuration of the wrong shape (a number for the URL) is named, not read as empty.
+    let mut odd = conf(&good);
+    odd["payload_url"] = serde_json::json!(5);
+    let corrupt = merritt::create_job(&*tree, &bid, 2, &odd, &ids, &meta, false).await;
     merritt::unlock_batch(&*tree, &bid).await;
     for f in ["batch-completed", "batch-failed"] {
         assert!(
@@ -1285,7 +1289,7 @@ async fn merritt_created_jobs_run_to_completed_and_to_failed(w: World) {
         w.batch_reaches(&bid, &[BatchState::Completed, BatchState::Failed])
             .await,
         BatchState::Failed,
-        "one of two jobs failed"
+        "two of three jobs failed"
     );
     let info = w.engine.job(&ok).await.unwrap();
     assert_eq!(info.status.status, JobState::Completed, "{info:?}");
@@ -1313,9 +1317,21 @@ async fn merritt_created_jobs_run_to_completed_and_to_failed(w: World) {
             .contains("404"),
         "{failed:?}"
     );
+    let odd = w.engine.job(&corrupt).await.unwrap();
+    assert_eq!(odd.status.status, JobState::Failed);
+    let said = odd.status.message.clone().unwrap_or_default();
+    assert!(
+        said.contains(&format!("/jobs/{corrupt}/configuration is corrupt")),
+        "{said}"
+    );
+    assert_eq!(odd.configuration["payload_url"], 5, "left as it was");
     let b = w.engine.batch(&bid).await.unwrap();
     assert_eq!(b.jobs["batch-completed"], vec![ok.to_string()]);
-    assert_eq!(b.jobs["batch-failed"], vec![bad.to_string()]);
+    let mut failed = b.jobs["batch-failed"].clone();
+    failed.sort();
+    let mut want = vec![bad.to_string(), corrupt.to_string()];
+    want.sort();
+    assert_eq!(failed, want);
     assert!(b.jobs["batch-processing"].is_empty());
     h.stop();
     task.await.unwrap();

@@ -151,7 +151,8 @@ pub(crate) async fn visible_batch(
             .ok_or_else(|| not_found_batch(id))?
     };
     let info = s.ingest.engine.batch(&bid).await?;
-    if p.role != Role::Admin && info.submission["submitter"].as_str() != Some(&p.name) {
+    if p.role != Role::Admin && lading_core::layout::submitter_of(&info.submission) != Some(&p.name)
+    {
         return Err(not_found_batch(id));
     }
     Ok(info)
@@ -475,7 +476,7 @@ pub(crate) async fn show_job(
                 .engine
                 .batch(&bid)
                 .await
-                .map(|b| b.submission["submitter"].as_str() == Some(&p.name))
+                .map(|b| lading_core::layout::submitter_of(&b.submission) == Some(&p.name))
                 .unwrap_or(false),
             Err(_) => false,
         };

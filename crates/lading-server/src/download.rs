@@ -81,7 +81,7 @@ pub async fn job_download(
             Ok(bid) => e
                 .batch(&bid)
                 .await
-                .map(|b| b.submission["submitter"].as_str() == Some(&p.name))
+                .map(|b| lading_core::layout::submitter_of(&b.submission) == Some(&p.name))
                 .unwrap_or(false),
             Err(_) => false,
         };

@@ -2,6 +2,7 @@
 //! working folder.
 
 use super::*;
+use lading_core::layout::{BatchSubmission, JobConfiguration};
 
 /// One job in the hands of a handler.
 pub struct JobCtx {
@@ -15,6 +16,8 @@ pub struct JobCtx {
     pub workdir: PathBuf,
     pub(crate) info_id: JobId,
     pub(crate) lease: Mutex<JobLease>,
+    /// `info.configuration` read as a record (or why it could not be).
+    pub(crate) config: Result<JobConfiguration, String>,
 }
 
 impl JobCtx {
@@ -26,9 +29,9 @@ impl JobCtx {
         self.info.status.status
     }
 
-    /// A string from the job's configuration.
-    pub fn config_str(&self, key: &str) -> Option<&str> {
-        self.info.configuration.get(key).and_then(Value::as_str)
+    /// The job's configuration; one of another shape fails the job, naming the node.
+    pub fn config(&self) -> Result<&JobConfiguration, Outcome> {
+        self.config.as_ref().map_err(|e| Outcome::Fatal(e.clone()))
     }
 
     pub async fn set_space_needed(&self, bytes: u64) -> Result<(), EngineError> {
@@ -107,6 +110,8 @@ pub struct BatchCtx {
     pub info: BatchInfo,
     pub attempt: u32,
     pub(crate) batch_id: BatchId,
+    /// `info.submission` read as a record (or why it could not be).
+    pub(crate) submission: Result<BatchSubmission, String>,
     /// Shared by a handler's concurrent calls (intake creates jobs many at a time); taken
     /// whole once the handler is done, so no call of it is still using the lease.
     pub(crate) lease: RwLock<BatchLease>,
@@ -117,9 +122,11 @@ impl BatchCtx {
         &self.batch_id
     }
 
-    /// A string from the batch's submission.
-    pub fn submission_str(&self, key: &str) -> Option<&str> {
-        self.info.submission.get(key).and_then(Value::as_str)
+    /// The batch's submission; one of another shape fails the batch, naming the node.
+    pub fn submission(&self) -> Result<&BatchSubmission, Outcome> {
+        self.submission
+            .as_ref()
+            .map_err(|e| Outcome::Fatal(e.clone()))
     }
 
     /// Sets the `status-report` and the outside effects written with the move that ends this

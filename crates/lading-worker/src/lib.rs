@@ -491,9 +491,14 @@ impl JobLoop {
             .stage
             .max_attempts(&info)
             .unwrap_or(self.cfg.max_attempts);
+        let config = lading_core::layout::read_record(
+            &lading_core::layout::job_node(&job, "configuration"),
+            &info.configuration,
+        );
         let ctx = Arc::new(JobCtx {
             engine: self.engine.clone(),
             info_id: job.clone(),
+            config,
             info,
             attempt,
             workdir: dir,
@@ -696,9 +701,14 @@ impl BatchLoop {
             }
         };
         let ctx_lease = RwLock::new(lease);
+        let submission = lading_core::layout::read_record(
+            &lading_core::layout::batch_node(&bid, "submission"),
+            &info.submission,
+        );
         let mut ctx = Arc::new(BatchCtx {
             engine: self.engine.clone(),
             batch_id: bid.clone(),
+            submission,
             info,
             attempt: 1,
             lease: ctx_lease,
@@ -720,6 +730,7 @@ impl BatchLoop {
                     ctx = Arc::new(BatchCtx {
                         engine: self.engine.clone(),
                         batch_id: bid.clone(),
+                        submission: ctx.submission.clone(),
                         info: ctx.info.clone(),
                         attempt: ctx.attempt + 1,
                         lease: RwLock::new(lease),

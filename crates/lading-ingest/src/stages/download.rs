@@ -79,7 +79,7 @@ pub(crate) fn append_verified(
 pub(crate) async fn download(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
     let files = object_files(ingest, job).await?;
     // A fair share of the slots for the submitter, given back when it is over it.
-    let who = job.config_str("submitter").unwrap_or_default().to_string();
+    let who = job.config()?.submitter.clone().unwrap_or_default();
     let _slot = match crate::fair::admit(ingest, &who).await {
         Ok(slot) => slot,
         Err(reason) => {
@@ -105,7 +105,7 @@ pub(crate) async fn download_files(
     job: &JobCtx,
     files: Vec<FileEntry>,
 ) -> Result<Outcome, Outcome> {
-    let into = if job.config_str("payload_type") == Some("container") {
+    let into = if job.config()?.payload_type() == "container" {
         CONTAINER
     } else {
         PRODUCER
@@ -148,7 +148,7 @@ pub(crate) async fn download_files(
             k += 1;
             match ingest
                 .fetcher
-                .download(&f.url, &dest, f.size, f.digest.as_ref(), &trust(job))
+                .download(&f.url, &dest, f.size, f.digest.as_ref(), &trust(job)?)
                 .await
             {
                 Ok(got) => break got,

@@ -37,9 +37,7 @@ pub(crate) async fn record(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Out
 }
 
 pub(crate) async fn notify(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
-    let profile = ingest
-        .profile(job.config_str("profile_name").unwrap_or_default())
-        .map_err(Outcome::fatal)?;
+    let profile = job_profile(ingest, job)?;
     let Some(url) = profile.callback_url else {
         return Ok(Outcome::Done);
     };
@@ -48,7 +46,7 @@ pub(crate) async fn notify(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Out
     // stored), so the receiver can drop a repeat: delivery is at least once.
     let key = format!(
         "lading:{}:{}:completed:{}",
-        job.config_str("batch_uuid").unwrap_or(&job.info.bid),
+        job.config()?.batch_uuid.as_deref().unwrap_or(&job.info.bid),
         job.job(),
         store.get("version").and_then(Value::as_u64).unwrap_or(0)
     );

@@ -6,7 +6,7 @@ pub(crate) async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Ou
     ensure_downloaded(ingest, job).await?;
     let wd = job.workdir.clone();
     let producer = wd.join(PRODUCER);
-    if job.config_str("payload_type") == Some("container") {
+    if job.config()?.payload_type() == "container" {
         let marker = wd.join(INTERIM).join("unpacked");
         if !marker.exists() {
             let c = wd.join(CONTAINER);
@@ -39,7 +39,7 @@ pub(crate) async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Ou
     if files.is_empty() {
         return Err(Outcome::fatal("the object has no files"));
     }
-    if job.config_str("payload_type") != Some("container") {
+    if job.config()?.payload_type() != "container" {
         check_verified(&wd, PRODUCER, &files)?;
     }
     // The object's manifest, with digests.
@@ -61,9 +61,7 @@ pub(crate) async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Ou
     // The primary identifier: given, or minted once (kept in the job, so a retry reuses it).
     let mut ids: lading_core::layout::Identifiers =
         serde_json::from_value(job.info.identifiers.clone()).unwrap_or_default();
-    let profile = ingest
-        .profile(job.config_str("profile_name").unwrap_or_default())
-        .map_err(Outcome::fatal)?;
+    let profile = job_profile(ingest, job)?;
     if ids.primary_id.as_deref().is_none_or(str::is_empty) {
         let shoulder = profile.shoulder.as_deref().unwrap_or(&ingest.cfg.shoulder);
         let minted = format!("{shoulder}{}", uuid::Uuid::new_v4().simple());
@@ -156,7 +154,7 @@ pub(crate) async fn run_command(job: &JobCtx, cmd: &str, ark: &str) -> Result<()
         .env("LADING_PRIMARY_ID", ark)
         .env(
             "LADING_PROFILE",
-            job.config_str("profile_name").unwrap_or_default(),
+            job.config()?.profile_name.as_deref().unwrap_or_default(),
         )
         .env("LADING_WORKDIR", &job.workdir)
         .stdin(std::process::Stdio::null())

@@ -16,7 +16,7 @@ pub(crate) async fn estimate(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, O
     ));
     let mut set = tokio::task::JoinSet::new();
     for f in files {
-        let (fetcher, sem, trust) = (ingest.fetcher.clone(), sem.clone(), trust(job));
+        let (fetcher, sem, trust) = (ingest.fetcher.clone(), sem.clone(), trust(job)?);
         set.spawn(async move {
             // A declared size is what the download will be held to: no need to ask.
             if let Some(n) = f.size {

@@ -63,9 +63,7 @@ pub(crate) fn lock_wait(e: EngineError) -> Outcome {
 pub(crate) async fn store(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
     ensure_processed(ingest, job).await?;
     let ark = object_ark(job)?;
-    let profile = ingest
-        .profile(job.config_str("profile_name").unwrap_or_default())
-        .map_err(Outcome::fatal)?;
+    let profile = job_profile(ingest, job)?;
     let root = profile
         .storage_root
         .clone()
