@@ -539,6 +539,32 @@ impl JobConfiguration {
     }
 }
 
+/// `/access/QUEUE/QID/token`: what Lading's access request holds. Merritt's fields
+/// (`token`, `delivery-node`, `cloud-content-byte`, `status`, `url`,
+/// `anticipated-availability-time`), written beside them with the types Merritt's `Access`
+/// reads, are kept in `extra`. A request Merritt's own access service made names no `ark`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AccessToken {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ark: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u32>,
+    /// Who asked (the token's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requester: Option<String>,
+    /// The digest of the depositor's secret (the secret itself is never stored).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_sha256: Option<String>,
+    /// A request made before digests were kept holds its secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+    /// The version's size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
 /// A stored record read as `T`: absent (`null`) is `T`'s default; another shape is named as
 /// corrupt, with the node's path.
 pub fn read_record<T: serde::de::DeserializeOwned + Default>(

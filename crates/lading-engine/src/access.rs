@@ -61,7 +61,7 @@ impl Engine {
             .read_json(&format!("{path}/token"))
             .await?
             .map(|(v, _)| v)
-            .unwrap_or(Value::Null);
+            .unwrap_or_default();
         let locked = self.tree.exists(&format!("{path}/lock")).await?.is_some();
         Ok(AccessInfo {
             queue,
@@ -160,14 +160,21 @@ impl Engine {
                 if status.status != AccessState::Pending {
                     continue;
                 }
-                let token = self
+                let token: lading_core::layout::AccessToken = match self
                     .read_json(&format!("{path}/token"))
-                    .await?
-                    .map(|(v, _)| v)
-                    .unwrap_or(Value::Null);
+                    .await
+                {
+                    Ok(t) => t.map(|(v, _)| v).unwrap_or_default(),
+                    // Named, and left: one bad request does not stop the queue.
+                    Err(EngineError::Corrupt { path, reason }) => {
+                        tracing::warn!(%path, %reason, "an access request's token is corrupt; skipped");
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
                 // A request another tool made (Merritt's access service names no `ark`): left
                 // for that tool, not taken and failed here.
-                if token.get("ark").and_then(Value::as_str).is_none() {
+                if token.ark.is_none() {
                     continue;
                 }
                 let lock = format!("{path}/lock");

@@ -155,7 +155,7 @@ pub struct AccessLease {
     pub queue: AccessQueue,
     pub id: AccessId,
     pub status: AccessStatus,
-    pub token: Value,
+    pub token: lading_core::layout::AccessToken,
     status_version: i32,
     session: u64,
 }
@@ -209,7 +209,7 @@ pub struct AccessInfo {
     pub queue: AccessQueue,
     pub id: String,
     pub status: AccessStatus,
-    pub token: Value,
+    pub token: lading_core::layout::AccessToken,
     pub locked: bool,
 }
 

@@ -73,10 +73,8 @@ pub fn zip_to_file(dir: &Path, out: &Path) -> std::io::Result<()> {
 }
 
 async fn assemble(ingest: &Ingest, lease: &AccessLease) -> Result<(), String> {
-    let ark = lease.token["ark"].as_str().ok_or("the token has no ark")?;
-    let version = lease.token["version"]
-        .as_u64()
-        .ok_or("the token has no version")? as u32;
+    let ark = lease.token.ark.as_deref().ok_or("the token has no ark")?;
+    let version = lease.token.version.ok_or("the token has no version")?;
     let a = ark.to_string();
     let path = ingest
         .inventory

@@ -90,13 +90,21 @@ pub async fn request(
         .engine
         .create_access_with(queue, |id| {
             let zip = zip_path(&s.ingest, queue, id);
-            json!({"ark": b.ark, "version": b.version, "requester": p.name,
-                   "secret_sha256": secret_digest(&secret), "bytes": bytes,
-                   "token": format!("{}.{id}", queue.name()), "delivery-node": 0,
+            let merritt = json!({"token": format!("{}.{id}", queue.name()), "delivery-node": 0,
                    "cloud-content-byte": bytes, "status": "200",
                    "url": format!("file://{}", zip.display()),
                    "anticipated-availability-time":
-                       lading_core::time::format_rfc3339(now + 1_000 + bytes / (50 << 20) * 1_000)})
+                       lading_core::time::format_rfc3339(now + 1_000 + bytes / (50 << 20) * 1_000)});
+            let token = lading_core::layout::AccessToken {
+                ark: Some(b.ark.clone()),
+                version: Some(b.version),
+                requester: Some(p.name.clone()),
+                secret_sha256: Some(secret_digest(&secret)),
+                secret: None,
+                bytes: Some(bytes),
+                extra: merritt.as_object().cloned().unwrap_or_default(),
+            };
+            serde_json::to_value(token).unwrap_or_default()
         })
         .await?;
     let t = format!("{}.{id}.{secret}", queue.name());
@@ -169,8 +177,8 @@ async fn lookup(
     };
     // Compared in constant time; a request made before digests were kept has its secret.
     let expected = match (
-        info.token["secret_sha256"].as_str(),
-        info.token["secret"].as_str(),
+        info.token.secret_sha256.as_deref(),
+        info.token.secret.as_deref(),
     ) {
         (Some(d), _) => d.to_string(),
         (None, Some(plain)) => secret_digest(plain),
@@ -190,8 +198,8 @@ pub async fn status(
     let (queue, id, info) = lookup(&s, &token).await?;
     Ok(Json(json!({
         "id": id, "queue": queue.name(), "state": info.status.status.name(),
-        "message": info.status.message, "ark": info.token["ark"],
-        "version": info.token["version"],
+        "message": info.status.message, "ark": info.token.ark,
+        "version": info.token.version,
         "file": (info.status.status == AccessState::Completed)
             .then(|| format!("/api/v1/access/{token}/file")),
     })))

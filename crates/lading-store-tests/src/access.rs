@@ -47,7 +47,7 @@ pub async fn access_waiter_is_woken_by_a_request_still_being_made(h: &dyn Harnes
         .unwrap()
         .unwrap()
         .expect("the request, taken");
-    assert_eq!(lease.token["ark"], "ark:/99999/fk4x");
+    assert_eq!(lease.token.ark.as_deref(), Some("ark:/99999/fk4x"));
 }
 
 pub async fn access_requests_move_through_their_states(h: &dyn Harness) {
@@ -74,13 +74,49 @@ pub async fn access_requests_move_through_their_states(h: &dyn Harness) {
             .is_none()
     );
     let l = e.acquire_access(AccessQueue::Small).await.unwrap().unwrap();
-    assert_eq!(l.token["ark"], "ark:/99999/fk4x");
+    assert_eq!(l.token.ark.as_deref(), Some("ark:/99999/fk4x"));
     let l = e.access_advance(l, Event::Success).await.unwrap();
     assert_eq!(l.status.status, lading_core::AccessState::Processing);
     e.access_transition(l, Event::Success, None).await.unwrap();
     let info = e.access(AccessQueue::Small, &id).await.unwrap();
     assert_eq!(info.status.status, lading_core::AccessState::Completed);
     assert!(!info.locked);
+}
+
+/// A request whose token has a field of the wrong type is named as corrupt when read, and
+/// skipped (not taken, not changed) by acquisition, which goes on to the next request.
+pub async fn a_corrupt_access_token_is_named_and_skipped(h: &dyn Harness) {
+    let (e, _s) = engine(h, "w").await;
+    let bad = e
+        .create_access(
+            AccessQueue::Small,
+            &json!({"ark": "ark:/1/x", "version": "one"}),
+        )
+        .await
+        .unwrap();
+    let good = e
+        .create_access(
+            AccessQueue::Small,
+            &json!({"ark": "ark:/1/y", "version": 1}),
+        )
+        .await
+        .unwrap();
+    match e.access(AccessQueue::Small, &bad).await {
+        Err(EngineError::Corrupt { path, .. }) => {
+            assert!(path.ends_with(&format!("{bad}/token")), "{path}")
+        }
+        other => panic!("a corrupt token must be named: {other:?}"),
+    }
+    let before = lading_engine::dump(&**e.tree(), "/access").await.unwrap();
+    let l = e.acquire_access(AccessQueue::Small).await.unwrap().unwrap();
+    assert_eq!(l.id, good, "the good request, after the corrupt one");
+    assert_eq!(l.token.version, Some(1));
+    e.release_access_lease(l).await.unwrap();
+    assert_eq!(
+        lading_engine::dump(&**e.tree(), "/access").await.unwrap(),
+        before,
+        "nothing changed"
+    );
 }
 
 pub async fn ark_locks_are_exclusive_and_end_with_the_session(h: &dyn Harness) {
