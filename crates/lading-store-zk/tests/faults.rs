@@ -53,6 +53,7 @@ async fn resilient_worker(
 ) {
     while !stop.load(Ordering::SeqCst) {
         let mut got = None;
+        let mut failing = false;
         for st in STAGES {
             match e.acquire_job(st).await {
                 Ok(Some(l)) => {
@@ -62,14 +63,15 @@ async fn resilient_worker(
                 Ok(None) => {}
                 Err(err) => {
                     eprintln!("acquire in {st}: {err}");
-                    // Sleep: the ensemble is failing over; tried again.
-                    tokio::time::sleep(Duration::from_millis(50)).await
+                    failing = true;
                 }
             }
         }
         let Some(lease) = got else {
-            // Sleep: nothing to take yet while the ensemble recovers; tried again.
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            // Sleep: a worker polling eight stages (no one watch covers them all) paces its
+            // rounds, and backs off further while the ensemble is failing over.
+            let pause = if failing { 50 } else { 5 };
+            tokio::time::sleep(Duration::from_millis(pause)).await;
             continue;
         };
         let from = lease.state();
