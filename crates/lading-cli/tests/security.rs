@@ -107,6 +107,18 @@ fn serve(allow: &[String], extra: &str) -> Serve {
 }
 
 impl Serve {
+    /// The server's `/metrics` page (no token needed).
+    async fn metrics(&self) -> String {
+        self.http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     fn data(&self) -> PathBuf {
         self.dir.path().join("data")
     }
@@ -390,15 +402,7 @@ async fn waiting_acceptors(s: &Serve, n: usize) {
         &format!("{n} acceptors waiting"),
         Duration::from_secs(30),
         async || {
-            let m = s
-                .http
-                .get(format!("{}/metrics", s.base))
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
+            let m = s.metrics().await;
             let line = m
                 .lines()
                 .find(|l| l.starts_with("lading_generic_acceptors_waiting "));
@@ -1124,15 +1128,7 @@ async fn hardening_roles_overflow_ghost_acceptors_metrics_and_file_modes() {
         .await;
     assert_eq!(st, StatusCode::OK, "{j}");
     // Tenant-chosen names stay off the public metrics page.
-    let m = s
-        .http
-        .get(format!("{}/metrics", s.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = s.metrics().await;
     assert!(!m.contains("thumbs"), "{m}");
     assert!(
         m.contains("lading_generic_jobs{state=\"running\"} 1"),

@@ -58,8 +58,10 @@ pub async fn cleanup(
             }
         }
         // A submission of another shape has no upload of Lading's to remove.
-        let sub: Option<lading_core::layout::BatchSubmission> =
-            serde_json::from_value(info.submission.clone()).ok();
+        let sub = <lading_core::layout::BatchSubmission as serde::Deserialize>::deserialize(
+            &info.submission,
+        )
+        .ok();
         let upload = sub
             .and_then(|s| s.payload_url)
             .and_then(|u| upload_dir(ingest, &u));

@@ -6,7 +6,7 @@
 use lading_core::{BoxFuture, Tree};
 use lading_store_tests::{Harness, Session};
 use lading_store_zk::{ZkOptions, ZkTree};
-use lading_testkit::zk::{Relay, ZkServer};
+use lading_testkit::zk::{Relay, ZkNode, ZkServer};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -59,18 +59,7 @@ impl Harness for ZkHarness {
                         // server expires the session and removes its ephemeral nodes.
                         let id = t.session_id();
                         relay.partition(true);
-                        lading_testkit::poll::until_with(
-                            "the server to expire the session",
-                            Duration::from_secs(60),
-                            move || async move {
-                                if server().node.has_session(id) {
-                                    Err("still held")
-                                } else {
-                                    Ok(())
-                                }
-                            },
-                        )
-                        .await;
+                        ZkNode::session_gone(server().node.port, id).await;
                         relay.partition(false);
                         assert!(t.wait_expired(Duration::from_secs(30)).await, "expiry seen");
                         // The process notices on its next contact and opens a new session.

@@ -6,7 +6,7 @@ use lading_core::{Event, JobState, Tree, TreeError};
 use lading_engine::{Engine, EngineError};
 use lading_store_tests::{WAIT, batch_with_jobs};
 use lading_store_zk::{ZkOptions, ZkTree};
-use lading_testkit::zk::{Relay, ZkEnsemble, ZkServer, free_port};
+use lading_testkit::zk::{Relay, ZkEnsemble, ZkNode, ZkServer, free_port};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -248,18 +248,7 @@ async fn a_session_that_expires_mid_transition_commits_nothing() {
         lost.wait_for(|n| *n > lost_before).await.unwrap();
         r.partition(true);
         r.drop_requests(false);
-        lading_testkit::poll::until_with(
-            "the server to expire the session",
-            Duration::from_secs(60),
-            move || async move {
-                if server().node.has_session(session) {
-                    Err("still held")
-                } else {
-                    Ok(())
-                }
-            },
-        )
-        .await;
+        ZkNode::session_gone(server().node.port, session).await;
         r.partition(false);
     });
     let err = e

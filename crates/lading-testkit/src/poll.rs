@@ -20,16 +20,11 @@ pub async fn until<T, E: Debug>(
     within: Duration,
     mut cond: impl AsyncFnMut() -> Result<T, E>,
 ) -> T {
-    let deadline = Instant::now() + within;
+    let d = Deadline::new(what, within);
     loop {
-        match cond().await {
-            Ok(t) => return t,
-            Err(seen) => assert!(
-                Instant::now() < deadline,
-                "timed out after {within:?} waiting for {what}; last seen: {seen:?}"
-            ),
+        if let Some(t) = d.again(cond().await).await {
+            return t;
         }
-        pause().await;
     }
 }
 
@@ -41,21 +36,47 @@ pub async fn until_with<T, E: Debug, F: std::future::Future<Output = Result<T, E
     within: Duration,
     mut cond: impl FnMut() -> F,
 ) -> T {
-    let deadline = Instant::now() + within;
+    let d = Deadline::new(what, within);
     loop {
-        match cond().await {
-            Ok(t) => return t,
-            Err(seen) => assert!(
-                Instant::now() < deadline,
-                "timed out after {within:?} waiting for {what}; last seen: {seen:?}"
-            ),
+        if let Some(t) = d.again(cond().await).await {
+            return t;
         }
-        pause().await;
     }
 }
 
-async fn pause() {
-    tokio::time::sleep(EVERY).await
+/// What [`until`] and [`until_with`] share: the deadline, and the pause between looks.
+struct Deadline<'a> {
+    what: &'a str,
+    within: Duration,
+    at: Instant,
+}
+
+impl<'a> Deadline<'a> {
+    fn new(what: &'a str, within: Duration) -> Self {
+        Deadline {
+            what,
+            within,
+            at: Instant::now() + within,
+        }
+    }
+
+    /// The value once the condition holds; otherwise fails past the deadline, or pauses
+    /// before the next look.
+    async fn again<T, E: Debug>(&self, r: Result<T, E>) -> Option<T> {
+        match r {
+            Ok(t) => Some(t),
+            Err(seen) => {
+                assert!(
+                    Instant::now() < self.at,
+                    "timed out after {:?} waiting for {}; last seen: {seen:?}",
+                    self.within,
+                    self.what
+                );
+                tokio::time::sleep(EVERY).await;
+                None
+            }
+        }
+    }
 }
 
 /// [`until`] for a plain condition.

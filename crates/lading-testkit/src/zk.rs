@@ -92,10 +92,19 @@ impl ZkNode {
         })
     }
 
-    /// Whether the server still holds session `id` (its `dump`, on a standalone server or
-    /// the leader, lists every live session).
-    pub fn has_session(&self, id: u64) -> bool {
-        four_letter(self.port, "dump").contains(&format!("0x{id:x}"))
+    /// Waits until the server has expired session `id` (at most a minute): a session cut
+    /// off past its timeout, with no fixed sleep. Takes the port, not `self`, so a spawned
+    /// task can wait too.
+    pub async fn session_gone(port: u16, id: u64) {
+        crate::poll::until_with(
+            "the server to expire the session",
+            Duration::from_secs(60),
+            move || async move {
+                let held = four_letter(port, "dump").contains(&format!("0x{id:x}"));
+                if held { Err("still held") } else { Ok(()) }
+            },
+        )
+        .await
     }
 
     /// Kills the process at once (SIGKILL), as a crash would.
