@@ -1,9 +1,11 @@
 //! `lading bench`: programs that print figures. Nothing here asserts a time. The CLI's
 //! `lading bench` parses [`Bench`] and calls [`run`].
 
+mod aids;
 mod http;
 mod jobs;
 mod pipeline;
+pub use aids::{drive, hold_job};
 
 use clap::{Subcommand, ValueEnum};
 use lading_core::time::system_clock;
@@ -679,11 +681,7 @@ async fn worker(
         idle = 0;
         acq.push(looking.elapsed().as_micros() as u64);
         loop {
-            let ev = if lease.state() == JobState::Pending {
-                Event::To(JobState::Estimating)
-            } else {
-                Event::Success
-            };
+            let ev = aids::one_stage_on(lease.state());
             let last = lease.state() == JobState::Notify;
             let t = Instant::now();
             if mode == Mode::Chain && !last {
@@ -711,38 +709,6 @@ async fn worker(
         }
     }
     Ok((lat, acq, joined))
-}
-
-/// Test aid behind `lading drive`: moves any job it can acquire one stage on (no work done),
-/// until nothing was found for `idle`. Returns (transitions, jobs completed).
-pub async fn drive(e: &Engine, idle: Duration) -> anyhow::Result<(u64, u64)> {
-    let (mut transitions, mut completed) = (0u64, 0u64);
-    let mut last_work = Instant::now();
-    while last_work.elapsed() < idle {
-        let mut got = None;
-        for st in LOOK_ORDER {
-            if let Some(l) = e.acquire_job(st).await? {
-                got = Some(l);
-                break;
-            }
-        }
-        let Some(lease) = got else {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-            continue;
-        };
-        last_work = Instant::now();
-        let ev = if lease.state() == JobState::Pending {
-            Event::To(JobState::Estimating)
-        } else {
-            Event::Success
-        };
-        let st = e.job_transition(lease, ev, None).await?;
-        transitions += 1;
-        if st.status == JobState::Completed {
-            completed += 1;
-        }
-    }
-    Ok((transitions, completed))
 }
 
 /// Creates a batch with `n` Pending jobs, concurrently so commits group; returns its id.

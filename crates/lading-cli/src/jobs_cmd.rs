@@ -284,11 +284,13 @@ async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
         } => {
             let state = state.as_deref().map(parse_state).transpose()?;
             let list = j.list(&r#type, state, after.as_deref(), limit).await?;
-            crate::view::print(&serde_json::to_value(&list)?, json)?;
+            crate::show(&serde_json::to_value(&list)?, json, false)?;
         }
-        JobsCmd::Show { r#type, id, json } => {
-            crate::view::print(&serde_json::to_value(j.get_job(&r#type, &id).await?)?, json)?
-        }
+        JobsCmd::Show { r#type, id, json } => crate::show(
+            &serde_json::to_value(j.get_job(&r#type, &id).await?)?,
+            json,
+            false,
+        )?,
         JobsCmd::Remove { r#type, id } => {
             j.remove(&r#type, &id).await?;
             println!("{id}: removed");
@@ -341,8 +343,9 @@ async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
             let stop = Arc::new(Notify::new());
             let (jj, s) = (j.clone(), stop.clone());
             let task = tokio::spawn(async move { jj.run_monitor(&s).await });
+            let mut signals = lading_server::signals::Signals::new()?;
             eprintln!("lading: activity monitor running (stop with Ctrl-C)");
-            crate::pipeline::signal().await;
+            signals.next().await;
             stop.notify_one();
             task.await?;
         }
@@ -370,29 +373,16 @@ async fn process(
         let (jj, s) = (j.clone(), monitor_stop.clone());
         tokio::spawn(async move { jj.run_monitor(&s).await })
     };
-    eprintln!(
+    let running = format!(
         "lading: processing {ty} jobs with {concurrency} at a time: {shown} (stop with Ctrl-C)"
     );
-    let mut signals = crate::pipeline::Signals::new()?;
-    let all = processor.run(concurrency, shutdown);
-    tokio::pin!(all);
-    tokio::select! {
-        () = &mut all => {}
-        _ = signals.next() => {
-            eprintln!("lading: stopping; running jobs finish first (signal again to stop now)");
-            handle.stop();
-            tokio::select! {
-                () = &mut all => {}
-                _ = signals.next() => {
-                    eprintln!("lading: stopping now; running jobs go back to pending");
-                    handle.abort();
-                    all.await;
-                }
-            }
-        }
-    }
-    monitor_stop.notify_one();
-    monitor.await?;
-    eprintln!("lading: stopped");
-    Ok(())
+    let work = async {
+        processor.run(concurrency, shutdown).await;
+        monitor_stop.notify_one();
+        monitor.await?;
+        Ok(())
+    };
+    let (stop, abort) = (handle.clone(), handle);
+    let (stop, abort) = (move || stop.stop(), move || abort.abort());
+    lading_server::signals::until_signal(work, stop, abort, None, &running, crate::say_line).await
 }

@@ -22,28 +22,26 @@ fn say_line(line: &str) {
 }
 
 mod admin;
-mod client;
 mod jobs_cmd;
-mod pipeline;
 mod progress;
 mod serve;
-mod view;
 
 /// mimalloc: the store's writer frees what the async threads allocated, which glibc's
 /// per-thread arenas make slow (about a fifth of the writer's time in `perf`).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use admin::{Admin, admin, admin_remote};
+use admin::Admin;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand, ValueEnum};
-use lading_core::layout::{AccessId, AccessQueue, BatchId, JobId};
+use lading_core::JobState;
 use lading_core::time::system_clock;
-use lading_core::{Event, JobState};
 use lading_engine::{Engine, EngineError};
-use lading_ingest::{Config, Ingest};
+use lading_ingest::Ingest;
+use lading_server::api::SubmitRequest;
+use lading_server::client::Client;
 use lading_server::node::{self, open_store};
-use serde_json::json;
+use lading_server::ops::{Local, Ops};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -119,40 +117,6 @@ struct Stages {
         default_value = "intake,pending,estimating,provisioning,downloading,processing,storing,recording,notify,reporting,update-reporting,access-small,access-large"
     )]
     stages: Vec<String>,
-}
-
-impl Stages {
-    /// The node's stages and access queues, and how to name them in the log; an unknown
-    /// stage is refused.
-    fn spec(&self) -> anyhow::Result<(node::NodeSpec, String)> {
-        let names: Vec<&String> = self.stages.iter().filter(|n| *n != "none").collect();
-        if let Some(bad) = names.iter().find(|n| {
-            !lading_ingest::STAGE_NAMES.contains(&n.as_str()) && node::access_queue(n).is_none()
-        }) {
-            anyhow::bail!(
-                "unknown stage {bad:?}; the stages are {}, {} (or none)",
-                lading_ingest::STAGE_NAMES.join(", "),
-                node::ACCESS_STAGES.join(", ")
-            );
-        }
-        let spec = node::NodeSpec {
-            access: names.iter().filter_map(|n| node::access_queue(n)).collect(),
-            stages: names
-                .iter()
-                .filter(|n| node::access_queue(n).is_none())
-                .map(|n| n.to_string())
-                .collect(),
-            ..Default::default()
-        };
-        let what = if spec.stages.len() == lading_ingest::STAGE_NAMES.len() {
-            "every stage".to_string()
-        } else if names.is_empty() {
-            "no stage".to_string()
-        } else {
-            self.stages.join(", ")
-        };
-        Ok((spec, what))
-    }
 }
 
 #[derive(Subcommand)]
@@ -302,6 +266,15 @@ fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
     out(&format!("{}\n", serde_json::to_string_pretty(v)?))
 }
 
+/// A record (or a list of transitions, `history`) as JSON or as text for a person.
+fn show(v: &serde_json::Value, json: bool, history: bool) -> anyhow::Result<()> {
+    match (json, history) {
+        (true, _) => print_json(v),
+        (false, true) => out(&lading_server::text::history(v)),
+        (false, false) => out(&lading_server::text::human(v)),
+    }
+}
+
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let store = cli
         .store
@@ -313,23 +286,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             objects,
             files,
         } => {
-            if dir.join("lading.db").exists() && dir.join("payload").is_dir() {
-                std::fs::remove_dir_all(&dir)
-                    .with_context(|| format!("removing the previous demo in {}", dir.display()))?;
-            } else if dir.exists() && std::fs::read_dir(&dir)?.next().is_some() {
-                bail!(
-                    "{} exists and is not a previous demo; choose another --dir",
-                    dir.display()
-                );
-            }
-            pipeline::demo(&dir, objects.max(1), files.max(1)).await?;
+            lading_server::demo::demo(&dir, objects.max(1), files.max(1), say_line).await?;
         }
         Command::Worker { stages, grace_s } => {
             let cfg = node::config(cli.config.as_deref())?;
-            let (spec, what) = stages.spec()?;
-            let ingest = node::ingest(&store, cfg).await?;
-            let node = node::Node::start(ingest, spec).await?;
-            pipeline::run_until_signal(node, std::time::Duration::from_secs(grace_s), &what)
+            let (spec, what) = node::NodeSpec::for_stages(&stages.stages)?;
+            let node = node::Node::start(node::ingest(&store, cfg).await?, spec).await?;
+            let running = format!("lading: running {what} (stop with Ctrl-C)");
+            node.run_until_signal(std::time::Duration::from_secs(grace_s), &running, say_line)
                 .await?;
         }
         Command::Serve {
@@ -341,77 +305,29 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 &store,
                 cli.config.as_deref(),
                 listen,
-                stages.spec()?,
+                node::NodeSpec::for_stages(&stages.stages)?,
                 std::time::Duration::from_secs(grace_s),
             )
             .await?
         }
-        Command::Submit {
-            payload,
-            profile,
-            payload_type,
-            submitter,
-            title,
-            wait,
-        } if cli.server.is_some() => {
-            let c = lading_server::client::Client::new(
-                cli.server.as_deref().unwrap_or_default(),
-                cli.token,
-            )?;
-            client::submit(
-                &c,
-                &payload,
-                &profile,
-                &payload_type,
-                submitter,
-                title,
-                wait,
-            )
-            .await?;
-        }
-        Command::Status { id, json, history } if cli.server.is_some() => {
-            let c = lading_server::client::Client::new(
-                cli.server.as_deref().unwrap_or_default(),
-                cli.token,
-            )?;
-            let v = client::status(&c, id.as_deref()).await?;
-            if history {
-                view::print_history(&v, json)?;
-            } else {
-                view::print(&v, json)?;
+        Command::Submit { .. } | Command::Status { .. } | Command::Admin { .. } => {
+            if let Some(server) = cli.server.as_deref() {
+                return console(&Client::new(server, cli.token)?, cli.command).await;
             }
-        }
-        Command::Admin { action } if cli.server.is_some() => {
-            let c = lading_server::client::Client::new(
-                cli.server.as_deref().unwrap_or_default(),
-                cli.token,
-            )?;
-            admin_remote(&c, action).await?;
-        }
-        Command::Submit {
-            payload,
-            profile,
-            payload_type,
-            submitter,
-            title,
-            wait,
-        } => {
             let cfg = node::config(cli.config.as_deref())?;
-            let ingest = node::ingest(&store, cfg).await?;
-            let sub = pipeline::submission(payload, profile, payload_type, submitter, title);
-            let bid = lading_ingest::submit(&ingest, &sub).await?;
-            println!("{bid}");
-            let mut failed = false;
-            if wait {
-                pipeline::wait_with_progress(&ingest.engine, &bid).await?;
-                pipeline::print_report(&ingest.engine, &bid).await?;
-                failed = ingest.engine.batch(&bid).await?.status.status
-                    == lading_core::BatchState::Failed;
-            }
+            // Reading and administering never create a store; submitting may.
+            let ingest = match cli.command {
+                Command::Submit { .. } => node::ingest(&store, cfg).await?,
+                _ => node::ingest_on(Arc::new(engine(&store).await?), cfg)?,
+            };
+            let r = match cli.command {
+                Command::Admin {
+                    action: Admin::Cleanup { older_than_hours },
+                } => admin::cleanup(&ingest, older_than_hours).await,
+                cmd => console(&Local(ingest.clone()), cmd).await,
+            };
             ingest.engine.tree().close().await?;
-            if failed {
-                return Err(pipeline::BatchFailed(bid.to_string()).into());
-            }
+            r?
         }
         Command::Dump { path, format } => {
             let tree = node::open_existing(&store).await?;
@@ -422,58 +338,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 Format::Yaml => out(&serde_yaml_ng::to_string(&map)?)?,
             }
             tree.close().await?;
-        }
-        Command::Status { id, json, history } => {
-            let show = |v: serde_json::Value| {
-                if history {
-                    view::print_history(&v, json)
-                } else {
-                    view::print(&v, json)
-                }
-            };
-            let e = engine(&store).await?;
-            match id {
-                None => show(serde_json::to_value(e.summary().await?)?)?,
-                Some(id) if id.starts_with(JobId::PREFIX) => {
-                    let mut j = e.job(&JobId::parse(&id)?).await?;
-                    lading_engine::expand_history(&mut j.status.extra);
-                    show(serde_json::to_value(j)?)?
-                }
-                Some(id) if id.starts_with(BatchId::PREFIX) => {
-                    let mut b = e.batch(&BatchId::parse(&id)?).await?;
-                    lading_engine::expand_history(&mut b.status.extra);
-                    show(serde_json::to_value(b)?)?
-                }
-                Some(id) if id.starts_with(AccessId::PREFIX) => {
-                    let aid = AccessId::parse(&id)?;
-                    match e.access(AccessQueue::Small, &aid).await {
-                        Err(EngineError::NoAccess(_)) => show(serde_json::to_value(
-                            e.access(AccessQueue::Large, &aid).await?,
-                        )?)?,
-                        r => show(serde_json::to_value(r?)?)?,
-                    }
-                }
-                Some(uuid) => match e.batch_by_uuid(&uuid).await? {
-                    Some(bid) => {
-                        let mut b = e.batch(&bid).await?;
-                        lading_engine::expand_history(&mut b.status.extra);
-                        show(serde_json::to_value(b)?)?
-                    }
-                    None => {
-                        return Err(EngineError::NoBatch(format!(
-                            "{uuid} (no batch, job, access id or batch uuid)"
-                        ))
-                        .into());
-                    }
-                },
-            }
-            e.tree().close().await?;
-        }
-        Command::Admin { action } => {
-            let cfg = node::config(cli.config.as_deref())?;
-            let e = Arc::new(engine(&store).await?);
-            admin(&e, action, cfg).await?;
-            e.tree().close().await?;
         }
         Command::Jobs { action } => jobs_cmd::run(&store, action).await?,
         // Answered in `main`, before any store or runtime.
@@ -490,34 +354,58 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             advance_on_input,
         } => {
             let state = JobState::parse_named(&state).map_err(anyhow::Error::msg)?;
-            let e = engine(&store).await?;
-            let lease = e
-                .acquire_job(state)
-                .await?
-                .ok_or_else(|| anyhow::anyhow!("no {state} job to hold"))?;
-            println!("{}", lease.job);
-            use std::io::Write;
-            std::io::stdout().flush()?;
-            if !advance_on_input {
-                std::future::pending::<()>().await;
-            }
-            let mut line = String::new();
-            std::io::stdin().read_line(&mut line)?;
-            let ev = if state == JobState::Pending {
-                Event::To(JobState::Estimating)
-            } else {
-                Event::Success
+            lading_bench::hold_job(&engine(&store).await?, state, advance_on_input).await?;
+        }
+    }
+    Ok(())
+}
+
+/// `submit --wait` saw its batch end Failed (exit code 5).
+#[derive(Debug, thiserror::Error)]
+#[error("batch {0} ended Failed")]
+struct BatchFailed(String);
+
+/// Submit, status and admin: the same on a store and through a server.
+async fn console(ops: &impl Ops, cmd: Command) -> anyhow::Result<()> {
+    match cmd {
+        Command::Submit {
+            payload,
+            profile,
+            payload_type,
+            submitter,
+            title,
+            wait,
+        } => {
+            let req = SubmitRequest {
+                payload_url: Some(payload),
+                profile,
+                payload_type: Some(payload_type),
+                submitter,
+                title,
+                ..Default::default()
             };
-            match e.job_transition(lease, ev, None).await {
-                Ok(s) => println!("committed {}", s.status),
-                Err(err @ lading_engine::EngineError::LeaseLost(_)) => {
-                    println!("error: {err}");
-                    std::io::stdout().flush()?;
-                    std::process::exit(4);
+            let bid = ops.submit(req).await?.id;
+            println!("{bid}");
+            if wait {
+                progress::follow(ops, &bid).await?;
+                let (b, report) = lading_server::ops::report(ops, &bid).await?;
+                print!("{report}");
+                if b.status.status == lading_core::BatchState::Failed {
+                    return Err(BatchFailed(bid).into());
                 }
-                Err(err) => return Err(err.into()),
             }
         }
+        Command::Status { id, json, history } => {
+            let v = ops.record(id.as_deref()).await?;
+            if history {
+                let list = v["status"].get("history").cloned();
+                show(&list.unwrap_or(serde_json::json!([])), json, true)?
+            } else {
+                show(&v, json, false)?
+            }
+        }
+        Command::Admin { action } => admin::admin(ops, action).await?,
+        _ => unreachable!("only submit, status and admin"),
     }
     Ok(())
 }
@@ -526,10 +414,13 @@ fn exit_code(err: &anyhow::Error) -> u8 {
     if let Some(h) = err.downcast_ref::<lading_server::client::HttpError>() {
         return h.exit_code();
     }
+    if let Some(a) = err.downcast_ref::<lading_server::ApiError>() {
+        return lading_server::client::exit_code(a.status.as_u16());
+    }
     if err.downcast_ref::<node::NoStore>().is_some() {
         return 3;
     }
-    if err.downcast_ref::<pipeline::BatchFailed>().is_some() {
+    if err.downcast_ref::<BatchFailed>().is_some() {
         return 5;
     }
     // A submission the service refuses is bad input.

@@ -4,6 +4,7 @@
 //! is not a terminal nothing is drawn at all.
 
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use lading_server::ops::{Changes, Ops, job_states};
 use std::collections::HashMap;
 
 /// Job stages in order.
@@ -102,6 +103,55 @@ impl StageProgress {
             l.finish();
         }
     }
+}
+
+fn ended(state: &str) -> bool {
+    matches!(state, "Completed" | "Failed" | "Deleted")
+}
+
+/// Shows a batch's progress per stage until it ends: its changes as they come, and the
+/// batch and its jobs read again when it is quiet (on a store: changes other processes make
+/// are not seen) or after changes were missed.
+pub async fn follow(ops: &impl Ops, bid: &str) -> anyhow::Result<()> {
+    // The stream first, then the state: nothing in between is missed.
+    let mut changes = ops.changes(bid).await?;
+    let local = matches!(changes, Changes::Local { .. });
+    let mut p = StageProgress::new();
+    let mut all = true;
+    loop {
+        let b = ops.batch(bid).await?;
+        p.batch_state = b.status.status.name().to_string();
+        job_states(ops, &b, &mut p.jobs, all).await?;
+        p.draw();
+        if ended(&p.batch_state) {
+            break;
+        }
+        loop {
+            match tokio::time::timeout(changes.quiet(), changes.next()).await {
+                Ok(Some(c)) if c.kind == "job" => {
+                    p.jobs.insert(c.id, c.to);
+                }
+                Ok(Some(c)) if c.kind == "batch" => p.batch_state = c.to,
+                Ok(Some(_)) => {}
+                // Some were missed: everything again.
+                Ok(None) => {
+                    all = true;
+                    break;
+                }
+                // Quiet: on a store, everything again (other processes' changes).
+                Err(_) => {
+                    all = local;
+                    break;
+                }
+            }
+            p.draw();
+            if ended(&p.batch_state) {
+                break;
+            }
+        }
+    }
+    p.finish();
+    Ok(())
 }
 
 #[cfg(test)]

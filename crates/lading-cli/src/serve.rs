@@ -59,7 +59,9 @@ pub async fn serve(
     if let Some(a) = node.addr {
         say!("lading: API on http://{a}/api/v1");
     }
-    crate::pipeline::run_until_signal(node, grace, &what).await
+    let running = format!("lading: running {what} (stop with Ctrl-C)");
+    node.run_until_signal(grace, &running, crate::say_line)
+        .await
 }
 
 /// Raises this process's soft limit of open files to its hard limit; returns the limit.

@@ -104,8 +104,10 @@ fn illegal_admin_transition_exits_4_and_changes_nothing() {
     );
     assert_eq!(o.status.code(), Some(4));
     assert!(text(&o).1.contains("unknown job state \"Nowhere\""));
+    // An unknown queue is unknown, as over the API (404).
     let o = lading(&db, &["admin", "queue", "pause", "bogus"]);
-    assert_eq!(o.status.code(), Some(4));
+    assert_eq!(o.status.code(), Some(3));
+    assert!(text(&o).1.contains("no queue \"bogus\""));
     assert_eq!(
         lading(&db, &["dump", "--format", "json"]).stdout,
         before,

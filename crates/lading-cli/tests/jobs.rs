@@ -496,6 +496,39 @@ fn the_command_line_submits_and_administers_through_a_server() {
     let o = client(&["status", "--json"], &token);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["paused_queues"], serde_json::json!(["ingest"]));
+    // One code path: each verb says the same on the store and through the server.
+    let same = [
+        vec!["status", bid.as_str()],
+        vec!["status", bid.as_str(), "--history"],
+        vec!["admin", "queue", "pause", "ingest"],
+        vec!["admin", "collection", "release", "nosuch"],
+        vec!["admin", "job", "requeue", "--batch", bid.as_str()],
+        vec!["admin", "outbox", "list"],
+    ];
+    for args in same {
+        let remote = client(&args, &token);
+        let local = lading(&db, &args);
+        assert!(remote.status.success(), "{args:?}: {remote:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&remote.stdout),
+            String::from_utf8_lossy(&local.stdout),
+            "{args:?}"
+        );
+    }
+    for (args, code) in [
+        (vec!["admin", "batch", "hold", "bid0000009999"], 3),
+        (vec!["admin", "queue", "pause", "bogus"], 3),
+        (vec!["admin", "outbox", "retry", "e0000000042"], 4),
+        (vec!["admin", "clear-lock", "storage", "nosuch"], 4),
+    ] {
+        let remote = client(&args, &token);
+        let local = lading(&db, &args);
+        assert_eq!(
+            (remote.status.code(), local.status.code()),
+            (Some(code), Some(code)),
+            "{args:?}: {remote:?} {local:?}"
+        );
+    }
     Command::new("kill")
         .args(["-TERM", &server.id().to_string()])
         .status()

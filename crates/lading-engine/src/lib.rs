@@ -56,8 +56,8 @@ use lading_core::{
     AccessState, BatchState, CreateMode, Event, JobProgress, JobState, Op, Tree, TreeError, Watch,
     WatchKind,
 };
-use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -179,7 +179,7 @@ pub struct JobSpec {
 }
 
 /// Everything stored about a job.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JobInfo {
     pub id: String,
     pub bid: String,
@@ -193,7 +193,7 @@ pub struct JobInfo {
 }
 
 /// Everything stored about a batch, with its jobs per reference folder.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BatchInfo {
     pub id: String,
     pub status: BatchStatus,
@@ -204,7 +204,7 @@ pub struct BatchInfo {
 }
 
 /// An access request.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AccessInfo {
     pub queue: AccessQueue,
     pub id: String,

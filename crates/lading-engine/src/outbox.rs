@@ -64,7 +64,7 @@ pub struct OutboxClaim {
 }
 
 /// One entry as an admin listing shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct OutboxItem {
     pub name: String,
     #[serde(flatten)]

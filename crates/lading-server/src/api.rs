@@ -65,3 +65,163 @@ impl SubmitRequest {
         }
     }
 }
+
+/// The answer to a submission: the new batch, Pending.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Submitted {
+    pub id: String,
+    pub status: String,
+}
+
+/// A job or batch action's answer: the item's new state, or that it was purged.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ActionResult {
+    pub id: String,
+    /// None when the item was purged.
+    pub status: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub purged: bool,
+}
+
+/// The optional body of `POST /api/v1/jobs/{id}/requeue`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RequeueRequest {
+    /// The target state (default: the stage that failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+}
+
+/// The optional body of `POST /api/v1/batches/{id}/requeue-failed`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RequeueFailedRequest {
+    /// Just the jobs that failed at this stage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<String>,
+    /// The target state (default: the stage each job failed at).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+}
+
+/// What a bulk requeue did: each job requeued, and each refused with why.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Requeued {
+    pub id: String,
+    pub requeued: Vec<ActionResult>,
+    pub refused: Vec<Refusal>,
+}
+
+/// A job a bulk action left alone, and why.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Refusal {
+    pub id: String,
+    pub error: String,
+    pub kind: String,
+}
+
+/// A collection held or released.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct CollectionHold {
+    pub collection: String,
+    pub held: bool,
+    /// False when it already was (held) or was not (released, and nothing came back).
+    pub changed: bool,
+    /// Release only: how many Held batches and jobs went back to Pending.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released: Option<usize>,
+}
+
+/// A queue paused or resumed.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct QueuePause {
+    pub queue: String,
+    pub paused: bool,
+    /// False when it already was.
+    pub changed: bool,
+}
+
+/// Every outbox entry, oldest first.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct OutboxList {
+    #[schema(value_type = Vec<Object>)]
+    pub entries: Vec<lading_engine::OutboxItem>,
+}
+
+/// An outbox entry made due again.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct OutboxRetried {
+    pub name: String,
+    #[schema(value_type = Object)]
+    pub entry: lading_engine::OutboxEntry,
+}
+
+/// A foreign lock cleared.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct LockCleared {
+    pub kind: String,
+    pub name: String,
+    pub cleared: bool,
+}
+
+/// A job's or batch's transitions, oldest first.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct History {
+    pub id: String,
+    #[schema(value_type = Vec<Object>)]
+    pub history: serde_json::Value,
+}
+
+/// The job actions of `POST /api/v1/jobs/{id}/{action}` (and `lading admin job`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobAction {
+    Hold,
+    Release,
+    Requeue,
+    Delete,
+}
+
+/// The batch actions of `POST /api/v1/batches/{id}/{action}` (and `lading admin batch`),
+/// besides `requeue-failed`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchAction {
+    Hold,
+    Release,
+    Delete,
+    UpdateReporting,
+}
+
+impl JobAction {
+    pub const NAMES: [&'static str; 4] = ["hold", "release", "requeue", "delete"];
+    const ALL: [JobAction; 4] = [Self::Hold, Self::Release, Self::Requeue, Self::Delete];
+
+    pub fn name(self) -> &'static str {
+        Self::NAMES[Self::ALL.iter().position(|a| *a == self).unwrap_or(0)]
+    }
+
+    /// The action of this name (as in the API's path).
+    pub fn parse(name: &str) -> Option<JobAction> {
+        let i = Self::NAMES.iter().position(|n| *n == name)?;
+        Some(Self::ALL[i])
+    }
+}
+
+impl BatchAction {
+    pub const NAMES: [&'static str; 4] = ["hold", "release", "delete", "update-reporting"];
+    const ALL: [BatchAction; 4] = [
+        Self::Hold,
+        Self::Release,
+        Self::Delete,
+        Self::UpdateReporting,
+    ];
+
+    pub fn name(self) -> &'static str {
+        Self::NAMES[Self::ALL.iter().position(|a| *a == self).unwrap_or(0)]
+    }
+
+    /// The action of this name (as in the API's path).
+    pub fn parse(name: &str) -> Option<BatchAction> {
+        let i = Self::NAMES.iter().position(|n| *n == name)?;
+        Some(Self::ALL[i])
+    }
+}

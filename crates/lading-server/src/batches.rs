@@ -17,13 +17,17 @@
 //! A submitter token sees only its own batches and their jobs; another's is "not found", so
 //! ids cannot be probed.
 
+use crate::api::{
+    ActionResult, BatchAction, CollectionHold, JobAction, QueuePause, RequeueFailedRequest,
+};
+use crate::ops::{Local, Ops};
 use crate::{Admin, ApiError, AppState, Body, PathParams, Principal, Query, Role};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
-use lading_core::layout::{BatchId, JobId, QUEUE_NAMES};
+use lading_core::layout::{BatchId, JobId};
 use lading_core::{BatchState, JobState};
 use lading_engine::EngineError;
 use lading_ingest::SubmitError;
@@ -102,7 +106,7 @@ fn not_found_batch(id: &str) -> ApiError {
     EngineError::NoBatch(id.to_string()).into()
 }
 
-#[utoipa::path(post, path = "/api/v1/batches", tag = "batches", summary = "Submit a batch by payload URL", request_body = crate::api::SubmitRequest, responses((status = 201, description = "the batch, Pending", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+#[utoipa::path(post, path = "/api/v1/batches", tag = "batches", summary = "Submit a batch by payload URL", request_body = crate::api::SubmitRequest, responses((status = 201, description = "the batch, Pending", body = crate::api::Submitted), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn submit(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
@@ -130,7 +134,10 @@ pub(crate) async fn submit(
             axum::http::header::LOCATION,
             format!("/api/v1/batches/{bid}"),
         )],
-        Json(json!({"id": bid, "status": "Pending"})),
+        Json(crate::api::Submitted {
+            id: bid.to_string(),
+            status: "Pending".into(),
+        }),
     )
         .into_response())
 }
@@ -176,6 +183,17 @@ pub(crate) async fn show_batch(
     Ok(Json(info))
 }
 
+/// A record's transitions (its expanded history), as the history endpoints answer.
+fn history(id: String, extra: &serde_json::Map<String, Value>) -> crate::api::History {
+    crate::api::History {
+        id,
+        history: extra
+            .get(lading_engine::HISTORY_FIELD)
+            .cloned()
+            .unwrap_or_else(|| json!([])),
+    }
+}
+
 /// No server paths in the messages of a history a submitter reads.
 fn redact_history(s: &AppState, extra: &mut serde_json::Map<String, Value>) {
     if let Some(Value::Array(list)) = extra.get_mut(lading_engine::HISTORY_FIELD) {
@@ -187,30 +205,24 @@ fn redact_history(s: &AppState, extra: &mut serde_json::Map<String, Value>) {
     }
 }
 
-#[utoipa::path(get, path = "/api/v1/batches/{id}/history", tag = "batches", summary = "A batch's transitions", description = "Each state change of the batch, oldest first (the last 32): `at`, `from`, `to`, `host` (the process that made it), `message`. Kept with the batch, so any host answers.", params(("id" = String, Path, description = "bid… or the batch uuid")), responses((status = 200, description = "{\"id\", \"history\"}", body = serde_json::Value), (status = 404, description = "no such batch (or not yours)")))]
+#[utoipa::path(get, path = "/api/v1/batches/{id}/history", tag = "batches", summary = "A batch's transitions", description = "Each state change of the batch, oldest first (the last 32): `at`, `from`, `to`, `host` (the process that made it), `message`. Kept with the batch, so any host answers.", params(("id" = String, Path, description = "bid… or the batch uuid")), responses((status = 200, description = "the transitions, oldest first", body = crate::api::History), (status = 404, description = "no such batch (or not yours)")))]
 pub(crate) async fn batch_history(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
     PathParams(id): PathParams<String>,
-) -> Result<Json<Value>> {
+) -> Result<Json<crate::api::History>> {
     let Json(info) = show_batch(State(s), Extension(p), PathParams(id)).await?;
-    let history = info.status.extra.get(lading_engine::HISTORY_FIELD).cloned();
-    Ok(Json(
-        json!({"id": info.id, "history": history.unwrap_or_else(|| json!([]))}),
-    ))
+    Ok(Json(history(info.id, &info.status.extra)))
 }
 
-#[utoipa::path(get, path = "/api/v1/jobs/{id}/history", tag = "jobs", summary = "A job's transitions", description = "Each state change of the job, oldest first (the last 32): `at`, `from`, `to`, `host` (the process that made it), `retry_count`, `message`. Kept with the job, so any host answers.", params(("id" = String, Path, description = "jid…")), responses((status = 200, description = "{\"id\", \"history\"}", body = serde_json::Value), (status = 404, description = "no such job (or not yours)")))]
+#[utoipa::path(get, path = "/api/v1/jobs/{id}/history", tag = "jobs", summary = "A job's transitions", description = "Each state change of the job, oldest first (the last 32): `at`, `from`, `to`, `host` (the process that made it), `retry_count`, `message`. Kept with the job, so any host answers.", params(("id" = String, Path, description = "jid…")), responses((status = 200, description = "the transitions, oldest first", body = crate::api::History), (status = 404, description = "no such job (or not yours)")))]
 pub(crate) async fn job_history(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
     PathParams(id): PathParams<String>,
-) -> Result<Json<Value>> {
+) -> Result<Json<crate::api::History>> {
     let Json(info) = show_job(State(s), Extension(p), PathParams(id)).await?;
-    let history = info.status.extra.get(lading_engine::HISTORY_FIELD).cloned();
-    Ok(Json(
-        json!({"id": info.id, "history": history.unwrap_or_else(|| json!([]))}),
-    ))
+    Ok(Json(history(info.id, &info.status.extra)))
 }
 
 /// Working files listed per job, at most.
@@ -574,223 +586,147 @@ pub(crate) async fn list_jobs(
     ))
 }
 
-#[derive(Deserialize, Default, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct ActionBody {
-    /// requeue only: the target state (default: the stage that failed).
-    to: Option<String>,
-}
-
-/// An optional JSON body: absent or empty is the default.
-async fn optional_body(req: axum::extract::Request) -> Result<ActionBody> {
+/// An optional JSON body: absent or blank is the default.
+async fn optional_body<T: serde::de::DeserializeOwned + Default>(
+    req: axum::extract::Request,
+) -> Result<T> {
     let bytes = axum::body::to_bytes(req.into_body(), 64 << 10)
         .await
         .map_err(|e| ApiError::bad_request(format!("reading the body: {e}")))?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Ok(ActionBody::default());
+        return Ok(T::default());
     }
     serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("body: {e}")))
 }
 
-#[utoipa::path(post, path = "/api/v1/jobs/{id}/{action}", tag = "admin", summary = "Administer a job (requeue takes an optional target)", params(("id" = String, Path, description = "jid…"), ("action" = String, Path, description = "hold, release, requeue or delete")), request_body = ActionBody, responses((status = 200, description = "the new state", body = serde_json::Value), (status = 404, description = "no such job or action"), (status = 409, description = "illegal transition or locked"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+fn local(s: &AppState) -> Local {
+    Local(s.ingest.clone())
+}
+
+#[utoipa::path(post, path = "/api/v1/jobs/{id}/{action}", tag = "admin", summary = "Administer a job (requeue takes an optional target)", params(("id" = String, Path, description = "jid…"), ("action" = String, Path, description = "hold, release, requeue or delete")), request_body = crate::api::RequeueRequest, responses((status = 200, description = "the new state", body = crate::api::ActionResult), (status = 404, description = "no such job or action"), (status = 409, description = "illegal transition or locked"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn job_action(
     State(s): State<AppState>,
     Admin(_): Admin,
     PathParams((id, action)): PathParams<(String, String)>,
     req: axum::extract::Request,
-) -> Result<Json<Value>> {
-    let jid = JobId::parse(&id).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let body = optional_body(req).await?;
-    if body.to.is_some() && action != "requeue" {
-        return Err(ApiError::bad_request("\"to\" applies to requeue only"));
-    }
-    let e = &s.ingest.engine;
-    let st = match action.as_str() {
-        "hold" => Some(e.hold_job(&jid).await?),
-        "release" => Some(e.release_job(&jid).await?),
-        "requeue" => {
-            let to = body
-                .to
-                .as_deref()
-                .map(|t| JobState::parse_named(t).map_err(ApiError::bad_request))
-                .transpose()?;
-            Some(e.requeue_job(&jid, to).await?)
-        }
-        "delete" => e.delete_job(&jid).await?,
-        other => {
-            return Err(ApiError::new(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                format!("no job action {other:?} (hold, release, requeue, delete)"),
-            ));
-        }
-    };
-    Ok(Json(match st {
-        Some(st) => json!({"id": jid, "status": st.status}),
-        None => json!({"id": jid, "status": null, "purged": true}),
-    }))
+) -> Result<Json<ActionResult>> {
+    JobId::parse(&id).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let body: crate::api::RequeueRequest = optional_body(req).await?;
+    let action = JobAction::parse(&action).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no job action {action:?} ({})", JobAction::NAMES.join(", ")),
+        )
+    })?;
+    Ok(Json(
+        local(&s)
+            .job_action(&id, action, body.to.as_deref())
+            .await?,
+    ))
 }
 
-#[derive(Deserialize, Default, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct BatchActionBody {
-    /// requeue-failed only: just the jobs that failed at this stage.
-    stage: Option<String>,
-    /// requeue-failed only: the target state (default: the stage each job failed at).
-    to: Option<String>,
-}
-
-#[utoipa::path(post, path = "/api/v1/batches/{id}/{action}", tag = "admin", summary = "Administer a batch", description = "hold, release, delete, update-reporting, or requeue-failed: every Failed job of the batch (only those that failed at `stage`, when given) back to the stage it failed at (or `to`); the answer lists each job requeued and each refused with why.", params(("id" = String, Path, description = "bid…"), ("action" = String, Path, description = "hold, release, delete, update-reporting or requeue-failed")), request_body = BatchActionBody, responses((status = 200, description = "the new state", body = serde_json::Value), (status = 404, description = "no such batch or action"), (status = 409, description = "illegal transition or locked"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+#[utoipa::path(post, path = "/api/v1/batches/{id}/{action}", tag = "admin", summary = "Administer a batch", description = "hold, release, delete, update-reporting, or requeue-failed: every Failed job of the batch (only those that failed at `stage`, when given) back to the stage it failed at (or `to`); the answer lists each job requeued and each refused with why.", params(("id" = String, Path, description = "bid…"), ("action" = String, Path, description = "hold, release, delete, update-reporting or requeue-failed")), request_body = crate::api::RequeueFailedRequest, responses((status = 200, description = "the new state (requeue-failed: each job requeued and refused)", body = crate::api::ActionResult), (status = 404, description = "no such batch or action"), (status = 409, description = "illegal transition or locked"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn batch_action(
     State(s): State<AppState>,
     Admin(_): Admin,
     PathParams((id, action)): PathParams<(String, String)>,
     req: axum::extract::Request,
-) -> Result<Json<Value>> {
-    let bid = BatchId::parse(&id).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let bytes = axum::body::to_bytes(req.into_body(), 64 << 10)
-        .await
-        .map_err(|e| ApiError::bad_request(format!("reading the body: {e}")))?;
-    let body: BatchActionBody = if bytes.iter().all(u8::is_ascii_whitespace) {
-        BatchActionBody::default()
-    } else {
-        serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("body: {e}")))?
-    };
-    if (body.stage.is_some() || body.to.is_some()) && action != "requeue-failed" {
+) -> Result<Response> {
+    BatchId::parse(&id).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let body: RequeueFailedRequest = optional_body(req).await?;
+    if action == "requeue-failed" {
+        return Ok(Json(local(&s).requeue_failed(&id, body).await?).into_response());
+    }
+    if body.stage.is_some() || body.to.is_some() {
         return Err(ApiError::bad_request(
             "\"stage\" and \"to\" apply to requeue-failed only",
         ));
     }
-    let e = &s.ingest.engine;
-    let st = match action.as_str() {
-        "hold" => e.hold_batch(&bid).await?,
-        "release" => e.release_batch(&bid).await?,
-        "delete" => e.delete_batch(&bid).await?,
-        "update-reporting" => e.update_reporting(&bid).await?,
-        "requeue-failed" => {
-            let parse = |v: &Option<String>| {
-                v.as_deref()
-                    .map(|t| JobState::parse_named(t).map_err(ApiError::bad_request))
-                    .transpose()
-            };
-            let (stage, to) = (parse(&body.stage)?, parse(&body.to)?);
-            let mut requeued = Vec::new();
-            let mut refused = Vec::new();
-            for (jid, r) in e.requeue_failed(&bid, stage, to).await? {
-                match r {
-                    Ok(st) => requeued.push(json!({"id": jid, "status": st.status})),
-                    Err(err) => {
-                        let api = ApiError::from(err);
-                        refused.push(json!({"id": jid, "error": api.message, "kind": api.kind}));
-                    }
-                }
-            }
-            return Ok(Json(
-                json!({"id": bid, "requeued": requeued, "refused": refused}),
-            ));
-        }
-        other => {
-            return Err(ApiError::new(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                format!(
-                    "no batch action {other:?} (hold, release, delete, update-reporting, requeue-failed)"
-                ),
-            ));
-        }
-    };
-    Ok(Json(json!({"id": bid, "status": st.status})))
+    let action = BatchAction::parse(&action).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!(
+                "no batch action {action:?} ({}, requeue-failed)",
+                BatchAction::NAMES.join(", ")
+            ),
+        )
+    })?;
+    Ok(Json(local(&s).batch_action(&id, action).await?).into_response())
 }
 
-#[utoipa::path(put, path = "/api/v1/collections/{name}/hold", tag = "admin", summary = "Hold a collection", params(("name" = String, Path, description = "collection mnemonic")), responses((status = 200, description = "held", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+#[utoipa::path(put, path = "/api/v1/collections/{name}/hold", tag = "admin", summary = "Hold a collection", params(("name" = String, Path, description = "collection mnemonic")), responses((status = 200, description = "held", body = crate::api::CollectionHold), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn hold_collection(
     State(s): State<AppState>,
     Admin(_): Admin,
     PathParams(name): PathParams<String>,
-) -> Result<Json<Value>> {
-    let new = s.ingest.engine.hold_collection(&name).await?;
-    Ok(Json(
-        json!({"collection": name, "held": true, "changed": new}),
-    ))
+) -> Result<Json<CollectionHold>> {
+    Ok(Json(local(&s).collection(&name, true).await?))
 }
 
-#[utoipa::path(delete, path = "/api/v1/collections/{name}/hold", tag = "admin", summary = "Release a collection", params(("name" = String, Path, description = "collection mnemonic")), responses((status = 200, description = "released, with how many batches and jobs went back to Pending", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+#[utoipa::path(delete, path = "/api/v1/collections/{name}/hold", tag = "admin", summary = "Release a collection", params(("name" = String, Path, description = "collection mnemonic")), responses((status = 200, description = "released, with how many batches and jobs went back to Pending", body = crate::api::CollectionHold), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn release_collection(
     State(s): State<AppState>,
     Admin(_): Admin,
     PathParams(name): PathParams<String>,
-) -> Result<Json<Value>> {
-    let n = s.ingest.engine.release_collection(&name).await?;
-    Ok(Json(
-        json!({"collection": name, "held": false, "released": n}),
-    ))
+) -> Result<Json<CollectionHold>> {
+    Ok(Json(local(&s).collection(&name, false).await?))
 }
 
-fn check_queue(name: &str) -> Result<()> {
-    if QUEUE_NAMES.contains(&name) {
-        Ok(())
-    } else {
-        Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            format!("no queue {name:?} (one of: {})", QUEUE_NAMES.join(", ")),
-        ))
-    }
-}
-
-#[utoipa::path(put, path = "/api/v1/queues/{name}/pause", tag = "admin", summary = "Pause a queue", params(("name" = String, Path, description = "ingest, accessSmall or accessLarge")), responses((status = 200, description = "paused", body = serde_json::Value), (status = 404, description = "no such queue"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+#[utoipa::path(put, path = "/api/v1/queues/{name}/pause", tag = "admin", summary = "Pause a queue", params(("name" = String, Path, description = "ingest, accessSmall or accessLarge")), responses((status = 200, description = "paused", body = crate::api::QueuePause), (status = 404, description = "no such queue"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn pause_queue(
     State(s): State<AppState>,
     Admin(_): Admin,
     PathParams(name): PathParams<String>,
-) -> Result<Json<Value>> {
-    check_queue(&name)?;
-    let changed = s.ingest.engine.pause_queue(&name).await?;
-    Ok(Json(
-        json!({"queue": name, "paused": true, "changed": changed}),
-    ))
+) -> Result<Json<QueuePause>> {
+    Ok(Json(local(&s).queue(&name, true).await?))
 }
 
-#[utoipa::path(delete, path = "/api/v1/queues/{name}/pause", tag = "admin", summary = "Resume a queue", params(("name" = String, Path, description = "ingest, accessSmall or accessLarge")), responses((status = 200, description = "resumed", body = serde_json::Value), (status = 404, description = "no such queue"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+#[utoipa::path(delete, path = "/api/v1/queues/{name}/pause", tag = "admin", summary = "Resume a queue", params(("name" = String, Path, description = "ingest, accessSmall or accessLarge")), responses((status = 200, description = "resumed", body = crate::api::QueuePause), (status = 404, description = "no such queue"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn resume_queue(
     State(s): State<AppState>,
     Admin(_): Admin,
     PathParams(name): PathParams<String>,
-) -> Result<Json<Value>> {
-    check_queue(&name)?;
-    let changed = s.ingest.engine.resume_queue(&name).await?;
-    Ok(Json(
-        json!({"queue": name, "paused": false, "changed": changed}),
-    ))
+) -> Result<Json<QueuePause>> {
+    Ok(Json(local(&s).queue(&name, false).await?))
 }
 
 #[utoipa::path(get, path = "/api/v1/status", tag = "admin", summary = "Counts per state", responses((status = 200, description = "jobs and batches per state, paused queues", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn status(State(s): State<AppState>, Admin(_): Admin) -> Result<Json<Value>> {
-    Ok(Json(s.ingest.engine.summary().await?))
+    Ok(Json(local(&s).summary().await?))
 }
 
-#[utoipa::path(get, path = "/api/v1/outbox", tag = "admin", summary = "Mails and callbacks waiting for delivery", responses((status = 200, description = "every outbox entry, oldest first: kind, key, attempts, last error, dead (given up), delivering", body = serde_json::Value), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
-pub(crate) async fn list_outbox(State(s): State<AppState>, Admin(_): Admin) -> Result<Json<Value>> {
-    let items = s.ingest.engine.outbox().await?;
-    Ok(Json(json!({ "entries": items })))
+#[utoipa::path(get, path = "/api/v1/outbox", tag = "admin", summary = "Mails and callbacks waiting for delivery", responses((status = 200, description = "every outbox entry, oldest first: kind, key, attempts, last error, dead (given up), delivering", body = crate::api::OutboxList), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub(crate) async fn list_outbox(
+    State(s): State<AppState>,
+    Admin(_): Admin,
+) -> Result<Json<crate::api::OutboxList>> {
+    Ok(Json(crate::api::OutboxList {
+        entries: local(&s).outbox().await?,
+    }))
 }
 
-#[utoipa::path(post, path = "/api/v1/outbox/{name}/retry", tag = "admin", summary = "Deliver an outbox entry again now", params(("name" = String, Path, description = "the entry's name, e.g. e0000000007")), responses((status = 200, description = "the entry, due now with a fresh attempt count", body = serde_json::Value), (status = 400, description = "no such entry (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+#[utoipa::path(post, path = "/api/v1/outbox/{name}/retry", tag = "admin", summary = "Deliver an outbox entry again now", params(("name" = String, Path, description = "the entry's name, e.g. e0000000007")), responses((status = 200, description = "the entry, due now with a fresh attempt count", body = crate::api::OutboxRetried), (status = 400, description = "no such entry (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn retry_outbox(
     State(s): State<AppState>,
     Admin(_): Admin,
     PathParams(name): PathParams<String>,
-) -> Result<Json<Value>> {
+) -> Result<Json<crate::api::OutboxRetried>> {
     let entry = s.ingest.engine.retry_effect(&name).await?;
-    Ok(Json(json!({ "name": name, "entry": entry })))
+    Ok(Json(crate::api::OutboxRetried { name, entry }))
 }
 
-#[utoipa::path(delete, path = "/api/v1/locks/{kind}/{name}", tag = "admin", summary = "Clear a lock left by another tool: a persistent storage or inventory lock, or a Held batch's lock", params(("kind" = String, Path, description = "storage, inventory or batch"), ("name" = String, Path, description = "the lock's name, as /api/v1/status lists it under foreign_locks")), responses((status = 200, description = "cleared", body = serde_json::Value), (status = 400, description = "no such lock, or one held by a live session (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+#[utoipa::path(delete, path = "/api/v1/locks/{kind}/{name}", tag = "admin", summary = "Clear a lock left by another tool: a persistent storage or inventory lock, or a Held batch's lock", params(("kind" = String, Path, description = "storage, inventory or batch"), ("name" = String, Path, description = "the lock's name, as /api/v1/status lists it under foreign_locks")), responses((status = 200, description = "cleared", body = crate::api::LockCleared), (status = 400, description = "no such lock, or one held by a live session (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn clear_lock(
     State(s): State<AppState>,
     Admin(_): Admin,
     PathParams((kind, name)): PathParams<(String, String)>,
-) -> Result<Json<Value>> {
-    s.ingest.engine.clear_foreign_lock(&kind, &name).await?;
-    Ok(Json(json!({ "kind": kind, "name": name, "cleared": true })))
+) -> Result<Json<crate::api::LockCleared>> {
+    local(&s).clear_lock(&kind, &name).await?;
+    Ok(Json(crate::api::LockCleared {
+        kind,
+        name,
+        cleared: true,
+    }))
 }

@@ -2,7 +2,8 @@
 //! anything else that talks to a `lading serve`: bearer auth, JSON answers, errors as
 //! [`HttpError`] with the server's message and status, multipart uploads streamed from disk.
 
-use crate::api::SubmitRequest;
+use crate::api::{SubmitRequest, Submitted};
+use anyhow::Context;
 use futures_util::StreamExt;
 use serde_json::Value;
 use std::path::Path;
@@ -17,11 +18,17 @@ pub struct HttpError {
 
 impl HttpError {
     pub fn exit_code(&self) -> u8 {
-        match self.status {
-            404 => 3,
-            400 | 401 | 403 | 409 | 413 | 422 => 4,
-            _ => 1,
-        }
+        exit_code(self.status)
+    }
+}
+
+/// The command line's exit code for an answer of this HTTP status: 3 unknown, 4 refused
+/// (bad input, not allowed, an illegal transition), 1 anything else.
+pub fn exit_code(status: u16) -> u8 {
+    match status {
+        404 => 3,
+        400 | 401 | 403 | 409 | 413 | 422 => 4,
+        _ => 1,
     }
 }
 
@@ -53,11 +60,33 @@ impl Client {
             .bearer_auth(&self.token))
     }
 
-    async fn answer(resp: reqwest::Response) -> anyhow::Result<Value> {
+    /// Sends a request (with `body` as JSON) and reads the answer as a `T`; an error status
+    /// is an [`HttpError`] with the server's message.
+    pub async fn json<T: serde::de::DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&impl serde::Serialize>,
+    ) -> anyhow::Result<T> {
+        let mut r = self.request(method, path)?;
+        if let Some(b) = body {
+            r = r.json(b);
+        }
+        self.answer(r).await
+    }
+
+    async fn answer<T: serde::de::DeserializeOwned>(
+        &self,
+        r: reqwest::RequestBuilder,
+    ) -> anyhow::Result<T> {
+        let resp = r
+            .send()
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot reach {}: {e}", self.base))?;
         let status = resp.status();
         let text = resp.text().await?;
-        let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
         if !status.is_success() {
+            let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
             let message = v["error"]
                 .as_str()
                 .map(str::to_string)
@@ -68,40 +97,14 @@ impl Client {
             }
             .into());
         }
-        Ok(v)
-    }
-
-    pub async fn call(
-        &self,
-        method: &str,
-        path: &str,
-        body: Option<Value>,
-    ) -> anyhow::Result<Value> {
-        let mut r = self.request(method, path)?;
-        if let Some(b) = body {
-            r = r.json(&b);
-        }
-        let resp = r
-            .send()
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot reach {}: {e}", self.base))?;
-        Self::answer(resp).await
-    }
-
-    /// Submits a batch by URL (`req.payload_url`).
-    pub async fn submit(&self, req: &SubmitRequest) -> anyhow::Result<Value> {
-        let resp = self
-            .request("POST", "/api/v1/batches")?
-            .json(req)
-            .send()
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot reach {}: {e}", self.base))?;
-        Self::answer(resp).await
+        serde_json::from_str(&text).with_context(|| {
+            format!("the server's answer is not what this client reads: {text:.200}")
+        })
     }
 
     /// Uploads a local file as a batch (multipart, streamed from disk), described by `req`
     /// (without a `payload_url`: the file is the payload).
-    pub async fn upload(&self, file: &Path, req: &SubmitRequest) -> anyhow::Result<Value> {
+    pub async fn upload(&self, file: &Path, req: &SubmitRequest) -> anyhow::Result<Submitted> {
         let name = file
             .file_name()
             .and_then(|n| n.to_str())
@@ -124,7 +127,7 @@ impl Client {
         let body = part(head)
             .chain(tokio_util::io::ReaderStream::new(f))
             .chain(part(tail));
-        let resp = self
+        let r = self
             .request("POST", "/api/v1/batches/upload")?
             .query(req)
             .header(
@@ -132,11 +135,8 @@ impl Client {
                 format!("multipart/form-data; boundary={boundary}"),
             )
             .header("content-length", total)
-            .body(reqwest::Body::wrap_stream(body))
-            .send()
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot reach {}: {e}", self.base))?;
-        Self::answer(resp).await
+            .body(reqwest::Body::wrap_stream(body));
+        self.answer(r).await
     }
 }
 

@@ -11,15 +11,19 @@ pub mod auth;
 mod batches;
 pub mod client;
 pub mod conn;
+pub mod demo;
 pub mod download;
 pub mod events;
 mod generic;
 mod metrics;
 pub mod node;
 pub mod openapi;
+pub mod ops;
 pub mod overview;
 pub mod payload_server;
 mod redact;
+pub mod signals;
+pub mod text;
 pub mod upload;
 
 pub use auth::{Admin, Auth, Principal, Role, Worker};
@@ -167,6 +171,37 @@ impl ApiError {
     }
     pub fn internal(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+/// An operator verb's error ([`ops::Ops`]) as the API reports it: the error it carries,
+/// mapped as its type is everywhere else.
+impl From<anyhow::Error> for ApiError {
+    fn from(e: anyhow::Error) -> ApiError {
+        let e = match e.downcast::<ApiError>() {
+            Ok(a) => return a,
+            Err(e) => e,
+        };
+        let e = match e.downcast::<lading_engine::EngineError>() {
+            Ok(x) => return x.into(),
+            Err(e) => e,
+        };
+        let e = match e.downcast::<lading_ingest::SubmitError>() {
+            Ok(x) => return x.into(),
+            Err(e) => e,
+        };
+        match e.downcast::<lading_core::layout::BadId>() {
+            Ok(x) => ApiError::bad_request(x.to_string()),
+            Err(e) => ApiError::internal(format!("{e:#}")),
+        }
     }
 }
 

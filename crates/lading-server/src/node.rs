@@ -166,15 +166,71 @@ pub struct NodeSpec {
     pub http: Option<(tokio::net::TcpListener, Auth)>,
 }
 
+/// Stops or aborts a running [`Node`].
+#[derive(Clone)]
+pub struct NodeHandle {
+    stages: ShutdownHandle,
+    stop: Arc<tokio::sync::watch::Sender<bool>>,
+    monitor_stop: Arc<tokio::sync::Notify>,
+}
+
+impl NodeHandle {
+    /// See [`Node::stop`].
+    pub fn stop(&self) {
+        let _ = self.stop.send(true);
+        self.monitor_stop.notify_one();
+        self.stages.stop();
+    }
+
+    /// See [`Node::abort`].
+    pub fn abort(&self) {
+        self.stages.abort();
+    }
+}
+
+impl NodeSpec {
+    /// The stages and access queues named (`none` for none), and how to name them in a log
+    /// line; an unknown name is refused, naming the known ones.
+    pub fn for_stages(names: &[String]) -> anyhow::Result<(NodeSpec, String)> {
+        let names: Vec<&String> = names.iter().filter(|n| *n != "none").collect();
+        if let Some(bad) = names.iter().find(|n| {
+            !lading_ingest::STAGE_NAMES.contains(&n.as_str()) && access_queue(n).is_none()
+        }) {
+            anyhow::bail!(
+                "unknown stage {bad:?}; the stages are {}, {} (or none)",
+                lading_ingest::STAGE_NAMES.join(", "),
+                ACCESS_STAGES.join(", ")
+            );
+        }
+        let (access, stages): (Vec<&String>, Vec<&String>) =
+            names.iter().partition(|n| access_queue(n).is_some());
+        let what = if stages.len() == lading_ingest::STAGE_NAMES.len() {
+            "every stage".to_string()
+        } else if names.is_empty() {
+            "no stage".to_string()
+        } else {
+            names
+                .iter()
+                .map(|n| n.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let spec = NodeSpec {
+            access: access.iter().filter_map(|n| access_queue(n)).collect(),
+            stages: stages.iter().map(|n| n.to_string()).collect(),
+            ..Default::default()
+        };
+        Ok((spec, what))
+    }
+}
+
 /// A running process: everything of its [`NodeSpec`] on one store.
 pub struct Node {
     pub ingest: Arc<Ingest>,
     pub jobs: Arc<Jobs>,
     /// Where the HTTP API listens, when it does.
     pub addr: Option<SocketAddr>,
-    stages: ShutdownHandle,
-    stop: tokio::sync::watch::Sender<bool>,
-    monitor_stop: Arc<tokio::sync::Notify>,
+    handle: NodeHandle,
     stage_task: Option<JoinHandle<Result<Arc<lading_worker::Stats>, String>>>,
     others: Vec<JoinHandle<anyhow::Result<()>>>,
 }
@@ -246,9 +302,11 @@ impl Node {
             ingest,
             jobs,
             addr,
-            stages,
-            stop,
-            monitor_stop,
+            handle: NodeHandle {
+                stages,
+                stop: Arc::new(stop),
+                monitor_stop,
+            },
             stage_task,
             others,
         })
@@ -257,25 +315,57 @@ impl Node {
     /// Begins a graceful stop: no new work is taken, the HTTP API and the other loops end,
     /// running stage handlers may finish.
     pub fn stop(&self) {
-        let _ = self.stop.send(true);
-        self.monitor_stop.notify_one();
-        self.stages.stop();
+        self.handle.stop();
     }
 
     /// Cuts running stage handlers off (their jobs are released in their stage).
     pub fn abort(&self) {
-        self.stages.abort();
+        self.handle.abort();
     }
 
-    /// A handle that can [`abort`](ShutdownHandle::abort) the stages while [`Node::join`]
-    /// waits.
-    pub fn aborter(&self) -> ShutdownHandle {
-        self.stages.clone()
+    /// What stops or aborts this node while [`Node::run`] or [`Node::join`] owns it.
+    pub fn handle(&self) -> NodeHandle {
+        self.handle.clone()
+    }
+
+    /// Runs until the stages end by themselves (a stage's fatal error) or a stop is asked
+    /// for, then [`Node::join`]s.
+    pub async fn run(mut self) -> anyhow::Result<()> {
+        let mut stopping = self.handle.stop.subscribe();
+        tokio::select! {
+            r = self.stages_ended() => {
+                let j = self.join().await;
+                r?;
+                j
+            }
+            // The guard `wait_for` answers with is dropped before `join` sends on the channel.
+            () = async { drop(stopping.wait_for(|s| *s).await) } => self.join().await,
+        }
+    }
+
+    /// Runs until SIGINT/SIGTERM, as [`crate::signals::until_signal`] does, with `grace`
+    /// for running handlers; says `running` once signals are listened to.
+    pub async fn run_until_signal(
+        self,
+        grace: std::time::Duration,
+        running: &str,
+        say: fn(&str),
+    ) -> anyhow::Result<()> {
+        let (stop, abort) = (self.handle(), self.handle());
+        crate::signals::until_signal(
+            self.run(),
+            move || stop.stop(),
+            move || abort.abort(),
+            Some(grace),
+            running,
+            say,
+        )
+        .await
     }
 
     /// Waits until the stages end by themselves (a stage's fatal error), or forever when
     /// none run. For a `select!` beside the process's signals.
-    pub async fn stages_ended(&mut self) -> anyhow::Result<()> {
+    async fn stages_ended(&mut self) -> anyhow::Result<()> {
         match self.stage_task.as_mut() {
             Some(t) => {
                 let r = t.await;

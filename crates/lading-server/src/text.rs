@@ -1,32 +1,17 @@
-//! What `status`, `jobs list` and `jobs show` print for a person: aligned `key: value` lines
-//! for one record, a table for a list, times in RFC 3339. `--json` prints the record as the
-//! API gives it instead.
+//! The API's records as a person reads them (`lading status`, `jobs list`, `jobs show`):
+//! aligned `key: value` lines for one record, a table for a list, the queue summary as
+//! counts per state, times in RFC 3339.
 
 use serde_json::Value;
 
-/// Prints `v` as JSON (`json`) or for a person.
-pub fn print(v: &Value, json: bool) -> anyhow::Result<()> {
-    if json {
-        return crate::print_json(v);
-    }
-    crate::out(&human(v))
-}
-
-/// The transitions of a job or batch record (its `status.history`): one line each, oldest
-/// first, or the list as JSON.
-pub fn print_history(v: &Value, json: bool) -> anyhow::Result<()> {
-    let list = v["status"]["history"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    if json {
-        return crate::print_json(&list);
-    }
+/// Transitions (a record's `status.history`): one line each, oldest first.
+pub fn history(list: &Value) -> String {
+    let list = list.as_array().map(Vec::as_slice).unwrap_or_default();
     if list.is_empty() {
-        return crate::out("no transitions recorded\n");
+        return "no transitions recorded\n".into();
     }
     let mut out = String::new();
-    for h in &list {
+    for h in list {
         let s = |k: &str| h[k].as_str().unwrap_or("").to_string();
         let from = if h["from"].is_null() {
             "-".into()
@@ -47,7 +32,7 @@ pub fn print_history(v: &Value, json: bool) -> anyhow::Result<()> {
         }
         out.push('\n');
     }
-    crate::out(&out)
+    out
 }
 
 /// A record as `key: value` lines (nested keys joined by `.`), a list of records as a table,

@@ -1,0 +1,536 @@
+//! What an operator does to a Lading service — submit, look, administer, follow a batch —
+//! the same whether the command line opened the store itself ([`Local`]) or talks to a
+//! `lading serve` ([`Client`]): one trait, two implementations, the API's typed answers
+//! ([`crate::api`]). The HTTP handlers of the admin verbs call [`Local`] too, so a verb is
+//! written once.
+
+use crate::api::{
+    ActionResult, BatchAction, CollectionHold, JobAction, QueuePause, Refusal,
+    RequeueFailedRequest, Requeued, SubmitRequest, Submitted,
+};
+use crate::client::Client;
+use anyhow::Context;
+use lading_core::JobState;
+use lading_core::layout::{AccessId, AccessQueue, BatchId, JobId, QUEUE_NAMES};
+use lading_engine::{AccessInfo, BatchInfo, ChangeEvent, EngineError, JobInfo, OutboxItem};
+use lading_ingest::Ingest;
+use serde_json::Value;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The operator's verbs. Errors keep their type (an [`EngineError`], a
+/// [`crate::client::HttpError`], …) so the command line can pick its exit code.
+#[allow(async_fn_in_trait)]
+pub trait Ops {
+    /// Submits a batch. Through a server, a `payload_url` without `://` is a local file,
+    /// uploaded.
+    async fn submit(&self, req: SubmitRequest) -> anyhow::Result<Submitted>;
+    /// Jobs and batches per state, paused queues, the outbox, foreign locks.
+    async fn summary(&self) -> anyhow::Result<Value>;
+    /// A batch, by `bid…` or its uuid.
+    async fn batch(&self, id: &str) -> anyhow::Result<BatchInfo>;
+    async fn job(&self, id: &str) -> anyhow::Result<JobInfo>;
+    /// An access request (`qid…`), in whichever queue it is.
+    async fn access(&self, id: &str) -> anyhow::Result<AccessInfo>;
+    async fn job_action(
+        &self,
+        id: &str,
+        action: JobAction,
+        to: Option<&str>,
+    ) -> anyhow::Result<ActionResult>;
+    async fn batch_action(&self, id: &str, action: BatchAction) -> anyhow::Result<ActionResult>;
+    /// Every Failed job of a batch back to the stage it failed at (or `req.to`).
+    async fn requeue_failed(&self, id: &str, req: RequeueFailedRequest)
+    -> anyhow::Result<Requeued>;
+    async fn collection(&self, name: &str, hold: bool) -> anyhow::Result<CollectionHold>;
+    async fn queue(&self, name: &str, pause: bool) -> anyhow::Result<QueuePause>;
+    async fn outbox(&self) -> anyhow::Result<Vec<OutboxItem>>;
+    async fn retry_outbox(&self, name: &str) -> anyhow::Result<()>;
+    async fn clear_lock(&self, kind: &str, name: &str) -> anyhow::Result<()>;
+    /// The changes of a batch and its jobs from now on.
+    async fn changes(&self, batch: &str) -> anyhow::Result<Changes>;
+
+    /// A record as the API shows it: the summary (no id), a job (`jid…`), an access
+    /// request (`qid…`) or a batch (`bid…` or its uuid), with its history expanded.
+    async fn record(&self, id: Option<&str>) -> anyhow::Result<Value> {
+        Ok(match id {
+            None => self.summary().await?,
+            Some(id) if id.starts_with(JobId::PREFIX) => serde_json::to_value(self.job(id).await?)?,
+            Some(id) if id.starts_with(AccessId::PREFIX) => {
+                serde_json::to_value(self.access(id).await?)?
+            }
+            Some(id) => serde_json::to_value(self.batch(id).await?)?,
+        })
+    }
+}
+
+/// The verbs on a store this process opened.
+#[derive(Clone)]
+pub struct Local(pub Arc<Ingest>);
+
+fn parse_state(name: Option<&str>) -> anyhow::Result<Option<JobState>> {
+    Ok(name
+        .map(|s| JobState::parse_named(s).map_err(EngineError::Invalid))
+        .transpose()?)
+}
+
+impl Ops for Local {
+    async fn submit(&self, req: SubmitRequest) -> anyhow::Result<Submitted> {
+        let url = req.payload_url.clone().unwrap_or_default();
+        let submitter = req
+            .submitter
+            .clone()
+            .unwrap_or_else(|| std::env::var("USER").unwrap_or("lading".into()));
+        let sub = req.into_submission(submitter, url, Default::default());
+        let bid = lading_ingest::submit(&self.0, &sub).await?;
+        Ok(Submitted {
+            id: bid.to_string(),
+            status: "Pending".into(),
+        })
+    }
+
+    async fn summary(&self) -> anyhow::Result<Value> {
+        Ok(self.0.engine.summary().await?)
+    }
+
+    async fn batch(&self, id: &str) -> anyhow::Result<BatchInfo> {
+        let e = &self.0.engine;
+        let bid = if id.starts_with(BatchId::PREFIX) {
+            BatchId::parse(id)?
+        } else {
+            e.batch_by_uuid(id).await?.ok_or_else(|| {
+                EngineError::NoBatch(format!("{id} (no batch, job, access id or batch uuid)"))
+            })?
+        };
+        let mut b = e.batch(&bid).await?;
+        lading_engine::expand_history(&mut b.status.extra);
+        Ok(b)
+    }
+
+    async fn job(&self, id: &str) -> anyhow::Result<JobInfo> {
+        let mut j = self.0.engine.job(&JobId::parse(id)?).await?;
+        lading_engine::expand_history(&mut j.status.extra);
+        Ok(j)
+    }
+
+    async fn access(&self, id: &str) -> anyhow::Result<AccessInfo> {
+        let (e, aid) = (&self.0.engine, AccessId::parse(id)?);
+        match e.access(AccessQueue::Small, &aid).await {
+            Err(EngineError::NoAccess(_)) => Ok(e.access(AccessQueue::Large, &aid).await?),
+            r => Ok(r?),
+        }
+    }
+
+    async fn job_action(
+        &self,
+        id: &str,
+        action: JobAction,
+        to: Option<&str>,
+    ) -> anyhow::Result<ActionResult> {
+        let (e, jid) = (&self.0.engine, JobId::parse(id)?);
+        if to.is_some() && action != JobAction::Requeue {
+            return Err(EngineError::Invalid("\"to\" applies to requeue only".into()).into());
+        }
+        let st = match action {
+            JobAction::Hold => Some(e.hold_job(&jid).await?),
+            JobAction::Release => Some(e.release_job(&jid).await?),
+            JobAction::Requeue => Some(e.requeue_job(&jid, parse_state(to)?).await?),
+            JobAction::Delete => e.delete_job(&jid).await?,
+        };
+        Ok(ActionResult {
+            id: jid.to_string(),
+            purged: st.is_none(),
+            status: st.map(|s| s.status.to_string()),
+        })
+    }
+
+    async fn batch_action(&self, id: &str, action: BatchAction) -> anyhow::Result<ActionResult> {
+        let (e, bid) = (&self.0.engine, BatchId::parse(id)?);
+        let st = match action {
+            BatchAction::Hold => e.hold_batch(&bid).await?,
+            BatchAction::Release => e.release_batch(&bid).await?,
+            BatchAction::Delete => e.delete_batch(&bid).await?,
+            BatchAction::UpdateReporting => e.update_reporting(&bid).await?,
+        };
+        Ok(ActionResult {
+            id: bid.to_string(),
+            status: Some(st.status.to_string()),
+            purged: false,
+        })
+    }
+
+    async fn requeue_failed(
+        &self,
+        id: &str,
+        req: RequeueFailedRequest,
+    ) -> anyhow::Result<Requeued> {
+        let bid = BatchId::parse(id)?;
+        let (stage, to) = (
+            parse_state(req.stage.as_deref())?,
+            parse_state(req.to.as_deref())?,
+        );
+        let mut out = Requeued {
+            id: bid.to_string(),
+            requeued: Vec::new(),
+            refused: Vec::new(),
+        };
+        for (jid, r) in self.0.engine.requeue_failed(&bid, stage, to).await? {
+            match r {
+                Ok(st) => out.requeued.push(ActionResult {
+                    id: jid.to_string(),
+                    status: Some(st.status.to_string()),
+                    purged: false,
+                }),
+                Err(err) => {
+                    let api = crate::ApiError::from(err);
+                    out.refused.push(Refusal {
+                        id: jid.to_string(),
+                        error: api.message,
+                        kind: api.kind.to_string(),
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn collection(&self, name: &str, hold: bool) -> anyhow::Result<CollectionHold> {
+        let e = &self.0.engine;
+        if hold {
+            let changed = e.hold_collection(name).await?;
+            return Ok(CollectionHold {
+                collection: name.into(),
+                held: true,
+                changed,
+                released: None,
+            });
+        }
+        let was_held = e.collection_held(name).await?;
+        let n = e.release_collection(name).await?;
+        Ok(CollectionHold {
+            collection: name.into(),
+            held: false,
+            changed: was_held || n > 0,
+            released: Some(n),
+        })
+    }
+
+    async fn queue(&self, name: &str, pause: bool) -> anyhow::Result<QueuePause> {
+        // An unknown queue is unknown (404, exit 3), like an unknown job or batch.
+        if !QUEUE_NAMES.contains(&name) {
+            return Err(crate::ApiError::new(
+                axum::http::StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no queue {name:?} (one of: {})", QUEUE_NAMES.join(", ")),
+            )
+            .into());
+        }
+        let e = &self.0.engine;
+        let changed = if pause {
+            e.pause_queue(name).await?
+        } else {
+            e.resume_queue(name).await?
+        };
+        Ok(QueuePause {
+            queue: name.into(),
+            paused: pause,
+            changed,
+        })
+    }
+
+    async fn outbox(&self) -> anyhow::Result<Vec<OutboxItem>> {
+        Ok(self.0.engine.outbox().await?)
+    }
+
+    async fn retry_outbox(&self, name: &str) -> anyhow::Result<()> {
+        self.0.engine.retry_effect(name).await?;
+        Ok(())
+    }
+
+    async fn clear_lock(&self, kind: &str, name: &str) -> anyhow::Result<()> {
+        Ok(self.0.engine.clear_foreign_lock(kind, name).await?)
+    }
+
+    async fn changes(&self, batch: &str) -> anyhow::Result<Changes> {
+        Ok(Changes::Local {
+            events: self.0.engine.subscribe(),
+            batch: batch.to_string(),
+        })
+    }
+}
+
+impl Ops for Client {
+    async fn submit(&self, mut req: SubmitRequest) -> anyhow::Result<Submitted> {
+        match req.payload_url.take() {
+            Some(url) if !url.contains("://") => {
+                self.upload(std::path::Path::new(&url), &req).await
+            }
+            url => {
+                req.payload_url = url;
+                self.json("POST", "/api/v1/batches", Some(&req)).await
+            }
+        }
+    }
+
+    async fn summary(&self) -> anyhow::Result<Value> {
+        self.json("GET", "/api/v1/status", None::<&()>).await
+    }
+
+    async fn batch(&self, id: &str) -> anyhow::Result<BatchInfo> {
+        let path = format!("/api/v1/batches/{}", crate::client::enc(id));
+        self.json("GET", &path, None::<&()>).await
+    }
+
+    async fn job(&self, id: &str) -> anyhow::Result<JobInfo> {
+        let path = format!("/api/v1/jobs/{}", crate::client::enc(id));
+        self.json("GET", &path, None::<&()>).await
+    }
+
+    async fn access(&self, id: &str) -> anyhow::Result<AccessInfo> {
+        anyhow::bail!(
+            "{id}: an access request is shown through a server by its token (GET /api/v1/access/TOKEN), not by its id"
+        )
+    }
+
+    async fn job_action(
+        &self,
+        id: &str,
+        action: JobAction,
+        to: Option<&str>,
+    ) -> anyhow::Result<ActionResult> {
+        let path = format!("/api/v1/jobs/{}/{}", crate::client::enc(id), action.name());
+        let body = crate::api::RequeueRequest {
+            to: to.map(str::to_string),
+        };
+        self.json("POST", &path, Some(&body)).await
+    }
+
+    async fn batch_action(&self, id: &str, action: BatchAction) -> anyhow::Result<ActionResult> {
+        let path = format!(
+            "/api/v1/batches/{}/{}",
+            crate::client::enc(id),
+            action.name()
+        );
+        self.json("POST", &path, None::<&()>).await
+    }
+
+    async fn requeue_failed(
+        &self,
+        id: &str,
+        req: RequeueFailedRequest,
+    ) -> anyhow::Result<Requeued> {
+        let path = format!("/api/v1/batches/{}/requeue-failed", crate::client::enc(id));
+        self.json("POST", &path, Some(&req)).await
+    }
+
+    async fn collection(&self, name: &str, hold: bool) -> anyhow::Result<CollectionHold> {
+        let method = if hold { "PUT" } else { "DELETE" };
+        let path = format!("/api/v1/collections/{}/hold", crate::client::enc(name));
+        self.json(method, &path, None::<&()>).await
+    }
+
+    async fn queue(&self, name: &str, pause: bool) -> anyhow::Result<QueuePause> {
+        let method = if pause { "PUT" } else { "DELETE" };
+        let path = format!("/api/v1/queues/{}/pause", crate::client::enc(name));
+        self.json(method, &path, None::<&()>).await
+    }
+
+    async fn outbox(&self) -> anyhow::Result<Vec<OutboxItem>> {
+        let list: crate::api::OutboxList = self.json("GET", "/api/v1/outbox", None::<&()>).await?;
+        Ok(list.entries)
+    }
+
+    async fn retry_outbox(&self, name: &str) -> anyhow::Result<()> {
+        let path = format!("/api/v1/outbox/{}/retry", crate::client::enc(name));
+        let _: crate::api::OutboxRetried = self.json("POST", &path, None::<&()>).await?;
+        Ok(())
+    }
+
+    async fn clear_lock(&self, kind: &str, name: &str) -> anyhow::Result<()> {
+        let path = format!(
+            "/api/v1/locks/{}/{}",
+            crate::client::enc(kind),
+            crate::client::enc(name)
+        );
+        let _: crate::api::LockCleared = self.json("DELETE", &path, None::<&()>).await?;
+        Ok(())
+    }
+
+    async fn changes(&self, batch: &str) -> anyhow::Result<Changes> {
+        let path = format!("/api/v1/events?batch={}", crate::client::enc(batch));
+        let resp = self.request("GET", &path)?.send().await?;
+        Ok(Changes::Remote {
+            resp: resp.error_for_status()?,
+            buf: String::new(),
+            ready: VecDeque::new(),
+        })
+    }
+}
+
+/// A state change of a batch or one of its jobs.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct Change {
+    /// `batch` or `job`.
+    pub kind: String,
+    pub id: String,
+    pub to: String,
+}
+
+/// The changes of one batch: this process's own commits ([`Local`]; other processes'
+/// changes are not seen, so read the state again when it is quiet), or a server's event
+/// stream.
+pub enum Changes {
+    Local {
+        events: tokio::sync::broadcast::Receiver<ChangeEvent>,
+        batch: String,
+    },
+    Remote {
+        resp: reqwest::Response,
+        buf: String,
+        /// Parsed and not yet given out; `None` is a reset.
+        ready: VecDeque<Option<Change>>,
+    },
+    /// The stream ended: nothing more comes.
+    Ended,
+}
+
+impl Changes {
+    /// How long to wait for a change before reading the state again anyway.
+    pub fn quiet(&self) -> Duration {
+        match self {
+            Changes::Remote { .. } => Duration::from_secs(5),
+            _ => Duration::from_secs(1),
+        }
+    }
+
+    /// The next change; `None` when some may have been missed (read the state again). Once
+    /// the stream has ended this waits forever.
+    pub async fn next(&mut self) -> Option<Change> {
+        loop {
+            match self {
+                Changes::Ended => std::future::pending::<()>().await,
+                Changes::Local { events, batch } => match events.recv().await {
+                    Ok(ev)
+                        if (ev.kind == "batch" && ev.id == *batch)
+                            || ev.batch.as_deref() == Some(batch.as_str()) =>
+                    {
+                        return Some(Change {
+                            kind: ev.kind.to_string(),
+                            id: ev.id,
+                            to: ev.to,
+                        });
+                    }
+                    Ok(_) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return None,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                        *self = Changes::Ended;
+                        return None;
+                    }
+                },
+                Changes::Remote { resp, buf, ready } => {
+                    if let Some(c) = ready.pop_front() {
+                        return c;
+                    }
+                    match resp.chunk().await {
+                        Ok(Some(chunk)) => {
+                            buf.push_str(&String::from_utf8_lossy(&chunk));
+                            while let Some(i) = buf.find("\n\n") {
+                                let block: String = buf.drain(..i + 2).collect();
+                                ready.extend(sse_block(&block));
+                            }
+                        }
+                        Ok(None) | Err(_) => {
+                            *self = Changes::Ended;
+                            return None;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The changes one server-sent event carries: a reset (`None`), a change, or nothing (a
+/// comment, a keep-alive).
+fn sse_block(block: &str) -> Option<Option<Change>> {
+    let mut event = "";
+    let mut data = String::new();
+    for line in block.lines() {
+        if let Some(e) = line.strip_prefix("event:") {
+            event = e.trim();
+        } else if let Some(d) = line.strip_prefix("data:") {
+            data.push_str(d.trim());
+        }
+    }
+    match event {
+        "reset" => Some(None),
+        "change" => serde_json::from_str(&data).ok().map(Some),
+        _ => None,
+    }
+}
+
+/// Reads what a batch's jobs are at: the jobs in its completed and failed folders from the
+/// folder's name, the others one by one (all of them when `all`, else only those not in
+/// `known` yet).
+pub async fn job_states(
+    ops: &impl Ops,
+    batch: &BatchInfo,
+    known: &mut std::collections::HashMap<String, String>,
+    all: bool,
+) -> anyhow::Result<()> {
+    for (folder, ids) in &batch.jobs {
+        for j in ids {
+            let st = match folder.as_str() {
+                "batch-completed" => "Completed".to_string(),
+                "batch-failed" => "Failed".to_string(),
+                "batch-deleted" => "Deleted".to_string(),
+                _ if !all && known.contains_key(j) => continue,
+                _ => match ops.job(j).await {
+                    Ok(job) => job.status.status.name().to_string(),
+                    // Gone between the two reads: the next read places it.
+                    Err(_) => continue,
+                },
+            };
+            known.insert(j.clone(), st);
+        }
+    }
+    Ok(())
+}
+
+/// The report `submit --wait` ends with: the batch's state and message, then each job
+/// (id order) with its state, primary identifier and message.
+pub async fn report(ops: &impl Ops, batch: &str) -> anyhow::Result<(BatchInfo, String)> {
+    let b = ops.batch(batch).await?;
+    let mut ids: Vec<&String> = b.jobs.values().flatten().collect();
+    ids.sort();
+    let message = |m: &Option<String>| m.clone().unwrap_or_default();
+    let mut out = format!(
+        "batch {}: {}{}\n",
+        b.id,
+        b.status.status,
+        b.status
+            .message
+            .as_deref()
+            .filter(|m| !m.is_empty())
+            .map(|m| format!(" ({m})"))
+            .unwrap_or_default()
+    );
+    for j in ids {
+        let job = ops
+            .job(j)
+            .await
+            .with_context(|| format!("reading job {j} of the report"))?;
+        out.push_str(&format!(
+            "  {}  {:<10} {}  {}\n",
+            job.id,
+            job.status.status.name(),
+            job.identifiers["primary_id"]
+                .as_str()
+                .filter(|s| !s.is_empty())
+                .unwrap_or("-"),
+            message(&job.status.message)
+        ));
+    }
+    Ok((b, out))
+}
