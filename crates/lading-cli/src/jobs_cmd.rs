@@ -211,11 +211,7 @@ async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
         JobsCmd::Types => {
             let mut out = serde_json::Map::new();
             for (ty, settings) in j.types().await? {
-                let c = j.counts(&ty).await?;
-                let mut v = serde_json::to_value(&settings)?;
-                for st in State::ALL {
-                    v[st.name()] = json!(c.get(&st).copied().unwrap_or(0));
-                }
+                let v = j.type_view(&ty, &settings).await?;
                 out.insert(ty, v);
             }
             crate::print_json(&out)?;
@@ -245,13 +241,8 @@ async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
             println!("{name}: next tick {}", next.unwrap_or_default());
         }
         JobsCmd::Schedules { r#type } => {
-            let mut out = Vec::new();
-            for (name, s) in j.schedules(&r#type).await? {
-                let mut v = serde_json::to_value(&s)?;
-                v["name"] = json!(name);
-                v["next_tick"] = json!(s.next_tick_ms().map(lading_core::time::format_rfc3339));
-                out.push(v);
-            }
+            let list = j.schedules(&r#type).await?;
+            let out: Vec<Value> = list.iter().map(|(name, s)| s.view(name)).collect();
             crate::print_json(&out)?;
         }
         JobsCmd::Unschedule { r#type, name } => {

@@ -34,7 +34,7 @@ pub async fn serve(
         );
         auth = auth.with_admin(&token);
     }
-    let files = raise_open_files();
+    let files = lading_server::conn::raise_open_files();
     if cfg.http.max_connections + 256 > files {
         say!(
             "lading: warning: [http] max_connections = {} is close to this process's limit of \
@@ -62,28 +62,4 @@ pub async fn serve(
     let running = format!("lading: running {what} (stop with Ctrl-C)");
     node.run_until_signal(grace, &running, crate::say_line)
         .await
-}
-
-/// Raises this process's soft limit of open files to its hard limit; returns the limit.
-fn raise_open_files() -> usize {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit read and write the struct we own.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
-            return 1024;
-        }
-        if r.rlim_cur < r.rlim_max {
-            let raised = libc::rlimit {
-                rlim_cur: r.rlim_max,
-                rlim_max: r.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                r.rlim_cur = r.rlim_max;
-            }
-        }
-    }
-    r.rlim_cur.min(1 << 20) as usize
 }

@@ -5,11 +5,11 @@
 //! as it was. See docs/SECURITY.md.
 
 use lading_server::payload_server::PayloadServer;
-use lading_testkit::poll;
+use lading_testkit::{files_under, poll};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -273,7 +273,7 @@ impl Serve {
     /// Asserts no file in the working folders grew large (a bomb or endless download cut
     /// off in time leaves none).
     fn no_large_working_files(&self) {
-        for f in walk(&self.data().join("work")) {
+        for f in files_under(&self.data().join("work")) {
             let n = std::fs::metadata(&f).unwrap().len();
             assert!(n < 2 << 20, "{} is {n} bytes", f.display());
         }
@@ -281,7 +281,7 @@ impl Serve {
 
     /// Files under the storage root.
     fn stored_files(&self) -> Vec<PathBuf> {
-        walk(&self.data().join("storage"))
+        files_under(&self.data().join("storage"))
     }
 
     /// Asserts `/api/v1/health` answers within 100 ms.
@@ -299,46 +299,6 @@ impl Serve {
         );
         assert!(took < Duration::from_millis(100), "health took {took:?}");
     }
-}
-
-/// This process's limit of open files, raised to the hard limit first.
-fn open_files_limit() -> usize {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit read and write the struct we own.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
-            return 1024;
-        }
-        if r.rlim_cur < r.rlim_max {
-            let raised = libc::rlimit {
-                rlim_cur: r.rlim_max,
-                rlim_max: r.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                r.rlim_cur = r.rlim_max;
-            }
-        }
-    }
-    r.rlim_cur.min(1 << 20) as usize
-}
-
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            if e.file_type().unwrap().is_dir() {
-                todo.push(e.path());
-            } else {
-                out.push(e.path());
-            }
-        }
-    }
-    out.sort();
-    out
 }
 
 /// A loopback "internal service" that counts every connection made to it: no depositor's
@@ -696,7 +656,7 @@ async fn idle_and_slow_connections_cannot_lock_the_server_up() {
     let addr = s.base.trim_start_matches("http://").to_string();
     let mut held = Vec::new();
     // As many connections as the finding used (1,100), or as this process may open.
-    let flood = 1100.min(open_files_limit().saturating_sub(100));
+    let flood = 1100.min(lading_server::conn::raise_open_files().saturating_sub(100));
     assert!(flood > 400, "too few descriptors for the test: {flood}");
     // Idle connections, half-sent headers and a slow body, well past the cap.
     for i in 0..flood {
@@ -940,7 +900,7 @@ async fn container_bombs_are_refused_and_leave_nothing_behind() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uploads_with_huge_headers_or_bad_names_are_refused_and_leave_nothing() {
     let s = serve(&[], "");
-    let uploads = || walk(&s.data().join("uploads"));
+    let uploads = || files_under(&s.data().join("uploads"));
     // One part with a megabyte of headers.
     let boundary = "sec-test-boundary-5b1e";
     let mut body = format!(

@@ -141,7 +141,11 @@ async fn a_killed_workers_job_is_picked_up_in_the_state_it_was_in() {
     child.wait().unwrap();
     // Once the dead session expires its lock goes, and the job is there in Estimating.
     let l = e
-        .wait_job(JobState::Estimating, Duration::from_secs(30))
+        .wait_job_or(
+            JobState::Estimating,
+            Duration::from_secs(30),
+            std::future::pending(),
+        )
         .await
         .unwrap()
         .expect("picked up after the session expired");

@@ -168,20 +168,10 @@ impl Engine {
         }
     }
 
-    /// Waits until a batch in `state` can be acquired, or `timeout` passes. Woken by new
-    /// batches, by status and lock changes of the live batches the last scan saw, and by the
-    /// ingest pause flag; a slow sweep backs them up.
-    pub async fn wait_batch(
-        &self,
-        state: BatchState,
-        timeout: Duration,
-    ) -> Result<Option<BatchLease>> {
-        self.wait_batch_or(state, timeout, std::future::pending())
-            .await
-    }
-
-    /// [`Engine::wait_batch`] that gives up when `cancel` completes (see
-    /// [`Engine::wait_job_or`]).
+    /// Waits until a batch in `state` can be acquired, `timeout` passes, or `cancel`
+    /// completes (see [`Engine::wait_job_or`]). Woken by new batches, by status and lock
+    /// changes of the live batches the last scan saw, and by the ingest pause flag; a slow
+    /// sweep backs them up.
     pub async fn wait_batch_or(
         &self,
         state: BatchState,

@@ -422,15 +422,9 @@ impl Engine {
         })
     }
 
-    /// Waits until a job in `state` can be acquired, or `timeout` passes. Woken by changes to
-    /// the state folder (and to the ingest pause flag), not by polling.
-    pub async fn wait_job(&self, state: JobState, timeout: Duration) -> Result<Option<JobLease>> {
-        self.wait_job_or(state, timeout, std::future::pending())
-            .await
-    }
-
-    /// [`Engine::wait_job`] that also gives up (`Ok(None)`) when `cancel` completes. Cancel
-    /// this way rather than by dropping the future: `cancel` is only looked at while waiting,
+    /// Waits until a job in `state` can be acquired, or `timeout` passes, or `cancel`
+    /// completes (`Ok(None)`). Woken by changes to the state folder (and to the ingest pause
+    /// flag), not by polling. Cancel this way rather than by dropping the future: `cancel` is only looked at while waiting,
     /// never in the middle of taking a lock, so nothing is left claimed or locked.
     pub async fn wait_job_or(
         &self,

@@ -326,7 +326,7 @@ impl Engine {
         self
     }
 
-    /// How many times a waiter of this engine (`wait_job`, `wait_batch`, `wait_access`) has
+    /// How many times a waiter of this engine (`wait_job_or`, `wait_batch_or`, `wait_access`) has
     /// parked: found nothing, armed its watches and started waiting. A test takes the count,
     /// starts a waiter, and waits for the count to move before it makes the change the
     /// waiter should wake for, instead of sleeping and hoping.

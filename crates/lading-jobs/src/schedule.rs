@@ -55,6 +55,15 @@ pub struct Schedule {
 }
 
 impl Schedule {
+    /// The schedule as the API and `lading jobs schedules` show it: as stored, with its
+    /// `name` and `next_tick_ms`.
+    pub fn view(&self, name: &str) -> serde_json::Value {
+        let mut v = serde_json::to_value(self).unwrap_or_default();
+        v["name"] = name.into();
+        v["next_tick_ms"] = self.next_tick_ms().into();
+        v
+    }
+
     pub fn every(&self) -> Result<Every> {
         match (self.every_s, &self.cron) {
             (Some(s), None) if (1..=MAX_TIMEOUT_S).contains(&s) => Ok(Every::Seconds(s)),

@@ -40,8 +40,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use lading_jobs::{
-    AcceptOptions, AddOptions, Cron, Every, Job, JobView, Outcome, State as JobState, TypeSettings,
-    TypeUpdate,
+    AcceptOptions, AddOptions, Cron, Every, Job, JobView, Outcome, State as JobState, TypeUpdate,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -92,31 +91,9 @@ fn parse_state(s: &str) -> Result<JobState> {
 pub(crate) async fn types(State(s): State<AppState>, Admin(_): Admin) -> Result<Response> {
     let mut out = Vec::new();
     for (ty, settings) in s.jobs.types().await.map_err(ApiError::from)? {
-        out.push(type_json(&s, &ty, &settings).await?);
+        out.push(s.jobs.type_view(&ty, &settings).await?);
     }
     Ok(Json(out).into_response())
-}
-
-/// A type as the API shows it: its settings (every one, defaults included) and its jobs per
-/// state.
-async fn type_json(s: &AppState, ty: &str, settings: &TypeSettings) -> Result<Value> {
-    let c = s.jobs.counts(ty).await?;
-    let mut v = json!({"type": ty});
-    let full = json!({
-        "timeout_s": settings.timeout_s,
-        "max_attempts": settings.max_attempts,
-        "backoff_base_ms": settings.backoff_base_ms,
-        "rate_per_s": settings.rate_per_s,
-        "keep_finished_s": settings.keep_finished_s,
-        "keep_failed_s": settings.keep_failed_s,
-    });
-    for (k, val) in full.as_object().into_iter().flatten() {
-        v[k] = val.clone();
-    }
-    for st in JobState::ALL {
-        v[st.name()] = json!(c.get(&st).copied().unwrap_or(0));
-    }
-    Ok(v)
 }
 
 #[utoipa::path(get, path = "/api/v1/types/{type}", tag = "generic jobs", summary = "A type's timeout and counts", params(("type" = String, Path, description = "job type")), responses((status = 200, description = "the type", body = serde_json::Value), (status = 404, description = "no such type"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
@@ -126,7 +103,7 @@ pub(crate) async fn get_type(
     PathParams(ty): PathParams<String>,
 ) -> Result<Json<Value>> {
     let settings = s.jobs.read_type(&ty).await?;
-    Ok(Json(type_json(&s, &ty, &settings).await?))
+    Ok(Json(s.jobs.type_view(&ty, &settings).await?))
 }
 
 /// The settings to change; the others stay. `timeout_s` is needed to make a type. For
@@ -158,7 +135,7 @@ pub(crate) async fn put_type(
         keep_failed_s: b.keep_failed_s,
     };
     let settings = s.jobs.update_type(&ty, &update).await?;
-    Ok(Json(type_json(&s, &ty, &settings).await?))
+    Ok(Json(s.jobs.type_view(&ty, &settings).await?))
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -632,16 +609,8 @@ pub(crate) async fn schedules(
     PathParams(ty): PathParams<String>,
 ) -> Result<Json<Value>> {
     let list = s.jobs.schedules(&ty).await?;
-    let list: Vec<Value> = list.iter().map(|(n, sch)| schedule_json(n, sch)).collect();
+    let list: Vec<Value> = list.iter().map(|(n, sch)| sch.view(n)).collect();
     Ok(Json(json!({ "schedules": list })))
-}
-
-/// A schedule as the API shows it: as stored, with its name and next tick.
-fn schedule_json(name: &str, sch: &lading_jobs::Schedule) -> Value {
-    let mut v = serde_json::to_value(sch).unwrap_or_default();
-    v["name"] = json!(name);
-    v["next_tick_ms"] = json!(sch.next_tick_ms());
-    v
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -684,7 +653,7 @@ pub(crate) async fn put_schedule(
             b.priority,
         )
         .await?;
-    Ok(Json(schedule_json(&name, &sch)))
+    Ok(Json(sch.view(&name)))
 }
 
 #[utoipa::path(delete, path = "/api/v1/types/{type}/schedules/{name}", tag = "generic jobs", summary = "Remove a schedule (the jobs it added stay)", params(("type" = String, Path, description = "job type"), ("name" = String, Path, description = "schedule name")), responses((status = 204, description = "removed"), (status = 404, description = "no such schedule")))]

@@ -42,7 +42,7 @@ async fn an_uploaded_file_becomes_a_batch_and_is_ingested() {
         "{b}"
     );
     let stored = s.ingest.cfg.storage_root();
-    let found = walk(&stored)
+    let found = lading_testkit::files_under(&stored)
         .into_iter()
         .any(|p| p.ends_with("report.txt") && std::fs::read(&p).unwrap() == content);
     assert!(
@@ -52,19 +52,6 @@ async fn an_uploaded_file_becomes_a_batch_and_is_ingested() {
     );
     shutdown_handle.stop();
     workers.await.unwrap().unwrap();
-}
-
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -548,7 +548,10 @@ pub async fn batch_worker_is_woken_when_a_batch_needs_reporting(h: &dyn Harness)
     let mut parks = Parks::of(&reporter);
     let waiting = {
         let r = reporter.clone();
-        tokio::spawn(async move { r.wait_batch(BatchState::Reporting, WAIT).await })
+        tokio::spawn(async move {
+            r.wait_batch_or(BatchState::Reporting, WAIT, std::future::pending())
+                .await
+        })
     };
     // Once it has looked and is waiting, not before.
     parks.next().await;
@@ -564,7 +567,10 @@ pub async fn batch_worker_is_woken_when_a_batch_needs_reporting(h: &dyn Harness)
     parks.restart();
     let waiting = {
         let r = reporter.clone();
-        tokio::spawn(async move { r.wait_batch(BatchState::Pending, WAIT).await })
+        tokio::spawn(async move {
+            r.wait_batch_or(BatchState::Pending, WAIT, std::future::pending())
+                .await
+        })
     };
     parks.next().await;
     let mut sub = Map::new();
@@ -582,7 +588,10 @@ pub async fn batch_worker_is_woken_when_a_batch_needs_reporting(h: &dyn Harness)
     parks.restart();
     let waiting = {
         let r = reporter.clone();
-        tokio::spawn(async move { r.wait_batch(BatchState::Pending, WAIT).await })
+        tokio::spawn(async move {
+            r.wait_batch_or(BatchState::Pending, WAIT, std::future::pending())
+                .await
+        })
     };
     parks.next().await;
     let path = e
@@ -624,7 +633,10 @@ pub async fn paused_queue_hands_out_nothing(h: &dyn Harness) {
     );
     // A waiting worker is woken by the resume, not by polling.
     let e2 = e.clone();
-    let waiter = tokio::spawn(async move { e2.wait_job(JobState::Pending, WAIT).await });
+    let waiter = tokio::spawn(async move {
+        e2.wait_job_or(JobState::Pending, WAIT, std::future::pending())
+            .await
+    });
     tokio::task::yield_now().await;
     e.resume_queue("ingest").await.unwrap();
     let got = tokio::time::timeout(WAIT, waiter)
@@ -639,7 +651,10 @@ pub async fn waiting_worker_is_woken_by_new_work(h: &dyn Harness) {
     let (e, _s) = engine(h, "w").await;
     let (other, _s2) = engine(h, "producer").await;
     let e2 = e.clone();
-    let waiter = tokio::spawn(async move { e2.wait_job(JobState::Pending, WAIT).await });
+    let waiter = tokio::spawn(async move {
+        e2.wait_job_or(JobState::Pending, WAIT, std::future::pending())
+            .await
+    });
     tokio::task::yield_now().await;
     let (_bid, jobs) = batch_with_jobs(&other, 1, &[]).await;
     let got = tokio::time::timeout(WAIT, waiter)

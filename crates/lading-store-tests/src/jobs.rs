@@ -580,7 +580,11 @@ pub async fn deferred_job_is_not_taken_before_its_retry_time(h: &dyn Harness) {
     let before = *parked.borrow_and_update();
     let waiter = {
         let other = other.clone();
-        tokio::spawn(async move { other.wait_job(JobState::Pending, WAIT).await })
+        tokio::spawn(async move {
+            other
+                .wait_job_or(JobState::Pending, WAIT, std::future::pending())
+                .await
+        })
     };
     parked.wait_for(|n| *n > before).await.unwrap();
     clock.advance_ms(1499);

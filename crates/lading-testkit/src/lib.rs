@@ -3,6 +3,23 @@
 //! (`zk`), private PostgreSQL servers (`pg`), an SMTP receiver (`smtp`), and the one way the suites wait where no signal
 //! reaches them (`poll`).
 
+/// Every file under `dir` (not the folders), sorted; an unreadable folder counts as empty.
+pub fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                todo.push(e.path());
+            } else {
+                out.push(e.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
 pub mod events;
 pub mod pg;
 pub mod poll;

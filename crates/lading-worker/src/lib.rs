@@ -13,8 +13,8 @@
 //!
 //! A handler that panics is `Fatal` with the panic message; one that runs past the stage's
 //! timeout is aborted and counts as `Transient`. Handlers run in their own tasks, so neither
-//! takes the worker down. Work is picked up from change notifications (`wait_job`,
-//! `wait_batch`), never a polling loop.
+//! takes the worker down. Work is picked up from change notifications (`wait_job_or`,
+//! `wait_batch_or`), never a polling loop.
 //!
 //! Shutdown has two steps ([`Shutdown`]): *stop* ends acquisition and lets running handlers
 //! finish; *abort* cuts them off and releases their leases. The binary sends *stop* on the first
