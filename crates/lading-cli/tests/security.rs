@@ -210,6 +210,19 @@ impl Serve {
             .collect()
     }
 
+    /// Submits a batch by URL (`body`) as `token`: the answer's status and body.
+    async fn submit(&self, token: &str, body: Value) -> (StatusCode, Value) {
+        self.call(token, "POST", "/api/v1/batches", Some(body))
+            .await
+    }
+
+    /// Submits a batch that must be taken (201), and waits for it to end; returns it.
+    async fn submit_finished(&self, token: &str, body: Value) -> Value {
+        let (st, v) = self.submit(token, body).await;
+        assert_eq!(st, StatusCode::CREATED, "{v}");
+        self.finished(v["id"].as_str().unwrap()).await
+    }
+
     /// Waits for batch `bid` to end (Completed or Failed), on its event stream; returns it.
     async fn finished(&self, bid: &str) -> Value {
         lading_testkit::events::until_batch(
@@ -417,12 +430,7 @@ async fn file_urls_and_internal_addresses_are_refused_and_nothing_reaches_them()
     ] {
         for token in [BOB, ADMIN] {
             let (st, v) = s
-                .call(
-                    token,
-                    "POST",
-                    "/api/v1/batches",
-                    Some(json!({"payload_url": url, "profile": "alpha"})),
-                )
+                .submit(token, json!({"payload_url": url, "profile": "alpha"}))
                 .await;
             assert_eq!(st, StatusCode::BAD_REQUEST, "{url}: {v}");
             let e = v["error"].as_str().unwrap();
@@ -438,19 +446,15 @@ async fn file_urls_and_internal_addresses_are_refused_and_nothing_reaches_them()
     }
     // A missing file and an existing one outside the roots read the same.
     let (_, a) = s
-        .call(
+        .submit(
             BOB,
-            "POST",
-            "/api/v1/batches",
-            Some(json!({"payload_url": "file:///etc/passwd", "profile": "alpha"})),
+            json!({"payload_url": "file:///etc/passwd", "profile": "alpha"}),
         )
         .await;
     let (_, b) = s
-        .call(
+        .submit(
             BOB,
-            "POST",
-            "/api/v1/batches",
-            Some(json!({"payload_url": "file:///etc/nonexistent-9f2", "profile": "alpha"})),
+            json!({"payload_url": "file:///etc/nonexistent-9f2", "profile": "alpha"}),
         )
         .await;
     assert_eq!(
@@ -515,16 +519,12 @@ async fn a_redirect_to_an_internal_address_is_refused() {
         &[format!("http://{redirector}/")],
         "[stages.downloading]\nmax_attempts = 1\n",
     );
-    let (st, v) = s
-        .call(
+    let b = s
+        .submit_finished(
             BOB,
-            "POST",
-            "/api/v1/batches",
-            Some(json!({"payload_url": format!("http://{redirector}/f.txt"), "profile": "alpha"})),
+            json!({"payload_url": format!("http://{redirector}/f.txt"), "profile": "alpha"}),
         )
         .await;
-    assert_eq!(st, StatusCode::CREATED, "{v}");
-    let b = s.finished(v["id"].as_str().unwrap()).await;
     let job = s.only_job(&b).await;
     assert_eq!(job["status"]["status"], "Failed", "{job}");
     assert!(message(&job).contains("redirect"), "{job}");
@@ -540,16 +540,12 @@ async fn one_tenant_can_neither_read_nor_extend_anothers_object() {
     std::fs::write(pdir.path().join("b.txt"), b"bob's words\n").unwrap();
     let files = PayloadServer::start(pdir.path()).await.unwrap();
     let s = serve(&[format!("http://{}/", files.addr)], "");
-    let (st, v) = s
-        .call(
+    let b = s
+        .submit_finished(
             ALICE,
-            "POST",
-            "/api/v1/batches",
-            Some(json!({"payload_url": files.url("a.txt"), "profile": "alpha"})),
+            json!({"payload_url": files.url("a.txt"), "profile": "alpha"}),
         )
         .await;
-    assert_eq!(st, StatusCode::CREATED, "{v}");
-    let b = s.finished(v["id"].as_str().unwrap()).await;
     assert_eq!(b["status"]["status"], "Completed", "{b}");
     let job = s.only_job(&b).await;
     let ark = job["identifiers"]["primary_id"]
@@ -616,11 +612,9 @@ async fn one_tenant_can_neither_read_nor_extend_anothers_object() {
 
     // Write: Bob's file as a new version of Alice's object, from another collection.
     let (st, v) = s
-        .call(
+        .submit(
             BOB,
-            "POST",
-            "/api/v1/batches",
-            Some(json!({"payload_url": files.url("b.txt"), "profile": "beta", "primary_id": ark})),
+            json!({"payload_url": files.url("b.txt"), "profile": "beta", "primary_id": ark}),
         )
         .await;
     assert_eq!(st, StatusCode::FORBIDDEN, "{v}");
@@ -825,16 +819,7 @@ async fn endless_and_dripping_payloads_are_cut_off() {
         "[stages.downloading]\nmax_attempts = 1\n",
     );
     // An endless manifest: refused past the manifest limit.
-    let (st, v) = s
-        .call(
-            BOB,
-            "POST",
-            "/api/v1/batches",
-            Some(json!({"payload_url": format!("http://{endless}/m.checkm"), "profile": "alpha", "type": "batch-manifest"})),
-        )
-        .await;
-    assert_eq!(st, StatusCode::CREATED, "{v}");
-    let b = s.finished(v["id"].as_str().unwrap()).await;
+    let b = s.submit_finished(BOB, json!({"payload_url": format!("http://{endless}/m.checkm"), "profile": "alpha", "type": "batch-manifest"})).await;
     assert!(message(&b).contains("payload.max_manifest_bytes"), "{b}");
     // An endless file whose manifest declares 10 bytes: cut off at the 11th.
     let job = s
@@ -846,11 +831,9 @@ async fn endless_and_dripping_payloads_are_cut_off() {
     );
     // A file dripping one byte at a time: cut off by the minimum rate.
     let (_, v) = s
-        .call(
+        .submit(
             BOB,
-            "POST",
-            "/api/v1/batches",
-            Some(json!({"payload_url": format!("http://{drip}/d.bin"), "profile": "alpha"})),
+            json!({"payload_url": format!("http://{drip}/d.bin"), "profile": "alpha"}),
         )
         .await;
     let b = s.finished(v["id"].as_str().unwrap()).await;
@@ -925,9 +908,7 @@ async fn uploads_with_huge_headers_or_bad_names_are_refused_and_leave_nothing() 
         assert_eq!(st, StatusCode::BAD_REQUEST, "{name}: {v}");
     }
     for id in [".", "..", "a\u{0}b", "..x"] {
-        let (st, v) = s
-            .call(BOB, "POST", "/api/v1/batches", Some(json!({"payload_url": "https://example.org/x", "profile": "alpha", "primary_id": id})))
-            .await;
+        let (st, v) = s.submit(BOB, json!({"payload_url": "https://example.org/x", "profile": "alpha", "primary_id": id})).await;
         assert_eq!(st, StatusCode::BAD_REQUEST, "{id:?}: {v}");
         assert!(
             v["error"].as_str().unwrap().contains("primary identifier"),
@@ -1165,16 +1146,12 @@ async fn one_submitters_slow_downloads_do_not_hold_every_slot() {
     )
     .await;
     // Alice's tiny file gets a slot and completes while Bob's still drip.
-    let (st, v) = s
-        .call(
+    let b = s
+        .submit_finished(
             ALICE,
-            "POST",
-            "/api/v1/batches",
-            Some(json!({"payload_url": files.url("tiny.txt"), "profile": "alpha"})),
+            json!({"payload_url": files.url("tiny.txt"), "profile": "alpha"}),
         )
         .await;
-    assert_eq!(st, StatusCode::CREATED, "{v}");
-    let b = s.finished(v["id"].as_str().unwrap()).await;
     assert_eq!(b["status"]["status"], "Completed", "{b}");
     let (_, bob) = s
         .call(ADMIN, "GET", &format!("/api/v1/batches/{bobs}"), None)

@@ -717,18 +717,7 @@ async fn a_failing_processing_command_fails_the_job_with_its_last_lines() {
     );
     let m = w.object_manifest("o.checkm", &[("f.txt", b"eicar")]);
     let ingest = w.ingest();
-    let bid = lading_ingest::submit(
-        &ingest,
-        &Submission {
-            profile: "scan".into(),
-            submitter: "me".into(),
-            payload_url: m,
-            payload_type: "manifest".into(),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let bid = w.submit_as(&ingest, "scan", "me", &m, "manifest").await;
     let (h, task) = w.run_all(&ingest);
     w.batch_reaches(&bid, &[BatchState::Failed]).await;
     let job = w.jobs_of(&bid).await.remove(0);
@@ -892,18 +881,7 @@ async fn a_profile_sets_its_own_attempts_and_large_jobs_get_a_lower_priority() {
     );
     let (url, _) = w.file("singles.checkm", singles.as_bytes());
     let ingest = w.ingest();
-    let bid = lading_ingest::submit(
-        &ingest,
-        &Submission {
-            profile: "once".into(),
-            submitter: "me".into(),
-            payload_url: url,
-            payload_type: "single-file-batch-manifest".into(),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let bid = w.submit_as(&ingest, "once", "me", &url, "single-file-batch-manifest").await;
     let (h, task) = w.run_all(&ingest);
     w.batch_reaches(&bid, &[BatchState::Failed]).await;
     let mut seen = Vec::new();

@@ -206,11 +206,23 @@ impl World {
     }
 
     pub async fn submit(&self, ingest: &Ingest, url: &str, ty: &str) -> BatchId {
+        self.submit_as(ingest, "demo", "depositor", url, ty).await
+    }
+
+    /// Submits the payload at `url` of type `ty` with `profile`, as `submitter`.
+    pub async fn submit_as(
+        &self,
+        ingest: &Ingest,
+        profile: &str,
+        submitter: &str,
+        url: &str,
+        ty: &str,
+    ) -> BatchId {
         lading_ingest::submit(
             ingest,
             &Submission {
-                profile: "demo".into(),
-                submitter: "depositor".into(),
+                profile: profile.into(),
+                submitter: submitter.into(),
                 payload_url: url.into(),
                 payload_type: ty.into(),
                 ..Default::default()
