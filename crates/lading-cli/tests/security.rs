@@ -130,20 +130,7 @@ impl Serve {
         path: &str,
         body: Option<Value>,
     ) -> (StatusCode, Value) {
-        let mut r = self
-            .http
-            .request(method.parse().unwrap(), format!("{}{path}", self.base))
-            .bearer_auth(token);
-        if let Some(b) = body {
-            r = r.json(&b);
-        }
-        let resp = r.send().await.unwrap();
-        let st = resp.status();
-        let text = resp.text().await.unwrap();
-        (
-            st,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        lading_testkit::events::call(&self.http, &self.base, token, method, path, body).await
     }
 
     async fn upload(

@@ -425,6 +425,18 @@ pub struct BatchSubmission {
     pub extra: Map<String, Value>,
 }
 
+/// Accessors of fields that Merritt's ingest service writes under its own name: `name()` is
+/// Lading's field `ours`, or Merritt's `theirs` (kept in `extra`) when ours is blank.
+macro_rules! ours_or_theirs {
+    ($($name:ident => $ours:ident, $theirs:literal;)*) => {
+        $(
+            pub fn $name(&self) -> Option<&str> {
+                self.or_theirs(&self.$ours, $theirs)
+            }
+        )*
+    };
+}
+
 impl BatchSubmission {
     /// A field Merritt's ingest service writes under its own name, when Lading's is blank.
     fn or_theirs<'a>(&'a self, ours: &'a Option<String>, theirs: &str) -> Option<&'a str> {
@@ -437,26 +449,14 @@ impl BatchSubmission {
             ours.as_deref()
         }
     }
-    pub fn profile(&self) -> Option<&str> {
-        self.or_theirs(&self.profile_name, "profile")
-    }
-    pub fn creator(&self) -> Option<&str> {
-        self.or_theirs(&self.erc_who, "creator")
-    }
-    pub fn title(&self) -> Option<&str> {
-        self.or_theirs(&self.erc_what, "title")
-    }
-    pub fn date(&self) -> Option<&str> {
-        self.or_theirs(&self.erc_when, "date")
-    }
-    pub fn primary(&self) -> Option<&str> {
-        self.or_theirs(&self.primary_id, "objectID")
-    }
-    pub fn local(&self) -> Option<&str> {
-        self.or_theirs(&self.local_id, "localID")
-    }
-    pub fn response(&self) -> Option<&str> {
-        self.or_theirs(&self.response_type, "responseForm")
+    ours_or_theirs! {
+        profile => profile_name, "profile";
+        creator => erc_who, "creator";
+        title => erc_what, "title";
+        date => erc_when, "date";
+        primary => primary_id, "objectID";
+        local => local_id, "localID";
+        response => response_type, "responseForm";
     }
     /// Merritt's package name (on its ingest storage), for a submission without a URL.
     pub fn merritt_filename(&self) -> Option<&str> {

@@ -881,7 +881,9 @@ async fn a_profile_sets_its_own_attempts_and_large_jobs_get_a_lower_priority() {
     );
     let (url, _) = w.file("singles.checkm", singles.as_bytes());
     let ingest = w.ingest();
-    let bid = w.submit_as(&ingest, "once", "me", &url, "single-file-batch-manifest").await;
+    let bid = w
+        .submit_as(&ingest, "once", "me", &url, "single-file-batch-manifest")
+        .await;
     let (h, task) = w.run_all(&ingest);
     w.batch_reaches(&bid, &[BatchState::Failed]).await;
     let mut seen = Vec::new();

@@ -442,35 +442,45 @@ async fn held(
     }))
 }
 
-#[utoipa::path(post, path = "/api/v1/types/{type}/jobs/{id}/update", tag = "generic jobs", summary = "Heartbeat, with new data", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), request_body = HeldBody, responses((status = 200, description = "the job", body = serde_json::Value), (status = 409, description = "halt: stop running the job")))]
-pub(crate) async fn update(
-    State(s): State<AppState>,
-    Worker(_): Worker,
-    PathParams((ty, id)): PathParams<(String, String)>,
-    Body(b): Body<HeldBody>,
-) -> Result<Json<JobView>> {
-    held(s, ty, id, b, HeldOp::Update).await
+/// The handler of one [`HeldOp`]: who may call it, its path, and what a 409 means.
+macro_rules! held_handler {
+    ($name:ident, $op:ident, $role:ident, $path:tt, $summary:tt, $conflict:tt) => {
+        #[utoipa::path(post, path = $path, tag = "generic jobs", summary = $summary, params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), request_body = HeldBody, responses((status = 200, description = "the job", body = serde_json::Value), (status = 409, description = $conflict)))]
+        pub(crate) async fn $name(
+            State(s): State<AppState>,
+            $role(_): $role,
+            PathParams((ty, id)): PathParams<(String, String)>,
+            Body(b): Body<HeldBody>,
+        ) -> Result<Json<JobView>> {
+            held(s, ty, id, b, HeldOp::$op).await
+        }
+    };
 }
 
-#[utoipa::path(post, path = "/api/v1/types/{type}/jobs/{id}/finish", tag = "generic jobs", summary = "Finish a job", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), request_body = HeldBody, responses((status = 200, description = "the job", body = serde_json::Value), (status = 409, description = "halt: nothing was written")))]
-pub(crate) async fn finish(
-    State(s): State<AppState>,
-    Worker(_): Worker,
-    PathParams((ty, id)): PathParams<(String, String)>,
-    Body(b): Body<HeldBody>,
-) -> Result<Json<JobView>> {
-    held(s, ty, id, b, HeldOp::Finish).await
-}
-
-#[utoipa::path(post, path = "/api/v1/types/{type}/jobs/{id}/resubmit", tag = "generic jobs", summary = "Ask for another run when this one finishes", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), request_body = HeldBody, responses((status = 200, description = "the job", body = serde_json::Value), (status = 409, description = "halt")))]
-pub(crate) async fn resubmit(
-    State(s): State<AppState>,
-    Admin(_): Admin,
-    PathParams((ty, id)): PathParams<(String, String)>,
-    Body(b): Body<HeldBody>,
-) -> Result<Json<JobView>> {
-    held(s, ty, id, b, HeldOp::Resubmit).await
-}
+held_handler!(
+    update,
+    Update,
+    Worker,
+    "/api/v1/types/{type}/jobs/{id}/update",
+    "Heartbeat, with new data",
+    "halt: stop running the job"
+);
+held_handler!(
+    finish,
+    Finish,
+    Worker,
+    "/api/v1/types/{type}/jobs/{id}/finish",
+    "Finish a job",
+    "halt: nothing was written"
+);
+held_handler!(
+    resubmit,
+    Resubmit,
+    Admin,
+    "/api/v1/types/{type}/jobs/{id}/resubmit",
+    "Ask for another run when this one finishes",
+    "halt"
+);
 
 #[utoipa::path(post, path = "/api/v1/types/{type}/jobs/{id}/subscribe", tag = "generic jobs", summary = "Subscribe to a job's state changes", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), responses((status = 200, description = "the subscription and the current state", body = serde_json::Value), (status = 404, description = "no such job"), (status = 429, description = "this server holds its most subscriptions (100,000); end some first")))]
 pub(crate) async fn subscribe(

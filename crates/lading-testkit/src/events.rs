@@ -1,8 +1,33 @@
-//! Waiting for a batch over a running server's API, on its event stream rather than by
-//! asking again and again.
+//! Talking to a running server's API: one call, and waiting for a batch on its event stream
+//! rather than by asking again and again.
 
 use serde_json::Value;
 use std::time::Duration;
+
+/// One API call as `token`, `body` sent as JSON: the answer's status and body (JSON, or the
+/// text as a string).
+pub async fn call(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (reqwest::StatusCode, Value) {
+    let mut r = http
+        .request(method.parse().unwrap(), format!("{base}{path}"))
+        .bearer_auth(token);
+    if let Some(b) = body {
+        r = r.json(&b);
+    }
+    let resp = r.send().await.unwrap();
+    let status = resp.status();
+    let text = resp.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
 
 /// Waits until `done` holds for batch `bid` as `GET /api/v1/batches/BID` shows it (with
 /// `token`), at most `within`, and returns that record. It follows the batch's event stream

@@ -140,20 +140,7 @@ impl Server {
         path: &str,
         body: Option<Value>,
     ) -> (StatusCode, Value) {
-        let mut r = self
-            .http
-            .request(method.parse().unwrap(), format!("{}{path}", self.base))
-            .bearer_auth(token);
-        if let Some(b) = body {
-            r = r.json(&b);
-        }
-        let resp = r.send().await.unwrap();
-        let status = resp.status();
-        let text = resp.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        lading_testkit::events::call(&self.http, &self.base, token, method, path, body).await
     }
 
     /// Waits until batch `bid` is in `state` (at most 60 s), on its event stream; returns
