@@ -4,7 +4,6 @@
 //! are a floor for a server with the machine to itself.
 
 use crate::{Scratch, cpu_seconds, percentile};
-use lading_core::time::system_clock;
 use lading_engine::Engine;
 use lading_ingest::{Config, Ingest, TokenSettings};
 use lading_server::Auth;
@@ -77,11 +76,8 @@ struct BenchServer {
 impl BenchServer {
     async fn start(store: Option<&str>, max_upload_bytes: u64) -> anyhow::Result<BenchServer> {
         let scratch = Scratch::new(store).await?;
+        let (st, engine) = scratch.engine().await?;
         let url = scratch.url.clone();
-        let st = node::open(&url).await?;
-        let tree = st.tree();
-        let engine = Arc::new(Engine::new(tree.clone(), system_clock(), node::owner()));
-        engine.init().await?;
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)?
             .as_millis();

@@ -30,7 +30,7 @@ pub async fn jobs(
     let scratch = Scratch::new(store).await?;
     let url = scratch.url.clone();
     let st = node::open(&url).await?;
-    let owner = lading_store_sqlite::default_owner();
+    let owner = node::owner();
     let main = Arc::new(Jobs::new(st.tree(), system_clock(), owner.clone()));
     main.set_type_timeout(TYPE, 60).await?;
     // On ZooKeeper each processor is its own session, as separate processes would be.

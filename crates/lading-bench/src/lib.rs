@@ -292,15 +292,8 @@ async fn queue(
     store: Option<&str>,
 ) -> anyhow::Result<()> {
     let scratch = Scratch::new(store).await?;
-    let url = scratch.url.clone();
-    let st = node::open(&url).await?;
-    let tree = st.tree();
-    let engine = Arc::new(Engine::new(
-        tree.clone(),
-        system_clock(),
-        lading_store_sqlite::default_owner(),
-    ));
-    engine.init().await?;
+    let (st, engine) = scratch.engine().await?;
+    let (url, tree) = (scratch.url.clone(), st.tree());
 
     // Setup (not measured): one batch, N jobs, created concurrently so commits group.
     let setup = Instant::now();
@@ -329,7 +322,7 @@ async fn queue(
                 engines.push(Arc::new(Engine::new(
                     t.clone(),
                     system_clock(),
-                    lading_store_sqlite::default_owner(),
+                    node::owner(),
                 )));
                 sessions.push(t);
             }
@@ -462,6 +455,14 @@ pub(crate) struct Scratch {
 }
 
 impl Scratch {
+    /// The scratch store opened, with an initialised engine of this process on it.
+    pub(crate) async fn engine(&self) -> anyhow::Result<(node::Store, Arc<Engine>)> {
+        let st = node::open(&self.url).await?;
+        let engine = Arc::new(Engine::new(st.tree(), system_clock(), node::owner()));
+        engine.init().await?;
+        Ok((st, engine))
+    }
+
     pub(crate) async fn new(store: Option<&str>) -> anyhow::Result<Scratch> {
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)?
@@ -759,14 +760,8 @@ async fn acquire(
     }
     for &q in sizes {
         let scratch = Scratch::new(store).await?;
-        let url = scratch.url.clone();
-        let tree = node::open_store(&url).await?;
-        let engine = Arc::new(Engine::new(
-            tree.clone(),
-            system_clock(),
-            lading_store_sqlite::default_owner(),
-        ));
-        engine.init().await?;
+        let (st, engine) = scratch.engine().await?;
+        let (url, tree) = (scratch.url.clone(), st.tree());
         // The queue, plus the jobs the samples will take off its head.
         let fill_start = Instant::now();
         fill(&engine, serde_json::Map::new(), q + samples).await?;

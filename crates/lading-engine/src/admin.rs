@@ -153,24 +153,7 @@ impl Engine {
         if next.state != JobState::Failed {
             clear_failure(&mut extra);
         }
-        let now = self.now();
-        push_history(
-            &mut extra,
-            Some(old.status.name()),
-            next.state.name(),
-            &now,
-            &self.owner,
-            next.retry_count,
-            Some("by an admin"),
-        );
-        let status = JobStatus {
-            status: next.state,
-            last_successful_status: next.last_successful,
-            last_modified: now,
-            retry_count: next.retry_count,
-            message: None,
-            extra,
-        };
+        let status = self.next_job_status(old.status, &next, extra, None, Some("by an admin"));
         let lock = job_node(job, "lock");
         let mut ops = vec![
             Op::create_mode(&lock, None, CreateMode::Ephemeral),

@@ -36,15 +36,7 @@ impl Engine {
             message: None,
             extra: Map::new(),
         };
-        push_history(
-            &mut status.extra,
-            None,
-            "Pending",
-            &status.last_modified,
-            &self.owner,
-            0,
-            None,
-        );
+        self.born(&mut status.extra, &status.last_modified);
         let mut ops = vec![
             Op::create(batch_node(&bid, "submission"), json_bytes(&submission)),
             Op::create(batch_node(&bid, "status"), json_bytes(&status)),

@@ -47,15 +47,7 @@ impl Engine {
             message: None,
             extra: Map::new(),
         };
-        push_history(
-            &mut status.extra,
-            None,
-            "Pending",
-            &status.last_modified,
-            &self.owner,
-            0,
-            None,
-        );
+        self.born(&mut status.extra, &status.last_modified);
         let ops = vec![
             Op::check(batch_node(bid, "lock"), None),
             Op::create(job_node(&jid, "bid"), Some(bid.to_string().into_bytes())),

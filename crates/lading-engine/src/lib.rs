@@ -523,6 +523,46 @@ pub const MAX_HISTORY: usize = 32;
 /// Longest message a history entry keeps.
 const HISTORY_MESSAGE: usize = 300;
 
+impl Engine {
+    /// The first entry of a new record's history: made Pending now, by this process.
+    pub(crate) fn born(&self, extra: &mut Map<String, Value>, at: &str) {
+        push_history(extra, None, "Pending", at, &self.owner, 0, None);
+    }
+
+    /// A job's next status record: `next` reached now, by this process, the move in its
+    /// history with `why` (a move to the same state is not one); `message` is the record's.
+    pub(crate) fn next_job_status(
+        &self,
+        old: JobState,
+        next: &lading_core::JobProgress,
+        mut extra: Map<String, Value>,
+        message: Option<String>,
+        why: Option<&str>,
+    ) -> JobStatus {
+        let now = self.now();
+        if next.state != old {
+            let (from, to) = (old.name(), next.state.name());
+            push_history(
+                &mut extra,
+                Some(from),
+                to,
+                &now,
+                &self.owner,
+                next.retry_count,
+                why,
+            );
+        }
+        JobStatus {
+            status: next.state,
+            last_successful_status: next.last_successful,
+            last_modified: now,
+            retry_count: next.retry_count,
+            message,
+            extra,
+        }
+    }
+}
+
 /// Appends a transition to the history in `extra`, dropping the oldest past [`MAX_HISTORY`].
 /// `at` is the status's time (`yyyy-MM-dd HH:mm:ss +0000`).
 pub(crate) fn push_history(

@@ -185,26 +185,8 @@ impl Engine {
         if release {
             extra.remove(RESERVED_FIELD);
         }
-        let now = self.now();
-        if next.state != old.status {
-            push_history(
-                &mut extra,
-                Some(old.status.name()),
-                next.state.name(),
-                &now,
-                &self.owner,
-                next.retry_count,
-                message.as_deref(),
-            );
-        }
-        let status = JobStatus {
-            status: next.state,
-            last_successful_status: next.last_successful,
-            last_modified: now,
-            retry_count: next.retry_count,
-            message,
-            extra,
-        };
+        let why = message.clone();
+        let status = self.next_job_status(old.status, &next, extra, message, why.as_deref());
         let lock = job_node(&lease.job, "lock");
         let mut ops = vec![
             Op::check(&lock, None),
