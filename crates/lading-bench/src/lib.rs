@@ -134,16 +134,7 @@ pub enum Mode {
 }
 
 /// Stages in the order a worker looks for work: latest first, so jobs drain through.
-const LOOK_ORDER: [JobState; 8] = [
-    JobState::Notify,
-    JobState::Recording,
-    JobState::Storing,
-    JobState::Processing,
-    JobState::Downloading,
-    JobState::Provisioning,
-    JobState::Estimating,
-    JobState::Pending,
-];
+const LOOK_ORDER: [JobState; 8] = JobState::LATEST_FIRST;
 
 pub async fn run(what: Bench, store: Option<&str>) -> anyhow::Result<()> {
     match what {

@@ -8,26 +8,14 @@ use lading_server::ops::{Changes, Ops, job_states};
 use std::collections::HashMap;
 
 /// Job stages in order.
-pub const STAGES: [&str; 8] = {
-    let p = lading_core::JobState::PIPELINE;
-    [
-        p[0].name(),
-        p[1].name(),
-        p[2].name(),
-        p[3].name(),
-        p[4].name(),
-        p[5].name(),
-        p[6].name(),
-        p[7].name(),
-    ]
-};
+const STAGES: [lading_core::JobState; 8] = lading_core::JobState::PIPELINE;
 
 /// How far a job in `state` got: its stage's place, past the last for Completed; failed
 /// and deleted jobs are counted apart, not as progress.
 fn rank(state: &str) -> usize {
     STAGES
         .iter()
-        .position(|s| *s == state)
+        .position(|s| s.name() == state)
         .unwrap_or(if state == "Completed" {
             STAGES.len()
         } else {
@@ -64,7 +52,7 @@ impl StageProgress {
             let style = ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len}")
                 .expect("a valid template")
                 .progress_chars("=> ");
-            for s in STAGES[1..].iter().chain(["Completed"].iter()) {
+            for s in STAGES[1..].iter().map(|s| s.name()).chain(["Completed"]) {
                 let b = self.multi.add(ProgressBar::new(0));
                 b.set_style(style.clone());
                 b.set_prefix(s.to_string());

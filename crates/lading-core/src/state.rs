@@ -159,6 +159,13 @@ impl JobState {
         JobState::Notify,
     ];
 
+    /// The pipeline's states latest first: the order a worker that drives every stage looks
+    /// for work in, so jobs drain through rather than pile up at the start.
+    pub const LATEST_FIRST: [JobState; 8] = {
+        let p = JobState::PIPELINE;
+        [p[7], p[6], p[5], p[4], p[3], p[2], p[1], p[0]]
+    };
+
     /// Every state this one may move to (SPEC §1).
     pub fn targets(self) -> &'static [JobState] {
         use JobState::*;

@@ -292,7 +292,7 @@ fn working_files(dir: &std::path::Path) -> Value {
     }
     files.sort();
     json!({
-        "host": lading_store_sqlite::default_owner(),
+        "host": crate::node::owner(),
         "present": dir.is_dir(),
         "files": files.into_iter().map(|(path, size)| json!({"path": path, "size": size})).collect::<Vec<_>>(),
         "truncated": truncated,

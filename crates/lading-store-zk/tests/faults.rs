@@ -33,16 +33,7 @@ async fn engine_on(url: &str, owner: &str, session_ms: u64) -> (Arc<Engine>, Arc
     (e, t)
 }
 
-const STAGES: [JobState; 8] = [
-    JobState::Notify,
-    JobState::Recording,
-    JobState::Storing,
-    JobState::Processing,
-    JobState::Downloading,
-    JobState::Provisioning,
-    JobState::Estimating,
-    JobState::Pending,
-];
+const STAGES: [JobState; 8] = JobState::LATEST_FIRST;
 
 /// A worker that survives faults: it retries what can be retried, drops a lost lease, and
 /// records every transition it committed as (job, from-state).
