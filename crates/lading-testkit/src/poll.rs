@@ -72,6 +72,7 @@ impl<'a> Deadline<'a> {
                     self.within,
                     self.what
                 );
+                // Sleep: nothing can tell this process when the condition changes (see above).
                 tokio::time::sleep(EVERY).await;
                 None
             }
@@ -100,6 +101,7 @@ pub fn within_blocking<T>(within: Duration, mut cond: impl FnMut() -> Option<T>)
         if Instant::now() >= deadline {
             return None;
         }
+        // Sleep: as in `until`, on a thread without a runtime.
         std::thread::sleep(EVERY);
     }
 }
