@@ -68,9 +68,10 @@ pub(crate) async fn provision(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, 
             ingest.cfg.reserve_bytes
         )));
     }
-    let since = space_wait_since(&job.workdir);
+    let now_ms = job.engine.clock().now_ms();
+    let since = space_wait_since(&job.workdir, now_ms);
     if free < want {
-        let waited = since.elapsed().unwrap_or_default();
+        let waited = Duration::from_millis(now_ms.saturating_sub(since));
         let max = Duration::from_secs(ingest.cfg.payload.max_space_wait_s);
         if waited >= max {
             return Err(Outcome::fatal(format!(
@@ -111,11 +112,14 @@ pub(crate) async fn provision(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, 
 /// When the job started waiting for space (a marker in its working folder).
 pub(crate) const SPACE_WAIT: &str = "space-wait";
 
-pub(crate) fn space_wait_since(workdir: &Path) -> std::time::SystemTime {
+/// When the job started waiting for space, in ms since the epoch on the engine's clock: read
+/// from the marker, or `now_ms` (and the marker written) at the first wait.
+pub(crate) fn space_wait_since(workdir: &Path, now_ms: u64) -> u64 {
     let p = workdir.join(INTERIM).join(SPACE_WAIT);
-    if let Ok(t) = std::fs::metadata(&p).and_then(|m| m.modified()) {
-        return t;
+    let kept = std::fs::read_to_string(&p).ok();
+    if let Some(ms) = kept.and_then(|t| t.trim().parse().ok()) {
+        return ms;
     }
-    let _ = write_atomic(&p, b"");
-    std::time::SystemTime::now()
+    let _ = write_atomic(&p, now_ms.to_string().as_bytes());
+    now_ms
 }
