@@ -28,6 +28,52 @@ pub struct PipelineFigures {
     pub cpu_user_s: f64,
     pub cpu_system_s: f64,
     pub stages: std::collections::BTreeMap<String, lading_worker::StageFigures>,
+    /// Access requests for stored versions made after the batch, one at a time: from the
+    /// request's commit to its zip ready (Completed), in ms.
+    pub access_requests: usize,
+    pub access_p50_ms: f64,
+    pub access_max_ms: f64,
+}
+
+/// Requests version 1 of each of `arks` through the small access queue, one after the other,
+/// and times each from its commit to Completed (on the engine's change events): the latency
+/// an access worker that waits on the queue adds to assembling the zip.
+async fn access_latency(
+    ingest: &lading_ingest::Ingest,
+    arks: &[String],
+) -> anyhow::Result<Vec<f64>> {
+    use lading_core::layout::{AccessQueue, AccessToken};
+    let mut out = Vec::new();
+    for ark in arks {
+        let mut events = ingest.engine.subscribe();
+        let start = std::time::Instant::now();
+        let id = ingest
+            .engine
+            .create_access_with(AccessQueue::Small, |_| {
+                serde_json::to_value(AccessToken {
+                    ark: Some(ark.clone()),
+                    version: Some(1),
+                    requester: Some("bench".into()),
+                    ..Default::default()
+                })
+                .unwrap_or_default()
+            })
+            .await?;
+        loop {
+            let ev = tokio::time::timeout(std::time::Duration::from_secs(60), events.recv())
+                .await
+                .map_err(|_| anyhow::anyhow!("access request {id} not done in 60 s"))??;
+            if ev.kind == "access"
+                && ev.id == id.as_str()
+                && matches!(ev.to.as_str(), "Completed" | "Failed")
+            {
+                anyhow::ensure!(ev.to == "Completed", "access request {id} ended {}", ev.to);
+                break;
+            }
+        }
+        out.push(start.elapsed().as_secs_f64() * 1000.0);
+    }
+    Ok(out)
 }
 
 /// Deterministic filler: cheap to make, not all zeros (so nothing compresses it away).
@@ -153,6 +199,11 @@ pub async fn bench(
     .await?;
     let (handle, shutdown) = Shutdown::new();
     let i = ingest.clone();
+    let access = tokio::spawn(lading_ingest::access::run(
+        ingest.clone(),
+        lading_core::layout::AccessQueue::Small,
+        shutdown.clone(),
+    ));
     let task =
         tokio::spawn(
             async move { lading_ingest::run(&i, lading_ingest::STAGE_NAMES, shutdown).await },
@@ -160,7 +211,30 @@ pub async fn bench(
     node::wait_batch_end(&ingest.engine, &bid, |_| {}).await?;
     let seconds = start.elapsed().as_secs_f64();
     let cpu1 = crate::cpu_user_system();
+    // Access requests for the first stored objects (not part of the figures above).
+    let mut arks = Vec::new();
+    for j in ingest
+        .engine
+        .batch(&bid)
+        .await?
+        .jobs
+        .get("batch-completed")
+        .into_iter()
+        .flatten()
+        .take(20)
+    {
+        let job = ingest
+            .engine
+            .job(&lading_core::layout::JobId::parse(j)?)
+            .await?;
+        if let Some(a) = job.identifiers["primary_id"].as_str() {
+            arks.push(a.to_string());
+        }
+    }
+    let mut access_ms = access_latency(&ingest, &arks).await?;
+    access_ms.sort_by(f64::total_cmp);
     handle.stop();
+    access.await?;
     let stats = task.await?.map_err(anyhow::Error::msg)?;
     let info = ingest.engine.batch(&bid).await?;
     let count = |f: &str| info.jobs.get(f).map_or(0, Vec::len);
@@ -186,6 +260,9 @@ pub async fn bench(
         cpu_user_s: cpu1.0 - cpu0.0,
         cpu_system_s: cpu1.1 - cpu0.1,
         stages,
+        access_requests: access_ms.len(),
+        access_p50_ms: access_ms.get(access_ms.len() / 2).copied().unwrap_or(0.0),
+        access_max_ms: access_ms.last().copied().unwrap_or(0.0),
     };
     ingest.engine.tree().close().await?;
     // The payload, working copies and stored objects can be large: they go; the store stays
@@ -213,6 +290,10 @@ pub fn print_pipeline(f: &PipelineFigures) {
     println!(
         "  cpu: {:.2} s user, {:.2} s system (kernel) in this process while measured",
         f.cpu_user_s, f.cpu_system_s
+    );
+    println!(
+        "  access: {} requests one at a time, request to zip ready p50 {:.1} ms, max {:.1} ms",
+        f.access_requests, f.access_p50_ms, f.access_max_ms
     );
     println!("  per stage (handler time): done, p50, p99 ms");
     for (s, x) in &f.stages {
