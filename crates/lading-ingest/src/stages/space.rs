@@ -123,3 +123,30 @@ pub(crate) fn space_wait_since(workdir: &Path, now_ms: u64) -> u64 {
     let _ = write_atomic(&p, now_ms.to_string().as_bytes());
     now_ms
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wait_for_space_is_timed_from_its_first_round_on_the_engines_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join(INTERIM)).unwrap();
+        assert_eq!(
+            space_wait_since(dir.path(), 1_000),
+            1_000,
+            "the first round"
+        );
+        assert_eq!(
+            space_wait_since(dir.path(), 61_000),
+            1_000,
+            "later rounds (and a restarted worker) keep the start"
+        );
+        std::fs::write(dir.path().join(INTERIM).join(SPACE_WAIT), "garbled").unwrap();
+        assert_eq!(
+            space_wait_since(dir.path(), 5_000),
+            5_000,
+            "an unreadable marker starts again"
+        );
+    }
+}
