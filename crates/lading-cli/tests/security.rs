@@ -252,6 +252,12 @@ impl Serve {
     /// Bob's upload of a single-file batch manifest of one `row`; its one job once the batch
     /// has finished.
     async fn single_file_batch_job(&self, row: &str) -> Value {
+        let b = self.single_file_batch(row).await;
+        self.only_job(&b).await
+    }
+
+    /// Bob's upload of a single-file batch manifest of one `row`, once it has finished.
+    async fn single_file_batch(&self, row: &str) -> Value {
         let m = manifest(
             "mrt-single-file-batch-manifest",
             "nfo:fileUrl | nfo:hashAlgorithm | nfo:hashValue | nfo:fileSize | nfo:fileLastModified | nfo:fileName",
@@ -266,8 +272,7 @@ impl Serve {
             )
             .await;
         assert_eq!(st, StatusCode::CREATED, "{v}");
-        let b = self.finished(v["id"].as_str().unwrap()).await;
-        self.only_job(&b).await
+        self.finished(v["id"].as_str().unwrap()).await
     }
 
     /// Asserts no file in the working folders grew large (a bomb or endless download cut
@@ -457,21 +462,7 @@ async fn file_urls_and_internal_addresses_are_refused_and_nothing_reaches_them()
         format!("{secret} | | | | | secret.txt"),
     ];
     for row in rows {
-        let m = manifest(
-            "mrt-single-file-batch-manifest",
-            "nfo:fileUrl | nfo:hashAlgorithm | nfo:hashValue | nfo:fileSize | nfo:fileLastModified | nfo:fileName",
-            std::slice::from_ref(&row),
-        );
-        let (st, v) = s
-            .upload(
-                BOB,
-                "profile=alpha&type=single-file-batch-manifest",
-                "m.checkm",
-                m.as_bytes(),
-            )
-            .await;
-        assert_eq!(st, StatusCode::CREATED, "{v}");
-        let b = s.finished(v["id"].as_str().unwrap()).await;
+        let b = s.single_file_batch(&row).await;
         assert_eq!(b["status"]["status"], "Failed", "{b}");
         assert!(message(&b).contains("payload policy"), "{row}: {b}");
         assert!(s.jobs_of(&b).await.is_empty(), "no job was made: {b}");

@@ -473,9 +473,7 @@ async fn outbox_until(
 async fn a_failing_callback_is_retried_from_the_outbox_with_one_key_until_an_admin_retries_it() {
     let w = World::new().await;
     w.server.set_callback_status(500);
-    let m = w.object_manifest("o.checkm", &[("f.txt", b"payload")]);
-    let ingest = w.ingest();
-    let bid = w.submit(&ingest, &m, "manifest").await;
+    let (ingest, bid) = w.submit_object(&[("f.txt", b"payload")]).await;
     let (h, task) = w.run_all(&ingest);
     // The callback is an effect of the job's completion: the job and its batch complete,
     // the callback waits in the outbox.
@@ -661,9 +659,7 @@ async fn a_retried_download_fetches_only_the_files_not_yet_verified() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_working_copy_that_changed_after_download_is_caught_before_storing() {
     let w = World::new().await;
-    let m = w.object_manifest("o.checkm", &[("f.txt", b"verified content")]);
-    let ingest = w.ingest();
-    let bid = w.submit(&ingest, &m, "manifest").await;
+    let (ingest, bid) = w.submit_object(&[("f.txt", b"verified content")]).await;
     // Only the stages up to downloading run at first.
     let (h, shutdown) = lading_worker::Shutdown::new();
     let i = ingest.clone();
@@ -740,9 +736,7 @@ async fn a_failing_processing_command_fails_the_job_with_its_last_lines() {
 async fn a_held_collection_holds_its_batches_until_released() {
     let w = World::new().await;
     w.engine.hold_collection("demo").await.unwrap();
-    let m = w.object_manifest("o.checkm", &[("f.txt", b"held")]);
-    let ingest = w.ingest();
-    let bid = w.submit(&ingest, &m, "manifest").await;
+    let (ingest, bid) = w.submit_object(&[("f.txt", b"held")]).await;
     let (h, task) = w.run_all(&ingest);
     w.batch_reaches(&bid, &[BatchState::Held]).await;
     assert!(w.jobs_of(&bid).await.is_empty());
@@ -755,9 +749,7 @@ async fn a_held_collection_holds_its_batches_until_released() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cleanup_removes_old_batches_and_working_folders_but_not_stored_objects() {
     let w = World::new().await;
-    let m = w.object_manifest("o.checkm", &[("f.txt", b"keep me")]);
-    let ingest = w.ingest();
-    let bid = w.submit(&ingest, &m, "manifest").await;
+    let (ingest, bid) = w.submit_object(&[("f.txt", b"keep me")]).await;
     let (h, task) = w.run_all(&ingest);
     w.batch_reaches(&bid, &[BatchState::Completed]).await;
     h.stop();
@@ -787,9 +779,9 @@ async fn cleanup_removes_old_batches_and_working_folders_but_not_stored_objects(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_left_in_processing_by_a_crash_is_reported_when_reporting_starts() {
     let w = World::new().await;
-    let m = w.object_manifest("o.checkm", &[("f.txt", b"done before the crash")]);
-    let ingest = w.ingest();
-    let bid = w.submit(&ingest, &m, "manifest").await;
+    let (ingest, bid) = w
+        .submit_object(&[("f.txt", b"done before the crash")])
+        .await;
     // Everything but reporting: the batch reaches Reporting and waits there.
     let (h, shutdown) = lading_worker::Shutdown::new();
     let i = ingest.clone();

@@ -209,6 +209,15 @@ impl World {
         self.submit_as(ingest, "demo", "depositor", url, ty).await
     }
 
+    /// An ingest service, and a batch of one object of `files` (an object manifest served
+    /// at `o.checkm`) submitted on it.
+    pub async fn submit_object(&self, files: &[(&str, &[u8])]) -> (Arc<Ingest>, BatchId) {
+        let m = self.object_manifest("o.checkm", files);
+        let ingest = self.ingest();
+        let bid = self.submit(&ingest, &m, "manifest").await;
+        (ingest, bid)
+    }
+
     /// Submits the payload at `url` of type `ty` with `profile`, as `submitter`.
     pub async fn submit_as(
         &self,
