@@ -99,6 +99,7 @@ id_type!(JobId, "jid", "job");
 id_type!(AccessId, "qid", "access");
 
 /// The two access queues.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AccessQueue {
@@ -233,6 +234,7 @@ pub fn check_name(kind: &'static str, name: &str) -> Result<(), BadName> {
 pub struct BadName(pub &'static str, pub String);
 
 /// `/jobs/JID/status`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobStatus {
     pub status: JobState,
@@ -246,6 +248,7 @@ pub struct JobStatus {
     #[serde(default, with = "message_field")]
     pub message: Option<String>,
     #[serde(flatten)]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
     pub extra: Map<String, Value>,
 }
 
@@ -264,6 +267,7 @@ mod message_field {
 }
 
 /// `/batches/BID/status`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BatchStatus {
     pub status: BatchState,
@@ -273,10 +277,12 @@ pub struct BatchStatus {
     #[serde(default, with = "message_field")]
     pub message: Option<String>,
     #[serde(flatten)]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
     pub extra: Map<String, Value>,
 }
 
 /// `/access/QUEUE/QID/status`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AccessStatus {
     pub status: AccessState,
@@ -285,10 +291,12 @@ pub struct AccessStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
     #[serde(flatten)]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
     pub extra: Map<String, Value>,
 }
 
 /// `/batches/BID/status-report`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StatusReport {
     #[serde(default)]
@@ -298,6 +306,7 @@ pub struct StatusReport {
     #[serde(default)]
     pub failed_jobs: Vec<String>,
     #[serde(flatten)]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
     pub extra: Map<String, Value>,
 }
 
@@ -543,6 +552,7 @@ impl JobConfiguration {
 /// (`token`, `delivery-node`, `cloud-content-byte`, `status`, `url`,
 /// `anticipated-availability-time`), written beside them with the types Merritt's `Access`
 /// reads, are kept in `extra`. A request Merritt's own access service made names no `ark`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct AccessToken {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -562,6 +572,7 @@ pub struct AccessToken {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes: Option<u64>,
     #[serde(flatten)]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
     pub extra: Map<String, Value>,
 }
 

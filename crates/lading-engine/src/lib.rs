@@ -179,6 +179,7 @@ pub struct JobSpec {
 }
 
 /// Everything stored about a job.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JobInfo {
     pub id: String,
@@ -186,17 +187,22 @@ pub struct JobInfo {
     pub status: JobStatus,
     pub priority: u8,
     pub space_needed: u64,
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub configuration: Value,
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub identifiers: Value,
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub metadata: Value,
     pub locked: bool,
 }
 
 /// Everything stored about a batch, with its jobs per reference folder.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BatchInfo {
     pub id: String,
     pub status: BatchStatus,
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub submission: Value,
     pub status_report: Option<StatusReport>,
     pub jobs: BTreeMap<String, Vec<String>>,
@@ -204,6 +210,7 @@ pub struct BatchInfo {
 }
 
 /// An access request.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AccessInfo {
     pub queue: AccessQueue,

@@ -20,6 +20,7 @@ use serde_json::Value;
 use std::time::Duration;
 
 /// One outside effect to deliver.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Effect {
     /// What delivers it: `mail`, `callback`.
@@ -32,10 +33,12 @@ pub struct Effect {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<String>,
     /// What the deliverer needs (addresses, URL, body).
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub payload: Value,
 }
 
 /// An effect waiting in the outbox, with its delivery record.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OutboxEntry {
     #[serde(flatten)]
@@ -64,6 +67,7 @@ pub struct OutboxClaim {
 }
 
 /// One entry as an admin listing shows it.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct OutboxItem {
     pub name: String,

@@ -144,7 +144,6 @@ pub struct QueuePause {
 /// Every outbox entry, oldest first.
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct OutboxList {
-    #[schema(value_type = Vec<Object>)]
     pub entries: Vec<lading_engine::OutboxItem>,
 }
 
@@ -152,7 +151,6 @@ pub struct OutboxList {
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct OutboxRetried {
     pub name: String,
-    #[schema(value_type = Object)]
     pub entry: lading_engine::OutboxEntry,
 }
 

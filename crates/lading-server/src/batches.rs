@@ -165,7 +165,7 @@ pub(crate) async fn visible_batch(
     Ok(info)
 }
 
-#[utoipa::path(get, path = "/api/v1/batches/{id}", tag = "batches", summary = "A batch", params(("id" = String, Path, description = "bid… or the batch uuid")), responses((status = 200, description = "the batch", body = serde_json::Value), (status = 404, description = "no such batch (or not yours)")))]
+#[utoipa::path(get, path = "/api/v1/batches/{id}", tag = "batches", summary = "A batch", params(("id" = String, Path, description = "bid… or the batch uuid")), responses((status = 200, description = "the batch", body = lading_engine::BatchInfo), (status = 404, description = "no such batch (or not yours)")))]
 pub(crate) async fn show_batch(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
@@ -472,7 +472,7 @@ pub(crate) async fn list_batches(
     Ok(Json(json!({"batches": out, "next_after": next})))
 }
 
-#[utoipa::path(get, path = "/api/v1/jobs/{id}", tag = "jobs", summary = "A job", params(("id" = String, Path, description = "jid…")), responses((status = 200, description = "the job", body = serde_json::Value), (status = 404, description = "no such job (or not yours)")))]
+#[utoipa::path(get, path = "/api/v1/jobs/{id}", tag = "jobs", summary = "A job", params(("id" = String, Path, description = "jid…")), responses((status = 200, description = "the job", body = lading_engine::JobInfo), (status = 404, description = "no such job (or not yours)")))]
 pub(crate) async fn show_job(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,

@@ -135,3 +135,59 @@ async fn the_openapi_document_describes_every_route() {
         "bearer"
     );
 }
+
+/// The schemas are the answers' own: every field a served record or answer has is described
+/// under its schema (Merritt's extra fields aside), and the states are the engine's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_answers_are_described_by_their_schemas() {
+    let s = start().await;
+    let (_, doc) = s.call("GET", "/api/v1/openapi.json", None).await;
+    let schemas = &doc["components"]["schemas"];
+    let described = |name: &str, v: &serde_json::Value| {
+        let props = schemas[name]["properties"]
+            .as_object()
+            .unwrap_or_else(|| panic!("no schema {name}: {schemas}"));
+        for k in v.as_object().unwrap().keys() {
+            assert!(props.contains_key(k), "{name} does not describe {k:?}: {v}");
+        }
+    };
+    let (st, sub) = s
+        .call(
+            "POST",
+            "/api/v1/batches",
+            Some(serde_json::json!({"payload_url": "http://127.0.0.1:9/x", "profile": "demo"})),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{sub}");
+    described("Submitted", &sub);
+    let (_, batch) = s
+        .call(
+            "GET",
+            &format!("/api/v1/batches/{}", sub["id"].as_str().unwrap()),
+            None,
+        )
+        .await;
+    described("BatchInfo", &batch);
+    let mut status = batch["status"].clone();
+    status.as_object_mut().unwrap().remove("history");
+    described("BatchStatus", &status);
+    let (_, paused) = s.call("PUT", "/api/v1/queues/ingest/pause", None).await;
+    described("QueuePause", &paused);
+    let (_, held) = s.call("PUT", "/api/v1/collections/demo/hold", None).await;
+    described("CollectionHold", &held);
+    let (_, outbox) = s.call("GET", "/api/v1/outbox", None).await;
+    described("OutboxList", &outbox);
+    let states: Vec<&str> = lading_core::JobState::ALL
+        .iter()
+        .map(|s| s.name())
+        .collect();
+    assert_eq!(schemas["JobState"]["enum"], serde_json::json!(states));
+    for path in ["/api/v1/batches/{id}", "/api/v1/jobs/{id}"] {
+        let body =
+            &doc["paths"][path]["get"]["responses"]["200"]["content"]["application/json"]["schema"];
+        assert!(
+            body["$ref"].is_string(),
+            "{path} answers a described record: {body}"
+        );
+    }
+}
