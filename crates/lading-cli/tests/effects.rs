@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{Reap, engine, until};
+use common::{Reap, Setup, engine, until};
 use lading_core::BatchState;
 use lading_core::layout::{BatchId, JobId};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -19,53 +19,17 @@ use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(90);
 
-struct Setup {
-    dir: Arc<tempfile::TempDir>,
-    db: PathBuf,
-    config: PathBuf,
-}
-
-/// A store, a data folder, a `demo` profile with `profile` lines added, and a config with
-/// `extra` lines added; outbox retries come quickly.
+/// A [`Setup`] whose outbox retries come quickly.
 fn setup(profile: &str, extra: &str) -> Setup {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    std::fs::create_dir_all(data.join("profiles")).unwrap();
-    std::fs::write(
-        data.join("profiles/demo.toml"),
-        format!("collection = \"demo\"\n{profile}"),
-    )
-    .unwrap();
-    let config = dir.path().join("lading.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir = \"{}\"\nreserve_bytes = 0\nunestimated_min_free_bytes = 0\n{extra}\n\
-             [stages.outbox]\nmax_attempts = 100\nbackoff_base_ms = 100\nbackoff_max_ms = 300\n",
-            data.display()
+    common::setup(
+        profile,
+        &format!(
+            "{extra}\n[stages.outbox]\nmax_attempts = 100\nbackoff_base_ms = 100\nbackoff_max_ms = 300\n"
         ),
     )
-    .unwrap();
-    Setup {
-        db: dir.path().join("lading.db"),
-        dir: Arc::new(dir),
-        config,
-    }
 }
 
 impl Setup {
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_lading"));
-        c.arg("--store")
-            .arg(format!("sqlite:{}", self.db.display()))
-            .arg("--config")
-            .arg(&self.config)
-            .args(args)
-            .env_remove("LADING_STORE")
-            .env_remove("LADING_CONFIG");
-        c
-    }
-
     fn workers(&self, n: usize) -> Vec<Reap> {
         (0..n)
             .map(|_| {
@@ -447,6 +411,7 @@ async fn two_trees_sharing_a_data_folder_never_mix_working_files() {
         dir: a.dir.clone(),
         db: a.dir.path().join("other.db"),
         config: a.config.clone(),
+        env: a.env.clone(),
     };
     let stored_files = async |s: &Setup, bid: &BatchId| {
         let e = engine(&s.db).await;

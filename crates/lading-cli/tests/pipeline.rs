@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Reap, engine, until};
+use common::{Reap, Setup, engine, until};
 use lading_core::BatchState;
 use lading_core::layout::BatchId;
 use lading_ingest::checkm::{self, ManifestKind};
@@ -13,49 +13,18 @@ use lading_server::payload_server::PayloadServer;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
-struct Setup {
-    dir: tempfile::TempDir,
-    db: PathBuf,
-    config: PathBuf,
-}
-
+/// A [`Setup`] whose downloads retry quickly, and whose workers log warnings only (these
+/// tests read stderr only at the end).
 fn setup() -> Setup {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    std::fs::create_dir_all(data.join("profiles")).unwrap();
-    std::fs::write(data.join("profiles/demo.toml"), "collection = \"demo\"\n").unwrap();
-    let config = dir.path().join("lading.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir = \"{}\"\nreserve_bytes = 0\nunestimated_min_free_bytes = 0\nfile_attempts = 1\n\
-             [stages.downloading]\nmax_attempts = 100\nbackoff_base_ms = 100\nbackoff_max_ms = 200\n",
-            data.display()
-        ),
-    )
-    .unwrap();
-    Setup {
-        db: dir.path().join("lading.db"),
-        dir,
-        config,
-    }
+    let mut s = common::setup(
+        "",
+        "file_attempts = 1\n[stages.downloading]\nmax_attempts = 100\nbackoff_base_ms = 100\nbackoff_max_ms = 200\n",
+    );
+    s.env.push(("LADING_LOG", "warn"));
+    s
 }
 
 impl Setup {
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_lading"));
-        c.arg("--store")
-            .arg(format!("sqlite:{}", self.db.display()))
-            .arg("--config")
-            .arg(&self.config)
-            .args(args)
-            .env_remove("LADING_STORE")
-            .env_remove("LADING_CONFIG")
-            // Workers log each job at info; these tests read stderr only at the end.
-            .env("LADING_LOG", "warn");
-        c
-    }
-
     fn run(&self, args: &[&str]) -> Output {
         self.cmd(args).output().expect("run lading")
     }

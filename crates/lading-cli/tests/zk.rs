@@ -1,6 +1,8 @@
 //! The `lading` binary against a real ZooKeeper server: every command on a `zk://` store, and
 //! worker processes that die or stall while holding leases.
 
+mod common;
+
 use lading_core::time::system_clock;
 use lading_core::{Event, JobState};
 use lading_engine::Engine;
@@ -197,19 +199,7 @@ async fn a_worker_paused_past_its_session_sees_lease_lost_and_commits_nothing() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pipeline_runs_on_zookeeper_across_worker_processes() {
     let url = store().await;
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    std::fs::create_dir_all(data.join("profiles")).unwrap();
-    std::fs::write(data.join("profiles/demo.toml"), "collection = \"demo\"\n").unwrap();
-    let config = dir.path().join("lading.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir = \"{}\"\nreserve_bytes = 0\nunestimated_min_free_bytes = 0\n",
-            data.display()
-        ),
-    )
-    .unwrap();
+    let common::Setup { dir, config, .. } = common::setup("", "");
     let payload = dir.path().join("payload");
     std::fs::create_dir_all(&payload).unwrap();
     let mut rows = String::new();

@@ -5,8 +5,8 @@
 use lading_core::time::system_clock;
 use lading_engine::Engine;
 use lading_store_sqlite::{SqliteOptions, SqliteTree};
-use std::path::Path;
-use std::process::Child;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,4 +35,57 @@ pub async fn engine(db: &Path) -> Arc<Engine> {
 /// this process could wait on (its commits reach this handle only when it reads).
 pub async fn until(what: &str, cond: impl AsyncFnMut() -> bool) {
     lading_testkit::poll::until_true(what, UNTIL, cond).await
+}
+
+/// A store, a data folder with a `demo` profile, and a config, in a temporary folder.
+pub struct Setup {
+    pub dir: Arc<tempfile::TempDir>,
+    pub db: PathBuf,
+    pub config: PathBuf,
+    /// Environment every `lading` of this setup runs with.
+    pub env: Vec<(&'static str, &'static str)>,
+}
+
+/// A [`Setup`] whose `demo` profile has `profile` lines added, and whose config (the data
+/// folder, no reserve, no free-space floor) has `extra` lines added.
+pub fn setup(profile: &str, extra: &str) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("profiles")).unwrap();
+    std::fs::write(
+        data.join("profiles/demo.toml"),
+        format!("collection = \"demo\"\n{profile}"),
+    )
+    .unwrap();
+    let config = dir.path().join("lading.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = \"{}\"\nreserve_bytes = 0\nunestimated_min_free_bytes = 0\n{extra}",
+            data.display()
+        ),
+    )
+    .unwrap();
+    Setup {
+        db: dir.path().join("lading.db"),
+        dir: Arc::new(dir),
+        config,
+        env: Vec::new(),
+    }
+}
+
+impl Setup {
+    /// `lading` on this setup's store and config, and nothing from the test's environment.
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_lading"));
+        c.arg("--store")
+            .arg(format!("sqlite:{}", self.db.display()))
+            .arg("--config")
+            .arg(&self.config)
+            .args(args)
+            .env_remove("LADING_STORE")
+            .env_remove("LADING_CONFIG")
+            .envs(self.env.iter().copied());
+        c
+    }
 }
