@@ -84,7 +84,7 @@ impl Client {
             .await
             .map_err(|e| anyhow::anyhow!("cannot reach {}: {e}", self.base))?;
         let status = resp.status();
-        let text = resp.text().await?;
+        let text = read_bounded(resp, MAX_ANSWER).await?;
         if !status.is_success() {
             let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
             let message = v["error"]
@@ -138,6 +138,21 @@ impl Client {
             .body(reqwest::Body::wrap_stream(body));
         self.answer(r).await
     }
+}
+
+/// Largest answer the client reads (a page of records is far smaller).
+const MAX_ANSWER: usize = 64 << 20;
+
+/// The body as text, refused past `max` bytes.
+async fn read_bounded(mut resp: reqwest::Response, max: usize) -> anyhow::Result<String> {
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await? {
+        if body.len() + chunk.len() > max {
+            anyhow::bail!("the server's answer is larger than {max} bytes; not read");
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(String::from_utf8_lossy(&body).into_owned())
 }
 
 /// Query-string escaping of one value.

@@ -368,6 +368,9 @@ impl Ops for Client {
     }
 }
 
+/// Longest server-sent event a client keeps while waiting for its end.
+const MAX_EVENT: usize = 64 << 10;
+
 /// A state change of a batch or one of its jobs.
 #[derive(Debug, Clone, serde::Deserialize)]
 pub struct Change {
@@ -438,6 +441,12 @@ impl Changes {
                             while let Some(i) = buf.find("\n\n") {
                                 let block: String = buf.drain(..i + 2).collect();
                                 ready.extend(sse_block(&block));
+                            }
+                            // An event that never ends is not one: dropped, and read as a
+                            // reset (everything is read again).
+                            if buf.len() > MAX_EVENT {
+                                buf.clear();
+                                ready.push_back(None);
                             }
                         }
                         Ok(None) | Err(_) => {
@@ -533,4 +542,41 @@ pub async fn report(ops: &impl Ops, batch: &str) -> anyhow::Result<(BatchInfo, S
         ));
     }
     Ok((b, out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn remote(body: String) -> Changes {
+        let resp = axum::http::Response::new(body);
+        Changes::Remote {
+            resp: reqwest::Response::from(resp),
+            buf: String::new(),
+            ready: VecDeque::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_servers_event_stream_reads_as_changes_resets_and_bounded_events() {
+        let change = r#"{"kind":"job","id":"jid0000000001","to":"Storing","from":"Processing"}"#;
+        let mut c = remote(format!(
+            ": keep-alive\n\nevent: change\nid: 7\ndata: {change}\n\nevent: reset\ndata: missed\n\n"
+        ));
+        let first = c.next().await.expect("a change");
+        assert_eq!((first.kind.as_str(), first.to.as_str()), ("job", "Storing"));
+        assert!(c.next().await.is_none(), "a reset reads as None");
+        assert!(c.next().await.is_none(), "the end of the stream too");
+        assert!(matches!(c, Changes::Ended));
+        // An event that never ends is dropped past the bound, read as a reset.
+        let mut c = remote(format!(
+            "event: change\ndata: {}",
+            "x".repeat(MAX_EVENT + 10)
+        ));
+        assert!(c.next().await.is_none());
+        match &c {
+            Changes::Remote { buf, .. } => assert!(buf.is_empty(), "nothing of it kept"),
+            _ => panic!("the stream has not ended yet"),
+        }
+    }
 }
