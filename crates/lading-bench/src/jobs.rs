@@ -130,13 +130,7 @@ pub async fn jobs(
                 }
                 let at = start.elapsed().as_micros() as u64;
                 for job in &got {
-                    let i: usize = job.id[1..].parse()?;
-                    let mut t_add = added[i].load(Ordering::Acquire);
-                    while t_add == 0 {
-                        tokio::task::yield_now().await;
-                        t_add = added[i].load(Ordering::Acquire);
-                    }
-                    lat.push(at.saturating_sub(t_add));
+                    lat.push(at.saturating_sub(added_at(&added, &job.id).await?));
                 }
                 let outcomes = got.iter().map(|_| Outcome::Success(None)).collect();
                 for r in j.finish_many(&mut got, outcomes).await {
@@ -160,15 +154,7 @@ pub async fn jobs(
                     continue;
                 };
                 let at = start.elapsed().as_micros() as u64;
-                let i: usize = job.id[1..].parse()?;
-                // The add's commit and the producer's timestamp race by microseconds; the
-                // timestamp is stored right after the commit returns.
-                let mut t_add = added[i].load(Ordering::Acquire);
-                while t_add == 0 {
-                    tokio::task::yield_now().await;
-                    t_add = added[i].load(Ordering::Acquire);
-                }
-                lat.push(at.saturating_sub(t_add));
+                lat.push(at.saturating_sub(added_at(&added, &job.id).await?));
                 match mode {
                     // No wait here: with nothing due, the loop's `accept` waits.
                     JobsMode::Chain => next = j.finish_then_accept(&mut job, None, &now).await?,
@@ -246,4 +232,17 @@ pub async fn jobs(
         );
     }
     Ok(())
+}
+
+/// When job `id` (`jN`) was added, in µs from the start. The add's commit and the producer's
+/// timestamp race by microseconds (the timestamp is stored right after the commit returns):
+/// a consumer that sees the job first waits for it.
+async fn added_at(added: &[AtomicU64], id: &str) -> anyhow::Result<u64> {
+    let slot = &added[id[1..].parse::<usize>()?];
+    loop {
+        match slot.load(Ordering::Acquire) {
+            0 => tokio::task::yield_now().await,
+            t => return Ok(t),
+        }
+    }
 }

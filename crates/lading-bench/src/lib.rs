@@ -526,30 +526,40 @@ impl StoreStats {
     }
 
     pub(crate) fn since(self, before: &StoreStats) -> StoreStats {
+        /// `a` with each of the counters named less its value in `b`.
+        macro_rules! minus {
+            ($a:ident, $b:ident, $($f:ident),*) => {{
+                let mut d = $a;
+                $(d.$f -= $b.$f;)*
+                d
+            }};
+        }
         match (self, before) {
-            (StoreStats::Sqlite(a), StoreStats::Sqlite(b)) => {
-                StoreStats::Sqlite(lading_store_sqlite::WriterStats {
-                    commits: a.commits - b.commits,
-                    multis: a.multis - b.multis,
-                    fsyncs: a.fsyncs - b.fsyncs,
-                    fsync_us: a.fsync_us - b.fsync_us,
-                    writer_busy_us: a.writer_busy_us - b.writer_busy_us,
-                    materializations: a.materializations - b.materializations,
-                    materialized_rows: a.materialized_rows - b.materialized_rows,
-                    materialize_us: a.materialize_us - b.materialize_us,
-                    checkpoints: a.checkpoints - b.checkpoints,
-                    checkpoint_us: a.checkpoint_us - b.checkpoint_us,
-                    wal_restarts: a.wal_restarts - b.wal_restarts,
-                    wal_restart_us: a.wal_restart_us - b.wal_restart_us,
-                })
-            }
-            (StoreStats::Zk(a), StoreStats::Zk(b)) => StoreStats::Zk(lading_store_zk::ZkStats {
-                multis: a.multis - b.multis,
-                reads: a.reads - b.reads,
-                cached_reads: a.cached_reads - b.cached_reads,
-                sessions: a.sessions - b.sessions,
-                read_backs: a.read_backs - b.read_backs,
-            }),
+            (StoreStats::Sqlite(a), StoreStats::Sqlite(b)) => StoreStats::Sqlite(minus!(
+                a,
+                b,
+                commits,
+                multis,
+                fsyncs,
+                fsync_us,
+                writer_busy_us,
+                materializations,
+                materialized_rows,
+                materialize_us,
+                checkpoints,
+                checkpoint_us,
+                wal_restarts,
+                wal_restart_us
+            )),
+            (StoreStats::Zk(a), StoreStats::Zk(b)) => StoreStats::Zk(minus!(
+                a,
+                b,
+                multis,
+                reads,
+                cached_reads,
+                sessions,
+                read_backs
+            )),
             (a, _) => a,
         }
     }

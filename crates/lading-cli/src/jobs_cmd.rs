@@ -175,6 +175,13 @@ pub async fn run(store: &str, cmd: JobsCmd) -> anyhow::Result<()> {
     r
 }
 
+/// Prints `NAME: DONE` once `r`, what was done to it, succeeded.
+fn said<T, E: Into<anyhow::Error>>(name: &str, done: &str, r: Result<T, E>) -> anyhow::Result<()> {
+    r.map_err(Into::into)?;
+    println!("{name}: {done}");
+    Ok(())
+}
+
 async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
     match cmd {
         JobsCmd::Timeout { r#type, seconds } => match seconds {
@@ -217,8 +224,7 @@ async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
             crate::print_json(&out)?;
         }
         JobsCmd::Retry { r#type, id } => {
-            j.retry(&r#type, &id).await?;
-            println!("{id}: pending (retried)");
+            said(&id, "pending (retried)", j.retry(&r#type, &id).await)?
         }
         JobsCmd::Schedule {
             r#type,
@@ -246,8 +252,7 @@ async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
             crate::print_json(&out)?;
         }
         JobsCmd::Unschedule { r#type, name } => {
-            j.remove_schedule(&r#type, &name).await?;
-            println!("{name}: removed");
+            said(&name, "removed", j.remove_schedule(&r#type, &name).await)?
         }
         JobsCmd::Add {
             r#type,
@@ -282,10 +287,7 @@ async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
             json,
             false,
         )?,
-        JobsCmd::Remove { r#type, id } => {
-            j.remove(&r#type, &id).await?;
-            println!("{id}: removed");
-        }
+        JobsCmd::Remove { r#type, id } => said(&id, "removed", j.remove(&r#type, &id).await)?,
         JobsCmd::Watch {
             r#type,
             id,

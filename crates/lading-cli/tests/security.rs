@@ -5,6 +5,7 @@
 //! as it was. See docs/SECURITY.md.
 
 use lading_server::payload_server::PayloadServer;
+use lading_testkit::events::{Api, multipart};
 use lading_testkit::{files_under, poll};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -22,10 +23,17 @@ const BOB: &str = "bob-token-0123456789abcdef";
 /// A `lading serve` process with its own folder, config and store.
 struct Serve {
     child: Child,
-    base: String,
+    /// The API, as any client calls it (`s.get(token, path)`, `s.base`, `s.http`).
+    api: Api,
     dir: tempfile::TempDir,
     stderr: Arc<std::sync::Mutex<String>>,
-    http: reqwest::Client,
+}
+
+impl std::ops::Deref for Serve {
+    type Target = Api;
+    fn deref(&self) -> &Api {
+        &self.api
+    }
 }
 
 impl Drop for Serve {
@@ -95,10 +103,9 @@ fn serve_with(allow: &[String], payload: &str, extra: &str) -> Serve {
         .unwrap_or_else(|_| panic!("lading serve did not start: {}", stderr.lock().unwrap()));
     Serve {
         child,
-        base: format!("http://{addr}"),
+        api: Api::new(format!("http://{addr}")),
         dir,
         stderr,
-        http: reqwest::Client::new(),
     }
 }
 
@@ -123,16 +130,6 @@ impl Serve {
         self.dir.path().join("data")
     }
 
-    async fn call(
-        &self,
-        token: &str,
-        method: &str,
-        path: &str,
-        body: Option<Value>,
-    ) -> (StatusCode, Value) {
-        lading_testkit::events::call(&self.http, &self.base, token, method, path, body).await
-    }
-
     async fn upload(
         &self,
         token: &str,
@@ -140,54 +137,14 @@ impl Serve {
         name: &str,
         content: &[u8],
     ) -> (StatusCode, Value) {
-        let boundary = "sec-test-boundary-5b1e";
-        let mut body = format!(
-            "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\n\r\n"
-        )
-        .into_bytes();
-        body.extend_from_slice(content);
-        body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
-        self.post_raw(
-            token,
-            &format!("/api/v1/batches/upload?{query}"),
-            boundary,
-            body,
-        )
-        .await
-    }
-
-    async fn post_raw(
-        &self,
-        token: &str,
-        path: &str,
-        boundary: &str,
-        body: Vec<u8>,
-    ) -> (StatusCode, Value) {
-        let resp = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .bearer_auth(token)
-            .header(
-                "content-type",
-                format!("multipart/form-data; boundary={boundary}"),
-            )
-            .body(body)
-            .send()
-            .await
-            .unwrap();
-        let st = resp.status();
-        let text = resp.text().await.unwrap();
-        (
-            st,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        let (ct, body) = multipart("file", name, content);
+        let path = format!("/api/v1/batches/upload?{query}");
+        self.send(token, "POST", &path, &ct, body).await
     }
 
     /// Every batch id in the store.
     async fn batches(&self) -> Vec<String> {
-        let (st, v) = self
-            .call(ADMIN, "GET", "/api/v1/batches?limit=1000", None)
-            .await;
+        let (st, v) = self.get(ADMIN, "/api/v1/batches?limit=1000").await;
         assert_eq!(st, StatusCode::OK, "{v}");
         v["batches"]
             .as_array()
@@ -199,8 +156,7 @@ impl Serve {
 
     /// Submits a batch by URL (`body`) as `token`: the answer's status and body.
     async fn submit(&self, token: &str, body: Value) -> (StatusCode, Value) {
-        self.call(token, "POST", "/api/v1/batches", Some(body))
-            .await
+        self.post(token, "/api/v1/batches", body).await
     }
 
     /// Submits a batch that must be taken (201), and waits for it to end; returns it.
@@ -212,15 +168,11 @@ impl Serve {
 
     /// Waits for batch `bid` to end (Completed or Failed), on its event stream; returns it.
     async fn finished(&self, bid: &str) -> Value {
-        lading_testkit::events::until_batch(
-            &self.http,
-            &self.base,
-            ADMIN,
-            bid,
-            Duration::from_secs(120),
-            |v| matches!(v["status"]["status"].as_str(), Some("Completed" | "Failed")),
-        )
-        .await
+        let ended =
+            |v: &Value| matches!(v["status"]["status"].as_str(), Some("Completed" | "Failed"));
+        (self.api)
+            .until_batch(ADMIN, bid, Duration::from_secs(120), ended)
+            .await
     }
 
     /// The jobs of a finished batch, read as the admin.
@@ -229,12 +181,7 @@ impl Serve {
         for ids in batch["jobs"].as_object().unwrap().values() {
             for id in ids.as_array().unwrap() {
                 let (_, j) = self
-                    .call(
-                        ADMIN,
-                        "GET",
-                        &format!("/api/v1/jobs/{}", id.as_str().unwrap()),
-                        None,
-                    )
+                    .get(ADMIN, &format!("/api/v1/jobs/{}", id.as_str().unwrap()))
                     .await;
                 out.push(j);
             }
@@ -534,20 +481,14 @@ async fn one_tenant_can_neither_read_nor_extend_anothers_object() {
 
     // Read: Bob's request for Alice's object is the same 404 as for a made-up one.
     let (st, mine) = s
-        .call(
-            BOB,
-            "POST",
-            "/api/v1/access",
-            Some(json!({"ark": ark, "version": 1})),
-        )
+        .post(BOB, "/api/v1/access", json!({"ark": ark, "version": 1}))
         .await;
     assert_eq!(st, StatusCode::NOT_FOUND, "{mine}");
     let (st2, none) = s
-        .call(
+        .post(
             BOB,
-            "POST",
             "/api/v1/access",
-            Some(json!({"ark": "ark:/99999/fk4nothing", "version": 1})),
+            json!({"ark": "ark:/99999/fk4nothing", "version": 1}),
         )
         .await;
     assert_eq!(st2, StatusCode::NOT_FOUND);
@@ -560,20 +501,13 @@ async fn one_tenant_can_neither_read_nor_extend_anothers_object() {
     );
     // Alice herself may.
     let (st, v) = s
-        .call(
-            ALICE,
-            "POST",
-            "/api/v1/access",
-            Some(json!({"ark": ark, "version": 1})),
-        )
+        .post(ALICE, "/api/v1/access", json!({"ark": ark, "version": 1}))
         .await;
     assert_eq!(st, StatusCode::ACCEPTED, "{v}");
     // The secret is kept only as a digest.
     let token = v["token"].as_str().unwrap().to_string();
     let secret = token.rsplit('.').next().unwrap().to_string();
-    let (st, _) = s
-        .call(ALICE, "GET", &format!("/api/v1/access/{token}"), None)
-        .await;
+    let (st, _) = s.get(ALICE, &format!("/api/v1/access/{token}")).await;
     assert_eq!(st, StatusCode::OK);
     let dump = Command::new(env!("CARGO_BIN_EXE_lading"))
         .arg("--store")
@@ -871,7 +805,13 @@ async fn uploads_with_huge_headers_or_bad_names_are_refused_and_leave_nothing() 
     body.extend(std::iter::repeat_n(b'a', 1 << 20));
     body.extend_from_slice(format!("\r\n\r\nhello\r\n--{boundary}--\r\n").as_bytes());
     let (st, v) = s
-        .post_raw(BOB, "/api/v1/batches/upload?profile=alpha", boundary, body)
+        .send(
+            BOB,
+            "POST",
+            "/api/v1/batches/upload?profile=alpha",
+            &format!("multipart/form-data; boundary={boundary}"),
+            body,
+        )
         .await;
     assert_eq!(st, StatusCode::PAYLOAD_TOO_LARGE, "{v}");
     assert!(
@@ -919,12 +859,7 @@ async fn names_that_cannot_be_stored_fail_at_once() {
     assert_eq!(job["status"]["failed_attempts"], 1, "{job}");
     // Failed jobs are listed with what failed and how, and filtered on it.
     let (st, v) = s
-        .call(
-            ADMIN,
-            "GET",
-            "/api/v1/jobs?state=Failed&failure_kind=fatal",
-            None,
-        )
+        .get(ADMIN, "/api/v1/jobs?state=Failed&failure_kind=fatal")
         .await;
     assert_eq!(st, StatusCode::OK, "{v}");
     assert_eq!(v["jobs"][0]["id"], job["id"], "{v}");
@@ -934,21 +869,11 @@ async fn names_that_cannot_be_stored_fail_at_once() {
         "{v}"
     );
     let (_, v) = s
-        .call(
-            ADMIN,
-            "GET",
-            "/api/v1/jobs?state=Failed&failure_kind=exhausted",
-            None,
-        )
+        .get(ADMIN, "/api/v1/jobs?state=Failed&failure_kind=exhausted")
         .await;
     assert_eq!(v["jobs"], json!([]), "{v}");
     let (st, _) = s
-        .call(
-            ADMIN,
-            "GET",
-            "/api/v1/jobs?state=Failed&failure_kind=bogus",
-            None,
-        )
+        .get(ADMIN, "/api/v1/jobs?state=Failed&failure_kind=bogus")
         .await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
 }
@@ -993,7 +918,7 @@ async fn hardening_roles_overflow_ghost_acceptors_metrics_and_file_modes() {
         )
         .await;
     assert_eq!(st, StatusCode::BAD_REQUEST, "{v}");
-    let (st, _) = s.call(ADMIN, "GET", "/api/v1/types/thumbs", None).await;
+    let (st, _) = s.get(ADMIN, "/api/v1/types/thumbs").await;
     assert_eq!(st, StatusCode::NOT_FOUND);
     let (st, _) = s
         .call(
@@ -1025,24 +950,20 @@ async fn hardening_roles_overflow_ghost_acceptors_metrics_and_file_modes() {
     waiting_acceptors(&s, 0).await;
     // No acceptor is left waiting: a ghost that still held on would be counted above.
     let (st, v) = s
-        .call(
+        .post(
             ADMIN,
-            "POST",
             "/api/v1/types/thumbs/jobs",
-            Some(json!({"id": "j1", "data": {}})),
+            json!({"id": "j1", "data": {}}),
         )
         .await;
     assert!(st.is_success(), "{v}");
-    let (_, j) = s
-        .call(ADMIN, "GET", "/api/v1/types/thumbs/jobs/j1", None)
-        .await;
+    let (_, j) = s.get(ADMIN, "/api/v1/types/thumbs/jobs/j1").await;
     assert_eq!(j["state"], "pending", "no ghost took it: {j}");
     let (st, j) = s
-        .call(
+        .post(
             ADMIN,
-            "POST",
             "/api/v1/types/thumbs/accept",
-            Some(json!({"timeout_ms": 5000})),
+            json!({"timeout_ms": 5000}),
         )
         .await;
     assert_eq!(st, StatusCode::OK, "{j}");
@@ -1110,9 +1031,7 @@ async fn one_submitters_slow_downloads_do_not_hold_every_slot() {
         "bob's downloads to start",
         Duration::from_secs(60),
         async || {
-            let (_, b) = s
-                .call(ADMIN, "GET", &format!("/api/v1/batches/{bobs}"), None)
-                .await;
+            let (_, b) = s.get(ADMIN, &format!("/api/v1/batches/{bobs}")).await;
             let downloading = s
                 .jobs_of(&b)
                 .await
@@ -1131,9 +1050,7 @@ async fn one_submitters_slow_downloads_do_not_hold_every_slot() {
         )
         .await;
     assert_eq!(b["status"]["status"], "Completed", "{b}");
-    let (_, bob) = s
-        .call(ADMIN, "GET", &format!("/api/v1/batches/{bobs}"), None)
-        .await;
+    let (_, bob) = s.get(ADMIN, &format!("/api/v1/batches/{bobs}")).await;
     assert_eq!(
         bob["status"]["status"], "Processing",
         "bob's are still going: {bob}"

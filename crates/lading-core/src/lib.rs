@@ -12,5 +12,5 @@ pub mod tree;
 
 pub use state::{AccessState, BatchState, Event, IllegalTransition, JobProgress, JobState};
 pub use tree::{
-    BoxFuture, CreateMode, Node, Op, OpResult, Stat, Tree, TreeError, Watch, WatchKind,
+    BoxFuture, CreateMode, Node, Op, OpResult, Stat, Tree, TreeError, TreeFuture, Watch, WatchKind,
 };

@@ -17,6 +17,9 @@ use std::task::{Context, Poll};
 /// A boxed, sendable future; keeps [`Tree`] object-safe (`Arc<dyn Tree>`).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// What a tree operation returns: a boxed future of its result.
+pub type TreeFuture<'a, T> = BoxFuture<'a, Result<T, TreeError>>;
+
 /// Node metadata.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stat {
@@ -231,13 +234,10 @@ pub trait ChangeFeed: Send + Sync {
     fn next(&mut self) -> BoxFuture<'_, Option<Change>>;
 
     /// Several nodes, as [`Tree::get_many`].
-    fn get_many<'a>(
-        &'a self,
-        paths: &'a [String],
-    ) -> BoxFuture<'a, Result<Vec<Option<Node>>, TreeError>>;
+    fn get_many<'a>(&'a self, paths: &'a [String]) -> TreeFuture<'a, Vec<Option<Node>>>;
 
     /// Names of all children, sorted, as [`Tree::children`].
-    fn children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Vec<String>, TreeError>>;
+    fn children<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Vec<String>>;
 }
 
 /// Whether `path` is `prefix` or below it.
@@ -256,15 +256,12 @@ pub trait Tree: Send + Sync + 'static {
     /// taken under an older session is lost.
     fn session_id(&self) -> u64;
 
-    fn get<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<Node>, TreeError>>;
+    fn get<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Option<Node>>;
 
     /// Several nodes at once, in order (`None` for a missing one). A backend may read them
     /// as one snapshot and with one look for other writers' changes; the default reads them
     /// one by one.
-    fn get_many<'a>(
-        &'a self,
-        paths: &'a [String],
-    ) -> BoxFuture<'a, Result<Vec<Option<Node>>, TreeError>> {
+    fn get_many<'a>(&'a self, paths: &'a [String]) -> TreeFuture<'a, Vec<Option<Node>>> {
         Box::pin(async move {
             let mut out = Vec::with_capacity(paths.len());
             for p in paths {
@@ -274,12 +271,12 @@ pub trait Tree: Send + Sync + 'static {
         })
     }
 
-    fn exists<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<Stat>, TreeError>> {
+    fn exists<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Option<Stat>> {
         Box::pin(async move { Ok(self.get(path).await?.map(|n| n.stat)) })
     }
 
     /// Names (not paths) of all children, sorted. `NoNode` when `path` does not exist.
-    fn children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Vec<String>, TreeError>>;
+    fn children<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Vec<String>>;
 
     /// At most `limit` children, sorted, strictly after `after`. The way to read the head of a
     /// very long queue without paying for its length.
@@ -288,24 +285,20 @@ pub trait Tree: Send + Sync + 'static {
         path: &'a str,
         after: Option<&'a str>,
         limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<String>, TreeError>>;
+    ) -> TreeFuture<'a, Vec<String>>;
 
     /// Number of children (ZooKeeper's `numChildren`).
-    fn count_children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<u64, TreeError>>;
+    fn count_children<'a>(&'a self, path: &'a str) -> TreeFuture<'a, u64>;
 
     /// Applies every op or none. On failure the error is [`TreeError::Multi`] naming the first
     /// failing op; nothing was changed.
-    fn multi(&self, ops: Vec<Op>) -> BoxFuture<'_, Result<Vec<OpResult>, TreeError>>;
+    fn multi(&self, ops: Vec<Op>) -> TreeFuture<'_, Vec<OpResult>>;
 
     /// Registers a one-shot watch on `path`.
-    fn watch<'a>(
-        &'a self,
-        path: &'a str,
-        kind: WatchKind,
-    ) -> BoxFuture<'a, Result<Watch, TreeError>>;
+    fn watch<'a>(&'a self, path: &'a str, kind: WatchKind) -> TreeFuture<'a, Watch>;
 
     /// Ends the session: its ephemeral nodes are removed now, not at expiry.
-    fn close(&self) -> BoxFuture<'_, Result<(), TreeError>>;
+    fn close(&self) -> TreeFuture<'_, ()>;
 
     /// Whether reads are served from this process's memory (no round trip), so issuing one
     /// early saves nothing.
@@ -319,7 +312,7 @@ pub trait Tree: Send + Sync + 'static {
     fn changes<'a>(
         &'a self,
         prefixes: &'a [String],
-    ) -> BoxFuture<'a, Result<Option<Box<dyn ChangeFeed>>, TreeError>> {
+    ) -> TreeFuture<'a, Option<Box<dyn ChangeFeed>>> {
         let _ = prefixes;
         Box::pin(async { Ok(None) })
     }
@@ -329,7 +322,7 @@ pub trait Tree: Send + Sync + 'static {
         path: &str,
         data: Option<Vec<u8>>,
         mode: CreateMode,
-    ) -> BoxFuture<'_, Result<String, TreeError>> {
+    ) -> TreeFuture<'_, String> {
         let op = Op::create_mode(path, data, mode);
         Box::pin(async move {
             match self.multi(vec![op]).await.map_err(unwrap_single)?.pop() {
@@ -339,12 +332,7 @@ pub trait Tree: Send + Sync + 'static {
         })
     }
 
-    fn set(
-        &self,
-        path: &str,
-        data: Option<Vec<u8>>,
-        version: Option<i32>,
-    ) -> BoxFuture<'_, Result<Stat, TreeError>> {
+    fn set(&self, path: &str, data: Option<Vec<u8>>, version: Option<i32>) -> TreeFuture<'_, Stat> {
         let op = Op::set(path, data, version);
         Box::pin(async move {
             match self.multi(vec![op]).await.map_err(unwrap_single)?.pop() {
@@ -354,7 +342,7 @@ pub trait Tree: Send + Sync + 'static {
         })
     }
 
-    fn delete(&self, path: &str, version: Option<i32>) -> BoxFuture<'_, Result<(), TreeError>> {
+    fn delete(&self, path: &str, version: Option<i32>) -> TreeFuture<'_, ()> {
         let op = Op::delete(path, version);
         Box::pin(async move {
             self.multi(vec![op]).await.map_err(unwrap_single)?;

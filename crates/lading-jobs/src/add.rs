@@ -198,12 +198,7 @@ impl Jobs {
         self.require_type(ty).await?;
         let path = job_path(ty, id);
         for _ in 0..MAX_OPTIMISTIC {
-            let Some((mut rec, v)) = self.read(ty, id).await? else {
-                return Err(JobsError::NoJob {
-                    ty: ty.into(),
-                    id: id.into(),
-                });
-            };
+            let (mut rec, v) = self.read_existing(ty, id).await?;
             if rec.state != State::Failed {
                 return Err(JobsError::WrongState {
                     ty: ty.into(),
@@ -242,12 +237,7 @@ impl Jobs {
         check_type(ty)?;
         let path = job_path(ty, id);
         for _ in 0..MAX_OPTIMISTIC {
-            let Some((mut rec, v)) = self.read(ty, id).await? else {
-                return Err(JobsError::NoJob {
-                    ty: ty.into(),
-                    id: id.into(),
-                });
-            };
+            let (mut rec, v) = self.read_existing(ty, id).await?;
             let mut ops = vec![Op::delete(&path, Some(v))];
             match (rec.state, &rec.lock) {
                 (State::Pending, _) => ops.push(Op::delete(

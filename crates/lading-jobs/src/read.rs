@@ -3,20 +3,23 @@
 use super::*;
 
 impl Jobs {
+    /// [`Jobs::read`] of a job that must be there (`NoJob` if not).
+    pub(crate) async fn read_existing(&self, ty: &str, id: &str) -> Result<(Record, i32)> {
+        self.read(ty, id).await?.ok_or_else(|| JobsError::NoJob {
+            ty: ty.into(),
+            id: id.into(),
+        })
+    }
+
     pub async fn get_job(&self, ty: &str, id: &str) -> Result<JobView> {
         check_type(ty)?;
         check_id(id)?;
-        match self.read(ty, id).await? {
-            Some((record, _)) => Ok(JobView {
-                ty: ty.into(),
-                id: id.into(),
-                record,
-            }),
-            None => Err(JobsError::NoJob {
-                ty: ty.into(),
-                id: id.into(),
-            }),
-        }
+        let (record, _) = self.read_existing(ty, id).await?;
+        Ok(JobView {
+            ty: ty.into(),
+            id: id.into(),
+            record,
+        })
     }
 
     pub async fn get_job_data(&self, ty: &str, id: &str) -> Result<Value> {

@@ -68,27 +68,33 @@ fn principal(parts: &axum::http::request::Parts) -> Result<Principal, ApiError> 
         .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "no token"))
 }
 
+/// An extractor of the request's principal, `$admit` saying whom it lets through.
+macro_rules! gate {
+    ($name:ident, $admit:expr) => {
+        impl<S: Send + Sync> axum::extract::FromRequestParts<S> for $name {
+            type Rejection = ApiError;
+            async fn from_request_parts(
+                parts: &mut axum::http::request::Parts,
+                _: &S,
+            ) -> Result<Self, ApiError> {
+                principal(parts).and_then($admit).map($name)
+            }
+        }
+    };
+}
+
 /// A processor's request (an admin's too): accept, update and finish of generic jobs. The
 /// type was checked against a processor token's types by [`require_token`], before any of
 /// the request was read.
 pub struct Worker(pub Principal);
 
-impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Worker {
-    type Rejection = ApiError;
-    async fn from_request_parts(
-        parts: &mut axum::http::request::Parts,
-        _: &S,
-    ) -> Result<Self, ApiError> {
-        let p = principal(parts)?;
-        match p.role {
-            Role::Admin | Role::Processor => Ok(Worker(p)),
-            Role::Submitter => Err(ApiError::forbidden(format!(
-                "{} is a submitter token; processing jobs needs a processor or admin token",
-                p.name
-            ))),
-        }
-    }
-}
+gate!(Worker, |p: Principal| match p.role {
+    Role::Admin | Role::Processor => Ok(p),
+    Role::Submitter => Err(ApiError::forbidden(format!(
+        "{} is a submitter token; processing jobs needs a processor or admin token",
+        p.name
+    ))),
+});
 
 /// Whether a processor token may make this request: POST to accept, update or finish (one
 /// or many, or finish-and-accept) generic jobs of one of `types`. `Err` names why not.
@@ -125,17 +131,7 @@ pub fn processor_may(
 /// nothing of an admin route's input).
 pub struct Admin(pub Principal);
 
-impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Admin {
-    type Rejection = ApiError;
-    async fn from_request_parts(
-        parts: &mut axum::http::request::Parts,
-        _: &S,
-    ) -> Result<Self, ApiError> {
-        let p = principal(parts)?;
-        p.require_admin()?;
-        Ok(Admin(p))
-    }
-}
+gate!(Admin, |p: Principal| p.require_admin().map(|()| p));
 
 /// Paths anyone may read without a token.
 pub const PUBLIC: &[&str] = &[

@@ -142,14 +142,11 @@ pub(crate) async fn put_type(
 #[serde(deny_unknown_fields)]
 pub(crate) struct AddBody {
     id: String,
-    #[serde(default)]
     #[schema(value_type = Option<Object>)]
     data: Option<Value>,
     /// Seconds since the epoch.
-    #[serde(default)]
     scheduled_time: Option<u64>,
     /// Lower runs first among due jobs: -1000 to 1000 (default 0).
-    #[serde(default)]
     priority: Option<i32>,
 }
 
@@ -335,11 +332,9 @@ async fn for_client<
 #[serde(deny_unknown_fields)]
 pub(crate) struct FinishAcceptBody {
     lock: String,
-    #[serde(default)]
     #[schema(value_type = Option<Object>)]
     data: Option<Value>,
     /// The run failed with this message (retried by the type's policy).
-    #[serde(default)]
     error: Option<String>,
     max_sched_time: Option<u64>,
     timeout_ms: Option<u64>,
@@ -382,15 +377,12 @@ pub(crate) async fn finish_and_accept(
 #[serde(deny_unknown_fields)]
 pub(crate) struct HeldBody {
     lock: String,
-    #[serde(default)]
     #[schema(value_type = Option<Object>)]
     data: Option<Value>,
     /// resubmit only: seconds since the epoch.
-    #[serde(default)]
     scheduled_time: Option<u64>,
     /// finish only: the run failed with this message (retried by the type's policy, failed
     /// after its last attempt).
-    #[serde(default)]
     error: Option<String>,
 }
 
@@ -535,10 +527,8 @@ pub(crate) async fn unsubscribe(
 pub(crate) struct FinishItem {
     id: String,
     lock: String,
-    #[serde(default)]
     #[schema(value_type = Option<Object>)]
     data: Option<Value>,
-    #[serde(default)]
     error: Option<String>,
 }
 
@@ -630,7 +620,6 @@ pub(crate) struct ScheduleBody {
     every_s: Option<u64>,
     /// Or a cron expression, `m h dom mon dow`, UTC.
     cron: Option<String>,
-    #[serde(default)]
     #[schema(value_type = Option<Object>)]
     data: Option<Value>,
     #[serde(default)]

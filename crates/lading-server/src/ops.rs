@@ -9,7 +9,7 @@ use crate::api::{
     RequeueFailedRequest, Requeued, SubmitRequest, Submitted,
 };
 use crate::client::Client;
-use anyhow::Context;
+use anyhow::{Context, Result};
 use lading_core::JobState;
 use lading_core::layout::{AccessId, AccessQueue, BatchId, JobId, QUEUE_NAMES};
 use lading_engine::{AccessInfo, BatchInfo, ChangeEvent, EngineError, JobInfo, OutboxItem};
@@ -25,35 +25,29 @@ use std::time::Duration;
 pub trait Ops {
     /// Submits a batch. Through a server, a `payload_url` without `://` is a local file,
     /// uploaded.
-    async fn submit(&self, req: SubmitRequest) -> anyhow::Result<Submitted>;
+    async fn submit(&self, req: SubmitRequest) -> Result<Submitted>;
     /// Jobs and batches per state, paused queues, the outbox, foreign locks.
-    async fn summary(&self) -> anyhow::Result<Value>;
+    async fn summary(&self) -> Result<Value>;
     /// A batch, by `bid…` or its uuid.
-    async fn batch(&self, id: &str) -> anyhow::Result<BatchInfo>;
-    async fn job(&self, id: &str) -> anyhow::Result<JobInfo>;
+    async fn batch(&self, id: &str) -> Result<BatchInfo>;
+    async fn job(&self, id: &str) -> Result<JobInfo>;
     /// An access request (`qid…`), in whichever queue it is.
-    async fn access(&self, id: &str) -> anyhow::Result<AccessInfo>;
-    async fn job_action(
-        &self,
-        id: &str,
-        action: JobAction,
-        to: Option<&str>,
-    ) -> anyhow::Result<ActionResult>;
-    async fn batch_action(&self, id: &str, action: BatchAction) -> anyhow::Result<ActionResult>;
+    async fn access(&self, id: &str) -> Result<AccessInfo>;
+    async fn job_action(&self, id: &str, act: JobAction, to: Option<&str>) -> Result<ActionResult>;
+    async fn batch_action(&self, id: &str, action: BatchAction) -> Result<ActionResult>;
     /// Every Failed job of a batch back to the stage it failed at (or `req.to`).
-    async fn requeue_failed(&self, id: &str, req: RequeueFailedRequest)
-    -> anyhow::Result<Requeued>;
-    async fn collection(&self, name: &str, hold: bool) -> anyhow::Result<CollectionHold>;
-    async fn queue(&self, name: &str, pause: bool) -> anyhow::Result<QueuePause>;
-    async fn outbox(&self) -> anyhow::Result<Vec<OutboxItem>>;
-    async fn retry_outbox(&self, name: &str) -> anyhow::Result<()>;
-    async fn clear_lock(&self, kind: &str, name: &str) -> anyhow::Result<()>;
+    async fn requeue_failed(&self, id: &str, req: RequeueFailedRequest) -> Result<Requeued>;
+    async fn collection(&self, name: &str, hold: bool) -> Result<CollectionHold>;
+    async fn queue(&self, name: &str, pause: bool) -> Result<QueuePause>;
+    async fn outbox(&self) -> Result<Vec<OutboxItem>>;
+    async fn retry_outbox(&self, name: &str) -> Result<()>;
+    async fn clear_lock(&self, kind: &str, name: &str) -> Result<()>;
     /// The changes of a batch and its jobs from now on.
-    async fn changes(&self, batch: &str) -> anyhow::Result<Changes>;
+    async fn changes(&self, batch: &str) -> Result<Changes>;
 
     /// A record as the API shows it: the summary (no id), a job (`jid…`), an access
     /// request (`qid…`) or a batch (`bid…` or its uuid), with its history expanded.
-    async fn record(&self, id: Option<&str>) -> anyhow::Result<Value> {
+    async fn record(&self, id: Option<&str>) -> Result<Value> {
         Ok(match id {
             None => self.summary().await?,
             Some(id) if id.starts_with(JobId::PREFIX) => serde_json::to_value(self.job(id).await?)?,
@@ -69,14 +63,14 @@ pub trait Ops {
 #[derive(Clone)]
 pub struct Local(pub Arc<Ingest>);
 
-fn parse_state(name: Option<&str>) -> anyhow::Result<Option<JobState>> {
+fn parse_state(name: Option<&str>) -> Result<Option<JobState>> {
     Ok(name
         .map(|s| JobState::parse_named(s).map_err(EngineError::Invalid))
         .transpose()?)
 }
 
 impl Ops for Local {
-    async fn submit(&self, req: SubmitRequest) -> anyhow::Result<Submitted> {
+    async fn submit(&self, req: SubmitRequest) -> Result<Submitted> {
         let url = req.payload_url.clone().unwrap_or_default();
         let submitter = req
             .submitter
@@ -90,11 +84,11 @@ impl Ops for Local {
         })
     }
 
-    async fn summary(&self) -> anyhow::Result<Value> {
+    async fn summary(&self) -> Result<Value> {
         Ok(self.0.engine.summary().await?)
     }
 
-    async fn batch(&self, id: &str) -> anyhow::Result<BatchInfo> {
+    async fn batch(&self, id: &str) -> Result<BatchInfo> {
         let e = &self.0.engine;
         let bid = if id.starts_with(BatchId::PREFIX) {
             BatchId::parse(id)?
@@ -108,13 +102,13 @@ impl Ops for Local {
         Ok(b)
     }
 
-    async fn job(&self, id: &str) -> anyhow::Result<JobInfo> {
+    async fn job(&self, id: &str) -> Result<JobInfo> {
         let mut j = self.0.engine.job(&JobId::parse(id)?).await?;
         lading_engine::expand_history(&mut j.status.extra);
         Ok(j)
     }
 
-    async fn access(&self, id: &str) -> anyhow::Result<AccessInfo> {
+    async fn access(&self, id: &str) -> Result<AccessInfo> {
         let (e, aid) = (&self.0.engine, AccessId::parse(id)?);
         match e.access(AccessQueue::Small, &aid).await {
             Err(EngineError::NoAccess(_)) => Ok(e.access(AccessQueue::Large, &aid).await?),
@@ -122,17 +116,12 @@ impl Ops for Local {
         }
     }
 
-    async fn job_action(
-        &self,
-        id: &str,
-        action: JobAction,
-        to: Option<&str>,
-    ) -> anyhow::Result<ActionResult> {
+    async fn job_action(&self, id: &str, act: JobAction, to: Option<&str>) -> Result<ActionResult> {
         let (e, jid) = (&self.0.engine, JobId::parse(id)?);
-        if to.is_some() && action != JobAction::Requeue {
+        if to.is_some() && act != JobAction::Requeue {
             return Err(EngineError::Invalid("\"to\" applies to requeue only".into()).into());
         }
-        let st = match action {
+        let st = match act {
             JobAction::Hold => Some(e.hold_job(&jid).await?),
             JobAction::Release => Some(e.release_job(&jid).await?),
             JobAction::Requeue => Some(e.requeue_job(&jid, parse_state(to)?).await?),
@@ -145,7 +134,7 @@ impl Ops for Local {
         })
     }
 
-    async fn batch_action(&self, id: &str, action: BatchAction) -> anyhow::Result<ActionResult> {
+    async fn batch_action(&self, id: &str, action: BatchAction) -> Result<ActionResult> {
         let (e, bid) = (&self.0.engine, BatchId::parse(id)?);
         let st = match action {
             BatchAction::Hold => e.hold_batch(&bid).await?,
@@ -160,11 +149,7 @@ impl Ops for Local {
         })
     }
 
-    async fn requeue_failed(
-        &self,
-        id: &str,
-        req: RequeueFailedRequest,
-    ) -> anyhow::Result<Requeued> {
+    async fn requeue_failed(&self, id: &str, req: RequeueFailedRequest) -> Result<Requeued> {
         let bid = BatchId::parse(id)?;
         let (stage, to) = (
             parse_state(req.stage.as_deref())?,
@@ -195,7 +180,7 @@ impl Ops for Local {
         Ok(out)
     }
 
-    async fn collection(&self, name: &str, hold: bool) -> anyhow::Result<CollectionHold> {
+    async fn collection(&self, name: &str, hold: bool) -> Result<CollectionHold> {
         let e = &self.0.engine;
         if hold {
             let changed = e.hold_collection(name).await?;
@@ -216,7 +201,7 @@ impl Ops for Local {
         })
     }
 
-    async fn queue(&self, name: &str, pause: bool) -> anyhow::Result<QueuePause> {
+    async fn queue(&self, name: &str, pause: bool) -> Result<QueuePause> {
         // An unknown queue is unknown (404, exit 3), like an unknown job or batch.
         if !QUEUE_NAMES.contains(&name) {
             return Err(crate::ApiError::new(
@@ -239,20 +224,20 @@ impl Ops for Local {
         })
     }
 
-    async fn outbox(&self) -> anyhow::Result<Vec<OutboxItem>> {
+    async fn outbox(&self) -> Result<Vec<OutboxItem>> {
         Ok(self.0.engine.outbox().await?)
     }
 
-    async fn retry_outbox(&self, name: &str) -> anyhow::Result<()> {
+    async fn retry_outbox(&self, name: &str) -> Result<()> {
         self.0.engine.retry_effect(name).await?;
         Ok(())
     }
 
-    async fn clear_lock(&self, kind: &str, name: &str) -> anyhow::Result<()> {
+    async fn clear_lock(&self, kind: &str, name: &str) -> Result<()> {
         Ok(self.0.engine.clear_foreign_lock(kind, name).await?)
     }
 
-    async fn changes(&self, batch: &str) -> anyhow::Result<Changes> {
+    async fn changes(&self, batch: &str) -> Result<Changes> {
         Ok(Changes::Local {
             events: self.0.engine.subscribe(),
             batch: batch.to_string(),
@@ -261,7 +246,7 @@ impl Ops for Local {
 }
 
 impl Ops for Client {
-    async fn submit(&self, mut req: SubmitRequest) -> anyhow::Result<Submitted> {
+    async fn submit(&self, mut req: SubmitRequest) -> Result<Submitted> {
         match req.payload_url.take() {
             Some(url) if !url.contains("://") => {
                 self.upload(std::path::Path::new(&url), &req).await
@@ -273,40 +258,35 @@ impl Ops for Client {
         }
     }
 
-    async fn summary(&self) -> anyhow::Result<Value> {
+    async fn summary(&self) -> Result<Value> {
         self.json("GET", "/api/v1/status", None::<&()>).await
     }
 
-    async fn batch(&self, id: &str) -> anyhow::Result<BatchInfo> {
+    async fn batch(&self, id: &str) -> Result<BatchInfo> {
         let path = format!("/api/v1/batches/{}", crate::client::enc(id));
         self.json("GET", &path, None::<&()>).await
     }
 
-    async fn job(&self, id: &str) -> anyhow::Result<JobInfo> {
+    async fn job(&self, id: &str) -> Result<JobInfo> {
         let path = format!("/api/v1/jobs/{}", crate::client::enc(id));
         self.json("GET", &path, None::<&()>).await
     }
 
-    async fn access(&self, id: &str) -> anyhow::Result<AccessInfo> {
+    async fn access(&self, id: &str) -> Result<AccessInfo> {
         anyhow::bail!(
             "{id}: an access request is shown through a server by its token (GET /api/v1/access/TOKEN), not by its id"
         )
     }
 
-    async fn job_action(
-        &self,
-        id: &str,
-        action: JobAction,
-        to: Option<&str>,
-    ) -> anyhow::Result<ActionResult> {
-        let path = format!("/api/v1/jobs/{}/{}", crate::client::enc(id), action.name());
+    async fn job_action(&self, id: &str, act: JobAction, to: Option<&str>) -> Result<ActionResult> {
+        let path = format!("/api/v1/jobs/{}/{}", crate::client::enc(id), act.name());
         let body = crate::api::RequeueRequest {
             to: to.map(str::to_string),
         };
         self.json("POST", &path, Some(&body)).await
     }
 
-    async fn batch_action(&self, id: &str, action: BatchAction) -> anyhow::Result<ActionResult> {
+    async fn batch_action(&self, id: &str, action: BatchAction) -> Result<ActionResult> {
         let path = format!(
             "/api/v1/batches/{}/{}",
             crate::client::enc(id),
@@ -315,39 +295,35 @@ impl Ops for Client {
         self.json("POST", &path, None::<&()>).await
     }
 
-    async fn requeue_failed(
-        &self,
-        id: &str,
-        req: RequeueFailedRequest,
-    ) -> anyhow::Result<Requeued> {
+    async fn requeue_failed(&self, id: &str, req: RequeueFailedRequest) -> Result<Requeued> {
         let path = format!("/api/v1/batches/{}/requeue-failed", crate::client::enc(id));
         self.json("POST", &path, Some(&req)).await
     }
 
-    async fn collection(&self, name: &str, hold: bool) -> anyhow::Result<CollectionHold> {
+    async fn collection(&self, name: &str, hold: bool) -> Result<CollectionHold> {
         let method = if hold { "PUT" } else { "DELETE" };
         let path = format!("/api/v1/collections/{}/hold", crate::client::enc(name));
         self.json(method, &path, None::<&()>).await
     }
 
-    async fn queue(&self, name: &str, pause: bool) -> anyhow::Result<QueuePause> {
+    async fn queue(&self, name: &str, pause: bool) -> Result<QueuePause> {
         let method = if pause { "PUT" } else { "DELETE" };
         let path = format!("/api/v1/queues/{}/pause", crate::client::enc(name));
         self.json(method, &path, None::<&()>).await
     }
 
-    async fn outbox(&self) -> anyhow::Result<Vec<OutboxItem>> {
+    async fn outbox(&self) -> Result<Vec<OutboxItem>> {
         let list: crate::api::OutboxList = self.json("GET", "/api/v1/outbox", None::<&()>).await?;
         Ok(list.entries)
     }
 
-    async fn retry_outbox(&self, name: &str) -> anyhow::Result<()> {
+    async fn retry_outbox(&self, name: &str) -> Result<()> {
         let path = format!("/api/v1/outbox/{}/retry", crate::client::enc(name));
         let _: crate::api::OutboxRetried = self.json("POST", &path, None::<&()>).await?;
         Ok(())
     }
 
-    async fn clear_lock(&self, kind: &str, name: &str) -> anyhow::Result<()> {
+    async fn clear_lock(&self, kind: &str, name: &str) -> Result<()> {
         let path = format!(
             "/api/v1/locks/{}/{}",
             crate::client::enc(kind),
@@ -357,7 +333,7 @@ impl Ops for Client {
         Ok(())
     }
 
-    async fn changes(&self, batch: &str) -> anyhow::Result<Changes> {
+    async fn changes(&self, batch: &str) -> Result<Changes> {
         let path = format!("/api/v1/events?batch={}", crate::client::enc(batch));
         let resp = self.request("GET", &path)?.send().await?;
         Ok(Changes::Remote {
@@ -487,7 +463,7 @@ pub async fn job_states(
     batch: &BatchInfo,
     known: &mut std::collections::HashMap<String, String>,
     all: bool,
-) -> anyhow::Result<()> {
+) -> Result<()> {
     for (folder, ids) in &batch.jobs {
         for j in ids {
             let st = match folder.as_str() {
@@ -509,7 +485,7 @@ pub async fn job_states(
 
 /// The report `submit --wait` ends with: the batch's state and message, then each job
 /// (id order) with its state, primary identifier and message.
-pub async fn report(ops: &impl Ops, batch: &str) -> anyhow::Result<(BatchInfo, String)> {
+pub async fn report(ops: &impl Ops, batch: &str) -> Result<(BatchInfo, String)> {
     let b = ops.batch(batch).await?;
     let mut ids: Vec<&String> = b.jobs.values().flatten().collect();
     ids.sort();

@@ -14,17 +14,16 @@ async fn submitters_see_only_their_batches_and_bad_submissions_change_nothing() 
     let s = start().await;
     let url = "http://127.0.0.1:9/object.bin";
     let (st, v) = s
-        .call_as(
+        .post(
             SUBMITTER,
-            "POST",
             "/api/v1/batches",
-            Some(json!({"payload_url": url, "profile": "demo", "title": "A"})),
+            json!({"payload_url": url, "profile": "demo", "title": "A"}),
         )
         .await;
     assert_eq!(st, StatusCode::CREATED, "{v}");
     let bid = v["id"].as_str().unwrap().to_string();
     let path = format!("/api/v1/batches/{bid}");
-    let (st, b) = s.call_as(SUBMITTER, "GET", &path, None).await;
+    let (st, b) = s.get(SUBMITTER, &path).await;
     assert_eq!(st, StatusCode::OK);
     assert_eq!(
         (
@@ -34,34 +33,29 @@ async fn submitters_see_only_their_batches_and_bad_submissions_change_nothing() 
         (Some("Pending"), Some("alice"))
     );
     // Another submitter cannot see it, nor tell it exists.
-    let (st, v) = s.call_as(BOB, "GET", &path, None).await;
+    let (st, v) = s.get(BOB, &path).await;
     assert_eq!(
         (st, v["kind"].as_str()),
         (StatusCode::NOT_FOUND, Some("not_found"))
     );
-    let (_, list) = s.call_as(BOB, "GET", "/api/v1/batches", None).await;
+    let (_, list) = s.get(BOB, "/api/v1/batches").await;
     assert_eq!(list["batches"], json!([]));
-    let (_, list) = s.call_as(SUBMITTER, "GET", "/api/v1/batches", None).await;
+    let (_, list) = s.get(SUBMITTER, "/api/v1/batches").await;
     assert_eq!(list["batches"][0]["id"], bid.as_str());
-    let (st, _) = s
-        .call_as(SUBMITTER, "GET", "/api/v1/batches?submitter=bob", None)
-        .await;
+    let (st, _) = s.get(SUBMITTER, "/api/v1/batches?submitter=bob").await;
     assert_eq!(st, StatusCode::FORBIDDEN);
     let (_, list) = s
-        .call(
-            "GET",
+        .get(
+            ADMIN,
             "/api/v1/batches?submitter=alice&state=Pending&profile=demo",
-            None,
         )
         .await;
     assert_eq!(list["batches"].as_array().unwrap().len(), 1);
-    let (_, list) = s
-        .call("GET", "/api/v1/batches?collection=other", None)
-        .await;
+    let (_, list) = s.get(ADMIN, "/api/v1/batches?collection=other").await;
     assert_eq!(list["batches"], json!([]));
     // Submitters do not administer.
     let (st, _) = s
-        .call_as(SUBMITTER, "POST", &format!("{path}/hold"), None)
+        .call(SUBMITTER, "POST", &format!("{path}/hold"), None)
         .await;
     assert_eq!(st, StatusCode::FORBIDDEN);
 
@@ -104,7 +98,7 @@ async fn submitters_see_only_their_batches_and_bad_submissions_change_nothing() 
             "may not submit as \"bob\"",
         ),
     ] {
-        let (st, v) = s.call_as(SUBMITTER, "POST", post, Some(body.clone())).await;
+        let (st, v) = s.post(SUBMITTER, post, body.clone()).await;
         assert_eq!(st, status, "{body}: {v}");
         let msg = v["error"].as_str().unwrap_or_default();
         assert!(msg.contains(says), "{body}: {msg:?} should say {says:?}");
@@ -135,7 +129,7 @@ async fn submitters_see_only_their_batches_and_bad_submissions_change_nothing() 
         // Releasing a batch that is not Held is an illegal transition.
         ("POST", &format!("{path}/release"), StatusCode::CONFLICT),
     ] {
-        let (st, v) = s.call(method, p, None).await;
+        let (st, v) = s.call(ADMIN, method, p, None).await;
         assert_eq!(st, status, "{method} {p}: {v}");
         assert!(v["error"].is_string(), "{method} {p}: JSON error, got {v}");
     }
@@ -154,35 +148,37 @@ async fn submitters_see_only_their_batches_and_bad_submissions_change_nothing() 
         .unwrap();
     e.release_batch_lease(lease).await.unwrap();
     let (st, v) = s
-        .call_as(
-            SUBMITTER,
-            "GET",
-            &format!("/api/v1/jobs/{jid}/download"),
-            None,
-        )
+        .get(SUBMITTER, &format!("/api/v1/jobs/{jid}/download"))
         .await;
     assert_eq!(
         (st, v["kind"].as_str(), v["state"].as_str()),
         (StatusCode::CONFLICT, Some("not_ready"), Some("Pending"))
     );
     // Admin actions that are allowed do what they say.
-    let (st, v) = s.call("POST", &format!("{path}/hold"), None).await;
+    let (st, v) = s.call(ADMIN, "POST", &format!("{path}/hold"), None).await;
     assert_eq!((st, v["status"].as_str()), (StatusCode::OK, Some("Held")));
-    let (st, v) = s.call("POST", &format!("{path}/release"), None).await;
+    let (st, v) = s
+        .call(ADMIN, "POST", &format!("{path}/release"), None)
+        .await;
     assert_eq!(
         (st, v["status"].as_str()),
         (StatusCode::OK, Some("Pending"))
     );
-    let (_, v) = s.call("PUT", "/api/v1/queues/ingest/pause", None).await;
+    let (_, v) = s
+        .call(ADMIN, "PUT", "/api/v1/queues/ingest/pause", None)
+        .await;
     assert_eq!(v["paused"], true);
-    let (_, v) = s.call("GET", "/api/v1/status", None).await;
+    let (_, v) = s.get(ADMIN, "/api/v1/status").await;
     assert_eq!(v["paused_queues"], json!(["ingest"]));
     assert_eq!(v["batches"]["Pending"], 1);
-    s.call("DELETE", "/api/v1/queues/ingest/pause", None).await;
-    let (_, v) = s.call("PUT", "/api/v1/collections/demo/hold", None).await;
+    s.call(ADMIN, "DELETE", "/api/v1/queues/ingest/pause", None)
+        .await;
+    let (_, v) = s
+        .call(ADMIN, "PUT", "/api/v1/collections/demo/hold", None)
+        .await;
     assert_eq!(v["held"], true);
     let (_, v) = s
-        .call("DELETE", "/api/v1/collections/demo/hold", None)
+        .call(ADMIN, "DELETE", "/api/v1/collections/demo/hold", None)
         .await;
     assert_eq!(v["held"], false);
 }
@@ -200,11 +196,10 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
         lading_ingest::run(&ingest, lading_ingest::STAGE_NAMES, shutdown).await
     });
     let (st, v) = s
-        .call_as(
+        .post(
             SUBMITTER,
-            "POST",
             "/api/v1/batches",
-            Some(json!({"payload_url": files.url("hello.txt"), "profile": "demo"})),
+            json!({"payload_url": files.url("hello.txt"), "profile": "demo"}),
         )
         .await;
     assert_eq!(st, StatusCode::CREATED, "{v}");
@@ -214,31 +209,22 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
         .as_str()
         .unwrap()
         .to_string();
-    let (st, job) = s
-        .call_as(SUBMITTER, "GET", &format!("/api/v1/jobs/{jid}"), None)
-        .await;
+    let (st, job) = s.get(SUBMITTER, &format!("/api/v1/jobs/{jid}")).await;
     assert_eq!(
         (st, job["status"]["status"].as_str()),
         (StatusCode::OK, Some("Completed"))
     );
-    let (st, _) = s
-        .call_as(BOB, "GET", &format!("/api/v1/jobs/{jid}"), None)
-        .await;
+    let (st, _) = s.get(BOB, &format!("/api/v1/jobs/{jid}")).await;
     assert_eq!(
         st,
         StatusCode::NOT_FOUND,
         "another submitter's job is not found"
     );
-    let (_, list) = s.call("GET", "/api/v1/jobs?state=Completed", None).await;
+    let (_, list) = s.get(ADMIN, "/api/v1/jobs?state=Completed").await;
     assert_eq!(list["jobs"][0]["id"], jid.as_str());
     // History: every transition, kept with the job and the batch; others' are not found.
     let (st, h) = s
-        .call_as(
-            SUBMITTER,
-            "GET",
-            &format!("/api/v1/jobs/{jid}/history"),
-            None,
-        )
+        .get(SUBMITTER, &format!("/api/v1/jobs/{jid}/history"))
         .await;
     assert_eq!(st, StatusCode::OK, "{h}");
     let to: Vec<&str> = h["history"]
@@ -261,50 +247,41 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
             "Completed"
         ]
     );
-    let (st, _) = s
-        .call_as(BOB, "GET", &format!("/api/v1/jobs/{jid}/history"), None)
-        .await;
+    let (st, _) = s.get(BOB, &format!("/api/v1/jobs/{jid}/history")).await;
     assert_eq!(st, StatusCode::NOT_FOUND);
-    let (_, bh) = s
-        .call_as(SUBMITTER, "GET", &format!("{path}/history"), None)
-        .await;
+    let (_, bh) = s.get(SUBMITTER, &format!("{path}/history")).await;
     let last = bh["history"].as_array().unwrap().last().unwrap().clone();
     assert_eq!(last["to"], "Completed", "{bh}");
     // Search: batches by submitter or id, jobs by ark; a miss is an empty page.
     let bid = v["id"].as_str().unwrap();
     for q in ["ALIC", &bid[bid.len() - 4..]] {
-        let (st, found) = s.call("GET", &format!("/api/v1/batches?q={q}"), None).await;
+        let (st, found) = s.get(ADMIN, &format!("/api/v1/batches?q={q}")).await;
         assert_eq!(st, StatusCode::OK);
         assert_eq!(found["batches"][0]["id"], bid, "q={q}: {found}");
     }
-    let (_, none) = s.call("GET", "/api/v1/batches?q=no-such-thing", None).await;
+    let (_, none) = s.get(ADMIN, "/api/v1/batches?q=no-such-thing").await;
     assert_eq!(none["batches"], json!([]));
     let ark = job["identifiers"]["primary_id"].as_str().unwrap();
     let (_, found) = s
-        .call(
-            "GET",
+        .get(
+            ADMIN,
             &format!("/api/v1/jobs?state=Completed&q={}", &ark[ark.len() - 5..]),
-            None,
         )
         .await;
     assert_eq!(found["jobs"][0]["id"], jid.as_str(), "{found}");
     let (_, none) = s
-        .call("GET", "/api/v1/jobs?state=Completed&q=zzzz-none", None)
+        .get(ADMIN, "/api/v1/jobs?state=Completed&q=zzzz-none")
         .await;
     assert_eq!(none["jobs"], json!([]));
     let (st, e) = s
-        .call(
-            "GET",
-            &format!("/api/v1/batches?q={}", "x".repeat(201)),
-            None,
-        )
+        .get(ADMIN, &format!("/api/v1/batches?q={}", "x".repeat(201)))
         .await;
     assert_eq!(st, StatusCode::BAD_REQUEST, "{e}");
     // A completed job cannot be requeued or held: 409, nothing changes.
     let before = s.dump().await;
     for action in ["requeue", "hold", "release"] {
         let (st, v) = s
-            .call("POST", &format!("/api/v1/jobs/{jid}/{action}"), None)
+            .call(ADMIN, "POST", &format!("/api/v1/jobs/{jid}/{action}"), None)
             .await;
         assert_eq!(st, StatusCode::CONFLICT, "{action}: {v}");
     }
@@ -338,9 +315,7 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
         files.keys().collect::<Vec<_>>()
     );
     assert!(files.contains_key("system/manifest.checkm"));
-    let (st, _) = s
-        .call_as(BOB, "GET", &format!("/api/v1/jobs/{jid}/download"), None)
-        .await;
+    let (st, _) = s.get(BOB, &format!("/api/v1/jobs/{jid}/download")).await;
     assert_eq!(st, StatusCode::NOT_FOUND, "not another submitter's");
     // A store record that cannot be read is named as corrupt, not taken for "nothing stored
     // yet"; nothing is changed by asking.
@@ -352,12 +327,7 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
         .unwrap();
     let before = s.dump().await;
     let (st, v) = s
-        .call_as(
-            SUBMITTER,
-            "GET",
-            &format!("/api/v1/jobs/{jid}/download"),
-            None,
-        )
+        .get(SUBMITTER, &format!("/api/v1/jobs/{jid}/download"))
         .await;
     assert_eq!(st, StatusCode::INTERNAL_SERVER_ERROR, "{v}");
     assert!(v.to_string().contains(&store_path), "{v}");
@@ -409,14 +379,13 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
         lading_core::layout::AccessQueue::Small,
         shutdown,
     ));
-    s.call("PUT", "/api/v1/queues/accessSmall/pause", None)
+    s.call(ADMIN, "PUT", "/api/v1/queues/accessSmall/pause", None)
         .await;
     let (st, v) = s
-        .call_as(
+        .post(
             SUBMITTER,
-            "POST",
             "/api/v1/access",
-            Some(json!({"ark": ark, "version": 1})),
+            json!({"ark": ark, "version": 1}),
         )
         .await;
     assert_eq!(
@@ -452,17 +421,10 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
     );
     let secret = token.rsplit('.').next().unwrap();
     assert!(!String::from_utf8_lossy(&serde_json::to_vec(&t).unwrap()).contains(secret));
-    let (_, v) = s
-        .call_as(SUBMITTER, "GET", &format!("/api/v1/access/{token}"), None)
-        .await;
+    let (_, v) = s.get(SUBMITTER, &format!("/api/v1/access/{token}")).await;
     assert_eq!(v["state"], "Pending");
     let (st, v) = s
-        .call_as(
-            SUBMITTER,
-            "GET",
-            &format!("/api/v1/access/{token}/file"),
-            None,
-        )
+        .get(SUBMITTER, &format!("/api/v1/access/{token}/file"))
         .await;
     assert_eq!(
         (st, v["kind"].as_str()),
@@ -473,9 +435,7 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
     let other = if token.ends_with('0') { '1' } else { '0' };
     let forged = format!("{}{other}", &token[..token.len() - 1]);
     assert_ne!(forged, token);
-    let (st, _) = s
-        .call("GET", &format!("/api/v1/access/{forged}"), None)
-        .await;
+    let (st, _) = s.get(ADMIN, &format!("/api/v1/access/{forged}")).await;
     assert_eq!(
         st,
         StatusCode::NOT_FOUND,
@@ -488,16 +448,14 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
             StatusCode::BAD_REQUEST,
         ),
     ] {
-        let (st, v) = s.call("POST", "/api/v1/access", Some(body)).await;
+        let (st, v) = s.post(ADMIN, "/api/v1/access", body).await;
         assert_eq!(st, status, "{v}");
     }
-    s.call("DELETE", "/api/v1/queues/accessSmall/pause", None)
+    s.call(ADMIN, "DELETE", "/api/v1/queues/accessSmall/pause", None)
         .await;
     // An access request's state has no event stream.
     lading_testkit::poll::until("the access request", Duration::from_secs(30), async || {
-        let (_, v) = s
-            .call_as(SUBMITTER, "GET", &format!("/api/v1/access/{token}"), None)
-            .await;
+        let (_, v) = s.get(SUBMITTER, &format!("/api/v1/access/{token}")).await;
         assert_ne!(v["state"], "Failed", "{v}");
         if v["state"] == "Completed" {
             Ok(())
@@ -552,9 +510,7 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
         0,
         "the zip went too"
     );
-    let (st, _) = s
-        .call_as(SUBMITTER, "GET", &format!("/api/v1/access/{token}"), None)
-        .await;
+    let (st, _) = s.get(SUBMITTER, &format!("/api/v1/access/{token}")).await;
     assert_eq!(st, StatusCode::NOT_FOUND);
     shutdown_handle.stop();
     workers.await.unwrap().unwrap();
@@ -567,11 +523,10 @@ async fn a_submitters_listing_reads_only_its_own_batches_even_in_an_older_tree()
         let s = &s;
         async move {
             let (st, v) = s
-                .call_as(
+                .post(
                     token,
-                    "POST",
                     "/api/v1/batches",
-                    Some(json!({"payload_url": "http://127.0.0.1:9/x.bin", "profile": "demo"})),
+                    json!({"payload_url": "http://127.0.0.1:9/x.bin", "profile": "demo"}),
                 )
                 .await;
             assert_eq!(st, StatusCode::CREATED, "{v}");
@@ -600,7 +555,7 @@ async fn a_submitters_listing_reads_only_its_own_batches_even_in_an_older_tree()
             .map(|b| b["id"].as_str().unwrap().to_string())
             .collect()
     };
-    let (_, list) = s.call_as(SUBMITTER, "GET", "/api/v1/batches", None).await;
+    let (_, list) = s.get(SUBMITTER, "/api/v1/batches").await;
     assert_eq!(ids(&list), alices);
     // A tree made before the index (no /batch-submitters): opening it indexes every batch.
     for who in ["alice", "bob"] {
@@ -618,14 +573,12 @@ async fn a_submitters_listing_reads_only_its_own_batches_even_in_an_older_tree()
             .unwrap();
     }
     t.delete("/batch-submitters", None).await.unwrap();
-    let (_, list) = s.call_as(SUBMITTER, "GET", "/api/v1/batches", None).await;
+    let (_, list) = s.get(SUBMITTER, "/api/v1/batches").await;
     assert_eq!(list["batches"], json!([]), "nothing indexed, nothing read");
     s.ingest.engine.init().await.unwrap();
-    let (_, list) = s.call_as(SUBMITTER, "GET", "/api/v1/batches", None).await;
+    let (_, list) = s.get(SUBMITTER, "/api/v1/batches").await;
     assert_eq!(ids(&list), alices);
-    let (_, list) = s
-        .call_as(BOB, "GET", "/api/v1/batches?limit=1000", None)
-        .await;
+    let (_, list) = s.get(BOB, "/api/v1/batches?limit=1000").await;
     assert_eq!(ids(&list).len(), 27);
 }
 
@@ -656,15 +609,15 @@ async fn requeue_failed_retries_a_batchs_failed_jobs_and_refuses_bad_input() {
         (json!({"to": "Nowhere"}), "Nowhere"),
         (json!({"stages": "Pending"}), "stages"),
     ] {
-        let (st, v) = s.call("POST", &path, Some(body.clone())).await;
+        let (st, v) = s.post(ADMIN, &path, body.clone()).await;
         assert_eq!(st, StatusCode::BAD_REQUEST, "{body}: {v}");
         assert!(v["error"].as_str().unwrap().contains(says), "{body}: {v}");
     }
     let (st, _) = s
-        .call(
-            "POST",
+        .post(
+            ADMIN,
             &format!("/api/v1/batches/{bid}/hold"),
-            Some(json!({"stage": "Pending"})),
+            json!({"stage": "Pending"}),
         )
         .await;
     assert_eq!(
@@ -672,23 +625,26 @@ async fn requeue_failed_retries_a_batchs_failed_jobs_and_refuses_bad_input() {
         StatusCode::BAD_REQUEST,
         "stage is requeue-failed's only"
     );
-    let (st, _) = s.call_as(SUBMITTER, "POST", &path, None).await;
+    let (st, _) = s.call(SUBMITTER, "POST", &path, None).await;
     assert_eq!(st, StatusCode::FORBIDDEN);
     let (st, _) = s
-        .call("POST", "/api/v1/batches/bid0000009999/requeue-failed", None)
+        .call(
+            ADMIN,
+            "POST",
+            "/api/v1/batches/bid0000009999/requeue-failed",
+            None,
+        )
         .await;
     assert_eq!(st, StatusCode::NOT_FOUND);
     // Only those that failed while downloading: none here.
-    let (st, v) = s
-        .call("POST", &path, Some(json!({"stage": "Downloading"})))
-        .await;
+    let (st, v) = s.post(ADMIN, &path, json!({"stage": "Downloading"})).await;
     assert_eq!(
         (st, v["requeued"].as_array().unwrap().len()),
         (StatusCode::OK, 0)
     );
     assert_eq!(s.dump().await, before, "nothing changed");
     // All of them, back to where they failed.
-    let (st, v) = s.call("POST", &path, None).await;
+    let (st, v) = s.call(ADMIN, "POST", &path, None).await;
     assert_eq!(st, StatusCode::OK, "{v}");
     let done = v["requeued"].as_array().unwrap();
     assert_eq!(done.len(), 2, "{v}");

@@ -87,18 +87,22 @@ async fn events_are_live_and_resumable_without_loss() {
     let (st, mut live) = Events::open(&s, ADMIN, "", None).await;
     assert_eq!(st, StatusCode::OK);
     let (_, v) = s
-        .call_as(
+        .post(
             SUBMITTER,
-            "POST",
             "/api/v1/batches",
-            Some(json!({"payload_url": "http://127.0.0.1:9/x", "profile": "demo"})),
+            json!({"payload_url": "http://127.0.0.1:9/x", "profile": "demo"}),
         )
         .await;
     let bid = v["id"].as_str().unwrap().to_string();
-    s.call("POST", &format!("/api/v1/batches/{bid}/hold"), None)
+    s.call(ADMIN, "POST", &format!("/api/v1/batches/{bid}/hold"), None)
         .await;
-    s.call("POST", &format!("/api/v1/batches/{bid}/release"), None)
-        .await;
+    s.call(
+        ADMIN,
+        "POST",
+        &format!("/api/v1/batches/{bid}/release"),
+        None,
+    )
+    .await;
     let got = [live.next().await, live.next().await, live.next().await];
     let seen: Vec<String> = got.iter().map(to).collect();
     assert_eq!(seen, ["batch Pending", "batch Held", "batch Pending"]);
@@ -109,7 +113,7 @@ async fn events_are_live_and_resumable_without_loss() {
     let (_, mut again) = Events::open(&s, ADMIN, "", Some(&first)).await;
     assert_eq!(again.next().await.0, got[1].0);
     assert_eq!(again.next().await.0, got[2].0);
-    s.call("POST", &format!("/api/v1/batches/{bid}/hold"), None)
+    s.call(ADMIN, "POST", &format!("/api/v1/batches/{bid}/hold"), None)
         .await;
     assert_eq!(to(&again.next().await), "batch Held");
     assert_eq!(to(&live.next().await), "batch Held");
@@ -153,11 +157,10 @@ async fn events_come_from_every_writer_and_resume_after_a_restart() {
     };
     let (_, mut live) = Events::open(&s, ADMIN, "", None).await;
     let (_, v) = s
-        .call_as(
+        .post(
             SUBMITTER,
-            "POST",
             "/api/v1/batches",
-            Some(json!({"payload_url": "http://127.0.0.1:9/x", "profile": "demo"})),
+            json!({"payload_url": "http://127.0.0.1:9/x", "profile": "demo"}),
         )
         .await;
     let bid = lading_core::layout::BatchId::parse(v["id"].as_str().unwrap()).unwrap();

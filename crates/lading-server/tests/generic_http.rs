@@ -13,39 +13,42 @@ use std::time::Duration;
 async fn every_operation_over_http() {
     let s = start().await;
     let (st, _) = s
-        .call("PUT", "/api/v1/types/conv", Some(json!({"timeout_s": 30})))
+        .call(
+            ADMIN,
+            "PUT",
+            "/api/v1/types/conv",
+            Some(json!({"timeout_s": 30})),
+        )
         .await;
     assert_eq!(st, StatusCode::OK);
     let (st, v) = s
-        .call(
-            "POST",
+        .post(
+            ADMIN,
             "/api/v1/types/conv/jobs",
-            Some(json!({"id": "a", "data": {"n": 1}})),
+            json!({"id": "a", "data": {"n": 1}}),
         )
         .await;
     assert_eq!(
         (st, v["result"].as_str()),
         (StatusCode::CREATED, Some("created"))
     );
-    let (st, v) = s.call("GET", "/api/v1/types/conv/jobs/a", None).await;
+    let (st, v) = s.get(ADMIN, "/api/v1/types/conv/jobs/a").await;
     assert_eq!((st, v["state"].as_str()), (StatusCode::OK, Some("pending")));
 
     let (_, sub) = s
-        .call("POST", "/api/v1/types/conv/jobs/a/subscribe", None)
+        .call(ADMIN, "POST", "/api/v1/types/conv/jobs/a/subscribe", None)
         .await;
     assert_eq!(sub["state"], "pending");
     let sid = sub["subscription"].as_u64().unwrap();
 
-    let (st, job) = s
-        .call("POST", "/api/v1/types/conv/accept", Some(json!({})))
-        .await;
+    let (st, job) = s.post(ADMIN, "/api/v1/types/conv/accept", json!({})).await;
     assert_eq!((st, job["id"].as_str()), (StatusCode::OK, Some("a")));
     let lock = job["lock"].as_str().unwrap().to_string();
     let (st, change) = s
-        .call(
-            "POST",
+        .post(
+            ADMIN,
             "/api/v1/subscriptions/wait",
-            Some(json!({"subscriptions": [sid], "timeout_ms": 5000})),
+            json!({"subscriptions": [sid], "timeout_ms": 5000}),
         )
         .await;
     assert_eq!(
@@ -54,20 +57,20 @@ async fn every_operation_over_http() {
     );
 
     let (st, v) = s
-        .call(
-            "POST",
+        .post(
+            ADMIN,
             "/api/v1/types/conv/jobs/a/update",
-            Some(json!({"lock": lock, "data": {"n": 1, "half": true}})),
+            json!({"lock": lock, "data": {"n": 1, "half": true}}),
         )
         .await;
     assert_eq!((st, &v["data"]["half"]), (StatusCode::OK, &json!(true)));
     // A wrong lock: 409 halt, nothing written.
     let before = s.stored().await;
     let (st, v) = s
-        .call(
-            "POST",
+        .post(
+            ADMIN,
             "/api/v1/types/conv/jobs/a/finish",
-            Some(json!({"lock": "not-the-lock", "data": {}})),
+            json!({"lock": "not-the-lock", "data": {}}),
         )
         .await;
     assert_eq!(
@@ -76,10 +79,10 @@ async fn every_operation_over_http() {
     );
     assert_eq!(s.stored().await, before);
     let (st, v) = s
-        .call(
-            "POST",
+        .post(
+            ADMIN,
             "/api/v1/types/conv/jobs/a/finish",
-            Some(json!({"lock": lock, "data": {"done": 1}})),
+            json!({"lock": lock, "data": {"done": 1}}),
         )
         .await;
     assert_eq!(
@@ -87,32 +90,35 @@ async fn every_operation_over_http() {
         (StatusCode::OK, Some("finished"))
     );
     let (_, change) = s
-        .call(
-            "POST",
+        .post(
+            ADMIN,
             "/api/v1/subscriptions/wait",
-            Some(json!({"subscriptions": [sid], "state": "finished", "timeout_ms": 5000})),
+            json!({"subscriptions": [sid], "state": "finished", "timeout_ms": 5000}),
         )
         .await;
     assert_eq!(change["state"], "finished");
     let (st, _) = s
-        .call("DELETE", &format!("/api/v1/subscriptions/{sid}"), None)
+        .call(
+            ADMIN,
+            "DELETE",
+            &format!("/api/v1/subscriptions/{sid}"),
+            None,
+        )
         .await;
     assert_eq!(st, StatusCode::NO_CONTENT);
 
     // Nothing due: 204 at once; a long-poll is woken by an add.
-    let (st, _) = s
-        .call("POST", "/api/v1/types/conv/accept", Some(json!({})))
-        .await;
+    let (st, _) = s.post(ADMIN, "/api/v1/types/conv/accept", json!({})).await;
     assert_eq!(st, StatusCode::NO_CONTENT);
     let s = Arc::new(s);
     let s2 = s.clone();
     let mut parked = s.jobs.parked();
     let from = *parked.borrow_and_update();
     let poll = tokio::spawn(async move {
-        s2.call(
-            "POST",
+        s2.post(
+            ADMIN,
             "/api/v1/types/conv/accept",
-            Some(json!({"timeout_ms": 60000})),
+            json!({"timeout_ms": 60000}),
         )
         .await
     });
@@ -122,7 +128,7 @@ async fn every_operation_over_http() {
         .expect("the long-poll parked")
         .unwrap();
     let started = std::time::Instant::now();
-    s.call("POST", "/api/v1/types/conv/jobs", Some(json!({"id": "b"})))
+    s.post(ADMIN, "/api/v1/types/conv/jobs", json!({"id": "b"}))
         .await;
     let (st, job) = poll.await.unwrap();
     assert_eq!((st, job["id"].as_str()), (StatusCode::OK, Some("b")));
@@ -132,22 +138,20 @@ async fn every_operation_over_http() {
     );
     let lock = job["lock"].as_str().unwrap();
     let (st, v) = s
-        .call(
-            "POST",
+        .post(
+            ADMIN,
             "/api/v1/types/conv/jobs/b/resubmit",
-            Some(json!({"lock": lock})),
+            json!({"lock": lock}),
         )
         .await;
     assert_eq!((st, v["resubmit"].as_bool()), (StatusCode::OK, Some(true)));
-    s.call(
-        "POST",
+    s.post(
+        ADMIN,
         "/api/v1/types/conv/jobs/b/finish",
-        Some(json!({"lock": lock})),
+        json!({"lock": lock}),
     )
     .await;
-    let (_, list) = s
-        .call("GET", "/api/v1/types/conv/jobs?state=pending", None)
-        .await;
+    let (_, list) = s.get(ADMIN, "/api/v1/types/conv/jobs?state=pending").await;
     let ids: Vec<&str> = list["jobs"]
         .as_array()
         .unwrap()
@@ -155,23 +159,30 @@ async fn every_operation_over_http() {
         .map(|j| j["id"].as_str().unwrap())
         .collect();
     assert_eq!(ids, ["b"], "resubmitted: pending again");
-    let (_, types) = s.call("GET", "/api/v1/types", None).await;
+    let (_, types) = s.get(ADMIN, "/api/v1/types").await;
     assert_eq!(types[0]["finished"], 1);
-    let (st, _) = s.call("DELETE", "/api/v1/types/conv/jobs/b", None).await;
+    let (st, _) = s
+        .call(ADMIN, "DELETE", "/api/v1/types/conv/jobs/b", None)
+        .await;
     assert_eq!(st, StatusCode::NO_CONTENT);
-    let (st, _) = s.call("GET", "/api/v1/types/conv/jobs/b", None).await;
+    let (st, _) = s.get(ADMIN, "/api/v1/types/conv/jobs/b").await;
     assert_eq!(st, StatusCode::NOT_FOUND);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_json_errors_and_change_nothing() {
     let s = start().await;
-    s.call("PUT", "/api/v1/types/conv", Some(json!({"timeout_s": 30})))
-        .await;
     s.call(
-        "POST",
+        ADMIN,
+        "PUT",
+        "/api/v1/types/conv",
+        Some(json!({"timeout_s": 30})),
+    )
+    .await;
+    s.post(
+        ADMIN,
         "/api/v1/types/conv/jobs",
-        Some(json!({"id": "keep", "data": {"v": 1}})),
+        json!({"id": "keep", "data": {"v": 1}}),
     )
     .await;
     let before = s.stored().await;
@@ -300,11 +311,10 @@ async fn bad_requests_get_json_errors_and_change_nothing() {
         .unwrap();
     assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
     let (st, v) = s
-        .call_as(
+        .post(
             "wrong-token-0123456789",
-            "POST",
             "/api/v1/types/conv/jobs",
-            Some(json!({"id": "sneaky"})),
+            json!({"id": "sneaky"}),
         )
         .await;
     assert_eq!(
@@ -312,7 +322,7 @@ async fn bad_requests_get_json_errors_and_change_nothing() {
         (StatusCode::UNAUTHORIZED, Some("unauthorized"))
     );
     let (st, v) = s
-        .call_as(SUBMITTER, "DELETE", "/api/v1/types/conv/jobs/keep", None)
+        .call(SUBMITTER, "DELETE", "/api/v1/types/conv/jobs/keep", None)
         .await;
     assert_eq!(st, StatusCode::FORBIDDEN, "{v}");
     assert_eq!(s.stored().await, before);
@@ -331,8 +341,13 @@ async fn bad_requests_get_json_errors_and_change_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_taken_for_a_client_that_left_goes_back_to_pending() {
     let s = start().await;
-    s.call("PUT", "/api/v1/types/conv", Some(json!({"timeout_s": 30})))
-        .await;
+    s.call(
+        ADMIN,
+        "PUT",
+        "/api/v1/types/conv",
+        Some(json!({"timeout_s": 30})),
+    )
+    .await;
     // The client gives up after 300 ms; the server is still waiting for a job for it.
     let r = s
         .http
@@ -343,19 +358,15 @@ async fn a_job_taken_for_a_client_that_left_goes_back_to_pending() {
         .send()
         .await;
     assert!(r.is_err(), "the client timed out");
-    s.call(
-        "POST",
-        "/api/v1/types/conv/jobs",
-        Some(json!({"id": "orphan"})),
-    )
-    .await;
+    s.post(ADMIN, "/api/v1/types/conv/jobs", json!({"id": "orphan"}))
+        .await;
     // Whether the server noticed at once or took the job and put it back, the job ends up
     // pending and a present client gets it.
     let (st, job) = s
-        .call(
-            "POST",
+        .post(
+            ADMIN,
             "/api/v1/types/conv/accept",
-            Some(json!({"timeout_ms": 10000})),
+            json!({"timeout_ms": 10000}),
         )
         .await;
     assert_eq!((st, job["id"].as_str()), (StatusCode::OK, Some("orphan")));
@@ -364,22 +375,25 @@ async fn a_job_taken_for_a_client_that_left_goes_back_to_pending() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finish_and_accept_hands_over_the_next_job_in_one_request() {
     let s = start().await;
-    s.call("PUT", "/api/v1/types/conv", Some(json!({"timeout_s": 30})))
-        .await;
+    s.call(
+        ADMIN,
+        "PUT",
+        "/api/v1/types/conv",
+        Some(json!({"timeout_s": 30})),
+    )
+    .await;
     for id in ["a", "b"] {
-        s.call("POST", "/api/v1/types/conv/jobs", Some(json!({"id": id})))
+        s.post(ADMIN, "/api/v1/types/conv/jobs", json!({"id": id}))
             .await;
     }
-    let (_, a) = s
-        .call("POST", "/api/v1/types/conv/accept", Some(json!({})))
-        .await;
+    let (_, a) = s.post(ADMIN, "/api/v1/types/conv/accept", json!({})).await;
     assert_eq!(a["id"], "a");
     let lock_a = a["lock"].as_str().unwrap().to_string();
     let (st, v) = s
-        .call(
-            "POST",
+        .post(
+            ADMIN,
             "/api/v1/types/conv/jobs/a/finish-and-accept",
-            Some(json!({"lock": lock_a, "data": {"done": true}})),
+            json!({"lock": lock_a, "data": {"done": true}}),
         )
         .await;
     assert_eq!(st, StatusCode::OK, "{v}");
@@ -399,10 +413,10 @@ async fn finish_and_accept_hands_over_the_next_job_in_one_request() {
     // The finished job's lock is spent: halt, and nothing changes.
     let before = s.stored().await;
     let (st, v) = s
-        .call(
-            "POST",
+        .post(
+            ADMIN,
             "/api/v1/types/conv/jobs/a/finish-and-accept",
-            Some(json!({"lock": lock_a})),
+            json!({"lock": lock_a}),
         )
         .await;
     assert_eq!(
@@ -412,16 +426,16 @@ async fn finish_and_accept_hands_over_the_next_job_in_one_request() {
     assert_eq!(s.stored().await, before);
     // The next job holds under its own lock; with nothing left due, `next` is null at once.
     let (st, v) = s
-        .call(
-            "POST",
+        .post(
+            ADMIN,
             "/api/v1/types/conv/jobs/b/finish-and-accept",
-            Some(json!({"lock": lock_b, "timeout_ms": 0})),
+            json!({"lock": lock_b, "timeout_ms": 0}),
         )
         .await;
     assert_eq!(st, StatusCode::OK, "{v}");
     assert_eq!(v["finished"]["state"], "finished");
     assert!(v["next"].is_null(), "{v}");
-    let (_, types) = s.call("GET", "/api/v1/types", None).await;
+    let (_, types) = s.get(ADMIN, "/api/v1/types").await;
     assert_eq!(
         (
             &types[0]["pending"],
@@ -440,16 +454,16 @@ async fn processor_tokens_process_their_types_and_nothing_else() {
         ("other", json!({"timeout_s": 30})),
     ] {
         let (st, _) = s
-            .call("PUT", &format!("/api/v1/types/{ty}"), Some(body))
+            .call(ADMIN, "PUT", &format!("/api/v1/types/{ty}"), Some(body))
             .await;
         assert_eq!(st, StatusCode::OK);
     }
     for (ty, id) in [("thumbs", "t1"), ("thumbs", "t2"), ("other", "o1")] {
         let (st, _) = s
-            .call(
-                "POST",
+            .post(
+                ADMIN,
                 &format!("/api/v1/types/{ty}/jobs"),
-                Some(json!({"id": id})),
+                json!({"id": id}),
             )
             .await;
         assert_eq!(st, StatusCode::CREATED);
@@ -509,7 +523,7 @@ async fn processor_tokens_process_their_types_and_nothing_else() {
         ("GET", "/api/v1/events", None),
     ];
     for (method, path, body) in refused {
-        let (st, v) = s.call_as(THUMBS, method, path, body.clone()).await;
+        let (st, v) = s.call(THUMBS, method, path, body.clone()).await;
         assert_eq!(st, StatusCode::FORBIDDEN, "{method} {path}: {v}");
         assert!(
             v["error"]
@@ -521,42 +535,30 @@ async fn processor_tokens_process_their_types_and_nothing_else() {
     assert_eq!(s.dump().await, before, "nothing changed by the refusals");
     // A submitter may not process at all.
     let (st, _) = s
-        .call_as(
-            SUBMITTER,
-            "POST",
-            "/api/v1/types/thumbs/accept",
-            Some(json!({})),
-        )
+        .post(SUBMITTER, "/api/v1/types/thumbs/accept", json!({}))
         .await;
     assert_eq!(st, StatusCode::FORBIDDEN);
     assert_eq!(s.dump().await, before);
 
     // Its own type: accept, update, finish (with an error: retried), a batch, a finish.
     let (st, job) = s
-        .call_as(
-            THUMBS,
-            "POST",
-            "/api/v1/types/thumbs/accept",
-            Some(json!({})),
-        )
+        .post(THUMBS, "/api/v1/types/thumbs/accept", json!({}))
         .await;
     assert_eq!((st, job["id"].as_str()), (StatusCode::OK, Some("t1")));
     let lock = job["lock"].as_str().unwrap().to_string();
     let (st, _) = s
-        .call_as(
+        .post(
             THUMBS,
-            "POST",
             "/api/v1/types/thumbs/jobs/t1/update",
-            Some(json!({"lock": lock, "data": {"half": true}})),
+            json!({"lock": lock, "data": {"half": true}}),
         )
         .await;
     assert_eq!(st, StatusCode::OK);
     let (st, v) = s
-        .call_as(
+        .post(
             THUMBS,
-            "POST",
             "/api/v1/types/thumbs/jobs/t1/finish",
-            Some(json!({"lock": lock, "error": "convert: no such file"})),
+            json!({"lock": lock, "error": "convert: no such file"}),
         )
         .await;
     assert_eq!(st, StatusCode::OK, "{v}");
@@ -569,11 +571,10 @@ async fn processor_tokens_process_their_types_and_nothing_else() {
         (Some("pending"), Some(1), Some("convert: no such file"))
     );
     let (st, v) = s
-        .call_as(
+        .post(
             THUMBS,
-            "POST",
             "/api/v1/types/thumbs/accept",
-            Some(json!({"max_jobs": 5})),
+            json!({"max_jobs": 5}),
         )
         .await;
     assert_eq!(st, StatusCode::OK, "{v}");
@@ -582,20 +583,19 @@ async fn processor_tokens_process_their_types_and_nothing_else() {
     assert_eq!(got[0]["id"], "t2");
     let lock2 = got[0]["lock"].as_str().unwrap();
     let (st, v) = s
-        .call_as(
+        .post(
             THUMBS,
-            "POST",
             "/api/v1/types/thumbs/finish",
-            Some(json!({"jobs": [
+            json!({"jobs": [
                 {"id": "t2", "lock": lock2, "data": {"done": 1}},
                 {"id": "t1", "lock": "not-the-lock"},
-            ]})),
+            ]}),
         )
         .await;
     assert_eq!(st, StatusCode::OK, "{v}");
     assert_eq!(v["results"][0], json!({"id": "t2", "state": "finished"}));
     assert_eq!(v["results"][1]["kind"], "halt");
-    let (_, t1) = s.call("GET", "/api/v1/types/thumbs/jobs/t1", None).await;
+    let (_, t1) = s.get(ADMIN, "/api/v1/types/thumbs/jobs/t1").await;
     assert_eq!(t1["state"], "pending", "a wrong lock wrote nothing");
 }
 
@@ -604,6 +604,7 @@ async fn failures_priorities_schedules_and_settings_over_http() {
     let s = start().await;
     let (st, v) = s
         .call(
+            ADMIN,
             "PUT",
             "/api/v1/types/conv",
             Some(json!({"timeout_s": 30, "max_attempts": 1, "keep_finished_s": 3600})),
@@ -628,7 +629,7 @@ async fn failures_priorities_schedules_and_settings_over_http() {
         (json!({"retries": 3}), "retries"),
     ] {
         let (st, v) = s
-            .call("PUT", "/api/v1/types/conv", Some(body.clone()))
+            .call(ADMIN, "PUT", "/api/v1/types/conv", Some(body.clone()))
             .await;
         // 400 for a value refused, 422 for one of the wrong type.
         assert!(
@@ -639,6 +640,7 @@ async fn failures_priorities_schedules_and_settings_over_http() {
     }
     let (st, v) = s
         .call(
+            ADMIN,
             "PUT",
             "/api/v1/types/fresh",
             Some(json!({"max_attempts": 2})),
@@ -646,10 +648,10 @@ async fn failures_priorities_schedules_and_settings_over_http() {
         .await;
     assert_eq!(st, StatusCode::NOT_FOUND, "a type needs timeout_s: {v}");
     let (st, _) = s
-        .call(
-            "POST",
+        .post(
+            ADMIN,
             "/api/v1/types/conv/jobs",
-            Some(json!({"id": "p", "priority": 5000})),
+            json!({"id": "p", "priority": 5000}),
         )
         .await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
@@ -658,44 +660,40 @@ async fn failures_priorities_schedules_and_settings_over_http() {
     // Priorities: the lower first.
     for (id, prio) in [("later", 5), ("first", -5)] {
         let (st, _) = s
-            .call(
-                "POST",
+            .post(
+                ADMIN,
                 "/api/v1/types/conv/jobs",
-                Some(json!({"id": id, "priority": prio})),
+                json!({"id": id, "priority": prio}),
             )
             .await;
         assert_eq!(st, StatusCode::CREATED);
     }
-    let (_, job) = s
-        .call("POST", "/api/v1/types/conv/accept", Some(json!({})))
-        .await;
+    let (_, job) = s.post(ADMIN, "/api/v1/types/conv/accept", json!({})).await;
     assert_eq!(job["id"], "first");
     // An error on the only attempt: failed, listed, counted, retried by an admin.
     let (st, v) = s
-        .call(
-            "POST",
+        .post(
+            ADMIN,
             "/api/v1/types/conv/jobs/first/finish",
-            Some(json!({"lock": job["lock"], "error": "bad input"})),
+            json!({"lock": job["lock"], "error": "bad input"}),
         )
         .await;
     assert_eq!((st, v["state"].as_str()), (StatusCode::OK, Some("failed")));
-    let (_, list) = s
-        .call("GET", "/api/v1/types/conv/jobs?state=failed", None)
-        .await;
+    let (_, list) = s.get(ADMIN, "/api/v1/types/conv/jobs?state=failed").await;
     assert_eq!(list["jobs"][0]["id"], "first");
     assert_eq!(list["jobs"][0]["last_error"], "bad input");
-    let (_, ty) = s.call("GET", "/api/v1/types/conv", None).await;
+    let (_, ty) = s.get(ADMIN, "/api/v1/types/conv").await;
     assert_eq!(
         (ty["failed"].as_u64(), ty["pending"].as_u64()),
         (Some(1), Some(1))
     );
     let (st, v) = s
-        .call("POST", "/api/v1/types/conv/jobs/later/retry", None)
+        .call(ADMIN, "POST", "/api/v1/types/conv/jobs/later/retry", None)
         .await;
     assert_eq!(st, StatusCode::CONFLICT, "{v}");
     assert!(v["error"].as_str().unwrap().contains("only a failed job"));
     let (st, v) = s
-        .call("POST", "/api/v1/types/conv/jobs/first/retry", None)
+        .call(ADMIN, "POST", "/api/v1/types/conv/jobs/first/retry", None)
         .await;
     assert_eq!((st, v["state"].as_str()), (StatusCode::OK, Some("pending")));
 
@@ -709,6 +707,7 @@ async fn failures_priorities_schedules_and_settings_over_http() {
     ] {
         let (st, v) = s
             .call(
+                ADMIN,
                 "PUT",
                 "/api/v1/types/conv/schedules/nightly",
                 Some(body.clone()),
@@ -719,6 +718,7 @@ async fn failures_priorities_schedules_and_settings_over_http() {
     assert_eq!(s.stored().await, before);
     let (st, v) = s
         .call(
+            ADMIN,
             "PUT",
             "/api/v1/types/conv/schedules/nightly",
             Some(json!({"cron": "0 3 * * *", "data": {"k": 1}})),
@@ -726,22 +726,28 @@ async fn failures_priorities_schedules_and_settings_over_http() {
         .await;
     assert_eq!(st, StatusCode::OK, "{v}");
     assert!(v["next_tick_ms"].as_u64().unwrap() % 86_400_000 == 3 * 3_600_000);
-    let (_, list) = s.call("GET", "/api/v1/types/conv/schedules", None).await;
+    let (_, list) = s.get(ADMIN, "/api/v1/types/conv/schedules").await;
     assert_eq!(list["schedules"][0]["name"], "nightly");
     let (st, _) = s
-        .call("DELETE", "/api/v1/types/conv/schedules/nightly", None)
+        .call(
+            ADMIN,
+            "DELETE",
+            "/api/v1/types/conv/schedules/nightly",
+            None,
+        )
         .await;
     assert_eq!(st, StatusCode::NO_CONTENT);
     let (st, _) = s
-        .call("DELETE", "/api/v1/types/conv/schedules/nightly", None)
+        .call(
+            ADMIN,
+            "DELETE",
+            "/api/v1/types/conv/schedules/nightly",
+            None,
+        )
         .await;
     assert_eq!(st, StatusCode::NOT_FOUND);
     let (st, _) = s
-        .call(
-            "POST",
-            "/api/v1/types/conv/finish",
-            Some(json!({"jobs": []})),
-        )
+        .post(ADMIN, "/api/v1/types/conv/finish", json!({"jobs": []}))
         .await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
 }

@@ -141,7 +141,7 @@ async fn the_openapi_document_describes_every_route() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_answers_are_described_by_their_schemas() {
     let s = start().await;
-    let (_, doc) = s.call("GET", "/api/v1/openapi.json", None).await;
+    let (_, doc) = s.get(ADMIN, "/api/v1/openapi.json").await;
     let schemas = &doc["components"]["schemas"];
     let described = |name: &str, v: &serde_json::Value| {
         let props = schemas[name]["properties"]
@@ -152,30 +152,33 @@ async fn the_answers_are_described_by_their_schemas() {
         }
     };
     let (st, sub) = s
-        .call(
-            "POST",
+        .post(
+            ADMIN,
             "/api/v1/batches",
-            Some(serde_json::json!({"payload_url": "http://127.0.0.1:9/x", "profile": "demo"})),
+            serde_json::json!({"payload_url": "http://127.0.0.1:9/x", "profile": "demo"}),
         )
         .await;
     assert_eq!(st, StatusCode::CREATED, "{sub}");
     described("Submitted", &sub);
     let (_, batch) = s
-        .call(
-            "GET",
+        .get(
+            ADMIN,
             &format!("/api/v1/batches/{}", sub["id"].as_str().unwrap()),
-            None,
         )
         .await;
     described("BatchInfo", &batch);
     let mut status = batch["status"].clone();
     status.as_object_mut().unwrap().remove("history");
     described("BatchStatus", &status);
-    let (_, paused) = s.call("PUT", "/api/v1/queues/ingest/pause", None).await;
+    let (_, paused) = s
+        .call(ADMIN, "PUT", "/api/v1/queues/ingest/pause", None)
+        .await;
     described("QueuePause", &paused);
-    let (_, held) = s.call("PUT", "/api/v1/collections/demo/hold", None).await;
+    let (_, held) = s
+        .call(ADMIN, "PUT", "/api/v1/collections/demo/hold", None)
+        .await;
     described("CollectionHold", &held);
-    let (_, outbox) = s.call("GET", "/api/v1/outbox", None).await;
+    let (_, outbox) = s.get(ADMIN, "/api/v1/outbox").await;
     described("OutboxList", &outbox);
     let states: Vec<&str> = lading_core::JobState::ALL
         .iter()

@@ -14,7 +14,7 @@ use std::time::Duration;
 async fn until(s: &Server, path: &str, ok: impl Fn(&Value) -> bool) -> Value {
     // The overview read back after a restart has no signal.
     lading_testkit::poll::until(path, Duration::from_secs(20), async || {
-        let (st, v) = s.call("GET", path, None).await;
+        let (st, v) = s.get(ADMIN, path).await;
         assert_eq!(st, StatusCode::OK, "{v}");
         if ok(&v) { Ok(v) } else { Err(v) }
     })
@@ -92,13 +92,13 @@ async fn ended_jobs_are_counted_per_minute_once_and_read_back_after_a_restart() 
     assert_eq!(ov["held_collections"], json!([]));
     // Held collections are listed.
     let (st, _) = s
-        .call("PUT", "/api/v1/collections/letters/hold", None)
+        .call(ADMIN, "PUT", "/api/v1/collections/letters/hold", None)
         .await;
     assert_eq!(st, StatusCode::OK);
-    let (_, ov) = s.call("GET", "/api/v1/overview", None).await;
+    let (_, ov) = s.get(ADMIN, "/api/v1/overview").await;
     assert_eq!(ov["held_collections"], json!(["letters"]));
     // The operator's figures only.
-    let (st, v) = s.call_as(SUBMITTER, "GET", "/api/v1/overview", None).await;
+    let (st, v) = s.get(SUBMITTER, "/api/v1/overview").await;
     assert_eq!(st, StatusCode::FORBIDDEN, "{v}");
 
     // After a restart the hour is read back from the jobs' histories: the same counts, once.
@@ -157,9 +157,7 @@ async fn a_jobs_files_are_its_stored_versions_working_files_and_log_tail() {
     let log: String = (1..=60).map(|i| format!("line {i}\n")).collect();
     std::fs::write(work.join("job.log"), log).unwrap();
 
-    let (st, f) = s
-        .call("GET", &format!("/api/v1/jobs/{jid}/files"), None)
-        .await;
+    let (st, f) = s.get(ADMIN, &format!("/api/v1/jobs/{jid}/files")).await;
     assert_eq!(st, StatusCode::OK, "{f}");
     assert_eq!(f["stored"][0]["ark"], "ark:/99999/fk4files");
     assert_eq!(f["stored"][0]["version"], 1);
@@ -190,25 +188,19 @@ async fn a_jobs_files_are_its_stored_versions_working_files_and_log_tail() {
     // A job with nothing anywhere, bad ids, and submitters.
     let other = batch_of(&s, 1).await;
     let fresh = other.iter().find(|j| **j != jid).unwrap();
-    let (st, f) = s
-        .call("GET", &format!("/api/v1/jobs/{fresh}/files"), None)
-        .await;
+    let (st, f) = s.get(ADMIN, &format!("/api/v1/jobs/{fresh}/files")).await;
     assert_eq!(st, StatusCode::OK);
     assert_eq!(
         (f["stored"].clone(), f["working"]["present"].clone()),
         (json!([]), json!(false))
     );
     assert_eq!(f["log"]["lines"], json!([]));
-    let (st, v) = s.call("GET", "/api/v1/jobs/not-a-jid/files", None).await;
+    let (st, v) = s.get(ADMIN, "/api/v1/jobs/not-a-jid/files").await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
     assert!(v["error"].as_str().unwrap().contains("not-a-jid"), "{v}");
-    let (st, _) = s
-        .call("GET", "/api/v1/jobs/jid9999999999/files", None)
-        .await;
+    let (st, _) = s.get(ADMIN, "/api/v1/jobs/jid9999999999/files").await;
     assert_eq!(st, StatusCode::NOT_FOUND);
-    let (st, _) = s
-        .call_as(SUBMITTER, "GET", &format!("/api/v1/jobs/{jid}/files"), None)
-        .await;
+    let (st, _) = s.get(SUBMITTER, &format!("/api/v1/jobs/{jid}/files")).await;
     assert_eq!(st, StatusCode::FORBIDDEN);
     // A log that is a link elsewhere is not followed.
     std::fs::remove_file(work.join("job.log")).unwrap();
@@ -216,9 +208,7 @@ async fn a_jobs_files_are_its_stored_versions_working_files_and_log_tail() {
     std::fs::write(&secret, "not for the page\n").unwrap();
     std::os::unix::fs::symlink(&secret, work.join("job.log")).unwrap();
     std::os::unix::fs::symlink(s.dir.path(), work.join("producer/outside")).unwrap();
-    let (_, f) = s
-        .call("GET", &format!("/api/v1/jobs/{jid}/files"), None)
-        .await;
+    let (_, f) = s.get(ADMIN, &format!("/api/v1/jobs/{jid}/files")).await;
     assert_eq!(f["log"]["lines"], json!([]), "{f}");
     let listed: Vec<&str> = f["working"]["files"]
         .as_array()

@@ -17,8 +17,9 @@ async fn an_uploaded_file_becomes_a_batch_and_is_ingested() {
     let content = b"uploaded content\n".repeat(1000);
     let (ct, body) = multipart("file", "report.txt", &content);
     let (st, v) = s
-        .post_raw(
+        .send(
             SUBMITTER,
+            "POST",
             "/api/v1/batches/upload?profile=demo&title=Report",
             &ct,
             body,
@@ -29,9 +30,7 @@ async fn an_uploaded_file_becomes_a_batch_and_is_ingested() {
     let bid = v["id"].as_str().unwrap();
     s.until_batch(bid, "Completed").await;
     // The submitter sees its upload by name, not the server's folders.
-    let (_, b) = s
-        .call_as(SUBMITTER, "GET", &format!("/api/v1/batches/{bid}"), None)
-        .await;
+    let (_, b) = s.get(SUBMITTER, &format!("/api/v1/batches/{bid}")).await;
     assert_eq!(
         b["submission"]["payload_url"].as_str().unwrap(),
         "upload:report.txt",
@@ -136,7 +135,7 @@ async fn bad_uploads_are_refused_and_leave_nothing() {
         ]
     };
     for (path, ct, body, status, says) in cases {
-        let (st, v) = s.post_raw(SUBMITTER, path, &ct, body).await;
+        let (st, v) = s.send(SUBMITTER, "POST", path, &ct, body).await;
         assert_eq!(st, status, "{path} {says}: {v}");
         let msg = v["error"].as_str().unwrap_or_default();
         assert!(msg.contains(says), "{msg:?} should say {says:?}");

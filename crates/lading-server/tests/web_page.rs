@@ -359,35 +359,31 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         .unwrap();
     // A pending batch of alice's (never fetched: no workers run here).
     let (_, v) = s
-        .call_as(
-            SUBMITTER,
-            "POST",
-            "/api/v1/batches",
-            Some(json!({"payload_url": "http://127.0.0.1:9/x", "profile": "demo", "title": "Letters of 1910"})),
-        )
+        .post(SUBMITTER, "/api/v1/batches", json!({"payload_url": "http://127.0.0.1:9/x", "profile": "demo", "title": "Letters of 1910"}))
         .await;
     let pending_bid = v["id"].as_str().unwrap().to_string();
     // Generic jobs: one failed, one running.
     s.call(
+        ADMIN,
         "PUT",
         "/api/v1/types/thumbs",
         Some(json!({"timeout_s": 600, "max_attempts": 1})),
     )
     .await;
     for id in ["broken", "busy"] {
-        s.call("POST", "/api/v1/types/thumbs/jobs", Some(json!({"id": id})))
+        s.post(ADMIN, "/api/v1/types/thumbs/jobs", json!({"id": id}))
             .await;
     }
     let (_, broken) = s
-        .call("POST", "/api/v1/types/thumbs/accept", Some(json!({})))
+        .post(ADMIN, "/api/v1/types/thumbs/accept", json!({}))
         .await;
-    s.call(
-        "POST",
+    s.post(
+        ADMIN,
         "/api/v1/types/thumbs/jobs/broken/finish",
-        Some(json!({"lock": broken["lock"], "error": "convert: bad header"})),
+        json!({"lock": broken["lock"], "error": "convert: bad header"}),
     )
     .await;
-    s.call("POST", "/api/v1/types/thumbs/accept", Some(json!({})))
+    s.post(ADMIN, "/api/v1/types/thumbs/accept", json!({}))
         .await;
 
     // The page is served without a token; the data it shows needs one.
@@ -501,10 +497,10 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
     .await
     .unwrap();
     let (_, v) = s
-        .call("GET", &format!("/api/v1/batches/{pending_bid}"), None)
+        .get(ADMIN, &format!("/api/v1/batches/{pending_bid}"))
         .await;
     assert_eq!(v["status"]["status"], "Held", "the click held the batch");
-    let (_, v) = s.call("GET", "/api/v1/status", None).await;
+    let (_, v) = s.get(ADMIN, "/api/v1/status").await;
     assert_eq!(
         v["paused_queues"],
         json!([]),
@@ -512,6 +508,7 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
     );
     // A change made elsewhere reaches the open page by itself.
     s.call(
+        ADMIN,
         "POST",
         &format!("/api/v1/batches/{pending_bid}/release"),
         None,
@@ -637,18 +634,14 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
     }
     println!("console screenshots: {}", shots.display());
     let jobs: Vec<String> = failed_jobs.clone();
-    let (_, j0) = s
-        .call("GET", &format!("/api/v1/jobs/{}", jobs[0]), None)
-        .await;
+    let (_, j0) = s.get(ADMIN, &format!("/api/v1/jobs/{}", jobs[0])).await;
     assert_eq!(j0["status"]["status"], "Deleted");
     for j in &jobs[1..] {
-        let (_, v) = s.call("GET", &format!("/api/v1/jobs/{j}"), None).await;
+        let (_, v) = s.get(ADMIN, &format!("/api/v1/jobs/{j}")).await;
         assert_eq!(v["status"]["status"], "Pending", "{j}: retried by clicks");
     }
     // The one held and released by clicks says so in its history.
-    let (_, h) = s
-        .call("GET", &format!("/api/v1/jobs/{held}/history"), None)
-        .await;
+    let (_, h) = s.get(ADMIN, &format!("/api/v1/jobs/{held}/history")).await;
     let tos: Vec<&str> = h["history"]
         .as_array()
         .unwrap()
@@ -656,10 +649,8 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         .map(|e| e["to"].as_str().unwrap_or(""))
         .collect();
     assert!(tos.ends_with(&["Held", "Pending"]), "{h}");
-    let (_, v) = s.call("GET", "/api/v1/status", None).await;
+    let (_, v) = s.get(ADMIN, "/api/v1/status").await;
     assert_eq!(v["foreign_locks"], json!([]), "cleared by the click");
-    let (_, g) = s
-        .call("GET", "/api/v1/types/thumbs/jobs/broken", None)
-        .await;
+    let (_, g) = s.get(ADMIN, "/api/v1/types/thumbs/jobs/broken").await;
     assert_eq!(g["state"], "pending");
 }

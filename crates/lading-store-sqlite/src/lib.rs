@@ -55,7 +55,7 @@ pub use mem::MAX_DATA_BYTES;
 use foldhash::HashMap;
 use lading_core::time::{SharedClock, format_ts, system_clock};
 use lading_core::tree::{Change, ChangeFeed, is_under, split_path, validate_path};
-use lading_core::{BoxFuture, Node, Op, OpResult, Tree, TreeError, Watch, WatchKind};
+use lading_core::{BoxFuture, Node, Op, OpResult, Tree, TreeError, TreeFuture, Watch, WatchKind};
 use mem::{Below, Mem, MemNode, Overlay};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use std::path::{Path, PathBuf};
@@ -165,14 +165,11 @@ impl ChangeFeed for Feed {
         Box::pin(self.rx.recv())
     }
 
-    fn get_many<'a>(
-        &'a self,
-        paths: &'a [String],
-    ) -> BoxFuture<'a, Result<Vec<Option<Node>>, TreeError>> {
+    fn get_many<'a>(&'a self, paths: &'a [String]) -> TreeFuture<'a, Vec<Option<Node>>> {
         Box::pin(async move { self.shared.get_many(paths) })
     }
 
-    fn children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Vec<String>, TreeError>> {
+    fn children<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Vec<String>> {
         Box::pin(async move { self.shared.children(path) })
     }
 }
@@ -716,7 +713,7 @@ impl Tree for SqliteTree {
         self.shared.session.load(Ordering::SeqCst)
     }
 
-    fn get<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<Node>, TreeError>> {
+    fn get<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Option<Node>> {
         Box::pin(async move {
             self.shared.read(path, |m| {
                 m.get(path).map(|n| Node {
@@ -727,21 +724,15 @@ impl Tree for SqliteTree {
         })
     }
 
-    fn get_many<'a>(
-        &'a self,
-        paths: &'a [String],
-    ) -> BoxFuture<'a, Result<Vec<Option<Node>>, TreeError>> {
+    fn get_many<'a>(&'a self, paths: &'a [String]) -> TreeFuture<'a, Vec<Option<Node>>> {
         Box::pin(async move { self.shared.get_many(paths) })
     }
 
-    fn exists<'a>(
-        &'a self,
-        path: &'a str,
-    ) -> BoxFuture<'a, Result<Option<lading_core::Stat>, TreeError>> {
+    fn exists<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Option<lading_core::Stat>> {
         Box::pin(async move { self.shared.read(path, |m| m.get(path).map(MemNode::stat)) })
     }
 
-    fn children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Vec<String>, TreeError>> {
+    fn children<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Vec<String>> {
         Box::pin(async move { self.shared.children(path) })
     }
 
@@ -750,7 +741,7 @@ impl Tree for SqliteTree {
         path: &'a str,
         after: Option<&'a str>,
         limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<String>, TreeError>> {
+    ) -> TreeFuture<'a, Vec<String>> {
         Box::pin(async move {
             self.shared
                 .read(path, |m| m.children_page(path, after, limit))?
@@ -758,7 +749,7 @@ impl Tree for SqliteTree {
         })
     }
 
-    fn count_children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<u64, TreeError>> {
+    fn count_children<'a>(&'a self, path: &'a str) -> TreeFuture<'a, u64> {
         Box::pin(async move {
             self.shared
                 .read(path, |m| m.count_children(path))?
@@ -766,7 +757,7 @@ impl Tree for SqliteTree {
         })
     }
 
-    fn multi(&self, ops: Vec<Op>) -> BoxFuture<'_, Result<Vec<OpResult>, TreeError>> {
+    fn multi(&self, ops: Vec<Op>) -> TreeFuture<'_, Vec<OpResult>> {
         // Inside the caller's span (a job's, a batch's), so its ids go with it.
         let span =
             tracing::debug_span!("multi", ops = ops.len(), first = ops.first().map(Op::path));
@@ -782,11 +773,7 @@ impl Tree for SqliteTree {
         ))
     }
 
-    fn watch<'a>(
-        &'a self,
-        path: &'a str,
-        kind: WatchKind,
-    ) -> BoxFuture<'a, Result<Watch, TreeError>> {
+    fn watch<'a>(&'a self, path: &'a str, kind: WatchKind) -> TreeFuture<'a, Watch> {
         Box::pin(async move {
             validate_path(path)?;
             let (tx, rx) = oneshot::channel();
@@ -804,7 +791,7 @@ impl Tree for SqliteTree {
     fn changes<'a>(
         &'a self,
         prefixes: &'a [String],
-    ) -> BoxFuture<'a, Result<Option<Box<dyn ChangeFeed>>, TreeError>> {
+    ) -> TreeFuture<'a, Option<Box<dyn ChangeFeed>>> {
         Box::pin(async move {
             for p in prefixes {
                 validate_path(p)?;
@@ -820,7 +807,7 @@ impl Tree for SqliteTree {
         })
     }
 
-    fn close(&self) -> BoxFuture<'_, Result<(), TreeError>> {
+    fn close(&self) -> TreeFuture<'_, ()> {
         Box::pin(async move {
             let (tx, rx) = oneshot::channel();
             self.send(Req::Close(tx))?;

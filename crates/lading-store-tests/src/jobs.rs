@@ -1,6 +1,7 @@
 //! Jobs: the pipeline walk, acquisition order and cost, leases, fencing, deferral and requeue.
 
 use super::*;
+use lading_core::TreeFuture;
 
 pub async fn job_walks_the_pipeline_and_the_tree_matches_the_layout(h: &dyn Harness) {
     let (e, s) = engine(h, "golden").await;
@@ -637,21 +638,15 @@ impl Tree for CountingTree {
     fn session_id(&self) -> u64 {
         self.inner.session_id()
     }
-    fn get<'a>(
-        &'a self,
-        path: &'a str,
-    ) -> BoxFuture<'a, Result<Option<lading_core::Node>, TreeError>> {
+    fn get<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Option<lading_core::Node>> {
         self.bump();
         self.inner.get(path)
     }
-    fn exists<'a>(
-        &'a self,
-        path: &'a str,
-    ) -> BoxFuture<'a, Result<Option<lading_core::Stat>, TreeError>> {
+    fn exists<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Option<lading_core::Stat>> {
         self.bump();
         self.inner.exists(path)
     }
-    fn children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Vec<String>, TreeError>> {
+    fn children<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Vec<String>> {
         self.bump();
         self.inner.children(path)
     }
@@ -660,26 +655,22 @@ impl Tree for CountingTree {
         path: &'a str,
         after: Option<&'a str>,
         limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<String>, TreeError>> {
+    ) -> TreeFuture<'a, Vec<String>> {
         self.bump();
         self.inner.children_page(path, after, limit)
     }
-    fn count_children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<u64, TreeError>> {
+    fn count_children<'a>(&'a self, path: &'a str) -> TreeFuture<'a, u64> {
         self.bump();
         self.inner.count_children(path)
     }
-    fn multi(&self, ops: Vec<Op>) -> BoxFuture<'_, Result<Vec<OpResult>, TreeError>> {
+    fn multi(&self, ops: Vec<Op>) -> TreeFuture<'_, Vec<OpResult>> {
         self.bump();
         self.inner.multi(ops)
     }
-    fn watch<'a>(
-        &'a self,
-        path: &'a str,
-        kind: WatchKind,
-    ) -> BoxFuture<'a, Result<lading_core::Watch, TreeError>> {
+    fn watch<'a>(&'a self, path: &'a str, kind: WatchKind) -> TreeFuture<'a, lading_core::Watch> {
         self.inner.watch(path, kind)
     }
-    fn close(&self) -> BoxFuture<'_, Result<(), TreeError>> {
+    fn close(&self) -> TreeFuture<'_, ()> {
         self.inner.close()
     }
 }

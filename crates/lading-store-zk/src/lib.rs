@@ -24,7 +24,9 @@ mod watch;
 
 use cache::{Cache, Lookup};
 use lading_core::CreateMode;
-use lading_core::tree::{BoxFuture, Node, Op, OpResult, Stat, Tree, TreeError, Watch, WatchKind};
+use lading_core::tree::{
+    BoxFuture, Node, Op, OpResult, Stat, Tree, TreeError, TreeFuture, Watch, WatchKind,
+};
 use lading_core::tree::{Change, ChangeFeed, validate_path};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -567,6 +569,13 @@ fn unreachable_error(hosts: &str, within: Duration) -> TreeError {
 }
 
 /// Reads `paths` (validated by the caller), one read-only `multi` per 500 of them.
+/// The first of `paths` (`/` for none), named by an error of a read of them all, once all
+/// are checked to be paths.
+fn first_of(paths: &[String]) -> Result<&str, TreeError> {
+    paths.iter().try_for_each(|p| validate_path(p))?;
+    Ok(paths.first().map(String::as_str).unwrap_or("/"))
+}
+
 async fn read_many(client: &zk::Client, paths: &[String]) -> Result<Vec<Option<Node>>, zk::Error> {
     let mut out = Vec::with_capacity(paths.len());
     for chunk in paths.chunks(500) {
@@ -604,7 +613,7 @@ impl Tree for ZkTree {
         self.conn_now().map(|c| c.session).unwrap_or(0)
     }
 
-    fn get<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<Node>, TreeError>> {
+    fn get<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Option<Node>> {
         Box::pin(async move {
             let r = self
                 .read_opt(path, |c| {
@@ -620,13 +629,9 @@ impl Tree for ZkTree {
     }
 
     /// One read-only `multi` per 500 paths: one round trip where `get` would take one each.
-    fn get_many<'a>(
-        &'a self,
-        paths: &'a [String],
-    ) -> BoxFuture<'a, Result<Vec<Option<Node>>, TreeError>> {
+    fn get_many<'a>(&'a self, paths: &'a [String]) -> TreeFuture<'a, Vec<Option<Node>>> {
         Box::pin(async move {
-            paths.iter().try_for_each(|p| validate_path(p))?;
-            let first = paths.first().map(String::as_str).unwrap_or("/");
+            let first = first_of(paths)?;
             // Connection loss and expiry are waited out as for any read.
             self.read(first, |c| {
                 let paths = paths.to_vec();
@@ -636,7 +641,7 @@ impl Tree for ZkTree {
         })
     }
 
-    fn exists<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<Stat>, TreeError>> {
+    fn exists<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Option<Stat>> {
         Box::pin(async move {
             let s = self
                 .read(path, |c| {
@@ -648,7 +653,7 @@ impl Tree for ZkTree {
         })
     }
 
-    fn children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Vec<String>, TreeError>> {
+    fn children<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Vec<String>> {
         Box::pin(async move {
             if let Some(all) = self.cached_page(path, None, usize::MAX).await? {
                 return Ok(all);
@@ -667,7 +672,7 @@ impl Tree for ZkTree {
         path: &'a str,
         after: Option<&'a str>,
         limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<String>, TreeError>> {
+    ) -> TreeFuture<'a, Vec<String>> {
         Box::pin(async move {
             validate_path(path)?;
             if let Some(p) = self.cached_page(path, after, limit).await? {
@@ -682,7 +687,7 @@ impl Tree for ZkTree {
         })
     }
 
-    fn count_children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<u64, TreeError>> {
+    fn count_children<'a>(&'a self, path: &'a str) -> TreeFuture<'a, u64> {
         Box::pin(async move {
             let s = self
                 .read(path, |c| {
@@ -694,18 +699,14 @@ impl Tree for ZkTree {
         })
     }
 
-    fn multi(&self, ops: Vec<Op>) -> BoxFuture<'_, Result<Vec<OpResult>, TreeError>> {
+    fn multi(&self, ops: Vec<Op>) -> TreeFuture<'_, Vec<OpResult>> {
         // Inside the caller's span (a job's, a batch's), so its ids go with it.
         let span =
             tracing::debug_span!("multi", ops = ops.len(), first = ops.first().map(Op::path));
         Box::pin(tracing::Instrument::instrument(self.multi_inner(ops), span))
     }
 
-    fn watch<'a>(
-        &'a self,
-        path: &'a str,
-        kind: WatchKind,
-    ) -> BoxFuture<'a, Result<Watch, TreeError>> {
+    fn watch<'a>(&'a self, path: &'a str, kind: WatchKind) -> TreeFuture<'a, Watch> {
         Box::pin(async move {
             validate_path(path)?;
             let conn = self.conn().await?;
@@ -755,7 +756,7 @@ impl Tree for ZkTree {
     fn changes<'a>(
         &'a self,
         prefixes: &'a [String],
-    ) -> BoxFuture<'a, Result<Option<Box<dyn ChangeFeed>>, TreeError>> {
+    ) -> TreeFuture<'a, Option<Box<dyn ChangeFeed>>> {
         Box::pin(async move {
             for p in prefixes {
                 validate_path(p)?;
@@ -777,7 +778,7 @@ impl Tree for ZkTree {
         })
     }
 
-    fn close(&self) -> BoxFuture<'_, Result<(), TreeError>> {
+    fn close(&self) -> TreeFuture<'_, ()> {
         Box::pin(async move {
             self.closed.store(true, Ordering::SeqCst);
             self.shut.send_replace(true);

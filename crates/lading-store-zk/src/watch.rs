@@ -26,20 +26,16 @@ impl ChangeFeed for Feed {
         Box::pin(self.rx.recv())
     }
 
-    fn get_many<'a>(
-        &'a self,
-        paths: &'a [String],
-    ) -> BoxFuture<'a, Result<Vec<Option<Node>>, TreeError>> {
+    fn get_many<'a>(&'a self, paths: &'a [String]) -> TreeFuture<'a, Vec<Option<Node>>> {
         Box::pin(async move {
-            paths.iter().try_for_each(|p| validate_path(p))?;
-            let first = paths.first().map(String::as_str).unwrap_or("/");
+            let first = first_of(paths)?;
             read_many(&self.client()?, paths)
                 .await
                 .map_err(|e| tree_error(e, first))
         })
     }
 
-    fn children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Vec<String>, TreeError>> {
+    fn children<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Vec<String>> {
         Box::pin(async move {
             validate_path(path)?;
             let mut c = self

@@ -1,25 +1,82 @@
-//! Talking to a running server's API: one call, and waiting for a batch on its event stream
+//! Talking to a running server's API: calls, multipart bodies, and waiting for a batch on its event stream
 //! rather than by asking again and again.
 
 use serde_json::Value;
 use std::time::Duration;
 
-/// One API call as `token`, `body` sent as JSON: the answer's status and body (JSON, or the
-/// text as a string).
-pub async fn call(
-    http: &reqwest::Client,
-    base: &str,
-    token: &str,
-    method: &str,
-    path: &str,
-    body: Option<Value>,
-) -> (reqwest::StatusCode, Value) {
-    let mut r = http
-        .request(method.parse().unwrap(), format!("{base}{path}"))
-        .bearer_auth(token);
-    if let Some(b) = body {
-        r = r.json(&b);
+/// A running server's API as its clients see it: a base URL (`http://HOST:PORT`) and one
+/// HTTP client.
+#[derive(Clone)]
+pub struct Api {
+    pub base: String,
+    pub http: reqwest::Client,
+}
+
+impl Api {
+    pub fn new(base: String) -> Api {
+        Api {
+            base,
+            http: reqwest::Client::new(),
+        }
     }
+
+    /// One call as `token`, `body` sent as JSON: the answer's status and body (JSON, or the
+    /// text as a string).
+    pub async fn call(
+        &self,
+        token: &str,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> (reqwest::StatusCode, Value) {
+        let mut r = self.request(token, method, path);
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        answer(r).await
+    }
+
+    pub async fn get(&self, token: &str, path: &str) -> (reqwest::StatusCode, Value) {
+        self.call(token, "GET", path, None).await
+    }
+
+    pub async fn post(&self, token: &str, path: &str, body: Value) -> (reqwest::StatusCode, Value) {
+        self.call(token, "POST", path, Some(body)).await
+    }
+
+    /// A call whose body is sent as it is, with its content type.
+    pub async fn send(
+        &self,
+        token: &str,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: impl Into<reqwest::Body>,
+    ) -> (reqwest::StatusCode, Value) {
+        let r = self.request(token, method, path);
+        answer(r.header("content-type", content_type).body(body)).await
+    }
+
+    fn request(&self, token: &str, method: &str, path: &str) -> reqwest::RequestBuilder {
+        let url = format!("{}{path}", self.base);
+        self.http
+            .request(method.parse().unwrap(), url)
+            .bearer_auth(token)
+    }
+
+    /// [`until_batch`] on this server.
+    pub async fn until_batch(
+        &self,
+        token: &str,
+        bid: &str,
+        within: Duration,
+        done: impl Fn(&Value) -> bool,
+    ) -> Value {
+        until_batch(&self.http, &self.base, token, bid, within, done).await
+    }
+}
+
+async fn answer(r: reqwest::RequestBuilder) -> (reqwest::StatusCode, Value) {
     let resp = r.send().await.unwrap();
     let status = resp.status();
     let text = resp.text().await.unwrap();
@@ -27,6 +84,18 @@ pub async fn call(
         status,
         serde_json::from_str(&text).unwrap_or(Value::String(text)),
     )
+}
+
+/// A multipart/form-data body with one file part: (content type, body).
+pub fn multipart(field: &str, file_name: &str, content: &[u8]) -> (String, Vec<u8>) {
+    let boundary = "lading-test-boundary-7d1f";
+    let mut body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"{field}\"; filename=\"{file_name}\"\r\nContent-Type: application/octet-stream\r\n\r\n"
+    )
+    .into_bytes();
+    body.extend_from_slice(content);
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    (format!("multipart/form-data; boundary={boundary}"), body)
 }
 
 /// Waits until `done` holds for batch `bid` as `GET /api/v1/batches/BID` shows it (with

@@ -13,6 +13,9 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::sync::Arc;
 
+#[allow(unused_imports)]
+pub use lading_testkit::events::{Api, multipart};
+
 pub const ADMIN: &str = "admin-token-0123456789";
 pub const SUBMITTER: &str = "submitter-token-0123456789";
 pub const BOB: &str = "bob-token-0123456789";
@@ -20,10 +23,10 @@ pub const BOB: &str = "bob-token-0123456789";
 pub const THUMBS: &str = "thumbs-processor-token-0123456789";
 
 pub struct Server {
-    pub base: String,
+    /// The API, as any client calls it (`s.get(token, path)`, `s.base`, `s.http`).
+    pub api: Api,
     pub jobs: Arc<Jobs>,
     pub ingest: Arc<Ingest>,
-    pub http: reqwest::Client,
     node: Option<lading_server::node::Node>,
     allow: Vec<String>,
     pub dir: tempfile::TempDir,
@@ -103,15 +106,20 @@ async fn start_in(dir: tempfile::TempDir, allow: Vec<String>) -> Server {
     )
     .await
     .unwrap();
-    let base = format!("http://{}", node.addr.unwrap());
     Server {
-        base,
+        api: Api::new(format!("http://{}", node.addr.unwrap())),
         jobs: node.jobs.clone(),
         ingest: node.ingest.clone(),
-        http: reqwest::Client::new(),
         node: Some(node),
         allow,
         dir,
+    }
+}
+
+impl std::ops::Deref for Server {
+    type Target = Api;
+    fn deref(&self) -> &Api {
+        &self.api
     }
 }
 
@@ -129,46 +137,17 @@ impl Server {
         start_in(dir, allow).await
     }
 
-    pub async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-        self.call_as(ADMIN, method, path, body).await
-    }
-
-    pub async fn call_as(
-        &self,
-        token: &str,
-        method: &str,
-        path: &str,
-        body: Option<Value>,
-    ) -> (StatusCode, Value) {
-        lading_testkit::events::call(&self.http, &self.base, token, method, path, body).await
-    }
-
-    /// Waits until batch `bid` is in `state` (at most 60 s), on its event stream; returns
-    /// its record.
     pub async fn until_batch(&self, bid: &str, state: &str) -> Value {
-        lading_testkit::events::until_batch(
-            &self.http,
-            &self.base,
-            ADMIN,
-            bid,
-            std::time::Duration::from_secs(60),
-            |v| v["status"]["status"] == state,
-        )
-        .await
+        let within = std::time::Duration::from_secs(60);
+        (self.api)
+            .until_batch(ADMIN, bid, within, |v| v["status"]["status"] == state)
+            .await
     }
 
+    /// A call as the admin with a body sent as it is, as JSON.
     pub async fn raw(&self, method: &str, path: &str, body: &str) -> (StatusCode, Value) {
-        let resp = self
-            .http
-            .request(method.parse().unwrap(), format!("{}{path}", self.base))
-            .bearer_auth(ADMIN)
-            .header("content-type", "application/json")
-            .body(body.to_string())
-            .send()
-            .await
-            .unwrap();
-        let status = resp.status();
-        (status, resp.json().await.unwrap_or(Value::Null))
+        let json = "application/json";
+        self.send(ADMIN, method, path, json, body.to_string()).await
     }
 
     /// Everything stored under the generic-jobs subtree.
@@ -199,40 +178,7 @@ impl Server {
     }
 }
 
-/// A multipart/form-data body with one file part: (content type, body).
-pub fn multipart(field: &str, file_name: &str, content: &[u8]) -> (String, Vec<u8>) {
-    let boundary = "lading-test-boundary-7d1f";
-    let mut body = format!(
-        "--{boundary}\r\nContent-Disposition: form-data; name=\"{field}\"; filename=\"{file_name}\"\r\nContent-Type: application/octet-stream\r\n\r\n"
-    )
-    .into_bytes();
-    body.extend_from_slice(content);
-    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
-    (format!("multipart/form-data; boundary={boundary}"), body)
-}
-
 impl Server {
-    /// POSTs a raw body with a content type as `token`.
-    pub async fn post_raw(
-        &self,
-        token: &str,
-        path: &str,
-        content_type: &str,
-        body: Vec<u8>,
-    ) -> (StatusCode, Value) {
-        let resp = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .bearer_auth(token)
-            .header("content-type", content_type)
-            .body(body)
-            .send()
-            .await
-            .unwrap();
-        let status = resp.status();
-        (status, resp.json().await.unwrap_or(Value::Null))
-    }
-
     /// Files under the upload folder.
     pub fn uploads(&self) -> Vec<std::path::PathBuf> {
         let root = self.ingest.cfg.data_dir.join("uploads");
