@@ -216,7 +216,7 @@ async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
             crate::print_json(&settings)?;
         }
         JobsCmd::Types => {
-            let mut out = serde_json::Map::new();
+            let mut out = std::collections::BTreeMap::new();
             for (ty, settings) in j.types().await? {
                 let v = j.type_view(&ty, &settings).await?;
                 out.insert(ty, v);
@@ -248,7 +248,7 @@ async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
         }
         JobsCmd::Schedules { r#type } => {
             let list = j.schedules(&r#type).await?;
-            let out: Vec<Value> = list.iter().map(|(name, s)| s.view(name)).collect();
+            let out: Vec<_> = list.iter().map(|(name, s)| s.view(name)).collect();
             crate::print_json(&out)?;
         }
         JobsCmd::Unschedule { r#type, name } => {

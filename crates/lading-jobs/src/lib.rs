@@ -59,6 +59,7 @@ mod monitor;
 mod process;
 pub mod processor;
 mod read;
+mod record;
 mod schedule;
 mod subscribe;
 mod types;
@@ -66,8 +67,10 @@ use layout::*;
 pub use monitor::MonitorPass;
 pub use process::MAX_BATCH;
 pub use processor::CommandProcessor;
-pub use schedule::{Cron, Every, Schedule};
-pub use types::{TypeSettings, TypeUpdate};
+use record::is_zero;
+pub use record::{HISTORY, JobView, MAX_ERROR, Outcome, PRIORITIES, Record};
+pub use schedule::{Cron, Every, Schedule, ScheduleView};
+pub use types::{TypeSettings, TypeUpdate, TypeView};
 
 use lading_core::random::SharedRandom;
 use lading_core::time::SharedClock;
@@ -108,6 +111,7 @@ pub const MAX_TIMEOUT_S: u64 = 10 * 365 * 24 * 3600;
 
 /// A job's state (seed 004: pending → running → finished, and back to pending; and, an
 /// extension, failed: a run that ended in error on its last attempt).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum State {
@@ -196,197 +200,6 @@ pub enum JobsError {
 
 pub type Result<T, E = JobsError> = std::result::Result<T, E>;
 
-/// The record at `/generic-jobs/TYPE/jobs/ID`. Unknown fields are kept.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Record {
-    pub state: State,
-    /// The job's data: any JSON, the creator's to set and the processor's to update.
-    pub data: Value,
-    /// When the job is (or was) due, ms since the epoch.
-    pub scheduled_ms: u64,
-    /// Set while running when the job was added again or resubmitted: `finish` re-enqueues it.
-    #[serde(default)]
-    pub resubmit: bool,
-    /// The scheduled time the resubmitted job gets (now, when absent).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resubmit_ms: Option<u64>,
-    /// Data given by an `add` while the job ran: the data of its next run.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub next_data: Option<Value>,
-    /// The lock of the processor running it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lock: Option<String>,
-    /// Who runs it (`host:pid` or the name the processor gave).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub owner: Option<String>,
-    /// Last change; while running, the last heartbeat. The activity monitor reads this.
-    pub updated_ms: u64,
-    pub added_ms: u64,
-    /// Times accepted.
-    #[serde(default)]
-    pub runs: u64,
-    /// Times the activity monitor re-enqueued it.
-    #[serde(default)]
-    pub stalls: u64,
-    /// Lower runs first (among due jobs); -1000 to 1000.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub priority: i32,
-    /// Runs that ended in error since the job was added, last succeeded or was retried.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub attempts: u32,
-    /// The last run's error, when it ended in one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_error: Option<String>,
-    /// When it finished or failed (ms); names its `finished`/`failed` entry.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ended_ms: Option<u64>,
-    /// Transitions so far (each state it entered counts one).
-    #[serde(default)]
-    pub seq: u64,
-    /// The states of the last transitions (at most [`HISTORY`]), oldest first, the last one
-    /// `state`: a subscriber that was slower than the job still sees each one, in order.
-    /// Stored as one letter per state (`p`ending, `r`unning, `f`inished, `x` failed).
-    #[serde(
-        default,
-        skip_serializing_if = "Vec::is_empty",
-        serialize_with = "history_letters",
-        deserialize_with = "history_from_letters"
-    )]
-    pub history: Vec<State>,
-    #[serde(flatten)]
-    pub extra: serde_json::Map<String, Value>,
-}
-
-fn history_letters<S: serde::Serializer>(h: &[State], s: S) -> Result<S::Ok, S::Error> {
-    let letters: String = h
-        .iter()
-        .map(|st| match st {
-            State::Pending => 'p',
-            State::Running => 'r',
-            State::Finished => 'f',
-            State::Failed => 'x',
-        })
-        .collect();
-    s.serialize_str(&letters)
-}
-
-fn history_from_letters<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<State>, D::Error> {
-    let letters = String::deserialize(d)?;
-    letters
-        .chars()
-        .map(|c| match c {
-            'p' => Ok(State::Pending),
-            'r' => Ok(State::Running),
-            'f' => Ok(State::Finished),
-            'x' => Ok(State::Failed),
-            other => Err(serde::de::Error::custom(format!(
-                "history letter {other:?} is none of p, r, f, x"
-            ))),
-        })
-        .collect()
-}
-
-fn is_zero<T: Default + PartialEq>(v: &T) -> bool {
-    *v == T::default()
-}
-
-/// Transitions a record remembers for subscribers.
-pub const HISTORY: usize = 8;
-/// Longest error message kept (longer ones keep their end).
-pub const MAX_ERROR: usize = 4096;
-/// Priorities allowed: lower runs first.
-pub const PRIORITIES: std::ops::RangeInclusive<i32> = -1000..=1000;
-
-impl Record {
-    /// A new pending job.
-    fn new(data: Value, scheduled_ms: u64, priority: i32, now: u64) -> Record {
-        let mut rec = Record {
-            state: State::Pending,
-            data,
-            scheduled_ms,
-            resubmit: false,
-            resubmit_ms: None,
-            next_data: None,
-            lock: None,
-            owner: None,
-            updated_ms: now,
-            added_ms: now,
-            runs: 0,
-            stalls: 0,
-            priority,
-            attempts: 0,
-            last_error: None,
-            ended_ms: None,
-            seq: 0,
-            history: Vec::new(),
-            extra: Default::default(),
-        };
-        rec.enter(State::Pending);
-        rec
-    }
-
-    /// Moves to `state`, remembering the transition.
-    fn enter(&mut self, state: State) {
-        self.state = state;
-        self.seq += 1;
-        self.history.push(state);
-        if self.history.len() > HISTORY {
-            self.history.remove(0);
-        }
-    }
-
-    /// The ops removing the entry of a finished or failed job (none when it has none).
-    fn leave_end(&mut self, ty: &str, id: &str) -> Vec<Op> {
-        let ops = match (self.state, self.ended_ms) {
-            (State::Finished, Some(ms)) => vec![Op::delete(finished_path(ty, ms, id), None)],
-            (State::Failed, Some(ms)) => vec![Op::delete(failed_path(ty, ms, id), None)],
-            _ => Vec::new(),
-        };
-        self.ended_ms = None;
-        ops
-    }
-
-    /// Ends the job in `state` (finished or failed) at `now`: the op making its entry.
-    fn end(&mut self, state: State, ty: &str, id: &str, now: u64) -> Op {
-        self.enter(state);
-        self.ended_ms = Some(now);
-        match state {
-            State::Failed => Op::create(failed_path(ty, now, id), None),
-            _ => Op::create(finished_path(ty, now, id), None),
-        }
-    }
-
-    /// Pending at `scheduled_ms`: the op making its entry.
-    fn enqueue(&mut self, ty: &str, id: &str, scheduled_ms: u64) -> Op {
-        self.enter(State::Pending);
-        self.scheduled_ms = scheduled_ms;
-        Op::create(pending_path(ty, self.priority, scheduled_ms, id), None)
-    }
-}
-
-/// How a run ended.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
-    /// Done; the job's final data when given.
-    Success(Option<Value>),
-    /// Failed with `message`: retried by the type's policy, failed after its last attempt.
-    /// Its data is updated when given.
-    Error {
-        message: String,
-        data: Option<Value>,
-    },
-}
-
-/// A job as a reader sees it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct JobView {
-    #[serde(rename = "type")]
-    pub ty: String,
-    pub id: String,
-    #[serde(flatten)]
-    pub record: Record,
-}
-
 /// A job held by a processor (what `accept` returns). Pass it to `update`, `finish`,
 /// `resubmit`.
 #[derive(Debug, Clone)]
@@ -446,7 +259,8 @@ pub struct AcceptOptions {
 }
 
 /// What `add` did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Added {
     /// A new job, pending.
@@ -463,7 +277,8 @@ pub enum Added {
 pub type SubId = u64;
 
 /// A change of a subscribed job's state; `state` is `None` when the job was removed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Change {
     pub subscription: SubId,
     #[serde(rename = "type")]
@@ -475,7 +290,7 @@ pub struct Change {
     pub seq: u64,
     /// Transitions that happened since the last one reported and are no longer remembered
     /// (more than [`HISTORY`] while nobody waited): reported as a count, never silently.
-    #[serde(skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub missed: u64,
 }
 

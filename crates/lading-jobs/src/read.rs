@@ -70,23 +70,23 @@ impl Jobs {
         Ok(out)
     }
 
-    /// A type as the API and `lading jobs types` show it: `type`, every setting (defaults
-    /// included) and its jobs per state.
-    pub async fn type_view(&self, ty: &str, settings: &crate::TypeSettings) -> Result<Value> {
+    /// A type as the API and `lading jobs types` show it.
+    pub async fn type_view(&self, ty: &str, settings: &TypeSettings) -> Result<TypeView> {
         let c = self.counts(ty).await?;
-        let mut v = serde_json::json!({
-            "type": ty,
-            "timeout_s": settings.timeout_s,
-            "max_attempts": settings.max_attempts,
-            "backoff_base_ms": settings.backoff_base_ms,
-            "rate_per_s": settings.rate_per_s,
-            "keep_finished_s": settings.keep_finished_s,
-            "keep_failed_s": settings.keep_failed_s,
-        });
-        for st in State::ALL {
-            v[st.name()] = Value::from(c.get(&st).copied().unwrap_or(0));
-        }
-        Ok(v)
+        let n = |st| c.get(&st).copied().unwrap_or(0);
+        Ok(TypeView {
+            ty: ty.into(),
+            timeout_s: settings.timeout_s,
+            max_attempts: settings.max_attempts,
+            backoff_base_ms: settings.backoff_base_ms,
+            rate_per_s: settings.rate_per_s,
+            keep_finished_s: settings.keep_finished_s,
+            keep_failed_s: settings.keep_failed_s,
+            pending: n(State::Pending),
+            running: n(State::Running),
+            finished: n(State::Finished),
+            failed: n(State::Failed),
+        })
     }
 
     /// Jobs of a type per state.

@@ -37,6 +37,7 @@ impl Every {
 }
 
 /// A schedule as stored.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Schedule {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -45,23 +46,36 @@ pub struct Schedule {
     pub cron: Option<String>,
     /// The data of each job it adds.
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub data: Value,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub priority: i32,
     /// The last tick a job was added for (ms); before the first, when it was made.
     pub last_tick_ms: u64,
     #[serde(flatten)]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
     pub extra: serde_json::Map<String, Value>,
 }
 
+/// A schedule as the API and `lading jobs schedules` show it: as stored, with its `name` and
+/// `next_tick_ms` (none when its rule no longer parses).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScheduleView {
+    pub name: String,
+    pub next_tick_ms: Option<u64>,
+    #[serde(flatten)]
+    pub schedule: Schedule,
+}
+
 impl Schedule {
-    /// The schedule as the API and `lading jobs schedules` show it: as stored, with its
-    /// `name` and `next_tick_ms`.
-    pub fn view(&self, name: &str) -> serde_json::Value {
-        let mut v = serde_json::to_value(self).unwrap_or_default();
-        v["name"] = name.into();
-        v["next_tick_ms"] = self.next_tick_ms().into();
-        v
+    /// The schedule as the API and `lading jobs schedules` show it.
+    pub fn view(&self, name: &str) -> ScheduleView {
+        ScheduleView {
+            name: name.into(),
+            next_tick_ms: self.next_tick_ms(),
+            schedule: self.clone(),
+        }
     }
 
     pub fn every(&self) -> Result<Every> {

@@ -32,6 +32,27 @@ pub struct TypeSettings {
     pub extra: serde_json::Map<String, Value>,
 }
 
+/// A type as the API and `lading jobs types` show it: every setting (defaults included, zeros
+/// too) and its jobs per state.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TypeView {
+    #[serde(rename = "type")]
+    pub ty: String,
+    pub timeout_s: u64,
+    pub max_attempts: u32,
+    pub backoff_base_ms: u64,
+    /// 0: no limit.
+    pub rate_per_s: u32,
+    /// 0: kept.
+    pub keep_finished_s: u64,
+    pub keep_failed_s: u64,
+    pub pending: u64,
+    pub running: u64,
+    pub finished: u64,
+    pub failed: u64,
+}
+
 fn default_attempts() -> u32 {
     3
 }

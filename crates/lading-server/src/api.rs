@@ -223,3 +223,67 @@ impl BatchAction {
         Some(Self::ALL[i])
     }
 }
+
+// Generic jobs: the job records themselves are lading-jobs' own (`JobView`, `TypeView`,
+// `ScheduleView`, `Change`); these wrap them.
+
+/// What `POST /api/v1/types/TYPE/jobs` did.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct JobAdded {
+    #[serde(rename = "type")]
+    pub ty: String,
+    pub id: String,
+    pub result: lading_jobs::Added,
+}
+
+/// A page of jobs; `next_after` is the cursor of the next page, when there may be one.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct JobPage {
+    pub jobs: Vec<lading_jobs::JobView>,
+    pub next_after: Option<String>,
+}
+
+/// Jobs accepted at once (`max_jobs`), each with its lock.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct AcceptedJobs {
+    pub jobs: Vec<lading_jobs::JobView>,
+}
+
+/// A finish and the next job accepted in the same call (`next` none when none came in time).
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct FinishedAndNext {
+    pub finished: lading_jobs::JobView,
+    pub next: Option<lading_jobs::JobView>,
+}
+
+/// A new subscription to a job, and the job's state now.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Subscribed {
+    pub subscription: lading_jobs::SubId,
+    pub state: lading_jobs::State,
+}
+
+/// One item of a batched finish: its new state, or why nothing was written for it.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct FinishResult {
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<lading_jobs::State>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// `halt` when the lock no longer holds the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+}
+
+/// The results of a batched finish, one per item, in order.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct FinishResults {
+    pub results: Vec<FinishResult>,
+}
+
+/// A type's schedules.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Schedules {
+    pub schedules: Vec<lading_jobs::ScheduleView>,
+}

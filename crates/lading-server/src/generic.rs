@@ -33,6 +33,10 @@
 //! DELETE /api/v1/subscriptions/{subscription}
 //! ```
 
+use crate::api::{
+    AcceptedJobs, FinishResult, FinishResults, FinishedAndNext, JobAdded, JobPage, Schedules,
+    Subscribed,
+};
 use crate::{Admin, ApiError, AppState, Body, MAX_POLL_MS, PathParams, Query, Worker};
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -40,7 +44,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use lading_jobs::{
-    AcceptOptions, AddOptions, Cron, Every, Job, JobView, Outcome, State as JobState, TypeUpdate,
+    AcceptOptions, AddOptions, Cron, Every, Job, JobView, Outcome, ScheduleView, State as JobState,
+    TypeUpdate, TypeView,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -87,21 +92,24 @@ fn parse_state(s: &str) -> Result<JobState> {
     Ok(JobState::parse_named(s)?)
 }
 
-#[utoipa::path(get, path = "/api/v1/types", tag = "generic jobs", summary = "Generic job types", responses((status = 200, description = "types with timeouts and counts", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
-pub(crate) async fn types(State(s): State<AppState>, Admin(_): Admin) -> Result<Response> {
+#[utoipa::path(get, path = "/api/v1/types", tag = "generic jobs", summary = "Generic job types", responses((status = 200, description = "types with their settings and counts", body = Vec<TypeView>), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub(crate) async fn types(
+    State(s): State<AppState>,
+    Admin(_): Admin,
+) -> Result<Json<Vec<TypeView>>> {
     let mut out = Vec::new();
     for (ty, settings) in s.jobs.types().await.map_err(ApiError::from)? {
         out.push(s.jobs.type_view(&ty, &settings).await?);
     }
-    Ok(Json(out).into_response())
+    Ok(Json(out))
 }
 
-#[utoipa::path(get, path = "/api/v1/types/{type}", tag = "generic jobs", summary = "A type's timeout and counts", params(("type" = String, Path, description = "job type")), responses((status = 200, description = "the type", body = serde_json::Value), (status = 404, description = "no such type"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+#[utoipa::path(get, path = "/api/v1/types/{type}", tag = "generic jobs", summary = "A type's timeout and counts", params(("type" = String, Path, description = "job type")), responses((status = 200, description = "the type", body = TypeView), (status = 404, description = "no such type"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn get_type(
     State(s): State<AppState>,
     Admin(_): Admin,
     PathParams(ty): PathParams<String>,
-) -> Result<Json<Value>> {
+) -> Result<Json<TypeView>> {
     let settings = s.jobs.read_type(&ty).await?;
     Ok(Json(s.jobs.type_view(&ty, &settings).await?))
 }
@@ -119,13 +127,13 @@ pub(crate) struct TypeBody {
     keep_failed_s: Option<u64>,
 }
 
-#[utoipa::path(put, path = "/api/v1/types/{type}", tag = "generic jobs", summary = "Change a type's settings (timeout_s creates the type)", params(("type" = String, Path, description = "job type")), request_body = TypeBody, responses((status = 200, description = "the type", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+#[utoipa::path(put, path = "/api/v1/types/{type}", tag = "generic jobs", summary = "Change a type's settings (timeout_s creates the type)", params(("type" = String, Path, description = "job type")), request_body = TypeBody, responses((status = 200, description = "the type", body = TypeView), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn put_type(
     State(s): State<AppState>,
     Admin(_): Admin,
     PathParams(ty): PathParams<String>,
     Body(b): Body<TypeBody>,
-) -> Result<Json<Value>> {
+) -> Result<Json<TypeView>> {
     let update = TypeUpdate {
         timeout_s: b.timeout_s,
         max_attempts: b.max_attempts,
@@ -150,7 +158,7 @@ pub(crate) struct AddBody {
     priority: Option<i32>,
 }
 
-#[utoipa::path(post, path = "/api/v1/types/{type}/jobs", tag = "generic jobs", summary = "Add (or re-add) a job", params(("type" = String, Path, description = "job type")), request_body = AddBody, responses((status = 201, description = "created", body = serde_json::Value), (status = 200, description = "updated, resubmitted or requeued", body = serde_json::Value), (status = 404, description = "no such type"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+#[utoipa::path(post, path = "/api/v1/types/{type}/jobs", tag = "generic jobs", summary = "Add (or re-add) a job", params(("type" = String, Path, description = "job type")), request_body = AddBody, responses((status = 201, description = "created", body = JobAdded), (status = 200, description = "updated, resubmitted or requeued", body = JobAdded), (status = 404, description = "no such type"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn add(
     State(s): State<AppState>,
     Admin(_): Admin,
@@ -176,7 +184,11 @@ pub(crate) async fn add(
     };
     Ok((
         status,
-        Json(json!({"type": ty, "id": b.id, "result": added})),
+        Json(JobAdded {
+            ty,
+            id: b.id,
+            result: added,
+        }),
     )
         .into_response())
 }
@@ -189,23 +201,26 @@ pub(crate) struct ListQuery {
     limit: Option<usize>,
 }
 
-#[utoipa::path(get, path = "/api/v1/types/{type}/jobs", tag = "generic jobs", summary = "List a type's jobs", params(("type" = String, Path, description = "job type"), ("state" = Option<String>, Query, description = "pending, running, finished or failed"), ("after" = Option<String>, Query, description = "cursor"), ("limit" = Option<usize>, Query, description = "page size")), responses((status = 200, description = "a page of jobs", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+#[utoipa::path(get, path = "/api/v1/types/{type}/jobs", tag = "generic jobs", summary = "List a type's jobs", params(("type" = String, Path, description = "job type"), ("state" = Option<String>, Query, description = "pending, running, finished or failed"), ("after" = Option<String>, Query, description = "cursor"), ("limit" = Option<usize>, Query, description = "page size")), responses((status = 200, description = "a page of jobs", body = JobPage), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn list(
     State(s): State<AppState>,
     Admin(_): Admin,
     PathParams(ty): PathParams<String>,
     Query(q): Query<ListQuery>,
-) -> Result<Json<Value>> {
+) -> Result<Json<JobPage>> {
     let state = q.state.as_deref().map(parse_state).transpose()?;
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let jobs = s.jobs.list(&ty, state, q.after.as_deref(), limit).await?;
     let next = (jobs.len() == limit)
         .then(|| jobs.last().map(|j| j.id.clone()))
         .flatten();
-    Ok(Json(json!({"jobs": jobs, "next_after": next})))
+    Ok(Json(JobPage {
+        jobs,
+        next_after: next,
+    }))
 }
 
-#[utoipa::path(get, path = "/api/v1/types/{type}/jobs/{id}", tag = "generic jobs", summary = "A job", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), responses((status = 200, description = "the job", body = serde_json::Value), (status = 404, description = "no such job")))]
+#[utoipa::path(get, path = "/api/v1/types/{type}/jobs/{id}", tag = "generic jobs", summary = "A job", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), responses((status = 200, description = "the job", body = JobView), (status = 404, description = "no such job")))]
 pub(crate) async fn show(
     State(s): State<AppState>,
     Admin(_): Admin,
@@ -235,7 +250,7 @@ pub(crate) struct AcceptBody {
     max_jobs: Option<usize>,
 }
 
-#[utoipa::path(post, path = "/api/v1/types/{type}/accept", tag = "generic jobs", summary = "Accept the earliest due job (long-poll)", params(("type" = String, Path, description = "job type")), request_body = AcceptBody, responses((status = 200, description = "the job, with its lock", body = serde_json::Value), (status = 204, description = "none became due in time"), (status = 404, description = "no such type"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+#[utoipa::path(post, path = "/api/v1/types/{type}/accept", tag = "generic jobs", summary = "Accept the earliest due job (long-poll)", params(("type" = String, Path, description = "job type")), request_body = AcceptBody, responses((status = 200, description = "the job, with its lock; with max_jobs, {\"jobs\": [...]}", body = JobView), (status = 204, description = "none became due in time"), (status = 404, description = "no such type"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn accept(
     State(s): State<AppState>,
     Worker(_): Worker,
@@ -261,7 +276,8 @@ pub(crate) async fn accept(
     Ok(if got.is_empty() {
         StatusCode::NO_CONTENT.into_response()
     } else {
-        Json(json!({"jobs": got.iter().map(view).collect::<Vec<_>>()})).into_response()
+        let jobs = got.iter().map(view).collect();
+        Json(AcceptedJobs { jobs }).into_response()
     })
 }
 
@@ -342,13 +358,13 @@ pub(crate) struct FinishAcceptBody {
     no_schedule: bool,
 }
 
-#[utoipa::path(post, path = "/api/v1/types/{type}/jobs/{id}/finish-and-accept", tag = "generic jobs", summary = "Finish a job and accept the next (one round trip)", description = "Finishes the job as `finish` does and accepts the next due job of the type as `accept` does (long-poll). Under a backlog the finish and the claim are one store transaction. `next` is null when none came in time.", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), request_body = FinishAcceptBody, responses((status = 200, description = "{\"finished\": the job, \"next\": the next job with its lock, or null}", body = serde_json::Value), (status = 409, description = "halt: nothing was written and no job was taken"), (status = 400, description = "bad input (the error names it)")))]
+#[utoipa::path(post, path = "/api/v1/types/{type}/jobs/{id}/finish-and-accept", tag = "generic jobs", summary = "Finish a job and accept the next (one round trip)", description = "Finishes the job as `finish` does and accepts the next due job of the type as `accept` does (long-poll). Under a backlog the finish and the claim are one store transaction. `next` is null when none came in time.", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), request_body = FinishAcceptBody, responses((status = 200, description = "the job finished, and the next job with its lock (or null)", body = FinishedAndNext), (status = 409, description = "halt: nothing was written and no job was taken"), (status = 400, description = "bad input (the error names it)")))]
 pub(crate) async fn finish_and_accept(
     State(s): State<AppState>,
     Worker(_): Worker,
     PathParams((ty, id)): PathParams<(String, String)>,
     Body(b): Body<FinishAcceptBody>,
-) -> Result<Json<Value>> {
+) -> Result<Json<FinishedAndNext>> {
     let opts = accept_options(b.max_sched_time, b.timeout_ms, b.no_schedule)?;
     let mut job = s.jobs.held(&ty, &id, &b.lock).await?;
     let jobs = s.jobs.clone();
@@ -367,10 +383,10 @@ pub(crate) async fn finish_and_accept(
         Ok((job, next))
     })
     .await?;
-    Ok(Json(json!({
-        "finished": view(&finished),
-        "next": next.as_ref().map(view),
-    })))
+    Ok(Json(FinishedAndNext {
+        finished: view(&finished),
+        next: next.as_ref().map(view),
+    }))
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -437,7 +453,7 @@ async fn held(
 /// The handler of one [`HeldOp`]: who may call it, its path, and what a 409 means.
 macro_rules! held_handler {
     ($name:ident, $op:ident, $role:ident, $path:tt, $summary:tt, $conflict:tt) => {
-        #[utoipa::path(post, path = $path, tag = "generic jobs", summary = $summary, params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), request_body = HeldBody, responses((status = 200, description = "the job", body = serde_json::Value), (status = 409, description = $conflict)))]
+        #[utoipa::path(post, path = $path, tag = "generic jobs", summary = $summary, params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), request_body = HeldBody, responses((status = 200, description = "the job", body = JobView), (status = 409, description = $conflict)))]
         pub(crate) async fn $name(
             State(s): State<AppState>,
             $role(_): $role,
@@ -474,14 +490,17 @@ held_handler!(
     "halt"
 );
 
-#[utoipa::path(post, path = "/api/v1/types/{type}/jobs/{id}/subscribe", tag = "generic jobs", summary = "Subscribe to a job's state changes", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), responses((status = 200, description = "the subscription and the current state", body = serde_json::Value), (status = 404, description = "no such job"), (status = 429, description = "this server holds its most subscriptions (100,000); end some first")))]
+#[utoipa::path(post, path = "/api/v1/types/{type}/jobs/{id}/subscribe", tag = "generic jobs", summary = "Subscribe to a job's state changes", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), responses((status = 200, description = "the subscription and the current state", body = Subscribed), (status = 404, description = "no such job"), (status = 429, description = "this server holds its most subscriptions (100,000); end some first")))]
 pub(crate) async fn subscribe(
     State(s): State<AppState>,
     Admin(_): Admin,
     PathParams((ty, id)): PathParams<(String, String)>,
-) -> Result<Json<Value>> {
-    let (sid, state) = s.jobs.subscribe(&ty, &id).await?;
-    Ok(Json(json!({"subscription": sid, "state": state})))
+) -> Result<Json<Subscribed>> {
+    let (subscription, state) = s.jobs.subscribe(&ty, &id).await?;
+    Ok(Json(Subscribed {
+        subscription,
+        state,
+    }))
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -492,7 +511,7 @@ pub(crate) struct WaitBody {
     timeout_ms: Option<u64>,
 }
 
-#[utoipa::path(post, path = "/api/v1/subscriptions/wait", tag = "generic jobs", summary = "Wait for the next change (long-poll)", request_body = WaitBody, responses((status = 200, description = "the change", body = serde_json::Value), (status = 204, description = "no change in time"), (status = 404, description = "no such subscription"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+#[utoipa::path(post, path = "/api/v1/subscriptions/wait", tag = "generic jobs", summary = "Wait for the next change (long-poll)", request_body = WaitBody, responses((status = 200, description = "the change", body = lading_jobs::Change), (status = 204, description = "no change in time"), (status = 404, description = "no such subscription"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn wait(
     State(s): State<AppState>,
     Admin(_): Admin,
@@ -538,13 +557,13 @@ pub(crate) struct FinishManyBody {
     jobs: Vec<FinishItem>,
 }
 
-#[utoipa::path(post, path = "/api/v1/types/{type}/finish", tag = "generic jobs", summary = "Finish many jobs in one store transaction", description = "Each item ends its run as `finish` does (an `error` fails the run). One result per item, in order: `{\"id\", \"state\"}` or `{\"id\", \"error\", \"kind\"}` (kind `halt` when the lock no longer holds the job: nothing was written for it).", params(("type" = String, Path, description = "job type")), request_body = FinishManyBody, responses((status = 200, description = "one result per job", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+#[utoipa::path(post, path = "/api/v1/types/{type}/finish", tag = "generic jobs", summary = "Finish many jobs in one store transaction", description = "Each item ends its run as `finish` does (an `error` fails the run). One result per item, in order: `{\"id\", \"state\"}` or `{\"id\", \"error\", \"kind\"}` (kind `halt` when the lock no longer holds the job: nothing was written for it).", params(("type" = String, Path, description = "job type")), request_body = FinishManyBody, responses((status = 200, description = "one result per job", body = FinishResults), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn finish_many(
     State(s): State<AppState>,
     Worker(_): Worker,
     PathParams(ty): PathParams<String>,
     Body(b): Body<FinishManyBody>,
-) -> Result<Json<Value>> {
+) -> Result<Json<FinishResults>> {
     if b.jobs.is_empty() || b.jobs.len() > lading_jobs::MAX_BATCH {
         return Err(ApiError::bad_request(format!(
             "jobs must hold 1 to {} items, not {}",
@@ -554,7 +573,7 @@ pub(crate) async fn finish_many(
     }
     let mut held = Vec::with_capacity(b.jobs.len());
     let mut outcomes = Vec::with_capacity(b.jobs.len());
-    let mut results: Vec<Option<Value>> = Vec::with_capacity(b.jobs.len());
+    let mut results: Vec<Option<FinishResult>> = Vec::with_capacity(b.jobs.len());
     for item in b.jobs {
         match s.jobs.held(&ty, &item.id, &item.lock).await {
             Ok(job) => {
@@ -573,27 +592,37 @@ pub(crate) async fn finish_many(
     }
     let done = s.jobs.finish_many(&mut held, outcomes).await;
     let mut done = held.iter().zip(done);
-    let out: Vec<Value> = results
+    let results = results
         .into_iter()
         .map(|r| {
             r.unwrap_or_else(|| {
                 let (job, r) = done.next().expect("one result per held job");
                 match r {
-                    Ok(()) => json!({"id": job.id, "state": job.record().state}),
+                    Ok(()) => FinishResult {
+                        id: job.id.clone(),
+                        state: Some(job.record().state),
+                        error: None,
+                        kind: None,
+                    },
                     Err(e) => item_error(&job.id, e),
                 }
             })
         })
         .collect();
-    Ok(Json(json!({"results": out})))
+    Ok(Json(FinishResults { results }))
 }
 
-fn item_error(id: &str, e: lading_jobs::JobsError) -> Value {
+fn item_error(id: &str, e: lading_jobs::JobsError) -> FinishResult {
     let api = ApiError::from(e);
-    json!({"id": id, "error": api.message, "kind": api.kind})
+    FinishResult {
+        id: id.into(),
+        state: None,
+        error: Some(api.message),
+        kind: Some(api.kind.to_string()),
+    }
 }
 
-#[utoipa::path(post, path = "/api/v1/types/{type}/jobs/{id}/retry", tag = "generic jobs", summary = "Retry a failed job (pending now, attempts reset)", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), responses((status = 200, description = "the job", body = serde_json::Value), (status = 404, description = "no such job"), (status = 409, description = "the job is not failed: nothing changed")))]
+#[utoipa::path(post, path = "/api/v1/types/{type}/jobs/{id}/retry", tag = "generic jobs", summary = "Retry a failed job (pending now, attempts reset)", params(("type" = String, Path, description = "job type"), ("id" = String, Path, description = "job id")), responses((status = 200, description = "the job", body = JobView), (status = 404, description = "no such job"), (status = 409, description = "the job is not failed: nothing changed")))]
 pub(crate) async fn retry(
     State(s): State<AppState>,
     Admin(_): Admin,
@@ -602,15 +631,15 @@ pub(crate) async fn retry(
     Ok(Json(s.jobs.retry(&ty, &id).await?))
 }
 
-#[utoipa::path(get, path = "/api/v1/types/{type}/schedules", tag = "generic jobs", summary = "A type's schedules", params(("type" = String, Path, description = "job type")), responses((status = 200, description = "the schedules, with their next tick", body = serde_json::Value), (status = 404, description = "no such type")))]
+#[utoipa::path(get, path = "/api/v1/types/{type}/schedules", tag = "generic jobs", summary = "A type's schedules", params(("type" = String, Path, description = "job type")), responses((status = 200, description = "the schedules, with their next tick", body = Schedules), (status = 404, description = "no such type")))]
 pub(crate) async fn schedules(
     State(s): State<AppState>,
     Admin(_): Admin,
     PathParams(ty): PathParams<String>,
-) -> Result<Json<Value>> {
+) -> Result<Json<Schedules>> {
     let list = s.jobs.schedules(&ty).await?;
-    let list: Vec<Value> = list.iter().map(|(n, sch)| sch.view(n)).collect();
-    Ok(Json(json!({ "schedules": list })))
+    let schedules = list.iter().map(|(n, sch)| sch.view(n)).collect();
+    Ok(Json(Schedules { schedules }))
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -626,13 +655,13 @@ pub(crate) struct ScheduleBody {
     priority: i32,
 }
 
-#[utoipa::path(put, path = "/api/v1/types/{type}/schedules/{name}", tag = "generic jobs", summary = "Make or replace a schedule: one job NAME@TICK per tick, exactly once", params(("type" = String, Path, description = "job type"), ("name" = String, Path, description = "schedule name")), request_body = ScheduleBody, responses((status = 200, description = "the schedule", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 404, description = "no such type")))]
+#[utoipa::path(put, path = "/api/v1/types/{type}/schedules/{name}", tag = "generic jobs", summary = "Make or replace a schedule: one job NAME@TICK per tick, exactly once", params(("type" = String, Path, description = "job type"), ("name" = String, Path, description = "schedule name")), request_body = ScheduleBody, responses((status = 200, description = "the schedule", body = ScheduleView), (status = 400, description = "bad input (the error names it)"), (status = 404, description = "no such type")))]
 pub(crate) async fn put_schedule(
     State(s): State<AppState>,
     Admin(_): Admin,
     PathParams((ty, name)): PathParams<(String, String)>,
     Body(b): Body<ScheduleBody>,
-) -> Result<Json<Value>> {
+) -> Result<Json<ScheduleView>> {
     let every = match (b.every_s, b.cron) {
         (Some(n), None) => Every::Seconds(n),
         (None, Some(c)) => Every::Cron(Cron::parse(&c)?),
