@@ -23,7 +23,7 @@ use lading_core::layout::{AccessId, AccessQueue};
 use lading_engine::EngineError;
 use lading_ingest::Ingest;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 use std::path::PathBuf;
 
 /// Versions larger than this go to the `large` queue unless the request names one.
@@ -45,7 +45,7 @@ fn internal(e: impl std::fmt::Display) -> ApiError {
     ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
 }
 
-#[utoipa::path(post, path = "/api/v1/access", tag = "access", summary = "Request an object version through the access queue", request_body = AccessBody, responses((status = 202, description = "queued; the body has the token", body = serde_json::Value), (status = 404, description = "no such recorded version"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+#[utoipa::path(post, path = "/api/v1/access", tag = "access", summary = "Request an object version through the access queue", request_body = AccessBody, responses((status = 202, description = "queued; the body has the token", body = crate::api::AccessRequested), (status = 404, description = "no such recorded version"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub async fn request(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
@@ -111,7 +111,11 @@ pub async fn request(
     Ok((
         StatusCode::ACCEPTED,
         [(header::LOCATION, format!("/api/v1/access/{t}"))],
-        Json(json!({"token": t, "id": id, "queue": queue.name()})),
+        Json(crate::api::AccessRequested {
+            token: t,
+            id: id.to_string(),
+            queue: queue.name().into(),
+        }),
     )
         .into_response())
 }
@@ -190,19 +194,22 @@ async fn lookup(
     Ok((queue, id, info))
 }
 
-#[utoipa::path(get, path = "/api/v1/access/{token}", tag = "access", summary = "Poll an access request", params(("token" = String, Path, description = "the token the request returned")), responses((status = 200, description = "the request's state", body = serde_json::Value), (status = 404, description = "no request has this token")))]
+#[utoipa::path(get, path = "/api/v1/access/{token}", tag = "access", summary = "Poll an access request", params(("token" = String, Path, description = "the token the request returned")), responses((status = 200, description = "the request's state", body = crate::api::AccessView), (status = 404, description = "no request has this token")))]
 pub async fn status(
     State(s): State<AppState>,
     PathParams(token): PathParams<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<crate::api::AccessView>, ApiError> {
     let (queue, id, info) = lookup(&s, &token).await?;
-    Ok(Json(json!({
-        "id": id, "queue": queue.name(), "state": info.status.status.name(),
-        "message": info.status.message, "ark": info.token.ark,
-        "version": info.token.version,
-        "file": (info.status.status == AccessState::Completed)
-            .then(|| format!("/api/v1/access/{token}/file")),
-    })))
+    let done = info.status.status == AccessState::Completed;
+    Ok(Json(crate::api::AccessView {
+        id: id.to_string(),
+        queue: queue.name().into(),
+        state: info.status.status.name().into(),
+        message: info.status.message,
+        ark: info.token.ark,
+        version: info.token.version,
+        file: done.then(|| format!("/api/v1/access/{token}/file")),
+    }))
 }
 
 #[utoipa::path(get, path = "/api/v1/access/{token}/file", tag = "access", summary = "Fetch an access request's zip", params(("token" = String, Path, description = "the token the request returned")), responses((status = 200, description = "the assembled zip", content_type = "application/zip"), (status = 404, description = "no request has this token"), (status = 409, description = "not Completed yet", body = serde_json::Value)))]

@@ -224,6 +224,66 @@ impl BatchAction {
     }
 }
 
+/// One batch of a listing: its status (without its transitions), submission, and jobs per
+/// folder (`batch-completed`, …).
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct BatchRow {
+    pub id: String,
+    pub status: lading_core::layout::BatchStatus,
+    #[schema(value_type = Object)]
+    pub submission: serde_json::Value,
+    pub jobs: std::collections::BTreeMap<String, usize>,
+}
+
+/// A page of batches; `next_after` is the cursor of the next page, when there may be one.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct BatchPage {
+    pub batches: Vec<BatchRow>,
+    pub next_after: Option<String>,
+}
+
+/// One job of a listing in a state; a Failed one says what failed and how.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct JobRow {
+    pub id: String,
+    pub priority: u8,
+    /// `fatal` or `exhausted` (retries used up).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_stage: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// A page of the jobs in one state, in acquisition order.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct JobRowPage {
+    pub state: String,
+    pub jobs: Vec<JobRow>,
+    pub next_after: Option<String>,
+}
+
+/// An access request made: `token` is its only handle (its secret is not stored).
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct AccessRequested {
+    pub token: String,
+    pub id: String,
+    pub queue: String,
+}
+
+/// An access request as its token's holder sees it; `file` once the zip is ready.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct AccessView {
+    pub id: String,
+    pub queue: String,
+    pub state: String,
+    pub message: Option<String>,
+    pub ark: Option<String>,
+    pub version: Option<u32>,
+    pub file: Option<String>,
+}
+
 // Generic jobs: the job records themselves are lading-jobs' own (`JobView`, `TypeView`,
 // `ScheduleView`, `Change`); these wrap them.
 

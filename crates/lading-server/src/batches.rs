@@ -369,12 +369,12 @@ fn any_field_contains(obj: &Value, fields: &[&str], needle: &str) -> bool {
     })
 }
 
-#[utoipa::path(get, path = "/api/v1/batches", tag = "batches", summary = "List batches", params(("state" = Option<String>, Query, description = "batch state"), ("profile" = Option<String>, Query, description = "profile"), ("submitter" = Option<String>, Query, description = "submitter"), ("collection" = Option<String>, Query, description = "collection"), ("q" = Option<String>, Query, description = "search: id, uuid, submitter, profile or title containing this (case-insensitive)"), ("after" = Option<String>, Query, description = "cursor: the last id of the previous page"), ("limit" = Option<usize>, Query, description = "page size (1..=1000)")), responses((status = 200, description = "a page of batches", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+#[utoipa::path(get, path = "/api/v1/batches", tag = "batches", summary = "List batches", params(("state" = Option<String>, Query, description = "batch state"), ("profile" = Option<String>, Query, description = "profile"), ("submitter" = Option<String>, Query, description = "submitter"), ("collection" = Option<String>, Query, description = "collection"), ("q" = Option<String>, Query, description = "search: id, uuid, submitter, profile or title containing this (case-insensitive)"), ("after" = Option<String>, Query, description = "cursor: the last id of the previous page"), ("limit" = Option<usize>, Query, description = "page size (1..=1000)")), responses((status = 200, description = "a page of batches", body = crate::api::BatchPage), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn list_batches(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
     Query(q): Query<BatchQuery>,
-) -> Result<Json<Value>> {
+) -> Result<Json<crate::api::BatchPage>> {
     let state = q
         .state
         .as_deref()
@@ -444,11 +444,7 @@ pub(crate) async fn list_batches(
         {
             continue;
         }
-        let counts: serde_json::Map<String, Value> = info
-            .jobs
-            .iter()
-            .map(|(k, v)| (k.clone(), json!(v.len())))
-            .collect();
+        let jobs = info.jobs.iter().map(|(k, v)| (k.clone(), v.len()));
         let mut submission = info.submission.clone();
         let mut status = info.status.clone();
         // A listing leaves the transitions out (GET /api/v1/batches/{bid}/history has them).
@@ -459,17 +455,22 @@ pub(crate) async fn list_batches(
                 crate::redact::text(&s, m);
             }
         }
-        out.push(
-            json!({"id": info.id, "status": status, "submission": submission,
-                        "jobs": counts}),
-        );
+        out.push(crate::api::BatchRow {
+            id: info.id.to_string(),
+            status,
+            submission,
+            jobs: jobs.collect(),
+        });
         last = Some(bid.to_string());
         if out.len() == limit {
             break;
         }
     }
     let next = (out.len() == limit).then_some(last).flatten();
-    Ok(Json(json!({"batches": out, "next_after": next})))
+    Ok(Json(crate::api::BatchPage {
+        batches: out,
+        next_after: next,
+    }))
 }
 
 #[utoipa::path(get, path = "/api/v1/jobs/{id}", tag = "jobs", summary = "A job", params(("id" = String, Path, description = "jid…")), responses((status = 200, description = "the job", body = lading_engine::JobInfo), (status = 404, description = "no such job (or not yours)")))]
@@ -518,12 +519,12 @@ pub(crate) struct JobQuery {
     limit: Option<usize>,
 }
 
-#[utoipa::path(get, path = "/api/v1/jobs", tag = "jobs", summary = "List jobs in a state", params(("state" = String, Query, description = "job state"), ("q" = Option<String>, Query, description = "search: id, ark, local id or title containing this (case-insensitive)"), ("after" = Option<String>, Query, description = "cursor"), ("limit" = Option<usize>, Query, description = "page size")), responses((status = 200, description = "a page of jobs in acquisition order", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+#[utoipa::path(get, path = "/api/v1/jobs", tag = "jobs", summary = "List jobs in a state", params(("state" = String, Query, description = "job state"), ("q" = Option<String>, Query, description = "search: id, ark, local id or title containing this (case-insensitive)"), ("after" = Option<String>, Query, description = "cursor"), ("limit" = Option<usize>, Query, description = "page size")), responses((status = 200, description = "a page of jobs in acquisition order", body = crate::api::JobRowPage), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn list_jobs(
     State(s): State<AppState>,
     Admin(_): Admin,
     Query(q): Query<JobQuery>,
-) -> Result<Json<Value>> {
+) -> Result<Json<crate::api::JobRowPage>> {
     let state = JobState::parse_named(&q.state).map_err(ApiError::bad_request)?;
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let page = s
@@ -542,9 +543,15 @@ pub(crate) async fn list_jobs(
         )));
     }
     let needle = search_text(q.q.as_deref())?;
-    let mut jobs: Vec<Value> = Vec::new();
+    let mut jobs = Vec::new();
     for (prio, j) in &page {
-        let mut row = json!({"id": j, "priority": prio});
+        let mut row = crate::api::JobRow {
+            id: j.to_string(),
+            priority: *prio,
+            failure_kind: None,
+            failed_stage: None,
+            message: None,
+        };
         if let Some(n) = needle.as_deref()
             && !j.as_str().to_lowercase().contains(n)
         {
@@ -575,15 +582,17 @@ pub(crate) async fn list_jobs(
             if q.failure_kind.as_deref().is_some_and(|k| k != kind) {
                 continue;
             }
-            row["failure_kind"] = json!(kind);
-            row["failed_stage"] = json!(lading_engine::failed_stage(&st));
-            row["message"] = json!(st.message);
+            row.failure_kind = Some(kind.into());
+            row.failed_stage = lading_engine::failed_stage(&st).map(str::to_string);
+            row.message = st.message;
         }
         jobs.push(row);
     }
-    Ok(Json(
-        json!({"state": state.name(), "jobs": jobs, "next_after": next}),
-    ))
+    Ok(Json(crate::api::JobRowPage {
+        state: state.name().into(),
+        jobs,
+        next_after: next,
+    }))
 }
 
 /// An optional JSON body: absent or blank is the default.

@@ -170,6 +170,11 @@ async fn the_answers_are_described_by_their_schemas() {
     let mut status = batch["status"].clone();
     status.as_object_mut().unwrap().remove("history");
     described("BatchStatus", &status);
+    let (_, batches) = s.get(ADMIN, "/api/v1/batches").await;
+    described("BatchPage", &batches);
+    described("BatchRow", &batches["batches"][0]);
+    let (_, jobs) = s.get(ADMIN, "/api/v1/jobs?state=Pending").await;
+    described("JobRowPage", &jobs);
     let (_, paused) = s
         .call(ADMIN, "PUT", "/api/v1/queues/ingest/pause", None)
         .await;
