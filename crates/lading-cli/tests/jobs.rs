@@ -496,8 +496,33 @@ fn the_command_line_submits_and_administers_through_a_server() {
     let o = client(&["status", "--json"], &token);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["paused_queues"], serde_json::json!(["ingest"]));
+    // An access request, its queues paused so it stays as it is while both paths read it.
+    for q in ["accessSmall", "accessLarge"] {
+        assert!(
+            client(&["admin", "queue", "pause", q], &token)
+                .status
+                .success()
+        );
+    }
+    let o = client(&["status", &bid, "--json"], &token);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let jid = v["jobs"]["batch-completed"][0]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let o = client(&["status", &jid, "--json"], &token);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let ark = v["identifiers"]["primary_id"].as_str().unwrap().to_string();
+    let body = serde_json::json!({"ark": ark, "version": 1}).to_string();
+    let asked = http_post(&addr, &token, "/api/v1/access", &body);
+    let qid = asked["id"]
+        .as_str()
+        .expect("an access request id")
+        .to_string();
     // One code path: each verb says the same on the store and through the server.
     let same = [
+        vec!["status", qid.as_str()],
+        vec!["status", qid.as_str(), "--json"],
         vec!["status", bid.as_str()],
         vec!["status", bid.as_str(), "--history"],
         vec!["admin", "queue", "pause", "ingest"],
@@ -518,6 +543,7 @@ fn the_command_line_submits_and_administers_through_a_server() {
     for (args, code) in [
         (vec!["admin", "batch", "hold", "bid0000009999"], 3),
         (vec!["admin", "queue", "pause", "bogus"], 3),
+        (vec!["status", "qid0000009999"], 3),
         (vec!["admin", "outbox", "retry", "e0000000042"], 4),
         (vec!["admin", "clear-lock", "storage", "nosuch"], 4),
     ] {
@@ -534,6 +560,24 @@ fn the_command_line_submits_and_administers_through_a_server() {
         .status()
         .unwrap();
     assert!(server.wait().unwrap().success());
+}
+
+/// One POST of a JSON body to the server at `addr` as `token`, over a plain socket: the
+/// answer's body as JSON.
+fn http_post(addr: &str, token: &str, path: &str, body: &str) -> serde_json::Value {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        c,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    c.take(1 << 20).read_to_string(&mut answer).unwrap();
+    let (_, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}"))
 }
 
 /// A processor whose command cannot be run is refused before it takes a job: it exits

@@ -194,6 +194,16 @@ async fn lookup(
     Ok((queue, id, info))
 }
 
+#[utoipa::path(get, path = "/api/v1/access-requests/{id}", tag = "admin", summary = "An access request by its id (either queue), for an operator", params(("id" = String, Path, description = "qid…")), responses((status = 200, description = "the request: its status and record (the secret's digest only)", body = lading_engine::AccessInfo), (status = 404, description = "no such request"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub(crate) async fn show(
+    State(s): State<AppState>,
+    crate::Admin(_): crate::Admin,
+    PathParams(id): PathParams<String>,
+) -> Result<Json<lading_engine::AccessInfo>, ApiError> {
+    use crate::ops::Ops;
+    Ok(Json(crate::batches::local(&s).access(&id).await?))
+}
+
 #[utoipa::path(get, path = "/api/v1/access/{token}", tag = "access", summary = "Poll an access request", params(("token" = String, Path, description = "the token the request returned")), responses((status = 200, description = "the request's state", body = crate::api::AccessView), (status = 404, description = "no request has this token")))]
 pub async fn status(
     State(s): State<AppState>,

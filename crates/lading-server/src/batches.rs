@@ -608,7 +608,7 @@ async fn optional_body<T: serde::de::DeserializeOwned + Default>(
     serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("body: {e}")))
 }
 
-fn local(s: &AppState) -> Local {
+pub(crate) fn local(s: &AppState) -> Local {
     Local(s.ingest.clone())
 }
 

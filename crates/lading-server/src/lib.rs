@@ -84,6 +84,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/overview", get(overview::overview))
         .route("/api/v1/access", axum::routing::post(access::request))
         .route("/api/v1/access/{token}", get(access::status))
+        .route("/api/v1/access-requests/{id}", get(access::show))
         .route("/api/v1/access/{token}/file", get(access::file))
         .route("/api/v1/jobs/{id}/download", get(download::job_download))
         .route("/api/v1/objects/download", get(download::object_download))

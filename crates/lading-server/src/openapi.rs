@@ -25,6 +25,7 @@ use utoipa::{Modify, OpenApi};
         download::object_download,
         access::request,
         access::status,
+        access::show,
         access::file,
         batches::submit,
         batches::list_batches,

@@ -21,6 +21,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/api/v1/objects/download"),
     ("post", "/api/v1/access"),
     ("get", "/api/v1/access/{token}"),
+    ("get", "/api/v1/access-requests/{id}"),
     ("get", "/api/v1/access/{token}/file"),
     ("post", "/api/v1/batches"),
     ("get", "/api/v1/batches"),
