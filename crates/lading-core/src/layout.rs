@@ -414,33 +414,49 @@ pub struct BatchSubmission {
     pub submission_mode: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_type: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub erc_what: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub erc_who: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub erc_when: Option<String>,
+    /// The object's ERC (who, what, when, where), for a single-object batch.
+    #[serde(flatten)]
+    pub erc: ErcMetadata,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub local_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub primary_id: Option<String>,
-    /// Whose URLs the batch holds (`depositor`, or absent for the operator's).
+    #[serde(flatten)]
+    pub trust: PayloadTrust,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// Whose URLs a batch or job holds: fields of its submission or configuration, which
+/// `lading_ingest::Trust` reads back by key.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PayloadTrust {
+    /// `depositor`, or absent for the operator's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payload_trust: Option<String>,
     /// The server-made file of an upload.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upload_url: Option<String>,
-    #[serde(flatten)]
-    pub extra: Map<String, Value>,
+}
+
+impl PayloadTrust {
+    /// A field of the record holding this trust, by its key: these two, else from `extra`.
+    pub fn field<'a>(&'a self, extra: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
+        match key {
+            "payload_trust" => self.payload_trust.as_deref(),
+            "upload_url" => self.upload_url.as_deref(),
+            _ => extra.get(key).and_then(Value::as_str),
+        }
+    }
 }
 
 /// Accessors of fields that Merritt's ingest service writes under its own name: `name()` is
 /// Lading's field `ours`, or Merritt's `theirs` (kept in `extra`) when ours is blank.
 macro_rules! ours_or_theirs {
-    ($($name:ident => $ours:ident, $theirs:literal;)*) => {
+    ($($name:ident => $($ours:ident).+, $theirs:literal;)*) => {
         $(
             pub fn $name(&self) -> Option<&str> {
-                self.or_theirs(&self.$ours, $theirs)
+                self.or_theirs(&self.$($ours).+, $theirs)
             }
         )*
     };
@@ -460,9 +476,9 @@ impl BatchSubmission {
     }
     ours_or_theirs! {
         profile => profile_name, "profile";
-        creator => erc_who, "creator";
-        title => erc_what, "title";
-        date => erc_when, "date";
+        creator => erc.erc_who, "creator";
+        title => erc.erc_what, "title";
+        date => erc.erc_when, "date";
         primary => primary_id, "objectID";
         local => local_id, "localID";
         response => response_type, "responseForm";
@@ -477,11 +493,7 @@ impl BatchSubmission {
     }
     /// A field by its key, as written (the payload trust's keys included).
     pub fn field(&self, key: &str) -> Option<&str> {
-        match key {
-            "payload_trust" => self.payload_trust.as_deref(),
-            "upload_url" => self.upload_url.as_deref(),
-            _ => self.extra.get(key).and_then(Value::as_str),
-        }
+        self.trust.field(&self.extra, key)
     }
 }
 
@@ -524,10 +536,8 @@ pub struct JobConfiguration {
     /// The object's file as the manifest named it (url, name, size, digest).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub payload_trust: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub upload_url: Option<String>,
+    #[serde(flatten)]
+    pub trust: PayloadTrust,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
@@ -535,11 +545,7 @@ pub struct JobConfiguration {
 impl JobConfiguration {
     /// A field by its key (the payload trust's keys), as written.
     pub fn field(&self, key: &str) -> Option<&str> {
-        match key {
-            "payload_trust" => self.payload_trust.as_deref(),
-            "upload_url" => self.upload_url.as_deref(),
-            _ => self.extra.get(key).and_then(Value::as_str),
-        }
+        self.trust.field(&self.extra, key)
     }
 
     /// The payload type (`file` when not given).

@@ -138,7 +138,6 @@ pub async fn submit(ingest: &Ingest, s: &Submission) -> Result<BatchId, SubmitEr
             )));
         }
     }
-    let (payload_trust, upload_url) = s.trust.fields();
     let sub = BatchSubmission {
         profile_name: Some(profile.name.clone()),
         collection: Some(profile.collection.clone()),
@@ -147,13 +146,15 @@ pub async fn submit(ingest: &Ingest, s: &Submission) -> Result<BatchId, SubmitEr
         payload_type: Some(s.payload_type.clone()),
         submission_mode: Some("add".into()),
         response_type: Some("json".into()),
-        erc_what: s.title.clone(),
-        erc_who: s.creator.clone(),
-        erc_when: s.date.clone(),
+        erc: ErcMetadata {
+            erc_what: s.title.clone(),
+            erc_who: s.creator.clone(),
+            erc_when: s.date.clone(),
+            erc_where: None,
+        },
         local_id: s.local_id.clone(),
         primary_id: s.primary_id.clone(),
-        payload_trust,
-        upload_url,
+        trust: s.trust.fields(),
         extra: Map::new(),
     };
     Ok(ingest.engine.create_batch(to_object(&sub)).await?)
@@ -379,7 +380,6 @@ impl Intake {
             if done.contains(&(i as u64)) {
                 continue;
             }
-            let (payload_trust, upload_url) = trust.fields();
             let mut extra = Map::new();
             extra.insert("local_id".into(), json!(o.identifiers.local_id));
             let cfg = JobConfiguration {
@@ -393,8 +393,7 @@ impl Intake {
                 batch_uuid: sub.merritt_batch_id().map(str::to_string),
                 intake_row: Some(i as u64),
                 file: o.file.as_ref().map(|f| json!(f)),
-                payload_trust,
-                upload_url,
+                trust: trust.fields(),
                 extra,
             };
             let spec = JobSpec {

@@ -41,10 +41,14 @@ impl Trust {
 
     /// This trust as a record's fields: `payload_trust` ([`TRUST_KEY`]) and `upload_url`
     /// ([`UPLOAD_KEY`]) of a submission or job configuration.
-    pub fn fields(&self) -> (Option<String>, Option<String>) {
-        match self {
+    pub fn fields(&self) -> lading_core::layout::PayloadTrust {
+        let (payload_trust, upload_url) = match self {
             Trust::Depositor { upload } => (Some("depositor".into()), upload.clone()),
             Trust::Operator => (None, None),
+        };
+        lading_core::layout::PayloadTrust {
+            payload_trust,
+            upload_url,
         }
     }
 }
