@@ -16,6 +16,16 @@ const NEXT_SCORE_MAX: i32 = 8;
 const NEXT_PROBE: u32 = 16;
 /// Entries kept per map before old ones are swept.
 const KEEP: usize = 10_000;
+/// How many next jobs a move tries to lock along with it before it is made alone.
+pub(crate) const NEXT_TRIES: usize = 2;
+/// How many free jobs at the head of a contended queue a worker picks among at random.
+pub(crate) const SPREAD: usize = 16;
+/// The head window a contended acquisition over several states picks from, per state.
+pub(crate) const WINDOW: usize = 64;
+/// Lost races an acquisition over several states takes before it looks state by state.
+pub(crate) const ANY_TRIES: usize = 4;
+/// Most references one acquisition looks at before giving up (all locked by others).
+pub(crate) const MAX_SCAN: usize = 4096;
 
 #[derive(Default)]
 pub(crate) struct Contention {

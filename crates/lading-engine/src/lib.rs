@@ -43,6 +43,7 @@ mod reporting;
 mod reserve;
 
 use claims::Round;
+use contention::{ANY_TRIES, MAX_SCAN, NEXT_TRIES, SPREAD, WINDOW};
 pub use error::{EngineError, Result};
 pub use follow::{Following, Observed, Past, Transition, transition_id, transition_id_time};
 pub use locks::ForeignLock;
@@ -67,16 +68,6 @@ use tokio::sync::broadcast;
 
 /// References read per page while looking for work.
 const PAGE: usize = 64;
-/// How many next jobs a move tries to lock along with it before it is made alone.
-const NEXT_TRIES: usize = 2;
-/// How many free jobs at the head of a contended queue a worker picks among at random.
-const SPREAD: usize = 16;
-/// The head window a contended acquisition over several states picks from, per state.
-const WINDOW: usize = 64;
-/// Lost races an acquisition over several states takes before it looks state by state.
-const ANY_TRIES: usize = 4;
-/// Most references one acquisition looks at before giving up (all locked by others).
-const MAX_SCAN: usize = 4096;
 /// Retries of an optimistic read-check-write loop before reporting `Conflict`.
 const MAX_OPTIMISTIC: usize = 32;
 

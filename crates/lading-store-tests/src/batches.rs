@@ -491,16 +491,7 @@ pub async fn held_collection_holds_batches_and_jobs_until_released(h: &dyn Harne
     let lease = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
     let mut cfg = Map::new();
     cfg.insert("collection".into(), json!("coll"));
-    let jid = e
-        .create_job(
-            &lease,
-            JobSpec {
-                configuration: cfg,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let jid = e.create_job(&lease, spec(cfg)).await.unwrap();
     e.batch_transition(lease, Event::To(BatchState::Processing), None)
         .await
         .unwrap();

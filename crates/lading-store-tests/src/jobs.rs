@@ -79,22 +79,31 @@ pub(crate) fn step_diff(
     d
 }
 
-/// Compares what changed since `prev` with `expected`, then moves `prev` on.
-pub(crate) async fn check_step(
-    tree: &dyn Tree,
-    prev: &mut BTreeMap<String, Value>,
-    label: &str,
-    expected: Value,
-) {
-    let now = normalised_dump(tree).await;
-    let got = step_diff(prev, &now);
-    let want: BTreeMap<String, Value> = serde_json::from_value(expected).expect("expected diff");
-    assert_eq!(
-        serde_json::to_string_pretty(&got).unwrap(),
-        serde_json::to_string_pretty(&want).unwrap(),
-        "step {label}"
-    );
-    *prev = now;
+/// A tree followed step by step: each [`Steps::check`] compares what changed since the last
+/// step with what this step should change.
+pub(crate) struct Steps<'a> {
+    tree: &'a dyn Tree,
+    prev: BTreeMap<String, Value>,
+}
+
+impl<'a> Steps<'a> {
+    pub(crate) async fn new(tree: &'a dyn Tree) -> Steps<'a> {
+        let prev = normalised_dump(tree).await;
+        Steps { tree, prev }
+    }
+
+    pub(crate) async fn check(&mut self, label: &str, expected: Value) {
+        let now = normalised_dump(self.tree).await;
+        let got = step_diff(&self.prev, &now);
+        let want: BTreeMap<String, Value> =
+            serde_json::from_value(expected).expect("expected diff");
+        assert_eq!(
+            serde_json::to_string_pretty(&got).unwrap(),
+            serde_json::to_string_pretty(&want).unwrap(),
+            "step {label}"
+        );
+        self.prev = now;
+    }
 }
 
 pub async fn illegal_transition_is_refused_and_changes_nothing(h: &dyn Harness) {

@@ -65,6 +65,14 @@ pub async fn engine_on_clock(
     (e, s)
 }
 
+/// A job with this configuration and the defaults for the rest.
+pub fn spec(configuration: Map<String, Value>) -> JobSpec {
+    JobSpec {
+        configuration,
+        ..Default::default()
+    }
+}
+
 /// A Pending batch with `n` jobs, moved to Processing (what batch intake does).
 pub async fn batch_with_jobs(e: &Engine, n: usize, priorities: &[u8]) -> (BatchId, Vec<JobId>) {
     let mut sub = Map::new();

@@ -7,7 +7,7 @@ use super::*;
 pub async fn merritt_transitions_change_exactly_the_documented_nodes(h: &dyn Harness) {
     let (e, s) = engine(h, "golden").await;
     let tree = s.tree.clone();
-    let mut prev = normalised_dump(tree.as_ref()).await;
+    let mut steps = Steps::new(tree.as_ref()).await;
     let lock = json!({"owner": "golden", "session": "<session>", "acquired": "<time>"});
     // Batch: API call creates and queues a batch.
     let mut sub = Map::new();
@@ -16,7 +16,7 @@ pub async fn merritt_transitions_change_exactly_the_documented_nodes(h: &dyn Har
     sub.insert("payload_url".into(), json!("http://127.0.0.1/file1.checkm"));
     sub.insert("type".into(), json!("file"));
     let bid = e.create_batch(sub).await.unwrap();
-    check_step(tree.as_ref(), &mut prev, "create batch", json!({
+    steps.check("create batch", json!({
         "+/batches/bid0000000000": null,
         "+/batches/bid0000000000/status": {"status": "Pending", "last_modified": "<time>", "message": ""},
         "+/batches/bid0000000000/submission": {"batchID": "<uuid>", "payload_url": "http://127.0.0.1/file1.checkm", "profile_name": "merritt_demo", "submissionDate": "<time>", "submitter": "depositor", "type": "file"},
@@ -28,29 +28,19 @@ pub async fn merritt_transitions_change_exactly_the_documented_nodes(h: &dyn Har
     // Batch: acquire pending batch — create lock.
     let lease = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
     assert_eq!(lease.batch, bid);
-    check_step(
-        tree.as_ref(),
-        &mut prev,
-        "acquire batch",
-        json!({"+/batches/bid0000000000/lock": lock}),
-    )
-    .await;
+    steps
+        .check(
+            "acquire batch",
+            json!({"+/batches/bid0000000000/lock": lock}),
+        )
+        .await;
     // Job creation: a new job id is written in 3 places.
     let mut cfg = Map::new();
     cfg.insert("profile_name".into(), json!("merritt_demo"));
     cfg.insert("payload_url".into(), json!("file1.checkm"));
     cfg.insert("local_id".into(), json!(["loc001"]));
-    let jid = e
-        .create_job(
-            &lease,
-            JobSpec {
-                configuration: cfg,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    check_step(tree.as_ref(), &mut prev, "create job", json!({
+    let jid = e.create_job(&lease, spec(cfg)).await.unwrap();
+    steps.check("create job", json!({
         "+/jobs/jid0000000000": null,
         "+/jobs/jid0000000000/bid": "bid0000000000",
         "+/jobs/jid0000000000/configuration": {"local_id": ["loc001"], "payload_url": "file1.checkm", "profile_name": "merritt_demo"},
@@ -71,30 +61,21 @@ pub async fn merritt_transitions_change_exactly_the_documented_nodes(h: &dyn Har
     e.batch_transition(lease, Event::To(BatchState::Processing), None)
         .await
         .unwrap();
-    check_step(
-        tree.as_ref(),
-        &mut prev,
-        "batch Pending -> Processing",
-        json!({
+    steps.check("batch Pending -> Processing", json!({
             "~/batches/bid0000000000/status": {"status": "Processing", "last_modified": "<time>", "message": ""},
             "-/batches/bid0000000000/lock": null,
-        }),
-    )
+        }))
     .await;
     // Job: acquire pending job — create lock; Pending → Estimating.
     let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
     assert_eq!(l.job, jid);
-    check_step(
-        tree.as_ref(),
-        &mut prev,
-        "acquire job",
-        json!({"+/jobs/jid0000000000/lock": lock}),
-    )
-    .await;
+    steps
+        .check("acquire job", json!({"+/jobs/jid0000000000/lock": lock}))
+        .await;
     e.job_transition(l, Event::To(JobState::Estimating), None)
         .await
         .unwrap();
-    check_step(tree.as_ref(), &mut prev, "job Pending -> Estimating", json!({
+    steps.check("job Pending -> Estimating", json!({
         "~/jobs/jid0000000000/status": {"status": "Estimating", "last_successful_status": null, "last_modified": "<time>", "retry_count": 0, "message": ""},
         "-/jobs/states/pending/05-jid0000000000": null,
         "+/jobs/states/estimating/05-jid0000000000": null,
@@ -140,13 +121,13 @@ pub async fn merritt_transitions_change_exactly_the_documented_nodes(h: &dyn Har
             format!("+/jobs/states/{new_folder}/05-jid0000000000"),
             Value::Null,
         );
-        check_step(tree.as_ref(), &mut prev, "job stage", Value::Object(want)).await;
+        steps.check("job stage", Value::Object(want)).await;
     }
     // Job: Notify → Completed; the batch reference moves, and the batch, whose last job that
     // was, goes to Reporting.
     let l = e.acquire_job(JobState::Notify).await.unwrap().unwrap();
     e.job_transition(l, Event::Success, None).await.unwrap();
-    check_step(tree.as_ref(), &mut prev, "job Notify -> Completed", json!({
+    steps.check("job Notify -> Completed", json!({
         "~/jobs/jid0000000000/status": {"status": "Completed", "last_successful_status": "Notify", "last_modified": "<time>", "retry_count": 0, "message": ""},
         "-/jobs/states/notify/05-jid0000000000": null,
         "+/jobs/states/completed/05-jid0000000000": null,

@@ -432,11 +432,11 @@ impl ZkTree {
         self.opts.session_timeout + Duration::from_secs(2)
     }
 
-    /// Runs a read, waiting out connection loss and moving to a new session after expiry
-    /// (reads carry no lease, so they may).
+    /// Runs a read of `path` (given to `f` with the session), waiting out connection loss and
+    /// moving to a new session after expiry (reads carry no lease, so they may).
     async fn read<T, F, Fut>(&self, path: &str, f: F) -> Result<T, TreeError>
     where
-        F: Fn(Arc<Conn>) -> Fut,
+        F: Fn(Arc<Conn>, String) -> Fut,
         Fut: std::future::Future<Output = Result<T, zk::Error>>,
     {
         validate_path(path)?;
@@ -444,7 +444,7 @@ impl ZkTree {
         loop {
             let conn = self.conn().await?;
             self.stats.reads.fetch_add(1, Ordering::Relaxed);
-            match on_session(&conn, deadline, &f).await {
+            match on_session(&conn, deadline, |c| f(c, path.to_string())).await {
                 Ok(v) => return Ok(v),
                 Err(zk::Error::SessionExpired) => {
                     self.renew(&conn).await?;
@@ -454,10 +454,19 @@ impl ZkTree {
         }
     }
 
+    /// A node's stat, `None` when it is missing.
+    async fn stat_of(&self, path: &str) -> Result<Option<zk::Stat>, TreeError> {
+        self.read(
+            path,
+            |c, path| async move { c.client.check_stat(&path).await },
+        )
+        .await
+    }
+
     /// A read where a missing node is `None`.
     async fn read_opt<T, F, Fut>(&self, path: &str, f: F) -> Result<Option<T>, TreeError>
     where
-        F: Fn(Arc<Conn>) -> Fut,
+        F: Fn(Arc<Conn>, String) -> Fut,
         Fut: std::future::Future<Output = Result<T, zk::Error>>,
     {
         match self.read(path, f).await {
@@ -495,9 +504,8 @@ impl ZkTree {
     }
 
     async fn children_listing(&self, path: &str) -> Result<Option<Vec<String>>, TreeError> {
-        self.read_opt(path, |c| {
-            let path = path.to_string();
-            async move { c.client.list_children(&path).await }
+        self.read_opt(path, |c, path| async move {
+            c.client.list_children(&path).await
         })
         .await
     }
@@ -615,12 +623,8 @@ impl Tree for ZkTree {
 
     fn get<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Option<Node>> {
         Box::pin(async move {
-            let r = self
-                .read_opt(path, |c| {
-                    let path = path.to_string();
-                    async move { c.client.get_data(&path).await }
-                })
-                .await?;
+            let get = |c: Arc<Conn>, path: String| async move { c.client.get_data(&path).await };
+            let r = self.read_opt(path, get).await?;
             Ok(r.map(|(d, s)| Node {
                 data: data_of(d),
                 stat: stat(&s),
@@ -633,7 +637,7 @@ impl Tree for ZkTree {
         Box::pin(async move {
             let first = first_of(paths)?;
             // Connection loss and expiry are waited out as for any read.
-            self.read(first, |c| {
+            self.read(first, |c, _| {
                 let paths = paths.to_vec();
                 async move { read_many(&c.client, &paths).await }
             })
@@ -642,15 +646,7 @@ impl Tree for ZkTree {
     }
 
     fn exists<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Option<Stat>> {
-        Box::pin(async move {
-            let s = self
-                .read(path, |c| {
-                    let path = path.to_string();
-                    async move { c.client.check_stat(&path).await }
-                })
-                .await?;
-            Ok(s.as_ref().map(stat))
-        })
+        Box::pin(async move { Ok(self.stat_of(path).await?.as_ref().map(stat)) })
     }
 
     fn children<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Vec<String>> {
@@ -689,12 +685,7 @@ impl Tree for ZkTree {
 
     fn count_children<'a>(&'a self, path: &'a str) -> TreeFuture<'a, u64> {
         Box::pin(async move {
-            let s = self
-                .read(path, |c| {
-                    let path = path.to_string();
-                    async move { c.client.check_stat(&path).await }
-                })
-                .await?;
+            let s = self.stat_of(path).await?;
             Ok(s.map(|s| s.num_children.max(0) as u64).unwrap_or(0))
         })
     }
@@ -722,25 +713,21 @@ impl Tree for ZkTree {
             }
             let watcher = match kind {
                 WatchKind::Data => {
-                    self.read(path, |c| {
-                        let path = path.to_string();
-                        async move { c.client.check_and_watch_stat(&path).await.map(|(_, w)| w) }
+                    self.read(path, |c, path| async move {
+                        c.client.check_and_watch_stat(&path).await.map(|(_, w)| w)
                     })
                     .await?
                 }
                 WatchKind::Children => {
                     let r = self
-                        .read(path, |c| {
-                            let path = path.to_string();
-                            async move {
-                                match c.client.get_and_watch_children(&path).await {
-                                    Ok((_, _, w)) => Ok(w),
-                                    // No folder yet: wake when it is created.
-                                    Err(zk::Error::NoNode) => {
-                                        c.client.check_and_watch_stat(&path).await.map(|(_, w)| w)
-                                    }
-                                    Err(e) => Err(e),
+                        .read(path, |c, path| async move {
+                            match c.client.get_and_watch_children(&path).await {
+                                Ok((_, _, w)) => Ok(w),
+                                // No folder yet: wake when it is created.
+                                Err(zk::Error::NoNode) => {
+                                    c.client.check_and_watch_stat(&path).await.map(|(_, w)| w)
                                 }
+                                Err(e) => Err(e),
                             }
                         })
                         .await;
