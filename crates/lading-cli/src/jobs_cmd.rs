@@ -223,9 +223,6 @@ async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
             }
             crate::print_json(&out)?;
         }
-        JobsCmd::Retry { r#type, id } => {
-            said(&id, "pending (retried)", j.retry(&r#type, &id).await)?
-        }
         JobsCmd::Schedule {
             r#type,
             name,
@@ -287,6 +284,9 @@ async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
             json,
             false,
         )?,
+        JobsCmd::Retry { r#type, id } => {
+            said(&id, "pending (retried)", j.retry(&r#type, &id).await)?
+        }
         JobsCmd::Remove { r#type, id } => said(&id, "removed", j.remove(&r#type, &id).await)?,
         JobsCmd::Watch {
             r#type,

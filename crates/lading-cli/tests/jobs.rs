@@ -44,19 +44,9 @@ fn spawn(store: &Path, args: &[&str]) -> Child {
 
 /// Polls `lading jobs show` until the job is in `state` (a bound turns a hang into a failure).
 fn wait_state(store: &Path, id: &str, state: &str) -> serde_json::Value {
-    let o = lading(
-        store,
-        &[
-            "jobs",
-            "watch",
-            "t",
-            id,
-            "--until",
-            state,
-            "--timeout-s",
-            "30",
-        ],
-    );
+    let args = format!("jobs watch t {id} --until {state} --timeout-s 30");
+    let args: Vec<&str> = args.split(' ').collect();
+    let o = lading(store, &args);
     assert!(
         o.status.success(),
         "{id} never reached {state}: {}",

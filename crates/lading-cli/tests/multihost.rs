@@ -406,17 +406,7 @@ async fn a_batch_runs_across_three_hosts_through_a_worker_kill_and_a_leader_kill
         let r = resumed.lock().unwrap();
         (keys(&r.changes), r.resets)
     };
-    let stages = [
-        "Pending",
-        "Estimating",
-        "Provisioning",
-        "Downloading",
-        "Processing",
-        "Storing",
-        "Recording",
-        "Notify",
-        "Completed",
-    ];
+    let stages = lading_testkit::JOURNEY;
     let mut by_host: BTreeMap<String, usize> = BTreeMap::new();
     let mut arks = Vec::new();
     for jid in &jobs {

@@ -158,33 +158,18 @@ async fn submit_wait_shows_progress_and_ends_with_the_report() {
         .find(|w| w.starts_with("bid"))
         .expect("the report names the batch")
         .to_string();
-    let o = s.run(&[
-        "admin",
-        "job",
-        "requeue",
-        "--batch",
-        &failed_bid,
-        "--stage",
-        "Storing",
-    ]);
+    let requeue = ["admin", "job", "requeue", "--batch", &failed_bid, "--stage"];
+    let o = s.run(&[&requeue[..], &["Storing"]].concat());
     let said = String::from_utf8_lossy(&o.stdout);
     assert!(
         o.status.success() && said.contains("0 requeued, 0 refused"),
         "{said}"
     );
-    let o = s.run(&[
-        "admin",
-        "job",
-        "requeue",
-        "--batch",
-        &failed_bid,
-        "--stage",
-        "Bogus",
-    ]);
+    let o = s.run(&[&requeue[..], &["Bogus"]].concat());
     assert_eq!(o.status.code(), Some(4));
     assert!(String::from_utf8_lossy(&o.stderr).contains("unknown job state \"Bogus\""));
     std::fs::write(payload.join("missing.txt"), b"here now").unwrap();
-    let o = s.run(&["admin", "job", "requeue", "--batch", &failed_bid]);
+    let o = s.run(&requeue[..5]);
     let said = String::from_utf8_lossy(&o.stdout);
     assert!(
         o.status.success() && said.contains("1 requeued, 0 refused"),

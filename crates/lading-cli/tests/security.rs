@@ -144,14 +144,7 @@ impl Serve {
 
     /// Every batch id in the store.
     async fn batches(&self) -> Vec<String> {
-        let (st, v) = self.get(ADMIN, "/api/v1/batches?limit=1000").await;
-        assert_eq!(st, StatusCode::OK, "{v}");
-        v["batches"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|b| b["id"].as_str().unwrap().to_string())
-            .collect()
+        self.batch_ids(ADMIN, "limit=1000").await
     }
 
     /// Submits a batch by URL (`body`) as `token`: the answer's status and body.

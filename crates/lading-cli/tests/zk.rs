@@ -423,19 +423,9 @@ fn generic_job(url: &str, id: &str) -> serde_json::Value {
 }
 
 fn watch_until(url: &str, id: &str, state: &str) {
-    ok(&lading(
-        url,
-        &[
-            "jobs",
-            "watch",
-            "t",
-            id,
-            "--until",
-            state,
-            "--timeout-s",
-            "60",
-        ],
-    ));
+    let args = format!("jobs watch t {id} --until {state} --timeout-s 60");
+    let args: Vec<&str> = args.split(' ').collect();
+    ok(&lading(url, &args));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

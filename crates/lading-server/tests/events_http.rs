@@ -86,13 +86,7 @@ async fn events_are_live_and_resumable_without_loss() {
     let s = start().await;
     let (st, mut live) = Events::open(&s, ADMIN, "", None).await;
     assert_eq!(st, StatusCode::OK);
-    let (_, v) = s
-        .post(
-            SUBMITTER,
-            "/api/v1/batches",
-            json!({"payload_url": "http://127.0.0.1:9/x", "profile": "demo"}),
-        )
-        .await;
+    let v = s.submit_unfetched(SUBMITTER).await;
     let bid = v["id"].as_str().unwrap().to_string();
     s.call(ADMIN, "POST", &format!("/api/v1/batches/{bid}/hold"), None)
         .await;
@@ -156,13 +150,7 @@ async fn events_come_from_every_writer_and_resume_after_a_restart() {
         ))
     };
     let (_, mut live) = Events::open(&s, ADMIN, "", None).await;
-    let (_, v) = s
-        .post(
-            SUBMITTER,
-            "/api/v1/batches",
-            json!({"payload_url": "http://127.0.0.1:9/x", "profile": "demo"}),
-        )
-        .await;
+    let v = s.submit_unfetched(SUBMITTER).await;
     let bid = lading_core::layout::BatchId::parse(v["id"].as_str().unwrap()).unwrap();
     assert_eq!(to(&live.next().await), "batch Pending");
     other.hold_batch(&bid).await.unwrap();

@@ -152,14 +152,7 @@ async fn the_answers_are_described_by_their_schemas() {
             assert!(props.contains(k), "{name} does not describe {k:?}: {v}");
         }
     };
-    let (st, sub) = s
-        .post(
-            ADMIN,
-            "/api/v1/batches",
-            serde_json::json!({"payload_url": "http://127.0.0.1:9/x", "profile": "demo"}),
-        )
-        .await;
-    assert_eq!(st, StatusCode::CREATED, "{sub}");
+    let sub = s.submit_unfetched(ADMIN).await;
     described("Submitted", &sub);
     let (_, batch) = s
         .get(

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use lading_core::{BatchState, Event, JobState};
+use lading_core::{Event, JobState};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -32,22 +32,8 @@ fn totals(ov: &Value) -> (u64, u64) {
 
 /// A processing batch of `n` jobs, made through the engine as a worker would.
 async fn batch_of(s: &Server, n: usize) -> Vec<String> {
-    let e = s.ingest.engine.clone();
-    e.create_batch(serde_json::Map::new()).await.unwrap();
-    let lease = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
-    for _ in 0..n {
-        e.create_job(&lease, lading_engine::JobSpec::default())
-            .await
-            .unwrap();
-    }
-    e.batch_transition(lease, Event::To(BatchState::Processing), None)
-        .await
-        .unwrap();
-    let mut ids = Vec::new();
-    for id in e.list_jobs(JobState::Pending, None, 100).await.unwrap() {
-        ids.push(id.1.to_string());
-    }
-    ids
+    let (_, jobs) = lading_store_tests::batch_with_jobs(&s.ingest.engine, n, &[]).await;
+    jobs.iter().map(ToString::to_string).collect()
 }
 
 /// Moves the next job in `from` on, stage by stage, until `to`.

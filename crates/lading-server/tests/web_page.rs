@@ -240,17 +240,7 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
     let s = start().await;
     // A processing batch with three failed jobs (made first, so it is the one acquired).
     let e = s.ingest.engine.clone();
-    let failed_bid = e.create_batch(serde_json::Map::new()).await.unwrap();
-    let lease = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
-    assert_eq!(lease.batch, failed_bid);
-    for _ in 0..5 {
-        e.create_job(&lease, lading_engine::JobSpec::default())
-            .await
-            .unwrap();
-    }
-    e.batch_transition(lease, Event::To(BatchState::Processing), None)
-        .await
-        .unwrap();
+    let (failed_bid, _) = lading_store_tests::batch_with_jobs(&e, 5, &[]).await;
     // A batch whose intake failed: its report can be asked for again.
     let intake_failed = e.create_batch(serde_json::Map::new()).await.unwrap();
     let l = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();

@@ -222,16 +222,7 @@ pub async fn merritt_pending_scan_skips_a_held_batch(h: &dyn Harness) {
     let bid = e.create_batch(Map::new()).await.unwrap();
     assert!(s.tree.exists(&batch_states(&bid)).await.unwrap().is_none());
     e.hold_batch(&bid).await.unwrap();
-    assert!(s.tree.exists(&batch_states(&bid)).await.unwrap().is_some());
-    for f in BATCH_FOLDERS {
-        assert!(
-            s.tree
-                .exists(&batch_ref_folder(&bid, f))
-                .await
-                .unwrap()
-                .is_some()
-        );
-    }
+    has_states_folders(s.tree.as_ref(), &bid).await;
     // Released, it is Lading's to take, and it goes on as any batch.
     e.release_batch(&bid).await.unwrap();
     let l = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
@@ -246,6 +237,16 @@ pub async fn merritt_pending_scan_skips_a_held_batch(h: &dyn Harness) {
         BatchState::Processing | BatchState::Reporting
     ));
     assert!(!e.batch(&bid).await.unwrap().locked);
+}
+
+/// Asserts the batch has its `states` folder and each folder of job references in it (what
+/// Merritt's pending scan looks for to pass a batch over).
+async fn has_states_folders(tree: &dyn Tree, bid: &BatchId) {
+    assert!(tree.exists(&batch_states(bid)).await.unwrap().is_some());
+    for f in BATCH_FOLDERS {
+        let folder = batch_ref_folder(bid, f);
+        assert!(tree.exists(&folder).await.unwrap().is_some(), "{folder}");
+    }
 }
 
 /// A batch held because its collection is held (the acquisition path, not the admin's) gets
@@ -263,17 +264,7 @@ pub async fn merritt_pending_scan_skips_a_batch_held_by_its_collection(h: &dyn H
             .is_none()
     );
     assert_eq!(e.batch(&bid).await.unwrap().status.status, BatchState::Held);
-    assert!(s.tree.exists(&batch_states(&bid)).await.unwrap().is_some());
-    for f in BATCH_FOLDERS {
-        assert!(
-            s.tree
-                .exists(&batch_ref_folder(&bid, f))
-                .await
-                .unwrap()
-                .is_some(),
-            "{f}"
-        );
-    }
+    has_states_folders(s.tree.as_ref(), &bid).await;
 }
 
 /// A Merritt consumer that took a Held batch for pending throws and keeps the batch's lock

@@ -44,6 +44,16 @@ impl Api {
         self.call(token, "POST", path, Some(body)).await
     }
 
+    /// The ids of the batches `token` lists (`GET /api/v1/batches?QUERY`), in order.
+    pub async fn batch_ids(&self, token: &str, query: &str) -> Vec<String> {
+        let (st, v) = self.get(token, &format!("/api/v1/batches?{query}")).await;
+        assert_eq!(st, reqwest::StatusCode::OK, "{v}");
+        let rows = v["batches"].as_array().cloned().unwrap_or_default();
+        rows.iter()
+            .map(|b| b["id"].as_str().unwrap().to_string())
+            .collect()
+    }
+
     /// A call whose body is sent as it is, with its content type.
     pub async fn send(
         &self,

@@ -3,6 +3,20 @@
 //! (`zk`), private PostgreSQL servers (`pg`), an SMTP receiver (`smtp`), and the one way the suites wait where no signal
 //! reaches them (`poll`).
 
+/// The states a job that completes goes through, in order, as its history names them:
+/// written out here (not taken from the code under test) so a suite checks the order itself.
+pub const JOURNEY: [&str; 9] = [
+    "Pending",
+    "Estimating",
+    "Provisioning",
+    "Downloading",
+    "Processing",
+    "Storing",
+    "Recording",
+    "Notify",
+    "Completed",
+];
+
 /// Every file under `dir` (not the folders), sorted; an unreadable folder counts as empty.
 pub fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();

@@ -144,6 +144,15 @@ impl Server {
             .await
     }
 
+    /// Submits a batch as `token` whose payload is never fetched (port 9 on loopback, which
+    /// `start` allows): the answer, checked to be 201.
+    pub async fn submit_unfetched(&self, token: &str) -> Value {
+        let body = json!({"payload_url": "http://127.0.0.1:9/x", "profile": "demo"});
+        let (st, v) = self.post(token, "/api/v1/batches", body).await;
+        assert_eq!(st, StatusCode::CREATED, "{v}");
+        v
+    }
+
     /// A call as the admin with a body sent as it is, as JSON.
     pub async fn raw(&self, method: &str, path: &str, body: &str) -> (StatusCode, Value) {
         let json = "application/json";
