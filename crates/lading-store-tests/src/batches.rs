@@ -78,7 +78,7 @@ pub async fn report_and_update_reporting(h: &dyn Harness) {
     let (e, _s) = engine(h, "w").await;
     let (bid, jobs) = batch_with_jobs(&e, 2, &[]).await;
     run_job_to_completion(&e, JobState::Pending).await.unwrap();
-    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let l = take_job(&e, JobState::Pending).await;
     e.job_transition(l, Event::Fail, Some("bad manifest row".into()))
         .await
         .unwrap();
@@ -99,11 +99,7 @@ pub async fn report_and_update_reporting(h: &dyn Harness) {
     // Merritt's way: an admin asks for an updated report of the Failed batch.
     let st = e.update_reporting(&bid).await.unwrap();
     assert_eq!(st.status, BatchState::UpdateReporting);
-    let lease = e
-        .acquire_batch(BatchState::UpdateReporting)
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = take_batch(&e, BatchState::UpdateReporting).await;
     e.batch_transition(lease, Event::Fail, Some("1 of 2 jobs failed".into()))
         .await
         .unwrap();
@@ -145,12 +141,12 @@ pub(crate) async fn batch_with_a_failed_job(
     let (bid, jobs) = batch_with_jobs(e, 2, &[]).await;
     if state == BatchState::Processing {
         // The second fails first: the first is still in the pipeline.
-        let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+        let l = take_job(e, JobState::Pending).await;
         let l = if l.job == jobs[1] {
             l
         } else {
             // Held while the other is taken.
-            let second = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+            let second = take_job(e, JobState::Pending).await;
             e.release_job_lease(l).await.unwrap();
             second
         };
@@ -161,7 +157,7 @@ pub(crate) async fn batch_with_a_failed_job(
         return (bid, jobs);
     }
     run_job_to_completion(e, JobState::Pending).await.unwrap();
-    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let l = take_job(e, JobState::Pending).await;
     e.job_transition(l, Event::Fail, Some("bad row".into()))
         .await
         .unwrap();
@@ -169,11 +165,7 @@ pub(crate) async fn batch_with_a_failed_job(
         let jobs = failed_last(e, &bid, jobs).await;
         return (bid, jobs);
     }
-    let lease = e
-        .acquire_batch(BatchState::Reporting)
-        .await
-        .unwrap()
-        .unwrap();
+    let lease = take_batch(e, BatchState::Reporting).await;
     e.batch_transition(lease, Event::Fail, Some("1 of 2 jobs failed".into()))
         .await
         .unwrap();
@@ -255,11 +247,7 @@ pub(crate) fn report_mail(bid: &BatchId, payload: Value) -> lading_engine::Effec
 pub async fn a_reporter_that_loses_its_batch_to_a_requeue_records_nothing(h: &dyn Harness) {
     let (e, s) = engine(h, "w").await;
     let (bid, jobs) = batch_with_a_failed_job(&e, BatchState::Reporting).await;
-    let mut lease = e
-        .acquire_batch(BatchState::Reporting)
-        .await
-        .unwrap()
-        .unwrap();
+    let mut lease = take_batch(&e, BatchState::Reporting).await;
     lease.report = Some(e.build_report(&bid).await.unwrap());
     lease.effects.push(report_mail(&bid, json!({})));
     // While the reporter works, an admin requeues the failed job.
@@ -280,11 +268,7 @@ pub async fn a_reporter_that_loses_its_batch_to_a_requeue_records_nothing(h: &dy
     assert!(s.tree.children(OUTBOX).await.unwrap().is_empty());
     // The requeued job finishes; the batch reports once, then, with its mail in the outbox.
     run_job_to_completion(&e, JobState::Pending).await.unwrap();
-    let mut lease = e
-        .acquire_batch(BatchState::Reporting)
-        .await
-        .unwrap()
-        .unwrap();
+    let mut lease = take_batch(&e, BatchState::Reporting).await;
     lease.report = Some(e.build_report(&bid).await.unwrap());
     lease
         .effects
@@ -313,7 +297,7 @@ pub async fn outbox_entries_are_claimed_once_retried_and_deleted_when_delivered(
     let (other, _s2) = engine(h, "b").await;
     let (_bid, _jobs) = batch_with_jobs(&e, 1, &[]).await;
     // A job's move records its callback; a failed move records nothing.
-    let mut l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let mut l = take_job(&e, JobState::Pending).await;
     l.effects.push(lading_engine::Effect {
         kind: "callback".into(),
         key: "k1".into(),
@@ -392,7 +376,7 @@ pub async fn concurrent_admissions_never_reserve_more_than_is_free(h: &dyn Harne
     let (b, _sb) = engine(h, "b").await;
     let (_bid, _jobs) = batch_with_jobs(&a, 9, &[]).await;
     for _ in 0..9 {
-        let l = a.acquire_job(JobState::Pending).await.unwrap().unwrap();
+        let l = take_job(&a, JobState::Pending).await;
         let l = a
             .job_advance(l, Event::To(JobState::Estimating), None)
             .await
@@ -403,11 +387,7 @@ pub async fn concurrent_admissions_never_reserve_more_than_is_free(h: &dyn Harne
     let mut set = tokio::task::JoinSet::new();
     for i in 0..9 {
         let e = if i % 2 == 0 { a.clone() } else { b.clone() };
-        let mut l = e
-            .acquire_job(JobState::Provisioning)
-            .await
-            .unwrap()
-            .unwrap();
+        let mut l = take_job(&e, JobState::Provisioning).await;
         set.spawn(async move {
             let r = e
                 .reserve_space(&mut l, "host:/work", MIB, 6 * MIB, 0)
@@ -488,7 +468,7 @@ pub async fn held_collection_holds_batches_and_jobs_until_released(h: &dyn Harne
     let mut sub = Map::new();
     sub.insert("collection".into(), json!("coll"));
     let bid = e.create_batch(sub.clone()).await.unwrap();
-    let lease = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
+    let lease = take_batch(&e, BatchState::Pending).await;
     let mut cfg = Map::new();
     cfg.insert("collection".into(), json!("coll"));
     let jid = e.create_job(&lease, spec(cfg)).await.unwrap();
@@ -537,53 +517,34 @@ pub async fn batch_worker_is_woken_when_a_batch_needs_reporting(h: &dyn Harness)
             .is_none()
     );
     let mut parks = Parks::of(&reporter);
-    let waiting = {
+    let wait = |state| {
         let r = reporter.clone();
-        tokio::spawn(async move {
-            r.wait_batch_or(BatchState::Reporting, WAIT, std::future::pending())
-                .await
-        })
+        tokio::spawn(async move { r.wait_batch_or(state, WAIT, std::future::pending()).await })
     };
+    let waiting = wait(BatchState::Reporting);
     // Once it has looked and is waiting, not before.
     parks.next().await;
     run_job_to_completion(&e, JobState::Pending).await.unwrap();
-    let lease = tokio::time::timeout(Duration::from_secs(5), waiting)
-        .await
-        .expect("woken well before the sweep")
-        .unwrap()
-        .unwrap()
-        .expect("the batch to report");
+    let lease = woken(
+        waiting,
+        "woken well before the sweep",
+        "the batch to report",
+    )
+    .await;
     assert_eq!(lease.batch, bid);
     // A new Pending batch wakes an intake worker too.
     parks.restart();
-    let waiting = {
-        let r = reporter.clone();
-        tokio::spawn(async move {
-            r.wait_batch_or(BatchState::Pending, WAIT, std::future::pending())
-                .await
-        })
-    };
+    let waiting = wait(BatchState::Pending);
     parks.next().await;
     let mut sub = Map::new();
     sub.insert("profile_name".into(), json!("demo_profile"));
     let new = e.create_batch(sub).await.unwrap();
-    let got = tokio::time::timeout(Duration::from_secs(5), waiting)
-        .await
-        .expect("woken by the new batch")
-        .unwrap()
-        .unwrap()
-        .expect("the new batch");
+    let got = woken(waiting, "woken by the new batch", "the new batch").await;
     assert_eq!(got.batch, new);
     // A batch is made in two steps (its node, then its status): a waiter that wakes and looks
     // in between must still be woken when the status arrives, not by the sweep 10 s later.
     parks.restart();
-    let waiting = {
-        let r = reporter.clone();
-        tokio::spawn(async move {
-            r.wait_batch_or(BatchState::Pending, WAIT, std::future::pending())
-                .await
-        })
-    };
+    let waiting = wait(BatchState::Pending);
     parks.next().await;
     let path = e
         .tree()
@@ -600,13 +561,24 @@ pub async fn batch_worker_is_woken_when_a_batch_needs_reporting(h: &dyn Harness)
         ])
         .await
         .unwrap();
-    let got = tokio::time::timeout(Duration::from_secs(5), waiting)
-        .await
-        .expect("woken by the status of a batch seen half made")
-        .unwrap()
-        .unwrap()
-        .expect("the batch");
+    let got = woken(
+        waiting,
+        "woken by the status of a batch seen half made",
+        "the batch",
+    )
+    .await;
     assert_eq!(format!("/batches/{}", got.batch), path);
+}
+
+/// What a spawned wait for a batch got, within 5 s (`woken`: what should have woken it;
+/// `what`: what it should have got).
+async fn woken<T>(
+    waiting: tokio::task::JoinHandle<Result<Option<T>, EngineError>>,
+    woken: &str,
+    what: &str,
+) -> T {
+    let got = tokio::time::timeout(Duration::from_secs(5), waiting).await;
+    got.expect(woken).unwrap().unwrap().expect(what)
 }
 
 pub async fn paused_queue_hands_out_nothing(h: &dyn Harness) {
@@ -660,7 +632,7 @@ pub async fn waiting_worker_is_woken_by_new_work(h: &dyn Harness) {
 pub async fn admin_actions_respect_locks_and_the_table(h: &dyn Harness) {
     let (e, s) = engine(h, "w").await;
     let (bid, jobs) = batch_with_jobs(&e, 2, &[]).await;
-    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let l = take_job(&e, JobState::Pending).await;
     let locked = l.job.clone();
     let before = normalised_dump(s.tree.as_ref()).await;
     assert!(matches!(
@@ -738,7 +710,7 @@ pub async fn requeue_failed_retries_a_batchs_failed_jobs_by_stage(h: &dyn Harnes
     let (bid, jobs) = batch_with_jobs(&e, 4, &[]).await;
     // Two fail while estimating, one while pending; the fourth stays Pending.
     for i in 0..3 {
-        let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+        let l = take_job(&e, JobState::Pending).await;
         let l = if i < 2 {
             e.job_advance(l, Event::To(JobState::Estimating), None)
                 .await

@@ -12,7 +12,7 @@ pub async fn job_walks_the_pipeline_and_the_tree_matches_the_layout(h: &dyn Harn
         Some(jobs[0].clone())
     );
     // Second job fails in Downloading.
-    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let l = take_job(&e, JobState::Pending).await;
     e.job_transition(l, Event::To(JobState::Estimating), None)
         .await
         .unwrap();
@@ -20,7 +20,7 @@ pub async fn job_walks_the_pipeline_and_the_tree_matches_the_layout(h: &dyn Harn
         let l = e.acquire_job(st).await.unwrap().unwrap();
         e.job_transition(l, Event::Success, None).await.unwrap();
     }
-    let l = e.acquire_job(JobState::Downloading).await.unwrap().unwrap();
+    let l = take_job(&e, JobState::Downloading).await;
     let failed = e
         .job_transition(l, Event::Fail, Some("digest mismatch".into()))
         .await
@@ -110,7 +110,7 @@ pub async fn illegal_transition_is_refused_and_changes_nothing(h: &dyn Harness) 
     let (e, s) = engine(h, "w").await;
     let (_bid, jobs) = batch_with_jobs(&e, 1, &[]).await;
     let before = normalised_dump(s.tree.as_ref()).await;
-    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let l = take_job(&e, JobState::Pending).await;
     let err = e
         .job_transition(l.clone(), Event::To(JobState::Completed), None)
         .await
@@ -205,7 +205,7 @@ pub async fn acquisition_follows_priority_then_age(h: &dyn Harness) {
 pub async fn set_priority_moves_the_reference(h: &dyn Harness) {
     let (e, s) = engine(h, "w").await;
     let (_bid, jobs) = batch_with_jobs(&e, 2, &[]).await;
-    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let l = take_job(&e, JobState::Pending).await;
     let l = e
         .job_advance(l, Event::To(JobState::Estimating), None)
         .await
@@ -231,11 +231,8 @@ pub async fn set_priority_moves_the_reference(h: &dyn Harness) {
     let info = e.job(&jobs[0]).await.unwrap();
     assert_eq!((info.priority, info.space_needed), (12, 1_000_000_000));
     assert!(matches!(
-        e.set_priority(
-            &mut e.acquire_job(JobState::Pending).await.unwrap().unwrap(),
-            100
-        )
-        .await,
+        e.set_priority(&mut take_job(&e, JobState::Pending).await, 100)
+            .await,
         Err(EngineError::Invalid(_))
     ));
 }
@@ -360,7 +357,7 @@ pub async fn moving_a_job_can_lock_the_next_in_the_same_multi(h: &dyn Harness) {
     let (e2, _s2) = engine(h, "w2").await;
     let (_bid, jobs) = batch_with_jobs(&e1, 4, &[]).await;
     let next = [JobState::Pending];
-    let l0 = e1.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let l0 = take_job(&e1, JobState::Pending).await;
     assert_eq!(l0.job, jobs[0]);
     let (st, l1) = e1
         .job_transition_then_acquire(l0, Event::To(JobState::Estimating), None, &next)
@@ -370,13 +367,13 @@ pub async fn moving_a_job_can_lock_the_next_in_the_same_multi(h: &dyn Harness) {
     let l1 = l1.expect("the next Pending job comes with the move");
     assert_eq!(l1.job, jobs[1], "queue order");
     assert_eq!(l1.state(), JobState::Pending);
-    let moved = e2.acquire_job(JobState::Estimating).await.unwrap().unwrap();
+    let moved = take_job(&e2, JobState::Estimating).await;
     assert_eq!(moved.job, jobs[0], "the moved job's lock is gone");
     e2.release_job_lease(moved).await.unwrap();
     // This session takes one of the last two, the other session the other: this one never
     // met that lock. The job that came with the move is locked against the other session.
-    let ly = e1.acquire_job(JobState::Pending).await.unwrap().unwrap();
-    let lx = e2.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let ly = take_job(&e1, JobState::Pending).await;
+    let lx = take_job(&e2, JobState::Pending).await;
     let mut three = vec![l1.job.clone(), ly.job.clone(), lx.job.clone()];
     three.sort();
     assert_eq!(three, jobs[1..].to_vec());
@@ -418,7 +415,7 @@ pub async fn moving_a_job_can_lock_the_next_in_the_same_multi(h: &dyn Harness) {
     // A paused queue: the move is made, nothing more is handed out.
     let (e4, _s4) = engine(h, "w4").await;
     let (_bid, last) = batch_with_jobs(&e4, 2, &[]).await;
-    let l = e4.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let l = take_job(&e4, JobState::Pending).await;
     assert!(last.contains(&l.job));
     e4.pause_queue("ingest").await.unwrap();
     let (st, none) = e4
@@ -434,7 +431,7 @@ pub async fn lost_lease_cannot_commit_transition(h: &dyn Harness) {
     let (e1, s1) = engine(h, "stalled").await;
     let (e2, _s2) = engine(h, "healthy").await;
     let (_bid, jobs) = batch_with_jobs(&e1, 1, &[]).await;
-    let l = e1.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let l = take_job(&e1, JobState::Pending).await;
     let l = e1
         .job_advance(l, Event::To(JobState::Estimating), None)
         .await
@@ -481,7 +478,7 @@ pub async fn a_worker_whose_session_expired_can_acquire_again(h: &dyn Harness) {
     // the one it replaced, so the dead session's leases looked alive.
     let (e, s) = engine(h, "w").await;
     let (_bid, jobs) = batch_with_jobs(&e, 1, &[]).await;
-    let lease = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let lease = take_job(&e, JobState::Pending).await;
     // The handler holding it is cancelled: the lease is dropped, never released.
     drop(lease);
     let before = s.tree.session_id();
@@ -503,7 +500,7 @@ pub async fn stale_lease_after_a_takeover_is_lost(h: &dyn Harness) {
     // Same session, but the status moved underneath (admin action after the lock was gone).
     let (e, s) = engine(h, "w").await;
     let (_bid, jobs) = batch_with_jobs(&e, 1, &[]).await;
-    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let l = take_job(&e, JobState::Pending).await;
     s.tree
         .delete(&job_node(&jobs[0], "lock"), None)
         .await
@@ -520,7 +517,7 @@ pub async fn stale_lease_after_a_takeover_is_lost(h: &dyn Harness) {
 pub async fn requeue_returns_a_failed_job_to_the_stage_that_failed(h: &dyn Harness) {
     let (e, _s) = engine(h, "w").await;
     let (bid, jobs) = batch_with_jobs(&e, 1, &[]).await;
-    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let l = take_job(&e, JobState::Pending).await;
     let mut l = e
         .job_advance(l, Event::To(JobState::Estimating), None)
         .await
@@ -544,7 +541,7 @@ pub async fn requeue_returns_a_failed_job_to_the_stage_that_failed(h: &dyn Harne
     assert_eq!(info.jobs["batch-processing"], vec![jobs[0].to_string()]);
     assert!(info.jobs["batch-failed"].is_empty());
     // An explicit target from the table is accepted too.
-    let l = e.acquire_job(JobState::Recording).await.unwrap().unwrap();
+    let l = take_job(&e, JobState::Recording).await;
     e.job_transition(l, Event::Fail, None).await.unwrap();
     let st = e
         .requeue_job(&jobs[0], Some(JobState::Downloading))
@@ -559,7 +556,7 @@ pub async fn deferred_job_is_not_taken_before_its_retry_time(h: &dyn Harness) {
     let (e, _s) = engine_on_clock(h, "w1", clock.clone()).await;
     let (other, _s2) = engine_on_clock(h, "w2", clock.clone()).await;
     let (_bid, jobs) = batch_with_jobs(&e, 2, &[]).await;
-    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let l = take_job(&e, JobState::Pending).await;
     assert_eq!(l.job, jobs[0]);
     let retry_at_ms = e.clock().now_ms() + 1500;
     let st = e
@@ -573,10 +570,10 @@ pub async fn deferred_job_is_not_taken_before_its_retry_time(h: &dyn Harness) {
     assert_eq!(lading_engine::retry_at(&stored.status), Some(retry_at_ms));
     assert!(!stored.locked, "deferring releases the lock");
     // Another process honours the retry time: it takes the next job, then nothing.
-    let l2 = other.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let l2 = take_job(&other, JobState::Pending).await;
     assert_eq!(l2.job, jobs[1]);
     other.release_job_lease(l2).await.unwrap();
-    let again = other.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let again = take_job(&other, JobState::Pending).await;
     assert_eq!(again.job, jobs[1]);
     assert!(
         other
@@ -704,7 +701,7 @@ pub(crate) async fn acquisition_round_trips(h: &dyn Harness, queued: u32) -> usi
         s.tree.multi(ops).await.unwrap();
     }
     let b = e.create_batch(Map::new()).await.unwrap();
-    let lease = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
+    let lease = take_batch(&e, BatchState::Pending).await;
     assert_eq!(lease.batch, b);
     let jid = e
         .create_job(
@@ -720,7 +717,7 @@ pub(crate) async fn acquisition_round_trips(h: &dyn Harness, queued: u32) -> usi
         .await
         .unwrap();
     let before = counting.calls();
-    let got = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let got = take_job(&e, JobState::Pending).await;
     let cost = counting.calls() - before;
     assert_eq!(got.job, jid, "the head of the queue is found");
     assert!(e.job_counts().await.unwrap()[&JobState::Pending] > queued as u64);
@@ -746,7 +743,7 @@ pub async fn history_records_every_transition_with_its_time_and_host(h: &dyn Har
     let (e, _s) = engine(h, "host-a:1").await;
     let (bid, jobs) = batch_with_jobs(&e, 1, &[]).await;
     let (other, _so) = engine(h, "host-b:2").await;
-    let l = other.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let l = take_job(&other, JobState::Pending).await;
     let l = other
         .job_advance(l, Event::To(JobState::Estimating), None)
         .await

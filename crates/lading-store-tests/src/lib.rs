@@ -65,6 +65,18 @@ pub async fn engine_on_clock(
     (e, s)
 }
 
+/// The batch `e` acquires in `state` (one must be there).
+pub async fn take_batch(e: &Engine, state: BatchState) -> lading_engine::BatchLease {
+    let got = e.acquire_batch(state).await.expect("acquire a batch");
+    got.unwrap_or_else(|| panic!("no {state:?} batch to acquire"))
+}
+
+/// The job `e` acquires in `state` (one must be there).
+pub async fn take_job(e: &Engine, state: JobState) -> lading_engine::JobLease {
+    let got = e.acquire_job(state).await.expect("acquire a job");
+    got.unwrap_or_else(|| panic!("no {state:?} job to acquire"))
+}
+
 /// A job with this configuration and the defaults for the rest.
 pub fn spec(configuration: Map<String, Value>) -> JobSpec {
     JobSpec {

@@ -26,7 +26,7 @@ pub async fn merritt_transitions_change_exactly_the_documented_nodes(h: &dyn Har
         "+/batch-submitters/depositor/bid0000000000": null,
     })).await;
     // Batch: acquire pending batch — create lock.
-    let lease = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
+    let lease = take_batch(&e, BatchState::Pending).await;
     assert_eq!(lease.batch, bid);
     steps
         .check(
@@ -67,7 +67,7 @@ pub async fn merritt_transitions_change_exactly_the_documented_nodes(h: &dyn Har
         }))
     .await;
     // Job: acquire pending job — create lock; Pending → Estimating.
-    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let l = take_job(&e, JobState::Pending).await;
     assert_eq!(l.job, jid);
     steps
         .check("acquire job", json!({"+/jobs/jid0000000000/lock": lock}))
@@ -125,7 +125,7 @@ pub async fn merritt_transitions_change_exactly_the_documented_nodes(h: &dyn Har
     }
     // Job: Notify → Completed; the batch reference moves, and the batch, whose last job that
     // was, goes to Reporting.
-    let l = e.acquire_job(JobState::Notify).await.unwrap().unwrap();
+    let l = take_job(&e, JobState::Notify).await;
     e.job_transition(l, Event::Success, None).await.unwrap();
     steps.check("job Notify -> Completed", json!({
         "~/jobs/jid0000000000/status": {"status": "Completed", "last_successful_status": "Notify", "last_modified": "<time>", "retry_count": 0, "message": ""},
@@ -150,7 +150,7 @@ pub async fn merritt_lazily_made_batch_folders_are_created_by_the_move(h: &dyn H
             .unwrap();
     }
     run_job_to_completion(&e, JobState::Pending).await.unwrap();
-    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let l = take_job(&e, JobState::Pending).await;
     let failed = l.job.clone();
     e.job_transition(l, Event::Fail, Some("bad row".into()))
         .await
@@ -167,7 +167,7 @@ pub async fn merritt_lazily_made_batch_folders_are_created_by_the_move(h: &dyn H
             .await
             .unwrap();
     }
-    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let l = take_job(&e, JobState::Pending).await;
     assert!(jobs.contains(&l.job));
     e.job_transition(l, Event::Fail, Some("bad row".into()))
         .await
@@ -188,7 +188,7 @@ pub async fn merritt_last_successful_failed_still_requeues_to_the_stage_that_fai
 ) {
     let (e, s) = engine(h, "w").await;
     let (_bid, jobs) = batch_with_jobs(&e, 1, &[]).await;
-    let l = e.acquire_job(JobState::Pending).await.unwrap().unwrap();
+    let l = take_job(&e, JobState::Pending).await;
     let l = e
         .job_advance(l, Event::To(JobState::Estimating), None)
         .await
@@ -207,7 +207,7 @@ pub async fn merritt_last_successful_failed_still_requeues_to_the_stage_that_fai
         )
         .await
         .unwrap();
-    let l = e.acquire_job(JobState::Downloading).await.unwrap().unwrap();
+    let l = take_job(&e, JobState::Downloading).await;
     e.job_transition(l, Event::Fail, Some("digest mismatch".into()))
         .await
         .unwrap();
@@ -225,7 +225,7 @@ pub async fn merritt_pending_scan_skips_a_held_batch(h: &dyn Harness) {
     has_states_folders(s.tree.as_ref(), &bid).await;
     // Released, it is Lading's to take, and it goes on as any batch.
     e.release_batch(&bid).await.unwrap();
-    let l = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
+    let l = take_batch(&e, BatchState::Pending).await;
     assert_eq!(l.batch, bid);
     let st = e
         .batch_transition(l, Event::To(BatchState::Processing), None)
@@ -304,7 +304,7 @@ pub async fn merritt_failed_consumers_lock_on_a_held_batch_is_listed_and_cleared
     e.clear_foreign_lock("batch", bid.as_str()).await.unwrap();
     assert!(e.foreign_locks().await.unwrap().is_empty());
     e.release_batch(&bid).await.unwrap();
-    let l = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
+    let l = take_batch(&e, BatchState::Pending).await;
     assert_eq!(l.batch, bid);
 }
 
