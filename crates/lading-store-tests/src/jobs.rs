@@ -127,11 +127,7 @@ pub async fn illegal_transition_is_refused_and_changes_nothing(h: &dyn Harness) 
         err.to_string().contains("Pending") && err.to_string().contains("Deleted"),
         "{err}"
     );
-    assert_eq!(
-        normalised_dump(s.tree.as_ref()).await,
-        before,
-        "refused moves leave the tree as it was"
-    );
+    unchanged(&s, &before, "refused moves leave the tree as it was").await;
 }
 
 pub async fn unknown_ids_get_typed_errors(h: &dyn Harness) {
@@ -174,11 +170,7 @@ pub async fn corrupt_node_is_named_and_nothing_changes(h: &dyn Harness) {
         e.hold_job(&jobs[0]).await,
         Err(EngineError::Corrupt { .. })
     ));
-    assert_eq!(
-        normalised_dump(s.tree.as_ref()).await,
-        before,
-        "no lock or move left behind"
-    );
+    unchanged(&s, &before, "no lock or move left behind").await;
 }
 
 pub async fn acquisition_follows_priority_then_age(h: &dyn Harness) {
@@ -205,25 +197,20 @@ pub async fn acquisition_follows_priority_then_age(h: &dyn Harness) {
 pub async fn set_priority_moves_the_reference(h: &dyn Harness) {
     let (e, s) = engine(h, "w").await;
     let (_bid, jobs) = batch_with_jobs(&e, 2, &[]).await;
-    let l = take_job(&e, JobState::Pending).await;
-    let l = e
-        .job_advance(l, Event::To(JobState::Estimating), None)
-        .await
-        .unwrap();
-    let mut l = l;
+    let mut l = estimating(&e).await;
     e.set_priority(&mut l, 12).await.unwrap();
     e.set_space_needed(&l, 1_000_000_000).await.unwrap();
     e.job_transition(l, Event::Success, None).await.unwrap();
+    let at = |state, prio| job_ref(state, prio, &jobs[0]);
+    let t = s.tree.as_ref();
     assert!(
-        s.tree
-            .exists(&job_ref(JobState::Provisioning, 12, &jobs[0]))
+        t.exists(&at(JobState::Provisioning, 12))
             .await
             .unwrap()
             .is_some()
     );
     assert!(
-        s.tree
-            .exists(&job_ref(JobState::Estimating, 5, &jobs[0]))
+        t.exists(&at(JobState::Estimating, 5))
             .await
             .unwrap()
             .is_none()
@@ -237,38 +224,49 @@ pub async fn set_priority_moves_the_reference(h: &dyn Harness) {
     ));
 }
 
-pub async fn concurrent_workers_each_job_handed_to_exactly_one(h: &dyn Harness) {
-    let (e, _s) = engine(h, "setup").await;
-    let (_bid, jobs) = batch_with_jobs(&e, 60, &[]).await;
-    // Three sessions (as three processes would have), four workers each.
+/// Runs `work` on `per` workers in each of `sessions` sessions (as that many processes would
+/// have), and gathers what they return once every one has ended (each within `WAIT`).
+async fn workers<T: Send + 'static, Fut>(
+    h: &dyn Harness,
+    sessions: usize,
+    per: usize,
+    work: impl Fn(Arc<Engine>) -> Fut,
+) -> Vec<T>
+where
+    Fut: std::future::Future<Output = Vec<T>> + Send + 'static,
+{
     let mut handles = Vec::new();
-    for w in 0..3 {
+    for w in 0..sessions {
         let (ew, sw) = engine(h, &format!("worker{w}")).await;
-        for _ in 0..4 {
-            let ew = ew.clone();
-            handles.push(tokio::spawn(async move {
-                let mut got = Vec::new();
-                while let Some(l) = ew.acquire_job(JobState::Pending).await.expect("acquire") {
-                    got.push(l.job.clone());
-                    tokio::task::yield_now().await;
-                    ew.job_transition(l, Event::To(JobState::Estimating), None)
-                        .await
-                        .expect("transition");
-                }
-                got
-            }));
+        for _ in 0..per {
+            handles.push(tokio::spawn(work(ew.clone())));
         }
         std::mem::forget(sw); // sessions stay open for the test's life
     }
     let mut all = Vec::new();
     for hd in handles {
-        all.extend(
-            tokio::time::timeout(WAIT, hd)
-                .await
-                .expect("worker finished")
-                .expect("worker ok"),
-        );
+        let done = tokio::time::timeout(WAIT, hd).await;
+        all.extend(done.expect("worker finished").expect("worker ok"));
     }
+    all
+}
+
+pub async fn concurrent_workers_each_job_handed_to_exactly_one(h: &dyn Harness) {
+    let (e, _s) = engine(h, "setup").await;
+    let (_bid, jobs) = batch_with_jobs(&e, 60, &[]).await;
+    // Three sessions (as three processes would have), four workers each.
+    let all = workers(h, 3, 4, |ew| async move {
+        let mut got = Vec::new();
+        while let Some(l) = ew.acquire_job(JobState::Pending).await.expect("acquire") {
+            got.push(l.job.clone());
+            tokio::task::yield_now().await;
+            ew.job_transition(l, Event::To(JobState::Estimating), None)
+                .await
+                .expect("transition");
+        }
+        got
+    })
+    .await;
     let unique: HashSet<_> = all.iter().cloned().collect();
     assert_eq!(all.len(), jobs.len(), "every job handed out exactly once");
     assert_eq!(unique.len(), jobs.len());
@@ -297,50 +295,34 @@ pub async fn acquiring_over_several_states_hands_each_job_out_once(h: &dyn Harne
     e.job_transition(l, Event::Success, None).await.unwrap();
     // Three sessions, three workers each, moving every job Pending → Estimating →
     // Provisioning.
-    let mut handles = Vec::new();
-    for w in 0..3 {
-        let (ew, sw) = engine(h, &format!("worker{w}")).await;
-        for _ in 0..3 {
-            let ew = ew.clone();
-            handles.push(tokio::spawn(async move {
-                let mut moved = Vec::new();
-                let mut next = ew.acquire_any(&order).await.expect("acquire");
-                loop {
-                    let Some(l) = next.take() else {
-                        match ew.acquire_any(&order).await.expect("acquire") {
-                            Some(l) => {
-                                next = Some(l);
-                                continue;
-                            }
-                            None => break,
-                        }
-                    };
-                    moved.push((l.job.clone(), l.state()));
-                    let ev = if l.state() == JobState::Pending {
-                        Event::To(JobState::Estimating)
-                    } else {
-                        Event::Success
-                    };
-                    let (_, n) = ew
-                        .job_transition_then_acquire(l, ev, None, &order)
-                        .await
-                        .expect("transition");
-                    next = n;
+    let all = workers(h, 3, 3, |ew| async move {
+        let mut moved = Vec::new();
+        let mut next = ew.acquire_any(&order).await.expect("acquire");
+        loop {
+            let Some(l) = next.take() else {
+                match ew.acquire_any(&order).await.expect("acquire") {
+                    Some(l) => {
+                        next = Some(l);
+                        continue;
+                    }
+                    None => break,
                 }
-                moved
-            }));
-        }
-        std::mem::forget(sw);
-    }
-    let mut all = Vec::new();
-    for hd in handles {
-        all.extend(
-            tokio::time::timeout(WAIT, hd)
+            };
+            moved.push((l.job.clone(), l.state()));
+            let ev = if l.state() == JobState::Pending {
+                Event::To(JobState::Estimating)
+            } else {
+                Event::Success
+            };
+            let (_, n) = ew
+                .job_transition_then_acquire(l, ev, None, &order)
                 .await
-                .expect("worker finished")
-                .expect("worker ok"),
-        );
-    }
+                .expect("transition");
+            next = n;
+        }
+        moved
+    })
+    .await;
     let unique: HashSet<_> = all.iter().cloned().collect();
     assert_eq!(all.len(), unique.len(), "no job moved twice from one state");
     assert_eq!(all.len(), 2 * (jobs.len() - 1), "every move made once");
@@ -380,12 +362,7 @@ pub async fn moving_a_job_can_lock_the_next_in_the_same_multi(h: &dyn Harness) {
     assert!(e2.acquire_job(JobState::Pending).await.unwrap().is_none());
 
     // The only candidate is locked by the other session: the move is made alone.
-    let (st, none) = e1
-        .job_transition_then_acquire(l1, Event::To(JobState::Estimating), None, &next)
-        .await
-        .unwrap();
-    assert_eq!(st.status, JobState::Estimating);
-    assert!(none.is_none(), "the next job was locked elsewhere");
+    moved_alone(&e1, l1, &next, "the next job was locked elsewhere").await;
     assert_eq!(
         e1.job(&jobs[1]).await.unwrap().status.status,
         JobState::Estimating
@@ -418,24 +395,27 @@ pub async fn moving_a_job_can_lock_the_next_in_the_same_multi(h: &dyn Harness) {
     let l = take_job(&e4, JobState::Pending).await;
     assert!(last.contains(&l.job));
     e4.pause_queue("ingest").await.unwrap();
-    let (st, none) = e4
-        .job_transition_then_acquire(l, Event::To(JobState::Estimating), None, &next)
+    moved_alone(&e4, l, &next, "a paused queue hands out nothing").await;
+    e4.resume_queue("ingest").await.unwrap();
+}
+
+/// Moves `l` to Estimating asking for the next job in `next`, and asserts the move was made
+/// and no job came with it (`why`).
+async fn moved_alone(e: &Engine, l: lading_engine::JobLease, next: &[JobState], why: &str) {
+    let to = Event::To(JobState::Estimating);
+    let (st, none) = e
+        .job_transition_then_acquire(l, to, None, next)
         .await
         .unwrap();
     assert_eq!(st.status, JobState::Estimating);
-    assert!(none.is_none(), "a paused queue hands out nothing");
-    e4.resume_queue("ingest").await.unwrap();
+    assert!(none.is_none(), "{why}");
 }
 
 pub async fn lost_lease_cannot_commit_transition(h: &dyn Harness) {
     let (e1, s1) = engine(h, "stalled").await;
     let (e2, _s2) = engine(h, "healthy").await;
     let (_bid, jobs) = batch_with_jobs(&e1, 1, &[]).await;
-    let l = take_job(&e1, JobState::Pending).await;
-    let l = e1
-        .job_advance(l, Event::To(JobState::Estimating), None)
-        .await
-        .unwrap();
+    let l = estimating(&e1).await;
     assert!(
         e2.acquire_job(JobState::Estimating)
             .await
@@ -458,11 +438,7 @@ pub async fn lost_lease_cannot_commit_transition(h: &dyn Harness) {
         Err(EngineError::LeaseLost(_))
     ));
     // Another worker picks it up in the state it was in.
-    let l2 = e2
-        .acquire_job(JobState::Estimating)
-        .await
-        .unwrap()
-        .expect("job available again");
+    let l2 = take_job(&e2, JobState::Estimating).await;
     assert_eq!(l2.job, jobs[0]);
     assert_eq!(e2.job(&jobs[0]).await.unwrap().space_needed, 0);
     e2.job_transition(l2, Event::Success, None).await.unwrap();
@@ -488,11 +464,7 @@ pub async fn a_worker_whose_session_expired_can_acquire_again(h: &dyn Harness) {
         before,
         "a new session never reuses an old id"
     );
-    let again = e
-        .acquire_job(JobState::Pending)
-        .await
-        .unwrap()
-        .expect("the job is handed out again");
+    let again = take_job(&e, JobState::Pending).await;
     assert_eq!(again.job, jobs[0]);
 }
 
@@ -517,11 +489,7 @@ pub async fn stale_lease_after_a_takeover_is_lost(h: &dyn Harness) {
 pub async fn requeue_returns_a_failed_job_to_the_stage_that_failed(h: &dyn Harness) {
     let (e, _s) = engine(h, "w").await;
     let (bid, jobs) = batch_with_jobs(&e, 1, &[]).await;
-    let l = take_job(&e, JobState::Pending).await;
-    let mut l = e
-        .job_advance(l, Event::To(JobState::Estimating), None)
-        .await
-        .unwrap();
+    let mut l = estimating(&e).await;
     while l.state() != JobState::Recording {
         l = e.job_advance(l, Event::Success, None).await.unwrap();
     }
@@ -743,11 +711,7 @@ pub async fn history_records_every_transition_with_its_time_and_host(h: &dyn Har
     let (e, _s) = engine(h, "host-a:1").await;
     let (bid, jobs) = batch_with_jobs(&e, 1, &[]).await;
     let (other, _so) = engine(h, "host-b:2").await;
-    let l = take_job(&other, JobState::Pending).await;
-    let l = other
-        .job_advance(l, Event::To(JobState::Estimating), None)
-        .await
-        .unwrap();
+    let l = estimating(&other).await;
     other
         .job_transition(l, Event::Fail, Some("no space".into()))
         .await

@@ -65,6 +65,11 @@ pub async fn engine_on_clock(
     (e, s)
 }
 
+/// Asserts the session's tree is as `before` was dumped (`why` it should be).
+pub async fn unchanged(s: &Session, before: &BTreeMap<String, Value>, why: &str) {
+    assert_eq!(&normalised_dump(s.tree.as_ref()).await, before, "{why}");
+}
+
 /// The batch `e` acquires in `state` (one must be there).
 pub async fn take_batch(e: &Engine, state: BatchState) -> lading_engine::BatchLease {
     let got = e.acquire_batch(state).await.expect("acquire a batch");
@@ -75,6 +80,15 @@ pub async fn take_batch(e: &Engine, state: BatchState) -> lading_engine::BatchLe
 pub async fn take_job(e: &Engine, state: JobState) -> lading_engine::JobLease {
     let got = e.acquire_job(state).await.expect("acquire a job");
     got.unwrap_or_else(|| panic!("no {state:?} job to acquire"))
+}
+
+/// The job `e` acquires in Pending, moved on to Estimating with its lease kept.
+pub async fn estimating(e: &Engine) -> lading_engine::JobLease {
+    let l = take_job(e, JobState::Pending).await;
+    let to = Event::To(JobState::Estimating);
+    e.job_advance(l, to, None)
+        .await
+        .expect("Pending to Estimating")
 }
 
 /// A job with this configuration and the defaults for the rest.

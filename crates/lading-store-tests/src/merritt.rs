@@ -188,11 +188,7 @@ pub async fn merritt_last_successful_failed_still_requeues_to_the_stage_that_fai
 ) {
     let (e, s) = engine(h, "w").await;
     let (_bid, jobs) = batch_with_jobs(&e, 1, &[]).await;
-    let l = take_job(&e, JobState::Pending).await;
-    let l = e
-        .job_advance(l, Event::To(JobState::Estimating), None)
-        .await
-        .unwrap();
+    let l = estimating(&e).await;
     let l = e.job_advance(l, Event::Success, None).await.unwrap();
     e.job_transition(l, Event::Success, None).await.unwrap();
     // Downloading, as Merritt writes the status after its own requeue.
