@@ -9,6 +9,15 @@ use lading_ingest::checkm::{self, ManifestKind};
 use lading_ingest::stages::StoredVersion;
 use lading_ingest::{Submission, SubmitError, inventory};
 
+/// The stages up to a job's download: run alone, they leave jobs waiting in Processing.
+const EARLY: &[&str] = &[
+    "intake",
+    "pending",
+    "estimating",
+    "provisioning",
+    "downloading",
+];
+
 async fn stored(w: &World, job: &lading_core::layout::JobId) -> StoredVersion {
     let n = w
         .engine
@@ -44,7 +53,7 @@ async fn a_manifest_of_manifests_goes_through_every_stage_to_a_report() {
     let (url, _) = w.file("batch.checkm", batch.as_bytes());
     let ingest = w.ingest();
     let bid = w.submit(&ingest, &url, "batch-manifest").await;
-    let (h, task) = w.run_all(&ingest);
+    let run = w.run_all(&ingest);
     w.completes(&bid).await;
     let jobs = w.jobs_of(&bid).await;
     assert_eq!(jobs.len(), 2);
@@ -125,8 +134,7 @@ async fn a_manifest_of_manifests_goes_through_every_stage_to_a_report() {
     let mail = w.smtp.next().await;
     assert!(mail.contains("2 completed, 0 failed"), "{mail}");
     assert!(mail.contains("depositor@example.org"), "{mail}");
-    h.stop();
-    task.await.unwrap();
+    run.stop().await;
 }
 
 /// The Message-ID header of a mail as the SMTP receiver got it.
@@ -196,7 +204,7 @@ async fn containers_and_single_files_are_objects_too() {
     let b2 = w
         .submit(&ingest, &s_url, "single-file-batch-manifest")
         .await;
-    let (h, task) = w.run_all(&ingest);
+    let run = w.run_all(&ingest);
     for b in [&b1, &b2] {
         w.completes(b).await;
     }
@@ -231,8 +239,7 @@ async fn containers_and_single_files_are_objects_too() {
             .join("producer/one.bin")
             .exists()
     );
-    h.stop();
-    task.await.unwrap();
+    run.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -246,28 +253,16 @@ async fn an_unreachable_url_fails_the_job_after_its_attempts_and_the_batch_repor
     let (url, _) = w.file("singles.checkm", singles.as_bytes());
     let ingest = w.ingest();
     let bid = w.submit(&ingest, &url, "single-file-batch-manifest").await;
-    let (h, task) = w.run_all(&ingest);
-    assert_eq!(
-        w.batch_reaches(&bid, &[BatchState::Completed, BatchState::Failed])
-            .await,
-        BatchState::Failed
-    );
-    let job = w.jobs_of(&bid).await.remove(0);
-    let info = w.engine.job(&job).await.unwrap();
-    assert_eq!(info.status.status, JobState::Failed);
-    assert_eq!(
-        info.status.last_successful_status,
-        Some(JobState::Provisioning)
-    );
-    let msg = info.status.message.unwrap();
+    let run = w.run_all(&ingest);
+    assert_eq!(w.batch_ends(&bid).await, BatchState::Failed);
+    let (_, msg) = w.failed_after(&bid, JobState::Provisioning).await;
     assert!(msg.contains("127.0.0.1:1/gone.bin"), "{msg}");
     assert!(msg.contains("gave up after 3 attempts"), "{msg}");
     let batch = w.engine.batch(&bid).await.unwrap();
     assert_eq!(batch.status.message.as_deref(), Some("1 of 1 jobs failed"));
     let mail = w.smtp.next().await;
     assert!(mail.contains("0 completed, 1 failed"), "{mail}");
-    h.stop();
-    task.await.unwrap();
+    run.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -287,7 +282,7 @@ async fn a_digest_mismatch_fails_the_job_at_once() {
     let (url, _) = w.file("obj.checkm", text.as_bytes());
     let ingest = w.ingest();
     let bid = w.submit(&ingest, &url, "manifest").await;
-    let (h, task) = w.run_all(&ingest);
+    let run = w.run_all(&ingest);
     w.batch_reaches(&bid, &[BatchState::Failed]).await;
     let job = w.jobs_of(&bid).await.remove(0);
     let info = w.engine.job(&job).await.unwrap();
@@ -364,8 +359,7 @@ async fn a_digest_mismatch_fails_the_job_at_once() {
         first_id,
         "one batch, one stem, the next number"
     );
-    h.stop();
-    task.await.unwrap();
+    run.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -404,7 +398,7 @@ async fn a_requeue_fetches_again_only_the_files_whose_manifest_rows_changed() {
     let (url, _) = w.file("obj.checkm", first.as_bytes());
     let ingest = w.ingest();
     let bid = w.submit(&ingest, &url, "manifest").await;
-    let (h, task) = w.run_all(&ingest);
+    let run = w.run_all(&ingest);
     w.batch_reaches(&bid, &[BatchState::Failed]).await;
     let job = w.jobs_of(&bid).await.remove(0);
     // The depositor fixes b's digest and points a at a corrected file; c is unchanged.
@@ -431,8 +425,7 @@ async fn a_requeue_fetches_again_only_the_files_whose_manifest_rows_changed() {
     let v = stored(&w, &job).await;
     let a = std::fs::read(std::path::Path::new(&v.path).join("producer/a.txt")).unwrap();
     assert_eq!(a, b"corrected a");
-    h.stop();
-    task.await.unwrap();
+    run.stop().await;
 }
 
 /// Waits until the outbox satisfies `cond`: woken by its changes (entries added, removed or
@@ -474,14 +467,10 @@ async fn a_failing_callback_is_retried_from_the_outbox_with_one_key_until_an_adm
     let w = World::new().await;
     w.server.set_callback_status(500);
     let (ingest, bid) = w.submit_object(&[("f.txt", b"payload")]).await;
-    let (h, task) = w.run_all(&ingest);
+    let run = w.run_all(&ingest);
     // The callback is an effect of the job's completion: the job and its batch complete,
     // the callback waits in the outbox.
-    assert_eq!(
-        w.batch_reaches(&bid, &[BatchState::Completed, BatchState::Failed])
-            .await,
-        BatchState::Completed
-    );
+    assert_eq!(w.batch_ends(&bid).await, BatchState::Completed);
     let job = w.jobs_of(&bid).await.remove(0);
     let first = w.smtp.next().await;
     assert!(first.contains("1 completed, 0 failed"), "{first}");
@@ -518,8 +507,7 @@ async fn a_failing_callback_is_retried_from_the_outbox_with_one_key_until_an_adm
     assert!(key.ends_with(&format!(":{job}:completed:1")), "{key}");
     assert_eq!(calls[3]["body"]["status"], "Completed");
     assert_eq!(stored(&w, &job).await.version, 1, "stored once");
-    h.stop();
-    task.await.unwrap();
+    run.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -535,7 +523,7 @@ async fn jobs_wait_in_provisioning_while_storage_is_full_then_proceed() {
     w.cfg.reserve_bytes = free + (total - free) / 2;
     let full = w.ingest();
     let bid = w.submit(&full, &m, "manifest").await;
-    let (h, task) = w.run_all(&full);
+    let run = w.run_all(&full);
     // Wait for the job to be seen waiting for room: its status message says so.
     let job = w.first_job(&bid).await;
     let status = lading_core::layout::job_node(&job, "status");
@@ -567,15 +555,13 @@ async fn jobs_wait_in_provisioning_while_storage_is_full_then_proceed() {
     })
     .await
     .expect("the job waits for space");
-    h.abort();
-    task.await.unwrap();
+    run.abort().await;
     // Room appears (here: the reserve is lowered) and the job goes on.
     w.cfg.reserve_bytes = 0;
     let roomy = w.ingest();
-    let (h, task) = w.run_all(&roomy);
+    let run = w.run_all(&roomy);
     w.completes(&bid).await;
-    h.stop();
-    task.await.unwrap();
+    run.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -585,7 +571,7 @@ async fn a_malformed_manifest_fails_the_batch_naming_the_line() {
     let (url, _) = w.file("bad.checkm", text.as_bytes());
     let ingest = w.ingest();
     let bid = w.submit(&ingest, &url, "batch-manifest").await;
-    let (h, task) = w.run_all(&ingest);
+    let run = w.run_all(&ingest);
     w.batch_reaches(&bid, &[BatchState::Failed]).await;
     let info = w.engine.batch(&bid).await.unwrap();
     let msg = info.status.message.unwrap();
@@ -594,8 +580,7 @@ async fn a_malformed_manifest_fails_the_batch_naming_the_line() {
         "{msg}"
     );
     assert!(w.jobs_of(&bid).await.is_empty(), "no job was made");
-    h.stop();
-    task.await.unwrap();
+    run.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -638,7 +623,7 @@ async fn a_retried_download_fetches_only_the_files_not_yet_verified() {
     w.server.fail_next("o.checkm.d/2.txt", 2);
     let ingest = w.ingest();
     let bid = w.submit(&ingest, &m, "manifest").await;
-    let (h, task) = w.run_all(&ingest);
+    let run = w.run_all(&ingest);
     w.completes(&bid).await;
     assert_eq!(
         w.server.gets("o.checkm.d/1.txt"),
@@ -652,8 +637,7 @@ async fn a_retried_download_fetches_only_the_files_not_yet_verified() {
         log.contains("1.txt already verified; not fetched again"),
         "{log}"
     );
-    h.stop();
-    task.await.unwrap();
+    run.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -661,26 +645,14 @@ async fn a_working_copy_that_changed_after_download_is_caught_before_storing() {
     let w = World::new().await;
     let (ingest, bid) = w.submit_object(&[("f.txt", b"verified content")]).await;
     // Only the stages up to downloading run at first.
-    let (h, shutdown) = lading_worker::Shutdown::new();
-    let i = ingest.clone();
-    let task = tokio::spawn(async move {
-        let early = [
-            "intake",
-            "pending",
-            "estimating",
-            "provisioning",
-            "downloading",
-        ];
-        lading_ingest::run(&i, &early, shutdown).await.unwrap();
-    });
+    let run = w.run_stages(&ingest, EARLY);
     let job = w.first_job(&bid).await;
     w.job_reaches(&job, JobState::Processing).await;
-    h.stop();
-    task.await.unwrap();
+    run.stop().await;
     // A crash (or anything else) damages the working copy.
     let copy = w.cfg.work_dir().join(job.as_str()).join("producer/f.txt");
     std::fs::write(&copy, b"damaged content!").unwrap();
-    let (h, task) = w.run_all(&ingest);
+    let run = w.run_all(&ingest);
     w.job_reaches(&job, JobState::Failed).await;
     let info = w.engine.job(&job).await.unwrap();
     let msg = info.status.message.unwrap();
@@ -700,8 +672,7 @@ async fn a_working_copy_that_changed_after_download_is_caught_before_storing() {
         .unwrap();
     w.job_reaches(&job, JobState::Completed).await;
     assert_eq!(w.server.gets("o.checkm.d/f.txt"), 2);
-    h.stop();
-    task.await.unwrap();
+    run.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -714,22 +685,15 @@ async fn a_failing_processing_command_fails_the_job_with_its_last_lines() {
     let m = w.object_manifest("o.checkm", &[("f.txt", b"eicar")]);
     let ingest = w.ingest();
     let bid = w.submit_as(&ingest, "scan", "me", &m, "manifest").await;
-    let (h, task) = w.run_all(&ingest);
+    let run = w.run_all(&ingest);
     w.batch_reaches(&bid, &[BatchState::Failed]).await;
-    let job = w.jobs_of(&bid).await.remove(0);
-    let info = w.engine.job(&job).await.unwrap();
-    assert_eq!(
-        info.status.last_successful_status,
-        Some(JobState::Downloading)
-    );
-    let msg = info.status.message.unwrap();
+    let (job, msg) = w.failed_after(&bid, JobState::Downloading).await;
     assert!(msg.contains("exit status: 3"), "{msg}");
     assert!(msg.contains("virus found in f.txt"), "{msg}");
     let log = std::fs::read_to_string(w.cfg.work_dir().join(job.as_str()).join("job.log")).unwrap();
     assert!(log.contains(&format!("| scanning {job}")), "{log}");
     assert!(log.contains("| f.txt"), "{log}");
-    h.stop();
-    task.await.unwrap();
+    run.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -737,23 +701,21 @@ async fn a_held_collection_holds_its_batches_until_released() {
     let w = World::new().await;
     w.engine.hold_collection("demo").await.unwrap();
     let (ingest, bid) = w.submit_object(&[("f.txt", b"held")]).await;
-    let (h, task) = w.run_all(&ingest);
+    let run = w.run_all(&ingest);
     w.batch_reaches(&bid, &[BatchState::Held]).await;
     assert!(w.jobs_of(&bid).await.is_empty());
     w.engine.release_collection("demo").await.unwrap();
     w.completes(&bid).await;
-    h.stop();
-    task.await.unwrap();
+    run.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cleanup_removes_old_batches_and_working_folders_but_not_stored_objects() {
     let w = World::new().await;
     let (ingest, bid) = w.submit_object(&[("f.txt", b"keep me")]).await;
-    let (h, task) = w.run_all(&ingest);
+    let run = w.run_all(&ingest);
     w.batch_reaches(&bid, &[BatchState::Completed]).await;
-    h.stop();
-    task.await.unwrap();
+    run.stop().await;
     let job = w.jobs_of(&bid).await.remove(0);
     let stored_at = stored(&w, &job).await.path;
     assert!(w.cfg.work_dir().join(job.as_str()).exists());
@@ -783,19 +745,14 @@ async fn a_batch_left_in_processing_by_a_crash_is_reported_when_reporting_starts
         .submit_object(&[("f.txt", b"done before the crash")])
         .await;
     // Everything but reporting: the batch reaches Reporting and waits there.
-    let (h, shutdown) = lading_worker::Shutdown::new();
-    let i = ingest.clone();
-    let task = tokio::spawn(async move {
-        let stages: Vec<&str> = lading_ingest::STAGE_NAMES
-            .iter()
-            .copied()
-            .filter(|s| !s.contains("reporting"))
-            .collect();
-        lading_ingest::run(&i, &stages, shutdown).await.unwrap();
-    });
+    let stages: Vec<&str> = lading_ingest::STAGE_NAMES
+        .iter()
+        .copied()
+        .filter(|s| !s.contains("reporting"))
+        .collect();
+    let run = w.run_stages(&ingest, &stages);
     w.batch_reaches(&bid, &[BatchState::Reporting]).await;
-    h.stop();
-    task.await.unwrap();
+    run.stop().await;
     // Put the batch back in Processing, as a worker that died between the job's last move and
     // the batch's would have left it.
     let path = lading_core::layout::batch_node(&bid, "status");
@@ -811,10 +768,9 @@ async fn a_batch_left_in_processing_by_a_crash_is_reported_when_reporting_starts
         )
         .await
         .unwrap();
-    let (h, task) = w.run_all(&ingest);
+    let run = w.run_all(&ingest);
     w.completes(&bid).await;
-    h.stop();
-    task.await.unwrap();
+    run.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -847,14 +803,13 @@ async fn sha1_and_sha512_digests_are_checked_too() {
     let ingest = w.ingest();
     let ok = w.submit(&ingest, &good, "manifest").await;
     let ko = w.submit(&ingest, &broken, "manifest").await;
-    let (h, task) = w.run_all(&ingest);
+    let run = w.run_all(&ingest);
     w.completes(&ok).await;
     w.batch_reaches(&ko, &[BatchState::Failed]).await;
     let job = w.first_job(&ko).await;
     let msg = w.engine.job(&job).await.unwrap().status.message.unwrap();
     assert!(msg.starts_with("sha512 digest mismatch"), "{msg}");
-    h.stop();
-    task.await.unwrap();
+    run.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -876,7 +831,7 @@ async fn a_profile_sets_its_own_attempts_and_large_jobs_get_a_lower_priority() {
     let bid = w
         .submit_as(&ingest, "once", "me", &url, "single-file-batch-manifest")
         .await;
-    let (h, task) = w.run_all(&ingest);
+    let run = w.run_all(&ingest);
     w.batch_reaches(&bid, &[BatchState::Failed]).await;
     let mut seen = Vec::new();
     for j in w.jobs_of(&bid).await {
@@ -897,8 +852,7 @@ async fn a_profile_sets_its_own_attempts_and_large_jobs_get_a_lower_priority() {
                 .is_some_and(|m| m.contains("gave up after 1 attempts"))),
         "{seen:?}"
     );
-    h.stop();
-    task.await.unwrap();
+    run.stop().await;
 }
 
 /// On both backends (see `on_both_backends!`).
@@ -931,7 +885,7 @@ async fn a_submitters_quota_keeps_its_jobs_waiting_while_others_go_ahead(w: Worl
     // alice's jobs are in flight is counted at each change, not sampled.
     let mut events = w.engine.subscribe();
     let alice = submit("alice", alice_url, "single-file-batch-manifest").await;
-    let (h, task) = w.run_all(&ingest);
+    let run = w.run_all(&ingest);
     w.batch_reaches(&alice, &[BatchState::Processing]).await;
     let bob = submit("bob", bob_url, "file").await;
     let jobs = w.jobs_of(&alice).await;
@@ -986,8 +940,7 @@ async fn a_submitters_quota_keeps_its_jobs_waiting_while_others_go_ahead(w: Worl
     );
     w.completes(&alice).await;
     w.completes(&bob).await;
-    h.stop();
-    task.await.unwrap();
+    run.stop().await;
     // Slots are given back lazily; cleanup gives back the rest and drops the empty folders,
     // whatever the batches' age (both batches are young and stay).
     let t = w.engine.tree();
@@ -1007,10 +960,9 @@ async fn a_submitters_quota_keeps_its_jobs_waiting_while_others_go_ahead(w: Worl
     );
     // A new reservation makes its folders again.
     let bob2 = submit("bob", w.file("bob2.bin", b"again").0, "file").await;
-    let (h, task) = w.run_all(&ingest);
+    let run = w.run_all(&ingest);
     w.completes(&bob2).await;
-    h.stop();
-    task.await.unwrap();
+    run.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1033,11 +985,10 @@ async fn cleanup_removes_an_uploaded_payload_with_its_batch_but_no_other_file() 
     let b = w
         .submit(&ingest, &format!("file://{}", elsewhere.display()), "file")
         .await;
-    let (h, task) = w.run_all(&ingest);
+    let run = w.run_all(&ingest);
     w.completes(&a).await;
     w.completes(&b).await;
-    h.stop();
-    task.await.unwrap();
+    run.stop().await;
     let now = w.engine.clock().now_ms();
     let gone = lading_ingest::cleanup::cleanup(&ingest, now + 3_600_001, 3_600_000)
         .await
@@ -1060,13 +1011,12 @@ async fn a_worker_starting_removes_what_failed_stores_left_in_the_storage_root()
     std::fs::write(kept.join(".tmp-jid0000000042/producer/a.txt"), b"half").unwrap();
     std::fs::create_dir_all(root.join("ark_99999_fk4empty")).unwrap();
     let ingest = w.ingest();
-    let (h, task) = w.run_all(&ingest);
+    let run = w.run_all(&ingest);
     // The sweep runs before the stages start: a batch completing proves it has run.
     let (url, _) = w.file("x.bin", b"x");
     let bid = w.submit(&ingest, &url, "file").await;
     w.completes(&bid).await;
-    h.stop();
-    task.await.unwrap();
+    run.stop().await;
     assert!(
         !kept.join(".tmp-jid0000000042").exists(),
         "the partial copy went"
@@ -1134,12 +1084,8 @@ async fn merritt_ingest_service_submission_keys_run_to_completion(w: World) {
     };
     let good = merritt::create_batch(&*tree, &merritt("queue/object.txt")).await;
     let outside = merritt::create_batch(&*tree, &merritt("../secret.txt")).await;
-    let (h, task) = w.run_all(&ingest);
-    assert_eq!(
-        w.batch_reaches(&good, &[BatchState::Completed, BatchState::Failed])
-            .await,
-        BatchState::Completed
-    );
+    let run = w.run_all(&ingest);
+    assert_eq!(w.batch_ends(&good).await, BatchState::Completed);
     let job = w.jobs_of(&good).await.remove(0);
     let info = w.engine.job(&job).await.unwrap();
     assert_eq!(info.metadata["erc_what"], "A title");
@@ -1156,11 +1102,7 @@ async fn merritt_ingest_service_submission_keys_run_to_completion(w: World) {
         b"from merritt"
     );
     // A filename leading out of the package folder is refused, naming the rule.
-    assert_eq!(
-        w.batch_reaches(&outside, &[BatchState::Completed, BatchState::Failed])
-            .await,
-        BatchState::Failed
-    );
+    assert_eq!(w.batch_ends(&outside).await, BatchState::Failed);
     let msg = w
         .engine
         .batch(&outside)
@@ -1174,12 +1116,11 @@ async fn merritt_ingest_service_submission_keys_run_to_completion(w: World) {
         "{msg}"
     );
     assert!(w.jobs_of(&outside).await.is_empty());
-    h.stop();
-    task.await.unwrap();
+    run.stop().await;
     // Without a package root, such a batch fails saying so.
     let plain = w.ingest();
     let unset = merritt::create_batch(&*tree, &merritt("queue/object.txt")).await;
-    let (h, task) = w.run_all(&plain);
+    let run = w.run_all(&plain);
     w.batch_reaches(&unset, &[BatchState::Failed]).await;
     let msg = w
         .engine
@@ -1193,8 +1134,7 @@ async fn merritt_ingest_service_submission_keys_run_to_completion(w: World) {
         msg.contains("merritt_package_root is not configured"),
         "{msg}"
     );
-    h.stop();
-    task.await.unwrap();
+    run.stop().await;
 }
 
 fn uuid() -> String {
@@ -1248,10 +1188,9 @@ async fn merritt_created_jobs_run_to_completed_and_to_failed(w: World) {
         );
     }
     let ingest = w.ingest();
-    let (h, task) = w.run_all(&ingest);
+    let run = w.run_all(&ingest);
     assert_eq!(
-        w.batch_reaches(&bid, &[BatchState::Completed, BatchState::Failed])
-            .await,
+        w.batch_ends(&bid).await,
         BatchState::Failed,
         "two of three jobs failed"
     );
@@ -1297,8 +1236,7 @@ async fn merritt_created_jobs_run_to_completed_and_to_failed(w: World) {
     want.sort();
     assert_eq!(failed, want);
     assert!(b.jobs["batch-processing"].is_empty());
-    h.stop();
-    task.await.unwrap();
+    run.stop().await;
 }
 
 /// A batch with one job for Lading and one a Merritt worker holds (its lock, from its own
@@ -1323,7 +1261,7 @@ async fn merritt_moving_a_batchs_last_job_is_noticed_by_a_watch(w: World) {
     let theirs = merritt::create_job(&*other, &bid, 5, &conf, &none, &none, true).await;
     merritt::unlock_batch(&*tree, &bid).await;
     let ingest = w.ingest();
-    let (h, task) = w.run_all(&ingest);
+    let run = w.run_all(&ingest);
     w.job_reaches(&ours, JobState::Completed).await;
     assert_eq!(
         w.engine.batch(&bid).await.unwrap().status.status,
@@ -1345,8 +1283,7 @@ async fn merritt_moving_a_batchs_last_job_is_noticed_by_a_watch(w: World) {
     tokio::time::timeout(std::time::Duration::from_secs(15), w.completes(&bid))
         .await
         .expect("the batch's completion was noticed by the watch, before any re-read");
-    h.stop();
-    task.await.unwrap();
+    run.stop().await;
 }
 
 /// Hosts with their own working folders share one storage root: a job downloaded on host A,
@@ -1359,26 +1296,15 @@ async fn a_job_that_changes_hosts_is_fetched_and_processed_again_where_it_goes(w
     let b = w.other_host("host-b").await;
     assert_ne!(a.cfg.work_dir(), b.cfg.work_dir());
     let bid = w.submit(&a, &m, "manifest").await;
-    let (h, task) = w.run_stages(
-        &a,
-        &[
-            "intake",
-            "pending",
-            "estimating",
-            "provisioning",
-            "downloading",
-        ],
-    );
+    let run = w.run_stages(&a, EARLY);
     let job = w.first_job(&bid).await;
     w.job_reaches(&job, JobState::Processing).await;
-    h.stop();
-    task.await.unwrap();
+    run.stop().await;
     assert_eq!(w.server.gets("o.checkm.d/a.txt"), 1);
     // Host B processes: the downloads are on A, so B fetches the files itself.
-    let (h, task) = w.run_stages(&b, &["processing"]);
+    let run = w.run_stages(&b, &["processing"]);
     w.job_reaches(&job, JobState::Storing).await;
-    h.stop();
-    task.await.unwrap();
+    run.stop().await;
     assert_eq!(w.server.gets("o.checkm.d/a.txt"), 2, "fetched again on B");
     assert_eq!(
         w.server.gets("o.checkm.d/dir/b.txt"),
@@ -1394,10 +1320,9 @@ async fn a_job_that_changes_hosts_is_fetched_and_processed_again_where_it_goes(w
     );
     // Host A stores: its folder holds the downloads but not B's processing, so A processes
     // again (from its own verified downloads, nothing fetched) before it stores.
-    let (h, task) = w.run_all(&a);
+    let run = w.run_all(&a);
     w.completes(&bid).await;
-    h.stop();
-    task.await.unwrap();
+    run.stop().await;
     assert_eq!(
         w.server.gets("o.checkm.d/a.txt"),
         2,

@@ -151,17 +151,13 @@ impl World {
     }
 
     /// Runs the named stages of `ingest` in a task; returns the handle that stops it.
-    pub fn run_stages(
-        &self,
-        ingest: &Arc<Ingest>,
-        names: &'static [&'static str],
-    ) -> (ShutdownHandle, tokio::task::JoinHandle<()>) {
-        let (h, shutdown) = Shutdown::new();
-        let i = ingest.clone();
-        let t = tokio::spawn(async move {
-            lading_ingest::run(&i, names, shutdown).await.unwrap();
+    pub fn run_stages(&self, ingest: &Arc<Ingest>, names: &[&'static str]) -> Running {
+        let (handle, shutdown) = Shutdown::new();
+        let (i, names) = (ingest.clone(), names.to_vec());
+        let task = tokio::spawn(async move {
+            lading_ingest::run(&i, &names, shutdown).await.unwrap();
         });
-        (h, t)
+        Running { handle, task }
     }
 
     pub fn profile(&self, name: &str, toml: &str) {
@@ -242,15 +238,24 @@ impl World {
     }
 
     /// Runs every stage in a task; returns the handle that stops it.
-    pub fn run_all(&self, ingest: &Arc<Ingest>) -> (ShutdownHandle, tokio::task::JoinHandle<()>) {
-        let (h, shutdown) = Shutdown::new();
-        let i = ingest.clone();
-        let t = tokio::spawn(async move {
-            lading_ingest::run(&i, lading_ingest::STAGE_NAMES, shutdown)
-                .await
-                .unwrap();
-        });
-        (h, t)
+    pub fn run_all(&self, ingest: &Arc<Ingest>) -> Running {
+        self.run_stages(ingest, lading_ingest::STAGE_NAMES)
+    }
+
+    /// Waits until `batch` has ended: Completed or Failed.
+    pub async fn batch_ends(&self, batch: &BatchId) -> BatchState {
+        self.batch_reaches(batch, &[BatchState::Completed, BatchState::Failed])
+            .await
+    }
+
+    /// The first job of `batch`, checked to have failed after `stage` succeeded: its id and
+    /// the failure's message.
+    pub async fn failed_after(&self, batch: &BatchId, stage: JobState) -> (JobId, String) {
+        let job = self.jobs_of(batch).await.remove(0);
+        let st = self.engine.job(&job).await.unwrap().status;
+        assert_eq!(st.status, JobState::Failed);
+        assert_eq!(st.last_successful_status, Some(stage));
+        (job, st.message.unwrap_or_default())
     }
 
     /// Waits, on change events, until `batch` is in one of `states`.
@@ -533,3 +538,23 @@ pub fn stored_files(version_dir: &Path) -> Vec<String> {
 }
 
 pub use lading_testkit::smtp::Smtp;
+
+/// Every stage running on an ingest, as [`World::run_all`] started them.
+pub struct Running {
+    handle: ShutdownHandle,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Stops the stages and waits until they have ended.
+    pub async fn stop(self) {
+        self.handle.stop();
+        self.task.await.unwrap();
+    }
+
+    /// Aborts the stages at once (as a crash would) and waits until they have ended.
+    pub async fn abort(self) {
+        self.handle.abort();
+        self.task.await.unwrap();
+    }
+}
