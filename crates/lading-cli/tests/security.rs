@@ -159,6 +159,26 @@ impl Serve {
         self.finished(v["id"].as_str().unwrap()).await
     }
 
+    /// The only job of the batch an upload or submission answered `made` with (checked to
+    /// be 201), once the batch ended: checked to have failed saying `says`.
+    async fn only_job_failed(&self, made: (StatusCode, Value), says: &str) -> Value {
+        let (st, v) = made;
+        assert_eq!(st, StatusCode::CREATED, "{v}");
+        let b = self.finished(v["id"].as_str().unwrap()).await;
+        let job = self.only_job(&b).await;
+        assert_eq!(job["status"]["status"], "Failed", "{job}");
+        assert!(message(&job).contains(says), "{says:?} in {job}");
+        job
+    }
+
+    /// Submits `url` as Alice's (profile alpha) and waits for it to complete.
+    async fn alices_completed(&self, url: &str) -> Value {
+        let b =
+            (self.submit_finished(ALICE, json!({"payload_url": url, "profile": "alpha"}))).await;
+        assert_eq!(b["status"]["status"], "Completed", "{b}");
+        b
+    }
+
     /// Waits for batch `bid` to end (Completed or Failed), on its event stream; returns it.
     async fn finished(&self, bid: &str) -> Value {
         let ended =
@@ -197,20 +217,19 @@ impl Serve {
     }
 
     /// Bob's upload of a single-file batch manifest of one `row`, once it has finished.
+    /// Uploads `text` as Bob's single-file batch manifest (profile alpha).
+    async fn bobs_batch_manifest(&self, text: &str) -> (StatusCode, Value) {
+        let q = "profile=alpha&type=single-file-batch-manifest";
+        self.upload(BOB, q, "m.checkm", text.as_bytes()).await
+    }
+
     async fn single_file_batch(&self, row: &str) -> Value {
         let m = manifest(
             "mrt-single-file-batch-manifest",
             "nfo:fileUrl | nfo:hashAlgorithm | nfo:hashValue | nfo:fileSize | nfo:fileLastModified | nfo:fileName",
             &[row.to_string()],
         );
-        let (st, v) = self
-            .upload(
-                BOB,
-                "profile=alpha&type=single-file-batch-manifest",
-                "m.checkm",
-                m.as_bytes(),
-            )
-            .await;
+        let (st, v) = self.bobs_batch_manifest(&m).await;
         assert_eq!(st, StatusCode::CREATED, "{v}");
         self.finished(v["id"].as_str().unwrap()).await
     }
@@ -222,6 +241,12 @@ impl Serve {
             let n = std::fs::metadata(&f).unwrap().len();
             assert!(n < 2 << 20, "{} is {n} bytes", f.display());
         }
+    }
+
+    /// Asserts a refused payload left nothing: no large working file, nothing stored.
+    fn left_nothing(&self) {
+        self.no_large_working_files();
+        assert!(self.stored_files().is_empty());
     }
 
     /// Files under the storage root.
@@ -458,13 +483,7 @@ async fn one_tenant_can_neither_read_nor_extend_anothers_object() {
     std::fs::write(pdir.path().join("b.txt"), b"bob's words\n").unwrap();
     let files = PayloadServer::start(pdir.path()).await.unwrap();
     let s = serve(&[format!("http://{}/", files.addr)], "");
-    let b = s
-        .submit_finished(
-            ALICE,
-            json!({"payload_url": files.url("a.txt"), "profile": "alpha"}),
-        )
-        .await;
-    assert_eq!(b["status"]["status"], "Completed", "{b}");
+    let b = s.alices_completed(&files.url("a.txt")).await;
     let job = s.only_job(&b).await;
     let ark = job["identifiers"]["primary_id"]
         .as_str()
@@ -541,11 +560,7 @@ async fn one_tenant_can_neither_read_nor_extend_anothers_object() {
             m.as_bytes(),
         )
         .await;
-    assert_eq!(st, StatusCode::CREATED, "{v}");
-    let b = s.finished(v["id"].as_str().unwrap()).await;
-    let job = s.only_job(&b).await;
-    assert_eq!(job["status"]["status"], "Failed", "{job}");
-    assert!(message(&job).contains("another collection"), "{job}");
+    s.only_job_failed((st, v), "another collection").await;
     assert_eq!(s.stored_files(), stored_before, "nothing more was stored");
 }
 
@@ -648,14 +663,7 @@ async fn oversized_and_hostile_manifests_are_refused_without_stalling_the_server
         ("rows", many, "payload.max_rows"),
         ("line", long_line, "payload.max_line_bytes"),
     ] {
-        let (st, v) = s
-            .upload(
-                BOB,
-                "profile=alpha&type=single-file-batch-manifest",
-                "m.checkm",
-                text.as_bytes(),
-            )
-            .await;
+        let (st, v) = s.bobs_batch_manifest(&text).await;
         assert_eq!(st, StatusCode::CREATED, "{what}: {v}");
         let bid = v["id"].as_str().unwrap().to_string();
         s.healthy().await;
@@ -671,14 +679,7 @@ async fn oversized_and_hostile_manifests_are_refused_without_stalling_the_server
          #%fields | nfo:fileUrl | {}\n#%eof\n",
         wide.join(" | ")
     );
-    let (_, v) = s
-        .upload(
-            BOB,
-            "profile=alpha&type=single-file-batch-manifest",
-            "m.checkm",
-            wide.as_bytes(),
-        )
-        .await;
+    let (_, v) = s.bobs_batch_manifest(&wide).await;
     let b = s.finished(v["id"].as_str().unwrap()).await;
     assert!(message(&b).contains("payload.max_fields"), "{b}");
     // A byte-order mark at the start is fine.
@@ -690,14 +691,7 @@ async fn oversized_and_hostile_manifests_are_refused_without_stalling_the_server
             &["https://example.org/x | | | | | x".into()]
         )
     );
-    let (_, v) = s
-        .upload(
-            BOB,
-            "profile=alpha&type=single-file-batch-manifest",
-            "m.checkm",
-            bom.as_bytes(),
-        )
-        .await;
+    let (_, v) = s.bobs_batch_manifest(&bom).await;
     let b = s.finished(v["id"].as_str().unwrap()).await;
     assert!(
         !message(&b).contains("checkm_0.7"),
@@ -755,8 +749,7 @@ async fn endless_and_dripping_payloads_are_cut_off() {
         .await;
     assert!(message(&job).contains("can never fit"), "{job}");
     // Nothing large was left in the working folders.
-    s.no_large_working_files();
-    assert!(s.stored_files().is_empty());
+    s.left_nothing();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -776,13 +769,8 @@ async fn container_bombs_are_refused_and_leave_nothing_behind() {
     let (st, v) = s
         .upload(BOB, "profile=alpha&type=container", "bomb.tar.gz", &bomb)
         .await;
-    assert_eq!(st, StatusCode::CREATED, "{v}");
-    let b = s.finished(v["id"].as_str().unwrap()).await;
-    let job = s.only_job(&b).await;
-    assert_eq!(job["status"]["status"], "Failed", "{job}");
-    assert!(message(&job).contains("payload.max_unpack_ratio"), "{job}");
-    s.no_large_working_files();
-    assert!(s.stored_files().is_empty());
+    s.only_job_failed((st, v), "payload.max_unpack_ratio").await;
+    s.left_nothing();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -842,11 +830,7 @@ async fn names_that_cannot_be_stored_fail_at_once() {
     let (st, v) = s
         .upload(BOB, "profile=alpha&type=manifest", "m.checkm", m.as_bytes())
         .await;
-    assert_eq!(st, StatusCode::CREATED, "{v}");
-    let b = s.finished(v["id"].as_str().unwrap()).await;
-    let job = s.only_job(&b).await;
-    assert_eq!(job["status"]["status"], "Failed", "{job}");
-    assert!(message(&job).contains("over the limit of 250"), "{job}");
+    let job = s.only_job_failed((st, v), "over the limit of 250").await;
     assert_eq!(job["status"]["retry_count"], 0, "not retried: {job}");
     assert_eq!(job["status"]["failure_kind"], "fatal", "{job}");
     assert_eq!(job["status"]["failed_attempts"], 1, "{job}");
@@ -1009,14 +993,7 @@ async fn one_submitters_slow_downloads_do_not_hold_every_slot() {
         "nfo:fileUrl | nfo:hashAlgorithm | nfo:hashValue | nfo:fileSize | nfo:fileLastModified | nfo:fileName",
         &rows,
     );
-    let (st, v) = s
-        .upload(
-            BOB,
-            "profile=alpha&type=single-file-batch-manifest",
-            "m.checkm",
-            m.as_bytes(),
-        )
-        .await;
+    let (st, v) = s.bobs_batch_manifest(&m).await;
     assert_eq!(st, StatusCode::CREATED, "{v}");
     let bobs = v["id"].as_str().unwrap().to_string();
     // Another process's downloads have no event here.
@@ -1036,13 +1013,7 @@ async fn one_submitters_slow_downloads_do_not_hold_every_slot() {
     )
     .await;
     // Alice's tiny file gets a slot and completes while Bob's still drip.
-    let b = s
-        .submit_finished(
-            ALICE,
-            json!({"payload_url": files.url("tiny.txt"), "profile": "alpha"}),
-        )
-        .await;
-    assert_eq!(b["status"]["status"], "Completed", "{b}");
+    s.alices_completed(&files.url("tiny.txt")).await;
     let (_, bob) = s.get(ADMIN, &format!("/api/v1/batches/{bobs}")).await;
     assert_eq!(
         bob["status"]["status"], "Processing",
