@@ -5,44 +5,55 @@ mod common;
 
 use common::*;
 use reqwest::StatusCode;
-use serde_json::json;
-use std::sync::Arc;
+use serde_json::{Value, json};
 use std::time::Duration;
+
+/// A generic-job type's part of the API, called as the admin; paths are relative to
+/// `/api/v1/types/NAME`.
+struct TypeApi<'a> {
+    s: &'a Server,
+    base: String,
+}
+
+impl<'a> TypeApi<'a> {
+    fn of(s: &'a Server, name: &str) -> TypeApi<'a> {
+        let base = format!("/api/v1/types/{name}");
+        TypeApi { s, base }
+    }
+
+    async fn call(&self, method: &str, rest: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let path = format!("{}{rest}", self.base);
+        self.s.call(ADMIN, method, &path, body).await
+    }
+
+    async fn get(&self, rest: &str) -> (StatusCode, Value) {
+        self.call("GET", rest, None).await
+    }
+
+    async fn post(&self, rest: &str, body: Value) -> (StatusCode, Value) {
+        self.call("POST", rest, Some(body)).await
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_operation_over_http() {
     let s = start().await;
-    let (st, _) = s
-        .call(
-            ADMIN,
-            "PUT",
-            "/api/v1/types/conv",
-            Some(json!({"timeout_s": 30})),
-        )
-        .await;
+    let conv = TypeApi::of(&s, "conv");
+    let (st, _) = conv.call("PUT", "", Some(json!({"timeout_s": 30}))).await;
     assert_eq!(st, StatusCode::OK);
-    let (st, v) = s
-        .post(
-            ADMIN,
-            "/api/v1/types/conv/jobs",
-            json!({"id": "a", "data": {"n": 1}}),
-        )
+    let (st, v) = conv
+        .post("/jobs", json!({"id": "a", "data": {"n": 1}}))
         .await;
-    assert_eq!(
-        (st, v["result"].as_str()),
-        (StatusCode::CREATED, Some("created"))
-    );
-    let (st, v) = s.get(ADMIN, "/api/v1/types/conv/jobs/a").await;
-    assert_eq!((st, v["state"].as_str()), (StatusCode::OK, Some("pending")));
+    answered((st, &v), StatusCode::CREATED, "result", "created");
+    let (st, v) = conv.get("/jobs/a").await;
+    answered((st, &v), StatusCode::OK, "state", "pending");
 
-    let (_, sub) = s
-        .call(ADMIN, "POST", "/api/v1/types/conv/jobs/a/subscribe", None)
-        .await;
+    let (_, sub) = conv.call("POST", "/jobs/a/subscribe", None).await;
     assert_eq!(sub["state"], "pending");
     let sid = sub["subscription"].as_u64().unwrap();
 
-    let (st, job) = s.post(ADMIN, "/api/v1/types/conv/accept", json!({})).await;
-    assert_eq!((st, job["id"].as_str()), (StatusCode::OK, Some("a")));
+    let (st, job) = conv.post("/accept", json!({})).await;
+    answered((st, &job), StatusCode::OK, "id", "a");
     let lock = job["lock"].as_str().unwrap().to_string();
     let (st, change) = s
         .post(
@@ -51,44 +62,29 @@ async fn every_operation_over_http() {
             json!({"subscriptions": [sid], "timeout_ms": 5000}),
         )
         .await;
-    assert_eq!(
-        (st, change["state"].as_str()),
-        (StatusCode::OK, Some("running"))
-    );
+    answered((st, &change), StatusCode::OK, "state", "running");
 
-    let (st, v) = s
+    let (st, v) = conv
         .post(
-            ADMIN,
-            "/api/v1/types/conv/jobs/a/update",
+            "/jobs/a/update",
             json!({"lock": lock, "data": {"n": 1, "half": true}}),
         )
         .await;
     assert_eq!((st, &v["data"]["half"]), (StatusCode::OK, &json!(true)));
     // A wrong lock: 409 halt, nothing written.
     let before = s.stored().await;
-    let (st, v) = s
+    let (st, v) = conv
         .post(
-            ADMIN,
-            "/api/v1/types/conv/jobs/a/finish",
+            "/jobs/a/finish",
             json!({"lock": "not-the-lock", "data": {}}),
         )
         .await;
-    assert_eq!(
-        (st, v["kind"].as_str()),
-        (StatusCode::CONFLICT, Some("halt"))
-    );
+    answered((st, &v), StatusCode::CONFLICT, "kind", "halt");
     assert_eq!(s.stored().await, before);
-    let (st, v) = s
-        .post(
-            ADMIN,
-            "/api/v1/types/conv/jobs/a/finish",
-            json!({"lock": lock, "data": {"done": 1}}),
-        )
+    let (st, v) = conv
+        .post("/jobs/a/finish", json!({"lock": lock, "data": {"done": 1}}))
         .await;
-    assert_eq!(
-        (st, v["state"].as_str()),
-        (StatusCode::OK, Some("finished"))
-    );
+    answered((st, &v), StatusCode::OK, "state", "finished");
     let (_, change) = s
         .post(
             ADMIN,
@@ -108,19 +104,14 @@ async fn every_operation_over_http() {
     assert_eq!(st, StatusCode::NO_CONTENT);
 
     // Nothing due: 204 at once; a long-poll is woken by an add.
-    let (st, _) = s.post(ADMIN, "/api/v1/types/conv/accept", json!({})).await;
+    let (st, _) = conv.post("/accept", json!({})).await;
     assert_eq!(st, StatusCode::NO_CONTENT);
-    let s = Arc::new(s);
-    let s2 = s.clone();
+    let api = s.api.clone();
     let mut parked = s.jobs.parked();
     let from = *parked.borrow_and_update();
     let poll = tokio::spawn(async move {
-        s2.post(
-            ADMIN,
-            "/api/v1/types/conv/accept",
-            json!({"timeout_ms": 60000}),
-        )
-        .await
+        let body = json!({"timeout_ms": 60000});
+        api.post(ADMIN, "/api/v1/types/conv/accept", body).await
     });
     // The add comes once the long-poll has looked and is waiting.
     tokio::time::timeout(Duration::from_secs(30), parked.wait_for(|p| *p > from))
@@ -128,30 +119,18 @@ async fn every_operation_over_http() {
         .expect("the long-poll parked")
         .unwrap();
     let started = std::time::Instant::now();
-    s.post(ADMIN, "/api/v1/types/conv/jobs", json!({"id": "b"}))
-        .await;
+    conv.post("/jobs", json!({"id": "b"})).await;
     let (st, job) = poll.await.unwrap();
-    assert_eq!((st, job["id"].as_str()), (StatusCode::OK, Some("b")));
+    answered((st, &job), StatusCode::OK, "id", "b");
     assert!(
         started.elapsed() < Duration::from_secs(30),
         "woken, not timed out"
     );
     let lock = job["lock"].as_str().unwrap();
-    let (st, v) = s
-        .post(
-            ADMIN,
-            "/api/v1/types/conv/jobs/b/resubmit",
-            json!({"lock": lock}),
-        )
-        .await;
+    let (st, v) = conv.post("/jobs/b/resubmit", json!({"lock": lock})).await;
     assert_eq!((st, v["resubmit"].as_bool()), (StatusCode::OK, Some(true)));
-    s.post(
-        ADMIN,
-        "/api/v1/types/conv/jobs/b/finish",
-        json!({"lock": lock}),
-    )
-    .await;
-    let (_, list) = s.get(ADMIN, "/api/v1/types/conv/jobs?state=pending").await;
+    conv.post("/jobs/b/finish", json!({"lock": lock})).await;
+    let (_, list) = conv.get("/jobs?state=pending").await;
     let ids: Vec<&str> = list["jobs"]
         .as_array()
         .unwrap()
@@ -161,30 +140,19 @@ async fn every_operation_over_http() {
     assert_eq!(ids, ["b"], "resubmitted: pending again");
     let (_, types) = s.get(ADMIN, "/api/v1/types").await;
     assert_eq!(types[0]["finished"], 1);
-    let (st, _) = s
-        .call(ADMIN, "DELETE", "/api/v1/types/conv/jobs/b", None)
-        .await;
+    let (st, _) = conv.call("DELETE", "/jobs/b", None).await;
     assert_eq!(st, StatusCode::NO_CONTENT);
-    let (st, _) = s.get(ADMIN, "/api/v1/types/conv/jobs/b").await;
+    let (st, _) = conv.get("/jobs/b").await;
     assert_eq!(st, StatusCode::NOT_FOUND);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_json_errors_and_change_nothing() {
     let s = start().await;
-    s.call(
-        ADMIN,
-        "PUT",
-        "/api/v1/types/conv",
-        Some(json!({"timeout_s": 30})),
-    )
-    .await;
-    s.post(
-        ADMIN,
-        "/api/v1/types/conv/jobs",
-        json!({"id": "keep", "data": {"v": 1}}),
-    )
-    .await;
+    let conv = TypeApi::of(&s, "conv");
+    conv.call("PUT", "", Some(json!({"timeout_s": 30}))).await;
+    conv.post("/jobs", json!({"id": "keep", "data": {"v": 1}}))
+        .await;
     let before = s.stored().await;
     let cases: Vec<(&str, &str, &str, StatusCode, &str)> = vec![
         (
@@ -317,10 +285,7 @@ async fn bad_requests_get_json_errors_and_change_nothing() {
             json!({"id": "sneaky"}),
         )
         .await;
-    assert_eq!(
-        (st, v["kind"].as_str()),
-        (StatusCode::UNAUTHORIZED, Some("unauthorized"))
-    );
+    answered((st, &v), StatusCode::UNAUTHORIZED, "kind", "unauthorized");
     let (st, v) = s
         .call(SUBMITTER, "DELETE", "/api/v1/types/conv/jobs/keep", None)
         .await;
@@ -341,13 +306,8 @@ async fn bad_requests_get_json_errors_and_change_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_taken_for_a_client_that_left_goes_back_to_pending() {
     let s = start().await;
-    s.call(
-        ADMIN,
-        "PUT",
-        "/api/v1/types/conv",
-        Some(json!({"timeout_s": 30})),
-    )
-    .await;
+    let conv = TypeApi::of(&s, "conv");
+    conv.call("PUT", "", Some(json!({"timeout_s": 30}))).await;
     // The client gives up after 300 ms; the server is still waiting for a job for it.
     let r = s
         .http
@@ -358,41 +318,27 @@ async fn a_job_taken_for_a_client_that_left_goes_back_to_pending() {
         .send()
         .await;
     assert!(r.is_err(), "the client timed out");
-    s.post(ADMIN, "/api/v1/types/conv/jobs", json!({"id": "orphan"}))
-        .await;
+    conv.post("/jobs", json!({"id": "orphan"})).await;
     // Whether the server noticed at once or took the job and put it back, the job ends up
     // pending and a present client gets it.
-    let (st, job) = s
-        .post(
-            ADMIN,
-            "/api/v1/types/conv/accept",
-            json!({"timeout_ms": 10000}),
-        )
-        .await;
-    assert_eq!((st, job["id"].as_str()), (StatusCode::OK, Some("orphan")));
+    let (st, job) = conv.post("/accept", json!({"timeout_ms": 10000})).await;
+    answered((st, &job), StatusCode::OK, "id", "orphan");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finish_and_accept_hands_over_the_next_job_in_one_request() {
     let s = start().await;
-    s.call(
-        ADMIN,
-        "PUT",
-        "/api/v1/types/conv",
-        Some(json!({"timeout_s": 30})),
-    )
-    .await;
+    let conv = TypeApi::of(&s, "conv");
+    conv.call("PUT", "", Some(json!({"timeout_s": 30}))).await;
     for id in ["a", "b"] {
-        s.post(ADMIN, "/api/v1/types/conv/jobs", json!({"id": id}))
-            .await;
+        conv.post("/jobs", json!({"id": id})).await;
     }
-    let (_, a) = s.post(ADMIN, "/api/v1/types/conv/accept", json!({})).await;
+    let (_, a) = conv.post("/accept", json!({})).await;
     assert_eq!(a["id"], "a");
     let lock_a = a["lock"].as_str().unwrap().to_string();
-    let (st, v) = s
+    let (st, v) = conv
         .post(
-            ADMIN,
-            "/api/v1/types/conv/jobs/a/finish-and-accept",
+            "/jobs/a/finish-and-accept",
             json!({"lock": lock_a, "data": {"done": true}}),
         )
         .await;
@@ -412,23 +358,15 @@ async fn finish_and_accept_hands_over_the_next_job_in_one_request() {
     let lock_b = v["next"]["lock"].as_str().unwrap().to_string();
     // The finished job's lock is spent: halt, and nothing changes.
     let before = s.stored().await;
-    let (st, v) = s
-        .post(
-            ADMIN,
-            "/api/v1/types/conv/jobs/a/finish-and-accept",
-            json!({"lock": lock_a}),
-        )
+    let (st, v) = conv
+        .post("/jobs/a/finish-and-accept", json!({"lock": lock_a}))
         .await;
-    assert_eq!(
-        (st, v["kind"].as_str()),
-        (StatusCode::CONFLICT, Some("halt"))
-    );
+    answered((st, &v), StatusCode::CONFLICT, "kind", "halt");
     assert_eq!(s.stored().await, before);
     // The next job holds under its own lock; with nothing left due, `next` is null at once.
-    let (st, v) = s
+    let (st, v) = conv
         .post(
-            ADMIN,
-            "/api/v1/types/conv/jobs/b/finish-and-accept",
+            "/jobs/b/finish-and-accept",
             json!({"lock": lock_b, "timeout_ms": 0}),
         )
         .await;
@@ -544,7 +482,7 @@ async fn processor_tokens_process_their_types_and_nothing_else() {
     let (st, job) = s
         .post(THUMBS, "/api/v1/types/thumbs/accept", json!({}))
         .await;
-    assert_eq!((st, job["id"].as_str()), (StatusCode::OK, Some("t1")));
+    answered((st, &job), StatusCode::OK, "id", "t1");
     let lock = job["lock"].as_str().unwrap().to_string();
     let (st, _) = s
         .post(
@@ -602,11 +540,11 @@ async fn processor_tokens_process_their_types_and_nothing_else() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_priorities_schedules_and_settings_over_http() {
     let s = start().await;
-    let (st, v) = s
+    let conv = TypeApi::of(&s, "conv");
+    let (st, v) = conv
         .call(
-            ADMIN,
             "PUT",
-            "/api/v1/types/conv",
+            "",
             Some(json!({"timeout_s": 30, "max_attempts": 1, "keep_finished_s": 3600})),
         )
         .await;
@@ -628,9 +566,7 @@ async fn failures_priorities_schedules_and_settings_over_http() {
         (json!({"rate_per_s": -1}), "rate_per_s"),
         (json!({"retries": 3}), "retries"),
     ] {
-        let (st, v) = s
-            .call(ADMIN, "PUT", "/api/v1/types/conv", Some(body.clone()))
-            .await;
+        let (st, v) = conv.call("PUT", "", Some(body.clone())).await;
         // 400 for a value refused, 422 for one of the wrong type.
         assert!(
             st == StatusCode::BAD_REQUEST || st == StatusCode::UNPROCESSABLE_ENTITY,
@@ -647,55 +583,42 @@ async fn failures_priorities_schedules_and_settings_over_http() {
         )
         .await;
     assert_eq!(st, StatusCode::NOT_FOUND, "a type needs timeout_s: {v}");
-    let (st, _) = s
-        .post(
-            ADMIN,
-            "/api/v1/types/conv/jobs",
-            json!({"id": "p", "priority": 5000}),
-        )
+    let (st, _) = conv
+        .post("/jobs", json!({"id": "p", "priority": 5000}))
         .await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
     assert_eq!(s.stored().await, before);
 
     // Priorities: the lower first.
     for (id, prio) in [("later", 5), ("first", -5)] {
-        let (st, _) = s
-            .post(
-                ADMIN,
-                "/api/v1/types/conv/jobs",
-                json!({"id": id, "priority": prio}),
-            )
+        let (st, _) = conv
+            .post("/jobs", json!({"id": id, "priority": prio}))
             .await;
         assert_eq!(st, StatusCode::CREATED);
     }
-    let (_, job) = s.post(ADMIN, "/api/v1/types/conv/accept", json!({})).await;
+    let (_, job) = conv.post("/accept", json!({})).await;
     assert_eq!(job["id"], "first");
     // An error on the only attempt: failed, listed, counted, retried by an admin.
-    let (st, v) = s
+    let (st, v) = conv
         .post(
-            ADMIN,
-            "/api/v1/types/conv/jobs/first/finish",
+            "/jobs/first/finish",
             json!({"lock": job["lock"], "error": "bad input"}),
         )
         .await;
-    assert_eq!((st, v["state"].as_str()), (StatusCode::OK, Some("failed")));
-    let (_, list) = s.get(ADMIN, "/api/v1/types/conv/jobs?state=failed").await;
+    answered((st, &v), StatusCode::OK, "state", "failed");
+    let (_, list) = conv.get("/jobs?state=failed").await;
     assert_eq!(list["jobs"][0]["id"], "first");
     assert_eq!(list["jobs"][0]["last_error"], "bad input");
-    let (_, ty) = s.get(ADMIN, "/api/v1/types/conv").await;
+    let (_, ty) = conv.get("").await;
     assert_eq!(
         (ty["failed"].as_u64(), ty["pending"].as_u64()),
         (Some(1), Some(1))
     );
-    let (st, v) = s
-        .call(ADMIN, "POST", "/api/v1/types/conv/jobs/later/retry", None)
-        .await;
+    let (st, v) = conv.call("POST", "/jobs/later/retry", None).await;
     assert_eq!(st, StatusCode::CONFLICT, "{v}");
     assert!(v["error"].as_str().unwrap().contains("only a failed job"));
-    let (st, v) = s
-        .call(ADMIN, "POST", "/api/v1/types/conv/jobs/first/retry", None)
-        .await;
-    assert_eq!((st, v["state"].as_str()), (StatusCode::OK, Some("pending")));
+    let (st, v) = conv.call("POST", "/jobs/first/retry", None).await;
+    answered((st, &v), StatusCode::OK, "state", "pending");
 
     // Schedules.
     let before = s.stored().await;
@@ -705,49 +628,27 @@ async fn failures_priorities_schedules_and_settings_over_http() {
         json!({}),
         json!({"every_s": 0}),
     ] {
-        let (st, v) = s
-            .call(
-                ADMIN,
-                "PUT",
-                "/api/v1/types/conv/schedules/nightly",
-                Some(body.clone()),
-            )
+        let (st, v) = conv
+            .call("PUT", "/schedules/nightly", Some(body.clone()))
             .await;
         assert_eq!(st, StatusCode::BAD_REQUEST, "{body}: {v}");
     }
     assert_eq!(s.stored().await, before);
-    let (st, v) = s
+    let (st, v) = conv
         .call(
-            ADMIN,
             "PUT",
-            "/api/v1/types/conv/schedules/nightly",
+            "/schedules/nightly",
             Some(json!({"cron": "0 3 * * *", "data": {"k": 1}})),
         )
         .await;
     assert_eq!(st, StatusCode::OK, "{v}");
     assert!(v["next_tick_ms"].as_u64().unwrap() % 86_400_000 == 3 * 3_600_000);
-    let (_, list) = s.get(ADMIN, "/api/v1/types/conv/schedules").await;
+    let (_, list) = conv.get("/schedules").await;
     assert_eq!(list["schedules"][0]["name"], "nightly");
-    let (st, _) = s
-        .call(
-            ADMIN,
-            "DELETE",
-            "/api/v1/types/conv/schedules/nightly",
-            None,
-        )
-        .await;
+    let (st, _) = conv.call("DELETE", "/schedules/nightly", None).await;
     assert_eq!(st, StatusCode::NO_CONTENT);
-    let (st, _) = s
-        .call(
-            ADMIN,
-            "DELETE",
-            "/api/v1/types/conv/schedules/nightly",
-            None,
-        )
-        .await;
+    let (st, _) = conv.call("DELETE", "/schedules/nightly", None).await;
     assert_eq!(st, StatusCode::NOT_FOUND);
-    let (st, _) = s
-        .post(ADMIN, "/api/v1/types/conv/finish", json!({"jobs": []}))
-        .await;
+    let (st, _) = conv.post("/finish", json!({"jobs": []})).await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
 }

@@ -32,6 +32,12 @@ pub struct Server {
     pub dir: tempfile::TempDir,
 }
 
+/// Asserts an answer has this status and its `field` this text.
+pub fn answered(got: (StatusCode, &Value), status: StatusCode, field: &str, text: &str) {
+    let (st, v) = got;
+    assert_eq!((st, v[field].as_str()), (status, Some(text)), "{v}");
+}
+
 /// A server whose depositors may name the unused loopback port 9 (submissions that are
 /// never fetched).
 pub async fn start() -> Server {
