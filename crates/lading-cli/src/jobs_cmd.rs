@@ -24,18 +24,8 @@ pub enum JobsCmd {
     /// --keep-failed-s. For the last three, 0 means none (no limit, kept).
     Type {
         r#type: String,
-        #[arg(long)]
-        timeout_s: Option<u64>,
-        #[arg(long)]
-        max_attempts: Option<u32>,
-        #[arg(long)]
-        backoff_base_ms: Option<u64>,
-        #[arg(long)]
-        rate_per_s: Option<u32>,
-        #[arg(long)]
-        keep_finished_s: Option<u64>,
-        #[arg(long)]
-        keep_failed_s: Option<u64>,
+        #[command(flatten)]
+        settings: TypeFlags,
     },
     /// Every type, with its settings and its jobs per state.
     Types,
@@ -182,6 +172,36 @@ fn said<T, E: Into<anyhow::Error>>(name: &str, done: &str, r: Result<T, E>) -> a
     Ok(())
 }
 
+/// The settings `lading jobs type` changes (those not given stay as they are).
+#[derive(clap::Args, Debug)]
+pub struct TypeFlags {
+    #[arg(long)]
+    timeout_s: Option<u64>,
+    #[arg(long)]
+    max_attempts: Option<u32>,
+    #[arg(long)]
+    backoff_base_ms: Option<u64>,
+    #[arg(long)]
+    rate_per_s: Option<u32>,
+    #[arg(long)]
+    keep_finished_s: Option<u64>,
+    #[arg(long)]
+    keep_failed_s: Option<u64>,
+}
+
+impl TypeFlags {
+    fn update(self) -> TypeUpdate {
+        TypeUpdate {
+            timeout_s: self.timeout_s,
+            max_attempts: self.max_attempts,
+            backoff_base_ms: self.backoff_base_ms,
+            rate_per_s: self.rate_per_s,
+            keep_finished_s: self.keep_finished_s,
+            keep_failed_s: self.keep_failed_s,
+        }
+    }
+}
+
 async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
     match cmd {
         JobsCmd::Timeout { r#type, seconds } => match seconds {
@@ -191,23 +211,8 @@ async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
             }
             None => println!("{}", j.get_type_timeout(&r#type).await?),
         },
-        JobsCmd::Type {
-            r#type,
-            timeout_s,
-            max_attempts,
-            backoff_base_ms,
-            rate_per_s,
-            keep_finished_s,
-            keep_failed_s,
-        } => {
-            let update = TypeUpdate {
-                timeout_s,
-                max_attempts,
-                backoff_base_ms,
-                rate_per_s,
-                keep_finished_s,
-                keep_failed_s,
-            };
+        JobsCmd::Type { r#type, settings } => {
+            let update = settings.update();
             let settings = if update == TypeUpdate::default() {
                 j.read_type(&r#type).await?
             } else {
