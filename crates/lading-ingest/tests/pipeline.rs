@@ -279,9 +279,7 @@ async fn a_digest_mismatch_fails_the_job_at_once() {
         ],
         &[vec![f, "sha256".into(), "0".repeat(64), "a.txt".into()]],
     );
-    let (url, _) = w.file("obj.checkm", text.as_bytes());
-    let ingest = w.ingest();
-    let bid = w.submit(&ingest, &url, "manifest").await;
+    let (ingest, bid) = w.submit_manifest(&text).await;
     let run = w.run_all(&ingest);
     w.batch_reaches(&bid, &[BatchState::Failed]).await;
     let job = w.jobs_of(&bid).await.remove(0);
@@ -395,9 +393,7 @@ async fn a_requeue_fetches_again_only_the_files_whose_manifest_rows_changed() {
         row(&c, sha(b"the c"), "c.txt"),
         row(&b, "0".repeat(64), "b.txt"),
     ]);
-    let (url, _) = w.file("obj.checkm", first.as_bytes());
-    let ingest = w.ingest();
-    let bid = w.submit(&ingest, &url, "manifest").await;
+    let (ingest, bid) = w.submit_manifest(&first).await;
     let run = w.run_all(&ingest);
     w.batch_reaches(&bid, &[BatchState::Failed]).await;
     let job = w.jobs_of(&bid).await.remove(0);
@@ -559,9 +555,7 @@ async fn jobs_wait_in_provisioning_while_storage_is_full_then_proceed() {
     // Room appears (here: the reserve is lowered) and the job goes on.
     w.cfg.reserve_bytes = 0;
     let roomy = w.ingest();
-    let run = w.run_all(&roomy);
-    w.completes(&bid).await;
-    run.stop().await;
+    w.runs_to_completion(&roomy, &bid).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -768,9 +762,7 @@ async fn a_batch_left_in_processing_by_a_crash_is_reported_when_reporting_starts
         )
         .await
         .unwrap();
-    let run = w.run_all(&ingest);
-    w.completes(&bid).await;
-    run.stop().await;
+    w.runs_to_completion(&ingest, &bid).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1103,14 +1095,7 @@ async fn merritt_ingest_service_submission_keys_run_to_completion(w: World) {
     );
     // A filename leading out of the package folder is refused, naming the rule.
     assert_eq!(w.batch_ends(&outside).await, BatchState::Failed);
-    let msg = w
-        .engine
-        .batch(&outside)
-        .await
-        .unwrap()
-        .status
-        .message
-        .unwrap();
+    let msg = w.batch_message(&outside).await;
     assert!(
         msg.contains("not a file inside merritt_package_root"),
         "{msg}"
@@ -1122,14 +1107,7 @@ async fn merritt_ingest_service_submission_keys_run_to_completion(w: World) {
     let unset = merritt::create_batch(&*tree, &merritt("queue/object.txt")).await;
     let run = w.run_all(&plain);
     w.batch_reaches(&unset, &[BatchState::Failed]).await;
-    let msg = w
-        .engine
-        .batch(&unset)
-        .await
-        .unwrap()
-        .status
-        .message
-        .unwrap();
+    let msg = w.batch_message(&unset).await;
     assert!(
         msg.contains("merritt_package_root is not configured"),
         "{msg}"
@@ -1320,9 +1298,7 @@ async fn a_job_that_changes_hosts_is_fetched_and_processed_again_where_it_goes(w
     );
     // Host A stores: its folder holds the downloads but not B's processing, so A processes
     // again (from its own verified downloads, nothing fetched) before it stores.
-    let run = w.run_all(&a);
-    w.completes(&bid).await;
-    run.stop().await;
+    w.runs_to_completion(&a, &bid).await;
     assert_eq!(
         w.server.gets("o.checkm.d/a.txt"),
         2,

@@ -277,10 +277,29 @@ impl World {
 
     /// Waits for `batch` to end; panics unless it ended Completed.
     pub async fn completes(&self, batch: &BatchId) {
-        let end = self
-            .batch_reaches(batch, &[BatchState::Completed, BatchState::Failed])
-            .await;
+        let end = self.batch_ends(batch).await;
         assert_eq!(end, BatchState::Completed, "batch {batch}");
+    }
+
+    /// Serves `text` as `obj.checkm` and submits it as a manifest on a new ingest.
+    pub async fn submit_manifest(&self, text: &str) -> (Arc<Ingest>, BatchId) {
+        let (url, _) = self.file("obj.checkm", text.as_bytes());
+        let ingest = self.ingest();
+        let bid = self.submit(&ingest, &url, "manifest").await;
+        (ingest, bid)
+    }
+
+    /// The message of `batch`'s status (empty when none).
+    pub async fn batch_message(&self, batch: &BatchId) -> String {
+        let st = self.engine.batch(batch).await.unwrap().status;
+        st.message.unwrap_or_default()
+    }
+
+    /// Runs every stage on `ingest` until `batch` has completed, then stops them.
+    pub async fn runs_to_completion(&self, ingest: &Arc<Ingest>, batch: &BatchId) {
+        let run = self.run_all(ingest);
+        self.completes(batch).await;
+        run.stop().await;
     }
 
     /// The batch's first job, once intake has made it.
