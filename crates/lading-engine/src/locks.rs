@@ -15,14 +15,15 @@ use lading_core::layout::{
     BatchId, INVENTORY_LOCKS, STORAGE_LOCKS, batch_node, inventory_lock, storage_lock,
 };
 use lading_core::{CreateMode, TreeError};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// A lock left by another tool: a persistent storage or inventory lock, or a lock on a Held
 /// batch.
-#[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ForeignLock {
     /// `storage`, `inventory` or `batch`.
-    pub kind: &'static str,
+    pub kind: String,
     /// The lock node's name (the ark, escaped as a node name), or the batch id.
     pub name: String,
     /// When it was made, ms since the epoch.
@@ -56,7 +57,7 @@ impl Engine {
                     && stat.ephemeral_owner == 0
                 {
                     out.push(ForeignLock {
-                        kind,
+                        kind: kind.into(),
                         name,
                         since_ms: stat.ctime_ms,
                     });
@@ -71,7 +72,7 @@ impl Engine {
             }
             if let Some(stat) = self.tree.exists(&batch_node(&bid, "lock")).await? {
                 out.push(ForeignLock {
-                    kind: "batch",
+                    kind: "batch".into(),
                     name: bid.to_string(),
                     since_ms: stat.ctime_ms,
                 });

@@ -244,34 +244,30 @@ impl Engine {
     /// The store at a glance, as `lading status` and `GET /api/v1/status` show it: jobs and
     /// batches per state, paused queues, the outbox (waiting and given-up entries) and
     /// persistent storage/inventory locks left by other tools.
-    pub async fn summary(&self) -> Result<Value> {
-        let jobs: serde_json::Map<String, Value> = self
-            .job_counts()
-            .await?
-            .into_iter()
-            .map(|(st, n)| (st.name().to_string(), Value::from(n)))
-            .collect();
-        let batches: serde_json::Map<String, Value> = self
-            .batch_counts()
-            .await?
-            .into_iter()
-            .map(|(st, n)| (st.name().to_string(), Value::from(n)))
-            .collect();
-        let mut paused = Vec::new();
+    pub async fn summary(&self) -> Result<Summary> {
+        let jobs = self.job_counts().await?;
+        let batches = self.batch_counts().await?;
+        let mut paused_queues = Vec::new();
         for q in lading_core::layout::QUEUE_NAMES {
             if self.queue_paused(q).await? {
-                paused.push(*q);
+                paused_queues.push(q.to_string());
             }
         }
         let outbox = self.outbox().await?;
         let dead = outbox.iter().filter(|o| o.entry.dead).count();
-        Ok(serde_json::json!({
-            "jobs": jobs,
-            "batches": batches,
-            "paused_queues": paused,
-            "outbox": {"waiting": outbox.len() - dead, "dead": dead},
-            "foreign_locks": self.foreign_locks().await?,
-        }))
+        Ok(Summary {
+            jobs: jobs.iter().map(|(st, n)| (st.name().into(), *n)).collect(),
+            batches: batches
+                .iter()
+                .map(|(st, n)| (st.name().into(), *n))
+                .collect(),
+            paused_queues,
+            outbox: OutboxCounts {
+                waiting: outbox.len() - dead,
+                dead,
+            },
+            foreign_locks: self.foreign_locks().await?,
+        })
     }
 
     /// Admin: tries a dead (or waiting) entry again now, with a fresh attempt count.
@@ -294,4 +290,24 @@ impl Engine {
             })?;
         Ok(entry)
     }
+}
+
+/// The queue at a glance (`GET /api/v1/status`, `lading status`): jobs and batches per state,
+/// the paused queues, the outbox, and locks other tools left.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub jobs: std::collections::BTreeMap<String, u64>,
+    pub batches: std::collections::BTreeMap<String, u64>,
+    pub paused_queues: Vec<String>,
+    pub outbox: OutboxCounts,
+    pub foreign_locks: Vec<crate::ForeignLock>,
+}
+
+/// Outbox entries still being delivered, and those given up.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutboxCounts {
+    pub waiting: usize,
+    pub dead: usize,
 }

@@ -224,6 +224,15 @@ impl BatchAction {
     }
 }
 
+/// Liveness (`ok`) or readiness (`ready`, with the store's kind).
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ServiceState {
+    pub status: String,
+    /// `sqlite` or `zookeeper`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<String>,
+}
+
 /// One batch of a listing: its status (without its transitions), submission, and jobs per
 /// folder (`batch-completed`, …).
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]

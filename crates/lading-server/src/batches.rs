@@ -701,8 +701,11 @@ pub(crate) async fn resume_queue(
     Ok(Json(local(&s).queue(&name, false).await?))
 }
 
-#[utoipa::path(get, path = "/api/v1/status", tag = "admin", summary = "Counts per state", responses((status = 200, description = "jobs and batches per state, paused queues", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
-pub(crate) async fn status(State(s): State<AppState>, Admin(_): Admin) -> Result<Json<Value>> {
+#[utoipa::path(get, path = "/api/v1/status", tag = "admin", summary = "Counts per state", responses((status = 200, description = "jobs and batches per state, paused queues, the outbox, foreign locks", body = lading_engine::Summary), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub(crate) async fn status(
+    State(s): State<AppState>,
+    Admin(_): Admin,
+) -> Result<Json<lading_engine::Summary>> {
     Ok(Json(local(&s).summary().await?))
 }
 

@@ -121,13 +121,16 @@ pub(crate) async fn index() -> Response {
 }
 
 /// Liveness: the process answers.
-#[utoipa::path(get, path = "/api/v1/health", tag = "service", summary = "Liveness", responses((status = 200, description = "the process answers", body = serde_json::Value)), security(()))]
-pub(crate) async fn health() -> Json<serde_json::Value> {
-    Json(json!({"status": "ok"}))
+#[utoipa::path(get, path = "/api/v1/health", tag = "service", summary = "Liveness", responses((status = 200, description = "the process answers", body = api::ServiceState)), security(()))]
+pub(crate) async fn health() -> Json<api::ServiceState> {
+    Json(api::ServiceState {
+        status: "ok".into(),
+        store: None,
+    })
 }
 
 /// Readiness: the store answers and the server is not stopping.
-#[utoipa::path(get, path = "/api/v1/ready", tag = "service", summary = "Readiness", responses((status = 200, description = "ready", body = serde_json::Value), (status = 503, description = "the store does not answer, or the server is stopping")), security(()))]
+#[utoipa::path(get, path = "/api/v1/ready", tag = "service", summary = "Readiness", responses((status = 200, description = "ready", body = api::ServiceState), (status = 503, description = "the store does not answer, or the server is stopping")), security(()))]
 pub(crate) async fn ready(axum::extract::State(s): axum::extract::State<AppState>) -> Response {
     if *s.stopping.borrow() {
         return ApiError::new(
@@ -138,7 +141,11 @@ pub(crate) async fn ready(axum::extract::State(s): axum::extract::State<AppState
         .into_response();
     }
     match s.jobs.tree().exists("/").await {
-        Ok(_) => Json(json!({"status": "ready", "store": s.jobs.tree().kind()})).into_response(),
+        Ok(_) => Json(api::ServiceState {
+            status: "ready".into(),
+            store: Some(s.jobs.tree().kind().into()),
+        })
+        .into_response(),
         Err(e) => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "unavailable",

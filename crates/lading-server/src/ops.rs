@@ -12,7 +12,9 @@ use crate::client::Client;
 use anyhow::{Context, Result};
 use lading_core::JobState;
 use lading_core::layout::{AccessId, AccessQueue, BatchId, JobId, QUEUE_NAMES};
-use lading_engine::{AccessInfo, BatchInfo, ChangeEvent, EngineError, JobInfo, OutboxItem};
+use lading_engine::{
+    AccessInfo, BatchInfo, ChangeEvent, EngineError, JobInfo, OutboxItem, Summary,
+};
 use lading_ingest::Ingest;
 use serde_json::Value;
 use std::collections::VecDeque;
@@ -27,7 +29,7 @@ pub trait Ops {
     /// uploaded.
     async fn submit(&self, req: SubmitRequest) -> Result<Submitted>;
     /// Jobs and batches per state, paused queues, the outbox, foreign locks.
-    async fn summary(&self) -> Result<Value>;
+    async fn summary(&self) -> Result<Summary>;
     /// A batch, by `bid…` or its uuid.
     async fn batch(&self, id: &str) -> Result<BatchInfo>;
     async fn job(&self, id: &str) -> Result<JobInfo>;
@@ -49,7 +51,7 @@ pub trait Ops {
     /// request (`qid…`) or a batch (`bid…` or its uuid), with its history expanded.
     async fn record(&self, id: Option<&str>) -> Result<Value> {
         Ok(match id {
-            None => self.summary().await?,
+            None => serde_json::to_value(self.summary().await?)?,
             Some(id) if id.starts_with(JobId::PREFIX) => serde_json::to_value(self.job(id).await?)?,
             Some(id) if id.starts_with(AccessId::PREFIX) => {
                 serde_json::to_value(self.access(id).await?)?
@@ -84,7 +86,7 @@ impl Ops for Local {
         })
     }
 
-    async fn summary(&self) -> Result<Value> {
+    async fn summary(&self) -> Result<Summary> {
         Ok(self.0.engine.summary().await?)
     }
 
@@ -261,7 +263,7 @@ impl Ops for Client {
         }
     }
 
-    async fn summary(&self) -> Result<Value> {
+    async fn summary(&self) -> Result<Summary> {
         self.json("GET", "/api/v1/status", None::<&()>).await
     }
 

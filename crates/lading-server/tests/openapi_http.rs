@@ -179,6 +179,13 @@ async fn the_answers_are_described_by_their_schemas() {
     described("CollectionHold", &held);
     let (_, outbox) = s.get(ADMIN, "/api/v1/outbox").await;
     described("OutboxList", &outbox);
+    let (_, status) = s.get(ADMIN, "/api/v1/status").await;
+    described("Summary", &status);
+    described("OutboxCounts", &status["outbox"]);
+    for path in ["/api/v1/health", "/api/v1/ready"] {
+        let (_, v) = s.get(ADMIN, path).await;
+        described("ServiceState", &v);
+    }
     let states: Vec<&str> = lading_core::JobState::ALL
         .iter()
         .map(|s| s.name())

@@ -281,7 +281,7 @@ pub async fn merritt_failed_consumers_lock_on_a_held_batch_is_listed_and_cleared
     let locks = e.foreign_locks().await.unwrap();
     assert_eq!(locks.len(), 1, "{locks:?}");
     assert_eq!(
-        (locks[0].kind, locks[0].name.as_str()),
+        (locks[0].kind.as_str(), locks[0].name.as_str()),
         ("batch", bid.as_str())
     );
     let err = e.release_batch(&bid).await.unwrap_err();
