@@ -92,7 +92,8 @@ pub struct ChangeEvent {
 
 /// How long a job state's longest-waiting job has been in it (see
 /// [`Engine::oldest_per_state`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Oldest {
     /// When it entered the state (ms since the epoch); `None` for an empty state.
     pub since_ms: Option<u64>,

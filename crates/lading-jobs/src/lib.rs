@@ -280,6 +280,7 @@ pub type SubId = u64;
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Change {
+    #[cfg_attr(feature = "openapi", schema(value_type = u64))]
     pub subscription: SubId,
     #[serde(rename = "type")]
     pub ty: String,

@@ -328,7 +328,7 @@ pub struct FinishedAndNext {
 /// A new subscription to a job, and the job's state now.
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Subscribed {
-    pub subscription: lading_jobs::SubId,
+    pub subscription: u64,
     pub state: lading_jobs::State,
 }
 

@@ -13,7 +13,7 @@ use crate::{Admin, ApiError, AppState};
 use axum::Json;
 use axum::extract::State;
 use lading_engine::{ChangeEvent, Engine};
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -41,7 +41,7 @@ pub struct Tally {
     complete_from: Mutex<u64>,
     /// Transitions counted in the overlap: (time, job, failed?).
     overlap: Mutex<HashSet<(u64, String, bool)>>,
-    oldest: tokio::sync::Mutex<Option<(Instant, Value)>>,
+    oldest: tokio::sync::Mutex<Option<(Instant, OldestPerState)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -123,7 +123,7 @@ impl Tally {
 
     /// Completed and failed jobs per minute, the last [`MINUTES`] minutes, oldest first (the
     /// last one is the minute under way).
-    pub fn per_minute(&self, now_ms: u64) -> Vec<Value> {
+    pub fn per_minute(&self, now_ms: u64) -> Vec<Minute> {
         let first = (now_ms / 60_000 + 1).saturating_sub(MINUTES) * 60_000;
         let mut e = lock(&self.ended);
         // Forget what is older than the chart.
@@ -133,41 +133,71 @@ impl Tally {
             .map(|k| {
                 let start = first + k * 60_000;
                 let (completed, failed) = e.get(&start).copied().unwrap_or_default();
-                json!({"start_ms": start, "completed": completed, "failed": failed})
+                Minute {
+                    start_ms: start,
+                    completed,
+                    failed,
+                }
             })
             .collect()
     }
 
-    async fn oldest(&self, engine: &Engine) -> Result<Value, ApiError> {
+    async fn oldest(&self, engine: &Engine) -> Result<OldestPerState, ApiError> {
         let mut cached = self.oldest.lock().await;
         if let Some((at, v)) = cached.as_ref()
             && at.elapsed() < OLDEST_TTL
         {
             return Ok(v.clone());
         }
-        let per_state: serde_json::Map<String, Value> = engine
+        let v: OldestPerState = engine
             .oldest_per_state()
             .await?
             .into_iter()
-            .map(|(st, o)| (st.name().to_string(), json!(o)))
+            .map(|(st, o)| (st.name().to_string(), o))
             .collect();
-        let v = Value::Object(per_state);
         *cached = Some((Instant::now(), v.clone()));
         Ok(v)
     }
 }
 
-#[utoipa::path(get, path = "/api/v1/overview", tag = "admin", summary = "Jobs completed and failed per minute over the last hour (every host's), how long each state's longest-waiting job has been in it, and the held collections", responses((status = 200, description = "`per_minute`: 60 minutes, oldest first, each `start_ms`, `completed`, `failed`; `complete_from_ms`: from when the counts are complete (the last hour once read back after a start); `oldest`: per job state `since_ms` (null when empty) and `exact` (false when the state has more jobs than were read); `held_collections`: names", body = serde_json::Value), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
-pub async fn overview(State(s): State<AppState>, Admin(_): Admin) -> Result<Json<Value>, ApiError> {
+#[utoipa::path(get, path = "/api/v1/overview", tag = "admin", summary = "Jobs completed and failed per minute over the last hour (every host's), how long each state's longest-waiting job has been in it, and the held collections", responses((status = 200, description = "`per_minute`: 60 minutes, oldest first, each `start_ms`, `completed`, `failed`; `complete_from_ms`: from when the counts are complete (the last hour once read back after a start); `oldest`: per job state `since_ms` (null when empty) and `exact` (false when the state has more jobs than were read); `held_collections`: names", body = Overview), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub async fn overview(
+    State(s): State<AppState>,
+    Admin(_): Admin,
+) -> Result<Json<Overview>, ApiError> {
     let engine = &s.ingest.engine;
     let now = engine.clock().now_ms();
     let tally = s.events.tally();
     let complete_from = *lock(&tally.complete_from);
-    Ok(Json(json!({
-        "now_ms": now,
-        "per_minute": tally.per_minute(now),
-        "complete_from_ms": complete_from,
-        "oldest": tally.oldest(engine).await?,
-        "held_collections": engine.held_collections().await?,
-    })))
+    Ok(Json(Overview {
+        now_ms: now,
+        per_minute: tally.per_minute(now),
+        complete_from_ms: complete_from,
+        oldest: tally.oldest(engine).await?,
+        held_collections: engine.held_collections().await?,
+    }))
+}
+
+/// Per job state, how long its longest-waiting job has been in it.
+type OldestPerState = BTreeMap<String, lading_engine::Oldest>;
+
+/// What `GET /api/v1/overview` answers.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Overview {
+    pub now_ms: u64,
+    /// The last 60 minutes, oldest first (the last is the minute under way).
+    pub per_minute: Vec<Minute>,
+    /// From when the counts are complete (the last hour once read back after a start).
+    pub complete_from_ms: u64,
+    /// Per job state, how long its longest-waiting job has been in it.
+    pub oldest: BTreeMap<String, lading_engine::Oldest>,
+    pub held_collections: Vec<String>,
+}
+
+/// Jobs that completed and failed in one minute (every host's).
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Minute {
+    pub start_ms: u64,
+    pub completed: u64,
+    pub failed: u64,
 }

@@ -182,6 +182,14 @@ async fn the_answers_are_described_by_their_schemas() {
     let (_, status) = s.get(ADMIN, "/api/v1/status").await;
     described("Summary", &status);
     described("OutboxCounts", &status["outbox"]);
+    let (_, overview) = s.get(ADMIN, "/api/v1/overview").await;
+    described("Overview", &overview);
+    described("Minute", &overview["per_minute"][0]);
+    let oldest = &schemas["Overview"]["properties"]["oldest"]["additionalProperties"];
+    assert!(
+        properties(schemas, oldest).contains(&"since_ms".to_string()),
+        "{oldest}"
+    );
     for path in ["/api/v1/health", "/api/v1/ready"] {
         let (_, v) = s.get(ADMIN, path).await;
         described("ServiceState", &v);
@@ -226,6 +234,10 @@ async fn the_answers_are_described_by_their_schemas() {
     described("ScheduleView", &sch);
     let (_, list) = s.get(ADMIN, &format!("{ty}/schedules")).await;
     described("Schedules", &list);
+    // No schema is named after a Rust type rather than a record (an alias leaking through).
+    for name in ["u64", "u32", "BTreeMap", "HashMap", "Value", "Vec"] {
+        assert!(schemas.get(name).is_none(), "a schema named {name}");
+    }
     for path in ["/api/v1/batches/{id}", "/api/v1/jobs/{id}"] {
         let body =
             &doc["paths"][path]["get"]["responses"]["200"]["content"]["application/json"]["schema"];
