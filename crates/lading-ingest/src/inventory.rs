@@ -352,7 +352,7 @@ impl Inventory {
 }
 
 /// A stored version's files as the inventory has them, for one job.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct JobVersion {
     pub ark: String,
     pub version: u32,

@@ -71,6 +71,33 @@ impl SubmitRequest {
 pub struct Submitted {
     pub id: String,
     pub status: String,
+    /// An upload's size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+}
+
+impl Submitted {
+    /// A batch just made, Pending.
+    pub fn pending(bid: &lading_core::layout::BatchId, bytes: Option<u64>) -> Submitted {
+        Submitted {
+            id: bid.to_string(),
+            status: "Pending".into(),
+            bytes,
+        }
+    }
+
+    /// The answer: 201 with the batch's location.
+    pub fn created(self) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        let at = format!("/api/v1/batches/{}", self.id);
+        let created = axum::http::StatusCode::CREATED;
+        (
+            created,
+            [(axum::http::header::LOCATION, at)],
+            axum::Json(self),
+        )
+            .into_response()
+    }
 }
 
 /// A job or batch action's answer: the item's new state, or that it was purged.
@@ -231,6 +258,43 @@ pub struct ServiceState {
     /// `sqlite` or `zookeeper`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store: Option<String>,
+}
+
+/// A job's files: the versions it stored (from the inventory), its working folder on this
+/// host, and the tail of its log there.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct JobFiles {
+    pub id: String,
+    /// `{ark, version, created, files: [[path, size, sha256]]}` per version (at most 5,000
+    /// files in all).
+    #[schema(value_type = Vec<Object>)]
+    pub stored: Vec<lading_ingest::inventory::JobVersion>,
+    pub working: WorkingFiles,
+    pub log: LogTail,
+}
+
+/// What a job's working folder on one host holds: the object's own files and containers
+/// (not Lading's interim state), paths relative to the folder.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct WorkingFiles {
+    pub host: String,
+    pub present: bool,
+    pub files: Vec<WorkingFile>,
+    /// The folder held more than is listed.
+    pub truncated: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct WorkingFile {
+    pub path: String,
+    pub size: u64,
+}
+
+/// The last lines of a job's log on one host.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct LogTail {
+    pub lines: Vec<String>,
+    pub truncated: bool,
 }
 
 /// One batch of a listing: its status (without its transitions), submission, and jobs per

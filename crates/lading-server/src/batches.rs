@@ -128,18 +128,7 @@ pub(crate) async fn submit(
         lading_ingest::Trust::Depositor { upload: None },
     );
     let bid = lading_ingest::submit(&s.ingest, &sub).await?;
-    Ok((
-        StatusCode::CREATED,
-        [(
-            axum::http::header::LOCATION,
-            format!("/api/v1/batches/{bid}"),
-        )],
-        Json(crate::api::Submitted {
-            id: bid.to_string(),
-            status: "Pending".into(),
-        }),
-    )
-        .into_response())
+    Ok(crate::api::Submitted::pending(&bid, None).created())
 }
 
 /// The batch `id` (a `bid…` or its uuid) if `p` may see it.
@@ -231,12 +220,12 @@ const MAX_WORKING_FILES: usize = 1000;
 const LOG_TAIL_LINES: usize = 50;
 const LOG_TAIL_BYTES: u64 = 16 * 1024;
 
-#[utoipa::path(get, path = "/api/v1/jobs/{id}/files", tag = "admin", summary = "A job's files: the versions it stored (files with sizes and SHA-256 digests, from the inventory), what its working folder on this host holds, and the tail of its log there", params(("id" = String, Path, description = "jid…")), responses((status = 200, description = "`stored`: [{ark, version, created, files: [[path, size, sha256]]}] (at most 5,000 files); `working`: {host, present, files: [{path, size}], truncated} (paths relative to the job's folder; the object's own files and containers, not Lading's interim state); `log`: {lines, truncated} (the last 50 lines)", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this"), (status = 404, description = "no such job")))]
+#[utoipa::path(get, path = "/api/v1/jobs/{id}/files", tag = "admin", summary = "A job's files: the versions it stored (files with sizes and SHA-256 digests, from the inventory), what its working folder on this host holds, and the tail of its log there", params(("id" = String, Path, description = "jid…")), responses((status = 200, description = "`stored`: [{ark, version, created, files: [[path, size, sha256]]}] (at most 5,000 files); `working`: {host, present, files: [{path, size}], truncated} (paths relative to the job's folder; the object's own files and containers, not Lading's interim state); `log`: {lines, truncated} (the last 50 lines)", body = crate::api::JobFiles), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this"), (status = 404, description = "no such job")))]
 pub(crate) async fn job_files(
     State(s): State<AppState>,
     Admin(_): Admin,
     PathParams(id): PathParams<String>,
-) -> Result<Json<Value>> {
+) -> Result<Json<crate::api::JobFiles>> {
     let jid = JobId::parse(&id).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let info = s.ingest.engine.job(&jid).await?;
     let inv = s.ingest.inventory.clone();
@@ -249,16 +238,16 @@ pub(crate) async fn job_files(
     let (working, log) = tokio::task::spawn_blocking(move || (working_files(&dir), log_tail(&dir)))
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?;
-    Ok(Json(json!({
-        "id": id,
-        "stored": stored,
-        "working": working,
-        "log": log,
-    })))
+    Ok(Json(crate::api::JobFiles {
+        id,
+        stored,
+        working,
+        log,
+    }))
 }
 
 /// The files under a job's working folder (not Lading's interim state), by path.
-fn working_files(dir: &std::path::Path) -> Value {
+fn working_files(dir: &std::path::Path) -> crate::api::WorkingFiles {
     let mut files = Vec::new();
     let mut truncated = false;
     let mut stack = vec![std::path::PathBuf::new()];
@@ -291,22 +280,29 @@ fn working_files(dir: &std::path::Path) -> Value {
         }
     }
     files.sort();
-    json!({
-        "host": crate::node::owner(),
-        "present": dir.is_dir(),
-        "files": files.into_iter().map(|(path, size)| json!({"path": path, "size": size})).collect::<Vec<_>>(),
-        "truncated": truncated,
-    })
+    crate::api::WorkingFiles {
+        host: crate::node::owner(),
+        present: dir.is_dir(),
+        files: files
+            .into_iter()
+            .map(|(path, size)| crate::api::WorkingFile { path, size })
+            .collect(),
+        truncated,
+    }
 }
 
 /// The last lines of a job's log on this host.
-fn log_tail(dir: &std::path::Path) -> Value {
+fn log_tail(dir: &std::path::Path) -> crate::api::LogTail {
+    let none = crate::api::LogTail {
+        lines: Vec::new(),
+        truncated: false,
+    };
     use std::io::{Read, Seek, SeekFrom};
     let path = dir.join("job.log");
     // Only a plain file: a link is not followed.
     let plain = std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_file());
     let Some(mut f) = plain.then(|| std::fs::File::open(&path).ok()).flatten() else {
-        return json!({"lines": [], "truncated": false});
+        return none;
     };
     let len = f.metadata().map(|m| m.len()).unwrap_or(0);
     let start = len.saturating_sub(LOG_TAIL_BYTES);
@@ -314,7 +310,7 @@ fn log_tail(dir: &std::path::Path) -> Value {
     if f.seek(SeekFrom::Start(start)).is_err()
         || f.take(LOG_TAIL_BYTES).read_to_end(&mut buf).is_err()
     {
-        return json!({"lines": [], "truncated": false});
+        return none;
     }
     let text = String::from_utf8_lossy(&buf);
     let mut lines: Vec<&str> = text.lines().collect();
@@ -324,7 +320,10 @@ fn log_tail(dir: &std::path::Path) -> Value {
     }
     let truncated = start > 0 || lines.len() > LOG_TAIL_LINES;
     let lines = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
-    json!({"lines": lines, "truncated": truncated})
+    crate::api::LogTail {
+        lines: lines.iter().map(|l| l.to_string()).collect(),
+        truncated,
+    }
 }
 
 #[derive(Deserialize)]

@@ -80,10 +80,7 @@ impl Ops for Local {
             .unwrap_or_else(|| std::env::var("USER").unwrap_or("lading".into()));
         let sub = req.into_submission(submitter, url, Default::default());
         let bid = lading_ingest::submit(&self.0, &sub).await?;
-        Ok(Submitted {
-            id: bid.to_string(),
-            status: "Pending".into(),
-        })
+        Ok(Submitted::pending(&bid, None))
     }
 
     async fn summary(&self) -> Result<Summary> {

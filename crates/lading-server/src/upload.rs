@@ -8,12 +8,11 @@
 //! 4xx naming it, and leaves neither a file nor a batch behind.
 
 use crate::{ApiError, AppState, Principal, Query};
+use axum::Extension;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::response::Response;
 use lading_ingest::PayloadType;
-use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -248,7 +247,7 @@ async fn save(
     saved.ok_or_else(|| ApiError::bad_request("no \"file\" part in the upload"))
 }
 
-#[utoipa::path(post, path = "/api/v1/batches/upload", tag = "batches", summary = "Submit a batch by multipart upload (one part named `file`)", params(("profile" = String, Query, description = "the profile"), ("type" = Option<String>, Query, description = "payload type (default file)"), ("title" = Option<String>, Query, description = "ERC what"), ("creator" = Option<String>, Query, description = "ERC who"), ("date" = Option<String>, Query, description = "ERC when"), ("local_id" = Option<String>, Query, description = "local id"), ("primary_id" = Option<String>, Query, description = "primary id"), ("submitter" = Option<String>, Query, description = "admin only: on someone's behalf")), responses((status = 201, description = "the batch, Pending", body = serde_json::Value), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this"), (status = 413, description = "over max_upload_bytes")))]
+#[utoipa::path(post, path = "/api/v1/batches/upload", tag = "batches", summary = "Submit a batch by multipart upload (one part named `file`)", params(("profile" = String, Query, description = "the profile"), ("type" = Option<String>, Query, description = "payload type (default file)"), ("title" = Option<String>, Query, description = "ERC what"), ("creator" = Option<String>, Query, description = "ERC who"), ("date" = Option<String>, Query, description = "ERC when"), ("local_id" = Option<String>, Query, description = "local id"), ("primary_id" = Option<String>, Query, description = "primary id"), ("submitter" = Option<String>, Query, description = "admin only: on someone's behalf")), responses((status = 201, description = "the batch, Pending, and the upload's size", body = crate::api::Submitted), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this"), (status = 413, description = "over max_upload_bytes")))]
 pub async fn upload(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
@@ -296,13 +295,5 @@ pub async fn upload(
     let sub = q.into_submission(submitter, payload_url, trust);
     let bid = lading_ingest::submit(&s.ingest, &sub).await?;
     scrap.0 = None;
-    Ok((
-        StatusCode::CREATED,
-        [(
-            axum::http::header::LOCATION,
-            format!("/api/v1/batches/{bid}"),
-        )],
-        Json(json!({"id": bid, "status": "Pending", "bytes": size})),
-    )
-        .into_response())
+    Ok(crate::api::Submitted::pending(&bid, Some(size)).created())
 }
