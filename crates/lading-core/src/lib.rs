@@ -12,5 +12,6 @@ pub mod tree;
 
 pub use state::{AccessState, BatchState, Event, IllegalTransition, JobProgress, JobState};
 pub use tree::{
-    BoxFuture, CreateMode, Node, Op, OpResult, Stat, Tree, TreeError, TreeFuture, Watch, WatchKind,
+    BoxFuture, CreateMode, Names, Node, Op, OpResult, Stat, Tree, TreeError, TreeFuture, Watch,
+    WatchKind,
 };

@@ -20,6 +20,9 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// What a tree operation returns: a boxed future of its result.
 pub type TreeFuture<'a, T> = BoxFuture<'a, Result<T, TreeError>>;
 
+/// A tree operation's list of child names.
+pub type Names<'a> = TreeFuture<'a, Vec<String>>;
+
 /// Node metadata.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stat {
@@ -237,7 +240,7 @@ pub trait ChangeFeed: Send + Sync {
     fn get_many<'a>(&'a self, paths: &'a [String]) -> TreeFuture<'a, Vec<Option<Node>>>;
 
     /// Names of all children, sorted, as [`Tree::children`].
-    fn children<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Vec<String>>;
+    fn children<'a>(&'a self, path: &'a str) -> Names<'a>;
 }
 
 /// Whether `path` is `prefix` or below it.
@@ -276,16 +279,11 @@ pub trait Tree: Send + Sync + 'static {
     }
 
     /// Names (not paths) of all children, sorted. `NoNode` when `path` does not exist.
-    fn children<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Vec<String>>;
+    fn children<'a>(&'a self, path: &'a str) -> Names<'a>;
 
-    /// At most `limit` children, sorted, strictly after `after`. The way to read the head of a
+    /// At most `max` children, sorted, strictly after `after`. The way to read the head of a
     /// very long queue without paying for its length.
-    fn children_page<'a>(
-        &'a self,
-        path: &'a str,
-        after: Option<&'a str>,
-        limit: usize,
-    ) -> TreeFuture<'a, Vec<String>>;
+    fn children_page<'a>(&'a self, path: &'a str, after: Option<&'a str>, max: usize) -> Names<'a>;
 
     /// Number of children (ZooKeeper's `numChildren`).
     fn count_children<'a>(&'a self, path: &'a str) -> TreeFuture<'a, u64>;

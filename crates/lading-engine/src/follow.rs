@@ -20,7 +20,7 @@
 use crate::{ChangeEvent, Engine, HISTORY_FIELD, Result, history};
 use lading_core::layout::{BATCH_FOLDERS, BatchId, JobId, batch_node, batch_ref_folder, job_node};
 use lading_core::tree::{Change, ChangeFeed};
-use lading_core::{BoxFuture, Node, Tree, TreeError};
+use lading_core::{Names, Node, Tree, TreeError, TreeFuture};
 use serde_json::{Map, Value};
 use std::collections::HashMap;
 use tokio::sync::{mpsc, oneshot};
@@ -88,14 +88,8 @@ impl Past {
 
 /// The reads the past needs, from a tree handle or from a change feed.
 trait Reads: Send + Sync {
-    fn get_many<'a>(
-        &'a self,
-        paths: &'a [String],
-    ) -> BoxFuture<'a, std::result::Result<Vec<Option<Node>>, TreeError>>;
-    fn children<'a>(
-        &'a self,
-        path: &'a str,
-    ) -> BoxFuture<'a, std::result::Result<Vec<String>, TreeError>>;
+    fn get_many<'a>(&'a self, paths: &'a [String]) -> TreeFuture<'a, Vec<Option<Node>>>;
+    fn children<'a>(&'a self, path: &'a str) -> Names<'a>;
 }
 
 struct TreeReads<'t>(&'t dyn Tree);
@@ -105,16 +99,10 @@ struct FeedReads<'t>(&'t dyn ChangeFeed);
 macro_rules! reads_through {
     ($t:ident) => {
         impl Reads for $t<'_> {
-            fn get_many<'a>(
-                &'a self,
-                paths: &'a [String],
-            ) -> BoxFuture<'a, std::result::Result<Vec<Option<Node>>, TreeError>> {
+            fn get_many<'a>(&'a self, paths: &'a [String]) -> TreeFuture<'a, Vec<Option<Node>>> {
                 self.0.get_many(paths)
             }
-            fn children<'a>(
-                &'a self,
-                path: &'a str,
-            ) -> BoxFuture<'a, std::result::Result<Vec<String>, TreeError>> {
+            fn children<'a>(&'a self, path: &'a str) -> Names<'a> {
                 self.0.children(path)
             }
         }

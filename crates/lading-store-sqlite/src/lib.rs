@@ -55,7 +55,9 @@ pub use mem::MAX_DATA_BYTES;
 use foldhash::HashMap;
 use lading_core::time::{SharedClock, format_ts, system_clock};
 use lading_core::tree::{Change, ChangeFeed, is_under, split_path, validate_path};
-use lading_core::{BoxFuture, Node, Op, OpResult, Tree, TreeError, TreeFuture, Watch, WatchKind};
+use lading_core::{
+    BoxFuture, Names, Node, Op, OpResult, Tree, TreeError, TreeFuture, Watch, WatchKind,
+};
 use mem::{Below, Mem, MemNode, Overlay};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 use std::path::{Path, PathBuf};
@@ -169,7 +171,7 @@ impl ChangeFeed for Feed {
         Box::pin(async move { self.shared.get_many(paths) })
     }
 
-    fn children<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Vec<String>> {
+    fn children<'a>(&'a self, path: &'a str) -> Names<'a> {
         Box::pin(async move { self.shared.children(path) })
     }
 }
@@ -732,19 +734,14 @@ impl Tree for SqliteTree {
         Box::pin(async move { self.shared.read(path, |m| m.get(path).map(MemNode::stat)) })
     }
 
-    fn children<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Vec<String>> {
+    fn children<'a>(&'a self, path: &'a str) -> Names<'a> {
         Box::pin(async move { self.shared.children(path) })
     }
 
-    fn children_page<'a>(
-        &'a self,
-        path: &'a str,
-        after: Option<&'a str>,
-        limit: usize,
-    ) -> TreeFuture<'a, Vec<String>> {
+    fn children_page<'a>(&'a self, path: &'a str, after: Option<&'a str>, max: usize) -> Names<'a> {
         Box::pin(async move {
             self.shared
-                .read(path, |m| m.children_page(path, after, limit))?
+                .read(path, |m| m.children_page(path, after, max))?
                 .ok_or_else(|| TreeError::NoNode(path.into()))
         })
     }

@@ -1,7 +1,7 @@
 //! Jobs: the pipeline walk, acquisition order and cost, leases, fencing, deferral and requeue.
 
 use super::*;
-use lading_core::TreeFuture;
+use lading_core::{Names, TreeFuture};
 
 pub async fn job_walks_the_pipeline_and_the_tree_matches_the_layout(h: &dyn Harness) {
     let (e, s) = engine(h, "golden").await;
@@ -620,18 +620,13 @@ impl Tree for CountingTree {
         self.bump();
         self.inner.exists(path)
     }
-    fn children<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Vec<String>> {
+    fn children<'a>(&'a self, path: &'a str) -> Names<'a> {
         self.bump();
         self.inner.children(path)
     }
-    fn children_page<'a>(
-        &'a self,
-        path: &'a str,
-        after: Option<&'a str>,
-        limit: usize,
-    ) -> TreeFuture<'a, Vec<String>> {
+    fn children_page<'a>(&'a self, path: &'a str, after: Option<&'a str>, max: usize) -> Names<'a> {
         self.bump();
-        self.inner.children_page(path, after, limit)
+        self.inner.children_page(path, after, max)
     }
     fn count_children<'a>(&'a self, path: &'a str) -> TreeFuture<'a, u64> {
         self.bump();

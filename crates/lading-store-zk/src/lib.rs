@@ -25,7 +25,7 @@ mod watch;
 use cache::{Cache, Lookup};
 use lading_core::CreateMode;
 use lading_core::tree::{
-    BoxFuture, Node, Op, OpResult, Stat, Tree, TreeError, TreeFuture, Watch, WatchKind,
+    BoxFuture, Names, Node, Op, OpResult, Stat, Tree, TreeError, TreeFuture, Watch, WatchKind,
 };
 use lading_core::tree::{Change, ChangeFeed, validate_path};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -649,7 +649,7 @@ impl Tree for ZkTree {
         Box::pin(async move { Ok(self.stat_of(path).await?.as_ref().map(stat)) })
     }
 
-    fn children<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Vec<String>> {
+    fn children<'a>(&'a self, path: &'a str) -> Names<'a> {
         Box::pin(async move {
             if let Some(all) = self.cached_page(path, None, usize::MAX).await? {
                 return Ok(all);
@@ -663,22 +663,17 @@ impl Tree for ZkTree {
         })
     }
 
-    fn children_page<'a>(
-        &'a self,
-        path: &'a str,
-        after: Option<&'a str>,
-        limit: usize,
-    ) -> TreeFuture<'a, Vec<String>> {
+    fn children_page<'a>(&'a self, path: &'a str, after: Option<&'a str>, max: usize) -> Names<'a> {
         Box::pin(async move {
             validate_path(path)?;
-            if let Some(p) = self.cached_page(path, after, limit).await? {
+            if let Some(p) = self.cached_page(path, after, max).await? {
                 return Ok(p);
             }
             let mut v = self.children_listing(path).await?.unwrap_or_default();
             v.sort();
             Ok(v.into_iter()
                 .filter(|n| after.is_none_or(|a| n.as_str() > a))
-                .take(limit)
+                .take(max)
                 .collect())
         })
     }

@@ -35,7 +35,7 @@ impl ChangeFeed for Feed {
         })
     }
 
-    fn children<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Vec<String>> {
+    fn children<'a>(&'a self, path: &'a str) -> Names<'a> {
         Box::pin(async move {
             validate_path(path)?;
             let mut c = self
