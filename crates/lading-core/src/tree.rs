@@ -23,6 +23,9 @@ pub type TreeFuture<'a, T> = BoxFuture<'a, Result<T, TreeError>>;
 /// A tree operation's list of child names.
 pub type Names<'a> = TreeFuture<'a, Vec<String>>;
 
+/// A change feed, when the backend has one (`Tree::changes`).
+pub type Changes<'a> = TreeFuture<'a, Option<Box<dyn ChangeFeed>>>;
+
 /// Node metadata.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stat {
@@ -307,10 +310,7 @@ pub trait Tree: Send + Sync + 'static {
     /// Every change under `prefixes` (a node created, set or deleted), by any writer — this
     /// session, other sessions, other processes, other tools — in commit order, until the
     /// feed is dropped. `None` when the backend cannot follow changes.
-    fn changes<'a>(
-        &'a self,
-        prefixes: &'a [String],
-    ) -> TreeFuture<'a, Option<Box<dyn ChangeFeed>>> {
+    fn changes<'a>(&'a self, prefixes: &'a [String]) -> Changes<'a> {
         let _ = prefixes;
         Box::pin(async { Ok(None) })
     }

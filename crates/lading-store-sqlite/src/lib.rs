@@ -54,7 +54,7 @@ pub use mem::MAX_DATA_BYTES;
 
 use foldhash::HashMap;
 use lading_core::time::{SharedClock, format_ts, system_clock};
-use lading_core::tree::{Change, ChangeFeed, is_under, split_path, validate_path};
+use lading_core::tree::{Change, ChangeFeed, Changes, is_under, split_path, validate_path};
 use lading_core::{
     BoxFuture, Names, Node, Op, OpResult, Tree, TreeError, TreeFuture, Watch, WatchKind,
 };
@@ -785,10 +785,7 @@ impl Tree for SqliteTree {
         true
     }
 
-    fn changes<'a>(
-        &'a self,
-        prefixes: &'a [String],
-    ) -> TreeFuture<'a, Option<Box<dyn ChangeFeed>>> {
+    fn changes<'a>(&'a self, prefixes: &'a [String]) -> Changes<'a> {
         Box::pin(async move {
             for p in prefixes {
                 validate_path(p)?;

@@ -27,7 +27,7 @@ use lading_core::CreateMode;
 use lading_core::tree::{
     BoxFuture, Names, Node, Op, OpResult, Stat, Tree, TreeError, TreeFuture, Watch, WatchKind,
 };
-use lading_core::tree::{Change, ChangeFeed, validate_path};
+use lading_core::tree::{Change, ChangeFeed, Changes, validate_path};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -735,10 +735,7 @@ impl Tree for ZkTree {
         })
     }
 
-    fn changes<'a>(
-        &'a self,
-        prefixes: &'a [String],
-    ) -> TreeFuture<'a, Option<Box<dyn ChangeFeed>>> {
+    fn changes<'a>(&'a self, prefixes: &'a [String]) -> Changes<'a> {
         Box::pin(async move {
             for p in prefixes {
                 validate_path(p)?;
