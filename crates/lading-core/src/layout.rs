@@ -321,15 +321,12 @@ pub struct Identifiers {
 }
 
 /// `/jobs/JID/metadata`.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ErcMetadata {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub erc_who: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub erc_what: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub erc_when: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub erc_where: Option<String>,
 }
 
@@ -398,28 +395,21 @@ fn blank(v: &Option<String>) -> bool {
 /// `/batches/BID/submission`: what Lading's submission writes, read also from one Merritt's
 /// ingest service wrote (its names for the same things are looked up in `extra` when
 /// Lading's are absent). Other fields are kept in `extra` and written back as they were.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct BatchSubmission {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile_name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub collection: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub submitter: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payload_url: Option<String>,
-    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "type")]
     pub payload_type: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub submission_mode: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_type: Option<String>,
     /// The object's ERC (who, what, when, where), for a single-object batch.
     #[serde(flatten)]
     pub erc: ErcMetadata,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub local_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub primary_id: Option<String>,
     #[serde(flatten)]
     pub trust: PayloadTrust,
@@ -429,13 +419,12 @@ pub struct BatchSubmission {
 
 /// Whose URLs a batch or job holds: fields of its submission or configuration, which
 /// `lading_ingest::Trust` reads back by key.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PayloadTrust {
     /// `depositor`, or absent for the operator's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payload_trust: Option<String>,
     /// The server-made file of an upload.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upload_url: Option<String>,
 }
 
@@ -511,30 +500,21 @@ pub fn submitter_in(fields: &Map<String, Value>) -> Option<&str> {
 /// `/jobs/JID/configuration`: Merritt's keys (`profile_name`, `submitter`, `payload_url`,
 /// `payload_type`, `response_type`), which every stage can work from alone, then Lading's.
 /// Other fields are kept in `extra` and written back as they were.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct JobConfiguration {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile_name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub collection: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub submitter: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payload_url: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payload_type: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_type: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub submission_mode: Option<String>,
     /// The batch's uuid (Merritt's `batchID`), when Merritt's ingest service made the batch.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch_uuid: Option<String>,
     /// The row of the batch's payload this job was made from (a retried intake skips it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub intake_row: Option<u64>,
     /// The object's file as the manifest named it (url, name, size, digest).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file: Option<Value>,
     #[serde(flatten)]
     pub trust: PayloadTrust,
@@ -558,24 +538,19 @@ impl JobConfiguration {
 /// (`token`, `delivery-node`, `cloud-content-byte`, `status`, `url`,
 /// `anticipated-availability-time`), written beside them with the types Merritt's `Access`
 /// reads, are kept in `extra`. A request Merritt's own access service made names no `ark`.
+#[serde_with::skip_serializing_none]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct AccessToken {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ark: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<u32>,
     /// Who asked (the token's name).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requester: Option<String>,
     /// The digest of the depositor's secret (the secret itself is never stored).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_sha256: Option<String>,
     /// A request made before digests were kept holds its secret.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
     /// The version's size.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes: Option<u64>,
     #[serde(flatten)]
     #[cfg_attr(feature = "openapi", schema(ignore))]
