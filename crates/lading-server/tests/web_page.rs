@@ -116,6 +116,56 @@ impl Browser {
         r["result"]["value"].clone()
     }
 
+    /// The texts of the buttons under `container`, joined by commas.
+    fn buttons(&mut self, session: &str, container: &str) -> String {
+        let js = format!(
+            "[...document.querySelectorAll('{container} button')].map(b => b.textContent).join(',')"
+        );
+        self.eval(session, &js)
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    /// Opens a view of the page by its hash (`#/job/jid…`).
+    fn open(&mut self, session: &str, hash: &str) {
+        self.eval(session, &format!("location.hash = '{hash}'"));
+    }
+
+    /// Waits until the page shows the `record` (`job`, `batch`) in `state`.
+    fn shows(&mut self, session: &str, record: &str, state: &str) {
+        let js = format!("document.getElementById('{record}-title').dataset.state === '{state}'");
+        self.wait_for(session, &js);
+    }
+
+    /// Opens the view of `record` `id` (`job`, `batch`), waits for it in `state`, and checks
+    /// its action buttons are `buttons` (their texts, joined by commas).
+    fn view(&mut self, session: &str, record: &str, id: &str, state: &str, buttons: &str) {
+        self.open(session, &format!("#/{record}/{id}"));
+        self.shows(session, record, state);
+        assert_eq!(
+            self.buttons(session, &format!("#{record}-actions")),
+            buttons
+        );
+    }
+
+    /// On the open `record` view (`job`, `batch`), clicks the `action` button, then waits for
+    /// the record in `state` and the notice saying the action was done.
+    fn act(&mut self, session: &str, record: &str, action: &str, state: &str) {
+        self.click(
+            session,
+            &format!("#{record}-actions button[data-action={action}]"),
+        );
+        self.shows(session, record, state);
+        self.notice(session, &format!("{action} done"));
+    }
+
+    /// Waits until the page's notice says `text`.
+    fn notice(&mut self, session: &str, text: &str) {
+        let js = format!("document.getElementById('notice').textContent.includes('{text}')");
+        self.wait_for(session, &js);
+    }
+
     /// Waits until `js` is true in the page.
     fn wait_for(&mut self, session: &str, js: &str) {
         // A condition inside the browser's page has no signal to wait on.
@@ -470,12 +520,12 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         br.wait_for(&sn, &format!("document.querySelectorAll('#batches tr').length === 1 && !!document.querySelector('tr[data-batch=\"{pb}\"]')"));
         br.shot(&sn, &dir, "3-batches");
         br.click(&sn, &format!("tr[data-batch=\"{pb}\"] a"));
-        br.wait_for(&sn, "document.getElementById('batch-title').dataset.state === 'Pending'");
+        br.shows(&sn, "batch", "Pending");
         // Only what a Pending batch allows.
-        assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#batch-actions button')].map(b => b.textContent).join(',')"), json!("hold"));
+        assert_eq!(br.buttons(&sn, "#batch-actions"), "hold");
         br.click(&sn, "#batch-actions button[data-action=hold]");
-        br.wait_for(&sn, "document.getElementById('batch-title').dataset.state === 'Held'");
-        assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#batch-actions button')].map(b => b.textContent).join(',')"), json!("release,delete"));
+        br.shows(&sn, "batch", "Held");
+        assert_eq!(br.buttons(&sn, "#batch-actions"), "release,delete");
         // Delete asks first; cancel leaves it.
         br.click(&sn, "#batch-actions button[data-action=delete]");
         br.wait_for(&sn, "!!document.querySelector('#batch-actions button[data-confirm=delete]')");
@@ -507,7 +557,7 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
     let (mut br, sn, fb, (fj, done, intake_failed)) = browser;
     let dir = shots.clone();
     let br = tokio::task::spawn_blocking(move || {
-        br.wait_for(&sn, "document.getElementById('batch-title').dataset.state === 'Pending'");
+        br.shows(&sn, "batch", "Pending");
         // Held, released and held again by clicks, then deleted once confirmed.
         for (action, state) in [("hold", "Held"), ("release", "Pending"), ("hold", "Held")] {
             br.click(&sn, &format!("#batch-actions button[data-action={action}]"));
@@ -515,15 +565,16 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         }
         br.click(&sn, "#batch-actions button[data-action=delete]");
         br.click(&sn, "#batch-actions button[data-confirm=delete]");
-        br.wait_for(&sn, "document.getElementById('batch-title').dataset.state === 'Deleted' && document.getElementById('notice').textContent.includes('delete done')");
+        br.shows(&sn, "batch", "Deleted");
+        br.notice(&sn, "delete done");
         assert_eq!(br.eval(&sn, "document.getElementById('batch-actions').textContent"), json!("no action applies to a Deleted batch"));
         // The batch whose jobs all failed (Reporting, no reporter runs here): a failed job's
         // page, its delete (confirmed), then retry of the rest.
-        br.eval(&sn, &format!("location.hash = '#/batch/{fb}'"));
-        br.wait_for(&sn, "document.getElementById('batch-title').dataset.state === 'Reporting'");
+        br.open(&sn, &format!("#/batch/{fb}"));
+        br.shows(&sn, "batch", "Reporting");
         br.click(&sn, &format!("a[data-job-link=\"{}\"]", fj[0]));
-        br.wait_for(&sn, "document.getElementById('job-title').dataset.state === 'Failed'");
-        assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#job-actions button')].map(b => b.textContent).join(',')"), json!("requeue,delete"));
+        br.shows(&sn, "job", "Failed");
+        assert_eq!(br.buttons(&sn, "#job-actions"), "requeue,delete");
         // Its history: made, taken, failed.
         assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#job-history tr')].map(r => r.dataset.history).join(',')"), json!("Pending,Failed"));
         // What it stored (with digests), its working files and its log's last lines.
@@ -536,29 +587,23 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         br.shot(&sn, &dir, "5-job");
         br.click(&sn, "#job-actions button[data-action=delete]");
         br.click(&sn, "#job-actions button[data-confirm=delete]");
-        br.wait_for(&sn, "document.getElementById('job-title').dataset.state === 'Deleted'");
-        br.wait_for(&sn, "document.getElementById('notice').textContent.includes('delete done')");
+        br.shows(&sn, "job", "Deleted");
+        br.notice(&sn, "delete done");
         // Another failed job requeued from its own page.
-        br.eval(&sn, &format!("location.hash = '#/job/{}'", fj[3]));
+        br.open(&sn, &format!("#/job/{}", fj[3]));
         br.wait_for(&sn, &format!("document.getElementById('job-title').textContent.includes('{}')", fj[3]));
-        br.click(&sn, "#job-actions button[data-action=requeue]");
-        br.wait_for(&sn, "document.getElementById('job-title').dataset.state === 'Pending' && document.getElementById('notice').textContent.includes('requeue done')");
+        br.act(&sn, "job", "requeue", "Pending");
         br.click(&sn, "dd[data-field=batch] a");
         br.wait_for(&sn, "!!document.querySelector('#batch-actions button[data-action=\"retry failed jobs\"]')");
         br.click(&sn, "#batch-actions button[data-action=\"retry failed jobs\"]");
-        br.wait_for(&sn, "document.getElementById('notice').textContent.includes('2 failed jobs requeued')");
+        br.notice(&sn, "2 failed jobs requeued");
         // The completed job's stored version is downloaded by a click.
-        br.eval(&sn, &format!("location.hash = '#/job/{done}'"));
-        br.wait_for(&sn, "document.getElementById('job-title').dataset.state === 'Completed'");
-        assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#job-actions button')].map(b => b.textContent).join(',')"), json!("delete,download the stored version"));
+        br.view(&sn, "job", &done, "Completed", "delete,download the stored version");
         br.click(&sn, "#job-actions button[data-action=download]");
         br.wait_for(&sn, &format!("document.getElementById('notice').textContent.includes('Download of {done} started')"));
         // A failed batch's report made again, by a click.
-        br.eval(&sn, &format!("location.hash = '#/batch/{intake_failed}'"));
-        br.wait_for(&sn, "document.getElementById('batch-title').dataset.state === 'Failed'");
-        assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#batch-actions button')].map(b => b.textContent).join(',')"), json!("update-reporting,delete"));
-        br.click(&sn, "#batch-actions button[data-action=update-reporting]");
-        br.wait_for(&sn, "document.getElementById('batch-title').dataset.state === 'UpdateReporting' && document.getElementById('notice').textContent.includes('update-reporting done')");
+        br.view(&sn, "batch", &intake_failed, "Failed", "update-reporting,delete");
+        br.act(&sn, "batch", "update-reporting", "UpdateReporting");
         // Jobs: from the overview's count, Pending jobs offer hold only.
         br.click(&sn, "a[data-nav=overview]");
         // The requeue's events come from the tree's change feed, a moment after the answer:
@@ -566,7 +611,7 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         br.wait_for(&sn, "document.querySelector('[data-depth=Pending] a')?.textContent.trim() === '3'");
         br.click(&sn, "[data-depth=Pending] a");
         br.wait_for(&sn, "document.querySelectorAll('#jobs tr[data-job]').length === 3");
-        assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#jobs tr[data-job] button')].map(b => b.textContent).join(',')"), json!("hold,hold,hold"));
+        assert_eq!(br.buttons(&sn, "#jobs tr[data-job]"), "hold,hold,hold");
         // Held from the list: it leaves the Pending list.
         let first = br.eval(&sn, "document.querySelector('#jobs tr[data-job]').dataset.job");
         br.click(&sn, "#jobs tr[data-job] button[data-action=hold]");
@@ -577,18 +622,15 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         br.shot(&sn, &dir, "6-jobs");
         // Released from its own page.
         let held = first.as_str().unwrap().to_string();
-        br.eval(&sn, &format!("location.hash = '#/job/{held}'"));
-        br.wait_for(&sn, "document.getElementById('job-title').dataset.state === 'Held'");
-        assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#job-actions button')].map(b => b.textContent).join(',')"), json!("release,delete"));
-        br.click(&sn, "#job-actions button[data-action=release]");
-        br.wait_for(&sn, "document.getElementById('job-title').dataset.state === 'Pending' && document.getElementById('notice').textContent.includes('release done')");
+        br.view(&sn, "job", &held, "Held", "release,delete");
+        br.act(&sn, "job", "release", "Pending");
         // Generic jobs: the type, its running job, its failed job retried.
         br.click(&sn, "a[data-nav=generic]");
         br.click(&sn, "button[data-open-type=thumbs]");
         br.wait_for(&sn, "!!document.querySelector('#type-running tr[data-generic-job=busy]') && !!document.querySelector('#type-failed tr[data-generic-job=broken]')");
         br.shot(&sn, &dir, "7-generic");
         br.click(&sn, "#type-failed tr[data-generic-job=broken] button[data-action=retry]");
-        br.wait_for(&sn, "document.getElementById('notice').textContent.includes('pending again')");
+        br.notice(&sn, "pending again");
         // Outbox.
         br.click(&sn, "a[data-nav=outbox]");
         br.wait_for(&sn, "document.getElementById('outbox-count').textContent === '(1 waiting, 1 given up)'");
