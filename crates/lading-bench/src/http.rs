@@ -103,6 +103,7 @@ impl BenchServer {
             token: TOKEN.into(),
             role: "admin".into(),
             types: Vec::new(),
+            collections: Vec::new(),
         }])
         .map_err(anyhow::Error::msg)?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

@@ -253,7 +253,7 @@ async fn a_batch_runs_across_three_hosts_through_a_worker_kill_and_a_leader_kill
          smtp_host = \"127.0.0.1\"\nsmtp_port = {}\nmail_from = \"lading@example.org\"\n\
          [payload]\nallow = [\"http://{}/\"]\n\
          [[tokens]]\nname = \"ops\"\ntoken = \"{ADMIN}\"\nrole = \"admin\"\n\
-         [[tokens]]\nname = \"depositor\"\ntoken = \"{DEPOSITOR}\"\nrole = \"submitter\"\n",
+         [[tokens]]\nname = \"depositor\"\ntoken = \"{DEPOSITOR}\"\nrole = \"submitter\"\ncollections = [\"demo\"]\n",
         shared.join("storage").display(),
         shared.join("profiles").display(),
         smtp.port,

@@ -57,8 +57,8 @@ fn serve_with(allow: &[String], payload: &str, extra: &str) -> Serve {
          unestimated_min_free_bytes = 0\nprovisioning_round_ms = 200\n{extra}\n\
          [payload]\nallow = [{}]\n{}\n\
          [[tokens]]\nname = \"root\"\ntoken = \"{ADMIN}\"\nrole = \"admin\"\n\
-         [[tokens]]\nname = \"alice\"\ntoken = \"{ALICE}\"\nrole = \"submitter\"\n\
-         [[tokens]]\nname = \"bob\"\ntoken = \"{BOB}\"\nrole = \"submitter\"\n",
+         [[tokens]]\nname = \"alice\"\ntoken = \"{ALICE}\"\nrole = \"submitter\"\ncollections = [\"alpha\"]\n\
+         [[tokens]]\nname = \"bob\"\ntoken = \"{BOB}\"\nrole = \"submitter\"\ncollections = [\"beta\"]\n",
         allow.join(", "),
         payload,
     );
@@ -217,9 +217,9 @@ impl Serve {
     }
 
     /// Bob's upload of a single-file batch manifest of one `row`, once it has finished.
-    /// Uploads `text` as Bob's single-file batch manifest (profile alpha).
+    /// Uploads `text` as Bob's single-file batch manifest (profile beta).
     async fn bobs_batch_manifest(&self, text: &str) -> (StatusCode, Value) {
-        let q = "profile=alpha&type=single-file-batch-manifest";
+        let q = "profile=beta&type=single-file-batch-manifest";
         self.upload(BOB, q, "m.checkm", text.as_bytes()).await
     }
 
@@ -387,7 +387,7 @@ async fn file_urls_and_internal_addresses_are_refused_and_nothing_reaches_them()
     ] {
         for token in [BOB, ADMIN] {
             let (st, v) = s
-                .submit(token, json!({"payload_url": url, "profile": "alpha"}))
+                .submit(token, json!({"payload_url": url, "profile": "beta"}))
                 .await;
             assert_eq!(st, StatusCode::BAD_REQUEST, "{url}: {v}");
             let e = v["error"].as_str().unwrap();
@@ -405,13 +405,13 @@ async fn file_urls_and_internal_addresses_are_refused_and_nothing_reaches_them()
     let (_, a) = s
         .submit(
             BOB,
-            json!({"payload_url": "file:///etc/passwd", "profile": "alpha"}),
+            json!({"payload_url": "file:///etc/passwd", "profile": "beta"}),
         )
         .await;
     let (_, b) = s
         .submit(
             BOB,
-            json!({"payload_url": "file:///etc/nonexistent-9f2", "profile": "alpha"}),
+            json!({"payload_url": "file:///etc/nonexistent-9f2", "profile": "beta"}),
         )
         .await;
     assert_eq!(
@@ -465,7 +465,7 @@ async fn a_redirect_to_an_internal_address_is_refused() {
     let b = s
         .submit_finished(
             BOB,
-            json!({"payload_url": format!("http://{redirector}/f.txt"), "profile": "alpha"}),
+            json!({"payload_url": format!("http://{redirector}/f.txt"), "profile": "beta"}),
         )
         .await;
     let job = s.only_job(&b).await;
@@ -718,7 +718,7 @@ async fn endless_and_dripping_payloads_are_cut_off() {
         "[stages.downloading]\nmax_attempts = 1\n",
     );
     // An endless manifest: refused past the manifest limit.
-    let b = s.submit_finished(BOB, json!({"payload_url": format!("http://{endless}/m.checkm"), "profile": "alpha", "type": "batch-manifest"})).await;
+    let b = s.submit_finished(BOB, json!({"payload_url": format!("http://{endless}/m.checkm"), "profile": "beta", "type": "batch-manifest"})).await;
     assert!(message(&b).contains("payload.max_manifest_bytes"), "{b}");
     // An endless file whose manifest declares 10 bytes: cut off at the 11th.
     let job = s
@@ -732,7 +732,7 @@ async fn endless_and_dripping_payloads_are_cut_off() {
     let (_, v) = s
         .submit(
             BOB,
-            json!({"payload_url": format!("http://{drip}/d.bin"), "profile": "alpha"}),
+            json!({"payload_url": format!("http://{drip}/d.bin"), "profile": "beta"}),
         )
         .await;
     let b = s.finished(v["id"].as_str().unwrap()).await;
@@ -767,7 +767,7 @@ async fn container_bombs_are_refused_and_leave_nothing_behind() {
     let bomb = std::fs::read(tmp.path().join("bomb.tar.gz")).unwrap();
     assert!(bomb.len() < 1 << 20);
     let (st, v) = s
-        .upload(BOB, "profile=alpha&type=container", "bomb.tar.gz", &bomb)
+        .upload(BOB, "profile=beta&type=container", "bomb.tar.gz", &bomb)
         .await;
     s.only_job_failed((st, v), "payload.max_unpack_ratio").await;
     s.left_nothing();
@@ -789,7 +789,7 @@ async fn uploads_with_huge_headers_or_bad_names_are_refused_and_leave_nothing() 
         .send(
             BOB,
             "POST",
-            "/api/v1/batches/upload?profile=alpha",
+            "/api/v1/batches/upload?profile=beta",
             &format!("multipart/form-data; boundary={boundary}"),
             body,
         )
@@ -803,11 +803,11 @@ async fn uploads_with_huge_headers_or_bad_names_are_refused_and_leave_nothing() 
         "{v}"
     );
     for name in ["#frag.txt", "q?x=1.txt", "100%.txt", &"n".repeat(251)] {
-        let (st, v) = s.upload(BOB, "profile=alpha", name, b"x").await;
+        let (st, v) = s.upload(BOB, "profile=beta", name, b"x").await;
         assert_eq!(st, StatusCode::BAD_REQUEST, "{name}: {v}");
     }
     for id in [".", "..", "a\u{0}b", "..x"] {
-        let (st, v) = s.submit(BOB, json!({"payload_url": "https://example.org/x", "profile": "alpha", "primary_id": id})).await;
+        let (st, v) = s.submit(BOB, json!({"payload_url": "https://example.org/x", "profile": "beta", "primary_id": id})).await;
         assert_eq!(st, StatusCode::BAD_REQUEST, "{id:?}: {v}");
         assert!(
             v["error"].as_str().unwrap().contains("primary identifier"),
@@ -828,7 +828,7 @@ async fn names_that_cannot_be_stored_fail_at_once() {
         &[format!("https://example.org/x | | | | | {long}")],
     );
     let (st, v) = s
-        .upload(BOB, "profile=alpha&type=manifest", "m.checkm", m.as_bytes())
+        .upload(BOB, "profile=beta&type=manifest", "m.checkm", m.as_bytes())
         .await;
     let job = s.only_job_failed((st, v), "over the limit of 250").await;
     assert_eq!(job["status"]["retry_count"], 0, "not retried: {job}");
@@ -1025,4 +1025,307 @@ async fn one_submitters_slow_downloads_do_not_hold_every_slot() {
         jobs.iter().all(|j| j["status"]["status"] != "Failed"),
         "{jobs:?}"
     );
+}
+
+/// This machine's own name when it resolves to loopback only (as a host's name in a
+/// container or a VM does), else `localhost`: a name, not an address, either way.
+async fn loopback_name() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    let addrs: Vec<std::net::SocketAddr> = match tokio::net::lookup_host((host.as_str(), 0)).await {
+        Ok(a) => a.collect(),
+        Err(_) => Vec::new(),
+    };
+    if !host.is_empty() && !addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback()) {
+        host
+    } else {
+        "localhost".into()
+    }
+}
+
+/// A server answering `GET /ok/rN` with a redirect to the N-th of `targets`.
+fn redirector(targets: Vec<String>) -> std::net::SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            let mut s = s;
+            let mut buf = [0u8; 4096];
+            let n = s.read(&mut buf).unwrap_or(0);
+            let req = String::from_utf8_lossy(&buf[..n]).to_string();
+            let i: usize = req
+                .split_once("/ok/r")
+                .and_then(|(_, r)| r.split(' ').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            let to = targets.get(i).cloned().unwrap_or_default();
+            let _ = s.write_all(
+                format!("HTTP/1.1 302 Found\r\nLocation: {to}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                    .as_bytes(),
+            );
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_allowed_host_admits_only_its_prefix_not_other_ports_or_paths() {
+    let host = loopback_name().await;
+    // The allowed server holds an allowed folder and an internal one beside it.
+    let pdir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(pdir.path().join("ok")).unwrap();
+    std::fs::create_dir_all(pdir.path().join("internal")).unwrap();
+    std::fs::write(pdir.path().join("ok/a.txt"), b"allowed\n").unwrap();
+    std::fs::write(pdir.path().join("internal/secret.txt"), b"secret\n").unwrap();
+    let files = PayloadServer::start(pdir.path()).await.unwrap();
+    let p1 = files.addr.port();
+    let internal = internal_service();
+    let p2 = internal.addr.port();
+    let redirect = redirector(vec![
+        format!("http://{host}:{p2}/secret.txt"),
+        format!("http://{host}:{p1}/files/internal/secret.txt"),
+        format!("http://{host}:{p1}/files/ok/../internal/secret.txt"),
+    ]);
+    let p3 = redirect.port();
+    let s = serve(
+        &[
+            format!("http://{host}:{p1}/files/ok/"),
+            format!("http://{host}:{p3}/ok/"),
+        ],
+        "[stages.downloading]\nmax_attempts = 1\n",
+    );
+    // Inside the prefix: taken and stored.
+    let ok = s
+        .submit_finished(
+            BOB,
+            json!({"payload_url": format!("http://{host}:{p1}/files/ok/a.txt"), "profile": "beta"}),
+        )
+        .await;
+    let job = s.only_job(&ok).await;
+    assert_eq!(ok["status"]["status"], "Completed", "{job}");
+    let stored_before = s.stored_files();
+    let batches_before = s.batches().await;
+    // Another port, outside the path, and spellings that climb out: refused at submit.
+    for url in [
+        format!("http://{host}:{p2}/secret.txt"),
+        format!("http://{host}:{p1}/files/internal/secret.txt"),
+        format!("http://{host}:{p1}/files/ok/%2e%2e/internal/secret.txt"),
+        format!("http://{host}:{p1}/files/ok/..%2finternal/secret.txt"),
+        format!("http://{host}:{p1}/files/okay/../internal/secret.txt"),
+    ] {
+        let (st, v) = s
+            .submit(BOB, json!({"payload_url": url, "profile": "beta"}))
+            .await;
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{url}: {v}");
+        let e = v["error"].as_str().unwrap();
+        assert!(e.contains("allowed only under the prefixes"), "{url}: {e}");
+    }
+    assert_eq!(s.batches().await, batches_before, "nothing was stored");
+    // In a manifest row: the batch fails at intake, no job is made.
+    let b = s
+        .single_file_batch(&format!(
+            "http://{host}:{p1}/files/internal/secret.txt | | | | | secret.txt"
+        ))
+        .await;
+    assert_eq!(b["status"]["status"], "Failed", "{b}");
+    assert!(
+        message(&b).contains("allowed only under the prefixes"),
+        "{b}"
+    );
+    // A redirect from inside a prefix to another port or path: the job fails naming it.
+    for i in 0..3 {
+        let b = s
+            .submit_finished(
+                BOB,
+                json!({"payload_url": format!("http://{host}:{p3}/ok/r{i}"), "profile": "beta"}),
+            )
+            .await;
+        let job = s.only_job(&b).await;
+        assert_eq!(job["status"]["status"], "Failed", "{job}");
+        assert!(message(&job).contains("redirect"), "{job}");
+        assert!(message(&job).contains("payload policy"), "{job}");
+    }
+    assert_eq!(
+        internal.hits.load(Ordering::SeqCst),
+        0,
+        "the internal service was reached"
+    );
+    assert_eq!(s.stored_files(), stored_before, "nothing more was stored");
+    for f in s.stored_files() {
+        let text = std::fs::read(&f).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&text).contains("secret"),
+            "{}",
+            f.display()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submitter_may_submit_only_to_its_tokens_collections() {
+    let pdir = tempfile::tempdir().unwrap();
+    std::fs::write(pdir.path().join("a.txt"), b"alice's words\n").unwrap();
+    std::fs::write(pdir.path().join("b.txt"), b"bob's words\n").unwrap();
+    let files = PayloadServer::start(pdir.path()).await.unwrap();
+    let s = serve(&[format!("http://{}/", files.addr)], "");
+    let b = s.alices_completed(&files.url("a.txt")).await;
+    let job = s.only_job(&b).await;
+    let ark = job["identifiers"]["primary_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let stored_before = s.stored_files();
+    let batches_before = s.batches().await;
+    // Bob names Alice's profile: by URL, and by upload, with and without her object's id.
+    for body in [
+        json!({"payload_url": files.url("b.txt"), "profile": "alpha", "primary_id": ark}),
+        json!({"payload_url": files.url("b.txt"), "profile": "alpha"}),
+    ] {
+        let (st, v) = s.submit(BOB, body.clone()).await;
+        assert_eq!(st, StatusCode::FORBIDDEN, "{body}: {v}");
+        let e = v["error"].as_str().unwrap();
+        assert!(e.contains("bob may not submit to profile \"alpha\""), "{e}");
+        assert!(e.contains("collections"), "{e}");
+    }
+    let q = format!(
+        "profile=alpha&primary_id={}",
+        ark.replace(':', "%3A").replace('/', "%2F")
+    );
+    let (st, v) = s.upload(BOB, &q, "b.txt", b"bob's bytes\n").await;
+    assert_eq!(st, StatusCode::FORBIDDEN, "{v}");
+    // Nothing was stored: no batch, no file, and Alice's object has one version.
+    assert_eq!(s.batches().await, batches_before);
+    assert_eq!(s.stored_files(), stored_before);
+    assert!(
+        std::fs::read_dir(s.data().join("uploads"))
+            .map(|d| d.count() == 0)
+            .unwrap_or(true),
+        "an upload was kept"
+    );
+    // The admin is unrestricted; Alice still may add a version to her own object.
+    let (st, v) = s
+        .submit(
+            ALICE,
+            json!({"payload_url": files.url("a.txt"), "profile": "alpha", "primary_id": ark}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    // A config with a submitter token that names no collections does not start.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("lading.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "data_dir = {:?}\nlisten = \"127.0.0.1:0\"\n[[tokens]]\nname = \"carol\"\ntoken = \"carol-token-0123456789abcdef\"\nrole = \"submitter\"\n",
+            dir.path().join("data")
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_lading"))
+        .arg("--store")
+        .arg(format!("sqlite:{}", dir.path().join("l.db").display()))
+        .arg("--config")
+        .arg(&cfg)
+        .arg("serve")
+        .env_remove("LADING_STORE")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("a submitter token needs collections"), "{err}");
+}
+
+/// Opens `n` event streams of `query` as `token`, each on its own connection; returns the
+/// ones answered 200 (held open) and the count answered 429.
+async fn open_streams(
+    s: &Serve,
+    token: &str,
+    query: &str,
+    n: usize,
+) -> (Vec<reqwest::Response>, usize) {
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for _ in 0..n {
+        // A client of its own each: one connection each.
+        let c = reqwest::Client::new();
+        let r = c
+            .get(format!("{}/api/v1/events?{query}", s.base))
+            .bearer_auth(token)
+            .timeout(Duration::from_secs(600))
+            .send()
+            .await;
+        match r {
+            Ok(r) if r.status() == StatusCode::OK => held.push(r),
+            Ok(r) if r.status() == StatusCode::TOO_MANY_REQUESTS => {
+                let v: Value = r.json().await.unwrap();
+                assert!(
+                    v["error"]
+                        .as_str()
+                        .unwrap()
+                        .contains("max_streams_per_client"),
+                    "{v}"
+                );
+                refused += 1;
+            }
+            // Closed for room (the oldest stream is evicted, not the newest): fine.
+            Ok(r) => panic!("{}", r.status()),
+            Err(_) => {}
+        }
+    }
+    (held, refused)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_clients_event_streams_cannot_lock_others_out() {
+    let pdir = tempfile::tempdir().unwrap();
+    std::fs::write(pdir.path().join("a.txt"), b"alice's words\n").unwrap();
+    let files = PayloadServer::start(pdir.path()).await.unwrap();
+    // The cap on streams per client, below the connection cap.
+    let s = serve(
+        &[format!("http://{}/", files.addr)],
+        "[http]\nmax_connections = 16\n",
+    );
+    let b = s.alices_completed(&files.url("a.txt")).await;
+    let bid = b["id"].as_str().unwrap().to_string();
+    let (held, refused) = open_streams(&s, ALICE, &format!("batch={bid}"), 40).await;
+    assert_eq!(held.len(), 8, "the default max_streams_per_client");
+    assert_eq!(refused, 32);
+    s.healthy().await;
+    let (st, v) = s.get(ADMIN, "/api/v1/status").await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    let (st, _) = s.get(BOB, "/api/v1/batches").await;
+    assert_eq!(st, StatusCode::OK);
+    drop(held);
+
+    // Without that cap (as many streams as connections), the connection cap evicts the
+    // busiest client's oldest stream for room: everyone else still gets in.
+    let s = serve_with(
+        &[format!("http://{}/", files.addr)],
+        "",
+        "[http]\nmax_connections = 16\nmax_streams_per_client = 1000\n",
+    );
+    let b = s.alices_completed(&files.url("a.txt")).await;
+    let bid = b["id"].as_str().unwrap().to_string();
+    let (mut held, refused) = open_streams(&s, ALICE, &format!("batch={bid}"), 40).await;
+    assert_eq!(refused, 0);
+    assert!(held.len() >= 16, "{}", held.len());
+    for _ in 0..5 {
+        s.healthy().await;
+        let (st, v) = s.get(ADMIN, "/api/v1/status").await;
+        assert_eq!(st, StatusCode::OK, "{v}");
+    }
+    // What made room was the oldest stream: closed by the server.
+    let oldest = held.remove(0);
+    let mut body = oldest.bytes_stream();
+    use futures_util::StreamExt;
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), body.next()).await {
+            Err(_) => panic!("the oldest stream is still open"),
+            Ok(None | Some(Err(_))) => break,
+            Ok(Some(Ok(_))) => {}
+        }
+    }
+    assert_eq!(s.batches().await.len(), 1, "nothing else changed");
 }

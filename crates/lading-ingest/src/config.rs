@@ -48,6 +48,10 @@ pub struct TokenSettings {
     /// For a `processor` token: the generic-job types it may process.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub types: Vec<String>,
+    /// For a `submitter` token (required there): the collections it may submit to, by the
+    /// profiles' `collection`; `["*"]` is every collection.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub collections: Vec<String>,
 }
 
 /// The service configuration.
@@ -186,6 +190,9 @@ pub struct HttpSettings {
     pub max_part_header_bytes: usize,
     /// `/metrics` (public) shows generic-job type names, which tenants choose.
     pub metrics_type_names: bool,
+    /// Streaming responses (event streams, downloads) one client (one token, or one
+    /// address without a token) may hold open at once; more are refused with 429.
+    pub max_streams_per_client: usize,
 }
 
 impl Default for HttpSettings {
@@ -198,6 +205,7 @@ impl Default for HttpSettings {
             max_body_bytes: 1 << 20,
             max_part_header_bytes: 16 << 10,
             metrics_type_names: false,
+            max_streams_per_client: 8,
         }
     }
 }

@@ -61,9 +61,12 @@ pub const UPLOAD_KEY: &str = "upload_url";
 /// What a depositor's URL may name beyond public http(s).
 #[derive(Debug, Default)]
 pub struct Policy {
-    /// Allowed URL prefixes, parsed (scheme and host lower-cased).
-    allow: Vec<String>,
-    /// Hosts of the allowed prefixes: resolved without the public-address filter.
+    /// Allowed URL prefixes, parsed.
+    allow: Vec<Prefix>,
+    /// Hosts of the allowed prefixes: resolved without the public-address filter. Every URL
+    /// naming one of them must match a prefix ([`Policy::check`]), at submit, at every
+    /// manifest row, every fetch and every redirect, so the lifted filter reaches no other
+    /// port or path of the host.
     allow_hosts: HashSet<String>,
     /// Canonical folders `file://` URLs may point into.
     file_roots: Vec<PathBuf>,
@@ -88,11 +91,10 @@ impl Policy {
                     "[payload] allow: {a:?} is not an http or https URL (use allow_file_roots for files)"
                 ));
             }
-            if let Some(h) = u.host_str() {
-                p.allow_hosts
-                    .insert(h.trim_matches(['[', ']']).to_ascii_lowercase());
-            }
-            p.allow.push(u.to_string());
+            let prefix = Prefix::of(&u)
+                .ok_or_else(|| format!("[payload] allow: {a:?} has no host or a bad path"))?;
+            p.allow_hosts.insert(prefix.host.clone());
+            p.allow.push(prefix);
         }
         for r in file_roots {
             let c = std::fs::canonicalize(r)
@@ -117,9 +119,21 @@ impl Policy {
     }
 
     fn check_http(&self, u: &reqwest::Url) -> Result<(), Refused> {
-        let s = u.as_str();
-        if self.allow.iter().any(|a| s.starts_with(a.as_str())) {
+        let parsed = Prefix::of(u);
+        if let Some(p) = &parsed
+            && self.allow.iter().any(|a| a.admits(p))
+        {
             return Ok(());
+        }
+        let host = u.host_str().unwrap_or("").trim_matches(['[', ']']);
+        if self.allow_hosts.contains(&host.to_ascii_lowercase()) {
+            // A host the operator allowed under some prefixes only: its other ports and
+            // paths are as closed as any internal address (the prefixes are not shown).
+            return Err(Refused(format!(
+                "{host}:{} is allowed only under the prefixes of [payload] allow, and {} is outside them",
+                u.port_or_known_default().unwrap_or(0),
+                u.path()
+            )));
         }
         if !u.username().is_empty() || u.password().is_some() {
             return Err(Refused(
@@ -195,6 +209,80 @@ impl Policy {
     pub fn resolver(self: &Arc<Self>) -> Arc<PublicResolver> {
         Arc::new(PublicResolver(self.clone()))
     }
+}
+
+/// An allowed URL prefix, or a URL in the form compared with one: scheme, host (lower case,
+/// without an IPv6 literal's brackets), port (the scheme's default when absent), user info,
+/// and the path percent-decoded with `.` and `..` folded away, so no spelling of a path
+/// leads out of a prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Prefix {
+    scheme: String,
+    host: String,
+    port: u16,
+    user: String,
+    path: String,
+}
+
+impl Prefix {
+    fn of(u: &reqwest::Url) -> Option<Prefix> {
+        let decoded = percent_decode(u.path())?.replace('\\', "/");
+        let mut folded = normalize(Path::new(&decoded))?
+            .to_string_lossy()
+            .into_owned();
+        if decoded.ends_with('/') && !folded.ends_with('/') {
+            folded.push('/');
+        }
+        Some(Prefix {
+            scheme: u.scheme().to_ascii_lowercase(),
+            host: u.host_str()?.trim_matches(['[', ']']).to_ascii_lowercase(),
+            port: u.port_or_known_default()?,
+            user: format!("{}:{}", u.username(), u.password().unwrap_or("")),
+            path: folded,
+        })
+    }
+
+    /// Whether `url` lies under this prefix: the same scheme, host, port and user info, and
+    /// a path equal to the prefix's or below it (at a `/`).
+    fn admits(&self, url: &Prefix) -> bool {
+        let under = match self.path.strip_suffix('/') {
+            Some(dir) => url.path.starts_with(&self.path) || url.path == dir,
+            None => {
+                url.path == self.path
+                    || url
+                        .path
+                        .strip_prefix(&self.path)
+                        .is_some_and(|rest| rest.starts_with('/'))
+            }
+        };
+        under
+            && self.scheme == url.scheme
+            && self.host == url.host
+            && self.port == url.port
+            && self.user == url.user
+    }
+}
+
+/// `s` with its `%XX` escapes decoded; `None` when the result is not UTF-8 or holds a NUL.
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2]))
+        {
+            out.push((h * 16 + l) as u8);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    let s = String::from_utf8(out).ok()?;
+    (!s.contains('\0')).then_some(s)
 }
 
 /// `path` with `.` and `..` folded away lexically; `None` if it climbs above `/`.
@@ -367,6 +455,55 @@ mod tests {
             assert!(!e.0.is_empty(), "{bad}");
         }
         assert!(p.check("https://example.org/x").is_ok());
+    }
+
+    #[test]
+    fn a_named_host_is_allowed_only_under_its_prefixes() {
+        let p = Policy::new(
+            &[
+                "http://files.internal:8081/ok/".into(),
+                "https://Data.Example/pub".into(),
+            ],
+            &[],
+        )
+        .unwrap();
+        for good in [
+            "http://files.internal:8081/ok/a.txt",
+            "http://FILES.internal:8081/ok/sub/../b.txt",
+            "http://files.internal:8081/ok/",
+            "http://files.internal:8081/ok",
+            "https://data.example/pub",
+            "https://data.example:443/pub/x",
+        ] {
+            assert!(p.check(good).is_ok(), "{good}");
+        }
+        for bad in [
+            // Another port, another path, and every spelling of climbing out.
+            "http://files.internal:8082/ok/a.txt",
+            "http://files.internal/ok/a.txt",
+            "http://files.internal:8081/internal/secret.txt",
+            "http://files.internal:8081/ok/../internal/secret.txt",
+            "http://files.internal:8081/ok/%2e%2e/internal/secret.txt",
+            "http://files.internal:8081/ok/..%2finternal/secret.txt",
+            "http://files.internal:8081/ok/..%2F..%2F..%2Fsecret.txt",
+            "http://files.internal:8081/ok%2F..%2Finternal",
+            "http://files.internal:8081/okay/a.txt",
+            "https://files.internal:8081/ok/a.txt",
+            "http://u:p@files.internal:8081/ok/a.txt",
+            "https://data.example/public",
+            "https://data.example/pub/..%5c..%5csecret",
+            "http://data.example/pub/x",
+        ] {
+            let e = p.check(bad).unwrap_err();
+            assert!(
+                e.0.contains("allowed only under the prefixes"),
+                "{bad}: {e}"
+            );
+        }
+        // Other names are untouched: public ones pass (their addresses are checked at
+        // connection), loopback names do not.
+        assert!(p.check("https://example.org/x").is_ok());
+        assert!(p.check("http://localhost:8081/ok/a.txt").is_err());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

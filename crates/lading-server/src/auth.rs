@@ -32,6 +32,9 @@ pub struct Principal {
     /// A processor's job types.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub types: Vec<String>,
+    /// A submitter's collections (`*`: every one); an admin's is empty and unrestricted.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub collections: Vec<String>,
 }
 
 impl Principal {
@@ -44,6 +47,37 @@ impl Principal {
             )),
             (Some(name), _) => Ok(name),
             (None, _) => Ok(self.name.clone()),
+        }
+    }
+
+    /// Whether this principal may submit to profile `name`: an admin to any, a submitter to
+    /// the collections of its token only (403 naming both otherwise; an unknown profile is
+    /// 400). Returns the profile's collection.
+    pub fn may_submit_to(
+        &self,
+        ingest: &lading_ingest::Ingest,
+        profile: &str,
+    ) -> Result<String, ApiError> {
+        let collection = ingest
+            .profile(profile)
+            .map_err(|e| ApiError::bad_request(e.to_string()))?
+            .collection
+            .clone();
+        match self.role {
+            Role::Admin => Ok(collection),
+            Role::Submitter
+                if self
+                    .collections
+                    .iter()
+                    .any(|c| c == "*" || *c == collection) =>
+            {
+                Ok(collection)
+            }
+            _ => Err(ApiError::forbidden(format!(
+                "{} may not submit to profile {profile:?}: its collection {collection:?} is not among the token's collections ({})",
+                self.name,
+                self.collections.join(", ")
+            ))),
         }
     }
 
@@ -181,6 +215,21 @@ impl Auth {
                 }
                 _ => {}
             }
+            match (role, t.collections.is_empty()) {
+                (Role::Submitter, true) => {
+                    return Err(format!(
+                        "token {:?}: a submitter token needs collections = [\"COLLECTION\", …], the collections it may submit to ([\"*\"] for every one)",
+                        t.name
+                    ));
+                }
+                (Role::Admin | Role::Processor, false) => {
+                    return Err(format!(
+                        "token {:?}: collections applies to submitter tokens only",
+                        t.name
+                    ));
+                }
+                _ => {}
+            }
             for ty in &t.types {
                 lading_jobs::check_type(ty).map_err(|e| format!("token {:?}: {e}", t.name))?;
             }
@@ -191,6 +240,7 @@ impl Auth {
                 name: t.name.clone(),
                 role,
                 types: t.types.clone(),
+                collections: t.collections.clone(),
             };
             if by_digest.insert(digest(&t.token), p).is_some() {
                 return Err(format!("token {:?} is given twice", t.name));
@@ -211,6 +261,7 @@ impl Auth {
                 name: "admin".into(),
                 role: Role::Admin,
                 types: Vec::new(),
+                collections: Vec::new(),
             },
         );
         self

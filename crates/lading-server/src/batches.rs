@@ -121,6 +121,7 @@ pub(crate) async fn submit(
         )
     })?;
     let submitter = p.submitter(b.submitter.take())?;
+    p.may_submit_to(&s.ingest, &b.profile)?;
     // Whoever sends it, a URL that comes in over the API is held to the payload policy.
     let sub = b.into_submission(
         submitter,

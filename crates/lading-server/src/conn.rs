@@ -6,9 +6,12 @@
 //! - **Connection cap**: at most `max_connections` open. At the cap, a new connection makes
 //!   room by closing the connection that has been idle longest (no request in progress);
 //!   failing that, the one whose request has waited longest in its handler (a slow body, a
-//!   long-poll). A connection streaming its response (a download, the event stream) is never
-//!   closed for room; when every connection is streaming, the new one is closed at once. So
-//!   a flood of idle, half-sent or slow-body connections cannot lock anyone out.
+//!   long-poll); failing that, the oldest streaming connection (a download, the event
+//!   stream) of the client holding the most streams. So a flood of idle, half-sent,
+//!   slow-body or streaming connections cannot lock anyone out.
+//! - **Streams per client**: one client (one `Authorization` value, or one address without
+//!   one) holds at most `max_streams_per_client` streaming requests (`/api/v1/events`,
+//!   downloads) at once; more are answered 429 at once.
 //! - **Request timeout**: an ordinary request (reading its body included) gets
 //!   `request_timeout`, then 408; long-polls, the event stream and uploads are exempt.
 //! - On shutdown, no new connection is taken and open ones finish their requests, for at most
@@ -37,6 +40,8 @@ pub struct Limits {
     pub header_timeout: Duration,
     /// Time an ordinary request may take, reading its body included (408 after).
     pub request_timeout: Duration,
+    /// Streaming requests one client may have open at once.
+    pub max_streams_per_client: usize,
 }
 
 impl From<&lading_ingest::HttpSettings> for Limits {
@@ -45,6 +50,7 @@ impl From<&lading_ingest::HttpSettings> for Limits {
             max_connections: h.max_connections.max(1),
             header_timeout: Duration::from_secs(h.header_timeout_s.max(1)),
             request_timeout: Duration::from_secs(h.request_timeout_s.max(1)),
+            max_streams_per_client: h.max_streams_per_client.max(1),
         }
     }
 }
@@ -58,7 +64,10 @@ impl Default for Limits {
 /// One open connection, as the cap sees it.
 struct Conn {
     state: Arc<ConnState>,
+    /// Finish what is in progress, then close.
     close: CancellationToken,
+    /// Close now (a stream evicted for room never finishes by itself).
+    kill: CancellationToken,
 }
 
 /// What a connection is doing, as the cap sees it.
@@ -70,6 +79,75 @@ struct ConnState {
     in_handler: AtomicUsize,
     /// When its state last changed (ms since the loop started).
     since: AtomicU64,
+    /// Streaming requests in progress, and the client they are counted to.
+    streaming: AtomicUsize,
+    client: Mutex<Option<Client>>,
+}
+
+/// Who holds a connection's streams: a digest of its `Authorization` value, or its address.
+type Client = [u8; 32];
+
+fn client_of(req: &Request<hyper::body::Incoming>, peer: std::net::SocketAddr) -> Client {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    match req.headers().get(axum::http::header::AUTHORIZATION) {
+        Some(v) => h.update(v.as_bytes()),
+        None => h.update(peer.ip().to_string().as_bytes()),
+    }
+    h.finalize().into()
+}
+
+/// Streaming requests in progress per client.
+#[derive(Default)]
+struct Streams(Mutex<HashMap<Client, usize>>);
+
+/// One streaming request counted to its client (and its connection) until dropped.
+struct Stream {
+    streams: Arc<Streams>,
+    state: Arc<ConnState>,
+    client: Client,
+}
+
+impl Streams {
+    /// Counts a stream of `client` on `state`'s connection, unless it holds `max` already.
+    fn enter(
+        self: &Arc<Self>,
+        client: Client,
+        state: &Arc<ConnState>,
+        max: usize,
+    ) -> Option<Stream> {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(client).or_default();
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        state.streaming.fetch_add(1, Ordering::AcqRel);
+        *state.client.lock().unwrap_or_else(|p| p.into_inner()) = Some(client);
+        Some(Stream {
+            streams: self.clone(),
+            state: state.clone(),
+            client,
+        })
+    }
+
+    fn held(&self, client: &Client) -> usize {
+        let m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(client).copied().unwrap_or(0)
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        self.state.streaming.fetch_sub(1, Ordering::AcqRel);
+        let mut m = self.streams.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&self.client) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.client);
+            }
+        }
+    }
 }
 
 /// Open connections by number.
@@ -81,11 +159,42 @@ struct Table {
 
 impl Table {
     /// Makes room for one more under `max`: true if there is (perhaps after closing the
-    /// connection idle longest).
-    fn room(&mut self, max: usize) -> bool {
+    /// connection idle longest, or failing any idle or waiting one, the oldest stream of the
+    /// client holding most).
+    fn room(&mut self, max: usize, streams: &Streams) -> bool {
         if self.open.len() < max {
             return true;
         }
+        if !self.evict_idle() {
+            return self.evict_stream(streams);
+        }
+        true
+    }
+
+    fn evict_stream(&mut self, streams: &Streams) -> bool {
+        let victim = self
+            .open
+            .iter()
+            .filter(|(_, c)| {
+                !c.kill.is_cancelled() && c.state.streaming.load(Ordering::Acquire) > 0
+            })
+            .filter_map(|(id, c)| {
+                let client = (*c.state.client.lock().unwrap_or_else(|p| p.into_inner()))?;
+                let since = c.state.since.load(Ordering::Relaxed);
+                Some(((std::cmp::Reverse(streams.held(&client)), since), *id))
+            })
+            .min()
+            .map(|(_, id)| id);
+        match victim.and_then(|id| self.open.remove(&id)) {
+            Some(c) => {
+                c.kill.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn evict_idle(&mut self) -> bool {
         // Idle first (rank 0), then waiting in a handler (rank 1); oldest first.
         let victim = self
             .open
@@ -162,10 +271,12 @@ impl Drop for InHandler {
     }
 }
 
-/// A response body that keeps its request counted as in progress until it ends.
+/// A response body that keeps its request counted as in progress (and as its client's
+/// stream, if it is one) until it ends.
 struct Counted {
     inner: Body,
     _active: Active,
+    _stream: Option<Stream>,
 }
 
 impl http_body::Body for Counted {
@@ -194,6 +305,26 @@ fn is_long(path: &str) -> bool {
         || path.ends_with("/finish-and-accept")
 }
 
+/// Requests that answer with a stream that lasts: the event stream and downloads.
+fn is_stream(path: &str) -> bool {
+    path == "/api/v1/events"
+        || (path.starts_with("/api/v1/")
+            && (path.ends_with("/download") || path.ends_with("/file")))
+}
+
+/// The answer to a client over its streams.
+fn too_many_streams(max: usize) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    crate::ApiError::new(
+        axum::http::StatusCode::TOO_MANY_REQUESTS,
+        "too_many_streams",
+        format!(
+            "this client already holds {max} streams (event streams and downloads) open; close one first (http.max_streams_per_client)"
+        ),
+    )
+    .into_response()
+}
+
 /// The answer to a request that ran out of time. A streamed response is never cut: its
 /// handler has returned by then.
 fn timed_out(after: Duration) -> axum::response::Response {
@@ -219,13 +350,14 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let epoch = Instant::now();
     let table = Arc::new(Mutex::new(Table::default()));
+    let streams = Arc::new(Streams::default());
     let stop = CancellationToken::new();
     // Cuts off connections still busy when the drain time is up.
     let force = CancellationToken::new();
     let mut shutdown = std::pin::pin!(shutdown);
     let tracker = tokio_util::task::TaskTracker::new();
     loop {
-        let (stream, _peer) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             _ = &mut shutdown => break,
             r = listener.accept() => match r {
                 Ok(s) => s,
@@ -240,32 +372,46 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let (id, conn) = {
             let mut t = table.lock().unwrap_or_else(|p| p.into_inner());
-            if !t.room(limits.max_connections) {
+            if !t.room(limits.max_connections, &streams) {
                 drop(stream);
                 continue;
             }
             let conn = Conn {
                 state: Arc::new(ConnState::default()),
                 close: stop.child_token(),
+                kill: CancellationToken::new(),
             };
             conn.state.touch(epoch);
             let id = t.next;
             t.next += 1;
-            let handles = (conn.state.clone(), conn.close.clone());
+            let handles = (conn.state.clone(), conn.close.clone(), conn.kill.clone());
             t.open.insert(id, conn);
             (id, handles)
         };
-        let (state, close) = conn;
+        let (state, close, kill) = conn;
         let app = app.clone();
         let table = table.clone();
         let force = force.clone();
+        let streams = streams.clone();
         tracker.spawn(async move {
             let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                 let counted = Active::new(&state, epoch);
                 let in_handler = InHandler::new(&state);
                 let app = app.clone();
-                let long = is_long(req.uri().path());
+                let path = req.uri().path();
+                let long = is_long(path);
+                let stream = is_stream(path).then(|| {
+                    let client = client_of(&req, peer);
+                    streams.enter(client, &state, limits.max_streams_per_client)
+                });
                 async move {
+                    let stream = match stream {
+                        Some(None) => {
+                            return Ok(too_many_streams(limits.max_streams_per_client));
+                        }
+                        Some(s) => s,
+                        None => None,
+                    };
                     let call = app.oneshot(req.map(Body::new));
                     let resp = if long {
                         call.await?
@@ -280,6 +426,7 @@ pub async fn serve(
                         Body::new(Counted {
                             inner: b,
                             _active: counted,
+                            _stream: stream,
                         })
                     }))
                 }
@@ -293,6 +440,7 @@ pub async fn serve(
             let mut conn = std::pin::pin!(conn);
             tokio::select! {
                 _ = conn.as_mut() => {}
+                _ = kill.cancelled() => {}
                 _ = close.cancelled() => {
                     // Evicted or stopping: finish what is in progress, take nothing new
                     // (cut off when the server's drain time is up).
@@ -300,6 +448,7 @@ pub async fn serve(
                     tokio::select! {
                         _ = conn.as_mut() => {}
                         _ = force.cancelled() => {}
+                        _ = kill.cancelled() => {}
                     }
                 }
             }

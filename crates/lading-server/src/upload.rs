@@ -260,9 +260,7 @@ pub async fn upload(
             "payload_url is not taken with an upload: the uploaded file is the payload",
         ));
     }
-    s.ingest
-        .profile(&q.profile)
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    p.may_submit_to(&s.ingest, &q.profile)?;
     if PayloadType::parse(q.payload_type()).is_none() {
         return Err(lading_ingest::SubmitError::PayloadType(q.payload_type().to_string()).into());
     }

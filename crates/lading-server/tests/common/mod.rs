@@ -81,24 +81,28 @@ async fn start_in(dir: tempfile::TempDir, allow: Vec<String>) -> Server {
             token: ADMIN.into(),
             role: "admin".into(),
             types: Vec::new(),
+            collections: Vec::new(),
         },
         TokenSettings {
             name: "alice".into(),
             token: SUBMITTER.into(),
             role: "submitter".into(),
             types: Vec::new(),
+            collections: vec!["demo".into()],
         },
         TokenSettings {
             name: "bob".into(),
             token: BOB.into(),
             role: "submitter".into(),
             types: Vec::new(),
+            collections: vec!["demo".into()],
         },
         TokenSettings {
             name: "thumbnailer".into(),
             token: THUMBS.into(),
             role: "processor".into(),
             types: vec!["thumbs".into()],
+            collections: Vec::new(),
         },
     ])
     .unwrap();
