@@ -1329,3 +1329,105 @@ async fn one_clients_event_streams_cannot_lock_others_out() {
     }
     assert_eq!(s.batches().await.len(), 1, "nothing else changed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identifiers_that_differ_only_in_separators_do_not_share_a_folder_or_lock() {
+    let pdir = tempfile::tempdir().unwrap();
+    std::fs::write(pdir.path().join("a.txt"), b"alice's words\n").unwrap();
+    std::fs::write(pdir.path().join("b.txt"), b"bob's words\n").unwrap();
+    let files = PayloadServer::start(pdir.path()).await.unwrap();
+    let s = serve(&[format!("http://{}/", files.addr)], "");
+    // Bob takes the names that Merritt's form of Alice's ARK would collapse to.
+    for id in ["ark_99999_future7", "ark:/99999_future7"] {
+        let b = s
+            .submit_finished(
+                BOB,
+                json!({"payload_url": files.url("b.txt"), "profile": "beta", "primary_id": id}),
+            )
+            .await;
+        assert_eq!(b["status"]["status"], "Completed", "{id}: {b}");
+    }
+    let bobs = s.stored_files();
+    // Alice's own ARK is hers: stored under Merritt's name, beside Bob's.
+    let b = s
+        .submit_finished(
+            ALICE,
+            json!({"payload_url": files.url("a.txt"), "profile": "alpha", "primary_id": "ark:/99999/future7"}),
+        )
+        .await;
+    assert_eq!(b["status"]["status"], "Completed", "{b}");
+    let storage = s.data().join("storage");
+    let mut folders: Vec<String> = std::fs::read_dir(&storage)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    folders.sort();
+    assert_eq!(
+        folders,
+        [
+            "ark%3A%2F99999%5Ffuture7",
+            "ark%5F99999%5Ffuture7",
+            "ark_99999_future7"
+        ],
+    );
+    let mine = files_under(&storage.join("ark_99999_future7"));
+    assert!(
+        mine.iter()
+            .any(|f| std::fs::read(f).unwrap() == b"alice's words\n"),
+        "{mine:?}"
+    );
+    for f in bobs {
+        assert!(f.exists(), "Bob's {} is still there", f.display());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submitter_reads_in_history_what_its_events_show_and_no_more() {
+    let pdir = tempfile::tempdir().unwrap();
+    let files = PayloadServer::start(pdir.path()).await.unwrap();
+    let s = serve(
+        &[format!("http://{}/", files.addr)],
+        "[stages.downloading]\nmax_attempts = 1\n",
+    );
+    let b = s
+        .submit_finished(
+            ALICE,
+            json!({"payload_url": files.url("missing.txt"), "profile": "alpha"}),
+        )
+        .await;
+    let bid = b["id"].as_str().unwrap().to_string();
+    let job = s.only_job(&b).await;
+    let jid = job["id"].as_str().unwrap().to_string();
+    assert_eq!(job["status"]["status"], "Failed", "{job}");
+    // The admin sees hosts and messages.
+    let (_, admins) = s.get(ADMIN, &format!("/api/v1/jobs/{jid}/history")).await;
+    let text = admins.to_string();
+    assert!(
+        text.contains("\"host\"") && text.contains("404"),
+        "{admins}"
+    );
+    // Alice sees the states and times, as her event stream does: no host, no message,
+    // in the history endpoints and in the records alike.
+    for path in [
+        format!("/api/v1/jobs/{jid}/history"),
+        format!("/api/v1/batches/{bid}/history"),
+        format!("/api/v1/jobs/{jid}"),
+        format!("/api/v1/batches/{bid}"),
+    ] {
+        let (st, v) = s.get(ALICE, &path).await;
+        assert_eq!(st, StatusCode::OK, "{path}: {v}");
+        let entries = v["history"]
+            .as_array()
+            .or(v["status"]["history"].as_array())
+            .unwrap_or_else(|| panic!("{path}: {v}"));
+        assert!(entries.len() >= 2, "{path}: {v}");
+        for e in entries {
+            let o = e.as_object().unwrap();
+            assert!(o.contains_key("to") && o.contains_key("at"), "{path}: {e}");
+            assert!(
+                !o.contains_key("host") && !o.contains_key("message"),
+                "{path}: {e}"
+            );
+        }
+    }
+}

@@ -188,9 +188,47 @@ pub fn queue_lock(name: &str) -> String {
 pub fn collection_lock(mnemonic: &str) -> String {
     format!("{COLLECTION_LOCKS}/{mnemonic}")
 }
-/// An ark as a single node name: `:/` and `/` become `_`.
+/// An identifier as a single node name (its storage folder and its locks), one-to-one:
+///
+/// - an ARK of Merritt's shape (`ark:/NAAN/NAME`, with no `_`, `%`, `:` after `ark:/`, no
+///   empty, `.` or `..` segment) gets Merritt's own name, `:/` and `/` turned into `_`
+///   (`ark:/13030/m5k695dk` → `ark_13030_m5k695dk`), so Merritt's tools find its locks;
+/// - any other identifier is escaped: letters, digits, `.` and `-` kept, every other byte
+///   `%XX` (`_` and `%` included), a leading `.` too.
+///
+/// The first kind always holds a `_` and no `%`; the second never holds a `_`. So no two
+/// identifiers share a name: `ark:/99999/x`, `ark:/99999_x` and `ark_99999_x` are three.
 pub fn ark_node_name(ark: &str) -> String {
-    ark.replace(":/", "_").replace('/', "_")
+    if let Some(rest) = ark.strip_prefix("ark:/")
+        && merritt_shaped(rest)
+    {
+        return format!("ark_{}", rest.replace('/', "_"));
+    }
+    let mut out = String::new();
+    for b in ark.bytes() {
+        if b.is_ascii_alphanumeric() || b".-".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    if out.starts_with('.') {
+        out.replace_range(0..1, "%2E");
+    }
+    out
+}
+
+/// Whether an ARK's part after `ark:/` has Merritt's shape (see [`ark_node_name`]).
+fn merritt_shaped(rest: &str) -> bool {
+    !rest.is_empty()
+        && rest.split('/').all(|seg| {
+            !seg.is_empty()
+                && seg != "."
+                && seg != ".."
+                && seg
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b".-=~*+@$".contains(&b))
+        })
 }
 pub fn storage_lock(ark: &str) -> String {
     format!("{STORAGE_LOCKS}/{}", ark_node_name(ark))
@@ -348,6 +386,33 @@ pub fn to_bytes<T: Serialize>(v: &T) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn identifiers_map_to_node_names_one_to_one() {
+        assert_eq!(ark_node_name("ark:/13030/m5k695dk"), "ark_13030_m5k695dk");
+        assert_eq!(ark_node_name("ark:/99999/fk4/a.b"), "ark_99999_fk4_a.b");
+        let ids = [
+            "ark:/99999/x",
+            "ark:/99999_x",
+            "ark_99999_x",
+            "ark:/99999/x_",
+            "ark/99999/x",
+            "ark:99999/x",
+            "ark:/99999//x",
+            "ark:/99999/%78",
+            "ark:/99999/x/..",
+            "doi:10.1/abc_def",
+            "doi:10.1/abc%5Fdef",
+            ".hidden",
+            "%2Ehidden",
+        ];
+        let names: std::collections::BTreeSet<String> =
+            ids.iter().map(|i| ark_node_name(i)).collect();
+        assert_eq!(names.len(), ids.len(), "{names:?}");
+        for n in &names {
+            assert!(!n.contains('/') && !n.starts_with('.'), "{n}");
+        }
+    }
 
     #[test]
     fn ids_parse_and_refuse() {

@@ -178,9 +178,15 @@ pub fn check_primary_id(id: &str) -> Result<(), String> {
     if id.chars().any(char::is_control) {
         return Err(format!("{id:?} contains control characters"));
     }
-    if node == "." || node == ".." || node.starts_with('.') || node.contains('\\') {
+    if id.starts_with('.') || id.contains('\\') {
         return Err(format!(
             "{id:?} cannot name an object (no leading '.', no '\\')"
+        ));
+    }
+    if node.len() > 255 {
+        return Err(format!(
+            "{id:?} would need a folder name of {} bytes once escaped (255 at most)",
+            node.len()
         ));
     }
     Ok(())

@@ -168,7 +168,7 @@ pub(crate) async fn show_batch(
         if let Some(m) = info.status.message.as_mut() {
             crate::redact::text(&s, m);
         }
-        redact_history(&s, &mut info.status.extra);
+        redact_history(&mut info.status.extra);
     }
     Ok(Json(info))
 }
@@ -184,12 +184,14 @@ fn history(id: String, extra: &serde_json::Map<String, Value>) -> crate::api::Hi
     }
 }
 
-/// No server paths in the messages of a history a submitter reads.
-fn redact_history(s: &AppState, extra: &mut serde_json::Map<String, Value>) {
+/// A history as a submitter reads it: the fields its event stream shows (states, times,
+/// retry counts), not the operator's hosts and messages.
+fn redact_history(extra: &mut serde_json::Map<String, Value>) {
     if let Some(Value::Array(list)) = extra.get_mut(lading_engine::HISTORY_FIELD) {
         for entry in list {
-            if let Some(Value::String(m)) = entry.get_mut("message") {
-                crate::redact::text(s, m);
+            if let Some(o) = entry.as_object_mut() {
+                o.remove("host");
+                o.remove("message");
             }
         }
     }
@@ -501,7 +503,7 @@ pub(crate) async fn show_job(
         if let Some(m) = info.status.message.as_mut() {
             crate::redact::text(&s, m);
         }
-        redact_history(&s, &mut info.status.extra);
+        redact_history(&mut info.status.extra);
         return Ok(Json(info));
     }
     Ok(Json(info))
