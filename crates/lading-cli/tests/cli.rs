@@ -88,7 +88,7 @@ fn illegal_admin_transition_exits_4_and_changes_nothing() {
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(4), "{err}");
     assert!(
-        err.contains("illegal job transition from Completed to Held"),
+        err.contains("cannot hold this job: it is Completed; only a Pending job can be held"),
         "{err}"
     );
     let o = lading(
@@ -535,7 +535,11 @@ fn refusals_name_what_is_allowed_and_change_nothing() {
     let o = lading(&db, &["admin", "job", "requeue", "jid0000000001"]);
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(4), "{err}");
-    assert!(err.contains("only a Failed job can be requeued"), "{err}");
+    assert!(
+        err.contains("cannot requeue this job: it is Completed; only a Failed job can be requeued"),
+        "{err}"
+    );
+    assert!(!err.contains("to Completed"), "{err}");
     let o = lading(
         &db,
         &["admin", "job", "requeue", "jid0000000001", "--to", "Bogus"],

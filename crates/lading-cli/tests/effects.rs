@@ -457,3 +457,84 @@ async fn two_trees_sharing_a_data_folder_never_mix_working_files() {
         "{names:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requeues_one_at_a_time_give_the_depositor_one_update() {
+    let smtp = lading_testkit::smtp::Smtp::start().await;
+    let port = smtp.port;
+    let s = setup(
+        "notification = [\"depositor@example.org\"]\n",
+        &format!(
+            "smtp_host = \"127.0.0.1\"\nsmtp_port = {port}\nmail_from = \"lading@example.org\"\nreport_settle_s = 3"
+        ),
+    );
+    let _workers = s.workers(1);
+    // Ten files, eight of them missing: the batch ends Failed, 8 of 10 failed.
+    let payload = s.dir.path().join("payload");
+    std::fs::create_dir_all(&payload).unwrap();
+    let files: Vec<PathBuf> = (0..10).map(|i| payload.join(format!("f{i}.txt"))).collect();
+    for f in &files[..2] {
+        std::fs::write(f, b"here\n").unwrap();
+    }
+    let rows: String = files
+        .iter()
+        .map(|f| format!("file://{}\n", f.display()))
+        .collect();
+    let manifest = payload.join("batch.checkm");
+    std::fs::write(
+        &manifest,
+        format!(
+            "#%checkm_0.7\n#%profile | http://uc3.cdlib.org/registry/ingest/manifest/mrt-single-file-batch-manifest\n#%fields | nfo:fileUrl\n{rows}#%eof\n"
+        ),
+    )
+    .unwrap();
+    let o = s
+        .cmd(&[
+            "submit",
+            &format!("file://{}", manifest.display()),
+            "--profile",
+            "demo",
+            "--type",
+            "single-file-batch-manifest",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let bid = BatchId::parse(String::from_utf8_lossy(&o.stdout).trim()).unwrap();
+    let first = smtp.next().await;
+    assert!(first.contains("2 completed, 8 failed"), "{first}");
+    let e = engine(&s.db).await;
+    let info = e.batch(&bid).await.unwrap();
+    assert_eq!(info.status.status, BatchState::Failed);
+    let failed: Vec<String> = info.jobs["batch-failed"].clone();
+    assert_eq!(failed.len(), 8);
+    // The space is back: the files are there now. An operator's loop requeues the jobs one
+    // at a time, each well after the one before has completed.
+    for f in &files[2..] {
+        std::fs::write(f, b"here now\n").unwrap();
+    }
+    for jid in &failed {
+        let o = s.cmd(&["admin", "job", "requeue", jid]).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let j = JobId::parse(jid).unwrap();
+        until("the requeued job to complete", async || {
+            e.job(&j).await.unwrap().status.status == lading_core::JobState::Completed
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    until("the batch to be reported again", async || {
+        let info = e.batch(&bid).await.unwrap();
+        info.status.status == BatchState::Completed && e.outbox().await.unwrap().is_empty()
+    })
+    .await;
+    let update = smtp.next().await;
+    assert!(update.contains("10 completed, 0 failed"), "{update}");
+    let report = e.batch(&bid).await.unwrap().status_report.unwrap();
+    assert_eq!(report.extra["report_number"], 2, "one update");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        smtp.messages.lock().await.try_recv().is_err(),
+        "no report in the middle"
+    );
+}

@@ -249,7 +249,7 @@ async fn a_batch_runs_across_three_hosts_through_a_worker_kill_and_a_leader_kill
     .unwrap();
     let config = format!(
         "storage_root = \"{}\"\nprofiles_dir = \"{}\"\ninventory = \"{inventory}\"\n\
-         reserve_bytes = 0\nunestimated_min_free_bytes = 0\n\
+         reserve_bytes = 0\nunestimated_min_free_bytes = 0\nreport_settle_s = 0\n\
          smtp_host = \"127.0.0.1\"\nsmtp_port = {}\nmail_from = \"lading@example.org\"\n\
          [payload]\nallow = [\"http://{}/\"]\n\
          [[tokens]]\nname = \"ops\"\ntoken = \"{ADMIN}\"\nrole = \"admin\"\n\

@@ -10,13 +10,42 @@ use std::fmt;
 /// A move that the state table does not allow. Names both states, so the message alone tells
 /// an operator what was attempted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("illegal {kind} transition from {from} to {to}{}", .why.map(|w| format!(": {w}")).unwrap_or_default())]
 pub struct IllegalTransition {
     pub kind: &'static str,
     pub from: String,
     pub to: String,
     /// What would be allowed instead, in words, when the table alone does not say it.
     pub why: Option<&'static str>,
+    /// The admin action that was asked for (`requeue`, `release`, …), named in the message
+    /// instead of the move it would have made.
+    pub asked: Option<&'static str>,
+}
+
+impl fmt::Display for IllegalTransition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.asked {
+            Some(asked) => write!(f, "cannot {asked} this {}: it is {}", self.kind, self.from)?,
+            None => write!(
+                f,
+                "illegal {} transition from {} to {}",
+                self.kind, self.from, self.to
+            )?,
+        }
+        if let Some(w) = self.why {
+            write!(f, "; {w}")?;
+        }
+        Ok(())
+    }
+}
+
+impl IllegalTransition {
+    /// The same refusal, named as the admin action `asked`.
+    pub fn asked(self, asked: &'static str) -> IllegalTransition {
+        IllegalTransition {
+            asked: Some(asked),
+            ..self
+        }
+    }
 }
 
 macro_rules! state_enum {
@@ -156,6 +185,7 @@ fn illegal<S: fmt::Display>(
         from: from.to_string(),
         to: to.to_string(),
         why: None,
+        asked: None,
     }
 }
 
@@ -412,13 +442,13 @@ impl JobProgress {
         if self.state != JobState::Failed {
             return Err(IllegalTransition {
                 why: Some("only a Failed job can be requeued"),
-                ..illegal("job", self.state, to)
+                ..illegal("job", self.state, to).asked("requeue")
             });
         }
         if to == JobState::Deleted {
             return Err(IllegalTransition {
-                why: Some("delete it instead"),
-                ..illegal("job", self.state, to)
+                why: Some("a requeue to Deleted is a delete: delete it instead"),
+                ..illegal("job", self.state, to).asked("requeue")
             });
         }
         let mut next = self.apply(Event::To(to))?;

@@ -218,6 +218,13 @@ impl Engine {
                 }
                 _ => {}
             }
+            if reentering {
+                // When the last job came back: a reopened batch's report waits for the
+                // requeues to settle (see `REQUEUED_AT`).
+                touched
+                    .extra
+                    .insert(REQUEUED_AT.into(), self.clock().now_ms().into());
+            }
             if reentering || touched.message != bstatus.message {
                 ops.push(Op::set(
                     batch_node(&batch, "status"),
@@ -255,8 +262,14 @@ impl Engine {
 
     /// Admin: Pending → Held.
     pub async fn hold_job(&self, job: &JobId) -> Result<JobStatus> {
-        self.admin_job(job, |p| p.apply(Event::To(JobState::Held)))
-            .await
+        self.admin_job(job, |p| {
+            p.apply(Event::To(JobState::Held))
+                .map_err(|e| lading_core::IllegalTransition {
+                    why: Some("only a Pending job can be held"),
+                    ..e.asked("hold")
+                })
+        })
+        .await
     }
 
     /// Admin: Held → Pending.
@@ -267,7 +280,8 @@ impl Engine {
                     kind: "job",
                     from: p.state.to_string(),
                     to: "Pending (release)".into(),
-                    why: None,
+                    why: Some("only a Held job can be released"),
+                    asked: Some("release"),
                 });
             }
             p.apply(Event::To(JobState::Pending))
@@ -359,6 +373,7 @@ impl Engine {
                 from: s.to_string(),
                 to: JobState::Deleted.to_string(),
                 why: Some("only a Failed or Held job can be deleted (a Completed one is purged); a Pending job can be held first"),
+                asked: Some("delete"),
             }
             .into()),
         }
@@ -372,7 +387,8 @@ impl Engine {
                 kind: "job",
                 from: status.status.to_string(),
                 to: "purged".into(),
-                why: None,
+                why: Some("only a finished one can be purged"),
+                asked: Some("purge"),
             }
             .into());
         }
@@ -417,7 +433,8 @@ impl Engine {
                 kind: "access",
                 from: status.status.to_string(),
                 to: "purged".into(),
-                why: None,
+                why: Some("only a finished one can be purged"),
+                asked: Some("purge"),
             }
             .into());
         }

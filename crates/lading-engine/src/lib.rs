@@ -505,6 +505,9 @@ pub async fn dump(tree: &dyn Tree, root: &str) -> Result<BTreeMap<String, Value>
 
 /// The retry time a deferred job's status carries, if any.
 /// A failed job's stage, failure kind (`fatal` or `exhausted`) and attempts, in its status.
+/// A batch status field: when (ms on the engine's clock) a job of the batch was last
+/// requeued by an admin.
+pub const REQUEUED_AT: &str = "requeued_at_ms";
 pub const FAILED_STAGE_FIELD: &str = "failed_stage";
 pub const FAILURE_KIND_FIELD: &str = "failure_kind";
 pub const FAILED_ATTEMPTS_FIELD: &str = "failed_attempts";

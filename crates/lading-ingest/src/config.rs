@@ -72,6 +72,10 @@ pub struct Config {
     pub unestimated_min_free_bytes: u64,
     /// How often a job waiting for space is looked at again.
     pub provisioning_round_ms: u64,
+    /// A reopened batch (a job of a reported batch requeued) is reported again only once no
+    /// requeue has come for this long, so an operator requeueing jobs one by one gives the
+    /// depositor one update.
+    pub report_settle_s: u64,
     /// Names the working file system in space reservations (default: this host's name and
     /// the working folder's path). Hosts that share one working file system must give it
     /// the same id; hosts with disks of their own, different ones.
@@ -221,6 +225,7 @@ impl Default for Config {
             reserve_bytes: 256 << 20,
             unestimated_min_free_bytes: 1 << 30,
             provisioning_round_ms: 5_000,
+            report_settle_s: 30,
             work_root_id: None,
             merritt_package_root: None,
             large_job_bytes: 10 << 30,

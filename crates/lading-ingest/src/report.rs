@@ -25,8 +25,27 @@ impl BatchStage for Report {
 }
 
 async fn report(ingest: &Ingest, b: &BatchCtx, update: bool) -> Result<Outcome, Outcome> {
-    let mut report = b.engine.build_report(b.batch()).await?;
     let prev = b.info.status_report.as_ref();
+    // A reopened batch waits until its requeues have settled: an operator requeueing jobs
+    // one by one gives one update, not one per requeue. A requeue meanwhile reopens the batch
+    // again (this lease is then lost, and the next report waits anew).
+    if prev.is_some() {
+        let requeued = (b.leased_status().await.extra)
+            .get(lading_engine::REQUEUED_AT)
+            .and_then(Value::as_u64);
+        let until = requeued.map(|at| at + ingest.cfg.report_settle_s * 1000);
+        let now = b.engine.clock().now_ms();
+        if let Some(until) = until.filter(|u| *u > now) {
+            return Ok(Outcome::Wait {
+                after: std::time::Duration::from_millis(until - now),
+                reason: format!(
+                    "reopened by a requeue: reporting once no requeue has come for {} s (report_settle_s)",
+                    ingest.cfg.report_settle_s
+                ),
+            });
+        }
+    }
+    let mut report = b.engine.build_report(b.batch()).await?;
     if let Some(prev) = prev {
         // What was fixed since the last report: jobs failed then, completed now.
         let fixed: Vec<&String> = report

@@ -122,6 +122,11 @@ impl BatchCtx {
         &self.batch_id
     }
 
+    /// The batch's status as this handler's lease took it.
+    pub async fn leased_status(&self) -> lading_core::layout::BatchStatus {
+        self.lease.read().await.status.clone()
+    }
+
     /// The batch's submission; one of another shape fails the batch, naming the node.
     pub fn submission(&self) -> Result<&BatchSubmission, Outcome> {
         self.submission

@@ -736,6 +736,15 @@ impl BatchLoop {
                         lease: RwLock::new(lease),
                     });
                 }
+                Some(Outcome::Wait { after, reason }) => {
+                    // Not ready yet: look again after `after`, holding the batch (its lock
+                    // keeps other workers off; a move by an admin meanwhile takes the lease).
+                    tracing::info!(batch = %bid, %reason, "waiting {:.1} s", after.as_secs_f64());
+                    tokio::select! {
+                        _ = tokio::time::sleep(after) => {}
+                        _ = shutdown.aborted() => break None,
+                    }
+                }
                 Some(Outcome::Transient(reason)) => {
                     let mut lease = ctx.lease.write().await;
                     lease.effects.clear();

@@ -78,6 +78,7 @@ impl World {
             reserve_bytes: 0,
             unestimated_min_free_bytes: 0,
             provisioning_round_ms: 200,
+            report_settle_s: 0,
             file_attempts: 2,
             ..Config::default()
         };

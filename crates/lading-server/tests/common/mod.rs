@@ -61,6 +61,7 @@ async fn start_in(dir: tempfile::TempDir, allow: Vec<String>) -> Server {
         reserve_bytes: 0,
         unestimated_min_free_bytes: 0,
         provisioning_round_ms: 200,
+        report_settle_s: 0,
         max_upload_bytes: 1 << 20,
         payload: lading_ingest::PayloadSettings {
             allow: allow.clone(),
