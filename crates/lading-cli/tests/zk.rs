@@ -263,6 +263,16 @@ fn running(
     dir: &std::path::Path,
     args: &[&str],
 ) -> (Child, std::sync::mpsc::Receiver<String>) {
+    running_with(url, dir, args, "4000")
+}
+
+/// [`running`] with a session timeout of `session_ms`.
+fn running_with(
+    url: &str,
+    dir: &std::path::Path,
+    args: &[&str],
+    session_ms: &str,
+) -> (Child, std::sync::mpsc::Receiver<String>) {
     let data = dir.join("data");
     std::fs::create_dir_all(data.join("profiles")).unwrap();
     let config = dir.join("lading.toml");
@@ -272,7 +282,7 @@ fn running(
         .arg(&config)
         .args(args)
         .env_remove("LADING_STORE")
-        .env("LADING_ZK_SESSION_TIMEOUT_MS", "4000")
+        .env("LADING_ZK_SESSION_TIMEOUT_MS", session_ms)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -466,4 +476,59 @@ async fn a_generic_job_whose_processor_was_sigkilled_is_requeued_on_zookeeper() 
         m.kill().unwrap();
         m.wait().unwrap();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_zookeeper_down_and_a_command_running_exits_within_the_grace_period() {
+    let mut zk = ZkServer::start().expect("ZooKeeper");
+    let hosts = zk.connect_string();
+    ZkTree::ensure_chroot(&hosts, "/busy").await.unwrap();
+    let url = format!("zk://{hosts}/busy");
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("profiles")).unwrap();
+    // Processing runs a command that outlasts everything here.
+    std::fs::write(
+        data.join("profiles/demo.toml"),
+        "collection = \"demo\"\ncommand = \"sleep 60\"\n",
+    )
+    .unwrap();
+    let config = dir.path().join("lading.toml");
+    std::fs::write(&config, format!("data_dir = \"{}\"\n", data.display())).unwrap();
+    let file = dir.path().join("a.txt");
+    std::fs::write(&file, b"a\n").unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_lading"))
+        .args(["--store", &url, "--config"])
+        .arg(&config)
+        .args(["submit", &format!("file://{}", file.display())])
+        .args(["--profile", "demo", "--type", "file"])
+        .env_remove("LADING_STORE")
+        .output()
+        .unwrap();
+    ok(&o);
+    let grace = 3;
+    // ZooKeeper's usual session timeout: the session outlives the whole stop.
+    let (mut worker, _says) = running_with(
+        &url,
+        dir.path(),
+        &["worker", "--grace-s", &grace.to_string()],
+        "30000",
+    );
+    let e = engine(&url).await;
+    common::until("the job to be processed", async || {
+        e.job_counts().await.unwrap().get(&JobState::Processing) == Some(&1)
+    })
+    .await;
+    // Its command is running: ZooKeeper goes, and the signal comes 2 s later.
+    drop(e);
+    zk.node.kill();
+    std::thread::sleep(Duration::from_secs(2));
+    let start = Instant::now();
+    signal(&worker, "-TERM");
+    let limit = Duration::from_secs(grace + 2);
+    let t = exit_times(&mut [("lading worker", &mut worker, limit)], start);
+    eprintln!(
+        "exit after SIGTERM with ZooKeeper down and a command running (grace {grace} s): {:.2} s",
+        t[0].as_secs_f64()
+    );
 }

@@ -156,11 +156,31 @@ impl Engine {
             }
             match self.tree.create(&lock, None, CreateMode::Ephemeral).await {
                 Ok(_) => {
-                    return Ok(Ok(OutboxClaim {
-                        name,
-                        entry,
-                        version,
-                    }));
+                    // Read again under the lock: another deliverer may have tried it and
+                    // recorded the attempt between the first reading and this lock. The
+                    // claim carries what is true now, or nothing.
+                    match self.read_json::<OutboxEntry>(&entry_path(&name)).await {
+                        Ok(Some((entry, version)))
+                            if !entry.dead && entry.next_at_ms <= self.clock.now_ms() =>
+                        {
+                            return Ok(Ok(OutboxClaim {
+                                name,
+                                entry,
+                                version,
+                            }));
+                        }
+                        Ok(found) => {
+                            if let Some((e, _)) = found.filter(|(e, _)| !e.dead) {
+                                next_due =
+                                    Some(next_due.map_or(e.next_at_ms, |n| n.min(e.next_at_ms)));
+                            }
+                            self.drop_lock(&lock).await?;
+                        }
+                        Err(e) => {
+                            let _ = self.drop_lock(&lock).await;
+                            return Err(e);
+                        }
+                    }
                 }
                 Err(TreeError::NodeExists(_)) | Err(TreeError::NoNode(_)) => self.unclaim(&lock),
                 Err(e) => {
@@ -226,19 +246,44 @@ impl Engine {
                 Op::delete(&lock, None),
             ])
             .await;
-        self.unclaim(&lock);
-        r.map(|_| ()).map_err(EngineError::from)
+        match r {
+            Ok(_) => {
+                self.unclaim(&lock);
+                Ok(())
+            }
+            Err(e) => {
+                // The record could not be made (the entry moved on meanwhile, an admin
+                // retried it): the lock goes all the same, if it is still this session's, so
+                // the entry is never left "delivering" by a deliverer alive and done with it.
+                self.drop_lock(&lock).await?;
+                match e.root() {
+                    TreeError::BadVersion { .. } | TreeError::NoNode(_) => {
+                        Err(EngineError::LeaseLost(claim.name.clone()))
+                    }
+                    _ => Err(e.into()),
+                }
+            }
+        }
+    }
+
+    /// Deletes this session's lock of an entry: gone already, or taken by another session
+    /// since (after an admin's retry), is left alone.
+    async fn drop_lock(&self, lock: &str) -> Result<()> {
+        self.unclaim(lock);
+        match self.tree.exists(lock).await? {
+            Some(st) if st.ephemeral_owner == self.tree.session_id() => {
+                match self.tree.delete(lock, None).await {
+                    Ok(()) | Err(TreeError::NoNode(_)) => Ok(()),
+                    Err(e) => Err(e.into()),
+                }
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Gives a claimed entry back untouched (the deliverer is shutting down).
     pub async fn effect_release(&self, claim: OutboxClaim) -> Result<()> {
-        let lock = lock_path(&claim.name);
-        let r = self.tree.delete(&lock, None).await;
-        self.unclaim(&lock);
-        match r {
-            Ok(()) | Err(TreeError::NoNode(_)) => Ok(()),
-            Err(e) => Err(e.into()),
-        }
+        self.drop_lock(&lock_path(&claim.name)).await
     }
 
     /// The store at a glance, as `lading status` and `GET /api/v1/status` show it: jobs and
@@ -270,7 +315,9 @@ impl Engine {
         })
     }
 
-    /// Admin: tries a dead (or waiting) entry again now, with a fresh attempt count.
+    /// Admin: tries an entry again now, with a fresh attempt count, whatever its state: dead,
+    /// waiting, or held by a deliverer (its lock is taken away; a deliverer still sending
+    /// then cannot record the delivery, and the entry is sent again, with its key).
     pub async fn retry_effect(&self, name: &str) -> Result<OutboxEntry> {
         let path = entry_path(name);
         let Some((mut entry, version)) = self.read_json::<OutboxEntry>(&path).await? else {
@@ -281,13 +328,17 @@ impl Engine {
         entry.dead = false;
         entry.attempts = 0;
         entry.next_at_ms = 0;
-        self.tree
-            .set(&path, json_bytes(&entry), Some(version))
-            .await
-            .map_err(|e| match e {
-                TreeError::BadVersion { .. } => EngineError::Conflict(name.to_string()),
-                e => e.into(),
-            })?;
+        let lock = lock_path(name);
+        let mut ops = vec![Op::set(&path, json_bytes(&entry), Some(version))];
+        if self.tree.exists(&lock).await?.is_some() {
+            ops.push(Op::delete(&lock, None));
+        }
+        self.tree.multi(ops).await.map_err(|e| match e.root() {
+            TreeError::BadVersion { .. } | TreeError::NoNode(_) => {
+                EngineError::Conflict(name.to_string())
+            }
+            _ => e.into(),
+        })?;
         Ok(entry)
     }
 }

@@ -1,9 +1,11 @@
 //! How a long-running process ends (`lading serve`, `worker`, `jobs run`): the first
 //! SIGINT/SIGTERM stops taking work and lets running work finish within a grace period; a
 //! second signal, or the end of the grace, cuts it off (its jobs are released); and whatever
-//! the store does, the process is gone [`STOP_MARGIN`] after that.
+//! the store or the runtime does, the process is gone [`STOP_MARGIN`] after that (the
+//! [`watchdog`] times the signals in the handler itself).
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// SIGINT and SIGTERM, listened to from creation: a signal that arrives between two waits
@@ -36,18 +38,71 @@ impl Signals {
 /// the store) before it exits anyway.
 pub const STOP_MARGIN: Duration = Duration::from_millis(1500);
 
-/// Ends the process after `after`, whatever it is waiting for (a store that cannot be
-/// reached, a busy database): a stop always completes. Leases still held then end with the
+/// The watchdog's record of the signals: how many came, and when the first and the second
+/// did (ns on the monotonic clock), written by the signal handler itself.
+static SIGNALS: AtomicU32 = AtomicU32::new(0);
+static FIRST_NS: AtomicU64 = AtomicU64::new(0);
+static SECOND_NS: AtomicU64 = AtomicU64::new(0);
+
+/// How long after a second signal the process is gone, whatever it is doing.
+pub const SECOND_MARGIN: Duration = Duration::from_millis(1000);
+
+fn monotonic_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given; it is async-signal-safe.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// Ends the process `grace` + [`STOP_MARGIN`] after the first SIGINT/SIGTERM, or
+/// [`SECOND_MARGIN`] after a second, whatever it is waiting for (a store that cannot be
+/// reached, a busy database, a runtime whose threads are all blocked): the times are taken
+/// by the signal handler itself and watched by a thread of its own, so a stop completes in
+/// time even when the runtime cannot hear the signal. Leases still held then end with the
 /// store session, as after a crash; nothing committed is lost.
-pub fn exit_after(after: Duration, say: fn(&str)) {
-    std::thread::spawn(move || {
-        std::thread::sleep(after);
-        say(
-            "lading: could not stop cleanly in time (is the store reachable?); exiting now, \
-             held jobs are released when the store session ends",
-        );
-        std::process::exit(0);
-    });
+pub fn watchdog(grace: Duration, say: fn(&str)) -> std::io::Result<()> {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the action only touches atomics and calls clock_gettime, both
+        // async-signal-safe; it is chained with tokio's own handler by the registry.
+        unsafe {
+            signal_hook_registry::register(sig, || {
+                let now = monotonic_ns();
+                match SIGNALS.fetch_add(1, Ordering::SeqCst) {
+                    0 => FIRST_NS.store(now, Ordering::SeqCst),
+                    1 => SECOND_NS.store(now, Ordering::SeqCst),
+                    _ => {}
+                }
+            })?;
+        }
+    }
+    std::thread::Builder::new()
+        .name("lading-stop-watchdog".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(Duration::from_millis(20));
+                let n = SIGNALS.load(Ordering::SeqCst);
+                if n == 0 {
+                    continue;
+                }
+                let mut deadline =
+                    FIRST_NS.load(Ordering::SeqCst) + (grace + STOP_MARGIN).as_nanos() as u64;
+                if n >= 2 {
+                    let second = SECOND_NS.load(Ordering::SeqCst);
+                    deadline = deadline.min(second + SECOND_MARGIN.as_nanos() as u64);
+                }
+                if monotonic_ns() >= deadline {
+                    say(
+                        "lading: could not stop cleanly in time (is the store reachable?); exiting now, \
+                         held jobs are released when the store session ends",
+                    );
+                    std::process::exit(0);
+                }
+            }
+        })?;
+    Ok(())
 }
 
 /// Runs `work` until it ends by itself or a signal comes. The first signal calls `stop` (no
@@ -64,6 +119,9 @@ pub async fn until_signal(
     say: fn(&str),
 ) -> anyhow::Result<()> {
     let mut signals = Signals::new()?;
+    if let Some(g) = grace {
+        watchdog(g, say)?;
+    }
     say(running);
     tokio::pin!(work);
     tokio::select! {
@@ -76,7 +134,6 @@ pub async fn until_signal(
                 "lading: stopping; running jobs get {} s to finish (signal again to stop now)",
                 g.as_secs()
             ));
-            exit_after(g + STOP_MARGIN, say);
         }
         None => say("lading: stopping; running jobs finish first (signal again to stop now)"),
     }
@@ -91,9 +148,6 @@ pub async fn until_signal(
         r = &mut work => r?,
         _ = signals.next() => {
             say("lading: stopping now; running jobs are released");
-            if grace.is_some() {
-                exit_after(Duration::from_millis(500), say);
-            }
             abort();
             work.await?;
         }

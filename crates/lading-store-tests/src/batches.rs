@@ -792,3 +792,62 @@ impl Parks {
         self.seen = now;
     }
 }
+
+pub async fn an_outbox_claim_is_read_under_its_lock_and_a_failed_record_still_releases_it(
+    h: &dyn Harness,
+) {
+    let (e, _s) = engine(h, "a").await;
+    let (other, _s2) = engine(h, "b").await;
+    let (_bid, _jobs) = batch_with_jobs(&e, 1, &[]).await;
+    let mut l = take_job(&e, JobState::Pending).await;
+    l.effects.push(lading_engine::Effect {
+        kind: "callback".into(),
+        key: "k1".into(),
+        batch: None,
+        job: Some(l.job.to_string()),
+        payload: json!({"url": "http://127.0.0.1/"}),
+    });
+    e.job_transition(l, Event::To(JobState::Estimating), None)
+        .await
+        .unwrap();
+    // A deliverer holds it; an admin retries it meanwhile: the lock is taken away, so the
+    // entry is free at once, and the first deliverer's record of its failure (now stale)
+    // leaves no lock behind.
+    let c = e.claim_effect(&["callback"]).await.unwrap().unwrap();
+    let name = c.name.clone();
+    assert!(e.outbox().await.unwrap()[0].delivering);
+    e.retry_effect(&name).await.unwrap();
+    assert!(!e.outbox().await.unwrap()[0].delivering);
+    let c2 = other.claim_effect(&["callback"]).await.unwrap().unwrap();
+    assert_eq!(c2.entry.attempts, 0);
+    let at = e.clock().now_ms() + 60_000;
+    other
+        .effect_failed(c2, "answered 500", Some(at))
+        .await
+        .unwrap();
+    let stale = e.effect_failed(c, "answered 500 (stale)", Some(at)).await;
+    assert!(
+        matches!(stale, Err(lading_engine::EngineError::LeaseLost(_))),
+        "{stale:?}"
+    );
+    let item = &e.outbox().await.unwrap()[0];
+    assert!(!item.delivering, "no lock left: {item:?}");
+    assert_eq!(
+        (item.entry.attempts, item.entry.last_error.as_deref()),
+        (1, Some("answered 500")),
+        "the stale record changed nothing"
+    );
+    // Not due: neither session claims it (each reads it afresh).
+    for x in [&e, &other] {
+        assert!(matches!(x.claim_effect(&["callback"]).await.unwrap(), Err(Some(t)) if t == at));
+    }
+    // Due again after an admin's retry: delivered once, gone.
+    e.retry_effect(&name).await.unwrap();
+    let c = other.claim_effect(&["callback"]).await.unwrap().unwrap();
+    assert!(matches!(
+        e.claim_effect(&["callback"]).await.unwrap(),
+        Err(None)
+    ));
+    other.effect_done(c).await.unwrap();
+    assert!(e.outbox().await.unwrap().is_empty());
+}
