@@ -538,3 +538,101 @@ async fn requeues_one_at_a_time_give_the_depositor_one_update() {
         "no report in the middle"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_and_a_failing_receiver_send_each_attempt_once_and_deliver_after_the_fix() {
+    // A receiver answering 500 until it is fixed, then 200; it records each call's key
+    // and time.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/callback", l.local_addr().unwrap());
+    let fixed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let calls: Arc<Mutex<Vec<(String, std::time::Instant, u16)>>> = Arc::default();
+    {
+        let (fixed, calls) = (fixed.clone(), calls.clone());
+        std::thread::spawn(move || {
+            for s in l.incoming().flatten() {
+                let (fixed, calls) = (fixed.clone(), calls.clone());
+                std::thread::spawn(move || {
+                    let mut w = s.try_clone().unwrap();
+                    let mut r = BufReader::new(s);
+                    loop {
+                        let (mut key, mut len, mut line) = (String::new(), 0usize, String::new());
+                        loop {
+                            line.clear();
+                            if r.read_line(&mut line).unwrap_or(0) == 0 {
+                                return;
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                            let lower = line.to_ascii_lowercase();
+                            if let Some(v) = lower.strip_prefix("content-length:") {
+                                len = v.trim().parse().unwrap_or(0);
+                            }
+                            if lower.starts_with("idempotency-key:") {
+                                key = line["idempotency-key:".len()..].trim().to_string();
+                            }
+                        }
+                        let mut body = vec![0; len.min(1 << 20)];
+                        if r.read_exact(&mut body).is_err() {
+                            return;
+                        }
+                        let status = if fixed.load(Ordering::SeqCst) {
+                            200
+                        } else {
+                            500
+                        };
+                        calls
+                            .lock()
+                            .unwrap()
+                            .push((key, std::time::Instant::now(), status));
+                        let answer = format!("HTTP/1.1 {status} X\r\ncontent-length: 0\r\n\r\n");
+                        if w.write_all(answer.as_bytes()).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+    }
+    let s = setup(&format!("callback_url = \"{url}\"\n"), "");
+    let _workers = s.workers(2);
+    let bid = s.submit_files(4, 100);
+    let e = engine(&s.db).await;
+    until("several failed attempts", async || {
+        calls.lock().unwrap().len() >= 12
+    })
+    .await;
+    fixed.store(true, Ordering::SeqCst);
+    until("the outbox to empty after the fix", async || {
+        e.batch(&bid).await.unwrap().status.status == BatchState::Completed
+            && e.outbox().await.unwrap().is_empty()
+    })
+    .await;
+    let calls = calls.lock().unwrap().clone();
+    let mut per_key: std::collections::BTreeMap<&str, Vec<(std::time::Instant, u16)>> =
+        Default::default();
+    for (k, t, st) in &calls {
+        per_key.entry(k.as_str()).or_default().push((*t, *st));
+    }
+    assert_eq!(per_key.len(), 4, "one key per job outcome: {per_key:?}");
+    for (k, tries) in &per_key {
+        assert!(
+            tries.iter().any(|(_, st)| *st == 200),
+            "{k} was delivered after the fix: {tries:?}"
+        );
+        // Each attempt is sent once: two sends of one attempt (a double claim) would come
+        // within milliseconds; the backoff between attempts is at least 50 ms.
+        for w in tries.windows(2) {
+            let gap = w[1].0 - w[0].0;
+            assert!(
+                gap >= Duration::from_millis(40),
+                "{k}: two sends {gap:?} apart: {tries:?}"
+            );
+        }
+    }
+    eprintln!(
+        "callback sends per key: {:?}",
+        per_key.values().map(Vec::len).collect::<Vec<_>>()
+    );
+}
