@@ -46,8 +46,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-pub const DEFAULT_STORE: &str = "sqlite:./lading-data/lading.db";
-
 #[derive(Parser)]
 #[command(
     name = "lading",
@@ -57,7 +55,8 @@ pub const DEFAULT_STORE: &str = "sqlite:./lading-data/lading.db";
 struct Cli {
     /// The store: `sqlite:PATH` (or a bare path) for the embedded store, or
     /// `zk://host:port[,host:port…][/chroot]` for a ZooKeeper ensemble.
-    /// Default: sqlite:./lading-data/lading.db (`bench` makes a fresh store instead).
+    /// Default: the config's `store`, else sqlite:DATA_DIR/lading.db, the config's data
+    /// folder (./lading-data without a config); `bench` makes a fresh store instead.
     #[arg(long, global = true, env = "LADING_STORE")]
     store: Option<String>,
     /// The service configuration (TOML); `LADING_*` environment variables override it.
@@ -276,10 +275,41 @@ fn show(v: &serde_json::Value, json: bool, history: bool) -> anyhow::Result<()> 
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let store = cli
-        .store
-        .clone()
-        .unwrap_or_else(|| DEFAULT_STORE.to_string());
+    // The config is read once: it names the store (after --store and LADING_STORE), and
+    // every command that works on the store finds the same one.
+    let needs_config = !matches!(cli.command, Command::Demo { .. } | Command::Bench { .. })
+        && !(cli.server.is_some()
+            && matches!(
+                cli.command,
+                Command::Submit { .. } | Command::Status { .. } | Command::Admin { .. }
+            ));
+    let cfg = if needs_config {
+        node::config(cli.config.as_deref())?
+    } else {
+        lading_ingest::Config::default()
+    };
+    let store = cli.store.clone().unwrap_or_else(|| cfg.store_url());
+    // Where the store came from, for an error that finds none.
+    let store_from = match (&cli.store, &cfg.store, &cli.config) {
+        (Some(_), _, _) => "--store or LADING_STORE".to_string(),
+        (None, Some(_), Some(c)) => format!("the store of {}", c.display()),
+        (None, None, Some(c)) => format!("data_dir {} of {}", cfg.data_dir.display(), c.display()),
+        (None, _, None) => format!(
+            "the default data_dir {} (no --config or LADING_CONFIG given)",
+            cfg.data_dir.display()
+        ),
+    };
+    let r = run_on(cli, cfg, &store).await;
+    match r {
+        Err(e) if e.downcast_ref::<node::NoStore>().is_some() => {
+            Err(e.context(format!("the store was looked for from {store_from}")))
+        }
+        r => r,
+    }
+}
+
+async fn run_on(cli: Cli, cfg: lading_ingest::Config, store: &str) -> anyhow::Result<()> {
+    let store = store.to_string();
     match cli.command {
         Command::Demo {
             dir,
@@ -289,7 +319,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             lading_server::demo::demo(&dir, objects.max(1), files.max(1), say_line).await?;
         }
         Command::Worker { stages, grace_s } => {
-            let cfg = node::config(cli.config.as_deref())?;
             let (spec, what) = node::NodeSpec::for_stages(&stages.stages)?;
             let node = node::Node::start(node::ingest(&store, cfg).await?, spec).await?;
             let running = format!("lading: running {what} (stop with Ctrl-C)");
@@ -303,7 +332,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             serve::serve(
                 &store,
-                cli.config.as_deref(),
+                cfg,
                 listen,
                 node::NodeSpec::for_stages(&stages.stages)?,
                 std::time::Duration::from_secs(grace_s),
@@ -314,7 +343,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             if let Some(server) = cli.server.as_deref() {
                 return console(&Client::new(server, cli.token)?, cli.command).await;
             }
-            let cfg = node::config(cli.config.as_deref())?;
             // Reading and administering never create a store; submitting may.
             let ingest = match cli.command {
                 Command::Submit { .. } => node::ingest(&store, cfg).await?,

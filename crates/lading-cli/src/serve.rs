@@ -8,17 +8,18 @@ use std::time::Duration;
 
 pub async fn serve(
     store: &str,
-    config: Option<&std::path::Path>,
+    cfg: lading_ingest::Config,
     listen: Option<String>,
     stages: (NodeSpec, String),
     grace: Duration,
 ) -> anyhow::Result<()> {
-    let cfg = node::config(config)?;
     let listen = listen.unwrap_or_else(|| cfg.listen.clone());
     let addr: SocketAddr = listen
         .parse()
         .map_err(|e| anyhow::anyhow!("--listen {listen:?} is not host:port: {e}"))?;
     let mut auth = Auth::new(&cfg.tokens).map_err(anyhow::Error::msg)?;
+    // The admin token this process made or read itself, for the console's address.
+    let mut made_token = None;
     if auth.is_empty() {
         if !addr.ip().is_loopback() {
             anyhow::bail!(
@@ -33,6 +34,7 @@ pub async fn serve(
             path.display()
         );
         auth = auth.with_admin(&token);
+        made_token = Some(token);
     }
     let files = lading_server::conn::raise_open_files();
     if cfg.http.max_connections + 256 > files {
@@ -58,6 +60,12 @@ pub async fn serve(
     .await?;
     if let Some(a) = node.addr {
         say!("lading: API on http://{a}/api/v1");
+        // The console signs in by itself with a token in the address's fragment (never
+        // sent to the server, kept by the browser).
+        match made_token {
+            Some(t) => say!("lading: console on http://{a}/#token={t}"),
+            None => say!("lading: console on http://{a}/ (sign in with an admin token)"),
+        }
     }
     let running = format!("lading: running {what} (stop with Ctrl-C)");
     node.run_until_signal(grace, &running, crate::say_line)

@@ -767,3 +767,89 @@ fn status_history_lists_each_transition_of_a_job_and_a_batch() {
     let o = lading(&db, &["status", "--history"]);
     assert_eq!(o.status.code(), Some(2), "--history needs an id");
 }
+
+/// A config's `data_dir` holds its store, for every command that takes the config, from any
+/// folder; a command that finds no store says which config and data folder it looked in.
+#[test]
+fn the_store_lives_in_the_configs_data_dir_for_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("x/data");
+    std::fs::create_dir_all(data.join("profiles")).unwrap();
+    std::fs::write(data.join("profiles/demo.toml"), "collection = \"demo\"\n").unwrap();
+    let cfg = dir.path().join("lading.toml");
+    std::fs::write(
+        &cfg,
+        format!("data_dir = {:?}\n", data.display().to_string()),
+    )
+    .unwrap();
+    let file = dir.path().join("a.txt");
+    std::fs::write(&file, b"a\n").unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_lading"))
+            .arg("--config")
+            .arg(&cfg)
+            .args(args)
+            .current_dir(elsewhere.path())
+            .env_remove("LADING_STORE")
+            .env_remove("LADING_CONFIG")
+            .env_remove("LADING_DATA_DIR")
+            .output()
+            .unwrap()
+    };
+    let o = run(&[
+        "submit",
+        &format!("file://{}", file.display()),
+        "--profile",
+        "demo",
+    ]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    assert!(data.join("lading.db").exists(), "the store is in data_dir");
+    assert!(!elsewhere.path().join("lading-data").exists());
+    for args in [
+        &["status"][..],
+        &["dump", "/batches"],
+        &["status", "bid0000000000"],
+    ] {
+        let o = run(args);
+        assert!(o.status.success(), "{args:?}: {:?}", text(&o));
+    }
+    // The config may name the store itself; --store comes before it.
+    let named = dir.path().join("named.db");
+    std::fs::write(
+        &cfg,
+        format!(
+            "data_dir = {:?}\nstore = \"sqlite:{}\"\n",
+            data.display().to_string(),
+            named.display()
+        ),
+    )
+    .unwrap();
+    let o = run(&["status"]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(err.contains(&named.display().to_string()), "{err}");
+    assert!(
+        err.contains(&format!("the store of {}", cfg.display())),
+        "{err}"
+    );
+    // No store in a config's data folder: the error names the config and the folder.
+    let empty = dir.path().join("empty");
+    std::fs::write(
+        &cfg,
+        format!("data_dir = {:?}\n", empty.display().to_string()),
+    )
+    .unwrap();
+    let o = run(&["status"]);
+    let (_, err) = text(&o);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains(&format!(
+            "data_dir {} of {}",
+            empty.display(),
+            cfg.display()
+        )),
+        "{err}"
+    );
+    assert!(!empty.exists(), "nothing was made");
+}

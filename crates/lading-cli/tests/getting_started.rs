@@ -10,12 +10,12 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The fenced block after the `<!-- getting-started -->` marker.
-fn block(readme: &str) -> String {
+/// The fenced block after the `<!-- MARKER -->` marker.
+fn block(readme: &str, marker: &str) -> String {
     let after = readme
-        .split("<!-- getting-started -->")
+        .split(&format!("<!-- {marker} -->"))
         .nth(1)
-        .expect("the README marks its getting-started block");
+        .expect("the README marks its block");
     let body = after
         .trim_start()
         .strip_prefix("```sh\n")
@@ -39,43 +39,10 @@ fn copy_dir(from: &Path, to: &Path) {
 #[test]
 fn the_readmes_getting_started_block_runs_as_written() {
     let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
-    let script = block(&readme);
+    let script = block(&readme, "getting-started");
     assert!(script.contains("lading submit"), "{script}");
     let dir = tempfile::tempdir().unwrap();
-    copy_dir(&repo().join("examples"), &dir.path().join("examples"));
-    let bin = Path::new(env!("CARGO_BIN_EXE_lading")).parent().unwrap();
-    let path = format!(
-        "{}:{}",
-        bin.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let child = Command::new("bash")
-        .args(["-euo", "pipefail", "-c", &script])
-        .current_dir(dir.path())
-        .env("PATH", path)
-        .env_remove("LADING_STORE")
-        .env_remove("LADING_CONFIG")
-        .env_remove("LADING_DATA_DIR")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .unwrap();
-    // A hung step fails the test instead of hanging it: the whole group goes after 5 min.
-    // The watchdog stands down as soon as the block ends (its group id may be reused later).
-    let pid = child.id() as i32;
-    let (ended, watch) = std::sync::mpsc::channel::<()>();
-    let watchdog = std::thread::spawn(move || {
-        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
-            watch.recv_timeout(Duration::from_secs(300))
-        {
-            // SAFETY: kill only sends a signal, to the group the block runs in.
-            unsafe { libc::kill(-pid, libc::SIGKILL) };
-        }
-    });
-    let out = child.wait_with_output().unwrap();
-    let _ = ended.send(());
-    watchdog.join().unwrap();
+    let out = run_block(&script, dir.path(), |_| {});
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
@@ -113,5 +80,107 @@ fn the_readmes_getting_started_block_runs_as_written() {
         "stored copies of letter-2.txt under {}",
         storage.display()
     );
+    assert!(stderr.contains("lading: stopped"), "{stderr}");
+}
+
+/// Runs `script` by bash in `dir` with a copy of `examples/` (changed by `prepare`), the
+/// built `lading` first on the PATH; a hung step fails it after 5 minutes.
+fn run_block(script: &str, dir: &Path, prepare: impl FnOnce(&Path)) -> std::process::Output {
+    copy_dir(&repo().join("examples"), &dir.join("examples"));
+    prepare(&dir.join("examples"));
+    let bin = Path::new(env!("CARGO_BIN_EXE_lading")).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let child = Command::new("bash")
+        .args(["-euo", "pipefail", "-c", script])
+        .current_dir(dir)
+        .env("PATH", path)
+        .env_remove("LADING_STORE")
+        .env_remove("LADING_CONFIG")
+        .env_remove("LADING_DATA_DIR")
+        .env_remove("LADING_SERVER")
+        .env_remove("LADING_LISTEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    // A hung step fails the test instead of hanging it: the whole group goes after 5 min.
+    // The watchdog stands down as soon as the block ends (its group id may be reused later).
+    let pid = child.id() as i32;
+    let (ended, watch) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+            watch.recv_timeout(Duration::from_secs(300))
+        {
+            // SAFETY: kill only sends a signal, to the group the block runs in.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+        }
+    });
+    let out = child.wait_with_output().unwrap();
+    let _ = ended.send(());
+    watchdog.join().unwrap();
+    out
+}
+
+#[test]
+fn the_readmes_serve_block_runs_as_written() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let written = block(&readme, "serve");
+    assert!(
+        written.contains("lading --config examples/serve.toml serve"),
+        "{written}"
+    );
+    // The one change: a free port for the block's 8080, in the block and in the config.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let script = written.replace("127.0.0.1:8080", &format!("127.0.0.1:{port}"));
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_block(&script, dir.path(), |examples| {
+        let cfg = examples.join("serve.toml");
+        let text = std::fs::read_to_string(&cfg).unwrap();
+        assert!(text.contains("127.0.0.1:8080"), "{text}");
+        std::fs::write(
+            &cfg,
+            text.replace("127.0.0.1:8080", &format!("127.0.0.1:{port}")),
+        )
+        .unwrap();
+    });
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
+    // The submission by URL answered (the upload's answer went into `bid`), and the
+    // upload's batch was followed to Completed.
+    assert_eq!(
+        stdout.matches("\"status\":\"Pending\"").count(),
+        1,
+        "{stdout}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("status") && l.ends_with("Completed")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("console: http://127.0.0.1:{port}/#token=")),
+        "{stdout}"
+    );
+    // The store is where the config's data_dir says, and both objects were stored.
+    assert!(dir.path().join("lading-serve/lading.db").exists());
+    assert!(
+        !dir.path().join("lading-data").exists(),
+        "nothing in the default folder"
+    );
+    let stored = std::fs::read_dir(dir.path().join("lading-serve/storage"))
+        .unwrap()
+        .count();
+    assert_eq!(stored, 2, "two objects stored");
     assert!(stderr.contains("lading: stopped"), "{stderr}");
 }

@@ -140,8 +140,7 @@ impl Engine {
         let mut next_due: Option<u64> = None;
         for name in names {
             let lock = lock_path(&name);
-            let Some((entry, version)) = self.read_json::<OutboxEntry>(&entry_path(&name)).await?
-            else {
+            let Some((entry, _)) = self.read_json::<OutboxEntry>(&entry_path(&name)).await? else {
                 continue;
             };
             if entry.dead || !kinds.contains(&entry.effect.kind.as_str()) {

@@ -58,8 +58,12 @@ pub struct TokenSettings {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
-    /// Where everything below lives unless given explicitly.
+    /// Where everything below lives unless given explicitly: the store too
+    /// (`DATA_DIR/lading.db`), unless `store` names another.
     pub data_dir: PathBuf,
+    /// The store: `sqlite:PATH` or `zk://host:port[,…][/chroot]`. Default
+    /// `sqlite:DATA_DIR/lading.db`; `--store` and `LADING_STORE` come before it.
+    pub store: Option<String>,
     pub work_dir: Option<PathBuf>,
     pub storage_root: Option<PathBuf>,
     /// The inventory database: a SQLite file, or a `postgres://USER@HOST:PORT/DB` URL for an
@@ -218,6 +222,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             data_dir: PathBuf::from("lading-data"),
+            store: None,
             work_dir: None,
             storage_root: None,
             inventory: None,
@@ -249,6 +254,13 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The store this config names: its `store`, else `sqlite:DATA_DIR/lading.db`.
+    pub fn store_url(&self) -> String {
+        self.store
+            .clone()
+            .unwrap_or_else(|| format!("sqlite:{}", self.data_dir.join("lading.db").display()))
+    }
+
     /// Reads `path` (when given) and applies `LADING_*` environment overrides.
     pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
         let mut cfg = match path {

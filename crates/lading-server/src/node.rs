@@ -122,7 +122,7 @@ pub fn config(path: Option<&Path>) -> anyhow::Result<Config> {
                 p.display(),
                 m.permissions().mode() & 0o777
             );
-            eprintln!("lading: warning: {msg}");
+            // Once: the logs go to stderr for every command.
             tracing::warn!("{msg}");
         }
     }
