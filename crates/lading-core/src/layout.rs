@@ -588,6 +588,14 @@ pub struct JobConfiguration {
 }
 
 impl JobConfiguration {
+    /// The profile's name: `profile_name`, or `profile` as Merritt's ingest service
+    /// (`HandlerSubmit`) writes it.
+    pub fn profile(&self) -> Option<&str> {
+        self.profile_name
+            .as_deref()
+            .or_else(|| self.extra.get("profile").and_then(Value::as_str))
+    }
+
     /// A field by its key (the payload trust's keys), as written.
     pub fn field(&self, key: &str) -> Option<&str> {
         self.trust.field(&self.extra, key)

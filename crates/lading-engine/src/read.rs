@@ -249,6 +249,20 @@ impl Engine {
     }
 
     /// Finds a batch by the uuid in its submission.
+    /// A batch named by its id (`bid…`), its uuid, or Merritt's form of the uuid
+    /// (`bid-UUID`, what Merritt's ingest service answers as `bat:batchID`).
+    pub async fn find_batch(&self, id: &str) -> Result<Option<BatchId>> {
+        if let Some(uuid) = id.strip_prefix("bid-") {
+            return self.batch_by_uuid(uuid).await;
+        }
+        if id.starts_with(BatchId::PREFIX) {
+            return BatchId::parse(id)
+                .map(Some)
+                .map_err(|e| EngineError::Invalid(e.to_string()));
+        }
+        self.batch_by_uuid(id).await
+    }
+
     pub async fn batch_by_uuid(&self, uuid: &str) -> Result<Option<BatchId>> {
         layout::check_name("batch uuid", uuid)?;
         match self.read_string(&batch_uuid_path(uuid)).await? {

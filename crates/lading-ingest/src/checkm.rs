@@ -247,7 +247,16 @@ pub fn parse_at(
             continue;
         }
         if let Some(directive) = line.strip_prefix("#%") {
-            let parts: Vec<&str> = directive.split('|').map(str::trim).collect();
+            let mut parts: Vec<&str> = directive.split('|').map(str::trim).collect();
+            // Merritt's own client separates a directive's name from its first value by a
+            // space (`#%profile http://…`), not a `|`.
+            if let Some((name, rest)) = parts[0].split_once(char::is_whitespace) {
+                let rest = rest.trim();
+                parts[0] = name;
+                if !rest.is_empty() {
+                    parts.insert(1, rest);
+                }
+            }
             match parts[0].to_ascii_lowercase().as_str() {
                 "profile" => {
                     let url = parts
@@ -682,6 +691,11 @@ file:///tmp/b.bin | | | | | |
         assert!(e.reason.contains("content after #%eof"), "{e}");
         let e = err(&OBJECT.replace("#%fields", "#%fieldz"));
         assert!(e.reason.contains("unknown directive #%fieldz"), "{e}");
+        // Merritt's Ruby client writes `#%profile URL` and `#%EOF`.
+        let merritt = OBJECT
+            .replace("#%profile | ", "#%profile ")
+            .replace("#%eof", "#%EOF");
+        assert!(parse(&merritt).is_ok(), "{:?}", parse(&merritt).err());
         let e = err(&OBJECT.replace("nfo:fileUrl |", "nfo:fileURL |"));
         assert!(e.reason.contains("lacks nfo:fileUrl"), "{e}");
         let e = err(&OBJECT.replace("#%fields |", "#%fields | x:y |"));

@@ -71,7 +71,7 @@ stage!(
 /// Pending → Estimating, within the submitter's quota for the profile (see [`crate::quota`]).
 async fn start(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
     let config = job.config()?;
-    let profile_name = config.profile_name.as_deref().unwrap_or_default();
+    let profile_name = config.profile().unwrap_or_default();
     let profile = ingest.profile(profile_name).map_err(Outcome::fatal)?;
     let Some(limit) = profile.max_in_flight_per_submitter else {
         return Ok(Outcome::Done);
@@ -186,7 +186,7 @@ pub(crate) fn job_profile(
     ingest: &Ingest,
     job: &JobCtx,
 ) -> Result<crate::config::Profile, Outcome> {
-    let name = job.config()?.profile_name.as_deref().unwrap_or_default();
+    let name = job.config()?.profile().unwrap_or_default();
     ingest.profile(name).map_err(Outcome::fatal)
 }
 

@@ -267,21 +267,66 @@ impl Auth {
         self
     }
 
-    /// The holder of the `Authorization: Bearer …` value, or 401.
+    /// The holder of the `Authorization` value, or 401: `Bearer TOKEN`, or `Basic` with the
+    /// token's name as the user and the token as the password (what Merritt's clients send).
     pub fn check(&self, header: Option<&str>) -> Result<Principal, ApiError> {
         let unauthorized = |m: &str| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", m);
-        let h = header.ok_or_else(|| unauthorized("missing Authorization: Bearer TOKEN"))?;
+        let h = header.ok_or_else(|| {
+            unauthorized("missing Authorization: Bearer TOKEN (or Basic NAME:TOKEN)")
+        })?;
         // The scheme is case-insensitive (RFC 9110 §11.1).
-        let token = h
-            .split_once(' ')
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, t)| t)
-            .ok_or_else(|| unauthorized("Authorization must be Bearer TOKEN"))?;
-        self.by_digest
-            .get(&digest(token.trim()))
-            .cloned()
-            .ok_or_else(|| unauthorized("unknown token"))
+        let (scheme, value) = h.split_once(' ').ok_or_else(|| {
+            unauthorized("Authorization must be Bearer TOKEN or Basic NAME:TOKEN")
+        })?;
+        if scheme.eq_ignore_ascii_case("bearer") {
+            return self
+                .by_digest
+                .get(&digest(value.trim()))
+                .cloned()
+                .ok_or_else(|| unauthorized("unknown token"));
+        }
+        if scheme.eq_ignore_ascii_case("basic") {
+            // One message for every wrong pair: it tells nothing of which half was wrong.
+            let wrong = || unauthorized("unknown user name or password");
+            let pair = base64_decode(value.trim()).ok_or_else(wrong)?;
+            let pair = String::from_utf8(pair).map_err(|_| wrong())?;
+            let (user, password) = pair.split_once(':').ok_or_else(wrong)?;
+            return match self.by_digest.get(&digest(password)) {
+                Some(p) if p.name == user => Ok(p.clone()),
+                _ => Err(wrong()),
+            };
+        }
+        Err(unauthorized(
+            "Authorization must be Bearer TOKEN or Basic NAME:TOKEN",
+        ))
     }
+}
+
+/// Standard base64 (RFC 4648, padding optional); `None` for anything else.
+fn base64_decode(s: &str) -> Option<Vec<u8>> {
+    let val = |c: u8| match c {
+        b'A'..=b'Z' => Some(c - b'A'),
+        b'a'..=b'z' => Some(c - b'a' + 26),
+        b'0'..=b'9' => Some(c - b'0' + 52),
+        b'+' => Some(62),
+        b'/' => Some(63),
+        _ => None,
+    };
+    let s = s.trim_end_matches('=');
+    if s.len() > 8192 || s.len() % 4 == 1 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(s.len() * 3 / 4);
+    let (mut acc, mut bits) = (0u32, 0);
+    for c in s.bytes() {
+        acc = (acc << 6) | u32::from(val(c)?);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    Some(out)
 }
 
 /// The generated admin token of `data_dir` (`admin.token`, mode 0600): read if present,
@@ -340,5 +385,37 @@ pub async fn require_token(State(s): State<AppState>, mut req: Request, next: Ne
             next.run(req).await
         }
         Err(e) => e.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn basic_credentials_are_the_tokens_name_and_token() {
+        assert_eq!(base64_decode("YWxpY2U6c2VjcmV0").unwrap(), b"alice:secret");
+        assert_eq!(base64_decode("YQ==").unwrap(), b"a");
+        assert!(base64_decode("a*b=").is_none());
+        let auth = Auth::new(&[TokenSettings {
+            name: "alice".into(),
+            token: "alice-token-0123456789".into(),
+            role: "submitter".into(),
+            types: Vec::new(),
+            collections: vec!["a".into()],
+        }])
+        .unwrap();
+        // alice:alice-token-0123456789
+        let ok = "Basic YWxpY2U6YWxpY2UtdG9rZW4tMDEyMzQ1Njc4OQ==";
+        assert_eq!(auth.check(Some(ok)).unwrap().name, "alice");
+        // bob:alice-token-0123456789 (the right token, another name) and a wrong token.
+        for bad in [
+            "Basic Ym9iOmFsaWNlLXRva2VuLTAxMjM0NTY3ODk=",
+            "Basic YWxpY2U6d3Jvbmc=",
+            "Basic !!!",
+        ] {
+            let e = auth.check(Some(bad)).unwrap_err();
+            assert_eq!(e.status, StatusCode::UNAUTHORIZED, "{bad}");
+        }
     }
 }

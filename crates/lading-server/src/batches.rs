@@ -138,15 +138,7 @@ pub(crate) async fn visible_batch(
     p: &Principal,
     id: &str,
 ) -> Result<lading_engine::BatchInfo> {
-    let bid = if id.starts_with(BatchId::PREFIX) {
-        BatchId::parse(id).map_err(|e| ApiError::bad_request(e.to_string()))?
-    } else {
-        s.ingest
-            .engine
-            .batch_by_uuid(id)
-            .await?
-            .ok_or_else(|| not_found_batch(id))?
-    };
+    let bid = (s.ingest.engine.find_batch(id).await?).ok_or_else(|| not_found_batch(id))?;
     let info = s.ingest.engine.batch(&bid).await?;
     if p.role != Role::Admin && lading_core::layout::submitter_of(&info.submission) != Some(&p.name)
     {

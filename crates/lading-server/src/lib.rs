@@ -15,6 +15,7 @@ pub mod demo;
 pub mod download;
 pub mod events;
 mod generic;
+pub mod merritt;
 mod metrics;
 pub mod node;
 pub mod openapi;
@@ -94,6 +95,7 @@ pub fn router(state: AppState) -> Router {
         )
         .merge(batches::routes())
         .merge(generic::routes())
+        .merge(merritt::routes())
         .layer(axum::extract::DefaultBodyLimit::max(
             state.ingest.cfg.http.max_body_bytes,
         ))

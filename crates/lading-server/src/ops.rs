@@ -89,13 +89,9 @@ impl Ops for Local {
 
     async fn batch(&self, id: &str) -> Result<BatchInfo> {
         let e = &self.0.engine;
-        let bid = if id.starts_with(BatchId::PREFIX) {
-            BatchId::parse(id)?
-        } else {
-            e.batch_by_uuid(id).await?.ok_or_else(|| {
-                EngineError::NoBatch(format!("{id} (no batch, job, access id or batch uuid)"))
-            })?
-        };
+        let bid = e.find_batch(id).await?.ok_or_else(|| {
+            EngineError::NoBatch(format!("{id} (no batch, job, access id or batch uuid)"))
+        })?;
         let mut b = e.batch(&bid).await?;
         lading_engine::expand_history(&mut b.status.extra);
         Ok(b)

@@ -180,7 +180,7 @@ async fn unless_stalled<T>(
 }
 
 /// Removes a refused upload's folder.
-struct Scrap(Option<PathBuf>);
+pub(crate) struct Scrap(pub(crate) Option<PathBuf>);
 
 impl Drop for Scrap {
     fn drop(&mut self) {
@@ -190,11 +190,17 @@ impl Drop for Scrap {
     }
 }
 
-async fn save(
+/// Form fields other than the file, at most.
+pub const MAX_FIELDS: usize = 200;
+/// One form field's value other than the file, at most.
+pub const MAX_FIELD_BYTES: usize = 64 << 10;
+
+pub(crate) async fn save(
     dir: &Path,
     multipart: &mut multer::Multipart<'static>,
     max: u64,
     stall: std::time::Duration,
+    mut fields: Option<&mut std::collections::BTreeMap<String, String>>,
 ) -> Result<(PathBuf, u64), ApiError> {
     let mut saved = None;
     while let Some(mut field) = unless_stalled(stall, multipart.next_field())
@@ -202,10 +208,36 @@ async fn save(
         .map_err(bad_body)?
     {
         if field.name() != Some("file") {
-            return Err(ApiError::bad_request(format!(
-                "unexpected form field {:?}; send one part named \"file\"",
-                field.name().unwrap_or("")
-            )));
+            let name = field.name().unwrap_or("").to_string();
+            let Some(fields) = fields.as_deref_mut() else {
+                return Err(ApiError::bad_request(format!(
+                    "unexpected form field {name:?}; send one part named \"file\""
+                )));
+            };
+            if fields.len() >= MAX_FIELDS {
+                return Err(ApiError::bad_request(format!(
+                    "more than {MAX_FIELDS} form fields"
+                )));
+            }
+            let mut value = Vec::new();
+            while let Some(chunk) = unless_stalled(stall, field.chunk())
+                .await?
+                .map_err(bad_body)?
+            {
+                value.extend_from_slice(&chunk);
+                if value.len() > MAX_FIELD_BYTES {
+                    return Err(ApiError::new(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "too_large",
+                        format!("form field {name:?} is longer than {MAX_FIELD_BYTES} bytes"),
+                    ));
+                }
+            }
+            let value = String::from_utf8(value).map_err(|_| {
+                ApiError::bad_request(format!("form field {name:?} is not UTF-8 text"))
+            })?;
+            fields.insert(name, value);
+            continue;
         }
         if saved.is_some() {
             return Err(ApiError::bad_request("more than one \"file\" part"));
@@ -273,7 +305,14 @@ pub async fn upload(
         .map_err(|e| ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "storage", e.to_string()))?;
     let mut scrap = Scrap(Some(dir.clone()));
     let stall = std::time::Duration::from_secs(s.ingest.cfg.http.upload_stall_s.max(1));
-    let saved = save(&dir, &mut multipart, s.ingest.cfg.max_upload_bytes, stall).await;
+    let saved = save(
+        &dir,
+        &mut multipart,
+        s.ingest.cfg.max_upload_bytes,
+        stall,
+        None,
+    )
+    .await;
     if over.load(Ordering::Relaxed) {
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,

@@ -154,7 +154,7 @@ pub(crate) async fn run_command(job: &JobCtx, cmd: &str, ark: &str) -> Result<()
         .env("LADING_PRIMARY_ID", ark)
         .env(
             "LADING_PROFILE",
-            job.config()?.profile_name.as_deref().unwrap_or_default(),
+            job.config()?.profile().unwrap_or_default(),
         )
         .env("LADING_WORKDIR", &job.workdir)
         .stdin(std::process::Stdio::null())

@@ -1,0 +1,317 @@
+//! Merritt's front door, tried with Merritt's own Ruby client (`mrt-ingest`, in
+//! `../shared/clients/mrt-ingest-ruby`, run unchanged by Debian's `ruby`) against a real
+//! `lading serve`, and with `curl -F` as a user of Merritt's ingest form would.
+
+use lading_testkit::events::Api;
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const ADMIN: &str = "root-token-0123456789abcdef";
+const DEPOSITOR: &str = "depositor-token-0123456789";
+
+struct Serve {
+    child: Child,
+    api: Api,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn hostname() -> String {
+    let out = Command::new("hostname").output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// `lading serve` with a `demo` profile (collection `demo`), an admin token, a submitter
+/// token `depositor` for `demo`, and depositors allowed to reach this machine's name on the
+/// ports Merritt's client serves its files from (8081 up).
+fn serve() -> Serve {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("profiles")).unwrap();
+    std::fs::write(
+        data.join("profiles/demo.toml"),
+        "collection = \"demo\"\nshoulder = \"ark:/99999/fk4\"\n",
+    )
+    .unwrap();
+    let host = hostname();
+    let allow: Vec<String> = (8081..8121)
+        .map(|p| format!("\"http://{host}:{p}/\""))
+        .collect();
+    let cfg = dir.path().join("lading.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "data_dir = {data:?}\nlisten = \"127.0.0.1:0\"\nreserve_bytes = 0\n\
+             unestimated_min_free_bytes = 0\n\
+             [payload]\nallow = [{}]\n\
+             [[tokens]]\nname = \"root\"\ntoken = \"{ADMIN}\"\nrole = \"admin\"\n\
+             [[tokens]]\nname = \"depositor\"\ntoken = \"{DEPOSITOR}\"\nrole = \"submitter\"\ncollections = [\"demo\"]\n",
+            allow.join(", ")
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lading"))
+        .arg("--config")
+        .arg(&cfg)
+        .arg("serve")
+        .env_remove("LADING_STORE")
+        .env("LADING_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("API on http://").nth(1) {
+                let _ = tx.send(rest.trim_end_matches("/api/v1").to_string());
+            }
+        }
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("lading serve started");
+    Serve {
+        child,
+        api: Api::new(format!("http://{addr}")),
+        dir,
+    }
+}
+
+impl Serve {
+    /// Waits for a batch (any of Lading's names for it) to end; returns it, as the admin.
+    async fn finished(&self, id: &str) -> Value {
+        let ended =
+            |v: &Value| matches!(v["status"]["status"].as_str(), Some("Completed" | "Failed"));
+        self.api
+            .until_batch(ADMIN, id, Duration::from_secs(120), ended)
+            .await
+    }
+
+    fn stored(&self) -> Vec<PathBuf> {
+        lading_testkit::files_under(&self.dir.path().join("data/storage"))
+    }
+}
+
+/// Runs a Ruby script with Merritt's client on the load path; its stdout.
+fn ruby(script: &str, args: &[&str]) -> String {
+    let lib = repo().join("../shared/clients/mrt-ingest-ruby/lib");
+    assert!(lib.exists(), "Merritt's Ruby client at {}", lib.display());
+    let out = Command::new("ruby")
+        .arg("-I")
+        .arg(&lib)
+        .arg("-e")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("ruby (scripts/test installs Debian's ruby and ruby-rest-client)");
+    assert!(
+        out.status.success(),
+        "ruby: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// As Merritt's README shows it: a client, an object with two files and an ERC, start and
+/// finish the ingest; prints the batch id Merritt's answer gave.
+const INGEST: &str = r#"
+require 'mrt/ingest'
+url, user, password, a, b, primary = ARGV
+client = Mrt::Ingest::Client.new(url, user, password)
+obj = Mrt::Ingest::IObject.new(
+  primary_identifier: primary,
+  erc: { 'who' => 'Doe, Jane', 'what' => 'Two letters', 'when' => '2026' }
+)
+obj.add_component(File.new(a), name: File.basename(a))
+obj.add_component(File.new(b), name: File.basename(b))
+response = obj.start_ingest(client, 'demo', 'lading-test-agent')
+obj.finish_ingest
+puts response.batch_id
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merritts_ruby_client_ingests_and_updates_an_object_unchanged() {
+    let s = serve();
+    let files = tempfile::tempdir().unwrap();
+    let a = files.path().join("letter-1.txt");
+    let b = files.path().join("letter-2.txt");
+    std::fs::write(&a, b"Dear Merritt,\n").unwrap();
+    std::fs::write(&b, b"Yours, Lading\n").unwrap();
+    let url = format!("{}/object/ingest", s.api.base);
+    let (a_s, b_s) = (a.display().to_string(), b.display().to_string());
+    let bid = ruby(INGEST, &[&url, "depositor", DEPOSITOR, &a_s, &b_s, ""]);
+    assert!(
+        bid.starts_with("bid-"),
+        "Merritt's form of the batch id: {bid}"
+    );
+    // Every Lading lookup takes Merritt's id.
+    let batch = s.finished(&bid).await;
+    assert_eq!(batch["status"]["status"], "Completed", "{batch}");
+    let (st, own) = s
+        .api
+        .get(DEPOSITOR, &format!("/api/v1/batches/{bid}"))
+        .await;
+    assert_eq!(st, reqwest::StatusCode::OK, "{own}");
+    let jid = batch["jobs"]["batch-completed"][0]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (_, job) = s.api.get(ADMIN, &format!("/api/v1/jobs/{jid}")).await;
+    let ark = job["identifiers"]["primary_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // The stored files, byte for byte, and the ERC file kept with them.
+    let stored = s.stored();
+    for (name, want) in [
+        ("letter-1.txt", &b"Dear Merritt,\n"[..]),
+        ("letter-2.txt", &b"Yours, Lading\n"[..]),
+    ] {
+        let f = stored
+            .iter()
+            .find(|p| p.ends_with(name))
+            .unwrap_or_else(|| panic!("{name} in {stored:?}"));
+        assert_eq!(std::fs::read(f).unwrap(), want);
+    }
+    let erc = stored
+        .iter()
+        .find(|p| p.ends_with("mrt-erc.txt"))
+        .expect("the ERC file is stored");
+    assert!(
+        std::fs::read_to_string(erc)
+            .unwrap()
+            .contains("who: Doe, Jane")
+    );
+    // An update through Merritt's UI path: version 2 of the same object.
+    let url = format!("{}/object/update", s.api.base);
+    std::fs::write(&b, b"Yours again, Lading\n").unwrap();
+    let bid2 = ruby(INGEST, &[&url, "depositor", DEPOSITOR, &a_s, &b_s, &ark]);
+    let batch2 = s.finished(&bid2).await;
+    assert_eq!(batch2["status"]["status"], "Completed", "{batch2}");
+    let v2 = s
+        .stored()
+        .into_iter()
+        .find(|p| p.ends_with("letter-2.txt") && p.to_string_lossy().contains("/v2/"))
+        .unwrap_or_else(|| panic!("version 2 in {:?}", s.stored()));
+    assert_eq!(std::fs::read(v2).unwrap(), b"Yours again, Lading\n");
+}
+
+/// `curl -F` to the ingest service's form: both answer forms, a bad password, a wrong
+/// collection and a missing file; each refusal leaves no batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ingest_form_answers_as_merritt_does_and_refuses_clearly() {
+    let s = serve();
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("hello.txt");
+    std::fs::write(&f, b"hello\n").unwrap();
+    std::fs::write(
+        s.dir.path().join("data/profiles/other.toml"),
+        "collection = \"other\"\n",
+    )
+    .unwrap();
+    let curl = |user: &str, fields: &[String]| {
+        let mut c = Command::new("curl");
+        c.args(["-s", "-w", "\n%{http_code}", "-u", user]);
+        for f in fields {
+            c.arg("-F").arg(f);
+        }
+        c.arg(format!("{}/poster/submit", s.api.base));
+        let out = c.output().expect("curl");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let (body, code) = text.rsplit_once('\n').unwrap();
+        (code.parse::<u16>().unwrap(), body.to_string())
+    };
+    let me = format!("depositor:{DEPOSITOR}");
+    let file = format!("file=@{}", f.display());
+    // JSON, a file by its type.
+    let (code, body) = curl(
+        &me,
+        &[
+            file.clone(),
+            "type=file".into(),
+            "profile=demo".into(),
+            "responseForm=json".into(),
+            "title=Hello".into(),
+        ],
+    );
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let id = v["bat:batchState"]["bat:batchID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(v["bat:batchState"]["bat:batchStatus"], "QUEUED");
+    let b = s.finished(&id).await;
+    assert_eq!(b["status"]["status"], "Completed", "{b}");
+    // XML, the type guessed (a plain file).
+    let (code, body) = curl(
+        &me,
+        &[
+            file.clone(),
+            "profile=demo".into(),
+            "responseForm=xml".into(),
+        ],
+    );
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("<bat:batchState xmlns:bat="), "{body}");
+    assert!(
+        body.contains("<bat:batchStatus>QUEUED</bat:batchStatus>"),
+        "{body}"
+    );
+    let before = s.api.batch_ids(ADMIN, "limit=1000").await;
+    // Refusals: a bad password, another collection, no file, an unknown type.
+    let (code, body) = curl(
+        "depositor:wrong-password-000000",
+        &[file.clone(), "profile=demo".into()],
+    );
+    assert_eq!(code, 401, "{body}");
+    let (code, body) = curl(
+        &me,
+        &[
+            file.clone(),
+            "profile=other".into(),
+            "responseForm=json".into(),
+        ],
+    );
+    assert_eq!(code, 403, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["exc:exception"]["exc:statusCode"], 403, "{body}");
+    let (code, body) = curl(&me, &["profile=demo".into(), "responseForm=json".into()]);
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("\\\"file\\\""), "{body}");
+    let (code, body) = curl(
+        &me,
+        &[file.clone(), "profile=demo".into(), "type=bogus".into()],
+    );
+    assert_eq!(code, 400, "{body}");
+    assert!(
+        body.contains("<exc:statusCode>400</exc:statusCode>"),
+        "{body}"
+    );
+    assert_eq!(
+        s.api.batch_ids(ADMIN, "limit=1000").await,
+        before,
+        "nothing stored"
+    );
+    let uploads = std::fs::read_dir(s.dir.path().join("data/uploads"))
+        .unwrap()
+        .count();
+    assert_eq!(uploads, 2, "only the two taken uploads are kept");
+}
