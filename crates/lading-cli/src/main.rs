@@ -277,12 +277,13 @@ fn show(v: &serde_json::Value, json: bool, history: bool) -> anyhow::Result<()> 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     // The config is read once: it names the store (after --store and LADING_STORE), and
     // every command that works on the store finds the same one.
-    let needs_config = !matches!(cli.command, Command::Demo { .. } | Command::Bench { .. })
-        && !(cli.server.is_some()
-            && matches!(
-                cli.command,
-                Command::Submit { .. } | Command::Status { .. } | Command::Admin { .. }
-            ));
+    let through_server = cli.server.is_some()
+        && matches!(
+            cli.command,
+            Command::Submit { .. } | Command::Status { .. } | Command::Admin { .. }
+        );
+    let own_store = matches!(cli.command, Command::Demo { .. } | Command::Bench { .. });
+    let needs_config = !own_store && !through_server;
     let cfg = if needs_config {
         node::config(cli.config.as_deref())?
     } else {
