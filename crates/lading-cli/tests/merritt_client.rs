@@ -178,6 +178,10 @@ async fn merritts_ruby_client_ingests_and_updates_an_object_unchanged() {
         .as_str()
         .unwrap()
         .to_string();
+    // The ERC file filled the job's metadata (the form named none of it).
+    assert_eq!(job["metadata"]["erc_who"], "Doe, Jane", "{job}");
+    assert_eq!(job["metadata"]["erc_what"], "Two letters", "{job}");
+    assert_eq!(job["metadata"]["erc_when"], "2026", "{job}");
     // The stored files, byte for byte, and the ERC file kept with them.
     let stored = s.stored();
     for (name, want) in [

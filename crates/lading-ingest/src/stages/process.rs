@@ -42,6 +42,32 @@ pub(crate) async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Ou
     if job.config()?.payload_type() != "container" {
         check_verified(&wd, PRODUCER, &files)?;
     }
+    // An ERC file (`mrt-erc.txt`, what Merritt's clients send with an object) fills the
+    // metadata the submission left empty; the file itself is stored with the object.
+    if files.iter().any(|f| f.path == ERC_FILE) {
+        let erc = read_erc(&producer.join(ERC_FILE))
+            .map_err(|e| io_err("reading", &producer.join(ERC_FILE), e))?;
+        let mut metadata = job.info.metadata.clone();
+        if !metadata.is_object() {
+            metadata = json!({});
+        }
+        if let Some(m) = metadata.as_object_mut() {
+            let mut changed = false;
+            for (key, value) in erc {
+                let empty = m.get(&key).is_none_or(|v| v.is_null() || v == "");
+                if empty {
+                    m.insert(key, json!(value));
+                    changed = true;
+                }
+            }
+            if changed {
+                job.set_data("metadata", &metadata)
+                    .await
+                    .map_err(engine_err)?;
+                job.log("metadata filled from mrt-erc.txt");
+            }
+        }
+    }
     // The object's manifest, with digests.
     let rows: Vec<Vec<String>> = files
         .iter()
@@ -179,4 +205,75 @@ pub(crate) async fn run_command(job: &JobCtx, cmd: &str, ark: &str) -> Result<()
         )));
     }
     Ok(())
+}
+
+/// The ERC file Merritt's clients add to an object.
+const ERC_FILE: &str = "mrt-erc.txt";
+
+/// The `who`, `what`, `when` and `where` of an ERC file (ANVL: `erc:` then `label: value`
+/// lines, a value going on over indented lines; `when/created` and the like count as
+/// `when`), as the job's metadata keys (`erc_who`, …). At most 64 KiB of it is read.
+fn read_erc(path: &std::path::Path) -> std::io::Result<Vec<(String, String)>> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(64 << 10)
+        .read_to_string(&mut text)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut current: Option<usize> = None;
+    for line in text.lines() {
+        if line.starts_with([' ', '\t']) {
+            if let Some(i) = current {
+                out[i].1.push(' ');
+                out[i].1.push_str(line.trim());
+            }
+            continue;
+        }
+        current = None;
+        let Some((label, value)) = line.split_once(':') else {
+            continue;
+        };
+        let label = label
+            .split('/')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        if !matches!(label.as_str(), "who" | "what" | "when" | "where") {
+            continue;
+        }
+        let key = format!("erc_{label}");
+        if out.iter().any(|(k, _)| *k == key) {
+            continue;
+        }
+        out.push((key, value.trim().to_string()));
+        current = Some(out.len() - 1);
+    }
+    out.retain(|(_, v)| !v.is_empty());
+    Ok(out)
+}
+
+#[cfg(test)]
+mod erc_tests {
+    #[test]
+    fn an_erc_file_gives_who_what_when_where() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("mrt-erc.txt");
+        std::fs::write(
+            &p,
+            "erc:\nwho: Doe, Jane\nwhat: Two letters,\n  and a note\nwhen/created: 2026\nhow: by hand\nwhere: ark:/99999/x\n",
+        )
+        .unwrap();
+        let erc = super::read_erc(&p).unwrap();
+        assert_eq!(
+            erc,
+            vec![
+                ("erc_who".to_string(), "Doe, Jane".to_string()),
+                ("erc_what".into(), "Two letters, and a note".into()),
+                ("erc_when".into(), "2026".into()),
+                ("erc_where".into(), "ark:/99999/x".into()),
+            ]
+        );
+    }
 }
