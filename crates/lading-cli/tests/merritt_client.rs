@@ -309,6 +309,18 @@ async fn the_ingest_form_answers_as_merritt_does_and_refuses_clearly() {
         body.contains("<exc:statusCode>400</exc:statusCode>"),
         "{body}"
     );
+    // A digest that does not match the file (md5 of "hello\n" is b1946ac9…).
+    let (code, body) = curl(
+        &me,
+        &[
+            file.clone(),
+            "profile=demo".into(),
+            "digestType=md5".into(),
+            "digestValue=00000000000000000000000000000000".into(),
+        ],
+    );
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("b1946ac92492d2347c6235b4d2611184"), "{body}");
     assert_eq!(
         s.api.batch_ids(ADMIN, "limit=1000").await,
         before,

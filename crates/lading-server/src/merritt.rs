@@ -243,6 +243,7 @@ async fn take(
             }
             Err(e) => return Err(e),
         };
+        check_digest(&path, fields.get("digestType"), fields.get("digestValue")).await?;
         let extra: Vec<&String> = fields.keys().filter(|k| !KNOWN.contains(&k.as_str()) && !k.starts_with("DC.")).collect();
         if !extra.is_empty() {
             tracing::warn!(fields = ?extra, "Merritt form fields Lading does not use");
@@ -330,6 +331,51 @@ async fn take(
         }
         Err(e) => Exc(e, form).into_response(),
     }
+}
+
+/// The form's `digestType`/`digestValue` of the uploaded file, checked when given (400
+/// naming both digests when they differ, or an unknown algorithm).
+async fn check_digest(
+    path: &std::path::Path,
+    ty: Option<&String>,
+    value: Option<&String>,
+) -> Result<(), ApiError> {
+    let (Some(ty), Some(want)) = (
+        ty.filter(|t| !t.trim().is_empty()),
+        value.filter(|v| !v.trim().is_empty()),
+    ) else {
+        return Ok(());
+    };
+    let alg = lading_ingest::checkm::HashAlg::parse(ty.trim()).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "unknown digestType {ty:?} (md5, sha1, sha256 or sha512)"
+        ))
+    })?;
+    let p = path.to_path_buf();
+    let found = tokio::task::spawn_blocking(move || -> std::io::Result<String> {
+        use std::io::Read;
+        let mut h = lading_ingest::fetch::Hasher::new(alg);
+        let mut f = std::fs::File::open(&p)?;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = f.read(&mut buf)?;
+            if n == 0 {
+                return Ok(h.hex());
+            }
+            h.update(&buf[..n]);
+        }
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))?
+    .map_err(|e| ApiError::internal(e.to_string()))?;
+    if !found.eq_ignore_ascii_case(want.trim()) {
+        return Err(ApiError::bad_request(format!(
+            "the uploaded file's {} digest is {found}, not the digestValue {}",
+            alg.name(),
+            want.trim()
+        )));
+    }
+    Ok(())
 }
 
 /// Merritt's `bat:batchState` of a batch just queued.
