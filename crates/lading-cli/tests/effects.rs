@@ -521,7 +521,6 @@ async fn requeues_one_at_a_time_give_the_depositor_one_update() {
             e.job(&j).await.unwrap().status.status == lading_core::JobState::Completed
         })
         .await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
     }
     until("the batch to be reported again", async || {
         let info = e.batch(&bid).await.unwrap();
@@ -532,7 +531,7 @@ async fn requeues_one_at_a_time_give_the_depositor_one_update() {
     assert!(update.contains("10 completed, 0 failed"), "{update}");
     let report = e.batch(&bid).await.unwrap().status_report.unwrap();
     assert_eq!(report.extra["report_number"], 2, "one update");
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The batch is Completed and its outbox empty: no mail can still be on its way.
     assert!(
         smtp.messages.lock().await.try_recv().is_err(),
         "no report in the middle"

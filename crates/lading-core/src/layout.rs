@@ -204,18 +204,7 @@ pub fn ark_node_name(ark: &str) -> String {
     {
         return format!("ark_{}", rest.replace('/', "_"));
     }
-    let mut out = String::new();
-    for b in ark.bytes() {
-        if b.is_ascii_alphanumeric() || b".-".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    if out.starts_with('.') {
-        out.replace_range(0..1, "%2E");
-    }
-    out
+    escape_keeping(ark, b".-")
 }
 
 /// Whether an ARK's part after `ark:/` has Merritt's shape (see [`ark_node_name`]).
@@ -241,9 +230,15 @@ pub fn inventory_lock(ark: &str) -> String {
 /// Any string as one node name: letters, digits, `.`, `_`, `-` kept, every other byte `%XX`,
 /// a leading `.` too (so `.` and `..` cannot be made).
 pub fn escape_node_name(s: &str) -> String {
+    escape_keeping(s, b"._-")
+}
+
+/// `s` as one node name: letters, digits and the bytes of `keep` kept, every other byte
+/// `%XX`, a leading `.` too.
+fn escape_keeping(s: &str, keep: &[u8]) -> String {
     let mut out = String::new();
     for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"._-".contains(&b) {
+        if b.is_ascii_alphanumeric() || keep.contains(&b) {
             out.push(b as char);
         } else {
             out.push_str(&format!("%{b:02X}"));

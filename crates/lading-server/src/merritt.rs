@@ -6,7 +6,7 @@
 //! Basic with the token's name and the token (what Merritt's clients send). See
 //! docs/MERRITT.md.
 
-use crate::upload::{Form, Scrap, save};
+use crate::upload::{Form, receive};
 use crate::{ApiError, AppState, Principal};
 use axum::Extension;
 use axum::extract::{Path as PathParams, State};
@@ -199,25 +199,10 @@ async fn take(
     named: Option<String>,
 ) -> Response {
     let mut fields = BTreeMap::new();
-    let root = match std::path::absolute(s.ingest.cfg.data_dir.join("uploads")) {
-        Ok(r) => r,
-        Err(e) => return Exc(ApiError::internal(e.to_string()), Answer::Xml).into_response(),
+    let (mut scrap, saved) = match receive(&s, &mut multipart, Some(&mut fields)).await {
+        Ok(x) => x,
+        Err(e) => return Exc(e, Answer::Xml).into_response(),
     };
-    let dir = root.join(uuid::Uuid::new_v4().simple().to_string());
-    if let Err(e) = tokio::fs::create_dir_all(&dir).await {
-        let e = ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "storage", e.to_string());
-        return Exc(e, Answer::Xml).into_response();
-    }
-    let mut scrap = Scrap(Some(dir.clone()));
-    let stall = std::time::Duration::from_secs(s.ingest.cfg.http.upload_stall_s.max(1));
-    let saved = save(
-        &dir,
-        &mut multipart,
-        s.ingest.cfg.max_upload_bytes,
-        stall,
-        Some(&mut fields),
-    )
-    .await;
     let form = match fields.get("responseForm").map(|f| f.to_ascii_lowercase()) {
         Some(f) if f == "json" => Answer::Json,
         _ => Answer::Xml,

@@ -78,6 +78,9 @@ pub fn watchdog(grace: Duration, say: fn(&str)) -> std::io::Result<()> {
             })?;
         }
     }
+    // Deliberately not a service of the runtime: its whole point is to end the process when
+    // the runtime cannot (every thread blocked). It looks at the handler's atomics every
+    // 20 ms, which is all a signal handler can safely leave for it.
     std::thread::Builder::new()
         .name("lading-stop-watchdog".into())
         .spawn(move || {

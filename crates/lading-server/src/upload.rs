@@ -190,12 +190,39 @@ impl Drop for Scrap {
     }
 }
 
+/// Receives a multipart upload into a folder of its own under `DATA_DIR/uploads` (removed
+/// when the returned [`Scrap`] is dropped unless kept): the folder, and what [`save`] made
+/// of the body. `Err` only when the folder cannot be made.
+pub(crate) async fn receive(
+    s: &AppState,
+    multipart: &mut multer::Multipart<'static>,
+    fields: Option<&mut std::collections::BTreeMap<String, String>>,
+) -> Result<(Scrap, Result<(PathBuf, u64), ApiError>), ApiError> {
+    let root = std::path::absolute(s.ingest.cfg.data_dir.join("uploads"))
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+    let dir = root.join(uuid::Uuid::new_v4().simple().to_string());
+    tokio::fs::create_dir_all(&dir)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "storage", e.to_string()))?;
+    let scrap = Scrap(Some(dir.clone()));
+    let stall = std::time::Duration::from_secs(s.ingest.cfg.http.upload_stall_s.max(1));
+    let saved = save(
+        &dir,
+        multipart,
+        s.ingest.cfg.max_upload_bytes,
+        stall,
+        fields,
+    )
+    .await;
+    Ok((scrap, saved))
+}
+
 /// Form fields other than the file, at most.
 pub const MAX_FIELDS: usize = 200;
 /// One form field's value other than the file, at most.
 pub const MAX_FIELD_BYTES: usize = 64 << 10;
 
-pub(crate) async fn save(
+async fn save(
     dir: &Path,
     multipart: &mut multer::Multipart<'static>,
     max: u64,
@@ -297,22 +324,7 @@ pub async fn upload(
         return Err(lading_ingest::SubmitError::PayloadType(q.payload_type().to_string()).into());
     }
     let submitter = p.submitter(q.submitter.take())?;
-    let root = std::path::absolute(s.ingest.cfg.data_dir.join("uploads"))
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
-    let dir = root.join(uuid::Uuid::new_v4().simple().to_string());
-    tokio::fs::create_dir_all(&dir)
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "storage", e.to_string()))?;
-    let mut scrap = Scrap(Some(dir.clone()));
-    let stall = std::time::Duration::from_secs(s.ingest.cfg.http.upload_stall_s.max(1));
-    let saved = save(
-        &dir,
-        &mut multipart,
-        s.ingest.cfg.max_upload_bytes,
-        stall,
-        None,
-    )
-    .await;
+    let (mut scrap, saved) = receive(&s, &mut multipart, None).await?;
     if over.load(Ordering::Relaxed) {
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
