@@ -16,6 +16,15 @@ struct Serve {
     child: Child,
     api: Api,
     dir: tempfile::TempDir,
+    /// The ZooKeeper server of a run on ZooKeeper (stopped after `lading serve`).
+    _zk: Option<lading_testkit::zk::ZkServer>,
+}
+
+/// Which store `lading serve` runs on.
+#[derive(Clone, Copy)]
+enum Store {
+    Sqlite,
+    ZooKeeper,
 }
 
 impl Drop for Serve {
@@ -36,9 +45,21 @@ fn hostname() -> String {
 
 /// `lading serve` with a `demo` profile (collection `demo`), an admin token, a submitter
 /// token `depositor` for `demo`, and depositors allowed to reach this machine's name on the
-/// ports Merritt's client serves its files from (8081 up).
-fn serve() -> Serve {
+/// ports Merritt's client serves its files from (8081 up), on `store` (a ZooKeeper server of
+/// its own for [`Store::ZooKeeper`]).
+async fn serve(store: Store) -> Serve {
     let dir = tempfile::tempdir().unwrap();
+    let (zk, store_line) = match store {
+        Store::Sqlite => (None, String::new()),
+        Store::ZooKeeper => {
+            let zk = lading_testkit::zk::ZkServer::start().expect("ZooKeeper");
+            let hosts = zk.connect_string();
+            lading_store_zk::ZkTree::ensure_chroot(&hosts, "/merritt")
+                .await
+                .unwrap();
+            (Some(zk), format!("store = \"zk://{hosts}/merritt\"\n"))
+        }
+    };
     let data = dir.path().join("data");
     std::fs::create_dir_all(data.join("profiles")).unwrap();
     std::fs::write(
@@ -54,7 +75,7 @@ fn serve() -> Serve {
     std::fs::write(
         &cfg,
         format!(
-            "data_dir = {data:?}\nlisten = \"127.0.0.1:0\"\nreserve_bytes = 0\n\
+            "{store_line}data_dir = {data:?}\nlisten = \"127.0.0.1:0\"\nreserve_bytes = 0\n\
              unestimated_min_free_bytes = 0\n\
              [payload]\nallow = [{}]\n\
              [[tokens]]\nname = \"root\"\ntoken = \"{ADMIN}\"\nrole = \"admin\"\n\
@@ -90,6 +111,7 @@ fn serve() -> Serve {
         child,
         api: Api::new(format!("http://{addr}")),
         dir,
+        _zk: zk,
     }
 }
 
@@ -146,9 +168,31 @@ obj.finish_ingest
 puts response.batch_id
 "#;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn merritts_ruby_client_ingests_and_updates_an_object_unchanged() {
-    let s = serve();
+/// Each test on both stores.
+macro_rules! on_both_stores {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn on_sqlite() {
+                    super::$name(super::Store::Sqlite).await
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn on_zookeeper() {
+                    super::$name(super::Store::ZooKeeper).await
+                }
+            }
+        )*
+    };
+}
+
+on_both_stores!(
+    merritts_ruby_client_ingests_and_updates_an_object_unchanged,
+    the_ingest_form_answers_as_merritt_does_and_refuses_clearly,
+);
+
+async fn merritts_ruby_client_ingests_and_updates_an_object_unchanged(store: Store) {
+    let s = serve(store).await;
     let files = tempfile::tempdir().unwrap();
     let a = files.path().join("letter-1.txt");
     let b = files.path().join("letter-2.txt");
@@ -219,9 +263,8 @@ async fn merritts_ruby_client_ingests_and_updates_an_object_unchanged() {
 
 /// `curl -F` to the ingest service's form: both answer forms, a bad password, a wrong
 /// collection and a missing file; each refusal leaves no batch.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_ingest_form_answers_as_merritt_does_and_refuses_clearly() {
-    let s = serve();
+async fn the_ingest_form_answers_as_merritt_does_and_refuses_clearly(store: Store) {
+    let s = serve(store).await;
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("hello.txt");
     std::fs::write(&f, b"hello\n").unwrap();

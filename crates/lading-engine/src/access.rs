@@ -160,23 +160,18 @@ impl Engine {
                 if status.status != AccessState::Pending {
                     continue;
                 }
-                let token: lading_core::layout::AccessToken = match self
-                    .read_json(&format!("{path}/token"))
-                    .await
-                {
-                    Ok(t) => t.map(|(v, _)| v).unwrap_or_default(),
-                    // Named, and left: one bad request does not stop the queue.
-                    Err(EngineError::Corrupt { path, reason }) => {
-                        tracing::warn!(%path, %reason, "an access request's token is corrupt; skipped");
-                        continue;
-                    }
+                // Every Pending request is taken, whoever made it: one whose token cannot be
+                // read, or lacks what assembling needs (Merritt's `Access.createAssembly` names
+                // no `ark`), is failed by the stage with a message naming the problem, never
+                // skipped for ever.
+                let (token, unreadable) = match self.read_json(&format!("{path}/token")).await {
+                    Ok(t) => (t.map(|(v, _)| v).unwrap_or_default(), None),
+                    Err(EngineError::Corrupt { path, reason }) => (
+                        Default::default(),
+                        Some(format!("{path} is not a token: {reason}")),
+                    ),
                     Err(e) => return Err(e),
                 };
-                // A request another tool made (Merritt's access service names no `ark`): left
-                // for that tool, not taken and failed here.
-                if token.ark.is_none() {
-                    continue;
-                }
                 let lock = format!("{path}/lock");
                 let guard = Op::check(format!("{path}/status"), Some(version));
                 if !self.take_lock(&lock, guard).await? {
@@ -187,6 +182,7 @@ impl Engine {
                     id,
                     status,
                     token,
+                    unreadable,
                     status_version: version,
                     session: self.tree.session_id(),
                 }));

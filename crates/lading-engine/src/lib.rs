@@ -148,6 +148,9 @@ pub struct AccessLease {
     pub id: AccessId,
     pub status: AccessStatus,
     pub token: lading_core::layout::AccessToken,
+    /// Why the token could not be read (the request is taken so that it fails, named, rather
+    /// than being skipped for ever).
+    pub unreadable: Option<String>,
     status_version: i32,
     session: u64,
 }

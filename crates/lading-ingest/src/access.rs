@@ -73,8 +73,18 @@ pub fn zip_to_file(dir: &Path, out: &Path) -> std::io::Result<()> {
 }
 
 async fn assemble(ingest: &Ingest, lease: &AccessLease) -> Result<(), String> {
-    let ark = lease.token.ark.as_deref().ok_or("the token has no ark")?;
-    let version = lease.token.version.ok_or("the token has no version")?;
+    if let Some(why) = &lease.unreadable {
+        return Err(why.clone());
+    }
+    let ark = lease
+        .token
+        .ark
+        .as_deref()
+        .ok_or("the request's token names no `ark` (the object to assemble)")?;
+    let version = lease
+        .token
+        .version
+        .ok_or("the request's token names no `version` (of the object to assemble)")?;
     let a = ark.to_string();
     let path = ingest
         .inventory

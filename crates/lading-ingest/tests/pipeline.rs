@@ -1052,7 +1052,69 @@ on_both_backends!(
     merritt_ingest_service_submission_keys_run_to_completion,
     merritt_created_jobs_run_to_completed_and_to_failed,
     merritt_moving_a_batchs_last_job_is_noticed_by_a_watch,
+    merritt_assembly_requests_lading_cannot_assemble_fail_at_once_naming_why,
 );
+
+/// An assembly request made by Merritt's `Access.createAssembly` carries only `mrt-zk`'s token
+/// fields (no `ark`, no `version`); another carries a token that is not JSON. Neither stays
+/// Pending: each is failed at once with a message naming what it lacks, and a good request
+/// behind them is still assembled.
+async fn merritt_assembly_requests_lading_cannot_assemble_fail_at_once_naming_why(w: World) {
+    use lading_core::AccessState;
+    use lading_core::layout::AccessQueue;
+    let tree = w.engine.tree().clone();
+    let token = serde_json::json!({
+        "token": "4c0ffee0-0000-4000-8000-000000000001", "delivery-node": 7777,
+        "cloud-content-byte": 12, "status": 202, "url": "https://example.org/t",
+        "anticipated-availability-time": "2026-11-24T10:00:00-08:00",
+    });
+    let merritt = merritt::create_assembly(&*tree, "small", Ok(&token)).await;
+    let garbled = merritt::create_assembly(&*tree, "small", Err(b"{not json")).await;
+    let ingest = w.ingest();
+    let (handle, stop) = lading_worker::Shutdown::new();
+    let task = tokio::spawn(lading_ingest::access::run(
+        ingest.clone(),
+        AccessQueue::Small,
+        stop,
+    ));
+    let ends = |p: String| {
+        let e = w.engine.clone();
+        async move {
+            tokio::time::timeout(std::time::Duration::from_secs(60), async {
+                loop {
+                    // The status node itself: a request whose token is garbled cannot be
+                    // read whole through the engine (which names the corrupt node).
+                    let node = e.tree().get(&format!("{p}/status")).await.unwrap().unwrap();
+                    let st: lading_core::layout::AccessStatus =
+                        serde_json::from_slice(&node.data.unwrap()).unwrap();
+                    if st.status != AccessState::Pending && st.status != AccessState::Processing {
+                        return st;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            })
+            .await
+            .expect("the request ends")
+        }
+    };
+    let st = ends(merritt).await;
+    assert_eq!(st.status, AccessState::Failed);
+    let msg = st.message.unwrap_or_default();
+    assert!(msg.contains("no `ark`"), "{msg}");
+    let st = ends(garbled.clone()).await;
+    assert_eq!(st.status, AccessState::Failed);
+    let msg = st.message.unwrap_or_default();
+    assert!(msg.contains("token") && msg.contains(&garbled), "{msg}");
+    // The token nodes are as Merritt wrote them.
+    let node = tree
+        .get(&format!("{garbled}/token"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(node.data.unwrap_or_default(), b"{not json");
+    handle.stop();
+    task.await.unwrap();
+}
 
 /// A batch submitted by Merritt's ingest service (`HandlerSubmit`), written node by node as
 /// `Batch.createBatch` writes it: its keys (`profile`, `type`, `filename` on Merritt's ingest

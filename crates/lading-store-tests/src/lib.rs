@@ -354,7 +354,7 @@ macro_rules! conformance_tests {
             access_requests_move_through_their_states,
             a_corrupt_access_token_is_named_and_skipped,
             access_waiter_is_woken_by_a_request_still_being_made,
-            merritt_access_requests_are_left_to_merritt,
+            merritt_access_requests_are_taken_in_order_not_skipped,
             ark_locks_are_exclusive_and_end_with_the_session,
             acquisition_cost_does_not_grow_with_the_queue,
             generic_jobs_walk_their_states_in_their_own_subtree,

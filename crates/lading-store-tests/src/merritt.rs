@@ -364,7 +364,7 @@ pub async fn merritt_deleting_completed_batches_leaves_no_dangling_index(h: &dyn
 
 /// An access request Merritt's own service made (its token names no `ark`) is left for it:
 /// Lading's access workers take only their own.
-pub async fn merritt_access_requests_are_left_to_merritt(h: &dyn Harness) {
+pub async fn merritt_access_requests_are_taken_in_order_not_skipped(h: &dyn Harness) {
     let (e, _s) = engine(h, "w").await;
     let merritt = e
         .create_access(
@@ -375,12 +375,6 @@ pub async fn merritt_access_requests_are_left_to_merritt(h: &dyn Harness) {
         )
         .await
         .unwrap();
-    assert!(
-        e.acquire_access(AccessQueue::Small)
-            .await
-            .unwrap()
-            .is_none()
-    );
     let ours = e
         .create_access(
             AccessQueue::Small,
@@ -388,11 +382,21 @@ pub async fn merritt_access_requests_are_left_to_merritt(h: &dyn Harness) {
         )
         .await
         .unwrap();
+    // Merritt's request (no `ark`) is taken first, as the oldest: the stage fails it naming
+    // the field, rather than leaving it Pending for ever.
     let l = e.acquire_access(AccessQueue::Small).await.unwrap().unwrap();
-    assert_eq!(l.id, ours, "Lading's own request, past Merritt's");
+    assert_eq!(l.id, merritt);
+    assert!(l.token.ark.is_none() && l.unreadable.is_none());
+    let l = e.access_advance(l, Event::Success).await.unwrap();
+    e.access_transition(l, Event::Fail, Some("no ark".into()))
+        .await
+        .unwrap();
+    let l = e.acquire_access(AccessQueue::Small).await.unwrap().unwrap();
+    assert_eq!(l.id, ours);
     let l = e.access_advance(l, Event::Success).await.unwrap();
     e.access_transition(l, Event::Success, None).await.unwrap();
     let info = e.access(AccessQueue::Small, &merritt).await.unwrap();
-    assert_eq!(info.status.status, lading_core::AccessState::Pending);
+    assert_eq!(info.status.status, lading_core::AccessState::Failed);
+    assert_eq!(info.status.message.as_deref(), Some("no ark"));
     assert!(!info.locked);
 }

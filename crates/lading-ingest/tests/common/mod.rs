@@ -546,6 +546,32 @@ pub mod merritt {
     pub async fn unlock_job(t: &dyn Tree, jid: &JobId) {
         t.delete(&format!("/jobs/{jid}/lock"), None).await.unwrap();
     }
+
+    /// `Access.createAssembly(client, queue, token)`: `/access/QUEUE/qidN` with the token's
+    /// JSON as `token` (or `raw` bytes as they are) and a Pending `status`. Returns the
+    /// request's path.
+    pub async fn create_assembly(
+        t: &dyn Tree,
+        queue: &str,
+        token: Result<&Value, &[u8]>,
+    ) -> String {
+        let path = t
+            .create(
+                &format!("/access/{queue}/qid"),
+                Some(Vec::new()),
+                CreateMode::PersistentSequential,
+            )
+            .await
+            .unwrap();
+        let data = match token {
+            Ok(v) => bytes(v),
+            Err(raw) => Some(raw.to_vec()),
+        };
+        create(t, &format!("{path}/token"), data).await;
+        let status = json!({"status": "Pending", "last_modified": NOW, "message": ""});
+        create(t, &format!("{path}/status"), bytes(&status)).await;
+        path
+    }
 }
 
 /// Files of a stored version, relative, sorted.
