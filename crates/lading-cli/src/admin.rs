@@ -62,6 +62,20 @@ pub(crate) enum Admin {
         /// The lock's name, as `lading status` shows it.
         name: String,
     },
+    /// The fixity checker: `run` reads back every stored copy (of --node, of --ark) and
+    /// compares it with the inventory, printing one line per bad or missing copy (exit 1
+    /// when there is any); `repair` then copies a verified good copy from another node over
+    /// each and checks it again (exit 1 when one is left unrepaired).
+    Fixity {
+        #[arg(value_enum)]
+        action: FixityAction,
+        /// Only this storage node (0: the storage root of profiles without nodes).
+        #[arg(long)]
+        node: Option<u32>,
+        /// Only this object.
+        #[arg(long)]
+        ark: Option<String>,
+    },
     /// Remove Completed and Deleted batches (and their jobs) last changed more than
     /// --older-than-hours ago.
     Cleanup {
@@ -74,6 +88,12 @@ pub(crate) enum Admin {
 pub(crate) enum OutboxAction {
     List,
     Retry,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum FixityAction {
+    Run,
+    Repair,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -153,6 +173,11 @@ pub(crate) async fn admin(ops: &impl Ops, action: Admin) -> anyhow::Result<()> {
                 if r.changed { "" } else { " (already)" }
             );
         }
+        Admin::Fixity { .. } => {
+            anyhow::bail!(
+                "lading admin fixity runs on this host's store and nodes, not through --server"
+            )
+        }
         Admin::Outbox { action, entry } => match (action, entry) {
             (OutboxAction::List, _) => {
                 let list = ops.outbox().await?;
@@ -208,6 +233,43 @@ fn print_action(r: &ActionResult) -> anyhow::Result<()> {
 }
 
 /// `lading admin cleanup`, on the store and its folders.
+/// `lading admin fixity run|repair`, on this host's inventory and nodes.
+pub(crate) async fn fixity(
+    ingest: &Ingest,
+    action: FixityAction,
+    node: Option<u32>,
+    ark: Option<&str>,
+) -> anyhow::Result<()> {
+    let audit = match action {
+        FixityAction::Run => lading_ingest::fixity::check(ingest, node, ark, None).await,
+        FixityAction::Repair => lading_ingest::fixity::repair(ingest, node, ark).await,
+    }
+    .map_err(anyhow::Error::msg)?;
+    for f in &audit.findings {
+        println!("{f}");
+    }
+    let left = audit
+        .findings
+        .iter()
+        .filter(|f| !f.status.starts_with("repaired"))
+        .count();
+    println!(
+        "{} copies checked ({} bytes read): {} bad or missing{}",
+        audit.checked,
+        audit.bytes,
+        audit.findings.len(),
+        match action {
+            FixityAction::Run => String::new(),
+            FixityAction::Repair => format!(", {} repaired", audit.findings.len() - left),
+        }
+    );
+    if left > 0 {
+        std::io::Write::flush(&mut std::io::stdout())?;
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
 pub(crate) async fn cleanup(ingest: &Ingest, older_than_hours: u64) -> anyhow::Result<()> {
     let c = lading_ingest::cleanup::cleanup(
         ingest,

@@ -353,6 +353,9 @@ async fn run_on(cli: Cli, cfg: lading_ingest::Config, store: &str) -> anyhow::Re
                 Command::Admin {
                     action: Admin::Cleanup { older_than_hours },
                 } => admin::cleanup(&ingest, older_than_hours).await,
+                Command::Admin {
+                    action: Admin::Fixity { action, node, ark },
+                } => admin::fixity(&ingest, action, node, ark.as_deref()).await,
                 cmd => console(&Local(ingest.clone()), cmd).await,
             };
             ingest.engine.tree().close().await?;

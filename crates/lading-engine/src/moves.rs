@@ -476,7 +476,8 @@ impl Engine {
     }
 
     /// Writes one of a leased job's JSON data nodes: `identifiers`, `metadata`, `inventory`,
-    /// `store` or `configuration`.
+    /// `store`, `configuration`, or Lading's interim `store-progress` (a store on a bucket
+    /// node, resumed from it).
     pub async fn set_job_data(&self, lease: &JobLease, name: &str, value: &Value) -> Result<()> {
         if ![
             "identifiers",
@@ -484,6 +485,7 @@ impl Engine {
             "inventory",
             "store",
             "configuration",
+            "store-progress",
         ]
         .contains(&name)
         {

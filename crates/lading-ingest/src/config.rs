@@ -22,6 +22,8 @@ pub enum ConfigError {
     BadProfileName(String),
     #[error("environment variable {name}: {error}")]
     Env { name: String, error: String },
+    #[error("{0}")]
+    UnknownNode(String),
 }
 
 /// Per-stage settings in the config file (`[stages.downloading]`, …).
@@ -118,6 +120,31 @@ pub struct Config {
     /// `umask`): `"077"` (the default) keeps them to the service's own user; `"027"` lets
     /// its group read them.
     pub storage_umask: String,
+    /// Numbered storage nodes (`[[storage_nodes]]`): S3-compatible buckets or folders. A
+    /// profile names its nodes (`storage_nodes = [9501, 9502]`, primary first); a profile
+    /// naming none stores under `storage_root` as before.
+    pub storage_nodes: Vec<crate::nodes::NodeSettings>,
+    /// The scheduled fixity audit (`[fixity]`).
+    pub fixity: FixitySettings,
+}
+
+/// The scheduled fixity audit: every stored copy read back and compared with the inventory.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct FixitySettings {
+    /// Each copy is checked again after this many days; 0 turns the schedule off.
+    pub every_days: u64,
+    /// The audit reads at most this many bytes per second (0: unbounded).
+    pub bytes_per_s: u64,
+}
+
+impl Default for FixitySettings {
+    fn default() -> Self {
+        FixitySettings {
+            every_days: 90,
+            bytes_per_s: 50 << 20,
+        }
+    }
 }
 
 /// Bounds on what a depositor sends (`[payload]` in the config), each with a safe default.
@@ -238,6 +265,8 @@ impl Default for Config {
             estimate_concurrency: 8,
             file_attempts: 3,
             smtp_host: None,
+            storage_nodes: Vec::new(),
+            fixity: FixitySettings::default(),
             smtp_port: 25,
             mail_from: "lading@localhost".into(),
             retention_hours: 24 * 30,
@@ -447,6 +476,10 @@ pub struct Profile {
     pub shoulder: Option<String>,
     /// Storage root for this profile's objects, instead of the service's.
     pub storage_root: Option<PathBuf>,
+    /// The numbered storage nodes (`[[storage_nodes]]` of the service config) its objects
+    /// go to: the first is the primary, the others get replicas. Empty: `storage_root`.
+    #[serde(default)]
+    pub storage_nodes: Vec<u32>,
     /// Attempts per stage, overriding the service's (`downloading = 3`).
     #[serde(default)]
     pub max_attempts: BTreeMap<String, u32>,

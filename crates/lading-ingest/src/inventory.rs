@@ -18,6 +18,9 @@ CREATE TABLE IF NOT EXISTS versions(ark TEXT NOT NULL REFERENCES objects(ark), v
 CREATE TABLE IF NOT EXISTS files(ark TEXT NOT NULL, version INTEGER NOT NULL, path TEXT NOT NULL,
   size BIGINT NOT NULL, sha256 TEXT NOT NULL, PRIMARY KEY(ark, version, path),
   FOREIGN KEY(ark, version) REFERENCES versions(ark, version));
+CREATE TABLE IF NOT EXISTS copies(ark TEXT NOT NULL, version INTEGER NOT NULL, path TEXT NOT NULL,
+  node BIGINT NOT NULL, status TEXT NOT NULL, checked TEXT, found TEXT,
+  PRIMARY KEY(ark, version, path, node));
 ";
 
 /// Taken while PostgreSQL's tables are made, so hosts starting together do not race on
@@ -205,7 +208,48 @@ impl Inventory {
         v: &StoredVersion,
         producer: Option<&[ObjectFile]>,
     ) -> Result<Recorded, InventoryError> {
-        let files = match producer {
+        let files = self.stored_files(v, producer)?;
+        self.record_files(v, &files)
+    }
+
+    /// Records a stored version with its files as listed (a version on a bucket node, whose
+    /// record lists them), and each file's copy on the version's node as checked now.
+    pub fn record_files(
+        &self,
+        v: &StoredVersion,
+        files: &[ObjectFile],
+    ) -> Result<Recorded, InventoryError> {
+        let now = lading_core::time::format_ts(self.clock.now_ms());
+        let r = self.with(|c, shown| match c {
+            Conn::Sqlite(c) => record_sqlite(c, v, files, &now),
+            Conn::Postgres(c) => {
+                record_postgres(c, v, files, &now).map_err(|error| InventoryError::Postgres {
+                    at: shown.to_string(),
+                    error,
+                })
+            }
+        })?;
+        let rows: Vec<CopyRow> = files
+            .iter()
+            .map(|f| CopyRow {
+                ark: v.ark.clone(),
+                version: v.version,
+                path: f.path.clone(),
+                node: v.node.unwrap_or(0),
+                status: "ok".into(),
+                found: Some(f.sha256.clone()),
+            })
+            .collect();
+        self.set_copies(&rows)?;
+        Ok(r)
+    }
+
+    fn stored_files(
+        &self,
+        v: &StoredVersion,
+        producer: Option<&[ObjectFile]>,
+    ) -> Result<Vec<ObjectFile>, InventoryError> {
+        Ok(match producer {
             None => list_files(Path::new(&v.path))?,
             Some(known) => {
                 let root = Path::new(&v.path);
@@ -239,16 +283,116 @@ impl Inventory {
                 all.sort_by(|a, b| a.path.cmp(&b.path));
                 all
             }
-        };
+        })
+    }
+
+    /// Records how copies were found (stored, replicated, checked, repaired), now.
+    pub fn set_copies(&self, rows: &[CopyRow]) -> Result<(), InventoryError> {
         let now = lading_core::time::format_ts(self.clock.now_ms());
+        const Q: &str = "INSERT INTO copies(ark, version, path, node, status, checked, found)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)
+             ON CONFLICT(ark, version, path, node) DO UPDATE SET status = excluded.status,
+               checked = excluded.checked, found = excluded.found";
         self.with(|c, shown| match c {
-            Conn::Sqlite(c) => record_sqlite(c, v, &files, &now),
-            Conn::Postgres(c) => {
-                record_postgres(c, v, &files, &now).map_err(|error| InventoryError::Postgres {
+            Conn::Sqlite(c) => {
+                let tx = c.transaction()?;
+                {
+                    let mut st = tx.prepare(&sqlite_params(Q))?;
+                    for r in rows {
+                        st.execute(params![
+                            r.ark,
+                            r.version,
+                            r.path,
+                            r.node as i64,
+                            r.status,
+                            now,
+                            r.found
+                        ])?;
+                    }
+                }
+                tx.commit()?;
+                Ok(())
+            }
+            Conn::Postgres(c) => (|| {
+                let mut tx = c.transaction()?;
+                let st = tx.prepare(Q)?;
+                for r in rows {
+                    tx.execute(
+                        &st,
+                        &[
+                            &r.ark,
+                            &(r.version as i32),
+                            &r.path,
+                            &(r.node as i64),
+                            &r.status,
+                            &now,
+                            &r.found,
+                        ],
+                    )?;
+                }
+                tx.commit()
+            })()
+            .map_err(|error| InventoryError::Postgres {
+                at: shown.to_string(),
+                error,
+            }),
+        })
+    }
+
+    /// Every recorded copy (of `node`, of `ark`, when given) with what the file should be.
+    pub fn copies(
+        &self,
+        node: Option<u32>,
+        ark: Option<&str>,
+    ) -> Result<Vec<CopyCheck>, InventoryError> {
+        const Q: &str = "SELECT c.ark, c.version, c.path, c.node, c.status, c.checked, f.size, f.sha256, v.path
+             FROM copies c JOIN files f ON f.ark = c.ark AND f.version = c.version AND f.path = c.path
+             JOIN versions v ON v.ark = c.ark AND v.version = c.version
+             WHERE ($1 < 0 OR c.node = $1) AND ($2 = '' OR c.ark = $2)
+             ORDER BY c.ark, c.version, c.path, c.node";
+        let n = node.map_or(-1i64, i64::from);
+        let a = ark.unwrap_or("").to_string();
+        self.with(|c, shown| match c {
+            Conn::Sqlite(c) => {
+                let mut st = c.prepare(&sqlite_params(Q))?;
+                let rows = st
+                    .query_map(params![n, a], |r| {
+                        Ok(CopyCheck {
+                            ark: r.get(0)?,
+                            version: r.get(1)?,
+                            path: r.get(2)?,
+                            node: r.get::<_, i64>(3)? as u32,
+                            status: r.get(4)?,
+                            checked: r.get(5)?,
+                            size: r.get::<_, i64>(6)? as u64,
+                            sha256: r.get(7)?,
+                            version_path: r.get(8)?,
+                        })
+                    })?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            }
+            Conn::Postgres(c) => c
+                .query(Q, &[&n, &a])
+                .map(|rows| {
+                    rows.iter()
+                        .map(|r| CopyCheck {
+                            ark: r.get(0),
+                            version: r.get::<_, i32>(1) as u32,
+                            path: r.get(2),
+                            node: r.get::<_, i64>(3) as u32,
+                            status: r.get(4),
+                            checked: r.get(5),
+                            size: r.get::<_, i64>(6) as u64,
+                            sha256: r.get(7),
+                            version_path: r.get(8),
+                        })
+                        .collect()
+                })
+                .map_err(|error| InventoryError::Postgres {
                     at: shown.to_string(),
                     error,
-                })
-            }
+                }),
         })
     }
 
@@ -349,6 +493,44 @@ impl Inventory {
                 }),
         })
     }
+}
+
+/// How one file's copy on one node was found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CopyRow {
+    pub ark: String,
+    pub version: u32,
+    pub path: String,
+    /// The storage node (0: the storage root of a profile without nodes).
+    pub node: u32,
+    /// `ok`, `bad` (other bytes), `missing`.
+    pub status: String,
+    /// The SHA-256 found, when the file was read.
+    pub found: Option<String>,
+}
+
+/// A recorded copy with what it should hold.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CopyCheck {
+    pub ark: String,
+    pub version: u32,
+    pub path: String,
+    pub node: u32,
+    pub status: String,
+    pub checked: Option<String>,
+    pub size: u64,
+    pub sha256: String,
+    /// The version's recorded location (a folder, or a node's `s3://` prefix).
+    pub version_path: String,
+}
+
+/// PostgreSQL's `$N` placeholders as SQLite's `?N`.
+fn sqlite_params(q: &str) -> String {
+    let mut out = q.to_string();
+    for i in (1..=9).rev() {
+        out = out.replace(&format!("${i}"), &format!("?{i}"));
+    }
+    out
 }
 
 /// A stored version's files as the inventory has them, for one job.
@@ -543,6 +725,7 @@ mod tests {
             job: format!("jid000000000{n}"),
             batch: format!("bid000000000{n}"),
             collection: Some("demo".into()),
+            node: None,
         }
     }
 

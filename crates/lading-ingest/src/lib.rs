@@ -12,11 +12,14 @@ pub mod cleanup;
 pub mod config;
 pub mod fair;
 pub mod fetch;
+pub mod fixity;
 pub mod intake;
 pub mod inventory;
+pub mod nodes;
 pub mod outbox;
 pub mod policy;
 pub mod quota;
+pub mod replicate;
 pub mod report;
 pub mod stages;
 mod unpack;
@@ -43,6 +46,8 @@ pub struct Ingest {
     pub stats: Arc<lading_worker::Stats>,
     /// This process's download slots per submitter (see [`fair`]).
     pub slots: fair::Slots,
+    /// The configured storage nodes, opened.
+    pub nodes: nodes::Nodes,
     /// Profiles read so far, with the modification time of their file: every stage of every
     /// job asks for its profile, and a `stat` is much cheaper than reading and parsing.
     profiles: Mutex<HashMap<String, (Option<SystemTime>, Profile)>>,
@@ -54,10 +59,39 @@ impl Ingest {
         Ingest::try_new(engine, cfg).expect("valid [payload] settings")
     }
 
-    /// The stages' shared state; an invalid `[payload] allow` entry or a missing
-    /// `allow_file_roots` folder is named.
+    /// The stages' shared state; an invalid `[payload] allow` entry, a missing
+    /// `allow_file_roots` folder, a storage node that cannot be opened (or its credentials
+    /// are not set), and a profile naming a storage node the config lacks are named.
     pub fn try_new(engine: Arc<Engine>, cfg: Config) -> Result<Arc<Ingest>, String> {
+        Ingest::try_new_env(engine, cfg, |k| std::env::var(k).ok())
+    }
+
+    /// [`Ingest::try_new`], with storage nodes' credentials read from `env`.
+    pub fn try_new_env(
+        engine: Arc<Engine>,
+        cfg: Config,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Arc<Ingest>, String> {
         let fetcher = Fetcher::with_settings(&cfg.payload)?;
+        let nodes = nodes::Nodes::open(&cfg.storage_nodes, env)?;
+        // Every profile's nodes exist (profiles that cannot be read are named when used).
+        if let Ok(rd) = std::fs::read_dir(cfg.profiles_dir()) {
+            let mut names: Vec<String> = rd
+                .filter_map(|e| e.ok())
+                .filter_map(|e| {
+                    e.file_name()
+                        .to_str()
+                        .and_then(|n| n.strip_suffix(".toml"))
+                        .map(str::to_string)
+                })
+                .collect();
+            names.sort();
+            for name in names {
+                if let Ok(p) = cfg.profile(&name) {
+                    nodes.of_profile(&p)?;
+                }
+            }
+        }
         let inventory =
             inventory::Inventory::new(cfg.inventory()).with_clock(engine.clock().clone());
         Ok(Arc::new(Ingest {
@@ -67,6 +101,7 @@ impl Ingest {
             fetcher,
             stats: Arc::new(lading_worker::Stats::default()),
             slots: fair::Slots::default(),
+            nodes,
             profiles: Mutex::new(HashMap::new()),
         }))
     }
@@ -86,6 +121,9 @@ impl Ingest {
             return Ok(p.clone());
         }
         let p = self.cfg.profile(name)?;
+        self.nodes
+            .of_profile(&p)
+            .map_err(config::ConfigError::UnknownNode)?;
         self.profiles
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -15,7 +15,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The effect kinds this deliverer knows.
-pub const KINDS: &[&str] = &["mail", "callback"];
+pub const KINDS: &[&str] = &["mail", "callback", "replicate"];
+
+/// How long one replica copy may take before it is tried again.
+const REPLICATE_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// How a delivery went.
 enum Failure {
@@ -73,11 +76,16 @@ pub async fn run(ingest: Arc<Ingest>, stop: impl std::future::Future<Output = ()
 async fn deliver(ingest: &Ingest, claim: OutboxClaim) {
     let cfg = ingest.cfg.outbox();
     let e = &claim.entry.effect;
-    let r = match tokio::time::timeout(cfg.timeout, send(ingest, e)).await {
+    let limit = if e.kind == "replicate" {
+        REPLICATE_TIMEOUT
+    } else {
+        cfg.timeout
+    };
+    let r = match tokio::time::timeout(limit, send(ingest, e)).await {
         Ok(r) => r,
         Err(_) => Err(Failure::Retry(format!(
             "timed out after {} s",
-            cfg.timeout.as_secs()
+            limit.as_secs()
         ))),
     };
     let (kind, key, attempts) = (e.kind.clone(), e.key.clone(), claim.entry.attempts + 1);
@@ -159,6 +167,19 @@ async fn send(ingest: &Ingest, e: &Effect) -> Result<(), Failure> {
                     r.status()
                 )))
             }
+        }
+        "replicate" => {
+            let n = |k: &str| p.get(k).and_then(Value::as_u64).unwrap_or(0) as u32;
+            crate::replicate::copy_version(ingest, s("ark"), n("version"), n("from"), n("to"))
+                .await
+                .map(|_| ())
+                .map_err(|e| {
+                    if e.fatal {
+                        Failure::Never(e.what)
+                    } else {
+                        Failure::Retry(e.what)
+                    }
+                })
         }
         other => Err(Failure::Never(format!("unknown effect kind {other:?}"))),
     }

@@ -21,12 +21,15 @@ mod fsops;
 mod process;
 mod space;
 mod store;
+mod store_node;
 use download::*;
 use finish::*;
 pub use fsops::*;
 use process::*;
 use space::*;
 pub use store::*;
+use store_node::store_on_bucket;
+pub use store_node::{NodeVersion, read_node_version};
 
 /// The object's files inside the working directory.
 pub const PRODUCER: &str = "producer";
@@ -337,6 +340,7 @@ async fn job_record<T: serde::de::DeserializeOwned>(
 ) -> Result<Option<T>, Outcome> {
     match job_json(job, name).await? {
         None => Ok(None),
+        Some(v) if v.is_null() => Ok(None),
         Some(v) => serde_json::from_value(v).map(Some).map_err(|e| {
             let path = lading_core::layout::job_node(job.job(), name);
             Outcome::fatal(format!("{path} is corrupt: {e}"))

@@ -1,6 +1,7 @@
 //! Test fixtures shared by the test suites, used only as a dev-dependency: real ZooKeeper
 //! servers and ensembles on free loopback ports, with relays that can cut a session off
-//! (`zk`), private PostgreSQL servers (`pg`), an SMTP receiver (`smtp`), and the one way the suites wait where no signal
+//! (`zk`), private PostgreSQL servers (`pg`), SeaweedFS S3 servers (`seaweed`), an SMTP receiver
+//! (`smtp`), and the one way the suites wait where no signal
 //! reaches them (`poll`).
 
 /// The states a job that completes goes through, in order, as its history names them:
@@ -37,5 +38,6 @@ pub fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 pub mod events;
 pub mod pg;
 pub mod poll;
+pub mod seaweed;
 pub mod smtp;
 pub mod zk;

@@ -19,10 +19,36 @@ pub(crate) async fn record(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Out
     let producer: Option<Vec<ObjectFile>> = job_record::<Produced>(job, "inventory")
         .await?
         .and_then(|p| p.files);
+    // A version on a bucket node lists its files in its record there.
+    let listed = match stored.node.and_then(|id| ingest.nodes.get(id)) {
+        Some(n) if matches!(n.place, crate::nodes::Place::Bucket { .. }) => {
+            let r = read_node_version(n, &stored.ark, stored.version).await;
+            match r {
+                Ok(Some(r)) => Some(r.files),
+                Ok(None) => {
+                    let _ = job.engine.unlock_ark(lock).await;
+                    return Err(Outcome::fatal(format!(
+                        "{}: the record of {} v{} is missing",
+                        n.name(),
+                        stored.ark,
+                        stored.version
+                    )));
+                }
+                Err(e) => {
+                    let _ = job.engine.unlock_ark(lock).await;
+                    return Err(Outcome::Transient(e.what));
+                }
+            }
+        }
+        _ => None,
+    };
     let s = stored.clone();
     let r = ingest
         .inventory
-        .run(move |i| i.record(&s, producer.as_deref()))
+        .run(move |i| match listed {
+            Some(files) => i.record_files(&s, &files),
+            None => i.record(&s, producer.as_deref()),
+        })
         .await;
     let _ = job.engine.unlock_ark(lock).await;
     let added = r.map_err(|e| Outcome::Transient(format!("inventory: {e}")))?;

@@ -14,6 +14,9 @@ pub struct StoredVersion {
     /// The collection of the profile that stored it: the object's owner.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub collection: Option<String>,
+    /// The storage node holding the primary copy (none: the storage root).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<u32>,
 }
 
 pub(crate) const VERSION_FILE: &str = "lading-version.json";
@@ -68,12 +71,42 @@ pub(crate) async fn store(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outc
         .storage_root
         .clone()
         .unwrap_or_else(|| ingest.cfg.storage_root());
+    let nodes = ingest.nodes.of_profile(&profile).map_err(Outcome::fatal)?;
     let lock = job.engine.lock_storage(&ark).await.map_err(lock_wait)?;
     let umask = ingest.cfg.storage_umask_bits().map_err(Outcome::fatal)?;
-    let r = store_locked(job, &root, &ark, &profile.collection, umask).await;
+    let r = match nodes.first().map(|n| (n, &n.place)) {
+        None => store_locked(job, &root, &ark, &profile.collection, umask).await,
+        Some((n, crate::nodes::Place::Folder(root))) => {
+            store_locked(job, root, &ark, &profile.collection, umask)
+                .await
+                .map(|s| StoredVersion {
+                    node: Some(n.id),
+                    ..s
+                })
+        }
+        Some((n, crate::nodes::Place::Bucket { .. })) => {
+            store_on_bucket(job, n, &ark, &profile.collection).await
+        }
+    };
     let _ = job.engine.unlock_ark(lock).await;
     let stored = r?;
     job.log(&format!("stored {} as version {}", ark, stored.version));
+    // Copies to the replicas follow through the outbox, each its own retried delivery
+    // with a key naming the version and the node.
+    for replica in nodes.iter().skip(1) {
+        let key = format!("replicate:{ark}|{}|{}", stored.version, replica.id);
+        job.add_effect(lading_engine::Effect {
+            kind: "replicate".into(),
+            key,
+            batch: Some(job.info.bid.clone()),
+            job: Some(job.job().to_string()),
+            payload: json!({
+                "ark": ark, "version": stored.version,
+                "from": nodes[0].id, "to": replica.id,
+            }),
+        })
+        .await;
+    }
     // Merritt's fields beside Lading's: the store record names the manifest it was given and
     // how (`add` for a new object, `update` for a new version); the inventory record names
     // the stored version's manifest, which the recording stage reads.
@@ -89,9 +122,11 @@ pub(crate) async fn store(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outc
         .await?
         .filter(Value::is_object)
         .unwrap_or_else(|| json!({}));
-    inventory["manifest_url"] = json!(file_url(
-        Path::new(&stored.path).join(SYSTEM).join("manifest.checkm")
-    ));
+    inventory["manifest_url"] = json!(if stored.path.starts_with("s3://") {
+        format!("{}{SYSTEM}/manifest.checkm", stored.path)
+    } else {
+        file_url(Path::new(&stored.path).join(SYSTEM).join("manifest.checkm"))
+    });
     inventory["mode"] = json!(mode);
     job.set_data("inventory", &inventory)
         .await
@@ -183,6 +218,7 @@ pub(crate) async fn store_locked(
             job: jid,
             batch: bid,
             collection: Some(collection),
+            node: None,
         };
         let vf = tmp.join(VERSION_FILE);
         write_atomic(&vf, &serde_json::to_vec_pretty(&stored).unwrap_or_default())

@@ -1,0 +1,207 @@
+//! The fixity checker (APTrust's worker of that name, SPEC §8): every recorded copy of every
+//! stored file is read back from its node and compared with the inventory's size and
+//! SHA-256; the outcome and time are recorded per file and node (`copies`), and `repair`
+//! copies a verified good copy from another node over a bad or missing one.
+
+use crate::Ingest;
+use crate::inventory::{CopyCheck, CopyRow};
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+/// Bad or missing copies found by audits in this process, by node (for `/metrics`).
+static FAILURES: Mutex<BTreeMap<u32, u64>> = Mutex::new(BTreeMap::new());
+
+/// `lading_fixity_failures_total` by node, as counted in this process.
+pub fn failures_by_node() -> BTreeMap<u32, u64> {
+    FAILURES.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// One copy that is not what the inventory says.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Finding {
+    pub node: u32,
+    pub ark: String,
+    pub version: u32,
+    pub path: String,
+    pub expected: String,
+    /// The SHA-256 read, or none for a missing copy.
+    pub found: Option<String>,
+    /// `bad` or `missing`; after a repair, `repaired` or `unrepaired: WHY`.
+    pub status: String,
+}
+
+impl std::fmt::Display for Finding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: node {} {} v{} {}: expected sha256 {}, found {}",
+            self.status,
+            self.node,
+            self.ark,
+            self.version,
+            self.path,
+            self.expected,
+            self.found.as_deref().unwrap_or("nothing (missing)")
+        )
+    }
+}
+
+/// What a check run did.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct Audit {
+    pub checked: usize,
+    pub bytes: u64,
+    pub findings: Vec<Finding>,
+}
+
+/// Reads one copy back: Ok(None) when the node lacks it.
+async fn read_copy(
+    ingest: &Ingest,
+    c: &CopyCheck,
+    pace: Option<u64>,
+) -> Result<Option<crate::nodes::Copy>, String> {
+    if c.node == 0 {
+        // The storage root of a profile without nodes: the version's recorded folder.
+        let p = std::path::Path::new(&c.version_path).join(&c.path);
+        return match tokio::task::spawn_blocking(move || crate::fetch::file_sha256(&p)).await {
+            Ok(Ok((size, sha256))) => Ok(Some(crate::nodes::Copy { size, sha256 })),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Ok(Err(e)) => Err(format!("storage root: {e}")),
+            Err(e) => Err(e.to_string()),
+        };
+    }
+    let n = ingest
+        .nodes
+        .get(c.node)
+        .ok_or_else(|| format!("storage node {} is not configured here", c.node))?;
+    n.digest(&c.ark, c.version, &c.path, pace)
+        .await
+        .map_err(|e| e.what)
+}
+
+/// Checks every recorded copy (of `node`, of `ark`), recording each outcome. A node that
+/// cannot be read is an error (nothing is recorded as bad for it).
+pub async fn check(
+    ingest: &Ingest,
+    node: Option<u32>,
+    ark: Option<&str>,
+    pace: Option<u64>,
+) -> Result<Audit, String> {
+    let a = ark.map(str::to_string);
+    let copies = ingest
+        .inventory
+        .run(move |i| i.copies(node, a.as_deref()))
+        .await
+        .map_err(|e| format!("inventory: {e}"))?;
+    let mut audit = Audit::default();
+    let mut rows = Vec::new();
+    for c in copies {
+        let got = read_copy(ingest, &c, pace).await?;
+        audit.checked += 1;
+        let (status, found) = match got {
+            None => ("missing", None),
+            Some(g) if g.size == c.size && g.sha256 == c.sha256 => {
+                audit.bytes += g.size;
+                ("ok", Some(g.sha256))
+            }
+            Some(g) => {
+                audit.bytes += g.size;
+                ("bad", Some(g.sha256))
+            }
+        };
+        if status != "ok" {
+            *FAILURES
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(c.node)
+                .or_default() += 1;
+            audit.findings.push(Finding {
+                node: c.node,
+                ark: c.ark.clone(),
+                version: c.version,
+                path: c.path.clone(),
+                expected: c.sha256.clone(),
+                found: found.clone(),
+                status: status.into(),
+            });
+        }
+        rows.push(CopyRow {
+            ark: c.ark,
+            version: c.version,
+            path: c.path,
+            node: c.node,
+            status: status.into(),
+            found,
+        });
+    }
+    ingest
+        .inventory
+        .run(move |i| i.set_copies(&rows))
+        .await
+        .map_err(|e| format!("inventory: {e}"))?;
+    Ok(audit)
+}
+
+/// Checks as [`check`] does, then replaces each bad or missing copy with one read from
+/// another node whose copy reads right now, and checks it again. The findings say what
+/// became of each copy (`repaired`, or `unrepaired: WHY`).
+pub async fn repair(
+    ingest: &Ingest,
+    node: Option<u32>,
+    ark: Option<&str>,
+) -> Result<Audit, String> {
+    let mut audit = check(ingest, node, ark, None).await?;
+    for f in &mut audit.findings {
+        let a = f.ark.clone();
+        let all = ingest
+            .inventory
+            .run(move |i| i.copies(None, Some(&a)))
+            .await
+            .map_err(|e| format!("inventory: {e}"))?;
+        let target = ingest.nodes.get(f.node).cloned();
+        let mut outcome = "unrepaired: no other node holds a good copy".to_string();
+        for other in all.iter().filter(|c| {
+            c.node != f.node && c.version == f.version && c.path == f.path && c.node != 0
+        }) {
+            let Some(good) = read_copy(ingest, other, None).await.ok().flatten() else {
+                continue;
+            };
+            if good.sha256 != f.expected || good.size != other.size {
+                continue;
+            }
+            let (Some(src), Some(dst)) = (ingest.nodes.get(other.node), target.as_ref()) else {
+                outcome = format!("unrepaired: node {} is not a configured node", f.node);
+                break;
+            };
+            match crate::replicate::repair_file(ingest, src, dst, &f.ark, f.version, &f.path).await
+            {
+                Ok(Some(c)) if c.sha256 == f.expected => {
+                    outcome = format!("repaired from node {}", other.node);
+                    let row = CopyRow {
+                        ark: f.ark.clone(),
+                        version: f.version,
+                        path: f.path.clone(),
+                        node: f.node,
+                        status: "ok".into(),
+                        found: Some(c.sha256),
+                    };
+                    ingest
+                        .inventory
+                        .run(move |i| i.set_copies(&[row]))
+                        .await
+                        .map_err(|e| format!("inventory: {e}"))?;
+                }
+                Ok(other) => {
+                    outcome = format!(
+                        "unrepaired: the copy written reads {}",
+                        other.map_or("nothing".into(), |c| c.sha256)
+                    )
+                }
+                Err(e) => outcome = format!("unrepaired: {}", e.what),
+            }
+            break;
+        }
+        f.status = outcome;
+    }
+    Ok(audit)
+}

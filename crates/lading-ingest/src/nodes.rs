@@ -1,0 +1,839 @@
+//! Storage nodes (SPEC §8): numbered places a stored version goes, as Merritt's storage
+//! service numbers its cloud nodes. A node is an S3-compatible bucket (through the
+//! `object_store` crate, Apache Arrow's) or a folder on this machine.
+//!
+//! On a bucket, each file of version V of ARK is the key `ARK|V|producer/PATH` (Merritt's
+//! shape) and Lading's version record is `ARK|V|system/lading-version.json`, written last: a
+//! version without it is not stored yet. On a folder, a version keeps the storage root's
+//! layout (`ARK_NAME/vV/producer/PATH`, the record at `ARK_NAME/vV/lading-version.json`).
+//!
+//! Writes never overwrite: a key is created only when absent (`If-None-Match: *` on a single
+//! PUT; a `HEAD` right before completing a multipart upload, which `object_store` completes
+//! without a condition). A key that already holds bytes is read back and accepted only when
+//! they are the same. Only [`Node::replace`] (fixity repair) writes over a bad copy.
+//!
+//! Secrets are read from the environment when a node is opened and kept only inside the
+//! client: [`NodeSettings`] holds the names of the variables, never their values.
+
+use futures_util::StreamExt;
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::multipart::MultipartStore;
+use object_store::path::Path as Key;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use serde::Deserialize;
+use sha2::Digest;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One `[[storage_nodes]]` entry.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct NodeSettings {
+    /// Merritt's node number, e.g. 9501.
+    pub id: u32,
+    /// `s3://BUCKET[/PREFIX]` or `file:///FOLDER`.
+    pub url: String,
+    /// An S3-compatible server (`http://127.0.0.1:8333`); absent: AWS itself.
+    pub endpoint: Option<String>,
+    pub region: Option<String>,
+    /// The variable holding the access key id (default `AWS_ACCESS_KEY_ID`).
+    pub access_key_id_env: Option<String>,
+    /// The variable holding the secret key (default `AWS_SECRET_ACCESS_KEY`).
+    pub secret_access_key_env: Option<String>,
+    /// Files above this go up in parts of this size (default 64 MiB, at least 5 MiB).
+    pub part_size: Option<u64>,
+}
+
+/// A node's part size when none is configured.
+pub const DEFAULT_PART_SIZE: u64 = 64 << 20;
+/// S3's smallest part (but the last).
+const MIN_PART_SIZE: u64 = 5 << 20;
+
+/// Where a node keeps its copies.
+#[derive(Debug)]
+pub enum Place {
+    Folder(PathBuf),
+    Bucket {
+        bucket: String,
+        /// Ends with `/` when not empty.
+        prefix: String,
+        store: Arc<AmazonS3>,
+    },
+}
+
+/// An open storage node.
+#[derive(Debug)]
+pub struct Node {
+    pub id: u32,
+    pub place: Place,
+    pub part_size: u64,
+}
+
+/// A node's failure, named by node (and bucket): `fatal` when no retry can help (wrong
+/// credentials, a missing bucket, access denied).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{what}")]
+pub struct NodeError {
+    pub what: String,
+    pub fatal: bool,
+}
+
+/// A copy as a node holds it: size and SHA-256 (hex).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Copy {
+    pub size: u64,
+    pub sha256: String,
+}
+
+/// What a HEAD shows of a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Meta {
+    pub size: u64,
+    pub etag: Option<String>,
+    pub modified_ms: i64,
+}
+
+/// What [`Node::put_new`] is told of a multipart upload's id, to record it.
+pub type UploadNote<'a> = futures_util::future::BoxFuture<'a, Result<(), String>>;
+
+/// A node's version record key's path inside the version.
+pub const VERSION_RECORD: &str = "system/lading-version.json";
+
+impl Node {
+    /// Opens a node from its settings, reading its credentials from `env` (only for a
+    /// bucket). Names the node and what is wrong.
+    pub fn open(s: &NodeSettings, env: impl Fn(&str) -> Option<String>) -> Result<Node, String> {
+        let named = |m: String| format!("storage node {}: {m}", s.id);
+        let part_size = s.part_size.unwrap_or(DEFAULT_PART_SIZE);
+        if part_size < MIN_PART_SIZE {
+            return Err(named(format!(
+                "part_size {part_size} is below S3's smallest part ({MIN_PART_SIZE} bytes)"
+            )));
+        }
+        let url = url::Url::parse(&s.url)
+            .map_err(|e| named(format!("url {:?} is not a URL: {e}", s.url)))?;
+        let place = match url.scheme() {
+            "file" => {
+                let p = url
+                    .to_file_path()
+                    .map_err(|_| named(format!("url {:?} is not a folder path", s.url)))?;
+                Place::Folder(p)
+            }
+            "s3" => {
+                let bucket = url.host_str().unwrap_or_default().to_string();
+                if bucket.len() < 3 {
+                    return Err(named(format!("url {:?} names no bucket", s.url)));
+                }
+                let prefix = url.path().trim_matches('/');
+                let prefix = if prefix.is_empty() {
+                    String::new()
+                } else {
+                    format!("{prefix}/")
+                };
+                let var = |given: &Option<String>, default: &str| {
+                    let name = given.clone().unwrap_or_else(|| default.to_string());
+                    env(&name)
+                        .filter(|v| !v.is_empty())
+                        .ok_or_else(|| named(format!("the credential variable {name} is not set")))
+                };
+                let key_id = var(&s.access_key_id_env, "AWS_ACCESS_KEY_ID")?;
+                let secret = var(&s.secret_access_key_env, "AWS_SECRET_ACCESS_KEY")?;
+                let mut b = AmazonS3Builder::new()
+                    .with_bucket_name(&bucket)
+                    .with_region(s.region.clone().unwrap_or_else(|| "us-east-1".into()))
+                    .with_access_key_id(key_id)
+                    .with_secret_access_key(secret)
+                    .with_checksum_algorithm(object_store::aws::Checksum::SHA256)
+                    // The stage retries with its own backoff; the client tries briefly.
+                    .with_retry(object_store::RetryConfig {
+                        max_retries: 2,
+                        retry_timeout: Duration::from_secs(20),
+                        ..Default::default()
+                    })
+                    .with_client_options(
+                        object_store::ClientOptions::new()
+                            .with_connect_timeout(Duration::from_secs(5))
+                            .with_timeout(Duration::from_secs(600)),
+                    );
+                if let Some(ep) = &s.endpoint {
+                    b = b
+                        .with_endpoint(ep)
+                        .with_allow_http(ep.starts_with("http://"))
+                        .with_virtual_hosted_style_request(false);
+                }
+                let store = b.build().map_err(|e| named(e.to_string()))?;
+                Place::Bucket {
+                    bucket,
+                    prefix,
+                    store: Arc::new(store),
+                }
+            }
+            other => {
+                return Err(named(format!(
+                    "url scheme {other:?} is not s3:// or file://"
+                )));
+            }
+        };
+        Ok(Node {
+            id: s.id,
+            place,
+            part_size,
+        })
+    }
+
+    /// The node as logs and errors name it: its number and bucket or folder.
+    pub fn name(&self) -> String {
+        match &self.place {
+            Place::Folder(p) => format!("storage node {} (folder {})", self.id, p.display()),
+            Place::Bucket { bucket, .. } => format!("storage node {} (bucket {bucket})", self.id),
+        }
+    }
+
+    /// Where version `version` of `ark` is, as the store record names it.
+    pub fn version_url(&self, ark: &str, version: u32) -> String {
+        match &self.place {
+            Place::Folder(root) => self
+                .folder_path(root, ark, version, "")
+                .display()
+                .to_string(),
+            Place::Bucket { bucket, prefix, .. } => {
+                format!("s3://{bucket}/{prefix}{ark}|{version}|")
+            }
+        }
+    }
+
+    fn folder_path(&self, root: &Path, ark: &str, version: u32, rel: &str) -> PathBuf {
+        let d = root
+            .join(lading_core::layout::ark_node_name(ark))
+            .join(format!("v{version}"));
+        match rel {
+            "" => d,
+            VERSION_RECORD => d.join(crate::stages::VERSION_FILE),
+            r => d.join(r),
+        }
+    }
+
+    /// The key of `rel` (`producer/…`, `system/…`) of version `version` of `ark`.
+    pub fn key(&self, ark: &str, version: u32, rel: &str) -> Result<Key, NodeError> {
+        let prefix = match &self.place {
+            Place::Bucket { prefix, .. } => prefix.as_str(),
+            Place::Folder(_) => "",
+        };
+        let raw = format!("{prefix}{ark}|{version}|{rel}");
+        Key::parse(&raw).map_err(|e| NodeError {
+            what: format!("{}: {raw:?} cannot be a key: {e}", self.name()),
+            fatal: true,
+        })
+    }
+
+    /// Names an `object_store` failure: wrong credentials, a missing bucket and an access
+    /// denied are fatal; everything else (a refused connection, a 5xx, a timeout) may pass.
+    fn fail(&self, doing: &str, e: object_store::Error) -> NodeError {
+        let text = e.to_string();
+        let fatal = [
+            "403",
+            "Forbidden",
+            "AccessDenied",
+            "InvalidAccessKeyId",
+            "SignatureDoesNotMatch",
+            "NoSuchBucket",
+            "InvalidBucketName",
+        ]
+        .iter()
+        .any(|m| text.contains(m));
+        let why = if text.contains("NoSuchBucket") {
+            "the bucket does not exist".to_string()
+        } else if fatal {
+            format!("access refused (check its credentials): {text}")
+        } else {
+            text
+        };
+        NodeError {
+            what: format!("{}: {doing}: {why}", self.name()),
+            fatal,
+        }
+    }
+
+    fn io(&self, doing: &str, p: &Path, e: std::io::Error) -> NodeError {
+        NodeError {
+            what: format!("{}: {doing} {}: {e}", self.name(), p.display()),
+            fatal: false,
+        }
+    }
+
+    /// Checks that the node answers and that its credentials may list the bucket (or that
+    /// the folder can be made).
+    pub async fn check(&self) -> Result<(), NodeError> {
+        match &self.place {
+            Place::Folder(root) => {
+                std::fs::create_dir_all(root).map_err(|e| self.io("creating", root, e))
+            }
+            Place::Bucket { store, prefix, .. } => {
+                let p = Key::parse(prefix.trim_end_matches('/')).unwrap_or_default();
+                store
+                    .list_with_delimiter(Some(&p))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| self.fail("listing", e))
+            }
+        }
+    }
+
+    /// What the node holds at `rel` of the version, if anything.
+    pub async fn head(
+        &self,
+        ark: &str,
+        version: u32,
+        rel: &str,
+    ) -> Result<Option<Meta>, NodeError> {
+        match &self.place {
+            Place::Folder(root) => {
+                let p = self.folder_path(root, ark, version, rel);
+                match std::fs::metadata(&p) {
+                    Ok(m) => Ok(Some(Meta {
+                        size: m.len(),
+                        etag: None,
+                        modified_ms: m
+                            .modified()
+                            .ok()
+                            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                            .map_or(0, |d| d.as_millis() as i64),
+                    })),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                    Err(e) => Err(self.io("reading", &p, e)),
+                }
+            }
+            Place::Bucket { store, .. } => {
+                let key = self.key(ark, version, rel)?;
+                match store.head(&key).await {
+                    Ok(m) => Ok(Some(Meta {
+                        size: m.size,
+                        etag: m.e_tag,
+                        modified_ms: m.last_modified.timestamp_millis(),
+                    })),
+                    Err(object_store::Error::NotFound { .. }) => Ok(None),
+                    Err(e) => Err(self.fail(&format!("HEAD {key}"), e)),
+                }
+            }
+        }
+    }
+
+    /// Reads `rel` of the version back: its size and SHA-256, or None when it is missing.
+    /// At most `pace` bytes a second when given (the fixity audit's bound).
+    pub async fn digest(
+        &self,
+        ark: &str,
+        version: u32,
+        rel: &str,
+        pace: Option<u64>,
+    ) -> Result<Option<Copy>, NodeError> {
+        let mut h = sha2::Sha256::new();
+        let mut size = 0u64;
+        let start = std::time::Instant::now();
+        let mut paced = |n: usize| {
+            size += n as u64;
+            pace.filter(|&b| b > 0).map(|b| {
+                Duration::from_secs_f64(size as f64 / b as f64).saturating_sub(start.elapsed())
+            })
+        };
+        match &self.place {
+            Place::Folder(root) => {
+                use tokio::io::AsyncReadExt;
+                let p = self.folder_path(root, ark, version, rel);
+                let mut f = match tokio::fs::File::open(&p).await {
+                    Ok(f) => f,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                    Err(e) => return Err(self.io("opening", &p, e)),
+                };
+                let mut buf = vec![0u8; 1 << 20];
+                loop {
+                    let n = f
+                        .read(&mut buf)
+                        .await
+                        .map_err(|e| self.io("reading", &p, e))?;
+                    if n == 0 {
+                        break;
+                    }
+                    h.update(&buf[..n]);
+                    if let Some(d) = paced(n).filter(|d| !d.is_zero()) {
+                        tokio::time::sleep(d).await;
+                    }
+                }
+            }
+            Place::Bucket { store, .. } => {
+                let key = self.key(ark, version, rel)?;
+                let got = match store.get(&key).await {
+                    Ok(g) => g,
+                    Err(object_store::Error::NotFound { .. }) => return Ok(None),
+                    Err(e) => return Err(self.fail(&format!("GET {key}"), e)),
+                };
+                let mut s = got.into_stream();
+                while let Some(chunk) = s.next().await {
+                    let chunk = chunk.map_err(|e| self.fail(&format!("GET {key}"), e))?;
+                    h.update(&chunk);
+                    if let Some(d) = paced(chunk.len()).filter(|d| !d.is_zero()) {
+                        tokio::time::sleep(d).await;
+                    }
+                }
+            }
+        }
+        Ok(Some(Copy {
+            size,
+            sha256: hex(&h.finalize()),
+        }))
+    }
+
+    /// The whole of a small key (a version record), or None.
+    pub async fn read_small(
+        &self,
+        ark: &str,
+        version: u32,
+        rel: &str,
+    ) -> Result<Option<Vec<u8>>, NodeError> {
+        match &self.place {
+            Place::Folder(root) => {
+                let p = self.folder_path(root, ark, version, rel);
+                match std::fs::read(&p) {
+                    Ok(b) => Ok(Some(b)),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                    Err(e) => Err(self.io("reading", &p, e)),
+                }
+            }
+            Place::Bucket { store, .. } => {
+                let key = self.key(ark, version, rel)?;
+                match store.get(&key).await {
+                    Ok(g) => g
+                        .bytes()
+                        .await
+                        .map(|b| Some(b.to_vec()))
+                        .map_err(|e| self.fail(&format!("GET {key}"), e)),
+                    Err(object_store::Error::NotFound { .. }) => Ok(None),
+                    Err(e) => Err(self.fail(&format!("GET {key}"), e)),
+                }
+            }
+        }
+    }
+
+    /// Streams `rel` of the version into `out` (a download, a zip entry, a replica's
+    /// source); false when the node lacks it.
+    pub async fn read_into(
+        &self,
+        ark: &str,
+        version: u32,
+        rel: &str,
+        out: &mut (dyn tokio::io::AsyncWrite + Unpin + Send),
+    ) -> Result<bool, NodeError> {
+        use tokio::io::AsyncWriteExt;
+        match &self.place {
+            Place::Folder(root) => {
+                let p = self.folder_path(root, ark, version, rel);
+                let mut f = match tokio::fs::File::open(&p).await {
+                    Ok(f) => f,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+                    Err(e) => return Err(self.io("opening", &p, e)),
+                };
+                tokio::io::copy(&mut f, out)
+                    .await
+                    .map_err(|e| self.io("reading", &p, e))?;
+            }
+            Place::Bucket { store, .. } => {
+                let key = self.key(ark, version, rel)?;
+                let got = match store.get(&key).await {
+                    Ok(g) => g,
+                    Err(object_store::Error::NotFound { .. }) => return Ok(false),
+                    Err(e) => return Err(self.fail(&format!("GET {key}"), e)),
+                };
+                let mut s = got.into_stream();
+                while let Some(chunk) = s.next().await {
+                    let chunk = chunk.map_err(|e| self.fail(&format!("GET {key}"), e))?;
+                    out.write_all(&chunk).await.map_err(|e| NodeError {
+                        what: format!("{}: writing what {key} holds: {e}", self.name()),
+                        fatal: false,
+                    })?;
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// The versions of `ark` the node holds a version record of, ascending.
+    pub async fn versions(&self, ark: &str) -> Result<Vec<u32>, NodeError> {
+        match &self.place {
+            Place::Folder(root) => {
+                let d = root.join(lading_core::layout::ark_node_name(ark));
+                let mut v = crate::stages::versions(&d).map_err(|e| self.io("reading", &d, e))?;
+                v.retain(|n| self.folder_path(root, ark, *n, VERSION_RECORD).exists());
+                Ok(v)
+            }
+            Place::Bucket { store, prefix, .. } => {
+                // Keys of the object share the path up to the ark's last `/`; its versions
+                // are the names after `ARK|`.
+                let full = format!("{prefix}{ark}|");
+                let dir = full.rsplit_once('/').map_or("", |(d, _)| d);
+                let list_at = Key::parse(dir).map_err(|e| NodeError {
+                    what: format!("{}: {dir:?} cannot be a key: {e}", self.name()),
+                    fatal: true,
+                })?;
+                let mut out = std::collections::BTreeSet::new();
+                let mut s = store.list(Some(&list_at));
+                while let Some(m) = s.next().await {
+                    let m = m.map_err(|e| self.fail("listing", e))?;
+                    let k = m.location.as_ref();
+                    if let Some(rest) = k.strip_prefix(&full)
+                        && let Some((v, tail)) = rest.split_once('|')
+                        && tail == VERSION_RECORD
+                        && let Ok(n) = v.parse::<u32>()
+                    {
+                        out.insert(n);
+                    }
+                }
+                Ok(out.into_iter().collect())
+            }
+        }
+    }
+
+    /// Puts the local file `src` at `rel` of the version unless the key exists. A key that
+    /// exists with the same bytes counts as written (`already`); with other bytes it is an
+    /// error no retry fixes. `upload` is told a multipart upload's id as soon as it is made
+    /// (and `None` once it is finished or aborted), so a successor can abort one left open.
+    pub async fn put_new<'a>(
+        &self,
+        ark: &str,
+        version: u32,
+        rel: &str,
+        src: &Path,
+        upload: &mut (dyn FnMut(Option<String>) -> UploadNote<'a> + Send + 'a),
+    ) -> Result<(Copy, bool), NodeError> {
+        let (size, sha256) = {
+            let p = src.to_path_buf();
+            tokio::task::spawn_blocking(move || crate::fetch::file_sha256(&p))
+                .await
+                .map_err(|e| NodeError {
+                    what: e.to_string(),
+                    fatal: false,
+                })?
+                .map_err(|e| self.io("reading", src, e))?
+        };
+        let want = Copy { size, sha256 };
+        if let Some(have) = self.head(ark, version, rel).await? {
+            return self
+                .same_or_conflict(ark, version, rel, want, have.size)
+                .await;
+        }
+        match &self.place {
+            Place::Folder(root) => {
+                let dst = self.folder_path(root, ark, version, rel);
+                let (src, d2) = (src.to_path_buf(), dst.clone());
+                let r = tokio::task::spawn_blocking(move || copy_new(&src, &d2))
+                    .await
+                    .map_err(|e| NodeError {
+                        what: e.to_string(),
+                        fatal: false,
+                    })?;
+                match r {
+                    Ok(()) => Ok((want, false)),
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                        self.same_or_conflict(ark, version, rel, want, 0).await
+                    }
+                    Err(e) => Err(self.io("writing", &dst, e)),
+                }
+            }
+            Place::Bucket { store, .. } => {
+                let key = self.key(ark, version, rel)?;
+                let r = if size <= self.part_size {
+                    let bytes = tokio::fs::read(src)
+                        .await
+                        .map_err(|e| self.io("reading", src, e))?;
+                    let opts = PutOptions {
+                        mode: PutMode::Create,
+                        ..Default::default()
+                    };
+                    store
+                        .put_opts(&key, PutPayload::from(bytes), opts)
+                        .await
+                        .map(|_| ())
+                } else {
+                    self.multipart(store, &key, src, upload).await?
+                };
+                match r {
+                    Ok(()) => {}
+                    Err(
+                        object_store::Error::AlreadyExists { .. }
+                        | object_store::Error::Precondition { .. },
+                    ) => {
+                        return self.same_or_conflict(ark, version, rel, want, 0).await;
+                    }
+                    Err(e) => return Err(self.fail(&format!("PUT {key}"), e)),
+                }
+                // The server checked each request's SHA-256 (`x-amz-checksum-sha256`); the
+                // size is checked here.
+                match self.head(ark, version, rel).await? {
+                    Some(m) if m.size == want.size => Ok((want, false)),
+                    Some(m) => Err(NodeError {
+                        what: format!(
+                            "{}: {key} holds {} bytes after writing {}",
+                            self.name(),
+                            m.size,
+                            want.size
+                        ),
+                        fatal: false,
+                    }),
+                    None => Err(NodeError {
+                        what: format!("{}: {key} is missing after it was written", self.name()),
+                        fatal: false,
+                    }),
+                }
+            }
+        }
+    }
+
+    /// A key that exists: the same bytes count as written; other bytes are a conflict.
+    async fn same_or_conflict(
+        &self,
+        ark: &str,
+        version: u32,
+        rel: &str,
+        want: Copy,
+        size_hint: u64,
+    ) -> Result<(Copy, bool), NodeError> {
+        if size_hint == 0 || size_hint == want.size {
+            if let Some(have) = self.digest(ark, version, rel, None).await?
+                && have == want
+            {
+                return Ok((want, true));
+            }
+        }
+        Err(NodeError {
+            what: format!(
+                "{}: {ark}|{version}|{rel} already holds other bytes; a stored version is never overwritten",
+                self.name()
+            ),
+            fatal: true,
+        })
+    }
+
+    /// A multipart upload of `src`, part by part (one part in memory at a time), completed
+    /// only if the key is still absent; aborted on any failure.
+    async fn multipart<'a>(
+        &self,
+        store: &AmazonS3,
+        key: &Key,
+        src: &Path,
+        upload: &mut (dyn FnMut(Option<String>) -> UploadNote<'a> + Send + 'a),
+    ) -> Result<Result<(), object_store::Error>, NodeError> {
+        use tokio::io::AsyncReadExt;
+        let id = match store.create_multipart(key).await {
+            Ok(id) => id,
+            Err(e) => return Ok(Err(e)),
+        };
+        upload(Some(id.clone()))
+            .await
+            .map_err(|what| NodeError { what, fatal: false })?;
+        let r: Result<(), object_store::Error> = async {
+            let mut f =
+                tokio::fs::File::open(src)
+                    .await
+                    .map_err(|e| object_store::Error::Generic {
+                        store: "local",
+                        source: Box::new(e),
+                    })?;
+            let mut parts = Vec::new();
+            loop {
+                let mut buf = Vec::with_capacity(self.part_size as usize);
+                (&mut f)
+                    .take(self.part_size)
+                    .read_to_end(&mut buf)
+                    .await
+                    .map_err(|e| object_store::Error::Generic {
+                        store: "local",
+                        source: Box::new(e),
+                    })?;
+                if buf.is_empty() && !parts.is_empty() {
+                    break;
+                }
+                let last = (buf.len() as u64) < self.part_size;
+                parts.push(
+                    store
+                        .put_part(key, &id, parts.len(), PutPayload::from(buf))
+                        .await?,
+                );
+                if last {
+                    break;
+                }
+            }
+            if store.head(key).await.is_ok() {
+                return Err(object_store::Error::AlreadyExists {
+                    path: key.to_string(),
+                    source: "the key appeared while its parts went up".into(),
+                });
+            }
+            store.complete_multipart(key, &id, parts).await.map(|_| ())
+        }
+        .await;
+        if r.is_err() {
+            let _ = store.abort_multipart(key, &id).await;
+        }
+        let _ = upload(None).await;
+        Ok(r)
+    }
+
+    /// Aborts a multipart upload a predecessor left (best effort: an upload that finished
+    /// or was aborted already is not an error).
+    pub async fn abort_upload(&self, ark: &str, version: u32, rel: &str, id: &str) {
+        if let Place::Bucket { store, .. } = &self.place
+            && let Ok(key) = self.key(ark, version, rel)
+        {
+            let _ = store.abort_multipart(&key, &id.to_string()).await;
+        }
+    }
+
+    /// Writes `src` over whatever `rel` of the version holds (fixity repair only, with a
+    /// copy verified elsewhere), then reads it back.
+    pub async fn replace(
+        &self,
+        ark: &str,
+        version: u32,
+        rel: &str,
+        src: &Path,
+    ) -> Result<Option<Copy>, NodeError> {
+        match &self.place {
+            Place::Folder(root) => {
+                let dst = self.folder_path(root, ark, version, rel);
+                let (s2, d2) = (src.to_path_buf(), dst.clone());
+                tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+                    let tmp = d2.with_extension("repair-tmp");
+                    if let Some(p) = d2.parent() {
+                        std::fs::create_dir_all(p)?;
+                    }
+                    std::fs::copy(&s2, &tmp)?;
+                    std::fs::File::open(&tmp)?.sync_all()?;
+                    std::fs::rename(&tmp, &d2)
+                })
+                .await
+                .map_err(|e| NodeError {
+                    what: e.to_string(),
+                    fatal: false,
+                })?
+                .map_err(|e| self.io("writing", &dst, e))?;
+            }
+            Place::Bucket { store, .. } => {
+                let key = self.key(ark, version, rel)?;
+                let size = std::fs::metadata(src)
+                    .map_err(|e| self.io("reading", src, e))?
+                    .len();
+                if size <= self.part_size {
+                    let bytes = tokio::fs::read(src)
+                        .await
+                        .map_err(|e| self.io("reading", src, e))?;
+                    store
+                        .put(&key, PutPayload::from(bytes))
+                        .await
+                        .map_err(|e| self.fail(&format!("PUT {key}"), e))?;
+                } else {
+                    let mut w = object_store::WriteMultipart::new_with_chunk_size(
+                        store
+                            .put_multipart(&key)
+                            .await
+                            .map_err(|e| self.fail(&format!("PUT {key}"), e))?,
+                        self.part_size as usize,
+                    );
+                    let mut f = std::fs::File::open(src).map_err(|e| self.io("reading", src, e))?;
+                    let mut buf = vec![0u8; 8 << 20];
+                    loop {
+                        use std::io::Read;
+                        let n = f.read(&mut buf).map_err(|e| self.io("reading", src, e))?;
+                        if n == 0 {
+                            break;
+                        }
+                        w.wait_for_capacity(1)
+                            .await
+                            .map_err(|e| self.fail(&format!("PUT {key}"), e))?;
+                        w.write(&buf[..n]);
+                    }
+                    w.finish()
+                        .await
+                        .map_err(|e| self.fail(&format!("PUT {key}"), e))?;
+                }
+            }
+        }
+        self.digest(ark, version, rel, None).await
+    }
+}
+
+/// Copies `src` to `dst` (made through a temporary name, synced) only if `dst` is absent:
+/// the final name is a hard link, which fails when it exists.
+fn copy_new(src: &Path, dst: &Path) -> std::io::Result<()> {
+    if let Some(p) = dst.parent() {
+        std::fs::create_dir_all(p)?;
+    }
+    let tmp = dst.with_file_name(format!(
+        ".{}.part-{}",
+        dst.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        std::process::id()
+    ));
+    std::fs::copy(src, &tmp)?;
+    std::fs::File::open(&tmp)?.sync_all()?;
+    let r = std::fs::hard_link(&tmp, dst);
+    let _ = std::fs::remove_file(&tmp);
+    r
+}
+
+pub(crate) fn hex(b: &[u8]) -> String {
+    use std::fmt::Write;
+    b.iter()
+        .fold(String::with_capacity(b.len() * 2), |mut s, x| {
+            let _ = write!(s, "{x:02x}");
+            s
+        })
+}
+
+/// The configured nodes, opened.
+#[derive(Debug, Default)]
+pub struct Nodes {
+    map: BTreeMap<u32, Arc<Node>>,
+}
+
+impl Nodes {
+    /// Opens every `[[storage_nodes]]` entry (credentials from `env`);
+    /// a repeated id or a bad entry is named.
+    pub fn open(
+        settings: &[NodeSettings],
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Nodes, String> {
+        let mut map = BTreeMap::new();
+        for s in settings {
+            let n = Node::open(s, &env)?;
+            if map.insert(s.id, Arc::new(n)).is_some() {
+                return Err(format!("storage node {} is configured twice", s.id));
+            }
+        }
+        Ok(Nodes { map })
+    }
+
+    pub fn get(&self, id: u32) -> Option<&Arc<Node>> {
+        self.map.get(&id)
+    }
+
+    pub fn all(&self) -> impl Iterator<Item = &Arc<Node>> {
+        self.map.values()
+    }
+
+    /// The nodes a profile names, primary first; an id the config lacks is named.
+    pub fn of_profile(&self, p: &crate::Profile) -> Result<Vec<Arc<Node>>, String> {
+        p.storage_nodes
+            .iter()
+            .map(|id| {
+                self.get(*id).cloned().ok_or_else(|| {
+                    format!(
+                        "profile {} names storage node {id}, which the config's [[storage_nodes]] lacks",
+                        p.name
+                    )
+                })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,311 @@
+//! Storing on a bucket node: every file of the version under Merritt's keys, resumable.
+//!
+//! The job's interim record `store-progress` names the node, the version being written and
+//! each file already confirmed there (size and SHA-256 checked); a successor (after a crash,
+//! a lost lease or a failed attempt) sends only the rest, and aborts a multipart upload its
+//! predecessor left open. The version record, written last and only if absent, is the commit.
+//! A fatal failure removes what this job wrote of a version that has no record.
+
+use super::*;
+use crate::nodes::{Node, NodeError, VERSION_RECORD};
+use futures_util::StreamExt;
+use std::collections::BTreeSet;
+
+/// The job's interim record of a store in progress.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Progress {
+    pub node: u32,
+    pub version: u32,
+    /// Paths (`producer/…`, `system/…`) confirmed on the node.
+    #[serde(default)]
+    pub confirmed: BTreeSet<String>,
+    /// Multipart uploads open now: path → upload id.
+    #[serde(default)]
+    pub uploads: BTreeMap<String, String>,
+}
+
+const PROGRESS: &str = "store-progress";
+
+/// Files put on a node at once.
+const PARALLEL: usize = 4;
+
+fn node_outcome(e: NodeError) -> Outcome {
+    if e.fatal {
+        Outcome::Fatal(e.what)
+    } else {
+        Outcome::Transient(e.what)
+    }
+}
+
+/// The version record on a node: Lading's `StoredVersion` and the version's files.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct NodeVersion {
+    #[serde(flatten)]
+    pub stored: StoredVersion,
+    pub files: Vec<ObjectFile>,
+}
+
+/// Reads version `version` of `ark`'s record from `node`.
+pub async fn read_node_version(
+    node: &Node,
+    ark: &str,
+    version: u32,
+) -> Result<Option<NodeVersion>, NodeError> {
+    let Some(b) = node.read_small(ark, version, VERSION_RECORD).await? else {
+        return Ok(None);
+    };
+    serde_json::from_slice(&b).map(Some).map_err(|e| NodeError {
+        what: format!(
+            "{}: the record of {ark} v{version} is corrupt: {e}",
+            node.name()
+        ),
+        fatal: true,
+    })
+}
+
+/// The files of the working directory's object, relative (`producer/…`, `system/…`).
+fn local_files(wd: &Path) -> std::io::Result<Vec<(String, PathBuf)>> {
+    let mut out = Vec::new();
+    for part in [PRODUCER, SYSTEM] {
+        let root = wd.join(part);
+        if !root.exists() {
+            continue;
+        }
+        let mut stack = vec![root.clone()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d)? {
+                let e = e?;
+                let t = e.file_type()?;
+                if t.is_dir() {
+                    stack.push(e.path());
+                } else if t.is_file() {
+                    let rel = e
+                        .path()
+                        .strip_prefix(wd)
+                        .map_err(std::io::Error::other)?
+                        .to_string_lossy()
+                        .replace('\\', "/");
+                    out.push((rel, e.path()));
+                }
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+pub(crate) async fn store_on_bucket(
+    job: &JobCtx,
+    node: &Arc<Node>,
+    ark: &str,
+    collection: &str,
+) -> Result<StoredVersion, Outcome> {
+    let jid = job.job().to_string();
+    let mut progress: Progress = job_record(job, PROGRESS)
+        .await?
+        .filter(|p: &Progress| p.node == node.id)
+        .unwrap_or_default();
+    if progress.version == 0 {
+        let versions = node.versions(ark).await.map_err(node_outcome)?;
+        // A version this job already stored (it crashed before saying so) is reused.
+        for v in versions.iter().rev().take(3) {
+            if let Some(r) = read_node_version(node, ark, *v)
+                .await
+                .map_err(node_outcome)?
+                && r.stored.job == jid
+            {
+                return Ok(r.stored);
+            }
+        }
+        if let Some(v) = versions.last()
+            && let Some(r) = read_node_version(node, ark, *v)
+                .await
+                .map_err(node_outcome)?
+            && let Some(owner) = r.stored.collection
+            && owner != collection
+        {
+            return Err(Outcome::fatal(format!(
+                "{ark} belongs to another collection; collection {collection} may not add a version to it"
+            )));
+        }
+        progress = Progress {
+            node: node.id,
+            version: versions.last().copied().unwrap_or(0) + 1,
+            ..Default::default()
+        };
+        job.set_data(PROGRESS, &json!(progress))
+            .await
+            .map_err(engine_err)?;
+    }
+    let version = progress.version;
+    if let Some(r) = read_node_version(node, ark, version)
+        .await
+        .map_err(node_outcome)?
+    {
+        if r.stored.job == jid {
+            return Ok(r.stored);
+        }
+        return Err(Outcome::fatal(format!(
+            "{}: {ark} v{version} was stored by job {} meanwhile",
+            node.name(),
+            r.stored.job
+        )));
+    }
+    // Uploads a predecessor left open go first.
+    for (rel, id) in std::mem::take(&mut progress.uploads) {
+        node.abort_upload(ark, version, &rel, &id).await;
+    }
+    let wd = job.workdir.clone();
+    let files = tokio::task::spawn_blocking(move || local_files(&wd))
+        .await
+        .map_err(|e| Outcome::Transient(e.to_string()))?
+        .map_err(|e| io_err("listing", &job.workdir, e))?;
+    let shared = Arc::new(tokio::sync::Mutex::new(progress));
+    let done = Arc::new(std::sync::Mutex::new(Vec::<ObjectFile>::new()));
+    let todo: Vec<(String, PathBuf)> = {
+        let p = shared.lock().await;
+        files
+            .iter()
+            .filter(|(rel, _)| !p.confirmed.contains(rel))
+            .cloned()
+            .collect()
+    };
+    let skipped = files.len() - todo.len();
+    let results = futures_util::stream::iter(todo.into_iter().map(|(rel, path)| {
+        let (node, shared, done, job) = (node.clone(), shared.clone(), done.clone(), job);
+        let ark = ark.to_string();
+        async move {
+            let (s2, r2) = (shared.clone(), rel.clone());
+            let mut note = move |id: Option<String>| {
+                let (s2, r2, jc) = (s2.clone(), r2.clone(), job);
+                Box::pin(async move {
+                    let mut p = s2.lock().await;
+                    match id {
+                        Some(id) => p.uploads.insert(r2, id),
+                        None => p.uploads.remove(&r2),
+                    };
+                    jc.set_data(PROGRESS, &json!(*p))
+                        .await
+                        .map_err(|e| e.to_string())
+                }) as crate::nodes::UploadNote<'_>
+            };
+            let (copy, _) = node.put_new(&ark, version, &rel, &path, &mut note).await?;
+            let mut p = shared.lock().await;
+            p.confirmed.insert(rel.clone());
+            job.set_data(PROGRESS, &json!(*p))
+                .await
+                .map_err(|e| NodeError {
+                    what: e.to_string(),
+                    fatal: false,
+                })?;
+            drop(p);
+            done.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(ObjectFile {
+                    path: rel,
+                    size: copy.size,
+                    sha256: copy.sha256,
+                });
+            Ok::<(), NodeError>(())
+        }
+    }))
+    .buffer_unordered(PARALLEL)
+    .collect::<Vec<_>>()
+    .await;
+    if let Some(e) = results.iter().find_map(|r| r.as_ref().err()).cloned() {
+        if e.fatal {
+            scrap(job, node, ark, version, &shared.lock().await.confirmed).await;
+        }
+        return Err(node_outcome(e));
+    }
+    // Files confirmed by a predecessor are listed from the node's copy.
+    let mut listed = std::mem::take(&mut *done.lock().unwrap_or_else(|e| e.into_inner()));
+    let have: BTreeSet<String> = listed.iter().map(|f| f.path.clone()).collect();
+    for (rel, _) in files.iter().filter(|(r, _)| !have.contains(r)) {
+        let c = node
+            .digest(ark, version, rel, None)
+            .await
+            .map_err(node_outcome)?
+            .ok_or_else(|| {
+                Outcome::Transient(format!(
+                    "{}: {ark}|{version}|{rel} was confirmed but is missing",
+                    node.name()
+                ))
+            })?;
+        listed.push(ObjectFile {
+            path: rel.clone(),
+            size: c.size,
+            sha256: c.sha256,
+        });
+    }
+    listed.sort_by(|a, b| a.path.cmp(&b.path));
+    let stored = StoredVersion {
+        ark: ark.to_string(),
+        version,
+        path: node.version_url(ark, version),
+        job: jid.clone(),
+        batch: job.info.bid.clone(),
+        collection: Some(collection.to_string()),
+        node: Some(node.id),
+    };
+    let record = NodeVersion {
+        stored: stored.clone(),
+        files: listed,
+    };
+    // The commit: only if absent, from a worker that still holds the job.
+    job.engine
+        .job(job.job())
+        .await
+        .map_err(engine_err)
+        .and_then(|i| {
+            if i.status.status == JobState::Storing {
+                Ok(())
+            } else {
+                Err(Outcome::Transient("the job left Storing meanwhile".into()))
+            }
+        })?;
+    let tmp = job.workdir.join(INTERIM).join("lading-version.json");
+    let body = serde_json::to_vec_pretty(&record).unwrap_or_default();
+    write_atomic(&tmp, &body).map_err(|e| io_err("writing", &tmp, e))?;
+    let mut none =
+        |_: Option<String>| Box::pin(async { Ok(()) }) as crate::nodes::UploadNote<'static>;
+    match node
+        .put_new(ark, version, VERSION_RECORD, &tmp, &mut none)
+        .await
+    {
+        Ok(_) => {}
+        Err(e) if e.fatal => {
+            // Another writer's record: its job, not ours, owns the version.
+            if let Ok(Some(r)) = read_node_version(node, ark, version).await
+                && r.stored.job == jid
+            {
+                return Ok(r.stored);
+            }
+            return Err(node_outcome(e));
+        }
+        Err(e) => return Err(node_outcome(e)),
+    }
+    job.log(&format!(
+        "stored {ark} v{version} on {} ({} files sent, {skipped} already there)",
+        node.name(),
+        files.len() - skipped
+    ));
+    Ok(stored)
+}
+
+/// Removes what this job wrote of a version that has no record (after a fatal failure), and
+/// its progress, so nothing half-stored remains.
+async fn scrap(job: &JobCtx, node: &Node, ark: &str, version: u32, confirmed: &BTreeSet<String>) {
+    if let Ok(Some(_)) = node.head(ark, version, VERSION_RECORD).await {
+        return;
+    }
+    if let crate::nodes::Place::Bucket { store, .. } = &node.place {
+        use object_store::ObjectStoreExt;
+        for rel in confirmed {
+            if let Ok(k) = node.key(ark, version, rel) {
+                let _ = store.delete(&k).await;
+            }
+        }
+    }
+    let _ = job.set_data(PROGRESS, &Value::Null).await;
+}

@@ -1,0 +1,472 @@
+//! Storage nodes against real SeaweedFS servers (two servers stand for two nodes): a batch
+//! stored on a primary and a replica, read back key by key; the fixity checker finding a
+//! corrupted replica copy and repairing it; a store interrupted half-way resuming without
+//! sending a confirmed file again; the primary killed mid-batch; wrong credentials, a missing
+//! bucket and an unknown node refused, named, with nothing left behind. On both stores.
+
+mod common;
+
+use common::{Backend, World};
+use lading_core::{BatchState, JobState};
+use lading_ingest::nodes::{Node, NodeSettings, Place};
+use lading_ingest::stages::StoredVersion;
+use lading_ingest::{Config, Ingest};
+use lading_testkit::seaweed::{ACCESS_KEY, SECRET_KEY, Weed};
+use object_store::{ObjectStore, ObjectStoreExt};
+use sha2::Digest;
+use std::sync::Arc;
+use std::time::Duration;
+
+fn env(k: &str) -> Option<String> {
+    match k {
+        "AWS_ACCESS_KEY_ID" => Some(ACCESS_KEY.into()),
+        "AWS_SECRET_ACCESS_KEY" => Some(SECRET_KEY.into()),
+        "WRONG_SECRET" => Some("not-the-secret".into()),
+        _ => None,
+    }
+}
+
+fn node(id: u32, weed: &Weed, bucket: &str) -> NodeSettings {
+    NodeSettings {
+        id,
+        url: format!("s3://{bucket}/lading"),
+        endpoint: Some(weed.endpoint()),
+        region: None,
+        access_key_id_env: None,
+        secret_access_key_env: None,
+        part_size: Some(5 << 20),
+    }
+}
+
+fn sha256(b: &[u8]) -> String {
+    sha2::Sha256::digest(b)
+        .iter()
+        .map(|x| format!("{x:02x}"))
+        .collect()
+}
+
+/// The world's ingest with `nodes` configured and credentials from [`env`].
+fn ingest_with(w: &World, nodes: Vec<NodeSettings>) -> Result<Arc<Ingest>, String> {
+    let cfg = Config {
+        storage_nodes: nodes,
+        ..w.cfg.clone()
+    };
+    Ingest::try_new_env(w.engine.clone(), cfg, env)
+}
+
+async fn stored(w: &World, job: &lading_core::layout::JobId) -> StoredVersion {
+    let n = w
+        .engine
+        .tree()
+        .get(&lading_core::layout::job_node(job, "store"))
+        .await
+        .unwrap()
+        .expect("a store record");
+    serde_json::from_slice(&n.data.unwrap()).unwrap()
+}
+
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                use super::*;
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn on_sqlite() {
+                    super::$name(World::on(Backend::Sqlite).await).await;
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn on_zookeeper() {
+                    super::$name(World::on(Backend::ZooKeeper).await).await;
+                }
+            }
+        )*
+    };
+}
+
+on_both_backends!(
+    a_batch_is_stored_on_a_primary_and_a_replica_and_fixity_repairs_a_bad_copy,
+    an_interrupted_store_resumes_without_sending_confirmed_files_again,
+    wrong_credentials_and_a_missing_bucket_fail_at_once_naming_the_node,
+);
+
+async fn a_batch_is_stored_on_a_primary_and_a_replica_and_fixity_repairs_a_bad_copy(w: World) {
+    let (a, b) = (Weed::start().unwrap(), Weed::start().unwrap());
+    a.bucket("primary").unwrap();
+    b.bucket("replica").unwrap();
+    let nodes = vec![node(9501, &a, "primary"), node(9502, &b, "replica")];
+    w.profile(
+        "s3",
+        "collection = \"demo\"\nstorage_nodes = [9501, 9502]\n",
+    );
+    let ingest = ingest_with(&w, nodes.clone()).unwrap();
+    let big: Vec<u8> = (0..12 << 20).map(|i| (i * 7 % 251) as u8).collect();
+    let files: Vec<(&str, &[u8])> = vec![
+        ("letter.txt", b"Dear node,\n"),
+        ("sub/dir/data.bin", &[0u8, 1, 2, 3, 255]),
+        ("large.bin", &big),
+    ];
+    let m = w.object_manifest("o.checkm", &files);
+    let bid = w
+        .submit_as(&ingest, "s3", "depositor", &m, "manifest")
+        .await;
+    let run = w.run_all(&ingest);
+    let end = w.batch_ends(&bid).await;
+    let job = w.jobs_of(&bid).await.remove(0);
+    let st = w.engine.job(&job).await.unwrap().status;
+    assert_eq!(end, BatchState::Completed, "{st:?}");
+    let s = stored(&w, &job).await;
+    assert_eq!(s.node, Some(9501));
+    assert_eq!(s.path, format!("s3://primary/lading/{}|1|", s.ark));
+    // Key by key on the primary, under Merritt's keys.
+    let primary = Node::open(&nodes[0], env).unwrap();
+    let replica = Node::open(&nodes[1], env).unwrap();
+    for (name, bytes) in &files {
+        let c = primary
+            .digest(&s.ark, 1, &format!("producer/{name}"), None)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{name} on the primary"));
+        assert_eq!((c.size, c.sha256), (bytes.len() as u64, sha256(bytes)));
+    }
+    if let Place::Bucket { store, .. } = &primary.place {
+        let key =
+            object_store::path::Path::parse(format!("lading/{}|1|producer/letter.txt", s.ark))
+                .unwrap();
+        assert_eq!(
+            store.get(&key).await.unwrap().bytes().await.unwrap(),
+            &b"Dear node,\n"[..]
+        );
+    }
+    assert!(
+        primary
+            .head(&s.ark, 1, "system/lading-version.json")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    // The replica follows through the outbox.
+    lading_testkit::poll::until_true("the replica's version record", common::WAIT, async || {
+        replica
+            .head(&s.ark, 1, "system/lading-version.json")
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
+    for (name, bytes) in &files {
+        let c = replica
+            .digest(&s.ark, 1, &format!("producer/{name}"), None)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{name} on the replica"));
+        assert_eq!(c.sha256, sha256(bytes));
+    }
+    assert_eq!(
+        a.open_uploads("primary"),
+        0,
+        "no multipart upload left open"
+    );
+    // Every copy checks out.
+    let audit = lading_ingest::fixity::check(&ingest, None, Some(&s.ark), None)
+        .await
+        .unwrap();
+    assert!(audit.findings.is_empty(), "{:?}", audit.findings);
+    let n_files = audit.checked / 2;
+    assert!(n_files >= files.len(), "{audit:?}");
+    // A replica copy goes bad: found, named, repaired from the primary.
+    if let Place::Bucket { store, .. } = &replica.place {
+        let key =
+            object_store::path::Path::parse(format!("lading/{}|1|producer/letter.txt", s.ark))
+                .unwrap();
+        store
+            .put(&key, b"Dear rot,\n".to_vec().into())
+            .await
+            .unwrap();
+    }
+    let audit = lading_ingest::fixity::check(&ingest, Some(9502), None, None)
+        .await
+        .unwrap();
+    assert_eq!(audit.findings.len(), 1, "{:?}", audit.findings);
+    let f = &audit.findings[0];
+    assert_eq!(
+        (f.node, f.path.as_str(), f.status.as_str()),
+        (9502, "producer/letter.txt", "bad")
+    );
+    assert_eq!(f.expected, sha256(b"Dear node,\n"));
+    assert_eq!(f.found.as_deref(), Some(sha256(b"Dear rot,\n").as_str()));
+    let fixed = lading_ingest::fixity::repair(&ingest, Some(9502), None)
+        .await
+        .unwrap();
+    assert_eq!(fixed.findings[0].status, "repaired from node 9501");
+    let again = lading_ingest::fixity::check(&ingest, None, None, None)
+        .await
+        .unwrap();
+    assert!(again.findings.is_empty(), "{:?}", again.findings);
+    // The inventory says when each copy was checked, on each node.
+    let a2 = s.ark.clone();
+    let copies = ingest
+        .inventory
+        .run(move |i| i.copies(None, Some(&a2)))
+        .await
+        .unwrap();
+    assert!(copies.iter().any(|c| c.node == 9501) && copies.iter().any(|c| c.node == 9502));
+    assert!(
+        copies
+            .iter()
+            .all(|c| c.status == "ok" && c.checked.is_some())
+    );
+    run.stop().await;
+}
+
+async fn an_interrupted_store_resumes_without_sending_confirmed_files_again(w: World) {
+    let a = Weed::start().unwrap();
+    a.bucket("primary").unwrap();
+    let nodes = vec![node(9501, &a, "primary")];
+    w.profile("s3", "collection = \"demo\"\nstorage_nodes = [9501]\n");
+    let ingest = ingest_with(&w, nodes.clone()).unwrap();
+    let bodies: Vec<(String, Vec<u8>)> = (0..60)
+        .map(|i| (format!("f{i:02}.bin"), vec![i as u8; 256 << 10]))
+        .collect();
+    let files: Vec<(&str, &[u8])> = bodies
+        .iter()
+        .map(|(n, b)| (n.as_str(), b.as_slice()))
+        .collect();
+    let m = w.object_manifest("o.checkm", &files);
+    let bid = w
+        .submit_as(&ingest, "s3", "depositor", &m, "manifest")
+        .await;
+    // A worker of its own session, which dies (every task aborted, its session closed, so
+    // its leases go as a crashed process's do) once some files are confirmed.
+    let crashed = Arc::new(lading_engine::Engine::new(
+        w.other_session().await,
+        lading_core::time::system_clock(),
+        "crashed",
+    ));
+    crashed.init().await.unwrap();
+    let first = Ingest::try_new_env(
+        crashed.clone(),
+        Config {
+            storage_nodes: nodes.clone(),
+            ..w.cfg.clone()
+        },
+        env,
+    )
+    .unwrap();
+    let run = w.run_all(&first);
+    let job = loop {
+        if let Some(j) = w.jobs_of(&bid).await.first().cloned() {
+            break j;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let progress = lading_core::layout::job_node(&job, "store-progress");
+    let confirmed: Vec<String> = tokio::time::timeout(common::WAIT, async {
+        loop {
+            if let Some(n) = w.engine.tree().get(&progress).await.unwrap()
+                && let Ok(v) =
+                    serde_json::from_slice::<serde_json::Value>(&n.data.unwrap_or_default())
+                && let Some(c) = v["confirmed"].as_array()
+                && c.len() >= 8
+            {
+                return c
+                    .iter()
+                    .filter_map(|x| x.as_str().map(String::from))
+                    .collect();
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("some files confirmed");
+    run.abort().await;
+    crashed.tree().close().await.unwrap();
+    let primary = Node::open(&nodes[0], env).unwrap();
+    let s_ark = w.engine.job(&job).await.unwrap().identifiers["primary_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut before = Vec::new();
+    for rel in &confirmed {
+        before.push(
+            primary
+                .head(&s_ark, 1, rel)
+                .await
+                .unwrap()
+                .expect("confirmed"),
+        );
+    }
+    assert!(
+        confirmed.len() < 62,
+        "interrupted before the end: {} confirmed",
+        confirmed.len()
+    );
+    // A successor finishes; the files confirmed before are not sent again.
+    let again = ingest_with(&w, nodes.clone()).unwrap();
+    let run = w.run_all(&again);
+    assert_eq!(w.batch_ends(&bid).await, BatchState::Completed);
+    for (rel, old) in confirmed.iter().zip(&before) {
+        let now = primary.head(&s_ark, 1, rel).await.unwrap().unwrap();
+        assert_eq!(
+            (&now.etag, now.modified_ms),
+            (&old.etag, old.modified_ms),
+            "{rel}"
+        );
+    }
+    for (name, body) in &bodies {
+        let c = primary
+            .digest(&s_ark, 1, &format!("producer/{name}"), None)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.sha256, sha256(body));
+    }
+    assert_eq!(a.open_uploads("primary"), 0);
+    run.stop().await;
+}
+
+async fn wrong_credentials_and_a_missing_bucket_fail_at_once_naming_the_node(w: World) {
+    let a = Weed::start().unwrap();
+    a.bucket("primary").unwrap();
+    let wrong = NodeSettings {
+        secret_access_key_env: Some("WRONG_SECRET".into()),
+        ..node(9601, &a, "primary")
+    };
+    let missing = node(9602, &a, "no-such-bucket");
+    w.profile(
+        "wrongkey",
+        "collection = \"demo\"\nstorage_nodes = [9601]\n",
+    );
+    w.profile(
+        "nobucket",
+        "collection = \"demo\"\nstorage_nodes = [9602]\n",
+    );
+    let ingest = ingest_with(&w, vec![wrong, missing]).unwrap();
+    let (m, _) = w.file("one.txt", b"one file");
+    let b1 = w
+        .submit_as(&ingest, "wrongkey", "depositor", &m, "file")
+        .await;
+    let b2 = w
+        .submit_as(&ingest, "nobucket", "depositor", &m, "file")
+        .await;
+    let run = w.run_all(&ingest);
+    for (bid, want) in [
+        (&b1, "storage node 9601 (bucket primary)"),
+        (&b2, "storage node 9602 (bucket no-such-bucket)"),
+    ] {
+        assert_eq!(w.batch_ends(bid).await, BatchState::Failed);
+        let job = w.jobs_of(bid).await.remove(0);
+        let st = w.engine.job(&job).await.unwrap().status;
+        assert_eq!(st.status, JobState::Failed);
+        assert_eq!(st.last_successful_status, Some(JobState::Processing));
+        let msg = st.message.unwrap_or_default();
+        assert!(msg.contains(want), "{msg}");
+        // Fatal at once: one attempt, not the stage's three.
+        let hist = w.engine.job(&job).await.unwrap();
+        let tries = serde_json::to_string(&hist)
+            .unwrap()
+            .matches("\"Storing\"")
+            .count();
+        assert!(tries <= 3, "{tries}");
+    }
+    let msg = w
+        .engine
+        .job(&w.jobs_of(&b2).await.remove(0))
+        .await
+        .unwrap()
+        .status
+        .message
+        .unwrap();
+    assert!(msg.contains("does not exist"), "{msg}");
+    // Nothing was left in the real bucket.
+    let good = Node::open(&node(9601, &a, "primary"), env).unwrap();
+    if let Place::Bucket { store, .. } = &good.place {
+        use futures_util::StreamExt;
+        let keys: Vec<_> = store.list(None).collect().await;
+        assert!(keys.is_empty(), "{keys:?}");
+    }
+    run.stop().await;
+}
+
+/// A profile naming a node the config lacks: the service does not start, and a profile added
+/// later is refused at submission, naming the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_profile_naming_an_unknown_node_is_refused_at_start_and_at_submission() {
+    let w = World::new().await;
+    w.profile("lost", "collection = \"demo\"\nstorage_nodes = [4242]\n");
+    let err = ingest_with(&w, vec![]).err().expect("refused at start");
+    assert!(
+        err.contains("storage node 4242") && err.contains("profile lost"),
+        "{err}"
+    );
+    std::fs::remove_file(w.cfg.profiles_dir().join("lost.toml")).unwrap();
+    let ingest = ingest_with(&w, vec![]).unwrap();
+    w.profile("lost", "collection = \"demo\"\nstorage_nodes = [4242]\n");
+    let (m, _) = w.file("one.txt", b"one file");
+    let sub = lading_ingest::Submission {
+        profile: "lost".into(),
+        submitter: "depositor".into(),
+        payload_url: m,
+        payload_type: "file".into(),
+        ..Default::default()
+    };
+    let err = lading_ingest::submit(&ingest, &sub).await.unwrap_err();
+    assert!(err.to_string().contains("storage node 4242"), "{err}");
+    assert!(
+        w.engine.batch_ids().await.unwrap().is_empty(),
+        "no batch was made"
+    );
+}
+
+/// A store URL that is neither `s3://` nor `file://`, a bucket name too short, a missing
+/// credential variable and a part size below S3's smallest are named when a node opens.
+#[test]
+fn bad_node_settings_are_named() {
+    let base = NodeSettings {
+        id: 7,
+        url: "s3://bucket".into(),
+        endpoint: Some("http://127.0.0.1:1".into()),
+        region: None,
+        access_key_id_env: None,
+        secret_access_key_env: None,
+        part_size: None,
+    };
+    let err =
+        |s: NodeSettings, e: &dyn Fn(&str) -> Option<String>| Node::open(&s, e).err().unwrap();
+    let none = |_: &str| None;
+    assert!(
+        err(
+            NodeSettings {
+                url: "ftp://x/y".into(),
+                ..base.clone()
+            },
+            &env
+        )
+        .contains("not s3:// or file://")
+    );
+    assert!(
+        err(
+            NodeSettings {
+                url: "s3://ab".into(),
+                ..base.clone()
+            },
+            &env
+        )
+        .contains("names no bucket")
+    );
+    assert!(err(base.clone(), &none).contains("AWS_ACCESS_KEY_ID is not set"));
+    assert!(
+        err(
+            NodeSettings {
+                part_size: Some(1 << 20),
+                ..base.clone()
+            },
+            &env
+        )
+        .contains("part_size")
+    );
+    let shown = format!("{:?}", Node::open(&base, env).unwrap());
+    assert!(
+        !shown.contains(SECRET_KEY),
+        "the secret is not in the node's Debug form"
+    );
+}
