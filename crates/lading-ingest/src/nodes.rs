@@ -628,9 +628,11 @@ impl Node {
             Ok(id) => id,
             Err(e) => return Ok(Err(e)),
         };
-        upload(Some(id.clone()))
-            .await
-            .map_err(|what| NodeError { what, fatal: false })?;
+        if let Err(what) = upload(Some(id.clone())).await {
+            // Not recorded, so no successor could abort it: aborted here.
+            let _ = store.abort_multipart(key, &id).await;
+            return Err(NodeError { what, fatal: false });
+        }
         let r: Result<(), object_store::Error> = async {
             let mut f =
                 tokio::fs::File::open(src)
@@ -672,21 +674,27 @@ impl Node {
             store.complete_multipart(key, &id, parts).await.map(|_| ())
         }
         .await;
-        if r.is_err() {
-            let _ = store.abort_multipart(key, &id).await;
+        // The recorded id goes once the upload is completed or aborted; an abort that fails
+        // (the node is down) leaves it recorded for the next attempt to abort.
+        if r.is_ok() || store.abort_multipart(key, &id).await.is_ok() {
+            let _ = upload(None).await;
         }
-        let _ = upload(None).await;
         Ok(r)
     }
 
     /// Aborts a multipart upload a predecessor left (best effort: an upload that finished
     /// or was aborted already is not an error).
-    pub async fn abort_upload(&self, ark: &str, version: u32, rel: &str, id: &str) {
+    /// False when the node could not be asked (the upload stays recorded).
+    pub async fn abort_upload(&self, ark: &str, version: u32, rel: &str, id: &str) -> bool {
         if let Place::Bucket { store, .. } = &self.place
             && let Ok(key) = self.key(ark, version, rel)
         {
-            let _ = store.abort_multipart(&key, &id.to_string()).await;
+            return match store.abort_multipart(&key, &id.to_string()).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => true,
+                Err(e) => !self.fail("abort", e).what.contains("connect"),
+            };
         }
+        true
     }
 
     /// Writes `src` over whatever `rel` of the version holds (fixity repair only, with a

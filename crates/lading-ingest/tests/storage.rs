@@ -87,7 +87,84 @@ on_both_backends!(
     a_batch_is_stored_on_a_primary_and_a_replica_and_fixity_repairs_a_bad_copy,
     an_interrupted_store_resumes_without_sending_confirmed_files_again,
     wrong_credentials_and_a_missing_bucket_fail_at_once_naming_the_node,
+    the_primary_killed_mid_batch_and_started_again_leaves_every_object_complete,
 );
+
+/// The primary node's server is SIGKILLed while a batch of objects with multipart files is
+/// being stored, and started again a second later: the stage's retries carry every object
+/// to Completed, every file reads back right, and no multipart upload is left open.
+async fn the_primary_killed_mid_batch_and_started_again_leaves_every_object_complete(w: World) {
+    let mut a = Weed::start().unwrap();
+    a.bucket("primary").unwrap();
+    let nodes = vec![node(9501, &a, "primary")];
+    w.profile(
+        "s3",
+        "collection = \"demo\"\nstorage_nodes = [9501]\n[max_attempts]\nstoring = 40\n",
+    );
+    let ingest = ingest_with(&w, nodes.clone()).unwrap();
+    let big: Vec<u8> = (0..11 << 20).map(|i| (i * 13 % 241) as u8).collect();
+    let mut bids = Vec::new();
+    for i in 0..4 {
+        let small = format!("object {i}\n");
+        let m = w.object_manifest(
+            &format!("o{i}.checkm"),
+            &[("big.bin", &big), ("small.txt", small.as_bytes())],
+        );
+        bids.push(w.submit_as(&ingest, "s3", "depositor", &m, "manifest").await);
+    }
+    let run = w.run_all(&ingest);
+    // Killed once the first object is on its way to the node.
+    tokio::time::timeout(common::WAIT, async {
+        loop {
+            for b in &bids {
+                for j in w.jobs_of(b).await {
+                    if w.engine.job(&j).await.unwrap().status.status == JobState::Storing {
+                        return;
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("a job reaches Storing");
+    a.kill();
+    // Down longer than the client's own few quick retries: the stage's retries carry it.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    a.restart().unwrap();
+    let primary = Node::open(&nodes[0], env).unwrap();
+    for b in &bids {
+        let end = w.batch_ends(b).await;
+        let job = w.jobs_of(b).await.remove(0);
+        let st = w.engine.job(&job).await.unwrap().status;
+        assert_eq!(end, BatchState::Completed, "{st:?}");
+        let s = stored(&w, &job).await;
+        let c = primary
+            .digest(&s.ark, s.version, "producer/big.bin", None)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.sha256, sha256(&big));
+    }
+    assert_eq!(a.open_uploads("primary"), 0, "no multipart upload left open");
+    // The kill was felt: some attempt at Storing failed (transient) and was retried.
+    let figures = ingest.stats.figures();
+    let storing = figures
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("storing"))
+        .map(|(_, f)| f.transient)
+        .unwrap_or(0);
+    assert!(storing > 0, "no attempt at Storing failed: {figures:?}");
+    // The probe of open uploads sees one when there is one.
+    if let Place::Bucket { store, .. } = &primary.place {
+        use object_store::multipart::MultipartStore;
+        let key = object_store::path::Path::parse("probe").unwrap();
+        let id = store.create_multipart(&key).await.unwrap();
+        assert_eq!(a.open_uploads("primary"), 1);
+        store.abort_multipart(&key, &id).await.unwrap();
+    }
+    run.stop().await;
+}
 
 async fn a_batch_is_stored_on_a_primary_and_a_replica_and_fixity_repairs_a_bad_copy(w: World) {
     let (a, b) = (Weed::start().unwrap(), Weed::start().unwrap());

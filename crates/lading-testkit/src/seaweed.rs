@@ -39,9 +39,17 @@ impl Weed {
             return Err(WeedError::NotInstalled);
         }
         let dir = tempfile::Builder::new().prefix("lading-weed-").tempdir()?;
-        // Every port chosen while the others are still held, so no two are the same.
+        // Every port chosen while the others are still held, so no two are the same, and
+        // below the kernel's ephemeral range (32768 up), so no outgoing connection takes one
+        // while the server is down between a kill and a restart.
         let mut held = Vec::new();
         let mut ports = Vec::new();
+        let mut next = 20_000
+            + (std::process::id() as u64 * 7919
+                + std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.subsec_nanos() as u64))
+                % 12_000;
         for name in [
             "s3.port",
             "s3.port.grpc",
@@ -54,7 +62,12 @@ impl Weed {
             "admin.port",
             "admin.port.grpc",
         ] {
-            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+            let l = loop {
+                next = 20_000 + (next + 1 - 20_000) % 12_000;
+                if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", next as u16)) {
+                    break l;
+                }
+            };
             ports.push((name, l.local_addr()?.port()));
             held.push(l);
         }

@@ -153,7 +153,16 @@ pub(crate) async fn store_on_bucket(
     }
     // Uploads a predecessor left open go first.
     for (rel, id) in std::mem::take(&mut progress.uploads) {
-        node.abort_upload(ark, version, &rel, &id).await;
+        if !node.abort_upload(ark, version, &rel, &id).await {
+            progress.uploads.insert(rel, id);
+        }
+    }
+    if !progress.uploads.is_empty() {
+        return Err(Outcome::Transient(format!(
+            "{}: cannot abort the {} multipart uploads an earlier attempt left open",
+            node.name(),
+            progress.uploads.len()
+        )));
     }
     let wd = job.workdir.clone();
     let files = tokio::task::spawn_blocking(move || local_files(&wd))
