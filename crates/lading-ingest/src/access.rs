@@ -63,11 +63,145 @@ pub fn write_zip<W: Write>(dir: &Path, out: W) -> std::io::Result<W> {
 
 /// Writes `dir` as a zip to `out` (through `out.part`, fsynced, then renamed).
 pub fn zip_to_file(dir: &Path, out: &Path) -> std::io::Result<()> {
+    source_zip_to_file(&Source::Dir(dir.to_path_buf()), out)
+}
+
+/// Where a stored version is read from: a folder (the storage root of a profile without
+/// nodes), or the first storage node whose copy answers and has not failed fixity.
+pub enum Source {
+    Dir(PathBuf),
+    Node {
+        node: Arc<crate::nodes::Node>,
+        ark: String,
+        version: u32,
+        files: Vec<crate::stages::ObjectFile>,
+    },
+}
+
+/// Finds a good copy of version `version` of `ark`: the primary first, then replicas; a
+/// node that does not answer, or holds a copy the fixity checker found bad or missing, is
+/// passed over. `stored` is the job's store record, for a version not recorded yet.
+pub async fn source(
+    ingest: &Ingest,
+    ark: &str,
+    version: u32,
+    stored: Option<&crate::stages::StoredVersion>,
+) -> Result<Source, String> {
+    let a = ark.to_string();
+    let (path, copies) = ingest
+        .inventory
+        .run(move |i| Ok((i.version_path(&a, version)?, i.copies(None, Some(&a))?)))
+        .await
+        .map_err(|e| e.to_string())?;
+    let path = path.or_else(|| stored.map(|s| s.path.clone()));
+    let mut order: Vec<u32> = stored.and_then(|s| s.node).into_iter().collect();
+    let mut bad = std::collections::BTreeSet::new();
+    for c in copies
+        .iter()
+        .filter(|c| c.version == version && c.node != 0)
+    {
+        if c.status != "ok" {
+            bad.insert(c.node);
+        }
+        if !order.contains(&c.node) {
+            // The node the version was stored on (its recorded path) goes first.
+            if ingest
+                .nodes
+                .get(c.node)
+                .is_some_and(|n| Some(n.version_url(ark, version)) == path)
+            {
+                order.insert(0, c.node);
+            } else {
+                order.push(c.node);
+            }
+        }
+    }
+    if order.is_empty() {
+        let path = path.ok_or_else(|| format!("version {version} of {ark} is not recorded"))?;
+        return Ok(Source::Dir(PathBuf::from(path)));
+    }
+    let mut why = Vec::new();
+    for id in order {
+        if bad.contains(&id) {
+            why.push(format!("storage node {id}: its copy failed fixity"));
+            continue;
+        }
+        let Some(node) = ingest.nodes.get(id) else {
+            why.push(format!("storage node {id} is not configured here"));
+            continue;
+        };
+        match crate::replicate::version_on(node, ark, version).await {
+            Ok(r) => {
+                return Ok(Source::Node {
+                    node: node.clone(),
+                    ark: ark.to_string(),
+                    version,
+                    files: r.files,
+                });
+            }
+            Err(e) => why.push(e.what),
+        }
+    }
+    Err(format!(
+        "no storage node has a good copy of {ark} v{version} now: {}",
+        why.join("; ")
+    ))
+}
+
+/// Writes `src` as a zip to `out`, which need not be seekable; on a blocking thread (a
+/// node's copies are read through the runtime the caller was started from).
+pub fn write_source_zip<W: Write>(src: &Source, out: W) -> std::io::Result<W> {
+    let (node, ark, version, list) = match src {
+        Source::Dir(d) => return write_zip(d, out),
+        Source::Node {
+            node,
+            ark,
+            version,
+            files,
+        } => (node, ark, *version, files),
+    };
+    let rt = tokio::runtime::Handle::current();
+    let mut zip = zip::ZipWriter::new_stream(std::io::BufWriter::with_capacity(64 << 10, out));
+    for f in list {
+        let opts = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Stored)
+            .large_file(f.size >= u32::MAX as u64);
+        zip.start_file(f.path.as_str(), opts)
+            .map_err(std::io::Error::other)?;
+        let reader = rt
+            .block_on(node.open_read(ark, version, &f.path))
+            .map_err(|e| std::io::Error::other(e.what))?
+            .ok_or_else(|| {
+                std::io::Error::other(format!(
+                    "{}: {ark}|{version}|{} is missing",
+                    node.name(),
+                    f.path
+                ))
+            })?;
+        match reader {
+            crate::nodes::Reader::File(mut file) => {
+                std::io::copy(&mut file, &mut zip)?;
+            }
+            crate::nodes::Reader::Stream(mut s) => {
+                use futures_util::StreamExt;
+                while let Some(chunk) = rt.block_on(s.next()) {
+                    zip.write_all(&chunk.map_err(std::io::Error::other)?)?;
+                }
+            }
+        }
+    }
+    let mut w = zip.finish().map_err(std::io::Error::other)?;
+    w.flush()?;
+    w.into_inner().into_inner().map_err(|e| e.into_error())
+}
+
+/// Writes `src` as a zip to `out` (through `out.part`, fsynced, then renamed).
+pub fn source_zip_to_file(src: &Source, out: &Path) -> std::io::Result<()> {
     if let Some(p) = out.parent() {
         std::fs::create_dir_all(p)?;
     }
     let part = out.with_extension("zip.part");
-    let f = write_zip(dir, std::fs::File::create(&part)?)?;
+    let f = write_source_zip(src, std::fs::File::create(&part)?)?;
     f.sync_all()?;
     std::fs::rename(&part, out)
 }
@@ -85,15 +219,9 @@ async fn assemble(ingest: &Ingest, lease: &AccessLease) -> Result<(), String> {
         .token
         .version
         .ok_or("the request's token names no `version` (of the object to assemble)")?;
-    let a = ark.to_string();
-    let path = ingest
-        .inventory
-        .run(move |i| i.version_path(&a, version))
-        .await
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| format!("version {version} of {ark} is no longer recorded"))?;
+    let src = source(ingest, ark, version, None).await?;
     let out = zip_path(&ingest.cfg, lease.queue, &lease.id);
-    tokio::task::spawn_blocking(move || zip_to_file(&PathBuf::from(path), &out))
+    tokio::task::spawn_blocking(move || source_zip_to_file(&src, &out))
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string())

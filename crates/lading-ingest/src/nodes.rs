@@ -95,6 +95,12 @@ pub struct Meta {
     pub modified_ms: i64,
 }
 
+/// A copy being read: a local file, or a bucket's response body.
+pub enum Reader {
+    File(std::fs::File),
+    Stream(futures_util::stream::BoxStream<'static, object_store::Result<bytes::Bytes>>),
+}
+
 /// What [`Node::put_new`] is told of a multipart upload's id, to record it.
 pub type UploadNote<'a> = futures_util::future::BoxFuture<'a, Result<(), String>>;
 
@@ -456,6 +462,34 @@ impl Node {
             }
         }
         Ok(true)
+    }
+
+    /// Opens `rel` of the version for reading (a zip entry, a download), or None when the
+    /// node lacks it.
+    pub async fn open_read(
+        &self,
+        ark: &str,
+        version: u32,
+        rel: &str,
+    ) -> Result<Option<Reader>, NodeError> {
+        match &self.place {
+            Place::Folder(root) => {
+                let p = self.folder_path(root, ark, version, rel);
+                match std::fs::File::open(&p) {
+                    Ok(f) => Ok(Some(Reader::File(f))),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                    Err(e) => Err(self.io("opening", &p, e)),
+                }
+            }
+            Place::Bucket { store, .. } => {
+                let key = self.key(ark, version, rel)?;
+                match store.get(&key).await {
+                    Ok(g) => Ok(Some(Reader::Stream(g.into_stream()))),
+                    Err(object_store::Error::NotFound { .. }) => Ok(None),
+                    Err(e) => Err(self.fail(&format!("GET {key}"), e)),
+                }
+            }
+        }
     }
 
     /// The versions of `ark` the node holds a version record of, ascending.

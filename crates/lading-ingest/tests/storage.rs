@@ -110,7 +110,10 @@ async fn the_primary_killed_mid_batch_and_started_again_leaves_every_object_comp
             &format!("o{i}.checkm"),
             &[("big.bin", &big), ("small.txt", small.as_bytes())],
         );
-        bids.push(w.submit_as(&ingest, "s3", "depositor", &m, "manifest").await);
+        bids.push(
+            w.submit_as(&ingest, "s3", "depositor", &m, "manifest")
+                .await,
+        );
     }
     let run = w.run_all(&ingest);
     // Killed once the first object is on its way to the node.
@@ -146,7 +149,11 @@ async fn the_primary_killed_mid_batch_and_started_again_leaves_every_object_comp
             .unwrap();
         assert_eq!(c.sha256, sha256(&big));
     }
-    assert_eq!(a.open_uploads("primary"), 0, "no multipart upload left open");
+    assert_eq!(
+        a.open_uploads("primary"),
+        0,
+        "no multipart upload left open"
+    );
     // The kill was felt: some attempt at Storing failed (transient) and was retried.
     let figures = ingest.stats.figures();
     let storing = figures
@@ -167,7 +174,7 @@ async fn the_primary_killed_mid_batch_and_started_again_leaves_every_object_comp
 }
 
 async fn a_batch_is_stored_on_a_primary_and_a_replica_and_fixity_repairs_a_bad_copy(w: World) {
-    let (a, b) = (Weed::start().unwrap(), Weed::start().unwrap());
+    let (mut a, b) = (Weed::start().unwrap(), Weed::start().unwrap());
     a.bucket("primary").unwrap();
     b.bucket("replica").unwrap();
     let nodes = vec![node(9501, &a, "primary"), node(9502, &b, "replica")];
@@ -293,6 +300,52 @@ async fn a_batch_is_stored_on_a_primary_and_a_replica_and_fixity_repairs_a_bad_c
             .all(|c| c.status == "ok" && c.checked.is_some())
     );
     run.stop().await;
+    // The primary goes down: an access request is served from the replica.
+    a.kill();
+    let qid = w
+        .engine
+        .create_access(
+            lading_core::layout::AccessQueue::Small,
+            &serde_json::json!({"ark": s.ark, "version": 1}),
+        )
+        .await
+        .unwrap();
+    let (handle, stop) = lading_worker::Shutdown::new();
+    let task = tokio::spawn(lading_ingest::access::run(
+        ingest.clone(),
+        lading_core::layout::AccessQueue::Small,
+        stop,
+    ));
+    let st = tokio::time::timeout(common::WAIT, async {
+        loop {
+            let i = w
+                .engine
+                .access(lading_core::layout::AccessQueue::Small, &qid)
+                .await
+                .unwrap();
+            if matches!(
+                i.status.status,
+                lading_core::AccessState::Completed | lading_core::AccessState::Failed
+            ) {
+                return i.status;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the request ends");
+    handle.stop();
+    task.await.unwrap();
+    assert_eq!(st.status, lading_core::AccessState::Completed, "{st:?}");
+    let zip_path =
+        lading_ingest::access::zip_path(&ingest.cfg, lading_core::layout::AccessQueue::Small, &qid);
+    let mut zip = zip::ZipArchive::new(std::fs::File::open(zip_path).unwrap()).unwrap();
+    for (name, bytes) in &files {
+        let mut e = zip.by_name(&format!("producer/{name}")).unwrap();
+        let mut got = Vec::new();
+        std::io::Read::read_to_end(&mut e, &mut got).unwrap();
+        assert_eq!(&got, bytes, "{name} from the replica");
+    }
 }
 
 async fn an_interrupted_store_resumes_without_sending_confirmed_files_again(w: World) {

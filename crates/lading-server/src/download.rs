@@ -18,6 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use lading_core::layout::{BatchId, JobId, ark_node_name, job_node};
 use lading_engine::EngineError;
+use lading_ingest::access::Source;
 use lading_ingest::stages::StoredVersion;
 use serde::Deserialize;
 use serde_json::json;
@@ -43,11 +44,17 @@ impl Write for ChannelWriter {
 
 /// A response streaming `dir` as `file_name`.
 pub fn zip_response(dir: PathBuf, file_name: &str) -> Response {
+    source_response(Source::Dir(dir), file_name)
+}
+
+/// A response streaming a stored version (a folder, or a storage node's copy) as a zip.
+pub fn source_response(src: Source, file_name: &str) -> Response {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Chunk>(8);
+    let name = file_name.to_string();
     tokio::task::spawn_blocking(move || {
-        if let Err(e) = lading_ingest::access::write_zip(&dir, ChannelWriter(tx.clone())) {
+        if let Err(e) = lading_ingest::access::write_source_zip(&src, ChannelWriter(tx.clone())) {
             if e.kind() != std::io::ErrorKind::BrokenPipe {
-                tracing::warn!("zip of {}: {e}", dir.display());
+                tracing::warn!("zip {name}: {e}");
             }
             // The client sees a broken body rather than a zip that looks whole.
             let _ = tx.blocking_send(Err(e));
@@ -119,6 +126,16 @@ pub async fn job_download(
         )
             .into_response());
     };
+    let name = format!("{}-v{}.zip", ark_node_name(&stored.ark), stored.version);
+    if stored.node.is_some() {
+        let src =
+            lading_ingest::access::source(&s.ingest, &stored.ark, stored.version, Some(&stored))
+                .await
+                .map_err(|why| {
+                    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", why)
+                })?;
+        return Ok(source_response(src, &name));
+    }
     let dir = PathBuf::from(&stored.path);
     if !dir.is_dir() {
         return Err(ApiError::new(
@@ -130,10 +147,7 @@ pub async fn job_download(
             ),
         ));
     }
-    Ok(zip_response(
-        dir,
-        &format!("{}-v{}.zip", ark_node_name(&stored.ark), stored.version),
-    ))
+    Ok(zip_response(dir, &name))
 }
 
 #[derive(Deserialize)]
@@ -150,8 +164,7 @@ pub async fn object_download(
     Query(q): Query<ObjectQuery>,
 ) -> Result<Response, ApiError> {
     let (ark, version) = (q.ark.clone(), q.version);
-    let path = s
-        .ingest
+    s.ingest
         .inventory
         .run(move |i| i.version_path(&ark, version))
         .await
@@ -163,8 +176,12 @@ pub async fn object_download(
                 format!("no version {} of {:?} is recorded", q.version, q.ark),
             )
         })?;
-    Ok(zip_response(
-        PathBuf::from(path),
+    // The primary's copy, or a replica's when the primary does not answer or failed fixity.
+    let src = lading_ingest::access::source(&s.ingest, &q.ark, q.version, None)
+        .await
+        .map_err(|why| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", why))?;
+    Ok(source_response(
+        src,
         &format!("{}-v{}.zip", ark_node_name(&q.ark), q.version),
     ))
 }
