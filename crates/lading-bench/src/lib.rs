@@ -5,7 +5,9 @@ mod aids;
 mod http;
 mod jobs;
 mod pipeline;
+mod storage;
 pub use aids::{drive, hold_job};
+pub use storage::storage;
 
 use clap::{Subcommand, ValueEnum};
 use lading_core::time::system_clock;
@@ -106,6 +108,22 @@ pub enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// N files of BYTES put on a configured storage node (`[[storage_nodes]]` of the
+    /// `--config`) the way Storing puts them (each only where absent, read back or checked
+    /// by the node's SHA-256, several at once); MB/s. The files are removed from the node
+    /// afterwards.
+    Storage {
+        /// The node's id.
+        #[arg(long)]
+        node: u32,
+        #[arg(long, default_value_t = 8)]
+        files: usize,
+        /// Bytes per file.
+        #[arg(long, default_value_t = 64 << 20)]
+        size: u64,
+        #[arg(long)]
+        json: bool,
+    },
     /// Time acquiring the head of the Pending queue when it holds each of the given numbers
     /// of jobs (a fresh store per size; with `--store zk://…`, a fresh chroot under it).
     Acquire {
@@ -138,6 +156,9 @@ const LOOK_ORDER: [JobState; 8] = JobState::LATEST_FIRST;
 
 pub async fn run(what: Bench, store: Option<&str>) -> anyhow::Result<()> {
     match what {
+        Bench::Storage { .. } => {
+            anyhow::bail!("bench storage takes the config: call lading_bench::storage")
+        }
         Bench::Queue {
             jobs,
             workers,

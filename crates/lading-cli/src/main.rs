@@ -374,6 +374,18 @@ async fn run_on(cli: Cli, cfg: lading_ingest::Config, store: &str) -> anyhow::Re
         Command::Jobs { action } => jobs_cmd::run(&store, action).await?,
         // Answered in `main`, before any store or runtime.
         Command::Completions { .. } | Command::Man => {}
+        Command::Bench {
+            what:
+                lading_bench::Bench::Storage {
+                    node,
+                    files,
+                    size,
+                    json,
+                },
+        } => {
+            let cfg = node::config(cli.config.as_deref())?;
+            lading_bench::storage(&cfg, node, files, size, json).await?
+        }
         Command::Bench { what } => lading_bench::run(what, cli.store.as_deref()).await?,
         Command::Drive { idle_ms } => {
             let e = engine(&store).await?;

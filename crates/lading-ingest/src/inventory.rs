@@ -339,6 +339,55 @@ impl Inventory {
         })
     }
 
+    /// The copies of the versions `job` stored, per version and node.
+    pub fn job_copies(&self, job: &str) -> Result<Vec<NodeCopies>, InventoryError> {
+        const Q: &str = "SELECT c.ark, c.version, c.node,
+               CAST(SUM(CASE WHEN c.status = 'ok' THEN 1 ELSE 0 END) AS BIGINT),
+               CAST(SUM(CASE WHEN c.status = 'bad' THEN 1 ELSE 0 END) AS BIGINT),
+               CAST(SUM(CASE WHEN c.status = 'missing' THEN 1 ELSE 0 END) AS BIGINT),
+               MAX(c.checked)
+             FROM versions v JOIN copies c ON c.ark = v.ark AND c.version = v.version
+             WHERE v.job = $1 GROUP BY c.ark, c.version, c.node ORDER BY c.ark, c.version, c.node";
+        self.with(|c, shown| match c {
+            Conn::Sqlite(c) => {
+                let mut st = c.prepare(&sqlite_params(Q))?;
+                let rows = st
+                    .query_map(params![job], |r| {
+                        Ok(NodeCopies {
+                            ark: r.get(0)?,
+                            version: r.get(1)?,
+                            node: r.get::<_, i64>(2)? as u32,
+                            ok: r.get::<_, i64>(3)? as u64,
+                            bad: r.get::<_, i64>(4)? as u64,
+                            missing: r.get::<_, i64>(5)? as u64,
+                            last_checked: r.get(6)?,
+                        })
+                    })?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            }
+            Conn::Postgres(c) => c
+                .query(Q, &[&job])
+                .map(|rows| {
+                    rows.iter()
+                        .map(|r| NodeCopies {
+                            ark: r.get(0),
+                            version: r.get::<_, i32>(1) as u32,
+                            node: r.get::<_, i64>(2) as u32,
+                            ok: r.get::<_, i64>(3) as u64,
+                            bad: r.get::<_, i64>(4) as u64,
+                            missing: r.get::<_, i64>(5) as u64,
+                            last_checked: r.get(6),
+                        })
+                        .collect()
+                })
+                .map_err(|error| InventoryError::Postgres {
+                    at: shown.to_string(),
+                    error,
+                }),
+        })
+    }
+
     /// Every recorded copy (of `node`, of `ark`, when given) with what the file should be.
     pub fn copies(
         &self,
@@ -522,6 +571,19 @@ pub struct CopyCheck {
     pub sha256: String,
     /// The version's recorded location (a folder, or a node's `s3://` prefix).
     pub version_path: String,
+}
+
+/// A version's copies on one node, summed up.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NodeCopies {
+    pub ark: String,
+    pub version: u32,
+    pub node: u32,
+    pub ok: u64,
+    pub bad: u64,
+    pub missing: u64,
+    /// When a copy of the version on this node was last checked.
+    pub last_checked: Option<String>,
 }
 
 /// PostgreSQL's `$N` placeholders as SQLite's `?N`.

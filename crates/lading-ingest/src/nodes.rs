@@ -44,6 +44,11 @@ pub struct NodeSettings {
     pub secret_access_key_env: Option<String>,
     /// Files above this go up in parts of this size (default 64 MiB, at least 5 MiB).
     pub part_size: Option<u64>,
+    /// The checksum each request carries and the server checks the body against:
+    /// `sha256` (the default: the node itself confirms the SHA-256 the inventory records)
+    /// or `crc64nvme` (cheaper for the server; Lading still records its own SHA-256 of
+    /// what it sent, and the fixity checker reads SHA-256 back).
+    pub checksum: Option<String>,
 }
 
 /// A node's part size when none is configured.
@@ -144,6 +149,15 @@ impl Node {
                         .filter(|v| !v.is_empty())
                         .ok_or_else(|| named(format!("the credential variable {name} is not set")))
                 };
+                let checksum = match s.checksum.as_deref().unwrap_or("sha256") {
+                    "sha256" => object_store::aws::Checksum::SHA256,
+                    "crc64nvme" => object_store::aws::Checksum::CRC64NVME,
+                    other => {
+                        return Err(named(format!(
+                            "checksum {other:?} is not \"sha256\" or \"crc64nvme\""
+                        )));
+                    }
+                };
                 let key_id = var(&s.access_key_id_env, "AWS_ACCESS_KEY_ID")?;
                 let secret = var(&s.secret_access_key_env, "AWS_SECRET_ACCESS_KEY")?;
                 let mut b = AmazonS3Builder::new()
@@ -151,7 +165,10 @@ impl Node {
                     .with_region(s.region.clone().unwrap_or_else(|| "us-east-1".into()))
                     .with_access_key_id(key_id)
                     .with_secret_access_key(secret)
-                    .with_checksum_algorithm(object_store::aws::Checksum::SHA256)
+                    // The server checks each body against its SHA-256 header, which the
+                    // signature covers: the body itself need not be hashed again to sign.
+                    .with_checksum_algorithm(checksum)
+                    .with_unsigned_payload(true)
                     // The stage retries with its own backoff; the client tries briefly.
                     .with_retry(object_store::RetryConfig {
                         max_retries: 2,
@@ -540,24 +557,26 @@ impl Node {
         src: &Path,
         upload: &mut (dyn FnMut(Option<String>) -> UploadNote<'a> + Send + 'a),
     ) -> Result<(Copy, bool), NodeError> {
-        let (size, sha256) = {
+        let hash_file = || async {
             let p = src.to_path_buf();
-            tokio::task::spawn_blocking(move || crate::fetch::file_sha256(&p))
+            let (size, sha256) = tokio::task::spawn_blocking(move || crate::fetch::file_sha256(&p))
                 .await
                 .map_err(|e| NodeError {
                     what: e.to_string(),
                     fatal: false,
                 })?
-                .map_err(|e| self.io("reading", src, e))?
+                .map_err(|e| self.io("reading", src, e))?;
+            Ok::<Copy, NodeError>(Copy { size, sha256 })
         };
-        let want = Copy { size, sha256 };
         if let Some(have) = self.head(ark, version, rel).await? {
+            let want = hash_file().await?;
             return self
                 .same_or_conflict(ark, version, rel, want, have.size)
                 .await;
         }
         match &self.place {
             Place::Folder(root) => {
+                let want = hash_file().await?;
                 let dst = self.folder_path(root, ark, version, rel);
                 let (src, d2) = (src.to_path_buf(), dst.clone());
                 let r = tokio::task::spawn_blocking(move || copy_new(&src, &d2))
@@ -576,18 +595,36 @@ impl Node {
             }
             Place::Bucket { store, .. } => {
                 let key = self.key(ark, version, rel)?;
-                let r = if size <= self.part_size {
+                let size = std::fs::metadata(src)
+                    .map_err(|e| self.io("reading", src, e))?
+                    .len();
+                // The file is read once: hashed as it goes up.
+                let (r, want) = if size <= self.part_size {
                     let bytes = tokio::fs::read(src)
                         .await
                         .map_err(|e| self.io("reading", src, e))?;
+                    // Hashed while it goes up (the node checks its own SHA-256 of it).
+                    let bytes = bytes::Bytes::from(bytes);
+                    let len = bytes.len() as u64;
+                    let b2 = bytes.clone();
+                    let hashing =
+                        tokio::task::spawn_blocking(move || hex(&sha2::Sha256::digest(&b2)));
                     let opts = PutOptions {
                         mode: PutMode::Create,
                         ..Default::default()
                     };
-                    store
+                    let r = store
                         .put_opts(&key, PutPayload::from(bytes), opts)
                         .await
-                        .map(|_| ())
+                        .map(|_| ());
+                    let want = Copy {
+                        size: len,
+                        sha256: hashing.await.map_err(|e| NodeError {
+                            what: e.to_string(),
+                            fatal: false,
+                        })?,
+                    };
+                    (r, want)
                 } else {
                     self.multipart(store, &key, src, upload).await?
                 };
@@ -656,25 +693,25 @@ impl Node {
         key: &Key,
         src: &Path,
         upload: &mut (dyn FnMut(Option<String>) -> UploadNote<'a> + Send + 'a),
-    ) -> Result<Result<(), object_store::Error>, NodeError> {
+    ) -> Result<(Result<(), object_store::Error>, Copy), NodeError> {
         use tokio::io::AsyncReadExt;
         let id = match store.create_multipart(key).await {
             Ok(id) => id,
-            Err(e) => return Ok(Err(e)),
+            Err(e) => return Err(self.fail(&format!("starting an upload of {key}"), e)),
         };
         if let Err(what) = upload(Some(id.clone())).await {
             // Not recorded, so no successor could abort it: aborted here.
             let _ = store.abort_multipart(key, &id).await;
             return Err(NodeError { what, fatal: false });
         }
+        let mut hasher = sha2::Sha256::new();
+        let mut size = 0u64;
         let r: Result<(), object_store::Error> = async {
-            let mut f =
-                tokio::fs::File::open(src)
-                    .await
-                    .map_err(|e| object_store::Error::Generic {
-                        store: "local",
-                        source: Box::new(e),
-                    })?;
+            let local = |e: std::io::Error| object_store::Error::Generic {
+                store: "local",
+                source: Box::new(e),
+            };
+            let mut f = tokio::fs::File::open(src).await.map_err(local)?;
             let mut parts = Vec::new();
             loop {
                 let mut buf = Vec::with_capacity(self.part_size as usize);
@@ -682,14 +719,24 @@ impl Node {
                     .take(self.part_size)
                     .read_to_end(&mut buf)
                     .await
-                    .map_err(|e| object_store::Error::Generic {
-                        store: "local",
-                        source: Box::new(e),
-                    })?;
+                    .map_err(local)?;
                 if buf.is_empty() && !parts.is_empty() {
                     break;
                 }
                 let last = (buf.len() as u64) < self.part_size;
+                size += buf.len() as u64;
+                let h = std::mem::take(&mut hasher);
+                let (buf, h) = tokio::task::spawn_blocking(move || {
+                    let mut h = h;
+                    h.update(&buf);
+                    (buf, h)
+                })
+                .await
+                .map_err(|e| object_store::Error::Generic {
+                    store: "local",
+                    source: Box::new(e),
+                })?;
+                hasher = h;
                 parts.push(
                     store
                         .put_part(key, &id, parts.len(), PutPayload::from(buf))
@@ -713,7 +760,11 @@ impl Node {
         if r.is_ok() || store.abort_multipart(key, &id).await.is_ok() {
             let _ = upload(None).await;
         }
-        Ok(r)
+        let want = Copy {
+            size,
+            sha256: hex(&hasher.finalize()),
+        };
+        Ok((r, want))
     }
 
     /// Aborts a multipart upload a predecessor left (best effort: an upload that finished

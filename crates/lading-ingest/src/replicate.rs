@@ -10,6 +10,15 @@ use crate::stages::{NodeVersion, ObjectFile, StoredVersion, VERSION_FILE, read_n
 use std::path::PathBuf;
 use std::sync::Arc;
 
+/// Replica copies of versions made by this process, by target node: (stored, failed).
+static COPIES: std::sync::Mutex<std::collections::BTreeMap<u32, (u64, u64)>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+/// `lading_replica_versions_total` by node and outcome, as counted in this process.
+pub fn copies_by_node() -> std::collections::BTreeMap<u32, (u64, u64)> {
+    COPIES.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
 fn node<'a>(ingest: &'a Ingest, id: u32) -> Result<&'a Arc<Node>, NodeError> {
     ingest.nodes.get(id).ok_or_else(|| NodeError {
         what: format!("storage node {id} is not in this process's [[storage_nodes]]"),

@@ -29,7 +29,7 @@ use process::*;
 use space::*;
 pub use store::*;
 use store_node::store_on_bucket;
-pub use store_node::{NodeVersion, read_node_version};
+pub use store_node::{NodeVersion, STORE_PARALLEL, read_node_version};
 
 /// The object's files inside the working directory.
 pub const PRODUCER: &str = "producer";

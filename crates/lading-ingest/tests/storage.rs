@@ -35,6 +35,7 @@ fn node(id: u32, weed: &Weed, bucket: &str) -> NodeSettings {
         access_key_id_env: None,
         secret_access_key_env: None,
         part_size: Some(5 << 20),
+        checksum: None,
     }
 }
 
@@ -559,6 +560,7 @@ fn bad_node_settings_are_named() {
         access_key_id_env: None,
         secret_access_key_env: None,
         part_size: None,
+        checksum: None,
     };
     let err =
         |s: NodeSettings, e: &dyn Fn(&str) -> Option<String>| Node::open(&s, e).err().unwrap();

@@ -269,6 +269,11 @@ pub struct JobFiles {
     /// files in all).
     #[schema(value_type = Vec<Object>)]
     pub stored: Vec<lading_ingest::inventory::JobVersion>,
+    /// Per stored version and storage node (0: the storage root): copies found good, bad
+    /// and missing, and when they were last checked. A replica still on its way has none.
+    #[serde(default)]
+    #[schema(value_type = Vec<Object>)]
+    pub copies: Vec<lading_ingest::inventory::NodeCopies>,
     pub working: WorkingFiles,
     pub log: LogTail,
 }

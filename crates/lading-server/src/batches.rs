@@ -225,8 +225,8 @@ pub(crate) async fn job_files(
     let info = s.ingest.engine.job(&jid).await?;
     let inv = s.ingest.inventory.clone();
     let job = id.clone();
-    let stored = inv
-        .run(move |i| i.job_versions(&job))
+    let (stored, copies) = inv
+        .run(move |i| Ok((i.job_versions(&job)?, i.job_copies(&job)?)))
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?;
     let dir = lading_worker::workdir(&s.ingest.cfg.work_dir(), &info);
@@ -236,6 +236,7 @@ pub(crate) async fn job_files(
     Ok(Json(crate::api::JobFiles {
         id,
         stored,
+        copies,
         working,
         log,
     }))

@@ -159,6 +159,35 @@ pub async fn metrics(State(s): State<AppState>) -> Result<Response, ApiError> {
         "lading_downloaded_bytes_total {}",
         s.ingest.fetcher.bytes_downloaded()
     );
+    family(
+        &mut out,
+        "lading_replica_versions_total",
+        "counter",
+        "Object versions copied to a replica storage node by this process, by node and outcome (failed attempts are retried).",
+    );
+    for (node, (ok, failed)) in lading_ingest::replicate::copies_by_node() {
+        let _ = writeln!(
+            out,
+            "lading_replica_versions_total{{node=\"{node}\",outcome=\"stored\"}} {ok}"
+        );
+        let _ = writeln!(
+            out,
+            "lading_replica_versions_total{{node=\"{node}\",outcome=\"failed\"}} {failed}"
+        );
+    }
+    family(
+        &mut out,
+        "lading_fixity_failures_total",
+        "counter",
+        "Stored copies the fixity checker in this process found bad or missing, by storage node.",
+    );
+    for id in s.ingest.nodes.all().map(|n| n.id) {
+        let n = lading_ingest::fixity::failures_by_node()
+            .get(&id)
+            .copied()
+            .unwrap_or(0);
+        let _ = writeln!(out, "lading_fixity_failures_total{{node=\"{id}\"}} {n}");
+    }
     Ok((
         [(
             header::CONTENT_TYPE,

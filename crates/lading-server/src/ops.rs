@@ -46,13 +46,25 @@ pub trait Ops {
     async fn clear_lock(&self, kind: &str, name: &str) -> Result<()>;
     /// The changes of a batch and its jobs from now on.
     async fn changes(&self, batch: &str) -> Result<Changes>;
+    /// The copies of what a job stored, per version and storage node.
+    async fn copies(&self, job: &str) -> Result<Vec<lading_ingest::inventory::NodeCopies>>;
 
     /// A record as the API shows it: the summary (no id), a job (`jid…`), an access
     /// request (`qid…`) or a batch (`bid…` or its uuid), with its history expanded.
     async fn record(&self, id: Option<&str>) -> Result<Value> {
         Ok(match id {
             None => serde_json::to_value(self.summary().await?)?,
-            Some(id) if id.starts_with(JobId::PREFIX) => serde_json::to_value(self.job(id).await?)?,
+            Some(id) if id.starts_with(JobId::PREFIX) => {
+                let mut v = serde_json::to_value(self.job(id).await?)?;
+                // Where its version's copies are and how they were last found (the
+                // inventory's; a token that may not read it sees the job alone).
+                if let Ok(c) = self.copies(id).await
+                    && !c.is_empty()
+                {
+                    v["copies"] = serde_json::to_value(c)?;
+                }
+                v
+            }
             Some(id) if id.starts_with(AccessId::PREFIX) => {
                 serde_json::to_value(self.access(id).await?)?
             }
@@ -72,6 +84,16 @@ fn parse_state(name: Option<&str>) -> Result<Option<JobState>> {
 }
 
 impl Ops for Local {
+    async fn copies(&self, job: &str) -> Result<Vec<lading_ingest::inventory::NodeCopies>> {
+        let j = job.to_string();
+        Ok(self
+            .0
+            .inventory
+            .run(move |i| i.job_copies(&j))
+            .await
+            .map_err(|e| EngineError::Invalid(format!("inventory: {e}")))?)
+    }
+
     async fn submit(&self, req: SubmitRequest) -> Result<Submitted> {
         let url = req.payload_url.clone().unwrap_or_default();
         let submitter = req
@@ -244,6 +266,12 @@ impl Ops for Local {
 }
 
 impl Ops for Client {
+    async fn copies(&self, job: &str) -> Result<Vec<lading_ingest::inventory::NodeCopies>> {
+        let path = format!("/api/v1/jobs/{}/files", crate::client::enc(job));
+        let f: crate::api::JobFiles = self.json("GET", &path, None::<&()>).await?;
+        Ok(f.copies)
+    }
+
     async fn submit(&self, mut req: SubmitRequest) -> Result<Submitted> {
         match req.payload_url.take() {
             Some(url) if !url.contains("://") => {

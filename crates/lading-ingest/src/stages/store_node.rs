@@ -27,7 +27,7 @@ pub(crate) struct Progress {
 const PROGRESS: &str = "store-progress";
 
 /// Files put on a node at once.
-const PARALLEL: usize = 4;
+pub const STORE_PARALLEL: usize = 4;
 
 fn node_outcome(e: NodeError) -> Outcome {
     if e.fatal {
@@ -218,7 +218,7 @@ pub(crate) async fn store_on_bucket(
             Ok::<(), NodeError>(())
         }
     }))
-    .buffer_unordered(PARALLEL)
+    .buffer_unordered(STORE_PARALLEL)
     .collect::<Vec<_>>()
     .await;
     if let Some(e) = results.iter().find_map(|r| r.as_ref().err()).cloned() {
