@@ -93,6 +93,35 @@ pub async fn check(
         .run(move |i| i.copies(node, a.as_deref()))
         .await
         .map_err(|e| format!("inventory: {e}"))?;
+    check_list(ingest, copies, pace).await
+}
+
+/// The generic-jobs type of the scheduled audit, and its schedule's name.
+pub const AUDIT_TYPE: &str = "lading.fixity";
+pub const AUDIT_SCHEDULE: &str = "audit";
+/// Copies one audit job checks at most (the schedule adds one job an hour).
+const AUDIT_SHARE: i64 = 5000;
+
+/// One share of the scheduled audit: the copies not checked for `[fixity] every_days`
+/// (or never), longest unchecked first, read at most `bytes_per_s`.
+pub async fn audit_due(ingest: &Ingest) -> Result<Audit, String> {
+    let f = &ingest.cfg.fixity;
+    let now = ingest.engine.clock().now_ms();
+    let before = lading_core::time::format_ts(now.saturating_sub(f.every_days * 86_400_000));
+    let copies = ingest
+        .inventory
+        .run(move |i| i.copies_due(&before, AUDIT_SHARE))
+        .await
+        .map_err(|e| format!("inventory: {e}"))?;
+    check_list(ingest, copies, Some(f.bytes_per_s).filter(|b| *b > 0)).await
+}
+
+/// Checks `copies`, recording each outcome.
+async fn check_list(
+    ingest: &Ingest,
+    copies: Vec<CopyCheck>,
+    pace: Option<u64>,
+) -> Result<Audit, String> {
     let mut audit = Audit::default();
     let mut rows = Vec::new();
     for c in copies {

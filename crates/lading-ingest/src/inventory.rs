@@ -388,6 +388,108 @@ impl Inventory {
         })
     }
 
+    /// Up to `limit` copies last checked before `before` (a recorded time) or never, the
+    /// longest unchecked first: the scheduled audit's next share.
+    pub fn copies_due(&self, before: &str, limit: i64) -> Result<Vec<CopyCheck>, InventoryError> {
+        const Q: &str = "SELECT c.ark, c.version, c.path, c.node, c.status, c.checked, f.size, f.sha256, v.path
+             FROM copies c JOIN files f ON f.ark = c.ark AND f.version = c.version AND f.path = c.path
+             JOIN versions v ON v.ark = c.ark AND v.version = c.version
+             WHERE c.checked IS NULL OR c.checked < $1
+             ORDER BY c.checked, c.ark, c.version, c.path, c.node LIMIT $2";
+        self.copy_query(Q, before.to_string(), limit)
+    }
+
+    /// Copies recorded in all, and of them bad and missing, and the oldest check.
+    pub fn fixity_summary(&self) -> Result<FixitySummary, InventoryError> {
+        const Q: &str = "SELECT CAST(COUNT(*) AS BIGINT),
+               CAST(COALESCE(SUM(CASE WHEN status = 'bad' THEN 1 ELSE 0 END), 0) AS BIGINT),
+               CAST(COALESCE(SUM(CASE WHEN status = 'missing' THEN 1 ELSE 0 END), 0) AS BIGINT),
+               MIN(checked) FROM copies";
+        self.with(|c, shown| match c {
+            Conn::Sqlite(c) => Ok(c.query_row(Q, [], |r| {
+                Ok(FixitySummary {
+                    copies: r.get::<_, i64>(0)? as u64,
+                    bad: r.get::<_, i64>(1)? as u64,
+                    missing: r.get::<_, i64>(2)? as u64,
+                    oldest_check: r.get(3)?,
+                })
+            })?),
+            Conn::Postgres(c) => c
+                .query_one(Q, &[])
+                .map(|r| FixitySummary {
+                    copies: r.get::<_, i64>(0) as u64,
+                    bad: r.get::<_, i64>(1) as u64,
+                    missing: r.get::<_, i64>(2) as u64,
+                    oldest_check: r.get(3),
+                })
+                .map_err(|error| InventoryError::Postgres {
+                    at: shown.to_string(),
+                    error,
+                }),
+        })
+    }
+
+    fn copy_query(&self, q: &str, a: String, b: i64) -> Result<Vec<CopyCheck>, InventoryError> {
+        let row =
+            |ark, version, path, node: i64, status, checked, size: i64, sha256, version_path| {
+                CopyCheck {
+                    ark,
+                    version,
+                    path,
+                    node: node as u32,
+                    status,
+                    checked,
+                    size: size as u64,
+                    sha256,
+                    version_path,
+                }
+            };
+        self.with(|c, shown| match c {
+            Conn::Sqlite(c) => {
+                let mut st = c.prepare(&sqlite_params(q))?;
+                let rows = st
+                    .query_map(params![a, b], |r| {
+                        Ok(row(
+                            r.get(0)?,
+                            r.get(1)?,
+                            r.get(2)?,
+                            r.get(3)?,
+                            r.get(4)?,
+                            r.get(5)?,
+                            r.get(6)?,
+                            r.get(7)?,
+                            r.get(8)?,
+                        ))
+                    })?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            }
+            Conn::Postgres(c) => c
+                .query(q, &[&a, &b])
+                .map(|rows| {
+                    rows.iter()
+                        .map(|r| {
+                            row(
+                                r.get(0),
+                                r.get::<_, i32>(1) as u32,
+                                r.get(2),
+                                r.get(3),
+                                r.get(4),
+                                r.get(5),
+                                r.get(6),
+                                r.get(7),
+                                r.get(8),
+                            )
+                        })
+                        .collect()
+                })
+                .map_err(|error| InventoryError::Postgres {
+                    at: shown.to_string(),
+                    error,
+                }),
+        })
+    }
+
     /// Every recorded copy (of `node`, of `ark`, when given) with what the file should be.
     pub fn copies(
         &self,
@@ -571,6 +673,16 @@ pub struct CopyCheck {
     pub sha256: String,
     /// The version's recorded location (a folder, or a node's `s3://` prefix).
     pub version_path: String,
+}
+
+/// The fixity of every recorded copy, summed up.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FixitySummary {
+    pub copies: u64,
+    pub bad: u64,
+    pub missing: u64,
+    /// The longest a copy has gone unchecked: its last check.
+    pub oldest_check: Option<String>,
 }
 
 /// A version's copies on one node, summed up.
