@@ -669,12 +669,11 @@ impl Node {
         want: Copy,
         size_hint: u64,
     ) -> Result<(Copy, bool), NodeError> {
-        if size_hint == 0 || size_hint == want.size {
-            if let Some(have) = self.digest(ark, version, rel, None).await?
-                && have == want
-            {
-                return Ok((want, true));
-            }
+        if (size_hint == 0 || size_hint == want.size)
+            && let Some(have) = self.digest(ark, version, rel, None).await?
+            && have == want
+        {
+            return Ok((want, true));
         }
         Err(NodeError {
             what: format!(

@@ -19,7 +19,7 @@ pub fn copies_by_node() -> std::collections::BTreeMap<u32, (u64, u64)> {
     COPIES.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
-fn node<'a>(ingest: &'a Ingest, id: u32) -> Result<&'a Arc<Node>, NodeError> {
+fn node(ingest: &Ingest, id: u32) -> Result<&Arc<Node>, NodeError> {
     ingest.nodes.get(id).ok_or_else(|| NodeError {
         what: format!("storage node {id} is not in this process's [[storage_nodes]]"),
         fatal: true,

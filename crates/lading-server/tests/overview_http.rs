@@ -132,6 +132,7 @@ async fn a_jobs_files_are_its_stored_versions_working_files_and_log_tail() {
         job: jid.clone(),
         batch: "bid-x".into(),
         collection: None,
+        node: None,
     };
     inv.run(move |i| i.record(&v, None)).await.unwrap();
     // Its working folder on this host: the object's files, Lading's interim state, a log.

@@ -353,6 +353,7 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         job: done_job.to_string(),
         batch: failed_bid.to_string(),
         collection: None,
+        node: None,
     };
     s.jobs
         .tree()
@@ -374,6 +375,7 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         job: failed_jobs[0].clone(),
         batch: failed_bid.to_string(),
         collection: None,
+        node: None,
     };
     s.ingest
         .inventory
