@@ -53,6 +53,10 @@ pub enum Bench {
         /// Handlers per stage.
         #[arg(long, default_value_t = 4)]
         concurrency: usize,
+        /// Store the objects on this storage node of the `--config` (`[[storage_nodes]]`)
+        /// instead of the bench's storage folder.
+        #[arg(long)]
+        node: Option<u32>,
         #[arg(long)]
         json: bool,
     },
@@ -154,11 +158,20 @@ pub enum Mode {
 /// Stages in the order a worker looks for work: latest first, so jobs drain through.
 const LOOK_ORDER: [JobState; 8] = JobState::LATEST_FIRST;
 
-pub async fn run(what: Bench, store: Option<&str>) -> anyhow::Result<()> {
+/// Runs a bench; `cfg` is the service config (its storage nodes, for `storage` and
+/// `pipeline --node`).
+pub async fn run(
+    what: Bench,
+    store: Option<&str>,
+    cfg: &lading_ingest::Config,
+) -> anyhow::Result<()> {
     match what {
-        Bench::Storage { .. } => {
-            anyhow::bail!("bench storage takes the config: call lading_bench::storage")
-        }
+        Bench::Storage {
+            node,
+            files,
+            size,
+            json,
+        } => storage(cfg, node, files, size, json).await,
         Bench::Queue {
             jobs,
             workers,
@@ -205,6 +218,7 @@ pub async fn run(what: Bench, store: Option<&str>) -> anyhow::Result<()> {
             files,
             file_bytes,
             concurrency,
+            node,
             json,
         } => {
             let scratch = Scratch::new(store).await?;
@@ -219,6 +233,7 @@ pub async fn run(what: Bench, store: Option<&str>) -> anyhow::Result<()> {
                 files.max(1),
                 file_bytes,
                 concurrency.max(1),
+                node.map(|n| (cfg.storage_nodes.clone(), n)),
             )
             .await;
             scratch.finish().await?;

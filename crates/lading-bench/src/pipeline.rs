@@ -123,6 +123,7 @@ pub async fn bench(
     files: usize,
     file_bytes: u64,
     concurrency: usize,
+    nodes: Option<(Vec<lading_ingest::nodes::NodeSettings>, u32)>,
 ) -> anyhow::Result<PipelineFigures> {
     let payload = dir.join("payload");
     std::fs::create_dir_all(&payload)?;
@@ -146,10 +147,12 @@ pub async fn bench(
         );
     }
     std::fs::create_dir_all(cfg.profiles_dir())?;
-    std::fs::write(
-        cfg.profiles_dir().join("bench.toml"),
-        "collection = \"bench\"\n",
-    )?;
+    let mut profile = "collection = \"bench\"\n".to_string();
+    if let Some((settings, id)) = nodes {
+        cfg.storage_nodes = settings;
+        profile.push_str(&format!("storage_nodes = [{id}]\n"));
+    }
+    std::fs::write(cfg.profiles_dir().join("bench.toml"), profile)?;
     std::fs::create_dir_all(cfg.work_dir())?;
     let copy = disk_copy_mb_s(&cfg.work_dir(), file_bytes * files as u64)?;
     let mut batch_rows = Vec::new();

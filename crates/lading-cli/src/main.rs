@@ -374,19 +374,20 @@ async fn run_on(cli: Cli, cfg: lading_ingest::Config, store: &str) -> anyhow::Re
         Command::Jobs { action } => jobs_cmd::run(&store, action).await?,
         // Answered in `main`, before any store or runtime.
         Command::Completions { .. } | Command::Man => {}
-        Command::Bench {
-            what:
-                lading_bench::Bench::Storage {
-                    node,
-                    files,
-                    size,
-                    json,
-                },
-        } => {
-            let cfg = node::config(cli.config.as_deref())?;
-            lading_bench::storage(&cfg, node, files, size, json).await?
+        Command::Bench { what } => {
+            // The benches that reach storage nodes read them from the config.
+            let nodes = matches!(
+                what,
+                lading_bench::Bench::Storage { .. }
+                    | lading_bench::Bench::Pipeline { node: Some(_), .. }
+            );
+            let cfg = if nodes {
+                node::config(cli.config.as_deref())?
+            } else {
+                lading_ingest::Config::default()
+            };
+            lading_bench::run(what, cli.store.as_deref(), &cfg).await?
         }
-        Command::Bench { what } => lading_bench::run(what, cli.store.as_deref()).await?,
         Command::Drive { idle_ms } => {
             let e = engine(&store).await?;
             let (t, c) = lading_bench::drive(&e, std::time::Duration::from_millis(idle_ms)).await?;

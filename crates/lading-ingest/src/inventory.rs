@@ -499,7 +499,7 @@ impl Inventory {
         const Q: &str = "SELECT c.ark, c.version, c.path, c.node, c.status, c.checked, f.size, f.sha256, v.path
              FROM copies c JOIN files f ON f.ark = c.ark AND f.version = c.version AND f.path = c.path
              JOIN versions v ON v.ark = c.ark AND v.version = c.version
-             WHERE ($1 < 0 OR c.node = $1) AND ($2 = '' OR c.ark = $2)
+             WHERE (CAST($1 AS BIGINT) < 0 OR c.node = CAST($1 AS BIGINT)) AND ($2 = '' OR c.ark = $2)
              ORDER BY c.ark, c.version, c.path, c.node";
         let n = node.map_or(-1i64, i64::from);
         let a = ark.unwrap_or("").to_string();
@@ -947,6 +947,42 @@ mod tests {
             Some(v2.path.as_str())
         );
         assert_eq!(inv.version_path("ark:/99999/fk4x", 3).unwrap(), None);
+        // Each file's copy on the version's node (0: the storage root), checked now.
+        let all = inv.copies(None, None).unwrap();
+        assert_eq!(all.len(), 4, "{all:?}");
+        assert!(
+            all.iter()
+                .all(|c| c.node == 0 && c.status == "ok" && c.checked.is_some())
+        );
+        assert_eq!(inv.copies(Some(7), None).unwrap(), vec![]);
+        assert_eq!(inv.copies(None, Some("ark:/99999/nope")).unwrap(), vec![]);
+        let c = &all[0];
+        inv.set_copies(&[CopyRow {
+            ark: c.ark.clone(),
+            version: c.version,
+            path: c.path.clone(),
+            node: 0,
+            status: "bad".into(),
+            found: Some("beef".into()),
+        }])
+        .unwrap();
+        let s = inv.fixity_summary().unwrap();
+        assert_eq!((s.copies, s.bad, s.missing), (4, 1, 0));
+        let per_job = inv.job_copies("jid0000000001").unwrap();
+        assert_eq!(per_job.len(), 1);
+        assert_eq!((per_job[0].ok, per_job[0].bad), (1, 1));
+        // None was checked before the epoch; every one before the far future.
+        assert!(
+            inv.copies_due("1970-01-01 00:00:00 +0000", 10)
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(
+            inv.copies_due("9999-01-01 00:00:00 +0000", 3)
+                .unwrap()
+                .len(),
+            3
+        );
     }
 
     #[test]

@@ -602,3 +602,94 @@ fn bad_node_settings_are_named() {
         "the secret is not in the node's Debug form"
     );
 }
+
+/// One conformance suite, run against a folder node and a bucket node alike: writes only
+/// where absent, the same bytes again accepted, other bytes refused (and the copy intact),
+/// versions known by their records, reads, repairs.
+async fn node_conformance(n: &Node) {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    std::fs::write(&a, b"the first bytes\n").unwrap();
+    std::fs::write(&b, b"other bytes\n").unwrap();
+    let ark = "ark:/13030/m5k695dk";
+    let rel = "producer/dir/a file.txt";
+    let mut none =
+        |_: Option<String>| Box::pin(async { Ok(()) }) as lading_ingest::nodes::UploadNote<'static>;
+    assert!(n.versions(ark).await.unwrap().is_empty());
+    assert!(n.head(ark, 1, rel).await.unwrap().is_none());
+    assert!(n.digest(ark, 1, rel, None).await.unwrap().is_none());
+    let (c, already) = n.put_new(ark, 1, rel, &a, &mut none).await.unwrap();
+    assert!(!already);
+    assert_eq!(
+        (c.size, c.sha256.clone()),
+        (16, sha256(b"the first bytes\n"))
+    );
+    assert_eq!(n.head(ark, 1, rel).await.unwrap().unwrap().size, 16);
+    // The same bytes again: counted as written, nothing rewritten.
+    let (_, already) = n.put_new(ark, 1, rel, &a, &mut none).await.unwrap();
+    assert!(already);
+    // Other bytes: refused, fatal, named; the copy is intact.
+    let e = n.put_new(ark, 1, rel, &b, &mut none).await.unwrap_err();
+    assert!(
+        e.fatal && e.what.contains("already holds other bytes"),
+        "{}",
+        e.what
+    );
+    assert!(
+        e.what.contains(&format!("storage node {}", n.id)),
+        "{}",
+        e.what
+    );
+    assert_eq!(n.digest(ark, 1, rel, None).await.unwrap().unwrap(), c);
+    // A version exists once its record does.
+    assert!(n.versions(ark).await.unwrap().is_empty());
+    let rec = dir.path().join("rec.json");
+    std::fs::write(&rec, br#"{"ark":"ark:/13030/m5k695dk","version":1}"#).unwrap();
+    n.put_new(
+        ark,
+        1,
+        lading_ingest::nodes::VERSION_RECORD,
+        &rec,
+        &mut none,
+    )
+    .await
+    .unwrap();
+    assert_eq!(n.versions(ark).await.unwrap(), vec![1]);
+    assert_eq!(
+        n.read_small(ark, 1, lading_ingest::nodes::VERSION_RECORD)
+            .await
+            .unwrap()
+            .unwrap(),
+        std::fs::read(&rec).unwrap()
+    );
+    // Read back whole.
+    let mut out = Vec::new();
+    assert!(n.read_into(ark, 1, rel, &mut out).await.unwrap());
+    assert_eq!(out, b"the first bytes\n");
+    // A repair writes over the copy, and reads it back.
+    let fixed = n.replace(ark, 1, rel, &b).await.unwrap().unwrap();
+    assert_eq!(fixed.sha256, sha256(b"other bytes\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_node_and_a_bucket_node_pass_one_conformance_suite() {
+    let folder = tempfile::tempdir().unwrap();
+    let f = Node::open(
+        &NodeSettings {
+            id: 9100,
+            url: format!("file://{}", folder.path().display()),
+            endpoint: None,
+            region: None,
+            access_key_id_env: None,
+            secret_access_key_env: None,
+            part_size: None,
+            checksum: None,
+        },
+        env,
+    )
+    .unwrap();
+    node_conformance(&f).await;
+    let w = Weed::start().unwrap();
+    w.bucket("conformance").unwrap();
+    node_conformance(&Node::open(&node(9200, &w, "conformance"), env).unwrap()).await;
+}

@@ -252,10 +252,10 @@ async fn fixity_audit(ingest: Arc<Ingest>, jobs: Arc<Jobs>, stop: Shutdown) {
         tracing::warn!(error = %e, "fixity audit: cannot set up its schedule; not run");
         return;
     }
-    let opts = lading_jobs::AcceptOptions {
-        timeout: std::time::Duration::from_secs(60),
-        ..Default::default()
-    };
+    // Asked every few minutes without waiting (the schedule ticks hourly): the audit is no
+    // acceptor held open, and costs one read when nothing is due.
+    let opts = lading_jobs::AcceptOptions::default();
+    let pause = std::time::Duration::from_secs(300);
     let mut stopped = std::pin::pin!(stop.into_stopped());
     loop {
         let job = tokio::select! {
@@ -264,7 +264,12 @@ async fn fixity_audit(ingest: Arc<Ingest>, jobs: Arc<Jobs>, stop: Shutdown) {
         };
         let mut job = match job {
             Ok(Some(j)) => j,
-            Ok(None) => continue,
+            Ok(None) => {
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => continue,
+                    _ = &mut stopped => return,
+                }
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "fixity audit: cannot accept");
                 tokio::select! {

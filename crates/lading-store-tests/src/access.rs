@@ -84,8 +84,9 @@ pub async fn access_requests_move_through_their_states(h: &dyn Harness) {
 }
 
 /// A request whose token has a field of the wrong type is named as corrupt when read, and
-/// skipped (not taken, not changed) by acquisition, which goes on to the next request.
-pub async fn a_corrupt_access_token_is_named_and_skipped(h: &dyn Harness) {
+/// taken by acquisition in its turn with the reason it cannot be read (the stage fails it,
+/// naming the node), not skipped for ever; taking it changes nothing in the tree.
+pub async fn a_corrupt_access_token_is_named_and_taken_to_be_failed(h: &dyn Harness) {
     let (e, _s) = engine(h, "w").await;
     let bad = e
         .create_access(
@@ -109,14 +110,28 @@ pub async fn a_corrupt_access_token_is_named_and_skipped(h: &dyn Harness) {
     }
     let before = lading_engine::dump(&**e.tree(), "/access").await.unwrap();
     let l = e.acquire_access(AccessQueue::Small).await.unwrap().unwrap();
-    assert_eq!(l.id, good, "the good request, after the corrupt one");
-    assert_eq!(l.token.version, Some(1));
+    assert_eq!(l.id, bad, "the corrupt request, in its turn");
+    let why = l.unreadable.clone().expect("the reason it cannot be read");
+    assert!(why.contains(&format!("{bad}/token")), "{why}");
     e.release_access_lease(l).await.unwrap();
     assert_eq!(
         lading_engine::dump(&**e.tree(), "/access").await.unwrap(),
         before,
         "nothing changed"
     );
+    // Failed (as the stage fails it), the good one is next.
+    let l = e.acquire_access(AccessQueue::Small).await.unwrap().unwrap();
+    let l = e
+        .access_advance(l, lading_core::Event::Success)
+        .await
+        .unwrap();
+    e.access_transition(l, lading_core::Event::Fail, Some(why))
+        .await
+        .unwrap();
+    let l = e.acquire_access(AccessQueue::Small).await.unwrap().unwrap();
+    assert_eq!(l.id, good);
+    assert_eq!(l.token.version, Some(1));
+    e.release_access_lease(l).await.unwrap();
 }
 
 pub async fn ark_locks_are_exclusive_and_end_with_the_session(h: &dyn Harness) {

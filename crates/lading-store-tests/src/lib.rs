@@ -352,7 +352,7 @@ macro_rules! conformance_tests {
             admin_actions_respect_locks_and_the_table,
             duplicate_batch_uuid_is_refused,
             access_requests_move_through_their_states,
-            a_corrupt_access_token_is_named_and_skipped,
+            a_corrupt_access_token_is_named_and_taken_to_be_failed,
             access_waiter_is_woken_by_a_request_still_being_made,
             merritt_access_requests_are_taken_in_order_not_skipped,
             ark_locks_are_exclusive_and_end_with_the_session,
