@@ -310,6 +310,7 @@ impl Engine {
                 waiting: outbox.len() - dead,
                 dead,
             },
+            fixity: None,
             foreign_locks: self.foreign_locks().await?,
         })
     }
@@ -352,6 +353,11 @@ pub struct Summary {
     pub paused_queues: Vec<String>,
     pub outbox: OutboxCounts,
     pub foreign_locks: Vec<crate::ForeignLock>,
+    /// What the stored copies' last checks found (`copies`, `bad`, `missing`,
+    /// `oldest_check`): filled by the application from its inventory, absent here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub fixity: Option<serde_json::Value>,
 }
 
 /// Outbox entries still being delivered, and those given up.

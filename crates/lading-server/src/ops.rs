@@ -106,7 +106,15 @@ impl Ops for Local {
     }
 
     async fn summary(&self) -> Result<Summary> {
-        Ok(self.0.engine.summary().await?)
+        let mut s = self.0.engine.summary().await?;
+        // The inventory's fixity figures, when it can be read (the queue's counts do not
+        // wait on it).
+        match self.0.inventory.run(|i| i.fixity_summary()).await {
+            Ok(f) if f.copies > 0 => s.fixity = serde_json::to_value(f).ok(),
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, "status: no fixity figures"),
+        }
+        Ok(s)
     }
 
     async fn batch(&self, id: &str) -> Result<BatchInfo> {
