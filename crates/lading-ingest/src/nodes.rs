@@ -518,29 +518,18 @@ impl Node {
                 v.retain(|n| self.folder_path(root, ark, *n, VERSION_RECORD).exists());
                 Ok(v)
             }
-            Place::Bucket { store, prefix, .. } => {
-                // Keys of the object share the path up to the ark's last `/`; its versions
-                // are the names after `ARK|`.
-                let full = format!("{prefix}{ark}|");
-                let dir = full.rsplit_once('/').map_or("", |(d, _)| d);
-                let list_at = Key::parse(dir).map_err(|e| NodeError {
-                    what: format!("{}: {dir:?} cannot be a key: {e}", self.name()),
-                    fatal: true,
-                })?;
-                let mut out = std::collections::BTreeSet::new();
-                let mut s = store.list(Some(&list_at));
-                while let Some(m) = s.next().await {
-                    let m = m.map_err(|e| self.fail("listing", e))?;
-                    let k = m.location.as_ref();
-                    if let Some(rest) = k.strip_prefix(&full)
-                        && let Some((v, tail)) = rest.split_once('|')
-                        && tail == VERSION_RECORD
-                        && let Ok(n) = v.parse::<u32>()
-                    {
-                        out.insert(n);
+            Place::Bucket { .. } => {
+                // Versions are made one after another under the object's storage lock, so
+                // they are found by asking for each record in turn: a listing would read
+                // every object sharing the ark's shoulder.
+                let mut out = Vec::new();
+                for n in 1.. {
+                    if self.head(ark, n, VERSION_RECORD).await?.is_none() {
+                        break;
                     }
+                    out.push(n);
                 }
-                Ok(out.into_iter().collect())
+                Ok(out)
             }
         }
     }
@@ -568,7 +557,16 @@ impl Node {
                 .map_err(|e| self.io("reading", src, e))?;
             Ok::<Copy, NodeError>(Copy { size, sha256 })
         };
-        if let Some(have) = self.head(ark, version, rel).await? {
+        // A single PUT is itself conditional; a folder copy and a multipart upload (whose
+        // parts would go up for nothing) look first.
+        let single = match &self.place {
+            Place::Bucket { .. } => std::fs::metadata(src)
+                .map_err(|e| self.io("reading", src, e))?
+                .len()
+                .le(&self.part_size),
+            Place::Folder(_) => false,
+        };
+        if !single && let Some(have) = self.head(ark, version, rel).await? {
             let want = hash_file().await?;
             return self
                 .same_or_conflict(ark, version, rel, want, have.size)
@@ -638,8 +636,12 @@ impl Node {
                     }
                     Err(e) => return Err(self.fail(&format!("PUT {key}"), e)),
                 }
-                // The server checked each request's SHA-256 (`x-amz-checksum-sha256`); the
-                // size is checked here.
+                // The server checked the body against the request's checksum, so a single
+                // PUT that succeeded holds what was sent; a multipart upload's size is
+                // checked here.
+                if single {
+                    return Ok((want, false));
+                }
                 match self.head(ark, version, rel).await? {
                     Some(m) if m.size == want.size => Ok((want, false)),
                     Some(m) => Err(NodeError {

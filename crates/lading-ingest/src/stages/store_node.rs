@@ -26,6 +26,11 @@ pub(crate) struct Progress {
 
 const PROGRESS: &str = "store-progress";
 
+/// A confirmed file this large is recorded in the job's progress at once; smaller ones
+/// every [`RECORD_EVERY`] files.
+const RECORD_EACH_FROM: u64 = 1 << 20;
+const RECORD_EVERY: usize = 8;
+
 /// Files put on a node at once.
 pub const STORE_PARALLEL: usize = 4;
 
@@ -199,14 +204,18 @@ pub(crate) async fn store_on_bucket(
                 }) as crate::nodes::UploadNote<'_>
             };
             let (copy, _) = node.put_new(&ark, version, &rel, &path, &mut note).await?;
+            // Recorded for a large file at once, for small ones every few: a file confirmed
+            // and not yet recorded costs a successor one read-back, not a resend.
             let mut p = shared.lock().await;
             p.confirmed.insert(rel.clone());
-            job.set_data(PROGRESS, &json!(*p))
-                .await
-                .map_err(|e| NodeError {
-                    what: e.to_string(),
-                    fatal: false,
-                })?;
+            if copy.size >= RECORD_EACH_FROM || p.confirmed.len() % RECORD_EVERY == 0 {
+                job.set_data(PROGRESS, &json!(*p))
+                    .await
+                    .map_err(|e| NodeError {
+                        what: e.to_string(),
+                        fatal: false,
+                    })?;
+            }
             drop(p);
             done.lock()
                 .unwrap_or_else(|e| e.into_inner())
