@@ -74,6 +74,8 @@ pub struct Node {
     pub id: u32,
     pub place: Place,
     pub part_size: u64,
+    /// Set once [`Node::check`] passed in this process.
+    checked: std::sync::atomic::AtomicBool,
 }
 
 /// A node's failure, named by node (and bucket): `fatal` when no retry can help (wrong
@@ -203,6 +205,7 @@ impl Node {
             id: s.id,
             place,
             part_size,
+            checked: Default::default(),
         })
     }
 
@@ -255,9 +258,13 @@ impl Node {
     /// denied are fatal; everything else (a refused connection, a 5xx, a timeout) may pass.
     fn fail(&self, doing: &str, e: object_store::Error) -> NodeError {
         let text = e.to_string();
-        let fatal = [
-            "403",
-            "Forbidden",
+        // By the answer's status where the client maps it; by S3's error codes (words no
+        // key holds) where it does not. Never by digits, which an identifier may contain.
+        let fatal = matches!(
+            e,
+            object_store::Error::PermissionDenied { .. }
+                | object_store::Error::Unauthenticated { .. }
+        ) || [
             "AccessDenied",
             "InvalidAccessKeyId",
             "SignatureDoesNotMatch",
@@ -284,6 +291,20 @@ impl Node {
             what: format!("{}: {doing} {}: {e}", self.name(), p.display()),
             fatal: false,
         }
+    }
+
+    /// [`Node::check`], once per process: before a node is first written, its credentials
+    /// and bucket are checked by a request every S3 server authenticates (a write is not
+    /// enough: a server may take an unsigned body from anyone), so wrong credentials and a
+    /// missing bucket fail at once and write nothing.
+    pub async fn check_once(&self) -> Result<(), NodeError> {
+        use std::sync::atomic::Ordering;
+        if self.checked.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.check().await?;
+        self.checked.store(true, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Checks that the node answers and that its credentials may list the bucket (or that
@@ -546,6 +567,7 @@ impl Node {
         src: &Path,
         upload: &mut (dyn FnMut(Option<String>) -> UploadNote<'a> + Send + 'a),
     ) -> Result<(Copy, bool), NodeError> {
+        self.check_once().await?;
         let hash_file = || async {
             let p = src.to_path_buf();
             let (size, sha256) = tokio::task::spawn_blocking(move || crate::fetch::file_sha256(&p))
