@@ -111,6 +111,9 @@ pub enum Reader {
 /// What [`Node::put_new`] is told of a multipart upload's id, to record it.
 pub type UploadNote<'a> = futures_util::future::BoxFuture<'a, Result<(), String>>;
 
+/// The largest version record read (its file list: about 150 bytes a file).
+pub const MAX_RECORD_BYTES: u64 = 256 << 20;
+
 /// A node's version record key's path inside the version.
 pub const VERSION_RECORD: &str = "system/lading-version.json";
 
@@ -436,9 +439,22 @@ impl Node {
         version: u32,
         rel: &str,
     ) -> Result<Option<Vec<u8>>, NodeError> {
+        // A record is read whole: one larger than this is named, not read.
+        let too_big = |size: u64| NodeError {
+            what: format!(
+                "{}: {ark}|{version}|{rel} holds {size} bytes, more than a record may ({MAX_RECORD_BYTES})",
+                self.name()
+            ),
+            fatal: true,
+        };
         match &self.place {
             Place::Folder(root) => {
                 let p = self.folder_path(root, ark, version, rel);
+                match std::fs::metadata(&p) {
+                    Ok(m) if m.len() > MAX_RECORD_BYTES => return Err(too_big(m.len())),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                    _ => {}
+                }
                 match std::fs::read(&p) {
                     Ok(b) => Ok(Some(b)),
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -448,6 +464,7 @@ impl Node {
             Place::Bucket { store, .. } => {
                 let key = self.key(ark, version, rel)?;
                 match store.get(&key).await {
+                    Ok(g) if g.meta.size > MAX_RECORD_BYTES => Err(too_big(g.meta.size)),
                     Ok(g) => g
                         .bytes()
                         .await
