@@ -65,6 +65,10 @@ pub enum Place {
         /// Ends with `/` when not empty.
         prefix: String,
         store: Arc<AmazonS3>,
+        /// The bucket's URL, path-style (`ENDPOINT/BUCKET`), for the one request the
+        /// client library lacks (listing open multipart uploads).
+        url: String,
+        region: String,
     },
 }
 
@@ -165,9 +169,14 @@ impl Node {
                 };
                 let key_id = var(&s.access_key_id_env, "AWS_ACCESS_KEY_ID")?;
                 let secret = var(&s.secret_access_key_env, "AWS_SECRET_ACCESS_KEY")?;
+                let region = s.region.clone().unwrap_or_else(|| "us-east-1".into());
+                let base = match &s.endpoint {
+                    Some(ep) => ep.trim_end_matches('/').to_string(),
+                    None => format!("https://s3.{region}.amazonaws.com"),
+                };
                 let mut b = AmazonS3Builder::new()
                     .with_bucket_name(&bucket)
-                    .with_region(s.region.clone().unwrap_or_else(|| "us-east-1".into()))
+                    .with_region(&region)
                     .with_access_key_id(key_id)
                     .with_secret_access_key(secret)
                     // The server checks each body against its SHA-256 header, which the
@@ -193,9 +202,11 @@ impl Node {
                 }
                 let store = b.build().map_err(|e| named(e.to_string()))?;
                 Place::Bucket {
+                    url: format!("{base}/{bucket}"),
                     bucket,
                     prefix,
                     store: Arc::new(store),
+                    region,
                 }
             }
             other => {
@@ -814,12 +825,134 @@ impl Node {
         if let Place::Bucket { store, .. } = &self.place
             && let Ok(key) = self.key(ark, version, rel)
         {
-            return match store.abort_multipart(&key, &id.to_string()).await {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => true,
-                Err(e) => !self.fail("abort", e).what.contains("connect"),
-            };
+            // Gone only when the server says so: any other failure keeps it recorded.
+            return matches!(
+                store.abort_multipart(&key, &id.to_string()).await,
+                Ok(()) | Err(object_store::Error::NotFound { .. })
+            );
         }
         true
+    }
+
+    /// Aborts every multipart upload open under version `version` of `ark`, including those
+    /// whose id no one learned (the client retries starting an upload when the answer is
+    /// lost, so a server that dies mid-answer keeps one nobody recorded). Only the job that
+    /// holds the version writes under it, so every such upload is its own or a fenced
+    /// predecessor's. Returns how many were aborted.
+    pub async fn abort_open_uploads(&self, ark: &str, version: u32) -> Result<usize, NodeError> {
+        let Place::Bucket {
+            store, url, region, ..
+        } = &self.place
+        else {
+            return Ok(0);
+        };
+        let prefix = self.key(ark, version, "")?.to_string();
+        let mut aborted = 0;
+        let mut marker: Option<(String, String)> = None;
+        loop {
+            let (open, next) = self
+                .list_uploads(store, url, region, &prefix, &marker)
+                .await?;
+            for (key, id) in open {
+                // Only keys of this version: S3 matches the prefix as bytes.
+                if !key.starts_with(&prefix) {
+                    continue;
+                }
+                let k = Key::parse(&key).map_err(|e| NodeError {
+                    what: format!("{}: an open upload's key {key:?}: {e}", self.name()),
+                    fatal: false,
+                })?;
+                match store.abort_multipart(&k, &id).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => aborted += 1,
+                    Err(e) => return Err(self.fail(&format!("aborting the upload of {key}"), e)),
+                }
+            }
+            match next {
+                Some(m) => marker = Some(m),
+                None => return Ok(aborted),
+            }
+        }
+    }
+
+    /// One page of S3's ListMultipartUploads under `prefix`: (key, upload id) pairs and the
+    /// markers of the next page. Signed by the client library's own SigV4 signer.
+    async fn list_uploads(
+        &self,
+        store: &AmazonS3,
+        url: &str,
+        region: &str,
+        prefix: &str,
+        marker: &Option<(String, String)>,
+    ) -> Result<(Vec<(String, String)>, Option<(String, String)>), NodeError> {
+        let failed = |what: String| NodeError {
+            what: format!("{}: listing open uploads: {what}", self.name()),
+            fatal: false,
+        };
+        let cred = store
+            .credentials()
+            .get_credential()
+            .await
+            .map_err(|e| self.fail("listing open uploads", e))?;
+        let mut u = url::Url::parse(url).map_err(|e| failed(e.to_string()))?;
+        {
+            let mut q = u.query_pairs_mut();
+            q.append_key_only("uploads").append_pair("prefix", prefix);
+            if let Some((k, id)) = marker {
+                q.append_pair("key-marker", k)
+                    .append_pair("upload-id-marker", id);
+            }
+        }
+        let mut req =
+            object_store::client::HttpRequest::new(object_store::client::HttpRequestBody::empty());
+        *req.uri_mut() = match u.as_str().parse() {
+            Ok(uri) => uri,
+            Err(e) => return Err(failed(format!("{e}"))),
+        };
+        object_store::aws::AwsAuthorizer::new(&cred, "s3", region)
+            .try_authorize(&mut req, None)
+            .map_err(|e| self.fail("listing open uploads", e))?;
+        let mut answer = upload_lister()
+            .get(u.as_str())
+            .headers(req.headers().clone())
+            .send()
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let status = answer.status();
+        let mut body = Vec::new();
+        while let Some(chunk) = answer.chunk().await.map_err(|e| failed(e.to_string()))? {
+            if (body.len() + chunk.len()) as u64 > MAX_LISTING_BYTES {
+                return Err(failed(format!(
+                    "the answer exceeds {MAX_LISTING_BYTES} bytes"
+                )));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        let text = String::from_utf8_lossy(&body);
+        if !status.is_success() {
+            let fatal =
+                status.as_u16() == 401 || status.as_u16() == 403 || text.contains("NoSuchBucket");
+            return Err(NodeError {
+                what: format!(
+                    "{}: listing open uploads: {status}: {}",
+                    self.name(),
+                    xml_text(&text, "Message").unwrap_or_default()
+                ),
+                fatal,
+            });
+        }
+        let open = xml_elements(&text, "Upload")
+            .into_iter()
+            .filter_map(|u| Some((xml_text(u, "Key")?, xml_text(u, "UploadId")?)))
+            .collect();
+        let next = (xml_text(&text, "IsTruncated").as_deref() == Some("true"))
+            .then(|| {
+                Some((
+                    xml_text(&text, "NextKeyMarker")?,
+                    xml_text(&text, "NextUploadIdMarker")?,
+                ))
+            })
+            .flatten();
+        Ok((open, next))
     }
 
     /// Writes `src` over whatever `rel` of the version holds (fixity repair only, with a
@@ -969,4 +1102,58 @@ impl Nodes {
             })
             .collect()
     }
+}
+
+/// The largest ListMultipartUploads answer read (1,000 uploads of long keys).
+const MAX_LISTING_BYTES: u64 = 4 << 20;
+
+fn upload_lister() -> &'static reqwest::Client {
+    static C: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+    C.get_or_init(|| {
+        reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap_or_default()
+    })
+}
+
+/// The bodies of every `<tag>…</tag>` in `xml` (S3's answers have no attributes on these).
+fn xml_elements<'x>(xml: &'x str, tag: &str) -> Vec<&'x str> {
+    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
+    let mut out = Vec::new();
+    let mut rest = xml;
+    while let Some(i) = rest.find(&open) {
+        let after = &rest[i + open.len()..];
+        let Some(j) = after.find(&close) else { break };
+        out.push(&after[..j]);
+        rest = &after[j + close.len()..];
+    }
+    out
+}
+
+/// The text of the first `<tag>` in `xml`, with XML's escapes undone.
+fn xml_text(xml: &str, tag: &str) -> Option<String> {
+    let raw = xml_elements(xml, tag).into_iter().next()?;
+    let mut out = String::with_capacity(raw.len());
+    let mut rest = raw;
+    while let Some(i) = rest.find('&') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        let j = after.find(';')?;
+        let c = match &after[..j] {
+            "amp" => '&',
+            "lt" => '<',
+            "gt" => '>',
+            "quot" => '"',
+            "apos" => '\'',
+            n if n.starts_with("#x") => char::from_u32(u32::from_str_radix(&n[2..], 16).ok()?)?,
+            n if n.starts_with('#') => char::from_u32(n[1..].parse().ok()?)?,
+            _ => return None,
+        };
+        out.push(c);
+        rest = &after[j + 1..];
+    }
+    out.push_str(rest);
+    Some(out)
 }

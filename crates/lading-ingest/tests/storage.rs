@@ -170,6 +170,35 @@ async fn the_primary_killed_mid_batch_and_started_again_leaves_every_object_comp
         let id = store.create_multipart(&key).await.unwrap();
         assert_eq!(a.open_uploads("primary"), 1);
         store.abort_multipart(&key, &id).await.unwrap();
+        // Uploads whose ids were never learned are found and aborted by the version's
+        // sweep, and only the version's: v10's and another object's stay open.
+        let ark = "ark:/99999/sweep&<1>";
+        for (version, rel) in [(1, "producer/a"), (1, "producer/b/c"), (10, "producer/a")] {
+            let k = primary.key(ark, version, rel).unwrap();
+            let id = store.create_multipart(&k).await.unwrap();
+            store
+                .put_part(&k, &id, 0, vec![7u8; 1024].into())
+                .await
+                .unwrap();
+        }
+        let other = primary.key("ark:/99999/sweep", 1, "producer/a").unwrap();
+        store.create_multipart(&other).await.unwrap();
+        assert_eq!(a.open_uploads("primary"), 4);
+        assert_eq!(primary.abort_open_uploads(ark, 1).await.unwrap(), 2);
+        assert_eq!(
+            a.open_uploads("primary"),
+            2,
+            "v10's and the other object's stay"
+        );
+        assert_eq!(primary.abort_open_uploads(ark, 10).await.unwrap(), 1);
+        assert_eq!(
+            primary
+                .abort_open_uploads("ark:/99999/sweep", 1)
+                .await
+                .unwrap(),
+            1
+        );
+        assert_eq!(a.open_uploads("primary"), 0);
     }
     run.stop().await;
 }

@@ -270,6 +270,17 @@ pub(crate) async fn store_on_bucket(
         stored: stored.clone(),
         files: listed,
     };
+    // No upload left open under the version, even one whose id was never learned.
+    let swept = node
+        .abort_open_uploads(ark, version)
+        .await
+        .map_err(node_outcome)?;
+    if swept > 0 {
+        job.log(&format!(
+            "aborted {swept} multipart uploads left open under {ark} v{version} on {}",
+            node.name()
+        ));
+    }
     // The commit: only if absent, from a worker that still holds the job.
     job.engine
         .job(job.job())
@@ -317,6 +328,7 @@ async fn scrap(job: &JobCtx, node: &Node, ark: &str, version: u32, confirmed: &B
     if let Ok(Some(_)) = node.head(ark, version, VERSION_RECORD).await {
         return;
     }
+    let _ = node.abort_open_uploads(ark, version).await;
     if let crate::nodes::Place::Bucket { store, .. } = &node.place {
         use object_store::ObjectStoreExt;
         for rel in confirmed {
