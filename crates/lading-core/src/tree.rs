@@ -246,6 +246,46 @@ pub trait ChangeFeed: Send + Sync {
     fn children<'a>(&'a self, path: &'a str) -> Names<'a>;
 }
 
+/// The op of a `multi` whose reply was lost that tells, read back, whether it was applied:
+/// its first version-checked `set` or plain (not sequential) `create`. `None`: only checks,
+/// deletes and sequential creates, which nothing read back can tell apart.
+pub fn lost_reply_witness(ops: &[Op]) -> Option<&Op> {
+    ops.iter().find(|op| {
+        matches!(
+            op,
+            Op::Set {
+                version: Some(_),
+                ..
+            }
+        ) || matches!(op, Op::Create { mode, .. } if *mode != CreateMode::PersistentSequential)
+    })
+}
+
+/// Whether `witness` (see [`lost_reply_witness`]), read back as `node` on the multi's own live
+/// `session`, shows the multi applied: a set's node one version on with its data, a create's
+/// node with its data (and, for an ephemeral node, owned by the session). Anything else is
+/// "not applied"; a multi sent again then fails cleanly on its own checks.
+pub fn lost_reply_applied(witness: &Op, node: Option<&Node>, session: u64) -> bool {
+    match (witness, node) {
+        (
+            Op::Set {
+                data,
+                version: Some(v),
+                ..
+            },
+            Some(n),
+        ) => {
+            n.stat.version == v + 1
+                && n.data.as_deref().unwrap_or_default() == data.as_deref().unwrap_or_default()
+        }
+        (Op::Create { data, mode, .. }, Some(n)) => {
+            n.data.as_deref().unwrap_or_default() == data.as_deref().unwrap_or_default()
+                && (*mode != CreateMode::Ephemeral || n.stat.ephemeral_owner == session)
+        }
+        _ => false,
+    }
+}
+
 /// Whether `path` is `prefix` or below it.
 pub fn is_under(path: &str, prefix: &str) -> bool {
     prefix == "/"

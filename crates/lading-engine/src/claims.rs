@@ -40,10 +40,25 @@ impl Engine {
             return Ok(false);
         }
         let got = self.try_lock(lock, guard).await;
-        if !matches!(got, Ok(true)) {
-            self.unclaim(lock);
+        match got {
+            Ok(true) => {}
+            // Another session holds it, or the item moved on: a local worker that lost its
+            // claim to this attempt would fail the same way, so it is not woken (it waits on
+            // the lock's and the folder's watches like everyone else). Waking it here made
+            // two local loops wake each other at once for as long as another process held
+            // the lock (found by `lading-sim`).
+            Ok(false) => self.unclaim_quietly(lock),
+            Err(_) => self.unclaim(lock),
         }
         got
+    }
+
+    /// Drops a claim without waking local waiters.
+    fn unclaim_quietly(&self, lock: &str) {
+        self.claimed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(lock);
     }
 
     pub(crate) fn claim(&self, lock: &str) -> bool {
@@ -109,6 +124,8 @@ impl Engine {
             };
             self.parked.send_modify(|n| *n += 1);
             tokio::select! {
+                // In order, not at random: a run is the same every time (`lading-sim`).
+                biased;
                 _ = any_of(watches) => {}
                 _ = &mut unclaimed, if lost_locally => {}
                 _ = &mut cancel => return Ok(None),

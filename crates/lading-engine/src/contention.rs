@@ -6,7 +6,9 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// Tokio's clock: the real one in a process, the simulated one under `lading-sim`.
+use tokio::time::Instant;
 
 /// How long a job found locked by another worker is skipped by this process's acquisitions.
 pub(crate) const BUSY_SKIP: Duration = Duration::from_millis(500);
@@ -126,11 +128,15 @@ impl Contention {
         };
         f.names.retain(|_, t| t.elapsed() < BUSY_SKIP);
         let mut v: Vec<(&String, &Instant)> = f.names.iter().collect();
+        // Newest first; ties by name, so the order never depends on the map's.
+        let order = |a: &(&String, &Instant), b: &(&String, &Instant)| {
+            b.1.cmp(a.1).then_with(|| a.0.cmp(b.0))
+        };
         if v.len() > n {
-            v.select_nth_unstable_by(n, |a, b| b.1.cmp(a.1));
+            v.select_nth_unstable_by(n, order);
             v.truncate(n);
         }
-        v.sort_by(|a, b| b.1.cmp(a.1));
+        v.sort_by(order);
         v.into_iter().map(|(k, _)| k.clone()).collect()
     }
 

@@ -433,6 +433,9 @@ impl Engine {
                     .watch(&queue_lock("ingest"), WatchKind::Data)
                     .await?,
             ];
+            if sabotage::on(sabotage::LOST_WAKEUP) {
+                watches.remove(0);
+            }
             if let Some(l) = self.acquire_job(state).await? {
                 return Ok(Round::Got(l));
             }

@@ -90,7 +90,7 @@ impl Engine {
                     Op::set(
                         batch_node(batch, "status"),
                         json_bytes(&next),
-                        Some(version),
+                        (!sabotage::on(sabotage::REPORT_UNGUARDED)).then_some(version),
                     ),
                     Op::delete(&lock, None),
                 ])

@@ -43,7 +43,8 @@
 
 mod counter;
 mod log;
-mod mem;
+/// The in-memory tree and its validated `multi`; also the simulator's tree (`lading-sim`).
+pub mod mem;
 mod schema;
 mod writer;
 pub use schema::describe_sessions;

@@ -183,15 +183,7 @@ impl ZkTree {
         conn: &Arc<Conn>,
         ops: &[Op],
     ) -> Result<Outcome, TreeError> {
-        let witness = ops.iter().find(|op| {
-            matches!(
-                op,
-                Op::Set {
-                    version: Some(_),
-                    ..
-                }
-            ) || matches!(op, Op::Create { mode, .. } if *mode != CreateMode::PersistentSequential)
-        });
+        let witness = lading_core::tree::lost_reply_witness(ops);
         let Some(witness) = witness else {
             // Only checks, deletes and sequential creates: sending again is harmless except that
             // a lost sequential create leaves an empty id node behind (as a crash would).
@@ -223,33 +215,9 @@ impl ZkTree {
             Err(_) if conn.terminated() => return Ok(Outcome::NotApplied),
             Err(e) => return Err(tree_error(e, witness.path())),
         };
-        let applied = match (witness, &node) {
-            (
-                Op::Set {
-                    data,
-                    version: Some(v),
-                    ..
-                },
-                Some(n),
-            ) => {
-                if n.stat.version == v + 1
-                    && n.data.as_deref().unwrap_or_default() == data.as_deref().unwrap_or_default()
-                {
-                    true
-                } else if n.stat.version == *v {
-                    false
-                } else {
-                    // Changed by someone else since: sending again fails cleanly on the
-                    // version check, which is the truthful answer for the caller.
-                    false
-                }
-            }
-            (Op::Create { data, mode, .. }, Some(n)) => {
-                n.data.as_deref().unwrap_or_default() == data.as_deref().unwrap_or_default()
-                    && (*mode != CreateMode::Ephemeral || n.stat.ephemeral_owner == conn.session)
-            }
-            _ => false,
-        };
+        // Changed by someone else since counts as not applied: sending again fails
+        // cleanly on the version check, which is the truthful answer for the caller.
+        let applied = lading_core::tree::lost_reply_applied(witness, node.as_ref(), conn.session);
         tracing::warn!(
             path = witness.path(),
             applied,

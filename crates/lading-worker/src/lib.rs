@@ -259,6 +259,8 @@ async fn supervise(
 ) -> Option<Outcome> {
     let mut handle = tokio::spawn(fut);
     tokio::select! {
+        // In order, not at random: a run is the same every time (`lading-sim`).
+        biased;
         r = tokio::time::timeout(timeout, &mut handle) => Some(match r {
             Ok(Ok(o)) => o,
             Ok(Err(e)) if e.is_panic() => {
@@ -349,6 +351,8 @@ where
             return Ok(Some(()));
         }
         tokio::select! {
+            // In order, not at random: a run is the same every time (`lading-sim`).
+            biased;
             _ = tokio::time::sleep(self.every) => Ok(Some(())),
             _ = stop.into_stopped() => Ok(None),
         }
@@ -721,6 +725,8 @@ impl BatchLoop {
                     tracing::warn!(batch = %bid, attempt = ctx.attempt, %reason,
                         "transient error; retrying in {:.1} s", delay.as_secs_f64());
                     tokio::select! {
+                        // In order, not at random: a run is the same every time (`lading-sim`).
+                        biased;
                         _ = tokio::time::sleep(delay) => {}
                         _ = shutdown.aborted() => break None,
                     }
@@ -741,6 +747,8 @@ impl BatchLoop {
                     // keeps other workers off; a move by an admin meanwhile takes the lease).
                     tracing::info!(batch = %bid, %reason, "waiting {:.1} s", after.as_secs_f64());
                     tokio::select! {
+                        // In order, not at random: a run is the same every time (`lading-sim`).
+                        biased;
                         _ = tokio::time::sleep(after) => {}
                         _ = shutdown.aborted() => break None,
                     }

@@ -1,0 +1,60 @@
+//! Deliberate bugs, one per guarantee, for the simulator (`lading-sim --sabotage NAME`) to
+//! prove it finds them. They exist only in a build with the `sabotage` feature, which no
+//! normal build turns on; without it [`on`] is a constant `false` and the code it guards is
+//! removed by the compiler.
+
+/// A move of a leased job skips the lock: no session check, no lock check, no status
+/// version.
+pub const NO_FENCING: u32 = 1;
+/// A job's move writes its status and its state references in two commits.
+pub const SPLIT_MOVE: u32 = 2;
+/// The move of a batch to Reporting ignores the status version it read.
+pub const REPORT_UNGUARDED: u32 = 4;
+/// A waiting worker does not watch its state folder: it misses the wake-up of a job
+/// arriving and sees it only at its next periodic look.
+pub const LOST_WAKEUP: u32 = 8;
+
+/// Every sabotage, by the name `--sabotage` takes.
+pub const NAMES: &[(&str, u32)] = &[
+    ("no-fencing", NO_FENCING),
+    ("split-move", SPLIT_MOVE),
+    ("report-unguarded", REPORT_UNGUARDED),
+    ("lost-wakeup", LOST_WAKEUP),
+];
+
+#[cfg(feature = "sabotage")]
+static ON: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Whether the sabotage `flag` is on (never, without the feature).
+#[inline(always)]
+pub fn on(flag: u32) -> bool {
+    #[cfg(feature = "sabotage")]
+    {
+        ON.load(std::sync::atomic::Ordering::Relaxed) & flag != 0
+    }
+    #[cfg(not(feature = "sabotage"))]
+    {
+        let _ = flag;
+        false
+    }
+}
+
+/// Turns on the sabotage called `name`, for the whole process.
+pub fn set(name: &str) -> Result<(), String> {
+    let Some((_, flag)) = NAMES.iter().find(|(n, _)| *n == name) else {
+        return Err(format!(
+            "no sabotage {name:?}; there are {}",
+            NAMES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+        ));
+    };
+    #[cfg(feature = "sabotage")]
+    {
+        ON.fetch_or(*flag, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+    #[cfg(not(feature = "sabotage"))]
+    {
+        let _ = flag;
+        Err("this build has no sabotage: build with --features sabotage".into())
+    }
+}

@@ -1,0 +1,679 @@
+//! One simulated deployment, run from a seed on simulated time.
+//!
+//! Several processes share the simulated tree, each a real [`Engine`] on its own session
+//! running the real stage loops ([`Worker`]), an outbox deliverer and the reporting sweep.
+//! Their stage handlers are simulated: each takes a while and succeeds, fails for a while
+//! or fails for good, as the seed says. The workload submits batches and, between them,
+//! crashes and restarts processes, expires and pauses their sessions, holds and releases
+//! jobs, requeues failed ones (one at a time and by batch), deletes jobs and pauses the
+//! ingest queue. Then the faults stop, and every batch must end, every mail be delivered,
+//! within a bounded simulated time.
+
+use crate::tree::{Faults, SimTree, World};
+use lading_core::layout::{BatchId, JobId, StatusReport, batch_node};
+use lading_core::random::{Random, Seeded};
+use lading_core::time::Clock;
+use lading_core::{BatchState, BoxFuture, Event, JobState, Tree};
+use lading_engine::{Effect, Engine, JobSpec};
+use lading_worker::{
+    BatchCtx, BatchStage, JobCtx, JobStage, Outcome, Shutdown, ShutdownHandle, StageConfig, Worker,
+};
+use serde_json::{Map, Value, json};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How the simulated deployment is shaped.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub nodes: usize,
+    pub batches: usize,
+    pub faults: bool,
+    pub trace: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            nodes: 3,
+            batches: 20,
+            faults: true,
+            trace: false,
+        }
+    }
+}
+
+/// What one seed's run found.
+#[derive(Debug)]
+pub struct Run {
+    pub seed: u64,
+    pub sim_ms: u64,
+    pub steps: u64,
+    pub jobs: usize,
+    pub violations: Vec<String>,
+    pub tail: Vec<String>,
+    pub trace_hash: u64,
+    pub full: Option<Vec<String>>,
+}
+
+/// A session lapses this long after its process stops answering.
+const SESSION_TIMEOUT_MS: u64 = 3_000;
+/// Once faults stop, every batch ends and every mail is delivered within this.
+const LIVENESS_MS: u64 = 60_000;
+/// Simulated wall-clock start (2026-01-01).
+const EPOCH_MS: u64 = 1_767_225_600_000;
+
+/// The engine's clock on tokio's (paused, auto-advancing) time.
+struct SimClock {
+    start: tokio::time::Instant,
+}
+
+impl Clock for SimClock {
+    fn now_ms(&self) -> u64 {
+        EPOCH_MS + self.start.elapsed().as_millis() as u64
+    }
+}
+
+/// What left the simulated processes: each delivered mail, by key.
+#[derive(Default)]
+struct Outside {
+    /// key → (content, deliveries)
+    mails: BTreeMap<String, (Value, u32)>,
+}
+
+/// The simulated handlers' shared dice.
+struct Dice(Arc<Seeded>);
+
+impl Dice {
+    fn below(&self, n: usize) -> usize {
+        self.0.below(n)
+    }
+}
+
+struct SimJobStage {
+    state: JobState,
+    dice: Arc<Dice>,
+}
+
+impl JobStage for SimJobStage {
+    fn state(&self) -> JobState {
+        self.state
+    }
+    fn success(&self) -> Event<JobState> {
+        // Pending's way on is Estimating (its table successor is Held's release).
+        match self.state {
+            JobState::Pending => Event::To(JobState::Estimating),
+            _ => Event::Success,
+        }
+    }
+    fn run(&self, _job: Arc<JobCtx>) -> BoxFuture<'static, Outcome> {
+        let (took, roll) = (self.dice.below(300), self.dice.below(1000));
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(took as u64)).await;
+            match roll {
+                0..=59 => Outcome::Transient("the simulated service is busy".into()),
+                60..=71 => Outcome::Fatal("the simulated input is bad".into()),
+                _ => Outcome::Done,
+            }
+        })
+    }
+}
+
+/// Intake: makes the batch's jobs (those a previous attempt did not make).
+struct SimIntake;
+
+impl BatchStage for SimIntake {
+    fn state(&self) -> BatchState {
+        BatchState::Pending
+    }
+    fn success(&self) -> Event<BatchState> {
+        Event::To(BatchState::Processing)
+    }
+    fn run(&self, b: Arc<BatchCtx>) -> BoxFuture<'static, Outcome> {
+        Box::pin(async move {
+            let want = b
+                .info
+                .submission
+                .get("sim_jobs")
+                .and_then(Value::as_u64)
+                .unwrap_or(1);
+            let mut have = std::collections::BTreeSet::new();
+            for jid in b.info.jobs.values().flatten() {
+                let Ok(j) = JobId::parse(jid) else { continue };
+                match b.engine.job(&j).await {
+                    Ok(info) => {
+                        if let Some(i) = info.configuration.get("index").and_then(Value::as_u64) {
+                            have.insert(i);
+                        }
+                    }
+                    Err(e) => return Outcome::from(e),
+                }
+            }
+            for i in (0..want).filter(|i| !have.contains(i)) {
+                let mut configuration = Map::new();
+                configuration.insert("index".into(), json!(i));
+                let spec = JobSpec {
+                    configuration,
+                    ..Default::default()
+                };
+                if let Err(e) = b.create_job(spec).await {
+                    return Outcome::from(e);
+                }
+            }
+            Outcome::Done
+        })
+    }
+}
+
+/// Reporting and update reporting: the report, numbered, and its mail with a key.
+struct SimReport(BatchState);
+
+impl BatchStage for SimReport {
+    fn state(&self) -> BatchState {
+        self.0
+    }
+    fn run(&self, b: Arc<BatchCtx>) -> BoxFuture<'static, Outcome> {
+        Box::pin(async move {
+            let prev: Option<StatusReport> = match b
+                .engine
+                .tree()
+                .get(&batch_node(b.batch(), "status-report"))
+                .await
+            {
+                Ok(n) => n
+                    .and_then(|n| n.data)
+                    .and_then(|d| serde_json::from_slice(&d).ok()),
+                Err(e) => return Outcome::Transient(e.to_string()),
+            };
+            let mut report = match b.engine.build_report(b.batch()).await {
+                Ok(r) => r,
+                Err(e) => return Outcome::from(e),
+            };
+            let number = prev.as_ref().map_or(1, |p| {
+                p.extra
+                    .get("report_number")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(1)
+                    + 1
+            });
+            report.extra.insert("report_number".into(), json!(number));
+            let mut completed = report.completed_jobs.clone();
+            let mut failed = report.failed_jobs.clone();
+            completed.sort();
+            failed.sort();
+            let effect = Effect {
+                kind: "mail".into(),
+                key: format!("report:{}:{number}", b.batch()),
+                batch: Some(b.batch().to_string()),
+                job: None,
+                payload: json!({ "completed": completed, "failed": failed }),
+            };
+            let outcome = if report.failed_jobs.is_empty() {
+                Outcome::Done
+            } else {
+                Outcome::Fatal(lading_engine::batch_summary(
+                    report.completed_jobs.len(),
+                    report.failed_jobs.len(),
+                    0,
+                ))
+            };
+            b.set_report(report, vec![effect]).await;
+            outcome
+        })
+    }
+}
+
+/// One simulated process.
+struct Proc {
+    tree: Arc<SimTree>,
+    stop: ShutdownHandle,
+    task: tokio::task::JoinHandle<()>,
+}
+
+struct Sim {
+    world: Arc<World>,
+    clock: Arc<SimClock>,
+    dice: Arc<Dice>,
+    outside: Arc<Mutex<Outside>>,
+    work: tempfile::TempDir,
+    seed: u64,
+    starts: u64,
+}
+
+fn stage_config() -> StageConfig {
+    StageConfig {
+        concurrency: 2,
+        timeout: Duration::from_secs(60),
+        max_attempts: 4,
+        backoff_base: Duration::from_millis(200),
+        backoff_max: Duration::from_secs(3),
+    }
+}
+
+impl Sim {
+    fn start(&mut self, i: usize) -> Proc {
+        self.starts += 1;
+        let name = format!("p{i}");
+        let tree = self.world.connect(&name);
+        let engine = Arc::new(
+            Engine::new(
+                tree.clone(),
+                self.clock.clone(),
+                format!("{name}.{}", self.starts),
+            )
+            .with_random(Seeded::new(
+                self.seed.wrapping_mul(31).wrapping_add(self.starts),
+            )),
+        );
+        let (stop, shutdown) = Shutdown::new();
+        let jobs: Vec<(Arc<dyn JobStage>, StageConfig)> = JobState::PIPELINE
+            .iter()
+            .map(|s| {
+                (
+                    Arc::new(SimJobStage {
+                        state: *s,
+                        dice: self.dice.clone(),
+                    }) as Arc<dyn JobStage>,
+                    stage_config(),
+                )
+            })
+            .collect();
+        let batches: Vec<(Arc<dyn BatchStage>, StageConfig)> = vec![
+            (Arc::new(SimIntake), stage_config()),
+            (Arc::new(SimReport(BatchState::Reporting)), stage_config()),
+            (
+                Arc::new(SimReport(BatchState::UpdateReporting)),
+                stage_config(),
+            ),
+        ];
+        let worker = Worker::new(engine.clone(), self.work.path().join(&name));
+        let outside = self.outside.clone();
+        let task = tokio::spawn(async move {
+            let deliver = deliver(engine.clone(), outside, shutdown.clone());
+            let sweep = lading_worker::every(
+                "reporting sweep",
+                Duration::from_secs(5),
+                shutdown.clone(),
+                {
+                    let e = engine.clone();
+                    move || {
+                        let e = e.clone();
+                        async move {
+                            let _ = e.sweep_reporting().await;
+                        }
+                    }
+                },
+            );
+            tokio::join!(worker.run(jobs, batches, shutdown), deliver, sweep);
+        });
+        Proc { tree, stop, task }
+    }
+}
+
+/// The outbox deliverer: each mail to the outside world, then marked done.
+async fn deliver(engine: Arc<Engine>, outside: Arc<Mutex<Outside>>, shutdown: Shutdown) {
+    while !shutdown.is_stopping() {
+        match engine.claim_effect(&["mail"]).await {
+            Ok(Ok(claim)) => {
+                {
+                    let mut o = outside.lock().unwrap_or_else(|p| p.into_inner());
+                    let e = o
+                        .mails
+                        .entry(claim.entry.effect.key.clone())
+                        .or_insert((claim.entry.effect.payload.clone(), 0));
+                    if e.0 != claim.entry.effect.payload {
+                        // Recorded below as a violation: one key, two contents.
+                        e.0 =
+                            json!({"conflict": [e.0.clone(), claim.entry.effect.payload.clone()]});
+                    }
+                    e.1 += 1;
+                }
+                let _ = engine.effect_done(claim).await;
+            }
+            Ok(Err(_)) => {
+                let _ = engine.wait_outbox(Duration::from_secs(2)).await;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
+
+/// Retries an admin call through connection losses and expiries, as an operator would.
+async fn admin<T, F, Fut>(f: F) -> Option<T>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = lading_engine::Result<T>>,
+{
+    for _ in 0..10 {
+        match f().await {
+            Ok(v) => return Some(v),
+            Err(e)
+                if e.is_retryable()
+                    || matches!(
+                        e,
+                        lading_engine::EngineError::Tree(lading_core::TreeError::SessionExpired)
+                    ) =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
+pub fn run(seed: u64, opts: &Options) -> Run {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a runtime");
+    rt.block_on(simulate(seed, opts))
+}
+
+async fn simulate(seed: u64, opts: &Options) -> Run {
+    let world = World::new(seed, opts.faults.then(Faults::default_on), opts.trace);
+    let start = tokio::time::Instant::now();
+    let clock = Arc::new(SimClock { start });
+    let rng = Seeded::new(seed);
+    let mut sim = Sim {
+        world: world.clone(),
+        clock: clock.clone(),
+        dice: Arc::new(Dice(Seeded::new(seed ^ 0x6469_6365))),
+        outside: Arc::default(),
+        work: tempfile::tempdir().expect("a temporary folder"),
+        seed,
+        starts: 0,
+    };
+    let admin_engine = Arc::new(
+        Engine::new(world.connect("admin"), clock.clone(), "admin")
+            .with_random(Seeded::new(seed ^ 0xad)),
+    );
+    // The admin's session is the operator's: faults do not end it (it retries).
+    admin(|| admin_engine.init()).await;
+    let mut procs: Vec<Option<Proc>> = (0..opts.nodes).map(|i| Some(sim.start(i))).collect();
+    let mut down_until: Vec<Option<tokio::time::Instant>> = vec![None; opts.nodes];
+    let mut bids: Vec<BatchId> = Vec::new();
+    let mut reopened: BTreeMap<String, u32> = BTreeMap::new();
+    let mut held: Vec<(JobId, tokio::time::Instant)> = Vec::new();
+    let mut queue_paused_until: Option<tokio::time::Instant> = None;
+    for i in 0..opts.batches {
+        let mut sub = Map::new();
+        sub.insert("batchID".into(), json!(format!("sim-{seed}-{i}")));
+        sub.insert("submitter".into(), json!(format!("user{}", rng.below(3))));
+        sub.insert("sim_jobs".into(), json!(1 + rng.below(9)));
+        let uuid = format!("sim-{seed}-{i}");
+        let made = admin(|| admin_engine.create_batch(sub.clone())).await;
+        let bid = match made {
+            Some(b) => Some(b),
+            // Made, and the answer lost: found by its uuid.
+            None => admin(|| admin_engine.batch_by_uuid(&uuid)).await.flatten(),
+        };
+        if let Some(b) = bid {
+            world.lock().trace(format!("submitted {b} ({uuid})"));
+            bids.push(b);
+        }
+        // Between two submissions: what the world does to the deployment.
+        for _ in 0..1 + rng.below(3) {
+            tokio::time::sleep(Duration::from_millis(rng.below(1500) as u64)).await;
+            let now = tokio::time::Instant::now();
+            for (k, p) in procs.iter_mut().enumerate() {
+                if p.is_none() && down_until[k].is_some_and(|t| t <= now) {
+                    *p = Some(sim.start(k));
+                    down_until[k] = None;
+                    world.lock().trace(format!("p{k} restarted"));
+                }
+            }
+            held.retain(|(j, until)| {
+                if *until <= now {
+                    let (e, j) = (admin_engine.clone(), j.clone());
+                    tokio::spawn(async move {
+                        admin(|| e.release_job(&j)).await;
+                    });
+                    false
+                } else {
+                    true
+                }
+            });
+            if queue_paused_until.is_some_and(|t| t <= now) {
+                queue_paused_until = None;
+                admin(|| admin_engine.resume_queue("ingest")).await;
+            }
+            if !opts.faults {
+                continue;
+            }
+            let k = rng.below(opts.nodes);
+            match rng.below(10) {
+                0 => {
+                    if let Some(p) = procs[k].take() {
+                        p.tree.kill();
+                        p.task.abort();
+                        let s = p.tree.session_id();
+                        let w = world.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(Duration::from_millis(SESSION_TIMEOUT_MS)).await;
+                            w.lock().expire(s);
+                        });
+                        down_until[k] =
+                            Some(now + Duration::from_millis(500 + rng.below(5000) as u64));
+                        world.lock().trace(format!("p{k} crashed"));
+                    }
+                }
+                1 => {
+                    if let Some(p) = &procs[k] {
+                        let s = p.tree.session_id();
+                        world.lock().expire(s);
+                    }
+                }
+                2 => {
+                    if let Some(p) = &procs[k] {
+                        let d = 500 + rng.below(6000) as u64;
+                        p.tree.pause_until(now + Duration::from_millis(d));
+                        world.lock().trace(format!("p{k} paused {d} ms"));
+                        if d > SESSION_TIMEOUT_MS {
+                            let (w, s) = (world.clone(), p.tree.session_id());
+                            tokio::spawn(async move {
+                                tokio::time::sleep(Duration::from_millis(SESSION_TIMEOUT_MS)).await;
+                                w.lock().expire(s);
+                            });
+                        }
+                    }
+                }
+                3 | 4 => {
+                    // Requeue the failed jobs of a batch: all at once, or one.
+                    if let Some(b) = pick(&rng, &bids) {
+                        if rng.below(2) == 0 {
+                            if let Some(r) =
+                                admin(|| admin_engine.requeue_failed(&b, None, None)).await
+                                && r.iter().any(|(_, r)| r.is_ok())
+                            {
+                                *reopened.entry(b.to_string()).or_default() += 1;
+                            }
+                        } else if let Some(info) = admin(|| admin_engine.batch(&b)).await
+                            && let Some(j) =
+                                info.jobs.get("batch-failed").and_then(|f| pick(&rng, f))
+                            && let Ok(j) = JobId::parse(&j)
+                            && admin(|| admin_engine.requeue_job(&j, None)).await.is_some()
+                        {
+                            *reopened.entry(b.to_string()).or_default() += 1;
+                        }
+                    }
+                }
+                5 => {
+                    if let Some(b) = pick(&rng, &bids)
+                        && let Some(info) = admin(|| admin_engine.batch(&b)).await
+                        && let Some(j) = pick(
+                            &rng,
+                            &info.jobs.values().flatten().cloned().collect::<Vec<_>>(),
+                        )
+                        && let Ok(j) = JobId::parse(&j)
+                        && admin(|| admin_engine.hold_job(&j)).await.is_some()
+                    {
+                        held.push((j, now + Duration::from_millis(rng.below(4000) as u64)));
+                    }
+                }
+                6 => {
+                    if let Some(b) = pick(&rng, &bids)
+                        && let Some(info) = admin(|| admin_engine.batch(&b)).await
+                        && let Some(j) = pick(
+                            &rng,
+                            &info.jobs.values().flatten().cloned().collect::<Vec<_>>(),
+                        )
+                        && let Ok(j) = JobId::parse(&j)
+                        && admin(|| admin_engine.delete_job(&j))
+                            .await
+                            .flatten()
+                            .is_some()
+                    {
+                        *reopened.entry(b.to_string()).or_default() += 1;
+                    }
+                }
+                7 if queue_paused_until.is_none() => {
+                    admin(|| admin_engine.pause_queue("ingest")).await;
+                    queue_paused_until = Some(now + Duration::from_millis(rng.below(3000) as u64));
+                }
+                _ => {}
+            }
+        }
+    }
+    // The faults stop; everything held is let go and every process is up.
+    world.lock().faults = None;
+    world.lock().trace("faults stop".into());
+    for (j, _) in std::mem::take(&mut held) {
+        admin(|| admin_engine.release_job(&j)).await;
+    }
+    admin(|| admin_engine.resume_queue("ingest")).await;
+    for (k, p) in procs.iter_mut().enumerate() {
+        if p.is_none() {
+            *p = Some(sim.start(k));
+        }
+    }
+    let quiet = tokio::time::Instant::now();
+    let deadline = quiet + Duration::from_millis(LIVENESS_MS);
+    let mut open = Vec::new();
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        open.clear();
+        for b in &bids {
+            match admin_engine.batch(b).await {
+                Ok(i) if matches!(i.status.status, BatchState::Completed | BatchState::Failed) => {}
+                Ok(i) => open.push(format!("{b} {}", i.status.status)),
+                Err(e) => open.push(format!("{b} unreadable: {e}")),
+            }
+        }
+        let outbox = admin_engine.outbox().await.map(|o| o.len()).unwrap_or(1);
+        if open.is_empty() && outbox == 0 {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            if outbox > 0 {
+                open.push(format!("{outbox} outbox entries undelivered"));
+            }
+            world.lock().violation(format!(
+                "liveness: {} s after the faults stopped, not ended: {}",
+                LIVENESS_MS / 1000,
+                open.join(", ")
+            ));
+            break;
+        }
+    }
+    // The reports: one content per key, each batch's last report listing every job it kept,
+    // and no more reports than its first plus one per reopening.
+    let mut jobs = 0;
+    {
+        let mails = sim
+            .outside
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .mails
+            .clone();
+        let mut found = Vec::new();
+        for (key, (content, _)) in &mails {
+            if content.get("conflict").is_some() {
+                found.push(format!("mail {key} delivered with two contents: {content}"));
+            }
+        }
+        for b in &bids {
+            let Ok(info) = admin_engine.batch(b).await else {
+                continue;
+            };
+            let mut kept: Vec<String> = ["batch-completed", "batch-failed"]
+                .iter()
+                .flat_map(|f| info.jobs.get(*f).cloned().unwrap_or_default())
+                .collect();
+            kept.sort();
+            jobs += info.jobs.values().map(Vec::len).sum::<usize>();
+            let prefix = format!("report:{b}:");
+            let mine: Vec<(u64, &Value)> = mails
+                .iter()
+                .filter_map(|(k, (c, _))| Some((k.strip_prefix(&prefix)?.parse().ok()?, c)))
+                .collect();
+            let allowed = 1 + reopened.get(b.as_str()).copied().unwrap_or(0) as usize;
+            if mine.len() > allowed {
+                found.push(format!(
+                    "batch {b} reported {} times, reopened {} times",
+                    mine.len(),
+                    allowed - 1
+                ));
+            }
+            if let Some((n, last)) = mine.iter().max_by_key(|(n, _)| *n) {
+                let mut listed: Vec<String> = ["completed", "failed"]
+                    .iter()
+                    .flat_map(|k| {
+                        last.get(*k)
+                            .and_then(Value::as_array)
+                            .map(|a| {
+                                a.iter()
+                                    .filter_map(|v| v.as_str().map(String::from))
+                                    .collect::<Vec<_>>()
+                            })
+                            .unwrap_or_default()
+                    })
+                    .collect();
+                listed.sort();
+                // Every job the batch kept is in its last report; a job the report lists
+                // and the batch no longer keeps was deleted since (which reopens nothing).
+                let processing = info
+                    .jobs
+                    .get("batch-processing")
+                    .cloned()
+                    .unwrap_or_default();
+                let missing: Vec<&String> = kept.iter().filter(|j| !listed.contains(j)).collect();
+                let extra: Vec<&String> =
+                    listed.iter().filter(|j| processing.contains(j)).collect();
+                if (!missing.is_empty() || !extra.is_empty()) && open.is_empty() {
+                    found.push(format!(
+                        "batch {b}: report {n} lacks {missing:?} and lists {extra:?} still in processing"
+                    ));
+                }
+            } else if open.is_empty() {
+                found.push(format!("batch {b} ended with no report delivered"));
+            }
+        }
+        let mut st = world.lock();
+        for f in found {
+            st.violation(f);
+        }
+    }
+    for p in procs.iter().flatten() {
+        p.stop.abort();
+    }
+    for p in procs.into_iter().flatten() {
+        let _ = tokio::time::timeout(Duration::from_secs(30), p.task).await;
+    }
+    let st = world.lock();
+    Run {
+        seed,
+        sim_ms: start.elapsed().as_millis() as u64,
+        steps: st.commits,
+        jobs,
+        violations: st.violations.clone(),
+        tail: st.tail.iter().cloned().collect(),
+        trace_hash: st.trace_hash,
+        full: st.full.clone(),
+    }
+}
+
+fn pick<T: Clone>(rng: &Seeded, from: &[T]) -> Option<T> {
+    (!from.is_empty()).then(|| from[rng.below(from.len())].clone())
+}

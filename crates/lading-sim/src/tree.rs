@@ -1,0 +1,583 @@
+//! The simulated coordination tree: ZooKeeper's semantics in memory, shared by every
+//! simulated process, with faults drawn from the seed.
+//!
+//! The nodes and the all-or-nothing `multi` are the SQLite backend's own in-memory model
+//! (`lading_store_sqlite::mem`), so what the simulator checks is what that backend does. On
+//! top of it, per session: ephemeral nodes that end with it, expiry (the next call fails with
+//! `SessionExpired`, later calls run under a new session, as the real backends do), one-shot
+//! watches. Faults, when on: a connection lost before a commit or after it (the caller cannot
+//! tell which), a lost read, a slow call, a watch delivered late (so watches of one change
+//! may arrive out of order), a paused process.
+//!
+//! Every commit is checked by [`crate::check::after_commit`] while the tree is still locked,
+//! so an invariant is seen the moment it breaks, and written to the trace.
+
+use crate::check;
+use lading_core::random::{Random, Seeded};
+use lading_core::tree::{
+    BoxFuture, Change, ChangeFeed, Changes, Names, TreeFuture, is_under, split_path, validate_path,
+};
+use lading_core::{Node, Op, OpResult, Tree, TreeError, Watch, WatchKind};
+use lading_store_sqlite::mem::{Mem, MemNode, Overlay, validate_ops};
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+/// Fault rates (per call) and bounds, drawn from the seed.
+#[derive(Debug, Clone)]
+pub struct Faults {
+    /// A `multi`'s reply is lost before it was applied (the backend reads back, sends again).
+    pub loss_before: f64,
+    /// A `multi`'s reply is lost after it was applied (the backend reads back).
+    pub loss_after: f64,
+    /// The backend gives up on a `multi` that was not applied: the caller sees connection loss.
+    pub gave_up_before: f64,
+    /// The backend gives up on a `multi` that was applied: the caller sees connection loss.
+    pub gave_up_after: f64,
+    /// A read fails with connection loss.
+    pub read_loss: f64,
+    /// A call first waits up to `slow_max_ms`.
+    pub slow: f64,
+    pub slow_max_ms: u64,
+    /// A watch is delivered up to this late.
+    pub watch_delay_max_ms: u64,
+}
+
+impl Faults {
+    pub fn default_on() -> Faults {
+        Faults {
+            loss_before: 0.01,
+            loss_after: 0.01,
+            gave_up_before: 0.001,
+            gave_up_after: 0.0,
+            read_loss: 0.002,
+            slow: 0.05,
+            slow_max_ms: 400,
+            watch_delay_max_ms: 200,
+        }
+    }
+}
+
+struct Waiting {
+    path: String,
+    kind: WatchKind,
+    session: u64,
+    tx: oneshot::Sender<()>,
+}
+
+/// How many trace lines a violation report shows.
+pub const TRACE_TAIL: usize = 60;
+
+/// Everything the simulated processes share.
+pub struct State {
+    pub mem: Mem,
+    live: BTreeSet<u64>,
+    next_session: u64,
+    watches: Vec<Waiting>,
+    /// Change feeds: their prefixes and where their changes go.
+    feeds: Vec<(u64, Vec<String>, tokio::sync::mpsc::UnboundedSender<Change>)>,
+    next_tree: u64,
+    pub faults: Option<Faults>,
+    rng: Arc<Seeded>,
+    start: tokio::time::Instant,
+    /// Commits so far (the simulator's steps).
+    pub commits: u64,
+    pub violations: Vec<String>,
+    /// FNV-1a over every trace line: two runs of one seed agree iff their traces do.
+    pub trace_hash: u64,
+    pub tail: VecDeque<String>,
+    /// Every line, when a full trace was asked for.
+    pub full: Option<Vec<String>>,
+    /// `LADING_SIM_LIVE=1`: every line to stderr as it happens (a run that does not end).
+    live_trace: bool,
+}
+
+impl State {
+    fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    pub fn trace(&mut self, line: String) {
+        let line = format!("{:>8} {line}", self.now_ms());
+        if self.live_trace {
+            eprintln!("{line}");
+        }
+        for b in line.bytes().chain([b'\n']) {
+            self.trace_hash = (self.trace_hash ^ b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+        if self.tail.len() == TRACE_TAIL {
+            self.tail.pop_front();
+        }
+        if let Some(f) = &mut self.full {
+            f.push(line.clone());
+        }
+        self.tail.push_back(line);
+    }
+
+    pub fn violation(&mut self, what: String) {
+        self.trace(format!("VIOLATION {what}"));
+        self.violations.push(what);
+    }
+
+    fn draw(&self) -> f64 {
+        self.rng.unit()
+    }
+
+    fn new_session(&mut self) -> u64 {
+        self.next_session += 1;
+        self.live.insert(self.next_session);
+        self.next_session
+    }
+
+    /// Fires the watches a change of `path` triggers (`created_or_deleted`: its parent's
+    /// children changed too), late when faults are on.
+    fn fire(&mut self, path: &str, created_or_deleted: bool) {
+        self.feeds.retain(|(_, prefixes, tx)| {
+            !prefixes.iter().any(|p| is_under(path, p))
+                || tx.send(Change::Node(path.to_string())).is_ok()
+        });
+        let parent = split_path(path).0.to_string();
+        let mut keep = Vec::with_capacity(self.watches.len());
+        let mut fired = Vec::new();
+        for w in std::mem::take(&mut self.watches) {
+            let hit = match w.kind {
+                WatchKind::Data => w.path == path,
+                WatchKind::Children => created_or_deleted && w.path == parent,
+            };
+            if hit { fired.push(w.tx) } else { keep.push(w) }
+        }
+        self.watches = keep;
+        for tx in fired {
+            self.deliver(tx);
+        }
+    }
+
+    fn deliver(&mut self, tx: oneshot::Sender<()>) {
+        let delay = match &self.faults {
+            Some(f) if f.watch_delay_max_ms > 0 => {
+                (self.draw() * f.watch_delay_max_ms as f64) as u64
+            }
+            _ => 0,
+        };
+        if delay == 0 {
+            let _ = tx.send(());
+        } else {
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(delay)).await;
+                let _ = tx.send(());
+            });
+        }
+    }
+
+    /// Ends `session` as an expiry does: its ephemeral nodes go, and its watches fire.
+    pub fn expire(&mut self, session: u64) {
+        if !self.live.remove(&session) {
+            return;
+        }
+        let mut owned = self.mem.owned_by(session);
+        owned.sort();
+        for p in owned {
+            self.mem.remove(&p);
+            self.fire(&p, true);
+        }
+        let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.watches)
+            .into_iter()
+            .partition(|w| w.session == session);
+        self.watches = rest;
+        for w in mine {
+            self.deliver(w.tx);
+        }
+        self.trace(format!("session {session} expired"));
+    }
+
+    pub fn is_live(&self, session: u64) -> bool {
+        self.live.contains(&session)
+    }
+}
+
+/// The shared world of one simulation run.
+pub struct World {
+    st: Mutex<State>,
+}
+
+impl World {
+    pub fn new(seed: u64, faults: Option<Faults>, full_trace: bool) -> Arc<World> {
+        let mut mem = Mem::default();
+        mem.put(Arc::from("/"), MemNode::new(None, 0, 0));
+        Arc::new(World {
+            st: Mutex::new(State {
+                mem,
+                live: BTreeSet::new(),
+                next_session: 0,
+                watches: Vec::new(),
+                feeds: Vec::new(),
+                next_tree: 0,
+                faults,
+                rng: Seeded::new(seed ^ 0x7472_6565),
+                start: tokio::time::Instant::now(),
+                commits: 0,
+                violations: Vec::new(),
+                trace_hash: 0xcbf2_9ce4_8422_2325,
+                tail: VecDeque::new(),
+                full: full_trace.then(Vec::new),
+                live_trace: std::env::var_os("LADING_SIM_LIVE").is_some(),
+            }),
+        })
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A new session, as a process connecting.
+    pub fn connect(self: &Arc<Self>, name: &str) -> Arc<SimTree> {
+        let (session, id) = {
+            let mut st = self.lock();
+            st.next_tree += 1;
+            (st.new_session(), st.next_tree)
+        };
+        Arc::new(SimTree {
+            id,
+            world: self.clone(),
+            name: name.to_string(),
+            session: AtomicU64::new(session),
+            dead: AtomicBool::new(false),
+            paused: Mutex::new(None),
+        })
+    }
+}
+
+/// One process's session on the simulated tree.
+pub struct SimTree {
+    /// Which handle this is (its feeds end when it is closed).
+    id: u64,
+    world: Arc<World>,
+    name: String,
+    session: AtomicU64,
+    /// The process crashed: its calls never reach the tree again.
+    dead: AtomicBool,
+    /// The process is stalled until then.
+    paused: Mutex<Option<tokio::time::Instant>>,
+}
+
+impl SimTree {
+    /// The process is gone; its session lives on until it expires.
+    pub fn kill(&self) {
+        self.dead.store(true, Ordering::SeqCst);
+    }
+
+    /// Every call of the process waits until `until` (a GC pause, a stopped VM).
+    pub fn pause_until(&self, until: tokio::time::Instant) {
+        *self.paused.lock().unwrap_or_else(|p| p.into_inner()) = Some(until);
+    }
+
+    pub fn world(&self) -> &Arc<World> {
+        &self.world
+    }
+
+    /// Before each call: a paused process waits, a dead one fails, a slow call waits, and
+    /// an expired session fails once and is replaced.
+    async fn enter(&self, read: bool) -> Result<(), TreeError> {
+        // A round trip: every other ready process gets its turn.
+        tokio::task::yield_now().await;
+        let until = *self.paused.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(until) = until {
+            tokio::time::sleep_until(until).await;
+        }
+        let slow = {
+            let st = self.world.lock();
+            match &st.faults {
+                Some(f) if st.draw() < f.slow => (st.draw() * f.slow_max_ms as f64) as u64,
+                _ => 0,
+            }
+        };
+        if slow > 0 {
+            tokio::time::sleep(Duration::from_millis(slow)).await;
+        }
+        if self.dead.load(Ordering::SeqCst) {
+            return Err(TreeError::ConnectionLoss(format!("{} is down", self.name)));
+        }
+        let mut st = self.world.lock();
+        let s = self.session.load(Ordering::SeqCst);
+        if !st.is_live(s) {
+            let n = st.new_session();
+            self.session.store(n, Ordering::SeqCst);
+            st.trace(format!("{} session {s} -> {n}", self.name));
+            return Err(TreeError::SessionExpired);
+        }
+        if read && st.faults.as_ref().is_some_and(|f| st.draw() < f.read_loss) {
+            return Err(TreeError::ConnectionLoss(
+                "a read was lost (simulated)".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Applies `ops` all or nothing, fires the watches, checks the invariants, traces.
+    fn apply(&self, st: &mut State, ops: &[Op], session: u64) -> Result<Vec<OpResult>, TreeError> {
+        let probe = check::before_commit(&st.mem, ops);
+        let now = st.now_ms();
+        let mut ov = Overlay::default();
+        let results = match ov.apply_multi(&st.mem, ops, session, now) {
+            Ok(r) => r,
+            Err(e) => {
+                st.trace(format!(
+                    "{} s{session} refused [{}]: {e}",
+                    self.name,
+                    short(ops)
+                ));
+                return Err(e);
+            }
+        };
+        let mut changed: Vec<(String, bool)> = ov
+            .changed
+            .iter()
+            .map(|(p, n)| (p.to_string(), st.mem.get(p).is_some() != n.is_some()))
+            .collect();
+        changed.sort();
+        ov.apply_to(&mut st.mem);
+        st.commits += 1;
+        st.trace(format!("{} s{session} [{}]", self.name, short(ops)));
+        for (p, created_or_deleted) in &changed {
+            st.fire(p, *created_or_deleted);
+        }
+        for v in check::after_commit(&st.mem, session, ops, &probe) {
+            st.violation(format!("{v} (commit by {} s{session})", self.name));
+        }
+        Ok(results)
+    }
+
+    fn read<T>(&self, f: impl FnOnce(&Mem) -> T) -> T {
+        f(&self.world.lock().mem)
+    }
+}
+
+fn node_of(n: &MemNode) -> Node {
+    Node {
+        data: n.data.clone(),
+        stat: n.stat(),
+    }
+}
+
+fn short(ops: &[Op]) -> String {
+    ops.iter()
+        .map(|o| {
+            let k = match o {
+                Op::Check { .. } => "check",
+                Op::Create { .. } => "create",
+                Op::Set { .. } => "set",
+                Op::Delete { .. } => "delete",
+            };
+            format!("{k} {}", o.path())
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl Tree for SimTree {
+    fn kind(&self) -> &'static str {
+        "sim"
+    }
+
+    fn session_id(&self) -> u64 {
+        self.session.load(Ordering::SeqCst)
+    }
+
+    fn get<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Option<Node>> {
+        Box::pin(async move {
+            validate_path(path)?;
+            self.enter(true).await?;
+            Ok(self.read(|m| m.get(path).map(node_of)))
+        })
+    }
+
+    fn get_many<'a>(&'a self, paths: &'a [String]) -> TreeFuture<'a, Vec<Option<Node>>> {
+        Box::pin(async move {
+            for p in paths {
+                validate_path(p)?;
+            }
+            self.enter(true).await?;
+            Ok(self.read(|m| paths.iter().map(|p| m.get(p).map(node_of)).collect()))
+        })
+    }
+
+    fn children<'a>(&'a self, path: &'a str) -> Names<'a> {
+        Box::pin(async move {
+            validate_path(path)?;
+            self.enter(true).await?;
+            self.read(|m| m.children(path).map(|c| c.cloned().collect()))
+                .ok_or_else(|| TreeError::NoNode(path.into()))
+        })
+    }
+
+    fn children_page<'a>(&'a self, path: &'a str, after: Option<&'a str>, max: usize) -> Names<'a> {
+        Box::pin(async move {
+            validate_path(path)?;
+            self.enter(true).await?;
+            self.read(|m| m.children_page(path, after, max))
+                .ok_or_else(|| TreeError::NoNode(path.into()))
+        })
+    }
+
+    fn count_children<'a>(&'a self, path: &'a str) -> TreeFuture<'a, u64> {
+        Box::pin(async move {
+            validate_path(path)?;
+            self.enter(true).await?;
+            self.read(|m| m.count_children(path))
+                .ok_or_else(|| TreeError::NoNode(path.into()))
+        })
+    }
+
+    fn multi(&self, ops: Vec<Op>) -> TreeFuture<'_, Vec<OpResult>> {
+        Box::pin(async move {
+            validate_ops(&ops)?;
+            self.enter(false).await?;
+            let session = self.session_id();
+            let mut st = self.world.lock();
+            let fault = match &st.faults {
+                Some(f) => {
+                    let d = st.draw();
+                    let edges = [
+                        f.loss_before,
+                        f.loss_after,
+                        f.gave_up_before,
+                        f.gave_up_after,
+                    ];
+                    let mut acc = 0.0;
+                    edges.iter().position(|e| {
+                        acc += e;
+                        d < acc
+                    })
+                }
+                None => None,
+            };
+            match fault {
+                // The reply was lost: resolved as the ZooKeeper backend resolves it, by reading
+                // the witness back on the same session, and sending again if not applied.
+                Some(0) => {
+                    st.trace(format!(
+                        "{} s{session} reply lost before the commit",
+                        self.name
+                    ));
+                    self.apply(&mut st, &ops, session)
+                }
+                Some(1) => {
+                    let first = self.apply(&mut st, &ops, session);
+                    let applied = first.is_ok()
+                        && lading_core::tree::lost_reply_witness(&ops).is_some_and(|w| {
+                            let n = st.mem.get(w.path()).map(node_of);
+                            lading_core::tree::lost_reply_applied(w, n.as_ref(), session)
+                        });
+                    st.trace(format!(
+                        "{} s{session} reply lost after the commit; read back: {}",
+                        self.name,
+                        if applied { "applied" } else { "sent again" }
+                    ));
+                    if applied {
+                        first
+                    } else {
+                        self.apply(&mut st, &ops, session)
+                    }
+                }
+                // The backend gave up (the connection stayed down through its retries): the
+                // caller cannot tell whether it was applied.
+                Some(2) => {
+                    st.trace(format!(
+                        "{} s{session} gave up, not applied [{}]",
+                        self.name,
+                        short(&ops)
+                    ));
+                    Err(TreeError::ConnectionLoss(
+                        "the connection stayed down (simulated)".into(),
+                    ))
+                }
+                Some(3) => {
+                    let _ = self.apply(&mut st, &ops, session);
+                    st.trace(format!("{} s{session} gave up after the commit", self.name));
+                    Err(TreeError::ConnectionLoss(
+                        "the connection stayed down (simulated)".into(),
+                    ))
+                }
+                _ => self.apply(&mut st, &ops, session),
+            }
+        })
+    }
+
+    fn watch<'a>(&'a self, path: &'a str, kind: WatchKind) -> TreeFuture<'a, Watch> {
+        Box::pin(async move {
+            self.enter(true).await?;
+            let (tx, rx) = oneshot::channel();
+            let mut st = self.world.lock();
+            let session = self.session_id();
+            st.watches.push(Waiting {
+                path: path.to_string(),
+                kind,
+                session,
+                tx,
+            });
+            Ok(Watch::new(async move {
+                let _ = rx.await;
+            }))
+        })
+    }
+
+    fn close(&self) -> TreeFuture<'_, ()> {
+        Box::pin(async move {
+            let s = self.session_id();
+            let mut st = self.world.lock();
+            st.expire(s);
+            st.feeds.retain(|(id, _, _)| *id != self.id);
+            self.dead.store(true, Ordering::SeqCst);
+            Ok(())
+        })
+    }
+
+    fn local_reads(&self) -> bool {
+        true
+    }
+
+    fn changes<'a>(&'a self, prefixes: &'a [String]) -> Changes<'a> {
+        Box::pin(async move {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            self.world
+                .lock()
+                .feeds
+                .push((self.id, prefixes.to_vec(), tx));
+            Ok(Some(Box::new(Feed {
+                rx,
+                world: self.world.clone(),
+            }) as Box<dyn ChangeFeed>))
+        })
+    }
+}
+
+/// A change feed on the simulated tree: every change under its prefixes, in commit order.
+struct Feed {
+    rx: tokio::sync::mpsc::UnboundedReceiver<Change>,
+    world: Arc<World>,
+}
+
+impl ChangeFeed for Feed {
+    fn next(&mut self) -> BoxFuture<'_, Option<Change>> {
+        Box::pin(self.rx.recv())
+    }
+
+    fn get_many<'a>(&'a self, paths: &'a [String]) -> TreeFuture<'a, Vec<Option<Node>>> {
+        Box::pin(async move {
+            let st = self.world.lock();
+            Ok(paths.iter().map(|p| st.mem.get(p).map(node_of)).collect())
+        })
+    }
+
+    fn children<'a>(&'a self, path: &'a str) -> Names<'a> {
+        Box::pin(async move {
+            let st = self.world.lock();
+            st.mem
+                .children(path)
+                .map(|c| c.cloned().collect())
+                .ok_or_else(|| TreeError::NoNode(path.into()))
+        })
+    }
+}
