@@ -2,6 +2,7 @@
 //! `../shared/clients/mrt-ingest-ruby`, run unchanged by Debian's `ruby`) against a real
 //! `lading serve`, and with `curl -F` as a user of Merritt's ingest form would.
 
+use lading_testkit::checkm;
 use lading_testkit::events::Api;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
@@ -67,6 +68,7 @@ async fn serve(store: Store) -> Serve {
         "collection = \"demo\"\nshoulder = \"ark:/99999/fk4\"\n",
     )
     .unwrap();
+    std::fs::create_dir_all(dir.path().join("payloads")).unwrap();
     let host = hostname();
     let allow: Vec<String> = (8081..8121)
         .map(|p| format!("\"http://{host}:{p}/\""))
@@ -77,10 +79,11 @@ async fn serve(store: Store) -> Serve {
         format!(
             "{store_line}data_dir = {data:?}\nlisten = \"127.0.0.1:0\"\nreserve_bytes = 0\n\
              unestimated_min_free_bytes = 0\n\
-             [payload]\nallow = [{}]\n\
+             [payload]\nallow = [{}]\nallow_file_roots = [{:?}]\n\
              [[tokens]]\nname = \"root\"\ntoken = \"{ADMIN}\"\nrole = \"admin\"\n\
              [[tokens]]\nname = \"depositor\"\ntoken = \"{DEPOSITOR}\"\nrole = \"submitter\"\ncollections = [\"demo\"]\n",
-            allow.join(", ")
+            allow.join(", "),
+            dir.path().join("payloads")
         ),
     )
     .unwrap();
@@ -123,6 +126,40 @@ impl Serve {
         self.api
             .until_batch(ADMIN, id, Duration::from_secs(120), ended)
             .await
+    }
+
+    /// `curl -F` each of `fields` to `path` as `user` (`name:password`): the status and body.
+    fn form(&self, user: &str, path: &str, fields: &[String]) -> (u16, String) {
+        let mut c = Command::new("curl");
+        c.args(["-s", "-w", "\n%{http_code}", "-u", user]);
+        for f in fields {
+            c.arg("-F").arg(f);
+        }
+        c.arg(format!("{}{path}", self.api.base));
+        let out = c.output().expect("curl");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let (body, code) = text.rsplit_once('\n').unwrap();
+        (code.parse::<u16>().unwrap(), body.to_string())
+    }
+
+    /// Submits `fields` as the depositor and waits for the batch to end: the batch.
+    async fn ingested(&self, path: &str, fields: &[String]) -> Value {
+        let mut all = fields.to_vec();
+        all.extend(["profile=demo".to_string(), "responseForm=json".to_string()]);
+        let (code, body) = self.form(&format!("depositor:{DEPOSITOR}"), path, &all);
+        assert_eq!(code, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        let id = v["bat:batchState"]["bat:batchID"].as_str().unwrap();
+        self.finished(id).await
+    }
+
+    /// A job of the batch, as the admin.
+    async fn job(&self, jid: &Value) -> Value {
+        let (_, job) = self
+            .api
+            .get(ADMIN, &format!("/api/v1/jobs/{}", jid.as_str().unwrap()))
+            .await;
+        job
     }
 
     fn stored(&self) -> Vec<PathBuf> {
@@ -168,6 +205,208 @@ obj.finish_ingest
 puts response.batch_id
 "#;
 
+/// Every payload type of Merritt's form by `curl -F`, named or guessed: a container; an
+/// object manifest with md5 digests (as Merritt's client writes them), and one whose digest
+/// is wrong, which fails its job naming both digests; the three batch manifests; an object
+/// named in the path, then its update; the fields Lading does not map, kept with the batch.
+async fn every_payload_type_of_the_form_is_ingested(store: Store) {
+    use md5::Digest;
+    let s = serve(store).await;
+    let src = s.dir.path().join("payloads");
+    let put = |name: &str, bytes: &[u8]| {
+        let p = src.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        let md5 = md5::Md5::digest(bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>();
+        (
+            format!("file://{}", p.display()),
+            md5,
+            format!("file=@{}", p.display()),
+        )
+    };
+    let (a_url, a_md5, _) = put("a.txt", b"alpha\n");
+    let (b_url, b_md5, _) = put("b.txt", b"beta\n");
+    let zip = lading_testkit::zip_bytes(&[("obj/one.txt", b"one\n"), ("obj/two.txt", b"two\n")]);
+    let (z_url, _, z_file) = put("obj.zip", &zip);
+    let obj_fields = "nfo:fileUrl | nfo:hashAlgorithm | nfo:hashValue | nfo:fileName";
+    let object = |b_digest: &str| {
+        checkm(
+            "mrt-ingest-manifest",
+            obj_fields,
+            &[
+                format!("{a_url} | md5 | {a_md5} | a.txt"),
+                format!("{b_url} | md5 | {b_digest} | b.txt"),
+            ],
+        )
+    };
+    let (obj_url, _, obj_file) = put("object.checkm", object(&b_md5).as_bytes());
+    let (_, _, bad_file) = put("bad.checkm", object(&a_md5).as_bytes());
+    let (_, _, single_file) = put(
+        "single.checkm",
+        checkm(
+            "mrt-single-file-batch-manifest",
+            "nfo:fileUrl | nfo:hashAlgorithm | nfo:hashValue | nfo:fileName | mrt:title",
+            &[
+                format!("{a_url} | md5 | {a_md5} | a.txt | Alpha"),
+                format!("{b_url} | md5 | {b_md5} | b.txt | Beta"),
+            ],
+        )
+        .as_bytes(),
+    );
+    let (_, _, containers_file) = put(
+        "containers.checkm",
+        checkm(
+            "mrt-container-batch-manifest",
+            "nfo:fileUrl | nfo:fileName | mrt:title",
+            &[
+                format!("{z_url} | obj.zip | First"),
+                format!("{z_url} | obj.zip | Second"),
+            ],
+        )
+        .as_bytes(),
+    );
+    let (_, _, batch_file) = put(
+        "batch.checkm",
+        checkm(
+            "mrt-batch-manifest",
+            "nfo:fileUrl | nfo:fileName",
+            &[
+                format!("{obj_url} | object.checkm"),
+                format!("{obj_url} | object.checkm"),
+            ],
+        )
+        .as_bytes(),
+    );
+    let completed = |b: &Value| b["jobs"]["batch-completed"].as_array().map_or(0, Vec::len);
+    // Each type, named and guessed: the objects it makes, and the files of its first object
+    // (a single-file batch's first object holds one of its two files).
+    let zipped: &[&str] = &["one.txt", "two.txt"];
+    let listed: &[&str] = &["a.txt", "b.txt"];
+    for (file, ty, objects, files) in [
+        (&z_file, Some("container"), 1, zipped),
+        (&z_file, None, 1, zipped),
+        (&obj_file, Some("object-manifest"), 1, listed),
+        (&obj_file, None, 1, listed),
+        (&single_file, Some("single-file-batch-manifest"), 2, &[][..]),
+        (&single_file, None, 2, &[][..]),
+        (
+            &containers_file,
+            Some("container-batch-manifest"),
+            2,
+            zipped,
+        ),
+        (&containers_file, None, 2, zipped),
+        (&batch_file, Some("batch-manifest"), 2, listed),
+        (&batch_file, None, 2, listed),
+    ] {
+        let mut fields = vec![file.clone()];
+        fields.extend(ty.map(|t| format!("type={t}")));
+        let b = s.ingested("/poster/submit", &fields).await;
+        assert_eq!(b["status"]["status"], "Completed", "{file} as {ty:?}: {b}");
+        assert_eq!(completed(&b), objects, "{file} as {ty:?}: {b}");
+        let job = s.job(&b["jobs"]["batch-completed"][0]).await;
+        let ark = job["identifiers"]["primary_id"].as_str().unwrap();
+        let folder = format!("/{}/v1/", lading_core::layout::ark_node_name(ark));
+        let mut names: Vec<String> = s
+            .stored()
+            .iter()
+            .filter(|p| p.to_string_lossy().contains(&folder))
+            .filter_map(|p| Some(p.file_name()?.to_string_lossy().into_owned()))
+            .filter(|n| n.ends_with(".txt"))
+            .collect();
+        names.sort();
+        if files.is_empty() {
+            assert!(
+                names == ["a.txt"] || names == ["b.txt"],
+                "{file}: {names:?}"
+            );
+        } else {
+            assert_eq!(names, files, "{file} as {ty:?}");
+        }
+    }
+    // The md5 digests are checked: a wrong one fails its job, naming both digests.
+    let b = s
+        .ingested(
+            "/poster/submit",
+            &[bad_file.clone(), "type=object-manifest".into()],
+        )
+        .await;
+    let failed = &b["jobs"]["batch-failed"];
+    assert_eq!(failed.as_array().map_or(0, Vec::len), 1, "{b}");
+    let job = s.job(&failed[0]).await;
+    let message = job["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&a_md5) && message.contains(&b_md5),
+        "the failure names both digests: {job}"
+    );
+    // An object named in the path, then a new version of it by the update form.
+    let (_, _, a_file) = put("named.txt", b"named v1\n");
+    let b = s
+        .ingested(
+            "/poster/submit/ark/99999/fk4named",
+            &[
+                a_file.clone(),
+                "type=file".into(),
+                "note=first deposit".into(),
+                "notification=curator@example.org".into(),
+                "DC.publisher=UC3".into(),
+                "someFieldMerrittLacks=kept anyway".into(),
+            ],
+        )
+        .await;
+    assert_eq!(b["status"]["status"], "Completed", "{b}");
+    let job = s.job(&b["jobs"]["batch-completed"][0]).await;
+    assert_eq!(
+        job["identifiers"]["primary_id"], "ark:/99999/fk4named",
+        "{job}"
+    );
+    let form = &b["submission"]["form"];
+    assert_eq!(form["note"], "first deposit", "{b}");
+    assert_eq!(form["notification"], "curator@example.org", "{b}");
+    assert_eq!(form["DC.publisher"], "UC3", "{b}");
+    assert_eq!(form["someFieldMerrittLacks"], "kept anyway", "{b}");
+    let (_, _, a_file) = put("named.txt", b"named v2\n");
+    let b = s
+        .ingested(
+            "/poster/update/ark/99999/fk4named",
+            &[a_file, "type=file".into()],
+        )
+        .await;
+    assert_eq!(b["status"]["status"], "Completed", "{b}");
+    let v2 = s
+        .stored()
+        .into_iter()
+        .find(|p| {
+            p.to_string_lossy().contains("ark_99999_fk4named/v2/") && p.ends_with("named.txt")
+        })
+        .unwrap_or_else(|| panic!("version 2 in {:?}", s.stored()));
+    assert_eq!(std::fs::read(v2).unwrap(), b"named v2\n");
+    // Too much kept: refused naming the limit, nothing made.
+    let before = s.api.batch_ids(ADMIN, "limit=1000").await;
+    let big = format!("note={}", "x".repeat(40 << 10));
+    let (code, body) = s.form(
+        &format!("depositor:{DEPOSITOR}"),
+        "/poster/submit",
+        &[z_file.clone(), "profile=demo".into(), big],
+    );
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("32768"), "{body}");
+    assert_eq!(s.api.batch_ids(ADMIN, "limit=1000").await, before);
+    // The service's state and help.
+    for path in ["/poster/state", "/poster/help"] {
+        let out = Command::new("curl")
+            .args(["-s", "-w", "\n%{http_code}", "-u"])
+            .arg(format!("depositor:{DEPOSITOR}"))
+            .arg(format!("{}{path}", s.api.base))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(text.ends_with("\n200"), "{path}: {text}");
+    }
+}
+
 /// Each test on both stores.
 macro_rules! on_both_stores {
     ($($name:ident),* $(,)?) => {
@@ -189,6 +428,7 @@ macro_rules! on_both_stores {
 on_both_stores!(
     merritts_ruby_client_ingests_and_updates_an_object_unchanged,
     the_ingest_form_answers_as_merritt_does_and_refuses_clearly,
+    every_payload_type_of_the_form_is_ingested,
 );
 
 async fn merritts_ruby_client_ingests_and_updates_an_object_unchanged(store: Store) {
@@ -273,18 +513,7 @@ async fn the_ingest_form_answers_as_merritt_does_and_refuses_clearly(store: Stor
         "collection = \"other\"\n",
     )
     .unwrap();
-    let curl = |user: &str, fields: &[String]| {
-        let mut c = Command::new("curl");
-        c.args(["-s", "-w", "\n%{http_code}", "-u", user]);
-        for f in fields {
-            c.arg("-F").arg(f);
-        }
-        c.arg(format!("{}/poster/submit", s.api.base));
-        let out = c.output().expect("curl");
-        let text = String::from_utf8_lossy(&out.stdout).to_string();
-        let (body, code) = text.rsplit_once('\n').unwrap();
-        (code.parse::<u16>().unwrap(), body.to_string())
-    };
+    let curl = |user: &str, fields: &[String]| s.form(user, "/poster/submit", fields);
     let me = format!("depositor:{DEPOSITOR}");
     let file = format!("file=@{}", f.display());
     // JSON, a file by its type.

@@ -6,7 +6,7 @@
 
 use lading_server::payload_server::PayloadServer;
 use lading_testkit::events::{Api, multipart};
-use lading_testkit::{files_under, poll};
+use lading_testkit::{checkm, files_under, poll};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -224,7 +224,7 @@ impl Serve {
     }
 
     async fn single_file_batch(&self, row: &str) -> Value {
-        let m = manifest(
+        let m = checkm(
             "mrt-single-file-batch-manifest",
             "nfo:fileUrl | nfo:hashAlgorithm | nfo:hashValue | nfo:fileSize | nfo:fileLastModified | nfo:fileName",
             &[row.to_string()],
@@ -344,21 +344,6 @@ async fn waiting_acceptors(s: &Serve, n: usize) {
         },
     )
     .await
-}
-
-fn manifest(kind: &str, fields: &str, rows: &[String]) -> String {
-    let mut s = format!(
-        "#%checkm_0.7\n#%profile | http://uc3.cdlib.org/registry/ingest/manifest/{kind}\n\
-         #%prefix | mrt: | http://merritt.cdlib.org/terms#\n\
-         #%prefix | nfo: | http://www.semanticdesktop.org/ontologies/2007/03/22/nfo#\n\
-         #%fields | {fields}\n"
-    );
-    for r in rows {
-        s.push_str(r);
-        s.push('\n');
-    }
-    s.push_str("#%eof\n");
-    s
 }
 
 fn message(v: &Value) -> String {
@@ -547,7 +532,7 @@ async fn one_tenant_can_neither_read_nor_extend_anothers_object() {
         "{v}"
     );
     // The same through a manifest row: the job fails, nothing is stored.
-    let m = manifest(
+    let m = checkm(
         "mrt-single-file-batch-manifest",
         "nfo:fileUrl | nfo:hashAlgorithm | nfo:hashValue | nfo:fileSize | nfo:fileLastModified | nfo:fileName | mrt:primaryIdentifier",
         &[format!("{} | | | | | b.txt | {ark}", files.url("b.txt"))],
@@ -648,8 +633,8 @@ async fn oversized_and_hostile_manifests_are_refused_without_stalling_the_server
     let rows: Vec<String> = (0..101)
         .map(|i| format!("https://example.org/{i} | | | | | f{i}"))
         .collect();
-    let many = manifest("mrt-single-file-batch-manifest", fields, &rows);
-    let long_line = manifest(
+    let many = checkm("mrt-single-file-batch-manifest", fields, &rows);
+    let long_line = checkm(
         "mrt-single-file-batch-manifest",
         fields,
         &[format!(
@@ -685,7 +670,7 @@ async fn oversized_and_hostile_manifests_are_refused_without_stalling_the_server
     // A byte-order mark at the start is fine.
     let bom = format!(
         "\u{feff}{}",
-        manifest(
+        checkm(
             "mrt-single-file-batch-manifest",
             fields,
             &["https://example.org/x | | | | | x".into()]
@@ -822,7 +807,7 @@ async fn uploads_with_huge_headers_or_bad_names_are_refused_and_leave_nothing() 
 async fn names_that_cannot_be_stored_fail_at_once() {
     let s = serve(&[], "");
     let long = "n".repeat(252);
-    let m = manifest(
+    let m = checkm(
         "mrt-ingest-manifest",
         "nfo:fileUrl | nfo:hashAlgorithm | nfo:hashValue | nfo:fileSize | nfo:fileLastModified | nfo:fileName",
         &[format!("https://example.org/x | | | | | {long}")],
@@ -988,7 +973,7 @@ async fn one_submitters_slow_downloads_do_not_hold_every_slot() {
     let rows: Vec<String> = (0..3)
         .map(|i| format!("http://{drip}/d{i}.bin | | | | | d{i}.bin"))
         .collect();
-    let m = manifest(
+    let m = checkm(
         "mrt-single-file-batch-manifest",
         "nfo:fileUrl | nfo:hashAlgorithm | nfo:hashValue | nfo:fileSize | nfo:fileLastModified | nfo:fileName",
         &rows,

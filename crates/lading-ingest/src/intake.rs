@@ -104,6 +104,16 @@ pub enum SubmitError {
 
 /// Checks a submission against the profiles and creates its batch, Pending.
 pub async fn submit(ingest: &Ingest, s: &Submission) -> Result<BatchId, SubmitError> {
+    submit_keeping(ingest, s, Map::new()).await
+}
+
+/// [`submit`], keeping `form` (fields a front door took but Lading does not use, such as
+/// Merritt's `note` and `notification`) with the batch's submission under `"form"`.
+pub async fn submit_keeping(
+    ingest: &Ingest,
+    s: &Submission,
+    form: Map<String, Value>,
+) -> Result<BatchId, SubmitError> {
     let profile = ingest.profile(&s.profile)?;
     if PayloadType::parse(&s.payload_type).is_none() {
         return Err(SubmitError::PayloadType(s.payload_type.clone()));
@@ -155,7 +165,11 @@ pub async fn submit(ingest: &Ingest, s: &Submission) -> Result<BatchId, SubmitEr
         local_id: s.local_id.clone(),
         primary_id: s.primary_id.clone(),
         trust: s.trust.fields(),
-        extra: Map::new(),
+        extra: if form.is_empty() {
+            Map::new()
+        } else {
+            Map::from_iter([("form".to_string(), Value::Object(form))])
+        },
     };
     Ok(ingest.engine.create_batch(to_object(&sub)).await?)
 }

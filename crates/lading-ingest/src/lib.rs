@@ -25,7 +25,7 @@ pub mod stages;
 mod unpack;
 
 pub use config::{Config, HttpSettings, PayloadSettings, Profile, TokenSettings};
-pub use intake::{PayloadType, Submission, SubmitError, submit};
+pub use intake::{PayloadType, Submission, SubmitError, submit, submit_keeping};
 pub use policy::Trust;
 
 use fetch::{FetchError, Fetcher};

@@ -148,19 +148,6 @@ fn message_id(mail: &str) -> String {
         .unwrap_or_else(|| panic!("no Message-ID in {mail}"))
 }
 
-fn zip_bytes(files: &[(&str, &[u8])]) -> Vec<u8> {
-    use std::io::Write;
-    let mut buf = std::io::Cursor::new(Vec::new());
-    let mut z = zip::ZipWriter::new(&mut buf);
-    for (name, bytes) in files {
-        z.start_file(*name, zip::write::SimpleFileOptions::default())
-            .unwrap();
-        z.write_all(bytes).unwrap();
-    }
-    z.finish().unwrap();
-    buf.into_inner()
-}
-
 fn tar_gz_bytes(files: &[(&str, &[u8])]) -> Vec<u8> {
     let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     let mut t = tar::Builder::new(gz);
@@ -179,7 +166,7 @@ async fn containers_and_single_files_are_objects_too() {
     let w = World::new().await;
     let (zip_url, zip_md5) = w.file(
         "c1.zip",
-        &zip_bytes(&[("x/one.txt", b"1"), ("two.txt", b"22")]),
+        &lading_testkit::zip_bytes(&[("x/one.txt", b"1"), ("two.txt", b"22")]),
     );
     let (tgz_url, _) = w.file("c2.tar.gz", &tar_gz_bytes(&[("three.txt", b"333")]));
     let containers = checkm::write(

@@ -229,10 +229,14 @@ async fn take(
             Err(e) => return Err(e),
         };
         check_digest(&path, fields.get("digestType"), fields.get("digestValue")).await?;
-        let extra: Vec<&String> = fields.keys().filter(|k| !KNOWN.contains(&k.as_str()) && !k.starts_with("DC.")).collect();
+        let extra: Vec<&String> = fields
+            .keys()
+            .filter(|k| !KNOWN.contains(&k.as_str()) && !k.starts_with("DC."))
+            .collect();
         if !extra.is_empty() {
             tracing::warn!(fields = ?extra, "Merritt form fields Lading does not use");
         }
+        let kept = kept_fields(&fields)?;
         let profile = fields
             .get("profile")
             .filter(|p| !p.trim().is_empty())
@@ -285,7 +289,7 @@ async fn take(
                 upload: Some(payload_url),
             },
         };
-        let bid = lading_ingest::submit(&s.ingest, &sub).await?;
+        let bid = lading_ingest::submit_keeping(&s.ingest, &sub, kept).await?;
         let info = s.ingest.engine.batch(&bid).await?;
         let uuid = info
             .submission
@@ -316,6 +320,50 @@ async fn take(
         }
         Err(e) => Exc(e, form).into_response(),
     }
+}
+
+/// The fields Lading maps onto its own submission; every other field is kept as it came.
+const MAPPED: &[&str] = &[
+    "type",
+    "profile",
+    "title",
+    "creator",
+    "date",
+    "localIdentifier",
+    "primaryIdentifier",
+    "digestType",
+    "digestValue",
+    "responseForm",
+    "DC.title",
+    "DC.creator",
+    "DC.date",
+    "DC.identifier",
+];
+
+/// Most bytes of form fields kept with a batch's submission (names and values): the
+/// submission is one node of the tree, which ZooKeeper holds to 1 MiB.
+pub const MAX_KEPT_BYTES: usize = 32 << 10;
+
+/// The form's fields Lading does not map (`note`, `notification`, `submitter`, the other
+/// `DC.*`, and fields it does not know), kept with the batch's submission; more than
+/// [`MAX_KEPT_BYTES`] of them is refused, naming the limit.
+fn kept_fields(fields: &BTreeMap<String, String>) -> Result<Map<String, Value>, ApiError> {
+    let kept: Map<String, Value> = fields
+        .iter()
+        .filter(|(k, _)| !MAPPED.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+        .collect();
+    let bytes: usize = kept
+        .iter()
+        .map(|(k, v)| k.len() + v.as_str().map_or(0, str::len))
+        .sum();
+    if bytes > MAX_KEPT_BYTES {
+        return Err(ApiError::bad_request(format!(
+            "the form's other fields ({}) hold {bytes} bytes; at most {MAX_KEPT_BYTES} are kept with a batch",
+            kept.keys().cloned().collect::<Vec<_>>().join(", ")
+        )));
+    }
+    Ok(kept)
 }
 
 /// The form's `digestType`/`digestValue` of the uploaded file, checked when given (400

@@ -35,6 +35,37 @@ pub fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     out
 }
 
+/// A zip archive of `files` (name, bytes), in memory.
+pub fn zip_bytes(files: &[(&str, &[u8])]) -> Vec<u8> {
+    use std::io::Write;
+    let mut buf = std::io::Cursor::new(Vec::new());
+    let mut z = zip::ZipWriter::new(&mut buf);
+    for (name, bytes) in files {
+        z.start_file(*name, zip::write::SimpleFileOptions::default())
+            .unwrap();
+        z.write_all(bytes).unwrap();
+    }
+    z.finish().unwrap();
+    buf.into_inner()
+}
+
+/// A checkm manifest as Merritt writes one: its `kind` (`mrt-ingest-manifest`,
+/// `mrt-batch-manifest`, …), its `#%fields` line and its rows.
+pub fn checkm(kind: &str, fields: &str, rows: &[String]) -> String {
+    let mut s = format!(
+        "#%checkm_0.7\n#%profile | http://uc3.cdlib.org/registry/ingest/manifest/{kind}\n\
+         #%prefix | mrt: | http://merritt.cdlib.org/terms#\n\
+         #%prefix | nfo: | http://www.semanticdesktop.org/ontologies/2007/03/22/nfo#\n\
+         #%fields | {fields}\n"
+    );
+    for r in rows {
+        s.push_str(r);
+        s.push('\n');
+    }
+    s.push_str("#%eof\n");
+    s
+}
+
 pub mod events;
 pub mod pg;
 pub mod poll;
