@@ -247,17 +247,24 @@ pub trait ChangeFeed: Send + Sync {
 }
 
 /// The op of a `multi` whose reply was lost that tells, read back, whether it was applied:
-/// its first version-checked `set` or plain (not sequential) `create`. `None`: only checks,
-/// deletes and sequential creates, which nothing read back can tell apart.
+/// its first version-checked `set` or plain (not sequential) `create` whose node no later op
+/// of the same `multi` touches again (a lock created and deleted in one `multi` is gone either
+/// way: taken as the witness, it called an applied requeue "not applied", found by
+/// `lading-sim`). `None`: only checks, deletes, sequential creates and nodes touched again,
+/// which nothing read back can tell apart.
 pub fn lost_reply_witness(ops: &[Op]) -> Option<&Op> {
-    ops.iter().find(|op| {
-        matches!(
+    ops.iter().enumerate().find_map(|(i, op)| {
+        let kind = matches!(
             op,
             Op::Set {
                 version: Some(_),
                 ..
             }
-        ) || matches!(op, Op::Create { mode, .. } if *mode != CreateMode::PersistentSequential)
+        ) || matches!(op, Op::Create { mode, .. } if *mode != CreateMode::PersistentSequential);
+        let touched_again = ops[i + 1..]
+            .iter()
+            .any(|later| !matches!(later, Op::Check { .. }) && later.path() == op.path());
+        (kind && !touched_again).then_some(op)
     })
 }
 
@@ -472,6 +479,33 @@ pub fn join_path(parent: &str, name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An admin's requeue takes the job's lock, moves it and drops the lock in one `multi`:
+    /// the lock is gone whether or not it was applied, so the status set tells (seed 157 of
+    /// `lading-sim` found the lock taken as the witness).
+    #[test]
+    fn a_lost_replys_witness_is_a_node_no_later_op_touches() {
+        let ops = vec![
+            Op::create_mode("/jobs/j/lock", None, CreateMode::Ephemeral),
+            Op::set("/jobs/j/status", Some(b"x".to_vec()), Some(9)),
+            Op::delete("/jobs/states/failed/05-j", None),
+            Op::create("/jobs/states/recording/05-j", None),
+            Op::delete("/jobs/j/lock", None),
+        ];
+        assert_eq!(
+            lost_reply_witness(&ops).map(Op::path),
+            Some("/jobs/j/status")
+        );
+        // A create then set in the same multi: the set is the witness.
+        let ops = vec![
+            Op::create("/a", None),
+            Op::set("/a", Some(b"y".to_vec()), Some(0)),
+        ];
+        assert_eq!(lost_reply_witness(&ops), Some(&ops[1]));
+        // Nothing but a node created and deleted: no witness.
+        let ops = vec![Op::create("/l", None), Op::delete("/l", None)];
+        assert_eq!(lost_reply_witness(&ops), None);
+    }
 
     #[test]
     fn paths_are_validated_and_split() {

@@ -199,9 +199,12 @@ impl Engine {
         message: Option<String>,
     ) -> Result<AccessStatus> {
         let lock = format!("{}/lock", access_path(lease.queue, &lease.id));
-        self.unclaim(&lock);
-        let (status, _) = self.access_move(&lease, event, message, true).await?;
-        Ok(status)
+        let r = self.access_move(&lease, event, message, true).await;
+        match &r {
+            Ok(_) => self.unclaim(&lock),
+            Err(_) => self.abandon(&lock).await,
+        }
+        Ok(r?.0)
     }
 
     /// Moves a leased access request but keeps the lock (Pending → Processing, then work).
@@ -210,7 +213,14 @@ impl Engine {
         mut lease: AccessLease,
         event: Event<AccessState>,
     ) -> Result<AccessLease> {
-        let (status, version) = self.access_move(&lease, event, None, false).await?;
+        let (status, version) = match self.access_move(&lease, event, None, false).await {
+            Ok(r) => r,
+            Err(e) => {
+                let lock = format!("{}/lock", access_path(lease.queue, &lease.id));
+                self.abandon(&lock).await;
+                return Err(e);
+            }
+        };
         lease.status = status;
         lease.status_version = version;
         Ok(lease)
@@ -263,14 +273,10 @@ impl Engine {
     /// Gives back a request leased but not handled: it stays Pending for the next worker.
     pub async fn release_access_lease(&self, lease: AccessLease) -> Result<()> {
         let lock = format!("{}/lock", access_path(lease.queue, &lease.id));
-        self.unclaim(&lock);
         if lease.session != self.tree.session_id() {
+            self.unclaim(&lock);
             return Err(lost(lease.id.as_str()));
         }
-        match self.tree.delete(&lock, None).await {
-            Ok(()) => Ok(()),
-            Err(TreeError::NoNode(_)) => Err(lost(lease.id.as_str())),
-            Err(e) => Err(e.into()),
-        }
+        self.release_lock(&lock, lease.id.as_str()).await
     }
 }

@@ -234,7 +234,11 @@ impl Engine {
         let r = self
             .batch_transition_inner(&lease, event, message, false)
             .await;
-        self.unclaim(&lock);
+        match &r {
+            Ok(_) => self.unclaim(&lock),
+            // The lock may still be this session's (the batch moved under it, a reply lost).
+            Err(_) => self.abandon(&lock).await,
+        }
         let (status, _) = r?;
         if status.status == BatchState::Processing {
             self.maybe_report(&lease.batch).await?;
@@ -262,7 +266,7 @@ impl Engine {
                 Ok(lease)
             }
             Err(e) => {
-                self.unclaim(&batch_node(&lease.batch, "lock"));
+                self.abandon(&batch_node(&lease.batch, "lock")).await;
                 Err(e)
             }
         }
@@ -318,11 +322,8 @@ impl Engine {
             ops.push(Op::delete(&lock, None));
         }
         if let Err(e) = self.tree.multi(ops).await {
-            if matches!(e.root(), TreeError::BadVersion { .. }) {
-                // Someone moved the batch under us (an admin requeue reopened it): the lock
-                // is still ours and must not outlive this failed move.
-                self.drop_own_lock(&lock).await;
-            }
+            // Someone moved the batch under us (an admin requeue reopened it), or the reply
+            // was lost: the callers abandon the lock, which may still be this session's.
             return Err(self.lease_error(e, bid.as_str()));
         }
         self.publish(
@@ -333,16 +334,6 @@ impl Engine {
             to.name(),
         );
         Ok((status, lease.status_version + 1))
-    }
-
-    /// Deletes `lock` if this session holds it (best effort: the session's end removes it
-    /// anyway).
-    pub(crate) async fn drop_own_lock(&self, lock: &str) {
-        if let Ok(Some(stat)) = self.tree.exists(lock).await
-            && stat.ephemeral_owner == self.tree.session_id()
-        {
-            let _ = self.tree.delete(lock, Some(stat.version)).await;
-        }
     }
 
     pub(crate) fn lease_error(&self, e: TreeError, what: &str) -> EngineError {
@@ -359,13 +350,11 @@ impl Engine {
     /// Gives a batch back without moving it.
     pub async fn release_batch_lease(&self, lease: BatchLease) -> Result<()> {
         let lock = batch_node(&lease.batch, "lock");
-        self.unclaim(&lock);
-        self.check_batch_lease(&lease)?;
-        match self.tree.delete(&lock, None).await {
-            Ok(()) => Ok(()),
-            Err(TreeError::NoNode(_)) => Err(lost(lease.batch.as_str())),
-            Err(e) => Err(e.into()),
+        if let Err(e) = self.check_batch_lease(&lease) {
+            self.unclaim(&lock);
+            return Err(e);
         }
+        self.release_lock(&lock, lease.batch.as_str()).await
     }
 
     /// The ops that give a batch moving to `to` its `states` folders when it has none. A batch

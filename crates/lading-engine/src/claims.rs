@@ -48,9 +48,90 @@ impl Engine {
             // two local loops wake each other at once for as long as another process held
             // the lock (found by `lading-sim`).
             Ok(false) => self.unclaim_quietly(lock),
-            Err(_) => self.unclaim(lock),
+            // The create may have been made with its answer lost.
+            Err(_) => self.abandon(lock).await,
         }
         got
+    }
+
+    /// Lets go of `lock` after a failed call that may have left it in the tree as this
+    /// session's (its reply lost, or the move that deletes it refused): deletes it if this
+    /// session holds it, else leaves it. When even that cannot be told (the store does not
+    /// answer), the lock stays claimed here and is a stray, deleted by the next acquisition
+    /// round ([`Engine::drop_strays`]); a live process never keeps it for ever.
+    pub(crate) async fn abandon(&self, lock: &str) {
+        if self.drop_if_own(lock).await.is_ok() {
+            self.unclaim(lock);
+        } else {
+            // Claimed again under this session, so no local worker takes it meanwhile.
+            self.claimed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(lock.to_string(), self.tree.session_id());
+            self.strays
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(lock.to_string());
+        }
+    }
+
+    /// Deletes a lease's `lock` (of `what`) and lets go of its claim: lease lost when it was
+    /// gone; abandoned ([`Engine::abandon`]) when the delete did not go through.
+    pub(crate) async fn release_lock(&self, lock: &str, what: &str) -> Result<()> {
+        match self.tree.delete(lock, None).await {
+            Ok(()) => {
+                self.unclaim(lock);
+                Ok(())
+            }
+            Err(TreeError::NoNode(_)) => {
+                self.unclaim(lock);
+                Err(lost(what))
+            }
+            Err(e) => {
+                self.abandon(lock).await;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Deletes `lock` if this session holds it; Ok when it is gone or not ours.
+    async fn drop_if_own(&self, lock: &str) -> std::result::Result<(), TreeError> {
+        match self.tree.exists(lock).await? {
+            Some(stat) if stat.ephemeral_owner == self.tree.session_id() => {
+                match self.tree.delete(lock, Some(stat.version)).await {
+                    Ok(()) | Err(TreeError::NoNode(_)) | Err(TreeError::BadVersion { .. }) => {
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Tries again to delete every stray lock ([`Engine::abandon`]); whether any is left.
+    pub(crate) async fn drop_strays(&self) -> bool {
+        let strays: Vec<String> = self
+            .strays
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        for lock in strays {
+            if self.drop_if_own(&lock).await.is_ok() {
+                self.strays
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&lock);
+                self.unclaim(&lock);
+            }
+        }
+        !self
+            .strays
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
     }
 
     /// Drops a claim without waking local waiters.
@@ -109,11 +190,13 @@ impl Engine {
             let unclaimed = self.unclaimed.notified();
             let mut unclaimed = std::pin::pin!(unclaimed);
             unclaimed.as_mut().enable();
+            let strays = self.drop_strays().await;
             let (watches, due) = match round().await? {
                 Round::Got(t) => return Ok(Some(t)),
                 Round::Again => continue,
                 Round::Wait { watches, due } => (watches, due),
             };
+            let due = if strays { due.min(STRAY_RETRY) } else { due };
             let lost_locally = self.local_conflicts.load(Ordering::Relaxed) != conflicts;
             // `due` on the engine's clock: a test's manual clock wakes the wait when it is
             // moved past it; the real one sleeps for it.

@@ -309,9 +309,7 @@ impl Engine {
         let lease = match loaded {
             Ok(l) => l,
             Err(e) => {
-                let lock = job_node(jid, "lock");
-                let _ = self.tree.delete(&lock, None).await;
-                self.unclaim(&lock);
+                self.abandon(&job_node(jid, "lock")).await;
                 return Err(e);
             }
         };

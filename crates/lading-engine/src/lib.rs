@@ -253,6 +253,12 @@ pub struct Engine {
     /// How many times a waiter has parked (see [`Engine::parked`]).
     parked: tokio::sync::watch::Sender<u64>,
     local_conflicts: std::sync::atomic::AtomicU64,
+    /// Locks this session may still hold after a failed call (a reply lost, a delete that did
+    /// not go through) and that no lease owns: kept claimed, so no local worker takes them,
+    /// until [`Engine::drop_strays`] deletes them or finds them gone or another session's.
+    /// Without this a live process kept such a lock, and its job or batch, for ever (found
+    /// by `lading-sim`).
+    strays: Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// Status field (`/jobs/JID/status`, beside Merritt's fields) holding the earliest time, in
@@ -267,6 +273,8 @@ const WAIT_BATCHES: usize = 32;
 const WAIT_LOCKS: usize = 16;
 /// A waiting worker looks again at least this often, whatever it was told.
 const SWEEP: Duration = Duration::from_secs(10);
+/// How soon a stray lock's delete is tried again (see [`Engine::abandon`]).
+const STRAY_RETRY: Duration = Duration::from_secs(1);
 
 /// Processing batches whose `batch-processing` folder `watch_finishing` watches.
 const WATCH_PROCESSING: usize = 256;
@@ -315,6 +323,7 @@ impl Engine {
             unclaimed: tokio::sync::Notify::new(),
             parked: tokio::sync::watch::Sender::new(0),
             local_conflicts: std::sync::atomic::AtomicU64::new(0),
+            strays: Mutex::new(Default::default()),
         }
     }
 

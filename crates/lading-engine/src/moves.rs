@@ -76,7 +76,11 @@ impl Engine {
         let r = self
             .job_transition_inner(&lease, event, message, false)
             .await;
-        self.unclaim(&lock);
+        match &r {
+            Ok(_) => self.unclaim(&lock),
+            // The lock may still be this session's (a status changed under it, a reply lost).
+            Err(_) => self.abandon(&lock).await,
+        }
         let (status, _) = r?;
         if status.status.batch_folder() != "batch-processing" {
             self.maybe_report(&lease.batch).await?;
@@ -98,7 +102,7 @@ impl Engine {
         {
             Ok(r) => r,
             Err(e) => {
-                self.unclaim(&job_node(&lease.job, "lock"));
+                self.abandon(&job_node(&lease.job, "lock")).await;
                 return Err(e);
             }
         };
@@ -131,9 +135,7 @@ impl Engine {
             ops = rest;
         }
         if let Err(e) = self.tree.multi(ops).await {
-            if matches!(e.root(), TreeError::BadVersion { .. }) {
-                self.drop_own_lock(&lock).await;
-            }
+            // The callers abandon the lock, which may still be this session's.
             return Err(self.lease_error(e, lease.job.as_str()));
         }
         self.publish_move(lease, &status);
@@ -252,7 +254,7 @@ impl Engine {
         let (mut move_ops, status) = match self.transition_plan(&lease, event, message).await {
             Ok(p) => p,
             Err(e) => {
-                self.unclaim(&lock);
+                self.abandon(&lock).await;
                 return Err(e);
             }
         };
@@ -268,7 +270,7 @@ impl Engine {
                 Ok(Some(c)) => c,
                 Ok(None) => break,
                 Err(e) => {
-                    self.unclaim(&lock);
+                    self.abandon(&lock).await;
                     return Err(e);
                 }
             };
@@ -299,11 +301,13 @@ impl Engine {
                     break;
                 }
                 Err(e) => {
-                    self.unclaim(&c.lock);
                     if !(e.failed_op().is_some_and(|i| i >= ours) && lost_race(&e)) {
-                        self.unclaim(&lock);
+                        // Unknown whether it was made: both locks may be this session's.
+                        self.abandon(&c.lock).await;
+                        self.abandon(&lock).await;
                         return Err(self.lease_error(e, lease.job.as_str()));
                     }
+                    self.unclaim(&c.lock);
                     // Another worker took that job, or it moved on: try the next free one
                     // with the move again (each try costs what the move alone would).
                     self.contention.mark_busy(&c.folder, &c.name);
@@ -317,7 +321,7 @@ impl Engine {
         if taken.is_none()
             && let Err(e) = self.tree.multi(move_ops).await
         {
-            self.unclaim(&lock);
+            self.abandon(&lock).await;
             return Err(self.lease_error(e, lease.job.as_str()));
         }
         self.unclaim(&lock);
@@ -414,8 +418,10 @@ impl Engine {
         message: Option<String>,
     ) -> Result<JobStatus> {
         let lock = job_node(&lease.job, "lock");
-        self.unclaim(&lock);
-        self.check_job_lease(&lease)?;
+        if let Err(e) = self.check_job_lease(&lease) {
+            self.unclaim(&lock);
+            return Err(e);
+        }
         let mut status = lease.status.clone();
         status.last_modified = self.now();
         status.message = message;
@@ -434,10 +440,11 @@ impl Engine {
             ),
             Op::delete(&lock, None),
         ];
-        self.tree
-            .multi(ops)
-            .await
-            .map_err(|e| self.lease_error(e, lease.job.as_str()))?;
+        if let Err(e) = self.tree.multi(ops).await {
+            self.abandon(&lock).await;
+            return Err(self.lease_error(e, lease.job.as_str()));
+        }
+        self.unclaim(&lock);
         self.contention.mark_deferred(
             &job_state_folder(lease.state()),
             &job_ref_name(lease.priority, &lease.job),
@@ -450,13 +457,11 @@ impl Engine {
     /// Gives a job back without moving it (e.g. a transient error; another worker retries).
     pub async fn release_job_lease(&self, lease: JobLease) -> Result<()> {
         let lock = job_node(&lease.job, "lock");
-        self.unclaim(&lock);
-        self.check_job_lease(&lease)?;
-        match self.tree.delete(&lock, None).await {
-            Ok(()) => Ok(()),
-            Err(TreeError::NoNode(_)) => Err(lost(lease.job.as_str())),
-            Err(e) => Err(e.into()),
+        if let Err(e) = self.check_job_lease(&lease) {
+            self.unclaim(&lock);
+            return Err(e);
         }
+        self.release_lock(&lock, lease.job.as_str()).await
     }
 
     /// Changes a leased job's priority: rewrites `priority` and renames its `PP-JID` reference.

@@ -134,6 +134,9 @@ impl Engine {
         &self,
         kinds: &[&str],
     ) -> Result<std::result::Result<OutboxClaim, Option<u64>>> {
+        // Entry locks left by failed calls, tried again first (the deliverer does not wait
+        // through the acquisition skeleton that does this for the queues).
+        self.drop_strays().await;
         let mut names = self.tree.children(OUTBOX).await?;
         names.sort();
         let now = self.clock.now_ms();
@@ -173,17 +176,18 @@ impl Engine {
                                 next_due =
                                     Some(next_due.map_or(e.next_at_ms, |n| n.min(e.next_at_ms)));
                             }
-                            self.drop_lock(&lock).await?;
+                            self.abandon(&lock).await;
                         }
                         Err(e) => {
-                            let _ = self.drop_lock(&lock).await;
+                            self.abandon(&lock).await;
                             return Err(e);
                         }
                     }
                 }
                 Err(TreeError::NodeExists(_)) | Err(TreeError::NoNode(_)) => self.unclaim(&lock),
                 Err(e) => {
-                    self.unclaim(&lock);
+                    // The create may have been made with its answer lost.
+                    self.abandon(&lock).await;
                     return Err(e.into());
                 }
             }
@@ -209,7 +213,10 @@ impl Engine {
                 Op::delete(entry_path(&claim.name), None),
             ])
             .await;
-        self.unclaim(&lock);
+        match &r {
+            Ok(_) => self.unclaim(&lock),
+            Err(_) => self.abandon(&lock).await,
+        }
         r.map(|_| ()).map_err(|e| match e.root() {
             TreeError::NoNode(_) | TreeError::SessionExpired => {
                 EngineError::LeaseLost(claim.name.clone())
@@ -254,7 +261,7 @@ impl Engine {
                 // The record could not be made (the entry moved on meanwhile, an admin
                 // retried it): the lock goes all the same, if it is still this session's, so
                 // the entry is never left "delivering" by a deliverer alive and done with it.
-                self.drop_lock(&lock).await?;
+                self.abandon(&lock).await;
                 match e.root() {
                     TreeError::BadVersion { .. } | TreeError::NoNode(_) => {
                         Err(EngineError::LeaseLost(claim.name.clone()))
@@ -265,24 +272,11 @@ impl Engine {
         }
     }
 
-    /// Deletes this session's lock of an entry: gone already, or taken by another session
-    /// since (after an admin's retry), is left alone.
-    async fn drop_lock(&self, lock: &str) -> Result<()> {
-        self.unclaim(lock);
-        match self.tree.exists(lock).await? {
-            Some(st) if st.ephemeral_owner == self.tree.session_id() => {
-                match self.tree.delete(lock, None).await {
-                    Ok(()) | Err(TreeError::NoNode(_)) => Ok(()),
-                    Err(e) => Err(e.into()),
-                }
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// Gives a claimed entry back untouched (the deliverer is shutting down).
+    /// Gives a claimed entry back untouched (the deliverer is shutting down). Its lock, if
+    /// still this session's, is deleted, or kept as a stray until it can be.
     pub async fn effect_release(&self, claim: OutboxClaim) -> Result<()> {
-        self.drop_lock(&lock_path(&claim.name)).await
+        self.abandon(&lock_path(&claim.name)).await;
+        Ok(())
     }
 
     /// The store at a glance, as `lading status` and `GET /api/v1/status` show it: jobs and
