@@ -362,6 +362,18 @@ where
     None
 }
 
+/// The processes' working folders: in memory where the machine has a tmpfs (`/dev/shm`), as
+/// the workers make and remove a folder per job and a disk spends most of a run on that.
+fn work_folder() -> tempfile::TempDir {
+    let shm = std::path::Path::new("/dev/shm");
+    if shm.is_dir()
+        && let Ok(d) = tempfile::tempdir_in(shm)
+    {
+        return d;
+    }
+    tempfile::tempdir().expect("a temporary folder")
+}
+
 pub fn run(seed: u64, opts: &Options) -> Run {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -381,7 +393,7 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
         clock: clock.clone(),
         dice: Arc::new(Dice(Seeded::new(seed ^ 0x6469_6365))),
         outside: Arc::default(),
-        work: tempfile::tempdir().expect("a temporary folder"),
+        work: work_folder(),
         seed,
         starts: 0,
     };

@@ -209,13 +209,22 @@ pub fn claim_workdir(dir: &Path, owner: &str) -> std::io::Result<()> {
     match std::fs::read_to_string(&mark) {
         Ok(found) if found == owner => return Ok(()),
         Ok(found) => {
-            let aside = dir.with_file_name(format!(
+            let base = format!(
                 "{}.other-{}",
                 dir.file_name().and_then(|n| n.to_str()).unwrap_or("job"),
                 std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_millis())
-            ));
+            );
+            // Two moves within one millisecond must not meet (the second failed with
+            // "Directory not empty").
+            let aside = (0..)
+                .map(|n| match n {
+                    0 => dir.with_file_name(&base),
+                    n => dir.with_file_name(format!("{base}-{n}")),
+                })
+                .find(|p| !p.exists())
+                .expect("a free name");
             tracing::warn!(dir = %dir.display(), %found, %owner, aside = %aside.display(),
                 "the working folder belongs to another job; moved aside");
             std::fs::rename(dir, &aside)?;

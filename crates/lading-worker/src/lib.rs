@@ -441,7 +441,10 @@ impl Acquire for JobLoop {
 impl JobLoop {
     /// Who a working folder belongs to: the batch's uuid and the job id (job ids alone repeat
     /// across trees, e.g. a ZooKeeper rebuilt, or two chroots sharing one data folder).
-    async fn owner_of(&self, info: &JobInfo) -> String {
+    /// A batch that cannot be read now is an error, never an empty uuid: a mark made from
+    /// it would differ from the one before, and the job's folder would be moved aside (found
+    /// by `lading-sim`, where reads are lost).
+    async fn owner_of(&self, info: &JobInfo) -> Result<String, lading_engine::EngineError> {
         let uuid = match info.configuration.get("batch_uuid").and_then(Value::as_str) {
             Some(u) => u.to_string(),
             // A job made by another tool (Merritt's library): the batch's submission says.
@@ -449,19 +452,16 @@ impl JobLoop {
                 Ok(b) => self
                     .engine
                     .batch(&b)
-                    .await
-                    .ok()
-                    .and_then(|i| {
-                        i.submission
-                            .get("batchID")
-                            .and_then(Value::as_str)
-                            .map(str::to_string)
-                    })
+                    .await?
+                    .submission
+                    .get("batchID")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
                     .unwrap_or_default(),
                 Err(_) => String::new(),
             },
         };
-        format!("{uuid}/{}", info.id)
+        Ok(format!("{uuid}/{}", info.id))
     }
 
     async fn handle_job(&self, lease: JobLease, shutdown: &mut Shutdown) -> Option<JobLease> {
@@ -477,7 +477,14 @@ impl JobLoop {
             }
         };
         let dir = workdir(&self.work_root, &info);
-        let owner = self.owner_of(&info).await;
+        let owner = match self.owner_of(&info).await {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::warn!(job = %job, error = %e, "cannot read the job's batch");
+                let _ = self.engine.release_job_lease(lease).await;
+                return None;
+            }
+        };
         if let Err(e) = claim_workdir(&dir, &owner) {
             let reason = format!("cannot create working directory {}: {e}", dir.display());
             self.finish(
