@@ -5,7 +5,8 @@
 //! cargo run --release -p lading-sim -- --seed S --trace
 //! cargo run --release -p lading-sim --features sabotage -- --seeds 2000 --sabotage no-fencing
 //! ```
-//! Options: `--nodes N` (3), `--batches N` (20), `--no-faults`.
+//! Options: `--nodes N` (3), `--batches N` (20), `--no-faults`, `--threads N` (the machine's
+//! cores: seeds are independent, each on a runtime of its own; the output is in seed order).
 //! Exit status 1 when any seed broke an invariant.
 
 use lading_sim::sim::{Options, run};
@@ -15,7 +16,7 @@ use std::time::Instant;
 fn usage() -> ExitCode {
     eprintln!(
         "usage: lading-sim (--seeds N [--from S] | --seed S [--trace]) [--nodes N] [--batches N] \
-         [--no-faults] [--sabotage NAME] [--stop-at-first]"
+         [--no-faults] [--sabotage NAME] [--stop-at-first] [--threads N]"
     );
     ExitCode::from(2)
 }
@@ -32,6 +33,7 @@ fn main() -> ExitCode {
     let mut opts = Options::default();
     let (mut seeds, mut from, mut one, mut sabotage, mut stop_first) =
         (None, None, None, None, false);
+    let mut threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut i = 0;
     while i < args.len() {
         let val = |i: usize| args.get(i + 1).and_then(|v| v.parse::<u64>().ok());
@@ -41,6 +43,7 @@ fn main() -> ExitCode {
             "--seed" => one = val(i),
             "--nodes" => opts.nodes = val(i).unwrap_or(3).max(1) as usize,
             "--batches" => opts.batches = val(i).unwrap_or(20) as usize,
+            "--threads" => threads = val(i).unwrap_or(1).max(1) as usize,
             "--sabotage" => sabotage = args.get(i + 1).cloned(),
             "--trace" => {
                 opts.trace = true;
@@ -105,8 +108,36 @@ fn main() -> ExitCode {
     let (mut sim_ms, mut steps, mut jobs, mut bad, mut first_bad) =
         (0u64, 0u64, 0usize, 0u64, None);
     let mut done = 0;
-    for seed in first..first.saturating_add(count) {
-        let r = run(seed, &opts);
+    let end = first.saturating_add(count);
+    let next = std::sync::atomic::AtomicU64::new(first);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|scope| {
+        for _ in 0..threads.min(count.max(1) as usize) {
+            let (tx, next, stop, opts) = (tx.clone(), &next, &stop, &opts);
+            scope.spawn(move || {
+                use std::sync::atomic::Ordering::SeqCst;
+                while !stop.load(SeqCst) {
+                    let seed = next.fetch_add(1, SeqCst);
+                    if seed >= end {
+                        break;
+                    }
+                    let r = run(seed, opts);
+                    if stop_first && !r.violations.is_empty() {
+                        stop.store(true, SeqCst);
+                    }
+                    if tx.send((seed, r)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(tx);
+    });
+    // In seed order, whatever order the threads ended them in.
+    let mut results: Vec<_> = rx.into_iter().collect();
+    results.sort_by_key(|(seed, _)| *seed);
+    for (seed, r) in results {
         done += 1;
         sim_ms += r.sim_ms;
         steps += r.steps;

@@ -19,7 +19,7 @@ use lading_core::tree::{
 };
 use lading_core::{Node, Op, OpResult, Tree, TreeError, Watch, WatchKind};
 use lading_store_sqlite::mem::{Mem, MemNode, Overlay, validate_ops};
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -60,12 +60,26 @@ impl Faults {
     }
 }
 
+/// A watch set and not fired yet: in the order set (`seq`), by the session that set it.
 struct Waiting {
-    path: String,
-    kind: WatchKind,
+    seq: u64,
     session: u64,
     tx: oneshot::Sender<()>,
 }
+
+/// Where a watch is kept: its path, and 0 for a data watch or 1 for a children watch.
+type WatchKey = (String, u8);
+
+fn watch_key(path: &str, kind: WatchKind) -> WatchKey {
+    let k = match kind {
+        WatchKind::Data => 0,
+        WatchKind::Children => 1,
+    };
+    (path.to_string(), k)
+}
+
+/// Watches set since the last sweep of those nobody waits for any more.
+const WATCH_SWEEP: u64 = 4096;
 
 /// How many trace lines a violation report shows.
 pub const TRACE_TAIL: usize = 60;
@@ -75,7 +89,10 @@ pub struct State {
     pub mem: Mem,
     live: BTreeSet<u64>,
     next_session: u64,
-    watches: Vec<Waiting>,
+    /// Watches by what they watch: a change looks up only its own (the whole list, read at
+    /// every change, took a third of a run).
+    watches: BTreeMap<WatchKey, Vec<Waiting>>,
+    watches_set: u64,
     /// Change feeds: their prefixes and where their changes go.
     feeds: Vec<(u64, Vec<String>, tokio::sync::mpsc::UnboundedSender<Change>)>,
     next_tree: u64,
@@ -138,19 +155,21 @@ impl State {
             !prefixes.iter().any(|p| is_under(path, p))
                 || tx.send(Change::Node(path.to_string())).is_ok()
         });
-        let parent = split_path(path).0.to_string();
-        let mut keep = Vec::with_capacity(self.watches.len());
-        let mut fired = Vec::new();
-        for w in std::mem::take(&mut self.watches) {
-            let hit = match w.kind {
-                WatchKind::Data => w.path == path,
-                WatchKind::Children => created_or_deleted && w.path == parent,
-            };
-            if hit { fired.push(w.tx) } else { keep.push(w) }
+        let mut fired = self
+            .watches
+            .remove(&watch_key(path, WatchKind::Data))
+            .unwrap_or_default();
+        if created_or_deleted {
+            let parent = split_path(path).0;
+            fired.extend(
+                self.watches
+                    .remove(&watch_key(parent, WatchKind::Children))
+                    .unwrap_or_default(),
+            );
         }
-        self.watches = keep;
-        for tx in fired {
-            self.deliver(tx);
+        fired.sort_by_key(|w| w.seq);
+        for w in fired {
+            self.deliver(w.tx);
         }
     }
 
@@ -182,10 +201,16 @@ impl State {
             self.mem.remove(&p);
             self.fire(&p, true);
         }
-        let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.watches)
-            .into_iter()
-            .partition(|w| w.session == session);
-        self.watches = rest;
+        let mut mine = Vec::new();
+        for list in self.watches.values_mut() {
+            let (m, rest): (Vec<_>, Vec<_>) = std::mem::take(list)
+                .into_iter()
+                .partition(|w| w.session == session);
+            mine.extend(m);
+            *list = rest;
+        }
+        self.watches.retain(|_, l| !l.is_empty());
+        mine.sort_by_key(|w| w.seq);
         for w in mine {
             self.deliver(w.tx);
         }
@@ -211,7 +236,8 @@ impl World {
                 mem,
                 live: BTreeSet::new(),
                 next_session: 0,
-                watches: Vec::new(),
+                watches: BTreeMap::new(),
+                watches_set: 0,
                 feeds: Vec::new(),
                 next_tree: 0,
                 faults,
@@ -511,12 +537,18 @@ impl Tree for SimTree {
             let (tx, rx) = oneshot::channel();
             let mut st = self.world.lock();
             let session = self.session_id();
-            st.watches.push(Waiting {
-                path: path.to_string(),
-                kind,
-                session,
-                tx,
-            });
+            st.watches_set += 1;
+            let seq = st.watches_set;
+            if seq % WATCH_SWEEP == 0 {
+                for list in st.watches.values_mut() {
+                    list.retain(|w| !w.tx.is_closed());
+                }
+                st.watches.retain(|_, l| !l.is_empty());
+            }
+            st.watches
+                .entry(watch_key(path, kind))
+                .or_default()
+                .push(Waiting { seq, session, tx });
             Ok(Watch::new(async move {
                 let _ = rx.await;
             }))
