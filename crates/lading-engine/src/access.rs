@@ -200,10 +200,7 @@ impl Engine {
     ) -> Result<AccessStatus> {
         let lock = format!("{}/lock", access_path(lease.queue, &lease.id));
         let r = self.access_move(&lease, event, message, true).await;
-        match &r {
-            Ok(_) => self.unclaim(&lock),
-            Err(_) => self.abandon(&lock).await,
-        }
+        self.settle(&lock, &r).await;
         Ok(r?.0)
     }
 
@@ -217,8 +214,9 @@ impl Engine {
             Ok(r) => r,
             Err(e) => {
                 let lock = format!("{}/lock", access_path(lease.queue, &lease.id));
-                self.abandon(&lock).await;
-                return Err(e);
+                let e = Err(e);
+                self.settle(&lock, &e).await;
+                return e;
             }
         };
         lease.status = status;

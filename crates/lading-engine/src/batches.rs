@@ -234,11 +234,8 @@ impl Engine {
         let r = self
             .batch_transition_inner(&lease, event, message, false)
             .await;
-        match &r {
-            Ok(_) => self.unclaim(&lock),
-            // The lock may still be this session's (the batch moved under it, a reply lost).
-            Err(_) => self.abandon(&lock).await,
-        }
+        // The lock may still be this session's (the batch moved under it, a reply lost).
+        self.settle(&lock, &r).await;
         let (status, _) = r?;
         if status.status == BatchState::Processing {
             self.maybe_report(&lease.batch).await?;
@@ -266,8 +263,9 @@ impl Engine {
                 Ok(lease)
             }
             Err(e) => {
-                self.abandon(&batch_node(&lease.batch, "lock")).await;
-                Err(e)
+                let e = Err(e);
+                self.settle(&batch_node(&lease.batch, "lock"), &e).await;
+                e
             }
         }
     }

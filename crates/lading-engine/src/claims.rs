@@ -75,6 +75,15 @@ impl Engine {
         }
     }
 
+    /// Lets go of a lease's `lock` after a call that consumed the lease: its claim only when
+    /// the call succeeded or was refused up front, else [`Engine::abandon`].
+    pub(crate) async fn settle<T>(&self, lock: &str, r: &Result<T>) {
+        match r {
+            Err(e) if !e.refused_up_front() => self.abandon(lock).await,
+            _ => self.unclaim(lock),
+        }
+    }
+
     /// Deletes a lease's `lock` (of `what`) and lets go of its claim: lease lost when it was
     /// gone; abandoned ([`Engine::abandon`]) when the delete did not go through.
     pub(crate) async fn release_lock(&self, lock: &str, what: &str) -> Result<()> {

@@ -36,6 +36,12 @@ pub enum EngineError {
 }
 
 impl EngineError {
+    /// Whether the call was refused before it wrote or asked the store anything (an illegal
+    /// move, bad input): a lease's lock is then as it was, still the caller's to release.
+    pub(crate) fn refused_up_front(&self) -> bool {
+        matches!(self, EngineError::Illegal(_) | EngineError::Invalid(_))
+    }
+
     /// Whether the same call may succeed if repeated.
     pub fn is_retryable(&self) -> bool {
         match self {

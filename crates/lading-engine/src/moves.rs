@@ -76,11 +76,8 @@ impl Engine {
         let r = self
             .job_transition_inner(&lease, event, message, false)
             .await;
-        match &r {
-            Ok(_) => self.unclaim(&lock),
-            // The lock may still be this session's (a status changed under it, a reply lost).
-            Err(_) => self.abandon(&lock).await,
-        }
+        // The lock may still be this session's (a status changed under it, a reply lost).
+        self.settle(&lock, &r).await;
         let (status, _) = r?;
         if status.status.batch_folder() != "batch-processing" {
             self.maybe_report(&lease.batch).await?;
@@ -102,8 +99,9 @@ impl Engine {
         {
             Ok(r) => r,
             Err(e) => {
-                self.abandon(&job_node(&lease.job, "lock")).await;
-                return Err(e);
+                let e = Err(e);
+                self.settle(&job_node(&lease.job, "lock"), &e).await;
+                return e;
             }
         };
         lease.status = status;
@@ -126,20 +124,23 @@ impl Engine {
         if !keep_lock {
             ops.push(Op::delete(&lock, None));
         }
-        if sabotage::on(sabotage::SPLIT_MOVE) && ops.len() > 2 {
-            // The status alone first, then the references.
-            let rest = ops.split_off(2);
-            if let Err(e) = self.tree.multi(ops).await {
-                return Err(self.lease_error(e, lease.job.as_str()));
-            }
-            ops = rest;
-        }
-        if let Err(e) = self.tree.multi(ops).await {
+        if let Err(e) = self.move_multi(ops).await {
             // The callers abandon the lock, which may still be this session's.
             return Err(self.lease_error(e, lease.job.as_str()));
         }
         self.publish_move(lease, &status);
         Ok((status, lease.status_version + 1))
+    }
+
+    /// The `multi` of a job's move. Under the `split-move` sabotage the status goes alone
+    /// first (the lock check and the status set), then the references and the rest.
+    async fn move_multi(&self, mut ops: Vec<Op>) -> std::result::Result<(), TreeError> {
+        if sabotage::on(sabotage::SPLIT_MOVE) && ops.len() > 2 {
+            let rest = ops.split_off(2);
+            self.tree.multi(ops).await?;
+            ops = rest;
+        }
+        self.tree.multi(ops).await.map(|_| ())
     }
 
     pub(crate) fn publish_move(&self, lease: &JobLease, status: &JobStatus) {
@@ -254,8 +255,9 @@ impl Engine {
         let (mut move_ops, status) = match self.transition_plan(&lease, event, message).await {
             Ok(p) => p,
             Err(e) => {
-                self.abandon(&lock).await;
-                return Err(e);
+                let e = Err(e);
+                self.settle(&lock, &e).await;
+                return e;
             }
         };
         move_ops.push(Op::delete(&lock, None));
@@ -290,9 +292,9 @@ impl Engine {
             // at its next move.
             let paths = Self::lease_paths(&c.jid);
             let (moved, read) = if self.tree.local_reads() {
-                (self.tree.multi(ops).await, Ok(Vec::new()))
+                (self.move_multi(ops).await, Ok(Vec::new()))
             } else {
-                tokio::join!(self.tree.multi(ops), self.tree.get_many(&paths))
+                tokio::join!(self.move_multi(ops), self.tree.get_many(&paths))
             };
             match moved {
                 Ok(_) => {
@@ -319,7 +321,7 @@ impl Engine {
             }
         }
         if taken.is_none()
-            && let Err(e) = self.tree.multi(move_ops).await
+            && let Err(e) = self.move_multi(move_ops).await
         {
             self.abandon(&lock).await;
             return Err(self.lease_error(e, lease.job.as_str()));

@@ -60,6 +60,10 @@ pub struct Run {
 const SESSION_TIMEOUT_MS: u64 = 3_000;
 /// Once faults stop, every batch ends and every mail is delivered within this.
 const LIVENESS_MS: u64 = 60_000;
+/// How long an idle deployment may take a one-job batch through every stage and its report
+/// (each stage's waiting worker woken by the tree; a missed wake-up costs a periodic look,
+/// 10 s).
+const PROBE_MS: u64 = 5_000;
 /// Simulated wall-clock start (2026-01-01).
 const EPOCH_MS: u64 = 1_767_225_600_000;
 
@@ -106,7 +110,14 @@ impl JobStage for SimJobStage {
             _ => Event::Success,
         }
     }
-    fn run(&self, _job: Arc<JobCtx>) -> BoxFuture<'static, Outcome> {
+    fn run(&self, job: Arc<JobCtx>) -> BoxFuture<'static, Outcome> {
+        if job.info.configuration.get("sim_probe").is_some() {
+            // The wake-up probe's job: quick, and never failing.
+            return Box::pin(async {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                Outcome::Done
+            });
+        }
         let (took, roll) = (self.dice.below(300), self.dice.below(1000));
         Box::pin(async move {
             tokio::time::sleep(Duration::from_millis(took as u64)).await;
@@ -152,6 +163,9 @@ impl BatchStage for SimIntake {
             for i in (0..want).filter(|i| !have.contains(i)) {
                 let mut configuration = Map::new();
                 configuration.insert("index".into(), json!(i));
+                if let Some(p) = b.info.submission.get("sim_probe") {
+                    configuration.insert("sim_probe".into(), p.clone());
+                }
                 let spec = JobSpec {
                     configuration,
                     ..Default::default()
@@ -495,11 +509,14 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
                     // Requeue the failed jobs of a batch: all at once, or one.
                     if let Some(b) = pick(&rng, &bids) {
                         if rng.below(2) == 0 {
+                            // Each job is requeued in its own commit, and each may reopen
+                            // the batch: a report may come between two of them (Lading's
+                            // Reporting waits `report_settle_s` for them; this one does not).
                             if let Some(r) =
                                 admin(|| admin_engine.requeue_failed(&b, None, None)).await
-                                && r.iter().any(|(_, r)| r.is_ok())
                             {
-                                *reopened.entry(b.to_string()).or_default() += 1;
+                                *reopened.entry(b.to_string()).or_default() +=
+                                    r.iter().filter(|(_, r)| r.is_ok()).count() as u32;
                             }
                         } else if let Some(info) = admin(|| admin_engine.batch(&b)).await
                             && let Some(j) =
@@ -587,6 +604,35 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
                 open.join(", ")
             ));
             break;
+        }
+    }
+    // Wake-ups: the deployment, idle now, takes a new one-job batch through at once.
+    if open.is_empty() {
+        let t0 = tokio::time::Instant::now();
+        let mut sub = Map::new();
+        sub.insert("batchID".into(), json!(format!("sim-{seed}-probe")));
+        sub.insert("submitter".into(), json!("probe"));
+        sub.insert("sim_jobs".into(), json!(1));
+        sub.insert("sim_probe".into(), json!(true));
+        if let Some(bid) = admin(|| admin_engine.create_batch(sub.clone())).await {
+            world
+                .lock()
+                .trace(format!("submitted the wake-up probe {bid}"));
+            loop {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let state = admin_engine.batch(&bid).await.map(|i| i.status.status);
+                if matches!(state, Ok(BatchState::Completed | BatchState::Failed)) {
+                    break;
+                }
+                if t0.elapsed() > Duration::from_millis(PROBE_MS) {
+                    world.lock().violation(format!(
+                        "wake-ups: an idle deployment did not take the one-job batch {bid} through within {} s (it is {})",
+                        PROBE_MS / 1000,
+                        state.map_or_else(|e| e.to_string(), |s| s.name().to_string())
+                    ));
+                    break;
+                }
+            }
         }
     }
     // The reports: one content per key, each batch's last report listing every job it kept,
