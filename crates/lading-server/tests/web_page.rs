@@ -382,6 +382,21 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         .run(move |i| i.record(&stored, None))
         .await
         .unwrap();
+    // A replica of that version on node 9502, which the fixity checker found with other bytes.
+    s.ingest
+        .inventory
+        .run(|i| {
+            i.set_copies(&[lading_ingest::inventory::CopyRow {
+                ark: "ark:/99999/fk4page".into(),
+                version: 1,
+                path: "producer/letter.txt".into(),
+                node: 9502,
+                status: "bad".into(),
+                found: Some("0".repeat(64)),
+            }])
+        })
+        .await
+        .unwrap();
     let work = s.ingest.cfg.work_dir().join(&failed_jobs[0]);
     std::fs::create_dir_all(work.join("producer")).unwrap();
     std::fs::write(work.join("producer/scan.tif"), b"0123456789").unwrap();
@@ -488,6 +503,9 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         assert_eq!(br.eval(&sn, "document.querySelectorAll('#chart-failed rect').length"), json!(60));
         assert_eq!(br.eval(&sn, "document.querySelector('[data-oldest=Held]').textContent"), json!("–"));
         assert_eq!(br.eval(&sn, "/^\\d+ s$/.test(document.querySelector('[data-oldest=Failed]').textContent)"), json!(true));
+        // The copies as the fixity checker last found them: one bad.
+        assert_eq!(br.eval(&sn, "document.querySelector('#fixity [data-fixity]').dataset.fixity"), json!("bad"));
+        assert_eq!(br.eval(&sn, "document.getElementById('fixity').textContent.startsWith('2 copies, 1 bad, 0 missing')"), json!(true));
         br.shot(&sn, &dir, "2-overview");
         // The lock the crashed tool left is cleared by a click.
         br.click(&sn, "#foreign-locks button[data-action=clear-lock]");
@@ -583,7 +601,9 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         br.wait_for(&sn, "!!document.querySelector('#job-stored tr[data-stored-file=\"producer/letter.txt\"]')");
         assert_eq!(br.eval(&sn, "document.querySelector('#job-stored tr[data-stored-file=\"producer/letter.txt\"] td.sha').textContent"),
             json!("2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"));
-        assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#job-working tr')].map(r => r.dataset.workingFile).join()"), json!("producer/scan.tif"));
+        // Its copies: good in the storage root, bad on node 9502.
+        assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#job-stored tr[data-copy]')].map(r => r.dataset.copy + '=' + r.dataset.copyState).join()"), json!("1@0=good,1@9502=bad"));
+        assert_eq!(br.eval(&sn, "[...document.getElementById('job-working').querySelectorAll('tr')].map(r => r.dataset.workingFile).join()"), json!("producer/scan.tif"));
         assert_eq!(br.eval(&sn, "document.getElementById('job-log').textContent.split('\\n').length"), json!(50));
         assert_eq!(br.eval(&sn, "document.getElementById('job-log').textContent.endsWith('download line 60')"), json!(true));
         br.shot(&sn, &dir, "5-job");
