@@ -19,6 +19,17 @@ pub fn copies_by_node() -> std::collections::BTreeMap<u32, (u64, u64)> {
     COPIES.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
+/// Counts one attempt to copy a version to node `to` (stored, or failed).
+fn count_copy(to: u32, stored: bool) {
+    let mut c = COPIES.lock().unwrap_or_else(|e| e.into_inner());
+    let e = c.entry(to).or_default();
+    if stored {
+        e.0 += 1;
+    } else {
+        e.1 += 1;
+    }
+}
+
 fn node(ingest: &Ingest, id: u32) -> Result<&Arc<Node>, NodeError> {
     ingest.nodes.get(id).ok_or_else(|| NodeError {
         what: format!("storage node {id} is not in this process's [[storage_nodes]]"),
@@ -105,7 +116,20 @@ async fn fetch_to_tmp(
 /// Copies version `version` of `ark` from node `from` to node `to`: every file (skipping
 /// those already there with the same bytes), then the version record; records the copies
 /// in the inventory. Returns how many files were sent.
+/// Every attempt is counted for `/metrics` (`lading_replica_versions_total`).
 pub async fn copy_version(
+    ingest: &Ingest,
+    ark: &str,
+    version: u32,
+    from: u32,
+    to: u32,
+) -> Result<usize, NodeError> {
+    let r = copy_version_once(ingest, ark, version, from, to).await;
+    count_copy(to, r.is_ok());
+    r
+}
+
+async fn copy_version_once(
     ingest: &Ingest,
     ark: &str,
     version: u32,

@@ -213,6 +213,20 @@ async fn a_batch_is_stored_on_a_primary_and_a_replica_and_fixity_repairs_a_bad_c
         "collection = \"demo\"\nstorage_nodes = [9501, 9502]\n",
     );
     let ingest = ingest_with(&w, nodes.clone()).unwrap();
+    // This process's `/metrics` counters before (the other backend's run of this test counts
+    // in the same process, so only their growth is checked).
+    let replicated = || {
+        lading_ingest::replicate::copies_by_node()
+            .get(&9502)
+            .map_or(0, |c| c.0)
+    };
+    let fixity_failures = || {
+        lading_ingest::fixity::failures_by_node()
+            .get(&9502)
+            .copied()
+            .unwrap_or(0)
+    };
+    let (replicated0, failures0) = (replicated(), fixity_failures());
     let big: Vec<u8> = (0..12 << 20).map(|i| (i * 7 % 251) as u8).collect();
     let files: Vec<(&str, &[u8])> = vec![
         ("letter.txt", b"Dear node,\n"),
@@ -267,6 +281,12 @@ async fn a_batch_is_stored_on_a_primary_and_a_replica_and_fixity_repairs_a_bad_c
             .is_some()
     })
     .await;
+    lading_testkit::poll::until_true(
+        "lading_replica_versions_total{node=9502,outcome=stored} to count it",
+        common::WAIT,
+        async || replicated() > replicated0,
+    )
+    .await;
     for (name, bytes) in &files {
         let c = replica
             .digest(&s.ark, 1, &format!("producer/{name}"), None)
@@ -301,6 +321,10 @@ async fn a_batch_is_stored_on_a_primary_and_a_replica_and_fixity_repairs_a_bad_c
         .await
         .unwrap();
     assert_eq!(audit.findings.len(), 1, "{:?}", audit.findings);
+    assert!(
+        fixity_failures() > failures0,
+        "lading_fixity_failures_total{{node=9502}} counts the bad copy"
+    );
     let f = &audit.findings[0];
     assert_eq!(
         (f.node, f.path.as_str(), f.status.as_str()),
