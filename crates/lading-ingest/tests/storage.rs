@@ -408,8 +408,13 @@ async fn an_interrupted_store_resumes_without_sending_confirmed_files_again(w: W
     let nodes = vec![node(9501, &a, "primary")];
     w.profile("s3", "collection = \"demo\"\nstorage_nodes = [9501]\n");
     let ingest = ingest_with(&w, nodes.clone()).unwrap();
+    // One file of 12 parts among small ones: the crash comes while its multipart upload is
+    // open on the server.
     let bodies: Vec<(String, Vec<u8>)> = (0..60)
-        .map(|i| (format!("f{i:02}.bin"), vec![i as u8; 256 << 10]))
+        .map(|i| {
+            let size = if i == 30 { 60 << 20 } else { 256 << 10 };
+            (format!("f{i:02}.bin"), vec![i as u8; size])
+        })
         .collect();
     let files: Vec<(&str, &[u8])> = bodies
         .iter()
@@ -451,6 +456,7 @@ async fn an_interrupted_store_resumes_without_sending_confirmed_files_again(w: W
                     serde_json::from_slice::<serde_json::Value>(&n.data.unwrap_or_default())
                 && let Some(c) = v["confirmed"].as_array()
                 && c.len() >= 8
+                && a.open_uploads("primary") > 0
             {
                 return c
                     .iter()
@@ -461,9 +467,13 @@ async fn an_interrupted_store_resumes_without_sending_confirmed_files_again(w: W
         }
     })
     .await
-    .expect("some files confirmed");
+    .expect("some files confirmed, and a multipart upload open");
     run.abort().await;
     crashed.tree().close().await.unwrap();
+    assert!(
+        a.open_uploads("primary") > 0,
+        "the crash left a multipart upload open"
+    );
     let primary = Node::open(&nodes[0], env).unwrap();
     let s_ark = w.engine.job(&job).await.unwrap().identifiers["primary_id"]
         .as_str()
