@@ -5,7 +5,6 @@ use lading_ingest::checkm::{self, ManifestKind};
 use lading_ingest::{Config, Submission};
 use lading_server::node;
 use lading_server::payload_server::PayloadServer;
-use lading_worker::Shutdown;
 use std::path::Path;
 
 /// Figures of one `lading bench pipeline` run.
@@ -200,17 +199,14 @@ pub async fn bench(
         },
     )
     .await?;
-    let (handle, shutdown) = Shutdown::new();
-    let i = ingest.clone();
-    let access = tokio::spawn(lading_ingest::access::run(
+    let running = node::Node::start(
         ingest.clone(),
-        lading_core::layout::AccessQueue::Small,
-        shutdown.clone(),
-    ));
-    let task =
-        tokio::spawn(
-            async move { lading_ingest::run(&i, lading_ingest::STAGE_NAMES, shutdown).await },
-        );
+        node::NodeSpec {
+            access: vec![lading_core::layout::AccessQueue::Small],
+            ..node::Node::every_stage()
+        },
+    )
+    .await?;
     node::wait_batch_end(&ingest.engine, &bid, |_| {}).await?;
     let seconds = start.elapsed().as_secs_f64();
     let cpu1 = crate::cpu_user_system();
@@ -236,9 +232,8 @@ pub async fn bench(
     }
     let mut access_ms = access_latency(&ingest, &arks).await?;
     access_ms.sort_by(f64::total_cmp);
-    handle.stop();
-    access.await?;
-    let stats = task.await?.map_err(anyhow::Error::msg)?;
+    running.stop_services().await?;
+    let stats = &ingest.stats;
     let info = ingest.engine.batch(&bid).await?;
     let count = |f: &str| info.jobs.get(f).map_or(0, Vec::len);
     let stages = stats.figures();

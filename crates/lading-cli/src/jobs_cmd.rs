@@ -4,10 +4,10 @@
 use clap::Subcommand;
 use lading_core::time::system_clock;
 use lading_jobs::{AddOptions, CommandProcessor, Cron, Every, Jobs, JobsError, State, TypeUpdate};
+use lading_worker::{Phase, Supervisor};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Notify;
 
 #[derive(Subcommand)]
 pub enum JobsCmd {
@@ -338,14 +338,17 @@ async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
             command,
         } => process(j, &r#type, concurrency.max(1), batch, command).await?,
         JobsCmd::Monitor => {
-            let stop = Arc::new(Notify::new());
-            let (jj, s) = (j.clone(), stop.clone());
-            let task = tokio::spawn(async move { jj.run_monitor(&s).await });
+            let mut services = Supervisor::new();
+            let jj = j.clone();
+            services.spawn("generic-jobs monitor", Phase::First, |sd| async move {
+                jj.run_monitor(sd).await;
+                Ok(())
+            });
             let mut signals = lading_server::signals::Signals::new()?;
             eprintln!("lading: activity monitor running (stop with Ctrl-C)");
             signals.next().await;
-            stop.notify_one();
-            task.await?;
+            services.handle().stop();
+            services.join().await.map_err(anyhow::Error::msg)?;
         }
     }
     Ok(())
@@ -365,21 +368,21 @@ async fn process(
     let processor = CommandProcessor::new(j.clone(), ty, command)
         .await?
         .with_batch(batch)?;
-    let (handle, shutdown) = lading_worker::Shutdown::new();
-    let monitor_stop = Arc::new(Notify::new());
-    let monitor = {
-        let (jj, s) = (j.clone(), monitor_stop.clone());
-        tokio::spawn(async move { jj.run_monitor(&s).await })
-    };
+    let mut services = Supervisor::new();
+    let handle = services.handle();
+    let jj = j.clone();
+    services.spawn("generic-jobs monitor", Phase::First, |sd| async move {
+        jj.run_monitor(sd).await;
+        Ok(())
+    });
+    services.spawn("command processor", Phase::First, move |sd| async move {
+        processor.run(concurrency, sd).await;
+        Ok(())
+    });
     let running = format!(
         "lading: processing {ty} jobs with {concurrency} at a time: {shown} (stop with Ctrl-C)"
     );
-    let work = async {
-        processor.run(concurrency, shutdown).await;
-        monitor_stop.notify_one();
-        monitor.await?;
-        Ok(())
-    };
+    let work = async { services.join().await.map_err(anyhow::Error::msg) };
     let (stop, abort) = (handle.clone(), handle);
     let (stop, abort) = (move || stop.stop(), move || abort.abort());
     lading_server::signals::until_signal(work, stop, abort, None, &running, crate::say_line).await

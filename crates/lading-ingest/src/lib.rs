@@ -31,7 +31,9 @@ pub use policy::Trust;
 use fetch::{FetchError, Fetcher};
 use lading_core::BatchState;
 use lading_engine::Engine;
-use lading_worker::{BatchStage, JobStage, Outcome, Shutdown, StageConfig, Worker};
+use lading_worker::{
+    BatchStage, JobStage, Outcome, Phase, Shutdown, StageConfig, Supervisor, Worker,
+};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
@@ -200,12 +202,15 @@ pub fn stages(
     Ok((jobs, batches))
 }
 
-/// Runs the named stages until shut down; returns the worker's per-stage figures. With
-/// `reporting` among them, also [`cleanup::housekeeping`], on the same shutdown.
-pub async fn run(
+/// Starts the named stages on `services`, with what runs beside them: the working-folder
+/// sweep (on hosts that keep working folders), housekeeping (with `reporting`), the quota
+/// waker (with `pending`) and the outbox deliverer (with the stages that record mails and
+/// callbacks; it stops last, so what the stages record while they finish is delivered).
+/// Returns the worker's per-stage figures.
+pub async fn start(
     ingest: &Arc<Ingest>,
     names: &[&str],
-    shutdown: Shutdown,
+    services: &mut Supervisor,
 ) -> Result<Arc<lading_worker::Stats>, String> {
     let (jobs, batches) = stages(ingest, names)?;
     let work = ingest.cfg.work_dir();
@@ -222,15 +227,16 @@ pub async fn run(
         }
     }
     // Hosts that keep working folders also remove those of jobs cleaned up elsewhere.
-    let work_sweep = names
+    if names
         .iter()
         .any(|n| matches!(*n, "downloading" | "processing" | "storing"))
-        .then(|| {
-            let i = ingest.clone();
-            tokio::spawn(lading_worker::every(
+    {
+        let i = ingest.clone();
+        services.spawn("working-folder sweep", Phase::First, |sd| async move {
+            lading_worker::every(
                 "working folders",
                 cleanup::WORK_SWEEP_EVERY,
-                shutdown.clone(),
+                sd,
                 move || {
                     let i = i.clone();
                     async move {
@@ -244,45 +250,67 @@ pub async fn run(
                         }
                     }
                 },
-            ))
+            )
+            .await;
+            Ok(())
         });
+    }
     let worker = Worker::new(ingest.engine.clone(), work).with_stats(ingest.stats.clone());
     let stats = worker.stats();
     // The process that reports also repairs and cleans up.
-    let housekeeping = names
-        .contains(&"reporting")
-        .then(|| tokio::spawn(cleanup::housekeeping(ingest.clone(), shutdown.clone())));
+    if names.contains(&"reporting") {
+        let i = ingest.clone();
+        services.spawn("housekeeping", Phase::First, |sd| async move {
+            cleanup::housekeeping(i, sd).await;
+            Ok(())
+        });
+    }
     // The process that starts jobs also wakes those parked for a quota slot.
-    let (waker_stop, waker_stopped) = tokio::sync::oneshot::channel::<()>();
-    let waker = names.contains(&"pending").then(|| {
-        tokio::spawn(quota::run_waker(ingest.clone(), async move {
-            let _ = waker_stopped.await;
-        }))
-    });
+    if names.contains(&"pending") {
+        let i = ingest.clone();
+        services.spawn("quota waker", Phase::First, |sd| async move {
+            quota::run_waker(i, sd).await;
+            Ok(())
+        });
+    }
     // The processes that record mails and callbacks also deliver them.
-    let (outbox_stop, outbox_stopped) = tokio::sync::oneshot::channel::<()>();
-    let deliverer = names
+    if names
         .iter()
         .any(|n| matches!(*n, "notify" | "reporting" | "update-reporting"))
-        .then(|| {
-            tokio::spawn(outbox::run(ingest.clone(), async move {
-                let _ = outbox_stopped.await;
-            }))
+    {
+        let i = ingest.clone();
+        services.spawn("outbox", Phase::Last, |sd| async move {
+            outbox::run(i, sd).await;
+            Ok(())
         });
-    worker.run(jobs, batches, shutdown).await;
-    let _ = outbox_stop.send(());
-    if let Some(d) = deliverer {
-        let _ = d.await;
     }
-    let _ = waker_stop.send(());
-    if let Some(w) = waker {
-        let _ = w.await;
-    }
-    if let Some(h) = housekeeping {
-        let _ = h.await;
-    }
-    if let Some(h) = work_sweep {
-        let _ = h.await;
-    }
+    services.spawn("stages", Phase::First, |sd| async move {
+        worker.run(jobs, batches, sd).await;
+        Ok(())
+    });
+    Ok(stats)
+}
+
+/// [`start`] on a supervisor of its own, stopped by `stop` (and aborted by its abort); runs
+/// until every service has ended. For callers that run the stages alone (tests, the demo).
+pub async fn run(
+    ingest: &Arc<Ingest>,
+    names: &[&str],
+    stop: Shutdown,
+) -> Result<Arc<lading_worker::Stats>, String> {
+    let mut services = Supervisor::new();
+    let stats = start(ingest, names, &mut services).await?;
+    let handle = services.handle();
+    // The caller's signal, passed on (not a service: it would wait for an abort for ever).
+    let bridge = tokio::spawn(async move {
+        let mut stop = stop;
+        stop.stopped().await;
+        handle.stop();
+        stop.aborted().await;
+        handle.abort();
+    });
+    let ended = services.join().await;
+    bridge.abort();
+    ended?;
     Ok(stats)
 }

@@ -30,7 +30,8 @@ enum Failure {
 
 /// Delivers due entries until `stop` resolves; deliveries in flight then finish (each is
 /// bounded by the outbox timeout).
-pub async fn run(ingest: Arc<Ingest>, stop: impl std::future::Future<Output = ()>) {
+pub async fn run(ingest: Arc<Ingest>, shutdown: lading_worker::Shutdown) {
+    let stop = shutdown.into_stopped();
     let cfg = ingest.cfg.outbox();
     let slots = Arc::new(tokio::sync::Semaphore::new(cfg.concurrency.max(1)));
     let mut tasks = tokio::task::JoinSet::new();

@@ -299,13 +299,10 @@ pub async fn wake(ingest: &crate::Ingest) -> Result<usize, EngineError> {
 }
 
 /// Runs [`wake`] whenever a job reaches a final state (at most every 100 ms), and every
-/// [`PARK`]/10 as a safety net, until `stop` completes.
-pub async fn run_waker(
-    ingest: std::sync::Arc<crate::Ingest>,
-    stop: impl std::future::Future<Output = ()>,
-) {
+/// [`PARK`]/10 as a safety net, until `shutdown` says stop.
+pub async fn run_waker(ingest: std::sync::Arc<crate::Ingest>, shutdown: lading_worker::Shutdown) {
     use lading_core::WatchKind;
-    let mut stop = std::pin::pin!(stop);
+    let mut stop = std::pin::pin!(shutdown.into_stopped());
     let t = ingest.engine.tree().clone();
     loop {
         let mut watches = Vec::new();

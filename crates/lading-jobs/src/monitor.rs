@@ -145,10 +145,11 @@ impl Jobs {
         Ok(n)
     }
 
-    /// Runs the activity monitor until `stop` is notified: a pass every quarter of the
+    /// Runs the activity monitor until `shutdown` says stop: a pass every quarter of the
     /// shortest type timeout (between 100 ms and 1 s), and at each schedule's next tick.
     /// Errors are logged and retried.
-    pub async fn run_monitor(&self, stop: &Notify) {
+    pub async fn run_monitor(&self, shutdown: lading_worker::Shutdown) {
+        let mut stop = std::pin::pin!(shutdown.into_stopped());
         loop {
             let mut next_tick = None;
             match self.monitor_pass().await {
@@ -165,7 +166,7 @@ impl Jobs {
                 every = every.min(Duration::from_millis(ms));
             }
             tokio::select! {
-                _ = stop.notified() => return,
+                _ = &mut stop => return,
                 _ = tokio::time::sleep(every) => {}
             }
         }

@@ -7,7 +7,6 @@ use anyhow::Context;
 use lading_core::JobState;
 use lading_ingest::checkm::{self, ManifestKind};
 use lading_ingest::{Config, Submission};
-use lading_worker::Shutdown;
 use std::path::Path;
 
 /// Runs the demo in `dir` (made, or a previous demo's replaced; any other folder with
@@ -92,12 +91,7 @@ pub async fn demo(dir: &Path, objects: usize, files: usize, say: fn(&str)) -> an
     )
     .await?;
     println!("submitted batch {bid} ({objects} objects of {files} files)");
-    let (handle, shutdown) = Shutdown::new();
-    let i = ingest.clone();
-    let task =
-        tokio::spawn(
-            async move { lading_ingest::run(&i, lading_ingest::STAGE_NAMES, shutdown).await },
-        );
+    let running = node::Node::start(ingest.clone(), node::Node::every_stage()).await?;
     node::wait_batch_end(&ingest.engine, &bid, |ev| {
         say(&format!(
             "  {} {:<14} {} → {}",
@@ -108,8 +102,8 @@ pub async fn demo(dir: &Path, objects: usize, files: usize, say: fn(&str)) -> an
         ))
     })
     .await?;
-    handle.stop();
-    let stats = task.await?.map_err(anyhow::Error::msg)?;
+    running.stop_services().await?;
+    let stats = &ingest.stats;
     let (_, report) = crate::ops::report(&crate::ops::Local(ingest.clone()), bid.as_str()).await?;
     print!("{report}");
     println!("\nper stage (handler time):");

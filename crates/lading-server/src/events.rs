@@ -291,7 +291,7 @@ pub async fn events(
             loop {
                 let got = tokio::select! {
                     r = rx.recv() => r,
-                    _ = stopping.wait_for(|s| *s) => return None,
+                    _ = stopping.stopped() => return None,
                 };
                 let ev = match got {
                     Ok((seq, _)) if seq <= read_up_to => continue,

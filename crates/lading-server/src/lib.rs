@@ -52,7 +52,7 @@ pub struct AppState {
     pub auth: Arc<Auth>,
     /// Becomes true when the server stops: long-polls end at once (503) instead of holding
     /// the shutdown up for their whole timeout.
-    pub stopping: tokio::sync::watch::Receiver<bool>,
+    pub stopping: lading_worker::Shutdown,
 }
 
 impl AppState {
@@ -64,7 +64,7 @@ impl AppState {
         let mut stopping = self.stopping.clone();
         tokio::select! {
             v = fut => Ok(v),
-            _ = stopping.wait_for(|s| *s) => Err(ApiError::new(
+            _ = stopping.stopped() => Err(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
                 "the server is shutting down",
@@ -134,7 +134,7 @@ pub(crate) async fn health() -> Json<api::ServiceState> {
 /// Readiness: the store answers and the server is not stopping.
 #[utoipa::path(get, path = "/api/v1/ready", tag = "service", summary = "Readiness", responses((status = 200, description = "ready", body = api::ServiceState), (status = 503, description = "the store does not answer, or the server is stopping")), security(()))]
 pub(crate) async fn ready(axum::extract::State(s): axum::extract::State<AppState>) -> Response {
-    if *s.stopping.borrow() {
+    if s.stopping.is_stopping() {
         return ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "unavailable",

@@ -1,8 +1,8 @@
 //! A Lading process's wiring, in one place: the store, its engine, the ingest service and
 //! generic jobs on it, and what runs on them (pipeline stages, access workers, the
-//! generic-jobs activity monitor, the HTTP API), started together and stopped with one
-//! [`Node::stop`]. `lading serve`, `lading worker`, the benchmarks and the tests all build
-//! their process through it.
+//! generic-jobs activity monitor, the fixity audit, the HTTP API), each a service of one
+//! [`Supervisor`], started together and stopped with one [`Node::stop`]. `lading serve`,
+//! `lading worker`, the benchmarks and the tests all build their process through it.
 
 use crate::{AppState, Auth};
 use anyhow::Context;
@@ -14,11 +14,10 @@ use lading_ingest::{Config, Ingest};
 use lading_jobs::Jobs;
 use lading_store_sqlite::{SqliteOptions, SqliteTree};
 use lading_store_zk::{ZkOptions, ZkTree};
-use lading_worker::{Shutdown, ShutdownHandle};
+use lading_worker::{Phase, Shutdown, ShutdownHandle, Supervisor};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tokio::task::JoinHandle;
 
 /// An open store of either kind.
 pub enum Store {
@@ -166,25 +165,19 @@ pub struct NodeSpec {
     pub http: Option<(tokio::net::TcpListener, Auth)>,
 }
 
-/// Stops or aborts a running [`Node`].
+/// Stops or aborts a running [`Node`]: its supervisor's one stop signal.
 #[derive(Clone)]
-pub struct NodeHandle {
-    stages: ShutdownHandle,
-    stop: Arc<tokio::sync::watch::Sender<bool>>,
-    monitor_stop: Arc<tokio::sync::Notify>,
-}
+pub struct NodeHandle(ShutdownHandle);
 
 impl NodeHandle {
     /// See [`Node::stop`].
     pub fn stop(&self) {
-        let _ = self.stop.send(true);
-        self.monitor_stop.notify_one();
-        self.stages.stop();
+        self.0.stop();
     }
 
     /// See [`Node::abort`].
     pub fn abort(&self) {
-        self.stages.abort();
+        self.0.abort();
     }
 }
 
@@ -315,8 +308,7 @@ pub struct Node {
     /// Where the HTTP API listens, when it does.
     pub addr: Option<SocketAddr>,
     handle: NodeHandle,
-    stage_task: Option<JoinHandle<Result<Arc<lading_worker::Stats>, String>>>,
-    others: Vec<JoinHandle<anyhow::Result<()>>>,
+    services: Supervisor,
 }
 
 impl Node {
@@ -329,9 +321,7 @@ impl Node {
             ingest.engine.clock().clone(),
             owner(),
         ));
-        let (stop, stop_rx) = tokio::sync::watch::channel(false);
-        let monitor_stop = Arc::new(tokio::sync::Notify::new());
-        let mut others: Vec<JoinHandle<anyhow::Result<()>>> = Vec::new();
+        let mut services = Supervisor::new();
         let mut addr = None;
         if let Some((listener, auth)) = spec.http {
             addr = Some(listener.local_addr()?);
@@ -340,68 +330,51 @@ impl Node {
                 ingest: ingest.clone(),
                 jobs: jobs.clone(),
                 auth: Arc::new(auth),
-                stopping: stop_rx.clone(),
+                stopping: services.shutdown(),
             };
-            let mut rx = stop_rx.clone();
             let limits = crate::conn::Limits::from(&ingest.cfg.http);
-            others.push(tokio::spawn(async move {
-                crate::serve(
-                    listener,
-                    crate::router(state),
-                    async move {
-                        let _ = rx.wait_for(|s| *s).await;
-                    },
-                    limits,
-                )
-                .await?;
-                Ok(())
-            }));
+            services.spawn("http", Phase::First, |sd| async move {
+                crate::serve(listener, crate::router(state), sd.into_stopped(), limits)
+                    .await
+                    .map_err(|e| e.to_string())
+            });
         }
-
         if spec.monitor {
-            let (j, s) = (jobs.clone(), monitor_stop.clone());
-            others.push(tokio::spawn(async move {
-                j.run_monitor(&s).await;
+            let j = jobs.clone();
+            services.spawn("generic-jobs monitor", Phase::First, |sd| async move {
+                j.run_monitor(sd).await;
                 Ok(())
-            }));
+            });
         }
-        let (stages, shutdown) = Shutdown::new();
         // The scheduled fixity audit: a generic job an hour, run here, checking the copies
         // not checked for `[fixity] every_days`.
         if spec.monitor && ingest.cfg.fixity.every_days > 0 {
-            let (i, j, sd) = (ingest.clone(), jobs.clone(), shutdown.clone());
-            others.push(tokio::spawn(async move {
+            let (i, j) = (ingest.clone(), jobs.clone());
+            services.spawn("fixity audit", Phase::First, |sd| async move {
                 fixity_audit(i, j, sd).await;
                 Ok(())
-            }));
+            });
         }
         // The access queues run on the same runtime and stop with the stages.
         for q in spec.access {
-            let (i, sd) = (ingest.clone(), shutdown.clone());
-            others.push(tokio::spawn(async move {
+            let i = ingest.clone();
+            services.spawn("access queue", Phase::First, move |sd| async move {
                 lading_ingest::access::run(i, q, sd).await;
                 Ok(())
-            }));
+            });
         }
-        let stage_task = (!spec.stages.is_empty()).then(|| {
-            let i = ingest.clone();
-            let names = spec.stages.clone();
-            tokio::spawn(async move {
-                let names: Vec<&str> = names.iter().map(String::as_str).collect();
-                lading_ingest::run(&i, &names, shutdown).await
-            })
-        });
+        if !spec.stages.is_empty() {
+            let names: Vec<&str> = spec.stages.iter().map(String::as_str).collect();
+            lading_ingest::start(&ingest, &names, &mut services)
+                .await
+                .map_err(anyhow::Error::msg)?;
+        }
         Ok(Node {
             ingest,
             jobs,
             addr,
-            handle: NodeHandle {
-                stages,
-                stop: Arc::new(stop),
-                monitor_stop,
-            },
-            stage_task,
-            others,
+            handle: NodeHandle(services.handle()),
+            services,
         })
     }
 
@@ -421,19 +394,12 @@ impl Node {
         self.handle.clone()
     }
 
-    /// Runs until the stages end by themselves (a stage's fatal error) or a stop is asked
-    /// for, then [`Node::join`]s.
-    pub async fn run(mut self) -> anyhow::Result<()> {
-        let mut stopping = self.handle.stop.subscribe();
-        tokio::select! {
-            r = self.stages_ended() => {
-                let j = self.join().await;
-                r?;
-                j
-            }
-            // The guard `wait_for` answers with is dropped before `join` sends on the channel.
-            () = async { drop(stopping.wait_for(|s| *s).await) } => self.join().await,
-        }
+    /// Runs until every service has ended: after a stop, or once one of them failed (which
+    /// stops the others); then closes the store.
+    pub async fn run(self) -> anyhow::Result<()> {
+        let ended = self.services.join().await;
+        self.ingest.engine.tree().close().await?;
+        ended.map_err(anyhow::Error::msg)
     }
 
     /// Runs until SIGINT/SIGTERM, as [`crate::signals::until_signal`] does, with `grace`
@@ -456,35 +422,28 @@ impl Node {
         .await
     }
 
-    /// Waits until the stages end by themselves (a stage's fatal error), or forever when
-    /// none run. For a `select!` beside the process's signals.
-    async fn stages_ended(&mut self) -> anyhow::Result<()> {
-        match self.stage_task.as_mut() {
-            Some(t) => {
-                let r = t.await;
-                self.stage_task = None;
-                r?.map(drop).map_err(anyhow::Error::msg)
-            }
-            None => std::future::pending().await,
-        }
+    /// Stops (if not yet stopping), waits for every service to end, and closes the store.
+    pub async fn join(self) -> anyhow::Result<()> {
+        self.stop();
+        self.run().await
     }
 
-    /// Stops (if not yet stopping), waits for every loop to end, and closes the store.
-    pub async fn join(mut self) -> anyhow::Result<()> {
+    /// Stops, waits for every service to end, and leaves the store open (for a caller that
+    /// reads on: the demo's report, a benchmark's figures).
+    pub async fn stop_services(self) -> anyhow::Result<()> {
         self.stop();
-        let mut first_err = None;
-        if let Some(t) = self.stage_task.take()
-            && let Err(e) = t.await?
-        {
-            first_err = Some(anyhow::Error::msg(e));
+        self.services.join().await.map_err(anyhow::Error::msg)
+    }
+
+    /// Every stage: what `lading worker` runs by default.
+    pub fn every_stage() -> NodeSpec {
+        NodeSpec {
+            stages: lading_ingest::STAGE_NAMES
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            ..Default::default()
         }
-        for t in self.others.drain(..) {
-            if let Err(e) = t.await? {
-                first_err.get_or_insert(e);
-            }
-        }
-        self.ingest.engine.tree().close().await?;
-        first_err.map_or(Ok(()), Err)
     }
 }
 

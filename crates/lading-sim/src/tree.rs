@@ -539,7 +539,7 @@ impl Tree for SimTree {
             let session = self.session_id();
             st.watches_set += 1;
             let seq = st.watches_set;
-            if seq % WATCH_SWEEP == 0 {
+            if seq.is_multiple_of(WATCH_SWEEP) {
                 for list in st.watches.values_mut() {
                     list.retain(|w| !w.tx.is_closed());
                 }

@@ -24,9 +24,11 @@
 //! working directory.
 
 mod ctx;
+mod services;
 mod stats;
 
 pub use ctx::{BatchCtx, BatchStage, JobCtx, JobStage, append_log, claim_workdir, workdir};
+pub use services::{Phase, Supervisor};
 pub use stats::{BUCKETS_S, Histogram, StageFigures, Stats};
 
 use lading_core::layout::{BatchId, JobId};
@@ -157,6 +159,16 @@ impl Shutdown {
 
     /// Completes when a stop is asked for.
     pub async fn into_stopped(mut self) {
+        let _ = self.stop.wait_for(|s| *s).await;
+    }
+
+    /// Whether an abort was asked for.
+    pub fn is_aborting(&self) -> bool {
+        *self.abort.borrow()
+    }
+
+    /// Completes when a stop is asked for (without giving this receiver up).
+    pub async fn stopped(&mut self) {
         let _ = self.stop.wait_for(|s| *s).await;
     }
 
