@@ -8,8 +8,8 @@
 //! layout (`ARK_NAME/vV/producer/PATH`, the record at `ARK_NAME/vV/lading-version.json`).
 //!
 //! Writes never overwrite: a key is created only when absent (`If-None-Match: *` on a single
-//! PUT; a `HEAD` right before completing a multipart upload, which `object_store` completes
-//! without a condition). A key that already holds bytes is read back and accepted only when
+//! PUT, and on the completion of a multipart upload: `object_store` completes one with no
+//! condition, so that request is made here, signed by its own signer). A key that already holds bytes is read back and accepted only when
 //! they are the same. Only [`Node::replace`] (fixity repair) writes over a bad copy.
 //!
 //! Secrets are read from the environment when a node is opened and kept only inside the
@@ -797,13 +797,15 @@ impl Node {
                     break;
                 }
             }
+            // Cheap first; the completion itself is conditional too (a server that ignores
+            // the condition still had this look).
             if store.head(key).await.is_ok() {
                 return Err(object_store::Error::AlreadyExists {
                     path: key.to_string(),
                     source: "the key appeared while its parts went up".into(),
                 });
             }
-            store.complete_multipart(key, &id, parts).await.map(|_| ())
+            self.complete_if_absent(store, key, &id, &parts).await
         }
         .await;
         // The recorded id goes once the upload is completed or aborted; an abort that fails
@@ -874,6 +876,91 @@ impl Node {
         }
     }
 
+    /// Completes a multipart upload only if its key is still absent: S3's
+    /// CompleteMultipartUpload with `If-None-Match: *`, which `object_store` does not send,
+    /// signed by its own signer. A key that exists by then is `AlreadyExists` (412), so a
+    /// second writer of a version can never replace the first's file with a mixture.
+    async fn complete_if_absent(
+        &self,
+        store: &AmazonS3,
+        key: &Key,
+        id: &str,
+        parts: &[object_store::multipart::PartId],
+    ) -> Result<(), object_store::Error> {
+        let Place::Bucket { url, region, .. } = &self.place else {
+            return Err(generic("completing an upload on a folder node"));
+        };
+        let cred = store.credentials().get_credential().await?;
+        let target = format!(
+            "{}/{}?uploadId={}",
+            url.trim_end_matches('/'),
+            strict_path(key.as_ref()),
+            strict_path(id)
+        );
+        let mut body = String::from(
+            "<CompleteMultipartUpload xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">",
+        );
+        for (n, part) in parts.iter().enumerate() {
+            // `object_store` keeps a part's ETag and checksums as a small XML document of
+            // its own (`<e_tag>`, `<checksum_sha256>`, `<checksum_crc64nvme>`), or the bare
+            // ETag.
+            let c = &part.content_id;
+            let etag = xml_text(c, "e_tag").unwrap_or_else(|| c.clone());
+            let mut fields = format!("<ETag>{}</ETag>", xml_escape(&etag));
+            for (ours, theirs) in [
+                ("checksum_sha256", "ChecksumSHA256"),
+                ("checksum_crc64nvme", "ChecksumCRC64NVME"),
+            ] {
+                if let Some(v) = xml_text(c, ours) {
+                    fields.push_str(&format!("<{theirs}>{}</{theirs}>", xml_escape(&v)));
+                }
+            }
+            body.push_str(&format!(
+                "<Part><PartNumber>{}</PartNumber>{fields}</Part>",
+                n + 1
+            ));
+        }
+        body.push_str("</CompleteMultipartUpload>");
+        let mut req = object_store::client::HttpRequest::new(
+            object_store::client::HttpRequestBody::from(body.clone()),
+        );
+        *req.method_mut() = reqwest::Method::POST;
+        *req.uri_mut() = target
+            .parse()
+            .map_err(|e| generic(&format!("the upload's address {target}: {e}")))?;
+        req.headers_mut().insert(
+            "if-none-match",
+            reqwest::header::HeaderValue::from_static("*"),
+        );
+        object_store::aws::AwsAuthorizer::new(&cred, "s3", region).try_authorize(&mut req, None)?;
+        let answer = upload_lister()
+            .post(&target)
+            .headers(req.headers().clone())
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| generic(&format!("completing the upload of {key}: {e}")))?;
+        let status = answer.status();
+        let text = read_bounded(answer, MAX_LISTING_BYTES)
+            .await
+            .map_err(|e| generic(&format!("completing the upload of {key}: {e}")))?;
+        if status.as_u16() == 412 {
+            return Err(object_store::Error::AlreadyExists {
+                path: key.to_string(),
+                source: "another writer completed it first".into(),
+            });
+        }
+        // S3 may answer 200 and put an error in the body.
+        if !status.is_success() || text.contains("<Error>") {
+            return Err(generic(&format!(
+                "completing the upload of {key}: {status}: {} {}",
+                xml_text(&text, "Code").unwrap_or_default(),
+                xml_text(&text, "Message").unwrap_or_default()
+            )));
+        }
+        Ok(())
+    }
+
     /// One page of S3's ListMultipartUploads under `prefix`: (key, upload id) pairs and the
     /// markers of the next page. Signed by the client library's own SigV4 signer.
     async fn list_uploads(
@@ -911,23 +998,16 @@ impl Node {
         object_store::aws::AwsAuthorizer::new(&cred, "s3", region)
             .try_authorize(&mut req, None)
             .map_err(|e| self.fail("listing open uploads", e))?;
-        let mut answer = upload_lister()
+        let answer = upload_lister()
             .get(u.as_str())
             .headers(req.headers().clone())
             .send()
             .await
             .map_err(|e| failed(e.to_string()))?;
         let status = answer.status();
-        let mut body = Vec::new();
-        while let Some(chunk) = answer.chunk().await.map_err(|e| failed(e.to_string()))? {
-            if (body.len() + chunk.len()) as u64 > MAX_LISTING_BYTES {
-                return Err(failed(format!(
-                    "the answer exceeds {MAX_LISTING_BYTES} bytes"
-                )));
-            }
-            body.extend_from_slice(&chunk);
-        }
-        let text = String::from_utf8_lossy(&body);
+        let text = read_bounded(answer, MAX_LISTING_BYTES)
+            .await
+            .map_err(failed)?;
         if !status.is_success() {
             let fatal =
                 status.as_u16() == 401 || status.as_u16() == 403 || text.contains("NoSuchBucket");
@@ -1107,6 +1187,46 @@ impl Nodes {
 /// The largest ListMultipartUploads answer read (1,000 uploads of long keys).
 const MAX_LISTING_BYTES: u64 = 4 << 20;
 
+/// An error of a request made here rather than by `object_store`.
+fn generic(what: &str) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "S3",
+        source: what.to_string().into(),
+    }
+}
+
+/// A path for a request's address: every byte but S3's unreserved ones and `/` escaped, as
+/// `object_store` escapes its own (the signature is computed over it as written).
+fn strict_path(p: &str) -> String {
+    let mut out = String::with_capacity(p.len());
+    for b in p.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// A response's body as text, read up to `max` bytes.
+async fn read_bounded(mut answer: reqwest::Response, max: u64) -> Result<String, String> {
+    let mut body = Vec::new();
+    while let Some(chunk) = answer.chunk().await.map_err(|e| e.to_string())? {
+        if (body.len() + chunk.len()) as u64 > max {
+            return Err(format!("the answer exceeds {max} bytes"));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
 fn upload_lister() -> &'static reqwest::Client {
     static C: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
     C.get_or_init(|| {
@@ -1156,4 +1276,74 @@ fn xml_text(xml: &str, tag: &str) -> Option<String> {
     }
     out.push_str(rest);
     Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lading_testkit::seaweed::{ACCESS_KEY, SECRET_KEY, Weed};
+
+    /// The completion of a multipart upload is conditional: a key another writer made while
+    /// the parts went up is kept, and the completion is refused as `AlreadyExists`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_multipart_completion_never_replaces_a_key_made_meanwhile() {
+        let weed = Weed::start().unwrap();
+        weed.bucket("primary").unwrap();
+        let node = Node::open(
+            &NodeSettings {
+                id: 9501,
+                url: "s3://primary/lading".into(),
+                endpoint: Some(weed.endpoint()),
+                region: None,
+                access_key_id_env: None,
+                secret_access_key_env: None,
+                part_size: None,
+                checksum: None,
+            },
+            |k| match k {
+                "AWS_ACCESS_KEY_ID" => Some(ACCESS_KEY.into()),
+                "AWS_SECRET_ACCESS_KEY" => Some(SECRET_KEY.into()),
+                _ => None,
+            },
+        )
+        .unwrap();
+        let Place::Bucket { store, .. } = &node.place else {
+            panic!("a bucket node")
+        };
+        let part = vec![7u8; MIN_PART_SIZE as usize];
+        let upload = async |rel: &str| {
+            let key = node.key("ark:/99999/fk4race", 1, rel).unwrap();
+            let id = store.create_multipart(&key).await.unwrap();
+            let p = store
+                .put_part(&key, &id, 0, PutPayload::from(part.clone()))
+                .await
+                .unwrap();
+            (key, id, p)
+        };
+        // Alone: completed.
+        let (key, id, p) = upload("producer/alone|1 &.bin").await;
+        node.complete_if_absent(store, &key, &id, &[p])
+            .await
+            .unwrap();
+        let got = store.get(&key).await.unwrap().bytes().await.unwrap();
+        assert_eq!(got.len(), part.len());
+        // Another writer made the key while the parts went up: refused, theirs kept.
+        let (key, id, p) = upload("producer/raced.bin").await;
+        store
+            .put(&key, PutPayload::from_static(b"theirs"))
+            .await
+            .unwrap();
+        let e = node
+            .complete_if_absent(store, &key, &id, &[p])
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, object_store::Error::AlreadyExists { .. }),
+            "{e}"
+        );
+        let got = store.get(&key).await.unwrap().bytes().await.unwrap();
+        assert_eq!(&got[..], b"theirs");
+        store.abort_multipart(&key, &id).await.unwrap();
+        assert_eq!(weed.open_uploads("primary"), 0);
+    }
 }
