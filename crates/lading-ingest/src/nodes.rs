@@ -1289,6 +1289,13 @@ mod tests {
     async fn a_multipart_completion_never_replaces_a_key_made_meanwhile() {
         let weed = Weed::start().unwrap();
         weed.bucket("primary").unwrap();
+        // Each checksum a node may ask the server for.
+        for checksum in ["sha256", "crc64nvme"] {
+            completion_is_conditional(&weed, checksum).await;
+        }
+    }
+
+    async fn completion_is_conditional(weed: &Weed, checksum: &str) {
         let node = Node::open(
             &NodeSettings {
                 id: 9501,
@@ -1298,7 +1305,7 @@ mod tests {
                 access_key_id_env: None,
                 secret_access_key_env: None,
                 part_size: None,
-                checksum: None,
+                checksum: Some(checksum.into()),
             },
             |k| match k {
                 "AWS_ACCESS_KEY_ID" => Some(ACCESS_KEY.into()),
@@ -1312,7 +1319,9 @@ mod tests {
         };
         let part = vec![7u8; MIN_PART_SIZE as usize];
         let upload = async |rel: &str| {
-            let key = node.key("ark:/99999/fk4race", 1, rel).unwrap();
+            let key = node
+                .key(&format!("ark:/99999/fk4{checksum}"), 1, rel)
+                .unwrap();
             let id = store.create_multipart(&key).await.unwrap();
             let p = store
                 .put_part(&key, &id, 0, PutPayload::from(part.clone()))
