@@ -172,9 +172,18 @@ impl Engine {
         let leaving_failed = old.status.batch_folder() == "batch-failed"
             && next.state.batch_folder() != "batch-failed";
         let mut batch_moved: Option<(BatchState, BatchState)> = None;
-        if (reentering || leaving_failed)
-            && let Ok((bstatus, bversion)) = self.batch_status(&batch).await
-        {
+        // A batch that cannot be read now fails the call: skipping it left a reporter holding
+        // a reopened batch free to report without the requeued job (found by `lading-sim`).
+        let batch_status = if reentering || leaving_failed {
+            match self.batch_status(&batch).await {
+                Ok(s) => Some(s),
+                Err(EngineError::NoBatch(_)) => None,
+                Err(e) => return Err(e),
+            }
+        } else {
+            None
+        };
+        if let Some((bstatus, bversion)) = batch_status {
             let mut touched = bstatus.clone();
             touched.last_modified = self.now();
             match bstatus.status {

@@ -18,7 +18,10 @@ impl Engine {
             // Intake creates jobs after the Processing move made the folders, or before it; make
             // sure the folders exist without disturbing Merritt's "no states = pending" rule
             // for batches nobody holds.
-            let mut ops = vec![Op::check(batch_node(bid, "lock"), None)];
+            let mut ops = vec![
+                Op::check(batch_node(bid, "lock"), None),
+                Op::check(batch_node(bid, "status"), Some(lease.status_version)),
+            ];
             if self.tree.exists(&batch_states(bid)).await?.is_none() {
                 ops.push(Op::create(batch_states(bid), None));
             }
@@ -48,8 +51,12 @@ impl Engine {
             extra: Map::new(),
         };
         self.born(&mut status.extra, &status.last_modified);
+        // The lock's existence alone does not fence: after its session expired, a backend
+        // goes on under a new one, and the lock may be another's by then. The batch's status
+        // version does (whoever took the batch since has moved it), found by `lading-sim`.
         let ops = vec![
             Op::check(batch_node(bid, "lock"), None),
+            Op::check(batch_node(bid, "status"), Some(lease.status_version)),
             Op::create(job_node(&jid, "bid"), Some(bid.to_string().into_bytes())),
             Op::create(
                 job_node(&jid, "configuration"),

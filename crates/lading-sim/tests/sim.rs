@@ -75,10 +75,14 @@ fn without_faults_every_batch_ends_reported_once() {
 /// - 157: an admin requeue whose reply was lost was read back as not applied.
 /// - 174: the simulator's own count of reopenings (a bulk requeue reopens once per job).
 /// - 5: a lost read made a job's working folder look like another job's.
+/// - 401302608: a stale intake, its session expired and replaced, made a job in a batch
+///   another process was reporting (creating a job was fenced by the lock's existence only).
+/// - 401305623: an admin requeue that could not read the batch left it unreopened, and its
+///   reporter reported without the requeued job.
 #[test]
 fn the_seeds_that_found_bugs_run_clean() {
     let opts = Options::default();
-    for seed in [5, 9, 10, 11, 13, 17, 18, 157, 174] {
+    for seed in [5, 9, 10, 11, 13, 17, 18, 157, 174, 401302608, 401305623] {
         let r = run(seed, &opts);
         assert!(r.jobs > 0, "seed {seed} ran no job");
         assert!(r.violations.is_empty(), "seed {seed}: {:?}", r.violations);
