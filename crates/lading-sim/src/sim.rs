@@ -376,6 +376,59 @@ where
     None
 }
 
+/// A job of one of `bids`, picked by `rng` (for a hold or a delete).
+async fn any_job(
+    rng: &Seeded,
+    admin_engine: &Engine,
+    bids: &[BatchId],
+) -> Option<(BatchId, JobId)> {
+    let b = pick(rng, bids)?;
+    let info = admin(|| admin_engine.batch(&b)).await?;
+    let j = pick(
+        rng,
+        &info.jobs.values().flatten().cloned().collect::<Vec<_>>(),
+    )?;
+    Some((b, JobId::parse(&j).ok()?))
+}
+
+/// What is still open of `bids` (with the outbox's undelivered entries, when `outbox`) once
+/// they have all ended or `within` has passed, looked at every `every` of simulated time: the
+/// harness observes from outside, so it looks (the processes under test are woken by the
+/// tree). Empty when everything ended in time.
+async fn not_ended(
+    admin_engine: &Engine,
+    bids: &[BatchId],
+    within: Duration,
+    every: Duration,
+    outbox: bool,
+) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut open = Vec::new();
+    while tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(every).await;
+        open.clear();
+        for b in bids {
+            match admin_engine.batch(b).await {
+                Ok(i) if matches!(i.status.status, BatchState::Completed | BatchState::Failed) => {}
+                Ok(i) => open.push(format!("{b} {}", i.status.status)),
+                Err(e) => open.push(format!("{b} unreadable: {e}")),
+            }
+        }
+        let waiting = if outbox {
+            admin_engine.outbox().await.map(|o| o.len()).unwrap_or(1)
+        } else {
+            0
+        };
+        if open.is_empty() && waiting == 0 {
+            return open;
+        }
+        if waiting > 0 {
+            open.push(format!("{waiting} outbox entries undelivered"));
+        }
+    }
+    open
+}
+
 /// The processes' working folders: in memory where the machine has a tmpfs (`/dev/shm`), as
 /// the workers make and remove a folder per job and a disk spends most of a run on that.
 fn work_folder() -> tempfile::TempDir {
@@ -529,26 +582,14 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
                     }
                 }
                 5 => {
-                    if let Some(b) = pick(&rng, &bids)
-                        && let Some(info) = admin(|| admin_engine.batch(&b)).await
-                        && let Some(j) = pick(
-                            &rng,
-                            &info.jobs.values().flatten().cloned().collect::<Vec<_>>(),
-                        )
-                        && let Ok(j) = JobId::parse(&j)
+                    if let Some((_, j)) = any_job(&rng, &admin_engine, &bids).await
                         && admin(|| admin_engine.hold_job(&j)).await.is_some()
                     {
                         held.push((j, now + Duration::from_millis(rng.below(4000) as u64)));
                     }
                 }
                 6 => {
-                    if let Some(b) = pick(&rng, &bids)
-                        && let Some(info) = admin(|| admin_engine.batch(&b)).await
-                        && let Some(j) = pick(
-                            &rng,
-                            &info.jobs.values().flatten().cloned().collect::<Vec<_>>(),
-                        )
-                        && let Ok(j) = JobId::parse(&j)
+                    if let Some((b, j)) = any_job(&rng, &admin_engine, &bids).await
                         && admin(|| admin_engine.delete_job(&j))
                             .await
                             .flatten()
@@ -577,38 +618,23 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
             *p = Some(sim.start(k));
         }
     }
-    let quiet = tokio::time::Instant::now();
-    let deadline = quiet + Duration::from_millis(LIVENESS_MS);
-    let mut open = Vec::new();
-    loop {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        open.clear();
-        for b in &bids {
-            match admin_engine.batch(b).await {
-                Ok(i) if matches!(i.status.status, BatchState::Completed | BatchState::Failed) => {}
-                Ok(i) => open.push(format!("{b} {}", i.status.status)),
-                Err(e) => open.push(format!("{b} unreadable: {e}")),
-            }
-        }
-        let outbox = admin_engine.outbox().await.map(|o| o.len()).unwrap_or(1);
-        if open.is_empty() && outbox == 0 {
-            break;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            if outbox > 0 {
-                open.push(format!("{outbox} outbox entries undelivered"));
-            }
-            world.lock().violation(format!(
-                "liveness: {} s after the faults stopped, not ended: {}",
-                LIVENESS_MS / 1000,
-                open.join(", ")
-            ));
-            break;
-        }
+    let open = not_ended(
+        &admin_engine,
+        &bids,
+        Duration::from_millis(LIVENESS_MS),
+        Duration::from_millis(500),
+        true,
+    )
+    .await;
+    if !open.is_empty() {
+        world.lock().violation(format!(
+            "liveness: {} s after the faults stopped, not ended: {}",
+            LIVENESS_MS / 1000,
+            open.join(", ")
+        ));
     }
     // Wake-ups: the deployment, idle now, takes a new one-job batch through at once.
     if open.is_empty() {
-        let t0 = tokio::time::Instant::now();
         let mut sub = Map::new();
         sub.insert("batchID".into(), json!(format!("sim-{seed}-probe")));
         sub.insert("submitter".into(), json!("probe"));
@@ -618,20 +644,20 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
             world
                 .lock()
                 .trace(format!("submitted the wake-up probe {bid}"));
-            loop {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                let state = admin_engine.batch(&bid).await.map(|i| i.status.status);
-                if matches!(state, Ok(BatchState::Completed | BatchState::Failed)) {
-                    break;
-                }
-                if t0.elapsed() > Duration::from_millis(PROBE_MS) {
-                    world.lock().violation(format!(
-                        "wake-ups: an idle deployment did not take the one-job batch {bid} through within {} s (it is {})",
-                        PROBE_MS / 1000,
-                        state.map_or_else(|e| e.to_string(), |s| s.name().to_string())
-                    ));
-                    break;
-                }
+            let late = not_ended(
+                &admin_engine,
+                std::slice::from_ref(&bid),
+                Duration::from_millis(PROBE_MS),
+                Duration::from_millis(50),
+                false,
+            )
+            .await;
+            if !late.is_empty() {
+                world.lock().violation(format!(
+                    "wake-ups: an idle deployment did not take the one-job batch through within {} s: {}",
+                    PROBE_MS / 1000,
+                    late.join(", ")
+                ));
             }
         }
     }
