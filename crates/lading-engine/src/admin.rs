@@ -402,6 +402,20 @@ impl Engine {
             .into());
         }
         let batch = self.job_batch(job).await?;
+        // A batch still in intake (Pending, or Held before its intake ran again) may be
+        // taken in once more, and a retried intake skips exactly the rows whose jobs it can
+        // read: a job purged then would be made again. Once a batch has left intake it never
+        // comes back to it, so no check on its version is needed.
+        match self.batch_status(&batch).await {
+            Ok((b, _)) if matches!(b.status, BatchState::Pending | BatchState::Held) => {
+                return Err(EngineError::Invalid(format!(
+                    "job {job} cannot be purged yet: its batch {batch} is {} (its intake has not finished, and a retried intake would make the job again); purge it once the batch is Processing",
+                    b.status
+                )));
+            }
+            Ok(_) | Err(EngineError::NoBatch(_)) => {}
+            Err(e) => return Err(e),
+        }
         let priority = self.job_priority(job).await?;
         let mut ops = vec![Op::check(job_node(job, "status"), Some(version))];
         for child in self.tree.children(&job_path(job)).await? {

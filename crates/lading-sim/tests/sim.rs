@@ -79,10 +79,14 @@ fn without_faults_every_batch_ends_reported_once() {
 ///   another process was reporting (creating a job was fenced by the lock's existence only).
 /// - 401305623: an admin requeue that could not read the batch left it unreopened, and its
 ///   reporter reported without the requeued job.
+/// - 401313012, 401314180: a job purged while its batch was still in intake made the
+///   retried intake fail the batch ("no such job"); a purge now waits for intake to end.
 #[test]
 fn the_seeds_that_found_bugs_run_clean() {
     let opts = Options::default();
-    for seed in [5, 9, 10, 11, 13, 17, 18, 157, 174, 401302608, 401305623] {
+    for seed in [
+        5, 9, 10, 11, 13, 17, 18, 157, 174, 401302608, 401305623, 401313012, 401314180,
+    ] {
         let r = run(seed, &opts);
         assert!(r.jobs > 0, "seed {seed} ran no job");
         assert!(r.violations.is_empty(), "seed {seed}: {:?}", r.violations);

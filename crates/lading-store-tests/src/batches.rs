@@ -370,6 +370,48 @@ pub async fn deleting_the_last_failed_job_says_an_update_report_is_due(h: &dyn H
     );
 }
 
+/// A retried intake skips the rows whose jobs it can read, so a job of a batch still in
+/// intake is not purged (it would be made again); once the batch is Processing it is.
+/// Found by lading-sim (seeds 401313012 and 401314180).
+pub async fn a_job_of_a_batch_still_in_intake_is_not_purged(h: &dyn Harness) {
+    let (e, s) = engine(h, "w").await;
+    let bid = e.create_batch(Map::new()).await.unwrap();
+    let lease = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
+    let job = e.create_job(&lease, JobSpec::default()).await.unwrap();
+    // The intake stops here (as if its session expired): the batch stays Pending.
+    e.release_batch_lease(lease).await.unwrap();
+    assert_eq!(
+        run_job_to_completion(&e, JobState::Pending).await,
+        Some(job.clone())
+    );
+    let before = normalised_dump(s.tree.as_ref()).await;
+    let err = e.delete_job(&job).await.unwrap_err();
+    assert!(
+        err.to_string().contains(&format!(
+            "job {job} cannot be purged yet: its batch {bid} is Pending"
+        )),
+        "{err}"
+    );
+    unchanged(&s, &before, "a refused delete changes nothing").await;
+    e.hold_batch(&bid).await.unwrap();
+    let held = normalised_dump(s.tree.as_ref()).await;
+    let err = e.purge_job(&job).await.unwrap_err();
+    assert!(err.to_string().contains("is Held"), "{err}");
+    unchanged(&s, &held, "a refused purge changes nothing").await;
+    e.release_batch(&bid).await.unwrap();
+    // The intake's retry finds the job and moves the batch on; now the purge goes through.
+    let lease = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
+    assert_eq!(
+        e.batch(&bid).await.unwrap().jobs["batch-completed"],
+        vec![job.to_string()]
+    );
+    e.batch_transition(lease, Event::To(BatchState::Processing), None)
+        .await
+        .unwrap();
+    e.delete_job(&job).await.unwrap();
+    assert!(matches!(e.job(&job).await, Err(EngineError::NoJob(_))));
+}
+
 pub async fn concurrent_admissions_never_reserve_more_than_is_free(h: &dyn Harness) {
     const MIB: u64 = 1 << 20;
     let (a, _sa) = engine(h, "a").await;
