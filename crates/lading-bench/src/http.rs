@@ -6,8 +6,8 @@
 use crate::{Scratch, cpu_seconds, percentile};
 use lading_engine::Engine;
 use lading_ingest::{Config, Ingest, TokenSettings};
+use lading_node::node;
 use lading_server::Auth;
-use lading_server::node;
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

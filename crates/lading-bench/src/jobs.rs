@@ -7,7 +7,7 @@
 use crate::{JobsMode, Scratch, StoreStats, cpu_seconds, percentile};
 use lading_core::time::system_clock;
 use lading_jobs::{AcceptOptions, Jobs, Outcome};
-use lading_server::node;
+use lading_node::node;
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -13,7 +13,7 @@ use clap::{Subcommand, ValueEnum};
 use lading_core::time::system_clock;
 use lading_core::{BatchState, Event, JobState};
 use lading_engine::{Engine, JobSpec};
-use lading_server::node;
+use lading_node::node;
 use serde_json::json;
 use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};

@@ -3,8 +3,8 @@
 
 use lading_ingest::checkm::{self, ManifestKind};
 use lading_ingest::{Config, Submission};
-use lading_server::node;
-use lading_server::payload_server::PayloadServer;
+use lading_node::node;
+use lading_testkit::payload_server::PayloadServer;
 use std::path::Path;
 
 /// Figures of one `lading bench pipeline` run.

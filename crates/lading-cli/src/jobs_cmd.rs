@@ -151,14 +151,14 @@ pub async fn run(store: &str, cmd: JobsCmd) -> anyhow::Result<()> {
             | JobsCmd::Schedules { .. }
     );
     let tree = if reads {
-        lading_server::node::open_existing(store).await?
+        lading_node::node::open_existing(store).await?
     } else {
         crate::open_store(store).await?
     };
     let jobs = Arc::new(Jobs::new(
         tree.clone(),
         system_clock(),
-        lading_server::node::owner(),
+        lading_node::node::owner(),
     ));
     let r = dispatch(&jobs, cmd).await;
     tree.close().await?;
@@ -344,7 +344,7 @@ async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
                 jj.run_monitor(sd).await;
                 Ok(())
             });
-            let mut signals = lading_server::signals::Signals::new()?;
+            let mut signals = lading_node::signals::Signals::new()?;
             eprintln!("lading: activity monitor running (stop with Ctrl-C)");
             signals.next().await;
             services.handle().stop();
@@ -385,5 +385,5 @@ async fn process(
     let work = async { services.join().await.map_err(anyhow::Error::msg) };
     let (stop, abort) = (handle.clone(), handle);
     let (stop, abort) = (move || stop.stop(), move || abort.abort());
-    lading_server::signals::until_signal(work, stop, abort, None, &running, crate::say_line).await
+    lading_node::signals::until_signal(work, stop, abort, None, &running, crate::say_line).await
 }

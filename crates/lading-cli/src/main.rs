@@ -38,9 +38,9 @@ use lading_core::JobState;
 use lading_core::time::system_clock;
 use lading_engine::{Engine, EngineError};
 use lading_ingest::Ingest;
+use lading_node::client::Client;
+use lading_node::node::{self, open_store};
 use lading_server::api::SubmitRequest;
-use lading_server::client::Client;
-use lading_server::node::{self, open_store};
 use lading_server::ops::{Local, Ops};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -269,8 +269,8 @@ fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
 fn show(v: &serde_json::Value, json: bool, history: bool) -> anyhow::Result<()> {
     match (json, history) {
         (true, _) => print_json(v),
-        (false, true) => out(&lading_server::text::history(v)),
-        (false, false) => out(&lading_server::text::human(v)),
+        (false, true) => out(&lading_node::text::history(v)),
+        (false, false) => out(&lading_node::text::human(v)),
     }
 }
 
@@ -317,7 +317,7 @@ async fn run_on(cli: Cli, cfg: lading_ingest::Config, store: &str) -> anyhow::Re
             objects,
             files,
         } => {
-            lading_server::demo::demo(&dir, objects.max(1), files.max(1), say_line).await?;
+            lading_node::demo::demo(&dir, objects.max(1), files.max(1), say_line).await?;
         }
         Command::Worker { stages, grace_s } => {
             let (spec, what) = node::NodeSpec::for_stages(&stages.stages)?;
@@ -456,11 +456,11 @@ async fn console(ops: &impl Ops, cmd: Command) -> anyhow::Result<()> {
 }
 
 fn exit_code(err: &anyhow::Error) -> u8 {
-    if let Some(h) = err.downcast_ref::<lading_server::client::HttpError>() {
+    if let Some(h) = err.downcast_ref::<lading_node::client::HttpError>() {
         return h.exit_code();
     }
     if let Some(a) = err.downcast_ref::<lading_server::ApiError>() {
-        return lading_server::client::exit_code(a.status.as_u16());
+        return lading_node::client::exit_code(a.status.as_u16());
     }
     if err.downcast_ref::<node::NoStore>().is_some() {
         return 3;

@@ -1,8 +1,8 @@
 //! `lading serve`: the HTTP API, every pipeline stage and the generic-jobs activity monitor in
 //! one process.
 
+use lading_node::node::{self, Node, NodeSpec};
 use lading_server::Auth;
-use lading_server::node::{self, Node, NodeSpec};
 use std::net::SocketAddr;
 use std::time::Duration;
 

@@ -6,7 +6,7 @@
 //! finishes. Then: one report mail, A's event stream showed every transition B and C made,
 //! every job's history is complete, and A serves every stored object with its files.
 
-use lading_server::payload_server::PayloadServer;
+use lading_testkit::payload_server::PayloadServer;
 use lading_testkit::pg::PgServer;
 use lading_testkit::smtp::Smtp;
 use lading_testkit::zk::{ZkEnsemble, free_port};

@@ -9,7 +9,7 @@ use common::{Reap, Setup, engine, until};
 use lading_core::BatchState;
 use lading_core::layout::BatchId;
 use lading_ingest::checkm::{self, ManifestKind};
-use lading_server::payload_server::PayloadServer;
+use lading_testkit::payload_server::PayloadServer;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 

@@ -4,8 +4,8 @@
 //! connection floods. Every refusal is checked to name its rule and to leave the stored state
 //! as it was. See docs/SECURITY.md.
 
-use lading_server::payload_server::PayloadServer;
 use lading_testkit::events::{Api, multipart};
+use lading_testkit::payload_server::PayloadServer;
 use lading_testkit::{checkm, files_under, poll};
 use reqwest::StatusCode;
 use serde_json::{Value, json};

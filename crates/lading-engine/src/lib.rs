@@ -355,6 +355,11 @@ impl Engine {
         &self.clock
     }
 
+    /// The name this engine's locks, leases and history carry (`HOST:PID` for a process).
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
     /// Subscribes to committed changes made through this engine.
     pub fn subscribe(&self) -> broadcast::Receiver<ChangeEvent> {
         self.events.subscribe()

@@ -123,7 +123,7 @@ pub struct Config {
     /// Numbered storage nodes (`[[storage_nodes]]`): S3-compatible buckets or folders. A
     /// profile names its nodes (`storage_nodes = [9501, 9502]`, primary first); a profile
     /// naming none stores under `storage_root` as before.
-    pub storage_nodes: Vec<crate::nodes::NodeSettings>,
+    pub storage_nodes: Vec<NodeSettings>,
     /// The scheduled fixity audit (`[fixity]`).
     pub fixity: FixitySettings,
 }
@@ -382,10 +382,10 @@ impl Config {
             .clone()
             .unwrap_or_else(|| self.data_dir.join("storage"))
     }
-    pub fn inventory(&self) -> crate::inventory::Location {
+    pub fn inventory(&self) -> Location {
         match &self.inventory {
-            Some(s) => crate::inventory::Location::from_setting(s),
-            None => crate::inventory::Location::Sqlite(self.data_dir.join("inventory.db")),
+            Some(s) => Location::from_setting(s),
+            None => Location::Sqlite(self.data_dir.join("inventory.db")),
         }
     }
     pub fn profiles_dir(&self) -> PathBuf {
@@ -527,6 +527,58 @@ impl Profile {
         }
         p.name = name.to_string();
         Ok(p)
+    }
+}
+
+/// One `[[storage_nodes]]` entry.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct NodeSettings {
+    /// Merritt's node number, e.g. 9501.
+    pub id: u32,
+    /// `s3://BUCKET[/PREFIX]` or `file:///FOLDER`.
+    pub url: String,
+    /// An S3-compatible server (`http://127.0.0.1:8333`); absent: AWS itself.
+    pub endpoint: Option<String>,
+    pub region: Option<String>,
+    /// The variable holding the access key id (default `AWS_ACCESS_KEY_ID`).
+    pub access_key_id_env: Option<String>,
+    /// The variable holding the secret key (default `AWS_SECRET_ACCESS_KEY`).
+    pub secret_access_key_env: Option<String>,
+    /// Files above this go up in parts of this size (default 64 MiB, at least 5 MiB).
+    pub part_size: Option<u64>,
+    /// The checksum each request carries and the server checks the body against:
+    /// `sha256` (the default: the node itself confirms the SHA-256 the inventory records)
+    /// or `crc64nvme` (cheaper for the server; Lading still records its own SHA-256 of
+    /// what it sent, and the fixity checker reads SHA-256 back).
+    pub checksum: Option<String>,
+}
+
+/// Where the inventory is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    Sqlite(PathBuf),
+    /// A `postgres://` or `postgresql://` URL.
+    Postgres(String),
+}
+
+impl Location {
+    /// The configured value: a PostgreSQL URL, or else a SQLite file's path.
+    pub fn from_setting(s: &Path) -> Location {
+        match s.to_str() {
+            Some(u) if u.starts_with("postgres://") || u.starts_with("postgresql://") => {
+                Location::Postgres(u.to_string())
+            }
+            _ => Location::Sqlite(s.to_path_buf()),
+        }
+    }
+
+    /// The value that configures this location (the inverse of [`Location::from_setting`]).
+    pub fn setting(&self) -> PathBuf {
+        match self {
+            Location::Sqlite(p) => p.clone(),
+            Location::Postgres(u) => PathBuf::from(u),
+        }
     }
 }
 

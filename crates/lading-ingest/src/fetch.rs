@@ -56,32 +56,7 @@ impl Hasher {
     }
 }
 
-pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
-}
-
-/// Size and sha256 of a file, read in blocks.
-pub fn file_sha256(path: &Path) -> std::io::Result<(u64, String)> {
-    use std::io::Read;
-    let mut f = std::fs::File::open(path)?;
-    let mut h = sha2::Sha256::new();
-    let mut buf = vec![0u8; 256 << 10];
-    let mut size = 0u64;
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        size += n as u64;
-        h.update(&buf[..n]);
-    }
-    Ok((size, hex(&h.finalize())))
-}
+pub use crate::files::{file_sha256, hex};
 
 /// What a finished download measured.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -643,7 +618,7 @@ fn write_all_vectored(file: &mut std::fs::File, chunks: &[Bytes]) -> std::io::Re
 /// A local file error: a full disk or an I/O error may clear, so it is transient; a name
 /// that cannot exist here (too long, a file where a folder must be) never will.
 fn local(path: &Path, e: std::io::Error) -> FetchError {
-    match crate::stages::io_err("writing", path, e) {
+    match crate::files::io_err("writing", path, e) {
         lading_worker::Outcome::Fatal(m) => FetchError::Fatal(m),
         lading_worker::Outcome::Transient(m) => FetchError::Transient(m),
         other => FetchError::Transient(format!("{other:?}")),

@@ -3,11 +3,13 @@
 //! default, `DATA_DIR/inventory.db`) or in PostgreSQL (`inventory = "postgres://USER@HOST:PORT/DB"`)
 //! when several hosts record and serve objects: the same tables, the same idempotence.
 
-use crate::stages::{ObjectFile, StoredVersion, list_files};
+use crate::files::{ObjectFile, StoredVersion, list_files};
 use rusqlite::{Connection, OptionalExtension, params};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+pub use crate::config::Location;
 
 /// The tables, for both databases (SQLite takes `BIGINT` as an integer).
 const SCHEMA: &str = "
@@ -48,34 +50,6 @@ pub enum InventoryError {
     BadUrl(String, String),
     #[error("reading the stored version: {0}")]
     Io(#[from] std::io::Error),
-}
-
-/// Where the inventory is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Location {
-    Sqlite(PathBuf),
-    /// A `postgres://` or `postgresql://` URL.
-    Postgres(String),
-}
-
-impl Location {
-    /// The configured value: a PostgreSQL URL, or else a SQLite file's path.
-    pub fn from_setting(s: &Path) -> Location {
-        match s.to_str() {
-            Some(u) if u.starts_with("postgres://") || u.starts_with("postgresql://") => {
-                Location::Postgres(u.to_string())
-            }
-            _ => Location::Sqlite(s.to_path_buf()),
-        }
-    }
-
-    /// The value that configures this location (the inverse of [`Location::from_setting`]).
-    pub fn setting(&self) -> PathBuf {
-        match self {
-            Location::Sqlite(p) => p.clone(),
-            Location::Postgres(u) => PathBuf::from(u),
-        }
-    }
 }
 
 /// The path, or the URL without its password.
@@ -256,14 +230,14 @@ impl Inventory {
                 let mut all: Vec<ObjectFile> = known
                     .iter()
                     .map(|f| ObjectFile {
-                        path: format!("{}/{}", crate::stages::PRODUCER, f.path),
+                        path: format!("{}/{}", crate::files::PRODUCER, f.path),
                         ..f.clone()
                     })
                     .collect();
                 for e in std::fs::read_dir(root)? {
                     let e = e?;
                     let name = e.file_name().to_string_lossy().into_owned();
-                    if name == crate::stages::PRODUCER {
+                    if name == crate::files::PRODUCER {
                         continue;
                     }
                     if e.file_type()?.is_dir() {
@@ -272,7 +246,7 @@ impl Inventory {
                             ..f
                         }));
                     } else {
-                        let (size, sha256) = crate::fetch::file_sha256(&e.path())?;
+                        let (size, sha256) = crate::files::file_sha256(&e.path())?;
                         all.push(ObjectFile {
                             path: name,
                             size,

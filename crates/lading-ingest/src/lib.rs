@@ -12,6 +12,7 @@ pub mod cleanup;
 pub mod config;
 pub mod fair;
 pub mod fetch;
+pub mod files;
 pub mod fixity;
 pub mod intake;
 pub mod inventory;

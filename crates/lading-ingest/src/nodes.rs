@@ -20,36 +20,11 @@ use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::multipart::MultipartStore;
 use object_store::path::Path as Key;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
-use serde::Deserialize;
 use sha2::Digest;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-
-/// One `[[storage_nodes]]` entry.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct NodeSettings {
-    /// Merritt's node number, e.g. 9501.
-    pub id: u32,
-    /// `s3://BUCKET[/PREFIX]` or `file:///FOLDER`.
-    pub url: String,
-    /// An S3-compatible server (`http://127.0.0.1:8333`); absent: AWS itself.
-    pub endpoint: Option<String>,
-    pub region: Option<String>,
-    /// The variable holding the access key id (default `AWS_ACCESS_KEY_ID`).
-    pub access_key_id_env: Option<String>,
-    /// The variable holding the secret key (default `AWS_SECRET_ACCESS_KEY`).
-    pub secret_access_key_env: Option<String>,
-    /// Files above this go up in parts of this size (default 64 MiB, at least 5 MiB).
-    pub part_size: Option<u64>,
-    /// The checksum each request carries and the server checks the body against:
-    /// `sha256` (the default: the node itself confirms the SHA-256 the inventory records)
-    /// or `crc64nvme` (cheaper for the server; Lading still records its own SHA-256 of
-    /// what it sent, and the fixity checker reads SHA-256 back).
-    pub checksum: Option<String>,
-}
 
 /// A node's part size when none is configured.
 pub const DEFAULT_PART_SIZE: u64 = 64 << 20;
@@ -120,6 +95,8 @@ pub const MAX_RECORD_BYTES: u64 = 256 << 20;
 
 /// A node's version record key's path inside the version.
 pub const VERSION_RECORD: &str = "system/lading-version.json";
+
+pub use crate::config::NodeSettings;
 
 impl Node {
     /// Opens a node from its settings, reading its credentials from `env` (only for a
@@ -250,7 +227,7 @@ impl Node {
             .join(format!("v{version}"));
         match rel {
             "" => d,
-            VERSION_RECORD => d.join(crate::stages::VERSION_FILE),
+            VERSION_RECORD => d.join(crate::files::VERSION_FILE),
             r => d.join(r),
         }
     }
@@ -563,7 +540,7 @@ impl Node {
         match &self.place {
             Place::Folder(root) => {
                 let d = root.join(lading_core::layout::ark_node_name(ark));
-                let mut v = crate::stages::versions(&d).map_err(|e| self.io("reading", &d, e))?;
+                let mut v = crate::files::versions(&d).map_err(|e| self.io("reading", &d, e))?;
                 v.retain(|n| self.folder_path(root, ark, *n, VERSION_RECORD).exists());
                 Ok(v)
             }
@@ -598,7 +575,7 @@ impl Node {
         self.check_once().await?;
         let hash_file = || async {
             let p = src.to_path_buf();
-            let (size, sha256) = tokio::task::spawn_blocking(move || crate::fetch::file_sha256(&p))
+            let (size, sha256) = tokio::task::spawn_blocking(move || crate::files::file_sha256(&p))
                 .await
                 .map_err(|e| NodeError {
                     what: e.to_string(),

@@ -22,6 +22,10 @@ mod process;
 mod space;
 mod store;
 mod store_node;
+pub use crate::files::{
+    CONTAINER, INTERIM, ObjectFile, PRODUCER, SYSTEM, StoredVersion, VERSION_FILE, io_err,
+    is_permanent, list_files, versions,
+};
 use download::*;
 use finish::*;
 pub use fsops::*;
@@ -31,14 +35,6 @@ pub use store::*;
 use store_node::store_on_bucket;
 pub use store_node::{NodeVersion, STORE_PARALLEL, read_node_version};
 
-/// The object's files inside the working directory.
-pub const PRODUCER: &str = "producer";
-/// Downloaded containers, before processing unpacks them.
-pub const CONTAINER: &str = "container";
-/// Files Lading writes about the object (its manifest).
-pub const SYSTEM: &str = "system";
-/// Interim state of the stages.
-pub const INTERIM: &str = ".lading";
 /// The object manifest as fetched.
 const FETCHED_MANIFEST: &str = "mrt-ingest-manifest.checkm";
 
@@ -152,36 +148,6 @@ fn profile_attempts(ingest: &Ingest, job: &lading_engine::JobInfo, state: JobSta
 
 fn engine_err(e: EngineError) -> Outcome {
     e.into()
-}
-
-pub(crate) fn io_err(what: &str, path: &Path, e: std::io::Error) -> Outcome {
-    // A full disk or a vanished mount may recover; a name that cannot exist here will not.
-    // Messages name the file, not the server's folders.
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    if is_permanent(&e) {
-        Outcome::Fatal(format!("{what} {name:?}: {e}"))
-    } else {
-        Outcome::Transient(format!("{what} {name:?}: {e}"))
-    }
-}
-
-/// File-system errors that trying again cannot clear: a name too long, a file where a folder
-/// must be (or the other way round), a name that is not valid here.
-pub fn is_permanent(e: &std::io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(
-            libc::ENAMETOOLONG
-                | libc::ENOTDIR
-                | libc::EISDIR
-                | libc::EEXIST
-                | libc::EINVAL
-                | libc::ELOOP
-        )
-    )
 }
 
 /// The job's profile, by the name its configuration gives.

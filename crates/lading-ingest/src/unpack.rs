@@ -7,7 +7,7 @@ use std::io::Read;
 use std::path::Path;
 
 fn io(what: &str, p: &Path, e: std::io::Error) -> Outcome {
-    crate::stages::io_err(what, p, e)
+    crate::files::io_err(what, p, e)
 }
 
 /// Bounds on what one job's containers may unpack to (from `[payload]`).

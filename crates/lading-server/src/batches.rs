@@ -230,9 +230,11 @@ pub(crate) async fn job_files(
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?;
     let dir = lading_worker::workdir(&s.ingest.cfg.work_dir(), &info);
-    let (working, log) = tokio::task::spawn_blocking(move || (working_files(&dir), log_tail(&dir)))
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let host = s.ingest.engine.owner().to_string();
+    let (working, log) =
+        tokio::task::spawn_blocking(move || (working_files(&dir, &host), log_tail(&dir)))
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?;
     Ok(Json(crate::api::JobFiles {
         id,
         stored,
@@ -243,7 +245,7 @@ pub(crate) async fn job_files(
 }
 
 /// The files under a job's working folder (not Lading's interim state), by path.
-fn working_files(dir: &std::path::Path) -> crate::api::WorkingFiles {
+fn working_files(dir: &std::path::Path, host: &str) -> crate::api::WorkingFiles {
     let mut files = Vec::new();
     let mut truncated = false;
     let mut stack = vec![std::path::PathBuf::new()];
@@ -277,7 +279,7 @@ fn working_files(dir: &std::path::Path) -> crate::api::WorkingFiles {
     }
     files.sort();
     crate::api::WorkingFiles {
-        host: crate::node::owner(),
+        host: host.to_string(),
         present: dir.is_dir(),
         files: files
             .into_iter()

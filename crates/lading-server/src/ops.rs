@@ -8,7 +8,6 @@ use crate::api::{
     ActionResult, BatchAction, CollectionHold, JobAction, QueuePause, Refusal,
     RequeueFailedRequest, Requeued, SubmitRequest, Submitted,
 };
-use crate::client::Client;
 use anyhow::{Context, Result};
 use lading_core::JobState;
 use lading_core::layout::{AccessId, AccessQueue, BatchId, JobId, QUEUE_NAMES};
@@ -269,110 +268,6 @@ impl Ops for Local {
         Ok(Changes::Local {
             events: self.0.engine.subscribe(),
             batch: batch.to_string(),
-        })
-    }
-}
-
-impl Ops for Client {
-    async fn copies(&self, job: &str) -> Result<Vec<lading_ingest::inventory::NodeCopies>> {
-        let path = format!("/api/v1/jobs/{}/files", crate::client::enc(job));
-        let f: crate::api::JobFiles = self.json("GET", &path, None::<&()>).await?;
-        Ok(f.copies)
-    }
-
-    async fn submit(&self, mut req: SubmitRequest) -> Result<Submitted> {
-        match req.payload_url.take() {
-            Some(url) if !url.contains("://") => {
-                self.upload(std::path::Path::new(&url), &req).await
-            }
-            url => {
-                req.payload_url = url;
-                self.json("POST", "/api/v1/batches", Some(&req)).await
-            }
-        }
-    }
-
-    async fn summary(&self) -> Result<Summary> {
-        self.json("GET", "/api/v1/status", None::<&()>).await
-    }
-
-    async fn batch(&self, id: &str) -> Result<BatchInfo> {
-        let path = format!("/api/v1/batches/{}", crate::client::enc(id));
-        self.json("GET", &path, None::<&()>).await
-    }
-
-    async fn job(&self, id: &str) -> Result<JobInfo> {
-        let path = format!("/api/v1/jobs/{}", crate::client::enc(id));
-        self.json("GET", &path, None::<&()>).await
-    }
-
-    async fn access(&self, id: &str) -> Result<AccessInfo> {
-        let path = format!("/api/v1/access-requests/{}", crate::client::enc(id));
-        self.json("GET", &path, None::<&()>).await
-    }
-
-    async fn job_action(&self, id: &str, act: JobAction, to: Option<&str>) -> Result<ActionResult> {
-        let path = format!("/api/v1/jobs/{}/{}", crate::client::enc(id), act.name());
-        let body = crate::api::RequeueRequest {
-            to: to.map(str::to_string),
-        };
-        self.json("POST", &path, Some(&body)).await
-    }
-
-    async fn batch_action(&self, id: &str, action: BatchAction) -> Result<ActionResult> {
-        let path = format!(
-            "/api/v1/batches/{}/{}",
-            crate::client::enc(id),
-            action.name()
-        );
-        self.json("POST", &path, None::<&()>).await
-    }
-
-    async fn requeue_failed(&self, id: &str, req: RequeueFailedRequest) -> Result<Requeued> {
-        let path = format!("/api/v1/batches/{}/requeue-failed", crate::client::enc(id));
-        self.json("POST", &path, Some(&req)).await
-    }
-
-    async fn collection(&self, name: &str, hold: bool) -> Result<CollectionHold> {
-        let method = if hold { "PUT" } else { "DELETE" };
-        let path = format!("/api/v1/collections/{}/hold", crate::client::enc(name));
-        self.json(method, &path, None::<&()>).await
-    }
-
-    async fn queue(&self, name: &str, pause: bool) -> Result<QueuePause> {
-        let method = if pause { "PUT" } else { "DELETE" };
-        let path = format!("/api/v1/queues/{}/pause", crate::client::enc(name));
-        self.json(method, &path, None::<&()>).await
-    }
-
-    async fn outbox(&self) -> Result<Vec<OutboxItem>> {
-        let list: crate::api::OutboxList = self.json("GET", "/api/v1/outbox", None::<&()>).await?;
-        Ok(list.entries)
-    }
-
-    async fn retry_outbox(&self, name: &str) -> Result<()> {
-        let path = format!("/api/v1/outbox/{}/retry", crate::client::enc(name));
-        let _: crate::api::OutboxRetried = self.json("POST", &path, None::<&()>).await?;
-        Ok(())
-    }
-
-    async fn clear_lock(&self, kind: &str, name: &str) -> Result<()> {
-        let path = format!(
-            "/api/v1/locks/{}/{}",
-            crate::client::enc(kind),
-            crate::client::enc(name)
-        );
-        let _: crate::api::LockCleared = self.json("DELETE", &path, None::<&()>).await?;
-        Ok(())
-    }
-
-    async fn changes(&self, batch: &str) -> Result<Changes> {
-        let path = format!("/api/v1/events?batch={}", crate::client::enc(batch));
-        let resp = self.request("GET", &path)?.send().await?;
-        Ok(Changes::Remote {
-            resp: resp.error_for_status()?,
-            buf: String::new(),
-            ready: VecDeque::new(),
         })
     }
 }

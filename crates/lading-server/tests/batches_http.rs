@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use lading_server::payload_server::PayloadServer;
+use lading_testkit::payload_server::PayloadServer;
 use reqwest::StatusCode;
 use serde_json::json;
 use std::time::Duration;

@@ -1,7 +1,8 @@
-//! Test fixtures shared by the test suites, used only as a dev-dependency: real ZooKeeper
+//! Test fixtures shared by the test suites: real ZooKeeper
 //! servers and ensembles on free loopback ports, with relays that can cut a session off
 //! (`zk`), private PostgreSQL servers (`pg`), SeaweedFS S3 servers (`seaweed`), an SMTP receiver
-//! (`smtp`), and the one way the suites wait where no signal
+//! (`smtp`), a depositor's file and callback server (`payload_server`, which `lading demo` and
+//! `lading bench pipeline` deposit from too), and the one way the suites wait where no signal
 //! reaches them (`poll`).
 
 /// The states a job that completes goes through, in order, as its history names them:
@@ -67,6 +68,7 @@ pub fn checkm(kind: &str, fields: &str, rows: &[String]) -> String {
 }
 
 pub mod events;
+pub mod payload_server;
 pub mod pg;
 pub mod poll;
 pub mod seaweed;

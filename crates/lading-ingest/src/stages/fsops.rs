@@ -105,44 +105,6 @@ pub fn total_bytes(path: &Path) -> std::io::Result<u64> {
         .saturating_mul(s.f_frsize as u64))
 }
 
-/// One file of a built object.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ObjectFile {
-    pub path: String,
-    pub size: u64,
-    pub sha256: String,
-}
-
-/// Every regular file under `dir`, relative paths sorted, with size and sha256.
-pub fn list_files(dir: &Path) -> std::io::Result<Vec<ObjectFile>> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d)? {
-            let e = e?;
-            let t = e.file_type()?;
-            if t.is_dir() {
-                stack.push(e.path());
-            } else if t.is_file() {
-                let (size, sha256) = file_sha256(&e.path())?;
-                let rel = e
-                    .path()
-                    .strip_prefix(dir)
-                    .map_err(std::io::Error::other)?
-                    .to_string_lossy()
-                    .into_owned();
-                out.push(ObjectFile {
-                    path: rel,
-                    size,
-                    sha256,
-                });
-            }
-        }
-    }
-    out.sort_by(|a, b| a.path.cmp(&b.path));
-    Ok(out)
-}
-
 /// Places the files of `from` under `to`: a hard link where both are on one file system (no
 /// second copy of the bytes, no new inode), a copy otherwise (or when `link` is false). Safe
 /// because nothing rewrites a working file in place: downloads, unpacking and manifests all

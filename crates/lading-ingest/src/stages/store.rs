@@ -2,25 +2,6 @@
 
 use super::*;
 
-/// What the storing stage wrote, kept in `/jobs/JID/store` and in the version's
-/// `lading-version.json`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct StoredVersion {
-    pub ark: String,
-    pub version: u32,
-    pub path: String,
-    pub job: String,
-    pub batch: String,
-    /// The collection of the profile that stored it: the object's owner.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub collection: Option<String>,
-    /// The storage node holding the primary copy (none: the storage root).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node: Option<u32>,
-}
-
-pub(crate) const VERSION_FILE: &str = "lading-version.json";
-
 pub(crate) fn object_ark(job: &JobCtx) -> Result<String, Outcome> {
     job.info
         .identifiers
@@ -29,27 +10,6 @@ pub(crate) fn object_ark(job: &JobCtx) -> Result<String, Outcome> {
         .filter(|s| !s.is_empty())
         .map(str::to_string)
         .ok_or_else(|| Outcome::fatal("the job has no primary identifier (processing sets it)"))
-}
-
-/// Versions present under an object directory: `v1`, `v2`, …
-pub(crate) fn versions(object_dir: &Path) -> std::io::Result<Vec<u32>> {
-    let mut v = Vec::new();
-    match std::fs::read_dir(object_dir) {
-        Ok(rd) => {
-            for e in rd {
-                let name = e?.file_name();
-                if let Some(n) = name.to_str().and_then(|s| s.strip_prefix('v'))
-                    && let Ok(n) = n.parse()
-                {
-                    v.push(n);
-                }
-            }
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    v.sort_unstable();
-    Ok(v)
 }
 
 /// Lock errors: someone else is on this object; look again shortly.

@@ -27,7 +27,7 @@ pub struct Server {
     pub api: Api,
     pub jobs: Arc<Jobs>,
     pub ingest: Arc<Ingest>,
-    node: Option<lading_server::node::Node>,
+    node: Option<lading_node::node::Node>,
     allow: Vec<String>,
     pub dir: tempfile::TempDir,
 }
@@ -108,9 +108,9 @@ async fn start_in(dir: tempfile::TempDir, allow: Vec<String>) -> Server {
     ])
     .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let node = lading_server::node::Node::start(
+    let node = lading_node::node::Node::start(
         ingest,
-        lading_server::node::NodeSpec {
+        lading_node::node::NodeSpec {
             http: Some((listener, auth)),
             ..Default::default()
         },

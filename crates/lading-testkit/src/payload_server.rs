@@ -150,7 +150,7 @@ async fn file(
     }
     (
         headers,
-        Body::from_stream(lading_ingest::fetch::file_chunks(f.into_std().await)),
+        Body::from_stream(tokio_util::io::ReaderStream::with_capacity(f, 256 << 10)),
     )
         .into_response()
 }

@@ -2,10 +2,17 @@
 //! anything else that talks to a `lading serve`: bearer auth, JSON answers, errors as
 //! [`HttpError`] with the server's message and status, multipart uploads streamed from disk.
 
-use crate::api::{SubmitRequest, Submitted};
 use anyhow::Context;
+use anyhow::Result;
 use futures_util::StreamExt;
+use lading_engine::{AccessInfo, BatchInfo, JobInfo, OutboxItem, Summary};
+use lading_server::api::{
+    ActionResult, BatchAction, CollectionHold, JobAction, QueuePause, RequeueFailedRequest,
+    Requeued, SubmitRequest, Submitted,
+};
+use lading_server::ops::{Changes, Ops};
 use serde_json::Value;
+use std::collections::VecDeque;
 use std::path::Path;
 
 /// An error the server answered with; the exit code follows its status.
@@ -166,4 +173,102 @@ pub fn enc(v: &str) -> String {
         }
     }
     out
+}
+
+/// The operator's verbs through a `lading serve`.
+impl Ops for Client {
+    async fn copies(&self, job: &str) -> Result<Vec<lading_ingest::inventory::NodeCopies>> {
+        let path = format!("/api/v1/jobs/{}/files", enc(job));
+        let f: lading_server::api::JobFiles = self.json("GET", &path, None::<&()>).await?;
+        Ok(f.copies)
+    }
+
+    async fn submit(&self, mut req: SubmitRequest) -> Result<Submitted> {
+        match req.payload_url.take() {
+            Some(url) if !url.contains("://") => {
+                self.upload(std::path::Path::new(&url), &req).await
+            }
+            url => {
+                req.payload_url = url;
+                self.json("POST", "/api/v1/batches", Some(&req)).await
+            }
+        }
+    }
+
+    async fn summary(&self) -> Result<Summary> {
+        self.json("GET", "/api/v1/status", None::<&()>).await
+    }
+
+    async fn batch(&self, id: &str) -> Result<BatchInfo> {
+        let path = format!("/api/v1/batches/{}", enc(id));
+        self.json("GET", &path, None::<&()>).await
+    }
+
+    async fn job(&self, id: &str) -> Result<JobInfo> {
+        let path = format!("/api/v1/jobs/{}", enc(id));
+        self.json("GET", &path, None::<&()>).await
+    }
+
+    async fn access(&self, id: &str) -> Result<AccessInfo> {
+        let path = format!("/api/v1/access-requests/{}", enc(id));
+        self.json("GET", &path, None::<&()>).await
+    }
+
+    async fn job_action(&self, id: &str, act: JobAction, to: Option<&str>) -> Result<ActionResult> {
+        let path = format!("/api/v1/jobs/{}/{}", enc(id), act.name());
+        let body = lading_server::api::RequeueRequest {
+            to: to.map(str::to_string),
+        };
+        self.json("POST", &path, Some(&body)).await
+    }
+
+    async fn batch_action(&self, id: &str, action: BatchAction) -> Result<ActionResult> {
+        let path = format!("/api/v1/batches/{}/{}", enc(id), action.name());
+        self.json("POST", &path, None::<&()>).await
+    }
+
+    async fn requeue_failed(&self, id: &str, req: RequeueFailedRequest) -> Result<Requeued> {
+        let path = format!("/api/v1/batches/{}/requeue-failed", enc(id));
+        self.json("POST", &path, Some(&req)).await
+    }
+
+    async fn collection(&self, name: &str, hold: bool) -> Result<CollectionHold> {
+        let method = if hold { "PUT" } else { "DELETE" };
+        let path = format!("/api/v1/collections/{}/hold", enc(name));
+        self.json(method, &path, None::<&()>).await
+    }
+
+    async fn queue(&self, name: &str, pause: bool) -> Result<QueuePause> {
+        let method = if pause { "PUT" } else { "DELETE" };
+        let path = format!("/api/v1/queues/{}/pause", enc(name));
+        self.json(method, &path, None::<&()>).await
+    }
+
+    async fn outbox(&self) -> Result<Vec<OutboxItem>> {
+        let list: lading_server::api::OutboxList =
+            self.json("GET", "/api/v1/outbox", None::<&()>).await?;
+        Ok(list.entries)
+    }
+
+    async fn retry_outbox(&self, name: &str) -> Result<()> {
+        let path = format!("/api/v1/outbox/{}/retry", enc(name));
+        let _: lading_server::api::OutboxRetried = self.json("POST", &path, None::<&()>).await?;
+        Ok(())
+    }
+
+    async fn clear_lock(&self, kind: &str, name: &str) -> Result<()> {
+        let path = format!("/api/v1/locks/{}/{}", enc(kind), enc(name));
+        let _: lading_server::api::LockCleared = self.json("DELETE", &path, None::<&()>).await?;
+        Ok(())
+    }
+
+    async fn changes(&self, batch: &str) -> Result<Changes> {
+        let path = format!("/api/v1/events?batch={}", enc(batch));
+        let resp = self.request("GET", &path)?.send().await?;
+        Ok(Changes::Remote {
+            resp: resp.error_for_status()?,
+            buf: String::new(),
+            ready: VecDeque::new(),
+        })
+    }
 }

@@ -4,7 +4,6 @@
 //! [`Supervisor`], started together and stopped with one [`Node::stop`]. `lading serve`,
 //! `lading worker`, the benchmarks and the tests all build their process through it.
 
-use crate::{AppState, Auth};
 use anyhow::Context;
 use lading_core::Tree;
 use lading_core::layout::AccessQueue;
@@ -12,6 +11,7 @@ use lading_core::time::system_clock;
 use lading_engine::Engine;
 use lading_ingest::{Config, Ingest};
 use lading_jobs::Jobs;
+use lading_server::{AppState, Auth};
 use lading_store_sqlite::{SqliteOptions, SqliteTree};
 use lading_store_zk::{ZkOptions, ZkTree};
 use lading_worker::{Phase, Shutdown, ShutdownHandle, Supervisor};
@@ -326,17 +326,22 @@ impl Node {
         if let Some((listener, auth)) = spec.http {
             addr = Some(listener.local_addr()?);
             let state = AppState {
-                events: crate::events::EventHub::start(&ingest.engine).await?,
+                events: lading_server::events::EventHub::start(&ingest.engine).await?,
                 ingest: ingest.clone(),
                 jobs: jobs.clone(),
                 auth: Arc::new(auth),
                 stopping: services.shutdown(),
             };
-            let limits = crate::conn::Limits::from(&ingest.cfg.http);
+            let limits = lading_server::conn::Limits::from(&ingest.cfg.http);
             services.spawn("http", Phase::First, |sd| async move {
-                crate::serve(listener, crate::router(state), sd.into_stopped(), limits)
-                    .await
-                    .map_err(|e| e.to_string())
+                lading_server::serve(
+                    listener,
+                    lading_server::router(state),
+                    sd.into_stopped(),
+                    limits,
+                )
+                .await
+                .map_err(|e| e.to_string())
             });
         }
         if spec.monitor {

@@ -2,11 +2,11 @@
 //! a loopback HTTP server, on a fresh embedded store in a folder of its own.
 
 use crate::node;
-use crate::payload_server::PayloadServer;
 use anyhow::Context;
 use lading_core::JobState;
 use lading_ingest::checkm::{self, ManifestKind};
 use lading_ingest::{Config, Submission};
+use lading_testkit::payload_server::PayloadServer;
 use std::path::Path;
 
 /// Runs the demo in `dir` (made, or a previous demo's replaced; any other folder with
@@ -104,7 +104,9 @@ pub async fn demo(dir: &Path, objects: usize, files: usize, say: fn(&str)) -> an
     .await?;
     running.stop_services().await?;
     let stats = &ingest.stats;
-    let (_, report) = crate::ops::report(&crate::ops::Local(ingest.clone()), bid.as_str()).await?;
+    let (_, report) =
+        lading_server::ops::report(&lading_server::ops::Local(ingest.clone()), bid.as_str())
+            .await?;
     print!("{report}");
     println!("\nper stage (handler time):");
     let figures = stats.figures();

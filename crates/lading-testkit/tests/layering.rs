@@ -1,0 +1,155 @@
+//! No two modules of a crate import each other, directly or through others: a module's
+//! `crate::NAME` paths (outside its tests) name the top-level modules it uses, and those
+//! edges must form no cycle. The crate's root (`lib.rs`) is the hub that declares the
+//! modules and is not counted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+/// Top-level module → the sources that make it up (`m.rs` and `m/**.rs`).
+fn modules(src: &Path) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for f in lading_testkit::files_under(src) {
+        let Some(rel) = f.strip_prefix(src).ok().and_then(|r| r.to_str()) else {
+            continue;
+        };
+        let Some(rel) = rel.strip_suffix(".rs") else {
+            continue;
+        };
+        let top = rel.split('/').next().unwrap_or(rel);
+        if top == "lib" || top == "main" {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).unwrap();
+        out.entry(top.to_string()).or_default().push(text);
+    }
+    out
+}
+
+/// The names a source reaches through `crate::NAME` or `crate::{A, B::…}`, tests and
+/// comments left out.
+fn crate_paths(text: &str) -> BTreeSet<String> {
+    let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or(text);
+    let mut out = BTreeSet::new();
+    for line in code.lines() {
+        let line = line.split("//").next().unwrap_or("");
+        let mut rest = line;
+        while let Some(i) = rest.find("crate::") {
+            rest = &rest[i + "crate::".len()..];
+            if let Some(group) = rest.strip_prefix('{') {
+                let end = group.find('}').unwrap_or(group.len());
+                for part in group[..end].split(',') {
+                    let name: String = part
+                        .trim()
+                        .chars()
+                        .take_while(|c| c.is_alphanumeric() || *c == '_')
+                        .collect();
+                    out.insert(name);
+                }
+            } else {
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                out.insert(name);
+            }
+        }
+    }
+    out
+}
+
+/// A cycle in `edges`, if there is one (depth-first search).
+fn cycle(edges: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        n: &str,
+        edges: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|p| p == n) {
+            let mut c = path[i..].to_vec();
+            c.push(n.to_string());
+            return Some(c);
+        }
+        if done.contains(n) {
+            return None;
+        }
+        path.push(n.to_string());
+        for m in edges.get(n).into_iter().flatten() {
+            if let Some(c) = visit(m, edges, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(n.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    for n in edges.keys() {
+        if let Some(c) = visit(n, edges, &mut Vec::new(), &mut done) {
+            return Some(c);
+        }
+    }
+    None
+}
+
+fn edges_of(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mods = modules(src);
+    let names: BTreeSet<String> = mods.keys().cloned().collect();
+    mods.iter()
+        .map(|(m, texts)| {
+            let used = texts
+                .iter()
+                .flat_map(|t| crate_paths(t))
+                .filter(|n| names.contains(n) && n != m)
+                .collect();
+            (m.clone(), used)
+        })
+        .collect()
+}
+
+#[test]
+fn no_crate_has_modules_that_import_each_other() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut checked = 0;
+    for e in std::fs::read_dir(&crates).unwrap() {
+        let src = e.unwrap().path().join("src");
+        if !src.is_dir() {
+            continue;
+        }
+        checked += 1;
+        if let Some(c) = cycle(&edges_of(&src)) {
+            panic!(
+                "{}: modules import each other: {}",
+                src.display(),
+                c.join(" → ")
+            );
+        }
+    }
+    assert!(
+        checked >= 10,
+        "only {checked} crates found under {}",
+        crates.display()
+    );
+}
+
+/// The check finds a cycle where there is one.
+#[test]
+fn a_cycle_is_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path();
+    std::fs::write(src.join("lib.rs"), "mod a; mod b; mod c;").unwrap();
+    std::fs::write(src.join("a.rs"), "use crate::b::X;").unwrap();
+    std::fs::create_dir(src.join("b")).unwrap();
+    std::fs::write(src.join("b.rs"), "mod inner;").unwrap();
+    std::fs::write(src.join("b/inner.rs"), "use crate::{c::Y, Ingest};").unwrap();
+    std::fs::write(
+        src.join("c.rs"),
+        "// crate::b in a comment\nfn f() { crate::a::g() }",
+    )
+    .unwrap();
+    let c = cycle(&edges_of(src)).expect("a → b → c → a");
+    assert_eq!(c.len(), 4, "{c:?}");
+    std::fs::write(src.join("c.rs"), "// crate::a::g in a comment\n").unwrap();
+    assert_eq!(cycle(&edges_of(src)), None);
+}
