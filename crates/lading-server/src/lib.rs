@@ -4,6 +4,9 @@
 //! are one type, [`ApiError`], that renders as `{"error": "...", "kind": "..."}` with a 4xx
 //! for anything the caller can fix. Request bodies are parsed strictly (unknown fields are
 //! refused) by [`Body`], so a typo is an error, not a silently ignored field.
+//!
+//! HTTP only: a process that serves it (opening the store, its services, signals) and the
+//! API's client are `lading-node`.
 
 pub mod access;
 pub mod api;
