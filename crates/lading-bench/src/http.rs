@@ -152,8 +152,12 @@ pub async fn http(
     sub.insert("profile_name".into(), json!("bench"));
     sub.insert("submitter".into(), json!("bench"));
     let bid = crate::fill(&engine, sub, n_jobs).await?;
-    let ids: Arc<Vec<String>> =
-        Arc::new(engine.batch(&bid).await?.jobs["batch-processing"].to_vec());
+    let ids: Arc<Vec<String>> = Arc::new(
+        engine.batch(&bid).await?.jobs["batch-processing"]
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
+    );
 
     let b = base.clone();
     let (get_rate, get_lat, get_cores) = load(

@@ -755,7 +755,7 @@ pub(crate) async fn fill(
     submission: serde_json::Map<String, serde_json::Value>,
     n: usize,
 ) -> anyhow::Result<lading_core::layout::BatchId> {
-    let bid = engine.create_batch(submission).await?;
+    let bid = engine.create_batch(submission.try_into()?).await?;
     let lease = loop {
         match engine.acquire_batch(BatchState::Pending).await? {
             Some(l) if l.batch == bid => break l,

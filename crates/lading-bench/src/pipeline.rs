@@ -222,10 +222,7 @@ pub async fn bench(
         .flatten()
         .take(20)
     {
-        let job = ingest
-            .engine
-            .job(&lading_core::layout::JobId::parse(j)?)
-            .await?;
+        let job = ingest.engine.job(j).await?;
         if let Some(a) = job.identifiers["primary_id"].as_str() {
             arks.push(a.to_string());
         }

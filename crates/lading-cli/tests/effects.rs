@@ -251,10 +251,7 @@ async fn callbacks_resent_after_workers_die_mid_call_keep_their_idempotency_key(
     .await;
     let info = e.batch(&bid).await.unwrap();
     let uuid = info.submission["batchID"].as_str().unwrap().to_string();
-    let jobs: Vec<JobId> = info.jobs["batch-completed"]
-        .iter()
-        .map(|j| JobId::parse(j).unwrap())
-        .collect();
+    let jobs: Vec<JobId> = info.jobs["batch-completed"].clone();
     assert_eq!(jobs.len(), 5);
     let calls = got.items.lock().unwrap().clone();
     assert!(
@@ -383,7 +380,7 @@ async fn a_store_that_fills_the_disk_leaves_nothing_behind() {
     until("the second batch", async || done(&second).await).await;
     let info = e.batch(&second).await.unwrap();
     assert_eq!(info.status.status, BatchState::Failed);
-    let job = JobId::parse(&info.jobs["batch-failed"][0]).unwrap();
+    let job = info.jobs["batch-failed"][0].clone();
     let st = e.job(&job).await.unwrap().status;
     assert_eq!(lading_engine::failed_stage(&st), Some("Storing"));
     // No partial copy, no empty object folder: the storage root is as the first left it.
@@ -419,7 +416,7 @@ async fn two_trees_sharing_a_data_folder_never_mix_working_files() {
             e.batch(bid).await.unwrap().status.status == BatchState::Completed
         })
         .await;
-        let job = JobId::parse(&e.batch(bid).await.unwrap().jobs["batch-completed"][0]).unwrap();
+        let job = e.batch(bid).await.unwrap().jobs["batch-completed"][0].clone();
         let node = e
             .tree()
             .get(&lading_core::layout::job_node(&job, "store"))
@@ -506,7 +503,7 @@ async fn requeues_one_at_a_time_give_the_depositor_one_update() {
     let e = engine(&s.db).await;
     let info = e.batch(&bid).await.unwrap();
     assert_eq!(info.status.status, BatchState::Failed);
-    let failed: Vec<String> = info.jobs["batch-failed"].clone();
+    let failed: Vec<JobId> = info.jobs["batch-failed"].clone();
     assert_eq!(failed.len(), 8);
     // The space is back: the files are there now. An operator's loop requeues the jobs one
     // at a time, each well after the one before has completed.
@@ -514,9 +511,12 @@ async fn requeues_one_at_a_time_give_the_depositor_one_update() {
         std::fs::write(f, b"here now\n").unwrap();
     }
     for jid in &failed {
-        let o = s.cmd(&["admin", "job", "requeue", jid]).output().unwrap();
+        let o = s
+            .cmd(&["admin", "job", "requeue", jid.as_str()])
+            .output()
+            .unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let j = JobId::parse(jid).unwrap();
+        let j = jid.clone();
         until("the requeued job to complete", async || {
             e.job(&j).await.unwrap().status.status == lading_core::JobState::Completed
         })

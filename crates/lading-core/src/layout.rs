@@ -67,6 +67,7 @@ pub struct BadId(pub String, pub &'static str, pub &'static str);
 macro_rules! id_type {
     ($name:ident, $prefix:literal, $what:literal) => {
         #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
         #[serde(transparent)]
         pub struct $name(String);
 
@@ -89,6 +90,31 @@ macro_rules! id_type {
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str(&self.0)
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        /// An id is a folder's name too (a job's working folder).
+        impl AsRef<std::path::Path> for $name {
+            fn as_ref(&self) -> &std::path::Path {
+                self.0.as_ref()
+            }
+        }
+
+        impl AsRef<std::ffi::OsStr> for $name {
+            fn as_ref(&self) -> &std::ffi::OsStr {
+                self.0.as_ref()
+            }
+        }
+
+        impl PartialEq<str> for $name {
+            fn eq(&self, other: &str) -> bool {
+                self.0 == other
             }
         }
     };
@@ -509,6 +535,14 @@ macro_rules! ours_or_theirs {
             }
         )*
     };
+}
+
+/// A submission from its fields as written (a field of an unexpected type is an error).
+impl TryFrom<Map<String, Value>> for BatchSubmission {
+    type Error = serde_json::Error;
+    fn try_from(fields: Map<String, Value>) -> Result<Self, Self::Error> {
+        serde_json::from_value(Value::Object(fields))
+    }
 }
 
 impl BatchSubmission {

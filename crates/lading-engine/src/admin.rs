@@ -92,12 +92,7 @@ impl Engine {
         let (status, _) = self.batch_status(batch).await?;
         status.status.resolve(Event::To(BatchState::Deleted))?;
         let info = self.batch(batch).await?;
-        let jobs: Vec<JobId> = info
-            .jobs
-            .values()
-            .flatten()
-            .filter_map(|j| JobId::parse(j).ok())
-            .collect();
+        let jobs: Vec<JobId> = info.jobs.values().flatten().cloned().collect();
         for j in &jobs {
             let (s, _) = self.job_status(j).await?;
             if !s.status.is_deletable() {
@@ -501,9 +496,8 @@ impl Engine {
             )));
         }
         let mut purged = 0;
-        for j in info.jobs.values().flatten() {
-            let jid = JobId::parse(j)?;
-            match self.purge_job(&jid).await {
+        for jid in info.jobs.values().flatten() {
+            match self.purge_job(jid).await {
                 Ok(()) => purged += 1,
                 Err(EngineError::NoJob(_)) => {}
                 Err(e) => return Err(e),

@@ -5,7 +5,8 @@ use super::*;
 impl Engine {
     /// Creates a Pending batch from a submission (SPEC §2 `submission` fields; a `batchID` uuid
     /// is generated when missing and indexed under `/batch-uuids`).
-    pub async fn create_batch(&self, mut submission: Map<String, Value>) -> Result<BatchId> {
+    pub async fn create_batch(&self, submission: BatchSubmission) -> Result<BatchId> {
+        let mut submission = lading_core::layout::to_object(&submission);
         let uuid = match submission.get("batchID") {
             Some(Value::String(s)) if !s.is_empty() => s.clone(),
             None | Some(Value::Null) => uuid::Uuid::new_v4().to_string(),

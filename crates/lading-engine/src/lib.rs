@@ -178,8 +178,8 @@ pub struct JobSpec {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JobInfo {
-    pub id: String,
-    pub bid: String,
+    pub id: JobId,
+    pub bid: BatchId,
     pub status: JobStatus,
     pub priority: u8,
     pub space_needed: u64,
@@ -196,12 +196,13 @@ pub struct JobInfo {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BatchInfo {
-    pub id: String,
+    pub id: BatchId,
     pub status: BatchStatus,
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub submission: Value,
     pub status_report: Option<StatusReport>,
-    pub jobs: BTreeMap<String, Vec<String>>,
+    /// The batch's jobs by reference folder (`batch-processing`, `batch-completed`, …).
+    pub jobs: BTreeMap<String, Vec<JobId>>,
     pub locked: bool,
 }
 

@@ -176,7 +176,7 @@ impl Engine {
             })?,
         };
         let bid = text(1)?.ok_or_else(|| EngineError::NoJob(job.to_string()))?;
-        BatchId::parse(&bid).map_err(|e| EngineError::Corrupt {
+        let bid = BatchId::parse(&bid).map_err(|e| EngineError::Corrupt {
             path: paths[1].clone(),
             reason: e.to_string(),
         })?;
@@ -190,7 +190,7 @@ impl Engine {
                     reason: format!("priority {p} is outside 0..=99"),
                 })?;
         Ok(JobInfo {
-            id: job.to_string(),
+            id: job.clone(),
             bid,
             status,
             priority,
@@ -227,7 +227,9 @@ impl Engine {
         for folder in BATCH_FOLDERS {
             match self.tree.children(&batch_ref_folder(batch, folder)).await {
                 Ok(c) => {
-                    jobs.insert(folder.to_string(), c);
+                    // A name that is no job id is no job of the batch.
+                    let ids = c.iter().filter_map(|n| JobId::parse(n).ok()).collect();
+                    jobs.insert(folder.to_string(), ids);
                 }
                 Err(TreeError::NoNode(_)) => {}
                 Err(e) => return Err(e.into()),
@@ -239,7 +241,7 @@ impl Engine {
             .await?
             .is_some();
         Ok(BatchInfo {
-            id: batch.to_string(),
+            id: batch.clone(),
             status,
             submission,
             status_report,

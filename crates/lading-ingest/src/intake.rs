@@ -171,7 +171,7 @@ pub async fn submit_keeping(
             Map::from_iter([("form".to_string(), Value::Object(form))])
         },
     };
-    Ok(ingest.engine.create_batch(to_object(&sub)).await?)
+    Ok(ingest.engine.create_batch(sub).await?)
 }
 
 /// Longest primary identifier taken (it names a folder in the storage root).
@@ -444,9 +444,8 @@ impl Intake {
         let info = b.engine.batch(b.batch()).await?;
         let mut rows = BTreeSet::new();
         for ids in info.jobs.values() {
-            for id in ids {
-                let job = lading_core::layout::JobId::parse(id)?;
-                let cfg = b.engine.job_configuration(&job).await?;
+            for job in ids {
+                let cfg = b.engine.job_configuration(job).await?;
                 if let Some(r) = cfg.get("intake_row").and_then(Value::as_u64) {
                     rows.insert(r);
                 }

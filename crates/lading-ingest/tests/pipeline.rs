@@ -1256,10 +1256,10 @@ async fn merritt_created_jobs_run_to_completed_and_to_failed(w: World) {
     );
     assert_eq!(odd.configuration["payload_url"], 5, "left as it was");
     let b = w.engine.batch(&bid).await.unwrap();
-    assert_eq!(b.jobs["batch-completed"], vec![ok.to_string()]);
+    assert_eq!(b.jobs["batch-completed"], vec![ok.clone()]);
     let mut failed = b.jobs["batch-failed"].clone();
     failed.sort();
-    let mut want = vec![bad.to_string(), corrupt.to_string()];
+    let mut want = vec![bad.clone(), corrupt.clone()];
     want.sort();
     assert_eq!(failed, want);
     assert!(b.jobs["batch-processing"].is_empty());

@@ -40,7 +40,7 @@ async fn zookeeper_the_sweep_gives_back_finished_slots_only_and_races_no_reserva
 async fn jobs(e: &Engine, n: usize) -> Vec<lading_core::layout::JobId> {
     let mut sub = serde_json::Map::new();
     sub.insert("profile_name".into(), "p".into());
-    let bid = e.create_batch(sub).await.unwrap();
+    let bid = e.create_batch(sub.try_into().unwrap()).await.unwrap();
     let lease = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
     assert_eq!(lease.batch, bid);
     let mut out = Vec::new();

@@ -196,7 +196,7 @@ pub(crate) async fn batch_history(
     PathParams(id): PathParams<String>,
 ) -> Result<Json<crate::api::History>> {
     let Json(info) = show_batch(State(s), Extension(p), PathParams(id)).await?;
-    Ok(Json(history(info.id, &info.status.extra)))
+    Ok(Json(history(info.id.to_string(), &info.status.extra)))
 }
 
 #[utoipa::path(get, path = "/api/v1/jobs/{id}/history", tag = "jobs", summary = "A job's transitions", description = "Each state change of the job, oldest first (the last 32): `at`, `from`, `to`, `host` (the process that made it), `retry_count`, `message`. Kept with the job, so any host answers.", params(("id" = String, Path, description = "jid…")), responses((status = 200, description = "the transitions, oldest first", body = crate::api::History), (status = 404, description = "no such job (or not yours)")))]
@@ -206,7 +206,7 @@ pub(crate) async fn job_history(
     PathParams(id): PathParams<String>,
 ) -> Result<Json<crate::api::History>> {
     let Json(info) = show_job(State(s), Extension(p), PathParams(id)).await?;
-    Ok(Json(history(info.id, &info.status.extra)))
+    Ok(Json(history(info.id.to_string(), &info.status.extra)))
 }
 
 /// Working files listed per job, at most.
@@ -424,7 +424,7 @@ pub(crate) async fn list_batches(
                 .as_ref()
                 .is_some_and(|x| field("collection").as_ref() != Some(x))
             || needle.as_deref().is_some_and(|n| {
-                !info.id.to_lowercase().contains(n)
+                !info.id.as_str().to_lowercase().contains(n)
                     && !any_field_contains(
                         &info.submission,
                         &[
@@ -480,16 +480,13 @@ pub(crate) async fn show_job(
     let mut info = s.ingest.engine.job(&jid).await?;
     lading_engine::expand_history(&mut info.status.extra);
     if p.role != Role::Admin {
-        let visible = match BatchId::parse(&info.bid) {
-            Ok(bid) => s
-                .ingest
-                .engine
-                .batch(&bid)
-                .await
-                .map(|b| lading_core::layout::submitter_of(&b.submission) == Some(&p.name))
-                .unwrap_or(false),
-            Err(_) => false,
-        };
+        let visible = s
+            .ingest
+            .engine
+            .batch(&info.bid)
+            .await
+            .map(|b| lading_core::layout::submitter_of(&b.submission) == Some(&p.name))
+            .unwrap_or(false);
         if !visible {
             return Err(EngineError::NoJob(id).into());
         }

@@ -16,7 +16,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use lading_core::layout::{BatchId, JobId, ark_node_name, job_node};
+use lading_core::layout::{JobId, ark_node_name, job_node};
 use lading_engine::EngineError;
 use lading_ingest::access::Source;
 use lading_ingest::stages::StoredVersion;
@@ -84,14 +84,11 @@ pub async fn job_download(
     let e = &s.ingest.engine;
     let info = e.job(&jid).await?;
     if p.role != Role::Admin {
-        let mine = match BatchId::parse(&info.bid) {
-            Ok(bid) => e
-                .batch(&bid)
-                .await
-                .map(|b| lading_core::layout::submitter_of(&b.submission) == Some(&p.name))
-                .unwrap_or(false),
-            Err(_) => false,
-        };
+        let mine = e
+            .batch(&info.bid)
+            .await
+            .map(|b| lading_core::layout::submitter_of(&b.submission) == Some(&p.name))
+            .unwrap_or(false);
         if !mine {
             return Err(EngineError::NoJob(id).into());
         }

@@ -196,7 +196,7 @@ pub async fn events(
         (Some(b), _) => {
             // A submitter may follow its own batches only; the id is checked either way.
             let info = crate::batches::visible_batch(&s, &p, b).await?;
-            Some(info.id)
+            Some(info.id.to_string())
         }
         (None, Role::Admin) => None,
         (None, Role::Submitter | Role::Processor) => {

@@ -398,14 +398,14 @@ pub async fn job_states(
                 "batch-completed" => "Completed".to_string(),
                 "batch-failed" => "Failed".to_string(),
                 "batch-deleted" => "Deleted".to_string(),
-                _ if !all && known.contains_key(j) => continue,
-                _ => match ops.job(j).await {
+                _ if !all && known.contains_key(j.as_str()) => continue,
+                _ => match ops.job(j.as_str()).await {
                     Ok(job) => job.status.status.name().to_string(),
                     // Gone between the two reads: the next read places it.
                     Err(_) => continue,
                 },
             };
-            known.insert(j.clone(), st);
+            known.insert(j.to_string(), st);
         }
     }
     Ok(())
@@ -415,7 +415,7 @@ pub async fn job_states(
 /// (id order) with its state, primary identifier and message.
 pub async fn report(ops: &impl Ops, batch: &str) -> Result<(BatchInfo, String)> {
     let b = ops.batch(batch).await?;
-    let mut ids: Vec<&String> = b.jobs.values().flatten().collect();
+    let mut ids: Vec<&JobId> = b.jobs.values().flatten().collect();
     ids.sort();
     let message = |m: &Option<String>| m.clone().unwrap_or_default();
     let mut out = format!(
@@ -431,7 +431,7 @@ pub async fn report(ops: &impl Ops, batch: &str) -> Result<(BatchInfo, String)> 
     );
     for j in ids {
         let job = ops
-            .job(j)
+            .job(j.as_str())
             .await
             .with_context(|| format!("reading job {j} of the report"))?;
         out.push_str(&format!(

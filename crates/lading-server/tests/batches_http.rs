@@ -555,7 +555,7 @@ async fn requeue_failed_retries_a_batchs_failed_jobs_and_refuses_bad_input() {
     use lading_engine::JobSpec;
     let s = start().await;
     let e = s.ingest.engine.clone();
-    let bid = e.create_batch(serde_json::Map::new()).await.unwrap();
+    let bid = e.create_batch(Default::default()).await.unwrap();
     let lease = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
     for _ in 0..2 {
         e.create_job(&lease, JobSpec::default()).await.unwrap();

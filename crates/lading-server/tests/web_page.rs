@@ -292,7 +292,7 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
     let e = s.ingest.engine.clone();
     let (failed_bid, _) = lading_store_tests::batch_with_jobs(&e, 5, &[]).await;
     // A batch whose intake failed: its report can be asked for again.
-    let intake_failed = e.create_batch(serde_json::Map::new()).await.unwrap();
+    let intake_failed = e.create_batch(Default::default()).await.unwrap();
     let l = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
     assert_eq!(l.batch, intake_failed);
     let l = e
@@ -366,7 +366,7 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
     let done_job = done_job.to_string();
     // Fifty more batches, so the list has a second page.
     for _ in 0..50 {
-        e.create_batch(serde_json::Map::new()).await.unwrap();
+        e.create_batch(Default::default()).await.unwrap();
     }
     let stored = lading_ingest::stages::StoredVersion {
         ark: "ark:/99999/fk4page".into(),

@@ -149,9 +149,8 @@ impl BatchStage for SimIntake {
                 .and_then(Value::as_u64)
                 .unwrap_or(1);
             let mut have = std::collections::BTreeSet::new();
-            for jid in b.info.jobs.values().flatten() {
-                let Ok(j) = JobId::parse(jid) else { continue };
-                match b.engine.job(&j).await {
+            for j in b.info.jobs.values().flatten() {
+                match b.engine.job(j).await {
                     Ok(info) => {
                         if let Some(i) = info.configuration.get("index").and_then(Value::as_u64) {
                             have.insert(i);
@@ -388,7 +387,7 @@ async fn any_job(
         rng,
         &info.jobs.values().flatten().cloned().collect::<Vec<_>>(),
     )?;
-    Some((b, JobId::parse(&j).ok()?))
+    Some((b, j))
 }
 
 /// What is still open of `bids` (with the outbox's undelivered entries, when `outbox`) once
@@ -482,7 +481,7 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
         sub.insert("submitter".into(), json!(format!("user{}", rng.below(3))));
         sub.insert("sim_jobs".into(), json!(1 + rng.below(9)));
         let uuid = format!("sim-{seed}-{i}");
-        let made = admin(|| admin_engine.create_batch(sub.clone())).await;
+        let made = admin(|| admin_engine.create_batch(submission(&sub))).await;
         let bid = match made {
             Some(b) => Some(b),
             // Made, and the answer lost: found by its uuid.
@@ -574,7 +573,6 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
                         } else if let Some(info) = admin(|| admin_engine.batch(&b)).await
                             && let Some(j) =
                                 info.jobs.get("batch-failed").and_then(|f| pick(&rng, f))
-                            && let Ok(j) = JobId::parse(&j)
                             && admin(|| admin_engine.requeue_job(&j, None)).await.is_some()
                         {
                             *reopened.entry(b.to_string()).or_default() += 1;
@@ -640,7 +638,7 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
         sub.insert("submitter".into(), json!("probe"));
         sub.insert("sim_jobs".into(), json!(1));
         sub.insert("sim_probe".into(), json!(true));
-        if let Some(bid) = admin(|| admin_engine.create_batch(sub.clone())).await {
+        if let Some(bid) = admin(|| admin_engine.create_batch(submission(&sub))).await {
             world
                 .lock()
                 .trace(format!("submitted the wake-up probe {bid}"));
@@ -684,6 +682,7 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
             let mut kept: Vec<String> = ["batch-completed", "batch-failed"]
                 .iter()
                 .flat_map(|f| info.jobs.get(*f).cloned().unwrap_or_default())
+                .map(|j| j.to_string())
                 .collect();
             kept.sort();
             jobs += info.jobs.values().map(Vec::len).sum::<usize>();
@@ -720,7 +719,7 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
                 let processing = info
                     .jobs
                     .get("batch-processing")
-                    .cloned()
+                    .map(|f| f.iter().map(JobId::to_string).collect::<Vec<_>>())
                     .unwrap_or_default();
                 let missing: Vec<&String> = kept.iter().filter(|j| !listed.contains(j)).collect();
                 let extra: Vec<&String> =
@@ -760,4 +759,12 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
 
 fn pick<T: Clone>(rng: &Seeded, from: &[T]) -> Option<T> {
     (!from.is_empty()).then(|| from[rng.below(from.len())].clone())
+}
+
+/// A submission from the simulator's fields (all of them strings, numbers or booleans).
+fn submission(fields: &Map<String, Value>) -> lading_core::layout::BatchSubmission {
+    fields
+        .clone()
+        .try_into()
+        .expect("the simulator's fields make a submission")
 }

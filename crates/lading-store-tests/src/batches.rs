@@ -179,7 +179,7 @@ pub(crate) async fn batch_with_a_failed_job(
 /// `jobs` with the batch's failed job last (acquisition picks among equals at random).
 pub(crate) async fn failed_last(e: &Engine, bid: &BatchId, mut jobs: Vec<JobId>) -> Vec<JobId> {
     let failed = e.batch(bid).await.unwrap().jobs["batch-failed"].clone();
-    jobs.sort_by_key(|j| failed.contains(&j.to_string()));
+    jobs.sort_by_key(|j| failed.contains(j));
     jobs
 }
 
@@ -375,7 +375,7 @@ pub async fn deleting_the_last_failed_job_says_an_update_report_is_due(h: &dyn H
 /// Found by lading-sim (seeds 401313012 and 401314180).
 pub async fn a_job_of_a_batch_still_in_intake_is_not_purged(h: &dyn Harness) {
     let (e, s) = engine(h, "w").await;
-    let bid = e.create_batch(Map::new()).await.unwrap();
+    let bid = e.create_batch(Default::default()).await.unwrap();
     let lease = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
     let job = e.create_job(&lease, JobSpec::default()).await.unwrap();
     // The intake stops here (as if its session expired): the batch stays Pending.
@@ -403,7 +403,7 @@ pub async fn a_job_of_a_batch_still_in_intake_is_not_purged(h: &dyn Harness) {
     let lease = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
     assert_eq!(
         e.batch(&bid).await.unwrap().jobs["batch-completed"],
-        vec![job.to_string()]
+        vec![job.clone()]
     );
     e.batch_transition(lease, Event::To(BatchState::Processing), None)
         .await
@@ -505,7 +505,10 @@ pub async fn held_collection_holds_batches_and_jobs_until_released(h: &dyn Harne
     // A job of collection "coll" is queued, then the collection is held.
     let mut sub = Map::new();
     sub.insert("collection".into(), json!("coll"));
-    let bid = e.create_batch(sub.clone()).await.unwrap();
+    let bid = e
+        .create_batch(sub.clone().try_into().unwrap())
+        .await
+        .unwrap();
     let lease = take_batch(&e, BatchState::Pending).await;
     let mut cfg = Map::new();
     cfg.insert("collection".into(), json!("coll"));
@@ -514,7 +517,7 @@ pub async fn held_collection_holds_batches_and_jobs_until_released(h: &dyn Harne
         .await
         .unwrap();
     assert!(e.hold_collection("coll").await.unwrap());
-    let held_batch = e.create_batch(sub).await.unwrap();
+    let held_batch = e.create_batch(sub.try_into().unwrap()).await.unwrap();
     assert!(
         e.acquire_batch(BatchState::Pending)
             .await
@@ -576,7 +579,7 @@ pub async fn batch_worker_is_woken_when_a_batch_needs_reporting(h: &dyn Harness)
     parks.next().await;
     let mut sub = Map::new();
     sub.insert("profile_name".into(), json!("demo_profile"));
-    let new = e.create_batch(sub).await.unwrap();
+    let new = e.create_batch(sub.try_into().unwrap()).await.unwrap();
     let got = woken(waiting, "woken by the new batch", "the new batch").await;
     assert_eq!(got.batch, new);
     // A batch is made in two steps (its node, then its status): a waiter that wakes and looks
@@ -622,7 +625,7 @@ async fn woken<T>(
 pub async fn paused_queue_hands_out_nothing(h: &dyn Harness) {
     let (e, _s) = engine(h, "w").await;
     let (_bid, _jobs) = batch_with_jobs(&e, 1, &[]).await;
-    e.create_batch(Map::new()).await.unwrap();
+    e.create_batch(Default::default()).await.unwrap();
     assert!(e.pause_queue("ingest").await.unwrap());
     assert!(!e.pause_queue("ingest").await.unwrap(), "already paused");
     assert!(e.acquire_job(JobState::Pending).await.unwrap().is_none());
@@ -690,7 +693,7 @@ pub async fn admin_actions_respect_locks_and_the_table(h: &dyn Harness) {
     let st = e.delete_job(&jobs[0]).await.unwrap().unwrap();
     assert_eq!(st.status, JobState::Deleted);
     let info = e.batch(&bid).await.unwrap();
-    assert_eq!(info.jobs["batch-deleted"], vec![jobs[0].to_string()]);
+    assert_eq!(info.jobs["batch-deleted"], vec![jobs[0].clone()]);
     // A batch with a pending job cannot be deleted; its status stays.
     assert!(matches!(
         e.delete_batch(&bid).await,
@@ -701,7 +704,7 @@ pub async fn admin_actions_respect_locks_and_the_table(h: &dyn Harness) {
         BatchState::Processing
     );
     // Hold/release of a pending batch.
-    let b2 = e.create_batch(Map::new()).await.unwrap();
+    let b2 = e.create_batch(Default::default()).await.unwrap();
     e.hold_batch(&b2).await.unwrap();
     assert!(matches!(
         e.hold_batch(&b2).await,
@@ -721,14 +724,17 @@ pub async fn duplicate_batch_uuid_is_refused(h: &dyn Harness) {
         "batchID".into(),
         json!("0b7e2a4e-1111-4222-8333-944445555666"),
     );
-    let bid = e.create_batch(sub.clone()).await.unwrap();
+    let bid = e
+        .create_batch(sub.clone().try_into().unwrap())
+        .await
+        .unwrap();
     assert_eq!(
         e.batch_by_uuid("0b7e2a4e-1111-4222-8333-944445555666")
             .await
             .unwrap(),
         Some(bid)
     );
-    let err = e.create_batch(sub).await.unwrap_err();
+    let err = e.create_batch(sub.try_into().unwrap()).await.unwrap_err();
     assert!(err.to_string().contains("already exists"), "{err}");
     assert_eq!(
         e.batch_ids().await.unwrap().len(),

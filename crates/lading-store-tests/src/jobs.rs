@@ -507,7 +507,7 @@ pub async fn requeue_returns_a_failed_job_to_the_stage_that_failed(h: &dyn Harne
         (JobState::Recording, 1, Some(JobState::Storing))
     );
     let info = e.batch(&bid).await.unwrap();
-    assert_eq!(info.jobs["batch-processing"], vec![jobs[0].to_string()]);
+    assert_eq!(info.jobs["batch-processing"], vec![jobs[0].clone()]);
     assert!(info.jobs["batch-failed"].is_empty());
     // An explicit target from the table is accepted too.
     let l = take_job(&e, JobState::Recording).await;
@@ -664,7 +664,7 @@ pub(crate) async fn acquisition_round_trips(h: &dyn Harness, queued: u32) -> usi
             .collect();
         s.tree.multi(ops).await.unwrap();
     }
-    let b = e.create_batch(Map::new()).await.unwrap();
+    let b = e.create_batch(Default::default()).await.unwrap();
     let lease = take_batch(&e, BatchState::Pending).await;
     assert_eq!(lease.batch, b);
     let jid = e

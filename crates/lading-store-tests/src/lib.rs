@@ -108,7 +108,10 @@ pub async fn batch_with_jobs(e: &Engine, n: usize, priorities: &[u8]) -> (BatchI
         "payload_url".into(),
         json!("http://127.0.0.1/manifest.checkm"),
     );
-    let bid = e.create_batch(sub).await.expect("create batch");
+    let bid = e
+        .create_batch(sub.try_into().unwrap())
+        .await
+        .expect("create batch");
     let lease = e
         .acquire_batch(BatchState::Pending)
         .await

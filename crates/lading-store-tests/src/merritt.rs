@@ -15,7 +15,7 @@ pub async fn merritt_transitions_change_exactly_the_documented_nodes(h: &dyn Har
     sub.insert("submitter".into(), json!("depositor"));
     sub.insert("payload_url".into(), json!("http://127.0.0.1/file1.checkm"));
     sub.insert("type".into(), json!("file"));
-    let bid = e.create_batch(sub).await.unwrap();
+    let bid = e.create_batch(sub.try_into().unwrap()).await.unwrap();
     steps.check("create batch", json!({
         "+/batches/bid0000000000": null,
         "+/batches/bid0000000000/status": {"status": "Pending", "last_modified": "<time>", "message": ""},
@@ -158,7 +158,7 @@ pub async fn merritt_lazily_made_batch_folders_are_created_by_the_move(h: &dyn H
     e.delete_job(&failed).await.unwrap();
     let info = e.batch(&bid).await.unwrap();
     assert_eq!(info.jobs["batch-completed"].len(), 1);
-    assert_eq!(info.jobs["batch-deleted"], vec![failed.to_string()]);
+    assert_eq!(info.jobs["batch-deleted"], vec![failed.clone()]);
     assert_eq!(info.jobs["batch-processing"].len(), 1);
     // The third job (its batch made by a Merritt that created only `states`) fails too.
     for f in ["batch-failed"] {
@@ -215,7 +215,7 @@ pub async fn merritt_last_successful_failed_still_requeues_to_the_stage_that_fai
 /// throws on a Held one, leaving its lock): a batch Lading holds has `states`.
 pub async fn merritt_pending_scan_skips_a_held_batch(h: &dyn Harness) {
     let (e, s) = engine(h, "w").await;
-    let bid = e.create_batch(Map::new()).await.unwrap();
+    let bid = e.create_batch(Default::default()).await.unwrap();
     assert!(s.tree.exists(&batch_states(&bid)).await.unwrap().is_none());
     e.hold_batch(&bid).await.unwrap();
     has_states_folders(s.tree.as_ref(), &bid).await;
@@ -251,7 +251,7 @@ pub async fn merritt_pending_scan_skips_a_batch_held_by_its_collection(h: &dyn H
     let (e, s) = engine(h, "w").await;
     let mut sub = Map::new();
     sub.insert("collection".into(), json!("held_coll"));
-    let bid = e.create_batch(sub).await.unwrap();
+    let bid = e.create_batch(sub.try_into().unwrap()).await.unwrap();
     e.hold_collection("held_coll").await.unwrap();
     assert!(
         e.acquire_batch(BatchState::Pending)
@@ -270,7 +270,7 @@ pub async fn merritt_pending_scan_skips_a_batch_held_by_its_collection(h: &dyn H
 pub async fn merritt_failed_consumers_lock_on_a_held_batch_is_listed_and_cleared(h: &dyn Harness) {
     let (e, _s) = engine(h, "w").await;
     let (_m, merritt) = engine(h, "merritt").await;
-    let bid = e.create_batch(Map::new()).await.unwrap();
+    let bid = e.create_batch(Default::default()).await.unwrap();
     e.hold_batch(&bid).await.unwrap();
     // What Merritt's failed consumer leaves: its lock, made by its own session.
     merritt

@@ -195,7 +195,7 @@ pub fn workdir(work_root: &Path, info: &JobInfo) -> PathBuf {
         .and_then(Value::as_str)
     {
         Some(d) if !d.is_empty() => PathBuf::from(d),
-        _ => work_root.join(&info.id),
+        _ => work_root.join(info.id.as_str()),
     }
 }
 

@@ -460,18 +460,15 @@ impl JobLoop {
         let uuid = match info.configuration.get("batch_uuid").and_then(Value::as_str) {
             Some(u) => u.to_string(),
             // A job made by another tool (Merritt's library): the batch's submission says.
-            None => match BatchId::parse(&info.bid) {
-                Ok(b) => self
-                    .engine
-                    .batch(&b)
-                    .await?
-                    .submission
-                    .get("batchID")
-                    .and_then(Value::as_str)
-                    .map(str::to_string)
-                    .unwrap_or_default(),
-                Err(_) => String::new(),
-            },
+            None => self
+                .engine
+                .batch(&info.bid)
+                .await?
+                .submission
+                .get("batchID")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .unwrap_or_default(),
         };
         Ok(format!("{uuid}/{}", info.id))
     }

@@ -72,7 +72,10 @@ pub(crate) async fn notify(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Out
     // stored), so the receiver can drop a repeat: delivery is at least once.
     let key = format!(
         "lading:{}:{}:completed:{}",
-        job.config()?.batch_uuid.as_deref().unwrap_or(&job.info.bid),
+        job.config()?
+            .batch_uuid
+            .as_deref()
+            .unwrap_or(job.info.bid.as_str()),
         job.job(),
         store.get("version").and_then(Value::as_u64).unwrap_or(0)
     );
@@ -91,7 +94,7 @@ pub(crate) async fn notify(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Out
     job.add_effect(lading_engine::Effect {
         kind: "callback".into(),
         key: key.clone(),
-        batch: Some(job.info.bid.clone()),
+        batch: Some(job.info.bid.to_string()),
         job: Some(job.job().to_string()),
         payload: json!({"url": url, "body": body}),
     })

@@ -58,7 +58,7 @@ pub(crate) async fn store(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outc
         job.add_effect(lading_engine::Effect {
             kind: "replicate".into(),
             key,
-            batch: Some(job.info.bid.clone()),
+            batch: Some(job.info.bid.to_string()),
             job: Some(job.job().to_string()),
             payload: json!({
                 "ark": ark, "version": stored.version,
@@ -107,7 +107,7 @@ pub(crate) async fn store_locked(
     let (wd, jid, bid, ark) = (
         job.workdir.clone(),
         job.job().to_string(),
-        job.info.bid.clone(),
+        job.info.bid.to_string(),
         ark.to_string(),
     );
     tokio::task::spawn_blocking(move || -> Result<StoredVersion, Outcome> {

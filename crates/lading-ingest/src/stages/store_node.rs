@@ -262,7 +262,7 @@ pub(crate) async fn store_on_bucket(
         version,
         path: node.version_url(ark, version),
         job: jid.clone(),
-        batch: job.info.bid.clone(),
+        batch: job.info.bid.to_string(),
         collection: Some(collection.to_string()),
         node: Some(node.id),
     };

@@ -329,12 +329,7 @@ impl World {
 
     pub async fn jobs_of(&self, batch: &BatchId) -> Vec<JobId> {
         let info = self.engine.batch(batch).await.unwrap();
-        let mut v: Vec<JobId> = info
-            .jobs
-            .values()
-            .flatten()
-            .map(|j| JobId::parse(j).unwrap())
-            .collect();
+        let mut v: Vec<JobId> = info.jobs.values().flatten().cloned().collect();
         v.sort();
         v
     }
