@@ -160,42 +160,48 @@ impl AccessQueue {
 pub const QUEUE_NAMES: &[&str] = &["ingest", "accessSmall", "accessLarge"];
 
 pub fn batch_path(b: &BatchId) -> String {
-    format!("{BATCHES}/{b}")
+    [BATCHES, b.as_str()].join("/")
 }
 pub fn batch_node(b: &BatchId, name: &str) -> String {
-    format!("{BATCHES}/{b}/{name}")
+    [BATCHES, b.as_str(), name].join("/")
 }
 pub fn batch_states(b: &BatchId) -> String {
-    format!("{BATCHES}/{b}/states")
+    [BATCHES, b.as_str(), "states"].join("/")
 }
 pub fn batch_ref_folder(b: &BatchId, folder: &str) -> String {
-    format!("{BATCHES}/{b}/states/{folder}")
+    [BATCHES, b.as_str(), "states", folder].join("/")
 }
 pub fn batch_ref(b: &BatchId, folder: &str, j: &JobId) -> String {
-    format!("{BATCHES}/{b}/states/{folder}/{j}")
+    [BATCHES, b.as_str(), "states", folder, j.as_str()].join("/")
 }
 pub fn batch_uuid_path(uuid: &str) -> String {
-    format!("{BATCH_UUIDS}/{uuid}")
+    [BATCH_UUIDS, uuid].join("/")
 }
 pub fn job_path(j: &JobId) -> String {
-    format!("{JOBS}/{j}")
+    [JOBS, j.as_str()].join("/")
 }
 pub fn job_node(j: &JobId, name: &str) -> String {
-    format!("{JOBS}/{j}/{name}")
+    [JOBS, j.as_str(), name].join("/")
 }
 pub fn job_state_folder(s: JobState) -> String {
-    format!("{JOB_STATES}/{}", s.node_name())
+    [JOB_STATES, s.node_name()].join("/")
 }
 /// The name of a job's reference in its state folder: two-digit priority, dash, id.
 pub fn job_ref_name(priority: u8, j: &JobId) -> String {
-    format!("{priority:02}-{j}")
+    // Paths are built on every call of the engine: concatenated, not formatted.
+    let mut s = String::with_capacity(j.as_str().len() + 4);
+    let digit = |d: u8| char::from(b'0' + d);
+    if priority >= 100 {
+        s.push(digit(priority / 100));
+    }
+    s.push(digit(priority / 10 % 10));
+    s.push(digit(priority % 10));
+    s.push('-');
+    s.push_str(j.as_str());
+    s
 }
 pub fn job_ref(s: JobState, priority: u8, j: &JobId) -> String {
-    format!(
-        "{JOB_STATES}/{}/{}",
-        s.node_name(),
-        job_ref_name(priority, j)
-    )
+    [JOB_STATES, s.node_name(), &job_ref_name(priority, j)].join("/")
 }
 /// Reads `PP-jidNNN` back into (priority, job id).
 pub fn parse_job_ref(name: &str) -> Option<(u8, JobId)> {
@@ -455,6 +461,37 @@ mod tests {
         v.sort();
         assert_eq!(v, vec![c, a, b]);
         assert_eq!(parse_job_ref("05-jid0000000001").unwrap().0, 5);
+    }
+
+    #[test]
+    fn paths_are_spelled_as_merritt_spells_them() {
+        let j = JobId::parse("jid0000000007").unwrap();
+        let b = BatchId::parse("bid0000000003").unwrap();
+        for (p, name) in [
+            (0, "00"),
+            (5, "05"),
+            (10, "10"),
+            (99, "99"),
+            (100, "100"),
+            (255, "255"),
+        ] {
+            assert_eq!(job_ref_name(p, &j), format!("{name}-jid0000000007"));
+            assert_eq!(format!("{p:02}"), name, "as format! pads it");
+        }
+        assert_eq!(
+            job_ref(JobState::Estimating, 5, &j),
+            "/jobs/states/estimating/05-jid0000000007"
+        );
+        assert_eq!(job_node(&j, "status"), "/jobs/jid0000000007/status");
+        assert_eq!(job_path(&j), "/jobs/jid0000000007");
+        assert_eq!(
+            batch_ref(&b, "batch-failed", &j),
+            "/batches/bid0000000003/states/batch-failed/jid0000000007"
+        );
+        assert_eq!(batch_node(&b, "lock"), "/batches/bid0000000003/lock");
+        assert_eq!(batch_states(&b), "/batches/bid0000000003/states");
+        assert_eq!(batch_uuid_path("u-1"), "/batch-uuids/u-1");
+        assert_eq!(job_state_folder(JobState::Pending), "/jobs/states/pending");
     }
 
     #[test]
