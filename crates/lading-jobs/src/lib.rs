@@ -84,8 +84,10 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// tokio's: the runtime's clock (the simulator pauses it), the system's otherwise.
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 /// The subtree every generic job lives in.
 pub const ROOT: &str = "/generic-jobs";
@@ -399,6 +401,10 @@ pub struct Jobs {
     swept_ms: AtomicU64,
     /// Adds of new jobs committed together where a `multi` is a round trip.
     adds: Arc<group::Group>,
+    /// Lock tokens: a random prefix drawn from `random` at the first acceptance, then a
+    /// counter.
+    token_prefix: std::sync::OnceLock<u64>,
+    tokens: AtomicU64,
 }
 
 /// Checks a priority.
@@ -452,18 +458,6 @@ fn is_race(e: &TreeError) -> bool {
     )
 }
 
-/// A lock token never used before: a random per-process prefix and a counter (one
-/// `getrandom` per process instead of one per acceptance).
-fn lock_token() -> String {
-    static PREFIX: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let prefix = PREFIX.get_or_init(|| uuid::Uuid::new_v4().as_u64_pair().0);
-    format!(
-        "{prefix:016x}{:016x}",
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
 fn secs_to_ms(s: u64) -> Result<u64> {
     s.checked_mul(1000)
         .filter(|ms| *ms < 10_000_000_000_000)
@@ -501,6 +495,8 @@ impl Jobs {
             next_sub: AtomicU64::new(1),
             swept_ms: AtomicU64::new(0),
             adds: Arc::default(),
+            token_prefix: std::sync::OnceLock::new(),
+            tokens: AtomicU64::new(0),
         }
     }
 
@@ -532,6 +528,17 @@ impl Jobs {
     pub fn with_random(mut self, random: SharedRandom) -> Jobs {
         self.random = random;
         self
+    }
+
+    /// A lock token never used before: this API's random prefix (one draw from its
+    /// [`Random`](lading_core::random::Random), so a seeded run repeats its tokens) and a
+    /// counter.
+    fn lock_token(&self) -> String {
+        let prefix = self.token_prefix.get_or_init(|| self.random.next_u64());
+        format!(
+            "{prefix:016x}{:016x}",
+            self.tokens.fetch_add(1, Ordering::Relaxed)
+        )
     }
 
     fn now_ms(&self) -> u64 {

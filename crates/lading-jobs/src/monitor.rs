@@ -166,6 +166,7 @@ impl Jobs {
                 every = every.min(Duration::from_millis(ms));
             }
             tokio::select! {
+                biased;
                 _ = &mut stop => return,
                 _ = tokio::time::sleep(every) => {}
             }

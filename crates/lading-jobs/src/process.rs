@@ -113,6 +113,8 @@ impl Jobs {
                 }
             };
             let fired = tokio::select! {
+                // In order, so a seed's run is repeatable (lading-sim).
+                biased;
                 _ = fired => true,
                 _ = woken => false,
                 // Only a pass that stepped over a local peer's claim waits for it to end (a
@@ -350,7 +352,7 @@ impl Jobs {
             let mut ops = prefix.to_vec();
             let mut jobs = Vec::with_capacity(take);
             for (e, rec, v) in &live[..take] {
-                let lock = lock_token();
+                let lock = self.lock_token();
                 let mut rec = rec.clone();
                 rec.enter(State::Running);
                 rec.lock = Some(lock.clone());

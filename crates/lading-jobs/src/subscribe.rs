@@ -138,6 +138,7 @@ impl Jobs {
             }
             self.parked_waits.send_modify(|n| *n += 1);
             tokio::select! {
+                biased;
                 _ = any_fired(&mut watches) => {}
                 _ = tokio::time::sleep(left) => return Ok(None),
             }

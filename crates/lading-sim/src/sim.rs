@@ -1,13 +1,15 @@
 //! One simulated deployment, run from a seed on simulated time.
 //!
 //! Several processes share the simulated tree, each a real [`Engine`] on its own session
-//! running the real stage loops ([`Worker`]), an outbox deliverer and the reporting sweep.
+//! running the real stage loops ([`Worker`]), an outbox deliverer, the reporting sweep, and
+//! generic jobs (`lading-jobs`: a processor and the real activity monitor).
 //! Their stage handlers are simulated: each takes a while and succeeds, fails for a while
 //! or fails for good, as the seed says. The workload submits batches and, between them,
 //! crashes and restarts processes, expires and pauses their sessions, holds and releases
 //! jobs, requeues failed ones (one at a time and by batch), deletes jobs and pauses the
-//! ingest queue. Then the faults stop, and every batch must end, every mail be delivered,
-//! within a bounded simulated time.
+//! ingest queue. Then the faults stop, and every batch must end, every mail be delivered and
+//! every generic job be finished or failed, within a bounded simulated time; no generic job
+//! may be finished successfully by two acceptances.
 
 use crate::tree::{Faults, SimTree, World};
 use lading_core::layout::{BatchId, JobId, StatusReport, batch_node};
@@ -83,7 +85,14 @@ impl Clock for SimClock {
 struct Outside {
     /// key → (content, deliveries)
     mails: BTreeMap<String, (Value, u32)>,
+    /// Generic job → how many acceptances finished it successfully (a job is added once, so
+    /// more than one is a processor that was fenced and committed anyway).
+    generic_done: BTreeMap<String, u32>,
 }
+
+/// The generic-jobs type the simulated processors serve, and how many jobs it gets.
+const GENERIC_TYPE: &str = "sim";
+const GENERIC_JOBS: usize = 10;
 
 /// The simulated handlers' shared dice.
 struct Dice(Arc<Seeded>);
@@ -301,6 +310,18 @@ impl Sim {
         ];
         let worker = Worker::new(engine.clone(), self.work.path().join(&name));
         let outside = self.outside.clone();
+        // Generic jobs (lading-jobs) on the same session: a processor and the activity monitor.
+        let generic = Arc::new(
+            lading_jobs::Jobs::new(
+                tree.clone(),
+                self.clock.clone(),
+                format!("{name}.{}", self.starts),
+            )
+            .with_random(Seeded::new(
+                self.seed.wrapping_mul(37).wrapping_add(self.starts),
+            )),
+        );
+        let (dice, outside2) = (self.dice.clone(), self.outside.clone());
         let task = tokio::spawn(async move {
             let deliver = deliver(engine.clone(), outside, shutdown.clone());
             let sweep = lading_worker::every(
@@ -317,7 +338,15 @@ impl Sim {
                     }
                 },
             );
-            tokio::join!(worker.run(jobs, batches, shutdown), deliver, sweep);
+            let monitor = generic.run_monitor(shutdown.clone());
+            let processor = process_generic(generic.clone(), dice, outside2, shutdown.clone());
+            tokio::join!(
+                worker.run(jobs, batches, shutdown),
+                deliver,
+                sweep,
+                monitor,
+                processor
+            );
         });
         Proc { tree, stop, task }
     }
@@ -351,28 +380,84 @@ async fn deliver(engine: Arc<Engine>, outside: Arc<Mutex<Outside>>, shutdown: Sh
     }
 }
 
-/// Retries an admin call through connection losses and expiries, as an operator would.
+/// A generic-jobs processor: accepts a job, works on it a while, then finishes it (an error
+/// one time in five, retried by the type's policy), or now and then drops it unfinished (the
+/// activity monitor must notice and put it back).
+async fn process_generic(
+    jobs: Arc<lading_jobs::Jobs>,
+    dice: Arc<Dice>,
+    outside: Arc<Mutex<Outside>>,
+    shutdown: Shutdown,
+) {
+    let opts = lading_jobs::AcceptOptions {
+        timeout: Duration::from_secs(1),
+        ..Default::default()
+    };
+    while !shutdown.is_stopping() {
+        match jobs.accept(GENERIC_TYPE, &opts).await {
+            Ok(Some(mut job)) => {
+                let (took, roll) = (dice.below(400), dice.below(100));
+                tokio::time::sleep(Duration::from_millis(took as u64)).await;
+                let outcome = match roll {
+                    0..=4 => continue,
+                    5..=24 => lading_jobs::Outcome::Error {
+                        message: "the simulated job failed".into(),
+                        data: None,
+                    },
+                    _ => lading_jobs::Outcome::Success(None),
+                };
+                let success = matches!(outcome, lading_jobs::Outcome::Success(_));
+                if jobs.finish_with(&mut job, outcome).await.is_ok() && success {
+                    let mut o = outside.lock().unwrap_or_else(|p| p.into_inner());
+                    *o.generic_done.entry(job.id.clone()).or_default() += 1;
+                }
+            }
+            Ok(None) => {}
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// Retries a call through the errors `retryable` names, as an operator would (ten tries,
+/// 100 ms apart); `None` when it did not go through.
+async fn retrying<T, E, F, Fut>(f: F, retryable: impl Fn(&E) -> bool) -> Option<T>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    for _ in 0..10 {
+        match f().await {
+            Ok(v) => return Some(v),
+            Err(e) if retryable(&e) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
+/// An admin call, retried through connection losses and expiries.
 async fn admin<T, F, Fut>(f: F) -> Option<T>
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = lading_engine::Result<T>>,
 {
-    for _ in 0..10 {
-        match f().await {
-            Ok(v) => return Some(v),
-            Err(e)
-                if e.is_retryable()
-                    || matches!(
-                        e,
-                        lading_engine::EngineError::Tree(lading_core::TreeError::SessionExpired)
-                    ) =>
-            {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(_) => return None,
-        }
-    }
-    None
+    retrying(f, |e: &lading_engine::EngineError| {
+        e.is_retryable()
+            || matches!(
+                e,
+                lading_engine::EngineError::Tree(lading_core::TreeError::SessionExpired)
+            )
+    })
+    .await
+}
+
+/// A generic-jobs admin call, retried through any error (a lost reply, an expiry, a race).
+async fn admin_generic<T, F, Fut>(f: F) -> Option<T>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = lading_jobs::Result<T>>,
+{
+    retrying(f, |_: &lading_jobs::JobsError| true).await
 }
 
 /// A job of one of `bids`, picked by `rng` (for a hold or a delete).
@@ -428,6 +513,26 @@ async fn not_ended(
     open
 }
 
+/// The generic jobs not Finished or Failed once `within` has passed (looked at every 500 ms).
+async fn generic_not_ended(jobs: &lading_jobs::Jobs, within: Duration) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let mut open = Vec::new();
+        for i in 0..GENERIC_JOBS {
+            let id = format!("g{i}");
+            match admin_generic(|| jobs.get_job_state(GENERIC_TYPE, &id)).await {
+                Some(lading_jobs::State::Finished | lading_jobs::State::Failed) => {}
+                Some(s) => open.push(format!("{id} {}", s.name())),
+                None => open.push(format!("{id} unreadable")),
+            }
+        }
+        if open.is_empty() || tokio::time::Instant::now() >= deadline {
+            return open;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// The processes' working folders: in memory where the machine has a tmpfs (`/dev/shm`), as
 /// the workers make and remove a folder per job and a disk spends most of a run on that.
 fn work_folder() -> tempfile::TempDir {
@@ -469,6 +574,14 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
     );
     // The admin's session is the operator's: faults do not end it (it retries).
     admin(|| admin_engine.init()).await;
+    // Generic jobs: a type whose running jobs time out after 5 s, and its jobs.
+    let admin_jobs = lading_jobs::Jobs::new(admin_engine.tree().clone(), clock.clone(), "admin")
+        .with_random(Seeded::new(seed ^ 0x6a));
+    admin_generic(|| admin_jobs.set_type_timeout(GENERIC_TYPE, 5)).await;
+    for i in 0..GENERIC_JOBS {
+        let id = format!("g{i}");
+        admin_generic(|| admin_jobs.add(GENERIC_TYPE, &id, json!({ "i": i }), None)).await;
+    }
     let mut procs: Vec<Option<Proc>> = (0..opts.nodes).map(|i| Some(sim.start(i))).collect();
     let mut down_until: Vec<Option<tokio::time::Instant>> = vec![None; opts.nodes];
     let mut bids: Vec<BatchId> = Vec::new();
@@ -629,6 +742,31 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
             "liveness: {} s after the faults stopped, not ended: {}",
             LIVENESS_MS / 1000,
             open.join(", ")
+        ));
+    }
+    // Generic jobs end too (finished, or failed after their attempts), and none was
+    // finished by two acceptances.
+    let generic_open = generic_not_ended(&admin_jobs, Duration::from_millis(LIVENESS_MS)).await;
+    if !generic_open.is_empty() {
+        world.lock().violation(format!(
+            "liveness: generic jobs not ended {} s after the faults stopped: {}",
+            LIVENESS_MS / 1000,
+            generic_open.join(", ")
+        ));
+    }
+    let twice: Vec<String> = sim
+        .outside
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .generic_done
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(id, n)| format!("{id} ({n} times)"))
+        .collect();
+    if !twice.is_empty() {
+        world.lock().violation(format!(
+            "generic jobs finished successfully by more than one acceptance: {}",
+            twice.join(", ")
         ));
     }
     // Wake-ups: the deployment, idle now, takes a new one-job batch through at once.
