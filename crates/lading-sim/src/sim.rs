@@ -475,10 +475,28 @@ async fn any_job(
     Some((b, j))
 }
 
+/// What `look` still finds open once it finds nothing or `within` has passed, looked at every
+/// `every` of simulated time: the harness observes from outside, so it looks (the processes
+/// under test are woken by the tree). Empty when everything ended in time.
+async fn still_open<F, Fut>(within: Duration, every: Duration, look: F) -> Vec<String>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Vec<String>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    let mut open = Vec::new();
+    while tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(every).await;
+        open = look().await;
+        if open.is_empty() {
+            break;
+        }
+    }
+    open
+}
+
 /// What is still open of `bids` (with the outbox's undelivered entries, when `outbox`) once
-/// they have all ended or `within` has passed, looked at every `every` of simulated time: the
-/// harness observes from outside, so it looks (the processes under test are woken by the
-/// tree). Empty when everything ended in time.
+/// they have all ended or `within` has passed (see [`still_open`]).
 async fn not_ended(
     admin_engine: &Engine,
     bids: &[BatchId],
@@ -486,11 +504,8 @@ async fn not_ended(
     every: Duration,
     outbox: bool,
 ) -> Vec<String> {
-    let deadline = tokio::time::Instant::now() + within;
-    let mut open = Vec::new();
-    while tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(every).await;
-        open.clear();
+    still_open(within, every, || async {
+        let mut open = Vec::new();
         for b in bids {
             match admin_engine.batch(b).await {
                 Ok(i) if matches!(i.status.status, BatchState::Completed | BatchState::Failed) => {}
@@ -503,20 +518,18 @@ async fn not_ended(
         } else {
             0
         };
-        if open.is_empty() && waiting == 0 {
-            return open;
-        }
         if waiting > 0 {
             open.push(format!("{waiting} outbox entries undelivered"));
         }
-    }
-    open
+        open
+    })
+    .await
 }
 
-/// The generic jobs not Finished or Failed once `within` has passed (looked at every 500 ms).
+/// The generic jobs not Finished or Failed once they all are or `within` has passed (see
+/// [`still_open`]).
 async fn generic_not_ended(jobs: &lading_jobs::Jobs, within: Duration) -> Vec<String> {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
+    still_open(within, Duration::from_millis(500), || async {
         let mut open = Vec::new();
         for i in 0..GENERIC_JOBS {
             let id = format!("g{i}");
@@ -526,11 +539,9 @@ async fn generic_not_ended(jobs: &lading_jobs::Jobs, within: Duration) -> Vec<St
                 None => open.push(format!("{id} unreadable")),
             }
         }
-        if open.is_empty() || tokio::time::Instant::now() >= deadline {
-            return open;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+        open
+    })
+    .await
 }
 
 /// The processes' working folders: in memory where the machine has a tmpfs (`/dev/shm`), as
