@@ -153,6 +153,22 @@ impl Serve {
         self.finished(id).await
     }
 
+    /// Asserts `batch` Completed; if not, the failure shows each failed job's record.
+    async fn completed(&self, batch: &Value, what: &str) {
+        if batch["status"]["status"] == "Completed" {
+            return;
+        }
+        let mut jobs = Vec::new();
+        for jid in batch["jobs"]["batch-failed"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            jobs.push(self.job(jid).await);
+        }
+        panic!("{what}: not Completed: {batch}\nits failed jobs: {jobs:?}");
+    }
+
     /// A job of the batch, as the admin.
     async fn job(&self, jid: &Value) -> Value {
         let (_, job) = self
@@ -167,8 +183,12 @@ impl Serve {
     }
 }
 
-/// Runs a Ruby script with Merritt's client on the load path; its stdout.
+/// Runs a Ruby script with Merritt's client on the load path; its stdout. One at a time:
+/// the client picks the first free port from 8081 by opening and closing it, so two clients
+/// started together may both pick the same one.
 fn ruby(script: &str, args: &[&str]) -> String {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let lib = repo().join("../shared/clients/mrt-ingest-ruby/lib");
     assert!(lib.exists(), "Merritt's Ruby client at {}", lib.display());
     let out = Command::new("ruby")
@@ -304,7 +324,7 @@ async fn every_payload_type_of_the_form_is_ingested(store: Store) {
         let mut fields = vec![file.clone()];
         fields.extend(ty.map(|t| format!("type={t}")));
         let b = s.ingested("/poster/submit", &fields).await;
-        assert_eq!(b["status"]["status"], "Completed", "{file} as {ty:?}: {b}");
+        s.completed(&b, &format!("{file} as {ty:?}")).await;
         assert_eq!(completed(&b), objects, "{file} as {ty:?}: {b}");
         let job = s.job(&b["jobs"]["batch-completed"][0]).await;
         let ark = job["identifiers"]["primary_id"].as_str().unwrap();
@@ -356,7 +376,7 @@ async fn every_payload_type_of_the_form_is_ingested(store: Store) {
             ],
         )
         .await;
-    assert_eq!(b["status"]["status"], "Completed", "{b}");
+    s.completed(&b, "the batch").await;
     let job = s.job(&b["jobs"]["batch-completed"][0]).await;
     assert_eq!(
         job["identifiers"]["primary_id"], "ark:/99999/fk4named",
@@ -374,7 +394,7 @@ async fn every_payload_type_of_the_form_is_ingested(store: Store) {
             &[a_file, "type=file".into()],
         )
         .await;
-    assert_eq!(b["status"]["status"], "Completed", "{b}");
+    s.completed(&b, "the batch").await;
     let v2 = s
         .stored()
         .into_iter()
@@ -447,7 +467,7 @@ async fn merritts_ruby_client_ingests_and_updates_an_object_unchanged(store: Sto
     );
     // Every Lading lookup takes Merritt's id.
     let batch = s.finished(&bid).await;
-    assert_eq!(batch["status"]["status"], "Completed", "{batch}");
+    s.completed(&batch, "Merritt's client's ingest").await;
     let (st, own) = s
         .api
         .get(DEPOSITOR, &format!("/api/v1/batches/{bid}"))
@@ -492,7 +512,7 @@ async fn merritts_ruby_client_ingests_and_updates_an_object_unchanged(store: Sto
     std::fs::write(&b, b"Yours again, Lading\n").unwrap();
     let bid2 = ruby(INGEST, &[&url, "depositor", DEPOSITOR, &a_s, &b_s, &ark]);
     let batch2 = s.finished(&bid2).await;
-    assert_eq!(batch2["status"]["status"], "Completed", "{batch2}");
+    s.completed(&batch2, "Merritt's client's update").await;
     let v2 = s
         .stored()
         .into_iter()
@@ -535,7 +555,7 @@ async fn the_ingest_form_answers_as_merritt_does_and_refuses_clearly(store: Stor
         .to_string();
     assert_eq!(v["bat:batchState"]["bat:batchStatus"], "QUEUED");
     let b = s.finished(&id).await;
-    assert_eq!(b["status"]["status"], "Completed", "{b}");
+    s.completed(&b, "the batch").await;
     // XML, the type guessed (a plain file).
     let (code, body) = curl(
         &me,

@@ -19,6 +19,9 @@ pub const SYSTEM: &str = "system";
 /// Interim state of the stages.
 pub const INTERIM: &str = ".lading";
 
+/// The ERC file Merritt's clients add to an object: its who, what, when and where.
+pub const ERC_FILE: &str = "mrt-erc.txt";
+
 pub fn io_err(what: &str, path: &Path, e: std::io::Error) -> Outcome {
     // A full disk or a vanished mount may recover; a name that cannot exist here will not.
     // Messages name the file, not the server's folders.

@@ -23,8 +23,8 @@ mod space;
 mod store;
 mod store_node;
 pub use crate::files::{
-    CONTAINER, INTERIM, ObjectFile, PRODUCER, SYSTEM, StoredVersion, VERSION_FILE, io_err,
-    is_permanent, list_files, versions,
+    CONTAINER, ERC_FILE, INTERIM, ObjectFile, PRODUCER, SYSTEM, StoredVersion, VERSION_FILE,
+    io_err, is_permanent, list_files, versions,
 };
 use download::*;
 use finish::*;

@@ -621,6 +621,55 @@ async fn a_retried_download_fetches_only_the_files_not_yet_verified() {
     run.stop().await;
 }
 
+/// Merritt's Ruby client serves an object's files until its own ERC file was requested once
+/// (a HEAD counts), then stops its server. The estimate asks the size of a file the manifest
+/// does not size, but never of the ERC file, so the download still finds the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merritts_erc_file_is_fetched_once_after_the_others_and_never_asked_ahead() {
+    let w = World::new().await;
+    let files: [(&str, &[u8], bool); 3] = [
+        ("letter.txt", b"Dear Merritt,\n", true),
+        ("unsized.bin", &[7u8; 3000], false),
+        (
+            "mrt-erc.txt",
+            b"erc:\nwho: Doe, Jane\nwhat: A letter\n",
+            false,
+        ),
+    ];
+    let rows: Vec<Vec<String>> = files
+        .iter()
+        .map(|(name, bytes, sized)| {
+            let (url, md5) = w.file(&format!("o.checkm.d/{name}"), bytes);
+            let size = if *sized {
+                bytes.len().to_string()
+            } else {
+                String::new()
+            };
+            vec![url, "md5".into(), md5, size, name.to_string()]
+        })
+        .collect();
+    let text = checkm::write(ManifestKind::Object, checkm::OBJECT_FIELDS, &rows);
+    w.server.stop_after("o.checkm.d/mrt-erc.txt");
+    let (ingest, bid) = w.submit_manifest(&text).await;
+    let run = w.run_all(&ingest);
+    w.completes(&bid).await;
+    let job = w.jobs_of(&bid).await.remove(0);
+    let info = w.engine.job(&job).await.unwrap();
+    assert_eq!(info.metadata["erc_who"], "Doe, Jane", "{info:?}");
+    assert_eq!(
+        info.space_needed,
+        (files[0].1.len() + files[1].1.len()) as u64,
+        "the declared size and the asked one; the ERC file counts 0"
+    );
+    assert_eq!(w.server.heads("o.checkm.d/unsized.bin"), 1, "asked");
+    assert_eq!(w.server.heads("o.checkm.d/letter.txt"), 0, "sized");
+    assert_eq!(w.server.heads("o.checkm.d/mrt-erc.txt"), 0, "never asked");
+    for (name, _, _) in files {
+        assert_eq!(w.server.gets(&format!("o.checkm.d/{name}")), 1, "{name}");
+    }
+    run.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_working_copy_that_changed_after_download_is_caught_before_storing() {
     let w = World::new().await;

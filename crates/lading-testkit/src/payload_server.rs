@@ -20,6 +20,13 @@ struct Shared {
     root: PathBuf,
     /// GET requests per path.
     gets: Mutex<HashMap<String, u32>>,
+    /// HEAD requests per path.
+    heads: Mutex<HashMap<String, u32>>,
+    /// As Merritt's client's server: once this path was requested (GET or HEAD), every later
+    /// request answers 503, as if the server had stopped.
+    stop_after: Mutex<Option<String>>,
+    /// Whether `stop_after`'s path was requested.
+    stopped: std::sync::atomic::AtomicBool,
     /// Path → this many more GETs answer 503.
     fail: Mutex<HashMap<String, u32>>,
     /// Callbacks received, with the status each got.
@@ -80,6 +87,18 @@ impl PayloadServer {
         lock(&self.shared.gets).get(rel).copied().unwrap_or(0)
     }
 
+    /// HEADs of `rel` so far.
+    pub fn heads(&self, rel: &str) -> u32 {
+        lock(&self.shared.heads).get(rel).copied().unwrap_or(0)
+    }
+
+    /// Serve as Merritt's Ruby client does: it stops its server once each file it wrote
+    /// itself (its `mrt-erc.txt`) was requested once, by GET or HEAD. After the first request
+    /// of `rel`, every request answers 503.
+    pub fn stop_after(&self, rel: &str) {
+        *lock(&self.shared.stop_after) = Some(rel.to_string());
+    }
+
     /// The next `n` GETs of `rel` answer 503.
     pub fn fail_next(&self, rel: &str, n: u32) {
         lock(&self.shared.fail).insert(rel.to_string(), n);
@@ -120,6 +139,16 @@ async fn file(
 ) -> Response {
     if rel.split('/').any(|p| p == ".." || p.is_empty()) {
         return StatusCode::BAD_REQUEST.into_response();
+    }
+    use std::sync::atomic::Ordering;
+    if s.stopped.load(Ordering::SeqCst) {
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    }
+    if lock(&s.stop_after).as_deref() == Some(rel.as_str()) {
+        s.stopped.store(true, Ordering::SeqCst);
+    }
+    if method == Method::HEAD {
+        *lock(&s.heads).entry(rel.clone()).or_default() += 1;
     }
     if method == Method::GET {
         *lock(&s.gets).entry(rel.clone()).or_default() += 1;

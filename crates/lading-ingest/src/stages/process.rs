@@ -207,9 +207,6 @@ pub(crate) async fn run_command(job: &JobCtx, cmd: &str, ark: &str) -> Result<()
     Ok(())
 }
 
-/// The ERC file Merritt's clients add to an object.
-const ERC_FILE: &str = "mrt-erc.txt";
-
 /// The `who`, `what`, `when` and `where` of an ERC file (ANVL: `erc:` then `label: value`
 /// lines, a value going on over indented lines; `when/created` and the like count as
 /// `when`), as the job's metadata keys (`erc_who`, …). At most 64 KiB of it is read.

@@ -22,6 +22,13 @@ pub(crate) async fn estimate(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, O
             if let Some(n) = f.size {
                 return n;
             }
+            // Nor is Merritt's ERC file asked for: a few lines of metadata, held to
+            // `payload.max_file_bytes` by the download. Merritt's Ruby client writes it and
+            // stops serving the whole object once it was requested (a HEAD counts), so asking
+            // ahead would leave the download with nothing to fetch.
+            if f.name == ERC_FILE {
+                return 0;
+            }
             let _permit = sem.acquire_owned().await;
             fetcher.head_len(&f.url, &trust).await.unwrap_or(0)
         });
