@@ -6,6 +6,7 @@
 
 pub mod layout;
 pub mod random;
+pub mod sabotage;
 pub mod state;
 pub mod time;
 pub mod tree;

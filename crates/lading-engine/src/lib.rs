@@ -41,7 +41,7 @@ mod outbox;
 mod read;
 mod reporting;
 mod reserve;
-pub mod sabotage;
+pub use lading_core::sabotage;
 
 use claims::Round;
 use contention::{ANY_TRIES, MAX_SCAN, NEXT_TRIES, SPREAD, WINDOW};

@@ -69,7 +69,7 @@ pub use process::MAX_BATCH;
 pub use processor::CommandProcessor;
 use record::is_zero;
 pub use record::{HISTORY, JobView, MAX_ERROR, Outcome, PRIORITIES, Record};
-pub use schedule::{Cron, Every, Schedule, ScheduleView};
+pub use schedule::{Cron, Every, Schedule, ScheduleView, tick_id};
 pub use types::{TypeSettings, TypeUpdate, TypeView};
 
 use lading_core::random::SharedRandom;

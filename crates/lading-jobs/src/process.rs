@@ -341,9 +341,9 @@ impl Jobs {
             let rate_op = match settings.rate_per_s {
                 0 => None,
                 per_s => {
-                    let (op, room) = self.rate_op(ty, per_s, now, take).await?;
+                    let (op, room, second) = self.rate_op(ty, per_s, now, take).await?;
                     if room == 0 {
-                        return Ok(Claimed::RateLimited((now / 1000 + 1) * 1000));
+                        return Ok(Claimed::RateLimited((second + 1) * 1000));
                     }
                     take = room;
                     Some(op)
@@ -405,16 +405,23 @@ impl Jobs {
         Ok(Claimed::Lost)
     }
 
-    /// The op counting `n` more accepts in this second against the type's rate limit, and
-    /// how many of the `n` it lets through (the op counts only those).
-    async fn rate_op(&self, ty: &str, per_s: u32, now: u64, n: usize) -> Result<(Op, usize)> {
+    /// The op counting `n` more accepts in this second against the type's rate limit, how
+    /// many of the `n` it lets through (the op counts only those), and the second counted.
+    ///
+    /// The second is `now`'s, unless the count is already at a later one: another acceptor
+    /// read a later clock (a host ahead of this one, or this one's `now` read before a slow
+    /// round trip). Counting at `now`'s second would then start that earlier second's count
+    /// again from zero, and let its accepts through twice. The counted second only moves on.
+    async fn rate_op(&self, ty: &str, per_s: u32, now: u64, n: usize) -> Result<(Op, usize, u64)> {
         let path = rate_path(ty);
-        let second = now / 1000;
+        let mut second = now / 1000;
         let (used, version) = match self.tree.get(&path).await? {
             Some(node) => {
                 let v: Value = serde_json::from_slice(node.data.as_deref().unwrap_or(b"{}"))
                     .unwrap_or(Value::Null);
-                let used = if v.get("second").and_then(Value::as_u64) == Some(second) {
+                let counted = v.get("second").and_then(Value::as_u64).unwrap_or(0);
+                let used = if counted >= second {
+                    second = counted;
                     v.get("count").and_then(Value::as_u64).unwrap_or(0)
                 } else {
                     0
@@ -429,10 +436,13 @@ impl Jobs {
                 .unwrap(),
         );
         let op = match version {
+            Some(_) if lading_core::sabotage::on(lading_core::sabotage::RATE_UNGUARDED) => {
+                Op::set(path, data, None)
+            }
             Some(v) => Op::set(path, data, Some(v)),
             None => Op::create(path, data),
         };
-        Ok((op, room))
+        Ok((op, room, second))
     }
 
     /// The job `id` as held under `lock` — for a processor that keeps only the id and the lock

@@ -7,17 +7,48 @@
 //! - **No commit by a fenced worker**: a commit that sets a job's or a batch's status without
 //!   naming the version it read either takes its lock in the same `multi` or is made by the
 //!   session that held the lock before it. A versioned set is fenced by its version.
+//! - **Generic jobs** (`lading-jobs`): no second of a type's clock has more accepts than its
+//!   rate limit; a job is removed only when it has ended and its type's retention has passed
+//!   (the simulated admin removes none itself); a schedule's last tick only moves on, to a
+//!   tick of its rule that is due, and the job its commit adds is that tick's.
 
 use lading_core::layout::{
     BATCH_FOLDERS, BatchId, JOBS, JobId, batch_node, batch_ref, job_node, job_ref,
 };
 use lading_core::{JobState, Op};
+use lading_jobs::{Record, Schedule, TypeSettings};
 use lading_store_sqlite::mem::Mem;
+use std::collections::BTreeMap;
 
 /// What a commit's fencing check needs from before it: for each status the commit sets,
 /// the path of its lock and that lock's owner then (`None`: free).
 pub struct Probe {
     guarded: Vec<(String, String, Option<u64>)>,
+    /// Generic jobs the commit removes: type, id, and the record before.
+    removed: Vec<(String, String, Option<Record>)>,
+    /// Schedules the commit sets: type, name, and the last tick before.
+    ticked: Vec<(String, String, Option<u64>)>,
+}
+
+/// Accepts of generic jobs per type and second of the acceptors' clock (what a rate limit
+/// bounds).
+pub type Accepts = BTreeMap<(String, u64), u64>;
+
+const GENERIC: &str = "/generic-jobs/";
+
+/// `(type, folder, name)` of a path `/generic-jobs/TYPE/FOLDER/NAME`.
+fn generic_path(path: &str) -> Option<(&str, &str, &str)> {
+    let mut parts = path.strip_prefix(GENERIC)?.split('/');
+    let (ty, folder, name) = (parts.next()?, parts.next()?, parts.next()?);
+    parts.next().is_none().then_some((ty, folder, name))
+}
+
+fn parsed<T: serde::de::DeserializeOwned>(data: Option<&[u8]>) -> Option<T> {
+    serde_json::from_slice(data?).ok()
+}
+
+fn type_settings(mem: &Mem, ty: &str) -> Option<TypeSettings> {
+    parsed(mem.get(&format!("{GENERIC}{ty}"))?.data.as_deref())
 }
 
 /// The lock guarding a status node (`/jobs/jidN/status`, `/batches/bidN/status`).
@@ -47,7 +78,141 @@ pub fn before_commit(mem: &Mem, ops: &[Op]) -> Probe {
             _ => None,
         })
         .collect();
-    Probe { guarded }
+    let mut removed = Vec::new();
+    let mut ticked = Vec::new();
+    for o in ops {
+        match (o, generic_path(o.path())) {
+            (Op::Delete { path, .. }, Some((ty, "jobs", id))) => {
+                let before = mem.get(path).and_then(|n| parsed(n.data.as_deref()));
+                removed.push((ty.to_string(), id.to_string(), before));
+            }
+            (Op::Set { path, .. }, Some((ty, "schedules", name))) => {
+                let before = mem
+                    .get(path)
+                    .and_then(|n| parsed::<Schedule>(n.data.as_deref()))
+                    .map(|s| s.last_tick_ms);
+                ticked.push((ty.to_string(), name.to_string(), before));
+            }
+            _ => {}
+        }
+    }
+    Probe {
+        guarded,
+        removed,
+        ticked,
+    }
+}
+
+/// The generic-jobs invariants of one commit, at `now_ms` (the processes' clock), counting
+/// its accepts into `accepts`.
+fn generic_after(
+    mem: &Mem,
+    ops: &[Op],
+    probe: &Probe,
+    now_ms: u64,
+    accepts: &mut Accepts,
+) -> Vec<String> {
+    let mut found = Vec::new();
+    // Accepts: a commit that takes jobs' locks (`active/ID~LOCK`) counts them, against a
+    // rate-limited type, in the second its rate node then names; counted here, not trusted
+    // from the node's count.
+    let mut taken: BTreeMap<&str, u64> = BTreeMap::new();
+    for o in ops {
+        if let Op::Create { path, .. } = o
+            && let Some((ty, "active", _)) = generic_path(path)
+        {
+            *taken.entry(ty).or_default() += 1;
+        }
+    }
+    for (ty, n) in taken {
+        let limit = type_settings(mem, ty).map_or(0, |t| t.rate_per_s) as u64;
+        if limit == 0 {
+            continue;
+        }
+        let rate = format!("{GENERIC}{ty}/rate");
+        let counted = ops.iter().find_map(|o| match o {
+            Op::Set { path, data, .. } | Op::Create { path, data, .. } if *path == rate => {
+                parsed::<serde_json::Value>(data.as_deref())?
+                    .get("second")?
+                    .as_u64()
+            }
+            _ => None,
+        });
+        let Some(second) = counted else {
+            found.push(format!(
+                "rate limit: {n} jobs of type {ty} accepted without counting them"
+            ));
+            continue;
+        };
+        let total = accepts.entry((ty.to_string(), second)).or_default();
+        *total += n;
+        if *total > limit {
+            found.push(format!(
+                "rate limit: {total} accepts of type {ty} in second {second}, over its limit of {limit}"
+            ));
+        }
+    }
+    // Removals: only ended jobs, once their type's retention has passed.
+    for (ty, id, before) in &probe.removed {
+        let Some(rec) = before else { continue };
+        let keep_s = type_settings(mem, ty).map(|t| match rec.state {
+            lading_jobs::State::Finished => t.keep_finished_s,
+            lading_jobs::State::Failed => t.keep_failed_s,
+            _ => 0,
+        });
+        let ended = rec.ended_ms.unwrap_or(u64::MAX);
+        match keep_s {
+            Some(k) if k > 0 && ended.saturating_add(k * 1000) <= now_ms => {}
+            _ => found.push(format!(
+                "generic job {ty}/{id} removed while {} (ended at {:?}, retention {keep_s:?} s, now {now_ms})",
+                rec.state.name(),
+                rec.ended_ms
+            )),
+        }
+    }
+    // Schedules: the last tick moves on to a due tick of the rule, with that tick's job.
+    for (ty, name, before) in &probe.ticked {
+        let path = format!("{GENERIC}{ty}/schedules/{name}");
+        let Some(after) = mem
+            .get(&path)
+            .and_then(|n| parsed::<Schedule>(n.data.as_deref()))
+        else {
+            found.push(format!("schedule {ty}/{name} unreadable after its commit"));
+            continue;
+        };
+        let tick = after.last_tick_ms;
+        let tick_job = lading_jobs::tick_id(name, tick);
+        let adds = ops.iter().any(|o| {
+            matches!(o, Op::Create { path, .. } if generic_path(path) == Some((ty, "jobs", &tick_job)))
+        });
+        if before.is_some_and(|b| tick < b) {
+            found.push(format!(
+                "schedule {ty}/{name}: its last tick went back from {before:?} to {tick}"
+            ));
+        }
+        if !adds {
+            // A replaced schedule keeps its tick (no job); any other move adds its job.
+            if before.is_some_and(|b| b != tick) {
+                found.push(format!(
+                    "schedule {ty}/{name} moved to tick {tick} without adding {tick_job}"
+                ));
+            }
+            continue;
+        }
+        if tick > now_ms {
+            found.push(format!(
+                "schedule {ty}/{name}: tick {tick} added before it was due (now {now_ms})"
+            ));
+        }
+        if let Some(every) = after.every_s
+            && tick % (every * 1000) != 0
+        {
+            found.push(format!(
+                "schedule {ty}/{name}: tick {tick} is not a multiple of its {every} s"
+            ));
+        }
+    }
+    found
 }
 
 /// The jobs a commit touched (their ids), from the paths of its ops.
@@ -77,8 +242,15 @@ fn touched_jobs(ops: &[Op]) -> Vec<JobId> {
     out
 }
 
-pub fn after_commit(mem: &Mem, session: u64, ops: &[Op], probe: &Probe) -> Vec<String> {
-    let mut found = Vec::new();
+pub fn after_commit(
+    mem: &Mem,
+    session: u64,
+    ops: &[Op],
+    probe: &Probe,
+    now_ms: u64,
+    accepts: &mut Accepts,
+) -> Vec<String> {
+    let mut found = generic_after(mem, ops, probe, now_ms, accepts);
     for (status, lock, owner) in &probe.guarded {
         let takes_lock = ops
             .iter()

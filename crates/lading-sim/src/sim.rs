@@ -2,16 +2,17 @@
 //!
 //! Several processes share the simulated tree, each a real [`Engine`] on its own session
 //! running the real stage loops ([`Worker`]), an outbox deliverer, the reporting sweep, and
-//! generic jobs (`lading-jobs`: a processor and the real activity monitor).
+//! generic jobs (`lading-jobs`: a processor and the real activity monitor, which also ticks
+//! schedules and applies retention; the type has a rate limit).
 //! Their stage handlers are simulated: each takes a while and succeeds, fails for a while
 //! or fails for good, as the seed says. The workload submits batches and, between them,
 //! crashes and restarts processes, expires and pauses their sessions, holds and releases
 //! jobs, requeues failed ones (one at a time and by batch), deletes jobs and pauses the
 //! ingest queue. Then the faults stop, and every batch must end, every mail be delivered and
-//! every generic job be finished or failed, within a bounded simulated time; no generic job
-//! may be finished successfully by two acceptances.
+//! every generic job be finished or failed, within a bounded simulated time, and the
+//! schedule must tick again; no generic job may be finished successfully by two acceptances.
 
-use crate::tree::{Faults, SimTree, World};
+use crate::tree::{EPOCH_MS, Faults, SimTree, World};
 use lading_core::layout::{BatchId, JobId, StatusReport, batch_node};
 use lading_core::random::{Random, Seeded};
 use lading_core::time::Clock;
@@ -66,8 +67,6 @@ const LIVENESS_MS: u64 = 60_000;
 /// (each stage's waiting worker woken by the tree; a missed wake-up costs a periodic look,
 /// 10 s).
 const PROBE_MS: u64 = 5_000;
-/// Simulated wall-clock start (2026-01-01).
-const EPOCH_MS: u64 = 1_767_225_600_000;
 
 /// The engine's clock on tokio's (paused, auto-advancing) time.
 struct SimClock {
@@ -93,6 +92,12 @@ struct Outside {
 /// The generic-jobs type the simulated processors serve, and how many jobs it gets.
 const GENERIC_TYPE: &str = "sim";
 const GENERIC_JOBS: usize = 10;
+/// Its rate limit (accepts per second) and how long its ended jobs are kept.
+const GENERIC_RATE: u32 = 1;
+const GENERIC_KEEP_S: u64 = 20;
+/// Its schedule: a job every few seconds, added by whichever monitor gets there first.
+const SCHEDULE: &str = "tick";
+const SCHEDULE_EVERY_S: u64 = 4;
 
 /// The simulated handlers' shared dice.
 struct Dice(Arc<Seeded>);
@@ -380,39 +385,44 @@ async fn deliver(engine: Arc<Engine>, outside: Arc<Mutex<Outside>>, shutdown: Sh
     }
 }
 
-/// A generic-jobs processor: accepts a job, works on it a while, then finishes it (an error
-/// one time in five, retried by the type's policy), or now and then drops it unfinished (the
-/// activity monitor must notice and put it back).
+/// A generic-jobs processor: accepts a job or two, works on each a while, then finishes it
+/// (an error one time in five, retried by the type's policy), or now and then drops it
+/// unfinished (the activity monitor must notice and put it back).
 async fn process_generic(
     jobs: Arc<lading_jobs::Jobs>,
     dice: Arc<Dice>,
     outside: Arc<Mutex<Outside>>,
     shutdown: Shutdown,
 ) {
-    let opts = lading_jobs::AcceptOptions {
-        timeout: Duration::from_secs(1),
-        ..Default::default()
-    };
     while !shutdown.is_stopping() {
-        match jobs.accept(GENERIC_TYPE, &opts).await {
-            Ok(Some(mut job)) => {
-                let (took, roll) = (dice.below(400), dice.below(100));
-                tokio::time::sleep(Duration::from_millis(took as u64)).await;
-                let outcome = match roll {
-                    0..=4 => continue,
-                    5..=24 => lading_jobs::Outcome::Error {
-                        message: "the simulated job failed".into(),
-                        data: None,
-                    },
-                    _ => lading_jobs::Outcome::Success(None),
-                };
-                let success = matches!(outcome, lading_jobs::Outcome::Success(_));
-                if jobs.finish_with(&mut job, outcome).await.is_ok() && success {
-                    let mut o = outside.lock().unwrap_or_else(|p| p.into_inner());
-                    *o.generic_done.entry(job.id.clone()).or_default() += 1;
+        // One job or a few; the due head in order, or any of it (acceptors on several hosts
+        // then take different jobs at once, and meet only at the rate limit).
+        let opts = lading_jobs::AcceptOptions {
+            timeout: Duration::from_secs(1),
+            no_schedule: dice.below(2) == 0,
+            ..Default::default()
+        };
+        let max = 1 + dice.below(2);
+        match jobs.accept_many(GENERIC_TYPE, max, &opts).await {
+            Ok(accepted) => {
+                for mut job in accepted {
+                    let (took, roll) = (dice.below(400), dice.below(100));
+                    tokio::time::sleep(Duration::from_millis(took as u64)).await;
+                    let outcome = match roll {
+                        0..=4 => continue,
+                        5..=24 => lading_jobs::Outcome::Error {
+                            message: "the simulated job failed".into(),
+                            data: None,
+                        },
+                        _ => lading_jobs::Outcome::Success(None),
+                    };
+                    let success = matches!(outcome, lading_jobs::Outcome::Success(_));
+                    if jobs.finish_with(&mut job, outcome).await.is_ok() && success {
+                        let mut o = outside.lock().unwrap_or_else(|p| p.into_inner());
+                        *o.generic_done.entry(job.id.clone()).or_default() += 1;
+                    }
                 }
             }
-            Ok(None) => {}
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
         }
     }
@@ -530,13 +540,33 @@ async fn not_ended(
 /// [`still_open`]).
 async fn generic_not_ended(jobs: &lading_jobs::Jobs, within: Duration) -> Vec<String> {
     still_open(within, Duration::from_millis(500), || async {
-        let mut open = Vec::new();
+        let Some(all) = admin_generic(|| jobs.list(GENERIC_TYPE, None, None, 10_000)).await else {
+            return vec!["the jobs are unreadable".into()];
+        };
+        let mut open: Vec<String> = all
+            .iter()
+            .filter(|j| {
+                !matches!(
+                    j.record.state,
+                    lading_jobs::State::Finished | lading_jobs::State::Failed
+                )
+            })
+            .map(|j| format!("{} {}", j.id, j.record.state.name()))
+            .collect();
+        // The jobs added at the start are all there, or ended and removed by retention.
         for i in 0..GENERIC_JOBS {
             let id = format!("g{i}");
-            match admin_generic(|| jobs.get_job_state(GENERIC_TYPE, &id)).await {
-                Some(lading_jobs::State::Finished | lading_jobs::State::Failed) => {}
-                Some(s) => open.push(format!("{id} {}", s.name())),
-                None => open.push(format!("{id} unreadable")),
+            if all.iter().any(|j| j.id == id) {
+                continue;
+            }
+            let gone = retrying(
+                || jobs.get_job_state(GENERIC_TYPE, &id),
+                |e| !matches!(e, lading_jobs::JobsError::NoJob { .. }),
+            )
+            .await
+            .is_none();
+            if !gone {
+                open.push(format!("{id} missing from the list"));
             }
         }
         open
@@ -567,7 +597,7 @@ pub fn run(seed: u64, opts: &Options) -> Run {
 
 async fn simulate(seed: u64, opts: &Options) -> Run {
     let world = World::new(seed, opts.faults.then(Faults::default_on), opts.trace);
-    let start = tokio::time::Instant::now();
+    let start = world.lock().start();
     let clock = Arc::new(SimClock { start });
     let rng = Seeded::new(seed);
     let mut sim = Sim {
@@ -585,10 +615,28 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
     );
     // The admin's session is the operator's: faults do not end it (it retries).
     admin(|| admin_engine.init()).await;
-    // Generic jobs: a type whose running jobs time out after 5 s, and its jobs.
+    // Generic jobs: a type whose running jobs time out after 5 s, with a rate limit and a
+    // retention of ended jobs; a schedule; and its jobs.
     let admin_jobs = lading_jobs::Jobs::new(admin_engine.tree().clone(), clock.clone(), "admin")
         .with_random(Seeded::new(seed ^ 0x6a));
-    admin_generic(|| admin_jobs.set_type_timeout(GENERIC_TYPE, 5)).await;
+    let settings = lading_jobs::TypeUpdate {
+        timeout_s: Some(5),
+        rate_per_s: Some(GENERIC_RATE),
+        keep_finished_s: Some(GENERIC_KEEP_S),
+        keep_failed_s: Some(GENERIC_KEEP_S),
+        ..Default::default()
+    };
+    admin_generic(|| admin_jobs.update_type(GENERIC_TYPE, &settings)).await;
+    admin_generic(|| {
+        admin_jobs.set_schedule(
+            GENERIC_TYPE,
+            SCHEDULE,
+            lading_jobs::Every::Seconds(SCHEDULE_EVERY_S),
+            json!({ "tick": true }),
+            0,
+        )
+    })
+    .await;
     for i in 0..GENERIC_JOBS {
         let id = format!("g{i}");
         admin_generic(|| admin_jobs.add(GENERIC_TYPE, &id, json!({ "i": i }), None)).await;
@@ -755,8 +803,30 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
             open.join(", ")
         ));
     }
-    // Generic jobs end too (finished, or failed after their attempts), and none was
-    // finished by two acceptances.
+    // The schedule ticks on once the faults stop (within two of its intervals and the
+    // monitors' longest wait), and is removed; then every generic job ends (finished, or
+    // failed after its attempts), and none was finished by two acceptances.
+    let faults_stopped = clock.now_ms();
+    let ticked = still_open(
+        Duration::from_secs(2 * SCHEDULE_EVERY_S + 1),
+        Duration::from_millis(500),
+        || async {
+            match admin_generic(|| admin_jobs.schedules(GENERIC_TYPE)).await {
+                Some(list) if list.iter().any(|(_, s)| s.last_tick_ms > faults_stopped) => vec![],
+                Some(list) => vec![format!("{list:?}")],
+                None => vec!["unreadable".into()],
+            }
+        },
+    )
+    .await;
+    if !ticked.is_empty() {
+        world.lock().violation(format!(
+            "liveness: schedule {SCHEDULE} did not tick within {} s after the faults stopped: {}",
+            2 * SCHEDULE_EVERY_S + 1,
+            ticked.join(", ")
+        ));
+    }
+    admin_generic(|| admin_jobs.remove_schedule(GENERIC_TYPE, SCHEDULE)).await;
     let generic_open = generic_not_ended(&admin_jobs, Duration::from_millis(LIVENESS_MS)).await;
     if !generic_open.is_empty() {
         world.lock().violation(format!(

@@ -101,6 +101,8 @@ pub struct State {
     start: tokio::time::Instant,
     /// Commits so far (the simulator's steps).
     pub commits: u64,
+    /// Generic jobs accepted, per type and second (see [`check::Accepts`]).
+    accepts: check::Accepts,
     pub violations: Vec<String>,
     /// FNV-1a over every trace line: two runs of one seed agree iff their traces do.
     pub trace_hash: u64,
@@ -111,9 +113,18 @@ pub struct State {
     live_trace: bool,
 }
 
+/// The simulated wall clock's start (2026-01-01), in ms since the epoch.
+pub const EPOCH_MS: u64 = 1_767_225_600_000;
+
 impl State {
+    /// Simulated time since the run started, in ms.
     fn now_ms(&self) -> u64 {
         self.start.elapsed().as_millis() as u64
+    }
+
+    /// When the run started: the processes' clock reads [`EPOCH_MS`] then.
+    pub fn start(&self) -> tokio::time::Instant {
+        self.start
     }
 
     pub fn trace(&mut self, line: String) {
@@ -244,6 +255,7 @@ impl World {
                 rng: Seeded::new(seed ^ 0x7472_6565),
                 start: tokio::time::Instant::now(),
                 commits: 0,
+                accepts: Default::default(),
                 violations: Vec::new(),
                 trace_hash: 0xcbf2_9ce4_8422_2325,
                 tail: VecDeque::new(),
@@ -369,7 +381,8 @@ impl SimTree {
         for (p, created_or_deleted) in &changed {
             st.fire(p, *created_or_deleted);
         }
-        for v in check::after_commit(&st.mem, session, ops, &probe) {
+        let clock_ms = EPOCH_MS + now;
+        for v in check::after_commit(&st.mem, session, ops, &probe, clock_ms, &mut st.accepts) {
             st.violation(format!("{v} (commit by {} s{session})", self.name));
         }
         Ok(results)

@@ -85,7 +85,7 @@ fn without_faults_every_batch_ends_reported_once() {
 fn the_seeds_that_found_bugs_run_clean() {
     let opts = Options::default();
     for seed in [
-        5, 9, 10, 11, 13, 17, 18, 157, 174, 401302608, 401305623, 401313012, 401314180,
+        5, 9, 10, 11, 13, 17, 18, 22, 157, 174, 401302608, 401305623, 401313012, 401314180,
     ] {
         let r = run(seed, &opts);
         assert!(r.jobs > 0, "seed {seed} ran no job");

@@ -411,6 +411,50 @@ pub async fn generic_jobs_rate_limit_holds_across_processors(h: &dyn Harness) {
     assert_eq!(a.accept_many("slow", 5, &NOW).await.unwrap().len(), 1);
 }
 
+/// A processor whose clock is behind (another host's, or its own read before a slow round
+/// trip) counts against the second already counted, not its own earlier one: before, it
+/// started that second's count again and let a second limit's worth through (found by
+/// lading-sim, seeds 17 and 22).
+pub async fn generic_jobs_rate_limit_holds_for_a_processor_whose_clock_is_behind(h: &dyn Harness) {
+    let ahead = ManualClock::new(T0 + 1000);
+    let behind = ManualClock::new(T0);
+    let (a, _sa) = jobs_on(h, ahead.clone(), "ahead").await;
+    let (b, _sb) = jobs_on(h, behind.clone(), "behind").await;
+    let update = TypeUpdate {
+        timeout_s: Some(60),
+        rate_per_s: Some(2),
+        ..Default::default()
+    };
+    a.update_type("skewed", &update).await.unwrap();
+    for i in 0..6 {
+        a.add("skewed", &format!("j{i}"), json!({}), Some(T0 / 1000))
+            .await
+            .unwrap();
+    }
+    let rate = || async {
+        a.tree()
+            .get("/generic-jobs/skewed/rate")
+            .await
+            .unwrap()
+            .map(|n| (n.data, n.stat.version))
+    };
+    assert!(rate().await.is_none(), "nothing counted yet");
+    assert_eq!(a.accept_many("skewed", 5, &NOW).await.unwrap().len(), 2);
+    let counted = rate().await;
+    assert_eq!(
+        b.accept_many("skewed", 5, &NOW).await.unwrap().len(),
+        0,
+        "the second counted is full, though this clock is a second behind"
+    );
+    assert_eq!(rate().await, counted, "a refusal writes nothing");
+    // Once either clock reaches the next second, two more go.
+    behind.advance_ms(2000);
+    assert_eq!(b.accept_many("skewed", 5, &NOW).await.unwrap().len(), 2);
+    assert_eq!(a.accept_many("skewed", 5, &NOW).await.unwrap().len(), 0);
+    let c = a.counts("skewed").await.unwrap();
+    assert_eq!((c[&State::Running], c[&State::Pending]), (4, 2));
+}
+
 pub async fn generic_jobs_retention_removes_old_finished_and_failed_jobs(h: &dyn Harness) {
     let clock = ManualClock::new(T0);
     let (j, _s) = jobs_on(h, clock.clone(), "keeper").await;

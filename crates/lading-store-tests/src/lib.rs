@@ -377,6 +377,7 @@ macro_rules! conformance_tests {
             generic_jobs_run_by_priority_then_due_time,
             generic_jobs_schedule_adds_one_job_per_tick_however_many_monitors_race,
             generic_jobs_rate_limit_holds_across_processors,
+            generic_jobs_rate_limit_holds_for_a_processor_whose_clock_is_behind,
             generic_jobs_retention_removes_old_finished_and_failed_jobs,
             generic_jobs_batched_accept_never_hands_one_job_to_two,
             generic_jobs_subscribers_see_every_transition_in_order,

@@ -13,6 +13,9 @@ pub const REPORT_UNGUARDED: u32 = 4;
 /// A waiting worker does not watch its state folder: it misses the wake-up of a job
 /// arriving and sees it only at its next periodic look.
 pub const LOST_WAKEUP: u32 = 8;
+/// A generic-jobs acceptor counts its accepts against the type's rate limit without the
+/// version of the count it read: acceptors racing in one second each take the room left.
+pub const RATE_UNGUARDED: u32 = 16;
 
 /// Every sabotage, by the name `--sabotage` takes.
 pub const NAMES: &[(&str, u32)] = &[
@@ -20,6 +23,7 @@ pub const NAMES: &[(&str, u32)] = &[
     ("split-move", SPLIT_MOVE),
     ("report-unguarded", REPORT_UNGUARDED),
     ("lost-wakeup", LOST_WAKEUP),
+    ("rate-unguarded", RATE_UNGUARDED),
 ];
 
 #[cfg(feature = "sabotage")]
