@@ -342,6 +342,21 @@ pub trait Tree: Send + Sync + 'static {
     /// failing op; nothing was changed.
     fn multi(&self, ops: Vec<Op>) -> TreeFuture<'_, Vec<OpResult>>;
 
+    /// [`multi`](Tree::multi), on `session` only: `SessionExpired` when the tree's session is
+    /// no longer it, decided where the commit is (a backend's own check of its session, not
+    /// the caller's before the call). What a lease holder commits goes this way: a session
+    /// replaced between the holder's look at its lease and its call would otherwise carry the
+    /// commit, and a lock another session has taken since passes the `multi`'s checks (found
+    /// by `lading-sim`). The default checks before the call; every backend does better.
+    fn multi_on(&self, session: u64, ops: Vec<Op>) -> TreeFuture<'_, Vec<OpResult>> {
+        Box::pin(async move {
+            if self.session_id() != session {
+                return Err(TreeError::SessionExpired);
+            }
+            self.multi(ops).await
+        })
+    }
+
     /// Registers a one-shot watch on `path`.
     fn watch<'a>(&'a self, path: &'a str, kind: WatchKind) -> TreeFuture<'a, Watch>;
 

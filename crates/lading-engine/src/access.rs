@@ -184,7 +184,7 @@ impl Engine {
                     token,
                     unreadable,
                     status_version: version,
-                    session: self.tree.session_id(),
+                    session: self.claim_session(&lock),
                 }));
             }
             after = Some(last);
@@ -255,7 +255,7 @@ impl Engine {
             ops.push(Op::delete(&lock, None));
         }
         self.tree
-            .multi(ops)
+            .multi_on(lease.session, ops)
             .await
             .map_err(|e| self.lease_error(e, lease.id.as_str()))?;
         self.publish(
@@ -275,6 +275,7 @@ impl Engine {
             self.unclaim(&lock);
             return Err(lost(lease.id.as_str()));
         }
-        self.release_lock(&lock, lease.id.as_str()).await
+        self.release_lock(&lock, lease.id.as_str(), lease.session)
+            .await
     }
 }

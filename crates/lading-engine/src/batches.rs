@@ -141,7 +141,7 @@ impl Engine {
                     effects: Vec::new(),
                     report: None,
                     status_version: version,
-                    session: self.tree.session_id(),
+                    session: self.claim_session(&lock),
                 };
                 if holds
                     && let Some(c) = self.batch_collection(&bid).await?
@@ -320,7 +320,7 @@ impl Engine {
         if !keep_lock {
             ops.push(Op::delete(&lock, None));
         }
-        if let Err(e) = self.tree.multi(ops).await {
+        if let Err(e) = self.tree.multi_on(lease.session, ops).await {
             // Someone moved the batch under us (an admin requeue reopened it), or the reply
             // was lost: the callers abandon the lock, which may still be this session's.
             return Err(self.lease_error(e, bid.as_str()));
@@ -353,7 +353,8 @@ impl Engine {
             self.unclaim(&lock);
             return Err(e);
         }
-        self.release_lock(&lock, lease.batch.as_str()).await
+        self.release_lock(&lock, lease.batch.as_str(), lease.session)
+            .await
     }
 
     /// The ops that give a batch moving to `to` its `states` folders when it has none. A batch

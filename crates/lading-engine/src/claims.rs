@@ -14,12 +14,16 @@ impl Engine {
     /// Creates the lock at `lock` if `guard` still holds. Ok(false) when someone else has it or
     /// the guard failed (the item moved on).
     pub(crate) async fn try_lock(&self, lock: &str, guard: Op) -> Result<bool> {
+        // On the session it was claimed under, the one its lease will carry.
         match self
             .tree
-            .multi(vec![
-                guard,
-                Op::create_mode(lock, self.lock_data(), CreateMode::Ephemeral),
-            ])
+            .multi_on(
+                self.claim_session(lock),
+                vec![
+                    guard,
+                    Op::create_mode(lock, self.lock_data(), CreateMode::Ephemeral),
+                ],
+            )
             .await
         {
             Ok(_) => Ok(true),
@@ -84,15 +88,22 @@ impl Engine {
         }
     }
 
-    /// Deletes a lease's `lock` (of `what`) and lets go of its claim: lease lost when it was
-    /// gone; abandoned ([`Engine::abandon`]) when the delete did not go through.
-    pub(crate) async fn release_lock(&self, lock: &str, what: &str) -> Result<()> {
-        match self.tree.delete(lock, None).await {
-            Ok(()) => {
+    /// Deletes a lease's `lock` (of `what`, taken on `session`) and lets go of its claim:
+    /// lease lost when it was gone or the session is no longer this tree's (a lock of
+    /// another session's is never deleted); abandoned ([`Engine::abandon`]) when the delete
+    /// did not go through.
+    pub(crate) async fn release_lock(&self, lock: &str, what: &str, session: u64) -> Result<()> {
+        match self
+            .tree
+            .multi_on(session, vec![Op::delete(lock, None)])
+            .await
+            .map_err(|e| e.root().clone())
+        {
+            Ok(_) => {
                 self.unclaim(lock);
                 Ok(())
             }
-            Err(TreeError::NoNode(_)) => {
+            Err(TreeError::NoNode(_) | TreeError::SessionExpired) => {
                 self.unclaim(lock);
                 Err(lost(what))
             }
@@ -103,14 +114,24 @@ impl Engine {
         }
     }
 
-    /// Deletes `lock` if this session holds it; Ok when it is gone or not ours.
+    /// Deletes `lock` if this session holds it; Ok when it is gone or not ours. The delete
+    /// goes on the session seen holding it: should that session be replaced in between, the
+    /// lock went with it, and one another session has made since (of the same version, 0) is
+    /// not deleted (found by `lading-sim`).
     async fn drop_if_own(&self, lock: &str) -> std::result::Result<(), TreeError> {
         match self.tree.exists(lock).await? {
             Some(stat) if stat.ephemeral_owner == self.tree.session_id() => {
-                match self.tree.delete(lock, Some(stat.version)).await {
-                    Ok(()) | Err(TreeError::NoNode(_)) | Err(TreeError::BadVersion { .. }) => {
-                        Ok(())
-                    }
+                let delete = vec![Op::delete(lock, Some(stat.version))];
+                match self
+                    .tree
+                    .multi_on(stat.ephemeral_owner, delete)
+                    .await
+                    .map_err(|e| e.root().clone())
+                {
+                    Ok(_)
+                    | Err(TreeError::NoNode(_))
+                    | Err(TreeError::BadVersion { .. })
+                    | Err(TreeError::SessionExpired) => Ok(()),
                     Err(e) => Err(e),
                 }
             }
@@ -128,12 +149,24 @@ impl Engine {
             .cloned()
             .collect();
         for lock in strays {
+            // Taken out while it is tried, so that one caller at a time does: two that both
+            // read it as this session's, one deleting it and the other only later, deleted
+            // the lock another session had made in between (found by `lading-sim`).
+            let mine = self
+                .strays
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&lock);
+            if !mine {
+                continue;
+            }
             if self.drop_if_own(&lock).await.is_ok() {
+                self.unclaim(&lock);
+            } else {
                 self.strays
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .remove(&lock);
-                self.unclaim(&lock);
+                    .insert(lock);
             }
         }
         !self
@@ -151,19 +184,31 @@ impl Engine {
             .remove(lock);
     }
 
+    /// The session `lock` was claimed under (the current one when it is not claimed): its
+    /// lock is created on it, and its lease carries it. Read at the lease's making instead,
+    /// the session could have been replaced since the lock was made, and the lease would
+    /// pass as the new session's (found by `lading-sim`).
+    pub(crate) fn claim_session(&self, lock: &str) -> u64 {
+        self.claimed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(lock)
+            .copied()
+            .unwrap_or_else(|| self.tree.session_id())
+    }
+
+    /// Claims `lock` for one local lease: false while any local lease holds it, even one
+    /// taken under an earlier session (its handler may still run, and give up its lease by
+    /// deleting "its" lock, by then the new lease's: found by `lading-sim`).
     pub(crate) fn claim(&self, lock: &str) -> bool {
         let session = self.tree.session_id();
         let mut claimed = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
-        match claimed.get(lock) {
-            Some(s) if *s == session => {
-                self.local_conflicts.fetch_add(1, Ordering::Relaxed);
-                false
-            }
-            _ => {
-                claimed.insert(lock.to_string(), session);
-                true
-            }
+        if claimed.contains_key(lock) {
+            self.local_conflicts.fetch_add(1, Ordering::Relaxed);
+            return false;
         }
+        claimed.insert(lock.to_string(), session);
+        true
     }
 
     pub(crate) fn unclaim(&self, lock: &str) {

@@ -30,7 +30,7 @@ impl Engine {
                     ops.push(Op::create(batch_ref_folder(bid, f), None));
                 }
             }
-            match self.tree.multi(ops).await {
+            match self.tree.multi_on(lease.session, ops).await {
                 Ok(_) => {}
                 // A concurrent create_job of the same intake made them first.
                 Err(e) if matches!(e.root(), TreeError::NodeExists(_)) => {}
@@ -415,7 +415,7 @@ impl Engine {
             status,
             priority,
             status_version: version,
-            session: self.tree.session_id(),
+            session: self.claim_session(&job_node(jid, "lock")),
         })
     }
 

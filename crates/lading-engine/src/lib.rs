@@ -128,6 +128,38 @@ impl JobLease {
     }
 }
 
+/// What fences a lease holder's own write beside its job (see `Engine::job_fence`): the
+/// lease's session and the ops that check its lock.
+#[derive(Debug, Clone)]
+pub struct Fence {
+    pub session: u64,
+    pub ops: Vec<Op>,
+}
+
+impl Fence {
+    /// `ops` after the fence's own, in one `multi` on the lease's session: `Err` is the lease
+    /// lost (the fence failed or the session is gone), `Ok(Err)` the store's refusal of `ops`.
+    pub async fn multi(
+        &self,
+        tree: &dyn Tree,
+        what: &str,
+        ops: Vec<Op>,
+    ) -> Result<std::result::Result<Vec<lading_core::OpResult>, TreeError>> {
+        let mut all = self.ops.clone();
+        all.extend(ops);
+        match tree.multi_on(self.session, all).await {
+            Ok(r) => Ok(Ok(r)),
+            Err(e)
+                if e.failed_op().is_some_and(|i| i < self.ops.len())
+                    || matches!(e.root(), TreeError::SessionExpired) =>
+            {
+                Err(lost(what))
+            }
+            Err(e) => Ok(Err(e)),
+        }
+    }
+}
+
 /// A batch held by this worker.
 #[derive(Debug, Clone)]
 pub struct BatchLease {

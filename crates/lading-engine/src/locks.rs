@@ -14,7 +14,7 @@ use lading_core::BatchState;
 use lading_core::layout::{
     BatchId, INVENTORY_LOCKS, STORAGE_LOCKS, batch_node, inventory_lock, storage_lock,
 };
-use lading_core::{CreateMode, TreeError};
+use lading_core::{CreateMode, Op, TreeError};
 use serde::{Deserialize, Serialize};
 
 /// A lock left by another tool: a persistent storage or inventory lock, or a lock on a Held
@@ -130,15 +130,20 @@ impl Engine {
 
 impl Engine {
     pub(crate) async fn ark_lock(&self, path: String) -> Result<ArkLock> {
+        // Made on the session the lock will carry (see `Tree::multi_on`).
+        let session = self.tree.session_id();
+        let create = vec![Op::create_mode(
+            &path,
+            self.lock_data(),
+            CreateMode::Ephemeral,
+        )];
         match self
             .tree
-            .create(&path, self.lock_data(), CreateMode::Ephemeral)
+            .multi_on(session, create)
             .await
+            .map_err(|e| e.root().clone())
         {
-            Ok(_) => Ok(ArkLock {
-                path,
-                session: self.tree.session_id(),
-            }),
+            Ok(_) => Ok(ArkLock { path, session }),
             Err(TreeError::NodeExists(p)) => Err(EngineError::Locked(p)),
             Err(e) => Err(e.into()),
         }
@@ -164,9 +169,16 @@ impl Engine {
         if lock.session != self.tree.session_id() {
             return Err(lost(&lock.path));
         }
-        match self.tree.delete(&lock.path, None).await {
-            Ok(()) => Ok(()),
-            Err(TreeError::NoNode(_)) => Err(lost(&lock.path)),
+        // On its own session: one replaced meanwhile took the lock with it, and the lock
+        // another holder has made since is not this one's to delete.
+        match self
+            .tree
+            .multi_on(lock.session, vec![Op::delete(&lock.path, None)])
+            .await
+            .map_err(|e| e.root().clone())
+        {
+            Ok(_) => Ok(()),
+            Err(TreeError::NoNode(_) | TreeError::SessionExpired) => Err(lost(&lock.path)),
             Err(e) => Err(e.into()),
         }
     }

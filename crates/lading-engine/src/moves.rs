@@ -124,7 +124,7 @@ impl Engine {
         if !keep_lock {
             ops.push(Op::delete(&lock, None));
         }
-        if let Err(e) = self.move_multi(ops).await {
+        if let Err(e) = self.move_multi(lease.session, ops).await {
             // The callers abandon the lock, which may still be this session's.
             return Err(self.lease_error(e, lease.job.as_str()));
         }
@@ -134,13 +134,18 @@ impl Engine {
 
     /// The `multi` of a job's move. Under the `split-move` sabotage the status goes alone
     /// first (the lock check and the status set), then the references and the rest.
-    async fn move_multi(&self, mut ops: Vec<Op>) -> std::result::Result<(), TreeError> {
+    /// On the lease's `session` only (see `Tree::multi_on`).
+    async fn move_multi(
+        &self,
+        session: u64,
+        mut ops: Vec<Op>,
+    ) -> std::result::Result<(), TreeError> {
         if sabotage::on(sabotage::SPLIT_MOVE) && ops.len() > 2 {
             let rest = ops.split_off(2);
-            self.tree.multi(ops).await?;
+            self.tree.multi_on(session, ops).await?;
             ops = rest;
         }
-        self.tree.multi(ops).await.map(|_| ())
+        self.tree.multi_on(session, ops).await.map(|_| ())
     }
 
     pub(crate) fn publish_move(&self, lease: &JobLease, status: &JobStatus) {
@@ -292,9 +297,12 @@ impl Engine {
             // at its next move.
             let paths = Self::lease_paths(&c.jid);
             let (moved, read) = if self.tree.local_reads() {
-                (self.move_multi(ops).await, Ok(Vec::new()))
+                (self.move_multi(lease.session, ops).await, Ok(Vec::new()))
             } else {
-                tokio::join!(self.move_multi(ops), self.tree.get_many(&paths))
+                tokio::join!(
+                    self.move_multi(lease.session, ops),
+                    self.tree.get_many(&paths)
+                )
             };
             match moved {
                 Ok(_) => {
@@ -321,7 +329,7 @@ impl Engine {
             }
         }
         if taken.is_none()
-            && let Err(e) = self.move_multi(move_ops).await
+            && let Err(e) = self.move_multi(lease.session, move_ops).await
         {
             self.abandon(&lock).await;
             return Err(self.lease_error(e, lease.job.as_str()));
@@ -364,7 +372,7 @@ impl Engine {
     /// look again, in one `multi` that also takes and drops its lock (so no worker holds it
     /// meanwhile). This process forgets the deferral at once; another process that saw the
     /// job deferred takes it when its own record of the retry time runs out. Returns false
-    /// when the job is not deferred in `state` or is locked.
+    /// when the job is not in `state`, not deferred (due already) or locked.
     pub async fn wake_job(&self, state: JobState, job: &JobId) -> Result<bool> {
         let (mut status, version) = self.job_status(job).await?;
         if status.status != state {
@@ -375,8 +383,10 @@ impl Engine {
         let name = job_ref_name(priority, job);
         let forget = || self.contention.forget_deferred(&folder, &name);
         if retry_at(&status).is_none_or(|at| at <= self.clock.now_ms()) {
+            // Due already (its deferral ran out, or is not written yet: a quota's park
+            // records the waiter before the worker defers the job): nothing to wake.
             forget();
-            return Ok(true);
+            return Ok(false);
         }
         status.extra.remove(RETRY_AT_FIELD);
         // Forgotten before the commit: a worker woken by it must not find it still deferred
@@ -395,7 +405,13 @@ impl Engine {
             ])
             .await;
         match r {
-            Ok(_) => Ok(true),
+            Ok(_) => {
+                // And after it: a worker of this process that looked at the job while the
+                // commit was on its way found it still deferred and recorded that again, and
+                // would have passed it over until its old retry time (found by `lading-sim`).
+                forget();
+                Ok(true)
+            }
             Err(e)
                 if matches!(
                     e.root(),
@@ -442,7 +458,7 @@ impl Engine {
             ),
             Op::delete(&lock, None),
         ];
-        if let Err(e) = self.tree.multi(ops).await {
+        if let Err(e) = self.tree.multi_on(lease.session, ops).await {
             self.abandon(&lock).await;
             return Err(self.lease_error(e, lease.job.as_str()));
         }
@@ -463,7 +479,8 @@ impl Engine {
             self.unclaim(&lock);
             return Err(e);
         }
-        self.release_lock(&lock, lease.job.as_str()).await
+        self.release_lock(&lock, lease.job.as_str(), lease.session)
+            .await
     }
 
     /// Changes a leased job's priority: rewrites `priority` and renames its `PP-JID` reference.
@@ -486,7 +503,7 @@ impl Engine {
             Op::create(job_ref(state, priority, &lease.job), None),
         ];
         self.tree
-            .multi(ops)
+            .multi_on(lease.session, ops)
             .await
             .map_err(|e| self.lease_error(e, lease.job.as_str()))?;
         lease.priority = priority;
@@ -520,6 +537,18 @@ impl Engine {
         self.set_job_node(lease, name, to_bytes(value)).await
     }
 
+    /// What fences a write of the lease holder's own beside the job (a quota slot, a note
+    /// that it waits): its ops first in that write's `multi`, sent on the lease's session
+    /// ([`Fence::multi`]), make it fail once the lease is lost. `LeaseLost` at once when this
+    /// process's session is not the lease's.
+    pub fn job_fence(&self, lease: &JobLease) -> Result<Fence> {
+        self.check_job_lease(lease)?;
+        Ok(Fence {
+            session: lease.session,
+            ops: vec![Op::check(job_node(&lease.job, "lock"), None)],
+        })
+    }
+
     pub(crate) async fn set_job_node(
         &self,
         lease: &JobLease,
@@ -534,7 +563,10 @@ impl Engine {
             Op::create(&path, Some(bytes))
         };
         self.tree
-            .multi(vec![Op::check(job_node(&lease.job, "lock"), None), write])
+            .multi_on(
+                lease.session,
+                vec![Op::check(job_node(&lease.job, "lock"), None), write],
+            )
             .await
             .map_err(|e| self.lease_error(e, lease.job.as_str()))?;
         Ok(())

@@ -20,10 +20,10 @@ impl Engine {
             Op::create(&path, json_bytes(&report))
         };
         self.tree
-            .multi(vec![
-                Op::check(batch_node(&lease.batch, "lock"), None),
-                write,
-            ])
+            .multi_on(
+                lease.session,
+                vec![Op::check(batch_node(&lease.batch, "lock"), None), write],
+            )
             .await
             .map_err(|e| self.lease_error(e, lease.batch.as_str()))?;
         Ok(())

@@ -100,7 +100,7 @@ impl Engine {
                     bytes,
                 }),
             ));
-            match self.tree.multi(ops).await {
+            match self.tree.multi_on(lease.session, ops).await {
                 Ok(_) => {
                     lease.status = status;
                     lease.status_version += 1;

@@ -25,7 +25,7 @@
 
 use lading_core::layout::JobId;
 use lading_core::{JobState, Op, TreeError};
-use lading_engine::{Engine, EngineError};
+use lading_engine::{Engine, EngineError, Fence};
 
 pub const QUOTAS: &str = "/quotas";
 /// Jobs parked for a slot: `/quota-waiters/PROFILE/SUBMITTER/JID`.
@@ -93,13 +93,33 @@ async fn stale_slots(
     Ok(stale)
 }
 
-/// Reserves a slot for `job` under `limit`, or says the submitter is full.
+/// `ops` after `fence` (the lease holder's, see `Engine::job_fence`; none: unfenced) in
+/// one `multi`: the outer error is the lease lost, the inner one the store's answer to `ops`.
+async fn multi_fenced(
+    engine: &Engine,
+    job: &JobId,
+    fence: Option<&Fence>,
+    ops: Vec<Op>,
+) -> Result<Result<(), TreeError>, EngineError> {
+    match fence {
+        Some(f) => Ok(f
+            .multi(engine.tree().as_ref(), job.as_str(), ops)
+            .await?
+            .map(drop)),
+        None => Ok(engine.tree().multi(ops).await.map(drop)),
+    }
+}
+
+/// Reserves a slot for `job` under `limit`, or says the submitter is full. Every write is
+/// fenced by `fence` (the job's lease's; none for a caller that holds none): a handler that
+/// lost its lease reserves nothing.
 pub async fn reserve(
     engine: &Engine,
     profile: &str,
     submitter: &str,
     job: &JobId,
     limit: usize,
+    fence: Option<&Fence>,
 ) -> Result<Slot, EngineError> {
     let dir = format!("{QUOTAS}/{}/{}", node_name(profile), node_name(submitter));
     let t = engine.tree();
@@ -120,8 +140,8 @@ pub async fn reserve(
             }
             let mut ops = vec![Op::set(&dir, None, Some(v))];
             ops.extend(stale.into_iter().map(|p| Op::delete(p, None)));
-            match t.multi(ops).await {
-                Ok(_) => continue,
+            match multi_fenced(engine, job, fence, ops).await? {
+                Ok(()) => continue,
                 Err(e) if is_race(&e) => continue,
                 Err(e) => return Err(e.into()),
             }
@@ -130,8 +150,8 @@ pub async fn reserve(
             Op::set(&dir, None, Some(v)),
             Op::create(format!("{dir}/{job}"), None),
         ];
-        match t.multi(ops).await {
-            Ok(_) => return Ok(Slot::Granted),
+        match multi_fenced(engine, job, fence, ops).await? {
+            Ok(()) => return Ok(Slot::Granted),
             Err(e) if is_race(&e) => continue,
             Err(e) => return Err(e.into()),
         }
@@ -187,51 +207,97 @@ pub async fn sweep(engine: &Engine) -> Result<usize, EngineError> {
     Ok(removed)
 }
 
-/// Records `job` as parked for a slot of (`profile`, `submitter`).
+/// Records `job` as parked for a slot of (`profile`, `submitter`), fenced by `fence` (see
+/// [`reserve`]).
 pub async fn park(
     engine: &Engine,
     profile: &str,
     submitter: &str,
     job: &JobId,
+    fence: Option<&Fence>,
 ) -> Result<(), EngineError> {
     let dir = format!("{WAITERS}/{}/{}", node_name(profile), node_name(submitter));
     ensure(engine, &dir).await?;
-    match engine
-        .tree()
-        .create(
-            &format!("{dir}/{job}"),
-            None,
-            lading_core::CreateMode::Persistent,
-        )
-        .await
-    {
-        Ok(_) | Err(TreeError::NodeExists(_)) => Ok(()),
+    let ops = vec![Op::create(format!("{dir}/{job}"), None)];
+    match multi_fenced(engine, job, fence, ops).await? {
+        Ok(()) => Ok(()),
+        Err(e) if matches!(e.root(), TreeError::NodeExists(_)) => Ok(()),
         Err(e) => Err(e.into()),
     }
 }
 
-/// Forgets that `job` was parked (it got its slot, or is gone).
+/// Forgets that `job` was parked (it got its slot), fenced by `fence` (see [`reserve`]): a
+/// handler that lost its lease must not forget the park another worker has made since.
 pub async fn unpark(
     engine: &Engine,
     profile: &str,
     submitter: &str,
     job: &JobId,
+    fence: Option<&Fence>,
 ) -> Result<(), EngineError> {
     let path = format!(
         "{WAITERS}/{}/{}/{job}",
         node_name(profile),
         node_name(submitter)
     );
-    match engine.tree().delete(&path, None).await {
-        Ok(()) | Err(TreeError::NoNode(_)) => Ok(()),
+    match multi_fenced(engine, job, fence, vec![Op::delete(path, None)]).await? {
+        Ok(()) => Ok(()),
+        Err(e) if matches!(e.root(), TreeError::NoNode(_)) => Ok(()),
         Err(e) => Err(e.into()),
     }
 }
 
+/// Starts the leased `job` (Pending → on) within `limit` jobs in flight of (`profile`,
+/// `submitter`): `Done` with its slot reserved, or parked and deferred for [`PARK`] (the
+/// waker wakes it when a slot frees) with the reason. Every write is fenced by the lease:
+/// a handler that lost it (its session lapsed while it ran) changes nothing. Before, such a
+/// handler took a slot and forgot the park another worker had made meanwhile, and the job
+/// waited out its park with nobody to wake it (found by `lading-sim`).
+pub async fn start_within(
+    job: &lading_worker::JobCtx,
+    profile: &str,
+    submitter: &str,
+    limit: usize,
+) -> Result<lading_worker::Outcome, EngineError> {
+    let (engine, jid) = (&job.engine, job.job());
+    let fence = job.fence().await?;
+    let fence = Some(&fence);
+    match reserve(engine, profile, submitter, jid, limit, fence).await? {
+        Slot::Granted => {
+            unpark(engine, profile, submitter, jid, fence).await?;
+            Ok(lading_worker::Outcome::Done)
+        }
+        Slot::Full(n) => {
+            // Parked until a slot frees (the waker wakes it), not polled.
+            park(engine, profile, submitter, jid, fence).await?;
+            Ok(lading_worker::Outcome::Wait {
+                after: PARK,
+                reason: format!(
+                    "{submitter} has {n} jobs of profile {profile} in flight (limit {limit}); \
+                     waiting for one to finish"
+                ),
+            })
+        }
+    }
+}
+
+/// A profile's limit of jobs in flight per submitter, by the profile's name (`None`: none).
+pub type Limits = std::sync::Arc<dyn Fn(&str) -> Option<usize> + Send + Sync>;
+
+/// The limits of `ingest`'s profiles.
+fn limits_of(ingest: std::sync::Arc<crate::Ingest>) -> Limits {
+    std::sync::Arc::new(move |p: &str| {
+        ingest
+            .profile(p)
+            .ok()
+            .and_then(|pr| pr.max_in_flight_per_submitter)
+            .map(|l| l as usize)
+    })
+}
+
 /// Wakes, for every submitter with parked jobs, as many of them as it has free slots (oldest
-/// first); parked jobs no longer in Pending are forgotten. Returns how many were woken.
-pub async fn wake(ingest: &crate::Ingest) -> Result<usize, EngineError> {
-    let engine = &ingest.engine;
+/// first); parked jobs neither in Pending nor Held are forgotten. Returns how many were woken.
+pub async fn wake(engine: &Engine, limits: &Limits) -> Result<usize, EngineError> {
     let t = engine.tree();
     let profiles = match t.children(WAITERS).await {
         Ok(p) => p,
@@ -241,11 +307,7 @@ pub async fn wake(ingest: &crate::Ingest) -> Result<usize, EngineError> {
     let mut woken = 0;
     for p in profiles {
         // Profile names are node names already (letters, digits, '_', '-', '.').
-        let limit = ingest
-            .profile(&p)
-            .ok()
-            .and_then(|pr| pr.max_in_flight_per_submitter)
-            .map_or(usize::MAX, |l| l as usize);
+        let limit = limits(&p).unwrap_or(usize::MAX);
         let pdir = format!("{WAITERS}/{p}");
         for s in t.children(&pdir).await.unwrap_or_default() {
             let wdir = format!("{pdir}/{s}");
@@ -272,22 +334,32 @@ pub async fn wake(ingest: &crate::Ingest) -> Result<usize, EngineError> {
                     continue;
                 };
                 match engine.wake_job(JobState::Pending, &jid).await {
+                    // Woken: its record stays until the job gets its slot (`start_within`
+                    // removes it) or is gone. Removed here, it went with a record the job
+                    // had just made again, parked anew by a worker that found the submitter
+                    // still full, and nobody woke it (found by `lading-sim`).
                     Ok(true) => {
                         woken += 1;
                         free -= 1;
+                        continue;
                     }
-                    // Locked (being started right now) or no longer parked: its slot is
-                    // spoken for either way.
-                    Ok(false) => {
-                        if engine
-                            .job(&jid)
-                            .await
-                            .is_ok_and(|i| i.status.status == JobState::Pending)
-                        {
+                    // Locked (being started right now), or not deferred (its park ran out,
+                    // or is being written: the waiter is recorded before the deferral):
+                    // its slot is spoken for either way, and its record stays. A Held job
+                    // (an admin's hold, a held collection) comes back to Pending when
+                    // released, still deferred for its park: it stays parked, or nobody
+                    // would wake it. (Both found by `lading-sim`.)
+                    // A job that cannot be read now keeps its record too; only one past
+                    // Pending, ended or gone is forgotten.
+                    Ok(false) => match engine.job(&jid).await.map(|i| i.status.status) {
+                        Ok(JobState::Pending) => {
                             free -= 1;
                             continue;
                         }
-                    }
+                        Ok(JobState::Held) => continue,
+                        Ok(_) | Err(EngineError::NoJob(_)) => {}
+                        Err(_) => continue,
+                    },
                     Err(EngineError::NoJob(_)) => {}
                     Err(e) => return Err(e),
                 }
@@ -298,12 +370,22 @@ pub async fn wake(ingest: &crate::Ingest) -> Result<usize, EngineError> {
     Ok(woken)
 }
 
+/// [`run_waker_with`] on `ingest`'s engine and profiles.
+pub async fn run_waker(ingest: std::sync::Arc<crate::Ingest>, shutdown: lading_worker::Shutdown) {
+    let engine = ingest.engine.clone();
+    run_waker_with(engine, limits_of(ingest), shutdown).await
+}
+
 /// Runs [`wake`] whenever a job reaches a final state (at most every 100 ms), and every
 /// [`PARK`]/10 as a safety net, until `shutdown` says stop.
-pub async fn run_waker(ingest: std::sync::Arc<crate::Ingest>, shutdown: lading_worker::Shutdown) {
+pub async fn run_waker_with(
+    engine: std::sync::Arc<Engine>,
+    limits: Limits,
+    shutdown: lading_worker::Shutdown,
+) {
     use lading_core::WatchKind;
     let mut stop = std::pin::pin!(shutdown.into_stopped());
-    let t = ingest.engine.tree().clone();
+    let t = engine.tree().clone();
     loop {
         let mut watches = Vec::new();
         for s in [
@@ -322,7 +404,7 @@ pub async fn run_waker(ingest: std::sync::Arc<crate::Ingest>, shutdown: lading_w
                 watches.push(w);
             }
         }
-        if let Err(e) = wake(&ingest).await {
+        if let Err(e) = wake(&engine, &limits).await {
             tracing::warn!(error = %e, "waking jobs parked for a quota slot");
         }
         let any =

@@ -76,36 +76,9 @@ async fn start(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
         return Ok(Outcome::Done);
     };
     let submitter = config.submitter.as_deref().unwrap_or_default();
-    match crate::quota::reserve(
-        &job.engine,
-        profile_name,
-        submitter,
-        job.job(),
-        limit as usize,
-    )
-    .await
-    .map_err(engine_err)?
-    {
-        crate::quota::Slot::Granted => {
-            crate::quota::unpark(&job.engine, profile_name, submitter, job.job())
-                .await
-                .map_err(engine_err)?;
-            Ok(Outcome::Done)
-        }
-        crate::quota::Slot::Full(n) => {
-            // Parked until a slot frees (the waker wakes it), not polled.
-            crate::quota::park(&job.engine, profile_name, submitter, job.job())
-                .await
-                .map_err(engine_err)?;
-            Ok(Outcome::Wait {
-                after: crate::quota::PARK,
-                reason: format!(
-                    "{submitter} has {n} jobs of profile {profile_name} in flight (limit {limit}); \
-                     waiting for one to finish"
-                ),
-            })
-        }
-    }
+    crate::quota::start_within(job, profile_name, submitter, limit as usize)
+        .await
+        .map_err(engine_err)
 }
 
 /// Estimating: HEAD every file, `space_needed` = the sum; large jobs get a lower priority.

@@ -66,7 +66,7 @@ async fn the_sweep_gives_back_finished_slots_only_and_races_no_reservation(tree:
     for (i, j) in ids.iter().take(16).enumerate() {
         let (e, j) = (e.clone(), j.clone());
         tasks.push(tokio::spawn(async move {
-            quota::reserve(&e, "p", &format!("s{}", i % 4), &j, 100)
+            quota::reserve(&e, "p", &format!("s{}", i % 4), &j, 100, None)
                 .await
                 .unwrap()
         }));
@@ -104,7 +104,9 @@ async fn the_sweep_gives_back_finished_slots_only_and_races_no_reservation(tree:
         .await
         .unwrap();
     assert_eq!(
-        quota::reserve(&e, "p", "ghost", &ids[16], 1).await.unwrap(),
+        quota::reserve(&e, "p", "ghost", &ids[16], 1, None)
+            .await
+            .unwrap(),
         Slot::Granted
     );
     e.tree()

@@ -6,7 +6,9 @@
 //!   among its batch's folders, the one its state belongs to.
 //! - **No commit by a fenced worker**: a commit that sets a job's or a batch's status without
 //!   naming the version it read either takes its lock in the same `multi` or is made by the
-//!   session that held the lock before it. A versioned set is fenced by its version.
+//!   session that held the lock before it. A versioned set is fenced by its version. No
+//!   commit deletes a job's or a batch's lock another session holds (unless it made it).
+//! - **Quotas**: a submitter's quota folder holds no more slots than the limit.
 //! - **Generic jobs** (`lading-jobs`): no second of a type's clock has more accepts than its
 //!   rate limit; a job is removed only when it has ended and its type's retention has passed
 //!   (the simulated admin removes none itself); a schedule's last tick only moves on, to a
@@ -24,6 +26,8 @@ use std::collections::BTreeMap;
 /// the path of its lock and that lock's owner then (`None`: free).
 pub struct Probe {
     guarded: Vec<(String, String, Option<u64>)>,
+    /// Job and batch locks the commit deletes without making them in it: path and owner.
+    unlocked: Vec<(String, Option<u64>)>,
     /// Generic jobs the commit removes: type, id, and the record before.
     removed: Vec<(String, String, Option<Record>)>,
     /// Schedules the commit sets: type, name, and the last tick before.
@@ -78,6 +82,21 @@ pub fn before_commit(mem: &Mem, ops: &[Op]) -> Probe {
             _ => None,
         })
         .collect();
+    let unlocked = ops
+        .iter()
+        .filter_map(|o| match o {
+            Op::Delete { path, .. }
+                if path.ends_with("/lock")
+                    && lock_of(&format!("{}/status", path.trim_end_matches("/lock"))).is_some()
+                    && !ops
+                        .iter()
+                        .any(|c| matches!(c, Op::Create { path: p, .. } if p == path)) =>
+            {
+                Some((path.clone(), mem.get(path).map(|n| n.owner)))
+            }
+            _ => None,
+        })
+        .collect();
     let mut removed = Vec::new();
     let mut ticked = Vec::new();
     for o in ops {
@@ -98,6 +117,7 @@ pub fn before_commit(mem: &Mem, ops: &[Op]) -> Probe {
     }
     Probe {
         guarded,
+        unlocked,
         removed,
         ticked,
     }
@@ -242,6 +262,36 @@ fn touched_jobs(ops: &[Op]) -> Vec<JobId> {
     out
 }
 
+/// A quota folder never holds more slots than its limit: a commit that reserves one leaves
+/// at most the limit (the reservation counts every slot, stale ones too, against the
+/// folder's version).
+fn quota_after(mem: &Mem, ops: &[Op]) -> Vec<String> {
+    let mut found = Vec::new();
+    let prefix = format!(
+        "{}/{}/",
+        lading_ingest::quota::QUOTAS,
+        crate::sim::QUOTA_PROFILE
+    );
+    for o in ops {
+        let Op::Create { path, .. } = o else { continue };
+        let Some(rest) = path.strip_prefix(&prefix) else {
+            continue;
+        };
+        let Some((submitter, _job)) = rest.split_once('/') else {
+            continue;
+        };
+        let dir = format!("{prefix}{submitter}");
+        let held = mem.count_children(&dir).unwrap_or(0) as usize;
+        if held > crate::sim::QUOTA_LIMIT {
+            found.push(format!(
+                "quota: {dir} holds {held} slots, over its limit of {}",
+                crate::sim::QUOTA_LIMIT
+            ));
+        }
+    }
+    found
+}
+
 pub fn after_commit(
     mem: &Mem,
     session: u64,
@@ -251,6 +301,7 @@ pub fn after_commit(
     accepts: &mut Accepts,
 ) -> Vec<String> {
     let mut found = generic_after(mem, ops, probe, now_ms, accepts);
+    found.extend(quota_after(mem, ops));
     for (status, lock, owner) in &probe.guarded {
         let takes_lock = ops
             .iter()
@@ -262,6 +313,15 @@ pub fn after_commit(
                     Some(o) => format!("held by session {o}"),
                     None => "free".to_string(),
                 }
+            ));
+        }
+    }
+    for (lock, owner) in &probe.unlocked {
+        if let Some(o) = owner
+            && *o != session
+        {
+            found.push(format!(
+                "fenced commit: {lock} deleted by session {session} while session {o} held it"
             ));
         }
     }

@@ -89,6 +89,11 @@ struct Outside {
     generic_done: BTreeMap<String, u32>,
 }
 
+/// The profile every simulated job is of, and its limit of jobs in flight per submitter
+/// (`max_in_flight_per_submitter`); the workload has three submitters.
+pub(crate) const QUOTA_PROFILE: &str = "sim";
+pub(crate) const QUOTA_LIMIT: usize = 4;
+
 /// The generic-jobs type the simulated processors serve, and how many jobs it gets.
 const GENERIC_TYPE: &str = "sim";
 const GENERIC_JOBS: usize = 10;
@@ -125,6 +130,34 @@ impl JobStage for SimJobStage {
         }
     }
     fn run(&self, job: Arc<JobCtx>) -> BoxFuture<'static, Outcome> {
+        if self.state == JobState::Pending {
+            // Lading's quota: a job starts only within its submitter's limit of jobs in
+            // flight, else it is parked until the waker wakes it.
+            let dice = self.dice.clone();
+            return Box::pin(async move {
+                let submitter = job
+                    .info
+                    .configuration
+                    .get("submitter")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string();
+                match lading_ingest::quota::start_within(
+                    &job,
+                    QUOTA_PROFILE,
+                    &submitter,
+                    QUOTA_LIMIT,
+                )
+                .await
+                {
+                    Ok(Outcome::Done) if job.info.configuration.get("sim_probe").is_none() => {
+                        handled(&dice).await
+                    }
+                    Ok(o) => o,
+                    Err(e) => Outcome::from(e),
+                }
+            });
+        }
         if job.info.configuration.get("sim_probe").is_some() {
             // The wake-up probe's job: quick, and never failing.
             return Box::pin(async {
@@ -132,15 +165,19 @@ impl JobStage for SimJobStage {
                 Outcome::Done
             });
         }
-        let (took, roll) = (self.dice.below(300), self.dice.below(1000));
-        Box::pin(async move {
-            tokio::time::sleep(Duration::from_millis(took as u64)).await;
-            match roll {
-                0..=59 => Outcome::Transient("the simulated service is busy".into()),
-                60..=71 => Outcome::Fatal("the simulated input is bad".into()),
-                _ => Outcome::Done,
-            }
-        })
+        let dice = self.dice.clone();
+        Box::pin(async move { handled(&dice).await })
+    }
+}
+
+/// A simulated stage's work: a while, then done, busy (retried) or bad input (failed).
+async fn handled(dice: &Dice) -> Outcome {
+    let (took, roll) = (dice.below(300), dice.below(1000));
+    tokio::time::sleep(Duration::from_millis(took as u64)).await;
+    match roll {
+        0..=59 => Outcome::Transient("the simulated service is busy".into()),
+        60..=71 => Outcome::Fatal("the simulated input is bad".into()),
+        _ => Outcome::Done,
     }
 }
 
@@ -176,6 +213,9 @@ impl BatchStage for SimIntake {
             for i in (0..want).filter(|i| !have.contains(i)) {
                 let mut configuration = Map::new();
                 configuration.insert("index".into(), json!(i));
+                if let Some(s) = b.info.submission.get("submitter") {
+                    configuration.insert("submitter".into(), s.clone());
+                }
                 if let Some(p) = b.info.submission.get("sim_probe") {
                     configuration.insert("sim_probe".into(), p.clone());
                 }
@@ -344,13 +384,19 @@ impl Sim {
                 },
             );
             let monitor = generic.run_monitor(shutdown.clone());
+            let waker = lading_ingest::quota::run_waker_with(
+                engine.clone(),
+                Arc::new(|p: &str| (p == QUOTA_PROFILE).then_some(QUOTA_LIMIT)),
+                shutdown.clone(),
+            );
             let processor = process_generic(generic.clone(), dice, outside2, shutdown.clone());
             tokio::join!(
                 worker.run(jobs, batches, shutdown),
                 deliver,
                 sweep,
                 monitor,
-                processor
+                processor,
+                waker
             );
         });
         Proc { tree, stop, task }

@@ -415,65 +415,17 @@ fn short(ops: &[Op]) -> String {
         .join(", ")
 }
 
-impl Tree for SimTree {
-    fn kind(&self) -> &'static str {
-        "sim"
-    }
-
-    fn session_id(&self) -> u64 {
-        self.session.load(Ordering::SeqCst)
-    }
-
-    fn get<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Option<Node>> {
-        Box::pin(async move {
-            validate_path(path)?;
-            self.enter(true).await?;
-            Ok(self.read(|m| m.get(path).map(node_of)))
-        })
-    }
-
-    fn get_many<'a>(&'a self, paths: &'a [String]) -> TreeFuture<'a, Vec<Option<Node>>> {
-        Box::pin(async move {
-            for p in paths {
-                validate_path(p)?;
-            }
-            self.enter(true).await?;
-            Ok(self.read(|m| paths.iter().map(|p| m.get(p).map(node_of)).collect()))
-        })
-    }
-
-    fn children<'a>(&'a self, path: &'a str) -> Names<'a> {
-        Box::pin(async move {
-            validate_path(path)?;
-            self.enter(true).await?;
-            self.read(|m| m.children(path).map(|c| c.cloned().collect()))
-                .ok_or_else(|| TreeError::NoNode(path.into()))
-        })
-    }
-
-    fn children_page<'a>(&'a self, path: &'a str, after: Option<&'a str>, max: usize) -> Names<'a> {
-        Box::pin(async move {
-            validate_path(path)?;
-            self.enter(true).await?;
-            self.read(|m| m.children_page(path, after, max))
-                .ok_or_else(|| TreeError::NoNode(path.into()))
-        })
-    }
-
-    fn count_children<'a>(&'a self, path: &'a str) -> TreeFuture<'a, u64> {
-        Box::pin(async move {
-            validate_path(path)?;
-            self.enter(true).await?;
-            self.read(|m| m.count_children(path))
-                .ok_or_else(|| TreeError::NoNode(path.into()))
-        })
-    }
-
-    fn multi(&self, ops: Vec<Op>) -> TreeFuture<'_, Vec<OpResult>> {
+impl SimTree {
+    /// [`Tree::multi`], on `on`'s session only when given (checked as the call reaches the
+    /// tree, as a backend checks it where it commits).
+    fn multi_at(&self, on: Option<u64>, ops: Vec<Op>) -> TreeFuture<'_, Vec<OpResult>> {
         Box::pin(async move {
             validate_ops(&ops)?;
             self.enter(false).await?;
             let session = self.session_id();
+            if on.is_some_and(|s| s != session) {
+                return Err(TreeError::SessionExpired);
+            }
             let mut st = self.world.lock();
             let fault = match &st.faults {
                 Some(f) => {
@@ -542,6 +494,69 @@ impl Tree for SimTree {
                 _ => self.apply(&mut st, &ops, session),
             }
         })
+    }
+}
+
+impl Tree for SimTree {
+    fn kind(&self) -> &'static str {
+        "sim"
+    }
+
+    fn session_id(&self) -> u64 {
+        self.session.load(Ordering::SeqCst)
+    }
+
+    fn get<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Option<Node>> {
+        Box::pin(async move {
+            validate_path(path)?;
+            self.enter(true).await?;
+            Ok(self.read(|m| m.get(path).map(node_of)))
+        })
+    }
+
+    fn get_many<'a>(&'a self, paths: &'a [String]) -> TreeFuture<'a, Vec<Option<Node>>> {
+        Box::pin(async move {
+            for p in paths {
+                validate_path(p)?;
+            }
+            self.enter(true).await?;
+            Ok(self.read(|m| paths.iter().map(|p| m.get(p).map(node_of)).collect()))
+        })
+    }
+
+    fn children<'a>(&'a self, path: &'a str) -> Names<'a> {
+        Box::pin(async move {
+            validate_path(path)?;
+            self.enter(true).await?;
+            self.read(|m| m.children(path).map(|c| c.cloned().collect()))
+                .ok_or_else(|| TreeError::NoNode(path.into()))
+        })
+    }
+
+    fn children_page<'a>(&'a self, path: &'a str, after: Option<&'a str>, max: usize) -> Names<'a> {
+        Box::pin(async move {
+            validate_path(path)?;
+            self.enter(true).await?;
+            self.read(|m| m.children_page(path, after, max))
+                .ok_or_else(|| TreeError::NoNode(path.into()))
+        })
+    }
+
+    fn count_children<'a>(&'a self, path: &'a str) -> TreeFuture<'a, u64> {
+        Box::pin(async move {
+            validate_path(path)?;
+            self.enter(true).await?;
+            self.read(|m| m.count_children(path))
+                .ok_or_else(|| TreeError::NoNode(path.into()))
+        })
+    }
+
+    fn multi(&self, ops: Vec<Op>) -> TreeFuture<'_, Vec<OpResult>> {
+        self.multi_at(None, ops)
+    }
+
+    fn multi_on(&self, session: u64, ops: Vec<Op>) -> TreeFuture<'_, Vec<OpResult>> {
+        self.multi_at(Some(session), ops)
     }
 
     fn watch<'a>(&'a self, path: &'a str, kind: WatchKind) -> TreeFuture<'a, Watch> {

@@ -81,11 +81,23 @@ fn without_faults_every_batch_ends_reported_once() {
 ///   reporter reported without the requeued job.
 /// - 401313012, 401314180: a job purged while its batch was still in intake made the
 ///   retried intake fail the batch ("no such job"); a purge now waits for intake to end.
+/// - 17, 22: a generic acceptor whose clock read an earlier second than the one counted
+///   started its count again (twice the rate limit's accepts in a second).
+/// - 1, 7, 15, 24, 93, 112: jobs parked for a quota slot left deferred with nobody to wake
+///   them: a held job's park forgotten; a wake read before the park was written; a wake
+///   forgotten again by a worker's look while its commit was on its way; a woken job's record
+///   deleted after a worker had parked it anew; a record dropped on a failed read; a
+///   handler that had lost its lease taking a slot and forgetting the park.
+/// - 2, 1192, 624747782, 624747914: a lock deleted while another session held it: a commit
+///   carried by a session made after its lease's (a lease's session read after its lock was
+///   made; two local leases of one job across a session change; a stale "is it mine" read
+///   before a delete; two callers dropping one stray lock).
 #[test]
 fn the_seeds_that_found_bugs_run_clean() {
     let opts = Options::default();
     for seed in [
-        5, 9, 10, 11, 13, 17, 18, 22, 157, 174, 401302608, 401305623, 401313012, 401314180,
+        1, 2, 5, 7, 9, 10, 11, 13, 15, 17, 18, 22, 24, 93, 112, 157, 174, 1192, 401302608,
+        401305623, 401313012, 401314180, 624747782, 624747914,
     ] {
         let r = run(seed, &opts);
         assert!(r.jobs > 0, "seed {seed} ran no job");

@@ -140,7 +140,8 @@ fn process_start_time(pid: u32) -> Option<u64> {
 type Reply = oneshot::Sender<Result<Vec<OpResult>, TreeError>>;
 
 enum Req {
-    Multi(Vec<Op>, Reply),
+    /// The ops, and the session they must commit under (none: whichever is current).
+    Multi(Vec<Op>, Option<u64>, Reply),
     Heartbeat,
     Reap,
     /// Bring the `nodes` table up to date with the change log.
@@ -763,7 +764,23 @@ impl Tree for SqliteTree {
             async move {
                 mem::validate_ops(&ops)?;
                 let (tx, rx) = oneshot::channel();
-                self.send(Req::Multi(ops, tx))?;
+                self.send(Req::Multi(ops, None, tx))?;
+                rx.await
+                    .map_err(|_| TreeError::Backend("store writer stopped".into()))?
+            },
+            span,
+        ))
+    }
+
+    fn multi_on(&self, session: u64, ops: Vec<Op>) -> TreeFuture<'_, Vec<OpResult>> {
+        let span =
+            tracing::debug_span!("multi", ops = ops.len(), first = ops.first().map(Op::path));
+        Box::pin(tracing::Instrument::instrument(
+            async move {
+                mem::validate_ops(&ops)?;
+                let (tx, rx) = oneshot::channel();
+                // The writer compares it with the session it commits under.
+                self.send(Req::Multi(ops, Some(session), tx))?;
                 rx.await
                     .map_err(|_| TreeError::Backend("store writer stopped".into()))?
             },

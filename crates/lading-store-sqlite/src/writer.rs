@@ -295,7 +295,7 @@ impl Writer {
         if let Some(why) = lock(&shared.pending).poisoned.clone() {
             for req in group {
                 match req {
-                    Req::Multi(_, reply) => {
+                    Req::Multi(_, _, reply) => {
                         let _ = reply.send(Err(TreeError::Backend(why.clone())));
                     }
                     Req::Expire(done) => {
@@ -357,8 +357,8 @@ impl Writer {
             let session = shared.session.load(Ordering::SeqCst);
             for req in group {
                 match req {
-                    Req::Multi(ops, reply) => {
-                        let r = if session_ok {
+                    Req::Multi(ops, on, reply) => {
+                        let r = if session_ok && on.is_none_or(|s| s == session) {
                             ov.apply_multi(&base, &ops, session, now)
                         } else {
                             Err(TreeError::SessionExpired)

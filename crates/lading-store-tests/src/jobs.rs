@@ -637,6 +637,10 @@ impl Tree for CountingTree {
         self.bump();
         self.inner.multi(ops)
     }
+    fn multi_on(&self, session: u64, ops: Vec<Op>) -> TreeFuture<'_, Vec<OpResult>> {
+        self.bump();
+        self.inner.multi_on(session, ops)
+    }
     fn watch<'a>(&'a self, path: &'a str, kind: WatchKind) -> TreeFuture<'a, lading_core::Watch> {
         self.inner.watch(path, kind)
     }

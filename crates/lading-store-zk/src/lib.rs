@@ -689,7 +689,19 @@ impl Tree for ZkTree {
         // Inside the caller's span (a job's, a batch's), so its ids go with it.
         let span =
             tracing::debug_span!("multi", ops = ops.len(), first = ops.first().map(Op::path));
-        Box::pin(tracing::Instrument::instrument(self.multi_inner(ops), span))
+        Box::pin(tracing::Instrument::instrument(
+            self.multi_inner(ops, None),
+            span,
+        ))
+    }
+
+    fn multi_on(&self, session: u64, ops: Vec<Op>) -> TreeFuture<'_, Vec<OpResult>> {
+        let span =
+            tracing::debug_span!("multi", ops = ops.len(), first = ops.first().map(Op::path));
+        Box::pin(tracing::Instrument::instrument(
+            self.multi_inner(ops, Some(session)),
+            span,
+        ))
     }
 
     fn watch<'a>(&'a self, path: &'a str, kind: WatchKind) -> TreeFuture<'a, Watch> {

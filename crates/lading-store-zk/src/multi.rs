@@ -60,7 +60,13 @@ impl ZkTree {
         w.commit().await
     }
 
-    pub(crate) async fn multi_inner(&self, ops: Vec<Op>) -> Result<Vec<OpResult>, TreeError> {
+    /// `ops` in one `multi`; with `on`, only on that session (the connection carrying it is
+    /// that session's, so a replaced session fails here, not on the server).
+    pub(crate) async fn multi_inner(
+        &self,
+        ops: Vec<Op>,
+        on: Option<u64>,
+    ) -> Result<Vec<OpResult>, TreeError> {
         if ops.is_empty() {
             // A contact with the server: it lets an expired session be noticed and replaced.
             self.conn()
@@ -75,6 +81,9 @@ impl ZkTree {
             validate_path(op.path())?;
         }
         let conn = self.conn_now()?;
+        if on.is_some_and(|s| s != conn.session) {
+            return Err(TreeError::SessionExpired);
+        }
         if conn.terminated() {
             // Never move a multi to a new session: its checks were made under the old one.
             self.renew(&conn).await?;

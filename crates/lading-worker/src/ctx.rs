@@ -54,6 +54,13 @@ impl JobCtx {
             .await
     }
 
+    /// The ops fencing a write of the handler's own beside the job (see
+    /// `Engine::job_fence`): first in its `multi`, they make it fail once the lease is lost.
+    pub async fn fence(&self) -> Result<lading_engine::Fence, EngineError> {
+        let lease = self.lease.lock().await;
+        self.engine.job_fence(&lease)
+    }
+
     pub async fn set_priority(&self, priority: u8) -> Result<(), EngineError> {
         let mut lease = self.lease.lock().await;
         self.engine.set_priority(&mut lease, priority).await
