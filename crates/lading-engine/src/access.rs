@@ -174,9 +174,9 @@ impl Engine {
                 };
                 let lock = format!("{path}/lock");
                 let guard = Op::check(format!("{path}/status"), Some(version));
-                if !self.take_lock(&lock, guard).await? {
+                let Some(session) = self.take_lock(&lock, guard).await? else {
                     continue;
-                }
+                };
                 return Ok(Some(AccessLease {
                     queue,
                     id,
@@ -184,7 +184,7 @@ impl Engine {
                     token,
                     unreadable,
                     status_version: version,
-                    session: self.claim_session(&lock),
+                    session,
                 }));
             }
             after = Some(last);
@@ -200,7 +200,7 @@ impl Engine {
     ) -> Result<AccessStatus> {
         let lock = format!("{}/lock", access_path(lease.queue, &lease.id));
         let r = self.access_move(&lease, event, message, true).await;
-        self.settle(&lock, &r).await;
+        self.settle(&lock, lease.session, &r).await;
         Ok(r?.0)
     }
 
@@ -215,7 +215,7 @@ impl Engine {
             Err(e) => {
                 let lock = format!("{}/lock", access_path(lease.queue, &lease.id));
                 let e = Err(e);
-                self.settle(&lock, &e).await;
+                self.settle(&lock, lease.session, &e).await;
                 return e;
             }
         };
@@ -272,7 +272,7 @@ impl Engine {
     pub async fn release_access_lease(&self, lease: AccessLease) -> Result<()> {
         let lock = format!("{}/lock", access_path(lease.queue, &lease.id));
         if lease.session != self.tree.session_id() {
-            self.unclaim(&lock);
+            self.unclaim_on(&lock, lease.session);
             return Err(lost(lease.id.as_str()));
         }
         self.release_lock(&lock, lease.id.as_str(), lease.session)

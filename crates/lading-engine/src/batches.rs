@@ -132,16 +132,16 @@ impl Engine {
                 }
                 let lock = batch_node(&bid, "lock");
                 let guard = Op::check(batch_node(&bid, "status"), Some(version));
-                if !self.take_lock(&lock, guard).await? {
+                let Some(session) = self.take_lock(&lock, guard).await? else {
                     continue;
-                }
+                };
                 let lease = BatchLease {
                     batch: bid.clone(),
                     status,
                     effects: Vec::new(),
                     report: None,
                     status_version: version,
-                    session: self.claim_session(&lock),
+                    session,
                 };
                 if holds
                     && let Some(c) = self.batch_collection(&bid).await?
@@ -236,7 +236,7 @@ impl Engine {
             .batch_transition_inner(&lease, event, message, false)
             .await;
         // The lock may still be this session's (the batch moved under it, a reply lost).
-        self.settle(&lock, &r).await;
+        self.settle(&lock, lease.session, &r).await;
         let (status, _) = r?;
         if status.status == BatchState::Processing {
             self.maybe_report(&lease.batch).await?;
@@ -265,7 +265,8 @@ impl Engine {
             }
             Err(e) => {
                 let e = Err(e);
-                self.settle(&batch_node(&lease.batch, "lock"), &e).await;
+                self.settle(&batch_node(&lease.batch, "lock"), lease.session, &e)
+                    .await;
                 e
             }
         }
@@ -350,7 +351,7 @@ impl Engine {
     pub async fn release_batch_lease(&self, lease: BatchLease) -> Result<()> {
         let lock = batch_node(&lease.batch, "lock");
         if let Err(e) = self.check_batch_lease(&lease) {
-            self.unclaim(&lock);
+            self.unclaim_on(&lock, lease.session);
             return Err(e);
         }
         self.release_lock(&lock, lease.batch.as_str(), lease.session)

@@ -13,12 +13,12 @@ pub(crate) fn held_by_another(e: &TreeError, lock_op: usize) -> bool {
 impl Engine {
     /// Creates the lock at `lock` if `guard` still holds. Ok(false) when someone else has it or
     /// the guard failed (the item moved on).
-    pub(crate) async fn try_lock(&self, lock: &str, guard: Op) -> Result<bool> {
+    pub(crate) async fn try_lock(&self, lock: &str, guard: Op, session: u64) -> Result<bool> {
         // On the session it was claimed under, the one its lease will carry.
         match self
             .tree
             .multi_on(
-                self.claim_session(lock),
+                session,
                 vec![
                     guard,
                     Op::create_mode(lock, self.lock_data(), CreateMode::Ephemeral),
@@ -39,11 +39,15 @@ impl Engine {
 
     /// Claims `lock` for this process and creates it if `guard` still holds. Ok(false) when a
     /// local worker, another session, or a moved item got in the way; the claim is then dropped.
-    pub(crate) async fn take_lock(&self, lock: &str, guard: Op) -> Result<bool> {
+    /// Returns the session it was taken on (the lease's), `None` when it was not.
+    pub(crate) async fn take_lock(&self, lock: &str, guard: Op) -> Result<Option<u64>> {
         if !self.claim(lock) {
-            return Ok(false);
+            return Ok(None);
         }
-        let got = self.try_lock(lock, guard).await;
+        // Ours: a local worker that claims it under a new session takes the claim over,
+        // and what this attempt gives up must stay its own (found by `lading-sim`).
+        let session = self.claim_session(lock);
+        let got = self.try_lock(lock, guard, session).await;
         match got {
             Ok(true) => {}
             // Another session holds it, or the item moved on: a local worker that lost its
@@ -51,11 +55,15 @@ impl Engine {
             // the lock's and the folder's watches like everyone else). Waking it here made
             // two local loops wake each other at once for as long as another process held
             // the lock (found by `lading-sim`).
-            Ok(false) => self.unclaim_quietly(lock),
+            Ok(false) => {
+                if !self.claimed_by_other(lock, session) {
+                    self.unclaim_quietly(lock);
+                }
+            }
             // The create may have been made with its answer lost.
-            Err(_) => self.abandon(lock).await,
+            Err(_) => self.abandon_on(lock, session).await,
         }
-        got
+        got.map(|taken| taken.then_some(session))
     }
 
     /// Lets go of `lock` after a failed call that may have left it in the tree as this
@@ -64,27 +72,39 @@ impl Engine {
     /// answer), the lock stays claimed here and is a stray, deleted by the next acquisition
     /// round ([`Engine::drop_strays`]); a live process never keeps it for ever.
     pub(crate) async fn abandon(&self, lock: &str) {
-        if self.drop_if_own(lock).await.is_ok() {
-            self.unclaim(lock);
+        self.abandon_on(lock, self.claim_session(lock)).await
+    }
+
+    /// [`Engine::abandon`] for a lease of `session`: only what is still that session's. A
+    /// lease lost to a session change, whose lock this process has since claimed and taken
+    /// again under the new session, leaves that alone; deciding "is it mine" by the current
+    /// session deleted the new lease's lock (found by `lading-sim`).
+    pub(crate) async fn abandon_on(&self, lock: &str, session: u64) {
+        if self.claimed_by_other(lock, session) {
+            return;
+        }
+        if self.drop_if_own(lock, session).await.is_ok() {
+            self.unclaim_on(lock, session);
         } else {
-            // Claimed again under this session, so no local worker takes it meanwhile.
+            // Claimed again under its session, so no local worker takes it meanwhile.
             self.claimed
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert(lock.to_string(), self.tree.session_id());
+                .insert(lock.to_string(), session);
             self.strays
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert(lock.to_string());
+                .insert(lock.to_string(), session);
         }
     }
 
-    /// Lets go of a lease's `lock` after a call that consumed the lease: its claim only when
-    /// the call succeeded or was refused up front, else [`Engine::abandon`].
-    pub(crate) async fn settle<T>(&self, lock: &str, r: &Result<T>) {
+    /// Lets go of a lease's `lock` (a lease of `session`) after a call that consumed the
+    /// lease: its claim only when the call succeeded or was refused up front, else
+    /// [`Engine::abandon_on`].
+    pub(crate) async fn settle<T>(&self, lock: &str, session: u64, r: &Result<T>) {
         match r {
-            Err(e) if !e.refused_up_front() => self.abandon(lock).await,
-            _ => self.unclaim(lock),
+            Err(e) if !e.refused_up_front() => self.abandon_on(lock, session).await,
+            _ => self.unclaim_on(lock, session),
         }
     }
 
@@ -100,31 +120,31 @@ impl Engine {
             .map_err(|e| e.root().clone())
         {
             Ok(_) => {
-                self.unclaim(lock);
+                self.unclaim_on(lock, session);
                 Ok(())
             }
             Err(TreeError::NoNode(_) | TreeError::SessionExpired) => {
-                self.unclaim(lock);
+                self.unclaim_on(lock, session);
                 Err(lost(what))
             }
             Err(e) => {
-                self.abandon(lock).await;
+                self.abandon_on(lock, session).await;
                 Err(e.into())
             }
         }
     }
 
-    /// Deletes `lock` if this session holds it; Ok when it is gone or not ours. The delete
+    /// Deletes `lock` if `session` holds it; Ok when it is gone or not its. The delete
     /// goes on the session seen holding it: should that session be replaced in between, the
     /// lock went with it, and one another session has made since (of the same version, 0) is
     /// not deleted (found by `lading-sim`).
-    async fn drop_if_own(&self, lock: &str) -> std::result::Result<(), TreeError> {
+    async fn drop_if_own(&self, lock: &str, session: u64) -> std::result::Result<(), TreeError> {
         match self.tree.exists(lock).await? {
-            Some(stat) if stat.ephemeral_owner == self.tree.session_id() => {
+            Some(stat) if stat.ephemeral_owner == session => {
                 let delete = vec![Op::delete(lock, Some(stat.version))];
                 match self
                     .tree
-                    .multi_on(stat.ephemeral_owner, delete)
+                    .multi_on(session, delete)
                     .await
                     .map_err(|e| e.root().clone())
                 {
@@ -145,7 +165,7 @@ impl Engine {
             .strays
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .iter()
+            .keys()
             .cloned()
             .collect();
         for lock in strays {
@@ -157,16 +177,16 @@ impl Engine {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&lock);
-            if !mine {
+            let Some(session) = mine else {
                 continue;
-            }
-            if self.drop_if_own(&lock).await.is_ok() {
-                self.unclaim(&lock);
+            };
+            if self.drop_if_own(&lock, session).await.is_ok() {
+                self.unclaim_on(&lock, session);
             } else {
                 self.strays
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .insert(lock);
+                    .insert(lock, session);
             }
         }
         !self
@@ -197,18 +217,39 @@ impl Engine {
             .unwrap_or_else(|| self.tree.session_id())
     }
 
-    /// Claims `lock` for one local lease: false while any local lease holds it, even one
-    /// taken under an earlier session (its handler may still run, and give up its lease by
-    /// deleting "its" lock, by then the new lease's: found by `lading-sim`).
+    /// Claims `lock` for a local lease under this session: false while one holds it. A claim
+    /// made under an earlier session is taken over (its lease is lost, though its handler may
+    /// still run: what that handler then gives up is only its own, see [`Engine::abandon_on`]).
     pub(crate) fn claim(&self, lock: &str) -> bool {
         let session = self.tree.session_id();
         let mut claimed = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
-        if claimed.contains_key(lock) {
-            self.local_conflicts.fetch_add(1, Ordering::Relaxed);
-            return false;
+        match claimed.get(lock) {
+            Some(s) if *s == session => {
+                self.local_conflicts.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+            _ => {
+                claimed.insert(lock.to_string(), session);
+                true
+            }
         }
-        claimed.insert(lock.to_string(), session);
-        true
+    }
+
+    /// Whether `lock` is claimed here under another session than `session`: a lease of
+    /// `session` that gives it up then has nothing left to give.
+    fn claimed_by_other(&self, lock: &str, session: u64) -> bool {
+        self.claimed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(lock)
+            .is_some_and(|s| *s != session)
+    }
+
+    /// Drops the claim on `lock` if it is `session`'s.
+    pub(crate) fn unclaim_on(&self, lock: &str, session: u64) {
+        if !self.claimed_by_other(lock, session) {
+            self.unclaim(lock);
+        }
     }
 
     pub(crate) fn unclaim(&self, lock: &str) {

@@ -148,20 +148,21 @@ impl Engine {
                 let Some((_, jid)) = parse_job_ref(name) else {
                     continue;
                 };
-                if !self
+                let Some(session) = self
                     .take_lock(
                         &job_node(&jid, "lock"),
                         Op::check(join(&folder, name), None),
                     )
                     .await?
-                {
+                else {
                     self.contention.mark_busy(&folder, name);
                     contended = true;
                     continue;
-                }
-                let Some(c) = self.candidate(state, &folder, name, false) else {
+                };
+                let Some(mut c) = self.candidate(state, &folder, name, false) else {
                     continue;
                 };
+                c.session = session;
                 if let Some(lease) = self.lease_locked(&c, holds, None).await? {
                     return Ok(Some(lease));
                 }
@@ -181,16 +182,17 @@ impl Engine {
     pub async fn acquire_any(&self, states: &[JobState]) -> Result<Option<JobLease>> {
         if self.contention.raced_lately(self.clock.now_ms()) {
             for _ in 0..ANY_TRIES {
-                let Some(c) = self.pick_candidate(states, false).await? else {
+                let Some(mut c) = self.pick_candidate(states, false).await? else {
                     break;
                 };
-                if !self
+                let Some(session) = self
                     .take_lock(&c.lock, Op::check(&c.reference, None))
                     .await?
-                {
+                else {
                     self.contention.mark_busy(&c.folder, &c.name);
                     continue;
-                }
+                };
+                c.session = session;
                 let holds = c.state == JobState::Pending && self.any_collection_held().await?;
                 if let Some(lease) = self.lease_locked(&c, holds, None).await? {
                     return Ok(Some(lease));
@@ -281,6 +283,7 @@ impl Engine {
         if claim && !self.claim(&lock) {
             return None;
         }
+        let session = self.claim_session(&lock);
         Some(Candidate {
             reference: join(folder, name),
             name: name.to_string(),
@@ -289,6 +292,7 @@ impl Engine {
             priority,
             jid,
             state,
+            session,
         })
     }
 
@@ -310,13 +314,13 @@ impl Engine {
             c.state,
         );
         let loaded = match read {
-            Some(nodes) => self.lease_from(jid, priority, state, nodes),
-            None => self.load_lease(jid, priority, state).await,
+            Some(nodes) => self.lease_from(jid, priority, state, nodes, c.session),
+            None => self.load_lease(jid, priority, state, c.session).await,
         };
         let lease = match loaded {
             Ok(l) => l,
             Err(e) => {
-                self.abandon(&job_node(jid, "lock")).await;
+                self.abandon_on(&job_node(jid, "lock"), c.session).await;
                 return Err(e);
             }
         };
@@ -361,16 +365,17 @@ impl Engine {
         jid: &JobId,
         priority: u8,
         state: JobState,
+        session: u64,
     ) -> Result<JobLease> {
         // Where reads are local and the batch is known, the status alone.
         if self.tree.local_reads()
             && let Some(batch) = self.known_batch(jid)
         {
             let (status, version) = self.job_status(jid).await?;
-            return self.lease_of(jid, priority, state, status, version, batch);
+            return self.lease_of(jid, priority, state, (status, version), batch, session);
         }
         let nodes = self.tree.get_many(&Self::lease_paths(jid)).await?;
-        self.lease_from(jid, priority, state, nodes)
+        self.lease_from(jid, priority, state, nodes, session)
     }
 
     /// A lease from the nodes [`Engine::lease_paths`] names, as read.
@@ -380,22 +385,23 @@ impl Engine {
         priority: u8,
         state: JobState,
         nodes: Vec<Option<lading_core::Node>>,
+        session: u64,
     ) -> Result<JobLease> {
         let mut nodes = nodes.into_iter();
-        let (status, version) = self.decode_status(jid, nodes.next().flatten())?;
+        let status = self.decode_status(jid, nodes.next().flatten())?;
         let batch = self.remember_batch(jid, nodes.next().flatten())?;
-        self.lease_of(jid, priority, state, status, version, batch)
+        self.lease_of(jid, priority, state, status, batch, session)
     }
 
-    /// A lease of `jid` from its status (at `version`) and batch.
+    /// A lease of `jid`, locked on `session`, from its status (at its version) and batch.
     fn lease_of(
         &self,
         jid: &JobId,
         priority: u8,
         state: JobState,
-        status: JobStatus,
-        version: i32,
+        (status, version): (JobStatus, i32),
         batch: BatchId,
+        session: u64,
     ) -> Result<JobLease> {
         if status.status != state {
             return Err(EngineError::Corrupt {
@@ -415,7 +421,7 @@ impl Engine {
             status,
             priority,
             status_version: version,
-            session: self.claim_session(&job_node(jid, "lock")),
+            session,
         })
     }
 

@@ -291,7 +291,9 @@ pub struct Engine {
     /// until [`Engine::drop_strays`] deletes them or finds them gone or another session's.
     /// Without this a live process kept such a lock, and its job or batch, for ever (found
     /// by `lading-sim`).
-    strays: Mutex<std::collections::BTreeSet<String>>,
+    /// Locks a lease gave up that could not be told deleted, and the session they were made
+    /// on.
+    strays: Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
 /// Status field (`/jobs/JID/status`, beside Merritt's fields) holding the earliest time, in
@@ -505,6 +507,8 @@ struct Candidate {
     priority: u8,
     jid: JobId,
     state: JobState,
+    /// The session its lock is claimed and made under: its lease's.
+    session: u64,
 }
 
 /// Whether a `multi` failed because another worker got there first or the item moved on

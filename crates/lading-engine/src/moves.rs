@@ -77,7 +77,7 @@ impl Engine {
             .job_transition_inner(&lease, event, message, false)
             .await;
         // The lock may still be this session's (a status changed under it, a reply lost).
-        self.settle(&lock, &r).await;
+        self.settle(&lock, lease.session, &r).await;
         let (status, _) = r?;
         if status.status.batch_folder() != "batch-processing" {
             self.maybe_report(&lease.batch).await?;
@@ -100,7 +100,8 @@ impl Engine {
             Ok(r) => r,
             Err(e) => {
                 let e = Err(e);
-                self.settle(&job_node(&lease.job, "lock"), &e).await;
+                self.settle(&job_node(&lease.job, "lock"), lease.session, &e)
+                    .await;
                 return e;
             }
         };
@@ -261,7 +262,7 @@ impl Engine {
             Ok(p) => p,
             Err(e) => {
                 let e = Err(e);
-                self.settle(&lock, &e).await;
+                self.settle(&lock, lease.session, &e).await;
                 return e;
             }
         };
@@ -277,11 +278,19 @@ impl Engine {
                 Ok(Some(c)) => c,
                 Ok(None) => break,
                 Err(e) => {
-                    self.abandon(&lock).await;
+                    self.abandon_on(&lock, lease.session).await;
                     return Err(e);
                 }
             };
             tries += 1;
+            // Its lock is made in the move's `multi`, on the lease's session: claimed under
+            // another (the session changed since the lease), the move fails anyway, and the
+            // claim is let go here (left, it kept this process off the job for good: found
+            // by `lading-sim`).
+            if c.session != lease.session {
+                self.unclaim(&c.lock);
+                break;
+            }
             let mut ops = move_ops.clone();
             let ours = ops.len();
             ops.push(Op::check(&c.reference, None));
@@ -313,11 +322,11 @@ impl Engine {
                 Err(e) => {
                     if !(e.failed_op().is_some_and(|i| i >= ours) && lost_race(&e)) {
                         // Unknown whether it was made: both locks may be this session's.
-                        self.abandon(&c.lock).await;
-                        self.abandon(&lock).await;
+                        self.abandon_on(&c.lock, lease.session).await;
+                        self.abandon_on(&lock, lease.session).await;
                         return Err(self.lease_error(e, lease.job.as_str()));
                     }
-                    self.unclaim(&c.lock);
+                    self.unclaim_on(&c.lock, lease.session);
                     // Another worker took that job, or it moved on: try the next free one
                     // with the move again (each try costs what the move alone would).
                     self.contention.mark_busy(&c.folder, &c.name);
@@ -331,10 +340,10 @@ impl Engine {
         if taken.is_none()
             && let Err(e) = self.move_multi(lease.session, move_ops).await
         {
-            self.abandon(&lock).await;
+            self.abandon_on(&lock, lease.session).await;
             return Err(self.lease_error(e, lease.job.as_str()));
         }
-        self.unclaim(&lock);
+        self.unclaim_on(&lock, lease.session);
         self.publish_move(&lease, &status);
         let reported = if status.status.batch_folder() != "batch-processing" {
             self.maybe_report(&lease.batch).await
@@ -437,7 +446,7 @@ impl Engine {
     ) -> Result<JobStatus> {
         let lock = job_node(&lease.job, "lock");
         if let Err(e) = self.check_job_lease(&lease) {
-            self.unclaim(&lock);
+            self.unclaim_on(&lock, lease.session);
             return Err(e);
         }
         let mut status = lease.status.clone();
@@ -459,10 +468,10 @@ impl Engine {
             Op::delete(&lock, None),
         ];
         if let Err(e) = self.tree.multi_on(lease.session, ops).await {
-            self.abandon(&lock).await;
+            self.abandon_on(&lock, lease.session).await;
             return Err(self.lease_error(e, lease.job.as_str()));
         }
-        self.unclaim(&lock);
+        self.unclaim_on(&lock, lease.session);
         self.contention.mark_deferred(
             &job_state_folder(lease.state()),
             &job_ref_name(lease.priority, &lease.job),
@@ -476,7 +485,7 @@ impl Engine {
     pub async fn release_job_lease(&self, lease: JobLease) -> Result<()> {
         let lock = job_node(&lease.job, "lock");
         if let Err(e) = self.check_job_lease(&lease) {
-            self.unclaim(&lock);
+            self.unclaim_on(&lock, lease.session);
             return Err(e);
         }
         self.release_lock(&lock, lease.job.as_str(), lease.session)

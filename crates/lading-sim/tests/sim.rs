@@ -88,16 +88,19 @@ fn without_faults_every_batch_ends_reported_once() {
 ///   forgotten again by a worker's look while its commit was on its way; a woken job's record
 ///   deleted after a worker had parked it anew; a record dropped on a failed read; a
 ///   handler that had lost its lease taking a slot and forgetting the park.
-/// - 2, 1192, 624747782, 624747914: a lock deleted while another session held it: a commit
-///   carried by a session made after its lease's (a lease's session read after its lock was
-///   made; two local leases of one job across a session change; a stale "is it mine" read
-///   before a delete; two callers dropping one stray lock).
+/// - 2, 9, 195, 1192, 624747782, 624747914: a lock deleted while another session held it: a
+///   commit carried by a session made after its lease's (a lease's session read after its
+///   lock was made); a lease lost to a session change giving up "its" lock, by then the new
+///   lease's (deciding by the current session, or by a claim taken over since); a stale "is
+///   it mine" read before a delete; two callers dropping one stray lock.
+/// - 182931658: a claim for the next job, made under a new session by a move whose lease was
+///   of the old one, was never let go, and kept the process off that job.
 #[test]
 fn the_seeds_that_found_bugs_run_clean() {
     let opts = Options::default();
     for seed in [
-        1, 2, 5, 7, 9, 10, 11, 13, 15, 17, 18, 22, 24, 93, 112, 157, 174, 1192, 401302608,
-        401305623, 401313012, 401314180, 624747782, 624747914,
+        1, 2, 5, 7, 9, 10, 11, 13, 15, 17, 18, 22, 24, 93, 112, 157, 174, 195, 1192, 182931658,
+        401302608, 401305623, 401313012, 401314180, 624747782, 624747914,
     ] {
         let r = run(seed, &opts);
         assert!(r.jobs > 0, "seed {seed} ran no job");
