@@ -262,16 +262,17 @@ fn touched_jobs(ops: &[Op]) -> Vec<JobId> {
     out
 }
 
+/// The profile every simulated job is of, and its limit of jobs in flight per submitter
+/// (`max_in_flight_per_submitter`); the workload has three submitters.
+pub const QUOTA_PROFILE: &str = "sim";
+pub const QUOTA_LIMIT: usize = 4;
+
 /// A quota folder never holds more slots than its limit: a commit that reserves one leaves
 /// at most the limit (the reservation counts every slot, stale ones too, against the
 /// folder's version).
 fn quota_after(mem: &Mem, ops: &[Op]) -> Vec<String> {
     let mut found = Vec::new();
-    let prefix = format!(
-        "{}/{}/",
-        lading_ingest::quota::QUOTAS,
-        crate::sim::QUOTA_PROFILE
-    );
+    let prefix = format!("{}/{}/", lading_ingest::quota::QUOTAS, QUOTA_PROFILE);
     for o in ops {
         let Op::Create { path, .. } = o else { continue };
         let Some(rest) = path.strip_prefix(&prefix) else {
@@ -282,10 +283,10 @@ fn quota_after(mem: &Mem, ops: &[Op]) -> Vec<String> {
         };
         let dir = format!("{prefix}{submitter}");
         let held = mem.count_children(&dir).unwrap_or(0) as usize;
-        if held > crate::sim::QUOTA_LIMIT {
+        if held > QUOTA_LIMIT {
             found.push(format!(
                 "quota: {dir} holds {held} slots, over its limit of {}",
-                crate::sim::QUOTA_LIMIT
+                QUOTA_LIMIT
             ));
         }
     }

@@ -12,6 +12,7 @@
 //! every generic job be finished or failed, within a bounded simulated time, and the
 //! schedule must tick again; no generic job may be finished successfully by two acceptances.
 
+use crate::check::{QUOTA_LIMIT, QUOTA_PROFILE};
 use crate::tree::{EPOCH_MS, Faults, SimTree, World};
 use lading_core::layout::{BatchId, JobId, StatusReport, batch_node};
 use lading_core::random::{Random, Seeded};
@@ -88,11 +89,6 @@ struct Outside {
     /// more than one is a processor that was fenced and committed anyway).
     generic_done: BTreeMap<String, u32>,
 }
-
-/// The profile every simulated job is of, and its limit of jobs in flight per submitter
-/// (`max_in_flight_per_submitter`); the workload has three submitters.
-pub(crate) const QUOTA_PROFILE: &str = "sim";
-pub(crate) const QUOTA_LIMIT: usize = 4;
 
 /// The generic-jobs type the simulated processors serve, and how many jobs it gets.
 const GENERIC_TYPE: &str = "sim";
