@@ -708,6 +708,25 @@ impl Drop for SqliteTree {
     }
 }
 
+impl SqliteTree {
+    /// A `multi` to the writer, on session `on` only when given.
+    fn multi_req(&self, ops: Vec<Op>, on: Option<u64>) -> TreeFuture<'_, Vec<OpResult>> {
+        // Inside the caller's span (a job's, a batch's), so its ids go with it.
+        let span =
+            tracing::debug_span!("multi", ops = ops.len(), first = ops.first().map(Op::path));
+        Box::pin(tracing::Instrument::instrument(
+            async move {
+                mem::validate_ops(&ops)?;
+                let (tx, rx) = oneshot::channel();
+                self.send(Req::Multi(ops, on, tx))?;
+                rx.await
+                    .map_err(|_| TreeError::Backend("store writer stopped".into()))?
+            },
+            span,
+        ))
+    }
+}
+
 impl Tree for SqliteTree {
     fn kind(&self) -> &'static str {
         "sqlite"
@@ -757,35 +776,12 @@ impl Tree for SqliteTree {
     }
 
     fn multi(&self, ops: Vec<Op>) -> TreeFuture<'_, Vec<OpResult>> {
-        // Inside the caller's span (a job's, a batch's), so its ids go with it.
-        let span =
-            tracing::debug_span!("multi", ops = ops.len(), first = ops.first().map(Op::path));
-        Box::pin(tracing::Instrument::instrument(
-            async move {
-                mem::validate_ops(&ops)?;
-                let (tx, rx) = oneshot::channel();
-                self.send(Req::Multi(ops, None, tx))?;
-                rx.await
-                    .map_err(|_| TreeError::Backend("store writer stopped".into()))?
-            },
-            span,
-        ))
+        self.multi_req(ops, None)
     }
 
     fn multi_on(&self, session: u64, ops: Vec<Op>) -> TreeFuture<'_, Vec<OpResult>> {
-        let span =
-            tracing::debug_span!("multi", ops = ops.len(), first = ops.first().map(Op::path));
-        Box::pin(tracing::Instrument::instrument(
-            async move {
-                mem::validate_ops(&ops)?;
-                let (tx, rx) = oneshot::channel();
-                // The writer compares it with the session it commits under.
-                self.send(Req::Multi(ops, Some(session), tx))?;
-                rx.await
-                    .map_err(|_| TreeError::Backend("store writer stopped".into()))?
-            },
-            span,
-        ))
+        // The writer compares it with the session it commits under.
+        self.multi_req(ops, Some(session))
     }
 
     fn watch<'a>(&'a self, path: &'a str, kind: WatchKind) -> TreeFuture<'a, Watch> {
