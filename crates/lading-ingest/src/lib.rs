@@ -54,6 +54,10 @@ pub struct Ingest {
     /// Profiles read so far, with the modification time of their file: every stage of every
     /// job asks for its profile, and a `stat` is much cheaper than reading and parsing.
     profiles: Mutex<HashMap<String, (Option<SystemTime>, Profile)>>,
+    /// Profiles held in memory ([`Ingest::with_profile`]), looked up before the folder.
+    given: HashMap<String, Profile>,
+    /// What carries mails and callbacks out ([`outbox::Wire`] unless told otherwise).
+    pub courier: Arc<dyn outbox::Courier>,
 }
 
 impl Ingest {
@@ -76,6 +80,17 @@ impl Ingest {
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Arc<Ingest>, String> {
         let fetcher = Fetcher::with_settings(&cfg.payload)?;
+        Ingest::assemble(engine, cfg, fetcher, env).map(Arc::new)
+    }
+
+    /// [`Ingest::try_new_env`] with a fetcher made already: processes in one program (the
+    /// simulator's) share one, as its HTTP clients are costly to make.
+    pub fn assemble(
+        engine: Arc<Engine>,
+        cfg: Config,
+        fetcher: Fetcher,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Ingest, String> {
         let nodes = nodes::Nodes::open(&cfg.storage_nodes, env)?;
         // Every profile's nodes exist (profiles that cannot be read are named when used).
         if let Ok(rd) = std::fs::read_dir(cfg.profiles_dir()) {
@@ -97,7 +112,7 @@ impl Ingest {
         }
         let inventory =
             inventory::Inventory::new(cfg.inventory()).with_clock(engine.clock().clone());
-        Ok(Arc::new(Ingest {
+        Ok(Ingest {
             engine,
             inventory: Arc::new(inventory),
             cfg,
@@ -106,11 +121,29 @@ impl Ingest {
             slots: fair::Slots::default(),
             nodes,
             profiles: Mutex::new(HashMap::new()),
-        }))
+            given: HashMap::new(),
+            courier: Arc::new(outbox::Wire),
+        })
+    }
+
+    /// The same, with `p` held in memory: [`Ingest::profile`] finds it without reading the
+    /// profiles folder.
+    pub fn with_profile(mut self, p: Profile) -> Ingest {
+        self.given.insert(p.name.clone(), p);
+        self
+    }
+
+    /// The same, with mails and callbacks carried by `courier`.
+    pub fn with_courier(mut self, courier: Arc<dyn outbox::Courier>) -> Ingest {
+        self.courier = courier;
+        self
     }
 
     /// Profile `name`, re-read only when its file changed.
     pub fn profile(&self, name: &str) -> Result<Profile, config::ConfigError> {
+        if let Some(p) = self.given.get(name) {
+            return Ok(p.clone());
+        }
         let path = self.cfg.profiles_dir().join(format!("{name}.toml"));
         let mtime = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
         if let Some((seen, p)) = self

@@ -9,6 +9,7 @@
 //! kept as dead for an admin (`lading admin outbox`).
 
 use crate::Ingest;
+use lading_core::BoxFuture;
 use lading_engine::{Effect, OutboxClaim};
 use serde_json::Value;
 use std::sync::Arc;
@@ -20,8 +21,9 @@ pub const KINDS: &[&str] = &["mail", "callback", "replicate"];
 /// How long one replica copy may take before it is tried again.
 const REPLICATE_TIMEOUT: Duration = Duration::from_secs(3600);
 
-/// How a delivery went.
-enum Failure {
+/// How a delivery failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
     /// Worth another try later.
     Retry(String),
     /// No retry will help (a malformed address): kept as dead at once.
@@ -114,7 +116,28 @@ async fn deliver(ingest: &Ingest, claim: OutboxClaim) {
     }
 }
 
-async fn send(ingest: &Ingest, e: &Effect) -> Result<(), Failure> {
+/// Carries mails and callbacks out of the process. [`Wire`] is SMTP and HTTP; the
+/// simulator brings a world of its own, which loses, repeats and delays deliveries.
+pub trait Courier: Send + Sync {
+    /// Delivers `e` (a `mail` or a `callback`), with its key, once.
+    fn carry<'a>(&'a self, ingest: &'a Ingest, e: &'a Effect)
+    -> BoxFuture<'a, Result<(), Failure>>;
+}
+
+/// Mails over SMTP (`smtp_host`), callbacks as HTTP POSTs with an `Idempotency-Key`.
+pub struct Wire;
+
+impl Courier for Wire {
+    fn carry<'a>(
+        &'a self,
+        ingest: &'a Ingest,
+        e: &'a Effect,
+    ) -> BoxFuture<'a, Result<(), Failure>> {
+        Box::pin(wire(ingest, e))
+    }
+}
+
+async fn wire(ingest: &Ingest, e: &Effect) -> Result<(), Failure> {
     let p = &e.payload;
     let s = |k: &str| p.get(k).and_then(Value::as_str).unwrap_or_default();
     match e.kind.as_str() {
@@ -169,6 +192,17 @@ async fn send(ingest: &Ingest, e: &Effect) -> Result<(), Failure> {
                 )))
             }
         }
+        other => Err(Failure::Never(format!(
+            "{other:?} is not carried by the wire"
+        ))),
+    }
+}
+
+async fn send(ingest: &Ingest, e: &Effect) -> Result<(), Failure> {
+    let p = &e.payload;
+    let s = |k: &str| p.get(k).and_then(Value::as_str).unwrap_or_default();
+    match e.kind.as_str() {
+        "mail" | "callback" => ingest.courier.carry(ingest, e).await,
         "replicate" => {
             let n = |k: &str| p.get(k).and_then(Value::as_u64).unwrap_or(0) as u32;
             crate::replicate::copy_version(ingest, s("ark"), n("version"), n("from"), n("to"))

@@ -153,10 +153,10 @@ async fn summary(
     }
     body.push_str(&format!("Completed ({}):\n", report.completed_jobs.len()));
     for j in &report.completed_jobs {
-        let info = b
-            .engine
-            .job(&JobId::parse(j).map_err(Outcome::fatal)?)
-            .await?;
+        let Some(info) = listed_job(b, j).await? else {
+            body.push_str(&format!("  {j}  (deleted since)\n"));
+            continue;
+        };
         let ark = info
             .identifiers
             .get("primary_id")
@@ -167,10 +167,10 @@ async fn summary(
     }
     body.push_str(&format!("\nFailed ({}):\n", report.failed_jobs.len()));
     for j in &report.failed_jobs {
-        let info = b
-            .engine
-            .job(&JobId::parse(j).map_err(Outcome::fatal)?)
-            .await?;
+        let Some(info) = listed_job(b, j).await? else {
+            body.push_str(&format!("  {j}  (deleted since)\n"));
+            continue;
+        };
         // The stage that failed (recorded at the failure; before that was kept, the stage
         // after the last one that succeeded).
         let stage = lading_engine::failed_stage(&info.status)
@@ -187,6 +187,21 @@ async fn summary(
         ));
     }
     Ok((subject, body))
+}
+
+/// A job the report lists; `None` when it was deleted since the batch's list was read (an
+/// admin's delete while the batch reports), which the mail says rather than the batch ending
+/// Failed with no report.
+async fn listed_job(b: &BatchCtx, j: &str) -> Result<Option<lading_engine::JobInfo>, Outcome> {
+    match b
+        .engine
+        .job(&JobId::parse(j).map_err(Outcome::fatal)?)
+        .await
+    {
+        Ok(info) => Ok(Some(info)),
+        Err(lading_engine::EngineError::NoJob(_)) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Sends one plain-text message over SMTP (no TLS: a local relay is the usual peer).

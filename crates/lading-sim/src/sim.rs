@@ -1,20 +1,24 @@
 //! One simulated deployment, run from a seed on simulated time.
 //!
 //! Several processes share the simulated tree, each a real [`Engine`] on its own session
-//! running the real stage loops ([`Worker`]), an outbox deliverer, the reporting sweep, and
-//! generic jobs (`lading-jobs`: a processor and the real activity monitor, which also ticks
-//! schedules and applies retention; the type has a rate limit).
-//! Their stage handlers are simulated: each takes a while and succeeds, fails for a while
-//! or fails for good, as the seed says. The workload submits batches and, between them,
-//! crashes and restarts processes, expires and pauses their sessions, holds and releases
-//! jobs, requeues failed ones (one at a time and by batch), deletes jobs and pauses the
-//! ingest queue. Then the faults stop, and every batch must end, every mail be delivered and
-//! every generic job be finished or failed, within a bounded simulated time, and the
-//! schedule must tick again; no generic job may be finished successfully by two acceptances.
+//! running the real stage loops ([`Worker`]), Lading's outbox deliverer, the reporting sweep,
+//! Lading's quota waker, and generic jobs (`lading-jobs`: a processor and the real activity
+//! monitor, which also ticks schedules and applies retention; the type has a rate limit).
+//! Pending is Lading's quota, Notify (the job's callback) and Reporting and UpdateReporting
+//! (the numbered report and its mail) are Lading's own stages; the other stage handlers are
+//! simulated: each takes a while and succeeds, fails for a while or fails for good, as the
+//! seed says. Mails and callbacks go to a simulated world that delays them, loses them, and
+//! loses their answers (so they are sent again with the same key). The workload submits
+//! batches and, between them, crashes and restarts processes, expires and pauses their
+//! sessions, holds and releases jobs, requeues failed ones (one at a time and by batch),
+//! deletes jobs and pauses the ingest queue. Then the faults stop, and every batch must end,
+//! every mail and callback be delivered and every generic job be finished or failed, within a
+//! bounded simulated time, and the schedule must tick again; no generic job may be finished
+//! successfully by two acceptances.
 
 use crate::check::{QUOTA_LIMIT, QUOTA_PROFILE};
 use crate::tree::{EPOCH_MS, Faults, SimTree, World};
-use lading_core::layout::{BatchId, JobId, StatusReport, batch_node};
+use lading_core::layout::{BatchId, JobId};
 use lading_core::random::{Random, Seeded};
 use lading_core::time::Clock;
 use lading_core::{BatchState, BoxFuture, Event, JobState, Tree};
@@ -80,11 +84,12 @@ impl Clock for SimClock {
     }
 }
 
-/// What left the simulated processes: each delivered mail, by key.
+/// What left the simulated processes: each delivered mail and callback, by key.
 #[derive(Default)]
 struct Outside {
     /// key → (content, deliveries)
     mails: BTreeMap<String, (Value, u32)>,
+    callbacks: BTreeMap<String, (Value, u32)>,
     /// Generic job → how many acceptances finished it successfully (a job is added once, so
     /// more than one is a processor that was fenced and committed anyway).
     generic_done: BTreeMap<String, u32>,
@@ -209,8 +214,10 @@ impl BatchStage for SimIntake {
             for i in (0..want).filter(|i| !have.contains(i)) {
                 let mut configuration = Map::new();
                 configuration.insert("index".into(), json!(i));
-                if let Some(s) = b.info.submission.get("submitter") {
-                    configuration.insert("submitter".into(), s.clone());
+                for k in ["submitter", "profile"] {
+                    if let Some(v) = b.info.submission.get(k) {
+                        configuration.insert(k.into(), v.clone());
+                    }
                 }
                 if let Some(p) = b.info.submission.get("sim_probe") {
                     configuration.insert("sim_probe".into(), p.clone());
@@ -224,64 +231,6 @@ impl BatchStage for SimIntake {
                 }
             }
             Outcome::Done
-        })
-    }
-}
-
-/// Reporting and update reporting: the report, numbered, and its mail with a key.
-struct SimReport(BatchState);
-
-impl BatchStage for SimReport {
-    fn state(&self) -> BatchState {
-        self.0
-    }
-    fn run(&self, b: Arc<BatchCtx>) -> BoxFuture<'static, Outcome> {
-        Box::pin(async move {
-            let prev: Option<StatusReport> = match b
-                .engine
-                .tree()
-                .get(&batch_node(b.batch(), "status-report"))
-                .await
-            {
-                Ok(n) => n
-                    .and_then(|n| n.data)
-                    .and_then(|d| serde_json::from_slice(&d).ok()),
-                Err(e) => return Outcome::Transient(e.to_string()),
-            };
-            let mut report = match b.engine.build_report(b.batch()).await {
-                Ok(r) => r,
-                Err(e) => return Outcome::from(e),
-            };
-            let number = prev.as_ref().map_or(1, |p| {
-                p.extra
-                    .get("report_number")
-                    .and_then(Value::as_u64)
-                    .unwrap_or(1)
-                    + 1
-            });
-            report.extra.insert("report_number".into(), json!(number));
-            let mut completed = report.completed_jobs.clone();
-            let mut failed = report.failed_jobs.clone();
-            completed.sort();
-            failed.sort();
-            let effect = Effect {
-                kind: "mail".into(),
-                key: format!("report:{}:{number}", b.batch()),
-                batch: Some(b.batch().to_string()),
-                job: None,
-                payload: json!({ "completed": completed, "failed": failed }),
-            };
-            let outcome = if report.failed_jobs.is_empty() {
-                Outcome::Done
-            } else {
-                Outcome::Fatal(lading_engine::batch_summary(
-                    report.completed_jobs.len(),
-                    report.failed_jobs.len(),
-                    0,
-                ))
-            };
-            b.set_report(report, vec![effect]).await;
-            outcome
         })
     }
 }
@@ -301,6 +250,54 @@ struct Sim {
     work: tempfile::TempDir,
     seed: u64,
     starts: u64,
+}
+
+/// The profile every simulated batch is submitted under: its report is mailed and each
+/// job's outcome called back (both through the real outbox, to the simulated world).
+const PROFILE: &str = "sim";
+
+/// The ingest settings the real Notify and Reporting stages and the outbox deliverer run
+/// with: a mail relay named, a short settling time after requeues, and deliveries retried
+/// quickly and for as long as it takes (the simulated relay comes back).
+fn ingest_config() -> lading_ingest::Config {
+    let mut cfg = lading_ingest::Config {
+        smtp_host: Some("relay.sim.invalid".into()),
+        mail_from: "lading@sim.invalid".into(),
+        report_settle_s: 2,
+        ..Default::default()
+    };
+    cfg.stages.insert(
+        "outbox".into(),
+        lading_ingest::config::StageSettings {
+            concurrency: Some(2),
+            timeout_s: Some(60),
+            max_attempts: Some(u32::MAX),
+            backoff_base_ms: Some(200),
+            backoff_max_ms: Some(3_000),
+        },
+    );
+    cfg
+}
+
+fn profile() -> lading_ingest::Profile {
+    lading_ingest::Profile {
+        name: PROFILE.into(),
+        collection: "sim".into(),
+        notification: vec!["depositor@sim.invalid".into()],
+        callback_url: Some("http://callbacks.sim.invalid/lading".into()),
+        ..Default::default()
+    }
+}
+
+/// One fetcher for every simulated process of the program (its HTTP clients are costly to
+/// make, and nothing in the simulation fetches).
+fn fetcher() -> lading_ingest::fetch::Fetcher {
+    static F: std::sync::OnceLock<lading_ingest::fetch::Fetcher> = std::sync::OnceLock::new();
+    F.get_or_init(|| {
+        lading_ingest::fetch::Fetcher::with_settings(&Default::default())
+            .expect("default payload settings")
+    })
+    .clone()
 }
 
 fn stage_config() -> StageConfig {
@@ -329,28 +326,37 @@ impl Sim {
             )),
         );
         let (stop, shutdown) = Shutdown::new();
+        let ingest = Arc::new(
+            lading_ingest::Ingest::assemble(engine.clone(), ingest_config(), fetcher(), |_| None)
+                .expect("the simulator's ingest settings")
+                .with_profile(profile())
+                .with_courier(Arc::new(SimCourier {
+                    dice: self.dice.clone(),
+                    outside: self.outside.clone(),
+                })),
+        );
         let jobs: Vec<(Arc<dyn JobStage>, StageConfig)> = JobState::PIPELINE
             .iter()
             .map(|s| {
-                (
-                    Arc::new(SimJobStage {
+                let stage: Arc<dyn JobStage> = match s {
+                    // The real Notify: the job's callback, recorded with its move to Completed.
+                    JobState::Notify => Arc::new(lading_ingest::stages::Notify(ingest.clone())),
+                    _ => Arc::new(SimJobStage {
                         state: *s,
                         dice: self.dice.clone(),
-                    }) as Arc<dyn JobStage>,
-                    stage_config(),
-                )
+                    }),
+                };
+                (stage, stage_config())
             })
             .collect();
+        // The real Reporting and UpdateReporting: the numbered report and its mail.
+        let report = |s| Arc::new(lading_ingest::report::Report(ingest.clone(), s));
         let batches: Vec<(Arc<dyn BatchStage>, StageConfig)> = vec![
             (Arc::new(SimIntake), stage_config()),
-            (Arc::new(SimReport(BatchState::Reporting)), stage_config()),
-            (
-                Arc::new(SimReport(BatchState::UpdateReporting)),
-                stage_config(),
-            ),
+            (report(BatchState::Reporting), stage_config()),
+            (report(BatchState::UpdateReporting), stage_config()),
         ];
         let worker = Worker::new(engine.clone(), self.work.path().join(&name));
-        let outside = self.outside.clone();
         // Generic jobs (lading-jobs) on the same session: a processor and the activity monitor.
         let generic = Arc::new(
             lading_jobs::Jobs::new(
@@ -364,7 +370,8 @@ impl Sim {
         );
         let (dice, outside2) = (self.dice.clone(), self.outside.clone());
         let task = tokio::spawn(async move {
-            let deliver = deliver(engine.clone(), outside, shutdown.clone());
+            // Lading's outbox deliverer, to the simulated world.
+            let deliver = lading_ingest::outbox::run(ingest, shutdown.clone());
             let sweep = lading_worker::every(
                 "reporting sweep",
                 Duration::from_secs(5),
@@ -399,31 +406,47 @@ impl Sim {
     }
 }
 
-/// The outbox deliverer: each mail to the outside world, then marked done.
-async fn deliver(engine: Arc<Engine>, outside: Arc<Mutex<Outside>>, shutdown: Shutdown) {
-    while !shutdown.is_stopping() {
-        match engine.claim_effect(&["mail"]).await {
-            Ok(Ok(claim)) => {
-                {
-                    let mut o = outside.lock().unwrap_or_else(|p| p.into_inner());
-                    let e = o
-                        .mails
-                        .entry(claim.entry.effect.key.clone())
-                        .or_insert((claim.entry.effect.payload.clone(), 0));
-                    if e.0 != claim.entry.effect.payload {
-                        // Recorded below as a violation: one key, two contents.
-                        e.0 =
-                            json!({"conflict": [e.0.clone(), claim.entry.effect.payload.clone()]});
-                    }
-                    e.1 += 1;
+/// The outside world's mail relay and callback receiver, as Lading's real outbox deliverer
+/// meets them: a delivery takes a while, and may fail before it arrives, or arrive and lose
+/// its answer (the deliverer then sends it again, with the same key). Every arrival is
+/// recorded by key; one key with two contents is recorded as a conflict.
+struct SimCourier {
+    dice: Arc<Dice>,
+    outside: Arc<Mutex<Outside>>,
+}
+
+impl lading_ingest::outbox::Courier for SimCourier {
+    fn carry<'a>(
+        &'a self,
+        _ingest: &'a lading_ingest::Ingest,
+        e: &'a Effect,
+    ) -> BoxFuture<'a, Result<(), lading_ingest::outbox::Failure>> {
+        use lading_ingest::outbox::Failure;
+        Box::pin(async move {
+            let (took, roll) = (self.dice.below(200), self.dice.below(100));
+            tokio::time::sleep(Duration::from_millis(took as u64)).await;
+            if roll < 10 {
+                return Err(Failure::Retry("the simulated relay is down".into()));
+            }
+            {
+                let mut o = self.outside.lock().unwrap_or_else(|p| p.into_inner());
+                let book = if e.kind == "mail" {
+                    &mut o.mails
+                } else {
+                    &mut o.callbacks
+                };
+                let got = book.entry(e.key.clone()).or_insert((e.payload.clone(), 0));
+                if got.0 != e.payload {
+                    // Recorded as a violation at the end: one key, two contents.
+                    got.0 = json!({"conflict": [got.0.clone(), e.payload.clone()]});
                 }
-                let _ = engine.effect_done(claim).await;
+                got.1 += 1;
             }
-            Ok(Err(_)) => {
-                let _ = engine.wait_outbox(Duration::from_secs(2)).await;
+            if roll < 15 {
+                return Err(Failure::Retry("the simulated answer was lost".into()));
             }
-            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
-        }
+            Ok(())
+        })
     }
 }
 
@@ -693,6 +716,7 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
         let mut sub = Map::new();
         sub.insert("batchID".into(), json!(format!("sim-{seed}-{i}")));
         sub.insert("submitter".into(), json!(format!("user{}", rng.below(3))));
+        sub.insert("profile".into(), json!(PROFILE));
         sub.insert("sim_jobs".into(), json!(1 + rng.below(9)));
         let uuid = format!("sim-{seed}-{i}");
         let made = admin(|| admin_engine.create_batch(submission(&sub))).await;
@@ -897,6 +921,7 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
         let mut sub = Map::new();
         sub.insert("batchID".into(), json!(format!("sim-{seed}-probe")));
         sub.insert("submitter".into(), json!("probe"));
+        sub.insert("profile".into(), json!(PROFILE));
         sub.insert("sim_jobs".into(), json!(1));
         sub.insert("sim_probe".into(), json!(true));
         if let Some(bid) = admin(|| admin_engine.create_batch(submission(&sub))).await {
@@ -921,19 +946,18 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
         }
     }
     // The reports: one content per key, each batch's last report listing every job it kept,
-    // and no more reports than its first plus one per reopening.
+    // and no more reports than its first plus one per reopening. The callbacks: one content
+    // per key, and one for every job that completed.
     let mut jobs = 0;
     {
-        let mails = sim
-            .outside
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .mails
-            .clone();
+        let (mails, callbacks) = {
+            let o = sim.outside.lock().unwrap_or_else(|p| p.into_inner());
+            (o.mails.clone(), o.callbacks.clone())
+        };
         let mut found = Vec::new();
-        for (key, (content, _)) in &mails {
+        for (key, (content, _)) in mails.iter().chain(&callbacks) {
             if content.get("conflict").is_some() {
-                found.push(format!("mail {key} delivered with two contents: {content}"));
+                found.push(format!("{key} delivered with two contents: {content}"));
             }
         }
         for b in &bids {
@@ -947,10 +971,29 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
                 .collect();
             kept.sort();
             jobs += info.jobs.values().map(Vec::len).sum::<usize>();
-            let prefix = format!("report:{b}:");
+            if open.is_empty() {
+                for j in info.jobs.get("batch-completed").into_iter().flatten() {
+                    let called = format!(":{j}:completed:");
+                    if !callbacks.keys().any(|k| k.contains(&called)) {
+                        found.push(format!(
+                            "job {j} of {b} completed with no callback delivered"
+                        ));
+                    }
+                }
+            }
+            // The report mail's Message-ID names the batch by its Merritt batch id.
+            let named = info
+                .submission
+                .get("batchID")
+                .and_then(Value::as_str)
+                .unwrap_or(b.as_str());
+            let prefix = format!("<lading.{named}.report-");
             let mine: Vec<(u64, &Value)> = mails
                 .iter()
-                .filter_map(|(k, (c, _))| Some((k.strip_prefix(&prefix)?.parse().ok()?, c)))
+                .filter_map(|(k, (c, _))| {
+                    let n = k.strip_prefix(&prefix)?.split('@').next()?;
+                    Some((n.parse().ok()?, c))
+                })
                 .collect();
             let allowed = 1 + reopened.get(b.as_str()).copied().unwrap_or(0) as usize;
             if mine.len() > allowed {
@@ -961,19 +1004,7 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
                 ));
             }
             if let Some((n, last)) = mine.iter().max_by_key(|(n, _)| *n) {
-                let mut listed: Vec<String> = ["completed", "failed"]
-                    .iter()
-                    .flat_map(|k| {
-                        last.get(*k)
-                            .and_then(Value::as_array)
-                            .map(|a| {
-                                a.iter()
-                                    .filter_map(|v| v.as_str().map(String::from))
-                                    .collect::<Vec<_>>()
-                            })
-                            .unwrap_or_default()
-                    })
-                    .collect();
+                let mut listed = listed_in_mail(last);
                 listed.sort();
                 // Every job the batch kept is in its last report; a job the report lists
                 // and the batch no longer keeps was deleted since (which reopens nothing).
@@ -991,7 +1022,11 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
                     ));
                 }
             } else if open.is_empty() {
-                found.push(format!("batch {b} ended with no report delivered"));
+                found.push(format!(
+                    "batch {b} ended ({}: {}) with no report delivered",
+                    info.status.status,
+                    info.status.message.as_deref().unwrap_or_default()
+                ));
             }
         }
         let mut st = world.lock();
@@ -1016,6 +1051,17 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
         trace_hash: st.trace_hash,
         full: st.full.clone(),
     }
+}
+
+/// The jobs a report mail lists: its body's indented lines, each starting with a job's id
+/// (under "Completed (n):" and "Failed (n):").
+fn listed_in_mail(mail: &Value) -> Vec<String> {
+    let body = mail.get("body").and_then(Value::as_str).unwrap_or_default();
+    body.lines()
+        .filter_map(|l| l.strip_prefix("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
 }
 
 fn pick<T: Clone>(rng: &Seeded, from: &[T]) -> Option<T> {
