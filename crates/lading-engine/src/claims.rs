@@ -285,6 +285,9 @@ impl Engine {
             let unclaimed = self.unclaimed.notified();
             let mut unclaimed = std::pin::pin!(unclaimed);
             unclaimed.as_mut().enable();
+            let woken = self.woken.notified();
+            let mut woken = std::pin::pin!(woken);
+            woken.as_mut().enable();
             let strays = self.drop_strays().await;
             let (watches, due) = match round().await? {
                 Round::Got(t) => return Ok(Some(t)),
@@ -306,6 +309,7 @@ impl Engine {
                 biased;
                 _ = any_of(watches) => {}
                 _ = &mut unclaimed, if lost_locally => {}
+                _ = &mut woken => {}
                 _ = &mut cancel => return Ok(None),
                 _ = until_due => {}
                 // The safety net: a slow sweep, should a wake-up ever be missed.

@@ -283,6 +283,10 @@ pub struct Engine {
     /// because another local worker had it: a waiter that lost such a race is woken when the
     /// winner lets go (the tree's own watch may have fired before the claim was dropped).
     unclaimed: tokio::sync::Notify,
+    /// Signalled when this process forgets a deferral after waking the job: a waiter woken
+    /// by the wake's own commit may have looked before the deferral was forgotten, and passed
+    /// the job over (found by `lading-sim`).
+    woken: tokio::sync::Notify,
     /// How many times a waiter has parked (see [`Engine::parked`]).
     parked: tokio::sync::watch::Sender<u64>,
     local_conflicts: std::sync::atomic::AtomicU64,
@@ -356,6 +360,7 @@ impl Engine {
             contention: Default::default(),
             live_batches: Mutex::new(Vec::new()),
             unclaimed: tokio::sync::Notify::new(),
+            woken: tokio::sync::Notify::new(),
             parked: tokio::sync::watch::Sender::new(0),
             local_conflicts: std::sync::atomic::AtomicU64::new(0),
             strays: Mutex::new(Default::default()),

@@ -422,7 +422,10 @@ impl Engine {
                 // And after it: a worker of this process that looked at the job while the
                 // commit was on its way found it still deferred and recorded that again, and
                 // would have passed it over until its old retry time (found by `lading-sim`).
+                // A waiter that did so on the commit's own watch event is waiting again
+                // (seed 96): it is told to look once more.
                 forget();
+                self.woken.notify_waiters();
                 Ok(true)
             }
             Err(e)

@@ -211,8 +211,7 @@ impl Worker {
         self
     }
 
-    /// Runs the stages until shut down: `concurrency` loops per stage, each taking one job or
-    /// batch at a time.
+    /// Runs the stages until shut down: `concurrency` slots per stage (see [`run_loops`]).
     pub async fn run(
         &self,
         jobs: Vec<(Arc<dyn JobStage>, StageConfig)>,
@@ -221,31 +220,29 @@ impl Worker {
     ) {
         let mut set = tokio::task::JoinSet::new();
         for (stage, cfg) in jobs {
-            for _ in 0..cfg.concurrency.max(1) {
-                let l = JobLoop {
-                    engine: self.engine.clone(),
-                    work_root: self.work_root.clone(),
-                    stats: self.stats.clone(),
-                    stage: stage.clone(),
-                    cfg: cfg.clone(),
-                };
-                set.spawn(stage_loop(Arc::new(l), shutdown.clone()));
-            }
+            let n = cfg.concurrency;
+            let l = JobLoop {
+                engine: self.engine.clone(),
+                work_root: self.work_root.clone(),
+                stats: self.stats.clone(),
+                stage,
+                cfg,
+            };
+            set.spawn(run_loops(Arc::new(l), n, shutdown.clone()));
         }
         for (stage, cfg) in batches {
-            for _ in 0..cfg.concurrency.max(1) {
-                let l = BatchLoop {
-                    engine: self.engine.clone(),
-                    stats: self.stats.clone(),
-                    stage: stage.clone(),
-                    cfg: cfg.clone(),
-                };
-                set.spawn(stage_loop(Arc::new(l), shutdown.clone()));
-            }
+            let n = cfg.concurrency;
+            let l = BatchLoop {
+                engine: self.engine.clone(),
+                stats: self.stats.clone(),
+                stage,
+                cfg,
+            };
+            set.spawn(run_loops(Arc::new(l), n, shutdown.clone()));
         }
         while let Some(r) = set.join_next().await {
             if let Err(e) = r {
-                tracing::error!(error = %e, "a stage loop ended abnormally");
+                tracing::error!(error = %e, "a stage ended abnormally");
             }
         }
     }
@@ -326,16 +323,57 @@ pub trait Acquire: Send + Sync + 'static {
     fn release(&self, lease: Self::Lease) -> impl Future<Output = ()> + Send;
 }
 
-/// Runs `n` loops of `l` until shut down, and waits for them all.
+/// Runs `l` with `n` slots until shut down, then waits for what is in hand. One loop waits
+/// for work while a slot is free (`n` waiters on one folder would each set the same watches
+/// and race each other for every item); each item is handled in a task of its own, with the
+/// items it brings along, and frees its slot when done (a handler that panics frees it too).
 pub async fn run_loops<L: Acquire>(l: Arc<L>, n: usize, shutdown: Shutdown) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(n.max(1)));
     let mut set = tokio::task::JoinSet::new();
-    for _ in 0..n.max(1) {
-        set.spawn(stage_loop(l.clone(), shutdown.clone()));
+    let ended = |r: Result<(), tokio::task::JoinError>| {
+        if let Err(e) = r {
+            tracing::error!(error = %e, "a {} handler ended abnormally", L::WHAT);
+        }
+    };
+    loop {
+        while let Some(r) = set.try_join_next() {
+            ended(r);
+        }
+        if shutdown.is_stopping() {
+            break;
+        }
+        let permit = tokio::select! {
+            // In order, not at random: a run is the same every time (`lading-sim`).
+            biased;
+            p = slots.clone().acquire_owned() => p.expect("never closed"),
+            _ = shutdown.clone().into_stopped() => break,
+        };
+        let lease = match l.wait(shutdown.clone()).await {
+            Ok(Some(lease)) => lease,
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::warn!(state = l.state_name(), error = %e, "cannot acquire a {}", L::WHAT);
+                tokio::time::sleep(ERROR_PAUSE).await;
+                continue;
+            }
+        };
+        let (l, mut shutdown) = (l.clone(), shutdown.clone());
+        set.spawn(async move {
+            // A job handled successfully may bring its successor along (locked in the same
+            // `multi` that moved it on): handled next, without waiting.
+            let mut next = Some(lease);
+            while let Some(lease) = next.take() {
+                if shutdown.is_stopping() {
+                    l.release(lease).await;
+                    break;
+                }
+                next = l.handle(lease, &mut shutdown).await;
+            }
+            drop(permit);
+        });
     }
     while let Some(r) = set.join_next().await {
-        if let Err(e) = r {
-            tracing::error!(error = %e, "a {} loop ended abnormally", L::WHAT);
-        }
+        ended(r);
     }
 }
 
@@ -389,34 +427,6 @@ where
         first: std::sync::atomic::AtomicBool::new(true),
     };
     run_loops(Arc::new(e), 1, shutdown).await
-}
-
-/// One stage loop: wait for work, handle it, until shut down. A job handled successfully
-/// may bring its successor along (locked in the same `multi` that moved it on); that one is
-/// handled next without waiting.
-async fn stage_loop<L: Acquire>(l: Arc<L>, mut shutdown: Shutdown) {
-    let mut next: Option<L::Lease> = None;
-    loop {
-        if shutdown.is_stopping() {
-            if let Some(lease) = next.take() {
-                l.release(lease).await;
-            }
-            return;
-        }
-        let lease = match next.take() {
-            Some(lease) => lease,
-            None => match l.wait(shutdown.clone()).await {
-                Ok(Some(lease)) => lease,
-                Ok(None) => continue,
-                Err(e) => {
-                    tracing::warn!(state = l.state_name(), error = %e, "cannot acquire a {}", L::WHAT);
-                    tokio::time::sleep(ERROR_PAUSE).await;
-                    continue;
-                }
-            },
-        };
-        next = l.handle(lease, &mut shutdown).await;
-    }
 }
 
 impl Acquire for JobLoop {
