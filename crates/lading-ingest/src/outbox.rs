@@ -41,6 +41,8 @@ pub async fn run(ingest: Arc<Ingest>, shutdown: lading_worker::Shutdown) {
     loop {
         while tasks.try_join_next().is_some() {}
         let permit = tokio::select! {
+            // In order, not at random: a run is the same every time (`lading-sim`).
+            biased;
             p = slots.clone().acquire_owned() => p.expect("never closed"),
             _ = &mut stop => break,
         };
@@ -67,6 +69,8 @@ pub async fn run(ingest: Arc<Ingest>, shutdown: lading_worker::Shutdown) {
         };
         drop(permit);
         tokio::select! {
+            // In order, not at random: a run is the same every time (`lading-sim`).
+            biased;
             _ = ingest.engine.wait_outbox(wait) => {}
             // Entries this process gave back (or a delivery that ended) may be due now.
             _ = tasks.join_next(), if !tasks.is_empty() => {}

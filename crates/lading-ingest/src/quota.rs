@@ -410,12 +410,16 @@ pub async fn run_waker_with(
         let any =
             futures_util::future::select_all(watches.into_iter().map(Box::pin).collect::<Vec<_>>());
         tokio::select! {
+            // In order, not at random: a run is the same every time (`lading-sim`).
+            biased;
             _ = &mut stop => return,
             _ = any => {}
             _ = tokio::time::sleep(PARK / 10) => {}
         }
         // Many jobs finish at once: look once for all of them.
         tokio::select! {
+            // In order, not at random: a run is the same every time (`lading-sim`).
+            biased;
             _ = &mut stop => return,
             _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
         }

@@ -24,7 +24,8 @@ use lading_core::time::Clock;
 use lading_core::{BatchState, BoxFuture, Event, JobState, Tree};
 use lading_engine::{Effect, Engine, JobSpec};
 use lading_worker::{
-    BatchCtx, BatchStage, JobCtx, JobStage, Outcome, Shutdown, ShutdownHandle, StageConfig, Worker,
+    BatchCtx, BatchStage, JobCtx, JobStage, Outcome, Phase, Shutdown, ShutdownHandle, StageConfig,
+    Supervisor, Worker,
 };
 use serde_json::{Map, Value, json};
 use std::collections::BTreeMap;
@@ -325,7 +326,6 @@ impl Sim {
                 self.seed.wrapping_mul(31).wrapping_add(self.starts),
             )),
         );
-        let (stop, shutdown) = Shutdown::new();
         let ingest = Arc::new(
             lading_ingest::Ingest::assemble(engine.clone(), ingest_config(), fetcher(), |_| None)
                 .expect("the simulator's ingest settings")
@@ -368,39 +368,49 @@ impl Sim {
                 self.seed.wrapping_mul(37).wrapping_add(self.starts),
             )),
         );
-        let (dice, outside2) = (self.dice.clone(), self.outside.clone());
+        // Every service under one supervisor, as in a real node: the outbox deliverer stops
+        // last, so what the stages record while they finish is still delivered. A crash
+        // aborts the supervisor's task, and with it every service.
+        let mut services = Supervisor::new();
+        let stop = services.handle();
+        let e = engine.clone();
+        services.spawn("stages", Phase::First, |sd| async move {
+            worker.run(jobs, batches, sd).await;
+            Ok(())
+        });
+        // Lading's outbox deliverer, to the simulated world.
+        services.spawn("outbox", Phase::Last, |sd| async move {
+            lading_ingest::outbox::run(ingest, sd).await;
+            Ok(())
+        });
+        services.spawn("reporting sweep", Phase::First, |sd| async move {
+            lading_worker::every("reporting sweep", Duration::from_secs(5), sd, move || {
+                let e = e.clone();
+                async move {
+                    let _ = e.sweep_reporting().await;
+                }
+            })
+            .await;
+            Ok(())
+        });
+        let g = generic.clone();
+        services.spawn("generic-jobs monitor", Phase::First, |sd| async move {
+            g.run_monitor(sd).await;
+            Ok(())
+        });
+        let e = engine.clone();
+        services.spawn("quota waker", Phase::First, |sd| async move {
+            let limits = Arc::new(|p: &str| (p == QUOTA_PROFILE).then_some(QUOTA_LIMIT));
+            lading_ingest::quota::run_waker_with(e, limits, sd).await;
+            Ok(())
+        });
+        let (dice, outside) = (self.dice.clone(), self.outside.clone());
+        services.spawn("generic-jobs processor", Phase::First, |sd| async move {
+            process_generic(generic, dice, outside, sd).await;
+            Ok(())
+        });
         let task = tokio::spawn(async move {
-            // Lading's outbox deliverer, to the simulated world.
-            let deliver = lading_ingest::outbox::run(ingest, shutdown.clone());
-            let sweep = lading_worker::every(
-                "reporting sweep",
-                Duration::from_secs(5),
-                shutdown.clone(),
-                {
-                    let e = engine.clone();
-                    move || {
-                        let e = e.clone();
-                        async move {
-                            let _ = e.sweep_reporting().await;
-                        }
-                    }
-                },
-            );
-            let monitor = generic.run_monitor(shutdown.clone());
-            let waker = lading_ingest::quota::run_waker_with(
-                engine.clone(),
-                Arc::new(|p: &str| (p == QUOTA_PROFILE).then_some(QUOTA_LIMIT)),
-                shutdown.clone(),
-            );
-            let processor = process_generic(generic.clone(), dice, outside2, shutdown.clone());
-            tokio::join!(
-                worker.run(jobs, batches, shutdown),
-                deliver,
-                sweep,
-                monitor,
-                processor,
-                waker
-            );
+            let _ = services.join().await;
         });
         Proc { tree, stop, task }
     }
