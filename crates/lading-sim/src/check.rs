@@ -293,6 +293,44 @@ fn quota_after(mem: &Mem, ops: &[Op]) -> Vec<String> {
     found
 }
 
+/// The simulated working root's space: every job's provisioning reserves its bytes there
+/// against a file system that never shows them used (the worst case: only the reservations
+/// keep two admissions from counting the same free space).
+pub const SPACE_ROOT: &str = "sim-root";
+pub const SPACE_FREE: u64 = 600 << 20;
+pub const SPACE_KEEP: u64 = 100 << 20;
+/// The most one simulated job needs.
+pub const SPACE_MAX_JOB: u64 = 120 << 20;
+
+/// The reservations on the simulated root never add up to more than its free space less
+/// what is kept free.
+fn reservations_after(mem: &Mem, ops: &[Op]) -> Vec<String> {
+    let prefix = format!("{}/", lading_core::layout::RESERVATIONS);
+    let reserves = ops
+        .iter()
+        .any(|o| matches!(o, Op::Create { path, .. } if path.starts_with(&prefix)));
+    if !reserves {
+        return Vec::new();
+    }
+    let held: u64 = mem
+        .children(lading_core::layout::RESERVATIONS)
+        .into_iter()
+        .flatten()
+        .filter_map(|j| mem.get(&format!("{prefix}{j}")))
+        .filter_map(|n| n.data.as_deref())
+        .filter_map(|d| serde_json::from_slice::<lading_engine::Reservation>(d).ok())
+        .filter(|r| r.root == SPACE_ROOT)
+        .map(|r| r.bytes)
+        .sum();
+    if held > SPACE_FREE - SPACE_KEEP {
+        return vec![format!(
+            "space: {held} bytes reserved on {SPACE_ROOT}, over its {} free less {} kept",
+            SPACE_FREE, SPACE_KEEP
+        )];
+    }
+    Vec::new()
+}
+
 pub fn after_commit(
     mem: &Mem,
     session: u64,
@@ -303,6 +341,7 @@ pub fn after_commit(
 ) -> Vec<String> {
     let mut found = generic_after(mem, ops, probe, now_ms, accepts);
     found.extend(quota_after(mem, ops));
+    found.extend(reservations_after(mem, ops));
     for (status, lock, owner) in &probe.guarded {
         let takes_lock = ops
             .iter()

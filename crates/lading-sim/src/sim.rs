@@ -16,7 +16,7 @@
 //! bounded simulated time, and the schedule must tick again; no generic job may be finished
 //! successfully by two acceptances.
 
-use crate::check::{QUOTA_LIMIT, QUOTA_PROFILE};
+use crate::check::{QUOTA_LIMIT, QUOTA_PROFILE, SPACE_FREE, SPACE_KEEP, SPACE_MAX_JOB, SPACE_ROOT};
 use crate::tree::{EPOCH_MS, Faults, SimTree, World};
 use lading_core::layout::{BatchId, JobId};
 use lading_core::random::{Random, Seeded};
@@ -156,6 +156,28 @@ impl JobStage for SimJobStage {
                         handled(&dice).await
                     }
                     Ok(o) => o,
+                    Err(e) => Outcome::from(e),
+                }
+            });
+        }
+        if self.state == JobState::Provisioning {
+            // Lading's space admission: the job's bytes reserved on the working root until
+            // its download ends, or a wait while others hold the room.
+            let dice = self.dice.clone();
+            return Box::pin(async move {
+                let needed = 1 + dice.below(SPACE_MAX_JOB as usize) as u64;
+                match job
+                    .reserve_space(SPACE_ROOT, needed, SPACE_FREE, SPACE_KEEP)
+                    .await
+                {
+                    Ok(None) if job.info.configuration.get("sim_probe").is_none() => {
+                        handled(&dice).await
+                    }
+                    Ok(None) => Outcome::Done,
+                    Ok(Some(held)) => Outcome::Wait {
+                        after: Duration::from_millis(500),
+                        reason: format!("waiting for space: {held} bytes reserved by others"),
+                    },
                     Err(e) => Outcome::from(e),
                 }
             });
@@ -954,6 +976,17 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
                 ));
             }
         }
+    }
+    // No space stays reserved once every batch has ended: a reservation lasts until its
+    // job's download ends, whichever way the job left (a delete and a purge included).
+    if open.is_empty()
+        && let Some(left) = admin(|| admin_engine.reservations()).await
+        && !left.is_empty()
+    {
+        let jobs: Vec<&String> = left.iter().map(|(j, _)| j).collect();
+        world.lock().violation(format!(
+            "space: reservations left after every batch ended, of {jobs:?}"
+        ));
     }
     // The reports: one content per key, each batch's last report listing every job it kept,
     // and no more reports than its first plus one per reopening. The callbacks: one content
