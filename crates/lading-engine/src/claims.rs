@@ -66,16 +66,12 @@ impl Engine {
         got.map(|taken| taken.then_some(session))
     }
 
-    /// Lets go of `lock` after a failed call that may have left it in the tree as this
-    /// session's (its reply lost, or the move that deletes it refused): deletes it if this
-    /// session holds it, else leaves it. When even that cannot be told (the store does not
-    /// answer), the lock stays claimed here and is a stray, deleted by the next acquisition
-    /// round ([`Engine::drop_strays`]); a live process never keeps it for ever.
-    pub(crate) async fn abandon(&self, lock: &str) {
-        self.abandon_on(lock, self.claim_session(lock)).await
-    }
-
-    /// [`Engine::abandon`] for a lease of `session`: only what is still that session's. A
+    /// Lets go of `lock` (of a lease or claim of `session`) after a failed call that may have
+    /// left it in the tree as that session's (its reply lost, or the move that deletes it
+    /// refused): deletes it if that session holds it, else leaves it. When even that cannot
+    /// be told (the store does not answer), the lock stays claimed here and is a stray,
+    /// deleted by the next acquisition round ([`Engine::drop_strays`]); a live process never
+    /// keeps it for ever. Only what is still `session`'s is touched. A
     /// lease lost to a session change, whose lock this process has since claimed and taken
     /// again under the new session, leaves that alone; deciding "is it mine" by the current
     /// session deleted the new lease's lock (found by `lading-sim`).
@@ -110,7 +106,7 @@ impl Engine {
 
     /// Deletes a lease's `lock` (of `what`, taken on `session`) and lets go of its claim:
     /// lease lost when it was gone or the session is no longer this tree's (a lock of
-    /// another session's is never deleted); abandoned ([`Engine::abandon`]) when the delete
+    /// another session's is never deleted); abandoned ([`Engine::abandon_on`]) when the delete
     /// did not go through.
     pub(crate) async fn release_lock(&self, lock: &str, what: &str, session: u64) -> Result<()> {
         match self
@@ -159,7 +155,7 @@ impl Engine {
         }
     }
 
-    /// Tries again to delete every stray lock ([`Engine::abandon`]); whether any is left.
+    /// Tries again to delete every stray lock ([`Engine::abandon_on`]); whether any is left.
     pub(crate) async fn drop_strays(&self) -> bool {
         let strays: Vec<String> = self
             .strays

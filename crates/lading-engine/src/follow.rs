@@ -205,6 +205,8 @@ impl Engine {
                 let mut changed: Vec<(&'static str, String)> = Vec::new();
                 let mut lost = false;
                 let first = tokio::select! {
+                    // In order, not at random: a run is the same every time (`lading-sim`).
+                    biased;
                     c = feed.next() => c,
                     Some(r) = past_rx.recv() => {
                         // Between two reports: the feed's reads have seen every one sent.
@@ -420,8 +422,9 @@ async fn observe(
 impl Engine {
     /// Every transition of a job or batch whose status changed at or after `since_ms`, from
     /// the tree alone, oldest first: what a client resuming after a restart is owed. Entries
-    /// of the same second as `since_ms` are included (history keeps seconds), so a client may
-    /// see a few again. With `batch`, only that batch and its jobs.
+    /// of the same second as `since_ms` are included (history keeps seconds), and those of
+    /// such a status stamped up to a minute before it (a writer stamps an entry before its
+    /// commit), so a client may see a few again. With `batch`, only that batch and its jobs.
     pub async fn transitions_since(
         &self,
         since_ms: u64,
@@ -430,6 +433,11 @@ impl Engine {
         Ok(past(&TreeReads(&*self.tree), since_ms, batch).await?)
     }
 }
+
+/// How much earlier than its commit a transition's recorded time may be: its writer stamps
+/// it, then commits, through slow round trips, retries and a pause short of its session's
+/// end (after which its commit is refused).
+const STAMPED_EARLY_MS: u64 = 60_000;
 
 /// See [`Engine::transitions_since`].
 async fn past(
@@ -481,9 +489,13 @@ async fn past(
             let Some((state, extra)) = fields(node.data.as_deref()) else {
                 continue;
             };
+            // An entry's time is its writer's, taken before its commit: a status changed
+            // since `from_ms` may hold an entry stamped a little before it and committed
+            // after (found by `lading-sim`: a client resuming from an id of that second
+            // never got it).
             let mut entries: Vec<Value> = history(&extra)
                 .into_iter()
-                .filter(|e| entry_ms(e) >= from_ms)
+                .filter(|e| entry_ms(e) + STAMPED_EARLY_MS >= from_ms)
                 .collect();
             if entries.is_empty() && !extra.contains_key(HISTORY_FIELD) {
                 let mut e = Map::new();

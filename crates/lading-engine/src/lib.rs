@@ -312,7 +312,7 @@ const WAIT_BATCHES: usize = 32;
 const WAIT_LOCKS: usize = 16;
 /// A waiting worker looks again at least this often, whatever it was told.
 const SWEEP: Duration = Duration::from_secs(10);
-/// How soon a stray lock's delete is tried again (see [`Engine::abandon`]).
+/// How soon a stray lock's delete is tried again (see [`Engine::abandon_on`]).
 const STRAY_RETRY: Duration = Duration::from_secs(1);
 
 /// Processing batches whose `batch-processing` folder `watch_finishing` watches.

@@ -64,6 +64,8 @@ pub struct OutboxClaim {
     pub name: String,
     pub entry: OutboxEntry,
     version: i32,
+    /// The session its lock was made on: what the claim commits goes on it alone.
+    session: u64,
 }
 
 /// One entry as an admin listing shows it.
@@ -156,7 +158,20 @@ impl Engine {
             if !self.claim(&lock) {
                 continue;
             }
-            match self.tree.create(&lock, None, CreateMode::Ephemeral).await {
+            // Made on the session it was claimed under, or not at all: made on a session that
+            // replaced it, the lock was given up by the old one's claim (as not its own) and
+            // stayed for as long as the process lived, the entry never delivered (found by
+            // `lading-sim`).
+            let session = self.claim_session(&lock);
+            let made = self
+                .tree
+                .multi_on(
+                    session,
+                    vec![Op::create_mode(&lock, None, CreateMode::Ephemeral)],
+                )
+                .await
+                .map_err(|e| e.root().clone());
+            match made {
                 Ok(_) => {
                     // Read again under the lock: another deliverer may have tried it and
                     // recorded the attempt between the first reading and this lock. The
@@ -169,6 +184,7 @@ impl Engine {
                                 name,
                                 entry,
                                 version,
+                                session,
                             }));
                         }
                         Ok(found) => {
@@ -176,18 +192,20 @@ impl Engine {
                                 next_due =
                                     Some(next_due.map_or(e.next_at_ms, |n| n.min(e.next_at_ms)));
                             }
-                            self.abandon(&lock).await;
+                            self.abandon_on(&lock, session).await;
                         }
                         Err(e) => {
-                            self.abandon(&lock).await;
+                            self.abandon_on(&lock, session).await;
                             return Err(e);
                         }
                     }
                 }
-                Err(TreeError::NodeExists(_)) | Err(TreeError::NoNode(_)) => self.unclaim(&lock),
+                Err(TreeError::NodeExists(_))
+                | Err(TreeError::NoNode(_))
+                | Err(TreeError::SessionExpired) => self.unclaim_on(&lock, session),
                 Err(e) => {
                     // The create may have been made with its answer lost.
-                    self.abandon(&lock).await;
+                    self.abandon_on(&lock, session).await;
                     return Err(e.into());
                 }
             }
@@ -207,15 +225,18 @@ impl Engine {
         let lock = lock_path(&claim.name);
         let r = self
             .tree
-            .multi(vec![
-                Op::check(&lock, None),
-                Op::delete(&lock, None),
-                Op::delete(entry_path(&claim.name), None),
-            ])
+            .multi_on(
+                claim.session,
+                vec![
+                    Op::check(&lock, None),
+                    Op::delete(&lock, None),
+                    Op::delete(entry_path(&claim.name), None),
+                ],
+            )
             .await;
         match &r {
-            Ok(_) => self.unclaim(&lock),
-            Err(_) => self.abandon(&lock).await,
+            Ok(_) => self.unclaim_on(&lock, claim.session),
+            Err(_) => self.abandon_on(&lock, claim.session).await,
         }
         r.map(|_| ()).map_err(|e| match e.root() {
             TreeError::NoNode(_) | TreeError::SessionExpired => {
@@ -242,30 +263,33 @@ impl Engine {
         }
         let r = self
             .tree
-            .multi(vec![
-                Op::check(&lock, None),
-                Op::set(
-                    entry_path(&claim.name),
-                    json_bytes(&entry),
-                    Some(claim.version),
-                ),
-                Op::delete(&lock, None),
-            ])
+            .multi_on(
+                claim.session,
+                vec![
+                    Op::check(&lock, None),
+                    Op::set(
+                        entry_path(&claim.name),
+                        json_bytes(&entry),
+                        Some(claim.version),
+                    ),
+                    Op::delete(&lock, None),
+                ],
+            )
             .await;
         match r {
             Ok(_) => {
-                self.unclaim(&lock);
+                self.unclaim_on(&lock, claim.session);
                 Ok(())
             }
             Err(e) => {
                 // The record could not be made (the entry moved on meanwhile, an admin
                 // retried it): the lock goes all the same, if it is still this session's, so
                 // the entry is never left "delivering" by a deliverer alive and done with it.
-                self.abandon(&lock).await;
+                self.abandon_on(&lock, claim.session).await;
                 match e.root() {
-                    TreeError::BadVersion { .. } | TreeError::NoNode(_) => {
-                        Err(EngineError::LeaseLost(claim.name.clone()))
-                    }
+                    TreeError::BadVersion { .. }
+                    | TreeError::NoNode(_)
+                    | TreeError::SessionExpired => Err(EngineError::LeaseLost(claim.name.clone())),
                     _ => Err(e.into()),
                 }
             }
@@ -275,7 +299,8 @@ impl Engine {
     /// Gives a claimed entry back untouched (the deliverer is shutting down). Its lock, if
     /// still this session's, is deleted, or kept as a stray until it can be.
     pub async fn effect_release(&self, claim: OutboxClaim) -> Result<()> {
-        self.abandon(&lock_path(&claim.name)).await;
+        self.abandon_on(&lock_path(&claim.name), claim.session)
+            .await;
         Ok(())
     }
 

@@ -7,8 +7,11 @@
 //! Pending is Lading's quota, Notify (the job's callback) and Reporting and UpdateReporting
 //! (the numbered report and its mail) are Lading's own stages; the other stage handlers are
 //! simulated: each takes a while and succeeds, fails for a while or fails for good, as the
-//! seed says. Mails and callbacks go to a simulated world that delays them, loses them, and
-//! loses their answers (so they are sent again with the same key). The workload submits
+//! seed says; Provisioning reserves space through Lading's admission. Mails and callbacks go
+//! to a simulated world that delays them, loses them, and loses their answers (so they are
+//! sent again with the same key). An event stream's client follows every transition through
+//! Lading's follower (the tree's change feed, which has gaps), goes away now and then and
+//! resumes from its last id; it must have been sent every transition the statuses show. The workload submits
 //! batches and, between them, crashes and restarts processes, expires and pauses their
 //! sessions, holds and releases jobs, requeues failed ones (one at a time and by batch),
 //! deletes jobs and pauses the ingest queue. Then the faults stop, and every batch must end,
@@ -525,6 +528,135 @@ async fn process_generic(
     }
 }
 
+/// What a client of the event stream received: every transition, by the job or batch, the
+/// state reached and when (an event's id names the status version it was read at, so the
+/// same transition read twice has two ids).
+#[derive(Default)]
+struct Watched {
+    seen: std::collections::BTreeSet<(String, String, String)>,
+    /// From when the stream reports transitions (ms): those before are the past.
+    from_ms: u64,
+    /// The follower had started.
+    following: bool,
+    resumes: u32,
+}
+
+/// An event stream's client, as Lading's event hub serves one: the follower's reports (of
+/// transitions by any writer, read from the tree's change feed) in order, from a log every
+/// client reads. Now and then the client goes away and comes back with the last id it saw,
+/// and is owed what it missed: the follower's reading of the past since that id's time,
+/// after which it skips the reports sent before that reading. A report that transitions
+/// were lost (the feed's gap could not be re-read) makes it resume the same way.
+async fn watch_events(
+    world: Arc<World>,
+    engine: Arc<Engine>,
+    rng: Arc<Seeded>,
+    watched: Arc<Mutex<Watched>>,
+    shutdown: Shutdown,
+) {
+    let Some(following) = admin(|| engine.follow_transitions()).await.flatten() else {
+        return;
+    };
+    let lading_engine::Following {
+        mut reports,
+        reported_from,
+        past,
+    } = following;
+    {
+        let mut w = watched.lock().unwrap_or_else(|p| p.into_inner());
+        w.from_ms = reported_from;
+        w.following = true;
+    }
+    let take = |id: &str, ev: &lading_engine::ChangeEvent, last: &mut Option<String>| {
+        let mut w = watched.lock().unwrap_or_else(|p| p.into_inner());
+        w.seen
+            .insert((ev.id.clone(), ev.to.clone(), ev.time.clone()));
+        // The last id received, in the stream's order (what a client sends back).
+        *last = Some(id.to_string());
+    };
+    // The reports so far (the hub's log), how many this client has read, and its last id.
+    let mut log: Vec<lading_engine::Observed> = Vec::new();
+    let mut read = 0usize;
+    let mut last: Option<String> = None;
+    let mut away_until: Option<tokio::time::Instant> = None;
+    let mut stop = std::pin::pin!(shutdown.clone().into_stopped());
+    // Told to end: the client comes back (if away), takes what was sent, and ends.
+    let mut ending = false;
+    loop {
+        let mut resume = false;
+        if ending {
+            while let Ok(o) = reports.try_recv() {
+                log.push(o);
+            }
+            if away_until.is_some() {
+                away_until = Some(tokio::time::Instant::now());
+            }
+        }
+        if away_until.is_none() {
+            while read < log.len() {
+                match &log[read] {
+                    lading_engine::Observed::Transition(id, ev) => take(id, ev, &mut last),
+                    lading_engine::Observed::Lost => {
+                        world
+                            .lock()
+                            .trace("events: the stream says transitions were lost".into());
+                        resume = true
+                    }
+                }
+                read += 1;
+            }
+            if !ending && rng.below(40) == 0 {
+                world
+                    .lock()
+                    .trace(format!("events: the client goes away after {last:?}"));
+                away_until = Some(
+                    tokio::time::Instant::now()
+                        + Duration::from_millis(200 + rng.below(4000) as u64),
+                );
+            }
+        } else if away_until.is_some_and(|t| t <= tokio::time::Instant::now()) {
+            away_until = None;
+            resume = true;
+        }
+        if resume {
+            let since = last
+                .as_deref()
+                .and_then(lading_engine::transition_id_time)
+                .unwrap_or(reported_from);
+            let Some((n, owed)) = retrying(|| past.since(since, None), |_| true).await else {
+                // The follower stopped: nothing more comes.
+                return;
+            };
+            watched.lock().unwrap_or_else(|p| p.into_inner()).resumes += 1;
+            world.lock().trace(format!(
+                "events: the client resumes from {since} ms: {} owed, reports after {n} (of {} read)",
+                owed.len(),
+                read
+            ));
+            for (id, ev) in &owed {
+                take(id, ev, &mut last);
+            }
+            read = read.max(n as usize);
+            if ending {
+                // What the past did not cover was sent before it was read: take it too.
+                continue;
+            }
+        }
+        if ending {
+            return;
+        }
+        tokio::select! {
+            biased;
+            r = reports.recv() => match r {
+                Some(o) => log.push(o),
+                None => return,
+            },
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+            _ = &mut stop => ending = true,
+        }
+    }
+}
+
 /// Retries a call through the errors `retryable` names, as an operator would (ten tries,
 /// 100 ms apart); `None` when it did not go through.
 async fn retrying<T, E, F, Fut>(f: F, retryable: impl Fn(&E) -> bool) -> Option<T>
@@ -620,13 +752,16 @@ async fn not_ended(
                 Err(e) => open.push(format!("{b} unreadable: {e}")),
             }
         }
-        let waiting = if outbox {
-            admin_engine.outbox().await.map(|o| o.len()).unwrap_or(1)
-        } else {
-            0
-        };
-        if waiting > 0 {
-            open.push(format!("{waiting} outbox entries undelivered"));
+        if outbox {
+            match admin_engine.outbox().await {
+                Ok(o) if o.is_empty() => {}
+                Ok(o) => open.push(format!(
+                    "{} outbox entries undelivered, such as {:?}",
+                    o.len(),
+                    o.first()
+                )),
+                Err(e) => open.push(format!("the outbox cannot be read: {e}")),
+            }
         }
         open
     })
@@ -738,6 +873,22 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
         let id = format!("g{i}");
         admin_generic(|| admin_jobs.add(GENERIC_TYPE, &id, json!({ "i": i }), None)).await;
     }
+    // An event stream's client, on a host of its own (its session is not spared faults).
+    let watched = Arc::new(Mutex::new(Watched::default()));
+    let (events_stop, events_shutdown) = Shutdown::new();
+    let events = {
+        let engine = Arc::new(
+            Engine::new(world.connect("events"), clock.clone(), "events")
+                .with_random(Seeded::new(seed ^ 0x6576)),
+        );
+        tokio::spawn(watch_events(
+            world.clone(),
+            engine,
+            Seeded::new(seed ^ 0x636c),
+            watched.clone(),
+            events_shutdown,
+        ))
+    };
     let mut procs: Vec<Option<Proc>> = (0..opts.nodes).map(|i| Some(sim.start(i))).collect();
     let mut down_until: Vec<Option<tokio::time::Instant>> = vec![None; opts.nodes];
     let mut bids: Vec<BatchId> = Vec::new();
@@ -975,6 +1126,47 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
                     late.join(", ")
                 ));
             }
+        }
+    }
+    // The event stream: every transition the tree's statuses show since the stream began was
+    // sent to its client, however often it went away and came back.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    events_stop.stop();
+    let _ = events.await;
+    if open.is_empty() {
+        // The client has ended: what it received is all there is.
+        let w = std::mem::take(&mut *watched.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut missed = Vec::new();
+        if w.following {
+            for b in &bids {
+                let Some(info) = admin(|| admin_engine.batch(b)).await else {
+                    continue;
+                };
+                let mut statuses = vec![(b.to_string(), info.status.extra.clone())];
+                for j in info.jobs.values().flatten() {
+                    if let Some(job) = admin(|| admin_engine.job(j)).await {
+                        statuses.push((j.to_string(), job.status.extra.clone()));
+                    }
+                }
+                for (id, extra) in statuses {
+                    for e in lading_engine::history(&extra) {
+                        let f = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or_default();
+                        let at = lading_core::time::parse_ts(f("at")).unwrap_or(0);
+                        let key = (id.clone(), f("to").to_string(), f("at").to_string());
+                        if at >= w.from_ms && !w.seen.contains(&key) {
+                            missed.push(format!("{id} to {} at {}", f("to"), f("at")));
+                        }
+                    }
+                }
+            }
+        }
+        if !missed.is_empty() {
+            world.lock().violation(format!(
+                "events: {} transitions never sent to the client ({} resumes), such as {:?}",
+                missed.len(),
+                w.resumes,
+                &missed[..missed.len().min(5)]
+            ));
         }
     }
     // No space stays reserved once every batch has ended: a reservation lasts until its

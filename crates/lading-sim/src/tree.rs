@@ -43,6 +43,9 @@ pub struct Faults {
     pub slow_max_ms: u64,
     /// A watch is delivered up to this late.
     pub watch_delay_max_ms: u64,
+    /// A change feed reconnects (as ZooKeeper's does after a lost connection): the changes
+    /// of a while are never sent, and the feed says so ([`Change::Lost`]) after them.
+    pub feed_gap: f64,
 }
 
 impl Faults {
@@ -56,8 +59,18 @@ impl Faults {
             slow: 0.05,
             slow_max_ms: 400,
             watch_delay_max_ms: 200,
+            feed_gap: 0.002,
         }
     }
+}
+
+/// A change feed's sending side: the handle it is of, its prefixes, and how many changes its
+/// current gap still drops.
+struct Feeding {
+    handle: u64,
+    prefixes: Vec<String>,
+    tx: tokio::sync::mpsc::UnboundedSender<Change>,
+    gap: u32,
 }
 
 /// A watch set and not fired yet: in the order set (`seq`), by the session that set it.
@@ -94,7 +107,7 @@ pub struct State {
     watches: BTreeMap<WatchKey, Vec<Waiting>>,
     watches_set: u64,
     /// Change feeds: their prefixes and where their changes go.
-    feeds: Vec<(u64, Vec<String>, tokio::sync::mpsc::UnboundedSender<Change>)>,
+    feeds: Vec<Feeding>,
     next_tree: u64,
     pub faults: Option<Faults>,
     rng: Arc<Seeded>,
@@ -162,10 +175,29 @@ impl State {
     /// Fires the watches a change of `path` triggers (`created_or_deleted`: its parent's
     /// children changed too), late when faults are on.
     fn fire(&mut self, path: &str, created_or_deleted: bool) {
-        self.feeds.retain(|(_, prefixes, tx)| {
-            !prefixes.iter().any(|p| is_under(path, p))
-                || tx.send(Change::Node(path.to_string())).is_ok()
+        let gap = self.faults.as_ref().map_or(0.0, |f| f.feed_gap);
+        let mut feeds = std::mem::take(&mut self.feeds);
+        let mut gaps = Vec::new();
+        feeds.retain_mut(|f| {
+            if !f.prefixes.iter().any(|p| is_under(path, p)) {
+                return true;
+            }
+            if f.gap == 0 && gap > 0.0 && self.draw() < gap {
+                f.gap = 1 + self.rng.below(20) as u32;
+                gaps.push((f.handle, f.gap));
+            }
+            if f.gap > 0 {
+                f.gap -= 1;
+                return f.gap > 0 || f.tx.send(Change::Lost).is_ok();
+            }
+            f.tx.send(Change::Node(path.to_string())).is_ok()
         });
+        self.feeds = feeds;
+        for (handle, n) in gaps {
+            self.trace(format!(
+                "change feed of handle {handle}: a gap of {n} changes"
+            ));
+        }
         let mut fired = self
             .watches
             .remove(&watch_key(path, WatchKind::Data))
@@ -357,8 +389,10 @@ impl SimTree {
     fn apply(&self, st: &mut State, ops: &[Op], session: u64) -> Result<Vec<OpResult>, TreeError> {
         let probe = check::before_commit(&st.mem, ops);
         let now = st.now_ms();
+        // Nodes' times are the wall clock's, as ZooKeeper's are (the processes' clock).
+        let clock_ms = EPOCH_MS + now;
         let mut ov = Overlay::default();
-        let results = match ov.apply_multi(&st.mem, ops, session, now) {
+        let results = match ov.apply_multi(&st.mem, ops, session, clock_ms) {
             Ok(r) => r,
             Err(e) => {
                 st.trace(format!(
@@ -381,7 +415,6 @@ impl SimTree {
         for (p, created_or_deleted) in &changed {
             st.fire(p, *created_or_deleted);
         }
-        let clock_ms = EPOCH_MS + now;
         for v in check::after_commit(&st.mem, session, ops, &probe, clock_ms, &mut st.accepts) {
             st.violation(format!("{v} (commit by {} s{session})", self.name));
         }
@@ -588,7 +621,7 @@ impl Tree for SimTree {
             let s = self.session_id();
             let mut st = self.world.lock();
             st.expire(s);
-            st.feeds.retain(|(id, _, _)| *id != self.id);
+            st.feeds.retain(|f| f.handle != self.id);
             self.dead.store(true, Ordering::SeqCst);
             Ok(())
         })
@@ -601,10 +634,12 @@ impl Tree for SimTree {
     fn changes<'a>(&'a self, prefixes: &'a [String]) -> Changes<'a> {
         Box::pin(async move {
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-            self.world
-                .lock()
-                .feeds
-                .push((self.id, prefixes.to_vec(), tx));
+            self.world.lock().feeds.push(Feeding {
+                handle: self.id,
+                prefixes: prefixes.to_vec(),
+                tx,
+                gap: 0,
+            });
             Ok(Some(Box::new(Feed {
                 rx,
                 world: self.world.clone(),

@@ -373,6 +373,30 @@ pub async fn deleting_the_last_failed_job_says_an_update_report_is_due(h: &dyn H
 /// A retried intake skips the rows whose jobs it can read, so a job of a batch still in
 /// intake is not purged (it would be made again); once the batch is Processing it is.
 /// Found by lading-sim (seeds 401313012 and 401314180).
+/// A writer stamps a transition from its own clock, then commits: the commit (the status's
+/// modification time, the store's clock) may fall in a later second than the stamp. A client
+/// resuming from an id of that later second is still owed the transition (found by
+/// `lading-sim`, whose resuming client never got such a one).
+pub async fn a_transition_stamped_before_its_commits_second_is_owed_to_a_resuming_client(
+    h: &dyn Harness,
+) {
+    let (e, s) = engine(h, "w").await;
+    let bid = e.create_batch(Default::default()).await.unwrap();
+    let status = batch_node(&bid, "status");
+    let made = s.tree.get(&status).await.unwrap().unwrap().stat.mtime_ms;
+    // A writer whose clock reads 10 s behind the store's (or that stamped, then waited).
+    let late = lading_core::time::ManualClock::new(made - 10_000);
+    let (w, _ws) = engine_on_clock(h, "late", late).await;
+    w.hold_batch(&bid).await.unwrap();
+    let committed = s.tree.get(&status).await.unwrap().unwrap().stat.mtime_ms;
+    let owed = e.transitions_since(committed, None).await.unwrap();
+    assert!(
+        owed.iter()
+            .any(|(_, ev)| ev.id == bid.as_str() && ev.to == "Held"),
+        "{owed:?}"
+    );
+}
+
 pub async fn a_job_of_a_batch_still_in_intake_is_not_purged(h: &dyn Harness) {
     let (e, s) = engine(h, "w").await;
     let bid = e.create_batch(Default::default()).await.unwrap();
