@@ -422,9 +422,10 @@ async fn observe(
 impl Engine {
     /// Every transition of a job or batch whose status changed at or after `since_ms`, from
     /// the tree alone, oldest first: what a client resuming after a restart is owed. Entries
-    /// of the same second as `since_ms` are included (history keeps seconds), and those of
-    /// such a status stamped up to a minute before it (a writer stamps an entry before its
-    /// commit), so a client may see a few again. With `batch`, only that batch and its jobs.
+    /// of the same second as `since_ms` are included (history keeps seconds), and those
+    /// stamped up to a minute before it of statuses changed up to a minute before it (a
+    /// writer stamps an entry before its commit; a follower reports what a gap in its feed
+    /// hid late), so a client sees some again. With `batch`, only that batch and its jobs.
     pub async fn transitions_since(
         &self,
         since_ms: u64,
@@ -434,9 +435,12 @@ impl Engine {
     }
 }
 
-/// How much earlier than its commit a transition's recorded time may be: its writer stamps
-/// it, then commits, through slow round trips, retries and a pause short of its session's
-/// end (after which its commit is refused).
+/// How far before a resuming client's last id the past is read: a writer stamps a transition,
+/// then commits, through slow round trips, retries and a pause short of its session's end
+/// (after which its commit is refused); and a follower reports what a gap in its feed hid
+/// late, after later transitions. Transitions reported later than this after the client's
+/// last id may be missed (the follower then says transitions were lost when it cannot
+/// re-read).
 const STAMPED_EARLY_MS: u64 = 60_000;
 
 /// See [`Engine::transitions_since`].
@@ -483,7 +487,11 @@ async fn past(
                     .map(|b| String::from_utf8_lossy(&b).into_owned()),
                 _ => None,
             };
-            let Some(node) = node.filter(|n| n.stat.mtime_ms >= from_ms) else {
+            // Statuses changed a little before `from_ms` too: a follower that re-read every
+            // status after a gap in its feed reports what the gap hid late, after reports of
+            // later changes, so a client's last id can name a time after a transition it was
+            // sent later (found by `lading-sim`).
+            let Some(node) = node.filter(|n| n.stat.mtime_ms + STAMPED_EARLY_MS >= from_ms) else {
                 continue;
             };
             let Some((state, extra)) = fields(node.data.as_deref()) else {
