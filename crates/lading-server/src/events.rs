@@ -8,7 +8,9 @@
 //! one, then the live ones: from memory when the id is still kept (nothing lost or repeated,
 //! as replay and subscription are taken under one lock); else, after a server restart or a
 //! long absence, from the tree itself: every transition of a job or batch whose status
-//! changed since the id's time (those of the id's own second may come again). That reading
+//! changed since a minute before the id's time (a writer stamps a transition before its
+//! commit, and what a gap in the follower's feed hid is reported late), so transitions of
+//! that last minute may come again (`lading_engine::Engine::transitions_since`). That reading
 //! is made by the follower between two of its reports, through the feed's own reads, and
 //! the live events start after the last report it had made: nothing falls between the
 //! two, whichever session saw a commit first (see `lading_engine::Past`). A `reset` event
