@@ -32,6 +32,9 @@ pub const QUOTAS: &str = "/quotas";
 pub const WAITERS: &str = "/quota-waiters";
 /// How long a parked job waits unless woken: a safety net, not a polling interval.
 pub const PARK: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// How soon the waker looks again when a parked job could not be woken for the moment.
+const UNSETTLED_AGAIN: std::time::Duration = std::time::Duration::from_secs(1);
 const MAX_TRIES: usize = 32;
 
 /// A submitter name as one node name (see [`lading_core::layout::escape_node_name`]).
@@ -295,16 +298,28 @@ fn limits_of(ingest: std::sync::Arc<crate::Ingest>) -> Limits {
     })
 }
 
+/// What one look at the parked jobs did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Woken {
+    /// Jobs woken.
+    pub woken: usize,
+    /// A parked job was given a free slot but could not be woken: locked (being started, or
+    /// looked at by a worker that finds it parked and lets go) or its park being written.
+    /// Either settles within moments; the waker looks again soon, as no job ending may come
+    /// to wake it.
+    pub unsettled: bool,
+}
+
 /// Wakes, for every submitter with parked jobs, as many of them as it has free slots (oldest
-/// first); parked jobs neither in Pending nor Held are forgotten. Returns how many were woken.
-pub async fn wake(engine: &Engine, limits: &Limits) -> Result<usize, EngineError> {
+/// first); parked jobs neither in Pending nor Held are forgotten.
+pub async fn wake(engine: &Engine, limits: &Limits) -> Result<Woken, EngineError> {
     let t = engine.tree();
     let profiles = match t.children(WAITERS).await {
         Ok(p) => p,
-        Err(TreeError::NoNode(_)) => return Ok(0),
+        Err(TreeError::NoNode(_)) => return Ok(Woken::default()),
         Err(e) => return Err(e.into()),
     };
-    let mut woken = 0;
+    let mut out = Woken::default();
     for p in profiles {
         // Profile names are node names already (letters, digits, '_', '-', '.').
         let limit = limits(&p).unwrap_or(usize::MAX);
@@ -339,7 +354,7 @@ pub async fn wake(engine: &Engine, limits: &Limits) -> Result<usize, EngineError
                     // had just made again, parked anew by a worker that found the submitter
                     // still full, and nobody woke it (found by `lading-sim`).
                     Ok(true) => {
-                        woken += 1;
+                        out.woken += 1;
                         free -= 1;
                         continue;
                     }
@@ -351,8 +366,12 @@ pub async fn wake(engine: &Engine, limits: &Limits) -> Result<usize, EngineError
                     // would wake it. (Both found by `lading-sim`.)
                     // A job that cannot be read now keeps its record too; only one past
                     // Pending, ended or gone is forgotten.
+                    // A lock may be a worker's that found the job parked and lets go: it is
+                    // looked at again soon, or it waited for the slow look (found by
+                    // `lading-sim`, seed 353719476).
                     Ok(false) => match engine.job(&jid).await.map(|i| i.status.status) {
                         Ok(JobState::Pending) => {
+                            out.unsettled = true;
                             free -= 1;
                             continue;
                         }
@@ -367,7 +386,7 @@ pub async fn wake(engine: &Engine, limits: &Limits) -> Result<usize, EngineError
             }
         }
     }
-    Ok(woken)
+    Ok(out)
 }
 
 /// [`run_waker_with`] on `ingest`'s engine and profiles.
@@ -404,9 +423,14 @@ pub async fn run_waker_with(
                 watches.push(w);
             }
         }
-        if let Err(e) = wake(&engine, &limits).await {
-            tracing::warn!(error = %e, "waking jobs parked for a quota slot");
-        }
+        let again = match wake(&engine, &limits).await {
+            Ok(w) if w.unsettled => UNSETTLED_AGAIN,
+            Ok(_) => PARK / 10,
+            Err(e) => {
+                tracing::warn!(error = %e, "waking jobs parked for a quota slot");
+                PARK / 10
+            }
+        };
         let any =
             futures_util::future::select_all(watches.into_iter().map(Box::pin).collect::<Vec<_>>());
         tokio::select! {
@@ -414,7 +438,7 @@ pub async fn run_waker_with(
             biased;
             _ = &mut stop => return,
             _ = any => {}
-            _ = tokio::time::sleep(PARK / 10) => {}
+            _ = tokio::time::sleep(again) => {}
         }
         // Many jobs finish at once: look once for all of them.
         tokio::select! {

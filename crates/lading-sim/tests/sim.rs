@@ -110,13 +110,16 @@ fn without_faults_every_batch_ends_reported_once() {
 /// - 194556296, 194557926: an event client resuming from an id was not sent a transition the
 ///   follower had reported late (after re-reading the statuses a gap in its feed hid) and
 ///   after that id: the past was read only for statuses changed since the id's time.
+/// - 353719476, 353725315: a parked job given a free slot while a worker held its lock (and
+///   let go, finding it parked) was counted as started; no job ended after, and it waited
+///   for the waker's slow look (60 s).
 #[test]
 fn the_seeds_that_found_bugs_run_clean() {
     let opts = Options::default();
     for seed in [
         1, 2, 4, 5, 7, 9, 10, 11, 13, 14, 15, 17, 18, 22, 24, 47, 93, 96, 112, 123, 157, 174, 195,
-        1192, 182931658, 194556296, 194557926, 401302608, 401305623, 401313012, 401314180,
-        624747782, 624747914,
+        1192, 182931658, 194556296, 194557926, 353719476, 353725315, 401302608, 401305623,
+        401313012, 401314180, 624747782, 624747914,
     ] {
         let r = run(seed, &opts);
         assert!(r.jobs > 0, "seed {seed} ran no job");
