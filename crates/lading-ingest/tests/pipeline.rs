@@ -775,11 +775,7 @@ async fn a_batch_left_in_processing_by_a_crash_is_reported_when_reporting_starts
         .submit_object(&[("f.txt", b"done before the crash")])
         .await;
     // Everything but reporting: the batch reaches Reporting and waits there.
-    let stages: Vec<&str> = lading_ingest::STAGE_NAMES
-        .iter()
-        .copied()
-        .filter(|s| !s.contains("reporting"))
-        .collect();
+    let stages = all_but_reporting();
     let run = w.run_stages(&ingest, &stages);
     w.batch_reaches(&bid, &[BatchState::Reporting]).await;
     run.stop().await;
@@ -801,6 +797,15 @@ async fn a_batch_left_in_processing_by_a_crash_is_reported_when_reporting_starts
     w.runs_to_completion(&ingest, &bid).await;
 }
 
+/// Every stage but the two that report: a batch reaches Reporting and waits there.
+fn all_but_reporting() -> Vec<&'static str> {
+    lading_ingest::STAGE_NAMES
+        .iter()
+        .copied()
+        .filter(|s| !s.contains("reporting"))
+        .collect()
+}
+
 /// A job deleted while its batch reports (found by the simulator): the report stage read the
 /// batch's list, then each listed job, and the deleted one failed the whole batch with "no
 /// such job" and no report. The moment between the two reads is held open here by a listed
@@ -809,11 +814,7 @@ async fn a_batch_left_in_processing_by_a_crash_is_reported_when_reporting_starts
 async fn a_job_deleted_while_its_batch_reports_does_not_fail_the_report() {
     let w = World::new().await;
     let (ingest, bid) = w.submit_object(&[("f.txt", b"kept")]).await;
-    let stages: Vec<&str> = lading_ingest::STAGE_NAMES
-        .iter()
-        .copied()
-        .filter(|s| !s.contains("reporting"))
-        .collect();
+    let stages = all_but_reporting();
     let run = w.run_stages(&ingest, &stages);
     w.batch_reaches(&bid, &[BatchState::Reporting]).await;
     run.stop().await;
