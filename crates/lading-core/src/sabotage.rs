@@ -16,6 +16,9 @@ pub const LOST_WAKEUP: u32 = 8;
 /// A generic-jobs acceptor counts its accepts against the type's rate limit without the
 /// version of the count it read: acceptors racing in one second each take the room left.
 pub const RATE_UNGUARDED: u32 = 16;
+/// Storing does not look for the version its job already stored: a job whose store is
+/// retried (its process crashed, or its session ended, before the move on) stores again.
+pub const STORE_TWICE: u32 = 32;
 
 /// Every sabotage, by the name `--sabotage` takes.
 pub const NAMES: &[(&str, u32)] = &[
@@ -24,6 +27,7 @@ pub const NAMES: &[(&str, u32)] = &[
     ("report-unguarded", REPORT_UNGUARDED),
     ("lost-wakeup", LOST_WAKEUP),
     ("rate-unguarded", RATE_UNGUARDED),
+    ("store-twice", STORE_TWICE),
 ];
 
 #[cfg(feature = "sabotage")]

@@ -217,7 +217,7 @@ impl Fetcher {
     pub async fn head_len(&self, url: &str, trust: &Trust) -> Option<u64> {
         let client = self.client_for(url, trust).ok()?;
         if let Some(p) = file_path(url) {
-            return tokio::fs::metadata(p)
+            return crate::blocking::metadata(p)
                 .await
                 .ok()
                 .filter(|m| m.is_file())
@@ -252,7 +252,7 @@ impl Fetcher {
         let client = self.client_for(url, trust)?;
         let bytes = if let Some(p) = file_path(url) {
             let u = url.to_string();
-            tokio::task::spawn_blocking(move || -> Result<Vec<u8>, FetchError> {
+            crate::blocking::run(move || -> Result<Vec<u8>, FetchError> {
                 use std::io::Read;
                 let f = open_regular(&p, &u)?;
                 let mut out = Vec::new();
@@ -314,7 +314,7 @@ impl Fetcher {
             })
         };
         if let Some(parent) = dest.parent() {
-            tokio::fs::create_dir_all(parent)
+            crate::blocking::create_dir_all(parent)
                 .await
                 .map_err(|e| local(parent, e))?;
         }
@@ -334,7 +334,7 @@ impl Fetcher {
             if let Some(p) = file_path(url) {
                 use futures_util::StreamExt;
                 let u = url.to_string();
-                let f = tokio::task::spawn_blocking(move || open_regular(&p, &u))
+                let f = crate::blocking::run(move || open_regular(&p, &u))
                     .await
                     .map_err(|e| FetchError::Transient(e.to_string()))??;
                 let mut chunks = std::pin::pin!(file_chunks(f));
@@ -375,7 +375,7 @@ impl Fetcher {
         .await;
         if let Err(e) = r {
             drop(sink);
-            let _ = tokio::fs::remove_file(&part).await;
+            let _ = crate::blocking::remove_file(&part).await;
             return Err(e);
         }
         let (n, sha, other) = sink.finish().await?;
@@ -383,7 +383,7 @@ impl Fetcher {
         if let Some(expected) = size
             && expected != n
         {
-            let _ = tokio::fs::remove_file(&part).await;
+            let _ = crate::blocking::remove_file(&part).await;
             return Err(FetchError::Fatal(format!(
                 "size mismatch for {url}: the manifest says {expected} bytes, got {n}"
             )));
@@ -394,7 +394,7 @@ impl Fetcher {
                 None => sha256.clone(),
             };
             if got != d.hex {
-                let _ = tokio::fs::remove_file(&part).await;
+                let _ = crate::blocking::remove_file(&part).await;
                 return Err(FetchError::Fatal(format!(
                     "{} digest mismatch for {url}: the manifest says {}, got {got}",
                     d.alg.name(),
@@ -402,7 +402,7 @@ impl Fetcher {
                 )));
             }
         }
-        tokio::fs::rename(&part, dest)
+        crate::blocking::rename(&part, dest)
             .await
             .map_err(|e| local(dest, e))?;
         self.downloaded
@@ -470,10 +470,9 @@ type Block = Arc<Vec<Bytes>>;
 /// [`BLOCKS_IN_FLIGHT`]: receiving goes on while a block is hashed and written, and memory
 /// stays at a few blocks whatever the file's size.
 struct Sink {
-    to_hash: tokio::sync::mpsc::Sender<Block>,
-    to_write: tokio::sync::mpsc::Sender<Block>,
-    hashing: tokio::task::JoinHandle<(Hasher, Option<Hasher>)>,
-    writing: tokio::task::JoinHandle<std::io::Result<()>>,
+    /// Where the blocks go: two threads, or (on a thread that runs blocking work in place,
+    /// see [`crate::blocking`]) this task itself.
+    to: SinkTo,
     /// The chunks of the block being gathered, and their length.
     chunks: Vec<Bytes>,
     len: usize,
@@ -481,33 +480,58 @@ struct Sink {
     part: PathBuf,
 }
 
+enum SinkTo {
+    Threads {
+        to_hash: tokio::sync::mpsc::Sender<Block>,
+        to_write: tokio::sync::mpsc::Sender<Block>,
+        hashing: tokio::task::JoinHandle<(Hasher, Option<Hasher>)>,
+        writing: tokio::task::JoinHandle<std::io::Result<()>>,
+    },
+    InPlace {
+        file: std::fs::File,
+        sha: Hasher,
+        other: Option<Hasher>,
+    },
+}
+
 impl Sink {
     fn new(mut file: std::fs::File, mut other: Option<Hasher>, part: PathBuf) -> Sink {
-        let (to_hash, mut hash_rx) = tokio::sync::mpsc::channel::<Block>(BLOCKS_IN_FLIGHT);
-        let (to_write, mut write_rx) = tokio::sync::mpsc::channel::<Block>(BLOCKS_IN_FLIGHT);
-        let hashing = tokio::task::spawn_blocking(move || {
-            let mut sha = Hasher::new(HashAlg::Sha256);
-            while let Some(block) = hash_rx.blocking_recv() {
-                for c in block.iter() {
-                    sha.update(c);
-                    if let Some(h) = other.as_mut() {
-                        h.update(c);
+        let to = if crate::blocking::in_place() {
+            SinkTo::InPlace {
+                file,
+                sha: Hasher::new(HashAlg::Sha256),
+                other,
+            }
+        } else {
+            let (to_hash, mut hash_rx) = tokio::sync::mpsc::channel::<Block>(BLOCKS_IN_FLIGHT);
+            let (to_write, mut write_rx) = tokio::sync::mpsc::channel::<Block>(BLOCKS_IN_FLIGHT);
+            let hashing = tokio::task::spawn_blocking(move || {
+                let mut sha = Hasher::new(HashAlg::Sha256);
+                while let Some(block) = hash_rx.blocking_recv() {
+                    for c in block.iter() {
+                        sha.update(c);
+                        if let Some(h) = other.as_mut() {
+                            h.update(c);
+                        }
                     }
                 }
+                (sha, other)
+            });
+            let writing = tokio::task::spawn_blocking(move || {
+                while let Some(block) = write_rx.blocking_recv() {
+                    write_all_vectored(&mut file, &block)?;
+                }
+                Ok(())
+            });
+            SinkTo::Threads {
+                to_hash,
+                to_write,
+                hashing,
+                writing,
             }
-            (sha, other)
-        });
-        let writing = tokio::task::spawn_blocking(move || {
-            while let Some(block) = write_rx.blocking_recv() {
-                write_all_vectored(&mut file, &block)?;
-            }
-            Ok(())
-        });
+        };
         Sink {
-            to_hash,
-            to_write,
-            hashing,
-            writing,
+            to,
             chunks: Vec::new(),
             len: 0,
             n: 0,
@@ -531,19 +555,37 @@ impl Sink {
     async fn flush_block(&mut self) -> Result<(), FetchError> {
         let block = Arc::new(std::mem::take(&mut self.chunks));
         self.len = 0;
-        // A queue closes only when its thread ended early: the writer on an error (which
-        // says why), the hasher only by a panic.
-        if self.to_write.send(block.clone()).await.is_err() {
-            return Err(match (&mut self.writing).await {
-                Ok(Err(e)) => local(&self.part, e),
-                Ok(Ok(())) => FetchError::Transient("download writer stopped".into()),
-                Err(e) => FetchError::Transient(e.to_string()),
-            });
+        match &mut self.to {
+            SinkTo::InPlace { file, sha, other } => {
+                for c in block.iter() {
+                    sha.update(c);
+                    if let Some(h) = other.as_mut() {
+                        h.update(c);
+                    }
+                }
+                write_all_vectored(file, &block).map_err(|e| local(&self.part, e))
+            }
+            SinkTo::Threads {
+                to_hash,
+                to_write,
+                writing,
+                ..
+            } => {
+                // A queue closes only when its thread ended early: the writer on an error
+                // (which says why), the hasher only by a panic.
+                if to_write.send(block.clone()).await.is_err() {
+                    return Err(match writing.await {
+                        Ok(Err(e)) => local(&self.part, e),
+                        Ok(Ok(())) => FetchError::Transient("download writer stopped".into()),
+                        Err(e) => FetchError::Transient(e.to_string()),
+                    });
+                }
+                if to_hash.send(block).await.is_err() {
+                    return Err(FetchError::Transient("download hasher stopped".into()));
+                }
+                Ok(())
+            }
         }
-        if self.to_hash.send(block).await.is_err() {
-            return Err(FetchError::Transient("download hasher stopped".into()));
-        }
-        Ok(())
     }
 
     /// Writes what is left; returns the size and the hex digests (sha256, other).
@@ -551,22 +593,24 @@ impl Sink {
         if !self.chunks.is_empty() {
             self.flush_block().await?;
         }
-        let Sink {
-            to_hash,
-            to_write,
-            hashing,
-            writing,
-            n,
-            part,
-            ..
-        } = self;
-        drop((to_hash, to_write));
-        let joined = |e: tokio::task::JoinError| FetchError::Transient(e.to_string());
-        writing
-            .await
-            .map_err(joined)?
-            .map_err(|e| local(&part, e))?;
-        let (sha, other) = hashing.await.map_err(joined)?;
+        let Sink { to, n, part, .. } = self;
+        let (sha, other) = match to {
+            SinkTo::InPlace { sha, other, .. } => (sha, other),
+            SinkTo::Threads {
+                to_hash,
+                to_write,
+                hashing,
+                writing,
+            } => {
+                drop((to_hash, to_write));
+                let joined = |e: tokio::task::JoinError| FetchError::Transient(e.to_string());
+                writing
+                    .await
+                    .map_err(joined)?
+                    .map_err(|e| local(&part, e))?;
+                hashing.await.map_err(joined)?
+            }
+        };
         Ok((n, sha.hex(), other.map(Hasher::hex)))
     }
 }
@@ -577,29 +621,41 @@ impl Sink {
 pub fn file_chunks(
     mut f: std::fs::File,
 ) -> impl futures_util::Stream<Item = std::io::Result<bytes::Bytes>> {
+    use futures_util::StreamExt;
+    fn chunk(f: &mut std::fs::File) -> Option<std::io::Result<bytes::Bytes>> {
+        use std::io::Read;
+        let mut buf = Vec::with_capacity(WRITE_BLOCK);
+        match Read::take(&mut *f, WRITE_BLOCK as u64).read_to_end(&mut buf) {
+            Ok(0) => None,
+            Ok(_) => Some(Ok(bytes::Bytes::from(buf))),
+            Err(e) => Some(Err(e)),
+        }
+    }
+    if crate::blocking::in_place() {
+        // Read as they are asked for, by this task (see [`crate::blocking`]); after an error,
+        // nothing more.
+        return futures_util::stream::unfold(Some(f), |f| async move {
+            let mut f = f?;
+            match chunk(&mut f)? {
+                Ok(c) => Some((Ok(c), Some(f))),
+                Err(e) => Some((Err(e), None)),
+            }
+        })
+        .boxed();
+    }
     let (tx, rx) = tokio::sync::mpsc::channel(BLOCKS_IN_FLIGHT);
     tokio::task::spawn_blocking(move || {
-        use std::io::Read;
-        loop {
-            let mut buf = Vec::with_capacity(WRITE_BLOCK);
-            match (&mut f).take(WRITE_BLOCK as u64).read_to_end(&mut buf) {
-                Ok(0) => return,
-                Ok(_) => {
-                    if tx.blocking_send(Ok(bytes::Bytes::from(buf))).is_err() {
-                        return;
-                    }
-                }
-                Err(e) => {
-                    let _ = tx.blocking_send(Err(e));
-                    return;
-                }
+        while let Some(c) = chunk(&mut f) {
+            let failed = c.is_err();
+            if tx.blocking_send(c).is_err() || failed {
+                return;
             }
         }
     });
     futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) })
+        .boxed()
 }
 
-/// Writes every byte of `chunks`, as few `writev` calls as it takes.
 fn write_all_vectored(file: &mut std::fs::File, chunks: &[Bytes]) -> std::io::Result<()> {
     use std::io::{IoSlice, Write};
     let mut slices: Vec<IoSlice> = chunks.iter().map(|c| IoSlice::new(c)).collect();

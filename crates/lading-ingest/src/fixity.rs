@@ -63,7 +63,7 @@ async fn read_copy(
     if c.node == 0 {
         // The storage root of a profile without nodes: the version's recorded folder.
         let p = std::path::Path::new(&c.version_path).join(&c.path);
-        return match tokio::task::spawn_blocking(move || crate::fetch::file_sha256(&p)).await {
+        return match crate::blocking::run(move || crate::fetch::file_sha256(&p)).await {
             Ok(Ok((size, sha256))) => Ok(Some(crate::nodes::Copy { size, sha256 })),
             Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Ok(Err(e)) => Err(format!("storage root: {e}")),

@@ -331,7 +331,7 @@ impl Intake {
             .map_err(fatal_or_transient)?;
         let limits = checkm::Limits::from(self.0.fetcher.limits());
         let base = url.to_string();
-        let m = tokio::task::spawn_blocking(move || checkm::parse_at(&text, &limits, Some(&base)))
+        let m = crate::blocking::run(move || checkm::parse_at(&text, &limits, Some(&base)))
             .await
             .map_err(|e| Outcome::Transient(e.to_string()))?
             .map_err(|e| Outcome::fatal(format!("{}: {e}", shown_url(&url))))?;

@@ -148,7 +148,7 @@ impl Inventory {
         f: impl FnOnce(&Inventory) -> Result<T, InventoryError> + Send + 'static,
     ) -> Result<T, InventoryError> {
         let inv = self.clone();
-        tokio::task::spawn_blocking(move || f(&inv))
+        crate::blocking::run(move || f(&inv))
             .await
             .map_err(|e| InventoryError::Io(std::io::Error::other(e)))?
     }

@@ -7,6 +7,7 @@
 //! [`run`] runs a chosen set in one process.
 
 pub mod access;
+pub mod blocking;
 pub mod checkm;
 pub mod cleanup;
 pub mod config;

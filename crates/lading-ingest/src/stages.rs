@@ -153,7 +153,7 @@ async fn object_files(ingest: &Ingest, job: &JobCtx) -> Result<Vec<FileEntry>, O
         let fetched_at = job.workdir.join(INTERIM).join("manifest-retry");
         let retry = job.info.status.retry_count.to_string();
         let current = std::fs::read_to_string(&fetched_at).is_ok_and(|r| r == retry);
-        let text = match tokio::fs::read_to_string(&saved).await {
+        let text = match crate::blocking::read_to_string(&saved).await {
             Ok(t) if current => t,
             _ => {
                 let t = ingest
@@ -169,7 +169,7 @@ async fn object_files(ingest: &Ingest, job: &JobCtx) -> Result<Vec<FileEntry>, O
         };
         let limits = checkm::Limits::from(ingest.fetcher.limits());
         let base = url.to_string();
-        let m = tokio::task::spawn_blocking(move || checkm::parse_at(&text, &limits, Some(&base)))
+        let m = crate::blocking::run(move || checkm::parse_at(&text, &limits, Some(&base)))
             .await
             .map_err(|e| Outcome::Transient(e.to_string()))?
             .map_err(|e| Outcome::fatal(format!("{}: {e}", crate::intake::shown_url(url))))?;

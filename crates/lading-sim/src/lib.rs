@@ -4,5 +4,6 @@
 //! The same seed gives the same trace, byte for byte.
 
 pub mod check;
+pub mod payload;
 pub mod sim;
 pub mod tree;

@@ -110,8 +110,8 @@ fn main() -> ExitCode {
         format!("cargo run --release -p lading-sim{features} -- --seed {seed} --trace{sab}{shape}")
     };
     let began = Instant::now();
-    let (mut sim_ms, mut steps, mut jobs, mut bad, mut first_bad) =
-        (0u64, 0u64, 0usize, 0u64, None);
+    let (mut sim_ms, mut steps, mut jobs, mut stored, mut bad, mut first_bad) =
+        (0u64, 0u64, 0usize, 0usize, 0u64, None);
     let mut done = 0;
     let end = first.saturating_add(count);
     let next = std::sync::atomic::AtomicU64::new(first);
@@ -147,6 +147,7 @@ fn main() -> ExitCode {
         sim_ms += r.sim_ms;
         steps += r.steps;
         jobs += r.jobs;
+        stored += r.stored;
         if let Some(full) = &r.full {
             for l in full {
                 println!("{l}");
@@ -175,7 +176,7 @@ fn main() -> ExitCode {
     }
     let took = began.elapsed().as_secs_f64();
     println!(
-        "seeds {done} (from {first}), simulated {:.1} h, steps {steps}, jobs {jobs}, violations {bad}{}, {:.1} seeds/s",
+        "seeds {done} (from {first}), simulated {:.1} h, steps {steps}, jobs {jobs} ({stored} stored and checked), violations {bad}{}, {:.1} seeds/s",
         sim_ms as f64 / 3_600_000.0,
         first_bad
             .map(|s| format!(" (first at seed {s}, after {} seeds)", s - first + 1))

@@ -62,6 +62,8 @@ pub struct Run {
     pub sim_ms: u64,
     pub steps: u64,
     pub jobs: usize,
+    /// Jobs of payload batches that completed, each checked against its stored version.
+    pub stored: usize,
     pub violations: Vec<String>,
     pub tail: Vec<String>,
     pub trace_hash: u64,
@@ -168,7 +170,12 @@ impl JobStage for SimJobStage {
             // its download ends, or a wait while others hold the room.
             let dice = self.dice.clone();
             return Box::pin(async move {
-                let needed = 1 + dice.below(SPACE_MAX_JOB as usize) as u64;
+                // A payload job's own estimate; a simulated job's size from the dice.
+                let needed = if has_payload(&job.info.configuration) {
+                    job.info.space_needed
+                } else {
+                    1 + dice.below(SPACE_MAX_JOB as usize) as u64
+                };
                 match job
                     .reserve_space(SPACE_ROOT, needed, SPACE_FREE, SPACE_KEEP)
                     .await
@@ -261,6 +268,60 @@ impl BatchStage for SimIntake {
     }
 }
 
+/// Whether a job is of a payload batch: Lading's own handlers fetch, process, store and
+/// record it.
+fn has_payload(configuration: &Value) -> bool {
+    configuration.get("payload_url").is_some()
+}
+
+/// A job stage run by Lading's own handler for the jobs of payload batches, and by the
+/// simulated one for the others.
+struct Mixed<S> {
+    real: S,
+    sim: SimJobStage,
+}
+
+impl<S: JobStage> Mixed<S> {
+    fn new(real: S, sim: SimJobStage) -> Arc<dyn JobStage> {
+        Arc::new(Mixed { real, sim })
+    }
+}
+
+impl<S: JobStage> JobStage for Mixed<S> {
+    fn state(&self) -> JobState {
+        self.sim.state
+    }
+    fn max_attempts(&self, job: &lading_engine::JobInfo) -> Option<u32> {
+        self.real.max_attempts(job)
+    }
+    fn run(&self, job: Arc<JobCtx>) -> BoxFuture<'static, Outcome> {
+        if has_payload(&job.info.configuration) {
+            self.real.run(job)
+        } else {
+            self.sim.run(job)
+        }
+    }
+}
+
+/// Intake: Lading's own for a batch with a payload, the simulated one for the others.
+struct MixedIntake(lading_ingest::intake::Intake);
+
+impl BatchStage for MixedIntake {
+    fn state(&self) -> BatchState {
+        BatchState::Pending
+    }
+    fn success(&self) -> Event<BatchState> {
+        Event::To(BatchState::Processing)
+    }
+    fn run(&self, b: Arc<BatchCtx>) -> BoxFuture<'static, Outcome> {
+        if has_payload(&b.info.submission) {
+            self.0.run(b)
+        } else {
+            SimIntake.run(b)
+        }
+    }
+}
+
 /// One simulated process.
 struct Proc {
     tree: Arc<SimTree>,
@@ -285,11 +346,18 @@ const PROFILE: &str = "sim";
 /// The ingest settings the real Notify and Reporting stages and the outbox deliverer run
 /// with: a mail relay named, a short settling time after requeues, and deliveries retried
 /// quickly and for as long as it takes (the simulated relay comes back).
-fn ingest_config() -> lading_ingest::Config {
+fn ingest_config(work: &std::path::Path, name: &str) -> lading_ingest::Config {
     let mut cfg = lading_ingest::Config {
         smtp_host: Some("relay.sim.invalid".into()),
         mail_from: "lading@sim.invalid".into(),
         report_settle_s: 2,
+        // Each process its own working folder (a host's disk); the storage root and the
+        // inventory shared by all (a shared file system, one database).
+        data_dir: work.join(format!("{name}-data")),
+        work_dir: Some(work.join(name)),
+        work_root_id: Some(name.into()),
+        storage_root: Some(work.join("storage")),
+        inventory: Some(work.join("inventory.db")),
         ..Default::default()
     };
     cfg.stages.insert(
@@ -352,24 +420,38 @@ impl Sim {
             )),
         );
         let ingest = Arc::new(
-            lading_ingest::Ingest::assemble(engine.clone(), ingest_config(), fetcher(), |_| None)
-                .expect("the simulator's ingest settings")
-                .with_profile(profile())
-                .with_courier(Arc::new(SimCourier {
-                    dice: self.dice.clone(),
-                    outside: self.outside.clone(),
-                })),
+            lading_ingest::Ingest::assemble(
+                engine.clone(),
+                ingest_config(self.work.path(), &name),
+                fetcher(),
+                |_| None,
+            )
+            .expect("the simulator's ingest settings")
+            .with_profile(profile())
+            .with_courier(Arc::new(SimCourier {
+                dice: self.dice.clone(),
+                outside: self.outside.clone(),
+            })),
         );
         let jobs: Vec<(Arc<dyn JobStage>, StageConfig)> = JobState::PIPELINE
             .iter()
             .map(|s| {
+                let sim = SimJobStage {
+                    state: *s,
+                    dice: self.dice.clone(),
+                };
+                use lading_ingest::stages as real;
+                let i = ingest.clone();
                 let stage: Arc<dyn JobStage> = match s {
                     // The real Notify: the job's callback, recorded with its move to Completed.
-                    JobState::Notify => Arc::new(lading_ingest::stages::Notify(ingest.clone())),
-                    _ => Arc::new(SimJobStage {
-                        state: *s,
-                        dice: self.dice.clone(),
-                    }),
+                    JobState::Notify => Arc::new(real::Notify(i)),
+                    // Lading's own file stages for the jobs of payload batches.
+                    JobState::Estimating => Mixed::new(real::Estimate(i), sim),
+                    JobState::Downloading => Mixed::new(real::Download(i), sim),
+                    JobState::Processing => Mixed::new(real::Process(i), sim),
+                    JobState::Storing => Mixed::new(real::Store(i), sim),
+                    JobState::Recording => Mixed::new(real::Record(i), sim),
+                    _ => Arc::new(sim),
                 };
                 (stage, stage_config())
             })
@@ -377,7 +459,10 @@ impl Sim {
         // The real Reporting and UpdateReporting: the numbered report and its mail.
         let report = |s| Arc::new(lading_ingest::report::Report(ingest.clone(), s));
         let batches: Vec<(Arc<dyn BatchStage>, StageConfig)> = vec![
-            (Arc::new(SimIntake), stage_config()),
+            (
+                Arc::new(MixedIntake(lading_ingest::intake::Intake(ingest.clone()))),
+                stage_config(),
+            ),
             (report(BatchState::Reporting), stage_config()),
             (report(BatchState::UpdateReporting), stage_config()),
         ];
@@ -819,6 +904,9 @@ fn work_folder() -> tempfile::TempDir {
 }
 
 pub fn run(seed: u64, opts: &Options) -> Run {
+    // Lading's blocking work (files, hashing, the inventory) in place, so that it lands where
+    // the seed's run puts it.
+    lading_ingest::blocking::in_place_on_this_thread();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -895,12 +983,28 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
     let mut reopened: BTreeMap<String, u32> = BTreeMap::new();
     let mut held: Vec<(JobId, tokio::time::Instant)> = Vec::new();
     let mut queue_paused_until: Option<tokio::time::Instant> = None;
+    let mut payloads = crate::payload::Payloads::default();
+    let payload_root = sim.work.path().join("payloads");
+    // Payload files the depositor puts in place only later, and when.
+    let mut late: Vec<(tokio::time::Instant, std::path::PathBuf, Vec<u8>)> = Vec::new();
     for i in 0..opts.batches {
         let mut sub = Map::new();
         sub.insert("batchID".into(), json!(format!("sim-{seed}-{i}")));
         sub.insert("submitter".into(), json!(format!("user{}", rng.below(3))));
         sub.insert("profile".into(), json!(PROFILE));
-        sub.insert("sim_jobs".into(), json!(1 + rng.below(9)));
+        if rng.below(3) == 0 {
+            // A payload on disk, through Lading's own intake and file stages.
+            let p = payloads.make(&payload_root, seed, i, &rng);
+            sub.insert("payload_url".into(), json!(p.url));
+            sub.insert("type".into(), json!(p.payload_type));
+            if let Some((path, bytes)) = p.late {
+                let at =
+                    tokio::time::Instant::now() + Duration::from_millis(rng.below(8000) as u64);
+                late.push((at, path, bytes));
+            }
+        } else {
+            sub.insert("sim_jobs".into(), json!(1 + rng.below(9)));
+        }
         let uuid = format!("sim-{seed}-{i}");
         let made = admin(|| admin_engine.create_batch(submission(&sub))).await;
         let bid = match made {
@@ -933,6 +1037,17 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
                 } else {
                     true
                 }
+            });
+            late.retain(|(at, path, bytes)| {
+                if *at > now {
+                    return true;
+                }
+                std::fs::write(path, bytes).expect("a late payload file");
+                let shown = path.strip_prefix(&payload_root).unwrap_or(path);
+                world
+                    .lock()
+                    .trace(format!("the depositor put {} in place", shown.display()));
+                false
             });
             if queue_paused_until.is_some_and(|t| t <= now) {
                 queue_paused_until = None;
@@ -1026,6 +1141,9 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
         }
     }
     // The faults stop; everything held is let go and every process is up.
+    for (_, path, bytes) in std::mem::take(&mut late) {
+        std::fs::write(&path, bytes).expect("a late payload file");
+    }
     world.lock().faults = None;
     world.lock().trace("faults stop".into());
     for (j, _) in std::mem::take(&mut held) {
@@ -1184,6 +1302,7 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
     // and no more reports than its first plus one per reopening. The callbacks: one content
     // per key, and one for every job that completed.
     let mut jobs = 0;
+    let mut stored = 0;
     {
         let (mails, callbacks) = {
             let o = sim.outside.lock().unwrap_or_else(|p| p.into_inner());
@@ -1264,6 +1383,12 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
                 ));
             }
         }
+        if open.is_empty() {
+            let (bad, checked) =
+                stored_as_given(sim.work.path(), &payloads, &admin_engine, &bids).await;
+            found.extend(bad);
+            stored = checked;
+        }
         let mut st = world.lock();
         for f in found {
             st.violation(f);
@@ -1281,6 +1406,7 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
         sim_ms: start.elapsed().as_millis() as u64,
         steps: st.commits,
         jobs,
+        stored,
         violations: st.violations.clone(),
         tail: st.tail.iter().cloned().collect(),
         trace_hash: st.trace_hash,
@@ -1309,4 +1435,131 @@ fn submission(fields: &Map<String, Value>) -> lading_core::layout::BatchSubmissi
         .clone()
         .try_into()
         .expect("the simulator's fields make a submission")
+}
+
+/// The objects of payload batches, as stored and recorded. Each job that completed stored one
+/// version, recorded in the inventory, holding exactly its object's files (those of its own
+/// payload, every byte) under the primary identifier its manifest gave. Over the whole
+/// storage root, each object's versions run from 1 with no gap, each written by one job, and
+/// no job wrote two.
+async fn stored_as_given(
+    work: &std::path::Path,
+    payloads: &crate::payload::Payloads,
+    admin_engine: &Engine,
+    bids: &[BatchId],
+) -> (Vec<String>, usize) {
+    use lading_ingest::inventory::Inventory;
+    let mut found = Vec::new();
+    let mut checked = 0;
+    let inventory = Inventory::new(lading_ingest::inventory::Location::Sqlite(
+        work.join("inventory.db"),
+    ));
+    let listed = |dir: &std::path::Path| -> BTreeMap<String, String> {
+        lading_ingest::files::list_files(dir)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|f| (f.path, f.sha256))
+            .collect()
+    };
+    for b in bids {
+        let Some(info) = admin(|| admin_engine.batch(b)).await else {
+            continue;
+        };
+        for j in info.jobs.get("batch-completed").into_iter().flatten() {
+            let Some(job) = admin(|| admin_engine.job(j)).await else {
+                continue;
+            };
+            let Some(url) = job.configuration.get("payload_url").and_then(Value::as_str) else {
+                continue;
+            };
+            let Some(want) = payloads.expected.get(url) else {
+                found.push(format!(
+                    "storage: job {j} fetched {url}, which no payload names"
+                ));
+                continue;
+            };
+            let versions = match inventory.job_versions(j.as_str()) {
+                Ok(v) => v,
+                Err(e) => {
+                    found.push(format!("storage: the inventory cannot list job {j}: {e}"));
+                    continue;
+                }
+            };
+            checked += 1;
+            let [v] = &versions[..] else {
+                found.push(format!(
+                    "storage: job {j} completed with {} versions recorded",
+                    versions.len()
+                ));
+                continue;
+            };
+            if let Some(ark) = &want.ark
+                && *ark != v.ark
+            {
+                found.push(format!(
+                    "storage: job {j} stored {} though its manifest gave {ark}",
+                    v.ark
+                ));
+            }
+            // The depositor's files (beside them: the version's manifest and record).
+            let producer = format!("{}/", lading_ingest::stages::PRODUCER);
+            let recorded: BTreeMap<String, String> = v
+                .files
+                .iter()
+                .filter_map(|(p, _, sha)| Some((p.strip_prefix(&producer)?.into(), sha.clone())))
+                .collect();
+            if recorded != want.files {
+                found.push(format!(
+                    "storage: job {j} recorded {recorded:?} for {} v{}, its payload is {:?}",
+                    v.ark, v.version, want.files
+                ));
+            }
+            let path = inventory.version_path(&v.ark, v.version).ok().flatten();
+            let on_disk = path
+                .as_deref()
+                .map(|p| listed(&std::path::Path::new(p).join(lading_ingest::stages::PRODUCER)));
+            if on_disk.as_ref() != Some(&want.files) {
+                found.push(format!(
+                    "storage: job {j}'s {} v{} holds {on_disk:?} at {path:?}, its payload is {:?}",
+                    v.ark, v.version, want.files
+                ));
+            }
+        }
+    }
+    // The whole root: versions 1..n, one job each, no job twice.
+    let root = work.join("storage");
+    let mut writers: BTreeMap<String, String> = BTreeMap::new();
+    let mut objects: Vec<std::path::PathBuf> = std::fs::read_dir(&root)
+        .map(|rd| rd.filter_map(Result::ok).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    objects.sort();
+    for o in objects {
+        let versions = lading_ingest::files::versions(&o).unwrap_or_default();
+        if versions != (1..=versions.len() as u32).collect::<Vec<_>>() {
+            found.push(format!(
+                "storage: {} has versions {versions:?}",
+                o.display()
+            ));
+        }
+        for v in versions {
+            let at = o.join(format!("v{v}"));
+            let stored = std::fs::read(at.join(lading_ingest::files::VERSION_FILE))
+                .ok()
+                .and_then(|b| {
+                    serde_json::from_slice::<lading_ingest::files::StoredVersion>(&b).ok()
+                });
+            let Some(stored) = stored else {
+                found.push(format!("storage: {} has no version record", at.display()));
+                continue;
+            };
+            let here = format!("{} v{v}", stored.ark);
+            if let Some(before) = writers.insert(stored.job.clone(), here.clone()) {
+                found.push(format!(
+                    "storage: job {} stored both {before} and {here}",
+                    stored.job
+                ));
+            }
+        }
+    }
+    (found, checked)
 }

@@ -129,7 +129,7 @@ pub(crate) async fn download_files(
             // Verified by an earlier attempt, maybe in a process that crashed before the file
             // reached the disk: trusted only if it still hashes the same.
             let d = dest.clone();
-            let same = tokio::task::spawn_blocking(move || file_sha256(&d))
+            let same = crate::blocking::run(move || file_sha256(&d))
                 .await
                 .ok()
                 .and_then(Result::ok)

@@ -10,17 +10,16 @@ pub(crate) async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Ou
         let marker = wd.join(INTERIM).join("unpacked");
         if !marker.exists() {
             let c = wd.join(CONTAINER);
-            let found = tokio::task::spawn_blocking(move || list_files(&c))
+            let found = crate::blocking::run(move || list_files(&c))
                 .await
                 .map_err(|e| Outcome::Transient(e.to_string()))?
                 .map_err(|e| io_err("reading", &wd.join(CONTAINER), e))?;
             check_verified(&wd, CONTAINER, &found)?;
             let (c, p) = (wd.join(CONTAINER), producer.clone());
             let limits = crate::unpack::Limits::from(&ingest.cfg.payload);
-            let unpacked =
-                tokio::task::spawn_blocking(move || crate::unpack::unpack_all(&c, &p, &limits))
-                    .await
-                    .map_err(|e| Outcome::Transient(e.to_string()))??;
+            let unpacked = crate::blocking::run(move || crate::unpack::unpack_all(&c, &p, &limits))
+                .await
+                .map_err(|e| Outcome::Transient(e.to_string()))??;
             // What the job takes now: the containers and what they held.
             let packed: u64 = found.iter().map(|f| f.size).sum();
             job.set_space_needed(packed.saturating_add(unpacked))
@@ -32,7 +31,7 @@ pub(crate) async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Ou
     }
     std::fs::create_dir_all(&producer).map_err(|e| io_err("creating", &producer, e))?;
     let p = producer.clone();
-    let files = tokio::task::spawn_blocking(move || list_files(&p))
+    let files = crate::blocking::run(move || list_files(&p))
         .await
         .map_err(|e| Outcome::Transient(e.to_string()))?
         .map_err(|e| io_err("reading", &producer, e))?;
@@ -90,7 +89,7 @@ pub(crate) async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Ou
     let profile = job_profile(ingest, job)?;
     if ids.primary_id.as_deref().is_none_or(str::is_empty) {
         let shoulder = profile.shoulder.as_deref().unwrap_or(&ingest.cfg.shoulder);
-        let minted = format!("{shoulder}{}", uuid::Uuid::new_v4().simple());
+        let minted = format!("{shoulder}{}", unique_hex(job));
         job.log(&format!("minted {minted}"));
         ids.primary_id = Some(minted);
         job.set_data("identifiers", &json!(ids))
@@ -107,7 +106,7 @@ pub(crate) async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Ou
     let size: u64 = files.iter().map(|f| f.size).sum();
     // This working folder's mark, in the folder and in the job: Storing stores from a folder
     // only when the two agree, so a job that reached another host is processed there again.
-    let mark = uuid::Uuid::new_v4().simple().to_string();
+    let mark = unique_hex(job);
     let at = processed_path(&wd);
     write_atomic(&at, mark.as_bytes()).map_err(|e| io_err("writing", &at, e))?;
     job.set_data(
@@ -273,4 +272,12 @@ mod erc_tests {
             ]
         );
     }
+}
+
+/// 128 bits from the engine's randomness, as 32 hex digits: a minted identifier's unique
+/// part, a working folder's mark. Unique, not secret; from the engine's source (seeded from
+/// the operating system, or from the simulator's seed) so that a simulated run repeats.
+fn unique_hex(job: &JobCtx) -> String {
+    let r = job.engine.random();
+    format!("{:016x}{:016x}", r.next_u64(), r.next_u64())
 }

@@ -110,7 +110,7 @@ pub(crate) async fn store_locked(
         job.info.bid.to_string(),
         ark.to_string(),
     );
-    tokio::task::spawn_blocking(move || -> Result<StoredVersion, Outcome> {
+    crate::blocking::run(move || -> Result<StoredVersion, Outcome> {
         let io = |what: &str, p: &Path| {
             let p = p.to_path_buf();
             let what = what.to_string();
@@ -118,7 +118,8 @@ pub(crate) async fn store_locked(
         };
         let existing = versions(&object_dir).map_err(io("reading", &object_dir))?;
         // A version this job already stored (it crashed before recording that) is reused.
-        for v in existing.iter().rev() {
+        let sabotaged = lading_core::sabotage::on(lading_core::sabotage::STORE_TWICE);
+        for v in existing.iter().rev().filter(|_| !sabotaged) {
             let f = object_dir.join(format!("v{v}")).join(VERSION_FILE);
             if let Ok(b) = std::fs::read(&f)
                 && let Ok(s) = serde_json::from_slice::<StoredVersion>(&b)

@@ -170,7 +170,7 @@ pub(crate) async fn store_on_bucket(
         )));
     }
     let wd = job.workdir.clone();
-    let files = tokio::task::spawn_blocking(move || local_files(&wd))
+    let files = crate::blocking::run(move || local_files(&wd))
         .await
         .map_err(|e| Outcome::Transient(e.to_string()))?
         .map_err(|e| io_err("listing", &job.workdir, e))?;
