@@ -77,6 +77,49 @@ pub struct Fetcher {
     limits: Arc<PayloadSettings>,
     /// Payload bytes downloaded and verified by this process (for `/metrics`).
     downloaded: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Where `http(s)` payloads come from instead of the network (the simulator's payload
+    /// servers); none in a deployment.
+    source: Option<Arc<dyn Source>>,
+}
+
+/// A body in chunks, each a piece of it or why it stopped.
+pub type Chunks = futures_util::stream::BoxStream<'static, Result<Bytes, FetchError>>;
+
+/// Payload servers that are not on the network: the simulator's, which are slow, fail, cut
+/// bodies short and change manifests between attempts, as the seed says.
+pub trait Source: Send + Sync + 'static {
+    /// A successful GET of `url`: its stated length and its body; or why not, classified as
+    /// the network's errors are (a refusal or a 4xx is fatal, a 5xx or a reset transient).
+    fn get<'a>(
+        &'a self,
+        url: &'a str,
+    ) -> lading_core::BoxFuture<'a, Result<(Option<u64>, Chunks), FetchError>>;
+    /// The length a HEAD of `url` states, if any.
+    fn head<'a>(&'a self, url: &'a str) -> lading_core::BoxFuture<'a, Option<u64>>;
+}
+
+/// A successful response, its body not read yet.
+enum Body {
+    Net(reqwest::Response),
+    Source(Option<u64>, Chunks),
+}
+
+impl Body {
+    fn content_length(&self) -> Option<u64> {
+        match self {
+            Body::Net(r) => r.content_length(),
+            Body::Source(n, _) => *n,
+        }
+    }
+
+    /// The next piece of the body; `None` at its end.
+    async fn chunk(&mut self, url: &str) -> Result<Option<Bytes>, FetchError> {
+        use futures_util::StreamExt;
+        match self {
+            Body::Net(r) => r.chunk().await.map_err(|e| classify(e, url)),
+            Body::Source(_, s) => s.next().await.transpose(),
+        }
+    }
 }
 
 impl Default for Fetcher {
@@ -162,6 +205,7 @@ impl Fetcher {
             policy,
             limits: Arc::new(p.clone()),
             downloaded: Default::default(),
+            source: None,
         })
     }
 
@@ -200,17 +244,23 @@ impl Fetcher {
         }
     }
 
+    /// The same fetcher, with `http(s)` payloads from `source` instead of the network.
+    pub fn with_source(mut self, source: Arc<dyn Source>) -> Fetcher {
+        self.source = Some(source);
+        self
+    }
+
     /// A successful GET response, its body not read yet.
-    async fn get(
-        &self,
-        client: &reqwest::Client,
-        url: &str,
-    ) -> Result<reqwest::Response, FetchError> {
+    async fn get(&self, client: &reqwest::Client, url: &str) -> Result<Body, FetchError> {
+        if let Some(s) = &self.source {
+            let (n, chunks) = s.get(url).await?;
+            return Ok(Body::Source(n, chunks));
+        }
         let r = client.get(url).send().await.map_err(|e| classify(e, url))?;
         if !r.status().is_success() {
             return Err(status_error(r.status(), url));
         }
-        Ok(r)
+        Ok(Body::Net(r))
     }
 
     /// The length a HEAD request reports; `None` when unknown, refused or unsupported.
@@ -222,6 +272,9 @@ impl Fetcher {
                 .ok()
                 .filter(|m| m.is_file())
                 .map(|m| m.len());
+        }
+        if let Some(s) = &self.source {
+            return s.head(url).await;
         }
         let r = client
             .head(url)
@@ -269,7 +322,7 @@ impl Fetcher {
                 return Err(too_large());
             }
             let mut out = Vec::new();
-            while let Some(chunk) = r.chunk().await.map_err(|e| classify(e, url))? {
+            while let Some(chunk) = r.chunk(url).await? {
                 out.extend_from_slice(&chunk);
                 if out.len() as u64 > limit {
                     return Err(too_large());
@@ -356,11 +409,12 @@ impl Fetcher {
                 loop {
                     // Cut off at the end of a window that brought too few bytes, whether or
                     // not a chunk arrived (a dripping server may send one byte at a time).
-                    let Ok(chunk) = tokio::time::timeout_at(rate.deadline, r.chunk()).await else {
+                    let Ok(chunk) = tokio::time::timeout_at(rate.deadline, r.chunk(url)).await
+                    else {
                         rate.check(sink.n, url)?;
                         continue;
                     };
-                    let Some(chunk) = chunk.map_err(|e| classify(e, url))? else {
+                    let Some(chunk) = chunk? else {
                         break;
                     };
                     rate.check(sink.n + chunk.len() as u64, url)?;

@@ -1,17 +1,23 @@
-//! The depositors' side of the simulation: payloads on disk for the batches that go through
-//! Lading's own intake and file stages, and what each object must be once stored.
+//! The depositors' side of the simulation: payloads for the batches that go through Lading's
+//! own intake and file stages, the payload server they are fetched from, and what each object
+//! must be once stored.
 //!
 //! A payload is a batch manifest (one object manifest per object, each naming one to three
-//! files) or a single-file batch manifest (one object per file), written under the run's
-//! folder and fetched through `file://` URLs by Lading's fetcher. Some objects name a file the
-//! depositor puts in place only later (its job fails until an admin requeues it after that);
-//! some objects share a primary identifier, so their jobs add versions to one object, from
-//! several processes at once.
+//! files) or a single-file batch manifest (one object per file). Most are served over
+//! simulated HTTP by [`PayloadServer`] (slow, failing, cutting bodies short, as the seed
+//! says); some are files fetched through `file://` URLs. Some batches are put right only
+//! later: a file missing at first, or an object manifest whose first version declares a
+//! wrong digest (its job fails until an admin requeues it after the depositor's fix). Some
+//! objects share a primary identifier, so their jobs add versions to one object, from several
+//! processes at once.
 
 use lading_core::random::{Random, Seeded};
 use lading_ingest::checkm::{self, ManifestKind};
+use lading_ingest::fetch::{Chunks, FetchError, Source};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// What one object of a payload must be once stored.
 #[derive(Debug, Clone, Default)]
@@ -22,21 +28,34 @@ pub struct Expected {
     pub ark: Option<String>,
 }
 
-/// One batch's payload: what to submit, and a file written only later.
+/// Where a payload's piece lives: a file, or a URL of the payload server.
+#[derive(Debug, Clone)]
+pub enum Place {
+    Disk(PathBuf),
+    Served(String),
+}
+
+/// One batch's payload: what to submit, and a fix the depositor makes only later.
 pub struct Payload {
     pub url: String,
     pub payload_type: &'static str,
-    pub late: Option<(PathBuf, Vec<u8>)>,
+    pub late: Option<(Place, Vec<u8>)>,
 }
+
+/// What the payload server serves, by URL.
+pub type Served = Arc<Mutex<BTreeMap<String, Vec<u8>>>>;
 
 /// Every payload of a run, and what each object (by the URL a job fetches it from) must be.
 #[derive(Default)]
 pub struct Payloads {
     pub expected: BTreeMap<String, Expected>,
+    pub served: Served,
 }
 
 /// Primary identifiers the objects of a run share (several jobs, one object, many versions).
 const SHARED_ARKS: usize = 3;
+/// The payload server's address (never resolved: its bodies come from [`PayloadServer`]).
+const SERVER: &str = "http://payloads.sim.invalid";
 
 fn sha256_hex(b: &[u8]) -> String {
     let mut h = lading_ingest::fetch::Hasher::new(checkm::HashAlg::Sha256);
@@ -44,109 +63,245 @@ fn sha256_hex(b: &[u8]) -> String {
     h.hex()
 }
 
-fn url_of(p: &Path) -> String {
-    format!("file://{}", p.display())
+/// How a batch's late fix goes wrong until it is made.
+#[derive(Clone, Copy, PartialEq)]
+enum Late {
+    None,
+    /// One file is missing.
+    File,
+    /// One object manifest declares a wrong digest.
+    Manifest,
 }
 
 impl Payloads {
-    /// Writes batch `i`'s payload under `root` and records what its objects must become.
+    /// Puts `bytes` at `place` (the depositor's side: a file, or the server's copy).
+    pub fn put(&self, place: &Place, bytes: &[u8]) {
+        match place {
+            Place::Disk(p) => {
+                if let Some(d) = p.parent() {
+                    std::fs::create_dir_all(d).expect("the payload folder");
+                }
+                std::fs::write(p, bytes).expect("a payload file");
+            }
+            Place::Served(u) => {
+                self.served
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(u.clone(), bytes.to_vec());
+            }
+        }
+    }
+
+    /// Makes batch `i`'s payload (under `root` when on disk) and records what its objects
+    /// must become.
     pub fn make(&mut self, root: &Path, seed: u64, i: usize, rng: &Seeded) -> Payload {
-        let dir = root.join(format!("b{i}"));
-        std::fs::create_dir_all(&dir).expect("the payload folder");
-        let mut late = None;
-        let mut want_late = rng.below(4) == 0;
-        let mut file = |name: String, late: &mut Option<(PathBuf, Vec<u8>)>| {
+        let on_disk = rng.below(4) == 0;
+        let place = |name: &str| -> (Place, String) {
+            if on_disk {
+                let p = root.join(format!("b{i}")).join(name);
+                let url = format!("file://{}", p.display());
+                (Place::Disk(p), url)
+            } else {
+                let url = format!("{SERVER}/b{i}/{name}");
+                (Place::Served(url.clone()), url)
+            }
+        };
+        let late = std::cell::Cell::new(match rng.below(8) {
+            0 => Late::File,
+            1 => Late::Manifest,
+            _ => Late::None,
+        });
+        let fix = std::cell::RefCell::new(None);
+        let file = |name: &str| -> (String, Vec<u8>) {
             let bytes = format!("{seed}/{i}/{name}\n")
                 .repeat(1 + rng.below(40))
                 .into_bytes();
-            let p = dir.join(&name);
-            if want_late {
-                want_late = false;
-                *late = Some((p.clone(), bytes.clone()));
+            let (at, url) = place(name);
+            if late.get() == Late::File {
+                late.set(Late::None);
+                *fix.borrow_mut() = Some((at, bytes.clone()));
             } else {
-                std::fs::write(&p, &bytes).expect("a payload file");
+                self.put(&at, &bytes);
             }
-            (p, bytes)
+            (url, bytes)
         };
         if rng.below(3) == 0 {
             // One object per file.
             let mut rows = Vec::new();
+            let mut objects = Vec::new();
             for f in 0..1 + rng.below(4) {
-                let (p, bytes) = file(format!("s{f}.txt"), &mut late);
-                let name = p.file_name().unwrap().to_string_lossy().into_owned();
-                rows.push(vec![url_of(&p), name.clone()]);
-                self.expected.insert(
-                    url_of(&p),
+                let name = format!("s{f}.txt");
+                let (url, bytes) = file(&name);
+                rows.push(vec![url.clone(), name.clone()]);
+                objects.push((
+                    url,
                     Expected {
                         files: [(name, sha256_hex(&bytes))].into(),
                         ark: None,
                     },
-                );
+                ));
             }
-            let m = dir.join("batch.checkm");
+            self.expected.extend(objects);
+            let (at, url) = place("batch.checkm");
             let fields = [checkm::FILE_URL, checkm::FILE_NAME];
-            std::fs::write(
-                &m,
-                checkm::write(ManifestKind::SingleFileBatch, &fields, &rows),
-            )
-            .expect("a manifest");
+            self.put(
+                &at,
+                checkm::write(ManifestKind::SingleFileBatch, &fields, &rows).as_bytes(),
+            );
             return Payload {
-                url: url_of(&m),
+                url,
                 payload_type: "single-file-batch-manifest",
-                late,
+                late: fix.into_inner(),
             };
         }
         // A manifest of object manifests.
         let mut rows = Vec::new();
+        let mut objects = Vec::new();
         for o in 0..1 + rng.below(4) {
             let mut expected = Expected::default();
             let mut object_rows = Vec::new();
             for f in 0..1 + rng.below(3) {
-                let (p, bytes) = file(format!("o{o}-f{f}.bin"), &mut late);
+                let (url, bytes) = file(&format!("o{o}-f{f}.bin"));
                 let sha = sha256_hex(&bytes);
                 // Declared sizes and digests now and then (the download is held to them).
                 let declared = rng.below(2) == 0;
                 let name = format!("dir{f}/f{f}.bin");
+                let or_none = |s: String| if declared { s } else { String::new() };
                 object_rows.push(vec![
-                    url_of(&p),
-                    if declared {
-                        "sha256".into()
-                    } else {
-                        String::new()
-                    },
-                    if declared { sha.clone() } else { String::new() },
-                    if declared {
-                        bytes.len().to_string()
-                    } else {
-                        String::new()
-                    },
+                    url,
+                    or_none("sha256".into()),
+                    or_none(sha.clone()),
+                    or_none(bytes.len().to_string()),
                     name.clone(),
                 ]);
                 expected.files.insert(name, sha);
             }
-            let om = dir.join(format!("o{o}.checkm"));
-            std::fs::write(
-                &om,
-                checkm::write(ManifestKind::Object, checkm::OBJECT_FIELDS, &object_rows),
-            )
-            .expect("an object manifest");
+            let (at, url) = place(&format!("o{o}.checkm"));
+            let right = checkm::write(ManifestKind::Object, checkm::OBJECT_FIELDS, &object_rows);
+            if late.get() == Late::Manifest {
+                // The first version declares a wrong digest for its first file.
+                late.set(Late::None);
+                let mut wrong_rows = object_rows.clone();
+                wrong_rows[0][1] = "sha256".into();
+                wrong_rows[0][2] = "0".repeat(64);
+                let wrong = checkm::write(ManifestKind::Object, checkm::OBJECT_FIELDS, &wrong_rows);
+                self.put(&at, wrong.as_bytes());
+                *fix.borrow_mut() = Some((at, right.into_bytes()));
+            } else {
+                self.put(&at, right.as_bytes());
+            }
             if rng.below(3) == 0 {
                 expected.ark = Some(format!("ark:/99999/sim{seed}s{}", rng.below(SHARED_ARKS)));
             }
             rows.push(vec![
-                url_of(&om),
+                url.clone(),
                 format!("o{o}.checkm"),
                 expected.ark.clone().unwrap_or_default(),
             ]);
-            self.expected.insert(url_of(&om), expected);
+            objects.push((url, expected));
         }
-        let m = dir.join("batch.checkm");
+        self.expected.extend(objects);
+        let (at, url) = place("batch.checkm");
         let fields = [checkm::FILE_URL, checkm::FILE_NAME, checkm::PRIMARY_ID];
-        std::fs::write(&m, checkm::write(ManifestKind::Batch, &fields, &rows)).expect("a manifest");
+        self.put(
+            &at,
+            checkm::write(ManifestKind::Batch, &fields, &rows).as_bytes(),
+        );
         Payload {
-            url: url_of(&m),
+            url,
             payload_type: "batch-manifest",
-            late,
+            late: fix.into_inner(),
         }
+    }
+}
+
+/// The depositors' payload server, as Lading's fetcher meets it: each answer takes a while;
+/// some are a 503, some bodies are cut short by a reset, some drip in slowly; a URL it does
+/// not (yet) serve is a 404.
+pub struct PayloadServer {
+    pub dice: Arc<Seeded>,
+    pub served: Served,
+    pub answers: Arc<Mutex<Answers>>,
+}
+
+/// What the payload server answered, over a run.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Answers {
+    pub whole: u64,
+    pub unavailable: u64,
+    pub not_found: u64,
+    pub reset: u64,
+    pub dripping: u64,
+}
+
+impl Source for PayloadServer {
+    fn get<'a>(
+        &'a self,
+        url: &'a str,
+    ) -> lading_core::BoxFuture<'a, Result<(Option<u64>, Chunks), FetchError>> {
+        Box::pin(async move {
+            use futures_util::StreamExt;
+            let (took, roll) = (self.dice.below(300), self.dice.below(100));
+            tokio::time::sleep(Duration::from_millis(took as u64)).await;
+            let mut answers = self.answers.lock().unwrap_or_else(|p| p.into_inner());
+            if roll < 5 {
+                answers.unavailable += 1;
+                return Err(FetchError::Transient(format!(
+                    "{url} answered 503 Service Unavailable"
+                )));
+            }
+            let body = self
+                .served
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(url)
+                .cloned();
+            let Some(body) = body else {
+                answers.not_found += 1;
+                return Err(FetchError::Fatal(format!("{url} answered 404 Not Found")));
+            };
+            let len = body.len() as u64;
+            // Cut short after some bytes, or dripping (a pause before every piece).
+            let cut = (roll < 9).then(|| self.dice.below(body.len().max(1)));
+            let pause = if (9..14).contains(&roll) { 1_500 } else { 0 };
+            match (cut, pause) {
+                (Some(_), _) => answers.reset += 1,
+                (None, 0) => answers.whole += 1,
+                _ => answers.dripping += 1,
+            }
+            drop(answers);
+            let mut pieces: Vec<(u64, Result<bytes::Bytes, FetchError>)> = Vec::new();
+            let mut at = 0;
+            while at < body.len() {
+                let n = (1 + self.dice.below(512)).min(body.len() - at);
+                if cut.is_some_and(|c| at + n > c) {
+                    pieces.push((
+                        pause,
+                        Err(FetchError::Transient(format!(
+                            "{url}: connection reset after {at} bytes"
+                        ))),
+                    ));
+                    break;
+                }
+                pieces.push((pause, Ok(bytes::Bytes::copy_from_slice(&body[at..at + n]))));
+                at += n;
+            }
+            let chunks = futures_util::stream::iter(pieces)
+                .then(|(pause, piece)| async move {
+                    if pause > 0 {
+                        tokio::time::sleep(Duration::from_millis(pause)).await;
+                    }
+                    piece
+                })
+                .boxed();
+            Ok((Some(len), chunks))
+        })
+    }
+
+    fn head<'a>(&'a self, url: &'a str) -> lading_core::BoxFuture<'a, Option<u64>> {
+        Box::pin(async move {
+            let served = self.served.lock().unwrap_or_else(|p| p.into_inner());
+            served.get(url).map(|b| b.len() as u64)
+        })
     }
 }

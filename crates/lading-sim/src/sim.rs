@@ -20,6 +20,7 @@
 //! successfully by two acceptances.
 
 use crate::check::{QUOTA_LIMIT, QUOTA_PROFILE, SPACE_FREE, SPACE_KEEP, SPACE_MAX_JOB, SPACE_ROOT};
+use crate::payload::{Answers, PayloadServer, Payloads, Place, Served};
 use crate::tree::{EPOCH_MS, Faults, SimTree, World};
 use lading_core::layout::{BatchId, JobId};
 use lading_core::random::{Random, Seeded};
@@ -335,6 +336,9 @@ struct Sim {
     dice: Arc<Dice>,
     outside: Arc<Mutex<Outside>>,
     work: tempfile::TempDir,
+    /// What the depositors' payload server serves.
+    served: Served,
+    answers: Arc<Mutex<Answers>>,
     seed: u64,
     starts: u64,
 }
@@ -423,7 +427,11 @@ impl Sim {
             lading_ingest::Ingest::assemble(
                 engine.clone(),
                 ingest_config(self.work.path(), &name),
-                fetcher(),
+                fetcher().with_source(Arc::new(PayloadServer {
+                    dice: self.dice.0.clone(),
+                    served: self.served.clone(),
+                    answers: self.answers.clone(),
+                })),
                 |_| None,
             )
             .expect("the simulator's ingest settings")
@@ -920,12 +928,15 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
     let start = world.lock().start();
     let clock = Arc::new(SimClock { start });
     let rng = Seeded::new(seed);
+    let mut payloads = Payloads::default();
     let mut sim = Sim {
         world: world.clone(),
         clock: clock.clone(),
         dice: Arc::new(Dice(Seeded::new(seed ^ 0x6469_6365))),
         outside: Arc::default(),
         work: work_folder(),
+        served: payloads.served.clone(),
+        answers: Arc::default(),
         seed,
         starts: 0,
     };
@@ -983,10 +994,9 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
     let mut reopened: BTreeMap<String, u32> = BTreeMap::new();
     let mut held: Vec<(JobId, tokio::time::Instant)> = Vec::new();
     let mut queue_paused_until: Option<tokio::time::Instant> = None;
-    let mut payloads = crate::payload::Payloads::default();
     let payload_root = sim.work.path().join("payloads");
-    // Payload files the depositor puts in place only later, and when.
-    let mut late: Vec<(tokio::time::Instant, std::path::PathBuf, Vec<u8>)> = Vec::new();
+    // Fixes the depositor makes only later (a missing file, a corrected manifest), and when.
+    let mut late: Vec<(tokio::time::Instant, Place, Vec<u8>)> = Vec::new();
     for i in 0..opts.batches {
         let mut sub = Map::new();
         sub.insert("batchID".into(), json!(format!("sim-{seed}-{i}")));
@@ -1038,15 +1048,22 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
                     true
                 }
             });
-            late.retain(|(at, path, bytes)| {
+            late.retain(|(at, place, bytes)| {
                 if *at > now {
                     return true;
                 }
-                std::fs::write(path, bytes).expect("a late payload file");
-                let shown = path.strip_prefix(&payload_root).unwrap_or(path);
+                payloads.put(place, bytes);
+                let shown = match place {
+                    Place::Disk(p) => p
+                        .strip_prefix(&payload_root)
+                        .unwrap_or(p)
+                        .display()
+                        .to_string(),
+                    Place::Served(u) => u.clone(),
+                };
                 world
                     .lock()
-                    .trace(format!("the depositor put {} in place", shown.display()));
+                    .trace(format!("the depositor put {shown} right"));
                 false
             });
             if queue_paused_until.is_some_and(|t| t <= now) {
@@ -1141,8 +1158,8 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
         }
     }
     // The faults stop; everything held is let go and every process is up.
-    for (_, path, bytes) in std::mem::take(&mut late) {
-        std::fs::write(&path, bytes).expect("a late payload file");
+    for (_, place, bytes) in std::mem::take(&mut late) {
+        payloads.put(&place, &bytes);
     }
     world.lock().faults = None;
     world.lock().trace("faults stop".into());
@@ -1394,6 +1411,11 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
             st.violation(f);
         }
     }
+    let a = *sim.answers.lock().unwrap_or_else(|p| p.into_inner());
+    world.lock().trace(format!(
+        "payload server: {} whole answers, {} unavailable, {} not found, {} reset, {} dripping",
+        a.whole, a.unavailable, a.not_found, a.reset, a.dripping
+    ));
     for p in procs.iter().flatten() {
         p.stop.abort();
     }
@@ -1444,7 +1466,7 @@ fn submission(fields: &Map<String, Value>) -> lading_core::layout::BatchSubmissi
 /// no job wrote two.
 async fn stored_as_given(
     work: &std::path::Path,
-    payloads: &crate::payload::Payloads,
+    payloads: &Payloads,
     admin_engine: &Engine,
     bids: &[BatchId],
 ) -> (Vec<String>, usize) {
