@@ -188,14 +188,14 @@ pub async fn housekeeping(ingest: std::sync::Arc<Ingest>, shutdown: Shutdown) {
         1,
         shutdown.clone(),
     );
-    let last_cleanup = std::sync::Mutex::new(None::<std::time::Instant>);
+    let last_cleanup = std::sync::Mutex::new(None::<tokio::time::Instant>);
     let sweeps = lading_worker::every("housekeeping", SWEEP_EVERY, shutdown, move || {
         let ingest = ingest.clone();
         let due = {
             let mut last = last_cleanup.lock().unwrap_or_else(|p| p.into_inner());
             let due = last.is_none_or(|t| t.elapsed() >= CLEANUP_EVERY);
             if due {
-                *last = Some(std::time::Instant::now());
+                *last = Some(tokio::time::Instant::now());
             }
             due
         };

@@ -491,24 +491,24 @@ impl Sim {
         // aborts the supervisor's task, and with it every service.
         let mut services = Supervisor::new();
         let stop = services.handle();
-        let e = engine.clone();
+        let i = ingest.clone();
         services.spawn("stages", Phase::First, |sd| async move {
+            // What stores that failed in an earlier run left in the storage root, as a node
+            // with the storing stage sweeps it when it starts.
+            let _ = lading_ingest::stages::sweep_storage(&i).await;
             worker.run(jobs, batches, sd).await;
+            Ok(())
+        });
+        // Lading's housekeeping: batches whose jobs all ended move on to Reporting (a watch,
+        // and a sweep), and old batches are cleaned up.
+        let i = ingest.clone();
+        services.spawn("housekeeping", Phase::First, |sd| async move {
+            lading_ingest::cleanup::housekeeping(i, sd).await;
             Ok(())
         });
         // Lading's outbox deliverer, to the simulated world.
         services.spawn("outbox", Phase::Last, |sd| async move {
             lading_ingest::outbox::run(ingest, sd).await;
-            Ok(())
-        });
-        services.spawn("reporting sweep", Phase::First, |sd| async move {
-            lading_worker::every("reporting sweep", Duration::from_secs(5), sd, move || {
-                let e = e.clone();
-                async move {
-                    let _ = e.sweep_reporting().await;
-                }
-            })
-            .await;
             Ok(())
         });
         let g = generic.clone();

@@ -113,13 +113,20 @@ fn without_faults_every_batch_ends_reported_once() {
 /// - 353719476, 353725315: a parked job given a free slot while a worker held its lock (and
 ///   let go, finding it parked) was counted as started; no job ended after, and it waited
 ///   for the waker's slow look (60 s).
+/// - 10 (again, with payload batches): an object's inventory lock kept for as long as its
+///   process lived: Recording returned early (a failed read of the job's record) without
+///   letting go, so no later job could record that object (found once Lading's own file
+///   stages ran under simulation).
+/// - 46: a half-written download stored with an object (`f1.bin.part`): a handler whose
+///   lease was lost went on downloading in the job's working folder while the handler that
+///   took the job up again (storing, fetching again what the folder lacked) worked in it too.
 #[test]
 fn the_seeds_that_found_bugs_run_clean() {
     let opts = Options::default();
     for seed in [
         1, 2, 4, 5, 7, 9, 10, 11, 13, 14, 15, 17, 18, 22, 24, 47, 93, 96, 112, 123, 157, 174, 195,
         1192, 182931658, 194556296, 194557926, 353719476, 353725315, 401302608, 401305623,
-        401313012, 401314180, 624747782, 624747914,
+        401313012, 401314180, 624747782, 624747914, 46,
     ] {
         let r = run(seed, &opts);
         assert!(r.jobs > 0, "seed {seed} ran no job");

@@ -259,6 +259,40 @@ fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
     }
 }
 
+/// A working folder a handler of this process is in. Two handlers of one job can run at once
+/// in one process: one whose lease was lost (its session ended; its next commit will be
+/// refused, but until then it goes on) and the one that took the job up again. In one
+/// folder they would undo each other's work: one renames a download into place while the
+/// other writes it again, and what is left half-written is stored with the object. So the
+/// second waits until the first has ended.
+struct InFolder(PathBuf);
+
+/// The folders of [`InFolder`], for the whole process (simulated processes have folders of
+/// their own).
+fn folders_in_use() -> &'static std::sync::Mutex<std::collections::HashSet<PathBuf>> {
+    static IN_USE: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<PathBuf>>> =
+        std::sync::OnceLock::new();
+    IN_USE.get_or_init(Default::default)
+}
+
+impl InFolder {
+    /// `dir`, for this handler; `None` while another handler is in it.
+    fn enter(dir: &Path) -> Option<InFolder> {
+        let mut used = folders_in_use().lock().unwrap_or_else(|p| p.into_inner());
+        used.insert(dir.to_path_buf())
+            .then(|| InFolder(dir.to_path_buf()))
+    }
+}
+
+impl Drop for InFolder {
+    fn drop(&mut self) {
+        folders_in_use()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.0);
+    }
+}
+
 /// Runs `fut` in its own task under `timeout`; a panic is `Fatal`, a timeout `Transient`, an
 /// abort `None` (the task was cut off).
 async fn supervise(
@@ -503,6 +537,24 @@ impl JobLoop {
                 let _ = self.engine.release_job_lease(lease).await;
                 return None;
             }
+        };
+        // One handler at a time in a working folder (see `InFolder`).
+        let Some(_in_folder) = InFolder::enter(&dir) else {
+            let reason = "the job's working folder is still in use here, by a handler whose \
+                          lease was lost; waiting for it to end"
+                .to_string();
+            self.finish(
+                lease,
+                Outcome::Wait {
+                    after: Duration::from_secs(1),
+                    reason,
+                },
+                self.cfg.max_attempts,
+                started,
+                false,
+            )
+            .await;
+            return None;
         };
         if let Err(e) = claim_workdir(&dir, &owner) {
             let reason = format!("cannot create working directory {}: {e}", dir.display());
@@ -827,5 +879,25 @@ impl BatchLoop {
             }
             (Ok(()), _) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod folder_tests {
+    use super::InFolder;
+
+    #[test]
+    fn one_handler_at_a_time_in_a_working_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("jid1"), dir.path().join("jid2"));
+        let first = InFolder::enter(&a).expect("a free folder");
+        assert!(
+            InFolder::enter(&a).is_none(),
+            "the same folder, while in use"
+        );
+        let other = InFolder::enter(&b).expect("another job's folder");
+        drop(first);
+        let again = InFolder::enter(&a).expect("free again once the first handler ended");
+        drop((again, other));
     }
 }

@@ -6,11 +6,7 @@ pub(crate) async fn record(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Out
     let stored: StoredVersion = job_record(job, "store")
         .await?
         .ok_or_else(|| Outcome::fatal("the job has no store record (storing writes it)"))?;
-    let lock = job
-        .engine
-        .lock_inventory(&stored.ark)
-        .await
-        .map_err(lock_wait)?;
+    let lock = HeldArk::take(&job.engine, job.engine.lock_inventory(&stored.ark)).await?;
     // The object's files as processing hashed them.
     #[derive(serde::Deserialize)]
     struct Produced {
@@ -26,7 +22,7 @@ pub(crate) async fn record(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Out
             match r {
                 Ok(Some(r)) => Some(r.files),
                 Ok(None) => {
-                    let _ = job.engine.unlock_ark(lock).await;
+                    lock.release().await;
                     return Err(Outcome::fatal(format!(
                         "{}: the record of {} v{} is missing",
                         n.name(),
@@ -35,7 +31,7 @@ pub(crate) async fn record(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Out
                     )));
                 }
                 Err(e) => {
-                    let _ = job.engine.unlock_ark(lock).await;
+                    lock.release().await;
                     return Err(Outcome::Transient(e.what));
                 }
             }
@@ -50,7 +46,7 @@ pub(crate) async fn record(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Out
             None => i.record(&s, producer.as_deref()),
         })
         .await;
-    let _ = job.engine.unlock_ark(lock).await;
+    lock.release().await;
     let added = r.map_err(|e| Outcome::Transient(format!("inventory: {e}")))?;
     job.log(&format!(
         "recorded {} v{} ({} files{})",

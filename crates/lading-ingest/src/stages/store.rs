@@ -12,6 +12,50 @@ pub(crate) fn object_ark(job: &JobCtx) -> Result<String, Outcome> {
         .ok_or_else(|| Outcome::fatal("the job has no primary identifier (processing sets it)"))
 }
 
+/// An object's storage or inventory lock while a handler holds it. The lock is ephemeral,
+/// but its session is the process's and outlives the handler: a handler that returns early
+/// (a `?`) or is cut off (its stage's timeout aborts it) must still let go, or the object
+/// stays locked for as long as the process lives. Dropped without [`HeldArk::release`], it
+/// lets go in a task of its own.
+pub struct HeldArk {
+    engine: Arc<lading_engine::Engine>,
+    lock: Option<lading_engine::ArkLock>,
+}
+
+impl HeldArk {
+    /// Takes the lock `taking` returns, or waits (see [`lock_wait`]) while another holds it.
+    pub async fn take(
+        engine: &Arc<lading_engine::Engine>,
+        taking: impl std::future::Future<Output = Result<lading_engine::ArkLock, EngineError>>,
+    ) -> Result<HeldArk, Outcome> {
+        let lock = taking.await.map_err(lock_wait)?;
+        Ok(HeldArk {
+            engine: engine.clone(),
+            lock: Some(lock),
+        })
+    }
+
+    /// Lets go now.
+    pub async fn release(mut self) {
+        if let Some(l) = self.lock.take() {
+            let _ = self.engine.unlock_ark(l).await;
+        }
+    }
+}
+
+impl Drop for HeldArk {
+    fn drop(&mut self) {
+        if let Some(l) = self.lock.take()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            let engine = self.engine.clone();
+            rt.spawn(async move {
+                let _ = engine.unlock_ark(l).await;
+            });
+        }
+    }
+}
+
 /// Lock errors: someone else is on this object; look again shortly.
 pub(crate) fn lock_wait(e: EngineError) -> Outcome {
     match e {
@@ -32,7 +76,7 @@ pub(crate) async fn store(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outc
         .clone()
         .unwrap_or_else(|| ingest.cfg.storage_root());
     let nodes = ingest.nodes.of_profile(&profile).map_err(Outcome::fatal)?;
-    let lock = job.engine.lock_storage(&ark).await.map_err(lock_wait)?;
+    let lock = HeldArk::take(&job.engine, job.engine.lock_storage(&ark)).await?;
     let umask = ingest.cfg.storage_umask_bits().map_err(Outcome::fatal)?;
     let r = match nodes.first().map(|n| (n, &n.place)) {
         None => store_locked(job, &root, &ark, &profile.collection, umask).await,
@@ -48,7 +92,7 @@ pub(crate) async fn store(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outc
             store_on_bucket(job, n, &ark, &profile.collection).await
         }
     };
-    let _ = job.engine.unlock_ark(lock).await;
+    lock.release().await;
     let stored = r?;
     job.log(&format!("stored {} as version {}", ark, stored.version));
     // Copies to the replicas follow through the outbox, each its own retried delivery
@@ -262,4 +306,45 @@ pub async fn sweep_storage(ingest: &Ingest) -> std::io::Result<usize> {
         }
     }
     Ok(gone)
+}
+
+#[cfg(test)]
+mod held_tests {
+    use super::HeldArk;
+    use lading_engine::{Engine, EngineError};
+    use std::sync::Arc;
+
+    #[tokio::test]
+    async fn an_object_lock_is_let_go_when_its_holder_returns_early_or_is_cut_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let tree =
+            lading_store_sqlite::SqliteTree::open(dir.path().join("lading.db"), Default::default())
+                .unwrap();
+        let e = Arc::new(Engine::new(
+            Arc::new(tree),
+            lading_core::time::system_clock(),
+            "tester",
+        ));
+        e.init().await.unwrap();
+        let ark = "ark:/99999/held";
+        // Released: free at once.
+        let held = HeldArk::take(&e, e.lock_storage(ark)).await.unwrap();
+        assert!(matches!(
+            e.lock_storage(ark).await,
+            Err(EngineError::Locked(_))
+        ));
+        held.release().await;
+        let again = HeldArk::take(&e, e.lock_storage(ark)).await.unwrap();
+        // Dropped, as by a `?` or by the stage's timeout aborting the handler: let go soon,
+        // though the session that holds it goes on.
+        drop(again);
+        for _ in 0..200 {
+            if let Ok(l) = e.lock_storage(ark).await {
+                e.unlock_ark(l).await.unwrap();
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("a dropped lock was never let go");
+    }
 }
