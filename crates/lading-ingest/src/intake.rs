@@ -466,6 +466,22 @@ impl BatchStage for Intake {
         let me = Intake(self.0.clone());
         Box::pin(async move { me.run(b).await })
     }
+    /// A batch that fails at intake has no jobs and so never reports: its failure is its
+    /// report, mailed to the depositor.
+    fn on_failure(
+        &self,
+        b: Arc<BatchCtx>,
+        reason: String,
+    ) -> BoxFuture<
+        'static,
+        Option<(
+            lading_core::layout::StatusReport,
+            Vec<lading_engine::Effect>,
+        )>,
+    > {
+        let ingest = self.0.clone();
+        Box::pin(async move { crate::report::intake_failure(&ingest, &b, &reason).await })
+    }
 }
 
 /// A URL as a message may show it: a server-made upload's `file://` path is not the

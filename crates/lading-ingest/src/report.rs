@@ -73,46 +73,106 @@ async fn report(ingest: &Ingest, b: &BatchCtx, update: bool) -> Result<Outcome, 
     let deleted = b.info.jobs.get("batch-deleted").map_or(0, Vec::len);
     let outcome = verdict(&report, deleted);
     let mut effects = Vec::new();
-    let sub = b.submission()?;
-    match ingest.profile(sub.profile().unwrap_or_default()) {
-        // The profile was removed since submission: the report is written, nobody to mail.
-        Err(e) => tracing::warn!(batch = %b.batch(), error = %e, "no profile; report not mailed"),
-        Ok(p) if p.notification.is_empty() => {}
-        Ok(_) if ingest.cfg.smtp_host.is_none() => tracing::warn!(batch = %b.batch(),
-            "the profile lists addresses but no smtp_host is configured; report not mailed"),
-        Ok(profile) => {
-            let (subject, body) = summary(b, &report, update).await?;
-            // Stable for every attempt at sending this report: a repeat after a crash can be
-            // recognised (delivery is at least once).
-            let message_id = format!(
-                "<lading.{}.report-{number}@{}>",
-                sub.merritt_batch_id().unwrap_or(b.batch().as_str()),
-                ingest
-                    .cfg
-                    .mail_from
-                    .rsplit('@')
-                    .next()
-                    .filter(|d| !d.is_empty())
-                    .unwrap_or("lading")
-            );
-            effects.push(Effect {
-                kind: "mail".into(),
-                key: message_id.clone(),
-                batch: Some(b.batch().to_string()),
-                job: None,
-                payload: json!({
-                    "to": profile.notification,
-                    "subject": subject,
-                    "body": body,
-                    "message_id": message_id,
-                }),
-            });
-        }
+    if let Some(to) = recipients(ingest, b)? {
+        let (subject, body) = summary(b, &report, update).await?;
+        effects.push(mail(ingest, b, number, to, subject, body)?);
     }
     // Written, and the mail recorded in the outbox, with the batch's move to Completed or
     // Failed: all or nothing.
     b.set_report(report, effects).await;
     Ok(outcome)
+}
+
+/// Who the batch's reports go to: the addresses its profile lists, when there is a relay to
+/// send through; none otherwise (a warning names why, when it is not by choice).
+fn recipients(ingest: &Ingest, b: &BatchCtx) -> Result<Option<Vec<String>>, Outcome> {
+    let sub = b.submission()?;
+    Ok(match ingest.profile(sub.profile().unwrap_or_default()) {
+        // The profile was removed since submission: the report is written, nobody to mail.
+        Err(e) => {
+            tracing::warn!(batch = %b.batch(), error = %e, "no profile; report not mailed");
+            None
+        }
+        Ok(p) if p.notification.is_empty() => None,
+        Ok(_) if ingest.cfg.smtp_host.is_none() => {
+            tracing::warn!(batch = %b.batch(),
+                "the profile lists addresses but no smtp_host is configured; report not mailed");
+            None
+        }
+        Ok(profile) => Some(profile.notification),
+    })
+}
+
+/// Report `number` of the batch as a mail to `to`, for the outbox. Its Message-ID is stable
+/// for every attempt at sending this report: a repeat after a crash can be recognised
+/// (delivery is at least once).
+fn mail(
+    ingest: &Ingest,
+    b: &BatchCtx,
+    number: u64,
+    to: Vec<String>,
+    subject: String,
+    body: String,
+) -> Result<Effect, Outcome> {
+    let sub = b.submission()?;
+    let message_id = format!(
+        "<lading.{}.report-{number}@{}>",
+        sub.merritt_batch_id().unwrap_or(b.batch().as_str()),
+        ingest
+            .cfg
+            .mail_from
+            .rsplit('@')
+            .next()
+            .filter(|d| !d.is_empty())
+            .unwrap_or("lading")
+    );
+    Ok(Effect {
+        kind: "mail".into(),
+        key: message_id.clone(),
+        batch: Some(b.batch().to_string()),
+        job: None,
+        payload: json!({
+            "to": to,
+            "subject": subject,
+            "body": body,
+            "message_id": message_id,
+        }),
+    })
+}
+
+/// The report of a batch that failed before it had jobs (its intake gave up: a payload that
+/// cannot be read or parsed): report 1, no jobs, the reason; mailed as any report is, so the
+/// depositor hears of it.
+pub async fn intake_failure(
+    ingest: &Ingest,
+    b: &BatchCtx,
+    reason: &str,
+) -> Option<(StatusReport, Vec<Effect>)> {
+    let mut report = StatusReport {
+        last_modified: lading_core::time::format_ts(b.engine.clock().now_ms()),
+        ..Default::default()
+    };
+    report.extra.insert("report_number".into(), json!(1));
+    report.extra.insert("intake_error".into(), json!(reason));
+    let mut effects = Vec::new();
+    if let Ok(Some(to)) = recipients(ingest, b) {
+        let named = b
+            .submission()
+            .ok()
+            .and_then(|s| s.merritt_batch_id())
+            .unwrap_or(b.batch().as_str())
+            .to_string();
+        let subject = format!("Lading batch {named}: failed, no objects ingested");
+        let body = format!(
+            "Batch {named} ({}) failed before any object was ingested:\n\n{reason}\n\n\
+             Nothing was stored. Correct the payload and submit it again.\n",
+            b.batch()
+        );
+        if let Ok(m) = mail(ingest, b, 1, to, subject, body) {
+            effects.push(m);
+        }
+    }
+    Some((report, effects))
 }
 
 /// A batch with failed jobs ends Failed (an admin may fix them and ask for an update

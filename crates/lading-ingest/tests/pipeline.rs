@@ -561,6 +561,28 @@ async fn a_malformed_manifest_fails_the_batch_naming_the_line() {
         "{msg}"
     );
     assert!(w.jobs_of(&bid).await.is_empty(), "no job was made");
+    // The depositor hears of it: the failure is the batch's report, mailed.
+    let report = info.status_report.expect("a failed intake's report");
+    assert_eq!(report.extra["report_number"], 1);
+    assert!(
+        report.extra["intake_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("manifest line 5"))
+    );
+    let mail = w.smtp.next().await;
+    // Unfolded: headers fold long lines, and quoted-printable breaks them softly.
+    let flat = mail
+        .replace("=\r\n", "")
+        .replace("=\n", "")
+        .replace("\r\n ", " ")
+        .replace("\n ", " ");
+    assert!(flat.contains("failed, no objects ingested"), "{mail}");
+    assert!(flat.contains("manifest line 5: file size"), "{mail}");
+    assert!(mail.contains("depositor@example.org"), "{mail}");
+    assert!(
+        message_id(&mail).contains(".report-1@"),
+        "report 1's Message-ID: {mail}"
+    );
     run.stop().await;
 }
 

@@ -321,6 +321,14 @@ impl BatchStage for MixedIntake {
             SimIntake.run(b)
         }
     }
+    /// Lading's own report of a batch that failed at intake, whichever intake it was.
+    fn on_failure(
+        &self,
+        b: Arc<BatchCtx>,
+        reason: String,
+    ) -> BoxFuture<'static, Option<(lading_core::layout::StatusReport, Vec<Effect>)>> {
+        self.0.on_failure(b, reason)
+    }
 }
 
 /// One simulated process.

@@ -192,6 +192,17 @@ pub trait BatchStage: Send + Sync + 'static {
         Event::Success
     }
     fn run(&self, batch: Arc<BatchCtx>) -> BoxFuture<'static, Outcome>;
+    /// What the batch's failure in this stage reports, when the stage gives up on it (a
+    /// fatal outcome, or its retries ran out) and the handler set no report itself: the
+    /// `status-report` and the outside effects (a mail) written with its move to Failed.
+    /// Nothing, unless the stage says.
+    fn on_failure(
+        &self,
+        _batch: Arc<BatchCtx>,
+        _reason: String,
+    ) -> BoxFuture<'static, Option<(lading_core::layout::StatusReport, Vec<Effect>)>> {
+        Box::pin(async { None })
+    }
 }
 
 /// `configuration.working_dir` when set, else `work_root/JID`.

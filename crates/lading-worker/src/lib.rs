@@ -721,11 +721,19 @@ impl JobLoop {
 impl BatchLoop {
     /// Fails a batch. A Pending batch has no Failed move of its own: it goes through
     /// Processing, keeping its lock, so nobody reports the empty batch in between.
-    async fn fail(&self, lease: BatchLease, reason: String) -> Result<(), EngineError> {
+    async fn fail(&self, mut lease: BatchLease, reason: String) -> Result<(), EngineError> {
         let lease = if lease.status.status == BatchState::Pending {
-            self.engine
+            // The failure's report and effects belong to the move to Failed, not to this
+            // step on the way (a crash between the two leaves a batch with no job in
+            // Processing, which is reported as such).
+            let (report, effects) = (lease.report.take(), std::mem::take(&mut lease.effects));
+            let mut on = self
+                .engine
                 .batch_advance(lease, Event::To(BatchState::Processing), None)
-                .await?
+                .await?;
+            on.report = report;
+            on.effects = effects;
+            on
         } else {
             lease
         };
@@ -844,7 +852,15 @@ impl BatchLoop {
                 other => break other,
             }
         };
-        let lease = ctx.lease.write().await.clone();
+        let mut lease = ctx.lease.write().await.clone();
+        if let Some(Outcome::Fatal(reason) | Outcome::Transient(reason)) = &outcome
+            && lease.report.is_none()
+            && let Some((report, effects)) =
+                self.stage.on_failure(ctx.clone(), reason.clone()).await
+        {
+            lease.report = Some(report);
+            lease.effects = effects;
+        }
         let r = match &outcome {
             None => self.engine.release_batch_lease(lease).await,
             Some(Outcome::Done) => self
