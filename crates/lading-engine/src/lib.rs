@@ -189,7 +189,7 @@ pub struct AccessLease {
 }
 
 /// A per-object lock (`/locks/storage/ARK`, `/locks/inventory/ARK`).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ArkLock {
     path: String,
     session: u64,

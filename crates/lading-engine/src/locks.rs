@@ -165,6 +165,17 @@ impl Engine {
         self.ark_lock(inventory_lock(ark)).await
     }
 
+    /// Whether `lock` is still there and its session's: after an unlock whose answer was
+    /// lost, a lock by that name may be another holder's, made since, and not this one's to
+    /// delete.
+    pub async fn holds(&self, lock: &ArkLock) -> Result<bool> {
+        Ok(self
+            .tree
+            .get(&lock.path)
+            .await?
+            .is_some_and(|n| n.stat.ephemeral_owner == lock.session))
+    }
+
     pub async fn unlock_ark(&self, lock: ArkLock) -> Result<()> {
         if lock.session != self.tree.session_id() {
             return Err(lost(&lock.path));

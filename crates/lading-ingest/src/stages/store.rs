@@ -38,7 +38,7 @@ impl HeldArk {
     /// Lets go now.
     pub async fn release(mut self) {
         if let Some(l) = self.lock.take() {
-            let _ = self.engine.unlock_ark(l).await;
+            let_go(&self.engine, l).await;
         }
     }
 }
@@ -49,12 +49,39 @@ impl Drop for HeldArk {
             && let Ok(rt) = tokio::runtime::Handle::try_current()
         {
             let engine = self.engine.clone();
-            rt.spawn(async move {
-                let _ = engine.unlock_ark(l).await;
-            });
+            rt.spawn(async move { let_go(&engine, l).await });
         }
     }
 }
+
+/// Deletes an object's lock, trying again while the store cannot say whether it did (a lost
+/// connection, a backend that gave up): a delete not made leaves the object locked for the
+/// session's life. Ends once the lock is gone or no longer this session's (a new session
+/// took the ephemeral lock with the old one), or after [`LET_GO_TRIES`].
+async fn let_go(engine: &lading_engine::Engine, lock: lading_engine::ArkLock) {
+    let mut wait = Duration::from_millis(100);
+    for n in 0..LET_GO_TRIES {
+        // After a try whose answer was lost, a lock by that name may be another's by now.
+        if n > 0 && !engine.holds(&lock).await.unwrap_or(true) {
+            return;
+        }
+        match engine.unlock_ark(lock.clone()).await {
+            Ok(()) | Err(EngineError::LeaseLost(_)) => return,
+            Err(e) => {
+                tracing::debug!(?lock, error = %e, "cannot let go of an object's lock yet");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+    tracing::warn!(
+        ?lock,
+        "gave up letting go of an object's lock; its session's end will"
+    );
+}
+
+/// How often [`let_go`] tries (about eight minutes, 5 s apart at most).
+const LET_GO_TRIES: u32 = 100;
 
 /// Lock errors: someone else is on this object; look again shortly.
 pub(crate) fn lock_wait(e: EngineError) -> Outcome {
