@@ -541,21 +541,24 @@ enum SinkTo {
         hashing: tokio::task::JoinHandle<(Hasher, Option<Hasher>)>,
         writing: tokio::task::JoinHandle<std::io::Result<()>>,
     },
-    InPlace {
-        file: std::fs::File,
-        sha: Hasher,
-        other: Option<Hasher>,
-    },
+    InPlace(Box<InPlace>),
+}
+
+/// A sink's file and hashers, when the task writes and hashes itself.
+struct InPlace {
+    file: std::fs::File,
+    sha: Hasher,
+    other: Option<Hasher>,
 }
 
 impl Sink {
     fn new(mut file: std::fs::File, mut other: Option<Hasher>, part: PathBuf) -> Sink {
         let to = if crate::blocking::in_place() {
-            SinkTo::InPlace {
+            SinkTo::InPlace(Box::new(InPlace {
                 file,
                 sha: Hasher::new(HashAlg::Sha256),
                 other,
-            }
+            }))
         } else {
             let (to_hash, mut hash_rx) = tokio::sync::mpsc::channel::<Block>(BLOCKS_IN_FLIGHT);
             let (to_write, mut write_rx) = tokio::sync::mpsc::channel::<Block>(BLOCKS_IN_FLIGHT);
@@ -610,7 +613,8 @@ impl Sink {
         let block = Arc::new(std::mem::take(&mut self.chunks));
         self.len = 0;
         match &mut self.to {
-            SinkTo::InPlace { file, sha, other } => {
+            SinkTo::InPlace(p) => {
+                let InPlace { file, sha, other } = &mut **p;
                 for c in block.iter() {
                     sha.update(c);
                     if let Some(h) = other.as_mut() {
@@ -649,7 +653,7 @@ impl Sink {
         }
         let Sink { to, n, part, .. } = self;
         let (sha, other) = match to {
-            SinkTo::InPlace { sha, other, .. } => (sha, other),
+            SinkTo::InPlace(p) => (p.sha, p.other),
             SinkTo::Threads {
                 to_hash,
                 to_write,

@@ -283,7 +283,7 @@ struct Mixed<S> {
 }
 
 impl<S: JobStage> Mixed<S> {
-    fn new(real: S, sim: SimJobStage) -> Arc<dyn JobStage> {
+    fn stage(real: S, sim: SimJobStage) -> Arc<dyn JobStage> {
         Arc::new(Mixed { real, sim })
     }
 }
@@ -462,11 +462,11 @@ impl Sim {
                     // The real Notify: the job's callback, recorded with its move to Completed.
                     JobState::Notify => Arc::new(real::Notify(i)),
                     // Lading's own file stages for the jobs of payload batches.
-                    JobState::Estimating => Mixed::new(real::Estimate(i), sim),
-                    JobState::Downloading => Mixed::new(real::Download(i), sim),
-                    JobState::Processing => Mixed::new(real::Process(i), sim),
-                    JobState::Storing => Mixed::new(real::Store(i), sim),
-                    JobState::Recording => Mixed::new(real::Record(i), sim),
+                    JobState::Estimating => Mixed::stage(real::Estimate(i), sim),
+                    JobState::Downloading => Mixed::stage(real::Download(i), sim),
+                    JobState::Processing => Mixed::stage(real::Process(i), sim),
+                    JobState::Storing => Mixed::stage(real::Store(i), sim),
+                    JobState::Recording => Mixed::stage(real::Record(i), sim),
                     _ => Arc::new(sim),
                 };
                 (stage, stage_config())

@@ -250,6 +250,14 @@ fn read_erc(path: &std::path::Path) -> std::io::Result<Vec<(String, String)>> {
     Ok(out)
 }
 
+/// 128 bits from the engine's randomness, as 32 hex digits: a minted identifier's unique
+/// part, a working folder's mark. Unique, not secret; from the engine's source (seeded from
+/// the operating system, or from the simulator's seed) so that a simulated run repeats.
+fn unique_hex(job: &JobCtx) -> String {
+    let r = job.engine.random();
+    format!("{:016x}{:016x}", r.next_u64(), r.next_u64())
+}
+
 #[cfg(test)]
 mod erc_tests {
     #[test]
@@ -272,12 +280,4 @@ mod erc_tests {
             ]
         );
     }
-}
-
-/// 128 bits from the engine's randomness, as 32 hex digits: a minted identifier's unique
-/// part, a working folder's mark. Unique, not secret; from the engine's source (seeded from
-/// the operating system, or from the simulator's seed) so that a simulated run repeats.
-fn unique_hex(job: &JobCtx) -> String {
-    let r = job.engine.random();
-    format!("{:016x}{:016x}", r.next_u64(), r.next_u64())
 }
