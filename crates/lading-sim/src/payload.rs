@@ -3,7 +3,8 @@
 //! must be once stored.
 //!
 //! A payload is a batch manifest (one object manifest per object, each naming one to three
-//! files) or a single-file batch manifest (one object per file). Most are served over
+//! files), a single-file batch manifest (one object per file) or a container batch manifest
+//! (one object per zip, unpacked by Processing). Most are served over
 //! simulated HTTP by [`PayloadServer`] (slow, failing, cutting bodies short, as the seed
 //! says); some are files fetched through `file://` URLs. Some batches are put right only
 //! later: a file missing at first, or an object manifest whose first version declares a
@@ -112,10 +113,8 @@ impl Payloads {
             _ => Late::None,
         });
         let fix = std::cell::RefCell::new(None);
-        let file = |name: &str| -> (String, Vec<u8>) {
-            let bytes = format!("{seed}/{i}/{name}\n")
-                .repeat(1 + rng.below(40))
-                .into_bytes();
+        // A file of the payload, put in place now or (the batch's late fix) later.
+        let file_bytes = |name: &str, bytes: Vec<u8>| -> (String, Vec<u8>) {
             let (at, url) = place(name);
             if late.get() == Late::File {
                 late.set(Late::None);
@@ -125,6 +124,50 @@ impl Payloads {
             }
             (url, bytes)
         };
+        let file = |name: &str| -> (String, Vec<u8>) {
+            let bytes = format!("{seed}/{i}/{name}\n")
+                .repeat(1 + rng.below(40))
+                .into_bytes();
+            file_bytes(name, bytes)
+        };
+        if rng.below(4) == 0 {
+            // One object per container (a zip of a few files, unpacked by Processing).
+            let mut rows = Vec::new();
+            let mut objects = Vec::new();
+            for c in 0..1 + rng.below(3) {
+                let mut expected = Expected::default();
+                let mut zip = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+                let opts = zip::write::SimpleFileOptions::default()
+                    .compression_method(zip::CompressionMethod::Stored);
+                for f in 0..1 + rng.below(3) {
+                    let name = format!("part{f}/c{c}-{f}.txt");
+                    let bytes = format!("{seed}/{i}/{name}\n")
+                        .repeat(1 + rng.below(40))
+                        .into_bytes();
+                    use std::io::Write;
+                    zip.start_file(name.as_str(), opts).expect("a zip entry");
+                    zip.write_all(&bytes).expect("a zip entry's bytes");
+                    expected.files.insert(name, sha256_hex(&bytes));
+                }
+                let packed = zip.finish().expect("a zip").into_inner();
+                let name = format!("c{c}.zip");
+                let (url, _) = file_bytes(&name, packed);
+                rows.push(vec![url.clone(), name]);
+                objects.push((url, expected));
+            }
+            self.expected.extend(objects);
+            let (at, url) = place("batch.checkm");
+            let fields = [checkm::FILE_URL, checkm::FILE_NAME];
+            self.put(
+                &at,
+                checkm::write(ManifestKind::ContainerBatch, &fields, &rows).as_bytes(),
+            );
+            return Payload {
+                url,
+                payload_type: "container-batch-manifest",
+                late: fix.into_inner(),
+            };
+        }
         if rng.below(3) == 0 {
             // One object per file.
             let mut rows = Vec::new();

@@ -1031,7 +1031,11 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
             None => admin(|| admin_engine.batch_by_uuid(&uuid)).await.flatten(),
         };
         if let Some(b) = bid {
-            world.lock().trace(format!("submitted {b} ({uuid})"));
+            let ty = sub
+                .get("type")
+                .and_then(Value::as_str)
+                .unwrap_or("simulated");
+            world.lock().trace(format!("submitted {b} ({uuid}, {ty})"));
             bids.push(b);
         }
         // Between two submissions: what the world does to the deployment.
