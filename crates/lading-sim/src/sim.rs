@@ -1,23 +1,30 @@
 //! One simulated deployment, run from a seed on simulated time.
 //!
 //! Several processes share the simulated tree, each a real [`Engine`] on its own session
-//! running the real stage loops ([`Worker`]), Lading's outbox deliverer, the reporting sweep,
-//! Lading's quota waker, and generic jobs (`lading-jobs`: a processor and the real activity
-//! monitor, which also ticks schedules and applies retention; the type has a rate limit).
-//! Pending is Lading's quota, Notify (the job's callback) and Reporting and UpdateReporting
-//! (the numbered report and its mail) are Lading's own stages; the other stage handlers are
-//! simulated: each takes a while and succeeds, fails for a while or fails for good, as the
-//! seed says; Provisioning reserves space through Lading's admission. Mails and callbacks go
-//! to a simulated world that delays them, loses them, and loses their answers (so they are
-//! sent again with the same key). An event stream's client follows every transition through
-//! Lading's follower (the tree's change feed, which has gaps), goes away now and then and
-//! resumes from its last id; it must have been sent every transition the statuses show. The workload submits
-//! batches and, between them, crashes and restarts processes, expires and pauses their
-//! sessions, holds and releases jobs, requeues failed ones (one at a time and by batch),
-//! deletes jobs and pauses the ingest queue. Then the faults stop, and every batch must end,
-//! every mail and callback be delivered and every generic job be finished or failed, within a
-//! bounded simulated time, and the schedule must tick again; no generic job may be finished
-//! successfully by two acceptances.
+//! running, under one `Supervisor`, the real stage loops ([`Worker`]), Lading's outbox
+//! deliverer, Lading's housekeeping (the finishing watch and sweep), Lading's quota waker,
+//! and generic jobs (`lading-jobs`: a processor and the real activity monitor, which also
+//! ticks schedules and applies retention; the type has a rate limit). A third of the batches
+//! carry a payload (`payload.rs`: a batch manifest, a single-file batch manifest or a
+//! container batch manifest, served by a simulated payload server or read from files):
+//! Lading's own Intake, Estimating, Downloading, Processing, Storing and Recording take them
+//! into a shared storage root and inventory. The other batches' jobs go through simulated
+//! handlers for those stages, each taking a while and succeeding, failing for a while or
+//! failing for good, as the seed says. Pending is Lading's quota; Provisioning reserves space
+//! through Lading's admission; Notify (the job's callback) and Reporting and UpdateReporting
+//! (the numbered report and its mail) are Lading's own stages for every batch. Mails and
+//! callbacks go to a simulated world that delays them, loses them, and loses their answers
+//! (so they are sent again with the same key). An event stream's client follows every
+//! transition through Lading's follower (the tree's change feed, which has gaps), goes away
+//! now and then and resumes from its last id; it must have been sent every transition the
+//! statuses show. The workload submits batches and, between them, crashes and restarts
+//! processes, expires and pauses their sessions, holds and releases jobs, requeues failed
+//! ones (one at a time and by batch), deletes jobs, pauses the ingest queue, and puts
+//! depositors' late fixes in place (a missing file, a corrected manifest). Then the faults
+//! stop, and every batch must end, every mail and callback be delivered and every generic job
+//! be finished or failed, within a bounded simulated time, and the schedule must tick again;
+//! no generic job may be finished successfully by two acceptances; and every completed
+//! payload job must have stored and recorded exactly its payload's files, once.
 
 use crate::check::{QUOTA_LIMIT, QUOTA_PROFILE, SPACE_FREE, SPACE_KEEP, SPACE_MAX_JOB, SPACE_ROOT};
 use crate::payload::{Answers, PayloadServer, Payloads, Place, Served};
