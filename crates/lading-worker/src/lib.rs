@@ -721,7 +721,28 @@ impl JobLoop {
 impl BatchLoop {
     /// Fails a batch. A Pending batch has no Failed move of its own: it goes through
     /// Processing, keeping its lock, so nobody reports the empty batch in between.
+    ///
+    /// A Pending batch that already has jobs (an earlier attempt made them, then stopped) is
+    /// not failed: those jobs are objects on their way, and the batch goes on to Processing
+    /// with them, its message naming why intake stopped, and reports them when they end.
     async fn fail(&self, mut lease: BatchLease, reason: String) -> Result<(), EngineError> {
+        if lease.status.status == BatchState::Pending {
+            let made: usize = (self.engine.batch(&lease.batch).await?.jobs.values())
+                .map(Vec::len)
+                .sum();
+            if made > 0 {
+                lease.report = None;
+                lease.effects.clear();
+                let msg = format!(
+                    "intake stopped after making {made} jobs: {reason}; the batch goes on with them"
+                );
+                return self
+                    .engine
+                    .batch_transition(lease, Event::To(BatchState::Processing), Some(msg))
+                    .await
+                    .map(|_| ());
+            }
+        }
         let lease = if lease.status.status == BatchState::Pending {
             // The failure's report and effects belong to the move to Failed, not to this
             // step on the way (a crash between the two leaves a batch with no job in
