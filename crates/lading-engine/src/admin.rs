@@ -229,7 +229,13 @@ impl Engine {
                     .extra
                     .insert(REQUEUED_AT.into(), self.clock().now_ms().into());
             }
-            if reentering || touched.message != bstatus.message {
+            if reentering && bstatus.status == BatchState::Pending {
+                // Still in intake: no report can race the job back (none is made before the
+                // intake's move to Processing, which this check orders against), and setting
+                // the status would fence the intake holding the batch. Its next job creation
+                // was refused, and the batch stayed Pending (found by `lading-sim`).
+                ops.push(Op::check(batch_node(&batch, "status"), Some(bversion)));
+            } else if reentering || touched.message != bstatus.message {
                 ops.push(Op::set(
                     batch_node(&batch, "status"),
                     json_bytes(&touched),

@@ -436,6 +436,50 @@ pub async fn a_job_of_a_batch_still_in_intake_is_not_purged(h: &dyn Harness) {
     assert!(matches!(e.job(&job).await, Err(EngineError::NoJob(_))));
 }
 
+pub async fn a_requeue_while_intake_holds_the_batch_leaves_the_intake_its_lease(h: &dyn Harness) {
+    let (e, s) = engine(h, "w").await;
+    let (admin, _s2) = engine(h, "admin").await;
+    let bid = e.create_batch(Default::default()).await.unwrap();
+    let lease = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
+    let first = e.create_job(&lease, JobSpec::default()).await.unwrap();
+    // The first job fails while the intake is still making the others; an admin requeues it.
+    let l = take_job(&e, JobState::Pending).await;
+    e.job_transition(l, Event::Fail, Some("bad input".into()))
+        .await
+        .unwrap();
+    let status = format!("/batches/{bid}/status");
+    let version = |st: Option<lading_core::tree::Stat>| st.expect("a batch status").version;
+    let before = version(s.tree.exists(&status).await.unwrap());
+    admin.requeue_job(&first, None).await.unwrap();
+    assert_eq!(
+        version(s.tree.exists(&status).await.unwrap()),
+        before,
+        "a batch in intake keeps its status (and its version) through a requeue"
+    );
+    // The intake goes on: its lease still holds for the next job and the move on.
+    let second = e.create_job(&lease, JobSpec::default()).await.unwrap();
+    let moved = e
+        .batch_transition(lease, Event::To(BatchState::Processing), None)
+        .await
+        .unwrap();
+    assert_eq!(moved.status, BatchState::Processing);
+    let mut processing = e.batch(&bid).await.unwrap().jobs["batch-processing"].clone();
+    processing.sort();
+    assert_eq!(processing, vec![first.clone(), second]);
+    assert!(
+        s.tree
+            .exists(&format!("/batches/{bid}/lock"))
+            .await
+            .unwrap()
+            .is_none(),
+        "the intake let go of the batch"
+    );
+    assert_eq!(
+        e.job(&first).await.unwrap().status.status,
+        JobState::Pending
+    );
+}
+
 pub async fn concurrent_admissions_never_reserve_more_than_is_free(h: &dyn Harness) {
     const MIB: u64 = 1 << 20;
     let (a, _sa) = engine(h, "a").await;

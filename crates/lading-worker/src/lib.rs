@@ -727,9 +727,16 @@ impl BatchLoop {
     /// with them, its message naming why intake stopped, and reports them when they end.
     async fn fail(&self, mut lease: BatchLease, reason: String) -> Result<(), EngineError> {
         if lease.status.status == BatchState::Pending {
-            let made: usize = (self.engine.batch(&lease.batch).await?.jobs.values())
-                .map(Vec::len)
-                .sum();
+            let made: usize = match self.engine.batch(&lease.batch).await {
+                Ok(info) => info.jobs.values().map(Vec::len).sum(),
+                // The batch is given back, still Pending, for another intake attempt: dropping
+                // the lease here kept its lock for as long as this process lived, and the
+                // batch stayed Pending (found by `lading-sim`).
+                Err(e) => {
+                    let _ = self.engine.release_batch_lease(lease).await;
+                    return Err(e);
+                }
+            };
             if made > 0 {
                 lease.report = None;
                 lease.effects.clear();
