@@ -8,6 +8,7 @@ pub mod layout;
 pub mod random;
 pub mod sabotage;
 pub mod state;
+pub mod text;
 pub mod time;
 pub mod tree;
 

@@ -96,6 +96,11 @@ async fn deliver(ingest: &Ingest, claim: OutboxClaim) {
         ))),
     };
     let (kind, key, attempts) = (e.kind.clone(), e.key.clone(), claim.entry.attempts + 1);
+    // A callback's error quotes its URL, which may carry a password: not logged or recorded.
+    let r = r.map_err(|f| match f {
+        Failure::Retry(m) => Failure::Retry(lading_core::text::without_passwords(&m).into()),
+        Failure::Never(m) => Failure::Never(lading_core::text::without_passwords(&m).into()),
+    });
     let recorded = match r {
         Ok(()) => {
             tracing::info!(%kind, %key, attempts, "delivered");

@@ -134,7 +134,8 @@ fn mail(
         payload: json!({
             "to": to,
             "subject": subject,
-            "body": body,
+            // The payload line and the failures quote URLs: without their passwords.
+            "body": lading_core::text::without_passwords(&body),
             "message_id": message_id,
         }),
     })

@@ -587,6 +587,41 @@ async fn a_malformed_manifest_fails_the_batch_naming_the_line() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_in_a_payload_url_is_not_recorded_reported_or_mailed() {
+    let w = World::new().await;
+    let url = w
+        .server
+        .url("gone.bin")
+        .replacen("http://", "http://ann:s3cret@", 1);
+    let ingest = w.ingest();
+    let bid = w.submit(&ingest, &url, "file").await;
+    let run = w.run_all(&ingest);
+    assert_eq!(w.batch_ends(&bid).await, BatchState::Failed);
+    let job = w.jobs_of(&bid).await.remove(0);
+    let info = w.engine.job(&job).await.unwrap();
+    let msg = info.status.message.clone().unwrap_or_default();
+    assert!(msg.contains("http://ann:***@127.0.0.1:"), "{msg}");
+    assert!(msg.contains("404"), "the reason is kept: {msg}");
+    let status = serde_json::to_string(&info.status).unwrap();
+    assert!(!status.contains("s3cret"), "status and history: {status}");
+    let batch = serde_json::to_string(&w.engine.batch(&bid).await.unwrap().status_report).unwrap();
+    assert!(!batch.contains("s3cret"), "report: {batch}");
+    let mail = w.smtp.next().await;
+    assert!(!mail.contains("s3cret"), "{mail}");
+    assert!(
+        mail.contains("Payload: http://ann:***@127.0.0.1:"),
+        "{mail}"
+    );
+    let log = std::fs::read_to_string(w.cfg.work_dir().join(job.as_str()).join("job.log"))
+        .unwrap_or_default();
+    assert!(!log.contains("s3cret"), "{log}");
+    // What the depositor submitted is kept as given: intake needs it again after a crash.
+    let sub = w.engine.batch(&bid).await.unwrap().submission;
+    assert_eq!(sub["payload_url"], url.as_str());
+    run.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_submissions_are_refused_and_store_nothing() {
     let w = World::new().await;
     let ingest = w.ingest();

@@ -1,6 +1,6 @@
-//! Server paths kept out of what submitters read: an upload's `file://` URL becomes
-//! `upload:NAME`, and the service's own folders (data, working, storage) are cut from any
-//! other text.
+//! Server paths and passwords kept out of what submitters read: an upload's `file://` URL
+//! becomes `upload:NAME`, the service's own folders (data, working, storage) are cut from any
+//! other text, and a URL's password becomes `***`.
 
 use crate::AppState;
 use serde_json::Value;
@@ -26,6 +26,9 @@ pub fn text(s: &AppState, text: &mut String) {
 }
 
 fn rewrite(roots: &[String], text: &mut String) {
+    if let std::borrow::Cow::Owned(t) = lading_core::text::without_passwords(text) {
+        *text = t;
+    }
     for r in roots {
         let upload = format!("file://{r}/uploads/");
         while let Some(at) = text.find(&upload) {
@@ -69,5 +72,8 @@ mod tests {
                 .to_string();
         super::rewrite(&roots, &mut t);
         assert_eq!(t, "upload:report.pdf and work/jid1/x");
+        let mut t = "https://ann:s3cret@example.org/m.checkm".to_string();
+        super::rewrite(&roots, &mut t);
+        assert_eq!(t, "https://ann:***@example.org/m.checkm");
     }
 }

@@ -96,7 +96,7 @@ impl JobCtx {
 }
 
 /// Appends `line` to `dir/job.log`, stamped with `now_ms` (the engine's clock) and the
-/// stage. A log that cannot be written is reported through tracing and otherwise ignored: it
+/// stage, without the passwords of the URLs it quotes. A log that cannot be written is reported through tracing and otherwise ignored: it
 /// must not fail the job.
 pub fn append_log(dir: &Path, stage: &str, line: &str, now_ms: u64) {
     use std::io::Write;
@@ -105,7 +105,10 @@ pub fn append_log(dir: &Path, stage: &str, line: &str, now_ms: u64) {
         .create(true)
         .append(true)
         .open(dir.join("job.log"))
-        .and_then(|mut f| writeln!(f, "{stamp} [{stage}] {line}"));
+        .and_then(|mut f| {
+            let line = lading_core::text::without_passwords(line);
+            writeln!(f, "{stamp} [{stage}] {line}")
+        });
     if let Err(e) = r {
         tracing::warn!(dir = %dir.display(), error = %e, "cannot write the job log");
     }

@@ -62,6 +62,24 @@ impl Outcome {
     pub fn fatal(e: impl std::fmt::Display) -> Outcome {
         Outcome::Fatal(e.to_string())
     }
+
+    /// Its reason without the passwords of the URLs it quotes: a reason is recorded in the
+    /// job's or batch's status, reported, mailed and logged.
+    fn without_passwords(self) -> Outcome {
+        let hide = |r: String| match lading_core::text::without_passwords(&r) {
+            std::borrow::Cow::Borrowed(_) => r,
+            std::borrow::Cow::Owned(o) => o,
+        };
+        match self {
+            Outcome::Done => Outcome::Done,
+            Outcome::Wait { after, reason } => Outcome::Wait {
+                after,
+                reason: hide(reason),
+            },
+            Outcome::Transient(r) => Outcome::Transient(hide(r)),
+            Outcome::Fatal(r) => Outcome::Fatal(hide(r)),
+        }
+    }
 }
 
 /// An engine error inside a handler: a lost lease or a store hiccup is worth a retry, a corrupt
@@ -301,7 +319,7 @@ async fn supervise(
     shutdown: &mut Shutdown,
 ) -> Option<Outcome> {
     let mut handle = tokio::spawn(fut);
-    tokio::select! {
+    let outcome = tokio::select! {
         // In order, not at random: a run is the same every time (`lading-sim`).
         biased;
         r = tokio::time::timeout(timeout, &mut handle) => Some(match r {
@@ -319,7 +337,8 @@ async fn supervise(
             handle.abort();
             None
         }
-    }
+    };
+    outcome.map(Outcome::without_passwords)
 }
 
 struct JobLoop {
