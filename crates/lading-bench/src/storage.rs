@@ -67,7 +67,6 @@ pub async fn storage(
     let mb_per_s = bytes as f64 / 1e6 / secs;
     // The bench's keys go again.
     if let lading_ingest::nodes::Place::Bucket { store, .. } = &n.place {
-        use object_store::ObjectStoreExt;
         for i in 0..files {
             if let Ok(k) = n.key(&ark, 1, &format!("producer/f{i:04}.bin")) {
                 let _ = store.delete(&k).await;

@@ -8,6 +8,7 @@
 
 pub mod access;
 pub mod blocking;
+pub mod bucket;
 pub mod checkm;
 pub mod cleanup;
 pub mod config;

@@ -15,11 +15,11 @@
 //! Secrets are read from the environment when a node is opened and kept only inside the
 //! client: [`NodeSettings`] holds the names of the variables, never their values.
 
+use crate::bucket::Bucket;
 use futures_util::StreamExt;
-use object_store::aws::{AmazonS3, AmazonS3Builder};
-use object_store::multipart::MultipartStore;
+use object_store::PutPayload;
+use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as Key;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use sha2::Digest;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -39,11 +39,8 @@ pub enum Place {
         bucket: String,
         /// Ends with `/` when not empty.
         prefix: String,
-        store: Arc<AmazonS3>,
-        /// The bucket's URL, path-style (`ENDPOINT/BUCKET`), for the one request the
-        /// client library lacks (listing open multipart uploads).
-        url: String,
-        region: String,
+        /// The server: S3-compatible ([`crate::bucket::S3`]), or in memory.
+        store: Arc<dyn Bucket>,
     },
 }
 
@@ -179,11 +176,13 @@ impl Node {
                 }
                 let store = b.build().map_err(|e| named(e.to_string()))?;
                 Place::Bucket {
-                    url: format!("{base}/{bucket}"),
+                    store: Arc::new(crate::bucket::S3 {
+                        store,
+                        url: format!("{base}/{bucket}"),
+                        region,
+                    }),
                     bucket,
                     prefix,
-                    store: Arc::new(store),
-                    region,
                 }
             }
             other => {
@@ -198,6 +197,21 @@ impl Node {
             part_size,
             checked: Default::default(),
         })
+    }
+
+    /// A bucket node on `store` (the simulator's bucket in memory, or any other
+    /// [`Bucket`]), named `bucket`, its keys under `prefix` (empty, or ending with `/`).
+    pub fn in_bucket(id: u32, bucket: &str, prefix: &str, store: Arc<dyn Bucket>) -> Node {
+        Node {
+            id,
+            place: Place::Bucket {
+                bucket: bucket.into(),
+                prefix: prefix.into(),
+                store,
+            },
+            part_size: MIN_PART_SIZE,
+            checked: Default::default(),
+        }
     }
 
     /// The node as logs and errors name it: its number and bucket or folder.
@@ -307,11 +321,7 @@ impl Node {
             }
             Place::Bucket { store, prefix, .. } => {
                 let p = Key::parse(prefix.trim_end_matches('/')).unwrap_or_default();
-                store
-                    .list_with_delimiter(Some(&p))
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| self.fail("listing", e))
+                store.probe(&p).await.map_err(|e| self.fail("listing", e))
             }
         }
     }
@@ -366,7 +376,7 @@ impl Node {
     ) -> Result<Option<Copy>, NodeError> {
         let mut h = sha2::Sha256::new();
         let mut size = 0u64;
-        let start = std::time::Instant::now();
+        let start = tokio::time::Instant::now();
         let mut paced = |n: usize| {
             size += n as u64;
             pace.filter(|&b| b > 0).map(|b| {
@@ -575,7 +585,7 @@ impl Node {
         self.check_once().await?;
         let hash_file = || async {
             let p = src.to_path_buf();
-            let (size, sha256) = tokio::task::spawn_blocking(move || crate::files::file_sha256(&p))
+            let (size, sha256) = crate::blocking::run(move || crate::files::file_sha256(&p))
                 .await
                 .map_err(|e| NodeError {
                     what: e.to_string(),
@@ -604,7 +614,7 @@ impl Node {
                 let want = hash_file().await?;
                 let dst = self.folder_path(root, ark, version, rel);
                 let (src, d2) = (src.to_path_buf(), dst.clone());
-                let r = tokio::task::spawn_blocking(move || copy_new(&src, &d2))
+                let r = crate::blocking::run(move || copy_new(&src, &d2))
                     .await
                     .map_err(|e| NodeError {
                         what: e.to_string(),
@@ -625,33 +635,29 @@ impl Node {
                     .len();
                 // The file is read once: hashed as it goes up.
                 let (r, want) = if size <= self.part_size {
-                    let bytes = tokio::fs::read(src)
+                    let bytes = crate::blocking::read(src.to_path_buf())
                         .await
                         .map_err(|e| self.io("reading", src, e))?;
                     // Hashed while it goes up (the node checks its own SHA-256 of it).
                     let bytes = bytes::Bytes::from(bytes);
                     let len = bytes.len() as u64;
                     let b2 = bytes.clone();
-                    let hashing =
-                        tokio::task::spawn_blocking(move || hex(&sha2::Sha256::digest(&b2)));
-                    let opts = PutOptions {
-                        mode: PutMode::Create,
-                        ..Default::default()
-                    };
-                    let r = store
-                        .put_opts(&key, PutPayload::from(bytes), opts)
-                        .await
-                        .map(|_| ());
+                    let hashing = tokio::spawn(crate::blocking::run(move || {
+                        hex(&sha2::Sha256::digest(&b2))
+                    }));
+                    let r = store.put_new(&key, PutPayload::from(bytes)).await;
                     let want = Copy {
                         size: len,
-                        sha256: hashing.await.map_err(|e| NodeError {
-                            what: e.to_string(),
-                            fatal: false,
-                        })?,
+                        sha256: hashing
+                            .await
+                            .map_err(|e| e.to_string())
+                            .and_then(|h| h.map_err(|e| e.to_string()))
+                            .map_err(|what| NodeError { what, fatal: false })?,
                     };
                     (r, want)
                 } else {
-                    self.multipart(store, &key, src, upload).await?
+                    self.multipart(store.as_ref(), &key, src, upload, true)
+                        .await?
                 };
                 match r {
                     Ok(()) => {}
@@ -717,10 +723,11 @@ impl Node {
     /// only if the key is still absent; aborted on any failure.
     async fn multipart<'a>(
         &self,
-        store: &AmazonS3,
+        store: &dyn Bucket,
         key: &Key,
         src: &Path,
         upload: &mut (dyn FnMut(Option<String>) -> UploadNote<'a> + Send + 'a),
+        if_absent: bool,
     ) -> Result<(Result<(), object_store::Error>, Copy), NodeError> {
         use tokio::io::AsyncReadExt;
         let id = match store.create_multipart(key).await {
@@ -776,13 +783,13 @@ impl Node {
             }
             // Cheap first; the completion itself is conditional too (a server that ignores
             // the condition still had this look).
-            if store.head(key).await.is_ok() {
+            if if_absent && store.head(key).await.is_ok() {
                 return Err(object_store::Error::AlreadyExists {
                     path: key.to_string(),
                     source: "the key appeared while its parts went up".into(),
                 });
             }
-            self.complete_if_absent(store, key, &id, &parts).await
+            store.complete(key, &id, parts, if_absent).await
         }
         .await;
         // The recorded id goes once the upload is completed or aborted; an abort that fails
@@ -806,7 +813,7 @@ impl Node {
         {
             // Gone only when the server says so: any other failure keeps it recorded.
             return matches!(
-                store.abort_multipart(&key, &id.to_string()).await,
+                store.abort_multipart(&key, id).await,
                 Ok(()) | Err(object_store::Error::NotFound { .. })
             );
         }
@@ -819,19 +826,20 @@ impl Node {
     /// holds the version writes under it, so every such upload is its own or a fenced
     /// predecessor's. Returns how many were aborted.
     pub async fn abort_open_uploads(&self, ark: &str, version: u32) -> Result<usize, NodeError> {
-        let Place::Bucket {
-            store, url, region, ..
-        } = &self.place
-        else {
+        let Place::Bucket { store, .. } = &self.place else {
             return Ok(0);
         };
         let prefix = self.key(ark, version, "")?.to_string();
         let mut aborted = 0;
         let mut marker: Option<(String, String)> = None;
         loop {
-            let (open, next) = self
-                .list_uploads(store, url, region, &prefix, &marker)
-                .await?;
+            let (open, next) = store
+                .list_uploads(&prefix, marker.take())
+                .await
+                .map_err(|f| NodeError {
+                    what: format!("{}: listing open uploads: {}", self.name(), f.what),
+                    fatal: f.fatal,
+                })?;
             for (key, id) in open {
                 // Only keys of this version: S3 matches the prefix as bytes.
                 if !key.starts_with(&prefix) {
@@ -853,165 +861,6 @@ impl Node {
         }
     }
 
-    /// Completes a multipart upload only if its key is still absent: S3's
-    /// CompleteMultipartUpload with `If-None-Match: *`, which `object_store` does not send,
-    /// signed by its own signer. A key that exists by then is `AlreadyExists` (412), so a
-    /// second writer of a version can never replace the first's file with a mixture.
-    async fn complete_if_absent(
-        &self,
-        store: &AmazonS3,
-        key: &Key,
-        id: &str,
-        parts: &[object_store::multipart::PartId],
-    ) -> Result<(), object_store::Error> {
-        let Place::Bucket { url, region, .. } = &self.place else {
-            return Err(generic("completing an upload on a folder node"));
-        };
-        let cred = store.credentials().get_credential().await?;
-        let target = format!(
-            "{}/{}?uploadId={}",
-            url.trim_end_matches('/'),
-            strict_path(key.as_ref()),
-            strict_path(id)
-        );
-        let mut body = String::from(
-            "<CompleteMultipartUpload xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">",
-        );
-        for (n, part) in parts.iter().enumerate() {
-            // `object_store` keeps a part's ETag and checksums as a small XML document of
-            // its own (`<e_tag>`, `<checksum_sha256>`, `<checksum_crc64nvme>`), or the bare
-            // ETag.
-            let c = &part.content_id;
-            let etag = xml_text(c, "e_tag").unwrap_or_else(|| c.clone());
-            let mut fields = format!("<ETag>{}</ETag>", xml_escape(&etag));
-            for (ours, theirs) in [
-                ("checksum_sha256", "ChecksumSHA256"),
-                ("checksum_crc64nvme", "ChecksumCRC64NVME"),
-            ] {
-                if let Some(v) = xml_text(c, ours) {
-                    fields.push_str(&format!("<{theirs}>{}</{theirs}>", xml_escape(&v)));
-                }
-            }
-            body.push_str(&format!(
-                "<Part><PartNumber>{}</PartNumber>{fields}</Part>",
-                n + 1
-            ));
-        }
-        body.push_str("</CompleteMultipartUpload>");
-        let mut req = object_store::client::HttpRequest::new(
-            object_store::client::HttpRequestBody::from(body.clone()),
-        );
-        *req.method_mut() = reqwest::Method::POST;
-        *req.uri_mut() = target
-            .parse()
-            .map_err(|e| generic(&format!("the upload's address {target}: {e}")))?;
-        req.headers_mut().insert(
-            "if-none-match",
-            reqwest::header::HeaderValue::from_static("*"),
-        );
-        object_store::aws::AwsAuthorizer::new(&cred, "s3", region).try_authorize(&mut req, None)?;
-        let answer = upload_lister()
-            .post(&target)
-            .headers(req.headers().clone())
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| generic(&format!("completing the upload of {key}: {e}")))?;
-        let status = answer.status();
-        let text = read_bounded(answer, MAX_LISTING_BYTES)
-            .await
-            .map_err(|e| generic(&format!("completing the upload of {key}: {e}")))?;
-        if status.as_u16() == 412 {
-            return Err(object_store::Error::AlreadyExists {
-                path: key.to_string(),
-                source: "another writer completed it first".into(),
-            });
-        }
-        // S3 may answer 200 and put an error in the body.
-        if !status.is_success() || text.contains("<Error>") {
-            return Err(generic(&format!(
-                "completing the upload of {key}: {status}: {} {}",
-                xml_text(&text, "Code").unwrap_or_default(),
-                xml_text(&text, "Message").unwrap_or_default()
-            )));
-        }
-        Ok(())
-    }
-
-    /// One page of S3's ListMultipartUploads under `prefix`: (key, upload id) pairs and the
-    /// markers of the next page. Signed by the client library's own SigV4 signer.
-    async fn list_uploads(
-        &self,
-        store: &AmazonS3,
-        url: &str,
-        region: &str,
-        prefix: &str,
-        marker: &Option<(String, String)>,
-    ) -> Result<(Vec<(String, String)>, Option<(String, String)>), NodeError> {
-        let failed = |what: String| NodeError {
-            what: format!("{}: listing open uploads: {what}", self.name()),
-            fatal: false,
-        };
-        let cred = store
-            .credentials()
-            .get_credential()
-            .await
-            .map_err(|e| self.fail("listing open uploads", e))?;
-        let mut u = url::Url::parse(url).map_err(|e| failed(e.to_string()))?;
-        {
-            let mut q = u.query_pairs_mut();
-            q.append_key_only("uploads").append_pair("prefix", prefix);
-            if let Some((k, id)) = marker {
-                q.append_pair("key-marker", k)
-                    .append_pair("upload-id-marker", id);
-            }
-        }
-        let mut req =
-            object_store::client::HttpRequest::new(object_store::client::HttpRequestBody::empty());
-        *req.uri_mut() = match u.as_str().parse() {
-            Ok(uri) => uri,
-            Err(e) => return Err(failed(format!("{e}"))),
-        };
-        object_store::aws::AwsAuthorizer::new(&cred, "s3", region)
-            .try_authorize(&mut req, None)
-            .map_err(|e| self.fail("listing open uploads", e))?;
-        let answer = upload_lister()
-            .get(u.as_str())
-            .headers(req.headers().clone())
-            .send()
-            .await
-            .map_err(|e| failed(e.to_string()))?;
-        let status = answer.status();
-        let text = read_bounded(answer, MAX_LISTING_BYTES)
-            .await
-            .map_err(failed)?;
-        if !status.is_success() {
-            let fatal =
-                status.as_u16() == 401 || status.as_u16() == 403 || text.contains("NoSuchBucket");
-            return Err(NodeError {
-                what: format!(
-                    "{}: listing open uploads: {status}: {}",
-                    self.name(),
-                    xml_text(&text, "Message").unwrap_or_default()
-                ),
-                fatal,
-            });
-        }
-        let open = xml_elements(&text, "Upload")
-            .into_iter()
-            .filter_map(|u| Some((xml_text(u, "Key")?, xml_text(u, "UploadId")?)))
-            .collect();
-        let next = (xml_text(&text, "IsTruncated").as_deref() == Some("true"))
-            .then(|| {
-                Some((
-                    xml_text(&text, "NextKeyMarker")?,
-                    xml_text(&text, "NextUploadIdMarker")?,
-                ))
-            })
-            .flatten();
-        Ok((open, next))
-    }
-
     /// Writes `src` over whatever `rel` of the version holds (fixity repair only, with a
     /// copy verified elsewhere), then reads it back.
     pub async fn replace(
@@ -1025,7 +874,7 @@ impl Node {
             Place::Folder(root) => {
                 let dst = self.folder_path(root, ark, version, rel);
                 let (s2, d2) = (src.to_path_buf(), dst.clone());
-                tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+                crate::blocking::io(move || -> std::io::Result<()> {
                     let tmp = d2.with_extension("repair-tmp");
                     if let Some(p) = d2.parent() {
                         std::fs::create_dir_all(p)?;
@@ -1035,10 +884,6 @@ impl Node {
                     std::fs::rename(&tmp, &d2)
                 })
                 .await
-                .map_err(|e| NodeError {
-                    what: e.to_string(),
-                    fatal: false,
-                })?
                 .map_err(|e| self.io("writing", &dst, e))?;
             }
             Place::Bucket { store, .. } => {
@@ -1047,7 +892,7 @@ impl Node {
                     .map_err(|e| self.io("reading", src, e))?
                     .len();
                 if size <= self.part_size {
-                    let bytes = tokio::fs::read(src)
+                    let bytes = crate::blocking::read(src.to_path_buf())
                         .await
                         .map_err(|e| self.io("reading", src, e))?;
                     store
@@ -1055,29 +900,16 @@ impl Node {
                         .await
                         .map_err(|e| self.fail(&format!("PUT {key}"), e))?;
                 } else {
-                    let mut w = object_store::WriteMultipart::new_with_chunk_size(
-                        store
-                            .put_multipart(&key)
-                            .await
-                            .map_err(|e| self.fail(&format!("PUT {key}"), e))?,
-                        self.part_size as usize,
-                    );
-                    let mut f = std::fs::File::open(src).map_err(|e| self.io("reading", src, e))?;
-                    let mut buf = vec![0u8; 8 << 20];
-                    loop {
-                        use std::io::Read;
-                        let n = f.read(&mut buf).map_err(|e| self.io("reading", src, e))?;
-                        if n == 0 {
-                            break;
-                        }
-                        w.wait_for_capacity(1)
-                            .await
-                            .map_err(|e| self.fail(&format!("PUT {key}"), e))?;
-                        w.write(&buf[..n]);
-                    }
-                    w.finish()
-                        .await
-                        .map_err(|e| self.fail(&format!("PUT {key}"), e))?;
+                    let (r, _) = self
+                        .multipart(
+                            store.as_ref(),
+                            &key,
+                            src,
+                            &mut |_| Box::pin(async { Ok(()) }),
+                            false,
+                        )
+                        .await?;
+                    r.map_err(|e| self.fail(&format!("PUT {key}"), e))?;
                 }
             }
         }
@@ -1137,6 +969,11 @@ impl Nodes {
         Ok(Nodes { map })
     }
 
+    /// Adds (or replaces) a node opened otherwise ([`Node::in_bucket`]).
+    pub fn insert(&mut self, node: Node) {
+        self.map.insert(node.id, Arc::new(node));
+    }
+
     pub fn get(&self, id: u32) -> Option<&Arc<Node>> {
         self.map.get(&id)
     }
@@ -1159,100 +996,6 @@ impl Nodes {
             })
             .collect()
     }
-}
-
-/// The largest ListMultipartUploads answer read (1,000 uploads of long keys).
-const MAX_LISTING_BYTES: u64 = 4 << 20;
-
-/// An error of a request made here rather than by `object_store`.
-fn generic(what: &str) -> object_store::Error {
-    object_store::Error::Generic {
-        store: "S3",
-        source: what.to_string().into(),
-    }
-}
-
-/// A path for a request's address: every byte but S3's unreserved ones and `/` escaped, as
-/// `object_store` escapes its own (the signature is computed over it as written).
-fn strict_path(p: &str) -> String {
-    let mut out = String::with_capacity(p.len());
-    for b in p.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-fn xml_escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-}
-
-/// A response's body as text, read up to `max` bytes.
-async fn read_bounded(mut answer: reqwest::Response, max: u64) -> Result<String, String> {
-    let mut body = Vec::new();
-    while let Some(chunk) = answer.chunk().await.map_err(|e| e.to_string())? {
-        if (body.len() + chunk.len()) as u64 > max {
-            return Err(format!("the answer exceeds {max} bytes"));
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(String::from_utf8_lossy(&body).into_owned())
-}
-
-fn upload_lister() -> &'static reqwest::Client {
-    static C: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
-    C.get_or_init(|| {
-        reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(60))
-            .build()
-            .unwrap_or_default()
-    })
-}
-
-/// The bodies of every `<tag>…</tag>` in `xml` (S3's answers have no attributes on these).
-fn xml_elements<'x>(xml: &'x str, tag: &str) -> Vec<&'x str> {
-    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
-    let mut out = Vec::new();
-    let mut rest = xml;
-    while let Some(i) = rest.find(&open) {
-        let after = &rest[i + open.len()..];
-        let Some(j) = after.find(&close) else { break };
-        out.push(&after[..j]);
-        rest = &after[j + close.len()..];
-    }
-    out
-}
-
-/// The text of the first `<tag>` in `xml`, with XML's escapes undone.
-fn xml_text(xml: &str, tag: &str) -> Option<String> {
-    let raw = xml_elements(xml, tag).into_iter().next()?;
-    let mut out = String::with_capacity(raw.len());
-    let mut rest = raw;
-    while let Some(i) = rest.find('&') {
-        out.push_str(&rest[..i]);
-        let after = &rest[i + 1..];
-        let j = after.find(';')?;
-        let c = match &after[..j] {
-            "amp" => '&',
-            "lt" => '<',
-            "gt" => '>',
-            "quot" => '"',
-            "apos" => '\'',
-            n if n.starts_with("#x") => char::from_u32(u32::from_str_radix(&n[2..], 16).ok()?)?,
-            n if n.starts_with('#') => char::from_u32(n[1..].parse().ok()?)?,
-            _ => return None,
-        };
-        out.push(c);
-        rest = &after[j + 1..];
-    }
-    out.push_str(rest);
-    Some(out)
 }
 
 #[cfg(test)]
@@ -1308,9 +1051,7 @@ mod tests {
         };
         // Alone: completed.
         let (key, id, p) = upload("producer/alone|1 &.bin").await;
-        node.complete_if_absent(store, &key, &id, &[p])
-            .await
-            .unwrap();
+        store.complete(&key, &id, vec![p], true).await.unwrap();
         let got = store.get(&key).await.unwrap().bytes().await.unwrap();
         assert_eq!(got.len(), part.len());
         // Another writer made the key while the parts went up: refused, theirs kept.
@@ -1319,10 +1060,7 @@ mod tests {
             .put(&key, PutPayload::from_static(b"theirs"))
             .await
             .unwrap();
-        let e = node
-            .complete_if_absent(store, &key, &id, &[p])
-            .await
-            .unwrap_err();
+        let e = store.complete(&key, &id, vec![p], true).await.unwrap_err();
         assert!(
             matches!(e, object_store::Error::AlreadyExists { .. }),
             "{e}"

@@ -12,7 +12,6 @@ use lading_ingest::nodes::{Node, NodeSettings, Place};
 use lading_ingest::stages::StoredVersion;
 use lading_ingest::{Config, Ingest};
 use lading_testkit::seaweed::{ACCESS_KEY, SECRET_KEY, Weed};
-use object_store::{ObjectStore, ObjectStoreExt};
 use sha2::Digest;
 use std::sync::Arc;
 use std::time::Duration;
@@ -165,7 +164,6 @@ async fn the_primary_killed_mid_batch_and_started_again_leaves_every_object_comp
     assert!(storing > 0, "no attempt at Storing failed: {figures:?}");
     // The probe of open uploads sees one when there is one.
     if let Place::Bucket { store, .. } = &primary.place {
-        use object_store::multipart::MultipartStore;
         let key = object_store::path::Path::parse("probe").unwrap();
         let id = store.create_multipart(&key).await.unwrap();
         assert_eq!(a.open_uploads("primary"), 1);
@@ -574,8 +572,7 @@ async fn wrong_credentials_and_a_missing_bucket_fail_at_once_naming_the_node(w: 
     // Nothing was left in the real bucket.
     let good = Node::open(&node(9601, &a, "primary"), env).unwrap();
     if let Place::Bucket { store, .. } = &good.place {
-        use futures_util::StreamExt;
-        let keys: Vec<_> = store.list(None).collect().await;
+        let keys = store.keys(None).await.unwrap();
         assert!(keys.is_empty(), "{keys:?}");
     }
     run.stop().await;
@@ -755,4 +752,67 @@ async fn a_folder_node_and_a_bucket_node_pass_one_conformance_suite() {
     let w = Weed::start().unwrap();
     w.bucket("conformance").unwrap();
     node_conformance(&Node::open(&node(9200, &w, "conformance"), env).unwrap()).await;
+}
+
+/// The simulator's bucket in memory answers as the real one does (the same suite), and
+/// keeps its open uploads listed for the version's sweep; its faults fail a request before
+/// it takes effect, or after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bucket_in_memory_passes_the_same_conformance_suite_and_fails_as_told() {
+    use lading_ingest::bucket::{Bucket, Fault, Memory};
+    let calm = Arc::new(Memory::new(Arc::new(|_: &str, _: &str| Fault::None)));
+    let n = Node::in_bucket(9300, "memory", "lading/", calm.clone());
+    node_conformance(&n).await;
+    // A large file goes up in parts; an upload left open is found and aborted.
+    let dir = tempfile::tempdir().unwrap();
+    let big = dir.path().join("big.bin");
+    let bytes: Vec<u8> = (0..(11u32 << 20)).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&big, &bytes).unwrap();
+    let mut none =
+        |_: Option<String>| Box::pin(async { Ok(()) }) as lading_ingest::nodes::UploadNote<'static>;
+    let (c, _) = n
+        .put_new("ark:/1/big", 1, "producer/big.bin", &big, &mut none)
+        .await
+        .unwrap();
+    assert_eq!(
+        (c.size, c.sha256.clone()),
+        (bytes.len() as u64, sha256(&bytes))
+    );
+    assert_eq!(
+        n.digest("ark:/1/big", 1, "producer/big.bin", None)
+            .await
+            .unwrap(),
+        Some(c)
+    );
+    let key = n.key("ark:/1/big", 2, "producer/left.bin").unwrap();
+    let other = n.key("ark:/1/big", 3, "producer/kept.bin").unwrap();
+    calm.create_multipart(&key).await.unwrap();
+    let kept = calm.create_multipart(&other).await.unwrap();
+    assert_eq!(n.abort_open_uploads("ark:/1/big", 2).await.unwrap(), 1);
+    assert_eq!(n.abort_open_uploads("ark:/1/big", 2).await.unwrap(), 0);
+    calm.abort_multipart(&other, &kept).await.unwrap();
+    // Refused: nothing written. Answer lost: written, and an error all the same.
+    let a = dir.path().join("a");
+    std::fs::write(&a, b"a file\n").unwrap();
+    for (fault, written) in [(Fault::Refused, false), (Fault::AnswerLost, true)] {
+        let f = fault.clone();
+        let bucket = Arc::new(Memory::new(Arc::new(move |op: &str, _: &str| {
+            if op == "PUT" { f.clone() } else { Fault::None }
+        })));
+        let n = Node::in_bucket(9301, "faulty", "", bucket);
+        let e = n
+            .put_new("ark:/1/f", 1, "producer/a", &a, &mut none)
+            .await
+            .unwrap_err();
+        assert!(
+            !e.fatal && e.what.contains("storage node 9301"),
+            "{}",
+            e.what
+        );
+        assert_eq!(
+            n.head("ark:/1/f", 1, "producer/a").await.unwrap().is_some(),
+            written,
+            "{fault:?}"
+        );
+    }
 }

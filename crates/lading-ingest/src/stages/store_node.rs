@@ -330,7 +330,6 @@ async fn scrap(job: &JobCtx, node: &Node, ark: &str, version: u32, confirmed: &B
     }
     let _ = node.abort_open_uploads(ark, version).await;
     if let crate::nodes::Place::Bucket { store, .. } = &node.place {
-        use object_store::ObjectStoreExt;
         for rel in confirmed {
             if let Ok(k) = node.key(ark, version, rel) {
                 let _ = store.delete(&k).await;
