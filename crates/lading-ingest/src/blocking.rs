@@ -97,6 +97,55 @@ pub async fn rename(from: impl AsRef<Path>, to: impl AsRef<Path>) -> std::io::Re
     io(move || std::fs::rename(from, to)).await
 }
 
+/// A file written from async code: through tokio's file (its writes on the blocking pool),
+/// or, on a thread that asked for work in place ([`in_place_on_this_thread`]), written
+/// directly, so that no write's end depends on another thread.
+pub enum Writer {
+    Pool(tokio::fs::File),
+    InPlace(std::fs::File),
+}
+
+impl Writer {
+    /// Creates (or truncates) the file at `p`.
+    pub async fn create(p: impl AsRef<Path>) -> std::io::Result<Writer> {
+        if in_place() {
+            return std::fs::File::create(p).map(Writer::InPlace);
+        }
+        tokio::fs::File::create(p).await.map(Writer::Pool)
+    }
+}
+
+impl tokio::io::AsyncWrite for Writer {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Writer::Pool(f) => std::pin::Pin::new(f).poll_write(cx, buf),
+            Writer::InPlace(f) => std::task::Poll::Ready(std::io::Write::write(f, buf)),
+        }
+    }
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Writer::Pool(f) => std::pin::Pin::new(f).poll_flush(cx),
+            Writer::InPlace(f) => std::task::Poll::Ready(std::io::Write::flush(f)),
+        }
+    }
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Writer::Pool(f) => std::pin::Pin::new(f).poll_shutdown(cx),
+            Writer::InPlace(_) => std::task::Poll::Ready(Ok(())),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

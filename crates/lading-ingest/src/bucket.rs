@@ -363,6 +363,17 @@ impl Memory {
         }
     }
 
+    /// Writes `bytes` over `key` with no fault and no condition: a copy gone bad on the
+    /// server's disks, for the fixity audit to find.
+    /// `key` as listed ([`Bucket::keys`]).
+    pub async fn rot(&self, key: &str, bytes: Vec<u8>) -> Result<()> {
+        let key = Key::parse(key).map_err(|e| generic(&e.to_string()))?;
+        self.store
+            .put(&key, PutPayload::from(bytes))
+            .await
+            .map(|_| ())
+    }
+
     fn opened(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, String>> {
         self.open.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -40,6 +40,20 @@ pub struct Recorded {
     pub files: usize,
 }
 
+/// A version's number recorded already for another job's copy ([`InventoryError::Taken`]).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{ark} v{version} is recorded already, as job {other_job}'s copy at {other_path}; job {job}'s copy at {path} is not recorded (is the object stored in two places?)"
+)]
+pub struct Taken {
+    pub ark: String,
+    pub version: u32,
+    pub job: String,
+    pub path: String,
+    pub other_job: String,
+    pub other_path: String,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum InventoryError {
     #[error(transparent)]
@@ -50,6 +64,11 @@ pub enum InventoryError {
     BadUrl(String, String),
     #[error("reading the stored version: {0}")]
     Io(#[from] std::io::Error),
+    /// The version's number is recorded already, for another job's copy: nothing is
+    /// recorded (the object is stored in two places, e.g. under two profiles whose storage
+    /// differs, and one place's numbering does not know the other's).
+    #[error("{0}")]
+    Taken(Box<Taken>),
 }
 
 /// The path, or the URL without its password.
@@ -203,6 +222,19 @@ impl Inventory {
                 })
             }
         })?;
+        let r = match r {
+            Ok(r) => r,
+            Err((other_job, other_path)) => {
+                return Err(InventoryError::Taken(Box::new(Taken {
+                    ark: v.ark.clone(),
+                    version: v.version,
+                    job: v.job.clone(),
+                    path: v.path.clone(),
+                    other_job,
+                    other_path,
+                })));
+            }
+        };
         let rows: Vec<CopyRow> = files
             .iter()
             .map(|f| CopyRow {
@@ -786,7 +818,7 @@ fn record_sqlite(
     v: &StoredVersion,
     files: &[ObjectFile],
     now: &str,
-) -> Result<Recorded, InventoryError> {
+) -> Result<Result<Recorded, (String, String)>, InventoryError> {
     let tx = c.transaction()?;
     tx.execute(
         "INSERT OR IGNORE INTO objects(ark, created, collection) VALUES (?1, ?2, ?3)",
@@ -803,6 +835,17 @@ fn record_sqlite(
         "INSERT OR IGNORE INTO versions(ark, version, job, batch, path, created) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         params![v.ark, v.version, v.job, v.batch, v.path, now],
     )? == 1;
+    if !new {
+        let (job, path): (String, String) = tx.query_row(
+            "SELECT job, path FROM versions WHERE ark = ?1 AND version = ?2",
+            params![v.ark, v.version],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        if job != v.job {
+            // Rolled back: nothing of this copy is recorded.
+            return Ok(Err((job, path)));
+        }
+    }
     for f in files {
         tx.execute(
             "INSERT OR IGNORE INTO files(ark, version, path, size, sha256) VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -810,10 +853,10 @@ fn record_sqlite(
         )?;
     }
     tx.commit()?;
-    Ok(Recorded {
+    Ok(Ok(Recorded {
         new,
         files: files.len(),
-    })
+    }))
 }
 
 /// The same as [`record_sqlite`], with the files in one statement. Two hosts recording the
@@ -823,7 +866,7 @@ fn record_postgres(
     v: &StoredVersion,
     files: &[ObjectFile],
     now: &str,
-) -> Result<Recorded, postgres::Error> {
+) -> Result<Result<Recorded, (String, String)>, postgres::Error> {
     let mut tx = c.transaction()?;
     let version = v.version as i32;
     tx.execute(
@@ -841,6 +884,16 @@ fn record_postgres(
          ON CONFLICT DO NOTHING",
         &[&v.ark, &version, &v.job, &v.batch, &v.path, &now],
     )? == 1;
+    if !new {
+        let row = tx.query_one(
+            "SELECT job, path FROM versions WHERE ark = $1 AND version = $2",
+            &[&v.ark, &version],
+        )?;
+        let (job, path): (String, String) = (row.get(0), row.get(1));
+        if job != v.job {
+            return Ok(Err((job, path)));
+        }
+    }
     let paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
     let sizes: Vec<i64> = files.iter().map(|f| f.size as i64).collect();
     let digests: Vec<&str> = files.iter().map(|f| f.sha256.as_str()).collect();
@@ -851,10 +904,10 @@ fn record_postgres(
         &[&v.ark, &version, &paths, &sizes, &digests],
     )?;
     tx.commit()?;
-    Ok(Recorded {
+    Ok(Ok(Recorded {
         new,
         files: files.len(),
-    })
+    }))
 }
 
 #[cfg(test)]
@@ -898,6 +951,28 @@ mod tests {
             }
         );
         assert_eq!(inv.versions("ark:/99999/fk4x").unwrap(), vec![(1, 2, 9)]);
+        // Another job's copy under the same number (stored elsewhere): refused, named,
+        // and nothing of it recorded.
+        let elsewhere = dir.path().join("elsewhere/v1");
+        std::fs::create_dir_all(elsewhere.join("producer")).unwrap();
+        std::fs::write(elsewhere.join("producer/c.txt"), b"gamma!").unwrap();
+        let other = StoredVersion {
+            job: "jid0000000077".into(),
+            path: elsewhere.to_string_lossy().into_owned(),
+            ..v.clone()
+        };
+        let e = inv.record(&other, None).unwrap_err();
+        assert!(
+            matches!(e, InventoryError::Taken(ref t) if t.other_job == v.job),
+            "{e}"
+        );
+        assert!(
+            e.to_string()
+                .contains("ark:/99999/fk4x v1 is recorded already, as job jid0000000001's copy"),
+            "{e}"
+        );
+        assert_eq!(inv.versions("ark:/99999/fk4x").unwrap(), vec![(1, 2, 9)]);
+        assert!(inv.job_versions("jid0000000077").unwrap().is_empty());
         // A second version, recorded with the files processing hashed.
         let v2 = version(dir.path(), 2);
         let known = list_files(&Path::new(&v2.path).join("producer")).unwrap();

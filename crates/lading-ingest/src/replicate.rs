@@ -60,7 +60,7 @@ pub async fn version_on(n: &Node, ark: &str, version: u32) -> Result<NodeVersion
                 ),
                 fatal: true,
             })?;
-            let files = tokio::task::spawn_blocking(move || crate::stages::list_files(&dir))
+            let files = crate::blocking::run(move || crate::stages::list_files(&dir))
                 .await
                 .map_err(|e| NodeError {
                     what: e.to_string(),
@@ -76,6 +76,13 @@ pub async fn version_on(n: &Node, ark: &str, version: u32) -> Result<NodeVersion
             Ok(NodeVersion { stored, files })
         }
     }
+}
+
+/// A name no other temporary copy has (from the engine's random source, which the simulator
+/// seeds).
+fn unique_name(ingest: &Ingest) -> String {
+    let r = ingest.engine.random();
+    format!("{:016x}{:016x}", r.next_u64(), r.next_u64())
 }
 
 /// A temporary file for one copy, removed when dropped.
@@ -99,9 +106,11 @@ async fn fetch_to_tmp(
         what: format!("a temporary copy in {}: {e}", dir.display()),
         fatal: false,
     };
-    tokio::fs::create_dir_all(&dir).await.map_err(local)?;
-    let tmp = Tmp(dir.join(format!("{}", uuid::Uuid::new_v4().simple())));
-    let mut f = tokio::fs::File::create(&tmp.0).await.map_err(local)?;
+    crate::blocking::create_dir_all(&dir).await.map_err(local)?;
+    let tmp = Tmp(dir.join(unique_name(ingest)));
+    let mut f = crate::blocking::Writer::create(&tmp.0)
+        .await
+        .map_err(local)?;
     if !from.read_into(ark, version, rel, &mut f).await? {
         return Err(NodeError {
             what: format!("{}: {ark}|{version}|{rel} is missing", from.name()),
@@ -173,7 +182,7 @@ async fn copy_version_once(
     }
     let dir = ingest.cfg.work_dir().join(".copies");
     let _ = std::fs::create_dir_all(&dir);
-    let tmp = Tmp(dir.join(format!("{}.json", uuid::Uuid::new_v4().simple())));
+    let tmp = Tmp(dir.join(format!("{}.json", unique_name(ingest))));
     std::fs::write(
         &tmp.0,
         serde_json::to_vec_pretty(&record).unwrap_or_default(),

@@ -234,7 +234,13 @@ impl Payloads {
                 self.put(&at, right.as_bytes());
             }
             if rng.below(3) == 0 {
-                expected.ark = Some(format!("ark:/99999/sim{seed}s{}", rng.below(SHARED_ARKS)));
+                // Each storage its own objects: batches of odd number are stored on the
+                // bucket nodes, the others in the storage root.
+                let place = if i % 2 == 1 { "n" } else { "s" };
+                expected.ark = Some(format!(
+                    "ark:/99999/sim{seed}{place}{}",
+                    rng.below(SHARED_ARKS)
+                ));
             }
             rows.push(vec![
                 url.clone(),

@@ -25,6 +25,14 @@
 //! be finished or failed, within a bounded simulated time, and the schedule must tick again;
 //! no generic job may be finished successfully by two acceptances; and every completed
 //! payload job must have stored and recorded exactly its payload's files, once.
+//!
+//! Half of the payload batches (those of odd number) are stored on two storage nodes: S3
+//! buckets in memory (`lading_ingest::bucket::Memory`), shared by the processes, whose
+//! requests are refused, come late, or take effect with their answer lost while the faults
+//! last (each refusal and loss is in the trace). Lading's bucket Storing writes them, the
+//! outbox's `replicate` deliveries copy them to the replica, and the fixity checker reads
+//! every recorded copy now and then under the faults (it must never report a good copy) and
+//! at the end, when copies made to go bad must be exactly what it finds and repairs.
 
 use crate::check::{QUOTA_LIMIT, QUOTA_PROFILE, SPACE_FREE, SPACE_KEEP, SPACE_MAX_JOB, SPACE_ROOT};
 use crate::payload::{Answers, PayloadServer, Payloads, Place, Served};
@@ -354,8 +362,61 @@ struct Sim {
     /// What the depositors' payload server serves.
     served: Served,
     answers: Arc<Mutex<Answers>>,
+    /// The storage nodes of profile [`NODES_PROFILE`]: S3 buckets in memory, shared by
+    /// every process (as a server is), failing requests while the faults last.
+    buckets: Buckets,
     seed: u64,
     starts: u64,
+}
+
+/// Storage node 1 (the primary) and 2 (its replica), and whether their faults are on.
+#[derive(Clone)]
+struct Buckets {
+    nodes: [Arc<lading_ingest::bucket::Memory>; 2],
+    faults: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Buckets {
+    /// Requests fail (before or after they take effect) and come late, from the seed,
+    /// while `faults` is set.
+    fn new(seed: u64, faults: bool, world: &Arc<World>) -> Buckets {
+        use lading_ingest::bucket::{Fault, Memory};
+        let on = Arc::new(std::sync::atomic::AtomicBool::new(faults));
+        let dice = Seeded::new(seed ^ 0x6275_636b);
+        let node = |n: u32| {
+            let (on, dice, world) = (on.clone(), dice.clone(), world.clone());
+            Arc::new(Memory::new(Arc::new(move |op: &str, key: &str| {
+                if !on.load(std::sync::atomic::Ordering::Relaxed) {
+                    return Fault::None;
+                }
+                let fault = match dice.below(100) {
+                    0..=2 => Fault::Refused,
+                    3..=4 => Fault::AnswerLost,
+                    5..=14 => Fault::Slow(Duration::from_millis(50 + dice.below(2000) as u64)),
+                    _ => Fault::None,
+                };
+                if matches!(fault, Fault::Refused | Fault::AnswerLost) {
+                    world
+                        .lock()
+                        .trace(format!("node {n}: {op} {key}: {fault:?}"));
+                }
+                fault
+            })))
+        };
+        Buckets {
+            nodes: [node(1), node(2)],
+            faults: on,
+        }
+    }
+
+    /// The nodes as a process opens them.
+    fn open(&self) -> [lading_ingest::nodes::Node; 2] {
+        use lading_ingest::nodes::Node;
+        [
+            Node::in_bucket(1, "primary", "lading/", self.nodes[0].clone()),
+            Node::in_bucket(2, "replica", "lading/", self.nodes[1].clone()),
+        ]
+    }
 }
 
 /// The profile every simulated batch is submitted under: its report is mailed and each
@@ -392,6 +453,17 @@ fn ingest_config(work: &std::path::Path, name: &str) -> lading_ingest::Config {
     cfg
 }
 
+/// The profile of some payload batches: stored on bucket node 1 and copied to node 2.
+const NODES_PROFILE: &str = "sim-nodes";
+
+fn nodes_profile() -> lading_ingest::Profile {
+    lading_ingest::Profile {
+        name: NODES_PROFILE.into(),
+        storage_nodes: vec![1, 2],
+        ..profile()
+    }
+}
+
 fn profile() -> lading_ingest::Profile {
     lading_ingest::Profile {
         name: PROFILE.into(),
@@ -424,6 +496,32 @@ fn stage_config() -> StageConfig {
 }
 
 impl Sim {
+    /// A process's ingest service: its own working folder, the shared storage root,
+    /// inventory and storage nodes, the payload server and the outside world.
+    fn ingest(&self, engine: Arc<Engine>, name: &str) -> lading_ingest::Ingest {
+        let mut ingest = lading_ingest::Ingest::assemble(
+            engine,
+            ingest_config(self.work.path(), name),
+            fetcher().with_source(Arc::new(PayloadServer {
+                dice: self.dice.0.clone(),
+                served: self.served.clone(),
+                answers: self.answers.clone(),
+            })),
+            |_| None,
+        )
+        .expect("the simulator's ingest settings")
+        .with_profile(profile())
+        .with_profile(nodes_profile())
+        .with_courier(Arc::new(SimCourier {
+            dice: self.dice.clone(),
+            outside: self.outside.clone(),
+        }));
+        for n in self.buckets.open() {
+            ingest.nodes.insert(n);
+        }
+        ingest
+    }
+
     fn start(&mut self, i: usize) -> Proc {
         self.starts += 1;
         let name = format!("p{i}");
@@ -438,24 +536,7 @@ impl Sim {
                 self.seed.wrapping_mul(31).wrapping_add(self.starts),
             )),
         );
-        let ingest = Arc::new(
-            lading_ingest::Ingest::assemble(
-                engine.clone(),
-                ingest_config(self.work.path(), &name),
-                fetcher().with_source(Arc::new(PayloadServer {
-                    dice: self.dice.0.clone(),
-                    served: self.served.clone(),
-                    answers: self.answers.clone(),
-                })),
-                |_| None,
-            )
-            .expect("the simulator's ingest settings")
-            .with_profile(profile())
-            .with_courier(Arc::new(SimCourier {
-                dice: self.dice.clone(),
-                outside: self.outside.clone(),
-            })),
-        );
+        let ingest = Arc::new(self.ingest(engine.clone(), &name));
         let jobs: Vec<(Arc<dyn JobStage>, StageConfig)> = JobState::PIPELINE
             .iter()
             .map(|s| {
@@ -952,6 +1033,7 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
         work: work_folder(),
         served: payloads.served.clone(),
         answers: Arc::default(),
+        buckets: Buckets::new(seed, opts.faults, &world),
         seed,
         starts: 0,
     };
@@ -1003,6 +1085,8 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
             events_shutdown,
         ))
     };
+    // The operator's own tools (the fixity checker) on the admin's session.
+    let admin_ingest = Arc::new(sim.ingest(admin_engine.clone(), "admin"));
     let mut procs: Vec<Option<Proc>> = (0..opts.nodes).map(|i| Some(sim.start(i))).collect();
     let mut down_until: Vec<Option<tokio::time::Instant>> = vec![None; opts.nodes];
     let mut bids: Vec<BatchId> = Vec::new();
@@ -1020,6 +1104,10 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
         if rng.below(3) == 0 {
             // A payload on disk, through Lading's own intake and file stages.
             let p = payloads.make(&payload_root, seed, i, &rng);
+            if i % 2 == 1 {
+                // On the bucket nodes, and copied from one to the other.
+                sub.insert("profile".into(), json!(NODES_PROFILE));
+            }
             sub.insert("payload_url".into(), json!(p.url));
             sub.insert("type".into(), json!(p.payload_type));
             if let Some((path, bytes)) = p.late {
@@ -1168,6 +1256,19 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
                         *reopened.entry(b.to_string()).or_default() += 1;
                     }
                 }
+                8 => {
+                    // The fixity checker reads every recorded copy back, under the faults:
+                    // it may fail, but never call a good copy bad or missing.
+                    if let Ok(a) =
+                        lading_ingest::fixity::check(&admin_ingest, None, None, None).await
+                    {
+                        for f in a.findings {
+                            world
+                                .lock()
+                                .violation(format!("fixity: a good copy reported: {f}"));
+                        }
+                    }
+                }
                 7 if queue_paused_until.is_none() => {
                     admin(|| admin_engine.pause_queue("ingest")).await;
                     queue_paused_until = Some(now + Duration::from_millis(rng.below(3000) as u64));
@@ -1181,6 +1282,9 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
         payloads.put(&place, &bytes);
     }
     world.lock().faults = None;
+    sim.buckets
+        .faults
+        .store(false, std::sync::atomic::Ordering::Relaxed);
     world.lock().trace("faults stop".into());
     for (j, _) in std::mem::take(&mut held) {
         admin(|| admin_engine.release_job(&j)).await;
@@ -1420,10 +1524,17 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
             }
         }
         if open.is_empty() {
-            let (bad, checked) =
-                stored_as_given(sim.work.path(), &payloads, &admin_engine, &bids).await;
+            let (bad, checked) = stored_as_given(
+                sim.work.path(),
+                &payloads,
+                &admin_engine,
+                &bids,
+                &sim.buckets,
+            )
+            .await;
             found.extend(bad);
             stored = checked;
+            found.extend(fixity_finds_rot(&admin_ingest, &sim.buckets, &rng, &world).await);
         }
         let mut st = world.lock();
         for f in found {
@@ -1478,6 +1589,158 @@ fn submission(fields: &Map<String, Value>) -> lading_core::layout::BatchSubmissi
         .expect("the simulator's fields make a submission")
 }
 
+/// Once all is quiet: a few stored copies go bad on the nodes' disks. The fixity checker
+/// must find exactly those, repair each from the other node, and find nothing after.
+async fn fixity_finds_rot(
+    ingest: &lading_ingest::Ingest,
+    buckets: &Buckets,
+    rng: &Seeded,
+    world: &World,
+) -> Vec<String> {
+    use lading_ingest::bucket::Bucket;
+    use std::collections::BTreeSet;
+    let mut found = Vec::new();
+    let mut rotted = BTreeSet::new();
+    for _ in 0..2 {
+        let k = rng.below(2);
+        let keys: Vec<String> = buckets.nodes[k]
+            .keys(None)
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| m.location.to_string())
+            .filter(|key| key.contains("|producer/"))
+            .collect();
+        let Some(key) = keys.get(rng.below(keys.len().max(1))) else {
+            continue;
+        };
+        // lading/ARK|V|producer/PATH
+        let mut parts = key.trim_start_matches("lading/").splitn(3, '|');
+        let (Some(ark), Some(v), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let Ok(v) = v.parse::<u32>() else { continue };
+        // Only copies the inventory records (a version a failed job left is not audited).
+        let a = ark.to_string();
+        let recorded = ingest
+            .inventory
+            .run(move |i| i.copies(Some(k as u32 + 1), Some(&a)))
+            .await
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.version == v && c.path == path);
+        // One copy of a file at most: with both gone bad, nothing could repair it.
+        if !recorded
+            || rotted
+                .iter()
+                .any(|(_, a, w, p)| a == ark && *w == v && p == path)
+        {
+            continue;
+        }
+        if buckets.nodes[k].rot(key, b"rot".to_vec()).await.is_ok() {
+            rotted.insert((k as u32 + 1, ark.to_string(), v, path.to_string()));
+        }
+    }
+    let named = |a: &lading_ingest::fixity::Audit| -> BTreeSet<(u32, String, u32, String)> {
+        a.findings
+            .iter()
+            .map(|f| (f.node, f.ark.clone(), f.version, f.path.clone()))
+            .collect()
+    };
+    match lading_ingest::fixity::repair(ingest, None, None).await {
+        Ok(a) => {
+            world.lock().trace(format!(
+                "fixity: {} copies checked; gone bad {rotted:?}; found {}, repaired {}",
+                a.checked,
+                a.findings.len(),
+                a.findings
+                    .iter()
+                    .filter(|f| f.status.starts_with("repaired"))
+                    .count()
+            ));
+            if named(&a) != rotted {
+                found.push(format!(
+                    "fixity: found {:?}, the copies gone bad are {rotted:?}",
+                    named(&a)
+                ));
+            }
+            for f in a
+                .findings
+                .iter()
+                .filter(|f| !f.status.starts_with("repaired"))
+            {
+                found.push(format!("fixity: not repaired: {f}"));
+            }
+        }
+        Err(e) => found.push(format!("fixity: the check failed with no faults on: {e}")),
+    }
+    match lading_ingest::fixity::check(ingest, None, None, None).await {
+        Ok(a) if a.findings.is_empty() => {}
+        Ok(a) => found.push(format!("fixity: after the repair, still {:?}", named(&a))),
+        Err(e) => found.push(format!("fixity: the check after the repair failed: {e}")),
+    }
+    found
+}
+
+/// A version's producer files on node `n`, as its record lists them, each read back whole
+/// (its SHA-256 the record's): path → SHA-256, or what is wrong.
+async fn on_node(
+    n: &lading_ingest::nodes::Node,
+    ark: &str,
+    version: u32,
+) -> Result<BTreeMap<String, String>, String> {
+    let record = lading_ingest::stages::read_node_version(n, ark, version)
+        .await
+        .map_err(|e| e.what)?
+        .ok_or("no version record")?;
+    let producer = format!("{}/", lading_ingest::stages::PRODUCER);
+    let mut out = BTreeMap::new();
+    for f in &record.files {
+        let read = n
+            .digest(ark, version, &f.path, None)
+            .await
+            .map_err(|e| e.what)?;
+        match read {
+            Some(c) if c.sha256 == f.sha256 && c.size == f.size => {}
+            other => {
+                return Err(format!(
+                    "{} reads {other:?}, its record says {}",
+                    f.path, f.sha256
+                ));
+            }
+        }
+        if let Some(p) = f.path.strip_prefix(&producer) {
+            out.insert(p.to_string(), f.sha256.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// The versions with a record on a bucket, by object, ascending.
+async fn versions_on(b: &lading_ingest::bucket::Memory) -> BTreeMap<String, Vec<u32>> {
+    use lading_ingest::bucket::Bucket;
+    let mut out: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    let record = format!("|{}", lading_ingest::nodes::VERSION_RECORD);
+    for m in b.keys(None).await.unwrap_or_default() {
+        let key = m.location.to_string();
+        let Some(head) = key
+            .strip_prefix("lading/")
+            .and_then(|k| k.strip_suffix(&record))
+        else {
+            continue;
+        };
+        if let Some((ark, v)) = head.rsplit_once('|')
+            && let Ok(v) = v.parse()
+        {
+            out.entry(ark.to_string()).or_default().push(v);
+        }
+    }
+    for v in out.values_mut() {
+        v.sort();
+    }
+    out
+}
+
 /// The objects of payload batches, as stored and recorded. Each job that completed stored one
 /// version, recorded in the inventory, holding exactly its object's files (those of its own
 /// payload, every byte) under the primary identifier its manifest gave. Over the whole
@@ -1488,8 +1751,10 @@ async fn stored_as_given(
     payloads: &Payloads,
     admin_engine: &Engine,
     bids: &[BatchId],
+    buckets: &Buckets,
 ) -> (Vec<String>, usize) {
     use lading_ingest::inventory::Inventory;
+    let nodes = buckets.open();
     let mut found = Vec::new();
     let mut checked = 0;
     let inventory = Inventory::new(lading_ingest::inventory::Location::Sqlite(
@@ -1556,6 +1821,22 @@ async fn stored_as_given(
                 ));
             }
             let path = inventory.version_path(&v.ark, v.version).ok().flatten();
+            if path.as_deref().is_some_and(|p| p.starts_with("s3://")) {
+                // On both nodes: the version's record and every file's bytes.
+                for n in &nodes {
+                    let held = on_node(n, &v.ark, v.version).await;
+                    if held.as_ref() != Ok(&want.files) {
+                        found.push(format!(
+                            "storage: job {j}'s {} v{} on {} holds {held:?}, its payload is {:?}",
+                            v.ark,
+                            v.version,
+                            n.name(),
+                            want.files
+                        ));
+                    }
+                }
+                continue;
+            }
             let on_disk = path
                 .as_deref()
                 .map(|p| listed(&std::path::Path::new(p).join(lading_ingest::stages::PRODUCER)));
@@ -1570,6 +1851,64 @@ async fn stored_as_given(
     // The whole root: versions 1..n, one job each, no job twice.
     let root = work.join("storage");
     let mut writers: BTreeMap<String, String> = BTreeMap::new();
+    // The same on the primary node, whose every recorded version the replica holds too (a
+    // version whose job gave up on its last attempt, its record written and the answer lost,
+    // is on the primary only until an admin's requeue finishes the job).
+    let recorded = |on: &BTreeMap<String, Vec<u32>>| -> BTreeMap<String, Vec<u32>> {
+        on.iter()
+            .map(|(ark, vs)| {
+                let known: Vec<u32> = inventory
+                    .versions(ark)
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|(v, _, _)| *v)
+                    .collect();
+                (
+                    ark.clone(),
+                    vs.iter()
+                        .copied()
+                        .filter(|v| known.contains(v))
+                        .collect::<Vec<_>>(),
+                )
+            })
+            .filter(|(_, vs)| !vs.is_empty())
+            .collect()
+    };
+    let mut primary: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for (k, n) in nodes.iter().enumerate() {
+        let held = versions_on(&buckets.nodes[k]).await;
+        if k == 0 {
+            primary = held.clone();
+            for (ark, versions) in &held {
+                if *versions != (1..=versions.len() as u32).collect::<Vec<_>>() {
+                    found.push(format!(
+                        "storage: {ark} has versions {versions:?} on {}",
+                        n.name()
+                    ));
+                }
+                for v in versions {
+                    let stored = lading_ingest::stages::read_node_version(n, ark, *v).await;
+                    let Ok(Some(stored)) = stored else {
+                        found.push(format!("storage: {ark} v{v} on {}: {stored:?}", n.name()));
+                        continue;
+                    };
+                    let here = format!("{ark} v{v}");
+                    if let Some(before) = writers.insert(stored.stored.job.clone(), here.clone()) {
+                        found.push(format!(
+                            "storage: job {} stored both {before} and {here}",
+                            stored.stored.job
+                        ));
+                    }
+                }
+            }
+        } else if held != recorded(&primary) {
+            found.push(format!(
+                "storage: {} holds versions {held:?}, the primary {primary:?}, of which the inventory records {:?}",
+                n.name(),
+                recorded(&primary)
+            ));
+        }
+    }
     let mut objects: Vec<std::path::PathBuf> = std::fs::read_dir(&root)
         .map(|rd| rd.filter_map(Result::ok).map(|e| e.path()).collect())
         .unwrap_or_default();

@@ -47,7 +47,11 @@ pub(crate) async fn record(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Out
         })
         .await;
     lock.release().await;
-    let added = r.map_err(|e| Outcome::Transient(format!("inventory: {e}")))?;
+    let added = r.map_err(|e| match e {
+        // No retry records it: the operator decides which copy is the object's.
+        e @ crate::inventory::InventoryError::Taken(_) => Outcome::fatal(e),
+        e => Outcome::Transient(format!("inventory: {e}")),
+    })?;
     job.log(&format!(
         "recorded {} v{} ({} files{})",
         stored.ark,
