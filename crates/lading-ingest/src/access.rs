@@ -61,11 +61,6 @@ pub fn write_zip<W: Write>(dir: &Path, out: W) -> std::io::Result<W> {
     w.into_inner().into_inner().map_err(|e| e.into_error())
 }
 
-/// Writes `dir` as a zip to `out` (through `out.part`, fsynced, then renamed).
-pub fn zip_to_file(dir: &Path, out: &Path) -> std::io::Result<()> {
-    source_zip_to_file(&Source::Dir(dir.to_path_buf()), out)
-}
-
 /// Where a stored version is read from: a folder (the storage root of a profile without
 /// nodes), or the first storage node whose copy answers and has not failed fixity.
 pub enum Source {
@@ -148,11 +143,19 @@ pub async fn source(
     ))
 }
 
-/// Writes `src` as a zip to `out`, which need not be seekable; on a blocking thread (a
-/// node's copies are read through the runtime the caller was started from).
-pub fn write_source_zip<W: Write>(src: &Source, out: W) -> std::io::Result<W> {
+/// Writes `src` as a zip to `out`, which need not be seekable. A node's copies are read
+/// on the runtime; the zip's writes go to the blocking pool (`out` may block: a file, a
+/// response body's channel), or are made in place on a thread that asked for it (the
+/// simulator's), so that a run does not depend on another thread.
+pub async fn write_source_zip<W: Write + Send + 'static>(
+    src: &Source,
+    out: W,
+) -> std::io::Result<W> {
     let (node, ark, version, list) = match src {
-        Source::Dir(d) => return write_zip(d, out),
+        Source::Dir(d) => {
+            let d = d.clone();
+            return crate::blocking::io(move || write_zip(&d, out)).await;
+        }
         Source::Node {
             node,
             ark,
@@ -160,16 +163,32 @@ pub fn write_source_zip<W: Write>(src: &Source, out: W) -> std::io::Result<W> {
             files,
         } => (node, ark, *version, files),
     };
-    let rt = tokio::runtime::Handle::current();
+    type Zip<W> = zip::ZipWriter<zip::write::StreamWriter<std::io::BufWriter<W>>>;
+    // One step of the zip's own, off the async threads; the writer goes there and back.
+    async fn step<W: Write + Send + 'static>(
+        zip: Zip<W>,
+        f: impl FnOnce(&mut Zip<W>) -> std::io::Result<()> + Send + 'static,
+    ) -> std::io::Result<Zip<W>> {
+        crate::blocking::io(move || {
+            let mut zip = zip;
+            f(&mut zip)?;
+            Ok(zip)
+        })
+        .await
+    }
     let mut zip = zip::ZipWriter::new_stream(std::io::BufWriter::with_capacity(64 << 10, out));
     for f in list {
         let opts = zip::write::SimpleFileOptions::default()
             .compression_method(zip::CompressionMethod::Stored)
             .large_file(f.size >= u32::MAX as u64);
-        zip.start_file(f.path.as_str(), opts)
-            .map_err(std::io::Error::other)?;
-        let reader = rt
-            .block_on(node.open_read(ark, version, &f.path))
+        let name = f.path.clone();
+        zip = step(zip, move |z| {
+            z.start_file(name, opts).map_err(std::io::Error::other)
+        })
+        .await?;
+        let reader = node
+            .open_read(ark, version, &f.path)
+            .await
             .map_err(|e| std::io::Error::other(e.what))?
             .ok_or_else(|| {
                 std::io::Error::other(format!(
@@ -180,30 +199,43 @@ pub fn write_source_zip<W: Write>(src: &Source, out: W) -> std::io::Result<W> {
             })?;
         match reader {
             crate::nodes::Reader::File(mut file) => {
-                std::io::copy(&mut file, &mut zip)?;
+                zip = step(zip, move |z| std::io::copy(&mut file, z).map(|_| ())).await?;
             }
             crate::nodes::Reader::Stream(mut s) => {
                 use futures_util::StreamExt;
-                while let Some(chunk) = rt.block_on(s.next()) {
-                    zip.write_all(&chunk.map_err(std::io::Error::other)?)?;
+                while let Some(chunk) = s.next().await {
+                    let chunk = chunk.map_err(std::io::Error::other)?;
+                    zip = step(zip, move |z| z.write_all(&chunk)).await?;
                 }
             }
         }
     }
-    let mut w = zip.finish().map_err(std::io::Error::other)?;
-    w.flush()?;
-    w.into_inner().into_inner().map_err(|e| e.into_error())
+    crate::blocking::io(move || {
+        let mut w = zip.finish().map_err(std::io::Error::other)?;
+        w.flush()?;
+        w.into_inner().into_inner().map_err(|e| e.into_error())
+    })
+    .await
 }
 
 /// Writes `src` as a zip to `out` (through `out.part`, fsynced, then renamed).
-pub fn source_zip_to_file(src: &Source, out: &Path) -> std::io::Result<()> {
-    if let Some(p) = out.parent() {
-        std::fs::create_dir_all(p)?;
-    }
+pub async fn source_zip_to_file(src: &Source, out: &Path) -> std::io::Result<()> {
     let part = out.with_extension("zip.part");
-    let f = write_source_zip(src, std::fs::File::create(&part)?)?;
-    f.sync_all()?;
-    std::fs::rename(&part, out)
+    let p = part.clone();
+    let file = crate::blocking::io(move || {
+        if let Some(d) = p.parent() {
+            std::fs::create_dir_all(d)?;
+        }
+        std::fs::File::create(&p)
+    })
+    .await?;
+    let f = write_source_zip(src, file).await?;
+    let out = out.to_path_buf();
+    crate::blocking::io(move || {
+        f.sync_all()?;
+        std::fs::rename(&part, out)
+    })
+    .await
 }
 
 async fn assemble(ingest: &Ingest, lease: &AccessLease) -> Result<(), String> {
@@ -221,9 +253,8 @@ async fn assemble(ingest: &Ingest, lease: &AccessLease) -> Result<(), String> {
         .ok_or("the request's token names no `version` (of the object to assemble)")?;
     let src = source(ingest, ark, version, None).await?;
     let out = zip_path(&ingest.cfg, lease.queue, &lease.id);
-    tokio::task::spawn_blocking(move || source_zip_to_file(&src, &out))
+    source_zip_to_file(&src, &out)
         .await
-        .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string())
 }
 

@@ -51,13 +51,14 @@ pub fn zip_response(dir: PathBuf, file_name: &str) -> Response {
 pub fn source_response(src: Source, file_name: &str) -> Response {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Chunk>(8);
     let name = file_name.to_string();
-    tokio::task::spawn_blocking(move || {
-        if let Err(e) = lading_ingest::access::write_source_zip(&src, ChannelWriter(tx.clone())) {
+    tokio::spawn(async move {
+        let written = lading_ingest::access::write_source_zip(&src, ChannelWriter(tx.clone()));
+        if let Err(e) = written.await {
             if e.kind() != std::io::ErrorKind::BrokenPipe {
                 tracing::warn!("zip {name}: {e}");
             }
             // The client sees a broken body rather than a zip that looks whole.
-            let _ = tx.blocking_send(Err(e));
+            let _ = tx.send(Err(e)).await;
         }
     });
     let stream = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));

@@ -32,7 +32,9 @@
 //! last (each refusal and loss is in the trace). Lading's bucket Storing writes them, the
 //! outbox's `replicate` deliveries copy them to the replica, and the fixity checker reads
 //! every recorded copy now and then under the faults (it must never report a good copy) and
-//! at the end, when copies made to go bad must be exactly what it finds and repairs.
+//! at the end, when copies made to go bad must be exactly what it finds and repairs. Each
+//! process runs an access queue too: zips of stored versions asked for now and then, each
+//! of which must end, and hold the version's recorded files when it completes.
 
 use crate::check::{QUOTA_LIMIT, QUOTA_PROFILE, SPACE_FREE, SPACE_KEEP, SPACE_MAX_JOB, SPACE_ROOT};
 use crate::payload::{Answers, PayloadServer, Payloads, Place, Served};
@@ -602,6 +604,13 @@ impl Sim {
             lading_ingest::cleanup::housekeeping(i, sd).await;
             Ok(())
         });
+        // An access queue: stored versions assembled as zips, read from the storage root or
+        // the nodes.
+        let i = ingest.clone();
+        services.spawn("access queue", Phase::First, |sd| async move {
+            lading_ingest::access::run(i, lading_core::layout::AccessQueue::Small, sd).await;
+            Ok(())
+        });
         // Lading's outbox deliverer, to the simulated world.
         services.spawn("outbox", Phase::Last, |sd| async move {
             lading_ingest::outbox::run(ingest, sd).await;
@@ -1092,6 +1101,8 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
     let mut bids: Vec<BatchId> = Vec::new();
     let mut reopened: BTreeMap<String, u32> = BTreeMap::new();
     let mut held: Vec<(JobId, tokio::time::Instant)> = Vec::new();
+    // Access requests asked for: (id, ark, version), and whether the faults were on.
+    let mut asked: Vec<Asked> = Vec::new();
     let mut queue_paused_until: Option<tokio::time::Instant> = None;
     let payload_root = sim.work.path().join("payloads");
     // Fixes the depositor makes only later (a missing file, a corrected manifest), and when.
@@ -1267,6 +1278,14 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
                                 .lock()
                                 .violation(format!("fixity: a good copy reported: {f}"));
                         }
+                    }
+                }
+                9 => {
+                    if let Some(r) = ask_access(&rng, &admin_engine, &admin_ingest, &bids).await {
+                        world
+                            .lock()
+                            .trace(format!("access {} asked for {} v{}", r.0, r.1, r.2));
+                        asked.push(r);
                     }
                 }
                 7 if queue_paused_until.is_none() => {
@@ -1535,6 +1554,9 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
             found.extend(bad);
             stored = checked;
             found.extend(fixity_finds_rot(&admin_ingest, &sim.buckets, &rng, &world).await);
+            found.extend(
+                access_served(&sim, &rng, &admin_engine, &admin_ingest, &bids, asked).await,
+            );
         }
         let mut st = world.lock();
         for f in found {
@@ -1680,6 +1702,125 @@ async fn fixity_finds_rot(
         Err(e) => found.push(format!("fixity: the check after the repair failed: {e}")),
     }
     found
+}
+
+/// An access request: its id, the object and version, and the version's files as the
+/// inventory records them (path → SHA-256).
+type Asked = (
+    lading_core::layout::AccessId,
+    String,
+    u32,
+    BTreeMap<String, String>,
+);
+
+/// An access request for a version some completed payload job stored.
+async fn ask_access(
+    rng: &Seeded,
+    admin_engine: &Engine,
+    ingest: &lading_ingest::Ingest,
+    bids: &[BatchId],
+) -> Option<Asked> {
+    let b = pick(rng, bids)?;
+    let info = admin(|| admin_engine.batch(&b)).await?;
+    let j = pick(rng, info.jobs.get("batch-completed")?)?;
+    let jid = j.to_string();
+    let v = ingest
+        .inventory
+        .run(move |i| i.job_versions(&jid))
+        .await
+        .ok()?
+        .into_iter()
+        .next()?;
+    let token = json!({ "ark": v.ark, "version": v.version, "requester": "sim" });
+    let queue = lading_core::layout::AccessQueue::Small;
+    let id = admin(|| admin_engine.create_access(queue, &token)).await?;
+    let files = v.files.into_iter().map(|(p, _, sha)| (p, sha)).collect();
+    Some((id, v.ark, v.version, files))
+}
+
+/// Every access request ended, and each that completed holds the version's files as the
+/// inventory records them, byte for byte; with the faults over, more are asked for, and
+/// each must complete.
+async fn access_served(
+    sim: &Sim,
+    rng: &Seeded,
+    admin_engine: &Engine,
+    ingest: &lading_ingest::Ingest,
+    bids: &[BatchId],
+    mut asked: Vec<Asked>,
+) -> Vec<String> {
+    use lading_core::layout::AccessQueue;
+    let during = asked.len();
+    for _ in 0..3 {
+        asked.extend(ask_access(rng, admin_engine, ingest, bids).await);
+    }
+    let mut found = Vec::new();
+    let ended = |s: &lading_core::AccessState| {
+        matches!(
+            s,
+            lading_core::AccessState::Completed | lading_core::AccessState::Failed
+        )
+    };
+    for (k, (id, ark, version, want)) in asked.iter().enumerate() {
+        let mut info = None;
+        for _ in 0..120 {
+            info = admin(|| admin_engine.access(AccessQueue::Small, id)).await;
+            if info.as_ref().is_some_and(|i| ended(&i.status.status)) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let Some(info) = info else {
+            found.push(format!("access {id}: unreadable"));
+            continue;
+        };
+        match info.status.status {
+            lading_core::AccessState::Completed => {}
+            lading_core::AccessState::Failed if k < during => continue,
+            s => {
+                found.push(format!(
+                    "access {id} for {ark} v{version}: {s:?} ({}) with no faults on",
+                    info.status.message.unwrap_or_default()
+                ));
+                continue;
+            }
+        }
+        let zip = (0..8)
+            .map(|p| {
+                sim.work
+                    .path()
+                    .join(format!("p{p}-data"))
+                    .join("access")
+                    .join(format!("small-{id}.zip"))
+            })
+            .find(|p| p.exists());
+        let got = zip.as_deref().map(zip_entries);
+        match got {
+            Some(Ok(got)) if want.iter().all(|(p, sha)| got.get(p) == Some(sha)) && !want.is_empty() => {}
+            other => found.push(format!(
+                "access {id} for {ark} v{version} completed with {other:?}, the inventory records {want:?}"
+            )),
+        }
+    }
+    found
+}
+
+/// A zip's entries: name → SHA-256 of its bytes.
+fn zip_entries(p: &std::path::Path) -> Result<BTreeMap<String, String>, String> {
+    use sha2::Digest;
+    use std::io::Read;
+    let mut z = zip::ZipArchive::new(std::fs::File::open(p).map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    let mut out = BTreeMap::new();
+    for i in 0..z.len() {
+        let mut e = z.by_index(i).map_err(|e| e.to_string())?;
+        let name = e.name().map_err(|e| e.to_string())?.to_string();
+        let mut b = Vec::new();
+        e.read_to_end(&mut b).map_err(|e| e.to_string())?;
+        let h = sha2::Sha256::digest(&b);
+        out.insert(name, h.iter().map(|x| format!("{x:02x}")).collect());
+    }
+    Ok(out)
 }
 
 /// A version's producer files on node `n`, as its record lists them, each read back whole
