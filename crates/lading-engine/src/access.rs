@@ -72,7 +72,8 @@ impl Engine {
         })
     }
 
-    /// Acquires the oldest Pending request of a queue (nothing while the queue is paused).
+    /// Acquires the oldest Pending request of a queue, or a Processing one its assembler
+    /// left (its lock gone with its session), in order (nothing while the queue is paused).
     pub async fn acquire_access(&self, queue: AccessQueue) -> Result<Option<AccessLease>> {
         self.acquire_access_noting(queue, &mut Vec::new()).await
     }
@@ -157,7 +158,13 @@ impl Engine {
                     unmade.push(format!("{path}/status"));
                     continue;
                 };
-                if status.status != AccessState::Pending {
+                // A Processing request whose lock is gone lost its assembler (a crash, an
+                // expired session): taken again, or it stayed Processing for ever (found by
+                // `lading-sim`). One whose assembler lives keeps its lock, and is passed by.
+                if !matches!(
+                    status.status,
+                    AccessState::Pending | AccessState::Processing
+                ) {
                     continue;
                 }
                 // Every Pending request is taken, whoever made it: one whose token cannot be

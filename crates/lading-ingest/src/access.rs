@@ -286,7 +286,13 @@ impl Acquire for AccessLoop {
         let e = &self.ingest.engine;
         let span = tracing::info_span!("access", request = %lease.id, queue = lease.queue.name());
         let r = async {
-            let lease = e.access_advance(lease, Event::Success).await?;
+            // One its assembler left in Processing is assembled again from the start.
+            let lease = match lease.status.status {
+                lading_core::AccessState::Pending => {
+                    e.access_advance(lease, Event::Success).await?
+                }
+                _ => lease,
+            };
             let (ev, msg) = match assemble(&self.ingest, &lease).await {
                 Ok(()) => (Event::Success, None),
                 Err(why) => (Event::Fail, Some(why)),

@@ -83,6 +83,49 @@ pub async fn access_requests_move_through_their_states(h: &dyn Harness) {
     assert!(!info.locked);
 }
 
+/// An assembler that dies with the request in Processing (its session expires, its lock
+/// with it) leaves it to the next: taken again, in Processing, and assembled to the end. One
+/// whose assembler lives is passed by.
+pub async fn a_request_left_in_processing_by_a_dead_assembler_is_taken_again(h: &dyn Harness) {
+    let (e, s) = engine(h, "dies").await;
+    let (other, _s2) = engine(h, "next").await;
+    let id = e
+        .create_access(
+            AccessQueue::Small,
+            &json!({"ark": "ark:/99999/fk4x", "version": 1}),
+        )
+        .await
+        .unwrap();
+    let l = e.acquire_access(AccessQueue::Small).await.unwrap().unwrap();
+    let l = e.access_advance(l, Event::Success).await.unwrap();
+    // Alive, holding it: passed by.
+    assert!(
+        other
+            .acquire_access(AccessQueue::Small)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    drop(l);
+    (s.expire)().await;
+    let l = other
+        .acquire_access(AccessQueue::Small)
+        .await
+        .unwrap()
+        .expect("the request its assembler left");
+    assert_eq!(
+        (l.id.clone(), l.status.status),
+        (id.clone(), lading_core::AccessState::Processing)
+    );
+    other
+        .access_transition(l, Event::Success, None)
+        .await
+        .unwrap();
+    let info = other.access(AccessQueue::Small, &id).await.unwrap();
+    assert_eq!(info.status.status, lading_core::AccessState::Completed);
+    assert!(!info.locked);
+}
+
 /// A request whose token has a field of the wrong type is named as corrupt when read, and
 /// taken by acquisition in its turn with the reason it cannot be read (the stage fails it,
 /// naming the node), not skipped for ever; taking it changes nothing in the tree.
