@@ -129,6 +129,8 @@ fn without_faults_every_batch_ends_reported_once() {
 /// - 625764882, 625773258: an intake that gave up kept its batch's lock for its process's
 ///   life (the read before its failing move was lost, and the lease was dropped unreleased);
 ///   an admin's requeue of a job had fenced that intake, by setting its Pending batch's status.
+/// - 353719476 (again, once storage nodes and access queues were simulated): an access
+///   request its assembler left in Processing when its process crashed stayed there for ever.
 #[test]
 fn the_seeds_that_found_bugs_run_clean() {
     let opts = Options::default();
