@@ -33,13 +33,13 @@
 //! outbox's `replicate` deliveries copy them to the replica, and the fixity checker reads
 //! every recorded copy now and then under the faults (it must never report a good copy) and
 //! at the end, when copies made to go bad must be exactly what it finds and repairs. Each
-//! process runs an access queue too: zips of stored versions asked for now and then, each
+//! process runs both access queues too: zips of stored versions asked for now and then, each
 //! of which must end, and hold the version's recorded files when it completes.
 
 use crate::check::{QUOTA_LIMIT, QUOTA_PROFILE, SPACE_FREE, SPACE_KEEP, SPACE_MAX_JOB, SPACE_ROOT};
 use crate::payload::{Answers, PayloadServer, Payloads, Place, Served};
 use crate::tree::{EPOCH_MS, Faults, SimTree, World};
-use lading_core::layout::{BatchId, JobId};
+use lading_core::layout::{AccessQueue, BatchId, JobId};
 use lading_core::random::{Random, Seeded};
 use lading_core::time::Clock;
 use lading_core::{BatchState, BoxFuture, Event, JobState, Tree};
@@ -604,13 +604,15 @@ impl Sim {
             lading_ingest::cleanup::housekeeping(i, sd).await;
             Ok(())
         });
-        // An access queue: stored versions assembled as zips, read from the storage root or
-        // the nodes.
-        let i = ingest.clone();
-        services.spawn("access queue", Phase::First, |sd| async move {
-            lading_ingest::access::run(i, lading_core::layout::AccessQueue::Small, sd).await;
-            Ok(())
-        });
+        // The access queues: stored versions assembled as zips, read from the storage root
+        // or the nodes.
+        for q in [AccessQueue::Small, AccessQueue::Large] {
+            let i = ingest.clone();
+            services.spawn("access queue", Phase::First, move |sd| async move {
+                lading_ingest::access::run(i, q, sd).await;
+                Ok(())
+            });
+        }
         // Lading's outbox deliverer, to the simulated world.
         services.spawn("outbox", Phase::Last, |sd| async move {
             lading_ingest::outbox::run(ingest, sd).await;
@@ -1284,7 +1286,7 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
                     if let Some(r) = ask_access(&rng, &admin_engine, &admin_ingest, &bids).await {
                         world
                             .lock()
-                            .trace(format!("access {} asked for {} v{}", r.0, r.1, r.2));
+                            .trace(format!("access {} asked for {} v{}", r.1, r.2, r.3));
                         asked.push(r);
                     }
                 }
@@ -1707,6 +1709,7 @@ async fn fixity_finds_rot(
 /// An access request: its id, the object and version, and the version's files as the
 /// inventory records them (path → SHA-256).
 type Asked = (
+    AccessQueue,
     lading_core::layout::AccessId,
     String,
     u32,
@@ -1732,10 +1735,10 @@ async fn ask_access(
         .into_iter()
         .next()?;
     let token = json!({ "ark": v.ark, "version": v.version, "requester": "sim" });
-    let queue = lading_core::layout::AccessQueue::Small;
+    let queue = [AccessQueue::Small, AccessQueue::Large][rng.below(2)];
     let id = admin(|| admin_engine.create_access(queue, &token)).await?;
     let files = v.files.into_iter().map(|(p, _, sha)| (p, sha)).collect();
-    Some((id, v.ark, v.version, files))
+    Some((queue, id, v.ark, v.version, files))
 }
 
 /// Every access request ended, and each that completed holds the version's files as the
@@ -1749,7 +1752,6 @@ async fn access_served(
     bids: &[BatchId],
     mut asked: Vec<Asked>,
 ) -> Vec<String> {
-    use lading_core::layout::AccessQueue;
     let during = asked.len();
     for _ in 0..3 {
         asked.extend(ask_access(rng, admin_engine, ingest, bids).await);
@@ -1761,10 +1763,10 @@ async fn access_served(
             lading_core::AccessState::Completed | lading_core::AccessState::Failed
         )
     };
-    for (k, (id, ark, version, want)) in asked.iter().enumerate() {
+    for (k, (queue, id, ark, version, want)) in asked.iter().enumerate() {
         let mut info = None;
         for _ in 0..120 {
-            info = admin(|| admin_engine.access(AccessQueue::Small, id)).await;
+            info = admin(|| admin_engine.access(*queue, id)).await;
             if info.as_ref().is_some_and(|i| ended(&i.status.status)) {
                 break;
             }
@@ -1791,7 +1793,7 @@ async fn access_served(
                     .path()
                     .join(format!("p{p}-data"))
                     .join("access")
-                    .join(format!("small-{id}.zip"))
+                    .join(format!("{}-{id}.zip", queue.name()))
             })
             .find(|p| p.exists());
         let got = zip.as_deref().map(zip_entries);
