@@ -303,8 +303,11 @@ pub(crate) async fn store_on_bucket(
         .await
     {
         Ok(_) => {}
-        Err(e) if e.fatal => {
-            // Another writer's record: its job, not ours, owns the version.
+        Err(e) => {
+            // A record there already: this job's (an earlier attempt's, or this one's whose
+            // answer was lost after it took effect) is the commit; another writer's owns
+            // the version. Read back at once, a lost answer on the last attempt does not
+            // fail a job whose version is stored.
             if let Ok(Some(r)) = read_node_version(node, ark, version).await
                 && r.stored.job == jid
             {
@@ -312,7 +315,6 @@ pub(crate) async fn store_on_bucket(
             }
             return Err(node_outcome(e));
         }
-        Err(e) => return Err(node_outcome(e)),
     }
     job.log(&format!(
         "stored {ark} v{version} on {} ({} files sent, {skipped} already there)",
