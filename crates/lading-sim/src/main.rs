@@ -6,7 +6,9 @@
 //! cargo run --release -p lading-sim --features sabotage -- --seeds 2000 --sabotage no-fencing
 //! ```
 //! Options: `--nodes N` (3), `--batches N` (20), `--no-faults`, `--threads N` (the machine's
-//! cores: seeds are independent, each on a runtime of its own; the output is in seed order).
+//! cores: seeds are independent, each on a runtime of its own; the output is in seed order),
+//! `--hashes` (a line per seed with its steps and trace hash: two runs of one range must print
+//! the same lines).
 //! Exit status 1 when any seed broke an invariant.
 
 use lading_sim::sim::{Options, run};
@@ -21,7 +23,7 @@ use std::time::Instant;
 fn usage() -> ExitCode {
     eprintln!(
         "usage: lading-sim (--seeds N [--from S] | --seed S [--trace]) [--nodes N] [--batches N] \
-         [--no-faults] [--sabotage NAME] [--stop-at-first] [--threads N]"
+         [--no-faults] [--sabotage NAME] [--stop-at-first] [--threads N] [--hashes]"
     );
     ExitCode::from(2)
 }
@@ -38,6 +40,7 @@ fn main() -> ExitCode {
     let mut opts = Options::default();
     let (mut seeds, mut from, mut one, mut sabotage, mut stop_first) =
         (None, None, None, None, false);
+    let mut hashes = false;
     let mut threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut i = 0;
     while i < args.len() {
@@ -57,6 +60,11 @@ fn main() -> ExitCode {
             }
             "--no-faults" => {
                 opts.faults = false;
+                i += 1;
+                continue;
+            }
+            "--hashes" => {
+                hashes = true;
                 i += 1;
                 continue;
             }
@@ -148,6 +156,12 @@ fn main() -> ExitCode {
         steps += r.steps;
         jobs += r.jobs;
         stored += r.stored;
+        if hashes {
+            println!(
+                "seed {seed}: steps {} stored {} trace hash {:016x}",
+                r.steps, r.stored, r.trace_hash
+            );
+        }
         if let Some(full) = &r.full {
             for l in full {
                 println!("{l}");
