@@ -136,6 +136,9 @@ pub struct FixitySettings {
     pub every_days: u64,
     /// The audit reads at most this many bytes per second (0: unbounded).
     pub bytes_per_s: u64,
+    /// The audit's schedule ticks every this many seconds (1..=86400; 3600, hourly), and
+    /// each tick checks one share of the copies due.
+    pub audit_every_s: u64,
 }
 
 impl Default for FixitySettings {
@@ -143,6 +146,7 @@ impl Default for FixitySettings {
         FixitySettings {
             every_days: 90,
             bytes_per_s: 50 << 20,
+            audit_every_s: 3600,
         }
     }
 }
@@ -305,6 +309,18 @@ impl Config {
             }
             None => Config::default(),
         };
+        if let Some(p) = path
+            && !(1..=86_400).contains(&cfg.fixity.audit_every_s)
+        {
+            return Err(ConfigError::Parse {
+                path: p.to_path_buf(),
+                error: format!(
+                    "[fixity] audit_every_s must be 1..=86400 (seconds between the audit's \
+                     shares), not {}",
+                    cfg.fixity.audit_every_s
+                ),
+            });
+        }
         cfg.apply_env(|k| std::env::var(k).ok())?;
         Ok(cfg)
     }
@@ -612,6 +628,30 @@ mod tests {
         .unwrap();
         let e = Profile::load(dir.path(), "bad").unwrap_err().to_string();
         assert!(e.contains("colour"), "{e}");
+    }
+
+    #[test]
+    fn the_fixity_audit_period_is_bounded_and_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("lading.toml");
+        std::fs::write(&f, "[fixity]\naudit_every_s = 600\n").unwrap();
+        let c = Config::load(Some(&f)).unwrap();
+        assert_eq!(c.fixity.audit_every_s, 600);
+        assert_eq!(c.fixity.every_days, 90, "the rest keeps its default");
+        assert_eq!(Config::default().fixity.audit_every_s, 3600);
+        for bad in ["0", "86401"] {
+            std::fs::write(&f, format!("[fixity]\naudit_every_s = {bad}\n")).unwrap();
+            let e = Config::load(Some(&f)).unwrap_err().to_string();
+            assert!(
+                e.contains("audit_every_s must be 1..=86400") && e.contains(bad),
+                "{e}"
+            );
+        }
+        assert_eq!(
+            std::fs::read_to_string(&f).unwrap(),
+            "[fixity]\naudit_every_s = 86401\n",
+            "the file is only read"
+        );
     }
 
     #[test]

@@ -102,6 +102,104 @@ pub const AUDIT_SCHEDULE: &str = "audit";
 /// Copies one audit job checks at most (the schedule adds one job an hour).
 const AUDIT_SHARE: i64 = 5000;
 
+/// Runs the scheduled audit's jobs (type [`AUDIT_TYPE`], one per `[fixity] audit_every_s`
+/// from its schedule, hourly by default) until `stop`: each checks a share of the copies
+/// due ([`audit_due`]). The schedule is made first, or set to the configured period; while
+/// the store cannot be reached, that is tried again every 30 s.
+pub async fn run_audit(
+    ingest: std::sync::Arc<Ingest>,
+    jobs: std::sync::Arc<lading_jobs::Jobs>,
+    stop: lading_worker::Shutdown,
+) {
+    use std::time::Duration;
+    let every = ingest.cfg.fixity.audit_every_s.max(1);
+    let setup = || async {
+        // An audit share may read for a long time: the run's activity timeout is generous.
+        jobs.set_type_timeout(AUDIT_TYPE, 6 * 3600).await?;
+        let current = jobs.schedules(AUDIT_TYPE).await?;
+        if !current
+            .iter()
+            .any(|(n, s)| n == AUDIT_SCHEDULE && s.every_s == Some(every))
+        {
+            jobs.set_schedule(
+                AUDIT_TYPE,
+                AUDIT_SCHEDULE,
+                lading_jobs::Every::Seconds(every),
+                serde_json::json!({}),
+                0,
+            )
+            .await?;
+        }
+        Ok::<(), lading_jobs::JobsError>(())
+    };
+    let mut stopped = std::pin::pin!(stop.into_stopped());
+    loop {
+        let r = tokio::select! {
+            r = setup() => r,
+            _ = &mut stopped => return,
+        };
+        let Err(e) = r else { break };
+        tracing::warn!(error = %e, "fixity audit: cannot set up its schedule; trying again in 30 s");
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(30)) => {}
+            _ = &mut stopped => return,
+        }
+    }
+    // Asked every few minutes (or each tick, when the schedule ticks more often) without
+    // waiting: the audit is no acceptor held open, and costs one read when nothing is due.
+    let opts = lading_jobs::AcceptOptions::default();
+    let pause = Duration::from_secs(every.min(300));
+    loop {
+        let job = tokio::select! {
+            j = jobs.accept(AUDIT_TYPE, &opts) => j,
+            _ = &mut stopped => return,
+        };
+        let mut job = match job {
+            Ok(Some(j)) => j,
+            Ok(None) => {
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => continue,
+                    _ = &mut stopped => return,
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "fixity audit: cannot accept");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(30)) => continue,
+                    _ = &mut stopped => return,
+                }
+            }
+        };
+        let r = tokio::select! {
+            r = audit_due(&ingest) => r,
+            _ = &mut stopped => return,
+        };
+        let outcome = match r {
+            Ok(a) => {
+                for f in &a.findings {
+                    tracing::error!(node = f.node, ark = %f.ark, version = f.version,
+                        path = %f.path, "fixity: {f}");
+                }
+                tracing::info!(
+                    checked = a.checked,
+                    bad = a.findings.len(),
+                    "fixity audit share done"
+                );
+                lading_jobs::Outcome::Success(Some(serde_json::json!({
+                    "checked": a.checked, "bytes": a.bytes, "bad_or_missing": a.findings.len(),
+                })))
+            }
+            Err(e) => lading_jobs::Outcome::Error {
+                message: e,
+                data: None,
+            },
+        };
+        if let Err(e) = jobs.finish_with(&mut job, outcome).await {
+            tracing::warn!(error = %e, "fixity audit: cannot finish its job");
+        }
+    }
+}
+
 /// One share of the scheduled audit: the copies not checked for `[fixity] every_days`
 /// (or never), longest unchecked first, read at most `bytes_per_s`.
 pub async fn audit_due(ingest: &Ingest) -> Result<Audit, String> {

@@ -14,7 +14,7 @@ use lading_jobs::Jobs;
 use lading_server::{AppState, Auth};
 use lading_store_sqlite::{SqliteOptions, SqliteTree};
 use lading_store_zk::{ZkOptions, ZkTree};
-use lading_worker::{Phase, Shutdown, ShutdownHandle, Supervisor};
+use lading_worker::{Phase, ShutdownHandle, Supervisor};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -217,90 +217,6 @@ impl NodeSpec {
     }
 }
 
-/// Runs the scheduled fixity audit's jobs (type [`lading_ingest::fixity::AUDIT_TYPE`], one
-/// per hour from its schedule) until `stop`: each checks a share of the copies due.
-async fn fixity_audit(ingest: Arc<Ingest>, jobs: Arc<Jobs>, stop: Shutdown) {
-    use lading_ingest::fixity::{AUDIT_SCHEDULE, AUDIT_TYPE};
-    let setup = async {
-        // An audit share may read for a long time: the run's activity timeout is generous.
-        jobs.set_type_timeout(AUDIT_TYPE, 6 * 3600).await?;
-        if jobs
-            .schedules(AUDIT_TYPE)
-            .await?
-            .iter()
-            .all(|(n, _)| n != AUDIT_SCHEDULE)
-        {
-            jobs.set_schedule(
-                AUDIT_TYPE,
-                AUDIT_SCHEDULE,
-                lading_jobs::Every::Seconds(3600),
-                serde_json::json!({}),
-                0,
-            )
-            .await?;
-        }
-        Ok::<(), lading_jobs::JobsError>(())
-    };
-    if let Err(e) = setup.await {
-        tracing::warn!(error = %e, "fixity audit: cannot set up its schedule; not run");
-        return;
-    }
-    // Asked every few minutes without waiting (the schedule ticks hourly): the audit is no
-    // acceptor held open, and costs one read when nothing is due.
-    let opts = lading_jobs::AcceptOptions::default();
-    let pause = std::time::Duration::from_secs(300);
-    let mut stopped = std::pin::pin!(stop.into_stopped());
-    loop {
-        let job = tokio::select! {
-            j = jobs.accept(AUDIT_TYPE, &opts) => j,
-            _ = &mut stopped => return,
-        };
-        let mut job = match job {
-            Ok(Some(j)) => j,
-            Ok(None) => {
-                tokio::select! {
-                    _ = tokio::time::sleep(pause) => continue,
-                    _ = &mut stopped => return,
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "fixity audit: cannot accept");
-                tokio::select! {
-                    _ = tokio::time::sleep(std::time::Duration::from_secs(30)) => continue,
-                    _ = &mut stopped => return,
-                }
-            }
-        };
-        let r = tokio::select! {
-            r = lading_ingest::fixity::audit_due(&ingest) => r,
-            _ = &mut stopped => return,
-        };
-        let outcome = match r {
-            Ok(a) => {
-                for f in &a.findings {
-                    tracing::error!(node = f.node, ark = %f.ark, version = f.version,
-                        path = %f.path, "fixity: {f}");
-                }
-                tracing::info!(
-                    checked = a.checked,
-                    bad = a.findings.len(),
-                    "fixity audit share done"
-                );
-                lading_jobs::Outcome::Success(Some(serde_json::json!({
-                    "checked": a.checked, "bytes": a.bytes, "bad_or_missing": a.findings.len(),
-                })))
-            }
-            Err(e) => lading_jobs::Outcome::Error {
-                message: e,
-                data: None,
-            },
-        };
-        if let Err(e) = jobs.finish_with(&mut job, outcome).await {
-            tracing::warn!(error = %e, "fixity audit: cannot finish its job");
-        }
-    }
-}
-
 /// A running process: everything of its [`NodeSpec`] on one store.
 pub struct Node {
     pub ingest: Arc<Ingest>,
@@ -351,12 +267,12 @@ impl Node {
                 Ok(())
             });
         }
-        // The scheduled fixity audit: a generic job an hour, run here, checking the copies
-        // not checked for `[fixity] every_days`.
+        // The scheduled fixity audit: a generic job each `[fixity] audit_every_s` (hourly),
+        // run here, checking the copies not checked for `[fixity] every_days`.
         if spec.monitor && ingest.cfg.fixity.every_days > 0 {
             let (i, j) = (ingest.clone(), jobs.clone());
             services.spawn("fixity audit", Phase::First, |sd| async move {
-                fixity_audit(i, j, sd).await;
+                lading_ingest::fixity::run_audit(i, j, sd).await;
                 Ok(())
             });
         }

@@ -440,6 +440,13 @@ fn ingest_config(work: &std::path::Path, name: &str) -> lading_ingest::Config {
         work_root_id: Some(name.into()),
         storage_root: Some(work.join("storage")),
         inventory: Some(work.join("inventory.db")),
+        // The scheduled fixity audit, every 10 s: each copy is audited once in a run (it
+        // is due again after a day).
+        fixity: lading_ingest::config::FixitySettings {
+            every_days: 1,
+            bytes_per_s: 0,
+            audit_every_s: AUDIT_EVERY_S,
+        },
         ..Default::default()
     };
     cfg.stages.insert(
@@ -454,6 +461,9 @@ fn ingest_config(work: &std::path::Path, name: &str) -> lading_ingest::Config {
     );
     cfg
 }
+
+/// How often the scheduled fixity audit's schedule ticks.
+const AUDIT_EVERY_S: u64 = 10;
 
 /// The profile of some payload batches: stored on bucket node 1 and copied to node 2.
 const NODES_PROFILE: &str = "sim-nodes";
@@ -613,6 +623,12 @@ impl Sim {
                 Ok(())
             });
         }
+        // The scheduled fixity audit, as every node running the monitor runs it.
+        let (i, g) = (ingest.clone(), generic.clone());
+        services.spawn("fixity audit", Phase::First, |sd| async move {
+            lading_ingest::fixity::run_audit(i, g, sd).await;
+            Ok(())
+        });
         // Lading's outbox deliverer, to the simulated world.
         services.spawn("outbox", Phase::Last, |sd| async move {
             lading_ingest::outbox::run(ingest, sd).await;
@@ -1624,6 +1640,27 @@ async fn fixity_finds_rot(
     use lading_ingest::bucket::Bucket;
     use std::collections::BTreeSet;
     let mut found = Vec::new();
+    // Nothing has gone bad yet: neither the checker's calls under the faults nor the
+    // scheduled audit may have recorded a copy bad or missing.
+    match ingest.inventory.run(|i| i.copies(None, None)).await {
+        Ok(all) => {
+            let checked = all.iter().filter(|c| c.checked.is_some()).count();
+            world.lock().trace(format!(
+                "fixity: before any copy goes bad, {} copies recorded, {checked} checked",
+                all.len()
+            ));
+            for c in all
+                .iter()
+                .filter(|c| c.status != "ok" && c.checked.is_some())
+            {
+                found.push(format!(
+                    "fixity: a good copy recorded {}: node {} {} v{} {}",
+                    c.status, c.node, c.ark, c.version, c.path
+                ));
+            }
+        }
+        Err(e) => found.push(format!("fixity: the inventory's copies unreadable: {e}")),
+    }
     let mut rotted = BTreeSet::new();
     for _ in 0..2 {
         let k = rng.below(2);
