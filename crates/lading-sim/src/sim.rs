@@ -32,7 +32,9 @@
 //! last (each refusal and loss is in the trace). Lading's bucket Storing writes them, the
 //! outbox's `replicate` deliveries copy them to the replica, and the fixity checker reads
 //! every recorded copy now and then under the faults (it must never report a good copy) and
-//! at the end, when copies made to go bad must be exactly what it finds and repairs. Each
+//! at the end, when copies made to go bad must be exactly what it finds and repairs; each
+//! process runs the scheduled fixity audit (`lading_ingest::fixity::run_audit`, a generic
+//! job every 10 s here), and no copy may be recorded bad or missing before any goes bad. Each
 //! process runs both access queues too: zips of stored versions asked for now and then, each
 //! of which must end, and hold the version's recorded files when it completes.
 
