@@ -1,6 +1,6 @@
 //! Storage nodes against real SeaweedFS servers (two servers stand for two nodes): a batch
-//! stored on a primary and a replica, read back key by key; the fixity checker finding a
-//! corrupted replica copy and repairing it; a store interrupted half-way resuming without
+//! stored on a primary and a replica, read back key by key; the scheduled fixity audit
+//! checking every copy; the fixity checker finding a corrupted replica copy and repairing it; a store interrupted half-way resuming without
 //! sending a confirmed file again; the primary killed mid-batch; wrong credentials, a missing
 //! bucket and an unknown node refused, named, with nothing left behind. On both stores.
 
@@ -49,6 +49,11 @@ fn sha256(b: &[u8]) -> String {
 fn ingest_with(w: &World, nodes: Vec<NodeSettings>) -> Result<Arc<Ingest>, String> {
     let cfg = Config {
         storage_nodes: nodes,
+        // The scheduled audit's schedule ticks each second (where a test runs it).
+        fixity: lading_ingest::config::FixitySettings {
+            audit_every_s: 1,
+            ..w.cfg.fixity.clone()
+        },
         ..w.cfg.clone()
     };
     Ingest::try_new_env(w.engine.clone(), cfg, env)
@@ -298,6 +303,68 @@ async fn a_batch_is_stored_on_a_primary_and_a_replica_and_fixity_repairs_a_bad_c
         0,
         "no multipart upload left open"
     );
+    // The scheduled audit, as a node runs it beside the activity monitor (its schedule
+    // ticking every second here): it sets up its schedule, takes each job the monitor adds,
+    // and records every copy checked and good.
+    let jobs = Arc::new(lading_jobs::Jobs::new(
+        w.engine.tree().clone(),
+        w.engine.clock().clone(),
+        "audit-test",
+    ));
+    let (audit_stop, sd) = lading_worker::Shutdown::new();
+    let audit_task = tokio::spawn(lading_ingest::fixity::run_audit(
+        ingest.clone(),
+        jobs.clone(),
+        sd,
+    ));
+    let (monitor_stop, sd) = lading_worker::Shutdown::new();
+    let monitor_task = {
+        let j = jobs.clone();
+        tokio::spawn(async move { j.run_monitor(sd).await })
+    };
+    // Every copy was checked when it was recorded; made to look checked long ago, each is
+    // due for the audit.
+    let long_ago = lading_core::time::format_ts(0);
+    let lading_ingest::config::Location::Sqlite(db) = ingest.inventory.location() else {
+        panic!("the test's inventory is a SQLite file")
+    };
+    let due = rusqlite::Connection::open(db)
+        .unwrap()
+        .execute("UPDATE copies SET checked = ?1", [&long_ago])
+        .unwrap();
+    assert!(due >= 2 * files.len(), "{due} copies made due");
+    let a1 = s.ark.clone();
+    lading_testkit::poll::until_true(
+        "the scheduled audit to check every copy",
+        common::WAIT,
+        async || {
+            let a = a1.clone();
+            let copies = ingest
+                .inventory
+                .run(move |i| i.copies(None, Some(&a)))
+                .await
+                .unwrap();
+            copies.len() >= 2 * files.len()
+                && copies
+                    .iter()
+                    .all(|c| c.status == "ok" && c.checked.as_ref() != Some(&long_ago))
+        },
+    )
+    .await;
+    let schedules = jobs
+        .schedules(lading_ingest::fixity::AUDIT_TYPE)
+        .await
+        .unwrap();
+    assert_eq!(schedules.len(), 1, "{schedules:?}");
+    assert_eq!(
+        (schedules[0].0.as_str(), schedules[0].1.every_s),
+        (lading_ingest::fixity::AUDIT_SCHEDULE, Some(1)),
+        "the schedule has the configured period"
+    );
+    audit_stop.stop();
+    monitor_stop.stop();
+    audit_task.await.unwrap();
+    monitor_task.await.unwrap();
     // Every copy checks out.
     let audit = lading_ingest::fixity::check(&ingest, None, Some(&s.ark), None)
         .await

@@ -110,6 +110,18 @@ impl Clock for SimClock {
     }
 }
 
+/// The inventory's clock: two days behind the processes'. Every copy's last check (made
+/// when it was recorded, or by the last audit) then looks two days old to the scheduled
+/// fixity audit, which takes copies unchecked for a day: each of its ticks reads every
+/// recorded copy, under the faults.
+struct Behind(lading_core::time::SharedClock);
+
+impl Clock for Behind {
+    fn now_ms(&self) -> u64 {
+        self.0.now_ms().saturating_sub(2 * 86_400_000)
+    }
+}
+
 /// What left the simulated processes: each delivered mail and callback, by key.
 #[derive(Default)]
 struct Outside {
@@ -442,8 +454,8 @@ fn ingest_config(work: &std::path::Path, name: &str) -> lading_ingest::Config {
         work_root_id: Some(name.into()),
         storage_root: Some(work.join("storage")),
         inventory: Some(work.join("inventory.db")),
-        // The scheduled fixity audit, every 10 s: each copy is audited once in a run (it
-        // is due again after a day).
+        // The scheduled fixity audit, every 10 s: with the inventory's clock two days
+        // behind ([`Behind`]), each share reads every recorded copy.
         fixity: lading_ingest::config::FixitySettings {
             every_days: 1,
             bytes_per_s: 0,
@@ -533,6 +545,10 @@ impl Sim {
         for n in self.buckets.open() {
             ingest.nodes.insert(n);
         }
+        ingest.inventory = Arc::new(
+            lading_ingest::inventory::Inventory::new(ingest.cfg.inventory())
+                .with_clock(Arc::new(Behind(ingest.engine.clock().clone()))),
+        );
         ingest
     }
 
