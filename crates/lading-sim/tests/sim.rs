@@ -131,6 +131,10 @@ fn without_faults_every_batch_ends_reported_once() {
 ///   an admin's requeue of a job had fenced that intake, by setting its Pending batch's status.
 /// - 353719476 (again, once storage nodes and access queues were simulated): an access
 ///   request its assembler left in Processing when its process crashed stayed there for ever.
+/// - 771227260: a job that failed for good on a bucket removed a file another job had
+///   written under the same version number (it had found it there with the same bytes), and
+///   went ahead when it could not read whether that version's record existed; the other
+///   job's committed version lacked the file.
 #[test]
 fn the_seeds_that_found_bugs_run_clean() {
     let opts = Options::default();
@@ -138,7 +142,7 @@ fn the_seeds_that_found_bugs_run_clean() {
         1, 2, 4, 5, 7, 9, 10, 11, 13, 14, 15, 17, 18, 22, 24, 47, 93, 96, 112, 123, 157, 174, 195,
         1192, 182931658, 194556296, 194557926, 353719476, 353725315, 401302608, 401305623,
         401313012, 401314180, 624747782, 624747914, 46, 373605852, 373606659, 970448783, 970449026,
-        778393544, 778402686, 625764882, 625773258,
+        778393544, 778402686, 625764882, 625773258, 771227260,
     ] {
         let r = run(seed, &opts);
         assert!(r.jobs > 0, "seed {seed} ran no job");

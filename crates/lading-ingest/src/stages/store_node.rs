@@ -19,6 +19,11 @@ pub(crate) struct Progress {
     /// Paths (`producer/…`, `system/…`) confirmed on the node.
     #[serde(default)]
     pub confirmed: BTreeSet<String>,
+    /// Of those, the ones this job put there itself: a key found there already with the
+    /// same bytes may be another job's, which gave the version number up, and is never
+    /// removed by this job's [`scrap`].
+    #[serde(default)]
+    pub written: BTreeSet<String>,
     /// Multipart uploads open now: path → upload id.
     #[serde(default)]
     pub uploads: BTreeMap<String, String>,
@@ -203,11 +208,14 @@ pub(crate) async fn store_on_bucket(
                         .map_err(|e| e.to_string())
                 }) as crate::nodes::UploadNote<'_>
             };
-            let (copy, _) = node.put_new(&ark, version, &rel, &path, &mut note).await?;
+            let (copy, already) = node.put_new(&ark, version, &rel, &path, &mut note).await?;
             // Recorded for a large file at once, for small ones every few: a file confirmed
             // and not yet recorded costs a successor one read-back, not a resend.
             let mut p = shared.lock().await;
             p.confirmed.insert(rel.clone());
+            if !already {
+                p.written.insert(rel.clone());
+            }
             if copy.size >= RECORD_EACH_FROM || p.confirmed.len() % RECORD_EVERY == 0 {
                 job.set_data(PROGRESS, &json!(*p))
                     .await
@@ -232,7 +240,7 @@ pub(crate) async fn store_on_bucket(
     .await;
     if let Some(e) = results.iter().find_map(|r| r.as_ref().err()).cloned() {
         if e.fatal {
-            scrap(job, node, ark, version, &shared.lock().await.confirmed).await;
+            scrap(job, node, ark, version, &shared.lock().await.written).await;
         }
         return Err(node_outcome(e));
     }
@@ -325,14 +333,16 @@ pub(crate) async fn store_on_bucket(
 }
 
 /// Removes what this job wrote of a version that has no record (after a fatal failure), and
-/// its progress, so nothing half-stored remains.
-async fn scrap(job: &JobCtx, node: &Node, ark: &str, version: u32, confirmed: &BTreeSet<String>) {
-    if let Ok(Some(_)) = node.head(ark, version, VERSION_RECORD).await {
+/// its progress, so nothing half-stored remains. Only when the node says the record is
+/// absent: one that cannot be read may be another job's commit of the same number, whose
+/// files (some of the same bytes) must stay (found by `lading-sim`, seed 771227260).
+async fn scrap(job: &JobCtx, node: &Node, ark: &str, version: u32, written: &BTreeSet<String>) {
+    if !matches!(node.head(ark, version, VERSION_RECORD).await, Ok(None)) {
         return;
     }
     let _ = node.abort_open_uploads(ark, version).await;
     if let crate::nodes::Place::Bucket { store, .. } = &node.place {
-        for rel in confirmed {
+        for rel in written {
             if let Ok(k) = node.key(ark, version, rel) {
                 let _ = store.delete(&k).await;
             }
