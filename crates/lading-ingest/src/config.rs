@@ -647,11 +647,6 @@ mod tests {
                 "{e}"
             );
         }
-        assert_eq!(
-            std::fs::read_to_string(&f).unwrap(),
-            "[fixity]\naudit_every_s = 86401\n",
-            "the file is only read"
-        );
     }
 
     #[test]
