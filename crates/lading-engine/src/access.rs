@@ -99,30 +99,27 @@ impl Engine {
         timeout: Duration,
         stop: impl std::future::Future<Output = ()> + Send,
     ) -> Result<Option<AccessLease>> {
-        self.wait_until(timeout, stop, || async move {
-            let mut watches = vec![
-                self.tree
-                    .watch(&access_folder(queue), WatchKind::Children)
-                    .await?,
-                self.tree
-                    .watch(&queue_lock(queue.lock_name()), WatchKind::Data)
-                    .await?,
-            ];
+        let armed = &claims::Armed::default();
+        let tree = &*self.tree;
+        self.wait_until(timeout, stop, armed, || async move {
+            armed
+                .watch(tree, &access_folder(queue), WatchKind::Children)
+                .await?;
+            armed
+                .watch(tree, &queue_lock(queue.lock_name()), WatchKind::Data)
+                .await?;
             let mut unmade = Vec::new();
             if let Some(lease) = self.acquire_access_noting(queue, &mut unmade).await? {
                 return Ok(Round::Got(lease));
             }
             for path in unmade {
-                watches.push(self.tree.watch(&path, WatchKind::Data).await?);
+                armed.watch(tree, &path, WatchKind::Data).await?;
                 // Made between the scan and the watch: look again at once.
                 if self.tree.exists(&path).await?.is_some() {
                     return Ok(Round::Again);
                 }
             }
-            Ok(Round::Wait {
-                watches,
-                due: SWEEP,
-            })
+            Ok(Round::Wait { due: SWEEP })
         })
         .await
     }

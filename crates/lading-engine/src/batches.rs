@@ -171,29 +171,25 @@ impl Engine {
         timeout: Duration,
         cancel: impl std::future::Future<Output = ()>,
     ) -> Result<Option<BatchLease>> {
-        self.wait_until(timeout, cancel, || async move {
-            let mut watches = vec![
-                self.tree.watch(BATCHES, WatchKind::Children).await?,
-                self.tree
-                    .watch(&queue_lock("ingest"), WatchKind::Data)
-                    .await?,
-            ];
+        let armed = &claims::Armed::default();
+        let tree = &*self.tree;
+        self.wait_until(timeout, cancel, armed, || async move {
+            armed.watch(tree, BATCHES, WatchKind::Children).await?;
+            armed
+                .watch(tree, &queue_lock("ingest"), WatchKind::Data)
+                .await?;
             let live = self
                 .live_batches
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone();
             for bid in &live {
-                watches.push(
-                    self.tree
-                        .watch(&batch_node(bid, "status"), WatchKind::Data)
-                        .await?,
-                );
-                watches.push(
-                    self.tree
-                        .watch(&batch_node(bid, "lock"), WatchKind::Data)
-                        .await?,
-                );
+                armed
+                    .watch(tree, &batch_node(bid, "status"), WatchKind::Data)
+                    .await?;
+                armed
+                    .watch(tree, &batch_node(bid, "lock"), WatchKind::Data)
+                    .await?;
             }
             if let Some(l) = self.acquire_batch(state).await? {
                 return Ok(Round::Got(l));
@@ -207,10 +203,7 @@ impl Engine {
             if now_live.iter().any(|b| !live.contains(b)) {
                 return Ok(Round::Again);
             }
-            Ok(Round::Wait {
-                watches,
-                due: SWEEP,
-            })
+            Ok(Round::Wait { due: SWEEP })
         })
         .await
     }

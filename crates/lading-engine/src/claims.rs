@@ -268,6 +268,7 @@ impl Engine {
         &self,
         timeout: Duration,
         cancel: impl std::future::Future<Output = ()>,
+        armed: &Armed,
         mut round: F,
     ) -> Result<Option<T>>
     where
@@ -285,11 +286,13 @@ impl Engine {
             let mut woken = std::pin::pin!(woken);
             woken.as_mut().enable();
             let strays = self.drop_strays().await;
-            let (watches, due) = match round().await? {
+            armed.begin_round();
+            let due = match round().await? {
                 Round::Got(t) => return Ok(Some(t)),
                 Round::Again => continue,
-                Round::Wait { watches, due } => (watches, due),
+                Round::Wait { due } => due,
             };
+            let mut watches = armed.take_wanted();
             let due = if strays { due.min(STRAY_RETRY) } else { due };
             let lost_locally = self.local_conflicts.load(Ordering::Relaxed) != conflicts;
             // `due` on the engine's clock: a test's manual clock wakes the wait when it is
@@ -300,10 +303,11 @@ impl Engine {
                 None => Box::pin(tokio::time::sleep(due)),
             };
             self.parked.send_modify(|n| *n += 1);
+            let mut fired = None;
             tokio::select! {
                 // In order, not at random: a run is the same every time (`lading-sim`).
                 biased;
-                _ = any_of(watches) => {}
+                i = any_of(watches.iter_mut().map(|k| &mut k.3)) => fired = Some(i),
                 _ = &mut unclaimed, if lost_locally => {}
                 _ = &mut woken => {}
                 _ = &mut cancel => return Ok(None),
@@ -312,7 +316,86 @@ impl Engine {
                 _ = tokio::time::sleep(SWEEP) => {}
                 _ = tokio::time::sleep_until(deadline) => return Ok(None),
             }
+            armed.keep_unfired(watches, fired);
         }
+    }
+}
+
+/// The watches of one wait, kept from round to round. A watch that has not fired still
+/// guards whatever a later round reads after it (a change since it was set would have fired
+/// it), so a round sets again only the watches that fired, that are new, or that were set on
+/// another session. On ZooKeeper each watch set is a round trip; a woken worker used to set
+/// all of them again (two to a few dozen) before looking.
+#[derive(Default)]
+pub(crate) struct Armed {
+    inner: Mutex<ArmedInner>,
+}
+
+#[derive(Default)]
+struct ArmedInner {
+    /// Unfired watches of the last wait.
+    kept: Vec<Kept>,
+    /// This round's, in the order it asked for them (the order they are polled in).
+    wanted: Vec<Kept>,
+}
+
+/// A watch, what it watches, and the session it was set on.
+type Kept = (String, WatchKind, u64, Watch);
+
+impl Armed {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ArmedInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Watches `path`: the unfired watch a former round set on this session, or a new one.
+    pub(crate) async fn watch(&self, tree: &dyn Tree, path: &str, kind: WatchKind) -> Result<()> {
+        let session = tree.session_id();
+        let found = {
+            let mut g = self.lock();
+            g.kept
+                .iter()
+                .position(|(p, k, s, _)| p == path && *k == kind && *s == session)
+                .map(|i| g.kept.swap_remove(i))
+        };
+        let entry = match found {
+            Some(e) => e,
+            None => {
+                let w = tree.watch(path, kind).await?;
+                (path.to_string(), kind, session, w)
+            }
+        };
+        self.lock().wanted.push(entry);
+        Ok(())
+    }
+
+    /// A round begins: what the last one asked for may be asked for again.
+    fn begin_round(&self) {
+        let mut g = self.lock();
+        let wanted = std::mem::take(&mut g.wanted);
+        g.kept.extend(wanted);
+    }
+
+    /// The round waits on what it asked for; watches it no longer asked for are dropped.
+    fn take_wanted(&self) -> Vec<Kept> {
+        let mut g = self.lock();
+        g.kept.clear();
+        std::mem::take(&mut g.wanted)
+    }
+
+    /// After a wait (`fired`: the watch that ended it, already polled to its end): the
+    /// watches that have not fired are kept for the next round.
+    fn keep_unfired(&self, watches: Vec<Kept>, fired: Option<usize>) {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let unfired = watches
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| Some(*i) != fired)
+            .filter_map(|(_, mut k)| {
+                let ready = std::pin::Pin::new(&mut k.3).poll(&mut cx).is_ready();
+                (!ready).then_some(k)
+            })
+            .collect();
+        self.lock().kept = unfired;
     }
 }
 
@@ -322,6 +405,6 @@ pub(crate) enum Round<T> {
     Got(T),
     /// Look again at once (the round saw something it had not watched yet).
     Again,
-    /// Nothing free: wait for one of `watches`, or `due`.
-    Wait { watches: Vec<Watch>, due: Duration },
+    /// Nothing free: wait for one of the watches the round set (see [`Armed`]), or `due`.
+    Wait { due: Duration },
 }

@@ -5,32 +5,32 @@ use super::*;
 impl Engine {
     /// A boolean read of the tree, remembered until a watch on `path` fires (or this engine
     /// changes a flag itself). Costs no round trip while nothing changes.
+    ///
+    /// Whether the watch has fired is asked of the watch itself at each read. (A task that
+    /// waited on it and marked the value stale ran after a waiter woken by the same change
+    /// had read the old value: the waiter slept until its sweep, 10 s.)
     pub(crate) async fn watched_flag<F>(&self, path: &str, kind: WatchKind, read: F) -> Result<bool>
     where
         F: std::future::Future<Output = Result<bool>>,
     {
         let key = format!("{kind:?}:{path}");
-        if let Some((v, fresh)) = self
-            .flags
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-            && fresh.load(Ordering::SeqCst)
         {
-            return Ok(*v);
+            let mut flags = self.flags.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((v, watch)) = flags.get_mut(&key) {
+                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                if std::pin::Pin::new(watch).poll(&mut cx).is_pending() {
+                    return Ok(*v);
+                }
+                // Fired: polled to its end, so never polled again.
+                flags.remove(&key);
+            }
         }
         let watch = self.tree.watch(path, kind).await?;
         let value = read.await?;
-        let fresh = Arc::new(AtomicBool::new(true));
-        let f = fresh.clone();
-        tokio::spawn(async move {
-            watch.await;
-            f.store(false, Ordering::SeqCst);
-        });
         self.flags
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(key, (value, fresh));
+            .insert(key, (value, watch));
         Ok(value)
     }
 

@@ -435,18 +435,17 @@ impl Engine {
         timeout: Duration,
         cancel: impl std::future::Future<Output = ()>,
     ) -> Result<Option<JobLease>> {
-        self.wait_until(timeout, cancel, || async move {
-            let mut watches = vec![
-                self.tree
-                    .watch(&job_state_folder(state), WatchKind::Children)
-                    .await?,
-                self.tree
-                    .watch(&queue_lock("ingest"), WatchKind::Data)
-                    .await?,
-            ];
-            if sabotage::on(sabotage::LOST_WAKEUP) {
-                watches.remove(0);
+        let armed = &claims::Armed::default();
+        let tree = &*self.tree;
+        self.wait_until(timeout, cancel, armed, || async move {
+            if !sabotage::on(sabotage::LOST_WAKEUP) {
+                armed
+                    .watch(tree, &job_state_folder(state), WatchKind::Children)
+                    .await?;
             }
+            armed
+                .watch(tree, &queue_lock("ingest"), WatchKind::Data)
+                .await?;
             if let Some(l) = self.acquire_job(state).await? {
                 return Ok(Round::Got(l));
             }
@@ -457,11 +456,9 @@ impl Engine {
                 .busy_names(&job_state_folder(state), WAIT_LOCKS)
             {
                 if let Some((_, jid)) = parse_job_ref(&name) {
-                    watches.push(
-                        self.tree
-                            .watch(&job_node(&jid, "lock"), WatchKind::Data)
-                            .await?,
-                    );
+                    armed
+                        .watch(tree, &job_node(&jid, "lock"), WatchKind::Data)
+                        .await?;
                 }
             }
             // A job deferred after a transient error becomes due.
@@ -469,7 +466,7 @@ impl Engine {
                 .contention
                 .next_due(self.clock.now_ms())
                 .unwrap_or(SWEEP);
-            Ok(Round::Wait { watches, due })
+            Ok(Round::Wait { due })
         })
         .await
     }

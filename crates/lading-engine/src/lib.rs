@@ -62,7 +62,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::broadcast;
@@ -272,7 +272,7 @@ pub struct Engine {
     /// acquisition skips them without reading their status again.
     terminal_batches: Mutex<HashMap<BatchId, BatchState>>,
     /// Pause and hold flags read under a watch: valid until the watch fires.
-    flags: Mutex<HashMap<String, (bool, Arc<AtomicBool>)>>,
+    flags: Mutex<HashMap<String, (bool, Watch)>>,
     /// What this process learnt lately about other workers (busy and deferred references,
     /// lost races): see [`contention::Contention`].
     contention: contention::Contention,
@@ -322,11 +322,14 @@ const WATCH_PROCESSING: usize = 256;
 const JOB_BATCHES_KEPT: usize = 100_000;
 
 /// Ready when any of `watches` fires; never, when there are none.
-async fn any_of(mut watches: Vec<Watch>) {
+/// Waits for the first of `watches` to fire; its index (a fired watch must not be polled
+/// again).
+async fn any_of<'a>(watches: impl Iterator<Item = &'a mut Watch>) -> usize {
+    let mut watches: Vec<&mut Watch> = watches.collect();
     std::future::poll_fn(|cx| {
-        for w in watches.iter_mut() {
-            if std::pin::Pin::new(w).poll(cx).is_ready() {
-                return std::task::Poll::Ready(());
+        for (i, w) in watches.iter_mut().enumerate() {
+            if std::pin::Pin::new(&mut **w).poll(cx).is_ready() {
+                return std::task::Poll::Ready(i);
             }
         }
         std::task::Poll::Pending
