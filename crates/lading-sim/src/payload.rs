@@ -4,7 +4,7 @@
 //!
 //! A payload is a batch manifest (one object manifest per object, each naming one to three
 //! files), a single-file batch manifest (one object per file) or a container batch manifest
-//! (one object per zip, unpacked by Processing). Most are served over
+//! (one object per zip, tar or tar.gz, unpacked by Processing). Most are served over
 //! simulated HTTP by [`PayloadServer`] (slow, failing, cutting bodies short, as the seed
 //! says); some are files fetched through `file://` URLs. Some batches are put right only
 //! later: a file missing at first, or an object manifest whose first version declares a
@@ -131,26 +131,23 @@ impl Payloads {
             file_bytes(name, bytes)
         };
         if rng.below(4) == 0 {
-            // One object per container (a zip of a few files, unpacked by Processing).
+            // One object per container (a zip, tar or tar.gz of a few files, unpacked by
+            // Processing).
             let mut rows = Vec::new();
             let mut objects = Vec::new();
             for c in 0..1 + rng.below(3) {
                 let mut expected = Expected::default();
-                let mut zip = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
-                let opts = zip::write::SimpleFileOptions::default()
-                    .compression_method(zip::CompressionMethod::Stored);
+                let mut entries = Vec::new();
                 for f in 0..1 + rng.below(3) {
                     let name = format!("part{f}/c{c}-{f}.txt");
                     let bytes = format!("{seed}/{i}/{name}\n")
                         .repeat(1 + rng.below(40))
                         .into_bytes();
-                    use std::io::Write;
-                    zip.start_file(name.as_str(), opts).expect("a zip entry");
-                    zip.write_all(&bytes).expect("a zip entry's bytes");
-                    expected.files.insert(name, sha256_hex(&bytes));
+                    expected.files.insert(name.clone(), sha256_hex(&bytes));
+                    entries.push((name, bytes));
                 }
-                let packed = zip.finish().expect("a zip").into_inner();
-                let name = format!("c{c}.zip");
+                let (packed, ext) = pack(&entries, (i + c) % 3);
+                let name = format!("c{c}.{ext}");
                 let (url, _) = file_bytes(&name, packed);
                 rows.push(vec![url.clone(), name]);
                 objects.push((url, expected));
@@ -353,4 +350,35 @@ impl Source for PayloadServer {
             served.get(url).map(|b| b.len() as u64)
         })
     }
+}
+
+/// `entries` packed as a zip (`kind` 0), a tar (1) or a tar.gz (2); with its file extension.
+fn pack(entries: &[(String, Vec<u8>)], kind: usize) -> (Vec<u8>, &'static str) {
+    use std::io::Write;
+    if kind == 0 {
+        let mut zip = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+        let opts = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Stored);
+        for (name, bytes) in entries {
+            zip.start_file(name.as_str(), opts).expect("a zip entry");
+            zip.write_all(bytes).expect("a zip entry's bytes");
+        }
+        return (zip.finish().expect("a zip").into_inner(), "zip");
+    }
+    let mut tar = tar::Builder::new(Vec::new());
+    for (name, bytes) in entries {
+        let mut h = tar::Header::new_ustar();
+        h.set_size(bytes.len() as u64);
+        h.set_mode(0o644);
+        h.set_mtime(0);
+        tar.append_data(&mut h, name, bytes.as_slice())
+            .expect("a tar entry");
+    }
+    let packed = tar.into_inner().expect("a tar");
+    if kind == 1 {
+        return (packed, "tar");
+    }
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&packed).expect("a tar.gz");
+    (gz.finish().expect("a tar.gz"), "tar.gz")
 }

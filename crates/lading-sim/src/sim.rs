@@ -84,6 +84,9 @@ pub struct Run {
     pub jobs: usize,
     /// Jobs of payload batches that completed, each checked against its stored version.
     pub stored: usize,
+    /// Of those, the objects that came in a zip, a tar and a tar.gz container, found as
+    /// their containers held them.
+    pub unpacked: [usize; 3],
     pub violations: Vec<String>,
     pub tail: Vec<String>,
     pub trace_hash: u64,
@@ -1498,6 +1501,7 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
     // per key, and one for every job that completed.
     let mut jobs = 0;
     let mut stored = 0;
+    let mut unpacked = [0; 3];
     {
         let (mails, callbacks) = {
             let o = sim.outside.lock().unwrap_or_else(|p| p.into_inner());
@@ -1585,6 +1589,7 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
                 &admin_engine,
                 &bids,
                 &sim.buckets,
+                &mut unpacked,
             )
             .await;
             found.extend(bad);
@@ -1617,6 +1622,7 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
         steps: st.commits,
         jobs,
         stored,
+        unpacked,
         violations: st.violations.clone(),
         tail: st.tail.iter().cloned().collect(),
         trace_hash: st.trace_hash,
@@ -1950,6 +1956,7 @@ async fn stored_as_given(
     admin_engine: &Engine,
     bids: &[BatchId],
     buckets: &Buckets,
+    unpacked: &mut [usize; 3],
 ) -> (Vec<String>, usize) {
     use lading_ingest::inventory::Inventory;
     let nodes = buckets.open();
@@ -2017,6 +2024,11 @@ async fn stored_as_given(
                     "storage: job {j} recorded {recorded:?} for {} v{}, its payload is {:?}",
                     v.ark, v.version, want.files
                 ));
+            } else if let Some(k) = [".zip", ".tar", ".tar.gz"]
+                .iter()
+                .position(|ext| url.ends_with(ext))
+            {
+                unpacked[k] += 1;
             }
             let path = inventory.version_path(&v.ark, v.version).ok().flatten();
             if path.as_deref().is_some_and(|p| p.starts_with("s3://")) {

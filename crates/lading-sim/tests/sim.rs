@@ -68,6 +68,27 @@ fn without_faults_every_batch_ends_reported_once() {
     }
 }
 
+#[test]
+fn objects_in_every_kind_of_container_are_unpacked_and_stored() {
+    let opts = Options {
+        batches: 12,
+        faults: false,
+        ..Options::default()
+    };
+    let mut unpacked = [0; 3];
+    for seed in 1..=8 {
+        let r = run(seed, &opts);
+        assert!(r.violations.is_empty(), "seed {seed}: {:?}", r.violations);
+        for (k, n) in r.unpacked.iter().enumerate() {
+            unpacked[k] += n;
+        }
+    }
+    assert!(
+        unpacked.iter().all(|n| *n > 0),
+        "objects from zip, tar and tar.gz containers, checked as stored: {unpacked:?}"
+    );
+}
+
 /// Seeds that found bugs, run with the default scenario (faults on). A seed replays its
 /// scenario only as long as the code it drives is unchanged, so these guard less than the
 /// unit tests each fix has; they stay as the record of what the simulator found.
