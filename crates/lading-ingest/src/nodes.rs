@@ -385,23 +385,20 @@ impl Node {
         };
         match &self.place {
             Place::Folder(root) => {
-                use tokio::io::AsyncReadExt;
                 let p = self.folder_path(root, ark, version, rel);
-                let mut f = match tokio::fs::File::open(&p).await {
-                    Ok(f) => f,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-                    Err(e) => return Err(self.io("opening", &p, e)),
+                let Some(mut f) = Chunks::open(&p)
+                    .await
+                    .map_err(|e| self.io("opening", &p, e))?
+                else {
+                    return Ok(None);
                 };
-                let mut buf = vec![0u8; 1 << 20];
                 loop {
-                    let n = f
-                        .read(&mut buf)
-                        .await
-                        .map_err(|e| self.io("reading", &p, e))?;
+                    let chunk = f.next().await.map_err(|e| self.io("reading", &p, e))?;
+                    let n = chunk.len();
                     if n == 0 {
                         break;
                     }
-                    h.update(&buf[..n]);
+                    h.update(chunk);
                     if let Some(d) = paced(n).filter(|d| !d.is_zero()) {
                         tokio::time::sleep(d).await;
                     }
@@ -488,14 +485,22 @@ impl Node {
         match &self.place {
             Place::Folder(root) => {
                 let p = self.folder_path(root, ark, version, rel);
-                let mut f = match tokio::fs::File::open(&p).await {
-                    Ok(f) => f,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-                    Err(e) => return Err(self.io("opening", &p, e)),
-                };
-                tokio::io::copy(&mut f, out)
+                let Some(mut f) = Chunks::open(&p)
                     .await
-                    .map_err(|e| self.io("reading", &p, e))?;
+                    .map_err(|e| self.io("opening", &p, e))?
+                else {
+                    return Ok(false);
+                };
+                loop {
+                    let chunk = f.next().await.map_err(|e| self.io("reading", &p, e))?;
+                    if chunk.is_empty() {
+                        break;
+                    }
+                    out.write_all(chunk).await.map_err(|e| NodeError {
+                        what: format!("{}: writing what {} holds: {e}", self.name(), p.display()),
+                        fatal: false,
+                    })?;
+                }
             }
             Place::Bucket { store, .. } => {
                 let key = self.key(ark, version, rel)?;
@@ -1069,5 +1074,44 @@ mod tests {
         assert_eq!(&got[..], b"theirs");
         store.abort_multipart(&key, &id).await.unwrap();
         assert_eq!(weed.open_uploads("primary"), 0);
+    }
+}
+
+/// A folder node's file, read in chunks off the async threads (in place in the simulator:
+/// see [`crate::blocking`]).
+struct Chunks {
+    file: Option<std::fs::File>,
+    buf: Vec<u8>,
+}
+
+impl Chunks {
+    /// None when there is no such file.
+    async fn open(p: &Path) -> std::io::Result<Option<Chunks>> {
+        let p = p.to_path_buf();
+        match crate::blocking::io(move || std::fs::File::open(p)).await {
+            Ok(f) => Ok(Some(Chunks {
+                file: Some(f),
+                buf: vec![0; 1 << 20],
+            })),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The next chunk; empty at the end.
+    async fn next(&mut self) -> std::io::Result<&[u8]> {
+        let Some(mut f) = self.file.take() else {
+            return Ok(&[]);
+        };
+        let mut buf = std::mem::take(&mut self.buf);
+        let (f, buf, n) = crate::blocking::io(move || {
+            use std::io::Read;
+            let n = f.read(&mut buf)?;
+            Ok((f, buf, n))
+        })
+        .await?;
+        self.file = Some(f);
+        self.buf = buf;
+        Ok(&self.buf[..n])
     }
 }

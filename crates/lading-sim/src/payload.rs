@@ -231,9 +231,8 @@ impl Payloads {
                 self.put(&at, right.as_bytes());
             }
             if rng.below(3) == 0 {
-                // Each storage its own objects: batches of odd number are stored on the
-                // bucket nodes, the others in the storage root.
-                let place = if i % 2 == 1 { "n" } else { "s" };
+                // Each storage its own objects (see [`Storage::of`]).
+                let place = Storage::of(i).letter();
                 expected.ark = Some(format!(
                     "ark:/99999/sim{seed}{place}{}",
                     rng.below(SHARED_ARKS)
@@ -381,4 +380,35 @@ fn pack(entries: &[(String, Vec<u8>)], kind: usize) -> (Vec<u8>, &'static str) {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     gz.write_all(&packed).expect("a tar.gz");
     (gz.finish().expect("a tar.gz"), "tar.gz")
+}
+
+/// Where a payload batch is stored, by its number. An object shared by several batches
+/// (a primary identifier they give) is shared only by batches stored in one place: an
+/// object's versions are numbered where they are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Storage {
+    /// The storage root (one folder, no nodes).
+    Root,
+    /// Bucket node 1, copied to bucket node 2.
+    Buckets,
+    /// Folder node 3, copied to folder node 4.
+    Folders,
+}
+
+impl Storage {
+    pub fn of(batch: usize) -> Storage {
+        match batch % 3 {
+            1 => Storage::Buckets,
+            2 => Storage::Folders,
+            _ => Storage::Root,
+        }
+    }
+
+    fn letter(self) -> &'static str {
+        match self {
+            Storage::Root => "s",
+            Storage::Buckets => "n",
+            Storage::Folders => "f",
+        }
+    }
 }

@@ -493,6 +493,36 @@ fn nodes_profile() -> lading_ingest::Profile {
     }
 }
 
+/// The profile of other payload batches: stored on folder node 3 and copied to folder node 4
+/// (folders shared by every process, as a mounted file system is).
+const FOLDERS_PROFILE: &str = "sim-folders";
+
+fn folders_profile() -> lading_ingest::Profile {
+    lading_ingest::Profile {
+        name: FOLDERS_PROFILE.into(),
+        storage_nodes: vec![3, 4],
+        ..profile()
+    }
+}
+
+/// Folder nodes 3 (a primary) and 4 (its replica), as a process opens them from its
+/// settings (`file://` URLs).
+fn folder_nodes(work: &std::path::Path) -> [lading_ingest::nodes::Node; 2] {
+    [3, 4].map(|id| {
+        let settings = lading_ingest::config::NodeSettings {
+            id,
+            url: format!("file://{}", work.join(format!("node{id}")).display()),
+            endpoint: None,
+            region: None,
+            access_key_id_env: None,
+            secret_access_key_env: None,
+            part_size: None,
+            checksum: None,
+        };
+        lading_ingest::nodes::Node::open(&settings, |_| None).expect("a folder node")
+    })
+}
+
 fn profile() -> lading_ingest::Profile {
     lading_ingest::Profile {
         name: PROFILE.into(),
@@ -541,11 +571,15 @@ impl Sim {
         .expect("the simulator's ingest settings")
         .with_profile(profile())
         .with_profile(nodes_profile())
+        .with_profile(folders_profile())
         .with_courier(Arc::new(SimCourier {
             dice: self.dice.clone(),
             outside: self.outside.clone(),
         }));
         for n in self.buckets.open() {
+            ingest.nodes.insert(n);
+        }
+        for n in folder_nodes(self.work.path()) {
             ingest.nodes.insert(n);
         }
         ingest.inventory = Arc::new(
@@ -1154,9 +1188,16 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
         if rng.below(3) == 0 {
             // A payload on disk, through Lading's own intake and file stages.
             let p = payloads.make(&payload_root, seed, i, &rng);
-            if i % 2 == 1 {
+            match crate::payload::Storage::of(i) {
                 // On the bucket nodes, and copied from one to the other.
-                sub.insert("profile".into(), json!(NODES_PROFILE));
+                crate::payload::Storage::Buckets => {
+                    sub.insert("profile".into(), json!(NODES_PROFILE));
+                }
+                // On the folder nodes, the same way.
+                crate::payload::Storage::Folders => {
+                    sub.insert("profile".into(), json!(FOLDERS_PROFILE));
+                }
+                crate::payload::Storage::Root => {}
             }
             sub.insert("payload_url".into(), json!(p.url));
             sub.insert("type".into(), json!(p.payload_type));
@@ -1858,8 +1899,17 @@ async fn access_served(
             })
             .find(|p| p.exists());
         let got = zip.as_deref().map(zip_entries);
+        // Every file the inventory lists, but the version's own record at its top
+        // (`lading-version.json`): a version in the storage root serves it, one on a folder
+        // node does not (its record there is Lading's, not the object's).
+        let served = |p: &String| p.as_str() != lading_ingest::files::VERSION_FILE;
         match got {
-            Some(Ok(got)) if want.iter().all(|(p, sha)| got.get(p) == Some(sha)) && !want.is_empty() => {}
+            Some(Ok(got))
+                if want
+                    .iter()
+                    .filter(|(p, _)| served(p))
+                    .all(|(p, sha)| got.get(p) == Some(sha))
+                    && !want.is_empty() => {}
             other => found.push(format!(
                 "access {id} for {ark} v{version} completed with {other:?}, the inventory records {want:?}"
             )),
@@ -1893,10 +1943,11 @@ async fn on_node(
     ark: &str,
     version: u32,
 ) -> Result<BTreeMap<String, String>, String> {
-    let record = lading_ingest::stages::read_node_version(n, ark, version)
+    // As replication and the fixity checker read it: on a folder node, the version's own
+    // record and the files in its folder.
+    let record = lading_ingest::replicate::version_on(n, ark, version)
         .await
-        .map_err(|e| e.what)?
-        .ok_or("no version record")?;
+        .map_err(|e| e.what)?;
     let producer = format!("{}/", lading_ingest::stages::PRODUCER);
     let mut out = BTreeMap::new();
     for f in &record.files {
@@ -1960,6 +2011,7 @@ async fn stored_as_given(
 ) -> (Vec<String>, usize) {
     use lading_ingest::inventory::Inventory;
     let nodes = buckets.open();
+    let folders = folder_nodes(work);
     let mut found = Vec::new();
     let mut checked = 0;
     let inventory = Inventory::new(lading_ingest::inventory::Location::Sqlite(
@@ -2047,6 +2099,25 @@ async fn stored_as_given(
                 }
                 continue;
             }
+            if path
+                .as_deref()
+                .is_some_and(|p| std::path::Path::new(p).starts_with(work.join("node3")))
+            {
+                // On folder node 3, read through the node as for a bucket; and its replica
+                // on node 4.
+                for n in &folders {
+                    let held = on_node(n, &v.ark, v.version).await;
+                    if held.as_ref() != Ok(&want.files) {
+                        found.push(format!(
+                            "storage: job {j}'s {} v{} on {} holds {held:?}, its payload is {:?}",
+                            v.ark,
+                            v.version,
+                            n.name(),
+                            want.files
+                        ));
+                    }
+                }
+            }
             let on_disk = path
                 .as_deref()
                 .map(|p| listed(&std::path::Path::new(p).join(lading_ingest::stages::PRODUCER)));
@@ -2125,10 +2196,17 @@ async fn stored_as_given(
             ));
         }
     }
-    let mut objects: Vec<std::path::PathBuf> = std::fs::read_dir(&root)
-        .map(|rd| rd.filter_map(Result::ok).map(|e| e.path()).collect())
-        .unwrap_or_default();
-    objects.sort();
+    // The storage root, and folder node 3 (a primary) laid out as it is.
+    let objects: Vec<std::path::PathBuf> = [root, work.join("node3")]
+        .iter()
+        .flat_map(|root| {
+            let mut objects: Vec<std::path::PathBuf> = std::fs::read_dir(root)
+                .map(|rd| rd.filter_map(Result::ok).map(|e| e.path()).collect())
+                .unwrap_or_default();
+            objects.sort();
+            objects
+        })
+        .collect();
     for o in objects {
         let versions = lading_ingest::files::versions(&o).unwrap_or_default();
         if versions != (1..=versions.len() as u32).collect::<Vec<_>>() {

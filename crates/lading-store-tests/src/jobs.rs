@@ -644,8 +644,12 @@ impl Tree for CountingTree {
         self.inner.multi_on(session, ops)
     }
     fn watch<'a>(&'a self, path: &'a str, kind: WatchKind) -> TreeFuture<'a, lading_core::Watch> {
-        self.watched.lock().unwrap().push(path.to_string());
-        self.inner.watch(path, kind)
+        Box::pin(async move {
+            let w = self.inner.watch(path, kind).await?;
+            // Once set: a change from now on fires it.
+            self.watched.lock().unwrap().push(path.to_string());
+            Ok(w)
+        })
     }
     fn close(&self) -> TreeFuture<'_, ()> {
         self.inner.close()
@@ -758,9 +762,12 @@ pub async fn a_woken_waiter_sets_again_only_the_watch_that_fired(h: &dyn Harness
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         };
-        tokio::time::timeout(WAIT, woke)
-            .await
-            .expect("the waiter, woken by the new job, watches its folder again");
+        if tokio::time::timeout(WAIT, woke).await.is_err() {
+            panic!(
+                "the waiter, woken by the new job, watches its folder again: {:?}",
+                counting.watched.lock().unwrap()
+            );
+        }
         assert!(!waiter.is_finished(), "a paused queue hands out nothing");
     }
     // One by the wait, one by the pause flag's cache, and at most one more should the pause's
