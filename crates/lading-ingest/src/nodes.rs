@@ -1003,6 +1003,45 @@ impl Nodes {
     }
 }
 
+/// A folder node's file, read in chunks off the async threads (in place in the simulator:
+/// see [`crate::blocking`]).
+struct Chunks {
+    file: Option<std::fs::File>,
+    buf: Vec<u8>,
+}
+
+impl Chunks {
+    /// None when there is no such file.
+    async fn open(p: &Path) -> std::io::Result<Option<Chunks>> {
+        let p = p.to_path_buf();
+        match crate::blocking::io(move || std::fs::File::open(p)).await {
+            Ok(f) => Ok(Some(Chunks {
+                file: Some(f),
+                buf: vec![0; 1 << 20],
+            })),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The next chunk; empty at the end.
+    async fn next(&mut self) -> std::io::Result<&[u8]> {
+        let Some(mut f) = self.file.take() else {
+            return Ok(&[]);
+        };
+        let mut buf = std::mem::take(&mut self.buf);
+        let (f, buf, n) = crate::blocking::io(move || {
+            use std::io::Read;
+            let n = f.read(&mut buf)?;
+            Ok((f, buf, n))
+        })
+        .await?;
+        self.file = Some(f);
+        self.buf = buf;
+        Ok(&self.buf[..n])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1074,44 +1113,5 @@ mod tests {
         assert_eq!(&got[..], b"theirs");
         store.abort_multipart(&key, &id).await.unwrap();
         assert_eq!(weed.open_uploads("primary"), 0);
-    }
-}
-
-/// A folder node's file, read in chunks off the async threads (in place in the simulator:
-/// see [`crate::blocking`]).
-struct Chunks {
-    file: Option<std::fs::File>,
-    buf: Vec<u8>,
-}
-
-impl Chunks {
-    /// None when there is no such file.
-    async fn open(p: &Path) -> std::io::Result<Option<Chunks>> {
-        let p = p.to_path_buf();
-        match crate::blocking::io(move || std::fs::File::open(p)).await {
-            Ok(f) => Ok(Some(Chunks {
-                file: Some(f),
-                buf: vec![0; 1 << 20],
-            })),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// The next chunk; empty at the end.
-    async fn next(&mut self) -> std::io::Result<&[u8]> {
-        let Some(mut f) = self.file.take() else {
-            return Ok(&[]);
-        };
-        let mut buf = std::mem::take(&mut self.buf);
-        let (f, buf, n) = crate::blocking::io(move || {
-            use std::io::Read;
-            let n = f.read(&mut buf)?;
-            Ok((f, buf, n))
-        })
-        .await?;
-        self.file = Some(f);
-        self.buf = buf;
-        Ok(&self.buf[..n])
     }
 }
