@@ -570,6 +570,22 @@ pub struct NodeSettings {
     pub checksum: Option<String>,
 }
 
+impl NodeSettings {
+    /// Node `id` at `url`, every other setting its default.
+    pub fn at(id: u32, url: &str) -> NodeSettings {
+        NodeSettings {
+            id,
+            url: url.to_string(),
+            endpoint: None,
+            region: None,
+            access_key_id_env: None,
+            secret_access_key_env: None,
+            part_size: None,
+            checksum: None,
+        }
+    }
+}
+
 /// Where the inventory is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Location {

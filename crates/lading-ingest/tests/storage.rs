@@ -802,16 +802,7 @@ async fn node_conformance(n: &Node) {
 async fn a_folder_node_and_a_bucket_node_pass_one_conformance_suite() {
     let folder = tempfile::tempdir().unwrap();
     let f = Node::open(
-        &NodeSettings {
-            id: 9100,
-            url: format!("file://{}", folder.path().display()),
-            endpoint: None,
-            region: None,
-            access_key_id_env: None,
-            secret_access_key_env: None,
-            part_size: None,
-            checksum: None,
-        },
+        &NodeSettings::at(9100, &format!("file://{}", folder.path().display())),
         env,
     )
     .unwrap();

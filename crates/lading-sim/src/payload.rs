@@ -267,6 +267,9 @@ pub struct PayloadServer {
     pub dice: Arc<Seeded>,
     pub served: Served,
     pub answers: Arc<Mutex<Answers>>,
+    /// While set, the server fails (503s, bodies cut short, dripping bodies); once the
+    /// faults stop it answers whole, as the rest of the world does.
+    pub faults: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What the payload server answered, over a run.
@@ -287,6 +290,11 @@ impl Source for PayloadServer {
         Box::pin(async move {
             use futures_util::StreamExt;
             let (took, roll) = (self.dice.below(300), self.dice.below(100));
+            let roll = if self.faults.load(std::sync::atomic::Ordering::Relaxed) {
+                roll
+            } else {
+                99
+            };
             tokio::time::sleep(Duration::from_millis(took as u64)).await;
             let mut answers = self.answers.lock().unwrap_or_else(|p| p.into_inner());
             if roll < 5 {

@@ -509,16 +509,10 @@ fn folders_profile() -> lading_ingest::Profile {
 /// settings (`file://` URLs).
 fn folder_nodes(work: &std::path::Path) -> [lading_ingest::nodes::Node; 2] {
     [3, 4].map(|id| {
-        let settings = lading_ingest::config::NodeSettings {
+        let settings = lading_ingest::config::NodeSettings::at(
             id,
-            url: format!("file://{}", work.join(format!("node{id}")).display()),
-            endpoint: None,
-            region: None,
-            access_key_id_env: None,
-            secret_access_key_env: None,
-            part_size: None,
-            checksum: None,
-        };
+            &format!("file://{}", work.join(format!("node{id}")).display()),
+        );
         lading_ingest::nodes::Node::open(&settings, |_| None).expect("a folder node")
     })
 }
@@ -565,6 +559,7 @@ impl Sim {
                 dice: self.dice.0.clone(),
                 served: self.served.clone(),
                 answers: self.answers.clone(),
+                faults: self.buckets.faults.clone(),
             })),
             |_| None,
         )
@@ -1376,7 +1371,8 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
             }
         }
     }
-    // The faults stop; everything held is let go and every process is up.
+    // The faults stop (the tree's, the buckets' and the payload server's); everything held
+    // is let go and every process is up.
     for (_, place, bytes) in std::mem::take(&mut late) {
         payloads.put(&place, &bytes);
     }
@@ -1936,6 +1932,28 @@ fn zip_entries(p: &std::path::Path) -> Result<BTreeMap<String, String>, String> 
     Ok(out)
 }
 
+/// What is wrong with job `j`'s version on each of `nodes`: each must hold exactly `files`
+/// (its payload's, path → SHA-256).
+async fn held_on(
+    nodes: &[lading_ingest::nodes::Node],
+    j: &JobId,
+    ark: &str,
+    version: u32,
+    files: &BTreeMap<String, String>,
+) -> Vec<String> {
+    let mut found = Vec::new();
+    for n in nodes {
+        let held = on_node(n, ark, version).await;
+        if held.as_ref() != Ok(files) {
+            found.push(format!(
+                "storage: job {j}'s {ark} v{version} on {} holds {held:?}, its payload is {files:?}",
+                n.name()
+            ));
+        }
+    }
+    found
+}
+
 /// A version's producer files on node `n`, as its record lists them, each read back whole
 /// (its SHA-256 the record's): path → SHA-256, or what is wrong.
 async fn on_node(
@@ -2085,18 +2103,7 @@ async fn stored_as_given(
             let path = inventory.version_path(&v.ark, v.version).ok().flatten();
             if path.as_deref().is_some_and(|p| p.starts_with("s3://")) {
                 // On both nodes: the version's record and every file's bytes.
-                for n in &nodes {
-                    let held = on_node(n, &v.ark, v.version).await;
-                    if held.as_ref() != Ok(&want.files) {
-                        found.push(format!(
-                            "storage: job {j}'s {} v{} on {} holds {held:?}, its payload is {:?}",
-                            v.ark,
-                            v.version,
-                            n.name(),
-                            want.files
-                        ));
-                    }
-                }
+                found.extend(held_on(&nodes, j, &v.ark, v.version, &want.files).await);
                 continue;
             }
             if path
@@ -2105,18 +2112,7 @@ async fn stored_as_given(
             {
                 // On folder node 3, read through the node as for a bucket; and its replica
                 // on node 4.
-                for n in &folders {
-                    let held = on_node(n, &v.ark, v.version).await;
-                    if held.as_ref() != Ok(&want.files) {
-                        found.push(format!(
-                            "storage: job {j}'s {} v{} on {} holds {held:?}, its payload is {:?}",
-                            v.ark,
-                            v.version,
-                            n.name(),
-                            want.files
-                        ));
-                    }
-                }
+                found.extend(held_on(&folders, j, &v.ark, v.version, &want.files).await);
             }
             let on_disk = path
                 .as_deref()
