@@ -597,6 +597,8 @@ pub struct CountingTree {
     pub calls: std::sync::atomic::AtomicUsize,
     /// The paths watches were set on, in order.
     pub watched: std::sync::Mutex<Vec<String>>,
+    /// How many watches have been set: a test waits on it.
+    pub set: tokio::sync::watch::Sender<usize>,
 }
 
 impl CountingTree {
@@ -648,6 +650,7 @@ impl Tree for CountingTree {
             let w = self.inner.watch(path, kind).await?;
             // Once set: a change from now on fires it.
             self.watched.lock().unwrap().push(path.to_string());
+            self.set.send_modify(|n| *n += 1);
             Ok(w)
         })
     }
@@ -663,6 +666,7 @@ pub(crate) async fn acquisition_round_trips(h: &dyn Harness, queued: u32) -> usi
         inner: s.tree.clone(),
         calls: Default::default(),
         watched: Default::default(),
+        set: tokio::sync::watch::Sender::new(0),
     });
     let e = Engine::new(counting.clone(), system_clock(), "counter");
     e.init().await.unwrap();
@@ -712,6 +716,7 @@ pub async fn a_woken_waiter_sets_again_only_the_watch_that_fired(h: &dyn Harness
         inner: s.tree.clone(),
         calls: Default::default(),
         watched: Default::default(),
+        set: tokio::sync::watch::Sender::new(0),
     });
     let w = Arc::new(Engine::new(counting.clone(), system_clock(), "waiter"));
     w.init().await.unwrap();
@@ -757,11 +762,8 @@ pub async fn a_woken_waiter_sets_again_only_the_watch_that_fired(h: &dyn Harness
                 .await
                 .expect("create job"),
         );
-        let woke = async {
-            while count(&folder) == set {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        };
+        let mut watches = counting.set.subscribe();
+        let woke = watches.wait_for(|_| count(&folder) > set);
         if tokio::time::timeout(WAIT, woke).await.is_err() {
             panic!(
                 "the waiter, woken by the new job, watches its folder again: {:?}",
