@@ -102,7 +102,7 @@ impl Engine {
                 if known.is_some_and(|t| t != state) {
                     continue;
                 }
-                let (status, version) = match self.batch_status(&bid).await {
+                let (status, version) = match self.batch_status_watched(&bid).await {
                     Ok(s) => s,
                     Err(EngineError::NoBatch(_)) => {
                         // Being created (its node comes first, its status in a second

@@ -316,6 +316,11 @@ impl Engine {
                 _ = tokio::time::sleep(SWEEP) => {}
                 _ = tokio::time::sleep_until(deadline) => return Ok(None),
             }
+            // What is kept of the node that woke it may be behind (its own watch's event may
+            // come later): the next round reads it again (see [`crate::watched`]).
+            if let Some((path, kind, _, _)) = fired.and_then(|i| watches.get(i)) {
+                self.watched.forget(path, *kind);
+            }
             armed.keep_unfired(watches, fired);
         }
     }

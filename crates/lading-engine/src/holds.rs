@@ -3,39 +3,26 @@
 use super::*;
 
 impl Engine {
-    /// A boolean read of the tree, remembered until a watch on `path` fires (or this engine
-    /// changes a flag itself). Costs no round trip while nothing changes.
+    /// A boolean read of the tree, remembered under the process's shared watch on `path`
+    /// (see [`crate::watched`]) until it fires, or this engine changes a flag itself. Costs no
+    /// round trip while nothing changes.
     ///
-    /// Whether the watch has fired is asked of the watch itself at each read. (A task that
-    /// waited on it and marked the value stale ran after a waiter woken by the same change
-    /// had read the old value: the waiter slept until its sweep, 10 s.)
+    /// Whether the watch has fired is asked of the watch itself at each read, and a waiter
+    /// waits on that same watch. (A task that waited on a watch of its own and marked the
+    /// value stale ran after a waiter woken by the same change had read the old value: the
+    /// waiter slept until its sweep, 10 s.)
     pub(crate) async fn watched_flag<F>(&self, path: &str, kind: WatchKind, read: F) -> Result<bool>
     where
         F: std::future::Future<Output = Result<bool>>,
     {
-        let key = format!("{kind:?}:{path}");
-        {
-            let mut flags = self.flags.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some((v, watch)) = flags.get_mut(&key) {
-                let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-                if std::pin::Pin::new(watch).poll(&mut cx).is_pending() {
-                    return Ok(*v);
-                }
-                // Fired: polled to its end, so never polled again.
-                flags.remove(&key);
-            }
-        }
-        let watch = self.tree.watch(path, kind).await?;
-        let value = read.await?;
-        self.flags
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, (value, watch));
-        Ok(value)
+        self.watched_read(path, kind, read).await
     }
 
     pub(crate) async fn flag(&self, path: &str, on: bool) -> Result<bool> {
-        self.flags.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        // This process's own change is seen by its next read, not when the watch event comes.
+        self.watched.forget(path, WatchKind::Data);
+        self.watched
+            .forget(lading_core::tree::split_path(path).0, WatchKind::Children);
         let r = if on {
             self.tree
                 .create(path, None, CreateMode::Persistent)

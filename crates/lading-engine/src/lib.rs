@@ -41,6 +41,7 @@ mod outbox;
 mod read;
 mod reporting;
 mod reserve;
+mod watched;
 pub use lading_core::sabotage;
 
 use claims::Round;
@@ -271,8 +272,9 @@ pub struct Engine {
     /// Batches seen in a terminal state (Completed, Deleted), which they never leave: batch
     /// acquisition skips them without reading their status again.
     terminal_batches: Mutex<HashMap<BatchId, BatchState>>,
-    /// Pause and hold flags read under a watch: valid until the watch fires.
-    flags: Mutex<HashMap<String, (bool, Watch)>>,
+    /// Watches shared by the whole process, and values read under them (pause and hold
+    /// flags, batch statuses): see [`watched`].
+    watched: watched::Watched,
     /// What this process learnt lately about other workers (busy and deferred references,
     /// lost races): see [`contention::Contention`].
     contention: contention::Contention,
@@ -359,7 +361,7 @@ impl Engine {
             job_batches: Mutex::new(HashMap::new()),
             known_folders: Mutex::new(foldhash::HashSet::default()),
             terminal_batches: Mutex::new(HashMap::new()),
-            flags: Mutex::new(HashMap::new()),
+            watched: Default::default(),
             contention: Default::default(),
             live_batches: Mutex::new(Vec::new()),
             unclaimed: tokio::sync::Notify::new(),

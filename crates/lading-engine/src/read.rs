@@ -122,6 +122,15 @@ impl Engine {
             .ok_or_else(|| EngineError::NoBatch(batch.to_string()))
     }
 
+    /// [`Engine::batch_status`] as acquisition reads it: remembered under the process's shared
+    /// watch on the status (see [`crate::watched`]). What is done with it is guarded by the
+    /// version read, so a status one watch event late costs a refused write.
+    pub(crate) async fn batch_status_watched(&self, batch: &BatchId) -> Result<(BatchStatus, i32)> {
+        let path = batch_node(batch, "status");
+        self.watched_read(&path, WatchKind::Data, self.batch_status(batch))
+            .await
+    }
+
     /// A job's full record, read as one snapshot.
     pub async fn job(&self, job: &JobId) -> Result<JobInfo> {
         let names = [
@@ -209,6 +218,17 @@ impl Engine {
             .await?
             .map(|(v, _)| v)
             .unwrap_or_default())
+    }
+
+    /// A batch's submission (`Null` when it has none); an unknown batch is an error.
+    pub async fn batch_submission(&self, batch: &BatchId) -> Result<Value> {
+        match self.read_json(&batch_node(batch, "submission")).await? {
+            Some((v, _)) => Ok(v),
+            None => {
+                self.batch_status(batch).await?;
+                Ok(Value::Null)
+            }
+        }
     }
 
     /// A batch's full record.

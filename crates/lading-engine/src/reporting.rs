@@ -50,8 +50,19 @@ impl Engine {
     /// `batch-processing`. Safe to call any number of times, from anywhere: exactly one caller
     /// wins. Returns whether this call moved it.
     pub async fn maybe_report(&self, batch: &BatchId) -> Result<bool> {
-        for _ in 0..MAX_OPTIMISTIC {
-            let (status, version) = match self.batch_status(batch).await {
+        for attempt in 0..MAX_OPTIMISTIC {
+            // The first look as acquisition's, when it finds the batch running (as most calls
+            // do; a late one then fails the version check below). Anything else, and after a
+            // refused write, is the tree's own answer: a status one watch event late must not
+            // leave a finished batch unreported.
+            let read = match attempt {
+                0 => match self.batch_status_watched(batch).await {
+                    Ok(s) if s.0.status == BatchState::Processing => Ok(s),
+                    _ => self.batch_status(batch).await,
+                },
+                _ => self.batch_status(batch).await,
+            };
+            let (status, version) = match read {
                 Ok(s) => s,
                 Err(EngineError::NoBatch(_)) => return Ok(false),
                 Err(e) => return Err(e),

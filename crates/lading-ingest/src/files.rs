@@ -131,12 +131,21 @@ pub fn versions(object_dir: &Path) -> std::io::Result<Vec<u32>> {
 }
 
 pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(bytes.len() * 2);
     for b in bytes {
-        let _ = write!(s, "{b:02x}");
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 15) as usize] as char);
     }
     s
+}
+
+/// A buffer to read a file of `len` bytes with: its size and one byte more (its end is seen
+/// in one read), at least 8 KiB, at most `max`.
+pub fn read_buffer(len: u64, max: usize) -> usize {
+    usize::try_from(len)
+        .map_or(max, |n| n.saturating_add(1))
+        .clamp(8 << 10, max)
 }
 
 /// Size and sha256 of a file, read in blocks.
@@ -144,7 +153,7 @@ pub fn file_sha256(path: &Path) -> std::io::Result<(u64, String)> {
     use std::io::Read;
     let mut f = std::fs::File::open(path)?;
     let mut h = sha2::Sha256::new();
-    let mut buf = vec![0u8; 256 << 10];
+    let mut buf = vec![0u8; read_buffer(f.metadata()?.len(), 256 << 10)];
     let mut size = 0u64;
     loop {
         let n = f.read(&mut buf)?;

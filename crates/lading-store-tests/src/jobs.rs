@@ -599,9 +599,21 @@ pub struct CountingTree {
     pub watched: std::sync::Mutex<Vec<String>>,
     /// How many watches have been set: a test waits on it.
     pub set: tokio::sync::watch::Sender<usize>,
+    /// The paths read one by one (`get`), in order.
+    pub read: std::sync::Mutex<Vec<String>>,
 }
 
 impl CountingTree {
+    pub fn over(inner: Arc<dyn Tree>) -> Arc<CountingTree> {
+        Arc::new(CountingTree {
+            inner,
+            calls: Default::default(),
+            watched: Default::default(),
+            set: tokio::sync::watch::Sender::new(0),
+            read: Default::default(),
+        })
+    }
+
     fn bump(&self) {
         self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
@@ -619,6 +631,7 @@ impl Tree for CountingTree {
     }
     fn get<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Option<lading_core::Node>> {
         self.bump();
+        self.read.lock().unwrap().push(path.to_string());
         self.inner.get(path)
     }
     fn exists<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Option<lading_core::Stat>> {
@@ -662,12 +675,7 @@ impl Tree for CountingTree {
 /// Round trips one acquisition costs with `queued` other jobs queued behind the head.
 pub(crate) async fn acquisition_round_trips(h: &dyn Harness, queued: u32) -> usize {
     let s = h.open().await;
-    let counting = Arc::new(CountingTree {
-        inner: s.tree.clone(),
-        calls: Default::default(),
-        watched: Default::default(),
-        set: tokio::sync::watch::Sender::new(0),
-    });
+    let counting = CountingTree::over(s.tree.clone());
     let e = Engine::new(counting.clone(), system_clock(), "counter");
     e.init().await.unwrap();
     // Queue references directly (cheaper than whole jobs) behind one real job at the head.
@@ -712,12 +720,7 @@ pub(crate) async fn acquisition_round_trips(h: &dyn Harness, queued: u32) -> usi
 pub async fn a_woken_waiter_sets_again_only_the_watch_that_fired(h: &dyn Harness) {
     let (admin, _s) = engine(h, "admin").await;
     let s = h.open().await;
-    let counting = Arc::new(CountingTree {
-        inner: s.tree.clone(),
-        calls: Default::default(),
-        watched: Default::default(),
-        set: tokio::sync::watch::Sender::new(0),
-    });
+    let counting = CountingTree::over(s.tree.clone());
     let w = Arc::new(Engine::new(counting.clone(), system_clock(), "waiter"));
     w.init().await.unwrap();
     let bid = admin.create_batch(Default::default()).await.unwrap();
@@ -796,6 +799,93 @@ pub async fn a_woken_waiter_sets_again_only_the_watch_that_fired(h: &dyn Harness
     assert_eq!(stored.status.status, JobState::Pending);
     assert!(stored.locked, "held by the waiter's lease");
     w.release_job_lease(got).await.unwrap();
+}
+
+/// A waiting batch worker reads a batch's status again only once it has changed: each round
+/// (woken by every new batch) used to read every live batch's status, a round trip each on
+/// ZooKeeper. The status it keeps still gives way at once to a change.
+pub async fn a_waiting_batch_worker_reads_a_status_again_only_once_it_changed(h: &dyn Harness) {
+    let (admin, _s) = engine(h, "admin").await;
+    let s = h.open().await;
+    let counting = CountingTree::over(s.tree.clone());
+    let w = Arc::new(Engine::new(counting.clone(), system_clock(), "waiter"));
+    w.init().await.unwrap();
+    let first = admin.create_batch(Default::default()).await.unwrap();
+    let mut parked = w.parked();
+    let before = *parked.borrow_and_update();
+    let waiter = {
+        let w = w.clone();
+        tokio::spawn(async move {
+            // Less than the waiters' slow sweep (10 s), as in the test above.
+            w.wait_batch_or(
+                BatchState::Reporting,
+                Duration::from_secs(8),
+                std::future::pending(),
+            )
+            .await
+        })
+    };
+    parked.wait_for(|n| *n > before).await.unwrap();
+    let status = batch_node(&first, "status");
+    let reads = |p: &str| {
+        counting
+            .read
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| *r == p)
+            .count()
+    };
+    let watches = |p: &str| {
+        counting
+            .watched
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| *r == p)
+            .count()
+    };
+    // Each new batch wakes the waiter (the batches folder's watch fires); it looks at every
+    // live batch and waits again.
+    for _ in 0..5 {
+        let set = watches(BATCHES);
+        admin.create_batch(Default::default()).await.unwrap();
+        let mut set_now = counting.set.subscribe();
+        let woke = set_now.wait_for(|_| watches(BATCHES) > set);
+        if tokio::time::timeout(WAIT, woke).await.is_err() {
+            panic!("the waiter, woken by the new batch, watches the batches folder again");
+        }
+        assert!(!waiter.is_finished(), "no batch is Reporting yet");
+    }
+    // Read once (and once more should its first watch event reach a round late); the old
+    // code read it in every round, 6 times.
+    assert!(
+        reads(&status) <= 2,
+        "{} reads of the first batch's unchanged status: {:?}",
+        reads(&status),
+        counting.read.lock().unwrap()
+    );
+    // Its change is seen at once: the batch starts, has no jobs, and is Reporting.
+    let lease = admin.acquire_batch(BatchState::Pending).await.unwrap();
+    let lease = lease.expect("a pending batch");
+    assert_eq!(lease.batch, first, "the oldest pending batch comes first");
+    admin
+        .batch_transition(lease, Event::To(BatchState::Processing), None)
+        .await
+        .unwrap();
+    // (A batch with no jobs moves straight on to Reporting.)
+    admin.maybe_report(&first).await.unwrap();
+    let got = waiter
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the Reporting batch, without waiting for the sweep");
+    assert_eq!(got.batch, first);
+    assert_eq!(got.status.status, BatchState::Reporting);
+    let stored = admin.batch(&first).await.unwrap();
+    assert_eq!(stored.status.status, BatchState::Reporting);
+    assert!(stored.locked, "held by the waiter's lease");
+    w.release_batch_lease(got).await.unwrap();
 }
 
 pub async fn acquisition_cost_does_not_grow_with_the_queue(h: &dyn Harness) {

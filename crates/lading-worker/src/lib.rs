@@ -525,9 +525,8 @@ impl JobLoop {
             // A job made by another tool (Merritt's library): the batch's submission says.
             None => self
                 .engine
-                .batch(&info.bid)
+                .batch_submission(&info.bid)
                 .await?
-                .submission
                 .get("batchID")
                 .and_then(Value::as_str)
                 .map(str::to_string)
