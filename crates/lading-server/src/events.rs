@@ -40,6 +40,17 @@ type Item = (u64, Option<(Arc<str>, Arc<ChangeEvent>)>);
 struct Ring {
     events: VecDeque<(u64, Arc<str>, Arc<ChangeEvent>)>,
     next: u64,
+    /// Events kept at most ([`KEPT`] in a server).
+    kept: usize,
+}
+
+/// What a client of the hub is sent, in order.
+#[derive(Debug, Clone)]
+pub enum Sent {
+    /// A transition and its id.
+    Change(Arc<str>, Arc<ChangeEvent>),
+    /// Some may have been missed: re-read the state.
+    Reset,
 }
 
 /// Keeps the recent transitions and hands them to subscribers.
@@ -51,6 +62,9 @@ pub struct EventHub {
     tally: Arc<crate::overview::Tally>,
     /// The follower's reading of the past (none without a change feed).
     past: std::sync::OnceLock<Past>,
+    /// From when the follower reports transitions (ms since the epoch); those before are the
+    /// past.
+    live_from: std::sync::atomic::AtomicU64,
 }
 
 /// Where a resuming client starts.
@@ -69,22 +83,32 @@ impl EventHub {
     /// Starts following the tree's transitions (or, on a backend without a change feed,
     /// this engine's own).
     pub async fn start(engine: &Arc<Engine>) -> anyhow::Result<Arc<EventHub>> {
+        Self::start_keeping(engine, KEPT).await
+    }
+
+    /// [`EventHub::start`], keeping the last `kept` events (the simulator keeps few, so its
+    /// clients come back both to kept events and to the tree).
+    pub async fn start_keeping(engine: &Arc<Engine>, kept: usize) -> anyhow::Result<Arc<EventHub>> {
         let hub = Arc::new(EventHub {
             engine: engine.clone(),
             ring: Mutex::new(Ring {
                 events: VecDeque::new(),
                 next: 1,
+                kept: kept.max(1),
             }),
             tx: broadcast::channel(4096).0,
             tally: Arc::new(crate::overview::Tally::new(
                 engine.clock().now_ms() / 1000 * 1000,
             )),
             past: std::sync::OnceLock::new(),
+            live_from: std::sync::atomic::AtomicU64::new(engine.clock().now_ms()),
         });
         let h = Arc::downgrade(&hub);
         match engine.follow_transitions().await? {
             Some(f) => {
                 hub.tally.set_live_from(f.reported_from);
+                hub.live_from
+                    .store(f.reported_from, std::sync::atomic::Ordering::Relaxed);
                 let _ = hub.past.set(f.past);
                 let mut rx = f.reports;
                 // One push per report, in order: the ring's places count the reports.
@@ -127,6 +151,18 @@ impl EventHub {
         Ok(hub)
     }
 
+    /// From when this hub reports transitions as they happen (ms since the epoch).
+    pub fn live_from(&self) -> u64 {
+        self.live_from.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether the event `id` is still kept (a client coming back after it is sent what
+    /// follows from memory; else, from the tree).
+    pub fn keeps(&self, id: &str) -> bool {
+        let r = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        r.events.iter().any(|(_, i, _)| &**i == id)
+    }
+
     /// Jobs ended per minute, and the overview's other figures.
     pub fn tally(&self) -> &crate::overview::Tally {
         &self.tally
@@ -140,7 +176,7 @@ impl EventHub {
         let seq = r.next;
         r.next += 1;
         if let Some((id, e)) = &ev {
-            if r.events.len() == KEPT {
+            if r.events.len() >= r.kept {
                 r.events.pop_front();
             }
             r.events.push_back((seq, id.clone(), e.clone()));
@@ -169,6 +205,80 @@ impl EventHub {
             Some(ms) => (Resume::FromTree(ms), rx),
             None => (Resume::Unknown, rx),
         }
+    }
+
+    /// What a client that last saw `last` (an event id; `None` for a new client) is sent:
+    /// every event after it, then the live ones, of `batch` and its jobs only when given. This
+    /// is the stream `GET /api/v1/events` serves.
+    pub async fn follow(
+        self: &Arc<Self>,
+        last: Option<&str>,
+        batch: Option<lading_core::layout::BatchId>,
+    ) -> lading_engine::Result<impl Stream<Item = Sent> + Send + 'static + use<>> {
+        let filter = batch.map(|b| b.to_string());
+        let (resume, rx) = self.resume(last);
+        let mut head = Vec::new();
+        // Ids read from the tree, so the same transition arriving live is not sent twice.
+        let mut sent: std::collections::HashSet<Arc<str>> = std::collections::HashSet::new();
+        // Live events at or before this place were in what was read from the tree.
+        let mut read_up_to = 0u64;
+        match resume {
+            Resume::Live => {}
+            Resume::Unknown => head.push(Sent::Reset),
+            Resume::Kept(items) => {
+                for (_, ev) in items {
+                    match ev {
+                        Some((id, ev)) if matches(filter.as_deref(), &ev) => {
+                            head.push(Sent::Change(id, ev))
+                        }
+                        Some(_) => {}
+                        None => head.push(Sent::Reset),
+                    }
+                }
+            }
+            Resume::FromTree(ms) => {
+                let b = filter
+                    .as_deref()
+                    .map(lading_core::layout::BatchId::parse)
+                    .transpose()
+                    .map_err(|e| lading_engine::EngineError::Invalid(e.to_string()))?;
+                let past = match self.past.get() {
+                    Some(p) => {
+                        let (n, past) = p.since(ms, b.as_ref()).await?;
+                        read_up_to = n;
+                        past
+                    }
+                    None => self.engine.transitions_since(ms, b.as_ref()).await?,
+                };
+                for (id, ev) in past {
+                    if id != last.unwrap_or_default() && matches(filter.as_deref(), &ev) {
+                        let id: Arc<str> = id.into();
+                        sent.insert(id.clone());
+                        head.push(Sent::Change(id, Arc::new(ev)));
+                    }
+                }
+            }
+        }
+        let live = stream::unfold(
+            (rx, filter, sent),
+            move |(mut rx, filter, sent)| async move {
+                loop {
+                    let out = match rx.recv().await {
+                        Ok((seq, _)) if seq <= read_up_to => continue,
+                        Ok((_, Some((id, ev))))
+                            if matches(filter.as_deref(), &ev) && !sent.contains(&id) =>
+                        {
+                            Sent::Change(id, ev)
+                        }
+                        Ok((_, Some(_))) => continue,
+                        Ok((_, None)) | Err(broadcast::error::RecvError::Lagged(_)) => Sent::Reset,
+                        Err(broadcast::error::RecvError::Closed) => return None,
+                    };
+                    return Some((out, (rx, filter, sent)));
+                }
+            },
+        );
+        Ok(stream::iter(head).chain(live))
     }
 }
 
@@ -212,104 +322,46 @@ pub async fn events(
         .and_then(|v| v.to_str().ok())
         .map(str::to_string)
         .or(q.last_event_id);
-    let hub = s.events.clone();
-    let (resume, rx) = hub.resume(last.as_deref());
+    let batch = match &filter {
+        Some(b) => Some(
+            lading_core::layout::BatchId::parse(b)
+                .map_err(|e| ApiError::bad_request(e.to_string()))?,
+        ),
+        None => None,
+    };
+    let sent = s
+        .events
+        .follow(last.as_deref(), batch)
+        .await
+        .map_err(ApiError::from)?;
     let admin = p.role == Role::Admin;
     // Hosts and messages are the operator's: a submitter sees states and times.
-    let to_event = move |id: &str, ev: &ChangeEvent| {
-        let shown;
-        let ev = if admin {
-            ev
-        } else {
-            shown = ChangeEvent {
-                host: None,
-                message: None,
-                ..ev.clone()
+    let to_event = move |sent: Sent| match sent {
+        Sent::Change(id, ev) => {
+            let shown;
+            let ev = if admin {
+                &*ev
+            } else {
+                shown = ChangeEvent {
+                    host: None,
+                    message: None,
+                    ..(*ev).clone()
+                };
+                &shown
             };
-            &shown
-        };
-        Event::default()
-            .id(id)
-            .event("change")
-            .json_data(ev)
-            .unwrap_or_else(|_| Event::default().comment("unencodable event"))
-    };
-    let reset_event = || {
-        Event::default()
+            Event::default()
+                .id(&*id)
+                .event("change")
+                .json_data(ev)
+                .unwrap_or_else(|_| Event::default().comment("unencodable event"))
+        }
+        Sent::Reset => Event::default()
             .event("reset")
-            .data("some events were missed; re-read the state")
+            .data("some events were missed; re-read the state"),
     };
-    let mut head = Vec::new();
-    // Ids read from the tree, so the same transition arriving live is not sent twice.
-    let mut sent: std::collections::HashSet<String> = std::collections::HashSet::new();
-    // Live events at or before this place were in what was read from the tree.
-    let mut read_up_to = 0u64;
-    match resume {
-        Resume::Live => {}
-        Resume::Unknown => head.push(reset_event()),
-        Resume::Kept(items) => {
-            for (_, ev) in items {
-                match ev {
-                    Some((id, ev)) if matches(filter.as_deref(), &ev) => {
-                        head.push(to_event(&id, &ev))
-                    }
-                    Some(_) => {}
-                    None => head.push(reset_event()),
-                }
-            }
-        }
-        Resume::FromTree(ms) => {
-            let b = match &filter {
-                Some(b) => Some(
-                    lading_core::layout::BatchId::parse(b)
-                        .map_err(|e| ApiError::bad_request(e.to_string()))?,
-                ),
-                None => None,
-            };
-            let past = match hub.past.get() {
-                Some(p) => {
-                    let (n, past) = p.since(ms, b.as_ref()).await.map_err(ApiError::from)?;
-                    read_up_to = n;
-                    past
-                }
-                None => hub
-                    .engine
-                    .transitions_since(ms, b.as_ref())
-                    .await
-                    .map_err(ApiError::from)?,
-            };
-            for (id, ev) in past {
-                if id != last.as_deref().unwrap_or_default() && matches(filter.as_deref(), &ev) {
-                    head.push(to_event(&id, &ev));
-                    sent.insert(id);
-                }
-            }
-        }
-    }
-    let stopping = s.stopping.clone();
-    let live = stream::unfold(
-        (rx, stopping, filter, to_event, sent),
-        move |(mut rx, mut stopping, filter, to_event, sent)| async move {
-            loop {
-                let got = tokio::select! {
-                    r = rx.recv() => r,
-                    _ = stopping.stopped() => return None,
-                };
-                let ev = match got {
-                    Ok((seq, _)) if seq <= read_up_to => continue,
-                    Ok((_, Some((id, ev))))
-                        if matches(filter.as_deref(), &ev) && !sent.contains(&*id) =>
-                    {
-                        to_event(&id, &ev)
-                    }
-                    Ok((_, Some(_))) => continue,
-                    Ok((_, None)) | Err(broadcast::error::RecvError::Lagged(_)) => reset_event(),
-                    Err(broadcast::error::RecvError::Closed) => return None,
-                };
-                return Some((ev, (rx, stopping, filter, to_event, sent)));
-            }
-        },
-    );
-    let all = stream::iter(head).chain(live).map(Ok);
+    let mut stopping = s.stopping.clone();
+    let all = sent
+        .take_until(async move { stopping.stopped().await })
+        .map(move |x| Ok(to_event(x)));
     Ok(Sse::new(all).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }

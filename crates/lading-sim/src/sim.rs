@@ -805,14 +805,28 @@ struct Watched {
     /// The follower had started.
     following: bool,
     resumes: u32,
+    /// Of those, the ones sent what followed from the hub's ring (the others, from the tree).
+    kept_resumes: u32,
+    /// Resets received (the state read again).
+    resets: u32,
+    /// Every event id a second client that never goes away received, in order.
+    reference: Vec<String>,
+    /// For each comeback sent what followed from the hub's ring: the last id the client had
+    /// seen, and the first it was sent then (the hub owes exactly the events after it, in
+    /// order, none lost or repeated).
+    kept_next: Vec<(String, Option<String>)>,
 }
 
-/// An event stream's client, as Lading's event hub serves one: the follower's reports (of
-/// transitions by any writer, read from the tree's change feed) in order, from a log every
-/// client reads. Now and then the client goes away and comes back with the last id it saw,
-/// and is owed what it missed: the follower's reading of the past since that id's time,
-/// after which it skips the reports sent before that reading. A report that transitions
-/// were lost (the feed's gap could not be re-read) makes it resume the same way.
+/// Events the simulated event hub keeps for clients that come back: few, so a client away
+/// for a while is sent what it missed from the tree, and one away briefly from memory.
+const EVENTS_KEPT: usize = 64;
+
+/// An event stream's client of Lading's event hub (`lading_server::events::EventHub`, what
+/// `GET /api/v1/events` streams; the hub's follower reads every writer's transitions from the
+/// tree's change feed, and keeps the last [`EVENTS_KEPT`]). Now and then the client goes away
+/// and comes back with the last id it saw: the hub sends what followed from its ring when it
+/// still keeps that id, else from the tree since that id's time. A `reset` (transitions were
+/// lost, or the client fell behind) makes it read the state again, as a client is told to.
 async fn watch_events(
     world: Arc<World>,
     engine: Arc<Engine>,
@@ -820,107 +834,164 @@ async fn watch_events(
     watched: Arc<Mutex<Watched>>,
     shutdown: Shutdown,
 ) {
-    let Some(following) = admin(|| engine.follow_transitions()).await.flatten() else {
+    use futures_util::{FutureExt, StreamExt};
+    use lading_server::events::{EventHub, Sent};
+    let Some(hub) = retrying(|| EventHub::start_keeping(&engine, EVENTS_KEPT), |_| true).await
+    else {
         return;
     };
-    let lading_engine::Following {
-        mut reports,
-        reported_from,
-        past,
-    } = following;
     {
         let mut w = watched.lock().unwrap_or_else(|p| p.into_inner());
-        w.from_ms = reported_from;
+        w.from_ms = hub.live_from();
         w.following = true;
     }
-    let take = |id: &str, ev: &lading_engine::ChangeEvent, last: &mut Option<String>| {
-        let mut w = watched.lock().unwrap_or_else(|p| p.into_inner());
-        w.seen
-            .insert((ev.id.clone(), ev.to.clone(), ev.time.clone()));
-        // The last id received, in the stream's order (what a client sends back).
-        *last = Some(id.to_string());
+    // A second client that never goes away: the order the hub sends events in.
+    let reference = {
+        let (hub, watched, mut stop) = (hub.clone(), watched.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let Ok(s) = hub.follow(None, None).await else {
+                return;
+            };
+            let mut s = Box::pin(s);
+            let mut ending = false;
+            loop {
+                let next = if ending {
+                    match s.next().now_or_never() {
+                        Some(n) => n,
+                        None => return,
+                    }
+                } else {
+                    tokio::select! {
+                        biased;
+                        n = s.next() => n,
+                        _ = stop.stopped() => {
+                            ending = true;
+                            continue;
+                        }
+                    }
+                };
+                match next {
+                    Some(Sent::Change(id, _)) => watched
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .reference
+                        .push(id.to_string()),
+                    Some(Sent::Reset) => {}
+                    None => return,
+                }
+            }
+        })
     };
-    // The reports so far (the hub's log), how many this client has read, and its last id.
-    let mut log: Vec<lading_engine::Observed> = Vec::new();
-    let mut read = 0usize;
-    let mut last: Option<String> = None;
-    let mut away_until: Option<tokio::time::Instant> = None;
-    let mut stop = std::pin::pin!(shutdown.clone().into_stopped());
-    // Told to end: the client comes back (if away), takes what was sent, and ends.
-    let mut ending = false;
-    loop {
-        let mut resume = false;
-        if ending {
-            while let Ok(o) = reports.try_recv() {
-                log.push(o);
-            }
-            if away_until.is_some() {
-                away_until = Some(tokio::time::Instant::now());
-            }
-        }
-        if away_until.is_none() {
-            while read < log.len() {
-                match &log[read] {
-                    lading_engine::Observed::Transition(id, ev) => take(id, ev, &mut last),
-                    lading_engine::Observed::Lost => {
-                        world
-                            .lock()
-                            .trace("events: the stream says transitions were lost".into());
-                        resume = true
+    let client = async {
+        let mut last: Option<String> = None;
+        let mut away_until: Option<tokio::time::Instant> = None;
+        let mut stream = None;
+        let mut stop = std::pin::pin!(shutdown.clone().into_stopped());
+        // Told to end: the client comes back (if away), takes what was sent, and ends.
+        let mut ending = false;
+        loop {
+            if stream.is_none() {
+                if let Some(t) = away_until.take()
+                    && !ending
+                {
+                    tokio::select! {
+                        biased;
+                        _ = &mut stop => ending = true,
+                        _ = tokio::time::sleep_until(t) => {}
                     }
                 }
-                read += 1;
+                let kept = last.as_deref().is_some_and(|l| hub.keeps(l));
+                let Some(s) = retrying(|| hub.follow(last.as_deref(), None), |_| true).await else {
+                    // The follower stopped: nothing more comes.
+                    return;
+                };
+                if last.is_some() {
+                    let mut w = watched.lock().unwrap_or_else(|p| p.into_inner());
+                    w.resumes += 1;
+                    if kept {
+                        w.kept_resumes += 1;
+                        w.kept_next.push((last.clone().unwrap_or_default(), None));
+                    }
+                    drop(w);
+                    world.lock().trace(format!(
+                        "events: the client comes back after {last:?}, sent what followed from {}",
+                        if kept { "the hub's ring" } else { "the tree" }
+                    ));
+                }
+                stream = Some(Box::pin(s));
+            }
+            let Some(s) = stream.as_mut() else { continue };
+            let next = if ending {
+                // What was sent by now, and no more.
+                match s.next().now_or_never() {
+                    Some(n) => n,
+                    None => return,
+                }
+            } else {
+                tokio::select! {
+                    biased;
+                    n = s.next() => n,
+                    _ = &mut stop => {
+                        ending = true;
+                        continue;
+                    }
+                }
+            };
+            match next {
+                Some(Sent::Change(id, ev)) => {
+                    let mut w = watched.lock().unwrap_or_else(|p| p.into_inner());
+                    w.seen
+                        .insert((ev.id.clone(), ev.to.clone(), ev.time.clone()));
+                    if let Some((_, first @ None)) = w.kept_next.last_mut() {
+                        *first = Some(id.to_string());
+                    }
+                    // The last id received, in the stream's order (what a client sends back).
+                    last = Some(id.to_string());
+                }
+                Some(Sent::Reset) => {
+                    // Told that some were missed, a client re-reads the state: here, every
+                    // transition the tree shows since its last event.
+                    let since = last
+                        .as_deref()
+                        .and_then(lading_engine::transition_id_time)
+                        .unwrap_or(hub.live_from());
+                    let Some(owed) = admin(|| engine.transitions_since(since, None)).await else {
+                        return;
+                    };
+                    world.lock().trace(format!(
+                        "events: the stream says transitions were missed; {} read again from {since} ms",
+                        owed.len()
+                    ));
+                    let mut w = watched.lock().unwrap_or_else(|p| p.into_inner());
+                    w.resets += 1;
+                    for (_, ev) in owed {
+                        w.seen.insert((ev.id, ev.to, ev.time));
+                    }
+                    continue;
+                }
+                None => return,
             }
             if !ending && rng.below(40) == 0 {
                 world
                     .lock()
                     .trace(format!("events: the client goes away after {last:?}"));
+                {
+                    let mut w = watched.lock().unwrap_or_else(|p| p.into_inner());
+                    if matches!(w.kept_next.last(), Some((_, None))) {
+                        w.kept_next.pop();
+                    }
+                }
+                stream = None;
                 away_until = Some(
                     tokio::time::Instant::now()
                         + Duration::from_millis(200 + rng.below(4000) as u64),
                 );
             }
-        } else if away_until.is_some_and(|t| t <= tokio::time::Instant::now()) {
-            away_until = None;
-            resume = true;
         }
-        if resume {
-            let since = last
-                .as_deref()
-                .and_then(lading_engine::transition_id_time)
-                .unwrap_or(reported_from);
-            let Some((n, owed)) = retrying(|| past.since(since, None), |_| true).await else {
-                // The follower stopped: nothing more comes.
-                return;
-            };
-            watched.lock().unwrap_or_else(|p| p.into_inner()).resumes += 1;
-            world.lock().trace(format!(
-                "events: the client resumes from {since} ms: {} owed, reports after {n} (of {} read)",
-                owed.len(),
-                read
-            ));
-            for (id, ev) in &owed {
-                take(id, ev, &mut last);
-            }
-            read = read.max(n as usize);
-            if ending {
-                // What the past did not cover was sent before it was read: take it too.
-                continue;
-            }
-        }
-        if ending {
-            return;
-        }
-        tokio::select! {
-            biased;
-            r = reports.recv() => match r {
-                Some(o) => log.push(o),
-                None => return,
-            },
-            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
-            _ = &mut stop => ending = true,
-        }
-    }
+    };
+    client.await;
+    // The end check compares the two clients: the reference has taken all it was sent.
+    let _ = reference.await;
 }
 
 /// Retries a call through the errors `retryable` names, as an operator would (ten tries,
@@ -1513,11 +1584,28 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
                 }
             }
         }
+        // A client back at an id the hub still kept is sent exactly what followed it.
+        for (back_at, first) in &w.kept_next {
+            let Some(first) = first else { continue };
+            let followed = w
+                .reference
+                .iter()
+                .position(|id| id == back_at)
+                .and_then(|i| w.reference.get(i + 1));
+            if followed.is_some_and(|f| f != first) {
+                missed.push(format!(
+                    "back at {back_at}, sent {first} first, where {followed:?} followed it"
+                ));
+            }
+        }
         if !missed.is_empty() {
             world.lock().violation(format!(
-                "events: {} transitions never sent to the client ({} resumes), such as {:?}",
+                "events: {} transitions never sent to the client, or sent out of order \
+                 ({} comebacks, {} of them sent from the hub's ring; {} resets), such as {:?}",
                 missed.len(),
                 w.resumes,
+                w.kept_resumes,
+                w.resets,
                 &missed[..missed.len().min(5)]
             ));
         }
