@@ -214,6 +214,14 @@ impl Node {
         }
     }
 
+    /// The same node, sending files larger than `part_size` bytes as multipart uploads. No
+    /// smallest part is enforced here: for a store without S3's (the simulator's bucket in
+    /// memory, whose files are far below 5 MiB).
+    pub fn with_part_size(mut self, part_size: u64) -> Node {
+        self.part_size = part_size.max(1);
+        self
+    }
+
     /// The node as logs and errors name it: its number and bucket or folder.
     pub fn name(&self) -> String {
         match &self.place {

@@ -191,6 +191,10 @@ async fn copy_version_once(
         what: format!("writing {}: {e}", tmp.0.display()),
         fatal: false,
     })?;
+    // No upload left open under the version before its record (an earlier attempt's, whose
+    // id no one kept), nor after it (the record's own, started twice when the answer to its
+    // start was lost): each holds parts no object holds (found by `lading-sim`).
+    dst.abort_open_uploads(ark, version).await?;
     // The record on the replica is the primary's (its files and its node); a record there
     // already, from an earlier attempt, is kept.
     match dst
@@ -201,6 +205,7 @@ async fn copy_version_once(
         Err(e) if e.fatal && dst.head(ark, version, VERSION_RECORD).await?.is_some() => {}
         Err(e) => return Err(e),
     }
+    dst.abort_open_uploads(ark, version).await?;
     let rows = record_rows(ark, version, to, &record.files);
     let inv = ingest.inventory.clone();
     inv.run(move |i| i.set_copies(&rows))

@@ -428,15 +428,22 @@ impl Buckets {
         }
     }
 
-    /// The nodes as a process opens them.
+    /// The nodes as a process opens them. Files longer than [`PART_SIZE`] go up as multipart
+    /// uploads.
     fn open(&self) -> [lading_ingest::nodes::Node; 2] {
         use lading_ingest::nodes::Node;
         [
             Node::in_bucket(1, "primary", "lading/", self.nodes[0].clone()),
             Node::in_bucket(2, "replica", "lading/", self.nodes[1].clone()),
         ]
+        .map(|n| n.with_part_size(PART_SIZE))
     }
 }
+
+/// The storage nodes' part size: a payload's files (a few dozen bytes) go up in one PUT, and
+/// a version's own records (its manifest, `lading-version.json`) as multipart uploads of a
+/// few parts, under the same faults as every other request.
+const PART_SIZE: u64 = 64;
 
 /// The profile every simulated batch is submitted under: its report is mailed and each
 /// job's outcome called back (both through the real outbox, to the simulated world).
@@ -1723,6 +1730,7 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
             found.extend(
                 access_served(&sim, &rng, &admin_engine, &admin_ingest, &bids, asked).await,
             );
+            found.extend(uploads_left_open(&sim.buckets).await);
         }
         let mut st = world.lock();
         for f in found {
@@ -2107,6 +2115,52 @@ async fn versions_on(b: &lading_ingest::bucket::Memory) -> BTreeMap<String, Vec<
 /// payload, every byte) under the primary identifier its manifest gave. Over the whole
 /// storage root, each object's versions run from 1 with no gap, each written by one job, and
 /// no job wrote two.
+/// Multipart uploads still open under a stored version (one with its record) once every
+/// batch has ended: parts stored and paid for that no object holds. (A job that failed in
+/// Storing may keep the uploads it could not abort, recorded for its requeue.)
+async fn uploads_left_open(buckets: &Buckets) -> Vec<String> {
+    use lading_ingest::bucket::Bucket;
+    let mut found = Vec::new();
+    for (n, b) in buckets.nodes.iter().enumerate() {
+        let mut marker = None;
+        loop {
+            match b.list_uploads("lading/", marker.take()).await {
+                Ok((open, next)) => {
+                    for (key, id) in open {
+                        // `lading/ARK|V|PATH`: the version's record is `lading/ARK|V|` + it.
+                        let version = key.rsplit_once('|').map_or("", |(v, _)| v);
+                        let record = format!("{version}|{}", lading_ingest::nodes::VERSION_RECORD);
+                        let stored = match object_store::path::Path::parse(&record) {
+                            Ok(k) => b.head(&k).await.is_ok(),
+                            Err(_) => false,
+                        };
+                        if stored {
+                            found.push(format!(
+                                "storage: multipart upload {id} of {key} left open on node {} \
+                                 under a stored version",
+                                n + 1
+                            ));
+                        }
+                    }
+                    match next {
+                        Some(m) => marker = Some(m),
+                        None => break,
+                    }
+                }
+                Err(e) => {
+                    found.push(format!(
+                        "storage: node {}'s open uploads cannot be listed: {}",
+                        n + 1,
+                        e.what
+                    ));
+                    break;
+                }
+            }
+        }
+    }
+    found
+}
+
 async fn stored_as_given(
     work: &std::path::Path,
     payloads: &Payloads,

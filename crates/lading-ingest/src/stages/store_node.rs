@@ -124,7 +124,7 @@ pub(crate) async fn store_on_bucket(
                 .map_err(node_outcome)?
                 && r.stored.job == jid
             {
-                return Ok(r.stored);
+                return committed(node, r.stored).await;
             }
         }
         if let Some(v) = versions.last()
@@ -153,7 +153,7 @@ pub(crate) async fn store_on_bucket(
         .map_err(node_outcome)?
     {
         if r.stored.job == jid {
-            return Ok(r.stored);
+            return committed(node, r.stored).await;
         }
         return Err(Outcome::fatal(format!(
             "{}: {ark} v{version} was stored by job {} meanwhile",
@@ -319,7 +319,7 @@ pub(crate) async fn store_on_bucket(
             if let Ok(Some(r)) = read_node_version(node, ark, version).await
                 && r.stored.job == jid
             {
-                return Ok(r.stored);
+                return committed(node, r.stored).await;
             }
             return Err(node_outcome(e));
         }
@@ -329,6 +329,18 @@ pub(crate) async fn store_on_bucket(
         node.name(),
         files.len() - skipped
     ));
+    committed(node, stored).await
+}
+
+/// A version this job committed (its record is there): no multipart upload stays open under
+/// it. The record's own upload may have been started twice (a start whose answer was lost
+/// is tried again, and the first is nobody's), and a fenced predecessor may have started one
+/// after the sweep before the commit; left, each holds parts stored and paid for that no
+/// object holds (found by `lading-sim`). Failing, the job tries again, and finds its record.
+async fn committed(node: &Node, stored: StoredVersion) -> Result<StoredVersion, Outcome> {
+    node.abort_open_uploads(&stored.ark, stored.version)
+        .await
+        .map_err(node_outcome)?;
     Ok(stored)
 }
 
