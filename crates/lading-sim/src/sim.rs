@@ -440,10 +440,10 @@ impl Buckets {
     }
 }
 
-/// The storage nodes' part size: a payload's files (a few dozen bytes) go up in one PUT, and
-/// a version's own records (its manifest, `lading-version.json`) as multipart uploads of a
-/// few parts, under the same faults as every other request.
-const PART_SIZE: u64 = 64;
+/// The storage nodes' part size: a payload's file (up to some 800 bytes) goes up in one PUT
+/// or as a multipart upload of a few parts, as do a version's own records (its manifests,
+/// `lading-version.json`), under the same faults as every other request.
+const PART_SIZE: u64 = 256;
 
 /// The profile every simulated batch is submitted under: its report is mailed and each
 /// job's outcome called back (both through the real outbox, to the simulated world).

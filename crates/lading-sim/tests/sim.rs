@@ -158,7 +158,7 @@ fn objects_in_every_kind_of_container_are_unpacked_and_stored() {
 ///   job's committed version lacked the file.
 /// - 1 (again, once a version's larger files went up as multipart uploads): a replica's
 ///   upload whose start was answered late, or aborted without an answer, stayed open under
-///   its stored version for good (25 seeds in 100), parts stored that no object holds:
+///   its stored version for good (29 seeds in 100), parts stored that no object holds:
 ///   replication never swept the uploads open under the version it copied.
 #[test]
 fn the_seeds_that_found_bugs_run_clean() {
