@@ -841,7 +841,6 @@ async fn watch_events(
     watched: Arc<Mutex<Watched>>,
     shutdown: Shutdown,
 ) {
-    use futures_util::{FutureExt, StreamExt};
     use lading_server::events::{EventHub, Sent};
     let Some(hub) = retrying(|| EventHub::start_keeping(&engine, EVENTS_KEPT), |_| true).await
     else {
@@ -854,28 +853,17 @@ async fn watch_events(
     }
     // A second client that never goes away: the order the hub sends events in.
     let reference = {
-        let (hub, watched, mut stop) = (hub.clone(), watched.clone(), shutdown.clone());
+        let (hub, watched, shutdown) = (hub.clone(), watched.clone(), shutdown.clone());
         tokio::spawn(async move {
             let Ok(s) = hub.follow(None, None).await else {
                 return;
             };
             let mut s = Box::pin(s);
+            let mut stop = std::pin::pin!(shutdown.into_stopped());
             let mut ending = false;
             loop {
-                let next = if ending {
-                    match s.next().now_or_never() {
-                        Some(n) => n,
-                        None => return,
-                    }
-                } else {
-                    tokio::select! {
-                        biased;
-                        n = s.next() => n,
-                        _ = stop.stopped() => {
-                            ending = true;
-                            continue;
-                        }
-                    }
+                let Some(next) = next_sent(&mut s, stop.as_mut(), &mut ending).await else {
+                    return;
                 };
                 match next {
                     Some(Sent::Change(id, _)) => watched
@@ -928,21 +916,8 @@ async fn watch_events(
                 stream = Some(Box::pin(s));
             }
             let Some(s) = stream.as_mut() else { continue };
-            let next = if ending {
-                // What was sent by now, and no more.
-                match s.next().now_or_never() {
-                    Some(n) => n,
-                    None => return,
-                }
-            } else {
-                tokio::select! {
-                    biased;
-                    n = s.next() => n,
-                    _ = &mut stop => {
-                        ending = true;
-                        continue;
-                    }
-                }
+            let Some(next) = next_sent(s, stop.as_mut(), &mut ending).await else {
+                return;
             };
             match next {
                 Some(Sent::Change(id, ev)) => {
@@ -999,6 +974,27 @@ async fn watch_events(
     client.await;
     // The end check compares the two clients: the reference has taken all it was sent.
     let _ = reference.await;
+}
+
+/// What an event client is sent next (`None` inside: the stream ended). Once `stop` has
+/// fired (`ending`), only what was sent by then: `None` when nothing more is there.
+async fn next_sent<S>(
+    s: &mut S,
+    mut stop: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+    ending: &mut bool,
+) -> Option<Option<lading_server::events::Sent>>
+where
+    S: futures_util::Stream<Item = lading_server::events::Sent> + Unpin,
+{
+    use futures_util::{FutureExt, StreamExt};
+    if !*ending {
+        tokio::select! {
+            biased;
+            n = s.next() => return Some(n),
+            _ = stop.as_mut() => *ending = true,
+        }
+    }
+    s.next().now_or_never()
 }
 
 /// Retries a call through the errors `retryable` names, as an operator would (ten tries,
