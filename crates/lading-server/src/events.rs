@@ -250,7 +250,22 @@ impl EventHub {
                     }
                     None => self.engine.transitions_since(ms, b.as_ref()).await?,
                 };
-                for (id, ev) in past {
+                // In the ring's order where the ring keeps them, after those it does not keep
+                // (oldest first): a client that goes away after one of them and comes back with
+                // its id is sent from the ring what follows it there, so nothing it was not
+                // sent may come before it there. In time order, a client that went away
+                // halfway through missed the rest of this reading for good (found by
+                // `lading-sim`, seeds 775674619 and 775676781).
+                let mut past: Vec<(Option<u64>, String, ChangeEvent)> = {
+                    let r = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+                    let places: std::collections::HashMap<&str, u64> =
+                        r.events.iter().map(|(s, id, _)| (&**id, *s)).collect();
+                    past.into_iter()
+                        .map(|(id, ev)| (places.get(id.as_str()).copied(), id, ev))
+                        .collect()
+                };
+                past.sort_by_key(|(place, _, _)| *place);
+                for (_, id, ev) in past {
                     if id != last.unwrap_or_default() && matches(filter.as_deref(), &ev) {
                         let id: Arc<str> = id.into();
                         sent.insert(id.clone());
