@@ -742,7 +742,6 @@ impl Node {
         upload: &mut (dyn FnMut(Option<String>) -> UploadNote<'a> + Send + 'a),
         if_absent: bool,
     ) -> Result<(Result<(), object_store::Error>, Copy), NodeError> {
-        use tokio::io::AsyncReadExt;
         let id = match store.create_multipart(key).await {
             Ok(id) => id,
             Err(e) => return Err(self.fail(&format!("starting an upload of {key}"), e)),
@@ -759,32 +758,34 @@ impl Node {
                 store: "local",
                 source: Box::new(e),
             };
-            let mut f = tokio::fs::File::open(src).await.map_err(local)?;
+            // Read and hashed through `crate::blocking` (in place where the simulator asks:
+            // `tokio::fs` ends its work on another thread whenever the system says, so a
+            // simulated run would not repeat).
+            let src = src.to_path_buf();
+            let mut f = crate::blocking::io(move || std::fs::File::open(src))
+                .await
+                .map_err(local)?;
+            let part_size = self.part_size;
             let mut parts = Vec::new();
             loop {
-                let mut buf = Vec::with_capacity(self.part_size as usize);
-                (&mut f)
-                    .take(self.part_size)
-                    .read_to_end(&mut buf)
-                    .await
-                    .map_err(local)?;
+                let h = std::mem::take(&mut hasher);
+                let (file, buf, h) = crate::blocking::io(move || {
+                    use std::io::Read;
+                    let mut buf = Vec::with_capacity(part_size.min(64 << 20) as usize);
+                    (&mut f).take(part_size).read_to_end(&mut buf)?;
+                    let mut h = h;
+                    h.update(&buf);
+                    Ok((f, buf, h))
+                })
+                .await
+                .map_err(local)?;
+                f = file;
+                hasher = h;
                 if buf.is_empty() && !parts.is_empty() {
                     break;
                 }
-                let last = (buf.len() as u64) < self.part_size;
+                let last = (buf.len() as u64) < part_size;
                 size += buf.len() as u64;
-                let h = std::mem::take(&mut hasher);
-                let (buf, h) = tokio::task::spawn_blocking(move || {
-                    let mut h = h;
-                    h.update(&buf);
-                    (buf, h)
-                })
-                .await
-                .map_err(|e| object_store::Error::Generic {
-                    store: "local",
-                    source: Box::new(e),
-                })?;
-                hasher = h;
                 parts.push(
                     store
                         .put_part(key, &id, parts.len(), PutPayload::from(buf))
