@@ -2106,11 +2106,6 @@ async fn versions_on(b: &lading_ingest::bucket::Memory) -> BTreeMap<String, Vec<
     out
 }
 
-/// The objects of payload batches, as stored and recorded. Each job that completed stored one
-/// version, recorded in the inventory, holding exactly its object's files (those of its own
-/// payload, every byte) under the primary identifier its manifest gave. Over the whole
-/// storage root, each object's versions run from 1 with no gap, each written by one job, and
-/// no job wrote two.
 /// Multipart uploads still open under a stored version (one with its record) once every
 /// batch has ended: parts stored and paid for that no object holds. (A job that failed in
 /// Storing may keep the uploads it could not abort, recorded for its requeue.)
@@ -2157,6 +2152,11 @@ async fn uploads_left_open(buckets: &Buckets) -> Vec<String> {
     found
 }
 
+/// The objects of payload batches, as stored and recorded. Each job that completed stored one
+/// version, recorded in the inventory, holding exactly its object's files (those of its own
+/// payload, every byte) under the primary identifier its manifest gave. Over the whole
+/// storage root, each object's versions run from 1 with no gap, each written by one job, and
+/// no job wrote two.
 async fn stored_as_given(
     work: &std::path::Path,
     payloads: &Payloads,
