@@ -38,47 +38,25 @@ impl Weed {
         if Command::new("weed").arg("version").output().is_err() {
             return Err(WeedError::NotInstalled);
         }
-        let dir = tempfile::Builder::new().prefix("lading-weed-").tempdir()?;
-        // Every port chosen while the others are still held, so no two are the same, and
-        // below the kernel's ephemeral range (32768 up), so no outgoing connection takes one
-        // while the server is down between a kill and a restart.
-        let mut held = Vec::new();
-        let mut ports = Vec::new();
-        let mut next = 20_000
-            + (std::process::id() as u64 * 7919
-                + std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.subsec_nanos() as u64))
-                % 12_000;
-        for name in [
-            "s3.port",
-            "s3.port.grpc",
-            "master.port",
-            "master.port.grpc",
-            "filer.port",
-            "filer.port.grpc",
-            "volume.port",
-            "volume.port.grpc",
-            "admin.port",
-            "admin.port.grpc",
-        ] {
-            let l = loop {
-                next = 20_000 + (next + 1 - 20_000) % 12_000;
-                if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", next as u16)) {
-                    break l;
-                }
+        let mut tries = 0;
+        loop {
+            let mut w = Weed {
+                dir: tempfile::Builder::new().prefix("lading-weed-").tempdir()?,
+                ports: free_ports()?,
+                child: None,
             };
-            ports.push((name, l.local_addr()?.port()));
-            held.push(l);
+            match w.spawn() {
+                // Another program took one of the ports between our check and the server's
+                // bind: start again on other ports.
+                Err(WeedError::NotReady { log, .. })
+                    if log.contains("address already in use") && tries < 3 =>
+                {
+                    tries += 1;
+                    w.kill();
+                }
+                r => return r.map(|()| w),
+            }
         }
-        drop(held);
-        let mut w = Weed {
-            dir,
-            ports,
-            child: None,
-        };
-        w.spawn()?;
-        Ok(w)
     }
 
     fn port(&self, name: &str) -> u16 {
@@ -132,7 +110,12 @@ impl Weed {
     fn wait_ready(&self, within: Duration) -> Result<(), WeedError> {
         let start = Instant::now();
         let port = self.port("s3.port");
+        let log = || std::fs::read_to_string(self.dir.path().join("weed.log")).unwrap_or_default();
         while start.elapsed() < within {
+            // A server that could not bind a port has stopped: say so now, not after `within`.
+            if log().contains("address already in use") {
+                break;
+            }
             // The S3 port answers once the filer behind it serves.
             if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
                 let _ = s.write_all(b"GET / HTTP/1.0\r\n\r\n");
@@ -148,7 +131,7 @@ impl Weed {
         Err(WeedError::NotReady {
             port,
             secs: within.as_secs(),
-            log: std::fs::read_to_string(self.dir.path().join("weed.log")).unwrap_or_default(),
+            log: log(),
         })
     }
 
@@ -225,6 +208,49 @@ impl Weed {
         self.kill();
         self.spawn()
     }
+}
+
+/// The ports one server takes, each free when chosen. They come from one cursor kept for the
+/// whole process, so two servers started at once by two tests never pick the same ones (each
+/// had only checked its ports were free, and a server binds its ports one at a time, some
+/// seconds after the check). The cursor starts at a point drawn from the process id and the
+/// time, so two test processes start far apart. All lie below the kernel's ephemeral range
+/// (32768 up), so no outgoing connection takes one while a server is down between a kill and
+/// a restart.
+fn free_ports() -> std::io::Result<Vec<(&'static str, u16)>> {
+    static CURSOR: std::sync::Mutex<Option<u64>> = std::sync::Mutex::new(None);
+    let mut cursor = CURSOR.lock().unwrap_or_else(|e| e.into_inner());
+    let next = cursor.get_or_insert_with(|| {
+        (std::process::id() as u64 * 7919
+            + std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos() as u64))
+            % 12_000
+    });
+    let mut held = Vec::new();
+    let mut ports = Vec::new();
+    for name in [
+        "s3.port",
+        "s3.port.grpc",
+        "master.port",
+        "master.port.grpc",
+        "filer.port",
+        "filer.port.grpc",
+        "volume.port",
+        "volume.port.grpc",
+        "admin.port",
+        "admin.port.grpc",
+    ] {
+        let l = loop {
+            *next = (*next + 1) % 12_000;
+            if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", (20_000 + *next) as u16)) {
+                break l;
+            }
+        };
+        ports.push((name, l.local_addr()?.port()));
+        held.push(l);
+    }
+    Ok(ports)
 }
 
 impl Drop for Weed {
