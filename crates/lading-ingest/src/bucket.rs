@@ -14,9 +14,17 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// One page of open multipart uploads: (key, upload id) pairs, and the markers of the next
-/// page when there is one.
-pub type UploadPage = (Vec<(String, String)>, Option<(String, String)>);
+/// A multipart upload begun and neither completed nor aborted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenUpload {
+    pub key: String,
+    pub id: String,
+    /// When the server says it began (epoch ms), if it says.
+    pub initiated_ms: Option<u64>,
+}
+
+/// One page of open multipart uploads, and the markers of the next page when there is one.
+pub type UploadPage = (Vec<OpenUpload>, Option<(String, String)>);
 
 /// Why a listing of open uploads failed, and whether no retry can help.
 #[derive(Debug, Clone)]
@@ -283,7 +291,14 @@ impl S3 {
         }
         let open = xml_elements(&text, "Upload")
             .into_iter()
-            .filter_map(|u| Some((xml_text(u, "Key")?, xml_text(u, "UploadId")?)))
+            .filter_map(|u| {
+                Some(OpenUpload {
+                    key: xml_text(u, "Key")?,
+                    id: xml_text(u, "UploadId")?,
+                    initiated_ms: xml_text(u, "Initiated")
+                        .and_then(|t| lading_core::time::parse_ts(&t)),
+                })
+            })
             .collect();
         let next = (xml_text(&text, "IsTruncated").as_deref() == Some("true"))
             .then(|| {
@@ -317,9 +332,11 @@ pub type Faults = Arc<dyn Fn(&str, &str) -> Fault + Send + Sync>;
 /// faults decided per request.
 pub struct Memory {
     store: InMemory,
-    /// Open uploads: id → key.
-    open: Mutex<BTreeMap<String, String>>,
+    /// Open uploads: id → (key, when it began).
+    open: Mutex<BTreeMap<String, (String, u64)>>,
     faults: Faults,
+    /// The server's clock, which dates each upload it begins.
+    clock: lading_core::time::SharedClock,
 }
 
 impl std::fmt::Debug for Memory {
@@ -330,10 +347,16 @@ impl std::fmt::Debug for Memory {
 
 impl Memory {
     pub fn new(faults: Faults) -> Memory {
+        Memory::with_clock(faults, lading_core::time::system_clock())
+    }
+
+    /// A bucket whose server reads `clock` (the simulator's).
+    pub fn with_clock(faults: Faults, clock: lading_core::time::SharedClock) -> Memory {
         Memory {
             store: InMemory::new(),
             open: Mutex::default(),
             faults,
+            clock,
         }
     }
 
@@ -374,7 +397,7 @@ impl Memory {
             .map(|_| ())
     }
 
-    fn opened(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, String>> {
+    fn opened(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, (String, u64)>> {
         self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -418,7 +441,8 @@ impl Bucket for Memory {
     fn create_multipart<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<String>> {
         Box::pin(self.faulty("CREATE-UPLOAD", key.as_ref(), async move {
             let id = self.store.create_multipart(key).await?;
-            self.opened().insert(id.clone(), key.to_string());
+            let now = self.clock.now_ms();
+            self.opened().insert(id.clone(), (key.to_string(), now));
             Ok(id)
         }))
     }
@@ -477,8 +501,12 @@ impl Bucket for Memory {
                     Ok(self
                         .opened()
                         .iter()
-                        .filter(|(_, k)| k.starts_with(prefix))
-                        .map(|(id, k)| (k.clone(), id.clone()))
+                        .filter(|(_, (k, _))| k.starts_with(prefix))
+                        .map(|(id, (k, at))| OpenUpload {
+                            key: k.clone(),
+                            id: id.clone(),
+                            initiated_ms: Some(*at),
+                        })
                         .collect::<Vec<_>>())
                 })
                 .await

@@ -139,6 +139,11 @@ pub struct FixitySettings {
     /// The audit's schedule ticks every this many seconds (1..=86400; 3600, hourly), and
     /// each tick checks one share of the copies due.
     pub audit_every_s: u64,
+    /// Each audit share also aborts the multipart uploads open on a bucket node that began
+    /// more than this many seconds ago (0: never; else at least 60; a day by default): an
+    /// upload no writer holds any more (an attempt that lost its lease, a process that
+    /// died mid-upload) keeps parts no object holds. Longer than any one upload takes.
+    pub abort_uploads_after_s: u64,
 }
 
 impl Default for FixitySettings {
@@ -147,6 +152,7 @@ impl Default for FixitySettings {
             every_days: 90,
             bytes_per_s: 50 << 20,
             audit_every_s: 3600,
+            abort_uploads_after_s: 86_400,
         }
     }
 }
@@ -318,6 +324,18 @@ impl Config {
                     "[fixity] audit_every_s must be 1..=86400 (seconds between the audit's \
                      shares), not {}",
                     cfg.fixity.audit_every_s
+                ),
+            });
+        }
+        if let Some(p) = path
+            && (1..60).contains(&cfg.fixity.abort_uploads_after_s)
+        {
+            return Err(ConfigError::Parse {
+                path: p.to_path_buf(),
+                error: format!(
+                    "[fixity] abort_uploads_after_s must be 0 (never) or at least 60 (seconds \
+                     an upload may stay open before the audit aborts it), not {}",
+                    cfg.fixity.abort_uploads_after_s
                 ),
             });
         }
@@ -663,6 +681,21 @@ mod tests {
                 "{e}"
             );
         }
+        assert_eq!(c.fixity.abort_uploads_after_s, 86_400);
+        for (text, want) in [("0", 0), ("60", 60)] {
+            std::fs::write(&f, format!("[fixity]\nabort_uploads_after_s = {text}\n")).unwrap();
+            assert_eq!(
+                Config::load(Some(&f)).unwrap().fixity.abort_uploads_after_s,
+                want
+            );
+        }
+        std::fs::write(&f, "[fixity]\nabort_uploads_after_s = 59\n").unwrap();
+        let e = Config::load(Some(&f)).unwrap_err().to_string();
+        assert!(
+            e.contains("abort_uploads_after_s must be 0 (never) or at least 60")
+                && e.contains("59"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -174,6 +174,10 @@ pub async fn run_audit(
             r = audit_due(&ingest) => r,
             _ = &mut stopped => return,
         };
+        let aborted = tokio::select! {
+            a = abort_abandoned_uploads(&ingest) => a,
+            _ = &mut stopped => return,
+        };
         let outcome = match r {
             Ok(a) => {
                 for f in &a.findings {
@@ -187,6 +191,7 @@ pub async fn run_audit(
                 );
                 lading_jobs::Outcome::Success(Some(serde_json::json!({
                     "checked": a.checked, "bytes": a.bytes, "bad_or_missing": a.findings.len(),
+                    "uploads_aborted": aborted,
                 })))
             }
             Err(e) => lading_jobs::Outcome::Error {
@@ -198,6 +203,35 @@ pub async fn run_audit(
             tracing::warn!(error = %e, "fixity audit: cannot finish its job");
         }
     }
+}
+
+/// Aborts, on every bucket node, the multipart uploads open longer than `[fixity]
+/// abort_uploads_after_s` (see [`crate::nodes::Node::abort_abandoned_uploads`]). A node that
+/// cannot be asked is logged and asked again at the next share. Returns how many were aborted.
+pub async fn abort_abandoned_uploads(ingest: &Ingest) -> usize {
+    let after = ingest.cfg.fixity.abort_uploads_after_s;
+    if after == 0 {
+        return 0;
+    }
+    let before = ingest
+        .engine
+        .clock()
+        .now_ms()
+        .saturating_sub(after.saturating_mul(1000));
+    let mut aborted = 0;
+    for node in ingest.nodes.all() {
+        match node.abort_abandoned_uploads(before).await {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::warn!(node = %node.name(), aborted = n,
+                    "fixity audit: aborted uploads open more than {after} s");
+                aborted += n;
+            }
+            Err(e) => tracing::warn!(error = %e.what,
+                "fixity audit: cannot abort abandoned uploads"),
+        }
+    }
+    aborted
 }
 
 /// One share of the scheduled audit: the copies not checked for `[fixity] every_days`

@@ -840,32 +840,55 @@ impl Node {
     /// holds the version writes under it, so every such upload is its own or a fenced
     /// predecessor's. Returns how many were aborted.
     pub async fn abort_open_uploads(&self, ark: &str, version: u32) -> Result<usize, NodeError> {
+        let prefix = self.key(ark, version, "")?.to_string();
+        self.abort_uploads_where(&prefix, |_| true).await
+    }
+
+    /// Aborts every multipart upload open on this node that began before `before_ms`
+    /// (epoch ms, by the server's clock), whoever began it: an attempt that lost its lease
+    /// and began one after the winner's last sweep, or a process that died between beginning
+    /// one and aborting it. No writer keeps an upload open that long (see `[fixity]
+    /// abort_uploads_after_s`). Uploads whose start the server does not date are left.
+    /// Returns how many were aborted.
+    pub async fn abort_abandoned_uploads(&self, before_ms: u64) -> Result<usize, NodeError> {
+        let prefix = match &self.place {
+            Place::Bucket { prefix, .. } => prefix.clone(),
+            Place::Folder(_) => return Ok(0),
+        };
+        self.abort_uploads_where(&prefix, |u| u.initiated_ms.is_some_and(|t| t < before_ms))
+            .await
+    }
+
+    /// Aborts the uploads open under `prefix` that `pick` picks.
+    async fn abort_uploads_where(
+        &self,
+        prefix: &str,
+        pick: impl Fn(&crate::bucket::OpenUpload) -> bool,
+    ) -> Result<usize, NodeError> {
         let Place::Bucket { store, .. } = &self.place else {
             return Ok(0);
         };
-        let prefix = self.key(ark, version, "")?.to_string();
         let mut aborted = 0;
         let mut marker: Option<(String, String)> = None;
         loop {
             let (open, next) = store
-                .list_uploads(&prefix, marker.take())
+                .list_uploads(prefix, marker.take())
                 .await
                 .map_err(|f| NodeError {
                     what: format!("{}: listing open uploads: {}", self.name(), f.what),
                     fatal: f.fatal,
                 })?;
-            for (key, id) in open {
-                // Only keys of this version: S3 matches the prefix as bytes.
-                if !key.starts_with(&prefix) {
-                    continue;
-                }
-                let k = Key::parse(&key).map_err(|e| NodeError {
-                    what: format!("{}: an open upload's key {key:?}: {e}", self.name()),
+            // Only keys under the prefix (S3 matches it as bytes), and only those picked.
+            for u in open.iter().filter(|u| u.key.starts_with(prefix) && pick(u)) {
+                let k = Key::parse(&u.key).map_err(|e| NodeError {
+                    what: format!("{}: an open upload's key {:?}: {e}", self.name(), u.key),
                     fatal: false,
                 })?;
-                match store.abort_multipart(&k, &id).await {
+                match store.abort_multipart(&k, &u.id).await {
                     Ok(()) | Err(object_store::Error::NotFound { .. }) => aborted += 1,
-                    Err(e) => return Err(self.fail(&format!("aborting the upload of {key}"), e)),
+                    Err(e) => {
+                        return Err(self.fail(&format!("aborting the upload of {}", u.key), e));
+                    }
                 }
             }
             match next {

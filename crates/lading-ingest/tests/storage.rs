@@ -202,6 +202,36 @@ async fn the_primary_killed_mid_batch_and_started_again_leaves_every_object_comp
             1
         );
         assert_eq!(a.open_uploads("primary"), 0);
+        // The audit's sweep of abandoned uploads goes by the server's own date of each
+        // (`Initiated`): one begun just now is left until it is older than asked, and an
+        // upload outside the node's prefix is never touched.
+        let k = primary
+            .key("ark:/99999/abandoned", 3, "producer/x")
+            .unwrap();
+        store.create_multipart(&k).await.unwrap();
+        let outside = object_store::path::Path::parse("elsewhere/x").unwrap();
+        let outside_id = store.create_multipart(&outside).await.unwrap();
+        let now = lading_core::time::Clock::now_ms(&lading_core::time::SystemClock);
+        assert_eq!(
+            primary
+                .abort_abandoned_uploads(now - 3_600_000)
+                .await
+                .unwrap(),
+            0,
+            "begun less than an hour ago"
+        );
+        assert_eq!(a.open_uploads("primary"), 2, "both stay open");
+        assert_eq!(
+            primary.abort_abandoned_uploads(now + 60_000).await.unwrap(),
+            1
+        );
+        assert_eq!(
+            a.open_uploads("primary"),
+            1,
+            "the one outside the prefix stays"
+        );
+        store.abort_multipart(&outside, &outside_id).await.unwrap();
+        assert_eq!(a.open_uploads("primary"), 0);
     }
     run.stop().await;
 }

@@ -398,13 +398,13 @@ struct Buckets {
 impl Buckets {
     /// Requests fail (before or after they take effect) and come late, from the seed,
     /// while `faults` is set.
-    fn new(seed: u64, faults: bool, world: &Arc<World>) -> Buckets {
+    fn new(seed: u64, faults: bool, world: &Arc<World>, clock: Arc<SimClock>) -> Buckets {
         use lading_ingest::bucket::{Fault, Memory};
         let on = Arc::new(std::sync::atomic::AtomicBool::new(faults));
         let dice = Seeded::new(seed ^ 0x6275_636b);
         let node = |n: u32| {
             let (on, dice, world) = (on.clone(), dice.clone(), world.clone());
-            Arc::new(Memory::new(Arc::new(move |op: &str, key: &str| {
+            let faults = Arc::new(move |op: &str, key: &str| {
                 if !on.load(std::sync::atomic::Ordering::Relaxed) {
                     return Fault::None;
                 }
@@ -420,7 +420,8 @@ impl Buckets {
                         .trace(format!("node {n}: {op} {key}: {fault:?}"));
                 }
                 fault
-            })))
+            });
+            Arc::new(Memory::with_clock(faults, clock.clone()))
         };
         Buckets {
             nodes: [node(1), node(2)],
@@ -470,6 +471,7 @@ fn ingest_config(work: &std::path::Path, name: &str) -> lading_ingest::Config {
             every_days: 1,
             bytes_per_s: 0,
             audit_every_s: AUDIT_EVERY_S,
+            abort_uploads_after_s: ABORT_UPLOADS_AFTER_S,
         },
         ..Default::default()
     };
@@ -488,6 +490,10 @@ fn ingest_config(work: &std::path::Path, name: &str) -> lading_ingest::Config {
 
 /// How often the scheduled fixity audit's schedule ticks.
 const AUDIT_EVERY_S: u64 = 10;
+
+/// After how long the scheduled audit aborts an upload left open (`[fixity]
+/// abort_uploads_after_s`, its least).
+const ABORT_UPLOADS_AFTER_S: u64 = 60;
 
 /// The profile of some payload batches: stored on bucket node 1 and copied to node 2.
 const NODES_PROFILE: &str = "sim-nodes";
@@ -1184,7 +1190,7 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
         work: work_folder(),
         served: payloads.served.clone(),
         answers: Arc::default(),
-        buckets: Buckets::new(seed, opts.faults, &world),
+        buckets: Buckets::new(seed, opts.faults, &world, clock.clone()),
         seed,
         starts: 0,
     };
@@ -1726,7 +1732,19 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
             found.extend(
                 access_served(&sim, &rng, &admin_engine, &admin_ingest, &bids, asked).await,
             );
-            found.extend(uploads_left_open(&sim.buckets).await);
+            // An upload a replaced attempt began after the winner's last sweep, and could
+            // not abort, stays open until the scheduled audit finds it abandoned: given that
+            // long and a few of the audit's shares, none may be left.
+            let before = uploads_left_open(&sim.buckets, true).await;
+            world.lock().trace(format!(
+                "storage: {} uploads open at the end, {} of them under a stored version",
+                before.0, before.1
+            ));
+            tokio::time::sleep(Duration::from_secs(
+                ABORT_UPLOADS_AFTER_S + 3 * AUDIT_EVERY_S,
+            ))
+            .await;
+            found.extend(uploads_left_open(&sim.buckets, false).await.2);
         }
         let mut st = world.lock();
         for f in found {
@@ -2106,30 +2124,42 @@ async fn versions_on(b: &lading_ingest::bucket::Memory) -> BTreeMap<String, Vec<
     out
 }
 
-/// Multipart uploads still open under a stored version (one with its record) once every
-/// batch has ended: parts stored and paid for that no object holds. (A job that failed in
-/// Storing may keep the uploads it could not abort, recorded for its requeue.)
-async fn uploads_left_open(buckets: &Buckets) -> Vec<String> {
+/// Multipart uploads still open: how many, how many of them under a stored version (one
+/// with its record), and, unless `counting`, a violation for each (parts stored and paid for
+/// that no object holds). Once every batch has ended and the scheduled audit has had time
+/// to abort the abandoned ones, none may be open.
+async fn uploads_left_open(buckets: &Buckets, counting: bool) -> (usize, usize, Vec<String>) {
     use lading_ingest::bucket::Bucket;
+    let (mut open_n, mut stored_n) = (0, 0);
     let mut found = Vec::new();
     for (n, b) in buckets.nodes.iter().enumerate() {
         let mut marker = None;
         loop {
             match b.list_uploads("lading/", marker.take()).await {
                 Ok((open, next)) => {
-                    for (key, id) in open {
+                    for u in open {
                         // `lading/ARK|V|PATH`: the version's record is `lading/ARK|V|` + it.
-                        let version = key.rsplit_once('|').map_or("", |(v, _)| v);
+                        let version = u.key.rsplit_once('|').map_or("", |(v, _)| v);
                         let record = format!("{version}|{}", lading_ingest::nodes::VERSION_RECORD);
                         let stored = match object_store::path::Path::parse(&record) {
                             Ok(k) => b.head(&k).await.is_ok(),
                             Err(_) => false,
                         };
-                        if stored {
+                        open_n += 1;
+                        stored_n += usize::from(stored);
+                        if !counting {
                             found.push(format!(
-                                "storage: multipart upload {id} of {key} left open on node {} \
-                                 under a stored version",
-                                n + 1
+                                "storage: multipart upload {} of {} (begun at {:?}) left open on \
+                                 node {}{}",
+                                u.id,
+                                u.key,
+                                u.initiated_ms,
+                                n + 1,
+                                if stored {
+                                    " under a stored version"
+                                } else {
+                                    ""
+                                }
                             ));
                         }
                     }
@@ -2149,7 +2179,7 @@ async fn uploads_left_open(buckets: &Buckets) -> Vec<String> {
             }
         }
     }
-    found
+    (open_n, stored_n, found)
 }
 
 /// The objects of payload batches, as stored and recorded. Each job that completed stored one
