@@ -26,7 +26,9 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// Tokio's: the simulator's paused time orders connections as the real clock would.
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
@@ -340,10 +342,28 @@ fn timed_out(after: Duration) -> axum::response::Response {
     .into_response()
 }
 
+/// Where connections come from: a TCP listener, or the simulator's connections in memory.
+pub trait Accept: Send + 'static {
+    type Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static;
+    /// The next connection and its peer's address.
+    fn accept(
+        &mut self,
+    ) -> impl std::future::Future<Output = std::io::Result<(Self::Io, std::net::SocketAddr)>> + Send;
+}
+
+impl Accept for tokio::net::TcpListener {
+    type Io = tokio::net::TcpStream;
+    async fn accept(&mut self) -> std::io::Result<(Self::Io, std::net::SocketAddr)> {
+        let (stream, peer) = tokio::net::TcpListener::accept(self).await?;
+        let _ = stream.set_nodelay(true);
+        Ok((stream, peer))
+    }
+}
+
 /// Serves `app` on `listener` under `limits` until `shutdown` completes; then waits for the
 /// open connections to finish their requests.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
+pub async fn serve<L: Accept>(
+    mut listener: L,
     app: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     limits: Limits,
@@ -369,7 +389,6 @@ pub async fn serve(
                 }
             },
         };
-        let _ = stream.set_nodelay(true);
         let (id, conn) = {
             let mut t = table.lock().unwrap_or_else(|p| p.into_inner());
             if !t.room(limits.max_connections, &streams) {

@@ -285,8 +285,8 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for PathPar
 }
 
 /// Serves `router` on `listener` under `limits` until `shutdown` completes (see [`conn`]).
-pub async fn serve(
-    listener: tokio::net::TcpListener,
+pub async fn serve<L: conn::Accept>(
+    listener: L,
     app: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     limits: conn::Limits,

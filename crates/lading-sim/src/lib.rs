@@ -4,6 +4,7 @@
 //! The same seed gives the same trace, byte for byte.
 
 pub mod check;
+pub mod http;
 pub mod payload;
 pub mod sim;
 pub mod tree;

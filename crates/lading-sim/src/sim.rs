@@ -15,9 +15,9 @@
 //! (the numbered report and its mail) are Lading's own stages for every batch. Mails and
 //! callbacks go to a simulated world that delays them, loses them, and loses their answers
 //! (so they are sent again with the same key). An event stream's client follows every
-//! transition through Lading's follower (the tree's change feed, which has gaps), goes away
-//! now and then and resumes from its last id; it must have been sent every transition the
-//! statuses show. The workload submits batches and, between them, crashes and restarts
+//! transition through Lading's follower (the tree's change feed, which has gaps) and its HTTP
+//! server (`GET /api/v1/events` on connections in memory, `http.rs`), goes away now and then
+//! and resumes from its last id; it must have been sent every transition the statuses show. The workload submits batches and, between them, crashes and restarts
 //! processes, expires and pauses their sessions, holds and releases jobs, requeues failed
 //! ones (one at a time and by batch), deletes jobs, pauses the ingest queue, and puts
 //! depositors' late fixes in place (a missing file, a corrected manifest). Then the faults
@@ -843,6 +843,7 @@ const EVENTS_KEPT: usize = 64;
 async fn watch_events(
     world: Arc<World>,
     engine: Arc<Engine>,
+    server: EventsServer,
     rng: Arc<Seeded>,
     watched: Arc<Mutex<Watched>>,
     shutdown: Shutdown,
@@ -852,6 +853,36 @@ async fn watch_events(
     else {
         return;
     };
+    // Lading's HTTP server, with its connection limits, on the hub; it stops once the
+    // client has taken what it was sent.
+    let (listener, connector) = crate::http::pair();
+    let (server_stop, server_shutdown) = Shutdown::new();
+    let auth = lading_server::Auth::new(&[lading_ingest::config::TokenSettings {
+        name: "operator".into(),
+        token: EVENTS_TOKEN.into(),
+        role: "admin".into(),
+        types: Vec::new(),
+        collections: Vec::new(),
+    }])
+    .expect("the simulator's token");
+    let state = lading_server::AppState {
+        ingest: server.ingest,
+        events: hub.clone(),
+        jobs: server.jobs,
+        auth: Arc::new(auth),
+        stopping: server_shutdown.clone(),
+    };
+    let serving = tokio::spawn(lading_server::serve(
+        listener,
+        lading_server::router(state),
+        server_shutdown.into_stopped(),
+        // One stream per client: a stream the server kept after its client went away would
+        // refuse the client's comeback (429).
+        lading_server::conn::Limits {
+            max_streams_per_client: 1,
+            ..Default::default()
+        },
+    ));
     {
         let mut w = watched.lock().unwrap_or_else(|p| p.into_inner());
         w.from_ms = hub.live_from();
@@ -902,9 +933,22 @@ async fn watch_events(
                     }
                 }
                 let kept = last.as_deref().is_some_and(|l| hub.keeps(l));
-                let Some(s) = retrying(|| hub.follow(last.as_deref(), None), |_| true).await else {
-                    // The follower stopped: nothing more comes.
-                    return;
+                let mut answer = Err(String::new());
+                for _ in 0..10 {
+                    answer = crate::http::follow(&connector, EVENTS_TOKEN, last.as_deref()).await;
+                    if answer.is_ok() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                let s = match answer {
+                    Ok(s) => s,
+                    Err(e) => {
+                        world.lock().violation(format!(
+                            "events: GET /api/v1/events failed ten times; the last: {e}"
+                        ));
+                        return;
+                    }
                 };
                 if last.is_some() {
                     let mut w = watched.lock().unwrap_or_else(|p| p.into_inner());
@@ -980,10 +1024,23 @@ async fn watch_events(
     client.await;
     // The end check compares the two clients: the reference has taken all it was sent.
     let _ = reference.await;
+    server_stop.stop();
+    let _ = serving.await;
+}
+
+/// The token of the event stream's client (an admin's: it follows every batch).
+const EVENTS_TOKEN: &str = "sim-events-token-0123456789abcdef";
+
+/// What the event stream's host serves its API with.
+struct EventsServer {
+    ingest: Arc<lading_ingest::Ingest>,
+    jobs: Arc<lading_jobs::Jobs>,
 }
 
 /// What an event client is sent next (`None` inside: the stream ended). Once `stop` has
-/// fired (`ending`), only what was sent by then: `None` when nothing more is there.
+/// fired (`ending`), only what was sent by then: `None` once nothing more comes for a
+/// second (simulated time moves only when every task waits, so whatever was on its way,
+/// through the wire too, has come by then).
 async fn next_sent<S>(
     s: &mut S,
     mut stop: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
@@ -992,7 +1049,7 @@ async fn next_sent<S>(
 where
     S: futures_util::Stream<Item = lading_server::events::Sent> + Unpin,
 {
-    use futures_util::{FutureExt, StreamExt};
+    use futures_util::StreamExt;
     if !*ending {
         tokio::select! {
             biased;
@@ -1000,7 +1057,9 @@ where
             _ = stop.as_mut() => *ending = true,
         }
     }
-    s.next().now_or_never()
+    tokio::time::timeout(Duration::from_secs(1), s.next())
+        .await
+        .ok()
 }
 
 /// Retries a call through the errors `retryable` names, as an operator would (ten tries,
@@ -1230,13 +1289,21 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
     let watched = Arc::new(Mutex::new(Watched::default()));
     let (events_stop, events_shutdown) = Shutdown::new();
     let events = {
+        let tree = world.connect("events");
         let engine = Arc::new(
-            Engine::new(world.connect("events"), clock.clone(), "events")
+            Engine::new(tree.clone(), clock.clone(), "events")
                 .with_random(Seeded::new(seed ^ 0x6576)),
         );
+        // The host serves Lading's HTTP API (the event stream among it) on connections in
+        // memory; the client reads the stream off the wire.
+        let server = EventsServer {
+            ingest: Arc::new(sim.ingest(engine.clone(), "events")),
+            jobs: Arc::new(lading_jobs::Jobs::new(tree, clock.clone(), "events")),
+        };
         tokio::spawn(watch_events(
             world.clone(),
             engine,
+            server,
             Seeded::new(seed ^ 0x636c),
             watched.clone(),
             events_shutdown,

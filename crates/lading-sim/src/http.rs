@@ -1,0 +1,231 @@
+//! Lading's HTTP server on simulated connections: [`Listener`] hands connections made in
+//! memory (`tokio::io::duplex`) to the real accept loop (`lading_server::serve`, with its
+//! limits), and [`follow`] is an event-stream client over one, speaking HTTP/1.1 through
+//! hyper and reading the server-sent events off the wire as a browser would. Nothing leaves
+//! the process, and on the simulator's one thread every byte moves in the same order each run.
+
+use futures_util::Stream;
+use hyper_util::rt::TokioIo;
+use lading_engine::ChangeEvent;
+use lading_server::events::Sent;
+use std::sync::Arc;
+use tokio::io::DuplexStream;
+use tokio::sync::mpsc;
+
+/// The address every simulated client connects from.
+const PEER: ([u8; 4], u16) = ([10, 0, 0, 9], 40_000);
+
+/// The bytes a connection buffers each way.
+const PIPE: usize = 64 << 10;
+
+/// The longest line of an event read (a transition's JSON is a few hundred bytes).
+const MAX_LINE: usize = 64 << 10;
+
+/// The server's end of the simulated connections.
+pub struct Listener(mpsc::UnboundedReceiver<DuplexStream>);
+
+impl lading_server::conn::Accept for Listener {
+    type Io = DuplexStream;
+    async fn accept(&mut self) -> std::io::Result<(DuplexStream, std::net::SocketAddr)> {
+        match self.0.recv().await {
+            Some(io) => Ok((io, PEER.into())),
+            // No client may connect any more: nothing comes until the server stops.
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// Where clients connect: each connection is a pipe whose far end the listener takes.
+#[derive(Clone)]
+pub struct Connector(mpsc::UnboundedSender<DuplexStream>);
+
+/// A listener and the connector that reaches it.
+pub fn pair() -> (Listener, Connector) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    (Listener(rx), Connector(tx))
+}
+
+impl Connector {
+    fn connect(&self) -> Result<DuplexStream, String> {
+        let (client, server) = tokio::io::duplex(PIPE);
+        self.0
+            .send(server)
+            .map_err(|_| "the server is gone".to_string())?;
+        Ok(client)
+    }
+}
+
+/// `GET /api/v1/events` with `token`, resuming after `last` (the `Last-Event-ID` header):
+/// what the stream sends, decoded from its `id:`, `event:` and `data:` lines. The stream ends
+/// when the server ends the response or the connection breaks; dropping it closes the
+/// connection, as a client that goes away does.
+pub async fn follow(
+    to: &Connector,
+    token: &str,
+    last: Option<&str>,
+) -> Result<impl Stream<Item = Sent> + Unpin + use<>, String> {
+    let io = to.connect()?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    // The connection's task ends when the response is dropped with the stream.
+    let driving = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut req = hyper::Request::get("/api/v1/events")
+        .header("host", "lading.sim")
+        .header("authorization", format!("Bearer {token}"))
+        .header("accept", "text/event-stream");
+    if let Some(l) = last {
+        req = req.header("last-event-id", l);
+    }
+    let req = req.body(Empty).map_err(|e| e.to_string())?;
+    let resp = send
+        .send_request(req)
+        .await
+        .map_err(|e| format!("GET /api/v1/events: {e}"))?;
+    let kind = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    if resp.status() != 200 || !kind.starts_with("text/event-stream") {
+        return Err(format!(
+            "GET /api/v1/events answered {} ({kind})",
+            resp.status()
+        ));
+    }
+    let reader = Reader {
+        body: resp.into_body(),
+        buf: Vec::new(),
+        event: Fields::default(),
+        _send: send,
+        driving: Arc::new(Abort(driving)),
+    };
+    Ok(Box::pin(futures_util::stream::unfold(
+        reader,
+        |mut r| async move { r.next().await.map(|s| (s, r)) },
+    )))
+}
+
+/// A body with nothing in it.
+struct Empty;
+
+impl http_body::Body for Empty {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        std::task::Poll::Ready(None)
+    }
+    fn is_end_stream(&self) -> bool {
+        true
+    }
+}
+
+/// Stops the connection's task when the last holder goes.
+struct Abort(tokio::task::JoinHandle<()>);
+
+impl Drop for Abort {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The fields of the event being read.
+#[derive(Default)]
+struct Fields {
+    id: Option<String>,
+    event: Option<String>,
+    data: Vec<String>,
+}
+
+struct Reader {
+    body: hyper::body::Incoming,
+    /// Bytes read and not yet a whole line.
+    buf: Vec<u8>,
+    event: Fields,
+    _send: hyper::client::conn::http1::SendRequest<Empty>,
+    driving: Arc<Abort>,
+}
+
+impl Reader {
+    /// The next event sent; `None` once the response ends (or breaks, or sends what is not
+    /// an event stream: that is in the trace as an event missing).
+    async fn next(&mut self) -> Option<Sent> {
+        let _ = &self.driving;
+        loop {
+            while let Some(end) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=end).collect();
+                let line = String::from_utf8(line).ok()?;
+                let line = line.trim_end_matches('\n').trim_end_matches('\r');
+                if line.is_empty() {
+                    let ev = std::mem::take(&mut self.event);
+                    if let Some(s) = decode(ev) {
+                        return Some(s);
+                    }
+                    continue;
+                }
+                // A comment (the keep-alive) says nothing.
+                if line.starts_with(':') {
+                    continue;
+                }
+                let (field, value) = line.split_once(':').unwrap_or((line, ""));
+                let value = value.strip_prefix(' ').unwrap_or(value).to_string();
+                match field {
+                    "id" => self.event.id = Some(value),
+                    "event" => self.event.event = Some(value),
+                    "data" => self.event.data.push(value),
+                    _ => {}
+                }
+            }
+            if self.buf.len() > MAX_LINE {
+                return None;
+            }
+            let frame = std::future::poll_fn(|cx| {
+                http_body::Body::poll_frame(std::pin::Pin::new(&mut self.body), cx)
+            })
+            .await?
+            .ok()?;
+            if let Ok(data) = frame.into_data() {
+                self.buf.extend_from_slice(&data);
+            }
+        }
+    }
+}
+
+/// One event as the hub sent it: a `change` (its id and transition) or a `reset`. `None`
+/// for one with no data (nothing to dispatch) or of another kind.
+fn decode(ev: Fields) -> Option<Sent> {
+    if ev.data.is_empty() {
+        return None;
+    }
+    match ev.event.as_deref() {
+        Some("reset") => Some(Sent::Reset),
+        Some("change") => {
+            let v: serde_json::Value = serde_json::from_str(&ev.data.join("\n")).ok()?;
+            let s = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_string);
+            let kind = match v.get("kind").and_then(|x| x.as_str())? {
+                "batch" => "batch",
+                "job" => "job",
+                "access" => "access",
+                _ => return None,
+            };
+            let change = ChangeEvent {
+                kind,
+                id: s("id")?,
+                batch: s("batch"),
+                from: s("from"),
+                to: s("to")?,
+                time: s("time")?,
+                host: s("host"),
+                message: s("message"),
+            };
+            Some(Sent::Change(ev.id?.into(), Arc::new(change)))
+        }
+        _ => None,
+    }
+}
