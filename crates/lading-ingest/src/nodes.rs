@@ -840,6 +840,9 @@ impl Node {
     /// holds the version writes under it, so every such upload is its own or a fenced
     /// predecessor's. Returns how many were aborted.
     pub async fn abort_open_uploads(&self, ark: &str, version: u32) -> Result<usize, NodeError> {
+        if let Place::Folder(_) = &self.place {
+            return Ok(0);
+        }
         let prefix = self.key(ark, version, "")?.to_string();
         self.abort_uploads_where(&prefix, |_| true).await
     }

@@ -18,8 +18,10 @@ const PEER: ([u8; 4], u16) = ([10, 0, 0, 9], 40_000);
 /// The bytes a connection buffers each way.
 const PIPE: usize = 64 << 10;
 
-/// The longest line of an event read (a transition's JSON is a few hundred bytes).
+/// The longest line, and the most data lines of one event, read (a transition's JSON is a
+/// few hundred bytes on one line).
 const MAX_LINE: usize = 64 << 10;
+const MAX_DATA_LINES: usize = 16;
 
 /// The server's end of the simulated connections.
 pub struct Listener(mpsc::UnboundedReceiver<DuplexStream>);
@@ -101,7 +103,7 @@ pub async fn follow(
         buf: Vec::new(),
         event: Fields::default(),
         _send: send,
-        driving: Arc::new(Abort(driving)),
+        _driving: Abort(driving),
     };
     Ok(Box::pin(futures_util::stream::unfold(
         reader,
@@ -126,7 +128,7 @@ impl http_body::Body for Empty {
     }
 }
 
-/// Stops the connection's task when the last holder goes.
+/// Stops the connection's task when the stream is dropped.
 struct Abort(tokio::task::JoinHandle<()>);
 
 impl Drop for Abort {
@@ -149,14 +151,13 @@ struct Reader {
     buf: Vec<u8>,
     event: Fields,
     _send: hyper::client::conn::http1::SendRequest<Empty>,
-    driving: Arc<Abort>,
+    _driving: Abort,
 }
 
 impl Reader {
     /// The next event sent; `None` once the response ends (or breaks, or sends what is not
     /// an event stream: that is in the trace as an event missing).
     async fn next(&mut self) -> Option<Sent> {
-        let _ = &self.driving;
         loop {
             while let Some(end) = self.buf.iter().position(|b| *b == b'\n') {
                 let line: Vec<u8> = self.buf.drain(..=end).collect();
@@ -178,7 +179,9 @@ impl Reader {
                 match field {
                     "id" => self.event.id = Some(value),
                     "event" => self.event.event = Some(value),
-                    "data" => self.event.data.push(value),
+                    "data" if self.event.data.len() < MAX_DATA_LINES => self.event.data.push(value),
+                    // More data than any event of the hub's: not an event stream.
+                    "data" => return None,
                     _ => {}
                 }
             }

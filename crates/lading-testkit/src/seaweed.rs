@@ -38,25 +38,26 @@ impl Weed {
         if Command::new("weed").arg("version").output().is_err() {
             return Err(WeedError::NotInstalled);
         }
-        let mut tries = 0;
-        loop {
+        // Another program may take one of the ports between our check and the server's
+        // bind: then it starts again on other ports (three times at most).
+        let mut last = None;
+        for _ in 0..4 {
             let mut w = Weed {
                 dir: tempfile::Builder::new().prefix("lading-weed-").tempdir()?,
                 ports: free_ports()?,
                 child: None,
             };
             match w.spawn() {
-                // Another program took one of the ports between our check and the server's
-                // bind: start again on other ports.
-                Err(WeedError::NotReady { log, .. })
-                    if log.contains("address already in use") && tries < 3 =>
+                Err(WeedError::NotReady { port, secs, log })
+                    if log.contains("address already in use") =>
                 {
-                    tries += 1;
                     w.kill();
+                    last = Some(WeedError::NotReady { port, secs, log });
                 }
                 r => return r.map(|()| w),
             }
         }
+        Err(last.expect("four tries"))
     }
 
     fn port(&self, name: &str) -> u16 {
@@ -241,12 +242,13 @@ fn free_ports() -> std::io::Result<Vec<(&'static str, u16)>> {
         "admin.port",
         "admin.port.grpc",
     ] {
-        let l = loop {
-            *next = (*next + 1) % 12_000;
-            if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", (20_000 + *next) as u16)) {
-                break l;
-            }
-        };
+        // Each port of the range looked at once at most.
+        let l = (0..12_000)
+            .find_map(|_| {
+                *next = (*next + 1) % 12_000;
+                std::net::TcpListener::bind(("127.0.0.1", (20_000 + *next) as u16)).ok()
+            })
+            .ok_or_else(|| std::io::Error::other("no free port in 20000..32000"))?;
         ports.push((name, l.local_addr()?.port()));
         held.push(l);
     }
