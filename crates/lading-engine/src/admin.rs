@@ -501,6 +501,10 @@ impl Engine {
                 info.status.status
             )));
         }
+        // Held (by a reporter, or an admin's tool): its jobs are left alone too.
+        if info.locked {
+            return Err(EngineError::Locked(batch.to_string()));
+        }
         let mut purged = 0;
         for jid in info.jobs.values().flatten() {
             match self.purge_job(jid).await {
@@ -509,7 +513,13 @@ impl Engine {
                 Err(e) => return Err(e),
             }
         }
-        let mut ops = Vec::new();
+        // Read again, and its version checked in the commit: a batch that moved on since
+        // (a job deleted sends it back to reporting) is not removed under its reporter.
+        let (now, version) = self.batch_status(batch).await?;
+        if !matches!(now.status, BatchState::Completed | BatchState::Deleted) {
+            return Err(EngineError::Conflict(batch.to_string()));
+        }
+        let mut ops = vec![Op::check(batch_node(batch, "status"), Some(version))];
         self.delete_subtree_ops(&batch_path(batch), &mut ops)
             .await?;
         if let Some(uuid) = info.submission.get("batchID").and_then(Value::as_str)
@@ -523,7 +533,10 @@ impl Engine {
                 ops.push(Op::delete(entry, None));
             }
         }
-        self.tree.multi(ops).await?;
+        self.tree.multi(ops).await.map_err(|e| match e.root() {
+            TreeError::BadVersion { .. } => EngineError::Conflict(batch.to_string()),
+            _ => e.into(),
+        })?;
         Ok(purged)
     }
 

@@ -49,14 +49,6 @@ pub async fn cleanup(
         if at.saturating_add(retention_ms) > now_ms {
             continue;
         }
-        for j in info.jobs.values().flatten() {
-            let dir = ingest.cfg.work_dir().join(j);
-            if dir.exists()
-                && let Err(err) = std::fs::remove_dir_all(&dir)
-            {
-                tracing::warn!(dir = %dir.display(), error = %err, "cannot remove working directory");
-            }
-        }
         // A submission of another shape has no upload of Lading's to remove.
         let sub = <lading_core::layout::BatchSubmission as serde::Deserialize>::deserialize(
             &info.submission,
@@ -65,8 +57,26 @@ pub async fn cleanup(
         let upload = sub
             .and_then(|s| s.payload_url)
             .and_then(|u| upload_dir(ingest, &u));
-        out.jobs += e.purge_batch(&bid).await?;
+        match e.purge_batch(&bid).await {
+            Ok(n) => out.jobs += n,
+            // Moved on, locked or gone since it was read: left for the next pass, which the
+            // other batches do not wait for.
+            Err(err @ EngineError::Tree(_)) => return Err(err),
+            Err(err) => {
+                tracing::info!(batch = %bid, error = %err, "cleanup: batch left for the next pass");
+                continue;
+            }
+        }
         out.batches += 1;
+        // Its jobs' working folders on this host (other hosts' sweeps remove theirs).
+        for j in info.jobs.values().flatten() {
+            let dir = ingest.cfg.work_dir().join(j);
+            if dir.exists()
+                && let Err(err) = std::fs::remove_dir_all(&dir)
+            {
+                tracing::warn!(dir = %dir.display(), error = %err, "cannot remove working directory");
+            }
+        }
         if let Some(dir) = upload
             && let Err(err) = std::fs::remove_dir_all(&dir)
         {
@@ -112,16 +122,31 @@ pub async fn cleanup(
     Ok(out)
 }
 
-/// How often a host running job stages removes working folders of jobs that are gone.
-pub const WORK_SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
+/// Removes, every `cleanup_every_s`, this host's working folders whose job no longer
+/// exists and that nothing touched for the retention (see [`sweep_work_dirs`]): a service of
+/// each host that runs Downloading, Processing or Storing.
+pub async fn sweep_work_dirs_every(ingest: std::sync::Arc<Ingest>, shutdown: Shutdown) {
+    let every = std::time::Duration::from_secs(ingest.cfg.cleanup_every_s.max(1));
+    lading_worker::every("working folders", every, shutdown, move || {
+        let i = ingest.clone();
+        async move {
+            match sweep_work_dirs(&i, i.cfg.retention()).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(removed = n, "working folders of removed jobs"),
+                Err(e) => tracing::warn!(error = %e, "cannot sweep working folders"),
+            }
+        }
+    })
+    .await
+}
 
 /// Removes this host's working folders whose job no longer exists in the tree and that
-/// nothing has touched for `min_age`: with several hosts, a job's folder stays on each host it
-/// passed through, and only the host that cleans its batch up removes its own. Folders of
-/// live jobs (in any state) are kept; so is anything not named like a job, and a folder
-/// touched recently (another tree sharing this data folder may own it: its job is not in this
-/// tree). A folder removed by mistake costs its job a fresh download, never a file: a job
-/// refetches what its folder lacks.
+/// nothing has touched for `min_age` (by the engine's clock): with several hosts, a job's
+/// folder stays on each host it passed through, and only the host that cleans its batch up
+/// removes its own. Folders of live jobs (in any state) are kept; so is anything not named
+/// like a job, and a folder touched recently (another tree sharing this data folder may own
+/// it: its job is not in this tree). A folder removed by mistake costs its job a fresh
+/// download, never a file: a job refetches what its folder lacks.
 pub async fn sweep_work_dirs(
     ingest: &Ingest,
     min_age: std::time::Duration,
@@ -143,11 +168,14 @@ pub async fn sweep_work_dirs(
             continue;
         }
         let dir = entry.path();
-        let touched = [dir.clone(), dir.join("job.log"), dir.join(".lading")]
+        let touched_ms = [dir.clone(), dir.join("job.log"), dir.join(".lading")]
             .iter()
             .filter_map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+            .filter_map(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_millis() as u64)
             .max();
-        if touched.is_none_or(|t| t.elapsed().unwrap_or_default() < min_age) {
+        let now_ms = ingest.engine.clock().now_ms();
+        if touched_ms.is_none_or(|t| u128::from(now_ms.saturating_sub(t)) < min_age.as_millis()) {
             continue;
         }
         match ingest.engine.job(&jid).await {
@@ -176,53 +204,49 @@ pub fn upload_dir(ingest: &Ingest, payload_url: &str) -> Option<std::path::PathB
 
 /// How often the process that runs reporting looks for batches a crash left in Processing.
 const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
-/// How often it removes old batches.
-const CLEANUP_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// Housekeeping, on the runtime until shut down: batches whose last job another process or
 /// tool moved are noticed within seconds (a watch on their `batch-processing` folders, read
-/// again every 30 s), and every ten minutes a reporting sweep, with cleanup hourly.
+/// again every 30 s), every ten minutes a reporting sweep, and every `cleanup_every_s`
+/// (from the start) the cleanup of batches past retention.
 pub async fn housekeeping(ingest: std::sync::Arc<Ingest>, shutdown: Shutdown) {
     let finishing = lading_worker::run_loops(
         std::sync::Arc::new(Finishing(ingest.clone())),
         1,
         shutdown.clone(),
     );
-    let last_cleanup = std::sync::Mutex::new(None::<tokio::time::Instant>);
-    let sweeps = lading_worker::every("housekeeping", SWEEP_EVERY, shutdown, move || {
-        let ingest = ingest.clone();
-        let due = {
-            let mut last = last_cleanup.lock().unwrap_or_else(|p| p.into_inner());
-            let due = last.is_none_or(|t| t.elapsed() >= CLEANUP_EVERY);
-            if due {
-                *last = Some(tokio::time::Instant::now());
+    let i = ingest.clone();
+    let sweeps = lading_worker::every("housekeeping", SWEEP_EVERY, shutdown.clone(), move || {
+        let i = i.clone();
+        async move {
+            match i.engine.sweep_reporting().await {
+                Ok(n) if n > 0 => tracing::info!(batches = n, "batches moved on to Reporting"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "reporting sweep failed"),
             }
-            due
-        };
-        async move { sweep(&ingest, due).await }
-    });
-    tokio::join!(finishing, sweeps);
-}
-
-/// One housekeeping sweep: batches that should be reporting, and (when `cleanup_due`) the
-/// cleanup of old batches.
-async fn sweep(ingest: &Ingest, cleanup_due: bool) {
-    match ingest.engine.sweep_reporting().await {
-        Ok(n) if n > 0 => tracing::info!(batches = n, "batches moved on to Reporting"),
-        Ok(_) => {}
-        Err(e) => tracing::warn!(error = %e, "reporting sweep failed"),
-    }
-    if cleanup_due {
-        let now = ingest.engine.clock().now_ms();
-        let retention_ms = ingest.cfg.retention_hours.saturating_mul(3_600_000);
-        match cleanup(ingest, now, retention_ms).await {
-            Ok(c) if c.batches > 0 => {
-                tracing::info!(batches = c.batches, jobs = c.jobs, "cleanup")
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "cleanup failed"),
         }
-    }
+    });
+    let every = std::time::Duration::from_secs(ingest.cfg.cleanup_every_s.max(1));
+    let cleanups = lading_worker::every("cleanup", every, shutdown, move || {
+        let i = ingest.clone();
+        async move {
+            let now = i.engine.clock().now_ms();
+            let retention_ms = i.cfg.retention().as_millis() as u64;
+            match cleanup(&i, now, retention_ms).await {
+                Ok(c) if c.batches > 0 || c.access > 0 => {
+                    tracing::info!(
+                        batches = c.batches,
+                        jobs = c.jobs,
+                        access = c.access,
+                        "cleanup"
+                    )
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "cleanup failed"),
+            }
+        }
+    });
+    tokio::join!(finishing, sweeps, cleanups);
 }
 
 /// Watches the Processing batches; an item is the list to check once a watch fired.

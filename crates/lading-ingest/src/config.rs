@@ -100,8 +100,12 @@ pub struct Config {
     pub smtp_host: Option<String>,
     pub smtp_port: u16,
     pub mail_from: String,
-    /// Completed batches older than this are removed by cleanup.
+    /// Completed batches older than this are removed by cleanup; so are working folders of
+    /// jobs no longer in the tree that nothing touched for this long.
     pub retention_hours: u64,
+    /// Seconds between cleanups (by the process that reports) and between sweeps of working
+    /// folders (by each host that keeps them): 1..=86400.
+    pub cleanup_every_s: u64,
     /// The shoulder minted primary identifiers start with, unless the profile names one.
     pub shoulder: String,
     pub stages: BTreeMap<String, StageSettings>,
@@ -255,6 +259,10 @@ impl Default for HttpSettings {
     }
 }
 
+/// What a refused `cleanup_every_s` is told.
+const CLEANUP_EVERY_RANGE: &str =
+    "cleanup_every_s must be 1..=86400 (seconds between cleanups and sweeps of working folders)";
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -280,6 +288,7 @@ impl Default for Config {
             smtp_port: 25,
             mail_from: "lading@localhost".into(),
             retention_hours: 24 * 30,
+            cleanup_every_s: 3600,
             shoulder: "ark:/99999/fk4".into(),
             stages: BTreeMap::new(),
             listen: "127.0.0.1:8080".into(),
@@ -300,6 +309,11 @@ impl Config {
             .unwrap_or_else(|| format!("sqlite:{}", self.data_dir.join("lading.db").display()))
     }
 
+    /// How long Completed and Deleted batches (and working folders of removed jobs) are kept.
+    pub fn retention(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.retention_hours.saturating_mul(3600))
+    }
+
     /// Reads `path` (when given) and applies `LADING_*` environment overrides.
     pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
         let mut cfg = match path {
@@ -315,6 +329,14 @@ impl Config {
             }
             None => Config::default(),
         };
+        if let Some(p) = path
+            && !(1..=86_400).contains(&cfg.cleanup_every_s)
+        {
+            return Err(ConfigError::Parse {
+                path: p.to_path_buf(),
+                error: format!("{CLEANUP_EVERY_RANGE}, not {}", cfg.cleanup_every_s),
+            });
+        }
         if let Some(p) = path
             && !(1..=86_400).contains(&cfg.fixity.audit_every_s)
         {
@@ -389,6 +411,16 @@ impl Config {
         }
         if let Some(v) = get("LADING_RETENTION_HOURS") {
             self.retention_hours = num("LADING_RETENTION_HOURS", v)?;
+        }
+        if let Some(v) = get("LADING_CLEANUP_EVERY_S") {
+            let every: u64 = num("LADING_CLEANUP_EVERY_S", v.clone())?;
+            if !(1..=86_400).contains(&every) {
+                return Err(ConfigError::Env {
+                    name: "LADING_CLEANUP_EVERY_S".into(),
+                    error: format!("{CLEANUP_EVERY_RANGE}, not {v}"),
+                });
+            }
+            self.cleanup_every_s = every;
         }
         Ok(())
     }
@@ -696,6 +728,38 @@ mod tests {
                 && e.contains("59"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_cleanup_period_is_bounded_and_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("lading.toml");
+        assert_eq!(Config::default().cleanup_every_s, 3600);
+        std::fs::write(&f, "cleanup_every_s = 60\nretention_hours = 0\n").unwrap();
+        let c = Config::load(Some(&f)).unwrap();
+        assert_eq!(c.cleanup_every_s, 60);
+        assert_eq!(c.retention(), std::time::Duration::ZERO);
+        for bad in ["0", "86401"] {
+            std::fs::write(&f, format!("cleanup_every_s = {bad}\n")).unwrap();
+            let e = Config::load(Some(&f)).unwrap_err().to_string();
+            assert!(
+                e.contains("cleanup_every_s must be 1..=86400") && e.contains(bad),
+                "{e}"
+            );
+        }
+        let mut c = Config::default();
+        c.apply_env(|k| (k == "LADING_CLEANUP_EVERY_S").then(|| "120".to_string()))
+            .unwrap();
+        assert_eq!(c.cleanup_every_s, 120);
+        let e = c
+            .apply_env(|k| (k == "LADING_CLEANUP_EVERY_S").then(|| "0".to_string()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("LADING_CLEANUP_EVERY_S") && e.contains("must be 1..=86400"),
+            "{e}"
+        );
+        assert_eq!(c.cleanup_every_s, 120, "a refused value changes nothing");
     }
 
     #[test]

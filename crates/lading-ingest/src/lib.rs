@@ -269,25 +269,7 @@ pub async fn start(
     {
         let i = ingest.clone();
         services.spawn("working-folder sweep", Phase::First, |sd| async move {
-            lading_worker::every(
-                "working folders",
-                cleanup::WORK_SWEEP_EVERY,
-                sd,
-                move || {
-                    let i = i.clone();
-                    async move {
-                        let age = std::time::Duration::from_secs(
-                            i.cfg.retention_hours.saturating_mul(3600),
-                        );
-                        match cleanup::sweep_work_dirs(&i, age).await {
-                            Ok(0) => {}
-                            Ok(n) => tracing::info!(removed = n, "working folders of removed jobs"),
-                            Err(e) => tracing::warn!(error = %e, "cannot sweep working folders"),
-                        }
-                    }
-                },
-            )
-            .await;
+            cleanup::sweep_work_dirs_every(i, sd).await;
             Ok(())
         });
     }

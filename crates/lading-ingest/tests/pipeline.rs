@@ -826,6 +826,51 @@ async fn cleanup_removes_old_batches_and_working_folders_but_not_stored_objects(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_goes_past_a_batch_it_cannot_remove_and_keeps_that_batchs_folders() {
+    let w = World::new().await;
+    let (ingest, first) = w.submit_object(&[("a.txt", b"first")]).await;
+    let (_, second) = w.submit_object(&[("b.txt", b"second")]).await;
+    let run = w.run_all(&ingest);
+    w.batch_reaches(&first, &[BatchState::Completed]).await;
+    w.batch_reaches(&second, &[BatchState::Completed]).await;
+    run.stop().await;
+    let (j1, j2) = (
+        w.jobs_of(&first).await.remove(0),
+        w.jobs_of(&second).await.remove(0),
+    );
+    // Another process holds the first batch (as a reporter would): cleanup leaves it, with
+    // its working folder, and removes the second all the same.
+    use lading_core::Tree;
+    let lock = lading_core::layout::batch_node(&first, "lock");
+    w.engine
+        .tree()
+        .create(&lock, None, lading_core::tree::CreateMode::Persistent)
+        .await
+        .unwrap();
+    let later = w.engine.clock().now_ms() + 3_600_001;
+    let c = lading_ingest::cleanup::cleanup(&ingest, later, 3_600_000)
+        .await
+        .unwrap();
+    assert_eq!((c.batches, c.jobs), (1, 1));
+    assert_eq!(
+        w.engine.batch(&first).await.unwrap().status.status,
+        BatchState::Completed
+    );
+    assert!(w.engine.job(&j1).await.is_ok());
+    assert!(w.cfg.work_dir().join(j1.as_str()).exists());
+    assert!(w.engine.batch(&second).await.is_err());
+    assert!(!w.cfg.work_dir().join(j2.as_str()).exists());
+    // Let go: the next pass removes it.
+    w.engine.tree().delete(&lock, None).await.unwrap();
+    let c = lading_ingest::cleanup::cleanup(&ingest, later, 3_600_000)
+        .await
+        .unwrap();
+    assert_eq!((c.batches, c.jobs), (1, 1));
+    assert!(w.engine.batch(&first).await.is_err());
+    assert!(!w.cfg.work_dir().join(j1.as_str()).exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_left_in_processing_by_a_crash_is_reported_when_reporting_starts() {
     let w = World::new().await;
     let (ingest, bid) = w

@@ -32,6 +32,9 @@ pub struct Probe {
     removed: Vec<(String, String, Option<Record>)>,
     /// Schedules the commit sets: type, name, and the last tick before.
     ticked: Vec<(String, String, Option<u64>)>,
+    /// Job and batch statuses the commit deletes (a purge): the status path, its content
+    /// before, and for a batch the jobs its folders listed before.
+    purged: Vec<(String, Option<serde_json::Value>, Vec<JobId>)>,
 }
 
 /// Accepts of generic jobs per type and second of the acceptors' clock (what a rate limit
@@ -115,11 +118,39 @@ pub fn before_commit(mem: &Mem, ops: &[Op]) -> Probe {
             _ => {}
         }
     }
+    let purged = ops
+        .iter()
+        .filter_map(|o| match o {
+            Op::Delete { path, .. } if lock_of(path).is_some() => {
+                let before = mem.get(path).and_then(|n| parsed(n.data.as_deref()));
+                let listed = path
+                    .strip_prefix("/batches/")
+                    .and_then(|r| r.strip_suffix("/status"))
+                    .and_then(|b| BatchId::parse(b).ok())
+                    .map(|b| {
+                        BATCH_FOLDERS
+                            .iter()
+                            .flat_map(|f| {
+                                mem.children(&lading_core::layout::batch_ref_folder(&b, f))
+                                    .into_iter()
+                                    .flatten()
+                                    .filter_map(|j| JobId::parse(j).ok())
+                                    .collect::<Vec<_>>()
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                Some((path.clone(), before, listed))
+            }
+            _ => None,
+        })
+        .collect();
     Probe {
         guarded,
         unlocked,
         removed,
         ticked,
+        purged,
     }
 }
 
@@ -331,15 +362,55 @@ fn reservations_after(mem: &Mem, ops: &[Op]) -> Vec<String> {
     Vec::new()
 }
 
+/// Purges: a job's status goes only when it is Completed or Deleted; a batch's only when it
+/// is Completed or Deleted and was last changed at least `retention_ms` before `now_ms`, and
+/// no job its folders listed outlives it.
+fn purges_after(mem: &Mem, probe: &Probe, now_ms: u64, retention_ms: u64) -> Vec<String> {
+    let mut found = Vec::new();
+    for (path, before, listed) in &probe.purged {
+        let field = |k: &str| {
+            before
+                .as_ref()
+                .and_then(|v| v.get(k)?.as_str().map(str::to_string))
+        };
+        let status = field("status").unwrap_or_default();
+        if !matches!(status.as_str(), "Completed" | "Deleted") {
+            found.push(format!("purge: {path} deleted while {status:?}"));
+        }
+        if !path.starts_with("/batches/") {
+            continue;
+        }
+        let changed = field("last_modified")
+            .as_deref()
+            .and_then(lading_core::time::parse_ts);
+        if changed.is_none_or(|t| t.saturating_add(retention_ms) > now_ms) {
+            found.push(format!(
+                "purge: {path} deleted {} ms after its last change at {changed:?}, within the retention of {retention_ms} ms",
+                changed.map_or(0, |t| now_ms.saturating_sub(t))
+            ));
+        }
+        for j in listed {
+            if mem.get(&format!("{JOBS}/{j}")).is_some() {
+                found.push(format!(
+                    "purge: {path} deleted while its job {j} is still in the tree"
+                ));
+            }
+        }
+    }
+    found
+}
+
 pub fn after_commit(
     mem: &Mem,
     session: u64,
     ops: &[Op],
     probe: &Probe,
     now_ms: u64,
+    retention_ms: u64,
     accepts: &mut Accepts,
 ) -> Vec<String> {
     let mut found = generic_after(mem, ops, probe, now_ms, accepts);
+    found.extend(purges_after(mem, probe, now_ms, retention_ms));
     found.extend(quota_after(mem, ops));
     found.extend(reservations_after(mem, ops));
     for (status, lock, owner) in &probe.guarded {

@@ -384,6 +384,9 @@ struct Sim {
     /// The storage nodes of profile [`NODES_PROFILE`]: S3 buckets in memory, shared by
     /// every process (as a server is), failing requests while the faults last.
     buckets: Buckets,
+    /// How long ended batches are kept: in a seed of four, none (cleanup removes a batch
+    /// and its working folders at its first pass after the batch ended).
+    retention_hours: u64,
     seed: u64,
     starts: u64,
 }
@@ -453,11 +456,19 @@ const PROFILE: &str = "sim";
 /// The ingest settings the real Notify and Reporting stages and the outbox deliverer run
 /// with: a mail relay named, a short settling time after requeues, and deliveries retried
 /// quickly and for as long as it takes (the simulated relay comes back).
-fn ingest_config(work: &std::path::Path, name: &str) -> lading_ingest::Config {
+fn ingest_config(
+    work: &std::path::Path,
+    name: &str,
+    retention_hours: u64,
+) -> lading_ingest::Config {
     let mut cfg = lading_ingest::Config {
         smtp_host: Some("relay.sim.invalid".into()),
         mail_from: "lading@sim.invalid".into(),
         report_settle_s: 2,
+        // Cleanup (by each process that reports) and the working-folder sweep (by each that
+        // keeps working folders), every 10 s.
+        retention_hours,
+        cleanup_every_s: CLEANUP_EVERY_S,
         // Each process its own working folder (a host's disk); the storage root and the
         // inventory shared by all (a shared file system, one database).
         data_dir: work.join(format!("{name}-data")),
@@ -487,6 +498,9 @@ fn ingest_config(work: &std::path::Path, name: &str) -> lading_ingest::Config {
     );
     cfg
 }
+
+/// How often cleanup and the working-folder sweep run.
+const CLEANUP_EVERY_S: u64 = 10;
 
 /// How often the scheduled fixity audit's schedule ticks.
 const AUDIT_EVERY_S: u64 = 10;
@@ -567,7 +581,7 @@ impl Sim {
     fn ingest(&self, engine: Arc<Engine>, name: &str) -> lading_ingest::Ingest {
         let mut ingest = lading_ingest::Ingest::assemble(
             engine,
-            ingest_config(self.work.path(), name),
+            ingest_config(self.work.path(), name, self.retention_hours),
             fetcher().with_source(Arc::new(PayloadServer {
                 dice: self.dice.0.clone(),
                 served: self.served.clone(),
@@ -675,6 +689,12 @@ impl Sim {
         let i = ingest.clone();
         services.spawn("housekeeping", Phase::First, |sd| async move {
             lading_ingest::cleanup::housekeeping(i, sd).await;
+            Ok(())
+        });
+        // Working folders of jobs cleanup removed, as each host that keeps them sweeps them.
+        let i = ingest.clone();
+        services.spawn("working-folder sweep", Phase::First, |sd| async move {
+            lading_ingest::cleanup::sweep_work_dirs_every(i, sd).await;
             Ok(())
         });
         // The access queues: stored versions assembled as zips, read from the storage root
@@ -1153,6 +1173,8 @@ async fn not_ended(
         for b in bids {
             match admin_engine.batch(b).await {
                 Ok(i) if matches!(i.status.status, BatchState::Completed | BatchState::Failed) => {}
+                // Purged by cleanup: only an ended batch is (checked at its commit).
+                Err(lading_engine::EngineError::NoBatch(_)) => {}
                 Ok(i) => open.push(format!("{b} {}", i.status.status)),
                 Err(e) => open.push(format!("{b} unreadable: {e}")),
             }
@@ -1250,9 +1272,19 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
         served: payloads.served.clone(),
         answers: Arc::default(),
         buckets: Buckets::new(seed, opts.faults, &world, clock.clone()),
+        retention_hours: if Seeded::new(seed ^ 0x7265_7465).below(4) == 0 {
+            0
+        } else {
+            lading_ingest::Config::default().retention_hours
+        },
         seed,
         starts: 0,
     };
+    {
+        let mut w = world.lock();
+        w.retention_ms = sim.retention_hours.saturating_mul(3_600_000);
+        w.trace(format!("ended batches are kept {} h", sim.retention_hours));
+    }
     let admin_engine = Arc::new(
         Engine::new(world.connect("admin"), clock.clone(), "admin")
             .with_random(Seeded::new(seed ^ 0xad)),
@@ -1812,6 +1844,11 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
             ))
             .await;
             found.extend(uploads_left_open(&sim.buckets, false).await.2);
+            // Working folders: a process keeps none of a job cleanup removed (the process
+            // that cleaned up removed its own; each other's sweep, its).
+            if sim.retention_hours == 0 {
+                found.extend(folders_of_removed_jobs(&sim, &admin_engine, opts.nodes).await);
+            }
         }
         let mut st = world.lock();
         for f in found {
@@ -2038,6 +2075,14 @@ async fn access_served(
             lading_core::AccessState::Completed | lading_core::AccessState::Failed
         )
     };
+    // Cleanup removes a finished request (and its zip) once the retention has passed: a
+    // request gone since is not looked at further (only a finished one is removed).
+    let purged = |queue: AccessQueue, id: lading_core::layout::AccessId| async move {
+        matches!(
+            admin_engine.access(queue, &id).await,
+            Err(lading_engine::EngineError::NoAccess(_))
+        )
+    };
     for (k, (queue, id, ark, version, want)) in asked.iter().enumerate() {
         let mut info = None;
         for _ in 0..120 {
@@ -2048,7 +2093,9 @@ async fn access_served(
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         let Some(info) = info else {
-            found.push(format!("access {id}: unreadable"));
+            if !purged(*queue, id.clone()).await {
+                found.push(format!("access {id}: unreadable"));
+            }
             continue;
         };
         match info.status.status {
@@ -2083,9 +2130,35 @@ async fn access_served(
                     .filter(|(p, _)| served(p))
                     .all(|(p, sha)| got.get(p) == Some(sha))
                     && !want.is_empty() => {}
+            None | Some(Err(_)) if purged(*queue, id.clone()).await => {}
             other => found.push(format!(
                 "access {id} for {ark} v{version} completed with {other:?}, the inventory records {want:?}"
             )),
+        }
+    }
+    found
+}
+
+/// The processes' working folders of jobs no longer in the tree, each a violation once a
+/// working-folder sweep has run with the retention at 0 (with the default of 30 days, a
+/// folder of a job purged by an admin stays that long: another tree may own it).
+async fn folders_of_removed_jobs(sim: &Sim, admin_engine: &Engine, nodes: usize) -> Vec<String> {
+    let mut found = Vec::new();
+    for p in 0..nodes {
+        let root = sim.work.path().join(format!("p{p}"));
+        let mut names: Vec<JobId> = std::fs::read_dir(&root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| JobId::parse(e.file_name().to_str()?).ok())
+            .collect();
+        names.sort();
+        for j in names {
+            if let Err(lading_engine::EngineError::NoJob(_)) = admin_engine.job(&j).await {
+                found.push(format!(
+                    "working folders: p{p} keeps {j}, a job removed from the tree"
+                ));
+            }
         }
     }
     found

@@ -116,6 +116,8 @@ pub struct State {
     pub commits: u64,
     /// Generic jobs accepted, per type and second (see [`check::Accepts`]).
     accepts: check::Accepts,
+    /// How long Lading keeps ended batches (cleanup may purge one only after it).
+    pub retention_ms: u64,
     pub violations: Vec<String>,
     /// FNV-1a over every trace line: two runs of one seed agree iff their traces do.
     pub trace_hash: u64,
@@ -288,6 +290,7 @@ impl World {
                 start: tokio::time::Instant::now(),
                 commits: 0,
                 accepts: Default::default(),
+                retention_ms: u64::MAX,
                 violations: Vec::new(),
                 trace_hash: 0xcbf2_9ce4_8422_2325,
                 tail: VecDeque::new(),
@@ -415,7 +418,16 @@ impl SimTree {
         for (p, created_or_deleted) in &changed {
             st.fire(p, *created_or_deleted);
         }
-        for v in check::after_commit(&st.mem, session, ops, &probe, clock_ms, &mut st.accepts) {
+        let retention_ms = st.retention_ms;
+        for v in check::after_commit(
+            &st.mem,
+            session,
+            ops,
+            &probe,
+            clock_ms,
+            retention_ms,
+            &mut st.accepts,
+        ) {
             st.violation(format!("{v} (commit by {} s{session})", self.name));
         }
         Ok(results)
