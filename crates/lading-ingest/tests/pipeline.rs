@@ -840,7 +840,6 @@ async fn cleanup_goes_past_a_batch_it_cannot_remove_and_keeps_that_batchs_folder
     );
     // Another process holds the first batch (as a reporter would): cleanup leaves it, with
     // its working folder, and removes the second all the same.
-    use lading_core::Tree;
     let lock = lading_core::layout::batch_node(&first, "lock");
     w.engine
         .tree()
