@@ -146,6 +146,58 @@ impl Courier for Wire {
     }
 }
 
+/// What a mail's failure to go out means for its entry.
+fn mail_failure(o: lading_worker::Outcome) -> Failure {
+    match o {
+        lading_worker::Outcome::Fatal(m) => Failure::Never(m),
+        lading_worker::Outcome::Transient(m) | lading_worker::Outcome::Wait { reason: m, .. } => {
+            Failure::Retry(m)
+        }
+        lading_worker::Outcome::Done => Failure::Retry("no answer".into()),
+    }
+}
+
+/// The mail an effect of kind `mail` asks for, formatted from Lading's `mail_from`, with the
+/// effect's key as its Message-ID; and its recipients.
+pub fn mail_of(
+    ingest: &Ingest,
+    e: &Effect,
+) -> Result<(crate::report::FormattedMail, Vec<String>), Failure> {
+    let p = &e.payload;
+    let s = |k: &str| p.get(k).and_then(Value::as_str).unwrap_or_default();
+    let to: Vec<String> = p
+        .get("to")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    let mail = crate::report::format_mail(
+        &ingest.cfg.mail_from,
+        &to,
+        s("subject"),
+        s("body").to_string(),
+        Some(e.key.clone()),
+    )
+    .map_err(mail_failure)?;
+    Ok((mail, to))
+}
+
+/// Sends a mail effect over `stream`, a connection to an SMTP server.
+pub async fn mail_over(
+    ingest: &Ingest,
+    e: &Effect,
+    stream: Box<dyn lettre::transport::smtp::client::AsyncTokioStream>,
+) -> Result<(), Failure> {
+    let (mail, to) = mail_of(ingest, e)?;
+    crate::report::send_formatted(stream, &mail, &to)
+        .await
+        .map_err(mail_failure)
+}
+
 async fn wire(ingest: &Ingest, e: &Effect) -> Result<(), Failure> {
     let p = &e.payload;
     let s = |k: &str| p.get(k).and_then(Value::as_str).unwrap_or_default();
@@ -154,32 +206,10 @@ async fn wire(ingest: &Ingest, e: &Effect) -> Result<(), Failure> {
             let Some(host) = ingest.cfg.smtp_host.as_deref() else {
                 return Err(Failure::Retry("no smtp_host is configured".into()));
             };
-            let to: Vec<String> = p
-                .get("to")
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(Value::as_str)
-                        .map(str::to_string)
-                        .collect()
-                })
-                .unwrap_or_default();
-            crate::report::send_mail(
-                host,
-                ingest.cfg.smtp_port,
-                &ingest.cfg.mail_from,
-                &to,
-                s("subject"),
-                s("body").to_string(),
-                Some(e.key.clone()),
-            )
-            .await
-            .map_err(|o| match o {
-                lading_worker::Outcome::Fatal(m) => Failure::Never(m),
-                lading_worker::Outcome::Transient(m)
-                | lading_worker::Outcome::Wait { reason: m, .. } => Failure::Retry(m),
-                lading_worker::Outcome::Done => Failure::Retry("no answer".into()),
-            })
+            let (mail, to) = mail_of(ingest, e)?;
+            crate::report::send_mail(host, ingest.cfg.smtp_port, &mail, &to)
+                .await
+                .map_err(mail_failure)
         }
         "callback" => {
             let url = s("url");

@@ -265,17 +265,45 @@ async fn listed_job(b: &BatchCtx, j: &str) -> Result<Option<lading_engine::JobIn
     }
 }
 
-/// Sends one plain-text message over SMTP (no TLS: a local relay is the usual peer).
+/// How long one mail's SMTP conversation may take, from the connection to the last answer.
+const SMTP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Sends one plain-text message over SMTP to `host:port` (no TLS: a local relay is the usual
+/// peer).
 pub async fn send_mail(
     host: &str,
     port: u16,
+    mail: &FormattedMail,
+    to: &[String],
+) -> Result<(), Outcome> {
+    let failed = |e: String| Outcome::Transient(format!("mail to {}: {e}", to.join(", ")));
+    let stream = tokio::time::timeout(SMTP_TIMEOUT, tokio::net::TcpStream::connect((host, port)))
+        .await
+        .map_err(|_| {
+            failed(format!(
+                "no connection to {host}:{port} within {SMTP_TIMEOUT:?}"
+            ))
+        })?
+        .map_err(|e| failed(format!("connecting to {host}:{port}: {e}")))?;
+    send_formatted(Box::new(stream), mail, to).await
+}
+
+/// A mail ready to send: its envelope and its text (headers and body).
+pub struct FormattedMail {
+    pub envelope: lettre::address::Envelope,
+    pub text: Vec<u8>,
+}
+
+/// One plain-text message from `from` to `to`, with `message_id` (a stable one lets a
+/// receiver drop a repeat).
+pub fn format_mail(
     from: &str,
     to: &[String],
     subject: &str,
     body: String,
     message_id: Option<String>,
-) -> Result<(), Outcome> {
-    use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
+) -> Result<FormattedMail, Outcome> {
+    use lettre::Message;
     let from = from
         .parse()
         .map_err(|e| Outcome::fatal(format!("mail_from {from:?}: {e}")))?;
@@ -291,13 +319,34 @@ pub async fn send_mail(
     let msg = m
         .body(body)
         .map_err(|e| Outcome::fatal(format!("building the message: {e}")))?;
-    let transport = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(host)
-        .port(port)
-        .timeout(Some(std::time::Duration::from_secs(30)))
-        .build();
-    transport
-        .send(msg)
+    Ok(FormattedMail {
+        envelope: msg.envelope().clone(),
+        text: msg.formatted(),
+    })
+}
+
+/// Sends `mail` over `stream`, a connection to an SMTP server (TCP, or the simulator's
+/// pipe): greeting, EHLO, MAIL, RCPT, DATA and QUIT, within [`SMTP_TIMEOUT`].
+pub async fn send_formatted(
+    stream: Box<dyn lettre::transport::smtp::client::AsyncTokioStream>,
+    mail: &FormattedMail,
+    to: &[String],
+) -> Result<(), Outcome> {
+    use lettre::transport::smtp::client::AsyncSmtpConnection;
+    use lettre::transport::smtp::extension::ClientId;
+    let failed = |e: String| Outcome::Transient(format!("mail to {}: {e}", to.join(", ")));
+    let talk = async {
+        let mut conn = AsyncSmtpConnection::connect_with_transport(stream, &ClientId::default())
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        conn.send(&mail.envelope, &mail.text)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        // Sent once the server said so: a lost goodbye changes nothing.
+        let _ = conn.quit().await;
+        Ok(())
+    };
+    tokio::time::timeout(SMTP_TIMEOUT, talk)
         .await
-        .map_err(|e| Outcome::Transient(format!("mail to {}: {e}", to.join(", "))))?;
-    Ok(())
+        .map_err(|_| failed(format!("no answer within {SMTP_TIMEOUT:?}")))?
 }

@@ -7,4 +7,5 @@ pub mod check;
 pub mod http;
 pub mod payload;
 pub mod sim;
+pub mod smtp;
 pub mod tree;

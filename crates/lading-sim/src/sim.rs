@@ -740,10 +740,26 @@ impl Sim {
     }
 }
 
-/// The outside world's mail relay and callback receiver, as Lading's real outbox deliverer
-/// meets them: a delivery takes a while, and may fail before it arrives, or arrive and lose
-/// its answer (the deliverer then sends it again, with the same key). Every arrival is
-/// recorded by key; one key with two contents is recorded as a conflict.
+/// Records a delivery of `kind` (`mail`, `callback`) by key in the outside world; one key
+/// with two contents is recorded as a conflict (a violation at the end).
+fn record(outside: &Mutex<Outside>, kind: &str, key: String, content: Value) {
+    let mut o = outside.lock().unwrap_or_else(|p| p.into_inner());
+    let book = if kind == "mail" {
+        &mut o.mails
+    } else {
+        &mut o.callbacks
+    };
+    let got = book.entry(key).or_insert((content.clone(), 0));
+    if got.0 != content {
+        got.0 = json!({"conflict": [got.0.clone(), content]});
+    }
+    got.1 += 1;
+}
+
+/// The outside world as Lading's real outbox deliverer meets it. A mail goes through
+/// Lading's own SMTP client to the simulated relay (`smtp.rs`), on a pipe in memory. A
+/// callback takes a while, and may fail before it arrives, or arrive and lose its answer (the
+/// deliverer then sends it again, with the same key). Every arrival is recorded by key.
 struct SimCourier {
     dice: Arc<Dice>,
     outside: Arc<Mutex<Outside>>,
@@ -752,30 +768,26 @@ struct SimCourier {
 impl lading_ingest::outbox::Courier for SimCourier {
     fn carry<'a>(
         &'a self,
-        _ingest: &'a lading_ingest::Ingest,
+        ingest: &'a lading_ingest::Ingest,
         e: &'a Effect,
     ) -> BoxFuture<'a, Result<(), lading_ingest::outbox::Failure>> {
         use lading_ingest::outbox::Failure;
         Box::pin(async move {
+            if e.kind == "mail" {
+                let outside = self.outside.clone();
+                let (pipe, relay) = crate::smtp::connect(&self.dice.0, move |key, content| {
+                    record(&outside, "mail", key, content)
+                });
+                let sent = lading_ingest::outbox::mail_over(ingest, e, Box::new(pipe)).await;
+                let _ = relay.await;
+                return sent;
+            }
             let (took, roll) = (self.dice.below(200), self.dice.below(100));
             tokio::time::sleep(Duration::from_millis(took as u64)).await;
             if roll < 10 {
-                return Err(Failure::Retry("the simulated relay is down".into()));
+                return Err(Failure::Retry("the simulated receiver is down".into()));
             }
-            {
-                let mut o = self.outside.lock().unwrap_or_else(|p| p.into_inner());
-                let book = if e.kind == "mail" {
-                    &mut o.mails
-                } else {
-                    &mut o.callbacks
-                };
-                let got = book.entry(e.key.clone()).or_insert((e.payload.clone(), 0));
-                if got.0 != e.payload {
-                    // Recorded as a violation at the end: one key, two contents.
-                    got.0 = json!({"conflict": [got.0.clone(), e.payload.clone()]});
-                }
-                got.1 += 1;
-            }
+            record(&self.outside, &e.kind, e.key.clone(), e.payload.clone());
             if roll < 15 {
                 return Err(Failure::Retry("the simulated answer was lost".into()));
             }
@@ -1744,6 +1756,9 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
         for (key, (content, _)) in mails.iter().chain(&callbacks) {
             if content.get("conflict").is_some() {
                 found.push(format!("{key} delivered with two contents: {content}"));
+            }
+            if let Some(why) = content.get("unreadable") {
+                found.push(format!("the relay could not read a mail: {why}"));
             }
         }
         for b in &bids {
