@@ -303,7 +303,7 @@ impl Inventory {
             Conn::Sqlite(c) => {
                 let tx = c.transaction()?;
                 {
-                    let mut st = tx.prepare(&sqlite_params(Q))?;
+                    let mut st = tx.prepare_cached(&sqlite_params(Q))?;
                     for r in rows {
                         st.execute(params![
                             r.ark,
@@ -356,7 +356,7 @@ impl Inventory {
              WHERE v.job = $1 GROUP BY c.ark, c.version, c.node ORDER BY c.ark, c.version, c.node";
         self.with(|c, shown| match c {
             Conn::Sqlite(c) => {
-                let mut st = c.prepare(&sqlite_params(Q))?;
+                let mut st = c.prepare_cached(&sqlite_params(Q))?;
                 let rows = st
                     .query_map(params![job], |r| {
                         Ok(NodeCopies {
@@ -412,7 +412,7 @@ impl Inventory {
                CAST(COALESCE(SUM(CASE WHEN status = 'missing' THEN 1 ELSE 0 END), 0) AS BIGINT),
                MIN(checked) FROM copies";
         self.with(|c, shown| match c {
-            Conn::Sqlite(c) => Ok(c.query_row(Q, [], |r| {
+            Conn::Sqlite(c) => Ok(c.prepare_cached(Q)?.query_row([], |r| {
                 Ok(FixitySummary {
                     copies: r.get::<_, i64>(0)? as u64,
                     bad: r.get::<_, i64>(1)? as u64,
@@ -452,7 +452,7 @@ impl Inventory {
             };
         self.with(|c, shown| match c {
             Conn::Sqlite(c) => {
-                let mut st = c.prepare(&sqlite_params(q))?;
+                let mut st = c.prepare_cached(&sqlite_params(q))?;
                 let rows = st
                     .query_map(params![a, b], |r| {
                         Ok(row(
@@ -511,7 +511,7 @@ impl Inventory {
         let a = ark.unwrap_or("").to_string();
         self.with(|c, shown| match c {
             Conn::Sqlite(c) => {
-                let mut st = c.prepare(&sqlite_params(Q))?;
+                let mut st = c.prepare_cached(&sqlite_params(Q))?;
                 let rows = st
                     .query_map(params![n, a], |r| {
                         Ok(CopyCheck {
@@ -563,8 +563,12 @@ impl Inventory {
     ) -> Result<Option<String>, InventoryError> {
         self.with(|c, shown| match c {
             Conn::Sqlite(c) => Ok(match version {
-                None => c.query_row(sqlite, params![ark], |r| r.get(0)),
-                Some(v) => c.query_row(sqlite, params![ark, v], |r| r.get(0)),
+                None => c
+                    .prepare_cached(sqlite)?
+                    .query_row(params![ark], |r| r.get(0)),
+                Some(v) => c
+                    .prepare_cached(sqlite)?
+                    .query_row(params![ark, v], |r| r.get(0)),
             }
             .optional()?),
             Conn::Postgres(c) => {
@@ -619,7 +623,7 @@ impl Inventory {
              WHERE v.ark = $1 GROUP BY v.version ORDER BY v.version";
         self.with(|c, shown| match c {
             Conn::Sqlite(c) => {
-                let mut st = c.prepare(&Q.replace("$1", "?1"))?;
+                let mut st = c.prepare_cached(&Q.replace("$1", "?1"))?;
                 let rows = st
                     .query_map(params![ark], |r| {
                         Ok((
@@ -735,7 +739,7 @@ impl Inventory {
         type Row = (String, u32, String, String, u64, String);
         let rows: Vec<Row> = self.with(|c, shown| match c {
             Conn::Sqlite(c) => {
-                let mut st = c.prepare(&Q.replace("$1", "?1"))?;
+                let mut st = c.prepare_cached(&Q.replace("$1", "?1"))?;
                 let rows = st
                     .query_map(params![job], |r| {
                         Ok((
@@ -820,19 +824,21 @@ fn record_sqlite(
     now: &str,
 ) -> Result<Result<Recorded, (String, String)>, InventoryError> {
     let tx = c.transaction()?;
-    tx.execute(
+    tx.prepare_cached(
         "INSERT OR IGNORE INTO objects(ark, created, collection) VALUES (?1, ?2, ?3)",
-        params![v.ark, now, v.collection],
-    )?;
+    )?
+    .execute(params![v.ark, now, v.collection])?;
     if v.collection.is_some() {
         // An object recorded before owners were kept gets its first recorded owner.
-        tx.execute(
+        tx.prepare_cached(
             "UPDATE objects SET collection = ?2 WHERE ark = ?1 AND collection IS NULL",
-            params![v.ark, v.collection],
-        )?;
+        )?
+        .execute(params![v.ark, v.collection])?;
     }
-    let new = tx.execute(
+    let new = tx.prepare_cached(
         "INSERT OR IGNORE INTO versions(ark, version, job, batch, path, created) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(
         params![v.ark, v.version, v.job, v.batch, v.path, now],
     )? == 1;
     if !new {
@@ -847,8 +853,10 @@ fn record_sqlite(
         }
     }
     for f in files {
-        tx.execute(
+        tx.prepare_cached(
             "INSERT OR IGNORE INTO files(ark, version, path, size, sha256) VALUES (?1, ?2, ?3, ?4, ?5)",
+        )?
+        .execute(
             params![v.ark, v.version, f.path, f.size as i64, f.sha256],
         )?;
     }

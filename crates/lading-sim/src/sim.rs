@@ -466,9 +466,15 @@ fn ingest_config(
         mail_from: "lading@sim.invalid".into(),
         report_settle_s: 2,
         // Cleanup (by each process that reports) and the working-folder sweep (by each that
-        // keeps working folders), every 10 s.
+        // keeps working folders): every 10 s where ended batches are kept 0 h, else every
+        // minute (the sweep then finds nothing old enough in a run, and costs a look at each
+        // folder).
         retention_hours,
-        cleanup_every_s: CLEANUP_EVERY_S,
+        cleanup_every_s: if retention_hours == 0 {
+            CLEANUP_EVERY_S
+        } else {
+            6 * CLEANUP_EVERY_S
+        },
         // Each process its own working folder (a host's disk); the storage root and the
         // inventory shared by all (a shared file system, one database).
         data_dir: work.join(format!("{name}-data")),
