@@ -17,7 +17,7 @@
 //! [`Engine::transitions_since`] finds, from the tree alone, every transition of a status
 //! changed after a time: what a client resuming after a restart is owed.
 
-use crate::{ChangeEvent, Engine, HISTORY_FIELD, Result, history};
+use crate::{ChangeEvent, Engine, HISTORY_FIELD, Result};
 use lading_core::layout::{BATCH_FOLDERS, BatchId, JobId, batch_node, batch_ref_folder, job_node};
 use lading_core::tree::{Change, ChangeFeed};
 use lading_core::{Names, Node, Tree, TreeError, TreeFuture};
@@ -355,32 +355,30 @@ async fn observe(
             continue;
         };
         let batch = bid.map(|b| String::from_utf8_lossy(&b).into_owned());
-        let entries = history(&extra);
+        let raw = crate::RawHistory::of(&extra);
         let prior = known.get(id.as_str());
-        let new: Vec<Value> = if extra.contains_key(HISTORY_FIELD) && !entries.is_empty() {
+        let new: Vec<Value> = if let Some(raw) = raw.as_ref().filter(|r| r.len() > 0) {
+            let all = 0..raw.len();
             let after = match prior.and_then(|k| k.last.as_ref()) {
-                Some(last) => match entries.iter().rposition(|e| e == last) {
+                // Decoded from the end: the last one seen is usually one or two back.
+                Some(last) => match all.clone().rev().find(|&i| raw.entry(i) == *last) {
                     Some(i) => i + 1,
                     // More moves than the history keeps, or a history started again.
                     None => {
                         let t = entry_ms(last);
-                        entries
-                            .iter()
-                            .position(|e| entry_ms(e) >= t)
-                            .unwrap_or(entries.len())
+                        all.clone().find(|&i| raw.ms(i) >= t).unwrap_or(raw.len())
                     }
                 },
                 None if prior.is_some() => 0,
                 None => {
                     // First seen: its entries since the follower started.
                     let from = start_ms / 1000 * 1000;
-                    entries
-                        .iter()
-                        .position(|e| entry_ms(e) >= from)
-                        .unwrap_or(entries.len())
+                    all.clone()
+                        .find(|&i| raw.ms(i) >= from)
+                        .unwrap_or(raw.len())
                 }
             };
-            entries[after..].to_vec()
+            (after..raw.len()).map(|i| raw.entry(i)).collect()
         } else {
             // No history (written by another tool): a change of state is a transition.
             let from = prior.map(|k| k.state.clone());
@@ -410,7 +408,9 @@ async fn observe(
         known.insert(
             id.clone(),
             Known {
-                last: entries.last().cloned(),
+                last: raw
+                    .as_ref()
+                    .and_then(|r| r.len().checked_sub(1).map(|i| r.entry(i))),
                 state,
                 batch,
             },
@@ -501,10 +501,14 @@ async fn past(
             // since `from_ms` may hold an entry stamped a little before it and committed
             // after (found by `lading-sim`: a client resuming from an id of that second
             // never got it).
-            let mut entries: Vec<Value> = history(&extra)
-                .into_iter()
-                .filter(|e| entry_ms(e) + STAMPED_EARLY_MS >= from_ms)
-                .collect();
+            let mut entries: Vec<Value> = crate::RawHistory::of(&extra)
+                .map(|r| {
+                    (0..r.len())
+                        .filter(|&i| r.ms(i) + STAMPED_EARLY_MS >= from_ms)
+                        .map(|i| r.entry(i))
+                        .collect()
+                })
+                .unwrap_or_default();
             if entries.is_empty() && !extra.contains_key(HISTORY_FIELD) {
                 let mut e = Map::new();
                 e.insert("from".into(), Value::Null);

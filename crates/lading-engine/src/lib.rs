@@ -677,11 +677,17 @@ pub(crate) fn push_history(
     a.push(Value::String(entry));
     if a.len() > MAX_HISTORY {
         // The oldest kept must name its host: the first dropped one named it, or an earlier.
-        let full = decoded(a);
         let drop = a.len() - MAX_HISTORY;
+        let host = a[..=drop]
+            .iter()
+            .rev()
+            .filter_map(Value::as_str)
+            .find_map(|e| e.split('|').nth(3).filter(|h| !h.is_empty()))
+            .unwrap_or("")
+            .to_string();
         a.drain(..drop);
-        if let (Some(Value::String(first)), Some(h)) = (a.first_mut(), full.get(drop)) {
-            let host = h["host"].as_str().unwrap_or("");
+        if let Some(Value::String(first)) = a.first_mut() {
+            let host = host.as_str();
             let mut f: Vec<&str> = first.splitn(6, '|').collect();
             if f.len() == 6 && f[3].is_empty() {
                 f[3] = host;
@@ -691,47 +697,80 @@ pub(crate) fn push_history(
     }
 }
 
-/// The entries of a stored history, as objects (a host left empty is the previous one's).
-fn decoded(list: &[Value]) -> Vec<Value> {
-    let mut host = String::new();
-    list.iter()
-        .filter_map(Value::as_str)
-        .map(|e| {
-            let mut f = e.splitn(6, '|');
-            let mut next = || f.next().unwrap_or("");
-            let (at, from, to, h, retry, message) =
-                (next(), next(), next(), next(), next(), next());
-            if !h.is_empty() {
-                host = h.to_string();
-            }
-            let at = match at.parse::<u64>() {
-                Ok(secs) => lading_core::time::format_ts(secs * 1000),
-                // Written before the compact form: the time as it was.
-                Err(_) => at.to_string(),
-            };
-            let mut o = Map::new();
-            o.insert("at".into(), Value::from(at));
-            o.insert(
-                "from".into(),
-                if from.is_empty() {
-                    Value::Null
-                } else {
-                    Value::from(from)
-                },
-            );
-            o.insert("to".into(), Value::from(to));
-            o.insert("host".into(), Value::from(host.clone()));
-            if let Ok(n) = retry.parse::<u32>()
-                && n > 0
-            {
-                o.insert("retry_count".into(), Value::from(n));
-            }
-            if !message.is_empty() {
-                o.insert("message".into(), Value::from(message));
-            }
-            Value::Object(o)
-        })
-        .collect()
+/// A stored history, read one entry at a time: a follower that has seen all but the last
+/// entry or two decodes only those (decoding all 32 on every change was a tenth of the
+/// simulator's follower).
+pub(crate) struct RawHistory<'a> {
+    entries: Vec<&'a str>,
+    /// Each entry's host: its own, or (left empty) the previous one's.
+    hosts: Vec<&'a str>,
+}
+
+impl<'a> RawHistory<'a> {
+    /// The history in `extra`, if it has one.
+    pub(crate) fn of(extra: &'a Map<String, Value>) -> Option<RawHistory<'a>> {
+        let list = extra.get(HISTORY_FIELD)?.as_array()?;
+        let entries: Vec<&str> = list.iter().filter_map(Value::as_str).collect();
+        let mut host = "";
+        let hosts = entries
+            .iter()
+            .map(|e| {
+                let h = e.split('|').nth(3).unwrap_or("");
+                if !h.is_empty() {
+                    host = h;
+                }
+                host
+            })
+            .collect();
+        Some(RawHistory { entries, hosts })
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Entry `i`'s time in epoch milliseconds (0 when unreadable), as `at` of
+    /// [`RawHistory::entry`] would parse back.
+    pub(crate) fn ms(&self, i: usize) -> u64 {
+        let at = self.entries[i].split('|').next().unwrap_or("");
+        match at.parse::<u64>() {
+            Ok(secs) => secs * 1000,
+            Err(_) => lading_core::time::parse_ts(at).unwrap_or(0),
+        }
+    }
+
+    /// Entry `i` as an object.
+    pub(crate) fn entry(&self, i: usize) -> Value {
+        let mut f = self.entries[i].splitn(6, '|');
+        let mut next = || f.next().unwrap_or("");
+        let (at, from, to, _, retry, message) = (next(), next(), next(), next(), next(), next());
+        let at = match at.parse::<u64>() {
+            Ok(secs) => lading_core::time::format_ts(secs * 1000),
+            // Written before the compact form: the time as it was.
+            Err(_) => at.to_string(),
+        };
+        let mut o = Map::new();
+        o.insert("at".into(), Value::from(at));
+        o.insert(
+            "from".into(),
+            if from.is_empty() {
+                Value::Null
+            } else {
+                Value::from(from)
+            },
+        );
+        o.insert("to".into(), Value::from(to));
+        o.insert("host".into(), Value::from(self.hosts[i]));
+        if let Ok(n) = retry.parse::<u32>()
+            && n > 0
+        {
+            o.insert("retry_count".into(), Value::from(n));
+        }
+        if !message.is_empty() {
+            o.insert("message".into(), Value::from(message));
+        }
+        Value::Object(o)
+    }
 }
 
 /// Replaces the stored history in `extra` by its objects (as the API shows it).
@@ -744,8 +783,8 @@ pub fn expand_history(extra: &mut Map<String, Value>) {
 
 /// The history recorded in a status's extra fields, as objects (empty when there is none).
 pub fn history(extra: &Map<String, Value>) -> Vec<Value> {
-    match extra.get(HISTORY_FIELD).and_then(Value::as_array) {
-        Some(list) => decoded(list),
+    match RawHistory::of(extra) {
+        Some(h) => (0..h.len()).map(|i| h.entry(i)).collect(),
         None => Vec::new(),
     }
 }
@@ -804,5 +843,32 @@ pub fn decode(data: Option<&[u8]>) -> Value {
         Some([]) => Value::Null,
         Some(b) => serde_json::from_slice(b)
             .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(b).into_owned())),
+    }
+}
+
+#[cfg(test)]
+mod history_tests {
+    use super::*;
+
+    /// Past the cap, the oldest kept entry names its host; each entry decodes alike whole or
+    /// one at a time, with its time, and its host carried from the last that named one.
+    #[test]
+    fn a_capped_history_keeps_each_entrys_host_and_time() {
+        let mut extra = Map::new();
+        let n = MAX_HISTORY + 7;
+        let host = |i: usize| if i % 5 < 3 { "a" } else { "b" };
+        for i in 0..n {
+            let at = lading_core::time::format_ts(1_767_225_600_000 + i as u64 * 1000);
+            push_history(&mut extra, Some("x"), "y", &at, host(i), 0, None);
+        }
+        let all = history(&extra);
+        assert_eq!(all.len(), MAX_HISTORY);
+        let raw = RawHistory::of(&extra).unwrap();
+        for (k, e) in all.iter().enumerate() {
+            let i = n - MAX_HISTORY + k;
+            assert_eq!(e["host"], host(i), "entry {k}");
+            assert_eq!(*e, raw.entry(k));
+            assert_eq!(raw.ms(k), 1_767_225_600_000 + i as u64 * 1000);
+        }
     }
 }
