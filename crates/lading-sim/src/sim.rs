@@ -12,9 +12,12 @@
 //! handlers for those stages, each taking a while and succeeding, failing for a while or
 //! failing for good, as the seed says. Pending is Lading's quota; Provisioning reserves space
 //! through Lading's admission; Notify (the job's callback) and Reporting and UpdateReporting
-//! (the numbered report and its mail) are Lading's own stages for every batch. Mails and
-//! callbacks go to a simulated world that delays them, loses them, and loses their answers
-//! (so they are sent again with the same key). An event stream's client follows every
+//! (the numbered report and its mail) are Lading's own stages for every batch. Mails go
+//! through Lading's own SMTP client to a simulated relay (`smtp.rs`) and callbacks to a
+//! simulated receiver; both delay them, lose them, and lose their answers (so they are sent
+//! again with the same key). Cleanup and the working-folder sweep run every 10 s or every
+//! minute; in a seed of four ended batches are kept 0 h, so they are purged (checked at each
+//! purge's commit) while the workload goes on. An event stream's client follows every
 //! transition through Lading's follower (the tree's change feed, which has gaps) and its HTTP
 //! server (`GET /api/v1/events` on connections in memory, `http.rs`), goes away now and then
 //! and resumes from its last id; it must have been sent every transition the statuses show. The workload submits batches and, between them, crashes and restarts
