@@ -6,6 +6,7 @@
 
 use crate::Ingest;
 use lading_core::BatchState;
+use lading_core::TreeError;
 use lading_core::time::parse_ts;
 use lading_engine::EngineError;
 use lading_worker::{Acquire, Shutdown};
@@ -59,9 +60,20 @@ pub async fn cleanup(
             .and_then(|u| upload_dir(ingest, &u));
         match e.purge_batch(&bid).await {
             Ok(n) => out.jobs += n,
-            // Moved on, locked or gone since it was read: left for the next pass, which the
-            // other batches do not wait for.
-            Err(err @ EngineError::Tree(_)) => return Err(err),
+            // The store itself failing (a lost connection, an expired session) ends the
+            // pass; the next one tries again.
+            Err(EngineError::Tree(t))
+                if matches!(
+                    t.root(),
+                    TreeError::SessionExpired
+                        | TreeError::ConnectionLoss(_)
+                        | TreeError::Backend(_)
+                ) =>
+            {
+                return Err(EngineError::Tree(t));
+            }
+            // This batch moved on, is held, or changed under the purge (a job added, a node
+            // gone): left for the next pass, which the other batches do not wait for.
             Err(err) => {
                 tracing::info!(batch = %bid, error = %err, "cleanup: batch left for the next pass");
                 continue;
