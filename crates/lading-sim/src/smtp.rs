@@ -104,10 +104,8 @@ async fn session(
     }
     let mut rcpt: Vec<String> = Vec::new();
     let mut line = Vec::new();
-    loop {
-        let Some(cmd) = read_line(&mut r, &mut line).await else {
-            return;
-        };
+    // Each turn reads a command: the session ends with its connection.
+    while let Some(cmd) = read_line(&mut r, &mut line).await {
         let verb = cmd.get(..4).unwrap_or_default().to_ascii_uppercase();
         let reply: &[u8] = match verb.as_str() {
             "EHLO" | "HELO" => b"250 relay.sim.invalid\r\n",
@@ -175,8 +173,7 @@ async fn read_data<R: tokio::io::AsyncBufRead + Unpin>(
 ) -> Option<Vec<String>> {
     let mut lines = Vec::new();
     let mut size = 0;
-    loop {
-        let l = read_line(r, buf).await?;
+    while let Some(l) = read_line(r, buf).await {
         if l == "." {
             return Some(lines);
         }
@@ -186,6 +183,7 @@ async fn read_data<R: tokio::io::AsyncBufRead + Unpin>(
         }
         lines.push(l.strip_prefix('.').map_or(l.clone(), str::to_string));
     }
+    None
 }
 
 /// A mail's Message-ID, and its recipients, subject and body (lines joined by `\n`).
