@@ -158,11 +158,8 @@ fn mail_failure(o: lading_worker::Outcome) -> Failure {
 }
 
 /// The mail an effect of kind `mail` asks for, formatted from Lading's `mail_from`, with the
-/// effect's key as its Message-ID; and its recipients.
-pub fn mail_of(
-    ingest: &Ingest,
-    e: &Effect,
-) -> Result<(crate::report::FormattedMail, Vec<String>), Failure> {
+/// effect's key as its Message-ID.
+pub fn mail_of(ingest: &Ingest, e: &Effect) -> Result<crate::report::FormattedMail, Failure> {
     let p = &e.payload;
     let s = |k: &str| p.get(k).and_then(Value::as_str).unwrap_or_default();
     let to: Vec<String> = p
@@ -175,15 +172,14 @@ pub fn mail_of(
                 .collect()
         })
         .unwrap_or_default();
-    let mail = crate::report::format_mail(
+    crate::report::format_mail(
         &ingest.cfg.mail_from,
         &to,
         s("subject"),
         s("body").to_string(),
         Some(e.key.clone()),
     )
-    .map_err(mail_failure)?;
-    Ok((mail, to))
+    .map_err(mail_failure)
 }
 
 /// Sends a mail effect over `stream`, a connection to an SMTP server.
@@ -192,8 +188,7 @@ pub async fn mail_over(
     e: &Effect,
     stream: Box<dyn lettre::transport::smtp::client::AsyncTokioStream>,
 ) -> Result<(), Failure> {
-    let (mail, to) = mail_of(ingest, e)?;
-    crate::report::send_formatted(stream, &mail, &to)
+    crate::report::send_formatted(stream, &mail_of(ingest, e)?)
         .await
         .map_err(mail_failure)
 }
@@ -206,8 +201,7 @@ async fn wire(ingest: &Ingest, e: &Effect) -> Result<(), Failure> {
             let Some(host) = ingest.cfg.smtp_host.as_deref() else {
                 return Err(Failure::Retry("no smtp_host is configured".into()));
             };
-            let (mail, to) = mail_of(ingest, e)?;
-            crate::report::send_mail(host, ingest.cfg.smtp_port, &mail, &to)
+            crate::report::send_mail(host, ingest.cfg.smtp_port, &mail_of(ingest, e)?)
                 .await
                 .map_err(mail_failure)
         }

@@ -270,28 +270,30 @@ const SMTP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Sends one plain-text message over SMTP to `host:port` (no TLS: a local relay is the usual
 /// peer).
-pub async fn send_mail(
-    host: &str,
-    port: u16,
-    mail: &FormattedMail,
-    to: &[String],
-) -> Result<(), Outcome> {
-    let failed = |e: String| Outcome::Transient(format!("mail to {}: {e}", to.join(", ")));
+pub async fn send_mail(host: &str, port: u16, mail: &FormattedMail) -> Result<(), Outcome> {
     let stream = tokio::time::timeout(SMTP_TIMEOUT, tokio::net::TcpStream::connect((host, port)))
         .await
         .map_err(|_| {
-            failed(format!(
+            mail.failed(format!(
                 "no connection to {host}:{port} within {SMTP_TIMEOUT:?}"
             ))
         })?
-        .map_err(|e| failed(format!("connecting to {host}:{port}: {e}")))?;
-    send_formatted(Box::new(stream), mail, to).await
+        .map_err(|e| mail.failed(format!("connecting to {host}:{port}: {e}")))?;
+    send_formatted(Box::new(stream), mail).await
 }
 
 /// A mail ready to send: its envelope and its text (headers and body).
 pub struct FormattedMail {
     pub envelope: lettre::address::Envelope,
     pub text: Vec<u8>,
+}
+
+impl FormattedMail {
+    /// A transient failure to send this mail, naming its recipients.
+    fn failed(&self, why: String) -> Outcome {
+        let to: Vec<String> = self.envelope.to().iter().map(|a| a.to_string()).collect();
+        Outcome::Transient(format!("mail to {}: {why}", to.join(", ")))
+    }
 }
 
 /// One plain-text message from `from` to `to`, with `message_id` (a stable one lets a
@@ -330,23 +332,21 @@ pub fn format_mail(
 pub async fn send_formatted(
     stream: Box<dyn lettre::transport::smtp::client::AsyncTokioStream>,
     mail: &FormattedMail,
-    to: &[String],
 ) -> Result<(), Outcome> {
     use lettre::transport::smtp::client::AsyncSmtpConnection;
     use lettre::transport::smtp::extension::ClientId;
-    let failed = |e: String| Outcome::Transient(format!("mail to {}: {e}", to.join(", ")));
     let talk = async {
         let mut conn = AsyncSmtpConnection::connect_with_transport(stream, &ClientId::default())
             .await
-            .map_err(|e| failed(e.to_string()))?;
+            .map_err(|e| mail.failed(e.to_string()))?;
         conn.send(&mail.envelope, &mail.text)
             .await
-            .map_err(|e| failed(e.to_string()))?;
+            .map_err(|e| mail.failed(e.to_string()))?;
         // Sent once the server said so: a lost goodbye changes nothing.
         let _ = conn.quit().await;
         Ok(())
     };
     tokio::time::timeout(SMTP_TIMEOUT, talk)
         .await
-        .map_err(|_| failed(format!("no answer within {SMTP_TIMEOUT:?}")))?
+        .map_err(|_| mail.failed(format!("no answer within {SMTP_TIMEOUT:?}")))?
 }

@@ -287,13 +287,9 @@ mod tests {
                 Duration::ZERO,
                 move |k, v| g.lock().unwrap().push((k, v)),
             ));
-            lading_ingest::report::send_formatted(
-                Box::new(Pipe(client)),
-                &mail,
-                &["a@sim.invalid".into()],
-            )
-            .await
-            .unwrap();
+            lading_ingest::report::send_formatted(Box::new(Pipe(client)), &mail)
+                .await
+                .unwrap();
             relay.await.unwrap();
             let got = got.lock().unwrap().clone();
             assert_eq!(got.len(), 1, "{got:?}");
