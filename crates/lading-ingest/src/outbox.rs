@@ -193,9 +193,52 @@ pub async fn mail_over(
         .map_err(mail_failure)
 }
 
+/// The POST a callback effect asks for: to its `url`, its `body` as JSON, with the effect's
+/// key as the `Idempotency-Key` header (the body's `idempotency_key` says it too). The wire
+/// sends it with the operator's client; the simulator over a pipe to its receiver.
+#[derive(Debug, Clone)]
+pub struct CallbackPost {
+    pub url: String,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: Vec<u8>,
+}
+
+/// The POST of a callback effect.
+pub fn callback_of(e: &Effect) -> Result<CallbackPost, Failure> {
+    let url = e
+        .payload
+        .get("url")
+        .and_then(Value::as_str)
+        .filter(|u| !u.is_empty())
+        .ok_or_else(|| Failure::Never("the callback names no url".into()))?;
+    let body = serde_json::to_vec(e.payload.get("body").unwrap_or(&Value::Null))
+        .map_err(|err| Failure::Never(format!("the callback's body: {err}")))?;
+    Ok(CallbackPost {
+        url: url.to_string(),
+        headers: vec![
+            ("content-type", "application/json".to_string()),
+            ("idempotency-key", e.key.clone()),
+        ],
+        body,
+    })
+}
+
+/// A callback that got no answer from `url`.
+pub fn callback_unsent(url: &str, err: impl std::fmt::Display) -> Failure {
+    Failure::Retry(format!("callback {url}: {err}"))
+}
+
+/// What the receiver's answer (its HTTP status) means: delivered on a 2xx, tried again
+/// later on anything else.
+pub fn callback_answer(url: &str, status: u16) -> Result<(), Failure> {
+    if (200..300).contains(&status) {
+        Ok(())
+    } else {
+        Err(Failure::Retry(format!("callback {url} answered {status}")))
+    }
+}
+
 async fn wire(ingest: &Ingest, e: &Effect) -> Result<(), Failure> {
-    let p = &e.payload;
-    let s = |k: &str| p.get(k).and_then(Value::as_str).unwrap_or_default();
     match e.kind.as_str() {
         "mail" => {
             let Some(host) = ingest.cfg.smtp_host.as_deref() else {
@@ -206,24 +249,17 @@ async fn wire(ingest: &Ingest, e: &Effect) -> Result<(), Failure> {
                 .map_err(mail_failure)
         }
         "callback" => {
-            let url = s("url");
-            let r = ingest
-                .fetcher
-                .client()
-                .post(url)
-                .header("Idempotency-Key", &e.key)
-                .json(p.get("body").unwrap_or(&Value::Null))
+            let post = callback_of(e)?;
+            let mut req = ingest.fetcher.client().post(&post.url);
+            for (name, value) in &post.headers {
+                req = req.header(*name, value);
+            }
+            let r = req
+                .body(post.body)
                 .send()
                 .await
-                .map_err(|err| Failure::Retry(format!("callback {url}: {err}")))?;
-            if r.status().is_success() {
-                Ok(())
-            } else {
-                Err(Failure::Retry(format!(
-                    "callback {url} answered {}",
-                    r.status()
-                )))
-            }
+                .map_err(|err| callback_unsent(&post.url, err))?;
+            callback_answer(&post.url, r.status().as_u16())
         }
         other => Err(Failure::Never(format!(
             "{other:?} is not carried by the wire"
@@ -250,5 +286,55 @@ async fn send(ingest: &Ingest, e: &Effect) -> Result<(), Failure> {
                 })
         }
         other => Err(Failure::Never(format!("unknown effect kind {other:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn callback(payload: Value) -> Effect {
+        Effect {
+            kind: "callback".into(),
+            key: "lading:b:j:completed:1".into(),
+            batch: None,
+            job: None,
+            payload,
+        }
+    }
+
+    /// The POST carries the key in its header and the body as JSON; a callback with no URL
+    /// is never sent, and says why; only a 2xx answer counts as delivered.
+    #[test]
+    fn a_callback_post_carries_its_key_and_its_answer_decides() {
+        let body = json!({"idempotency_key": "lading:b:j:completed:1", "job": "j"});
+        let post = callback_of(&callback(
+            json!({"url": "http://r.invalid/cb", "body": body}),
+        ))
+        .unwrap();
+        assert_eq!(post.url, "http://r.invalid/cb");
+        assert!(
+            post.headers
+                .contains(&("idempotency-key", "lading:b:j:completed:1".to_string()))
+        );
+        assert!(
+            post.headers
+                .contains(&("content-type", "application/json".to_string()))
+        );
+        assert_eq!(serde_json::from_slice::<Value>(&post.body).unwrap(), body);
+        for payload in [json!({"body": body}), json!({"url": "", "body": body})] {
+            assert_eq!(
+                callback_of(&callback(payload)).unwrap_err(),
+                Failure::Never("the callback names no url".into())
+            );
+        }
+        assert_eq!(callback_answer("u", 204), Ok(()));
+        for status in [301, 404, 503] {
+            assert_eq!(
+                callback_answer("u", status),
+                Err(Failure::Retry(format!("callback u answered {status}")))
+            );
+        }
     }
 }

@@ -3,6 +3,7 @@
 //! simulated tree with ZooKeeper's semantics, simulated time and faults drawn from a seed.
 //! The same seed gives the same trace, byte for byte.
 
+pub mod callback;
 pub mod check;
 pub mod http;
 pub mod payload;

@@ -13,9 +13,10 @@
 //! failing for good, as the seed says. Pending is Lading's quota; Provisioning reserves space
 //! through Lading's admission; Notify (the job's callback) and Reporting and UpdateReporting
 //! (the numbered report and its mail) are Lading's own stages for every batch. Mails go
-//! through Lading's own SMTP client to a simulated relay (`smtp.rs`) and callbacks to a
-//! simulated receiver; both delay them, lose them, and lose their answers (so they are sent
-//! again with the same key). Cleanup and the working-folder sweep run every 10 s or every
+//! through Lading's own SMTP client to a simulated relay (`smtp.rs`) and callbacks, as
+//! Lading forms them for the wire, over HTTP/1.1 to a simulated receiver (`callback.rs`);
+//! both delay them, lose them, and lose their answers (so they are sent again with the same
+//! key), and read back what came over the wire. Cleanup and the working-folder sweep run every 10 s or every
 //! minute; in a seed of four ended batches are kept 0 h, so they are purged (checked at each
 //! purge's commit) while the workload goes on. An event stream's client follows every
 //! transition through Lading's follower (the tree's change feed, which has gaps) and its HTTP
@@ -134,6 +135,8 @@ struct Outside {
     /// key → (content, deliveries)
     mails: BTreeMap<String, (Value, u32)>,
     callbacks: BTreeMap<String, (Value, u32)>,
+    /// What the relay or the receiver could not read: what it was, and why.
+    unreadable: Vec<String>,
     /// Generic job → how many acceptances finished it successfully (a job is added once, so
     /// more than one is a processor that was fenced and committed anyway).
     generic_done: BTreeMap<String, u32>,
@@ -753,6 +756,11 @@ impl Sim {
 /// with two contents is recorded as a conflict (a violation at the end).
 fn record(outside: &Mutex<Outside>, kind: &str, key: String, content: Value) {
     let mut o = outside.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(why) = content.get("unreadable") {
+        o.unreadable
+            .push(format!("a {kind} that could not be read: {why}"));
+        return;
+    }
     let book = if kind == "mail" {
         &mut o.mails
     } else {
@@ -766,9 +774,10 @@ fn record(outside: &Mutex<Outside>, kind: &str, key: String, content: Value) {
 }
 
 /// The outside world as Lading's real outbox deliverer meets it. A mail goes through
-/// Lading's own SMTP client to the simulated relay (`smtp.rs`), on a pipe in memory. A
-/// callback takes a while, and may fail before it arrives, or arrive and lose its answer (the
-/// deliverer then sends it again, with the same key). Every arrival is recorded by key.
+/// Lading's own SMTP client to the simulated relay (`smtp.rs`), on a pipe in memory; a
+/// callback, the POST Lading forms for the wire, through hyper's HTTP/1.1 client to the
+/// simulated receiver (`callback.rs`), whose answer Lading reads as from the network. Every
+/// arrival is recorded by key.
 struct SimCourier {
     dice: Arc<Dice>,
     outside: Arc<Mutex<Outside>>,
@@ -780,7 +789,6 @@ impl lading_ingest::outbox::Courier for SimCourier {
         ingest: &'a lading_ingest::Ingest,
         e: &'a Effect,
     ) -> BoxFuture<'a, Result<(), lading_ingest::outbox::Failure>> {
-        use lading_ingest::outbox::Failure;
         Box::pin(async move {
             if e.kind == "mail" {
                 let outside = self.outside.clone();
@@ -791,16 +799,17 @@ impl lading_ingest::outbox::Courier for SimCourier {
                 let _ = relay.await;
                 return sent;
             }
-            let (took, roll) = (self.dice.below(200), self.dice.below(100));
-            tokio::time::sleep(Duration::from_millis(took as u64)).await;
-            if roll < 10 {
-                return Err(Failure::Retry("the simulated receiver is down".into()));
-            }
-            record(&self.outside, &e.kind, e.key.clone(), e.payload.clone());
-            if roll < 15 {
-                return Err(Failure::Retry("the simulated answer was lost".into()));
-            }
-            Ok(())
+            let post = lading_ingest::outbox::callback_of(e)?;
+            let outside = self.outside.clone();
+            let (pipe, receiver) = crate::callback::connect(&self.dice.0, move |key, content| {
+                record(&outside, "callback", key, content)
+            });
+            let sent = match crate::callback::post_over(pipe, &post).await {
+                Ok(status) => lading_ingest::outbox::callback_answer(&post.url, status),
+                Err(why) => Err(lading_ingest::outbox::callback_unsent(&post.url, why)),
+            };
+            let _ = receiver.await;
+            sent
         })
     }
 }
@@ -1757,19 +1766,17 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
     let mut stored = 0;
     let mut unpacked = [0; 3];
     {
-        let (mails, callbacks) = {
+        let (mails, callbacks, unreadable) = {
             let o = sim.outside.lock().unwrap_or_else(|p| p.into_inner());
-            (o.mails.clone(), o.callbacks.clone())
+            (o.mails.clone(), o.callbacks.clone(), o.unreadable.clone())
         };
-        let mut found = Vec::new();
+        let mut found = unreadable;
         for (key, (content, _)) in mails.iter().chain(&callbacks) {
             if content.get("conflict").is_some() {
                 found.push(format!("{key} delivered with two contents: {content}"));
             }
-            if let Some(why) = content.get("unreadable") {
-                found.push(format!("the relay could not read a mail: {why}"));
-            }
         }
+
         for b in &bids {
             let Ok(info) = admin_engine.batch(b).await else {
                 continue;
