@@ -11,6 +11,7 @@ pub mod blocking;
 pub mod bucket;
 pub mod checkm;
 pub mod cleanup;
+pub mod command;
 pub mod config;
 pub mod fair;
 pub mod fetch;
@@ -60,6 +61,8 @@ pub struct Ingest {
     given: HashMap<String, Profile>,
     /// What carries mails and callbacks out ([`outbox::Wire`] unless told otherwise).
     pub courier: Arc<dyn outbox::Courier>,
+    /// What runs profiles' processing commands ([`command::Shell`] unless told otherwise).
+    pub commands: Arc<dyn command::Commands>,
 }
 
 impl Ingest {
@@ -125,6 +128,7 @@ impl Ingest {
             profiles: Mutex::new(HashMap::new()),
             given: HashMap::new(),
             courier: Arc::new(outbox::Wire),
+            commands: Arc::new(command::Shell),
         })
     }
 
@@ -138,6 +142,12 @@ impl Ingest {
     /// The same, with mails and callbacks carried by `courier`.
     pub fn with_courier(mut self, courier: Arc<dyn outbox::Courier>) -> Ingest {
         self.courier = courier;
+        self
+    }
+
+    /// The same, with processing commands run by `commands`.
+    pub fn with_commands(mut self, commands: Arc<dyn command::Commands>) -> Ingest {
+        self.commands = commands;
         self
     }
 

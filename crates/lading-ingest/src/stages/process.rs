@@ -101,7 +101,7 @@ pub(crate) async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Ou
         .map_err(|why| Outcome::fatal(format!("primary identifier: {why}")))?;
     check_owner(ingest, &ark, &profile.collection).await?;
     if let Some(cmd) = &profile.command {
-        run_command(job, cmd, &ark).await?;
+        run_command(ingest, job, cmd, &ark).await?;
     }
     let size: u64 = files.iter().map(|f| f.size).sum();
     // This working folder's mark, in the folder and in the job: Storing stores from a folder
@@ -168,39 +168,43 @@ pub(crate) async fn check_owner(
 /// Lines of a failed command's output quoted in the job's message.
 pub(crate) const TAIL_LINES: usize = 5;
 
-pub(crate) async fn run_command(job: &JobCtx, cmd: &str, ark: &str) -> Result<(), Outcome> {
+pub(crate) async fn run_command(
+    ingest: &Ingest,
+    job: &JobCtx,
+    cmd: &str,
+    ark: &str,
+) -> Result<(), Outcome> {
     job.log(&format!("running: {cmd}"));
-    let out = tokio::process::Command::new("sh")
-        .arg("-c")
-        .arg(cmd)
-        .current_dir(&job.workdir)
-        .env("LADING_JOB_ID", job.job().as_str())
-        .env("LADING_BATCH_ID", &job.info.bid)
-        .env("LADING_PRIMARY_ID", ark)
-        .env(
-            "LADING_PROFILE",
-            job.config()?.profile().unwrap_or_default(),
-        )
-        .env("LADING_WORKDIR", &job.workdir)
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output()
+    let run = crate::command::Run {
+        command: cmd,
+        workdir: &job.workdir,
+        env: vec![
+            ("LADING_JOB_ID", job.job().to_string()),
+            ("LADING_BATCH_ID", job.info.bid.to_string()),
+            ("LADING_PRIMARY_ID", ark.to_string()),
+            (
+                "LADING_PROFILE",
+                job.config()?.profile().unwrap_or_default().to_string(),
+            ),
+            ("LADING_WORKDIR", job.workdir.display().to_string()),
+        ],
+    };
+    let ran = ingest
+        .commands
+        .run(run)
         .await
         .map_err(|e| Outcome::Transient(format!("cannot run {cmd:?}: {e}")))?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    for line in text.lines() {
+    if ran.dropped > 0 {
+        job.log(&format!("| … {} earlier lines not kept", ran.dropped));
+    }
+    for line in &ran.output {
         job.log(&format!("| {line}"));
     }
-    if !out.status.success() {
-        let lines: Vec<&str> = text.lines().collect();
-        let tail = lines[lines.len().saturating_sub(TAIL_LINES)..].join("\n");
+    if !ran.success {
+        let tail = ran.output[ran.output.len().saturating_sub(TAIL_LINES)..].join("\n");
         return Err(Outcome::Fatal(format!(
             "processing command exited with {}: {tail}",
-            out.status
+            ran.status
         )));
     }
     Ok(())
