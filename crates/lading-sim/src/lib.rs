@@ -5,6 +5,7 @@
 
 pub mod callback;
 pub mod check;
+pub mod command;
 pub mod http;
 pub mod payload;
 pub mod sim;

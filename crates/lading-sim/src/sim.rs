@@ -135,8 +135,9 @@ struct Outside {
     /// key → (content, deliveries)
     mails: BTreeMap<String, (Value, u32)>,
     callbacks: BTreeMap<String, (Value, u32)>,
-    /// What the relay or the receiver could not read: what it was, and why.
-    unreadable: Vec<String>,
+    /// What the outside world found wrong in what Lading handed it: a mail or callback it
+    /// could not read, a processing command run on the wrong thing.
+    wrong: Vec<String>,
     /// Generic job → how many acceptances finished it successfully (a job is added once, so
     /// more than one is a processor that was fenced and committed anyway).
     generic_done: BTreeMap<String, u32>,
@@ -562,6 +563,7 @@ fn profile() -> lading_ingest::Profile {
         collection: "sim".into(),
         notification: vec!["depositor@sim.invalid".into()],
         callback_url: Some("http://callbacks.sim.invalid/lading".into()),
+        command: Some(crate::command::SCAN.into()),
         ..Default::default()
     }
 }
@@ -609,6 +611,21 @@ impl Sim {
         .with_courier(Arc::new(SimCourier {
             dice: self.dice.clone(),
             outside: self.outside.clone(),
+        }))
+        .with_commands(Arc::new(crate::command::Scanner {
+            dice: self.dice.0.clone(),
+            wrong: {
+                let outside = self.outside.clone();
+                Arc::new(move |why| {
+                    outside
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .wrong
+                        .push(why)
+                })
+            },
+            hang: stage_config().timeout + Duration::from_secs(30),
+            faults: self.buckets.faults.clone(),
         }));
         for n in self.buckets.open() {
             ingest.nodes.insert(n);
@@ -757,7 +774,7 @@ impl Sim {
 fn record(outside: &Mutex<Outside>, kind: &str, key: String, content: Value) {
     let mut o = outside.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(why) = content.get("unreadable") {
-        o.unreadable
+        o.wrong
             .push(format!("a {kind} that could not be read: {why}"));
         return;
     }
@@ -1766,11 +1783,11 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
     let mut stored = 0;
     let mut unpacked = [0; 3];
     {
-        let (mails, callbacks, unreadable) = {
+        let (mails, callbacks, wrong) = {
             let o = sim.outside.lock().unwrap_or_else(|p| p.into_inner());
-            (o.mails.clone(), o.callbacks.clone(), o.unreadable.clone())
+            (o.mails.clone(), o.callbacks.clone(), o.wrong.clone())
         };
-        let mut found = unreadable;
+        let mut found = wrong;
         for (key, (content, _)) in mails.iter().chain(&callbacks) {
             if content.get("conflict").is_some() {
                 found.push(format!("{key} delivered with two contents: {content}"));
