@@ -16,7 +16,8 @@ use lading_engine::{ChangeEvent, Engine};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// The chart's span, in minutes.
 pub const MINUTES: u64 = 60;

@@ -224,8 +224,9 @@ pub fn workdir(work_root: &Path, info: &JobInfo) -> PathBuf {
 /// (`.lading/owner`), or adopted when its mark is `owner`'s. A folder marked for another job
 /// (the same job id in another tree sharing this data folder) is moved aside, never used, so
 /// no file of another job reaches this one. A folder without a mark (made before marks were
-/// kept) is adopted.
-pub fn claim_workdir(dir: &Path, owner: &str) -> std::io::Result<()> {
+/// kept) is adopted. A folder moved aside is named for the time `now_ms` (the engine's
+/// clock).
+pub fn claim_workdir(dir: &Path, owner: &str, now_ms: u64) -> std::io::Result<()> {
     let mark = dir.join(".lading").join("owner");
     match std::fs::read_to_string(&mark) {
         Ok(found) if found == owner => return Ok(()),
@@ -233,9 +234,7 @@ pub fn claim_workdir(dir: &Path, owner: &str) -> std::io::Result<()> {
             let base = format!(
                 "{}.other-{}",
                 dir.file_name().and_then(|n| n.to_str()).unwrap_or("job"),
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_millis())
+                now_ms
             );
             // Two moves within one millisecond must not meet (the second failed with
             // "Directory not empty").

@@ -40,8 +40,10 @@ use lading_engine::{
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// Tokio's clock: the real one in a process, the simulated one under `lading-sim`.
 use tokio::sync::{Mutex, RwLock, watch};
+use tokio::time::Instant;
 
 /// What a stage handler made of one job or batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -574,7 +576,7 @@ impl JobLoop {
             .await;
             return None;
         };
-        if let Err(e) = claim_workdir(&dir, &owner) {
+        if let Err(e) = claim_workdir(&dir, &owner, self.engine.clock().now_ms()) {
             let reason = format!("cannot create working directory {}: {e}", dir.display());
             self.finish(
                 lease,
