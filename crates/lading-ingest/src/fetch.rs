@@ -82,26 +82,22 @@ pub struct Fetcher {
     source: Option<Arc<dyn Source>>,
 }
 
-/// A body in chunks, each a piece of it or why it stopped.
-pub type Chunks = futures_util::stream::BoxStream<'static, Result<Bytes, FetchError>>;
-
 /// Payload servers that are not on the network: the simulator's, which are slow, fail, cut
-/// bodies short and change manifests between attempts, as the seed says.
+/// bodies short and change manifests between attempts, as the seed says. The fetcher speaks
+/// HTTP/1.1 to them (hyper's client) over connections in memory, and reads their statuses,
+/// stated lengths and bodies as it reads a server's on the network.
 pub trait Source: Send + Sync + 'static {
-    /// A successful GET of `url`: its stated length and its body; or why not, classified as
-    /// the network's errors are (a refusal or a 4xx is fatal, a 5xx or a reset transient).
-    fn get<'a>(
+    /// A new connection to the server `url` names.
+    fn connect<'a>(
         &'a self,
         url: &'a str,
-    ) -> lading_core::BoxFuture<'a, Result<(Option<u64>, Chunks), FetchError>>;
-    /// The length a HEAD of `url` states, if any.
-    fn head<'a>(&'a self, url: &'a str) -> lading_core::BoxFuture<'a, Option<u64>>;
+    ) -> lading_core::BoxFuture<'a, std::io::Result<tokio::io::DuplexStream>>;
 }
 
 /// A successful response, its body not read yet.
 enum Body {
     Net(reqwest::Response),
-    Source(Option<u64>, Chunks),
+    Source(Option<u64>, Wire),
 }
 
 impl Body {
@@ -114,13 +110,122 @@ impl Body {
 
     /// The next piece of the body; `None` at its end.
     async fn chunk(&mut self, url: &str) -> Result<Option<Bytes>, FetchError> {
-        use futures_util::StreamExt;
         match self {
             Body::Net(r) => r.chunk().await.map_err(|e| classify(e, url)),
-            Body::Source(_, s) => s.next().await.transpose(),
+            Body::Source(_, w) => w.chunk().await.map_err(|e| unreached(url, e)),
         }
     }
 }
+
+/// A response's body from a [`Source`], with the connection it comes over.
+struct Wire {
+    body: hyper::body::Incoming,
+    _send: hyper::client::conn::http1::SendRequest<NoBody>,
+    _driving: AbortOnDrop,
+}
+
+impl Wire {
+    async fn chunk(&mut self) -> Result<Option<Bytes>, hyper::Error> {
+        loop {
+            let frame = std::future::poll_fn(|cx| {
+                http_body::Body::poll_frame(std::pin::Pin::new(&mut self.body), cx)
+            })
+            .await;
+            match frame {
+                None => return Ok(None),
+                Some(Err(e)) => return Err(e),
+                Some(Ok(f)) => {
+                    if let Ok(data) = f.into_data() {
+                        return Ok(Some(data));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Stops a connection's task when what reads from it goes.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A request's body: none.
+struct NoBody;
+
+impl http_body::Body for NoBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        std::task::Poll::Ready(None)
+    }
+    fn is_end_stream(&self) -> bool {
+        true
+    }
+}
+
+/// A server that could not be reached, or broke off.
+fn unreached(url: &str, e: impl std::fmt::Display) -> FetchError {
+    FetchError::Transient(format!("cannot fetch {url}: {e}"))
+}
+
+/// `method` `url` over a new connection to `source`: the status, the stated length and the
+/// body.
+async fn over_source(
+    source: &dyn Source,
+    method: hyper::Method,
+    url: &str,
+) -> Result<(reqwest::StatusCode, Option<u64>, Wire), FetchError> {
+    let u =
+        reqwest::Url::parse(url).map_err(|e| FetchError::Fatal(format!("bad URL {url}: {e}")))?;
+    let io = source.connect(url).await.map_err(|e| unreached(url, e))?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io))
+        .await
+        .map_err(|e| unreached(url, e))?;
+    let driving = AbortOnDrop(tokio::spawn(async move {
+        let _ = conn.await;
+    }));
+    let target = match u.query() {
+        Some(q) => format!("{}?{q}", u.path()),
+        None => u.path().to_string(),
+    };
+    let req = hyper::Request::builder()
+        .method(method)
+        .uri(target)
+        .header(hyper::header::HOST, u.host_str().unwrap_or_default())
+        .header(hyper::header::USER_AGENT, USER_AGENT)
+        .body(NoBody)
+        .map_err(|e| FetchError::Fatal(format!("bad URL {url}: {e}")))?;
+    let resp = send
+        .send_request(req)
+        .await
+        .map_err(|e| unreached(url, e))?;
+    let status =
+        reqwest::StatusCode::from_u16(resp.status().as_u16()).map_err(|e| unreached(url, e))?;
+    let len = resp
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    Ok((
+        status,
+        len,
+        Wire {
+            body: resp.into_body(),
+            _send: send,
+            _driving: driving,
+        },
+    ))
+}
+
+/// What Lading calls itself on the wire.
+const USER_AGENT: &str = concat!("lading/", env!("CARGO_PKG_VERSION"));
 
 impl Default for Fetcher {
     fn default() -> Self {
@@ -190,7 +295,7 @@ impl Fetcher {
             reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(30))
                 .read_timeout(Duration::from_secs(120))
-                .user_agent(concat!("lading/", env!("CARGO_PKG_VERSION")))
+                .user_agent(USER_AGENT)
         };
         let client = base().build().map_err(|e| e.to_string())?;
         let depositor = base()
@@ -253,8 +358,11 @@ impl Fetcher {
     /// A successful GET response, its body not read yet.
     async fn get(&self, client: &reqwest::Client, url: &str) -> Result<Body, FetchError> {
         if let Some(s) = &self.source {
-            let (n, chunks) = s.get(url).await?;
-            return Ok(Body::Source(n, chunks));
+            let (status, n, wire) = over_source(&**s, hyper::Method::GET, url).await?;
+            if !status.is_success() {
+                return Err(status_error(status, url));
+            }
+            return Ok(Body::Source(n, wire));
         }
         let r = client.get(url).send().await.map_err(|e| classify(e, url))?;
         if !r.status().is_success() {
@@ -274,7 +382,8 @@ impl Fetcher {
                 .map(|m| m.len());
         }
         if let Some(s) = &self.source {
-            return s.head(url).await;
+            let (status, n, _) = over_source(&**s, hyper::Method::HEAD, url).await.ok()?;
+            return n.filter(|_| status.is_success());
         }
         let r = client
             .head(url)
@@ -742,6 +851,54 @@ fn local(path: &Path, e: std::io::Error) -> FetchError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server in memory that answers every request with `answer`, then hangs up.
+    struct Canned(&'static [u8]);
+
+    impl Source for Canned {
+        fn connect<'a>(
+            &'a self,
+            _url: &'a str,
+        ) -> lading_core::BoxFuture<'a, std::io::Result<tokio::io::DuplexStream>> {
+            let answer = self.0;
+            Box::pin(async move {
+                let (client, mut server) = tokio::io::duplex(4096);
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let mut buf = vec![0u8; 4096];
+                    let _ = server.read(&mut buf).await;
+                    let _ = server.write_all(answer).await;
+                });
+                Ok(client)
+            })
+        }
+    }
+
+    /// Over a source's wire, a body cut short of its stated length is an error to retry, a
+    /// 5xx is one too, a 404 is fatal, and a whole body is read.
+    #[tokio::test]
+    async fn a_sources_answers_are_read_as_from_the_network() {
+        let get = |answer: &'static [u8]| async move {
+            Fetcher::new()
+                .with_source(Arc::new(Canned(answer)))
+                .get_text("http://payloads.invalid/m.checkm", &Trust::Operator)
+                .await
+        };
+        let cut = get(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789").await;
+        assert!(
+            matches!(&cut, Err(FetchError::Transient(m)) if m.starts_with("cannot fetch http://payloads.invalid/m.checkm")),
+            "{cut:?}"
+        );
+        let busy = get(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n").await;
+        assert!(
+            matches!(&busy, Err(FetchError::Transient(m)) if m.ends_with("answered 503 Service Unavailable")),
+            "{busy:?}"
+        );
+        let gone = get(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n").await;
+        assert!(matches!(&gone, Err(FetchError::Fatal(_))), "{gone:?}");
+        let whole = get(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello").await;
+        assert_eq!(whole.unwrap(), "hello");
+    }
 
     /// A sink whose file is `/dev/full`: every write fails with "no space left".
     fn full_sink() -> Sink {

@@ -4,9 +4,9 @@
 //!
 //! A payload is a batch manifest (one object manifest per object, each naming one to three
 //! files), a single-file batch manifest (one object per file) or a container batch manifest
-//! (one object per zip, tar or tar.gz, unpacked by Processing). Most are served over
-//! simulated HTTP by [`PayloadServer`] (slow, failing, cutting bodies short, as the seed
-//! says); some are files fetched through `file://` URLs. Some batches are put right only
+//! (one object per zip, tar or tar.gz, unpacked by Processing). Most are served over HTTP/1.1
+//! by [`PayloadServer`], hyper's server on a pipe in memory (slow, failing, breaking
+//! connections mid-body, as the seed says); some are files fetched through `file://` URLs. Some batches are put right only
 //! later: a file missing at first, or an object manifest whose first version declares a
 //! wrong digest (its job fails until an admin requeues it after the depositor's fix). Some
 //! objects share a primary identifier, so their jobs add versions to one object, from several
@@ -14,8 +14,9 @@
 
 use lading_core::random::{Random, Seeded};
 use lading_ingest::checkm::{self, ManifestKind};
-use lading_ingest::fetch::{Chunks, FetchError, Source};
+use lading_ingest::fetch::Source;
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -50,6 +51,8 @@ pub type Served = Arc<Mutex<BTreeMap<String, Vec<u8>>>>;
 #[derive(Default)]
 pub struct Payloads {
     pub expected: BTreeMap<String, Expected>,
+    /// A batch manifest's URL → the URLs of the objects it lists, one job each.
+    pub listed: BTreeMap<String, Vec<String>>,
     pub served: Served,
 }
 
@@ -152,8 +155,10 @@ impl Payloads {
                 rows.push(vec![url.clone(), name]);
                 objects.push((url, expected));
             }
+            let listed: Vec<String> = objects.iter().map(|(u, _)| u.clone()).collect();
             self.expected.extend(objects);
             let (at, url) = place("batch.checkm");
+            self.listed.insert(url.clone(), listed);
             let fields = [checkm::FILE_URL, checkm::FILE_NAME];
             self.put(
                 &at,
@@ -181,8 +186,10 @@ impl Payloads {
                     },
                 ));
             }
+            let listed: Vec<String> = objects.iter().map(|(u, _)| u.clone()).collect();
             self.expected.extend(objects);
             let (at, url) = place("batch.checkm");
+            self.listed.insert(url.clone(), listed);
             let fields = [checkm::FILE_URL, checkm::FILE_NAME];
             self.put(
                 &at,
@@ -245,8 +252,10 @@ impl Payloads {
             ]);
             objects.push((url, expected));
         }
+        let listed: Vec<String> = objects.iter().map(|(u, _)| u.clone()).collect();
         self.expected.extend(objects);
         let (at, url) = place("batch.checkm");
+        self.listed.insert(url.clone(), listed);
         let fields = [checkm::FILE_URL, checkm::FILE_NAME, checkm::PRIMARY_ID];
         self.put(
             &at,
@@ -283,79 +292,145 @@ pub struct Answers {
 }
 
 impl Source for PayloadServer {
-    fn get<'a>(
+    fn connect<'a>(
         &'a self,
-        url: &'a str,
-    ) -> lading_core::BoxFuture<'a, Result<(Option<u64>, Chunks), FetchError>> {
+        _url: &'a str,
+    ) -> lading_core::BoxFuture<'a, std::io::Result<tokio::io::DuplexStream>> {
         Box::pin(async move {
-            use futures_util::StreamExt;
-            let (took, roll) = (self.dice.below(300), self.dice.below(100));
-            let roll = if self.faults.load(std::sync::atomic::Ordering::Relaxed) {
-                roll
-            } else {
-                99
+            let (client, server) = tokio::io::duplex(16 * 1024);
+            let me = PayloadServer {
+                dice: self.dice.clone(),
+                served: self.served.clone(),
+                answers: self.answers.clone(),
+                faults: self.faults.clone(),
             };
-            tokio::time::sleep(Duration::from_millis(took as u64)).await;
-            let mut answers = self.answers.lock().unwrap_or_else(|p| p.into_inner());
-            if roll < 5 {
-                answers.unavailable += 1;
-                return Err(FetchError::Transient(format!(
-                    "{url} answered 503 Service Unavailable"
-                )));
-            }
-            let body = self
-                .served
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(url)
-                .cloned();
-            let Some(body) = body else {
-                answers.not_found += 1;
-                return Err(FetchError::Fatal(format!("{url} answered 404 Not Found")));
-            };
-            let len = body.len() as u64;
-            // Cut short after some bytes, or dripping (a pause before every piece).
-            let cut = (roll < 9).then(|| self.dice.below(body.len().max(1)));
-            let pause = if (9..14).contains(&roll) { 1_500 } else { 0 };
-            match (cut, pause) {
-                (Some(_), _) => answers.reset += 1,
-                (None, 0) => answers.whole += 1,
-                _ => answers.dripping += 1,
-            }
-            drop(answers);
-            let mut pieces: Vec<(u64, Result<bytes::Bytes, FetchError>)> = Vec::new();
-            let mut at = 0;
-            while at < body.len() {
-                let n = (1 + self.dice.below(512)).min(body.len() - at);
-                if cut.is_some_and(|c| at + n > c) {
-                    pieces.push((
-                        pause,
-                        Err(FetchError::Transient(format!(
-                            "{url}: connection reset after {at} bytes"
-                        ))),
-                    ));
-                    break;
-                }
-                pieces.push((pause, Ok(bytes::Bytes::copy_from_slice(&body[at..at + n]))));
-                at += n;
-            }
-            let chunks = futures_util::stream::iter(pieces)
-                .then(|(pause, piece)| async move {
-                    if pause > 0 {
-                        tokio::time::sleep(Duration::from_millis(pause)).await;
-                    }
-                    piece
-                })
-                .boxed();
-            Ok((Some(len), chunks))
+            let me = Arc::new(me);
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req| {
+                    let me = me.clone();
+                    async move { Ok::<_, std::convert::Infallible>(me.answer(req).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(server), service)
+                    .await;
+            });
+            Ok(client)
         })
     }
+}
 
-    fn head<'a>(&'a self, url: &'a str) -> lading_core::BoxFuture<'a, Option<u64>> {
-        Box::pin(async move {
-            let served = self.served.lock().unwrap_or_else(|p| p.into_inner());
-            served.get(url).map(|b| b.len() as u64)
-        })
+impl PayloadServer {
+    /// The answer to one request (a GET or a HEAD of a URL it serves; the rest are 404).
+    async fn answer(&self, req: hyper::Request<hyper::body::Incoming>) -> hyper::Response<Pieces> {
+        let url = format!("{SERVER}{}", req.uri());
+        let body = self
+            .served
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&url)
+            .cloned();
+        if req.method() == hyper::Method::HEAD {
+            return match body {
+                Some(b) => respond(200, Some(b.len()), Vec::new()),
+                None => respond(404, None, Vec::new()),
+            };
+        }
+        let (took, roll) = (self.dice.below(300), self.dice.below(100));
+        let roll = if self.faults.load(std::sync::atomic::Ordering::Relaxed) {
+            roll
+        } else {
+            99
+        };
+        tokio::time::sleep(Duration::from_millis(took as u64)).await;
+        let mut answers = self.answers.lock().unwrap_or_else(|p| p.into_inner());
+        if roll < 5 {
+            answers.unavailable += 1;
+            return respond(503, None, Vec::new());
+        }
+        let Some(body) = body else {
+            answers.not_found += 1;
+            return respond(404, None, Vec::new());
+        };
+        // Cut short after some bytes (the connection breaks), or dripping (a pause before
+        // every piece).
+        let cut = (roll < 9).then(|| self.dice.below(body.len().max(1)));
+        let pause = if (9..14).contains(&roll) { 1_500 } else { 0 };
+        match (cut, pause) {
+            (Some(_), _) => answers.reset += 1,
+            (None, 0) => answers.whole += 1,
+            _ => answers.dripping += 1,
+        }
+        drop(answers);
+        let mut pieces: Vec<(u64, Option<bytes::Bytes>)> = Vec::new();
+        let mut at = 0;
+        while at < body.len() {
+            let n = (1 + self.dice.below(512)).min(body.len() - at);
+            if cut.is_some_and(|c| at + n > c) {
+                pieces.push((pause, None));
+                break;
+            }
+            pieces.push((
+                pause,
+                Some(bytes::Bytes::copy_from_slice(&body[at..at + n])),
+            ));
+            at += n;
+        }
+        respond(200, Some(body.len()), pieces)
+    }
+}
+
+fn respond(
+    status: u16,
+    len: Option<usize>,
+    pieces: Vec<(u64, Option<bytes::Bytes>)>,
+) -> hyper::Response<Pieces> {
+    let mut r = hyper::Response::builder().status(status);
+    if let Some(n) = len {
+        r = r.header(hyper::header::CONTENT_LENGTH, n);
+    }
+    r.body(Pieces {
+        left: pieces.into(),
+        pause: None,
+    })
+    .expect("a response")
+}
+
+/// A response's body as the server sends it: pieces, each after its pause (ms); a piece of
+/// `None` breaks the connection there.
+pub struct Pieces {
+    left: std::collections::VecDeque<(u64, Option<bytes::Bytes>)>,
+    pause: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl http_body::Body for Pieces {
+    type Data = bytes::Bytes;
+    type Error = String;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, String>>> {
+        use std::task::Poll;
+        let Some((ms, _)) = self.left.front() else {
+            return Poll::Ready(None);
+        };
+        if *ms > 0 {
+            let ms = *ms;
+            let sleep = self
+                .pause
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(Duration::from_millis(ms))));
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            self.pause = None;
+        }
+        match self.left.pop_front() {
+            Some((_, Some(b))) => Poll::Ready(Some(Ok(http_body::Frame::data(b)))),
+            Some((_, None)) => Poll::Ready(Some(Err("the connection broke".into()))),
+            None => Poll::Ready(None),
+        }
+    }
+    fn is_end_stream(&self) -> bool {
+        self.left.is_empty()
     }
 }
 

@@ -1394,6 +1394,8 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
     let mut down_until: Vec<Option<tokio::time::Instant>> = vec![None; opts.nodes];
     let mut bids: Vec<BatchId> = Vec::new();
     let mut reopened: BTreeMap<String, u32> = BTreeMap::new();
+    // Batches a job was deleted from (or may have been: the answer can be lost).
+    let mut deleted_from: std::collections::BTreeSet<String> = Default::default();
     let mut held: Vec<(JobId, tokio::time::Instant)> = Vec::new();
     // Access requests asked for: (id, ark, version), and whether the faults were on.
     let mut asked: Vec<Asked> = Vec::new();
@@ -1559,13 +1561,15 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
                     }
                 }
                 6 => {
-                    if let Some((b, j)) = any_job(&rng, &admin_engine, &bids).await
-                        && admin(|| admin_engine.delete_job(&j))
+                    if let Some((b, j)) = any_job(&rng, &admin_engine, &bids).await {
+                        deleted_from.insert(b.to_string());
+                        if admin(|| admin_engine.delete_job(&j))
                             .await
                             .flatten()
                             .is_some()
-                    {
-                        *reopened.entry(b.to_string()).or_default() += 1;
+                        {
+                            *reopened.entry(b.to_string()).or_default() += 1;
+                        }
                     }
                 }
                 8 => {
@@ -1864,6 +1868,7 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
             }
         }
         if open.is_empty() {
+            found.extend(one_job_per_object(&payloads, &admin_engine, &bids, &deleted_from).await);
             let (bad, checked) = stored_as_given(
                 sim.work.path(),
                 &payloads,
@@ -2368,6 +2373,47 @@ async fn uploads_left_open(buckets: &Buckets, counting: bool) -> (usize, usize, 
         }
     }
     (open_n, stored_n, found)
+}
+
+/// Each payload batch's jobs, one per object its manifest lists, once intake made any (but
+/// in a batch a job was deleted from: an admin's delete of an ended job removes it).
+async fn one_job_per_object(
+    payloads: &Payloads,
+    admin_engine: &Engine,
+    bids: &[BatchId],
+    deleted_from: &std::collections::BTreeSet<String>,
+) -> Vec<String> {
+    let mut found = Vec::new();
+    for b in bids.iter().filter(|b| !deleted_from.contains(b.as_str())) {
+        let Some(info) = admin(|| admin_engine.batch(b)).await else {
+            continue;
+        };
+        if let Some(listed) = info
+            .submission
+            .get("payload_url")
+            .and_then(Value::as_str)
+            .and_then(|u| payloads.listed.get(u))
+        {
+            let mut made = Vec::new();
+            for j in info.jobs.values().flatten() {
+                let Some(job) = admin(|| admin_engine.job(j)).await else {
+                    continue;
+                };
+                if let Some(url) = job.configuration.get("payload_url").and_then(Value::as_str) {
+                    made.push(url.to_string());
+                }
+            }
+            made.sort();
+            let mut want = listed.clone();
+            want.sort();
+            if !made.is_empty() && made != want {
+                found.push(format!(
+                    "intake: batch {b} made jobs for {made:?}, its manifest lists {want:?}"
+                ));
+            }
+        }
+    }
+    found
 }
 
 /// The objects of payload batches, as stored and recorded. Each job that completed stored one
