@@ -83,11 +83,7 @@ pub async fn last_lines(
     let mut r = BufReader::new(r);
     let mut buf = Vec::new();
     loop {
-        buf.clear();
-        let n = (&mut r)
-            .take(MAX_LINE as u64)
-            .read_until(b'\n', &mut buf)
-            .await?;
+        let n = read_piece(&mut r, &mut buf).await?;
         if n == 0 {
             break;
         }
@@ -100,11 +96,7 @@ pub async fn last_lines(
             line.push('…');
             let mut rest = Vec::new();
             loop {
-                rest.clear();
-                let m = (&mut r)
-                    .take(MAX_LINE as u64)
-                    .read_until(b'\n', &mut rest)
-                    .await?;
+                let m = read_piece(&mut r, &mut rest).await?;
                 if m == 0 || rest.ends_with(b"\n") {
                     break;
                 }
@@ -117,6 +109,15 @@ pub async fn last_lines(
         }
     }
     Ok((lines, dropped))
+}
+
+/// Into `buf`, what is left of a line, at most [`MAX_LINE`] bytes of it; its length.
+async fn read_piece<R: tokio::io::AsyncBufRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<usize> {
+    buf.clear();
+    r.take(MAX_LINE as u64).read_until(b'\n', buf).await
 }
 
 #[cfg(test)]
