@@ -6,8 +6,9 @@
 //! and generic jobs (`lading-jobs`: a processor and the real activity monitor, which also
 //! ticks schedules and applies retention; the type has a rate limit). A third of the batches
 //! carry a payload (`payload.rs`: a batch manifest, a single-file batch manifest or a
-//! container batch manifest, served by a simulated payload server or read from files):
-//! Lading's own Intake, Estimating, Downloading, Processing, Storing and Recording take them
+//! container batch manifest, served over HTTP/1.1 by a simulated payload server or read
+//! from files): Lading's own Intake, Estimating, Downloading, Processing (with the profile's
+//! command, run by the simulated scanner, `command.rs`), Storing and Recording take them
 //! into a shared storage root and inventory. The other batches' jobs go through simulated
 //! handlers for those stages, each taking a while and succeeding, failing for a while or
 //! failing for good, as the seed says. Pending is Lading's quota; Provisioning reserves space
