@@ -53,7 +53,12 @@ impl Engine {
         self.born(&mut status.extra, &status.last_modified);
         // The lock's existence alone does not fence: after its session expired, a backend
         // goes on under a new one, and the lock may be another's by then. The batch's status
-        // version does (whoever took the batch since has moved it), found by `lading-sim`.
+        // version does once whoever took the batch since has moved it (found by `lading-sim`);
+        // until then only the lease's session does: committed on the session that took the
+        // lease, the create fails once that session is gone. Committed on whatever session the
+        // tree had, an intake that lost its batch while making a job went on beside the
+        // intake of the process that took the batch over, and the two made two jobs for one
+        // object (found by `lading-sim`, seed 537660223).
         let ops = vec![
             Op::check(batch_node(bid, "lock"), None),
             Op::check(batch_node(bid, "status"), Some(lease.status_version)),
@@ -76,7 +81,7 @@ impl Engine {
             Op::create(job_ref(JobState::Pending, priority, &jid), None),
             Op::create(batch_ref(bid, "batch-processing", &jid), None),
         ];
-        if let Err(e) = self.tree.multi(ops).await {
+        if let Err(e) = self.tree.multi_on(lease.session, ops).await {
             let _ = self.tree.delete(&path, None).await;
             return Err(self.lease_error(e, bid.as_str()));
         }
