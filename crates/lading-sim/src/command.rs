@@ -30,6 +30,16 @@ pub struct Scanner {
 impl Commands for Scanner {
     fn run<'a>(&'a self, run: Run<'a>) -> BoxFuture<'a, std::io::Result<Ran>> {
         Box::pin(async move {
+            // What the run is handed, as it starts: a handler whose lease was lost may still
+            // be running it when the job has gone on elsewhere, its batch ended and cleanup
+            // removed the folder (found by this check, seed 537648712, when it looked after
+            // the run's time).
+            if run.command != SCAN {
+                (self.wrong)(format!("a command {:?} instead of {SCAN:?}", run.command));
+            }
+            for why in look(&run) {
+                (self.wrong)(format!("processing ran {SCAN:?} {why}"));
+            }
             let took = self.dice.below(300);
             let roll = if self.faults.load(std::sync::atomic::Ordering::Relaxed) {
                 self.dice.below(100)
@@ -37,12 +47,6 @@ impl Commands for Scanner {
                 3 + self.dice.below(97)
             };
             tokio::time::sleep(Duration::from_millis(took as u64)).await;
-            if run.command != SCAN {
-                (self.wrong)(format!("a command {:?} instead of {SCAN:?}", run.command));
-            }
-            for why in look(&run) {
-                (self.wrong)(format!("processing ran {SCAN:?} {why}"));
-            }
             match roll {
                 0..2 => Err(std::io::Error::other("sh: cannot fork")),
                 2..3 => {
