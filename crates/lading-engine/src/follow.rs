@@ -139,6 +139,15 @@ pub fn transition_id(mtime_ms: u64, id: &str, version: i32, k: usize) -> String 
     format!("{mtime_ms:013}-{id}-{version}-{k}")
 }
 
+/// `event_id` naming a time no later than `ms` (the same transition, found again from an
+/// earlier time when a client resumes after it); an id of another shape as it is.
+pub fn transition_id_at_most(event_id: &str, ms: u64) -> String {
+    match transition_id_time(event_id) {
+        Some(t) if t > ms => format!("{ms:013}{}", &event_id[13..]),
+        _ => event_id.to_string(),
+    }
+}
+
 /// The modification time an id names (see [`transition_id`]).
 pub fn transition_id_time(event_id: &str) -> Option<u64> {
     let (t, rest) = event_id.split_once('-')?;
@@ -545,6 +554,12 @@ mod tests {
         assert_eq!(transition_id_time(&id), Some(1_764_000_000_123));
         assert_eq!(transition_id_time("1764000000123-3"), None);
         assert_eq!(transition_id_time("nonsense"), None);
+        assert_eq!(
+            transition_id_at_most(&id, 1_764_000_000_000),
+            "1764000000000-jid0000000001-7-0"
+        );
+        assert_eq!(transition_id_at_most(&id, 1_764_000_000_500), id);
+        assert_eq!(transition_id_at_most("nonsense", 5), "nonsense");
         assert_eq!(
             status_of("/jobs/jid0000000001/status"),
             Some(("job", "jid0000000001"))

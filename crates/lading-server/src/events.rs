@@ -265,6 +265,20 @@ impl EventHub {
                         .collect()
                 };
                 past.sort_by_key(|(place, _, _)| *place);
+                // A client that goes away after an item read from the tree comes back with its
+                // id and is sent from the tree what changed since the id's time, less the
+                // reading's minute: each such id names a time no later than any item after it
+                // here (the ring's too). Named for its status's last change, an old entry of a
+                // status changed since went out with a late time, and items after it more than
+                // a minute older than that time were missed for good (found by `lading-sim`,
+                // seeds 537657220, 537663386, 537663421 and 537664513 on d65410c).
+                let mut floor = u64::MAX;
+                for (place, id, ev) in past.iter_mut().rev() {
+                    floor = floor.min(lading_core::time::parse_ts(&ev.time).unwrap_or(0));
+                    if place.is_none() {
+                        *id = lading_engine::transition_id_at_most(id, floor);
+                    }
+                }
                 for (_, id, ev) in past {
                     if id != last.unwrap_or_default() && matches(filter.as_deref(), &ev) {
                         let id: Arc<str> = id.into();
