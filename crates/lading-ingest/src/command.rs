@@ -82,25 +82,17 @@ pub async fn last_lines(
     };
     let mut r = BufReader::new(r);
     let mut buf = Vec::new();
-    loop {
-        let n = read_piece(&mut r, &mut buf).await?;
-        if n == 0 {
-            break;
-        }
+    // Each turn reads a line (its first MAX_LINE bytes); the reading ends with the stream.
+    while read_piece(&mut r, &mut buf).await? > 0 {
         let whole = buf.ends_with(b"\n");
         let mut line = String::from_utf8_lossy(&buf)
             .trim_end_matches(['\n', '\r'])
             .to_string();
-        if !whole && n == MAX_LINE {
+        if !whole && buf.len() == MAX_LINE {
             // The rest of a long line is read past, a bounded piece at a time.
             line.push('…');
             let mut rest = Vec::new();
-            loop {
-                let m = read_piece(&mut r, &mut rest).await?;
-                if m == 0 || rest.ends_with(b"\n") {
-                    break;
-                }
-            }
+            while read_piece(&mut r, &mut rest).await? > 0 && !rest.ends_with(b"\n") {}
         }
         lines.push_back(line);
         if lines.len() > KEEP_LINES {

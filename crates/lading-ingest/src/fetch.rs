@@ -125,22 +125,18 @@ struct Wire {
 }
 
 impl Wire {
+    /// The next piece of data; frames that are not data (trailers) are passed over.
     async fn chunk(&mut self) -> Result<Option<Bytes>, hyper::Error> {
-        loop {
-            let frame = std::future::poll_fn(|cx| {
-                http_body::Body::poll_frame(std::pin::Pin::new(&mut self.body), cx)
-            })
-            .await;
-            match frame {
-                None => return Ok(None),
-                Some(Err(e)) => return Err(e),
-                Some(Ok(f)) => {
-                    if let Ok(data) = f.into_data() {
-                        return Ok(Some(data));
-                    }
-                }
+        while let Some(frame) = std::future::poll_fn(|cx| {
+            http_body::Body::poll_frame(std::pin::Pin::new(&mut self.body), cx)
+        })
+        .await
+        {
+            if let Ok(data) = frame?.into_data() {
+                return Ok(Some(data));
             }
         }
+        Ok(None)
     }
 }
 
