@@ -40,8 +40,11 @@ pub trait Commands: Send + Sync {
     fn run<'a>(&'a self, run: Run<'a>) -> BoxFuture<'a, std::io::Result<Ran>>;
 }
 
-/// `sh -c COMMAND` in the working folder, with no input; killed if the run is dropped (a
-/// stage that timed out or a process that stops).
+/// `sh -c COMMAND` in the working folder, with no input, in a process group of its own. The
+/// group is killed when the shell ends (what it left running in the background would
+/// otherwise hold its output open, and outlive the job's folder) and when the run is dropped
+/// (a stage that timed out, a process that stops). A process that leaves the group on purpose
+/// (`setsid`) escapes it; see `docs/SECURITY.md`.
 pub struct Shell;
 
 impl Commands for Shell {
@@ -55,11 +58,19 @@ impl Commands for Shell {
                 .stdin(std::process::Stdio::null())
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
+                .process_group(0)
                 .kill_on_drop(true)
                 .spawn()?;
+            let group = Group(child.id());
             let (out, err) = (child.stdout.take(), child.stderr.take());
-            let ((out, a), (err, b)) = tokio::try_join!(last_lines(out), last_lines(err))?;
-            let status = child.wait().await?;
+            // The shell's end ends the group, so the reading ends with it.
+            let ended = async {
+                let status = child.wait().await;
+                group.kill();
+                status
+            };
+            let (status, out, err) = tokio::join!(ended, last_lines(out), last_lines(err));
+            let (status, (out, a), (err, b)) = (status?, out?, err?);
             Ok(Ran {
                 success: status.success(),
                 status: status.to_string(),
@@ -67,6 +78,25 @@ impl Commands for Shell {
                 dropped: a + b,
             })
         })
+    }
+}
+
+/// A command's process group (its id is the shell's), killed when dropped.
+struct Group(Option<u32>);
+
+impl Group {
+    fn kill(&self) {
+        if let Some(id) = self.0.and_then(|id| libc::pid_t::try_from(id).ok()) {
+            // SAFETY: kill(2) with a negative pid signals that process group; it touches no
+            // memory of ours. An empty group answers ESRCH, which is nothing to do.
+            unsafe { libc::kill(-id, libc::SIGKILL) };
+        }
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        self.kill();
     }
 }
 
@@ -115,6 +145,82 @@ async fn read_piece<R: tokio::io::AsyncBufRead + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a command leaves running in the background ends with it: the run ends when the
+    /// shell does (not when the background process would), and nothing of its group is left.
+    #[tokio::test]
+    async fn what_a_command_leaves_running_ends_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = Shell.run(Run {
+            command: "sleep 600 & echo $!; echo done",
+            workdir: dir.path(),
+            env: Vec::new(),
+        });
+        // Not a figure: a run that waited for the sleep would fail here, not in 10 minutes.
+        let ran = tokio::time::timeout(std::time::Duration::from_secs(60), run)
+            .await
+            .expect("the run ended with its shell")
+            .unwrap();
+        assert!(ran.success, "{ran:?}");
+        assert_eq!(ran.output.last().map(String::as_str), Some("done"));
+        let pid: u32 = ran.output[0].parse().unwrap();
+        assert_gone(pid).await;
+    }
+
+    /// A run dropped partway (its stage timed out) kills its whole group, not just the shell.
+    #[tokio::test]
+    async fn a_dropped_run_kills_what_its_command_started() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("bg.pid");
+        let run = Shell.run(Run {
+            command: "sleep 600 & echo $! > bg.pid; wait",
+            workdir: dir.path(),
+            env: Vec::new(),
+        });
+        let mut run = Box::pin(run);
+        // Until the background process is there (at most 10 s), then the run is dropped.
+        let mut pid = None;
+        for _ in 0..500 {
+            tokio::select! {
+                r = &mut run => panic!("the command ended on its own: {r:?}"),
+                _ = tokio::time::sleep(std::time::Duration::from_millis(20)) => {}
+            }
+            pid = std::fs::read_to_string(&pidfile)
+                .ok()
+                .and_then(|p| p.trim().parse::<u32>().ok());
+            if pid.is_some() {
+                break;
+            }
+        }
+        let pid = pid.expect("the command wrote its background process's id");
+        assert!(
+            alive(pid),
+            "the background sleep runs while the command does"
+        );
+        drop(run);
+        assert_gone(pid).await;
+    }
+
+    /// Whether `pid` is a live process (a zombie waiting for its parent is not).
+    fn alive(pid: u32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            s.rsplit(')')
+                .next()
+                .is_some_and(|r| !r.trim_start().starts_with('Z'))
+        })
+    }
+
+    /// `pid` is gone: SIGKILL is delivered at once, but its end is seen only when it is
+    /// scheduled, so this looks a few times.
+    async fn assert_gone(pid: u32) {
+        for _ in 0..100 {
+            if !alive(pid) {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        panic!("process {pid} that the command started is still running");
+    }
 
     /// A command that says more than is kept: its last lines are kept, each cut, the rest
     /// counted; its exit status is named.
