@@ -44,10 +44,14 @@ pub fn files(dir: &Path) -> std::io::Result<Vec<(String, PathBuf, u64)>> {
     Ok(out)
 }
 
-/// Writes the files under `dir` as a zip to `out`, which need not be seekable (entries are
-/// stored uncompressed, with ZIP64 for files over 4 GiB); returns `out`, flushed.
+/// Writes the files of the version folder `dir` as a zip to `out`, which need not be seekable
+/// (entries are stored uncompressed, with ZIP64 for files over 4 GiB); returns `out`, flushed.
+/// The version's own record at its top ([`crate::files::VERSION_FILE`]: Lading's, naming the
+/// host's folder, the job and the batch) is left out, as a storage node's copy leaves it out:
+/// a version's zip is its object's files, wherever it is stored.
 pub fn write_zip<W: Write>(dir: &Path, out: W) -> std::io::Result<W> {
-    let list = files(dir)?;
+    let mut list = files(dir)?;
+    list.retain(|(name, _, _)| name != crate::files::VERSION_FILE);
     let mut zip = zip::ZipWriter::new_stream(std::io::BufWriter::with_capacity(64 << 10, out));
     for (name, path, size) in list {
         let opts = zip::write::SimpleFileOptions::default()

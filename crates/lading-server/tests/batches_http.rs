@@ -296,6 +296,13 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
         files.keys().collect::<Vec<_>>()
     );
     assert!(files.contains_key("system/manifest.checkm"));
+    // Lading's own record of the version (the host's folder, the job, the batch) is not the
+    // object's: it is not served, as a storage node's copy does not serve it.
+    assert!(
+        !files.contains_key("lading-version.json"),
+        "{:?}",
+        files.keys().collect::<Vec<_>>()
+    );
     let (st, _) = s.get(BOB, &format!("/api/v1/jobs/{jid}/download")).await;
     assert_eq!(st, StatusCode::NOT_FOUND, "not another submitter's");
     // A store record that cannot be read is named as corrupt, not taken for "nothing stored

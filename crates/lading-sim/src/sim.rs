@@ -2173,17 +2173,17 @@ async fn access_served(
             })
             .find(|p| p.exists());
         let got = zip.as_deref().map(zip_entries);
-        // Every file the inventory lists, but the version's own record at its top
-        // (`lading-version.json`): a version in the storage root serves it, one on a folder
-        // node does not (its record there is Lading's, not the object's).
-        let served = |p: &String| p.as_str() != lading_ingest::files::VERSION_FILE;
+        // Exactly the files the inventory lists, but the version's own record at its top
+        // (`lading-version.json`, Lading's: served from no copy, wherever it is stored).
+        let served: Vec<_> = want
+            .iter()
+            .filter(|(p, _)| p.as_str() != lading_ingest::files::VERSION_FILE)
+            .collect();
         match got {
             Some(Ok(got))
-                if want
-                    .iter()
-                    .filter(|(p, _)| served(p))
-                    .all(|(p, sha)| got.get(p) == Some(sha))
-                    && !want.is_empty() => {}
+                if !served.is_empty()
+                    && got.len() == served.len()
+                    && served.iter().all(|(p, sha)| got.get(p.as_str()) == Some(sha)) => {}
             None | Some(Err(_)) if purged(*queue, id.clone()).await => {}
             other => found.push(format!(
                 "access {id} for {ark} v{version} completed with {other:?}, the inventory records {want:?}"
