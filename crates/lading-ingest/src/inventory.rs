@@ -617,6 +617,39 @@ impl Inventory {
     }
 
     /// Versions recorded for `ark`: (version, file count, total bytes), oldest first.
+    /// The newest recorded version of `ark` and the nodes holding a copy of it (0: the storage
+    /// root), in order; `None` for an object with no version recorded.
+    pub fn newest_copies(&self, ark: &str) -> Result<Option<(u32, Vec<u32>)>, InventoryError> {
+        const Q: &str = "SELECT c.version, c.node FROM copies c
+             WHERE c.ark = $1 AND c.version = (SELECT MAX(version) FROM copies WHERE ark = $1)
+             GROUP BY c.version, c.node ORDER BY c.node";
+        let rows: Vec<(u32, u32)> = self.with(|c, shown| match c {
+            Conn::Sqlite(c) => {
+                let mut st = c.prepare_cached(&Q.replace("$1", "?1"))?;
+                let rows = st
+                    .query_map(params![ark], |r| {
+                        Ok((r.get::<_, u32>(0)?, r.get::<_, i64>(1)? as u32))
+                    })?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            }
+            Conn::Postgres(c) => c
+                .query(Q, &[&ark])
+                .map(|rows| {
+                    rows.iter()
+                        .map(|r| (r.get::<_, i32>(0) as u32, r.get::<_, i64>(1) as u32))
+                        .collect()
+                })
+                .map_err(|error| InventoryError::Postgres {
+                    at: shown.to_string(),
+                    error,
+                }),
+        })?;
+        Ok(rows
+            .first()
+            .map(|&(v, _)| (v, rows.iter().map(|&(_, n)| n).collect())))
+    }
+
     pub fn versions(&self, ark: &str) -> Result<Versions, InventoryError> {
         const Q: &str = "SELECT v.version, COUNT(f.path), CAST(COALESCE(SUM(f.size), 0) AS BIGINT)
              FROM versions v LEFT JOIN files f ON f.ark = v.ark AND f.version = v.version
@@ -1025,6 +1058,23 @@ mod tests {
         .unwrap();
         let s = inv.fixity_summary().unwrap();
         assert_eq!((s.copies, s.bad, s.missing), (4, 1, 0));
+        // Where the newest version lives: every node with a copy of it (a bad one too).
+        assert_eq!(inv.newest_copies("ark:/99999/nope").unwrap(), None);
+        let (newest, held) = inv.newest_copies(&c.ark).unwrap().expect("recorded");
+        assert_eq!(held, vec![0]);
+        inv.set_copies(&[CopyRow {
+            ark: c.ark.clone(),
+            version: newest,
+            path: c.path.clone(),
+            node: 9502,
+            status: "ok".into(),
+            found: None,
+        }])
+        .unwrap();
+        assert_eq!(
+            inv.newest_copies(&c.ark).unwrap(),
+            Some((newest, vec![0, 9502]))
+        );
         let per_job = inv.job_copies("jid0000000001").unwrap();
         assert_eq!(per_job.len(), 1);
         assert_eq!((per_job[0].ok, per_job[0].bad), (1, 1));

@@ -675,6 +675,72 @@ async fn wrong_credentials_and_a_missing_bucket_fail_at_once_naming_the_node(w: 
     run.stop().await;
 }
 
+/// One object, two profiles of its collection that store in different places: the second
+/// would number its versions again from 1 on its node, so its job fails at Storing before
+/// anything is written there, naming both places; the inventory keeps the one numbering, and
+/// the first profile goes on adding versions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_is_not_numbered_again_where_another_profile_stores() {
+    let w = World::new().await;
+    let folder = w.dir.path().join("node9701");
+    let settings = NodeSettings::at(9701, &format!("file://{}", folder.display()));
+    w.profile("rooted", "collection = \"demo\"\n");
+    w.profile("noded", "collection = \"demo\"\nstorage_nodes = [9701]\n");
+    let ingest = ingest_with(&w, vec![settings.clone()]).unwrap();
+    let ark = "ark:/99999/fk4twoplaces";
+    let submit = |profile: &'static str, url: String| {
+        let ingest = ingest.clone();
+        async move {
+            lading_ingest::submit(
+                &ingest,
+                &lading_ingest::Submission {
+                    profile: profile.into(),
+                    submitter: "depositor".into(),
+                    payload_url: url,
+                    payload_type: "file".into(),
+                    primary_id: Some(ark.into()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let run = w.run_all(&ingest);
+    let first = submit("rooted", w.file("one.txt", b"version one").0).await;
+    assert_eq!(w.batch_ends(&first).await, BatchState::Completed);
+    let inventory = lading_ingest::inventory::Inventory::new(w.cfg.inventory());
+    let before = inventory.versions(ark).unwrap();
+    assert_eq!(before.len(), 1);
+
+    let second = submit("noded", w.file("two.txt", b"version two").0).await;
+    assert_eq!(w.batch_ends(&second).await, BatchState::Failed);
+    let (_, msg) = w.failed_after(&second, JobState::Processing).await;
+    assert!(
+        msg.contains(&format!("{ark} v1 is stored on the storage root"))
+            && msg.contains("stores on storage node 9701"),
+        "{msg}"
+    );
+    // Nothing went to the node, and the inventory is as it was.
+    let node = Node::open(&settings, env).unwrap();
+    assert!(node.versions(ark).await.unwrap().is_empty());
+    assert_eq!(inventory.versions(ark).unwrap(), before);
+
+    // The profile that stores where the object lives adds its next version.
+    let third = submit("rooted", w.file("three.txt", b"version three").0).await;
+    assert_eq!(w.batch_ends(&third).await, BatchState::Completed);
+    assert_eq!(
+        inventory
+            .versions(ark)
+            .unwrap()
+            .iter()
+            .map(|v| v.0)
+            .collect::<Vec<_>>(),
+        vec![1, 2]
+    );
+    run.stop().await;
+}
+
 /// A profile naming a node the config lacks: the service does not start, and a profile added
 /// later is refused at submission, naming the node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -94,6 +94,38 @@ pub(crate) fn lock_wait(e: EngineError) -> Outcome {
     }
 }
 
+/// Refuses to give an object a second numbering. Versions are numbered where they are stored
+/// (the storage root, or the profile's primary node), so an object whose newest recorded
+/// version has no copy where this job's profile stores (`primary`: a node's id, 0 for the
+/// storage root) would start again at version 1 there, and its recording would be refused
+/// only once that copy was written (two profiles of one collection naming different
+/// storage). Fatal, before anything is written: the operator decides where the object lives.
+async fn one_numbering(ingest: &Ingest, ark: &str, primary: u32) -> Result<(), Outcome> {
+    let a = ark.to_string();
+    let newest = ingest
+        .inventory
+        .run(move |i| i.newest_copies(&a))
+        .await
+        .map_err(|e| Outcome::Transient(format!("inventory: {e}")))?;
+    let Some((newest, held)) = newest else {
+        return Ok(());
+    };
+    if held.contains(&primary) {
+        return Ok(());
+    }
+    let place = |n: u32| match n {
+        0 => "the storage root".to_string(),
+        n => format!("storage node {n}"),
+    };
+    let on: Vec<String> = held.iter().map(|&n| place(n)).collect();
+    Err(Outcome::Fatal(format!(
+        "{ark} v{newest} is stored on {}, but this job's profile stores on {}: its versions \
+         would be numbered again there; submit it with a profile that stores where it lives",
+        on.join(" and "),
+        place(primary)
+    )))
+}
+
 pub(crate) async fn store(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
     ensure_processed(ingest, job).await?;
     let ark = object_ark(job)?;
@@ -104,6 +136,10 @@ pub(crate) async fn store(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outc
         .unwrap_or_else(|| ingest.cfg.storage_root());
     let nodes = ingest.nodes.of_profile(&profile).map_err(Outcome::fatal)?;
     let lock = HeldArk::take(&job.engine, job.engine.lock_storage(&ark)).await?;
+    if let Err(e) = one_numbering(ingest, &ark, nodes.first().map_or(0, |n| n.id)).await {
+        lock.release().await;
+        return Err(e);
+    }
     let umask = ingest.cfg.storage_umask_bits().map_err(Outcome::fatal)?;
     let r = match nodes.first().map(|n| (n, &n.place)) {
         None => store_locked(job, &root, &ark, &profile.collection, umask).await,
