@@ -280,6 +280,8 @@ impl Acquire for Finishing {
         self.handle(batches.clone(), &mut stop.clone()).await;
         let fired = futures_util::future::select_all(watches.into_iter().map(Box::pin));
         tokio::select! {
+            // In order, not at random: a run is the same every time (`lading-sim`).
+            biased;
             _ = tokio::time::timeout(FINISHING_REREAD, fired) => Ok(Some(batches)),
             _ = stop.into_stopped() => Ok(None),
         }

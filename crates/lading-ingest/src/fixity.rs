@@ -135,12 +135,16 @@ pub async fn run_audit(
     let mut stopped = std::pin::pin!(stop.into_stopped());
     loop {
         let r = tokio::select! {
+            // In order, not at random: a run is the same every time (`lading-sim`).
+            biased;
             r = setup() => r,
             _ = &mut stopped => return,
         };
         let Err(e) = r else { break };
         tracing::warn!(error = %e, "fixity audit: cannot set up its schedule; trying again in 30 s");
         tokio::select! {
+            // In order, not at random: a run is the same every time (`lading-sim`).
+            biased;
             _ = tokio::time::sleep(Duration::from_secs(30)) => {}
             _ = &mut stopped => return,
         }
@@ -151,6 +155,8 @@ pub async fn run_audit(
     let pause = Duration::from_secs(every.min(300));
     loop {
         let job = tokio::select! {
+            // In order, not at random: a run is the same every time (`lading-sim`).
+            biased;
             j = jobs.accept(AUDIT_TYPE, &opts) => j,
             _ = &mut stopped => return,
         };
@@ -158,6 +164,8 @@ pub async fn run_audit(
             Ok(Some(j)) => j,
             Ok(None) => {
                 tokio::select! {
+                    // In order, not at random: a run is the same every time (`lading-sim`).
+                    biased;
                     _ = tokio::time::sleep(pause) => continue,
                     _ = &mut stopped => return,
                 }
@@ -165,16 +173,22 @@ pub async fn run_audit(
             Err(e) => {
                 tracing::warn!(error = %e, "fixity audit: cannot accept");
                 tokio::select! {
+                    // In order, not at random: a run is the same every time (`lading-sim`).
+                    biased;
                     _ = tokio::time::sleep(Duration::from_secs(30)) => continue,
                     _ = &mut stopped => return,
                 }
             }
         };
         let r = tokio::select! {
+            // In order, not at random: a run is the same every time (`lading-sim`).
+            biased;
             r = audit_due(&ingest) => r,
             _ = &mut stopped => return,
         };
         let aborted = tokio::select! {
+            // In order, not at random: a run is the same every time (`lading-sim`).
+            biased;
             a = abort_abandoned_uploads(&ingest) => a,
             _ = &mut stopped => return,
         };

@@ -160,6 +160,8 @@ impl CommandProcessor {
         let beat = Duration::from_millis((self.timeout_s * 1000 / 3).max(100));
         let status = loop {
             tokio::select! {
+                // In order, not at random: a run is the same every time (`lading-sim`).
+                biased;
                 s = child.wait() => break Some(s.map_err(|e| e.to_string())?),
                 _ = tokio::time::sleep(beat) => {
                     for slot in held.iter_mut() {
@@ -264,6 +266,8 @@ impl Acquire for CommandProcessor {
             ..Default::default()
         };
         tokio::select! {
+            // In order, not at random: a run is the same every time (`lading-sim`).
+            biased;
             r = self.jobs.accept_many(&self.ty, self.batch, &opts) => match r {
                 Ok(v) if v.is_empty() => Ok(None),
                 Ok(v) => Ok(Some(v)),

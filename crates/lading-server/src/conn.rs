@@ -378,6 +378,8 @@ pub async fn serve<L: Accept>(
     let tracker = tokio_util::task::TaskTracker::new();
     loop {
         let (stream, peer) = tokio::select! {
+            // In order, not at random: a run is the same every time (`lading-sim`).
+            biased;
             _ = &mut shutdown => break,
             r = listener.accept() => match r {
                 Ok(s) => s,
@@ -458,6 +460,8 @@ pub async fn serve<L: Accept>(
             let conn = builder.serve_connection(TokioIo::new(stream), svc);
             let mut conn = std::pin::pin!(conn);
             tokio::select! {
+                // In order, not at random: a run is the same every time (`lading-sim`).
+                biased;
                 _ = conn.as_mut() => {}
                 _ = kill.cancelled() => {}
                 _ = close.cancelled() => {
@@ -465,6 +469,8 @@ pub async fn serve<L: Accept>(
                     // (cut off when the server's drain time is up).
                     conn.as_mut().graceful_shutdown();
                     tokio::select! {
+                        // In order, not at random: a run is the same every time (`lading-sim`).
+                        biased;
                         _ = conn.as_mut() => {}
                         _ = force.cancelled() => {}
                         _ = kill.cancelled() => {}

@@ -60,6 +60,8 @@ impl AppState {
     ) -> Result<T, ApiError> {
         let mut stopping = self.stopping.clone();
         tokio::select! {
+            // In order, not at random: a run is the same every time (`lading-sim`).
+            biased;
             v = fut => Ok(v),
             _ = stopping.stopped() => Err(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -42,7 +42,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 // Tokio's clock: the real one in a process, the simulated one under `lading-sim`.
-use tokio::sync::{Mutex, RwLock, watch};
+use tokio::sync::{Mutex, RwLock};
 use tokio::time::Instant;
 
 /// What a stage handler made of one job or batch.
@@ -134,67 +134,121 @@ impl StageConfig {
     }
 }
 
+/// A flag that only goes up, and whose waiters are woken in the order they began to wait.
+/// Not tokio's `watch`: it spreads its receivers over several wake lists at random, so which
+/// of a process's loops and handlers heard a stop first differed from run to run, and a
+/// seed of `lading-sim` that crashed a process did not always repeat.
+#[derive(Default)]
+struct Flag {
+    up: std::sync::atomic::AtomicBool,
+    /// Every handle to raise it is gone: its waiters are let go (it stays down).
+    orphaned: std::sync::atomic::AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl Flag {
+    fn raise(&self) {
+        self.up.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+
+    fn orphan(&self) {
+        self.orphaned
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+
+    fn is_up(&self) -> bool {
+        self.up.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn done(&self) -> bool {
+        self.is_up() || self.orphaned.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Completes once the flag is up, or once nobody can raise it.
+    async fn wait(&self) {
+        while !self.done() {
+            let woken = self.notify.notified();
+            let mut woken = std::pin::pin!(woken);
+            // Listening before the last look: a raise in between is not missed.
+            woken.as_mut().enable();
+            if self.done() {
+                break;
+            }
+            woken.await;
+        }
+    }
+}
+
+/// The two flags of one stop signal.
+#[derive(Default)]
+struct Signals {
+    stop: Flag,
+    abort: Flag,
+}
+
+/// The raising side, shared by a handle's clones: when the last goes, waiters are let go.
+struct Raiser(Arc<Signals>);
+
+impl Drop for Raiser {
+    fn drop(&mut self) {
+        self.0.stop.orphan();
+        self.0.abort.orphan();
+    }
+}
+
 /// Tells a running [`Worker`] to stop: see the crate docs for the two steps.
 #[derive(Clone)]
-pub struct ShutdownHandle {
-    stop: Arc<watch::Sender<bool>>,
-    abort: Arc<watch::Sender<bool>>,
-}
+pub struct ShutdownHandle(Arc<Raiser>);
 
 impl ShutdownHandle {
     /// Stop acquiring; let running handlers finish.
     pub fn stop(&self) {
-        self.stop.send_replace(true);
+        self.0.0.stop.raise();
     }
     /// Cut running handlers off and release what they hold.
     pub fn abort(&self) {
-        self.stop.send_replace(true);
-        self.abort.send_replace(true);
+        self.0.0.stop.raise();
+        self.0.0.abort.raise();
     }
 }
 
 /// The receiving side of a [`ShutdownHandle`].
 #[derive(Clone)]
-pub struct Shutdown {
-    stop: watch::Receiver<bool>,
-    abort: watch::Receiver<bool>,
-}
+pub struct Shutdown(Arc<Signals>);
 
 impl Shutdown {
     pub fn new() -> (ShutdownHandle, Shutdown) {
-        let (stop_tx, stop) = watch::channel(false);
-        let (abort_tx, abort) = watch::channel(false);
+        let signals = Arc::new(Signals::default());
         (
-            ShutdownHandle {
-                stop: Arc::new(stop_tx),
-                abort: Arc::new(abort_tx),
-            },
-            Shutdown { stop, abort },
+            ShutdownHandle(Arc::new(Raiser(signals.clone()))),
+            Shutdown(signals),
         )
     }
 
     pub fn is_stopping(&self) -> bool {
-        *self.stop.borrow()
+        self.0.stop.is_up()
     }
 
     /// Completes when a stop is asked for.
-    pub async fn into_stopped(mut self) {
-        let _ = self.stop.wait_for(|s| *s).await;
+    pub async fn into_stopped(self) {
+        self.0.stop.wait().await;
     }
 
     /// Whether an abort was asked for.
     pub fn is_aborting(&self) -> bool {
-        *self.abort.borrow()
+        self.0.abort.is_up()
     }
 
     /// Completes when a stop is asked for (without giving this receiver up).
     pub async fn stopped(&mut self) {
-        let _ = self.stop.wait_for(|s| *s).await;
+        self.0.stop.wait().await;
     }
 
     /// Completes when an abort is asked for.
     pub async fn aborted(&mut self) {
-        let _ = self.abort.wait_for(|s| *s).await;
+        self.0.abort.wait().await;
     }
 }
 

@@ -90,6 +90,8 @@ pub(crate) async fn download(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, O
         }
     };
     tokio::select! {
+        // In order, not at random: a run is the same every time (`lading-sim`).
+        biased;
         r = download_files(ingest, job, files) => r,
         reason = crate::fair::over_share(ingest, &who) => {
             job.log(&reason);
