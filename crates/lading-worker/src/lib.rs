@@ -1019,3 +1019,49 @@ mod folder_tests {
         drop((again, other));
     }
 }
+
+#[cfg(test)]
+mod shutdown_tests {
+    use super::*;
+
+    /// A stop reaches its waiters in the order they began to wait, every time (a simulated
+    /// run must repeat); and when every handle is gone, waiters are let go without a stop.
+    #[tokio::test]
+    async fn a_stop_wakes_its_waiters_in_the_order_they_waited() {
+        for _ in 0..5 {
+            let (handle, shutdown) = Shutdown::new();
+            let heard = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let mut tasks = Vec::new();
+            for i in 0..40 {
+                let (mut sd, heard) = (shutdown.clone(), heard.clone());
+                tasks.push(tokio::spawn(async move {
+                    if i % 2 == 0 {
+                        sd.stopped().await;
+                    } else {
+                        sd.aborted().await;
+                    }
+                    heard.lock().unwrap().push(i);
+                }));
+                // Each is waiting before the next begins.
+                tokio::task::yield_now().await;
+            }
+            assert!(heard.lock().unwrap().is_empty());
+            handle.abort();
+            for t in tasks {
+                t.await.unwrap();
+            }
+            let heard = heard.lock().unwrap().clone();
+            let stops: Vec<i32> = heard.iter().copied().filter(|i| i % 2 == 0).collect();
+            let aborts: Vec<i32> = heard.iter().copied().filter(|i| i % 2 == 1).collect();
+            assert_eq!(stops, (0..40).step_by(2).collect::<Vec<_>>(), "{heard:?}");
+            assert_eq!(aborts, (1..40).step_by(2).collect::<Vec<_>>(), "{heard:?}");
+            assert!(shutdown.is_stopping() && shutdown.is_aborting());
+        }
+        let (handle, shutdown) = Shutdown::new();
+        let waiting = tokio::spawn(shutdown.clone().into_stopped());
+        tokio::task::yield_now().await;
+        drop(handle);
+        waiting.await.unwrap();
+        assert!(!shutdown.is_stopping(), "let go, not stopped");
+    }
+}
