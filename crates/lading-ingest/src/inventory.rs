@@ -25,6 +25,14 @@ CREATE TABLE IF NOT EXISTS copies(ark TEXT NOT NULL, version INTEGER NOT NULL, p
   PRIMARY KEY(ark, version, path, node));
 ";
 
+/// A PostgreSQL error, named with the inventory's location (as shown, without a password).
+fn pg_err(shown: &str) -> impl FnOnce(postgres::Error) -> InventoryError + '_ {
+    move |error| InventoryError::Postgres {
+        at: shown.to_string(),
+        error,
+    }
+}
+
 /// Taken while PostgreSQL's tables are made, so hosts starting together do not race on
 /// `CREATE TABLE IF NOT EXISTS` (which is not safe against itself).
 const PG_SCHEMA_LOCK: i64 = 0x4c61_6469_6e67;
@@ -215,12 +223,7 @@ impl Inventory {
         let now = lading_core::time::format_ts(self.clock.now_ms());
         let r = self.with(|c, shown| match c {
             Conn::Sqlite(c) => record_sqlite(c, v, files, &now),
-            Conn::Postgres(c) => {
-                record_postgres(c, v, files, &now).map_err(|error| InventoryError::Postgres {
-                    at: shown.to_string(),
-                    error,
-                })
-            }
+            Conn::Postgres(c) => record_postgres(c, v, files, &now).map_err(pg_err(shown)),
         })?;
         let r = match r {
             Ok(r) => r,
@@ -338,10 +341,7 @@ impl Inventory {
                 }
                 tx.commit()
             })()
-            .map_err(|error| InventoryError::Postgres {
-                at: shown.to_string(),
-                error,
-            }),
+            .map_err(pg_err(shown)),
         })
     }
 
@@ -354,44 +354,30 @@ impl Inventory {
                MAX(c.checked)
              FROM versions v JOIN copies c ON c.ark = v.ark AND c.version = v.version
              WHERE v.job = $1 GROUP BY c.ark, c.version, c.node ORDER BY c.ark, c.version, c.node";
-        self.with(|c, shown| match c {
-            Conn::Sqlite(c) => {
-                let mut st = c.prepare_cached(&sqlite_params(Q))?;
-                let rows = st
-                    .query_map(params![job], |r| {
-                        Ok(NodeCopies {
-                            ark: r.get(0)?,
-                            version: r.get(1)?,
-                            node: r.get::<_, i64>(2)? as u32,
-                            ok: r.get::<_, i64>(3)? as u64,
-                            bad: r.get::<_, i64>(4)? as u64,
-                            missing: r.get::<_, i64>(5)? as u64,
-                            last_checked: r.get(6)?,
-                        })
-                    })?
-                    .collect::<Result<Vec<_>, _>>()?;
-                Ok(rows)
-            }
-            Conn::Postgres(c) => c
-                .query(Q, &[&job])
-                .map(|rows| {
-                    rows.iter()
-                        .map(|r| NodeCopies {
-                            ark: r.get(0),
-                            version: r.get::<_, i32>(1) as u32,
-                            node: r.get::<_, i64>(2) as u32,
-                            ok: r.get::<_, i64>(3) as u64,
-                            bad: r.get::<_, i64>(4) as u64,
-                            missing: r.get::<_, i64>(5) as u64,
-                            last_checked: r.get(6),
-                        })
-                        .collect()
+        self.rows_by(
+            Q,
+            job,
+            |r| {
+                Ok(NodeCopies {
+                    ark: r.get(0)?,
+                    version: r.get(1)?,
+                    node: r.get::<_, i64>(2)? as u32,
+                    ok: r.get::<_, i64>(3)? as u64,
+                    bad: r.get::<_, i64>(4)? as u64,
+                    missing: r.get::<_, i64>(5)? as u64,
+                    last_checked: r.get(6)?,
                 })
-                .map_err(|error| InventoryError::Postgres {
-                    at: shown.to_string(),
-                    error,
-                }),
-        })
+            },
+            |r| NodeCopies {
+                ark: r.get(0),
+                version: r.get::<_, i32>(1) as u32,
+                node: r.get::<_, i64>(2) as u32,
+                ok: r.get::<_, i64>(3) as u64,
+                bad: r.get::<_, i64>(4) as u64,
+                missing: r.get::<_, i64>(5) as u64,
+                last_checked: r.get(6),
+            },
+        )
     }
 
     /// Up to `limit` copies last checked before `before` (a recorded time) or never, the
@@ -428,10 +414,7 @@ impl Inventory {
                     missing: r.get::<_, i64>(2) as u64,
                     oldest_check: r.get(3),
                 })
-                .map_err(|error| InventoryError::Postgres {
-                    at: shown.to_string(),
-                    error,
-                }),
+                .map_err(pg_err(shown)),
         })
     }
 
@@ -489,10 +472,7 @@ impl Inventory {
                         })
                         .collect()
                 })
-                .map_err(|error| InventoryError::Postgres {
-                    at: shown.to_string(),
-                    error,
-                }),
+                .map_err(pg_err(shown)),
         })
     }
 
@@ -546,10 +526,7 @@ impl Inventory {
                         })
                         .collect()
                 })
-                .map_err(|error| InventoryError::Postgres {
-                    at: shown.to_string(),
-                    error,
-                }),
+                .map_err(pg_err(shown)),
         })
     }
 
@@ -576,11 +553,7 @@ impl Inventory {
                     None => c.query_opt(postgres, &[&ark]),
                     Some(v) => c.query_opt(postgres, &[&ark, &(v as i32)]),
                 };
-                row.map(|r| r.map(|r| r.get(0)))
-                    .map_err(|error| InventoryError::Postgres {
-                        at: shown.to_string(),
-                        error,
-                    })
+                row.map(|r| r.map(|r| r.get(0))).map_err(pg_err(shown))
             }
         })
     }
@@ -623,28 +596,12 @@ impl Inventory {
         const Q: &str = "SELECT c.version, c.node FROM copies c
              WHERE c.ark = $1 AND c.version = (SELECT MAX(version) FROM copies WHERE ark = $1)
              GROUP BY c.version, c.node ORDER BY c.node";
-        let rows: Vec<(u32, u32)> = self.with(|c, shown| match c {
-            Conn::Sqlite(c) => {
-                let mut st = c.prepare_cached(&Q.replace("$1", "?1"))?;
-                let rows = st
-                    .query_map(params![ark], |r| {
-                        Ok((r.get::<_, u32>(0)?, r.get::<_, i64>(1)? as u32))
-                    })?
-                    .collect::<Result<Vec<_>, _>>()?;
-                Ok(rows)
-            }
-            Conn::Postgres(c) => c
-                .query(Q, &[&ark])
-                .map(|rows| {
-                    rows.iter()
-                        .map(|r| (r.get::<_, i32>(0) as u32, r.get::<_, i64>(1) as u32))
-                        .collect()
-                })
-                .map_err(|error| InventoryError::Postgres {
-                    at: shown.to_string(),
-                    error,
-                }),
-        })?;
+        let rows = self.rows_by(
+            Q,
+            ark,
+            |r| Ok((r.get::<_, u32>(0)?, r.get::<_, i64>(1)? as u32)),
+            |r| (r.get::<_, i32>(0) as u32, r.get::<_, i64>(1) as u32),
+        )?;
         Ok(rows
             .first()
             .map(|&(v, _)| (v, rows.iter().map(|&(_, n)| n).collect())))
@@ -654,37 +611,47 @@ impl Inventory {
         const Q: &str = "SELECT v.version, COUNT(f.path), CAST(COALESCE(SUM(f.size), 0) AS BIGINT)
              FROM versions v LEFT JOIN files f ON f.ark = v.ark AND f.version = v.version
              WHERE v.ark = $1 GROUP BY v.version ORDER BY v.version";
+        self.rows_by(
+            Q,
+            ark,
+            |r| {
+                Ok((
+                    r.get::<_, u32>(0)?,
+                    r.get::<_, i64>(1)? as u64,
+                    r.get::<_, i64>(2)? as u64,
+                ))
+            },
+            |r| {
+                (
+                    r.get::<_, i32>(0) as u32,
+                    r.get::<_, i64>(1) as u64,
+                    r.get::<_, i64>(2) as u64,
+                )
+            },
+        )
+    }
+
+    /// The rows `q` answers for its one text parameter `$1`, each read by `sqlite` or by `pg`
+    /// (the two backends type their columns differently: PostgreSQL's `INTEGER` is an `i32`).
+    fn rows_by<T>(
+        &self,
+        q: &str,
+        arg: &str,
+        sqlite: impl Fn(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+        pg: impl Fn(&postgres::Row) -> T,
+    ) -> Result<Vec<T>, InventoryError> {
         self.with(|c, shown| match c {
             Conn::Sqlite(c) => {
-                let mut st = c.prepare_cached(&Q.replace("$1", "?1"))?;
+                let mut st = c.prepare_cached(&sqlite_params(q))?;
                 let rows = st
-                    .query_map(params![ark], |r| {
-                        Ok((
-                            r.get::<_, u32>(0)?,
-                            r.get::<_, i64>(1)? as u64,
-                            r.get::<_, i64>(2)? as u64,
-                        ))
-                    })?
+                    .query_map(params![arg], |r| sqlite(r))?
                     .collect::<Result<Vec<_>, _>>()?;
                 Ok(rows)
             }
             Conn::Postgres(c) => c
-                .query(Q, &[&ark])
-                .map(|rows| {
-                    rows.iter()
-                        .map(|r| {
-                            (
-                                r.get::<_, i32>(0) as u32,
-                                r.get::<_, i64>(1) as u64,
-                                r.get::<_, i64>(2) as u64,
-                            )
-                        })
-                        .collect()
-                })
-                .map_err(|error| InventoryError::Postgres {
-                    at: shown.to_string(),
-                    error,
-                }),
+                .query(q, &[&arg])
+                .map(|rows| rows.iter().map(&pg).collect())
+                .map_err(pg_err(shown)),
         })
     }
 }
@@ -803,10 +770,7 @@ impl Inventory {
                         })
                         .collect()
                 })
-                .map_err(|error| InventoryError::Postgres {
-                    at: shown.to_string(),
-                    error,
-                }),
+                .map_err(pg_err(shown)),
         })?;
         let mut out: Vec<JobVersion> = Vec::new();
         for (ark, version, created, path, size, sha) in rows {
