@@ -80,6 +80,7 @@ impl Engine {
         let holds = state == BatchState::Pending && self.any_collection_held().await?;
         let mut after: Option<String> = None;
         let mut live = Vec::new();
+        let mut locked = Vec::new();
         loop {
             let page = self
                 .tree
@@ -87,6 +88,10 @@ impl Engine {
                 .await?;
             let Some(last) = page.last().cloned() else {
                 *self.live_batches.lock().unwrap_or_else(|p| p.into_inner()) = live;
+                self.locked_batches
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(state, locked);
                 return Ok(None);
             };
             for name in &page {
@@ -133,6 +138,9 @@ impl Engine {
                 let lock = batch_node(&bid, "lock");
                 let guard = Op::check(batch_node(&bid, "status"), Some(version));
                 let Some(session) = self.take_lock(&lock, guard).await? else {
+                    if locked.len() < WAIT_BATCHES {
+                        locked.push(bid.clone());
+                    }
                     continue;
                 };
                 let lease = BatchLease {
@@ -162,9 +170,11 @@ impl Engine {
     }
 
     /// Waits until a batch in `state` can be acquired, `timeout` passes, or `cancel`
-    /// completes (see [`Engine::wait_job_or`]). Woken by new batches, by status and lock
-    /// changes of the live batches the last scan saw, and by the ingest pause flag; a slow
-    /// sweep backs them up.
+    /// completes (see [`Engine::wait_job_or`]). Woken by new batches, by status changes of
+    /// the live batches the last scan saw, by lock changes of those it found in `state` but
+    /// locked, and by the ingest pause flag; a slow sweep backs them up. (Every waiter
+    /// watching every live batch's lock woke each process's batch waiters at every lock
+    /// taken anywhere.)
     pub async fn wait_batch_or(
         &self,
         state: BatchState,
@@ -183,10 +193,13 @@ impl Engine {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone();
+            let locked = self.locked_in(state);
             for bid in &live {
                 armed
                     .watch(tree, &batch_node(bid, "status"), WatchKind::Data)
                     .await?;
+            }
+            for bid in &locked {
                 armed
                     .watch(tree, &batch_node(bid, "lock"), WatchKind::Data)
                     .await?;
@@ -200,12 +213,24 @@ impl Engine {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone();
-            if now_live.iter().any(|b| !live.contains(b)) {
+            if now_live.iter().any(|b| !live.contains(b))
+                || self.locked_in(state).iter().any(|b| !locked.contains(b))
+            {
                 return Ok(Round::Again);
             }
             Ok(Round::Wait { due: SWEEP })
         })
         .await
+    }
+
+    /// The batches of `state` the last scan found locked (see `locked_batches`).
+    fn locked_in(&self, state: BatchState) -> Vec<BatchId> {
+        self.locked_batches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&state)
+            .cloned()
+            .unwrap_or_default()
     }
 
     pub(crate) fn check_batch_lease(&self, lease: &BatchLease) -> Result<()> {

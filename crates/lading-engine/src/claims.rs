@@ -194,7 +194,9 @@ impl Engine {
 
     /// Drops a claim without waking local waiters.
     fn unclaim_quietly(&self, lock: &str) {
-        self.claimed
+        let mut claimed = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
+        claimed.remove(lock);
+        self.contested
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(lock);
@@ -221,6 +223,10 @@ impl Engine {
         let mut claimed = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
         match claimed.get(lock) {
             Some(s) if *s == session => {
+                self.contested
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(lock.to_string());
                 self.local_conflicts.fetch_add(1, Ordering::Relaxed);
                 false
             }
@@ -249,13 +255,16 @@ impl Engine {
     }
 
     pub(crate) fn unclaim(&self, lock: &str) {
-        let had = self
-            .claimed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(lock)
-            .is_some();
-        if had {
+        let contested = {
+            let mut claimed = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
+            claimed.remove(lock).is_some()
+                && self
+                    .contested
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(lock)
+        };
+        if contested {
             self.unclaimed.notify_waiters();
         }
     }

@@ -191,6 +191,13 @@ pub struct AccessLease {
     session: u64,
 }
 
+/// What [`Engine::watch_finishing`] sets: the Processing batches, each with the watch that
+/// fires when it may have finished, and the watches that fire when the list is out of date.
+pub struct Finishing {
+    pub batches: Vec<(BatchId, Watch)>,
+    pub stale: Vec<Watch>,
+}
+
 /// A per-object lock (`/locks/storage/ARK`, `/locks/inventory/ARK`).
 #[derive(Debug, Clone)]
 pub struct ArkLock {
@@ -283,10 +290,19 @@ pub struct Engine {
     /// Batches the last batch scan found in a non-terminal state: what a waiting batch worker
     /// watches.
     live_batches: Mutex<Vec<BatchId>>,
-    /// Signalled when this process lets go of a claim, and counted when a claim was refused
-    /// because another local worker had it: a waiter that lost such a race is woken when the
+    /// Per batch state, the batches of it the last scan found locked by others: a waiter
+    /// watches their locks (a lock let go without a move makes one free; a move changes the
+    /// status, which is watched anyway).
+    locked_batches: Mutex<BTreeMap<BatchState, Vec<BatchId>>>,
+    /// Signalled when this process lets go of a claim another local worker was refused
+    /// (counted in `local_conflicts`): a waiter that lost such a race is woken when the
     /// winner lets go (the tree's own watch may have fired before the claim was dropped).
     unclaimed: tokio::sync::Notify,
+    /// The claims a local worker was refused, to be signalled on `unclaimed` when let go;
+    /// changed only under `claimed`'s lock. (Signalling every claim let go woke every loop
+    /// of the process that had lost any local race, at each job a handler moved on: the
+    /// most frequent wake-up of a busy process, found by counting in `lading-sim`.)
+    contested: Mutex<std::collections::HashSet<String>>,
     /// Signalled when this process forgets a deferral after waking the job: a waiter woken
     /// by the wake's own commit may have looked before the deferral was forgotten, and passed
     /// the job over (found by `lading-sim`).
@@ -366,7 +382,9 @@ impl Engine {
             watched: Default::default(),
             contention: Default::default(),
             live_batches: Mutex::new(Vec::new()),
+            locked_batches: Mutex::new(BTreeMap::new()),
             unclaimed: tokio::sync::Notify::new(),
+            contested: Mutex::new(std::collections::HashSet::new()),
             woken: tokio::sync::Notify::new(),
             parked: tokio::sync::watch::Sender::new(0),
             local_conflicts: std::sync::atomic::AtomicU64::new(0),

@@ -47,6 +47,11 @@ impl Engine {
             .ok_or_else(|| EngineError::NoJob(job.to_string()))
     }
 
+    /// A job's state alone: one read of its status (`NoJob` when it is gone).
+    pub async fn job_state(&self, job: &JobId) -> Result<JobState> {
+        Ok(self.job_status(job).await?.0.status)
+    }
+
     pub(crate) async fn job_priority(&self, job: &JobId) -> Result<u8> {
         let p = self
             .read_u64(&job_node(job, "priority"))

@@ -138,16 +138,20 @@ impl Engine {
         Ok(moved)
     }
 
-    /// The Processing batches to keep an eye on (the newest, at most a few hundred), and a
-    /// watch on each one's `batch-processing` folder and on the batches folder: one fires
-    /// when a batch may have finished, whoever moved its last job (another Lading process,
-    /// Merritt's own tools). Check them with [`Engine::report_finished`] once the watches are
-    /// set (a batch that finished before is caught then) and after one fires.
-    pub async fn watch_finishing(&self) -> Result<(Vec<BatchId>, Vec<Watch>)> {
-        let mut processing = Vec::new();
-        let mut watches = vec![self.tree.watch(BATCHES, WatchKind::Children).await?];
+    /// The Processing batches to keep an eye on (the newest, at most a few hundred), each with
+    /// a watch on its `batch-processing` folder, which fires when the batch may have finished,
+    /// whoever moved its last job (another Lading process, Merritt's own tools); and the
+    /// watches that say the list itself is out of date: one on the batches folder, and one on
+    /// the status of each batch not yet running (it may start). Check the batches with
+    /// [`Engine::report_finished`] once the watches are set (a batch that finished before is
+    /// caught then), and each one again after its watch fires ([`Engine::watch_finishing_one`]).
+    pub async fn watch_finishing(&self) -> Result<Finishing> {
+        let mut f = Finishing {
+            batches: Vec::new(),
+            stale: vec![self.tree.watch(BATCHES, WatchKind::Children).await?],
+        };
         for b in self.batch_ids().await?.into_iter().rev() {
-            if processing.len() >= WATCH_PROCESSING {
+            if f.batches.len() >= WATCH_PROCESSING {
                 break;
             }
             if self
@@ -158,20 +162,39 @@ impl Engine {
             {
                 continue;
             }
+            let status = batch_node(&b, "status");
+            let starting = self.tree.watch(&status, WatchKind::Data).await?;
             match self.batch_status(&b).await {
                 Ok((st, _)) if st.status == BatchState::Processing => {}
-                Ok(_) | Err(EngineError::NoBatch(_)) => continue,
+                // Not started yet, or still being made (Merritt writes its status after its
+                // node): the list is read again when its status is written.
+                Ok((st, _)) if matches!(st.status, BatchState::Pending | BatchState::Held) => {
+                    f.stale.push(starting);
+                    continue;
+                }
+                Err(EngineError::NoBatch(_)) => {
+                    f.stale.push(starting);
+                    continue;
+                }
+                Ok(_) => continue,
                 Err(e) => return Err(e),
             }
-            let folder = batch_ref_folder(&b, "batch-processing");
-            match self.tree.watch(&folder, WatchKind::Children).await {
-                Ok(w) => watches.push(w),
-                Err(TreeError::NoNode(_)) => {}
-                Err(e) => return Err(e.into()),
+            if let Some(w) = self.watch_finishing_one(&b).await? {
+                f.batches.push((b, w));
             }
-            processing.push(b);
         }
-        Ok((processing, watches))
+        Ok(f)
+    }
+
+    /// A watch on `batch`'s `batch-processing` folder (see [`Engine::watch_finishing`]);
+    /// `None` when it has none.
+    pub async fn watch_finishing_one(&self, batch: &BatchId) -> Result<Option<Watch>> {
+        let folder = batch_ref_folder(batch, "batch-processing");
+        match self.tree.watch(&folder, WatchKind::Children).await {
+            Ok(w) => Ok(Some(w)),
+            Err(TreeError::NoNode(_)) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Moves each of `batches` whose jobs have all finished on to Reporting; returns how

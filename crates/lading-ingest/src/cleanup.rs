@@ -223,7 +223,10 @@ const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
 /// (from the start) the cleanup of batches past retention.
 pub async fn housekeeping(ingest: std::sync::Arc<Ingest>, shutdown: Shutdown) {
     let finishing = lading_worker::run_loops(
-        std::sync::Arc::new(Finishing(ingest.clone())),
+        std::sync::Arc::new(Finishing {
+            ingest: ingest.clone(),
+            kept: std::sync::Mutex::new(None),
+        }),
         1,
         shutdown.clone(),
     );
@@ -261,11 +264,25 @@ pub async fn housekeeping(ingest: std::sync::Arc<Ingest>, shutdown: Shutdown) {
     tokio::join!(finishing, sweeps, cleanups);
 }
 
-/// Watches the Processing batches; an item is the list to check once a watch fired.
-struct Finishing(std::sync::Arc<Ingest>);
+/// Watches the Processing batches; an item is a list of batches to check. The watches are
+/// kept from one round to the next: a fired one is set again on its batch alone, and that
+/// batch alone is checked (every job a batch finishes fires its watch, and reading every
+/// batch for each was most of a busy process's tree calls). The list is read again when a
+/// batch is made or starts, and every 30 s.
+struct Finishing {
+    ingest: std::sync::Arc<Ingest>,
+    /// The watches of the last round and when their list was read; `None`: read it again.
+    kept: std::sync::Mutex<Option<(lading_engine::Finishing, tokio::time::Instant)>>,
+}
 
 /// How long the finishing watch waits before reading every Processing batch again.
 const FINISHING_REREAD: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// What woke the finishing watch.
+enum Fired {
+    Batch(usize),
+    Stale,
+}
 
 impl Acquire for Finishing {
     type Lease = Vec<lading_core::layout::BatchId>;
@@ -274,20 +291,62 @@ impl Acquire for Finishing {
         "Processing"
     }
     async fn wait(&self, stop: Shutdown) -> Result<Option<Self::Lease>, String> {
-        let e = &self.0.engine;
-        let (batches, watches) = e.watch_finishing().await.map_err(|e| e.to_string())?;
-        // Finished before the watches were set: caught now.
-        self.handle(batches.clone(), &mut stop.clone()).await;
-        let fired = futures_util::future::select_all(watches.into_iter().map(Box::pin));
-        tokio::select! {
-            // In order, not at random: a run is the same every time (`lading-sim`).
-            biased;
-            _ = tokio::time::timeout(FINISHING_REREAD, fired) => Ok(Some(batches)),
-            _ = stop.into_stopped() => Ok(None),
+        let e = &self.ingest.engine;
+        let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let (mut f, read_at) = match kept {
+            Some(k) => k,
+            None => {
+                let f = e.watch_finishing().await.map_err(|e| e.to_string())?;
+                // Finished before the watches were set: caught now.
+                let all = f.batches.iter().map(|(b, _)| b.clone()).collect();
+                self.handle(all, &mut stop.clone()).await;
+                (f, tokio::time::Instant::now())
+            }
+        };
+        let fired = {
+            let batches = f.batches.iter_mut().enumerate().map(|(i, (_, w))| {
+                Box::pin(async move {
+                    w.await;
+                    Fired::Batch(i)
+                }) as futures_util::future::BoxFuture<'_, Fired>
+            });
+            let stale = f.stale.iter_mut().map(|w| {
+                Box::pin(async move {
+                    w.await;
+                    Fired::Stale
+                }) as futures_util::future::BoxFuture<'_, Fired>
+            });
+            let any: Vec<_> = batches.chain(stale).collect();
+            let some = !any.is_empty();
+            let reread = tokio::time::sleep_until(read_at + FINISHING_REREAD);
+            tokio::select! {
+                // In order, not at random: a run is the same every time (`lading-sim`).
+                biased;
+                _ = stop.into_stopped() => None,
+                _ = reread => Some(Fired::Stale),
+                (w, _, _) = futures_util::future::select_all(any), if some => Some(w),
+            }
+        };
+        match fired {
+            // Stopping: nothing is kept.
+            None => Ok(None),
+            // Read the list again (and check every batch) next round.
+            Some(Fired::Stale) => Ok(None),
+            Some(Fired::Batch(i)) => {
+                // Fired, so never polled again: set anew before its batch is checked.
+                let (b, _) = f.batches.swap_remove(i);
+                match e.watch_finishing_one(&b).await {
+                    Ok(Some(w)) => f.batches.push((b.clone(), w)),
+                    Ok(None) => {}
+                    Err(err) => return Err(err.to_string()),
+                }
+                *self.kept.lock().unwrap_or_else(|p| p.into_inner()) = Some((f, read_at));
+                Ok(Some(vec![b]))
+            }
         }
     }
     async fn handle(&self, batches: Self::Lease, _: &mut Shutdown) -> Option<Self::Lease> {
-        match self.0.engine.report_finished(&batches).await {
+        match self.ingest.engine.report_finished(&batches).await {
             Ok(n) if n > 0 => tracing::info!(batches = n, "finished batches moved on to Reporting"),
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "checking finished batches failed"),

@@ -83,8 +83,8 @@ async fn stale_slots(
     for j in held {
         let gone = match JobId::parse(j) {
             Err(_) => true,
-            Ok(jid) => match engine.job(&jid).await {
-                Ok(info) => !in_flight(info.status.status),
+            Ok(jid) => match engine.job_state(&jid).await {
+                Ok(state) => !in_flight(state),
                 Err(EngineError::NoJob(_)) => true,
                 Err(e) => return Err(e),
             },
@@ -369,7 +369,7 @@ pub async fn wake(engine: &Engine, limits: &Limits) -> Result<Woken, EngineError
                     // A lock may be a worker's that found the job parked and lets go: it is
                     // looked at again soon, or it waited for the slow look (found by
                     // `lading-sim`, seed 353719476).
-                    Ok(false) => match engine.job(&jid).await.map(|i| i.status.status) {
+                    Ok(false) => match engine.job_state(&jid).await {
                         Ok(JobState::Pending) => {
                             out.unsettled = true;
                             free -= 1;

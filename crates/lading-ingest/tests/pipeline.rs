@@ -1241,6 +1241,7 @@ on_both_backends!(
     merritt_ingest_service_submission_keys_run_to_completion,
     merritt_created_jobs_run_to_completed_and_to_failed,
     merritt_moving_a_batchs_last_job_is_noticed_by_a_watch,
+    a_batch_merritt_starts_while_housekeeping_runs_is_noticed_when_it_finishes,
     merritt_assembly_requests_lading_cannot_assemble_fail_at_once_naming_why,
 );
 
@@ -1512,6 +1513,52 @@ async fn merritt_moving_a_batchs_last_job_is_noticed_by_a_watch(w: World) {
     tokio::time::timeout(std::time::Duration::from_secs(15), w.completes(&bid))
         .await
         .expect("the batch's completion was noticed by the watch, before any re-read");
+    run.stop().await;
+}
+
+/// Housekeeping is already watching when Merritt makes a batch, starts it (its
+/// `batch-processing` folder appears only with the first job) and runs its only job to
+/// Completed from its own session. The watches kept from round to round must follow the
+/// batch from Pending to Processing (its status) and onto the folder made after the batch
+/// started; a list read only when the batch was Pending, or a watch never set again, leaves
+/// it to the 30 s re-read.
+async fn a_batch_merritt_starts_while_housekeeping_runs_is_noticed_when_it_finishes(w: World) {
+    let (url, _) = w.file("m/theirs.txt", b"merritt's");
+    let ingest = w.ingest();
+    // Reporting only (with housekeeping): no Lading stage takes Merritt's job or batch.
+    let run = w.run_stages(&ingest, &["reporting"]);
+    // Housekeeping has read its list (no batches) before Merritt begins.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let other = w.other_session().await;
+    let bid = merritt::create_batch(
+        &*other,
+        &serde_json::json!({"batchID": uuid(), "submitter": "merritt-user", "profile": "demo"}),
+    )
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    merritt::acquire_batch(&*other, &bid).await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let conf = serde_json::json!({"profile_name": "demo", "submitter": "merritt-user",
+                                  "payload_url": url, "payload_type": "file",
+                                  "response_type": "tsv"});
+    let none = serde_json::json!({});
+    let theirs = merritt::create_job(&*other, &bid, 5, &conf, &none, &none, true).await;
+    merritt::unlock_batch(&*other, &bid).await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    merritt::move_job(&*other, &bid, &theirs, 5, "Pending", "Estimating").await;
+    let mut at = JobState::Estimating;
+    while let Some(next) = at.success() {
+        merritt::move_job(&*other, &bid, &theirs, 5, at.name(), next.name()).await;
+        at = next;
+    }
+    merritt::unlock_job(&*other, &theirs).await;
+    // As in `merritt_moving_a_batchs_last_job_is_noticed_by_a_watch`: half the re-read's
+    // period tells the watch from the fallback.
+    tokio::time::timeout(std::time::Duration::from_secs(15), w.completes(&bid))
+        .await
+        .expect("the batch's completion was noticed by a watch, before any re-read");
+    let report = w.engine.batch(&bid).await.unwrap();
+    assert_eq!(report.jobs["batch-completed"], vec![theirs.clone()]);
     run.stop().await;
 }
 

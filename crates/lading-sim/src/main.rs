@@ -9,6 +9,9 @@
 //! cores: seeds are independent, each on a runtime of its own; the output is in seed order),
 //! `--hashes` (a line per seed with its steps and trace hash: two runs of one range must print
 //! the same lines).
+//! `LADING_SIM_LOG=debug`: the processes' own logs, to stderr. `LADING_SIM_CALLS=1`: every
+//! call on the simulated tree counted by kind and path (ids shown as `*`), printed at the end:
+//! where a seed's round trips go.
 //! Exit status 1 when any seed broke an invariant.
 
 use lading_sim::sim::{Options, run};
@@ -197,6 +200,15 @@ fn main() -> ExitCode {
             .unwrap_or_default(),
         done as f64 / took.max(1e-9)
     );
+    if let Some(calls) = &*lading_sim::tree::CALLS {
+        let calls = calls.lock().unwrap_or_else(|p| p.into_inner());
+        let mut rows: Vec<_> = calls.iter().collect();
+        rows.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        eprintln!("tree calls: {}", rows.iter().map(|r| r.1).sum::<u64>());
+        for (k, n) in rows {
+            eprintln!("{n:>9} {k}");
+        }
+    }
     if bad > 0 {
         ExitCode::from(1)
     } else {

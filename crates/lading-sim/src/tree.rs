@@ -335,6 +335,31 @@ pub struct SimTree {
     paused: Mutex<Option<tokio::time::Instant>>,
 }
 
+/// `LADING_SIM_CALLS=1`: every tree call counted by kind and path (ids as `*`), printed when
+/// the run ends (where a seed's time goes).
+pub static CALLS: std::sync::LazyLock<Option<Mutex<BTreeMap<String, u64>>>> =
+    std::sync::LazyLock::new(|| std::env::var_os("LADING_SIM_CALLS").map(|_| Mutex::default()));
+
+fn count(kind: &str, path: &str) {
+    if let Some(m) = &*CALLS {
+        let shape: Vec<&str> = path
+            .split('/')
+            .map(|seg| {
+                if seg.bytes().any(|b| b.is_ascii_digit()) {
+                    "*"
+                } else {
+                    seg
+                }
+            })
+            .collect();
+        let key = format!("{kind} {}", shape.join("/"));
+        *m.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key)
+            .or_default() += 1;
+    }
+}
+
 impl SimTree {
     /// The process is gone; its session lives on until it expires.
     pub fn kill(&self) {
@@ -466,6 +491,12 @@ impl SimTree {
     fn multi_at(&self, on: Option<u64>, ops: Vec<Op>) -> TreeFuture<'_, Vec<OpResult>> {
         Box::pin(async move {
             validate_ops(&ops)?;
+            if CALLS.is_some() {
+                count(
+                    if on.is_some() { "multi_on" } else { "multi" },
+                    &short(&ops),
+                );
+            }
             self.enter(false).await?;
             let session = self.session_id();
             if on.is_some_and(|s| s != session) {
@@ -553,6 +584,7 @@ impl Tree for SimTree {
 
     fn get<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Option<Node>> {
         Box::pin(async move {
+            count("get", path);
             validate_path(path)?;
             self.enter(true).await?;
             Ok(self.read(|m| m.get(path).map(node_of)))
@@ -561,6 +593,9 @@ impl Tree for SimTree {
 
     fn get_many<'a>(&'a self, paths: &'a [String]) -> TreeFuture<'a, Vec<Option<Node>>> {
         Box::pin(async move {
+            for p in paths {
+                count("get_many", p);
+            }
             for p in paths {
                 validate_path(p)?;
             }
@@ -571,6 +606,7 @@ impl Tree for SimTree {
 
     fn children<'a>(&'a self, path: &'a str) -> Names<'a> {
         Box::pin(async move {
+            count("children", path);
             validate_path(path)?;
             self.enter(true).await?;
             self.read(|m| m.children(path).map(|c| c.cloned().collect()))
@@ -580,6 +616,7 @@ impl Tree for SimTree {
 
     fn children_page<'a>(&'a self, path: &'a str, after: Option<&'a str>, max: usize) -> Names<'a> {
         Box::pin(async move {
+            count("children_page", path);
             validate_path(path)?;
             self.enter(true).await?;
             self.read(|m| m.children_page(path, after, max))
@@ -589,6 +626,7 @@ impl Tree for SimTree {
 
     fn count_children<'a>(&'a self, path: &'a str) -> TreeFuture<'a, u64> {
         Box::pin(async move {
+            count("count_children", path);
             validate_path(path)?;
             self.enter(true).await?;
             self.read(|m| m.count_children(path))
@@ -606,6 +644,7 @@ impl Tree for SimTree {
 
     fn watch<'a>(&'a self, path: &'a str, kind: WatchKind) -> TreeFuture<'a, Watch> {
         Box::pin(async move {
+            count("watch", path);
             self.enter(true).await?;
             let (tx, rx) = oneshot::channel();
             let mut st = self.world.lock();

@@ -801,6 +801,56 @@ pub async fn a_woken_waiter_sets_again_only_the_watch_that_fired(h: &dyn Harness
     w.release_job_lease(got).await.unwrap();
 }
 
+/// A waiter refused a job because a worker of its own process holds the job's claim sets no
+/// watch on that lock (the refusal was local): it is woken when that worker lets go of it.
+/// And only then: a claim let go that no local waiter was refused wakes nobody (every claim
+/// let go used to wake every such waiter of the process, the most frequent wake-up in
+/// `lading-sim`).
+pub async fn a_waiter_refused_a_local_claim_is_woken_by_its_release_alone(h: &dyn Harness) {
+    let (e, _s) = engine(h, "one").await;
+    let (_, jobs) = batch_with_jobs(&e, 2, &[]).await;
+    // The second job in Estimating, leased there; the first leased in Pending.
+    let other = estimating(&e).await;
+    assert_eq!(other.job, jobs[0]);
+    let first = take_job(&e, JobState::Pending).await;
+    assert_eq!(first.job, jobs[1]);
+    let mut parked = e.parked();
+    let before = *parked.borrow_and_update();
+    let waiter = {
+        let e = e.clone();
+        tokio::spawn(async move {
+            // Less than the waiters' slow sweep (10 s): a missed wake-up ends the wait
+            // empty-handed instead of being covered by the sweep.
+            e.wait_job_or(
+                JobState::Pending,
+                Duration::from_secs(8),
+                std::future::pending(),
+            )
+            .await
+        })
+    };
+    parked.wait_for(|n| *n > before).await.unwrap();
+    let parked_once = *parked.borrow_and_update();
+    // Letting go of a claim the waiter never asked for.
+    e.release_job_lease(other).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        *parked.borrow_and_update(),
+        parked_once,
+        "the waiter was not woken (it would have looked and parked again)"
+    );
+    assert!(!waiter.is_finished());
+    // Letting go of the one it was refused.
+    e.release_job_lease(first).await.unwrap();
+    let got = waiter
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the job, once its local holder let go, without waiting for the sweep");
+    assert_eq!(got.job, jobs[1]);
+    e.release_job_lease(got).await.unwrap();
+}
+
 /// A waiting batch worker reads a batch's status again only once it has changed: each round
 /// (woken by every new batch) used to read every live batch's status, a round trip each on
 /// ZooKeeper. The status it keeps still gives way at once to a change.
