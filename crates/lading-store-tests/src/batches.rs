@@ -679,6 +679,52 @@ pub async fn batch_worker_is_woken_when_a_batch_needs_reporting(h: &dyn Harness)
     assert_eq!(format!("/batches/{}", got.batch), path);
 }
 
+/// A batch waiter watches the lock only of the batches of its own state that it found
+/// locked: a batch of another state taken and given back (intake taking a Pending batch) does
+/// not wake a waiting reporter, while the Reporting batch it found locked wakes it once let
+/// go. (Watching every live batch's lock woke every batch waiter of every process at each
+/// lock taken anywhere.)
+pub async fn a_batch_waiter_is_woken_by_the_locks_of_its_own_state_only(h: &dyn Harness) {
+    let (e, _s) = engine(h, "jobs").await;
+    let (reporter, _s2) = engine(h, "reporter").await;
+    let (done, _jobs) = batch_with_jobs(&e, 1, &[]).await;
+    run_job_to_completion(&e, JobState::Pending).await.unwrap();
+    let held = take_batch(&e, BatchState::Reporting).await;
+    assert_eq!(held.batch, done);
+    let pending = e.create_batch(Default::default()).await.unwrap();
+    // The stores tell watchers after they answer a write: the new batch's own events are
+    // out of the way before the reporter sets its watches.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut parks = Parks::of(&reporter);
+    let waiting = {
+        let r = reporter.clone();
+        tokio::spawn(async move {
+            r.wait_batch_or(BatchState::Reporting, WAIT, std::future::pending())
+                .await
+        })
+    };
+    parks.next().await;
+    // Settled: a first round's own reads may wake it once more (on ZooKeeper, listing the
+    // batches into the session's cache tells that folder's watchers).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let parked = *parks.rx.borrow_and_update();
+    // Intake takes the Pending batch and gives it back.
+    let lease = take_batch(&e, BatchState::Pending).await;
+    assert_eq!(lease.batch, pending);
+    e.release_batch_lease(lease).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        *parks.rx.borrow_and_update(),
+        parked,
+        "the reporter was not woken (it would have looked and parked again)"
+    );
+    assert!(!waiting.is_finished());
+    // The Reporting batch it found locked is let go: that wakes it.
+    e.release_batch_lease(held).await.unwrap();
+    let got = woken(waiting, "woken by the lock let go", "the batch to report").await;
+    assert_eq!(got.batch, done);
+}
+
 /// What a spawned wait for a batch got, within 5 s (`woken`: what should have woken it;
 /// `what`: what it should have got).
 async fn woken<T>(

@@ -355,6 +355,7 @@ macro_rules! conformance_tests {
             held_collection_holds_batches_and_jobs_until_released,
             paused_queue_hands_out_nothing,
             batch_worker_is_woken_when_a_batch_needs_reporting,
+            a_batch_waiter_is_woken_by_the_locks_of_its_own_state_only,
             waiting_worker_is_woken_by_new_work,
             admin_actions_respect_locks_and_the_table,
             duplicate_batch_uuid_is_refused,
