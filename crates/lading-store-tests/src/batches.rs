@@ -712,13 +712,7 @@ pub async fn a_batch_waiter_is_woken_by_the_locks_of_its_own_state_only(h: &dyn 
     let lease = take_batch(&e, BatchState::Pending).await;
     assert_eq!(lease.batch, pending);
     e.release_batch_lease(lease).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(
-        *parks.rx.borrow_and_update(),
-        parked,
-        "the reporter was not woken (it would have looked and parked again)"
-    );
-    assert!(!waiting.is_finished());
+    still_parked(&mut parks.rx, parked, &waiting, "the reporter").await;
     // The Reporting batch it found locked is let go: that wakes it.
     e.release_batch_lease(held).await.unwrap();
     let got = woken(waiting, "woken by the lock let go", "the batch to report").await;

@@ -76,6 +76,23 @@ pub async fn take_batch(e: &Engine, state: BatchState) -> lading_engine::BatchLe
     got.unwrap_or_else(|| panic!("no {state:?} batch to acquire"))
 }
 
+/// Asserts that a waiter that had parked `since` times is still waiting half a second after
+/// something that must not wake it (a woken waiter looks, and parks again or returns).
+pub async fn still_parked<T>(
+    parked: &mut tokio::sync::watch::Receiver<u64>,
+    since: u64,
+    waiter: &tokio::task::JoinHandle<T>,
+    who: &str,
+) {
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(
+        *parked.borrow_and_update(),
+        since,
+        "{who} was not woken (it would have looked and parked again)"
+    );
+    assert!(!waiter.is_finished(), "{who} is still waiting");
+}
+
 /// The job `e` acquires in `state` (one must be there).
 pub async fn take_job(e: &Engine, state: JobState) -> lading_engine::JobLease {
     let got = e.acquire_job(state).await.expect("acquire a job");
