@@ -1527,7 +1527,10 @@ async fn a_batch_merritt_starts_while_housekeeping_runs_is_noticed_when_it_finis
     let ingest = w.ingest();
     // Reporting only (with housekeeping): no Lading stage takes Merritt's job or batch.
     let run = w.run_stages(&ingest, &["reporting"]);
-    // Housekeeping has read its list (no batches) before Merritt begins.
+    // The pauses between Merritt's steps only make the interleaving this test is about
+    // likely (housekeeping reads its list with no batch, then between the steps); nothing
+    // tells when housekeeping has read it. Whatever the timing, correct code passes: every
+    // interleaving must notice the batch within the bound below.
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let other = w.other_session().await;
     let bid = merritt::create_batch(

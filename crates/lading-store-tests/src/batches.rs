@@ -692,9 +692,6 @@ pub async fn a_batch_waiter_is_woken_by_the_locks_of_its_own_state_only(h: &dyn 
     let held = take_batch(&e, BatchState::Reporting).await;
     assert_eq!(held.batch, done);
     let pending = e.create_batch(Default::default()).await.unwrap();
-    // The stores tell watchers after they answer a write: the new batch's own events are
-    // out of the way before the reporter sets its watches.
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let mut parks = Parks::of(&reporter);
     let waiting = {
         let r = reporter.clone();
@@ -704,15 +701,20 @@ pub async fn a_batch_waiter_is_woken_by_the_locks_of_its_own_state_only(h: &dyn 
         })
     };
     parks.next().await;
-    // Settled: a first round's own reads may wake it once more (on ZooKeeper, listing the
-    // batches into the session's cache tells that folder's watchers).
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let parked = *parks.rx.borrow_and_update();
-    // Intake takes the Pending batch and gives it back.
-    let lease = take_batch(&e, BatchState::Pending).await;
-    assert_eq!(lease.batch, pending);
-    e.release_batch_lease(lease).await.unwrap();
-    still_parked(&mut parks.rx, parked, &waiting, "the reporter").await;
+    // Intake takes the Pending batch and gives it back, five times, a little apart (a
+    // waiter woken by each would have looked and parked in between, rather than once for
+    // all five).
+    for _ in 0..5 {
+        let lease = take_batch(&e, BatchState::Pending).await;
+        assert_eq!(lease.batch, pending);
+        e.release_batch_lease(lease).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Two strays at most: the new batch's own event arriving late, and on ZooKeeper the
+    // first round's listing of the batches into the session's cache, which tells that
+    // folder's watchers.
+    still_parked(&mut parks.rx, parked, 2, &waiting, "the reporter").await;
     // The Reporting batch it found locked is let go: that wakes it.
     e.release_batch_lease(held).await.unwrap();
     let got = woken(waiting, "woken by the lock let go", "the batch to report").await;

@@ -715,28 +715,40 @@ pub(crate) async fn acquisition_round_trips(h: &dyn Harness, queued: u32) -> usi
     cost
 }
 
-/// A spawned wait for a job.
-type JobWait = tokio::task::JoinHandle<Result<Option<lading_engine::JobLease>, EngineError>>;
-
-/// A worker of `e` waiting for a Pending job, once it has looked and parked; and the count of
-/// its parks. It waits 8 s, less than the waiters' slow sweep (10 s): a missed wake-up ends
-/// the wait empty-handed instead of being covered by the sweep.
-async fn parked_pending_waiter(e: &Arc<Engine>) -> (JobWait, tokio::sync::watch::Receiver<u64>) {
+/// A wait of `e`'s, spawned (`wait`, given the engine and 8 s, less than the waiters' slow
+/// sweep of 10 s: a missed wake-up ends the wait empty-handed instead of being covered by the
+/// sweep), once it has looked and parked; and the count of its parks.
+async fn parked_waiter<T, F, Fut>(
+    e: &Arc<Engine>,
+    wait: F,
+) -> (
+    tokio::task::JoinHandle<T>,
+    tokio::sync::watch::Receiver<u64>,
+)
+where
+    T: Send + 'static,
+    F: FnOnce(Arc<Engine>, Duration) -> Fut,
+    Fut: std::future::Future<Output = T> + Send + 'static,
+{
     let mut parked = e.parked();
     let before = *parked.borrow_and_update();
-    let waiter = {
-        let e = e.clone();
-        tokio::spawn(async move {
-            e.wait_job_or(
-                JobState::Pending,
-                Duration::from_secs(8),
-                std::future::pending(),
-            )
-            .await
-        })
-    };
+    let waiter = tokio::spawn(wait(e.clone(), Duration::from_secs(8)));
     parked.wait_for(|n| *n > before).await.unwrap();
     (waiter, parked)
+}
+
+/// [`parked_waiter`] for a Pending job.
+async fn parked_pending_waiter(
+    e: &Arc<Engine>,
+) -> (
+    tokio::task::JoinHandle<Result<Option<lading_engine::JobLease>, EngineError>>,
+    tokio::sync::watch::Receiver<u64>,
+) {
+    parked_waiter(e, |e, d| async move {
+        e.wait_job_or(JobState::Pending, d, std::future::pending())
+            .await
+    })
+    .await
 }
 
 /// A waiting worker woken by a change sets again only the watch that fired: the others it
@@ -826,9 +838,14 @@ pub async fn a_waiter_refused_a_local_claim_is_woken_by_its_release_alone(h: &dy
     assert_eq!(first.job, jobs[1]);
     let (waiter, mut parked) = parked_pending_waiter(&e).await;
     let parked_once = *parked.borrow_and_update();
-    // Letting go of a claim the waiter never asked for.
+    // Letting go of a claim the waiter never asked for, five times.
     e.release_job_lease(other).await.unwrap();
-    still_parked(&mut parked, parked_once, &waiter, "the waiter").await;
+    for _ in 0..4 {
+        let again = take_job(&e, JobState::Estimating).await;
+        assert_eq!(again.job, jobs[0]);
+        e.release_job_lease(again).await.unwrap();
+    }
+    still_parked(&mut parked, parked_once, 1, &waiter, "the waiter").await;
     // Letting go of the one it was refused.
     e.release_job_lease(first).await.unwrap();
     let got = waiter
@@ -850,21 +867,11 @@ pub async fn a_waiting_batch_worker_reads_a_status_again_only_once_it_changed(h:
     let w = Arc::new(Engine::new(counting.clone(), system_clock(), "waiter"));
     w.init().await.unwrap();
     let first = admin.create_batch(Default::default()).await.unwrap();
-    let mut parked = w.parked();
-    let before = *parked.borrow_and_update();
-    let waiter = {
-        let w = w.clone();
-        tokio::spawn(async move {
-            // Less than the waiters' slow sweep (10 s), as in the test above.
-            w.wait_batch_or(
-                BatchState::Reporting,
-                Duration::from_secs(8),
-                std::future::pending(),
-            )
+    let (waiter, _) = parked_waiter(&w, |w, d| async move {
+        w.wait_batch_or(BatchState::Reporting, d, std::future::pending())
             .await
-        })
-    };
-    parked.wait_for(|n| *n > before).await.unwrap();
+    })
+    .await;
     let status = batch_node(&first, "status");
     let reads = |p: &str| {
         counting
