@@ -19,6 +19,14 @@ pub const RATE_UNGUARDED: u32 = 16;
 /// Storing does not look for the version its job already stored: a job whose store is
 /// retried (its process crashed, or its session ended, before the move on) stores again.
 pub const STORE_TWICE: u32 = 32;
+/// A waiting worker does not watch the locks of the busy jobs it found: a job whose holder
+/// lets it go without moving it (a retry deferred, a lease given up) waits for the waiter's
+/// periodic look. Caught only because the simulator's periodic look is longer than its
+/// liveness bound.
+pub const LOST_LOCK_WAKEUP: u32 = 64;
+/// Waking a deferred job does not signal this process's waiters: one woken by the wake's
+/// own commit, that looked before the deferral was forgotten, waits for its periodic look.
+pub const LOST_WAKE_SIGNAL: u32 = 128;
 
 /// Every sabotage, by the name `--sabotage` takes.
 pub const NAMES: &[(&str, u32)] = &[
@@ -28,6 +36,8 @@ pub const NAMES: &[(&str, u32)] = &[
     ("lost-wakeup", LOST_WAKEUP),
     ("rate-unguarded", RATE_UNGUARDED),
     ("store-twice", STORE_TWICE),
+    ("lost-lock-wakeup", LOST_LOCK_WAKEUP),
+    ("lost-wake-signal", LOST_WAKE_SIGNAL),
 ];
 
 #[cfg(feature = "sabotage")]

@@ -119,7 +119,7 @@ impl Engine {
                     return Ok(Round::Again);
                 }
             }
-            Ok(Round::Wait { due: SWEEP })
+            Ok(Round::Wait { due: self.sweep })
         })
         .await
     }

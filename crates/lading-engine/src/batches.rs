@@ -218,7 +218,7 @@ impl Engine {
             {
                 return Ok(Round::Again);
             }
-            Ok(Round::Wait { due: SWEEP })
+            Ok(Round::Wait { due: self.sweep })
         })
         .await
     }

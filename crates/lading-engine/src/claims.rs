@@ -322,7 +322,7 @@ impl Engine {
                 _ = &mut cancel => return Ok(None),
                 _ = until_due => {}
                 // The safety net: a slow sweep, should a wake-up ever be missed.
-                _ = tokio::time::sleep(SWEEP) => {}
+                _ = tokio::time::sleep(self.sweep) => {}
                 _ = tokio::time::sleep_until(deadline) => return Ok(None),
             }
             // What is kept of the node that woke it may be behind (its own watch's event may

@@ -459,6 +459,8 @@ impl Engine {
             for name in self
                 .contention
                 .busy_names(&job_state_folder(state), WAIT_LOCKS)
+                .into_iter()
+                .filter(|_| !sabotage::on(sabotage::LOST_LOCK_WAKEUP))
             {
                 if let Some((_, jid)) = parse_job_ref(&name) {
                     armed
@@ -470,7 +472,7 @@ impl Engine {
             let due = self
                 .contention
                 .next_due(self.clock.now_ms())
-                .unwrap_or(SWEEP);
+                .unwrap_or(self.sweep);
             Ok(Round::Wait { due })
         })
         .await

@@ -318,6 +318,9 @@ pub struct Engine {
     /// Locks a lease gave up that could not be told deleted, and the session they were made
     /// on.
     strays: Mutex<std::collections::BTreeMap<String, u64>>,
+    /// How often a waiter looks again whatever it was told ([`SWEEP`] unless set by
+    /// [`Engine::with_sweep`]).
+    sweep: Duration,
 }
 
 /// Status field (`/jobs/JID/status`, beside Merritt's fields) holding the earliest time, in
@@ -389,6 +392,7 @@ impl Engine {
             parked: tokio::sync::watch::Sender::new(0),
             local_conflicts: std::sync::atomic::AtomicU64::new(0),
             strays: Mutex::new(Default::default()),
+            sweep: SWEEP,
         }
     }
 
@@ -400,6 +404,16 @@ impl Engine {
     /// repeatable).
     pub fn with_random(mut self, random: lading_core::random::SharedRandom) -> Engine {
         self.random = random;
+        self
+    }
+
+    /// The same engine with `sweep` as its waiters' safety net: how often one looks again
+    /// when no watch woke it ([`SWEEP`] by default). Every wake-up a waiter needs comes from a
+    /// watch or a local signal; the sweep only bounds what a missed one costs. `lading-sim`
+    /// sets it past its liveness bound, so that a missed wake-up shows as work left waiting
+    /// instead of being covered up.
+    pub fn with_sweep(mut self, sweep: Duration) -> Engine {
+        self.sweep = sweep;
         self
     }
 

@@ -425,7 +425,9 @@ impl Engine {
                 // A waiter that did so on the commit's own watch event is waiting again
                 // (seed 96): it is told to look once more.
                 forget();
-                self.woken.notify_waiters();
+                if !sabotage::on(sabotage::LOST_WAKE_SIGNAL) {
+                    self.woken.notify_waiters();
+                }
                 Ok(true)
             }
             Err(e)

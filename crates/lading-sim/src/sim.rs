@@ -102,6 +102,11 @@ pub struct Run {
 const SESSION_TIMEOUT_MS: u64 = 3_000;
 /// Once faults stop, every batch ends and every mail is delivered within this.
 const LIVENESS_MS: u64 = 60_000;
+
+/// The waiters' safety sweep in the simulated processes: past the liveness bound and the
+/// whole run, so a missed wake-up leaves work waiting and is reported, where the production
+/// sweep (10 s) would cover it up.
+const SWEEP_MS: u64 = 3_600_000;
 /// How long an idle deployment may take a one-job batch through every stage and its report
 /// (each stage's waiting worker woken by the tree; a missed wake-up costs a periodic look,
 /// 10 s).
@@ -653,7 +658,8 @@ impl Sim {
             )
             .with_random(Seeded::new(
                 self.seed.wrapping_mul(31).wrapping_add(self.starts),
-            )),
+            ))
+            .with_sweep(Duration::from_millis(SWEEP_MS)),
         );
         let ingest = Arc::new(self.ingest(engine.clone(), &name));
         let jobs: Vec<(Arc<dyn JobStage>, StageConfig)> = JobState::PIPELINE
