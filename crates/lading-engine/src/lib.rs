@@ -417,6 +417,13 @@ impl Engine {
         self
     }
 
+    /// The waiters' safety net (see [`Engine::with_sweep`]). The process's other watchers
+    /// (housekeeping's finishing watch, outbox delivery, the quota waker) scale theirs from
+    /// it, so one setting lengthens them all.
+    pub fn sweep(&self) -> Duration {
+        self.sweep
+    }
+
     /// How many times a waiter of this engine (`wait_job_or`, `wait_batch_or`, `wait_access`) has
     /// parked: found nothing, armed its watches and started waiting. A test takes the count,
     /// starts a waiter, and waits for the count to move before it makes the change the

@@ -8,7 +8,7 @@ use crate::Ingest;
 use lading_core::BatchState;
 use lading_core::TreeError;
 use lading_core::time::parse_ts;
-use lading_engine::EngineError;
+use lading_engine::{Engine, EngineError};
 use lading_worker::{Acquire, Shutdown};
 
 /// What one cleanup pass removed.
@@ -275,8 +275,11 @@ struct Finishing {
     kept: std::sync::Mutex<Option<(lading_engine::Finishing, tokio::time::Instant)>>,
 }
 
-/// How long the finishing watch waits before reading every Processing batch again.
-const FINISHING_REREAD: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long the finishing watch waits before reading every Processing batch again: three
+/// of the engine's sweeps (30 s in a real process; see [`Engine::sweep`]).
+fn finishing_reread(e: &Engine) -> std::time::Duration {
+    e.sweep() * 3
+}
 
 /// What woke the finishing watch.
 enum Fired {
@@ -318,7 +321,7 @@ impl Acquire for Finishing {
             });
             let any: Vec<_> = batches.chain(stale).collect();
             let some = !any.is_empty();
-            let reread = tokio::time::sleep_until(read_at + FINISHING_REREAD);
+            let reread = tokio::time::sleep_until(read_at + finishing_reread(e));
             tokio::select! {
                 // In order, not at random: a run is the same every time (`lading-sim`).
                 biased;

@@ -57,9 +57,11 @@ pub async fn run(ingest: Arc<Ingest>, shutdown: lading_worker::Shutdown) {
             }
             Ok(Err(next_due)) => {
                 let now = ingest.engine.clock().now_ms();
-                // The watch wakes us on any new entry; a retry time needs the clock.
-                next_due.map_or(Duration::from_secs(30), |t| {
-                    Duration::from_millis(t.saturating_sub(now)).min(Duration::from_secs(30))
+                // The watch wakes us on any new entry; a retry time needs the clock. A look
+                // every three sweeps at most (30 s in a real process) is the safety net.
+                let most = ingest.engine.sweep() * 3;
+                next_due.map_or(most, |t| {
+                    Duration::from_millis(t.saturating_sub(now)).min(most)
                 })
             }
             Err(e) => {

@@ -395,8 +395,9 @@ pub async fn run_waker(ingest: std::sync::Arc<crate::Ingest>, shutdown: lading_w
     run_waker_with(engine, limits_of(ingest), shutdown).await
 }
 
-/// Runs [`wake`] whenever a job reaches a final state (at most every 100 ms), and every
-/// [`PARK`]/10 as a safety net, until `shutdown` says stop.
+/// Runs [`wake`] whenever a job reaches a final state (at most every 100 ms), and every six
+/// of the engine's sweeps (60 s in a real process, see [`Engine::sweep`]) as a safety net,
+/// until `shutdown` says stop.
 pub async fn run_waker_with(
     engine: std::sync::Arc<Engine>,
     limits: Limits,
@@ -423,12 +424,14 @@ pub async fn run_waker_with(
                 watches.push(w);
             }
         }
+        // The safety net: six of the engine's sweeps (60 s in a real process).
+        let net = engine.sweep() * 6;
         let again = match wake(&engine, &limits).await {
             Ok(w) if w.unsettled => UNSETTLED_AGAIN,
-            Ok(_) => PARK / 10,
+            Ok(_) => net,
             Err(e) => {
                 tracing::warn!(error = %e, "waking jobs parked for a quota slot");
-                PARK / 10
+                net
             }
         };
         let any =
