@@ -51,7 +51,9 @@ pub use follow::{
     Following, Observed, Past, Transition, transition_id, transition_id_at_most, transition_id_time,
 };
 pub use locks::ForeignLock;
-pub use outbox::{Effect, OutboxClaim, OutboxCounts, OutboxEntry, OutboxItem, Summary};
+pub use outbox::{
+    Effect, OutboxClaim, OutboxCounts, OutboxEntry, OutboxItem, OutboxWatch, Summary,
+};
 pub use reserve::{RESERVED_FIELD, Reservation};
 
 use foldhash::{HashMap, HashMapExt};
@@ -318,6 +320,9 @@ pub struct Engine {
     /// Locks a lease gave up that could not be told deleted, and the session they were made
     /// on.
     strays: Mutex<std::collections::BTreeMap<String, u64>>,
+    /// Outbox entry locks the last [`Engine::claim_effect`] found held by other sessions:
+    /// what the deliverer's [`Engine::wait_outbox`] watches besides the outbox.
+    outbox_busy: Mutex<Vec<String>>,
     /// How often a waiter looks again whatever it was told ([`SWEEP`] unless set by
     /// [`Engine::with_sweep`]).
     sweep: Duration,
@@ -392,6 +397,7 @@ impl Engine {
             parked: tokio::sync::watch::Sender::new(0),
             local_conflicts: std::sync::atomic::AtomicU64::new(0),
             strays: Mutex::new(Default::default()),
+            outbox_busy: Mutex::new(Vec::new()),
             sweep: SWEEP,
         }
     }

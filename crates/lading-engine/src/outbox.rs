@@ -12,9 +12,9 @@
 //! - A failed delivery is kept with its attempt count and next time; after the caller's last
 //!   attempt it is kept as `dead`, for an admin to see and retry.
 
-use crate::{Engine, EngineError, Result, json_bytes};
+use crate::{Engine, EngineError, Result, WAIT_LOCKS, any_of, json_bytes};
 use lading_core::layout::{OUTBOX, OUTBOX_PREFIX, to_bytes};
-use lading_core::{CreateMode, Op, TreeError, WatchKind};
+use lading_core::{CreateMode, Op, TreeError, Watch, WatchKind};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::time::Duration;
@@ -67,6 +67,9 @@ pub struct OutboxClaim {
     /// The session its lock was made on: what the claim commits goes on it alone.
     session: u64,
 }
+
+/// The outbox's watch, set before a deliverer looks (see [`Engine::arm_outbox`]).
+pub struct OutboxWatch(Watch);
 
 /// One entry as an admin listing shows it.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -139,6 +142,7 @@ impl Engine {
         // Entry locks left by failed calls, tried again first (the deliverer does not wait
         // through the acquisition skeleton that does this for the queues).
         self.drop_strays().await;
+        let mut busy = Vec::new();
         let mut names = self.tree.children(OUTBOX).await?;
         names.sort();
         let now = self.clock.now_ms();
@@ -200,9 +204,15 @@ impl Engine {
                         }
                     }
                 }
-                Err(TreeError::NodeExists(_))
-                | Err(TreeError::NoNode(_))
-                | Err(TreeError::SessionExpired) => self.unclaim_on(&lock, session),
+                Err(TreeError::NodeExists(_)) => {
+                    self.unclaim_on(&lock, session);
+                    if busy.len() < WAIT_LOCKS {
+                        busy.push(lock);
+                    }
+                }
+                Err(TreeError::NoNode(_)) | Err(TreeError::SessionExpired) => {
+                    self.unclaim_on(&lock, session)
+                }
                 Err(e) => {
                     // The create may have been made with its answer lost.
                     self.abandon_on(&lock, session).await;
@@ -210,13 +220,36 @@ impl Engine {
                 }
             }
         }
+        *self.outbox_busy.lock().unwrap_or_else(|p| p.into_inner()) = busy;
         Ok(Err(next_due))
     }
 
-    /// Waits until the outbox changes or `timeout` passes.
-    pub async fn wait_outbox(&self, timeout: Duration) -> Result<()> {
-        let w = self.tree.watch(OUTBOX, WatchKind::Children).await?;
-        let _ = tokio::time::timeout(timeout, w).await;
+    /// Watches the outbox for new entries, before a deliverer looks at it
+    /// ([`Engine::claim_effect`]): an entry made while it looks still wakes it. (Set after the
+    /// look, as it was, the watch missed such an entry until the deliverer's safety net,
+    /// found by `lading-sim` once that net was longer than its liveness bound.)
+    pub async fn arm_outbox(&self) -> Result<OutboxWatch> {
+        Ok(OutboxWatch(
+            self.tree.watch(OUTBOX, WatchKind::Children).await?,
+        ))
+    }
+
+    /// Waits, after a look that claimed nothing, until the outbox changes (`armed`, see
+    /// [`Engine::arm_outbox`]), a lock the look found held by another process goes, or
+    /// `timeout` passes. An entry whose deliverer crashed is free when its session ends,
+    /// which changes no entry: without the lock's watch it waited for the safety net (found
+    /// by `lading-sim`).
+    pub async fn wait_outbox(&self, armed: OutboxWatch, timeout: Duration) -> Result<()> {
+        let busy = std::mem::take(&mut *self.outbox_busy.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut watches = vec![armed.0];
+        for lock in busy {
+            watches.push(self.tree.watch(&lock, WatchKind::Data).await?);
+            // Gone before its watch was set: the watch would wait for a new one.
+            if self.tree.exists(&lock).await?.is_none() {
+                return Ok(());
+            }
+        }
+        let _ = tokio::time::timeout(timeout, any_of(watches.iter_mut())).await;
         Ok(())
     }
 

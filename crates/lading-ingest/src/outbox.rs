@@ -46,6 +46,8 @@ pub async fn run(ingest: Arc<Ingest>, shutdown: lading_worker::Shutdown) {
             p = slots.clone().acquire_owned() => p.expect("never closed"),
             _ = &mut stop => break,
         };
+        // Armed before the look, so an entry made during it wakes the wait below.
+        let armed = ingest.engine.arm_outbox().await;
         let wait = match ingest.engine.claim_effect(KINDS).await {
             Ok(Ok(claim)) => {
                 let i = ingest.clone();
@@ -73,7 +75,20 @@ pub async fn run(ingest: Arc<Ingest>, shutdown: lading_worker::Shutdown) {
         tokio::select! {
             // In order, not at random: a run is the same every time (`lading-sim`).
             biased;
-            _ = ingest.engine.wait_outbox(wait) => {}
+            _ = async {
+                match armed {
+                    Ok(armed) => {
+                        if let Err(e) = ingest.engine.wait_outbox(armed, wait).await {
+                            tracing::warn!(error = %e, "cannot watch the outbox");
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot watch the outbox");
+                        tokio::time::sleep(wait.min(Duration::from_secs(1))).await;
+                    }
+                }
+            } => {}
             // Entries this process gave back (or a delivery that ended) may be due now.
             _ = tasks.join_next(), if !tasks.is_empty() => {}
             _ = &mut stop => break,
