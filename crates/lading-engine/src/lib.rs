@@ -54,6 +54,7 @@ pub use locks::ForeignLock;
 pub use outbox::{
     Effect, OutboxClaim, OutboxCounts, OutboxEntry, OutboxItem, OutboxWatch, Summary,
 };
+pub use reporting::ReportTry;
 pub use reserve::{RESERVED_FIELD, Reservation};
 
 use foldhash::{HashMap, HashMapExt};

@@ -3,6 +3,18 @@
 
 use super::*;
 
+/// What [`Engine::try_report`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReportTry {
+    /// This call moved the batch on to Reporting.
+    Moved,
+    /// Not Processing, gone, or with jobs still in `batch-processing`.
+    NotFinished,
+    /// Finished, but another session holds the batch's lock (see
+    /// [`Engine::watch_batch_lock`]).
+    Held,
+}
+
 impl Engine {
     /// Writes `/batches/BID/status-report` under the batch lease.
     pub async fn write_status_report(
@@ -50,6 +62,11 @@ impl Engine {
     /// `batch-processing`. Safe to call any number of times, from anywhere: exactly one caller
     /// wins. Returns whether this call moved it.
     pub async fn maybe_report(&self, batch: &BatchId) -> Result<bool> {
+        Ok(self.try_report(batch).await? == ReportTry::Moved)
+    }
+
+    /// [`Engine::maybe_report`], saying why it did not move the batch.
+    pub async fn try_report(&self, batch: &BatchId) -> Result<ReportTry> {
         for attempt in 0..MAX_OPTIMISTIC {
             // The first look as acquisition's, when it finds the batch running (as most calls
             // do; a late one then fails the version check below). Anything else, and after a
@@ -64,11 +81,11 @@ impl Engine {
             };
             let (status, version) = match read {
                 Ok(s) => s,
-                Err(EngineError::NoBatch(_)) => return Ok(false),
+                Err(EngineError::NoBatch(_)) => return Ok(ReportTry::NotFinished),
                 Err(e) => return Err(e),
             };
             if status.status != BatchState::Processing {
-                return Ok(false);
+                return Ok(ReportTry::NotFinished);
             }
             // One child is enough to know it is not empty; a count would cost the batch size.
             match self
@@ -77,7 +94,7 @@ impl Engine {
                 .await
             {
                 Ok(c) if c.is_empty() => {}
-                Ok(_) | Err(TreeError::NoNode(_)) => return Ok(false),
+                Ok(_) | Err(TreeError::NoNode(_)) => return Ok(ReportTry::NotFinished),
                 Err(e) => return Err(e.into()),
             }
             let mut next = status.clone();
@@ -115,10 +132,13 @@ impl Engine {
                         Some(BatchState::Processing.name()),
                         BatchState::Reporting.name(),
                     );
-                    return Ok(true);
+                    return Ok(ReportTry::Moved);
                 }
-                // Someone holds the batch: they will check again when they let go.
-                Err(e) if matches!(e.root(), TreeError::NodeExists(_)) => return Ok(false),
+                // Someone holds the batch: a live holder checks again when it lets go, but
+                // one that crashed lets go only when its session ends, and checks nothing.
+                Err(e) if matches!(e.root(), TreeError::NodeExists(_)) => {
+                    return Ok(ReportTry::Held);
+                }
                 Err(e) if matches!(e.root(), TreeError::BadVersion { .. }) => continue,
                 Err(e) => return Err(e.into()),
             }
@@ -195,6 +215,16 @@ impl Engine {
             Err(TreeError::NoNode(_)) => Ok(None),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// A watch on `batch`'s lock, when it is still held: it fires when the lock goes. `None`
+    /// when it is gone already (the batch can be tried at once). For a finished batch that
+    /// [`Engine::try_report`] found [`ReportTry::Held`].
+    pub async fn watch_batch_lock(&self, batch: &BatchId) -> Result<Option<Watch>> {
+        let lock = batch_node(batch, "lock");
+        let w = self.tree.watch(&lock, WatchKind::Data).await?;
+        // Gone before its watch was set: the watch would wait for a new lock.
+        Ok(self.tree.exists(&lock).await?.map(|_| w))
     }
 
     /// Moves each of `batches` whose jobs have all finished on to Reporting; returns how

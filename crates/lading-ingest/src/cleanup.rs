@@ -7,8 +7,9 @@
 use crate::Ingest;
 use lading_core::BatchState;
 use lading_core::TreeError;
+use lading_core::layout::BatchId;
 use lading_core::time::parse_ts;
-use lading_engine::{Engine, EngineError};
+use lading_engine::{Engine, EngineError, ReportTry};
 use lading_worker::{Acquire, Shutdown};
 
 /// What one cleanup pass removed.
@@ -226,6 +227,8 @@ pub async fn housekeeping(ingest: std::sync::Arc<Ingest>, shutdown: Shutdown) {
         std::sync::Arc::new(Finishing {
             ingest: ingest.clone(),
             kept: std::sync::Mutex::new(None),
+            held: std::sync::Mutex::new(Vec::new()),
+            locks: std::sync::Mutex::new(Vec::new()),
         }),
         1,
         shutdown.clone(),
@@ -273,6 +276,13 @@ struct Finishing {
     ingest: std::sync::Arc<Ingest>,
     /// The watches of the last round and when their list was read; `None`: read it again.
     kept: std::sync::Mutex<Option<(lading_engine::Finishing, tokio::time::Instant)>>,
+    /// Finished batches another session held the lock of ([`ReportTry::Held`]), not watched
+    /// yet.
+    held: std::sync::Mutex<Vec<BatchId>>,
+    /// Watches on the locks of such batches: each is checked again when its lock goes. A
+    /// holder that crashed lets go only when its session ends, and checks nothing then; the
+    /// batch waited for the list's re-read (found by `lading-sim`).
+    locks: std::sync::Mutex<Vec<(BatchId, lading_core::Watch)>>,
 }
 
 /// How long the finishing watch waits before reading every Processing batch again: three
@@ -284,7 +294,12 @@ fn finishing_reread(e: &Engine) -> std::time::Duration {
 /// What woke the finishing watch.
 enum Fired {
     Batch(usize),
+    Lock(usize),
     Stale,
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Acquire for Finishing {
@@ -295,7 +310,29 @@ impl Acquire for Finishing {
     }
     async fn wait(&self, stop: Shutdown) -> Result<Option<Self::Lease>, String> {
         let e = &self.ingest.engine;
-        let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let mut locks = std::mem::take(&mut *lock(&self.locks));
+        let mut free = Vec::new();
+        let held = std::mem::take(&mut *lock(&self.held));
+        for (i, b) in held.iter().enumerate() {
+            if locks.iter().any(|(x, _)| x == b) {
+                continue;
+            }
+            match e.watch_batch_lock(b).await {
+                Ok(Some(w)) => locks.push((b.clone(), w)),
+                // Let go already: checked at once.
+                Ok(None) => free.push(b.clone()),
+                Err(err) => {
+                    lock(&self.held).extend_from_slice(&held[i..]);
+                    *lock(&self.locks) = locks;
+                    return Err(err.to_string());
+                }
+            }
+        }
+        if !free.is_empty() {
+            *lock(&self.locks) = locks;
+            return Ok(Some(free));
+        }
+        let kept = lock(&self.kept).take();
         let (mut f, read_at) = match kept {
             Some(k) => k,
             None => {
@@ -319,7 +356,13 @@ impl Acquire for Finishing {
                     Fired::Stale
                 }) as futures_util::future::BoxFuture<'_, Fired>
             });
-            let any: Vec<_> = batches.chain(stale).collect();
+            let held = locks.iter_mut().enumerate().map(|(i, (_, w))| {
+                Box::pin(async move {
+                    w.await;
+                    Fired::Lock(i)
+                }) as futures_util::future::BoxFuture<'_, Fired>
+            });
+            let any: Vec<_> = batches.chain(held).chain(stale).collect();
             let some = !any.is_empty();
             let reread = tokio::time::sleep_until(read_at + finishing_reread(e));
             tokio::select! {
@@ -330,11 +373,20 @@ impl Acquire for Finishing {
                 (w, _, _) = futures_util::future::select_all(any), if some => Some(w),
             }
         };
+        let lock_fired = match fired {
+            Some(Fired::Lock(i)) => Some(locks.swap_remove(i).0),
+            _ => None,
+        };
+        *lock(&self.locks) = locks;
         match fired {
             // Stopping: nothing is kept.
             None => Ok(None),
             // Read the list again (and check every batch) next round.
             Some(Fired::Stale) => Ok(None),
+            Some(Fired::Lock(_)) => {
+                *lock(&self.kept) = Some((f, read_at));
+                Ok(lock_fired.map(|b| vec![b]))
+            }
             Some(Fired::Batch(i)) => {
                 // Fired, so never polled again: set anew before its batch is checked.
                 let (b, _) = f.batches.swap_remove(i);
@@ -343,16 +395,25 @@ impl Acquire for Finishing {
                     Ok(None) => {}
                     Err(err) => return Err(err.to_string()),
                 }
-                *self.kept.lock().unwrap_or_else(|p| p.into_inner()) = Some((f, read_at));
+                *lock(&self.kept) = Some((f, read_at));
                 Ok(Some(vec![b]))
             }
         }
     }
     async fn handle(&self, batches: Self::Lease, _: &mut Shutdown) -> Option<Self::Lease> {
-        match self.ingest.engine.report_finished(&batches).await {
-            Ok(n) if n > 0 => tracing::info!(batches = n, "finished batches moved on to Reporting"),
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "checking finished batches failed"),
+        let mut moved = 0;
+        for b in batches {
+            match self.ingest.engine.try_report(&b).await {
+                Ok(ReportTry::Moved) => moved += 1,
+                Ok(ReportTry::Held) => lock(&self.held).push(b),
+                Ok(ReportTry::NotFinished) => {}
+                Err(e) => {
+                    tracing::warn!(batch = %b, error = %e, "checking a finished batch failed")
+                }
+            }
+        }
+        if moved > 0 {
+            tracing::info!(batches = moved, "finished batches moved on to Reporting");
         }
         None
     }

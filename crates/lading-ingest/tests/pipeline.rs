@@ -1242,6 +1242,7 @@ on_both_backends!(
     merritt_created_jobs_run_to_completed_and_to_failed,
     merritt_moving_a_batchs_last_job_is_noticed_by_a_watch,
     a_batch_merritt_starts_while_housekeeping_runs_is_noticed_when_it_finishes,
+    a_finished_batch_a_crashed_holder_kept_locked_is_noticed_when_its_session_ends,
     merritt_assembly_requests_lading_cannot_assemble_fail_at_once_naming_why,
 );
 
@@ -1562,6 +1563,68 @@ async fn a_batch_merritt_starts_while_housekeeping_runs_is_noticed_when_it_finis
         .expect("the batch's completion was noticed by a watch, before any re-read");
     let report = w.engine.batch(&bid).await.unwrap();
     assert_eq!(report.jobs["batch-completed"], vec![theirs.clone()]);
+    run.stop().await;
+}
+
+/// A batch's last job ends while a session that has crashed still holds the batch's lock (a
+/// reporter that had taken it, say): housekeeping's check is refused, and the holder, gone,
+/// never checks again. When its session ends the lock goes, with no change to any job or
+/// status: housekeeping must watch the lock it was refused by (found by `lading-sim`, once
+/// its safety nets were longer than its liveness bound), not wait for its 30 s re-read.
+async fn a_finished_batch_a_crashed_holder_kept_locked_is_noticed_when_its_session_ends(w: World) {
+    let (url, _) = w.file("m/held.txt", b"merritt's");
+    let ingest = w.ingest();
+    let run = w.run_stages(&ingest, &["reporting"]);
+    let other = w.other_session().await;
+    let bid = merritt::create_batch(
+        &*other,
+        &serde_json::json!({"batchID": uuid(), "submitter": "merritt-user", "profile": "demo"}),
+    )
+    .await;
+    merritt::acquire_batch(&*other, &bid).await;
+    let conf = serde_json::json!({"profile_name": "demo", "submitter": "merritt-user",
+                                  "payload_url": url, "payload_type": "file",
+                                  "response_type": "tsv"});
+    let none = serde_json::json!({});
+    let theirs = merritt::create_job(&*other, &bid, 5, &conf, &none, &none, true).await;
+    merritt::unlock_batch(&*other, &bid).await;
+    // The holder: a session of its own that takes the batch's lock and then stops answering.
+    let holder = w.other_session().await;
+    holder
+        .create(
+            &format!("/batches/{bid}/lock"),
+            Some(Vec::new()),
+            lading_core::CreateMode::Ephemeral,
+        )
+        .await
+        .unwrap();
+    merritt::move_job(&*other, &bid, &theirs, 5, "Pending", "Estimating").await;
+    let mut at = JobState::Estimating;
+    while let Some(next) = at.success() {
+        merritt::move_job(&*other, &bid, &theirs, 5, at.name(), next.name()).await;
+        at = next;
+    }
+    merritt::unlock_job(&*other, &theirs).await;
+    // Housekeeping's check on the last job's move is refused while the lock stays. The pause
+    // only makes that check come first; nothing tells when it has run, and correct code
+    // passes whatever the order.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let held = w.engine.batch(&bid).await.unwrap();
+    assert_eq!(
+        (held.status.status, held.locked),
+        (BatchState::Processing, true),
+        "not moved while another session holds the batch"
+    );
+    assert_eq!(
+        held.jobs["batch-completed"],
+        vec![theirs.clone()],
+        "nothing lost"
+    );
+    holder.close().await.unwrap();
+    // Half the re-read's period tells the lock's watch from the fallback.
+    tokio::time::timeout(std::time::Duration::from_secs(15), w.completes(&bid))
+        .await
+        .expect("the batch was noticed when its holder's lock went, before any re-read");
     run.stop().await;
 }
 

@@ -119,6 +119,9 @@ pub struct State {
     /// How long Lading keeps ended batches (cleanup may purge one only after it).
     pub retention_ms: u64,
     pub violations: Vec<String>,
+    /// Batches cleanup has purged a job of: a batch's jobs go one commit each before the
+    /// batch does, so such a batch may be seen with some of its jobs and not others.
+    pub purged_from: BTreeSet<String>,
     /// FNV-1a over every trace line: two runs of one seed agree iff their traces do.
     pub trace_hash: u64,
     pub tail: VecDeque<String>,
@@ -292,6 +295,7 @@ impl World {
                 accepts: Default::default(),
                 retention_ms: u64::MAX,
                 violations: Vec::new(),
+                purged_from: BTreeSet::new(),
                 trace_hash: 0xcbf2_9ce4_8422_2325,
                 tail: VecDeque::new(),
                 full: full_trace.then(Vec::new),
@@ -439,6 +443,15 @@ impl SimTree {
         changed.sort();
         ov.apply_to(&mut st.mem);
         st.commits += 1;
+        let deletes = || ops.iter().filter(|o| matches!(o, Op::Delete { .. }));
+        if deletes().any(|o| o.path().starts_with("/jobs/") && o.path().ends_with("/status")) {
+            for o in deletes() {
+                let parts: Vec<&str> = o.path().split('/').skip(1).collect();
+                if let ["batches", bid, "states", _, _] = parts[..] {
+                    st.purged_from.insert(bid.to_string());
+                }
+            }
+        }
         st.trace(format!("{} s{session} [{}]", self.name, short(ops)));
         for (p, created_or_deleted) in &changed {
             st.fire(p, *created_or_deleted);

@@ -292,6 +292,71 @@ pub async fn a_reporter_that_loses_its_batch_to_a_requeue_records_nothing(h: &dy
     );
 }
 
+/// A deliverer that found the only entry claimed by another session is woken when that
+/// session ends (a crashed deliverer's claim goes with it, and no entry changes), not at its
+/// safety net; and its watch, armed before it looks, wakes it for an entry made after the
+/// look (found by `lading-sim`, once the deliverers' safety net was longer than its liveness
+/// bound: both waited for it).
+pub async fn an_idle_deliverer_is_woken_when_a_crashed_claim_goes_or_an_entry_comes(
+    h: &dyn Harness,
+) {
+    let (e, _s) = engine(h, "a").await;
+    let (crashed, s2) = engine(h, "b").await;
+    batch_with_jobs(&e, 1, &[]).await;
+    let effect = |key: &str, l: &lading_engine::JobLease| lading_engine::Effect {
+        kind: "callback".into(),
+        key: key.into(),
+        batch: None,
+        job: Some(l.job.to_string()),
+        payload: json!({"url": "http://127.0.0.1/"}),
+    };
+    let mut l = take_job(&e, JobState::Pending).await;
+    l.effects.push(effect("k1", &l));
+    e.job_transition(l, Event::To(JobState::Estimating), None)
+        .await
+        .unwrap();
+    let held = crashed.claim_effect(&["callback"]).await.unwrap().unwrap();
+    let armed = e.arm_outbox().await.unwrap();
+    assert!(matches!(
+        e.claim_effect(&["callback"]).await.unwrap(),
+        Err(None)
+    ));
+    let waiter = tokio::spawn({
+        let e = e.clone();
+        async move { e.wait_outbox(armed, Duration::from_secs(3600)).await }
+    });
+    // Time is the subject: no wake-up while the claim stays.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiter.is_finished(), "woken while the claim stays");
+    (s2.expire)().await;
+    tokio::time::timeout(WAIT, waiter)
+        .await
+        .expect("woken when the crashed deliverer's claim went")
+        .unwrap()
+        .unwrap();
+    drop(held);
+    let c = e.claim_effect(&["callback"]).await.unwrap().unwrap();
+    assert_eq!(c.entry.effect.key, "k1", "the entry is intact and free");
+    e.effect_done(c).await.unwrap();
+    // Armed, then a look that finds nothing, then an entry: the wait ends for it.
+    let armed = e.arm_outbox().await.unwrap();
+    assert!(matches!(
+        e.claim_effect(&["callback"]).await.unwrap(),
+        Err(None)
+    ));
+    let mut l = take_job(&e, JobState::Estimating).await;
+    l.effects.push(effect("k2", &l));
+    e.job_transition(l, Event::To(JobState::Provisioning), None)
+        .await
+        .unwrap();
+    tokio::time::timeout(WAIT, e.wait_outbox(armed, Duration::from_secs(3600)))
+        .await
+        .expect("woken by the entry made after its look")
+        .unwrap();
+    let c = e.claim_effect(&["callback"]).await.unwrap().unwrap();
+    assert_eq!(c.entry.effect.key, "k2");
+}
+
 pub async fn outbox_entries_are_claimed_once_retried_and_deleted_when_delivered(h: &dyn Harness) {
     let (e, _s) = engine(h, "a").await;
     let (other, _s2) = engine(h, "b").await;
