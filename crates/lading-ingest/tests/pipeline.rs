@@ -1484,9 +1484,7 @@ async fn merritt_moving_a_batchs_last_job_is_noticed_by_a_watch(w: World) {
     )
     .await;
     merritt::acquire_batch(&*tree, &bid).await;
-    let conf = serde_json::json!({"profile_name": "demo", "submitter": "merritt-user",
-                                  "payload_url": url, "payload_type": "file",
-                                  "response_type": "tsv"});
+    let conf = merritt::file_job(&url);
     let none = serde_json::json!({});
     let ours = merritt::create_job(&*tree, &bid, 5, &conf, &none, &none, false).await;
     let theirs = merritt::create_job(&*other, &bid, 5, &conf, &none, &none, true).await;
@@ -1499,16 +1497,7 @@ async fn merritt_moving_a_batchs_last_job_is_noticed_by_a_watch(w: World) {
         BatchState::Processing,
         "Merritt's job is still running"
     );
-    // Stage by stage, as Merritt's daemons would: the pipeline's own order.
-    // Pending is left by starting the job; each stage after it by its success.
-    merritt::move_job(&*other, &bid, &theirs, 5, "Pending", "Estimating").await;
-    let mut at = JobState::Estimating;
-    while let Some(next) = at.success() {
-        merritt::move_job(&*other, &bid, &theirs, 5, at.name(), next.name()).await;
-        at = next;
-    }
-    assert_eq!(at, JobState::Completed);
-    merritt::unlock_job(&*other, &theirs).await;
+    merritt::run_to_completed(&*other, &bid, &theirs).await;
     // Housekeeping also re-reads Processing batches every 30 s: half that bound tells the
     // watch from the fallback (a watch fires in milliseconds).
     tokio::time::timeout(std::time::Duration::from_secs(15), w.completes(&bid))
@@ -1542,20 +1531,12 @@ async fn a_batch_merritt_starts_while_housekeeping_runs_is_noticed_when_it_finis
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     merritt::acquire_batch(&*other, &bid).await;
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    let conf = serde_json::json!({"profile_name": "demo", "submitter": "merritt-user",
-                                  "payload_url": url, "payload_type": "file",
-                                  "response_type": "tsv"});
+    let conf = merritt::file_job(&url);
     let none = serde_json::json!({});
     let theirs = merritt::create_job(&*other, &bid, 5, &conf, &none, &none, true).await;
     merritt::unlock_batch(&*other, &bid).await;
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    merritt::move_job(&*other, &bid, &theirs, 5, "Pending", "Estimating").await;
-    let mut at = JobState::Estimating;
-    while let Some(next) = at.success() {
-        merritt::move_job(&*other, &bid, &theirs, 5, at.name(), next.name()).await;
-        at = next;
-    }
-    merritt::unlock_job(&*other, &theirs).await;
+    merritt::run_to_completed(&*other, &bid, &theirs).await;
     // As in `merritt_moving_a_batchs_last_job_is_noticed_by_a_watch`: half the re-read's
     // period tells the watch from the fallback.
     tokio::time::timeout(std::time::Duration::from_secs(15), w.completes(&bid))
@@ -1582,9 +1563,7 @@ async fn a_finished_batch_a_crashed_holder_kept_locked_is_noticed_when_its_sessi
     )
     .await;
     merritt::acquire_batch(&*other, &bid).await;
-    let conf = serde_json::json!({"profile_name": "demo", "submitter": "merritt-user",
-                                  "payload_url": url, "payload_type": "file",
-                                  "response_type": "tsv"});
+    let conf = merritt::file_job(&url);
     let none = serde_json::json!({});
     let theirs = merritt::create_job(&*other, &bid, 5, &conf, &none, &none, true).await;
     merritt::unlock_batch(&*other, &bid).await;
@@ -1598,13 +1577,7 @@ async fn a_finished_batch_a_crashed_holder_kept_locked_is_noticed_when_its_sessi
         )
         .await
         .unwrap();
-    merritt::move_job(&*other, &bid, &theirs, 5, "Pending", "Estimating").await;
-    let mut at = JobState::Estimating;
-    while let Some(next) = at.success() {
-        merritt::move_job(&*other, &bid, &theirs, 5, at.name(), next.name()).await;
-        at = next;
-    }
-    merritt::unlock_job(&*other, &theirs).await;
+    merritt::run_to_completed(&*other, &bid, &theirs).await;
     // Housekeeping's check on the last job's move is refused while the lock stays. The pause
     // only makes that check come first; nothing tells when it has run, and correct code
     // passes whatever the order.

@@ -542,6 +542,27 @@ pub mod merritt {
         t.delete(&format!("/jobs/{jid}/lock"), None).await.unwrap();
     }
 
+    /// A Merritt job's configuration for one file at `url`.
+    pub fn file_job(url: &str) -> Value {
+        json!({"profile_name": "demo", "submitter": "merritt-user", "payload_url": url,
+               "payload_type": "file", "response_type": "tsv"})
+    }
+
+    /// Runs a Pending job `t` holds through every stage to Completed, as Merritt's daemons
+    /// would (the pipeline's own order: Pending is left by starting the job, each stage after
+    /// it by its success), and lets it go.
+    pub async fn run_to_completed(t: &dyn Tree, bid: &BatchId, jid: &JobId) {
+        use lading_core::JobState;
+        move_job(t, bid, jid, 5, "Pending", "Estimating").await;
+        let mut at = JobState::Estimating;
+        while let Some(next) = at.success() {
+            move_job(t, bid, jid, 5, at.name(), next.name()).await;
+            at = next;
+        }
+        assert_eq!(at, JobState::Completed);
+        unlock_job(t, jid).await;
+    }
+
     /// `Access.createAssembly(client, queue, token)`: `/access/QUEUE/qidN` with the token's
     /// JSON as `token` (or `raw` bytes as they are) and a Pending `status`. Returns the
     /// request's path.
