@@ -76,6 +76,10 @@ pub(crate) enum Admin {
         #[arg(long)]
         ark: Option<String>,
     },
+    /// Check the setup as `serve` and `worker` do when they start (the config, every
+    /// profile, the nodes they name), then probe every outside service once (each storage
+    /// node, the SMTP server): one line each; exit 1 when anything is wrong.
+    CheckConfig,
     /// Remove Completed and Deleted batches (and their jobs) last changed more than
     /// --older-than-hours ago.
     Cleanup {
@@ -172,6 +176,9 @@ pub(crate) async fn admin(ops: &impl Ops, action: Admin) -> anyhow::Result<()> {
                 if r.paused { "paused" } else { "resumed" },
                 if r.changed { "" } else { " (already)" }
             );
+        }
+        Admin::CheckConfig => {
+            anyhow::bail!("lading admin check-config checks this host's config, not through --server")
         }
         Admin::Fixity { .. } => {
             anyhow::bail!(
@@ -281,5 +288,31 @@ pub(crate) async fn cleanup(ingest: &Ingest, older_than_hours: u64) -> anyhow::R
         "removed {} batches and {} jobs (with their working directories and uploads) and {} access requests (with their zips) finished more than {older_than_hours} h ago; gave back {} quota slots and folders; dropped {} submitter-index entries of batches another tool deleted",
         c.batches, c.jobs, c.access, c.quotas, c.index_entries
     );
+    Ok(())
+}
+
+/// `lading admin check-config`: the setup was read and checked when the ingest service was
+/// made (a broken one never gets here); each dependency is probed once.
+pub(crate) async fn check_config(ingest: &lading_ingest::Ingest) -> anyhow::Result<()> {
+    println!("config and profiles: ok");
+    let deps = ingest.engine.deps();
+    let mut down = 0;
+    for h in deps.list() {
+        let dep = lading_engine::deps::Dependency::new(&h.kind, &h.name, &h.address);
+        let Some(probe) = deps.probe_of(&dep.key()) else {
+            continue;
+        };
+        match probe().await {
+            Ok(()) => println!("ok    {} ({})", h.label, h.address),
+            Err(cause) => {
+                down += 1;
+                println!("down  {} ({}): {cause}", h.label, h.address);
+            }
+        }
+    }
+    if down > 0 {
+        std::io::Write::flush(&mut std::io::stdout())?;
+        std::process::exit(1);
+    }
     Ok(())
 }

@@ -356,6 +356,9 @@ async fn run_on(cli: Cli, cfg: lading_ingest::Config, store: &str) -> anyhow::Re
                 Command::Admin {
                     action: Admin::Fixity { action, node, ark },
                 } => admin::fixity(&ingest, action, node, ark.as_deref()).await,
+                Command::Admin {
+                    action: Admin::CheckConfig,
+                } => admin::check_config(&ingest).await,
                 cmd => console(&Local(ingest.clone()), cmd).await,
             };
             ingest.engine.tree().close().await?;

@@ -1,6 +1,8 @@
 //! The `lading` binary, run as a user would: exit codes, messages, and that refused commands
 //! leave the store as it was.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
@@ -852,4 +854,23 @@ fn the_store_lives_in_the_configs_data_dir_for_every_command() {
         "{err}"
     );
     assert!(!empty.exists(), "nothing was made");
+}
+
+/// SPEC §11: a broken setup stops a process at start, not at the first deposit: `serve` and
+/// `worker` with a profile whose key is misspelt (`storage_node`) refuse to start, naming the
+/// profile's file and the key, and the store is left as it was.
+#[test]
+fn serve_and_worker_refuse_a_profile_with_a_misspelt_key_naming_file_and_key() {
+    let s = common::setup("storage_node = [9501]\n", "listen = \"127.0.0.1:0\"\n");
+    for role in ["serve", "worker"] {
+        let o = s.cmd(&[role]).stdin(Stdio::null()).output().unwrap();
+        let err = text(&o).1;
+        assert!(!o.status.success(), "{role} started: {err}");
+        assert!(err.contains("demo.toml"), "{role}: {err}");
+        assert!(err.contains("storage_node"), "{role}: {err}");
+    }
+    let o = s.cmd(&["admin", "check-config"]).output().unwrap();
+    let (out, err) = text(&o);
+    assert!(!o.status.success(), "check-config passed: {out}");
+    assert!(err.contains("demo.toml") && err.contains("storage_node"), "{err}");
 }

@@ -31,6 +31,7 @@ mod admin;
 mod batches;
 mod claims;
 mod contention;
+pub mod deps;
 mod error;
 mod follow;
 mod holds;
@@ -327,6 +328,8 @@ pub struct Engine {
     /// How often a waiter looks again whatever it was told ([`SWEEP`] unless set by
     /// [`Engine::with_sweep`]).
     sweep: Duration,
+    /// The outside services work depends on, and their health (see [`deps`]).
+    deps: deps::Dependencies,
 }
 
 /// Status field (`/jobs/JID/status`, beside Merritt's fields) holding the earliest time, in
@@ -400,6 +403,7 @@ impl Engine {
             strays: Mutex::new(Default::default()),
             outbox_busy: Mutex::new(Vec::new()),
             sweep: SWEEP,
+            deps: Default::default(),
         }
     }
 

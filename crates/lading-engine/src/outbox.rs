@@ -286,9 +286,33 @@ impl Engine {
         error: &str,
         retry_at_ms: Option<u64>,
     ) -> Result<()> {
+        self.effect_record(claim, error, retry_at_ms, true).await
+    }
+
+    /// Records a delivery that found the service it goes to down (SPEC §11): tried again at
+    /// `retry_at_ms`, using no attempt.
+    pub async fn effect_waits(
+        &self,
+        claim: OutboxClaim,
+        error: &str,
+        retry_at_ms: u64,
+    ) -> Result<()> {
+        self.effect_record(claim, error, Some(retry_at_ms), false)
+            .await
+    }
+
+    async fn effect_record(
+        &self,
+        claim: OutboxClaim,
+        error: &str,
+        retry_at_ms: Option<u64>,
+        counted: bool,
+    ) -> Result<()> {
         let lock = lock_path(&claim.name);
         let mut entry = claim.entry.clone();
-        entry.attempts += 1;
+        if counted {
+            entry.attempts += 1;
+        }
         entry.last_error = Some(error.chars().take(2000).collect());
         match retry_at_ms {
             Some(t) => entry.next_at_ms = t,
@@ -364,6 +388,11 @@ impl Engine {
             },
             fixity: None,
             foreign_locks: self.foreign_locks().await?,
+            dependencies_down: crate::deps::published(self)
+                .await
+                .into_iter()
+                .filter(|h| !h.up)
+                .collect(),
         })
     }
 
@@ -410,6 +439,9 @@ pub struct Summary {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
     pub fixity: Option<serde_json::Value>,
+    /// The outside services down now, for any process, and the work waiting on each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dependencies_down: Vec<crate::deps::Health>,
 }
 
 /// Outbox entries still being delivered, and those given up.

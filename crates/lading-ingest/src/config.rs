@@ -130,6 +130,50 @@ pub struct Config {
     pub storage_nodes: Vec<NodeSettings>,
     /// The scheduled fixity audit (`[fixity]`).
     pub fixity: FixitySettings,
+    /// Waiting on outside services that are down (`[dependencies]`, SPEC §11).
+    pub dependencies: DependencySettings,
+}
+
+/// How work waits on an outside service that is down: it uses no attempt, one prober per
+/// dependency and process asks it whether it is back, and a wait has a limit.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DependencySettings {
+    /// The longest pause between two probes of a dependency that is down (they start at
+    /// 1 s and double).
+    pub probe_max_s: u64,
+    /// How long a job may wait on one dependency before it fails, naming it.
+    pub max_wait_h: u64,
+    /// The same in seconds, for short-lived setups and tests; takes precedence when set.
+    pub max_wait_s: Option<u64>,
+    /// A waiting job is looked at again after this long even when no prober wakes it (its
+    /// process ended while it waited).
+    pub recheck_s: u64,
+}
+
+impl Default for DependencySettings {
+    fn default() -> Self {
+        DependencySettings {
+            probe_max_s: 5,
+            max_wait_h: 72,
+            max_wait_s: None,
+            recheck_s: 60,
+        }
+    }
+}
+
+impl DependencySettings {
+    /// As the engine's registry takes them.
+    pub fn settings(&self) -> lading_engine::deps::DepSettings {
+        lading_engine::deps::DepSettings {
+            probe_max: Duration::from_secs(self.probe_max_s.max(1)),
+            max_wait: Duration::from_secs(
+                self.max_wait_s
+                    .unwrap_or(self.max_wait_h.saturating_mul(3600)),
+            ),
+            recheck: Duration::from_secs(self.recheck_s.max(1)),
+        }
+    }
 }
 
 /// The scheduled fixity audit: every stored copy read back and compared with the inventory.
@@ -285,6 +329,7 @@ impl Default for Config {
             smtp_host: None,
             storage_nodes: Vec::new(),
             fixity: FixitySettings::default(),
+            dependencies: DependencySettings::default(),
             smtp_port: 25,
             mail_from: "lading@localhost".into(),
             retention_hours: 24 * 30,

@@ -19,6 +19,26 @@ pub enum FetchError {
     /// It will not work as asked (404, a bad URL, a digest that does not match).
     #[error("{0}")]
     Fatal(String),
+    /// The payload's host cannot be reached (SPEC §11): the work waits for it, using no
+    /// attempt.
+    #[error("{message}")]
+    Unavailable {
+        dependency: lading_engine::deps::Dependency,
+        cause: String,
+        message: String,
+    },
+}
+
+/// A payload host as a dependency (`payload-host HOST[:PORT]`).
+pub fn payload_host(url: &str) -> lading_engine::deps::Dependency {
+    let host = reqwest::Url::parse(url)
+        .ok()
+        .and_then(|u| {
+            u.host_str()
+                .map(|h| u.port().map_or(h.to_string(), |p| format!("{h}:{p}")))
+        })
+        .unwrap_or_else(|| "unknown".into());
+    lading_engine::deps::Dependency::new("payload-host", host.clone(), host)
 }
 
 /// A running hash of one algorithm.
@@ -248,6 +268,14 @@ fn classify(e: reqwest::Error, url: &str) -> FetchError {
     }
     if e.is_builder() {
         FetchError::Fatal(format!("bad URL {url}: {e}"))
+    } else if let Some(cause) = crate::weather::reqwest_cause(&e) {
+        tracing::warn!(url = %lading_core::text::without_passwords(url), error = %e,
+            "payload host unavailable");
+        FetchError::Unavailable {
+            dependency: payload_host(url),
+            message: format!("cannot fetch {url}: {cause}"),
+            cause: format!("{cause} (fetching {url})"),
+        }
     } else {
         FetchError::Transient(format!("cannot fetch {url}: {e}"))
     }

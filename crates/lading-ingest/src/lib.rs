@@ -26,6 +26,7 @@ pub mod quota;
 pub mod replicate;
 pub mod report;
 pub mod stages;
+pub mod weather;
 mod unpack;
 
 pub use config::{Config, HttpSettings, PayloadSettings, Profile, TokenSettings};
@@ -109,12 +110,15 @@ impl Ingest {
                 })
                 .collect();
             names.sort();
+            // A profile that cannot be read stops the process at start, naming its file
+            // and the problem, rather than failing the first deposit that names it.
             for name in names {
-                if let Ok(p) = cfg.profile(&name) {
-                    nodes.of_profile(&p)?;
-                }
+                let p = cfg.profile(&name).map_err(|e| e.to_string())?;
+                nodes.of_profile(&p)?;
             }
         }
+        engine.deps().configure(cfg.dependencies.settings());
+        register_dependencies(&engine, &cfg, &nodes);
         let inventory =
             inventory::Inventory::new(cfg.inventory()).with_clock(engine.clock().clone());
         Ok(Ingest {
@@ -184,6 +188,9 @@ pub(crate) fn fatal_or_transient(e: FetchError) -> Outcome {
     match e {
         FetchError::Transient(m) => Outcome::Transient(m),
         FetchError::Fatal(m) => Outcome::Fatal(m),
+        FetchError::Unavailable {
+            dependency, cause, ..
+        } => Outcome::Unavailable { dependency, cause },
     }
 }
 
@@ -341,4 +348,52 @@ pub async fn run(
     bridge.abort();
     ended?;
     Ok(stats)
+}
+
+/// Makes the process's dependencies known (SPEC §11), each with its probe: every storage
+/// node (a listing its credentials may make), and the SMTP server (a TCP connection).
+fn register_dependencies(engine: &Engine, cfg: &Config, nodes: &nodes::Nodes) {
+    for n in nodes.all() {
+        let node = n.clone();
+        let probe: lading_engine::deps::Probe = Arc::new(move || {
+            let node = node.clone();
+            Box::pin(async move {
+                match node.check().await {
+                    Err(nodes::NodeError {
+                        down: Some(cause), ..
+                    }) => Err(cause),
+                    // Any other answer is an answer: the node is there.
+                    _ => Ok(()),
+                }
+            })
+        });
+        engine.deps().register(n.dependency(), Some(probe));
+    }
+    if let Some(host) = cfg.smtp_host.clone() {
+        let port = cfg.smtp_port;
+        let probe: lading_engine::deps::Probe = Arc::new(move || {
+            let host = host.clone();
+            Box::pin(async move {
+                match tokio::time::timeout(
+                    std::time::Duration::from_secs(5),
+                    tokio::net::TcpStream::connect((host.as_str(), port)),
+                )
+                .await
+                {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err(e)) => Err(weather::io_cause(&e).unwrap_or("cannot connect").into()),
+                    Err(_) => Err("timed out".into()),
+                }
+            })
+        });
+        engine
+            .deps()
+            .register(smtp_dependency(cfg), Some(probe));
+    }
+}
+
+/// The SMTP server as a dependency.
+pub fn smtp_dependency(cfg: &Config) -> lading_engine::deps::Dependency {
+    let host = cfg.smtp_host.clone().unwrap_or_default();
+    lading_engine::deps::Dependency::new("smtp", host.clone(), format!("{host}:{}", cfg.smtp_port))
 }

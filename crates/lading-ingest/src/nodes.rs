@@ -50,6 +50,8 @@ pub struct Node {
     pub id: u32,
     pub place: Place,
     pub part_size: u64,
+    /// Where it is (its endpoint, or folder), for admins and the log.
+    pub address: String,
     /// Set once [`Node::check`] passed in this process.
     checked: std::sync::atomic::AtomicBool,
 }
@@ -61,6 +63,8 @@ pub struct Node {
 pub struct NodeError {
     pub what: String,
     pub fatal: bool,
+    /// The node is unavailable (SPEC §11): why, in plain words.
+    pub down: Option<String>,
 }
 
 /// A copy as a node holds it: size and SHA-256 (hex).
@@ -108,11 +112,13 @@ impl Node {
         }
         let url = url::Url::parse(&s.url)
             .map_err(|e| named(format!("url {:?} is not a URL: {e}", s.url)))?;
+        let address;
         let place = match url.scheme() {
             "file" => {
                 let p = url
                     .to_file_path()
                     .map_err(|_| named(format!("url {:?} is not a folder path", s.url)))?;
+                address = p.display().to_string();
                 Place::Folder(p)
             }
             "s3" => {
@@ -175,6 +181,7 @@ impl Node {
                         .with_virtual_hosted_style_request(false);
                 }
                 let store = b.build().map_err(|e| named(e.to_string()))?;
+                address = base.clone();
                 Place::Bucket {
                     store: Arc::new(crate::bucket::S3 {
                         store,
@@ -195,6 +202,7 @@ impl Node {
             id: s.id,
             place,
             part_size,
+            address,
             checked: Default::default(),
         })
     }
@@ -210,6 +218,7 @@ impl Node {
                 store,
             },
             part_size: MIN_PART_SIZE,
+            address: format!("bucket {bucket}"),
             checked: Default::default(),
         }
     }
@@ -264,13 +273,33 @@ impl Node {
         Key::parse(&raw).map_err(|e| NodeError {
             what: format!("{}: {raw:?} cannot be a key: {e}", self.name()),
             fatal: true,
+            down: None,
         })
     }
 
-    /// Names an `object_store` failure: wrong credentials, a missing bucket and an access
-    /// denied are fatal; everything else (a refused connection, a 5xx, a timeout) may pass.
+    /// Names an `object_store` failure: wrong credentials, a missing bucket, an access
+    /// denied and a 4xx about the request (a key the server refuses) are fatal; a refused
+    /// connection, a timeout, a 5xx or throttling say the node is unavailable (`down`, with
+    /// the cause in plain words; the client's own text goes to the log); anything else may
+    /// pass with a retry.
     fn fail(&self, doing: &str, e: object_store::Error) -> NodeError {
         let text = e.to_string();
+        if let Some(cause) = crate::weather::object_store_cause(&e) {
+            tracing::warn!(node = %self.name(), doing, error = %text, "storage node unavailable");
+            return NodeError {
+                what: format!("{}: {doing}: unavailable: {cause}", self.name()),
+                fatal: false,
+                down: Some(cause),
+            };
+        }
+        if let Some(why) = crate::weather::object_store_refused(&e) {
+            tracing::warn!(node = %self.name(), doing, error = %text, "storage node refused a request");
+            return NodeError {
+                what: format!("{}: {doing}: {why}", self.name()),
+                fatal: true,
+                down: None,
+            };
+        }
         // By the answer's status where the client maps it; by S3's error codes (words no
         // key holds) where it does not. Never by digits, which an identifier may contain.
         let fatal = matches!(
@@ -296,13 +325,20 @@ impl Node {
         NodeError {
             what: format!("{}: {doing}: {why}", self.name()),
             fatal,
+            down: None,
         }
+    }
+
+    /// The node as a dependency (SPEC §11): `storage-node` NUMBER, at its endpoint or folder.
+    pub fn dependency(&self) -> lading_engine::deps::Dependency {
+        lading_engine::deps::Dependency::new("storage-node", self.id.to_string(), &self.address)
     }
 
     fn io(&self, doing: &str, p: &Path, e: std::io::Error) -> NodeError {
         NodeError {
             what: format!("{}: {doing} {}: {e}", self.name(), p.display()),
             fatal: false,
+            down: None,
         }
     }
 
@@ -449,6 +485,7 @@ impl Node {
                 self.name()
             ),
             fatal: true,
+            down: None,
         };
         match &self.place {
             Place::Folder(root) => {
@@ -507,6 +544,7 @@ impl Node {
                     out.write_all(chunk).await.map_err(|e| NodeError {
                         what: format!("{}: writing what {} holds: {e}", self.name(), p.display()),
                         fatal: false,
+                        down: None,
                     })?;
                 }
             }
@@ -523,6 +561,7 @@ impl Node {
                     out.write_all(&chunk).await.map_err(|e| NodeError {
                         what: format!("{}: writing what {key} holds: {e}", self.name()),
                         fatal: false,
+                        down: None,
                     })?;
                 }
             }
@@ -603,6 +642,7 @@ impl Node {
                 .map_err(|e| NodeError {
                     what: e.to_string(),
                     fatal: false,
+                    down: None,
                 })?
                 .map_err(|e| self.io("reading", src, e))?;
             Ok::<Copy, NodeError>(Copy { size, sha256 })
@@ -632,6 +672,7 @@ impl Node {
                     .map_err(|e| NodeError {
                         what: e.to_string(),
                         fatal: false,
+                        down: None,
                     })?;
                 match r {
                     Ok(()) => Ok((want, false)),
@@ -665,7 +706,7 @@ impl Node {
                             .await
                             .map_err(|e| e.to_string())
                             .and_then(|h| h.map_err(|e| e.to_string()))
-                            .map_err(|what| NodeError { what, fatal: false })?,
+                            .map_err(|what| NodeError { what, fatal: false, down: None })?,
                     };
                     (r, want)
                 } else {
@@ -698,10 +739,12 @@ impl Node {
                             want.size
                         ),
                         fatal: false,
+                        down: None,
                     }),
                     None => Err(NodeError {
                         what: format!("{}: {key} is missing after it was written", self.name()),
                         fatal: false,
+                        down: None,
                     }),
                 }
             }
@@ -729,6 +772,7 @@ impl Node {
                 self.name()
             ),
             fatal: true,
+            down: None,
         })
     }
 
@@ -749,7 +793,7 @@ impl Node {
         if let Err(what) = upload(Some(id.clone())).await {
             // Not recorded, so no successor could abort it: aborted here.
             let _ = store.abort_multipart(key, &id).await;
-            return Err(NodeError { what, fatal: false });
+            return Err(NodeError { what, fatal: false, down: None });
         }
         let mut hasher = sha2::Sha256::new();
         let mut size = 0u64;
@@ -880,12 +924,14 @@ impl Node {
                 .map_err(|f| NodeError {
                     what: format!("{}: listing open uploads: {}", self.name(), f.what),
                     fatal: f.fatal,
+                    down: None,
                 })?;
             // Only keys under the prefix (S3 matches it as bytes), and only those picked.
             for u in open.iter().filter(|u| u.key.starts_with(prefix) && pick(u)) {
                 let k = Key::parse(&u.key).map_err(|e| NodeError {
                     what: format!("{}: an open upload's key {:?}: {e}", self.name(), u.key),
                     fatal: false,
+                    down: None,
                 })?;
                 match store.abort_multipart(&k, &u.id).await {
                     Ok(()) | Err(object_store::Error::NotFound { .. }) => aborted += 1,

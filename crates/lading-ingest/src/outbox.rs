@@ -28,6 +28,12 @@ pub enum Failure {
     Retry(String),
     /// No retry will help (a malformed address): kept as dead at once.
     Never(String),
+    /// The service it goes to is down (SPEC §11): tried again once it may be back, using no
+    /// attempt.
+    Unavailable {
+        dependency: lading_engine::deps::Dependency,
+        cause: String,
+    },
 }
 
 /// Delivers due entries until `stop` resolves; deliveries in flight then finish (each is
@@ -117,11 +123,38 @@ async fn deliver(ingest: &Ingest, claim: OutboxClaim) {
     let r = r.map_err(|f| match f {
         Failure::Retry(m) => Failure::Retry(lading_core::text::without_passwords(&m).into()),
         Failure::Never(m) => Failure::Never(lading_core::text::without_passwords(&m).into()),
+        Failure::Unavailable { dependency, cause } => Failure::Unavailable {
+            dependency,
+            cause: lading_core::text::without_passwords(&cause).into(),
+        },
     });
     let recorded = match r {
         Ok(()) => {
             tracing::info!(%kind, %key, attempts, "delivered");
             ingest.engine.effect_done(claim).await
+        }
+        Err(Failure::Unavailable { dependency, cause }) => {
+            // No attempt used: tried again when the dependency may be back.
+            let now = ingest.engine.clock().now_ms();
+            let (since, start) = ingest.engine.deps().down(&dependency, &cause, now);
+            if start {
+                lading_worker::deps::spawn_prober(ingest.engine.clone(), dependency.clone());
+            }
+            let settings = ingest.engine.deps().settings();
+            let why = format!(
+                "waiting: {} unavailable: {cause}",
+                dependency.label()
+            );
+            if now.saturating_sub(since) > settings.max_wait.as_millis() as u64 {
+                let why = lading_worker::deps::gave_up(&dependency, &cause, since, settings);
+                tracing::error!(%kind, %key, error = %why, "delivery given up");
+                ingest.engine.effect_failed(claim, &why, None).await
+            } else {
+                tracing::info!(%kind, %key, dependency = %dependency.label(), %cause,
+                    "delivery waits for a dependency");
+                let at = now + settings.probe_max.as_millis() as u64;
+                ingest.engine.effect_waits(claim, &why, at).await
+            }
         }
         Err(Failure::Retry(why)) if attempts < cfg.max_attempts => {
             let delay = cfg.backoff(attempts, ingest.engine.random().unit());
@@ -169,6 +202,9 @@ fn mail_failure(o: lading_worker::Outcome) -> Failure {
         lading_worker::Outcome::Fatal(m) => Failure::Never(m),
         lading_worker::Outcome::Transient(m) | lading_worker::Outcome::Wait { reason: m, .. } => {
             Failure::Retry(m)
+        }
+        lading_worker::Outcome::Unavailable { dependency, cause } => {
+            Failure::Unavailable { dependency, cause }
         }
         lading_worker::Outcome::Done => Failure::Retry("no answer".into()),
     }
@@ -245,11 +281,33 @@ pub fn callback_unsent(url: &str, err: impl std::fmt::Display) -> Failure {
     Failure::Retry(format!("callback {url}: {err}"))
 }
 
-/// What the receiver's answer (its HTTP status) means: delivered on a 2xx, tried again
-/// later on anything else.
+/// A callback receiver's host as a dependency.
+pub fn callback_dependency(url: &str) -> lading_engine::deps::Dependency {
+    let host = reqwest::Url::parse(url)
+        .ok()
+        .and_then(|u| {
+            u.host_str()
+                .map(|h| u.port().map_or(h.to_string(), |p| format!("{h}:{p}")))
+        })
+        .unwrap_or_else(|| "unknown".into());
+    lading_engine::deps::Dependency::new(
+        "callback",
+        host,
+        lading_core::text::without_passwords(url).into_owned(),
+    )
+}
+
+/// What the receiver's answer (its HTTP status) means: delivered on a 2xx; the receiver
+/// unavailable on a 5xx, 408 or 429 (waited for, using no attempt); tried again later on
+/// anything else.
 pub fn callback_answer(url: &str, status: u16) -> Result<(), Failure> {
     if (200..300).contains(&status) {
         Ok(())
+    } else if status >= 500 || status == 408 || status == 429 {
+        Err(Failure::Unavailable {
+            dependency: callback_dependency(url),
+            cause: format!("answered {status}"),
+        })
     } else {
         Err(Failure::Retry(format!("callback {url} answered {status}")))
     }
@@ -275,7 +333,13 @@ async fn wire(ingest: &Ingest, e: &Effect) -> Result<(), Failure> {
                 .body(post.body)
                 .send()
                 .await
-                .map_err(|err| callback_unsent(&post.url, err))?;
+                .map_err(|err| match crate::weather::reqwest_cause(&err) {
+                    Some(cause) => Failure::Unavailable {
+                        dependency: callback_dependency(&post.url),
+                        cause,
+                    },
+                    None => callback_unsent(&post.url, err),
+                })?;
             callback_answer(&post.url, r.status().as_u16())
         }
         other => Err(Failure::Never(format!(
@@ -294,12 +358,13 @@ async fn send(ingest: &Ingest, e: &Effect) -> Result<(), Failure> {
             crate::replicate::copy_version(ingest, s("ark"), n("version"), n("from"), n("to"))
                 .await
                 .map(|_| ())
-                .map_err(|e| {
-                    if e.fatal {
-                        Failure::Never(e.what)
-                    } else {
-                        Failure::Retry(e.what)
-                    }
+                .map_err(|e| match e.down {
+                    Some(cause) => Failure::Unavailable {
+                        dependency: crate::replicate::node_of_error(ingest, &e.what, n("from"), n("to")),
+                        cause,
+                    },
+                    None if e.fatal => Failure::Never(e.what),
+                    None => Failure::Retry(e.what),
                 })
         }
         other => Err(Failure::Never(format!("unknown effect kind {other:?}"))),

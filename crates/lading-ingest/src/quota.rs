@@ -50,20 +50,31 @@ pub enum Slot {
     Full(usize),
 }
 
+/// Makes `path` and the folders above it. A sweep may remove an empty folder above between
+/// two creates (its `NoNode`): then the walk starts over from the root, a few times.
 async fn ensure(engine: &Engine, path: &str) -> Result<(), EngineError> {
-    let mut at = String::new();
-    for part in path.trim_start_matches('/').split('/') {
-        at = format!("{at}/{part}");
-        match engine
-            .tree()
-            .create(&at, None, lading_core::CreateMode::Persistent)
-            .await
-        {
-            Ok(_) | Err(TreeError::NodeExists(_)) => {}
-            Err(e) => return Err(e.into()),
+    let mut last = None;
+    'walk: for _ in 0..MAX_TRIES {
+        let mut at = String::new();
+        for part in path.trim_start_matches('/').split('/') {
+            at = format!("{at}/{part}");
+            match engine
+                .tree()
+                .create(&at, None, lading_core::CreateMode::Persistent)
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if matches!(e.root(), TreeError::NodeExists(_)) => {}
+                Err(e) if matches!(e.root(), TreeError::NoNode(_)) => {
+                    last = Some(e);
+                    continue 'walk;
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
+        return Ok(());
     }
-    Ok(())
+    Err(last.map_or_else(|| EngineError::Conflict(path.into()), Into::into))
 }
 
 fn in_flight(s: JobState) -> bool {
@@ -132,7 +143,12 @@ pub async fn reserve(
             continue;
         };
         let v = node.stat.version;
-        let held = t.children(&dir).await?;
+        // Swept away since the read: made again on the next round.
+        let held = match t.children(&dir).await {
+            Ok(h) => h,
+            Err(e) if matches!(e.root(), TreeError::NoNode(_)) => continue,
+            Err(e) => return Err(e.into()),
+        };
         if held.iter().any(|j| j == job.as_str()) {
             return Ok(Slot::Granted);
         }

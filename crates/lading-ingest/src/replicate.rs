@@ -34,6 +34,7 @@ fn node(ingest: &Ingest, id: u32) -> Result<&Arc<Node>, NodeError> {
     ingest.nodes.get(id).ok_or_else(|| NodeError {
         what: format!("storage node {id} is not in this process's [[storage_nodes]]"),
         fatal: true,
+        down: None,
     })
 }
 
@@ -42,6 +43,7 @@ pub async fn version_on(n: &Node, ark: &str, version: u32) -> Result<NodeVersion
     let missing = || NodeError {
         what: format!("{}: {ark} v{version} has no record there", n.name()),
         fatal: false,
+        down: None,
     };
     match &n.place {
         crate::nodes::Place::Bucket { .. } => read_node_version(n, ark, version)
@@ -59,16 +61,19 @@ pub async fn version_on(n: &Node, ark: &str, version: u32) -> Result<NodeVersion
                     n.name()
                 ),
                 fatal: true,
+                down: None,
             })?;
             let files = crate::blocking::run(move || crate::stages::list_files(&dir))
                 .await
                 .map_err(|e| NodeError {
                     what: e.to_string(),
                     fatal: false,
+                    down: None,
                 })?
                 .map_err(|e| NodeError {
                     what: format!("{}: listing {ark} v{version}: {e}", n.name()),
                     fatal: false,
+                    down: None,
                 })?
                 .into_iter()
                 .filter(|f| f.path != VERSION_FILE)
@@ -105,6 +110,7 @@ async fn fetch_to_tmp(
     let local = |e: std::io::Error| NodeError {
         what: format!("a temporary copy in {}: {e}", dir.display()),
         fatal: false,
+        down: None,
     };
     crate::blocking::create_dir_all(&dir).await.map_err(local)?;
     let tmp = Tmp(dir.join(unique_name(ingest)));
@@ -115,6 +121,7 @@ async fn fetch_to_tmp(
         return Err(NodeError {
             what: format!("{}: {ark}|{version}|{rel} is missing", from.name()),
             fatal: false,
+            down: None,
         });
     }
     use tokio::io::AsyncWriteExt;
@@ -176,6 +183,7 @@ async fn copy_version_once(
                     f.size
                 ),
                 fatal: false,
+                down: None,
             });
         }
         sent += 1;
@@ -190,6 +198,7 @@ async fn copy_version_once(
     .map_err(|e| NodeError {
         what: format!("writing {}: {e}", tmp.0.display()),
         fatal: false,
+        down: None,
     })?;
     // No upload left open under the version before its record (an earlier attempt's, whose
     // id no one kept), nor after it (the record's own, started twice when the answer to its
@@ -213,6 +222,7 @@ async fn copy_version_once(
         .map_err(|e| NodeError {
             what: format!("inventory: {e}"),
             fatal: false,
+            down: None,
         })?;
     tracing::info!(%ark, version, from, to, sent, "replica stored");
     Ok(sent)
@@ -244,4 +254,23 @@ pub async fn repair_file(
 ) -> Result<Option<crate::nodes::Copy>, NodeError> {
     let tmp = fetch_to_tmp(ingest, from, ark, version, rel).await?;
     to.replace(ark, version, rel, &tmp.0).await
+}
+
+/// The node a replica copy's failure is about, as a dependency: the one its message names
+/// first (`storage node N …`), else the destination.
+pub fn node_of_error(
+    ingest: &crate::Ingest,
+    what: &str,
+    from: u32,
+    to: u32,
+) -> lading_engine::deps::Dependency {
+    let id = if what.starts_with(&format!("storage node {from} ")) {
+        from
+    } else {
+        to
+    };
+    match ingest.nodes.get(id) {
+        Some(n) => n.dependency(),
+        None => lading_engine::deps::Dependency::new("storage-node", id.to_string(), ""),
+    }
 }

@@ -270,15 +270,29 @@ const SMTP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Sends one plain-text message over SMTP to `host:port` (no TLS: a local relay is the usual
 /// peer).
+/// A server that cannot be reached is `Unavailable` (SPEC §11): the mail waits for it.
 pub async fn send_mail(host: &str, port: u16, mail: &FormattedMail) -> Result<(), Outcome> {
+    let down = |cause: String| {
+        tracing::warn!(smtp = %format!("{host}:{port}"), %cause, "SMTP server unavailable");
+        Outcome::Unavailable {
+            dependency: lading_engine::deps::Dependency::new(
+                "smtp",
+                host,
+                format!("{host}:{port}"),
+            ),
+            cause,
+        }
+    };
     let stream = tokio::time::timeout(SMTP_TIMEOUT, tokio::net::TcpStream::connect((host, port)))
         .await
-        .map_err(|_| {
-            mail.failed(format!(
-                "no connection to {host}:{port} within {SMTP_TIMEOUT:?}"
-            ))
-        })?
-        .map_err(|e| mail.failed(format!("connecting to {host}:{port}: {e}")))?;
+        .map_err(|_| down(format!("no connection within {SMTP_TIMEOUT:?}")))?
+        .map_err(|e| {
+            down(
+                crate::weather::io_cause(&e)
+                    .map(str::to_string)
+                    .unwrap_or_else(|| format!("cannot connect: {e}")),
+            )
+        })?;
     send_formatted(Box::new(stream), mail).await
 }
 

@@ -230,8 +230,11 @@ async fn containers_and_single_files_are_objects_too() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unreachable_url_fails_the_job_after_its_attempts_and_the_batch_reports_it() {
-    let w = World::new().await;
+async fn an_unreachable_url_waits_for_its_host_then_fails_naming_it_and_the_batch_reports_it() {
+    let mut w = World::new().await;
+    // A payload host that refuses connections is an outage (SPEC §11): the job waits on it,
+    // using no attempt, until the wait's limit (a second here).
+    w.cfg.dependencies.max_wait_s = Some(1);
     let singles = checkm::write(
         ManifestKind::SingleFileBatch,
         &[checkm::FILE_URL],
@@ -244,7 +247,19 @@ async fn an_unreachable_url_fails_the_job_after_its_attempts_and_the_batch_repor
     assert_eq!(w.batch_ends(&bid).await, BatchState::Failed);
     let (_, msg) = w.failed_after(&bid, JobState::Provisioning).await;
     assert!(msg.contains("127.0.0.1:1/gone.bin"), "{msg}");
-    assert!(msg.contains("gave up after 3 attempts"), "{msg}");
+    assert!(
+        msg.starts_with("payload host 127.0.0.1:1 unavailable since ")
+            && msg.contains("longer than a job may wait")
+            && msg.contains("connection refused"),
+        "{msg}"
+    );
+    let st = w.engine.job(&w.first_job(&bid).await).await.unwrap().status;
+    assert_eq!(
+        st.extra.get("failed_attempts").and_then(|v| v.as_u64()),
+        Some(1),
+        "the waits used no attempt: {st:?}"
+    );
+    assert!(st.extra.get("waits").and_then(|v| v.as_u64()).unwrap_or(0) >= 1, "{st:?}");
     let batch = w.engine.batch(&bid).await.unwrap();
     assert_eq!(batch.status.message.as_deref(), Some("1 of 1 jobs failed"));
     let mail = w.smtp.next().await;
@@ -448,7 +463,9 @@ async fn outbox_until(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_callback_is_retried_from_the_outbox_with_one_key_until_an_admin_retries_it() {
     let w = World::new().await;
-    w.server.set_callback_status(500);
+    // A 4xx is the callback's own error (a 5xx would be the receiver unavailable: waited
+    // for, using no attempt; see the next test).
+    w.server.set_callback_status(400);
     let (ingest, bid) = w.submit_object(&[("f.txt", b"payload")]).await;
     let run = w.run_all(&ingest);
     // The callback is an effect of the job's completion: the job and its batch complete,
@@ -467,7 +484,7 @@ async fn a_failing_callback_is_retried_from_the_outbox_with_one_key_until_an_adm
             .last_error
             .as_deref()
             .unwrap_or("")
-            .contains("answered 500"),
+            .contains("answered 400"),
         "{dead:?}"
     );
     assert_eq!(w.server.callbacks().len(), 3, "one per attempt");
@@ -490,6 +507,51 @@ async fn a_failing_callback_is_retried_from_the_outbox_with_one_key_until_an_adm
     assert!(key.ends_with(&format!(":{job}:completed:1")), "{key}");
     assert_eq!(calls[3]["body"]["status"], "Completed");
     assert_eq!(stored(&w, &job).await.version, 1, "stored once");
+    run.stop().await;
+}
+
+/// SPEC §11: a callback receiver answering 503 is unavailable: the callback waits in the
+/// outbox using none of its attempts (three would make it dead), and is delivered once,
+/// with its key, when the receiver answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callback_receiver_answering_503_for_a_while_gets_the_callback_once_it_is_back() {
+    let mut w = World::new().await;
+    w.cfg.dependencies.probe_max_s = 1;
+    w.server.set_callback_status(503);
+    let (ingest, bid) = w.submit_object(&[("f.txt", b"payload")]).await;
+    let run = w.run_all(&ingest);
+    assert_eq!(w.batch_ends(&bid).await, BatchState::Completed);
+    // More tries than the three attempts allow, none of them counted.
+    lading_testkit::poll::until_true("five tries of the callback", common::WAIT, async || {
+        w.server.callbacks().len() >= 5
+    })
+    .await;
+    let out = w.engine.outbox().await.unwrap();
+    let entry = out
+        .iter()
+        .find(|e| e.entry.effect.kind == "callback")
+        .expect("the callback waits in the outbox");
+    assert!(!entry.entry.dead, "{entry:?}");
+    assert_eq!(entry.entry.attempts, 0, "{entry:?}");
+    assert!(
+        entry
+            .entry
+            .last_error
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("waiting: callback host 127.0.0.1:"),
+        "{entry:?}"
+    );
+    let tried = w.server.callbacks().len();
+    w.server.set_callback_status(200);
+    outbox_until(&w, "the callback's delivery", |o| o.is_empty()).await;
+    let calls = w.server.callbacks();
+    assert!(calls.len() <= tried + 2, "{} after {tried}", calls.len());
+    let keys: std::collections::BTreeSet<&str> = calls
+        .iter()
+        .map(|c| c["idempotency_key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys.len(), 1, "one key for every try");
     run.stop().await;
 }
 
@@ -1002,10 +1064,13 @@ async fn a_profile_sets_its_own_attempts_and_large_jobs_get_a_lower_priority() {
         "collection = \"demo\"\n[max_attempts]\ndownloading = 1\n",
     );
     let (big, _) = w.file("big.bin", &[1u8; 100]);
+    // A file its server answers 500 for: an error about this request, which uses attempts.
+    let (gone, _) = w.file("gone.bin", b"never served");
+    w.server.fail_next("gone.bin", 1000);
     let singles = checkm::write(
         ManifestKind::SingleFileBatch,
         &[checkm::FILE_URL],
-        &[vec![big], vec!["http://127.0.0.1:1/gone.bin".into()]],
+        &[vec![big], vec![gone]],
     );
     let (url, _) = w.file("singles.checkm", singles.as_bytes());
     let ingest = w.ingest();

@@ -148,3 +148,101 @@ async fn slots_held(t: &Arc<dyn Tree>, subs: &[&str]) -> usize {
     }
     n
 }
+
+/// A tree that, once armed, lets a sweep remove the profile's empty folder just before a
+/// reservation creates the submitter's folder in it: the interleaving that made
+/// `quota::reserve` fail with `NoNode("/quotas/p/s0")` on ZooKeeper.
+struct SweptBetween {
+    inner: Arc<dyn Tree>,
+    armed: std::sync::atomic::AtomicBool,
+}
+
+impl Tree for SweptBetween {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    fn session_id(&self) -> u64 {
+        self.inner.session_id()
+    }
+    fn get<'a>(&'a self, path: &'a str) -> lading_core::TreeFuture<'a, Option<lading_core::Node>> {
+        self.inner.get(path)
+    }
+    fn children<'a>(&'a self, path: &'a str) -> lading_core::Names<'a> {
+        self.inner.children(path)
+    }
+    fn children_page<'a>(
+        &'a self,
+        path: &'a str,
+        after: Option<&'a str>,
+        max: usize,
+    ) -> lading_core::Names<'a> {
+        self.inner.children_page(path, after, max)
+    }
+    fn count_children<'a>(&'a self, path: &'a str) -> lading_core::TreeFuture<'a, u64> {
+        self.inner.count_children(path)
+    }
+    fn multi(&self, ops: Vec<lading_core::Op>) -> lading_core::TreeFuture<'_, Vec<lading_core::OpResult>> {
+        Box::pin(async move {
+            let creates_submitter = matches!(ops.as_slice(),
+                [lading_core::Op::Create { path, .. }] if path == "/quotas/p/s0");
+            if creates_submitter && self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                // The sweep's own removal of the empty profile folder, in between.
+                self.inner.delete("/quotas/p", None).await?;
+            }
+            self.inner.multi(ops).await
+        })
+    }
+    fn multi_on(
+        &self,
+        session: u64,
+        ops: Vec<lading_core::Op>,
+    ) -> lading_core::TreeFuture<'_, Vec<lading_core::OpResult>> {
+        self.inner.multi_on(session, ops)
+    }
+    fn watch<'a>(
+        &'a self,
+        path: &'a str,
+        kind: lading_core::tree::WatchKind,
+    ) -> lading_core::TreeFuture<'a, lading_core::Watch> {
+        self.inner.watch(path, kind)
+    }
+    fn close(&self) -> lading_core::TreeFuture<'_, ()> {
+        self.inner.close()
+    }
+}
+
+/// Issue 58, item 10: a reservation survives a sweep that removes the folder above the one it
+/// is making (the create of the removed parent is tried again), on a real ZooKeeper.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_a_reservation_survives_a_sweep_removing_its_parent_folder_meanwhile() {
+    let zk = lading_testkit::zk::ZkServer::start().expect("start ZooKeeper");
+    let hosts = zk.connect_string();
+    lading_store_zk::ZkTree::ensure_chroot(&hosts, "/quota-race")
+        .await
+        .unwrap();
+    let url = format!("zk://{hosts}/quota-race");
+    let inner: Arc<dyn Tree> = Arc::new(
+        lading_store_zk::ZkTree::open(&url, lading_store_zk::ZkOptions::default())
+            .await
+            .unwrap(),
+    );
+    let tree = Arc::new(SweptBetween {
+        inner: inner.clone(),
+        armed: std::sync::atomic::AtomicBool::new(false),
+    });
+    let e = engine(tree.clone()).await;
+    let ids = jobs(&e, 1).await;
+    // `/quotas/p` exists and is empty, as a sweep may find it.
+    for p in ["/quotas", "/quotas/p"] {
+        let _ = inner.create(p, None, lading_core::CreateMode::Persistent).await;
+    }
+    tree.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let slot = quota::reserve(&e, "p", "s0", &ids[0], 1, None).await.unwrap();
+    assert_eq!(slot, Slot::Granted);
+    assert!(!tree.armed.load(std::sync::atomic::Ordering::SeqCst), "the sweep ran in between");
+    assert_eq!(
+        inner.children("/quotas/p/s0").await.unwrap(),
+        [ids[0].to_string()],
+        "the slot is held"
+    );
+}

@@ -183,10 +183,27 @@ fn summary(v: &Value) -> String {
             .collect();
         s.push_str(&format!("{what:<14} {}\n", counts.join("  ")));
     }
+    // Outside services down: one line each, with the work waiting on it.
+    for d in v["dependencies_down"].as_array().into_iter().flatten() {
+        let since = d["down_since_ms"]
+            .as_u64()
+            .map(lading_core::time::format_rfc3339)
+            .unwrap_or_default();
+        let address = d["address"].as_str().filter(|a| !a.is_empty());
+        s.push_str(&format!(
+            "{:<14} {}{} since {since}: {}; {} jobs waiting\n",
+            "down",
+            d["label"].as_str().unwrap_or("?"),
+            address.map(|a| format!(" ({a})")).unwrap_or_default(),
+            d["cause"].as_str().unwrap_or(""),
+            d["waiting"].as_u64().unwrap_or(0)
+        ));
+    }
     let mut rest = v.clone();
     if let Some(m) = rest.as_object_mut() {
         m.remove("jobs");
         m.remove("batches");
+        m.remove("dependencies_down");
     }
     let mut lines = Vec::new();
     flatten("", &rest, &mut lines);

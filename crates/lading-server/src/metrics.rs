@@ -46,6 +46,36 @@ pub async fn metrics(State(s): State<AppState>) -> Result<Response, ApiError> {
     for (st, n) in e.batch_counts().await? {
         let _ = writeln!(out, "lading_batches{{state=\"{}\"}} {n}", st.name());
     }
+    let deps = lading_engine::deps::published(e).await;
+    family(
+        &mut out,
+        "lading_dependency_up",
+        "gauge",
+        "1 when the outside service answers, 0 while it is down (for any process).",
+    );
+    for d in &deps {
+        let _ = writeln!(
+            out,
+            "lading_dependency_up{{kind=\"{}\",name=\"{}\"}} {}",
+            label(&d.kind),
+            label(&d.name),
+            u8::from(d.up)
+        );
+    }
+    family(
+        &mut out,
+        "lading_jobs_waiting",
+        "gauge",
+        "Jobs of this process waiting on an outside service that is down.",
+    );
+    for d in &deps {
+        let _ = writeln!(
+            out,
+            "lading_jobs_waiting{{dependency=\"{}\"}} {}",
+            label(&d.label),
+            d.waiting
+        );
+    }
     family(
         &mut out,
         "lading_queue_paused",

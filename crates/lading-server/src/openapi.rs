@@ -20,6 +20,7 @@ use utoipa::{Modify, OpenApi};
         metrics::metrics,
         events::events,
         overview::overview,
+        overview::dependencies,
         upload::upload,
         download::job_download,
         download::object_download,

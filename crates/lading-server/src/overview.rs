@@ -176,7 +176,17 @@ pub async fn overview(
         complete_from_ms: complete_from,
         oldest: tally.oldest(engine).await?,
         held_collections: engine.held_collections().await?,
+        dependencies: lading_engine::deps::published(engine).await,
     }))
+}
+
+#[utoipa::path(get, path = "/api/v1/dependencies", tag = "admin", summary = "The outside services work depends on and their health (SPEC §11): every storage node, the SMTP server, callback and payload hosts; each up or down since a time with the cause, the jobs waiting on it, and the processes that see it down", responses((status = 200, description = "the dependencies, by kind and name", body = Vec<lading_engine::deps::Health>), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub async fn dependencies(
+    State(s): State<AppState>,
+    Admin(_): Admin,
+) -> Json<Vec<lading_engine::deps::Health>> {
+    let engine = &s.ingest.engine;
+    Json(lading_engine::deps::published(engine).await)
 }
 
 /// Per job state, how long its longest-waiting job has been in it.
@@ -193,6 +203,9 @@ pub struct Overview {
     /// Per job state, how long its longest-waiting job has been in it.
     pub oldest: BTreeMap<String, lading_engine::Oldest>,
     pub held_collections: Vec<String>,
+    /// The outside services work depends on, and their health.
+    #[serde(default)]
+    pub dependencies: Vec<lading_engine::deps::Health>,
 }
 
 /// Jobs that completed and failed in one minute (every host's).

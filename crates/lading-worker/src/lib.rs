@@ -9,6 +9,11 @@
 //!   `max_attempts` the job is Failed with the reason and the count.
 //! - `Wait { after, reason }`: deferred like a transient error but not counted (a job waiting
 //!   for room in provisioning is not failing).
+//! - `Unavailable { dependency, cause }`: an outside service the job needs is down (SPEC
+//!   §11). The dependency is marked down for the whole process, the job waits in its stage
+//!   without using an attempt (unlocked, with a visible reason), and one prober per
+//!   dependency ([`deps`]) wakes the waiting jobs, in priority order and a few at first, once
+//!   it answers again. A job that has waited longer than `max_wait` fails naming it.
 //! - `Fatal(reason)`: Failed at once.
 //!
 //! A handler that panics is `Fatal` with the panic message; one that runs past the stage's
@@ -24,6 +29,7 @@
 //! working directory.
 
 mod ctx;
+pub mod deps;
 mod services;
 mod stats;
 
@@ -58,6 +64,13 @@ pub enum Outcome {
     Transient(String),
     /// Will never work without an admin (bad input).
     Fatal(String),
+    /// An outside service is unavailable: waits for it, using no attempt (see the crate's
+    /// page). `cause` is in plain words (`connection refused`); the library's own text goes
+    /// to the log where the error was classified.
+    Unavailable {
+        dependency: lading_engine::deps::Dependency,
+        cause: String,
+    },
 }
 
 impl Outcome {
@@ -80,6 +93,10 @@ impl Outcome {
             },
             Outcome::Transient(r) => Outcome::Transient(hide(r)),
             Outcome::Fatal(r) => Outcome::Fatal(hide(r)),
+            Outcome::Unavailable { dependency, cause } => Outcome::Unavailable {
+                dependency,
+                cause: hide(cause),
+            },
         }
     }
 }
@@ -661,7 +678,12 @@ impl JobLoop {
             lease: Mutex::new(lease.clone()),
         });
         tracing::debug!(job = %job, state = state.name(), attempt, "handling");
-        let outcome = supervise(self.stage.run(ctx.clone()), self.cfg.timeout, shutdown).await;
+        // A job that waits here on a dependency still down is not run: only the prober asks
+        // the dependency whether it is back.
+        let outcome = match self.engine.deps().still_down_for(&job) {
+            Some((dependency, _, cause)) => Some(Outcome::Unavailable { dependency, cause }),
+            None => supervise(self.stage.run(ctx.clone()), self.cfg.timeout, shutdown).await,
+        };
         // The handler may have changed the priority: the lease it held is the current one.
         let lease = ctx.lease.lock().await.clone();
         match outcome {
@@ -696,8 +718,25 @@ impl JobLoop {
             // Effects belong to the move the handler asked for, not to a retry or a failure.
             lease.effects.clear();
         }
+        let mut outcome = outcome;
+        if !matches!(outcome, Outcome::Unavailable { .. }) {
+            // A wait on a dependency, if there was one, is over.
+            deps::end_wait(&mut lease.status, now);
+            self.engine.deps().forget(&job);
+        } else if let Some(failed) = deps::over_limit(&self.engine, &lease, &outcome, now) {
+            lease.failure_kind = Some("dependency");
+            outcome = Outcome::Fatal(failed);
+        }
         let mut next = None;
         let r = match &outcome {
+            Outcome::Unavailable { dependency, cause } => {
+                let msg = deps::start_wait(&self.engine, &mut lease, dependency, cause, now);
+                let at = now + self.engine.deps().settings().recheck.as_millis() as u64;
+                self.engine
+                    .job_defer(lease, at, attempts, Some(msg))
+                    .await
+                    .map(|_| ())
+            }
             Outcome::Done => self
                 .move_on(lease, self.stage.success(), None, chain)
                 .await
@@ -761,6 +800,10 @@ impl JobLoop {
             }
             (Ok(()), Outcome::Wait { reason, .. }) => {
                 tracing::debug!(job = %job, state = state.name(), %reason, "job waits")
+            }
+            (Ok(()), Outcome::Unavailable { dependency, cause }) => {
+                tracing::debug!(job = %job, state = state.name(), dependency = %dependency.label(),
+                    %cause, "job waits on a dependency")
             }
             (Err(e), _) => tracing::warn!(job = %job, state = state.name(), error = %e,
                 "could not record the outcome; the job stays for another worker"),
@@ -941,6 +984,31 @@ impl BatchLoop {
                         _ = shutdown.aborted() => break None,
                     }
                 }
+                Some(Outcome::Unavailable { dependency, cause }) => {
+                    // Held while the dependency is down, using no attempt; given up (as a
+                    // failure naming it) after `max_wait`.
+                    let now = self.engine.clock().now_ms();
+                    let (since, start) = self.engine.deps().down(&dependency, &cause, now);
+                    if start {
+                        deps::spawn_prober(self.engine.clone(), dependency.clone());
+                    }
+                    let settings = self.engine.deps().settings();
+                    if now.saturating_sub(since) > settings.max_wait.as_millis() as u64 {
+                        let mut lease = ctx.lease.write().await;
+                        lease.effects.clear();
+                        lease.report = None;
+                        drop(lease);
+                        break Some(Outcome::Fatal(deps::gave_up(&dependency, &cause, since, settings)));
+                    }
+                    tracing::info!(batch = %bid, dependency = %dependency.label(), %cause,
+                        "waiting for a dependency");
+                    tokio::select! {
+                        // In order, not at random: a run is the same every time (`lading-sim`).
+                        biased;
+                        _ = tokio::time::sleep(settings.probe_max) => {}
+                        _ = shutdown.aborted() => break None,
+                    }
+                }
                 Some(Outcome::Transient(reason)) => {
                     let mut lease = ctx.lease.write().await;
                     lease.effects.clear();
@@ -970,7 +1038,9 @@ impl BatchLoop {
                 .batch_transition(lease, self.stage.success(), None)
                 .await
                 .map(|_| ()),
-            Some(Outcome::Wait { .. }) => self.engine.release_batch_lease(lease).await,
+            Some(Outcome::Wait { .. } | Outcome::Unavailable { .. }) => {
+                self.engine.release_batch_lease(lease).await
+            }
             Some(Outcome::Fatal(reason)) | Some(Outcome::Transient(reason)) => {
                 self.fail(lease, reason.clone()).await
             }

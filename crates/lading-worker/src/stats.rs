@@ -59,7 +59,7 @@ impl Stats {
         let s = stages.entry(stage.to_string()).or_default();
         match outcome {
             Outcome::Done => s.done += 1,
-            Outcome::Wait { .. } => s.waits += 1,
+            Outcome::Wait { .. } | Outcome::Unavailable { .. } => s.waits += 1,
             Outcome::Transient(_) => s.transient += 1,
             Outcome::Fatal(_) => s.fatal += 1,
         }

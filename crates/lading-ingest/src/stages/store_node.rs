@@ -39,8 +39,14 @@ const RECORD_EVERY: usize = 8;
 /// Files put on a node at once.
 pub const STORE_PARALLEL: usize = 4;
 
-fn node_outcome(e: NodeError) -> Outcome {
-    if e.fatal {
+/// A node's failure as a stage outcome: an unavailable node is waited for (SPEC §11).
+pub(crate) fn node_outcome(node: &Node, e: NodeError) -> Outcome {
+    if let Some(cause) = e.down {
+        Outcome::Unavailable {
+            dependency: node.dependency(),
+            cause,
+        }
+    } else if e.fatal {
         Outcome::Fatal(e.what)
     } else {
         Outcome::Transient(e.what)
@@ -70,6 +76,7 @@ pub async fn read_node_version(
             node.name()
         ),
         fatal: true,
+        down: None,
     })
 }
 
@@ -111,17 +118,33 @@ pub(crate) async fn store_on_bucket(
     collection: &str,
 ) -> Result<StoredVersion, Outcome> {
     let jid = job.job().to_string();
+    // A node known down here is not asked again by every job: its prober asks.
+    let dep = node.dependency();
+    if job.engine.deps().is_down(&dep.key()) {
+        let cause = job
+            .engine
+            .deps()
+            .list()
+            .into_iter()
+            .find(|h| h.kind == dep.kind && h.name == dep.name)
+            .map(|h| h.cause)
+            .unwrap_or_default();
+        return Err(Outcome::Unavailable {
+            dependency: dep,
+            cause,
+        });
+    }
     let mut progress: Progress = job_record(job, PROGRESS)
         .await?
         .filter(|p: &Progress| p.node == node.id)
         .unwrap_or_default();
     if progress.version == 0 {
-        let versions = node.versions(ark).await.map_err(node_outcome)?;
+        let versions = node.versions(ark).await.map_err(|e| node_outcome(node, e))?;
         // A version this job already stored (it crashed before saying so) is reused.
         for v in versions.iter().rev().take(3) {
             if let Some(r) = read_node_version(node, ark, *v)
                 .await
-                .map_err(node_outcome)?
+                .map_err(|e| node_outcome(node, e))?
                 && r.stored.job == jid
             {
                 return committed(node, r.stored).await;
@@ -130,7 +153,7 @@ pub(crate) async fn store_on_bucket(
         if let Some(v) = versions.last()
             && let Some(r) = read_node_version(node, ark, *v)
                 .await
-                .map_err(node_outcome)?
+                .map_err(|e| node_outcome(node, e))?
             && let Some(owner) = r.stored.collection
             && owner != collection
         {
@@ -150,7 +173,7 @@ pub(crate) async fn store_on_bucket(
     let version = progress.version;
     if let Some(r) = read_node_version(node, ark, version)
         .await
-        .map_err(node_outcome)?
+        .map_err(|e| node_outcome(node, e))?
     {
         if r.stored.job == jid {
             return committed(node, r.stored).await;
@@ -222,6 +245,7 @@ pub(crate) async fn store_on_bucket(
                     .map_err(|e| NodeError {
                         what: e.to_string(),
                         fatal: false,
+                        down: None,
                     })?;
             }
             drop(p);
@@ -242,7 +266,7 @@ pub(crate) async fn store_on_bucket(
         if e.fatal {
             scrap(job, node, ark, version, &shared.lock().await.written).await;
         }
-        return Err(node_outcome(e));
+        return Err(node_outcome(node, e));
     }
     // Files confirmed by a predecessor are listed from the node's copy.
     let mut listed = std::mem::take(&mut *done.lock().unwrap_or_else(|e| e.into_inner()));
@@ -251,7 +275,7 @@ pub(crate) async fn store_on_bucket(
         let c = node
             .digest(ark, version, rel, None)
             .await
-            .map_err(node_outcome)?
+            .map_err(|e| node_outcome(node, e))?
             .ok_or_else(|| {
                 Outcome::Transient(format!(
                     "{}: {ark}|{version}|{rel} was confirmed but is missing",
@@ -282,7 +306,7 @@ pub(crate) async fn store_on_bucket(
     let swept = node
         .abort_open_uploads(ark, version)
         .await
-        .map_err(node_outcome)?;
+        .map_err(|e| node_outcome(node, e))?;
     if swept > 0 {
         job.log(&format!(
             "aborted {swept} multipart uploads left open under {ark} v{version} on {}",
@@ -321,7 +345,7 @@ pub(crate) async fn store_on_bucket(
             {
                 return committed(node, r.stored).await;
             }
-            return Err(node_outcome(e));
+            return Err(node_outcome(node, e));
         }
     }
     job.log(&format!(
@@ -340,7 +364,7 @@ pub(crate) async fn store_on_bucket(
 async fn committed(node: &Node, stored: StoredVersion) -> Result<StoredVersion, Outcome> {
     node.abort_open_uploads(&stored.ark, stored.version)
         .await
-        .map_err(node_outcome)?;
+        .map_err(|e| node_outcome(node, e))?;
     Ok(stored)
 }
 
