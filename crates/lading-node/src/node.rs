@@ -249,12 +249,14 @@ impl Node {
                 stopping: services.shutdown(),
             };
             let limits = lading_server::conn::Limits::from(&ingest.cfg.http);
+            let auth = state.auth.clone();
             services.spawn("http", Phase::First, |sd| async move {
                 lading_server::serve(
                     listener,
                     lading_server::router(state),
                     sd.into_stopped(),
                     limits,
+                    Some(auth),
                 )
                 .await
                 .map_err(|e| e.to_string())

@@ -18,12 +18,11 @@ pub fn history(list: &Value) -> String {
         } else {
             s("from")
         };
-        out.push_str(&format!(
-            "{}  {from} → {}  on {}",
-            s("at"),
-            s("to"),
-            s("host")
-        ));
+        out.push_str(&format!("{}  {from} → {}", s("at"), s("to")));
+        // The host is hidden from submitters: then the line names none.
+        if !s("host").is_empty() {
+            out.push_str(&format!("  on {}", s("host")));
+        }
         if let Some(n) = h["retry_count"].as_u64() {
             out.push_str(&format!("  (retry {n})"));
         }

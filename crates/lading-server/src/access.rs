@@ -42,7 +42,7 @@ fn zip_path(ingest: &Ingest, queue: AccessQueue, id: &AccessId) -> PathBuf {
 }
 
 fn internal(e: impl std::fmt::Display) -> ApiError {
-    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+    ApiError::internal(e.to_string())
 }
 
 #[utoipa::path(post, path = "/api/v1/access", tag = "access", summary = "Request an object version through the access queue", request_body = AccessBody, responses((status = 202, description = "queued; the body has the token", body = crate::api::AccessRequested), (status = 404, description = "no such recorded version"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]

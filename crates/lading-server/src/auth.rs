@@ -60,7 +60,7 @@ impl Principal {
     ) -> Result<String, ApiError> {
         let collection = ingest
             .profile(profile)
-            .map_err(|e| ApiError::bad_request(e.to_string()))?
+            .map_err(|e| ApiError::from(lading_ingest::SubmitError::Profile(e)))?
             .collection
             .clone();
         match self.role {

@@ -82,7 +82,7 @@ impl From<EngineError> for ApiError {
                 (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
             }
             EngineError::Corrupt { .. } | EngineError::Tree(_) => {
-                (StatusCode::INTERNAL_SERVER_ERROR, "internal")
+                return ApiError::internal(e.to_string());
             }
         };
         ApiError::new(status, kind, e.to_string())
@@ -94,9 +94,28 @@ impl From<SubmitError> for ApiError {
         match e {
             SubmitError::Engine(e) => e.into(),
             e @ SubmitError::Forbidden(_) => ApiError::forbidden(e.to_string()),
-            e @ SubmitError::Inventory(_) => {
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
-            }
+            e @ SubmitError::Inventory(_) => ApiError::internal(e.to_string()),
+            // The depositor reads the profile's name; the operator's log has its file and
+            // what is wrong in it.
+            SubmitError::Profile(c) => match c {
+                lading_ingest::config::ConfigError::UnknownProfile { ref name, .. } => {
+                    ApiError::logged(
+                        StatusCode::BAD_REQUEST,
+                        "invalid",
+                        &format!("unknown profile {name:?}"),
+                        &c.to_string(),
+                    )
+                }
+                lading_ingest::config::ConfigError::BadProfileName(_) => {
+                    ApiError::bad_request(c.to_string())
+                }
+                c => ApiError::logged(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "the profile cannot be read; an operator must fix it",
+                    &c.to_string(),
+                ),
+            },
             e => ApiError::bad_request(e.to_string()),
         }
     }

@@ -9,11 +9,15 @@
 //!   long-poll); failing that, the oldest streaming connection (a download, the event
 //!   stream) of the client holding the most streams. So a flood of idle, half-sent,
 //!   slow-body or streaming connections cannot lock anyone out.
-//! - **Streams per client**: one client (one `Authorization` value, or one address without
-//!   one) holds at most `max_streams_per_client` streaming requests (`/api/v1/events`,
-//!   downloads) at once; more are answered 429 at once.
+//! - **Streams per client**: one client holds at most `max_streams_per_client` streaming
+//!   requests (`/api/v1/events`, downloads) at once; more are answered 429 at once. A client
+//!   is the authenticated identity — the token's name, however its header is spelt (bearer
+//!   in any case or spacing, Basic with or without padding) — or, for a request whose
+//!   credentials do not authenticate, its address. Eviction for room never closes a stream
+//!   of a client under its own cap.
 //! - **Request timeout**: an ordinary request (reading its body included) gets
-//!   `request_timeout`, then 408; long-polls, the event stream and uploads are exempt.
+//!   `request_timeout`, then 408; long-polls, the event stream and uploads (`/api/v1`'s and
+//!   Merritt's submission routes) are exempt.
 //! - On shutdown, no new connection is taken and open ones finish their requests, for at most
 //!   [`DRAIN`]; then they are closed.
 
@@ -86,15 +90,31 @@ struct ConnState {
     client: Mutex<Option<Client>>,
 }
 
-/// Who holds a connection's streams: a digest of its `Authorization` value, or its address.
+/// Who holds a connection's streams: a digest of its token's name, or of its address.
 type Client = [u8; 32];
 
-fn client_of(req: &Request<hyper::body::Incoming>, peer: std::net::SocketAddr) -> Client {
+/// The client a request counts to: the name of the token its credentials authenticate (by
+/// `auth`, as the router will), else its address.
+fn client_of(
+    req: &Request<hyper::body::Incoming>,
+    peer: std::net::SocketAddr,
+    auth: Option<&crate::auth::Auth>,
+) -> Client {
     use sha2::Digest;
     let mut h = sha2::Sha256::new();
-    match req.headers().get(axum::http::header::AUTHORIZATION) {
-        Some(v) => h.update(v.as_bytes()),
-        None => h.update(peer.ip().to_string().as_bytes()),
+    let header = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    match auth.and_then(|a| a.check(header).ok()) {
+        Some(p) => {
+            h.update(b"token\0");
+            h.update(p.name.as_bytes());
+        }
+        None => {
+            h.update(b"address\0");
+            h.update(peer.ip().to_string().as_bytes());
+        }
     }
     h.finalize().into()
 }
@@ -163,17 +183,19 @@ impl Table {
     /// Makes room for one more under `max`: true if there is (perhaps after closing the
     /// connection idle longest, or failing any idle or waiting one, the oldest stream of the
     /// client holding most).
-    fn room(&mut self, max: usize, streams: &Streams) -> bool {
+    fn room(&mut self, max: usize, streams: &Streams, per_client: usize) -> bool {
         if self.open.len() < max {
             return true;
         }
         if !self.evict_idle() {
-            return self.evict_stream(streams);
+            return self.evict_stream(streams, per_client);
         }
         true
     }
 
-    fn evict_stream(&mut self, streams: &Streams) -> bool {
+    /// Closes the oldest stream of the client holding most, if that client is at its cap
+    /// (`per_client`): a client under its own cap never loses a stream to make room.
+    fn evict_stream(&mut self, streams: &Streams, per_client: usize) -> bool {
         let victim = self
             .open
             .iter()
@@ -183,7 +205,8 @@ impl Table {
             .filter_map(|(id, c)| {
                 let client = (*c.state.client.lock().unwrap_or_else(|p| p.into_inner()))?;
                 let since = c.state.since.load(Ordering::Relaxed);
-                Some(((std::cmp::Reverse(streams.held(&client)), since), *id))
+                let held = streams.held(&client);
+                (held >= per_client).then_some(((std::cmp::Reverse(held), since), *id))
             })
             .min()
             .map(|(_, id)| id);
@@ -301,6 +324,7 @@ impl http_body::Body for Counted {
 /// Requests that may take long by design: long-polls, the event stream and uploads.
 fn is_long(path: &str) -> bool {
     path == "/api/v1/batches/upload"
+        || crate::merritt::is_upload_route(path)
         || path == "/api/v1/subscriptions/wait"
         || path == "/api/v1/events"
         || path.ends_with("/accept")
@@ -367,6 +391,7 @@ pub async fn serve<L: Accept>(
     app: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     limits: Limits,
+    auth: Option<Arc<crate::auth::Auth>>,
 ) -> std::io::Result<()> {
     let epoch = Instant::now();
     let table = Arc::new(Mutex::new(Table::default()));
@@ -393,7 +418,7 @@ pub async fn serve<L: Accept>(
         };
         let (id, conn) = {
             let mut t = table.lock().unwrap_or_else(|p| p.into_inner());
-            if !t.room(limits.max_connections, &streams) {
+            if !t.room(limits.max_connections, &streams, limits.max_streams_per_client) {
                 drop(stream);
                 continue;
             }
@@ -414,6 +439,7 @@ pub async fn serve<L: Accept>(
         let table = table.clone();
         let force = force.clone();
         let streams = streams.clone();
+        let auth = auth.clone();
         tracker.spawn(async move {
             let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                 let counted = Active::new(&state, epoch);
@@ -422,7 +448,7 @@ pub async fn serve<L: Accept>(
                 let path = req.uri().path();
                 let long = is_long(path);
                 let stream = is_stream(path).then(|| {
-                    let client = client_of(&req, peer);
+                    let client = client_of(&req, peer, auth.as_deref());
                     streams.enter(client, &state, limits.max_streams_per_client)
                 });
                 async move {

@@ -136,13 +136,14 @@ pub async fn job_download(
     }
     let dir = PathBuf::from(&stored.path);
     if !dir.is_dir() {
-        return Err(ApiError::new(
+        return Err(ApiError::logged(
             StatusCode::GONE,
             "gone",
-            format!(
-                "version {} of {} is no longer at {}",
-                stored.version, stored.ark, stored.path
+            &format!(
+                "version {} of {} is no longer in storage",
+                stored.version, stored.ark
             ),
+            &format!("its folder {} is gone", stored.path),
         ));
     }
     Ok(zip_response(dir, &name))

@@ -179,9 +179,40 @@ impl ApiError {
     pub fn forbidden(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
     }
-    pub fn internal(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+    /// An error the caller cannot act on: the detail (paths, addresses, error chains) goes
+    /// to the log only, under an error id that the answer gives, so an operator can match
+    /// the two.
+    pub fn internal(detail: impl Into<String>) -> ApiError {
+        let id = error_id();
+        tracing::error!(error_id = %id, detail = %detail.into(), "internal error");
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("internal error (error id {id}; the operator's log has the detail)"),
+        )
     }
+
+    /// A refusal whose operator detail stays in the log: the caller reads `safe` and the
+    /// error id, the log has both and `detail`.
+    pub fn logged(status: StatusCode, kind: &'static str, safe: &str, detail: &str) -> ApiError {
+        let id = error_id();
+        tracing::warn!(error_id = %id, %detail, "{safe}");
+        ApiError::new(status, kind, format!("{safe} (error id {id})"))
+    }
+}
+
+/// A short id for one error, shown to the caller and logged with the detail: unique in this
+/// process (a counter) and across restarts (the process's start second).
+pub fn error_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    static START: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let start = *START.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    });
+    format!("E{:x}-{}", start % 0x1_0000_0000, N.fetch_add(1, Ordering::Relaxed) + 1)
 }
 
 impl std::fmt::Display for ApiError {
@@ -287,14 +318,16 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for PathPar
     }
 }
 
-/// Serves `router` on `listener` under `limits` until `shutdown` completes (see [`conn`]).
+/// Serves `router` on `listener` under `limits` until `shutdown` completes (see [`conn`]);
+/// `auth` names the client of each request for the per-client limits (the token's name).
 pub async fn serve<L: conn::Accept>(
     listener: L,
     app: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     limits: conn::Limits,
+    auth: Option<Arc<auth::Auth>>,
 ) -> std::io::Result<()> {
-    conn::serve(listener, app, shutdown, limits).await
+    conn::serve(listener, app, shutdown, limits, auth).await
 }
 
 #[cfg(test)]

@@ -39,6 +39,16 @@ pub fn routes() -> axum::Router<AppState> {
         .layer(axum::extract::DefaultBodyLimit::disable())
 }
 
+/// Whether `path` is one of Merritt's submission routes, which take an upload as long as it
+/// takes to send (exempt from the request timeout, as `/api/v1/batches/upload` is).
+pub fn is_upload_route(path: &str) -> bool {
+    matches!(
+        path,
+        "/poster/submit" | "/poster/add" | "/poster/update" | "/object/ingest" | "/object/update"
+    ) || path.starts_with("/poster/submit/")
+        || path.starts_with("/poster/update/")
+}
+
 /// The form fields Merritt's ingest service takes; others are kept out and logged.
 const KNOWN: &[&str] = &[
     "type",
@@ -104,11 +114,42 @@ fn content_type(form: Answer) -> &'static str {
     }
 }
 
-fn xml_text(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
+/// Text as XML 1.0 character data, always well-formed: markup escaped, and every character
+/// XML 1.0 forbids (controls other than tab, newline and carriage return, lone surrogates
+/// cannot occur in a `str`, U+FFFE and U+FFFF) written as U+FFFD, since not even a character
+/// reference may carry them.
+pub(crate) fn xml_text(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\t' | '\n' | '\r' => out.push(c),
+            c if (c as u32) < 0x20 || c == '\u{FFFE}' || c == '\u{FFFF}' => out.push('\u{FFFD}'),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod xml_tests {
+    /// Every byte 0x00–0x1f, in an echoed field, leaves the answer well-formed XML 1.0.
+    #[test]
+    fn every_control_character_leaves_the_text_well_formed() {
+        let all: String = (0u8..0x20).map(char::from).collect();
+        let text = super::xml_text(&format!("ctl{all}end<&>\"]]>"));
+        for c in text.chars() {
+            let n = c as u32;
+            assert!(
+                n >= 0x20 || matches!(c, '\t' | '\n' | '\r'),
+                "{n:#x} left in {text:?}"
+            );
+        }
+        assert!(text.starts_with("ctl") && text.ends_with("end&lt;&amp;&gt;&quot;]]&gt;"));
+    }
 }
 
 async fn submit(s: State<AppState>, p: Extension<Principal>, form: Form) -> Response {
@@ -199,7 +240,14 @@ async fn take(
     named: Option<String>,
 ) -> Response {
     let mut fields = BTreeMap::new();
-    let (mut scrap, saved) = match receive(&s, &mut multipart, Some(&mut fields)).await {
+    // A form that names its profile before its file is refused before the file is read when
+    // the caller may not submit to it (Merritt's Ruby client sends the file first: then the
+    // file is received, refused below, and removed).
+    let gate = |f: &BTreeMap<String, String>| match f.get("profile").map(|p| p.trim()) {
+        Some(profile) if !profile.is_empty() => p.may_submit_to(&s.ingest, profile).map(|_| ()),
+        _ => Ok(()),
+    };
+    let (mut scrap, saved) = match receive(&s, &mut multipart, Some(&mut fields), Some(&gate)).await {
         Ok(x) => x,
         Err(e) => return Exc(e, Answer::Xml).into_response(),
     };

@@ -193,10 +193,15 @@ impl Drop for Scrap {
 /// Receives a multipart upload into a folder of its own under `DATA_DIR/uploads` (removed
 /// when the returned [`Scrap`] is dropped unless kept): the folder, and what [`save`] made
 /// of the body. `Err` only when the folder cannot be made.
+///
+/// `gate`, when given, is asked with the fields received so far when the file part begins:
+/// a refusal there (a profile the caller may not submit to) ends the upload before a byte of
+/// the file is written.
 pub(crate) async fn receive(
     s: &AppState,
     multipart: &mut multer::Multipart<'static>,
     fields: Option<&mut std::collections::BTreeMap<String, String>>,
+    gate: Option<&Gate<'_>>,
 ) -> Result<(Scrap, Result<(PathBuf, u64), ApiError>), ApiError> {
     let root = std::path::absolute(s.ingest.cfg.data_dir.join("uploads"))
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
@@ -212,15 +217,23 @@ pub(crate) async fn receive(
         s.ingest.cfg.max_upload_bytes,
         stall,
         fields,
+        gate,
     )
     .await;
     Ok((scrap, saved))
 }
 
+/// Asked with the form's fields so far when its file part begins.
+pub(crate) type Gate<'a> =
+    dyn Fn(&std::collections::BTreeMap<String, String>) -> Result<(), ApiError> + Send + Sync + 'a;
+
 /// Form fields other than the file, at most.
 pub const MAX_FIELDS: usize = 200;
 /// One form field's value other than the file, at most.
 pub const MAX_FIELD_BYTES: usize = 64 << 10;
+/// Every form field other than the file together, at most: what one request may make the
+/// server hold in memory, refused as it arrives (see `docs/SECURITY.md`).
+pub const MAX_FORM_BYTES: usize = 64 << 10;
 
 async fn save(
     dir: &Path,
@@ -228,8 +241,10 @@ async fn save(
     max: u64,
     stall: std::time::Duration,
     mut fields: Option<&mut std::collections::BTreeMap<String, String>>,
+    gate: Option<&Gate<'_>>,
 ) -> Result<(PathBuf, u64), ApiError> {
     let mut saved = None;
+    let mut held = 0usize;
     while let Some(mut field) = unless_stalled(stall, multipart.next_field())
         .await?
         .map_err(bad_body)?
@@ -259,15 +274,28 @@ async fn save(
                         format!("form field {name:?} is longer than {MAX_FIELD_BYTES} bytes"),
                     ));
                 }
+                if held + name.len() + value.len() > MAX_FORM_BYTES {
+                    return Err(ApiError::new(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "too_large",
+                        format!(
+                            "the form's fields (but the file) are longer than {MAX_FORM_BYTES} bytes together"
+                        ),
+                    ));
+                }
             }
             let value = String::from_utf8(value).map_err(|_| {
                 ApiError::bad_request(format!("form field {name:?} is not UTF-8 text"))
             })?;
+            held += name.len() + value.len();
             fields.insert(name, value);
             continue;
         }
         if saved.is_some() {
             return Err(ApiError::bad_request("more than one \"file\" part"));
+        }
+        if let (Some(gate), Some(fields)) = (gate, fields.as_deref()) {
+            gate(fields)?;
         }
         let name = check_name(field.file_name().unwrap_or(""))?.to_string();
         let path = dir.join(&name);
@@ -324,7 +352,7 @@ pub async fn upload(
         return Err(lading_ingest::SubmitError::PayloadType(q.payload_type().to_string()).into());
     }
     let submitter = p.submitter(q.submitter.take())?;
-    let (mut scrap, saved) = receive(&s, &mut multipart, None).await?;
+    let (mut scrap, saved) = receive(&s, &mut multipart, None, None).await?;
     if over.load(Ordering::Relaxed) {
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,

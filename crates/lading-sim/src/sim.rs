@@ -939,11 +939,12 @@ async fn watch_events(
         collections: Vec::new(),
     }])
     .expect("the simulator's token");
+    let auth = Arc::new(auth);
     let state = lading_server::AppState {
         ingest: server.ingest,
         events: hub.clone(),
         jobs: server.jobs,
-        auth: Arc::new(auth),
+        auth: auth.clone(),
         stopping: server_shutdown.clone(),
     };
     let serving = tokio::spawn(lading_server::serve(
@@ -956,6 +957,7 @@ async fn watch_events(
             max_streams_per_client: 1,
             ..Default::default()
         },
+        Some(auth),
     ));
     {
         let mut w = watched.lock().unwrap_or_else(|p| p.into_inner());
