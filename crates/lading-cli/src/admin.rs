@@ -178,7 +178,9 @@ pub(crate) async fn admin(ops: &impl Ops, action: Admin) -> anyhow::Result<()> {
             );
         }
         Admin::CheckConfig => {
-            anyhow::bail!("lading admin check-config checks this host's config, not through --server")
+            anyhow::bail!(
+                "lading admin check-config checks this host's config, not through --server"
+            )
         }
         Admin::Fixity { .. } => {
             anyhow::bail!(

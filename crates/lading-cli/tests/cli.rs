@@ -872,5 +872,8 @@ fn serve_and_worker_refuse_a_profile_with_a_misspelt_key_naming_file_and_key() {
     let o = s.cmd(&["admin", "check-config"]).output().unwrap();
     let (out, err) = text(&o);
     assert!(!o.status.success(), "check-config passed: {out}");
-    assert!(err.contains("demo.toml") && err.contains("storage_node"), "{err}");
+    assert!(
+        err.contains("demo.toml") && err.contains("storage_node"),
+        "{err}"
+    );
 }

@@ -369,7 +369,11 @@ impl Engine {
         data: Option<Vec<u8>>,
     ) -> std::result::Result<(), TreeError> {
         if self.tree.exists(DEPENDENCIES).await?.is_none() {
-            match self.tree.create(DEPENDENCIES, None, CreateMode::Persistent).await {
+            match self
+                .tree
+                .create(DEPENDENCIES, None, CreateMode::Persistent)
+                .await
+            {
                 Ok(_) => {}
                 Err(e) if matches!(e.root(), TreeError::NodeExists(_)) => {}
                 Err(e) => return Err(e),
@@ -398,7 +402,10 @@ pub async fn published(engine: &Engine) -> Vec<Health> {
         .map(|h| (Dependency::new(&h.kind, &h.name, "").key(), h))
         .collect();
     let names = tree.children(DEPENDENCIES).await.unwrap_or_default();
-    let paths: Vec<String> = names.iter().map(|n| format!("{DEPENDENCIES}/{n}")).collect();
+    let paths: Vec<String> = names
+        .iter()
+        .map(|n| format!("{DEPENDENCIES}/{n}"))
+        .collect();
     let nodes = tree.get_many(&paths).await.unwrap_or_default();
     for node in nodes.into_iter().flatten() {
         let Some(p) = node
@@ -459,7 +466,11 @@ mod tests {
         assert_eq!((since, start), (1_000, true));
         let (since, start) = d.down(&node, "connection reset", 2_000);
         assert_eq!((since, start), (1_000, false), "one prober, the first time");
-        for (p, j) in [(5, "jid0000000002"), (1, "jid0000000003"), (5, "jid0000000001")] {
+        for (p, j) in [
+            (5, "jid0000000002"),
+            (1, "jid0000000003"),
+            (5, "jid0000000001"),
+        ] {
             d.wait(
                 &node.key(),
                 Waiter {
@@ -470,7 +481,10 @@ mod tests {
             );
         }
         let (n, _, cause) = d.still_down_for(&jid("jid0000000001")).unwrap();
-        assert_eq!((n.label(), cause.as_str()), ("storage node 9501".into(), "connection reset"));
+        assert_eq!(
+            (n.label(), cause.as_str()),
+            ("storage node 9501".into(), "connection reset")
+        );
         assert_eq!(d.list()[0].waiting, 3);
         assert!(!d.list()[0].up);
         let back = d.up(&node.key());
@@ -485,7 +499,9 @@ mod tests {
         let d = Dependencies::default();
         let node = Dependency::new("smtp", "mail", "127.0.0.1:25");
         d.down(&node, "connection refused", 0);
-        let pauses: Vec<u64> = (0..5).map(|_| d.next_pause(&node.key()).as_secs()).collect();
+        let pauses: Vec<u64> = (0..5)
+            .map(|_| d.next_pause(&node.key()).as_secs())
+            .collect();
         assert_eq!(pauses, [1, 2, 4, 5, 5]);
         d.up(&node.key());
         assert_eq!(d.next_pause(&node.key()).as_secs(), 1);

@@ -197,6 +197,19 @@ pub fn check_primary_id(id: &str) -> Result<(), String> {
             "{id:?} cannot name an object (no leading '.', no '\\')"
         ));
     }
+    // One name per object in every layer: an object store drops a key's leading '/' and
+    // empty segments (so `/ark:/…` would share `ark:/…`'s keys), and '|' separates the
+    // parts of Merritt's storage keys (`ARK|VERSION|PATH`).
+    if id.contains('|') {
+        return Err(format!(
+            "{id:?} contains '|', which separates the parts of a storage key"
+        ));
+    }
+    if id.starts_with('/') || id.ends_with('/') || id.contains("//") || id != id.trim() {
+        return Err(format!(
+            "{id:?} is not in its one canonical form (no leading or trailing '/' or space, no '//')"
+        ));
+    }
     if node.len() > 255 {
         return Err(format!(
             "{id:?} would need a folder name of {} bytes once escaped (255 at most)",
@@ -499,5 +512,27 @@ pub fn shown_url(url: &str) -> String {
 impl From<FetchError> for Outcome {
     fn from(e: FetchError) -> Outcome {
         fatal_or_transient(e)
+    }
+}
+
+#[cfg(test)]
+mod identifier_tests {
+    use super::check_primary_id;
+
+    /// Issue 58, item 5: one canonical name per identifier, refused otherwise, so that no
+    /// two identifiers share an object store's keys.
+    #[test]
+    fn identifiers_that_would_share_keys_or_split_a_key_are_refused() {
+        assert!(check_primary_id("ark:/99999/sq1").is_ok());
+        for bad in [
+            "/ark:/99999/sq1",
+            "ark:/99999/sq1/",
+            "ark:/99999//sq1",
+            " ark:/99999/sq1",
+            "ark:/99999/vic1|1|producer/x",
+        ] {
+            let why = check_primary_id(bad).unwrap_err();
+            assert!(why.contains(&format!("{bad:?}")), "{why}");
+        }
     }
 }

@@ -26,8 +26,8 @@ pub mod quota;
 pub mod replicate;
 pub mod report;
 pub mod stages;
-pub mod weather;
 mod unpack;
+pub mod weather;
 
 pub use config::{Config, HttpSettings, PayloadSettings, Profile, TokenSettings};
 pub use intake::{PayloadType, Submission, SubmitError, submit, submit_keeping};
@@ -386,9 +386,7 @@ fn register_dependencies(engine: &Engine, cfg: &Config, nodes: &nodes::Nodes) {
                 }
             })
         });
-        engine
-            .deps()
-            .register(smtp_dependency(cfg), Some(probe));
+        engine.deps().register(smtp_dependency(cfg), Some(probe));
     }
 }
 

@@ -315,12 +315,15 @@ impl Node {
         ]
         .iter()
         .any(|m| text.contains(m));
+        // The client's own text names the server's address and the key: it goes to the log
+        // only (a job's message is read by its depositor).
+        tracing::warn!(node = %self.name(), doing, error = %text, "storage node request failed");
         let why = if text.contains("NoSuchBucket") {
             "the bucket does not exist".to_string()
         } else if fatal {
-            format!("access refused (check its credentials): {text}")
+            "access refused (check its credentials; the log has the server's answer)".to_string()
         } else {
-            text
+            "the request failed (the log has the server's answer)".to_string()
         };
         NodeError {
             what: format!("{}: {doing}: {why}", self.name()),
@@ -706,7 +709,11 @@ impl Node {
                             .await
                             .map_err(|e| e.to_string())
                             .and_then(|h| h.map_err(|e| e.to_string()))
-                            .map_err(|what| NodeError { what, fatal: false, down: None })?,
+                            .map_err(|what| NodeError {
+                                what,
+                                fatal: false,
+                                down: None,
+                            })?,
                     };
                     (r, want)
                 } else {
@@ -793,7 +800,11 @@ impl Node {
         if let Err(what) = upload(Some(id.clone())).await {
             // Not recorded, so no successor could abort it: aborted here.
             let _ = store.abort_multipart(key, &id).await;
-            return Err(NodeError { what, fatal: false, down: None });
+            return Err(NodeError {
+                what,
+                fatal: false,
+                down: None,
+            });
         }
         let mut hasher = sha2::Sha256::new();
         let mut size = 0u64;

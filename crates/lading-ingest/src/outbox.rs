@@ -141,10 +141,7 @@ async fn deliver(ingest: &Ingest, claim: OutboxClaim) {
                 lading_worker::deps::spawn_prober(ingest.engine.clone(), dependency.clone());
             }
             let settings = ingest.engine.deps().settings();
-            let why = format!(
-                "waiting: {} unavailable: {cause}",
-                dependency.label()
-            );
+            let why = format!("waiting: {} unavailable: {cause}", dependency.label());
             if now.saturating_sub(since) > settings.max_wait.as_millis() as u64 {
                 let why = lading_worker::deps::gave_up(&dependency, &cause, since, settings);
                 tracing::error!(%kind, %key, error = %why, "delivery given up");
@@ -329,17 +326,16 @@ async fn wire(ingest: &Ingest, e: &Effect) -> Result<(), Failure> {
             for (name, value) in &post.headers {
                 req = req.header(*name, value);
             }
-            let r = req
-                .body(post.body)
-                .send()
-                .await
-                .map_err(|err| match crate::weather::reqwest_cause(&err) {
-                    Some(cause) => Failure::Unavailable {
-                        dependency: callback_dependency(&post.url),
-                        cause,
+            let r =
+                req.body(post.body).send().await.map_err(
+                    |err| match crate::weather::reqwest_cause(&err) {
+                        Some(cause) => Failure::Unavailable {
+                            dependency: callback_dependency(&post.url),
+                            cause,
+                        },
+                        None => callback_unsent(&post.url, err),
                     },
-                    None => callback_unsent(&post.url, err),
-                })?;
+                )?;
             callback_answer(&post.url, r.status().as_u16())
         }
         other => Err(Failure::Never(format!(
@@ -360,7 +356,12 @@ async fn send(ingest: &Ingest, e: &Effect) -> Result<(), Failure> {
                 .map(|_| ())
                 .map_err(|e| match e.down {
                     Some(cause) => Failure::Unavailable {
-                        dependency: crate::replicate::node_of_error(ingest, &e.what, n("from"), n("to")),
+                        dependency: crate::replicate::node_of_error(
+                            ingest,
+                            &e.what,
+                            n("from"),
+                            n("to"),
+                        ),
                         cause,
                     },
                     None if e.fatal => Failure::Never(e.what),

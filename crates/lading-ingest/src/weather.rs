@@ -152,10 +152,14 @@ mod tests {
             store: "S3",
             source: t.to_string().into(),
         };
-        let e = g("Error performing PUT http://h/k in 1ms - Server returned non-2xx status code: 503 Service Unavailable: ");
+        let e = g(
+            "Error performing PUT http://h/k in 1ms - Server returned non-2xx status code: 503 Service Unavailable: ",
+        );
         assert_eq!(object_store_cause(&e).as_deref(), Some("answered 503"));
         assert_eq!(object_store_refused(&e), None);
-        let e = g("Error performing PUT http://h/ark%3A1 - Server returned non-2xx status code: 400 Bad Request: <Error><Code>KeyTooLongError</Code></Error>");
+        let e = g(
+            "Error performing PUT http://h/ark%3A1 - Server returned non-2xx status code: 400 Bad Request: <Error><Code>KeyTooLongError</Code></Error>",
+        );
         assert_eq!(object_store_cause(&e), None);
         assert_eq!(
             object_store_refused(&e).as_deref(),

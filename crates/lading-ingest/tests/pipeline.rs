@@ -259,7 +259,10 @@ async fn an_unreachable_url_waits_for_its_host_then_fails_naming_it_and_the_batc
         Some(1),
         "the waits used no attempt: {st:?}"
     );
-    assert!(st.extra.get("waits").and_then(|v| v.as_u64()).unwrap_or(0) >= 1, "{st:?}");
+    assert!(
+        st.extra.get("waits").and_then(|v| v.as_u64()).unwrap_or(0) >= 1,
+        "{st:?}"
+    );
     let batch = w.engine.batch(&bid).await.unwrap();
     assert_eq!(batch.status.message.as_deref(), Some("1 of 1 jobs failed"));
     let mail = w.smtp.next().await;

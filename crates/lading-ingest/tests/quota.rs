@@ -181,7 +181,10 @@ impl Tree for SweptBetween {
     fn count_children<'a>(&'a self, path: &'a str) -> lading_core::TreeFuture<'a, u64> {
         self.inner.count_children(path)
     }
-    fn multi(&self, ops: Vec<lading_core::Op>) -> lading_core::TreeFuture<'_, Vec<lading_core::OpResult>> {
+    fn multi(
+        &self,
+        ops: Vec<lading_core::Op>,
+    ) -> lading_core::TreeFuture<'_, Vec<lading_core::OpResult>> {
         Box::pin(async move {
             let creates_submitter = matches!(ops.as_slice(),
                 [lading_core::Op::Create { path, .. }] if path == "/quotas/p/s0");
@@ -234,12 +237,19 @@ async fn zookeeper_a_reservation_survives_a_sweep_removing_its_parent_folder_mea
     let ids = jobs(&e, 1).await;
     // `/quotas/p` exists and is empty, as a sweep may find it.
     for p in ["/quotas", "/quotas/p"] {
-        let _ = inner.create(p, None, lading_core::CreateMode::Persistent).await;
+        let _ = inner
+            .create(p, None, lading_core::CreateMode::Persistent)
+            .await;
     }
     tree.armed.store(true, std::sync::atomic::Ordering::SeqCst);
-    let slot = quota::reserve(&e, "p", "s0", &ids[0], 1, None).await.unwrap();
+    let slot = quota::reserve(&e, "p", "s0", &ids[0], 1, None)
+        .await
+        .unwrap();
     assert_eq!(slot, Slot::Granted);
-    assert!(!tree.armed.load(std::sync::atomic::Ordering::SeqCst), "the sweep ran in between");
+    assert!(
+        !tree.armed.load(std::sync::atomic::Ordering::SeqCst),
+        "the sweep ran in between"
+    );
     assert_eq!(
         inner.children("/quotas/p/s0").await.unwrap(),
         [ids[0].to_string()],

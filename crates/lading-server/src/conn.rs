@@ -418,7 +418,11 @@ pub async fn serve<L: Accept>(
         };
         let (id, conn) = {
             let mut t = table.lock().unwrap_or_else(|p| p.into_inner());
-            if !t.room(limits.max_connections, &streams, limits.max_streams_per_client) {
+            if !t.room(
+                limits.max_connections,
+                &streams,
+                limits.max_streams_per_client,
+            ) {
                 drop(stream);
                 continue;
             }

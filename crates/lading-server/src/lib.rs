@@ -212,7 +212,11 @@ pub fn error_id() -> String {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs())
     });
-    format!("E{:x}-{}", start % 0x1_0000_0000, N.fetch_add(1, Ordering::Relaxed) + 1)
+    format!(
+        "E{:x}-{}",
+        start % 0x1_0000_0000,
+        N.fetch_add(1, Ordering::Relaxed) + 1
+    )
 }
 
 impl std::fmt::Display for ApiError {

@@ -998,7 +998,12 @@ impl BatchLoop {
                         lease.effects.clear();
                         lease.report = None;
                         drop(lease);
-                        break Some(Outcome::Fatal(deps::gave_up(&dependency, &cause, since, settings)));
+                        break Some(Outcome::Fatal(deps::gave_up(
+                            &dependency,
+                            &cause,
+                            since,
+                            settings,
+                        )));
                     }
                     tracing::info!(batch = %bid, dependency = %dependency.label(), %cause,
                         "waiting for a dependency");

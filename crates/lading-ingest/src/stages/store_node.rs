@@ -139,7 +139,10 @@ pub(crate) async fn store_on_bucket(
         .filter(|p: &Progress| p.node == node.id)
         .unwrap_or_default();
     if progress.version == 0 {
-        let versions = node.versions(ark).await.map_err(|e| node_outcome(node, e))?;
+        let versions = node
+            .versions(ark)
+            .await
+            .map_err(|e| node_outcome(node, e))?;
         // A version this job already stored (it crashed before saying so) is reused.
         for v in versions.iter().rev().take(3) {
             if let Some(r) = read_node_version(node, ark, *v)
