@@ -413,10 +413,22 @@ mod tests {
             );
         }
         assert_eq!(callback_answer("u", 204), Ok(()));
-        for status in [301, 404, 503] {
+        for status in [301, 404] {
             assert_eq!(
                 callback_answer("u", status),
                 Err(Failure::Retry(format!("callback u answered {status}")))
+            );
+        }
+        // The receiver unavailable: waited for, using no attempt (SPEC §11).
+        for status in [503, 500, 429, 408] {
+            assert!(
+                matches!(
+                    callback_answer("http://h:1/u", status),
+                    Err(Failure::Unavailable { ref dependency, ref cause })
+                        if dependency.label() == "callback host h:1"
+                            && *cause == format!("answered {status}")
+                ),
+                "{status}"
             );
         }
     }
