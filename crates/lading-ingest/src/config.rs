@@ -597,6 +597,21 @@ pub struct Profile {
     /// Most jobs of this profile one submitter may have in flight (past Pending, not
     /// finished); the rest wait in Pending. None: no limit.
     pub max_in_flight_per_submitter: Option<u32>,
+    /// BagIt profiles (JSON files, relative to the profiles folder) its bags are held to: a
+    /// bag naming one of them in `BagIt-Profile-Identifier` is checked against that one,
+    /// any other against the first. Empty: RFC 8493 alone.
+    #[serde(default)]
+    pub bag_profiles: Vec<PathBuf>,
+    /// The profiles of `bag_profiles`, read when this profile is.
+    #[serde(skip)]
+    pub bags: Vec<std::sync::Arc<crate::bagprofile::BagProfile>>,
+    /// Storage nodes by a bag's storage option (`Standard = [9501, 9502]`); an option with
+    /// no entry fails its job naming it. Empty: every bag goes to `storage_nodes`.
+    #[serde(default)]
+    pub storage_options: BTreeMap<String, Vec<u32>>,
+    /// The tag that names a bag's storage option (default `Storage-Option`; absent from a
+    /// bag: `Standard`).
+    pub storage_option_tag: Option<String>,
 }
 
 impl Profile {
@@ -636,8 +651,40 @@ impl Profile {
                 error: "priority must be 0..=99".into(),
             });
         }
+        for file in &p.bag_profiles {
+            let at = if file.is_absolute() {
+                file.clone()
+            } else {
+                dir.join(file)
+            };
+            let bag =
+                crate::bagprofile::BagProfile::load(&at).map_err(|error| ConfigError::Parse {
+                    path: path.clone(),
+                    error: format!("bag_profiles: {error}"),
+                })?;
+            p.bags.push(std::sync::Arc::new(bag));
+        }
         p.name = name.to_string();
         Ok(p)
+    }
+
+    /// The node ids a bag with storage option `option` goes to, or why none.
+    pub fn nodes_for_option(&self, option: &str) -> Result<&[u32], String> {
+        self.storage_options
+            .get(option)
+            .map(Vec::as_slice)
+            .ok_or_else(|| {
+                format!(
+                    "the bag's storage option {option:?} has no entry in profile {}'s \
+                     [storage_options] ({})",
+                    self.name,
+                    self.storage_options
+                        .keys()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            })
     }
 }
 

@@ -13,6 +13,12 @@ pub const PRODUCER: &str = "producer";
 /// Downloaded containers, before processing unpacks them.
 pub const CONTAINER: &str = "container";
 
+/// Whether a job of payload type `t` downloads containers that Processing unpacks (a
+/// container, a bag) rather than the object's files themselves.
+pub fn unpacks(t: &str) -> bool {
+    matches!(t, "container" | "bag")
+}
+
 /// Files Lading writes about the object (its manifest).
 pub const SYSTEM: &str = "system";
 

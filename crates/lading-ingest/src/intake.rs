@@ -25,6 +25,10 @@ pub enum PayloadType {
     BatchManifest,
     SingleFileBatchManifest,
     ContainerBatchManifest,
+    /// A serialized BagIt bag (tar, tar.gz or zip): one object.
+    Bag,
+    /// A container batch manifest whose rows are bags.
+    BagBatchManifest,
 }
 
 impl PayloadType {
@@ -35,6 +39,8 @@ impl PayloadType {
         PayloadType::BatchManifest,
         PayloadType::SingleFileBatchManifest,
         PayloadType::ContainerBatchManifest,
+        PayloadType::Bag,
+        PayloadType::BagBatchManifest,
     ];
 
     pub fn name(self) -> &'static str {
@@ -45,6 +51,8 @@ impl PayloadType {
             PayloadType::BatchManifest => "batch-manifest",
             PayloadType::SingleFileBatchManifest => "single-file-batch-manifest",
             PayloadType::ContainerBatchManifest => "container-batch-manifest",
+            PayloadType::Bag => "bag",
+            PayloadType::BagBatchManifest => "bag-batch-manifest",
         }
     }
 
@@ -83,7 +91,7 @@ pub enum SubmitError {
     #[error(transparent)]
     Profile(#[from] crate::config::ConfigError),
     #[error(
-        "unknown payload type {0:?} (one of: file, container, manifest, batch-manifest, single-file-batch-manifest, container-batch-manifest)"
+        "unknown payload type {0:?} (one of: file, container, manifest, batch-manifest, single-file-batch-manifest, container-batch-manifest, bag, bag-batch-manifest)"
     )]
     PayloadType(String),
     #[error("payload URL: {0}")]
@@ -334,6 +342,8 @@ impl Intake {
             PayloadType::BatchManifest => (ManifestKind::Batch, "manifest"),
             PayloadType::SingleFileBatchManifest => (ManifestKind::SingleFileBatch, "file"),
             PayloadType::ContainerBatchManifest => (ManifestKind::ContainerBatch, "container"),
+            PayloadType::Bag => return single("bag"),
+            PayloadType::BagBatchManifest => (ManifestKind::ContainerBatch, "bag"),
         };
         let trust = Trust::from_fields(|k| sub.field(k));
         let text = self

@@ -7,6 +7,8 @@
 //! [`run`] runs a chosen set in one process.
 
 pub mod access;
+pub mod bagit;
+pub mod bagprofile;
 pub mod blocking;
 pub mod bucket;
 pub mod checkm;

@@ -1081,13 +1081,19 @@ impl Nodes {
 
     /// The nodes a profile names, primary first; an id the config lacks is named.
     pub fn of_profile(&self, p: &crate::Profile) -> Result<Vec<Arc<Node>>, String> {
-        p.storage_nodes
-            .iter()
+        for ids in p.storage_options.values() {
+            self.of_ids(ids, &p.name)?;
+        }
+        self.of_ids(&p.storage_nodes, &p.name)
+    }
+
+    /// The nodes `ids` names (profile `profile`'s), first the primary.
+    pub fn of_ids(&self, ids: &[u32], profile: &str) -> Result<Vec<Arc<Node>>, String> {
+        ids.iter()
             .map(|id| {
                 self.get(*id).cloned().ok_or_else(|| {
                     format!(
-                        "profile {} names storage node {id}, which the config's [[storage_nodes]] lacks",
-                        p.name
+                        "profile {profile} names storage node {id}, which the config's [[storage_nodes]] lacks"
                     )
                 })
             })

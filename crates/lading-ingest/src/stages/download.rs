@@ -107,7 +107,7 @@ pub(crate) async fn download_files(
     job: &JobCtx,
     files: Vec<FileEntry>,
 ) -> Result<Outcome, Outcome> {
-    let into = if job.config()?.payload_type() == "container" {
+    let into = if crate::files::unpacks(job.config()?.payload_type()) {
         CONTAINER
     } else {
         PRODUCER

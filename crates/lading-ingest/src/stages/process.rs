@@ -6,7 +6,13 @@ pub(crate) async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Ou
     ensure_downloaded(ingest, job).await?;
     let wd = job.workdir.clone();
     let producer = wd.join(PRODUCER);
-    if job.config()?.payload_type() == "container" {
+    // The metadata as this call left it (a bag's tags fill it in).
+    let mut current_metadata = job.info.metadata.clone();
+    if job.config()?.payload_type() == "bag" {
+        if let Some(m) = super::bag::unpack_bag(ingest, job).await? {
+            current_metadata = m;
+        }
+    } else if job.config()?.payload_type() == "container" {
         let marker = wd.join(INTERIM).join("unpacked");
         if !marker.exists() {
             let c = wd.join(CONTAINER);
@@ -38,7 +44,7 @@ pub(crate) async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Ou
     if files.is_empty() {
         return Err(Outcome::fatal("the object has no files"));
     }
-    if job.config()?.payload_type() != "container" {
+    if !crate::files::unpacks(job.config()?.payload_type()) {
         check_verified(&wd, PRODUCER, &files)?;
     }
     // An ERC file (`mrt-erc.txt`, what Merritt's clients send with an object) fills the
@@ -46,7 +52,7 @@ pub(crate) async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Ou
     if files.iter().any(|f| f.path == ERC_FILE) {
         let erc = read_erc(&producer.join(ERC_FILE))
             .map_err(|e| io_err("reading", &producer.join(ERC_FILE), e))?;
-        let mut metadata = job.info.metadata.clone();
+        let mut metadata = current_metadata;
         if !metadata.is_object() {
             metadata = json!({});
         }
@@ -87,11 +93,23 @@ pub(crate) async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Ou
     let mut ids: lading_core::layout::Identifiers =
         serde_json::from_value(job.info.identifiers.clone()).unwrap_or_default();
     let profile = job_profile(ingest, job)?;
+    let mut ids_changed = false;
+    // A bag's name is its object's local identifier when none was given.
+    if ids.local_id.is_empty()
+        && let Some(name) = super::bag::bag_record(&wd)
+            .and_then(|b| b.get("name").and_then(Value::as_str).map(str::to_string))
+    {
+        ids.local_id = vec![name];
+        ids_changed = true;
+    }
     if ids.primary_id.as_deref().is_none_or(str::is_empty) {
         let shoulder = profile.shoulder.as_deref().unwrap_or(&ingest.cfg.shoulder);
         let minted = format!("{shoulder}{}", unique_hex(job));
         job.log(&format!("minted {minted}"));
         ids.primary_id = Some(minted);
+        ids_changed = true;
+    }
+    if ids_changed {
         job.set_data("identifiers", &json!(ids))
             .await
             .map_err(engine_err)?;
@@ -109,12 +127,14 @@ pub(crate) async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Ou
     let mark = unique_hex(job);
     let at = processed_path(&wd);
     write_atomic(&at, mark.as_bytes()).map_err(|e| io_err("writing", &at, e))?;
-    job.set_data(
-        "inventory",
-        &json!({ "primary_id": ark, "files": files, "size": size, "working_copy": mark }),
-    )
-    .await
-    .map_err(engine_err)?;
+    let mut inventory =
+        json!({ "primary_id": ark, "files": files, "size": size, "working_copy": mark });
+    if let Some(bag) = super::bag::bag_record(&wd) {
+        inventory["bag"] = bag;
+    }
+    job.set_data("inventory", &inventory)
+        .await
+        .map_err(engine_err)?;
     Ok(Outcome::Done)
 }
 

@@ -126,6 +126,28 @@ async fn one_numbering(ingest: &Ingest, ark: &str, primary: u32) -> Result<(), O
     )))
 }
 
+/// The nodes a job's object goes to: those its bag's storage option names, else its
+/// profile's.
+async fn job_nodes(
+    ingest: &Ingest,
+    job: &JobCtx,
+    profile: &crate::Profile,
+) -> Result<Vec<Arc<crate::nodes::Node>>, Outcome> {
+    let option = job_json(job, "inventory").await?.and_then(|v| {
+        v.pointer("/bag/storage_option")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    });
+    match option {
+        Some(o) if !profile.storage_options.is_empty() => {
+            let ids = profile.nodes_for_option(&o).map_err(Outcome::fatal)?;
+            ingest.nodes.of_ids(ids, &profile.name)
+        }
+        _ => ingest.nodes.of_profile(profile),
+    }
+    .map_err(Outcome::fatal)
+}
+
 pub(crate) async fn store(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
     ensure_processed(ingest, job).await?;
     let ark = object_ark(job)?;
@@ -134,7 +156,7 @@ pub(crate) async fn store(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outc
         .storage_root
         .clone()
         .unwrap_or_else(|| ingest.cfg.storage_root());
-    let nodes = ingest.nodes.of_profile(&profile).map_err(Outcome::fatal)?;
+    let nodes = job_nodes(ingest, job, &profile).await?;
     let lock = HeldArk::take(&job.engine, job.engine.lock_storage(&ark)).await?;
     if let Err(e) = one_numbering(ingest, &ark, nodes.first().map_or(0, |n| n.id)).await {
         lock.release().await;

@@ -1,0 +1,156 @@
+//! Processing a bag: its serialization unpacked, the bag validated against RFC 8493 and its
+//! BagIt profile (every problem named, fatally), its payload made the object's files
+//! (`producer/PATH`, the path inside `data/`) and its tag files kept under `system/bag/` so
+//! the bag can be rebuilt byte for byte; its tags become the job's metadata.
+
+use super::*;
+
+/// Where a bag's tag files go in the working folder (and in the stored version).
+pub(crate) const BAG_TAGS: &str = "bag";
+
+/// What Processing learnt of a bag, kept in the working folder (`.lading/bag.json`) and in
+/// the job's inventory record (`bag`).
+pub(crate) fn bag_record_path(workdir: &Path) -> PathBuf {
+    workdir.join(INTERIM).join("bag.json")
+}
+
+/// The tags that fill Merritt's ERC fields.
+const ERC_TAGS: &[(&str, &str)] = &[
+    ("Title", "erc_what"),
+    ("Source-Organization", "erc_who"),
+    ("Bagging-Date", "erc_when"),
+];
+
+/// Unpacks and validates the job's bag, once (a marker says it was done); returns the
+/// job's metadata when this call wrote it.
+pub(crate) async fn unpack_bag(ingest: &Ingest, job: &JobCtx) -> Result<Option<Value>, Outcome> {
+    let wd = job.workdir.clone();
+    let marker = wd.join(INTERIM).join("unpacked");
+    if marker.exists() && bag_record_path(&wd).exists() {
+        return Ok(None);
+    }
+    let c = wd.join(CONTAINER);
+    let found = crate::blocking::run(move || list_files(&c))
+        .await
+        .map_err(|e| Outcome::Transient(e.to_string()))?
+        .map_err(|e| io_err("reading", &wd.join(CONTAINER), e))?;
+    check_verified(&wd, CONTAINER, &found)?;
+    let [file] = found.as_slice() else {
+        return Err(Outcome::fatal(format!(
+            "a bag is one file; {} were downloaded",
+            found.len()
+        )));
+    };
+    let file_name = file.path.clone();
+    let Some((mime, _)) = crate::bagit::serialization(&file_name) else {
+        return Err(Outcome::fatal(format!(
+            "bag {file_name:?}: a bag is a .tar, .tar.gz, .tgz or .zip file"
+        )));
+    };
+    let profile = job_profile(ingest, job)?;
+    let unpacked = wd.join(INTERIM).join("bag");
+    let limits = crate::unpack::Limits::from(&ingest.cfg.payload);
+    let max_entries = ingest.cfg.payload.max_unpacked_entries;
+    let (c, into, w) = (wd.join(CONTAINER), unpacked.clone(), wd.clone());
+    let bags = profile.bags.clone();
+    let validated = crate::blocking::run(move || -> Result<_, Outcome> {
+        let bytes = crate::unpack::unpack_all(&c, &into, &limits)?;
+        let (dir, name) = crate::bagit::bag_folder(&into, &file_name).map_err(Outcome::fatal)?;
+        let bag = crate::bagit::validate(&dir, &name, mime, &bags, max_entries);
+        let bag = match bag {
+            Ok(b) => b,
+            Err(problems) => {
+                let _ = std::fs::remove_dir_all(&into);
+                let n = problems.len();
+                return Err(Outcome::Fatal(format!(
+                    "bag {name} is not valid ({n} problem{}):\n{}",
+                    if n == 1 { "" } else { "s" },
+                    problems.join("\n")
+                )));
+            }
+        };
+        // The payload becomes the object's files, the rest the bag's tag files.
+        let producer = w.join(PRODUCER);
+        let tags = w.join(SYSTEM).join(BAG_TAGS);
+        for old in [&producer, &tags] {
+            if old.exists() {
+                std::fs::remove_dir_all(old).map_err(|e| io_err("removing", old, e))?;
+            }
+        }
+        std::fs::create_dir_all(w.join(SYSTEM)).map_err(|e| io_err("creating", &w, e))?;
+        let data = dir.join("data");
+        if data.is_dir() {
+            std::fs::rename(&data, &producer).map_err(|e| io_err("renaming", &data, e))?;
+        } else {
+            std::fs::create_dir_all(&producer).map_err(|e| io_err("creating", &producer, e))?;
+        }
+        std::fs::rename(&dir, &tags).map_err(|e| io_err("renaming", &dir, e))?;
+        let _ = std::fs::remove_dir_all(&into);
+        Ok((bag, bytes))
+    })
+    .await
+    .map_err(|e| Outcome::Transient(e.to_string()))??;
+    let (bag, unpacked_bytes) = validated;
+    let tag_name = profile
+        .storage_option_tag
+        .clone()
+        .unwrap_or_else(|| "Storage-Option".into());
+    let option = bag.tag(&tag_name).unwrap_or("Standard").to_string();
+    if !profile.storage_options.is_empty() {
+        profile.nodes_for_option(&option).map_err(Outcome::fatal)?;
+    }
+    // Tags fill the metadata the submission left empty: ERC's names for three, the rest by
+    // their own names.
+    let mut metadata = job.info.metadata.clone();
+    if !metadata.is_object() {
+        metadata = json!({});
+    }
+    if let Some(m) = metadata.as_object_mut() {
+        for t in bag.tags.iter().filter(|t| t.file != "bagit.txt") {
+            let key = ERC_TAGS
+                .iter()
+                .find(|(tag, _)| tag.eq_ignore_ascii_case(&t.name))
+                .map_or(t.name.as_str(), |(_, erc)| erc);
+            let empty = m.get(key).is_none_or(|v| v.is_null() || v == "");
+            if empty && !t.value.is_empty() {
+                m.insert(key.to_string(), json!(t.value));
+            }
+        }
+    }
+    job.set_data("metadata", &metadata)
+        .await
+        .map_err(engine_err)?;
+    let record = json!({
+        "name": bag.name,
+        "bagit_version": bag.version,
+        "profile": bag.profile.identifier,
+        "profile_file": bag.profile.file,
+        "payload_algorithms": bag.payload_algorithms,
+        "tag_algorithms": bag.tag_algorithms,
+        "storage_option": option,
+        "payload_files": bag.payload_files,
+        "payload_bytes": bag.payload_bytes,
+    });
+    let rp = bag_record_path(&job.workdir);
+    write_atomic(&rp, record.to_string().as_bytes()).map_err(|e| io_err("writing", &rp, e))?;
+    let packed: u64 = found.iter().map(|f| f.size).sum();
+    job.set_space_needed(packed.saturating_add(unpacked_bytes))
+        .await
+        .map_err(engine_err)?;
+    write_atomic(&marker, b"").map_err(|e| io_err("writing", &marker, e))?;
+    job.log(&format!(
+        "bag {} valid under BagIt profile {} ({} files, {} bytes; manifests {}); storage option {option}",
+        bag.name,
+        bag.profile.identifier,
+        bag.payload_files,
+        bag.payload_bytes,
+        bag.payload_algorithms.join(", ")
+    ));
+    Ok(Some(metadata))
+}
+
+/// The bag record Processing left in the working folder, if the job is a bag.
+pub(crate) fn bag_record(workdir: &Path) -> Option<Value> {
+    let text = std::fs::read(bag_record_path(workdir)).ok()?;
+    serde_json::from_slice(&text).ok()
+}

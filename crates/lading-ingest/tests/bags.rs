@@ -1,0 +1,426 @@
+//! BagIt bags end to end on real parts: bags made by the Library of Congress's own `bagit.py`
+//! (PyPI `bagit`, which `scripts/test` installs), served by an HTTP payload server, taken
+//! through every stage into the storage folder, on SQLite and on ZooKeeper; the profiles are
+//! the two `examples/bagit/` ships.
+
+mod common;
+
+use common::*;
+use lading_core::JobState;
+use lading_ingest::checkm::{self, ManifestKind};
+use lading_ingest::stages::StoredVersion;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// `bagit.py`, on PATH or where `pip install --user` puts it.
+fn bagit_py() -> PathBuf {
+    let home = std::env::var("HOME").unwrap_or_default();
+    let mut places: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    places.push(Path::new(&home).join(".local/bin"));
+    places
+        .into_iter()
+        .map(|d| d.join("bagit.py"))
+        .find(|p| p.is_file())
+        .expect("bagit.py (PyPI bagit) is missing: scripts/test installs it")
+}
+
+/// Makes folder `root/name` of `files` into a bag with `bagit.py ARGS`.
+fn make_bag(root: &Path, name: &str, files: &[(&str, &[u8])], args: &[&str]) -> PathBuf {
+    let dir = root.join(name);
+    for (rel, bytes) in files {
+        let p = dir.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, bytes).unwrap();
+    }
+    let out = Command::new(bagit_py())
+        .arg("--quiet")
+        .args(args)
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "bagit.py: {out:?}");
+    dir
+}
+
+/// Every file under `dir`, relative, with its bytes.
+fn tree(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let rel = p.strip_prefix(dir).unwrap().to_string_lossy().into_owned();
+                out.push((rel, std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// `dir` serialized as `file` (`.tar`, `.tar.gz` or `.zip`), holding one folder `top`.
+fn serialize(dir: &Path, top: &str, file: &str) -> Vec<u8> {
+    let entries: Vec<(String, Vec<u8>)> = tree(dir)
+        .into_iter()
+        .map(|(rel, b)| (format!("{top}/{rel}"), b))
+        .collect();
+    if file.ends_with(".zip") {
+        let refs: Vec<(&str, &[u8])> = entries
+            .iter()
+            .map(|(n, b)| (n.as_str(), b.as_slice()))
+            .collect();
+        return lading_testkit::zip_bytes(&refs);
+    }
+    let mut t = tar::Builder::new(Vec::new());
+    for (name, bytes) in &entries {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(bytes.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        t.append_data(&mut h, name, bytes.as_slice()).unwrap();
+    }
+    let tar = t.into_inner().unwrap();
+    if file.ends_with(".tar.gz") {
+        use std::io::Write;
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&tar).unwrap();
+        return gz.finish().unwrap();
+    }
+    tar
+}
+
+const BTR: &str = "https://raw.githubusercontent.com/dpscollaborative/btr_bagit_profile/master/btr-bagit-profile.json";
+
+/// A Lading profile `bags` holding bags to the shipped APTrust-compatible profile (the
+/// default) and the BTR profile.
+fn bag_profile(w: &World) {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/bagit");
+    let to = w.cfg.profiles_dir().join("bagit");
+    std::fs::create_dir_all(&to).unwrap();
+    for f in ["aptrust-v2.2.json", "btr-v1.0.json"] {
+        std::fs::copy(examples.join(f), to.join(f)).unwrap();
+    }
+    w.profile(
+        "bags",
+        "collection = \"bags\"\n\
+         bag_profiles = [\"bagit/aptrust-v2.2.json\", \"bagit/btr-v1.0.json\"]\n",
+    );
+}
+
+fn aptrust_info(dir: &Path, text: &str) {
+    std::fs::write(dir.join("aptrust-info.txt"), text).unwrap();
+}
+
+/// Serves bags as `NAME` files and a bag batch manifest naming them; returns its URL.
+fn serve_bags(w: &World, manifest: &str, bags: &[(String, Vec<u8>)]) -> String {
+    let rows: Vec<Vec<String>> = bags
+        .iter()
+        .map(|(name, bytes)| {
+            let (url, md5) = w.file(&format!("bags/{name}"), bytes);
+            vec![url, "md5".into(), md5]
+        })
+        .collect();
+    let text = checkm::write(
+        ManifestKind::ContainerBatch,
+        &[checkm::FILE_URL, checkm::HASH_ALG, checkm::HASH_VALUE],
+        &rows,
+    );
+    w.file(manifest, text.as_bytes()).0
+}
+
+async fn stored(w: &World, job: &lading_core::layout::JobId) -> Option<StoredVersion> {
+    let n = w
+        .engine
+        .tree()
+        .get(&lading_core::layout::job_node(job, "store"))
+        .await
+        .unwrap()?;
+    Some(serde_json::from_slice(&n.data.unwrap()).unwrap())
+}
+
+/// Valid bags of each manifest algorithm and serialization are stored file for file: the
+/// payload as `producer/PATH`, the tag files under `system/bag/`, byte for byte; their tags
+/// become the job's metadata.
+async fn valid_bags_are_stored_byte_for_byte(w: World) {
+    bag_profile(&w);
+    let src = w.dir.path().join("made");
+    let payload: &[(&str, &[u8])] = &[
+        ("one.txt", b"one"),
+        ("sub dir/two.bin", b"\x00\x01two"),
+        ("notes/three.txt", b"three\n"),
+    ];
+    let mut bags = Vec::new();
+    let mut sources = Vec::new();
+    // APTrust-compatible (the default profile): tar, md5 (and sha256).
+    for (name, args) in [
+        ("ap-md5", &["--md5"][..]),
+        ("ap-md5-sha256", &["--md5", "--sha256"][..]),
+    ] {
+        let args = [args, &["--source-organization", "Example University"][..]].concat();
+        let d = make_bag(&src, name, payload, &args);
+        aptrust_info(&d, &format!("Title: The {name} bag\nAccess: Institution\n"));
+        bags.push((format!("{name}.tar"), serialize(&d, name, "x.tar")));
+        sources.push((name, d));
+    }
+    // BTR, named in bag-info.txt: sha1 as tar.gz, sha512 as zip, sha256 as tar.
+    for (name, alg, file) in [
+        ("btr-sha1", "--sha1", "btr-sha1.tar.gz"),
+        ("btr-sha512", "--sha512", "btr-sha512.zip"),
+        ("btr-sha256", "--sha256", "btr-sha256.tar"),
+    ] {
+        let d = make_bag(
+            &src,
+            name,
+            payload,
+            &[
+                alg,
+                "--source-organization",
+                "Example University",
+                "--bagit-profile-identifier",
+                BTR,
+            ],
+        );
+        bags.push((file.to_string(), serialize(&d, name, file)));
+        sources.push((name, d));
+    }
+    let url = serve_bags(&w, "valid.checkm", &bags);
+    let ingest = w.ingest();
+    let b = w
+        .submit_as(&ingest, "bags", "depositor", &url, "bag-batch-manifest")
+        .await;
+    let run = w.run_all(&ingest);
+    w.completes(&b).await;
+    run.stop().await;
+    let jobs = w.jobs_of(&b).await;
+    assert_eq!(jobs.len(), bags.len());
+    let mut seen = Vec::new();
+    for j in &jobs {
+        let info = w.engine.job(j).await.unwrap();
+        let s = stored(&w, j).await.expect("stored");
+        let at = Path::new(&s.path);
+        let bag_tags = at.join("system/bag");
+        // Which bag: its bag-info.txt, stored byte for byte, says.
+        let (name, dir) = sources
+            .iter()
+            .find(|(_, d)| {
+                std::fs::read(d.join("bag-info.txt")).ok()
+                    == std::fs::read(bag_tags.join("bag-info.txt")).ok()
+                    && std::fs::read(d.join("bagit.txt")).is_ok()
+                    && tree(d)
+                        .iter()
+                        .filter(|(r, _)| !r.starts_with("data/"))
+                        .all(|(r, b)| std::fs::read(bag_tags.join(r)).ok().as_ref() == Some(b))
+            })
+            .unwrap_or_else(|| panic!("no source bag matches {}", bag_tags.display()));
+        for (rel, bytes) in tree(dir) {
+            let stored_at = match rel.strip_prefix("data/") {
+                Some(p) => at.join("producer").join(p),
+                None => bag_tags.join(&rel),
+            };
+            assert_eq!(
+                std::fs::read(&stored_at).ok().as_deref(),
+                Some(bytes.as_slice()),
+                "{name}: {rel} stored byte for byte"
+            );
+        }
+        let files = stored_files(at);
+        let payload_files = files.iter().filter(|f| f.starts_with("producer/")).count();
+        assert_eq!(payload_files, payload.len(), "{name}: {files:?}");
+        let md = &info.metadata;
+        if name.starts_with("ap-") {
+            assert_eq!(md["erc_what"], format!("The {name} bag"), "{md}");
+            assert_eq!(md["Access"], "Institution", "{md}");
+            // Absent Storage-Option: the profile's default.
+            assert_eq!(md["Storage-Option"], "Standard", "{md}");
+        } else {
+            assert_eq!(md["erc_who"], "Example University", "{md}");
+            // bagit.py spells the label its own way; it is kept as written.
+            assert_eq!(md["Bagit-Profile-Identifier"], BTR, "{md}");
+        }
+        assert!(
+            md["erc_when"].as_str().is_some_and(|d| !d.is_empty()),
+            "{md}"
+        );
+        let ids = &info.identifiers;
+        assert_eq!(ids["local_id"][0], *name, "{ids}");
+        seen.push(name.to_string());
+    }
+    seen.sort();
+    assert_eq!(seen.len(), bags.len(), "every bag once: {seen:?}");
+}
+
+/// Each kind of invalid bag fails its own job once, fatally, in Processing, naming the
+/// problem; nothing of it is stored.
+async fn invalid_bags_fail_once_naming_every_problem_and_store_nothing(w: World) {
+    bag_profile(&w);
+    let src = w.dir.path().join("made");
+    let payload: &[(&str, &[u8])] = &[("a.txt", b"alpha"), ("b.txt", b"beta")];
+    let good = |name: &str| {
+        let d = make_bag(
+            &src,
+            name,
+            payload,
+            &["--md5", "--source-organization", "Example University"],
+        );
+        aptrust_info(&d, "Title: T\nAccess: Consortia\n");
+        d
+    };
+    let mut bags: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut expect: Vec<(String, Vec<&str>)> = Vec::new();
+    let mut add = |file: &str, top: &str, d: &Path, wants: Vec<&'static str>| {
+        bags.push((file.to_string(), serialize(d, top, file)));
+        expect.push((file.to_string(), wants));
+    };
+    let d = good("wrong-digest");
+    std::fs::write(d.join("data/a.txt"), b"ALPHA").unwrap();
+    add(
+        "wrong-digest.tar",
+        "wrong-digest",
+        &d,
+        vec!["data/a.txt: md5 in manifest-md5.txt is", "the file's is"],
+    );
+    let d = good("missing-file");
+    std::fs::remove_file(d.join("data/b.txt")).unwrap();
+    add(
+        "missing-file.tar",
+        "missing-file",
+        &d,
+        vec!["data/b.txt is listed in manifest-md5.txt but is not in the bag"],
+    );
+    let d = good("extra-file");
+    std::fs::write(d.join("data/c.txt"), b"gamma").unwrap();
+    add(
+        "extra-file.tar",
+        "extra-file",
+        &d,
+        vec!["data/c.txt is in the payload but not in manifest-md5.txt"],
+    );
+    let d = good("wrong-oxum");
+    let info = std::fs::read_to_string(d.join("bag-info.txt")).unwrap();
+    let info = info.replace("Payload-Oxum: 9.2", "Payload-Oxum: 10.2");
+    std::fs::write(d.join("bag-info.txt"), info).unwrap();
+    add(
+        "wrong-oxum.tar",
+        "wrong-oxum",
+        &d,
+        vec!["Payload-Oxum is 10.2", "holds 9.2"],
+    );
+    let d = good("no-title");
+    aptrust_info(&d, "Access: Consortia\n");
+    add(
+        "no-title.tar",
+        "no-title",
+        &d,
+        vec!["aptrust-info.txt: tag Title is missing"],
+    );
+    let d = good("with-fetch");
+    std::fs::write(d.join("fetch.txt"), "http://example.org/x 5 data/x.txt\n").unwrap();
+    add(
+        "with-fetch.tar",
+        "with-fetch",
+        &d,
+        vec!["fetch.txt is present but the BagIt profile"],
+    );
+    let d = good("other-folder");
+    add(
+        "named-otherwise.tar",
+        "other-folder",
+        &d,
+        vec!["unpacks to a folder named \"other-folder\", not \"named-otherwise\""],
+    );
+    let d = good("escaping");
+    let mut m = std::fs::read_to_string(d.join("manifest-md5.txt")).unwrap();
+    m.push_str("d41d8cd98f00b204e9800998ecf8427e  data/../../etc/passwd\n");
+    std::fs::write(d.join("manifest-md5.txt"), m).unwrap();
+    add(
+        "escaping.tar",
+        "escaping",
+        &d,
+        vec!["\"data/../../etc/passwd\" escapes the bag"],
+    );
+    // Two problems in one bag: both are named.
+    let d = good("two-problems");
+    std::fs::write(d.join("data/a.txt"), b"ALPHA").unwrap();
+    aptrust_info(&d, "Title: T\nAccess: Everyone\n");
+    add(
+        "two-problems.tar",
+        "two-problems",
+        &d,
+        vec![
+            "(2 problems)",
+            "data/a.txt: md5",
+            "tag Access is \"Everyone\", not one of Consortia, Institution, Restricted",
+        ],
+    );
+    let url = serve_bags(&w, "invalid.checkm", &bags);
+    let ingest = w.ingest();
+    let b = w
+        .submit_as(&ingest, "bags", "depositor", &url, "bag-batch-manifest")
+        .await;
+    let run = w.run_all(&ingest);
+    w.batch_ends(&b).await;
+    run.stop().await;
+    let jobs = w.jobs_of(&b).await;
+    assert_eq!(jobs.len(), expect.len());
+    let mut matched = 0;
+    for j in &jobs {
+        let info = w.engine.job(j).await.unwrap();
+        let st = &info.status;
+        assert_eq!(st.status, JobState::Failed, "{j}: {st:?}");
+        assert_eq!(st.last_successful_status, Some(JobState::Downloading));
+        let msg = st.message.clone().unwrap_or_default();
+        let file = info.configuration["file"]["name"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let (_, wants) = expect
+            .iter()
+            .find(|(f, _)| *f == file)
+            .unwrap_or_else(|| panic!("which bag is {file}?"));
+        for want in wants {
+            assert!(msg.contains(want), "{file}: {want:?} not in {msg:?}");
+        }
+        // Failed once: fatal, no attempt retried.
+        let history = w.engine.job(j).await.unwrap().status.extra;
+        let failed = history
+            .get("failed_attempts")
+            .and_then(|v| v.as_u64())
+            .unwrap_or(1);
+        assert!(failed <= 1, "{file}: {history:?}");
+        assert!(stored(&w, j).await.is_none(), "{file} stored nothing");
+        matched += 1;
+    }
+    assert_eq!(matched, expect.len());
+    // Nothing reached the storage root.
+    let root = w.cfg.storage_root();
+    let objects = std::fs::read_dir(&root).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(objects, 0, "nothing stored under {}", root.display());
+}
+
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        $(
+            pub mod $name {
+                use super::*;
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn on_sqlite() {
+                    super::$name(World::on(Backend::Sqlite).await).await;
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn on_zookeeper() {
+                    super::$name(World::on(Backend::ZooKeeper).await).await;
+                }
+            }
+        )*
+    };
+}
+
+on_both_backends!(
+    valid_bags_are_stored_byte_for_byte,
+    invalid_bags_fail_once_naming_every_problem_and_store_nothing,
+);
