@@ -76,6 +76,21 @@ pub(crate) enum Admin {
         #[arg(long)]
         ark: Option<String>,
     },
+    /// Give a stored version back: as a zip of its files, or (--format bag) as a BagIt bag in
+    /// a tar, valid under the profile it was deposited with (NAME.tar, untarring to NAME/).
+    /// Read from this host's nodes or storage root.
+    Restore {
+        /// The object's identifier.
+        ark: String,
+        /// The version (default: the newest).
+        #[arg(long)]
+        version: Option<u32>,
+        #[arg(long, value_enum, default_value = "zip")]
+        format: RestoreFormat,
+        /// The file to write.
+        #[arg(short = 'o', long = "output")]
+        output: std::path::PathBuf,
+    },
     /// Check the setup as `serve` and `worker` do when they start (the config, every
     /// profile, the nodes they name), then probe every outside service once (each storage
     /// node, the SMTP server): one line each; exit 1 when anything is wrong.
@@ -92,6 +107,12 @@ pub(crate) enum Admin {
 pub(crate) enum OutboxAction {
     List,
     Retry,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum RestoreFormat {
+    Zip,
+    Bag,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -180,6 +201,12 @@ pub(crate) async fn admin(ops: &impl Ops, action: Admin) -> anyhow::Result<()> {
         Admin::CheckConfig => {
             anyhow::bail!(
                 "lading admin check-config checks this host's config, not through --server"
+            )
+        }
+        Admin::Restore { .. } => {
+            anyhow::bail!(
+                "lading admin restore reads this host's nodes; through a server, POST \
+                 /api/v1/access with \"format\": \"bag\""
             )
         }
         Admin::Fixity { .. } => {
@@ -275,6 +302,55 @@ pub(crate) async fn fixity(
     if left > 0 {
         std::io::Write::flush(&mut std::io::stdout())?;
         std::process::exit(1);
+    }
+    Ok(())
+}
+
+/// `lading admin restore`: version `version` (default the newest) of `ark` into `output`.
+pub(crate) async fn restore(
+    ingest: &Ingest,
+    ark: &str,
+    version: Option<u32>,
+    format: RestoreFormat,
+    output: &std::path::Path,
+) -> anyhow::Result<()> {
+    let a = ark.to_string();
+    let versions = ingest.inventory.run(move |i| i.versions(&a)).await?;
+    let version = match version {
+        Some(v) => v,
+        None => versions
+            .iter()
+            .map(|(v, _, _)| *v)
+            .max()
+            .with_context(|| format!("no version of {ark:?} is recorded"))?,
+    };
+    if !versions.iter().any(|(v, _, _)| *v == version) {
+        bail!("no version {version} of {ark:?} is recorded");
+    }
+    let src = lading_ingest::access::source(ingest, ark, version, None)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    match format {
+        RestoreFormat::Bag => {
+            let now = ingest.engine.clock().now_ms();
+            let r = lading_ingest::restore::bag_to_file(&src, ark, version, now, output)
+                .await
+                .with_context(|| format!("writing {}", output.display()))?;
+            println!(
+                "{ark} v{version}: bag {} ({} files, {} bytes; manifests {}) in {}",
+                r.name,
+                r.payload_files,
+                r.payload_bytes,
+                r.algorithms.join(", "),
+                output.display()
+            );
+        }
+        RestoreFormat::Zip => {
+            lading_ingest::access::source_zip_to_file(&src, output)
+                .await
+                .with_context(|| format!("writing {}", output.display()))?;
+            println!("{ark} v{version}: zip in {}", output.display());
+        }
     }
     Ok(())
 }

@@ -359,6 +359,15 @@ async fn run_on(cli: Cli, cfg: lading_ingest::Config, store: &str) -> anyhow::Re
                 Command::Admin {
                     action: Admin::CheckConfig,
                 } => admin::check_config(&ingest).await,
+                Command::Admin {
+                    action:
+                        Admin::Restore {
+                            ark,
+                            version,
+                            format,
+                            output,
+                        },
+                } => admin::restore(&ingest, &ark, version, format, &output).await,
                 cmd => console(&Local(ingest.clone()), cmd).await,
             };
             ingest.engine.tree().close().await?;

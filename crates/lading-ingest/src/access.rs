@@ -20,6 +20,18 @@ pub fn zip_path(cfg: &crate::Config, queue: AccessQueue, id: &AccessId) -> PathB
         .join(format!("{}-{id}.zip", queue.name()))
 }
 
+/// Where request `id`'s bag (`format: bag`) is written.
+pub fn bag_path(cfg: &crate::Config, queue: AccessQueue, id: &AccessId) -> PathBuf {
+    cfg.data_dir
+        .join("access")
+        .join(format!("{}-{id}.tar", queue.name()))
+}
+
+/// Whether an access request asks for a bag (its token's `format`).
+pub fn wants_bag(token: &lading_core::layout::AccessToken) -> bool {
+    token.extra.get("format").and_then(|f| f.as_str()) == Some("bag")
+}
+
 /// Files under `dir`, sorted, as (path relative to `dir` with `/`, absolute path, size).
 pub fn files(dir: &Path) -> std::io::Result<Vec<(String, PathBuf, u64)>> {
     let mut out = Vec::new();
@@ -256,6 +268,15 @@ async fn assemble(ingest: &Ingest, lease: &AccessLease) -> Result<(), String> {
         .version
         .ok_or("the request's token names no `version` (of the object to assemble)")?;
     let src = source(ingest, ark, version, None).await?;
+    if wants_bag(&lease.token) {
+        let out = bag_path(&ingest.cfg, lease.queue, &lease.id);
+        let now = ingest.engine.clock().now_ms();
+        let r = crate::restore::bag_to_file(&src, ark, version, now, &out)
+            .await
+            .map_err(|e| e.to_string())?;
+        tracing::info!(request = %lease.id, bag = %r.name, files = r.payload_files, "assembled a bag");
+        return Ok(());
+    }
     let out = zip_path(&ingest.cfg, lease.queue, &lease.id);
     source_zip_to_file(&src, &out)
         .await

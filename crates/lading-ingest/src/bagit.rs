@@ -149,7 +149,7 @@ fn read_text(p: &Path, max: u64) -> std::io::Result<String> {
 }
 
 /// RFC 8493's escapes in a manifest's file path: `%0A`, `%0D` and `%25`.
-fn decode_path(p: &str) -> String {
+pub(crate) fn decode_path(p: &str) -> String {
     let mut out = String::with_capacity(p.len());
     let mut rest = p;
     while let Some(i) = rest.find('%') {

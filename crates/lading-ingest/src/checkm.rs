@@ -50,7 +50,9 @@ impl ManifestKind {
 }
 
 /// A digest algorithm checkm names in `nfo:hashAlgorithm`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum HashAlg {
     Md5,

@@ -114,14 +114,22 @@ pub async fn cleanup(
             if !finished || !old || info.locked {
                 continue;
             }
-            let zip = crate::access::zip_path(&ingest.cfg, queue, &id);
-            match std::fs::remove_file(&zip) {
-                Ok(()) => {}
-                Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-                Err(err) => {
-                    tracing::warn!(file = %zip.display(), error = %err, "cannot remove an access zip");
-                    continue;
+            let mut kept = false;
+            for file in [
+                crate::access::zip_path(&ingest.cfg, queue, &id),
+                crate::access::bag_path(&ingest.cfg, queue, &id),
+            ] {
+                match std::fs::remove_file(&file) {
+                    Ok(()) => {}
+                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(err) => {
+                        tracing::warn!(file = %file.display(), error = %err, "cannot remove an access file");
+                        kept = true;
+                    }
                 }
+            }
+            if kept {
+                continue;
             }
             match e.purge_access(queue, &id).await {
                 Ok(()) => out.access += 1,

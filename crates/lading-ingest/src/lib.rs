@@ -27,6 +27,7 @@ pub mod policy;
 pub mod quota;
 pub mod replicate;
 pub mod report;
+pub mod restore;
 pub mod stages;
 mod unpack;
 pub mod weather;

@@ -248,10 +248,94 @@ async fn valid_bags_are_stored_byte_for_byte(w: World) {
         );
         let ids = &info.identifiers;
         assert_eq!(ids["local_id"][0], *name, "{ids}");
+        // Given back as a bag: valid by bagit.py, its tag files the deposited ones.
+        let restored = restore_and_validate(&w, &ingest, &s, name).await;
+        for (rel, bytes) in tree(dir) {
+            let top = !rel.contains('/');
+            if rel.starts_with("data/")
+                || rel == "bag-info.txt"
+                || (top && rel.starts_with("tagmanifest-"))
+            {
+                continue;
+            }
+            assert_eq!(
+                std::fs::read(restored.join(&rel)).ok().as_deref(),
+                Some(bytes.as_slice()),
+                "{name}: restored {rel} byte for byte"
+            );
+        }
+        let info_now = std::fs::read_to_string(restored.join("bag-info.txt")).unwrap();
+        let info_then = std::fs::read_to_string(dir.join("bag-info.txt")).unwrap();
+        for line in info_then.lines().filter(|l| !l.starts_with("Bagging-Date")) {
+            assert!(
+                info_now.contains(line),
+                "{name}: {line:?} kept in {info_now}"
+            );
+        }
         seen.push(name.to_string());
     }
     seen.sort();
     assert_eq!(seen.len(), bags.len(), "every bag once: {seen:?}");
+}
+
+/// Restores stored version `s` as a bag (`lading admin restore --format bag` and the access
+/// queue's `format: bag` both write it so), untars it, checks that bagit.py finds it valid,
+/// and returns the bag's folder.
+async fn restore_and_validate(
+    w: &World,
+    ingest: &lading_ingest::Ingest,
+    s: &StoredVersion,
+    name: &str,
+) -> PathBuf {
+    let src = lading_ingest::access::source(ingest, &s.ark, s.version, Some(s))
+        .await
+        .unwrap();
+    let out = w.dir.path().join("restored").join(format!("{name}.tar"));
+    let r = lading_ingest::restore::bag_to_file(&src, &s.ark, s.version, 1_800_000_000_000, &out)
+        .await
+        .unwrap();
+    assert_eq!(r.name, name);
+    let into = w.dir.path().join("restored").join(format!("{name}.d"));
+    tar::Archive::new(std::fs::File::open(&out).unwrap())
+        .unpack(&into)
+        .unwrap();
+    let entries: Vec<_> = std::fs::read_dir(&into).unwrap().collect();
+    assert_eq!(entries.len(), 1, "one folder in {name}.tar");
+    let bag = into.join(name);
+    let v = Command::new(bagit_py())
+        .args(["--validate", "--quiet"])
+        .arg(&bag)
+        .output()
+        .unwrap();
+    assert!(
+        v.status.success(),
+        "bagit.py --validate {name}: {}",
+        String::from_utf8_lossy(&v.stderr)
+    );
+    let info = std::fs::read_to_string(bag.join("bag-info.txt")).unwrap();
+    assert!(info.contains("Bagging-Date: 2027-01-15"), "{info}");
+    assert!(bag.join("manifest-sha256.txt").is_file());
+    bag
+}
+
+/// An object that was not deposited as a bag is given back as one too (md5 and sha256).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_not_deposited_as_a_bag_is_restored_as_a_valid_bag() {
+    let w = World::new().await;
+    let (ingest, b) = w
+        .submit_object(&[("a.txt", b"alpha"), ("dir/b.bin", b"\x00beta")])
+        .await;
+    let ingest2 = ingest.clone();
+    w.runs_to_completion(&ingest2, &b).await;
+    let j = w.first_job(&b).await;
+    let s = stored(&w, &j).await.unwrap();
+    let name = format!("{}_v1", lading_ingest::restore::bag_name_of(&s.ark));
+    let bag = restore_and_validate(&w, &ingest, &s, &name).await;
+    assert_eq!(
+        std::fs::read(bag.join("data/dir/b.bin")).unwrap(),
+        b"\x00beta"
+    );
+    assert!(bag.join("manifest-md5.txt").is_file());
 }
 
 /// Each kind of invalid bag fails its own job once, fatally, in Processing, naming the

@@ -35,6 +35,9 @@ pub struct AccessBody {
     ark: String,
     version: u32,
     queue: Option<String>,
+    /// `zip` (the default: the version's files) or `bag` (a BagIt bag in a tar, valid under
+    /// the profile it was deposited with).
+    format: Option<String>,
 }
 
 fn zip_path(ingest: &Ingest, queue: AccessQueue, id: &AccessId) -> PathBuf {
@@ -79,6 +82,15 @@ pub async fn request(
         None if *bytes > LARGE_BYTES => AccessQueue::Large,
         None => AccessQueue::Small,
     };
+    let bag = match b.format.as_deref() {
+        None | Some("zip") => false,
+        Some("bag") => true,
+        Some(f) => {
+            return Err(ApiError::bad_request(format!(
+                "unknown format {f:?} (zip or bag)"
+            )));
+        }
+    };
     let secret = uuid::Uuid::new_v4().simple().to_string();
     let (bytes, now) = (*bytes, s.ingest.engine.clock().now_ms());
     // Only the secret's digest is kept in the tree. Merritt's fields beside Lading's: `token`
@@ -89,12 +101,19 @@ pub async fn request(
         .ingest
         .engine
         .create_access_with(queue, |id| {
-            let zip = zip_path(&s.ingest, queue, id);
-            let merritt = json!({"token": format!("{}.{id}", queue.name()), "delivery-node": 0,
+            let zip = if bag {
+                lading_ingest::access::bag_path(&s.ingest.cfg, queue, id)
+            } else {
+                zip_path(&s.ingest, queue, id)
+            };
+            let mut merritt = json!({"token": format!("{}.{id}", queue.name()), "delivery-node": 0,
                    "cloud-content-byte": bytes, "status": "200",
                    "url": format!("file://{}", zip.display()),
                    "anticipated-availability-time":
                        lading_core::time::format_rfc3339(now + 1_000 + bytes / (50 << 20) * 1_000)});
+            if bag {
+                merritt["format"] = json!("bag");
+            }
             let token = lading_core::layout::AccessToken {
                 ark: Some(b.ark.clone()),
                 version: Some(b.version),
@@ -239,7 +258,16 @@ pub async fn file(
         )
             .into_response());
     }
-    let path = zip_path(&s.ingest, queue, &id);
+    let bag = lading_ingest::access::wants_bag(&info.token);
+    let (path, mime, ext) = if bag {
+        (
+            lading_ingest::access::bag_path(&s.ingest.cfg, queue, &id),
+            "application/x-tar",
+            "tar",
+        )
+    } else {
+        (zip_path(&s.ingest, queue, &id), "application/zip", "zip")
+    };
     let f = tokio::fs::File::open(&path).await.map_err(|e| {
         ApiError::new(
             StatusCode::GONE,
@@ -250,11 +278,11 @@ pub async fn file(
     let len = f.metadata().await.map_err(internal)?.len();
     Ok((
         [
-            (header::CONTENT_TYPE, "application/zip".to_string()),
+            (header::CONTENT_TYPE, mime.to_string()),
             (header::CONTENT_LENGTH, len.to_string()),
             (
                 header::CONTENT_DISPOSITION,
-                format!("attachment; filename=\"{id}.zip\""),
+                format!("attachment; filename=\"{id}.{ext}\""),
             ),
         ],
         axum::body::Body::from_stream(tokio_util::io::ReaderStream::new(f)),

@@ -460,6 +460,73 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(zip_of(r.bytes().await.unwrap().to_vec()), files);
+    // The same version as a bag: a tar of one folder, the payload under data/.
+    let (st, v) = s
+        .post(
+            ADMIN,
+            "/api/v1/access",
+            json!({"ark": ark, "version": 1, "format": "tgz"}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST, "{v}");
+    let (st, v) = s
+        .post(
+            SUBMITTER,
+            "/api/v1/access",
+            json!({"ark": ark, "version": 1, "format": "bag"}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::ACCEPTED, "{v}");
+    let bag_token = v["token"].as_str().unwrap().to_string();
+    lading_testkit::poll::until("the bag request", Duration::from_secs(30), async || {
+        let (_, v) = s
+            .get(SUBMITTER, &format!("/api/v1/access/{bag_token}"))
+            .await;
+        assert_ne!(v["state"], "Failed", "{v}");
+        if v["state"] == "Completed" {
+            Ok(())
+        } else {
+            Err(v)
+        }
+    })
+    .await;
+    let r = s
+        .http
+        .get(format!("{}/api/v1/access/{bag_token}/file", s.base))
+        .bearer_auth(SUBMITTER)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers()["content-type"], "application/x-tar");
+    let tar_bytes = r.bytes().await.unwrap().to_vec();
+    let mut names = Vec::new();
+    for e in tar::Archive::new(tar_bytes.as_slice()).entries().unwrap() {
+        names.push(e.unwrap().path().unwrap().to_string_lossy().into_owned());
+    }
+    let top = names[0].split('/').next().unwrap().to_string();
+    assert!(
+        names.iter().all(|n| n.starts_with(&format!("{top}/"))),
+        "{names:?}"
+    );
+    for want in [
+        "bagit.txt",
+        "bag-info.txt",
+        "manifest-md5.txt",
+        "manifest-sha256.txt",
+        "tagmanifest-sha256.txt",
+    ] {
+        assert!(
+            names.contains(&format!("{top}/{want}")),
+            "{want} in {names:?}"
+        );
+    }
+    for name in files.keys().filter_map(|n| n.strip_prefix("producer/")) {
+        assert!(
+            names.contains(&format!("{top}/data/{name}")),
+            "{name} in {names:?}"
+        );
+    }
     stop_access.stop();
     access_worker.await.unwrap();
     // Metrics need no token and show what happened.
@@ -485,13 +552,13 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
     }
     // Cleanup past the retention removes the finished request and its zip.
     let zips = s.ingest.cfg.data_dir.join("access");
-    assert_eq!(std::fs::read_dir(&zips).unwrap().count(), 1);
+    assert_eq!(std::fs::read_dir(&zips).unwrap().count(), 2);
     let later = s.ingest.engine.clock().now_ms() + s.ingest.cfg.retention_hours * 3_600_000 + 1;
     let c =
         lading_ingest::cleanup::cleanup(&s.ingest, later, s.ingest.cfg.retention_hours * 3_600_000)
             .await
             .unwrap();
-    assert_eq!((c.access, c.batches), (1, 1));
+    assert_eq!((c.access, c.batches), (2, 1));
     assert_eq!(
         std::fs::read_dir(&zips).unwrap().count(),
         0,

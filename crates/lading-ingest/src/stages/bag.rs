@@ -131,8 +131,13 @@ pub(crate) async fn unpack_bag(ingest: &Ingest, job: &JobCtx) -> Result<Option<V
         "payload_files": bag.payload_files,
         "payload_bytes": bag.payload_bytes,
     });
-    let rp = bag_record_path(&job.workdir);
-    write_atomic(&rp, record.to_string().as_bytes()).map_err(|e| io_err("writing", &rp, e))?;
+    // Kept with the stored version too: a restore rebuilds the bag from it.
+    for rp in [
+        job.workdir.join(SYSTEM).join("bag.json"),
+        bag_record_path(&job.workdir),
+    ] {
+        write_atomic(&rp, record.to_string().as_bytes()).map_err(|e| io_err("writing", &rp, e))?;
+    }
     let packed: u64 = found.iter().map(|f| f.size).sum();
     job.set_space_needed(packed.saturating_add(unpacked_bytes))
         .await
