@@ -2,6 +2,7 @@
 //! `lading bench` parses [`Bench`] and calls [`run`].
 
 mod aids;
+mod bag;
 mod http;
 mod jobs;
 mod pipeline;
@@ -112,6 +113,21 @@ pub enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// A bag of --files files, --size bytes in all, with md5 and sha256 manifests, validated
+    /// by Lading and by `bagit.py --validate --processes 2` (PyPI bagit) in turn: MB/s of
+    /// each, their ratio, Lading's peak memory.
+    Bag {
+        /// Payload bytes, e.g. 1GiB.
+        #[arg(long, default_value = "1GiB", value_parser = bag::parse_size)]
+        size: u64,
+        #[arg(long, default_value_t = 200)]
+        files: usize,
+        /// Rounds of each, alternating.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// N files of BYTES put on a configured storage node (`[[storage_nodes]]` of the
     /// `--config`) the way Storing puts them (each only where absent, read back or checked
     /// by the node's SHA-256, several at once); MB/s. The files are removed from the node
@@ -208,6 +224,14 @@ pub async fn run(
             json,
         } => crate::http::http(gets.max(1), posts.max(1), connections.max(1), json, store).await,
         Bench::Upload { bytes, json } => crate::http::upload(bytes, json, store).await,
+        Bench::Bag {
+            size,
+            files,
+            rounds,
+            json,
+        } => {
+            tokio::task::spawn_blocking(move || crate::bag::bag(size, files, rounds, json)).await?
+        }
         Bench::Acquire {
             queued,
             samples,
