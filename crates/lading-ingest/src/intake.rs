@@ -182,6 +182,35 @@ pub async fn submit_keeping(
     Ok(ingest.engine.create_batch(sub).await?)
 }
 
+/// A depositor's manifest row `row_url` (line `line` of the manifest at `url`), held to the
+/// payload policy before any file is fetched. A row naming a file beside an uploaded manifest
+/// is named as such: an upload brings only the manifest.
+pub(crate) fn check_depositor_row(
+    ingest: &Ingest,
+    trust: &Trust,
+    url: &str,
+    line: usize,
+    row_url: &str,
+) -> Result<(), Outcome> {
+    if let Trust::Depositor { upload: Some(u) } = trust
+        && let Some((dir, _)) = u.rsplit_once('/')
+        && let Some(name) = row_url.strip_prefix(&format!("{dir}/"))
+    {
+        return Err(Outcome::fatal(format!(
+            "{url}: manifest line {line}: {name:?} names a file beside the uploaded manifest, \
+             and an upload brings only the manifest: its rows must be http(s) URLs the server \
+             may fetch. To send the files themselves, upload a zip or tar of them (type \
+             container)"
+        )));
+    }
+    if let Err(why) = ingest.fetcher.policy().check(row_url) {
+        return Err(Outcome::fatal(format!(
+            "{url}: manifest line {line}: {row_url:?} refused by the payload policy: {why}"
+        )));
+    }
+    Ok(())
+}
+
 /// Longest primary identifier taken (it names a folder in the storage root).
 pub const MAX_PRIMARY_ID_BYTES: usize = 200;
 
@@ -377,12 +406,7 @@ impl Intake {
         // A depositor's rows are held to the policy before any job exists.
         if let Trust::Depositor { .. } = trust {
             for (o, r) in objects.iter().zip(&m.rows) {
-                if let Err(why) = self.0.fetcher.policy().check(&o.payload_url) {
-                    return Err(Outcome::fatal(format!(
-                        "{url}: manifest line {}: {:?} refused by the payload policy: {why}",
-                        r.line, o.payload_url
-                    )));
-                }
+                check_depositor_row(&self.0, &trust, &url, r.line, &o.payload_url)?;
                 if let Some(id) = &o.identifiers.primary_id
                     && let Err(why) = check_primary_id(id)
                 {

@@ -186,14 +186,10 @@ async fn object_files(ingest: &Ingest, job: &JobCtx) -> Result<Vec<FileEntry>, O
             .map(|r| r.file_entry())
             .collect::<Result<_, _>>()
             .map_err(|e| Outcome::fatal(format!("{url}: {e}")))?;
-        if let crate::policy::Trust::Depositor { .. } = trust(job)? {
+        let trust = trust(job)?;
+        if let crate::policy::Trust::Depositor { .. } = trust {
             for (f, r) in files.iter().zip(&m.rows) {
-                if let Err(why) = ingest.fetcher.policy().check(&f.url) {
-                    return Err(Outcome::fatal(format!(
-                        "{url}: manifest line {}: {:?} refused by the payload policy: {why}",
-                        r.line, f.url
-                    )));
-                }
+                crate::intake::check_depositor_row(ingest, &trust, url, r.line, &f.url)?;
             }
         }
         let mut names = std::collections::HashSet::new();

@@ -147,3 +147,63 @@ async fn bad_uploads_are_refused_and_leave_nothing() {
         assert_eq!(s.dump().await, before, "{says}: the tree changed");
     }
 }
+
+/// An uploaded manifest whose rows name files beside it (the newcomer's `letters.checkm`
+/// uploaded alone) fails its batch saying that an upload brings only the manifest and that a
+/// zip brings the files; nothing is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uploaded_manifest_naming_files_beside_it_says_to_upload_a_zip() {
+    let s = start().await;
+    let (shutdown_handle, shutdown) = lading_worker::Shutdown::new();
+    let ingest = s.ingest.clone();
+    let workers = tokio::spawn(async move {
+        lading_ingest::run(&ingest, lading_ingest::STAGE_NAMES, shutdown).await
+    });
+    let manifest = "#%checkm_0.7\n#%profile | http://uc3.cdlib.org/registry/ingest/manifest/mrt-ingest-manifest\n\
+#%fields | nfo:fileUrl | nfo:hashAlgorithm | nfo:hashValue | nfo:fileSize | nfo:fileName\n\
+a.txt | | | | a.txt\n#%eof\n";
+    let (ct, body) = multipart("file", "letters.checkm", manifest.as_bytes());
+    let (st, v) = s
+        .send(
+            SUBMITTER,
+            "POST",
+            "/api/v1/batches/upload?profile=demo&type=manifest",
+            &ct,
+            body,
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    let bid = v["id"].as_str().unwrap();
+    s.until_batch(bid, "Failed").await;
+    let (_, b) = s.get(SUBMITTER, &format!("/api/v1/batches/{bid}")).await;
+    let jid = b["jobs"]
+        .as_object()
+        .and_then(|m| {
+            m.values()
+                .flat_map(|v| v.as_array().cloned().unwrap_or_default())
+                .next()
+        })
+        .and_then(|j| j.as_str().map(str::to_string))
+        .unwrap_or_else(|| panic!("a job in {b}"));
+    let (_, j) = s.get(SUBMITTER, &format!("/api/v1/jobs/{jid}")).await;
+    let msg = j["status"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    for want in [
+        "\"a.txt\" names a file beside the uploaded manifest",
+        "http(s) URLs the server may fetch",
+        "upload a zip or tar of them (type container)",
+    ] {
+        assert!(msg.contains(want), "{want:?} not in {msg:?}");
+    }
+    assert!(!msg.contains("configured roots"), "{msg}");
+    assert!(!msg.contains(s.dir.path().to_str().unwrap()), "{msg}");
+    let stored = s.ingest.cfg.storage_root();
+    assert!(
+        lading_testkit::files_under(&stored).is_empty(),
+        "nothing stored"
+    );
+    shutdown_handle.stop();
+    workers.await.unwrap().unwrap();
+}
