@@ -184,3 +184,33 @@ fn the_readmes_serve_block_runs_as_written() {
     assert_eq!(stored, 2, "two objects stored");
     assert!(stderr.contains("lading: stopped"), "{stderr}");
 }
+
+/// docs/CONFIG.md's "checkm in five minutes" block, run as it stands: its object, one file
+/// by a relative URL with an md5 and one by an absolute URL without a digest, is stored.
+#[test]
+fn the_checkm_in_five_minutes_block_runs_as_written() {
+    let doc = std::fs::read_to_string(repo().join("docs/CONFIG.md")).unwrap();
+    let script = block(&doc, "checkm-five-minutes");
+    assert!(script.contains("lading submit"), "{script}");
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_block(&script, dir.path(), |_| {});
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("batch ") && l.ends_with(": Completed")),
+        "{stdout}"
+    );
+    let stored = lading_testkit::files_under(&dir.path().join("lading-data/storage"));
+    for (name, bytes) in [
+        ("hello.txt", &b"hello\n"[..]),
+        ("docs/notes.txt", b"a note\n"),
+    ] {
+        let found = stored
+            .iter()
+            .any(|p| p.ends_with(format!("producer/{name}")) && std::fs::read(p).unwrap() == bytes);
+        assert!(found, "{name} stored: {stored:?}");
+    }
+}
