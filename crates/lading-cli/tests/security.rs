@@ -1476,3 +1476,124 @@ async fn a_submitter_reads_in_history_what_its_events_show_and_no_more() {
         }
     }
 }
+
+/// Trust round 3, item 8: a submitter's access requests are bounded. An identical request
+/// shares the first one's file (a second token, no second request); past
+/// `[access] max_requests_per_submitter` in flight, or past `max_bytes_per_submitter` held, a
+/// request is a 429 naming the limit and makes nothing; an admin is not held to them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submitters_access_requests_are_bounded_and_identical_ones_share_a_file() {
+    let s = serve(
+        &[],
+        "[access]\nmax_requests_per_submitter = 2\nmax_bytes_per_submitter = 25000\n",
+    );
+    let mut arks = Vec::new();
+    for name in ["one.bin", "two.bin"] {
+        let content = vec![b'x'; 10_000];
+        let (st, v) = s.upload(ALICE, "profile=alpha", name, &content).await;
+        assert_eq!(st, StatusCode::CREATED, "{v}");
+        let b = s.finished(v["id"].as_str().unwrap()).await;
+        assert_eq!(b["status"]["status"], "Completed", "{b}");
+        let job = s.only_job(&b).await;
+        arks.push(
+            job["identifiers"]["primary_id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    // Requests stay in flight while the queue is paused.
+    s.call(ADMIN, "PUT", "/api/v1/queues/accessSmall/pause", None)
+        .await;
+    let ask = |ark: &str, format: &str| json!({"ark": ark, "version": 1, "format": format});
+    let (st, first) = s.post(ALICE, "/api/v1/access", ask(&arks[0], "zip")).await;
+    assert_eq!(st, StatusCode::ACCEPTED, "{first}");
+    let (st, again) = s.post(ALICE, "/api/v1/access", ask(&arks[0], "zip")).await;
+    assert_eq!(st, StatusCode::ACCEPTED, "{again}");
+    assert_eq!(
+        again["id"], first["id"],
+        "the identical request shares the first"
+    );
+    assert_ne!(again["token"], first["token"], "under a token of its own");
+    let (st, bag) = s.post(ALICE, "/api/v1/access", ask(&arks[0], "bag")).await;
+    assert_eq!(st, StatusCode::ACCEPTED, "{bag}");
+    assert_ne!(bag["id"], first["id"], "a bag is another file");
+    let queued = |s: &Serve| {
+        std::fs::read_dir(s.data().join("access"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    // The requests in the store, read by another process as an operator would.
+    let requests = |s: &Serve| {
+        let out = Command::new(env!("CARGO_BIN_EXE_lading"))
+            .arg("--store")
+            .arg(format!(
+                "sqlite:{}",
+                s.dir.path().join("lading.db").display()
+            ))
+            .args(["dump", "/access", "--format", "json"])
+            .env_remove("LADING_STORE")
+            .env_remove("LADING_CONFIG")
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v.as_object()
+            .unwrap()
+            .keys()
+            .filter(|k| k.ends_with("/token"))
+            .count()
+    };
+    assert_eq!(
+        requests(&s),
+        2,
+        "the identical request made no request of its own"
+    );
+    // Two in flight: a third is refused, naming the limit, and makes nothing.
+    let (st, v) = s.post(ALICE, "/api/v1/access", ask(&arks[1], "zip")).await;
+    assert_eq!(st, StatusCode::TOO_MANY_REQUESTS, "{v}");
+    assert!(
+        v.to_string().contains("max_requests_per_submitter = 2"),
+        "{v}"
+    );
+    assert_eq!(requests(&s), 2, "nothing made");
+    // The admin is not held to a submitter's bounds.
+    let (st, v) = s.post(ADMIN, "/api/v1/access", ask(&arks[1], "zip")).await;
+    assert_eq!(st, StatusCode::ACCEPTED, "{v}");
+    s.call(ADMIN, "DELETE", "/api/v1/queues/accessSmall/pause", None)
+        .await;
+    let mut zips = Vec::new();
+    for t in [&first["token"], &again["token"], &bag["token"]] {
+        let t = t.as_str().unwrap().to_string();
+        lading_testkit::poll::until("the access request", Duration::from_secs(60), async || {
+            let (_, v) = s.get(ALICE, &format!("/api/v1/access/{t}")).await;
+            assert_ne!(v["state"], "Failed", "{v}");
+            if v["state"] == "Completed" {
+                Ok(())
+            } else {
+                Err(v)
+            }
+        })
+        .await;
+        let r = s
+            .http
+            .get(format!("{}/api/v1/access/{t}/file", s.base))
+            .bearer_auth(ALICE)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        zips.push(r.bytes().await.unwrap());
+    }
+    assert_eq!(zips[0], zips[1], "both tokens read the one file");
+    assert_eq!(
+        queued(&s),
+        3,
+        "three files: the shared zip, the bag, the admin's zip"
+    );
+    // Nothing in flight now, but two versions' bytes held: a third passes the byte limit.
+    let (st, v) = s.post(ALICE, "/api/v1/access", ask(&arks[1], "bag")).await;
+    assert_eq!(st, StatusCode::TOO_MANY_REQUESTS, "{v}");
+    assert!(v.to_string().contains("max_bytes_per_submitter"), "{v}");
+    assert_eq!(queued(&s), 3, "nothing made");
+    assert_eq!(requests(&s), 3, "nothing made");
+}

@@ -2,6 +2,10 @@
 
 use super::*;
 
+/// The token field listing the digests of the secrets of identical requests that share one
+/// request's file.
+pub const SHARED_SECRETS: &str = "shared_secret_sha256";
+
 impl Engine {
     /// Queues an object assembly request on the small or large queue.
     pub async fn create_access(&self, queue: AccessQueue, token: &Value) -> Result<AccessId> {
@@ -49,6 +53,45 @@ impl Engine {
             AccessState::Pending.name(),
         );
         Ok(id)
+    }
+
+    /// Lets request `id` also be read under the secret whose digest is `digest`: an identical
+    /// request shares its file rather than making another (at most 64 sharers).
+    pub async fn share_access(
+        &self,
+        queue: AccessQueue,
+        id: &AccessId,
+        digest: &str,
+    ) -> Result<()> {
+        let path = format!("{}/token", access_path(queue, id));
+        loop {
+            let (mut token, version) = self
+                .read_json::<Value>(&path)
+                .await?
+                .ok_or_else(|| EngineError::NoAccess(id.to_string()))?;
+            let Some(t) = token.as_object_mut() else {
+                return Err(EngineError::NoAccess(id.to_string()));
+            };
+            let list = t
+                .entry(SHARED_SECRETS)
+                .or_insert_with(|| Value::Array(Vec::new()));
+            let Some(list) = list.as_array_mut() else {
+                return Err(EngineError::NoAccess(id.to_string()));
+            };
+            if list.len() >= 64 {
+                list.remove(0);
+            }
+            list.push(Value::String(digest.to_string()));
+            match self
+                .tree
+                .set(&path, Some(to_bytes(&token)), Some(version))
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(lading_core::tree::TreeError::BadVersion { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     pub async fn access(&self, queue: AccessQueue, id: &AccessId) -> Result<AccessInfo> {

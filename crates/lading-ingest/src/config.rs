@@ -120,6 +120,9 @@ pub struct Config {
     pub payload: PayloadSettings,
     /// The HTTP server's limits and timeouts (`[http]`).
     pub http: HttpSettings,
+    /// What one submitter may ask of the access queues (`[access]`).
+    #[serde(default)]
+    pub access: AccessSettings,
     /// The permission bits taken away from stored objects' files and folders (octal, like a
     /// `umask`): `"077"` (the default) keeps them to the service's own user; `"027"` lets
     /// its group read them.
@@ -303,6 +306,27 @@ impl Default for HttpSettings {
     }
 }
 
+/// What one submitter may ask of the access queues (`[access]` in the config); an admin is
+/// not held to them.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AccessSettings {
+    /// Requests one submitter may have waiting or being assembled at once.
+    pub max_requests_per_submitter: usize,
+    /// Bytes of assembled files one submitter's requests may hold until cleanup removes them
+    /// (`retention_hours` after they finish), counted by the versions' sizes.
+    pub max_bytes_per_submitter: u64,
+}
+
+impl Default for AccessSettings {
+    fn default() -> Self {
+        AccessSettings {
+            max_requests_per_submitter: 8,
+            max_bytes_per_submitter: 16 << 30,
+        }
+    }
+}
+
 /// What a refused `cleanup_every_s` is told.
 const CLEANUP_EVERY_RANGE: &str =
     "cleanup_every_s must be 1..=86400 (seconds between cleanups and sweeps of working folders)";
@@ -341,6 +365,7 @@ impl Default for Config {
             tokens: Vec::new(),
             payload: PayloadSettings::default(),
             http: HttpSettings::default(),
+            access: AccessSettings::default(),
             storage_umask: "077".into(),
         }
     }

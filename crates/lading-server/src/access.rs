@@ -92,6 +92,12 @@ pub async fn request(
         }
     };
     let secret = uuid::Uuid::new_v4().simple().to_string();
+    if p.role != crate::Role::Admin
+        && let Some(shared) = tenant_limits(&s, &p, &b, bag, *bytes, &secret).await?
+    {
+        return Ok(shared);
+    }
+    room_for(&s, *bytes)?;
     let (bytes, now) = (*bytes, s.ingest.engine.clock().now_ms());
     // Only the secret's digest is kept in the tree. Merritt's fields beside Lading's: `token`
     // is the request's public name (the part of the depositor's token before the secret),
@@ -137,6 +143,138 @@ pub async fn request(
         }),
     )
         .into_response())
+}
+
+/// The access requests made by `name`, in either queue.
+async fn requests_of(s: &AppState, name: &str) -> Result<Vec<lading_engine::AccessInfo>, ApiError> {
+    let e = &s.ingest.engine;
+    let mut out = Vec::new();
+    for q in [AccessQueue::Small, AccessQueue::Large] {
+        for id in e.access_ids(q).await? {
+            match e.access(q, &id).await {
+                Ok(i) if i.token.requester.as_deref() == Some(name) => out.push(i),
+                Ok(_) | Err(EngineError::NoAccess(_)) => {}
+                Err(err) => return Err(err.into()),
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A submitter's bounds on the access queues (`[access]`): an identical request still
+/// waiting, being assembled or assembled shares its file (the answer, a new token for it, is
+/// returned); otherwise too many requests in flight, or too many bytes held, is a 429 naming
+/// the limit.
+async fn tenant_limits(
+    s: &AppState,
+    p: &Principal,
+    b: &AccessBody,
+    bag: bool,
+    bytes: u64,
+    secret: &str,
+) -> Result<Option<Response>, ApiError> {
+    let limits = &s.ingest.cfg.access;
+    let mine = requests_of(s, &p.name).await?;
+    for i in &mine {
+        let same = i.token.ark.as_deref() == Some(b.ark.as_str())
+            && i.token.version == Some(b.version)
+            && lading_ingest::access::wants_bag(&i.token) == bag;
+        let id = AccessId::parse(&i.id).map_err(|e| ApiError::internal(e.to_string()))?;
+        let file = if bag {
+            lading_ingest::access::bag_path(&s.ingest.cfg, i.queue, &id)
+        } else {
+            zip_path(&s.ingest, i.queue, &id)
+        };
+        let usable = match i.status.status {
+            AccessState::Pending | AccessState::Processing => true,
+            AccessState::Completed => file.exists(),
+            _ => false,
+        };
+        if same && usable {
+            s.ingest
+                .engine
+                .share_access(i.queue, &id, &secret_digest(secret))
+                .await?;
+            let t = format!("{}.{id}.{secret}", i.queue.name());
+            return Ok(Some(
+                (
+                    StatusCode::ACCEPTED,
+                    [(header::LOCATION, format!("/api/v1/access/{t}"))],
+                    Json(crate::api::AccessRequested {
+                        token: t,
+                        id: id.to_string(),
+                        queue: i.queue.name().into(),
+                    }),
+                )
+                    .into_response(),
+            ));
+        }
+    }
+    let in_flight = mine
+        .iter()
+        .filter(|i| {
+            matches!(
+                i.status.status,
+                AccessState::Pending | AccessState::Processing
+            )
+        })
+        .count();
+    if in_flight >= limits.max_requests_per_submitter {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_access_requests",
+            format!(
+                "{in_flight} of your access requests are waiting or being assembled, the most \
+                 one submitter may have ([access] max_requests_per_submitter = {}); fetch or \
+                 wait for them first",
+                limits.max_requests_per_submitter
+            ),
+        ));
+    }
+    let held: u64 = mine
+        .iter()
+        .filter(|i| !matches!(i.status.status, AccessState::Failed | AccessState::Deleted))
+        .map(|i| i.token.bytes.unwrap_or(0))
+        .sum();
+    if held.saturating_add(bytes) > limits.max_bytes_per_submitter {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "access_bytes",
+            format!(
+                "your access requests hold {held} bytes of assembled files; this version's \
+                 {bytes} bytes would pass the limit of {} ([access] max_bytes_per_submitter); \
+                 they are removed {} hours after they finish",
+                limits.max_bytes_per_submitter, s.ingest.cfg.retention_hours
+            ),
+        ));
+    }
+    Ok(None)
+}
+
+/// Refuses (507) a request whose file would not fit on the access folder's file system with
+/// the configured reserve left.
+fn room_for(s: &AppState, bytes: u64) -> Result<(), ApiError> {
+    let dir = s.ingest.cfg.data_dir.join("access");
+    let at = if dir.exists() {
+        dir
+    } else {
+        s.ingest.cfg.data_dir.clone()
+    };
+    let Ok(free) = lading_ingest::stages::free_bytes(&at) else {
+        return Ok(());
+    };
+    let need = bytes.saturating_add(s.ingest.cfg.reserve_bytes);
+    if free < need {
+        return Err(ApiError::new(
+            StatusCode::INSUFFICIENT_STORAGE,
+            "insufficient_storage",
+            format!(
+                "not enough free space to assemble this version now ({bytes} bytes and the \
+                 configured reserve are needed); try again later"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Whether `p` submitted the batch that stored version `version` of `ark`.
@@ -207,7 +345,19 @@ async fn lookup(
         (None, Some(plain)) => secret_digest(plain),
         (None, None) => return Err(unknown()),
     };
-    if !constant_time_eq(expected.as_bytes(), secret_digest(secret).as_bytes()) {
+    let given = secret_digest(secret);
+    let shared = info
+        .token
+        .extra
+        .get(lading_engine::SHARED_SECRETS)
+        .and_then(|v| v.as_array())
+        .map(|a| {
+            a.iter()
+                .filter_map(|d| d.as_str())
+                .any(|d| constant_time_eq(d.as_bytes(), given.as_bytes()))
+        })
+        .unwrap_or(false);
+    if !constant_time_eq(expected.as_bytes(), given.as_bytes()) && !shared {
         return Err(unknown());
     }
     Ok((queue, id, info))
