@@ -127,6 +127,24 @@ pub enum OpResult {
     Delete,
 }
 
+/// The most bytes of paths and data one request to a ZooKeeper ensemble may carry: its
+/// `jute.maxbuffer` (1 MiB less one byte by default) less room for the request's framing.
+pub const ZK_MAX_REQUEST_BYTES: usize = 1_000_000;
+
+/// The bytes `ops` put on the wire, near enough: each op's path and data and a few bytes of
+/// framing.
+pub fn request_bytes(ops: &[Op]) -> usize {
+    ops.iter()
+        .map(|op| {
+            let data = match op {
+                Op::Create { data, .. } | Op::Set { data, .. } => data.as_ref().map_or(0, Vec::len),
+                _ => 0,
+            };
+            op.path().len() + data + 32
+        })
+        .sum()
+}
+
 /// What the tree refuses. Each variant says whether retrying the same call can help.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TreeError {
@@ -158,6 +176,16 @@ pub enum TreeError {
     },
     #[error("store {0} is not a Lading store: {1}")]
     NotOurs(String, String),
+    /// A request larger than the store takes in one go (ZooKeeper's `jute.maxbuffer`):
+    /// refused before it is sent, so the session is never put at risk.
+    #[error(
+        "a write of {bytes} bytes (first at {path}) is more than the store takes in one request ({limit} bytes)"
+    )]
+    TooLarge {
+        path: String,
+        bytes: usize,
+        limit: usize,
+    },
     #[error("backend error: {0}")]
     Backend(String),
 }

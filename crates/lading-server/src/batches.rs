@@ -81,6 +81,18 @@ impl From<EngineError> for ApiError {
             EngineError::Tree(t) if t.is_retryable() => {
                 (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
             }
+            EngineError::Tree(t)
+                if let lading_core::tree::TreeError::TooLarge { bytes, limit, .. } = t.root() =>
+            {
+                return ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "too_large",
+                    format!(
+                        "the request is {bytes} bytes as stored, more than the store takes in \
+                         one write ({limit} bytes): shorten its fields"
+                    ),
+                );
+            }
             EngineError::Corrupt { .. } | EngineError::Tree(_) => {
                 return ApiError::internal(e.to_string());
             }

@@ -80,6 +80,15 @@ impl ZkTree {
         for op in &ops {
             validate_path(op.path())?;
         }
+        // ZooKeeper drops the connection of a request over its buffer: refused here instead.
+        let bytes = lading_core::tree::request_bytes(&ops);
+        if bytes > lading_core::tree::ZK_MAX_REQUEST_BYTES {
+            return Err(TreeError::TooLarge {
+                path: ops[0].path().to_string(),
+                bytes,
+                limit: lading_core::tree::ZK_MAX_REQUEST_BYTES,
+            });
+        }
         let conn = self.conn_now()?;
         if on.is_some_and(|s| s != conn.session) {
             return Err(TreeError::SessionExpired);

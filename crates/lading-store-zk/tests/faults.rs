@@ -306,3 +306,47 @@ async fn a_server_down_at_start_and_a_wrong_chroot_are_named() {
         );
     }
 }
+
+/// A write larger than ZooKeeper takes in one request (its `jute.maxbuffer`: a Merritt form's
+/// escaped ERC fields came to 1.57 MB) is refused before it is sent, naming the limit; the
+/// session is not dropped, nothing is written, and the next write goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_over_zookeepers_request_limit_is_refused_and_the_session_stays() {
+    let server = ZkServer::start().expect("ZooKeeper");
+    let url = chroot(&server.connect_string()).await;
+    let (e, t) = engine_on(&url, "big", 6000).await;
+    let session = t.session_id();
+    let huge = "\u{1}".repeat(400_000); // 6 bytes each once escaped in JSON
+    let sub = lading_core::layout::BatchSubmission {
+        profile_name: Some("demo".into()),
+        submitter: Some("someone".into()),
+        erc: lading_core::layout::ErcMetadata {
+            erc_what: Some(huge),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let err = e.create_batch(sub).await.unwrap_err();
+    match &err {
+        EngineError::Tree(t) => assert!(
+            matches!(t.root(), TreeError::TooLarge { limit, bytes, .. } if bytes > limit),
+            "{err}"
+        ),
+        other => panic!("{other}"),
+    }
+    assert!(
+        err.to_string().contains("more than the store takes"),
+        "{err}"
+    );
+    assert_eq!(t.session_id(), session, "the session was not dropped");
+    assert!(e.batch_ids().await.unwrap().is_empty(), "nothing written");
+    // The next write goes through on the same session.
+    e.create_batch(lading_core::layout::BatchSubmission {
+        profile_name: Some("demo".into()),
+        submitter: Some("someone".into()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert_eq!(t.session_id(), session);
+}
