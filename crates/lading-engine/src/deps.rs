@@ -130,6 +130,9 @@ pub struct Health {
     pub cause: String,
     /// Jobs waiting on it.
     pub waiting: u64,
+    /// Probes this process made since it went down (all failed: it is still down).
+    #[serde(default)]
+    pub probes: u32,
     /// The processes that see it down (from the tree).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub seen_by: Vec<String>,
@@ -299,6 +302,7 @@ impl Dependencies {
                     down_since_ms: e.down_since_ms,
                     cause: e.cause.clone(),
                     waiting: e.waiting.len() as u64,
+                    probes: if e.down_since_ms.is_some() { e.step } else { 0 },
                     seen_by: Vec::new(),
                 })
             })

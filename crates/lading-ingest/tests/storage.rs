@@ -1006,6 +1006,20 @@ async fn many_objects(
 /// The world's ingest on `nodes`, with test-sized waits: probes at most a second apart, and
 /// a waiting job not looked at again by itself for ten minutes (so only the prober's wake
 /// can bring it back within a test's wait).
+/// Waits until this process's prober has found storage node `name` down `n` times in a row.
+async fn probed(ingest: &Ingest, name: &str, n: u32) {
+    let what = format!("{n} failed probes of node {name}");
+    lading_testkit::poll::until_true(&what, common::WAIT, async || {
+        ingest
+            .engine
+            .deps()
+            .list()
+            .iter()
+            .any(|h| h.kind == "storage-node" && h.name == name && !h.up && h.probes >= n)
+    })
+    .await;
+}
+
 fn weather_ingest(w: &World, nodes: Vec<NodeSettings>) -> Arc<Ingest> {
     let cfg = Config {
         storage_nodes: nodes,
@@ -1061,8 +1075,9 @@ async fn a_primary_down_longer_than_every_attempt_costs_time_and_no_work(w: Worl
     })
     .await;
     assert!(ingest.engine.deps().is_down(key));
-    // Down for longer than the attempt budget would last, many times over.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Down for longer than the attempt budget would last, many times over: the prober has
+    // found it down again and again (each probe a second apart at most).
+    probed(&ingest, "9501", 4).await;
     for st in statuses(&w, &bid).await {
         assert_eq!(st.status, lading_core::JobState::Storing, "{st:?}");
         assert_eq!(lading_engine::attempts(&st), 0, "no attempt used: {st:?}");
@@ -1144,8 +1159,9 @@ async fn a_replica_down_lets_versions_complete_and_catches_up_when_back(w: World
         ingest.engine.deps().is_down("storage-node-9502")
     })
     .await;
-    // The outbox's replica copies wait, using no attempt (3 would make them dead).
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The outbox's replica copies wait, using no attempt (3 would make them dead), however
+    // many times the prober finds the replica still down.
+    probed(&ingest, "9502", 3).await;
     let entries = w.engine.outbox().await.unwrap();
     assert!(!entries.is_empty());
     for e in &entries {
