@@ -158,6 +158,8 @@ pub struct Dependencies {
     settings: Mutex<DepSettings>,
     /// Signalled on every change of health (the prober and tests wait on it).
     changed: tokio::sync::Notify,
+    /// Where probers are started while the process's prober service runs.
+    probers: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Dependency>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -165,6 +167,27 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Dependencies {
+    /// Hands probers to `to` (the process's prober service) from now on; `None` when it
+    /// ends.
+    pub fn set_probers(&self, to: Option<tokio::sync::mpsc::UnboundedSender<Dependency>>) {
+        *lock(&self.probers) = to;
+    }
+
+    /// The prober service ended and its probers with it: the next failure of a dependency
+    /// still down starts a prober again.
+    pub fn probers_ended(&self) {
+        for e in lock(&self.entries).values_mut() {
+            e.probing = false;
+        }
+    }
+
+    /// Gives `dep`'s prober to the prober service; false when none runs (or it ended).
+    pub fn hand_prober(&self, dep: &Dependency) -> bool {
+        lock(&self.probers)
+            .as_ref()
+            .is_some_and(|tx| tx.send(dep.clone()).is_ok())
+    }
+
     pub fn settings(&self) -> DepSettings {
         *lock(&self.settings)
     }

@@ -322,6 +322,11 @@ pub async fn start(
             Ok(())
         });
     }
+    // Probers of dependencies found down, until the last delivery has been tried.
+    let e = ingest.engine.clone();
+    services.spawn("probers", Phase::Last, |sd| async move {
+        lading_worker::deps::run_probers(e, sd).await
+    });
     services.spawn("stages", Phase::First, |sd| async move {
         worker.run(jobs, batches, sd).await;
         Ok(())

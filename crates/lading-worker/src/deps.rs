@@ -98,9 +98,47 @@ pub fn start_wait(
 }
 
 /// Starts `dep`'s prober in this process (one per dependency: see
-/// `lading_engine::deps::Dependencies::down`).
+/// `lading_engine::deps::Dependencies::down`): a task of the prober service ([`run_probers`])
+/// when it runs, so a stop ends it and a panic is named; a task of its own otherwise (a
+/// process that runs no service, e.g. a test's bare loops).
 pub fn spawn_prober(engine: Arc<Engine>, dep: Dependency) {
-    tokio::spawn(probe(engine, dep));
+    if !engine.deps().hand_prober(&dep) {
+        tokio::spawn(probe(engine, dep));
+    }
+}
+
+/// The process's prober service: runs every prober started while it runs, until a stop (or
+/// a prober panics, which ends it with the dependency named).
+pub async fn run_probers(engine: Arc<Engine>, mut stop: crate::Shutdown) -> Result<(), String> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Dependency>();
+    engine.deps().set_probers(Some(tx));
+    let mut running = tokio::task::JoinSet::new();
+    let mut names = std::collections::HashMap::new();
+    let ended = loop {
+        tokio::select! {
+            _ = stop.stopped() => break Ok(()),
+            Some(dep) = rx.recv() => {
+                let label = dep.label();
+                let id = running.spawn(probe(engine.clone(), dep)).id();
+                names.insert(id, label);
+            }
+            Some(done) = running.join_next_with_id(), if !running.is_empty() => match done {
+                Ok((id, ())) => {
+                    names.remove(&id);
+                }
+                Err(e) if e.is_panic() => {
+                    let what = names.remove(&e.id()).unwrap_or_default();
+                    break Err(format!("the prober of {what} panicked"));
+                }
+                Err(_) => {}
+            },
+        }
+    };
+    engine.deps().set_probers(None);
+    running.abort_all();
+    while running.join_next().await.is_some() {}
+    engine.deps().probers_ended();
+    ended
 }
 
 /// Probes `dep` with a doubling pause until it answers, then wakes its waiters.
