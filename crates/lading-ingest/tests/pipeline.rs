@@ -558,6 +558,66 @@ async fn a_callback_receiver_answering_503_for_a_while_gets_the_callback_once_it
     run.stop().await;
 }
 
+/// SPEC §11: the SMTP server is down when the batch reports. The report mail waits in the
+/// outbox, using no attempt however often it is tried, the SMTP server is shown down; once a
+/// server listens on its port again, the prober finds it and the mail goes out, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_mail_waits_for_an_smtp_server_that_is_down_and_goes_out_when_it_is_back() {
+    let mut w = World::new().await;
+    w.cfg.dependencies.probe_max_s = 1;
+    // A port nothing listens on, kept for the server that comes back.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    w.cfg.smtp_port = port;
+    let (ingest, bid) = w.submit_object(&[("f.txt", b"payload")]).await;
+    let run = w.run_all(&ingest);
+    assert_eq!(w.batch_ends(&bid).await, BatchState::Completed);
+    let probed = |n: u32| {
+        let ingest = ingest.clone();
+        async move || {
+            ingest
+                .engine
+                .deps()
+                .list()
+                .iter()
+                .any(|h| h.kind == "smtp" && !h.up && h.probes >= n)
+        }
+    };
+    // Down through more probes than the outbox's three attempts.
+    lading_testkit::poll::until_true("four failed probes of the SMTP server", WAIT, probed(4))
+        .await;
+    let out = w.engine.outbox().await.unwrap();
+    let mail = out
+        .iter()
+        .find(|e| e.entry.effect.kind == "mail")
+        .expect("the report mail waits in the outbox");
+    assert!(!mail.entry.dead, "{mail:?}");
+    assert_eq!(mail.entry.attempts, 0, "no attempt used: {mail:?}");
+    let err = mail.entry.last_error.clone().unwrap_or_default();
+    assert!(err.starts_with("waiting: "), "{err}");
+    assert!(
+        ingest
+            .engine
+            .deps()
+            .list()
+            .iter()
+            .any(|h| h.kind == "smtp" && !h.up),
+        "{key}"
+    );
+    // Back: the prober finds it and the mail goes out, once.
+    let smtp = lading_testkit::smtp::Smtp::start_on(port).await;
+    let m = tokio::time::timeout(WAIT, smtp.next())
+        .await
+        .expect("the mail");
+    assert!(m.contains(&bid.to_string()), "{m}");
+    // Delivered: the entry is gone, so nothing sends it again.
+    outbox_until(&w, "the mail's delivery", |o| o.is_empty()).await;
+    run.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_wait_in_provisioning_while_storage_is_full_then_proceed() {
     let mut w = World::new().await;

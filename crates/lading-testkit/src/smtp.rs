@@ -26,8 +26,21 @@ impl Smtp {
     /// over but never gives the final `250` (as a server that dies at that moment would): the
     /// connection waits until its client goes away. Later messages are accepted.
     pub async fn start_holding(hold: usize) -> Smtp {
-        let left = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(hold));
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Smtp::serve(hold, l)
+    }
+
+    /// A receiver on `port` (one a test kept free, to start the server late: an SMTP server
+    /// that comes back after an outage).
+    pub async fn start_on(port: u16) -> Smtp {
+        let l = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .unwrap();
+        Smtp::serve(0, l)
+    }
+
+    fn serve(hold: usize, l: tokio::net::TcpListener) -> Smtp {
+        let left = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(hold));
         let port = l.local_addr().unwrap().port();
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let task = tokio::spawn(async move {
