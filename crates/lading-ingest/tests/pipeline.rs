@@ -604,8 +604,7 @@ async fn a_report_mail_waits_for_an_smtp_server_that_is_down_and_goes_out_when_i
             .deps()
             .list()
             .iter()
-            .any(|h| h.kind == "smtp" && !h.up),
-        "{key}"
+            .any(|h| h.kind == "smtp" && !h.up)
     );
     // Back: the prober finds it and the mail goes out, once.
     let smtp = lading_testkit::smtp::Smtp::start_on(port).await;
