@@ -20,6 +20,8 @@ CREATE TABLE IF NOT EXISTS versions(ark TEXT NOT NULL REFERENCES objects(ark), v
 CREATE TABLE IF NOT EXISTS files(ark TEXT NOT NULL, version INTEGER NOT NULL, path TEXT NOT NULL,
   size BIGINT NOT NULL, sha256 TEXT NOT NULL, PRIMARY KEY(ark, version, path),
   FOREIGN KEY(ark, version) REFERENCES versions(ark, version));
+CREATE TABLE IF NOT EXISTS local_ids(collection TEXT NOT NULL, local_id TEXT NOT NULL,
+  ark TEXT NOT NULL, PRIMARY KEY(collection, local_id));
 CREATE TABLE IF NOT EXISTS copies(ark TEXT NOT NULL, version INTEGER NOT NULL, path TEXT NOT NULL,
   node BIGINT NOT NULL, status TEXT NOT NULL, checked TEXT, found TEXT,
   PRIMARY KEY(ark, version, path, node));
@@ -732,6 +734,82 @@ pub const MAX_LISTED: usize = 5000;
 
 impl Inventory {
     /// The versions `job` stored, with their files (sizes and digests), oldest first.
+    /// Names `ark` collection `collection`'s object `name` (a bag's name, a local
+    /// identifier); the first object given a name keeps it.
+    pub fn name_object(
+        &self,
+        collection: &str,
+        name: &str,
+        ark: &str,
+    ) -> Result<(), InventoryError> {
+        self.with(|c, shown| match c {
+            Conn::Sqlite(c) => {
+                c.prepare_cached(
+                    "INSERT OR IGNORE INTO local_ids(collection, local_id, ark) VALUES (?1, ?2, ?3)",
+                )?
+                .execute(params![collection, name, ark])?;
+                Ok(())
+            }
+            Conn::Postgres(c) => c
+                .execute(
+                    "INSERT INTO local_ids(collection, local_id, ark) VALUES ($1, $2, $3)
+                     ON CONFLICT DO NOTHING",
+                    &[&collection, &name, &ark],
+                )
+                .map(|_| ())
+                .map_err(pg_err(shown)),
+        })
+    }
+
+    /// The object collection `collection` named `name`, if any.
+    pub fn object_named(
+        &self,
+        collection: &str,
+        name: &str,
+    ) -> Result<Option<String>, InventoryError> {
+        self.with(|c, shown| match c {
+            Conn::Sqlite(c) => Ok(c
+                .prepare_cached(
+                    "SELECT ark FROM local_ids WHERE collection = ?1 AND local_id = ?2",
+                )?
+                .query_row(params![collection, name], |r| r.get(0))
+                .optional()?),
+            Conn::Postgres(c) => c
+                .query_opt(
+                    "SELECT ark FROM local_ids WHERE collection = $1 AND local_id = $2",
+                    &[&collection, &name],
+                )
+                .map(|r| r.map(|r| r.get(0)))
+                .map_err(pg_err(shown)),
+        })
+    }
+
+    /// The files of version `version` of `ark`: (path, sha256), by path.
+    pub fn version_files(
+        &self,
+        ark: &str,
+        version: u32,
+    ) -> Result<Vec<(String, String)>, InventoryError> {
+        self.with(|c, shown| match c {
+            Conn::Sqlite(c) => {
+                let mut st = c.prepare_cached(
+                    "SELECT path, sha256 FROM files WHERE ark = ?1 AND version = ?2 ORDER BY path",
+                )?;
+                let rows = st
+                    .query_map(params![ark, version], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            }
+            Conn::Postgres(c) => c
+                .query(
+                    "SELECT path, sha256 FROM files WHERE ark = $1 AND version = $2 ORDER BY path",
+                    &[&ark, &(version as i32)],
+                )
+                .map(|rows| rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+                .map_err(pg_err(shown)),
+        })
+    }
+
     pub fn job_versions(&self, job: &str) -> Result<Vec<JobVersion>, InventoryError> {
         const Q: &str = "SELECT v.ark, v.version, v.created, f.path, f.size, f.sha256
              FROM versions v JOIN files f ON f.ark = v.ark AND f.version = v.version

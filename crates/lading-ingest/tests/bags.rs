@@ -507,4 +507,68 @@ macro_rules! on_both_backends {
 on_both_backends!(
     valid_bags_are_stored_byte_for_byte,
     invalid_bags_fail_once_naming_every_problem_and_store_nothing,
+    a_bag_of_a_known_name_is_its_objects_next_version,
 );
+
+/// A bag whose name is already an object of the collection becomes that object's next
+/// version; the job's record counts the files new, changed, unchanged and deleted, and the
+/// version holds just the new bag's payload.
+async fn a_bag_of_a_known_name_is_its_objects_next_version(w: World) {
+    bag_profile(&w);
+    let ingest = w.ingest();
+    let deposit = |dir: &str, files: &'static [(&'static str, &'static [u8])]| {
+        let src = w.dir.path().join(dir);
+        let d = make_bag(
+            &src,
+            "rb",
+            files,
+            &["--md5", "--source-organization", "Example University"],
+        );
+        aptrust_info(&d, "Title: Reingested\nAccess: Institution\n");
+        w.file(&format!("{dir}/rb.tar"), &serialize(&d, "rb", "rb.tar"))
+            .0
+    };
+    let first = deposit(
+        "v1",
+        &[("a.txt", b"alpha"), ("b.txt", b"beta"), ("c.txt", b"gamma")],
+    );
+    let b1 = w
+        .submit_as(&ingest, "bags", "depositor", &first, "bag")
+        .await;
+    w.runs_to_completion(&ingest, &b1).await;
+    let j1 = w.first_job(&b1).await;
+    let s1 = stored(&w, &j1).await.unwrap();
+    let second = deposit(
+        "v2",
+        &[("a.txt", b"alpha"), ("b.txt", b"BETA"), ("d.txt", b"delta")],
+    );
+    let b2 = w
+        .submit_as(&ingest, "bags", "depositor", &second, "bag")
+        .await;
+    w.runs_to_completion(&ingest, &b2).await;
+    let j2 = w.first_job(&b2).await;
+    let s2 = stored(&w, &j2).await.unwrap();
+    assert_eq!(s2.ark, s1.ark, "the same object");
+    assert_eq!(s2.version, 2);
+    let node = w
+        .engine
+        .tree()
+        .get(&lading_core::layout::job_node(&j2, "inventory"))
+        .await
+        .unwrap()
+        .unwrap();
+    let inv: serde_json::Value = serde_json::from_slice(&node.data.unwrap()).unwrap();
+    assert_eq!(
+        inv["bag"]["reingest"],
+        serde_json::json!({"from_version": 1, "new": 1, "changed": 1, "unchanged": 1, "deleted": 1}),
+        "{inv}"
+    );
+    let files: Vec<String> = stored_files(Path::new(&s2.path))
+        .into_iter()
+        .filter(|f| f.starts_with("producer/"))
+        .collect();
+    assert_eq!(
+        files,
+        vec!["producer/a.txt", "producer/b.txt", "producer/d.txt"]
+    );
+}

@@ -39,11 +39,33 @@ pub(crate) async fn record(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Out
         _ => None,
     };
     let s = stored.clone();
+    // The object's names in its collection (a bag's name): a later bag of that name is its
+    // next version.
+    let names: Vec<String> = job
+        .info
+        .identifiers
+        .get("local_id")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .filter(|n| !n.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
     let r = ingest
         .inventory
-        .run(move |i| match listed {
-            Some(files) => i.record_files(&s, &files),
-            None => i.record(&s, producer.as_deref()),
+        .run(move |i| {
+            let r = match listed {
+                Some(files) => i.record_files(&s, &files),
+                None => i.record(&s, producer.as_deref()),
+            }?;
+            if let Some(collection) = s.collection.as_deref() {
+                for n in &names {
+                    i.name_object(collection, n, &s.ark)?;
+                }
+            }
+            Ok(r)
         })
         .await;
     lock.release().await;

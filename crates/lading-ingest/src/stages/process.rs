@@ -102,6 +102,25 @@ pub(crate) async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Ou
         ids.local_id = vec![name];
         ids_changed = true;
     }
+    // A bag whose name is already an object of the collection is that object's next version.
+    let bag_name = super::bag::bag_record(&wd)
+        .and_then(|b| b.get("name").and_then(Value::as_str).map(str::to_string));
+    if ids.primary_id.as_deref().is_none_or(str::is_empty)
+        && let Some(name) = bag_name.clone()
+    {
+        let (c, n) = (profile.collection.clone(), name.clone());
+        match ingest.inventory.run(move |i| i.object_named(&c, &n)).await {
+            Ok(Some(ark)) => {
+                job.log(&format!(
+                    "bag {name} is already {ark}: this is its next version"
+                ));
+                ids.primary_id = Some(ark);
+                ids_changed = true;
+            }
+            Ok(None) => {}
+            Err(e) => return Err(Outcome::Transient(format!("inventory: {e}"))),
+        }
+    }
     if ids.primary_id.as_deref().is_none_or(str::is_empty) {
         let shoulder = profile.shoulder.as_deref().unwrap_or(&ingest.cfg.shoulder);
         let minted = format!("{shoulder}{}", unique_hex(job));
@@ -129,13 +148,62 @@ pub(crate) async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Ou
     write_atomic(&at, mark.as_bytes()).map_err(|e| io_err("writing", &at, e))?;
     let mut inventory =
         json!({ "primary_id": ark, "files": files, "size": size, "working_copy": mark });
-    if let Some(bag) = super::bag::bag_record(&wd) {
+    if let Some(mut bag) = super::bag::bag_record(&wd) {
+        if let Some(changes) = changes_from_newest(ingest, &ark, &files).await? {
+            job.log(&format!("compared with the stored version: {changes}"));
+            bag["reingest"] = changes;
+        }
         inventory["bag"] = bag;
     }
     job.set_data("inventory", &inventory)
         .await
         .map_err(engine_err)?;
     Ok(Outcome::Done)
+}
+
+/// How `files` differ from the newest stored version of `ark` (none stored: `None`): how
+/// many are new, changed, unchanged, and how many of its files are gone.
+async fn changes_from_newest(
+    ingest: &Ingest,
+    ark: &str,
+    files: &[ObjectFile],
+) -> Result<Option<Value>, Outcome> {
+    let a = ark.to_string();
+    let before = ingest
+        .inventory
+        .run(move |i| {
+            let newest = i.versions(&a)?.iter().map(|(v, _, _)| *v).max();
+            match newest {
+                Some(v) => Ok(Some((v, i.version_files(&a, v)?))),
+                None => Ok(None),
+            }
+        })
+        .await
+        .map_err(|e: crate::inventory::InventoryError| {
+            Outcome::Transient(format!("inventory: {e}"))
+        })?;
+    let Some((version, before)) = before else {
+        return Ok(None);
+    };
+    let prefix = format!("{PRODUCER}/");
+    let before: BTreeMap<&str, &str> = before
+        .iter()
+        .filter_map(|(p, d)| Some((p.strip_prefix(&prefix)?, d.as_str())))
+        .collect();
+    let (mut new, mut changed, mut unchanged) = (0u64, 0u64, 0u64);
+    for f in files {
+        match before.get(f.path.as_str()) {
+            None => new += 1,
+            Some(d) if *d == f.sha256 => unchanged += 1,
+            Some(_) => changed += 1,
+        }
+    }
+    let now: std::collections::BTreeSet<&str> = files.iter().map(|f| f.path.as_str()).collect();
+    let deleted = before.keys().filter(|p| !now.contains(*p)).count() as u64;
+    Ok(Some(json!({
+        "from_version": version, "new": new, "changed": changed,
+        "unchanged": unchanged, "deleted": deleted,
+    })))
 }
 
 /// Where Processing leaves its mark in the working folder.
