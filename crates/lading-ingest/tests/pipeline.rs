@@ -760,7 +760,7 @@ async fn bad_submissions_are_refused_and_store_nothing() {
         .await
         .unwrap_err();
     assert!(e.to_string().starts_with("unknown profile \"nope\""), "{e}");
-    let e = lading_ingest::submit(&ingest, &sub("demo", "http://h/x", "bag"))
+    let e = lading_ingest::submit(&ingest, &sub("demo", "http://h/x", "tarball"))
         .await
         .unwrap_err();
     assert!(matches!(e, SubmitError::PayloadType(_)), "{e}");
