@@ -28,6 +28,7 @@ pub mod quota;
 pub mod replicate;
 pub mod report;
 pub mod restore;
+pub mod sources;
 pub mod stages;
 mod unpack;
 pub mod weather;

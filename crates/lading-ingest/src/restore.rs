@@ -6,10 +6,10 @@
 //! computed as it passes, and the manifests (a line per file) last, so memory does not grow
 //! with the bag's bytes.
 
-use crate::access::Source;
 use crate::checkm::HashAlg;
 use crate::fetch::Hasher;
 use crate::files::{PRODUCER, VERSION_FILE};
+use crate::sources::Source;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
@@ -26,7 +26,7 @@ async fn listing(src: &Source) -> std::io::Result<Vec<(String, u64)>> {
     match src {
         Source::Dir(d) => {
             let d = d.clone();
-            let list = crate::blocking::io(move || crate::access::files(&d)).await?;
+            let list = crate::blocking::io(move || crate::sources::files(&d)).await?;
             Ok(list
                 .into_iter()
                 .filter(|(n, _, _)| n != VERSION_FILE)
