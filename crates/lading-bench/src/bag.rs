@@ -85,20 +85,6 @@ impl TapParent for std::path::PathBuf {
     }
 }
 
-/// `/proc/self/status`'s field in bytes.
-fn proc_bytes(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<u64>().ok())
-        })
-        .unwrap_or(0)
-        * 1024
-}
-
 pub fn bag(size: u64, files: usize, rounds: usize, as_json: bool) -> anyhow::Result<()> {
     let files = files.max(1);
     let tmp = tempfile::Builder::new()
@@ -117,7 +103,7 @@ pub fn bag(size: u64, files: usize, rounds: usize, as_json: bool) -> anyhow::Res
     for _ in 0..rounds.max(1) {
         // Lading: peak memory from here (writing 5 to clear_refs resets VmHWM).
         let _ = std::fs::write("/proc/self/clear_refs", "5");
-        let rss0 = proc_bytes("VmRSS:");
+        let rss0 = crate::http::proc_kib("VmRSS:");
         let t = Instant::now();
         let bag =
             lading_ingest::bagit::validate(&dir, "benchbag", "application/tar", &[], u64::MAX)
@@ -131,7 +117,7 @@ pub fn bag(size: u64, files: usize, rounds: usize, as_json: bool) -> anyhow::Res
             bag.payload_bytes
         );
         lading.push(mb(size, s));
-        peaks.push((rss0, proc_bytes("VmHWM:")));
+        peaks.push((rss0, crate::http::proc_kib("VmHWM:")));
         // bagit.py, the same bag, right after.
         let t = Instant::now();
         let st = std::process::Command::new("bagit.py")

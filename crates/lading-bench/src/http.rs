@@ -213,7 +213,7 @@ pub async fn http(
 }
 
 /// A `/proc/self/status` field in bytes (`VmRSS`, `VmHWM`).
-fn proc_kib(field: &str) -> u64 {
+pub(crate) fn proc_kib(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
