@@ -113,6 +113,9 @@ pub struct Config {
     pub listen: String,
     /// Largest upload `POST /api/v1/batches/upload` takes.
     pub max_upload_bytes: u64,
+    /// Bytes one submitter's uploads may hold on a host at once: uploads arriving and those
+    /// kept until their batches are cleaned up. An admin is not held to it.
+    pub max_upload_bytes_per_submitter: u64,
     /// API tokens. With none, `lading serve` makes an admin token in the data directory and
     /// listens on loopback only.
     pub tokens: Vec<TokenSettings>,
@@ -362,6 +365,7 @@ impl Default for Config {
             stages: BTreeMap::new(),
             listen: "127.0.0.1:8080".into(),
             max_upload_bytes: 8 << 30,
+            max_upload_bytes_per_submitter: 32 << 30,
             tokens: Vec::new(),
             payload: PayloadSettings::default(),
             http: HttpSettings::default(),

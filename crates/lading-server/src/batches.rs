@@ -30,7 +30,6 @@ use axum::{Extension, Json, Router};
 use lading_core::layout::{BatchId, JobId};
 use lading_core::{BatchState, JobState};
 use lading_engine::EngineError;
-use lading_ingest::SubmitError;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -63,75 +62,6 @@ pub fn routes() -> Router<AppState> {
 }
 
 type Result<T, E = ApiError> = std::result::Result<T, E>;
-
-impl From<EngineError> for ApiError {
-    fn from(e: EngineError) -> ApiError {
-        let (status, kind) = match &e {
-            EngineError::NoBatch(_) | EngineError::NoJob(_) | EngineError::NoAccess(_) => {
-                (StatusCode::NOT_FOUND, "not_found")
-            }
-            EngineError::Illegal(_) => (StatusCode::CONFLICT, "illegal_transition"),
-            EngineError::Locked(_) | EngineError::ForeignLocked(_) => {
-                (StatusCode::CONFLICT, "locked")
-            }
-            EngineError::LeaseLost(_) | EngineError::Conflict(_) => {
-                (StatusCode::CONFLICT, "conflict")
-            }
-            EngineError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid"),
-            EngineError::Tree(t) if t.is_retryable() => {
-                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
-            }
-            EngineError::Tree(t)
-                if let lading_core::tree::TreeError::TooLarge { bytes, limit, .. } = t.root() =>
-            {
-                return ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "too_large",
-                    format!(
-                        "the request is {bytes} bytes as stored, more than the store takes in \
-                         one write ({limit} bytes): shorten its fields"
-                    ),
-                );
-            }
-            EngineError::Corrupt { .. } | EngineError::Tree(_) => {
-                return ApiError::internal(e.to_string());
-            }
-        };
-        ApiError::new(status, kind, e.to_string())
-    }
-}
-
-impl From<SubmitError> for ApiError {
-    fn from(e: SubmitError) -> ApiError {
-        match e {
-            SubmitError::Engine(e) => e.into(),
-            e @ SubmitError::Forbidden(_) => ApiError::forbidden(e.to_string()),
-            e @ SubmitError::Inventory(_) => ApiError::internal(e.to_string()),
-            // The depositor reads the profile's name; the operator's log has its file and
-            // what is wrong in it.
-            SubmitError::Profile(c) => match c {
-                lading_ingest::config::ConfigError::UnknownProfile { ref name, .. } => {
-                    ApiError::logged(
-                        StatusCode::BAD_REQUEST,
-                        "invalid",
-                        &format!("unknown profile {name:?}"),
-                        &c.to_string(),
-                    )
-                }
-                lading_ingest::config::ConfigError::BadProfileName(_) => {
-                    ApiError::bad_request(c.to_string())
-                }
-                c => ApiError::logged(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    "the profile cannot be read; an operator must fix it",
-                    &c.to_string(),
-                ),
-            },
-            e => ApiError::bad_request(e.to_string()),
-        }
-    }
-}
 
 fn not_found_batch(id: &str) -> ApiError {
     EngineError::NoBatch(id.to_string()).into()

@@ -129,9 +129,7 @@ pub async fn job_download(
         let src =
             lading_ingest::access::source(&s.ingest, &stored.ark, stored.version, Some(&stored))
                 .await
-                .map_err(|why| {
-                    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", why)
-                })?;
+                .map_err(|why| no_copy_now(&stored.ark, stored.version, &why))?;
         return Ok(source_response(src, &name));
     }
     let dir = PathBuf::from(&stored.path);
@@ -147,6 +145,17 @@ pub async fn job_download(
         ));
     }
     Ok(zip_response(dir, &name))
+}
+
+/// No storage node serves the version now (each node's own words, addresses among them, go
+/// to the log).
+fn no_copy_now(ark: &str, version: u32, why: &str) -> ApiError {
+    ApiError::logged(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        &format!("no storage node can serve version {version} of {ark} now; try again later"),
+        why,
+    )
 }
 
 #[derive(Deserialize)]
@@ -167,7 +176,7 @@ pub async fn object_download(
         .inventory
         .run(move |i| i.version_path(&ark, version))
         .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
+        .map_err(|e| ApiError::internal(format!("inventory: {e}")))?
         .ok_or_else(|| {
             ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -178,7 +187,7 @@ pub async fn object_download(
     // The primary's copy, or a replica's when the primary does not answer or failed fixity.
     let src = lading_ingest::access::source(&s.ingest, &q.ark, q.version, None)
         .await
-        .map_err(|why| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", why))?;
+        .map_err(|why| no_copy_now(&q.ark, q.version, &why))?;
     Ok(source_response(
         src,
         &format!("{}-v{}.zip", ark_node_name(&q.ark), q.version),

@@ -13,6 +13,7 @@ pub mod api;
 pub mod auth;
 mod batches;
 pub mod conn;
+mod errors;
 pub mod download;
 pub mod events;
 mod generic;
@@ -25,6 +26,7 @@ mod redact;
 pub mod upload;
 
 pub use auth::{Admin, Auth, Principal, Role, Worker};
+pub use errors::{ApiError, error_id};
 
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::StatusCode;
@@ -32,9 +34,8 @@ use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use lading_jobs::{Jobs, JobsError};
+use lading_jobs::Jobs;
 use serde::de::DeserializeOwned;
-use serde_json::json;
 use std::sync::Arc;
 
 /// Longest a long-poll (`accept`, `wait`) may ask to wait.
@@ -148,138 +149,7 @@ pub(crate) async fn ready(axum::extract::State(s): axum::extract::State<AppState
             store: Some(s.jobs.tree().kind().into()),
         })
         .into_response(),
-        Err(e) => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            format!("store: {e}"),
-        )
-        .into_response(),
-    }
-}
-
-/// An error as the API reports it.
-#[derive(Debug)]
-pub struct ApiError {
-    pub status: StatusCode,
-    pub kind: &'static str,
-    pub message: String,
-}
-
-impl ApiError {
-    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            kind,
-            message: message.into(),
-        }
-    }
-    pub fn bad_request(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, "invalid", message)
-    }
-    pub fn forbidden(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
-    }
-    /// An error the caller cannot act on: the detail (paths, addresses, error chains) goes
-    /// to the log only, under an error id that the answer gives, so an operator can match
-    /// the two.
-    pub fn internal(detail: impl Into<String>) -> ApiError {
-        let id = error_id();
-        tracing::error!(error_id = %id, detail = %detail.into(), "internal error");
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            format!("internal error (error id {id}; the operator's log has the detail)"),
-        )
-    }
-
-    /// A refusal whose operator detail stays in the log: the caller reads `safe` and the
-    /// error id, the log has both and `detail`.
-    pub fn logged(status: StatusCode, kind: &'static str, safe: &str, detail: &str) -> ApiError {
-        let id = error_id();
-        tracing::warn!(error_id = %id, %detail, "{safe}");
-        ApiError::new(status, kind, format!("{safe} (error id {id})"))
-    }
-}
-
-/// A short id for one error, shown to the caller and logged with the detail: unique in this
-/// process (a counter) and across restarts (the process's start second).
-pub fn error_id() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    static START: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    let start = *START.get_or_init(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs())
-    });
-    format!(
-        "E{:x}-{}",
-        start % 0x1_0000_0000,
-        N.fetch_add(1, Ordering::Relaxed) + 1
-    )
-}
-
-impl std::fmt::Display for ApiError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for ApiError {}
-
-/// An operator verb's error ([`ops::Ops`]) as the API reports it: the error it carries,
-/// mapped as its type is everywhere else.
-impl From<anyhow::Error> for ApiError {
-    fn from(e: anyhow::Error) -> ApiError {
-        let e = match e.downcast::<ApiError>() {
-            Ok(a) => return a,
-            Err(e) => e,
-        };
-        let e = match e.downcast::<lading_engine::EngineError>() {
-            Ok(x) => return x.into(),
-            Err(e) => e,
-        };
-        let e = match e.downcast::<lading_ingest::SubmitError>() {
-            Ok(x) => return x.into(),
-            Err(e) => e,
-        };
-        match e.downcast::<lading_core::layout::BadId>() {
-            Ok(x) => ApiError::bad_request(x.to_string()),
-            Err(e) => ApiError::internal(format!("{e:#}")),
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (
-            self.status,
-            Json(json!({"error": self.message, "kind": self.kind})),
-        )
-            .into_response()
-    }
-}
-
-impl From<JobsError> for ApiError {
-    fn from(e: JobsError) -> ApiError {
-        let (status, kind) = match &e {
-            JobsError::NoJob { .. }
-            | JobsError::NoType(_)
-            | JobsError::NoSubscription(_)
-            | JobsError::NoSchedule { .. } => (StatusCode::NOT_FOUND, "not_found"),
-            JobsError::WrongState { .. } => (StatusCode::CONFLICT, "wrong_state"),
-            JobsError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid"),
-            JobsError::TooManySubscriptions(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many"),
-            JobsError::Halt { .. } => (StatusCode::CONFLICT, "halt"),
-            JobsError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
-            JobsError::Tree(t) if t.is_retryable() => {
-                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
-            }
-            JobsError::Corrupt { .. } | JobsError::Tree(_) => {
-                (StatusCode::INTERNAL_SERVER_ERROR, "internal")
-            }
-        };
-        ApiError::new(status, kind, e.to_string())
+        Err(e) => ApiError::unavailable(&e.to_string()).into_response(),
     }
 }
 
@@ -332,36 +202,4 @@ pub async fn serve<L: conn::Accept>(
     auth: Option<Arc<auth::Auth>>,
 ) -> std::io::Result<()> {
     conn::serve(listener, app, shutdown, limits, auth).await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn job_api_errors_map_to_statuses_that_name_them() {
-        let cases = [
-            (
-                JobsError::NoSubscription(7),
-                StatusCode::NOT_FOUND,
-                "not_found",
-            ),
-            (
-                JobsError::TooManySubscriptions(100_000),
-                StatusCode::TOO_MANY_REQUESTS,
-                "too_many",
-            ),
-            (
-                JobsError::Invalid("x".into()),
-                StatusCode::BAD_REQUEST,
-                "invalid",
-            ),
-        ];
-        for (e, status, kind) in cases {
-            let msg = e.to_string();
-            let api = ApiError::from(e);
-            assert_eq!((api.status, api.kind), (status, kind), "{msg}");
-            assert_eq!(api.message, msg);
-        }
-    }
 }

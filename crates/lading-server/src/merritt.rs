@@ -247,7 +247,7 @@ async fn take(
         Some(profile) if !profile.is_empty() => p.may_submit_to(&s.ingest, profile).map(|_| ()),
         _ => Ok(()),
     };
-    let (mut scrap, saved) = match receive(&s, &mut multipart, Some(&mut fields), Some(&gate)).await
+    let (mut scrap, saved) = match receive(&s, &p, &mut multipart, Some(&mut fields), Some(&gate)).await
     {
         Ok(x) => x,
         Err(e) => return Exc(e, Answer::Xml).into_response(),

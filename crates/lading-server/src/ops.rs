@@ -90,7 +90,7 @@ impl Ops for Local {
             .inventory
             .run(move |i| i.job_copies(&j))
             .await
-            .map_err(|e| EngineError::Invalid(format!("inventory: {e}")))?)
+            .map_err(|e| crate::ApiError::internal(format!("inventory: {e}")))?)
     }
 
     async fn submit(&self, req: SubmitRequest) -> Result<Submitted> {

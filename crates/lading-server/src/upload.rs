@@ -196,31 +196,143 @@ impl Drop for Scrap {
 ///
 /// `gate`, when given, is asked with the fields received so far when the file part begins:
 /// a refusal there (a profile the caller may not submit to) ends the upload before a byte of
-/// the file is written.
+/// the file is written. A submitter's file counts, as it arrives, against
+/// `max_upload_bytes_per_submitter` with what that submitter's uploads already hold here
+/// ([`Held`]); an admin's does not.
 pub(crate) async fn receive(
     s: &AppState,
+    p: &Principal,
     multipart: &mut multer::Multipart<'static>,
     fields: Option<&mut std::collections::BTreeMap<String, String>>,
     gate: Option<&Gate<'_>>,
 ) -> Result<(Scrap, Result<(PathBuf, u64), ApiError>), ApiError> {
     let root = std::path::absolute(s.ingest.cfg.data_dir.join("uploads"))
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
+        .map_err(|e| ApiError::internal(format!("the uploads folder: {e}")))?;
     let dir = root.join(uuid::Uuid::new_v4().simple().to_string());
     tokio::fs::create_dir_all(&dir)
         .await
-        .map_err(|e| ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "storage", e.to_string()))?;
+        .map_err(|e| ApiError::internal(format!("making {}: {e}", dir.display())))?;
     let scrap = Scrap(Some(dir.clone()));
+    let held = match p.role {
+        crate::auth::Role::Admin => None,
+        _ => Some(Held::start(&root, &p.name, s.ingest.cfg.max_upload_bytes_per_submitter).await),
+    };
     let stall = std::time::Duration::from_secs(s.ingest.cfg.http.upload_stall_s.max(1));
-    let saved = save(
-        &dir,
-        multipart,
-        s.ingest.cfg.max_upload_bytes,
+    let limits = Limits {
+        max: s.ingest.cfg.max_upload_bytes,
         stall,
-        fields,
-        gate,
-    )
-    .await;
+        held,
+    };
+    let saved = save(&dir, multipart, limits, fields, gate).await;
     Ok((scrap, saved))
+}
+
+/// What one upload is held to.
+struct Limits {
+    /// `max_upload_bytes`.
+    max: u64,
+    /// `http.upload_stall_s`.
+    stall: std::time::Duration,
+    /// The submitter's share of the uploads folder, for a submitter.
+    held: Option<Held>,
+}
+
+/// The file that names an upload folder's submitter, written once the file is complete
+/// (an upload's own file name never starts with a dot).
+const OWNER_FILE: &str = ".owner";
+
+/// Bytes of uploads arriving now on this process, per uploads folder and submitter.
+static ARRIVING: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<String, u64>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// One submitter's bytes in an uploads folder, for one upload as it arrives: the finished
+/// uploads the folder keeps for it (counted once at the start, from their `.owner` files) and
+/// every upload of its arriving on this process (counted chunk by chunk, given back when
+/// this upload ends).
+pub(crate) struct Held {
+    key: String,
+    name: String,
+    cap: u64,
+    kept: u64,
+    mine: u64,
+}
+
+impl Held {
+    async fn start(root: &Path, name: &str, cap: u64) -> Held {
+        let (r, n) = (root.to_path_buf(), name.to_string());
+        let kept = tokio::task::spawn_blocking(move || kept_bytes(&r, &n))
+            .await
+            .unwrap_or(0);
+        Held {
+            key: format!("{}\0{name}", root.display()),
+            name: name.to_string(),
+            cap,
+            kept,
+            mine: 0,
+        }
+    }
+
+    /// Counts `n` more bytes of this upload; refused (429) when the submitter's uploads
+    /// would then hold more than the cap.
+    fn add(&mut self, n: u64) -> Result<(), ApiError> {
+        let mut arriving = ARRIVING.lock().unwrap_or_else(|e| e.into_inner());
+        let all = arriving.entry(self.key.clone()).or_default();
+        *all += n;
+        self.mine += n;
+        if self.kept.saturating_add(*all) > self.cap {
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "upload_bytes",
+                format!(
+                    "{}'s uploads on this server would hold more than {} bytes \
+                     (max_upload_bytes_per_submitter); an upload is removed when its batch is \
+                     deleted or cleaned up after it completes",
+                    self.name, self.cap
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Marks `dir`'s finished upload as this submitter's, so later uploads count it.
+    async fn keep(&self, dir: &Path) -> Result<(), ApiError> {
+        tokio::fs::write(dir.join(OWNER_FILE), &self.name)
+            .await
+            .map_err(|e| ApiError::internal(format!("{}: {e}", dir.display())))
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut arriving = ARRIVING.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(all) = arriving.get_mut(&self.key) {
+            *all = all.saturating_sub(self.mine);
+            if *all == 0 {
+                arriving.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// Bytes of the finished uploads under `root` whose `.owner` file names `name`.
+fn kept_bytes(root: &Path, name: &str) -> u64 {
+    let Ok(dirs) = std::fs::read_dir(root) else {
+        return 0;
+    };
+    let mut total = 0;
+    for d in dirs.flatten() {
+        let dir = d.path();
+        let owner = std::fs::read(dir.join(OWNER_FILE)).unwrap_or_default();
+        if owner != name.as_bytes() {
+            continue;
+        }
+        for f in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if f.file_name() != OWNER_FILE {
+                total += f.metadata().map(|m| m.len()).unwrap_or(0);
+            }
+        }
+    }
+    total
 }
 
 /// Asked with the form's fields so far when its file part begins.
@@ -238,11 +350,11 @@ pub const MAX_FORM_BYTES: usize = 64 << 10;
 async fn save(
     dir: &Path,
     multipart: &mut multer::Multipart<'static>,
-    max: u64,
-    stall: std::time::Duration,
+    mut limits: Limits,
     mut fields: Option<&mut std::collections::BTreeMap<String, String>>,
     gate: Option<&Gate<'_>>,
 ) -> Result<(PathBuf, u64), ApiError> {
+    let (max, stall) = (limits.max, limits.stall);
     let mut saved = None;
     let mut held = 0usize;
     while let Some(mut field) = unless_stalled(stall, multipart.next_field())
@@ -308,7 +420,19 @@ async fn save(
             .map_err(bad_body)?
         {
             n += chunk.len() as u64;
-            if n > max {
+            let over = if n > max {
+                Some(ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "too_large",
+                    format!("upload is larger than the limit of {max} bytes"),
+                ))
+            } else {
+                limits
+                    .held
+                    .as_mut()
+                    .and_then(|h| h.add(chunk.len() as u64).err())
+            };
+            if let Some(refusal) = over {
                 // The rest is read and dropped (up to LINGER) so the client gets the answer.
                 let mut more = 0u64;
                 while more < LINGER
@@ -316,11 +440,7 @@ async fn save(
                 {
                     more += c.len() as u64;
                 }
-                return Err(ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "too_large",
-                    format!("upload is larger than the limit of {max} bytes"),
-                ));
+                return Err(refusal);
             }
             f.write_all(&chunk).await.map_err(|e| {
                 ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "storage", e.to_string())
@@ -329,6 +449,9 @@ async fn save(
         f.sync_all().await.map_err(|e| {
             ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "storage", e.to_string())
         })?;
+        if let Some(h) = &limits.held {
+            h.keep(dir).await?;
+        }
         saved = Some((path, n));
     }
     saved.ok_or_else(|| ApiError::bad_request("no \"file\" part in the upload"))
@@ -352,7 +475,7 @@ pub async fn upload(
         return Err(lading_ingest::SubmitError::PayloadType(q.payload_type().to_string()).into());
     }
     let submitter = p.submitter(q.submitter.take())?;
-    let (mut scrap, saved) = receive(&s, &mut multipart, None, None).await?;
+    let (mut scrap, saved) = receive(&s, &p, &mut multipart, None, None).await?;
     if over.load(Ordering::Relaxed) {
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
