@@ -321,6 +321,9 @@ impl http_body::Body for Counted {
     }
 }
 
+/// Bytes a connection's read buffer holds at most, the request's head included.
+pub const READ_BUFFER: usize = 64 << 10;
+
 /// Requests that may take long by design: long-polls, the event stream and uploads.
 fn is_long(path: &str) -> bool {
     path == "/api/v1/batches/upload"
@@ -486,6 +489,10 @@ pub async fn serve<L: Accept>(
             builder
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_timeout)
+                // The connection's read buffer: a request's head must fit, and a body is
+                // read through it, so this bounds what each connection holds (hyper's own
+                // default is about 400 KiB).
+                .max_buf_size(READ_BUFFER)
                 .keep_alive(true);
             let conn = builder.serve_connection(TokioIo::new(stream), svc);
             let mut conn = std::pin::pin!(conn);

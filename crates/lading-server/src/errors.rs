@@ -536,9 +536,16 @@ mod tests {
             path: detail("p").into(),
         }));
         assert_eq!(a.status, StatusCode::BAD_REQUEST);
-        assert!(a.message.starts_with("unknown profile \"nope\""), "{}", a.message);
+        assert!(
+            a.message.starts_with("unknown profile \"nope\""),
+            "{}",
+            a.message
+        );
         let a = ApiError::from(EngineError::NoJob("jid9".into()));
-        assert_eq!((a.status, a.message.as_str()), (StatusCode::NOT_FOUND, "no such job: jid9"));
+        assert_eq!(
+            (a.status, a.message.as_str()),
+            (StatusCode::NOT_FOUND, "no such job: jid9")
+        );
     }
 
     #[test]

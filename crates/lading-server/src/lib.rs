@@ -13,8 +13,8 @@ pub mod api;
 pub mod auth;
 mod batches;
 pub mod conn;
-mod errors;
 pub mod download;
+mod errors;
 pub mod events;
 mod generic;
 pub mod merritt;
@@ -161,6 +161,11 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
         match Json::<T>::from_request(req, state).await {
             Ok(Json(v)) => Ok(Body(v)),
+            Err(rej) if rej.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(ApiError::new(
+                rej.status(),
+                "too_large",
+                "the request body is larger than http.max_body_bytes",
+            )),
             Err(rej) => Err(ApiError::new(rej.status(), "invalid", rej.body_text())),
         }
     }

@@ -247,11 +247,11 @@ async fn take(
         Some(profile) if !profile.is_empty() => p.may_submit_to(&s.ingest, profile).map(|_| ()),
         _ => Ok(()),
     };
-    let (mut scrap, saved) = match receive(&s, &p, &mut multipart, Some(&mut fields), Some(&gate)).await
-    {
-        Ok(x) => x,
-        Err(e) => return Exc(e, Answer::Xml).into_response(),
-    };
+    let (mut scrap, saved) =
+        match receive(&s, &p, &mut multipart, Some(&mut fields), Some(&gate)).await {
+            Ok(x) => x,
+            Err(e) => return Exc(e, Answer::Xml).into_response(),
+        };
     let form = match fields.get("responseForm").map(|f| f.to_ascii_lowercase()) {
         Some(f) if f == "json" => Answer::Json,
         _ => Answer::Xml,

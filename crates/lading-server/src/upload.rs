@@ -86,7 +86,44 @@ impl axum::extract::FromRequest<AppState> for Form {
             },
             Err(e) => Err(std::io::Error::other(e)),
         });
-        Ok(Form(multer::Multipart::new(stream, boundary), over))
+        let paced = Paced {
+            inner: Box::pin(stream),
+            run: 0,
+        };
+        Ok(Form(multer::Multipart::new(paced, boundary), over))
+    }
+}
+
+/// Bytes a body stream hands on in a row before it yields once: the multipart parser reads
+/// everything a stream has ready into its buffer at each poll, so without this a client that
+/// sends fast makes it hold as much as the socket has ready (megabytes) per request.
+const PACE: usize = 64 << 10;
+
+/// A body stream that yields (wakes itself and returns `Pending`) after each [`PACE`] bytes,
+/// so the parser consumes what it holds before it reads more.
+struct Paced<S> {
+    inner: std::pin::Pin<Box<S>>,
+    run: usize,
+}
+
+impl<S: futures_util::Stream<Item = std::io::Result<axum::body::Bytes>>> futures_util::Stream
+    for Paced<S>
+{
+    type Item = std::io::Result<axum::body::Bytes>;
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        if self.run >= PACE {
+            self.run = 0;
+            cx.waker().wake_by_ref();
+            return std::task::Poll::Pending;
+        }
+        let next = self.inner.as_mut().poll_next(cx);
+        if let std::task::Poll::Ready(Some(Ok(c))) = &next {
+            self.run += c.len();
+        }
+        next
     }
 }
 

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod serve;
+
 use lading_core::time::system_clock;
 use lading_engine::Engine;
 use lading_store_sqlite::{SqliteOptions, SqliteTree};
