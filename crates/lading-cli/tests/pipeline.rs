@@ -5,12 +5,11 @@
 
 mod common;
 
-use common::{Reap, Setup, engine, until};
+use common::{Reap, Setup, engine, object_manifest, until};
 use lading_core::BatchState;
 use lading_core::layout::BatchId;
-use lading_ingest::checkm::{self, ManifestKind};
 use lading_testkit::payload_server::PayloadServer;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 
 /// A [`Setup`] whose downloads retry quickly, and whose workers log warnings only (these
@@ -40,23 +39,6 @@ impl Setup {
     fn work(&self) -> PathBuf {
         self.dir.path().join("data/work")
     }
-}
-
-fn object_manifest(server: &PayloadServer, payload: &Path, files: &[(&str, &[u8])]) -> String {
-    let rows: Vec<Vec<String>> = files
-        .iter()
-        .map(|(name, bytes)| {
-            std::fs::write(payload.join(name), bytes).unwrap();
-            vec![server.url(name), bytes.len().to_string(), name.to_string()]
-        })
-        .collect();
-    let m = checkm::write(
-        ManifestKind::Object,
-        &[checkm::FILE_URL, checkm::FILE_SIZE, checkm::FILE_NAME],
-        &rows,
-    );
-    std::fs::write(payload.join("object.checkm"), m).unwrap();
-    server.url("object.checkm")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

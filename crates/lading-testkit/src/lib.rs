@@ -71,6 +71,7 @@ pub mod events;
 pub mod payload_server;
 pub mod pg;
 pub mod poll;
+pub mod proxy;
 pub mod seaweed;
 pub mod smtp;
 pub mod zk;

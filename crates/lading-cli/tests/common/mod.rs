@@ -6,7 +6,9 @@ pub mod serve;
 
 use lading_core::time::system_clock;
 use lading_engine::Engine;
+use lading_ingest::checkm::{self, ManifestKind};
 use lading_store_sqlite::{SqliteOptions, SqliteTree};
+use lading_testkit::payload_server::PayloadServer;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::Arc;
@@ -96,4 +98,22 @@ impl Setup {
             .envs(self.env.iter().copied());
         c
     }
+}
+
+/// Writes `files` into `payload` (served by `server`) and an object manifest of them: its URL.
+pub fn object_manifest(server: &PayloadServer, payload: &Path, files: &[(&str, &[u8])]) -> String {
+    let rows: Vec<Vec<String>> = files
+        .iter()
+        .map(|(name, bytes)| {
+            std::fs::write(payload.join(name), bytes).unwrap();
+            vec![server.url(name), bytes.len().to_string(), name.to_string()]
+        })
+        .collect();
+    let m = checkm::write(
+        ManifestKind::Object,
+        &[checkm::FILE_URL, checkm::FILE_SIZE, checkm::FILE_NAME],
+        &rows,
+    );
+    std::fs::write(payload.join("object.checkm"), m).unwrap();
+    server.url("object.checkm")
 }

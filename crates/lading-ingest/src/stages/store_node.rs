@@ -235,8 +235,9 @@ pub(crate) async fn store_on_bucket(
                 }) as crate::nodes::UploadNote<'_>
             };
             let (copy, already) = node.put_new(&ark, version, &rel, &path, &mut note).await?;
-            // Recorded for a large file at once, for small ones every few: a file confirmed
-            // and not yet recorded costs a successor one read-back, not a resend.
+            // Recorded for a large file at once, for small ones every few: a small file
+            // confirmed and not yet recorded costs a successor one conditional PUT (under
+            // RECORD_EACH_FROM bytes, refused by the node as already there) and a read-back.
             let mut p = shared.lock().await;
             p.confirmed.insert(rel.clone());
             if !already {
