@@ -81,12 +81,14 @@ impl Dependency {
 }
 
 /// How waits are bounded (`[dependencies]` in the config).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DepSettings {
     /// The prober's longest pause between two probes (it starts at 1 s and doubles).
     pub probe_max: Duration,
     /// How long a job may wait on one dependency before it fails, naming it.
     pub max_wait: Duration,
+    /// The same for one kind of dependency (`smtp`, `storage-node`, …), where it differs.
+    pub max_wait_by_kind: BTreeMap<String, Duration>,
     /// How long a waiting job is deferred in the tree: when no prober of this process wakes
     /// it first (its process ended), it is looked at again after this long.
     pub recheck: Duration,
@@ -97,8 +99,24 @@ impl Default for DepSettings {
         DepSettings {
             probe_max: Duration::from_secs(5),
             max_wait: Duration::from_secs(72 * 3600),
+            max_wait_by_kind: BTreeMap::new(),
             recheck: Duration::from_secs(60),
         }
+    }
+}
+
+impl DepSettings {
+    /// How long work may wait on `dep`.
+    pub fn max_wait_for(&self, dep: &Dependency) -> Duration {
+        self.max_wait_by_kind
+            .get(&dep.kind)
+            .copied()
+            .unwrap_or(self.max_wait)
+    }
+
+    /// Whether work that began waiting on `dep` at `since_ms` has waited too long at `now_ms`.
+    pub fn waited_too_long(&self, dep: &Dependency, since_ms: u64, now_ms: u64) -> bool {
+        now_ms.saturating_sub(since_ms) > self.max_wait_for(dep).as_millis() as u64
     }
 }
 
@@ -189,7 +207,7 @@ impl Dependencies {
     }
 
     pub fn settings(&self) -> DepSettings {
-        *lock(&self.settings)
+        lock(&self.settings).clone()
     }
 
     pub fn configure(&self, s: DepSettings) {

@@ -152,6 +152,9 @@ pub struct DependencySettings {
     pub max_wait_h: u64,
     /// The same in seconds, for short-lived setups and tests; takes precedence when set.
     pub max_wait_s: Option<u64>,
+    /// `max_wait_h` for one kind of dependency (`storage-node`, `smtp`, `callback`,
+    /// `payload-host`, `inventory`), where it should differ.
+    pub max_wait_h_by_kind: BTreeMap<String, u64>,
     /// A waiting job is looked at again after this long even when no prober wakes it (its
     /// process ended while it waited).
     pub recheck_s: u64,
@@ -163,6 +166,7 @@ impl Default for DependencySettings {
             probe_max_s: 5,
             max_wait_h: 72,
             max_wait_s: None,
+            max_wait_h_by_kind: BTreeMap::new(),
             recheck_s: 60,
         }
     }
@@ -177,10 +181,24 @@ impl DependencySettings {
                 self.max_wait_s
                     .unwrap_or(self.max_wait_h.saturating_mul(3600)),
             ),
+            max_wait_by_kind: self
+                .max_wait_h_by_kind
+                .iter()
+                .map(|(k, h)| (k.clone(), Duration::from_secs(h.saturating_mul(3600))))
+                .collect(),
             recheck: Duration::from_secs(self.recheck_s.max(1)),
         }
     }
 }
+
+/// The kinds of dependency `[dependencies] max_wait_h_by_kind` may name.
+pub const DEPENDENCY_KINDS: [&str; 5] = [
+    "storage-node",
+    "smtp",
+    "callback",
+    "payload-host",
+    "inventory",
+];
 
 /// The scheduled fixity audit: every stored copy read back and compared with the inventory.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -409,6 +427,19 @@ impl Config {
             return Err(ConfigError::Parse {
                 path: p.to_path_buf(),
                 error: format!("{CLEANUP_EVERY_RANGE}, not {}", cfg.cleanup_every_s),
+            });
+        }
+        if let Some(p) = path
+            && let Some(k) = (cfg.dependencies.max_wait_h_by_kind.keys())
+                .find(|k| !DEPENDENCY_KINDS.contains(&k.as_str()))
+        {
+            return Err(ConfigError::Parse {
+                path: p.to_path_buf(),
+                error: format!(
+                    "[dependencies] max_wait_h_by_kind names {k:?}, which is not a kind of \
+                     dependency (one of: {})",
+                    DEPENDENCY_KINDS.join(", ")
+                ),
             });
         }
         if let Some(p) = path
@@ -815,6 +846,43 @@ mod tests {
         .unwrap();
         let e = Profile::load(dir.path(), "bad").unwrap_err().to_string();
         assert!(e.contains("colour"), "{e}");
+    }
+
+    #[test]
+    fn a_wait_limit_per_kind_of_dependency_is_taken_and_an_unknown_kind_is_named() {
+        use lading_engine::deps::Dependency;
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("lading.toml");
+        std::fs::write(
+            &f,
+            "[dependencies]\nmax_wait_h = 72\nmax_wait_h_by_kind = { smtp = 240, \"storage-node\" = 24 }\n",
+        )
+        .unwrap();
+        let s = Config::load(Some(&f)).unwrap().dependencies.settings();
+        let dep = |kind: &str| Dependency {
+            kind: kind.into(),
+            name: "x".into(),
+            address: String::new(),
+        };
+        let h = |n: u64| Duration::from_secs(n * 3600);
+        assert_eq!(s.max_wait_for(&dep("smtp")), h(240));
+        assert_eq!(s.max_wait_for(&dep("storage-node")), h(24));
+        assert_eq!(
+            s.max_wait_for(&dep("callback")),
+            h(72),
+            "the default elsewhere"
+        );
+        let since = 1_000;
+        let at = |hours: u64| since + hours * 3_600_000;
+        assert!(!s.waited_too_long(&dep("storage-node"), since, at(24)));
+        assert!(s.waited_too_long(&dep("storage-node"), since, at(24) + 1));
+        assert!(!s.waited_too_long(&dep("smtp"), since, at(100)));
+        std::fs::write(&f, "[dependencies]\nmax_wait_h_by_kind = { smpt = 1 }\n").unwrap();
+        let e = Config::load(Some(&f)).unwrap_err().to_string();
+        assert!(
+            e.contains("\"smpt\"") && e.contains("storage-node, smtp"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -31,13 +31,7 @@ pub enum FetchError {
 
 /// A payload host as a dependency (`payload-host HOST[:PORT]`).
 pub fn payload_host(url: &str) -> lading_engine::deps::Dependency {
-    let host = reqwest::Url::parse(url)
-        .ok()
-        .and_then(|u| {
-            u.host_str()
-                .map(|h| u.port().map_or(h.to_string(), |p| format!("{h}:{p}")))
-        })
-        .unwrap_or_else(|| "unknown".into());
+    let host = crate::weather::host_of(url);
     lading_engine::deps::Dependency::new("payload-host", host.clone(), host)
 }
 

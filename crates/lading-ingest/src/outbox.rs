@@ -142,8 +142,8 @@ async fn deliver(ingest: &Ingest, claim: OutboxClaim) {
             }
             let settings = ingest.engine.deps().settings();
             let why = format!("waiting: {} unavailable: {cause}", dependency.label());
-            if now.saturating_sub(since) > settings.max_wait.as_millis() as u64 {
-                let why = lading_worker::deps::gave_up(&dependency, &cause, since, settings);
+            if settings.waited_too_long(&dependency, since, now) {
+                let why = lading_worker::deps::gave_up(&dependency, &cause, since, &settings);
                 tracing::error!(%kind, %key, error = %why, "delivery given up");
                 ingest.engine.effect_failed(claim, &why, None).await
             } else {
@@ -280,16 +280,9 @@ pub fn callback_unsent(url: &str, err: impl std::fmt::Display) -> Failure {
 
 /// A callback receiver's host as a dependency.
 pub fn callback_dependency(url: &str) -> lading_engine::deps::Dependency {
-    let host = reqwest::Url::parse(url)
-        .ok()
-        .and_then(|u| {
-            u.host_str()
-                .map(|h| u.port().map_or(h.to_string(), |p| format!("{h}:{p}")))
-        })
-        .unwrap_or_else(|| "unknown".into());
     lading_engine::deps::Dependency::new(
         "callback",
-        host,
+        crate::weather::host_of(url),
         lading_core::text::without_passwords(url).into_owned(),
     )
 }

@@ -1026,8 +1026,8 @@ fn weather_ingest(w: &World, nodes: Vec<NodeSettings>) -> Arc<Ingest> {
         dependencies: lading_ingest::config::DependencySettings {
             probe_max_s: 1,
             max_wait_h: 72,
-            max_wait_s: None,
             recheck_s: 600,
+            ..Default::default()
         },
         ..w.cfg.clone()
     };

@@ -41,12 +41,17 @@ fn clock_time(ms: u64) -> String {
 }
 
 /// The message of a job that gave up waiting.
-pub fn gave_up(dep: &Dependency, cause: &str, since_ms: u64, s: DepSettings) -> String {
+pub fn gave_up(dep: &Dependency, cause: &str, since_ms: u64, s: &DepSettings) -> String {
+    let key = if s.max_wait_by_kind.contains_key(&dep.kind) {
+        format!("dependencies.max_wait_h_by_kind.{}", dep.kind)
+    } else {
+        "dependencies.max_wait_h".to_string()
+    };
     format!(
-        "{} unavailable since {}, longer than a job may wait ({} h, dependencies.max_wait_h): {cause}",
+        "{} unavailable since {}, longer than a job may wait ({} h, {key}): {cause}",
         dep.label(),
         clock_time(since_ms),
-        s.max_wait.as_secs_f64() / 3600.0
+        s.max_wait_for(dep).as_secs_f64() / 3600.0
     )
 }
 
@@ -57,8 +62,8 @@ pub fn over_limit(engine: &Engine, lease: &JobLease, o: &Outcome, now_ms: u64) -
     };
     let since = field_u64(&lease.status, WAIT_SINCE_FIELD)?;
     let s = engine.deps().settings();
-    (now_ms.saturating_sub(since) > s.max_wait.as_millis() as u64)
-        .then(|| gave_up(dependency, cause, since, s))
+    s.waited_too_long(dependency, since, now_ms)
+        .then(|| gave_up(dependency, cause, since, &s))
 }
 
 /// Records that the leased job waits on `dep`: marks `dep` down (starting its prober when

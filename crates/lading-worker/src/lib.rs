@@ -993,7 +993,7 @@ impl BatchLoop {
                         deps::spawn_prober(self.engine.clone(), dependency.clone());
                     }
                     let settings = self.engine.deps().settings();
-                    if now.saturating_sub(since) > settings.max_wait.as_millis() as u64 {
+                    if settings.waited_too_long(&dependency, since, now) {
                         let mut lease = ctx.lease.write().await;
                         lease.effects.clear();
                         lease.report = None;
@@ -1002,7 +1002,7 @@ impl BatchLoop {
                             &dependency,
                             &cause,
                             since,
-                            settings,
+                            &settings,
                         )));
                     }
                     tracing::info!(batch = %bid, dependency = %dependency.label(), %cause,
