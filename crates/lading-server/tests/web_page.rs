@@ -402,6 +402,19 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
     std::fs::write(work.join("producer/scan.tif"), b"0123456789").unwrap();
     let log: String = (1..=60).map(|i| format!("download line {i}\n")).collect();
     std::fs::write(work.join("job.log"), log).unwrap();
+    // A storage node this process found down (as a refused connection marks it), and the
+    // SMTP server it found up.
+    let deps = s.ingest.engine.deps();
+    let now = s.ingest.engine.clock().now_ms();
+    deps.register(
+        lading_engine::deps::Dependency::new("smtp", "smtp", "127.0.0.1:25"),
+        None,
+    );
+    deps.down(
+        &lading_engine::deps::Dependency::new("storage-node", "9501", "http://127.0.0.1:1"),
+        "connection refused",
+        now,
+    );
     // A storage lock a crashed Merritt process left (persistent, so nobody's session ends it).
     s.jobs
         .tree()
@@ -506,6 +519,11 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         // The copies as the fixity checker last found them: one bad.
         assert_eq!(br.eval(&sn, "document.querySelector('#fixity [data-fixity]').dataset.fixity"), json!("bad"));
         assert_eq!(br.eval(&sn, "document.getElementById('fixity').textContent.startsWith('2 copies, 1 bad, 0 missing')"), json!(true));
+        // Each dependency, the one down first, in red, with since when and why.
+        br.wait_for(&sn, "document.querySelector('#deps tr')?.dataset.dep === 'storage-node/9501'");
+        assert_eq!(br.eval(&sn, "document.querySelector('[data-dep=\"storage-node/9501\"] [data-dep-state]').textContent.includes('down since') && document.querySelector('[data-dep=\"storage-node/9501\"]').textContent.includes('connection refused')"), json!(true));
+        assert_eq!(br.eval(&sn, "document.querySelector('[data-dep=\"smtp/smtp\"] [data-dep-state]').textContent"), json!("up"));
+        assert_eq!(br.eval(&sn, "getComputedStyle(document.querySelector('[data-dep=\"smtp/smtp\"] td')).color === getComputedStyle(document.querySelector('[data-dep=\"storage-node/9501\"] td')).color"), json!(false));
         br.shot(&sn, &dir, "2-overview");
         // The lock the crashed tool left is cleared by a click.
         br.click(&sn, "#foreign-locks button[data-action=clear-lock]");
