@@ -76,6 +76,8 @@ pub trait Bucket: Send + Sync + std::fmt::Debug {
 #[derive(Debug)]
 pub struct S3 {
     pub store: AmazonS3,
+    /// The same bucket through a client that does not retry: a probe is one request.
+    pub probing: AmazonS3,
     /// The bucket's URL, path-style (`ENDPOINT/BUCKET`), for the requests the client
     /// library lacks (a conditional completion, the listing of open uploads).
     pub url: String,
@@ -85,7 +87,7 @@ pub struct S3 {
 impl Bucket for S3 {
     fn probe<'a>(&'a self, prefix: &'a Key) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            self.store
+            self.probing
                 .list_with_delimiter(Some(prefix))
                 .await
                 .map(|_| ())

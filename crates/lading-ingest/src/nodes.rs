@@ -180,11 +180,20 @@ impl Node {
                         .with_allow_http(ep.starts_with("http://"))
                         .with_virtual_hosted_style_request(false);
                 }
+                // A probe is one request: the same client without its retries.
+                let probing = (b.clone())
+                    .with_retry(object_store::RetryConfig {
+                        max_retries: 0,
+                        ..Default::default()
+                    })
+                    .build()
+                    .map_err(|e| named(e.to_string()))?;
                 let store = b.build().map_err(|e| named(e.to_string()))?;
                 address = base.clone();
                 Place::Bucket {
                     store: Arc::new(crate::bucket::S3 {
                         store,
+                        probing,
                         url: format!("{base}/{bucket}"),
                         region,
                     }),

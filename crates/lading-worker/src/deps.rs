@@ -66,6 +66,17 @@ pub fn over_limit(engine: &Engine, lease: &JobLease, o: &Outcome, now_ms: u64) -
         .then(|| gave_up(dependency, cause, since, &s))
 }
 
+/// When a job that waits on a dependency is looked at again if no prober wakes it first (the
+/// process that deferred it ended): after `recheck`, and, the longer it has waited, after up
+/// to sixteen times that (as long as it has waited so far), so a long outage costs the store a
+/// few writes per job per hour, not one a minute. A prober of a live process wakes it at once
+/// when the dependency is back, however long the deferral.
+pub fn recheck_at(s: &DepSettings, status: &JobStatus, now_ms: u64) -> u64 {
+    let recheck = s.recheck.as_millis() as u64;
+    let waited = field_u64(status, WAIT_SINCE_FIELD).map_or(0, |since| now_ms.saturating_sub(since));
+    now_ms + waited.clamp(recheck, recheck.saturating_mul(16))
+}
+
 /// Records that the leased job waits on `dep`: marks `dep` down (starting its prober when
 /// none runs here), keeps the job among its waiters, and writes the wait into the status the
 /// deferral will commit. Returns the job's message.

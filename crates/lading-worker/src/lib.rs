@@ -731,7 +731,7 @@ impl JobLoop {
         let r = match &outcome {
             Outcome::Unavailable { dependency, cause } => {
                 let msg = deps::start_wait(&self.engine, &mut lease, dependency, cause, now);
-                let at = now + self.engine.deps().settings().recheck.as_millis() as u64;
+                let at = deps::recheck_at(&self.engine.deps().settings(), &lease.status, now);
                 self.engine
                     .job_defer(lease, at, attempts, Some(msg))
                     .await
