@@ -409,6 +409,9 @@ struct Sim {
 struct Buckets {
     nodes: [Arc<lading_ingest::bucket::Memory>; 2],
     faults: Arc<std::sync::atomic::AtomicBool>,
+    /// Until when (simulated ms) each node is down: every request refused, as a stopped
+    /// server refuses connections.
+    outage: Arc<[std::sync::atomic::AtomicU64; 2]>,
 }
 
 impl Buckets {
@@ -417,10 +420,16 @@ impl Buckets {
     fn new(seed: u64, faults: bool, world: &Arc<World>, clock: Arc<SimClock>) -> Buckets {
         use lading_ingest::bucket::{Fault, Memory};
         let on = Arc::new(std::sync::atomic::AtomicBool::new(faults));
+        let outage: Arc<[std::sync::atomic::AtomicU64; 2]> = Arc::new(Default::default());
         let dice = Seeded::new(seed ^ 0x6275_636b);
         let node = |n: u32| {
             let (on, dice, world) = (on.clone(), dice.clone(), world.clone());
+            let (outage, now) = (outage.clone(), clock.clone());
             let faults = Arc::new(move |op: &str, key: &str| {
+                let until = outage[n as usize - 1].load(std::sync::atomic::Ordering::Relaxed);
+                if now.now_ms() < until {
+                    return Fault::Refused;
+                }
                 if !on.load(std::sync::atomic::Ordering::Relaxed) {
                     return Fault::None;
                 }
@@ -442,6 +451,7 @@ impl Buckets {
         Buckets {
             nodes: [node(1), node(2)],
             faults: on,
+            outage,
         }
     }
 
@@ -1504,7 +1514,7 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
                 continue;
             }
             let k = rng.below(opts.nodes);
-            match rng.below(10) {
+            match rng.below(11) {
                 0 => {
                     if let Some(p) = procs[k].take() {
                         p.tree.kill();
@@ -1594,6 +1604,16 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
                         }
                     }
                 }
+                10 => {
+                    // A storage node goes down for a while (up to 20 s), and comes back by
+                    // itself: work on it waits, using no attempt, and resumes.
+                    let n = rng.below(2);
+                    let until = clock.now_ms() + 1_000 + rng.below(19_000) as u64;
+                    sim.buckets.outage[n].store(until, std::sync::atomic::Ordering::Relaxed);
+                    world
+                        .lock()
+                        .trace(format!("node {} down until {until}", n + 1));
+                }
                 9 => {
                     if let Some(r) = ask_access(&rng, &admin_engine, &admin_ingest, &bids).await {
                         world
@@ -1619,6 +1639,9 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
     sim.buckets
         .faults
         .store(false, std::sync::atomic::Ordering::Relaxed);
+    for n in sim.buckets.outage.iter() {
+        n.store(0, std::sync::atomic::Ordering::Relaxed);
+    }
     world.lock().trace("faults stop".into());
     for (j, _) in std::mem::take(&mut held) {
         admin(|| admin_engine.release_job(&j)).await;
@@ -1881,6 +1904,7 @@ async fn simulate(seed: u64, opts: &Options) -> Run {
             let mut skip = deleted_from.clone();
             skip.extend(world.lock().purged_from.iter().cloned());
             found.extend(one_job_per_object(&payloads, &admin_engine, &bids, &skip).await);
+            found.extend(no_attempt_spent_on_an_outage(&admin_engine, &bids).await);
             let (bad, checked) = stored_as_given(
                 sim.work.path(),
                 &payloads,
@@ -2391,6 +2415,32 @@ async fn uploads_left_open(buckets: &Buckets, counting: bool) -> (usize, usize, 
 /// in the batches of `deleted_from`: an admin's delete of an ended job removes it, and
 /// cleanup purges a batch's jobs one by one before the batch); after an
 /// intake that gave up partway, a job for some of them, none twice.
+/// A job that failed after using up its attempts on a storage node that was down (refused,
+/// unavailable): an outage must cost time, never attempts (SPEC §11).
+async fn no_attempt_spent_on_an_outage(admin_engine: &Engine, bids: &[BatchId]) -> Vec<String> {
+    let mut found = Vec::new();
+    for b in bids {
+        let Some(info) = admin(|| admin_engine.batch(b)).await else {
+            continue;
+        };
+        for j in info.jobs.get("batch-failed").into_iter().flatten() {
+            let Some(job) = admin(|| admin_engine.job(j)).await else {
+                continue;
+            };
+            let msg = job.status.message.unwrap_or_default();
+            // The store's own lost connections are the tree's faults, not a node's outage.
+            let outage = msg.contains("storage node")
+                && ["unavailable", "refused", "connection"]
+                    .iter()
+                    .any(|w| msg.contains(w));
+            if msg.contains("gave up after") && outage {
+                found.push(format!("job {j}: an outage used up its attempts: {msg}"));
+            }
+        }
+    }
+    found
+}
+
 async fn one_job_per_object(
     payloads: &Payloads,
     admin_engine: &Engine,

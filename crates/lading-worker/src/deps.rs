@@ -73,7 +73,8 @@ pub fn over_limit(engine: &Engine, lease: &JobLease, o: &Outcome, now_ms: u64) -
 /// when the dependency is back, however long the deferral.
 pub fn recheck_at(s: &DepSettings, status: &JobStatus, now_ms: u64) -> u64 {
     let recheck = s.recheck.as_millis() as u64;
-    let waited = field_u64(status, WAIT_SINCE_FIELD).map_or(0, |since| now_ms.saturating_sub(since));
+    let waited =
+        field_u64(status, WAIT_SINCE_FIELD).map_or(0, |since| now_ms.saturating_sub(since));
     now_ms + waited.clamp(recheck, recheck.saturating_mul(16))
 }
 
