@@ -134,6 +134,18 @@ pub fn object_store_refused(e: &object_store::Error) -> Option<String> {
     })
 }
 
+/// `HOST[:PORT]` of `url`, which names the dependency a payload or callback URL reaches
+/// (`unknown` for a URL without a host).
+pub fn host_of(url: &str) -> String {
+    reqwest::Url::parse(url)
+        .ok()
+        .and_then(|u| {
+            u.host_str()
+                .map(|h| u.port().map_or(h.to_string(), |p| format!("{h}:{p}")))
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,16 +183,4 @@ mod tests {
         let e = g("PUT k: 503 Service Unavailable (the simulated node)");
         assert_eq!(object_store_cause(&e), None);
     }
-}
-
-/// `HOST[:PORT]` of `url`, which names the dependency a payload or callback URL reaches
-/// (`unknown` for a URL without a host).
-pub fn host_of(url: &str) -> String {
-    reqwest::Url::parse(url)
-        .ok()
-        .and_then(|u| {
-            u.host_str()
-                .map(|h| u.port().map_or(h.to_string(), |p| format!("{h}:{p}")))
-        })
-        .unwrap_or_else(|| "unknown".into())
 }
