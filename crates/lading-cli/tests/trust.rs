@@ -268,9 +268,11 @@ async fn stalled_requests_with_huge_forms_are_refused_as_they_arrive_and_hold_li
     let held = attack(16, 1 << 20);
     let grew_kib = rss().saturating_sub(before);
     // A request holds at most its 64 KiB of fields, the connection's 64 KiB read buffer and
-    // the parser's paced buffer (docs/SECURITY.md): sixteen of them under 8 MiB together
-    // (the round that found this measured 17-20 MiB for each one; now about 2 MiB for all).
-    assert!(grew_kib < 8 << 10, "the server grew by {grew_kib} KiB");
+    // the parser's paced buffer (docs/SECURITY.md). Measured alone, sixteen of them grow the
+    // server by about 2 MiB together; on a loaded machine the allocator keeps more (18 MiB
+    // was seen), so the bound is 3 MiB each, still far below the 17-20 MiB *each* that the
+    // round that found this measured.
+    assert!(grew_kib < 48 << 10, "the server grew by {grew_kib} KiB");
     drop(held);
     assert!(uploaded(&s).is_empty());
     assert!(s.batches().await.is_empty());

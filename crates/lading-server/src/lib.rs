@@ -92,7 +92,9 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/objects/download", get(download::object_download))
         .route(
             "/api/v1/batches/upload",
-            axum::routing::post(upload::upload).layer(axum::extract::DefaultBodyLimit::disable()),
+            axum::routing::post(upload::upload)
+                .layer(axum::extract::DefaultBodyLimit::disable())
+                .layer(axum::middleware::map_response(upload::close_after_refusal)),
         )
         .merge(batches::routes())
         .merge(generic::routes())

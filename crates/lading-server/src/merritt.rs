@@ -37,6 +37,9 @@ pub fn routes() -> axum::Router<AppState> {
         .route("/poster/state", get(state))
         .route("/poster/help", get(help))
         .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(axum::middleware::map_response(
+            crate::upload::close_after_refusal,
+        ))
 }
 
 /// Whether `path` is one of Merritt's submission routes, which take an upload as long as it

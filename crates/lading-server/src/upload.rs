@@ -216,6 +216,19 @@ async fn unless_stalled<T>(
     })
 }
 
+/// An upload refused (often before its body was read whole) closes its connection and says
+/// so (`Connection: close`): a client must not send its next request on a connection whose
+/// last body the server did not read.
+pub(crate) async fn close_after_refusal(mut r: Response) -> Response {
+    if r.status().is_client_error() || r.status().is_server_error() {
+        r.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+    }
+    r
+}
+
 /// Removes a refused upload's folder.
 pub(crate) struct Scrap(pub(crate) Option<PathBuf>);
 
