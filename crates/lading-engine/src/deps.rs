@@ -33,6 +33,15 @@ pub const WAITS_FIELD: &str = "waits";
 /// Status field: the total time (ms) the job has waited on dependencies, ended waits only.
 pub const WAITED_MS_FIELD: &str = "waited_ms";
 
+/// The kinds of dependency.
+pub const KINDS: [&str; 5] = [
+    "storage-node",
+    "smtp",
+    "callback",
+    "payload-host",
+    "inventory",
+];
+
 /// An outside service, named as a person reads it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Dependency {
@@ -51,6 +60,19 @@ impl Dependency {
             name: name.into(),
             address: address.into(),
         }
+    }
+
+    /// The dependency a key names, as far as the key tells (no address): for a job found
+    /// waiting on it.
+    pub fn from_key(key: &str) -> Dependency {
+        KINDS
+            .iter()
+            .find_map(|k| {
+                key.strip_prefix(k)
+                    .and_then(|r| r.strip_prefix('-'))
+                    .map(|name| Dependency::new(k, name, ""))
+            })
+            .unwrap_or_else(|| Dependency::new("", key, ""))
     }
 
     /// Its key: `KIND-NAME`, with only characters a tree node name takes.
@@ -249,6 +271,40 @@ impl Dependencies {
         (since, start)
     }
 
+    /// Takes on `w`, found waiting on `key` since `since_ms` and deferred by a process that
+    /// no longer watches over it (it ended, or another process found it first): it waits
+    /// here, and `key` counts as down here until this process's prober says it answers
+    /// (a second at most when it does), so the job resumes when the dependency is back
+    /// rather than when its deferral runs out. Returns the dependency when its prober must
+    /// be handed to the prober service; nothing is taken on when no service runs (the
+    /// deferral then decides).
+    pub fn adopt(&self, key: &str, w: Waiter, since_ms: u64) -> Option<Dependency> {
+        if lock(&self.probers).is_none() {
+            return None;
+        }
+        let mut entries = lock(&self.entries);
+        let e = entries.entry(key.to_string()).or_default();
+        if e.waiting.contains_key(&w.job) {
+            return None;
+        }
+        e.waiting.insert(w.job.clone(), w);
+        let dep = e
+            .dep
+            .get_or_insert_with(|| Dependency::from_key(key))
+            .clone();
+        if e.down_since_ms.is_none() {
+            e.down_since_ms = Some(since_ms);
+            e.cause = "another process found it unavailable; checking".into();
+        }
+        if e.probing {
+            return None;
+        }
+        e.probing = true;
+        drop(entries);
+        self.changed.notify_waiters();
+        Some(dep)
+    }
+
     /// Records `w` as waiting on `key` (removed from any other).
     pub fn wait(&self, key: &str, w: Waiter) {
         let mut entries = lock(&self.entries);
@@ -368,6 +424,33 @@ impl Engine {
     /// The process's dependencies and their health.
     pub fn deps(&self) -> &Dependencies {
         &self.deps
+    }
+
+    /// Takes on the leased job when it waits on a dependency (see [`Dependencies::adopt`]),
+    /// starting the dependency's prober here.
+    pub(crate) fn adopt_waiter(&self, lease: &crate::JobLease) {
+        let extra = &lease.status.extra;
+        let Some(key) = extra
+            .get(WAITING_ON_FIELD)
+            .and_then(serde_json::Value::as_str)
+        else {
+            return;
+        };
+        let since = extra
+            .get(WAIT_SINCE_FIELD)
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or_else(|| self.clock.now_ms());
+        let w = Waiter {
+            priority: lease.priority,
+            job: lease.job.clone(),
+            state: lease.state(),
+        };
+        if let Some(dep) = self.deps.adopt(key, w, since)
+            && !self.deps.hand_prober(&dep)
+        {
+            // The service ended meanwhile: the next failure starts a prober again.
+            self.deps.probers_ended();
+        }
     }
 
     fn published_path(&self, key: &str) -> String {
@@ -550,5 +633,41 @@ mod tests {
         assert_eq!(pauses, [1, 2, 4, 5, 5]);
         d.up(&node.key());
         assert_eq!(d.next_pause(&node.key()).as_secs(), 1);
+    }
+
+    #[test]
+    fn a_job_found_waiting_by_a_process_that_did_not_defer_it_is_taken_on_with_one_prober() {
+        let d = Dependencies::default();
+        let w = |j: &str| Waiter {
+            priority: 5,
+            job: jid(j),
+            state: JobState::Storing,
+        };
+        // No prober service: the deferral decides, nothing is taken on.
+        assert_eq!(d.adopt("storage-node-1", w("jid0000000001"), 500), None);
+        assert!(!d.is_down("storage-node-1"));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        d.set_probers(Some(tx));
+        let dep = d.adopt("storage-node-1", w("jid0000000001"), 500).unwrap();
+        assert_eq!(
+            (dep.kind.as_str(), dep.name.as_str()),
+            ("storage-node", "1")
+        );
+        assert_eq!(dep.key(), "storage-node-1");
+        assert!(
+            d.is_down("storage-node-1"),
+            "until this process's prober says otherwise"
+        );
+        assert!(d.still_down_for(&jid("jid0000000001")).is_some());
+        // The same job again, or a second one: the prober is already started.
+        assert_eq!(d.adopt("storage-node-1", w("jid0000000001"), 500), None);
+        assert_eq!(d.adopt("storage-node-1", w("jid0000000002"), 700), None);
+        let back = d.up("storage-node-1");
+        assert_eq!(back.len(), 2, "both resume when it answers");
+        assert!(rx.try_recv().is_err(), "adopt hands nothing itself");
+        // A key of a host name with a dash keeps its whole name.
+        let dep = Dependency::from_key("payload-host-files.example.org_8080");
+        assert_eq!(dep.kind, "payload-host");
+        assert_eq!(dep.name, "files.example.org_8080");
     }
 }

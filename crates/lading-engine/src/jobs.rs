@@ -335,6 +335,7 @@ impl Engine {
             // Deferred by a worker after a transient error: not due yet.
             self.contention
                 .mark_deferred(folder, name, at, self.clock.now_ms());
+            self.adopt_waiter(&lease);
             self.release_job_lease(lease).await?;
             return Ok(None);
         }

@@ -31,6 +31,9 @@ pub type UploadPage = (Vec<OpenUpload>, Option<(String, String)>);
 pub struct ListFailure {
     pub what: String,
     pub fatal: bool,
+    /// Why the node is unavailable, plainly, when the failure says so (SPEC §11): the
+    /// caller waits for the node instead of spending an attempt.
+    pub down: Option<String>,
 }
 
 /// The requests a bucket node makes.
@@ -245,7 +248,11 @@ impl S3 {
         prefix: &str,
         marker: Option<(String, String)>,
     ) -> std::result::Result<UploadPage, ListFailure> {
-        let failed = |what: String| ListFailure { what, fatal: false };
+        let failed = |what: String| ListFailure {
+            what,
+            fatal: false,
+            down: None,
+        };
         let cred = self
             .store
             .credentials()
@@ -275,7 +282,10 @@ impl S3 {
             .headers(req.headers().clone())
             .send()
             .await
-            .map_err(|e| failed(e.to_string()))?;
+            .map_err(|e| ListFailure {
+                down: crate::weather::reqwest_cause(&e),
+                ..failed(e.to_string())
+            })?;
         let status = answer.status();
         let text = read_bounded(answer, MAX_LISTING_BYTES)
             .await
@@ -283,12 +293,14 @@ impl S3 {
         if !status.is_success() {
             let fatal =
                 status.as_u16() == 401 || status.as_u16() == 403 || text.contains("NoSuchBucket");
+            let n = status.as_u16();
             return Err(ListFailure {
                 what: format!(
                     "{status}: {}",
                     xml_text(&text, "Message").unwrap_or_default()
                 ),
                 fatal,
+                down: (n >= 500 || n == 408 || n == 429).then(|| format!("answered {n}")),
             });
         }
         let open = xml_elements(&text, "Upload")
@@ -325,6 +337,9 @@ pub enum Fault {
     AnswerLost,
     /// Answered after this long.
     Slow(Duration),
+    /// Refused at the door: the server is down (its connection refused), an outage rather
+    /// than a request's bad luck.
+    Down,
 }
 
 /// Decides each request's [`Fault`] from its name (`PUT`, `HEAD`, …) and key.
@@ -377,6 +392,13 @@ impl Memory {
         match (self.faults)(name, key) {
             Fault::None => op.await,
             Fault::Refused => unavailable("503 Service Unavailable"),
+            Fault::Down => Err(object_store::Error::Generic {
+                store: "S3",
+                source: Box::new(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionRefused,
+                    format!("{name} {key}: the simulated node is down"),
+                )),
+            }),
             Fault::AnswerLost => {
                 let _ = op.await;
                 unavailable("connection reset after the request was sent")
@@ -513,6 +535,7 @@ impl Bucket for Memory {
                 })
                 .await
                 .map_err(|e| ListFailure {
+                    down: crate::weather::object_store_cause(&e),
                     what: e.to_string(),
                     fatal: false,
                 })?;

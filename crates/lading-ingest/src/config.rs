@@ -192,13 +192,7 @@ impl DependencySettings {
 }
 
 /// The kinds of dependency `[dependencies] max_wait_h_by_kind` may name.
-pub const DEPENDENCY_KINDS: [&str; 5] = [
-    "storage-node",
-    "smtp",
-    "callback",
-    "payload-host",
-    "inventory",
-];
+pub use lading_engine::deps::KINDS as DEPENDENCY_KINDS;
 
 /// The scheduled fixity audit: every stored copy read back and compared with the inventory.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]

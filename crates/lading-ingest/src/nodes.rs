@@ -882,20 +882,29 @@ impl Node {
         Ok((r, want))
     }
 
-    /// Aborts a multipart upload a predecessor left (best effort: an upload that finished
-    /// or was aborted already is not an error).
-    /// False when the node could not be asked (the upload stays recorded).
-    pub async fn abort_upload(&self, ark: &str, version: u32, rel: &str, id: &str) -> bool {
+    /// Aborts a multipart upload a predecessor left (an upload that finished or was aborted
+    /// already is not an error). False when the node answered otherwise (the upload stays
+    /// recorded); an error when the node is unavailable, to be waited for.
+    pub async fn abort_upload(
+        &self,
+        ark: &str,
+        version: u32,
+        rel: &str,
+        id: &str,
+    ) -> Result<bool, NodeError> {
         if let Place::Bucket { store, .. } = &self.place
             && let Ok(key) = self.key(ark, version, rel)
         {
             // Gone only when the server says so: any other failure keeps it recorded.
-            return matches!(
-                store.abort_multipart(&key, id).await,
-                Ok(()) | Err(object_store::Error::NotFound { .. })
-            );
+            return match store.abort_multipart(&key, id).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(true),
+                Err(e) => {
+                    let e = self.fail("aborting an earlier attempt's upload", e);
+                    if e.down.is_some() { Err(e) } else { Ok(false) }
+                }
+            };
         }
-        true
+        Ok(true)
     }
 
     /// Aborts every multipart upload open under version `version` of `ark`, including those
@@ -938,14 +947,25 @@ impl Node {
         let mut aborted = 0;
         let mut marker: Option<(String, String)> = None;
         loop {
-            let (open, next) = store
-                .list_uploads(prefix, marker.take())
-                .await
-                .map_err(|f| NodeError {
-                    what: format!("{}: listing open uploads: {}", self.name(), f.what),
-                    fatal: f.fatal,
-                    down: None,
-                })?;
+            let (open, next) =
+                store
+                    .list_uploads(prefix, marker.take())
+                    .await
+                    .map_err(|f| match f.down {
+                        Some(cause) => NodeError {
+                            what: format!(
+                                "{}: listing open uploads: unavailable: {cause}",
+                                self.name()
+                            ),
+                            fatal: false,
+                            down: Some(cause),
+                        },
+                        None => NodeError {
+                            what: format!("{}: listing open uploads: {}", self.name(), f.what),
+                            fatal: f.fatal,
+                            down: None,
+                        },
+                    })?;
             // Only keys under the prefix (S3 matches it as bytes), and only those picked.
             for u in open.iter().filter(|u| u.key.starts_with(prefix) && pick(u)) {
                 let k = Key::parse(&u.key).map_err(|e| NodeError {

@@ -182,5 +182,17 @@ mod tests {
         // The simulator's own faults are not outages: they stay ordinary retries.
         let e = g("PUT k: 503 Service Unavailable (the simulated node)");
         assert_eq!(object_store_cause(&e), None);
+        // A refused connection under the client's own error is an outage.
+        let e = object_store::Error::Generic {
+            store: "S3",
+            source: Box::new(std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                "LIST-UPLOADS k: down",
+            )),
+        };
+        assert_eq!(
+            object_store_cause(&e).as_deref(),
+            Some("connection refused")
+        );
     }
 }

@@ -428,7 +428,7 @@ impl Buckets {
             let faults = Arc::new(move |op: &str, key: &str| {
                 let until = outage[n as usize - 1].load(std::sync::atomic::Ordering::Relaxed);
                 if now.now_ms() < until {
-                    return Fault::Refused;
+                    return Fault::Down;
                 }
                 if !on.load(std::sync::atomic::Ordering::Relaxed) {
                     return Fault::None;
@@ -762,6 +762,11 @@ impl Sim {
         services.spawn("outbox", Phase::Last, |sd| async move {
             lading_ingest::outbox::run(ingest, sd).await;
             Ok(())
+        });
+        // Probers of the dependencies found down, as in a real node.
+        let e = engine.clone();
+        services.spawn("probers", Phase::Last, |sd| async move {
+            lading_worker::deps::run_probers(e, sd).await
         });
         let g = generic.clone();
         services.spawn("generic-jobs monitor", Phase::First, |sd| async move {
@@ -2428,11 +2433,11 @@ async fn no_attempt_spent_on_an_outage(admin_engine: &Engine, bids: &[BatchId]) 
                 continue;
             };
             let msg = job.status.message.unwrap_or_default();
-            // The store's own lost connections are the tree's faults, not a node's outage.
-            let outage = msg.contains("storage node")
-                && ["unavailable", "refused", "connection"]
-                    .iter()
-                    .any(|w| msg.contains(w));
+            // A node's outage refuses every request at the door ("is down"), which a stage
+            // must classify as unavailable; the nodes' random faults (a 503, a lost answer)
+            // are a request's bad luck and stay ordinary retries.
+            let outage =
+                msg.contains("the simulated node is down") || msg.contains("unavailable: ");
             if msg.contains("gave up after") && outage {
                 found.push(format!("job {j}: an outage used up its attempts: {msg}"));
             }

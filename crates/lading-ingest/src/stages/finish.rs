@@ -32,7 +32,7 @@ pub(crate) async fn record(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Out
                 }
                 Err(e) => {
                     lock.release().await;
-                    return Err(Outcome::Transient(e.what));
+                    return Err(store_node::node_outcome(n, e));
                 }
             }
         }

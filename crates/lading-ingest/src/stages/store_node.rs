@@ -189,7 +189,8 @@ pub(crate) async fn store_on_bucket(
     }
     // Uploads a predecessor left open go first.
     for (rel, id) in std::mem::take(&mut progress.uploads) {
-        if !node.abort_upload(ark, version, &rel, &id).await {
+        let gone = node.abort_upload(ark, version, &rel, &id).await;
+        if !gone.map_err(|e| node_outcome(node, e))? {
             progress.uploads.insert(rel, id);
         }
     }
