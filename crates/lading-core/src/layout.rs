@@ -667,9 +667,23 @@ impl JobConfiguration {
         self.trust.field(&self.extra, key)
     }
 
-    /// The payload type (`file` when not given).
+    /// The payload type: `payload_type`, or `type` as Merritt's ingest service writes it
+    /// (`file`, `container`, `manifest`); `file` when neither is given.
     pub fn payload_type(&self) -> &str {
-        self.payload_type.as_deref().unwrap_or("file")
+        self.payload_type
+            .as_deref()
+            .or_else(|| self.extra.get("type").and_then(Value::as_str))
+            .filter(|t| !t.is_empty())
+            .unwrap_or("file")
+    }
+
+    /// Merritt's package name (on its ingest storage), for a job its ingest service made
+    /// without a payload URL.
+    pub fn merritt_filename(&self) -> Option<&str> {
+        self.extra
+            .get("filename")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
     }
 }
 

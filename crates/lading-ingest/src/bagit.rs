@@ -265,6 +265,90 @@ fn check_name(path: &str) -> Result<(), String> {
         .map_err(|_| format!("{path:?} escapes the bag (absolute, '..', empty parts or NUL)"))
 }
 
+/// One line of a bag's `fetch.txt` (RFC 8493 §2.2.3): a payload file the bag holds by
+/// reference, to be fetched from `url` before the bag is complete.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchLine {
+    pub url: String,
+    /// Its size in bytes, when the line gives one (`-` when not).
+    pub length: Option<u64>,
+    /// Where it goes in the bag: `data/…`.
+    pub path: String,
+}
+
+/// The lines of the `fetch.txt` in `dir` (at most `max_entries`), each naming a payload file
+/// inside the bag once; every bad line is named, with its number.
+pub fn read_fetch(dir: &Path, max_entries: u64) -> Result<Vec<FetchLine>, Vec<String>> {
+    let text = read_text(&dir.join("fetch.txt"), MAX_TAG_FILE)
+        .map_err(|e| vec![format!("fetch.txt: {e}")])?;
+    let mut out: Vec<FetchLine> = Vec::new();
+    let mut problems = Vec::new();
+    let mut seen = BTreeSet::new();
+    for (i, line) in text.lines().enumerate() {
+        let n = i + 1;
+        if line.trim().is_empty() {
+            continue;
+        }
+        if out.len() as u64 >= max_entries {
+            problems.push(format!(
+                "fetch.txt lists more than {max_entries} files (payload.max_unpacked_entries)"
+            ));
+            break;
+        }
+        let ws = |c: char| c == ' ' || c == '\t';
+        let mut rest = line.trim_start_matches(ws);
+        let mut field = || {
+            let (f, r) = rest.split_once(ws).unwrap_or((rest, ""));
+            rest = r.trim_start_matches(ws);
+            f
+        };
+        let (url, length) = (field(), field());
+        let path = decode_path(rest.trim_end_matches('\r'));
+        if url.is_empty() || length.is_empty() || path.is_empty() {
+            problems.push(format!(
+                "fetch.txt line {n}: not URL LENGTH FILENAME: {line:?}"
+            ));
+            continue;
+        }
+        let length = match length {
+            "-" => None,
+            l => match l.parse::<u64>() {
+                Ok(v) => Some(v),
+                Err(_) => {
+                    problems.push(format!(
+                        "fetch.txt line {n}: the length {l:?} is neither a number nor -"
+                    ));
+                    continue;
+                }
+            },
+        };
+        if let Err(why) = check_name(&path) {
+            problems.push(format!("fetch.txt line {n}: {why}"));
+            continue;
+        }
+        if !path.starts_with("data/") {
+            problems.push(format!(
+                "fetch.txt line {n}: {path:?} is not a payload file (under data/)"
+            ));
+            continue;
+        }
+        if !seen.insert(path.clone()) {
+            problems.push(format!("fetch.txt line {n}: {path:?} is listed twice"));
+            continue;
+        }
+        out.push(FetchLine {
+            url: url.to_string(),
+            length,
+            path,
+        });
+    }
+    if problems.is_empty() {
+        Ok(out)
+    } else {
+        Err(problems)
+    }
+}
+
 /// Every file under `dir`, relative and `/`-separated, with its size; anything that is
 /// neither a file nor a folder is a problem.
 fn walk(dir: &Path, problems: &mut Vec<String>) -> std::io::Result<BTreeMap<String, u64>> {
@@ -364,6 +448,39 @@ fn manifests_of(files: &BTreeMap<String, u64>, prefix: &str) -> Vec<(String, Str
         .collect()
 }
 
+/// The profile a bag is held to: the one it names, else the first (APTrust's rule).
+fn pick_profile(named: Option<&str>, profiles: &[Arc<BagProfile>]) -> Arc<BagProfile> {
+    named
+        .and_then(|id| profiles.iter().find(|p| p.identifier == id))
+        .or(profiles.first())
+        .cloned()
+        .unwrap_or_else(|| Arc::new(BagProfile::lading_default()))
+}
+
+/// What the bag in `dir` asks to be fetched, when its profile allows it (`Ok(None)`: no
+/// `fetch.txt`, or one its profile refuses, which [`validate`] names).
+pub fn to_fetch(
+    dir: &Path,
+    profiles: &[Arc<BagProfile>],
+    max_entries: u64,
+) -> Result<Option<Vec<FetchLine>>, Vec<String>> {
+    if !dir.join("fetch.txt").is_file() {
+        return Ok(None);
+    }
+    let info = match read_text(&dir.join("bag-info.txt"), MAX_TAG_FILE) {
+        Ok(t) => parse_tags("bag-info.txt", &t).unwrap_or_default(),
+        Err(_) => Vec::new(),
+    };
+    let named = info
+        .iter()
+        .find(|t| t.name.eq_ignore_ascii_case("BagIt-Profile-Identifier"))
+        .map(|t| t.value.as_str());
+    if !pick_profile(named, profiles).allow_fetch {
+        return Ok(None);
+    }
+    read_fetch(dir, max_entries).map(Some)
+}
+
 /// Validates the bag in `dir` (named `name`, serialized as `mime`) against RFC 8493 and the
 /// profile it names among `profiles` (else the first; none: RFC 8493 alone). `max_entries`
 /// bounds each manifest's lines. Returns the bag, or every problem found, one per line.
@@ -416,14 +533,8 @@ pub fn validate(
             Err(e) => problems.push(format!("bag-info.txt: {e}")),
         }
     }
-    // The profile: the one the bag names, else the first (APTrust's rule).
     let named = find(&tags, "bag-info.txt", "BagIt-Profile-Identifier");
-    let profile = named
-        .as_deref()
-        .and_then(|id| profiles.iter().find(|p| p.identifier == id))
-        .or(profiles.first())
-        .cloned()
-        .unwrap_or_else(|| Arc::new(BagProfile::lading_default()));
+    let profile = pick_profile(named.as_deref(), profiles);
     let shown = if profile.file.is_empty() {
         profile.identifier.clone()
     } else {
@@ -534,12 +645,32 @@ pub fn validate(
         }
     }
     if files.contains_key("fetch.txt") {
-        problems.push(if profile.allow_fetch {
-            "fetch.txt: Lading does not fetch a bag's files from elsewhere; send them in the bag"
-                .to_string()
+        if !profile.allow_fetch {
+            problems.push(format!(
+                "fetch.txt is present but the BagIt profile {shown} does not allow it"
+            ));
         } else {
-            format!("fetch.txt is present but the BagIt profile {shown} does not allow it")
-        });
+            // Fetched before validation (Processing does): each listed file is there now,
+            // of the length listed, and the manifests above checked its digests.
+            match read_fetch(dir, max_entries) {
+                Ok(lines) => {
+                    for l in lines {
+                        match (files.get(&l.path), l.length) {
+                            (None, _) => problems.push(format!(
+                                "fetch.txt lists {}, which is not in the bag (not fetched)",
+                                l.path
+                            )),
+                            (Some(&got), Some(want)) if got != want => problems.push(format!(
+                                "fetch.txt says {} is {want} bytes; the bag's is {got}",
+                                l.path
+                            )),
+                            _ => {}
+                        }
+                    }
+                }
+                Err(p) => problems.extend(p),
+            }
+        }
     }
     // The profile's rules.
     let accepted = if profile.accept_versions.is_empty() {

@@ -305,17 +305,23 @@ fn created(
 }
 
 /// The payload of a submission: its `payload_url`, or, for one made by Merritt's ingest
-/// service, its `filename` (a package on Merritt's ingest storage) under the configured
-/// `merritt_package_root`, never outside it.
+/// service, its `filename` (see [`merritt_package`]).
 fn payload_url(ingest: &Ingest, sub: &BatchSubmission) -> Result<String, Outcome> {
     if let Some(u) = &sub.payload_url {
         return Ok(u.clone());
     }
-    let Some(name) = sub.merritt_filename() else {
-        return Err(Outcome::fatal(
+    match sub.merritt_filename() {
+        Some(name) => merritt_package(ingest, name),
+        None => Err(Outcome::fatal(
             "the submission has no payload_url (nor a Merritt filename)",
-        ));
-    };
+        )),
+    }
+}
+
+/// The URL of Merritt's package `name` (a file on Merritt's ingest storage, as its ingest
+/// service names a batch's or a job's payload) under the configured
+/// `merritt_package_root`, never outside it.
+pub(crate) fn merritt_package(ingest: &Ingest, name: &str) -> Result<String, Outcome> {
     let Some(root) = &ingest.cfg.merritt_package_root else {
         return Err(Outcome::fatal(format!(
             "the submission names a Merritt package ({name:?}) but merritt_package_root is not configured"

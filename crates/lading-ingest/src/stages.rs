@@ -139,15 +139,27 @@ fn trust(job: &JobCtx) -> Result<crate::policy::Trust, Outcome> {
     Ok(crate::policy::Trust::from_fields(|k| config.field(k)))
 }
 
+/// A job's payload URL: its `payload_url`, or the Merritt package its `filename` names (a
+/// job Merritt's ingest service made).
+fn job_payload_url(
+    ingest: &Ingest,
+    config: &lading_core::layout::JobConfiguration,
+) -> Result<String, Outcome> {
+    match (&config.payload_url, config.merritt_filename()) {
+        (Some(u), _) => Ok(u.clone()),
+        (None, Some(name)) => crate::intake::merritt_package(ingest, name),
+        (None, None) => Err(Outcome::fatal(
+            "the job names no file and has no payload_url (nor a Merritt filename)",
+        )),
+    }
+}
+
 /// The files of a job's object: the manifest's rows, or the one file/container.
 /// `fetch_manifest` false means a missing manifest is an error rather than a fetch.
 async fn object_files(ingest: &Ingest, job: &JobCtx) -> Result<Vec<FileEntry>, Outcome> {
     let config = job.config()?;
     if config.payload_type() == "manifest" {
-        let url = config
-            .payload_url
-            .as_deref()
-            .ok_or_else(|| Outcome::fatal("the job has no payload_url"))?;
+        let url = &job_payload_url(ingest, &config)?;
         let saved = job.workdir.join(SYSTEM).join(FETCHED_MANIFEST);
         // The copy is the job's own until an admin requeues it (which counts a retry): then
         // the depositor's manifest is fetched again, so a corrected one is read.
@@ -212,10 +224,7 @@ async fn object_files(ingest: &Ingest, job: &JobCtx) -> Result<Vec<FileEntry>, O
         // A job configuration as Merritt's `Job.createJobConfiguration` writes it: the file
         // (or container) is the payload URL, named by its last segment.
         None => {
-            let url = config
-                .payload_url
-                .as_deref()
-                .ok_or_else(|| Outcome::fatal("the job names no file and has no payload_url"))?;
+            let url = &job_payload_url(ingest, &config)?;
             let name = checkm::url_file_name(url)
                 .ok_or_else(|| Outcome::fatal(format!("no file name in payload URL {url:?}")))?;
             FileEntry {

@@ -572,3 +572,99 @@ async fn a_bag_of_a_known_name_is_its_objects_next_version(w: World) {
         vec!["producer/a.txt", "producer/b.txt", "producer/d.txt"]
     );
 }
+
+/// A BagIt profile (the specification's JSON) that allows `fetch.txt`.
+const FETCHING: &str = "https://example.org/lading-test/fetching.json";
+
+/// A bag holding some payload files by reference (`fetch.txt`, under a profile that allows
+/// it) is completed from their URLs, under the depositor's URL policy, checked against its
+/// manifests as any payload, and stored whole; a bag whose fetched file does not match its
+/// manifest, whose fetch.txt names a file outside the payload, or whose URL the policy
+/// refuses fails once, naming the problem, and stores nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bags_fetch_txt_is_fetched_when_its_profile_allows_it() {
+    let w = World::on(Backend::Sqlite).await;
+    let to = w.cfg.profiles_dir().join("bagit");
+    std::fs::create_dir_all(&to).unwrap();
+    let profile = serde_json::json!({
+        "BagIt-Profile-Info": {
+            "BagIt-Profile-Identifier": FETCHING,
+            "Source-Organization": "Lading tests",
+            "Version": "1.0"
+        },
+        "Allow-Fetch.txt": true,
+        "Manifests-Required": ["md5"],
+        "Accept-Serialization": ["application/tar"],
+        "Accept-BagIt-Version": ["0.97", "1.0"]
+    });
+    std::fs::write(to.join("fetching.json"), profile.to_string()).unwrap();
+    w.profile(
+        "fetching",
+        "collection = \"fetching\"\nbag_profiles = [\"bagit/fetching.json\"]\n",
+    );
+    let big = vec![7u8; 200_000];
+    let (big_url, _) = w.file("elsewhere/big.bin", &big);
+    let (wrong_url, _) = w.file("elsewhere/wrong.bin", b"not what the manifest says");
+    let src = w.dir.path().join("made");
+    // Made whole by bagit.py, then one file taken out and listed in fetch.txt instead.
+    let by_reference = |name: &str, fetch: &str| {
+        let d = make_bag(
+            &src,
+            name,
+            &[("small.txt", b"small"), ("big.bin", &big)],
+            &["--md5", "--bagit-profile-identifier", FETCHING],
+        );
+        std::fs::remove_file(d.join("data/big.bin")).unwrap();
+        std::fs::write(d.join("fetch.txt"), fetch).unwrap();
+        let (url, _) = w.file(&format!("bags/{name}.tar"), &serialize(&d, name, "x.tar"));
+        (url, d)
+    };
+    let (good, _) = by_reference("fetched", &format!("{big_url} 200000 data/big.bin\n"));
+    let (mismatch, _) = by_reference("mismatch", &format!("{wrong_url} - data/big.bin\n"));
+    let (outside, _) = by_reference("outside", &format!("{big_url} - bag-info.txt\n"));
+    let (refused, _) = by_reference("refused", "ftp://example.org/big.bin 200000 data/big.bin\n");
+    let ingest = w.ingest();
+    let ok = w
+        .submit_as(&ingest, "fetching", "depositor", &good, "bag")
+        .await;
+    w.runs_to_completion(&ingest, &ok).await;
+    let j = w.first_job(&ok).await;
+    let s = stored(&w, &j).await.expect("stored");
+    let at = Path::new(&s.path);
+    assert_eq!(std::fs::read(at.join("producer/big.bin")).unwrap(), big);
+    assert_eq!(
+        std::fs::read(at.join("producer/small.txt")).unwrap(),
+        b"small"
+    );
+    assert!(
+        at.join("system/bag/fetch.txt").is_file(),
+        "its tag files kept"
+    );
+    for (url, want) in [
+        (&mismatch, "data/big.bin: md5"),
+        (
+            &outside,
+            "\"bag-info.txt\" is not a payload file (under data/)",
+        ),
+        (&refused, "fetch.txt: "),
+    ] {
+        let b = w
+            .submit_as(&ingest, "fetching", "depositor", url, "bag")
+            .await;
+        let run = w.run_all(&ingest);
+        w.batch_ends(&b).await;
+        run.stop().await;
+        let j = w.first_job(&b).await;
+        let st = w.engine.job(&j).await.unwrap().status;
+        assert_eq!(st.status, JobState::Failed, "{url}: {st:?}");
+        let msg = st.message.clone().unwrap_or_default();
+        assert!(msg.contains(want), "{url}: {want:?} not in {msg:?}");
+        assert!(
+            !msg.contains(&w.dir.path().display().to_string()),
+            "no server path: {msg}"
+        );
+        let failed = st.extra.get("failed_attempts").and_then(|v| v.as_u64());
+        assert!(failed.unwrap_or(1) <= 1, "fatal, once: {st:?}");
+        assert!(stored(&w, &j).await.is_none(), "{url}: nothing stored");
+    }
+}

@@ -1367,6 +1367,7 @@ on_both_backends!(
     a_job_that_changes_hosts_is_fetched_and_processed_again_where_it_goes,
     merritt_ingest_service_submission_keys_run_to_completion,
     merritt_created_jobs_run_to_completed_and_to_failed,
+    a_job_merritts_ingest_service_made_from_a_package_name_is_stored,
     merritt_moving_a_batchs_last_job_is_noticed_by_a_watch,
     a_batch_merritt_starts_while_housekeeping_runs_is_noticed_when_it_finishes,
     a_finished_batch_a_crashed_holder_kept_locked_is_noticed_when_its_session_ends,
@@ -1493,6 +1494,78 @@ async fn merritt_ingest_service_submission_keys_run_to_completion(w: World) {
         "{msg}"
     );
     run.stop().await;
+}
+
+/// A job as Merritt's ingest service (`HandlerSubmit`) configures it names its payload by
+/// the package's `filename` on Merritt's ingest storage and its `type`, with `profile` for
+/// the profile and no URL: it is read from under `merritt_package_root` and stored; one
+/// naming a package outside that folder fails, naming the rule, and stores nothing.
+async fn a_job_merritts_ingest_service_made_from_a_package_name_is_stored(w: World) {
+    let packages = w.dir.path().join("merritt-packages");
+    std::fs::create_dir_all(packages.join("queue")).unwrap();
+    std::fs::write(packages.join("queue/handler.txt"), b"by HandlerSubmit").unwrap();
+    std::fs::write(w.dir.path().join("secret.txt"), b"not a package").unwrap();
+    let mut cfg = w.cfg.clone();
+    cfg.merritt_package_root = Some(packages.clone());
+    let ingest = lading_ingest::Ingest::new(w.engine.clone(), cfg);
+    let tree = w.engine.tree().clone();
+    let bid = merritt::create_batch(
+        &*tree,
+        &serde_json::json!({"batchID": uuid(), "submitter": "merritt-user", "profile": "demo"}),
+    )
+    .await;
+    merritt::acquire_batch(&*tree, &bid).await;
+    let conf = |filename: &str| {
+        serde_json::json!({"profile": "demo", "submitter": "merritt-user",
+                           "filename": filename, "type": "file", "responseForm": "xml"})
+    };
+    let ids = serde_json::json!({"primary_id": "", "local_id": ["handler-local"]});
+    let meta = serde_json::json!({"erc_who": "who", "erc_what": "what", "erc_when": "when"});
+    let ok = merritt::create_job(
+        &*tree,
+        &bid,
+        2,
+        &conf("queue/handler.txt"),
+        &ids,
+        &meta,
+        false,
+    )
+    .await;
+    let outside =
+        merritt::create_job(&*tree, &bid, 2, &conf("../secret.txt"), &ids, &meta, false).await;
+    merritt::unlock_batch(&*tree, &bid).await;
+    let run = w.run_all(&ingest);
+    assert_eq!(
+        w.batch_ends(&bid).await,
+        BatchState::Failed,
+        "one of two failed"
+    );
+    run.stop().await;
+    let info = w.engine.job(&ok).await.unwrap();
+    assert_eq!(info.status.status, JobState::Completed, "{info:?}");
+    let s = stored(&w, &ok).await;
+    assert_eq!(
+        std::fs::read(std::path::Path::new(&s.path).join("producer/handler.txt")).unwrap(),
+        b"by HandlerSubmit"
+    );
+    let failed = w.engine.job(&outside).await.unwrap();
+    assert_eq!(failed.status.status, JobState::Failed);
+    let msg = failed.status.message.unwrap_or_default();
+    assert!(
+        msg.contains("not a file inside merritt_package_root"),
+        "{msg}"
+    );
+    assert!(
+        !msg.contains(&packages.display().to_string()),
+        "no server path: {msg}"
+    );
+    assert!(
+        tree.get(&lading_core::layout::job_node(&outside, "store"))
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing stored"
+    );
 }
 
 fn uuid() -> String {

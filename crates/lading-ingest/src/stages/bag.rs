@@ -21,6 +21,63 @@ const ERC_TAGS: &[(&str, &str)] = &[
     ("Bagging-Date", "erc_when"),
 ];
 
+/// A bag refused: fatally, naming every problem, one per line.
+fn invalid_bag(name: &str, problems: &[String]) -> Outcome {
+    let n = problems.len();
+    Outcome::Fatal(format!(
+        "bag {name} is not valid ({n} problem{}):\n{}",
+        if n == 1 { "" } else { "s" },
+        problems.join("\n")
+    ))
+}
+
+/// Fetches the files the bag in `dir` lists in its `fetch.txt` (its profile allows it) into
+/// the bag, under the depositor's URL policy as every payload URL, at most `room` bytes in
+/// all; files the bag holds already are kept. Validation then checks them against the
+/// bag's manifests as any payload file.
+async fn fetch_into_bag(
+    ingest: &Ingest,
+    job: &JobCtx,
+    dir: &Path,
+    lines: &[crate::bagit::FetchLine],
+    room: u64,
+) -> Result<(), Outcome> {
+    let trust = trust(job)?;
+    let over = || {
+        Outcome::fatal(format!(
+            "the files fetch.txt lists are larger than the {room} bytes left of \
+             payload.max_unpacked_bytes"
+        ))
+    };
+    let mut fetched = 0u64;
+    for l in lines {
+        let dest = dir.join(&l.path);
+        if dest.is_file() {
+            continue;
+        }
+        if l.length.is_some_and(|n| fetched.saturating_add(n) > room) {
+            return Err(over());
+        }
+        let got = ingest
+            .fetcher
+            .download(&l.url, &dest, l.length, None, &trust)
+            .await
+            .map_err(|e| match e {
+                crate::fetch::FetchError::Fatal(m) => Outcome::Fatal(format!("fetch.txt: {m}")),
+                e => fatal_or_transient(e),
+            })?;
+        fetched = fetched.saturating_add(got.size);
+        if fetched > room {
+            return Err(over());
+        }
+        job.log(&format!(
+            "fetched {} for fetch.txt ({} bytes)",
+            l.path, got.size
+        ));
+    }
+    Ok(())
+}
+
 /// Unpacks and validates the job's bag, once (a marker says it was done); returns the
 /// job's metadata when this call wrote it.
 pub(crate) async fn unpack_bag(ingest: &Ingest, job: &JobCtx) -> Result<Option<Value>, Outcome> {
@@ -51,22 +108,45 @@ pub(crate) async fn unpack_bag(ingest: &Ingest, job: &JobCtx) -> Result<Option<V
     let unpacked = wd.join(INTERIM).join("bag");
     let limits = crate::unpack::Limits::from(&ingest.cfg.payload);
     let max_entries = ingest.cfg.payload.max_unpacked_entries;
-    let (c, into, w) = (wd.join(CONTAINER), unpacked.clone(), wd.clone());
+    let (c, into) = (wd.join(CONTAINER), unpacked.clone());
     let bags = profile.bags.clone();
-    let validated = crate::blocking::run(move || -> Result<_, Outcome> {
+    let (b2, fname) = (bags.clone(), file_name.clone());
+    let room = limits.max_bytes;
+    let (unpacked_bytes, dir, name, fetch) = crate::blocking::run(move || -> Result<_, Outcome> {
         let bytes = crate::unpack::unpack_all(&c, &into, &limits)?;
-        let (dir, name) = crate::bagit::bag_folder(&into, &file_name).map_err(Outcome::fatal)?;
+        let (dir, name) = crate::bagit::bag_folder(&into, &fname).map_err(Outcome::fatal)?;
+        let fetch = crate::bagit::to_fetch(&dir, &b2, max_entries);
+        Ok((bytes, dir, name, fetch))
+    })
+    .await
+    .map_err(|e| Outcome::Transient(e.to_string()))??;
+    let fetched = match fetch {
+        Ok(Some(lines)) => {
+            let r = fetch_into_bag(
+                ingest,
+                job,
+                &dir,
+                &lines,
+                room.saturating_sub(unpacked_bytes),
+            );
+            r.await
+        }
+        Ok(None) => Ok(()),
+        Err(problems) => Err(invalid_bag(&name, &problems)),
+    };
+    if let Err(o) = fetched {
+        let u = unpacked.clone();
+        let _ = crate::blocking::run(move || std::fs::remove_dir_all(u)).await;
+        return Err(o);
+    }
+    let (into, w) = (unpacked.clone(), wd.clone());
+    let validated = crate::blocking::run(move || -> Result<_, Outcome> {
         let bag = crate::bagit::validate(&dir, &name, mime, &bags, max_entries);
         let bag = match bag {
             Ok(b) => b,
             Err(problems) => {
                 let _ = std::fs::remove_dir_all(&into);
-                let n = problems.len();
-                return Err(Outcome::Fatal(format!(
-                    "bag {name} is not valid ({n} problem{}):\n{}",
-                    if n == 1 { "" } else { "s" },
-                    problems.join("\n")
-                )));
+                return Err(invalid_bag(&name, &problems));
             }
         };
         // The payload becomes the object's files, the rest the bag's tag files.
@@ -86,11 +166,11 @@ pub(crate) async fn unpack_bag(ingest: &Ingest, job: &JobCtx) -> Result<Option<V
         }
         std::fs::rename(&dir, &tags).map_err(|e| io_err("renaming", &dir, e))?;
         let _ = std::fs::remove_dir_all(&into);
-        Ok((bag, bytes))
+        Ok(bag)
     })
     .await
     .map_err(|e| Outcome::Transient(e.to_string()))??;
-    let (bag, unpacked_bytes) = validated;
+    let bag = validated;
     let tag_name = profile
         .storage_option_tag
         .clone()
