@@ -108,7 +108,7 @@ pub async fn jobs(
             all_done.clone(),
         );
         workers.push(tokio::spawn(async move {
-            let mut lat = Vec::new();
+            let mut lat = Lat::default();
             let opts = AcceptOptions {
                 timeout: Duration::from_millis(200),
                 no_schedule: true,
@@ -129,13 +129,20 @@ pub async fn jobs(
                     continue;
                 }
                 let at = start.elapsed().as_micros() as u64;
+                let mut when = Vec::with_capacity(got.len());
                 for job in &got {
-                    lat.push(at.saturating_sub(added_at(&added, &job.id).await?));
+                    let a = added_at(&added, &job.id).await?;
+                    lat.start.push(at.saturating_sub(a));
+                    when.push(a);
                 }
+                lat.batches.push(got.len() as u64);
                 let outcomes = got.iter().map(|_| Outcome::Success(None)).collect();
                 for r in j.finish_many(&mut got, outcomes).await {
                     r?;
                 }
+                let end = start.elapsed().as_micros() as u64;
+                lat.finish
+                    .extend(when.iter().map(|a| end.saturating_sub(*a)));
                 let m = got.len();
                 if done.fetch_add(m, Ordering::AcqRel) + m == n {
                     all_done.cancel();
@@ -154,12 +161,16 @@ pub async fn jobs(
                     continue;
                 };
                 let at = start.elapsed().as_micros() as u64;
-                lat.push(at.saturating_sub(added_at(&added, &job.id).await?));
+                let a = added_at(&added, &job.id).await?;
+                lat.start.push(at.saturating_sub(a));
+                lat.batches.push(1);
                 match mode {
                     // No wait here: with nothing due, the loop's `accept` waits.
                     JobsMode::Chain => next = j.finish_then_accept(&mut job, None, &now).await?,
                     JobsMode::Separate => j.finish(&mut job, None).await?,
                 }
+                let end = start.elapsed().as_micros() as u64;
+                lat.finish.push(end.saturating_sub(a));
                 if done.fetch_add(1, Ordering::AcqRel) + 1 == n {
                     all_done.cancel();
                 }
@@ -171,9 +182,12 @@ pub async fn jobs(
     for a in adders {
         a.await??;
     }
-    let mut lat_us = Vec::new();
+    let mut lat = Lat::default();
     for w in workers {
-        lat_us.extend(w.await??);
+        let l = w.await??;
+        lat.start.extend(l.start);
+        lat.finish.extend(l.finish);
+        lat.batches.extend(l.batches);
     }
     let elapsed = start.elapsed().as_secs_f64();
     let cores_busy = (cpu_seconds() - cpu0) / elapsed;
@@ -187,10 +201,10 @@ pub async fn jobs(
         .get(&lading_jobs::State::Finished)
         .copied()
         .unwrap_or(0);
-    if finished != n as u64 || lat_us.len() != n {
+    if finished != n as u64 || lat.start.len() != n {
         anyhow::bail!(
             "bench ended with {finished} of {n} jobs finished ({} accepted)",
-            lat_us.len()
+            lat.start.len()
         );
     }
     for s in &sessions {
@@ -200,12 +214,20 @@ pub async fn jobs(
     drop(st);
     scratch.discard().await?;
 
-    lat_us.sort_unstable();
-    let (p50, p99) = (percentile(&lat_us, 0.50), percentile(&lat_us, 0.99));
+    lat.start.sort_unstable();
+    lat.finish.sort_unstable();
+    let start_ms = quantiles(&lat.start);
+    let finish_ms = quantiles(&lat.finish);
+    let (p50, p99) = (percentile(&lat.start, 0.50), percentile(&lat.start, 0.99));
+    let batches = lat.batches.len().max(1) as f64;
+    let batch_mean = lat.batches.iter().sum::<u64>() as f64 / batches;
+    let batch_max = lat.batches.iter().copied().max().unwrap_or(0);
     let jobs_per_s = n as f64 / elapsed;
     let mut figures = json!({
         "mode": format!("{mode:?}").to_lowercase(), "batch": batch, "jobs": n, "workers": k, "inflight": inflight, "producers": producers, "store": url,
         "seconds": elapsed, "jobs_per_s": jobs_per_s, "p50_ms": p50, "p99_ms": p99,
+        "add_to_start_ms": start_ms, "add_to_finish_ms": finish_ms,
+        "batch_mean": batch_mean, "batch_max": batch_max,
         "cores_busy": cores_busy,
     });
     stats.add_json(&mut figures, elapsed);
@@ -225,13 +247,41 @@ pub async fn jobs(
             }
         );
         println!("  jobs/s       {jobs_per_s:.0} (add + accept + finish, {elapsed:.2} s)");
-        println!("  add→accept   p50 {p50:.2} ms, p99 {p99:.2} ms");
+        let line = |q: &serde_json::Map<String, serde_json::Value>| {
+            QUANTILES
+                .iter()
+                .map(|(name, _)| format!("{name} {:.2}", q[*name].as_f64().unwrap_or(0.0)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        println!("  add→start    {} ms", line(&start_ms));
+        println!("  add→finish   {} ms", line(&finish_ms));
+        println!("  batches      mean {batch_mean:.1} jobs, max {batch_max}");
         stats.print(elapsed, n);
         println!(
             "  cpu          {cores_busy:.2} cores busy in this process on average while measured"
         );
     }
     Ok(())
+}
+
+/// One processor's figures: add→start and add→finish of each job (µs), and the size of
+/// each accept.
+#[derive(Default)]
+struct Lat {
+    start: Vec<u64>,
+    finish: Vec<u64>,
+    batches: Vec<u64>,
+}
+
+const QUANTILES: [(&str, f64); 4] = [("p50", 0.50), ("p95", 0.95), ("p99", 0.99), ("p999", 0.999)];
+
+/// p50, p95, p99 and p999 of `sorted` (µs), in ms.
+fn quantiles(sorted: &[u64]) -> serde_json::Map<String, serde_json::Value> {
+    QUANTILES
+        .iter()
+        .map(|(name, p)| (name.to_string(), json!(percentile(sorted, *p))))
+        .collect()
 }
 
 /// When job `id` (`jN`) was added, in µs from the start. The add's commit and the producer's
