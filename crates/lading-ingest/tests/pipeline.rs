@@ -1397,23 +1397,18 @@ async fn merritt_assembly_requests_lading_cannot_assemble_fail_at_once_naming_wh
         stop,
     ));
     let ends = |p: String| {
-        let e = w.engine.clone();
+        let (e, w) = (w.engine.clone(), &w);
         async move {
-            tokio::time::timeout(std::time::Duration::from_secs(60), async {
-                loop {
-                    // The status node itself: a request whose token is garbled cannot be
-                    // read whole through the engine (which names the corrupt node).
-                    let node = e.tree().get(&format!("{p}/status")).await.unwrap().unwrap();
-                    let st: lading_core::layout::AccessStatus =
-                        serde_json::from_slice(&node.data.unwrap()).unwrap();
-                    if st.status != AccessState::Pending && st.status != AccessState::Processing {
-                        return st;
-                    }
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                }
+            w.until(&format!("request {p} to end"), || async {
+                // The status node itself: a request whose token is garbled cannot be read
+                // whole through the engine (which names the corrupt node).
+                let node = e.tree().get(&format!("{p}/status")).await.unwrap().unwrap();
+                let st: lading_core::layout::AccessStatus =
+                    serde_json::from_slice(&node.data.unwrap()).unwrap();
+                (st.status != AccessState::Pending && st.status != AccessState::Processing)
+                    .then_some(st)
             })
             .await
-            .expect("the request ends")
         }
     };
     let st = ends(merritt).await;

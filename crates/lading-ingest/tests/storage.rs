@@ -125,20 +125,17 @@ async fn the_primary_killed_mid_batch_and_started_again_leaves_every_object_comp
     }
     let run = w.run_all(&ingest);
     // Killed once the first object is on its way to the node.
-    tokio::time::timeout(common::WAIT, async {
-        loop {
-            for b in &bids {
-                for j in w.jobs_of(b).await {
-                    if w.engine.job(&j).await.unwrap().status.status == JobState::Storing {
-                        return;
-                    }
+    w.until("a job reaching Storing", || async {
+        for b in &bids {
+            for j in w.jobs_of(b).await {
+                if w.engine.job(&j).await.unwrap().status.status == JobState::Storing {
+                    return Some(());
                 }
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        None
     })
-    .await
-    .expect("a job reaches Storing");
+    .await;
     a.kill();
     // Down longer than the client's own few quick retries: the stage's retries carry it.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -468,24 +465,20 @@ async fn a_batch_is_stored_on_a_primary_and_a_replica_and_fixity_repairs_a_bad_c
         lading_core::layout::AccessQueue::Small,
         stop,
     ));
-    let st = tokio::time::timeout(common::WAIT, async {
-        loop {
+    let st = w
+        .until("the request to end", || async {
             let i = w
                 .engine
                 .access(lading_core::layout::AccessQueue::Small, &qid)
                 .await
                 .unwrap();
-            if matches!(
+            matches!(
                 i.status.status,
                 lading_core::AccessState::Completed | lading_core::AccessState::Failed
-            ) {
-                return i.status;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("the request ends");
+            )
+            .then_some(i.status)
+        })
+        .await;
     handle.stop();
     task.await.unwrap();
     assert_eq!(st.status, lading_core::AccessState::Completed, "{st:?}");
@@ -540,12 +533,11 @@ async fn an_interrupted_store_resumes_without_sending_confirmed_files_again(w: W
     )
     .unwrap();
     let run = w.run_all(&first);
-    let job = loop {
-        if let Some(j) = w.jobs_of(&bid).await.first().cloned() {
-            break j;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let job = w
+        .until("intake to make the job", || async {
+            w.jobs_of(&bid).await.first().cloned()
+        })
+        .await;
     let progress = lading_core::layout::job_node(&job, "store-progress");
     let confirmed: Vec<String> = tokio::time::timeout(common::WAIT, async {
         loop {

@@ -261,19 +261,33 @@ impl World {
 
     /// Waits, on change events, until `batch` is in one of `states`.
     pub async fn batch_reaches(&self, batch: &BatchId, states: &[BatchState]) -> BatchState {
+        let what = format!("batch {batch} reaching {states:?}");
+        self.until(&what, || async {
+            let s = self.engine.batch(batch).await.unwrap().status.status;
+            states.contains(&s).then_some(s)
+        })
+        .await
+    }
+
+    /// Waits until `check` gives a value: looked at again on each change this engine
+    /// commits, and each second for other processes' changes (and missed events); panics
+    /// naming `what` after [`WAIT`].
+    pub async fn until<T, F, Fut>(&self, what: &str, mut check: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Option<T>>,
+    {
         let mut ev = self.engine.subscribe();
         tokio::time::timeout(WAIT, async {
             loop {
-                let s = self.engine.batch(batch).await.unwrap().status.status;
-                if states.contains(&s) {
-                    return s;
+                if let Some(v) = check().await {
+                    return v;
                 }
-                // Other processes' changes (and missed events) are caught by a slow re-read.
                 let _ = tokio::time::timeout(Duration::from_secs(1), ev.recv()).await;
             }
         })
         .await
-        .unwrap_or_else(|_| panic!("batch {batch} never reached {states:?}"))
+        .unwrap_or_else(|_| panic!("waited in vain for {what}"))
     }
 
     /// Waits for `batch` to end; panics unless it ended Completed.
@@ -314,17 +328,10 @@ impl World {
     }
 
     pub async fn job_reaches(&self, job: &JobId, state: JobState) {
-        let mut ev = self.engine.subscribe();
-        tokio::time::timeout(WAIT, async {
-            loop {
-                if self.engine.job(job).await.unwrap().status.status == state {
-                    return;
-                }
-                let _ = tokio::time::timeout(Duration::from_secs(1), ev.recv()).await;
-            }
+        self.until(&format!("job {job} reaching {state}"), || async {
+            (self.engine.job(job).await.unwrap().status.status == state).then_some(())
         })
         .await
-        .unwrap_or_else(|_| panic!("job {job} never reached {state}"))
     }
 
     pub async fn jobs_of(&self, batch: &BatchId) -> Vec<JobId> {
