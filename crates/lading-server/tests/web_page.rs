@@ -608,7 +608,8 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         assert_eq!(br.eval(&sn, "document.getElementById('batch-actions').textContent"), json!("no action applies to a Deleted batch"));
         // The batch whose jobs all failed (Reporting, no reporter runs here): a failed job's
         // page, its delete (confirmed), then retry of the rest.
-        br.open(&sn, &format!("#/batch/{fb}"));
+        // Deep links: a record's address under its list's opens it directly.
+        br.open(&sn, &format!("#/batches/{fb}"));
         br.shows(&sn, "batch", "Reporting");
         br.click(&sn, &format!("a[data-job-link=\"{}\"]", fj[0]));
         br.shows(&sn, "job", "Failed");
@@ -630,7 +631,7 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         br.shows(&sn, "job", "Deleted");
         br.notice(&sn, "delete done");
         // Another failed job requeued from its own page.
-        br.open(&sn, &format!("#/job/{}", fj[3]));
+        br.open(&sn, &format!("#/jobs/{}", fj[3]));
         br.wait_for(&sn, &format!("document.getElementById('job-title').textContent.includes('{}')", fj[3]));
         br.act(&sn, "job", "requeue", "Pending");
         br.click(&sn, "dd[data-field=batch] a");
