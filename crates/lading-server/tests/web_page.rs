@@ -616,6 +616,8 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         assert_eq!(br.buttons(&sn, "#job-actions"), "requeue,delete");
         // Its history: made, taken, failed.
         assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#job-history tr')].map(r => r.dataset.history).join(',')"), json!("Pending,Failed"));
+        // Red only for the failure.
+        assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#job-history tr')].map(r => r.dataset.history + ':' + r.querySelector('td.msg').classList.contains('fail')).join()"), json!("Pending:false,Failed:true"));
         // What it stored (with digests), its working files and its log's last lines.
         br.wait_for(&sn, "!!document.querySelector('#job-stored tr[data-stored-file=\"producer/letter.txt\"]')");
         assert_eq!(br.eval(&sn, "document.querySelector('#job-stored tr[data-stored-file=\"producer/letter.txt\"] td.sha').textContent"),
