@@ -159,7 +159,7 @@ fn job_payload_url(
 async fn object_files(ingest: &Ingest, job: &JobCtx) -> Result<Vec<FileEntry>, Outcome> {
     let config = job.config()?;
     if config.payload_type() == "manifest" {
-        let url = &job_payload_url(ingest, &config)?;
+        let url = &job_payload_url(ingest, config)?;
         let saved = job.workdir.join(SYSTEM).join(FETCHED_MANIFEST);
         // The copy is the job's own until an admin requeues it (which counts a retry): then
         // the depositor's manifest is fetched again, so a corrected one is read.
@@ -224,7 +224,7 @@ async fn object_files(ingest: &Ingest, job: &JobCtx) -> Result<Vec<FileEntry>, O
         // A job configuration as Merritt's `Job.createJobConfiguration` writes it: the file
         // (or container) is the payload URL, named by its last segment.
         None => {
-            let url = &job_payload_url(ingest, &config)?;
+            let url = &job_payload_url(ingest, config)?;
             let name = checkm::url_file_name(url)
                 .ok_or_else(|| Outcome::fatal(format!("no file name in payload URL {url:?}")))?;
             FileEntry {
