@@ -278,8 +278,10 @@ impl Dependencies {
     /// rather than when its deferral runs out. Returns the dependency when its prober must
     /// be handed to the prober service; nothing is taken on when no service runs (the
     /// deferral then decides).
+    /// Only a dependency with a probe of its own here is taken on: for one without (a payload
+    /// host), the waiting jobs are the probe, and taking them on would only retry them sooner.
     pub fn adopt(&self, key: &str, w: Waiter, since_ms: u64) -> Option<Dependency> {
-        if lock(&self.probers).is_none() {
+        if lock(&self.probers).is_none() || !lock(&self.probes).contains_key(key) {
             return None;
         }
         let mut entries = lock(&self.entries);
@@ -648,6 +650,13 @@ mod tests {
         assert!(!d.is_down("storage-node-1"));
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         d.set_probers(Some(tx));
+        // Nor without a probe of its own here (the waiting jobs are its probe).
+        assert_eq!(d.adopt("storage-node-1", w("jid0000000001"), 500), None);
+        let answers: Probe = Arc::new(|| Box::pin(async { Ok(()) }));
+        d.register(
+            Dependency::new("storage-node", "1", "http://n1"),
+            Some(answers),
+        );
         let dep = d.adopt("storage-node-1", w("jid0000000001"), 500).unwrap();
         assert_eq!(
             (dep.kind.as_str(), dep.name.as_str()),
@@ -665,7 +674,7 @@ mod tests {
         let back = d.up("storage-node-1");
         assert_eq!(back.len(), 2, "both resume when it answers");
         assert!(rx.try_recv().is_err(), "adopt hands nothing itself");
-        // A key of a host name with a dash keeps its whole name.
+        // A dependency never registered is named from its key; a host name keeps its dashes.
         let dep = Dependency::from_key("payload-host-files.example.org_8080");
         assert_eq!(dep.kind, "payload-host");
         assert_eq!(dep.name, "files.example.org_8080");

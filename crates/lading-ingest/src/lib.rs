@@ -142,6 +142,12 @@ impl Ingest {
 
     /// The same, with `p` held in memory: [`Ingest::profile`] finds it without reading the
     /// profiles folder.
+    /// Makes the process's dependencies known again, each with its probe: for a caller that
+    /// added storage nodes after building it (the simulator).
+    pub fn register_dependencies(&self) {
+        register_dependencies(&self.engine, &self.cfg, &self.nodes);
+    }
+
     pub fn with_profile(mut self, p: Profile) -> Ingest {
         self.given.insert(p.name.clone(), p);
         self

@@ -649,6 +649,8 @@ impl Sim {
         for n in folder_nodes(self.work.path()) {
             ingest.nodes.insert(n);
         }
+        // Each node with its probe, as a node's ingest registers them.
+        ingest.register_dependencies();
         ingest.inventory = Arc::new(
             lading_ingest::inventory::Inventory::new(ingest.cfg.inventory())
                 .with_clock(Arc::new(Behind(ingest.engine.clock().clone()))),
