@@ -1434,13 +1434,7 @@ async fn merritt_assembly_requests_lading_cannot_assemble_fail_at_once_naming_wh
 /// `Batch.createBatch` writes it: its keys (`profile`, `type`, `filename` on Merritt's ingest
 /// storage, `title`, `creator`, `localID`, `responseForm`) and no `payload_url`.
 async fn merritt_ingest_service_submission_keys_run_to_completion(w: World) {
-    let packages = w.dir.path().join("merritt-packages");
-    std::fs::create_dir_all(packages.join("queue")).unwrap();
-    std::fs::write(packages.join("queue/object.txt"), b"from merritt").unwrap();
-    std::fs::write(w.dir.path().join("secret.txt"), b"not a package").unwrap();
-    let mut cfg = w.cfg.clone();
-    cfg.merritt_package_root = Some(packages.clone());
-    let ingest = lading_ingest::Ingest::new(w.engine.clone(), cfg);
+    let (_, ingest) = with_packages(&w, "object.txt", b"from merritt");
     let tree = w.engine.tree().clone();
     let merritt = |filename: &str| {
         serde_json::json!({
@@ -1496,20 +1490,9 @@ async fn merritt_ingest_service_submission_keys_run_to_completion(w: World) {
 /// the profile and no URL: it is read from under `merritt_package_root` and stored; one
 /// naming a package outside that folder fails, naming the rule, and stores nothing.
 async fn a_job_merritts_ingest_service_made_from_a_package_name_is_stored(w: World) {
-    let packages = w.dir.path().join("merritt-packages");
-    std::fs::create_dir_all(packages.join("queue")).unwrap();
-    std::fs::write(packages.join("queue/handler.txt"), b"by HandlerSubmit").unwrap();
-    std::fs::write(w.dir.path().join("secret.txt"), b"not a package").unwrap();
-    let mut cfg = w.cfg.clone();
-    cfg.merritt_package_root = Some(packages.clone());
-    let ingest = lading_ingest::Ingest::new(w.engine.clone(), cfg);
+    let (packages, ingest) = with_packages(&w, "handler.txt", b"by HandlerSubmit");
     let tree = w.engine.tree().clone();
-    let bid = merritt::create_batch(
-        &*tree,
-        &serde_json::json!({"batchID": uuid(), "submitter": "merritt-user", "profile": "demo"}),
-    )
-    .await;
-    merritt::acquire_batch(&*tree, &bid).await;
+    let bid = merritt_batch(&*tree).await;
     let conf = |filename: &str| {
         serde_json::json!({"profile": "demo", "submitter": "merritt-user",
                            "filename": filename, "type": "file", "responseForm": "xml"})
@@ -1563,6 +1546,33 @@ async fn a_job_merritts_ingest_service_made_from_a_package_name_is_stored(w: Wor
     );
 }
 
+/// A folder of Merritt packages holding `queue/NAME`, a file beside it (outside it), and an
+/// ingest whose `merritt_package_root` is that folder.
+fn with_packages(
+    w: &World,
+    name: &str,
+    bytes: &[u8],
+) -> (std::path::PathBuf, std::sync::Arc<lading_ingest::Ingest>) {
+    let packages = w.dir.path().join("merritt-packages");
+    std::fs::create_dir_all(packages.join("queue")).unwrap();
+    std::fs::write(packages.join("queue").join(name), bytes).unwrap();
+    std::fs::write(w.dir.path().join("secret.txt"), b"not a package").unwrap();
+    let mut cfg = w.cfg.clone();
+    cfg.merritt_package_root = Some(packages.clone());
+    (packages, lading_ingest::Ingest::new(w.engine.clone(), cfg))
+}
+
+/// A batch as Merritt's ingest service makes it and its consumer acquires it.
+async fn merritt_batch(t: &dyn lading_core::tree::Tree) -> lading_core::layout::BatchId {
+    let bid = merritt::create_batch(
+        t,
+        &serde_json::json!({"batchID": uuid(), "submitter": "merritt-user", "profile": "demo"}),
+    )
+    .await;
+    merritt::acquire_batch(t, &bid).await;
+    bid
+}
+
 fn uuid() -> String {
     format!(
         "{:08x}-0000-4000-8000-{:012x}",
@@ -1584,12 +1594,7 @@ async fn merritt_created_jobs_run_to_completed_and_to_failed(w: World) {
     let (good, _) = w.file("m/merritt-file.txt", b"made by merritt");
     let missing = w.server.url("m/missing.txt");
     let tree = w.engine.tree().clone();
-    let bid = merritt::create_batch(
-        &*tree,
-        &serde_json::json!({"batchID": uuid(), "submitter": "merritt-user", "profile": "demo"}),
-    )
-    .await;
-    merritt::acquire_batch(&*tree, &bid).await;
+    let bid = merritt_batch(&*tree).await;
     let conf = |url: &str| {
         serde_json::json!({"profile_name": "demo", "submitter": "merritt-user",
                            "payload_url": url, "payload_type": "file", "response_type": "tsv"})
@@ -1673,12 +1678,7 @@ async fn merritt_moving_a_batchs_last_job_is_noticed_by_a_watch(w: World) {
     let (url, _) = w.file("m/ours.txt", b"lading's");
     let tree = w.engine.tree().clone();
     let other = w.other_session().await;
-    let bid = merritt::create_batch(
-        &*tree,
-        &serde_json::json!({"batchID": uuid(), "submitter": "merritt-user", "profile": "demo"}),
-    )
-    .await;
-    merritt::acquire_batch(&*tree, &bid).await;
+    let bid = merritt_batch(&*tree).await;
     let conf = merritt::file_job(&url);
     let none = serde_json::json!({});
     let ours = merritt::create_job(&*tree, &bid, 5, &conf, &none, &none, false).await;
@@ -1752,12 +1752,7 @@ async fn a_finished_batch_a_crashed_holder_kept_locked_is_noticed_when_its_sessi
     let ingest = w.ingest();
     let run = w.run_stages(&ingest, &["reporting"]);
     let other = w.other_session().await;
-    let bid = merritt::create_batch(
-        &*other,
-        &serde_json::json!({"batchID": uuid(), "submitter": "merritt-user", "profile": "demo"}),
-    )
-    .await;
-    merritt::acquire_batch(&*other, &bid).await;
+    let bid = merritt_batch(&*other).await;
     let conf = merritt::file_job(&url);
     let none = serde_json::json!({});
     let theirs = merritt::create_job(&*other, &bid, 5, &conf, &none, &none, true).await;
