@@ -98,16 +98,13 @@ pub async fn write_source_zip<W: Write + Send + 'static>(
             z.start_file(name, opts).map_err(std::io::Error::other)
         })
         .await?;
+        let (at, rel) = f.stored_at(version);
         let reader = node
-            .open_read(ark, version, &f.path)
+            .open_read(ark, at, rel)
             .await
             .map_err(|e| std::io::Error::other(e.what))?
             .ok_or_else(|| {
-                std::io::Error::other(format!(
-                    "{}: {ark}|{version}|{} is missing",
-                    node.name(),
-                    f.path
-                ))
+                std::io::Error::other(format!("{}: {ark}|{at}|{rel} is missing", node.name()))
             })?;
         match reader {
             crate::nodes::Reader::File(mut file) => {

@@ -64,6 +64,28 @@ pub struct ObjectFile {
     pub path: String,
     pub size: u64,
     pub sha256: String,
+    /// Where a version's file is stored when it is not stored under the version itself: a
+    /// reingest does not upload again bytes an earlier version of the object holds on the
+    /// node, and lists them from there. `None`: stored under this version and path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<Origin>,
+}
+
+/// The version and path under which a carried-over file's bytes are stored.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Origin {
+    pub version: u32,
+    pub path: String,
+}
+
+impl ObjectFile {
+    /// Where this file of version `version` is stored: (version, path).
+    pub fn stored_at(&self, version: u32) -> (u32, &str) {
+        match &self.from {
+            Some(o) => (o.version, &o.path),
+            None => (version, &self.path),
+        }
+    }
 }
 
 /// Every regular file under `dir`, relative paths sorted, with size and sha256.
@@ -88,6 +110,7 @@ pub fn list_files(dir: &Path) -> std::io::Result<Vec<ObjectFile>> {
                     path: rel,
                     size,
                     sha256,
+                    from: None,
                 });
             }
         }

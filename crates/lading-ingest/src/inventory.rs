@@ -18,8 +18,8 @@ CREATE TABLE IF NOT EXISTS versions(ark TEXT NOT NULL REFERENCES objects(ark), v
   job TEXT NOT NULL, batch TEXT NOT NULL, path TEXT NOT NULL, created TEXT NOT NULL,
   PRIMARY KEY(ark, version));
 CREATE TABLE IF NOT EXISTS files(ark TEXT NOT NULL, version INTEGER NOT NULL, path TEXT NOT NULL,
-  size BIGINT NOT NULL, sha256 TEXT NOT NULL, PRIMARY KEY(ark, version, path),
-  FOREIGN KEY(ark, version) REFERENCES versions(ark, version));
+  size BIGINT NOT NULL, sha256 TEXT NOT NULL, from_version INTEGER, from_path TEXT,
+  PRIMARY KEY(ark, version, path), FOREIGN KEY(ark, version) REFERENCES versions(ark, version));
 CREATE TABLE IF NOT EXISTS local_ids(collection TEXT NOT NULL, local_id TEXT NOT NULL,
   ark TEXT NOT NULL, PRIMARY KEY(collection, local_id));
 CREATE TABLE IF NOT EXISTS copies(ark TEXT NOT NULL, version INTEGER NOT NULL, path TEXT NOT NULL,
@@ -114,6 +114,15 @@ pub fn open(db: &Path) -> Result<Connection, InventoryError> {
     if !has_owner {
         c.execute_batch("ALTER TABLE objects ADD COLUMN collection TEXT")?;
     }
+    // Inventories made before files were carried over between versions.
+    let has_from: bool = c
+        .prepare("SELECT 1 FROM pragma_table_info('files') WHERE name = 'from_version'")?
+        .exists([])?;
+    if !has_from {
+        c.execute_batch(
+            "ALTER TABLE files ADD COLUMN from_version INTEGER; ALTER TABLE files ADD COLUMN from_path TEXT;",
+        )?;
+    }
     Ok(c)
 }
 
@@ -133,6 +142,11 @@ fn open_postgres(url: &str, shown: &str) -> Result<postgres::Client, InventoryEr
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&PG_SCHEMA_LOCK])
         .map_err(pg)?;
     tx.batch_execute(SCHEMA).map_err(pg)?;
+    tx.batch_execute(
+        "ALTER TABLE files ADD COLUMN IF NOT EXISTS from_version INTEGER;
+         ALTER TABLE files ADD COLUMN IF NOT EXISTS from_path TEXT;",
+    )
+    .map_err(pg)?;
     tx.commit().map_err(pg)?;
     Ok(c)
 }
@@ -240,8 +254,10 @@ impl Inventory {
                 })));
             }
         };
+        // A file carried over from an earlier version has its copy recorded there.
         let rows: Vec<CopyRow> = files
             .iter()
+            .filter(|f| f.from.is_none())
             .map(|f| CopyRow {
                 ark: v.ark.clone(),
                 version: v.version,
@@ -288,6 +304,7 @@ impl Inventory {
                             path: name,
                             size,
                             sha256,
+                            from: None,
                         });
                     }
                 }
@@ -349,13 +366,15 @@ impl Inventory {
 
     /// The copies of the versions `job` stored, per version and node.
     pub fn job_copies(&self, job: &str) -> Result<Vec<NodeCopies>, InventoryError> {
-        const Q: &str = "SELECT c.ark, c.version, c.node,
+        const Q: &str = "SELECT f.ark, f.version, c.node,
                CAST(SUM(CASE WHEN c.status = 'ok' THEN 1 ELSE 0 END) AS BIGINT),
                CAST(SUM(CASE WHEN c.status = 'bad' THEN 1 ELSE 0 END) AS BIGINT),
                CAST(SUM(CASE WHEN c.status = 'missing' THEN 1 ELSE 0 END) AS BIGINT),
                MAX(c.checked)
-             FROM versions v JOIN copies c ON c.ark = v.ark AND c.version = v.version
-             WHERE v.job = $1 GROUP BY c.ark, c.version, c.node ORDER BY c.ark, c.version, c.node";
+             FROM versions v JOIN files f ON f.ark = v.ark AND f.version = v.version
+             JOIN copies c ON c.ark = f.ark AND c.version = COALESCE(f.from_version, f.version)
+               AND c.path = COALESCE(f.from_path, f.path)
+             WHERE v.job = $1 GROUP BY f.ark, f.version, c.node ORDER BY f.ark, f.version, c.node";
         self.rows_by(
             Q,
             job,
@@ -595,9 +614,10 @@ impl Inventory {
     /// The newest recorded version of `ark` and the nodes holding a copy of it (0: the storage
     /// root), in order; `None` for an object with no version recorded.
     pub fn newest_copies(&self, ark: &str) -> Result<Option<(u32, Vec<u32>)>, InventoryError> {
-        const Q: &str = "SELECT c.version, c.node FROM copies c
-             WHERE c.ark = $1 AND c.version = (SELECT MAX(version) FROM copies WHERE ark = $1)
-             GROUP BY c.version, c.node ORDER BY c.node";
+        const Q: &str = "SELECT f.version, c.node FROM files f JOIN copies c ON c.ark = f.ark
+               AND c.version = COALESCE(f.from_version, f.version) AND c.path = COALESCE(f.from_path, f.path)
+             WHERE f.ark = $1 AND f.version = (SELECT MAX(version) FROM files WHERE ark = $1)
+             GROUP BY f.version, c.node ORDER BY c.node";
         let rows = self.rows_by(
             Q,
             ark,
@@ -810,6 +830,38 @@ impl Inventory {
         })
     }
 
+    /// How each node's copies of the files of version `version` of `ark` were last found
+    /// (`ok`, `bad`, `missing`), wherever each file is stored (a file carried over from an
+    /// earlier version is stored there): (node, status) per file and node.
+    pub fn version_copies(
+        &self,
+        ark: &str,
+        version: u32,
+    ) -> Result<Vec<(u32, String)>, InventoryError> {
+        const Q: &str = "SELECT c.node, c.status FROM files f JOIN copies c ON c.ark = f.ark
+               AND c.version = COALESCE(f.from_version, f.version) AND c.path = COALESCE(f.from_path, f.path)
+             WHERE f.ark = $1 AND f.version = $2 ORDER BY c.node";
+        self.with(|c, shown| match c {
+            Conn::Sqlite(c) => {
+                let mut st = c.prepare_cached(&sqlite_params(Q))?;
+                let rows = st
+                    .query_map(params![ark, version], |r| {
+                        Ok((r.get::<_, i64>(0)? as u32, r.get(1)?))
+                    })?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            }
+            Conn::Postgres(c) => c
+                .query(Q, &[&ark, &(version as i32)])
+                .map(|rows| {
+                    rows.iter()
+                        .map(|r| (r.get::<_, i64>(0) as u32, r.get(1)))
+                        .collect()
+                })
+                .map_err(pg_err(shown)),
+        })
+    }
+
     pub fn job_versions(&self, job: &str) -> Result<Vec<JobVersion>, InventoryError> {
         const Q: &str = "SELECT v.ark, v.version, v.created, f.path, f.size, f.sha256
              FROM versions v JOIN files f ON f.ark = v.ark AND f.version = v.version
@@ -928,12 +980,23 @@ fn record_sqlite(
         }
     }
     for f in files {
+        let (from_version, from_path) = (
+            f.from.as_ref().map(|o| o.version),
+            f.from.as_ref().map(|o| &o.path),
+        );
         tx.prepare_cached(
-            "INSERT OR IGNORE INTO files(ark, version, path, size, sha256) VALUES (?1, ?2, ?3, ?4, ?5)",
+            "INSERT OR IGNORE INTO files(ark, version, path, size, sha256, from_version, from_path)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         )?
-        .execute(
-            params![v.ark, v.version, f.path, f.size as i64, f.sha256],
-        )?;
+        .execute(params![
+            v.ark,
+            v.version,
+            f.path,
+            f.size as i64,
+            f.sha256,
+            from_version,
+            from_path
+        ])?;
     }
     tx.commit()?;
     Ok(Ok(Recorded {
@@ -980,11 +1043,20 @@ fn record_postgres(
     let paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
     let sizes: Vec<i64> = files.iter().map(|f| f.size as i64).collect();
     let digests: Vec<&str> = files.iter().map(|f| f.sha256.as_str()).collect();
+    let from_versions: Vec<Option<i32>> = files
+        .iter()
+        .map(|f| f.from.as_ref().map(|o| o.version as i32))
+        .collect();
+    let from_paths: Vec<Option<&str>> = files
+        .iter()
+        .map(|f| f.from.as_ref().map(|o| o.path.as_str()))
+        .collect();
     tx.execute(
-        "INSERT INTO files(ark, version, path, size, sha256)
-         SELECT $1, $2, p, s, h FROM unnest($3::text[], $4::bigint[], $5::text[]) AS t(p, s, h)
+        "INSERT INTO files(ark, version, path, size, sha256, from_version, from_path)
+         SELECT $1, $2, p, s, h, fv, fp
+         FROM unnest($3::text[], $4::bigint[], $5::text[], $6::int[], $7::text[]) AS t(p, s, h, fv, fp)
          ON CONFLICT DO NOTHING",
-        &[&v.ark, &version, &paths, &sizes, &digests],
+        &[&v.ark, &version, &paths, &sizes, &digests, &from_versions, &from_paths],
     )?;
     tx.commit()?;
     Ok(Ok(Recorded {
@@ -1132,6 +1204,42 @@ mod tests {
                 .len(),
             3
         );
+        // A version listing a file carried over from v1: that file's copy is v1's (none is
+        // recorded under v3), and every read that asks where the version is finds it there.
+        let v1_files = inv.version_files(&c.ark, 1).unwrap();
+        let (p1, d1) = &v1_files[0];
+        let v3 = StoredVersion {
+            version: 3,
+            job: "jid0000000003".into(),
+            node: Some(9502),
+            ..v.clone()
+        };
+        let carried = ObjectFile {
+            path: p1.clone(),
+            size: 5,
+            sha256: d1.clone(),
+            from: Some(crate::files::Origin {
+                version: 1,
+                path: p1.clone(),
+            }),
+        };
+        inv.record_files(&v3, &[carried]).unwrap();
+        assert_eq!(inv.versions(&c.ark).unwrap().last(), Some(&(3, 1, 5)));
+        assert!(
+            inv.copies(None, Some(&c.ark))
+                .unwrap()
+                .iter()
+                .all(|c| c.version != 3)
+        );
+        let v1_copies = inv.version_copies(&c.ark, 1).unwrap();
+        let at = |n: u32| v1_copies.iter().filter(|(x, _)| *x == n).count();
+        let v3_copies = inv.version_copies(&c.ark, 3).unwrap();
+        assert_eq!(v3_copies.len(), 1, "{v3_copies:?}");
+        assert!(at(v3_copies[0].0) > 0, "{v3_copies:?} of {v1_copies:?}");
+        let (newest, held) = inv.newest_copies(&c.ark).unwrap().unwrap();
+        assert_eq!((newest, held.len()), (3, 1));
+        let per_job = inv.job_copies("jid0000000003").unwrap();
+        assert_eq!((per_job.len(), per_job[0].version), (1, 3), "{per_job:?}");
     }
 
     #[test]
@@ -1170,7 +1278,7 @@ mod tests {
         assert_eq!(news, 1, "exactly one host added the version");
         let other = Inventory::new(at);
         assert_eq!(other.versions("ark:/99999/fk4y").unwrap(), vec![(1, 2, 9)]);
-        assert_eq!(other.versions("ark:/99999/fk4x").unwrap().len(), 2);
+        assert_eq!(other.versions("ark:/99999/fk4x").unwrap().len(), 3);
     }
 
     #[test]

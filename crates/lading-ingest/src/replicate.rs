@@ -157,26 +157,26 @@ async fn copy_version_once(
     let mut sent = 0;
     let mut none =
         |_: Option<String>| Box::pin(async { Ok(()) }) as crate::nodes::UploadNote<'static>;
+    // A file carried over from an earlier version is copied where the record says it is
+    // stored (on the target, too, the version lists it from there).
     for f in &record.files {
-        if let Some(m) = dst.head(ark, version, &f.path).await?
+        let (at, rel) = f.stored_at(version);
+        if let Some(m) = dst.head(ark, at, rel).await?
             && m.size == f.size
             && dst
-                .digest(ark, version, &f.path, None)
+                .digest(ark, at, rel, None)
                 .await?
                 .is_some_and(|c| c.sha256 == f.sha256)
         {
             continue;
         }
-        let tmp = fetch_to_tmp(ingest, src, ark, version, &f.path).await?;
-        let (copy, _) = dst
-            .put_new(ark, version, &f.path, &tmp.0, &mut none)
-            .await?;
+        let tmp = fetch_to_tmp(ingest, src, ark, at, rel).await?;
+        let (copy, _) = dst.put_new(ark, at, rel, &tmp.0, &mut none).await?;
         if copy.sha256 != f.sha256 || copy.size != f.size {
             return Err(NodeError {
                 what: format!(
-                    "{}: {ark}|{version}|{} reads {} ({} bytes), the record says {} ({} bytes)",
+                    "{}: {ark}|{at}|{rel} reads {} ({} bytes), the record says {} ({} bytes)",
                     src.name(),
-                    f.path,
                     copy.sha256,
                     copy.size,
                     f.sha256,
@@ -233,8 +233,8 @@ fn record_rows(ark: &str, version: u32, node: u32, files: &[ObjectFile]) -> Vec<
         .iter()
         .map(|f| CopyRow {
             ark: ark.to_string(),
-            version,
-            path: f.path.clone(),
+            version: f.stored_at(version).0,
+            path: f.stored_at(version).1.to_string(),
             node,
             status: "ok".into(),
             found: Some(f.sha256.clone()),

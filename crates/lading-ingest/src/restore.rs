@@ -45,12 +45,20 @@ async fn open(src: &Source, rel: &str) -> std::io::Result<crate::nodes::Reader> 
             Ok(crate::nodes::Reader::File(f))
         }
         Source::Node {
-            node, ark, version, ..
-        } => node
-            .open_read(ark, *version, rel)
-            .await
-            .map_err(|e| std::io::Error::other(e.what))?
-            .ok_or_else(|| std::io::Error::other(format!("{}: {rel} is missing", node.name()))),
+            node,
+            ark,
+            version,
+            files,
+        } => {
+            let (at, path) = files
+                .iter()
+                .find(|f| f.path == rel)
+                .map_or((*version, rel), |f| f.stored_at(*version));
+            node.open_read(ark, at, path)
+                .await
+                .map_err(|e| std::io::Error::other(e.what))?
+                .ok_or_else(|| std::io::Error::other(format!("{}: {rel} is missing", node.name())))
+        }
     }
 }
 

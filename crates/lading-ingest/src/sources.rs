@@ -53,29 +53,26 @@ pub async fn source(
     let a = ark.to_string();
     let (path, copies) = ingest
         .inventory
-        .run(move |i| Ok((i.version_path(&a, version)?, i.copies(None, Some(&a))?)))
+        .run(move |i| Ok((i.version_path(&a, version)?, i.version_copies(&a, version)?)))
         .await
         .map_err(|e| e.to_string())?;
     let path = path.or_else(|| stored.map(|s| s.path.clone()));
     let mut order: Vec<u32> = stored.and_then(|s| s.node).into_iter().collect();
     let mut bad = std::collections::BTreeSet::new();
-    for c in copies
-        .iter()
-        .filter(|c| c.version == version && c.node != 0)
-    {
-        if c.status != "ok" {
-            bad.insert(c.node);
+    for (id, status) in copies.iter().filter(|(id, _)| *id != 0) {
+        if status != "ok" {
+            bad.insert(*id);
         }
-        if !order.contains(&c.node) {
+        if !order.contains(id) {
             // The node the version was stored on (its recorded path) goes first.
             if ingest
                 .nodes
-                .get(c.node)
+                .get(*id)
                 .is_some_and(|n| Some(n.version_url(ark, version)) == path)
             {
-                order.insert(0, c.node);
+                order.insert(0, *id);
             } else {
-                order.push(c.node);
+                order.push(*id);
             }
         }
     }

@@ -2315,10 +2315,8 @@ async fn on_node(
     let producer = format!("{}/", lading_ingest::stages::PRODUCER);
     let mut out = BTreeMap::new();
     for f in &record.files {
-        let read = n
-            .digest(ark, version, &f.path, None)
-            .await
-            .map_err(|e| e.what)?;
+        let (at, rel) = f.stored_at(version);
+        let read = n.digest(ark, at, rel, None).await.map_err(|e| e.what)?;
         match read {
             Some(c) if c.sha256 == f.sha256 && c.size == f.size => {}
             other => {

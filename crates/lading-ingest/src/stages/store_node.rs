@@ -7,6 +7,7 @@
 //! A fatal failure removes what this job wrote of a version that has no record.
 
 use super::*;
+use crate::files::Origin;
 use crate::nodes::{Node, NodeError, VERSION_RECORD};
 use futures_util::StreamExt;
 use std::collections::BTreeSet;
@@ -206,17 +207,18 @@ pub(crate) async fn store_on_bucket(
         .await
         .map_err(|e| Outcome::Transient(e.to_string()))?
         .map_err(|e| io_err("listing", &job.workdir, e))?;
+    let carried = carried_over(job, node, ark, version, &files, &progress.confirmed).await?;
     let shared = Arc::new(tokio::sync::Mutex::new(progress));
     let done = Arc::new(std::sync::Mutex::new(Vec::<ObjectFile>::new()));
     let todo: Vec<(String, PathBuf)> = {
         let p = shared.lock().await;
         files
             .iter()
-            .filter(|(rel, _)| !p.confirmed.contains(rel))
+            .filter(|(rel, _)| !p.confirmed.contains(rel) && !carried.contains_key(rel))
             .cloned()
             .collect()
     };
-    let skipped = files.len() - todo.len();
+    let skipped = files.len() - todo.len() - carried.len();
     let results = futures_util::stream::iter(todo.into_iter().map(|(rel, path)| {
         let (node, shared, done, job) = (node.clone(), shared.clone(), done.clone(), job);
         let ark = ark.to_string();
@@ -260,6 +262,7 @@ pub(crate) async fn store_on_bucket(
                     path: rel,
                     size: copy.size,
                     sha256: copy.sha256,
+                    from: None,
                 });
             Ok::<(), NodeError>(())
         }
@@ -276,7 +279,12 @@ pub(crate) async fn store_on_bucket(
     // Files confirmed by a predecessor are listed from the node's copy.
     let mut listed = std::mem::take(&mut *done.lock().unwrap_or_else(|e| e.into_inner()));
     let have: BTreeSet<String> = listed.iter().map(|f| f.path.clone()).collect();
-    for (rel, _) in files.iter().filter(|(r, _)| !have.contains(r)) {
+    let sent = listed.len();
+    listed.extend(carried.values().cloned());
+    for (rel, _) in files
+        .iter()
+        .filter(|(r, _)| !have.contains(r) && !carried.contains_key(r))
+    {
         let c = node
             .digest(ark, version, rel, None)
             .await
@@ -291,6 +299,7 @@ pub(crate) async fn store_on_bucket(
             path: rel.clone(),
             size: c.size,
             sha256: c.sha256,
+            from: None,
         });
     }
     listed.sort_by(|a, b| a.path.cmp(&b.path));
@@ -354,11 +363,93 @@ pub(crate) async fn store_on_bucket(
         }
     }
     job.log(&format!(
-        "stored {ark} v{version} on {} ({} files sent, {skipped} already there)",
+        "stored {ark} v{version} on {} ({sent} files sent, {skipped} already there, {} carried over from earlier versions)",
         node.name(),
-        files.len() - skipped
+        carried.len()
     ));
     committed(node, stored).await
+}
+
+/// The files of the version being stored whose bytes the object's newest earlier version on
+/// this node holds already (same SHA-256 and size, under any path): they are not uploaded
+/// again, and the version's record lists them where they are stored (Merritt stores a
+/// version's unchanged files once, the same way). By path; a file this job confirmed on the
+/// node already (an earlier attempt sent it) stays as sent. The local files' digests are
+/// Processing's (the working folder's mark guarantees they are of these bytes); a file it did
+/// not hash (Lading's own `system/` files) is hashed here.
+async fn carried_over(
+    job: &JobCtx,
+    node: &Node,
+    ark: &str,
+    version: u32,
+    files: &[(String, PathBuf)],
+    confirmed: &BTreeSet<String>,
+) -> Result<BTreeMap<String, ObjectFile>, Outcome> {
+    let mut out = BTreeMap::new();
+    let earlier = node
+        .versions(ark)
+        .await
+        .map_err(|e| node_outcome(node, e))?;
+    let mut prior = None;
+    for v in earlier.iter().rev().filter(|v| **v < version).take(3) {
+        if let Some(r) = read_node_version(node, ark, *v)
+            .await
+            .map_err(|e| node_outcome(node, e))?
+        {
+            prior = Some(r);
+            break;
+        }
+    }
+    let Some(prior) = prior else {
+        return Ok(out);
+    };
+    let held: BTreeMap<(&str, u64), Origin> = prior
+        .files
+        .iter()
+        .map(|f| {
+            let (v, p) = f.stored_at(prior.stored.version);
+            let origin = Origin {
+                version: v,
+                path: p.to_string(),
+            };
+            ((f.sha256.as_str(), f.size), origin)
+        })
+        .collect();
+    #[derive(serde::Deserialize)]
+    struct Produced {
+        files: Option<Vec<ObjectFile>>,
+    }
+    let hashed: BTreeMap<String, ObjectFile> = job_record::<Produced>(job, "inventory")
+        .await?
+        .and_then(|p| p.files)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|f| (format!("{PRODUCER}/{}", f.path), f))
+        .collect();
+    for (rel, path) in files.iter().filter(|(r, _)| !confirmed.contains(r)) {
+        let (size, sha256) = match hashed.get(rel) {
+            Some(f) => (f.size, f.sha256.clone()),
+            None => {
+                let p = path.clone();
+                crate::blocking::run(move || crate::files::file_sha256(&p))
+                    .await
+                    .map_err(|e| Outcome::Transient(e.to_string()))?
+                    .map_err(|e| io_err("reading", path, e))?
+            }
+        };
+        if let Some(origin) = held.get(&(sha256.as_str(), size)).cloned() {
+            out.insert(
+                rel.clone(),
+                ObjectFile {
+                    path: rel.clone(),
+                    size,
+                    sha256,
+                    from: Some(origin),
+                },
+            );
+        }
+    }
+    Ok(out)
 }
 
 /// A version this job committed (its record is there): no multipart upload stays open under

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod bags;
+
 use lading_core::Tree;
 use lading_core::layout::{BatchId, JobId};
 use lading_core::time::system_clock;
@@ -293,7 +295,18 @@ impl World {
     /// Waits for `batch` to end; panics unless it ended Completed.
     pub async fn completes(&self, batch: &BatchId) {
         let end = self.batch_ends(batch).await;
-        assert_eq!(end, BatchState::Completed, "batch {batch}");
+        if end != BatchState::Completed {
+            let mut why = vec![self.batch_message(batch).await];
+            for j in self.jobs_of(batch).await {
+                let st = self.engine.job(&j).await.unwrap().status;
+                why.push(format!(
+                    "{j} {:?}: {}",
+                    st.status,
+                    st.message.unwrap_or_default()
+                ));
+            }
+            panic!("batch {batch} ended {end:?}: {}", why.join("; "));
+        }
     }
 
     /// Serves `text` as `obj.checkm` and submits it as a manifest on a new ingest.
