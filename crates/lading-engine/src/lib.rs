@@ -41,6 +41,7 @@ mod locks;
 mod moves;
 mod outbox;
 mod read;
+mod records;
 mod reporting;
 mod reserve;
 mod watched;
@@ -56,6 +57,7 @@ pub use locks::ForeignLock;
 pub use outbox::{
     Effect, OutboxClaim, OutboxCounts, OutboxEntry, OutboxItem, OutboxWatch, Summary,
 };
+pub use records::*;
 pub use reporting::ReportTry;
 pub use reserve::{RESERVED_FIELD, Reservation};
 
@@ -112,157 +114,6 @@ pub struct Oldest {
 
 /// References of one state read by [`Engine::oldest_per_state`], at most.
 pub const OLDEST_SCAN: usize = 2000;
-
-/// A job held by this worker.
-#[derive(Debug, Clone)]
-pub struct JobLease {
-    pub job: JobId,
-    pub batch: BatchId,
-    pub status: JobStatus,
-    pub priority: u8,
-    /// Why a `Fail` moves the job, recorded with it: `fatal` (bad input, will not work) or
-    /// `exhausted` (the stage's attempts ran out). Set by the worker before it fails the job.
-    pub failure_kind: Option<&'static str>,
-    /// Outside effects the job's next move causes: recorded in the outbox in that move's
-    /// `multi`, delivered after it commits (see [`Effect`]).
-    pub effects: Vec<Effect>,
-    status_version: i32,
-    session: u64,
-}
-
-impl JobLease {
-    pub fn state(&self) -> JobState {
-        self.status.status
-    }
-}
-
-/// What fences a lease holder's own write beside its job (see `Engine::job_fence`): the
-/// lease's session and the ops that check its lock.
-#[derive(Debug, Clone)]
-pub struct Fence {
-    pub session: u64,
-    pub ops: Vec<Op>,
-}
-
-impl Fence {
-    /// `ops` after the fence's own, in one `multi` on the lease's session: `Err` is the lease
-    /// lost (the fence failed or the session is gone), `Ok(Err)` the store's refusal of `ops`.
-    pub async fn multi(
-        &self,
-        tree: &dyn Tree,
-        what: &str,
-        ops: Vec<Op>,
-    ) -> Result<std::result::Result<Vec<lading_core::OpResult>, TreeError>> {
-        let mut all = self.ops.clone();
-        all.extend(ops);
-        match tree.multi_on(self.session, all).await {
-            Ok(r) => Ok(Ok(r)),
-            Err(e)
-                if e.failed_op().is_some_and(|i| i < self.ops.len())
-                    || matches!(e.root(), TreeError::SessionExpired) =>
-            {
-                Err(lost(what))
-            }
-            Err(e) => Ok(Err(e)),
-        }
-    }
-}
-
-/// A batch held by this worker.
-#[derive(Debug, Clone)]
-pub struct BatchLease {
-    pub batch: BatchId,
-    pub status: BatchStatus,
-    /// Outside effects the batch's next move causes, recorded in that move's `multi`.
-    pub effects: Vec<Effect>,
-    /// A `status-report` written in the batch's next move's `multi` (a report exists only
-    /// for a move that committed).
-    pub report: Option<StatusReport>,
-    status_version: i32,
-    session: u64,
-}
-
-/// An access request held by this worker.
-#[derive(Debug, Clone)]
-pub struct AccessLease {
-    pub queue: AccessQueue,
-    pub id: AccessId,
-    pub status: AccessStatus,
-    pub token: lading_core::layout::AccessToken,
-    /// Why the token could not be read (the request is taken so that it fails, named, rather
-    /// than being skipped for ever).
-    pub unreadable: Option<String>,
-    status_version: i32,
-    session: u64,
-}
-
-/// What [`Engine::watch_finishing`] sets: the Processing batches, each with the watch that
-/// fires when it may have finished, and the watches that fire when the list is out of date.
-pub struct Finishing {
-    pub batches: Vec<(BatchId, Watch)>,
-    pub stale: Vec<Watch>,
-}
-
-/// A per-object lock (`/locks/storage/ARK`, `/locks/inventory/ARK`).
-#[derive(Debug, Clone)]
-pub struct ArkLock {
-    path: String,
-    session: u64,
-}
-
-/// What a new job is made of.
-#[derive(Debug, Clone, Default)]
-pub struct JobSpec {
-    pub configuration: Map<String, Value>,
-    /// 0..=99; lower runs first. `None` means the default, 5.
-    pub priority: Option<u8>,
-    pub space_needed: u64,
-    pub identifiers: Identifiers,
-    pub metadata: ErcMetadata,
-}
-
-/// Everything stored about a job.
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct JobInfo {
-    pub id: JobId,
-    pub bid: BatchId,
-    pub status: JobStatus,
-    pub priority: u8,
-    pub space_needed: u64,
-    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
-    pub configuration: Value,
-    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
-    pub identifiers: Value,
-    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
-    pub metadata: Value,
-    pub locked: bool,
-}
-
-/// Everything stored about a batch, with its jobs per reference folder.
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct BatchInfo {
-    pub id: BatchId,
-    pub status: BatchStatus,
-    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
-    pub submission: Value,
-    pub status_report: Option<StatusReport>,
-    /// The batch's jobs by reference folder (`batch-processing`, `batch-completed`, …).
-    pub jobs: BTreeMap<String, Vec<JobId>>,
-    pub locked: bool,
-}
-
-/// An access request.
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct AccessInfo {
-    pub queue: AccessQueue,
-    pub id: String,
-    pub status: AccessStatus,
-    pub token: lading_core::layout::AccessToken,
-    pub locked: bool,
-}
 
 /// Default priority of a job (SPEC §2).
 pub const DEFAULT_PRIORITY: u8 = 5;
@@ -900,28 +751,4 @@ pub fn decode(data: Option<&[u8]>) -> Value {
 }
 
 #[cfg(test)]
-mod history_tests {
-    use super::*;
-
-    /// Past the cap, the oldest kept entry names its host; each entry decodes alike whole or
-    /// one at a time, with its time, and its host carried from the last that named one.
-    #[test]
-    fn a_capped_history_keeps_each_entrys_host_and_time() {
-        let mut extra = Map::new();
-        let n = MAX_HISTORY + 7;
-        let host = |i: usize| if i % 5 < 3 { "a" } else { "b" };
-        for i in 0..n {
-            let at = lading_core::time::format_ts(1_767_225_600_000 + i as u64 * 1000);
-            push_history(&mut extra, Some("x"), "y", &at, host(i), 0, None);
-        }
-        let all = history(&extra);
-        assert_eq!(all.len(), MAX_HISTORY);
-        let raw = RawHistory::of(&extra).unwrap();
-        for (k, e) in all.iter().enumerate() {
-            let i = n - MAX_HISTORY + k;
-            assert_eq!(e["host"], host(i), "entry {k}");
-            assert_eq!(*e, raw.entry(k));
-            assert_eq!(raw.ms(k), 1_767_225_600_000 + i as u64 * 1000);
-        }
-    }
-}
+mod history_tests;
