@@ -1,0 +1,223 @@
+//! Waiting workers: a parked waiter is woken by the change it waits for, sets again only
+//! the watch that fired, and reads a status again only once it changed.
+
+use super::*;
+
+/// A wait of `e`'s, spawned (`wait`, given the engine and 8 s, less than the waiters' slow
+/// sweep of 10 s: a missed wake-up ends the wait empty-handed instead of being covered by the
+/// sweep), once it has looked and parked; and the count of its parks.
+async fn parked_waiter<T, F, Fut>(
+    e: &Arc<Engine>,
+    wait: F,
+) -> (
+    tokio::task::JoinHandle<T>,
+    tokio::sync::watch::Receiver<u64>,
+)
+where
+    T: Send + 'static,
+    F: FnOnce(Arc<Engine>, Duration) -> Fut,
+    Fut: std::future::Future<Output = T> + Send + 'static,
+{
+    let mut parked = e.parked();
+    let before = *parked.borrow_and_update();
+    let waiter = tokio::spawn(wait(e.clone(), Duration::from_secs(8)));
+    parked.wait_for(|n| *n > before).await.unwrap();
+    (waiter, parked)
+}
+
+/// [`parked_waiter`] for a Pending job.
+async fn parked_pending_waiter(
+    e: &Arc<Engine>,
+) -> (
+    tokio::task::JoinHandle<Result<Option<lading_engine::JobLease>, EngineError>>,
+    tokio::sync::watch::Receiver<u64>,
+) {
+    parked_waiter(e, |e, d| async move {
+        e.wait_job_or(JobState::Pending, d, std::future::pending())
+            .await
+    })
+    .await
+}
+
+/// A waiting worker woken by a change sets again only the watch that fired: the others it
+/// set are still armed (on ZooKeeper each watch set is a round trip).
+pub async fn a_woken_waiter_sets_again_only_the_watch_that_fired(h: &dyn Harness) {
+    let (admin, _s) = engine(h, "admin").await;
+    let s = h.open().await;
+    let counting = CountingTree::over(s.tree.clone());
+    let w = Arc::new(Engine::new(counting.clone(), system_clock(), "waiter"));
+    w.init().await.unwrap();
+    let bid = admin.create_batch(Default::default()).await.unwrap();
+    let lease = take_batch(&admin, BatchState::Pending).await;
+    assert_eq!(lease.batch, bid);
+    assert!(admin.pause_queue("ingest").await.unwrap());
+    // A wake-up missed at the resume below ends the wait empty-handed.
+    let (waiter, _) = parked_pending_waiter(&w).await;
+    let folder = job_state_folder(JobState::Pending);
+    let lock = queue_lock("ingest");
+    let count = |p: &str| {
+        counting
+            .watched
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|w| *w == p)
+            .count()
+    };
+    // Each new job wakes the waiter (its folder's watch fires): it sets that watch again,
+    // finds the queue paused, takes nothing and waits again.
+    let mut jobs = Vec::new();
+    for _ in 0..5 {
+        let set = count(&folder);
+        jobs.push(
+            admin
+                .create_job(&lease, JobSpec::default())
+                .await
+                .expect("create job"),
+        );
+        let mut watches = counting.set.subscribe();
+        let woke = watches.wait_for(|_| count(&folder) > set);
+        if tokio::time::timeout(WAIT, woke).await.is_err() {
+            panic!(
+                "the waiter, woken by the new job, watches its folder again: {:?}",
+                counting.watched.lock().unwrap()
+            );
+        }
+        assert!(!waiter.is_finished(), "a paused queue hands out nothing");
+    }
+    // One by the wait, one by the pause flag's cache, and at most one more should the pause's
+    // own event reach the first round late (the SQLite store tells watchers after it answers
+    // the write); not one per round (6 or more).
+    assert!(
+        count(&lock) <= 3,
+        "the pause flag's watch has not fired and is not set again: {:?}",
+        counting.watched.lock().unwrap()
+    );
+    // It still fires: resuming the queue hands the waiter the first job.
+    admin
+        .batch_transition(lease, Event::To(BatchState::Processing), None)
+        .await
+        .unwrap();
+    assert!(admin.resume_queue("ingest").await.unwrap());
+    let got = waiter
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("a job once the queue is resumed, without waiting for the sweep");
+    assert_eq!(got.job, jobs[0]);
+    let stored = admin.job(&jobs[0]).await.unwrap();
+    assert_eq!(stored.status.status, JobState::Pending);
+    assert!(stored.locked, "held by the waiter's lease");
+    w.release_job_lease(got).await.unwrap();
+}
+
+/// A waiter refused a job because a worker of its own process holds the job's claim sets no
+/// watch on that lock (the refusal was local): it is woken when that worker lets go of it.
+/// And only then: a claim let go that no local waiter was refused wakes nobody (every claim
+/// let go used to wake every such waiter of the process, the most frequent wake-up in
+/// `lading-sim`).
+pub async fn a_waiter_refused_a_local_claim_is_woken_by_its_release_alone(h: &dyn Harness) {
+    let (e, _s) = engine(h, "one").await;
+    let (_, jobs) = batch_with_jobs(&e, 2, &[]).await;
+    // The second job in Estimating, leased there; the first leased in Pending.
+    let other = estimating(&e).await;
+    assert_eq!(other.job, jobs[0]);
+    let first = take_job(&e, JobState::Pending).await;
+    assert_eq!(first.job, jobs[1]);
+    let (waiter, mut parked) = parked_pending_waiter(&e).await;
+    let parked_once = *parked.borrow_and_update();
+    // Letting go of a claim the waiter never asked for, five times.
+    e.release_job_lease(other).await.unwrap();
+    for _ in 0..4 {
+        let again = take_job(&e, JobState::Estimating).await;
+        assert_eq!(again.job, jobs[0]);
+        e.release_job_lease(again).await.unwrap();
+    }
+    still_parked(&mut parked, parked_once, 1, &waiter, "the waiter").await;
+    // Letting go of the one it was refused.
+    e.release_job_lease(first).await.unwrap();
+    let got = waiter
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the job, once its local holder let go, without waiting for the sweep");
+    assert_eq!(got.job, jobs[1]);
+    e.release_job_lease(got).await.unwrap();
+}
+
+/// A waiting batch worker reads a batch's status again only once it has changed: each round
+/// (woken by every new batch) used to read every live batch's status, a round trip each on
+/// ZooKeeper. The status it keeps still gives way at once to a change.
+pub async fn a_waiting_batch_worker_reads_a_status_again_only_once_it_changed(h: &dyn Harness) {
+    let (admin, _s) = engine(h, "admin").await;
+    let s = h.open().await;
+    let counting = CountingTree::over(s.tree.clone());
+    let w = Arc::new(Engine::new(counting.clone(), system_clock(), "waiter"));
+    w.init().await.unwrap();
+    let first = admin.create_batch(Default::default()).await.unwrap();
+    let (waiter, _) = parked_waiter(&w, |w, d| async move {
+        w.wait_batch_or(BatchState::Reporting, d, std::future::pending())
+            .await
+    })
+    .await;
+    let status = batch_node(&first, "status");
+    let reads = |p: &str| {
+        counting
+            .read
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| *r == p)
+            .count()
+    };
+    let watches = |p: &str| {
+        counting
+            .watched
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| *r == p)
+            .count()
+    };
+    // Each new batch wakes the waiter (the batches folder's watch fires); it looks at every
+    // live batch and waits again.
+    for _ in 0..5 {
+        let set = watches(BATCHES);
+        admin.create_batch(Default::default()).await.unwrap();
+        let mut set_now = counting.set.subscribe();
+        let woke = set_now.wait_for(|_| watches(BATCHES) > set);
+        if tokio::time::timeout(WAIT, woke).await.is_err() {
+            panic!("the waiter, woken by the new batch, watches the batches folder again");
+        }
+        assert!(!waiter.is_finished(), "no batch is Reporting yet");
+    }
+    // Read once (and once more should its first watch event reach a round late); the old
+    // code read it in every round, 6 times.
+    assert!(
+        reads(&status) <= 2,
+        "{} reads of the first batch's unchanged status: {:?}",
+        reads(&status),
+        counting.read.lock().unwrap()
+    );
+    // Its change is seen at once: the batch starts, has no jobs, and is Reporting.
+    let lease = admin.acquire_batch(BatchState::Pending).await.unwrap();
+    let lease = lease.expect("a pending batch");
+    assert_eq!(lease.batch, first, "the oldest pending batch comes first");
+    admin
+        .batch_transition(lease, Event::To(BatchState::Processing), None)
+        .await
+        .unwrap();
+    // (A batch with no jobs moves straight on to Reporting.)
+    admin.maybe_report(&first).await.unwrap();
+    let got = waiter
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the Reporting batch, without waiting for the sweep");
+    assert_eq!(got.batch, first);
+    assert_eq!(got.status.status, BatchState::Reporting);
+    let stored = admin.batch(&first).await.unwrap();
+    assert_eq!(stored.status.status, BatchState::Reporting);
+    assert!(stored.locked, "held by the waiter's lease");
+    w.release_batch_lease(got).await.unwrap();
+}
