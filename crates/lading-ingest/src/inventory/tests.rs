@@ -229,3 +229,54 @@ fn a_postgres_url_is_shown_without_its_password_and_a_bad_one_is_named() {
         "{e}"
     );
 }
+
+/// An inventory made before files were carried over between versions (no `from_version`,
+/// `from_path`) is opened, given the columns, and keeps what it held.
+#[test]
+fn an_inventory_made_before_carry_over_is_migrated_and_keeps_its_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("inventory.db");
+    {
+        let c = Connection::open(&db).unwrap();
+        c.execute_batch(
+            "CREATE TABLE objects(ark TEXT PRIMARY KEY, created TEXT NOT NULL, collection TEXT);
+             CREATE TABLE versions(ark TEXT NOT NULL REFERENCES objects(ark), version INTEGER NOT NULL,
+               job TEXT NOT NULL, batch TEXT NOT NULL, path TEXT NOT NULL, created TEXT NOT NULL,
+               PRIMARY KEY(ark, version));
+             CREATE TABLE files(ark TEXT NOT NULL, version INTEGER NOT NULL, path TEXT NOT NULL,
+               size BIGINT NOT NULL, sha256 TEXT NOT NULL, PRIMARY KEY(ark, version, path),
+               FOREIGN KEY(ark, version) REFERENCES versions(ark, version));
+             INSERT INTO objects VALUES ('ark:/99999/fk4old', '2026-01-01 00:00:00 +0000', 'demo');
+             INSERT INTO versions VALUES ('ark:/99999/fk4old', 1, 'jid0000000009', 'bid0000000009',
+               '/nowhere', '2026-01-01 00:00:00 +0000');
+             INSERT INTO files VALUES ('ark:/99999/fk4old', 1, 'producer/a.txt', 5, 'aa');",
+        )
+        .unwrap();
+    }
+    let inv = Inventory::new(Location::from_setting(&db));
+    assert_eq!(inv.versions("ark:/99999/fk4old").unwrap(), vec![(1, 1, 5)]);
+    // A carried file is recorded in the migrated table.
+    let v2 = StoredVersion {
+        ark: "ark:/99999/fk4old".into(),
+        version: 2,
+        path: "/nowhere2".into(),
+        job: "jid0000000010".into(),
+        batch: "bid0000000010".into(),
+        collection: Some("demo".into()),
+        node: Some(9501),
+    };
+    let f = ObjectFile {
+        path: "producer/a.txt".into(),
+        size: 5,
+        sha256: "aa".into(),
+        from: Some(crate::files::Origin {
+            version: 1,
+            path: "producer/a.txt".into(),
+        }),
+    };
+    inv.record_files(&v2, &[f]).unwrap();
+    assert_eq!(
+        inv.version_files("ark:/99999/fk4old", 2).unwrap(),
+        vec![("producer/a.txt".to_string(), "aa".to_string())]
+    );
+}
