@@ -3,6 +3,7 @@
 //! through every stage into the storage folder, on SQLite and on ZooKeeper; the profiles are
 //! the two `examples/bagit/` ships.
 
+#[macro_use]
 mod common;
 
 use common::bags::*;
@@ -329,24 +330,6 @@ async fn invalid_bags_fail_once_naming_every_problem_and_store_nothing(w: World)
     let root = w.cfg.storage_root();
     let objects = std::fs::read_dir(&root).map(|d| d.count()).unwrap_or(0);
     assert_eq!(objects, 0, "nothing stored under {}", root.display());
-}
-
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        $(
-            pub mod $name {
-                use super::*;
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn on_sqlite() {
-                    super::$name(World::on(Backend::Sqlite).await).await;
-                }
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn on_zookeeper() {
-                    super::$name(World::on(Backend::ZooKeeper).await).await;
-                }
-            }
-        )*
-    };
 }
 
 on_both_backends!(

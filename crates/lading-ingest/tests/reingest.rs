@@ -4,6 +4,7 @@
 //! sends no payload file at all; the fixity checker finds every copy where it is. On both
 //! stores.
 
+#[macro_use]
 mod common;
 
 use common::bags::*;
@@ -14,24 +15,6 @@ use lading_testkit::proxy::HoldingProxy;
 use lading_testkit::seaweed::{ACCESS_KEY, SECRET_KEY, Weed};
 use std::path::Path;
 use std::sync::Arc;
-
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        $(
-            mod $name {
-                use super::*;
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn on_sqlite() {
-                    super::$name(World::on(Backend::Sqlite).await).await;
-                }
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn on_zookeeper() {
-                    super::$name(World::on(Backend::ZooKeeper).await).await;
-                }
-            }
-        )*
-    };
-}
 
 fn env(k: &str) -> Option<String> {
     match k {

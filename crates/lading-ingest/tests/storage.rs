@@ -4,6 +4,7 @@
 //! sending a confirmed file again; the primary killed mid-batch; wrong credentials, a missing
 //! bucket and an unknown node refused, named, with nothing left behind. On both stores.
 
+#[macro_use]
 mod common;
 
 use common::{Backend, World};
@@ -68,24 +69,6 @@ async fn stored(w: &World, job: &lading_core::layout::JobId) -> StoredVersion {
         .unwrap()
         .expect("a store record");
     serde_json::from_slice(&n.data.unwrap()).unwrap()
-}
-
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        $(
-            mod $name {
-                use super::*;
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn on_sqlite() {
-                    super::$name(World::on(Backend::Sqlite).await).await;
-                }
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn on_zookeeper() {
-                    super::$name(World::on(Backend::ZooKeeper).await).await;
-                }
-            }
-        )*
-    };
 }
 
 on_both_backends!(

@@ -3,6 +3,26 @@
 
 #![allow(dead_code)]
 
+/// Runs a test body on both stores: `NAME::on_sqlite` and `NAME::on_zookeeper`.
+#[allow(unused_macros)]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                use super::*;
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn on_sqlite() {
+                    super::$name(World::on(Backend::Sqlite).await).await;
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn on_zookeeper() {
+                    super::$name(World::on(Backend::ZooKeeper).await).await;
+                }
+            }
+        )*
+    };
+}
+
 pub mod bags;
 
 use lading_core::Tree;
