@@ -8,6 +8,9 @@ use std::process::{Command, Output, Stdio};
 
 fn lading(store: &Path, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_lading"))
+        // In the test's own folder: without a config, a command's data folder is
+        // `./lading-data`, which must not be made in the source tree.
+        .current_dir(store.parent().expect("the store is in a folder"))
         .arg("--store")
         .arg(format!("sqlite:{}", store.display()))
         .args(args)

@@ -7,7 +7,9 @@ use std::process::{Child, Command, Output, Stdio};
 
 fn cmd(store: &Path, args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_lading"));
-    c.arg("--store")
+    // In the test's own folder (a command's default data folder is `./lading-data`).
+    c.current_dir(store.parent().expect("the store is in a folder"))
+        .arg("--store")
         .arg(format!("sqlite:{}", store.display()))
         .args(args)
         .env_remove("LADING_STORE")
