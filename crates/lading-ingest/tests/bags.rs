@@ -87,7 +87,7 @@ async fn valid_bags_are_stored_byte_for_byte(w: World) {
     let mut seen = Vec::new();
     for j in &jobs {
         let info = w.engine.job(j).await.unwrap();
-        let s = stored(&w, j).await.expect("stored");
+        let s = w.store_record(j).await.expect("stored");
         let at = Path::new(&s.path);
         let bag_tags = at.join("system/bag");
         // Which bag: its bag-info.txt, stored byte for byte, says.
@@ -174,7 +174,7 @@ async fn an_object_not_deposited_as_a_bag_is_restored_as_a_valid_bag() {
     let ingest2 = ingest.clone();
     w.runs_to_completion(&ingest2, &b).await;
     let j = w.first_job(&b).await;
-    let s = stored(&w, &j).await.unwrap();
+    let s = w.store_record(&j).await.unwrap();
     let name = format!("{}_v1", lading_ingest::restore::bag_name_of(&s.ark));
     let bag = restore_and_validate(&w, &ingest, &s, &name).await;
     assert_eq!(
@@ -322,7 +322,7 @@ async fn invalid_bags_fail_once_naming_every_problem_and_store_nothing(w: World)
             .and_then(|v| v.as_u64())
             .unwrap_or(1);
         assert!(failed <= 1, "{file}: {history:?}");
-        assert!(stored(&w, j).await.is_none(), "{file} stored nothing");
+        assert!(w.store_record(j).await.is_none(), "{file} stored nothing");
         matched += 1;
     }
     assert_eq!(matched, expect.len());
@@ -365,7 +365,7 @@ async fn a_bag_of_a_known_name_is_its_objects_next_version(w: World) {
         .await;
     w.runs_to_completion(&ingest, &b1).await;
     let j1 = w.first_job(&b1).await;
-    let s1 = stored(&w, &j1).await.unwrap();
+    let s1 = w.store_record(&j1).await.unwrap();
     let second = deposit(
         "v2",
         &[("a.txt", b"alpha"), ("b.txt", b"BETA"), ("d.txt", b"delta")],
@@ -375,7 +375,7 @@ async fn a_bag_of_a_known_name_is_its_objects_next_version(w: World) {
         .await;
     w.runs_to_completion(&ingest, &b2).await;
     let j2 = w.first_job(&b2).await;
-    let s2 = stored(&w, &j2).await.unwrap();
+    let s2 = w.store_record(&j2).await.unwrap();
     assert_eq!(s2.ark, s1.ark, "the same object");
     assert_eq!(s2.version, 2);
     let node = w
@@ -457,7 +457,7 @@ async fn a_bags_fetch_txt_is_fetched_when_its_profile_allows_it() {
         .await;
     w.runs_to_completion(&ingest, &ok).await;
     let j = w.first_job(&ok).await;
-    let s = stored(&w, &j).await.expect("stored");
+    let s = w.store_record(&j).await.expect("stored");
     let at = Path::new(&s.path);
     assert_eq!(std::fs::read(at.join("producer/big.bin")).unwrap(), big);
     assert_eq!(
@@ -493,6 +493,6 @@ async fn a_bags_fetch_txt_is_fetched_when_its_profile_allows_it() {
         );
         let failed = st.extra.get("failed_attempts").and_then(|v| v.as_u64());
         assert!(failed.unwrap_or(1) <= 1, "fatal, once: {st:?}");
-        assert!(stored(&w, &j).await.is_none(), "{url}: nothing stored");
+        assert!(w.store_record(&j).await.is_none(), "{url}: nothing stored");
     }
 }

@@ -8,18 +8,6 @@ mod common;
 
 use common::*;
 use lading_core::{BatchState, JobState};
-use lading_ingest::stages::StoredVersion;
-
-async fn stored(w: &World, job: &lading_core::layout::JobId) -> StoredVersion {
-    let n = w
-        .engine
-        .tree()
-        .get(&lading_core::layout::job_node(job, "store"))
-        .await
-        .unwrap()
-        .expect("a store record");
-    serde_json::from_slice(&n.data.unwrap()).unwrap()
-}
 
 on_both_backends!(
     merritt_ingest_service_submission_keys_run_to_completion,
@@ -115,7 +103,7 @@ async fn merritt_ingest_service_submission_keys_run_to_completion(w: World) {
     );
     assert_eq!(info.configuration["profile_name"], "demo");
     assert_eq!(info.configuration["response_type"], "xml", "responseForm");
-    let s = stored(&w, &job).await;
+    let s = w.stored(&job).await;
     assert_eq!(
         std::fs::read(std::path::Path::new(&s.path).join("producer/object.txt")).unwrap(),
         b"from merritt"
@@ -178,7 +166,7 @@ async fn a_job_merritts_ingest_service_made_from_a_package_name_is_stored(w: Wor
     run.stop().await;
     let info = w.engine.job(&ok).await.unwrap();
     assert_eq!(info.status.status, JobState::Completed, "{info:?}");
-    let s = stored(&w, &ok).await;
+    let s = w.stored(&ok).await;
     assert_eq!(
         std::fs::read(std::path::Path::new(&s.path).join("producer/handler.txt")).unwrap(),
         b"by HandlerSubmit"
@@ -292,7 +280,7 @@ async fn merritt_created_jobs_run_to_completed_and_to_failed(w: World) {
             .starts_with("ark:/"),
         "an empty primary_id is minted: {info:?}"
     );
-    let s = stored(&w, &ok).await;
+    let s = w.stored(&ok).await;
     assert_eq!(
         std::fs::read(std::path::Path::new(&s.path).join("producer/merritt-file.txt")).unwrap(),
         b"made by merritt"

@@ -7,7 +7,6 @@ mod common;
 use common::*;
 use lading_core::{BatchState, JobState};
 use lading_ingest::checkm::{self, ManifestKind};
-use lading_ingest::stages::StoredVersion;
 use lading_ingest::{Submission, SubmitError, inventory};
 
 /// The stages up to a job's download: run alone, they leave jobs waiting in Processing.
@@ -18,17 +17,6 @@ const EARLY: &[&str] = &[
     "provisioning",
     "downloading",
 ];
-
-async fn stored(w: &World, job: &lading_core::layout::JobId) -> StoredVersion {
-    let n = w
-        .engine
-        .tree()
-        .get(&lading_core::layout::job_node(job, "store"))
-        .await
-        .unwrap()
-        .expect("a store record");
-    serde_json::from_slice(&n.data.unwrap()).unwrap()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manifest_of_manifests_goes_through_every_stage_to_a_report() {
@@ -71,7 +59,7 @@ async fn a_manifest_of_manifests_goes_through_every_stage_to_a_report() {
         assert!(local.starts_with("local-"));
         assert!(info.metadata["erc_what"].is_string());
         assert!(info.space_needed > 0, "estimated");
-        let s = stored(&w, j).await;
+        let s = w.stored(j).await;
         assert_eq!((s.ark.as_str(), s.version), (ark.as_str(), 1));
         let files = stored_files(std::path::Path::new(&s.path));
         assert!(
@@ -198,7 +186,7 @@ async fn containers_and_single_files_are_objects_too() {
     }
     let mut contents = Vec::new();
     for j in w.jobs_of(&b1).await {
-        let s = stored(&w, &j).await;
+        let s = w.stored(&j).await;
         contents.extend(stored_files(std::path::Path::new(&s.path)));
     }
     contents.sort();
@@ -216,7 +204,7 @@ async fn containers_and_single_files_are_objects_too() {
     );
     let mut given = None;
     for j in w.jobs_of(&b2).await {
-        let s = stored(&w, &j).await;
+        let s = w.stored(&j).await;
         if s.ark == "ark:/13030/given1" {
             given = Some(s);
         }
@@ -424,7 +412,7 @@ async fn a_requeue_fetches_again_only_the_files_whose_manifest_rows_changed() {
         "a changed row is fetched again"
     );
     assert_eq!(w.server.gets("d/b.txt"), 2);
-    let v = stored(&w, &job).await;
+    let v = w.stored(&job).await;
     let a = std::fs::read(std::path::Path::new(&v.path).join("producer/a.txt")).unwrap();
     assert_eq!(a, b"corrected a");
     run.stop().await;
@@ -510,7 +498,7 @@ async fn a_failing_callback_is_retried_from_the_outbox_with_one_key_until_an_adm
     let key = keys.into_iter().next().unwrap();
     assert!(key.ends_with(&format!(":{job}:completed:1")), "{key}");
     assert_eq!(calls[3]["body"]["status"], "Completed");
-    assert_eq!(stored(&w, &job).await.version, 1, "stored once");
+    assert_eq!(w.stored(&job).await.version, 1, "stored once");
     run.stop().await;
 }
 
@@ -929,7 +917,7 @@ async fn cleanup_removes_old_batches_and_working_folders_but_not_stored_objects(
     w.batch_reaches(&bid, &[BatchState::Completed]).await;
     run.stop().await;
     let job = w.jobs_of(&bid).await.remove(0);
-    let stored_at = stored(&w, &job).await.path;
+    let stored_at = w.stored(&job).await.path;
     assert!(w.cfg.work_dir().join(job.as_str()).exists());
     let now = w.engine.clock().now_ms();
     // Younger than the retention: kept.
@@ -1408,7 +1396,7 @@ async fn a_job_that_changes_hosts_is_fetched_and_processed_again_where_it_goes(w
         2,
         "A's downloads were reused"
     );
-    let v = stored(&w, &job).await;
+    let v = w.stored(&job).await;
     let dir = std::path::Path::new(&v.path);
     assert_eq!(
         stored_files(dir),

@@ -110,7 +110,7 @@ async fn an_updated_bag_sends_only_what_changed_and_a_round_trip_sends_no_payloa
         .submit_as(&ingest, "bags", "depositor", &first, "bag")
         .await;
     w.runs_to_completion(&ingest, &b1).await;
-    let s1 = stored(&w, &w.first_job(&b1).await).await.unwrap();
+    let s1 = w.store_record(&w.first_job(&b1).await).await.unwrap();
     assert_eq!(
         payload_sent(&proxy, 0, 1),
         vec!["a.bin", "b.txt", "c.txt"],
@@ -126,7 +126,7 @@ async fn an_updated_bag_sends_only_what_changed_and_a_round_trip_sends_no_payloa
         .submit_as(&ingest, "bags", "depositor", &second, "bag")
         .await;
     w.runs_to_completion(&ingest, &b2).await;
-    let s2 = stored(&w, &w.first_job(&b2).await).await.unwrap();
+    let s2 = w.store_record(&w.first_job(&b2).await).await.unwrap();
     assert_eq!((s2.ark.as_str(), s2.version), (s1.ark.as_str(), 2));
     assert_eq!(
         payload_sent(&proxy, seen, 2),
@@ -179,7 +179,7 @@ async fn an_updated_bag_sends_only_what_changed_and_a_round_trip_sends_no_payloa
         .submit_as(&ingest, "bags", "depositor", &again, "bag")
         .await;
     w.runs_to_completion(&ingest, &b3).await;
-    let s3 = stored(&w, &w.first_job(&b3).await).await.unwrap();
+    let s3 = w.store_record(&w.first_job(&b3).await).await.unwrap();
     assert_eq!(s3.version, 3);
     assert_eq!(
         payload_sent(&proxy, seen, 3),

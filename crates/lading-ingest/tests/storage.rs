@@ -10,7 +10,6 @@ mod common;
 use common::{Backend, World};
 use lading_core::{BatchState, JobState};
 use lading_ingest::nodes::{Node, NodeSettings, Place};
-use lading_ingest::stages::StoredVersion;
 use lading_ingest::{Config, Ingest};
 use lading_testkit::seaweed::{ACCESS_KEY, SECRET_KEY, Weed};
 use sha2::Digest;
@@ -58,17 +57,6 @@ fn ingest_with(w: &World, nodes: Vec<NodeSettings>) -> Result<Arc<Ingest>, Strin
         ..w.cfg.clone()
     };
     Ingest::try_new_env(w.engine.clone(), cfg, env)
-}
-
-async fn stored(w: &World, job: &lading_core::layout::JobId) -> StoredVersion {
-    let n = w
-        .engine
-        .tree()
-        .get(&lading_core::layout::job_node(job, "store"))
-        .await
-        .unwrap()
-        .expect("a store record");
-    serde_json::from_slice(&n.data.unwrap()).unwrap()
 }
 
 on_both_backends!(
@@ -129,7 +117,7 @@ async fn the_primary_killed_mid_batch_and_started_again_leaves_every_object_comp
         let job = w.jobs_of(b).await.remove(0);
         let st = w.engine.job(&job).await.unwrap().status;
         assert_eq!(end, BatchState::Completed, "{st:?}");
-        let s = stored(&w, &job).await;
+        let s = w.stored(&job).await;
         let c = primary
             .digest(&s.ark, s.version, "producer/big.bin", None)
             .await
@@ -258,7 +246,7 @@ async fn a_batch_is_stored_on_a_primary_and_a_replica_and_fixity_repairs_a_bad_c
     let job = w.jobs_of(&bid).await.remove(0);
     let st = w.engine.job(&job).await.unwrap().status;
     assert_eq!(end, BatchState::Completed, "{st:?}");
-    let s = stored(&w, &job).await;
+    let s = w.stored(&job).await;
     assert_eq!(s.node, Some(9501));
     assert_eq!(s.path, format!("s3://primary/lading/{}|1|", s.ark));
     // Key by key on the primary, under Merritt's keys.
@@ -1096,7 +1084,7 @@ async fn a_primary_down_longer_than_every_attempt_costs_time_and_no_work(w: Worl
                 > 0,
             "{st:?}"
         );
-        let s = stored(&w, &job).await;
+        let s = w.stored(&job).await;
         assert_eq!(primary.versions(&s.ark).await.unwrap(), [1]);
         lading_testkit::poll::until_true("the replica's copy", common::WAIT, async || {
             replica.versions(&s.ark).await.unwrap() == [1]
@@ -1146,7 +1134,7 @@ async fn a_replica_down_lets_versions_complete_and_catches_up_when_back(w: World
     b.restart().unwrap();
     let replica = Node::open(&nodes[1], env).unwrap();
     for job in w.jobs_of(&bid).await {
-        let s = stored(&w, &job).await;
+        let s = w.stored(&job).await;
         lading_testkit::poll::until_true("the replica's copy", common::WAIT, async || {
             replica.versions(&s.ark).await.unwrap_or_default() == [1]
         })

@@ -110,16 +110,6 @@ pub fn aptrust_info(dir: &Path, text: &str) {
     std::fs::write(dir.join("aptrust-info.txt"), text).unwrap();
 }
 
-pub async fn stored(w: &World, job: &lading_core::layout::JobId) -> Option<StoredVersion> {
-    let n = w
-        .engine
-        .tree()
-        .get(&lading_core::layout::job_node(job, "store"))
-        .await
-        .unwrap()?;
-    Some(serde_json::from_slice(&n.data.unwrap()).unwrap())
-}
-
 /// Restores stored version `s` as a bag (`lading admin restore --format bag` and the access
 /// queue's `format: bag` both write it so), untars it, checks that bagit.py finds it valid,
 /// and returns the bag's folder.

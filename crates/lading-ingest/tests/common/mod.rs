@@ -337,6 +337,22 @@ impl World {
         (ingest, bid)
     }
 
+    /// The record Storing wrote for `job` (what it stored, where), if any.
+    pub async fn store_record(&self, job: &JobId) -> Option<lading_ingest::stages::StoredVersion> {
+        let n = self
+            .engine
+            .tree()
+            .get(&lading_core::layout::job_node(job, "store"))
+            .await
+            .unwrap()?;
+        Some(serde_json::from_slice(&n.data.unwrap()).unwrap())
+    }
+
+    /// The record Storing wrote for `job`; panics when there is none.
+    pub async fn stored(&self, job: &JobId) -> lading_ingest::stages::StoredVersion {
+        self.store_record(job).await.expect("a store record")
+    }
+
     /// The message of `batch`'s status (empty when none).
     pub async fn batch_message(&self, batch: &BatchId) -> String {
         let st = self.engine.batch(batch).await.unwrap().status;
