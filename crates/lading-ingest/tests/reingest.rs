@@ -8,21 +8,13 @@
 mod common;
 
 use common::bags::*;
+use common::nodes::*;
 use common::{Backend, World};
-use lading_ingest::nodes::NodeSettings;
 use lading_ingest::{Config, Ingest};
 use lading_testkit::proxy::HoldingProxy;
-use lading_testkit::seaweed::{ACCESS_KEY, SECRET_KEY, Weed};
+use lading_testkit::seaweed::Weed;
 use std::path::Path;
 use std::sync::Arc;
-
-fn env(k: &str) -> Option<String> {
-    match k {
-        "AWS_ACCESS_KEY_ID" => Some(ACCESS_KEY.into()),
-        "AWS_SECRET_ACCESS_KEY" => Some(SECRET_KEY.into()),
-        _ => None,
-    }
-}
 
 /// The payload files (`producer/…`) version `version` sent to the node, by name, in the
 /// request lines the proxy saw from `from` on (a PUT or a multipart upload's start).
@@ -71,16 +63,7 @@ async fn an_updated_bag_sends_only_what_changed_and_a_round_trip_sends_no_payloa
          storage_nodes = [9501]\n",
     );
     let cfg = Config {
-        storage_nodes: vec![NodeSettings {
-            id: 9501,
-            url: "s3://primary/lading".into(),
-            endpoint: Some(proxy.endpoint()),
-            region: None,
-            access_key_id_env: None,
-            secret_access_key_env: None,
-            part_size: Some(5 << 20),
-            checksum: None,
-        }],
+        storage_nodes: vec![node_at(9501, proxy.endpoint(), "primary")],
         ..w.cfg.clone()
     };
     let ingest: Arc<Ingest> = Ingest::try_new_env(w.engine.clone(), cfg, env).unwrap();

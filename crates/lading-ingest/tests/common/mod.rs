@@ -24,6 +24,7 @@ macro_rules! on_both_backends {
 }
 
 pub mod bags;
+pub mod nodes;
 
 use lading_core::Tree;
 use lading_core::layout::{BatchId, JobId};
