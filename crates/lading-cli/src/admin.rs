@@ -91,6 +91,16 @@ pub(crate) enum Admin {
         #[arg(short = 'o', long = "output")]
         output: std::path::PathBuf,
     },
+    /// Deletion of stored objects, only when a second admin approves (through --server with an
+    /// admin token: who asks and who approves are the tokens' names). `delete ARK [--version
+    /// V] --reason TEXT` records a request; another admin's `approve-deletion ID` removes the
+    /// files from every storage node and keeps a tombstone (who, when, why, the digests);
+    /// `cancel-deletion ID` drops a request; `deletions [--ark ARK]` lists them, `deletion ID`
+    /// shows one.
+    Object {
+        #[command(subcommand)]
+        action: ObjectAction,
+    },
     /// Check the setup as `serve` and `worker` do when they start (the config, every
     /// profile, the nodes they name), then probe every outside service once (each storage
     /// node, the SMTP server): one line each; exit 1 when anything is wrong.
@@ -101,6 +111,31 @@ pub(crate) enum Admin {
         #[arg(long, default_value_t = 24 * 7)]
         older_than_hours: u64,
     },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum ObjectAction {
+    /// Request the deletion of an object (or one version of it).
+    Delete {
+        ark: String,
+        /// Only this version (default: the whole object).
+        #[arg(long)]
+        version: Option<u32>,
+        /// Why (kept in the tombstone).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Approve another admin's deletion request: its files are removed from every node.
+    ApproveDeletion { id: String },
+    /// Cancel a deletion request.
+    CancelDeletion { id: String },
+    /// Every deletion request and tombstone (of one object).
+    Deletions {
+        #[arg(long)]
+        ark: Option<String>,
+    },
+    /// One deletion, as JSON (a done one is the tombstone).
+    Deletion { id: String },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -249,6 +284,7 @@ pub(crate) async fn admin(ops: &impl Ops, action: Admin) -> anyhow::Result<()> {
                 bail!("name the entry to retry (lading admin outbox list)")
             }
         },
+        Admin::Object { action } => object(ops, action).await?,
         Admin::ClearLock { kind, name } => {
             ops.clear_lock(&kind, &name).await?;
             println!("{kind} lock {name}: cleared");
@@ -256,6 +292,59 @@ pub(crate) async fn admin(ops: &impl Ops, action: Admin) -> anyhow::Result<()> {
         Admin::Cleanup { .. } => {
             bail!("cleanup works on the store and its folders; run it without --server")
         }
+    }
+    Ok(())
+}
+
+/// `lading admin object …`: one line per deletion (the whole record for `deletion ID`).
+async fn object(ops: &impl Ops, action: ObjectAction) -> anyhow::Result<()> {
+    use lading_server::ops::DeletionVerb as V;
+    let (verb, whole) = match action {
+        ObjectAction::Delete {
+            ark,
+            version,
+            reason,
+        } => (
+            V::Request {
+                ark,
+                version,
+                reason,
+            },
+            false,
+        ),
+        ObjectAction::ApproveDeletion { id } => (V::Approve(id), false),
+        ObjectAction::CancelDeletion { id } => (V::Cancel(id), false),
+        ObjectAction::Deletions { ark } => (V::List(ark), false),
+        ObjectAction::Deletion { id } => (V::Show(id), true),
+    };
+    let listing = matches!(verb, V::List(_));
+    let all = ops.deletion(verb).await?;
+    if whole {
+        return print_json(&all.first());
+    }
+    if listing && all.is_empty() {
+        println!("no deletions");
+    }
+    for d in all {
+        let by = d
+            .decided_by
+            .as_deref()
+            .map(|b| format!(", decided by {b}"))
+            .unwrap_or_default();
+        let waiting = d
+            .waiting
+            .as_deref()
+            .map(|w| format!("; waiting: {w}"))
+            .unwrap_or_default();
+        println!(
+            "{}  {}  {}  requested by {}{by}; {} files removed, {} kept{waiting}",
+            d.id,
+            d.target(),
+            d.status.name(),
+            d.requested_by,
+            d.files.len(),
+            d.kept.len(),
+        );
     }
     Ok(())
 }

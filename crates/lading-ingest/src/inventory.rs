@@ -25,6 +25,8 @@ CREATE TABLE IF NOT EXISTS local_ids(collection TEXT NOT NULL, local_id TEXT NOT
 CREATE TABLE IF NOT EXISTS copies(ark TEXT NOT NULL, version INTEGER NOT NULL, path TEXT NOT NULL,
   node BIGINT NOT NULL, status TEXT NOT NULL, checked TEXT, found TEXT,
   PRIMARY KEY(ark, version, path, node));
+CREATE TABLE IF NOT EXISTS deletions(id TEXT PRIMARY KEY, ark TEXT NOT NULL, status TEXT NOT NULL,
+  doc TEXT NOT NULL);
 ";
 
 /// A PostgreSQL error, named with the inventory's location (as shown, without a password).
@@ -320,7 +322,8 @@ impl Inventory {
         const Q: &str = "INSERT INTO copies(ark, version, path, node, status, checked, found)
              VALUES ($1, $2, $3, $4, $5, $6, $7)
              ON CONFLICT(ark, version, path, node) DO UPDATE SET status = excluded.status,
-               checked = excluded.checked, found = excluded.found";
+               checked = excluded.checked, found = excluded.found
+             WHERE copies.status <> 'deleted'";
         self.with(|c, shown| match c {
             Conn::Sqlite(c) => {
                 let tx = c.transaction()?;
@@ -407,7 +410,7 @@ impl Inventory {
         const Q: &str = "SELECT c.ark, c.version, c.path, c.node, c.status, c.checked, f.size, f.sha256, v.path
              FROM copies c JOIN files f ON f.ark = c.ark AND f.version = c.version AND f.path = c.path
              JOIN versions v ON v.ark = c.ark AND v.version = c.version
-             WHERE c.checked IS NULL OR c.checked < $1
+             WHERE (c.checked IS NULL OR c.checked < $1) AND c.status <> 'deleted'
              ORDER BY c.checked, c.ark, c.version, c.path, c.node LIMIT $2";
         self.copy_query(Q, before.to_string(), limit)
     }
@@ -417,7 +420,7 @@ impl Inventory {
         const Q: &str = "SELECT CAST(COUNT(*) AS BIGINT),
                CAST(COALESCE(SUM(CASE WHEN status = 'bad' THEN 1 ELSE 0 END), 0) AS BIGINT),
                CAST(COALESCE(SUM(CASE WHEN status = 'missing' THEN 1 ELSE 0 END), 0) AS BIGINT),
-               MIN(checked) FROM copies";
+               MIN(checked) FROM copies WHERE status <> 'deleted'";
         self.with(|c, shown| match c {
             Conn::Sqlite(c) => Ok(c.prepare_cached(Q)?.query_row([], |r| {
                 Ok(FixitySummary {
@@ -507,6 +510,7 @@ impl Inventory {
              FROM copies c JOIN files f ON f.ark = c.ark AND f.version = c.version AND f.path = c.path
              JOIN versions v ON v.ark = c.ark AND v.version = c.version
              WHERE (CAST($1 AS BIGINT) < 0 OR c.node = CAST($1 AS BIGINT)) AND ($2 = '' OR c.ark = $2)
+               AND c.status <> 'deleted'
              ORDER BY c.ark, c.version, c.path, c.node";
         let n = node.map_or(-1i64, i64::from);
         let a = ark.unwrap_or("").to_string();
@@ -686,7 +690,8 @@ pub struct CopyRow {
     pub path: String,
     /// The storage node (0: the storage root of a profile without nodes).
     pub node: u32,
-    /// `ok`, `bad` (other bytes), `missing`.
+    /// `ok`, `bad` (other bytes), `missing`; `deleted` once an approved deletion removes it
+    /// (the checker no longer reads it, and no later check changes that).
     pub status: String,
     /// The SHA-256 found, when the file was read.
     pub found: Option<String>,
@@ -760,6 +765,7 @@ pub async fn owner_of(inv: &Arc<Inventory>, ark: &str) -> Result<Option<String>,
     inv.run(move |i| i.owner(&ark)).await
 }
 
+mod deletions;
 mod reads;
 mod record;
 pub use reads::{JobVersion, MAX_LISTED};

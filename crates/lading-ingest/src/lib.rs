@@ -15,6 +15,7 @@ pub mod checkm;
 pub mod cleanup;
 pub mod command;
 pub mod config;
+pub mod deletion;
 pub mod fair;
 pub mod fetch;
 pub mod files;
@@ -307,6 +308,12 @@ pub async fn start(
         let i = ingest.clone();
         services.spawn("housekeeping", Phase::First, |sd| async move {
             cleanup::housekeeping(i, sd).await;
+            Ok(())
+        });
+        // Approved deletions a node was unavailable for, tried again each minute.
+        let i = ingest.clone();
+        services.spawn("deletions", Phase::First, |sd| async move {
+            deletion::run(i, std::time::Duration::from_secs(60), sd).await;
             Ok(())
         });
     }

@@ -97,6 +97,10 @@ pub const MAX_RECORD_BYTES: u64 = 256 << 20;
 /// A node's version record key's path inside the version.
 pub const VERSION_RECORD: &str = "system/lading-version.json";
 
+/// Written inside a version an approved deletion removed ([`crate::deletion`]): the version
+/// keeps its number and record, and nothing is carried over from it again.
+pub const DELETION_MARK: &str = "system/lading-deletion.json";
+
 pub use crate::config::NodeSettings;
 
 impl Node {

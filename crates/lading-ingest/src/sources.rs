@@ -50,6 +50,12 @@ pub async fn source(
     version: u32,
     stored: Option<&crate::stages::StoredVersion>,
 ) -> Result<Source, String> {
+    if let Some(d) = crate::deletion::of_version(ingest, ark, version)
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        return Err(crate::deletion::gone(&d, version));
+    }
     let a = ark.to_string();
     let (path, copies) = ingest
         .inventory

@@ -256,6 +256,46 @@ impl Ops for Client {
         Ok(())
     }
 
+    async fn deletion(
+        &self,
+        verb: lading_server::ops::DeletionVerb,
+    ) -> Result<Vec<lading_server::ops::Deletion>> {
+        use lading_server::ops::DeletionVerb as V;
+        let one = |d| Ok(vec![d]);
+        match verb {
+            V::Request {
+                ark,
+                version,
+                reason,
+            } => {
+                let body = serde_json::json!({"ark": ark, "version": version, "reason": reason});
+                one(self.json("POST", "/api/v1/deletions", Some(&body)).await?)
+            }
+            V::Approve(id) | V::Cancel(id) if id.is_empty() => {
+                anyhow::bail!("name the deletion (del…)")
+            }
+            V::Approve(id) => {
+                let path = format!("/api/v1/deletions/{}/approve", enc(&id));
+                one(self.json("POST", &path, None::<&()>).await?)
+            }
+            V::Cancel(id) => {
+                let path = format!("/api/v1/deletions/{}/cancel", enc(&id));
+                one(self.json("POST", &path, None::<&()>).await?)
+            }
+            V::Show(id) => {
+                let path = format!("/api/v1/deletions/{}", enc(&id));
+                one(self.json("GET", &path, None::<&()>).await?)
+            }
+            V::List(ark) => {
+                let path = match ark {
+                    Some(a) => format!("/api/v1/deletions?ark={}", enc(&a)),
+                    None => "/api/v1/deletions".to_string(),
+                };
+                self.json("GET", &path, None::<&()>).await
+            }
+        }
+    }
+
     async fn clear_lock(&self, kind: &str, name: &str) -> Result<()> {
         let path = format!("/api/v1/locks/{}/{}", enc(kind), enc(name));
         let _: lading_server::api::LockCleared = self.json("DELETE", &path, None::<&()>).await?;

@@ -75,6 +75,7 @@ pub async fn request(
     if p.role != crate::Role::Admin && !submitted_by(&s, &p, &b.ark, b.version).await? {
         return Err(not_found());
     }
+    crate::deletions::refuse_deleted(&s, &b.ark, b.version).await?;
     let queue = match b.queue.as_deref() {
         Some(q) => AccessQueue::parse(q).ok_or_else(|| {
             ApiError::bad_request(format!("unknown access queue {q:?} (small or large)"))

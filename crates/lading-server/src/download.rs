@@ -124,6 +124,7 @@ pub async fn job_download(
         )
             .into_response());
     };
+    crate::deletions::refuse_deleted(&s, &stored.ark, stored.version).await?;
     let name = format!("{}-v{}.zip", ark_node_name(&stored.ark), stored.version);
     if stored.node.is_some() {
         let src =
@@ -184,6 +185,7 @@ pub async fn object_download(
                 format!("no version {} of {:?} is recorded", q.version, q.ark),
             )
         })?;
+    crate::deletions::refuse_deleted(&s, &q.ark, q.version).await?;
     // The primary's copy, or a replica's when the primary does not answer or failed fixity.
     let src = lading_ingest::access::source(&s.ingest, &q.ark, q.version, None)
         .await

@@ -17,6 +17,7 @@ use lading_core::tree::TreeError;
 use lading_engine::EngineError;
 use lading_ingest::SubmitError;
 use lading_ingest::config::ConfigError;
+use lading_ingest::deletion::DeletionError;
 use lading_jobs::JobsError;
 use serde_json::json;
 
@@ -228,6 +229,26 @@ impl From<JobsError> for ApiError {
                     unreachable!()
                 };
                 return t.into();
+            }
+        };
+        ApiError::new(status, kind, e.to_string())
+    }
+}
+
+impl From<DeletionError> for ApiError {
+    fn from(e: DeletionError) -> ApiError {
+        let (status, kind) = match &e {
+            DeletionError::NotFound(_)
+            | DeletionError::NoObject(_)
+            | DeletionError::NoVersion { .. } => (StatusCode::NOT_FOUND, "not_found"),
+            DeletionError::Deleted { .. } => (StatusCode::GONE, "deleted"),
+            DeletionError::Open { .. } | DeletionError::NotRequested { .. } => {
+                (StatusCode::CONFLICT, "wrong_state")
+            }
+            DeletionError::Reason => (StatusCode::BAD_REQUEST, "invalid"),
+            DeletionError::SameAdmin { .. } => (StatusCode::FORBIDDEN, "second_admin"),
+            DeletionError::Inventory(_) | DeletionError::Corrupt(..) => {
+                return ApiError::internal(e.to_string());
             }
         };
         ApiError::new(status, kind, e.to_string())
@@ -482,6 +503,54 @@ mod tests {
         all
     }
 
+    fn deletions() -> Vec<DeletionError> {
+        let all = vec![
+            DeletionError::NotFound("del1".into()),
+            DeletionError::NoObject("ark:/1/x".into()),
+            DeletionError::NoVersion {
+                ark: "ark:/1/x".into(),
+                version: 3,
+            },
+            DeletionError::Deleted {
+                target: "ark:/1/x".into(),
+                id: "del1".into(),
+            },
+            DeletionError::Open {
+                target: "ark:/1/x".into(),
+                id: "del1".into(),
+            },
+            DeletionError::Reason,
+            DeletionError::SameAdmin {
+                id: "del1".into(),
+                name: "alice".into(),
+            },
+            DeletionError::NotRequested {
+                id: "del1".into(),
+                status: "deleted",
+                verb: "approved",
+            },
+            DeletionError::Inventory(lading_ingest::inventory::InventoryError::Io(
+                std::io::Error::other(detail("sqlite")),
+            )),
+            DeletionError::Corrupt("del1".into(), detail("json")),
+        ];
+        for e in &all {
+            match e {
+                DeletionError::NotFound(_)
+                | DeletionError::NoObject(_)
+                | DeletionError::NoVersion { .. }
+                | DeletionError::Deleted { .. }
+                | DeletionError::Open { .. }
+                | DeletionError::Reason
+                | DeletionError::SameAdmin { .. }
+                | DeletionError::NotRequested { .. }
+                | DeletionError::Inventory(_)
+                | DeletionError::Corrupt(..) => {}
+            }
+        }
+        all
+    }
+
     fn reads_no_secret(what: &str, a: &ApiError) {
         for s in SECRETS {
             assert!(
@@ -505,6 +574,11 @@ mod tests {
             n += 1;
         }
         for e in jobs() {
+            let what = format!("{e:?}");
+            reads_no_secret(&what, &ApiError::from(e));
+            n += 1;
+        }
+        for e in deletions() {
             let what = format!("{e:?}");
             reads_no_secret(&what, &ApiError::from(e));
             n += 1;

@@ -13,6 +13,7 @@ pub mod api;
 pub mod auth;
 mod batches;
 pub mod conn;
+mod deletions;
 pub mod download;
 mod errors;
 pub mod events;
@@ -98,6 +99,7 @@ pub fn router(state: AppState) -> Router {
         )
         .merge(batches::routes())
         .merge(generic::routes())
+        .merge(deletions::routes())
         .merge(merritt::routes())
         .layer(axum::extract::DefaultBodyLimit::max(
             state.ingest.cfg.http.max_body_bytes,

@@ -1,7 +1,7 @@
 //! `/api/v1/openapi.json`: the API described from the handlers themselves (`utoipa`: each
 //! handler carries its method, path, parameters, body and responses next to its code).
 
-use crate::{access, batches, download, events, generic, metrics, overview, upload};
+use crate::{access, batches, deletions, download, events, generic, metrics, overview, upload};
 use axum::Json;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -25,6 +25,10 @@ use utoipa::{Modify, OpenApi};
         download::job_download,
         download::object_download,
         access::request,
+        deletions::request,
+        deletions::list,
+        deletions::show,
+        deletions::decide,
         access::status,
         access::show,
         access::file,

@@ -15,10 +15,26 @@ use lading_engine::{
     AccessInfo, BatchInfo, ChangeEvent, EngineError, JobInfo, OutboxItem, Summary,
 };
 use lading_ingest::Ingest;
+pub use lading_ingest::deletion::Deletion;
 use serde_json::Value;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// A deletion verb ([`Ops::deletion`]).
+#[derive(Debug, Clone)]
+pub enum DeletionVerb {
+    Request {
+        ark: String,
+        version: Option<u32>,
+        reason: String,
+    },
+    Approve(String),
+    Cancel(String),
+    /// Every deletion (of one object).
+    List(Option<String>),
+    Show(String),
+}
 
 /// The operator's verbs. Errors keep their type (an [`EngineError`], a
 /// [`crate::client::HttpError`], …) so the command line can pick its exit code.
@@ -47,6 +63,9 @@ pub trait Ops {
     async fn changes(&self, batch: &str) -> Result<Changes>;
     /// The copies of what a job stored, per version and storage node.
     async fn copies(&self, job: &str) -> Result<Vec<lading_ingest::inventory::NodeCopies>>;
+    /// Deletion requests: ask, approve, cancel, list, show. Through a server only (who asked
+    /// and who approved are token names); the answer is the deletions the verb touched.
+    async fn deletion(&self, verb: DeletionVerb) -> Result<Vec<Deletion>>;
 
     /// A record as the API shows it: the summary (no id), a job (`jid…`), an access
     /// request (`qid…`) or a batch (`bid…` or its uuid), with its history expanded.
@@ -262,6 +281,13 @@ impl Ops for Local {
 
     async fn clear_lock(&self, kind: &str, name: &str) -> Result<()> {
         Ok(self.0.engine.clear_foreign_lock(kind, name).await?)
+    }
+
+    async fn deletion(&self, _verb: DeletionVerb) -> Result<Vec<Deletion>> {
+        anyhow::bail!(
+            "deletions go through a server (--server with an admin token): who asks and who \
+             approves are the tokens' names, and a second admin must approve"
+        )
     }
 
     async fn changes(&self, batch: &str) -> Result<Changes> {

@@ -413,6 +413,64 @@ impl Node {
     }
 }
 
+impl Node {
+    /// Removes `rel` of the version (an approved deletion only); a copy already gone counts
+    /// as removed.
+    pub async fn remove(&self, ark: &str, version: u32, rel: &str) -> Result<(), NodeError> {
+        match &self.place {
+            Place::Folder(root) => {
+                let p = self.folder_path(root, ark, version, rel);
+                let q = p.clone();
+                crate::blocking::io(move || match std::fs::remove_file(&q) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                    _ => Ok(()),
+                })
+                .await
+                .map_err(|e| self.io("removing", &p, e))
+            }
+            Place::Bucket { store, .. } => {
+                let key = self.key(ark, version, rel)?;
+                match store.delete(&key).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                    Err(e) => Err(self.fail(&format!("DELETE {key}"), e)),
+                }
+            }
+        }
+    }
+
+    /// Writes the small `bytes` at `rel` of the version, over whatever is there (a deleted
+    /// version's mark).
+    pub async fn mark(
+        &self,
+        ark: &str,
+        version: u32,
+        rel: &str,
+        bytes: Vec<u8>,
+    ) -> Result<(), NodeError> {
+        match &self.place {
+            Place::Folder(root) => {
+                let p = self.folder_path(root, ark, version, rel);
+                let q = p.clone();
+                crate::blocking::io(move || {
+                    if let Some(d) = q.parent() {
+                        std::fs::create_dir_all(d)?;
+                    }
+                    std::fs::write(&q, bytes)
+                })
+                .await
+                .map_err(|e| self.io("writing", &p, e))
+            }
+            Place::Bucket { store, .. } => {
+                let key = self.key(ark, version, rel)?;
+                store
+                    .put(&key, PutPayload::from(bytes))
+                    .await
+                    .map_err(|e| self.fail(&format!("PUT {key}"), e))
+            }
+        }
+    }
+}
+
 /// Copies `src` to `dst` (made through a temporary name, synced) only if `dst` is absent:
 /// the final name is a hard link, which fails when it exists.
 fn copy_new(src: &Path, dst: &Path) -> std::io::Result<()> {

@@ -392,6 +392,15 @@ async fn carried_over(
         .map_err(|e| node_outcome(node, e))?;
     let mut prior = None;
     for v in earlier.iter().rev().filter(|v| **v < version).take(3) {
+        // A deleted version's bytes are gone (or kept only for a version that uses them).
+        if node
+            .head(ark, *v, crate::nodes::DELETION_MARK)
+            .await
+            .map_err(|e| node_outcome(node, e))?
+            .is_some()
+        {
+            continue;
+        }
         if let Some(r) = read_node_version(node, ark, *v)
             .await
             .map_err(|e| node_outcome(node, e))?
