@@ -1,8 +1,8 @@
 //! A reingest on a real storage node (SeaweedFS, seen through a counting proxy): an updated
 //! bag sends only its changed and new files, its version lists the unchanged ones where an
 //! earlier version stores them, a restore of it is a valid bag, and depositing that bag again
-//! sends no payload file at all; the fixity checker finds every copy where it is. On both
-//! stores.
+//! sends no payload file at all; the fixity checker finds every copy where it is. On the
+//! storage root an unchanged file is a hard link to the earlier version's. On both stores.
 
 #[macro_use]
 mod common;
@@ -179,4 +179,75 @@ async fn an_updated_bag_sends_only_what_changed_and_a_round_trip_sends_no_payloa
         .unwrap();
     assert!(audit.checked > 0);
     assert_eq!(audit.findings.len(), 0, "{:?}", audit.findings);
+}
+
+on_both_backends!(
+    on_the_storage_root_an_unchanged_file_is_stored_once_and_outlives_a_deleted_version
+);
+
+/// On the storage root (a profile without nodes) a new version's unchanged files are hard
+/// links to the earlier version's: stored once. Deleting v1 then leaves v2 whole and valid.
+async fn on_the_storage_root_an_unchanged_file_is_stored_once_and_outlives_a_deleted_version(
+    w: World,
+) {
+    use std::os::unix::fs::MetadataExt;
+    bag_profile(&w);
+    w.profile(
+        "bags",
+        "collection = \"bags\"\n\
+         bag_profiles = [\"bagit/aptrust-v2.2.json\", \"bagit/btr-v1.0.json\"]\n",
+    );
+    let ingest = w.ingest();
+    let deposit = async |dir: &str, files: &[(&str, &[u8])]| {
+        let src = w.dir.path().join(dir);
+        let d = make_bag(
+            &src,
+            "rb",
+            files,
+            &[
+                "--md5",
+                "--sha256",
+                "--source-organization",
+                "Example University",
+            ],
+        );
+        aptrust_info(&d, "Title: Root\nAccess: Institution\n");
+        let tar = w
+            .file(&format!("{dir}/rb.tar"), &serialize(&d, "rb", "rb.tar"))
+            .0;
+        let b = w.submit_as(&ingest, "bags", "depositor", &tar, "bag").await;
+        w.runs_to_completion(&ingest, &b).await;
+        w.store_record(&w.first_job(&b).await).await.unwrap()
+    };
+    let big: Vec<u8> = (0..1 << 20).map(|i| (i * 13 % 251) as u8).collect();
+    let s1 = deposit("v1", &[("a.bin", &big), ("b.txt", b"beta")]).await;
+    let s2 = deposit("v2", &[("a.bin", &big), ("b.txt", b"BETA")]).await;
+    assert_eq!((s2.ark.as_str(), s2.version), (s1.ark.as_str(), 2));
+    let inode = |s: &lading_ingest::stages::StoredVersion, rel: &str| {
+        std::fs::metadata(Path::new(&s.path).join(rel))
+            .unwrap()
+            .ino()
+    };
+    assert_eq!(
+        inode(&s1, "producer/a.bin"),
+        inode(&s2, "producer/a.bin"),
+        "the unchanged file is stored once"
+    );
+    assert_ne!(inode(&s1, "producer/b.txt"), inode(&s2, "producer/b.txt"));
+
+    let d = lading_ingest::deletion::request(&ingest, &s1.ark, Some(1), "superseded", "alice")
+        .await
+        .unwrap();
+    let d = lading_ingest::deletion::approve(&ingest, &d.id, "bob")
+        .await
+        .unwrap();
+    assert_eq!(d.status, lading_ingest::deletion::Status::Deleted);
+    assert!(!Path::new(&s1.path).join("producer/a.bin").exists());
+    let bag = restore_and_validate(&w, &ingest, &s2, "rb").await;
+    assert_eq!(std::fs::read(bag.join("data/a.bin")).unwrap(), big);
+    let audit = lading_ingest::fixity::check(&ingest, None, None, None)
+        .await
+        .unwrap();
+    assert!(audit.checked > 0);
+    assert_eq!(audit.findings, []);
 }

@@ -135,6 +135,49 @@ pub(crate) fn place_tree(from: &Path, to: &Path, link: bool) -> std::io::Result<
     Ok((linked, copied))
 }
 
+/// Replaces each file under `dir` whose bytes a file of `earlier` (the object's version
+/// before, at any path) holds with a hard link to that file, so a new version on the storage
+/// root does not store its unchanged files twice (a later deletion of either version leaves
+/// the other's link whole). Compared by size, then by the SHA-256 of both, read here rather
+/// than trusted from a record. Returns how many files were linked.
+pub(crate) fn link_unchanged(dir: &Path, earlier: &Path) -> std::io::Result<usize> {
+    use std::collections::HashMap;
+    use std::os::unix::fs::MetadataExt;
+    let mut by_size: HashMap<u64, Vec<PathBuf>> = HashMap::new();
+    for (rel, path, size) in crate::sources::files(earlier)? {
+        if rel != crate::files::VERSION_FILE {
+            by_size.entry(size).or_default().push(path);
+        }
+    }
+    let mut digests: HashMap<PathBuf, String> = HashMap::new();
+    let mut linked = 0;
+    for (_, path, size) in crate::sources::files(dir)? {
+        let Some(candidates) = by_size.get(&size) else {
+            continue;
+        };
+        let mine = std::fs::metadata(&path)?;
+        let digest = crate::files::file_sha256(&path)?.1;
+        for c in candidates {
+            let theirs = std::fs::metadata(c)?;
+            if (theirs.dev(), theirs.ino()) == (mine.dev(), mine.ino()) {
+                break;
+            }
+            if !digests.contains_key(c) {
+                digests.insert(c.clone(), crate::files::file_sha256(c)?.1);
+            }
+            if digests.get(c) == Some(&digest) {
+                let tmp = path.with_extension("carry-tmp");
+                let _ = std::fs::remove_file(&tmp);
+                std::fs::hard_link(c, &tmp)?;
+                std::fs::rename(&tmp, &path)?;
+                linked += 1;
+                break;
+            }
+        }
+    }
+    Ok(linked)
+}
+
 /// The process's file-creation mask (set by the `lading` binary): files 0600, folders 0700.
 pub const DEFAULT_UMASK: u32 = 0o077;
 

@@ -300,6 +300,14 @@ pub(crate) async fn store_locked(
                     .map_err(scrap)?;
             }
         }
+        // Unchanged files are the earlier version's, linked (a failure only costs space).
+        if let Some(v) = existing.last() {
+            let earlier = object_dir.join(format!("v{v}"));
+            match link_unchanged(&tmp, &earlier) {
+                Ok(n) => tracing::debug!(linked = n, "files carried over from v{v}"),
+                Err(e) => tracing::warn!(error = %e, "cannot link files of v{v}; stored again"),
+            }
+        }
         let final_dir = object_dir.join(format!("v{version}"));
         let stored = StoredVersion {
             ark,
