@@ -41,6 +41,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The stages up to a job's download: run alone, they leave jobs waiting in Processing.
+pub const EARLY: &[&str] = &[
+    "intake",
+    "pending",
+    "estimating",
+    "provisioning",
+    "downloading",
+];
+
 pub const WAIT: Duration = Duration::from_secs(60);
 
 /// The store a [`World`] runs on.
