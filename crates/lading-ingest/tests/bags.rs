@@ -495,4 +495,30 @@ async fn a_bags_fetch_txt_is_fetched_when_its_profile_allows_it() {
         assert!(failed.unwrap_or(1) <= 1, "fatal, once: {st:?}");
         assert!(w.store_record(&j).await.is_none(), "{url}: nothing stored");
     }
+    // More than the working storage has free, declared: the job waits for space (no attempt
+    // spent, nothing fetched) rather than filling the disk.
+    let (huge, _) = by_reference(
+        "huge",
+        &format!("{big_url} 1000000000000000 data/big.bin\n"),
+    );
+    let mut cfg = w.cfg.clone();
+    cfg.payload.max_unpacked_bytes = u64::MAX / 4;
+    let roomy = lading_ingest::Ingest::new(w.engine.clone(), cfg);
+    let b = w
+        .submit_as(&roomy, "fetching", "depositor", &huge, "bag")
+        .await;
+    let run = w.run_all(&roomy);
+    let j = w.first_job(&b).await;
+    lading_testkit::poll::until_true("the job to wait for space", common::WAIT, async || {
+        let st = w.engine.job(&j).await.unwrap().status;
+        st.message
+            .as_deref()
+            .is_some_and(|m| m.contains("fetch.txt lists 1000000000000000 bytes"))
+    })
+    .await;
+    run.stop().await;
+    let st = w.engine.job(&j).await.unwrap().status;
+    assert_eq!(st.status, JobState::Processing, "{st:?}");
+    assert!(st.extra.get("failed_attempts").is_none(), "{st:?}");
+    assert!(w.store_record(&j).await.is_none());
 }

@@ -49,6 +49,28 @@ async fn fetch_into_bag(
              payload.max_unpacked_bytes"
         ))
     };
+    // What fetch.txt declares, of the files not here yet: more than the room left is
+    // refused; more than the working storage has free (with its reserve) waits for space,
+    // as provisioning does, without spending an attempt.
+    let declared = lines
+        .iter()
+        .filter(|l| !dir.join(&l.path).is_file())
+        .filter_map(|l| l.length)
+        .fold(0u64, u64::saturating_add);
+    if declared > room {
+        return Err(over());
+    }
+    let free = free_bytes(dir).map_err(|e| io_err("checking free space on", dir, e))?;
+    if declared.saturating_add(ingest.cfg.reserve_bytes) > free {
+        return Err(Outcome::Wait {
+            after: Duration::from_millis(ingest.cfg.provisioning_round_ms),
+            reason: format!(
+                "waiting for space: fetch.txt lists {declared} bytes, plus a reserve of {}, \
+                 {free} free",
+                ingest.cfg.reserve_bytes
+            ),
+        });
+    }
     let mut fetched = 0u64;
     for l in lines {
         let dest = dir.join(&l.path);
