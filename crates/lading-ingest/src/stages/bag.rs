@@ -51,7 +51,7 @@ async fn fetch_into_bag(
     };
     // What fetch.txt declares, of the files not here yet: more than the room left is
     // refused; more than the working storage has free (with its reserve) waits for space,
-    // as provisioning does, without spending an attempt.
+    // as provisioning does (and gives up as it does), without spending an attempt.
     let declared = lines
         .iter()
         .filter(|l| !dir.join(&l.path).is_file())
@@ -62,14 +62,11 @@ async fn fetch_into_bag(
     }
     let free = free_bytes(dir).map_err(|e| io_err("checking free space on", dir, e))?;
     if declared.saturating_add(ingest.cfg.reserve_bytes) > free {
-        return Err(Outcome::Wait {
-            after: Duration::from_millis(ingest.cfg.provisioning_round_ms),
-            reason: format!(
-                "waiting for space: fetch.txt lists {declared} bytes, plus a reserve of {}, \
-                 {free} free",
-                ingest.cfg.reserve_bytes
-            ),
-        });
+        let needs = format!(
+            "fetch.txt lists {declared} bytes, plus a reserve of {}, {free} free",
+            ingest.cfg.reserve_bytes
+        );
+        return Err(space::space_wait(ingest, job, &needs).unwrap_or_else(|o| o));
     }
     let mut fetched = 0u64;
     for l in lines {

@@ -75,26 +75,12 @@ pub(crate) async fn provision(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, 
             ingest.cfg.reserve_bytes
         )));
     }
-    let now_ms = job.engine.clock().now_ms();
-    let since = space_wait_since(&job.workdir, now_ms);
     if free < want {
-        let waited = Duration::from_millis(now_ms.saturating_sub(since));
-        let max = Duration::from_secs(ingest.cfg.payload.max_space_wait_s);
-        if waited >= max {
-            return Err(Outcome::fatal(format!(
-                "gave up waiting for space after {} s (payload.max_space_wait_s): needs \
-                 {needed} bytes plus a reserve of {}, {free} free",
-                waited.as_secs(),
-                ingest.cfg.reserve_bytes
-            )));
-        }
-        return Ok(Outcome::Wait {
-            after: round,
-            reason: format!(
-                "waiting for space: needs {needed} bytes plus a reserve of {}, {free} free",
-                ingest.cfg.reserve_bytes
-            ),
-        });
+        let needs = format!(
+            "needs {needed} bytes plus a reserve of {}, {free} free",
+            ingest.cfg.reserve_bytes
+        );
+        return space_wait(ingest, job, &needs);
     }
     // Reserved in the tree until the download ends: jobs admitted at the same moment, here
     // or on other hosts, do not count the same free space twice.
@@ -121,6 +107,24 @@ pub(crate) const SPACE_WAIT: &str = "space-wait";
 
 /// When the job started waiting for space, in ms since the epoch on the engine's clock: read
 /// from the marker, or `now_ms` (and the marker written) at the first wait.
+/// A job that waits for free space (it `needs` this, in words): a `Wait` each round, or a
+/// fatal failure once it has waited `payload.max_space_wait_s` since its first round.
+pub(crate) fn space_wait(ingest: &Ingest, job: &JobCtx, needs: &str) -> Result<Outcome, Outcome> {
+    let now_ms = job.engine.clock().now_ms();
+    let since = space_wait_since(&job.workdir, now_ms);
+    let waited = Duration::from_millis(now_ms.saturating_sub(since));
+    if waited >= Duration::from_secs(ingest.cfg.payload.max_space_wait_s) {
+        return Err(Outcome::fatal(format!(
+            "gave up waiting for space after {} s (payload.max_space_wait_s): {needs}",
+            waited.as_secs()
+        )));
+    }
+    Ok(Outcome::Wait {
+        after: Duration::from_millis(ingest.cfg.provisioning_round_ms),
+        reason: format!("waiting for space: {needs}"),
+    })
+}
+
 pub(crate) fn space_wait_since(workdir: &Path, now_ms: u64) -> u64 {
     let p = workdir.join(INTERIM).join(SPACE_WAIT);
     let kept = std::fs::read_to_string(&p).ok();
