@@ -419,6 +419,119 @@ pub fn plan(
 /// records it done; a node that fails leaves it approved with the reason (tried again by
 /// [`run`]).
 pub async fn carry_out(ingest: &Ingest, mut d: Deletion) -> Result<Deletion, DeletionError> {
+    // Under the object's storage lock, so no version is being stored meanwhile: the deleted
+    // versions are marked on the nodes first (a later store carries nothing over from them),
+    // then any version stored since approval keeps the bytes its record lists as its own.
+    let engine = ingest.engine.clone();
+    let lock = match crate::stages::HeldArk::take(&engine, engine.lock_storage(&d.ark)).await {
+        Ok(l) => l,
+        Err(o) => return wait(ingest, d, format!("the object's storage lock: {o:?}")).await,
+    };
+    let r = mark_and_keep(ingest, &mut d).await;
+    let r = match r {
+        Ok(()) => remove(ingest, &d).await,
+        Err(why) => Err(why),
+    };
+    lock.release().await;
+    match r {
+        Ok(()) => finish(ingest, d).await,
+        Err(why) => wait(ingest, d, why).await,
+    }
+}
+
+/// Marks every deleted version on every node holding the object, then moves to `kept` each
+/// file a version not deleted lists (in its record on a node) as stored there, which may have
+/// been stored after approval fixed the list.
+async fn mark_and_keep(ingest: &Ingest, d: &mut Deletion) -> Result<(), String> {
+    let nodes: BTreeSet<u32> = d
+        .files
+        .iter()
+        .chain(&d.kept)
+        .flat_map(|f| f.nodes.iter().copied())
+        .filter(|n| *n != 0)
+        .collect();
+    let mark = serde_json::to_vec_pretty(&serde_json::json!({
+        "deletion": d.id, "ark": d.ark, "reason": d.reason,
+        "requested_by": d.requested_by, "approved_by": d.decided_by,
+    }))
+    .expect("a mark serializes");
+    let mut used: BTreeSet<(u32, String)> = BTreeSet::new();
+    for n in nodes {
+        let node = ingest
+            .nodes
+            .get(n)
+            .ok_or_else(|| format!("storage node {n} is not configured here"))?;
+        for &v in &d.versions {
+            node.mark(&d.ark, v, crate::nodes::DELETION_MARK, mark.clone())
+                .await
+                .map_err(|e| e.what)?;
+        }
+        let on_node = node.versions(&d.ark).await.map_err(|e| e.what)?;
+        for v in on_node {
+            if node
+                .head(&d.ark, v, crate::nodes::DELETION_MARK)
+                .await
+                .map_err(|e| e.what)?
+                .is_some()
+            {
+                continue;
+            }
+            if let Some(r) = crate::stages::read_node_version(node, &d.ark, v)
+                .await
+                .map_err(|e| e.what)?
+            {
+                for f in &r.files {
+                    let (ov, op) = f.stored_at(v);
+                    used.insert((ov, op.to_string()));
+                }
+            }
+        }
+    }
+    let (keep, go): (Vec<File>, Vec<File>) = std::mem::take(&mut d.files)
+        .into_iter()
+        .partition(|f| used.contains(&(f.version, f.path.clone())));
+    d.files = go;
+    if !keep.is_empty() {
+        tracing::info!(deletion = %d.id, kept = keep.len(), "files a version stored since approval uses are kept");
+        d.kept.extend(keep);
+    }
+    Ok(())
+}
+
+/// Leaves `d` approved, saying why its removal waits ([`run`] tries again).
+async fn wait(ingest: &Ingest, mut d: Deletion, why: String) -> Result<Deletion, DeletionError> {
+    tracing::warn!(deletion = %d.id, error = %why, "deletion waits");
+    d.waiting = Some(why);
+    let (id, text) = (d.id.clone(), doc(&d));
+    let s = Status::Approved.name();
+    ingest
+        .inventory
+        .run(move |i| i.update_deletion(&id, s, s, &text))
+        .await?;
+    Ok(d)
+}
+
+/// Records `d` done.
+async fn finish(ingest: &Ingest, mut d: Deletion) -> Result<Deletion, DeletionError> {
+    d.status = Status::Deleted;
+    d.deleted_at = Some(now(ingest));
+    d.waiting = None;
+    let (id, text) = (d.id.clone(), doc(&d));
+    let (from, to) = (Status::Approved.name(), Status::Deleted.name());
+    let moved = ingest
+        .inventory
+        .run(move |i| i.update_deletion(&id, from, to, &text))
+        .await?;
+    if !moved {
+        // Another process (the retry service, another host) finished it first.
+        return get(ingest, &d.id).await;
+    }
+    tracing::info!(deletion = %d.id, target = %d.target(), "deleted");
+    Ok(d)
+}
+
+/// Takes `d`'s files off the checker's list and removes them from every node.
+async fn remove(ingest: &Ingest, d: &Deletion) -> Result<(), String> {
     // Out of the checker's list first (again, when a crash came between).
     let rows: Vec<CopyRow> = d
         .files
@@ -434,48 +547,10 @@ pub async fn carry_out(ingest: &Ingest, mut d: Deletion) -> Result<Deletion, Del
             })
         })
         .collect();
-    ingest.inventory.run(move |i| i.set_copies(&rows)).await?;
-    match remove_all(ingest, &d).await {
-        Ok(()) => {
-            d.status = Status::Deleted;
-            d.deleted_at = Some(now(ingest));
-            d.waiting = None;
-            let (id, text) = (d.id.clone(), doc(&d));
-            let (from, to) = (Status::Approved.name(), Status::Deleted.name());
-            let moved = ingest
-                .inventory
-                .run(move |i| i.update_deletion(&id, from, to, &text))
-                .await?;
-            if !moved {
-                // Another process (the retry service, another host) finished it first.
-                return get(ingest, &d.id).await;
-            }
-            tracing::info!(deletion = %d.id, target = %d.target(), "deleted");
-        }
-        Err(why) => {
-            tracing::warn!(deletion = %d.id, error = %why, "deletion waits");
-            d.waiting = Some(why);
-            let (id, text) = (d.id.clone(), doc(&d));
-            let s = Status::Approved.name();
-            ingest
-                .inventory
-                .run(move |i| i.update_deletion(&id, s, s, &text))
-                .await?;
-        }
-    }
-    Ok(d)
-}
-
-async fn remove_all(ingest: &Ingest, d: &Deletion) -> Result<(), String> {
-    // Every deleted version is marked on every node holding the object, those whose own files
-    // are all carried over included: nothing is carried over from a deleted version's record.
-    let nodes: BTreeSet<u32> = d
-        .files
-        .iter()
-        .chain(&d.kept)
-        .flat_map(|f| f.nodes.iter().copied())
-        .filter(|n| *n != 0)
-        .collect();
+    let inv = ingest.inventory.clone();
+    inv.run(move |i| i.set_copies(&rows))
+        .await
+        .map_err(|e| format!("the inventory: {e}"))?;
     for f in &d.files {
         for &n in &f.nodes {
             if n == 0 {
@@ -494,22 +569,6 @@ async fn remove_all(ingest: &Ingest, d: &Deletion) -> Result<(), String> {
                 .get(n)
                 .ok_or_else(|| format!("storage node {n} is not configured here"))?;
             node.remove(&d.ark, f.version, &f.path)
-                .await
-                .map_err(|e| e.what)?;
-        }
-    }
-    let mark = serde_json::to_vec_pretty(&serde_json::json!({
-        "deletion": d.id, "ark": d.ark, "reason": d.reason,
-        "requested_by": d.requested_by, "approved_by": d.decided_by,
-    }))
-    .expect("a mark serializes");
-    for n in nodes {
-        let node = ingest
-            .nodes
-            .get(n)
-            .ok_or_else(|| format!("storage node {n} is not configured here"))?;
-        for &v in &d.versions {
-            node.mark(&d.ark, v, crate::nodes::DELETION_MARK, mark.clone())
                 .await
                 .map_err(|e| e.what)?;
         }
