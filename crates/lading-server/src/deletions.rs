@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! POST /api/v1/deletions                   {"ark", "version"?, "reason"}: request (201)
-//! GET  /api/v1/deletions[?ark=ARK]         every request and tombstone
+//! GET  /api/v1/deletions[?ark=ARK][&open=true]  every request and tombstone (open: undecided)
 //! GET  /api/v1/deletions/{id}              one
 //! POST /api/v1/deletions/{id}/approve      a second admin (another token name) approves
 //! POST /api/v1/deletions/{id}/cancel       any admin cancels a request
@@ -48,15 +48,27 @@ pub(crate) async fn request(
 #[serde(deny_unknown_fields)]
 pub(crate) struct ListQuery {
     ark: Option<String>,
+    /// Only those still to be decided or carried out (requested, approved).
+    #[serde(default)]
+    open: bool,
 }
 
-#[utoipa::path(get, path = "/api/v1/deletions", tag = "admin", summary = "Deletion requests and tombstones, oldest first", params(("ark" = Option<String>, Query, description = "only this object's")), responses((status = 200, description = "the deletions", body = serde_json::Value), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+#[utoipa::path(get, path = "/api/v1/deletions", tag = "admin", summary = "Deletion requests and tombstones, oldest first", params(("ark" = Option<String>, Query, description = "only this object's"), ("open" = Option<bool>, Query, description = "only those requested, or approved and waiting")), responses((status = 200, description = "the deletions", body = serde_json::Value), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn list(
     State(s): State<AppState>,
     Admin(_): Admin,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<Vec<Deletion>>, ApiError> {
-    Ok(Json(deletion::list(&s.ingest, q.ark.as_deref()).await?))
+    let mut all = deletion::list(&s.ingest, q.ark.as_deref()).await?;
+    if q.open {
+        all.retain(|d| {
+            matches!(
+                d.status,
+                deletion::Status::Requested | deletion::Status::Approved
+            )
+        });
+    }
+    Ok(Json(all))
 }
 
 #[utoipa::path(get, path = "/api/v1/deletions/{id}", tag = "admin", summary = "One deletion: the request, or once done its tombstone (who asked, who approved, when, why, the digests of what was deleted)", params(("id" = String, Path, description = "del…")), responses((status = 200, description = "the deletion", body = serde_json::Value), (status = 404, description = "no such deletion"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]

@@ -61,6 +61,10 @@ const ROUTES: &[(&str, &str)] = &[
     ("post", "/api/v1/types/{type}/jobs/{id}/subscribe"),
     ("post", "/api/v1/subscriptions/wait"),
     ("delete", "/api/v1/subscriptions/{subscription}"),
+    ("post", "/api/v1/deletions"),
+    ("get", "/api/v1/deletions"),
+    ("get", "/api/v1/deletions/{id}"),
+    ("post", "/api/v1/deletions/{id}/{verb}"),
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -397,6 +397,16 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         })
         .await
         .unwrap();
+    // A deletion of that version another admin asked for: this console may decide it.
+    let asked = lading_ingest::deletion::request(
+        &s.ingest,
+        "ark:/99999/fk4page",
+        Some(1),
+        "sent by mistake",
+        "curator",
+    )
+    .await
+    .unwrap();
     let work = s.ingest.cfg.work_dir().join(&failed_jobs[0]);
     std::fs::create_dir_all(work.join("producer")).unwrap();
     std::fs::write(work.join("producer/scan.tif"), b"0123456789").unwrap();
@@ -524,7 +534,17 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         assert_eq!(br.eval(&sn, "document.querySelector('[data-dep=\"storage-node/9501\"] [data-dep-state]').textContent.includes('down since') && document.querySelector('[data-dep=\"storage-node/9501\"]').textContent.includes('connection refused')"), json!(true));
         assert_eq!(br.eval(&sn, "document.querySelector('[data-dep=\"smtp/smtp\"] [data-dep-state]').textContent"), json!("up"));
         assert_eq!(br.eval(&sn, "getComputedStyle(document.querySelector('[data-dep=\"smtp/smtp\"] td')).color === getComputedStyle(document.querySelector('[data-dep=\"storage-node/9501\"] td')).color"), json!(false));
+        // The deletion another admin asked for, with who asked: approving asks to confirm (not
+        // given here), and the request is cancelled instead.
+        let row = format!("[data-deletion={}]", asked.id);
+        br.wait_for(&sn, &format!("document.querySelector('{row}')?.textContent.includes('curator')"));
+        assert_eq!(br.eval(&sn, &format!("document.querySelector('{row} [data-deletion-state]').textContent")), json!("asked"));
         br.shot(&sn, &dir, "2-overview");
+        br.click(&sn, &format!("{row} button[data-action=\"approve deletion\"]"));
+        br.wait_for(&sn, &format!("!!document.querySelector('{row} button[data-confirm=\"approve deletion\"]')"));
+        br.click(&sn, &format!("{row} button[data-cancel=\"approve deletion\"]"));
+        br.click(&sn, &format!("{row} button[data-action=\"cancel deletion\"]"));
+        br.wait_for(&sn, &format!("!document.querySelector('{row}') && document.getElementById('notice').textContent.includes('cancelled')"));
         // The lock the crashed tool left is cleared by a click.
         br.click(&sn, "#foreign-locks button[data-action=clear-lock]");
         br.wait_for(&sn, "document.getElementById('foreign-locks').textContent === 'none' && document.getElementById('notice').textContent.includes('cleared')");
