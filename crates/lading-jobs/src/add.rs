@@ -55,7 +55,7 @@ impl Jobs {
                     let rec = Record::new(data.clone(), s, prio, now);
                     (
                         vec![
-                            Op::create(&path, Some(serde_json::to_vec(&rec).unwrap())),
+                            Op::create(&path, Some(rec.to_bytes())),
                             Op::create(pending_path(ty, prio, s, id), None),
                         ],
                         Added::Created,
@@ -101,10 +101,7 @@ impl Jobs {
                         }
                     };
                     rec.updated_ms = now;
-                    ops.insert(
-                        0,
-                        Op::set(&path, Some(serde_json::to_vec(&rec).unwrap()), Some(v)),
-                    );
+                    ops.insert(0, Op::set(&path, Some(rec.to_bytes()), Some(v)));
                     (ops, added)
                 }
             };
@@ -162,10 +159,7 @@ impl Jobs {
             for &i in &new {
                 let (id, data) = &items[i];
                 let rec = Record::new(data.clone(), s, prio, now);
-                ops.push(Op::create(
-                    &paths[i],
-                    Some(serde_json::to_vec(&rec).unwrap()),
-                ));
+                ops.push(Op::create(&paths[i], Some(rec.to_bytes())));
                 ops.push(Op::create(pending_path(ty, prio, s, id), None));
             }
             match self.tree.multi(ops).await {
@@ -212,10 +206,7 @@ impl Jobs {
             rec.attempts = 0;
             rec.updated_ms = now;
             ops.push(rec.enqueue(ty, id, now));
-            ops.insert(
-                0,
-                Op::set(&path, Some(serde_json::to_vec(&rec).unwrap()), Some(v)),
-            );
+            ops.insert(0, Op::set(&path, Some(rec.to_bytes()), Some(v)));
             match self.tree.multi(ops).await {
                 Ok(_) => {
                     return Ok(JobView {

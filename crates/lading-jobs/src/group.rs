@@ -49,7 +49,10 @@ impl Group {
     ) -> Result<Vec<OpResult>, TreeError> {
         let (tx, rx) = oneshot::channel();
         let start = {
-            let mut s = self.state.lock().unwrap();
+            let mut s = self
+                .state
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             s.queue.push_back((ops, tx));
             !std::mem::replace(&mut s.running, true)
         };
@@ -65,7 +68,10 @@ async fn drain(group: Arc<Group>, tree: Arc<dyn Tree>) {
     loop {
         let mut batch = Vec::new();
         {
-            let mut s = group.state.lock().unwrap();
+            let mut s = group
+                .state
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             let (mut ops, mut bytes) = (0, 0);
             while let Some((next, _)) = s.queue.front() {
                 let (n, b) = (next.len(), next.iter().map(data_len).sum::<usize>());
@@ -74,15 +80,16 @@ async fn drain(group: Arc<Group>, tree: Arc<dyn Tree>) {
                 }
                 ops += n;
                 bytes += b;
-                batch.push(s.queue.pop_front().unwrap());
+                batch.extend(s.queue.pop_front());
             }
             if batch.is_empty() {
                 s.running = false;
                 return;
             }
         }
-        if batch.len() == 1 {
-            let (ops, reply) = batch.pop().unwrap();
+        if batch.len() == 1
+            && let Some((ops, reply)) = batch.pop()
+        {
             let _ = reply.send(tree.multi(ops).await);
             continue;
         }
@@ -123,7 +130,10 @@ async fn drain(group: Arc<Group>, tree: Arc<dyn Tree>) {
                     }
                     offset += n;
                 }
-                let mut s = group.state.lock().unwrap();
+                let mut s = group
+                    .state
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
                 for item in again.into_iter().rev() {
                     s.queue.push_front(item);
                 }

@@ -346,7 +346,11 @@ struct Leading<'a> {
 
 impl Drop for Leading<'_> {
     fn drop(&mut self) {
-        *self.waiters.leader.lock().unwrap() = false;
+        *self
+            .waiters
+            .leader
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = false;
         self.waiters.notify.notify_one();
     }
 }
@@ -361,7 +365,10 @@ struct Waiting<'a> {
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         let now = self.clock.now_ms();
-        let mut m = self.subs.lock().unwrap();
+        let mut m = self
+            .subs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for id in &self.ids {
             if let Some(s) = m.get_mut(id) {
                 s.waiting = s.waiting.saturating_sub(1);
@@ -564,7 +571,12 @@ impl Jobs {
     /// applies here within a second.
     async fn require_type(&self, ty: &str) -> Result<Arc<TypeSettings>> {
         check_type(ty)?;
-        let known = self.types.lock().unwrap().get(ty).cloned();
+        let known = self
+            .types
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(ty)
+            .cloned();
         if let Some((settings, at)) = &known
             && at.elapsed() < SETTINGS_TTL
         {
@@ -576,7 +588,7 @@ impl Jobs {
         }
         self.types
             .lock()
-            .unwrap()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(ty.into(), (settings.clone(), Instant::now()));
         Ok(settings)
     }

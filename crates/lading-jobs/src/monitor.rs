@@ -80,11 +80,7 @@ impl Jobs {
             let enqueue = requeue(&mut rec, ty, id, now);
             let mut ops = vec![
                 Op::delete(format!("{dir}/{name}"), None),
-                Op::set(
-                    job_path(ty, id),
-                    Some(serde_json::to_vec(&rec).unwrap()),
-                    Some(v),
-                ),
+                Op::set(job_path(ty, id), Some(rec.to_bytes()), Some(v)),
             ];
             ops.extend(enqueue);
             match self.tree.multi(ops).await {

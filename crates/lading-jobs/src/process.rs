@@ -81,7 +81,10 @@ impl Jobs {
                 return Ok(Vec::new());
             }
             if leading.is_none() {
-                let mut leader = waiters.leader.lock().unwrap();
+                let mut leader = waiters
+                    .leader
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
                 if !*leader {
                     *leader = true;
                     leading = Some(Leading {
@@ -130,7 +133,10 @@ impl Jobs {
     }
 
     pub(crate) fn waiters(&self, ty: &str) -> Arc<Waiters> {
-        let mut m = self.waiters.lock().unwrap();
+        let mut m = self
+            .waiters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         match m.get(ty) {
             Some(w) => w.clone(),
             None => m.entry(ty.to_string()).or_default().clone(),
@@ -282,7 +288,10 @@ impl Jobs {
     /// Marks pending entry `name` of `ty` as being claimed by this process; `false` when a
     /// local acceptor already is.
     pub(crate) fn claim_entry(&self, ty: &str, name: &str) -> bool {
-        let mut c = self.claims.lock().unwrap();
+        let mut c = self
+            .claims
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         match c.get_mut(ty) {
             Some(set) => !set.contains(name) && set.insert(name.to_string()),
             None => {
@@ -293,7 +302,12 @@ impl Jobs {
     }
 
     pub(crate) fn unclaim_entry(&self, ty: &str, name: &str) {
-        if let Some(set) = self.claims.lock().unwrap().get_mut(ty) {
+        if let Some(set) = self
+            .claims
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get_mut(ty)
+        {
             set.remove(name);
         }
     }
@@ -361,11 +375,7 @@ impl Jobs {
                 rec.runs += 1;
                 ops.extend([
                     Op::delete(concat(&[&pending_dir(ty), "/", e.name]), None),
-                    Op::set(
-                        job_path(ty, e.id),
-                        Some(serde_json::to_vec(&rec).unwrap()),
-                        Some(*v),
-                    ),
+                    Op::set(job_path(ty, e.id), Some(rec.to_bytes()), Some(*v)),
                     Op::create(
                         active_path(ty, e.id, &lock),
                         Some(self.owner.as_bytes().to_vec()),
@@ -432,8 +442,9 @@ impl Jobs {
         };
         let room = (per_s as u64).saturating_sub(used).min(n as u64) as usize;
         let data = Some(
-            serde_json::to_vec(&serde_json::json!({"second": second, "count": used + room as u64}))
-                .unwrap(),
+            serde_json::json!({"second": second, "count": used + room as u64})
+                .to_string()
+                .into_bytes(),
         );
         let op = match version {
             Some(_) if lading_core::sabotage::on(lading_core::sabotage::RATE_UNGUARDED) => {
@@ -489,7 +500,7 @@ impl Jobs {
             },
             Op::set(
                 job_path(&job.ty, &job.id),
-                Some(serde_json::to_vec(&rec).unwrap()),
+                Some(rec.to_bytes()),
                 Some(job.version),
             ),
         ];
@@ -736,7 +747,12 @@ impl Jobs {
 /// the waiters left would have no watch and a later add would wake none of them. (A leader
 /// leaving wakes one through its `Leading`'s drop.)
 fn pass_the_lead(waiters: &Waiters, leading: &Option<Leading<'_>>) {
-    if leading.is_none() && !*waiters.leader.lock().unwrap() {
+    if leading.is_none()
+        && !*waiters
+            .leader
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    {
         waiters.notify.notify_one();
     }
 }

@@ -169,14 +169,14 @@ impl CommandProcessor {
                         match j.update(job, None).await {
                             Ok(()) => {}
                             Err(e @ JobsError::Halt { .. }) => {
-                                eprintln!("lading: {}: {e}; dropped", job.id);
+                                tracing::warn!(job = %job.id, error = %e, "dropped");
                                 *slot = None;
                             }
-                            Err(e) => eprintln!("lading: {}: heartbeat failed: {e}", job.id),
+                            Err(e) => tracing::warn!(job = %job.id, error = %e, "heartbeat failed"),
                         }
                     }
                     if held[i].is_none() {
-                        eprintln!("lading: {id}: command stopped");
+                        tracing::warn!(job = %id, "command stopped");
                         let _ = child.kill().await;
                         return Ok(Ran::Halted);
                     }
@@ -221,7 +221,7 @@ impl CommandProcessor {
             self.jobs.finish(&mut job, None).await
         };
         if let Err(e) = r.await {
-            eprintln!("lading: {}: could not put it back: {e}", job.id);
+            tracing::warn!(job = %job.id, error = %e, "could not put it back");
         }
     }
 }
@@ -291,7 +291,7 @@ impl Acquire for CommandProcessor {
                 Ok(Ran::Aborted) => break,
                 Err(e) => {
                     let id = held[i].as_ref().map_or("?", |j| j.id.as_str()).to_string();
-                    eprintln!("lading: {id}: {e}");
+                    tracing::warn!(job = %id, error = %e, "run");
                     if let Some(job) = held[i].take() {
                         self.put_back(job).await;
                     }
@@ -326,7 +326,7 @@ impl Acquire for CommandProcessor {
                     ),
                     (state, _) => println!("{}: {state}", job.id),
                 },
-                Err(e) => eprintln!("lading: {}: {e}", job.id),
+                Err(e) => tracing::warn!(job = %job.id, error = %e, "run"),
             }
         }
         None

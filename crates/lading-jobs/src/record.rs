@@ -109,6 +109,11 @@ pub const MAX_ERROR: usize = 4096;
 pub const PRIORITIES: std::ops::RangeInclusive<i32> = -1000..=1000;
 
 impl Record {
+    /// The record as stored: JSON of plain fields and a `Value`, which always serializes.
+    pub(crate) fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a job record is plain JSON")
+    }
+
     /// A new pending job.
     pub(crate) fn new(data: Value, scheduled_ms: u64, priority: i32, now: u64) -> Record {
         let mut rec = Record {

@@ -281,7 +281,7 @@ impl Jobs {
                 last_tick_ms,
                 extra: Default::default(),
             };
-            let bytes = Some(serde_json::to_vec(&sched).unwrap());
+            let bytes = Some(serde_json::to_vec(&sched).expect("a schedule is plain JSON"));
             let op = match op_version {
                 Some(v) => Op::set(&path, bytes, Some(v)),
                 None => Op::create(&path, bytes),
@@ -375,13 +375,13 @@ impl Jobs {
                 let id = tick_id(&name, tick);
                 let set = Op::set(
                     schedule_path(ty, &name),
-                    Some(serde_json::to_vec(&sched).unwrap()),
+                    Some(serde_json::to_vec(&sched).expect("a schedule is plain JSON")),
                     Some(v),
                 );
                 let rec = Record::new(sched.data.clone(), tick, sched.priority, now);
                 let with_job = vec![
                     set.clone(),
-                    Op::create(job_path(ty, &id), Some(serde_json::to_vec(&rec).unwrap())),
+                    Op::create(job_path(ty, &id), Some(rec.to_bytes())),
                     Op::create(pending_path(ty, sched.priority, tick, &id), None),
                 ];
                 match self.tree.multi(with_job).await {

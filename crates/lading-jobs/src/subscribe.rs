@@ -10,7 +10,10 @@ impl Jobs {
         let rec = self.get_job(ty, id).await?.record;
         let state = rec.state;
         let now = self.clock.now_ms();
-        let mut m = self.subs.lock().unwrap();
+        let mut m = self
+            .subs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let swept = self.swept_ms.load(Ordering::Relaxed);
         if now.saturating_sub(swept) >= 60_000 || m.len() >= MAX_SUBSCRIPTIONS {
             self.swept_ms.store(now, Ordering::Relaxed);
@@ -36,12 +39,19 @@ impl Jobs {
 
     /// How many subscriptions this process holds.
     pub fn subscription_count(&self) -> usize {
-        self.subs.lock().unwrap().len()
+        self.subs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
     }
 
     /// Ends a subscription; false when there was none.
     pub fn unsubscribe(&self, sub: SubId) -> bool {
-        self.subs.lock().unwrap().remove(&sub).is_some()
+        self.subs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&sub)
+            .is_some()
     }
 
     /// The next state change of any of `subs` since it was last reported (or subscribed),
@@ -62,7 +72,10 @@ impl Jobs {
         }
         let _waiting = {
             let now_ms = self.clock.now_ms();
-            let mut m = self.subs.lock().unwrap();
+            let mut m = self
+                .subs
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             if let Some(&missing) = subs.iter().find(|id| !m.contains_key(id)) {
                 return Err(JobsError::NoSubscription(missing));
             }
@@ -83,7 +96,10 @@ impl Jobs {
             let mut watches = Vec::with_capacity(subs.len());
             for &sid in subs {
                 let (ty, id, last) = {
-                    let m = self.subs.lock().unwrap();
+                    let m = self
+                        .subs
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
                     let s = m.get(&sid).ok_or(JobsError::NoSubscription(sid))?;
                     (s.ty.clone(), s.id.clone(), s.last)
                 };
@@ -99,7 +115,10 @@ impl Jobs {
                     missed,
                 };
                 let Some(rec) = rec else {
-                    self.subs.lock().unwrap().remove(&sid);
+                    self.subs
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .remove(&sid);
                     return Ok(Some(change(None, 0, 0)));
                 };
                 if rec.history.is_empty() {
@@ -107,7 +126,12 @@ impl Jobs {
                     if Some(rec.state) == last {
                         continue;
                     }
-                    if let Some(s) = self.subs.lock().unwrap().get_mut(&sid) {
+                    if let Some(s) = self
+                        .subs
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .get_mut(&sid)
+                    {
                         s.last = Some(rec.state);
                     }
                     if state.is_none_or(|want| want == rec.state) {
@@ -116,7 +140,10 @@ impl Jobs {
                     continue;
                 }
                 let first = rec.seq + 1 - rec.history.len() as u64;
-                let mut m = self.subs.lock().unwrap();
+                let mut m = self
+                    .subs
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
                 let Some(s) = m.get_mut(&sid) else {
                     return Err(JobsError::NoSubscription(sid));
                 };

@@ -205,7 +205,7 @@ impl Jobs {
                 }
             };
             settings.check()?;
-            let data = Some(serde_json::to_vec(&settings).unwrap());
+            let data = Some(serde_json::to_vec(&settings).expect("type settings are plain JSON"));
             let r = match current {
                 Some((_, v)) => self.tree.multi(vec![Op::set(&tp, data, Some(v))]).await,
                 None => {
@@ -228,7 +228,7 @@ impl Jobs {
                 Ok(_) => {
                     self.types
                         .lock()
-                        .unwrap()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .insert(ty.into(), (Arc::new(settings.clone()), Instant::now()));
                     return Ok(settings);
                 }
