@@ -15,83 +15,7 @@ use crate::files::ObjectFile;
 use crate::inventory::{CopyCheck, CopyRow, InventoryError};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Where a deletion is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Status {
-    /// Asked for; waits for a second admin.
-    Requested,
-    /// Approved; its files are being removed (or wait for a node).
-    Approved,
-    /// Done: the record is the tombstone.
-    Deleted,
-    Cancelled,
-}
-
-impl Status {
-    pub fn name(self) -> &'static str {
-        match self {
-            Status::Requested => "requested",
-            Status::Approved => "approved",
-            Status::Deleted => "deleted",
-            Status::Cancelled => "cancelled",
-        }
-    }
-}
-
-/// One file a deletion removes (or keeps), with the nodes that held it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct File {
-    pub version: u32,
-    pub path: String,
-    pub size: u64,
-    pub sha256: String,
-    /// The storage nodes it was removed from (0: the storage root).
-    pub nodes: Vec<u32>,
-    /// The storage root's folder of the version, where node 0 held it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub folder: Option<String>,
-}
-
-/// A deletion request, and once done its tombstone.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Deletion {
-    pub id: String,
-    pub ark: String,
-    /// One version; `None`: the whole object.
-    pub version: Option<u32>,
-    pub reason: String,
-    pub status: Status,
-    pub requested_by: String,
-    pub requested_at: String,
-    /// Who approved or cancelled it, and when.
-    pub decided_by: Option<String>,
-    pub decided_at: Option<String>,
-    /// When the last copy was removed.
-    pub deleted_at: Option<String>,
-    /// The versions it deletes (fixed at approval).
-    #[serde(default)]
-    pub versions: Vec<u32>,
-    /// What is removed, with digests (fixed at approval).
-    #[serde(default)]
-    pub files: Vec<File>,
-    /// Files of the deleted versions a version not deleted still uses: kept.
-    #[serde(default)]
-    pub kept: Vec<File>,
-    /// While approved: why the removal waits.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub waiting: Option<String>,
-}
-
-impl Deletion {
-    /// What it covers, in words: `ARK` or `ARK v2`.
-    pub fn target(&self) -> String {
-        match self.version {
-            Some(v) => format!("{} v{v}", self.ark),
-            None => self.ark.clone(),
-        }
-    }
-}
+pub use crate::inventory::{Deletion, DeletionFile as File, DeletionStatus as Status};
 
 /// Why a deletion verb was refused.
 #[derive(Debug, thiserror::Error)]
@@ -164,20 +88,11 @@ pub async fn of_version(
     ark: &str,
     version: u32,
 ) -> Result<Option<Deletion>, DeletionError> {
-    Ok(list(ingest, Some(ark)).await?.into_iter().find(|d| {
-        matches!(d.status, Status::Approved | Status::Deleted) && d.versions.contains(&version)
-    }))
-}
-
-/// What a reader of a deleted version is told (no names, no reason: a depositor may read
-/// it; an admin reads the deletion itself).
-pub fn gone(d: &Deletion, version: u32) -> String {
-    format!(
-        "version {version} of {} was deleted at {} (deletion {})",
-        d.ark,
-        d.decided_at.as_deref().unwrap_or("?"),
-        d.id
-    )
+    let a = ark.to_string();
+    Ok(ingest
+        .inventory
+        .run(move |i| i.deletion_of(&a, version))
+        .await?)
 }
 
 /// Records `by`'s request to delete `ark` (version `version`, or all of it) for `reason`.

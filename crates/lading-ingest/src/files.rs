@@ -5,7 +5,7 @@
 
 use lading_worker::Outcome;
 use sha2::Digest as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The object's files inside the working directory.
 pub const PRODUCER: &str = "producer";
@@ -193,4 +193,28 @@ pub fn file_sha256(path: &Path) -> std::io::Result<(u64, String)> {
         h.update(&buf[..n]);
     }
     Ok((size, hex(&h.finalize())))
+}
+
+/// Files under `dir`, sorted, as (path relative to `dir` with `/`, absolute path, size).
+pub fn files(dir: &Path) -> std::io::Result<Vec<(String, PathBuf, u64)>> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d)? {
+            let e = e?;
+            let t = e.file_type()?;
+            if t.is_dir() {
+                todo.push(e.path());
+            } else if t.is_file() {
+                let rel = e
+                    .path()
+                    .strip_prefix(dir)
+                    .map(|r| r.to_string_lossy().replace('\\', "/"))
+                    .unwrap_or_default();
+                out.push((rel, e.path(), e.metadata()?.len()));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
 }

@@ -766,6 +766,7 @@ pub async fn owner_of(inv: &Arc<Inventory>, ark: &str) -> Result<Option<String>,
 }
 
 mod deletions;
+pub use deletions::{Deletion, DeletionFile, DeletionStatus};
 mod reads;
 mod record;
 pub use reads::{JobVersion, MAX_LISTED};

@@ -2,32 +2,10 @@
 //! node with a good copy. Shared by the access queue's zips and the restorer's bags.
 
 use crate::Ingest;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
-/// Files under `dir`, sorted, as (path relative to `dir` with `/`, absolute path, size).
-pub fn files(dir: &Path) -> std::io::Result<Vec<(String, PathBuf, u64)>> {
-    let mut out = Vec::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for e in std::fs::read_dir(&d)? {
-            let e = e?;
-            let t = e.file_type()?;
-            if t.is_dir() {
-                todo.push(e.path());
-            } else if t.is_file() {
-                let rel = e
-                    .path()
-                    .strip_prefix(dir)
-                    .map(|r| r.to_string_lossy().replace('\\', "/"))
-                    .unwrap_or_default();
-                out.push((rel, e.path(), e.metadata()?.len()));
-            }
-        }
-    }
-    out.sort();
-    Ok(out)
-}
+pub use crate::files::files;
 
 /// Where a stored version is read from: a folder (the storage root of a profile without
 /// nodes), or the first storage node whose copy answers and has not failed fixity.
@@ -50,18 +28,21 @@ pub async fn source(
     version: u32,
     stored: Option<&crate::stages::StoredVersion>,
 ) -> Result<Source, String> {
-    if let Some(d) = crate::deletion::of_version(ingest, ark, version)
-        .await
-        .map_err(|e| e.to_string())?
-    {
-        return Err(crate::deletion::gone(&d, version));
-    }
     let a = ark.to_string();
-    let (path, copies) = ingest
+    let (deleted, path, copies) = ingest
         .inventory
-        .run(move |i| Ok((i.version_path(&a, version)?, i.version_copies(&a, version)?)))
+        .run(move |i| {
+            Ok((
+                i.deletion_of(&a, version)?,
+                i.version_path(&a, version)?,
+                i.version_copies(&a, version)?,
+            ))
+        })
         .await
         .map_err(|e| e.to_string())?;
+    if let Some(d) = deleted {
+        return Err(d.gone(version));
+    }
     let path = path.or_else(|| stored.map(|s| s.path.clone()));
     let mut order: Vec<u32> = stored.and_then(|s| s.node).into_iter().collect();
     let mut bad = std::collections::BTreeSet::new();

@@ -103,11 +103,7 @@ pub(crate) async fn decide(
 /// Refuses a read of a deleted version with 410, naming its deletion.
 pub(crate) async fn refuse_deleted(s: &AppState, ark: &str, version: u32) -> Result<(), ApiError> {
     match deletion::of_version(&s.ingest, ark, version).await? {
-        Some(d) => Err(ApiError::new(
-            StatusCode::GONE,
-            "deleted",
-            deletion::gone(&d, version),
-        )),
+        Some(d) => Err(ApiError::new(StatusCode::GONE, "deleted", d.gone(version))),
         None => Ok(()),
     }
 }

@@ -4,6 +4,112 @@
 use super::*;
 use crate::files::Origin;
 
+/// Where a deletion is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeletionStatus {
+    /// Asked for; waits for a second admin.
+    Requested,
+    /// Approved; its files are being removed (or wait for a node).
+    Approved,
+    /// Done: the record is the tombstone.
+    Deleted,
+    Cancelled,
+}
+
+impl DeletionStatus {
+    pub fn name(self) -> &'static str {
+        match self {
+            DeletionStatus::Requested => "requested",
+            DeletionStatus::Approved => "approved",
+            DeletionStatus::Deleted => "deleted",
+            DeletionStatus::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// One file a deletion removes (or keeps), with the nodes that held it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DeletionFile {
+    pub version: u32,
+    pub path: String,
+    pub size: u64,
+    pub sha256: String,
+    /// The storage nodes it was removed from (0: the storage root).
+    pub nodes: Vec<u32>,
+    /// The storage root's folder of the version, where node 0 held it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub folder: Option<String>,
+}
+
+/// A deletion request, and once done its tombstone.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Deletion {
+    pub id: String,
+    pub ark: String,
+    /// One version; `None`: the whole object.
+    pub version: Option<u32>,
+    pub reason: String,
+    pub status: DeletionStatus,
+    pub requested_by: String,
+    pub requested_at: String,
+    /// Who approved or cancelled it, and when.
+    pub decided_by: Option<String>,
+    pub decided_at: Option<String>,
+    /// When the last copy was removed.
+    pub deleted_at: Option<String>,
+    /// The versions it deletes (fixed at approval).
+    #[serde(default)]
+    pub versions: Vec<u32>,
+    /// What is removed, with digests (fixed at approval).
+    #[serde(default)]
+    pub files: Vec<DeletionFile>,
+    /// Files of the deleted versions a version not deleted still uses: kept.
+    #[serde(default)]
+    pub kept: Vec<DeletionFile>,
+    /// While approved: why the removal waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
+}
+
+impl Deletion {
+    /// What a reader of a deleted version is told (no names, no reason: a depositor may read
+    /// it; an admin reads the deletion itself).
+    pub fn gone(&self, version: u32) -> String {
+        format!(
+            "version {version} of {} was deleted at {} (deletion {})",
+            self.ark,
+            self.decided_at.as_deref().unwrap_or("?"),
+            self.id
+        )
+    }
+
+    /// What it covers, in words: `ARK` or `ARK v2`.
+    pub fn target(&self) -> String {
+        match self.version {
+            Some(v) => format!("{} v{v}", self.ark),
+            None => self.ark.clone(),
+        }
+    }
+}
+
+impl Inventory {
+    /// The approved or done deletion that covers version `version` of `ark`, if any.
+    pub fn deletion_of(&self, ark: &str, version: u32) -> Result<Option<Deletion>, InventoryError> {
+        for doc in self.deletion_docs(ark)? {
+            let d: Deletion = serde_json::from_str(&doc).map_err(|e| {
+                InventoryError::Io(std::io::Error::other(format!("deletion record: {e}")))
+            })?;
+            if matches!(d.status, DeletionStatus::Approved | DeletionStatus::Deleted)
+                && d.versions.contains(&version)
+            {
+                return Ok(Some(d));
+            }
+        }
+        Ok(None)
+    }
+}
+
 impl Inventory {
     /// Records a new deletion request (`doc`, its JSON) under `id`.
     pub fn insert_deletion(

@@ -144,14 +144,14 @@ pub(crate) fn link_unchanged(dir: &Path, earlier: &Path) -> std::io::Result<usiz
     use std::collections::HashMap;
     use std::os::unix::fs::MetadataExt;
     let mut by_size: HashMap<u64, Vec<PathBuf>> = HashMap::new();
-    for (rel, path, size) in crate::sources::files(earlier)? {
+    for (rel, path, size) in crate::files::files(earlier)? {
         if rel != crate::files::VERSION_FILE {
             by_size.entry(size).or_default().push(path);
         }
     }
     let mut digests: HashMap<PathBuf, String> = HashMap::new();
     let mut linked = 0;
-    for (_, path, size) in crate::sources::files(dir)? {
+    for (_, path, size) in crate::files::files(dir)? {
         let Some(candidates) = by_size.get(&size) else {
             continue;
         };
