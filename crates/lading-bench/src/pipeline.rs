@@ -4,7 +4,7 @@
 use lading_ingest::checkm::{self, ManifestKind};
 use lading_ingest::{Config, Submission};
 use lading_node::node;
-use lading_testkit::payload_server::PayloadServer;
+use lading_payload::PayloadServer;
 use std::path::Path;
 
 /// Figures of one `lading bench pipeline` run.

@@ -180,7 +180,7 @@ impl Engine {
     /// Acquires a job in any of `states`. A lone process takes the first state's head that is
     /// free, in the order given (as [`Engine::acquire_job`] state by state). Once this process
     /// has lost a lock to another session lately, it picks at random among the free jobs of
-    /// every state's head window (the first [`WINDOW`] of the head's priority): many sessions
+    /// every state's head window (the first `WINDOW` of the head's priority): many sessions
     /// looking at the same few heads then rarely pick the same job, so fewer lock attempts are
     /// lost (each is a round trip on ZooKeeper). Order stays priority-then-age within that
     /// bounded window.

@@ -271,7 +271,7 @@ impl Engine {
     }
 
     /// The same engine with `sweep` as its waiters' safety net: how often one looks again
-    /// when no watch woke it ([`SWEEP`] by default). Every wake-up a waiter needs comes from a
+    /// when no watch woke it (`SWEEP` by default). Every wake-up a waiter needs comes from a
     /// watch or a local signal; the sweep only bounds what a missed one costs. `lading-sim`
     /// sets it past its liveness bound, so that a missed wake-up shows as work left waiting
     /// instead of being covered up.

@@ -253,7 +253,7 @@ impl Engine {
     /// other workers. When someone else locked that job first, the move is tried once more
     /// with the next free job, then made alone with no lease coming back (acquire as usual
     /// then); an engine that keeps losing such races mostly moves alone for a while
-    /// ([`Engine::next_score`]). Returns the new status and the next lease.
+    /// (`Contention::next_score`). Returns the new status and the next lease.
     pub async fn job_transition_then_acquire(
         &self,
         lease: JobLease,

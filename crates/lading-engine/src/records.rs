@@ -92,7 +92,7 @@ pub struct AccessLease {
     pub(crate) session: u64,
 }
 
-/// What [`Engine::watch_finishing`] sets: the Processing batches, each with the watch that
+/// What [`Engine::watch_finishing`](crate::Engine::watch_finishing) sets: the Processing batches, each with the watch that
 /// fires when it may have finished, and the watches that fire when the list is out of date.
 pub struct Finishing {
     pub batches: Vec<(BatchId, Watch)>,

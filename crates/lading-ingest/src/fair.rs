@@ -7,7 +7,7 @@
 //! downloads stops and waits (uncounted; the file is fetched again later), so a slow
 //! or endless download of one submitter cannot keep another's tiny file waiting.
 //!
-//! Who waits is read from the tree (the first [`LOOK`] jobs in Downloading not locked by a
+//! Who waits is read from the tree (the first `LOOK` jobs in Downloading not locked by a
 //! worker), and only when a submitter holds a slot already: one with none always gets one.
 
 use crate::Ingest;

@@ -800,7 +800,7 @@ impl Sink {
     }
 }
 
-/// A file's bytes in chunks of [`WRITE_BLOCK`], read by a blocking thread straight into the
+/// A file's bytes in chunks of `WRITE_BLOCK`, read by a blocking thread straight into the
 /// buffers handed on (no copy on the way), at most a few chunks ahead of the reader: the
 /// `file://` downloads here, and the payload server's responses.
 pub fn file_chunks(

@@ -3,7 +3,7 @@
 //! against real servers (HTTP for payloads and callbacks, the file system for working and
 //! storage, SQLite or PostgreSQL for the inventory, SMTP for reports).
 //!
-//! [`Ingest`] carries what every stage shares; [`stages`] lists them in pipeline order;
+//! [`Ingest`] carries what every stage shares; [`stages()`] lists them in pipeline order;
 //! [`run`] runs a chosen set in one process.
 
 pub mod access;

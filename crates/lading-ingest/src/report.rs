@@ -342,7 +342,7 @@ pub fn format_mail(
 }
 
 /// Sends `mail` over `stream`, a connection to an SMTP server (TCP, or the simulator's
-/// pipe): greeting, EHLO, MAIL, RCPT, DATA and QUIT, within [`SMTP_TIMEOUT`].
+/// pipe): greeting, EHLO, MAIL, RCPT, DATA and QUIT, within `SMTP_TIMEOUT`.
 pub async fn send_formatted(
     stream: Box<dyn lettre::transport::smtp::client::AsyncTokioStream>,
     mail: &FormattedMail,

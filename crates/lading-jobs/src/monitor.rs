@@ -96,7 +96,7 @@ impl Jobs {
     }
 
     /// Removes finished and failed jobs of `ty` older than its retention ages (oldest
-    /// first, at most [`RETENTION_BATCH`] of each per call). Returns how many.
+    /// first, at most `RETENTION_BATCH` of each per call). Returns how many.
     pub async fn retention_once(&self, ty: &str, settings: &TypeSettings) -> Result<usize> {
         let mut n = 0;
         for (dir, keep_s, state) in [

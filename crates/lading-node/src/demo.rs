@@ -6,7 +6,7 @@ use anyhow::Context;
 use lading_core::JobState;
 use lading_ingest::checkm::{self, ManifestKind};
 use lading_ingest::{Config, Submission};
-use lading_testkit::payload_server::PayloadServer;
+use lading_payload::PayloadServer;
 use std::path::Path;
 
 /// Runs the demo in `dir` (made, or a previous demo's replaced; any other folder with

@@ -1,5 +1,5 @@
 //! The API's typed requests, shared by the handlers that read them, the OpenAPI document
-//! that describes them and the [`crate::client::Client`] that sends them: a field is named
+//! that describes them and the command line's client (`lading_node::client::Client`) that sends them: a field is named
 //! once.
 
 use lading_ingest::{Submission, Trust};

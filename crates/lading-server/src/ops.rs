@@ -1,6 +1,6 @@
 //! What an operator does to a Lading service — submit, look, administer, follow a batch —
 //! the same whether the command line opened the store itself ([`Local`]) or talks to a
-//! `lading serve` ([`Client`]): one trait, two implementations, the API's typed answers
+//! `lading serve` (`lading_node::client::Client`): one trait, two implementations, the API's typed answers
 //! ([`crate::api`]). The HTTP handlers of the admin verbs call [`Local`] too, so a verb is
 //! written once.
 
@@ -37,7 +37,7 @@ pub enum DeletionVerb {
 }
 
 /// The operator's verbs. Errors keep their type (an [`EngineError`], a
-/// [`crate::client::HttpError`], …) so the command line can pick its exit code.
+/// `lading_node::client::HttpError`, …) so the command line can pick its exit code.
 #[allow(async_fn_in_trait)]
 pub trait Ops {
     /// Submits a batch. Through a server, a `payload_url` without `://` is a local file,

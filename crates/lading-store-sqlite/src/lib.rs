@@ -5,7 +5,7 @@
 //!   open ([`mem::Mem`]). Reads are memory lookups. The writer validates a `multi` against
 //!   memory (versions, parents, emptiness) — no reads, no savepoints on the commit path.
 //! - **A commit is one log entry.** What a group changed is appended to the `changes` table as
-//!   one row of node images ([`log`]); that row is the durable record. The `nodes` table is
+//!   one row of node images (`log`); that row is the durable record. The `nodes` table is
 //!   brought up to date in bulk: after 64 commits when no request is waiting (so no request
 //!   waits long behind it), after [`MATERIALIZE_AFTER`] at the latest, on a quiet second, and at
 //!   close: each node changed meanwhile is written once with its last image, and a node made

@@ -13,7 +13,7 @@
 //!   from "not applied". Only a `multi` found not applied is sent again, and because it carries
 //!   version checks a second application is impossible anyway.
 //! - **Long queues** (`/jobs/states/*`, the access queues) are served from a per-session cache
-//!   kept fresh by one persistent recursive watch (see [`cache`]), so acquisition reads the head
+//!   kept fresh by one persistent recursive watch (see `cache`), so acquisition reads the head
 //!   of a 100,000-job queue without listing it.
 //! - **Empty nodes** are written with zero-length data, as Merritt's Java library writes them
 //!   (`new byte[0]`); zero-length and null data both read back as "no data".

@@ -68,7 +68,8 @@ pub fn checkm(kind: &str, fields: &str, rows: &[String]) -> String {
 }
 
 pub mod events;
-pub mod payload_server;
+/// The depositor's file and callback server (its own crate, which the binary links).
+pub use lading_payload as payload_server;
 pub mod pg;
 pub mod poll;
 pub mod proxy;

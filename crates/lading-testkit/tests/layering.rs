@@ -1,7 +1,7 @@
 //! No two modules of a crate import each other, directly or through others: a module's
 //! `crate::NAME` paths (outside its tests) name the top-level modules it uses, and those
 //! edges must form no cycle. The crate's root (`lib.rs`) is the hub that declares the
-//! modules and is not counted.
+//! modules and is not counted. And the test fixtures are no normal dependency of any crate.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -153,3 +153,57 @@ fn a_cycle_is_found() {
     std::fs::write(src.join("c.rs"), "// crate::a::g in a comment\n").unwrap();
     assert_eq!(cycle(&edges_of(src)), None);
 }
+
+/// The names under a manifest's `[dependencies]` table (not dev- or build-dependencies).
+fn normal_dependencies(manifest: &str) -> Vec<String> {
+    let mut inside = false;
+    let mut out = Vec::new();
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            inside = line == "[dependencies]";
+        } else if inside && let Some((name, _)) = line.split_once(['=', '.']) {
+            let name = name.trim();
+            if !name.is_empty() && !name.starts_with('#') {
+                out.push(name.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// The test fixtures ship in no binary: `lading-testkit` and `lading-store-tests` are
+/// dev-dependencies only, and every Lading crate a crate depends on normally is named in its
+/// own code (one only its tests use belongs under `[dev-dependencies]`).
+#[test]
+fn test_crates_are_dev_dependencies_and_every_lading_dependency_is_used() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut checked = 0;
+    for e in std::fs::read_dir(&crates).unwrap() {
+        let dir = e.unwrap().path();
+        let Ok(manifest) = std::fs::read_to_string(dir.join("Cargo.toml")) else {
+            continue;
+        };
+        let text: String = lading_testkit::files_under(&dir.join("src"))
+            .iter()
+            .filter_map(|p| std::fs::read_to_string(p).ok())
+            .collect();
+        for dep in normal_dependencies(&manifest) {
+            if !dep.starts_with("lading-") {
+                continue;
+            }
+            checked += 1;
+            assert!(
+                dep != "lading-testkit" && dep != "lading-store-tests",
+                "{}: {dep} is a normal dependency; test fixtures are dev-dependencies only",
+                dir.display()
+            );
+            assert!(
+                text.contains(&dep.replace('-', "_")),
+                "{}: depends on {dep} but its code never names it; move it to [dev-dependencies]",
+                dir.display()
+            );
+        }
+    }
+    assert!(checked >= 20, "only {checked} dependencies checked");
+}
+

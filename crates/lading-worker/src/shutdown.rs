@@ -67,7 +67,7 @@ impl Drop for Raiser {
     }
 }
 
-/// Tells a running [`Worker`] to stop: see the crate docs for the two steps.
+/// Tells a running [`Worker`](crate::Worker) to stop: see the crate docs for the two steps.
 #[derive(Clone)]
 pub struct ShutdownHandle(Arc<Raiser>);
 

@@ -23,7 +23,7 @@ pub struct HeldArk {
 }
 
 impl HeldArk {
-    /// Takes the lock `taking` returns, or waits (see [`lock_wait`]) while another holds it.
+    /// Takes the lock `taking` returns, or waits (see `lock_wait`) while another holds it.
     pub async fn take(
         engine: &Arc<lading_engine::Engine>,
         taking: impl std::future::Future<Output = Result<lading_engine::ArkLock, EngineError>>,
