@@ -206,4 +206,3 @@ fn test_crates_are_dev_dependencies_and_every_lading_dependency_is_used() {
     }
     assert!(checked >= 20, "only {checked} dependencies checked");
 }
-
