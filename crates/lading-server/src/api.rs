@@ -342,6 +342,29 @@ pub struct JobRowPage {
     pub next_after: Option<String>,
 }
 
+/// A job of a batch as the batch's page lists it: its state, its object's identifiers and
+/// its status message.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct BatchJobRow {
+    pub id: String,
+    pub state: String,
+    /// The object's ARK (`primary_id`), once given or minted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ark: Option<String>,
+    #[serde(default)]
+    pub local_ids: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// A page of a batch's jobs, by job id.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct BatchJobPage {
+    pub batch: String,
+    pub jobs: Vec<BatchJobRow>,
+    pub next_after: Option<String>,
+}
+
 /// An access request made: `token` is its only handle (its secret is not stored).
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AccessRequested {

@@ -38,6 +38,7 @@ pub fn routes() -> Router<AppState> {
         .route("/api/v1/batches", get(list_batches).post(submit))
         .route("/api/v1/batches/{id}", get(show_batch))
         .route("/api/v1/batches/{id}/history", get(batch_history))
+        .route("/api/v1/batches/{id}/jobs", get(batch_jobs))
         .route("/api/v1/jobs/{id}/history", get(job_history))
         .route("/api/v1/jobs/{id}/files", get(job_files))
         .route("/api/v1/batches/{id}/{action}", post(batch_action))
@@ -158,6 +159,78 @@ pub(crate) async fn batch_history(
 ) -> Result<Json<crate::api::History>> {
     let Json(info) = show_batch(State(s), Extension(p), PathParams(id)).await?;
     Ok(Json(history(info.id.to_string(), &info.status.extra)))
+}
+
+#[derive(Deserialize)]
+pub(crate) struct PageQuery {
+    after: Option<String>,
+    limit: Option<usize>,
+}
+
+/// Most rows of a batch's jobs one request reads (each is a job read).
+const MAX_BATCH_JOBS_PAGE: usize = 200;
+
+#[utoipa::path(get, path = "/api/v1/batches/{id}/jobs", tag = "batches", summary = "A batch's jobs, with their objects' identifiers", description = "The batch's jobs in job id order, each with its state, its object's ARK and local ids, and its status message (a submitter reads its own batches, messages without server paths). Paged: `limit` (at most 200, default 100) and `after` (the last id of the page before).", params(("id" = String, Path, description = "bid… or the batch uuid"), ("after" = Option<String>, Query, description = "the last job id of the page before"), ("limit" = Option<usize>, Query, description = "page size, at most 200")), responses((status = 200, description = "a page of the batch's jobs", body = crate::api::BatchJobPage), (status = 400, description = "bad input (the error names it)"), (status = 404, description = "no such batch (or not yours)")))]
+pub(crate) async fn batch_jobs(
+    State(s): State<AppState>,
+    Extension(p): Extension<Principal>,
+    PathParams(id): PathParams<String>,
+    Query(q): Query<PageQuery>,
+) -> Result<Json<crate::api::BatchJobPage>> {
+    let limit = q.limit.unwrap_or(100).clamp(1, MAX_BATCH_JOBS_PAGE);
+    if let Some(a) = q.after.as_deref() {
+        JobId::parse(a).map_err(|e| ApiError::bad_request(format!("after: {e}")))?;
+    }
+    let info = visible_batch(&s, &p, &id).await?;
+    let mut ids: Vec<&JobId> = info.jobs.values().flatten().collect();
+    ids.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    ids.dedup();
+    let mut jobs = Vec::new();
+    let mut more = false;
+    for j in ids
+        .into_iter()
+        .filter(|j| q.after.as_deref().is_none_or(|a| j.as_str() > a))
+    {
+        if jobs.len() == limit {
+            more = true;
+            break;
+        }
+        let job = match s.ingest.engine.job(j).await {
+            Ok(job) => job,
+            // Purged since the batch was read.
+            Err(EngineError::NoJob(_)) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        let ids = &job.identifiers;
+        let local_ids = match ids.get("local_id") {
+            Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).map(String::from).collect(),
+            Some(Value::String(one)) if !one.is_empty() => vec![one.clone()],
+            _ => Vec::new(),
+        };
+        let mut message = job.status.message.clone().filter(|m| !m.is_empty());
+        if p.role != Role::Admin
+            && let Some(m) = message.as_mut()
+        {
+            crate::redact::text(&s, m);
+        }
+        jobs.push(crate::api::BatchJobRow {
+            id: j.to_string(),
+            state: job.status.status.to_string(),
+            ark: ids
+                .get("primary_id")
+                .and_then(Value::as_str)
+                .filter(|a| !a.is_empty())
+                .map(String::from),
+            local_ids,
+            message,
+        });
+    }
+    let next_after = more.then(|| jobs.last().map(|r| r.id.clone())).flatten();
+    Ok(Json(crate::api::BatchJobPage {
+        batch: info.id.to_string(),
+        jobs,
+        next_after,
+    }))
 }
 
 #[utoipa::path(get, path = "/api/v1/jobs/{id}/history", tag = "jobs", summary = "A job's transitions", description = "Each state change of the job, oldest first (the last 32): `at`, `from`, `to`, `host` (the process that made it), `retry_count`, `message`. Kept with the job, so any host answers.", params(("id" = String, Path, description = "jid…")), responses((status = 200, description = "the transitions, oldest first", body = crate::api::History), (status = 404, description = "no such job (or not yours)")))]

@@ -35,6 +35,7 @@ use utoipa::{Modify, OpenApi};
         batches::submit,
         batches::list_batches,
         batches::show_batch,
+        batches::batch_jobs,
         batches::batch_action,
         batches::list_jobs,
         batches::show_job,

@@ -35,6 +35,19 @@ async fn submitters_see_only_their_batches_and_bad_submissions_change_nothing() 
     // Another submitter cannot see it, nor tell it exists.
     let (st, v) = s.get(BOB, &path).await;
     answered((st, &v), StatusCode::NOT_FOUND, "kind", "not_found");
+    // Nor its jobs; its own submitter reads them (none before intake), and a bad cursor is
+    // named.
+    let (st, v) = s.get(BOB, &format!("{path}/jobs")).await;
+    answered((st, &v), StatusCode::NOT_FOUND, "kind", "not_found");
+    let (st, v) = s.get(SUBMITTER, &format!("{path}/jobs?limit=5")).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(
+        (&v["batch"], &v["jobs"], &v["next_after"]),
+        (&json!(bid), &json!([]), &serde_json::Value::Null)
+    );
+    let (st, v) = s.get(SUBMITTER, &format!("{path}/jobs?after=nope")).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("after"), "{v}");
     let (_, list) = s.get(BOB, "/api/v1/batches").await;
     assert_eq!(list["batches"], json!([]));
     let (_, list) = s.get(SUBMITTER, "/api/v1/batches").await;

@@ -32,6 +32,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/api/v1/jobs/{id}"),
     ("get", "/api/v1/jobs/{id}/history"),
     ("get", "/api/v1/batches/{id}/history"),
+    ("get", "/api/v1/batches/{id}/jobs"),
     ("post", "/api/v1/jobs/{id}/{action}"),
     ("put", "/api/v1/collections/{name}/hold"),
     ("delete", "/api/v1/collections/{name}/hold"),

@@ -355,12 +355,27 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         collection: None,
         node: None,
     };
+    // Its object's identifiers, and a report of its batch (as Reporting writes one).
+    let ids = json!({"primary_id": "ark:/99999/fk4done", "local_id": ["letter-1"]});
+    let report = json!({"last_modified": "2026-11-30T01:02:03+0000", "completed_jobs": [done_job.to_string()],
+        "failed_jobs": failed_jobs.clone(), "report_number": 2, "updated_jobs": []});
     s.jobs
         .tree()
-        .multi(vec![lading_core::Op::create(
-            lading_core::layout::job_node(&done_job, "store"),
-            Some(serde_json::to_vec(&record).unwrap()),
-        )])
+        .multi(vec![
+            lading_core::Op::create(
+                lading_core::layout::job_node(&done_job, "store"),
+                Some(serde_json::to_vec(&record).unwrap()),
+            ),
+            lading_core::Op::set(
+                lading_core::layout::job_node(&done_job, "identifiers"),
+                Some(serde_json::to_vec(&ids).unwrap()),
+                None,
+            ),
+            lading_core::Op::create(
+                lading_core::layout::batch_node(&failed_bid, "status-report"),
+                Some(serde_json::to_vec(&report).unwrap()),
+            ),
+        ])
         .await
         .unwrap();
     let done_job = done_job.to_string();
@@ -631,6 +646,12 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         // Deep links: a record's address under its list's opens it directly.
         br.open(&sn, &format!("#/batches/{fb}"));
         br.shows(&sn, "batch", "Reporting");
+        // Its jobs with their objects' ARKs and local ids, and its report as a table.
+        br.wait_for(&sn, &format!("document.querySelectorAll('#batch-job-rows tr[data-batch-job]').length === 5 && document.querySelector('#batch-job-rows tr[data-batch-job=\"{done}\"] td[data-ark]')?.textContent === 'ark:/99999/fk4done'"));
+        assert_eq!(br.eval(&sn, &format!("document.querySelector('#batch-job-rows tr[data-batch-job=\"{done}\"]').textContent")), json!(format!("{done}Completedark:/99999/fk4doneletter-1")));
+        assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#batch-report tr')].map(r => r.dataset.report + '=' + r.querySelector('td').textContent.split(' ')[0]).join()"),
+            json!("report=2,written=2026-11-30T01:02:03+0000,completed=1,failed=4,fixed since the last report=0"));
+        assert_eq!(br.eval(&sn, "document.querySelectorAll('#batch-report tr[data-report=failed] a').length"), json!(4));
         br.click(&sn, &format!("a[data-job-link=\"{}\"]", fj[0]));
         br.shows(&sn, "job", "Failed");
         assert_eq!(br.buttons(&sn, "#job-actions"), "requeue,delete");
