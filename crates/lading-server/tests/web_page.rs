@@ -540,6 +540,8 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         br.wait_for(&sn, "document.getElementById('chart-completed').dataset.total === '1'");
         assert_eq!(br.eval(&sn, "document.querySelectorAll('#chart-failed rect').length"), json!(60));
         assert_eq!(br.eval(&sn, "document.querySelector('[data-oldest=Held]').textContent"), json!("–"));
+        // A completed job's age says nothing: not shown.
+        assert_eq!(br.eval(&sn, "document.querySelector('[data-oldest=Completed]').textContent"), json!(""));
         assert_eq!(br.eval(&sn, "/^\\d+ s$/.test(document.querySelector('[data-oldest=Failed]').textContent)"), json!(true));
         // The copies as the fixity checker last found them: one bad.
         assert_eq!(br.eval(&sn, "document.querySelector('#fixity [data-fixity]').dataset.fixity"), json!("bad"));
