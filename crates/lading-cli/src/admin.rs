@@ -169,7 +169,10 @@ pub(crate) enum PauseAction {
 }
 
 /// `lading admin …` (but `cleanup`, which works on the store's folders: see [`cleanup`]).
-pub(crate) async fn admin(ops: &impl Ops, action: Admin) -> anyhow::Result<()> {
+pub(crate) async fn admin<O: Ops>(ops: &O, action: Admin) -> anyhow::Result<()>
+where
+    anyhow::Error: From<O::Error>,
+{
     match action {
         Admin::Job {
             action,
@@ -297,7 +300,10 @@ pub(crate) async fn admin(ops: &impl Ops, action: Admin) -> anyhow::Result<()> {
 }
 
 /// `lading admin object …`: one line per deletion (the whole record for `deletion ID`).
-async fn object(ops: &impl Ops, action: ObjectAction) -> anyhow::Result<()> {
+async fn object<O: Ops>(ops: &O, action: ObjectAction) -> anyhow::Result<()>
+where
+    anyhow::Error: From<O::Error>,
+{
     use lading_server::ops::DeletionVerb as V;
     let (verb, whole) = match action {
         ObjectAction::Delete {

@@ -423,7 +423,10 @@ async fn run_on(cli: Cli, cfg: lading_ingest::Config, store: &str) -> anyhow::Re
 struct BatchFailed(String);
 
 /// Submit, status and admin: the same on a store and through a server.
-async fn console(ops: &impl Ops, cmd: Command) -> anyhow::Result<()> {
+async fn console<O: Ops>(ops: &O, cmd: Command) -> anyhow::Result<()>
+where
+    anyhow::Error: From<O::Error>,
+{
     match cmd {
         Command::Submit {
             payload,
@@ -468,6 +471,17 @@ async fn console(ops: &impl Ops, cmd: Command) -> anyhow::Result<()> {
 }
 
 fn exit_code(err: &anyhow::Error) -> u8 {
+    // A verb on a store this process opened: the error of the layer that refused.
+    if let Some(o) = err.downcast_ref::<lading_server::ops::OpsError>() {
+        use lading_server::ops::OpsError as O;
+        return match o {
+            O::Engine(e) => engine_exit_code(e),
+            O::Submit(e) => submit_exit_code(e),
+            O::Api(a) => lading_node::client::exit_code(a.status.as_u16()),
+            O::BadId(_) | O::Unsupported(_) => 4,
+            O::Json(_) => 1,
+        };
+    }
     if let Some(h) = err.downcast_ref::<lading_node::client::HttpError>() {
         return h.exit_code();
     }
@@ -482,12 +496,7 @@ fn exit_code(err: &anyhow::Error) -> u8 {
     }
     // A submission the service refuses is bad input.
     if let Some(e) = err.downcast_ref::<lading_ingest::SubmitError>() {
-        use lading_ingest::SubmitError as S;
-        return match e {
-            S::Engine(e) => engine_exit_code(e),
-            S::Inventory(_) => 1,
-            _ => 4,
-        };
+        return submit_exit_code(e);
     }
     if let Some(e) = err.downcast_ref::<lading_core::TreeError>() {
         return tree_exit_code(e);
@@ -502,6 +511,15 @@ fn exit_code(err: &anyhow::Error) -> u8 {
         Some(e) => engine_exit_code(e),
         None if err.downcast_ref::<lading_core::layout::BadId>().is_some() => 4,
         None => 1,
+    }
+}
+
+fn submit_exit_code(e: &lading_ingest::SubmitError) -> u8 {
+    use lading_ingest::SubmitError as S;
+    match e {
+        S::Engine(e) => engine_exit_code(e),
+        S::Inventory(_) => 1,
+        _ => 4,
     }
 }
 

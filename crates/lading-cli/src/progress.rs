@@ -100,7 +100,10 @@ fn ended(state: &str) -> bool {
 /// Shows a batch's progress per stage until it ends: its changes as they come, and the
 /// batch and its jobs read again when it is quiet (on a store: changes other processes make
 /// are not seen) or after changes were missed.
-pub async fn follow(ops: &impl Ops, bid: &str) -> anyhow::Result<()> {
+pub async fn follow<O: Ops>(ops: &O, bid: &str) -> anyhow::Result<()>
+where
+    anyhow::Error: From<O::Error>,
+{
     // The stream first, then the state: nothing in between is missed.
     let mut changes = ops.changes(bid).await?;
     let local = matches!(changes, Changes::Local { .. });

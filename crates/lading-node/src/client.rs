@@ -177,6 +177,8 @@ pub fn enc(v: &str) -> String {
 
 /// The operator's verbs through a `lading serve`.
 impl Ops for Client {
+    type Error = anyhow::Error;
+
     async fn copies(&self, job: &str) -> Result<Vec<lading_ingest::inventory::NodeCopies>> {
         let path = format!("/api/v1/jobs/{}/files", enc(job));
         let f: lading_server::api::JobFiles = self.json("GET", &path, None::<&()>).await?;

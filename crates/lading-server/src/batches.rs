@@ -203,7 +203,11 @@ pub(crate) async fn batch_jobs(
         };
         let ids = &job.identifiers;
         let local_ids = match ids.get("local_id") {
-            Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).map(String::from).collect(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .filter_map(Value::as_str)
+                .map(String::from)
+                .collect(),
             Some(Value::String(one)) if !one.is_empty() => vec![one.clone()],
             _ => Vec::new(),
         };

@@ -255,29 +255,18 @@ impl From<DeletionError> for ApiError {
     }
 }
 
-/// An operator verb's error ([`crate::ops::Ops`]) as the API reports it: the error it
-/// carries, mapped as its type is everywhere else; an error of no known type is internal.
-impl From<anyhow::Error> for ApiError {
-    fn from(e: anyhow::Error) -> ApiError {
-        let e = match e.downcast::<ApiError>() {
-            Ok(a) => return a,
-            Err(e) => e,
-        };
-        let e = match e.downcast::<EngineError>() {
-            Ok(x) => return x.into(),
-            Err(e) => e,
-        };
-        let e = match e.downcast::<SubmitError>() {
-            Ok(x) => return x.into(),
-            Err(e) => e,
-        };
-        let e = match e.downcast::<JobsError>() {
-            Ok(x) => return x.into(),
-            Err(e) => e,
-        };
-        match e.downcast::<lading_core::layout::BadId>() {
-            Ok(x) => ApiError::bad_request(x.to_string()),
-            Err(e) => ApiError::internal(format!("{e:#}")),
+/// An operator verb's error ([`crate::ops::OpsError`]) as the API reports it: the error it
+/// carries, mapped as its type is everywhere else.
+impl From<crate::ops::OpsError> for ApiError {
+    fn from(e: crate::ops::OpsError) -> ApiError {
+        use crate::ops::OpsError as O;
+        match e {
+            O::Api(a) => a,
+            O::Engine(x) => x.into(),
+            O::Submit(x) => x.into(),
+            O::BadId(x) => ApiError::bad_request(x.to_string()),
+            O::Json(x) => ApiError::internal(format!("a record as JSON: {x}")),
+            O::Unsupported(why) => ApiError::bad_request(why),
         }
     }
 }
@@ -585,11 +574,9 @@ mod tests {
         }
         for e in engines() {
             let what = format!("{e:?}");
-            reads_no_secret(&what, &ApiError::from(anyhow::Error::new(e)));
+            reads_no_secret(&what, &ApiError::from(crate::ops::OpsError::from(e)));
             n += 1;
         }
-        let other = anyhow::anyhow!(detail("anything else"));
-        reads_no_secret("an untyped error", &ApiError::from(other));
         assert!(n > 60, "{n} errors walked");
     }
 

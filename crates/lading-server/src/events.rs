@@ -23,7 +23,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::stream::{self, Stream, StreamExt};
-use lading_engine::{ChangeEvent, Engine, Observed, Past};
+use lading_engine::{ChangeEvent, Engine, EngineError, Observed, Past};
 use serde::Deserialize;
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -82,13 +82,16 @@ enum Resume {
 impl EventHub {
     /// Starts following the tree's transitions (or, on a backend without a change feed,
     /// this engine's own).
-    pub async fn start(engine: &Arc<Engine>) -> anyhow::Result<Arc<EventHub>> {
+    pub async fn start(engine: &Arc<Engine>) -> Result<Arc<EventHub>, EngineError> {
         Self::start_keeping(engine, KEPT).await
     }
 
     /// [`EventHub::start`], keeping the last `kept` events (the simulator keeps few, so its
     /// clients come back both to kept events and to the tree).
-    pub async fn start_keeping(engine: &Arc<Engine>, kept: usize) -> anyhow::Result<Arc<EventHub>> {
+    pub async fn start_keeping(
+        engine: &Arc<Engine>,
+        kept: usize,
+    ) -> Result<Arc<EventHub>, EngineError> {
         let hub = Arc::new(EventHub {
             engine: engine.clone(),
             ring: Mutex::new(Ring {

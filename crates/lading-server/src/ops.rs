@@ -8,7 +8,6 @@ use crate::api::{
     ActionResult, BatchAction, CollectionHold, JobAction, QueuePause, Refusal,
     RequeueFailedRequest, Requeued, SubmitRequest, Submitted,
 };
-use anyhow::{Context, Result};
 use lading_core::JobState;
 use lading_core::layout::{AccessId, AccessQueue, BatchId, JobId, QUEUE_NAMES};
 use lading_engine::{
@@ -20,6 +19,28 @@ use serde_json::Value;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Why an operator verb on a store this process opened ([`Local`]) was refused or failed:
+/// the error of the layer that said so, kept typed, so that the API maps its status and the
+/// command line its exit code from the variant.
+#[derive(Debug, thiserror::Error)]
+pub enum OpsError {
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Submit(#[from] lading_ingest::SubmitError),
+    #[error(transparent)]
+    Api(#[from] crate::ApiError),
+    #[error(transparent)]
+    BadId(#[from] lading_core::layout::BadId),
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// A verb this way of running cannot do; the text says what to do instead.
+    #[error("{0}")]
+    Unsupported(&'static str),
+}
+
+type Result<T, E = OpsError> = std::result::Result<T, E>;
 
 /// A deletion verb ([`Ops::deletion`]).
 #[derive(Debug, Clone)]
@@ -40,36 +61,56 @@ pub enum DeletionVerb {
 /// `lading_node::client::HttpError`, …) so the command line can pick its exit code.
 #[allow(async_fn_in_trait)]
 pub trait Ops {
+    /// What a refusal or failure is: [`OpsError`] on a store this process opened; the
+    /// client's own errors over HTTP.
+    type Error: From<OpsError> + From<serde_json::Error> + std::fmt::Debug + std::fmt::Display;
+
     /// Submits a batch. Through a server, a `payload_url` without `://` is a local file,
     /// uploaded.
-    async fn submit(&self, req: SubmitRequest) -> Result<Submitted>;
+    async fn submit(&self, req: SubmitRequest) -> Result<Submitted, Self::Error>;
     /// Jobs and batches per state, paused queues, the outbox, foreign locks.
-    async fn summary(&self) -> Result<Summary>;
+    async fn summary(&self) -> Result<Summary, Self::Error>;
     /// A batch, by `bid…` or its uuid.
-    async fn batch(&self, id: &str) -> Result<BatchInfo>;
-    async fn job(&self, id: &str) -> Result<JobInfo>;
+    async fn batch(&self, id: &str) -> Result<BatchInfo, Self::Error>;
+    async fn job(&self, id: &str) -> Result<JobInfo, Self::Error>;
     /// An access request (`qid…`), in whichever queue it is.
-    async fn access(&self, id: &str) -> Result<AccessInfo>;
-    async fn job_action(&self, id: &str, act: JobAction, to: Option<&str>) -> Result<ActionResult>;
-    async fn batch_action(&self, id: &str, action: BatchAction) -> Result<ActionResult>;
+    async fn access(&self, id: &str) -> Result<AccessInfo, Self::Error>;
+    async fn job_action(
+        &self,
+        id: &str,
+        act: JobAction,
+        to: Option<&str>,
+    ) -> Result<ActionResult, Self::Error>;
+    async fn batch_action(
+        &self,
+        id: &str,
+        action: BatchAction,
+    ) -> Result<ActionResult, Self::Error>;
     /// Every Failed job of a batch back to the stage it failed at (or `req.to`).
-    async fn requeue_failed(&self, id: &str, req: RequeueFailedRequest) -> Result<Requeued>;
-    async fn collection(&self, name: &str, hold: bool) -> Result<CollectionHold>;
-    async fn queue(&self, name: &str, pause: bool) -> Result<QueuePause>;
-    async fn outbox(&self) -> Result<Vec<OutboxItem>>;
-    async fn retry_outbox(&self, name: &str) -> Result<()>;
-    async fn clear_lock(&self, kind: &str, name: &str) -> Result<()>;
+    async fn requeue_failed(
+        &self,
+        id: &str,
+        req: RequeueFailedRequest,
+    ) -> Result<Requeued, Self::Error>;
+    async fn collection(&self, name: &str, hold: bool) -> Result<CollectionHold, Self::Error>;
+    async fn queue(&self, name: &str, pause: bool) -> Result<QueuePause, Self::Error>;
+    async fn outbox(&self) -> Result<Vec<OutboxItem>, Self::Error>;
+    async fn retry_outbox(&self, name: &str) -> Result<(), Self::Error>;
+    async fn clear_lock(&self, kind: &str, name: &str) -> Result<(), Self::Error>;
     /// The changes of a batch and its jobs from now on.
-    async fn changes(&self, batch: &str) -> Result<Changes>;
+    async fn changes(&self, batch: &str) -> Result<Changes, Self::Error>;
     /// The copies of what a job stored, per version and storage node.
-    async fn copies(&self, job: &str) -> Result<Vec<lading_ingest::inventory::NodeCopies>>;
+    async fn copies(
+        &self,
+        job: &str,
+    ) -> Result<Vec<lading_ingest::inventory::NodeCopies>, Self::Error>;
     /// Deletion requests: ask, approve, cancel, list, show. Through a server only (who asked
     /// and who approved are token names); the answer is the deletions the verb touched.
-    async fn deletion(&self, verb: DeletionVerb) -> Result<Vec<Deletion>>;
+    async fn deletion(&self, verb: DeletionVerb) -> Result<Vec<Deletion>, Self::Error>;
 
     /// A record as the API shows it: the summary (no id), a job (`jid…`), an access
     /// request (`qid…`) or a batch (`bid…` or its uuid), with its history expanded.
-    async fn record(&self, id: Option<&str>) -> Result<Value> {
+    async fn record(&self, id: Option<&str>) -> Result<Value, Self::Error> {
         Ok(match id {
             None => serde_json::to_value(self.summary().await?)?,
             Some(id) if id.starts_with(JobId::PREFIX) => {
@@ -102,6 +143,8 @@ fn parse_state(name: Option<&str>) -> Result<Option<JobState>> {
 }
 
 impl Ops for Local {
+    type Error = OpsError;
+
     async fn copies(&self, job: &str) -> Result<Vec<lading_ingest::inventory::NodeCopies>> {
         let j = job.to_string();
         Ok(self
@@ -284,10 +327,10 @@ impl Ops for Local {
     }
 
     async fn deletion(&self, _verb: DeletionVerb) -> Result<Vec<Deletion>> {
-        anyhow::bail!(
+        Err(OpsError::Unsupported(
             "deletions go through a server (--server with an admin token): who asks and who \
-             approves are the tokens' names, and a second admin must approve"
-        )
+             approves are the tokens' names, and a second admin must approve",
+        ))
     }
 
     async fn changes(&self, batch: &str) -> Result<Changes> {
@@ -412,12 +455,12 @@ fn sse_block(block: &str) -> Option<Option<Change>> {
 /// Reads what a batch's jobs are at: the jobs in its completed and failed folders from the
 /// folder's name, the others one by one (all of them when `all`, else only those not in
 /// `known` yet).
-pub async fn job_states(
-    ops: &impl Ops,
+pub async fn job_states<O: Ops>(
+    ops: &O,
     batch: &BatchInfo,
     known: &mut std::collections::HashMap<String, String>,
     all: bool,
-) -> Result<()> {
+) -> Result<(), O::Error> {
     for (folder, ids) in &batch.jobs {
         for j in ids {
             let st = match folder.as_str() {
@@ -439,7 +482,7 @@ pub async fn job_states(
 
 /// The report `submit --wait` ends with: the batch's state and message, then each job
 /// (id order) with its state, primary identifier and message.
-pub async fn report(ops: &impl Ops, batch: &str) -> Result<(BatchInfo, String)> {
+pub async fn report<O: Ops>(ops: &O, batch: &str) -> Result<(BatchInfo, String), O::Error> {
     let b = ops.batch(batch).await?;
     let mut ids: Vec<&JobId> = b.jobs.values().flatten().collect();
     ids.sort();
@@ -456,10 +499,7 @@ pub async fn report(ops: &impl Ops, batch: &str) -> Result<(BatchInfo, String)> 
             .unwrap_or_default()
     );
     for j in ids {
-        let job = ops
-            .job(j.as_str())
-            .await
-            .with_context(|| format!("reading job {j} of the report"))?;
+        let job = ops.job(j.as_str()).await?;
         out.push_str(&format!(
             "  {}  {:<10} {}  {}\n",
             job.id,
