@@ -43,7 +43,13 @@ pub struct Following {
     pub reported_from: u64,
     /// Reads the past between two reports.
     pub past: Past,
+    /// The follower itself: nothing is reported until it runs. It ends when the reports are
+    /// dropped or the store closes; a process runs it as one of its services.
+    pub run: Task,
 }
+
+/// A piece of work a caller runs (as a supervised service, in a process).
+pub type Task = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>;
 
 /// A transition with its id.
 pub type Transition = (String, ChangeEvent);
@@ -202,7 +208,7 @@ impl Engine {
         // newest entry, and only that one is reported if it is this recent.
         let start_ms = self.clock().now_ms().saturating_sub(1000);
         let reported_from = start_ms / 1000 * 1000;
-        tokio::spawn(async move {
+        let run = Box::pin(async move {
             let mut known: HashMap<String, Known> = HashMap::new();
             // Reports sent so far.
             let mut sent = 0u64;
@@ -300,6 +306,7 @@ impl Engine {
             reports: rx,
             reported_from,
             past: Past { tx: past_tx },
+            run,
         }))
     }
 }

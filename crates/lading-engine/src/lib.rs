@@ -51,7 +51,8 @@ use claims::Round;
 use contention::{ANY_TRIES, MAX_SCAN, NEXT_TRIES, SPREAD, WINDOW};
 pub use error::{EngineError, Result};
 pub use follow::{
-    Following, Observed, Past, Transition, transition_id, transition_id_at_most, transition_id_time,
+    Following, Observed, Past, Task, Transition, transition_id, transition_id_at_most,
+    transition_id_time,
 };
 pub use locks::ForeignLock;
 pub use outbox::{

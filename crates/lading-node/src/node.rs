@@ -241,8 +241,20 @@ impl Node {
         let mut addr = None;
         if let Some((listener, auth)) = spec.http {
             addr = Some(listener.local_addr()?);
+            let (events, feeders) = lading_server::events::EventHub::start(&ingest.engine).await?;
+            // The hub's feeders (the tree's follower, the forwarder, the last hour's tally)
+            // are services: one that panics is heard of and stops the process.
+            for (name, task) in feeders {
+                services.spawn(name, Phase::First, |sd| async move {
+                    tokio::select! {
+                        _ = task => {}
+                        _ = sd.into_stopped() => {}
+                    }
+                    Ok(())
+                });
+            }
             let state = AppState {
-                events: lading_server::events::EventHub::start(&ingest.engine).await?,
+                events,
                 ingest: ingest.clone(),
                 jobs: jobs.clone(),
                 auth: Arc::new(auth),

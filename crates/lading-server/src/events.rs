@@ -23,7 +23,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::stream::{self, Stream, StreamExt};
-use lading_engine::{ChangeEvent, Engine, EngineError, Observed, Past};
+use lading_engine::{ChangeEvent, Engine, EngineError, Observed, Past, Task};
 use serde::Deserialize;
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -81,8 +81,12 @@ enum Resume {
 
 impl EventHub {
     /// Starts following the tree's transitions (or, on a backend without a change feed,
-    /// this engine's own).
-    pub async fn start(engine: &Arc<Engine>) -> Result<Arc<EventHub>, EngineError> {
+    /// this engine's own). The hub is fed by the tasks returned with it, each named: the
+    /// caller runs them (a process, as services of its supervisor, so that one that fails is
+    /// heard of); until they run, nothing reaches the hub.
+    pub async fn start(
+        engine: &Arc<Engine>,
+    ) -> Result<(Arc<EventHub>, Vec<(&'static str, Task)>), EngineError> {
         Self::start_keeping(engine, KEPT).await
     }
 
@@ -91,7 +95,7 @@ impl EventHub {
     pub async fn start_keeping(
         engine: &Arc<Engine>,
         kept: usize,
-    ) -> Result<Arc<EventHub>, EngineError> {
+    ) -> Result<(Arc<EventHub>, Vec<(&'static str, Task)>), EngineError> {
         let hub = Arc::new(EventHub {
             engine: engine.clone(),
             ring: Mutex::new(Ring {
@@ -107,6 +111,7 @@ impl EventHub {
             live_from: std::sync::atomic::AtomicU64::new(engine.clock().now_ms()),
         });
         let h = Arc::downgrade(&hub);
+        let mut tasks: Vec<(&'static str, Task)> = Vec::new();
         match engine.follow_transitions().await? {
             Some(f) => {
                 hub.tally.set_live_from(f.reported_from);
@@ -114,44 +119,55 @@ impl EventHub {
                     .store(f.reported_from, std::sync::atomic::Ordering::Relaxed);
                 let _ = hub.past.set(f.past);
                 let mut rx = f.reports;
+                tasks.push(("event follower", f.run));
                 // One push per report, in order: the ring's places count the reports.
-                tokio::spawn(async move {
-                    while let Some(o) = rx.recv().await {
-                        let Some(hub) = h.upgrade() else { return };
-                        match o {
-                            Observed::Transition(id, ev) => {
-                                hub.push(Some((id.into(), Arc::from(ev))))
+                tasks.push((
+                    "event hub",
+                    Box::pin(async move {
+                        while let Some(o) = rx.recv().await {
+                            let Some(hub) = h.upgrade() else { return };
+                            match o {
+                                Observed::Transition(id, ev) => {
+                                    hub.push(Some((id.into(), Arc::from(ev))))
+                                }
+                                Observed::Lost => hub.push(None),
                             }
-                            Observed::Lost => hub.push(None),
                         }
-                    }
-                });
+                    }),
+                ));
             }
             None => {
                 let mut rx = engine.subscribe();
-                tokio::spawn(async move {
-                    let mut n = 0u64;
-                    loop {
-                        let ev = rx.recv().await;
-                        let Some(hub) = h.upgrade() else { return };
-                        match ev {
-                            Ok(ev) => {
-                                n += 1;
-                                let ms = lading_core::time::parse_ts(&ev.time).unwrap_or(0);
-                                let id = lading_engine::transition_id(ms, &ev.id, 0, n as usize);
-                                hub.push(Some((id.into(), ev.into())));
+                tasks.push((
+                    "event hub",
+                    Box::pin(async move {
+                        let mut n = 0u64;
+                        loop {
+                            let ev = rx.recv().await;
+                            let Some(hub) = h.upgrade() else { return };
+                            match ev {
+                                Ok(ev) => {
+                                    n += 1;
+                                    let ms = lading_core::time::parse_ts(&ev.time).unwrap_or(0);
+                                    let id =
+                                        lading_engine::transition_id(ms, &ev.id, 0, n as usize);
+                                    hub.push(Some((id.into(), ev.into())));
+                                }
+                                Err(broadcast::error::RecvError::Lagged(_)) => hub.push(None),
+                                Err(broadcast::error::RecvError::Closed) => return,
                             }
-                            Err(broadcast::error::RecvError::Lagged(_)) => hub.push(None),
-                            Err(broadcast::error::RecvError::Closed) => return,
                         }
-                    }
-                });
+                    }),
+                ));
             }
         }
         // The last hour read back while the server starts serving (counted once each).
         let (tally, engine) = (hub.tally.clone(), engine.clone());
-        tokio::spawn(async move { tally.read_back(&engine).await });
-        Ok(hub)
+        tasks.push((
+            "event tally",
+            Box::pin(async move { tally.read_back(&engine).await }),
+        ));
+        Ok((hub, tasks))
     }
 
     /// From when this hub reports transitions as they happen (ms since the epoch).

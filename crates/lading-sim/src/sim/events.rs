@@ -45,10 +45,14 @@ pub(super) async fn watch_events(
     shutdown: Shutdown,
 ) {
     use lading_server::events::{EventHub, Sent};
-    let Some(hub) = retrying(|| EventHub::start_keeping(&engine, EVENTS_KEPT), |_| true).await
+    let Some((hub, feeders)) =
+        retrying(|| EventHub::start_keeping(&engine, EVENTS_KEPT), |_| true).await
     else {
         return;
     };
+    for (_, task) in feeders {
+        tokio::spawn(task);
+    }
     // Lading's HTTP server, with its connection limits, on the hub; it stops once the
     // client has taken what it was sent.
     let (listener, connector) = crate::http::pair();
