@@ -536,7 +536,7 @@ pub(crate) fn checkpoint(conn: &Connection) -> rusqlite::Result<(bool, i64, i64)
 /// the longest waits `lading bench jobs` saw. Synced here, the restart syncs only the pages
 /// of its last stretch (5–15 ms). A sync more is never unsafe.
 pub(crate) fn checkpointer(shared: Arc<Shared>, conn: Connection, wake: mpsc::Receiver<()>) {
-    let mut file: Option<std::fs::File> = None;
+    let mut file: Option<Arc<std::fs::File>> = None;
     while wake.recv().is_ok() {
         // The writer is to finish this round: stay out of its way (a checkpoint under way
         // would make its own find the WAL busy, and the WAL grow on).
@@ -562,11 +562,11 @@ pub(crate) fn checkpointer(shared: Arc<Shared>, conn: Connection, wake: mpsc::Re
     }
 }
 
-/// `fdatasync` of the database file (opened once). A failure is logged: SQLite's own sync at
-/// the restart still comes before the WAL is reused, so nothing rests on this one.
-fn sync_database(shared: &Shared, file: &mut Option<std::fs::File>) {
+/// `fdatasync` of the database file. A failure is logged: SQLite's own sync at the restart
+/// still comes before the WAL is reused, so nothing rests on this one.
+fn sync_database(shared: &Shared, file: &mut Option<Arc<std::fs::File>>) {
     if file.is_none() {
-        match std::fs::OpenOptions::new().write(true).open(&shared.path) {
+        match database_file(&shared.path) {
             Ok(f) => *file = Some(f),
             Err(e) => {
                 tracing::warn!(error = %e, "could not open the database file to sync it");
@@ -578,9 +578,25 @@ fn sync_database(shared: &Shared, file: &mut Option<std::fs::File>) {
         && let Err(e) = f.sync_data()
     {
         tracing::warn!(error = %e, "could not sync the database file after a checkpoint");
-        // Opened again next time.
-        *file = None;
     }
+}
+
+/// A descriptor of the database file at `path` for syncing it, opened once per process and
+/// never closed: closing any descriptor of a file drops every POSIX lock the process holds on
+/// it, SQLite's own among them (SQLite's "how to corrupt" §2.2.1), and a process may keep
+/// other handles on the file open after one closes.
+fn database_file(path: &Path) -> std::io::Result<Arc<std::fs::File>> {
+    static OPEN: std::sync::OnceLock<
+        Mutex<std::collections::HashMap<PathBuf, Arc<std::fs::File>>>,
+    > = std::sync::OnceLock::new();
+    let key = std::fs::canonicalize(path)?;
+    let mut open = lock(OPEN.get_or_init(Default::default));
+    if let Some(f) = open.get(&key) {
+        return Ok(f.clone());
+    }
+    let f = Arc::new(std::fs::OpenOptions::new().write(true).open(&key)?);
+    open.insert(key, f.clone());
+    Ok(f)
 }
 
 /// Makes committed groups durable (one `fdatasync` of the WAL for all that are waiting), folds
