@@ -318,6 +318,20 @@ impl Acquire for Finishing {
     }
     async fn wait(&self, stop: Shutdown) -> Result<Option<Self::Lease>, String> {
         let e = &self.ingest.engine;
+        let kept = lock(&self.kept).take();
+        let (mut f, read_at) = match kept {
+            Some(k) => k,
+            None => {
+                let f = e.watch_finishing().await.map_err(|e| e.to_string())?;
+                // Finished before the watches were set: caught now.
+                let all = f.batches.iter().map(|(b, _)| b.clone()).collect();
+                self.handle(all, &mut stop.clone()).await;
+                (f, tokio::time::Instant::now())
+            }
+        };
+        // The batches found held, by the last round or just now: their locks are watched
+        // before this round waits. (Found held by the check just above and watched only in
+        // the next round, a batch waited for the 30 s re-read when its holder's lock went.)
         let mut locks = std::mem::take(&mut *lock(&self.locks));
         let mut free = Vec::new();
         let held = std::mem::take(&mut *lock(&self.held));
@@ -332,25 +346,16 @@ impl Acquire for Finishing {
                 Err(err) => {
                     lock(&self.held).extend_from_slice(&held[i..]);
                     *lock(&self.locks) = locks;
+                    *lock(&self.kept) = Some((f, read_at));
                     return Err(err.to_string());
                 }
             }
         }
         if !free.is_empty() {
             *lock(&self.locks) = locks;
+            *lock(&self.kept) = Some((f, read_at));
             return Ok(Some(free));
         }
-        let kept = lock(&self.kept).take();
-        let (mut f, read_at) = match kept {
-            Some(k) => k,
-            None => {
-                let f = e.watch_finishing().await.map_err(|e| e.to_string())?;
-                // Finished before the watches were set: caught now.
-                let all = f.batches.iter().map(|(b, _)| b.clone()).collect();
-                self.handle(all, &mut stop.clone()).await;
-                (f, tokio::time::Instant::now())
-            }
-        };
         let fired = {
             let batches = f.batches.iter_mut().enumerate().map(|(i, (_, w))| {
                 Box::pin(async move {
