@@ -344,6 +344,7 @@ async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
                 jj.run_monitor(sd).await;
                 Ok(())
             });
+            announce(&mut services, j, Default::default());
             let mut signals = lading_node::signals::Signals::new()?;
             eprintln!("lading: activity monitor running (stop with Ctrl-C)");
             signals.next().await;
@@ -352,6 +353,21 @@ async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Announces this generic-jobs process, running `stages`, under `/processes` (SPEC §12).
+fn announce(
+    services: &mut Supervisor,
+    j: &Arc<Jobs>,
+    stages: std::collections::BTreeMap<String, usize>,
+) {
+    let record = lading_node::node::jobs_process(crate::VERSION, j.clock().now_ms(), stages);
+    let (tree, clock) = (j.tree().clone(), j.clock().clone());
+    services.spawn("announcement", Phase::Last, |sd| async move {
+        let stats = Arc::new(lading_worker::Stats::default());
+        lading_worker::announce::announce(tree, clock, record, stats, sd).await;
+        Ok(())
+    });
 }
 
 /// The processor of `lading jobs run`: `concurrency` loops of [`CommandProcessor`] until
@@ -379,6 +395,11 @@ async fn process(
         processor.run(concurrency, sd).await;
         Ok(())
     });
+    announce(
+        &mut services,
+        j,
+        [(format!("generic jobs {ty}"), concurrency)].into(),
+    );
     let running = format!(
         "lading: processing {ty} jobs with {concurrency} at a time: {shown} (stop with Ctrl-C)"
     );

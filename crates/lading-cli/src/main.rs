@@ -46,10 +46,18 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+/// This program's version, with the commit it is built from.
+pub(crate) const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("LADING_COMMIT"),
+    ")"
+);
+
 #[derive(Parser)]
 #[command(
     name = "lading",
-    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("LADING_COMMIT"), ")"),
+    version = VERSION,
     about = "A durable, distributed ingest queue"
 )]
 struct Cli {
@@ -320,7 +328,8 @@ async fn run_on(cli: Cli, cfg: lading_ingest::Config, store: &str) -> anyhow::Re
             lading_node::demo::demo(&dir, objects.max(1), files.max(1), say_line).await?;
         }
         Command::Worker { stages, grace_s } => {
-            let (spec, what) = node::NodeSpec::for_stages(&stages.stages)?;
+            let (mut spec, what) = node::NodeSpec::for_stages(&stages.stages)?;
+            spec.version = Some(VERSION.to_string());
             let node = node::Node::start(node::ingest(&store, cfg).await?, spec).await?;
             let running = format!("lading: running {what} (stop with Ctrl-C)");
             node.run_until_signal(std::time::Duration::from_secs(grace_s), &running, say_line)
@@ -331,11 +340,13 @@ async fn run_on(cli: Cli, cfg: lading_ingest::Config, store: &str) -> anyhow::Re
             stages,
             grace_s,
         } => {
+            let (mut spec, what) = node::NodeSpec::for_stages(&stages.stages)?;
+            spec.version = Some(VERSION.to_string());
             serve::serve(
                 &store,
                 cfg,
                 listen,
-                node::NodeSpec::for_stages(&stages.stages)?,
+                (spec, what),
                 std::time::Duration::from_secs(grace_s),
             )
             .await?

@@ -224,6 +224,16 @@ fn a_job_whose_processor_was_sigkilled_is_requeued_by_the_monitor_and_runs_again
     let mut stuck = spawn(&db, &["jobs", "run", "t", "--", "sleep", "30"]);
     let running = wait_state(&db, "long", "running");
     assert_eq!(running["runs"], 1);
+    // The processor announced itself (SPEC §12): its type and how many it runs at once.
+    let me = lading_testkit::poll::within_blocking(std::time::Duration::from_secs(60), || {
+        announced(&db)
+            .into_iter()
+            .find(|p| p.record.pid == stuck.id() && p.alive)
+    })
+    .expect("the processor is listed alive");
+    assert_eq!(me.record.roles, ["jobs"]);
+    assert_eq!(me.record.stages, [("generic jobs t".to_string(), 1)].into());
+    assert!(me.record.version.contains("(commit "), "{:?}", me.record);
     // SIGKILL: no heartbeat, no cleanup. Child::kill sends SIGKILL.
     stuck.kill().unwrap();
     stuck.wait().unwrap();
@@ -242,6 +252,20 @@ fn a_job_whose_processor_was_sigkilled_is_requeued_by_the_monitor_and_runs_again
         p.kill().unwrap();
         p.wait().unwrap();
     }
+}
+
+/// The processes announced in the store at `db`, read on a session of this test's own.
+fn announced(db: &Path) -> Vec<lading_engine::processes::ProcessInfo> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let tree = lading_store_sqlite::SqliteTree::open(db, Default::default()).unwrap();
+        let list = lading_engine::processes::list(&tree).await.unwrap();
+        lading_core::Tree::close(&tree).await.unwrap();
+        list
+    })
 }
 
 /// One HTTP/1.1 request over a plain socket; returns (status, body).

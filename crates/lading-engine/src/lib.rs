@@ -40,6 +40,7 @@ mod jobs;
 mod locks;
 mod moves;
 mod outbox;
+pub mod processes;
 mod read;
 mod records;
 mod reporting;

@@ -203,6 +203,11 @@ impl Acquire for AccessLoop {
         use tracing::Instrument;
         let e = &self.ingest.engine;
         let span = tracing::info_span!("access", request = %lease.id, queue = lease.queue.name());
+        let stage = ACCESS_STAGE_NAMES[usize::from(self.queue == AccessQueue::Large)];
+        let _running =
+            self.ingest
+                .stats
+                .running("access", lease.id.as_str(), stage, e.clock().now_ms());
         let r = async {
             // One its assembler left in Processing is assembled again from the start.
             let lease = match lease.status.status {
@@ -229,6 +234,9 @@ impl Acquire for AccessLoop {
         let _ = self.ingest.engine.release_access_lease(lease).await;
     }
 }
+
+/// The access queues as stage names (`lading worker --stages access-small`), small first.
+pub const ACCESS_STAGE_NAMES: [&str; 2] = ["access-small", "access-large"];
 
 /// Serves one access queue until shut down: takes the oldest Pending request, assembles its
 /// zip, marks it Completed (or Failed with the reason).

@@ -511,6 +511,10 @@ impl Jobs {
         &self.tree
     }
 
+    pub fn clock(&self) -> &SharedClock {
+        &self.clock
+    }
+
     /// How many times an acceptor of this API has parked: found nothing due and started
     /// waiting. A test takes the count, starts acceptors, and waits for it to move before it
     /// adds the jobs they should wake for, instead of sleeping and hoping.

@@ -9,6 +9,7 @@ use lading_core::Tree;
 use lading_core::layout::AccessQueue;
 use lading_core::time::system_clock;
 use lading_engine::Engine;
+use lading_engine::processes::ProcessRecord;
 use lading_ingest::{Config, Ingest};
 use lading_jobs::Jobs;
 use lading_server::{AppState, Auth};
@@ -141,7 +142,7 @@ pub async fn ingest(url: &str, cfg: Config) -> anyhow::Result<Arc<Ingest>> {
 }
 
 /// The access queues as stage names (`lading worker --stages access-small`).
-pub const ACCESS_STAGES: [&str; 2] = ["access-small", "access-large"];
+pub const ACCESS_STAGES: [&str; 2] = lading_ingest::access::ACCESS_STAGE_NAMES;
 
 /// The access queue a stage name names.
 pub fn access_queue(stage: &str) -> Option<AccessQueue> {
@@ -163,6 +164,9 @@ pub struct NodeSpec {
     pub monitor: bool,
     /// The HTTP API, on this listener with these tokens.
     pub http: Option<(tokio::net::TcpListener, Auth)>,
+    /// The program's version (with its commit) the process announces; none:
+    /// [`LIBRARY_VERSION`].
+    pub version: Option<String>,
 }
 
 /// Stops or aborts a running [`Node`]: its supervisor's one stop signal.
@@ -238,6 +242,14 @@ impl Node {
             owner(),
         ));
         let mut services = Supervisor::new();
+        // The process says what it is and what it runs, until it stops (SPEC §12).
+        let record = announced(&ingest, &spec);
+        let (tree, clock) = (ingest.engine.tree().clone(), ingest.engine.clock().clone());
+        let stats = ingest.stats.clone();
+        services.spawn("announcement", Phase::Last, |sd| async move {
+            lading_worker::announce::announce(tree, clock, record, stats, sd).await;
+            Ok(())
+        });
         let mut addr = None;
         if let Some((listener, auth)) = spec.http {
             addr = Some(listener.local_addr()?);
@@ -379,6 +391,77 @@ impl Node {
                 .collect(),
             ..Default::default()
         }
+    }
+}
+
+/// What a process running `spec` says of itself under `/processes`.
+fn announced(ingest: &Ingest, spec: &NodeSpec) -> ProcessRecord {
+    let roles = [
+        ("serve", spec.http.is_some()),
+        ("worker", !spec.stages.is_empty()),
+        ("access", !spec.access.is_empty()),
+        ("jobs", spec.monitor),
+    ];
+    let mut stages: std::collections::BTreeMap<String, usize> = spec
+        .stages
+        .iter()
+        .map(|s| (s.clone(), ingest.cfg.stage(s).concurrency))
+        .collect();
+    for q in &spec.access {
+        let name = ACCESS_STAGES[usize::from(*q == AccessQueue::Large)];
+        stages.insert(name.to_string(), 1);
+    }
+    let now = ingest.engine.clock().now_ms();
+    ProcessRecord {
+        host: host_name(),
+        pid: std::process::id(),
+        version: spec
+            .version
+            .clone()
+            .unwrap_or_else(|| LIBRARY_VERSION.to_string()),
+        roles: roles
+            .iter()
+            .filter(|(_, on)| *on)
+            .map(|(r, _)| r.to_string())
+            .collect(),
+        stages,
+        started_at_ms: now,
+        heard_at_ms: now,
+        running: Vec::new(),
+        stopped_at_ms: None,
+    }
+}
+
+/// The version a process built by a program other than `lading` (a test, a benchmark)
+/// announces.
+pub const LIBRARY_VERSION: &str = concat!("lading-node library ", env!("CARGO_PKG_VERSION"));
+
+/// What a generic-jobs process (`lading jobs run|monitor`) of `version` running `stages` says
+/// of itself.
+pub fn jobs_process(
+    version: &str,
+    now_ms: u64,
+    stages: std::collections::BTreeMap<String, usize>,
+) -> ProcessRecord {
+    ProcessRecord {
+        host: host_name(),
+        pid: std::process::id(),
+        version: version.to_string(),
+        roles: vec!["jobs".to_string()],
+        stages,
+        started_at_ms: now_ms,
+        heard_at_ms: now_ms,
+        running: Vec::new(),
+        stopped_at_ms: None,
+    }
+}
+
+/// This host's name, as this process's locks carry it.
+fn host_name() -> String {
+    let owner = owner();
+    match owner.rsplit_once(':') {
+        Some((host, _pid)) => host.to_string(),
+        None => owner,
     }
 }
 

@@ -85,6 +85,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/events", get(events::events))
         .route("/api/v1/overview", get(overview::overview))
         .route("/api/v1/dependencies", get(overview::dependencies))
+        .route("/api/v1/processes", get(overview::processes))
         .route("/api/v1/access", axum::routing::post(access::request))
         .route("/api/v1/access/{token}", get(access::status))
         .route("/api/v1/access-requests/{id}", get(access::show))

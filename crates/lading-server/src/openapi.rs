@@ -21,6 +21,7 @@ use utoipa::{Modify, OpenApi};
         events::events,
         overview::overview,
         overview::dependencies,
+        overview::processes,
         upload::upload,
         download::job_download,
         download::object_download,

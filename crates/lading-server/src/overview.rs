@@ -189,6 +189,15 @@ pub async fn dependencies(
     Json(lading_engine::deps::published(engine).await)
 }
 
+#[utoipa::path(get, path = "/api/v1/processes", tag = "admin", summary = "Every Lading process that announced itself (SPEC §12): host, pid, version with its commit, roles, stages with their concurrency, when it started and was last heard from, what it runs now; a process whose session ended is listed as gone (`alive` false) for a day, with what it ran when last heard from", responses((status = 200, description = "the processes, alive ones first", body = Vec<lading_engine::processes::ProcessInfo>), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub async fn processes(
+    State(s): State<AppState>,
+    Admin(_): Admin,
+) -> Result<Json<Vec<lading_engine::processes::ProcessInfo>>, ApiError> {
+    let tree = s.ingest.engine.tree().as_ref();
+    Ok(Json(lading_engine::processes::list(tree).await?))
+}
+
 /// Per job state, how long its longest-waiting job has been in it.
 type OldestPerState = BTreeMap<String, lading_engine::Oldest>;
 

@@ -12,6 +12,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{FromRawFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A headless Chromium and its DevTools pipe (commands on its fd 3, replies on its fd 4).
@@ -128,6 +129,22 @@ impl Browser {
     }
 
     /// Opens a view of the page by its hash (`#/job/jid…`).
+    /// A new page at `url`, with its runtime, log and page events on: its session.
+    fn page(&mut self, url: &str) -> String {
+        let target = self.call(None, "Target.createTarget", json!({"url": "about:blank"}));
+        let attached = self.call(
+            None,
+            "Target.attachToTarget",
+            json!({"targetId": target["targetId"], "flatten": true}),
+        );
+        let sn = attached["sessionId"].as_str().unwrap().to_string();
+        for domain in ["Runtime.enable", "Log.enable", "Page.enable"] {
+            self.call(Some(&sn), domain, json!({}));
+        }
+        self.call(Some(&sn), "Page.navigate", json!({"url": url}));
+        sn
+    }
+
     fn open(&mut self, session: &str, hash: &str) {
         self.eval(session, &format!("location.hash = '{hash}'"));
     }
@@ -501,17 +518,7 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
     let dir = shots.clone();
     let browser = tokio::task::spawn_blocking(move || {
         let mut br = Browser::launch();
-        let target = br.call(None, "Target.createTarget", json!({"url": "about:blank"}));
-        let attached = br.call(
-            None,
-            "Target.attachToTarget",
-            json!({"targetId": target["targetId"], "flatten": true}),
-        );
-        let sn = attached["sessionId"].as_str().unwrap().to_string();
-        for domain in ["Runtime.enable", "Log.enable", "Page.enable"] {
-            br.call(Some(&sn), domain, json!({}));
-        }
-        br.call(Some(&sn), "Page.navigate", json!({"url": format!("{base}/")}));
+        let sn = br.page(&format!("{base}/"));
         // The token first, and no error before one was given.
         br.wait_for(&sn, "!document.getElementById('login-view').hidden");
         // Each click's target and time, for a failure's report.
@@ -771,4 +778,98 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
     assert_eq!(v["foreign_locks"], json!([]), "cleared by the click");
     let (_, g) = s.get(ADMIN, "/api/v1/types/thumbs/jobs/broken").await;
     assert_eq!(g["state"], "pending");
+}
+
+/// The processes page: this server (its `Node` announced it), a worker on a session of its
+/// own running a job (announced as `lading worker` does), and one whose session ended, shown
+/// gone with the job it ran; the overview counts them; `#/processes` opens directly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_processes_page_shows_each_process_and_what_it_runs() {
+    use lading_store_sqlite::{SqliteOptions, SqliteTree};
+    let s = start().await;
+    let (_, jobs) = lading_store_tests::batch_with_jobs(&s.ingest.engine, 2, &[]).await;
+    let clock = lading_core::time::system_clock();
+    let session = || {
+        let db = s.dir.path().join("lading.db");
+        Arc::new(SqliteTree::open(db, SqliteOptions::default()).unwrap())
+    };
+    let record = |pid: u32, stages: &[(&str, usize)]| lading_engine::processes::ProcessRecord {
+        host: "worker-host".into(),
+        pid,
+        version: "0.2.0 (commit test)".into(),
+        roles: vec!["worker".into()],
+        stages: stages.iter().map(|(n, c)| (n.to_string(), *c)).collect(),
+        started_at_ms: clock.now_ms(),
+        heard_at_ms: clock.now_ms(),
+        running: Vec::new(),
+        stopped_at_ms: None,
+    };
+    // A worker alive, running the first job in Downloading.
+    let (alive_tree, stats) = (session(), Arc::new(lading_worker::Stats::default()));
+    let (stop, sd) = lading_worker::Shutdown::new();
+    let rec = record(4242, &[("downloading", 4)]);
+    let announcing = tokio::spawn(lading_worker::announce::announce(
+        alive_tree.clone(),
+        clock.clone(),
+        rec,
+        stats.clone(),
+        sd,
+    ));
+    let running = stats.running("job", jobs[0].as_str(), "Downloading", clock.now_ms());
+    // A worker that ran the second job in Storing when its session ended.
+    let gone_tree = session();
+    let mut rec = record(4343, &[("storing", 2)]);
+    rec.running = vec![lading_engine::processes::RunningWork {
+        kind: "job".into(),
+        id: jobs[1].to_string(),
+        stage: "Storing".into(),
+        since_ms: clock.now_ms(),
+    }];
+    lading_engine::processes::announce(gone_tree.as_ref(), &rec)
+        .await
+        .unwrap();
+    lading_core::Tree::close(gone_tree.as_ref()).await.unwrap();
+    let base = s.base.clone();
+    let (j0, j1) = (jobs[0].to_string(), jobs[1].to_string());
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots");
+    std::fs::create_dir_all(&dir).unwrap();
+    let br = tokio::task::spawn_blocking(move || {
+        let mut br = Browser::launch();
+        let sn = br.page(&format!("{base}/#token={ADMIN}"));
+        br.wait_for(&sn, "document.querySelector('[data-processes-alive]')?.dataset.processesAlive === '2'");
+        assert_eq!(br.eval(&sn, "document.getElementById('processes-summary').textContent.includes('1 gone')"), json!(true));
+        br.open(&sn, "#/processes");
+        br.wait_for(&sn, &format!("!!document.querySelector('#processes tr[data-alive=true] a[data-running=\"{j0}\"]')"));
+        // Alive first (this server, then the worker: by host), the gone last, in red.
+        assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#processes tr[data-process]')].map(r => r.dataset.alive + ':' + r.querySelector('[data-roles]').dataset.roles).join()"),
+            json!("true:serve,true:worker,false:worker"));
+        assert_eq!(br.eval(&sn, "document.getElementById('processes-count').textContent"), json!("(2 alive, 1 gone)"));
+        let gone = "document.querySelector('#processes tr[data-alive=false]')";
+        assert_eq!(br.eval(&sn, &format!("{gone}.textContent.includes('gone: its session ended') && {gone}.textContent.includes('was running: {j1} Storing')")), json!(true));
+        assert_eq!(br.eval(&sn, &format!("{gone}.classList.contains('down')")), json!(true));
+        assert_eq!(br.eval(&sn, "document.querySelector('#processes tr[data-alive=true] [data-process-running=\"1\"]').textContent.includes('Downloading')"), json!(true));
+        br.shot(&sn, &dir, "9-processes");
+        // Its running job's link opens the job.
+        br.click(&sn, &format!("a[data-running=\"{j0}\"]"));
+        br.wait_for(&sn, &format!("document.getElementById('job-title').textContent.includes('{j0}')"));
+        br
+    })
+    .await
+    .unwrap();
+    let errors = br.console_errors();
+    assert!(errors.is_empty(), "console errors: {errors:#?}");
+    drop(running);
+    stop.stop();
+    announcing.await.unwrap();
+    // Stopped: said so in its record, no longer alive.
+    let (_, list) = s.get(ADMIN, "/api/v1/processes").await;
+    let worker = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == 4242)
+        .unwrap();
+    assert_eq!(worker["alive"], false, "{worker}");
+    assert!(worker["stopped_at_ms"].as_u64().is_some(), "{worker}");
+    assert_eq!(worker["running"], json!([]), "{worker}");
 }

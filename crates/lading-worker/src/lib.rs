@@ -28,6 +28,7 @@
 //! its state for the next worker, with whatever interim state the handler kept in its
 //! working directory.
 
+pub mod announce;
 mod ctx;
 pub mod deps;
 mod outcome;
@@ -398,6 +399,8 @@ impl JobLoop {
         let started = Instant::now();
         let state = lease.state();
         let job = lease.job.clone();
+        let now = self.engine.clock().now_ms();
+        let _running = self.stats.running("job", job.as_str(), state.name(), now);
         let info = match self.engine.job(&job).await {
             Ok(i) => i,
             Err(e) => {
@@ -713,6 +716,8 @@ impl BatchLoop {
         let started = Instant::now();
         let bid = lease.batch.clone();
         let state = lease.status.status;
+        let now = self.engine.clock().now_ms();
+        let _running = self.stats.running("batch", bid.as_str(), state.name(), now);
         let info = match self.engine.batch(&bid).await {
             Ok(i) => i,
             Err(e) => {

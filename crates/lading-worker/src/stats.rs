@@ -2,9 +2,12 @@
 //! pipeline` and the metrics endpoint.
 
 use crate::Outcome;
+use lading_engine::processes::RunningWork;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use tokio::sync::Notify;
 
 /// Latency samples kept per stage; past it, samples are replaced at random (a reservoir), so
 /// percentiles stay representative with bounded memory.
@@ -51,9 +54,59 @@ pub struct StageFigures {
 #[derive(Debug, Default)]
 pub struct Stats {
     stages: Mutex<BTreeMap<String, Stage>>,
+    /// What this process's stages run now, by a number of its own.
+    running: Mutex<BTreeMap<u64, RunningWork>>,
+    next_run: AtomicU64,
+    /// Told when `running` changes (its announcer writes the process's record anew).
+    changed: Notify,
+}
+
+/// A piece of work this process runs: removed from [`Stats::running_now`] when dropped.
+pub struct Running<'a> {
+    stats: &'a Stats,
+    n: u64,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        let mut running = self.stats.running.lock().unwrap_or_else(|p| p.into_inner());
+        running.remove(&self.n);
+        self.stats.changed.notify_one();
+    }
 }
 
 impl Stats {
+    /// Notes that a job or batch (`kind`) runs in `stage` from `since_ms` until the returned
+    /// guard is dropped.
+    pub fn running(&self, kind: &str, id: &str, stage: &str, since_ms: u64) -> Running<'_> {
+        let n = self.next_run.fetch_add(1, Ordering::Relaxed);
+        let work = RunningWork {
+            kind: kind.to_string(),
+            id: id.to_string(),
+            stage: stage.to_string(),
+            since_ms,
+        };
+        self.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(n, work);
+        self.changed.notify_one();
+        Running { stats: self, n }
+    }
+
+    /// What runs now, longest running first.
+    pub fn running_now(&self) -> Vec<RunningWork> {
+        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<RunningWork> = running.values().cloned().collect();
+        v.sort_by(|a, b| (a.since_ms, &a.id).cmp(&(b.since_ms, &b.id)));
+        v
+    }
+
+    /// Resolves once what runs has changed since the last call returned.
+    pub async fn running_changed(&self) {
+        self.changed.notified().await
+    }
+
     pub fn record(&self, stage: &str, outcome: &Outcome, took: Duration) {
         let mut stages = self.stages.lock().unwrap_or_else(|p| p.into_inner());
         let s = stages.entry(stage.to_string()).or_default();

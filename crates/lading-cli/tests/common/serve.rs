@@ -48,6 +48,17 @@ pub fn serve_with(allow: &[String], payload: &str, extra: &str) -> Serve {
 
 /// [`serve_with`] on the store `store` (a `zk://` URL), or on a SQLite file of its own.
 pub fn serve_on(store: Option<&str>, allow: &[String], payload: &str, extra: &str) -> Serve {
+    serve_running(store, allow, payload, extra, &[])
+}
+
+/// [`serve_on`], with `args` after `serve` (`--stages …`).
+pub fn serve_running(
+    store: Option<&str>,
+    allow: &[String],
+    payload: &str,
+    extra: &str,
+    args: &[&str],
+) -> Serve {
     let dir = tempfile::tempdir().unwrap();
     let store = store.map_or_else(
         || format!("sqlite:{}", dir.path().join("lading.db").display()),
@@ -81,6 +92,7 @@ pub fn serve_on(store: Option<&str>, allow: &[String], payload: &str, extra: &st
         .arg("--config")
         .arg(&cfg_path)
         .arg("serve")
+        .args(args)
         .env_remove("LADING_STORE")
         .env("LADING_LOG", "warn")
         .stdin(Stdio::null())
