@@ -1,8 +1,8 @@
 //! Live processes (SPEC §12), as an operator sees them through the API: a `lading serve` and
 //! two `lading worker`s on one store each announce themselves (host, pid, version with its
 //! commit, roles, stages with their concurrency), say which jobs they run now, and a worker
-//! killed with SIGKILL is listed gone with what it ran when last heard from. A submitter may
-//! not list them.
+//! killed with SIGKILL is listed gone with what it ran when last heard from; the stage
+//! metrics count every process's runs. A submitter may read neither.
 
 mod common;
 
@@ -150,6 +150,39 @@ async fn every_process_says_what_it_runs_and_one_killed_is_shown_gone_with_its_w
         assert!(w["since_ms"].as_u64().unwrap() > 0, "{w}");
     }
 
+    // What the stages did reaches the stage metrics (each process adds its counts every 5
+    // s): the serve's Estimating moved both jobs on, once each; the workers saw both jobs
+    // in Downloading.
+    until("the stage metrics count both jobs", async || {
+        let (_, m) = s.get(ADMIN, "/api/v1/metrics/stages").await;
+        let stage = |n: &str| {
+            m["stages"]
+                .as_array()
+                .and_then(|a| a.iter().find(|x| x["stage"] == n).cloned())
+        };
+        stage("Estimating").is_some_and(|e| e["last_hour"]["done"] == 2)
+            && stage("Downloading").is_some_and(|d| d["last_hour"]["depth"].as_u64() >= Some(2))
+    })
+    .await;
+    let (_, m) = s.get(ADMIN, "/api/v1/metrics/stages").await;
+    let est = m["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["stage"] == "Estimating")
+        .unwrap();
+    let per_minute: u64 = est["minutes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["done"].as_u64().unwrap())
+        .sum();
+    assert_eq!(per_minute, 2, "{est}");
+    assert_eq!(est["hours"].as_array().unwrap().len(), 24, "{est}");
+    assert_eq!(est["last_day"]["done"], 2, "{est}");
+    assert_eq!(est["last_hour"]["failed"], 0, "{est}");
+    assert!(est["last_hour"]["p95_ms"].as_u64().is_some(), "{est}");
+
     // Worker A dies without a word: once its session is reaped it is listed gone, with the
     // jobs it ran when last heard from; the others stay alive.
     a.0.kill().unwrap();
@@ -172,8 +205,10 @@ async fn every_process_says_what_it_runs_and_one_killed_is_shown_gone_with_its_w
         "the gone are listed last"
     );
 
-    // Processes are an operator's business.
-    let (st, v) = s.get(ALICE, "/api/v1/processes").await;
-    assert_eq!(st, StatusCode::FORBIDDEN, "{v}");
+    // Processes and stage metrics are an operator's business.
+    for path in ["/api/v1/processes", "/api/v1/metrics/stages"] {
+        let (st, v) = s.get(ALICE, path).await;
+        assert_eq!(st, StatusCode::FORBIDDEN, "{path}: {v}");
+    }
     drop(b);
 }

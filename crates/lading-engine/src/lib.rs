@@ -45,6 +45,7 @@ mod read;
 mod records;
 mod reporting;
 mod reserve;
+pub mod stage_metrics;
 mod watched;
 pub use lading_core::sabotage;
 

@@ -341,6 +341,13 @@ pub async fn start(
     services.spawn("probers", Phase::Last, |sd| async move {
         lading_worker::deps::run_probers(e, sd).await
     });
+    // What the stages count, added to the store's stage metrics (last, with the last runs).
+    let (e, counted) = (ingest.engine.clone(), stats.clone());
+    let states: Vec<lading_core::JobState> = jobs.iter().map(|(s, _)| s.state()).collect();
+    services.spawn("stage metrics", Phase::Last, |sd| async move {
+        lading_worker::stage_metrics::flush_every(e, counted, states, sd).await;
+        Ok(())
+    });
     services.spawn("stages", Phase::First, |sd| async move {
         worker.run(jobs, batches, sd).await;
         Ok(())

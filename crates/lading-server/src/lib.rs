@@ -86,6 +86,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/overview", get(overview::overview))
         .route("/api/v1/dependencies", get(overview::dependencies))
         .route("/api/v1/processes", get(overview::processes))
+        .route("/api/v1/metrics/stages", get(overview::stage_metrics))
         .route("/api/v1/access", axum::routing::post(access::request))
         .route("/api/v1/access/{token}", get(access::status))
         .route("/api/v1/access-requests/{id}", get(access::show))

@@ -22,6 +22,7 @@ use utoipa::{Modify, OpenApi};
         overview::overview,
         overview::dependencies,
         overview::processes,
+        overview::stage_metrics,
         upload::upload,
         download::job_download,
         download::object_download,

@@ -198,6 +198,25 @@ pub async fn processes(
     Ok(Json(lading_engine::processes::list(tree).await?))
 }
 
+/// What `GET /api/v1/metrics/stages` answers.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct StageMetrics {
+    pub now_ms: u64,
+    /// Per stage that ran in the last day (every process's runs), by stage name.
+    pub stages: Vec<lading_engine::stage_metrics::StageSeries>,
+}
+
+#[utoipa::path(get, path = "/api/v1/metrics/stages", tag = "admin", summary = "Per stage, every process's handler runs kept in the store for a day (SPEC §12): per minute over the last hour and per hour over the last day, runs that moved the work on, failed and waited, handler time p50 and p95 (the bounds of histogram buckets), and the largest queue depth seen; with the totals of the hour and the day", responses((status = 200, description = "the stages' series", body = StageMetrics), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub async fn stage_metrics(
+    State(s): State<AppState>,
+    Admin(_): Admin,
+) -> Result<Json<StageMetrics>, ApiError> {
+    let e = &s.ingest.engine;
+    let now_ms = e.clock().now_ms();
+    let stages = lading_engine::stage_metrics::read(e.tree().as_ref(), now_ms).await?;
+    Ok(Json(StageMetrics { now_ms, stages }))
+}
+
 /// Per job state, how long its longest-waiting job has been in it.
 type OldestPerState = BTreeMap<String, lading_engine::Oldest>;
 

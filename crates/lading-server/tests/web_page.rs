@@ -782,9 +782,10 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
 
 /// The processes page: this server (its `Node` announced it), a worker on a session of its
 /// own running a job (announced as `lading worker` does), and one whose session ended, shown
-/// gone with the job it ran; the overview counts them; `#/processes` opens directly.
+/// gone with the job it ran; the overview counts them; `#/processes` opens directly. The
+/// stage metrics: a stage's last hour on the overview, its page with its charts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_processes_page_shows_each_process_and_what_it_runs() {
+async fn the_processes_and_stage_pages_show_each_process_and_stage() {
     use lading_store_sqlite::{SqliteOptions, SqliteTree};
     let s = start().await;
     let (_, jobs) = lading_store_tests::batch_with_jobs(&s.ingest.engine, 2, &[]).await;
@@ -829,6 +830,26 @@ async fn the_processes_page_shows_each_process_and_what_it_runs() {
         .await
         .unwrap();
     lading_core::Tree::close(gone_tree.as_ref()).await.unwrap();
+    // Downloading's runs this minute, as a worker's flusher adds them: 3 moved on, one
+    // failed, 4 jobs seen in the stage.
+    let mut counts = lading_engine::stage_metrics::MinuteCounts {
+        done: 3,
+        failed: 1,
+        depth: Some(4),
+        ..Default::default()
+    };
+    for ms in [20, 30, 40, 2_000] {
+        counts.add_time(ms);
+    }
+    let now = clock.now_ms();
+    lading_engine::stage_metrics::add(
+        s.jobs.tree().as_ref(),
+        "Downloading",
+        [(now - now % 60_000, counts)].into(),
+        now,
+    )
+    .await
+    .unwrap();
     let base = s.base.clone();
     let (j0, j1) = (jobs[0].to_string(), jobs[1].to_string());
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots");
@@ -838,6 +859,16 @@ async fn the_processes_page_shows_each_process_and_what_it_runs() {
         let sn = br.page(&format!("{base}/#token={ADMIN}"));
         br.wait_for(&sn, "document.querySelector('[data-processes-alive]')?.dataset.processesAlive === '2'");
         assert_eq!(br.eval(&sn, "document.getElementById('processes-summary').textContent.includes('1 gone')"), json!(true));
+        // The stage's last hour on the overview, and its own page with its charts.
+        br.wait_for(&sn, "document.querySelector('#stages tr[data-stage=Downloading] [data-stage-done]')?.textContent === '3'");
+        assert_eq!(br.eval(&sn, "document.querySelector('#stages tr[data-stage=Downloading]').textContent"), json!("Downloading310≤ 50 ms≤ 2.5 s4"));
+        br.click(&sn, "#stages tr[data-stage=Downloading] a");
+        br.wait_for(&sn, "document.getElementById('stage-done').dataset.total === '3'");
+        assert_eq!(br.eval(&sn, "[document.getElementById('stage-failed').dataset.total, document.getElementById('stage-depth').dataset.total, document.getElementById('stage-day-done').dataset.total, document.querySelectorAll('#stage-day-done rect').length]"), json!(["1", "4", "3", 24]));
+        br.shot(&sn, &dir, "10-stage");
+        // A stage's address opens it directly; one that never ran says so.
+        br.open(&sn, "#/stages/Storing");
+        br.wait_for(&sn, "document.getElementById('stage-summary').textContent === 'No run of Storing in the last day.'");
         br.open(&sn, "#/processes");
         br.wait_for(&sn, &format!("!!document.querySelector('#processes tr[data-alive=true] a[data-running=\"{j0}\"]')"));
         // Alive first (this server, then the worker: by host), the gone last, in red.

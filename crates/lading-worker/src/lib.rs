@@ -34,6 +34,7 @@ pub mod deps;
 mod outcome;
 mod services;
 mod shutdown;
+pub mod stage_metrics;
 mod stats;
 
 pub use ctx::{BatchCtx, BatchStage, JobCtx, JobStage, append_log, claim_workdir, workdir};
@@ -566,7 +567,9 @@ impl JobLoop {
                 .await
                 .map(|n| next = n),
         };
-        self.stats.record(state.name(), &outcome, started.elapsed());
+        let now = self.engine.clock().now_ms();
+        self.stats
+            .record(state.name(), &outcome, started.elapsed(), now);
         match (r, &outcome) {
             (Ok(()), Outcome::Done)
                 if state.resolve(self.stage.success()).ok() == Some(JobState::Completed) =>
@@ -847,7 +850,8 @@ impl BatchLoop {
             } else {
                 state.name()
             };
-            self.stats.record(name, o, started.elapsed());
+            let now = self.engine.clock().now_ms();
+            self.stats.record(name, o, started.elapsed(), now);
         }
         match (r, &outcome) {
             (Err(e), _) => {

@@ -3,6 +3,7 @@
 
 use crate::Outcome;
 use lading_engine::processes::RunningWork;
+use lading_engine::stage_metrics::MinuteCounts;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,7 +60,14 @@ pub struct Stats {
     next_run: AtomicU64,
     /// Told when `running` changes (its announcer writes the process's record anew).
     changed: Notify,
+    /// Per stage and minute (start, ms), what was counted and not yet added to the store's
+    /// stage metrics (at most [`MINUTES_HELD`] minutes per stage: without a flusher, the
+    /// oldest go).
+    minutes: Mutex<BTreeMap<String, BTreeMap<u64, MinuteCounts>>>,
 }
+
+/// Minutes of counts held per stage for the flusher.
+const MINUTES_HELD: usize = 120;
 
 /// A piece of work this process runs: removed from [`Stats::running_now`] when dropped.
 pub struct Running<'a> {
@@ -94,6 +102,23 @@ impl Stats {
         Running { stats: self, n }
     }
 
+    /// Takes the per-minute counts not yet added to the store, by stage.
+    pub fn take_minutes(&self) -> BTreeMap<String, BTreeMap<u64, MinuteCounts>> {
+        std::mem::take(&mut *self.minutes.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Puts back counts of `stage` the store did not take, for the next flush.
+    pub fn put_back_minutes(&self, stage: &str, counts: BTreeMap<u64, MinuteCounts>) {
+        let mut minutes = self.minutes.lock().unwrap_or_else(|p| p.into_inner());
+        let of_stage = minutes.entry(stage.to_string()).or_default();
+        for (minute, c) in counts {
+            of_stage.entry(minute).or_default().merge(&c);
+        }
+        while of_stage.len() > MINUTES_HELD {
+            of_stage.pop_first();
+        }
+    }
+
     /// What runs now, longest running first.
     pub fn running_now(&self) -> Vec<RunningWork> {
         let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
@@ -107,7 +132,22 @@ impl Stats {
         self.changed.notified().await
     }
 
-    pub fn record(&self, stage: &str, outcome: &Outcome, took: Duration) {
+    /// Counts a handler run of `stage` that ended at `now_ms` with `outcome` after `took`.
+    pub fn record(&self, stage: &str, outcome: &Outcome, took: Duration, now_ms: u64) {
+        {
+            let mut minutes = self.minutes.lock().unwrap_or_else(|p| p.into_inner());
+            let of_stage = minutes.entry(stage.to_string()).or_default();
+            let m = of_stage.entry(now_ms - now_ms % 60_000).or_default();
+            match outcome {
+                Outcome::Done => m.done += 1,
+                Outcome::Wait { .. } | Outcome::Unavailable { .. } => m.waited += 1,
+                Outcome::Transient(_) | Outcome::Fatal(_) => m.failed += 1,
+            }
+            m.add_time(took.as_millis() as u64);
+            while of_stage.len() > MINUTES_HELD {
+                of_stage.pop_first();
+            }
+        }
         let mut stages = self.stages.lock().unwrap_or_else(|p| p.into_inner());
         let s = stages.entry(stage.to_string()).or_default();
         match outcome {
