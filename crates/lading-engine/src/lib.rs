@@ -27,6 +27,7 @@
 //!   reservations.
 
 mod access;
+pub mod audit;
 pub use access::SHARED_SECRETS;
 mod admin;
 mod batches;

@@ -6,7 +6,10 @@
 //! GET  /api/v1/batches?state=&profile=&submitter=&collection=&after=&limit=
 //! GET  /api/v1/batches/{bid|uuid}
 //! POST /api/v1/batches/{bid}/hold|release|delete|update-reporting          admin
-//! GET  /api/v1/jobs?state=STATE&after=&limit=                                 admin
+//! GET  /api/v1/jobs?state=STATE&collection=&message=&…&after=&limit=         admin
+//! GET  /api/v1/jobs/count?state=STATE&…    how many the filter matches        admin
+//! POST /api/v1/jobs/bulk  {"action","filter","max"}  202, runs on             admin
+//! GET  /api/v1/audit                        bulk operations, newest first     admin
 //! GET  /api/v1/jobs/{jid}
 //! POST /api/v1/jobs/{jid}/hold|release|requeue|delete   requeue: {"to"?}      admin
 //! PUT|DELETE /api/v1/collections/{name}/hold                                  admin
@@ -43,6 +46,9 @@ pub fn routes() -> Router<AppState> {
         .route("/api/v1/jobs/{id}/files", get(job_files))
         .route("/api/v1/batches/{id}/{action}", post(batch_action))
         .route("/api/v1/jobs", get(list_jobs))
+        .route("/api/v1/jobs/count", get(count_jobs))
+        .route("/api/v1/jobs/bulk", post(bulk))
+        .route("/api/v1/audit", get(audit))
         .route("/api/v1/jobs/{id}", get(show_job))
         .route("/api/v1/jobs/{id}/{action}", post(job_action))
         .route(
@@ -391,18 +397,7 @@ fn search_text(q: Option<&str>) -> Result<Option<String>> {
     }
 }
 
-/// Whether any of `fields` of `obj` (strings, or arrays of strings) contains `needle`
-/// (already lower-case).
-fn any_field_contains(obj: &Value, fields: &[&str], needle: &str) -> bool {
-    fields.iter().any(|f| match &obj[*f] {
-        Value::String(v) => v.to_lowercase().contains(needle),
-        Value::Array(a) => a.iter().any(|v| {
-            v.as_str()
-                .is_some_and(|v| v.to_lowercase().contains(needle))
-        }),
-        _ => false,
-    })
-}
+use crate::bulk::any_field_contains;
 
 #[utoipa::path(get, path = "/api/v1/batches", tag = "batches", summary = "List batches", params(("state" = Option<String>, Query, description = "batch state"), ("profile" = Option<String>, Query, description = "profile"), ("submitter" = Option<String>, Query, description = "submitter"), ("collection" = Option<String>, Query, description = "collection"), ("q" = Option<String>, Query, description = "search: id, uuid, submitter, profile or title containing this (case-insensitive)"), ("after" = Option<String>, Query, description = "cursor: the last id of the previous page"), ("limit" = Option<usize>, Query, description = "page size (1..=1000)")), responses((status = 200, description = "a page of batches", body = crate::api::BatchPage), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn list_batches(
@@ -542,89 +537,95 @@ pub(crate) async fn show_job(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct JobQuery {
-    state: String,
-    /// Failed jobs only: `fatal` or `exhausted`.
-    failure_kind: Option<String>,
-    /// Search: jobs whose id, ark, local id or title contains this (case-insensitive).
-    q: Option<String>,
+    #[serde(flatten)]
+    filter: crate::bulk::JobFilter,
     after: Option<String>,
     limit: Option<usize>,
 }
 
-#[utoipa::path(get, path = "/api/v1/jobs", tag = "jobs", summary = "List jobs in a state", params(("state" = String, Query, description = "job state"), ("q" = Option<String>, Query, description = "search: id, ark, local id or title containing this (case-insensitive)"), ("after" = Option<String>, Query, description = "cursor"), ("limit" = Option<usize>, Query, description = "page size")), responses((status = 200, description = "a page of jobs in acquisition order", body = crate::api::JobRowPage), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+#[utoipa::path(get, path = "/api/v1/jobs", tag = "jobs", summary = "List jobs in a state, filtered", description = "A page of the jobs of one state that match every filter given (collection, profile, submitter, batch, q: id/ARK/local id/title, message text, failed stage, failure kind, last changed at least older_than_min minutes ago), in acquisition order. A filtered page may hold fewer than `limit` rows (at most 500 references are looked at per call beyond a page): follow `next_after`.", params(crate::bulk::JobFilter, ("after" = Option<String>, Query, description = "cursor"), ("limit" = Option<usize>, Query, description = "page size")), responses((status = 200, description = "a page of jobs in acquisition order", body = crate::api::JobRowPage), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
 pub(crate) async fn list_jobs(
     State(s): State<AppState>,
     Admin(_): Admin,
     Query(q): Query<JobQuery>,
 ) -> Result<Json<crate::api::JobRowPage>> {
-    let state = JobState::parse_named(&q.state).map_err(ApiError::bad_request)?;
+    let f = q.filter.check()?;
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
-    let page = s
-        .ingest
-        .engine
-        .list_jobs(state, q.after.as_deref(), limit)
-        .await?;
-    let next = (page.len() == limit)
-        .then(|| page.last().map(|(prio, j)| format!("{prio:02}-{j}")))
-        .flatten();
-    if let Some(k) = q.failure_kind.as_deref()
-        && !matches!(k, "fatal" | "exhausted")
-    {
-        return Err(ApiError::bad_request(format!(
-            "unknown failure_kind {k:?} (fatal or exhausted)"
-        )));
-    }
-    let needle = search_text(q.q.as_deref())?;
+    let e = &s.ingest.engine;
+    let page = crate::bulk::scan(e, &f, q.after.as_deref(), limit, 500 + limit as u64).await?;
     let mut jobs = Vec::new();
-    for (prio, j) in &page {
+    for (prio, j, info) in page.jobs {
         let mut row = crate::api::JobRow {
             id: j.to_string(),
-            priority: *prio,
+            priority: prio,
             failure_kind: None,
             failed_stage: None,
             message: None,
         };
-        if let Some(n) = needle.as_deref()
-            && !j.as_str().to_lowercase().contains(n)
-        {
-            let info = match s.ingest.engine.job(j).await {
-                Ok(info) => info,
-                Err(EngineError::NoJob(_)) => continue,
-                Err(e) => return Err(e.into()),
-            };
-            let found = any_field_contains(&info.identifiers, &["primary_id", "local_id"], n)
-                || any_field_contains(&info.metadata, &["erc_what", "title"], n)
-                || any_field_contains(
-                    &info.configuration,
-                    &["primary_id", "local_id", "erc_what", "title"],
-                    n,
-                );
-            if !found {
-                continue;
-            }
-        }
-        if state == JobState::Failed {
+        if f.state == JobState::Failed {
             // What failed and how, so failures can be told apart at a glance.
-            let st = match s.ingest.engine.job(j).await {
-                Ok(info) => info.status,
-                Err(EngineError::NoJob(_)) => continue,
-                Err(e) => return Err(e.into()),
+            let st = match info {
+                Some(info) => info.status,
+                None => match e.job(&j).await {
+                    Ok(info) => info.status,
+                    Err(EngineError::NoJob(_)) => continue,
+                    Err(err) => return Err(err.into()),
+                },
             };
-            let kind = lading_engine::failure_kind(&st).unwrap_or("fatal");
-            if q.failure_kind.as_deref().is_some_and(|k| k != kind) {
-                continue;
-            }
-            row.failure_kind = Some(kind.into());
+            row.failure_kind = Some(lading_engine::failure_kind(&st).unwrap_or("fatal").into());
             row.failed_stage = lading_engine::failed_stage(&st).map(str::to_string);
             row.message = st.message;
         }
         jobs.push(row);
     }
     Ok(Json(crate::api::JobRowPage {
-        state: state.name().into(),
+        state: f.state.name().into(),
         jobs,
-        next_after: next,
+        next_after: page.next_after,
     }))
+}
+
+#[utoipa::path(get, path = "/api/v1/jobs/count", tag = "admin", summary = "Count the jobs a filter matches", description = "The filters of GET /api/v1/jobs; at most 200,000 jobs are looked at (`complete` says whether the state's end was reached). The count a bulk operation's confirmation shows.", params(crate::bulk::JobFilter), responses((status = 200, description = "the count", body = crate::bulk::JobCount), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub(crate) async fn count_jobs(
+    State(s): State<AppState>,
+    Admin(_): Admin,
+    Query(f): Query<crate::bulk::JobFilter>,
+) -> Result<Json<crate::bulk::JobCount>> {
+    Ok(Json(
+        crate::bulk::count(&s.ingest.engine, &f.check()?).await?,
+    ))
+}
+
+#[utoipa::path(post, path = "/api/v1/jobs/bulk", tag = "admin", summary = "Requeue, hold, release or delete the jobs a filter selects", description = "One admin operation over the jobs the filter matches when it runs, at most `max` of them (the count the admin confirmed). It runs on in the server: the answer (202) is its record as started; its progress and outcome (matched, done, refused with why) are in the audit log, GET /api/v1/audit.", request_body = crate::bulk::BulkRequest, responses((status = 202, description = "the operation, started", body = lading_engine::audit::AdminOperation), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub(crate) async fn bulk(
+    State(s): State<AppState>,
+    Admin(p): Admin,
+    req: axum::extract::Request,
+) -> Result<Response> {
+    let bytes = axum::body::to_bytes(req.into_body(), 64 << 10)
+        .await
+        .map_err(|e| ApiError::bad_request(format!("reading the body: {e}")))?;
+    let body: crate::bulk::BulkRequest =
+        serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("body: {e}")))?;
+    let op = crate::bulk::start(&s, &p.name, body).await?;
+    Ok((StatusCode::ACCEPTED, Json(op)).into_response())
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AuditQuery {
+    /// How many (newest first; at most 1000).
+    limit: Option<usize>,
+}
+
+#[utoipa::path(get, path = "/api/v1/audit", tag = "admin", summary = "The audit log of bulk operations", description = "Newest first: who, when, the action and filter, the confirmed maximum, how many jobs matched, were acted on and refused (the first 100 with why), and the state: running, finished, or interrupted (its process ended first).", params(AuditQuery), responses((status = 200, description = "the operations", body = Vec<lading_engine::audit::AdminOperation>), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+pub(crate) async fn audit(
+    State(s): State<AppState>,
+    Admin(_): Admin,
+    Query(q): Query<AuditQuery>,
+) -> Result<Json<Vec<lading_engine::audit::AdminOperation>>> {
+    let limit = q.limit.unwrap_or(100).clamp(1, lading_engine::audit::KEPT);
+    Ok(Json(crate::bulk::log(&s.ingest.engine, limit).await?))
 }
 
 /// An optional JSON body: absent or blank is the default.

@@ -12,6 +12,7 @@ pub mod access;
 pub mod api;
 pub mod auth;
 mod batches;
+pub mod bulk;
 pub mod conn;
 mod deletions;
 pub mod download;

@@ -904,3 +904,59 @@ async fn the_processes_and_stage_pages_show_each_process_and_stage() {
     assert!(worker["stopped_at_ms"].as_u64().is_some(), "{worker}");
     assert_eq!(worker["running"], json!([]), "{worker}");
 }
+
+/// Finding and acting in bulk: the jobs page's filters in its address, the count of what
+/// they select, a bulk requeue that asks first (showing how many jobs it will touch), and
+/// its progress and outcome on the audit page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_jobs_are_filtered_and_requeued_in_bulk_after_a_confirmation() {
+    let s = start().await;
+    let ids = failed_jobs_of_two_collections(&s).await;
+    let base = s.base.clone();
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots");
+    std::fs::create_dir_all(&dir).unwrap();
+    let br = tokio::task::spawn_blocking(move || {
+        let mut br = Browser::launch();
+        let sn = br.page(&format!("{base}/#token={ADMIN}"));
+        br.wait_for(&sn, "!!document.querySelector('[data-depth=Failed]')");
+        // A filtered list's address opens it directly, its inputs filled in.
+        br.open(&sn, "#/jobs/Failed?collection=letters");
+        br.wait_for(&sn, "document.getElementById('jobs-count').dataset.matched === '4' && document.querySelectorAll('#jobs tr[data-job]').length === 4");
+        assert_eq!(br.eval(&sn, "document.querySelector('[data-filter=collection]').value"), json!("letters"));
+        // Narrowed by message, typed in and searched: the address follows.
+        br.type_into(&sn, "[data-filter=message]", "refused");
+        br.click(&sn, "#job-search");
+        br.wait_for(&sn, "document.getElementById('jobs-count').dataset.matched === '3' && document.querySelectorAll('#jobs tr[data-job]').length === 3");
+        assert_eq!(br.eval(&sn, "location.hash"), json!("#/jobs/Failed?collection=letters&message=refused"));
+        assert_eq!(br.eval(&sn, "document.getElementById('jobs-count').textContent"), json!("3 Failed jobs match"));
+        br.shot(&sn, &dir, "11-jobs-filtered");
+        // The bulk requeue asks first, naming the count; cancel leaves everything.
+        assert_eq!(br.buttons(&sn, "#bulk"), "requeue all 3,delete all 3");
+        br.click(&sn, "#bulk button[data-bulk=requeue]");
+        br.wait_for(&sn, "document.querySelector('#bulk button[data-bulk-confirm=requeue]')?.textContent === 'confirm requeue of 3 jobs'");
+        br.click(&sn, "#bulk button[data-bulk-cancel=requeue]");
+        br.click(&sn, "#bulk button[data-bulk=requeue]");
+        br.click(&sn, "#bulk button[data-bulk-confirm=requeue]");
+        // Its outcome on the audit page.
+        br.wait_for(&sn, "location.hash === '#/audit' && document.querySelector('#audit tr[data-op]')?.dataset.opState === 'finished'");
+        assert_eq!(br.eval(&sn, "document.querySelector('#audit tr[data-op] [data-op-done]').textContent"), json!("3"));
+        assert_eq!(br.eval(&sn, "document.querySelector('#audit tr[data-op] td.filter').textContent"), json!("state=Failed collection=letters message=refused"));
+        br.shot(&sn, &dir, "12-audit");
+        br
+    })
+    .await
+    .unwrap();
+    let errors = br.console_errors();
+    assert!(errors.is_empty(), "console errors: {errors:#?}");
+    let mut states = Vec::new();
+    for id in &ids {
+        let (_, v) = s.get(ADMIN, &format!("/api/v1/jobs/{id}")).await;
+        states.push(v["status"]["status"].as_str().unwrap().to_string());
+    }
+    assert_eq!(
+        states,
+        [
+            "Pending", "Pending", "Failed", "Pending", "Failed", "Failed"
+        ]
+    );
+}

@@ -212,3 +212,58 @@ impl Server {
         out
     }
 }
+
+/// Six Failed jobs: four of collection `letters` (three refused by their host, one with a
+/// bad checksum), two of `maps` (refused). Their ids, in that order.
+pub async fn failed_jobs_of_two_collections(s: &Server) -> Vec<String> {
+    let e = &s.ingest.engine;
+    let bid = e.create_batch(Default::default()).await.unwrap();
+    let lease = e
+        .acquire_batch(lading_core::BatchState::Pending)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(lease.batch, bid);
+    let rows = [
+        ("letters", "connection refused by the host"),
+        ("letters", "Connection REFUSED again"),
+        ("letters", "checksum mismatch"),
+        ("letters", "connection refused"),
+        ("maps", "connection refused"),
+        ("maps", "connection refused"),
+    ];
+    for (collection, _) in rows {
+        let mut cfg = serde_json::Map::new();
+        cfg.insert("collection".into(), json!(collection));
+        cfg.insert(
+            "profile_name".into(),
+            json!(format!("{collection}_profile")),
+        );
+        cfg.insert("submitter".into(), json!("alice"));
+        let spec = lading_engine::JobSpec {
+            configuration: cfg,
+            ..Default::default()
+        };
+        e.create_job(&lease, spec).await.unwrap();
+    }
+    e.batch_transition(
+        lease,
+        lading_core::Event::To(lading_core::BatchState::Processing),
+        None,
+    )
+    .await
+    .unwrap();
+    let mut ids = Vec::new();
+    for (_, message) in rows {
+        let l = e
+            .acquire_job(lading_core::JobState::Pending)
+            .await
+            .unwrap()
+            .unwrap();
+        ids.push(l.job.to_string());
+        e.job_transition(l, lading_core::Event::Fail, Some(message.into()))
+            .await
+            .unwrap();
+    }
+    ids
+}
