@@ -166,6 +166,24 @@ impl Ingest {
         self
     }
 
+    /// The names of every profile (files in the profiles folder, and those given in code),
+    /// sorted; at most 1,000.
+    pub fn profile_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.given.keys().cloned().collect();
+        if let Ok(rd) = std::fs::read_dir(self.cfg.profiles_dir()) {
+            names.extend(rd.filter_map(|e| e.ok()).take(1000).filter_map(|e| {
+                e.file_name()
+                    .to_str()
+                    .and_then(|n| n.strip_suffix(".toml"))
+                    .map(str::to_string)
+            }));
+        }
+        names.sort();
+        names.dedup();
+        names.truncate(1000);
+        names
+    }
+
     /// Profile `name`, re-read only when its file changed.
     pub fn profile(&self, name: &str) -> Result<Profile, config::ConfigError> {
         if let Some(p) = self.given.get(name) {

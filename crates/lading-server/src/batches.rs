@@ -259,20 +259,43 @@ const MAX_WORKING_FILES: usize = 1000;
 const LOG_TAIL_LINES: usize = 50;
 const LOG_TAIL_BYTES: u64 = 16 * 1024;
 
-#[utoipa::path(get, path = "/api/v1/jobs/{id}/files", tag = "admin", summary = "A job's files: the versions it stored (files with sizes and SHA-256 digests, from the inventory), what its working folder on this host holds, and the tail of its log there", params(("id" = String, Path, description = "jid…")), responses((status = 200, description = "`stored`: [{ark, version, created, files: [[path, size, sha256]]}] (at most 5,000 files); `working`: {host, present, files: [{path, size}], truncated} (paths relative to the job's folder; the object's own files and containers, not Lading's interim state); `log`: {lines, truncated} (the last 50 lines)", body = crate::api::JobFiles), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this"), (status = 404, description = "no such job")))]
+#[utoipa::path(get, path = "/api/v1/jobs/{id}/files", tag = "jobs", summary = "A job's files: the versions it stored (files with sizes and SHA-256 digests, from the inventory), what its working folder on this host holds, and the tail of its log there (the last two for an admin only; a submitter reads its own jobs' stored versions)", params(("id" = String, Path, description = "jid…")), responses((status = 200, description = "`stored`: [{ark, version, created, files: [[path, size, sha256]]}] (at most 5,000 files); `working`: {host, present, files: [{path, size}], truncated} (paths relative to the job's folder; the object's own files and containers, not Lading's interim state); `log`: {lines, truncated} (the last 50 lines)", body = crate::api::JobFiles), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this"), (status = 404, description = "no such job")))]
 pub(crate) async fn job_files(
     State(s): State<AppState>,
-    Admin(_): Admin,
+    Extension(p): Extension<Principal>,
     PathParams(id): PathParams<String>,
 ) -> Result<Json<crate::api::JobFiles>> {
     let jid = JobId::parse(&id).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let info = s.ingest.engine.job(&jid).await?;
+    // A submitter reads what its own job stored; another's is "not found".
+    let admin = p.role == Role::Admin;
+    if !admin && (p.role != Role::Submitter || !submitted_by(&s, &p, &info).await) {
+        return Err(EngineError::NoJob(id).into());
+    }
     let inv = s.ingest.inventory.clone();
     let job = id.clone();
     let (stored, copies) = inv
         .run(move |i| Ok((i.job_versions(&job)?, i.job_copies(&job)?)))
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?;
+    if !admin {
+        // The stored versions and their copies; nothing of this host's folders.
+        return Ok(Json(crate::api::JobFiles {
+            id,
+            stored,
+            copies,
+            working: crate::api::WorkingFiles {
+                host: String::new(),
+                present: false,
+                files: Vec::new(),
+                truncated: false,
+            },
+            log: crate::api::LogTail {
+                lines: Vec::new(),
+                truncated: false,
+            },
+        }));
+    }
     let dir = lading_worker::workdir(&s.ingest.cfg.work_dir(), &info);
     let host = s.ingest.engine.owner().to_string();
     let (working, log) =
@@ -503,6 +526,16 @@ pub(crate) async fn list_batches(
     }))
 }
 
+/// Whether `p` submitted the batch of the job `info`.
+async fn submitted_by(s: &AppState, p: &Principal, info: &lading_engine::JobInfo) -> bool {
+    s.ingest
+        .engine
+        .batch(&info.bid)
+        .await
+        .map(|b| lading_core::layout::submitter_of(&b.submission) == Some(&p.name))
+        .unwrap_or(false)
+}
+
 #[utoipa::path(get, path = "/api/v1/jobs/{id}", tag = "jobs", summary = "A job", params(("id" = String, Path, description = "jid…")), responses((status = 200, description = "the job", body = lading_engine::JobInfo), (status = 404, description = "no such job (or not yours)")))]
 pub(crate) async fn show_job(
     State(s): State<AppState>,
@@ -513,14 +546,7 @@ pub(crate) async fn show_job(
     let mut info = s.ingest.engine.job(&jid).await?;
     lading_engine::expand_history(&mut info.status.extra);
     if p.role != Role::Admin {
-        let visible = s
-            .ingest
-            .engine
-            .batch(&info.bid)
-            .await
-            .map(|b| lading_core::layout::submitter_of(&b.submission) == Some(&p.name))
-            .unwrap_or(false);
-        if !visible {
+        if !submitted_by(&s, &p, &info).await {
             return Err(EngineError::NoJob(id).into());
         }
         let mut info = info;

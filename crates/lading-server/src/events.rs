@@ -17,6 +17,7 @@
 //! says that some may have been missed (the tree could not be read after a gap in its change
 //! feed, or the client fell too far behind): re-read the state.
 
+use crate::overview::lock;
 use crate::{ApiError, AppState, Principal, Query, Role};
 use axum::Extension;
 use axum::extract::State;
@@ -345,6 +346,50 @@ fn matches(filter: Option<&str>, ev: &ChangeEvent) -> bool {
     }
 }
 
+/// Which batches a submitter owns, learnt as their events pass (at most 10,000 remembered).
+#[derive(Clone)]
+struct Owned {
+    engine: Arc<Engine>,
+    name: String,
+    known: Arc<Mutex<std::collections::HashMap<String, bool>>>,
+}
+
+impl Owned {
+    fn new(engine: Arc<Engine>, name: String) -> Owned {
+        Owned {
+            engine,
+            name,
+            known: Default::default(),
+        }
+    }
+
+    /// Whether `ev` is of a batch (or a job of a batch) this submitter submitted.
+    async fn owns(&self, ev: &ChangeEvent) -> bool {
+        let Some(bid) = ev
+            .batch
+            .clone()
+            .or_else(|| (ev.kind == "batch").then(|| ev.id.clone()))
+        else {
+            return false;
+        };
+        if let Some(k) = lock(&self.known).get(&bid) {
+            return *k;
+        }
+        let mine = match lading_core::layout::BatchId::parse(&bid) {
+            Ok(b) => self.engine.batch(&b).await.is_ok_and(|info| {
+                lading_core::layout::submitter_of(&info.submission) == Some(&self.name)
+            }),
+            Err(_) => false,
+        };
+        let mut known = lock(&self.known);
+        if known.len() >= 10_000 {
+            known.clear();
+        }
+        known.insert(bid, mine);
+        mine
+    }
+}
+
 #[utoipa::path(get, path = "/api/v1/events", tag = "events", summary = "Committed batch and job changes as server-sent events", params(("batch" = Option<String>, Query, description = "only this batch and its jobs"), ("last_event_id" = Option<String>, Query, description = "resume after this event (or the Last-Event-ID header)")), responses((status = 200, description = "text/event-stream of `change` and `reset` events", content_type = "text/event-stream"), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this"), (status = 404, description = "no such batch (or not yours)")))]
 pub async fn events(
     State(s): State<AppState>,
@@ -358,13 +403,16 @@ pub async fn events(
             let info = crate::batches::visible_batch(&s, &p, b).await?;
             Some(info.id.to_string())
         }
-        (None, Role::Admin) => None,
-        (None, Role::Submitter | Role::Processor) => {
+        (None, Role::Admin | Role::Submitter) => None,
+        (None, Role::Processor) => {
             return Err(ApiError::forbidden(
-                "a submitter token must name one of its batches (?batch=BID)",
+                "a processor token has no batches to follow",
             ));
         }
     };
+    // A submitter without a batch named follows every batch of its own, and nothing else.
+    let own = (filter.is_none() && p.role == Role::Submitter)
+        .then(|| Owned::new(s.ingest.engine.clone(), p.name.clone()));
     let last = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
@@ -410,6 +458,15 @@ pub async fn events(
     let mut stopping = s.stopping.clone();
     let all = sent
         .take_until(async move { stopping.stopped().await })
+        .filter_map(move |x| {
+            let own = own.clone();
+            async move {
+                match (&own, &x) {
+                    (Some(own), Sent::Change(_, ev)) if !own.owns(ev).await => None,
+                    _ => Some(x),
+                }
+            }
+        })
         .map(move |x| Ok(to_event(x)));
     Ok(Sse::new(all).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }

@@ -19,6 +19,7 @@ pub mod download;
 mod errors;
 pub mod events;
 mod generic;
+pub mod me;
 pub mod merritt;
 mod metrics;
 pub mod openapi;
@@ -87,6 +88,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/overview", get(overview::overview))
         .route("/api/v1/dependencies", get(overview::dependencies))
         .route("/api/v1/processes", get(overview::processes))
+        .route("/api/v1/me", get(me::me))
         .route("/api/v1/metrics/stages", get(overview::stage_metrics))
         .route("/api/v1/access", axum::routing::post(access::request))
         .route("/api/v1/access/{token}", get(access::status))

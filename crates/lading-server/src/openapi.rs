@@ -1,7 +1,7 @@
 //! `/api/v1/openapi.json`: the API described from the handlers themselves (`utoipa`: each
 //! handler carries its method, path, parameters, body and responses next to its code).
 
-use crate::{access, batches, deletions, download, events, generic, metrics, overview, upload};
+use crate::{access, batches, deletions, download, events, generic, me, metrics, overview, upload};
 use axum::Json;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -22,6 +22,7 @@ use utoipa::{Modify, OpenApi};
         overview::overview,
         overview::dependencies,
         overview::processes,
+        me::me,
         overview::stage_metrics,
         upload::upload,
         download::job_download,

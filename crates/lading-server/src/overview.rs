@@ -45,7 +45,7 @@ pub struct Tally {
     oldest: tokio::sync::Mutex<Option<(Instant, OldestPerState)>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 

@@ -130,8 +130,26 @@ async fn events_are_live_and_resumable_without_loss() {
     assert_eq!(to(&own.next().await), "batch Held");
     let (st, _) = Events::open(&s, BOB, &format!("?batch={bid}"), None).await;
     assert_eq!(st, StatusCode::NOT_FOUND);
-    let (st, _) = Events::open(&s, BOB, "", None).await;
-    assert_eq!(st, StatusCode::FORBIDDEN);
+    // Without a batch named, a submitter follows every batch of its own (its console's
+    // stream): another's changes do not reach it.
+    let (st, mut bobs) = Events::open(&s, BOB, "", None).await;
+    assert_eq!(st, StatusCode::OK);
+    s.call(
+        ADMIN,
+        "POST",
+        &format!("/api/v1/batches/{bid}/release"),
+        None,
+    )
+    .await;
+    let v = s.submit_unfetched(BOB).await;
+    let m = bobs.next().await;
+    let ev: Value = serde_json::from_str(&m.2).unwrap();
+    assert_eq!(
+        (ev["id"].as_str(), to(&m).as_str()),
+        (v["id"].as_str(), "batch Pending"),
+        "{ev}"
+    );
+    assert!(ev.get("host").is_none_or(Value::is_null), "{ev}");
 }
 
 /// The stream carries what any writer commits (here another process's engine on the same

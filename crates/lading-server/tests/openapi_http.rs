@@ -17,6 +17,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/api/v1/overview"),
     ("get", "/api/v1/dependencies"),
     ("get", "/api/v1/processes"),
+    ("get", "/api/v1/me"),
     ("get", "/api/v1/metrics/stages"),
     ("get", "/api/v1/jobs/{id}/files"),
     ("post", "/api/v1/batches/upload"),

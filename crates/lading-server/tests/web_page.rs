@@ -535,7 +535,7 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
         // That refusal is the one error the console may show: the 401 asked for.
         let errors = br.console_errors();
         assert_eq!(errors.len(), 1, "{errors:#?}");
-        assert!(errors[0]["params"]["entry"]["url"].as_str().unwrap().ends_with("/api/v1/status"));
+        assert!(errors[0]["params"]["entry"]["url"].as_str().unwrap().ends_with("/api/v1/me"));
         br.events.clear();
         br.type_into(&sn, "#token", ADMIN);
         br.enter(&sn);
@@ -959,4 +959,102 @@ async fn failed_jobs_are_filtered_and_requeued_in_bulk_after_a_confirmation() {
             "Pending", "Pending", "Failed", "Pending", "Failed", "Failed"
         ]
     );
+}
+
+/// A depositor's own console: a submitter token signs in to its deposits (not another
+/// tenant's), no admin control shown; submits a file from the page, follows its batch to
+/// Completed, reads what was stored (with its digest), downloads it, and asks for it through
+/// the access queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submitter_submits_from_its_own_console_and_follows_the_deposit() {
+    let s = start_working().await;
+    // Bob's batch: Alice must not see it.
+    let (st, v) = s
+        .post(
+            BOB,
+            "/api/v1/batches",
+            json!({"payload_url": "http://127.0.0.1:9/x", "profile": "demo"}),
+        )
+        .await;
+    assert_eq!(st, reqwest::StatusCode::CREATED, "{v}");
+    let bobs = v["id"].as_str().unwrap().to_string();
+    let letter = s.dir.path().join("letter.txt");
+    std::fs::write(&letter, "Dear Alice,\n").unwrap();
+    let (base, dir) = (
+        s.base.clone(),
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots"),
+    );
+    std::fs::create_dir_all(&dir).unwrap();
+    let br = tokio::task::spawn_blocking(move || {
+        let mut br = Browser::launch();
+        let sn = br.page(&format!("{base}/"));
+        br.wait_for(&sn, "!document.getElementById('login-view').hidden");
+        br.type_into(&sn, "#token", SUBMITTER);
+        br.enter(&sn);
+        // Its deposits, and only the pages a depositor has.
+        br.wait_for(&sn, "location.hash === '#/batches' && document.getElementById('whoami').textContent === 'alice (submitter)'");
+        assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#nav a')].filter(a => a.offsetParent !== null).map(a => a.textContent).join()"), json!("My deposits,Submit,Sign out"));
+        // An admin page's address leads to its deposits instead.
+        br.open(&sn, "#/overview");
+        br.wait_for(&sn, "!document.getElementById('batches-view').hidden && document.getElementById('overview-view').hidden");
+        // The form: its collections' profiles, a file, a title.
+        br.click(&sn, "a[data-nav=submit]");
+        br.wait_for(&sn, "!document.getElementById('submit-view').hidden");
+        assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#submit-profile option')].map(o => o.value).join()"), json!("demo"));
+        let doc = br.call(Some(&sn), "DOM.getDocument", json!({}));
+        let input = br.call(Some(&sn), "DOM.querySelector", json!({"nodeId": doc["root"]["nodeId"], "selector": "#submit-file"}));
+        br.call(Some(&sn), "DOM.setFileInputFiles", json!({"nodeId": input["nodeId"], "files": [letter.to_str().unwrap()]}));
+        br.type_into(&sn, "#submit-title", "A letter");
+        br.click(&sn, "#submit-go");
+        // Its batch, followed to Completed live; no admin action on it.
+        br.wait_for(&sn, "/^#\\/batches\\/bid\\d+$/.test(location.hash)");
+        let bid = br.eval(&sn, "location.hash.slice('#/batches/'.length)").as_str().unwrap().to_string();
+        br.shows(&sn, "batch", "Completed");
+        assert_eq!(br.eval(&sn, "document.getElementById('batch-actions').textContent"), json!(""));
+        br.shot(&sn, &dir, "13-deposit");
+        // Its job: what was stored, with its digest; downloaded, and asked for again as a zip.
+        br.click(&sn, "#batch-job-rows tr[data-batch-job] a");
+        br.shows(&sn, "job", "Completed");
+        br.wait_for(&sn, "!!document.querySelector('#job-stored tr[data-stored-file]')");
+        assert_eq!(br.eval(&sn, "document.querySelector('#job-stored tr[data-stored-file$=\"letter.txt\"] td.sha')?.textContent"),
+            json!("7fc63ac44812a31fbfd67c833916c38c992fc77d34653c118fe7b6f43cff5b4d"));
+        assert_eq!(br.eval(&sn, "getComputedStyle(document.getElementById('job-log')).display === 'none' || document.getElementById('job-log').offsetParent === null"), json!(true));
+        br.click(&sn, "#job-actions button[data-action=download]");
+        br.notice(&sn, "started");
+        br.click(&sn, "#job-actions button[data-action=access]");
+        br.wait_for(&sn, "!!document.querySelector('#job-access [data-access-state], #job-access button[data-action=access-file]')");
+        br.shot(&sn, &dir, "14-deposit-job");
+        // Its list: its own batch, not Bob's.
+        br.click(&sn, "a[data-nav=batches]");
+        br.wait_for(&sn, &format!("!!document.querySelector('tr[data-batch=\"{bid}\"]')"));
+        assert_eq!(br.eval(&sn, "document.querySelectorAll('#batches tr[data-batch]').length"), json!(1));
+        (br, bid)
+    })
+    .await
+    .unwrap();
+    let (br, bid) = br;
+    let errors = br.console_errors();
+    assert!(errors.is_empty(), "console errors: {errors:#?}");
+    assert_ne!(bid, bobs);
+    // What the page downloaded is the letter.
+    let (_, b) = s.get(SUBMITTER, &format!("/api/v1/batches/{bid}")).await;
+    let job = b["jobs"]["batch-completed"][0]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r = s
+        .http
+        .get(format!("{}/api/v1/jobs/{job}/download", s.base))
+        .bearer_auth(SUBMITTER)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::OK);
+    let zip = r.bytes().await.unwrap();
+    let z = zip::ZipArchive::new(std::io::Cursor::new(zip.to_vec())).unwrap();
+    let names: Vec<String> = z
+        .file_names()
+        .filter_map(|n| n.ok().map(|n| n.to_string()))
+        .collect();
+    assert!(names.iter().any(|n| n.ends_with("letter.txt")), "{names:?}");
 }

@@ -47,11 +47,22 @@ pub async fn start() -> Server {
 /// A server whose depositors may name the URL prefixes `allow` besides public addresses.
 pub async fn start_allowing(allow: &[&str]) -> Server {
     let allow: Vec<String> = allow.iter().map(|a| a.to_string()).collect();
-    start_in(tempfile::tempdir().unwrap(), allow).await
+    start_in(tempfile::tempdir().unwrap(), allow, false).await
+}
+
+/// A server that also runs every stage, as `lading serve` does: what is submitted to it is
+/// ingested (into its storage root).
+pub async fn start_working() -> Server {
+    start_in(
+        tempfile::tempdir().unwrap(),
+        vec!["http://127.0.0.1:9/".into()],
+        true,
+    )
+    .await
 }
 
 /// A server on the store and data in `dir` (new or left by an earlier server).
-async fn start_in(dir: tempfile::TempDir, allow: Vec<String>) -> Server {
+async fn start_in(dir: tempfile::TempDir, allow: Vec<String>, stages: bool) -> Server {
     let tree =
         Arc::new(SqliteTree::open(dir.path().join("lading.db"), SqliteOptions::default()).unwrap());
     let engine = Arc::new(Engine::new(tree, system_clock(), "test"));
@@ -112,7 +123,11 @@ async fn start_in(dir: tempfile::TempDir, allow: Vec<String>) -> Server {
         ingest,
         lading_node::node::NodeSpec {
             http: Some((listener, auth)),
-            ..Default::default()
+            ..if stages {
+                lading_node::node::Node::every_stage()
+            } else {
+                Default::default()
+            }
         },
     )
     .await
@@ -145,7 +160,7 @@ impl Server {
             std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap()),
             std::mem::take(&mut self.allow),
         );
-        start_in(dir, allow).await
+        start_in(dir, allow, false).await
     }
 
     pub async fn until_batch(&self, bid: &str, state: &str) -> Value {
