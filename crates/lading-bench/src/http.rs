@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-const TOKEN: &str = "bench-admin-token-0123456789";
+pub(crate) const TOKEN: &str = "bench-admin-token-0123456789";
 
 /// One load phase: `total` requests from `conns` connections, each made by `make(i)`.
 async fn load(
@@ -63,10 +63,10 @@ async fn load(
 }
 
 /// A server in this process on a fresh store, for a benchmark.
-struct BenchServer {
-    base: String,
+pub(crate) struct BenchServer {
+    pub(crate) base: String,
     url: String,
-    engine: Arc<Engine>,
+    pub(crate) engine: Arc<Engine>,
     data: std::path::PathBuf,
     node: node::Node,
     st: node::Store,
@@ -74,7 +74,10 @@ struct BenchServer {
 }
 
 impl BenchServer {
-    async fn start(store: Option<&str>, max_upload_bytes: u64) -> anyhow::Result<BenchServer> {
+    pub(crate) async fn start(
+        store: Option<&str>,
+        max_upload_bytes: u64,
+    ) -> anyhow::Result<BenchServer> {
         let scratch = Scratch::new(store).await?;
         let (st, engine) = scratch.engine().await?;
         let url = scratch.url.clone();
@@ -127,7 +130,7 @@ impl BenchServer {
         })
     }
 
-    async fn finish(self) -> anyhow::Result<()> {
+    pub(crate) async fn finish(self) -> anyhow::Result<()> {
         // Stops the server and closes the store.
         self.node.join().await?;
         drop(self.st);

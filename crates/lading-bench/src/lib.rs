@@ -3,6 +3,7 @@
 
 mod aids;
 mod bag;
+mod console;
 mod http;
 mod jobs;
 mod pipeline;
@@ -144,6 +145,19 @@ pub enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// The console's reads on a big store: N ingest jobs (2 % of them Failed) in a fresh
+    /// embedded store, then the overview page's five calls, the processes page, and a
+    /// filtered jobs page (Failed, one collection, message text; its first page) timed from a
+    /// client on loopback, each --samples times: p50 and p95 per page, and the count of the
+    /// filter.
+    Console {
+        #[arg(long, default_value_t = 1_000_000)]
+        jobs: usize,
+        #[arg(long, default_value_t = 20)]
+        samples: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Time acquiring the head of the Pending queue when it holds each of the given numbers
     /// of jobs (a fresh store per size; with `--store zk://…`, a fresh chroot under it).
     Acquire {
@@ -224,6 +238,11 @@ pub async fn run(
             json,
         } => crate::http::http(gets.max(1), posts.max(1), connections.max(1), json, store).await,
         Bench::Upload { bytes, json } => crate::http::upload(bytes, json, store).await,
+        Bench::Console {
+            jobs,
+            samples,
+            json,
+        } => crate::console::console(jobs.max(1), samples.max(1), json, store).await,
         Bench::Bag {
             size,
             files,
@@ -779,6 +798,16 @@ pub(crate) async fn fill(
     submission: serde_json::Map<String, serde_json::Value>,
     n: usize,
 ) -> anyhow::Result<lading_core::layout::BatchId> {
+    fill_with(engine, submission, n, |_| JobSpec::default()).await
+}
+
+/// [`fill`], the `i`th job made by `spec(i)`.
+pub(crate) async fn fill_with(
+    engine: &Arc<Engine>,
+    submission: serde_json::Map<String, serde_json::Value>,
+    n: usize,
+    spec: fn(usize) -> JobSpec,
+) -> anyhow::Result<lading_core::layout::BatchId> {
     let bid = engine.create_batch(submission.try_into()?).await?;
     let lease = loop {
         match engine.acquire_batch(BatchState::Pending).await? {
@@ -794,8 +823,12 @@ pub(crate) async fn fill(
     for _ in 0..64.min(n.max(1)) {
         let (e, l, next) = (engine.clone(), lease.clone(), next.clone());
         creators.push(tokio::spawn(async move {
-            while next.fetch_add(1, Ordering::SeqCst) < n {
-                e.create_job(&l, JobSpec::default()).await?;
+            loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                if i >= n {
+                    break;
+                }
+                e.create_job(&l, spec(i)).await?;
             }
             anyhow::Ok(())
         }));

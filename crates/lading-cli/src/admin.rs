@@ -27,6 +27,29 @@ pub(crate) enum Admin {
         #[arg(long, requires = "batch")]
         stage: Option<String>,
     },
+    /// Find jobs and act on many at once: `list` the jobs a filter selects (a page), `count`
+    /// them, or `bulk ACTION` them (requeue, hold, release, delete). Without --max, `bulk`
+    /// only says how many jobs it would touch; with --max N it acts on at most N (the count
+    /// confirmed), as one operation recorded in the audit log, and prints its outcome (exit 4
+    /// when a job was refused).
+    Jobs {
+        #[arg(value_enum)]
+        what: JobsWhat,
+        /// bulk: the action.
+        #[arg(value_parser = clap::builder::PossibleValuesParser::new(JobAction::NAMES))]
+        action: Option<String>,
+        #[command(flatten)]
+        filter: FilterArgs,
+        /// bulk: act on at most this many jobs (the count `bulk` without it printed).
+        #[arg(long)]
+        max: Option<u64>,
+        /// list: page size.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// list: start after this cursor (the `next` a page printed).
+        #[arg(long)]
+        after: Option<String>,
+    },
     /// Batches: hold, release, delete, update-reporting.
     Batch {
         #[arg(value_parser = clap::builder::PossibleValuesParser::new(BatchAction::NAMES))]
@@ -168,6 +191,131 @@ pub(crate) enum PauseAction {
     Resume,
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum JobsWhat {
+    List,
+    Count,
+    Bulk,
+}
+
+/// What jobs must match (`lading admin jobs …`), as `GET /api/v1/jobs` filters.
+#[derive(clap::Args)]
+pub(crate) struct FilterArgs {
+    /// The state (Failed, Pending, …).
+    #[arg(long)]
+    state: String,
+    #[arg(long)]
+    collection: Option<String>,
+    #[arg(long)]
+    profile: Option<String>,
+    #[arg(long)]
+    submitter: Option<String>,
+    /// The batch (bid…).
+    #[arg(long)]
+    batch: Option<String>,
+    /// Id, ARK, local id or title containing this.
+    #[arg(long)]
+    search: Option<String>,
+    /// The status message containing this (any case).
+    #[arg(long)]
+    message: Option<String>,
+    /// Failed jobs: the stage they failed at.
+    #[arg(long)]
+    failed_at: Option<String>,
+    /// Failed jobs: fatal or exhausted.
+    #[arg(long)]
+    failure_kind: Option<String>,
+    /// Last changed at least this many minutes ago.
+    #[arg(long)]
+    older_than_min: Option<u64>,
+}
+
+impl FilterArgs {
+    fn filter(self) -> lading_server::bulk::JobFilter {
+        lading_server::bulk::JobFilter {
+            state: self.state,
+            collection: self.collection,
+            profile: self.profile,
+            submitter: self.submitter,
+            batch: self.batch,
+            q: self.search,
+            message: self.message,
+            stage: self.failed_at,
+            failure_kind: self.failure_kind,
+            older_than_min: self.older_than_min,
+        }
+    }
+}
+
+/// `lading admin jobs list|count|bulk`.
+async fn jobs<O: Ops>(
+    ops: &O,
+    what: JobsWhat,
+    action: Option<String>,
+    filter: lading_server::bulk::JobFilter,
+    (max, limit, after): (Option<u64>, usize, Option<String>),
+) -> anyhow::Result<()>
+where
+    anyhow::Error: From<O::Error>,
+{
+    match (what, action, max) {
+        (JobsWhat::List, _, _) => {
+            let page = ops.find_jobs(&filter, after.as_deref(), limit).await?;
+            for j in &page.jobs {
+                let failed = match (&j.failed_stage, &j.failure_kind) {
+                    (Some(st), Some(k)) => format!("  failed at {st} ({k})"),
+                    _ => String::new(),
+                };
+                println!(
+                    "{}  {}{failed}  {}",
+                    j.id,
+                    page.state,
+                    j.message.as_deref().unwrap_or("")
+                );
+            }
+            if let Some(n) = &page.next_after {
+                println!("next page: --after {n}");
+            }
+        }
+        (JobsWhat::Count, _, _) | (JobsWhat::Bulk, _, None) => {
+            let c = ops.count_jobs(&filter).await?;
+            let more = if c.complete {
+                ""
+            } else {
+                " (of the first jobs looked at; there are more)"
+            };
+            println!("{} {} jobs match{more}", c.matched, c.state);
+            if matches!(what, JobsWhat::Bulk) && c.matched > 0 {
+                println!("to act on them, run again with --max {}", c.matched);
+            }
+        }
+        (JobsWhat::Bulk, None, Some(_)) => {
+            anyhow::bail!("bulk needs an action: requeue, hold, release or delete")
+        }
+        (JobsWhat::Bulk, Some(action), Some(max)) => {
+            let op = ops
+                .bulk(lading_server::bulk::BulkRequest {
+                    action,
+                    filter,
+                    max,
+                })
+                .await?;
+            for r in &op.refused {
+                println!("{}: refused: {}", r.job, r.why);
+            }
+            println!(
+                "operation {}: {} of {} matched jobs {}, {} refused",
+                op.id, op.done, op.matched, op.action, op.refused_count
+            );
+            if op.refused_count > 0 {
+                std::io::Write::flush(&mut std::io::stdout())?;
+                std::process::exit(4);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `lading admin …` (but `cleanup`, which works on the store's folders: see [`cleanup`]).
 pub(crate) async fn admin<O: Ops>(ops: &O, action: Admin) -> anyhow::Result<()>
 where
@@ -207,6 +355,14 @@ where
                 std::process::exit(4);
             }
         }
+        Admin::Jobs {
+            what,
+            action,
+            filter,
+            max,
+            limit,
+            after,
+        } => jobs(ops, what, action, filter.filter(), (max, limit, after)).await?,
         Admin::Batch { action, batch } => {
             let action = BatchAction::parse(&action).context("a batch action")?;
             print_action(&ops.batch_action(&batch, action).await?)?;

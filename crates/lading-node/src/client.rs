@@ -298,6 +298,48 @@ impl Ops for Client {
         }
     }
 
+    async fn find_jobs(
+        &self,
+        filter: &lading_server::bulk::JobFilter,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<lading_server::api::JobRowPage> {
+        let mut r = self.request("GET", "/api/v1/jobs")?.query(filter);
+        r = r.query(&[("limit", limit.to_string())]);
+        if let Some(a) = after {
+            r = r.query(&[("after", a)]);
+        }
+        self.answer(r).await
+    }
+
+    async fn count_jobs(
+        &self,
+        filter: &lading_server::bulk::JobFilter,
+    ) -> Result<lading_server::bulk::JobCount> {
+        self.answer(self.request("GET", "/api/v1/jobs/count")?.query(filter))
+            .await
+    }
+
+    async fn bulk(
+        &self,
+        req: lading_server::bulk::BulkRequest,
+    ) -> Result<lading_engine::audit::AdminOperation> {
+        let started: lading_engine::audit::AdminOperation =
+            self.json("POST", "/api/v1/jobs/bulk", Some(&req)).await?;
+        // It runs on in the server: its record in the audit log, until it is finished.
+        loop {
+            let log: Vec<lading_engine::audit::AdminOperation> = self
+                .json("GET", "/api/v1/audit?limit=100", None::<&()>)
+                .await?;
+            match log.into_iter().find(|o| o.id == started.id) {
+                Some(o) if o.state != "running" => return Ok(o),
+                Some(_) => {}
+                None => anyhow::bail!("operation {} left the audit log", started.id),
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        }
+    }
+
     async fn clear_lock(&self, kind: &str, name: &str) -> Result<()> {
         let path = format!("/api/v1/locks/{}/{}", enc(kind), enc(name));
         let _: lading_server::api::LockCleared = self.json("DELETE", &path, None::<&()>).await?;

@@ -30,8 +30,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
+use lading_core::BatchState;
 use lading_core::layout::{BatchId, JobId};
-use lading_core::{BatchState, JobState};
 use lading_engine::EngineError;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -577,38 +577,8 @@ pub(crate) async fn list_jobs(
 ) -> Result<Json<crate::api::JobRowPage>> {
     let f = q.filter.check()?;
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
-    let e = &s.ingest.engine;
-    let page = crate::bulk::scan(e, &f, q.after.as_deref(), limit, 500 + limit as u64).await?;
-    let mut jobs = Vec::new();
-    for (prio, j, info) in page.jobs {
-        let mut row = crate::api::JobRow {
-            id: j.to_string(),
-            priority: prio,
-            failure_kind: None,
-            failed_stage: None,
-            message: None,
-        };
-        if f.state == JobState::Failed {
-            // What failed and how, so failures can be told apart at a glance.
-            let st = match info {
-                Some(info) => info.status,
-                None => match e.job(&j).await {
-                    Ok(info) => info.status,
-                    Err(EngineError::NoJob(_)) => continue,
-                    Err(err) => return Err(err.into()),
-                },
-            };
-            row.failure_kind = Some(lading_engine::failure_kind(&st).unwrap_or("fatal").into());
-            row.failed_stage = lading_engine::failed_stage(&st).map(str::to_string);
-            row.message = st.message;
-        }
-        jobs.push(row);
-    }
-    Ok(Json(crate::api::JobRowPage {
-        state: f.state.name().into(),
-        jobs,
-        next_after: page.next_after,
-    }))
+    let page = crate::bulk::rows(&s.ingest.engine, &f, q.after.as_deref(), limit).await?;
+    Ok(Json(page))
 }
 
 #[utoipa::path(get, path = "/api/v1/jobs/count", tag = "admin", summary = "Count the jobs a filter matches", description = "The filters of GET /api/v1/jobs; at most 200,000 jobs are looked at (`complete` says whether the state's end was reached). The count a bulk operation's confirmation shows.", params(crate::bulk::JobFilter), responses((status = 200, description = "the count", body = crate::bulk::JobCount), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]

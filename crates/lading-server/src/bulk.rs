@@ -10,8 +10,10 @@ use lading_core::JobState;
 use lading_core::layout::{JobConfiguration, JobId};
 use lading_engine::audit::{self, AdminOperation};
 use lading_engine::{Engine, EngineError, JobInfo};
+use lading_ingest::Ingest;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::sync::Arc;
 
 type Result<T> = std::result::Result<T, ApiError>;
 
@@ -261,7 +263,7 @@ pub async fn count(e: &Engine, f: &Filter) -> Result<JobCount> {
 }
 
 /// What `POST /api/v1/jobs/bulk` takes.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BulkRequest {
     /// `requeue` (to the stage each failed at), `hold`, `release` or `delete`.
@@ -271,9 +273,15 @@ pub struct BulkRequest {
     pub max: u64,
 }
 
-/// Starts a bulk operation as `who`; it runs on in this process, its progress in the audit
-/// log. Returns its record as started.
-pub async fn start(s: &AppState, who: &str, req: BulkRequest) -> Result<AdminOperation> {
+/// A bulk operation checked and recorded as started (`who` asked), ready to [`run`].
+pub struct Prepared {
+    pub op: AdminOperation,
+    action: crate::api::JobAction,
+    filter: Filter,
+}
+
+/// Checks a bulk request and records its operation as started.
+pub async fn prepare(ingest: &Ingest, who: &str, req: BulkRequest) -> Result<Prepared> {
     let action = crate::api::JobAction::parse(&req.action).ok_or_else(|| {
         ApiError::bad_request(format!(
             "unknown action {:?} ({})",
@@ -287,7 +295,7 @@ pub async fn start(s: &AppState, who: &str, req: BulkRequest) -> Result<AdminOpe
         ));
     }
     let filter = req.filter.check()?;
-    let e = s.ingest.engine.clone();
+    let e = &ingest.engine;
     let owner = e.owner().to_string();
     let (host, pid) = owner.rsplit_once(':').unwrap_or((owner.as_str(), ""));
     let mut op = AdminOperation {
@@ -307,13 +315,17 @@ pub async fn start(s: &AppState, who: &str, req: BulkRequest) -> Result<AdminOpe
         finished_at_ms: None,
     };
     op.id = audit::start(e.tree().as_ref(), &op).await?;
-    let ops = crate::batches::local(s);
-    let started = op.clone();
-    running_here().insert(op.id.clone());
+    Ok(Prepared { op, action, filter })
+}
+
+/// Starts a bulk operation as `who`; it runs on in this process, its progress in the audit
+/// log. Returns its record as started.
+pub async fn start(s: &AppState, who: &str, req: BulkRequest) -> Result<AdminOperation> {
+    let p = prepare(&s.ingest, who, req).await?;
+    let started = p.op.clone();
+    let ingest = s.ingest.clone();
     tokio::spawn(async move {
-        let id = op.id.clone();
-        run(&e, &ops, action, &filter, op).await;
-        running_here().remove(&id);
+        run(&ingest, p).await;
     });
     Ok(started)
 }
@@ -328,20 +340,22 @@ fn running_here() -> std::sync::MutexGuard<'static, std::collections::HashSet<St
         .unwrap_or_else(|p| p.into_inner())
 }
 
-/// Acts on each job `f` selects, at most `op.max`, writing progress as it goes.
-async fn run(
-    e: &Engine,
-    ops: &crate::ops::Local,
-    action: crate::api::JobAction,
-    f: &Filter,
-    mut op: AdminOperation,
-) {
+/// Acts on each job the operation's filter selects, at most its `max`, writing progress as
+/// it goes; returns its outcome.
+pub async fn run(ingest: &Arc<Ingest>, p: Prepared) -> AdminOperation {
     use crate::ops::Ops;
+    let Prepared {
+        mut op,
+        action,
+        filter: f,
+    } = p;
+    running_here().insert(op.id.clone());
+    let (e, ops) = (&ingest.engine, crate::ops::Local(ingest.clone()));
     let tree = e.tree().clone();
     let mut after: Option<String> = None;
     let mut scanned = 0;
     'pages: loop {
-        let page = match scan(e, f, after.as_deref(), SCAN_PAGE, MAX_SCANNED - scanned).await {
+        let page = match scan(e, &f, after.as_deref(), SCAN_PAGE, MAX_SCANNED - scanned).await {
             Ok(p) => p,
             Err(err) => {
                 op.refuse("", format!("the scan stopped: {}", err.message));
@@ -372,6 +386,7 @@ async fn run(
     if let Err(err) = audit::update(tree.as_ref(), &op).await {
         tracing::warn!(operation = op.id, error = %err, "cannot record a bulk operation's outcome");
     }
+    running_here().remove(&op.id);
     tracing::info!(
         operation = op.id,
         who = op.who,
@@ -381,6 +396,48 @@ async fn run(
         refused = op.refused_count,
         "bulk operation finished"
     );
+    op
+}
+
+/// A page of the jobs `f` selects after `after`, as listed: Failed ones with how and where
+/// they failed.
+pub async fn rows(
+    e: &Engine,
+    f: &Filter,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<crate::api::JobRowPage> {
+    let page = scan(e, f, after, limit, 500 + limit as u64).await?;
+    let mut jobs = Vec::new();
+    for (prio, j, info) in page.jobs {
+        let mut row = crate::api::JobRow {
+            id: j.to_string(),
+            priority: prio,
+            failure_kind: None,
+            failed_stage: None,
+            message: None,
+        };
+        if f.state == JobState::Failed {
+            // What failed and how, so failures can be told apart at a glance.
+            let st = match info {
+                Some(info) => info.status,
+                None => match e.job(&j).await {
+                    Ok(info) => info.status,
+                    Err(EngineError::NoJob(_)) => continue,
+                    Err(err) => return Err(err.into()),
+                },
+            };
+            row.failure_kind = Some(lading_engine::failure_kind(&st).unwrap_or("fatal").into());
+            row.failed_stage = lading_engine::failed_stage(&st).map(str::to_string);
+            row.message = st.message;
+        }
+        jobs.push(row);
+    }
+    Ok(crate::api::JobRowPage {
+        state: f.state.name().into(),
+        jobs,
+        next_after: page.next_after,
+    })
 }
 
 /// The audit log, newest first; an operation still `running` whose process is gone is

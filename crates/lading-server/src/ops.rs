@@ -97,6 +97,23 @@ pub trait Ops {
     async fn outbox(&self) -> Result<Vec<OutboxItem>, Self::Error>;
     async fn retry_outbox(&self, name: &str) -> Result<(), Self::Error>;
     async fn clear_lock(&self, kind: &str, name: &str) -> Result<(), Self::Error>;
+    /// A page of the jobs a filter selects (`GET /api/v1/jobs`).
+    async fn find_jobs(
+        &self,
+        filter: &crate::bulk::JobFilter,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<crate::api::JobRowPage, Self::Error>;
+    /// How many jobs a filter selects.
+    async fn count_jobs(
+        &self,
+        filter: &crate::bulk::JobFilter,
+    ) -> Result<crate::bulk::JobCount, Self::Error>;
+    /// A bulk operation, run to its end: its outcome as the audit log records it.
+    async fn bulk(
+        &self,
+        req: crate::bulk::BulkRequest,
+    ) -> Result<lading_engine::audit::AdminOperation, Self::Error>;
     /// The changes of a batch and its jobs from now on.
     async fn changes(&self, batch: &str) -> Result<Changes, Self::Error>;
     /// The copies of what a job stored, per version and storage node.
@@ -324,6 +341,30 @@ impl Ops for Local {
 
     async fn clear_lock(&self, kind: &str, name: &str) -> Result<()> {
         Ok(self.0.engine.clear_foreign_lock(kind, name).await?)
+    }
+
+    async fn find_jobs(
+        &self,
+        filter: &crate::bulk::JobFilter,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<crate::api::JobRowPage> {
+        let f = filter.clone().check()?;
+        Ok(crate::bulk::rows(&self.0.engine, &f, after, limit.clamp(1, 1000)).await?)
+    }
+
+    async fn count_jobs(&self, filter: &crate::bulk::JobFilter) -> Result<crate::bulk::JobCount> {
+        Ok(crate::bulk::count(&self.0.engine, &filter.clone().check()?).await?)
+    }
+
+    async fn bulk(
+        &self,
+        req: crate::bulk::BulkRequest,
+    ) -> Result<lading_engine::audit::AdminOperation> {
+        // On the store, as the operating system's user (a server records the token's name).
+        let who = std::env::var("USER").unwrap_or_else(|_| "lading".into());
+        let p = crate::bulk::prepare(&self.0, &who, req).await?;
+        Ok(crate::bulk::run(&self.0, p).await)
     }
 
     async fn deletion(&self, _verb: DeletionVerb) -> Result<Vec<Deletion>> {
