@@ -390,6 +390,41 @@ fn the_jobs_and_http_benchmarks_print_their_figures() {
         .map(|d| d.flatten().map(|e| e.file_name()).collect())
         .unwrap_or_default();
     assert!(left.is_empty(), "bench jobs left {left:?}");
+    // The console's pages on a store of 1,000 jobs (20 Failed): every page answered.
+    let c = run(&[
+        "bench",
+        "console",
+        "--jobs",
+        "1000",
+        "--samples",
+        "3",
+        "--json",
+    ]);
+    assert_eq!(
+        (c["jobs"].as_u64(), c["failed"].as_u64()),
+        (Some(1000), Some(20)),
+        "{c}"
+    );
+    let pages: Vec<&str> = c["pages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["page"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        pages,
+        ["overview", "processes", "filtered jobs (first page)"],
+        "{c}"
+    );
+    assert!(
+        c["pages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["max_ms"].as_f64() > Some(0.0)),
+        "{c}"
+    );
+    assert_eq!(c["count"]["scanned"], 20, "{c}");
     let v = run(&[
         "bench",
         "http",
