@@ -905,43 +905,87 @@ async fn the_processes_and_stage_pages_show_each_process_and_stage() {
     assert_eq!(worker["running"], json!([]), "{worker}");
 }
 
-/// Finding and acting in bulk: the jobs page's filters in its address, the count of what
-/// they select, a bulk requeue that asks first (showing how many jobs it will touch), and
-/// its progress and outcome on the audit page.
+/// Finding and acting in bulk: deposits whose files were missing fail at Downloading; the
+/// jobs page's filters (in its address) select those of one collection, shows their count,
+/// and a bulk requeue that asks first (showing how many jobs it will touch) sends them back,
+/// its progress and outcome on the audit page; once the files exist they complete.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_jobs_are_filtered_and_requeued_in_bulk_after_a_confirmation() {
-    let s = start().await;
-    let ids = failed_jobs_of_two_collections(&s).await;
+    let root = tempfile::tempdir().unwrap();
+    let files = lading_testkit::payload_server::PayloadServer::start(root.path())
+        .await
+        .unwrap();
+    let s = start_working_allowing(&[&files.url("")]).await;
+    let profiles = s.ingest.cfg.profiles_dir();
+    std::fs::write(profiles.join("maps.toml"), "collection = \"maps\"\n").unwrap();
+    // Three deposits to `demo` and one to `maps`, each of a file not there yet: each fails.
+    let mut bids = Vec::new();
+    for (name, profile) in [
+        ("a.txt", "demo"),
+        ("b.txt", "demo"),
+        ("c.txt", "demo"),
+        ("m.txt", "maps"),
+    ] {
+        let (st, v) = s
+            .post(
+                ADMIN,
+                "/api/v1/batches",
+                json!({"payload_url": files.url(name), "profile": profile}),
+            )
+            .await;
+        assert_eq!(st, reqwest::StatusCode::CREATED, "{v}");
+        bids.push(v["id"].as_str().unwrap().to_string());
+    }
+    for bid in &bids {
+        let ended =
+            |v: &Value| v["status"]["status"] == "Failed" || v["status"]["status"] == "Completed";
+        s.api
+            .until_batch(ADMIN, bid, Duration::from_secs(60), ended)
+            .await;
+    }
     let base = s.base.clone();
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots");
     std::fs::create_dir_all(&dir).unwrap();
     let br = tokio::task::spawn_blocking(move || {
         let mut br = Browser::launch();
+        // A filtered list's address opens it directly, its inputs filled in.
         let sn = br.page(&format!("{base}/#token={ADMIN}"));
         br.wait_for(&sn, "!!document.querySelector('[data-depth=Failed]')");
-        // A filtered list's address opens it directly, its inputs filled in.
-        br.open(&sn, "#/jobs/Failed?collection=letters");
-        br.wait_for(&sn, "document.getElementById('jobs-count').dataset.matched === '4' && document.querySelectorAll('#jobs tr[data-job]').length === 4");
-        assert_eq!(br.eval(&sn, "document.querySelector('[data-filter=collection]').value"), json!("letters"));
-        // Narrowed by message, typed in and searched: the address follows.
-        br.type_into(&sn, "[data-filter=message]", "refused");
-        br.click(&sn, "#job-search");
+        br.open(&sn, "#/jobs/Failed?collection=demo");
         br.wait_for(&sn, "document.getElementById('jobs-count').dataset.matched === '3' && document.querySelectorAll('#jobs tr[data-job]').length === 3");
-        assert_eq!(br.eval(&sn, "location.hash"), json!("#/jobs/Failed?collection=letters&message=refused"));
-        assert_eq!(br.eval(&sn, "document.getElementById('jobs-count').textContent"), json!("3 Failed jobs match"));
+        assert_eq!(br.eval(&sn, "document.querySelector('[data-filter=collection]').value"), json!("demo"));
+        // Narrowed by message, typed in and searched: the address follows.
+        br.type_into(&sn, "[data-filter=message]", "404");
+        br.click(&sn, "#job-search");
+        br.wait_for(&sn, "location.hash === '#/jobs/Failed?collection=demo&message=404'");
+        br.wait_for(&sn, "document.getElementById('jobs-count').textContent === '3 Failed jobs match'");
         br.shot(&sn, &dir, "11-jobs-filtered");
         // The bulk requeue asks first, naming the count; cancel leaves everything.
         assert_eq!(br.buttons(&sn, "#bulk"), "requeue all 3,delete all 3");
         br.click(&sn, "#bulk button[data-bulk=requeue]");
         br.wait_for(&sn, "document.querySelector('#bulk button[data-bulk-confirm=requeue]')?.textContent === 'confirm requeue of 3 jobs'");
         br.click(&sn, "#bulk button[data-bulk-cancel=requeue]");
+        (br, sn)
+    })
+    .await
+    .unwrap();
+    // The files are there now: what is requeued completes.
+    for name in ["a.txt", "b.txt", "c.txt"] {
+        std::fs::write(root.path().join(name), name).unwrap();
+    }
+    let (mut br, sn) = br;
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots");
+    let br = tokio::task::spawn_blocking(move || {
         br.click(&sn, "#bulk button[data-bulk=requeue]");
         br.click(&sn, "#bulk button[data-bulk-confirm=requeue]");
         // Its outcome on the audit page.
         br.wait_for(&sn, "location.hash === '#/audit' && document.querySelector('#audit tr[data-op]')?.dataset.opState === 'finished'");
         assert_eq!(br.eval(&sn, "document.querySelector('#audit tr[data-op] [data-op-done]').textContent"), json!("3"));
-        assert_eq!(br.eval(&sn, "document.querySelector('#audit tr[data-op] td.filter').textContent"), json!("state=Failed collection=letters message=refused"));
+        assert_eq!(br.eval(&sn, "document.querySelector('#audit tr[data-op] td.filter').textContent"), json!("state=Failed collection=demo message=404"));
         br.shot(&sn, &dir, "12-audit");
+        // They complete: the overview counts them, live.
+        br.click(&sn, "a[data-nav=overview]");
+        br.wait_for(&sn, "document.querySelector('[data-depth=Completed]')?.textContent === '3' && document.querySelector('[data-depth=Failed]')?.textContent === '1'");
         br
     })
     .await
@@ -949,16 +993,11 @@ async fn failed_jobs_are_filtered_and_requeued_in_bulk_after_a_confirmation() {
     let errors = br.console_errors();
     assert!(errors.is_empty(), "console errors: {errors:#?}");
     let mut states = Vec::new();
-    for id in &ids {
-        let (_, v) = s.get(ADMIN, &format!("/api/v1/jobs/{id}")).await;
-        states.push(v["status"]["status"].as_str().unwrap().to_string());
+    for bid in &bids {
+        let (_, v) = s.get(ADMIN, &format!("/api/v1/batches/{bid}/jobs")).await;
+        states.push(v["jobs"][0]["state"].as_str().unwrap().to_string());
     }
-    assert_eq!(
-        states,
-        [
-            "Pending", "Pending", "Failed", "Pending", "Failed", "Failed"
-        ]
-    );
+    assert_eq!(states, ["Completed", "Completed", "Completed", "Failed"]);
 }
 
 /// A depositor's own console: a submitter token signs in to its deposits (not another

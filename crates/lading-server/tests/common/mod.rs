@@ -53,12 +53,13 @@ pub async fn start_allowing(allow: &[&str]) -> Server {
 /// A server that also runs every stage, as `lading serve` does: what is submitted to it is
 /// ingested (into its storage root).
 pub async fn start_working() -> Server {
-    start_in(
-        tempfile::tempdir().unwrap(),
-        vec!["http://127.0.0.1:9/".into()],
-        true,
-    )
-    .await
+    start_working_allowing(&["http://127.0.0.1:9/"]).await
+}
+
+/// [`start_working`], depositors allowed to name the URL prefixes `allow`.
+pub async fn start_working_allowing(allow: &[&str]) -> Server {
+    let allow = allow.iter().map(|a| a.to_string()).collect();
+    start_in(tempfile::tempdir().unwrap(), allow, true).await
 }
 
 /// A server on the store and data in `dir` (new or left by an earlier server).
