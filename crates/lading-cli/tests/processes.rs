@@ -2,7 +2,8 @@
 //! two `lading worker`s on one store each announce themselves (host, pid, version with its
 //! commit, roles, stages with their concurrency), say which jobs they run now, and a worker
 //! killed with SIGKILL is listed gone with what it ran when last heard from; the stage
-//! metrics count every process's runs. A submitter may read neither.
+//! metrics count every process's runs; the console shows both in a real browser. A submitter
+//! may read neither.
 
 mod common;
 
@@ -182,6 +183,34 @@ async fn every_process_says_what_it_runs_and_one_killed_is_shown_gone_with_its_w
     assert_eq!(est["last_day"]["done"], 2, "{est}");
     assert_eq!(est["last_hour"]["failed"], 0, "{est}");
     assert!(est["last_hour"]["p95_ms"].as_u64().is_some(), "{est}");
+
+    // The console shows the same, in a real browser: the three processes, the two downloads
+    // each under the worker that runs it, and Estimating's chart with its two runs.
+    let base = s.base.clone();
+    let br = tokio::task::spawn_blocking(move || {
+        let mut br = lading_testkit::browser::Browser::launch();
+        let sn = br.page(&format!("{base}/#token={ADMIN}"));
+        br.wait_for(&sn, "document.querySelector('[data-processes-alive]')?.dataset.processesAlive === '3'");
+        br.open(&sn, "#/processes");
+        br.wait_for(&sn, "document.querySelectorAll('#processes tr[data-alive=true] [data-running]').length === 2");
+        let shown = br.eval(&sn, "[...document.querySelectorAll('#processes tr[data-alive=true]')].filter(r => r.querySelector('[data-roles]').dataset.roles === 'worker').flatMap(r => [...r.querySelectorAll('[data-running]')].map(a => a.dataset.running + ' ' + a.parentElement.textContent.includes('Downloading'))).sort().join()");
+        br.open(&sn, "#/stages/Estimating");
+        br.wait_for(&sn, "document.getElementById('stage-done').dataset.total === '2'");
+        (br, shown)
+    })
+    .await
+    .unwrap();
+    let (br, shown) = br;
+    assert!(br.console_errors().is_empty(), "{:?}", br.console_errors());
+    drop(br);
+    let list = processes(&s).await;
+    let mut running: Vec<String> = pids[1..]
+        .iter()
+        .flat_map(|pid| running_in(by_pid(&list, *pid).unwrap(), "Downloading"))
+        .map(|j| format!("{j} true"))
+        .collect();
+    running.sort();
+    assert_eq!(shown, json!(running.join(",")));
 
     // Worker A dies without a word: once its session is reaped it is listed gone, with the
     // jobs it ran when last heard from; the others stay alive.

@@ -67,6 +67,7 @@ pub fn checkm(kind: &str, fields: &str, rows: &[String]) -> String {
     s
 }
 
+pub mod browser;
 pub mod events;
 /// The depositor's file and callback server (its own crate, which the binary links).
 pub use lading_payload as payload_server;
