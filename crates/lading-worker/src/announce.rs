@@ -11,6 +11,8 @@ use std::time::Duration;
 
 /// The longest a live process's record goes unwritten.
 pub const HEARTBEAT: Duration = Duration::from_secs(10);
+/// The longest the last record (at a stop) is waited for.
+pub const LAST_WORD: Duration = Duration::from_millis(500);
 /// The shortest time between two writes: a busy process writes once a second, not per job.
 const MIN_GAP: Duration = Duration::from_secs(1);
 
@@ -50,7 +52,11 @@ pub async fn announce(
     record.heard_at_ms = now;
     record.running = stats.running_now();
     record.stopped_at_ms = Some(now);
-    if let Err(e) = processes::stopped(tree.as_ref(), &record).await {
-        tracing::debug!(error = %e, "cannot say this process stopped");
+    // Bounded: a store that is down must not hold the stop up (its session's end says the
+    // same, later).
+    match tokio::time::timeout(LAST_WORD, processes::stopped(tree.as_ref(), &record)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::debug!(error = %e, "cannot say this process stopped"),
+        Err(_) => tracing::debug!("the store did not take this process's last record in time"),
     }
 }

@@ -27,10 +27,18 @@ pub async fn flush_every(
             _ = sd.stopped() => true,
             _ = tokio::time::sleep(FLUSH) => false,
         };
-        flush(&engine, &stats, &stages).await;
         if stop {
+            // Bounded: a store that is down must not hold the stop up.
+            let last = flush(&engine, &stats, &stages);
+            if tokio::time::timeout(crate::announce::LAST_WORD, last)
+                .await
+                .is_err()
+            {
+                tracing::debug!("the store did not take the last stage figures in time");
+            }
             return;
         }
+        flush(&engine, &stats, &stages).await;
     }
 }
 

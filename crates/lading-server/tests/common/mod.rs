@@ -206,11 +206,19 @@ impl Server {
         Value::Object(out)
     }
 
-    /// The whole tree, as `lading dump` shows it.
+    /// The whole tree, as `lading dump` shows it, but for the records processes keep of
+    /// themselves (`/processes`: rewritten every 10 s while they live) and of their stages'
+    /// runs (`/stage-metrics`): what a refusal must leave unchanged is the queue.
     pub async fn dump(&self) -> std::collections::BTreeMap<String, Value> {
-        lading_engine::dump(self.jobs.tree().as_ref(), "/")
+        let mut all = lading_engine::dump(self.jobs.tree().as_ref(), "/")
             .await
-            .unwrap()
+            .unwrap();
+        all.retain(|p, _| {
+            !["/processes", "/stage-metrics"]
+                .iter()
+                .any(|r| lading_core::tree::is_under(p, r))
+        });
+        all
     }
 }
 
