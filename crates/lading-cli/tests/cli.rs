@@ -887,7 +887,8 @@ fn serve_and_worker_refuse_a_profile_with_a_misspelt_key_naming_file_and_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_jobs_finds_counts_and_acts_in_bulk_on_a_store_and_through_a_server() {
     use lading_core::{Event, JobState};
-    let s = common::serve::serve(&[], "");
+    // A server that runs no stage: what is requeued stays where the operation put it.
+    let s = common::serve::serve_running(None, &[], "", "", &["--stages", "none"]);
     let db = s.dir.path().join("lading.db");
     let e = common::engine(&db).await;
     let (_, jobs) = lading_store_tests::batch_with_jobs(&e, 4, &[]).await;

@@ -582,8 +582,9 @@ async fn the_processes_and_stage_pages_show_each_process_and_stage() {
         br.wait_for(&sn, "document.getElementById('stage-summary').textContent === 'No run of Storing in the last day.'");
         br.open(&sn, "#/processes");
         br.wait_for(&sn, &format!("!!document.querySelector('#processes tr[data-alive=true] a[data-running=\"{j0}\"]')"));
-        // Alive first (this server, then the worker: by host), the gone last, in red.
-        assert_eq!(br.eval(&sn, "[...document.querySelectorAll('#processes tr[data-process]')].map(r => r.dataset.alive + ':' + r.querySelector('[data-roles]').dataset.roles).join()"),
+        // Alive first (by host: this machine's name and the worker's, in either order), the
+        // gone last, in red.
+        assert_eq!(br.eval(&sn, "(r => r.slice(0, 2).sort().concat(r.slice(2)).join())([...document.querySelectorAll('#processes tr[data-process]')].map(r => r.dataset.alive + ':' + r.querySelector('[data-roles]').dataset.roles))"),
             json!("true:serve,true:worker,false:worker"));
         assert_eq!(br.eval(&sn, "document.getElementById('processes-count').textContent"), json!("(2 alive, 1 gone)"));
         let gone = "document.querySelector('#processes tr[data-alive=false]')";
