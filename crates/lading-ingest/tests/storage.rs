@@ -425,7 +425,13 @@ async fn an_interrupted_store_resumes_without_sending_confirmed_files_again(w: W
     w.profile("s3", "collection = \"demo\"\nstorage_nodes = [9501]\n");
     let ingest = ingest_with(&w, nodes.clone()).unwrap();
     // One file of 12 parts among small ones: the crash comes while its multipart upload is
-    // open on the server.
+    // open on the server. The crashed worker reaches the node through a proxy that holds the
+    // first request of an upload under way (a part or the completion, whichever its client
+    // sends first with the upload's id): the upload stays open, the other files go on.
+    let weed_addr: std::net::SocketAddr =
+        a.endpoint().trim_start_matches("http://").parse().unwrap();
+    let proxy = lading_testkit::proxy::HoldingProxy::start(weed_addr, "uploadId=").unwrap();
+    let held_nodes = vec![node_at(9501, proxy.endpoint(), "primary")];
     let bodies: Vec<(String, Vec<u8>)> = (0..60)
         .map(|i| {
             let size = if i == 30 { 60 << 20 } else { 256 << 10 };
@@ -451,7 +457,7 @@ async fn an_interrupted_store_resumes_without_sending_confirmed_files_again(w: W
     let first = Ingest::try_new_env(
         crashed.clone(),
         Config {
-            storage_nodes: nodes.clone(),
+            storage_nodes: held_nodes,
             ..w.cfg.clone()
         },
         env,
@@ -471,6 +477,7 @@ async fn an_interrupted_store_resumes_without_sending_confirmed_files_again(w: W
                     serde_json::from_slice::<serde_json::Value>(&n.data.unwrap_or_default())
                 && let Some(c) = v["confirmed"].as_array()
                 && c.len() >= 8
+                && proxy.holding()
                 && a.open_uploads("primary") > 0
             {
                 return c

@@ -127,7 +127,13 @@ pub(crate) async fn index() -> Response {
                 "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:",
             ),
         ],
-        include_str!("web/index.html"),
+        // The page's markup and its script, kept in two files, served as one page (the
+        // script inline, as the policy above allows).
+        concat!(
+            include_str!("web/index.html"),
+            include_str!("web/console.js"),
+            "</script>\n</body>\n</html>\n"
+        ),
     )
         .into_response()
 }

@@ -10,7 +10,7 @@ use lading_ingest::checkm::{self, ManifestKind};
 use lading_store_sqlite::{SqliteOptions, SqliteTree};
 use lading_testkit::payload_server::PayloadServer;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::{Child, Command, Output};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -116,4 +116,26 @@ pub fn object_manifest(server: &PayloadServer, payload: &Path, files: &[(&str, &
     );
     std::fs::write(payload.join("object.checkm"), m).unwrap();
     server.url("object.checkm")
+}
+
+/// `lading --store sqlite:STORE ARGS…`, run in the store's folder.
+pub fn lading(store: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lading"))
+        // In the test's own folder: without a config, a command's data folder is
+        // `./lading-data`, which must not be made in the source tree.
+        .current_dir(store.parent().expect("the store is in a folder"))
+        .arg("--store")
+        .arg(format!("sqlite:{}", store.display()))
+        .args(args)
+        .env_remove("LADING_STORE")
+        .output()
+        .expect("run lading")
+}
+
+/// A finished command's standard output and error, as text.
+pub fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
 }
