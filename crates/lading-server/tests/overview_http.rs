@@ -187,8 +187,9 @@ async fn a_jobs_files_are_its_stored_versions_working_files_and_log_tail() {
     assert!(v["error"].as_str().unwrap().contains("not-a-jid"), "{v}");
     let (st, _) = s.get(ADMIN, "/api/v1/jobs/jid9999999999/files").await;
     assert_eq!(st, StatusCode::NOT_FOUND);
+    // Another submitter's job is not found (as one that does not exist).
     let (st, _) = s.get(SUBMITTER, &format!("/api/v1/jobs/{jid}/files")).await;
-    assert_eq!(st, StatusCode::FORBIDDEN);
+    assert_eq!(st, StatusCode::NOT_FOUND);
     // A log that is a link elsewhere is not followed.
     std::fs::remove_file(work.join("job.log")).unwrap();
     let secret = s.dir.path().join("secret.txt");
