@@ -5,6 +5,7 @@
 //! deletes what it selects — at most the confirmed count — recorded in the audit log
 //! (`lading_engine::audit`) with its progress and outcome.
 
+use crate::api::JobAction;
 use crate::{ApiError, AppState};
 use lading_core::JobState;
 use lading_core::layout::{JobConfiguration, JobId};
@@ -276,17 +277,17 @@ pub struct BulkRequest {
 /// A bulk operation checked and recorded as started (`who` asked), ready to [`run`].
 pub struct Prepared {
     pub op: AdminOperation,
-    action: crate::api::JobAction,
+    action: JobAction,
     filter: Filter,
 }
 
 /// Checks a bulk request and records its operation as started.
 pub async fn prepare(ingest: &Ingest, who: &str, req: BulkRequest) -> Result<Prepared> {
-    let action = crate::api::JobAction::parse(&req.action).ok_or_else(|| {
+    let action = JobAction::parse(&req.action).ok_or_else(|| {
         ApiError::bad_request(format!(
             "unknown action {:?} ({})",
             req.action,
-            crate::api::JobAction::NAMES.join(", ")
+            JobAction::NAMES.join(", ")
         ))
     })?;
     if req.max == 0 {
@@ -343,14 +344,13 @@ fn running_here() -> std::sync::MutexGuard<'static, std::collections::HashSet<St
 /// Acts on each job the operation's filter selects, at most its `max`, writing progress as
 /// it goes; returns its outcome.
 pub async fn run(ingest: &Arc<Ingest>, p: Prepared) -> AdminOperation {
-    use crate::ops::Ops;
     let Prepared {
         mut op,
         action,
         filter: f,
     } = p;
     running_here().insert(op.id.clone());
-    let (e, ops) = (&ingest.engine, crate::ops::Local(ingest.clone()));
+    let e = &ingest.engine;
     let tree = e.tree().clone();
     let mut after: Option<String> = None;
     let mut scanned = 0;
@@ -368,8 +368,15 @@ pub async fn run(ingest: &Arc<Ingest>, p: Prepared) -> AdminOperation {
                 break 'pages;
             }
             op.matched += 1;
-            match ops.job_action(j.as_str(), action, None).await {
-                Ok(_) => op.done += 1,
+            // The per-job action's own path (as `POST /api/v1/jobs/{id}/{action}`).
+            let r = match action {
+                JobAction::Hold => e.hold_job(j).await.map(|_| ()),
+                JobAction::Release => e.release_job(j).await.map(|_| ()),
+                JobAction::Requeue => e.requeue_job(j, None).await.map(|_| ()),
+                JobAction::Delete => e.delete_job(j).await.map(|_| ()),
+            };
+            match r {
+                Ok(()) => op.done += 1,
                 Err(err) => op.refuse(j.as_str(), ApiError::from(err).message),
             }
             if op.matched.is_multiple_of(PROGRESS_EVERY) {
