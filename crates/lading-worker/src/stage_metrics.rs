@@ -19,26 +19,22 @@ pub async fn flush_every(
     engine: Arc<Engine>,
     stats: Arc<Stats>,
     stages: Vec<JobState>,
-    mut sd: Shutdown,
+    sd: Shutdown,
 ) {
-    loop {
-        let stop = tokio::select! {
-            biased;
-            _ = sd.stopped() => true,
-            _ = tokio::time::sleep(FLUSH) => false,
-        };
-        if stop {
-            // Bounded: a store that is down must not hold the stop up.
-            let last = flush(&engine, &stats, &stages);
-            if tokio::time::timeout(crate::announce::LAST_WORD, last)
-                .await
-                .is_err()
-            {
-                tracing::debug!("the store did not take the last stage figures in time");
-            }
-            return;
-        }
-        flush(&engine, &stats, &stages).await;
+    // Every FLUSH (the shared runtime's scheduled task), then once more at the stop.
+    let (e, st, sts) = (engine.clone(), stats.clone(), Arc::new(stages.clone()));
+    crate::every("stage metrics", FLUSH, sd, move || {
+        let (e, st, sts) = (e.clone(), st.clone(), sts.clone());
+        async move { flush(&e, &st, &sts).await }
+    })
+    .await;
+    // Bounded: a store that is down must not hold the stop up.
+    let last = flush(&engine, &stats, &stages);
+    if tokio::time::timeout(crate::announce::LAST_WORD, last)
+        .await
+        .is_err()
+    {
+        tracing::debug!("the store did not take the last stage figures in time");
     }
 }
 
