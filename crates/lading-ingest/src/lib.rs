@@ -69,6 +69,19 @@ pub struct Ingest {
     pub courier: Arc<dyn outbox::Courier>,
     /// What runs profiles' processing commands ([`command::Shell`] unless told otherwise).
     pub commands: Arc<dyn command::Commands>,
+    /// What each stage's handler is wrapped in before it runs ([`stages`]); none in a real
+    /// process (the simulator's faults and simulated handlers otherwise).
+    pub wrap: Option<Arc<dyn StageWrap>>,
+}
+
+/// Wraps the stages a process runs (see [`Ingest::with_stage_wrap`]): what a process of the
+/// simulator runs in place of, or around, Lading's own handlers, while everything else of
+/// the process is assembled as in production.
+pub trait StageWrap: Send + Sync {
+    /// The handler that runs for a job stage whose own handler is `real`.
+    fn job(&self, real: Arc<dyn JobStage>) -> Arc<dyn JobStage>;
+    /// The handler that runs for a batch stage whose own handler is `real`.
+    fn batch(&self, real: Arc<dyn BatchStage>) -> Arc<dyn BatchStage>;
 }
 
 impl Ingest {
@@ -138,6 +151,7 @@ impl Ingest {
             given: HashMap::new(),
             courier: Arc::new(outbox::Wire),
             commands: Arc::new(command::Shell),
+            wrap: None,
         })
     }
 
@@ -163,6 +177,12 @@ impl Ingest {
     /// The same, with processing commands run by `commands`.
     pub fn with_commands(mut self, commands: Arc<dyn command::Commands>) -> Ingest {
         self.commands = commands;
+        self
+    }
+
+    /// The same, with each stage's handler wrapped by `wrap` (the simulator's).
+    pub fn with_stage_wrap(mut self, wrap: Arc<dyn StageWrap>) -> Ingest {
+        self.wrap = Some(wrap);
         self
     }
 
@@ -279,6 +299,14 @@ pub fn stages(
                     STAGE_NAMES.join(", ")
                 ));
             }
+        }
+    }
+    if let Some(wrap) = &ingest.wrap {
+        for (stage, _) in &mut jobs {
+            *stage = wrap.job(stage.clone());
+        }
+        for (stage, _) in &mut batches {
+            *stage = wrap.batch(stage.clone());
         }
     }
     Ok((jobs, batches))

@@ -15,7 +15,7 @@ use lading_jobs::Jobs;
 use lading_server::{AppState, Auth};
 use lading_store_sqlite::{SqliteOptions, SqliteTree};
 use lading_store_zk::{ZkOptions, ZkTree};
-use lading_worker::{Phase, ShutdownHandle, Supervisor};
+use lading_worker::{Phase, Shutdown, ShutdownHandle, Supervisor};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -169,6 +169,24 @@ pub struct NodeSpec {
     pub version: Option<String>,
 }
 
+/// What a [`Node`] is handed rather than makes, for a program that runs several processes
+/// on a store and clock of its own (the simulator); a real process takes the default.
+#[derive(Default)]
+pub struct NodeEnv {
+    /// The generic-jobs service; none: one on the ingest's store and clock, owned by this
+    /// process ([`owner`]).
+    pub jobs: Option<Arc<Jobs>>,
+    /// The host and process id the process announces; none: this host's and this process's.
+    pub identity: Option<(String, u32)>,
+    /// The program's own services beside Lading's, each under its name (the simulator's
+    /// generic-jobs processor); they stop with the stages.
+    pub services: Vec<(&'static str, Service)>,
+}
+
+/// A service a program adds to its [`Node`] ([`NodeEnv::services`]).
+pub type Service =
+    Box<dyn FnOnce(Shutdown) -> lading_core::BoxFuture<'static, Result<(), String>> + Send>;
+
 /// Stops or aborts a running [`Node`]: its supervisor's one stop signal.
 #[derive(Clone)]
 pub struct NodeHandle(ShutdownHandle);
@@ -234,16 +252,30 @@ pub struct Node {
 impl Node {
     /// Starts everything `spec` names on `ingest`'s store.
     pub async fn start(ingest: Arc<Ingest>, spec: NodeSpec) -> anyhow::Result<Node> {
+        Node::start_in(ingest, spec, NodeEnv::default()).await
+    }
+
+    /// [`Node::start`], with what `env` hands the process.
+    pub async fn start_in(
+        ingest: Arc<Ingest>,
+        spec: NodeSpec,
+        env: NodeEnv,
+    ) -> anyhow::Result<Node> {
         let names: Vec<&str> = spec.stages.iter().map(String::as_str).collect();
         lading_ingest::stages(&ingest, &names).map_err(anyhow::Error::msg)?;
-        let jobs = Arc::new(Jobs::new(
-            ingest.engine.tree().clone(),
-            ingest.engine.clock().clone(),
-            owner(),
-        ));
+        let jobs = env.jobs.unwrap_or_else(|| {
+            Arc::new(Jobs::new(
+                ingest.engine.tree().clone(),
+                ingest.engine.clock().clone(),
+                owner(),
+            ))
+        });
         let mut services = Supervisor::new();
         // The process says what it is and what it runs, until it stops (SPEC §12).
-        let record = announced(&ingest, &spec);
+        let mut record = announced(&ingest, &spec);
+        if let Some((host, pid)) = env.identity {
+            (record.host, record.pid) = (host, pid);
+        }
         let (tree, clock) = (ingest.engine.tree().clone(), ingest.engine.clock().clone());
         let stats = ingest.stats.clone();
         services.spawn("announcement", Phase::Last, |sd| async move {
@@ -316,6 +348,9 @@ impl Node {
                 .await
                 .map_err(anyhow::Error::msg)?;
         }
+        for (name, service) in env.services {
+            services.spawn(name, Phase::First, service);
+        }
         Ok(Node {
             ingest,
             jobs,
@@ -367,6 +402,12 @@ impl Node {
             say,
         )
         .await
+    }
+
+    /// Runs until every service has ended (after a stop, or once one failed), and leaves
+    /// the store open: for a program whose store outlives its processes (the simulator's).
+    pub async fn run_open(self) -> Result<(), String> {
+        self.services.join().await
     }
 
     /// Stops (if not yet stopping), waits for every service to end, and closes the store.

@@ -61,10 +61,7 @@ use lading_core::random::{Random, Seeded};
 use lading_core::time::Clock;
 use lading_core::{BatchState, BoxFuture, Event, JobState, Tree};
 use lading_engine::{Effect, Engine, JobSpec};
-use lading_worker::{
-    BatchCtx, BatchStage, JobCtx, JobStage, Outcome, Phase, Shutdown, ShutdownHandle, StageConfig,
-    Supervisor, Worker,
-};
+use lading_worker::{BatchCtx, BatchStage, JobCtx, JobStage, Outcome, Shutdown, StageConfig};
 use serde_json::{Map, Value, json};
 use stages::*;
 use std::collections::BTreeMap;
@@ -173,7 +170,7 @@ const SCHEDULE_EVERY_S: u64 = 4;
 /// One simulated process.
 struct Proc {
     tree: Arc<SimTree>,
-    stop: ShutdownHandle,
+    stop: lading_node::node::NodeHandle,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -296,7 +293,8 @@ impl Sim {
             },
             hang: stage_config().timeout + Duration::from_secs(30),
             faults: self.buckets.faults.clone(),
-        }));
+        }))
+        .with_stage_wrap(Arc::new(SimStages(self.dice.clone())));
         for n in self.buckets.open() {
             ingest.nodes.insert(n);
         }
@@ -312,7 +310,11 @@ impl Sim {
         ingest
     }
 
-    fn start(&mut self, i: usize) -> Proc {
+    /// Starts process `i` as a real process of its role starts ([`lading_node::Node`],
+    /// see [`role`]), on its own session of the simulated tree, with the simulated world's
+    /// handlers wrapped around its stages ([`SimStages`]) and the generic-jobs workload's
+    /// processor beside them.
+    async fn start(&mut self, i: usize) -> Proc {
         self.starts += 1;
         let name = format!("p{i}");
         let tree = self.world.connect(&name);
@@ -328,41 +330,7 @@ impl Sim {
             .with_sweep(Duration::from_millis(SWEEP_MS)),
         );
         let ingest = Arc::new(self.ingest(engine.clone(), &name));
-        let jobs: Vec<(Arc<dyn JobStage>, StageConfig)> = JobState::PIPELINE
-            .iter()
-            .map(|s| {
-                let sim = SimJobStage {
-                    state: *s,
-                    dice: self.dice.clone(),
-                };
-                use lading_ingest::stages as real;
-                let i = ingest.clone();
-                let stage: Arc<dyn JobStage> = match s {
-                    // The real Notify: the job's callback, recorded with its move to Completed.
-                    JobState::Notify => Arc::new(real::Notify(i)),
-                    // Lading's own file stages for the jobs of payload batches.
-                    JobState::Estimating => Mixed::stage(real::Estimate(i), sim),
-                    JobState::Downloading => Mixed::stage(real::Download(i), sim),
-                    JobState::Processing => Mixed::stage(real::Process(i), sim),
-                    JobState::Storing => Mixed::stage(real::Store(i), sim),
-                    JobState::Recording => Mixed::stage(real::Record(i), sim),
-                    _ => Arc::new(sim),
-                };
-                (stage, stage_config())
-            })
-            .collect();
-        // The real Reporting and UpdateReporting: the numbered report and its mail.
-        let report = |s| Arc::new(lading_ingest::report::Report(ingest.clone(), s));
-        let batches: Vec<(Arc<dyn BatchStage>, StageConfig)> = vec![
-            (
-                Arc::new(MixedIntake(lading_ingest::intake::Intake(ingest.clone()))),
-                stage_config(),
-            ),
-            (report(BatchState::Reporting), stage_config()),
-            (report(BatchState::UpdateReporting), stage_config()),
-        ];
-        let worker = Worker::new(engine.clone(), self.work.path().join(&name));
-        // Generic jobs (lading-jobs) on the same session: a processor and the activity monitor.
+        // Generic jobs (lading-jobs) on the same session.
         let generic = Arc::new(
             lading_jobs::Jobs::new(
                 tree.clone(),
@@ -373,77 +341,71 @@ impl Sim {
                 self.seed.wrapping_mul(37).wrapping_add(self.starts),
             )),
         );
-        // Every service under one supervisor, as in a real node: the outbox deliverer stops
-        // last, so what the stages record while they finish is still delivered. A crash
-        // aborts the supervisor's task, and with it every service.
-        let mut services = Supervisor::new();
-        let stop = services.handle();
-        let i = ingest.clone();
-        services.spawn("stages", Phase::First, |sd| async move {
-            // What stores that failed in an earlier run left in the storage root, as a node
-            // with the storing stage sweeps it when it starts.
-            let _ = lading_ingest::stages::sweep_storage(&i).await;
-            worker.run(jobs, batches, sd).await;
-            Ok(())
-        });
-        // Lading's housekeeping: batches whose jobs all ended move on to Reporting (a watch,
-        // and a sweep), and old batches are cleaned up.
-        let i = ingest.clone();
-        services.spawn("housekeeping", Phase::First, |sd| async move {
-            lading_ingest::cleanup::housekeeping(i, sd).await;
-            Ok(())
-        });
-        // Working folders of jobs cleanup removed, as each host that keeps them sweeps them.
-        let i = ingest.clone();
-        services.spawn("working-folder sweep", Phase::First, |sd| async move {
-            lading_ingest::cleanup::sweep_work_dirs_every(i, sd).await;
-            Ok(())
-        });
-        // The access queues: stored versions assembled as zips, read from the storage root
-        // or the nodes.
-        for q in [AccessQueue::Small, AccessQueue::Large] {
-            let i = ingest.clone();
-            services.spawn("access queue", Phase::First, move |sd| async move {
-                lading_ingest::access::run(i, q, sd).await;
+        let (g, dice, outside) = (generic.clone(), self.dice.clone(), self.outside.clone());
+        let processor: lading_node::node::Service = Box::new(move |sd| {
+            Box::pin(async move {
+                process_generic(g, dice, outside, sd).await;
                 Ok(())
-            });
-        }
-        // The scheduled fixity audit, as every node running the monitor runs it.
-        let (i, g) = (ingest.clone(), generic.clone());
-        services.spawn("fixity audit", Phase::First, |sd| async move {
-            lading_ingest::fixity::run_audit(i, g, sd).await;
-            Ok(())
+            })
         });
-        // Lading's outbox deliverer, to the simulated world.
-        services.spawn("outbox", Phase::Last, |sd| async move {
-            lading_ingest::outbox::run(ingest, sd).await;
-            Ok(())
-        });
-        // Probers of the dependencies found down, as in a real node.
-        let e = engine.clone();
-        services.spawn("probers", Phase::Last, |sd| async move {
-            lading_worker::deps::run_probers(e, sd).await
-        });
-        let g = generic.clone();
-        services.spawn("generic-jobs monitor", Phase::First, |sd| async move {
-            g.run_monitor(sd).await;
-            Ok(())
-        });
-        let e = engine.clone();
-        services.spawn("quota waker", Phase::First, |sd| async move {
-            let limits = Arc::new(|p: &str| (p == QUOTA_PROFILE).then_some(QUOTA_LIMIT));
-            lading_ingest::quota::run_waker_with(e, limits, sd).await;
-            Ok(())
-        });
-        let (dice, outside) = (self.dice.clone(), self.outside.clone());
-        services.spawn("generic-jobs processor", Phase::First, |sd| async move {
-            process_generic(generic, dice, outside, sd).await;
-            Ok(())
-        });
+        let env = lading_node::node::NodeEnv {
+            jobs: Some(generic),
+            identity: Some(("sim".into(), i as u32)),
+            services: vec![("generic-jobs processor", processor)],
+        };
+        let node = lading_node::node::Node::start_in(ingest, role(i), env)
+            .await
+            .expect("a simulated process starts");
+        let handle = node.handle();
+        // A crash aborts this task, and with it every service.
         let task = tokio::spawn(async move {
-            let _ = services.join().await;
+            let _ = node.run_open().await;
         });
-        Proc { tree, stop, task }
+        Proc {
+            tree,
+            stop: handle,
+            task,
+        }
+    }
+}
+
+/// What process `i` of a deployment runs, as `lading worker --stages …` would: the first
+/// every stage, both access queues and the generic-jobs monitor (with the fixity audit);
+/// then, in turn, a worker of every stage, and a worker of the file stages (estimating to
+/// recording) with the access queues and the monitor.
+fn role(i: usize) -> lading_node::node::NodeSpec {
+    use lading_node::node::NodeSpec;
+    let every: Vec<String> = lading_ingest::STAGE_NAMES
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let access = vec![AccessQueue::Small, AccessQueue::Large];
+    match i {
+        0 => NodeSpec {
+            stages: every,
+            access,
+            monitor: true,
+            ..Default::default()
+        },
+        i if i % 2 == 1 => NodeSpec {
+            stages: every,
+            ..Default::default()
+        },
+        _ => NodeSpec {
+            stages: [
+                "estimating",
+                "provisioning",
+                "downloading",
+                "processing",
+                "storing",
+                "recording",
+            ]
+            .map(String::from)
+            .to_vec(),
+            access,
+            monitor: true,
+            ..Default::default()
+        },
     }
 }
 

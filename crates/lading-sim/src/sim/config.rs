@@ -51,6 +51,20 @@ pub(super) fn ingest_config(
         },
         ..Default::default()
     };
+    // Every stage as [`stage_config`] says (the outbox below).
+    for name in lading_ingest::STAGE_NAMES {
+        let c = stage_config();
+        cfg.stages.insert(
+            name.to_string(),
+            lading_ingest::config::StageSettings {
+                concurrency: Some(c.concurrency),
+                timeout_s: Some(c.timeout.as_secs()),
+                max_attempts: Some(c.max_attempts),
+                backoff_base_ms: Some(c.backoff_base.as_millis() as u64),
+                backoff_max_ms: Some(c.backoff_max.as_millis() as u64),
+            },
+        );
+    }
     cfg.stages.insert(
         "outbox".into(),
         lading_ingest::config::StageSettings {
@@ -116,6 +130,9 @@ pub(super) fn profile() -> lading_ingest::Profile {
         notification: vec!["depositor@sim.invalid".into()],
         callback_url: Some("http://callbacks.sim.invalid/lading".into()),
         command: Some(crate::command::SCAN.into()),
+        // The quota the simulated Pending keeps (in the profile's own folder), and the
+        // real waker wakes by.
+        max_in_flight_per_submitter: Some(QUOTA_LIMIT as u32),
         ..Default::default()
     }
 }

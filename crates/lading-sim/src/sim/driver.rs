@@ -264,7 +264,10 @@ pub(super) async fn simulate(seed: u64, opts: &Options) -> Run {
     };
     // The operator's own tools (the fixity checker) on the admin's session.
     let admin_ingest = Arc::new(sim.ingest(admin_engine.clone(), "admin"));
-    let mut procs: Vec<Option<Proc>> = (0..opts.nodes).map(|i| Some(sim.start(i))).collect();
+    let mut procs: Vec<Option<Proc>> = Vec::new();
+    for i in 0..opts.nodes {
+        procs.push(Some(sim.start(i).await));
+    }
     let mut down_until: Vec<Option<tokio::time::Instant>> = vec![None; opts.nodes];
     let mut bids: Vec<BatchId> = Vec::new();
     let mut reopened: BTreeMap<String, u32> = BTreeMap::new();
@@ -327,7 +330,7 @@ pub(super) async fn simulate(seed: u64, opts: &Options) -> Run {
             let now = tokio::time::Instant::now();
             for (k, p) in procs.iter_mut().enumerate() {
                 if p.is_none() && down_until[k].is_some_and(|t| t <= now) {
-                    *p = Some(sim.start(k));
+                    *p = Some(sim.start(k).await);
                     down_until[k] = None;
                     world.lock().trace(format!("p{k} restarted"));
                 }
@@ -504,7 +507,7 @@ pub(super) async fn simulate(seed: u64, opts: &Options) -> Run {
     admin(|| admin_engine.resume_queue("ingest")).await;
     for (k, p) in procs.iter_mut().enumerate() {
         if p.is_none() {
-            *p = Some(sim.start(k));
+            *p = Some(sim.start(k).await);
         }
     }
     let open = not_ended(

@@ -168,18 +168,12 @@ pub(super) fn has_payload(configuration: &Value) -> bool {
 
 /// A job stage run by Lading's own handler for the jobs of payload batches, and by the
 /// simulated one for the others.
-pub(super) struct Mixed<S> {
-    pub(super) real: S,
+pub(super) struct Mixed {
+    pub(super) real: Arc<dyn JobStage>,
     pub(super) sim: SimJobStage,
 }
 
-impl<S: JobStage> Mixed<S> {
-    pub(super) fn stage(real: S, sim: SimJobStage) -> Arc<dyn JobStage> {
-        Arc::new(Mixed { real, sim })
-    }
-}
-
-impl<S: JobStage> JobStage for Mixed<S> {
+impl JobStage for Mixed {
     fn state(&self) -> JobState {
         self.sim.state
     }
@@ -196,7 +190,7 @@ impl<S: JobStage> JobStage for Mixed<S> {
 }
 
 /// Intake: Lading's own for a batch with a payload, the simulated one for the others.
-pub(super) struct MixedIntake(pub(super) lading_ingest::intake::Intake);
+pub(super) struct MixedIntake(pub(super) Arc<dyn BatchStage>);
 
 impl BatchStage for MixedIntake {
     fn state(&self) -> BatchState {
@@ -219,5 +213,33 @@ impl BatchStage for MixedIntake {
         reason: String,
     ) -> BoxFuture<'static, Option<(lading_core::layout::StatusReport, Vec<Effect>)>> {
         self.0.on_failure(b, reason)
+    }
+}
+
+/// What a simulated process runs for each stage (see [`lading_ingest::StageWrap`]): the
+/// real Notify (the job's callback) and Reporting and UpdateReporting (the numbered report
+/// and its mail); Lading's own file stages and intake for payload batches, the simulated
+/// ones for the others; the simulated Pending (the quota) and Provisioning (space
+/// admission), whose outcomes the dice add to.
+pub(super) struct SimStages(pub(super) Arc<Dice>);
+
+impl lading_ingest::StageWrap for SimStages {
+    fn job(&self, real: Arc<dyn JobStage>) -> Arc<dyn JobStage> {
+        let sim = SimJobStage {
+            state: real.state(),
+            dice: self.0.clone(),
+        };
+        match real.state() {
+            JobState::Notify => real,
+            JobState::Pending | JobState::Provisioning => Arc::new(sim),
+            _ => Arc::new(Mixed { real, sim }),
+        }
+    }
+
+    fn batch(&self, real: Arc<dyn BatchStage>) -> Arc<dyn BatchStage> {
+        match real.state() {
+            BatchState::Pending => Arc::new(MixedIntake(real)),
+            _ => real,
+        }
     }
 }
