@@ -4,7 +4,6 @@
 use clap::Subcommand;
 use lading_core::time::system_clock;
 use lading_jobs::{AddOptions, CommandProcessor, Cron, Every, Jobs, JobsError, State, TypeUpdate};
-use lading_worker::{Phase, Supervisor};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
@@ -338,36 +337,22 @@ async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
             command,
         } => process(j, &r#type, concurrency.max(1), batch, command).await?,
         JobsCmd::Monitor => {
-            let mut services = Supervisor::new();
-            let jj = j.clone();
-            services.spawn("generic-jobs monitor", Phase::First, |sd| async move {
-                jj.run_monitor(sd).await;
-                Ok(())
-            });
-            announce(&mut services, j, Default::default());
+            let node = lading_node::node::Node::start_jobs(
+                j.clone(),
+                lading_node::node::JobsSpec {
+                    processor: None,
+                    version: crate::VERSION.to_string(),
+                },
+            );
+            let handle = node.handle();
             let mut signals = lading_node::signals::Signals::new()?;
             eprintln!("lading: activity monitor running (stop with Ctrl-C)");
             signals.next().await;
-            services.handle().stop();
-            services.join().await.map_err(anyhow::Error::msg)?;
+            handle.stop();
+            node.run().await.map_err(anyhow::Error::msg)?;
         }
     }
     Ok(())
-}
-
-/// Announces this generic-jobs process, running `stages`, under `/processes` (SPEC §12).
-fn announce(
-    services: &mut Supervisor,
-    j: &Arc<Jobs>,
-    stages: std::collections::BTreeMap<String, usize>,
-) {
-    let record = lading_node::node::jobs_process(crate::VERSION, j.clock().now_ms(), stages);
-    let (tree, clock) = (j.tree().clone(), j.clock().clone());
-    services.spawn("announcement", Phase::Last, |sd| async move {
-        let stats = Arc::new(lading_worker::Stats::default());
-        lading_worker::announce::announce(tree, clock, record, stats, sd).await;
-        Ok(())
-    });
 }
 
 /// The processor of `lading jobs run`: `concurrency` loops of [`CommandProcessor`] until
@@ -384,26 +369,24 @@ async fn process(
     let processor = CommandProcessor::new(j.clone(), ty, command)
         .await?
         .with_batch(batch)?;
-    let mut services = Supervisor::new();
-    let handle = services.handle();
-    let jj = j.clone();
-    services.spawn("generic-jobs monitor", Phase::First, |sd| async move {
-        jj.run_monitor(sd).await;
-        Ok(())
+    let processor: lading_node::node::Service = Box::new(move |sd| {
+        Box::pin(async move {
+            processor.run(concurrency, sd).await;
+            Ok(())
+        })
     });
-    services.spawn("command processor", Phase::First, move |sd| async move {
-        processor.run(concurrency, sd).await;
-        Ok(())
-    });
-    announce(
-        &mut services,
-        j,
-        [(format!("generic jobs {ty}"), concurrency)].into(),
+    let node = lading_node::node::Node::start_jobs(
+        j.clone(),
+        lading_node::node::JobsSpec {
+            processor: Some((format!("generic jobs {ty}"), concurrency, processor)),
+            version: crate::VERSION.to_string(),
+        },
     );
+    let handle = node.handle();
     let running = format!(
         "lading: processing {ty} jobs with {concurrency} at a time: {shown} (stop with Ctrl-C)"
     );
-    let work = async { services.join().await.map_err(anyhow::Error::msg) };
+    let work = async { node.run().await.map_err(anyhow::Error::msg) };
     let (stop, abort) = (handle.clone(), handle);
     let (stop, abort) = (move || stop.stop(), move || abort.abort());
     lading_node::signals::until_signal(work, stop, abort, None, &running, crate::say_line).await

@@ -276,12 +276,8 @@ impl Node {
         if let Some((host, pid)) = env.identity {
             (record.host, record.pid) = (host, pid);
         }
-        let (tree, clock) = (ingest.engine.tree().clone(), ingest.engine.clock().clone());
-        let stats = ingest.stats.clone();
-        services.spawn("announcement", Phase::Last, |sd| async move {
-            lading_worker::announce::announce(tree, clock, record, stats, sd).await;
-            Ok(())
-        });
+        let on = (ingest.engine.tree().clone(), ingest.engine.clock().clone());
+        announce(&mut services, on, record, ingest.stats.clone());
         let mut addr = None;
         if let Some((listener, auth)) = spec.http {
             addr = Some(listener.local_addr()?);
@@ -477,23 +473,81 @@ fn announced(ingest: &Ingest, spec: &NodeSpec) -> ProcessRecord {
 /// announces.
 pub const LIBRARY_VERSION: &str = concat!("lading-node library ", env!("CARGO_PKG_VERSION"));
 
-/// What a generic-jobs process (`lading jobs run|monitor`) of `version` running `stages` says
-/// of itself.
-pub fn jobs_process(
-    version: &str,
-    now_ms: u64,
-    stages: std::collections::BTreeMap<String, usize>,
-) -> ProcessRecord {
-    ProcessRecord {
-        host: host_name(),
-        pid: std::process::id(),
-        version: version.to_string(),
-        roles: vec!["jobs".to_string()],
-        stages,
-        started_at_ms: now_ms,
-        heard_at_ms: now_ms,
-        running: Vec::new(),
-        stopped_at_ms: None,
+/// The announcer of `record` (SPEC §12): the process says what it is and what it runs (from
+/// `stats`) under `/processes`, until it stops.
+fn announce(
+    services: &mut Supervisor,
+    (tree, clock): (Arc<dyn Tree>, lading_core::time::SharedClock),
+    record: ProcessRecord,
+    stats: Arc<lading_worker::Stats>,
+) {
+    services.spawn("announcement", Phase::Last, |sd| async move {
+        lading_worker::announce::announce(tree, clock, record, stats, sd).await;
+        Ok(())
+    });
+}
+
+/// A generic-jobs process (`lading jobs run|monitor`): the activity monitor, and the
+/// processor of one type when it has one; no ingest service.
+pub struct JobsSpec {
+    /// What processes jobs, as the process names it (`generic jobs TYPE`), with how many at
+    /// a time.
+    pub processor: Option<(String, usize, Service)>,
+    /// The program's version (with its commit) the process announces.
+    pub version: String,
+}
+
+/// A running generic-jobs process ([`Node::start_jobs`]).
+pub struct JobsNode {
+    handle: NodeHandle,
+    services: Supervisor,
+}
+
+impl JobsNode {
+    /// What stops or aborts this process while [`JobsNode::run`] owns it.
+    pub fn handle(&self) -> NodeHandle {
+        self.handle.clone()
+    }
+
+    /// Runs until every service has ended: after a stop, or once one of them failed.
+    pub async fn run(self) -> Result<(), String> {
+        self.services.join().await
+    }
+}
+
+impl Node {
+    /// Starts a generic-jobs process on `jobs`' store, as `spec` says, announced with the
+    /// role `jobs`.
+    pub fn start_jobs(jobs: Arc<Jobs>, spec: JobsSpec) -> JobsNode {
+        let mut services = Supervisor::new();
+        let j = jobs.clone();
+        services.spawn("generic-jobs monitor", Phase::First, |sd| async move {
+            j.run_monitor(sd).await;
+            Ok(())
+        });
+        let mut stages = std::collections::BTreeMap::new();
+        if let Some((name, concurrency, processor)) = spec.processor {
+            stages.insert(name, concurrency);
+            services.spawn("generic-jobs processor", Phase::First, processor);
+        }
+        let now = jobs.clock().now_ms();
+        let record = ProcessRecord {
+            host: host_name(),
+            pid: std::process::id(),
+            version: spec.version,
+            roles: vec!["jobs".to_string()],
+            stages,
+            started_at_ms: now,
+            heard_at_ms: now,
+            running: Vec::new(),
+            stopped_at_ms: None,
+        };
+        let on = (jobs.tree().clone(), jobs.clock().clone());
+        announce(&mut services, on, record, Default::default());
+        JobsNode {
+            handle: NodeHandle(services.handle()),
+            services,
+        }
     }
 }
 

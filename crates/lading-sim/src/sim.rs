@@ -1,10 +1,13 @@
 //! One simulated deployment, run from a seed on simulated time.
 //!
-//! Several processes share the simulated tree, each a real [`Engine`] on its own session
-//! running, under one `Supervisor`, the real stage loops ([`Worker`]), Lading's outbox
-//! deliverer, Lading's housekeeping (the finishing watch and sweep), Lading's quota waker,
-//! and generic jobs (`lading-jobs`: a processor and the real activity monitor, which also
-//! ticks schedules and applies retention; the type has a rate limit). A third of the batches
+//! Several processes share the simulated tree, each a real [`Engine`] on its own session,
+//! started by `lading_node::Node` as a real process of its role is (`role`: every stage,
+//! access and the monitor; a worker of every stage; a worker of the file stages with
+//! access and the monitor), so each runs what production runs: the real stage loops,
+//! Lading's outbox deliverer, housekeeping (the finishing watch and sweep), the quota
+//! waker, the announcer, stage metrics, and generic jobs (`lading-jobs`: the real activity
+//! monitor, which also ticks schedules and applies retention, and the simulator's own
+//! processor beside it; the type has a rate limit). A third of the batches
 //! carry a payload (`payload.rs`: a batch manifest, a single-file batch manifest or a
 //! container batch manifest, served over HTTP/1.1 by a simulated payload server or read
 //! from files): Lading's own Intake, Estimating, Downloading, Processing (with the profile's

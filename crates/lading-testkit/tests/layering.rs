@@ -206,3 +206,62 @@ fn test_crates_are_dev_dependencies_and_every_lading_dependency_is_used() {
     }
     assert!(checked >= 20, "only {checked} dependencies checked");
 }
+
+/// Where a process's services may be put on a supervisor: `lading_node::node` (every
+/// process: serve, worker, the demo, the benches, `lading jobs`, the simulator's), and
+/// `lading_ingest::start`, the stages' part of it that `Node` calls (with `lading_ingest::run`
+/// on it, for the tests of the crates `Node` is built on). The supervisor's own tests are its.
+const ASSEMBLERS: [&str; 3] = [
+    "lading-node/src/node.rs",
+    "lading-ingest/src/lib.rs",
+    "lading-worker/src/services.rs",
+];
+
+/// The places in `text` that make a supervisor or put a service on one.
+fn assembles(text: &str) -> usize {
+    text.lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .filter(|l| l.contains("Supervisor::new(") || l.contains(", Phase::"))
+        .count()
+}
+
+/// No service is started outside `Node` (issue 61): every source and test of every crate is
+/// read, and a supervisor made, or a service spawned on one, anywhere but the assemblers
+/// fails this test, naming the file.
+#[test]
+fn services_are_started_only_where_a_process_is_assembled() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut found = BTreeMap::new();
+    for e in std::fs::read_dir(&crates).unwrap() {
+        let dir = e.unwrap().path();
+        for sub in ["src", "tests", "benches"] {
+            for f in lading_testkit::files_under(&dir.join(sub)) {
+                if f.extension().is_some_and(|x| x == "rs")
+                    && let Ok(text) = std::fs::read_to_string(&f)
+                {
+                    let n = assembles(&text);
+                    if n > 0 {
+                        let rel = f.strip_prefix(&crates).unwrap().display().to_string();
+                        found.insert(rel, n);
+                    }
+                }
+            }
+        }
+    }
+    let outside: Vec<&String> = found
+        .keys()
+        .filter(|f| !ASSEMBLERS.contains(&f.as_str()) && !f.ends_with("tests/layering.rs"))
+        .collect();
+    assert!(
+        outside.is_empty(),
+        "services started outside lading_node::Node: {outside:?} (start a process through \
+         Node::start_in or Node::start_jobs, with what it needs in a NodeEnv)"
+    );
+    // The scan sees the assembly itself, so it is not looking at nothing.
+    assert!(
+        found
+            .get("lading-node/src/node.rs")
+            .is_some_and(|n| *n >= 5),
+        "{found:?}"
+    );
+}
