@@ -508,7 +508,7 @@ async fn sigterm_with_zookeeper_down_and_a_command_running_exits_within_the_grac
     ok(&o);
     let grace = 3;
     // ZooKeeper's usual session timeout: the session outlives the whole stop.
-    let (mut worker, _says) = running_with(
+    let (mut worker, says) = running_with(
         &url,
         dir.path(),
         &["worker", "--grace-s", &grace.to_string()],
@@ -519,10 +519,15 @@ async fn sigterm_with_zookeeper_down_and_a_command_running_exits_within_the_grac
         e.job_counts().await.unwrap().get(&JobState::Processing) == Some(&1)
     })
     .await;
-    // Its command is running: ZooKeeper goes, and the signal comes 2 s later.
+    // Its command is running: ZooKeeper goes, and the signal comes once the worker has
+    // found it gone.
     drop(e);
     zk.node.kill();
-    std::thread::sleep(Duration::from_secs(2));
+    while !says
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the worker says its ZooKeeper connection is lost")
+        .contains("ZooKeeper connection lost")
+    {}
     let start = Instant::now();
     signal(&worker, "-TERM");
     let limit = Duration::from_secs(grace + 2);

@@ -293,6 +293,41 @@ struct Finishing {
     locks: std::sync::Mutex<Vec<(BatchId, lading_core::Watch)>>,
 }
 
+/// What the finishing watch has done so far, for whoever must wait for it to have done
+/// something (a test that needs an interleaving): counters that only grow.
+#[derive(Default)]
+pub struct FinishingProgress {
+    /// Rounds that set their watches and began to wait.
+    armed: tokio::sync::watch::Sender<u64>,
+    /// Finished batches found locked by another session.
+    held: tokio::sync::watch::Sender<u64>,
+}
+
+impl FinishingProgress {
+    /// Rounds so far that set their watches and began to wait.
+    pub fn armed(&self) -> u64 {
+        *self.armed.borrow()
+    }
+
+    /// Finished batches found locked by another session so far.
+    pub fn held(&self) -> u64 {
+        *self.held.borrow()
+    }
+
+    /// Waits until more than `past` rounds have set their watches and begun to wait.
+    pub async fn armed_past(&self, past: u64) {
+        let mut rx = self.armed.subscribe();
+        let _ = rx.wait_for(|n| *n > past).await;
+    }
+
+    /// Waits until more than `past` finished batches have been found locked by another
+    /// session.
+    pub async fn held_past(&self, past: u64) {
+        let mut rx = self.held.subscribe();
+        let _ = rx.wait_for(|n| *n > past).await;
+    }
+}
+
 /// How long the finishing watch waits before reading every Processing batch again: three
 /// of the engine's sweeps (30 s in a real process; see [`Engine::sweep`]).
 fn finishing_reread(e: &Engine) -> std::time::Duration {
@@ -378,6 +413,7 @@ impl Acquire for Finishing {
             let any: Vec<_> = batches.chain(held).chain(stale).collect();
             let some = !any.is_empty();
             let reread = tokio::time::sleep_until(read_at + finishing_reread(e));
+            self.ingest.finishing.armed.send_modify(|n| *n += 1);
             tokio::select! {
                 // In order, not at random: a run is the same every time (`lading-sim`).
                 biased;
@@ -418,7 +454,10 @@ impl Acquire for Finishing {
         for b in batches {
             match self.ingest.engine.try_report(&b).await {
                 Ok(ReportTry::Moved) => moved += 1,
-                Ok(ReportTry::Held) => lock(&self.held).push(b),
+                Ok(ReportTry::Held) => {
+                    lock(&self.held).push(b);
+                    self.ingest.finishing.held.send_modify(|n| *n += 1);
+                }
                 Ok(ReportTry::NotFinished) => {}
                 Err(e) => {
                     tracing::warn!(batch = %b, error = %e, "checking a finished batch failed")

@@ -171,27 +171,23 @@ mod tests {
     #[tokio::test]
     async fn a_dropped_run_kills_what_its_command_started() {
         let dir = tempfile::tempdir().unwrap();
+        // A FIFO: the command's write of its background process's id waits for this read,
+        // which is the signal that the background process is there.
         let pidfile = dir.path().join("bg.pid");
+        let c = std::ffi::CString::new(pidfile.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path that lives across the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
         let run = Shell.run(Run {
             command: "sleep 600 & echo $! > bg.pid; wait",
             workdir: dir.path(),
             env: Vec::new(),
         });
         let mut run = Box::pin(run);
-        // Until the background process is there (at most 10 s), then the run is dropped.
-        let mut pid = None;
-        for _ in 0..500 {
-            tokio::select! {
-                r = &mut run => panic!("the command ended on its own: {r:?}"),
-                _ = tokio::time::sleep(std::time::Duration::from_millis(20)) => {}
-            }
-            pid = std::fs::read_to_string(&pidfile)
-                .ok()
-                .and_then(|p| p.trim().parse::<u32>().ok());
-            if pid.is_some() {
-                break;
-            }
-        }
+        let read = tokio::task::spawn_blocking(move || std::fs::read_to_string(&pidfile));
+        let pid = tokio::select! {
+            r = &mut run => panic!("the command ended on its own: {r:?}"),
+            p = read => p.unwrap().ok().and_then(|p| p.trim().parse::<u32>().ok()),
+        };
         let pid = pid.expect("the command wrote its background process's id");
         assert!(
             alive(pid),
@@ -211,15 +207,35 @@ mod tests {
     }
 
     /// `pid` is gone: SIGKILL is delivered at once, but its end is seen only when it is
-    /// scheduled, so this looks a few times.
+    /// scheduled, so this waits on a pidfd, readable once the process has ended (at most
+    /// 10 s).
     async fn assert_gone(pid: u32) {
-        for _ in 0..100 {
-            if !alive(pid) {
+        tokio::task::spawn_blocking(move || {
+            // SAFETY: pidfd_open takes a pid and flags; the descriptor is closed below.
+            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+            if fd < 0 {
+                // Gone already (or reaped): no such process.
                 return;
             }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-        panic!("process {pid} that the command started is still running");
+            let mut p = libc::pollfd {
+                fd: fd as libc::c_int,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd; the descriptor is ours to close.
+            let ready = unsafe { libc::poll(&mut p, 1, 10_000) };
+            unsafe { libc::close(fd as libc::c_int) };
+            assert!(
+                ready == 1 || !alive(pid),
+                "process {pid} that the command started is still running"
+            );
+        })
+        .await
+        .unwrap();
+        assert!(
+            !alive(pid),
+            "process {pid} that the command started is still running"
+        );
     }
 
     /// A command that says more than is kept: its last lines are kept, each cut, the rest

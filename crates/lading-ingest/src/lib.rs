@@ -72,6 +72,8 @@ pub struct Ingest {
     /// What each stage's handler is wrapped in before it runs ([`stages`]); none in a real
     /// process (the simulator's faults and simulated handlers otherwise).
     pub wrap: Option<Arc<dyn StageWrap>>,
+    /// What housekeeping's finishing watch has done (see [`cleanup::FinishingProgress`]).
+    pub finishing: Arc<cleanup::FinishingProgress>,
 }
 
 /// Wraps the stages a process runs (see [`Ingest::with_stage_wrap`]): what a process of the
@@ -152,6 +154,7 @@ impl Ingest {
             courier: Arc::new(outbox::Wire),
             commands: Arc::new(command::Shell),
             wrap: None,
+            finishing: Default::default(),
         })
     }
 

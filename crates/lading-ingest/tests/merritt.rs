@@ -357,25 +357,31 @@ async fn a_batch_merritt_starts_while_housekeeping_runs_is_noticed_when_it_finis
     let ingest = w.ingest();
     // Reporting only (with housekeeping): no Lading stage takes Merritt's job or batch.
     let run = w.run_stages(&ingest, &["reporting"]);
-    // The pauses between Merritt's steps only make the interleaving this test is about
-    // likely (housekeeping reads its list with no batch, then between the steps); nothing
-    // tells when housekeeping has read it. Whatever the timing, correct code passes: every
-    // interleaving must notice the batch within the bound below.
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // Merritt's steps wait for housekeeping to have set its watches again after them (its
+    // hook, not a pause): it reads its list with no batch, with the batch made (Pending),
+    // and with the batch started; each round must follow the batch onto what it watches next.
+    let f = &ingest.finishing;
+    let rearmed = async |past: u64, after: &str| {
+        tokio::time::timeout(WAIT, f.armed_past(past))
+            .await
+            .unwrap_or_else(|_| panic!("housekeeping set its watches again after {after}"))
+    };
+    rearmed(0, "it started").await;
     let other = w.other_session().await;
+    let n = f.armed();
     let bid = merritt::create_batch(
         &*other,
         &serde_json::json!({"batchID": uuid(), "submitter": "merritt-user", "profile": "demo"}),
     )
     .await;
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    rearmed(n, "the batch was made").await;
     merritt::acquire_batch(&*other, &bid).await;
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let conf = merritt::file_job(&url);
     let none = serde_json::json!({});
+    let n = f.armed();
     let theirs = merritt::create_job(&*other, &bid, 5, &conf, &none, &none, true).await;
     merritt::unlock_batch(&*other, &bid).await;
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    rearmed(n, "the batch started").await;
     merritt::run_to_completed(&*other, &bid, &theirs).await;
     // As in `merritt_moving_a_batchs_last_job_is_noticed_by_a_watch`: half the re-read's
     // period tells the watch from the fallback.
@@ -412,11 +418,12 @@ async fn a_finished_batch_a_crashed_holder_kept_locked_is_noticed_when_its_sessi
         )
         .await
         .unwrap();
+    let n = ingest.finishing.held();
     merritt::run_to_completed(&*other, &bid, &theirs).await;
-    // Housekeeping's check on the last job's move is refused while the lock stays. The pause
-    // only makes that check come first; nothing tells when it has run, and correct code
-    // passes whatever the order.
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // Housekeeping's check on the last job's move is refused while the lock stays.
+    tokio::time::timeout(WAIT, ingest.finishing.held_past(n))
+        .await
+        .expect("housekeeping found the finished batch locked by the holder");
     let held = w.engine.batch(&bid).await.unwrap();
     assert_eq!(
         (held.status.status, held.locked),

@@ -14,7 +14,6 @@ use lading_ingest::nodes::{Node, NodeSettings, Place};
 use lading_ingest::{Config, Ingest};
 use lading_testkit::seaweed::{SECRET_KEY, Weed};
 use std::sync::Arc;
-use std::time::Duration;
 
 on_both_backends!(
     a_batch_is_stored_on_a_primary_and_a_replica_and_fixity_repairs_a_bad_copy,
@@ -62,8 +61,23 @@ async fn the_primary_killed_mid_batch_and_started_again_leaves_every_object_comp
     })
     .await;
     a.kill();
-    // Down longer than the client's own few quick retries: the stage's retries carry it.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Down until the stage has found it so (past the client's own few quick retries): the
+    // node is marked down, or a job's attempt failed on it; the stage carries them on.
+    w.until("the killed node found down by the stage", || async {
+        if w.engine.deps().list().iter().any(|h| !h.up) {
+            return Some(());
+        }
+        for b in &bids {
+            for j in w.jobs_of(b).await {
+                let st = w.engine.job(&j).await.unwrap().status;
+                if st.message.is_some_and(|m| !m.is_empty()) {
+                    return Some(());
+                }
+            }
+        }
+        None
+    })
+    .await;
     a.restart().unwrap();
     let primary = Node::open(&nodes[0], env).unwrap();
     for b in &bids {
@@ -470,26 +484,23 @@ async fn an_interrupted_store_resumes_without_sending_confirmed_files_again(w: W
         })
         .await;
     let progress = lading_core::layout::job_node(&job, "store-progress");
-    let confirmed: Vec<String> = tokio::time::timeout(common::WAIT, async {
-        loop {
-            if let Some(n) = w.engine.tree().get(&progress).await.unwrap()
-                && let Ok(v) =
-                    serde_json::from_slice::<serde_json::Value>(&n.data.unwrap_or_default())
-                && let Some(c) = v["confirmed"].as_array()
-                && c.len() >= 8
-                && proxy.holding()
-                && a.open_uploads("primary") > 0
-            {
-                return c
-                    .iter()
-                    .filter_map(|x| x.as_str().map(String::from))
-                    .collect();
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("some files confirmed, and a multipart upload open");
+    // The proxy holds the upload, so what is waited for stays true once reached.
+    let confirmed: Vec<String> = w
+        .until(
+            "some files confirmed, and a multipart upload open",
+            || async {
+                let n = w.engine.tree().get(&progress).await.unwrap()?;
+                let v: serde_json::Value =
+                    serde_json::from_slice(&n.data.unwrap_or_default()).ok()?;
+                let c = v["confirmed"].as_array()?;
+                (c.len() >= 8 && proxy.holding() && a.open_uploads("primary") > 0).then(|| {
+                    c.iter()
+                        .filter_map(|x| x.as_str().map(String::from))
+                        .collect()
+                })
+            },
+        )
+        .await;
     run.abort().await;
     crashed.tree().close().await.unwrap();
     assert!(

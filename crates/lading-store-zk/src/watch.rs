@@ -223,6 +223,9 @@ pub(crate) async fn follow(
                         return;
                     }
                     if s == zk::SessionState::Disconnected {
+                        tracing::warn!(
+                            "ZooKeeper connection lost; reconnecting (the store's operations wait for it)"
+                        );
                         break;
                     }
                 }

@@ -199,9 +199,11 @@ async fn a_transition_whose_reply_is_lost_is_read_back_not_repeated() {
     relay.drop_replies(true);
     let relay = Arc::new(relay);
     let r = relay.clone();
+    let mut lost = relay.lost();
+    let lost_before = *lost.borrow();
     tokio::spawn(async move {
-        // Sleep (time is the subject): replies are lost for a while, then come back.
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Replies are lost until the transition's reply is, then come back.
+        let _ = lost.wait_for(|n| *n > lost_before).await;
         r.drop_replies(false);
     });
     let st = e

@@ -404,6 +404,7 @@ pub async fn sweep_storage(ingest: &Ingest) -> std::io::Result<usize> {
 #[cfg(test)]
 mod held_tests {
     use super::HeldArk;
+    use lading_core::WatchKind;
     use lading_engine::{Engine, EngineError};
     use std::sync::Arc;
 
@@ -429,15 +430,22 @@ mod held_tests {
         held.release().await;
         let again = HeldArk::take(&e, e.lock_storage(ark)).await.unwrap();
         // Dropped, as by a `?` or by the stage's timeout aborting the handler: let go soon,
-        // though the session that holds it goes on.
+        // though the session that holds it goes on. Its node's deletion is watched for.
+        let path = lading_core::layout::storage_lock(ark);
         drop(again);
-        for _ in 0..200 {
-            if let Ok(l) = e.lock_storage(ark).await {
-                e.unlock_ark(l).await.unwrap();
-                return;
+        tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            loop {
+                // Set before the read, so a deletion after it is never missed.
+                let gone = e.tree().watch(&path, WatchKind::Data).await.unwrap();
+                if e.tree().get(&path).await.unwrap().is_none() {
+                    break;
+                }
+                gone.await;
             }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-        panic!("a dropped lock was never let go");
+        })
+        .await
+        .expect("a dropped lock was let go");
+        let l = e.lock_storage(ark).await.unwrap();
+        e.unlock_ark(l).await.unwrap();
     }
 }
