@@ -51,6 +51,8 @@ mod config;
 mod driver;
 mod events;
 mod stages;
+mod verdict;
+mod workload;
 use crate::check::{QUOTA_LIMIT, QUOTA_PROFILE, SPACE_FREE, SPACE_KEEP, SPACE_MAX_JOB, SPACE_ROOT};
 use crate::payload::{Answers, PayloadServer, Payloads, Place, Served};
 use crate::tree::{EPOCH_MS, Faults, SimTree, World};
@@ -70,6 +72,7 @@ use stages::*;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use workload::*;
 
 /// How the simulated deployment is shaped.
 #[derive(Debug, Clone)]
