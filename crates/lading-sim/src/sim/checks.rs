@@ -519,171 +519,233 @@ pub(super) async fn stored_as_given(
     unpacked: &mut [usize; 3],
 ) -> (Vec<String>, usize) {
     use lading_ingest::inventory::Inventory;
-    let nodes = buckets.open();
-    let folders = folder_nodes(work);
-    let mut found = Vec::new();
-    let mut checked = 0;
     let inventory = Inventory::new(lading_ingest::inventory::Location::Sqlite(
         work.join("inventory.db"),
     ));
-    let listed = |dir: &std::path::Path| -> BTreeMap<String, String> {
-        lading_ingest::files::list_files(dir)
-            .unwrap_or_default()
-            .into_iter()
-            .map(|f| (f.path, f.sha256))
-            .collect()
+    let jobs = Stored {
+        work,
+        payloads,
+        admin_engine,
+        buckets,
+        inventory: &inventory,
     };
-    for b in bids {
-        let Some(info) = admin(|| admin_engine.batch(b)).await else {
-            continue;
+    let (mut found, checked) = jobs.each_completed_job(bids, unpacked).await;
+    // The whole root: versions 1..n, one job each, no job twice.
+    let mut writers: BTreeMap<String, String> = BTreeMap::new();
+    found.extend(jobs.versions_on_nodes(&mut writers).await);
+    found.extend(versions_in_folders(work, &mut writers));
+    (found, checked)
+}
+
+/// What [`stored_as_given`] reads.
+struct Stored<'a> {
+    work: &'a std::path::Path,
+    payloads: &'a Payloads,
+    admin_engine: &'a Engine,
+    buckets: &'a Buckets,
+    inventory: &'a lading_ingest::inventory::Inventory,
+}
+
+impl Stored<'_> {
+    /// Each job that completed stored one version, recorded, holding exactly its payload's
+    /// files, on the nodes or in the folders its profile names. Returns what was found and
+    /// how many jobs were checked.
+    async fn each_completed_job(
+        &self,
+        bids: &[BatchId],
+        unpacked: &mut [usize; 3],
+    ) -> (Vec<String>, usize) {
+        let Stored {
+            work,
+            payloads,
+            admin_engine,
+            buckets,
+            inventory,
+        } = *self;
+        let nodes = buckets.open();
+        let folders = folder_nodes(work);
+        let mut found = Vec::new();
+        let mut checked = 0;
+        let listed = |dir: &std::path::Path| -> BTreeMap<String, String> {
+            lading_ingest::files::list_files(dir)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|f| (f.path, f.sha256))
+                .collect()
         };
-        for j in info.jobs.get("batch-completed").into_iter().flatten() {
-            let Some(job) = admin(|| admin_engine.job(j)).await else {
+        for b in bids {
+            let Some(info) = admin(|| admin_engine.batch(b)).await else {
                 continue;
             };
-            let Some(url) = job.configuration.get("payload_url").and_then(Value::as_str) else {
-                continue;
-            };
-            let Some(want) = payloads.expected.get(url) else {
-                found.push(format!(
-                    "storage: job {j} fetched {url}, which no payload names"
-                ));
-                continue;
-            };
-            let versions = match inventory.job_versions(j.as_str()) {
-                Ok(v) => v,
-                Err(e) => {
-                    found.push(format!("storage: the inventory cannot list job {j}: {e}"));
+            for j in info.jobs.get("batch-completed").into_iter().flatten() {
+                let Some(job) = admin(|| admin_engine.job(j)).await else {
+                    continue;
+                };
+                let Some(url) = job.configuration.get("payload_url").and_then(Value::as_str) else {
+                    continue;
+                };
+                let Some(want) = payloads.expected.get(url) else {
+                    found.push(format!(
+                        "storage: job {j} fetched {url}, which no payload names"
+                    ));
+                    continue;
+                };
+                let versions = match inventory.job_versions(j.as_str()) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        found.push(format!("storage: the inventory cannot list job {j}: {e}"));
+                        continue;
+                    }
+                };
+                checked += 1;
+                let [v] = &versions[..] else {
+                    found.push(format!(
+                        "storage: job {j} completed with {} versions recorded",
+                        versions.len()
+                    ));
+                    continue;
+                };
+                if let Some(ark) = &want.ark
+                    && *ark != v.ark
+                {
+                    found.push(format!(
+                        "storage: job {j} stored {} though its manifest gave {ark}",
+                        v.ark
+                    ));
+                }
+                // The depositor's files (beside them: the version's manifest and record).
+                let producer = format!("{}/", lading_ingest::stages::PRODUCER);
+                let recorded: BTreeMap<String, String> = v
+                    .files
+                    .iter()
+                    .filter_map(|(p, _, sha)| {
+                        Some((p.strip_prefix(&producer)?.into(), sha.clone()))
+                    })
+                    .collect();
+                if recorded != want.files {
+                    found.push(format!(
+                        "storage: job {j} recorded {recorded:?} for {} v{}, its payload is {:?}",
+                        v.ark, v.version, want.files
+                    ));
+                } else if let Some(k) = [".zip", ".tar", ".tar.gz"]
+                    .iter()
+                    .position(|ext| url.ends_with(ext))
+                {
+                    unpacked[k] += 1;
+                }
+                let path = inventory.version_path(&v.ark, v.version).ok().flatten();
+                if path.as_deref().is_some_and(|p| p.starts_with("s3://")) {
+                    // On both nodes: the version's record and every file's bytes.
+                    found.extend(held_on(&nodes, j, &v.ark, v.version, &want.files).await);
                     continue;
                 }
-            };
-            checked += 1;
-            let [v] = &versions[..] else {
-                found.push(format!(
-                    "storage: job {j} completed with {} versions recorded",
-                    versions.len()
-                ));
-                continue;
-            };
-            if let Some(ark) = &want.ark
-                && *ark != v.ark
-            {
-                found.push(format!(
-                    "storage: job {j} stored {} though its manifest gave {ark}",
-                    v.ark
-                ));
-            }
-            // The depositor's files (beside them: the version's manifest and record).
-            let producer = format!("{}/", lading_ingest::stages::PRODUCER);
-            let recorded: BTreeMap<String, String> = v
-                .files
-                .iter()
-                .filter_map(|(p, _, sha)| Some((p.strip_prefix(&producer)?.into(), sha.clone())))
-                .collect();
-            if recorded != want.files {
-                found.push(format!(
-                    "storage: job {j} recorded {recorded:?} for {} v{}, its payload is {:?}",
-                    v.ark, v.version, want.files
-                ));
-            } else if let Some(k) = [".zip", ".tar", ".tar.gz"]
-                .iter()
-                .position(|ext| url.ends_with(ext))
-            {
-                unpacked[k] += 1;
-            }
-            let path = inventory.version_path(&v.ark, v.version).ok().flatten();
-            if path.as_deref().is_some_and(|p| p.starts_with("s3://")) {
-                // On both nodes: the version's record and every file's bytes.
-                found.extend(held_on(&nodes, j, &v.ark, v.version, &want.files).await);
-                continue;
-            }
-            if path
-                .as_deref()
-                .is_some_and(|p| std::path::Path::new(p).starts_with(work.join("node3")))
-            {
-                // On folder node 3, read through the node as for a bucket; and its replica
-                // on node 4.
-                found.extend(held_on(&folders, j, &v.ark, v.version, &want.files).await);
-            }
-            let on_disk = path
-                .as_deref()
-                .map(|p| listed(&std::path::Path::new(p).join(lading_ingest::stages::PRODUCER)));
-            if on_disk.as_ref() != Some(&want.files) {
-                found.push(format!(
+                if path
+                    .as_deref()
+                    .is_some_and(|p| std::path::Path::new(p).starts_with(work.join("node3")))
+                {
+                    // On folder node 3, read through the node as for a bucket; and its replica
+                    // on node 4.
+                    found.extend(held_on(&folders, j, &v.ark, v.version, &want.files).await);
+                }
+                let on_disk = path.as_deref().map(|p| {
+                    listed(&std::path::Path::new(p).join(lading_ingest::stages::PRODUCER))
+                });
+                if on_disk.as_ref() != Some(&want.files) {
+                    found.push(format!(
                     "storage: job {j}'s {} v{} holds {on_disk:?} at {path:?}, its payload is {:?}",
                     v.ark, v.version, want.files
                 ));
+                }
             }
         }
+        (found, checked)
     }
-    // The whole root: versions 1..n, one job each, no job twice.
-    let root = work.join("storage");
-    let mut writers: BTreeMap<String, String> = BTreeMap::new();
-    // The same on the primary node, whose every recorded version the replica holds too, and
-    // the replica nothing the primary lacks. Between the two: a version whose job stopped
-    // short of the inventory (it gave up on its last attempt at Storing, its record written
-    // and the answer lost, or at Recording, its copy made) until an admin's requeue
-    // finishes the job.
-    let within = |a: &BTreeMap<String, Vec<u32>>, b: &BTreeMap<String, Vec<u32>>| {
-        a.iter()
-            .all(|(ark, vs)| vs.iter().all(|v| b.get(ark).is_some_and(|w| w.contains(v))))
-    };
-    let recorded = |on: &BTreeMap<String, Vec<u32>>| -> BTreeMap<String, Vec<u32>> {
-        on.iter()
-            .map(|(ark, vs)| {
-                let known: Vec<u32> = inventory
-                    .versions(ark)
-                    .unwrap_or_default()
-                    .iter()
-                    .map(|(v, _, _)| *v)
-                    .collect();
-                (
-                    ark.clone(),
-                    vs.iter()
-                        .copied()
-                        .filter(|v| known.contains(v))
-                        .collect::<Vec<_>>(),
-                )
-            })
-            .filter(|(_, vs)| !vs.is_empty())
-            .collect()
-    };
-    let mut primary: BTreeMap<String, Vec<u32>> = BTreeMap::new();
-    for (k, n) in nodes.iter().enumerate() {
-        let held = versions_on(&buckets.nodes[k]).await;
-        if k == 0 {
-            primary = held.clone();
-            for (ark, versions) in &held {
-                if *versions != (1..=versions.len() as u32).collect::<Vec<_>>() {
-                    found.push(format!(
-                        "storage: {ark} has versions {versions:?} on {}",
-                        n.name()
-                    ));
-                }
-                for v in versions {
-                    let stored = lading_ingest::stages::read_node_version(n, ark, *v).await;
-                    let Ok(Some(stored)) = stored else {
-                        found.push(format!("storage: {ark} v{v} on {}: {stored:?}", n.name()));
-                        continue;
-                    };
-                    let here = format!("{ark} v{v}");
-                    if let Some(before) = writers.insert(stored.stored.job.clone(), here.clone()) {
+
+    /// The versions on the primary bucket node run from 1 with no gap, each written by one
+    /// job (`writers`: job → version), and the replica holds what the inventory records of
+    /// them and nothing the primary lacks.
+    async fn versions_on_nodes(&self, writers: &mut BTreeMap<String, String>) -> Vec<String> {
+        let (inventory, buckets) = (self.inventory, self.buckets);
+        let nodes = buckets.open();
+        let mut found = Vec::new();
+        // The same on the primary node, whose every recorded version the replica holds too, and
+        // the replica nothing the primary lacks. Between the two: a version whose job stopped
+        // short of the inventory (it gave up on its last attempt at Storing, its record written
+        // and the answer lost, or at Recording, its copy made) until an admin's requeue
+        // finishes the job.
+        let within = |a: &BTreeMap<String, Vec<u32>>, b: &BTreeMap<String, Vec<u32>>| {
+            a.iter()
+                .all(|(ark, vs)| vs.iter().all(|v| b.get(ark).is_some_and(|w| w.contains(v))))
+        };
+        let recorded = |on: &BTreeMap<String, Vec<u32>>| -> BTreeMap<String, Vec<u32>> {
+            on.iter()
+                .map(|(ark, vs)| {
+                    let known: Vec<u32> = inventory
+                        .versions(ark)
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|(v, _, _)| *v)
+                        .collect();
+                    (
+                        ark.clone(),
+                        vs.iter()
+                            .copied()
+                            .filter(|v| known.contains(v))
+                            .collect::<Vec<_>>(),
+                    )
+                })
+                .filter(|(_, vs)| !vs.is_empty())
+                .collect()
+        };
+        let mut primary: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        for (k, n) in nodes.iter().enumerate() {
+            let held = versions_on(&buckets.nodes[k]).await;
+            if k == 0 {
+                primary = held.clone();
+                for (ark, versions) in &held {
+                    if *versions != (1..=versions.len() as u32).collect::<Vec<_>>() {
                         found.push(format!(
-                            "storage: job {} stored both {before} and {here}",
-                            stored.stored.job
+                            "storage: {ark} has versions {versions:?} on {}",
+                            n.name()
                         ));
                     }
+                    for v in versions {
+                        let stored = lading_ingest::stages::read_node_version(n, ark, *v).await;
+                        let Ok(Some(stored)) = stored else {
+                            found.push(format!("storage: {ark} v{v} on {}: {stored:?}", n.name()));
+                            continue;
+                        };
+                        let here = format!("{ark} v{v}");
+                        if let Some(before) =
+                            writers.insert(stored.stored.job.clone(), here.clone())
+                        {
+                            found.push(format!(
+                                "storage: job {} stored both {before} and {here}",
+                                stored.stored.job
+                            ));
+                        }
+                    }
                 }
-            }
-        } else if !within(&recorded(&primary), &held) || !within(&held, &primary) {
-            found.push(format!(
+            } else if !within(&recorded(&primary), &held) || !within(&held, &primary) {
+                found.push(format!(
                 "storage: {} holds versions {held:?}, the primary {primary:?}, of which the inventory records {:?}",
                 n.name(),
                 recorded(&primary)
             ));
+            }
         }
+        found
     }
-    // The storage root, and folder node 3 (a primary) laid out as it is.
+}
+
+/// The storage root, and folder node 3 (a primary) laid out as it is: each object's versions
+/// run from 1 with no gap, each with its record, and no job wrote two (`writers`).
+fn versions_in_folders(
+    work: &std::path::Path,
+    writers: &mut BTreeMap<String, String>,
+) -> Vec<String> {
+    let root = work.join("storage");
+    let mut found = Vec::new();
     let objects: Vec<std::path::PathBuf> = [root, work.join("node3")]
         .iter()
         .flat_map(|root| {
@@ -722,5 +784,5 @@ pub(super) async fn stored_as_given(
             }
         }
     }
-    (found, checked)
+    found
 }

@@ -53,8 +53,99 @@ pub(super) async fn watch_events(
     for (_, task) in feeders {
         tokio::spawn(task);
     }
-    // Lading's HTTP server, with its connection limits, on the hub; it stops once the
-    // client has taken what it was sent.
+    let (connector, server_stop, serving) = serve_events(&hub, server);
+    {
+        let mut w = watched.lock().unwrap_or_else(|p| p.into_inner());
+        w.from_ms = hub.live_from();
+        w.following = true;
+    }
+    // A second client that never goes away: the order the hub sends events in.
+    let reference = tokio::spawn(reference_client(
+        hub.clone(),
+        watched.clone(),
+        shutdown.clone(),
+    ));
+    let client = async {
+        let mut last: Option<String> = None;
+        let mut away_until: Option<tokio::time::Instant> = None;
+        let mut stream = None;
+        let mut stop = std::pin::pin!(shutdown.clone().into_stopped());
+        // Told to end: the client comes back (if away), takes what was sent, and ends.
+        let mut ending = false;
+        loop {
+            if stream.is_none() {
+                if let Some(t) = away_until.take()
+                    && !ending
+                {
+                    tokio::select! {
+                        biased;
+                        _ = &mut stop => ending = true,
+                        _ = tokio::time::sleep_until(t) => {}
+                    }
+                }
+                let Some(s) = come_back(&world, &hub, &connector, &watched, &last).await else {
+                    return;
+                };
+                stream = Some(s);
+            }
+            let Some(s) = stream.as_mut() else { continue };
+            let Some(next) = next_sent(s, stop.as_mut(), &mut ending).await else {
+                return;
+            };
+            match next {
+                Some(Sent::Change(id, ev)) => {
+                    let mut w = watched.lock().unwrap_or_else(|p| p.into_inner());
+                    w.seen
+                        .insert((ev.id.clone(), ev.to.clone(), ev.time.clone()));
+                    if let Some((_, first @ None)) = w.kept_next.last_mut() {
+                        *first = Some(id.to_string());
+                    }
+                    // The last id received, in the stream's order (what a client sends back).
+                    last = Some(id.to_string());
+                }
+                Some(Sent::Reset) => {
+                    if !read_again(&world, &engine, &hub, &watched, &last).await {
+                        return;
+                    }
+                    continue;
+                }
+                None => return,
+            }
+            if !ending && rng.below(40) == 0 {
+                world
+                    .lock()
+                    .trace(format!("events: the client goes away after {last:?}"));
+                {
+                    let mut w = watched.lock().unwrap_or_else(|p| p.into_inner());
+                    if matches!(w.kept_next.last(), Some((_, None))) {
+                        w.kept_next.pop();
+                    }
+                }
+                stream = None;
+                away_until = Some(
+                    tokio::time::Instant::now()
+                        + Duration::from_millis(200 + rng.below(4000) as u64),
+                );
+            }
+        }
+    };
+    client.await;
+    // The end check compares the two clients: the reference has taken all it was sent.
+    let _ = reference.await;
+    server_stop.stop();
+    let _ = serving.await;
+}
+
+/// Lading's HTTP server, with its connection limits, on `hub`, on connections in memory:
+/// what connects to it, what stops it, and its task.
+fn serve_events(
+    hub: &Arc<lading_server::events::EventHub>,
+    server: EventsServer,
+) -> (
+    crate::http::Connector,
+    lading_worker::ShutdownHandle,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
     let (listener, connector) = crate::http::pair();
     let (server_stop, server_shutdown) = Shutdown::new();
     let auth = lading_server::Auth::new(&[lading_ingest::config::TokenSettings {
@@ -85,149 +176,111 @@ pub(super) async fn watch_events(
         },
         Some(auth),
     ));
-    {
-        let mut w = watched.lock().unwrap_or_else(|p| p.into_inner());
-        w.from_ms = hub.live_from();
-        w.following = true;
-    }
-    // A second client that never goes away: the order the hub sends events in.
-    let reference = {
-        let (hub, watched, shutdown) = (hub.clone(), watched.clone(), shutdown.clone());
-        tokio::spawn(async move {
-            let Ok(s) = hub.follow(None, None).await else {
-                return;
-            };
-            let mut s = Box::pin(s);
-            let mut stop = std::pin::pin!(shutdown.into_stopped());
-            let mut ending = false;
-            loop {
-                let Some(next) = next_sent(&mut s, stop.as_mut(), &mut ending).await else {
-                    return;
-                };
-                match next {
-                    Some(Sent::Change(id, _)) => watched
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .reference
-                        .push(id.to_string()),
-                    Some(Sent::Reset) => {}
-                    None => return,
-                }
-            }
-        })
+    (connector, server_stop, serving)
+}
+
+/// A client that never goes away, recording the order the hub sends events in.
+async fn reference_client(
+    hub: Arc<lading_server::events::EventHub>,
+    watched: Arc<Mutex<Watched>>,
+    shutdown: Shutdown,
+) {
+    use lading_server::events::Sent;
+    let Ok(s) = hub.follow(None, None).await else {
+        return;
     };
-    let client = async {
-        let mut last: Option<String> = None;
-        let mut away_until: Option<tokio::time::Instant> = None;
-        let mut stream = None;
-        let mut stop = std::pin::pin!(shutdown.clone().into_stopped());
-        // Told to end: the client comes back (if away), takes what was sent, and ends.
-        let mut ending = false;
-        loop {
-            if stream.is_none() {
-                if let Some(t) = away_until.take()
-                    && !ending
-                {
-                    tokio::select! {
-                        biased;
-                        _ = &mut stop => ending = true,
-                        _ = tokio::time::sleep_until(t) => {}
-                    }
-                }
-                let kept = last.as_deref().is_some_and(|l| hub.keeps(l));
-                let mut answer = Err(String::new());
-                for _ in 0..10 {
-                    answer = crate::http::follow(&connector, EVENTS_TOKEN, last.as_deref()).await;
-                    if answer.is_ok() {
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                let s = match answer {
-                    Ok(s) => s,
-                    Err(e) => {
-                        world.lock().violation(format!(
-                            "events: GET /api/v1/events failed ten times; the last: {e}"
-                        ));
-                        return;
-                    }
-                };
-                if last.is_some() {
-                    let mut w = watched.lock().unwrap_or_else(|p| p.into_inner());
-                    w.resumes += 1;
-                    if kept {
-                        w.kept_resumes += 1;
-                        w.kept_next.push((last.clone().unwrap_or_default(), None));
-                    }
-                    drop(w);
-                    world.lock().trace(format!(
-                        "events: the client comes back after {last:?}, sent what followed from {}",
-                        if kept { "the hub's ring" } else { "the tree" }
-                    ));
-                }
-                stream = Some(Box::pin(s));
-            }
-            let Some(s) = stream.as_mut() else { continue };
-            let Some(next) = next_sent(s, stop.as_mut(), &mut ending).await else {
-                return;
-            };
-            match next {
-                Some(Sent::Change(id, ev)) => {
-                    let mut w = watched.lock().unwrap_or_else(|p| p.into_inner());
-                    w.seen
-                        .insert((ev.id.clone(), ev.to.clone(), ev.time.clone()));
-                    if let Some((_, first @ None)) = w.kept_next.last_mut() {
-                        *first = Some(id.to_string());
-                    }
-                    // The last id received, in the stream's order (what a client sends back).
-                    last = Some(id.to_string());
-                }
-                Some(Sent::Reset) => {
-                    // Told that some were missed, a client re-reads the state: here, every
-                    // transition the tree shows since its last event.
-                    let since = last
-                        .as_deref()
-                        .and_then(lading_engine::transition_id_time)
-                        .unwrap_or(hub.live_from());
-                    let Some(owed) = admin(|| engine.transitions_since(since, None)).await else {
-                        return;
-                    };
-                    world.lock().trace(format!(
-                        "events: the stream says transitions were missed; {} read again from {since} ms",
-                        owed.len()
-                    ));
-                    let mut w = watched.lock().unwrap_or_else(|p| p.into_inner());
-                    w.resets += 1;
-                    for (_, ev) in owed {
-                        w.seen.insert((ev.id, ev.to, ev.time));
-                    }
-                    continue;
-                }
-                None => return,
-            }
-            if !ending && rng.below(40) == 0 {
-                world
-                    .lock()
-                    .trace(format!("events: the client goes away after {last:?}"));
-                {
-                    let mut w = watched.lock().unwrap_or_else(|p| p.into_inner());
-                    if matches!(w.kept_next.last(), Some((_, None))) {
-                        w.kept_next.pop();
-                    }
-                }
-                stream = None;
-                away_until = Some(
-                    tokio::time::Instant::now()
-                        + Duration::from_millis(200 + rng.below(4000) as u64),
-                );
-            }
+    let mut s = Box::pin(s);
+    let mut stop = std::pin::pin!(shutdown.into_stopped());
+    let mut ending = false;
+    loop {
+        let Some(next) = next_sent(&mut s, stop.as_mut(), &mut ending).await else {
+            return;
+        };
+        match next {
+            Some(Sent::Change(id, _)) => watched
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .reference
+                .push(id.to_string()),
+            Some(Sent::Reset) => {}
+            None => return,
+        }
+    }
+}
+
+/// The client comes back (or comes for the first time) after `last`: the stream asked for
+/// again, up to ten times (none: a violation, and the client ends).
+async fn come_back(
+    world: &World,
+    hub: &lading_server::events::EventHub,
+    connector: &crate::http::Connector,
+    watched: &Mutex<Watched>,
+    last: &Option<String>,
+) -> Option<EventStream> {
+    let kept = last.as_deref().is_some_and(|l| hub.keeps(l));
+    let mut answer = Err(String::new());
+    for _ in 0..10 {
+        answer = crate::http::follow(&connector, EVENTS_TOKEN, last.as_deref()).await;
+        if answer.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let s = match answer {
+        Ok(s) => s,
+        Err(e) => {
+            world.lock().violation(format!(
+                "events: GET /api/v1/events failed ten times; the last: {e}"
+            ));
+            return None;
         }
     };
-    client.await;
-    // The end check compares the two clients: the reference has taken all it was sent.
-    let _ = reference.await;
-    server_stop.stop();
-    let _ = serving.await;
+    if last.is_some() {
+        let mut w = watched.lock().unwrap_or_else(|p| p.into_inner());
+        w.resumes += 1;
+        if kept {
+            w.kept_resumes += 1;
+            w.kept_next.push((last.clone().unwrap_or_default(), None));
+        }
+        drop(w);
+        world.lock().trace(format!(
+            "events: the client comes back after {last:?}, sent what followed from {}",
+            if kept { "the hub's ring" } else { "the tree" }
+        ));
+    }
+    Some(Box::pin(s))
+}
+
+/// What the client reads the event stream from.
+type EventStream =
+    std::pin::Pin<Box<dyn futures_util::Stream<Item = lading_server::events::Sent> + Send>>;
+
+/// Told that some were missed, a client re-reads the state: here, every transition the tree
+/// shows since its last event. False when they cannot be read.
+async fn read_again(
+    world: &World,
+    engine: &Engine,
+    hub: &lading_server::events::EventHub,
+    watched: &Mutex<Watched>,
+    last: &Option<String>,
+) -> bool {
+    let since = last
+        .as_deref()
+        .and_then(lading_engine::transition_id_time)
+        .unwrap_or(hub.live_from());
+    let Some(owed) = admin(|| engine.transitions_since(since, None)).await else {
+        return false;
+    };
+    world.lock().trace(format!(
+        "events: the stream says transitions were missed; {} read again from {since} ms",
+        owed.len()
+    ));
+    let mut w = watched.lock().unwrap_or_else(|p| p.into_inner());
+    w.resets += 1;
+    for (_, ev) in owed {
+        w.seen.insert((ev.id, ev.to, ev.time));
+    }
+    true
 }
 
 /// The token of the event stream's client (an admin's: it follows every batch).
