@@ -31,15 +31,19 @@ fn usage() -> ExitCode {
     ExitCode::from(2)
 }
 
-fn main() -> ExitCode {
-    // `LADING_SIM_LOG=debug`: the processes' own logs, to stderr.
-    if let Ok(filter) = std::env::var("LADING_SIM_LOG") {
-        tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-            .with_writer(std::io::stderr)
-            .init();
-    }
-    let args: Vec<String> = std::env::args().skip(1).collect();
+/// What the command line asked for.
+struct Args {
+    opts: Options,
+    first: u64,
+    count: u64,
+    sabotage: Option<String>,
+    stop_first: bool,
+    hashes: bool,
+    threads: usize,
+}
+
+/// The command line read; `Err` with the exit code when it is wrong.
+fn parse(args: &[String]) -> Result<Args, ExitCode> {
     let mut opts = Options::default();
     let (mut seeds, mut from, mut one, mut sabotage, mut stop_first) =
         (None, None, None, None, false);
@@ -48,89 +52,113 @@ fn main() -> ExitCode {
     let mut i = 0;
     while i < args.len() {
         let val = |i: usize| args.get(i + 1).and_then(|v| v.parse::<u64>().ok());
-        match args[i].as_str() {
-            "--seeds" => seeds = val(i),
-            "--from" => from = val(i),
-            "--seed" => one = val(i),
-            "--nodes" => opts.nodes = val(i).unwrap_or(3).max(1) as usize,
-            "--batches" => opts.batches = val(i).unwrap_or(20) as usize,
-            "--threads" => threads = val(i).unwrap_or(1).max(1) as usize,
-            "--sabotage" => sabotage = args.get(i + 1).cloned(),
+        let flag = match args[i].as_str() {
+            "--seeds" => {
+                seeds = val(i);
+                false
+            }
+            "--from" => {
+                from = val(i);
+                false
+            }
+            "--seed" => {
+                one = val(i);
+                false
+            }
+            "--nodes" => {
+                opts.nodes = val(i).unwrap_or(3).max(1) as usize;
+                false
+            }
+            "--batches" => {
+                opts.batches = val(i).unwrap_or(20) as usize;
+                false
+            }
+            "--threads" => {
+                threads = val(i).unwrap_or(1).max(1) as usize;
+                false
+            }
+            "--sabotage" => {
+                sabotage = args.get(i + 1).cloned();
+                false
+            }
             "--trace" => {
                 opts.trace = true;
-                i += 1;
-                continue;
+                true
             }
             "--no-faults" => {
                 opts.faults = false;
-                i += 1;
-                continue;
+                true
             }
             "--hashes" => {
                 hashes = true;
-                i += 1;
-                continue;
+                true
             }
             "--stop-at-first" => {
                 stop_first = true;
-                i += 1;
-                continue;
+                true
             }
-            _ => return usage(),
+            _ => return Err(usage()),
+        };
+        if flag {
+            i += 1;
+            continue;
         }
         if args.get(i + 1).is_none() {
-            return usage();
+            return Err(usage());
         }
         i += 2;
-    }
-    if let Some(name) = &sabotage
-        && let Err(e) = lading_engine::sabotage::set(name)
-    {
-        eprintln!("lading-sim: {e}");
-        return ExitCode::from(2);
     }
     let (first, count) = match (one, seeds) {
         (Some(s), _) => (s, 1),
         (None, Some(n)) => (from.unwrap_or_else(random_base), n),
-        (None, None) => return usage(),
+        (None, None) => return Err(usage()),
     };
-    let replay = |seed: u64| {
-        let features = if sabotage.is_some() {
-            " --features sabotage"
-        } else {
-            ""
-        };
-        let sab = sabotage
-            .as_ref()
-            .map(|s| format!(" --sabotage {s}"))
-            .unwrap_or_default();
-        let shape = format!(
-            "{}{}{}",
-            if opts.nodes != 3 {
-                format!(" --nodes {}", opts.nodes)
-            } else {
-                String::new()
-            },
-            if opts.batches != 20 {
-                format!(" --batches {}", opts.batches)
-            } else {
-                String::new()
-            },
-            if opts.faults { "" } else { " --no-faults" },
-        );
-        format!("cargo run --release -p lading-sim{features} -- --seed {seed} --trace{sab}{shape}")
+    Ok(Args {
+        opts,
+        first,
+        count,
+        sabotage,
+        stop_first,
+        hashes,
+        threads,
+    })
+}
+
+/// The command that replays `seed` with its trace, in the shape it ran in.
+fn replay(a: &Args, seed: u64) -> String {
+    let features = if a.sabotage.is_some() {
+        " --features sabotage"
+    } else {
+        ""
     };
-    let began = Instant::now();
-    let (mut sim_ms, mut steps, mut jobs, mut stored, mut bad, mut first_bad) =
-        (0u64, 0u64, 0usize, 0usize, 0u64, None);
-    let mut done = 0;
-    let end = first.saturating_add(count);
-    let next = std::sync::atomic::AtomicU64::new(first);
+    let sab = a
+        .sabotage
+        .as_ref()
+        .map(|s| format!(" --sabotage {s}"))
+        .unwrap_or_default();
+    let mut shape = String::new();
+    if a.opts.nodes != 3 {
+        shape += &format!(" --nodes {}", a.opts.nodes);
+    }
+    if a.opts.batches != 20 {
+        shape += &format!(" --batches {}", a.opts.batches);
+    }
+    if !a.opts.faults {
+        shape += " --no-faults";
+    }
+    format!("cargo run --release -p lading-sim{features} -- --seed {seed} --trace{sab}{shape}")
+}
+
+/// Every seed asked for, on `threads` threads (each seed on a runtime of its own), in seed
+/// order whatever order the threads ended them in.
+fn run_all(a: &Args) -> Vec<(u64, lading_sim::sim::Run)> {
+    let end = a.first.saturating_add(a.count);
+    let next = std::sync::atomic::AtomicU64::new(a.first);
     let stop = std::sync::atomic::AtomicBool::new(false);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::scope(|scope| {
-        for _ in 0..threads.min(count.max(1) as usize) {
-            let (tx, next, stop, opts) = (tx.clone(), &next, &stop, &opts);
+        for _ in 0..a.threads.min(a.count.max(1) as usize) {
+            let (tx, next, stop) = (tx.clone(), &next, &stop);
             scope.spawn(move || {
                 use std::sync::atomic::Ordering::SeqCst;
                 while !stop.load(SeqCst) {
@@ -138,8 +166,8 @@ fn main() -> ExitCode {
                     if seed >= end {
                         break;
                     }
-                    let r = run(seed, opts);
-                    if stop_first && !r.violations.is_empty() {
+                    let r = run(seed, &a.opts);
+                    if a.stop_first && !r.violations.is_empty() {
                         stop.store(true, SeqCst);
                     }
                     if tx.send((seed, r)).is_err() {
@@ -150,16 +178,41 @@ fn main() -> ExitCode {
         }
         drop(tx);
     });
-    // In seed order, whatever order the threads ended them in.
     let mut results: Vec<_> = rx.into_iter().collect();
     results.sort_by_key(|(seed, _)| *seed);
-    for (seed, r) in results {
+    results
+}
+
+fn main() -> ExitCode {
+    // `LADING_SIM_LOG=debug`: the processes' own logs, to stderr.
+    if let Ok(filter) = std::env::var("LADING_SIM_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let a = match parse(&args) {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
+    if let Some(name) = &a.sabotage
+        && let Err(e) = lading_engine::sabotage::set(name)
+    {
+        eprintln!("lading-sim: {e}");
+        return ExitCode::from(2);
+    }
+    let began = Instant::now();
+    let (mut sim_ms, mut steps, mut jobs, mut stored, mut bad, mut first_bad) =
+        (0u64, 0u64, 0usize, 0usize, 0u64, None);
+    let mut done = 0;
+    for (seed, r) in run_all(&a) {
         done += 1;
         sim_ms += r.sim_ms;
         steps += r.steps;
         jobs += r.jobs;
         stored += r.stored;
-        if hashes {
+        if a.hashes {
             println!(
                 "seed {seed}: steps {} stored {} trace hash {:016x}",
                 r.steps, r.stored, r.trace_hash
@@ -185,21 +238,32 @@ fn main() -> ExitCode {
                     println!("    {l}");
                 }
             }
-            println!("  replay: {}", replay(seed));
-            if stop_first {
+            println!("  replay: {}", replay(&a, seed));
+            if a.stop_first {
                 break;
             }
         }
     }
     let took = began.elapsed().as_secs_f64();
     println!(
-        "seeds {done} (from {first}), simulated {:.1} h, steps {steps}, jobs {jobs} ({stored} stored and checked), violations {bad}{}, {:.1} seeds/s",
+        "seeds {done} (from {}), simulated {:.1} h, steps {steps}, jobs {jobs} ({stored} stored and checked), violations {bad}{}, {:.1} seeds/s",
+        a.first,
         sim_ms as f64 / 3_600_000.0,
         first_bad
-            .map(|s| format!(" (first at seed {s}, after {} seeds)", s - first + 1))
+            .map(|s| format!(" (first at seed {s}, after {} seeds)", s - a.first + 1))
             .unwrap_or_default(),
         done as f64 / took.max(1e-9)
     );
+    print_tree_calls();
+    if bad > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// The tree calls counted (when the build counts them), by kind.
+fn print_tree_calls() {
     if let Some(calls) = &*lading_sim::tree::CALLS {
         let calls = calls.lock().unwrap_or_else(|p| p.into_inner());
         let mut rows: Vec<_> = calls.iter().collect();
@@ -208,11 +272,6 @@ fn main() -> ExitCode {
         for (k, n) in rows {
             eprintln!("{n:>9} {k}");
         }
-    }
-    if bad > 0 {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
     }
 }
 

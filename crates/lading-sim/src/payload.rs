@@ -96,6 +96,23 @@ impl Payloads {
         }
     }
 
+    /// The batch manifest of `kind` with `rows`, put at `at`, listing `objects` (each with
+    /// what it must become); its URL.
+    fn batch_manifest(
+        &mut self,
+        (at, url): (Place, String),
+        kind: ManifestKind,
+        fields: &[&str],
+        rows: &[Vec<String>],
+        objects: Vec<(String, Expected)>,
+    ) -> String {
+        let listed: Vec<String> = objects.iter().map(|(u, _)| u.clone()).collect();
+        self.expected.extend(objects);
+        self.listed.insert(url.clone(), listed);
+        self.put(&at, checkm::write(kind, fields, rows).as_bytes());
+        url
+    }
+
     /// Makes batch `i`'s payload (under `root` when on disk) and records what its objects
     /// must become.
     pub fn make(&mut self, root: &Path, seed: u64, i: usize, rng: &Seeded) -> Payload {
@@ -155,14 +172,13 @@ impl Payloads {
                 rows.push(vec![url.clone(), name]);
                 objects.push((url, expected));
             }
-            let listed: Vec<String> = objects.iter().map(|(u, _)| u.clone()).collect();
-            self.expected.extend(objects);
-            let (at, url) = place("batch.checkm");
-            self.listed.insert(url.clone(), listed);
             let fields = [checkm::FILE_URL, checkm::FILE_NAME];
-            self.put(
-                &at,
-                checkm::write(ManifestKind::ContainerBatch, &fields, &rows).as_bytes(),
+            let url = self.batch_manifest(
+                place("batch.checkm"),
+                ManifestKind::ContainerBatch,
+                &fields,
+                &rows,
+                objects,
             );
             return Payload {
                 url,
@@ -186,14 +202,13 @@ impl Payloads {
                     },
                 ));
             }
-            let listed: Vec<String> = objects.iter().map(|(u, _)| u.clone()).collect();
-            self.expected.extend(objects);
-            let (at, url) = place("batch.checkm");
-            self.listed.insert(url.clone(), listed);
             let fields = [checkm::FILE_URL, checkm::FILE_NAME];
-            self.put(
-                &at,
-                checkm::write(ManifestKind::SingleFileBatch, &fields, &rows).as_bytes(),
+            let url = self.batch_manifest(
+                place("batch.checkm"),
+                ManifestKind::SingleFileBatch,
+                &fields,
+                &rows,
+                objects,
             );
             return Payload {
                 url,
@@ -252,14 +267,13 @@ impl Payloads {
             ]);
             objects.push((url, expected));
         }
-        let listed: Vec<String> = objects.iter().map(|(u, _)| u.clone()).collect();
-        self.expected.extend(objects);
-        let (at, url) = place("batch.checkm");
-        self.listed.insert(url.clone(), listed);
         let fields = [checkm::FILE_URL, checkm::FILE_NAME, checkm::PRIMARY_ID];
-        self.put(
-            &at,
-            checkm::write(ManifestKind::Batch, &fields, &rows).as_bytes(),
+        let url = self.batch_manifest(
+            place("batch.checkm"),
+            ManifestKind::Batch,
+            &fields,
+            &rows,
+            objects,
         );
         Payload {
             url,
