@@ -113,6 +113,28 @@ impl Payloads {
         url
     }
 
+    /// An object's manifest of `rows`, put at `at`; when `first_wrong`, the first version put
+    /// declares a wrong digest for its first file, and the right one is returned, to be put
+    /// in place later.
+    fn object_manifest(
+        &self,
+        at: Place,
+        rows: &[Vec<String>],
+        first_wrong: bool,
+    ) -> Option<(Place, Vec<u8>)> {
+        let right = checkm::write(ManifestKind::Object, checkm::OBJECT_FIELDS, rows);
+        if !first_wrong {
+            self.put(&at, right.as_bytes());
+            return None;
+        }
+        let mut wrong_rows = rows.to_vec();
+        wrong_rows[0][1] = "sha256".into();
+        wrong_rows[0][2] = "0".repeat(64);
+        let wrong = checkm::write(ManifestKind::Object, checkm::OBJECT_FIELDS, &wrong_rows);
+        self.put(&at, wrong.as_bytes());
+        Some((at, right.into_bytes()))
+    }
+
     /// Makes batch `i`'s payload (under `root` when on disk) and records what its objects
     /// must become.
     pub fn make(&mut self, root: &Path, seed: u64, i: usize, rng: &Seeded) -> Payload {
@@ -156,16 +178,7 @@ impl Payloads {
             let mut rows = Vec::new();
             let mut objects = Vec::new();
             for c in 0..1 + rng.below(3) {
-                let mut expected = Expected::default();
-                let mut entries = Vec::new();
-                for f in 0..1 + rng.below(3) {
-                    let name = format!("part{f}/c{c}-{f}.txt");
-                    let bytes = format!("{seed}/{i}/{name}\n")
-                        .repeat(1 + rng.below(40))
-                        .into_bytes();
-                    expected.files.insert(name.clone(), sha256_hex(&bytes));
-                    entries.push((name, bytes));
-                }
+                let (entries, expected) = container_entries(seed, i, c, rng);
                 let (packed, ext) = pack(&entries, (i + c) % 3);
                 let name = format!("c{c}.{ext}");
                 let (url, _) = file_bytes(&name, packed);
@@ -239,18 +252,10 @@ impl Payloads {
                 expected.files.insert(name, sha);
             }
             let (at, url) = place(&format!("o{o}.checkm"));
-            let right = checkm::write(ManifestKind::Object, checkm::OBJECT_FIELDS, &object_rows);
-            if late.get() == Late::Manifest {
-                // The first version declares a wrong digest for its first file.
+            let first_wrong = late.get() == Late::Manifest;
+            if let Some(later) = self.object_manifest(at, &object_rows, first_wrong) {
                 late.set(Late::None);
-                let mut wrong_rows = object_rows.clone();
-                wrong_rows[0][1] = "sha256".into();
-                wrong_rows[0][2] = "0".repeat(64);
-                let wrong = checkm::write(ManifestKind::Object, checkm::OBJECT_FIELDS, &wrong_rows);
-                self.put(&at, wrong.as_bytes());
-                *fix.borrow_mut() = Some((at, right.into_bytes()));
-            } else {
-                self.put(&at, right.as_bytes());
+                *fix.borrow_mut() = Some(later);
             }
             if rng.below(3) == 0 {
                 // Each storage its own objects (see [`Storage::of`]).
@@ -281,6 +286,27 @@ impl Payloads {
             late: fix.into_inner(),
         }
     }
+}
+
+/// The files of container `c` of batch `i` (a few, with repeated text), and what its object
+/// must become.
+fn container_entries(
+    seed: u64,
+    i: usize,
+    c: usize,
+    rng: &Seeded,
+) -> (Vec<(String, Vec<u8>)>, Expected) {
+    let mut expected = Expected::default();
+    let mut entries = Vec::new();
+    for f in 0..1 + rng.below(3) {
+        let name = format!("part{f}/c{c}-{f}.txt");
+        let bytes = format!("{seed}/{i}/{name}\n")
+            .repeat(1 + rng.below(40))
+            .into_bytes();
+        expected.files.insert(name.clone(), sha256_hex(&bytes));
+        entries.push((name, bytes));
+    }
+    (entries, expected)
 }
 
 /// The depositors' payload server, as Lading's fetcher meets it: each answer takes a while;

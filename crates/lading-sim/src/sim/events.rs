@@ -220,7 +220,7 @@ async fn come_back(
     let kept = last.as_deref().is_some_and(|l| hub.keeps(l));
     let mut answer = Err(String::new());
     for _ in 0..10 {
-        answer = crate::http::follow(&connector, EVENTS_TOKEN, last.as_deref()).await;
+        answer = crate::http::follow(connector, EVENTS_TOKEN, last.as_deref()).await;
         if answer.is_ok() {
             break;
         }
