@@ -496,63 +496,7 @@ pub fn validate(
         Ok(f) => f,
         Err(e) => return Err(vec![format!("reading the bag: {e}")]),
     };
-    // bagit.txt: without it this is no bag, and nothing else can be said.
-    let bagit = match read_text(&dir.join("bagit.txt"), 64 << 10) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(vec!["bagit.txt is missing: this is not a bag".into()]);
-        }
-        Err(e) => return Err(vec![format!("bagit.txt: {e}")]),
-    };
-    let mut tags = match parse_tags("bagit.txt", &bagit) {
-        Ok(t) => t,
-        Err(e) => return Err(vec![e]),
-    };
-    let find = |tags: &[Tag], file: &str, tag: &str| -> Option<String> {
-        tags.iter()
-            .find(|t| t.file == file && t.name.eq_ignore_ascii_case(tag))
-            .map(|t| t.value.clone())
-    };
-    let version = find(&tags, "bagit.txt", "BagIt-Version").unwrap_or_default();
-    if version.is_empty() {
-        problems.push("bagit.txt: no BagIt-Version".into());
-    }
-    match find(&tags, "bagit.txt", "Tag-File-Character-Encoding") {
-        Some(enc) if enc.eq_ignore_ascii_case("UTF-8") => {}
-        Some(enc) => problems.push(format!(
-            "bagit.txt: Tag-File-Character-Encoding is {enc:?}; Lading reads UTF-8 tag files"
-        )),
-        None => problems.push("bagit.txt: no Tag-File-Character-Encoding".into()),
-    }
-    if files.contains_key("bag-info.txt") {
-        match read_text(&dir.join("bag-info.txt"), MAX_TAG_FILE) {
-            Ok(t) => match parse_tags("bag-info.txt", &t) {
-                Ok(t) => tags.extend(t),
-                Err(e) => problems.push(e),
-            },
-            Err(e) => problems.push(format!("bag-info.txt: {e}")),
-        }
-    }
-    let named = find(&tags, "bag-info.txt", "BagIt-Profile-Identifier");
-    let profile = pick_profile(named.as_deref(), profiles);
-    let shown = if profile.file.is_empty() {
-        profile.identifier.clone()
-    } else {
-        profile.file.clone()
-    };
-    // Tag files the profile names are read as tags too.
-    let mut read: BTreeSet<String> = ["bagit.txt".to_string(), "bag-info.txt".into()].into();
-    for rule in &profile.tags {
-        if read.insert(rule.file.clone()) && files.contains_key(&rule.file) {
-            match read_text(&dir.join(&rule.file), MAX_TAG_FILE) {
-                Ok(t) => match parse_tags(&rule.file, &t) {
-                    Ok(t) => tags.extend(t),
-                    Err(e) => problems.push(e),
-                },
-                Err(e) => problems.push(format!("{}: {e}", rule.file)),
-            }
-        }
-    }
+    let (mut tags, version, profile, shown) = read_tags(dir, &files, profiles, &mut problems)?;
     if !files.keys().any(|f| f.starts_with("data/")) && !dir.join("data").is_dir() {
         problems.push("no data/ folder (the payload)".into());
     }
@@ -629,66 +573,9 @@ pub fn validate(
     }
     let bytes: u64 = payload.iter().map(|(_, s)| **s).sum();
     let count = payload.len() as u64;
-    if let Some(oxum) = find(&tags, "bag-info.txt", "Payload-Oxum") {
-        let parsed = oxum.split_once('.').and_then(|(b, c)| {
-            Some((b.trim().parse::<u64>().ok()?, c.trim().parse::<u64>().ok()?))
-        });
-        match parsed {
-            Some((b, c)) if b == bytes && c == count => {}
-            Some((b, c)) => problems.push(format!(
-                "bag-info.txt: Payload-Oxum is {b}.{c} ({b} bytes in {c} files), the payload \
-                 holds {bytes}.{count}"
-            )),
-            None => problems.push(format!(
-                "bag-info.txt: Payload-Oxum {oxum:?} is not OCTETS.COUNT"
-            )),
-        }
-    }
+    check_oxum(&tags, bytes, count, &mut problems);
     if files.contains_key("fetch.txt") {
-        if !profile.allow_fetch {
-            problems.push(format!(
-                "fetch.txt is present but the BagIt profile {shown} does not allow it"
-            ));
-        } else {
-            // Fetched before validation (Processing does): each listed file is there now,
-            // of the length listed, and the manifests above checked its digests.
-            match read_fetch(dir, max_entries) {
-                Ok(lines) => {
-                    for l in lines {
-                        match (files.get(&l.path), l.length) {
-                            (None, _) => problems.push(format!(
-                                "fetch.txt lists {}, which is not in the bag (not fetched)",
-                                l.path
-                            )),
-                            (Some(&got), Some(want)) if got != want => problems.push(format!(
-                                "fetch.txt says {} is {want} bytes; the bag's is {got}",
-                                l.path
-                            )),
-                            _ => {}
-                        }
-                    }
-                }
-                Err(p) => problems.extend(p),
-            }
-        }
-    }
-    // The profile's rules.
-    let accepted = if profile.accept_versions.is_empty() {
-        vec!["0.97".to_string(), "1.0".into()]
-    } else {
-        profile.accept_versions.clone()
-    };
-    if !version.is_empty() && !accepted.contains(&version) {
-        problems.push(format!(
-            "bagit.txt: BagIt-Version {version} is not one of {} (BagIt profile {shown})",
-            accepted.join(", ")
-        ));
-    }
-    if !profile.takes_serialization(mime) {
-        problems.push(format!(
-            "the bag is serialized as {mime}; BagIt profile {shown} takes {}",
-            profile.accept_serialization.join(", ")
-        ));
+        check_fetched(dir, &files, &profile, &shown, max_entries, &mut problems);
     }
     let payload_algorithms: Vec<String> = payload_manifests
         .iter()
@@ -698,73 +585,18 @@ pub fn validate(
         .iter()
         .map(|(_, a, _)| a.name().to_string())
         .collect();
-    for (kind, have, required, allowed) in [
-        (
-            "manifest",
-            &payload_algorithms,
-            &profile.manifests_required,
-            &profile.manifests_allowed,
-        ),
-        (
-            "tagmanifest",
-            &tag_algorithms,
-            &profile.tag_manifests_required,
-            &profile.tag_manifests_allowed,
-        ),
-    ] {
-        for r in required {
-            if !have.contains(r) {
-                problems.push(format!(
-                    "{kind}-{r}.txt is missing: BagIt profile {shown} requires it"
-                ));
-            }
-        }
-        for h in have {
-            if !allowed.is_empty() && !allowed.contains(h) {
-                problems.push(format!(
-                    "{kind}-{h}.txt: BagIt profile {shown} allows only {}",
-                    allowed.join(", ")
-                ));
-            }
-        }
-    }
-    for f in &profile.tag_files_required {
-        if !files.contains_key(f) {
-            problems.push(format!(
-                "tag file {f} is missing: BagIt profile {shown} requires it"
-            ));
-        }
-    }
-    for rule in &profile.tags {
-        let value = find(&tags, &rule.file, &rule.name);
-        match value {
-            None if rule.required => match &rule.default {
-                Some(d) => tags.push(Tag {
-                    file: rule.file.clone(),
-                    name: rule.name.clone(),
-                    value: d.clone(),
-                }),
-                None => problems.push(format!(
-                    "{}: tag {} is missing: BagIt profile {shown} requires it",
-                    rule.file, rule.name
-                )),
-            },
-            None => {}
-            Some(v) if v.is_empty() && rule.required && !rule.empty_ok => problems.push(format!(
-                "{}: tag {} is empty: BagIt profile {shown} requires a value",
-                rule.file, rule.name
-            )),
-            Some(v) if !v.is_empty() && !rule.values.is_empty() && !rule.values.contains(&v) => {
-                problems.push(format!(
-                    "{}: tag {} is {v:?}, not one of {} (BagIt profile {shown})",
-                    rule.file,
-                    rule.name,
-                    rule.values.join(", ")
-                ))
-            }
-            Some(_) => {}
-        }
-    }
+    let profile_rules = ProfileCheck {
+        profile: &profile,
+        shown: &shown,
+        files: &files,
+    };
+    profile_rules.check(
+        &version,
+        mime,
+        [&payload_algorithms, &tag_algorithms],
+        &mut tags,
+        &mut problems,
+    );
     if !problems.is_empty() {
         return Err(problems);
     }
@@ -779,6 +611,248 @@ pub fn validate(
         payload_files: count,
         payload_bytes: bytes,
     })
+}
+
+/// The value of tag `tag` of tag file `file` (names compared without case).
+fn find_tag(tags: &[Tag], file: &str, tag: &str) -> Option<String> {
+    tags.iter()
+        .find(|t| t.file == file && t.name.eq_ignore_ascii_case(tag))
+        .map(|t| t.value.clone())
+}
+
+/// The bag's tags (`bagit.txt`, `bag-info.txt` and the tag files its profile names), its
+/// BagIt version, the profile it names among `profiles` and how to name that profile.
+/// Without a readable `bagit.txt` this is no bag: that alone is the answer.
+#[allow(clippy::type_complexity)]
+fn read_tags(
+    dir: &Path,
+    files: &BTreeMap<String, u64>,
+    profiles: &[Arc<BagProfile>],
+    problems: &mut Vec<String>,
+) -> Result<(Vec<Tag>, String, Arc<BagProfile>, String), Vec<String>> {
+    // bagit.txt: without it this is no bag, and nothing else can be said.
+    let bagit = match read_text(&dir.join("bagit.txt"), 64 << 10) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(vec!["bagit.txt is missing: this is not a bag".into()]);
+        }
+        Err(e) => return Err(vec![format!("bagit.txt: {e}")]),
+    };
+    let mut tags = match parse_tags("bagit.txt", &bagit) {
+        Ok(t) => t,
+        Err(e) => return Err(vec![e]),
+    };
+    let version = find_tag(&tags, "bagit.txt", "BagIt-Version").unwrap_or_default();
+    if version.is_empty() {
+        problems.push("bagit.txt: no BagIt-Version".into());
+    }
+    match find_tag(&tags, "bagit.txt", "Tag-File-Character-Encoding") {
+        Some(enc) if enc.eq_ignore_ascii_case("UTF-8") => {}
+        Some(enc) => problems.push(format!(
+            "bagit.txt: Tag-File-Character-Encoding is {enc:?}; Lading reads UTF-8 tag files"
+        )),
+        None => problems.push("bagit.txt: no Tag-File-Character-Encoding".into()),
+    }
+    if files.contains_key("bag-info.txt") {
+        match read_text(&dir.join("bag-info.txt"), MAX_TAG_FILE) {
+            Ok(t) => match parse_tags("bag-info.txt", &t) {
+                Ok(t) => tags.extend(t),
+                Err(e) => problems.push(e),
+            },
+            Err(e) => problems.push(format!("bag-info.txt: {e}")),
+        }
+    }
+    let named = find_tag(&tags, "bag-info.txt", "BagIt-Profile-Identifier");
+    let profile = pick_profile(named.as_deref(), profiles);
+    let shown = if profile.file.is_empty() {
+        profile.identifier.clone()
+    } else {
+        profile.file.clone()
+    };
+    // Tag files the profile names are read as tags too.
+    let mut read: BTreeSet<String> = ["bagit.txt".to_string(), "bag-info.txt".into()].into();
+    for rule in &profile.tags {
+        if read.insert(rule.file.clone()) && files.contains_key(&rule.file) {
+            match read_text(&dir.join(&rule.file), MAX_TAG_FILE) {
+                Ok(t) => match parse_tags(&rule.file, &t) {
+                    Ok(t) => tags.extend(t),
+                    Err(e) => problems.push(e),
+                },
+                Err(e) => problems.push(format!("{}: {e}", rule.file)),
+            }
+        }
+    }
+    Ok((tags, version, profile, shown))
+}
+
+/// `Payload-Oxum`, when given, says the payload's bytes and files.
+fn check_oxum(tags: &[Tag], bytes: u64, count: u64, problems: &mut Vec<String>) {
+    if let Some(oxum) = find_tag(tags, "bag-info.txt", "Payload-Oxum") {
+        let parsed = oxum.split_once('.').and_then(|(b, c)| {
+            Some((b.trim().parse::<u64>().ok()?, c.trim().parse::<u64>().ok()?))
+        });
+        match parsed {
+            Some((b, c)) if b == bytes && c == count => {}
+            Some((b, c)) => problems.push(format!(
+                "bag-info.txt: Payload-Oxum is {b}.{c} ({b} bytes in {c} files), the payload \
+                 holds {bytes}.{count}"
+            )),
+            None => problems.push(format!(
+                "bag-info.txt: Payload-Oxum {oxum:?} is not OCTETS.COUNT"
+            )),
+        }
+    }
+}
+
+/// `fetch.txt` is allowed by the profile, and what it lists was fetched (Processing fetches
+/// before validating): each listed file is there now, of the length listed; the manifests
+/// checked its digests.
+fn check_fetched(
+    dir: &Path,
+    files: &BTreeMap<String, u64>,
+    profile: &BagProfile,
+    shown: &str,
+    max_entries: u64,
+    problems: &mut Vec<String>,
+) {
+    if !profile.allow_fetch {
+        problems.push(format!(
+            "fetch.txt is present but the BagIt profile {shown} does not allow it"
+        ));
+    } else {
+        // Fetched before validation (Processing does): each listed file is there now,
+        // of the length listed, and the manifests above checked its digests.
+        match read_fetch(dir, max_entries) {
+            Ok(lines) => {
+                for l in lines {
+                    match (files.get(&l.path), l.length) {
+                        (None, _) => problems.push(format!(
+                            "fetch.txt lists {}, which is not in the bag (not fetched)",
+                            l.path
+                        )),
+                        (Some(&got), Some(want)) if got != want => problems.push(format!(
+                            "fetch.txt says {} is {want} bytes; the bag's is {got}",
+                            l.path
+                        )),
+                        _ => {}
+                    }
+                }
+            }
+            Err(p) => problems.extend(p),
+        }
+    }
+}
+
+/// A bag's profile, to check the bag's rules against.
+struct ProfileCheck<'a> {
+    profile: &'a BagProfile,
+    /// How the profile is named in a problem (its file, else its identifier).
+    shown: &'a str,
+    files: &'a BTreeMap<String, u64>,
+}
+
+impl ProfileCheck<'_> {
+    /// The profile's rules: the BagIt version, the serialization, the manifests' algorithms
+    /// (`algorithms`: the payload's, the tag manifests'), the tag files and the tags (a
+    /// required tag missing takes the profile's default, when it has one).
+    fn check(
+        &self,
+        version: &str,
+        mime: &str,
+        algorithms: [&Vec<String>; 2],
+        tags: &mut Vec<Tag>,
+        problems: &mut Vec<String>,
+    ) {
+        let (profile, shown, files) = (self.profile, self.shown, self.files);
+        let accepted = if profile.accept_versions.is_empty() {
+            vec!["0.97".to_string(), "1.0".into()]
+        } else {
+            profile.accept_versions.clone()
+        };
+        if !version.is_empty() && !accepted.iter().any(|a| a == version) {
+            problems.push(format!(
+                "bagit.txt: BagIt-Version {version} is not one of {} (BagIt profile {shown})",
+                accepted.join(", ")
+            ));
+        }
+        if !profile.takes_serialization(mime) {
+            problems.push(format!(
+                "the bag is serialized as {mime}; BagIt profile {shown} takes {}",
+                profile.accept_serialization.join(", ")
+            ));
+        }
+        for (kind, have, required, allowed) in [
+            (
+                "manifest",
+                algorithms[0],
+                &profile.manifests_required,
+                &profile.manifests_allowed,
+            ),
+            (
+                "tagmanifest",
+                algorithms[1],
+                &profile.tag_manifests_required,
+                &profile.tag_manifests_allowed,
+            ),
+        ] {
+            for r in required {
+                if !have.contains(r) {
+                    problems.push(format!(
+                        "{kind}-{r}.txt is missing: BagIt profile {shown} requires it"
+                    ));
+                }
+            }
+            for h in have {
+                if !allowed.is_empty() && !allowed.contains(h) {
+                    problems.push(format!(
+                        "{kind}-{h}.txt: BagIt profile {shown} allows only {}",
+                        allowed.join(", ")
+                    ));
+                }
+            }
+        }
+        for f in &profile.tag_files_required {
+            if !files.contains_key(f) {
+                problems.push(format!(
+                    "tag file {f} is missing: BagIt profile {shown} requires it"
+                ));
+            }
+        }
+        for rule in &profile.tags {
+            let value = find_tag(tags, &rule.file, &rule.name);
+            match value {
+                None if rule.required => match &rule.default {
+                    Some(d) => tags.push(Tag {
+                        file: rule.file.clone(),
+                        name: rule.name.clone(),
+                        value: d.clone(),
+                    }),
+                    None => problems.push(format!(
+                        "{}: tag {} is missing: BagIt profile {shown} requires it",
+                        rule.file, rule.name
+                    )),
+                },
+                None => {}
+                Some(v) if v.is_empty() && rule.required && !rule.empty_ok => {
+                    problems.push(format!(
+                        "{}: tag {} is empty: BagIt profile {shown} requires a value",
+                        rule.file, rule.name
+                    ))
+                }
+                Some(v)
+                    if !v.is_empty() && !rule.values.is_empty() && !rule.values.contains(&v) =>
+                {
+                    problems.push(format!(
+                        "{}: tag {} is {v:?}, not one of {} (BagIt profile {shown})",
+                        rule.file,
+                        rule.name,
+                        rule.values.join(", ")
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+    }
 }
 
 #[cfg(test)]
