@@ -135,6 +135,97 @@ pub(crate) async fn store_on_bucket(
             cause,
         });
     }
+    let progress = match begin(job, node, ark, collection, &jid).await? {
+        Ok(p) => p,
+        Err(stored) => return committed(node, stored).await,
+    };
+    let version = progress.version;
+    let wd = job.workdir.clone();
+    let files = crate::blocking::run(move || local_files(&wd))
+        .await
+        .map_err(|e| Outcome::Transient(e.to_string()))?
+        .map_err(|e| io_err("listing", &job.workdir, e))?;
+    let carried = carried_over(job, node, ark, version, &files, &progress.confirmed).await?;
+    let shared = Arc::new(tokio::sync::Mutex::new(progress));
+    let done = Arc::new(std::sync::Mutex::new(Vec::<ObjectFile>::new()));
+    let todo: Vec<(String, PathBuf)> = {
+        let p = shared.lock().await;
+        files
+            .iter()
+            .filter(|(rel, _)| !p.confirmed.contains(rel) && !carried.contains_key(rel))
+            .cloned()
+            .collect()
+    };
+    let skipped = files.len() - todo.len() - carried.len();
+    let results = send_files(job, node, ark, version, &shared, &done, todo).await;
+    if let Some(e) = results.iter().find_map(|r| r.as_ref().err()).cloned() {
+        if e.fatal {
+            scrap(job, node, ark, version, &shared.lock().await.written).await;
+        }
+        return Err(node_outcome(node, e));
+    }
+    // Files confirmed by a predecessor are listed from the node's copy.
+    let mut listed = std::mem::take(&mut *done.lock().unwrap_or_else(|e| e.into_inner()));
+    let have: BTreeSet<String> = listed.iter().map(|f| f.path.clone()).collect();
+    let sent = listed.len();
+    listed.extend(carried.values().cloned());
+    for (rel, _) in files
+        .iter()
+        .filter(|(r, _)| !have.contains(r) && !carried.contains_key(r))
+    {
+        let c = node
+            .digest(ark, version, rel, None)
+            .await
+            .map_err(|e| node_outcome(node, e))?
+            .ok_or_else(|| {
+                Outcome::Transient(format!(
+                    "{}: {ark}|{version}|{rel} was confirmed but is missing",
+                    node.name()
+                ))
+            })?;
+        listed.push(ObjectFile {
+            path: rel.clone(),
+            size: c.size,
+            sha256: c.sha256,
+            from: None,
+        });
+    }
+    listed.sort_by(|a, b| a.path.cmp(&b.path));
+    let stored = StoredVersion {
+        ark: ark.to_string(),
+        version,
+        path: node.version_url(ark, version),
+        job: jid.clone(),
+        batch: job.info.bid.to_string(),
+        collection: Some(collection.to_string()),
+        node: Some(node.id),
+    };
+    let record = NodeVersion {
+        stored: stored.clone(),
+        files: listed,
+    };
+    if let Some(theirs) = commit(job, node, &record, &jid).await? {
+        return committed(node, theirs).await;
+    }
+    job.log(&format!(
+        "stored {ark} v{version} on {} ({sent} files sent, {skipped} already there, {} carried over from earlier versions)",
+        node.name(),
+        carried.len()
+    ));
+    committed(node, stored).await
+}
+
+/// Where this job's store on `node` resumes, or begins: its progress (the version it
+/// writes, the uploads an earlier attempt left open aborted), or the version it already
+/// stored there (`Err`: it crashed before saying so). Another collection's object, or a
+/// version another job stored meanwhile, is refused.
+async fn begin(
+    job: &JobCtx,
+    node: &Arc<Node>,
+    ark: &str,
+    collection: &str,
+    jid: &String,
+) -> Result<Result<Progress, StoredVersion>, Outcome> {
     let mut progress: Progress = job_record(job, PROGRESS)
         .await?
         .filter(|p: &Progress| p.node == node.id)
@@ -149,9 +240,9 @@ pub(crate) async fn store_on_bucket(
             if let Some(r) = read_node_version(node, ark, *v)
                 .await
                 .map_err(|e| node_outcome(node, e))?
-                && r.stored.job == jid
+                && r.stored.job == *jid
             {
-                return committed(node, r.stored).await;
+                return Ok(Err(r.stored));
             }
         }
         if let Some(v) = versions.last()
@@ -179,8 +270,8 @@ pub(crate) async fn store_on_bucket(
         .await
         .map_err(|e| node_outcome(node, e))?
     {
-        if r.stored.job == jid {
-            return committed(node, r.stored).await;
+        if r.stored.job == *jid {
+            return Ok(Err(r.stored));
         }
         return Err(Outcome::fatal(format!(
             "{}: {ark} v{version} was stored by job {} meanwhile",
@@ -202,24 +293,22 @@ pub(crate) async fn store_on_bucket(
             progress.uploads.len()
         )));
     }
-    let wd = job.workdir.clone();
-    let files = crate::blocking::run(move || local_files(&wd))
-        .await
-        .map_err(|e| Outcome::Transient(e.to_string()))?
-        .map_err(|e| io_err("listing", &job.workdir, e))?;
-    let carried = carried_over(job, node, ark, version, &files, &progress.confirmed).await?;
-    let shared = Arc::new(tokio::sync::Mutex::new(progress));
-    let done = Arc::new(std::sync::Mutex::new(Vec::<ObjectFile>::new()));
-    let todo: Vec<(String, PathBuf)> = {
-        let p = shared.lock().await;
-        files
-            .iter()
-            .filter(|(rel, _)| !p.confirmed.contains(rel) && !carried.contains_key(rel))
-            .cloned()
-            .collect()
-    };
-    let skipped = files.len() - todo.len() - carried.len();
-    let results = futures_util::stream::iter(todo.into_iter().map(|(rel, path)| {
+    Ok(Ok(progress))
+}
+
+/// Sends `todo` to `node` as files of `ark` v`version`, a few at once, each noted in the
+/// job's progress (its multipart upload while it lasts, then confirmed); what was sent is
+/// added to `done`. One result per file.
+async fn send_files(
+    job: &JobCtx,
+    node: &Arc<Node>,
+    ark: &str,
+    version: u32,
+    shared: &Arc<tokio::sync::Mutex<Progress>>,
+    done: &Arc<std::sync::Mutex<Vec<ObjectFile>>>,
+    todo: Vec<(String, PathBuf)>,
+) -> Vec<Result<(), NodeError>> {
+    futures_util::stream::iter(todo.into_iter().map(|(rel, path)| {
         let (node, shared, done, job) = (node.clone(), shared.clone(), done.clone(), job);
         let ark = ark.to_string();
         async move {
@@ -269,53 +358,19 @@ pub(crate) async fn store_on_bucket(
     }))
     .buffer_unordered(STORE_PARALLEL)
     .collect::<Vec<_>>()
-    .await;
-    if let Some(e) = results.iter().find_map(|r| r.as_ref().err()).cloned() {
-        if e.fatal {
-            scrap(job, node, ark, version, &shared.lock().await.written).await;
-        }
-        return Err(node_outcome(node, e));
-    }
-    // Files confirmed by a predecessor are listed from the node's copy.
-    let mut listed = std::mem::take(&mut *done.lock().unwrap_or_else(|e| e.into_inner()));
-    let have: BTreeSet<String> = listed.iter().map(|f| f.path.clone()).collect();
-    let sent = listed.len();
-    listed.extend(carried.values().cloned());
-    for (rel, _) in files
-        .iter()
-        .filter(|(r, _)| !have.contains(r) && !carried.contains_key(r))
-    {
-        let c = node
-            .digest(ark, version, rel, None)
-            .await
-            .map_err(|e| node_outcome(node, e))?
-            .ok_or_else(|| {
-                Outcome::Transient(format!(
-                    "{}: {ark}|{version}|{rel} was confirmed but is missing",
-                    node.name()
-                ))
-            })?;
-        listed.push(ObjectFile {
-            path: rel.clone(),
-            size: c.size,
-            sha256: c.sha256,
-            from: None,
-        });
-    }
-    listed.sort_by(|a, b| a.path.cmp(&b.path));
-    let stored = StoredVersion {
-        ark: ark.to_string(),
-        version,
-        path: node.version_url(ark, version),
-        job: jid.clone(),
-        batch: job.info.bid.to_string(),
-        collection: Some(collection.to_string()),
-        node: Some(node.id),
-    };
-    let record = NodeVersion {
-        stored: stored.clone(),
-        files: listed,
-    };
+    .await
+}
+
+/// The version's commit on `node`: no upload left open under it, the job still in Storing,
+/// and its record written only if absent. `Some`: a record there already is this job's (an
+/// earlier attempt's, or this one's whose answer was lost), the version stored.
+async fn commit(
+    job: &JobCtx,
+    node: &Arc<Node>,
+    record: &NodeVersion,
+    jid: &String,
+) -> Result<Option<StoredVersion>, Outcome> {
+    let (ark, version) = (record.stored.ark.as_str(), record.stored.version);
     // No upload left open under the version, even one whose id was never learned.
     let swept = node
         .abort_open_uploads(ark, version)
@@ -340,7 +395,7 @@ pub(crate) async fn store_on_bucket(
             }
         })?;
     let tmp = job.workdir.join(INTERIM).join("lading-version.json");
-    let body = serde_json::to_vec_pretty(&record).unwrap_or_default();
+    let body = serde_json::to_vec_pretty(record).unwrap_or_default();
     write_atomic(&tmp, &body).map_err(|e| io_err("writing", &tmp, e))?;
     let mut none =
         |_: Option<String>| Box::pin(async { Ok(()) }) as crate::nodes::UploadNote<'static>;
@@ -355,19 +410,14 @@ pub(crate) async fn store_on_bucket(
             // the version. Read back at once, a lost answer on the last attempt does not
             // fail a job whose version is stored.
             if let Ok(Some(r)) = read_node_version(node, ark, version).await
-                && r.stored.job == jid
+                && r.stored.job == *jid
             {
-                return committed(node, r.stored).await;
+                return Ok(Some(r.stored));
             }
             return Err(node_outcome(node, e));
         }
     }
-    job.log(&format!(
-        "stored {ark} v{version} on {} ({sent} files sent, {skipped} already there, {} carried over from earlier versions)",
-        node.name(),
-        carried.len()
-    ));
-    committed(node, stored).await
+    Ok(None)
 }
 
 /// The files of the version being stored whose bytes the object's newest earlier version on
