@@ -246,45 +246,11 @@ pub async fn write_bag<W: Write + Send + 'static>(
         None
     };
     let from_bag = record.is_some();
-    let get = |k: &str| -> Vec<String> {
-        record
-            .as_ref()
-            .and_then(|r| r.get(k))
-            .and_then(|v| v.as_array())
-            .map(|a| {
-                a.iter()
-                    .filter_map(|s| s.as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
     let name = record
         .as_ref()
         .and_then(|r| r.get("name").and_then(|n| n.as_str()).map(str::to_string))
         .unwrap_or_else(|| format!("{}_v{version}", bag_name_of(ark)));
-    let mut algs: Vec<HashAlg> = if from_bag {
-        get("payload_algorithms")
-    } else {
-        vec!["md5".into()]
-    }
-    .iter()
-    .filter_map(|a| HashAlg::parse(a))
-    .collect();
-    if !algs.contains(&HashAlg::Sha256) {
-        algs.push(HashAlg::Sha256);
-    }
-    let mut tag_algs: Vec<HashAlg> = get("tag_algorithms")
-        .iter()
-        .filter_map(|a| HashAlg::parse(a))
-        .collect();
-    for a in [HashAlg::Md5, HashAlg::Sha256] {
-        if !from_bag && !tag_algs.contains(&a) {
-            tag_algs.push(a);
-        }
-    }
-    if !tag_algs.contains(&HashAlg::Sha256) {
-        tag_algs.push(HashAlg::Sha256);
-    }
+    let (algs, tag_algs) = algorithms(record.as_ref());
     let mtime = now_ms / 1000;
     let date = lading_core::time::format_rfc3339(now_ms)
         .get(..10)
@@ -302,56 +268,7 @@ pub async fn write_bag<W: Write + Send + 'static>(
         let inside = format!("data/{}", &rel[producer.len()..]);
         tar.put(header(&format!("{name}/{inside}"), *size, mtime)?)
             .await?;
-        let mut hashers: Vec<(HashAlg, Hasher)> =
-            algs.iter().map(|a| (*a, Hasher::new(*a))).collect();
-        let mut n = 0u64;
-        match open(src, rel).await? {
-            crate::nodes::Reader::File(f) => {
-                let mut w = tar
-                    .w
-                    .take()
-                    .ok_or_else(|| std::io::Error::other("writer lost"))?;
-                let (w2, h2, got) = crate::blocking::io(move || {
-                    use std::io::Read;
-                    let mut f = f;
-                    let mut buf = vec![0u8; 1 << 20];
-                    let mut got = 0u64;
-                    loop {
-                        let k = f.read(&mut buf)?;
-                        if k == 0 {
-                            break;
-                        }
-                        for (_, h) in &mut hashers {
-                            h.update(&buf[..k]);
-                        }
-                        w.write_all(&buf[..k])?;
-                        got += k as u64;
-                    }
-                    Ok((w, hashers, got))
-                })
-                .await?;
-                tar.w = Some(w2);
-                tar.written += got;
-                hashers = h2;
-                n = got;
-            }
-            crate::nodes::Reader::Stream(mut s) => {
-                use futures_util::StreamExt;
-                while let Some(c) = s.next().await {
-                    let c = c.map_err(std::io::Error::other)?;
-                    for (_, h) in &mut hashers {
-                        h.update(&c);
-                    }
-                    n += c.len() as u64;
-                    tar.put(c.to_vec()).await?;
-                }
-            }
-        }
-        if n != *size {
-            return Err(std::io::Error::other(format!(
-                "{rel}: {n} bytes read, {size} listed"
-            )));
-        }
+        let hashers = copy_file(&mut tar, src, rel, *size, &algs).await?;
         tar.put(vec![0; padding(*size)]).await?;
         for (a, h) in hashers {
             manifests
@@ -364,73 +281,14 @@ pub async fn write_bag<W: Write + Send + 'static>(
     }
     let oxum = format!("{bytes}.{files}");
     // The tag files: the bag's own (bag-info.txt brought up to date), or new ones.
-    let mut tags: Vec<(String, Vec<u8>)> = Vec::new();
-    if from_bag {
-        for (rel, _) in list.iter().filter(|(p, _)| p.starts_with(BAG_TAGS)) {
-            let inside = rel[BAG_TAGS.len()..].to_string();
-            let top = !inside.contains('/');
-            if top && (inside.starts_with("manifest-") || inside.starts_with("tagmanifest-")) {
-                continue;
-            }
-            let body = read_small(src, rel).await?;
-            let body = if inside == "bag-info.txt" {
-                updated_bag_info(&String::from_utf8_lossy(&body), &date, &oxum).into_bytes()
-            } else {
-                body
-            };
-            tags.push((inside, body));
-        }
-        if !tags.iter().any(|(n, _)| n == "bag-info.txt") {
-            tags.push((
-                "bag-info.txt".into(),
-                updated_bag_info("", &date, &oxum).into_bytes(),
-            ));
-        }
-    } else {
-        tags.push((
-            "bagit.txt".into(),
-            b"BagIt-Version: 1.0\nTag-File-Character-Encoding: UTF-8\n".to_vec(),
-        ));
-        let info = format!(
-            "External-Identifier: {ark}\nInternal-Sender-Identifier: {ark} v{version}\n\
-             Bag-Software-Agent: Lading\n"
-        );
-        tags.push((
-            "bag-info.txt".into(),
-            updated_bag_info(&info, &date, &oxum).into_bytes(),
-        ));
-    }
+    let bag = Tagging {
+        src,
+        list: &list,
+        from_bag,
+    };
+    let mut tags = bag.tag_files(ark, version, &date, &oxum).await?;
     for (a, lines) in &manifests {
-        let mut lines = lines.clone();
-        lines.sort();
-        let file = format!("manifest-{}.txt", a.name());
-        // The deposited manifest, as it was, when it says just what was read now.
-        let original = format!("{BAG_TAGS}{file}");
-        if from_bag
-            && list
-                .iter()
-                .any(|(p, s)| *p == original && *s <= MAX_MANIFEST)
-        {
-            let body = read_bounded(src, &original, MAX_MANIFEST).await?;
-            let mut said: Vec<(String, String)> = String::from_utf8_lossy(&body)
-                .lines()
-                .filter_map(|l| {
-                    let (d, p) = l.trim_end_matches('\r').split_once([' ', '\t'])?;
-                    let p = p.trim_start_matches([' ', '\t']);
-                    Some((crate::bagit::decode_path(p), d.to_ascii_lowercase()))
-                })
-                .collect();
-            said.sort();
-            if said == lines {
-                tags.push((file, body));
-                continue;
-            }
-        }
-        let text: String = lines
-            .iter()
-            .map(|(p, d)| format!("{d}  {}\n", escape(p)))
-            .collect();
-        tags.push((file, text.into_bytes()));
+        tags.push(bag.manifest(*a, lines).await?);
     }
     // Tag manifests list every tag file written, manifests among them.
     let mut tag_lines: BTreeMap<HashAlg, String> = BTreeMap::new();
@@ -468,6 +326,207 @@ pub async fn write_bag<W: Write + Send + 'static>(
             algorithms: algs.iter().map(|a| a.name().to_string()).collect(),
         },
     ))
+}
+
+/// The payload's and the tag manifests' algorithms of a bag from its deposit record
+/// (`record`), or Lading's own (MD5 and SHA-256) for an object that came in no bag; SHA-256
+/// always among them.
+fn algorithms(record: Option<&serde_json::Value>) -> (Vec<HashAlg>, Vec<HashAlg>) {
+    let from_bag = record.is_some();
+    let get = |k: &str| -> Vec<String> {
+        record
+            .and_then(|r| r.get(k))
+            .and_then(|v| v.as_array())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut algs: Vec<HashAlg> = if from_bag {
+        get("payload_algorithms")
+    } else {
+        vec!["md5".into()]
+    }
+    .iter()
+    .filter_map(|a| HashAlg::parse(a))
+    .collect();
+    if !algs.contains(&HashAlg::Sha256) {
+        algs.push(HashAlg::Sha256);
+    }
+    let mut tag_algs: Vec<HashAlg> = get("tag_algorithms")
+        .iter()
+        .filter_map(|a| HashAlg::parse(a))
+        .collect();
+    for a in [HashAlg::Md5, HashAlg::Sha256] {
+        if !from_bag && !tag_algs.contains(&a) {
+            tag_algs.push(a);
+        }
+    }
+    if !tag_algs.contains(&HashAlg::Sha256) {
+        tag_algs.push(HashAlg::Sha256);
+    }
+    (algs, tag_algs)
+}
+
+/// Copies the stored file `rel` (`size` bytes) from `src` into the tar, hashed as it passes
+/// with each of `algs`; the hashers. A file not of its listed size is an error.
+async fn copy_file<W: Write + Send + 'static>(
+    tar: &mut Out<W>,
+    src: &Source,
+    rel: &str,
+    size: u64,
+    algs: &[HashAlg],
+) -> std::io::Result<Vec<(HashAlg, Hasher)>> {
+    let mut hashers: Vec<(HashAlg, Hasher)> = algs.iter().map(|a| (*a, Hasher::new(*a))).collect();
+    let mut n = 0u64;
+    match open(src, rel).await? {
+        crate::nodes::Reader::File(f) => {
+            let mut w = tar
+                .w
+                .take()
+                .ok_or_else(|| std::io::Error::other("writer lost"))?;
+            let (w2, h2, got) = crate::blocking::io(move || {
+                use std::io::Read;
+                let mut f = f;
+                let mut buf = vec![0u8; 1 << 20];
+                let mut got = 0u64;
+                loop {
+                    let k = f.read(&mut buf)?;
+                    if k == 0 {
+                        break;
+                    }
+                    for (_, h) in &mut hashers {
+                        h.update(&buf[..k]);
+                    }
+                    w.write_all(&buf[..k])?;
+                    got += k as u64;
+                }
+                Ok((w, hashers, got))
+            })
+            .await?;
+            tar.w = Some(w2);
+            tar.written += got;
+            hashers = h2;
+            n = got;
+        }
+        crate::nodes::Reader::Stream(mut s) => {
+            use futures_util::StreamExt;
+            while let Some(c) = s.next().await {
+                let c = c.map_err(std::io::Error::other)?;
+                for (_, h) in &mut hashers {
+                    h.update(&c);
+                }
+                n += c.len() as u64;
+                tar.put(c.to_vec()).await?;
+            }
+        }
+    }
+    if n != size {
+        return Err(std::io::Error::other(format!(
+            "{rel}: {n} bytes read, {size} listed"
+        )));
+    }
+    Ok(hashers)
+}
+
+/// What a restored bag's tag files are made from: the stored version's files, and whether
+/// it came in a bag.
+struct Tagging<'a> {
+    src: &'a Source,
+    list: &'a [(String, u64)],
+    from_bag: bool,
+}
+
+impl Tagging<'_> {
+    /// The bag's own tag files (bag-info.txt brought up to date, its manifests left for
+    /// [`Tagging::manifest`]), or new ones for an object that came in no bag.
+    async fn tag_files(
+        &self,
+        ark: &str,
+        version: u32,
+        date: &str,
+        oxum: &str,
+    ) -> std::io::Result<Vec<(String, Vec<u8>)>> {
+        let (src, list, from_bag) = (self.src, self.list, self.from_bag);
+        let mut tags: Vec<(String, Vec<u8>)> = Vec::new();
+        if from_bag {
+            for (rel, _) in list.iter().filter(|(p, _)| p.starts_with(BAG_TAGS)) {
+                let inside = rel[BAG_TAGS.len()..].to_string();
+                let top = !inside.contains('/');
+                if top && (inside.starts_with("manifest-") || inside.starts_with("tagmanifest-")) {
+                    continue;
+                }
+                let body = read_small(src, rel).await?;
+                let body = if inside == "bag-info.txt" {
+                    updated_bag_info(&String::from_utf8_lossy(&body), date, oxum).into_bytes()
+                } else {
+                    body
+                };
+                tags.push((inside, body));
+            }
+            if !tags.iter().any(|(n, _)| n == "bag-info.txt") {
+                tags.push((
+                    "bag-info.txt".into(),
+                    updated_bag_info("", date, oxum).into_bytes(),
+                ));
+            }
+        } else {
+            tags.push((
+                "bagit.txt".into(),
+                b"BagIt-Version: 1.0\nTag-File-Character-Encoding: UTF-8\n".to_vec(),
+            ));
+            let info = format!(
+                "External-Identifier: {ark}\nInternal-Sender-Identifier: {ark} v{version}\n\
+                 Bag-Software-Agent: Lading\n"
+            );
+            tags.push((
+                "bag-info.txt".into(),
+                updated_bag_info(&info, date, oxum).into_bytes(),
+            ));
+        }
+        Ok(tags)
+    }
+
+    /// The payload manifest of `a` listing `lines`: the deposited one, as it was, when it
+    /// says just what was read now; else a new one.
+    async fn manifest(
+        &self,
+        a: HashAlg,
+        lines: &[(String, String)],
+    ) -> std::io::Result<(String, Vec<u8>)> {
+        let (src, list, from_bag) = (self.src, self.list, self.from_bag);
+        let mut lines = lines.to_vec();
+        lines.sort();
+        let file = format!("manifest-{}.txt", a.name());
+        // The deposited manifest, as it was, when it says just what was read now.
+        let original = format!("{BAG_TAGS}{file}");
+        if from_bag
+            && list
+                .iter()
+                .any(|(p, s)| *p == original && *s <= MAX_MANIFEST)
+        {
+            let body = read_bounded(src, &original, MAX_MANIFEST).await?;
+            let mut said: Vec<(String, String)> = String::from_utf8_lossy(&body)
+                .lines()
+                .filter_map(|l| {
+                    let (d, p) = l.trim_end_matches('\r').split_once([' ', '\t'])?;
+                    let p = p.trim_start_matches([' ', '\t']);
+                    Some((crate::bagit::decode_path(p), d.to_ascii_lowercase()))
+                })
+                .collect();
+            said.sort();
+            if said == lines {
+                return Ok((file, body));
+            }
+        }
+        let text: String = lines
+            .iter()
+            .map(|(p, d)| format!("{d}  {}\n", escape(p)))
+            .collect();
+        Ok((file, text.into_bytes()))
+    }
 }
 
 /// [`write_bag`] into the file `out` (through `out.part`, fsynced, then renamed).
