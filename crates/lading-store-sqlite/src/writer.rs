@@ -279,6 +279,85 @@ impl Writer {
         Ok(())
     }
 
+    /// Whether this process's session is live; one that lapsed (or another process reaped)
+    /// is dropped with its ephemerals (into `ov`) and a new one opened, and false is
+    /// returned: every multi of this group fails, later requests run under the new session.
+    fn session_live(
+        &self,
+        ov: &mut Overlay,
+        base: &dyn mem::Below,
+        now: u64,
+    ) -> rusqlite::Result<bool> {
+        let shared = &self.shared;
+        let session = shared.session.load(Ordering::SeqCst);
+        let live = self
+            .conn
+            .prepare_cached("SELECT 1 FROM sessions WHERE id = ?1 AND expires_ms >= ?2")?
+            .exists(params![session as i64, now as i64])?;
+        if !live {
+            self.drop_session(ov, base, session)?;
+            let fresh = new_session(&self.conn, &shared.opts)?;
+            shared.session.store(fresh, Ordering::SeqCst);
+            tracing::warn!(
+                old = session,
+                new = fresh,
+                "session expired; opened a new one"
+            );
+        }
+        Ok(live)
+    }
+
+    /// Hands a committed group to the syncer, which answers it once it is durable (or, gone
+    /// at shutdown, answers here).
+    fn hand_to_syncer(&self, item: Committed) {
+        if let Err(mpsc::SendError(item)) = self.to_syncer.send(item) {
+            for (reply, _) in item.replies {
+                let _ = reply.send(Err(TreeError::Backend("store handle is closing".into())));
+            }
+        }
+    }
+
+    /// Writes the group's change-log entry (encoded in `self.body`) and commits, entering the
+    /// pending queue in the same step; the entry's sequence number and the overlay committed
+    /// (taken from `ov`). `existed`: whether each change's node was in the file before.
+    fn log_and_commit(
+        &mut self,
+        ov: &mut Overlay,
+        existed: Vec<bool>,
+    ) -> rusqlite::Result<(i64, Arc<Overlay>)> {
+        self.conn
+            .prepare_cached("INSERT INTO changes(body) VALUES (?1)")?
+            .execute([&self.body[..]])?;
+        if self.body.capacity() > 4 << 20 {
+            // One huge group does not pin its memory.
+            self.body = Vec::new();
+        }
+        let seq = self.conn.last_insert_rowid();
+        // Commit and enter the pending queue as one step for readers: a reader folding in
+        // the change log must never see our row committed but not yet pending (it would
+        // take an un-fsynced change into memory, and the syncer would later re-apply it
+        // out of order).
+        let committed = Arc::new(std::mem::take(ov));
+        let sync_guard = lock(&self.shared.sync);
+        self.conn.prepare_cached("COMMIT")?.execute([])?;
+        self.last_seq = seq;
+        if let Some(r) = &mut self.recent
+            && !r.push(seq, committed.clone(), existed)
+        {
+            self.recent = None;
+        }
+        lock(&self.shared.pending)
+            .groups
+            .push_back((seq, committed.clone()));
+        drop(sync_guard);
+        // Counted before anyone is answered: whoever learns of this commit finds the
+        // counter moved.
+        if let Err(e) = self.shared.counter.count_own() {
+            tracing::warn!(error = %e, "could not count a commit; other processes will see it at their next poll");
+        }
+        Ok((seq, committed))
+    }
+
     /// Applies one group in one transaction and hands it to the syncer.
     pub(crate) fn apply_group(&mut self, group: Vec<Req>) -> Done {
         let now = self.shared.opts.clock.now_ms();
@@ -293,22 +372,7 @@ impl Writer {
         let mut needs_sync = false;
 
         if let Some(why) = lock(&shared.pending).poisoned.clone() {
-            for req in group {
-                match req {
-                    Req::Multi(_, _, reply) => {
-                        let _ = reply.send(Err(TreeError::Backend(why.clone())));
-                    }
-                    Req::Expire(done) => {
-                        let _ = done.send(());
-                    }
-                    Req::Close(done) => {
-                        let _ = done.send(Err(TreeError::Backend(why.clone())));
-                        return Done::Closed;
-                    }
-                    Req::Heartbeat | Req::Reap | Req::Materialize => {}
-                }
-            }
-            return Done::Open;
+            return refuse_all(group, &why);
         }
         shared.wait_pending(|n| n < MAX_PENDING);
 
@@ -336,24 +400,7 @@ impl Writer {
                 mem: &mem_guard,
                 pending: &pending,
             };
-            let session = shared.session.load(Ordering::SeqCst);
-            let live = self
-                .conn
-                .prepare_cached("SELECT 1 FROM sessions WHERE id = ?1 AND expires_ms >= ?2")?
-                .exists(params![session as i64, now as i64])?;
-            let mut session_ok = live;
-            if !live {
-                // Our session lapsed (or another process reaped it): its ephemerals go, and
-                // every multi of this group fails; later requests run under a new session.
-                self.drop_session(&mut ov, &base, session)?;
-                let fresh = new_session(&self.conn, &shared.opts)?;
-                shared.session.store(fresh, Ordering::SeqCst);
-                tracing::warn!(
-                    old = session,
-                    new = fresh,
-                    "session expired; opened a new one"
-                );
-            }
+            let mut session_ok = self.session_live(&mut ov, &base, now)?;
             let session = shared.session.load(Ordering::SeqCst);
             for req in group {
                 match req {
@@ -419,36 +466,7 @@ impl Writer {
                 self.conn.prepare_cached("COMMIT")?.execute([])?;
                 return Ok(None);
             }
-            self.conn
-                .prepare_cached("INSERT INTO changes(body) VALUES (?1)")?
-                .execute([&body[..]])?;
-            if body.capacity() > 4 << 20 {
-                // One huge group does not pin its memory.
-                *body = Vec::new();
-            }
-            let seq = self.conn.last_insert_rowid();
-            // Commit and enter the pending queue as one step for readers: a reader folding in
-            // the change log must never see our row committed but not yet pending (it would
-            // take an un-fsynced change into memory, and the syncer would later re-apply it
-            // out of order).
-            let committed = Arc::new(std::mem::take(&mut ov));
-            let sync_guard = lock(&shared.sync);
-            self.conn.prepare_cached("COMMIT")?.execute([])?;
-            self.last_seq = seq;
-            if let Some(r) = &mut self.recent
-                && !r.push(seq, committed.clone(), existed)
-            {
-                self.recent = None;
-            }
-            lock(&shared.pending)
-                .groups
-                .push_back((seq, committed.clone()));
-            drop(sync_guard);
-            // Counted before anyone is answered: whoever learns of this commit finds the
-            // counter moved.
-            if let Err(e) = shared.counter.count_own() {
-                tracing::warn!(error = %e, "could not count a commit; other processes will see it at their next poll");
-            }
+            let (seq, committed) = self.log_and_commit(&mut ov, existed)?;
             pending_overlay = Some(committed);
             Ok(Some(seq))
         })();
@@ -460,11 +478,10 @@ impl Writer {
                 shared
                     .multis
                     .fetch_add(replies.len() as u64, Ordering::Relaxed);
-                let _ = seq;
                 let overlay = pending_overlay
                     .take()
                     .unwrap_or_else(|| Arc::new(std::mem::take(&mut ov)));
-                let item = Committed {
+                self.hand_to_syncer(Committed {
                     seq,
                     needs_sync: needs_sync && seq.is_some(),
                     overlay,
@@ -472,34 +489,58 @@ impl Writer {
                     replies,
                     after,
                     close,
-                };
-                if let Err(mpsc::SendError(item)) = self.to_syncer.send(item) {
-                    // The syncer is gone (only at shutdown): answer here.
-                    for (reply, _) in item.replies {
-                        let _ =
-                            reply.send(Err(TreeError::Backend("store handle is closing".into())));
-                    }
-                }
+                });
             }
             Err(e) => {
                 let _ = self.conn.execute_batch("ROLLBACK");
                 tracing::error!(error = %e, "group commit failed");
-                for (reply, r) in replies {
-                    let r = match r {
-                        Ok(_) => Err(TreeError::Backend(format!("commit failed: {e}"))),
-                        refused => refused,
-                    };
-                    let _ = reply.send(r);
-                }
-                for done in after {
-                    let _ = done.send(());
-                }
-                if let Some(done) = close {
-                    let _ = done.send(Err(TreeError::Backend(format!("commit failed: {e}"))));
-                }
+                failed(&e, replies, after, close);
             }
         }
         if closing { Done::Closed } else { Done::Open }
+    }
+}
+
+/// Answers a group the store can no longer write (`why`: what poisoned it).
+fn refuse_all(group: Vec<Req>, why: &str) -> Done {
+    for req in group {
+        match req {
+            Req::Multi(_, _, reply) => {
+                let _ = reply.send(Err(TreeError::Backend(why.to_string())));
+            }
+            Req::Expire(done) => {
+                let _ = done.send(());
+            }
+            Req::Close(done) => {
+                let _ = done.send(Err(TreeError::Backend(why.to_string())));
+                return Done::Closed;
+            }
+            Req::Heartbeat | Req::Reap | Req::Materialize => {}
+        }
+    }
+    Done::Open
+}
+
+/// Answers a group whose commit failed with `e`: each multi that would have applied fails
+/// with it (one refused says why it was), waiters are let go, a close fails.
+fn failed(
+    e: &rusqlite::Error,
+    replies: Vec<(Reply, Result<Vec<OpResult>, TreeError>)>,
+    after: Vec<oneshot::Sender<()>>,
+    close: Option<oneshot::Sender<Result<(), TreeError>>>,
+) {
+    for (reply, r) in replies {
+        let r = match r {
+            Ok(_) => Err(TreeError::Backend(format!("commit failed: {e}"))),
+            refused => refused,
+        };
+        let _ = reply.send(r);
+    }
+    for done in after {
+        let _ = done.send(());
+    }
+    if let Some(done) = close {
+        let _ = done.send(Err(TreeError::Backend(format!("commit failed: {e}"))));
     }
 }
 
