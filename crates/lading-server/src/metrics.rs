@@ -25,11 +25,26 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
 
 #[utoipa::path(get, path = "/metrics", tag = "service", summary = "Metrics", responses((status = 200, description = "Prometheus text format 0.0.4", content_type = "text/plain")), security(()))]
 pub async fn metrics(State(s): State<AppState>) -> Result<Response, ApiError> {
-    let e = &s.ingest.engine;
     let mut out = String::with_capacity(4096);
+    store_figures(&s, &mut out).await?;
+    generic_figures(&s, &mut out).await?;
+    process_figures(&s, &mut out);
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        out,
+    )
+        .into_response())
+}
 
+/// The store's figures: jobs and batches per state, dependencies' health and waiting jobs,
+/// paused queues.
+async fn store_figures(s: &AppState, out: &mut String) -> Result<(), ApiError> {
+    let e = &s.ingest.engine;
     family(
-        &mut out,
+        out,
         "lading_jobs",
         "gauge",
         "Ingest jobs per state, in the whole store.",
@@ -38,7 +53,7 @@ pub async fn metrics(State(s): State<AppState>) -> Result<Response, ApiError> {
         let _ = writeln!(out, "lading_jobs{{state=\"{}\"}} {n}", st.name());
     }
     family(
-        &mut out,
+        out,
         "lading_batches",
         "gauge",
         "Batches per state, in the whole store.",
@@ -48,7 +63,7 @@ pub async fn metrics(State(s): State<AppState>) -> Result<Response, ApiError> {
     }
     let deps = lading_engine::deps::published(e).await;
     family(
-        &mut out,
+        out,
         "lading_dependency_up",
         "gauge",
         "1 when the outside service answers, 0 while it is down (for any process).",
@@ -63,7 +78,7 @@ pub async fn metrics(State(s): State<AppState>) -> Result<Response, ApiError> {
         );
     }
     family(
-        &mut out,
+        out,
         "lading_jobs_waiting",
         "gauge",
         "Jobs of this process waiting on an outside service that is down.",
@@ -77,7 +92,7 @@ pub async fn metrics(State(s): State<AppState>) -> Result<Response, ApiError> {
         );
     }
     family(
-        &mut out,
+        out,
         "lading_queue_paused",
         "gauge",
         "1 when the queue is paused.",
@@ -86,8 +101,14 @@ pub async fn metrics(State(s): State<AppState>) -> Result<Response, ApiError> {
         let p = u8::from(e.queue_paused(q).await?);
         let _ = writeln!(out, "lading_queue_paused{{queue=\"{q}\"}} {p}");
     }
+    Ok(())
+}
+
+/// Generic jobs per state (and per type when configured), and this process's waiting
+/// acceptors.
+async fn generic_figures(s: &AppState, out: &mut String) -> Result<(), ApiError> {
     family(
-        &mut out,
+        out,
         "lading_generic_jobs",
         "gauge",
         "Generic jobs per state (and per type when http.metrics_type_names is set: type \
@@ -117,7 +138,7 @@ pub async fn metrics(State(s): State<AppState>) -> Result<Response, ApiError> {
     }
 
     family(
-        &mut out,
+        out,
         "lading_generic_acceptors_waiting",
         "gauge",
         "Generic-job acceptors in this process waiting for a job (idle processors and long-polls).",
@@ -127,9 +148,15 @@ pub async fn metrics(State(s): State<AppState>) -> Result<Response, ApiError> {
         "lading_generic_acceptors_waiting {}",
         s.jobs.waiting_acceptors()
     );
+    Ok(())
+}
+
+/// This process's own figures: stage runs and latencies, bytes downloaded, replica copies,
+/// fixity failures.
+fn process_figures(s: &AppState, out: &mut String) {
     let stats = &s.ingest.stats;
     family(
-        &mut out,
+        out,
         "lading_stage_runs_total",
         "counter",
         "Stage handler runs in this process by outcome (done, wait, transient = retried later, fatal = failed).",
@@ -149,7 +176,7 @@ pub async fn metrics(State(s): State<AppState>) -> Result<Response, ApiError> {
         }
     }
     family(
-        &mut out,
+        out,
         "lading_stage_seconds",
         "histogram",
         "Stage handler latency in this process.",
@@ -179,7 +206,7 @@ pub async fn metrics(State(s): State<AppState>) -> Result<Response, ApiError> {
         );
     }
     family(
-        &mut out,
+        out,
         "lading_downloaded_bytes_total",
         "counter",
         "Payload bytes downloaded and verified by this process.",
@@ -190,7 +217,7 @@ pub async fn metrics(State(s): State<AppState>) -> Result<Response, ApiError> {
         s.ingest.fetcher.bytes_downloaded()
     );
     family(
-        &mut out,
+        out,
         "lading_replica_versions_total",
         "counter",
         "Object versions copied to a replica storage node by this process, by node and outcome (failed attempts are retried).",
@@ -206,7 +233,7 @@ pub async fn metrics(State(s): State<AppState>) -> Result<Response, ApiError> {
         );
     }
     family(
-        &mut out,
+        out,
         "lading_fixity_failures_total",
         "counter",
         "Stored copies the fixity checker in this process found bad or missing, by storage node.",
@@ -218,12 +245,4 @@ pub async fn metrics(State(s): State<AppState>) -> Result<Response, ApiError> {
             .unwrap_or(0);
         let _ = writeln!(out, "lading_fixity_failures_total{{node=\"{id}\"}} {n}");
     }
-    Ok((
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        out,
-    )
-        .into_response())
 }
