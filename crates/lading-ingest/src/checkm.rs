@@ -295,37 +295,7 @@ pub fn parse_at(
                     }
                     prefixes.insert(p.trim_end_matches(':').to_string());
                 }
-                "fields" => {
-                    if parts.len() - 1 > limits.max_fields {
-                        return Err(bad(
-                            n,
-                            format!(
-                                "#%fields declares {} fields, over the limit of {} (payload.max_fields)",
-                                parts.len() - 1,
-                                limits.max_fields
-                            ),
-                        ));
-                    }
-                    let f: Vec<String> = parts[1..].iter().map(|s| s.to_string()).collect();
-                    if f.is_empty() || f.iter().any(String::is_empty) {
-                        return Err(bad(n, "#%fields has an empty field name"));
-                    }
-                    if !f.iter().any(|x| x == FILE_URL) {
-                        return Err(bad(n, format!("#%fields lacks {FILE_URL}")));
-                    }
-                    for name in &f {
-                        if let Some((p, _)) = name.split_once(':')
-                            && !prefixes.contains(p)
-                            && !matches!(p, "nfo" | "mrt")
-                        {
-                            return Err(bad(
-                                n,
-                                format!("field {name} uses undeclared prefix {p}:"),
-                            ));
-                        }
-                    }
-                    fields = Some(f);
-                }
+                "fields" => fields = Some(declared_fields(n, &parts, &prefixes, limits)?),
                 "eof" => eof_line = Some(n),
                 other => return Err(bad(n, format!("unknown directive #%{other}"))),
             }
@@ -341,32 +311,7 @@ pub fn parse_at(
         let Some(fields) = fields.as_ref() else {
             return Err(bad(n, "a row before #%fields"));
         };
-        let values: Vec<&str> = line.split('|').map(str::trim).collect();
-        if values.len() > fields.len() {
-            return Err(bad(
-                n,
-                format!(
-                    "{} values but #%fields declares {}",
-                    values.len(),
-                    fields.len()
-                ),
-            ));
-        }
-        let mut map = BTreeMap::new();
-        for (k, v) in fields.iter().zip(values.iter()) {
-            map.insert(k.clone(), v.to_string());
-        }
-        if let Some(base) = base
-            && let Some(url) = map.get_mut(FILE_URL)
-            && !url.is_empty()
-            && !url.contains("://")
-        {
-            *url = resolve(base, url).map_err(|r| bad(n, r))?;
-        }
-        let row = Row {
-            line: n,
-            values: map,
-        };
+        let row = row_of(n, line, fields, base)?;
         check_row(&row)?;
         if rows.len() >= limits.max_rows {
             return Err(bad(
@@ -392,6 +337,78 @@ pub fn parse_at(
         fields: fields.unwrap_or_default(),
         rows,
     })
+}
+
+/// The fields a `#%fields` directive on line `n` declares (`parts`: its name and values):
+/// within the limit, none empty, `nfo:fileUrl` among them, each prefix declared.
+fn declared_fields(
+    n: usize,
+    parts: &[&str],
+    prefixes: &std::collections::HashSet<String>,
+    limits: &Limits,
+) -> Result<Vec<String>, ManifestError> {
+    if parts.len() - 1 > limits.max_fields {
+        return Err(bad(
+            n,
+            format!(
+                "#%fields declares {} fields, over the limit of {} (payload.max_fields)",
+                parts.len() - 1,
+                limits.max_fields
+            ),
+        ));
+    }
+    let f: Vec<String> = parts[1..].iter().map(|s| s.to_string()).collect();
+    if f.is_empty() || f.iter().any(String::is_empty) {
+        return Err(bad(n, "#%fields has an empty field name"));
+    }
+    if !f.iter().any(|x| x == FILE_URL) {
+        return Err(bad(n, format!("#%fields lacks {FILE_URL}")));
+    }
+    for name in &f {
+        if let Some((p, _)) = name.split_once(':')
+            && !prefixes.contains(p)
+            && !matches!(p, "nfo" | "mrt")
+        {
+            return Err(bad(n, format!("field {name} uses undeclared prefix {p}:")));
+        }
+    }
+    Ok(f)
+}
+
+/// Row `n` (`line`) under `fields`; a relative `nfo:fileUrl` resolved against `base`.
+fn row_of(
+    n: usize,
+    line: &str,
+    fields: &[String],
+    base: Option<&str>,
+) -> Result<Row, ManifestError> {
+    let values: Vec<&str> = line.split('|').map(str::trim).collect();
+    if values.len() > fields.len() {
+        return Err(bad(
+            n,
+            format!(
+                "{} values but #%fields declares {}",
+                values.len(),
+                fields.len()
+            ),
+        ));
+    }
+    let mut map = BTreeMap::new();
+    for (k, v) in fields.iter().zip(values.iter()) {
+        map.insert(k.clone(), v.to_string());
+    }
+    if let Some(base) = base
+        && let Some(url) = map.get_mut(FILE_URL)
+        && !url.is_empty()
+        && !url.contains("://")
+    {
+        *url = resolve(base, url).map_err(|r| bad(n, r))?;
+    }
+    let row = Row {
+        line: n,
+        values: map,
+    };
+    Ok(row)
 }
 
 fn check_row(row: &Row) -> Result<(), ManifestError> {
