@@ -168,22 +168,7 @@ pub(crate) async fn unpack_bag(ingest: &Ingest, job: &JobCtx) -> Result<Option<V
                 return Err(invalid_bag(&name, &problems));
             }
         };
-        // The payload becomes the object's files, the rest the bag's tag files.
-        let producer = w.join(PRODUCER);
-        let tags = w.join(SYSTEM).join(BAG_TAGS);
-        for old in [&producer, &tags] {
-            if old.exists() {
-                std::fs::remove_dir_all(old).map_err(|e| io_err("removing", old, e))?;
-            }
-        }
-        std::fs::create_dir_all(w.join(SYSTEM)).map_err(|e| io_err("creating", &w, e))?;
-        let data = dir.join("data");
-        if data.is_dir() {
-            std::fs::rename(&data, &producer).map_err(|e| io_err("renaming", &data, e))?;
-        } else {
-            std::fs::create_dir_all(&producer).map_err(|e| io_err("creating", &producer, e))?;
-        }
-        std::fs::rename(&dir, &tags).map_err(|e| io_err("renaming", &dir, e))?;
+        place_bag(&w, &dir)?;
         let _ = std::fs::remove_dir_all(&into);
         Ok(bag)
     })
@@ -198,24 +183,8 @@ pub(crate) async fn unpack_bag(ingest: &Ingest, job: &JobCtx) -> Result<Option<V
     if !profile.storage_options.is_empty() {
         profile.nodes_for_option(&option).map_err(Outcome::fatal)?;
     }
-    // Tags fill the metadata the submission left empty: ERC's names for three, the rest by
-    // their own names.
-    let mut metadata = job.info.metadata.clone();
-    if !metadata.is_object() {
-        metadata = json!({});
-    }
-    if let Some(m) = metadata.as_object_mut() {
-        for t in bag.tags.iter().filter(|t| t.file != "bagit.txt") {
-            let key = ERC_TAGS
-                .iter()
-                .find(|(tag, _)| tag.eq_ignore_ascii_case(&t.name))
-                .map_or(t.name.as_str(), |(_, erc)| erc);
-            let empty = m.get(key).is_none_or(|v| v.is_null() || v == "");
-            if empty && !t.value.is_empty() {
-                m.insert(key.to_string(), json!(t.value));
-            }
-        }
-    }
+    // Tags fill the metadata the submission left empty.
+    let metadata = metadata_from_tags(job.info.metadata.clone(), &bag);
     job.set_data("metadata", &metadata)
         .await
         .map_err(engine_err)?;
@@ -251,6 +220,50 @@ pub(crate) async fn unpack_bag(ingest: &Ingest, job: &JobCtx) -> Result<Option<V
         bag.payload_algorithms.join(", ")
     ));
     Ok(Some(metadata))
+}
+
+/// The bag in `dir` put in the working folder `w`: its payload becomes the object's files,
+/// the rest the bag's tag files (what an earlier attempt left there replaced).
+fn place_bag(w: &Path, dir: &Path) -> Result<(), Outcome> {
+    // The payload becomes the object's files, the rest the bag's tag files.
+    let producer = w.join(PRODUCER);
+    let tags = w.join(SYSTEM).join(BAG_TAGS);
+    for old in [&producer, &tags] {
+        if old.exists() {
+            std::fs::remove_dir_all(old).map_err(|e| io_err("removing", old, e))?;
+        }
+    }
+    std::fs::create_dir_all(w.join(SYSTEM)).map_err(|e| io_err("creating", w, e))?;
+    let data = dir.join("data");
+    if data.is_dir() {
+        std::fs::rename(&data, &producer).map_err(|e| io_err("renaming", &data, e))?;
+    } else {
+        std::fs::create_dir_all(&producer).map_err(|e| io_err("creating", &producer, e))?;
+    }
+    std::fs::rename(dir, &tags).map_err(|e| io_err("renaming", dir, e))?;
+    Ok(())
+}
+
+/// `metadata` with what the submission left empty filled from the bag's tags: ERC's names
+/// for three, the rest by their own names.
+fn metadata_from_tags(metadata: Value, bag: &crate::bagit::Bag) -> Value {
+    let mut metadata = metadata;
+    if !metadata.is_object() {
+        metadata = json!({});
+    }
+    if let Some(m) = metadata.as_object_mut() {
+        for t in bag.tags.iter().filter(|t| t.file != "bagit.txt") {
+            let key = ERC_TAGS
+                .iter()
+                .find(|(tag, _)| tag.eq_ignore_ascii_case(&t.name))
+                .map_or(t.name.as_str(), |(_, erc)| erc);
+            let empty = m.get(key).is_none_or(|v| v.is_null() || v == "");
+            if empty && !t.value.is_empty() {
+                m.insert(key.to_string(), json!(t.value));
+            }
+        }
+    }
+    metadata
 }
 
 /// The bag record Processing left in the working folder, if the job is a bag.

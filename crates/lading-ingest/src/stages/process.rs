@@ -13,27 +13,7 @@ pub(crate) async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Ou
             current_metadata = m;
         }
     } else if job.config()?.payload_type() == "container" {
-        let marker = wd.join(INTERIM).join("unpacked");
-        if !marker.exists() {
-            let c = wd.join(CONTAINER);
-            let found = crate::blocking::run(move || list_files(&c))
-                .await
-                .map_err(|e| Outcome::Transient(e.to_string()))?
-                .map_err(|e| io_err("reading", &wd.join(CONTAINER), e))?;
-            check_verified(&wd, CONTAINER, &found)?;
-            let (c, p) = (wd.join(CONTAINER), producer.clone());
-            let limits = crate::unpack::Limits::from(&ingest.cfg.payload);
-            let unpacked = crate::blocking::run(move || crate::unpack::unpack_all(&c, &p, &limits))
-                .await
-                .map_err(|e| Outcome::Transient(e.to_string()))??;
-            // What the job takes now: the containers and what they held.
-            let packed: u64 = found.iter().map(|f| f.size).sum();
-            job.set_space_needed(packed.saturating_add(unpacked))
-                .await
-                .map_err(engine_err)?;
-            write_atomic(&marker, b"").map_err(|e| io_err("writing", &marker, e))?;
-            job.log(&format!("containers unpacked ({unpacked} bytes)"));
-        }
+        unpack_containers(ingest, job).await?;
     }
     std::fs::create_dir_all(&producer).map_err(|e| io_err("creating", &producer, e))?;
     let p = producer.clone();
@@ -50,28 +30,7 @@ pub(crate) async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Ou
     // An ERC file (`mrt-erc.txt`, what Merritt's clients send with an object) fills the
     // metadata the submission left empty; the file itself is stored with the object.
     if files.iter().any(|f| f.path == ERC_FILE) {
-        let erc = read_erc(&producer.join(ERC_FILE))
-            .map_err(|e| io_err("reading", &producer.join(ERC_FILE), e))?;
-        let mut metadata = current_metadata;
-        if !metadata.is_object() {
-            metadata = json!({});
-        }
-        if let Some(m) = metadata.as_object_mut() {
-            let mut changed = false;
-            for (key, value) in erc {
-                let empty = m.get(&key).is_none_or(|v| v.is_null() || v == "");
-                if empty {
-                    m.insert(key, json!(value));
-                    changed = true;
-                }
-            }
-            if changed {
-                job.set_data("metadata", &metadata)
-                    .await
-                    .map_err(engine_err)?;
-                job.log("metadata filled from mrt-erc.txt");
-            }
-        }
+        fill_from_erc(job, &producer, current_metadata).await?;
     }
     // The object's manifest, with digests.
     let rows: Vec<Vec<String>> = files
@@ -89,21 +48,119 @@ pub(crate) async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Ou
     let manifest = checkm::write(ManifestKind::Object, checkm::OBJECT_FIELDS, &rows);
     let mpath = wd.join(SYSTEM).join("manifest.checkm");
     write_atomic(&mpath, manifest.as_bytes()).map_err(|e| io_err("writing", &mpath, e))?;
+    let profile = job_profile(ingest, job)?;
+    let ark = primary_id(ingest, job, &profile).await?;
+    crate::intake::check_primary_id(&ark)
+        .map_err(|why| Outcome::fatal(format!("primary identifier: {why}")))?;
+    check_owner(ingest, &ark, &profile.collection).await?;
+    if let Some(cmd) = &profile.command {
+        run_command(ingest, job, cmd, &ark).await?;
+    }
+    let size: u64 = files.iter().map(|f| f.size).sum();
+    // This working folder's mark, in the folder and in the job: Storing stores from a folder
+    // only when the two agree, so a job that reached another host is processed there again.
+    let mark = unique_hex(job);
+    let at = processed_path(&wd);
+    write_atomic(&at, mark.as_bytes()).map_err(|e| io_err("writing", &at, e))?;
+    let mut inventory =
+        json!({ "primary_id": ark, "files": files, "size": size, "working_copy": mark });
+    if let Some(mut bag) = super::bag::bag_record(&wd) {
+        if let Some(changes) = changes_from_newest(ingest, &ark, &files).await? {
+            job.log(&format!("compared with the stored version: {changes}"));
+            bag["reingest"] = changes;
+        }
+        inventory["bag"] = bag;
+    }
+    job.set_data("inventory", &inventory)
+        .await
+        .map_err(engine_err)?;
+    Ok(Outcome::Done)
+}
+
+/// Unpacks the job's containers into the object (once: a mark says it was done), and counts
+/// what the job takes now.
+async fn unpack_containers(ingest: &Ingest, job: &JobCtx) -> Result<(), Outcome> {
+    let wd = job.workdir.clone();
+    let producer = wd.join(PRODUCER);
+    let marker = wd.join(INTERIM).join("unpacked");
+    if !marker.exists() {
+        let c = wd.join(CONTAINER);
+        let found = crate::blocking::run(move || list_files(&c))
+            .await
+            .map_err(|e| Outcome::Transient(e.to_string()))?
+            .map_err(|e| io_err("reading", &wd.join(CONTAINER), e))?;
+        check_verified(&wd, CONTAINER, &found)?;
+        let (c, p) = (wd.join(CONTAINER), producer.clone());
+        let limits = crate::unpack::Limits::from(&ingest.cfg.payload);
+        let unpacked = crate::blocking::run(move || crate::unpack::unpack_all(&c, &p, &limits))
+            .await
+            .map_err(|e| Outcome::Transient(e.to_string()))??;
+        // What the job takes now: the containers and what they held.
+        let packed: u64 = found.iter().map(|f| f.size).sum();
+        job.set_space_needed(packed.saturating_add(unpacked))
+            .await
+            .map_err(engine_err)?;
+        write_atomic(&marker, b"").map_err(|e| io_err("writing", &marker, e))?;
+        job.log(&format!("containers unpacked ({unpacked} bytes)"));
+    }
+    Ok(())
+}
+
+/// An ERC file (`mrt-erc.txt`, what Merritt's clients send with an object) fills the
+/// metadata the submission left empty (`metadata`, as this call left it); the file itself is
+/// stored with the object.
+async fn fill_from_erc(
+    job: &JobCtx,
+    producer: &std::path::Path,
+    metadata: Value,
+) -> Result<(), Outcome> {
+    let erc = read_erc(&producer.join(ERC_FILE))
+        .map_err(|e| io_err("reading", &producer.join(ERC_FILE), e))?;
+    let mut metadata = metadata;
+    if !metadata.is_object() {
+        metadata = json!({});
+    }
+    if let Some(m) = metadata.as_object_mut() {
+        let mut changed = false;
+        for (key, value) in erc {
+            let empty = m.get(&key).is_none_or(|v| v.is_null() || v == "");
+            if empty {
+                m.insert(key, json!(value));
+                changed = true;
+            }
+        }
+        if changed {
+            job.set_data("metadata", &metadata)
+                .await
+                .map_err(engine_err)?;
+            job.log("metadata filled from mrt-erc.txt");
+        }
+    }
+    Ok(())
+}
+
+/// The object's primary identifier: given; or, for a bag whose name is already an object
+/// of the collection, that object's; or minted once (kept in the job, so a retry reuses it).
+async fn primary_id(
+    ingest: &Ingest,
+    job: &JobCtx,
+    profile: &crate::config::Profile,
+) -> Result<String, Outcome> {
+    let wd = &job.workdir;
     // The primary identifier: given, or minted once (kept in the job, so a retry reuses it).
     let mut ids: lading_core::layout::Identifiers =
         serde_json::from_value(job.info.identifiers.clone()).unwrap_or_default();
-    let profile = job_profile(ingest, job)?;
     let mut ids_changed = false;
     // A bag's name is its object's local identifier when none was given.
     if ids.local_id.is_empty()
-        && let Some(name) = super::bag::bag_record(&wd)
+        && let Some(name) = super::bag::bag_record(wd)
             .and_then(|b| b.get("name").and_then(Value::as_str).map(str::to_string))
     {
         ids.local_id = vec![name];
         ids_changed = true;
     }
     // A bag whose name is already an object of the collection is that object's next version.
-    let bag_name = super::bag::bag_record(&wd)
+    let bag_name = super::bag::bag_record(wd)
         .and_then(|b| b.get("name").and_then(Value::as_str).map(str::to_string));
     if ids.primary_id.as_deref().is_none_or(str::is_empty)
         && let Some(name) = bag_name.clone()
@@ -133,32 +190,7 @@ pub(crate) async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Ou
             .await
             .map_err(engine_err)?;
     }
-    let ark = ids.primary_id.clone().unwrap_or_default();
-    crate::intake::check_primary_id(&ark)
-        .map_err(|why| Outcome::fatal(format!("primary identifier: {why}")))?;
-    check_owner(ingest, &ark, &profile.collection).await?;
-    if let Some(cmd) = &profile.command {
-        run_command(ingest, job, cmd, &ark).await?;
-    }
-    let size: u64 = files.iter().map(|f| f.size).sum();
-    // This working folder's mark, in the folder and in the job: Storing stores from a folder
-    // only when the two agree, so a job that reached another host is processed there again.
-    let mark = unique_hex(job);
-    let at = processed_path(&wd);
-    write_atomic(&at, mark.as_bytes()).map_err(|e| io_err("writing", &at, e))?;
-    let mut inventory =
-        json!({ "primary_id": ark, "files": files, "size": size, "working_copy": mark });
-    if let Some(mut bag) = super::bag::bag_record(&wd) {
-        if let Some(changes) = changes_from_newest(ingest, &ark, &files).await? {
-            job.log(&format!("compared with the stored version: {changes}"));
-            bag["reingest"] = changes;
-        }
-        inventory["bag"] = bag;
-    }
-    job.set_data("inventory", &inventory)
-        .await
-        .map_err(engine_err)?;
-    Ok(Outcome::Done)
+    Ok(ids.primary_id.clone().unwrap_or_default())
 }
 
 /// How `files` differ from the newest stored version of `ark` (none stored: `None`): how
