@@ -297,39 +297,7 @@ async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
             id,
             until,
             timeout_s,
-        } => {
-            let until = until.as_deref().map(parse_state).transpose()?;
-            let (sub, state) = j.subscribe(&r#type, &id).await?;
-            println!("{id}: {state}");
-            if until == Some(state) {
-                return Ok(());
-            }
-            let deadline = timeout_s.map(|s| tokio::time::Instant::now() + Duration::from_secs(s));
-            loop {
-                let left = deadline.map_or(Duration::from_secs(3600), |d| {
-                    d.saturating_duration_since(tokio::time::Instant::now())
-                });
-                match j.wait(&[sub], None, left).await? {
-                    Some(c) => match c.state {
-                        None => {
-                            println!("{id}: removed");
-                            return Ok(());
-                        }
-                        Some(s) => {
-                            println!("{id}: {s}");
-                            if until == Some(s) {
-                                return Ok(());
-                            }
-                        }
-                    },
-                    None if deadline.is_some() => {
-                        let waited = until.map_or("a change".to_string(), |u| format!("{u}"));
-                        anyhow::bail!("{id}: still not {waited} when the timeout ran out")
-                    }
-                    None => {}
-                }
-            }
-        }
+        } => watch(j, &r#type, &id, until, timeout_s).await?,
         JobsCmd::Run {
             r#type,
             concurrency,
@@ -353,6 +321,48 @@ async fn dispatch(j: &Arc<Jobs>, cmd: JobsCmd) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `lading jobs watch`: prints each state job `id` of `ty` reaches, until `until` (or a
+/// removal, or `timeout_s`, which is an error when `until` was not reached).
+async fn watch(
+    j: &Arc<Jobs>,
+    ty: &str,
+    id: &str,
+    until: Option<String>,
+    timeout_s: Option<u64>,
+) -> anyhow::Result<()> {
+    let until = until.as_deref().map(parse_state).transpose()?;
+    let (sub, state) = j.subscribe(ty, id).await?;
+    println!("{id}: {state}");
+    if until == Some(state) {
+        return Ok(());
+    }
+    let deadline = timeout_s.map(|s| tokio::time::Instant::now() + Duration::from_secs(s));
+    loop {
+        let left = deadline.map_or(Duration::from_secs(3600), |d| {
+            d.saturating_duration_since(tokio::time::Instant::now())
+        });
+        match j.wait(&[sub], None, left).await? {
+            Some(c) => match c.state {
+                None => {
+                    println!("{id}: removed");
+                    return Ok(());
+                }
+                Some(s) => {
+                    println!("{id}: {s}");
+                    if until == Some(s) {
+                        return Ok(());
+                    }
+                }
+            },
+            None if deadline.is_some() => {
+                let waited = until.map_or("a change".to_string(), |u| format!("{u}"));
+                anyhow::bail!("{id}: still not {waited} when the timeout ran out")
+            }
+            None => {}
+        }
+    }
 }
 
 /// The processor of `lading jobs run`: `concurrency` loops of [`CommandProcessor`] until
