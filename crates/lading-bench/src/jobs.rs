@@ -16,6 +16,137 @@ use tokio::sync::Semaphore;
 
 const TYPE: &str = "bench";
 
+/// What the producers and processors of one run share.
+struct Run {
+    n: usize,
+    batch: usize,
+    mode: JobsMode,
+    start: Instant,
+    /// When each job's add committed, in µs since start.
+    added: Vec<AtomicU64>,
+    /// Room for jobs added and not yet finished.
+    window: Semaphore,
+    next: AtomicUsize,
+    done: AtomicUsize,
+    /// Cancelled by the last finish: processors idle in `accept` stop at once instead of
+    /// waiting out their timeout (which would be counted as part of the work).
+    all_done: tokio_util::sync::CancellationToken,
+}
+
+impl Run {
+    /// A producer: one job, and up to a batch when the window has room for more, each add
+    /// awaited, until every job is added.
+    async fn produce(&self, j: &Jobs) -> anyhow::Result<()> {
+        loop {
+            let permit = self.window.acquire().await?;
+            permit.forget();
+            let mut take = 1;
+            while take < self.batch {
+                match self.window.try_acquire() {
+                    Ok(p) => {
+                        p.forget();
+                        take += 1;
+                    }
+                    Err(_) => break,
+                }
+            }
+            let first = self.next.fetch_add(take, Ordering::Relaxed);
+            if first >= self.n {
+                return Ok(());
+            }
+            let last = (first + take).min(self.n);
+            if self.batch == 1 {
+                j.add(TYPE, &format!("j{first:09}"), json!({}), None)
+                    .await?;
+            } else {
+                let items = (first..last)
+                    .map(|i| (format!("j{i:09}"), json!({})))
+                    .collect();
+                j.add_many(TYPE, items, Default::default()).await?;
+            }
+            let t = self.start.elapsed().as_micros() as u64;
+            for slot in &self.added[first..last] {
+                slot.store(t, Ordering::Release);
+            }
+        }
+    }
+
+    /// `m` more jobs finished: room for as many, and the end once all are.
+    fn finished(&self, m: usize) {
+        if self.done.fetch_add(m, Ordering::AcqRel) + m == self.n {
+            self.all_done.cancel();
+        }
+        self.window.add_permits(m);
+    }
+
+    /// A processor, until every job is finished: batches of accept_many and finish_many,
+    /// or one job at a time as the mode says.
+    async fn process(&self, j: &Jobs) -> anyhow::Result<Lat> {
+        let mut lat = Lat::default();
+        let opts = AcceptOptions {
+            timeout: Duration::from_millis(200),
+            no_schedule: true,
+            ..Default::default()
+        };
+        let now = AcceptOptions {
+            timeout: Duration::ZERO,
+            ..opts.clone()
+        };
+        // The next job, when the last finish claimed it.
+        let mut next = None;
+        while self.batch > 1 && self.done.load(Ordering::Acquire) < self.n {
+            let mut got = tokio::select! {
+                r = j.accept_many(TYPE, self.batch, &opts) => r?,
+                _ = self.all_done.cancelled() => break,
+            };
+            if got.is_empty() {
+                continue;
+            }
+            let at = self.start.elapsed().as_micros() as u64;
+            let mut when = Vec::with_capacity(got.len());
+            for job in &got {
+                let a = added_at(&self.added, &job.id).await?;
+                lat.start.push(at.saturating_sub(a));
+                when.push(a);
+            }
+            lat.batches.push(got.len() as u64);
+            let outcomes = got.iter().map(|_| Outcome::Success(None)).collect();
+            for r in j.finish_many(&mut got, outcomes).await {
+                r?;
+            }
+            let end = self.start.elapsed().as_micros() as u64;
+            lat.finish
+                .extend(when.iter().map(|a| end.saturating_sub(*a)));
+            self.finished(got.len());
+        }
+        while self.batch == 1 && self.done.load(Ordering::Acquire) < self.n {
+            let accepted = match next.take() {
+                Some(job) => Some(job),
+                None => tokio::select! {
+                    r = j.accept(TYPE, &opts) => r?,
+                    _ = self.all_done.cancelled() => break,
+                },
+            };
+            let Some(mut job) = accepted else {
+                continue;
+            };
+            let at = self.start.elapsed().as_micros() as u64;
+            let a = added_at(&self.added, &job.id).await?;
+            lat.start.push(at.saturating_sub(a));
+            lat.batches.push(1);
+            match self.mode {
+                // No wait here: with nothing due, the loop's `accept` waits.
+                JobsMode::Chain => next = j.finish_then_accept(&mut job, None, &now).await?,
+                JobsMode::Separate => j.finish(&mut job, None).await?,
+            }
+            let end = self.start.elapsed().as_micros() as u64;
+            lat.finish.push(end.saturating_sub(a));
+            self.finished(1);
+        }
+        Ok(lat)
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 pub async fn jobs(
     mode: JobsMode,
@@ -50,134 +181,26 @@ pub async fn jobs(
     let stats0 = StoreStats::of(&st);
     let sessions0: Vec<StoreStats> = sessions.iter().map(StoreStats::of).collect();
     let cpu0 = cpu_seconds();
-    let start = Instant::now();
-    // When each job's add committed, in µs since start.
-    let added: Arc<Vec<AtomicU64>> = Arc::new((0..n).map(|_| AtomicU64::new(0)).collect());
-    let window = Arc::new(Semaphore::new(inflight));
-    let next = Arc::new(AtomicUsize::new(0));
-    let done = Arc::new(AtomicUsize::new(0));
-    // Cancelled by the last finish: processors idle in `accept` stop at once instead of
-    // waiting out their timeout (which would be counted as part of the work).
-    let all_done = tokio_util::sync::CancellationToken::new();
-
+    let run = Arc::new(Run {
+        n,
+        batch,
+        mode,
+        start: Instant::now(),
+        added: (0..n).map(|_| AtomicU64::new(0)).collect(),
+        window: Semaphore::new(inflight),
+        next: AtomicUsize::new(0),
+        done: AtomicUsize::new(0),
+        all_done: tokio_util::sync::CancellationToken::new(),
+    });
     let mut adders = Vec::new();
     for _ in 0..producers {
-        let (j, added, window, next) = (main.clone(), added.clone(), window.clone(), next.clone());
-        adders.push(tokio::spawn(async move {
-            loop {
-                // One job, and up to a batch when the window has room for more.
-                let permit = window.acquire().await?;
-                permit.forget();
-                let mut take = 1;
-                while take < batch {
-                    match window.try_acquire() {
-                        Ok(p) => {
-                            p.forget();
-                            take += 1;
-                        }
-                        Err(_) => break,
-                    }
-                }
-                let first = next.fetch_add(take, Ordering::Relaxed);
-                if first >= n {
-                    return anyhow::Ok(());
-                }
-                let last = (first + take).min(n);
-                if batch == 1 {
-                    j.add(TYPE, &format!("j{first:09}"), json!({}), None)
-                        .await?;
-                } else {
-                    let items = (first..last)
-                        .map(|i| (format!("j{i:09}"), json!({})))
-                        .collect();
-                    j.add_many(TYPE, items, Default::default()).await?;
-                }
-                let t = start.elapsed().as_micros() as u64;
-                for slot in &added[first..last] {
-                    slot.store(t, Ordering::Release);
-                }
-            }
-        }));
+        let (run, j) = (run.clone(), main.clone());
+        adders.push(tokio::spawn(async move { run.produce(&j).await }));
     }
     let mut workers = Vec::new();
     for j in procs {
-        let (added, window, done, all_done) = (
-            added.clone(),
-            window.clone(),
-            done.clone(),
-            all_done.clone(),
-        );
-        workers.push(tokio::spawn(async move {
-            let mut lat = Lat::default();
-            let opts = AcceptOptions {
-                timeout: Duration::from_millis(200),
-                no_schedule: true,
-                ..Default::default()
-            };
-            let now = AcceptOptions {
-                timeout: Duration::ZERO,
-                ..opts.clone()
-            };
-            // The next job, when the last finish claimed it.
-            let mut next = None;
-            while batch > 1 && done.load(Ordering::Acquire) < n {
-                let mut got = tokio::select! {
-                    r = j.accept_many(TYPE, batch, &opts) => r?,
-                    _ = all_done.cancelled() => break,
-                };
-                if got.is_empty() {
-                    continue;
-                }
-                let at = start.elapsed().as_micros() as u64;
-                let mut when = Vec::with_capacity(got.len());
-                for job in &got {
-                    let a = added_at(&added, &job.id).await?;
-                    lat.start.push(at.saturating_sub(a));
-                    when.push(a);
-                }
-                lat.batches.push(got.len() as u64);
-                let outcomes = got.iter().map(|_| Outcome::Success(None)).collect();
-                for r in j.finish_many(&mut got, outcomes).await {
-                    r?;
-                }
-                let end = start.elapsed().as_micros() as u64;
-                lat.finish
-                    .extend(when.iter().map(|a| end.saturating_sub(*a)));
-                let m = got.len();
-                if done.fetch_add(m, Ordering::AcqRel) + m == n {
-                    all_done.cancel();
-                }
-                window.add_permits(m);
-            }
-            while batch == 1 && done.load(Ordering::Acquire) < n {
-                let accepted = match next.take() {
-                    Some(job) => Some(job),
-                    None => tokio::select! {
-                        r = j.accept(TYPE, &opts) => r?,
-                        _ = all_done.cancelled() => break,
-                    },
-                };
-                let Some(mut job) = accepted else {
-                    continue;
-                };
-                let at = start.elapsed().as_micros() as u64;
-                let a = added_at(&added, &job.id).await?;
-                lat.start.push(at.saturating_sub(a));
-                lat.batches.push(1);
-                match mode {
-                    // No wait here: with nothing due, the loop's `accept` waits.
-                    JobsMode::Chain => next = j.finish_then_accept(&mut job, None, &now).await?,
-                    JobsMode::Separate => j.finish(&mut job, None).await?,
-                }
-                let end = start.elapsed().as_micros() as u64;
-                lat.finish.push(end.saturating_sub(a));
-                if done.fetch_add(1, Ordering::AcqRel) + 1 == n {
-                    all_done.cancel();
-                }
-                window.add_permits(1);
-            }
-            anyhow::Ok(lat)
-        }));
+        let run = run.clone();
+        workers.push(tokio::spawn(async move { run.process(&j).await }));
     }
     for a in adders {
         a.await??;
@@ -189,7 +212,7 @@ pub async fn jobs(
         lat.finish.extend(l.finish);
         lat.batches.extend(l.batches);
     }
-    let elapsed = start.elapsed().as_secs_f64();
+    let elapsed = run.start.elapsed().as_secs_f64();
     let cores_busy = (cpu_seconds() - cpu0) / elapsed;
     let mut stats = StoreStats::of(&st).since(&stats0);
     // On ZooKeeper each processor's session counts its own requests.
@@ -233,35 +256,33 @@ pub async fn jobs(
     stats.add_json(&mut figures, elapsed);
     if as_json {
         println!("{figures}");
-    } else {
-        println!(
-            "lading bench jobs: {n} jobs, {k} processors, {producers} producers, at most {inflight} in flight, store {url}"
-        );
-        println!(
-            "  mode         {}",
-            match mode {
-                _ if batch > 1 => "batch: accept_many, finish_many, add_many",
-                JobsMode::Chain =>
-                    "chain: finish_then_accept (the finish claims the next job when there is a backlog)",
-                JobsMode::Separate => "separate: finish, then accept",
-            }
-        );
-        println!("  jobs/s       {jobs_per_s:.0} (add + accept + finish, {elapsed:.2} s)");
-        let line = |q: &serde_json::Map<String, serde_json::Value>| {
-            QUANTILES
-                .iter()
-                .map(|(name, _)| format!("{name} {:.2}", q[*name].as_f64().unwrap_or(0.0)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        println!("  add→start    {} ms", line(&start_ms));
-        println!("  add→finish   {} ms", line(&finish_ms));
-        println!("  batches      mean {batch_mean:.1} jobs, max {batch_max}");
-        stats.print(elapsed, n);
-        println!(
-            "  cpu          {cores_busy:.2} cores busy in this process on average while measured"
-        );
+        return Ok(());
     }
+    println!(
+        "lading bench jobs: {n} jobs, {k} processors, {producers} producers, at most {inflight} in flight, store {url}"
+    );
+    println!(
+        "  mode         {}",
+        match mode {
+            _ if batch > 1 => "batch: accept_many, finish_many, add_many",
+            JobsMode::Chain =>
+                "chain: finish_then_accept (the finish claims the next job when there is a backlog)",
+            JobsMode::Separate => "separate: finish, then accept",
+        }
+    );
+    println!("  jobs/s       {jobs_per_s:.0} (add + accept + finish, {elapsed:.2} s)");
+    let line = |q: &serde_json::Map<String, serde_json::Value>| {
+        QUANTILES
+            .iter()
+            .map(|(name, _)| format!("{name} {:.2}", q[*name].as_f64().unwrap_or(0.0)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!("  add→start    {} ms", line(&start_ms));
+    println!("  add→finish   {} ms", line(&finish_ms));
+    println!("  batches      mean {batch_mean:.1} jobs, max {batch_max}");
+    stats.print(elapsed, n);
+    println!("  cpu          {cores_busy:.2} cores busy in this process on average while measured");
     Ok(())
 }
 

@@ -258,4 +258,3 @@ fn log_batch_outcome(
         (Ok(()), _) => {}
     }
 }
-
