@@ -356,6 +356,36 @@ pub(crate) fn percentile(sorted: &[u64], p: f64) -> f64 {
     sorted[idx] as f64 / 1000.0
 }
 
+/// The engines of `k` workers on `st`: one shared on the embedded store (one process), one
+/// session each on ZooKeeper (returned too, to read their figures and close them).
+async fn worker_engines(
+    st: &node::Store,
+    url: &str,
+    engine: &Arc<Engine>,
+    k: usize,
+) -> anyhow::Result<(Vec<Arc<Engine>>, Vec<Arc<lading_store_zk::ZkTree>>)> {
+    let mut sessions: Vec<Arc<lading_store_zk::ZkTree>> = Vec::new();
+    let mut engines = Vec::new();
+    for _ in 0..k {
+        match st {
+            node::Store::Sqlite(_) => engines.push(engine.clone()),
+            node::Store::Zk(_) => {
+                let t = Arc::new(
+                    lading_store_zk::ZkTree::open(url, lading_store_zk::ZkOptions::default())
+                        .await?,
+                );
+                engines.push(Arc::new(Engine::new(
+                    t.clone(),
+                    system_clock(),
+                    node::owner(),
+                )));
+                sessions.push(t);
+            }
+        }
+    }
+    Ok((engines, sessions))
+}
+
 async fn queue(
     n: usize,
     k: usize,
@@ -381,25 +411,7 @@ async fn queue(
     // On ZooKeeper each worker is its own client session, as separate worker processes are
     // (ZooKeeper serves one session's requests strictly in order, so workers sharing one
     // session would wait behind each other's writes). The embedded store is one process.
-    let mut sessions: Vec<Arc<lading_store_zk::ZkTree>> = Vec::new();
-    let mut engines = Vec::new();
-    for _ in 0..k {
-        match &st {
-            node::Store::Sqlite(_) => engines.push(engine.clone()),
-            node::Store::Zk(_) => {
-                let t = Arc::new(
-                    lading_store_zk::ZkTree::open(&url, lading_store_zk::ZkOptions::default())
-                        .await?,
-                );
-                engines.push(Arc::new(Engine::new(
-                    t.clone(),
-                    system_clock(),
-                    node::owner(),
-                )));
-                sessions.push(t);
-            }
-        }
-    }
+    let (engines, sessions) = worker_engines(&st, &url, &engine, k).await?;
     let zk0: Vec<_> = sessions.iter().map(|t| t.stats()).collect();
     let completed = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();

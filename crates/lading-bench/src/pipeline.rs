@@ -113,6 +113,49 @@ fn disk_copy_mb_s(dir: &Path, bytes: u64) -> anyhow::Result<f64> {
     Ok(bytes as f64 / 1e6 / secs.max(1e-9))
 }
 
+/// The depositor's payload under `payload`, served by `server`: `objects` object manifests
+/// of `files` files of `file_bytes` each, and the batch manifest listing them.
+fn write_payload(
+    payload: &Path,
+    server: &PayloadServer,
+    objects: usize,
+    files: usize,
+    file_bytes: u64,
+) -> anyhow::Result<()> {
+    let mut batch_rows = Vec::new();
+    for o in 0..objects {
+        std::fs::create_dir_all(payload.join(format!("o{o}")))?;
+        let mut rows = Vec::new();
+        for f in 0..files {
+            let name = format!("o{o}/f{f}.bin");
+            let body = filler(file_bytes as usize, (o * 1000 + f) as u64 + 1);
+            let mut h = lading_ingest::fetch::Hasher::new(checkm::HashAlg::Sha256);
+            h.update(&body);
+            {
+                // Synced, so the depositor's files are not dirty pages the pipeline's own
+                // syncs would have to flush.
+                use std::io::Write;
+                let mut file = std::fs::File::create(payload.join(&name))?;
+                file.write_all(&body)?;
+                file.sync_all()?;
+            }
+            rows.push(vec![
+                server.url(&name),
+                "sha256".into(),
+                h.hex(),
+                file_bytes.to_string(),
+                format!("f{f}.bin"),
+            ]);
+        }
+        let m = checkm::write(ManifestKind::Object, checkm::OBJECT_FIELDS, &rows);
+        std::fs::write(payload.join(format!("o{o}.checkm")), m)?;
+        batch_rows.push(vec![server.url(&format!("o{o}.checkm"))]);
+    }
+    let batch = checkm::write(ManifestKind::Batch, &[checkm::FILE_URL], &batch_rows);
+    std::fs::write(payload.join("batch.checkm"), batch)?;
+    Ok(())
+}
+
 /// `lading bench pipeline`: `objects` objects of `files` files of `file_bytes` each, served
 /// from loopback, through every stage on `store`, in one process.
 pub async fn bench(
@@ -154,37 +197,7 @@ pub async fn bench(
     std::fs::write(cfg.profiles_dir().join("bench.toml"), profile)?;
     std::fs::create_dir_all(cfg.work_dir())?;
     let copy = disk_copy_mb_s(&cfg.work_dir(), file_bytes * files as u64)?;
-    let mut batch_rows = Vec::new();
-    for o in 0..objects {
-        std::fs::create_dir_all(payload.join(format!("o{o}")))?;
-        let mut rows = Vec::new();
-        for f in 0..files {
-            let name = format!("o{o}/f{f}.bin");
-            let body = filler(file_bytes as usize, (o * 1000 + f) as u64 + 1);
-            let mut h = lading_ingest::fetch::Hasher::new(checkm::HashAlg::Sha256);
-            h.update(&body);
-            {
-                // Synced, so the depositor's files are not dirty pages the pipeline's own
-                // syncs would have to flush.
-                use std::io::Write;
-                let mut file = std::fs::File::create(payload.join(&name))?;
-                file.write_all(&body)?;
-                file.sync_all()?;
-            }
-            rows.push(vec![
-                server.url(&name),
-                "sha256".into(),
-                h.hex(),
-                file_bytes.to_string(),
-                format!("f{f}.bin"),
-            ]);
-        }
-        let m = checkm::write(ManifestKind::Object, checkm::OBJECT_FIELDS, &rows);
-        std::fs::write(payload.join(format!("o{o}.checkm")), m)?;
-        batch_rows.push(vec![server.url(&format!("o{o}.checkm"))]);
-    }
-    let batch = checkm::write(ManifestKind::Batch, &[checkm::FILE_URL], &batch_rows);
-    std::fs::write(payload.join("batch.checkm"), batch)?;
+    write_payload(&payload, &server, objects, files, file_bytes)?;
     let ingest = node::ingest(store, cfg).await?;
     let start = std::time::Instant::now();
     let cpu0 = crate::cpu_user_system();
