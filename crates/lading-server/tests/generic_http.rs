@@ -146,15 +146,17 @@ async fn every_operation_over_http() {
     assert_eq!(st, StatusCode::NOT_FOUND);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_requests_get_json_errors_and_change_nothing() {
-    let s = start().await;
-    let conv = TypeApi::of(&s, "conv");
-    conv.call("PUT", "", Some(json!({"timeout_s": 30}))).await;
-    conv.post("/jobs", json!({"id": "keep", "data": {"v": 1}}))
-        .await;
-    let before = s.stored().await;
-    let cases: Vec<(&str, &str, &str, StatusCode, &str)> = vec![
+/// Requests the generic-jobs API must refuse: method, path, body, the status, and what the
+/// error must name.
+#[allow(clippy::type_complexity)]
+fn bad_requests() -> Vec<(
+    &'static str,
+    &'static str,
+    &'static str,
+    StatusCode,
+    &'static str,
+)> {
+    vec![
         (
             "POST",
             "/api/v1/types/conv/jobs",
@@ -253,7 +255,18 @@ async fn bad_requests_get_json_errors_and_change_nothing() {
             StatusCode::BAD_REQUEST,
             "unknown state",
         ),
-    ];
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_json_errors_and_change_nothing() {
+    let s = start().await;
+    let conv = TypeApi::of(&s, "conv");
+    conv.call("PUT", "", Some(json!({"timeout_s": 30}))).await;
+    conv.post("/jobs", json!({"id": "keep", "data": {"v": 1}}))
+        .await;
+    let before = s.stored().await;
+    let cases = bad_requests();
     for (method, path, body, status, says) in cases {
         let (st, v) = s.raw(method, path, body).await;
         assert_eq!(st, status, "{method} {path} {body}: {v}");
@@ -384,31 +397,10 @@ async fn finish_and_accept_hands_over_the_next_job_in_one_request() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn processor_tokens_process_their_types_and_nothing_else() {
-    let s = start().await;
-    for (ty, body) in [
-        ("thumbs", json!({"timeout_s": 30, "max_attempts": 2})),
-        ("other", json!({"timeout_s": 30})),
-    ] {
-        let (st, _) = s
-            .call(ADMIN, "PUT", &format!("/api/v1/types/{ty}"), Some(body))
-            .await;
-        assert_eq!(st, StatusCode::OK);
-    }
-    for (ty, id) in [("thumbs", "t1"), ("thumbs", "t2"), ("other", "o1")] {
-        let (st, _) = s
-            .post(
-                ADMIN,
-                &format!("/api/v1/types/{ty}/jobs"),
-                json!({"id": id}),
-            )
-            .await;
-        assert_eq!(st, StatusCode::CREATED);
-    }
-    let before = s.dump().await;
-    // Everything but accept, update and finish of its own type: 403, naming the rule.
-    let refused: &[(&str, &str, Option<serde_json::Value>)] = &[
+/// Everything a processor token of `thumbs` may not do (all but accept, update and finish
+/// of its own type): method, path, body.
+fn refused_to_processors() -> Vec<(&'static str, &'static str, Option<serde_json::Value>)> {
+    vec![
         ("GET", "/api/v1/types", None),
         ("GET", "/api/v1/types/thumbs", None),
         (
@@ -459,9 +451,36 @@ async fn processor_tokens_process_their_types_and_nothing_else() {
         ("GET", "/api/v1/status", None),
         ("GET", "/api/v1/outbox", None),
         ("GET", "/api/v1/events", None),
-    ];
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processor_tokens_process_their_types_and_nothing_else() {
+    let s = start().await;
+    for (ty, body) in [
+        ("thumbs", json!({"timeout_s": 30, "max_attempts": 2})),
+        ("other", json!({"timeout_s": 30})),
+    ] {
+        let (st, _) = s
+            .call(ADMIN, "PUT", &format!("/api/v1/types/{ty}"), Some(body))
+            .await;
+        assert_eq!(st, StatusCode::OK);
+    }
+    for (ty, id) in [("thumbs", "t1"), ("thumbs", "t2"), ("other", "o1")] {
+        let (st, _) = s
+            .post(
+                ADMIN,
+                &format!("/api/v1/types/{ty}/jobs"),
+                json!({"id": id}),
+            )
+            .await;
+        assert_eq!(st, StatusCode::CREATED);
+    }
+    let before = s.dump().await;
+    // Everything but accept, update and finish of its own type: 403, naming the rule.
+    let refused = refused_to_processors();
     for (method, path, body) in refused {
-        let (st, v) = s.call(THUMBS, method, path, body.clone()).await;
+        let (st, v) = s.call(THUMBS, method, path, body).await;
         assert_eq!(st, StatusCode::FORBIDDEN, "{method} {path}: {v}");
         assert!(
             v["error"]
