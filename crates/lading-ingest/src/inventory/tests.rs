@@ -137,9 +137,13 @@ fn recording_a_version_twice_changes_nothing(inv: Inventory) {
             .len(),
         3
     );
-    // A version listing a file carried over from v1: that file's copy is v1's (none is
-    // recorded under v3), and every read that asks where the version is finds it there.
-    let v1_files = inv.version_files(&c.ark, 1).unwrap();
+    carried_files_are_their_first_versions_copies(&inv, &v, &c.ark);
+}
+
+/// A version listing a file carried over from v1: that file's copy is v1's (none is
+/// recorded under v3), and every read that asks where the version is finds it there.
+fn carried_files_are_their_first_versions_copies(inv: &Inventory, v: &StoredVersion, ark: &str) {
+    let v1_files = inv.version_files(ark, 1).unwrap();
     let (p1, d1) = &v1_files[0];
     let v3 = StoredVersion {
         version: 3,
@@ -157,19 +161,19 @@ fn recording_a_version_twice_changes_nothing(inv: Inventory) {
         }),
     };
     inv.record_files(&v3, &[carried]).unwrap();
-    assert_eq!(inv.versions(&c.ark).unwrap().last(), Some(&(3, 1, 5)));
+    assert_eq!(inv.versions(ark).unwrap().last(), Some(&(3, 1, 5)));
     assert!(
-        inv.copies(None, Some(&c.ark))
+        inv.copies(None, Some(ark))
             .unwrap()
             .iter()
             .all(|c| c.version != 3)
     );
-    let v1_copies = inv.version_copies(&c.ark, 1).unwrap();
+    let v1_copies = inv.version_copies(ark, 1).unwrap();
     let at = |n: u32| v1_copies.iter().filter(|(x, _)| *x == n).count();
-    let v3_copies = inv.version_copies(&c.ark, 3).unwrap();
+    let v3_copies = inv.version_copies(ark, 3).unwrap();
     assert_eq!(v3_copies.len(), 1, "{v3_copies:?}");
     assert!(at(v3_copies[0].0) > 0, "{v3_copies:?} of {v1_copies:?}");
-    let (newest, held) = inv.newest_copies(&c.ark).unwrap().unwrap();
+    let (newest, held) = inv.newest_copies(ark).unwrap().unwrap();
     assert_eq!((newest, held.len()), (3, 1));
     let per_job = inv.job_copies("jid0000000003").unwrap();
     assert_eq!((per_job.len(), per_job[0].version), (1, 3), "{per_job:?}");
