@@ -5,7 +5,7 @@
 use crate::generic::{NOW, jobs_on, names_under, subtree};
 use crate::{Harness, WAIT};
 use lading_core::time::ManualClock;
-use lading_jobs::{AddOptions, Added, Cron, Every, JobsError, Outcome, State, TypeUpdate};
+use lading_jobs::{AddOptions, Added, Cron, Every, Jobs, JobsError, Outcome, State, TypeUpdate};
 use serde_json::json;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -18,6 +18,45 @@ fn error(message: &str) -> Outcome {
         message: message.into(),
         data: None,
     }
+}
+
+/// A retry of a job that is not failed is refused and changes nothing; the admin's retry
+/// of the failed `x` makes it pending, its attempts reset, and a success clears its error.
+async fn an_admin_retries_only_a_failed_job(j: &Jobs) {
+    // A retry of a job that is not failed: refused, nothing changes.
+    j.add("flaky", "ok", json!({}), None).await.unwrap();
+    let before = subtree(&j).await;
+    let e = j.retry("flaky", "ok").await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            JobsError::WrongState {
+                state: State::Pending,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("only a failed job can be retried"));
+    assert!(matches!(
+        j.retry("flaky", "nope").await,
+        Err(JobsError::NoJob { .. })
+    ));
+    assert_eq!(subtree(&j).await, before);
+    j.remove("flaky", "ok").await.unwrap();
+
+    // The admin's retry: pending now, attempts reset; a success clears the error.
+    let v = j.retry("flaky", "x").await.unwrap();
+    assert_eq!((v.record.state, v.record.attempts), (State::Pending, 0));
+    let t = subtree(&j).await;
+    assert!(names_under(&t, "/generic-jobs/flaky/failed").is_empty());
+    let mut job = j.accept("flaky", &NOW).await.unwrap().unwrap();
+    j.finish(&mut job, Some(json!({"done": 1}))).await.unwrap();
+    let r = j.get_job("flaky", "x").await.unwrap().record;
+    assert_eq!(
+        (r.state, r.attempts, r.last_error),
+        (State::Finished, 0, None)
+    );
 }
 
 pub async fn generic_jobs_errors_are_retried_then_failed_and_retried_by_an_admin(h: &dyn Harness) {
@@ -115,40 +154,7 @@ pub async fn generic_jobs_errors_are_retried_then_failed_and_retried_by_an_admin
         "failed stays"
     );
 
-    // A retry of a job that is not failed: refused, nothing changes.
-    j.add("flaky", "ok", json!({}), None).await.unwrap();
-    let before = subtree(&j).await;
-    let e = j.retry("flaky", "ok").await.unwrap_err();
-    assert!(
-        matches!(
-            e,
-            JobsError::WrongState {
-                state: State::Pending,
-                ..
-            }
-        ),
-        "{e}"
-    );
-    assert!(e.to_string().contains("only a failed job can be retried"));
-    assert!(matches!(
-        j.retry("flaky", "nope").await,
-        Err(JobsError::NoJob { .. })
-    ));
-    assert_eq!(subtree(&j).await, before);
-    j.remove("flaky", "ok").await.unwrap();
-
-    // The admin's retry: pending now, attempts reset; a success clears the error.
-    let v = j.retry("flaky", "x").await.unwrap();
-    assert_eq!((v.record.state, v.record.attempts), (State::Pending, 0));
-    let t = subtree(&j).await;
-    assert!(names_under(&t, "/generic-jobs/flaky/failed").is_empty());
-    let mut job = j.accept("flaky", &NOW).await.unwrap().unwrap();
-    j.finish(&mut job, Some(json!({"done": 1}))).await.unwrap();
-    let r = j.get_job("flaky", "x").await.unwrap().record;
-    assert_eq!(
-        (r.state, r.attempts, r.last_error),
-        (State::Finished, 0, None)
-    );
+    an_admin_retries_only_a_failed_job(&j).await;
 
     // With one attempt, the first error fails the job; an add makes it pending again.
     j.update_type(
