@@ -9,66 +9,9 @@ use reqwest::StatusCode;
 use serde_json::json;
 use std::time::Duration;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn submitters_see_only_their_batches_and_bad_submissions_change_nothing() {
-    let s = start().await;
-    let url = "http://127.0.0.1:9/object.bin";
-    let (st, v) = s
-        .post(
-            SUBMITTER,
-            "/api/v1/batches",
-            json!({"payload_url": url, "profile": "demo", "title": "A"}),
-        )
-        .await;
-    assert_eq!(st, StatusCode::CREATED, "{v}");
-    let bid = v["id"].as_str().unwrap().to_string();
-    let path = format!("/api/v1/batches/{bid}");
-    let (st, b) = s.get(SUBMITTER, &path).await;
-    assert_eq!(st, StatusCode::OK);
-    assert_eq!(
-        (
-            b["status"]["status"].as_str(),
-            b["submission"]["submitter"].as_str()
-        ),
-        (Some("Pending"), Some("alice"))
-    );
-    // Another submitter cannot see it, nor tell it exists.
-    let (st, v) = s.get(BOB, &path).await;
-    answered((st, &v), StatusCode::NOT_FOUND, "kind", "not_found");
-    // Nor its jobs; its own submitter reads them (none before intake), and a bad cursor is
-    // named.
-    let (st, v) = s.get(BOB, &format!("{path}/jobs")).await;
-    answered((st, &v), StatusCode::NOT_FOUND, "kind", "not_found");
-    let (st, v) = s.get(SUBMITTER, &format!("{path}/jobs?limit=5")).await;
-    assert_eq!(st, StatusCode::OK, "{v}");
-    assert_eq!(
-        (&v["batch"], &v["jobs"], &v["next_after"]),
-        (&json!(bid), &json!([]), &serde_json::Value::Null)
-    );
-    let (st, v) = s.get(SUBMITTER, &format!("{path}/jobs?after=nope")).await;
-    assert_eq!(st, StatusCode::BAD_REQUEST, "{v}");
-    assert!(v["error"].as_str().unwrap().contains("after"), "{v}");
-    let (_, list) = s.get(BOB, "/api/v1/batches").await;
-    assert_eq!(list["batches"], json!([]));
-    let (_, list) = s.get(SUBMITTER, "/api/v1/batches").await;
-    assert_eq!(list["batches"][0]["id"], bid.as_str());
-    let (st, _) = s.get(SUBMITTER, "/api/v1/batches?submitter=bob").await;
-    assert_eq!(st, StatusCode::FORBIDDEN);
-    let (_, list) = s
-        .get(
-            ADMIN,
-            "/api/v1/batches?submitter=alice&state=Pending&profile=demo",
-        )
-        .await;
-    assert_eq!(list["batches"].as_array().unwrap().len(), 1);
-    let (_, list) = s.get(ADMIN, "/api/v1/batches?collection=other").await;
-    assert_eq!(list["batches"], json!([]));
-    // Submitters do not administer.
-    let (st, _) = s
-        .call(SUBMITTER, "POST", &format!("{path}/hold"), None)
-        .await;
-    assert_eq!(st, StatusCode::FORBIDDEN);
-
+/// Bad submissions, unknown ids and illegal moves are refused, each naming the problem, and
+/// the tree is as it was.
+async fn bad_requests_change_nothing(s: &Server, url: &str, path: &str) {
     let before = s.dump().await;
     let post = "/api/v1/batches";
     for (body, status, says) in [
@@ -144,6 +87,69 @@ async fn submitters_see_only_their_batches_and_bad_submissions_change_nothing() 
         assert!(v["error"].is_string(), "{method} {p}: JSON error, got {v}");
     }
     assert_eq!(s.dump().await, before, "refused requests changed the tree");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submitters_see_only_their_batches_and_bad_submissions_change_nothing() {
+    let s = start().await;
+    let url = "http://127.0.0.1:9/object.bin";
+    let (st, v) = s
+        .post(
+            SUBMITTER,
+            "/api/v1/batches",
+            json!({"payload_url": url, "profile": "demo", "title": "A"}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    let bid = v["id"].as_str().unwrap().to_string();
+    let path = format!("/api/v1/batches/{bid}");
+    let (st, b) = s.get(SUBMITTER, &path).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(
+        (
+            b["status"]["status"].as_str(),
+            b["submission"]["submitter"].as_str()
+        ),
+        (Some("Pending"), Some("alice"))
+    );
+    // Another submitter cannot see it, nor tell it exists.
+    let (st, v) = s.get(BOB, &path).await;
+    answered((st, &v), StatusCode::NOT_FOUND, "kind", "not_found");
+    // Nor its jobs; its own submitter reads them (none before intake), and a bad cursor is
+    // named.
+    let (st, v) = s.get(BOB, &format!("{path}/jobs")).await;
+    answered((st, &v), StatusCode::NOT_FOUND, "kind", "not_found");
+    let (st, v) = s.get(SUBMITTER, &format!("{path}/jobs?limit=5")).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(
+        (&v["batch"], &v["jobs"], &v["next_after"]),
+        (&json!(bid), &json!([]), &serde_json::Value::Null)
+    );
+    let (st, v) = s.get(SUBMITTER, &format!("{path}/jobs?after=nope")).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("after"), "{v}");
+    let (_, list) = s.get(BOB, "/api/v1/batches").await;
+    assert_eq!(list["batches"], json!([]));
+    let (_, list) = s.get(SUBMITTER, "/api/v1/batches").await;
+    assert_eq!(list["batches"][0]["id"], bid.as_str());
+    let (st, _) = s.get(SUBMITTER, "/api/v1/batches?submitter=bob").await;
+    assert_eq!(st, StatusCode::FORBIDDEN);
+    let (_, list) = s
+        .get(
+            ADMIN,
+            "/api/v1/batches?submitter=alice&state=Pending&profile=demo",
+        )
+        .await;
+    assert_eq!(list["batches"].as_array().unwrap().len(), 1);
+    let (_, list) = s.get(ADMIN, "/api/v1/batches?collection=other").await;
+    assert_eq!(list["batches"], json!([]));
+    // Submitters do not administer.
+    let (st, _) = s
+        .call(SUBMITTER, "POST", &format!("{path}/hold"), None)
+        .await;
+    assert_eq!(st, StatusCode::FORBIDDEN);
+
+    bad_requests_change_nothing(&s, url, &path).await;
 
     // A job that has stored nothing yet: 409 and where it is.
     let e = &s.ingest.engine;

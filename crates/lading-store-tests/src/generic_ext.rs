@@ -25,7 +25,7 @@ fn error(message: &str) -> Outcome {
 async fn an_admin_retries_only_a_failed_job(j: &Jobs) {
     // A retry of a job that is not failed: refused, nothing changes.
     j.add("flaky", "ok", json!({}), None).await.unwrap();
-    let before = subtree(&j).await;
+    let before = subtree(j).await;
     let e = j.retry("flaky", "ok").await.unwrap_err();
     assert!(
         matches!(
@@ -42,13 +42,13 @@ async fn an_admin_retries_only_a_failed_job(j: &Jobs) {
         j.retry("flaky", "nope").await,
         Err(JobsError::NoJob { .. })
     ));
-    assert_eq!(subtree(&j).await, before);
+    assert_eq!(subtree(j).await, before);
     j.remove("flaky", "ok").await.unwrap();
 
     // The admin's retry: pending now, attempts reset; a success clears the error.
     let v = j.retry("flaky", "x").await.unwrap();
     assert_eq!((v.record.state, v.record.attempts), (State::Pending, 0));
-    let t = subtree(&j).await;
+    let t = subtree(j).await;
     assert!(names_under(&t, "/generic-jobs/flaky/failed").is_empty());
     let mut job = j.accept("flaky", &NOW).await.unwrap().unwrap();
     j.finish(&mut job, Some(json!({"done": 1}))).await.unwrap();
