@@ -196,45 +196,22 @@ async fn submitters_see_only_their_batches_and_bad_submissions_change_nothing() 
     assert_eq!(v["held"], false);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
-    let pdir = tempfile::tempdir().unwrap();
-    let payload = pdir.path().to_path_buf();
-    std::fs::write(payload.join("hello.txt"), b"hello, lading\n").unwrap();
-    let files = PayloadServer::start(&payload).await.unwrap();
-    let s = start_allowing(&[&format!("http://{}/", files.addr)]).await;
-    let (shutdown_handle, shutdown) = lading_worker::Shutdown::new();
-    let ingest = s.ingest.clone();
-    let workers = tokio::spawn(async move {
-        lading_ingest::run(&ingest, lading_ingest::STAGE_NAMES, shutdown).await
-    });
-    let (st, v) = s
-        .post(
-            SUBMITTER,
-            "/api/v1/batches",
-            json!({"payload_url": files.url("hello.txt"), "profile": "demo"}),
-        )
-        .await;
-    assert_eq!(st, StatusCode::CREATED, "{v}");
-    let path = format!("/api/v1/batches/{}", v["id"].as_str().unwrap());
-    let batch = s.until_batch(v["id"].as_str().unwrap(), "Completed").await;
-    let jid = batch["jobs"]["batch-completed"][0]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let (st, job) = s.get(SUBMITTER, &format!("/api/v1/jobs/{jid}")).await;
-    assert_eq!(
-        (st, job["status"]["status"].as_str()),
-        (StatusCode::OK, Some("Completed"))
-    );
-    let (st, _) = s.get(BOB, &format!("/api/v1/jobs/{jid}")).await;
-    assert_eq!(
-        st,
-        StatusCode::NOT_FOUND,
-        "another submitter's job is not found"
-    );
-    let (_, list) = s.get(ADMIN, "/api/v1/jobs?state=Completed").await;
-    assert_eq!(list["jobs"][0]["id"], jid.as_str());
+/// The files of a zip, by name.
+fn zip_of(bytes: Vec<u8>) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut z = zip::ZipArchive::new(std::io::Cursor::new(bytes)).expect("a whole zip");
+    let mut out = std::collections::BTreeMap::new();
+    for i in 0..z.len() {
+        let mut f = z.by_index(i).unwrap();
+        let mut v = Vec::new();
+        std::io::Read::read_to_end(&mut f, &mut v).unwrap();
+        out.insert(f.name().unwrap().to_string(), v);
+    }
+    out
+}
+
+/// A completed job's history (and its batch's), search by submitter, id and ark, and the
+/// moves a completed job refuses.
+async fn history_and_search(s: &Server, jid: &str, bid: &str, path: &str, job: &serde_json::Value) {
     // History: every transition, kept with the job and the batch; others' are not found.
     let (st, h) = s
         .get(SUBMITTER, &format!("/api/v1/jobs/{jid}/history"))
@@ -253,7 +230,6 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
     let last = bh["history"].as_array().unwrap().last().unwrap().clone();
     assert_eq!(last["to"], "Completed", "{bh}");
     // Search: batches by submitter or id, jobs by ark; a miss is an empty page.
-    let bid = v["id"].as_str().unwrap();
     for q in ["ALIC", &bid[bid.len() - 4..]] {
         let (st, found) = s.get(ADMIN, &format!("/api/v1/batches?q={q}")).await;
         assert_eq!(st, StatusCode::OK);
@@ -268,7 +244,7 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
             &format!("/api/v1/jobs?state=Completed&q={}", &ark[ark.len() - 5..]),
         )
         .await;
-    assert_eq!(found["jobs"][0]["id"], jid.as_str(), "{found}");
+    assert_eq!(found["jobs"][0]["id"], jid, "{found}");
     let (_, none) = s
         .get(ADMIN, "/api/v1/jobs?state=Completed&q=zzzz-none")
         .await;
@@ -286,18 +262,16 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
         assert_eq!(st, StatusCode::CONFLICT, "{action}: {v}");
     }
     assert_eq!(s.dump().await, before);
+}
+
+/// The stored version of `jid`, as a zip streamed back, by job and by ark and version; a
+/// corrupt store record is named so. Returns the ark and the zip's files.
+async fn downloads(
+    s: &Server,
+    jid: &str,
+    job: &serde_json::Value,
+) -> (String, std::collections::BTreeMap<String, Vec<u8>>) {
     // The stored version, as a zip streamed back; by job and by ark and version.
-    let zip_of = |bytes: Vec<u8>| {
-        let mut z = zip::ZipArchive::new(std::io::Cursor::new(bytes)).expect("a whole zip");
-        let mut out = std::collections::BTreeMap::new();
-        for i in 0..z.len() {
-            let mut f = z.by_index(i).unwrap();
-            let mut v = Vec::new();
-            std::io::Read::read_to_end(&mut f, &mut v).unwrap();
-            out.insert(f.name().unwrap().to_string(), v);
-        }
-        out
-    };
     let r = s
         .http
         .get(format!("{}/api/v1/jobs/{jid}/download", s.base))
@@ -381,13 +355,16 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
-    // The access queue: a request waits while its queue is paused, then is assembled.
-    let (stop_access, shutdown) = lading_worker::Shutdown::new();
-    let access_worker = tokio::spawn(lading_ingest::access::run(
-        s.ingest.clone(),
-        lading_core::layout::AccessQueue::Small,
-        shutdown,
-    ));
+    (ark, files)
+}
+
+/// An access request in the small queue (paused, then released) for `ark` v1: Merritt's
+/// token fields, a forged token, bad requests, and the zip once assembled. Returns its token.
+async fn access_zip(
+    s: &Server,
+    ark: &str,
+    files: &std::collections::BTreeMap<String, Vec<u8>>,
+) -> String {
     s.call(ADMIN, "PUT", "/api/v1/queues/accessSmall/pause", None)
         .await;
     let (st, v) = s
@@ -478,8 +455,12 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::OK);
-    assert_eq!(zip_of(r.bytes().await.unwrap().to_vec()), files);
-    // The same version as a bag: a tar of one folder, the payload under data/.
+    assert_eq!(&zip_of(r.bytes().await.unwrap().to_vec()), files);
+    token
+}
+
+/// The same version as a bag: a tar of one folder, the payload under data/.
+async fn access_bag(s: &Server, ark: &str, files: &std::collections::BTreeMap<String, Vec<u8>>) {
     let (st, v) = s
         .post(
             ADMIN,
@@ -546,8 +527,11 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
             "{name} in {names:?}"
         );
     }
-    stop_access.stop();
-    access_worker.await.unwrap();
+}
+
+/// Metrics need no token and show what happened; cleanup past the retention removes the
+/// finished access requests and their files.
+async fn metrics_and_cleanup(s: &Server, token: &str) {
     // Metrics need no token and show what happened.
     let m = s
         .http
@@ -585,6 +569,61 @@ async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
     );
     let (st, _) = s.get(SUBMITTER, &format!("/api/v1/access/{token}")).await;
     assert_eq!(st, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_submitted_over_http_is_ingested_and_its_jobs_are_readable() {
+    let pdir = tempfile::tempdir().unwrap();
+    let payload = pdir.path().to_path_buf();
+    std::fs::write(payload.join("hello.txt"), b"hello, lading\n").unwrap();
+    let files = PayloadServer::start(&payload).await.unwrap();
+    let s = start_allowing(&[&format!("http://{}/", files.addr)]).await;
+    let (shutdown_handle, shutdown) = lading_worker::Shutdown::new();
+    let ingest = s.ingest.clone();
+    let workers = tokio::spawn(async move {
+        lading_ingest::run(&ingest, lading_ingest::STAGE_NAMES, shutdown).await
+    });
+    let (st, v) = s
+        .post(
+            SUBMITTER,
+            "/api/v1/batches",
+            json!({"payload_url": files.url("hello.txt"), "profile": "demo"}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    let path = format!("/api/v1/batches/{}", v["id"].as_str().unwrap());
+    let batch = s.until_batch(v["id"].as_str().unwrap(), "Completed").await;
+    let jid = batch["jobs"]["batch-completed"][0]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (st, job) = s.get(SUBMITTER, &format!("/api/v1/jobs/{jid}")).await;
+    assert_eq!(
+        (st, job["status"]["status"].as_str()),
+        (StatusCode::OK, Some("Completed"))
+    );
+    let (st, _) = s.get(BOB, &format!("/api/v1/jobs/{jid}")).await;
+    assert_eq!(
+        st,
+        StatusCode::NOT_FOUND,
+        "another submitter's job is not found"
+    );
+    let (_, list) = s.get(ADMIN, "/api/v1/jobs?state=Completed").await;
+    assert_eq!(list["jobs"][0]["id"], jid.as_str());
+    history_and_search(&s, &jid, v["id"].as_str().unwrap(), &path, &job).await;
+    let (ark, files) = downloads(&s, &jid, &job).await;
+    // The access queue: a request waits while its queue is paused, then is assembled.
+    let (stop_access, shutdown) = lading_worker::Shutdown::new();
+    let access_worker = tokio::spawn(lading_ingest::access::run(
+        s.ingest.clone(),
+        lading_core::layout::AccessQueue::Small,
+        shutdown,
+    ));
+    let token = access_zip(&s, &ark, &files).await;
+    access_bag(&s, &ark, &files).await;
+    stop_access.stop();
+    access_worker.await.unwrap();
+    metrics_and_cleanup(&s, &token).await;
     shutdown_handle.stop();
     workers.await.unwrap().unwrap();
 }
