@@ -175,63 +175,35 @@ async fn the_primary_killed_mid_batch_and_started_again_leaves_every_object_comp
     run.stop().await;
 }
 
-async fn a_batch_is_stored_on_a_primary_and_a_replica_and_fixity_repairs_a_bad_copy(w: World) {
-    let (mut a, b) = (Weed::start().unwrap(), Weed::start().unwrap());
-    a.bucket("primary").unwrap();
-    b.bucket("replica").unwrap();
-    let nodes = vec![node(9501, &a, "primary"), node(9502, &b, "replica")];
-    w.profile(
-        "s3",
-        "collection = \"demo\"\nstorage_nodes = [9501, 9502]\n",
-    );
-    let ingest = ingest_with(&w, nodes.clone()).unwrap();
-    // This process's `/metrics` counters before (the other backend's run of this test counts
-    // in the same process, so only their growth is checked).
-    let replicated = || {
-        lading_ingest::replicate::copies_by_node()
-            .get(&9502)
-            .map_or(0, |c| c.0)
-    };
-    let fixity_failures = || {
-        lading_ingest::fixity::failures_by_node()
-            .get(&9502)
-            .copied()
-            .unwrap_or(0)
-    };
-    let (replicated0, failures0) = (replicated(), fixity_failures());
-    let big: Vec<u8> = (0..12 << 20).map(|i| (i * 7 % 251) as u8).collect();
-    let files: Vec<(&str, &[u8])> = vec![
-        ("letter.txt", b"Dear node,\n"),
-        ("sub/dir/data.bin", &[0u8, 1, 2, 3, 255]),
-        ("large.bin", &big),
-    ];
-    let m = w.object_manifest("o.checkm", &files);
-    let bid = w
-        .submit_as(&ingest, "s3", "depositor", &m, "manifest")
-        .await;
-    let run = w.run_all(&ingest);
-    let end = w.batch_ends(&bid).await;
-    let job = w.jobs_of(&bid).await.remove(0);
-    let st = w.engine.job(&job).await.unwrap().status;
-    assert_eq!(end, BatchState::Completed, "{st:?}");
-    let s = w.stored(&job).await;
-    assert_eq!(s.node, Some(9501));
-    assert_eq!(s.path, format!("s3://primary/lading/{}|1|", s.ark));
+/// Versions this process copied to node 9502 (what `/metrics` counts).
+fn replicated_to_9502() -> u64 {
+    lading_ingest::replicate::copies_by_node()
+        .get(&9502)
+        .map_or(0, |c| c.0)
+}
+
+/// The version of `ark` is on the primary key by key, under Merritt's keys, and on the
+/// replica through the outbox (counted in `/metrics`), with no multipart upload left open.
+async fn on_both_nodes(
+    a: &Weed,
+    primary: &Node,
+    replica: &Node,
+    ark: &str,
+    files: &[(&str, &[u8])],
+    replicated0: u64,
+) {
     // Key by key on the primary, under Merritt's keys.
-    let primary = Node::open(&nodes[0], env).unwrap();
-    let replica = Node::open(&nodes[1], env).unwrap();
-    for (name, bytes) in &files {
+    for (name, bytes) in files {
         let c = primary
-            .digest(&s.ark, 1, &format!("producer/{name}"), None)
+            .digest(ark, 1, &format!("producer/{name}"), None)
             .await
             .unwrap()
             .unwrap_or_else(|| panic!("{name} on the primary"));
         assert_eq!((c.size, c.sha256), (bytes.len() as u64, sha256(bytes)));
     }
     if let Place::Bucket { store, .. } = &primary.place {
-        let key =
-            object_store::path::Path::parse(format!("lading/{}|1|producer/letter.txt", s.ark))
-                .unwrap();
+        let key = object_store::path::Path::parse(format!("lading/{}|1|producer/letter.txt", ark))
+            .unwrap();
         assert_eq!(
             store.get(&key).await.unwrap().bytes().await.unwrap(),
             &b"Dear node,\n"[..]
@@ -239,7 +211,7 @@ async fn a_batch_is_stored_on_a_primary_and_a_replica_and_fixity_repairs_a_bad_c
     }
     assert!(
         primary
-            .head(&s.ark, 1, "system/lading-version.json")
+            .head(ark, 1, "system/lading-version.json")
             .await
             .unwrap()
             .is_some()
@@ -247,7 +219,7 @@ async fn a_batch_is_stored_on_a_primary_and_a_replica_and_fixity_repairs_a_bad_c
     // The replica follows through the outbox.
     lading_testkit::poll::until_true("the replica's version record", common::WAIT, async || {
         replica
-            .head(&s.ark, 1, "system/lading-version.json")
+            .head(ark, 1, "system/lading-version.json")
             .await
             .unwrap()
             .is_some()
@@ -256,12 +228,12 @@ async fn a_batch_is_stored_on_a_primary_and_a_replica_and_fixity_repairs_a_bad_c
     lading_testkit::poll::until_true(
         "lading_replica_versions_total{node=9502,outcome=stored} to count it",
         common::WAIT,
-        async || replicated() > replicated0,
+        async || replicated_to_9502() > replicated0,
     )
     .await;
-    for (name, bytes) in &files {
+    for (name, bytes) in files {
         let c = replica
-            .digest(&s.ark, 1, &format!("producer/{name}"), None)
+            .digest(ark, 1, &format!("producer/{name}"), None)
             .await
             .unwrap()
             .unwrap_or_else(|| panic!("{name} on the replica"));
@@ -272,9 +244,17 @@ async fn a_batch_is_stored_on_a_primary_and_a_replica_and_fixity_repairs_a_bad_c
         0,
         "no multipart upload left open"
     );
-    // The scheduled audit, as a node runs it beside the activity monitor (its schedule
-    // ticking every second here): it sets up its schedule, takes each job the monitor adds,
-    // and records every copy checked and good.
+}
+
+/// The scheduled audit, as a node runs it beside the activity monitor (its schedule ticking
+/// every second here): it sets up its schedule, takes each job the monitor adds, and
+/// records every copy of `ark` (`n_files` files on two nodes) checked and good.
+async fn the_scheduled_audit_checks_every_copy(
+    w: &World,
+    ingest: &Arc<Ingest>,
+    ark: &str,
+    n_files: usize,
+) {
     let jobs = Arc::new(lading_jobs::Jobs::new(
         w.engine.tree().clone(),
         w.engine.clock().clone(),
@@ -301,8 +281,8 @@ async fn a_batch_is_stored_on_a_primary_and_a_replica_and_fixity_repairs_a_bad_c
         .unwrap()
         .execute("UPDATE copies SET checked = ?1", [&long_ago])
         .unwrap();
-    assert!(due >= 2 * files.len(), "{due} copies made due");
-    let a1 = s.ark.clone();
+    assert!(due >= 2 * n_files, "{due} copies made due");
+    let a1 = ark.to_string();
     lading_testkit::poll::until_true(
         "the scheduled audit to check every copy",
         common::WAIT,
@@ -313,7 +293,7 @@ async fn a_batch_is_stored_on_a_primary_and_a_replica_and_fixity_repairs_a_bad_c
                 .run(move |i| i.copies(None, Some(&a)))
                 .await
                 .unwrap();
-            copies.len() >= 2 * files.len()
+            copies.len() >= 2 * n_files
                 && copies
                     .iter()
                     .all(|c| c.status == "ok" && c.checked.as_ref() != Some(&long_ago))
@@ -334,6 +314,49 @@ async fn a_batch_is_stored_on_a_primary_and_a_replica_and_fixity_repairs_a_bad_c
     monitor_stop.stop();
     audit_task.await.unwrap();
     monitor_task.await.unwrap();
+}
+
+async fn a_batch_is_stored_on_a_primary_and_a_replica_and_fixity_repairs_a_bad_copy(w: World) {
+    let (mut a, b) = (Weed::start().unwrap(), Weed::start().unwrap());
+    a.bucket("primary").unwrap();
+    b.bucket("replica").unwrap();
+    let nodes = vec![node(9501, &a, "primary"), node(9502, &b, "replica")];
+    w.profile(
+        "s3",
+        "collection = \"demo\"\nstorage_nodes = [9501, 9502]\n",
+    );
+    let ingest = ingest_with(&w, nodes.clone()).unwrap();
+    // This process's `/metrics` counters before (the other backend's run of this test counts
+    // in the same process, so only their growth is checked).
+    let fixity_failures = || {
+        lading_ingest::fixity::failures_by_node()
+            .get(&9502)
+            .copied()
+            .unwrap_or(0)
+    };
+    let (replicated0, failures0) = (replicated_to_9502(), fixity_failures());
+    let big: Vec<u8> = (0..12 << 20).map(|i| (i * 7 % 251) as u8).collect();
+    let files: Vec<(&str, &[u8])> = vec![
+        ("letter.txt", b"Dear node,\n"),
+        ("sub/dir/data.bin", &[0u8, 1, 2, 3, 255]),
+        ("large.bin", &big),
+    ];
+    let m = w.object_manifest("o.checkm", &files);
+    let bid = w
+        .submit_as(&ingest, "s3", "depositor", &m, "manifest")
+        .await;
+    let run = w.run_all(&ingest);
+    let end = w.batch_ends(&bid).await;
+    let job = w.jobs_of(&bid).await.remove(0);
+    let st = w.engine.job(&job).await.unwrap().status;
+    assert_eq!(end, BatchState::Completed, "{st:?}");
+    let s = w.stored(&job).await;
+    assert_eq!(s.node, Some(9501));
+    assert_eq!(s.path, format!("s3://primary/lading/{}|1|", s.ark));
+    let primary = Node::open(&nodes[0], env).unwrap();
+    let replica = Node::open(&nodes[1], env).unwrap();
+    on_both_nodes(&a, &primary, &replica, &s.ark, &files, replicated0).await;
+    the_scheduled_audit_checks_every_copy(&w, &ingest, &s.ark, files.len()).await;
     // Every copy checks out.
     let audit = lading_ingest::fixity::check(&ingest, None, Some(&s.ark), None)
         .await
