@@ -11,7 +11,7 @@ use common::bags::*;
 use common::nodes::*;
 use common::{Backend, World};
 use lading_ingest::Ingest;
-use lading_ingest::deletion::{self, DeletionError, Status};
+use lading_ingest::deletion::{self, Deletion, DeletionError, Status};
 use lading_ingest::nodes::{DELETION_MARK, Node};
 use lading_ingest::stages::StoredVersion;
 use lading_testkit::seaweed::Weed;
@@ -80,6 +80,81 @@ on_both_backends!(
     a_deletion_needs_a_second_admin_and_then_removes_every_copy_but_what_a_later_version_uses
 );
 
+/// A second admin approves `d1` (v1 of `s2`'s object): v1's own files go from both nodes,
+/// but a.txt, which v2 lists as stored under v1, stays; the checker expects nothing deleted,
+/// v1 cannot be read and v2 can, and v1 cannot be asked for again.
+async fn approved_by_a_second_admin(
+    w: &World,
+    ingest: &Arc<Ingest>,
+    both: &[&Node; 2],
+    s2: &StoredVersion,
+    d1: Deletion,
+) {
+    let ark = s2.ark.clone();
+    let d1 = deletion::approve(ingest, &d1.id, "bob").await.unwrap();
+    assert_eq!(d1.status, Status::Deleted, "{:?}", d1.waiting);
+    let tomb = deletion::get(ingest, &d1.id).await.unwrap();
+    assert_eq!(tomb, d1, "the tombstone is what approval returned");
+    assert_eq!(
+        (
+            tomb.requested_by.as_str(),
+            tomb.decided_by.as_deref(),
+            tomb.reason.as_str()
+        ),
+        ("alice", Some("bob"), "withdrawn by the depositor")
+    );
+    assert!(tomb.deleted_at.is_some());
+    let gone: Vec<(&str, &str, &[u32])> = tomb
+        .files
+        .iter()
+        .filter(|f| f.path.starts_with("producer/"))
+        .map(|f| (f.path.as_str(), f.sha256.as_str(), f.nodes.as_slice()))
+        .collect();
+    let (beta, gamma) = (sha256(b"beta"), sha256(b"gamma"));
+    assert_eq!(
+        gone,
+        [
+            ("producer/b.txt", beta.as_str(), &[9501u32, 9502][..]),
+            ("producer/c.txt", gamma.as_str(), &[9501, 9502][..])
+        ]
+    );
+    assert!(
+        tomb.kept.iter().any(|f| f.path == "producer/a.txt"),
+        "{:?}",
+        tomb.kept
+    );
+    for f in &tomb.files {
+        assert_eq!(
+            held(both, &ark, 1, &f.path).await,
+            [false, false],
+            "{}",
+            f.path
+        );
+    }
+    assert_eq!(held(both, &ark, 1, "producer/a.txt").await, [true, true]);
+    assert_eq!(held(both, &ark, 1, DELETION_MARK).await, [true, true]);
+    assert_eq!(held(both, &ark, 2, "producer/b.txt").await, [true, true]);
+
+    // Nothing deleted is expected by the checker, and everything left is good.
+    let audit = lading_ingest::fixity::check(ingest, None, None, None)
+        .await
+        .unwrap();
+    assert!(audit.checked > 0);
+    assert_eq!(audit.findings, []);
+    // v1 cannot be read; v2 can, a.txt's bytes read from where v1 keeps them.
+    let refused = lading_ingest::access::source(ingest, &ark, 1, None).await;
+    let why = refused.err().expect("v1 is deleted");
+    assert!(why.contains("was deleted") && why.contains(&d1.id), "{why}");
+    let bag = restore_and_validate(w, ingest, s2, "rb").await;
+    assert_eq!(std::fs::read(bag.join("data/a.txt")).unwrap(), b"alpha");
+    std::fs::remove_dir_all(w.dir.path().join("restored")).unwrap();
+    let twice = deletion::request(ingest, &ark, Some(1), "again", "carol").await;
+    assert!(
+        matches!(twice, Err(DeletionError::Deleted { .. })),
+        "{twice:?}"
+    );
+}
+
 async fn a_deletion_needs_a_second_admin_and_then_removes_every_copy_but_what_a_later_version_uses(
     w: World,
 ) {
@@ -147,70 +222,7 @@ async fn a_deletion_needs_a_second_admin_and_then_removes_every_copy_but_what_a_
     );
     assert_eq!(held(&both, &ark, 1, "producer/b.txt").await, [true, true]);
 
-    // A second admin approves: v1's own files go from both nodes, but a.txt, which v2 lists
-    // as stored under v1, stays.
-    let d1 = deletion::approve(&ingest, &d1.id, "bob").await.unwrap();
-    assert_eq!(d1.status, Status::Deleted, "{:?}", d1.waiting);
-    let tomb = deletion::get(&ingest, &d1.id).await.unwrap();
-    assert_eq!(tomb, d1, "the tombstone is what approval returned");
-    assert_eq!(
-        (
-            tomb.requested_by.as_str(),
-            tomb.decided_by.as_deref(),
-            tomb.reason.as_str()
-        ),
-        ("alice", Some("bob"), "withdrawn by the depositor")
-    );
-    assert!(tomb.deleted_at.is_some());
-    let gone: Vec<(&str, &str, &[u32])> = tomb
-        .files
-        .iter()
-        .filter(|f| f.path.starts_with("producer/"))
-        .map(|f| (f.path.as_str(), f.sha256.as_str(), f.nodes.as_slice()))
-        .collect();
-    let (beta, gamma) = (sha256(b"beta"), sha256(b"gamma"));
-    assert_eq!(
-        gone,
-        [
-            ("producer/b.txt", beta.as_str(), &[9501u32, 9502][..]),
-            ("producer/c.txt", gamma.as_str(), &[9501, 9502][..])
-        ]
-    );
-    assert!(
-        tomb.kept.iter().any(|f| f.path == "producer/a.txt"),
-        "{:?}",
-        tomb.kept
-    );
-    for f in &tomb.files {
-        assert_eq!(
-            held(&both, &ark, 1, &f.path).await,
-            [false, false],
-            "{}",
-            f.path
-        );
-    }
-    assert_eq!(held(&both, &ark, 1, "producer/a.txt").await, [true, true]);
-    assert_eq!(held(&both, &ark, 1, DELETION_MARK).await, [true, true]);
-    assert_eq!(held(&both, &ark, 2, "producer/b.txt").await, [true, true]);
-
-    // Nothing deleted is expected by the checker, and everything left is good.
-    let audit = lading_ingest::fixity::check(&ingest, None, None, None)
-        .await
-        .unwrap();
-    assert!(audit.checked > 0);
-    assert_eq!(audit.findings, []);
-    // v1 cannot be read; v2 can, a.txt's bytes read from where v1 keeps them.
-    let refused = lading_ingest::access::source(&ingest, &ark, 1, None).await;
-    let why = refused.err().expect("v1 is deleted");
-    assert!(why.contains("was deleted") && why.contains(&d1.id), "{why}");
-    let bag = restore_and_validate(&w, &ingest, &s2, "rb").await;
-    assert_eq!(std::fs::read(bag.join("data/a.txt")).unwrap(), b"alpha");
-    std::fs::remove_dir_all(w.dir.path().join("restored")).unwrap();
-    let twice = deletion::request(&ingest, &ark, Some(1), "again", "carol").await;
-    assert!(
-        matches!(twice, Err(DeletionError::Deleted { .. })),
-        "{twice:?}"
-    );
+    approved_by_a_second_admin(&w, &ingest, &both, &s2, d1).await;
 
     // The whole object, asked by bob and approved by alice: a.txt goes with v2, its last user.
     let d2 = deletion::request(&ingest, &ark, None, "takedown", "bob")
