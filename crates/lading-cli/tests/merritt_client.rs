@@ -225,6 +225,71 @@ obj.finish_ingest
 puts response.batch_id
 "#;
 
+/// An object named in the path (its form's fields Lading does not map kept with the
+/// batch), then a new version of it by the update form.
+async fn named_in_the_path_then_updated(s: &Serve, src: &std::path::Path) {
+    let put = |bytes: &[u8]| {
+        let p = src.join("named.txt");
+        std::fs::write(&p, bytes).unwrap();
+        format!("file=@{}", p.display())
+    };
+    let a_file = put(b"named v1\n");
+    let b = s
+        .ingested(
+            "/poster/submit/ark/99999/fk4named",
+            &[
+                a_file.clone(),
+                "type=file".into(),
+                "note=first deposit".into(),
+                "notification=curator@example.org".into(),
+                "DC.publisher=UC3".into(),
+                "someFieldMerrittLacks=kept anyway".into(),
+            ],
+        )
+        .await;
+    s.completed(&b, "the batch").await;
+    let job = s.job(&b["jobs"]["batch-completed"][0]).await;
+    assert_eq!(
+        job["identifiers"]["primary_id"], "ark:/99999/fk4named",
+        "{job}"
+    );
+    let form = &b["submission"]["form"];
+    assert_eq!(form["note"], "first deposit", "{b}");
+    assert_eq!(form["notification"], "curator@example.org", "{b}");
+    assert_eq!(form["DC.publisher"], "UC3", "{b}");
+    assert_eq!(form["someFieldMerrittLacks"], "kept anyway", "{b}");
+    let a_file = put(b"named v2\n");
+    let b = s
+        .ingested(
+            "/poster/update/ark/99999/fk4named",
+            &[a_file, "type=file".into()],
+        )
+        .await;
+    s.completed(&b, "the batch").await;
+    let v2 = s
+        .stored()
+        .into_iter()
+        .find(|p| {
+            p.to_string_lossy().contains("ark_99999_fk4named/v2/") && p.ends_with("named.txt")
+        })
+        .unwrap_or_else(|| panic!("version 2 in {:?}", s.stored()));
+    assert_eq!(std::fs::read(v2).unwrap(), b"named v2\n");
+}
+
+/// The service's state and help pages answer 200.
+fn state_and_help(s: &Serve) {
+    for path in ["/poster/state", "/poster/help"] {
+        let out = Command::new("curl")
+            .args(["-s", "-w", "\n%{http_code}", "-u"])
+            .arg(format!("depositor:{DEPOSITOR}"))
+            .arg(format!("{}{path}", s.api.base))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(text.ends_with("\n200"), "{path}: {text}");
+    }
+}
+
 /// Every payload type of Merritt's form by `curl -F`, named or guessed: a container; an
 /// object manifest with md5 digests (as Merritt's client writes them), and one whose digest
 /// is wrong, which fails its job naming both digests; the three batch manifests; an object
@@ -361,48 +426,7 @@ async fn every_payload_type_of_the_form_is_ingested(store: Store) {
         message.contains(&a_md5) && message.contains(&b_md5),
         "the failure names both digests: {job}"
     );
-    // An object named in the path, then a new version of it by the update form.
-    let (_, _, a_file) = put("named.txt", b"named v1\n");
-    let b = s
-        .ingested(
-            "/poster/submit/ark/99999/fk4named",
-            &[
-                a_file.clone(),
-                "type=file".into(),
-                "note=first deposit".into(),
-                "notification=curator@example.org".into(),
-                "DC.publisher=UC3".into(),
-                "someFieldMerrittLacks=kept anyway".into(),
-            ],
-        )
-        .await;
-    s.completed(&b, "the batch").await;
-    let job = s.job(&b["jobs"]["batch-completed"][0]).await;
-    assert_eq!(
-        job["identifiers"]["primary_id"], "ark:/99999/fk4named",
-        "{job}"
-    );
-    let form = &b["submission"]["form"];
-    assert_eq!(form["note"], "first deposit", "{b}");
-    assert_eq!(form["notification"], "curator@example.org", "{b}");
-    assert_eq!(form["DC.publisher"], "UC3", "{b}");
-    assert_eq!(form["someFieldMerrittLacks"], "kept anyway", "{b}");
-    let (_, _, a_file) = put("named.txt", b"named v2\n");
-    let b = s
-        .ingested(
-            "/poster/update/ark/99999/fk4named",
-            &[a_file, "type=file".into()],
-        )
-        .await;
-    s.completed(&b, "the batch").await;
-    let v2 = s
-        .stored()
-        .into_iter()
-        .find(|p| {
-            p.to_string_lossy().contains("ark_99999_fk4named/v2/") && p.ends_with("named.txt")
-        })
-        .unwrap_or_else(|| panic!("version 2 in {:?}", s.stored()));
-    assert_eq!(std::fs::read(v2).unwrap(), b"named v2\n");
+    named_in_the_path_then_updated(&s, &src).await;
     // Too much kept: refused naming the limit, nothing made.
     let before = s.api.batch_ids(ADMIN, "limit=1000").await;
     let big = format!("note={}", "x".repeat(40 << 10));
@@ -414,17 +438,7 @@ async fn every_payload_type_of_the_form_is_ingested(store: Store) {
     assert_eq!(code, 400, "{body}");
     assert!(body.contains("32768"), "{body}");
     assert_eq!(s.api.batch_ids(ADMIN, "limit=1000").await, before);
-    // The service's state and help.
-    for path in ["/poster/state", "/poster/help"] {
-        let out = Command::new("curl")
-            .args(["-s", "-w", "\n%{http_code}", "-u"])
-            .arg(format!("depositor:{DEPOSITOR}"))
-            .arg(format!("{}{path}", s.api.base))
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string();
-        assert!(text.ends_with("\n200"), "{path}: {text}");
-    }
+    state_and_help(&s);
 }
 
 /// Each test on both stores.
