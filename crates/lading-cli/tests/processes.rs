@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::serve::{ADMIN, ALICE, serve_running};
+use common::serve::{ADMIN, ALICE, Serve, serve_running};
 use common::{Reap, until};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -58,6 +58,72 @@ fn running_in(p: &Value, stage: &str) -> Vec<String> {
         .filter(|w| w["kind"] == "job" && w["stage"] == stage)
         .map(|w| w["id"].as_str().unwrap().to_string())
         .collect()
+}
+
+/// What the stages did reaches the stage metrics (each process adds its counts every 5 s):
+/// the serve's Estimating moved both jobs on, once each; the workers saw both jobs in
+/// Downloading.
+async fn stage_metrics_count_both_jobs(s: &Serve) {
+    until("the stage metrics count both jobs", async || {
+        let (_, m) = s.get(ADMIN, "/api/v1/metrics/stages").await;
+        let stage = |n: &str| {
+            m["stages"]
+                .as_array()
+                .and_then(|a| a.iter().find(|x| x["stage"] == n).cloned())
+        };
+        stage("Estimating").is_some_and(|e| e["last_hour"]["done"] == 2)
+            && stage("Downloading").is_some_and(|d| d["last_hour"]["depth"].as_u64() >= Some(2))
+    })
+    .await;
+    let (_, m) = s.get(ADMIN, "/api/v1/metrics/stages").await;
+    let est = m["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["stage"] == "Estimating")
+        .unwrap();
+    let per_minute: u64 = est["minutes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["done"].as_u64().unwrap())
+        .sum();
+    assert_eq!(per_minute, 2, "{est}");
+    assert_eq!(est["hours"].as_array().unwrap().len(), 24, "{est}");
+    assert_eq!(est["last_day"]["done"], 2, "{est}");
+    assert_eq!(est["last_hour"]["failed"], 0, "{est}");
+    assert!(est["last_hour"]["p95_ms"].as_u64().is_some(), "{est}");
+}
+
+/// The console shows the same, in a real browser: the three processes, the two downloads
+/// each under the worker that runs it (`pids`: the serve's, then the workers'), and
+/// Estimating's chart with its two runs.
+async fn the_console_shows_the_same(s: &Serve, pids: &[u32; 3]) {
+    let base = s.base.clone();
+    let br = tokio::task::spawn_blocking(move || {
+        let mut br = lading_testkit::browser::Browser::launch();
+        let sn = br.page(&format!("{base}/#token={ADMIN}"));
+        br.wait_for(&sn, "document.querySelector('[data-processes-alive]')?.dataset.processesAlive === '3'");
+        br.open(&sn, "#/processes");
+        br.wait_for(&sn, "document.querySelectorAll('#processes tr[data-alive=true] [data-running]').length === 2");
+        let shown = br.eval(&sn, "[...document.querySelectorAll('#processes tr[data-alive=true]')].filter(r => r.querySelector('[data-roles]').dataset.roles === 'worker').flatMap(r => [...r.querySelectorAll('[data-running]')].map(a => a.dataset.running + ' ' + a.parentElement.textContent.includes('Downloading'))).sort().join()");
+        br.open(&sn, "#/stages/Estimating");
+        br.wait_for(&sn, "document.getElementById('stage-done').dataset.total === '2'");
+        (br, shown)
+    })
+    .await
+    .unwrap();
+    let (br, shown) = br;
+    assert!(br.console_errors().is_empty(), "{:?}", br.console_errors());
+    drop(br);
+    let list = processes(s).await;
+    let mut running: Vec<String> = pids[1..]
+        .iter()
+        .flat_map(|pid| running_in(by_pid(&list, *pid).unwrap(), "Downloading"))
+        .map(|j| format!("{j} true"))
+        .collect();
+    running.sort();
+    assert_eq!(shown, json!(running.join(",")));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,66 +217,9 @@ async fn every_process_says_what_it_runs_and_one_killed_is_shown_gone_with_its_w
         assert!(w["since_ms"].as_u64().unwrap() > 0, "{w}");
     }
 
-    // What the stages did reaches the stage metrics (each process adds its counts every 5
-    // s): the serve's Estimating moved both jobs on, once each; the workers saw both jobs
-    // in Downloading.
-    until("the stage metrics count both jobs", async || {
-        let (_, m) = s.get(ADMIN, "/api/v1/metrics/stages").await;
-        let stage = |n: &str| {
-            m["stages"]
-                .as_array()
-                .and_then(|a| a.iter().find(|x| x["stage"] == n).cloned())
-        };
-        stage("Estimating").is_some_and(|e| e["last_hour"]["done"] == 2)
-            && stage("Downloading").is_some_and(|d| d["last_hour"]["depth"].as_u64() >= Some(2))
-    })
-    .await;
-    let (_, m) = s.get(ADMIN, "/api/v1/metrics/stages").await;
-    let est = m["stages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|x| x["stage"] == "Estimating")
-        .unwrap();
-    let per_minute: u64 = est["minutes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["done"].as_u64().unwrap())
-        .sum();
-    assert_eq!(per_minute, 2, "{est}");
-    assert_eq!(est["hours"].as_array().unwrap().len(), 24, "{est}");
-    assert_eq!(est["last_day"]["done"], 2, "{est}");
-    assert_eq!(est["last_hour"]["failed"], 0, "{est}");
-    assert!(est["last_hour"]["p95_ms"].as_u64().is_some(), "{est}");
+    stage_metrics_count_both_jobs(&s).await;
 
-    // The console shows the same, in a real browser: the three processes, the two downloads
-    // each under the worker that runs it, and Estimating's chart with its two runs.
-    let base = s.base.clone();
-    let br = tokio::task::spawn_blocking(move || {
-        let mut br = lading_testkit::browser::Browser::launch();
-        let sn = br.page(&format!("{base}/#token={ADMIN}"));
-        br.wait_for(&sn, "document.querySelector('[data-processes-alive]')?.dataset.processesAlive === '3'");
-        br.open(&sn, "#/processes");
-        br.wait_for(&sn, "document.querySelectorAll('#processes tr[data-alive=true] [data-running]').length === 2");
-        let shown = br.eval(&sn, "[...document.querySelectorAll('#processes tr[data-alive=true]')].filter(r => r.querySelector('[data-roles]').dataset.roles === 'worker').flatMap(r => [...r.querySelectorAll('[data-running]')].map(a => a.dataset.running + ' ' + a.parentElement.textContent.includes('Downloading'))).sort().join()");
-        br.open(&sn, "#/stages/Estimating");
-        br.wait_for(&sn, "document.getElementById('stage-done').dataset.total === '2'");
-        (br, shown)
-    })
-    .await
-    .unwrap();
-    let (br, shown) = br;
-    assert!(br.console_errors().is_empty(), "{:?}", br.console_errors());
-    drop(br);
-    let list = processes(&s).await;
-    let mut running: Vec<String> = pids[1..]
-        .iter()
-        .flat_map(|pid| running_in(by_pid(&list, *pid).unwrap(), "Downloading"))
-        .map(|j| format!("{j} true"))
-        .collect();
-    running.sort();
-    assert_eq!(shown, json!(running.join(",")));
+    the_console_shows_the_same(&s, &pids).await;
 
     // Worker A dies without a word: once its session is reaped it is listed gone, with the
     // jobs it ran when last heard from; the others stay alive.
