@@ -203,23 +203,43 @@ fn completed_jobs(s: &Seen) -> usize {
         .count()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_runs_across_three_hosts_through_a_worker_kill_and_a_leader_kill() {
-    let mut zk = ZkEnsemble::start(3).expect("a 3-node ZooKeeper ensemble");
-    let hosts = zk.connect_string();
-    lading_store_zk::ZkTree::ensure_chroot(&hosts, "/lading")
+/// `url` read with the admin's token; it must answer 200.
+async fn admin_get(http: &reqwest::Client, url: String) -> reqwest::Response {
+    let r = http.get(&url).bearer_auth(ADMIN).send().await.unwrap();
+    assert_eq!(r.status(), 200, "{url}");
+    r
+}
+
+/// The jobs batch `bid` completed: every object's.
+async fn completed_jobs_of(http: &reqwest::Client, base: &str, bid: &str) -> Vec<String> {
+    let batch: Value = admin_get(http, format!("{base}/api/v1/batches/{bid}"))
+        .await
+        .json()
         .await
         .unwrap();
-    let store = format!("zk://{hosts}/lading");
-    let pg = PgServer::start().expect("PostgreSQL");
-    let inventory = pg.create_db("inventory").unwrap();
-    let smtp = Smtp::start().await;
-    let root = tempfile::tempdir().unwrap();
+    let jobs: Vec<String> = batch["jobs"]["batch-completed"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{batch}"))
+        .iter()
+        .map(|j| j.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(jobs.len(), OBJECTS, "{batch}");
+    jobs
+}
 
-    // The depositor's files, served over HTTP, and the manifest naming them.
-    let payload = root.path().join("payload");
-    std::fs::create_dir_all(&payload).unwrap();
-    let server = PayloadServer::start(&payload).await.unwrap();
+/// The transitions a stream showed, as (id, from, to, host).
+fn keys(seen: &[Value]) -> BTreeSet<(String, String, String, String)> {
+    seen.iter()
+        .map(|e| {
+            let s = |k: &str| e[k].as_str().unwrap_or("").to_string();
+            (s("id"), s("from"), s("to"), s("host"))
+        })
+        .collect()
+}
+
+/// The depositor's files under `payload`, served by `server`, and the single-file batch
+/// manifest naming them; each file's bytes by name.
+fn write_payload(payload: &Path, server: &PayloadServer) -> BTreeMap<String, Vec<u8>> {
     let mut rows = String::new();
     let mut bodies: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     for i in 0..OBJECTS {
@@ -237,9 +257,13 @@ async fn a_batch_runs_across_three_hosts_through_a_worker_kill_and_a_leader_kill
     )
     .unwrap();
 
-    // What every host shares: the storage root, the profiles, the inventory, the mail
-    // server; each has its own data (and working) folder.
-    let shared = root.path().join("shared");
+    bodies
+}
+
+/// The config every host shares: the storage root, the profiles, the inventory, the mail
+/// server (each host has its own data and working folder).
+fn shared_config(root: &Path, inventory: &str, smtp_port: u16, server: &PayloadServer) -> String {
+    let shared = root.join("shared");
     std::fs::create_dir_all(shared.join("profiles")).unwrap();
     std::fs::write(
         shared.join("profiles/demo.toml"),
@@ -247,7 +271,7 @@ async fn a_batch_runs_across_three_hosts_through_a_worker_kill_and_a_leader_kill
         "collection = \"demo\"\nnotification = [\"ops@example.org\"]\ncommand = \"sleep 0.3\"\n",
     )
     .unwrap();
-    let config = format!(
+    format!(
         "storage_root = \"{}\"\nprofiles_dir = \"{}\"\ninventory = \"{inventory}\"\n\
          reserve_bytes = 0\nunestimated_min_free_bytes = 0\nreport_settle_s = 0\n\
          smtp_host = \"127.0.0.1\"\nsmtp_port = {}\nmail_from = \"lading@example.org\"\n\
@@ -256,39 +280,172 @@ async fn a_batch_runs_across_three_hosts_through_a_worker_kill_and_a_leader_kill
          [[tokens]]\nname = \"depositor\"\ntoken = \"{DEPOSITOR}\"\nrole = \"submitter\"\ncollections = [\"demo\"]\n",
         shared.join("storage").display(),
         shared.join("profiles").display(),
-        smtp.port,
+        smtp_port,
         server.addr,
-    );
-    let port = free_port().unwrap();
-    let listen = format!("127.0.0.1:{port}");
-    let mut a = Host::start(
+    )
+}
+
+/// Host A serves (intake, pending, reporting and access) on `listen`; B and C work every
+/// job stage.
+fn start_hosts(root: &Path, store: &str, config: &str, listen: &str) -> (Host, Host, Host) {
+    let a = Host::start(
         "host-a",
-        root.path(),
-        &store,
-        &config,
+        root,
+        store,
+        config,
         &[
             "serve",
             "--listen",
-            &listen,
+            listen,
             "--stages",
             "intake,pending,reporting,update-reporting,access-small,access-large",
         ],
     );
     let job_stages = "estimating,provisioning,downloading,processing,storing,recording,notify";
-    let mut b = Host::start(
+    let b = Host::start(
         "host-b",
-        root.path(),
-        &store,
-        &config,
+        root,
+        store,
+        config,
         &["worker", "--stages", job_stages],
     );
-    let mut c = Host::start(
+    let c = Host::start(
         "host-c",
-        root.path(),
-        &store,
-        &config,
+        root,
+        store,
+        config,
         &["worker", "--stages", job_stages],
     );
+    (a, b, c)
+}
+
+/// Every job's history is complete, and each transition B and C made (`pids`) is among
+/// what each stream showed (`shown`); how many each made, and the jobs' arks.
+async fn histories(
+    http: &reqwest::Client,
+    base: &str,
+    jobs: &[String],
+    shown: [&BTreeSet<(String, String, String, String)>; 2],
+    [b_pid, c_pid]: [u32; 2],
+) -> (BTreeMap<String, usize>, Vec<String>) {
+    let (shown, resumed_shown) = (shown[0], shown[1]);
+    let base2 = base;
+    let stages = lading_testkit::JOURNEY;
+    let mut by_host: BTreeMap<String, usize> = BTreeMap::new();
+    let mut arks = Vec::new();
+    for jid in jobs {
+        let h: Value = admin_get(http, format!("{base2}/api/v1/jobs/{jid}/history"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        let entries = h["history"].as_array().unwrap();
+        let to: Vec<&str> = entries.iter().filter_map(|e| e["to"].as_str()).collect();
+        // Every stage, in order (a stage B died in may appear twice).
+        let mut next = stages.iter().skip(1).peekable();
+        for t in &to {
+            if next.peek() == Some(&t) {
+                next.next();
+            }
+        }
+        assert!(next.peek().is_none(), "{jid}: incomplete history {to:?}");
+        assert_eq!(to.last(), Some(&"Completed"), "{jid}: {to:?}");
+        for e in entries {
+            let host = e["host"].as_str().unwrap_or("");
+            let made_by = |pid: u32| host.ends_with(&format!(":{pid}"));
+            if made_by(b_pid) || made_by(c_pid) {
+                *by_host
+                    .entry(if made_by(b_pid) { "B" } else { "C" }.into())
+                    .or_default() += 1;
+                let key = (
+                    jid.clone(),
+                    e["from"].as_str().unwrap_or("").to_string(),
+                    e["to"].as_str().unwrap().to_string(),
+                    host.to_string(),
+                );
+                assert!(
+                    shown.contains(&key),
+                    "A's stream missed {key:?} (history {entries:?})"
+                );
+                assert!(
+                    resumed_shown.contains(&key),
+                    "the stream resumed mid-run missed {key:?} (history {entries:?})"
+                );
+            }
+        }
+        let job: Value = admin_get(http, format!("{base2}/api/v1/jobs/{jid}"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        arks.push(
+            job["identifiers"]["primary_id"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        );
+    }
+    (by_host, arks)
+}
+
+/// A serves every stored object, with the depositor's bytes (inventory on PostgreSQL,
+/// storage shared).
+async fn every_object_served(
+    http: &reqwest::Client,
+    base2: &str,
+    arks: &[String],
+    bodies: &BTreeMap<String, Vec<u8>>,
+) {
+    let mut served = BTreeSet::new();
+    for ark in arks {
+        let r = admin_get(
+            http,
+            format!("{base2}/api/v1/objects/download?ark={ark}&version=1"),
+        )
+        .await;
+        let bytes = r.bytes().await.unwrap().to_vec();
+        let mut z = zip::ZipArchive::new(std::io::Cursor::new(bytes)).unwrap();
+        for i in 0..z.len() {
+            let mut f = z.by_index(i).unwrap();
+            let name = f.name().unwrap().to_string();
+            if let Some(file) = name.strip_prefix("producer/") {
+                let mut v = Vec::new();
+                std::io::Read::read_to_end(&mut f, &mut v).unwrap();
+                assert_eq!(Some(&v), bodies.get(file), "{ark}: {name}");
+                served.insert(file.to_string());
+            }
+        }
+    }
+    assert_eq!(
+        served.len(),
+        OBJECTS,
+        "every depositor file was served once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_runs_across_three_hosts_through_a_worker_kill_and_a_leader_kill() {
+    let mut zk = ZkEnsemble::start(3).expect("a 3-node ZooKeeper ensemble");
+    let hosts = zk.connect_string();
+    lading_store_zk::ZkTree::ensure_chroot(&hosts, "/lading")
+        .await
+        .unwrap();
+    let store = format!("zk://{hosts}/lading");
+    let pg = PgServer::start().expect("PostgreSQL");
+    let inventory = pg.create_db("inventory").unwrap();
+    let smtp = Smtp::start().await;
+    let root = tempfile::tempdir().unwrap();
+
+    // The depositor's files, served over HTTP, and the manifest naming them.
+    let payload = root.path().join("payload");
+    std::fs::create_dir_all(&payload).unwrap();
+    let server = PayloadServer::start(&payload).await.unwrap();
+    let bodies = write_payload(&payload, &server);
+
+    let config = shared_config(root.path(), &inventory, smtp.port, &server);
+    let port = free_port().unwrap();
+    let listen = format!("127.0.0.1:{port}");
+    let (mut a, mut b, mut c) = start_hosts(root.path(), &store, &config, &listen);
     let (b_pid, c_pid) = (b.pid(), c.pid());
 
     let base = format!("http://{listen}");
@@ -368,99 +525,25 @@ async fn a_batch_runs_across_three_hosts_through_a_worker_kill_and_a_leader_kill
     resumed_stream.abort();
 
     // Every job's history is complete, and the stream showed every transition B and C made.
-    let get = |url: String| {
-        let http = http.clone();
-        async move {
-            let r = http.get(&url).bearer_auth(ADMIN).send().await.unwrap();
-            assert_eq!(r.status(), 200, "{url}");
-            r
-        }
-    };
     let base2 = base.clone();
-    let batch: Value = get(format!("{base2}/api/v1/batches/{bid}"))
-        .await
-        .json()
-        .await
-        .unwrap();
-    let jobs: Vec<String> = batch["jobs"]["batch-completed"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{batch}"))
-        .iter()
-        .map(|j| j.as_str().unwrap().to_string())
-        .collect();
-    assert_eq!(jobs.len(), OBJECTS, "{batch}");
+    let jobs = completed_jobs_of(&http, &base2, &bid).await;
     let (seen, resets) = {
         let s = seen.lock().unwrap();
         (s.changes.clone(), s.resets)
-    };
-    let keys = |seen: &[Value]| -> BTreeSet<(String, String, String, String)> {
-        seen.iter()
-            .map(|e| {
-                let s = |k: &str| e[k].as_str().unwrap_or("").to_string();
-                (s("id"), s("from"), s("to"), s("host"))
-            })
-            .collect()
     };
     let shown = keys(&seen);
     let (resumed_shown, resumed_resets) = {
         let r = resumed.lock().unwrap();
         (keys(&r.changes), r.resets)
     };
-    let stages = lading_testkit::JOURNEY;
-    let mut by_host: BTreeMap<String, usize> = BTreeMap::new();
-    let mut arks = Vec::new();
-    for jid in &jobs {
-        let h: Value = get(format!("{base2}/api/v1/jobs/{jid}/history"))
-            .await
-            .json()
-            .await
-            .unwrap();
-        let entries = h["history"].as_array().unwrap();
-        let to: Vec<&str> = entries.iter().filter_map(|e| e["to"].as_str()).collect();
-        // Every stage, in order (a stage B died in may appear twice).
-        let mut next = stages.iter().skip(1).peekable();
-        for t in &to {
-            if next.peek() == Some(&t) {
-                next.next();
-            }
-        }
-        assert!(next.peek().is_none(), "{jid}: incomplete history {to:?}");
-        assert_eq!(to.last(), Some(&"Completed"), "{jid}: {to:?}");
-        for e in entries {
-            let host = e["host"].as_str().unwrap_or("");
-            let made_by = |pid: u32| host.ends_with(&format!(":{pid}"));
-            if made_by(b_pid) || made_by(c_pid) {
-                *by_host
-                    .entry(if made_by(b_pid) { "B" } else { "C" }.into())
-                    .or_default() += 1;
-                let key = (
-                    jid.clone(),
-                    e["from"].as_str().unwrap_or("").to_string(),
-                    e["to"].as_str().unwrap().to_string(),
-                    host.to_string(),
-                );
-                assert!(
-                    shown.contains(&key),
-                    "A's stream missed {key:?} (history {entries:?})"
-                );
-                assert!(
-                    resumed_shown.contains(&key),
-                    "the stream resumed mid-run missed {key:?} (history {entries:?})"
-                );
-            }
-        }
-        let job: Value = get(format!("{base2}/api/v1/jobs/{jid}"))
-            .await
-            .json()
-            .await
-            .unwrap();
-        arks.push(
-            job["identifiers"]["primary_id"]
-                .as_str()
-                .unwrap()
-                .to_string(),
-        );
-    }
+    let (by_host, arks) = histories(
+        &http,
+        &base2,
+        &jobs,
+        [&shown, &resumed_shown],
+        [b_pid, c_pid],
+    )
+    .await;
     assert!(by_host.get("B").copied().unwrap_or(0) > 0, "{by_host:?}");
     assert!(by_host.get("C").copied().unwrap_or(0) > 0, "{by_host:?}");
     eprintln!(
@@ -471,32 +554,7 @@ async fn a_batch_runs_across_three_hosts_through_a_worker_kill_and_a_leader_kill
         resumed_shown.len()
     );
 
-    // A serves every stored object, with the depositor's bytes (inventory on PostgreSQL,
-    // storage shared).
-    let mut served = BTreeSet::new();
-    for ark in &arks {
-        let r = get(format!(
-            "{base2}/api/v1/objects/download?ark={ark}&version=1"
-        ))
-        .await;
-        let bytes = r.bytes().await.unwrap().to_vec();
-        let mut z = zip::ZipArchive::new(std::io::Cursor::new(bytes)).unwrap();
-        for i in 0..z.len() {
-            let mut f = z.by_index(i).unwrap();
-            let name = f.name().unwrap().to_string();
-            if let Some(file) = name.strip_prefix("producer/") {
-                let mut v = Vec::new();
-                std::io::Read::read_to_end(&mut f, &mut v).unwrap();
-                assert_eq!(Some(&v), bodies.get(file), "{ark}: {name}");
-                served.insert(file.to_string());
-            }
-        }
-    }
-    assert_eq!(
-        served.len(),
-        OBJECTS,
-        "every depositor file was served once"
-    );
+    every_object_served(&http, &base2, &arks, &bodies).await;
 
     // Stopped cleanly, and still one report mail.
     a.stop();
