@@ -748,4 +748,3 @@ async fn the_console_asks_for_a_token_then_every_page_and_action_works_by_clicks
     let (_, g) = s.get(ADMIN, "/api/v1/types/thumbs/jobs/broken").await;
     assert_eq!(g["state"], "pending");
 }
-
