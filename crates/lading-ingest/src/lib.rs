@@ -69,7 +69,7 @@ pub struct Ingest {
     pub courier: Arc<dyn outbox::Courier>,
     /// What runs profiles' processing commands ([`command::Shell`] unless told otherwise).
     pub commands: Arc<dyn command::Commands>,
-    /// What each stage's handler is wrapped in before it runs ([`stages`]); none in a real
+    /// What each stage's handler is wrapped in before it runs ([`stages()`]); none in a real
     /// process (the simulator's faults and simulated handlers otherwise).
     pub wrap: Option<Arc<dyn StageWrap>>,
     /// What housekeeping's finishing watch has done (see [`cleanup::FinishingProgress`]).
