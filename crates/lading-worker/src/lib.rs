@@ -174,14 +174,28 @@ impl Drop for InFolder {
     }
 }
 
+/// Aborts a task when dropped: a handler never outlives the loop that runs it.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Runs `fut` in its own task under `timeout`; a panic is `Fatal`, a timeout `Transient`, an
-/// abort `None` (the task was cut off).
+/// abort `None` (the task was cut off). Dropped before it ends (its loop's service was cut
+/// off, as a process's crash cuts everything off), it aborts the handler's task: a detached
+/// handler would go on writing in the job's working folder beside the next attempt (found by
+/// `lading-sim`, seed 844977240: a crashed process's download, still running, left a `.part`
+/// file that the job's next attempt in the restarted process took into the object).
 async fn supervise(
     fut: BoxFuture<'static, Outcome>,
     timeout: Duration,
     shutdown: &mut Shutdown,
 ) -> Option<Outcome> {
     let mut handle = tokio::spawn(fut);
+    let _cut_off_with_this = AbortOnDrop(handle.abort_handle());
     let outcome = tokio::select! {
         // In order, not at random: a run is the same every time (`lading-sim`).
         biased;
