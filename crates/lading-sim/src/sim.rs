@@ -398,16 +398,12 @@ fn role(i: usize) -> lading_node::node::NodeSpec {
             ..Default::default()
         },
         _ => NodeSpec {
-            stages: [
-                "estimating",
-                "provisioning",
-                "downloading",
-                "processing",
-                "storing",
-                "recording",
-            ]
-            .map(String::from)
-            .to_vec(),
+            stages: every
+                .iter()
+                .skip_while(|s| *s != "estimating")
+                .take_while(|s| *s != "notify")
+                .cloned()
+                .collect(),
             access,
             monitor: true,
             ..Default::default()

@@ -97,6 +97,18 @@ async fn fetch_into_bag(
     Ok(())
 }
 
+/// The files Downloading fetched into the job's container folder, each checked against what
+/// it verified.
+pub(super) async fn verified_containers(wd: &Path) -> Result<Vec<ObjectFile>, Outcome> {
+    let c = wd.join(CONTAINER);
+    let found = crate::blocking::run(move || list_files(&c))
+        .await
+        .map_err(|e| Outcome::Transient(e.to_string()))?
+        .map_err(|e| io_err("reading", &wd.join(CONTAINER), e))?;
+    check_verified(wd, CONTAINER, &found)?;
+    Ok(found)
+}
+
 /// Unpacks and validates the job's bag, once (a marker says it was done); returns the
 /// job's metadata when this call wrote it.
 pub(crate) async fn unpack_bag(ingest: &Ingest, job: &JobCtx) -> Result<Option<Value>, Outcome> {
@@ -105,12 +117,7 @@ pub(crate) async fn unpack_bag(ingest: &Ingest, job: &JobCtx) -> Result<Option<V
     if marker.exists() && bag_record_path(&wd).exists() {
         return Ok(None);
     }
-    let c = wd.join(CONTAINER);
-    let found = crate::blocking::run(move || list_files(&c))
-        .await
-        .map_err(|e| Outcome::Transient(e.to_string()))?
-        .map_err(|e| io_err("reading", &wd.join(CONTAINER), e))?;
-    check_verified(&wd, CONTAINER, &found)?;
+    let found = verified_containers(&wd).await?;
     let [file] = found.as_slice() else {
         return Err(Outcome::fatal(format!(
             "a bag is one file; {} were downloaded",

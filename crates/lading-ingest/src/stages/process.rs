@@ -84,12 +84,7 @@ async fn unpack_containers(ingest: &Ingest, job: &JobCtx) -> Result<(), Outcome>
     let producer = wd.join(PRODUCER);
     let marker = wd.join(INTERIM).join("unpacked");
     if !marker.exists() {
-        let c = wd.join(CONTAINER);
-        let found = crate::blocking::run(move || list_files(&c))
-            .await
-            .map_err(|e| Outcome::Transient(e.to_string()))?
-            .map_err(|e| io_err("reading", &wd.join(CONTAINER), e))?;
-        check_verified(&wd, CONTAINER, &found)?;
+        let found = super::bag::verified_containers(&wd).await?;
         let (c, p) = (wd.join(CONTAINER), producer.clone());
         let limits = crate::unpack::Limits::from(&ingest.cfg.payload);
         let unpacked = crate::blocking::run(move || crate::unpack::unpack_all(&c, &p, &limits))
