@@ -639,6 +639,7 @@ impl StoreStats {
                 materializations,
                 materialized_rows,
                 materialize_us,
+                materialize_slices,
                 checkpoints,
                 checkpoint_us,
                 wal_restarts,
@@ -681,6 +682,8 @@ impl StoreStats {
                 v["materialized_rows"] = json!(s.materialized_rows);
                 v["materialize_mean_us"] =
                     json!(s.materialize_us as f64 / s.materializations.max(1) as f64);
+                v["materialize_slices"] = json!(s.materialize_slices);
+                v["materialize_slice_max_us"] = json!(s.materialize_slice_max_us);
                 v["checkpoints"] = json!(s.checkpoints);
                 v["checkpoint_mean_us"] =
                     json!(s.checkpoint_us as f64 / s.checkpoints.max(1) as f64);
@@ -723,6 +726,11 @@ impl StoreStats {
                     s.materialized_rows,
                     s.materialized_rows as f64 / s.commits.max(1) as f64,
                     s.materialize_us as f64 / 1e3 / s.materializations.max(1) as f64
+                );
+                println!(
+                    "               in {} slices between commits, the longest {:.1} ms (since the store opened)",
+                    s.materialize_slices,
+                    s.materialize_slice_max_us as f64 / 1e3
                 );
                 println!(
                     "  checkpoints  {} in the background, {:.1} ms each on average; the writer finished {} (the WAL started over), {:.1} ms each",

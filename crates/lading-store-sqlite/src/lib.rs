@@ -44,6 +44,7 @@
 //! Memory: the whole tree is held by every open handle (about 200 bytes per node plus data).
 
 mod counter;
+mod fold;
 mod log;
 /// The in-memory tree and its validated `multi`; also the simulator's tree (`lading-sim`).
 pub mod mem;
@@ -53,6 +54,7 @@ pub use schema::describe_sessions;
 use schema::*;
 use writer::*;
 
+pub use fold::MATERIALIZE_SLICE;
 pub use mem::MAX_DATA_BYTES;
 
 use foldhash::HashMap;
@@ -103,6 +105,9 @@ pub struct SqliteOptions {
     /// ([`MATERIALIZE_IDLE_AFTER`]).
     pub materialize_after: i64,
     pub materialize_idle_after: i64,
+    /// Rows a materialization writes between two groups ([`MATERIALIZE_SLICE`]): how long
+    /// a commit can wait behind it.
+    pub materialize_slice: usize,
 }
 
 impl Default for SqliteOptions {
@@ -116,6 +121,7 @@ impl Default for SqliteOptions {
             materialize_every_ms: 1000,
             materialize_after: MATERIALIZE_AFTER,
             materialize_idle_after: MATERIALIZE_IDLE_AFTER,
+            materialize_slice: MATERIALIZE_SLICE,
         }
     }
 }
@@ -244,6 +250,10 @@ pub struct WriterStats {
     pub materializations: u64,
     pub materialized_rows: u64,
     pub materialize_us: u64,
+    /// Transactions the rows were written in (a slice each, between two groups), and the
+    /// longest one: how long a commit waited behind materializing at most.
+    pub materialize_slices: u64,
+    pub materialize_slice_max_us: u64,
     /// Background checkpoints of the WAL, and the time they took.
     pub checkpoints: u64,
     pub checkpoint_us: u64,
@@ -304,6 +314,8 @@ struct Shared {
     materializations: AtomicU64,
     materialized_rows: AtomicU64,
     materialize_us: AtomicU64,
+    materialize_slices: AtomicU64,
+    materialize_slice_max_us: AtomicU64,
     opts: SqliteOptions,
     stopping: AtomicBool,
 }
@@ -495,12 +507,13 @@ impl SqliteTree {
         })?;
         // Register, reap what crashed processes left, and load — in one write transaction so
         // the image and the log position agree.
-        let session = (|| -> rusqlite::Result<u64> {
+        let (session, table_at) = (|| -> rusqlite::Result<(u64, i64)> {
             conn.execute_batch("BEGIN IMMEDIATE")?;
             let session = new_session(&conn, &opts)?;
             full_load(&conn, &mut mem)?;
+            let table_at = applied(&conn)?;
             conn.execute_batch("COMMIT")?;
-            Ok(session)
+            Ok((session, table_at))
         })()
         .map_err(|e| {
             let _ = conn.execute_batch("ROLLBACK");
@@ -534,6 +547,8 @@ impl SqliteTree {
             materializations: AtomicU64::new(0),
             materialized_rows: AtomicU64::new(0),
             materialize_us: AtomicU64::new(0),
+            materialize_slices: AtomicU64::new(0),
+            materialize_slice_max_us: AtomicU64::new(0),
             opts: opts.clone(),
             stopping: AtomicBool::new(false),
         });
@@ -547,8 +562,10 @@ impl SqliteTree {
             shared: shared.clone(),
             to_syncer,
             last_seq,
-            applied: 0,
+            applied: table_at,
             materialize: false,
+            fold: None,
+            preparing: None,
             folded: log::Coalesced::default(),
             body: Vec::new(),
             recent: None,
@@ -608,6 +625,8 @@ impl SqliteTree {
             materializations: self.shared.materializations.load(Ordering::Relaxed),
             materialized_rows: self.shared.materialized_rows.load(Ordering::Relaxed),
             materialize_us: self.shared.materialize_us.load(Ordering::Relaxed),
+            materialize_slices: self.shared.materialize_slices.load(Ordering::Relaxed),
+            materialize_slice_max_us: self.shared.materialize_slice_max_us.load(Ordering::Relaxed),
             checkpoints: self.shared.checkpoints.load(Ordering::Relaxed),
             checkpoint_us: self.shared.checkpoint_us.load(Ordering::Relaxed),
             wal_restarts: self.shared.wal_restarts.load(Ordering::Relaxed),

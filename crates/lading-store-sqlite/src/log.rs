@@ -154,19 +154,8 @@ pub struct Coalesced {
     nodes: HashMap<String, (bool, Option<MemNode>)>,
 }
 
-/// What to do to one row of the `nodes` table.
-pub enum RowWrite<'a> {
-    Upsert(&'a str, &'a MemNode),
-    Delete(&'a str),
-}
-
-impl<'a> RowWrite<'a> {
-    pub fn path(&self) -> &'a str {
-        match self {
-            RowWrite::Upsert(p, _) | RowWrite::Delete(p) => p,
-        }
-    }
-}
+/// One row of the `nodes` table to write: the node's last image, or `None` to delete it.
+pub type Row = (String, Option<MemNode>);
 
 impl Coalesced {
     /// Folds in one commit's changes (commits in order).
@@ -181,22 +170,18 @@ impl Coalesced {
         }
     }
 
-    /// Forgets everything folded in, keeping the memory for the next round (a fresh map
-    /// would fault in its pages again each time).
-    pub fn clear(&mut self) {
-        self.nodes.clear();
-    }
-
-    /// The row writes that bring the table from before the first commit to after the last:
-    /// a node that did not exist before and is gone after needs none.
-    pub fn writes(&self) -> impl Iterator<Item = RowWrite<'_>> {
+    /// The row writes that bring the table from before the first commit to after the last
+    /// (a node that did not exist before and is gone after needs none), handed over: the
+    /// map is left empty, its memory kept for the next round.
+    pub fn take_rows(&mut self) -> Vec<Row> {
         self.nodes
-            .iter()
+            .drain()
             .filter_map(|(p, (existed, node))| match node {
-                Some(n) => Some(RowWrite::Upsert(p, n)),
-                None if *existed => Some(RowWrite::Delete(p)),
+                Some(n) => Some((p, Some(n))),
+                None if existed => Some((p, None)),
                 None => None,
             })
+            .collect()
     }
 }
 
@@ -284,10 +269,10 @@ mod tests {
         ]);
         let mut ups = Vec::new();
         let mut dels = Vec::new();
-        for w in c.writes() {
-            match w {
-                RowWrite::Upsert(p, n) => ups.push((p.to_string(), n.version)),
-                RowWrite::Delete(p) => dels.push(p.to_string()),
+        for (p, n) in c.take_rows() {
+            match n {
+                Some(n) => ups.push((p, n.version)),
+                None => dels.push(p),
             }
         }
         assert_eq!(ups, vec![("/status".to_string(), 2)]);

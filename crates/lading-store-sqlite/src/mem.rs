@@ -158,6 +158,24 @@ impl Mem {
         }
     }
 
+    /// Builds every parent's list of children again from the nodes.
+    pub fn index_children(&mut self) {
+        self.kids.clear();
+        for path in self.nodes.keys() {
+            if &**path != "/" {
+                let (parent, name) = split_path(path);
+                match self.kids.get_mut(parent) {
+                    Some(set) => set.insert(name.to_string()),
+                    None => self
+                        .kids
+                        .entry(parent.to_string())
+                        .or_default()
+                        .insert(name.to_string()),
+                };
+            }
+        }
+    }
+
     pub fn clear(&mut self) {
         self.nodes.clear();
         self.kids.clear();

@@ -258,6 +258,10 @@ pub(crate) fn full_load(conn: &Connection, mem: &mut Mem) -> rusqlite::Result<()
         fold_entries(mem, entries, None);
         synced = synced.max(seq);
     })?;
+    // Rows written by a materialization under way can be ahead of `applied`: the replay then
+    // meets some nodes out of order, which leaves each node's image right but not always
+    // its parent's list of children (see `fold`).
+    mem.index_children();
     mem.synced = synced;
     Ok(())
 }

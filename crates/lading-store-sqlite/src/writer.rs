@@ -14,6 +14,10 @@ pub(crate) struct Writer {
     pub(crate) applied: i64,
     /// Bring the `nodes` table up to date after this group (asked for, or closing).
     pub(crate) materialize: bool,
+    /// The materialization under way, written a slice per round (see [`fold`]).
+    pub(crate) fold: Option<fold::Fold>,
+    /// Rows of the next fold being worked out on a thread of their own.
+    pub(crate) preparing: Option<mpsc::Receiver<fold::Prepared>>,
     /// The images a materialization folds together (kept between rounds for its memory).
     pub(crate) folded: log::Coalesced,
     /// The change-log entry being written (kept between commits for its memory).
@@ -106,14 +110,22 @@ impl Writer {
             let backlog = self.last_seq - self.applied;
             let opts = &self.shared.opts;
             let idle = carry.is_none() && backlog >= opts.materialize_idle_after;
-            if self.materialize || idle || backlog >= opts.materialize_after {
-                self.materialize = false;
-                if let Err(e) = self.materialize_now() {
-                    let _ = self.conn.execute_batch("ROLLBACK");
-                    // The log keeps everything; try again after as many commits again.
-                    self.applied = self.last_seq;
-                    tracing::warn!(error = %e, "could not bring the nodes table up to date");
+            let begin = self.materialize || idle || backlog >= opts.materialize_after;
+            self.materialize = false;
+            let caught_up = match done {
+                Done::Closed => Some(self.materialize_all()),
+                Done::Open if begin || self.fold.is_some() || self.preparing.is_some() => {
+                    Some(self.materialize_slice(opts.materialize_slice, false))
                 }
+                Done::Open => None,
+            };
+            if let Some(Err(e)) = caught_up {
+                let _ = self.conn.execute_batch("ROLLBACK");
+                // The log keeps everything; try again after as many commits again.
+                self.fold = None;
+                self.recent = None;
+                self.applied = self.last_seq;
+                tracing::warn!(error = %e, "could not bring the nodes table up to date");
             }
             if self.shared.wal_frames.load(Ordering::Relaxed) >= WAL_RESTART_FRAMES
                 || self.since_restart >= WAL_RESTART_COMMITS
@@ -156,110 +168,6 @@ impl Writer {
                 tracing::warn!(error = %e, "could not checkpoint the WAL");
             }
         }
-    }
-
-    /// Brings the `nodes` table up to date with the change log, in one transaction: each node
-    /// changed since the last materialization is written once, with its last image. Needs no
-    /// fsync of its own: the WAL keeps commits in order, so losing this one at a crash only
-    /// leaves more log to replay.
-    pub(crate) fn materialize_now(&mut self) -> rusqlite::Result<()> {
-        let t = std::time::Instant::now();
-        self.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
-        let mut rows = 0u64;
-        let from = applied(&self.conn)?;
-        let folded = &mut self.folded;
-        folded.clear();
-        let mut to = from;
-        // Each node's last image, and whether it existed before the first change.
-        let mut last: foldhash::HashMap<&str, (bool, Option<&MemNode>)> = Default::default();
-        let writes: Vec<log::RowWrite> = match &self.recent {
-            Some(r) if r.from == from && !r.commits.is_empty() => {
-                // From memory: the log after `from` is exactly these commits.
-                last.reserve(r.commits.iter().map(|c| c.1.changed.len()).sum());
-                for (seq, ov, existed) in &r.commits {
-                    for ((p, n), e) in ov.changed.iter().zip(existed) {
-                        if n.is_none() && !e {
-                            continue; // made and dropped within the commit
-                        }
-                        last.entry(&**p)
-                            .and_modify(|s| s.1 = n.as_ref())
-                            .or_insert((*e, n.as_ref()));
-                    }
-                    to = *seq;
-                }
-                last.iter()
-                    .filter_map(|(p, (existed, node))| match node {
-                        Some(n) => Some(log::RowWrite::Upsert(p, n)),
-                        None if *existed => Some(log::RowWrite::Delete(p)),
-                        None => None,
-                    })
-                    .collect()
-            }
-            _ => {
-                each_change(&self.conn, from, |seq, entries| {
-                    folded.add(entries);
-                    to = seq;
-                })?;
-                folded.writes().collect()
-            }
-        };
-        if to > from {
-            let mut upsert = self.conn.prepare_cached(
-                "INSERT INTO nodes(parent, name, data, version, owner, ctime, mtime, seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
-                 ON CONFLICT(parent, name) DO UPDATE SET data = excluded.data, version = excluded.version,
-                   owner = excluded.owner, ctime = excluded.ctime, mtime = excluded.mtime, seq = excluded.seq",
-            )?;
-            let mut del = self
-                .conn
-                .prepare_cached("DELETE FROM nodes WHERE parent = ?1 AND name = ?2")?;
-            // In the table's key order: neighbouring rows share pages, so the transaction
-            // dirties (and the WAL and the next checkpoint copy) far fewer of them.
-            // Each row's key split out once, not at every comparison.
-            let mut writes: Vec<_> = writes.into_iter().map(|w| (key(w.path()), w)).collect();
-            writes.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-            for ((parent, name), w) in writes {
-                rows += 1;
-                match w {
-                    log::RowWrite::Upsert(_, n) => {
-                        upsert.execute(params![
-                            parent,
-                            name,
-                            n.data,
-                            n.version,
-                            n.owner as i64,
-                            n.ctime as i64,
-                            n.mtime as i64,
-                            n.seq
-                        ])?;
-                    }
-                    log::RowWrite::Delete(_) => {
-                        del.execute([parent, name])?;
-                    }
-                }
-            }
-            self.conn
-                .prepare_cached("UPDATE lading_meta SET value = ?1 WHERE key = 'applied'")?
-                .execute([to.to_string()])?;
-            // Keep the newest entry always: sequence numbers must never be reused.
-            self.conn
-                .prepare_cached("DELETE FROM changes WHERE seq <= ?1")?
-                .execute([(to - CHANGES_KEPT).min(to - 1)])?;
-        }
-        self.conn.prepare_cached("COMMIT")?.execute([])?;
-        self.applied = to.max(from);
-        // Commits after this one can be materialized from memory again.
-        self.recent = Some(Recent {
-            from: self.applied,
-            commits: Vec::new(),
-        });
-        if to > from {
-            let s = &self.shared;
-            s.materializations.fetch_add(1, Ordering::Relaxed);
-            s.materialized_rows.fetch_add(rows, Ordering::Relaxed);
-            s.materialize_us
-                .fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
-        }
-        Ok(())
     }
 
     /// Removes a session and its ephemeral nodes (into the overlay).

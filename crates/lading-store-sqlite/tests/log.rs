@@ -142,6 +142,119 @@ async fn every_way_of_opening_sees_the_same_tree_before_and_after_the_table_catc
     c.close().await.unwrap();
 }
 
+/// A materialization writes its rows a slice at a time between groups: a handle that opens
+/// the file meanwhile finds some rows newer than the log entry the table says it reflects,
+/// and loads the same tree anyway — here a node deleted and made again, whose new child's
+/// row is already in the table while the log still replays the delete.
+#[tokio::test]
+async fn a_table_caught_up_in_part_loads_the_same_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("lading.db");
+    let h = SqliteTree::open(&file, SqliteOptions::default()).unwrap();
+    h.create("/p", None, CreateMode::Persistent).await.unwrap();
+    h.close().await.unwrap();
+    drop(h);
+    let (_, caught_up_to) = table(&file);
+    // A fold begins after four commits and writes one row per group.
+    let sliced = SqliteOptions {
+        materialize_every_ms: 3_600_000,
+        materialize_after: 4,
+        materialize_idle_after: 4,
+        materialize_slice: 1,
+        ..SqliteOptions::default()
+    };
+    let a = SqliteTree::open(&file, sliced).unwrap();
+    a.delete("/p", None).await.unwrap();
+    a.create("/p", Some(b"again".to_vec()), CreateMode::Persistent)
+        .await
+        .unwrap();
+    a.create("/p/c", Some(b"child".to_vec()), CreateMode::Persistent)
+        .await
+        .unwrap();
+    // The fourth: a hundred rows after /p/c in the table's key order, and /r.
+    let mut ops = vec![
+        Op::create("/r", Some(b"0".to_vec())),
+        Op::create("/s", None),
+    ];
+    ops.extend((0..100).map(|i| Op::create(format!("/s/x{i:03}"), None)));
+    a.multi(ops).await.unwrap();
+    // Five more groups, five more rows: /p, /r, /s and /p/c are written, the rest are not.
+    for i in 1..=5 {
+        a.set("/r", Some(format!("{i}").into_bytes()), None)
+            .await
+            .unwrap();
+    }
+    let (rows, applied) = table(&file);
+    assert_eq!(applied, caught_up_to, "the fold is under way");
+    assert!(rows.contains_key("/p/c"), "the child's row is written");
+    assert!(!rows.contains_key("/s/x099"), "the last row is not");
+
+    let b = SqliteTree::open(&file, SqliteOptions::default()).unwrap();
+    assert_eq!(b.children("/p").await.unwrap(), vec!["c".to_string()]);
+    let want = dump(&a).await;
+    assert_eq!(dump(&b).await, want);
+    b.close().await.unwrap();
+    a.close().await.unwrap();
+    drop(a);
+    let (rows, applied) = table(&file);
+    assert_eq!(applied, max_seq(&file));
+    assert_eq!(rows, want, "the table is the tree once the fold is done");
+}
+
+/// Two processes fold the same file: a's fold, a row per group, is overtaken by b's, which
+/// writes newer images of the same nodes all at once. a's fold must stop there; had it gone
+/// on, its older images would overwrite b's rows, and the log after b's fold would not
+/// repair them.
+#[tokio::test]
+async fn a_fold_overtaken_by_a_later_one_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("lading.db");
+    let quiet = SqliteOptions {
+        materialize_every_ms: 3_600_000,
+        materialize_after: 1,
+        materialize_idle_after: 1,
+        ..SqliteOptions::default()
+    };
+    let a = SqliteTree::open(
+        &file,
+        SqliteOptions {
+            materialize_slice: 1,
+            ..quiet.clone()
+        },
+    )
+    .unwrap();
+    let b = SqliteTree::open(&file, quiet).unwrap();
+    let mut ops = vec![Op::create("/r", None), Op::create("/s", None)];
+    ops.extend((0..100).map(|i| Op::create(format!("/s/x{i:03}"), Some(b"a".to_vec()))));
+    a.multi(ops).await.unwrap();
+    let sets = (0..100)
+        .map(|i| Op::set(format!("/s/x{i:03}"), Some(b"b".to_vec()), None))
+        .collect();
+    b.multi(sets).await.unwrap();
+    let (rows, _) = table(&file);
+    assert_eq!(
+        rows["/s/x000"].0.as_deref(),
+        Some(&b"b"[..]),
+        "b's fold is done"
+    );
+    for i in 0..5 {
+        a.set("/r", Some(format!("{i}").into_bytes()), None)
+            .await
+            .unwrap();
+    }
+    let (rows, _) = table(&file);
+    assert_eq!(
+        rows["/s/x000"].0.as_deref(),
+        Some(&b"b"[..]),
+        "a's fold stopped"
+    );
+    let c = SqliteTree::open(&file, SqliteOptions::default()).unwrap();
+    assert_eq!(dump(&c).await, dump(&a).await);
+    for t in [a, b, c] {
+        t.close().await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn another_handle_follows_through_the_log() {
     let dir = tempfile::tempdir().unwrap();
@@ -168,8 +281,6 @@ async fn another_handle_follows_through_the_log() {
 /// holds exactly the tree.
 #[tokio::test]
 async fn two_writers_in_turns_leave_a_table_that_matches_the_tree() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("lading.db");
     let eager = SqliteOptions {
         materialize_after: 3,
         materialize_idle_after: 1,
@@ -182,6 +293,23 @@ async fn two_writers_in_turns_leave_a_table_that_matches_the_tree() {
         materialize_idle_after: i64::MAX,
         ..SqliteOptions::default()
     };
+    two_writers_in_turns(eager.clone(), lazy).await;
+    // Both fold, a row or two per group: their folds overlap, and one that a later fold
+    // overtook must stop rather than write older images after it.
+    let one_row = SqliteOptions {
+        materialize_slice: 1,
+        ..eager.clone()
+    };
+    let two_rows = SqliteOptions {
+        materialize_slice: 2,
+        ..eager
+    };
+    two_writers_in_turns(one_row, two_rows).await;
+}
+
+async fn two_writers_in_turns(eager: SqliteOptions, lazy: SqliteOptions) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("lading.db");
     let a = SqliteTree::open(&file, eager).unwrap();
     let b = SqliteTree::open(&file, lazy).unwrap();
     a.create("/q", None, CreateMode::Persistent).await.unwrap();
