@@ -236,8 +236,8 @@ pub async fn bench(
         .take(20)
     {
         let job = ingest.engine.job(j).await?;
-        if let Some(a) = job.identifiers["primary_id"].as_str() {
-            arks.push(a.to_string());
+        if let Some(a) = job.identifiers.primary_id {
+            arks.push(a);
         }
     }
     let mut access_ms = access_latency(&ingest, &arks).await?;

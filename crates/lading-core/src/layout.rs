@@ -376,23 +376,116 @@ pub struct StatusReport {
 }
 
 /// `/jobs/JID/identifiers`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Identifiers {
     /// Always written (`""` until one is given or minted), as Merritt reads it.
     #[serde(default, with = "message_field")]
     pub primary_id: Option<String>,
-    #[serde(default)]
+    /// Read as a list or as one name (`""` is none); written as a list.
+    #[serde(default, deserialize_with = "one_or_many")]
     pub local_id: Vec<String>,
+    /// Keys another writer of the tree added, kept as they came.
+    #[serde(flatten)]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
+    pub extra: Map<String, Value>,
 }
 
-/// `/jobs/JID/metadata`.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(Option<String>),
+        Many(Vec<String>),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(one) => one.into_iter().filter(|s| !s.is_empty()).collect(),
+        OneOrMany::Many(many) => many,
+    })
+}
+
+/// `/jobs/JID/metadata` as stored: the object's ERC, and whatever else an ERC file or a
+/// bag's tags put there under their own names (`Source-Organization`, say), kept as it came.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobMetadata {
+    #[serde(flatten)]
+    pub erc: ErcMetadata,
+    #[serde(flatten)]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
+    pub extra: Map<String, Value>,
+}
+
+impl JobMetadata {
+    /// The text under `key` (an ERC field or another), if it has any; a value that is not
+    /// text is none.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        match self.erc.field(key) {
+            Some(v) => v.as_deref(),
+            None => self.extra.get(key).and_then(Value::as_str),
+        }
+        .filter(|v| !v.is_empty())
+    }
+
+    /// Sets `key` to `value` if it holds nothing yet (absent, null or `""`); whether it did.
+    pub fn fill(&mut self, key: &str, value: &str) -> bool {
+        if let Some(v) = self.erc.field_mut(key) {
+            if v.as_deref().is_some_and(|v| !v.is_empty()) {
+                return false;
+            }
+            *v = Some(value.to_string());
+            return true;
+        }
+        if self.extra.get(key).is_some_and(|v| !v.is_null() && v != "") {
+            return false;
+        }
+        self.extra.insert(key.to_string(), Value::from(value));
+        true
+    }
+}
+
+impl From<ErcMetadata> for JobMetadata {
+    fn from(erc: ErcMetadata) -> JobMetadata {
+        JobMetadata {
+            erc,
+            extra: Map::new(),
+        }
+    }
+}
+
+/// The object's ERC (who, what, when, where), as a submission gives it and as
+/// `/jobs/JID/metadata` ([`JobMetadata`]) holds it.
 #[serde_with::skip_serializing_none]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ErcMetadata {
     pub erc_who: Option<String>,
     pub erc_what: Option<String>,
     pub erc_when: Option<String>,
     pub erc_where: Option<String>,
+}
+
+impl ErcMetadata {
+    /// The field named `key` (`erc_who`, …); `None` for a name that is no ERC field.
+    pub fn field(&self, key: &str) -> Option<&Option<String>> {
+        Some(match key {
+            "erc_who" => &self.erc_who,
+            "erc_what" => &self.erc_what,
+            "erc_when" => &self.erc_when,
+            "erc_where" => &self.erc_where,
+            _ => return None,
+        })
+    }
+
+    fn field_mut(&mut self, key: &str) -> Option<&mut Option<String>> {
+        Some(match key {
+            "erc_who" => &mut self.erc_who,
+            "erc_what" => &mut self.erc_what,
+            "erc_when" => &mut self.erc_when,
+            "erc_where" => &mut self.erc_where,
+            _ => return None,
+        })
+    }
 }
 
 /// Data of a lock node: who holds it. Merritt's tools only test a lock's presence, so the
@@ -413,6 +506,38 @@ pub fn to_bytes<T: Serialize>(v: &T) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn job_identifiers_and_metadata_keep_what_they_do_not_name() {
+        // A local id written as one name (or as "") reads as a list; unknown keys stay.
+        let ids: Identifiers =
+            serde_json::from_str(r#"{"primary_id":"","local_id":"mine","other":1}"#).unwrap();
+        assert_eq!(ids.primary_id, None);
+        assert_eq!(ids.local_id, ["mine"]);
+        assert_eq!(
+            serde_json::to_value(&ids).unwrap(),
+            serde_json::json!({"primary_id": "", "local_id": ["mine"], "other": 1})
+        );
+        let none: Identifiers = serde_json::from_str(r#"{"local_id":""}"#).unwrap();
+        assert!(none.local_id.is_empty());
+
+        let text = r#"{"erc_what":"A title","erc_who":"","Source-Organization":"Uni","n":2}"#;
+        let mut md: JobMetadata = serde_json::from_str(text).unwrap();
+        assert_eq!(md.get("erc_what"), Some("A title"));
+        assert_eq!(md.get("erc_who"), None, "empty is none");
+        assert_eq!(md.get("n"), None, "not text");
+        // Filled only where nothing is held: an ERC field and another key alike.
+        assert!(md.fill("erc_who", "A creator"));
+        assert!(!md.fill("erc_what", "Another title"));
+        assert!(!md.fill("Source-Organization", "Elsewhere"));
+        assert!(!md.fill("n", "3"));
+        assert!(md.fill("Bag-Group-Identifier", "g1"));
+        assert_eq!(
+            serde_json::to_value(&md).unwrap(),
+            serde_json::json!({"erc_what": "A title", "erc_who": "A creator",
+                "Source-Organization": "Uni", "n": 2, "Bag-Group-Identifier": "g1"})
+        );
+    }
 
     #[test]
     fn identifiers_map_to_node_names_one_to_one() {

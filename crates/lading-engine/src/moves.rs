@@ -534,25 +534,14 @@ impl Engine {
             .await
     }
 
-    /// Writes one of a leased job's JSON data nodes: `identifiers`, `metadata`, `inventory`,
-    /// `store`, `configuration`, or Lading's interim `store-progress` (a store on a bucket
-    /// node, resumed from it).
-    pub async fn set_job_data(&self, lease: &JobLease, name: &str, value: &Value) -> Result<()> {
-        if ![
-            "identifiers",
-            "metadata",
-            "inventory",
-            "store",
-            "configuration",
-            "store-progress",
-        ]
-        .contains(&name)
-        {
-            return Err(EngineError::Invalid(format!(
-                "{name:?} is not a job data node"
-            )));
-        }
-        self.set_job_node(lease, name, to_bytes(value)).await
+    /// Writes one of a leased job's JSON data nodes.
+    pub async fn set_job_data(&self, lease: &JobLease, data: JobData<'_>) -> Result<()> {
+        let bytes = match data {
+            JobData::Identifiers(v) => to_bytes(v),
+            JobData::Metadata(v) => to_bytes(v),
+            JobData::Inventory(v) | JobData::Store(v) | JobData::StoreProgress(v) => to_bytes(v),
+        };
+        self.set_job_node(lease, data.node(), bytes).await
     }
 
     /// What fences a write of the lease holder's own beside the job (a quota slot, a note

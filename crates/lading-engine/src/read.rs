@@ -210,8 +210,8 @@ impl Engine {
             priority,
             space_needed: number(3)?.unwrap_or(0),
             configuration: json(4)?.unwrap_or(Value::Null),
-            identifiers: json(5)?.unwrap_or(Value::Null),
-            metadata: json(6)?.unwrap_or(Value::Null),
+            identifiers: typed(json(5)?, &paths[5])?.unwrap_or_default(),
+            metadata: typed(json(6)?, &paths[6])?.unwrap_or_default(),
             locked: nodes[7].is_some(),
         })
     }
@@ -436,4 +436,14 @@ impl Engine {
         }
         Ok(out)
     }
+}
+
+/// A record read as JSON, in its type; one that does not fit is corrupt, named by `path`.
+fn typed<T: serde::de::DeserializeOwned>(v: Option<Value>, path: &str) -> Result<Option<T>> {
+    v.map(serde_json::from_value)
+        .transpose()
+        .map_err(|e| EngineError::Corrupt {
+            path: path.to_string(),
+            reason: format!("unexpected JSON: {e}"),
+        })
 }

@@ -106,6 +106,36 @@ pub struct ArkLock {
     pub(crate) session: u64,
 }
 
+/// One of a job's JSON data nodes, with what to write in it
+/// ([`Engine::set_job_data`](crate::Engine::set_job_data)).
+#[derive(Debug, Clone, Copy)]
+pub enum JobData<'a> {
+    /// `identifiers`: the primary identifier once minted, the local ones.
+    Identifiers(&'a Identifiers),
+    /// `metadata`: filled in from an ERC file or a bag's tags.
+    Metadata(&'a JobMetadata),
+    /// `inventory`: what Recording gives the inventory.
+    Inventory(&'a Value),
+    /// `store`: where and as which version the object was stored.
+    Store(&'a Value),
+    /// Lading's interim `store-progress` (a store on a bucket node, resumed from it); `Null`
+    /// clears it.
+    StoreProgress(&'a Value),
+}
+
+impl JobData<'_> {
+    /// The node's name under `/jobs/JID`.
+    pub fn node(&self) -> &'static str {
+        match self {
+            JobData::Identifiers(_) => "identifiers",
+            JobData::Metadata(_) => "metadata",
+            JobData::Inventory(_) => "inventory",
+            JobData::Store(_) => "store",
+            JobData::StoreProgress(_) => "store-progress",
+        }
+    }
+}
+
 /// What a new job is made of.
 #[derive(Debug, Clone, Default)]
 pub struct JobSpec {
@@ -128,10 +158,8 @@ pub struct JobInfo {
     pub space_needed: u64,
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub configuration: Value,
-    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
-    pub identifiers: Value,
-    #[cfg_attr(feature = "openapi", schema(value_type = Object))]
-    pub metadata: Value,
+    pub identifiers: Identifiers,
+    pub metadata: JobMetadata,
     pub locked: bool,
 }
 

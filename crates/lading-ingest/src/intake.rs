@@ -280,6 +280,7 @@ fn row_object(row: &Row, payload_type: &'static str) -> Result<Object, checkm::M
                 .get(checkm::LOCAL_ID)
                 .map(|s| vec![s.to_string()])
                 .unwrap_or_default(),
+            ..Identifiers::default()
         },
         metadata: ErcMetadata {
             erc_who: row.get(checkm::CREATOR).map(str::to_string),
@@ -361,6 +362,7 @@ impl Intake {
                 identifiers: Identifiers {
                     primary_id: sub.primary().map(str::to_string),
                     local_id: sub.local().map(str::to_string).into_iter().collect(),
+                    ..Identifiers::default()
                 },
                 metadata: ErcMetadata {
                     erc_who: sub.creator().map(str::to_string),

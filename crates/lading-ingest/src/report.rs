@@ -218,12 +218,7 @@ async fn summary(
             body.push_str(&format!("  {j}  (deleted since)\n"));
             continue;
         };
-        let ark = info
-            .identifiers
-            .get("primary_id")
-            .and_then(Value::as_str)
-            .filter(|s| !s.is_empty())
-            .unwrap_or("-");
+        let ark = info.identifiers.primary_id.as_deref().unwrap_or("-");
         body.push_str(&format!("  {j}  {ark}\n"));
     }
     body.push_str(&format!("\nFailed ({}):\n", report.failed_jobs.len()));

@@ -4,10 +4,11 @@
 use crate::checkm::{self, FileEntry, ManifestKind};
 use crate::fetch::{Fetched, file_sha256};
 use crate::{Ingest, fatal_or_transient};
+use lading_core::Event;
 use lading_core::JobState;
+use lading_core::layout::{JobMetadata, ark_node_name};
 use lading_core::tree::BoxFuture;
-use lading_core::{Event, layout::ark_node_name};
-use lading_engine::EngineError;
+use lading_engine::{EngineError, JobData};
 use lading_worker::{JobCtx, JobStage, Outcome};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;

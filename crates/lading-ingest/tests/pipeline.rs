@@ -41,14 +41,11 @@ async fn a_manifest_of_manifests_goes_through_every_stage_to_a_report() {
     for j in &jobs {
         let info = w.engine.job(j).await.unwrap();
         assert_eq!(info.status.status, JobState::Completed, "{info:?}");
-        let ark = info.identifiers["primary_id"].as_str().unwrap().to_string();
+        let ark = info.identifiers.primary_id.clone().unwrap();
         assert!(ark.starts_with("ark:/99999/fk4"), "minted: {ark}");
-        let local = info.identifiers["local_id"][0]
-            .as_str()
-            .unwrap()
-            .to_string();
+        let local = info.identifiers.local_id[0].clone();
         assert!(local.starts_with("local-"));
-        assert!(info.metadata["erc_what"].is_string());
+        assert!(info.metadata.get("erc_what").is_some());
         assert!(info.space_needed > 0, "estimated");
         let s = w.stored(j).await;
         assert_eq!((s.ark.as_str(), s.version), (ark.as_str(), 1));
@@ -628,7 +625,7 @@ async fn merritts_erc_file_is_fetched_once_after_the_others_and_never_asked_ahea
     w.completes(&bid).await;
     let job = w.jobs_of(&bid).await.remove(0);
     let info = w.engine.job(&job).await.unwrap();
-    assert_eq!(info.metadata["erc_who"], "Doe, Jane", "{info:?}");
+    assert_eq!(info.metadata.get("erc_who"), Some("Doe, Jane"), "{info:?}");
     assert_eq!(
         info.space_needed,
         (files[0].1.len() + files[1].1.len()) as u64,

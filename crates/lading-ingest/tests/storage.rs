@@ -390,10 +390,7 @@ async fn an_interrupted_store_resumes_without_sending_confirmed_files_again(w: W
         "the crash left a multipart upload open"
     );
     let primary = Node::open(&nodes[0], env).unwrap();
-    let s_ark = w.engine.job(&job).await.unwrap().identifiers["primary_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let s_ark = (w.engine.job(&job).await.unwrap().identifiers.primary_id).unwrap();
     let mut before = Vec::new();
     for rel in &confirmed {
         before.push(

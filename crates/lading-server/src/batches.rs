@@ -207,16 +207,6 @@ pub(crate) async fn batch_jobs(
             Err(EngineError::NoJob(_)) => continue,
             Err(e) => return Err(e.into()),
         };
-        let ids = &job.identifiers;
-        let local_ids = match ids.get("local_id") {
-            Some(Value::Array(a)) => a
-                .iter()
-                .filter_map(Value::as_str)
-                .map(String::from)
-                .collect(),
-            Some(Value::String(one)) if !one.is_empty() => vec![one.clone()],
-            _ => Vec::new(),
-        };
         let mut message = job.status.message.clone().filter(|m| !m.is_empty());
         if p.role != Role::Admin
             && let Some(m) = message.as_mut()
@@ -226,12 +216,8 @@ pub(crate) async fn batch_jobs(
         jobs.push(crate::api::BatchJobRow {
             id: j.to_string(),
             state: job.status.status.to_string(),
-            ark: ids
-                .get("primary_id")
-                .and_then(Value::as_str)
-                .filter(|a| !a.is_empty())
-                .map(String::from),
-            local_ids,
+            ark: job.identifiers.primary_id,
+            local_ids: job.identifiers.local_id,
             message,
         });
     }

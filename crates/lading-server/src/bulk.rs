@@ -169,8 +169,12 @@ impl Filter {
             })
             && self.lower[0].as_deref().is_none_or(|n| {
                 id.contains(n)
-                    || any_field_contains(&info.identifiers, &["primary_id", "local_id"], n)
-                    || any_field_contains(&info.metadata, &["erc_what", "title"], n)
+                    || (info.identifiers.primary_id.iter())
+                        .chain(&info.identifiers.local_id)
+                        .any(|v| v.to_lowercase().contains(n))
+                    || ["erc_what", "title"].iter().any(|k| {
+                        (info.metadata.get(k)).is_some_and(|v| v.to_lowercase().contains(n))
+                    })
                     || any_field_contains(
                         &info.configuration,
                         &["primary_id", "local_id", "erc_what", "title"],

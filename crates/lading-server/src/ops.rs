@@ -545,10 +545,7 @@ pub async fn report<O: Ops>(ops: &O, batch: &str) -> Result<(BatchInfo, String),
             "  {}  {:<10} {}  {}\n",
             job.id,
             job.status.status.name(),
-            job.identifiers["primary_id"]
-                .as_str()
-                .filter(|s| !s.is_empty())
-                .unwrap_or("-"),
+            job.identifiers.primary_id.as_deref().unwrap_or("-"),
             message(&job.status.message)
         ));
     }

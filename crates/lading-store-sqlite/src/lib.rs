@@ -9,8 +9,10 @@
 //!   brought up to date in bulk: after 64 commits when no request is waiting (so no request
 //!   waits long behind it), after [`MATERIALIZE_AFTER`] at the latest, on a quiet second, and at
 //!   close: each node changed meanwhile is written once with its last image, and a node made
-//!   and dropped in between (a lease, a state reference) never reaches it. Opening loads the
-//!   rows, then replays the log after them (`lading_meta.applied`).
+//!   and dropped in between (a lease, a state reference) never reaches it. The rows go a
+//!   slice at a time between groups, worked out off the writer's thread (`fold.rs`), so no
+//!   commit waits behind the whole of it. Opening loads the rows, then replays the log after
+//!   them (`lading_meta.applied`).
 //! - **One writer thread per session handle, group commit.** Every `multi` is sent to the
 //!   writer, which takes everything queued (up to [`MAX_GROUP`] requests), applies each to an
 //!   overlay (a failing `multi` is undone alone), and makes the whole group durable with one

@@ -14,7 +14,7 @@ pub(crate) struct Writer {
     pub(crate) applied: i64,
     /// Bring the `nodes` table up to date after this group (asked for, or closing).
     pub(crate) materialize: bool,
-    /// The materialization under way, written a slice per round (see [`fold`]).
+    /// The materialization under way, written a slice per round (`fold.rs`).
     pub(crate) fold: Option<fold::Fold>,
     /// Rows of the next fold being worked out on a thread of their own.
     pub(crate) preparing: Option<mpsc::Receiver<fold::Prepared>>,

@@ -70,11 +70,10 @@ impl JobCtx {
         self.lease.lock().await.priority
     }
 
-    /// Writes one of the job's JSON data nodes (`identifiers`, `metadata`, `inventory`,
-    /// `store`, `configuration`).
-    pub async fn set_data(&self, name: &str, value: &Value) -> Result<(), EngineError> {
+    /// Writes one of the job's JSON data nodes.
+    pub async fn set_data(&self, data: JobData<'_>) -> Result<(), EngineError> {
         let lease = self.lease.lock().await;
-        self.engine.set_job_data(&lease, name, value).await
+        self.engine.set_job_data(&lease, data).await
     }
 
     /// An outside effect of this job moving on (its handler returning `Done`): recorded in

@@ -49,7 +49,7 @@ use lading_core::layout::{BatchId, JobId};
 use lading_core::tree::BoxFuture;
 use lading_core::{BatchState, Event, JobState};
 use lading_engine::{
-    BatchInfo, BatchLease, Effect, Engine, EngineError, JobInfo, JobLease, JobSpec,
+    BatchInfo, BatchLease, Effect, Engine, EngineError, JobData, JobInfo, JobLease, JobSpec,
 };
 use serde_json::Value;
 use std::path::{Path, PathBuf};

@@ -111,7 +111,10 @@ pub(super) async fn verified_containers(wd: &Path) -> Result<Vec<ObjectFile>, Ou
 
 /// Unpacks and validates the job's bag, once (a marker says it was done); returns the
 /// job's metadata when this call wrote it.
-pub(crate) async fn unpack_bag(ingest: &Ingest, job: &JobCtx) -> Result<Option<Value>, Outcome> {
+pub(crate) async fn unpack_bag(
+    ingest: &Ingest,
+    job: &JobCtx,
+) -> Result<Option<JobMetadata>, Outcome> {
     let wd = job.workdir.clone();
     let marker = wd.join(INTERIM).join("unpacked");
     if marker.exists() && bag_record_path(&wd).exists() {
@@ -192,7 +195,7 @@ pub(crate) async fn unpack_bag(ingest: &Ingest, job: &JobCtx) -> Result<Option<V
     }
     // Tags fill the metadata the submission left empty.
     let metadata = metadata_from_tags(job.info.metadata.clone(), &bag);
-    job.set_data("metadata", &metadata)
+    job.set_data(JobData::Metadata(&metadata))
         .await
         .map_err(engine_err)?;
     let record = json!({
@@ -253,21 +256,14 @@ fn place_bag(w: &Path, dir: &Path) -> Result<(), Outcome> {
 
 /// `metadata` with what the submission left empty filled from the bag's tags: ERC's names
 /// for three, the rest by their own names.
-fn metadata_from_tags(metadata: Value, bag: &crate::bagit::Bag) -> Value {
-    let mut metadata = metadata;
-    if !metadata.is_object() {
-        metadata = json!({});
-    }
-    if let Some(m) = metadata.as_object_mut() {
-        for t in bag.tags.iter().filter(|t| t.file != "bagit.txt") {
-            let key = ERC_TAGS
-                .iter()
-                .find(|(tag, _)| tag.eq_ignore_ascii_case(&t.name))
-                .map_or(t.name.as_str(), |(_, erc)| erc);
-            let empty = m.get(key).is_none_or(|v| v.is_null() || v == "");
-            if empty && !t.value.is_empty() {
-                m.insert(key.to_string(), json!(t.value));
-            }
+fn metadata_from_tags(mut metadata: JobMetadata, bag: &crate::bagit::Bag) -> JobMetadata {
+    for t in bag.tags.iter().filter(|t| t.file != "bagit.txt") {
+        let key = ERC_TAGS
+            .iter()
+            .find(|(tag, _)| tag.eq_ignore_ascii_case(&t.name))
+            .map_or(t.name.as_str(), |(_, erc)| erc);
+        if !t.value.is_empty() {
+            metadata.fill(key, &t.value);
         }
     }
     metadata

@@ -41,18 +41,10 @@ pub(crate) async fn record(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Out
     let s = stored.clone();
     // The object's names in its collection (a bag's name): a later bag of that name is its
     // next version.
-    let names: Vec<String> = job
-        .info
-        .identifiers
-        .get("local_id")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|v| v.as_str().map(str::to_string))
-                .filter(|n| !n.is_empty())
-                .collect()
-        })
-        .unwrap_or_default();
+    let names: Vec<String> = (job.info.identifiers.local_id.iter())
+        .filter(|n| !n.is_empty())
+        .cloned()
+        .collect();
     let r = ingest
         .inventory
         .run(move |i| {

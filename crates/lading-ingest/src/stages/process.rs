@@ -71,7 +71,7 @@ pub(crate) async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Ou
         }
         inventory["bag"] = bag;
     }
-    job.set_data("inventory", &inventory)
+    job.set_data(JobData::Inventory(&inventory))
         .await
         .map_err(engine_err)?;
     Ok(Outcome::Done)
@@ -107,29 +107,19 @@ async fn unpack_containers(ingest: &Ingest, job: &JobCtx) -> Result<(), Outcome>
 async fn fill_from_erc(
     job: &JobCtx,
     producer: &std::path::Path,
-    metadata: Value,
+    mut metadata: JobMetadata,
 ) -> Result<(), Outcome> {
     let erc = read_erc(&producer.join(ERC_FILE))
         .map_err(|e| io_err("reading", &producer.join(ERC_FILE), e))?;
-    let mut metadata = metadata;
-    if !metadata.is_object() {
-        metadata = json!({});
+    let mut changed = false;
+    for (key, value) in erc {
+        changed |= metadata.fill(&key, &value);
     }
-    if let Some(m) = metadata.as_object_mut() {
-        let mut changed = false;
-        for (key, value) in erc {
-            let empty = m.get(&key).is_none_or(|v| v.is_null() || v == "");
-            if empty {
-                m.insert(key, json!(value));
-                changed = true;
-            }
-        }
-        if changed {
-            job.set_data("metadata", &metadata)
-                .await
-                .map_err(engine_err)?;
-            job.log("metadata filled from mrt-erc.txt");
-        }
+    if changed {
+        job.set_data(JobData::Metadata(&metadata))
+            .await
+            .map_err(engine_err)?;
+        job.log("metadata filled from mrt-erc.txt");
     }
     Ok(())
 }
@@ -143,8 +133,7 @@ async fn primary_id(
 ) -> Result<String, Outcome> {
     let wd = &job.workdir;
     // The primary identifier: given, or minted once (kept in the job, so a retry reuses it).
-    let mut ids: lading_core::layout::Identifiers =
-        serde_json::from_value(job.info.identifiers.clone()).unwrap_or_default();
+    let mut ids = job.info.identifiers.clone();
     let mut ids_changed = false;
     // A bag's name is its object's local identifier when none was given.
     if ids.local_id.is_empty()
@@ -181,7 +170,7 @@ async fn primary_id(
         ids_changed = true;
     }
     if ids_changed {
-        job.set_data("identifiers", &json!(ids))
+        job.set_data(JobData::Identifiers(&ids))
             .await
             .map_err(engine_err)?;
     }

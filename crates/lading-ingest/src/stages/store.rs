@@ -5,10 +5,8 @@ use super::*;
 pub(crate) fn object_ark(job: &JobCtx) -> Result<String, Outcome> {
     job.info
         .identifiers
-        .get("primary_id")
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
+        .primary_id
+        .clone()
         .ok_or_else(|| Outcome::fatal("the job has no primary identifier (processing sets it)"))
 }
 
@@ -206,7 +204,9 @@ pub(crate) async fn store(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outc
     store["mode"] = json!(mode);
     // Merritt's `Job.setStore` takes `delete` as a string and its reader calls `getString`.
     store["delete"] = json!("false");
-    job.set_data("store", &store).await.map_err(engine_err)?;
+    job.set_data(JobData::Store(&store))
+        .await
+        .map_err(engine_err)?;
     let mut inventory = job_json(job, "inventory")
         .await?
         .filter(Value::is_object)
@@ -217,7 +217,7 @@ pub(crate) async fn store(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outc
         file_url(Path::new(&stored.path).join(SYSTEM).join("manifest.checkm"))
     });
     inventory["mode"] = json!(mode);
-    job.set_data("inventory", &inventory)
+    job.set_data(JobData::Inventory(&inventory))
         .await
         .map_err(engine_err)?;
     Ok(Outcome::Done)

@@ -261,7 +261,7 @@ async fn begin(
             version: versions.last().copied().unwrap_or(0) + 1,
             ..Default::default()
         };
-        job.set_data(PROGRESS, &json!(progress))
+        job.set_data(JobData::StoreProgress(&json!(progress)))
             .await
             .map_err(engine_err)?;
     }
@@ -321,7 +321,7 @@ async fn send_files(
                         Some(id) => p.uploads.insert(r2, id),
                         None => p.uploads.remove(&r2),
                     };
-                    jc.set_data(PROGRESS, &json!(*p))
+                    jc.set_data(JobData::StoreProgress(&json!(*p)))
                         .await
                         .map_err(|e| e.to_string())
                 }) as crate::nodes::UploadNote<'_>
@@ -336,7 +336,7 @@ async fn send_files(
                 p.written.insert(rel.clone());
             }
             if copy.size >= RECORD_EACH_FROM || p.confirmed.len() % RECORD_EVERY == 0 {
-                job.set_data(PROGRESS, &json!(*p))
+                job.set_data(JobData::StoreProgress(&json!(*p)))
                     .await
                     .map_err(|e| NodeError {
                         what: e.to_string(),
@@ -539,5 +539,5 @@ async fn scrap(job: &JobCtx, node: &Node, ark: &str, version: u32, written: &BTr
             }
         }
     }
-    let _ = job.set_data(PROGRESS, &Value::Null).await;
+    let _ = job.set_data(JobData::StoreProgress(&Value::Null)).await;
 }
