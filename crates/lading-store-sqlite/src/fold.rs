@@ -19,6 +19,10 @@
 //!   order (a delete of a node whose row was already written anew), so the children index is
 //!   rebuilt after it (`schema::full_load`). Guarded by
 //!   `tests/log.rs::a_table_caught_up_in_part_loads_the_same_tree`.
+//! - **A fold after one that did not finish deletes every node gone since `applied`**, even
+//!   one made after it: the unfinished fold may have written its row. Guarded by
+//!   `tests/log.rs::two_writers_in_turns_leave_a_table_that_matches_the_tree` (folds of a
+//!   row or two, overtaken all the time).
 //! - **No fold writes older images after a newer one began.** Several processes may fold
 //!   the same file. Each fold records its `to` as `lading_meta.fold_to` when it begins (a fold
 //!   always reaches the log's end, so `to` only grows), and each slice first checks that no
@@ -49,7 +53,9 @@ pub(crate) struct Prepared {
     /// The table's `applied` the rows start from, and the log entry they bring it to.
     from: i64,
     to: i64,
-    rows: Vec<log::Row>,
+    /// Each row, and whether its node existed at `from` (a delete of one that did not is
+    /// needed only when the table may be ahead).
+    rows: Vec<(log::Row, bool)>,
 }
 
 impl Writer {
@@ -173,8 +179,18 @@ impl Writer {
     /// when nothing was prepared.
     fn begin_fold(&mut self, prepared: Option<Prepared>) -> rusqlite::Result<()> {
         let from = applied(&self.conn)?;
+        // A fold that began past `applied` and did not finish (overtaken, failed, or its
+        // process died) may have written rows of nodes made since: a node made and gone
+        // again within this fold then needs its delete too.
+        let ahead = fold_to(&self.conn)? > from;
         let (to, rows) = match prepared {
-            Some(p) if p.from == from => (p.to, p.rows),
+            Some(p) if p.from == from => {
+                let rows = (p.rows.into_iter())
+                    .filter(|((_, node), existed)| node.is_some() || *existed || ahead)
+                    .map(|(row, _)| row)
+                    .collect();
+                (p.to, rows)
+            }
             // Another process brought the table further: the next fold reads the log.
             Some(_) => {
                 self.recent = None;
@@ -187,7 +203,7 @@ impl Writer {
                     folded.add(entries);
                     to = seq;
                 })?;
-                let mut rows = folded.take_rows();
+                let mut rows = folded.take_rows(ahead);
                 sort_rows(&mut rows);
                 // Commits after `to` can be folded from memory again.
                 self.recent = Some(Recent {
@@ -240,15 +256,11 @@ fn prepare(recent: Recent) -> Prepared {
         }
         to = *seq;
     }
-    let mut rows: Vec<log::Row> = last
+    let mut rows: Vec<(log::Row, bool)> = last
         .into_iter()
-        .filter_map(|(p, (existed, node))| match node {
-            Some(n) => Some((p.to_string(), Some(n.clone()))),
-            None if existed => Some((p.to_string(), None)),
-            None => None,
-        })
+        .map(|(p, (existed, node))| ((p.to_string(), node.cloned()), existed))
         .collect();
-    sort_rows(&mut rows);
+    rows.sort_unstable_by(|a, b| key(&a.0.0).cmp(&key(&b.0.0)));
     Prepared {
         from: recent.from,
         to,

@@ -570,7 +570,11 @@ impl SqliteTree {
             preparing: None,
             folded: log::Coalesced::default(),
             body: Vec::new(),
-            recent: None,
+            // With nothing in the log after the table, the first fold is from memory too.
+            recent: (last_seq == table_at).then(|| Recent {
+                from: table_at,
+                commits: Vec::new(),
+            }),
             checkpointer: checkpointer_tx,
             since_checkpoint: 0,
             since_restart: 0,

@@ -170,15 +170,16 @@ impl Coalesced {
         }
     }
 
-    /// The row writes that bring the table from before the first commit to after the last
-    /// (a node that did not exist before and is gone after needs none), handed over: the
-    /// map is left empty, its memory kept for the next round.
-    pub fn take_rows(&mut self) -> Vec<Row> {
+    /// The row writes that bring the table from before the first commit to after the last,
+    /// handed over: the map is left empty, its memory kept for the next round. A node that
+    /// did not exist before and is gone after needs none, unless `ahead` (an earlier fold
+    /// may have written its row).
+    pub fn take_rows(&mut self, ahead: bool) -> Vec<Row> {
         self.nodes
             .drain()
             .filter_map(|(p, (existed, node))| match node {
                 Some(n) => Some((p, Some(n))),
-                None if existed => Some((p, None)),
+                None if existed || ahead => Some((p, None)),
                 None => None,
             })
             .collect()
@@ -269,7 +270,7 @@ mod tests {
         ]);
         let mut ups = Vec::new();
         let mut dels = Vec::new();
-        for (p, n) in c.take_rows() {
+        for (p, n) in c.take_rows(false) {
             match n {
                 Some(n) => ups.push((p, n.version)),
                 None => dels.push(p),

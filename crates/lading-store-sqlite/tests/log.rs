@@ -178,13 +178,19 @@ async fn a_table_caught_up_in_part_loads_the_same_tree() {
     ];
     ops.extend((0..100).map(|i| Op::create(format!("/s/x{i:03}"), None)));
     a.multi(ops).await.unwrap();
-    // Five more groups, five more rows: /p, /r, /s and /p/c are written, the rest are not.
-    for i in 1..=5 {
+    // Each group after it writes one more row (once the fold's rows are worked out): /p,
+    // /r, /s, then /p/c; the hundred under /s are far from written by then.
+    let mut rows = Dump::new();
+    for i in 1..=100 {
         a.set("/r", Some(format!("{i}").into_bytes()), None)
             .await
             .unwrap();
+        rows = table(&file).0;
+        if rows.contains_key("/p/c") {
+            break;
+        }
     }
-    let (rows, applied) = table(&file);
+    let applied = table(&file).1;
     assert_eq!(applied, caught_up_to, "the fold is under way");
     assert!(rows.contains_key("/p/c"), "the child's row is written");
     assert!(!rows.contains_key("/s/x099"), "the last row is not");
@@ -227,10 +233,22 @@ async fn a_fold_overtaken_by_a_later_one_stops() {
     let mut ops = vec![Op::create("/r", None), Op::create("/s", None)];
     ops.extend((0..100).map(|i| Op::create(format!("/s/x{i:03}"), Some(b"a".to_vec()))));
     a.multi(ops).await.unwrap();
+    // a's fold is under way once its first row (/r) is written, a row per group.
+    for i in 0..100 {
+        if table(&file).0.contains_key("/r") {
+            break;
+        }
+        a.create(&format!("/t{i:03}"), None, CreateMode::Persistent)
+            .await
+            .unwrap();
+    }
+    assert!(table(&file).0.contains_key("/r"), "a's fold began");
     let sets = (0..100)
         .map(|i| Op::set(format!("/s/x{i:03}"), Some(b"b".to_vec()), None))
         .collect();
     b.multi(sets).await.unwrap();
+    // b's writer brings the table up to date right after that group, before its next.
+    b.set("/r", Some(b"b".to_vec()), None).await.unwrap();
     let (rows, _) = table(&file);
     assert_eq!(
         rows["/s/x000"].0.as_deref(),
