@@ -21,8 +21,8 @@
 //!   `tests/log.rs::a_table_caught_up_in_part_loads_the_same_tree`.
 //! - **A fold after one that did not finish deletes every node gone since `applied`**, even
 //!   one made after it: the unfinished fold may have written its row. Guarded by
-//!   `tests/log.rs::two_writers_in_turns_leave_a_table_that_matches_the_tree` (folds of a
-//!   row or two, overtaken all the time).
+//!   `tests/log.rs::a_fold_after_an_unfinished_one_deletes_rows_it_left` (and
+//!   `two_writers_in_turns_leave_a_table_that_matches_the_tree`, folds of a row or two).
 //! - **No fold writes older images after a newer one began.** Several processes may fold
 //!   the same file. Each fold records its `to` as `lading_meta.fold_to` when it begins (a fold
 //!   always reaches the log's end, so `to` only grows), and each slice first checks that no

@@ -273,6 +273,56 @@ async fn a_fold_overtaken_by_a_later_one_stops() {
     }
 }
 
+/// A fold that does not finish (here overtaken) may have written the row of a node made
+/// after the table's `applied`: the fold that finishes must delete that row when the node is
+/// gone again, although the node did not exist at `applied` either.
+#[tokio::test]
+async fn a_fold_after_an_unfinished_one_deletes_rows_it_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("lading.db");
+    let quiet = SqliteOptions {
+        materialize_every_ms: 3_600_000,
+        materialize_after: 1,
+        materialize_idle_after: 1,
+        ..SqliteOptions::default()
+    };
+    let a = SqliteTree::open(
+        &file,
+        SqliteOptions {
+            materialize_slice: 1,
+            ..quiet.clone()
+        },
+    )
+    .unwrap();
+    let b = SqliteTree::open(&file, quiet).unwrap();
+    // /a is the first row of a's fold in the table's order.
+    let mut ops = vec![Op::create("/a", None), Op::create("/s", None)];
+    ops.extend((0..100).map(|i| Op::create(format!("/s/x{i:03}"), None)));
+    a.multi(ops).await.unwrap();
+    for i in 0..100 {
+        if table(&file).0.contains_key("/a") {
+            break;
+        }
+        a.create(&format!("/t{i:03}"), None, CreateMode::Persistent)
+            .await
+            .unwrap();
+    }
+    let (rows, applied) = table(&file);
+    assert!(rows.contains_key("/a") && !rows.contains_key("/s/x099"));
+    assert_eq!(applied, 0, "a's fold is under way, not done");
+    // b deletes /a and folds everything at once (a's fold stops, overtaken).
+    b.delete("/a", None).await.unwrap();
+    b.set("/s", Some(b"b".to_vec()), None).await.unwrap();
+    let (rows, applied) = table(&file);
+    assert!(applied > 0, "b's fold is done");
+    assert!(!rows.contains_key("/a"), "the row a's fold left is gone");
+    let c = SqliteTree::open(&file, SqliteOptions::default()).unwrap();
+    assert_eq!(dump(&c).await, dump(&b).await);
+    for t in [a, b, c] {
+        t.close().await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn another_handle_follows_through_the_log() {
     let dir = tempfile::tempdir().unwrap();
