@@ -379,7 +379,7 @@ async fn what_a_depositor_reads_names_no_server_folder_and_no_error_chain() {
         .nth(1)
         .unwrap();
     let id = id.trim_end_matches(')');
-    assert!(s.stderr.lock().unwrap().contains(id), "the log has {id}");
+    assert!(s.log_has(id), "the log has {id}");
 
     // A version whose folder an operator removed: 410, naming the version, not the folder.
     let b = s.alices_completed(&files.url("a.txt")).await;

@@ -24,6 +24,8 @@ pub struct Serve {
     pub api: Api,
     pub dir: tempfile::TempDir,
     pub stderr: Arc<std::sync::Mutex<String>>,
+    /// Notified at each line the server writes to its log.
+    log_grew: Arc<std::sync::Condvar>,
 }
 
 impl std::ops::Deref for Serve {
@@ -101,10 +103,12 @@ pub fn serve_running(
         .spawn()
         .expect("run lading serve");
     let stderr = Arc::new(std::sync::Mutex::new(String::new()));
+    let log_grew = Arc::new(std::sync::Condvar::new());
     let (tx, rx) = std::sync::mpsc::channel();
     {
         let err = child.stderr.take().unwrap();
         let seen = stderr.clone();
+        let grew = log_grew.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(err).lines().map_while(Result::ok) {
                 if let Some(rest) = line.split("API on http://").nth(1) {
@@ -113,6 +117,7 @@ pub fn serve_running(
                 let mut s = seen.lock().unwrap();
                 s.push_str(&line);
                 s.push('\n');
+                grew.notify_all();
             }
         });
     }
@@ -124,6 +129,7 @@ pub fn serve_running(
         api: Api::new(format!("http://{addr}")),
         dir,
         stderr,
+        log_grew,
     }
 }
 
@@ -132,6 +138,22 @@ pub fn serve(allow: &[String], extra: &str) -> Serve {
 }
 
 impl Serve {
+    /// Whether the server's log comes to hold `needle`: waits for it line by line (the
+    /// reader of the server's stderr may not have read a line the server wrote before it
+    /// answered), a minute at most.
+    pub fn log_has(&self, needle: &str) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let mut log = self.stderr.lock().unwrap();
+        while !log.contains(needle) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            log = self.log_grew.wait_timeout(log, left).unwrap().0;
+        }
+        true
+    }
+
     /// The server's `/metrics` page (no token needed).
     pub async fn metrics(&self) -> String {
         self.http
