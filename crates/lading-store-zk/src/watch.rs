@@ -223,9 +223,6 @@ pub(crate) async fn follow(
                         return;
                     }
                     if s == zk::SessionState::Disconnected {
-                        tracing::warn!(
-                            "ZooKeeper connection lost; reconnecting (the store's operations wait for it)"
-                        );
                         break;
                     }
                 }
@@ -240,6 +237,15 @@ pub(crate) async fn follow(
             }
         }
         forwarders.abort_all();
+        // Said here, not where the state changed: the watchers' own session events may end
+        // the loop first (each of the two is taken up in turn, at random).
+        if state.peek_state().is_terminated() {
+            cache.invalidate();
+            return;
+        }
+        tracing::warn!(
+            "ZooKeeper connection lost; reconnecting (the store's operations wait for it)"
+        );
         // Wait for the session to come back, then watch again from scratch.
         loop {
             let s = state.peek_state();
