@@ -92,6 +92,19 @@ pub struct Mem {
     pub synced: i64,
 }
 
+/// Enters `path` (not the root) in its parent's list of children.
+fn add_child(kids: &mut HashMap<String, BTreeSet<String>>, path: &str) {
+    let (parent, name) = split_path(path);
+    // Looked up before it is made: a parent's key is allocated once, not per child.
+    match kids.get_mut(parent) {
+        Some(set) => set.insert(name.to_string()),
+        None => kids
+            .entry(parent.to_string())
+            .or_default()
+            .insert(name.to_string()),
+    };
+}
+
 impl Mem {
     pub fn get(&self, path: &str) -> Option<&MemNode> {
         self.nodes.get(path)
@@ -130,16 +143,7 @@ impl Mem {
 
     pub fn put(&mut self, path: Arc<str>, node: MemNode) {
         if &*path != "/" && !self.nodes.contains_key(&*path) {
-            let (parent, name) = split_path(&path);
-            // Looked up before it is made: a parent's key is allocated once, not per child.
-            match self.kids.get_mut(parent) {
-                Some(set) => set.insert(name.to_string()),
-                None => self
-                    .kids
-                    .entry(parent.to_string())
-                    .or_default()
-                    .insert(name.to_string()),
-            };
+            add_child(&mut self.kids, &path);
         }
         self.nodes.insert(path, node);
     }
@@ -161,18 +165,8 @@ impl Mem {
     /// Builds every parent's list of children again from the nodes.
     pub fn index_children(&mut self) {
         self.kids.clear();
-        for path in self.nodes.keys() {
-            if &**path != "/" {
-                let (parent, name) = split_path(path);
-                match self.kids.get_mut(parent) {
-                    Some(set) => set.insert(name.to_string()),
-                    None => self
-                        .kids
-                        .entry(parent.to_string())
-                        .or_default()
-                        .insert(name.to_string()),
-                };
-            }
+        for path in self.nodes.keys().filter(|p| &***p != "/") {
+            add_child(&mut self.kids, path);
         }
     }
 
