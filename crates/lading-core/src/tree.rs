@@ -237,6 +237,25 @@ impl Watch {
     }
 }
 
+/// Waits for the first of `futs` to be ready: its index and output (a future that has been
+/// ready must not be polled again). Never ready when there are none, where
+/// `futures_util::future::select_all` panics: a caller whose every watch failed to be set
+/// (its session lost) waits on its other branches instead.
+pub async fn first_ready<F: Future + Unpin>(
+    futs: impl IntoIterator<Item = F>,
+) -> (usize, F::Output) {
+    let mut futs: Vec<F> = futs.into_iter().collect();
+    std::future::poll_fn(|cx| {
+        for (i, f) in futs.iter_mut().enumerate() {
+            if let Poll::Ready(out) = Pin::new(f).poll(cx) {
+                return Poll::Ready((i, out));
+            }
+        }
+        Poll::Pending
+    })
+    .await
+}
+
 impl Future for Watch {
     type Output = ();
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
@@ -522,6 +541,23 @@ pub fn join_path(parent: &str, name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Of none, never ready (a waker whose every watch failed waits on its sleep; a
+    /// `select_all` of none panicked there, found by the simulator); of some, the first ready.
+    #[test]
+    fn first_ready_of_none_waits_and_of_some_names_the_first_ready() {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let none: Vec<std::future::Ready<u8>> = Vec::new();
+        let mut none = std::pin::pin!(first_ready(none));
+        assert!(none.as_mut().poll(&mut cx).is_pending());
+        let futs: Vec<BoxFuture<'static, u8>> = vec![
+            Box::pin(std::future::pending()),
+            Box::pin(std::future::ready(7)),
+            Box::pin(std::future::ready(8)),
+        ];
+        let mut some = std::pin::pin!(first_ready(futs));
+        assert_eq!(some.as_mut().poll(&mut cx), Poll::Ready((1, 7)));
+    }
 
     /// An admin's requeue takes the job's lock, moves it and drops the lock in one `multi`:
     /// the lock is gone whether or not it was applied, so the status set tells (seed 157 of

@@ -59,7 +59,7 @@ pub use follow::{
 };
 pub use locks::ForeignLock;
 pub use outbox::{
-    Effect, OutboxClaim, OutboxCounts, OutboxEntry, OutboxItem, OutboxWatch, Summary,
+    Effect, EffectKind, OutboxClaim, OutboxCounts, OutboxEntry, OutboxItem, OutboxWatch, Summary,
 };
 pub use records::*;
 pub use reporting::ReportTry;
@@ -209,20 +209,10 @@ const WATCH_PROCESSING: usize = 256;
 /// Bound on `job_batches`; it is simply emptied when full.
 const JOB_BATCHES_KEPT: usize = 100_000;
 
-/// Ready when any of `watches` fires; never, when there are none.
 /// Waits for the first of `watches` to fire; its index (a fired watch must not be polled
-/// again).
+/// again). Never, when there are none.
 async fn any_of<'a>(watches: impl Iterator<Item = &'a mut Watch>) -> usize {
-    let mut watches: Vec<&mut Watch> = watches.collect();
-    std::future::poll_fn(|cx| {
-        for (i, w) in watches.iter_mut().enumerate() {
-            if std::pin::Pin::new(&mut **w).poll(cx).is_ready() {
-                return std::task::Poll::Ready(i);
-            }
-        }
-        std::task::Poll::Pending
-    })
-    .await
+    lading_core::tree::first_ready(watches).await.0
 }
 
 fn lost(what: &str) -> EngineError {

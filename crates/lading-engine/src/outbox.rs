@@ -13,25 +13,74 @@
 //!   attempt it is kept as `dead`, for an admin to see and retry.
 
 use crate::{Engine, EngineError, Result, WAIT_LOCKS, any_of, json_bytes};
-use lading_core::layout::{OUTBOX, OUTBOX_PREFIX, to_bytes};
+use lading_core::layout::{BatchId, JobId, OUTBOX, OUTBOX_PREFIX, to_bytes};
 use lading_core::{CreateMode, Op, TreeError, Watch, WatchKind};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::time::Duration;
 
+/// What delivers an effect; stored as its name (`mail`, `callback`, `replicate`). A kind this
+/// build does not know (written by a newer one) is kept by name: it reads, lists and can be
+/// retried, and no deliverer here claims it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum EffectKind {
+    /// A report mail, over SMTP.
+    Mail,
+    /// A job's outcome POSTed to the profile's callback URL.
+    Callback,
+    /// A stored version copied to a replica node.
+    Replicate,
+    Other(String),
+}
+
+impl EffectKind {
+    pub fn as_str(&self) -> &str {
+        match self {
+            EffectKind::Mail => "mail",
+            EffectKind::Callback => "callback",
+            EffectKind::Replicate => "replicate",
+            EffectKind::Other(s) => s,
+        }
+    }
+}
+
+impl From<String> for EffectKind {
+    fn from(s: String) -> EffectKind {
+        match s.as_str() {
+            "mail" => EffectKind::Mail,
+            "callback" => EffectKind::Callback,
+            "replicate" => EffectKind::Replicate,
+            _ => EffectKind::Other(s),
+        }
+    }
+}
+
+impl From<EffectKind> for String {
+    fn from(k: EffectKind) -> String {
+        k.as_str().to_string()
+    }
+}
+
+impl std::fmt::Display for EffectKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One outside effect to deliver.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Effect {
-    /// What delivers it: `mail`, `callback`.
-    pub kind: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub kind: EffectKind,
     /// The same for every attempt at this one effect (a mail's `Message-ID`, a callback's
     /// `Idempotency-Key`).
     pub key: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub batch: Option<String>,
+    pub batch: Option<BatchId>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub job: Option<String>,
+    pub job: Option<JobId>,
     /// What the deliverer needs (addresses, URL, body).
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
     pub payload: Value,
@@ -137,7 +186,7 @@ impl Engine {
     /// (ms since the epoch) the next one falls due, if any.
     pub async fn claim_effect(
         &self,
-        kinds: &[&str],
+        kinds: &[EffectKind],
     ) -> Result<std::result::Result<OutboxClaim, Option<u64>>> {
         // Entry locks left by failed calls, tried again first (the deliverer does not wait
         // through the acquisition skeleton that does this for the queues).
@@ -152,7 +201,7 @@ impl Engine {
             let Some((entry, _)) = self.read_json::<OutboxEntry>(&entry_path(&name)).await? else {
                 continue;
             };
-            if entry.dead || !kinds.contains(&entry.effect.kind.as_str()) {
+            if entry.dead || !kinds.contains(&entry.effect.kind) {
                 continue;
             }
             if entry.next_at_ms > now {
@@ -450,4 +499,32 @@ pub struct Summary {
 pub struct OutboxCounts {
     pub waiting: usize,
     pub dead: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An entry is stored as before the kinds were typed (the kind by name, the ids as
+    /// text); a kind this build does not know reads, and is written back, by its name.
+    #[test]
+    fn an_effect_is_stored_by_its_kinds_name_and_an_unknown_kind_is_kept() {
+        let e = Effect {
+            kind: EffectKind::Replicate,
+            key: "k".into(),
+            batch: Some(BatchId::parse("bid0000000001").unwrap()),
+            job: None,
+            payload: Value::Null,
+        };
+        let stored = serde_json::to_value(&e).unwrap();
+        assert_eq!(
+            stored,
+            serde_json::json!({"kind": "replicate", "key": "k", "batch": "bid0000000001", "payload": null})
+        );
+        let newer: Effect =
+            serde_json::from_value(serde_json::json!({"kind": "sms", "key": "k", "payload": {}}))
+                .unwrap();
+        assert_eq!(newer.kind, EffectKind::Other("sms".into()));
+        assert_eq!(serde_json::to_value(&newer).unwrap()["kind"], "sms");
+    }
 }

@@ -410,8 +410,8 @@ impl Acquire for Finishing {
                     Fired::Lock(i)
                 }) as futures_util::future::BoxFuture<'_, Fired>
             });
-            let any: Vec<_> = batches.chain(held).chain(stale).collect();
-            let some = !any.is_empty();
+            // None set (the session lost): the re-read below wakes it.
+            let any = lading_core::tree::first_ready(batches.chain(held).chain(stale));
             let reread = tokio::time::sleep_until(read_at + finishing_reread(e));
             self.ingest.finishing.armed.send_modify(|n| *n += 1);
             tokio::select! {
@@ -419,7 +419,7 @@ impl Acquire for Finishing {
                 biased;
                 _ = stop.into_stopped() => None,
                 _ = reread => Some(Fired::Stale),
-                (w, _, _) = futures_util::future::select_all(any), if some => Some(w),
+                (_, w) = any => Some(w),
             }
         };
         let lock_fired = match fired {

@@ -10,13 +10,17 @@
 
 use crate::Ingest;
 use lading_core::BoxFuture;
-use lading_engine::{Effect, OutboxClaim};
+use lading_engine::{Effect, EffectKind, OutboxClaim};
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// The effect kinds this deliverer knows.
-pub const KINDS: &[&str] = &["mail", "callback", "replicate"];
+pub const KINDS: &[EffectKind] = &[
+    EffectKind::Mail,
+    EffectKind::Callback,
+    EffectKind::Replicate,
+];
 
 /// How long one replica copy may take before it is tried again.
 const REPLICATE_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -106,7 +110,7 @@ pub async fn run(ingest: Arc<Ingest>, shutdown: lading_worker::Shutdown) {
 async fn deliver(ingest: &Ingest, claim: OutboxClaim) {
     let cfg = ingest.cfg.outbox();
     let e = &claim.entry.effect;
-    let limit = if e.kind == "replicate" {
+    let limit = if e.kind == EffectKind::Replicate {
         REPLICATE_TIMEOUT
     } else {
         cfg.timeout
@@ -304,8 +308,8 @@ pub fn callback_answer(url: &str, status: u16) -> Result<(), Failure> {
 }
 
 async fn wire(ingest: &Ingest, e: &Effect) -> Result<(), Failure> {
-    match e.kind.as_str() {
-        "mail" => {
+    match &e.kind {
+        EffectKind::Mail => {
             let Some(host) = ingest.cfg.smtp_host.as_deref() else {
                 return Err(Failure::Retry("no smtp_host is configured".into()));
             };
@@ -313,7 +317,7 @@ async fn wire(ingest: &Ingest, e: &Effect) -> Result<(), Failure> {
                 .await
                 .map_err(mail_failure)
         }
-        "callback" => {
+        EffectKind::Callback => {
             let post = callback_of(e)?;
             let mut req = ingest.fetcher.client().post(&post.url);
             for (name, value) in &post.headers {
@@ -332,7 +336,8 @@ async fn wire(ingest: &Ingest, e: &Effect) -> Result<(), Failure> {
             callback_answer(&post.url, r.status().as_u16())
         }
         other => Err(Failure::Never(format!(
-            "{other:?} is not carried by the wire"
+            "{:?} is not carried by the wire",
+            other.as_str()
         ))),
     }
 }
@@ -340,9 +345,9 @@ async fn wire(ingest: &Ingest, e: &Effect) -> Result<(), Failure> {
 async fn send(ingest: &Ingest, e: &Effect) -> Result<(), Failure> {
     let p = &e.payload;
     let s = |k: &str| p.get(k).and_then(Value::as_str).unwrap_or_default();
-    match e.kind.as_str() {
-        "mail" | "callback" => ingest.courier.carry(ingest, e).await,
-        "replicate" => {
+    match &e.kind {
+        EffectKind::Mail | EffectKind::Callback => ingest.courier.carry(ingest, e).await,
+        EffectKind::Replicate => {
             let n = |k: &str| p.get(k).and_then(Value::as_u64).unwrap_or(0) as u32;
             crate::replicate::copy_version(ingest, s("ark"), n("version"), n("from"), n("to"))
                 .await
@@ -361,7 +366,10 @@ async fn send(ingest: &Ingest, e: &Effect) -> Result<(), Failure> {
                     None => Failure::Retry(e.what),
                 })
         }
-        other => Err(Failure::Never(format!("unknown effect kind {other:?}"))),
+        other => Err(Failure::Never(format!(
+            "unknown effect kind {:?}",
+            other.as_str()
+        ))),
     }
 }
 
@@ -372,7 +380,7 @@ mod tests {
 
     fn callback(payload: Value) -> Effect {
         Effect {
-            kind: "callback".into(),
+            kind: EffectKind::Callback,
             key: "lading:b:j:completed:1".into(),
             batch: None,
             job: None,

@@ -450,8 +450,8 @@ pub async fn run_waker_with(
                 net
             }
         };
-        let any =
-            futures_util::future::select_all(watches.into_iter().map(Box::pin).collect::<Vec<_>>());
+        // None set (the session lost): the sleep below wakes it.
+        let any = lading_core::tree::first_ready(watches);
         tokio::select! {
             // In order, not at random: a run is the same every time (`lading-sim`).
             biased;

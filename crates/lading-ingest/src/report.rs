@@ -127,9 +127,9 @@ fn mail(
             .unwrap_or("lading")
     );
     Ok(Effect {
-        kind: "mail".into(),
+        kind: lading_engine::EffectKind::Mail,
         key: message_id.clone(),
-        batch: Some(b.batch().to_string()),
+        batch: Some(b.batch().clone()),
         job: None,
         payload: json!({
             "to": to,

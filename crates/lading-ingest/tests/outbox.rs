@@ -61,7 +61,7 @@ async fn a_failing_callback_is_retried_from_the_outbox_with_one_key_until_an_adm
     let out = outbox_until(&w, "a dead entry", |o| o.iter().any(|e| e.entry.dead)).await;
     let dead = out.into_iter().find(|e| e.entry.dead).unwrap();
     assert_eq!(dead.entry.attempts, 3);
-    assert_eq!(dead.entry.effect.kind, "callback");
+    assert_eq!(dead.entry.effect.kind, lading_engine::EffectKind::Callback);
     assert!(
         dead.entry
             .last_error
@@ -112,7 +112,7 @@ async fn a_callback_receiver_answering_503_for_a_while_gets_the_callback_once_it
     let out = w.engine.outbox().await.unwrap();
     let entry = out
         .iter()
-        .find(|e| e.entry.effect.kind == "callback")
+        .find(|e| e.entry.effect.kind == lading_engine::EffectKind::Callback)
         .expect("the callback waits in the outbox");
     assert!(!entry.entry.dead, "{entry:?}");
     assert_eq!(entry.entry.attempts, 0, "{entry:?}");
@@ -172,7 +172,7 @@ async fn a_report_mail_waits_for_an_smtp_server_that_is_down_and_goes_out_when_i
     let out = w.engine.outbox().await.unwrap();
     let mail = out
         .iter()
-        .find(|e| e.entry.effect.kind == "mail")
+        .find(|e| e.entry.effect.kind == lading_engine::EffectKind::Mail)
         .expect("the report mail waits in the outbox");
     assert!(!mail.entry.dead, "{mail:?}");
     assert_eq!(mail.entry.attempts, 0, "no attempt used: {mail:?}");

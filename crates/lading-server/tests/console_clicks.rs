@@ -162,10 +162,10 @@ async fn console_fixtures(s: &Server) -> Fixtures {
         // Its callback, recorded with its last move (delivered by nobody here).
         if st == JobState::Notify {
             l.effects.push(lading_engine::Effect {
-                kind: "callback".into(),
+                kind: lading_engine::EffectKind::Callback,
                 key: format!("{}-done", l.job),
                 batch: None,
-                job: Some(l.job.to_string()),
+                job: Some(l.job.clone()),
                 payload: json!({"url": "http://127.0.0.1:9/done"}),
             });
         }
@@ -177,7 +177,12 @@ async fn console_fixtures(s: &Server) -> Fixtures {
     }
     let done_job = done_job.unwrap();
     // Its delivery was given up on.
-    let claim = e.claim_effect(&["callback"]).await.unwrap().ok().unwrap();
+    let claim = e
+        .claim_effect(&[lading_engine::EffectKind::Callback])
+        .await
+        .unwrap()
+        .ok()
+        .unwrap();
     e.effect_failed(claim, "connection refused", None)
         .await
         .unwrap();

@@ -180,7 +180,7 @@ mod tests {
 
     fn effect(key: &str, body: Value) -> Effect {
         Effect {
-            kind: "callback".into(),
+            kind: lading_engine::EffectKind::Callback,
             key: key.into(),
             batch: None,
             job: None,

@@ -449,7 +449,7 @@ impl lading_ingest::outbox::Courier for SimCourier {
         e: &'a Effect,
     ) -> BoxFuture<'a, Result<(), lading_ingest::outbox::Failure>> {
         Box::pin(async move {
-            if e.kind == "mail" {
+            if e.kind == lading_engine::EffectKind::Mail {
                 let outside = self.outside.clone();
                 let (pipe, relay) = crate::smtp::connect(&self.dice.0, move |key, content| {
                     record(&outside, "mail", key, content)

@@ -236,9 +236,9 @@ pub async fn requeue_at_every_batch_state_reports_again(h: &dyn Harness) {
 /// The first report's mail of `bid`, as an effect.
 pub(crate) fn report_mail(bid: &BatchId, payload: Value) -> lading_engine::Effect {
     lading_engine::Effect {
-        kind: "mail".into(),
+        kind: lading_engine::EffectKind::Mail,
         key: "<report-1>".into(),
-        batch: Some(bid.to_string()),
+        batch: Some(bid.clone()),
         job: None,
         payload,
     }
@@ -304,10 +304,10 @@ pub async fn an_idle_deliverer_is_woken_when_a_crashed_claim_goes_or_an_entry_co
     let (crashed, s2) = engine(h, "b").await;
     batch_with_jobs(&e, 1, &[]).await;
     let effect = |key: &str, l: &lading_engine::JobLease| lading_engine::Effect {
-        kind: "callback".into(),
+        kind: lading_engine::EffectKind::Callback,
         key: key.into(),
         batch: None,
-        job: Some(l.job.to_string()),
+        job: Some(l.job.clone()),
         payload: json!({"url": "http://127.0.0.1/"}),
     };
     let mut l = take_job(&e, JobState::Pending).await;
@@ -315,10 +315,16 @@ pub async fn an_idle_deliverer_is_woken_when_a_crashed_claim_goes_or_an_entry_co
     e.job_transition(l, Event::To(JobState::Estimating), None)
         .await
         .unwrap();
-    let held = crashed.claim_effect(&["callback"]).await.unwrap().unwrap();
+    let held = crashed
+        .claim_effect(&[lading_engine::EffectKind::Callback])
+        .await
+        .unwrap()
+        .unwrap();
     let armed = e.arm_outbox().await.unwrap();
     assert!(matches!(
-        e.claim_effect(&["callback"]).await.unwrap(),
+        e.claim_effect(&[lading_engine::EffectKind::Callback])
+            .await
+            .unwrap(),
         Err(None)
     ));
     let waiter = tokio::spawn({
@@ -335,13 +341,19 @@ pub async fn an_idle_deliverer_is_woken_when_a_crashed_claim_goes_or_an_entry_co
         .unwrap()
         .unwrap();
     drop(held);
-    let c = e.claim_effect(&["callback"]).await.unwrap().unwrap();
+    let c = e
+        .claim_effect(&[lading_engine::EffectKind::Callback])
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(c.entry.effect.key, "k1", "the entry is intact and free");
     e.effect_done(c).await.unwrap();
     // Armed, then a look that finds nothing, then an entry: the wait ends for it.
     let armed = e.arm_outbox().await.unwrap();
     assert!(matches!(
-        e.claim_effect(&["callback"]).await.unwrap(),
+        e.claim_effect(&[lading_engine::EffectKind::Callback])
+            .await
+            .unwrap(),
         Err(None)
     ));
     let mut l = take_job(&e, JobState::Estimating).await;
@@ -353,7 +365,11 @@ pub async fn an_idle_deliverer_is_woken_when_a_crashed_claim_goes_or_an_entry_co
         .await
         .expect("woken by the entry made after its look")
         .unwrap();
-    let c = e.claim_effect(&["callback"]).await.unwrap().unwrap();
+    let c = e
+        .claim_effect(&[lading_engine::EffectKind::Callback])
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(c.entry.effect.key, "k2");
 }
 
@@ -364,10 +380,10 @@ pub async fn outbox_entries_are_claimed_once_retried_and_deleted_when_delivered(
     // A job's move records its callback; a failed move records nothing.
     let mut l = take_job(&e, JobState::Pending).await;
     l.effects.push(lading_engine::Effect {
-        kind: "callback".into(),
+        kind: lading_engine::EffectKind::Callback,
         key: "k1".into(),
         batch: None,
-        job: Some(l.job.to_string()),
+        job: Some(l.job.clone()),
         payload: json!({"url": "http://127.0.0.1/"}),
     });
     let stale = l.clone();
@@ -382,20 +398,31 @@ pub async fn outbox_entries_are_claimed_once_retried_and_deleted_when_delivered(
     let out = e.outbox().await.unwrap();
     assert_eq!(out.len(), 1, "one entry: the stale move recorded nothing");
     // One claim at a time, across sessions.
-    let c = e.claim_effect(&["callback"]).await.unwrap().unwrap();
+    let c = e
+        .claim_effect(&[lading_engine::EffectKind::Callback])
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(c.entry.effect.key, "k1");
     assert!(matches!(
-        other.claim_effect(&["callback"]).await.unwrap(),
+        other
+            .claim_effect(&[lading_engine::EffectKind::Callback])
+            .await
+            .unwrap(),
         Err(None)
     ));
     assert!(matches!(
-        e.claim_effect(&["mail"]).await.unwrap(),
+        e.claim_effect(&[lading_engine::EffectKind::Mail])
+            .await
+            .unwrap(),
         Err(None)
     ));
     // A failure keeps it with a retry time; not due before it.
     let at = e.clock().now_ms() + 60_000;
     e.effect_failed(c, "answered 500", Some(at)).await.unwrap();
-    assert!(matches!(other.claim_effect(&["callback"]).await.unwrap(), Err(Some(t)) if t == at));
+    assert!(
+        matches!(other.claim_effect(&[lading_engine::EffectKind::Callback]).await.unwrap(), Err(Some(t)) if t == at)
+    );
     let item = &e.outbox().await.unwrap()[0];
     assert_eq!(
         (item.entry.attempts, item.entry.last_error.as_deref()),
@@ -404,21 +431,34 @@ pub async fn outbox_entries_are_claimed_once_retried_and_deleted_when_delivered(
     // Given up: dead, never claimed, until an admin retries it.
     let name = item.name.clone();
     e.retry_effect(&name).await.unwrap();
-    let c = other.claim_effect(&["callback"]).await.unwrap().unwrap();
+    let c = other
+        .claim_effect(&[lading_engine::EffectKind::Callback])
+        .await
+        .unwrap()
+        .unwrap();
     other.effect_failed(c, "gone", None).await.unwrap();
     assert!(matches!(
-        e.claim_effect(&["callback"]).await.unwrap(),
+        e.claim_effect(&[lading_engine::EffectKind::Callback])
+            .await
+            .unwrap(),
         Err(None)
     ));
     assert!(e.outbox().await.unwrap()[0].entry.dead);
     e.retry_effect(&name).await.unwrap();
     // Delivered: gone for good.
-    let c = e.claim_effect(&["callback"]).await.unwrap().unwrap();
+    let c = e
+        .claim_effect(&[lading_engine::EffectKind::Callback])
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(c.entry.effect.key, "k1");
     e.effect_done(c).await.unwrap();
     assert!(e.outbox().await.unwrap().is_empty());
     assert!(matches!(
-        other.claim_effect(&["callback"]).await.unwrap(),
+        other
+            .claim_effect(&[lading_engine::EffectKind::Callback])
+            .await
+            .unwrap(),
         Err(None)
     ));
 }
@@ -619,10 +659,10 @@ pub async fn an_outbox_claim_is_read_under_its_lock_and_a_failed_record_still_re
     let (_bid, _jobs) = batch_with_jobs(&e, 1, &[]).await;
     let mut l = take_job(&e, JobState::Pending).await;
     l.effects.push(lading_engine::Effect {
-        kind: "callback".into(),
+        kind: lading_engine::EffectKind::Callback,
         key: "k1".into(),
         batch: None,
-        job: Some(l.job.to_string()),
+        job: Some(l.job.clone()),
         payload: json!({"url": "http://127.0.0.1/"}),
     });
     e.job_transition(l, Event::To(JobState::Estimating), None)
@@ -631,12 +671,20 @@ pub async fn an_outbox_claim_is_read_under_its_lock_and_a_failed_record_still_re
     // A deliverer holds it; an admin retries it meanwhile: the lock is taken away, so the
     // entry is free at once, and the first deliverer's record of its failure (now stale)
     // leaves no lock behind.
-    let c = e.claim_effect(&["callback"]).await.unwrap().unwrap();
+    let c = e
+        .claim_effect(&[lading_engine::EffectKind::Callback])
+        .await
+        .unwrap()
+        .unwrap();
     let name = c.name.clone();
     assert!(e.outbox().await.unwrap()[0].delivering);
     e.retry_effect(&name).await.unwrap();
     assert!(!e.outbox().await.unwrap()[0].delivering);
-    let c2 = other.claim_effect(&["callback"]).await.unwrap().unwrap();
+    let c2 = other
+        .claim_effect(&[lading_engine::EffectKind::Callback])
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(c2.entry.attempts, 0);
     let at = e.clock().now_ms() + 60_000;
     other
@@ -657,13 +705,21 @@ pub async fn an_outbox_claim_is_read_under_its_lock_and_a_failed_record_still_re
     );
     // Not due: neither session claims it (each reads it afresh).
     for x in [&e, &other] {
-        assert!(matches!(x.claim_effect(&["callback"]).await.unwrap(), Err(Some(t)) if t == at));
+        assert!(
+            matches!(x.claim_effect(&[lading_engine::EffectKind::Callback]).await.unwrap(), Err(Some(t)) if t == at)
+        );
     }
     // Due again after an admin's retry: delivered once, gone.
     e.retry_effect(&name).await.unwrap();
-    let c = other.claim_effect(&["callback"]).await.unwrap().unwrap();
+    let c = other
+        .claim_effect(&[lading_engine::EffectKind::Callback])
+        .await
+        .unwrap()
+        .unwrap();
     assert!(matches!(
-        e.claim_effect(&["callback"]).await.unwrap(),
+        e.claim_effect(&[lading_engine::EffectKind::Callback])
+            .await
+            .unwrap(),
         Err(None)
     ));
     other.effect_done(c).await.unwrap();

@@ -106,10 +106,10 @@ pub(crate) async fn notify(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Out
     // Recorded in the outbox with the job's move to Completed, and posted after it commits:
     // a worker fenced or killed before its commit sends nothing.
     job.add_effect(lading_engine::Effect {
-        kind: "callback".into(),
+        kind: lading_engine::EffectKind::Callback,
         key: key.clone(),
-        batch: Some(job.info.bid.to_string()),
-        job: Some(job.job().to_string()),
+        batch: Some(job.info.bid.clone()),
+        job: Some(job.job().clone()),
         payload: json!({"url": url, "body": body}),
     })
     .await;

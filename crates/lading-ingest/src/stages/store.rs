@@ -183,10 +183,10 @@ pub(crate) async fn store(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outc
     for replica in nodes.iter().skip(1) {
         let key = format!("replicate:{ark}|{}|{}", stored.version, replica.id);
         job.add_effect(lading_engine::Effect {
-            kind: "replicate".into(),
+            kind: lading_engine::EffectKind::Replicate,
             key,
-            batch: Some(job.info.bid.to_string()),
-            job: Some(job.job().to_string()),
+            batch: Some(job.info.bid.clone()),
+            job: Some(job.job().clone()),
             payload: json!({
                 "ark": ark, "version": stored.version,
                 "from": nodes[0].id, "to": replica.id,
