@@ -62,7 +62,7 @@ async fn access_latency(
             let ev = tokio::time::timeout(std::time::Duration::from_secs(60), events.recv())
                 .await
                 .map_err(|_| anyhow::anyhow!("access request {id} not done in 60 s"))??;
-            if ev.kind == "access"
+            if ev.kind == lading_engine::ChangeKind::Access
                 && ev.id == id.as_str()
                 && matches!(ev.to.as_str(), "Completed" | "Failed")
             {

@@ -133,6 +133,45 @@ pub fn format_ts(ms: u64) -> String {
     )
 }
 
+/// When something happened, as Lading's records give it (`yyyy-MM-dd HH:mm:ss +0000`, whole
+/// seconds): a time Lading wrote, kept as its seconds since the epoch and written out only
+/// when shown, or a time an older writer wrote as text, kept as it was.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stamp {
+    Secs(u64),
+    Text(String),
+}
+
+impl Stamp {
+    /// The whole second `ms` falls in.
+    pub fn at_ms(ms: u64) -> Stamp {
+        Stamp::Secs(ms / 1000)
+    }
+
+    /// Milliseconds since the epoch (a whole second); 0 for text that is not a time.
+    pub fn ms(&self) -> u64 {
+        match self {
+            Stamp::Secs(s) => s * 1000,
+            Stamp::Text(t) => parse_ts(t).unwrap_or(0),
+        }
+    }
+}
+
+impl std::fmt::Display for Stamp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stamp::Secs(s) => f.write_str(&format_ts(s * 1000)),
+            Stamp::Text(t) => f.write_str(t),
+        }
+    }
+}
+
+impl serde::Serialize for Stamp {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 /// Formats epoch milliseconds as RFC 3339 in UTC, `yyyy-MM-ddTHH:mm:ssZ`.
 pub fn format_rfc3339(ms: u64) -> String {
     let t = format_ts(ms);

@@ -46,7 +46,7 @@ impl Engine {
             return Err(e.into());
         }
         self.publish(
-            "access",
+            crate::ChangeKind::Access,
             id.as_str(),
             None,
             None,
@@ -306,7 +306,7 @@ impl Engine {
             .await
             .map_err(|e| self.lease_error(e, lease.id.as_str()))?;
         self.publish(
-            "access",
+            crate::ChangeKind::Access,
             lease.id.as_str(),
             None,
             Some(lease.status.status.name()),

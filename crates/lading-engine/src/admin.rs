@@ -60,7 +60,7 @@ impl Engine {
             Err(e) => return Err(e.into()),
         }
         self.publish(
-            "batch",
+            crate::ChangeKind::Batch,
             batch.as_str(),
             None,
             Some(lease.status.status.name()),
@@ -253,14 +253,20 @@ impl Engine {
             Err(e) => return Err(e.into()),
         }
         self.publish(
-            "job",
+            crate::ChangeKind::Job,
             job.as_str(),
             Some(&batch),
             Some(old.status.name()),
             next.state.name(),
         );
         if let Some((from, to)) = batch_moved {
-            self.publish("batch", batch.as_str(), None, Some(from.name()), to.name());
+            self.publish(
+                crate::ChangeKind::Batch,
+                batch.as_str(),
+                None,
+                Some(from.name()),
+                to.name(),
+            );
         }
         if next.state.batch_folder() != "batch-processing"
             && old.status.batch_folder() == "batch-processing"

@@ -61,7 +61,7 @@ impl Engine {
             return Err(e.into());
         }
         self.publish(
-            "batch",
+            crate::ChangeKind::Batch,
             bid.as_str(),
             None,
             None,
@@ -345,7 +345,7 @@ impl Engine {
             return Err(self.lease_error(e, bid.as_str()));
         }
         self.publish(
-            "batch",
+            crate::ChangeKind::Batch,
             bid.as_str(),
             None,
             Some(lease.status.status.name()),

@@ -17,8 +17,9 @@
 //! [`Engine::transitions_since`] finds, from the tree alone, every transition of a status
 //! changed after a time: what a client resuming after a restart is owed.
 
-use crate::{ChangeEvent, Engine, HISTORY_FIELD, Result};
+use crate::{ChangeEvent, ChangeKind, Engine, HISTORY_FIELD, HistoryEntry, Result};
 use lading_core::layout::{BATCH_FOLDERS, BatchId, JobId, batch_node, batch_ref_folder, job_node};
+use lading_core::time::Stamp;
 use lading_core::tree::{Change, ChangeFeed};
 use lading_core::{Names, Node, Tree, TreeError, TreeFuture};
 use serde_json::{Map, Value};
@@ -135,7 +136,7 @@ fn status_of(path: &str) -> Option<(&'static str, &str)> {
 /// What a follower remembers of one status.
 struct Known {
     /// The newest history entry seen (decoded), if any.
-    last: Option<Value>,
+    last: Option<HistoryEntry>,
     state: String,
     batch: Option<String>,
 }
@@ -163,17 +164,32 @@ pub fn transition_id_time(event_id: &str) -> Option<u64> {
 }
 
 /// A decoded history entry as a change event.
-fn event(kind: &'static str, id: &str, batch: Option<&str>, e: &Value) -> ChangeEvent {
-    let s = |k: &str| e.get(k).and_then(Value::as_str).map(str::to_string);
+fn event(kind: &'static str, id: &str, batch: Option<&str>, e: &HistoryEntry) -> ChangeEvent {
     ChangeEvent {
-        kind,
+        kind: if kind == "job" {
+            ChangeKind::Job
+        } else {
+            ChangeKind::Batch
+        },
         id: id.to_string(),
         batch: batch.map(str::to_string),
-        from: s("from"),
-        to: s("to").unwrap_or_default(),
-        time: s("at").unwrap_or_default(),
-        host: s("host").filter(|h| !h.is_empty()),
-        message: s("message"),
+        from: e.from.clone(),
+        to: e.to.clone(),
+        time: e.at.clone(),
+        host: Some(e.host.clone()).filter(|h| !h.is_empty()),
+        message: e.message.clone(),
+    }
+}
+
+/// The entry a status written without a history stands for: a move to `to` at `mtime_ms`.
+fn bare_entry(from: Option<String>, to: String, mtime_ms: u64) -> HistoryEntry {
+    HistoryEntry {
+        at: Stamp::at_ms(mtime_ms),
+        from,
+        to,
+        host: String::new(),
+        retry_count: None,
+        message: None,
     }
 }
 
@@ -187,11 +203,8 @@ fn fields(data: Option<&[u8]>) -> Option<(String, Map<String, Value>)> {
 }
 
 /// The seconds of a decoded entry's time, 0 when unreadable.
-fn entry_ms(e: &Value) -> u64 {
-    e.get("at")
-        .and_then(Value::as_str)
-        .and_then(lading_core::time::parse_ts)
-        .unwrap_or(0)
+fn entry_ms(e: &HistoryEntry) -> u64 {
+    e.at.ms()
 }
 
 impl Engine {
@@ -373,7 +386,7 @@ async fn observe(
         let batch = bid.map(|b| String::from_utf8_lossy(&b).into_owned());
         let raw = crate::RawHistory::of(&extra);
         let prior = known.get(id.as_str());
-        let new: Vec<Value> = if let Some(raw) = raw.as_ref().filter(|r| r.len() > 0) {
+        let new: Vec<HistoryEntry> = if let Some(raw) = raw.as_ref().filter(|r| r.len() > 0) {
             let all = 0..raw.len();
             let after = match prior.and_then(|k| k.last.as_ref()) {
                 // Decoded from the end: the last one seen is usually one or two back.
@@ -403,14 +416,7 @@ async fn observe(
             {
                 Vec::new()
             } else {
-                let mut e = Map::new();
-                e.insert("from".into(), from.map_or(Value::Null, Value::from));
-                e.insert("to".into(), Value::from(state.clone()));
-                e.insert(
-                    "at".into(),
-                    Value::from(lading_core::time::format_ts(node.stat.mtime_ms)),
-                );
-                vec![Value::Object(e)]
+                vec![bare_entry(from, state.clone(), node.stat.mtime_ms)]
             }
         };
         let n = new.len();
@@ -517,7 +523,7 @@ async fn past(
             // since `from_ms` may hold an entry stamped a little before it and committed
             // after (found by `lading-sim`: a client resuming from an id of that second
             // never got it).
-            let mut entries: Vec<Value> = crate::RawHistory::of(&extra)
+            let mut entries: Vec<HistoryEntry> = crate::RawHistory::of(&extra)
                 .map(|r| {
                     (0..r.len())
                         .filter(|&i| r.ms(i) + STAMPED_EARLY_MS >= from_ms)
@@ -526,14 +532,7 @@ async fn past(
                 })
                 .unwrap_or_default();
             if entries.is_empty() && !extra.contains_key(HISTORY_FIELD) {
-                let mut e = Map::new();
-                e.insert("from".into(), Value::Null);
-                e.insert("to".into(), Value::from(state));
-                e.insert(
-                    "at".into(),
-                    Value::from(lading_core::time::format_ts(node.stat.mtime_ms)),
-                );
-                entries.push(Value::Object(e));
+                entries.push(bare_entry(None, state, node.stat.mtime_ms));
             }
             let n = entries.len();
             for (i, e) in entries.iter().enumerate() {

@@ -86,7 +86,7 @@ impl Engine {
             return Err(self.lease_error(e, bid.as_str()));
         }
         self.publish(
-            "job",
+            crate::ChangeKind::Job,
             jid.as_str(),
             Some(bid),
             None,

@@ -36,6 +36,7 @@ mod contention;
 pub mod deps;
 mod error;
 mod follow;
+mod history;
 mod holds;
 mod jobs;
 mod locks;
@@ -57,6 +58,8 @@ pub use follow::{
     Following, Observed, Past, Task, Transition, transition_id, transition_id_at_most,
     transition_id_time,
 };
+pub use history::{HistoryEntry, expand_history, history};
+pub(crate) use history::{RawHistory, push_history};
 pub use locks::ForeignLock;
 pub use outbox::{
     Effect, EffectKind, OutboxClaim, OutboxCounts, OutboxEntry, OutboxItem, OutboxWatch, Summary,
@@ -86,18 +89,42 @@ const PAGE: usize = 64;
 /// Retries of an optimistic read-check-write loop before reporting `Conflict`.
 const MAX_OPTIMISTIC: usize = 32;
 
+/// What a change event is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChangeKind {
+    Batch,
+    Job,
+    Access,
+}
+
+impl ChangeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeKind::Batch => "batch",
+            ChangeKind::Job => "job",
+            ChangeKind::Access => "access",
+        }
+    }
+}
+
+impl std::fmt::Display for ChangeKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A committed change, published to subscribers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ChangeEvent {
-    /// `batch`, `job` or `access`.
-    pub kind: &'static str,
+    pub kind: ChangeKind,
     pub id: String,
     /// The batch a job belongs to.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub batch: Option<String>,
     pub from: Option<String>,
     pub to: String,
-    pub time: String,
+    pub time: lading_core::time::Stamp,
     /// The host (`owner` of the engine) that made it, when known.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
@@ -314,20 +341,20 @@ impl Engine {
 
     fn publish(
         &self,
-        kind: &'static str,
+        kind: ChangeKind,
         id: &str,
         batch: Option<&BatchId>,
         from: Option<&str>,
         to: &str,
     ) {
-        tracing::debug!(kind, id, from, to, "transition");
+        tracing::debug!(kind = kind.as_str(), id, from, to, "transition");
         let _ = self.events.send(ChangeEvent {
             kind,
             id: id.to_string(),
             batch: batch.map(|b| b.to_string()),
             from: from.map(str::to_string),
             to: to.to_string(),
-            time: self.now(),
+            time: lading_core::time::Stamp::at_ms(self.clock.now_ms()),
             host: Some(self.owner.clone()),
             message: None,
         });
@@ -485,8 +512,6 @@ pub const FAILED_ATTEMPTS_FIELD: &str = "failed_attempts";
 pub const HISTORY_FIELD: &str = "history";
 /// Transitions a status keeps.
 pub const MAX_HISTORY: usize = 32;
-/// Longest message a history entry keeps.
-const HISTORY_MESSAGE: usize = 300;
 
 impl Engine {
     /// The first entry of a new record's history: made Pending now, by this process.
@@ -525,165 +550,6 @@ impl Engine {
             message,
             extra,
         }
-    }
-}
-
-/// Appends a transition to the history in `extra`, dropping the oldest past [`MAX_HISTORY`].
-/// `at` is the status's time (`yyyy-MM-dd HH:mm:ss +0000`).
-pub(crate) fn push_history(
-    extra: &mut Map<String, Value>,
-    from: Option<&str>,
-    to: &str,
-    at: &str,
-    host: &str,
-    retry_count: u32,
-    message: Option<&str>,
-) {
-    let mut m = message.unwrap_or("");
-    let mut end = m.len().min(HISTORY_MESSAGE);
-    while !m.is_char_boundary(end) {
-        end -= 1;
-    }
-    m = &m[..end];
-    let clean = |t: &str| t.replace('|', "/").replace('\n', " ");
-    let secs = lading_core::time::parse_ts(at).unwrap_or(0) / 1000;
-    let list = extra
-        .entry(HISTORY_FIELD)
-        .or_insert_with(|| Value::Array(Vec::new()));
-    if !list.is_array() {
-        *list = Value::Array(Vec::new());
-    }
-    let Value::Array(a) = list else { return };
-    let host = clean(host);
-    let last_host = a
-        .iter()
-        .rev()
-        .filter_map(Value::as_str)
-        .find_map(|e| e.split('|').nth(3).filter(|h| !h.is_empty()));
-    let same_host = last_host == Some(host.as_str());
-    let entry = format!(
-        "{secs}|{}|{to}|{}|{}|{}",
-        from.unwrap_or(""),
-        if same_host { "" } else { host.as_str() },
-        if retry_count > 0 {
-            retry_count.to_string()
-        } else {
-            String::new()
-        },
-        clean(m)
-    );
-    a.push(Value::String(entry));
-    if a.len() > MAX_HISTORY {
-        // The oldest kept must name its host: the first dropped one named it, or an earlier.
-        let drop = a.len() - MAX_HISTORY;
-        let host = a[..=drop]
-            .iter()
-            .rev()
-            .filter_map(Value::as_str)
-            .find_map(|e| e.split('|').nth(3).filter(|h| !h.is_empty()))
-            .unwrap_or("")
-            .to_string();
-        a.drain(..drop);
-        if let Some(Value::String(first)) = a.first_mut() {
-            let host = host.as_str();
-            let mut f: Vec<&str> = first.splitn(6, '|').collect();
-            if f.len() == 6 && f[3].is_empty() {
-                f[3] = host;
-                *first = f.join("|");
-            }
-        }
-    }
-}
-
-/// A stored history, read one entry at a time: a follower that has seen all but the last
-/// entry or two decodes only those (decoding all 32 on every change was a tenth of the
-/// simulator's follower).
-pub(crate) struct RawHistory<'a> {
-    entries: Vec<&'a str>,
-    /// Each entry's host: its own, or (left empty) the previous one's.
-    hosts: Vec<&'a str>,
-}
-
-impl<'a> RawHistory<'a> {
-    /// The history in `extra`, if it has one.
-    pub(crate) fn of(extra: &'a Map<String, Value>) -> Option<RawHistory<'a>> {
-        let list = extra.get(HISTORY_FIELD)?.as_array()?;
-        let entries: Vec<&str> = list.iter().filter_map(Value::as_str).collect();
-        let mut host = "";
-        let hosts = entries
-            .iter()
-            .map(|e| {
-                let h = e.split('|').nth(3).unwrap_or("");
-                if !h.is_empty() {
-                    host = h;
-                }
-                host
-            })
-            .collect();
-        Some(RawHistory { entries, hosts })
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    /// Entry `i`'s time in epoch milliseconds (0 when unreadable), as `at` of
-    /// [`RawHistory::entry`] would parse back.
-    pub(crate) fn ms(&self, i: usize) -> u64 {
-        let at = self.entries[i].split('|').next().unwrap_or("");
-        match at.parse::<u64>() {
-            Ok(secs) => secs * 1000,
-            Err(_) => lading_core::time::parse_ts(at).unwrap_or(0),
-        }
-    }
-
-    /// Entry `i` as an object.
-    pub(crate) fn entry(&self, i: usize) -> Value {
-        let mut f = self.entries[i].splitn(6, '|');
-        let mut next = || f.next().unwrap_or("");
-        let (at, from, to, _, retry, message) = (next(), next(), next(), next(), next(), next());
-        let at = match at.parse::<u64>() {
-            Ok(secs) => lading_core::time::format_ts(secs * 1000),
-            // Written before the compact form: the time as it was.
-            Err(_) => at.to_string(),
-        };
-        let mut o = Map::new();
-        o.insert("at".into(), Value::from(at));
-        o.insert(
-            "from".into(),
-            if from.is_empty() {
-                Value::Null
-            } else {
-                Value::from(from)
-            },
-        );
-        o.insert("to".into(), Value::from(to));
-        o.insert("host".into(), Value::from(self.hosts[i]));
-        if let Ok(n) = retry.parse::<u32>()
-            && n > 0
-        {
-            o.insert("retry_count".into(), Value::from(n));
-        }
-        if !message.is_empty() {
-            o.insert("message".into(), Value::from(message));
-        }
-        Value::Object(o)
-    }
-}
-
-/// Replaces the stored history in `extra` by its objects (as the API shows it).
-pub fn expand_history(extra: &mut Map<String, Value>) {
-    if extra.contains_key(HISTORY_FIELD) {
-        let h = history(extra);
-        extra.insert(HISTORY_FIELD.into(), Value::Array(h));
-    }
-}
-
-/// The history recorded in a status's extra fields, as objects (empty when there is none).
-pub fn history(extra: &Map<String, Value>) -> Vec<Value> {
-    match RawHistory::of(extra) {
-        Some(h) => (0..h.len()).map(|i| h.entry(i)).collect(),
-        None => Vec::new(),
     }
 }
 

@@ -155,7 +155,7 @@ impl Engine {
 
     pub(crate) fn publish_move(&self, lease: &JobLease, status: &JobStatus) {
         self.publish(
-            "job",
+            crate::ChangeKind::Job,
             lease.job.as_str(),
             Some(&lease.batch),
             Some(lease.status.status.name()),

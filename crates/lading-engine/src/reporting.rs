@@ -126,7 +126,7 @@ impl Engine {
             match r {
                 Ok(_) => {
                     self.publish(
-                        "batch",
+                        crate::ChangeKind::Batch,
                         batch.as_str(),
                         None,
                         Some(BatchState::Processing.name()),

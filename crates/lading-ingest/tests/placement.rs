@@ -150,14 +150,17 @@ async fn a_submitters_quota_keeps_its_jobs_waiting_while_others_go_ahead(w: Worl
             .await
             .unwrap_or_else(|_| panic!("alice's jobs stuck: {states:#?}"))
             .expect("no change event was missed");
-        if ev.kind == "job" && states.contains_key(&ev.id) {
+        if ev.kind == lading_engine::ChangeKind::Job && states.contains_key(&ev.id) {
             assert_ne!(ev.to, "Failed", "{} failed: {:?}", ev.id, ev.message);
             states.insert(ev.id.clone(), ev.to.clone());
         }
         let done = states.values().filter(|s| *s == "Completed").count();
         let flying = states.len() - done - states.values().filter(|s| *s == "Pending").count();
         most = most.max(flying);
-        if ev.kind == "batch" && ev.id == bob.as_str() && ev.to == "Completed" {
+        if ev.kind == lading_engine::ChangeKind::Batch
+            && ev.id == bob.as_str()
+            && ev.to == "Completed"
+        {
             bob_done_first = done < ALICE_JOBS;
         }
         if done == ALICE_JOBS {

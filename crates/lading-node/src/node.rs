@@ -580,7 +580,7 @@ pub async fn wait_batch_end(
         }
         if let Ok(Ok(ev)) =
             tokio::time::timeout(std::time::Duration::from_secs(1), events.recv()).await
-            && (ev.kind == "batch" && ev.id == batch.as_str()
+            && (ev.kind == lading_engine::ChangeKind::Batch && ev.id == batch.as_str()
                 || ev.batch.as_deref() == Some(batch.as_str()))
         {
             on_change(&ev);

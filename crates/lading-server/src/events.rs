@@ -24,7 +24,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::stream::{self, Stream, StreamExt};
-use lading_engine::{ChangeEvent, Engine, EngineError, Observed, Past, Task};
+use lading_engine::{ChangeEvent, ChangeKind, Engine, EngineError, Observed, Past, Task};
 use serde::Deserialize;
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -149,7 +149,7 @@ impl EventHub {
                             match ev {
                                 Ok(ev) => {
                                     n += 1;
-                                    let ms = lading_core::time::parse_ts(&ev.time).unwrap_or(0);
+                                    let ms = ev.time.ms();
                                     let id =
                                         lading_engine::transition_id(ms, &ev.id, 0, n as usize);
                                     hub.push(Some((id.into(), ev.into())));
@@ -294,7 +294,7 @@ impl EventHub {
                 // seeds 537657220, 537663386, 537663421 and 537664513 on d65410c).
                 let mut floor = u64::MAX;
                 for (place, id, ev) in past.iter_mut().rev() {
-                    floor = floor.min(lading_core::time::parse_ts(&ev.time).unwrap_or(0));
+                    floor = floor.min(ev.time.ms());
                     if place.is_none() {
                         *id = lading_engine::transition_id_at_most(id, floor);
                     }
@@ -342,7 +342,7 @@ pub struct EventsQuery {
 fn matches(filter: Option<&str>, ev: &ChangeEvent) -> bool {
     match filter {
         None => true,
-        Some(b) => ev.batch.as_deref() == Some(b) || (ev.kind == "batch" && ev.id == b),
+        Some(b) => ev.batch.as_deref() == Some(b) || (ev.kind == ChangeKind::Batch && ev.id == b),
     }
 }
 
@@ -368,7 +368,7 @@ impl Owned {
         let Some(bid) = ev
             .batch
             .clone()
-            .or_else(|| (ev.kind == "batch").then(|| ev.id.clone()))
+            .or_else(|| (ev.kind == ChangeKind::Batch).then(|| ev.id.clone()))
         else {
             return false;
         };

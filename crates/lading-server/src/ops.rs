@@ -429,7 +429,7 @@ impl Changes {
                 Changes::Ended => std::future::pending::<()>().await,
                 Changes::Local { events, batch } => match events.recv().await {
                     Ok(ev)
-                        if (ev.kind == "batch" && ev.id == *batch)
+                        if (ev.kind == lading_engine::ChangeKind::Batch && ev.id == *batch)
                             || ev.batch.as_deref() == Some(batch.as_str()) =>
                     {
                         return Some(Change {

@@ -12,7 +12,7 @@
 use crate::{Admin, ApiError, AppState};
 use axum::Json;
 use axum::extract::State;
-use lading_engine::{ChangeEvent, Engine};
+use lading_engine::{ChangeEvent, ChangeKind, Engine};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
@@ -86,13 +86,12 @@ impl Tally {
 
     fn count(&self, ev: &ChangeEvent, now_ms: u64, live: bool) {
         let failed = match (ev.kind, ev.to.as_str()) {
-            ("job", "Completed") => false,
-            ("job", "Failed") => true,
+            (ChangeKind::Job, "Completed") => false,
+            (ChangeKind::Job, "Failed") => true,
             _ => return,
         };
-        let Some(at) = lading_core::time::parse_ts(&ev.time) else {
-            return;
-        };
+        // 0 (a time that is not one) is past the hour.
+        let at = ev.time.ms();
         if at + HOUR_MS < now_ms || !self.take(at, &ev.id, failed, live) {
             return;
         }

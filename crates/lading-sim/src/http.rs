@@ -6,7 +6,7 @@
 
 use futures_util::Stream;
 use hyper_util::rt::TokioIo;
-use lading_engine::ChangeEvent;
+use lading_engine::{ChangeEvent, ChangeKind};
 use lading_server::events::Sent;
 use std::sync::Arc;
 use tokio::io::DuplexStream;
@@ -212,9 +212,9 @@ fn decode(ev: Fields) -> Option<Sent> {
             let v: serde_json::Value = serde_json::from_str(&ev.data.join("\n")).ok()?;
             let s = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_string);
             let kind = match v.get("kind").and_then(|x| x.as_str())? {
-                "batch" => "batch",
-                "job" => "job",
-                "access" => "access",
+                "batch" => ChangeKind::Batch,
+                "job" => ChangeKind::Job,
+                "access" => ChangeKind::Access,
                 _ => return None,
             };
             let change = ChangeEvent {
@@ -223,7 +223,7 @@ fn decode(ev: Fields) -> Option<Sent> {
                 batch: s("batch"),
                 from: s("from"),
                 to: s("to")?,
-                time: s("time")?,
+                time: lading_core::time::Stamp::Text(s("time")?),
                 host: s("host"),
                 message: s("message"),
             };

@@ -62,7 +62,10 @@ pub async fn batch_reports_exactly_once_when_jobs_finish_concurrently(h: &dyn Ha
         let mut moves = 0;
         for rx in receivers.iter_mut() {
             while let Ok(ev) = rx.try_recv() {
-                if ev.kind == "batch" && ev.id == bid.as_str() && ev.to == "Reporting" {
+                if ev.kind == lading_engine::ChangeKind::Batch
+                    && ev.id == bid.as_str()
+                    && ev.to == "Reporting"
+                {
                     moves += 1;
                 }
             }

@@ -740,7 +740,14 @@ pub async fn history_records_every_transition_with_its_time_and_host(h: &dyn Har
         .await
         .unwrap();
     let info = e.job(&jobs[0]).await.unwrap();
-    let hist = lading_engine::history(&info.status.extra);
+    // As the API shows them.
+    let shown = |extra: &serde_json::Map<String, Value>| -> Vec<Value> {
+        lading_engine::history(extra)
+            .iter()
+            .map(|x| serde_json::to_value(x).unwrap())
+            .collect()
+    };
+    let hist = shown(&info.status.extra);
     let steps: Vec<(Value, Value, Value)> = hist
         .iter()
         .map(|x| (x["from"].clone(), x["to"].clone(), x["host"].clone()))
@@ -762,7 +769,7 @@ pub async fn history_records_every_transition_with_its_time_and_host(h: &dyn Har
     );
     // The batch: made, processing, reporting when its job failed, reopened by the requeue.
     let b = e.batch(&bid).await.unwrap();
-    let to: Vec<Value> = lading_engine::history(&b.status.extra)
+    let to: Vec<Value> = shown(&b.status.extra)
         .iter()
         .map(|x| x["to"].clone())
         .collect();
@@ -780,7 +787,7 @@ pub async fn history_records_every_transition_with_its_time_and_host(h: &dyn Har
         e.hold_job(&jobs[0]).await.unwrap();
         e.release_job(&jobs[0]).await.unwrap();
     }
-    let hist = lading_engine::history(&e.job(&jobs[0]).await.unwrap().status.extra);
+    let hist = shown(&e.job(&jobs[0]).await.unwrap().status.extra);
     assert_eq!(hist.len(), lading_engine::MAX_HISTORY);
     // Hosts are stored once per run of the same host; the oldest kept still names its own.
     assert!(hist.iter().all(|x| x["host"] == "host-a:1"), "{hist:?}");

@@ -96,7 +96,7 @@ pub(super) async fn watch_events(
                 Some(Sent::Change(id, ev)) => {
                     let mut w = watched.lock().unwrap_or_else(|p| p.into_inner());
                     w.seen
-                        .insert((ev.id.clone(), ev.to.clone(), ev.time.clone()));
+                        .insert((ev.id.clone(), ev.to.clone(), ev.time.to_string()));
                     if let Some((_, first @ None)) = w.kept_next.last_mut() {
                         *first = Some(id.to_string());
                     }
@@ -278,7 +278,7 @@ async fn read_again(
     let mut w = watched.lock().unwrap_or_else(|p| p.into_inner());
     w.resets += 1;
     for (_, ev) in owed {
-        w.seen.insert((ev.id, ev.to, ev.time));
+        w.seen.insert((ev.id, ev.to, ev.time.to_string()));
     }
     true
 }

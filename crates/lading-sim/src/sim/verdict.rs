@@ -184,11 +184,9 @@ impl Deployment {
             }
             for (id, extra) in statuses {
                 for h in lading_engine::history(&extra) {
-                    let f = |k: &str| h.get(k).and_then(Value::as_str).unwrap_or_default();
-                    let at = lading_core::time::parse_ts(f("at")).unwrap_or(0);
-                    let key = (id.clone(), f("to").to_string(), f("at").to_string());
-                    if at >= w.from_ms && !w.seen.contains(&key) {
-                        missed.push(format!("{id} to {} at {}", f("to"), f("at")));
+                    let key = (id.clone(), h.to.clone(), h.at.to_string());
+                    if h.at.ms() >= w.from_ms && !w.seen.contains(&key) {
+                        missed.push(format!("{id} to {} at {}", h.to, h.at));
                     }
                 }
             }
