@@ -2,6 +2,7 @@
 //! store directly or through a server (`--server`): one path over [`Ops`].
 
 use super::*;
+use lading_core::layout::{BatchId, JobId};
 use lading_server::api::{ActionResult, BatchAction, JobAction, RequeueFailedRequest};
 use lading_server::ops::Ops;
 
@@ -331,15 +332,14 @@ where
         } => {
             let action = JobAction::parse(&action).context("a job action")?;
             if batch.is_none() {
-                let r = ops
-                    .job_action(job.as_deref().unwrap_or_default(), action, to.as_deref())
-                    .await?;
+                let job = JobId::parse(job.as_deref().unwrap_or_default())?;
+                let r = ops.job_action(&job, action, to.as_deref()).await?;
                 return print_action(&r);
             }
             if action != JobAction::Requeue {
                 return Err(EngineError::Invalid("--batch applies to requeue only".into()).into());
             }
-            let batch = batch.unwrap_or_default();
+            let batch = BatchId::parse(&batch.unwrap_or_default())?;
             let r = ops
                 .requeue_failed(&batch, RequeueFailedRequest { stage, to })
                 .await?;
@@ -365,6 +365,7 @@ where
         } => jobs(ops, what, action, filter.filter(), (max, limit, after)).await?,
         Admin::Batch { action, batch } => {
             let action = BatchAction::parse(&action).context("a batch action")?;
+            let batch = BatchId::parse(&batch)?;
             print_action(&ops.batch_action(&batch, action).await?)?;
         }
         Admin::Collection { action, name } => {

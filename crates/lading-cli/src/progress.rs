@@ -105,7 +105,9 @@ where
     anyhow::Error: From<O::Error>,
 {
     // The stream first, then the state: nothing in between is missed.
-    let mut changes = ops.changes(bid).await?;
+    let mut changes = ops
+        .changes(&lading_core::layout::BatchId::parse(bid)?)
+        .await?;
     let local = matches!(changes, Changes::Local { .. });
     let mut p = StageProgress::new();
     let mut all = true;

@@ -5,6 +5,7 @@
 use anyhow::Context;
 use anyhow::Result;
 use futures_util::StreamExt;
+use lading_core::layout::{AccessId, BatchId, JobId};
 use lading_engine::{AccessInfo, BatchInfo, JobInfo, OutboxItem, Summary};
 use lading_server::api::{
     ActionResult, BatchAction, CollectionHold, JobAction, QueuePause, RequeueFailedRequest,
@@ -179,8 +180,8 @@ pub fn enc(v: &str) -> String {
 impl Ops for Client {
     type Error = anyhow::Error;
 
-    async fn copies(&self, job: &str) -> Result<Vec<lading_ingest::inventory::NodeCopies>> {
-        let path = format!("/api/v1/jobs/{}/files", enc(job));
+    async fn copies(&self, job: &JobId) -> Result<Vec<lading_ingest::inventory::NodeCopies>> {
+        let path = format!("/api/v1/jobs/{job}/files");
         let f: lading_server::api::JobFiles = self.json("GET", &path, None::<&()>).await?;
         Ok(f.copies)
     }
@@ -206,31 +207,36 @@ impl Ops for Client {
         self.json("GET", &path, None::<&()>).await
     }
 
-    async fn job(&self, id: &str) -> Result<JobInfo> {
-        let path = format!("/api/v1/jobs/{}", enc(id));
+    async fn job(&self, id: &JobId) -> Result<JobInfo> {
+        let path = format!("/api/v1/jobs/{id}");
         self.json("GET", &path, None::<&()>).await
     }
 
-    async fn access(&self, id: &str) -> Result<AccessInfo> {
-        let path = format!("/api/v1/access-requests/{}", enc(id));
+    async fn access(&self, id: &AccessId) -> Result<AccessInfo> {
+        let path = format!("/api/v1/access-requests/{id}");
         self.json("GET", &path, None::<&()>).await
     }
 
-    async fn job_action(&self, id: &str, act: JobAction, to: Option<&str>) -> Result<ActionResult> {
-        let path = format!("/api/v1/jobs/{}/{}", enc(id), act.name());
+    async fn job_action(
+        &self,
+        id: &JobId,
+        act: JobAction,
+        to: Option<&str>,
+    ) -> Result<ActionResult> {
+        let path = format!("/api/v1/jobs/{id}/{}", act.name());
         let body = lading_server::api::RequeueRequest {
             to: to.map(str::to_string),
         };
         self.json("POST", &path, Some(&body)).await
     }
 
-    async fn batch_action(&self, id: &str, action: BatchAction) -> Result<ActionResult> {
-        let path = format!("/api/v1/batches/{}/{}", enc(id), action.name());
+    async fn batch_action(&self, id: &BatchId, action: BatchAction) -> Result<ActionResult> {
+        let path = format!("/api/v1/batches/{id}/{}", action.name());
         self.json("POST", &path, None::<&()>).await
     }
 
-    async fn requeue_failed(&self, id: &str, req: RequeueFailedRequest) -> Result<Requeued> {
-        let path = format!("/api/v1/batches/{}/requeue-failed", enc(id));
+    async fn requeue_failed(&self, id: &BatchId, req: RequeueFailedRequest) -> Result<Requeued> {
+        let path = format!("/api/v1/batches/{id}/requeue-failed");
         self.json("POST", &path, Some(&req)).await
     }
 
@@ -346,8 +352,8 @@ impl Ops for Client {
         Ok(())
     }
 
-    async fn changes(&self, batch: &str) -> Result<Changes> {
-        let path = format!("/api/v1/events?batch={}", enc(batch));
+    async fn changes(&self, batch: &BatchId) -> Result<Changes> {
+        let path = format!("/api/v1/events?batch={batch}");
         let resp = self.request("GET", &path)?.send().await?;
         Ok(Changes::Remote {
             resp: resp.error_for_status()?,

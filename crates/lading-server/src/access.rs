@@ -371,6 +371,7 @@ pub(crate) async fn show(
     PathParams(id): PathParams<String>,
 ) -> Result<Json<lading_engine::AccessInfo>, ApiError> {
     use crate::ops::Ops;
+    let id = AccessId::parse(&id).map_err(|e| ApiError::bad_request(e.to_string()))?;
     Ok(Json(crate::batches::local(&s).access(&id).await?))
 }
 

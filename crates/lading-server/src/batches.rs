@@ -634,7 +634,7 @@ pub(crate) async fn job_action(
     PathParams((id, action)): PathParams<(String, String)>,
     req: axum::extract::Request,
 ) -> Result<Json<ActionResult>> {
-    JobId::parse(&id).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let id = JobId::parse(&id).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let body: crate::api::RequeueRequest = optional_body(req).await?;
     let action = JobAction::parse(&action).ok_or_else(|| {
         ApiError::new(
@@ -657,7 +657,7 @@ pub(crate) async fn batch_action(
     PathParams((id, action)): PathParams<(String, String)>,
     req: axum::extract::Request,
 ) -> Result<Response> {
-    BatchId::parse(&id).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let id = BatchId::parse(&id).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let body: RequeueFailedRequest = optional_body(req).await?;
     if action == "requeue-failed" {
         return Ok(Json(local(&s).requeue_failed(&id, body).await?).into_response());

@@ -72,24 +72,24 @@ pub trait Ops {
     async fn summary(&self) -> Result<Summary, Self::Error>;
     /// A batch, by `bid…` or its uuid.
     async fn batch(&self, id: &str) -> Result<BatchInfo, Self::Error>;
-    async fn job(&self, id: &str) -> Result<JobInfo, Self::Error>;
+    async fn job(&self, id: &JobId) -> Result<JobInfo, Self::Error>;
     /// An access request (`qid…`), in whichever queue it is.
-    async fn access(&self, id: &str) -> Result<AccessInfo, Self::Error>;
+    async fn access(&self, id: &AccessId) -> Result<AccessInfo, Self::Error>;
     async fn job_action(
         &self,
-        id: &str,
+        id: &JobId,
         act: JobAction,
         to: Option<&str>,
     ) -> Result<ActionResult, Self::Error>;
     async fn batch_action(
         &self,
-        id: &str,
+        id: &BatchId,
         action: BatchAction,
     ) -> Result<ActionResult, Self::Error>;
     /// Every Failed job of a batch back to the stage it failed at (or `req.to`).
     async fn requeue_failed(
         &self,
-        id: &str,
+        id: &BatchId,
         req: RequeueFailedRequest,
     ) -> Result<Requeued, Self::Error>;
     async fn collection(&self, name: &str, hold: bool) -> Result<CollectionHold, Self::Error>;
@@ -115,11 +115,11 @@ pub trait Ops {
         req: crate::bulk::BulkRequest,
     ) -> Result<lading_engine::audit::AdminOperation, Self::Error>;
     /// The changes of a batch and its jobs from now on.
-    async fn changes(&self, batch: &str) -> Result<Changes, Self::Error>;
+    async fn changes(&self, batch: &BatchId) -> Result<Changes, Self::Error>;
     /// The copies of what a job stored, per version and storage node.
     async fn copies(
         &self,
-        job: &str,
+        job: &JobId,
     ) -> Result<Vec<lading_ingest::inventory::NodeCopies>, Self::Error>;
     /// Deletion requests: ask, approve, cancel, list, show. Through a server only (who asked
     /// and who approved are token names); the answer is the deletions the verb touched.
@@ -131,10 +131,11 @@ pub trait Ops {
         Ok(match id {
             None => serde_json::to_value(self.summary().await?)?,
             Some(id) if id.starts_with(JobId::PREFIX) => {
-                let mut v = serde_json::to_value(self.job(id).await?)?;
+                let id = JobId::parse(id).map_err(OpsError::from)?;
+                let mut v = serde_json::to_value(self.job(&id).await?)?;
                 // Where its version's copies are and how they were last found (the
                 // inventory's; a token that may not read it sees the job alone).
-                if let Ok(c) = self.copies(id).await
+                if let Ok(c) = self.copies(&id).await
                     && !c.is_empty()
                 {
                     v["copies"] = serde_json::to_value(c)?;
@@ -142,7 +143,8 @@ pub trait Ops {
                 v
             }
             Some(id) if id.starts_with(AccessId::PREFIX) => {
-                serde_json::to_value(self.access(id).await?)?
+                let id = AccessId::parse(id).map_err(OpsError::from)?;
+                serde_json::to_value(self.access(&id).await?)?
             }
             Some(id) => serde_json::to_value(self.batch(id).await?)?,
         })
@@ -162,7 +164,7 @@ fn parse_state(name: Option<&str>) -> Result<Option<JobState>> {
 impl Ops for Local {
     type Error = OpsError;
 
-    async fn copies(&self, job: &str) -> Result<Vec<lading_ingest::inventory::NodeCopies>> {
+    async fn copies(&self, job: &JobId) -> Result<Vec<lading_ingest::inventory::NodeCopies>> {
         let j = job.to_string();
         Ok(self
             .0
@@ -205,16 +207,16 @@ impl Ops for Local {
         Ok(b)
     }
 
-    async fn job(&self, id: &str) -> Result<JobInfo> {
-        let mut j = self.0.engine.job(&JobId::parse(id)?).await?;
+    async fn job(&self, id: &JobId) -> Result<JobInfo> {
+        let mut j = self.0.engine.job(id).await?;
         lading_engine::expand_history(&mut j.status.extra);
         Ok(j)
     }
 
-    async fn access(&self, id: &str) -> Result<AccessInfo> {
-        let (e, aid) = (&self.0.engine, AccessId::parse(id)?);
-        let mut info = match e.access(AccessQueue::Small, &aid).await {
-            Err(EngineError::NoAccess(_)) => e.access(AccessQueue::Large, &aid).await?,
+    async fn access(&self, aid: &AccessId) -> Result<AccessInfo> {
+        let e = &self.0.engine;
+        let mut info = match e.access(AccessQueue::Small, aid).await {
+            Err(EngineError::NoAccess(_)) => e.access(AccessQueue::Large, aid).await?,
             r => r?,
         };
         // A request made before digests were kept holds its secret: never shown.
@@ -222,16 +224,21 @@ impl Ops for Local {
         Ok(info)
     }
 
-    async fn job_action(&self, id: &str, act: JobAction, to: Option<&str>) -> Result<ActionResult> {
-        let (e, jid) = (&self.0.engine, JobId::parse(id)?);
+    async fn job_action(
+        &self,
+        jid: &JobId,
+        act: JobAction,
+        to: Option<&str>,
+    ) -> Result<ActionResult> {
+        let e = &self.0.engine;
         if to.is_some() && act != JobAction::Requeue {
             return Err(EngineError::Invalid("\"to\" applies to requeue only".into()).into());
         }
         let st = match act {
-            JobAction::Hold => Some(e.hold_job(&jid).await?),
-            JobAction::Release => Some(e.release_job(&jid).await?),
-            JobAction::Requeue => Some(e.requeue_job(&jid, parse_state(to)?).await?),
-            JobAction::Delete => e.delete_job(&jid).await?,
+            JobAction::Hold => Some(e.hold_job(jid).await?),
+            JobAction::Release => Some(e.release_job(jid).await?),
+            JobAction::Requeue => Some(e.requeue_job(jid, parse_state(to)?).await?),
+            JobAction::Delete => e.delete_job(jid).await?,
         };
         Ok(ActionResult {
             id: jid.to_string(),
@@ -240,13 +247,13 @@ impl Ops for Local {
         })
     }
 
-    async fn batch_action(&self, id: &str, action: BatchAction) -> Result<ActionResult> {
-        let (e, bid) = (&self.0.engine, BatchId::parse(id)?);
+    async fn batch_action(&self, bid: &BatchId, action: BatchAction) -> Result<ActionResult> {
+        let e = &self.0.engine;
         let st = match action {
-            BatchAction::Hold => e.hold_batch(&bid).await?,
-            BatchAction::Release => e.release_batch(&bid).await?,
-            BatchAction::Delete => e.delete_batch(&bid).await?,
-            BatchAction::UpdateReporting => e.update_reporting(&bid).await?,
+            BatchAction::Hold => e.hold_batch(bid).await?,
+            BatchAction::Release => e.release_batch(bid).await?,
+            BatchAction::Delete => e.delete_batch(bid).await?,
+            BatchAction::UpdateReporting => e.update_reporting(bid).await?,
         };
         Ok(ActionResult {
             id: bid.to_string(),
@@ -255,8 +262,7 @@ impl Ops for Local {
         })
     }
 
-    async fn requeue_failed(&self, id: &str, req: RequeueFailedRequest) -> Result<Requeued> {
-        let bid = BatchId::parse(id)?;
+    async fn requeue_failed(&self, bid: &BatchId, req: RequeueFailedRequest) -> Result<Requeued> {
         let (stage, to) = (
             parse_state(req.stage.as_deref())?,
             parse_state(req.to.as_deref())?,
@@ -266,7 +272,7 @@ impl Ops for Local {
             requeued: Vec::new(),
             refused: Vec::new(),
         };
-        for (jid, r) in self.0.engine.requeue_failed(&bid, stage, to).await? {
+        for (jid, r) in self.0.engine.requeue_failed(bid, stage, to).await? {
             match r {
                 Ok(st) => out.requeued.push(ActionResult {
                     id: jid.to_string(),
@@ -374,7 +380,7 @@ impl Ops for Local {
         ))
     }
 
-    async fn changes(&self, batch: &str) -> Result<Changes> {
+    async fn changes(&self, batch: &BatchId) -> Result<Changes> {
         Ok(Changes::Local {
             events: self.0.engine.subscribe(),
             batch: batch.to_string(),
@@ -509,7 +515,7 @@ pub async fn job_states<O: Ops>(
                 "batch-failed" => "Failed".to_string(),
                 "batch-deleted" => "Deleted".to_string(),
                 _ if !all && known.contains_key(j.as_str()) => continue,
-                _ => match ops.job(j.as_str()).await {
+                _ => match ops.job(j).await {
                     Ok(job) => job.status.status.name().to_string(),
                     // Gone between the two reads: the next read places it.
                     Err(_) => continue,
@@ -540,7 +546,7 @@ pub async fn report<O: Ops>(ops: &O, batch: &str) -> Result<(BatchInfo, String),
             .unwrap_or_default()
     );
     for j in ids {
-        let job = ops.job(j.as_str()).await?;
+        let job = ops.job(j).await?;
         out.push_str(&format!(
             "  {}  {:<10} {}  {}\n",
             job.id,
