@@ -310,11 +310,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     };
     let r = run_on(cli, cfg, &store).await;
     match r {
-        Err(e) if e.downcast_ref::<node::NoStore>().is_some() => {
+        Err(e) if is_no_store(&e) => {
             Err(e.context(format!("the store was looked for from {store_from}")))
         }
         r => r,
     }
+}
+
+/// The store a command must not create is not there.
+fn is_no_store(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<node::NoStore>().is_some()
+        || matches!(
+            e.downcast_ref::<lading_node::NodeError>()
+                .map(|n| n.cause()),
+            Some(lading_node::NodeError::NoStore(_))
+        )
 }
 
 async fn run_on(cli: Cli, cfg: lading_ingest::Config, store: &str) -> anyhow::Result<()> {
@@ -481,17 +491,40 @@ where
     Ok(())
 }
 
+/// A verb on a store this process opened: the error of the layer that refused.
+fn ops_exit_code(o: &lading_server::ops::OpsError) -> u8 {
+    use lading_server::ops::OpsError as O;
+    match o {
+        O::Engine(e) => engine_exit_code(e),
+        O::Submit(e) => submit_exit_code(e),
+        O::Api(a) => lading_node::client::exit_code(a.status.as_u16()),
+        O::BadId(_) | O::Unsupported(_) => 4,
+        O::Json(_) => 1,
+    }
+}
+
+/// A failure of the process's setup, a verb or the API's client: the error of the layer that
+/// refused, under what was being done.
+fn node_exit_code(n: &lading_node::NodeError) -> u8 {
+    use lading_node::NodeError as N;
+    match n.cause() {
+        N::Http(h) => h.exit_code(),
+        N::Ops(o) => ops_exit_code(o),
+        N::Engine(e) => engine_exit_code(e),
+        N::Tree(e) => tree_exit_code(e),
+        N::Submit(e) => submit_exit_code(e),
+        N::NoStore(_) => 3,
+        N::Config(_) | N::Json(_) | N::Client(_) | N::Io(_) | N::Other(_) => 1,
+        N::Context { .. } => 1,
+    }
+}
+
 fn exit_code(err: &anyhow::Error) -> u8 {
-    // A verb on a store this process opened: the error of the layer that refused.
     if let Some(o) = err.downcast_ref::<lading_server::ops::OpsError>() {
-        use lading_server::ops::OpsError as O;
-        return match o {
-            O::Engine(e) => engine_exit_code(e),
-            O::Submit(e) => submit_exit_code(e),
-            O::Api(a) => lading_node::client::exit_code(a.status.as_u16()),
-            O::BadId(_) | O::Unsupported(_) => 4,
-            O::Json(_) => 1,
-        };
+        return ops_exit_code(o);
+    }
+    if let Some(n) = err.downcast_ref::<lading_node::NodeError>() {
+        return node_exit_code(n);
     }
     if let Some(h) = err.downcast_ref::<lading_node::client::HttpError>() {
         return h.exit_code();

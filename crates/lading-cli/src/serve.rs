@@ -68,6 +68,7 @@ pub async fn serve(
         }
     }
     let running = format!("lading: running {what} (stop with Ctrl-C)");
-    node.run_until_signal(grace, &running, crate::say_line)
-        .await
+    Ok(node
+        .run_until_signal(grace, &running, crate::say_line)
+        .await?)
 }

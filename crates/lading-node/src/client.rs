@@ -2,8 +2,8 @@
 //! anything else that talks to a `lading serve`: bearer auth, JSON answers, errors as
 //! [`HttpError`] with the server's message and status, multipart uploads streamed from disk.
 
-use anyhow::Context;
-use anyhow::Result;
+use crate::error::Context;
+use crate::error::Result;
 use futures_util::StreamExt;
 use lading_core::layout::{AccessId, BatchId, JobId};
 use lading_engine::{AccessInfo, BatchInfo, JobInfo, OutboxItem, Summary};
@@ -47,10 +47,10 @@ pub struct Client {
 }
 
 impl Client {
-    pub fn new(server: &str, token: Option<String>) -> anyhow::Result<Client> {
+    pub fn new(server: &str, token: Option<String>) -> crate::Result<Client> {
         let token = token.ok_or_else(|| {
-            anyhow::anyhow!(
-                "--server needs --token (or LADING_TOKEN): the API wants a bearer token"
+            crate::NodeError::Other(
+                "--server needs --token (or LADING_TOKEN): the API wants a bearer token".into(),
             )
         })?;
         Ok(Client {
@@ -61,10 +61,15 @@ impl Client {
     }
 
     /// A request with the bearer token, to a path of the API.
-    pub fn request(&self, method: &str, path: &str) -> anyhow::Result<reqwest::RequestBuilder> {
+    pub fn request(&self, method: &str, path: &str) -> crate::Result<reqwest::RequestBuilder> {
         Ok(self
             .http
-            .request(method.parse()?, format!("{}{path}", self.base))
+            .request(
+                method
+                    .parse()
+                    .map_err(|e| crate::NodeError::Other(format!("{e}")))?,
+                format!("{}{path}", self.base),
+            )
             .bearer_auth(&self.token))
     }
 
@@ -75,7 +80,7 @@ impl Client {
         method: &str,
         path: &str,
         body: Option<&impl serde::Serialize>,
-    ) -> anyhow::Result<T> {
+    ) -> crate::Result<T> {
         let mut r = self.request(method, path)?;
         if let Some(b) = body {
             r = r.json(b);
@@ -86,11 +91,11 @@ impl Client {
     async fn answer<T: serde::de::DeserializeOwned>(
         &self,
         r: reqwest::RequestBuilder,
-    ) -> anyhow::Result<T> {
+    ) -> crate::Result<T> {
         let resp = r
             .send()
             .await
-            .map_err(|e| anyhow::anyhow!("cannot reach {}: {e}", self.base))?;
+            .map_err(|e| crate::NodeError::Other(format!("cannot reach {}: {e}", self.base)))?;
         let status = resp.status();
         let text = read_bounded(resp, MAX_ANSWER).await?;
         if !status.is_success() {
@@ -112,14 +117,13 @@ impl Client {
 
     /// Uploads a local file as a batch (multipart, streamed from disk), described by `req`
     /// (without a `payload_url`: the file is the payload).
-    pub async fn upload(&self, file: &Path, req: &SubmitRequest) -> anyhow::Result<Submitted> {
-        let name = file
-            .file_name()
-            .and_then(|n| n.to_str())
-            .ok_or_else(|| anyhow::anyhow!("{} has no usable file name", file.display()))?;
+    pub async fn upload(&self, file: &Path, req: &SubmitRequest) -> crate::Result<Submitted> {
+        let name = file.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
+            crate::NodeError::Other(format!("{} has no usable file name", file.display()))
+        })?;
         let f = tokio::fs::File::open(file)
             .await
-            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", file.display()))?;
+            .map_err(|e| crate::NodeError::Other(format!("cannot read {}: {e}", file.display())))?;
         let len = f.metadata().await?.len();
         let boundary = format!("lading-{}", std::process::id());
         let head = format!(
@@ -152,11 +156,13 @@ impl Client {
 const MAX_ANSWER: usize = 64 << 20;
 
 /// The body as text, refused past `max` bytes.
-async fn read_bounded(mut resp: reqwest::Response, max: usize) -> anyhow::Result<String> {
+async fn read_bounded(mut resp: reqwest::Response, max: usize) -> crate::Result<String> {
     let mut body = Vec::new();
     while let Some(chunk) = resp.chunk().await? {
         if body.len() + chunk.len() > max {
-            anyhow::bail!("the server's answer is larger than {max} bytes; not read");
+            return Err(crate::NodeError::Other(format!(
+                "the server's answer is larger than {max} bytes; not read"
+            )));
         }
         body.extend_from_slice(&chunk);
     }
@@ -178,7 +184,7 @@ pub fn enc(v: &str) -> String {
 
 /// The operator's verbs through a `lading serve`.
 impl Ops for Client {
-    type Error = anyhow::Error;
+    type Error = crate::NodeError;
 
     async fn copies(&self, job: &JobId) -> Result<Vec<lading_ingest::inventory::NodeCopies>> {
         let path = format!("/api/v1/jobs/{job}/files");
@@ -280,7 +286,7 @@ impl Ops for Client {
                 one(self.json("POST", "/api/v1/deletions", Some(&body)).await?)
             }
             V::Approve(id) | V::Cancel(id) if id.is_empty() => {
-                anyhow::bail!("name the deletion (del…)")
+                Err(crate::NodeError::Other("name the deletion (del…)".into()))
             }
             V::Approve(id) => {
                 let path = format!("/api/v1/deletions/{}/approve", enc(&id));
@@ -340,7 +346,12 @@ impl Ops for Client {
             match log.into_iter().find(|o| o.id == started.id) {
                 Some(o) if o.state != "running" => return Ok(o),
                 Some(_) => {}
-                None => anyhow::bail!("operation {} left the audit log", started.id),
+                None => {
+                    return Err(crate::NodeError::Other(format!(
+                        "operation {} left the audit log",
+                        started.id
+                    )));
+                }
             }
             tokio::time::sleep(std::time::Duration::from_millis(250)).await;
         }

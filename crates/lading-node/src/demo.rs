@@ -1,8 +1,8 @@
 //! `lading demo`: a real batch through every stage — a manifest of manifests served from
 //! a loopback HTTP server, on a fresh embedded store in a folder of its own.
 
+use crate::error::Context;
 use crate::node;
-use anyhow::Context;
 use lading_core::JobState;
 use lading_ingest::checkm::{self, ManifestKind};
 use lading_ingest::{Config, Submission};
@@ -12,15 +12,15 @@ use std::path::Path;
 /// Runs the demo in `dir` (made, or a previous demo's replaced; any other folder with
 /// something in it is refused): `objects` objects of `files` files. The batch's changes go
 /// to `say` as they happen; the rest is printed.
-pub async fn demo(dir: &Path, objects: usize, files: usize, say: fn(&str)) -> anyhow::Result<()> {
+pub async fn demo(dir: &Path, objects: usize, files: usize, say: fn(&str)) -> crate::Result<()> {
     if dir.join("lading.db").exists() && dir.join("payload").is_dir() {
         std::fs::remove_dir_all(dir)
             .with_context(|| format!("removing the previous demo in {}", dir.display()))?;
     } else if dir.exists() && std::fs::read_dir(dir)?.next().is_some() {
-        anyhow::bail!(
+        return Err(crate::NodeError::Other(format!(
             "{} exists and is not a previous demo; choose another --dir",
             dir.display()
-        );
+        )));
     }
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let payload = dir.join("payload");

@@ -7,6 +7,9 @@
 
 pub mod client;
 pub mod demo;
+pub mod error;
 pub mod node;
 pub mod signals;
 pub mod text;
+
+pub use error::{Context, NodeError, Result};

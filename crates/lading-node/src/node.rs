@@ -4,7 +4,7 @@
 //! [`Supervisor`], started together and stopped with one [`Node::stop`]. `lading serve`,
 //! `lading worker`, the benchmarks and the tests all build their process through it.
 
-use anyhow::Context;
+use crate::error::Context;
 use lading_core::Tree;
 use lading_core::layout::AccessQueue;
 use lading_core::time::system_clock;
@@ -37,13 +37,16 @@ impl Store {
 
 /// Opens a store from its URL: `sqlite:PATH` (or a bare path), or
 /// `zk://host:port[,host:port…][/chroot]`.
-pub async fn open(url: &str) -> anyhow::Result<Store> {
+pub async fn open(url: &str) -> crate::Result<Store> {
     if url.starts_with("zk://") {
         let mut opts = ZkOptions::default();
         if let Ok(ms) = std::env::var("LADING_ZK_SESSION_TIMEOUT_MS") {
-            let ms: u64 = ms.parse().with_context(|| {
-                format!("LADING_ZK_SESSION_TIMEOUT_MS must be milliseconds, not {ms:?}")
-            })?;
+            let ms: u64 = ms
+                .parse()
+                .map_err(|e: std::num::ParseIntError| e.to_string())
+                .with_context(|| {
+                    format!("LADING_ZK_SESSION_TIMEOUT_MS must be milliseconds, not {ms:?}")
+                })?;
             opts.session_timeout = std::time::Duration::from_millis(ms);
         }
         let tree = ZkTree::open(url, opts)
@@ -55,7 +58,7 @@ pub async fn open(url: &str) -> anyhow::Result<Store> {
 }
 
 /// Opens a store from its URL, as a tree.
-pub async fn open_store(url: &str) -> anyhow::Result<Arc<dyn Tree>> {
+pub async fn open_store(url: &str) -> crate::Result<Arc<dyn Tree>> {
     Ok(open(url).await?.tree())
 }
 
@@ -68,7 +71,7 @@ pub struct NoStore(pub String);
 
 /// [`open_store`] for a command that must not create a store: an embedded store whose file
 /// does not exist is [`NoStore`], and nothing is made.
-pub async fn open_existing(url: &str) -> anyhow::Result<Arc<dyn Tree>> {
+pub async fn open_existing(url: &str) -> crate::Result<Arc<dyn Tree>> {
     if !url.starts_with("zk://") {
         let path = url.strip_prefix("sqlite:").unwrap_or(url);
         if !path.is_empty() && !url.contains("://") && !Path::new(path).exists() {
@@ -79,15 +82,17 @@ pub async fn open_existing(url: &str) -> anyhow::Result<Arc<dyn Tree>> {
 }
 
 /// Opens an embedded store from its URL.
-pub fn open_sqlite(url: &str) -> anyhow::Result<Arc<SqliteTree>> {
+pub fn open_sqlite(url: &str) -> crate::Result<Arc<SqliteTree>> {
     let path = url.strip_prefix("sqlite:").unwrap_or(url);
     if path.is_empty() {
-        anyhow::bail!("empty store path in {url:?}");
+        return Err(crate::NodeError::Other(format!(
+            "empty store path in {url:?}"
+        )));
     }
     if url.contains("://") {
-        anyhow::bail!(
+        return Err(crate::NodeError::Other(format!(
             "unknown store URL {url:?}: expected sqlite:PATH or zk://host:port[,host:port]/chroot"
-        );
+        )));
     }
     let tree = SqliteTree::open(PathBuf::from(path), SqliteOptions::default())
         .with_context(|| format!("opening store {url}"))?;
@@ -100,7 +105,7 @@ pub fn owner() -> String {
 }
 
 /// An engine on the store at `url`, initialised.
-pub async fn engine(url: &str) -> anyhow::Result<Arc<Engine>> {
+pub async fn engine(url: &str) -> crate::Result<Arc<Engine>> {
     let e = Arc::new(Engine::new(open_store(url).await?, system_clock(), owner()));
     e.init().await?;
     Ok(e)
@@ -108,9 +113,9 @@ pub async fn engine(url: &str) -> anyhow::Result<Arc<Engine>> {
 
 /// Loads the config (file and environment); warns when a config that holds tokens can be
 /// read by other users.
-pub fn config(path: Option<&Path>) -> anyhow::Result<Config> {
+pub fn config(path: Option<&Path>) -> crate::Result<Config> {
     let cfg = Config::load(path)?;
-    cfg.storage_umask_bits().map_err(anyhow::Error::msg)?;
+    cfg.storage_umask_bits().map_err(crate::NodeError::Other)?;
     if let Some(p) = path
         && !cfg.tokens.is_empty()
         && let Ok(m) = std::fs::metadata(p)
@@ -130,14 +135,14 @@ pub fn config(path: Option<&Path>) -> anyhow::Result<Config> {
 }
 
 /// The ingest service on an engine, with its working folder made.
-pub fn ingest_on(engine: Arc<Engine>, cfg: Config) -> anyhow::Result<Arc<Ingest>> {
+pub fn ingest_on(engine: Arc<Engine>, cfg: Config) -> crate::Result<Arc<Ingest>> {
     std::fs::create_dir_all(cfg.work_dir())
         .with_context(|| format!("creating {}", cfg.work_dir().display()))?;
-    Ingest::try_new(engine, cfg).map_err(anyhow::Error::msg)
+    Ingest::try_new(engine, cfg).map_err(crate::NodeError::Other)
 }
 
 /// The ingest service on the store at `url`.
-pub async fn ingest(url: &str, cfg: Config) -> anyhow::Result<Arc<Ingest>> {
+pub async fn ingest(url: &str, cfg: Config) -> crate::Result<Arc<Ingest>> {
     ingest_on(engine(url).await?, cfg)
 }
 
@@ -206,16 +211,16 @@ impl NodeHandle {
 impl NodeSpec {
     /// The stages and access queues named (`none` for none), and how to name them in a log
     /// line; an unknown name is refused, naming the known ones.
-    pub fn for_stages(names: &[String]) -> anyhow::Result<(NodeSpec, String)> {
+    pub fn for_stages(names: &[String]) -> crate::Result<(NodeSpec, String)> {
         let names: Vec<&String> = names.iter().filter(|n| *n != "none").collect();
         if let Some(bad) = names.iter().find(|n| {
             !lading_ingest::STAGE_NAMES.contains(&n.as_str()) && access_queue(n).is_none()
         }) {
-            anyhow::bail!(
+            return Err(crate::NodeError::Other(format!(
                 "unknown stage {bad:?}; the stages are {}, {} (or none)",
                 lading_ingest::STAGE_NAMES.join(", "),
                 ACCESS_STAGES.join(", ")
-            );
+            )));
         }
         let (access, stages): (Vec<&String>, Vec<&String>) =
             names.iter().partition(|n| access_queue(n).is_some());
@@ -251,7 +256,7 @@ pub struct Node {
 
 impl Node {
     /// Starts everything `spec` names on `ingest`'s store.
-    pub async fn start(ingest: Arc<Ingest>, spec: NodeSpec) -> anyhow::Result<Node> {
+    pub async fn start(ingest: Arc<Ingest>, spec: NodeSpec) -> crate::Result<Node> {
         Node::start_in(ingest, spec, NodeEnv::default()).await
     }
 
@@ -260,9 +265,9 @@ impl Node {
         ingest: Arc<Ingest>,
         spec: NodeSpec,
         env: NodeEnv,
-    ) -> anyhow::Result<Node> {
+    ) -> crate::Result<Node> {
         let names: Vec<&str> = spec.stages.iter().map(String::as_str).collect();
-        lading_ingest::stages(&ingest, &names).map_err(anyhow::Error::msg)?;
+        lading_ingest::stages(&ingest, &names).map_err(crate::NodeError::Other)?;
         let jobs = env.jobs.unwrap_or_else(|| {
             Arc::new(Jobs::new(
                 ingest.engine.tree().clone(),
@@ -342,7 +347,7 @@ impl Node {
             let names: Vec<&str> = spec.stages.iter().map(String::as_str).collect();
             lading_ingest::start(&ingest, &names, &mut services)
                 .await
-                .map_err(anyhow::Error::msg)?;
+                .map_err(crate::NodeError::Other)?;
         }
         for (name, service) in env.services {
             services.spawn(name, Phase::First, service);
@@ -374,10 +379,10 @@ impl Node {
 
     /// Runs until every service has ended: after a stop, or once one of them failed (which
     /// stops the others); then closes the store.
-    pub async fn run(self) -> anyhow::Result<()> {
+    pub async fn run(self) -> crate::Result<()> {
         let ended = self.services.join().await;
         self.ingest.engine.tree().close().await?;
-        ended.map_err(anyhow::Error::msg)
+        ended.map_err(crate::NodeError::Other)
     }
 
     /// Runs until SIGINT/SIGTERM, as [`crate::signals::until_signal`] does, with `grace`
@@ -387,7 +392,7 @@ impl Node {
         grace: std::time::Duration,
         running: &str,
         say: fn(&str),
-    ) -> anyhow::Result<()> {
+    ) -> crate::Result<()> {
         let (stop, abort) = (self.handle(), self.handle());
         crate::signals::until_signal(
             self.run(),
@@ -407,16 +412,16 @@ impl Node {
     }
 
     /// Stops (if not yet stopping), waits for every service to end, and closes the store.
-    pub async fn join(self) -> anyhow::Result<()> {
+    pub async fn join(self) -> crate::Result<()> {
         self.stop();
         self.run().await
     }
 
     /// Stops, waits for every service to end, and leaves the store open (for a caller that
     /// reads on: the demo's report, a benchmark's figures).
-    pub async fn stop_services(self) -> anyhow::Result<()> {
+    pub async fn stop_services(self) -> crate::Result<()> {
         self.stop();
-        self.services.join().await.map_err(anyhow::Error::msg)
+        self.services.join().await.map_err(crate::NodeError::Other)
     }
 
     /// Every stage: what `lading worker` runs by default.
@@ -567,7 +572,7 @@ pub async fn wait_batch_end(
     engine: &Engine,
     batch: &lading_core::layout::BatchId,
     mut on_change: impl FnMut(&lading_engine::ChangeEvent),
-) -> anyhow::Result<()> {
+) -> crate::Result<()> {
     use lading_core::BatchState;
     let mut events = engine.subscribe();
     loop {

@@ -113,14 +113,14 @@ pub fn watchdog(grace: Duration, say: fn(&str)) -> std::io::Result<()> {
 /// given), calls `abort` (running work is cut off and its jobs released) and waits again.
 /// `say` tells the person at the terminal each step, starting with `running` once the
 /// signals are listened to (a signal sent on reading it is answered, not fatal).
-pub async fn until_signal(
-    work: impl Future<Output = anyhow::Result<()>>,
+pub async fn until_signal<E: From<std::io::Error>>(
+    work: impl Future<Output = Result<(), E>>,
     stop: impl FnOnce(),
     abort: impl FnOnce(),
     grace: Option<Duration>,
     running: &str,
     say: fn(&str),
-) -> anyhow::Result<()> {
+) -> Result<(), E> {
     let mut signals = Signals::new()?;
     if let Some(g) = grace {
         watchdog(g, say)?;
