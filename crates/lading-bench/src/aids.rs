@@ -18,7 +18,7 @@ pub(crate) fn one_stage_on(state: JobState) -> Event<JobState> {
 
 /// Test aid behind `lading drive`: moves any job it can acquire one stage on (no work done),
 /// until nothing was found for `idle`. Returns (transitions, jobs completed).
-pub async fn drive(e: &Engine, idle: Duration) -> anyhow::Result<(u64, u64)> {
+pub async fn drive(e: &Engine, idle: Duration) -> crate::Result<(u64, u64)> {
     let (mut transitions, mut completed) = (0u64, 0u64);
     let mut last_work = Instant::now();
     while last_work.elapsed() < idle {
@@ -48,11 +48,11 @@ pub async fn drive(e: &Engine, idle: Duration) -> anyhow::Result<(u64, u64)> {
 /// its lease until killed; with `advance_on_input`, moves it on once a line arrives on
 /// standard input and prints `committed STATE`, or `error: …` and exits 4 when the lease
 /// was lost meanwhile.
-pub async fn hold_job(e: &Engine, state: JobState, advance_on_input: bool) -> anyhow::Result<()> {
+pub async fn hold_job(e: &Engine, state: JobState, advance_on_input: bool) -> crate::Result<()> {
     let lease = e
         .acquire_job(state)
         .await?
-        .ok_or_else(|| anyhow::anyhow!("no {state} job to hold"))?;
+        .ok_or_else(|| crate::BenchError::Other(format!("no {state} job to hold")))?;
     println!("{}", lease.job);
     std::io::stdout().flush()?;
     if !advance_on_input {

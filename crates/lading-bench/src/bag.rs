@@ -31,7 +31,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 
 /// Writes `files` files of `size` bytes in all under `dir/data` (not compressible), and the
 /// bag around them: `bagit.py --md5 --sha256` when there is one, else Lading's own manifests.
-fn make_bag(dir: &Path, size: u64, files: usize) -> anyhow::Result<bool> {
+fn make_bag(dir: &Path, size: u64, files: usize) -> crate::Result<bool> {
     let data = dir.join("data");
     std::fs::create_dir_all(&data)?;
     let each = size / files as u64;
@@ -85,7 +85,7 @@ impl TapParent for std::path::PathBuf {
     }
 }
 
-pub fn bag(size: u64, files: usize, rounds: usize, as_json: bool) -> anyhow::Result<()> {
+pub fn bag(size: u64, files: usize, rounds: usize, as_json: bool) -> crate::Result<()> {
     let files = files.max(1);
     let tmp = tempfile::Builder::new()
         .prefix("lading-bench-bag")
@@ -93,7 +93,7 @@ pub fn bag(size: u64, files: usize, rounds: usize, as_json: bool) -> anyhow::Res
     let dir = tmp.path().join("benchbag");
     let started = Instant::now();
     if !make_bag(&dir, size, files)? {
-        anyhow::bail!(
+        crate::error::bail!(
             "bagit.py (PyPI bagit) is needed to make the bench's bag and to compare with"
         );
     }
@@ -108,10 +108,13 @@ pub fn bag(size: u64, files: usize, rounds: usize, as_json: bool) -> anyhow::Res
         let bag =
             lading_ingest::bagit::validate(&dir, "benchbag", "application/tar", &[], u64::MAX)
                 .map_err(|p| {
-                    anyhow::anyhow!("Lading found the bench's bag invalid: {}", p.join("; "))
+                    crate::BenchError::Other(format!(
+                        "Lading found the bench's bag invalid: {}",
+                        p.join("; ")
+                    ))
                 })?;
         let s = t.elapsed().as_secs_f64();
-        anyhow::ensure!(
+        crate::error::ensure!(
             bag.payload_bytes == size,
             "validated {} bytes",
             bag.payload_bytes
@@ -125,7 +128,7 @@ pub fn bag(size: u64, files: usize, rounds: usize, as_json: bool) -> anyhow::Res
             .arg(&dir)
             .status()?;
         let s = t.elapsed().as_secs_f64();
-        anyhow::ensure!(
+        crate::error::ensure!(
             st.success(),
             "bagit.py --validate failed on the bench's bag"
         );

@@ -52,7 +52,7 @@ pub async fn console(
     samples: usize,
     as_json: bool,
     store: Option<&str>,
-) -> anyhow::Result<()> {
+) -> crate::Result<()> {
     let server = BenchServer::start(store, 1 << 20).await?;
     let e = server.engine.clone();
     let t = Instant::now();
@@ -87,7 +87,7 @@ pub async fn console(
                 };
                 e.job_transition(l, Event::Fail, Some(msg.into())).await?;
             }
-            anyhow::Ok(())
+            Ok::<_, crate::BenchError>(())
         }));
     }
     for t in tasks {
@@ -111,7 +111,7 @@ pub async fn console(
                 let r = r?;
                 let status = r.status();
                 r.bytes().await?;
-                anyhow::ensure!(status.is_success(), "{c}: {status}");
+                crate::error::ensure!(status.is_success(), "{c}: {status}");
             }
             lat.push(t.elapsed().as_micros() as u64);
         }

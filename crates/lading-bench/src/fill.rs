@@ -12,7 +12,7 @@ pub(crate) async fn fill(
     engine: &Arc<Engine>,
     submission: serde_json::Map<String, serde_json::Value>,
     n: usize,
-) -> anyhow::Result<BatchId> {
+) -> crate::Result<BatchId> {
     fill_with(engine, submission, n, |_| JobSpec::default()).await
 }
 
@@ -22,14 +22,16 @@ pub(crate) async fn fill_with(
     submission: serde_json::Map<String, serde_json::Value>,
     n: usize,
     spec: fn(usize) -> JobSpec,
-) -> anyhow::Result<BatchId> {
+) -> crate::Result<BatchId> {
     let bid = engine.create_batch(submission.try_into()?).await?;
     let lease = loop {
         match engine.acquire_batch(BatchState::Pending).await? {
             Some(l) if l.batch == bid => break l,
             Some(other) => engine.release_batch_lease(other).await?,
             None => {
-                anyhow::bail!("batch {bid} could not be acquired (is the ingest queue paused?)")
+                crate::error::bail!(
+                    "batch {bid} could not be acquired (is the ingest queue paused?)"
+                )
             }
         }
     };
@@ -45,7 +47,7 @@ pub(crate) async fn fill_with(
                 }
                 e.create_job(&l, spec(i)).await?;
             }
-            anyhow::Ok(())
+            Ok::<_, crate::BenchError>(())
         }));
     }
     for c in creators {

@@ -21,7 +21,7 @@ async fn load(
     total: usize,
     make: impl Fn(&reqwest::Client, usize) -> reqwest::RequestBuilder + Send + Sync + 'static,
     expect: reqwest::StatusCode,
-) -> anyhow::Result<(f64, Vec<u64>, f64)> {
+) -> crate::Result<(f64, Vec<u64>, f64)> {
     let make = Arc::new(make);
     let next = Arc::new(AtomicUsize::new(0));
     let cpu0 = cpu_seconds();
@@ -39,14 +39,17 @@ async fn load(
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= total {
-                    return anyhow::Ok(lat);
+                    return Ok::<_, crate::BenchError>(lat);
                 }
                 let t = Instant::now();
                 let r = make(&client, i).bearer_auth(TOKEN).send().await?;
                 let status = r.status();
                 let body = r.bytes().await?;
                 if status != expect {
-                    anyhow::bail!("request {i}: {status}: {}", String::from_utf8_lossy(&body));
+                    crate::error::bail!(
+                        "request {i}: {status}: {}",
+                        String::from_utf8_lossy(&body)
+                    );
                 }
                 lat.push(t.elapsed().as_micros() as u64);
             }
@@ -77,7 +80,7 @@ impl BenchServer {
     pub(crate) async fn start(
         store: Option<&str>,
         max_upload_bytes: u64,
-    ) -> anyhow::Result<BenchServer> {
+    ) -> crate::Result<BenchServer> {
         let scratch = Scratch::new(store).await?;
         let (st, engine) = scratch.engine().await?;
         let url = scratch.url.clone();
@@ -108,7 +111,7 @@ impl BenchServer {
             types: Vec::new(),
             collections: Vec::new(),
         }])
-        .map_err(anyhow::Error::msg)?;
+        .map_err(crate::BenchError::Other)?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let node = node::Node::start(
             ingest,
@@ -130,7 +133,7 @@ impl BenchServer {
         })
     }
 
-    pub(crate) async fn finish(self) -> anyhow::Result<()> {
+    pub(crate) async fn finish(self) -> crate::Result<()> {
         // Stops the server and closes the store.
         self.node.join().await?;
         drop(self.st);
@@ -146,7 +149,7 @@ pub async fn http(
     conns: usize,
     as_json: bool,
     store: Option<&str>,
-) -> anyhow::Result<()> {
+) -> crate::Result<()> {
     let srv = BenchServer::start(store, 8 << 30).await?;
     let (base, url, engine) = (srv.base.clone(), srv.url.clone(), srv.engine.clone());
     // Setup (not measured): jobs to read.
@@ -183,7 +186,7 @@ pub async fn http(
     .await?;
     let made = engine.batch_ids().await?.len();
     if made != posts + 1 {
-        anyhow::bail!("{made} batches in the store after {posts} submissions (+1 setup)");
+        crate::error::bail!("{made} batches in the store after {posts} submissions (+1 setup)");
     }
     srv.finish().await?;
 
@@ -232,14 +235,14 @@ pub(crate) fn proc_kib(field: &str) -> u64 {
 /// `lading bench upload`: one upload of `bytes` (generated on the fly by a client that sends
 /// 1 MiB at a time over a plain socket) to an in-process server; the process's peak memory
 /// growth while it streams to disk, and the rate.
-pub async fn upload(bytes: u64, as_json: bool, store: Option<&str>) -> anyhow::Result<()> {
+pub async fn upload(bytes: u64, as_json: bool, store: Option<&str>) -> crate::Result<()> {
     let srv = BenchServer::start(store, bytes.saturating_add(1)).await?;
     let addr = srv.base.trim_start_matches("http://").to_string();
     // Peak memory from here on (Linux: writing 5 to clear_refs resets VmHWM).
     let _ = std::fs::write("/proc/self/clear_refs", "5");
     let rss0 = proc_kib("VmRSS:");
     let start = Instant::now();
-    let reply = tokio::task::spawn_blocking(move || -> anyhow::Result<String> {
+    let reply = tokio::task::spawn_blocking(move || -> crate::Result<String> {
         use std::io::{Read, Write};
         let boundary = "lading-bench-boundary";
         let head = format!(
@@ -268,7 +271,7 @@ pub async fn upload(bytes: u64, as_json: bool, store: Option<&str>) -> anyhow::R
     let secs = start.elapsed().as_secs_f64();
     let peak = proc_kib("VmHWM:");
     if !reply.starts_with("HTTP/1.1 201") {
-        anyhow::bail!(
+        crate::error::bail!(
             "upload refused: {}",
             reply.lines().last().unwrap_or_default()
         );
@@ -281,7 +284,7 @@ pub async fn upload(bytes: u64, as_json: bool, store: Option<&str>) -> anyhow::R
         .unwrap_or(0);
     srv.finish().await?;
     if stored != bytes {
-        anyhow::bail!("stored {stored} bytes of {bytes}");
+        crate::error::bail!("stored {stored} bytes of {bytes}");
     }
     let growth = peak.saturating_sub(rss0);
     let mb = |b: u64| b as f64 / (1 << 20) as f64;

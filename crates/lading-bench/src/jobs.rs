@@ -36,7 +36,7 @@ struct Run {
 impl Run {
     /// A producer: one job, and up to a batch when the window has room for more, each add
     /// awaited, until every job is added.
-    async fn produce(&self, j: &Jobs) -> anyhow::Result<()> {
+    async fn produce(&self, j: &Jobs) -> crate::Result<()> {
         loop {
             let permit = self.window.acquire().await?;
             permit.forget();
@@ -81,7 +81,7 @@ impl Run {
 
     /// A processor, until every job is finished: batches of accept_many and finish_many,
     /// or one job at a time as the mode says.
-    async fn process(&self, j: &Jobs) -> anyhow::Result<Lat> {
+    async fn process(&self, j: &Jobs) -> crate::Result<Lat> {
         let mut lat = Lat::default();
         let opts = AcceptOptions {
             timeout: Duration::from_millis(200),
@@ -157,7 +157,7 @@ pub async fn jobs(
     producers: usize,
     as_json: bool,
     store: Option<&str>,
-) -> anyhow::Result<()> {
+) -> crate::Result<()> {
     let scratch = Scratch::new(store).await?;
     let url = scratch.url.clone();
     let st = node::open(&url).await?;
@@ -225,7 +225,7 @@ pub async fn jobs(
         .copied()
         .unwrap_or(0);
     if finished != n as u64 || lat.start.len() != n {
-        anyhow::bail!(
+        crate::error::bail!(
             "bench ended with {finished} of {n} jobs finished ({} accepted)",
             lat.start.len()
         );
@@ -308,8 +308,10 @@ fn quantiles(sorted: &[u64]) -> serde_json::Map<String, serde_json::Value> {
 /// When job `id` (`jN`) was added, in µs from the start. The add's commit and the producer's
 /// timestamp race by microseconds (the timestamp is stored right after the commit returns):
 /// a consumer that sees the job first waits for it.
-async fn added_at(added: &[AtomicU64], id: &str) -> anyhow::Result<u64> {
-    let slot = &added[id[1..].parse::<usize>()?];
+async fn added_at(added: &[AtomicU64], id: &str) -> crate::Result<u64> {
+    let slot = &added[id[1..]
+        .parse::<usize>()
+        .map_err(|e| crate::BenchError::Other(format!("job id {id:?} is not the bench's: {e}")))?];
     loop {
         match slot.load(Ordering::Acquire) {
             0 => tokio::task::yield_now().await,

@@ -2,6 +2,8 @@
 //! `lading bench` parses [`Bench`] and calls [`run`].
 
 mod aids;
+mod error;
+pub use error::{BenchError, Result};
 mod bag;
 mod console;
 mod fill;
@@ -196,7 +198,7 @@ pub async fn run(
     what: Bench,
     store: Option<&str>,
     cfg: &lading_ingest::Config,
-) -> anyhow::Result<()> {
+) -> crate::Result<()> {
     match what {
         Bench::Storage {
             node,
@@ -293,7 +295,7 @@ pub async fn run(
     }
 }
 
-fn fresh_store() -> anyhow::Result<PathBuf> {
+fn fresh_store() -> crate::Result<PathBuf> {
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_millis();
@@ -304,7 +306,7 @@ fn fresh_store() -> anyhow::Result<PathBuf> {
 
 /// Raw `fdatasync` of a 4 KiB overwrite, per second, in `dir`: the physical ceiling on
 /// durable commits there.
-pub fn fsync_rate(dir: &Path) -> anyhow::Result<f64> {
+pub fn fsync_rate(dir: &Path) -> crate::Result<f64> {
     let path = dir.join(".lading-fsync-probe");
     let mut f = std::fs::OpenOptions::new()
         .create(true)
@@ -363,7 +365,7 @@ async fn worker_engines(
     url: &str,
     engine: &Arc<Engine>,
     k: usize,
-) -> anyhow::Result<(Vec<Arc<Engine>>, Vec<Arc<lading_store_zk::ZkTree>>)> {
+) -> crate::Result<(Vec<Arc<Engine>>, Vec<Arc<lading_store_zk::ZkTree>>)> {
     let mut sessions: Vec<Arc<lading_store_zk::ZkTree>> = Vec::new();
     let mut engines = Vec::new();
     for _ in 0..k {
@@ -392,7 +394,7 @@ async fn queue(
     mode: Mode,
     as_json: bool,
     store: Option<&str>,
-) -> anyhow::Result<()> {
+) -> crate::Result<()> {
     let scratch = Scratch::new(store).await?;
     let (st, engine) = scratch.engine().await?;
     let (url, tree) = (scratch.url.clone(), st.tree());
@@ -453,7 +455,7 @@ async fn queue(
     let batch = engine.batch(&bid).await?;
     let done = batch.jobs.get("batch-completed").map_or(0, Vec::len);
     if done != n || batch.status.status != BatchState::Reporting {
-        anyhow::bail!(
+        crate::error::bail!(
             "bench ended with {done} of {n} jobs completed and the batch {}",
             batch.status.status
         );
@@ -540,14 +542,14 @@ pub(crate) struct Scratch {
 
 impl Scratch {
     /// The scratch store opened, with an initialised engine of this process on it.
-    pub(crate) async fn engine(&self) -> anyhow::Result<(node::Store, Arc<Engine>)> {
+    pub(crate) async fn engine(&self) -> crate::Result<(node::Store, Arc<Engine>)> {
         let st = node::open(&self.url).await?;
         let engine = Arc::new(Engine::new(st.tree(), system_clock(), node::owner()));
         engine.init().await?;
         Ok((st, engine))
     }
 
-    pub(crate) async fn new(store: Option<&str>) -> anyhow::Result<Scratch> {
+    pub(crate) async fn new(store: Option<&str>) -> crate::Result<Scratch> {
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)?
             .as_millis();
@@ -582,7 +584,7 @@ impl Scratch {
         })
     }
 
-    pub(crate) async fn finish(self) -> anyhow::Result<()> {
+    pub(crate) async fn finish(self) -> crate::Result<()> {
         if let Some((root, chroot)) = self.zk {
             let t = lading_store_zk::ZkTree::open(&root, Default::default()).await?;
             t.delete_tree(&chroot).await?;
@@ -593,12 +595,13 @@ impl Scratch {
 
     /// [`finish`](Self::finish), and a fresh SQLite store made here is deleted too (a bench
     /// that leaves nothing worth inspecting; a store named with `--store` is kept).
-    pub(crate) async fn discard(self) -> anyhow::Result<()> {
+    pub(crate) async fn discard(self) -> crate::Result<()> {
         let fresh = self.fresh.clone();
         self.finish().await?;
         if let Some(dir) = fresh {
-            std::fs::remove_dir_all(&dir)
-                .map_err(|e| anyhow::anyhow!("could not delete {}: {e}", dir.display()))?;
+            std::fs::remove_dir_all(&dir).map_err(|e| {
+                crate::BenchError::Other(format!("could not delete {}: {e}", dir.display()))
+            })?;
         }
         Ok(())
     }
@@ -768,7 +771,7 @@ async fn worker(
     mode: Mode,
     n: usize,
     completed: &AtomicUsize,
-) -> anyhow::Result<(Vec<u64>, Vec<u64>, usize)> {
+) -> crate::Result<(Vec<u64>, Vec<u64>, usize)> {
     let mut lat = Vec::new();
     let mut acq = Vec::new();
     let mut joined = 0;
@@ -819,7 +822,7 @@ async fn acquire(
     samples: usize,
     as_json: bool,
     store: Option<&str>,
-) -> anyhow::Result<()> {
+) -> crate::Result<()> {
     let mut rows = Vec::new();
     if !as_json {
         println!("lading bench acquire: {samples} acquisitions from the head of the Pending queue");
@@ -838,7 +841,7 @@ async fn acquire(
             let lease = engine
                 .acquire_job(JobState::Pending)
                 .await?
-                .ok_or_else(|| anyhow::anyhow!("queue ran dry"))?;
+                .ok_or_else(|| crate::BenchError::Other("queue ran dry".into()))?;
             lat.push(t.elapsed().as_micros() as u64);
             engine
                 .job_transition(lease, Event::To(JobState::Estimating), None)

@@ -40,7 +40,7 @@ pub struct PipelineFigures {
 async fn access_latency(
     ingest: &lading_ingest::Ingest,
     arks: &[String],
-) -> anyhow::Result<Vec<f64>> {
+) -> crate::Result<Vec<f64>> {
     use lading_core::layout::{AccessQueue, AccessToken};
     let mut out = Vec::new();
     for ark in arks {
@@ -61,12 +61,15 @@ async fn access_latency(
         loop {
             let ev = tokio::time::timeout(std::time::Duration::from_secs(60), events.recv())
                 .await
-                .map_err(|_| anyhow::anyhow!("access request {id} not done in 60 s"))??;
+                .map_err(|_| {
+                    crate::BenchError::Other(format!("access request {id} not done in 60 s"))
+                })?
+                .map_err(|e| crate::BenchError::Other(format!("the engine's events: {e}")))?;
             if ev.kind == lading_engine::ChangeKind::Access
                 && ev.id == id.as_str()
                 && matches!(ev.to.as_str(), "Completed" | "Failed")
             {
-                anyhow::ensure!(ev.to == "Completed", "access request {id} ended {}", ev.to);
+                crate::error::ensure!(ev.to == "Completed", "access request {id} ended {}", ev.to);
                 break;
             }
         }
@@ -89,7 +92,7 @@ fn filler(len: usize, seed: u64) -> Vec<u8> {
     v
 }
 
-fn disk_copy_mb_s(dir: &Path, bytes: u64) -> anyhow::Result<f64> {
+fn disk_copy_mb_s(dir: &Path, bytes: u64) -> crate::Result<f64> {
     use std::io::Write;
     let src = dir.join(".copy-probe-src");
     let dst = dir.join(".copy-probe-dst");
@@ -121,7 +124,7 @@ fn write_payload(
     objects: usize,
     files: usize,
     file_bytes: u64,
-) -> anyhow::Result<()> {
+) -> crate::Result<()> {
     let mut batch_rows = Vec::new();
     for o in 0..objects {
         std::fs::create_dir_all(payload.join(format!("o{o}")))?;
@@ -166,7 +169,7 @@ pub async fn bench(
     file_bytes: u64,
     concurrency: usize,
     nodes: Option<(Vec<lading_ingest::nodes::NodeSettings>, u32)>,
-) -> anyhow::Result<PipelineFigures> {
+) -> crate::Result<PipelineFigures> {
     let payload = dir.join("payload");
     std::fs::create_dir_all(&payload)?;
     // One folder per object here too: spread them, as the work root is (setup only).

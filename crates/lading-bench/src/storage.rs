@@ -12,17 +12,21 @@ pub async fn storage(
     files: usize,
     size: u64,
     json: bool,
-) -> anyhow::Result<()> {
+) -> crate::Result<()> {
     use futures_util::StreamExt;
-    let nodes =
-        Nodes::open(&cfg.storage_nodes, |k| std::env::var(k).ok()).map_err(anyhow::Error::msg)?;
+    let nodes = Nodes::open(&cfg.storage_nodes, |k| std::env::var(k).ok())
+        .map_err(crate::BenchError::Other)?;
     let n = nodes
         .get(node)
         .ok_or_else(|| {
-            anyhow::anyhow!("storage node {node} is not in the config's [[storage_nodes]]")
+            crate::BenchError::Other(format!(
+                "storage node {node} is not in the config's [[storage_nodes]]"
+            ))
         })?
         .clone();
-    n.check().await.map_err(|e| anyhow::anyhow!(e.what))?;
+    n.check()
+        .await
+        .map_err(|e| crate::BenchError::Other(e.what))?;
     // The files, written before the clock starts (distinct bytes per file).
     let dir = tempfile::tempdir()?;
     let mut paths = Vec::new();
@@ -61,7 +65,7 @@ pub async fn storage(
     .await;
     let secs = start.elapsed().as_secs_f64();
     for r in results {
-        r.map_err(|e| anyhow::anyhow!(e.what))?;
+        r.map_err(|e| crate::BenchError::Other(e.what))?;
     }
     let bytes = size * files as u64;
     let mb_per_s = bytes as f64 / 1e6 / secs;

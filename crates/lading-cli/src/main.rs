@@ -526,6 +526,16 @@ fn exit_code(err: &anyhow::Error) -> u8 {
     if let Some(n) = err.downcast_ref::<lading_node::NodeError>() {
         return node_exit_code(n);
     }
+    if let Some(b) = err.downcast_ref::<lading_bench::BenchError>() {
+        use lading_bench::BenchError as B;
+        return match b {
+            B::Node(n) => node_exit_code(n),
+            B::Engine(e) => engine_exit_code(e),
+            B::Tree(e) => tree_exit_code(e),
+            B::Submit(e) => submit_exit_code(e),
+            _ => 1,
+        };
+    }
     if let Some(h) = err.downcast_ref::<lading_node::client::HttpError>() {
         return h.exit_code();
     }
