@@ -16,29 +16,7 @@ use serde_json::Value;
 use std::collections::VecDeque;
 use std::path::Path;
 
-/// An error the server answered with; the exit code follows its status.
-#[derive(Debug, thiserror::Error)]
-#[error("{message} (HTTP {status})")]
-pub struct HttpError {
-    pub status: u16,
-    pub message: String,
-}
-
-impl HttpError {
-    pub fn exit_code(&self) -> u8 {
-        exit_code(self.status)
-    }
-}
-
-/// The command line's exit code for an answer of this HTTP status: 3 unknown, 4 refused
-/// (bad input, not allowed, an illegal transition), 1 anything else.
-pub fn exit_code(status: u16) -> u8 {
-    match status {
-        404 => 3,
-        400 | 401 | 403 | 409 | 413 | 422 => 4,
-        _ => 1,
-    }
-}
+pub use crate::error::{HttpError, exit_code};
 
 pub struct Client {
     base: String,

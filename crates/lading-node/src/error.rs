@@ -1,8 +1,36 @@
 //! The errors of this crate: each keeps the typed error of the layer that refused (so the
 //! command line picks its exit code from it) and, where it helps, what was being done.
 
-use crate::client::HttpError;
-use crate::node::NoStore;
+/// An error the server answered with; the exit code follows its status.
+#[derive(Debug, thiserror::Error)]
+#[error("{message} (HTTP {status})")]
+pub struct HttpError {
+    pub status: u16,
+    pub message: String,
+}
+
+impl HttpError {
+    pub fn exit_code(&self) -> u8 {
+        exit_code(self.status)
+    }
+}
+
+/// The command line's exit code for an answer of this HTTP status: 3 unknown, 4 refused
+/// (bad input, not allowed, an illegal transition), 1 anything else.
+pub fn exit_code(status: u16) -> u8 {
+    match status {
+        404 => 3,
+        400 | 401 | 403 | 409 | 413 | 422 => 4,
+        _ => 1,
+    }
+}
+
+/// A command that only reads (or administers) a store was pointed at one that does not exist.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "no store at {0}: only lading serve, worker, submit and demo create one (is --store right?)"
+)]
+pub struct NoStore(pub String);
 
 /// A failure of a process's setup, of a verb, or of the API's client.
 #[derive(Debug, thiserror::Error)]

@@ -62,12 +62,7 @@ pub async fn open_store(url: &str) -> crate::Result<Arc<dyn Tree>> {
     Ok(open(url).await?.tree())
 }
 
-/// A command that only reads (or administers) a store was pointed at one that does not exist.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "no store at {0}: only lading serve, worker, submit and demo create one (is --store right?)"
-)]
-pub struct NoStore(pub String);
+pub use crate::error::NoStore;
 
 /// [`open_store`] for a command that must not create a store: an embedded store whose file
 /// does not exist is [`NoStore`], and nothing is made.
