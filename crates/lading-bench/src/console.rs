@@ -18,10 +18,12 @@ const COLLECTIONS: [&str; 3] = ["letters", "maps", "photos"];
 const PER_BATCH: usize = 100_000;
 
 fn spec(i: usize) -> JobSpec {
-    let mut cfg = serde_json::Map::new();
-    cfg.insert("collection".into(), json!(COLLECTIONS[i % 3]));
-    cfg.insert("profile_name".into(), json!(COLLECTIONS[i % 3]));
-    cfg.insert("submitter".into(), json!("bench"));
+    let cfg = lading_core::layout::JobConfiguration {
+        collection: Some(COLLECTIONS[i % 3].into()),
+        profile_name: Some(COLLECTIONS[i % 3].into()),
+        submitter: Some("bench".into()),
+        ..Default::default()
+    };
     JobSpec {
         configuration: cfg,
         ..Default::default()

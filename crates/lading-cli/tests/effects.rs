@@ -221,7 +221,7 @@ async fn a_report_mail_resent_after_workers_die_before_the_250_keeps_its_message
     let ids: std::collections::BTreeSet<String> = mails.iter().map(|m| message_id(m)).collect();
     assert_eq!(ids.len(), 1, "one report, one Message-ID: {ids:?}");
     let id = ids.into_iter().next().unwrap();
-    let uuid = info.submission["batchID"].as_str().unwrap();
+    let uuid = info.submission.typed().unwrap().merritt_batch_id().unwrap();
     assert_eq!(id, format!("<lading.{uuid}.report-1@example.org>"));
     assert!(mails.iter().all(|m| m.contains("2 completed, 0 failed")));
     eprintln!("{} deliveries of one report, all {id}", mails.len());
@@ -250,7 +250,13 @@ async fn callbacks_resent_after_workers_die_mid_call_keep_their_idempotency_key(
     )
     .await;
     let info = e.batch(&bid).await.unwrap();
-    let uuid = info.submission["batchID"].as_str().unwrap().to_string();
+    let uuid = info
+        .submission
+        .typed()
+        .unwrap()
+        .merritt_batch_id()
+        .unwrap()
+        .to_string();
     let jobs: Vec<JobId> = info.jobs["batch-completed"].clone();
     assert_eq!(jobs.len(), 5);
     let calls = got.items.lock().unwrap().clone();

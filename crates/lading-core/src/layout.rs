@@ -707,6 +707,14 @@ impl TryFrom<Map<String, Value>> for BatchSubmission {
     }
 }
 
+/// A configuration from its fields as written (a field of an unexpected type is an error).
+impl TryFrom<Map<String, Value>> for JobConfiguration {
+    type Error = serde_json::Error;
+    fn try_from(fields: Map<String, Value>) -> Result<Self, Self::Error> {
+        serde_json::from_value(Value::Object(fields))
+    }
+}
+
 impl BatchSubmission {
     /// A field Merritt's ingest service writes under its own name, when Lading's is blank.
     fn or_theirs<'a>(&'a self, ours: &'a Option<String>, theirs: &str) -> Option<&'a str> {
@@ -742,13 +750,15 @@ impl BatchSubmission {
     }
 }
 
-/// The submitter a batch's submission names, read from the submission as stored: what the
-/// owner checks and the submitters' index go by.
-pub fn submitter_of(submission: &Value) -> Option<&str> {
-    submission.as_object().and_then(submitter_in)
+impl crate::Recorded<BatchSubmission> {
+    /// The submitter the submission names, read from it as stored (whatever its shape): what
+    /// the owner checks and the submitters' index go by.
+    pub fn submitter(&self) -> Option<&str> {
+        self.text("submitter")
+    }
 }
 
-/// [`submitter_of`] a submission's fields (a job configuration names it the same way).
+/// The submitter a submission's or a job configuration's fields name, as stored.
 pub fn submitter_in(fields: &Map<String, Value>) -> Option<&str> {
     fields.get("submitter").and_then(Value::as_str)
 }

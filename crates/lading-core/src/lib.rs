@@ -6,12 +6,14 @@
 
 pub mod layout;
 pub mod random;
+pub mod recorded;
 pub mod sabotage;
 pub mod state;
 pub mod text;
 pub mod time;
 pub mod tree;
 
+pub use recorded::Recorded;
 pub use state::{AccessState, BatchState, Event, IllegalTransition, JobProgress, JobState};
 pub use tree::{
     BoxFuture, CreateMode, Names, Node, Op, OpResult, Stat, Tree, TreeError, TreeFuture, Watch,

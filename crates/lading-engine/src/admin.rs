@@ -528,12 +528,12 @@ impl Engine {
         let mut ops = vec![Op::check(batch_node(batch, "status"), Some(version))];
         self.delete_subtree_ops(&batch_path(batch), &mut ops)
             .await?;
-        if let Some(uuid) = info.submission.get("batchID").and_then(Value::as_str)
+        if let Some(uuid) = info.submission.text("batchID")
             && self.tree.exists(&batch_uuid_path(uuid)).await?.is_some()
         {
             ops.push(Op::delete(batch_uuid_path(uuid), None));
         }
-        if let Some(who) = lading_core::layout::submitter_of(&info.submission) {
+        if let Some(who) = info.submission.submitter() {
             let entry = format!("{}/{batch}", submitter_batches(who));
             if self.tree.exists(&entry).await?.is_some() {
                 ops.push(Op::delete(entry, None));

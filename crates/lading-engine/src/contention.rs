@@ -140,6 +140,18 @@ impl Contention {
         v.into_iter().map(|(k, _)| k.clone()).collect()
     }
 
+    /// Forgets the busy references of `folder` that are not in `listed`, the folder's whole
+    /// listing: a job that has moved on is no longer waited for there (its lock, watched by
+    /// a waiter of this folder, would wake it at every later stage the job goes through).
+    pub(crate) fn keep_busy_listed(&self, folder: &str, listed: &[String]) {
+        let mut busy = lock(&self.busy);
+        if let Some(f) = busy.get_mut(folder)
+            && !f.names.is_empty()
+        {
+            f.names.retain(|n, _| listed.binary_search(n).is_ok());
+        }
+    }
+
     pub(crate) fn busy_since(&self, folder: &str, reference: &str) -> Option<Instant> {
         lock(&self.busy).get(folder)?.names.get(reference).copied()
     }
@@ -229,6 +241,9 @@ mod tests {
             vec!["b".to_string(), "a".to_string()]
         );
         assert!(c.busy_since("/f", "a") <= c.busy_since("/f", "b"));
+        c.keep_busy_listed("/f", &["b".to_string(), "c".to_string()]);
+        assert!(!c.is_busy("/f", "a"), "gone from the folder: forgotten");
+        assert!(c.is_busy("/f", "b"), "still listed: kept");
     }
 
     #[test]

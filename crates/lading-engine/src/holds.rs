@@ -142,12 +142,8 @@ impl Engine {
     }
 
     pub(crate) async fn job_collection(&self, job: &JobId) -> Result<Option<String>> {
-        Ok(self
-            .job_configuration(job)
-            .await?
-            .get("collection")
-            .and_then(Value::as_str)
-            .map(str::to_string))
+        let cfg = self.job_configuration(job).await?;
+        Ok(cfg.text("collection").map(str::to_string))
     }
 
     pub(crate) async fn any_collection_held(&self) -> Result<bool> {

@@ -111,6 +111,10 @@ impl Engine {
                 .tree
                 .children_page(&folder, after.as_deref(), PAGE)
                 .await?;
+            if after.is_none() && page.len() < PAGE {
+                // The whole folder: busy marks of jobs gone from it are let go.
+                self.contention.keep_busy_listed(&folder, &page);
+            }
             let Some(last) = page.last().cloned() else {
                 return Ok(None);
             };

@@ -72,8 +72,8 @@ use foldhash::{HashMap, HashMapExt};
 use lading_core::layout::{self, *};
 use lading_core::time::{SharedClock, format_ts};
 use lading_core::{
-    AccessState, BatchState, CreateMode, Event, JobProgress, JobState, Op, Tree, TreeError, Watch,
-    WatchKind,
+    AccessState, BatchState, CreateMode, Event, JobProgress, JobState, Op, Recorded, Tree,
+    TreeError, Watch, WatchKind,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};

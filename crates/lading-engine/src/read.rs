@@ -209,29 +209,28 @@ impl Engine {
             status,
             priority,
             space_needed: number(3)?.unwrap_or(0),
-            configuration: json(4)?.unwrap_or(Value::Null),
+            configuration: Recorded::of(&paths[4], json(4)?.unwrap_or(Value::Null)),
             identifiers: typed(json(5)?, &paths[5])?.unwrap_or_default(),
             metadata: typed(json(6)?, &paths[6])?.unwrap_or_default(),
             locked: nodes[7].is_some(),
         })
     }
 
-    /// A job's `configuration` node.
-    pub async fn job_configuration(&self, job: &JobId) -> Result<Map<String, Value>> {
-        Ok(self
-            .read_json(&job_node(job, "configuration"))
-            .await?
-            .map(|(v, _)| v)
-            .unwrap_or_default())
+    /// A job's `configuration` node (none stored: the default).
+    pub async fn job_configuration(&self, job: &JobId) -> Result<Recorded<JobConfiguration>> {
+        let path = job_node(job, "configuration");
+        let raw = self.read_json(&path).await?.map(|(v, _)| v);
+        Ok(Recorded::of(&path, raw.unwrap_or(Value::Null)))
     }
 
-    /// A batch's submission (`Null` when it has none); an unknown batch is an error.
-    pub async fn batch_submission(&self, batch: &BatchId) -> Result<Value> {
-        match self.read_json(&batch_node(batch, "submission")).await? {
-            Some((v, _)) => Ok(v),
+    /// A batch's submission (none stored: the default); an unknown batch is an error.
+    pub async fn batch_submission(&self, batch: &BatchId) -> Result<Recorded<BatchSubmission>> {
+        let path = batch_node(batch, "submission");
+        match self.read_json(&path).await? {
+            Some((v, _)) => Ok(Recorded::of(&path, v)),
             None => {
                 self.batch_status(batch).await?;
-                Ok(Value::Null)
+                Ok(Recorded::default())
             }
         }
     }
@@ -239,11 +238,9 @@ impl Engine {
     /// A batch's full record.
     pub async fn batch(&self, batch: &BatchId) -> Result<BatchInfo> {
         let (status, _) = self.batch_status(batch).await?;
-        let submission = self
-            .read_json(&batch_node(batch, "submission"))
-            .await?
-            .map(|(v, _)| v)
-            .unwrap_or(Value::Null);
+        let path = batch_node(batch, "submission");
+        let raw = self.read_json(&path).await?.map(|(v, _)| v);
+        let submission = Recorded::of(&path, raw.unwrap_or(Value::Null));
         let status_report = self
             .read_json(&batch_node(batch, "status-report"))
             .await?

@@ -4,9 +4,9 @@
 
 use crate::{Effect, Result, lost};
 use lading_core::layout::*;
-use lading_core::{JobState, Op, Tree, TreeError, Watch};
+use lading_core::{JobState, Op, Recorded, Tree, TreeError, Watch};
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::Value;
 use std::collections::BTreeMap;
 
 /// A job held by this worker.
@@ -139,7 +139,7 @@ impl JobData<'_> {
 /// What a new job is made of.
 #[derive(Debug, Clone, Default)]
 pub struct JobSpec {
-    pub configuration: Map<String, Value>,
+    pub configuration: JobConfiguration,
     /// 0..=99; lower runs first. `None` means the default, 5.
     pub priority: Option<u8>,
     pub space_needed: u64,
@@ -157,7 +157,7 @@ pub struct JobInfo {
     pub priority: u8,
     pub space_needed: u64,
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
-    pub configuration: Value,
+    pub configuration: Recorded<JobConfiguration>,
     pub identifiers: Identifiers,
     pub metadata: JobMetadata,
     pub locked: bool,
@@ -170,7 +170,7 @@ pub struct BatchInfo {
     pub id: BatchId,
     pub status: BatchStatus,
     #[cfg_attr(feature = "openapi", schema(value_type = Object))]
-    pub submission: Value,
+    pub submission: Recorded<BatchSubmission>,
     pub status_report: Option<StatusReport>,
     /// The batch's jobs by reference folder (`batch-processing`, `batch-completed`, …).
     pub jobs: BTreeMap<String, Vec<JobId>>,

@@ -52,13 +52,9 @@ pub async fn cleanup(
             continue;
         }
         // A submission of another shape has no upload of Lading's to remove.
-        let sub = <lading_core::layout::BatchSubmission as serde::Deserialize>::deserialize(
-            &info.submission,
-        )
-        .ok();
-        let upload = sub
-            .and_then(|s| s.payload_url)
-            .and_then(|u| upload_dir(ingest, &u));
+        let upload = (info.submission.typed().ok())
+            .and_then(|s| s.payload_url.as_deref())
+            .and_then(|u| upload_dir(ingest, u));
         match e.purge_batch(&bid).await {
             Ok(n) => out.jobs += n,
             // The store itself failing (a lost connection, an expired session) ends the

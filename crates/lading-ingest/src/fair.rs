@@ -85,7 +85,7 @@ async fn waiting_others(ingest: &Ingest, who: &str) -> BTreeSet<String> {
         let Ok(cfg) = ingest.engine.job_configuration(&jid).await else {
             continue;
         };
-        if let Some(s) = lading_core::layout::submitter_in(&cfg)
+        if let Some(s) = cfg.typed().ok().and_then(|c| c.submitter.as_deref())
             && s != who
         {
             out.insert(s.to_string());

@@ -808,8 +808,14 @@ pub fn file_chunks(
 ) -> impl futures_util::Stream<Item = std::io::Result<bytes::Bytes>> {
     use futures_util::StreamExt;
     fn chunk(f: &mut std::fs::File) -> Option<std::io::Result<bytes::Bytes>> {
-        use std::io::Read;
-        let mut buf = Vec::with_capacity(WRITE_BLOCK);
+        use std::io::{Read, Seek};
+        // What is left of the file, when it can be told: a small file's buffer is its size,
+        // not a whole block (a fresh megabyte is a megabyte of pages for the kernel to zero).
+        let left = f
+            .metadata()
+            .and_then(|m| Ok(m.len().saturating_sub(f.stream_position()?)))
+            .map_or(WRITE_BLOCK, |n| (n as usize).clamp(1, WRITE_BLOCK));
+        let mut buf = Vec::with_capacity(left);
         match Read::take(&mut *f, WRITE_BLOCK as u64).read_to_end(&mut buf) {
             Ok(0) => None,
             Ok(_) => Some(Ok(bytes::Bytes::from(buf))),

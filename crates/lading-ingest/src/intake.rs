@@ -4,9 +4,7 @@ use crate::checkm::{self, FileEntry, ManifestKind, Row};
 use crate::fetch::FetchError;
 use crate::policy::Trust;
 use crate::{Ingest, fatal_or_transient};
-use lading_core::layout::{
-    BatchId, BatchSubmission, ErcMetadata, Identifiers, JobConfiguration, to_object,
-};
+use lading_core::layout::{BatchId, BatchSubmission, ErcMetadata, Identifiers, JobConfiguration};
 use lading_core::tree::BoxFuture;
 use lading_core::{BatchState, Event};
 use lading_engine::{EngineError, JobSpec};
@@ -472,7 +470,7 @@ impl Intake {
                 extra,
             };
             let spec = JobSpec {
-                configuration: to_object(&cfg),
+                configuration: cfg,
                 priority: profile.priority,
                 space_needed: 0,
                 identifiers: o.identifiers,
@@ -501,7 +499,7 @@ impl Intake {
         for ids in info.jobs.values() {
             for job in ids {
                 let cfg = b.engine.job_configuration(job).await?;
-                if let Some(r) = cfg.get("intake_row").and_then(Value::as_u64) {
+                if let Some(r) = cfg.typed().ok().and_then(|c| c.intake_row) {
                     rows.insert(r);
                 }
             }

@@ -116,7 +116,7 @@ stage!(Notify, JobState::Notify, notify);
 /// but not its typed configuration: none when it cannot tell (the handler then fails a
 /// configuration of the wrong shape, naming it).
 fn profile_attempts(ingest: &Ingest, job: &lading_engine::JobInfo, state: JobState) -> Option<u32> {
-    let name = job.configuration.get("profile_name")?.as_str()?;
+    let name = job.configuration.typed().ok()?.profile()?;
     let profile = ingest.profile(name).ok()?;
     profile.max_attempts.get(state.node_name()).copied()
 }

@@ -304,7 +304,7 @@ async fn invalid_bags_fail_once_naming_every_problem_and_store_nothing(w: World)
         assert_eq!(st.status, JobState::Failed, "{j}: {st:?}");
         assert_eq!(st.last_successful_status, Some(JobState::Downloading));
         let msg = st.message.clone().unwrap_or_default();
-        let file = info.configuration["file"]["name"]
+        let file = info.configuration.raw()["file"]["name"]
             .as_str()
             .unwrap()
             .to_string();

@@ -98,8 +98,9 @@ async fn merritt_ingest_service_submission_keys_run_to_completion(w: World) {
     assert_eq!(info.metadata.get("erc_what"), Some("A title"));
     assert_eq!(info.metadata.get("erc_who"), Some("A creator"));
     assert_eq!(info.identifiers.local_id, ["merritt-local-1"]);
-    assert_eq!(info.configuration["profile_name"], "demo");
-    assert_eq!(info.configuration["response_type"], "xml", "responseForm");
+    let cfg = info.configuration.typed().unwrap();
+    assert_eq!(cfg.profile_name.as_deref(), Some("demo"));
+    assert_eq!(cfg.response_type.as_deref(), Some("xml"), "responseForm");
     let s = w.stored(&job).await;
     assert_eq!(
         std::fs::read(std::path::Path::new(&s.path).join("producer/object.txt")).unwrap(),
@@ -299,7 +300,12 @@ async fn merritt_created_jobs_run_to_completed_and_to_failed(w: World) {
         said.contains(&format!("/jobs/{corrupt}/configuration is corrupt")),
         "{said}"
     );
-    assert_eq!(odd.configuration["payload_url"], 5, "left as it was");
+    assert_eq!(odd.configuration.raw()["payload_url"], 5, "left as it was");
+    let why = odd.configuration.typed().unwrap_err();
+    assert!(
+        why.contains(&format!("/jobs/{corrupt}/configuration is corrupt")),
+        "its typed view names the node: {why}"
+    );
     let b = w.engine.batch(&bid).await.unwrap();
     assert_eq!(b.jobs["batch-completed"], vec![ok.clone()]);
     let mut failed = b.jobs["batch-failed"].clone();

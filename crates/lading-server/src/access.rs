@@ -296,9 +296,7 @@ async fn submitted_by(
         return Ok(false);
     };
     match s.ingest.engine.batch(&bid).await {
-        Ok(info) => {
-            Ok(lading_core::layout::submitter_of(&info.submission) == Some(p.name.as_str()))
-        }
+        Ok(info) => Ok(info.submission.submitter() == Some(p.name.as_str())),
         Err(EngineError::NoBatch(_)) => Ok(false),
         Err(e) => Err(e.into()),
     }

@@ -309,7 +309,7 @@ pub struct BatchRow {
     pub id: String,
     pub status: lading_core::layout::BatchStatus,
     #[schema(value_type = Object)]
-    pub submission: serde_json::Value,
+    pub submission: lading_core::Recorded<lading_core::layout::BatchSubmission>,
     pub jobs: std::collections::BTreeMap<String, usize>,
 }
 

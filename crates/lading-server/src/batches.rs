@@ -31,7 +31,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
 use lading_core::BatchState;
-use lading_core::layout::{BatchId, JobId};
+use lading_core::layout::{BatchId, BatchSubmission, JobId};
 use lading_engine::EngineError;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -108,8 +108,7 @@ pub(crate) async fn visible_batch(
 ) -> Result<lading_engine::BatchInfo> {
     let bid = (s.ingest.engine.find_batch(id).await?).ok_or_else(|| not_found_batch(id))?;
     let info = s.ingest.engine.batch(&bid).await?;
-    if p.role != Role::Admin && lading_core::layout::submitter_of(&info.submission) != Some(&p.name)
-    {
+    if p.role != Role::Admin && info.submission.submitter() != Some(&p.name) {
         return Err(not_found_batch(id));
     }
     Ok(info)
@@ -124,7 +123,7 @@ pub(crate) async fn show_batch(
     let mut info = visible_batch(&s, &p, &id).await?;
     lading_engine::expand_history(&mut info.status.extra);
     if p.role != Role::Admin {
-        crate::redact::paths(&s, &mut info.submission);
+        info.submission.edit(|v| crate::redact::paths(&s, v));
         if let Some(m) = info.status.message.as_mut() {
             crate::redact::text(&s, m);
         }
@@ -454,21 +453,16 @@ pub(crate) async fn list_batches(
             Err(EngineError::NoBatch(_)) => continue,
             Err(err) => return Err(err.into()),
         };
-        let field = |k: &str| info.submission[k].as_str().map(str::to_string);
+        let sub = info.submission.typed().ok();
+        let field = |f: fn(&BatchSubmission) -> Option<&String>| sub.and_then(f);
         if state.is_some_and(|st| st != info.status.status)
-            || submitter
-                .as_ref()
-                .is_some_and(|x| field("submitter").as_ref() != Some(x))
-            || q.profile
-                .as_ref()
-                .is_some_and(|x| field("profile_name").as_ref() != Some(x))
-            || q.collection
-                .as_ref()
-                .is_some_and(|x| field("collection").as_ref() != Some(x))
+            || (submitter.as_ref()).is_some_and(|x| field(|s| s.submitter.as_ref()) != Some(x))
+            || (q.profile.as_ref()).is_some_and(|x| field(|s| s.profile_name.as_ref()) != Some(x))
+            || (q.collection.as_ref()).is_some_and(|x| field(|s| s.collection.as_ref()) != Some(x))
             || needle.as_deref().is_some_and(|n| {
                 !info.id.as_str().to_lowercase().contains(n)
                     && !any_field_contains(
-                        &info.submission,
+                        info.submission.raw(),
                         &[
                             "batchID",
                             "submitter",
@@ -489,7 +483,7 @@ pub(crate) async fn list_batches(
         // A listing leaves the transitions out (GET /api/v1/batches/{bid}/history has them).
         status.extra.remove(lading_engine::HISTORY_FIELD);
         if p.role != Role::Admin {
-            crate::redact::paths(&s, &mut submission);
+            submission.edit(|v| crate::redact::paths(&s, v));
             if let Some(m) = status.message.as_mut() {
                 crate::redact::text(&s, m);
             }
@@ -518,7 +512,7 @@ async fn submitted_by(s: &AppState, p: &Principal, info: &lading_engine::JobInfo
         .engine
         .batch(&info.bid)
         .await
-        .map(|b| lading_core::layout::submitter_of(&b.submission) == Some(&p.name))
+        .map(|b| b.submission.submitter() == Some(&p.name))
         .unwrap_or(false)
 }
 
@@ -536,7 +530,7 @@ pub(crate) async fn show_job(
             return Err(EngineError::NoJob(id).into());
         }
         let mut info = info;
-        crate::redact::paths(&s, &mut info.configuration);
+        info.configuration.edit(|v| crate::redact::paths(&s, v));
         if let Some(m) = info.status.message.as_mut() {
             crate::redact::text(&s, m);
         }

@@ -8,7 +8,7 @@
 use crate::api::JobAction;
 use crate::{ApiError, AppState};
 use lading_core::JobState;
-use lading_core::layout::{JobConfiguration, JobId};
+use lading_core::layout::JobId;
 use lading_engine::audit::{self, AdminOperation};
 use lading_engine::{Engine, EngineError, JobInfo};
 use lading_ingest::Ingest;
@@ -148,8 +148,7 @@ impl Filter {
     /// Whether `info` matches, at `now_ms`.
     fn matches(&self, info: &JobInfo, now_ms: u64) -> bool {
         let g = &self.given;
-        let cfg: JobConfiguration =
-            serde_json::from_value(info.configuration.clone()).unwrap_or_default();
+        let cfg = info.configuration.typed().ok().cloned().unwrap_or_default();
         let st = &info.status;
         let id = info.id.as_str().to_lowercase();
         same(trimmed(&g.collection), cfg.collection.as_deref())
@@ -176,7 +175,7 @@ impl Filter {
                         (info.metadata.get(k)).is_some_and(|v| v.to_lowercase().contains(n))
                     })
                     || any_field_contains(
-                        &info.configuration,
+                        info.configuration.raw(),
                         &["primary_id", "local_id", "erc_what", "title"],
                         n,
                     )

@@ -88,7 +88,7 @@ pub async fn job_download(
         let mine = e
             .batch(&info.bid)
             .await
-            .map(|b| lading_core::layout::submitter_of(&b.submission) == Some(&p.name))
+            .map(|b| b.submission.submitter() == Some(&p.name))
             .unwrap_or(false);
         if !mine {
             return Err(EngineError::NoJob(id).into());

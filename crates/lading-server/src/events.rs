@@ -376,9 +376,11 @@ impl Owned {
             return *k;
         }
         let mine = match lading_core::layout::BatchId::parse(&bid) {
-            Ok(b) => self.engine.batch(&b).await.is_ok_and(|info| {
-                lading_core::layout::submitter_of(&info.submission) == Some(&self.name)
-            }),
+            Ok(b) => self
+                .engine
+                .batch(&b)
+                .await
+                .is_ok_and(|info| info.submission.submitter() == Some(&self.name)),
             Err(_) => false,
         };
         let mut known = lock(&self.known);

@@ -345,8 +345,7 @@ async fn take(
         let info = s.ingest.engine.batch(&bid).await?;
         let uuid = info
             .submission
-            .get("batchID")
-            .and_then(Value::as_str)
+            .text("batchID")
             .unwrap_or_default()
             .to_string();
         let agent = fields

@@ -11,7 +11,9 @@
 //! the same lines).
 //! `LADING_SIM_LOG=debug`: the processes' own logs, to stderr. `LADING_SIM_CALLS=1`: every
 //! call on the simulated tree counted by kind and path (ids shown as `*`), printed at the end:
-//! where a seed's round trips go.
+//! where a seed's round trips go. With `LADING_SIM_CALLERS=TEXT` as well, the calls whose
+//! line contains TEXT are counted per caller (the first Lading frames of a backtrace; build
+//! with `--profile profiling` for names).
 //! Exit status 1 when any seed broke an invariant.
 
 use lading_sim::sim::{Options, run};

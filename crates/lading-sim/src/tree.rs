@@ -356,7 +356,19 @@ fn count(kind: &str, path: &str) {
                 }
             })
             .collect();
-        let key = format!("{kind} {}", shape.join("/"));
+        let mut key = format!("{kind} {}", shape.join("/"));
+        if let Some(pat) = std::env::var_os("LADING_SIM_CALLERS")
+            && key.contains(pat.to_str().unwrap_or(""))
+        {
+            let bt = std::backtrace::Backtrace::force_capture().to_string();
+            let frames: Vec<&str> = bt
+                .lines()
+                .filter(|l| l.contains(" lading_") && !l.contains("lading_sim::tree"))
+                .map(|l| l.trim())
+                .take(5)
+                .collect();
+            key = format!("{key} <= {}", frames.join(" < "));
+        }
         *m.lock()
             .unwrap_or_else(|p| p.into_inner())
             .entry(key)

@@ -121,7 +121,9 @@ pub async fn estimating(e: &Engine) -> lading_engine::JobLease {
 /// A job with this configuration and the defaults for the rest.
 pub fn spec(configuration: Map<String, Value>) -> JobSpec {
     JobSpec {
-        configuration,
+        configuration: configuration
+            .try_into()
+            .expect("a configuration of Lading's shape"),
         ..Default::default()
     }
 }
@@ -147,9 +149,12 @@ pub async fn batch_with_jobs(e: &Engine, n: usize, priorities: &[u8]) -> (BatchI
     assert_eq!(lease.batch, bid);
     let mut jobs = Vec::new();
     for i in 0..n {
-        let mut cfg = Map::new();
-        cfg.insert("profile_name".into(), json!("demo_profile"));
-        cfg.insert("local_id".into(), json!([format!("loc{i:03}")]));
+        let mut cfg = JobConfiguration {
+            profile_name: Some("demo_profile".into()),
+            ..Default::default()
+        };
+        cfg.extra
+            .insert("local_id".into(), json!([format!("loc{i:03}")]));
         let spec = JobSpec {
             configuration: cfg,
             priority: priorities.get(i).copied(),

@@ -106,14 +106,9 @@ impl BatchLoop {
             }
         };
         let ctx_lease = RwLock::new(lease);
-        let submission = lading_core::layout::read_record(
-            &lading_core::layout::batch_node(&bid, "submission"),
-            &info.submission,
-        );
         let mut ctx = Arc::new(BatchCtx {
             engine: self.engine.clone(),
             batch_id: bid.clone(),
-            submission,
             info,
             attempt: 1,
             lease: ctx_lease,
@@ -137,7 +132,6 @@ impl BatchLoop {
                     ctx = Arc::new(BatchCtx {
                         engine: self.engine.clone(),
                         batch_id: bid.clone(),
-                        submission: ctx.submission.clone(),
                         info: ctx.info.clone(),
                         attempt: ctx.attempt + 1,
                         lease: RwLock::new(lease),

@@ -16,8 +16,6 @@ pub struct JobCtx {
     pub workdir: PathBuf,
     pub(crate) info_id: JobId,
     pub(crate) lease: Mutex<JobLease>,
-    /// `info.configuration` read as a record (or why it could not be).
-    pub(crate) config: Result<JobConfiguration, String>,
 }
 
 impl JobCtx {
@@ -31,7 +29,7 @@ impl JobCtx {
 
     /// The job's configuration; one of another shape fails the job, naming the node.
     pub fn config(&self) -> Result<&JobConfiguration, Outcome> {
-        self.config.as_ref().map_err(|e| Outcome::Fatal(e.clone()))
+        (self.info.configuration.typed()).map_err(|e| Outcome::Fatal(e.to_string()))
     }
 
     pub async fn set_space_needed(&self, bytes: u64) -> Result<(), EngineError> {
@@ -119,8 +117,6 @@ pub struct BatchCtx {
     pub info: BatchInfo,
     pub attempt: u32,
     pub(crate) batch_id: BatchId,
-    /// `info.submission` read as a record (or why it could not be).
-    pub(crate) submission: Result<BatchSubmission, String>,
     /// Shared by a handler's concurrent calls (intake creates jobs many at a time); taken
     /// whole once the handler is done, so no call of it is still using the lease.
     pub(crate) lease: RwLock<BatchLease>,
@@ -138,9 +134,7 @@ impl BatchCtx {
 
     /// The batch's submission; one of another shape fails the batch, naming the node.
     pub fn submission(&self) -> Result<&BatchSubmission, Outcome> {
-        self.submission
-            .as_ref()
-            .map_err(|e| Outcome::Fatal(e.clone()))
+        (self.info.submission.typed()).map_err(|e| Outcome::Fatal(e.to_string()))
     }
 
     /// Sets the `status-report` and the outside effects written with the move that ends this
@@ -209,11 +203,7 @@ pub trait BatchStage: Send + Sync + 'static {
 
 /// `configuration.working_dir` when set, else `work_root/JID`.
 pub fn workdir(work_root: &Path, info: &JobInfo) -> PathBuf {
-    match info
-        .configuration
-        .get("working_dir")
-        .and_then(Value::as_str)
-    {
+    match info.configuration.text("working_dir") {
         Some(d) if !d.is_empty() => PathBuf::from(d),
         _ => work_root.join(info.id.as_str()),
     }

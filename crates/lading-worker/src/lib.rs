@@ -51,7 +51,6 @@ use lading_core::{BatchState, Event, JobState};
 use lading_engine::{
     BatchInfo, BatchLease, Effect, Engine, EngineError, JobData, JobInfo, JobLease, JobSpec,
 };
-use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -397,17 +396,17 @@ impl JobLoop {
     /// it would differ from the one before, and the job's folder would be moved aside (found
     /// by `lading-sim`, where reads are lost).
     async fn owner_of(&self, info: &JobInfo) -> Result<String, lading_engine::EngineError> {
-        let uuid = match info.configuration.get("batch_uuid").and_then(Value::as_str) {
+        // Read as stored, whatever the records' shapes: the mark must never change.
+        let uuid = match info.configuration.text("batch_uuid") {
             Some(u) => u.to_string(),
             // A job made by another tool (Merritt's library): the batch's submission says.
             None => self
                 .engine
                 .batch_submission(&info.bid)
                 .await?
-                .get("batchID")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-                .unwrap_or_default(),
+                .text("batchID")
+                .unwrap_or_default()
+                .to_string(),
         };
         Ok(format!("{uuid}/{}", info.id))
     }
@@ -470,14 +469,9 @@ impl JobLoop {
             .stage
             .max_attempts(&info)
             .unwrap_or(self.cfg.max_attempts);
-        let config = lading_core::layout::read_record(
-            &lading_core::layout::job_node(&job, "configuration"),
-            &info.configuration,
-        );
         let ctx = Arc::new(JobCtx {
             engine: self.engine.clone(),
             info_id: job.clone(),
-            config,
             info,
             attempt,
             workdir: dir,

@@ -257,13 +257,12 @@ pub async fn failed_jobs_of_two_collections(s: &Server) -> Vec<String> {
         ("maps", "connection refused"),
     ];
     for (collection, _) in rows {
-        let mut cfg = serde_json::Map::new();
-        cfg.insert("collection".into(), json!(collection));
-        cfg.insert(
-            "profile_name".into(),
-            json!(format!("{collection}_profile")),
-        );
-        cfg.insert("submitter".into(), json!("alice"));
+        let cfg = lading_core::layout::JobConfiguration {
+            collection: Some(collection.into()),
+            profile_name: Some(format!("{collection}_profile")),
+            submitter: Some("alice".into()),
+            ..Default::default()
+        };
         let spec = lading_engine::JobSpec {
             configuration: cfg,
             ..Default::default()

@@ -471,10 +471,8 @@ pub(super) async fn one_job_per_object(
         let Some(info) = admin(|| admin_engine.batch(b)).await else {
             continue;
         };
-        if let Some(listed) = info
-            .submission
-            .get("payload_url")
-            .and_then(Value::as_str)
+        if let Some(listed) = (info.submission.typed().ok())
+            .and_then(|s| s.payload_url.as_deref())
             .and_then(|u| payloads.listed.get(u))
         {
             let mut made = Vec::new();
@@ -482,7 +480,7 @@ pub(super) async fn one_job_per_object(
                 let Some(job) = admin(|| admin_engine.job(j)).await else {
                     continue;
                 };
-                if let Some(url) = job.configuration.get("payload_url").and_then(Value::as_str) {
+                if let Some(url) = payload_url(&job) {
                     made.push(url.to_string());
                 }
             }
@@ -581,7 +579,7 @@ impl Stored<'_> {
                 let Some(job) = admin(|| admin_engine.job(j)).await else {
                     continue;
                 };
-                let Some(url) = job.configuration.get("payload_url").and_then(Value::as_str) else {
+                let Some(url) = payload_url(&job) else {
                     continue;
                 };
                 let Some(want) = payloads.expected.get(url) else {
@@ -785,4 +783,9 @@ fn versions_in_folders(
         }
     }
     found
+}
+
+/// The payload URL a job's configuration names.
+fn payload_url(job: &lading_engine::JobInfo) -> Option<&str> {
+    job.configuration.typed().ok()?.payload_url.as_deref()
 }

@@ -34,13 +34,9 @@ impl JobStage for SimJobStage {
             // flight, else it is parked until the waker wakes it.
             let dice = self.dice.clone();
             return Box::pin(async move {
-                let submitter = job
-                    .info
-                    .configuration
-                    .get("submitter")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string();
+                let submitter = (job.config().ok())
+                    .and_then(|c| c.submitter.clone())
+                    .unwrap_or_default();
                 match lading_ingest::quota::start_within(
                     &job,
                     QUOTA_PROFILE,
@@ -49,9 +45,7 @@ impl JobStage for SimJobStage {
                 )
                 .await
                 {
-                    Ok(Outcome::Done) if job.info.configuration.get("sim_probe").is_none() => {
-                        handled(&dice).await
-                    }
+                    Ok(Outcome::Done) if probe(&job.info).is_none() => handled(&dice).await,
                     Ok(o) => o,
                     Err(e) => Outcome::from(e),
                 }
@@ -63,7 +57,7 @@ impl JobStage for SimJobStage {
             let dice = self.dice.clone();
             return Box::pin(async move {
                 // A payload job's own estimate; a simulated job's size from the dice.
-                let needed = if has_payload(&job.info.configuration) {
+                let needed = if has_payload(job.info.configuration.raw()) {
                     job.info.space_needed
                 } else {
                     1 + dice.below(SPACE_MAX_JOB as usize) as u64
@@ -72,9 +66,7 @@ impl JobStage for SimJobStage {
                     .reserve_space(SPACE_ROOT, needed, SPACE_FREE, SPACE_KEEP)
                     .await
                 {
-                    Ok(None) if job.info.configuration.get("sim_probe").is_none() => {
-                        handled(&dice).await
-                    }
+                    Ok(None) if probe(&job.info).is_none() => handled(&dice).await,
                     Ok(None) => Outcome::Done,
                     Ok(Some(held)) => Outcome::Wait {
                         after: Duration::from_millis(500),
@@ -84,7 +76,7 @@ impl JobStage for SimJobStage {
                 }
             });
         }
-        if job.info.configuration.get("sim_probe").is_some() {
+        if probe(&job.info).is_some() {
             // The wake-up probe's job: quick, and never failing.
             return Box::pin(async {
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -119,17 +111,14 @@ impl BatchStage for SimIntake {
     }
     fn run(&self, b: Arc<BatchCtx>) -> BoxFuture<'static, Outcome> {
         Box::pin(async move {
-            let want = b
-                .info
-                .submission
-                .get("sim_jobs")
-                .and_then(Value::as_u64)
-                .unwrap_or(1);
+            let sub = b.info.submission.raw();
+            let want = sub.get("sim_jobs").and_then(Value::as_u64).unwrap_or(1);
             let mut have = std::collections::BTreeSet::new();
             for j in b.info.jobs.values().flatten() {
                 match b.engine.job(j).await {
                     Ok(info) => {
-                        if let Some(i) = info.configuration.get("index").and_then(Value::as_u64) {
+                        let cfg = info.configuration.typed().ok();
+                        if let Some(i) = cfg.and_then(|c| c.extra.get("index")?.as_u64()) {
                             have.insert(i);
                         }
                     }
@@ -137,15 +126,15 @@ impl BatchStage for SimIntake {
                 }
             }
             for i in (0..want).filter(|i| !have.contains(i)) {
-                let mut configuration = Map::new();
-                configuration.insert("index".into(), json!(i));
-                for k in ["submitter", "profile"] {
-                    if let Some(v) = b.info.submission.get(k) {
-                        configuration.insert(k.into(), v.clone());
+                let mut configuration = lading_core::layout::JobConfiguration {
+                    submitter: b.submission().ok().and_then(|s| s.submitter.clone()),
+                    ..Default::default()
+                };
+                configuration.extra.insert("index".into(), json!(i));
+                for k in ["profile", "sim_probe"] {
+                    if let Some(v) = sub.get(k) {
+                        configuration.extra.insert(k.into(), v.clone());
                     }
-                }
-                if let Some(p) = b.info.submission.get("sim_probe") {
-                    configuration.insert("sim_probe".into(), p.clone());
                 }
                 let spec = JobSpec {
                     configuration,
@@ -158,6 +147,11 @@ impl BatchStage for SimIntake {
             Outcome::Done
         })
     }
+}
+
+/// Whether a job is the wake-up probe's.
+fn probe(job: &lading_engine::JobInfo) -> Option<&Value> {
+    job.configuration.raw().get("sim_probe")
 }
 
 /// Whether a job is of a payload batch: Lading's own handlers fetch, process, store and
@@ -181,7 +175,7 @@ impl JobStage for Mixed {
         self.real.max_attempts(job)
     }
     fn run(&self, job: Arc<JobCtx>) -> BoxFuture<'static, Outcome> {
-        if has_payload(&job.info.configuration) {
+        if has_payload(job.info.configuration.raw()) {
             self.real.run(job)
         } else {
             self.sim.run(job)
@@ -200,7 +194,7 @@ impl BatchStage for MixedIntake {
         Event::To(BatchState::Processing)
     }
     fn run(&self, b: Arc<BatchCtx>) -> BoxFuture<'static, Outcome> {
-        if has_payload(&b.info.submission) {
+        if has_payload(b.info.submission.raw()) {
             self.0.run(b)
         } else {
             SimIntake.run(b)

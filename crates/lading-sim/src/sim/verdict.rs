@@ -272,10 +272,8 @@ impl Deployment {
             .collect();
         kept.sort();
         // The report mail's Message-ID names the batch by its Merritt batch id.
-        let named = info
-            .submission
-            .get("batchID")
-            .and_then(Value::as_str)
+        let named = (info.submission.typed().ok())
+            .and_then(|s| s.merritt_batch_id())
             .unwrap_or(b.as_str());
         let prefix = format!("<lading.{named}.report-");
         let mine: Vec<(u64, &Value)> = mails
