@@ -52,6 +52,11 @@ impl Engine {
         Ok(self.job_status(job).await?.0.status)
     }
 
+    /// A batch's state alone: one read of its status (`NoBatch` when it is gone).
+    pub async fn batch_state(&self, batch: &BatchId) -> Result<BatchState> {
+        Ok(self.batch_status(batch).await?.0.status)
+    }
+
     pub(crate) async fn job_priority(&self, job: &JobId) -> Result<u8> {
         let p = self
             .read_u64(&job_node(job, "priority"))
