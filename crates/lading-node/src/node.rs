@@ -181,11 +181,70 @@ pub struct NodeEnv {
     /// The program's own services beside Lading's, each under its name (the simulator's
     /// generic-jobs processor); they stop with the stages.
     pub services: Vec<(&'static str, Service)>,
+    /// The HTTP API on connections the program makes itself (the simulator's, in memory),
+    /// instead of [`NodeSpec::http`]'s listener.
+    pub http: Option<HttpEnv>,
 }
+
+/// The HTTP API as a program serves it ([`NodeEnv::http`]): the node starts the event hub
+/// (keeping the last `events_kept` events) and its feeders as its services, and runs
+/// `serve` with the API's router as its `http` service.
+pub struct HttpEnv {
+    pub auth: Auth,
+    pub events_kept: usize,
+    pub serve: ServeHttp,
+}
+
+/// Serves the router on the program's connections until the stop signal, with the tokens.
+pub type ServeHttp = Box<
+    dyn FnOnce(
+            lading_server::Router,
+            Shutdown,
+            Arc<Auth>,
+        ) -> lading_core::BoxFuture<'static, std::io::Result<()>>
+        + Send,
+>;
 
 /// A service a program adds to its [`Node`] ([`NodeEnv::services`]).
 pub type Service =
     Box<dyn FnOnce(Shutdown) -> lading_core::BoxFuture<'static, Result<(), String>> + Send>;
+
+/// Starts the event hub, its feeders and the HTTP API as services of `services`.
+async fn serve_http(
+    services: &mut Supervisor,
+    ingest: &Arc<Ingest>,
+    jobs: &Arc<Jobs>,
+    http: HttpEnv,
+) -> crate::Result<Arc<lading_server::events::EventHub>> {
+    let (events, feeders) =
+        lading_server::events::EventHub::start_keeping(&ingest.engine, http.events_kept).await?;
+    // The hub's feeders (the tree's follower, the forwarder, the last hour's tally) are
+    // services: one that panics is heard of and stops the process.
+    for (name, task) in feeders {
+        services.spawn(name, Phase::First, |sd| async move {
+            tokio::select! {
+                _ = task => {}
+                _ = sd.into_stopped() => {}
+            }
+            Ok(())
+        });
+    }
+    let state = AppState {
+        events: events.clone(),
+        ingest: ingest.clone(),
+        jobs: jobs.clone(),
+        auth: Arc::new(http.auth),
+        stopping: services.shutdown(),
+    };
+    let auth = state.auth.clone();
+    let serve = http.serve;
+    services.spawn("http", Phase::First, |sd| async move {
+        serve(lading_server::router(state), sd, auth)
+            .await
+            .map_err(|e| e.to_string())
+    });
+    Ok(events)
+}
 
 /// Stops or aborts a running [`Node`]: its supervisor's one stop signal.
 #[derive(Clone)]
@@ -245,6 +304,8 @@ pub struct Node {
     pub jobs: Arc<Jobs>,
     /// Where the HTTP API listens, when it does.
     pub addr: Option<SocketAddr>,
+    /// The event hub the HTTP API streams from, when it serves one.
+    pub events: Option<Arc<lading_server::events::EventHub>>,
     handle: NodeHandle,
     services: Supervisor,
 }
@@ -279,40 +340,30 @@ impl Node {
         let on = (ingest.engine.tree().clone(), ingest.engine.clock().clone());
         announce(&mut services, on, record, ingest.stats.clone());
         let mut addr = None;
-        if let Some((listener, auth)) = spec.http {
-            addr = Some(listener.local_addr()?);
-            let (events, feeders) = lading_server::events::EventHub::start(&ingest.engine).await?;
-            // The hub's feeders (the tree's follower, the forwarder, the last hour's tally)
-            // are services: one that panics is heard of and stops the process.
-            for (name, task) in feeders {
-                services.spawn(name, Phase::First, |sd| async move {
-                    tokio::select! {
-                        _ = task => {}
-                        _ = sd.into_stopped() => {}
-                    }
-                    Ok(())
-                });
+        let http = match (spec.http, env.http) {
+            (_, Some(http)) => Some(http),
+            (Some((listener, auth)), None) => {
+                addr = Some(listener.local_addr()?);
+                let limits = lading_server::conn::Limits::from(&ingest.cfg.http);
+                Some(HttpEnv {
+                    auth,
+                    events_kept: lading_server::events::KEPT,
+                    serve: Box::new(move |app, sd, auth| {
+                        Box::pin(lading_server::serve(
+                            listener,
+                            app,
+                            sd.into_stopped(),
+                            limits,
+                            Some(auth),
+                        ))
+                    }),
+                })
             }
-            let state = AppState {
-                events,
-                ingest: ingest.clone(),
-                jobs: jobs.clone(),
-                auth: Arc::new(auth),
-                stopping: services.shutdown(),
-            };
-            let limits = lading_server::conn::Limits::from(&ingest.cfg.http);
-            let auth = state.auth.clone();
-            services.spawn("http", Phase::First, |sd| async move {
-                lading_server::serve(
-                    listener,
-                    lading_server::router(state),
-                    sd.into_stopped(),
-                    limits,
-                    Some(auth),
-                )
-                .await
-                .map_err(|e| e.to_string())
-            });
+            (None, None) => None,
+        };
+        let mut events = None;
+        if let Some(http) = http {
+            events = Some(serve_http(&mut services, &ingest, &jobs, http).await?);
         }
         if spec.monitor {
             let j = jobs.clone();
@@ -351,6 +402,7 @@ impl Node {
             ingest,
             jobs,
             addr,
+            events,
             handle: NodeHandle(services.handle()),
             services,
         })

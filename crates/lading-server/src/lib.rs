@@ -29,14 +29,16 @@ mod redact;
 pub mod upload;
 
 pub use auth::{Admin, Auth, Principal, Role, Worker};
+/// The API's router, as [`router`] makes it.
+pub use axum::Router;
 pub use errors::{ApiError, error_id};
 
+use axum::Json;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Json, Router};
 use lading_jobs::Jobs;
 use serde::de::DeserializeOwned;
 use std::sync::Arc;

@@ -358,6 +358,7 @@ impl Sim {
             jobs: Some(generic),
             identity: Some(("sim".into(), i as u32)),
             services: vec![("generic-jobs processor", processor)],
+            http: None,
         };
         let node = lading_node::node::Node::start_in(ingest, role(i), env)
             .await

@@ -217,11 +217,17 @@ const ASSEMBLERS: [&str; 3] = [
     "lading-worker/src/services.rs",
 ];
 
-/// The places in `text` that make a supervisor or put a service on one.
+/// The places in `text` that make a supervisor, put a service on one, or start the event
+/// hub (whose feeders are services: a program that started one itself ran them unsupervised,
+/// as the simulator's event host did).
 fn assembles(text: &str) -> usize {
     text.lines()
         .map(|l| l.split("//").next().unwrap_or(""))
-        .filter(|l| l.contains("Supervisor::new(") || l.contains(", Phase::"))
+        .filter(|l| {
+            l.contains("Supervisor::new(")
+                || l.contains(", Phase::")
+                || l.contains("EventHub::start")
+        })
         .count()
 }
 

@@ -44,16 +44,15 @@ pub(super) async fn watch_events(
     watched: Arc<Mutex<Watched>>,
     shutdown: Shutdown,
 ) {
-    use lading_server::events::{EventHub, Sent};
-    let Some((hub, feeders)) =
-        retrying(|| EventHub::start_keeping(&engine, EVENTS_KEPT), |_| true).await
-    else {
+    use lading_server::events::Sent;
+    let Some((node, connector)) = events_host(server).await else {
         return;
     };
-    for (_, task) in feeders {
-        tokio::spawn(task);
-    }
-    let (connector, server_stop, serving) = serve_events(&hub, server);
+    let Some(hub) = node.events.clone() else {
+        return;
+    };
+    let server_stop = node.handle();
+    let serving = tokio::spawn(node.run_open());
     {
         let mut w = watched.lock().unwrap_or_else(|p| p.into_inner());
         w.from_ms = hub.live_from();
@@ -136,47 +135,53 @@ pub(super) async fn watch_events(
     let _ = serving.await;
 }
 
-/// Lading's HTTP server, with its connection limits, on `hub`, on connections in memory:
-/// what connects to it, what stops it, and its task.
-fn serve_events(
-    hub: &Arc<lading_server::events::EventHub>,
+/// The event host: a process serving Lading's HTTP API (the event stream among it), built by
+/// `Node` as a `lading serve` is, on connections in memory; and what connects to it. Its
+/// start reads the tree (the hub's follower), so it is tried again through faults.
+async fn events_host(
     server: EventsServer,
-) -> (
-    crate::http::Connector,
-    lading_worker::ShutdownHandle,
-    tokio::task::JoinHandle<std::io::Result<()>>,
-) {
-    let (listener, connector) = crate::http::pair();
-    let (server_stop, server_shutdown) = Shutdown::new();
-    let auth = lading_server::Auth::new(&[lading_ingest::config::TokenSettings {
-        name: "operator".into(),
-        token: EVENTS_TOKEN.into(),
-        role: "admin".into(),
-        types: Vec::new(),
-        collections: Vec::new(),
-    }])
-    .expect("the simulator's token");
-    let auth = Arc::new(auth);
-    let state = lading_server::AppState {
-        ingest: server.ingest,
-        events: hub.clone(),
-        jobs: server.jobs,
-        auth: auth.clone(),
-        stopping: server_shutdown.clone(),
-    };
-    let serving = tokio::spawn(lading_server::serve(
-        listener,
-        lading_server::router(state),
-        server_shutdown.into_stopped(),
-        // One stream per client: a stream the server kept after its client went away would
-        // refuse the client's comeback (429).
-        lading_server::conn::Limits {
-            max_streams_per_client: 1,
-            ..Default::default()
-        },
-        Some(auth),
-    ));
-    (connector, server_stop, serving)
+) -> Option<(lading_node::node::Node, crate::http::Connector)> {
+    for _ in 0..10 {
+        let (listener, connector) = crate::http::pair();
+        let auth = lading_server::Auth::new(&[lading_ingest::config::TokenSettings {
+            name: "operator".into(),
+            token: EVENTS_TOKEN.into(),
+            role: "admin".into(),
+            types: Vec::new(),
+            collections: Vec::new(),
+        }])
+        .expect("the simulator's token");
+        let serve: lading_node::node::ServeHttp = Box::new(move |app, sd, auth| {
+            Box::pin(lading_server::serve(
+                listener,
+                app,
+                sd.into_stopped(),
+                // One stream per client: a stream the server kept after its client went away
+                // would refuse the client's comeback (429).
+                lading_server::conn::Limits {
+                    max_streams_per_client: 1,
+                    ..Default::default()
+                },
+                Some(auth),
+            ))
+        });
+        let env = lading_node::node::NodeEnv {
+            jobs: Some(server.jobs.clone()),
+            identity: Some(("events".into(), 0)),
+            services: Vec::new(),
+            http: Some(lading_node::node::HttpEnv {
+                auth,
+                events_kept: EVENTS_KEPT,
+                serve,
+            }),
+        };
+        let spec = lading_node::node::NodeSpec::default();
+        match lading_node::node::Node::start_in(server.ingest.clone(), spec, env).await {
+            Ok(node) => return Some((node, connector)),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    None
 }
 
 /// A client that never goes away, recording the order the hub sends events in.
