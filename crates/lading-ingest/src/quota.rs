@@ -422,32 +422,47 @@ pub async fn run_waker_with(
     use lading_core::WatchKind;
     let mut stop = std::pin::pin!(shutdown.into_stopped());
     let t = engine.tree().clone();
+    let mut trouble = UNSETTLED_AGAIN;
     loop {
         let mut watches = Vec::new();
+        let mut unwatched = false;
         for s in [
             JobState::Completed,
             JobState::Failed,
             JobState::Deleted,
             JobState::Held,
         ] {
-            if let Ok(w) = t
+            match t
                 .watch(
                     &lading_core::layout::job_state_folder(s),
                     WatchKind::Children,
                 )
                 .await
             {
-                watches.push(w);
+                Ok(w) => watches.push(w),
+                Err(_) => unwatched = true,
             }
         }
-        // The safety net: six of the engine's sweeps (60 s in a real process).
+        // The safety net: six of the engine's sweeps (60 s in a real process). A watch that
+        // could not be set or a look that failed (a read lost, the store unreachable, the
+        // session lost) hears of no job ending: the waker looks again in a second, then
+        // backs off while the trouble lasts (found by `lading-sim`, seed 1003788: the watch
+        // on Completed was lost to a dropped read, and jobs parked for a slot stayed parked
+        // for the safety net's whole wait after every job in flight had ended).
         let net = engine.sweep() * 6;
         let again = match wake(&engine, &limits).await {
             Ok(w) if w.unsettled => UNSETTLED_AGAIN,
-            Ok(_) => net,
-            Err(e) => {
-                tracing::warn!(error = %e, "waking jobs parked for a quota slot");
+            Ok(_) if !unwatched => {
+                trouble = UNSETTLED_AGAIN;
                 net
+            }
+            r => {
+                if let Err(e) = r {
+                    tracing::warn!(error = %e, "waking jobs parked for a quota slot");
+                }
+                let now = trouble;
+                trouble = (trouble * 2).min(net);
+                now
             }
         };
         // None set (the session lost): the sleep below wakes it.

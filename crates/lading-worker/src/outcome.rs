@@ -54,10 +54,24 @@ impl Outcome {
     }
 }
 
+/// How long a handler that found the store out of reach waits before it tries again.
+pub const STORE_WAIT: Duration = Duration::from_secs(1);
+
 /// An engine error inside a handler: a lost lease or a store hiccup is worth a retry, a corrupt
 /// node is not.
 impl From<EngineError> for Outcome {
     fn from(e: EngineError) -> Outcome {
+        // The store itself out of reach (a lost connection, a dropped reply) is an outage,
+        // not the job's or batch's error: it waits, using no attempt (found by `lading-sim`,
+        // seed 1000994: a batch's report failed it after four lost reads).
+        if let EngineError::Tree(t) = &e
+            && matches!(t.root(), lading_core::TreeError::ConnectionLoss(_))
+        {
+            return Outcome::Wait {
+                after: STORE_WAIT,
+                reason: format!("the queue's store is out of reach: {e}"),
+            };
+        }
         if e.is_retryable() || matches!(e, EngineError::LeaseLost(_)) {
             Outcome::Transient(e.to_string())
         } else {
