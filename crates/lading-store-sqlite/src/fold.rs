@@ -100,7 +100,8 @@ impl Writer {
             return self.conn.prepare_cached("COMMIT")?.execute([]).map(drop);
         }
         let end = fold.next.saturating_add(budget).min(fold.rows.len());
-        write_rows(&self.conn, &fold.rows[fold.next..end])?;
+        // What the table is written reaches the WAL too (see `Writer::logged_since_restart`).
+        self.logged_since_restart += write_rows(&self.conn, &fold.rows[fold.next..end])?;
         let written = (end - fold.next) as u64;
         fold.next = end;
         let done = end == fold.rows.len();
@@ -283,14 +284,21 @@ fn fold_to(conn: &Connection) -> rusqlite::Result<i64> {
     Ok(v.and_then(|v| v.parse().ok()).unwrap_or(0))
 }
 
-fn write_rows(conn: &Connection, rows: &[log::Row]) -> rusqlite::Result<()> {
+/// Writes `rows` into the nodes table; the bytes of data written.
+fn write_rows(conn: &Connection, rows: &[log::Row]) -> rusqlite::Result<u64> {
     let mut upsert = conn.prepare_cached(
         "INSERT INTO nodes(parent, name, data, version, owner, ctime, mtime, seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
          ON CONFLICT(parent, name) DO UPDATE SET data = excluded.data, version = excluded.version,
            owner = excluded.owner, ctime = excluded.ctime, mtime = excluded.mtime, seq = excluded.seq",
     )?;
     let mut del = conn.prepare_cached("DELETE FROM nodes WHERE parent = ?1 AND name = ?2")?;
+    let mut bytes = 0u64;
     for (path, node) in rows {
+        bytes += (path.len()
+            + node
+                .as_ref()
+                .and_then(|n| n.data.as_ref())
+                .map_or(0, Vec::len)) as u64;
         let (parent, name) = key(path);
         match node {
             Some(n) => {
@@ -310,5 +318,5 @@ fn write_rows(conn: &Connection, rows: &[log::Row]) -> rusqlite::Result<()> {
             }
         }
     }
-    Ok(())
+    Ok(bytes)
 }

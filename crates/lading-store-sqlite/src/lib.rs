@@ -578,6 +578,8 @@ impl SqliteTree {
             checkpointer: checkpointer_tx,
             since_checkpoint: 0,
             since_restart: 0,
+            logged_since_restart: 0,
+            restart_after: writer::LOG_RESTART,
         };
         // Dead sessions' locks must not linger: reap before anyone reads.
         writer.apply_group(vec![Req::Reap]);

@@ -31,7 +31,20 @@ pub(crate) struct Writer {
     /// Commits since the checkpointer was last woken, and since the WAL last started over.
     pub(crate) since_checkpoint: u32,
     pub(crate) since_restart: u32,
+    /// Bytes this writer committed since the WAL last started over, of the log and of the
+    /// nodes table: each reached the WAL, so their pages count its frames without waiting on
+    /// the checkpointer's report (a checkpointer starved of CPU reported none, and the WAL
+    /// grew to twice its bound under a steady stream of large commits).
+    pub(crate) logged_since_restart: u64,
+    /// The log bytes at which the writer tries to start the WAL over (on its own count).
+    pub(crate) restart_after: u64,
 }
+
+/// The database's page size (SQLite's default, which the store keeps): a WAL frame holds one.
+const WAL_PAGE: u64 = 4096;
+/// The log bytes after which the writer starts the WAL over on its own count: as many pages
+/// as [`WAL_RESTART_FRAMES`].
+pub(crate) const LOG_RESTART: u64 = WAL_RESTART_FRAMES as u64 * WAL_PAGE;
 
 /// See [`Writer::recent`].
 pub(crate) struct Recent {
@@ -128,6 +141,7 @@ impl Writer {
                 tracing::warn!(error = %e, "could not bring the nodes table up to date");
             }
             if self.shared.wal_frames.load(Ordering::Relaxed) >= WAL_RESTART_FRAMES
+                || self.logged_since_restart >= self.restart_after
                 || self.since_restart >= WAL_RESTART_COMMITS
             {
                 self.restart_wal();
@@ -146,9 +160,26 @@ impl Writer {
     /// growing it. Nothing else commits meanwhile, so the copy can be complete.
     pub(crate) fn restart_wal(&mut self) {
         let t = std::time::Instant::now();
-        match checkpoint(&self.conn) {
+        let mut r = checkpoint(&self.conn);
+        // Past its bound on the writer's own count, which comes only after the checkpointer's
+        // when that one keeps up (the count is a floor: pages hold less than a page of data):
+        // a checkpointer starved of CPU holds the checkpoint while the commits go on, and the
+        // writer waits for it, up to a second, rather than let the WAL grow on. Commits wait
+        // meanwhile.
+        let mut waited = 0;
+        while matches!(&r, Ok((busy, frames, copied)) if *busy || frames != copied)
+            && self.logged_since_restart >= LOG_RESTART
+            && waited < 1000
+        {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            waited += 1;
+            r = checkpoint(&self.conn);
+        }
+        match r {
             Ok((false, frames, copied)) if frames == copied => {
                 self.since_restart = 0;
+                self.logged_since_restart = 0;
+                self.restart_after = LOG_RESTART;
                 self.shared.wal_frames.store(0, Ordering::Relaxed);
                 let s = &self.shared;
                 s.wal_restarts.fetch_add(1, Ordering::Relaxed);
@@ -162,9 +193,13 @@ impl Writer {
                 self.since_restart = self
                     .since_restart
                     .min(WAL_RESTART_COMMITS - CHECKPOINT_EVERY);
+                // And after some more pages of log, whatever the checkpointer reports.
+                self.restart_after = self.logged_since_restart + CHECKPOINT_EVERY as u64 * WAL_PAGE;
             }
             Err(e) => {
                 self.since_restart = 0;
+                self.logged_since_restart = 0;
+                self.restart_after = LOG_RESTART;
                 tracing::warn!(error = %e, "could not checkpoint the WAL");
             }
         }
@@ -374,6 +409,7 @@ impl Writer {
                 self.conn.prepare_cached("COMMIT")?.execute([])?;
                 return Ok(None);
             }
+            self.logged_since_restart += body.len() as u64;
             let (seq, committed) = self.log_and_commit(&mut ov, existed)?;
             pending_overlay = Some(committed);
             Ok(Some(seq))
