@@ -483,14 +483,24 @@ pub struct Summary {
     pub paused_queues: Vec<String>,
     pub outbox: OutboxCounts,
     pub foreign_locks: Vec<crate::ForeignLock>,
-    /// What the stored copies' last checks found (`copies`, `bad`, `missing`,
-    /// `oldest_check`): filled by the application from its inventory, absent here.
+    /// What the stored copies' last checks found: filled by the application from its
+    /// inventory, absent here (and where no copy is recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
-    pub fixity: Option<serde_json::Value>,
+    pub fixity: Option<FixitySummary>,
     /// The outside services down now, for any process, and the work waiting on each.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dependencies_down: Vec<crate::deps::Health>,
+}
+
+/// The fixity of every recorded copy, summed up.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FixitySummary {
+    pub copies: u64,
+    pub bad: u64,
+    pub missing: u64,
+    /// The longest a copy has gone unchecked: its last check.
+    pub oldest_check: Option<String>,
 }
 
 /// Outbox entries still being delivered, and those given up.

@@ -712,15 +712,8 @@ pub struct CopyCheck {
     pub version_path: String,
 }
 
-/// The fixity of every recorded copy, summed up.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct FixitySummary {
-    pub copies: u64,
-    pub bad: u64,
-    pub missing: u64,
-    /// The longest a copy has gone unchecked: its last check.
-    pub oldest_check: Option<String>,
-}
+/// The fixity of every recorded copy, summed up (the queue's summary shows it).
+pub use lading_engine::FixitySummary;
 
 /// A version's copies on one node, summed up.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -190,7 +190,7 @@ impl Ops for Local {
         // The inventory's fixity figures, when it can be read (the queue's counts do not
         // wait on it).
         match self.0.inventory.run(|i| i.fixity_summary()).await {
-            Ok(f) if f.copies > 0 => s.fixity = serde_json::to_value(f).ok(),
+            Ok(f) if f.copies > 0 => s.fixity = Some(f),
             Ok(_) => {}
             Err(e) => tracing::debug!(error = %e, "status: no fixity figures"),
         }
