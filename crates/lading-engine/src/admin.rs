@@ -543,6 +543,7 @@ impl Engine {
             TreeError::BadVersion { .. } => EngineError::Conflict(batch.to_string()),
             _ => e.into(),
         })?;
+        self.watched.forget(BATCHES, WatchKind::Children);
         Ok(purged)
     }
 

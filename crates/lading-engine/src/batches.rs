@@ -30,6 +30,8 @@ impl Engine {
             .tree
             .create(BATCH_PREFIX, None, CreateMode::PersistentSequential)
             .await?;
+        // This process's next look lists the batches again (see `acquire_batch`).
+        self.watched.forget(BATCHES, WatchKind::Children);
         let bid = BatchId::parse(lading_core::tree::split_path(&path).1)?;
         let mut status = BatchStatus {
             status: BatchState::Pending,
@@ -82,10 +84,18 @@ impl Engine {
         let mut live = Vec::new();
         let mut locked = Vec::new();
         loop {
-            let page = self
-                .tree
-                .children_page(BATCHES, after.as_deref(), PAGE)
-                .await?;
+            let page = match &after {
+                // The first page, remembered under a watch on the folder: batches come and go
+                // far less often than their statuses change, and every status change woke
+                // each batch waiter of each process to list them all again.
+                None => {
+                    self.watched_read(BATCHES, WatchKind::Children, async {
+                        Ok(self.tree.children_page(BATCHES, None, PAGE).await?)
+                    })
+                    .await?
+                }
+                Some(a) => self.tree.children_page(BATCHES, Some(a), PAGE).await?,
+            };
             let Some(last) = page.last().cloned() else {
                 *self.live_batches.lock().unwrap_or_else(|p| p.into_inner()) = live;
                 self.locked_batches

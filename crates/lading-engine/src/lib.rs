@@ -62,7 +62,8 @@ pub use history::{HistoryEntry, expand_history, history};
 pub(crate) use history::{RawHistory, push_history};
 pub use locks::ForeignLock;
 pub use outbox::{
-    Effect, EffectKind, OutboxClaim, OutboxCounts, OutboxEntry, OutboxItem, OutboxWatch, Summary,
+    Effect, EffectKind, FixitySummary, OutboxClaim, OutboxCounts, OutboxEntry, OutboxItem,
+    OutboxWatch, Summary,
 };
 pub use records::*;
 pub use reporting::ReportTry;

@@ -139,7 +139,7 @@ pub async fn add(
             .or_default()
             .insert(minute, c);
     }
-    let mut error = ensure_root(tree).await.err();
+    let mut error = None;
     let mut unwritten = BTreeMap::new();
     for (hour, minutes) in by_hour {
         if error.is_none() {
@@ -217,6 +217,12 @@ async fn add_hour(
         };
         match r {
             Ok(()) => return Ok(()),
+            // The first hour ever written: the folder is made (looked for only then, not at
+            // every flush of every stage).
+            Err(e) if version.is_none() && matches!(e.root(), TreeError::NoNode(_)) => {
+                ensure_root(tree).await?;
+                last = Some(e)
+            }
             // Another process wrote it meanwhile: read it again and add to that.
             Err(e)
                 if matches!(

@@ -402,6 +402,9 @@ pub struct Jobs {
     parked_waits: tokio::sync::watch::Sender<u64>,
     /// Types known to exist (types are never deleted), with their settings as last read.
     types: Mutex<HashMap<String, (Arc<TypeSettings>, Instant)>>,
+    /// Per type, when this process's monitor last removed ended jobs (ms; see
+    /// `Jobs::retention_due`).
+    retained_ms: Mutex<HashMap<String, u64>>,
     subs: Mutex<HashMap<SubId, Sub>>,
     next_sub: AtomicU64,
     /// When idle subscriptions were last swept (ms).
@@ -498,6 +501,7 @@ impl Jobs {
             parked: tokio::sync::watch::Sender::new(0),
             parked_waits: tokio::sync::watch::Sender::new(0),
             types: Mutex::new(HashMap::new()),
+            retained_ms: Mutex::new(HashMap::new()),
             subs: Mutex::new(HashMap::new()),
             next_sub: AtomicU64::new(1),
             swept_ms: AtomicU64::new(0),
@@ -573,6 +577,24 @@ impl Jobs {
     /// The type's settings: checks the type exists (and on first use in this process, that
     /// it has every folder). Read again at most once a second, so a change made elsewhere
     /// applies here within a second.
+    /// Remembers `ty`'s settings as just read (as [`Jobs::require_type`] would read them),
+    /// making the folders a type made by an older version lacks the first time.
+    async fn remember_type(&self, ty: &str, settings: &TypeSettings) -> Result<()> {
+        let known = self
+            .types
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains_key(ty);
+        if !known {
+            self.ensure_dirs(ty).await?;
+        }
+        self.types
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(ty.into(), (Arc::new(settings.clone()), Instant::now()));
+        Ok(())
+    }
+
     async fn require_type(&self, ty: &str) -> Result<Arc<TypeSettings>> {
         check_type(ty)?;
         let known = self

@@ -6,6 +6,10 @@ use super::*;
 
 /// Ended jobs one retention pass removes per type and state (the rest wait for the next).
 const RETENTION_BATCH: usize = 256;
+/// The longest a monitor leaves between two retention passes of a type (a quarter of its
+/// shortest retention age, if shorter): ended jobs are removed that much late at most, and
+/// a pass every second listed both folders of every type for nothing.
+const RETENTION_EVERY_MS: u64 = 10_000;
 
 /// What one pass of the monitor did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -19,6 +23,9 @@ pub struct MonitorPass {
     /// The earliest schedule tick not yet due (ms).
     #[serde(skip)]
     pub next_tick_ms: Option<u64>,
+    /// The shortest activity timeout of the types it looked at (s).
+    #[serde(skip)]
+    pub shortest_timeout_s: Option<u64>,
 }
 
 impl Jobs {
@@ -37,9 +44,15 @@ impl Jobs {
     pub async fn monitor_pass(&self) -> Result<MonitorPass> {
         let mut pass = MonitorPass::default();
         for (ty, settings) in self.types().await? {
-            self.require_type(&ty).await?;
+            self.remember_type(&ty, &settings).await?;
+            pass.shortest_timeout_s = Some(
+                pass.shortest_timeout_s
+                    .map_or(settings.timeout_s, |t| t.min(settings.timeout_s)),
+            );
             pass.requeued += self.requeue_stalled(&ty, settings.timeout_s).await?;
-            pass.removed += self.retention_once(&ty, &settings).await?;
+            if self.retention_due(&ty, &settings) {
+                pass.removed += self.retention_once(&ty, &settings).await?;
+            }
             let (added, next) = self.tick_schedules(&ty).await?;
             pass.scheduled += added;
             if let Some(t) = next {
@@ -47,6 +60,29 @@ impl Jobs {
             }
         }
         Ok(pass)
+    }
+
+    /// Whether `ty`'s ended jobs are to be looked at now (see [`RETENTION_EVERY_MS`]); if so,
+    /// the time is noted.
+    fn retention_due(&self, ty: &str, settings: &TypeSettings) -> bool {
+        let shortest_keep_ms = [settings.keep_finished_s, settings.keep_failed_s]
+            .into_iter()
+            .filter(|s| *s > 0)
+            .min()
+            .map_or(RETENTION_EVERY_MS, |s| s.saturating_mul(250));
+        let every = RETENTION_EVERY_MS.min(shortest_keep_ms);
+        let now = self.now_ms();
+        let mut last = self
+            .retained_ms
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match last.get(ty) {
+            Some(at) if now.saturating_sub(*at) < every => false,
+            _ => {
+                last.insert(ty.to_string(), now);
+                true
+            }
+        }
     }
 
     async fn requeue_stalled(&self, ty: &str, timeout_s: u64) -> Result<usize> {
@@ -147,15 +183,14 @@ impl Jobs {
     pub async fn run_monitor(&self, shutdown: lading_worker::Shutdown) {
         let mut stop = std::pin::pin!(shutdown.into_stopped());
         loop {
-            let mut next_tick = None;
+            let (mut next_tick, mut shortest) = (None, 20);
             match self.monitor_pass().await {
-                Ok(p) => next_tick = p.next_tick_ms,
+                Ok(p) => {
+                    next_tick = p.next_tick_ms;
+                    shortest = p.shortest_timeout_s.unwrap_or(20);
+                }
                 Err(e) => tracing::warn!("activity monitor: {e}"),
             }
-            let shortest = match self.types().await {
-                Ok(t) => t.iter().map(|(_, s)| s.timeout_s).min().unwrap_or(20),
-                Err(_) => 20,
-            };
             let mut every = Duration::from_millis((shortest * 250).clamp(100, 1_000));
             if let Some(t) = next_tick {
                 let ms = t.saturating_sub(self.now_ms()).max(1);
