@@ -166,6 +166,9 @@ pub struct Engine {
     known_folders: Mutex<foldhash::HashSet<String>>,
     /// Job → batch, which never changes once written: saves a read per acquisition.
     job_batches: Mutex<HashMap<JobId, BatchId>>,
+    /// Batches' `batchID`s as read (written once, at the batch's creation; bounded as
+    /// `job_batches`).
+    batch_uuids: Mutex<HashMap<BatchId, String>>,
     /// Batches seen in a terminal state (Completed, Deleted), which they never leave: batch
     /// acquisition skips them without reading their status again.
     terminal_batches: Mutex<HashMap<BatchId, BatchState>>,
@@ -263,6 +266,7 @@ impl Engine {
             events,
             claimed: Mutex::new(HashMap::new()),
             job_batches: Mutex::new(HashMap::new()),
+            batch_uuids: Mutex::new(HashMap::new()),
             known_folders: Mutex::new(foldhash::HashSet::default()),
             terminal_batches: Mutex::new(HashMap::new()),
             watched: Default::default(),

@@ -240,6 +240,28 @@ impl Engine {
         }
     }
 
+    /// A batch's `batchID` as its submission holds it (`""` when it holds none), remembered:
+    /// a submission is written once, when the batch is made, and batch ids are never reused.
+    pub async fn batch_uuid(&self, batch: &BatchId) -> Result<String> {
+        let known = self
+            .batch_uuids
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(batch)
+            .cloned();
+        if let Some(u) = known {
+            return Ok(u);
+        }
+        let submission = self.batch_submission(batch).await?;
+        let uuid = submission.text("batchID").unwrap_or_default().to_string();
+        let mut cache = self.batch_uuids.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= JOB_BATCHES_KEPT {
+            cache.clear();
+        }
+        cache.insert(batch.clone(), uuid.clone());
+        Ok(uuid)
+    }
+
     /// A batch's full record.
     pub async fn batch(&self, batch: &BatchId) -> Result<BatchInfo> {
         let (status, _) = self.batch_status(batch).await?;

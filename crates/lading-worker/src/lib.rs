@@ -400,13 +400,7 @@ impl JobLoop {
         let uuid = match info.configuration.text("batch_uuid") {
             Some(u) => u.to_string(),
             // A job made by another tool (Merritt's library): the batch's submission says.
-            None => self
-                .engine
-                .batch_submission(&info.bid)
-                .await?
-                .text("batchID")
-                .unwrap_or_default()
-                .to_string(),
+            None => self.engine.batch_uuid(&info.bid).await?,
         };
         Ok(format!("{uuid}/{}", info.id))
     }
