@@ -461,6 +461,54 @@ pub async fn generic_jobs_rate_limit_holds_for_a_processor_whose_clock_is_behind
     assert_eq!((c[&State::Running], c[&State::Pending]), (4, 2));
 }
 
+/// A monitor pass reads each type's settings once (it read them three times), and lists a
+/// type's ended jobs at most every 10 s (it listed both folders at every pass, every second).
+pub async fn generic_jobs_monitor_reads_a_type_once_a_pass_and_ended_jobs_now_and_then(
+    h: &dyn Harness,
+) {
+    let clock = ManualClock::new(T0);
+    let s = h.open().await;
+    let counting = crate::jobs::CountingTree::over(s.tree.clone());
+    let j = Jobs::new(counting.clone(), clock.clone(), "monitor");
+    let update = TypeUpdate {
+        timeout_s: Some(600),
+        keep_finished_s: Some(60),
+        keep_failed_s: Some(120),
+        ..Default::default()
+    };
+    j.update_type("tidy", &update).await.unwrap();
+    let type_reads = || {
+        counting
+            .read
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|p| *p == "/generic-jobs/tidy")
+            .count()
+    };
+    let pass = || async {
+        let (reads, calls) = (type_reads(), counting.calls());
+        j.monitor_pass().await.unwrap();
+        (type_reads() - reads, counting.calls() - calls)
+    };
+    let (reads, first) = pass().await;
+    assert_eq!(reads, 1, "one read of the type per pass");
+    clock.advance_ms(1_000);
+    let (reads, soon) = pass().await;
+    assert_eq!(reads, 1, "one read of the type per pass");
+    assert_eq!(
+        first,
+        soon + 2,
+        "a second later, the ended jobs are not listed again"
+    );
+    clock.advance_ms(10_000);
+    let (reads, later) = pass().await;
+    assert_eq!(reads, 1);
+    assert_eq!(later, first, "10 s later they are");
+    let t = subtree(&j).await;
+    assert!(t.contains_key("/generic-jobs/tidy"), "the type is intact");
+}
+
 pub async fn generic_jobs_retention_removes_old_finished_and_failed_jobs(h: &dyn Harness) {
     let clock = ManualClock::new(T0);
     let (j, _s) = jobs_on(h, clock.clone(), "keeper").await;

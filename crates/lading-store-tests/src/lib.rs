@@ -419,6 +419,7 @@ macro_rules! conformance_tests {
             generic_jobs_rate_limit_holds_across_processors,
             generic_jobs_rate_limit_holds_for_a_processor_whose_clock_is_behind,
             generic_jobs_retention_removes_old_finished_and_failed_jobs,
+            generic_jobs_monitor_reads_a_type_once_a_pass_and_ended_jobs_now_and_then,
             generic_jobs_batched_accept_never_hands_one_job_to_two,
             generic_jobs_subscribers_see_every_transition_in_order,
         );
