@@ -577,24 +577,6 @@ impl Jobs {
     /// The type's settings: checks the type exists (and on first use in this process, that
     /// it has every folder). Read again at most once a second, so a change made elsewhere
     /// applies here within a second.
-    /// Remembers `ty`'s settings as just read (as [`Jobs::require_type`] would read them),
-    /// making the folders a type made by an older version lacks the first time.
-    async fn remember_type(&self, ty: &str, settings: &TypeSettings) -> Result<()> {
-        let known = self
-            .types
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .contains_key(ty);
-        if !known {
-            self.ensure_dirs(ty).await?;
-        }
-        self.types
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(ty.into(), (Arc::new(settings.clone()), Instant::now()));
-        Ok(())
-    }
-
     async fn require_type(&self, ty: &str) -> Result<Arc<TypeSettings>> {
         check_type(ty)?;
         let known = self
@@ -608,10 +590,23 @@ impl Jobs {
         {
             return Ok(settings.clone());
         }
-        let settings = Arc::new(self.read_type(ty).await?);
-        if known.is_none() {
+        let settings = self.read_type(ty).await?;
+        self.remember_type(ty, settings).await
+    }
+
+    /// Remembers `ty`'s settings as just read (by [`Jobs::require_type`], or by the monitor's
+    /// listing of every type), making the folders a type made by an older version lacks the
+    /// first time this process meets it.
+    async fn remember_type(&self, ty: &str, settings: TypeSettings) -> Result<Arc<TypeSettings>> {
+        let known = self
+            .types
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains_key(ty);
+        if !known {
             self.ensure_dirs(ty).await?;
         }
+        let settings = Arc::new(settings);
         self.types
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

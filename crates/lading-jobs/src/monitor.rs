@@ -44,7 +44,7 @@ impl Jobs {
     pub async fn monitor_pass(&self) -> Result<MonitorPass> {
         let mut pass = MonitorPass::default();
         for (ty, settings) in self.types().await? {
-            self.remember_type(&ty, &settings).await?;
+            self.remember_type(&ty, settings.clone()).await?;
             pass.shortest_timeout_s = Some(
                 pass.shortest_timeout_s
                     .map_or(settings.timeout_s, |t| t.min(settings.timeout_s)),
