@@ -195,7 +195,8 @@ pub async fn sweep_work_dirs(
         if touched_ms.is_none_or(|t| u128::from(now_ms.saturating_sub(t)) < min_age.as_millis()) {
             continue;
         }
-        match ingest.engine.job(&jid).await {
+        // One read (the status), not the whole job: a job's nodes come and go together.
+        match ingest.engine.job_state(&jid).await {
             Err(EngineError::NoJob(_)) => {}
             Ok(_) => continue,
             Err(err) => return Err(err),

@@ -362,3 +362,82 @@ fn backoff_doubles_up_to_the_cap_with_jitter() {
     assert_eq!(cfg.backoff(10, 1.0), Duration::from_secs(60));
     assert_eq!(cfg.backoff(u32::MAX, 1.0), Duration::from_secs(60));
 }
+
+/// An idle stage's depth is written once a minute, not at every flush (each write is a
+/// round trip to the shared store, from every process, every few seconds); a larger depth,
+/// a handler run, or a new minute is written at once.
+#[tokio::test]
+async fn an_idle_stage_adds_its_depth_once_a_minute() {
+    use lading_core::Tree;
+    use lading_core::time::{Clock, ManualClock};
+    use lading_worker::stage_metrics::{Written, flush};
+    let dir = tempfile::tempdir().unwrap();
+    let tree =
+        Arc::new(SqliteTree::open(dir.path().join("lading.db"), SqliteOptions::default()).unwrap());
+    // A minute and a second into an hour.
+    let clock = ManualClock::new(1_800_000_000_000 + 61_000);
+    let engine = Engine::new(tree.clone(), clock.clone(), "test-worker");
+    engine.init().await.unwrap();
+    lading_store_tests::batch_with_jobs(&engine, 2, &[]).await;
+    let (stats, written) = (lading_worker::Stats::default(), Written::default());
+    let stages = [JobState::Pending];
+    let version = || async {
+        let hours = tree
+            .children(lading_engine::stage_metrics::STAGE_METRICS)
+            .await
+            .unwrap();
+        assert_eq!(hours.len(), 1, "one hour of one stage: {hours:?}");
+        let path = format!(
+            "{}/{}",
+            lading_engine::stage_metrics::STAGE_METRICS,
+            hours[0]
+        );
+        tree.get(&path).await.unwrap().unwrap().stat.version
+    };
+    let depth = || async {
+        let series = lading_engine::stage_metrics::read(tree.as_ref(), clock.now_ms())
+            .await
+            .unwrap();
+        let pending = series
+            .iter()
+            .find(|s| s.stage == JobState::Pending.name())
+            .unwrap();
+        pending.minutes.last().unwrap().depth
+    };
+    flush(&engine, &stats, &stages, &written).await;
+    let first = version().await;
+    assert_eq!(depth().await, Some(2));
+    // The same depth in the same minute: nothing written.
+    clock.advance_ms(5_000);
+    flush(&engine, &stats, &stages, &written).await;
+    assert_eq!(
+        version().await,
+        first,
+        "an unchanged depth was written again"
+    );
+    // A handler run is counted at once.
+    stats.record(
+        JobState::Pending.name(),
+        &Outcome::Done,
+        Duration::from_millis(3),
+        clock.now_ms(),
+    );
+    flush(&engine, &stats, &stages, &written).await;
+    let counted = version().await;
+    assert!(counted > first, "a handler run was not written");
+    // A deeper queue is written; the same depth again is not.
+    lading_store_tests::batch_with_jobs(&engine, 1, &[]).await;
+    flush(&engine, &stats, &stages, &written).await;
+    let deeper = version().await;
+    assert!(deeper > counted, "a larger depth was not written");
+    assert_eq!(depth().await, Some(3));
+    flush(&engine, &stats, &stages, &written).await;
+    assert_eq!(version().await, deeper);
+    // The next minute has no depth yet: written.
+    clock.advance_ms(60_000);
+    flush(&engine, &stats, &stages, &written).await;
+    assert!(
+        version().await > deeper,
+        "a new minute's depth was not written"
+    );
+}
