@@ -162,7 +162,8 @@ impl Engine {
     /// a watch on its `batch-processing` folder, which fires when the batch may have finished,
     /// whoever moved its last job (another Lading process, Merritt's own tools); and the
     /// watches that say the list itself is out of date: one on the batches folder, and one on
-    /// the status of each batch not yet running (it may start). Check the batches with
+    /// the status of each batch not yet running (it may start) or reporting or reported but
+    /// for good (a requeue may reopen it). Check the batches with
     /// [`Engine::report_finished`] once the watches are set (a batch that finished before is
     /// caught then), and each one again after its watch fires ([`Engine::watch_finishing_one`]).
     pub async fn watch_finishing(&self) -> Result<Finishing> {
@@ -189,6 +190,19 @@ impl Engine {
                 // Not started yet, or still being made (Merritt writes its status after its
                 // node): the list is read again when its status is written.
                 Ok((st, _)) if matches!(st.status, BatchState::Pending | BatchState::Held) => {
+                    f.stale.push(starting);
+                    continue;
+                }
+                // Reporting or reported: an admin's requeue reopens it (back to Processing),
+                // and the list is read again then. Dropped, a reopened batch whose last job
+                // finished while its reporter still held the lock was left in Processing
+                // (found by `lading-sim`, seed 5015369 on 447bdb2).
+                Ok((st, _))
+                    if matches!(
+                        st.status,
+                        BatchState::Reporting | BatchState::UpdateReporting | BatchState::Failed
+                    ) =>
+                {
                     f.stale.push(starting);
                     continue;
                 }

@@ -197,6 +197,12 @@ fn objects_in_every_kind_of_container_are_unpacked_and_stored() {
 /// - 1000994 (the same run): a batch failed by its report stage after four lost reads of the
 ///   store, with no report: the store out of reach used up the batch's attempts. It now waits,
 ///   as any outage does.
+/// - 5015369 (on 447bdb2): a batch reopened by a requeue while its reporter held it stayed
+///   in Processing after its last job finished: the finishing watchers had read their list
+///   while it was Failed and dropped it without watching its status.
+/// - 5017358 (on 447bdb2): a stored version lost a file: a job whose store failed fatally
+///   removed a key it had once written, which by then held another job's bytes of the same
+///   ark and version; its slow delete landed after that job's commit.
 #[test]
 fn the_seeds_that_found_bugs_run_clean() {
     let opts = Options::default();
@@ -206,7 +212,7 @@ fn the_seeds_that_found_bugs_run_clean() {
         401313012, 401314180, 624747782, 624747914, 46, 373605852, 373606659, 970448783, 970449026,
         778393544, 778402686, 625764882, 625773258, 771227260, 775674619, 775676781, 537660223,
         537657220, 537663386, 537663421, 537664513, 678309407, 678309450, 678309740, 678320714,
-        678319832, 844977240, 1003788, 1004146, 1000994,
+        678319832, 844977240, 1003788, 1004146, 1000994, 5015369, 5017358,
     ] {
         let r = run(seed, &opts);
         assert!(r.jobs > 0, "seed {seed} ran no job");

@@ -160,7 +160,14 @@ pub(crate) async fn store_on_bucket(
     let results = send_files(job, node, ark, version, &shared, &done, todo).await;
     if let Some(e) = results.iter().find_map(|r| r.as_ref().err()).cloned() {
         if e.fatal {
-            scrap(job, node, ark, version, &shared.lock().await.written).await;
+            scrap(
+                job,
+                node,
+                (ark, version),
+                &shared.lock().await.written,
+                &files,
+            )
+            .await;
         }
         return Err(node_outcome(node, e));
     }
@@ -526,14 +533,37 @@ async fn committed(node: &Node, stored: StoredVersion) -> Result<StoredVersion, 
 /// Removes what this job wrote of a version that has no record (after a fatal failure), and
 /// its progress, so nothing half-stored remains. Only when the node says the record is
 /// absent: one that cannot be read may be another job's commit of the same number, whose
-/// files (some of the same bytes) must stay (found by `lading-sim`, seed 771227260).
-async fn scrap(job: &JobCtx, node: &Node, ark: &str, version: u32, written: &BTreeSet<String>) {
-    if !matches!(node.head(ark, version, VERSION_RECORD).await, Ok(None)) {
+/// files (some of the same bytes) must stay (found by `lading-sim`, seed 771227260). And only
+/// a key that still holds this job's bytes, with the record looked for again just before:
+/// another job storing the same version (the ark's storage lock lost with its holder's
+/// session) may have put its own bytes there since and be about to commit them; a slow
+/// delete of such a key landed after that commit (found by `lading-sim`, seed 5017358).
+async fn scrap(
+    job: &JobCtx,
+    node: &Node,
+    (ark, version): (&str, u32),
+    written: &BTreeSet<String>,
+    files: &[(String, PathBuf)],
+) {
+    let no_record = || async { matches!(node.head(ark, version, VERSION_RECORD).await, Ok(None)) };
+    if !no_record().await {
         return;
     }
     let _ = node.abort_open_uploads(ark, version).await;
     if let crate::nodes::Place::Bucket { store, .. } = &node.place {
-        for rel in written {
+        for (rel, path) in files.iter().filter(|(rel, _)| written.contains(rel)) {
+            let p = path.clone();
+            let mine = crate::blocking::run(move || crate::files::file_sha256(&p)).await;
+            let Ok(Ok((size, sha256))) = mine else {
+                continue;
+            };
+            let theirs = node.digest(ark, version, rel, None).await;
+            if !matches!(theirs, Ok(Some(c)) if c.size == size && c.sha256 == sha256) {
+                continue;
+            }
+            if !no_record().await {
+                return;
+            }
             if let Ok(k) = node.key(ark, version, rel) {
                 let _ = store.delete(&k).await;
             }
