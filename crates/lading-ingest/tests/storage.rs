@@ -787,3 +787,98 @@ async fn the_bucket_in_memory_passes_the_same_conformance_suite_and_fails_as_tol
         );
     }
 }
+
+/// A store that fails for good removes what it wrote of its version (which has no record),
+/// but only keys that still hold its own bytes: one it once wrote that holds another job's
+/// bytes of the same ark and version by now stays, as does the other job's file it found in
+/// its way (found by `lading-sim`, seed 5017358: the removal, slow to land, came after the
+/// other job's commit, and a stored version lost a file).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_store_removes_only_keys_that_hold_its_own_bytes() {
+    let w = World::new().await;
+    let a = Weed::start().unwrap();
+    a.bucket("primary").unwrap();
+    let nodes = vec![node(9501, &a, "primary")];
+    w.profile("s3", "collection = \"demo\"\nstorage_nodes = [9501]\n");
+    let ingest = ingest_with(&w, nodes.clone()).unwrap();
+    let files: [(&str, &[u8]); 3] = [
+        ("f0.bin", b"mine 0\n"),
+        ("f1.bin", b"mine 1\n"),
+        ("f2.bin", b"mine 2\n"),
+    ];
+    let m = w.object_manifest("o.checkm", &files);
+    let bid = w
+        .submit_as(&ingest, "s3", "depositor", &m, "manifest")
+        .await;
+    let before_storing = [
+        "intake",
+        "pending",
+        "estimating",
+        "provisioning",
+        "downloading",
+        "processing",
+    ];
+    let run = w.run_stages(&ingest, &before_storing);
+    let job = w.first_job(&bid).await;
+    w.job_reaches(&job, JobState::Storing).await;
+    run.stop().await;
+    let ark = w
+        .engine
+        .job(&job)
+        .await
+        .unwrap()
+        .identifiers
+        .primary_id
+        .unwrap();
+    // Version 1 as another job storing the same ark left it meanwhile: f0 and f1 with its
+    // bytes; f2 with this job's.
+    let primary = Node::open(&nodes[0], env).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for (rel, bytes) in [
+        ("f0.bin", &b"theirs 0\n"[..]),
+        ("f1.bin", b"theirs 1\n"),
+        ("f2.bin", b"mine 2\n"),
+    ] {
+        let src = dir.path().join(rel);
+        std::fs::write(&src, bytes).unwrap();
+        let key = format!("producer/{rel}");
+        primary.replace(&ark, 1, &key, &src).await.unwrap();
+    }
+    // This job's progress says it wrote f0 and f2 there.
+    let progress = serde_json::json!({
+        "node": 9501,
+        "version": 1,
+        "confirmed": ["producer/f0.bin", "producer/f2.bin"],
+        "written": ["producer/f0.bin", "producer/f2.bin"],
+    });
+    w.engine
+        .tree()
+        .create(
+            &lading_core::layout::job_node(&job, "store-progress"),
+            Some(serde_json::to_vec(&progress).unwrap()),
+            lading_core::CreateMode::Persistent,
+        )
+        .await
+        .unwrap();
+    let run = w.run_stages(&ingest, &["storing"]);
+    w.job_reaches(&job, JobState::Failed).await;
+    run.stop().await;
+    let why = w.engine.job(&job).await.unwrap().status.message.unwrap();
+    assert!(why.contains("already holds other bytes"), "{why}");
+    let holds = |rel: &'static str| {
+        let (primary, ark) = (&primary, &ark);
+        async move {
+            let c = primary
+                .digest(ark, 1, &format!("producer/{rel}"), None)
+                .await;
+            c.unwrap().map(|c| c.sha256)
+        }
+    };
+    assert_eq!(
+        holds("f0.bin").await,
+        Some(sha256(b"theirs 0\n")),
+        "another job's bytes removed"
+    );
+    assert_eq!(holds("f1.bin").await, Some(sha256(b"theirs 1\n")));
+    assert_eq!(holds("f2.bin").await, None, "its own bytes left behind");
+}
