@@ -16,6 +16,7 @@ on_both_backends!(
     merritt_moving_a_batchs_last_job_is_noticed_by_a_watch,
     a_batch_merritt_starts_while_housekeeping_runs_is_noticed_when_it_finishes,
     a_finished_batch_a_crashed_holder_kept_locked_is_noticed_when_its_session_ends,
+    a_batch_reopened_by_a_requeue_is_followed_back_to_processing,
     merritt_assembly_requests_lading_cannot_assemble_fail_at_once_naming_why,
 );
 
@@ -442,5 +443,72 @@ async fn a_finished_batch_a_crashed_holder_kept_locked_is_noticed_when_its_sessi
     tokio::time::timeout(std::time::Duration::from_secs(15), w.completes(&bid))
         .await
         .expect("the batch was noticed when its holder's lock went, before any re-read");
+    run.stop().await;
+}
+
+/// A batch reported Failed, then reopened by an admin's requeue (back to Processing) while
+/// another session holds its lock: housekeeping, which read its list while the batch was
+/// Failed, must follow it back (a watch on its status) and notice when the requeued job ends
+/// and the holder goes; dropped from the list, it waited for the 30 s re-read, and in
+/// `lading-sim` (whose re-reads are an hour apart) for ever (seed 5015369 on 447bdb2).
+async fn a_batch_reopened_by_a_requeue_is_followed_back_to_processing(w: World) {
+    let (url, _) = w.file("m/reopened.txt", b"merritt's");
+    let ingest = w.ingest();
+    let run = w.run_stages(&ingest, &["reporting"]);
+    let f = &ingest.finishing;
+    // Half the re-read's period tells a watch from the fallback (a watch fires in
+    // milliseconds).
+    let half = std::time::Duration::from_secs(15);
+    let other = w.other_session().await;
+    let bid = merritt_batch(&*other).await;
+    let conf = merritt::file_job(&url);
+    let none = serde_json::json!({});
+    let theirs = merritt::create_job(&*other, &bid, 5, &conf, &none, &none, true).await;
+    merritt::unlock_batch(&*other, &bid).await;
+    merritt::move_job(&*other, &bid, &theirs, 5, "Pending", "Failed").await;
+    merritt::unlock_job(&*other, &theirs).await;
+    assert_eq!(w.batch_ends(&bid).await, BatchState::Failed);
+    // Housekeeping reads its list again with the batch Failed: a new batch makes it.
+    let n = f.armed();
+    merritt_batch(&*other).await;
+    tokio::time::timeout(WAIT, f.armed_past(n))
+        .await
+        .expect("housekeeping read its list again after a batch was made");
+    // A holder takes the batch's lock (a reporter, say), and an admin requeues the job.
+    let holder = w.other_session().await;
+    holder
+        .create(
+            &format!("/batches/{bid}/lock"),
+            Some(Vec::new()),
+            lading_core::CreateMode::Ephemeral,
+        )
+        .await
+        .unwrap();
+    let n = f.armed();
+    w.engine
+        .requeue_job(&theirs, Some(JobState::Pending))
+        .await
+        .unwrap();
+    tokio::time::timeout(half, f.armed_past(n))
+        .await
+        .expect("housekeeping followed the reopened batch, before any re-read");
+    // Merritt's daemon runs the job to Completed; housekeeping finds the batch held.
+    let n = f.held();
+    other
+        .create(
+            &format!("/jobs/{theirs}/lock"),
+            Some(Vec::new()),
+            lading_core::CreateMode::Ephemeral,
+        )
+        .await
+        .unwrap();
+    merritt::run_to_completed(&*other, &bid, &theirs).await;
+    tokio::time::timeout(half, f.held_past(n))
+        .await
+        .expect("housekeeping found the reopened batch finished and held, before any re-read");
+    holder.close().await.unwrap();
+    tokio::time::timeout(half, w.completes(&bid))
+        .await
+        .expect("the reopened batch was reported when its holder's lock went");
     run.stop().await;
 }
