@@ -412,15 +412,7 @@ async fn a_finished_batch_a_crashed_holder_kept_locked_is_noticed_when_its_sessi
     let theirs = merritt::create_job(&*other, &bid, 5, &conf, &none, &none, true).await;
     merritt::unlock_batch(&*other, &bid).await;
     // The holder: a session of its own that takes the batch's lock and then stops answering.
-    let holder = w.other_session().await;
-    holder
-        .create(
-            &format!("/batches/{bid}/lock"),
-            Some(Vec::new()),
-            lading_core::CreateMode::Ephemeral,
-        )
-        .await
-        .unwrap();
+    let holder = holding_the_lock(&w, &format!("/batches/{bid}/lock")).await;
     let n = ingest.finishing.held();
     merritt::run_to_completed(&*other, &bid, &theirs).await;
     // Housekeeping's check on the last job's move is refused while the lock stays.
@@ -475,15 +467,7 @@ async fn a_batch_reopened_by_a_requeue_is_followed_back_to_processing(w: World) 
         .await
         .expect("housekeeping read its list again after a batch was made");
     // A holder takes the batch's lock (a reporter, say), and an admin requeues the job.
-    let holder = w.other_session().await;
-    holder
-        .create(
-            &format!("/batches/{bid}/lock"),
-            Some(Vec::new()),
-            lading_core::CreateMode::Ephemeral,
-        )
-        .await
-        .unwrap();
+    let holder = holding_the_lock(&w, &format!("/batches/{bid}/lock")).await;
     let n = f.armed();
     w.engine
         .requeue_job(&theirs, Some(JobState::Pending))
@@ -494,15 +478,8 @@ async fn a_batch_reopened_by_a_requeue_is_followed_back_to_processing(w: World) 
         .expect("housekeeping followed the reopened batch, before any re-read");
     // Merritt's daemon runs the job to Completed; housekeeping finds the batch held.
     let n = f.held();
-    other
-        .create(
-            &format!("/jobs/{theirs}/lock"),
-            Some(Vec::new()),
-            lading_core::CreateMode::Ephemeral,
-        )
-        .await
-        .unwrap();
-    merritt::run_to_completed(&*other, &bid, &theirs).await;
+    let daemon = holding_the_lock(&w, &format!("/jobs/{theirs}/lock")).await;
+    merritt::run_to_completed(&*daemon, &bid, &theirs).await;
     tokio::time::timeout(half, f.held_past(n))
         .await
         .expect("housekeeping found the reopened batch finished and held, before any re-read");
@@ -511,4 +488,14 @@ async fn a_batch_reopened_by_a_requeue_is_followed_back_to_processing(w: World) 
         .await
         .expect("the reopened batch was reported when its holder's lock went");
     run.stop().await;
+}
+
+/// A session of its own that holds `lock` (an ephemeral node, gone with the session).
+async fn holding_the_lock(w: &World, lock: &str) -> std::sync::Arc<dyn lading_core::tree::Tree> {
+    let holder = w.other_session().await;
+    holder
+        .create(lock, Some(Vec::new()), lading_core::CreateMode::Ephemeral)
+        .await
+        .unwrap();
+    holder
 }

@@ -810,15 +810,10 @@ async fn a_failed_store_removes_only_keys_that_hold_its_own_bytes() {
     let bid = w
         .submit_as(&ingest, "s3", "depositor", &m, "manifest")
         .await;
-    let before_storing = [
-        "intake",
-        "pending",
-        "estimating",
-        "provisioning",
-        "downloading",
-        "processing",
-    ];
-    let run = w.run_stages(&ingest, &before_storing);
+    let storing = lading_ingest::STAGE_NAMES
+        .iter()
+        .position(|s| *s == "storing");
+    let run = w.run_stages(&ingest, &lading_ingest::STAGE_NAMES[..storing.unwrap()]);
     let job = w.first_job(&bid).await;
     w.job_reaches(&job, JobState::Storing).await;
     run.stop().await;
