@@ -52,6 +52,31 @@ impl Engine {
         Ok(self.job_status(job).await?.0.status)
     }
 
+    /// Several jobs' states in one read of their statuses (`None` for a job that is gone):
+    /// one round trip where [`Engine::job_state`] for each would make one per job.
+    pub async fn job_states(&self, jobs: &[JobId]) -> Result<Vec<Option<JobState>>> {
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let paths: Vec<String> = jobs.iter().map(|j| job_node(j, "status")).collect();
+        let nodes = self.tree.get_many(&paths).await?;
+        nodes
+            .into_iter()
+            .zip(&paths)
+            .map(|(node, path)| {
+                let Some(node) = node else { return Ok(None) };
+                let status: JobStatus = serde_json::from_slice(
+                    node.data.as_deref().unwrap_or_default(),
+                )
+                .map_err(|e| EngineError::Corrupt {
+                    path: path.clone(),
+                    reason: format!("invalid JSON: {e}"),
+                })?;
+                Ok(Some(status.status))
+            })
+            .collect()
+    }
+
     /// A batch's state alone: one read of its status (`NoBatch` when it is gone).
     pub async fn batch_state(&self, batch: &BatchId) -> Result<BatchState> {
         Ok(self.batch_status(batch).await?.0.status)

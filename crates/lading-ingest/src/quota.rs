@@ -84,23 +84,21 @@ fn in_flight(s: JobState) -> bool {
     )
 }
 
-/// The paths of the slots in `dir` (children `held`) whose job is finished or gone.
+/// The paths of the slots in `dir` (children `held`) whose job is finished or gone, from one
+/// read of their jobs' statuses.
 async fn stale_slots(
     engine: &Engine,
     dir: &str,
     held: &[String],
 ) -> Result<Vec<String>, EngineError> {
+    let ids: Vec<Option<JobId>> = held.iter().map(|j| JobId::parse(j).ok()).collect();
+    let jobs: Vec<JobId> = ids.iter().flatten().cloned().collect();
+    let mut states = engine.job_states(&jobs).await?.into_iter();
     let mut stale = Vec::new();
-    for j in held {
-        let gone = match JobId::parse(j) {
-            Err(_) => true,
-            Ok(jid) => match engine.job_state(&jid).await {
-                Ok(state) => !in_flight(state),
-                Err(EngineError::NoJob(_)) => true,
-                Err(e) => return Err(e),
-            },
-        };
-        if gone {
+    for (j, id) in held.iter().zip(&ids) {
+        // A name that is no job's, or a job finished or gone.
+        let live = id.is_some() && states.next().flatten().is_some_and(in_flight);
+        if !live {
             stale.push(format!("{dir}/{j}"));
         }
     }
