@@ -51,7 +51,10 @@ pub const ROOTS: &[&str] = &[
     RESERVATIONS,
 ];
 
-/// The batch reference folders under `/batches/BID/states`.
+/// The batch reference folders under `/batches/BID/states`, in the order every worker's move
+/// between them follows (Processing to Completed or Failed, Failed to Deleted): read in this
+/// order, a job moved forward meanwhile is still seen once (a retried intake relies on it;
+/// the one move back, a requeue, waits while the intake holds the batch).
 pub const BATCH_FOLDERS: &[&str] = &[
     "batch-processing",
     "batch-completed",

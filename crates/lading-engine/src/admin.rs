@@ -235,6 +235,19 @@ impl Engine {
                 // the status would fence the intake holding the batch. Its next job creation
                 // was refused, and the batch stayed Pending (found by `lading-sim`).
                 ops.push(Op::check(batch_node(&batch, "status"), Some(bversion)));
+                // Nor may the job come back while an intake holds the batch: a retried
+                // intake lists the batch's folders to skip the objects it made, in an order
+                // every worker's move follows (Processing before Completed and Failed, those
+                // before Deleted), and a job moved back from Failed between two of those
+                // reads was in neither: its object got a second job (found by `lading-sim`,
+                // seed 7012214). Taken and let go in this `multi`, the batch's lock is never
+                // seen; held, the requeue is refused until the intake is done.
+                ops.push(Op::create_mode(
+                    batch_node(&batch, "lock"),
+                    None,
+                    CreateMode::Ephemeral,
+                ));
+                ops.push(Op::delete(batch_node(&batch, "lock"), None));
             } else if reentering || touched.message != bstatus.message {
                 ops.push(Op::set(
                     batch_node(&batch, "status"),
@@ -246,6 +259,12 @@ impl Engine {
         ops.push(Op::delete(&lock, None));
         match self.tree.multi(ops).await {
             Ok(_) => {}
+            Err(e) if matches!(e.root(), TreeError::NodeExists(p) if *p == batch_node(&batch, "lock")) =>
+            {
+                return Err(EngineError::Locked(format!(
+                    "batch {batch} (its intake is taking in its objects)"
+                )));
+            }
             Err(e) if matches!(e.root(), TreeError::NodeExists(p) if p.ends_with("/lock")) => {
                 return Err(EngineError::Locked(job.to_string()));
             }

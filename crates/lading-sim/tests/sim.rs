@@ -203,6 +203,10 @@ fn objects_in_every_kind_of_container_are_unpacked_and_stored() {
 /// - 5017358 (on 447bdb2): a stored version lost a file: a job whose store failed fatally
 ///   removed a key it had once written, which by then held another job's bytes of the same
 ///   ark and version; its slow delete landed after that job's commit.
+/// - 7012214 (on d4ecf10, and before it): an object got two jobs: an admin requeued a job
+///   that had failed while its batch's intake (retried after a crash) held the batch, between
+///   the intake's reads of the batch's Processing and Failed folders, so the job was in
+///   neither and its object was made again.
 #[test]
 fn the_seeds_that_found_bugs_run_clean() {
     let opts = Options::default();
@@ -212,7 +216,7 @@ fn the_seeds_that_found_bugs_run_clean() {
         401313012, 401314180, 624747782, 624747914, 46, 373605852, 373606659, 970448783, 970449026,
         778393544, 778402686, 625764882, 625773258, 771227260, 775674619, 775676781, 537660223,
         537657220, 537663386, 537663421, 537664513, 678309407, 678309450, 678309740, 678320714,
-        678319832, 844977240, 1003788, 1004146, 1000994, 5015369, 5017358,
+        678319832, 844977240, 1003788, 1004146, 1000994, 5015369, 5017358, 7012214,
     ] {
         let r = run(seed, &opts);
         assert!(r.jobs > 0, "seed {seed} ran no job");

@@ -372,7 +372,7 @@ macro_rules! conformance_tests {
             an_outbox_claim_is_read_under_its_lock_and_a_failed_record_still_releases_it,
             deleting_the_last_failed_job_says_an_update_report_is_due,
             a_job_of_a_batch_still_in_intake_is_not_purged,
-            a_requeue_while_intake_holds_the_batch_leaves_the_intake_its_lease,
+            a_requeue_waits_while_intake_holds_the_batch_and_leaves_it_its_lease,
             a_request_left_in_processing_by_a_dead_assembler_is_taken_again,
             a_transition_stamped_before_its_commits_second_is_owed_to_a_resuming_client,
             requeue_failed_retries_a_batchs_failed_jobs_by_stage,
