@@ -69,6 +69,111 @@ impl Engine {
         Ok(next)
     }
 
+    /// The batch's side of an admin's move of `job` (of `batch`) from `from` to `to`, added to
+    /// `ops`: a job back in `batch-processing` reopens a reported batch (or, in intake, waits
+    /// for the intake to be done), and a failed job leaving `batch-failed` keeps the failed
+    /// batch's message matching its counts. Returns the batch's own move, if any.
+    async fn batch_side_of_move(
+        &self,
+        job: &JobId,
+        batch: &BatchId,
+        from: JobState,
+        to: JobState,
+        ops: &mut Vec<Op>,
+    ) -> Result<Option<(BatchState, BatchState)>> {
+        let reentering =
+            from.batch_folder() != "batch-processing" && to.batch_folder() == "batch-processing";
+        let leaving_failed =
+            from.batch_folder() == "batch-failed" && to.batch_folder() != "batch-failed";
+        let mut batch_moved: Option<(BatchState, BatchState)> = None;
+        // A batch that cannot be read now fails the call: skipping it left a reporter holding
+        // a reopened batch free to report without the requeued job (found by `lading-sim`).
+        let batch_status = if reentering || leaving_failed {
+            match self.batch_status(batch).await {
+                Ok(s) => Some(s),
+                Err(EngineError::NoBatch(_)) => None,
+                Err(e) => return Err(e),
+            }
+        } else {
+            None
+        };
+        if let Some((bstatus, bversion)) = batch_status {
+            let mut touched = bstatus.clone();
+            touched.last_modified = self.now();
+            match bstatus.status {
+                BatchState::Deleted if reentering => {
+                    return Err(EngineError::Invalid(format!(
+                        "job {job} belongs to batch {batch}, which is Deleted: it cannot be requeued"
+                    )));
+                }
+                BatchState::Reporting
+                | BatchState::UpdateReporting
+                | BatchState::Failed
+                | BatchState::Completed
+                    if reentering =>
+                {
+                    touched.status = BatchState::Processing;
+                    touched.message = Some(format!(
+                        "reopened: job {job} requeued (was {})",
+                        bstatus.status
+                    ));
+                    push_history(
+                        &mut touched.extra,
+                        Some(bstatus.status.name()),
+                        BatchState::Processing.name(),
+                        &touched.last_modified,
+                        &self.owner,
+                        0,
+                        touched.message.as_deref(),
+                    );
+                    batch_moved = Some((bstatus.status, BatchState::Processing));
+                }
+                BatchState::Failed => {
+                    // A failed job deleted: the message keeps matching the counts.
+                    touched.message = Some(
+                        self.batch_counts_message(batch, from.batch_folder(), to.batch_folder())
+                            .await?,
+                    );
+                }
+                _ => {}
+            }
+            if reentering {
+                // When the last job came back: a reopened batch's report waits for the
+                // requeues to settle (see `REQUEUED_AT`).
+                touched
+                    .extra
+                    .insert(REQUEUED_AT.into(), self.clock().now_ms().into());
+            }
+            if reentering && bstatus.status == BatchState::Pending {
+                // Still in intake: no report can race the job back (none is made before the
+                // intake's move to Processing, which this check orders against), and setting
+                // the status would fence the intake holding the batch. Its next job creation
+                // was refused, and the batch stayed Pending (found by `lading-sim`).
+                ops.push(Op::check(batch_node(batch, "status"), Some(bversion)));
+                // Nor may the job come back while an intake holds the batch: a retried
+                // intake lists the batch's folders to skip the objects it made, in an order
+                // every worker's move follows (Processing before Completed and Failed, those
+                // before Deleted), and a job moved back from Failed between two of those
+                // reads was in neither: its object got a second job (found by `lading-sim`,
+                // seed 7012214). Taken and let go in this `multi`, the batch's lock is never
+                // seen; held, the requeue is refused until the intake is done.
+                ops.push(Op::create_mode(
+                    batch_node(batch, "lock"),
+                    None,
+                    CreateMode::Ephemeral,
+                ));
+                ops.push(Op::delete(batch_node(batch, "lock"), None));
+            } else if reentering || touched.message != bstatus.message {
+                ops.push(Op::set(
+                    batch_node(batch, "status"),
+                    json_bytes(&touched),
+                    Some(bversion),
+                ));
+            }
+        }
+        Ok(batch_moved)
+    }
+
     /// Admin: Pending → Held.
     pub async fn hold_batch(&self, batch: &BatchId) -> Result<BatchStatus> {
         self.admin_batch(batch, BatchState::Held, Some("held by admin".into()))
@@ -162,100 +267,9 @@ impl Engine {
         // reported is reopened (back to Processing): it reports again, with the next report
         // number, once its jobs are done; a reporter holding it loses its lease, and nothing it
         // meant to record (the report, its mail) is.
-        let reentering = old.status.batch_folder() != "batch-processing"
-            && next.state.batch_folder() == "batch-processing";
-        let leaving_failed = old.status.batch_folder() == "batch-failed"
-            && next.state.batch_folder() != "batch-failed";
-        let mut batch_moved: Option<(BatchState, BatchState)> = None;
-        // A batch that cannot be read now fails the call: skipping it left a reporter holding
-        // a reopened batch free to report without the requeued job (found by `lading-sim`).
-        let batch_status = if reentering || leaving_failed {
-            match self.batch_status(&batch).await {
-                Ok(s) => Some(s),
-                Err(EngineError::NoBatch(_)) => None,
-                Err(e) => return Err(e),
-            }
-        } else {
-            None
-        };
-        if let Some((bstatus, bversion)) = batch_status {
-            let mut touched = bstatus.clone();
-            touched.last_modified = self.now();
-            match bstatus.status {
-                BatchState::Deleted if reentering => {
-                    return Err(EngineError::Invalid(format!(
-                        "job {job} belongs to batch {batch}, which is Deleted: it cannot be requeued"
-                    )));
-                }
-                BatchState::Reporting
-                | BatchState::UpdateReporting
-                | BatchState::Failed
-                | BatchState::Completed
-                    if reentering =>
-                {
-                    touched.status = BatchState::Processing;
-                    touched.message = Some(format!(
-                        "reopened: job {job} requeued (was {})",
-                        bstatus.status
-                    ));
-                    push_history(
-                        &mut touched.extra,
-                        Some(bstatus.status.name()),
-                        BatchState::Processing.name(),
-                        &touched.last_modified,
-                        &self.owner,
-                        0,
-                        touched.message.as_deref(),
-                    );
-                    batch_moved = Some((bstatus.status, BatchState::Processing));
-                }
-                BatchState::Failed => {
-                    // A failed job deleted: the message keeps matching the counts.
-                    touched.message = Some(
-                        self.batch_counts_message(
-                            &batch,
-                            old.status.batch_folder(),
-                            next.state.batch_folder(),
-                        )
-                        .await?,
-                    );
-                }
-                _ => {}
-            }
-            if reentering {
-                // When the last job came back: a reopened batch's report waits for the
-                // requeues to settle (see `REQUEUED_AT`).
-                touched
-                    .extra
-                    .insert(REQUEUED_AT.into(), self.clock().now_ms().into());
-            }
-            if reentering && bstatus.status == BatchState::Pending {
-                // Still in intake: no report can race the job back (none is made before the
-                // intake's move to Processing, which this check orders against), and setting
-                // the status would fence the intake holding the batch. Its next job creation
-                // was refused, and the batch stayed Pending (found by `lading-sim`).
-                ops.push(Op::check(batch_node(&batch, "status"), Some(bversion)));
-                // Nor may the job come back while an intake holds the batch: a retried
-                // intake lists the batch's folders to skip the objects it made, in an order
-                // every worker's move follows (Processing before Completed and Failed, those
-                // before Deleted), and a job moved back from Failed between two of those
-                // reads was in neither: its object got a second job (found by `lading-sim`,
-                // seed 7012214). Taken and let go in this `multi`, the batch's lock is never
-                // seen; held, the requeue is refused until the intake is done.
-                ops.push(Op::create_mode(
-                    batch_node(&batch, "lock"),
-                    None,
-                    CreateMode::Ephemeral,
-                ));
-                ops.push(Op::delete(batch_node(&batch, "lock"), None));
-            } else if reentering || touched.message != bstatus.message {
-                ops.push(Op::set(
-                    batch_node(&batch, "status"),
-                    json_bytes(&touched),
-                    Some(bversion),
-                ));
-            }
-        }
+        let batch_moved = self
+            .batch_side_of_move(job, &batch, old.status, next.state, &mut ops)
+            .await?;
         ops.push(Op::delete(&lock, None));
         match self.tree.multi(ops).await {
             Ok(_) => {}
