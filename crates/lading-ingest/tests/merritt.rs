@@ -405,12 +405,7 @@ async fn a_finished_batch_a_crashed_holder_kept_locked_is_noticed_when_its_sessi
     let (url, _) = w.file("m/held.txt", b"merritt's");
     let ingest = w.ingest();
     let run = w.run_stages(&ingest, &["reporting"]);
-    let other = w.other_session().await;
-    let bid = merritt_batch(&*other).await;
-    let conf = merritt::file_job(&url);
-    let none = serde_json::json!({});
-    let theirs = merritt::create_job(&*other, &bid, 5, &conf, &none, &none, true).await;
-    merritt::unlock_batch(&*other, &bid).await;
+    let (other, bid, theirs) = merritt_batch_of_one_job(&w, &url).await;
     // The holder: a session of its own that takes the batch's lock and then stops answering.
     let holder = holding_the_lock(&w, &format!("/batches/{bid}/lock")).await;
     let n = ingest.finishing.held();
@@ -451,12 +446,7 @@ async fn a_batch_reopened_by_a_requeue_is_followed_back_to_processing(w: World) 
     // Half the re-read's period tells a watch from the fallback (a watch fires in
     // milliseconds).
     let half = std::time::Duration::from_secs(15);
-    let other = w.other_session().await;
-    let bid = merritt_batch(&*other).await;
-    let conf = merritt::file_job(&url);
-    let none = serde_json::json!({});
-    let theirs = merritt::create_job(&*other, &bid, 5, &conf, &none, &none, true).await;
-    merritt::unlock_batch(&*other, &bid).await;
+    let (other, bid, theirs) = merritt_batch_of_one_job(&w, &url).await;
     merritt::move_job(&*other, &bid, &theirs, 5, "Pending", "Failed").await;
     merritt::unlock_job(&*other, &theirs).await;
     assert_eq!(w.batch_ends(&bid).await, BatchState::Failed);
@@ -488,6 +478,25 @@ async fn a_batch_reopened_by_a_requeue_is_followed_back_to_processing(w: World) 
         .await
         .expect("the reopened batch was reported when its holder's lock went");
     run.stop().await;
+}
+
+/// A session of its own (Merritt's), and a batch it made with one job for `url`, the job
+/// still locked by it and the batch unlocked.
+async fn merritt_batch_of_one_job(
+    w: &World,
+    url: &str,
+) -> (
+    std::sync::Arc<dyn lading_core::tree::Tree>,
+    lading_core::layout::BatchId,
+    lading_core::layout::JobId,
+) {
+    let other = w.other_session().await;
+    let bid = merritt_batch(&*other).await;
+    let conf = merritt::file_job(url);
+    let none = serde_json::json!({});
+    let theirs = merritt::create_job(&*other, &bid, 5, &conf, &none, &none, true).await;
+    merritt::unlock_batch(&*other, &bid).await;
+    (other, bid, theirs)
 }
 
 /// A session of its own that holds `lock` (an ephemeral node, gone with the session).
