@@ -24,9 +24,11 @@ async fn dump(t: &dyn Tree) -> Dump {
 }
 
 /// The `nodes` table read directly, as path → (data, version, owner), and the log position
-/// it reflects.
+/// it reflects, both read in one transaction: a fold may commit between two reads made apart,
+/// pairing the rows before it with the `applied` after it.
 fn table(file: &Path) -> (Dump, i64) {
-    let conn = Connection::open(file).unwrap();
+    let mut conn = Connection::open(file).unwrap();
+    let conn = conn.transaction().unwrap();
     let mut rows = BTreeMap::new();
     let mut st = conn
         .prepare("SELECT parent, name, data, version, owner FROM nodes")
@@ -55,6 +57,9 @@ fn table(file: &Path) -> (Dump, i64) {
             |r| r.get(0),
         )
         .unwrap();
+    drop(q);
+    drop(st);
+    conn.commit().unwrap();
     (rows, applied.parse().unwrap())
 }
 
