@@ -10,10 +10,10 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::time::Duration;
 
-/// Calls `GET path` until `ok` holds for the answer (at most 20 s).
+/// Calls `GET path` until `ok` holds for the answer (at most 60 s: CI runs many suites at once).
 async fn until(s: &Server, path: &str, ok: impl Fn(&Value) -> bool) -> Value {
     // The overview read back after a restart has no signal.
-    lading_testkit::poll::until(path, Duration::from_secs(20), async || {
+    lading_testkit::poll::until(path, Duration::from_secs(60), async || {
         let (st, v) = s.get(ADMIN, path).await;
         assert_eq!(st, StatusCode::OK, "{v}");
         if ok(&v) { Ok(v) } else { Err(v) }

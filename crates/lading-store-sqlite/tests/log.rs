@@ -462,7 +462,7 @@ async fn other_handles_commits_are_found_through_the_counter_or_the_poll() {
     // The handle's own poll finds it within its interval, with no signal to this test.
     lading_testkit::poll::until(
         "the poll to find the uncounted commit",
-        std::time::Duration::from_secs(5),
+        std::time::Duration::from_secs(60),
         async || c.get("/late").await.unwrap().ok_or("not yet"),
     )
     .await;
@@ -573,7 +573,7 @@ async fn a_quiet_store_brings_its_table_up_to_date_on_its_own() {
     // The table catches up on a quiet second, by itself.
     let rows = lading_testkit::poll::until(
         "the table to catch up",
-        std::time::Duration::from_secs(10),
+        std::time::Duration::from_secs(60),
         async || {
             let (rows, applied) = table(&file);
             let log = max_seq(&file);
