@@ -53,8 +53,10 @@ pub const ROOTS: &[&str] = &[
 
 /// The batch reference folders under `/batches/BID/states`, in the order every worker's move
 /// between them follows (Processing to Completed or Failed, Failed to Deleted): read in this
-/// order, a job moved forward meanwhile is still seen once (a retried intake relies on it;
-/// the one move back, a requeue, waits while the intake holds the batch).
+/// order, a job moved forward meanwhile is still seen once. A move back (a requeue) can hide
+/// a job from one pass: Lading's own waits while the intake holds the batch, and a retried
+/// intake reads the folders until a pass finds nothing new (`Engine::batch_jobs`), which
+/// covers a tool that does not take the lock.
 pub const BATCH_FOLDERS: &[&str] = &[
     "batch-processing",
     "batch-completed",

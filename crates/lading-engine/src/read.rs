@@ -324,6 +324,36 @@ impl Engine {
         })
     }
 
+    /// Every job of `batch`, in any of its reference folders. The folders are read in
+    /// [`BATCH_FOLDERS`] order, and read again until a pass finds no job the earlier ones
+    /// missed: a job moved back to an earlier folder between two reads (a requeue by a tool
+    /// that does not take the batch's lock, as Merritt's own may) is seen by the next pass.
+    /// A retried intake relies on it to skip the objects it made.
+    pub async fn batch_jobs(&self, batch: &BatchId) -> Result<std::collections::BTreeSet<JobId>> {
+        let mut all = std::collections::BTreeSet::new();
+        // Each pass that goes on found a job a move hid from the one before; a few moves
+        // back within one intake are all a tool makes.
+        for _ in 0..8 {
+            let mut new = false;
+            for folder in BATCH_FOLDERS {
+                match self.tree.children(&batch_ref_folder(batch, folder)).await {
+                    // A name that is no job id is no job of the batch.
+                    Ok(c) => {
+                        for id in c.iter().filter_map(|n| JobId::parse(n).ok()) {
+                            new |= all.insert(id);
+                        }
+                    }
+                    Err(TreeError::NoNode(_)) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if !new {
+                break;
+            }
+        }
+        Ok(all)
+    }
+
     /// Finds a batch by the uuid in its submission.
     /// A batch named by its id (`bid…`), its uuid, or Merritt's form of the uuid
     /// (`bid-UUID`, what Merritt's ingest service answers as `bat:batchID`).

@@ -494,14 +494,11 @@ impl Intake {
     }
 
     async fn existing_rows(&self, b: &BatchCtx) -> Result<BTreeSet<u64>, EngineError> {
-        let info = b.engine.batch(b.batch()).await?;
         let mut rows = BTreeSet::new();
-        for ids in info.jobs.values() {
-            for job in ids {
-                let cfg = b.engine.job_configuration(job).await?;
-                if let Some(r) = cfg.typed().ok().and_then(|c| c.intake_row) {
-                    rows.insert(r);
-                }
+        for job in b.engine.batch_jobs(b.batch()).await? {
+            let cfg = b.engine.job_configuration(&job).await?;
+            if let Some(r) = cfg.typed().ok().and_then(|c| c.intake_row) {
+                rows.insert(r);
             }
         }
         Ok(rows)

@@ -602,6 +602,99 @@ pub async fn a_requeue_waits_while_intake_holds_the_batch_and_leaves_it_its_leas
     );
 }
 
+/// A requeue by a tool that does not take the batch's lock (Merritt's own may not) between
+/// two of a retried intake's folder reads hides the job from that pass (it left `batch-failed`
+/// for `batch-processing`, which was read already); the next pass finds it, so the intake
+/// does not make its object a second job.
+pub async fn a_job_moved_back_while_its_batchs_jobs_are_listed_is_still_listed(h: &dyn Harness) {
+    let (e, s) = engine(h, "w").await;
+    let bid = e.create_batch(Default::default()).await.unwrap();
+    let lease = e.acquire_batch(BatchState::Pending).await.unwrap().unwrap();
+    let first = e.create_job(&lease, JobSpec::default()).await.unwrap();
+    let l = take_job(&e, JobState::Pending).await;
+    e.job_transition(l, Event::Fail, Some("bad input".into()))
+        .await
+        .unwrap();
+    let second = e.create_job(&lease, JobSpec::default()).await.unwrap();
+    let tool = Arc::new(MovedAfterRead {
+        inner: s.tree.clone(),
+        after: batch_ref_folder(&bid, "batch-processing"),
+        ops: std::sync::Mutex::new(Some(vec![
+            Op::delete(batch_ref(&bid, "batch-failed", &first), None),
+            Op::create(batch_ref(&bid, "batch-processing", &first), None),
+        ])),
+    });
+    let reader = Engine::new(tool.clone(), system_clock(), "reader");
+    let listed = reader.batch_jobs(&bid).await.unwrap();
+    assert!(
+        tool.ops.lock().unwrap().is_none(),
+        "the tool's move was made between two reads"
+    );
+    assert_eq!(
+        listed,
+        std::collections::BTreeSet::from([first, second]),
+        "both jobs listed"
+    );
+}
+
+/// A tree on which a tool's `ops` are committed once, right after `after` is first listed.
+struct MovedAfterRead {
+    inner: Arc<dyn Tree>,
+    after: String,
+    ops: std::sync::Mutex<Option<Vec<Op>>>,
+}
+
+impl Tree for MovedAfterRead {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    fn session_id(&self) -> u64 {
+        self.inner.session_id()
+    }
+    fn get<'a>(&'a self, path: &'a str) -> lading_core::TreeFuture<'a, Option<lading_core::Node>> {
+        self.inner.get(path)
+    }
+    fn children<'a>(&'a self, path: &'a str) -> lading_core::Names<'a> {
+        Box::pin(async move {
+            let listed = self.inner.children(path).await?;
+            let ops = (path == self.after)
+                .then(|| self.ops.lock().unwrap().take())
+                .flatten();
+            if let Some(ops) = ops {
+                self.inner.multi(ops).await?;
+            }
+            Ok(listed)
+        })
+    }
+    fn children_page<'a>(
+        &'a self,
+        path: &'a str,
+        after: Option<&'a str>,
+        max: usize,
+    ) -> lading_core::Names<'a> {
+        self.inner.children_page(path, after, max)
+    }
+    fn count_children<'a>(&'a self, path: &'a str) -> lading_core::TreeFuture<'a, u64> {
+        self.inner.count_children(path)
+    }
+    fn multi(&self, ops: Vec<Op>) -> lading_core::TreeFuture<'_, Vec<OpResult>> {
+        self.inner.multi(ops)
+    }
+    fn multi_on(&self, session: u64, ops: Vec<Op>) -> lading_core::TreeFuture<'_, Vec<OpResult>> {
+        self.inner.multi_on(session, ops)
+    }
+    fn watch<'a>(
+        &'a self,
+        path: &'a str,
+        kind: WatchKind,
+    ) -> lading_core::TreeFuture<'a, lading_core::Watch> {
+        self.inner.watch(path, kind)
+    }
+    fn close(&self) -> lading_core::TreeFuture<'_, ()> {
+        self.inner.close()
+    }
+}
+
 /// An admin's bulk retry: every Failed job of a batch (or only those that failed at one
 /// stage) goes back to the stage that failed; other jobs and other batches are untouched.
 pub async fn requeue_failed_retries_a_batchs_failed_jobs_by_stage(h: &dyn Harness) {

@@ -373,6 +373,7 @@ macro_rules! conformance_tests {
             deleting_the_last_failed_job_says_an_update_report_is_due,
             a_job_of_a_batch_still_in_intake_is_not_purged,
             a_requeue_waits_while_intake_holds_the_batch_and_leaves_it_its_lease,
+            a_job_moved_back_while_its_batchs_jobs_are_listed_is_still_listed,
             a_request_left_in_processing_by_a_dead_assembler_is_taken_again,
             a_transition_stamped_before_its_commits_second_is_owed_to_a_resuming_client,
             requeue_failed_retries_a_batchs_failed_jobs_by_stage,
