@@ -21,8 +21,8 @@ pub const RATE_UNGUARDED: u32 = 16;
 pub const STORE_TWICE: u32 = 32;
 /// A waiting worker does not watch the locks of the busy jobs it found: a job whose holder
 /// lets it go without moving it (a retry deferred, a lease given up) waits for the waiter's
-/// periodic look. Caught only because the simulator's periodic look is longer than its
-/// liveness bound.
+/// periodic look. Caught by the simulator's lock probe (a job whose holder's process
+/// crashes under it, at the end of each seed), since its periodic look is past the run.
 pub const LOST_LOCK_WAKEUP: u32 = 64;
 /// Waking a deferred job does not signal this process's waiters: one woken by the wake's
 /// own commit, that looked before the deferral was forgotten, waits for its periodic look.

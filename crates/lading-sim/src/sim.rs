@@ -31,6 +31,8 @@
 //! depositors' late fixes in place (a missing file, a corrected manifest). Then the faults
 //! stop, and every batch must end, every mail and callback be delivered and every generic job
 //! be finished or failed, within a bounded simulated time, and the schedule must tick again;
+//! an idle deployment must take a new one-job batch through at once, and another process
+//! must take a job whose holder's process crashed under it as soon as its lock goes;
 //! no generic job may be finished successfully by two acceptances; and every completed
 //! payload job must have stored and recorded exactly its payload's files, once.
 //!
@@ -125,6 +127,9 @@ const SWEEP_MS: u64 = 3_600_000;
 /// (each stage's waiting worker woken by the tree; a missed wake-up costs a periodic look,
 /// 10 s).
 const PROBE_MS: u64 = 5_000;
+/// The lock probe's `sim_probe` value, and the stage where its job's first handler hangs.
+const LOCK_PROBE: &str = "lock";
+const LOCK_PROBE_STAGE: JobState = JobState::Estimating;
 
 /// The engine's clock on tokio's (paused, auto-advancing) time.
 struct SimClock {
@@ -161,6 +166,8 @@ struct Outside {
     /// Generic job → how many acceptances finished it successfully (a job is added once, so
     /// more than one is a processor that was fenced and committed anyway).
     generic_done: BTreeMap<String, u32>,
+    /// The session whose handler took the lock probe's job first (and hangs in it).
+    lock_probe_holder: Option<u64>,
 }
 
 /// The generic-jobs type the simulated processors serve, and how many jobs it gets.
@@ -300,7 +307,10 @@ impl Sim {
             hang: stage_config().timeout + Duration::from_secs(30),
             faults: self.buckets.faults.clone(),
         }))
-        .with_stage_wrap(Arc::new(SimStages(self.dice.clone())));
+        .with_stage_wrap(Arc::new(SimStages {
+            dice: self.dice.clone(),
+            outside: self.outside.clone(),
+        }));
         for n in self.buckets.open() {
             ingest.nodes.insert(n);
         }

@@ -191,6 +191,7 @@ pub(super) async fn simulate(seed: u64, opts: &Options) -> Run {
     let all_ended = open.is_empty();
     if all_ended {
         d.wakes_for_new_work().await;
+        d.wakes_when_a_lock_goes().await;
     }
     d.events_were_sent(all_ended).await;
     if all_ended {

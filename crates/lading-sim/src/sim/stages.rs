@@ -15,6 +15,7 @@ impl Dice {
 pub(super) struct SimJobStage {
     pub(super) state: JobState,
     pub(super) dice: Arc<Dice>,
+    pub(super) outside: Arc<Mutex<Outside>>,
 }
 
 impl JobStage for SimJobStage {
@@ -74,6 +75,25 @@ impl JobStage for SimJobStage {
                     },
                     Err(e) => Outcome::from(e),
                 }
+            });
+        }
+        if self.state == LOCK_PROBE_STAGE
+            && probe(&job.info).and_then(Value::as_str) == Some(LOCK_PROBE)
+        {
+            // The lock probe's job: its first handler says which session holds it and hangs
+            // until its process is crashed under it; the next is quick.
+            let outside = self.outside.clone();
+            return Box::pin(async move {
+                let session = job.engine.tree().session_id();
+                let first = {
+                    let mut o = outside.lock().unwrap_or_else(|p| p.into_inner());
+                    o.lock_probe_holder.get_or_insert(session) == &session
+                };
+                if first {
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                Outcome::Done
             });
         }
         if probe(&job.info).is_some() {
@@ -215,13 +235,17 @@ impl BatchStage for MixedIntake {
 /// and its mail); Lading's own file stages and intake for payload batches, the simulated
 /// ones for the others; the simulated Pending (the quota) and Provisioning (space
 /// admission), whose outcomes the dice add to.
-pub(super) struct SimStages(pub(super) Arc<Dice>);
+pub(super) struct SimStages {
+    pub(super) dice: Arc<Dice>,
+    pub(super) outside: Arc<Mutex<Outside>>,
+}
 
 impl lading_ingest::StageWrap for SimStages {
     fn job(&self, real: Arc<dyn JobStage>) -> Arc<dyn JobStage> {
         let sim = SimJobStage {
             state: real.state(),
-            dice: self.0.clone(),
+            dice: self.dice.clone(),
+            outside: self.outside.clone(),
         };
         match real.state() {
             JobState::Notify => real,

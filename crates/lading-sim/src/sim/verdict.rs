@@ -90,23 +90,29 @@ impl Deployment {
         }
     }
 
-    /// Wake-ups: the deployment, idle now, takes a new one-job batch through at once.
-    pub(super) async fn wakes_for_new_work(&self) {
+    /// A one-job batch of the probe `kind` (its jobs' `sim_probe`), named `name`.
+    async fn probe_batch(&self, name: &str, kind: Value) -> Option<BatchId> {
         let mut sub = Map::new();
-        sub.insert("batchID".into(), json!(format!("sim-{}-probe", self.seed)));
+        sub.insert("batchID".into(), json!(format!("sim-{}-{name}", self.seed)));
         sub.insert("submitter".into(), json!("probe"));
         sub.insert("profile".into(), json!(PROFILE));
         sub.insert("sim_jobs".into(), json!(1));
-        sub.insert("sim_probe".into(), json!(true));
+        sub.insert("sim_probe".into(), kind);
         let e = &self.admin_engine;
-        let Some(bid) = admin(|| e.create_batch(submission(&sub))).await else {
-            return;
-        };
+        let bid = admin(|| e.create_batch(submission(&sub))).await?;
         self.world
             .lock()
-            .trace(format!("submitted the wake-up probe {bid}"));
+            .trace(format!("submitted the {name} {bid}"));
+        Some(bid)
+    }
+
+    /// Wake-ups: the deployment, idle now, takes a new one-job batch through at once.
+    pub(super) async fn wakes_for_new_work(&self) {
+        let Some(bid) = self.probe_batch("probe", json!(true)).await else {
+            return;
+        };
         let late = not_ended(
-            e,
+            &self.admin_engine,
             std::slice::from_ref(&bid),
             Duration::from_millis(PROBE_MS),
             Duration::from_millis(50),
@@ -120,6 +126,68 @@ impl Deployment {
                 late.join(", ")
             ));
         }
+    }
+
+    /// Wake-ups when a lock goes: the process whose handler holds a job crashes under it,
+    /// and once its session (and with it the job's lock) is gone, another process's waiter,
+    /// which found the job busy, takes it at once. A waiter that does not watch the locks
+    /// of the busy jobs it found would wait for its periodic look, past the whole run.
+    pub(super) async fn wakes_when_a_lock_goes(&mut self) {
+        if self.opts.nodes < 2 {
+            return;
+        }
+        let Some(bid) = self.probe_batch("lock-probe", json!(LOCK_PROBE)).await else {
+            return;
+        };
+        let outside = self.sim.outside.clone();
+        let holder = || {
+            let o = outside.lock().unwrap_or_else(|p| p.into_inner());
+            o.lock_probe_holder
+        };
+        let taken = still_open(
+            Duration::from_millis(PROBE_MS),
+            Duration::from_millis(10),
+            || async {
+                if holder().is_some() {
+                    vec![]
+                } else {
+                    vec![bid.to_string()]
+                }
+            },
+        )
+        .await;
+        let holder = holder().and_then(|s| {
+            let on = |p: &Option<Proc>| p.as_ref().is_some_and(|p| p.tree.session_id() == s);
+            self.procs.iter().position(on)
+        });
+        let Some(k) = holder.filter(|_| taken.is_empty()) else {
+            self.world.lock().violation(format!(
+                "wake-ups: the lock probe's job {bid} was not taken by a running process within {} s",
+                PROBE_MS / 1000
+            ));
+            return;
+        };
+        // The other processes' waiters look while the job is held, and find it busy.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        self.crash(k, tokio::time::Instant::now());
+        let within = SESSION_TIMEOUT_MS + PROBE_MS;
+        let late = not_ended(
+            &self.admin_engine,
+            std::slice::from_ref(&bid),
+            Duration::from_millis(within),
+            Duration::from_millis(50),
+            false,
+        )
+        .await;
+        if !late.is_empty() {
+            self.world.lock().violation(format!(
+                "wake-ups: a job whose holder crashed was not taken on by another process \
+                 within {} s: {}",
+                within / 1000,
+                late.join(", ")
+            ));
+        }
+        self.restart(k).await;
     }
 
     /// The event stream's client stops; when every batch ended, it must have been sent every

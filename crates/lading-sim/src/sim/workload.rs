@@ -210,11 +210,9 @@ impl Deployment {
     /// What falls due at `now`: crashed processes restarted, held jobs released, the
     /// depositor's late fixes put in place, a paused queue resumed.
     async fn due(&mut self, now: tokio::time::Instant) {
-        for (k, p) in self.procs.iter_mut().enumerate() {
-            if p.is_none() && self.down_until[k].is_some_and(|t| t <= now) {
-                *p = Some(self.sim.start(k).await);
-                self.down_until[k] = None;
-                self.world.lock().trace(format!("p{k} restarted"));
+        for k in 0..self.procs.len() {
+            if self.down_until[k].is_some_and(|t| t <= now) {
+                self.restart(k).await;
             }
         }
         let admin_engine = &self.admin_engine;
@@ -322,9 +320,18 @@ impl Deployment {
         }
     }
 
+    /// Process `k` is started again, if it is down.
+    pub(super) async fn restart(&mut self, k: usize) {
+        if self.procs[k].is_none() {
+            self.procs[k] = Some(self.sim.start(k).await);
+            self.down_until[k] = None;
+            self.world.lock().trace(format!("p{k} restarted"));
+        }
+    }
+
     /// Process `k` crashes: its session is cut off (and expires later), its services end
     /// at once, and it is started again after a while.
-    fn crash(&mut self, k: usize, now: tokio::time::Instant) {
+    pub(super) fn crash(&mut self, k: usize, now: tokio::time::Instant) {
         if let Some(p) = self.procs[k].take() {
             p.tree.kill();
             p.task.abort();
