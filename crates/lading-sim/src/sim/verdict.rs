@@ -111,18 +111,28 @@ impl Deployment {
         let Some(bid) = self.probe_batch("probe", json!(true)).await else {
             return;
         };
+        self.probe_ends(
+            &bid,
+            PROBE_MS,
+            "an idle deployment did not take the one-job batch through",
+        )
+        .await;
+    }
+
+    /// A probe's batch must end within `within_ms`; if not, a violation says `what`.
+    async fn probe_ends(&self, bid: &BatchId, within_ms: u64, what: &str) {
         let late = not_ended(
             &self.admin_engine,
-            std::slice::from_ref(&bid),
-            Duration::from_millis(PROBE_MS),
+            std::slice::from_ref(bid),
+            Duration::from_millis(within_ms),
             Duration::from_millis(50),
             false,
         )
         .await;
         if !late.is_empty() {
             self.world.lock().violation(format!(
-                "wake-ups: an idle deployment did not take the one-job batch through within {} s: {}",
-                PROBE_MS / 1000,
+                "wake-ups: {what} within {} s: {}",
+                within_ms / 1000,
                 late.join(", ")
             ));
         }
@@ -170,23 +180,12 @@ impl Deployment {
         // The other processes' waiters look while the job is held, and find it busy.
         tokio::time::sleep(Duration::from_millis(500)).await;
         self.crash(k, tokio::time::Instant::now());
-        let within = SESSION_TIMEOUT_MS + PROBE_MS;
-        let late = not_ended(
-            &self.admin_engine,
-            std::slice::from_ref(&bid),
-            Duration::from_millis(within),
-            Duration::from_millis(50),
-            false,
+        self.probe_ends(
+            &bid,
+            SESSION_TIMEOUT_MS + PROBE_MS,
+            "a job whose holder crashed was not taken on by another process",
         )
         .await;
-        if !late.is_empty() {
-            self.world.lock().violation(format!(
-                "wake-ups: a job whose holder crashed was not taken on by another process \
-                 within {} s: {}",
-                within / 1000,
-                late.join(", ")
-            ));
-        }
         self.restart(k).await;
     }
 
