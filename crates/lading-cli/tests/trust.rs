@@ -184,6 +184,66 @@ async fn a_submitters_uploads_are_capped_as_they_arrive_and_other_tenants_are_no
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submitters_open_batches_are_capped_on_every_route_and_other_tenants_are_not() {
+    let s = serve(&[], "max_open_batches_per_submitter = 2\n");
+    // Paused, the queue leaves every batch Pending: open.
+    let (st, v) = (s.call(ADMIN, "PUT", "/api/v1/queues/ingest/pause", None)).await;
+    assert!(st.is_success(), "{v}");
+    let mut alices = Vec::new();
+    for name in ["one.bin", "two.bin"] {
+        let (st, v) = s.upload(ALICE, "profile=alpha", name, b"abc").await;
+        assert_eq!(st, StatusCode::CREATED, "{v}");
+        alices.push(v["id"].as_str().unwrap().to_string());
+    }
+    let kept = uploaded(&s);
+    assert_eq!(kept.len(), 2, "{kept:?}");
+
+    // A third is refused on every route, naming the key, and nothing of it is kept.
+    let (st, v) = s.upload(ALICE, "profile=alpha", "three.bin", b"abc").await;
+    assert_eq!(st, StatusCode::TOO_MANY_REQUESTS, "{v}");
+    assert_eq!(v["kind"], "open_batches", "{v}");
+    let msg = v["error"].as_str().unwrap();
+    assert!(msg.contains("max_open_batches_per_submitter"), "{msg}");
+    let url = json!({"payload_url": "https://example.org/x.bin", "profile": "alpha"});
+    let (st, v) = s.submit(ALICE, url.clone()).await;
+    assert_eq!(st, StatusCode::TOO_MANY_REQUESTS, "{v}");
+    assert_eq!(v["kind"], "open_batches", "{v}");
+    let (st, text) = post_form(
+        &s,
+        ALICE,
+        "/poster/submit",
+        &[
+            ("file", Some("four.bin"), b"abc"),
+            ("profile", None, b"alpha"),
+        ],
+    )
+    .await;
+    assert_eq!(st, StatusCode::TOO_MANY_REQUESTS, "{text}");
+    assert!(text.contains("max_open_batches_per_submitter"), "{text}");
+    assert_eq!(
+        uploaded(&s),
+        kept,
+        "nothing of a refused submission is kept"
+    );
+    assert_eq!(s.batches().await.len(), 2);
+
+    // Another tenant, and the admin, are not held to Alice's count.
+    let (st, v) = s.upload(BOB, "profile=beta", "bobs.bin", b"abc").await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    let (st, v) = s.upload(ADMIN, "profile=alpha", "admins.bin", b"abc").await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+
+    // Once hers have ended, Alice submits again.
+    let (st, v) = (s.call(ADMIN, "DELETE", "/api/v1/queues/ingest/pause", None)).await;
+    assert!(st.is_success(), "{v}");
+    for bid in &alices {
+        s.finished(bid).await;
+    }
+    let (st, v) = s.upload(ALICE, "profile=alpha", "five.bin", b"abc").await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_control_byte_in_every_echoed_field_comes_back_as_well_formed_xml() {
     let s = serve(&[], "");
     let controls: Vec<u8> = (0u8..0x20).collect();

@@ -503,6 +503,31 @@ impl Engine {
         Ok(ids)
     }
 
+    /// How many of `submitter`'s batches are still open (Pending, Held, Processing, Reporting
+    /// or UpdateReporting), counted newest first and no further than `stop_at`. A status that
+    /// cannot be read as one counts as open; a batch being created or purged does not.
+    pub async fn open_batches_of(&self, submitter: &str, stop_at: usize) -> Result<usize> {
+        let ids = self.batch_ids_of(submitter).await?;
+        let mut open = 0;
+        for chunk in ids.rchunks(256) {
+            let paths: Vec<String> = chunk.iter().map(|b| batch_node(b, "status")).collect();
+            for node in self.tree.get_many(&paths).await?.into_iter().flatten() {
+                let bytes = node.data.unwrap_or_default();
+                let done = serde_json::from_slice::<BatchStatus>(&bytes).is_ok_and(|s| {
+                    matches!(
+                        s.status,
+                        BatchState::Completed | BatchState::Failed | BatchState::Deleted
+                    )
+                });
+                open += usize::from(!done);
+            }
+            if open >= stop_at {
+                break;
+            }
+        }
+        Ok(open)
+    }
+
     /// Batch states with their number of batches (reads every batch status).
     pub async fn batch_counts(&self) -> Result<BTreeMap<BatchState, u64>> {
         let mut out: BTreeMap<BatchState, u64> = BatchState::ALL.iter().map(|s| (*s, 0)).collect();

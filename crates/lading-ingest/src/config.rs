@@ -116,6 +116,9 @@ pub struct Config {
     /// Bytes one submitter's uploads may hold on a host at once: uploads arriving and those
     /// kept until their batches are cleaned up. An admin is not held to it.
     pub max_upload_bytes_per_submitter: u64,
+    /// Batches one submitter may have open (not Completed, Failed or Deleted) at once; one
+    /// more is refused (429 `open_batches`) before its body is read. An admin is not held to it.
+    pub max_open_batches_per_submitter: u64,
     /// API tokens. With none, `lading serve` makes an admin token in the data directory and
     /// listens on loopback only.
     pub tokens: Vec<TokenSettings>,
@@ -378,6 +381,7 @@ impl Default for Config {
             listen: "127.0.0.1:8080".into(),
             max_upload_bytes: 8 << 30,
             max_upload_bytes_per_submitter: 32 << 30,
+            max_open_batches_per_submitter: 1000,
             tokens: Vec::new(),
             payload: PayloadSettings::default(),
             http: HttpSettings::default(),

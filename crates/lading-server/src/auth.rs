@@ -81,6 +81,31 @@ impl Principal {
         }
     }
 
+    /// Whether this principal may open one more batch: an admin always; a submitter while
+    /// fewer than `max_open_batches_per_submitter` of its batches are open (429 `open_batches`
+    /// naming the key otherwise). Asked before a submission's body is read. Submissions of one
+    /// submitter that arrive together may each pass it: by at most its requests in flight.
+    pub async fn may_open_batch(&self, s: &AppState) -> Result<(), ApiError> {
+        if self.role == Role::Admin {
+            return Ok(());
+        }
+        let cap = s.ingest.cfg.max_open_batches_per_submitter;
+        let stop_at = usize::try_from(cap).unwrap_or(usize::MAX);
+        let open = s.ingest.engine.open_batches_of(&self.name, stop_at).await?;
+        if (open as u64) < cap {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "open_batches",
+            format!(
+                "{} has {open} batches open and may have at most {cap} \
+                 (max_open_batches_per_submitter); submit more once some have completed or failed",
+                self.name
+            ),
+        ))
+    }
+
     pub fn require_admin(&self) -> Result<(), ApiError> {
         if self.role == Role::Admin {
             Ok(())

@@ -74,7 +74,7 @@ fn not_found_batch(id: &str) -> ApiError {
     EngineError::NoBatch(id.to_string()).into()
 }
 
-#[utoipa::path(post, path = "/api/v1/batches", tag = "batches", summary = "Submit a batch by payload URL", request_body = crate::api::SubmitRequest, responses((status = 201, description = "the batch, Pending", body = crate::api::Submitted), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this")))]
+#[utoipa::path(post, path = "/api/v1/batches", tag = "batches", summary = "Submit a batch by payload URL", request_body = crate::api::SubmitRequest, responses((status = 201, description = "the batch, Pending", body = crate::api::Submitted), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this"), (status = 429, description = "the submitter has max_open_batches_per_submitter batches open")))]
 pub(crate) async fn submit(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
@@ -90,6 +90,7 @@ pub(crate) async fn submit(
     })?;
     let submitter = p.submitter(b.submitter.take())?;
     p.may_submit_to(&s.ingest, &b.profile)?;
+    p.may_open_batch(&s).await?;
     // Whoever sends it, a URL that comes in over the API is held to the payload policy.
     let sub = b.into_submission(
         submitter,

@@ -242,6 +242,9 @@ async fn take(
     update: bool,
     named: Option<String>,
 ) -> Response {
+    if let Err(e) = p.may_open_batch(&s).await {
+        return Exc(e, Answer::Xml).into_response();
+    }
     let mut fields = BTreeMap::new();
     // A form that names its profile before its file is refused before the file is read when
     // the caller may not submit to it (Merritt's Ruby client sends the file first: then the

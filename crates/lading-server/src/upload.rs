@@ -507,7 +507,7 @@ async fn save(
     saved.ok_or_else(|| ApiError::bad_request("no \"file\" part in the upload"))
 }
 
-#[utoipa::path(post, path = "/api/v1/batches/upload", tag = "batches", summary = "Submit a batch by multipart upload (one part named `file`)", params(("profile" = String, Query, description = "the profile"), ("type" = Option<String>, Query, description = "payload type (default file)"), ("title" = Option<String>, Query, description = "ERC what"), ("creator" = Option<String>, Query, description = "ERC who"), ("date" = Option<String>, Query, description = "ERC when"), ("local_id" = Option<String>, Query, description = "local id"), ("primary_id" = Option<String>, Query, description = "primary id"), ("submitter" = Option<String>, Query, description = "admin only: on someone's behalf")), responses((status = 201, description = "the batch, Pending, and the upload's size", body = crate::api::Submitted), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this"), (status = 413, description = "over max_upload_bytes")))]
+#[utoipa::path(post, path = "/api/v1/batches/upload", tag = "batches", summary = "Submit a batch by multipart upload (one part named `file`)", params(("profile" = String, Query, description = "the profile"), ("type" = Option<String>, Query, description = "payload type (default file)"), ("title" = Option<String>, Query, description = "ERC what"), ("creator" = Option<String>, Query, description = "ERC who"), ("date" = Option<String>, Query, description = "ERC when"), ("local_id" = Option<String>, Query, description = "local id"), ("primary_id" = Option<String>, Query, description = "primary id"), ("submitter" = Option<String>, Query, description = "admin only: on someone's behalf")), responses((status = 201, description = "the batch, Pending, and the upload's size", body = crate::api::Submitted), (status = 400, description = "bad input (the error names it)"), (status = 401, description = "no or unknown token"), (status = 403, description = "the token's role may not do this"), (status = 413, description = "over max_upload_bytes"), (status = 429, description = "the submitter's uploads or open batches are at their caps (max_upload_bytes_per_submitter, max_open_batches_per_submitter)")))]
 pub async fn upload(
     State(s): State<AppState>,
     Extension(p): Extension<Principal>,
@@ -525,6 +525,7 @@ pub async fn upload(
         return Err(lading_ingest::SubmitError::PayloadType(q.payload_type().to_string()).into());
     }
     let submitter = p.submitter(q.submitter.take())?;
+    p.may_open_batch(&s).await?;
     let (mut scrap, saved) = receive(&s, &p, &mut multipart, None, None).await?;
     if over.load(Ordering::Relaxed) {
         return Err(ApiError::new(
