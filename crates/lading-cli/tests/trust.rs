@@ -205,7 +205,7 @@ async fn a_submitters_open_batches_are_capped_on_every_route_and_other_tenants_a
     let msg = v["error"].as_str().unwrap();
     assert!(msg.contains("max_open_batches_per_submitter"), "{msg}");
     let url = json!({"payload_url": "https://example.org/x.bin", "profile": "alpha"});
-    let (st, v) = s.submit(ALICE, url.clone()).await;
+    let (st, v) = s.submit(ALICE, url).await;
     assert_eq!(st, StatusCode::TOO_MANY_REQUESTS, "{v}");
     assert_eq!(v["kind"], "open_batches", "{v}");
     let (st, text) = post_form(
