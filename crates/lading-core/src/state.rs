@@ -71,8 +71,15 @@ macro_rules! state_enum {
             /// Reads a state name leniently: any case, with or without `-`/`_`
             /// (`UpdateReporting`, `update-reporting`, `PENDING`).
             pub fn parse(s: &str) -> Option<Self> {
-                let norm: String = s.chars().filter(|c| *c != '-' && *c != '_').collect::<String>().to_ascii_lowercase();
-                $(if norm == $json.to_ascii_lowercase() { return Some($name::$variant); })*
+                // The stored form first (every status read parses one): no allocation on
+                // either path (this was ten allocations a parse, a few percent of lading-sim).
+                $(if s == $json { return Some($name::$variant); })*
+                let lenient = |name: &str| {
+                    let mut given = s.bytes().filter(|b| *b != b'-' && *b != b'_');
+                    name.bytes().all(|n| given.next().is_some_and(|g| g.eq_ignore_ascii_case(&n)))
+                        && given.next().is_none()
+                };
+                $(if lenient($json) { return Some($name::$variant); })*
                 None
             }
 
@@ -109,7 +116,7 @@ macro_rules! state_enum {
 
         impl<'de> Deserialize<'de> for $name {
             fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                let s = String::deserialize(d)?;
+                let s = std::borrow::Cow::<'de, str>::deserialize(d)?;
                 $name::parse_named(&s).map_err(serde::de::Error::custom)
             }
         }
@@ -496,6 +503,15 @@ mod tests {
             Some(BatchState::UpdateReporting)
         );
         assert_eq!(JobState::parse("Bogus"), None);
+        assert_eq!(JobState::parse("PENDING"), Some(JobState::Pending));
+        assert_eq!(
+            BatchState::parse("UPDATE_reporting"),
+            Some(BatchState::UpdateReporting)
+        );
+        // A prefix or a longer name is not the state.
+        assert_eq!(JobState::parse("Pendin"), None);
+        assert_eq!(JobState::parse("Pendings"), None);
+        assert_eq!(JobState::parse(""), None);
     }
 
     #[test]

@@ -442,6 +442,14 @@ pub fn after_commit(
     found
 }
 
+/// A status node's state, the rest of it skipped (a whole `Value` with its history was a few
+/// percent of a run, read at every commit).
+#[derive(serde::Deserialize)]
+struct StatusOnly<'a> {
+    #[serde(borrow)]
+    status: std::borrow::Cow<'a, str>,
+}
+
 /// A job's references agree with its status (nothing to say of a job being made or gone).
 pub fn job_consistent(mem: &Mem, jid: &JobId) -> Vec<String> {
     let mut found = Vec::new();
@@ -462,8 +470,8 @@ pub fn job_consistent(mem: &Mem, jid: &JobId) -> Vec<String> {
     let state = status
         .data
         .as_deref()
-        .and_then(|d| serde_json::from_slice::<serde_json::Value>(d).ok())
-        .and_then(|v| v.get("status")?.as_str().and_then(JobState::parse));
+        .and_then(|d| serde_json::from_slice::<StatusOnly>(d).ok())
+        .and_then(|v| JobState::parse(&v.status));
     let Some(state) = state else {
         return vec![format!("job {jid}: its status is not readable")];
     };

@@ -146,7 +146,10 @@ impl State {
     }
 
     pub fn trace(&mut self, line: String) {
-        let line = format!("{:>8} {line}", self.now_ms());
+        let mut stamped = String::with_capacity(line.len() + 9);
+        let _ = std::fmt::Write::write_fmt(&mut stamped, format_args!("{:>8} ", self.now_ms()));
+        stamped.push_str(&line);
+        let line = stamped;
         if self.live_trace {
             eprintln!("{line}");
         }
@@ -495,19 +498,23 @@ fn node_of(n: &MemNode) -> Node {
     }
 }
 
+/// `create PATH, set PATH, …`: a `multi` in a trace line (one string, built in place: every
+/// commit writes one).
 fn short(ops: &[Op]) -> String {
-    ops.iter()
-        .map(|o| {
-            let k = match o {
-                Op::Check { .. } => "check",
-                Op::Create { .. } => "create",
-                Op::Set { .. } => "set",
-                Op::Delete { .. } => "delete",
-            };
-            format!("{k} {}", o.path())
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
+    let mut out = String::with_capacity(ops.iter().map(|o| o.path().len() + 9).sum());
+    for (i, o) in ops.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(match o {
+            Op::Check { .. } => "check ",
+            Op::Create { .. } => "create ",
+            Op::Set { .. } => "set ",
+            Op::Delete { .. } => "delete ",
+        });
+        out.push_str(o.path());
+    }
+    out
 }
 
 impl SimTree {
