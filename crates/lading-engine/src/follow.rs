@@ -143,7 +143,13 @@ struct Known {
 
 /// The event id of a status's entry `k` (0 the newest).
 pub fn transition_id(mtime_ms: u64, id: &str, version: i32, k: usize) -> String {
-    format!("{mtime_ms:013}-{id}-{version}-{k}")
+    use std::fmt::Write;
+    // Built in place: one is made for every status a follower reads.
+    let mut out = String::with_capacity(id.len() + 32);
+    let _ = write!(out, "{mtime_ms:013}-");
+    out.push_str(id);
+    let _ = write!(out, "-{version}-{k}");
+    out
 }
 
 /// `event_id` naming a time no later than `ms` (the same transition, found again from an

@@ -157,7 +157,9 @@ pub struct Engine {
     /// Spreads workers over a queue's head (see [`lading_core::random`]).
     random: lading_core::random::SharedRandom,
     owner: String,
-    events: broadcast::Sender<ChangeEvent>,
+    /// Made at the first subscription (4,096 slots allocated at once: most engines, a
+    /// worker's, never have a subscriber, and a transition nobody hears is not built).
+    events: std::sync::OnceLock<broadcast::Sender<ChangeEvent>>,
     /// Locks this process is trying for or holds, so local workers do not race each other.
     /// Lock path → the session it was claimed in; a claim from an older session is void (that
     /// session's locks are gone).
@@ -257,13 +259,12 @@ fn json_bytes<T: Serialize>(v: &T) -> Option<Vec<u8>> {
 impl Engine {
     /// Wraps a tree session. Call [`Engine::init`] once per store before use (it is idempotent).
     pub fn new(tree: Arc<dyn Tree>, clock: SharedClock, owner: impl Into<String>) -> Engine {
-        let (events, _) = broadcast::channel(4096);
         Engine {
             tree,
             clock,
             random: lading_core::random::os_seeded(),
             owner: owner.into(),
-            events,
+            events: std::sync::OnceLock::new(),
             claimed: Mutex::new(HashMap::new()),
             job_batches: Mutex::new(HashMap::new()),
             batch_uuids: Mutex::new(HashMap::new()),
@@ -337,7 +338,9 @@ impl Engine {
 
     /// Subscribes to committed changes made through this engine.
     pub fn subscribe(&self) -> broadcast::Receiver<ChangeEvent> {
-        self.events.subscribe()
+        self.events
+            .get_or_init(|| broadcast::channel(4096).0)
+            .subscribe()
     }
 
     fn now(&self) -> String {
@@ -353,7 +356,10 @@ impl Engine {
         to: &str,
     ) {
         tracing::debug!(kind = kind.as_str(), id, from, to, "transition");
-        let _ = self.events.send(ChangeEvent {
+        let Some(events) = self.events.get().filter(|e| e.receiver_count() > 0) else {
+            return;
+        };
+        let _ = events.send(ChangeEvent {
             kind,
             id: id.to_string(),
             batch: batch.map(|b| b.to_string()),

@@ -396,7 +396,8 @@ impl SimTree {
 
     /// Before each call: a paused process waits, a dead one fails, a slow call waits, and
     /// an expired session fails once and is replaced.
-    async fn enter(&self, read: bool) -> Result<(), TreeError> {
+    /// The tree comes back locked, as the call finds it.
+    async fn enter(&self, read: bool) -> Result<MutexGuard<'_, State>, TreeError> {
         // A round trip: every other ready process gets its turn.
         tokio::task::yield_now().await;
         let until = *self.paused.lock().unwrap_or_else(|p| p.into_inner());
@@ -413,10 +414,10 @@ impl SimTree {
         if slow > 0 {
             tokio::time::sleep(Duration::from_millis(slow)).await;
         }
+        let mut st = self.world.lock();
         if self.dead.load(Ordering::SeqCst) {
             return Err(TreeError::ConnectionLoss(format!("{} is down", self.name)));
         }
-        let mut st = self.world.lock();
         let s = self.session.load(Ordering::SeqCst);
         if !st.is_live(s) {
             let n = st.new_session();
@@ -429,7 +430,7 @@ impl SimTree {
                 "a read was lost (simulated)".into(),
             ));
         }
-        Ok(())
+        Ok(st)
     }
 
     /// Applies `ops` all or nothing, fires the watches, checks the invariants, traces.
@@ -485,10 +486,6 @@ impl SimTree {
         }
         Ok(results)
     }
-
-    fn read<T>(&self, f: impl FnOnce(&Mem) -> T) -> T {
-        f(&self.world.lock().mem)
-    }
 }
 
 fn node_of(n: &MemNode) -> Node {
@@ -529,12 +526,11 @@ impl SimTree {
                     &short(&ops),
                 );
             }
-            self.enter(false).await?;
+            let mut st = self.enter(false).await?;
             let session = self.session_id();
             if on.is_some_and(|s| s != session) {
                 return Err(TreeError::SessionExpired);
             }
-            let mut st = self.world.lock();
             let fault = match &st.faults {
                 Some(f) => {
                     let d = st.draw();
@@ -618,8 +614,8 @@ impl Tree for SimTree {
         Box::pin(async move {
             count("get", path);
             validate_path(path)?;
-            self.enter(true).await?;
-            Ok(self.read(|m| m.get(path).map(node_of)))
+            let st = self.enter(true).await?;
+            Ok(st.mem.get(path).map(node_of))
         })
     }
 
@@ -631,8 +627,8 @@ impl Tree for SimTree {
             for p in paths {
                 validate_path(p)?;
             }
-            self.enter(true).await?;
-            Ok(self.read(|m| paths.iter().map(|p| m.get(p).map(node_of)).collect()))
+            let st = self.enter(true).await?;
+            Ok(paths.iter().map(|p| st.mem.get(p).map(node_of)).collect())
         })
     }
 
@@ -640,8 +636,10 @@ impl Tree for SimTree {
         Box::pin(async move {
             count("children", path);
             validate_path(path)?;
-            self.enter(true).await?;
-            self.read(|m| m.children(path).map(|c| c.cloned().collect()))
+            let st = self.enter(true).await?;
+            st.mem
+                .children(path)
+                .map(|c| c.cloned().collect())
                 .ok_or_else(|| TreeError::NoNode(path.into()))
         })
     }
@@ -650,8 +648,9 @@ impl Tree for SimTree {
         Box::pin(async move {
             count("children_page", path);
             validate_path(path)?;
-            self.enter(true).await?;
-            self.read(|m| m.children_page(path, after, max))
+            let st = self.enter(true).await?;
+            st.mem
+                .children_page(path, after, max)
                 .ok_or_else(|| TreeError::NoNode(path.into()))
         })
     }
@@ -660,8 +659,9 @@ impl Tree for SimTree {
         Box::pin(async move {
             count("count_children", path);
             validate_path(path)?;
-            self.enter(true).await?;
-            self.read(|m| m.count_children(path))
+            let st = self.enter(true).await?;
+            st.mem
+                .count_children(path)
                 .ok_or_else(|| TreeError::NoNode(path.into()))
         })
     }
@@ -677,9 +677,8 @@ impl Tree for SimTree {
     fn watch<'a>(&'a self, path: &'a str, kind: WatchKind) -> TreeFuture<'a, Watch> {
         Box::pin(async move {
             count("watch", path);
-            self.enter(true).await?;
+            let mut st = self.enter(true).await?;
             let (tx, rx) = oneshot::channel();
-            let mut st = self.world.lock();
             let session = self.session_id();
             st.watches_set += 1;
             let seq = st.watches_set;

@@ -209,6 +209,18 @@ pub fn workdir(work_root: &Path, info: &JobInfo) -> PathBuf {
     }
 }
 
+/// The first `expected + 1` bytes of an owner mark at most: enough to tell it from `expected`
+/// bytes, and a mark of any size is never read whole (no statx for its size either: this is
+/// read at every stage of every job).
+fn read_mark(mark: &Path, expected: usize) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut found = Vec::with_capacity(expected + 1);
+    std::fs::File::open(mark)?
+        .take(expected as u64 + 1)
+        .read_to_end(&mut found)?;
+    Ok(found)
+}
+
 /// Makes `dir` the working folder of `owner`: created with an owner mark
 /// (`.lading/owner`), or adopted when its mark is `owner`'s. A folder marked for another job
 /// (the same job id in another tree sharing this data folder) is moved aside, never used, so
@@ -217,9 +229,10 @@ pub fn workdir(work_root: &Path, info: &JobInfo) -> PathBuf {
 /// clock).
 pub fn claim_workdir(dir: &Path, owner: &str, now_ms: u64) -> std::io::Result<()> {
     let mark = dir.join(".lading").join("owner");
-    match std::fs::read_to_string(&mark) {
-        Ok(found) if found == owner => return Ok(()),
+    match read_mark(&mark, owner.len()) {
+        Ok(found) if found == owner.as_bytes() => return Ok(()),
         Ok(found) => {
+            let found = String::from_utf8_lossy(&found);
             let base = format!(
                 "{}.other-{}",
                 dir.file_name().and_then(|n| n.to_str()).unwrap_or("job"),
@@ -245,4 +258,39 @@ pub fn claim_workdir(dir: &Path, owner: &str, now_ms: u64) -> std::io::Result<()
     let tmp = dir.join(".lading").join("owner.tmp");
     std::fs::write(&tmp, owner)?;
     std::fs::rename(&tmp, &mark)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::claim_workdir;
+
+    /// A mark that only begins or ends like the owner's, or is not text, is another owner's:
+    /// the folder is moved aside whole and a fresh one is marked.
+    #[test]
+    fn a_mark_not_exactly_the_owners_moves_the_folder_aside() {
+        for (i, found) in [&b"jid-1x"[..], b"jid-", b"\xff\xfe"]
+            .into_iter()
+            .enumerate()
+        {
+            let root = tempfile::tempdir().unwrap();
+            let dir = root.path().join("jid");
+            std::fs::create_dir_all(dir.join(".lading")).unwrap();
+            std::fs::write(dir.join(".lading/owner"), found).unwrap();
+            std::fs::write(dir.join("kept"), b"theirs").unwrap();
+            claim_workdir(&dir, "jid-1", 1_000 + i as u64).unwrap();
+            let aside = root.path().join(format!("jid.other-{}", 1_000 + i));
+            assert_eq!(std::fs::read(aside.join(".lading/owner")).unwrap(), found);
+            assert_eq!(std::fs::read(aside.join("kept")).unwrap(), b"theirs");
+            assert_eq!(std::fs::read(dir.join(".lading/owner")).unwrap(), b"jid-1");
+            assert!(!dir.join("kept").exists());
+        }
+        // The owner's own mark: adopted, nothing moved.
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("jid");
+        claim_workdir(&dir, "jid-1", 5).unwrap();
+        std::fs::write(dir.join("mine"), b"x").unwrap();
+        claim_workdir(&dir, "jid-1", 6).unwrap();
+        assert!(dir.join("mine").exists());
+        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 1);
+    }
 }
