@@ -365,11 +365,6 @@ impl Engine {
         self.pick_candidate(states, true).await
     }
 
-    /// The nodes a lease is made of: the job's status and batch, in one read.
-    pub(crate) fn lease_paths(jid: &JobId) -> [String; 2] {
-        [job_node(jid, "status"), job_node(jid, "bid")]
-    }
-
     pub(crate) async fn load_lease(
         &self,
         jid: &JobId,
@@ -377,18 +372,22 @@ impl Engine {
         state: JobState,
         session: u64,
     ) -> Result<JobLease> {
-        // Where reads are local and the batch is known, the status alone.
+        // Where reads are local and the batch is known, the status alone (the worker that
+        // handles the job reads the rest then). Where reads are round trips, the job's whole
+        // record in one: the worker has it without another.
         if self.tree.local_reads()
             && let Some(batch) = self.known_batch(jid)
         {
             let (status, version) = self.job_status(jid).await?;
             return self.lease_of(jid, priority, state, (status, version), batch, session);
         }
-        let nodes = self.tree.get_many(&Self::lease_paths(jid)).await?;
+        let nodes = self.tree.get_many(&Self::record_paths(jid)).await?;
         self.lease_from(jid, priority, state, nodes, session)
     }
 
-    /// A lease from the nodes [`Engine::lease_paths`] names, as read.
+    /// A lease from the nodes [`Engine::record_paths`] names, as read: the job's whole record
+    /// (its status and batch first), kept with the lease so the worker that handles it does
+    /// not read it again.
     pub(crate) fn lease_from(
         &self,
         jid: &JobId,
@@ -397,10 +396,11 @@ impl Engine {
         nodes: Vec<Option<lading_core::Node>>,
         session: u64,
     ) -> Result<JobLease> {
-        let mut nodes = nodes.into_iter();
-        let status = self.decode_status(jid, nodes.next().flatten())?;
-        let batch = self.remember_batch(jid, nodes.next().flatten())?;
-        self.lease_of(jid, priority, state, status, batch, session)
+        let status = self.decode_status(jid, nodes.first().and_then(Option::as_ref))?;
+        let batch = self.remember_batch(jid, nodes.get(1).and_then(Option::as_ref))?;
+        let mut lease = self.lease_of(jid, priority, state, status, batch, session)?;
+        lease.record = (nodes.len() == crate::read::RECORD_NODES.len()).then(|| Arc::new(nodes));
+        Ok(lease)
     }
 
     /// A lease of `jid`, locked on `session`, from its status (at its version) and batch.
@@ -424,6 +424,7 @@ impl Engine {
             });
         }
         Ok(JobLease {
+            record: None,
             failure_kind: None,
             effects: Vec::new(),
             batch,

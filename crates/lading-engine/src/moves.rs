@@ -308,7 +308,7 @@ impl Engine {
             // (served in order, so it sees the lock taken), which saves a round trip; should it
             // be read just before, a status changed in between fails the lease's version check
             // at its next move.
-            let paths = Self::lease_paths(&c.jid);
+            let paths = Self::record_paths(&c.jid);
             let (moved, read) = if self.tree.local_reads() {
                 (self.move_multi(lease.session, ops).await, Ok(Vec::new()))
             } else {

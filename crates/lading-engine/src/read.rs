@@ -2,6 +2,18 @@
 
 use super::*;
 
+/// The nodes of a job's record, in the order [`Engine::job`] reads them.
+pub(crate) const RECORD_NODES: [&str; 8] = [
+    "status",
+    "bid",
+    "priority",
+    "space_needed",
+    "configuration",
+    "identifiers",
+    "metadata",
+    "lock",
+];
+
 impl Engine {
     pub(crate) async fn read_json<T: DeserializeOwned>(
         &self,
@@ -101,7 +113,7 @@ impl Engine {
             return Ok(b);
         }
         let node = self.tree.get(&job_node(job, "bid")).await?;
-        self.remember_batch(job, node)
+        self.remember_batch(job, node.as_ref())
     }
 
     /// The batch of `job`, if this engine has read it before.
@@ -117,7 +129,7 @@ impl Engine {
     pub(crate) fn remember_batch(
         &self,
         job: &JobId,
-        node: Option<lading_core::Node>,
+        node: Option<&lading_core::Node>,
     ) -> Result<BatchId> {
         let path = job_node(job, "bid");
         let node = node.ok_or_else(|| EngineError::NoJob(job.to_string()))?;
@@ -138,7 +150,7 @@ impl Engine {
     pub(crate) fn decode_status(
         &self,
         job: &JobId,
-        node: Option<lading_core::Node>,
+        node: Option<&lading_core::Node>,
     ) -> Result<(JobStatus, i32)> {
         let path = job_node(job, "status");
         let node = node.ok_or_else(|| EngineError::NoJob(job.to_string()))?;
@@ -168,22 +180,37 @@ impl Engine {
 
     /// A job's full record, read as one snapshot.
     pub async fn job(&self, job: &JobId) -> Result<JobInfo> {
-        let names = [
-            "status",
-            "bid",
-            "priority",
-            "space_needed",
-            "configuration",
-            "identifiers",
-            "metadata",
-            "lock",
-        ];
-        let paths: Vec<String> = names.iter().map(|n| job_node(job, n)).collect();
+        let paths = Self::record_paths(job);
         let nodes = self.tree.get_many(&paths).await?;
+        Self::record_of(job, &paths, &nodes)
+    }
+
+    /// The record of the job a lease is of: as read with the lease, when it was read whole
+    /// (a worker's acquisition reads it in the same round trip as the job's status), else
+    /// read now. Taken from the lease: a later move makes it stale.
+    pub async fn leased_job(&self, lease: &mut JobLease) -> Result<JobInfo> {
+        match lease.record.take() {
+            Some(nodes) => Self::record_of(&lease.job, &Self::record_paths(&lease.job), &nodes),
+            None => self.job(&lease.job).await,
+        }
+    }
+
+    /// The nodes a job's record is made of, in the order [`Engine::record_of`] reads them:
+    /// status and batch first (all a lease needs).
+    pub(crate) fn record_paths(job: &JobId) -> Vec<String> {
+        RECORD_NODES.iter().map(|n| job_node(job, n)).collect()
+    }
+
+    /// A job's record from the nodes [`Engine::record_paths`] names, as read.
+    fn record_of(
+        job: &JobId,
+        paths: &[String],
+        nodes: &[Option<lading_core::Node>],
+    ) -> Result<JobInfo> {
         let text = |i: usize| -> Result<Option<String>> {
             match &nodes[i] {
                 None => Ok(None),
-                Some(n) => String::from_utf8(n.data.clone().unwrap_or_default())
+                Some(n) => std::str::from_utf8(n.data.as_deref().unwrap_or_default())
                     .map(|s| Some(s.trim().to_string()))
                     .map_err(|_| EngineError::Corrupt {
                         path: paths[i].clone(),

@@ -24,6 +24,9 @@ pub struct JobLease {
     pub effects: Vec<Effect>,
     pub(crate) status_version: i32,
     pub(crate) session: u64,
+    /// The job's whole record as read with the lease, until [`crate::Engine::leased_job`]
+    /// takes it.
+    pub(crate) record: Option<std::sync::Arc<Vec<Option<lading_core::Node>>>>,
 }
 
 impl JobLease {

@@ -634,6 +634,15 @@ impl Tree for CountingTree {
         self.read.lock().unwrap().push(path.to_string());
         self.inner.get(path)
     }
+    /// One round trip for all of them, as on ZooKeeper (a read-only `multi`).
+    fn get_many<'a>(
+        &'a self,
+        paths: &'a [String],
+    ) -> TreeFuture<'a, Vec<Option<lading_core::Node>>> {
+        self.bump();
+        self.read.lock().unwrap().extend(paths.iter().cloned());
+        self.inner.get_many(paths)
+    }
     fn exists<'a>(&'a self, path: &'a str) -> TreeFuture<'a, Option<lading_core::Stat>> {
         self.bump();
         self.inner.exists(path)
@@ -705,9 +714,18 @@ pub(crate) async fn acquisition_round_trips(h: &dyn Harness, queued: u32) -> usi
         .await
         .unwrap();
     let before = counting.calls();
-    let got = take_job(&e, JobState::Pending).await;
+    let mut got = take_job(&e, JobState::Pending).await;
     let cost = counting.calls() - before;
     assert_eq!(got.job, jid, "the head of the queue is found");
+    // The worker that handles it has its whole record already: read with the lease.
+    let before = counting.calls();
+    let info = e.leased_job(&mut got).await.unwrap();
+    assert_eq!(
+        counting.calls(),
+        before,
+        "the leased job's record is read again"
+    );
+    assert_eq!((info.id, info.priority), (jid.clone(), 1));
     assert!(e.job_counts().await.unwrap()[&JobState::Pending] > queued as u64);
     e.job_transition(got, Event::To(JobState::Estimating), None)
         .await

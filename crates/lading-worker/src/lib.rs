@@ -405,13 +405,13 @@ impl JobLoop {
         Ok(format!("{uuid}/{}", info.id))
     }
 
-    async fn handle_job(&self, lease: JobLease, shutdown: &mut Shutdown) -> Option<JobLease> {
+    async fn handle_job(&self, mut lease: JobLease, shutdown: &mut Shutdown) -> Option<JobLease> {
         let started = Instant::now();
         let state = lease.state();
         let job = lease.job.clone();
         let now = self.engine.clock().now_ms();
         let _running = self.stats.running("job", job.as_str(), state.name(), now);
-        let info = match self.engine.job(&job).await {
+        let info = match self.engine.leased_job(&mut lease).await {
             Ok(i) => i,
             Err(e) => {
                 tracing::warn!(job = %job, error = %e, "cannot read the job");
