@@ -709,8 +709,11 @@ impl Tree for SimTree {
         })
     }
 
+    /// Reads are round trips here, as on ZooKeeper (the deployment several processes on one
+    /// tree stand for): the engine takes ZooKeeper's read paths (a lease read with the job's
+    /// whole record, the next job's record read beside the move that locks it).
     fn local_reads(&self) -> bool {
-        true
+        false
     }
 
     fn changes<'a>(&'a self, prefixes: &'a [String]) -> Changes<'a> {
