@@ -187,9 +187,17 @@ impl Engine {
 
     /// The record of the job a lease is of: as read with the lease, when it was read whole
     /// (a worker's acquisition reads it in the same round trip as the job's status), else
-    /// read now. Taken from the lease: a later move makes it stale.
+    /// read now. Taken from the lease, and used only while the lease's status is the one it
+    /// was read with (a move made since, e.g. `job_advance`, makes it stale).
     pub async fn leased_job(&self, lease: &mut JobLease) -> Result<JobInfo> {
-        match lease.record.take() {
+        let version = lease.status_version;
+        let current = |nodes: &Arc<Vec<Option<lading_core::Node>>>| {
+            nodes
+                .first()
+                .and_then(Option::as_ref)
+                .is_some_and(|n| n.stat.version == version)
+        };
+        match lease.record.take().filter(current) {
             Some(nodes) => Self::record_of(&lease.job, &Self::record_paths(&lease.job), &nodes),
             None => self.job(&lease.job).await,
         }
