@@ -144,7 +144,7 @@ impl Engine {
     ) -> Result<Option<AccessLease>> {
         let armed = &claims::Armed::default();
         let tree = &*self.tree;
-        self.wait_until(timeout, stop, armed, || async move {
+        self.wait_until(timeout, stop, armed, None, || async move {
             armed
                 .watch(tree, &access_folder(queue), WatchKind::Children)
                 .await?;

@@ -193,7 +193,7 @@ impl Engine {
     ) -> Result<Option<BatchLease>> {
         let armed = &claims::Armed::default();
         let tree = &*self.tree;
-        self.wait_until(timeout, cancel, armed, || async move {
+        self.wait_until(timeout, cancel, armed, None, || async move {
             armed.watch(tree, BATCHES, WatchKind::Children).await?;
             armed
                 .watch(tree, &queue_lock("ingest"), WatchKind::Data)

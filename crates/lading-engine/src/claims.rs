@@ -3,6 +3,21 @@
 //! workers is kept by [`crate::contention::Contention`].
 
 use super::*;
+use std::pin::Pin;
+
+/// A signal that one contested claim was let go, made when the claim was refused (so a let-go
+/// after the refusal is never missed).
+type Unclaimed = Pin<Box<tokio::sync::futures::OwnedNotified>>;
+
+tokio::task_local! {
+    /// The claims refused to a local worker during the round of the waiter that runs in this
+    /// task ([`Engine::wait_until`]): that waiter, and only it, also waits for one of those
+    /// claims to be let go. (Counted for the whole process, every waiter whose round
+    /// overlapped any refusal waited, and was woken at every contested claim let go
+    /// anywhere in the process: in `lading-sim`, more wake-ups than all the tree's watches
+    /// together, each a listing of the waiter's folder.)
+    static LOST_LOCALLY: Mutex<Vec<Unclaimed>>;
+}
 
 /// Whether `e` failed because op `lock_op` (a lock's create) found the lock there: a lock this
 /// process had claimed for itself, so another session holds it.
@@ -223,11 +238,20 @@ impl Engine {
         let mut claimed = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
         match claimed.get(lock) {
             Some(s) if *s == session => {
-                self.contested
+                let signal = self
+                    .contested
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .insert(lock.to_string());
-                self.local_conflicts.fetch_add(1, Ordering::Relaxed);
+                    .entry(lock.to_string())
+                    .or_default()
+                    .clone();
+                // The waiter whose round this is (if any) waits for this claim to go: made
+                // here, under `claimed`'s lock, before the claim can be let go.
+                let _ = LOST_LOCALLY.try_with(|lost| {
+                    lost.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(Box::pin(signal.notified_owned()))
+                });
                 false
             }
             _ => {
@@ -257,15 +281,15 @@ impl Engine {
     pub(crate) fn unclaim(&self, lock: &str) {
         let contested = {
             let mut claimed = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
-            claimed.remove(lock).is_some()
-                && self
-                    .contested
+            claimed.remove(lock).and_then(|_| {
+                self.contested
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .remove(lock)
+            })
         };
-        if contested {
-            self.unclaimed.notify_waiters();
+        if let Some(signal) = contested {
+            signal.notify_waiters();
         }
     }
 
@@ -278,6 +302,7 @@ impl Engine {
         timeout: Duration,
         cancel: impl std::future::Future<Output = ()>,
         armed: &Armed,
+        woken: Option<&tokio::sync::Notify>,
         mut round: F,
     ) -> Result<Option<T>>
     where
@@ -287,23 +312,35 @@ impl Engine {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut cancel = std::pin::pin!(cancel);
         loop {
-            let conflicts = self.local_conflicts.load(Ordering::Relaxed);
-            let unclaimed = self.unclaimed.notified();
-            let mut unclaimed = std::pin::pin!(unclaimed);
-            unclaimed.as_mut().enable();
-            let woken = self.woken.notified();
-            let mut woken = std::pin::pin!(woken);
-            woken.as_mut().enable();
+            let woken = std::pin::pin!(woken.map(|w| w.notified()));
+            let mut woken = woken.as_pin_mut();
+            if let Some(w) = woken.as_mut() {
+                w.as_mut().enable();
+            }
             let strays = self.drop_strays().await;
             armed.begin_round();
-            let due = match round().await? {
-                Round::Got(t) => return Ok(Some(t)),
-                Round::Again => continue,
-                Round::Wait { due } => due,
+            let (due, mut lost) = match LOST_LOCALLY
+                .scope(Mutex::default(), async {
+                    let r = round().await;
+                    let lost = LOST_LOCALLY.with(|l| {
+                        std::mem::take(&mut *l.lock().unwrap_or_else(|p| p.into_inner()))
+                    });
+                    r.map(|r| (r, lost))
+                })
+                .await?
+            {
+                (Round::Got(t), _) => return Ok(Some(t)),
+                (Round::Again, _) => continue,
+                (Round::Wait { due }, lost) => (due, lost),
             };
             let mut watches = armed.take_wanted();
             let due = if strays { due.min(STRAY_RETRY) } else { due };
-            let lost_locally = self.local_conflicts.load(Ordering::Relaxed) != conflicts;
+            let unclaimed = std::future::poll_fn(|cx| {
+                match lost.iter_mut().any(|s| s.as_mut().poll(cx).is_ready()) {
+                    true => std::task::Poll::Ready(()),
+                    false => std::task::Poll::Pending,
+                }
+            });
             // `due` on the engine's clock: a test's manual clock wakes the wait when it is
             // moved past it; the real one sleeps for it.
             let due_at = self.clock.now_ms() + due.as_millis() as u64;
@@ -317,8 +354,13 @@ impl Engine {
                 // In order, not at random: a run is the same every time (`lading-sim`).
                 biased;
                 i = any_of(watches.iter_mut().map(|k| &mut k.3)) => fired = Some(i),
-                _ = &mut unclaimed, if lost_locally => {}
-                _ = &mut woken => {}
+                _ = unclaimed => {}
+                _ = async {
+                    match woken {
+                        Some(w) => w.await,
+                        None => std::future::pending().await,
+                    }
+                } => {}
                 _ = &mut cancel => return Ok(None),
                 _ = until_due => {}
                 // The safety net: a slow sweep, should a wake-up ever be missed.

@@ -95,11 +95,18 @@ impl Contention {
         lock(&self.deferred).remove(&key(folder, reference));
     }
 
-    /// How long after `now_ms` the earliest job seen deferred becomes due.
-    pub(crate) fn next_due(&self, now_ms: u64) -> Option<Duration> {
+    /// How long after `now_ms` the earliest job seen deferred in `folder` becomes due. Per
+    /// folder: a job deferred in one stage wakes that stage's waiters, not every waiter of
+    /// the process (each of which would list its folder for nothing).
+    pub(crate) fn next_due(&self, folder: &str, now_ms: u64) -> Option<Duration> {
         lock(&self.deferred)
-            .values()
-            .filter(|at| **at > now_ms)
+            .iter()
+            .filter(|(k, at)| {
+                **at > now_ms
+                    && k.strip_prefix(folder)
+                        .is_some_and(|rest| rest.starts_with('/'))
+            })
+            .map(|(_, at)| *at)
             .min()
             .map(|at| Duration::from_millis(at - now_ms))
     }
@@ -218,9 +225,16 @@ mod tests {
         c.mark_deferred("/f", "a", 1_500, 1_000);
         assert!(c.is_deferred("/f", "a", 1_499));
         assert!(!c.is_deferred("/g", "a", 1_499), "per folder");
-        assert_eq!(c.next_due(1_000), Some(Duration::from_millis(500)));
+        assert_eq!(c.next_due("/f", 1_000), Some(Duration::from_millis(500)));
+        assert_eq!(c.next_due("/g", 1_000), None, "due per folder");
+        c.mark_deferred("/ff", "c", 1_200, 1_000);
+        assert_eq!(
+            c.next_due("/f", 1_000),
+            Some(Duration::from_millis(500)),
+            "not /ff's"
+        );
         assert!(!c.is_deferred("/f", "a", 1_500), "due");
-        assert_eq!(c.next_due(1_500), None, "forgotten once due");
+        assert_eq!(c.next_due("/f", 1_500), None, "forgotten once due");
         c.mark_deferred("/f", "b", 9_000, 1_000);
         c.forget_deferred("/f", "b");
         assert!(!c.is_deferred("/f", "b", 1_000), "woken early");

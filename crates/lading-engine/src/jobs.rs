@@ -448,39 +448,45 @@ impl Engine {
     ) -> Result<Option<JobLease>> {
         let armed = &claims::Armed::default();
         let tree = &*self.tree;
-        self.wait_until(timeout, cancel, armed, || async move {
-            if !sabotage::on(sabotage::LOST_WAKEUP) {
-                armed
-                    .watch(tree, &job_state_folder(state), WatchKind::Children)
-                    .await?;
-            }
-            armed
-                .watch(tree, &queue_lock("ingest"), WatchKind::Data)
-                .await?;
-            if let Some(l) = self.acquire_job(state).await? {
-                return Ok(Round::Got(l));
-            }
-            // Jobs that are there but locked become free when their lock goes (a worker
-            // released it, or its session expired): watch those locks too.
-            for name in self
-                .contention
-                .busy_names(&job_state_folder(state), WAIT_LOCKS)
-                .into_iter()
-                .filter(|_| !sabotage::on(sabotage::LOST_LOCK_WAKEUP))
-            {
-                if let Some((_, jid)) = parse_job_ref(&name) {
+        self.wait_until(
+            timeout,
+            cancel,
+            armed,
+            Some(self.woken_in(state)),
+            || async move {
+                if !sabotage::on(sabotage::LOST_WAKEUP) {
                     armed
-                        .watch(tree, &job_node(&jid, "lock"), WatchKind::Data)
+                        .watch(tree, &job_state_folder(state), WatchKind::Children)
                         .await?;
                 }
-            }
-            // A job deferred after a transient error becomes due.
-            let due = self
-                .contention
-                .next_due(self.clock.now_ms())
-                .unwrap_or(self.sweep);
-            Ok(Round::Wait { due })
-        })
+                armed
+                    .watch(tree, &queue_lock("ingest"), WatchKind::Data)
+                    .await?;
+                if let Some(l) = self.acquire_job(state).await? {
+                    return Ok(Round::Got(l));
+                }
+                // Jobs that are there but locked become free when their lock goes (a worker
+                // released it, or its session expired): watch those locks too.
+                for name in self
+                    .contention
+                    .busy_names(&job_state_folder(state), WAIT_LOCKS)
+                    .into_iter()
+                    .filter(|_| !sabotage::on(sabotage::LOST_LOCK_WAKEUP))
+                {
+                    if let Some((_, jid)) = parse_job_ref(&name) {
+                        armed
+                            .watch(tree, &job_node(&jid, "lock"), WatchKind::Data)
+                            .await?;
+                    }
+                }
+                // A job of this state deferred after a transient error becomes due.
+                let due = self
+                    .contention
+                    .next_due(&job_state_folder(state), self.clock.now_ms())
+                    .unwrap_or(self.sweep);
+                Ok(Round::Wait { due })
+            },
+        )
         .await
     }
 

@@ -80,7 +80,6 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::broadcast;
@@ -187,22 +186,21 @@ pub struct Engine {
     /// watches their locks (a lock let go without a move makes one free; a move changes the
     /// status, which is watched anyway).
     locked_batches: Mutex<BTreeMap<BatchState, Vec<BatchId>>>,
-    /// Signalled when this process lets go of a claim another local worker was refused
-    /// (counted in `local_conflicts`): a waiter that lost such a race is woken when the
+    /// Signalled when this process lets go of a claim another local worker was refused: a
+    /// waiter whose own round lost such a race (see `claims::LOST_LOCALLY`) is woken when the
     /// winner lets go (the tree's own watch may have fired before the claim was dropped).
-    unclaimed: tokio::sync::Notify,
-    /// The claims a local worker was refused, to be signalled on `unclaimed` when let go;
+    /// The claims a local worker was refused, each with its signal, given when it is let go;
     /// changed only under `claimed`'s lock. (Signalling every claim let go woke every loop
     /// of the process that had lost any local race, at each job a handler moved on: the
     /// most frequent wake-up of a busy process, found by counting in `lading-sim`.)
-    contested: Mutex<std::collections::HashSet<String>>,
-    /// Signalled when this process forgets a deferral after waking the job: a waiter woken
-    /// by the wake's own commit may have looked before the deferral was forgotten, and passed
-    /// the job over (found by `lading-sim`).
-    woken: tokio::sync::Notify,
+    contested: Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
+    /// Per job state (see [`Engine::woken_in`]), signalled when this process forgets a
+    /// deferral after waking a job of that state: a waiter woken by the wake's own commit may
+    /// have looked before the deferral was forgotten, and passed the job over (found by
+    /// `lading-sim`). One signal for every state woke every waiter of the process.
+    woken: Vec<tokio::sync::Notify>,
     /// How many times a waiter has parked (see [`Engine::parked`]).
     parked: tokio::sync::watch::Sender<u64>,
-    local_conflicts: std::sync::atomic::AtomicU64,
     /// Locks this session may still hold after a failed call (a reply lost, a delete that did
     /// not go through) and that no lease owns: kept claimed, so no local worker takes them,
     /// until [`Engine::drop_strays`] deletes them or finds them gone or another session's.
@@ -274,11 +272,12 @@ impl Engine {
             contention: Default::default(),
             live_batches: Mutex::new(Vec::new()),
             locked_batches: Mutex::new(BTreeMap::new()),
-            unclaimed: tokio::sync::Notify::new(),
-            contested: Mutex::new(std::collections::HashSet::new()),
-            woken: tokio::sync::Notify::new(),
+            contested: Mutex::new(HashMap::new()),
+            woken: JobState::ALL
+                .iter()
+                .map(|_| tokio::sync::Notify::new())
+                .collect(),
             parked: tokio::sync::watch::Sender::new(0),
-            local_conflicts: std::sync::atomic::AtomicU64::new(0),
             strays: Mutex::new(Default::default()),
             outbox_busy: Mutex::new(Vec::new()),
             sweep: SWEEP,
@@ -329,6 +328,11 @@ impl Engine {
 
     pub fn clock(&self) -> &SharedClock {
         &self.clock
+    }
+
+    /// The signal of a job woken in `state` (see `woken`).
+    pub(crate) fn woken_in(&self, state: JobState) -> &tokio::sync::Notify {
+        &self.woken[state as usize]
     }
 
     /// The name this engine's locks, leases and history carry (`HOST:PID` for a process).

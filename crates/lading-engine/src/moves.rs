@@ -426,7 +426,7 @@ impl Engine {
                 // (seed 96): it is told to look once more.
                 forget();
                 if !sabotage::on(sabotage::LOST_WAKE_SIGNAL) {
-                    self.woken.notify_waiters();
+                    self.woken_in(state).notify_waiters();
                 }
                 Ok(true)
             }

@@ -601,6 +601,8 @@ pub struct CountingTree {
     pub set: tokio::sync::watch::Sender<usize>,
     /// The paths read one by one (`get`), in order.
     pub read: std::sync::Mutex<Vec<String>>,
+    /// The folders listed (`children_page`), in order.
+    pub listed: std::sync::Mutex<Vec<String>>,
 }
 
 impl CountingTree {
@@ -611,6 +613,7 @@ impl CountingTree {
             watched: Default::default(),
             set: tokio::sync::watch::Sender::new(0),
             read: Default::default(),
+            listed: Default::default(),
         })
     }
 
@@ -653,6 +656,7 @@ impl Tree for CountingTree {
     }
     fn children_page<'a>(&'a self, path: &'a str, after: Option<&'a str>, max: usize) -> Names<'a> {
         self.bump();
+        self.listed.lock().unwrap().push(path.to_string());
         self.inner.children_page(path, after, max)
     }
     fn count_children<'a>(&'a self, path: &'a str) -> TreeFuture<'a, u64> {

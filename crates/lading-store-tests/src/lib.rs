@@ -401,6 +401,7 @@ macro_rules! conformance_tests {
             acquisition_cost_does_not_grow_with_the_queue,
             a_woken_waiter_sets_again_only_the_watch_that_fired,
             a_waiter_refused_a_local_claim_is_woken_by_its_release_alone,
+            a_claim_let_go_wakes_only_the_waiter_it_was_refused_to,
             a_waiting_batch_worker_reads_a_status_again_only_once_it_changed,
             generic_jobs_walk_their_states_in_their_own_subtree,
             generic_jobs_racing_acceptors_hold_each_job_alone,

@@ -145,6 +145,73 @@ pub async fn a_waiter_refused_a_local_claim_is_woken_by_its_release_alone(h: &dy
     e.release_job_lease(got).await.unwrap();
 }
 
+/// Two waiters of one process, each refused a different local claim: the release of one
+/// claim wakes only the waiter it was refused to. (Whether a waiter had lost a local race was
+/// counted for the whole process, so every waiter whose round overlapped any refusal was woken
+/// at every contested claim let go: in `lading-sim`, more wake-ups than all the tree's watches
+/// together, each a listing of the waiter's folder.)
+pub async fn a_claim_let_go_wakes_only_the_waiter_it_was_refused_to(h: &dyn Harness) {
+    let s = h.open().await;
+    let counting = CountingTree::over(s.tree.clone());
+    let e = Arc::new(Engine::new(counting.clone(), system_clock(), "one"));
+    e.init().await.unwrap();
+    let (_, jobs) = batch_with_jobs(&e, 2, &[]).await;
+    let mut held = estimating(&e).await;
+    assert_eq!(held.job, jobs[0]);
+    let in_pending = take_job(&e, JobState::Pending).await;
+    assert_eq!(in_pending.job, jobs[1]);
+    let (pending, _) = parked_pending_waiter(&e).await;
+    // Only the Pending waiter lists the Pending folder: each look it takes is one listing.
+    let folder = job_state_folder(JobState::Pending);
+    let looks = || {
+        let listed = counting.listed.lock().unwrap();
+        listed.iter().filter(|p| **p == folder).count()
+    };
+    let looked = looks();
+    // Four times, a waiter of Estimating is refused the claim on the first job, and gets
+    // the job when that claim is let go.
+    for _ in 0..4 {
+        let (waiter, _) = parked_waiter(&e, |e, d| async move {
+            e.wait_job_or(JobState::Estimating, d, std::future::pending())
+                .await
+        })
+        .await;
+        e.release_job_lease(held).await.unwrap();
+        held = waiter
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("the Estimating job, once its local holder let go");
+        assert_eq!(held.job, jobs[0]);
+    }
+    // One look more at most: a store tells watchers of a write after it answers it, so an
+    // event of the setup may reach the Pending waiter's watch just after it was set (see
+    // `still_parked`). Woken at each claim let go, it looked four times more.
+    // An absence is seen only over a while (as in `still_parked`).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        looks() <= looked + 1,
+        "the Pending waiter looked {} more times",
+        looks() - looked
+    );
+    assert!(
+        !pending.is_finished(),
+        "the Pending waiter is still waiting"
+    );
+    e.release_job_lease(in_pending).await.unwrap();
+    let got = pending
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the Pending job, once its local holder let go");
+    assert_eq!(got.job, jobs[1]);
+    let stored = e.job(&jobs[1]).await.unwrap();
+    assert_eq!(stored.status.status, JobState::Pending);
+    assert!(stored.locked, "held by the waiter's lease");
+    e.release_job_lease(got).await.unwrap();
+    e.release_job_lease(held).await.unwrap();
+}
+
 /// A waiting batch worker reads a batch's status again only once it has changed: each round
 /// (woken by every new batch) used to read every live batch's status, a round trip each on
 /// ZooKeeper. The status it keeps still gives way at once to a change.
