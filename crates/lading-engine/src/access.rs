@@ -143,20 +143,19 @@ impl Engine {
         stop: impl std::future::Future<Output = ()> + Send,
     ) -> Result<Option<AccessLease>> {
         let armed = &claims::Armed::default();
-        let tree = &*self.tree;
         self.wait_until(timeout, stop, armed, None, || async move {
             armed
-                .watch(tree, &access_folder(queue), WatchKind::Children)
+                .watch(self, &access_folder(queue), WatchKind::Children)
                 .await?;
             armed
-                .watch(tree, &queue_lock(queue.lock_name()), WatchKind::Data)
+                .watch(self, &queue_lock(queue.lock_name()), WatchKind::Data)
                 .await?;
             let mut unmade = Vec::new();
             if let Some(lease) = self.acquire_access_noting(queue, &mut unmade).await? {
                 return Ok(Round::Got(lease));
             }
             for path in unmade {
-                armed.watch(tree, &path, WatchKind::Data).await?;
+                armed.watch(self, &path, WatchKind::Data).await?;
                 // Made between the scan and the watch: look again at once.
                 if self.tree.exists(&path).await?.is_some() {
                     return Ok(Round::Again);

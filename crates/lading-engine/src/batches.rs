@@ -192,11 +192,10 @@ impl Engine {
         cancel: impl std::future::Future<Output = ()>,
     ) -> Result<Option<BatchLease>> {
         let armed = &claims::Armed::default();
-        let tree = &*self.tree;
         self.wait_until(timeout, cancel, armed, None, || async move {
-            armed.watch(tree, BATCHES, WatchKind::Children).await?;
+            armed.watch(self, BATCHES, WatchKind::Children).await?;
             armed
-                .watch(tree, &queue_lock("ingest"), WatchKind::Data)
+                .watch(self, &queue_lock("ingest"), WatchKind::Data)
                 .await?;
             let live = self
                 .live_batches
@@ -206,12 +205,12 @@ impl Engine {
             let locked = self.locked_in(state);
             for bid in &live {
                 armed
-                    .watch(tree, &batch_node(bid, "status"), WatchKind::Data)
+                    .watch(self, &batch_node(bid, "status"), WatchKind::Data)
                     .await?;
             }
             for bid in &locked {
                 armed
-                    .watch(tree, &batch_node(bid, "lock"), WatchKind::Data)
+                    .watch(self, &batch_node(bid, "lock"), WatchKind::Data)
                     .await?;
             }
             if let Some(l) = self.acquire_batch(state).await? {

@@ -403,9 +403,10 @@ impl Armed {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Watches `path`: the unfired watch a former round set on this session, or a new one.
-    pub(crate) async fn watch(&self, tree: &dyn Tree, path: &str, kind: WatchKind) -> Result<()> {
-        let session = tree.session_id();
+    /// Watches `path`: the unfired watch a former round set on this session, or a share of
+    /// the process's ([`Engine::shared_watch`]).
+    pub(crate) async fn watch(&self, e: &Engine, path: &str, kind: WatchKind) -> Result<()> {
+        let session = e.tree.session_id();
         let found = {
             let mut g = self.lock();
             g.kept
@@ -416,7 +417,7 @@ impl Armed {
         let entry = match found {
             Some(e) => e,
             None => {
-                let w = tree.watch(path, kind).await?;
+                let w = e.shared_watch(path, kind).await?;
                 (path.to_string(), kind, session, w)
             }
         };

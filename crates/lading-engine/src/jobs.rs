@@ -447,7 +447,6 @@ impl Engine {
         cancel: impl std::future::Future<Output = ()>,
     ) -> Result<Option<JobLease>> {
         let armed = &claims::Armed::default();
-        let tree = &*self.tree;
         self.wait_until(
             timeout,
             cancel,
@@ -456,11 +455,11 @@ impl Engine {
             || async move {
                 if !sabotage::on(sabotage::LOST_WAKEUP) {
                     armed
-                        .watch(tree, &job_state_folder(state), WatchKind::Children)
+                        .watch(self, &job_state_folder(state), WatchKind::Children)
                         .await?;
                 }
                 armed
-                    .watch(tree, &queue_lock("ingest"), WatchKind::Data)
+                    .watch(self, &queue_lock("ingest"), WatchKind::Data)
                     .await?;
                 if let Some(l) = self.acquire_job(state).await? {
                     return Ok(Round::Got(l));
@@ -475,7 +474,7 @@ impl Engine {
                 {
                     if let Some((_, jid)) = parse_job_ref(&name) {
                         armed
-                            .watch(tree, &job_node(&jid, "lock"), WatchKind::Data)
+                            .watch(self, &job_node(&jid, "lock"), WatchKind::Data)
                             .await?;
                     }
                 }

@@ -279,7 +279,7 @@ impl Engine {
     /// found by `lading-sim` once that net was longer than its liveness bound.)
     pub async fn arm_outbox(&self) -> Result<OutboxWatch> {
         Ok(OutboxWatch(
-            self.tree.watch(OUTBOX, WatchKind::Children).await?,
+            self.shared_watch(OUTBOX, WatchKind::Children).await?,
         ))
     }
 
@@ -292,7 +292,7 @@ impl Engine {
         let busy = std::mem::take(&mut *self.outbox_busy.lock().unwrap_or_else(|p| p.into_inner()));
         let mut watches = vec![armed.0];
         for lock in busy {
-            watches.push(self.tree.watch(&lock, WatchKind::Data).await?);
+            watches.push(self.shared_watch(&lock, WatchKind::Data).await?);
             // Gone before its watch was set: the watch would wait for a new one.
             if self.tree.exists(&lock).await?.is_none() {
                 return Ok(());

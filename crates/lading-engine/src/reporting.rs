@@ -169,7 +169,7 @@ impl Engine {
     pub async fn watch_finishing(&self) -> Result<Finishing> {
         let mut f = Finishing {
             batches: Vec::new(),
-            stale: vec![self.tree.watch(BATCHES, WatchKind::Children).await?],
+            stale: vec![self.shared_watch(BATCHES, WatchKind::Children).await?],
         };
         for b in self.batch_ids().await?.into_iter().rev() {
             if f.batches.len() >= WATCH_PROCESSING {
@@ -184,7 +184,7 @@ impl Engine {
                 continue;
             }
             let status = batch_node(&b, "status");
-            let starting = self.tree.watch(&status, WatchKind::Data).await?;
+            let starting = self.shared_watch(&status, WatchKind::Data).await?;
             match self.batch_status(&b).await {
                 Ok((st, _)) if st.status == BatchState::Processing => {}
                 // Not started yet, or still being made (Merritt writes its status after its
@@ -224,7 +224,7 @@ impl Engine {
     /// `None` when it has none.
     pub async fn watch_finishing_one(&self, batch: &BatchId) -> Result<Option<Watch>> {
         let folder = batch_ref_folder(batch, "batch-processing");
-        match self.tree.watch(&folder, WatchKind::Children).await {
+        match self.shared_watch(&folder, WatchKind::Children).await {
             Ok(w) => Ok(Some(w)),
             Err(TreeError::NoNode(_)) => Ok(None),
             Err(e) => Err(e.into()),
@@ -236,7 +236,7 @@ impl Engine {
     /// [`Engine::try_report`] found [`ReportTry::Held`].
     pub async fn watch_batch_lock(&self, batch: &BatchId) -> Result<Option<Watch>> {
         let lock = batch_node(batch, "lock");
-        let w = self.tree.watch(&lock, WatchKind::Data).await?;
+        let w = self.shared_watch(&lock, WatchKind::Data).await?;
         // Gone before its watch was set: the watch would wait for a new lock.
         Ok(self.tree.exists(&lock).await?.map(|_| w))
     }

@@ -12,8 +12,19 @@
 //! that way): a waiter forgets what is kept of the node whose watch woke it
 //! ([`Watched::forget`]), and whether a value's own watch has fired is asked of the watch at
 //! each read.
+//!
+//! The watches themselves are shared too ([`Engine::shared_watch`]): one per node, kind and
+//! session in a process, handed to every waiter that asks while it has not fired, and to the
+//! values read under it. A watch set before a waiter's look guards that look as well as one
+//! set just for it (a change since would have fired it), so a waiter sets a watch only when
+//! none is pending. On ZooKeeper a data watch set is a round trip: each waiter of each stage
+//! set its own on the pause flag, on the statuses of the live batches and on the locks it
+//! found taken, at every acquisition (about 55 round trips per job in `lading-sim`'s default
+//! deployment).
 
 use crate::{Engine, Result};
+use futures_util::FutureExt;
+use futures_util::future::Shared;
 use lading_core::tree::{Watch, WatchKind};
 use std::any::Any;
 use std::collections::HashMap;
@@ -28,9 +39,14 @@ type Key = (String, WatchKind);
 /// A value, and the watch it is current until.
 type Kept = (Box<dyn Any + Send>, Watch);
 
+/// Shared watches kept at most; past this the fired ones are let go, then all.
+const SHARED: usize = 4096;
+
 #[derive(Default)]
 pub(crate) struct Watched {
     values: Mutex<HashMap<Key, Kept>>,
+    /// The pending watch of each node and kind, and the session it was set on.
+    shared: Mutex<HashMap<Key, (u64, Shared<Watch>)>>,
 }
 
 impl Watched {
@@ -60,6 +76,38 @@ impl Watched {
         g.insert((path.to_string(), kind), (Box::new(value), watch));
     }
 
+    /// A share of the watch on `path` set on `session`, while it has not fired.
+    fn share(&self, path: &str, kind: WatchKind, session: u64) -> Option<Watch> {
+        let mut g = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        let key = (path.to_string(), kind);
+        // Fired is asked of the watch itself: `peek` says so only once a share was polled.
+        let pending = |w: &Shared<Watch>| {
+            let mut cx = Context::from_waker(Waker::noop());
+            std::pin::Pin::new(&mut w.clone())
+                .poll(&mut cx)
+                .is_pending()
+        };
+        match g.get(&key) {
+            Some((s, w)) if *s == session && pending(w) => Some(Watch::new(w.clone())),
+            Some(_) => {
+                g.remove(&key);
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn keep_shared(&self, path: &str, kind: WatchKind, session: u64, watch: Shared<Watch>) {
+        let mut g = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        if g.len() >= SHARED {
+            g.retain(|_, (_, w)| w.peek().is_none());
+            if g.len() >= SHARED {
+                g.clear();
+            }
+        }
+        g.insert((path.to_string(), kind), (session, watch));
+    }
+
     /// Forgets what is kept of `path`: a watch on it fired elsewhere in this process, or this
     /// process changed it (its own next read must not wait for the watch event).
     pub(crate) fn forget(&self, path: &str, kind: WatchKind) {
@@ -71,6 +119,23 @@ impl Watched {
 }
 
 impl Engine {
+    /// A watch on `path`: a share of the process's pending one on this session, or a new one
+    /// set now (see the module's docs). Like any watch it fires at the first change after it
+    /// was set, which may be before this call.
+    pub(crate) async fn shared_watch(
+        &self,
+        path: &str,
+        kind: WatchKind,
+    ) -> std::result::Result<Watch, lading_core::TreeError> {
+        let session = self.tree.session_id();
+        if let Some(w) = self.watched.share(path, kind, session) {
+            return Ok(w);
+        }
+        let w = self.tree.watch(path, kind).await?.shared();
+        self.watched.keep_shared(path, kind, session, w.clone());
+        Ok(Watch::new(w))
+    }
+
     /// `read`'s value, remembered under a watch on `path` until it fires (see the module's
     /// docs). The watch is set before the read, so no change after the read is missed.
     pub(crate) async fn watched_read<T, F>(&self, path: &str, kind: WatchKind, read: F) -> Result<T>
@@ -81,7 +146,7 @@ impl Engine {
         if let Some(v) = self.watched.get::<T>(path, kind) {
             return Ok(v);
         }
-        let watch = self.tree.watch(path, kind).await?;
+        let watch = self.shared_watch(path, kind).await?;
         let value = read.await?;
         self.watched.keep(path, kind, value.clone(), watch);
         Ok(value)

@@ -400,6 +400,7 @@ macro_rules! conformance_tests {
             ark_locks_are_exclusive_and_end_with_the_session,
             acquisition_cost_does_not_grow_with_the_queue,
             a_woken_waiter_sets_again_only_the_watch_that_fired,
+            the_waiters_of_one_process_share_its_watches,
             a_waiter_refused_a_local_claim_is_woken_by_its_release_alone,
             a_claim_let_go_wakes_only_the_waiter_it_was_refused_to,
             a_waiting_batch_worker_reads_a_status_again_only_once_it_changed,

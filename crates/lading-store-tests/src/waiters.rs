@@ -111,6 +111,73 @@ pub async fn a_woken_waiter_sets_again_only_the_watch_that_fired(h: &dyn Harness
     w.release_job_lease(got).await.unwrap();
 }
 
+/// The waiters of one process share its watches: four workers waiting on a paused queue set
+/// one watch on the pause flag and one on their folder between them, not one each (on
+/// ZooKeeper a data watch set is a round trip: in `lading-sim` each waiter of each stage set
+/// its own, about 55 per job). The shared watch still wakes each of them.
+pub async fn the_waiters_of_one_process_share_its_watches(h: &dyn Harness) {
+    let (admin, _s) = engine(h, "admin").await;
+    let s = h.open().await;
+    let counting = CountingTree::over(s.tree.clone());
+    let w = Arc::new(Engine::new(counting.clone(), system_clock(), "waiters"));
+    w.init().await.unwrap();
+    let bid = admin.create_batch(Default::default()).await.unwrap();
+    let lease = take_batch(&admin, BatchState::Pending).await;
+    assert_eq!(lease.batch, bid);
+    let mut jobs = Vec::new();
+    for _ in 0..4 {
+        jobs.push(admin.create_job(&lease, JobSpec::default()).await.unwrap());
+    }
+    assert!(admin.pause_queue("ingest").await.unwrap());
+    let mut waiters = Vec::new();
+    for _ in 0..4 {
+        waiters.push(parked_pending_waiter(&w).await.0);
+    }
+    let count = |p: &str| {
+        counting
+            .watched
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|w| *w == p)
+            .count()
+    };
+    // One each, and at most one more should the pause's own event reach the first waiter
+    // after it set its watch (the SQLite store tells watchers after it answers the write);
+    // not one per waiter (4 or more).
+    let (lock, folder) = (queue_lock("ingest"), job_state_folder(JobState::Pending));
+    assert!(
+        count(&lock) <= 2 && count(&folder) <= 2,
+        "four waiters of one process set one watch on each node: {:?}",
+        counting.watched.lock().unwrap()
+    );
+    // The shared watch wakes all four: each takes a job of its own once the queue resumes.
+    admin
+        .batch_transition(lease, Event::To(BatchState::Processing), None)
+        .await
+        .unwrap();
+    assert!(admin.resume_queue("ingest").await.unwrap());
+    let mut got = Vec::new();
+    for waiter in waiters {
+        let lease = waiter
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("a job once the queue is resumed, without waiting for the sweep");
+        got.push(lease);
+    }
+    let mut taken: Vec<_> = got.iter().map(|l| l.job.clone()).collect();
+    taken.sort();
+    jobs.sort();
+    assert_eq!(taken, jobs, "each waiter took a job of its own");
+    for l in got {
+        let stored = admin.job(&l.job).await.unwrap();
+        assert_eq!(stored.status.status, JobState::Pending);
+        assert!(stored.locked, "held by its waiter's lease");
+        w.release_job_lease(l).await.unwrap();
+    }
+}
+
 /// A waiter refused a job because a worker of its own process holds the job's claim sets no
 /// watch on that lock (the refusal was local): it is woken when that worker lets go of it.
 /// And only then: a claim let go that no local waiter was refused wakes nobody (every claim
