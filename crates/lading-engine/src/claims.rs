@@ -442,15 +442,11 @@ impl Armed {
     /// After a wait (`fired`: the watch that ended it, already polled to its end): the
     /// watches that have not fired are kept for the next round.
     fn keep_unfired(&self, watches: Vec<Kept>, fired: Option<usize>) {
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         let unfired = watches
             .into_iter()
             .enumerate()
             .filter(|(i, _)| Some(*i) != fired)
-            .filter_map(|(_, mut k)| {
-                let ready = std::pin::Pin::new(&mut k.3).poll(&mut cx).is_ready();
-                (!ready).then_some(k)
-            })
+            .filter_map(|(_, mut k)| (!crate::watched::fired(&mut k.3)).then_some(k))
             .collect();
         self.lock().kept = unfired;
     }

@@ -42,6 +42,13 @@ type Kept = (Box<dyn Any + Send>, Watch);
 /// Shared watches kept at most; past this the fired ones are let go, then all.
 const SHARED: usize = 4096;
 
+/// Whether `watch` has fired, asked without waiting (a watch that has must not be polled
+/// again).
+pub(crate) fn fired<W: Future + Unpin>(watch: &mut W) -> bool {
+    let mut cx = Context::from_waker(Waker::noop());
+    std::pin::Pin::new(watch).poll(&mut cx).is_ready()
+}
+
 #[derive(Default)]
 pub(crate) struct Watched {
     values: Mutex<HashMap<Key, Kept>>,
@@ -59,8 +66,7 @@ impl Watched {
         let mut g = self.lock();
         let key = (path.to_string(), kind);
         let (value, watch) = g.get_mut(&key)?;
-        let mut cx = Context::from_waker(Waker::noop());
-        if std::pin::Pin::new(watch).poll(&mut cx).is_pending() {
+        if !fired(watch) {
             return value.downcast_ref::<T>().cloned();
         }
         // Fired: polled to its end, so never polled again.
@@ -81,14 +87,8 @@ impl Watched {
         let mut g = self.shared.lock().unwrap_or_else(|p| p.into_inner());
         let key = (path.to_string(), kind);
         // Fired is asked of the watch itself: `peek` says so only once a share was polled.
-        let pending = |w: &Shared<Watch>| {
-            let mut cx = Context::from_waker(Waker::noop());
-            std::pin::Pin::new(&mut w.clone())
-                .poll(&mut cx)
-                .is_pending()
-        };
         match g.get(&key) {
-            Some((s, w)) if *s == session && pending(w) => Some(Watch::new(w.clone())),
+            Some((s, w)) if *s == session && !fired(&mut w.clone()) => Some(Watch::new(w.clone())),
             Some(_) => {
                 g.remove(&key);
                 None

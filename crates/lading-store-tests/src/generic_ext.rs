@@ -477,15 +477,7 @@ pub async fn generic_jobs_monitor_reads_a_type_once_a_pass_and_ended_jobs_now_an
         ..Default::default()
     };
     j.update_type("tidy", &update).await.unwrap();
-    let type_reads = || {
-        counting
-            .read
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|p| *p == "/generic-jobs/tidy")
-            .count()
-    };
+    let type_reads = || counting.reads_of("/generic-jobs/tidy");
     let pass = || async {
         let (reads, calls) = (type_reads(), counting.calls());
         j.monitor_pass().await.unwrap();

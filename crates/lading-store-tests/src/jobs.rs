@@ -623,6 +623,24 @@ impl CountingTree {
     pub fn calls(&self) -> usize {
         self.calls.load(std::sync::atomic::Ordering::SeqCst)
     }
+    /// How many watches were set on `path`.
+    pub fn watches_on(&self, path: &str) -> usize {
+        self.watched
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|p| *p == path)
+            .count()
+    }
+    /// How many times `path` was read one by one.
+    pub fn reads_of(&self, path: &str) -> usize {
+        self.read
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|p| *p == path)
+            .count()
+    }
 }
 
 impl Tree for CountingTree {

@@ -3,6 +3,16 @@
 
 use super::*;
 
+/// An engine named `owner` on a session of its own over a [`CountingTree`] (the returned
+/// session keeps it open).
+async fn counted_engine(h: &dyn Harness, owner: &str) -> (Arc<Engine>, Arc<CountingTree>, Session) {
+    let s = h.open().await;
+    let counting = CountingTree::over(s.tree.clone());
+    let e = Arc::new(Engine::new(counting.clone(), system_clock(), owner));
+    e.init().await.unwrap();
+    (e, counting, s)
+}
+
 /// A wait of `e`'s, spawned (`wait`, given the engine and 8 s, less than the waiters' slow
 /// sweep of 10 s: a missed wake-up ends the wait empty-handed instead of being covered by the
 /// sweep), once it has looked and parked; and the count of its parks.
@@ -43,10 +53,7 @@ async fn parked_pending_waiter(
 /// set are still armed (on ZooKeeper each watch set is a round trip).
 pub async fn a_woken_waiter_sets_again_only_the_watch_that_fired(h: &dyn Harness) {
     let (admin, _s) = engine(h, "admin").await;
-    let s = h.open().await;
-    let counting = CountingTree::over(s.tree.clone());
-    let w = Arc::new(Engine::new(counting.clone(), system_clock(), "waiter"));
-    w.init().await.unwrap();
+    let (w, counting, _c) = counted_engine(h, "waiter").await;
     let bid = admin.create_batch(Default::default()).await.unwrap();
     let lease = take_batch(&admin, BatchState::Pending).await;
     assert_eq!(lease.batch, bid);
@@ -55,15 +62,7 @@ pub async fn a_woken_waiter_sets_again_only_the_watch_that_fired(h: &dyn Harness
     let (waiter, _) = parked_pending_waiter(&w).await;
     let folder = job_state_folder(JobState::Pending);
     let lock = queue_lock("ingest");
-    let count = |p: &str| {
-        counting
-            .watched
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|w| *w == p)
-            .count()
-    };
+    let count = |p: &str| counting.watches_on(p);
     // Each new job wakes the waiter (its folder's watch fires): it sets that watch again,
     // finds the queue paused, takes nothing and waits again.
     let mut jobs = Vec::new();
@@ -117,10 +116,7 @@ pub async fn a_woken_waiter_sets_again_only_the_watch_that_fired(h: &dyn Harness
 /// its own, about 55 per job). The shared watch still wakes each of them.
 pub async fn the_waiters_of_one_process_share_its_watches(h: &dyn Harness) {
     let (admin, _s) = engine(h, "admin").await;
-    let s = h.open().await;
-    let counting = CountingTree::over(s.tree.clone());
-    let w = Arc::new(Engine::new(counting.clone(), system_clock(), "waiters"));
-    w.init().await.unwrap();
+    let (w, counting, _c) = counted_engine(h, "waiters").await;
     let bid = admin.create_batch(Default::default()).await.unwrap();
     let lease = take_batch(&admin, BatchState::Pending).await;
     assert_eq!(lease.batch, bid);
@@ -133,15 +129,7 @@ pub async fn the_waiters_of_one_process_share_its_watches(h: &dyn Harness) {
     for _ in 0..4 {
         waiters.push(parked_pending_waiter(&w).await.0);
     }
-    let count = |p: &str| {
-        counting
-            .watched
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|w| *w == p)
-            .count()
-    };
+    let count = |p: &str| counting.watches_on(p);
     // One each, and at most one more should the pause's own event reach the first waiter
     // after it set its watch (the SQLite store tells watchers after it answers the write);
     // not one per waiter (4 or more).
@@ -283,10 +271,7 @@ pub async fn a_claim_let_go_wakes_only_the_waiter_it_was_refused_to(h: &dyn Harn
 /// ZooKeeper. The status it keeps still gives way at once to a change.
 pub async fn a_waiting_batch_worker_reads_a_status_again_only_once_it_changed(h: &dyn Harness) {
     let (admin, _s) = engine(h, "admin").await;
-    let s = h.open().await;
-    let counting = CountingTree::over(s.tree.clone());
-    let w = Arc::new(Engine::new(counting.clone(), system_clock(), "waiter"));
-    w.init().await.unwrap();
+    let (w, counting, _c) = counted_engine(h, "waiter").await;
     let first = admin.create_batch(Default::default()).await.unwrap();
     let (waiter, _) = parked_waiter(&w, |w, d| async move {
         w.wait_batch_or(BatchState::Reporting, d, std::future::pending())
@@ -294,24 +279,8 @@ pub async fn a_waiting_batch_worker_reads_a_status_again_only_once_it_changed(h:
     })
     .await;
     let status = batch_node(&first, "status");
-    let reads = |p: &str| {
-        counting
-            .read
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|r| *r == p)
-            .count()
-    };
-    let watches = |p: &str| {
-        counting
-            .watched
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|r| *r == p)
-            .count()
-    };
+    let reads = |p: &str| counting.reads_of(p);
+    let watches = |p: &str| counting.watches_on(p);
     // Each new batch wakes the waiter (the batches folder's watch fires); it looks at every
     // live batch and waits again.
     for _ in 0..5 {
