@@ -116,7 +116,6 @@ pub async fn a_woken_waiter_sets_again_only_the_watch_that_fired(h: &dyn Harness
 /// its own, about 55 per job). The shared watch still wakes each of them.
 pub async fn the_waiters_of_one_process_share_its_watches(h: &dyn Harness) {
     let (admin, _s) = engine(h, "admin").await;
-    let (w, counting, _c) = counted_engine(h, "waiters").await;
     let bid = admin.create_batch(Default::default()).await.unwrap();
     let lease = take_batch(&admin, BatchState::Pending).await;
     assert_eq!(lease.batch, bid);
@@ -125,6 +124,10 @@ pub async fn the_waiters_of_one_process_share_its_watches(h: &dyn Harness) {
         jobs.push(admin.create_job(&lease, JobSpec::default()).await.unwrap());
     }
     assert!(admin.pause_queue("ingest").await.unwrap());
+    // The waiters' process starts after these writes: on ZooKeeper its session's folder cache
+    // hears of another session's writes by events that may arrive after a waiter has parked,
+    // and each such event rightly fires the folder's watch (a local one, no round trip).
+    let (w, counting, _c) = counted_engine(h, "waiters").await;
     let mut waiters = Vec::new();
     for _ in 0..4 {
         waiters.push(parked_pending_waiter(&w).await.0);

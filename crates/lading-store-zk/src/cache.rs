@@ -9,6 +9,10 @@
 //! - Events arrive in order. (ZooKeeper 3.8 sends them without a zxid, so they are counted.)
 //! - A folder being primed buffers events from before its listing was sent, then applies them
 //!   over the listing: the last event for a child decides, so the result is exact.
+//! - A folder's watchers are woken by a change only: an event, or a listing afresh that
+//!   differs from what was kept. A first listing is no change (ZooKeeper delivers the event of
+//!   any write it shows before the listing's reply), so waiters that share a watch do not
+//!   wake each other by reading.
 //! - After our own `multi` the tree waits until the events of its creates and deletes have
 //!   been applied, so a session reads its own writes from the cache.
 //! - A reference the server says is gone (or there) when the cache said otherwise is fixed at
@@ -32,6 +36,8 @@ enum Folder {
     Priming {
         generation: u64,
         buffered: Vec<(bool, String)>,
+        /// The children as they were kept, when this is a listing afresh.
+        before: Option<BTreeSet<String>>,
     },
     Ready(BTreeSet<String>, Instant),
 }
@@ -114,31 +120,42 @@ impl Cache {
     pub(crate) fn begin_prime(&self, folder: &str) -> Option<u64> {
         let mut inner = self.lock();
         let generation = inner.generation;
-        match inner.folders.get(folder) {
-            Some(Folder::Priming { .. }) => None,
-            _ => {
-                inner.folders.insert(
-                    folder.to_string(),
-                    Folder::Priming {
-                        generation,
-                        buffered: Vec::new(),
-                    },
-                );
-                Some(generation)
-            }
+        if let Some(Folder::Priming { .. }) = inner.folders.get(folder) {
+            return None;
         }
+        let before = match inner.folders.remove(folder) {
+            Some(Folder::Ready(set, _)) => Some(set),
+            _ => None,
+        };
+        inner.folders.insert(
+            folder.to_string(),
+            Folder::Priming {
+                generation,
+                buffered: Vec::new(),
+                before,
+            },
+        );
+        Some(generation)
     }
 
     /// Completes priming with the listing read after `begin_prime` (`None`: no such folder).
+    /// The folder's watchers are told only of a change: an event that came while it was
+    /// listed, or a listing afresh that differs from what was kept. A first listing changes
+    /// nothing they could have seen (a watch set just before a waiter's first read would
+    /// otherwise fire at that read, and every waiter of the process set another).
     pub(crate) fn finish_prime(&self, folder: &str, generation: u64, listing: Option<Vec<String>>) {
         let mut inner = self.lock();
         if inner.generation != generation {
             return;
         }
-        let Some(Folder::Priming { buffered, .. }) = inner.folders.remove(folder) else {
+        let Some(Folder::Priming {
+            buffered, before, ..
+        }) = inner.folders.remove(folder)
+        else {
             return;
         };
         let mut set: BTreeSet<String> = listing.unwrap_or_default().into_iter().collect();
+        let changed = !buffered.is_empty() || before.is_some_and(|b| b != set);
         for (created, name) in buffered {
             if created {
                 set.insert(name);
@@ -149,15 +166,20 @@ impl Cache {
         inner
             .folders
             .insert(folder.to_string(), Folder::Ready(set, Instant::now()));
-        Self::signal(&mut inner, folder);
+        if changed {
+            Self::signal(&mut inner, folder);
+        }
     }
 
-    /// Abandons priming after a failed listing.
+    /// Abandons priming after a failed listing; the folder's watchers are told of the events
+    /// that came meanwhile.
     pub(crate) fn abort_prime(&self, folder: &str, generation: u64) {
         let mut inner = self.lock();
         if matches!(inner.folders.get(folder), Some(Folder::Priming { generation: g, .. }) if *g == generation)
+            && let Some(Folder::Priming { buffered, .. }) = inner.folders.remove(folder)
+            && !buffered.is_empty()
         {
-            inner.folders.remove(folder);
+            Self::signal(&mut inner, folder);
         }
     }
 
@@ -355,6 +377,48 @@ mod tests {
         assert!(!rx.has_changed().unwrap());
     }
 
+    #[test]
+    fn a_listing_wakes_the_folders_watchers_only_for_a_change() {
+        let c = Cache::new(vec!["/q".into()]);
+        // A watch set just before a waiter's first read: the listing itself changes nothing.
+        let mut rx = c.subscribe("/q/pending");
+        let g = c.begin_prime("/q/pending").unwrap();
+        c.finish_prime("/q/pending", g, Some(vec!["a".into()]));
+        assert!(!rx.has_changed().unwrap(), "a first listing is no change");
+        // An event while listing is one.
+        let g = c.begin_prime("/q/other").unwrap();
+        let mut other = c.subscribe("/q/other");
+        c.apply("/q/other/b", true);
+        assert!(
+            !other.has_changed().unwrap(),
+            "held until the listing is in"
+        );
+        c.finish_prime("/q/other", g, Some(vec![]));
+        assert!(other.has_changed().unwrap(), "an event came while listing");
+        other.borrow_and_update();
+        // So is one that came while a listing failed.
+        let g = c.begin_prime("/q/third").unwrap();
+        let third = c.subscribe("/q/third");
+        c.apply("/q/third/c", true);
+        c.abort_prime("/q/third", g);
+        assert!(
+            third.has_changed().unwrap(),
+            "an event came while a listing failed"
+        );
+        // A listing afresh wakes them only when it differs from what was kept.
+        let g = c.begin_prime("/q/pending").unwrap();
+        c.finish_prime("/q/pending", g, Some(vec!["a".into()]));
+        assert!(!rx.has_changed().unwrap(), "the same children");
+        let g = c.begin_prime("/q/pending").unwrap();
+        c.finish_prime("/q/pending", g, Some(vec!["a".into(), "z".into()]));
+        assert!(rx.has_changed().unwrap(), "a child the events missed");
+        rx.borrow_and_update();
+        let Lookup::Hit(p) = c.page("/q/pending", None, 10) else {
+            panic!("primed")
+        };
+        assert_eq!(p, vec!["a".to_string(), "z".to_string()]);
+    }
+
     fn futures_ready(f: impl std::future::Future<Output = bool>) -> bool {
         tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -367,10 +431,8 @@ mod tests {
     fn invalidation_forgets_folders_and_signals_waiters() {
         let c = Cache::new(vec!["/q".into()]);
         let g = c.begin_prime("/q/x").unwrap();
-        let mut rx = c.subscribe("/q/x");
+        let rx = c.subscribe("/q/x");
         c.finish_prime("/q/x", g, None);
-        assert!(rx.has_changed().unwrap());
-        rx.borrow_and_update();
         c.invalidate();
         assert!(rx.has_changed().unwrap());
         assert!(matches!(c.page("/q/x", None, 1), Lookup::Miss));
