@@ -11,7 +11,8 @@
 //! the same lines).
 //! `LADING_SIM_LOG=debug`: the processes' own logs, to stderr. `LADING_SIM_CALLS=1`: every
 //! call on the simulated tree counted by kind and path (ids shown as `*`), printed at the end:
-//! where a seed's round trips go. With `LADING_SIM_CALLERS=TEXT` as well, the calls whose
+//! where a seed's round trips go; a commit the tree refused (a lock another session holds, a
+//! version check that failed) is counted again as `refused`. With `LADING_SIM_CALLERS=TEXT` as well, the calls whose
 //! line contains TEXT are counted per caller (the first Lading frames of a backtrace; build
 //! with `--profile profiling` for names).
 //! Exit status 1 when any seed broke an invariant.
@@ -270,7 +271,17 @@ fn print_tree_calls() {
         let calls = calls.lock().unwrap_or_else(|p| p.into_inner());
         let mut rows: Vec<_> = calls.iter().collect();
         rows.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
-        eprintln!("tree calls: {}", rows.iter().map(|r| r.1).sum::<u64>());
+        let sum = |refused: bool| -> u64 {
+            rows.iter()
+                .filter(|r| r.0.starts_with("refused ") == refused)
+                .map(|r| r.1)
+                .sum()
+        };
+        eprintln!(
+            "tree calls: {} (commits refused: {})",
+            sum(false),
+            sum(true)
+        );
         for (k, n) in rows {
             eprintln!("{n:>9} {k}");
         }

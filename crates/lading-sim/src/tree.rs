@@ -563,7 +563,7 @@ impl SimTree {
                 }
                 None => None,
             };
-            match fault {
+            let result = match fault {
                 // The reply was lost: resolved as the ZooKeeper backend resolves it, by reading
                 // the witness back on the same session, and sending again if not applied.
                 Some(0) => {
@@ -611,7 +611,11 @@ impl SimTree {
                     ))
                 }
                 _ => self.apply(&mut st, &ops, session),
+            };
+            if CALLS.is_some() && result.is_err() {
+                count("refused", &short(&ops));
             }
+            result
         })
     }
 }
