@@ -12,9 +12,10 @@
 //! `LADING_SIM_LOG=debug`: the processes' own logs, to stderr. `LADING_SIM_CALLS=1`: every
 //! call on the simulated tree counted by kind and path (ids shown as `*`), printed at the end:
 //! where a seed's round trips go; a commit the tree refused (a lock another session holds, a
-//! version check that failed) is counted again as `refused`. With `LADING_SIM_CALLERS=TEXT` as well, the calls whose
-//! line contains TEXT are counted per caller (the first Lading frames of a backtrace; build
-//! with `--profile profiling` for names).
+//! version check that failed; not one lost to a fault) is counted again as `refused`. With
+//! `LADING_SIM_CALLERS=TEXT` as well, the calls whose line contains TEXT are counted per
+//! caller (the first Lading frames of a backtrace; build with `--profile profiling` for
+//! names).
 //! Exit status 1 when any seed broke an invariant.
 
 use lading_sim::sim::{Options, run};

@@ -612,7 +612,8 @@ impl SimTree {
                 }
                 _ => self.apply(&mut st, &ops, session),
             };
-            if CALLS.is_some() && result.is_err() {
+            // Refused by the tree's checks (a lock held, a version moved), not lost to a fault.
+            if CALLS.is_some() && matches!(result, Err(TreeError::Multi { .. })) {
                 count("refused", &short(&ops));
             }
             result
