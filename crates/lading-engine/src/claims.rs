@@ -19,6 +19,17 @@ tokio::task_local! {
     static LOST_LOCALLY: Mutex<Vec<Unclaimed>>;
 }
 
+/// How an attempt at a lock ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Locked {
+    /// Created, on this session.
+    Taken(u64),
+    /// Another session holds it.
+    Held,
+    /// The guard failed (the item moved on), or a local worker has it.
+    Refused,
+}
+
 /// Whether `e` failed because op `lock_op` (a lock's create) found the lock there: a lock this
 /// process had claimed for itself, so another session holds it.
 pub(crate) fn held_by_another(e: &TreeError, lock_op: usize) -> bool {
@@ -26,9 +37,10 @@ pub(crate) fn held_by_another(e: &TreeError, lock_op: usize) -> bool {
 }
 
 impl Engine {
-    /// Creates the lock at `lock` if `guard` still holds. Ok(false) when someone else has it or
-    /// the guard failed (the item moved on).
-    pub(crate) async fn try_lock(&self, lock: &str, guard: Op, session: u64) -> Result<bool> {
+    /// Creates the lock at `lock` if `guard` still holds: `Taken` (with the session), `Held`
+    /// when another session has it, `Refused` when the guard failed (the item moved on) or
+    /// a local worker has it.
+    pub(crate) async fn try_lock(&self, lock: &str, guard: Op, session: u64) -> Result<Locked> {
         // On the session it was claimed under, the one its lease will carry.
         match self
             .tree
@@ -41,36 +53,45 @@ impl Engine {
             )
             .await
         {
-            Ok(_) => Ok(true),
+            Ok(_) => Ok(Locked::Taken(session)),
             Err(e) if lost_race(&e) => {
                 if held_by_another(&e, 1) {
                     self.contention.note_raced(self.clock.now_ms());
+                    return Ok(Locked::Held);
                 }
-                Ok(false)
+                Ok(Locked::Refused)
             }
             Err(e) => Err(e.into()),
         }
     }
 
-    /// Claims `lock` for this process and creates it if `guard` still holds. Ok(false) when a
-    /// local worker, another session, or a moved item got in the way; the claim is then dropped.
-    /// Returns the session it was taken on (the lease's), `None` when it was not.
+    /// Claims `lock` for this process and creates it if `guard` still holds. Returns the
+    /// session it was taken on (the lease's), `None` when a local worker, another session,
+    /// or a moved item got in the way; the claim is then dropped.
     pub(crate) async fn take_lock(&self, lock: &str, guard: Op) -> Result<Option<u64>> {
+        Ok(match self.take_lock_as(lock, guard).await? {
+            Locked::Taken(session) => Some(session),
+            Locked::Held | Locked::Refused => None,
+        })
+    }
+
+    /// [`Engine::take_lock`], saying whether another session holds the lock.
+    pub(crate) async fn take_lock_as(&self, lock: &str, guard: Op) -> Result<Locked> {
         if !self.claim(lock) {
-            return Ok(None);
+            return Ok(Locked::Refused);
         }
         // Ours: a local worker that claims it under a new session takes the claim over,
         // and what this attempt gives up must stay its own (found by `lading-sim`).
         let session = self.claim_session(lock);
         let got = self.try_lock(lock, guard, session).await;
         match got {
-            Ok(true) => {}
+            Ok(Locked::Taken(_)) => {}
             // Another session holds it, or the item moved on: a local worker that lost its
             // claim to this attempt would fail the same way, so it is not woken (it waits on
             // the lock's and the folder's watches like everyone else). Waking it here made
             // two local loops wake each other at once for as long as another process held
             // the lock (found by `lading-sim`).
-            Ok(false) => {
+            Ok(_) => {
                 if !self.claimed_by_other(lock, session) {
                     self.unclaim_quietly(lock);
                 }
@@ -78,7 +99,7 @@ impl Engine {
             // The create may have been made with its answer lost.
             Err(_) => self.abandon_on(lock, session).await,
         }
-        got.map(|taken| taken.then_some(session))
+        got
     }
 
     /// Lets go of `lock` (of a lease or claim of `session`) after a failed call that may have

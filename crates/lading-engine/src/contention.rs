@@ -3,6 +3,8 @@
 //! only, no I/O: it makes acquisition cheaper, never decides correctness (every lock is
 //! still taken in the tree).
 
+use crate::watched::fired;
+use lading_core::tree::Watch;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
@@ -51,9 +53,51 @@ pub(crate) struct Contention {
 /// References of one state folder found locked by other workers, and when.
 #[derive(Default)]
 struct BusyFolder {
-    names: HashMap<String, Instant>,
+    names: HashMap<String, Busy>,
     /// When a lock was last found taken here.
     last: Option<Instant>,
+}
+
+/// A reference found locked by another worker: when, and what proves it still is.
+struct Busy {
+    at: Instant,
+    /// A watch on the job's lock, set before the attempt that found it held and not fired
+    /// since: the lock is still there (its delete would have fired it), so the job is not
+    /// tried again until the watch fires, however long that is. (With the time alone, a job
+    /// held through a long stage was tried again by every other process at every wake-up
+    /// once its mark was [`BUSY_SKIP`] old: in `lading-sim`, 70% of the refused lock
+    /// attempts.) Trusted until the time given with it at most, the waiters' sweep: should
+    /// a watch event ever be missed, the job is still tried again then.
+    held: Option<(Watch, Instant)>,
+}
+
+impl Busy {
+    /// Whether it is still to be passed over: found locked a moment ago, or proved held.
+    /// A proof whose watch has fired is let go (a fired watch is never polled again).
+    fn current(&mut self) -> bool {
+        if let Some((w, until)) = self.held.as_mut() {
+            if Instant::now() < *until && !fired(w) {
+                return true;
+            }
+            self.held = None;
+        }
+        self.at.elapsed() < BUSY_SKIP
+    }
+
+    fn proved(&self) -> bool {
+        self.held.is_some()
+    }
+}
+
+/// How acquisition is to treat a reference of a state folder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Seen {
+    /// Not known to be locked: tried.
+    Free,
+    /// Found locked by another worker at that moment: tried only when nothing is free.
+    Busy(Instant),
+    /// Proved still locked by another worker (see [`Busy::held`]): not tried.
+    Held,
 }
 
 fn key(folder: &str, reference: &str) -> String {
@@ -111,40 +155,58 @@ impl Contention {
             .map(|at| Duration::from_millis(at - now_ms))
     }
 
-    pub(crate) fn is_busy(&self, folder: &str, reference: &str) -> bool {
+    /// How acquisition treats `reference` of `folder` (see [`Seen`]); a mark that has lapsed
+    /// is forgotten here.
+    pub(crate) fn seen(&self, folder: &str, reference: &str) -> Seen {
         let mut busy = lock(&self.busy);
         let Some(f) = busy.get_mut(folder) else {
-            return false;
+            return Seen::Free;
         };
-        match f.names.get(reference) {
-            Some(t) if t.elapsed() < BUSY_SKIP => true,
-            Some(_) => {
-                f.names.remove(reference);
-                false
-            }
-            None => false,
+        let Some(b) = f.names.get_mut(reference) else {
+            return Seen::Free;
+        };
+        if !b.current() {
+            f.names.remove(reference);
+            return Seen::Free;
+        }
+        match b.proved() {
+            true => Seen::Held,
+            false => Seen::Busy(b.at),
         }
     }
 
-    /// References of `folder` found locked lately, newest first, at most `n`; older ones are
-    /// forgotten here (a job that moved on leaves its entry behind).
+    pub(crate) fn is_busy(&self, folder: &str, reference: &str) -> bool {
+        self.seen(folder, reference) != Seen::Free
+    }
+
+    /// References of `folder` to watch the locks of, at most `n`: those proved held first
+    /// (each is passed over until its watch fires, so a waiter must be woken by it), then
+    /// those found locked lately, newest first. Lapsed ones are forgotten here (a job that
+    /// moved on leaves its entry behind).
     pub(crate) fn busy_names(&self, folder: &str, n: usize) -> Vec<String> {
         let mut busy = lock(&self.busy);
         let Some(f) = busy.get_mut(folder) else {
             return Vec::new();
         };
-        f.names.retain(|_, t| t.elapsed() < BUSY_SKIP);
-        let mut v: Vec<(&String, &Instant)> = f.names.iter().collect();
-        // Newest first; ties by name, so the order never depends on the map's.
-        let order = |a: &(&String, &Instant), b: &(&String, &Instant)| {
-            b.1.cmp(a.1).then_with(|| a.0.cmp(b.0))
+        f.names.retain(|_, b| b.current());
+        let mut v: Vec<(&String, bool, &Instant)> = f
+            .names
+            .iter()
+            .map(|(k, b)| (k, b.proved(), &b.at))
+            .collect();
+        // Proved first, then newest first; ties by name, so the order never depends on the
+        // map's.
+        let order = |a: &(&String, bool, &Instant), b: &(&String, bool, &Instant)| {
+            b.1.cmp(&a.1)
+                .then_with(|| b.2.cmp(a.2))
+                .then_with(|| a.0.cmp(b.0))
         };
         if v.len() > n {
             v.select_nth_unstable_by(n, order);
             v.truncate(n);
         }
         v.sort_by(order);
-        v.into_iter().map(|(k, _)| k.clone()).collect()
+        v.into_iter().map(|(k, _, _)| k.clone()).collect()
     }
 
     /// Forgets the busy references of `folder` that are not in `listed`, the folder's whole
@@ -159,10 +221,6 @@ impl Contention {
         }
     }
 
-    pub(crate) fn busy_since(&self, folder: &str, reference: &str) -> Option<Instant> {
-        lock(&self.busy).get(folder)?.names.get(reference).copied()
-    }
-
     /// Whether this process met another worker at the head of `folder` lately.
     pub(crate) fn contended_lately(&self, folder: &str) -> bool {
         lock(&self.busy)
@@ -172,13 +230,46 @@ impl Contention {
     }
 
     pub(crate) fn mark_busy(&self, folder: &str, reference: &str) {
+        self.mark(folder, reference, None, 0);
+    }
+
+    /// `reference` of `folder` was found locked by another session, and `proof` (a watch on
+    /// its lock set before that attempt, not fired when it was refused) says it still is
+    /// until it fires: passed over until then, or for `lasts` at most (see [`Busy::held`]).
+    /// At most `max` proved per folder, the number a waiter watches
+    /// ([`Contention::busy_names`]); past that, the reference is marked as found locked now
+    /// only.
+    pub(crate) fn mark_held(
+        &self,
+        folder: &str,
+        reference: &str,
+        proof: Watch,
+        max: usize,
+        lasts: Duration,
+    ) {
+        self.mark(
+            folder,
+            reference,
+            Some((proof, Instant::now() + lasts)),
+            max,
+        );
+    }
+
+    fn mark(&self, folder: &str, reference: &str, proof: Option<(Watch, Instant)>, max: usize) {
         let mut busy = lock(&self.busy);
         let f = busy.entry(folder.to_string()).or_default();
         if f.names.len() > KEEP {
-            f.names.retain(|_, t| t.elapsed() < BUSY_SKIP);
+            f.names.retain(|_, b| b.current());
         }
+        let proved = f
+            .names
+            .iter()
+            .filter(|(n, b)| b.proved() && n.as_str() != reference)
+            .count();
+        let held = proof.filter(|_| proved < max);
         let now = Instant::now();
-        f.names.insert(reference.to_string(), now);
+        f.names
+            .insert(reference.to_string(), Busy { at: now, held });
         f.last = Some(now);
     }
 
@@ -254,10 +345,68 @@ mod tests {
             c.busy_names("/f", 5),
             vec!["b".to_string(), "a".to_string()]
         );
-        assert!(c.busy_since("/f", "a") <= c.busy_since("/f", "b"));
+        assert!(
+            matches!((c.seen("/f", "a"), c.seen("/f", "b")), (Seen::Busy(a), Seen::Busy(b)) if a <= b)
+        );
         c.keep_busy_listed("/f", &["b".to_string(), "c".to_string()]);
         assert!(!c.is_busy("/f", "a"), "gone from the folder: forgotten");
         assert!(c.is_busy("/f", "b"), "still listed: kept");
+    }
+
+    /// A watch that fires when `tx` is sent on or dropped.
+    fn watch() -> (tokio::sync::oneshot::Sender<()>, Watch) {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        (
+            tx,
+            Watch::new(async move {
+                let _ = rx.await;
+            }),
+        )
+    }
+
+    /// A reference proved held is passed over, and not tried as the busy one, past the
+    /// time mark for as long as its watch has not fired (within `lasts`); it is listed
+    /// first for a waiter to watch; once the watch fires, it is free. Proofs are capped at
+    /// what a waiter watches.
+    #[tokio::test(start_paused = true)]
+    async fn a_reference_proved_held_is_passed_over_until_its_watch_fires() {
+        let c = Contention::default();
+        let (fire_a, a) = watch();
+        c.mark_held("/f", "a", a, 2, Duration::from_secs(60));
+        c.mark_busy("/f", "b");
+        assert_eq!(c.seen("/f", "a"), Seen::Held);
+        assert!(matches!(c.seen("/f", "b"), Seen::Busy(_)));
+        tokio::time::advance(BUSY_SKIP * 4).await;
+        assert_eq!(
+            c.seen("/f", "a"),
+            Seen::Held,
+            "past the time mark: still held"
+        );
+        assert_eq!(c.seen("/f", "b"), Seen::Free, "lapsed");
+        c.mark_busy("/f", "c");
+        assert_eq!(
+            c.busy_names("/f", 1),
+            vec!["a".to_string()],
+            "a proved one is watched first"
+        );
+        drop(fire_a);
+        assert_eq!(
+            c.seen("/f", "a"),
+            Seen::Free,
+            "its lock changed: tried again"
+        );
+        // Proofs past what a waiter watches are marked by time only.
+        let (_keep_d, d) = watch();
+        let (_keep_e, e) = watch();
+        let (_keep_g, g) = watch();
+        c.mark_held("/f", "d", d, 2, Duration::from_secs(60));
+        c.mark_held("/f", "e", e, 2, Duration::from_secs(60));
+        c.mark_held("/f", "g", g, 2, Duration::from_secs(60));
+        assert_eq!(c.seen("/f", "e"), Seen::Held);
+        assert!(matches!(c.seen("/f", "g"), Seen::Busy(_)), "over the cap");
+        // A proof is trusted for `lasts` at most (the waiters' sweep).
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert_eq!(c.seen("/f", "d"), Seen::Free, "past the sweep: tried again");
     }
 
     #[test]

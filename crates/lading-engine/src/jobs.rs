@@ -1,6 +1,8 @@
 //! Jobs: creation, acquisition in priority-then-age order, leases and waiting.
 
 use super::*;
+use crate::claims::Locked;
+use crate::contention::Seen;
 
 impl Engine {
     /// Creates a Pending job in a batch the caller holds (batch intake).
@@ -130,19 +132,34 @@ impl Engine {
                 }
             };
             // Jobs found locked by others a moment ago go last: tried only when nothing else
-            // is free, so a lock that has just gone is still found.
-            let (mut names, busy): (Vec<&String>, Vec<&String>) = page
-                .iter()
-                .filter(|n| !self.contention.is_deferred(&folder, n, self.clock.now_ms()))
-                .partition(|n| !self.contention.is_busy(&folder, n));
-            // Deferred jobs (parked for a quota slot, waiting to retry) are passed over in
-            // memory and do not count: thousands of them never hide a due job behind them.
-            scanned += names.len() + busy.len();
-            // At most one of them per call, the one found locked longest ago: every such job
-            // is still tried in turn, without a burst of refused writes.
-            let busy = busy
-                .into_iter()
-                .min_by_key(|n| self.contention.busy_since(&folder, n));
+            // is free, so a lock that has just gone is still found. Those proved still locked
+            // (a watch on the lock, set before it was found held, has not fired) are passed
+            // over until the watch fires.
+            let mut names = Vec::new();
+            let mut busy: Option<(&String, tokio::time::Instant)> = None;
+            let mut held = 0;
+            for n in &page {
+                // Deferred jobs (parked for a quota slot, waiting to retry) are passed over
+                // in memory and do not count: thousands of them never hide a due job.
+                if self.contention.is_deferred(&folder, n, self.clock.now_ms()) {
+                    continue;
+                }
+                match self.contention.seen(&folder, n) {
+                    Seen::Free => names.push(n),
+                    // At most one of them per call, the one found locked longest ago:
+                    // every such job is still tried in turn, without a burst of refused
+                    // writes.
+                    Seen::Busy(at) => {
+                        if busy.is_none_or(|(_, b)| at < b) {
+                            busy = Some((n, at));
+                        }
+                        held += 1;
+                    }
+                    Seen::Held => held += 1,
+                }
+            }
+            scanned += names.len() + held;
+            let busy = busy.map(|(n, _)| n);
             let free = names.len();
             names.extend(busy);
             // Once this process has met other workers at the head of a queue, it spreads its
@@ -157,16 +174,25 @@ impl Engine {
                 let Some((_, jid)) = parse_job_ref(name) else {
                     continue;
                 };
-                let Some(session) = self
-                    .take_lock(
-                        &job_node(&jid, "lock"),
-                        Op::check(join(&folder, name), None),
-                    )
+                let lock = job_node(&jid, "lock");
+                // Pending before the attempt: if it finds the lock held, the lock is there
+                // for as long as this watch has not fired.
+                let proof = self.pending_watch(&lock, WatchKind::Data);
+                let session = match self
+                    .take_lock_as(&lock, Op::check(join(&folder, name), None))
                     .await?
-                else {
-                    self.contention.mark_busy(&folder, name);
-                    contended = true;
-                    continue;
+                {
+                    Locked::Taken(session) => session,
+                    refused => {
+                        match proof.filter(|_| refused == Locked::Held) {
+                            Some(w) => self
+                                .contention
+                                .mark_held(&folder, name, w, WAIT_LOCKS, self.sweep),
+                            None => self.contention.mark_busy(&folder, name),
+                        }
+                        contended = true;
+                        continue;
+                    }
                 };
                 let Some(mut c) = self.candidate(state, &folder, name, false) else {
                     continue;

@@ -136,6 +136,12 @@ impl Engine {
         Ok(Watch::new(w))
     }
 
+    /// This process's watch on `path` on the current session, when one is pending (set by an
+    /// earlier call and not fired); nothing is set.
+    pub(crate) fn pending_watch(&self, path: &str, kind: WatchKind) -> Option<Watch> {
+        self.watched.share(path, kind, self.tree.session_id())
+    }
+
     /// `read`'s value, remembered under a watch on `path` until it fires (see the module's
     /// docs). The watch is set before the read, so no change after the read is missed.
     pub(crate) async fn watched_read<T, F>(&self, path: &str, kind: WatchKind, read: F) -> Result<T>
