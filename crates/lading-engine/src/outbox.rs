@@ -197,15 +197,27 @@ impl Engine {
         let now = self.clock.now_ms();
         let mut next_due: Option<u64> = None;
         for name in names {
-            let lock = lock_path(&name);
-            let Some((entry, _)) = self.read_json::<OutboxEntry>(&entry_path(&name)).await? else {
+            // The entry and its lock in one read: an entry another deliverer holds is passed
+            // over without a write (each deliverer of each process tried to lock every entry
+            // being delivered, and was refused: 2 of 3 outbox writes in `lading-sim`).
+            let (path, lock) = (entry_path(&name), lock_path(&name));
+            let read = self.tree.get_many(&[path.clone(), lock.clone()]).await?;
+            let mut read = read.into_iter();
+            let (Some(node), held) = (read.next().flatten(), read.next().flatten()) else {
                 continue;
             };
+            let (entry, _) = crate::read::decode_json::<OutboxEntry>(&path, &node)?;
             if entry.dead || !kinds.contains(&entry.effect.kind) {
                 continue;
             }
             if entry.next_at_ms > now {
                 next_due = Some(next_due.map_or(entry.next_at_ms, |n| n.min(entry.next_at_ms)));
+                continue;
+            }
+            if held.is_some() {
+                if busy.len() < WAIT_LOCKS {
+                    busy.push(lock);
+                }
                 continue;
             }
             if !self.claim(&lock) {

@@ -14,20 +14,27 @@ pub(crate) const RECORD_NODES: [&str; 8] = [
     "lock",
 ];
 
+/// A node's data as JSON of type `T`, with the node's version.
+pub(crate) fn decode_json<T: DeserializeOwned>(
+    path: &str,
+    node: &lading_core::Node,
+) -> Result<(T, i32)> {
+    let v = serde_json::from_slice(node.data.as_deref().unwrap_or_default()).map_err(|e| {
+        EngineError::Corrupt {
+            path: path.to_string(),
+            reason: format!("invalid JSON: {e}"),
+        }
+    })?;
+    Ok((v, node.stat.version))
+}
+
 impl Engine {
     pub(crate) async fn read_json<T: DeserializeOwned>(
         &self,
         path: &str,
     ) -> Result<Option<(T, i32)>> {
-        let Some(node) = self.tree.get(path).await? else {
-            return Ok(None);
-        };
-        let bytes = node.data.unwrap_or_default();
-        let v = serde_json::from_slice(&bytes).map_err(|e| EngineError::Corrupt {
-            path: path.to_string(),
-            reason: format!("invalid JSON: {e}"),
-        })?;
-        Ok(Some((v, node.stat.version)))
+        let node = self.tree.get(path).await?;
+        node.map(|n| decode_json(path, &n)).transpose()
     }
 
     pub(crate) async fn read_string(&self, path: &str) -> Result<Option<String>> {

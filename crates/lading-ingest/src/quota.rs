@@ -50,29 +50,46 @@ pub enum Slot {
     Full(usize),
 }
 
-/// Makes `path` and the folders above it. A sweep may remove an empty folder above between
-/// two creates (its `NoNode`): then the walk starts over from the root, a few times.
+/// Makes `path` and the folders above it, from the deepest one missing: one write when only
+/// `path` is (a write per folder from the root was refused for each that existed). A sweep
+/// may remove an empty folder above between two creates (its `NoNode`): then the walk starts
+/// over, a few times.
 async fn ensure(engine: &Engine, path: &str) -> Result<(), EngineError> {
     let mut last = None;
-    'walk: for _ in 0..MAX_TRIES {
-        let mut at = String::new();
-        for part in path.trim_start_matches('/').split('/') {
-            at = format!("{at}/{part}");
+    for _ in 0..MAX_TRIES {
+        // The folders from `path` up, made from the first that exists on down.
+        let mut missing = vec![path];
+        let mut steps = 0;
+        let made = loop {
+            steps += 1;
+            let at = missing.last().expect("never empty");
             match engine
                 .tree()
-                .create(&at, None, lading_core::CreateMode::Persistent)
+                .create(at, None, lading_core::CreateMode::Persistent)
                 .await
             {
                 Ok(_) => {}
                 Err(e) if matches!(e.root(), TreeError::NodeExists(_)) => {}
                 Err(e) if matches!(e.root(), TreeError::NoNode(_)) => {
-                    last = Some(e);
-                    continue 'walk;
+                    match at.rsplit_once('/') {
+                        Some((parent, _)) if !parent.is_empty() && steps < 64 => {
+                            missing.push(parent);
+                            continue;
+                        }
+                        _ => break Err(e),
+                    }
                 }
                 Err(e) => return Err(e.into()),
             }
+            missing.pop();
+            if missing.is_empty() {
+                break Ok(());
+            }
+        };
+        match made {
+            Ok(()) => return Ok(()),
+            Err(e) => last = Some(e),
         }
-        return Ok(());
     }
     Err(last.map_or_else(|| EngineError::Conflict(path.into()), Into::into))
 }
@@ -234,12 +251,20 @@ pub async fn park(
     fence: Option<&Fence>,
 ) -> Result<(), EngineError> {
     let dir = format!("{WAITERS}/{}/{}", node_name(profile), node_name(submitter));
-    ensure(engine, &dir).await?;
-    let ops = vec![Op::create(format!("{dir}/{job}"), None)];
-    match multi_fenced(engine, job, fence, ops).await? {
-        Ok(()) => Ok(()),
-        Err(e) if matches!(e.root(), TreeError::NodeExists(_)) => Ok(()),
-        Err(e) => Err(e.into()),
+    // The park itself first: its folders exist but for a submitter's first park (or one
+    // after a sweep removed them), and are made then.
+    let mut made_dir = false;
+    loop {
+        let ops = vec![Op::create(format!("{dir}/{job}"), None)];
+        match multi_fenced(engine, job, fence, ops).await? {
+            Ok(()) => return Ok(()),
+            Err(e) if matches!(e.root(), TreeError::NodeExists(_)) => return Ok(()),
+            Err(e) if matches!(e.root(), TreeError::NoNode(_)) && !made_dir => {
+                ensure(engine, &dir).await?;
+                made_dir = true;
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
 }
 

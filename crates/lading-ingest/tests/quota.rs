@@ -256,3 +256,38 @@ async fn zookeeper_a_reservation_survives_a_sweep_removing_its_parent_folder_mea
         "the slot is held"
     );
 }
+
+/// A park is one write once its submitter's folder exists (it made each folder from the root
+/// before, each refused but the new ones); the first park makes the folders it needs, and a
+/// park of a folder a sweep removed makes it again.
+#[tokio::test]
+async fn a_park_is_one_write_once_its_folder_exists() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = SqliteTree::open(dir.path().join("lading.db"), SqliteOptions::default()).unwrap();
+    let counting = lading_store_tests::CountingTree::over(Arc::new(tree));
+    let e = engine(counting.clone()).await;
+    let t = e.tree().clone();
+    let ids = jobs(&e, 3).await;
+    let before = counting.writes();
+    quota::park(&e, "p", "s0", &ids[0], None).await.unwrap();
+    // The park, refused (no folder); /quota-waiters/p/s0 and /quota-waiters/p refused too,
+    // from the deepest up; /quota-waiters, /quota-waiters/p, /quota-waiters/p/s0 made; the
+    // park again.
+    assert_eq!(counting.writes() - before, 7, "the first park");
+    let before = counting.writes();
+    quota::park(&e, "p", "s0", &ids[1], None).await.unwrap();
+    assert_eq!(counting.writes() - before, 1, "a park under an existing folder");
+    // Parked twice: the second is a no-op that changes nothing.
+    quota::park(&e, "p", "s0", &ids[1], None).await.unwrap();
+    let mut parked = t.children("/quota-waiters/p/s0").await.unwrap();
+    parked.sort();
+    assert_eq!(parked, [ids[0].to_string(), ids[1].to_string()]);
+    // Another submitter of the same profile: its folder only.
+    let before = counting.writes();
+    quota::park(&e, "p", "s1", &ids[2], None).await.unwrap();
+    assert_eq!(counting.writes() - before, 3, "the park, its folder, the park");
+    assert_eq!(
+        t.children("/quota-waiters/p/s1").await.unwrap(),
+        [ids[2].to_string()]
+    );
+}

@@ -378,7 +378,7 @@ pub async fn an_idle_deliverer_is_woken_when_a_crashed_claim_goes_or_an_entry_co
 
 pub async fn outbox_entries_are_claimed_once_retried_and_deleted_when_delivered(h: &dyn Harness) {
     let (e, _s) = engine(h, "a").await;
-    let (other, _s2) = engine(h, "b").await;
+    let (other, counting, _s2) = crate::jobs::counted_engine(h, "b").await;
     let (_bid, _jobs) = batch_with_jobs(&e, 1, &[]).await;
     // A job's move records its callback; a failed move records nothing.
     let mut l = take_job(&e, JobState::Pending).await;
@@ -407,6 +407,9 @@ pub async fn outbox_entries_are_claimed_once_retried_and_deleted_when_delivered(
         .unwrap()
         .unwrap();
     assert_eq!(c.entry.effect.key, "k1");
+    // Passed over by the other deliverer without a write: it reads the entry and its lock
+    // together, and does not try to lock what another holds.
+    let writes = counting.writes();
     assert!(matches!(
         other
             .claim_effect(&[lading_engine::EffectKind::Callback])
@@ -414,6 +417,8 @@ pub async fn outbox_entries_are_claimed_once_retried_and_deleted_when_delivered(
             .unwrap(),
         Err(None)
     ));
+    assert_eq!(counting.writes(), writes, "a write to lock a held entry");
+    assert!(e.outbox().await.unwrap()[0].delivering, "still the first claim's");
     assert!(matches!(
         e.claim_effect(&[lading_engine::EffectKind::Mail])
             .await

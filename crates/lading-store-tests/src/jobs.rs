@@ -591,10 +591,25 @@ pub async fn deferred_job_is_not_taken_before_its_retry_time(h: &dyn Harness) {
     other.release_job_lease(again).await.unwrap();
 }
 
+/// An engine named `owner` on a session of its own over a [`CountingTree`] (the returned
+/// session keeps it open).
+pub(crate) async fn counted_engine(
+    h: &dyn Harness,
+    owner: &str,
+) -> (Arc<Engine>, Arc<CountingTree>, Session) {
+    let s = h.open().await;
+    let counting = CountingTree::over(s.tree.clone());
+    let e = Arc::new(Engine::new(counting.clone(), system_clock(), owner));
+    e.init().await.unwrap();
+    (e, counting, s)
+}
+
 /// A tree that counts the calls made through it, to measure cost in round trips.
 pub struct CountingTree {
     inner: Arc<dyn Tree>,
     pub calls: std::sync::atomic::AtomicUsize,
+    /// The writes (`multi`, `multi_on`) made through it, refused ones included.
+    pub writes: std::sync::atomic::AtomicUsize,
     /// The paths watches were set on, in order.
     pub watched: std::sync::Mutex<Vec<String>>,
     /// How many watches have been set: a test waits on it.
@@ -610,6 +625,7 @@ impl CountingTree {
         Arc::new(CountingTree {
             inner,
             calls: Default::default(),
+            writes: Default::default(),
             watched: Default::default(),
             set: tokio::sync::watch::Sender::new(0),
             read: Default::default(),
@@ -622,6 +638,15 @@ impl CountingTree {
     }
     pub fn calls(&self) -> usize {
         self.calls.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    /// How many writes were sent, refused ones included.
+    pub fn writes(&self) -> usize {
+        self.writes.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    fn wrote(&self) {
+        self.bump();
+        self.writes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
     /// How many watches were set on `path`.
     pub fn watches_on(&self, path: &str) -> usize {
@@ -682,11 +707,11 @@ impl Tree for CountingTree {
         self.inner.count_children(path)
     }
     fn multi(&self, ops: Vec<Op>) -> TreeFuture<'_, Vec<OpResult>> {
-        self.bump();
+        self.wrote();
         self.inner.multi(ops)
     }
     fn multi_on(&self, session: u64, ops: Vec<Op>) -> TreeFuture<'_, Vec<OpResult>> {
-        self.bump();
+        self.wrote();
         self.inner.multi_on(session, ops)
     }
     fn watch<'a>(&'a self, path: &'a str, kind: WatchKind) -> TreeFuture<'a, lading_core::Watch> {

@@ -3,16 +3,6 @@
 
 use super::*;
 
-/// An engine named `owner` on a session of its own over a [`CountingTree`] (the returned
-/// session keeps it open).
-async fn counted_engine(h: &dyn Harness, owner: &str) -> (Arc<Engine>, Arc<CountingTree>, Session) {
-    let s = h.open().await;
-    let counting = CountingTree::over(s.tree.clone());
-    let e = Arc::new(Engine::new(counting.clone(), system_clock(), owner));
-    e.init().await.unwrap();
-    (e, counting, s)
-}
-
 /// A wait of `e`'s, spawned (`wait`, given the engine and 8 s, less than the waiters' slow
 /// sweep of 10 s: a missed wake-up ends the wait empty-handed instead of being covered by the
 /// sweep), once it has looked and parked; and the count of its parks.
