@@ -70,15 +70,13 @@ async fn ensure(engine: &Engine, path: &str) -> Result<(), EngineError> {
             {
                 Ok(_) => {}
                 Err(e) if matches!(e.root(), TreeError::NodeExists(_)) => {}
-                Err(e) if matches!(e.root(), TreeError::NoNode(_)) => {
-                    match at.rsplit_once('/') {
-                        Some((parent, _)) if !parent.is_empty() && steps < 64 => {
-                            missing.push(parent);
-                            continue;
-                        }
-                        _ => break Err(e),
+                Err(e) if matches!(e.root(), TreeError::NoNode(_)) => match at.rsplit_once('/') {
+                    Some((parent, _)) if !parent.is_empty() && steps < 64 => {
+                        missing.push(parent);
+                        continue;
                     }
-                }
+                    _ => break Err(e),
+                },
                 Err(e) => return Err(e.into()),
             }
             missing.pop();

@@ -276,7 +276,11 @@ async fn a_park_is_one_write_once_its_folder_exists() {
     assert_eq!(counting.writes() - before, 7, "the first park");
     let before = counting.writes();
     quota::park(&e, "p", "s0", &ids[1], None).await.unwrap();
-    assert_eq!(counting.writes() - before, 1, "a park under an existing folder");
+    assert_eq!(
+        counting.writes() - before,
+        1,
+        "a park under an existing folder"
+    );
     // Parked twice: the second is a no-op that changes nothing.
     quota::park(&e, "p", "s0", &ids[1], None).await.unwrap();
     let mut parked = t.children("/quota-waiters/p/s0").await.unwrap();
@@ -285,7 +289,11 @@ async fn a_park_is_one_write_once_its_folder_exists() {
     // Another submitter of the same profile: its folder only.
     let before = counting.writes();
     quota::park(&e, "p", "s1", &ids[2], None).await.unwrap();
-    assert_eq!(counting.writes() - before, 3, "the park, its folder, the park");
+    assert_eq!(
+        counting.writes() - before,
+        3,
+        "the park, its folder, the park"
+    );
     assert_eq!(
         t.children("/quota-waiters/p/s1").await.unwrap(),
         [ids[2].to_string()]

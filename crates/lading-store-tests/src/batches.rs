@@ -418,7 +418,10 @@ pub async fn outbox_entries_are_claimed_once_retried_and_deleted_when_delivered(
         Err(None)
     ));
     assert_eq!(counting.writes(), writes, "a write to lock a held entry");
-    assert!(e.outbox().await.unwrap()[0].delivering, "still the first claim's");
+    assert!(
+        e.outbox().await.unwrap()[0].delivering,
+        "still the first claim's"
+    );
     assert!(matches!(
         e.claim_effect(&[lading_engine::EffectKind::Mail])
             .await
