@@ -50,46 +50,38 @@ pub enum Slot {
     Full(usize),
 }
 
-/// Makes `path` and the folders above it, from the deepest one missing: one write when only
-/// `path` is (a write per folder from the root was refused for each that existed). A sweep
+/// Makes `path` and the folders above it: `path` first, one write when only it is missing;
+/// when its parent is missing too (a submitter's first), every folder from the root. A sweep
 /// may remove an empty folder above between two creates (its `NoNode`): then the walk starts
-/// over, a few times.
+/// over from the root, a few times.
 async fn ensure(engine: &Engine, path: &str) -> Result<(), EngineError> {
-    let mut last = None;
-    for _ in 0..MAX_TRIES {
-        // The folders from `path` up, made from the first that exists on down.
-        let mut missing = vec![path];
-        let mut steps = 0;
-        let made = loop {
-            steps += 1;
-            let at = missing.last().expect("never empty");
-            match engine
-                .tree()
-                .create(at, None, lading_core::CreateMode::Persistent)
-                .await
-            {
-                Ok(_) => {}
-                Err(e) if matches!(e.root(), TreeError::NodeExists(_)) => {}
-                Err(e) if matches!(e.root(), TreeError::NoNode(_)) => match at.rsplit_once('/') {
-                    Some((parent, _)) if !parent.is_empty() && steps < 64 => {
-                        missing.push(parent);
-                        continue;
-                    }
-                    _ => break Err(e),
-                },
-                Err(e) => return Err(e.into()),
-            }
-            missing.pop();
-            if missing.is_empty() {
-                break Ok(());
-            }
-        };
-        match made {
-            Ok(()) => return Ok(()),
-            Err(e) => last = Some(e),
+    let create = |at: String| async move {
+        match engine
+            .tree()
+            .create(&at, None, lading_core::CreateMode::Persistent)
+            .await
+        {
+            Ok(_) => Ok(None),
+            Err(e) if matches!(e.root(), TreeError::NodeExists(_)) => Ok(None),
+            Err(e) if matches!(e.root(), TreeError::NoNode(_)) => Ok(Some(e)),
+            Err(e) => Err(EngineError::from(e)),
         }
+    };
+    let Some(mut last) = create(path.to_string()).await? else {
+        return Ok(());
+    };
+    'walk: for _ in 0..MAX_TRIES {
+        let mut at = String::new();
+        for part in path.trim_start_matches('/').split('/') {
+            at = format!("{at}/{part}");
+            if let Some(e) = create(at.clone()).await? {
+                last = e;
+                continue 'walk;
+            }
+        }
+        return Ok(());
     }
-    Err(last.map_or_else(|| EngineError::Conflict(path.into()), Into::into))
+    Err(last.into())
 }
 
 fn in_flight(s: JobState) -> bool {
@@ -251,18 +243,21 @@ pub async fn park(
     let dir = format!("{WAITERS}/{}/{}", node_name(profile), node_name(submitter));
     // The park itself first: its folders exist but for a submitter's first park (or one
     // after a sweep removed them), and are made then.
-    let mut made_dir = false;
-    loop {
+    let park = || {
         let ops = vec![Op::create(format!("{dir}/{job}"), None)];
-        match multi_fenced(engine, job, fence, ops).await? {
-            Ok(()) => return Ok(()),
-            Err(e) if matches!(e.root(), TreeError::NodeExists(_)) => return Ok(()),
-            Err(e) if matches!(e.root(), TreeError::NoNode(_)) && !made_dir => {
-                ensure(engine, &dir).await?;
-                made_dir = true;
-            }
-            Err(e) => return Err(e.into()),
+        multi_fenced(engine, job, fence, ops)
+    };
+    let answer = match park().await? {
+        Err(e) if matches!(e.root(), TreeError::NoNode(_)) => {
+            ensure(engine, &dir).await?;
+            park().await?
         }
+        answer => answer,
+    };
+    match answer {
+        Ok(()) => Ok(()),
+        Err(e) if matches!(e.root(), TreeError::NodeExists(_)) => Ok(()),
+        Err(e) => Err(e.into()),
     }
 }
 
