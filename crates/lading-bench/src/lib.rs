@@ -336,19 +336,7 @@ pub(crate) fn cpu_seconds() -> f64 {
 }
 
 /// This process's CPU time so far, (user, system) in seconds.
-pub(crate) fn cpu_user_system() -> (f64, f64) {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return (0.0, 0.0);
-    };
-    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
-        return (0.0, 0.0);
-    };
-    let f: Vec<&str> = rest.split(' ').collect();
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the command name; in
-    // clock ticks, which are 100 per second on Linux.
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) / 100.0, ticks(12) / 100.0)
-}
+pub(crate) use lading_core::time::process_cpu as cpu_user_system;
 
 pub(crate) fn percentile(sorted: &[u64], p: f64) -> f64 {
     if sorted.is_empty() {

@@ -249,14 +249,17 @@ fn main() -> ExitCode {
         }
     }
     let took = began.elapsed().as_secs_f64();
+    let (user, system) = lading_core::time::process_cpu();
+    let cpu_ms = (user + system) * 1000.0;
     println!(
-        "seeds {done} (from {}), simulated {:.1} h, steps {steps}, jobs {jobs} ({stored} stored and checked), violations {bad}{}, {:.1} seeds/s",
+        "seeds {done} (from {}), simulated {:.1} h, steps {steps}, jobs {jobs} ({stored} stored and checked), violations {bad}{}, {:.1} seeds/s, {:.2} ms of CPU per job",
         a.first,
         sim_ms as f64 / 3_600_000.0,
         first_bad
             .map(|s| format!(" (first at seed {s}, after {} seeds)", s - a.first + 1))
             .unwrap_or_default(),
-        done as f64 / took.max(1e-9)
+        done as f64 / took.max(1e-9),
+        cpu_ms / jobs.max(1) as f64
     );
     print_tree_calls();
     if bad > 0 {
