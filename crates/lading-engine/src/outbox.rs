@@ -19,6 +19,20 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::time::Duration;
 
+/// How many entries a deliverer's look reads in one round trip (each with its lock).
+const READ_GROUP: usize = 32;
+
+/// What trying to lock an entry came to.
+enum Locked {
+    Claimed(OutboxClaim),
+    /// Tried since it was read: due again at this time.
+    Waits(u64),
+    /// Held by another deliverer.
+    Held,
+    /// Gone, dead, or not this process's to try now.
+    Passed,
+}
+
 /// What delivers an effect; stored as its name (`mail`, `callback`, `replicate`). A kind this
 /// build does not know (written by a newer one) is kept by name: it reads, lists and can be
 /// retried, and no deliverer here claims it.
@@ -168,18 +182,34 @@ impl Engine {
         let mut names = self.tree.children(OUTBOX).await?;
         names.sort();
         let mut out = Vec::with_capacity(names.len());
-        for name in names {
-            let Some((entry, _)) = self.read_json::<OutboxEntry>(&entry_path(&name)).await? else {
-                continue;
-            };
-            let delivering = self.tree.exists(&lock_path(&name)).await?.is_some();
-            out.push(OutboxItem {
-                name,
-                entry,
-                delivering,
-            });
+        for group in names.chunks(READ_GROUP) {
+            for (name, (node, lock)) in group.iter().zip(self.read_group(group).await?) {
+                let Some(node) = node else { continue };
+                let (entry, _) = crate::read::decode_json::<OutboxEntry>(&entry_path(name), &node)?;
+                out.push(OutboxItem {
+                    name: name.clone(),
+                    entry,
+                    delivering: lock.is_some(),
+                });
+            }
         }
         Ok(out)
+    }
+
+    /// The entries named `group` and their locks, in one read.
+    async fn read_group(
+        &self,
+        group: &[String],
+    ) -> Result<Vec<(Option<lading_core::Node>, Option<lading_core::Node>)>> {
+        let paths: Vec<String> = group
+            .iter()
+            .flat_map(|n| [entry_path(n), lock_path(n)])
+            .collect();
+        let mut read = self.tree.get_many(&paths).await?.into_iter();
+        Ok(group
+            .iter()
+            .map(|_| (read.next().flatten(), read.next().flatten()))
+            .collect())
     }
 
     /// Claims the oldest entry that is due and not being delivered. Returns it, or the time
@@ -196,93 +226,104 @@ impl Engine {
         names.sort();
         let now = self.clock.now_ms();
         let mut next_due: Option<u64> = None;
-        for name in names {
-            // The entry and its lock in one read: an entry another deliverer holds is passed
-            // over without a write (each deliverer of each process tried to lock every entry
-            // being delivered, and was refused: 2 of 3 outbox writes in `lading-sim`).
-            let (path, lock) = (entry_path(&name), lock_path(&name));
-            let read = self.tree.get_many(&[path.clone(), lock.clone()]).await?;
-            let mut read = read.into_iter();
-            let (Some(node), held) = (read.next().flatten(), read.next().flatten()) else {
-                continue;
-            };
-            let (entry, _) = crate::read::decode_json::<OutboxEntry>(&path, &node)?;
-            if entry.dead || !kinds.contains(&entry.effect.kind) {
-                continue;
-            }
-            if entry.next_at_ms > now {
-                next_due = Some(next_due.map_or(entry.next_at_ms, |n| n.min(entry.next_at_ms)));
-                continue;
-            }
-            if held.is_some() {
-                if busy.len() < WAIT_LOCKS {
-                    busy.push(lock);
+        // Entries and their locks read `READ_GROUP` at a time, each group in one read: a
+        // backlog (a receiver down for hours) is looked over in a few round trips, not one per
+        // entry.
+        for group in names.chunks(READ_GROUP) {
+            for (name, read) in group.iter().zip(self.read_group(group).await?) {
+                // An entry and its lock come together: an entry another deliverer holds is passed
+                // over without a write (each deliverer of each process tried to lock every entry
+                // being delivered, and was refused: 2 of 3 outbox writes in `lading-sim`).
+                let (path, lock) = (entry_path(name), lock_path(name));
+                let (Some(node), held) = read else {
+                    continue;
+                };
+                let (entry, _) = crate::read::decode_json::<OutboxEntry>(&path, &node)?;
+                if entry.dead || !kinds.contains(&entry.effect.kind) {
+                    continue;
                 }
-                continue;
-            }
-            if !self.claim(&lock) {
-                continue;
-            }
-            // Made on the session it was claimed under, or not at all: made on a session that
-            // replaced it, the lock was given up by the old one's claim (as not its own) and
-            // stayed for as long as the process lived, the entry never delivered (found by
-            // `lading-sim`).
-            let session = self.claim_session(&lock);
-            let made = self
-                .tree
-                .multi_on(
-                    session,
-                    vec![Op::create_mode(&lock, None, CreateMode::Ephemeral)],
-                )
-                .await
-                .map_err(|e| e.root().clone());
-            match made {
-                Ok(_) => {
-                    // Read again under the lock: another deliverer may have tried it and
-                    // recorded the attempt between the first reading and this lock. The
-                    // claim carries what is true now, or nothing.
-                    match self.read_json::<OutboxEntry>(&entry_path(&name)).await {
-                        Ok(Some((entry, version)))
-                            if !entry.dead && entry.next_at_ms <= self.clock.now_ms() =>
-                        {
-                            return Ok(Ok(OutboxClaim {
-                                name,
-                                entry,
-                                version,
-                                session,
-                            }));
-                        }
-                        Ok(found) => {
-                            if let Some((e, _)) = found.filter(|(e, _)| !e.dead) {
-                                next_due =
-                                    Some(next_due.map_or(e.next_at_ms, |n| n.min(e.next_at_ms)));
-                            }
-                            self.abandon_on(&lock, session).await;
-                        }
-                        Err(e) => {
-                            self.abandon_on(&lock, session).await;
-                            return Err(e);
-                        }
-                    }
+                if entry.next_at_ms > now {
+                    next_due = Some(next_due.map_or(entry.next_at_ms, |n| n.min(entry.next_at_ms)));
+                    continue;
                 }
-                Err(TreeError::NodeExists(_)) => {
-                    self.unclaim_on(&lock, session);
+                if held.is_some() {
                     if busy.len() < WAIT_LOCKS {
                         busy.push(lock);
                     }
+                    continue;
                 }
-                Err(TreeError::NoNode(_)) | Err(TreeError::SessionExpired) => {
-                    self.unclaim_on(&lock, session)
-                }
-                Err(e) => {
-                    // The create may have been made with its answer lost.
-                    self.abandon_on(&lock, session).await;
-                    return Err(e.into());
+                match self.lock_entry(name, &lock).await? {
+                    Locked::Claimed(claim) => return Ok(Ok(claim)),
+                    Locked::Waits(at) => next_due = Some(next_due.map_or(at, |n| n.min(at))),
+                    Locked::Held if busy.len() < WAIT_LOCKS => busy.push(lock),
+                    Locked::Held | Locked::Passed => {}
                 }
             }
         }
         *self.outbox_busy.lock().unwrap_or_else(|p| p.into_inner()) = busy;
         Ok(Err(next_due))
+    }
+
+    /// Locks entry `name` (its lock `lock`) for this process and reads it again under the
+    /// lock.
+    async fn lock_entry(&self, name: &str, lock: &str) -> Result<Locked> {
+        if !self.claim(lock) {
+            return Ok(Locked::Passed);
+        }
+        // Made on the session it was claimed under, or not at all: made on a session that
+        // replaced it, the lock was given up by the old one's claim (as not its own) and
+        // stayed for as long as the process lived, the entry never delivered (found by
+        // `lading-sim`).
+        let session = self.claim_session(lock);
+        let made = self
+            .tree
+            .multi_on(
+                session,
+                vec![Op::create_mode(lock, None, CreateMode::Ephemeral)],
+            )
+            .await
+            .map_err(|e| e.root().clone());
+        match made {
+            // Read again under the lock: another deliverer may have tried it and recorded the
+            // attempt between the first reading and this lock. The claim carries what is true
+            // now, or nothing.
+            Ok(_) => match self.read_json::<OutboxEntry>(&entry_path(name)).await {
+                Ok(Some((entry, version)))
+                    if !entry.dead && entry.next_at_ms <= self.clock.now_ms() =>
+                {
+                    Ok(Locked::Claimed(OutboxClaim {
+                        name: name.to_string(),
+                        entry,
+                        version,
+                        session,
+                    }))
+                }
+                Ok(found) => {
+                    self.abandon_on(lock, session).await;
+                    Ok(match found.filter(|(e, _)| !e.dead) {
+                        Some((e, _)) => Locked::Waits(e.next_at_ms),
+                        None => Locked::Passed,
+                    })
+                }
+                Err(e) => {
+                    self.abandon_on(lock, session).await;
+                    Err(e)
+                }
+            },
+            Err(TreeError::NodeExists(_)) => {
+                self.unclaim_on(lock, session);
+                Ok(Locked::Held)
+            }
+            Err(TreeError::NoNode(_)) | Err(TreeError::SessionExpired) => {
+                self.unclaim_on(lock, session);
+                Ok(Locked::Passed)
+            }
+            Err(e) => {
+                // The create may have been made with its answer lost.
+                self.abandon_on(lock, session).await;
+                Err(e.into())
+            }
+        }
     }
 
     /// Watches the outbox for new entries, before a deliverer looks at it

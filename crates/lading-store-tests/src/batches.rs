@@ -376,6 +376,70 @@ pub async fn an_idle_deliverer_is_woken_when_a_crashed_claim_goes_or_an_entry_co
     assert_eq!(c.entry.effect.key, "k2");
 }
 
+/// A backlog (a receiver down for hours) is looked over in a few round trips, not one per
+/// entry: 70 entries, each held or waiting, cost a deliverer one listing and three reads of 32
+/// entries with their locks; what it finds is what is there (the held ones, the earliest
+/// retry time), the operator's listing reads them the same way, and every entry is intact.
+pub async fn a_deliverer_looks_over_a_backlog_in_a_few_reads(h: &dyn Harness) {
+    let (e, _s) = engine(h, "a").await;
+    let (other, counting, _s2) = crate::jobs::counted_engine(h, "b").await;
+    batch_with_jobs(&e, 1, &[]).await;
+    let mut l = take_job(&e, JobState::Pending).await;
+    for i in 0..70 {
+        l.effects.push(lading_engine::Effect {
+            kind: lading_engine::EffectKind::Callback,
+            key: format!("k{i:02}"),
+            batch: None,
+            job: Some(l.job.clone()),
+            payload: json!({"url": "http://127.0.0.1/"}),
+        });
+    }
+    e.job_transition(l, Event::To(JobState::Estimating), None)
+        .await
+        .unwrap();
+    // The first 40 tried once and waiting (the earliest due at `first`), the rest held by `e`.
+    let first = e.clock().now_ms() + 60_000;
+    let mut held = Vec::new();
+    for i in 0..70u64 {
+        let c = e
+            .claim_effect(&[lading_engine::EffectKind::Callback])
+            .await
+            .unwrap()
+            .unwrap();
+        if i < 40 {
+            e.effect_failed(c, "answered 503", Some(first + 1_000 * (39 - i)))
+                .await
+                .unwrap();
+        } else {
+            held.push(c);
+        }
+    }
+    let (calls, writes) = (counting.calls(), counting.writes());
+    let found = other
+        .claim_effect(&[lading_engine::EffectKind::Callback])
+        .await
+        .unwrap();
+    assert!(
+        matches!(found, Err(Some(t)) if t == first),
+        "the earliest retry time: {found:?}"
+    );
+    assert_eq!(
+        (counting.calls() - calls, counting.writes() - writes),
+        (4, 0),
+        "one listing and three group reads, no write"
+    );
+    let calls = counting.calls();
+    let listed = other.outbox().await.unwrap();
+    assert_eq!(counting.calls() - calls, 4, "the listing reads in groups too");
+    assert_eq!(listed.len(), 70);
+    assert_eq!(listed.iter().filter(|i| i.delivering).count(), 30);
+    assert_eq!(
+        listed.iter().filter(|i| i.entry.attempts == 1).count(),
+        40,
+        "every entry intact"
+    );
+}
+
 pub async fn outbox_entries_are_claimed_once_retried_and_deleted_when_delivered(h: &dyn Harness) {
     let (e, _s) = engine(h, "a").await;
     let (other, counting, _s2) = crate::jobs::counted_engine(h, "b").await;

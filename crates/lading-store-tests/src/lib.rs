@@ -368,6 +368,7 @@ macro_rules! conformance_tests {
             requeue_at_every_batch_state_reports_again,
             a_reporter_that_loses_its_batch_to_a_requeue_records_nothing,
             outbox_entries_are_claimed_once_retried_and_deleted_when_delivered,
+            a_deliverer_looks_over_a_backlog_in_a_few_reads,
             an_idle_deliverer_is_woken_when_a_crashed_claim_goes_or_an_entry_comes,
             an_outbox_claim_is_read_under_its_lock_and_a_failed_record_still_releases_it,
             deleting_the_last_failed_job_says_an_update_report_is_due,
