@@ -24,7 +24,7 @@ const READ_GROUP: usize = 32;
 
 /// What trying to lock an entry came to.
 enum Locked {
-    Claimed(OutboxClaim),
+    Claimed(Box<OutboxClaim>),
     /// Tried since it was read: due again at this time.
     Waits(u64),
     /// Held by another deliverer.
@@ -253,7 +253,7 @@ impl Engine {
                     continue;
                 }
                 match self.lock_entry(name, &lock).await? {
-                    Locked::Claimed(claim) => return Ok(Ok(claim)),
+                    Locked::Claimed(claim) => return Ok(Ok(*claim)),
                     Locked::Waits(at) => next_due = Some(next_due.map_or(at, |n| n.min(at))),
                     Locked::Held if busy.len() < WAIT_LOCKS => busy.push(lock),
                     Locked::Held | Locked::Passed => {}
@@ -291,12 +291,12 @@ impl Engine {
                 Ok(Some((entry, version)))
                     if !entry.dead && entry.next_at_ms <= self.clock.now_ms() =>
                 {
-                    Ok(Locked::Claimed(OutboxClaim {
+                    Ok(Locked::Claimed(Box::new(OutboxClaim {
                         name: name.to_string(),
                         entry,
                         version,
                         session,
-                    }))
+                    })))
                 }
                 Ok(found) => {
                     self.abandon_on(lock, session).await;

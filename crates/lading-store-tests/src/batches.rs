@@ -430,7 +430,11 @@ pub async fn a_deliverer_looks_over_a_backlog_in_a_few_reads(h: &dyn Harness) {
     );
     let calls = counting.calls();
     let listed = other.outbox().await.unwrap();
-    assert_eq!(counting.calls() - calls, 4, "the listing reads in groups too");
+    assert_eq!(
+        counting.calls() - calls,
+        4,
+        "the listing reads in groups too"
+    );
     assert_eq!(listed.len(), 70);
     assert_eq!(listed.iter().filter(|i| i.delivering).count(), 30);
     assert_eq!(
