@@ -13,6 +13,7 @@ mod generic_ext;
 mod holds;
 mod jobs;
 mod merritt;
+mod outbox;
 mod tree;
 mod waiters;
 pub use access::*;
@@ -22,6 +23,7 @@ pub use generic_ext::*;
 pub use holds::*;
 pub use jobs::*;
 pub use merritt::*;
+pub use outbox::*;
 pub use tree::*;
 pub use waiters::*;
 
