@@ -597,13 +597,7 @@ pub async fn an_outbox_claim_is_read_under_its_lock_and_a_failed_record_still_re
     let (other, _s2) = engine(h, "b").await;
     let (_bid, _jobs) = batch_with_jobs(&e, 1, &[]).await;
     let mut l = take_job(&e, JobState::Pending).await;
-    l.effects.push(lading_engine::Effect {
-        kind: lading_engine::EffectKind::Callback,
-        key: "k1".into(),
-        batch: None,
-        job: Some(l.job.clone()),
-        payload: json!({"url": "http://127.0.0.1/"}),
-    });
+    l.effects.push(crate::outbox::callback("k1", &l));
     e.job_transition(l, Event::To(JobState::Estimating), None)
         .await
         .unwrap();

@@ -2,6 +2,17 @@
 
 use super::*;
 
+/// A callback effect keyed `key`, for the job `l` holds.
+pub(crate) fn callback(key: &str, l: &lading_engine::JobLease) -> lading_engine::Effect {
+    lading_engine::Effect {
+        kind: lading_engine::EffectKind::Callback,
+        key: key.into(),
+        batch: None,
+        job: Some(l.job.clone()),
+        payload: json!({"url": "http://127.0.0.1/"}),
+    }
+}
+
 /// A deliverer that found the only entry claimed by another session is woken when that
 /// session ends (a crashed deliverer's claim goes with it, and no entry changes), not at its
 /// safety net; and its watch, armed before it looks, wakes it for an entry made after the
@@ -13,15 +24,8 @@ pub async fn an_idle_deliverer_is_woken_when_a_crashed_claim_goes_or_an_entry_co
     let (e, _s) = engine(h, "a").await;
     let (crashed, s2) = engine(h, "b").await;
     batch_with_jobs(&e, 1, &[]).await;
-    let effect = |key: &str, l: &lading_engine::JobLease| lading_engine::Effect {
-        kind: lading_engine::EffectKind::Callback,
-        key: key.into(),
-        batch: None,
-        job: Some(l.job.clone()),
-        payload: json!({"url": "http://127.0.0.1/"}),
-    };
     let mut l = take_job(&e, JobState::Pending).await;
-    l.effects.push(effect("k1", &l));
+    l.effects.push(callback("k1", &l));
     e.job_transition(l, Event::To(JobState::Estimating), None)
         .await
         .unwrap();
@@ -67,7 +71,7 @@ pub async fn an_idle_deliverer_is_woken_when_a_crashed_claim_goes_or_an_entry_co
         Err(None)
     ));
     let mut l = take_job(&e, JobState::Estimating).await;
-    l.effects.push(effect("k2", &l));
+    l.effects.push(callback("k2", &l));
     e.job_transition(l, Event::To(JobState::Provisioning), None)
         .await
         .unwrap();
@@ -93,13 +97,8 @@ pub async fn a_deliverer_looks_over_a_backlog_in_a_few_reads(h: &dyn Harness) {
     batch_with_jobs(&e, 1, &[]).await;
     let mut l = take_job(&e, JobState::Pending).await;
     for i in 0..70 {
-        l.effects.push(lading_engine::Effect {
-            kind: lading_engine::EffectKind::Callback,
-            key: format!("k{i:02}"),
-            batch: None,
-            job: Some(l.job.clone()),
-            payload: json!({"url": "http://127.0.0.1/"}),
-        });
+        let c = callback(&format!("k{i:02}"), &l);
+        l.effects.push(c);
     }
     e.job_transition(l, Event::To(JobState::Estimating), None)
         .await
@@ -157,13 +156,7 @@ pub async fn outbox_entries_are_claimed_once_retried_and_deleted_when_delivered(
     let (_bid, _jobs) = batch_with_jobs(&e, 1, &[]).await;
     // A job's move records its callback; a failed move records nothing.
     let mut l = take_job(&e, JobState::Pending).await;
-    l.effects.push(lading_engine::Effect {
-        kind: lading_engine::EffectKind::Callback,
-        key: "k1".into(),
-        batch: None,
-        job: Some(l.job.clone()),
-        payload: json!({"url": "http://127.0.0.1/"}),
-    });
+    l.effects.push(callback("k1", &l));
     let stale = l.clone();
     e.job_transition(l, Event::To(JobState::Estimating), None)
         .await
