@@ -67,16 +67,20 @@ struct Busy {
     /// held through a long stage was tried again by every other process at every wake-up
     /// once its mark was [`BUSY_SKIP`] old: in `lading-sim`, 70% of the refused lock
     /// attempts.) Trusted until the time given with it at most, the waiters' sweep: should
-    /// a watch event ever be missed, the job is still tried again then.
-    held: Option<(Watch, Instant)>,
+    /// a watch event ever be missed, the job is still tried again then. Trusted on the
+    /// session it was set on only: once that session is replaced, its event may come after
+    /// the lock went, and a waiter watches the lock again on the new session, too late to
+    /// see it go (as a value kept under a watch, see [`crate::watched`]).
+    held: Option<(Watch, Instant, u64)>,
 }
 
 impl Busy {
     /// Whether it is still to be passed over: found locked a moment ago, or proved held.
-    /// A proof whose watch has fired is let go (a fired watch is never polled again).
-    fn current(&mut self) -> bool {
-        if let Some((w, until)) = self.held.as_mut() {
-            if Instant::now() < *until && !fired(w) {
+    /// A proof whose watch has fired, or was set on another session than `session`, is let
+    /// go (a fired watch is never polled again).
+    fn current(&mut self, session: u64) -> bool {
+        if let Some((w, until, set_on)) = self.held.as_mut() {
+            if *set_on == session && Instant::now() < *until && !fired(w) {
                 return true;
             }
             self.held = None;
@@ -155,9 +159,9 @@ impl Contention {
             .map(|at| Duration::from_millis(at - now_ms))
     }
 
-    /// How acquisition treats `reference` of `folder` (see [`Seen`]); a mark that has lapsed
-    /// is forgotten here.
-    pub(crate) fn seen(&self, folder: &str, reference: &str) -> Seen {
+    /// How acquisition on `session` treats `reference` of `folder` (see [`Seen`]); a mark
+    /// that has lapsed is forgotten here.
+    pub(crate) fn seen(&self, folder: &str, reference: &str, session: u64) -> Seen {
         let mut busy = lock(&self.busy);
         let Some(f) = busy.get_mut(folder) else {
             return Seen::Free;
@@ -165,7 +169,7 @@ impl Contention {
         let Some(b) = f.names.get_mut(reference) else {
             return Seen::Free;
         };
-        if !b.current() {
+        if !b.current(session) {
             f.names.remove(reference);
             return Seen::Free;
         }
@@ -175,20 +179,20 @@ impl Contention {
         }
     }
 
-    pub(crate) fn is_busy(&self, folder: &str, reference: &str) -> bool {
-        self.seen(folder, reference) != Seen::Free
+    pub(crate) fn is_busy(&self, folder: &str, reference: &str, session: u64) -> bool {
+        self.seen(folder, reference, session) != Seen::Free
     }
 
     /// References of `folder` to watch the locks of, at most `n`: those proved held first
     /// (each is passed over until its watch fires, so a waiter must be woken by it), then
     /// those found locked lately, newest first. Lapsed ones are forgotten here (a job that
     /// moved on leaves its entry behind).
-    pub(crate) fn busy_names(&self, folder: &str, n: usize) -> Vec<String> {
+    pub(crate) fn busy_names(&self, folder: &str, n: usize, session: u64) -> Vec<String> {
         let mut busy = lock(&self.busy);
         let Some(f) = busy.get_mut(folder) else {
             return Vec::new();
         };
-        f.names.retain(|_, b| b.current());
+        f.names.retain(|_, b| b.current(session));
         let mut v: Vec<(&String, bool, &Instant)> = f
             .names
             .iter()
@@ -229,13 +233,14 @@ impl Contention {
             .is_some_and(|t| t.elapsed() < BUSY_SKIP)
     }
 
-    pub(crate) fn mark_busy(&self, folder: &str, reference: &str) {
-        self.mark(folder, reference, None, 0);
+    pub(crate) fn mark_busy(&self, folder: &str, reference: &str, session: u64) {
+        self.mark(folder, reference, session, None, 0);
     }
 
     /// `reference` of `folder` was found locked by another session, and `proof` (a watch on
-    /// its lock set before that attempt, not fired when it was refused) says it still is
-    /// until it fires: passed over until then, or for `lasts` at most (see [`Busy::held`]).
+    /// its lock set before that attempt, not fired when it was refused, and the session it
+    /// was set on) says it still is until it fires: passed over until then, or for `lasts` at
+    /// most, on that session only (see [`Busy::held`]).
     /// At most `max` proved per folder, the number a waiter watches
     /// ([`Contention::busy_names`]); past that, the reference is marked as found locked now
     /// only.
@@ -243,23 +248,32 @@ impl Contention {
         &self,
         folder: &str,
         reference: &str,
-        proof: Watch,
+        proof: (Watch, u64),
         max: usize,
         lasts: Duration,
     ) {
+        let (watch, session) = proof;
         self.mark(
             folder,
             reference,
-            Some((proof, Instant::now() + lasts)),
+            session,
+            Some((watch, Instant::now() + lasts, session)),
             max,
         );
     }
 
-    fn mark(&self, folder: &str, reference: &str, proof: Option<(Watch, Instant)>, max: usize) {
+    fn mark(
+        &self,
+        folder: &str,
+        reference: &str,
+        session: u64,
+        proof: Option<(Watch, Instant, u64)>,
+        max: usize,
+    ) {
         let mut busy = lock(&self.busy);
         let f = busy.entry(folder.to_string()).or_default();
         if f.names.len() > KEEP {
-            f.names.retain(|_, b| b.current());
+            f.names.retain(|_, b| b.current(session));
         }
         let proved = f
             .names
@@ -335,23 +349,26 @@ mod tests {
     fn busy_references_are_skipped_and_listed_newest_first() {
         let c = Contention::default();
         assert!(!c.contended_lately("/f"));
-        c.mark_busy("/f", "a");
-        c.mark_busy("/f", "b");
-        assert!(c.is_busy("/f", "a") && c.is_busy("/f", "b"));
-        assert!(!c.is_busy("/f", "c") && !c.is_busy("/g", "a"));
+        c.mark_busy("/f", "a", S);
+        c.mark_busy("/f", "b", S);
+        assert!(c.is_busy("/f", "a", S) && c.is_busy("/f", "b", S));
+        assert!(!c.is_busy("/f", "c", S) && !c.is_busy("/g", "a", S));
         assert!(c.contended_lately("/f"));
-        assert_eq!(c.busy_names("/f", 1), vec!["b".to_string()]);
+        assert_eq!(c.busy_names("/f", 1, S), vec!["b".to_string()]);
         assert_eq!(
-            c.busy_names("/f", 5),
+            c.busy_names("/f", 5, S),
             vec!["b".to_string(), "a".to_string()]
         );
         assert!(
-            matches!((c.seen("/f", "a"), c.seen("/f", "b")), (Seen::Busy(a), Seen::Busy(b)) if a <= b)
+            matches!((c.seen("/f", "a", S), c.seen("/f", "b", S)), (Seen::Busy(a), Seen::Busy(b)) if a <= b)
         );
         c.keep_busy_listed("/f", &["b".to_string(), "c".to_string()]);
-        assert!(!c.is_busy("/f", "a"), "gone from the folder: forgotten");
-        assert!(c.is_busy("/f", "b"), "still listed: kept");
+        assert!(!c.is_busy("/f", "a", S), "gone from the folder: forgotten");
+        assert!(c.is_busy("/f", "b", S), "still listed: kept");
     }
+
+    /// The session the tests' marks are made on.
+    const S: u64 = 1;
 
     /// A watch that fires when `tx` is sent on or dropped.
     fn watch() -> (tokio::sync::oneshot::Sender<()>, Watch) {
@@ -372,26 +389,26 @@ mod tests {
     async fn a_reference_proved_held_is_passed_over_until_its_watch_fires() {
         let c = Contention::default();
         let (fire_a, a) = watch();
-        c.mark_held("/f", "a", a, 2, Duration::from_secs(60));
-        c.mark_busy("/f", "b");
-        assert_eq!(c.seen("/f", "a"), Seen::Held);
-        assert!(matches!(c.seen("/f", "b"), Seen::Busy(_)));
+        c.mark_held("/f", "a", (a, S), 2, Duration::from_secs(60));
+        c.mark_busy("/f", "b", S);
+        assert_eq!(c.seen("/f", "a", S), Seen::Held);
+        assert!(matches!(c.seen("/f", "b", S), Seen::Busy(_)));
         tokio::time::advance(BUSY_SKIP * 4).await;
         assert_eq!(
-            c.seen("/f", "a"),
+            c.seen("/f", "a", S),
             Seen::Held,
             "past the time mark: still held"
         );
-        assert_eq!(c.seen("/f", "b"), Seen::Free, "lapsed");
-        c.mark_busy("/f", "c");
+        assert_eq!(c.seen("/f", "b", S), Seen::Free, "lapsed");
+        c.mark_busy("/f", "c", S);
         assert_eq!(
-            c.busy_names("/f", 1),
+            c.busy_names("/f", 1, S),
             vec!["a".to_string()],
             "a proved one is watched first"
         );
         drop(fire_a);
         assert_eq!(
-            c.seen("/f", "a"),
+            c.seen("/f", "a", S),
             Seen::Free,
             "its lock changed: tried again"
         );
@@ -399,14 +416,36 @@ mod tests {
         let (_keep_d, d) = watch();
         let (_keep_e, e) = watch();
         let (_keep_g, g) = watch();
-        c.mark_held("/f", "d", d, 2, Duration::from_secs(60));
-        c.mark_held("/f", "e", e, 2, Duration::from_secs(60));
-        c.mark_held("/f", "g", g, 2, Duration::from_secs(60));
-        assert_eq!(c.seen("/f", "e"), Seen::Held);
-        assert!(matches!(c.seen("/f", "g"), Seen::Busy(_)), "over the cap");
+        c.mark_held("/f", "d", (d, S), 2, Duration::from_secs(60));
+        c.mark_held("/f", "e", (e, S), 2, Duration::from_secs(60));
+        c.mark_held("/f", "g", (g, S), 2, Duration::from_secs(60));
+        assert_eq!(c.seen("/f", "e", S), Seen::Held);
+        assert!(
+            matches!(c.seen("/f", "g", S), Seen::Busy(_)),
+            "over the cap"
+        );
         // A proof is trusted for `lasts` at most (the waiters' sweep).
         tokio::time::advance(Duration::from_secs(61)).await;
-        assert_eq!(c.seen("/f", "d"), Seen::Free, "past the sweep: tried again");
+        assert_eq!(
+            c.seen("/f", "d", S),
+            Seen::Free,
+            "past the sweep: tried again"
+        );
+    }
+
+    /// A proof is trusted on the session its watch was set on only: on the next, the
+    /// reference is tried again (its old watch may fire after the lock went, and nobody
+    /// waits on it any more), and the proof is let go for good.
+    #[tokio::test(start_paused = true)]
+    async fn a_proof_set_on_a_replaced_session_proves_nothing() {
+        let c = Contention::default();
+        let (_keep, a) = watch();
+        c.mark_held("/f", "a", (a, S), 2, Duration::from_secs(60));
+        assert_eq!(c.seen("/f", "a", S), Seen::Held);
+        tokio::time::advance(BUSY_SKIP * 2).await;
+        assert_eq!(c.seen("/f", "a", S + 1), Seen::Free, "another session");
+        assert_eq!(c.seen("/f", "a", S), Seen::Free, "let go");
+        assert!(c.busy_names("/f", 5, S).is_empty());
     }
 
     #[test]

@@ -144,7 +144,7 @@ impl Engine {
                 if self.contention.is_deferred(&folder, n, self.clock.now_ms()) {
                     continue;
                 }
-                match self.contention.seen(&folder, n) {
+                match self.contention.seen(&folder, n, self.tree.session_id()) {
                     Seen::Free => names.push(n),
                     // At most one of them per call, the one found locked longest ago:
                     // every such job is still tried in turn, without a burst of refused
@@ -188,7 +188,10 @@ impl Engine {
                             Some(w) => self
                                 .contention
                                 .mark_held(&folder, name, w, WAIT_LOCKS, self.sweep),
-                            None => self.contention.mark_busy(&folder, name),
+                            None => {
+                                self.contention
+                                    .mark_busy(&folder, name, self.tree.session_id())
+                            }
                         }
                         contended = true;
                         continue;
@@ -224,7 +227,8 @@ impl Engine {
                     .take_lock(&c.lock, Op::check(&c.reference, None))
                     .await?
                 else {
-                    self.contention.mark_busy(&c.folder, &c.name);
+                    self.contention
+                        .mark_busy(&c.folder, &c.name, self.tree.session_id());
                     continue;
                 };
                 c.session = session;
@@ -272,7 +276,7 @@ impl Engine {
             }
             let mut free = page.iter().filter(|n| {
                 !self.contention.is_deferred(&folder, n, self.clock.now_ms())
-                    && !self.contention.is_busy(&folder, n)
+                    && !self.contention.is_busy(&folder, n, self.tree.session_id())
             });
             if !contended {
                 // Alone at these heads: the first free one, in order.
@@ -494,7 +498,7 @@ impl Engine {
                 // released it, or its session expired): watch those locks too.
                 for name in self
                     .contention
-                    .busy_names(&job_state_folder(state), WAIT_LOCKS)
+                    .busy_names(&job_state_folder(state), WAIT_LOCKS, self.tree.session_id())
                     .into_iter()
                     .filter(|_| !sabotage::on(sabotage::LOST_LOCK_WAKEUP))
                 {

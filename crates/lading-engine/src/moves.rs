@@ -333,7 +333,8 @@ impl Engine {
                     self.unclaim_on(&c.lock, lease.session);
                     // Another worker took that job, or it moved on: try the next free one
                     // with the move again (each try costs what the move alone would).
-                    self.contention.mark_busy(&c.folder, &c.name);
+                    self.contention
+                        .mark_busy(&c.folder, &c.name, self.tree.session_id());
                     if claims::held_by_another(&e, ours + 1) {
                         self.contention.note_raced(self.clock.now_ms());
                     }

@@ -13,6 +13,13 @@
 //! ([`Watched::forget`]), and whether a value's own watch has fired is asked of the watch at
 //! each read.
 //!
+//! A value is kept only for the session its watch was set on. After an expiry a waiter sets
+//! its watches again on the new session, after the change that may have ended the old
+//! session's watch; that old watch's event can come later still. A value kept under it and
+//! read then would be one change behind with nothing left to wake the waiter (`lading-sim`,
+//! seed 241 with one process: a queue resumed at the moment of an expiry was seen paused
+//! until the acquisition's timeout, 60 s later).
+//!
 //! The watches themselves are shared too ([`Engine::shared_watch`]): one per node, kind and
 //! session in a process, handed to every waiter that asks while it has not fired, and to the
 //! values read under it. A watch set before a waiter's look guards that look as well as one
@@ -36,8 +43,8 @@ use std::task::{Context, Waker};
 const KEPT: usize = 4096;
 
 type Key = (String, WatchKind);
-/// A value, and the watch it is current until.
-type Kept = (Box<dyn Any + Send>, Watch);
+/// A value, the watch it is current until, and the session that watch was set on.
+type Kept = (Box<dyn Any + Send>, Watch, u64);
 
 /// Shared watches kept at most; past this the fired ones are let go, then all.
 const SHARED: usize = 4096;
@@ -61,25 +68,27 @@ impl Watched {
         self.values.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The value kept for `path` while its watch has not fired.
-    fn get<T: Clone + 'static>(&self, path: &str, kind: WatchKind) -> Option<T> {
+    /// The value kept for `path` while its watch, set on `session`, has not fired.
+    fn get<T: Clone + 'static>(&self, path: &str, kind: WatchKind, session: u64) -> Option<T> {
         let mut g = self.lock();
         let key = (path.to_string(), kind);
-        let (value, watch) = g.get_mut(&key)?;
-        if !fired(watch) {
+        let (value, watch, set_on) = g.get_mut(&key)?;
+        if *set_on == session && !fired(watch) {
             return value.downcast_ref::<T>().cloned();
         }
-        // Fired: polled to its end, so never polled again.
+        // Fired (polled to its end, so never polled again), or set on a session since
+        // replaced (see the module's docs).
         g.remove(&key);
         None
     }
 
-    fn keep<T: Send + 'static>(&self, path: &str, kind: WatchKind, value: T, watch: Watch) {
+    fn keep<T: Send + 'static>(&self, key: (&str, WatchKind, u64), value: T, watch: Watch) {
+        let (path, kind, session) = key;
         let mut g = self.lock();
         if g.len() >= KEPT {
             g.clear();
         }
-        g.insert((path.to_string(), kind), (Box::new(value), watch));
+        g.insert((path.to_string(), kind), (Box::new(value), watch, session));
     }
 
     /// A share of the watch on `path` set on `session`, while it has not fired.
@@ -127,19 +136,31 @@ impl Engine {
         path: &str,
         kind: WatchKind,
     ) -> std::result::Result<Watch, lading_core::TreeError> {
+        Ok(self.shared_watch_on(path, kind).await?.0)
+    }
+
+    /// [`Engine::shared_watch`], with the session the watch was set on.
+    async fn shared_watch_on(
+        &self,
+        path: &str,
+        kind: WatchKind,
+    ) -> std::result::Result<(Watch, u64), lading_core::TreeError> {
         let session = self.tree.session_id();
         if let Some(w) = self.watched.share(path, kind, session) {
-            return Ok(w);
+            return Ok((w, session));
         }
         let w = self.tree.watch(path, kind).await?.shared();
         self.watched.keep_shared(path, kind, session, w.clone());
-        Ok(Watch::new(w))
+        Ok((Watch::new(w), session))
     }
 
     /// This process's watch on `path` on the current session, when one is pending (set by an
-    /// earlier call and not fired); nothing is set.
-    pub(crate) fn pending_watch(&self, path: &str, kind: WatchKind) -> Option<Watch> {
-        self.watched.share(path, kind, self.tree.session_id())
+    /// earlier call and not fired), with that session; nothing is set.
+    pub(crate) fn pending_watch(&self, path: &str, kind: WatchKind) -> Option<(Watch, u64)> {
+        let session = self.tree.session_id();
+        self.watched
+            .share(path, kind, session)
+            .map(|w| (w, session))
     }
 
     /// `read`'s value, remembered under a watch on `path` until it fires (see the module's
@@ -149,12 +170,43 @@ impl Engine {
         T: Clone + Send + 'static,
         F: Future<Output = Result<T>>,
     {
-        if let Some(v) = self.watched.get::<T>(path, kind) {
+        if let Some(v) = self.watched.get::<T>(path, kind, self.tree.session_id()) {
             return Ok(v);
         }
-        let watch = self.shared_watch(path, kind).await?;
+        let (watch, session) = self.shared_watch_on(path, kind).await?;
         let value = read.await?;
-        self.watched.keep(path, kind, value.clone(), watch);
+        self.watched
+            .keep((path, kind, session), value.clone(), watch);
         Ok(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A value kept under a watch is read back on that watch's session only: on the next
+    /// session it is let go (its watch's event may still be on its way) and read again.
+    #[test]
+    fn a_value_is_kept_for_its_watchs_session_only() {
+        let w = Watched::default();
+        let (_tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let watch = Watch::new(async move {
+            let _ = rx.await;
+        });
+        w.keep(("/locks/queue/ingest", WatchKind::Data, 7), true, watch);
+        assert_eq!(
+            w.get::<bool>("/locks/queue/ingest", WatchKind::Data, 7),
+            Some(true)
+        );
+        assert_eq!(
+            w.get::<bool>("/locks/queue/ingest", WatchKind::Data, 8),
+            None
+        );
+        assert_eq!(
+            w.get::<bool>("/locks/queue/ingest", WatchKind::Data, 7),
+            None,
+            "let go for good"
+        );
     }
 }

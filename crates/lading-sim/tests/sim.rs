@@ -223,3 +223,20 @@ fn the_seeds_that_found_bugs_run_clean() {
         assert!(r.violations.is_empty(), "seed {seed}: {:?}", r.violations);
     }
 }
+
+/// Seeds that found bugs in a deployment of one process (`--nodes 1`), where no other process
+/// hides a waiter that sleeps through a change.
+/// - 241 (on a3a589f): a queue resumed at the moment the process's session expired was seen
+///   paused for 60 s, until the acquisitions' timeout. Its waiters, woken by the expiry, set
+///   their watches again on the new session (after the resume) and then read the pause flag
+///   from what the process kept under the old session's watch, whose event had not come yet.
+#[test]
+fn the_seeds_that_found_bugs_in_one_process_run_clean() {
+    let opts = Options {
+        nodes: 1,
+        ..Options::default()
+    };
+    let r = run(241, &opts);
+    assert!(r.jobs > 0, "seed 241 ran no job");
+    assert!(r.violations.is_empty(), "seed 241: {:?}", r.violations);
+}
