@@ -59,6 +59,22 @@ impl JobCtx {
         self.engine.job_fence(&lease)
     }
 
+    /// Whether the handler still holds its lease, asked of the store (one round trip of the
+    /// fence alone): false once its lock is gone or its session ended, and when the store
+    /// cannot say. A handler that has lost its lease may still be running (its session
+    /// expired under it); what it would destroy may by then be its successor's.
+    pub async fn holds_lease(&self) -> bool {
+        let Ok(fence) = self.fence().await else {
+            return false;
+        };
+        matches!(
+            fence
+                .multi(&**self.engine.tree(), self.info_id.as_str(), Vec::new())
+                .await,
+            Ok(Ok(_))
+        )
+    }
+
     pub async fn set_priority(&self, priority: u8) -> Result<(), EngineError> {
         let mut lease = self.lease.lock().await;
         self.engine.set_priority(&mut lease, priority).await

@@ -159,7 +159,12 @@ pub(crate) async fn store_on_bucket(
     let skipped = files.len() - todo.len() - carried.len();
     let results = send_files(job, node, ark, version, &shared, &done, todo).await;
     if let Some(e) = results.iter().find_map(|r| r.as_ref().err()).cloned() {
-        if e.fatal {
+        // Only under the lease: a handler whose session ended under it (a pause, an expiry)
+        // runs on until it next asks the store, and the files it wrote are by then its
+        // successor's, the same bytes of the same job (`lading-sim --nodes 4`, seed 512: a
+        // stale handler's scrap removed a manifest its successor had found in place and
+        // counted, and the version was recorded without it).
+        if e.fatal && job.holds_lease().await {
             scrap(
                 job,
                 node,
@@ -538,6 +543,8 @@ async fn committed(node: &Node, stored: StoredVersion) -> Result<StoredVersion, 
 /// another job storing the same version (the ark's storage lock lost with its holder's
 /// session) may have put its own bytes there since and be about to commit them; a slow
 /// delete of such a key landed after that commit (found by `lading-sim`, seed 5017358).
+/// And only while the job's lease holds, asked before each delete: once it is lost, the
+/// same job's successor may have counted these very bytes as stored.
 async fn scrap(
     job: &JobCtx,
     node: &Node,
@@ -561,7 +568,7 @@ async fn scrap(
             if !matches!(theirs, Ok(Some(c)) if c.size == size && c.sha256 == sha256) {
                 continue;
             }
-            if !no_record().await {
+            if !no_record().await || !job.holds_lease().await {
                 return;
             }
             if let Ok(k) = node.key(ark, version, rel) {
