@@ -161,10 +161,10 @@ async fn object_files(ingest: &Ingest, job: &JobCtx) -> Result<Vec<FileEntry>, O
     let config = job.config()?;
     if config.payload_type() == "manifest" {
         let url = &job_payload_url(ingest, config)?;
-        let saved = job.workdir.join(SYSTEM).join(FETCHED_MANIFEST);
+        let saved = job.workdir()?.join(SYSTEM).join(FETCHED_MANIFEST);
         // The copy is the job's own until an admin requeues it (which counts a retry): then
         // the depositor's manifest is fetched again, so a corrected one is read.
-        let fetched_at = job.workdir.join(INTERIM).join("manifest-retry");
+        let fetched_at = job.workdir()?.join(INTERIM).join("manifest-retry");
         let retry = job.info.status.retry_count.to_string();
         let current = std::fs::read_to_string(&fetched_at).is_ok_and(|r| r == retry);
         let text = match crate::blocking::read_to_string(&saved).await {

@@ -446,18 +446,6 @@ impl JobLoop {
             .await;
             return None;
         };
-        if let Err(e) = claim_workdir(&dir, &owner, self.engine.clock().now_ms()) {
-            let reason = format!("cannot create working directory {}: {e}", dir.display());
-            self.finish(
-                lease,
-                Outcome::Transient(reason),
-                self.cfg.max_attempts,
-                started,
-                false,
-            )
-            .await;
-            return None;
-        }
         let attempt = lading_engine::attempts(&lease.status) + 1;
         let max_attempts = self
             .stage
@@ -469,6 +457,8 @@ impl JobLoop {
             info,
             attempt,
             workdir: dir,
+            owner,
+            claimed: std::sync::OnceLock::new(),
             lease: Mutex::new(lease.clone()),
         });
         tracing::debug!(job = %job, state = state.name(), attempt, "handling");

@@ -84,16 +84,12 @@ fn quick(max_attempts: u32) -> StageConfig {
 
 fn start(
     s: &Setup,
-    stage: Arc<Scripted>,
+    stage: Arc<dyn JobStage>,
     cfg: StageConfig,
 ) -> (ShutdownHandle, tokio::task::JoinHandle<()>) {
     let worker = Worker::new(s.engine.clone(), &s.work_root);
     let (handle, shutdown) = Shutdown::new();
-    let task = tokio::spawn(async move {
-        worker
-            .run(vec![(stage as Arc<dyn JobStage>, cfg)], vec![], shutdown)
-            .await
-    });
+    let task = tokio::spawn(async move { worker.run(vec![(stage, cfg)], vec![], shutdown).await });
     (handle, task)
 }
 
@@ -440,4 +436,84 @@ async fn an_idle_stage_adds_its_depth_once_a_minute() {
         version().await > deeper,
         "a new minute's depth was not written"
     );
+}
+
+/// A Pending-state stage that asks for the job's working folder or not, and says what it got.
+struct Folder {
+    asks: bool,
+    got: Mutex<Vec<Result<std::path::PathBuf, Outcome>>>,
+}
+
+impl JobStage for Folder {
+    fn state(&self) -> JobState {
+        JobState::Pending
+    }
+    fn success(&self) -> Event<JobState> {
+        Event::To(JobState::Estimating)
+    }
+    fn run(&self, job: Arc<JobCtx>) -> BoxFuture<'static, Outcome> {
+        if !self.asks {
+            return Box::pin(async { Outcome::Done });
+        }
+        let got = job.workdir().map(|p| p.to_path_buf());
+        self.got.lock().unwrap().push(got.clone());
+        Box::pin(async move { got.err().unwrap_or(Outcome::Done) })
+    }
+}
+
+/// A job's working folder is made when a stage asks for it, marked with its owner; a stage
+/// that does not ask leaves no folder at all; one that cannot be made fails the attempt,
+/// naming it, and only that stage's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_working_folder_is_made_only_for_a_stage_that_asks_for_it() {
+    // Not asked: the job moves on and no folder was made (not even the root).
+    let (s, jobs) = setup(1).await;
+    let stage = Arc::new(Folder {
+        asks: false,
+        got: Mutex::new(Vec::new()),
+    });
+    let (h, task) = start(&s, stage, quick(1));
+    reaches(&s.engine, &jobs[0], JobState::Estimating).await;
+    h.stop();
+    task.await.unwrap();
+    assert!(
+        !s.work_root.exists(),
+        "a folder was made for a stage that asked for none"
+    );
+
+    // Asked: made, and marked with the batch and job.
+    let (s, jobs) = setup(1).await;
+    let stage = Arc::new(Folder {
+        asks: true,
+        got: Mutex::new(Vec::new()),
+    });
+    let (h, task) = start(&s, stage.clone(), quick(1));
+    reaches(&s.engine, &jobs[0], JobState::Estimating).await;
+    h.stop();
+    task.await.unwrap();
+    let dir = s.work_root.join(jobs[0].as_str());
+    assert_eq!(stage.got.lock().unwrap().as_slice(), &[Ok(dir.clone())]);
+    let mark = std::fs::read_to_string(dir.join(".lading/owner")).unwrap();
+    assert!(mark.ends_with(&format!("/{}", jobs[0])), "{mark}");
+
+    // Cannot be made (the root is a file): the attempt fails, naming the folder; the
+    // job's records are as they were but for the failure.
+    let (s, jobs) = setup(1).await;
+    std::fs::write(&s.work_root, b"not a folder").unwrap();
+    let stage = Arc::new(Folder {
+        asks: true,
+        got: Mutex::new(Vec::new()),
+    });
+    let (h, task) = start(&s, stage.clone(), quick(1));
+    reaches(&s.engine, &jobs[0], JobState::Failed).await;
+    h.stop();
+    task.await.unwrap();
+    let info = s.engine.job(&jobs[0]).await.unwrap();
+    let msg = info.status.message.unwrap_or_default();
+    assert!(
+        msg.contains("cannot create working directory") && msg.contains(jobs[0].as_str()),
+        "{msg}"
+    );
+    assert_eq!(info.status.last_successful_status, None);
+    assert_eq!(std::fs::read(&s.work_root).unwrap(), b"not a folder");
 }

@@ -115,7 +115,7 @@ pub(crate) async fn unpack_bag(
     ingest: &Ingest,
     job: &JobCtx,
 ) -> Result<Option<JobMetadata>, Outcome> {
-    let wd = job.workdir.clone();
+    let wd = job.workdir()?.to_path_buf();
     let marker = wd.join(INTERIM).join("unpacked");
     if marker.exists() && bag_record_path(&wd).exists() {
         return Ok(None);
@@ -210,10 +210,7 @@ pub(crate) async fn unpack_bag(
         "payload_bytes": bag.payload_bytes,
     });
     // Kept with the stored version too: a restore rebuilds the bag from it.
-    for rp in [
-        job.workdir.join(SYSTEM).join("bag.json"),
-        bag_record_path(&job.workdir),
-    ] {
+    for rp in [wd.join(SYSTEM).join("bag.json"), bag_record_path(&wd)] {
         write_atomic(&rp, record.to_string().as_bytes()).map_err(|e| io_err("writing", &rp, e))?;
     }
     let packed: u64 = found.iter().map(|f| f.size).sum();

@@ -112,11 +112,12 @@ pub(crate) async fn download_files(
     } else {
         PRODUCER
     };
-    let mut verified = read_verified(&job.workdir);
-    let sources = verified_sources(&job.workdir);
+    let wd = job.workdir()?;
+    let mut verified = read_verified(wd);
+    let sources = verified_sources(wd);
     let attempts = ingest.cfg.file_attempts.max(1);
     for f in &files {
-        let dest = job.workdir.join(into).join(&f.name);
+        let dest = wd.join(into).join(&f.name);
         let source = row_source(f);
         let same_row = sources
             .get(&f.name)
@@ -163,15 +164,15 @@ pub(crate) async fn download_files(
             }
         };
         job.log(&format!("fetched {} ({} bytes)", f.name, got.size));
-        append_verified(&job.workdir, &f.name, &got, Some(source))
-            .map_err(|e| io_err("writing", &verified_path(&job.workdir), e))?;
+        append_verified(wd, &f.name, &got, Some(source))
+            .map_err(|e| io_err("writing", &verified_path(wd), e))?;
         verified.insert(f.name.clone(), got);
     }
     // Not synced: the working directory is scratch. Processing hashes every file anyway and
     // checks it against what was verified here, so a copy lost to a power cut is caught
     // there, before anything is stored.
     let names: Vec<&str> = files.iter().map(|f| f.name.as_str()).collect();
-    let done = done_path(&job.workdir);
+    let done = done_path(wd);
     let record = serde_json::json!({ "dir": into, "files": names });
     write_atomic(&done, record.to_string().as_bytes()).map_err(|e| io_err("writing", &done, e))?;
     Ok(Outcome::Done)
@@ -210,7 +211,7 @@ pub(crate) fn downloads_here(workdir: &Path) -> bool {
 /// again whatever is not: a job taken up by another host than the one that downloaded it
 /// (or whose working folder was lost) never goes on with fewer files than its manifest names.
 pub(crate) async fn ensure_downloaded(ingest: &Ingest, job: &JobCtx) -> Result<(), Outcome> {
-    if downloads_here(&job.workdir) {
+    if downloads_here(job.workdir()?) {
         return Ok(());
     }
     job.log(&format!(

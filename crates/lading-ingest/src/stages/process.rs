@@ -4,7 +4,7 @@ use super::*;
 
 pub(crate) async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
     ensure_downloaded(ingest, job).await?;
-    let wd = job.workdir.clone();
+    let wd = job.workdir()?.to_path_buf();
     let producer = wd.join(PRODUCER);
     // The metadata as this call left it (a bag's tags fill it in).
     let mut current_metadata = job.info.metadata.clone();
@@ -80,7 +80,7 @@ pub(crate) async fn process(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Ou
 /// Unpacks the job's containers into the object (once: a mark says it was done), and counts
 /// what the job takes now.
 async fn unpack_containers(ingest: &Ingest, job: &JobCtx) -> Result<(), Outcome> {
-    let wd = job.workdir.clone();
+    let wd = job.workdir()?.to_path_buf();
     let producer = wd.join(PRODUCER);
     let marker = wd.join(INTERIM).join("unpacked");
     if !marker.exists() {
@@ -131,7 +131,7 @@ async fn primary_id(
     job: &JobCtx,
     profile: &crate::config::Profile,
 ) -> Result<String, Outcome> {
-    let wd = &job.workdir;
+    let wd = job.workdir()?;
     // The primary identifier: given, or minted once (kept in the job, so a retry reuses it).
     let mut ids = job.info.identifiers.clone();
     let mut ids_changed = false;
@@ -235,8 +235,9 @@ pub(crate) async fn ensure_processed(ingest: &Ingest, job: &JobCtx) -> Result<()
             .and_then(Value::as_str)
             .map(str::to_string)
     });
-    let here = std::fs::read_to_string(processed_path(&job.workdir)).ok();
-    if recorded.is_some() && recorded == here && job.workdir.join(PRODUCER).is_dir() {
+    let wd = job.workdir()?;
+    let here = std::fs::read_to_string(processed_path(wd)).ok();
+    if recorded.is_some() && recorded == here && wd.join(PRODUCER).is_dir() {
         return Ok(());
     }
     job.log(&format!(
@@ -281,7 +282,7 @@ pub(crate) async fn run_command(
     job.log(&format!("running: {cmd}"));
     let run = crate::command::Run {
         command: cmd,
-        workdir: &job.workdir,
+        workdir: job.workdir()?,
         env: vec![
             ("LADING_JOB_ID", job.job().to_string()),
             ("LADING_BATCH_ID", job.info.bid.to_string()),
@@ -290,7 +291,7 @@ pub(crate) async fn run_command(
                 "LADING_PROFILE",
                 job.config()?.profile().unwrap_or_default().to_string(),
             ),
-            ("LADING_WORKDIR", job.workdir.display().to_string()),
+            ("LADING_WORKDIR", job.workdir()?.display().to_string()),
         ],
     };
     let ran = ingest

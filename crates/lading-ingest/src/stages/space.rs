@@ -98,7 +98,7 @@ pub(crate) async fn provision(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, 
             ),
         });
     }
-    let _ = std::fs::remove_file(job.workdir.join(INTERIM).join(SPACE_WAIT));
+    let _ = std::fs::remove_file(job.workdir()?.join(INTERIM).join(SPACE_WAIT));
     Ok(Outcome::Done)
 }
 
@@ -111,7 +111,7 @@ pub(crate) const SPACE_WAIT: &str = "space-wait";
 /// fatal failure once it has waited `payload.max_space_wait_s` since its first round.
 pub(crate) fn space_wait(ingest: &Ingest, job: &JobCtx, needs: &str) -> Result<Outcome, Outcome> {
     let now_ms = job.engine.clock().now_ms();
-    let since = space_wait_since(&job.workdir, now_ms);
+    let since = space_wait_since(job.workdir()?, now_ms);
     let waited = Duration::from_millis(now_ms.saturating_sub(since));
     if waited >= Duration::from_secs(ingest.cfg.payload.max_space_wait_s) {
         return Err(Outcome::fatal(format!(

@@ -200,7 +200,9 @@ pub(crate) async fn store(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outc
     let mode = if stored.version == 1 { "add" } else { "update" };
     let file_url = |p: PathBuf| format!("file://{}", p.display());
     let mut store = json!(stored);
-    store["manifest_url"] = json!(file_url(job.workdir.join(SYSTEM).join("manifest.checkm")));
+    store["manifest_url"] = json!(file_url(
+        job.workdir()?.join(SYSTEM).join("manifest.checkm")
+    ));
     store["mode"] = json!(mode);
     // Merritt's `Job.setStore` takes `delete` as a string and its reader calls `getString`.
     store["delete"] = json!("false");
@@ -234,7 +236,7 @@ pub(crate) async fn store_locked(
     let object_dir = root.join(ark_node_name(ark));
     let root = root.to_path_buf();
     let (wd, jid, bid, ark) = (
-        job.workdir.clone(),
+        job.workdir()?.to_path_buf(),
         job.job().to_string(),
         job.info.bid.to_string(),
         ark.to_string(),

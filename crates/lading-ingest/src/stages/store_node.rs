@@ -140,11 +140,12 @@ pub(crate) async fn store_on_bucket(
         Err(stored) => return committed(node, stored).await,
     };
     let version = progress.version;
-    let wd = job.workdir.clone();
-    let files = crate::blocking::run(move || local_files(&wd))
+    let wd = job.workdir()?.to_path_buf();
+    let listed = wd.clone();
+    let files = crate::blocking::run(move || local_files(&listed))
         .await
         .map_err(|e| Outcome::Transient(e.to_string()))?
-        .map_err(|e| io_err("listing", &job.workdir, e))?;
+        .map_err(|e| io_err("listing", &wd, e))?;
     let carried = carried_over(job, node, ark, version, &files, &progress.confirmed).await?;
     let shared = Arc::new(tokio::sync::Mutex::new(progress));
     let done = Arc::new(std::sync::Mutex::new(Vec::<ObjectFile>::new()));
@@ -406,7 +407,7 @@ async fn commit(
                 Err(Outcome::Transient("the job left Storing meanwhile".into()))
             }
         })?;
-    let tmp = job.workdir.join(INTERIM).join("lading-version.json");
+    let tmp = job.workdir()?.join(INTERIM).join("lading-version.json");
     let body = serde_json::to_vec_pretty(record).unwrap_or_default();
     write_atomic(&tmp, &body).map_err(|e| io_err("writing", &tmp, e))?;
     let mut none =
