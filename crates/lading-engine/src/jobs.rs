@@ -201,7 +201,7 @@ impl Engine {
                     continue;
                 };
                 c.session = session;
-                if let Some(lease) = self.lease_locked(&c, holds, None).await? {
+                if let Some(lease) = self.lease_locked(&c, holds).await? {
                     return Ok(Some(lease));
                 }
             }
@@ -233,7 +233,7 @@ impl Engine {
                 };
                 c.session = session;
                 let holds = c.state == JobState::Pending && self.any_collection_held().await?;
-                if let Some(lease) = self.lease_locked(&c, holds, None).await? {
+                if let Some(lease) = self.lease_locked(&c, holds).await? {
                     return Ok(Some(lease));
                 }
             }
@@ -343,7 +343,6 @@ impl Engine {
         &self,
         c: &Candidate,
         holds: bool,
-        read: Option<Vec<Option<lading_core::Node>>>,
     ) -> Result<Option<JobLease>> {
         let (folder, name, jid, priority, state) = (
             c.folder.as_str(),
@@ -352,11 +351,7 @@ impl Engine {
             c.priority,
             c.state,
         );
-        let loaded = match read {
-            Some(nodes) => self.lease_from(jid, priority, state, nodes, c.session),
-            None => self.load_lease(jid, priority, state, c.session).await,
-        };
-        let lease = match loaded {
+        let lease = match self.load_lease(jid, priority, state, c.session).await {
             Ok(l) => l,
             Err(e) => {
                 self.abandon_on(&job_node(jid, "lock"), c.session).await;

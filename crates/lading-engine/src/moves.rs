@@ -276,7 +276,7 @@ impl Engine {
         } else {
             NEXT_TRIES
         };
-        let mut taken: Option<(Candidate, Vec<Option<lading_core::Node>>)> = None;
+        let mut taken: Option<Candidate> = None;
         while tries < NEXT_TRIES {
             let c = match self.claim_next(next).await {
                 Ok(Some(c)) => c,
@@ -303,24 +303,16 @@ impl Engine {
                 self.lock_data(),
                 CreateMode::Ephemeral,
             ));
-            // Where reads are round trips, the next job's status is read together with the
-            // move: on ZooKeeper the read is sent right behind the `multi` on the same session
-            // (served in order, so it sees the lock taken), which saves a round trip; should it
-            // be read just before, a status changed in between fails the lease's version check
-            // at its next move.
-            let paths = Self::record_paths(&c.jid);
-            let (moved, read) = if self.tree.local_reads() {
-                (self.move_multi(lease.session, ops).await, Ok(Vec::new()))
-            } else {
-                tokio::join!(
-                    self.move_multi(lease.session, ops),
-                    self.tree.get_many(&paths)
-                )
-            };
+            // The next job's record is read once the move has committed (in
+            // `lease_locked`), never beside it: a read sent with the `multi` may be served
+            // before it and see a status that a deferral rewrote in between (the reference
+            // stays put, so the move's check passes), and a lease at that stale version is
+            // refused at its next move (`lading-sim` seed 124).
+            let moved = self.move_multi(lease.session, ops).await;
             match moved {
                 Ok(_) => {
                     self.contention.score_next(1);
-                    taken = Some((c, read.unwrap_or_default()));
+                    taken = Some(c);
                     break;
                 }
                 Err(e) => {
@@ -359,10 +351,7 @@ impl Engine {
         // (deferred, or unreadable: its lock is dropped) is left for a full acquisition.
         let next = match taken {
             None => None,
-            Some((c, read)) => match self
-                .lease_locked(&c, false, (read.len() == 2).then_some(read))
-                .await
-            {
+            Some(c) => match self.lease_locked(&c, false).await {
                 Ok(n) => n,
                 Err(e) => {
                     tracing::warn!(job = %c.jid, error = %e, "cannot lease the next job");
