@@ -35,6 +35,11 @@ pub struct Stat {
     pub ephemeral_owner: u64,
     pub ctime_ms: u64,
     pub mtime_ms: u64,
+    /// The order of the last change to this node's children (ZooKeeper's `pzxid`: the zxid of
+    /// the transaction that last made or removed a child), where the backend keeps one; `None`
+    /// on the embedded store, whose writers are all Lading's (Merritt's tools speak ZooKeeper)
+    /// and move a reference in one transaction. Comparable between nodes of one tree.
+    pub pzxid: Option<i64>,
 }
 
 /// A node's data and metadata. `data` is `None` for an empty node (no bytes at all).

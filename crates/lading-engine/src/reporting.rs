@@ -13,6 +13,11 @@ pub enum ReportTry {
     /// Finished, but another session holds the batch's lock (see
     /// [`Engine::watch_batch_lock`]).
     Held,
+    /// `batch-processing` is empty, but the last job to leave it has not landed in another
+    /// folder yet: a writer that moves a reference in two requests (Merritt's
+    /// `Job.setBatchStatePath` deletes the old one, then makes the new) is between them. Try
+    /// again shortly; [`Engine::report_landed`] reports without it once it is given up on.
+    Landing,
 }
 
 impl Engine {
@@ -67,6 +72,18 @@ impl Engine {
 
     /// [`Engine::maybe_report`], saying why it did not move the batch.
     pub async fn try_report(&self, batch: &BatchId) -> Result<ReportTry> {
+        self.report_if_finished(batch, true).await
+    }
+
+    /// [`Engine::try_report`] for a batch found [`ReportTry::Landing`] for long enough: the
+    /// reference that left `batch-processing` is taken to be gone for good (a writer that
+    /// crashed between its two requests, a job deleted while running), and the batch is
+    /// reported with the jobs its folders hold.
+    pub async fn report_landed(&self, batch: &BatchId) -> Result<ReportTry> {
+        self.report_if_finished(batch, false).await
+    }
+
+    async fn report_if_finished(&self, batch: &BatchId, wait_landing: bool) -> Result<ReportTry> {
         for attempt in 0..MAX_OPTIMISTIC {
             // The first look as acquisition's, when it finds the batch running (as most calls
             // do; a late one then fails the version check below). Anything else, and after a
@@ -96,6 +113,9 @@ impl Engine {
                 Ok(c) if c.is_empty() => {}
                 Ok(_) | Err(TreeError::NoNode(_)) => return Ok(ReportTry::NotFinished),
                 Err(e) => return Err(e.into()),
+            }
+            if wait_landing && !self.last_job_landed(batch).await? {
+                return Ok(ReportTry::Landing);
             }
             let mut next = status.clone();
             next.status = BatchState::Reporting;
@@ -144,6 +164,30 @@ impl Engine {
             }
         }
         Err(EngineError::Conflict(batch.to_string()))
+    }
+
+    /// Whether the last change to `batch`'s `batch-processing` folder is matched by a change to
+    /// another of its folders at least as late: true when its last job left in one transaction
+    /// (Lading's moves), false while a two-request move is between its requests. Known where
+    /// the tree keeps the order of child changes (ZooKeeper's `pzxid`); elsewhere every writer
+    /// is Lading's, and true.
+    async fn last_job_landed(&self, batch: &BatchId) -> Result<bool> {
+        let order = |folder: &'static str| async move {
+            match self.tree.exists(&batch_ref_folder(batch, folder)).await {
+                Ok(s) => Ok(s.and_then(|s| s.pzxid)),
+                Err(TreeError::NoNode(_)) => Ok(None),
+                Err(e) => Err(EngineError::from(e)),
+            }
+        };
+        let Some(left) = order("batch-processing").await? else {
+            return Ok(true);
+        };
+        for folder in ["batch-completed", "batch-failed", "batch-deleted"] {
+            if order(folder).await?.is_some_and(|landed| landed >= left) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// Runs [`Engine::maybe_report`] over every Processing batch: the safety net for a worker

@@ -234,6 +234,7 @@ pub async fn housekeeping(ingest: std::sync::Arc<Ingest>, shutdown: Shutdown) {
             kept: std::sync::Mutex::new(None),
             held: std::sync::Mutex::new(Vec::new()),
             locks: std::sync::Mutex::new(Vec::new()),
+            landing: std::sync::Mutex::new(Vec::new()),
         }),
         1,
         shutdown.clone(),
@@ -288,6 +289,10 @@ struct Finishing {
     /// holder that crashed lets go only when its session ends, and checks nothing then; the
     /// batch waited for the list's re-read (found by `lading-sim`).
     locks: std::sync::Mutex<Vec<(BatchId, lading_core::Watch)>>,
+    /// Finished batches whose last job has not landed in another folder yet
+    /// ([`ReportTry::Landing`]), each with when it was first found so: checked again every
+    /// [`landing_recheck`], and reported without the job after [`finishing_reread`].
+    landing: std::sync::Mutex<Vec<(BatchId, tokio::time::Instant)>>,
 }
 
 /// What the finishing watch has done so far, for whoever must wait for it to have done
@@ -298,6 +303,8 @@ pub struct FinishingProgress {
     armed: tokio::sync::watch::Sender<u64>,
     /// Finished batches found locked by another session.
     held: tokio::sync::watch::Sender<u64>,
+    /// Finished batches found with their last job between a two-request move's requests.
+    landing: tokio::sync::watch::Sender<u64>,
 }
 
 impl FinishingProgress {
@@ -323,6 +330,18 @@ impl FinishingProgress {
         let mut rx = self.held.subscribe();
         let _ = rx.wait_for(|n| *n > past).await;
     }
+
+    /// Finished batches found so far with their last job in no folder ([`ReportTry::Landing`]).
+    pub fn landing(&self) -> u64 {
+        *self.landing.borrow()
+    }
+
+    /// Waits until more than `past` finished batches have been found with their last job in
+    /// no folder.
+    pub async fn landing_past(&self, past: u64) {
+        let mut rx = self.landing.subscribe();
+        let _ = rx.wait_for(|n| *n > past).await;
+    }
 }
 
 /// How long the finishing watch waits before reading every Processing batch again: three
@@ -331,10 +350,18 @@ fn finishing_reread(e: &Engine) -> std::time::Duration {
     e.sweep() * 3
 }
 
+/// How often a batch whose last job is between a two-request move's requests
+/// ([`ReportTry::Landing`]) is checked again: the second request follows the first at once,
+/// and nothing in the tree's folders a watch could wait on says which folder it will make.
+fn landing_recheck(e: &Engine) -> std::time::Duration {
+    e.sweep() / 20
+}
+
 /// What woke the finishing watch.
 enum Fired {
     Batch(usize),
     Lock(usize),
+    Landing,
     Stale,
 }
 
@@ -410,6 +437,13 @@ impl Acquire for Finishing {
             // None set (the session lost): the re-read below wakes it.
             let any = lading_core::tree::first_ready(batches.chain(held).chain(stale));
             let reread = tokio::time::sleep_until(read_at + finishing_reread(e));
+            let landing = !lock(&self.landing).is_empty();
+            let recheck = async {
+                match landing {
+                    true => tokio::time::sleep(landing_recheck(e)).await,
+                    false => std::future::pending().await,
+                }
+            };
             self.ingest.finishing.armed.send_modify(|n| *n += 1);
             tokio::select! {
                 // In order, not at random: a run is the same every time (`lading-sim`).
@@ -417,6 +451,7 @@ impl Acquire for Finishing {
                 _ = stop.into_stopped() => None,
                 _ = reread => Some(Fired::Stale),
                 (_, w) = any => Some(w),
+                _ = recheck => Some(Fired::Landing),
             }
         };
         let lock_fired = match fired {
@@ -433,6 +468,12 @@ impl Acquire for Finishing {
                 *lock(&self.kept) = Some((f, read_at));
                 Ok(lock_fired.map(|b| vec![b]))
             }
+            Some(Fired::Landing) => {
+                *lock(&self.kept) = Some((f, read_at));
+                Ok(Some(
+                    lock(&self.landing).iter().map(|(b, _)| b.clone()).collect(),
+                ))
+            }
             Some(Fired::Batch(i)) => {
                 // Fired, so never polled again: set anew before its batch is checked.
                 let (b, _) = f.batches.swap_remove(i);
@@ -448,8 +489,29 @@ impl Acquire for Finishing {
     }
     async fn handle(&self, batches: Self::Lease, _: &mut Shutdown) -> Option<Self::Lease> {
         let mut moved = 0;
+        let e = &self.ingest.engine;
         for b in batches {
-            match self.ingest.engine.try_report(&b).await {
+            // Found landing for longer than a re-read's period: the job that left is taken to
+            // be gone for good (its mover crashed between its requests, or it was deleted).
+            let since = lock(&self.landing)
+                .iter()
+                .find(|(x, _)| *x == b)
+                .map(|l| l.1);
+            let given_up = since.is_some_and(|t| t.elapsed() >= finishing_reread(e));
+            let tried = match given_up {
+                true => e.report_landed(&b).await,
+                false => e.try_report(&b).await,
+            };
+            if !matches!(tried, Ok(ReportTry::Landing) | Err(_)) {
+                lock(&self.landing).retain(|(x, _)| *x != b);
+            }
+            match tried {
+                Ok(ReportTry::Landing) => {
+                    if since.is_none() {
+                        lock(&self.landing).push((b, tokio::time::Instant::now()));
+                    }
+                    self.ingest.finishing.landing.send_modify(|n| *n += 1);
+                }
                 Ok(ReportTry::Moved) => moved += 1,
                 Ok(ReportTry::Held) => {
                     lock(&self.held).push(b);

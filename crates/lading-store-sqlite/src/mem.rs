@@ -79,6 +79,7 @@ impl MemNode {
             ephemeral_owner: self.owner,
             ctime_ms: self.ctime,
             mtime_ms: self.mtime,
+            pzxid: None,
         }
     }
 }
@@ -686,6 +687,7 @@ mod model {
                             ephemeral_owner: n.2,
                             ctime_ms: 0,
                             mtime_ms: 0,
+                            pzxid: None,
                         }));
                     }
                 },

@@ -197,6 +197,7 @@ fn stat(s: &zk::Stat) -> Stat {
         ephemeral_owner: s.ephemeral_owner as u64,
         ctime_ms: s.ctime.max(0) as u64,
         mtime_ms: s.mtime.max(0) as u64,
+        pzxid: Some(s.pzxid),
     }
 }
 

@@ -553,6 +553,22 @@ pub mod merritt {
         from: &str,
         to: &str,
     ) {
+        if let Some(landing) = move_job_leaving(t, bid, jid, priority, from, to).await {
+            land(t, &landing).await;
+        }
+    }
+
+    /// [`move_job`] up to its last request: the job's status and state reference written, and
+    /// its old batch reference deleted (`setBatchStatePath`'s first request). Returns the
+    /// batch reference still to make, when the move changes the job's batch folder.
+    pub async fn move_job_leaving(
+        t: &dyn Tree,
+        bid: &BatchId,
+        jid: &JobId,
+        priority: u8,
+        from: &str,
+        to: &str,
+    ) -> Option<String> {
         // `Job.statusObject`: the old object with status and time replaced, and
         // last_successful_status set to the old status unless moving to Failed or Deleted.
         let old = t
@@ -591,16 +607,23 @@ pub mod merritt {
             _ => "batch-processing",
         };
         let (bf, bt) = (sub(from), sub(to));
-        if bf != bt {
-            t.delete(&format!("/batches/{bid}/states/{bf}/{jid}"), None)
-                .await
-                .unwrap();
-            let folder = format!("/batches/{bid}/states/{bt}");
-            if t.exists(&folder).await.unwrap().is_none() {
-                create(t, &folder, Some(Vec::new())).await;
-            }
-            create(t, &format!("{folder}/{jid}"), Some(Vec::new())).await;
+        if bf == bt {
+            return None;
         }
+        t.delete(&format!("/batches/{bid}/states/{bf}/{jid}"), None)
+            .await
+            .unwrap();
+        Some(format!("/batches/{bid}/states/{bt}/{jid}"))
+    }
+
+    /// `setBatchStatePath`'s second request: makes the batch reference `path` (and its folder
+    /// when missing, as Merritt does).
+    pub async fn land(t: &dyn Tree, path: &str) {
+        let (folder, _) = lading_core::tree::split_path(path);
+        if t.exists(folder).await.unwrap().is_none() {
+            create(t, folder, Some(Vec::new())).await;
+        }
+        create(t, path, Some(Vec::new())).await;
     }
 
     /// `QueueItem.unlock` of a job.
