@@ -303,7 +303,8 @@ pub struct FinishingProgress {
     armed: tokio::sync::watch::Sender<u64>,
     /// Finished batches found locked by another session.
     held: tokio::sync::watch::Sender<u64>,
-    /// Finished batches found with their last job between a two-request move's requests.
+    /// Times a finished batch was found with its last job between a two-request move's
+    /// requests (a batch found so at every recheck counts each time).
     landing: tokio::sync::watch::Sender<u64>,
 }
 
@@ -331,13 +332,14 @@ impl FinishingProgress {
         let _ = rx.wait_for(|n| *n > past).await;
     }
 
-    /// Finished batches found so far with their last job in no folder ([`ReportTry::Landing`]).
+    /// Times so far a finished batch was found with its last job in no folder
+    /// ([`ReportTry::Landing`]; a batch found so at every recheck counts each time).
     pub fn landing(&self) -> u64 {
         *self.landing.borrow()
     }
 
-    /// Waits until more than `past` finished batches have been found with their last job in
-    /// no folder.
+    /// Waits until a finished batch has been found with its last job in no folder more than
+    /// `past` times.
     pub async fn landing_past(&self, past: u64) {
         let mut rx = self.landing.subscribe();
         let _ = rx.wait_for(|n| *n > past).await;
