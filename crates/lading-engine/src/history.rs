@@ -105,7 +105,13 @@ impl<'a> RawHistory<'a> {
     /// The history in `extra`, if it has one.
     pub(crate) fn of(extra: &'a Map<String, Value>) -> Option<RawHistory<'a>> {
         let list = extra.get(HISTORY_FIELD)?.as_array()?;
-        let entries: Vec<&str> = list.iter().filter_map(Value::as_str).collect();
+        Some(RawHistory::from_entries(
+            list.iter().filter_map(Value::as_str).collect(),
+        ))
+    }
+
+    /// A history of these entries, oldest first.
+    pub(crate) fn from_entries(entries: Vec<&'a str>) -> RawHistory<'a> {
         let mut host = "";
         let hosts = entries
             .iter()
@@ -117,7 +123,7 @@ impl<'a> RawHistory<'a> {
                 host
             })
             .collect();
-        Some(RawHistory { entries, hosts })
+        RawHistory { entries, hosts }
     }
 
     pub(crate) fn len(&self) -> usize {
