@@ -141,18 +141,21 @@ pub fn civil_from_days(z: i64) -> (i64, u32, u32) {
 pub fn format_ts(ms: u64) -> String {
     match ts_bytes(ms) {
         Some(b) => String::from_utf8_lossy(&b).into_owned(),
-        None => {
-            let secs = (ms / 1000) as i64;
-            let (y, mo, d) = civil_from_days(secs.div_euclid(86_400));
-            let rem = secs.rem_euclid(86_400);
-            format!(
-                "{y:04}-{mo:02}-{d:02} {:02}:{:02}:{:02} +0000",
-                rem / 3600,
-                rem % 3600 / 60,
-                rem % 60
-            )
-        }
+        None => formatted_ts(ms),
     }
+}
+
+/// [`format_ts`] through `format!`: years after 9999, and what the fast form is checked by.
+fn formatted_ts(ms: u64) -> String {
+    let secs = (ms / 1000) as i64;
+    let (y, mo, d) = civil_from_days(secs.div_euclid(86_400));
+    let rem = secs.rem_euclid(86_400);
+    format!(
+        "{y:04}-{mo:02}-{d:02} {:02}:{:02}:{:02} +0000",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 /// [`format_ts`] written digit by digit, for years of four digits (`None` after 9999): a
@@ -209,7 +212,7 @@ impl std::fmt::Display for Stamp {
         match self {
             Stamp::Secs(s) => match ts_bytes(s.saturating_mul(1000)) {
                 Some(b) => f.write_str(std::str::from_utf8(&b).map_err(|_| std::fmt::Error)?),
-                None => f.write_str(&format_ts(s.saturating_mul(1000))),
+                None => f.write_str(&formatted_ts(s.saturating_mul(1000))),
             },
             Stamp::Text(t) => f.write_str(t),
         }
@@ -353,17 +356,7 @@ mod tests {
 
     #[test]
     fn formats_digit_by_digit_as_format_would() {
-        let slow = |ms: u64| {
-            let secs = (ms / 1000) as i64;
-            let (y, mo, d) = civil_from_days(secs.div_euclid(86_400));
-            let rem = secs.rem_euclid(86_400);
-            format!(
-                "{y:04}-{mo:02}-{d:02} {:02}:{:02}:{:02} +0000",
-                rem / 3600,
-                rem % 3600 / 60,
-                rem % 60
-            )
-        };
+        let slow = formatted_ts;
         let last = 253_402_300_799_000; // 9999-12-31 23:59:59
         for ms in (0..last)
             .step_by(86_400_000 * 13 + 3_601_999)
