@@ -165,31 +165,43 @@ impl AccessQueue {
 pub const QUEUE_NAMES: &[&str] = &["ingest", "accessSmall", "accessLarge"];
 
 pub fn batch_path(b: &BatchId) -> String {
-    [BATCHES, b.as_str()].join("/")
+    slashed([BATCHES, b.as_str()])
+}
+/// `parts` joined by slashes, in one allocation of the right size (paths are built on every
+/// call of the engine; `[..].join("/")` took 1.4% of a simulator run's instructions).
+fn slashed<const N: usize>(parts: [&str; N]) -> String {
+    let mut s = String::with_capacity(parts.iter().map(|p| p.len() + 1).sum());
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 {
+            s.push('/');
+        }
+        s.push_str(p);
+    }
+    s
 }
 pub fn batch_node(b: &BatchId, name: &str) -> String {
-    [BATCHES, b.as_str(), name].join("/")
+    slashed([BATCHES, b.as_str(), name])
 }
 pub fn batch_states(b: &BatchId) -> String {
-    [BATCHES, b.as_str(), "states"].join("/")
+    slashed([BATCHES, b.as_str(), "states"])
 }
 pub fn batch_ref_folder(b: &BatchId, folder: &str) -> String {
-    [BATCHES, b.as_str(), "states", folder].join("/")
+    slashed([BATCHES, b.as_str(), "states", folder])
 }
 pub fn batch_ref(b: &BatchId, folder: &str, j: &JobId) -> String {
-    [BATCHES, b.as_str(), "states", folder, j.as_str()].join("/")
+    slashed([BATCHES, b.as_str(), "states", folder, j.as_str()])
 }
 pub fn batch_uuid_path(uuid: &str) -> String {
-    [BATCH_UUIDS, uuid].join("/")
+    slashed([BATCH_UUIDS, uuid])
 }
 pub fn job_path(j: &JobId) -> String {
-    [JOBS, j.as_str()].join("/")
+    slashed([JOBS, j.as_str()])
 }
 pub fn job_node(j: &JobId, name: &str) -> String {
-    [JOBS, j.as_str(), name].join("/")
+    slashed([JOBS, j.as_str(), name])
 }
 pub fn job_state_folder(s: JobState) -> String {
-    [JOB_STATES, s.node_name()].join("/")
+    slashed([JOB_STATES, s.node_name()])
 }
 /// The name of a job's reference in its state folder: two-digit priority, dash, id.
 pub fn job_ref_name(priority: u8, j: &JobId) -> String {
@@ -206,7 +218,7 @@ pub fn job_ref_name(priority: u8, j: &JobId) -> String {
     s
 }
 pub fn job_ref(s: JobState, priority: u8, j: &JobId) -> String {
-    [JOB_STATES, s.node_name(), &job_ref_name(priority, j)].join("/")
+    slashed([JOB_STATES, s.node_name(), &job_ref_name(priority, j)])
 }
 /// Reads `PP-jidNNN` back into (priority, job id).
 pub fn parse_job_ref(name: &str) -> Option<(u8, JobId)> {

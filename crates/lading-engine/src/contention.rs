@@ -4,8 +4,8 @@
 //! still taken in the tree).
 
 use crate::watched::fired;
+use foldhash::HashMap;
 use lading_core::tree::Watch;
-use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;

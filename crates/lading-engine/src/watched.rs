@@ -30,11 +30,11 @@
 //! deployment).
 
 use crate::{Engine, Result};
+use foldhash::HashMap;
 use futures_util::FutureExt;
 use futures_util::future::Shared;
 use lading_core::tree::{Watch, WatchKind};
 use std::any::Any;
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Mutex;
 use std::task::{Context, Waker};

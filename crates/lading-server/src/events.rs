@@ -239,7 +239,7 @@ impl EventHub {
         let (resume, rx) = self.resume(last);
         let mut head = Vec::new();
         // Ids read from the tree, so the same transition arriving live is not sent twice.
-        let mut sent: std::collections::HashSet<Arc<str>> = std::collections::HashSet::new();
+        let mut sent: foldhash::HashSet<Arc<str>> = Default::default();
         // Live events at or before this place were in what was read from the tree.
         let mut read_up_to = 0u64;
         match resume {
@@ -278,7 +278,7 @@ impl EventHub {
                 // `lading-sim`, seeds 775674619 and 775676781).
                 let mut past: Vec<(Option<u64>, String, ChangeEvent)> = {
                     let r = self.ring.lock().unwrap_or_else(|p| p.into_inner());
-                    let places: std::collections::HashMap<&str, u64> =
+                    let places: foldhash::HashMap<&str, u64> =
                         r.events.iter().map(|(s, id, _)| (&**id, *s)).collect();
                     past.into_iter()
                         .map(|(id, ev)| (places.get(id.as_str()).copied(), id, ev))
@@ -299,6 +299,7 @@ impl EventHub {
                         *id = lading_engine::transition_id_at_most(id, floor);
                     }
                 }
+                sent.reserve(past.len());
                 for (_, id, ev) in past {
                     if id != last.unwrap_or_default() && matches(filter.as_deref(), &ev) {
                         let id: Arc<str> = id.into();
