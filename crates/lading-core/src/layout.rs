@@ -9,6 +9,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::fmt;
 
+mod status_de;
+
 pub const BATCHES: &str = "/batches";
 pub const BATCH_PREFIX: &str = "/batches/bid";
 pub const BATCH_UUIDS: &str = "/batch-uuids";
@@ -315,9 +317,9 @@ pub fn check_name(kind: &'static str, name: &str) -> Result<(), BadName> {
 #[error("invalid {0} name {1:?}")]
 pub struct BadName(pub &'static str, pub String);
 
-/// `/jobs/JID/status`.
+/// `/jobs/JID/status` (read field by field: `status_de.rs`).
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct JobStatus {
     pub status: JobState,
     #[serde(default)]
@@ -348,9 +350,9 @@ mod message_field {
     }
 }
 
-/// `/batches/BID/status`.
+/// `/batches/BID/status` (read field by field: `status_de.rs`).
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct BatchStatus {
     pub status: BatchState,
     #[serde(default)]
