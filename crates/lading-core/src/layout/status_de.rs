@@ -200,32 +200,29 @@ mod tests {
             r#"{"status":"Completed","message":"done","message":"again"}"#,
         ];
         for s in inputs {
-            let ours = serde_json::from_str::<JobStatus>(s);
-            let derived = serde_json::from_str::<DerivedJob>(s);
-            match (&ours, &derived) {
-                (Ok(o), Ok(d)) => {
-                    assert_eq!(o.status, d.status, "{s}");
-                    assert_eq!(o.last_successful_status, d.last_successful_status, "{s}");
-                    assert_eq!(o.last_modified, d.last_modified, "{s}");
-                    assert_eq!(o.retry_count, d.retry_count, "{s}");
-                    assert_eq!(o.message, d.message, "{s}");
-                    assert_eq!(o.extra, d.extra, "{s}");
-                }
-                (Err(_), Err(_)) => {}
-                _ => panic!("{s}: ours {ours:?}, derived {derived:?}"),
-            }
-            let ours = serde_json::from_str::<BatchStatus>(s);
-            let derived = serde_json::from_str::<DerivedBatch>(s);
-            match (&ours, &derived) {
-                (Ok(o), Ok(d)) => {
-                    assert_eq!(o.status, d.status, "{s}");
-                    assert_eq!(o.last_modified, d.last_modified, "{s}");
-                    assert_eq!(o.message, d.message, "{s}");
-                    assert_eq!(o.extra, d.extra, "{s}");
-                }
-                (Err(_), Err(_)) => {}
-                _ => panic!("{s}: ours {ours:?}, derived {derived:?}"),
-            }
+            // Every field, or nothing when it is refused, both ways.
+            let ours = serde_json::from_str::<JobStatus>(s).ok();
+            let derived = serde_json::from_str::<DerivedJob>(s)
+                .ok()
+                .map(|d| JobStatus {
+                    status: d.status,
+                    last_successful_status: d.last_successful_status,
+                    last_modified: d.last_modified,
+                    retry_count: d.retry_count,
+                    message: d.message,
+                    extra: d.extra,
+                });
+            assert_eq!(ours, derived, "{s}");
+            let ours = serde_json::from_str::<BatchStatus>(s).ok();
+            let derived = serde_json::from_str::<DerivedBatch>(s)
+                .ok()
+                .map(|d| BatchStatus {
+                    status: d.status,
+                    last_modified: d.last_modified,
+                    message: d.message,
+                    extra: d.extra,
+                });
+            assert_eq!(ours, derived, "{s}");
             // Through a value too (the API's bodies are read so).
             if let Ok(v) = serde_json::from_str::<Value>(s) {
                 let ours = serde_json::from_value::<JobStatus>(v.clone()).ok();
