@@ -171,7 +171,7 @@ pub fn batch_path(b: &BatchId) -> String {
 }
 /// `parts` joined by slashes, in one allocation of the right size (paths are built on every
 /// call of the engine; `[..].join("/")` took 1.4% of a simulator run's instructions).
-fn slashed<const N: usize>(parts: [&str; N]) -> String {
+pub fn slashed<const N: usize>(parts: [&str; N]) -> String {
     let mut s = String::with_capacity(parts.iter().map(|p| p.len() + 1).sum());
     for (i, p) in parts.iter().enumerate() {
         if i > 0 {
@@ -234,10 +234,10 @@ pub fn access_path(q: AccessQueue, a: &AccessId) -> String {
     format!("{ACCESS}/{}/{a}", q.name())
 }
 pub fn queue_lock(name: &str) -> String {
-    format!("{QUEUE_LOCKS}/{name}")
+    slashed([QUEUE_LOCKS, name])
 }
 pub fn collection_lock(mnemonic: &str) -> String {
-    format!("{COLLECTION_LOCKS}/{mnemonic}")
+    slashed([COLLECTION_LOCKS, mnemonic])
 }
 /// An identifier as a single node name (its storage folder and its locks), one-to-one:
 ///

@@ -105,7 +105,7 @@ pub(crate) enum Seen {
 }
 
 fn key(folder: &str, reference: &str) -> String {
-    format!("{folder}/{reference}")
+    lading_core::layout::slashed([folder, reference])
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -146,11 +146,11 @@ pub struct OutboxItem {
 }
 
 fn entry_path(name: &str) -> String {
-    format!("{OUTBOX}/{name}")
+    lading_core::layout::slashed([OUTBOX, name])
 }
 
 fn lock_path(name: &str) -> String {
-    format!("{OUTBOX}/{name}/lock")
+    lading_core::layout::slashed([OUTBOX, name, "lock"])
 }
 
 impl Engine {

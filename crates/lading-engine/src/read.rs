@@ -233,17 +233,27 @@ impl Engine {
                     }),
             }
         };
-        let json = |i: usize| -> Result<Option<Value>> {
+        // Each read straight from its bytes into its type (through a `Value` first, every
+        // status was parsed twice).
+        fn json<T: serde::de::DeserializeOwned>(
+            nodes: &[Option<lading_core::Node>],
+            paths: &[String],
+            i: usize,
+        ) -> Result<Option<T>> {
             match &nodes[i] {
                 None => Ok(None),
                 Some(n) => serde_json::from_slice(n.data.as_deref().unwrap_or_default())
                     .map(Some)
                     .map_err(|e| EngineError::Corrupt {
                         path: paths[i].clone(),
-                        reason: format!("invalid JSON: {e}"),
+                        reason: if e.is_data() {
+                            format!("unexpected JSON: {e}")
+                        } else {
+                            format!("invalid JSON: {e}")
+                        },
                     }),
             }
-        };
+        }
         let number = |i: usize| -> Result<Option<u64>> {
             match text(i)? {
                 None => Ok(None),
@@ -254,13 +264,8 @@ impl Engine {
                 }),
             }
         };
-        let status: JobStatus = match json(0)? {
-            None => return Err(EngineError::NoJob(job.to_string())),
-            Some(v) => serde_json::from_value(v).map_err(|e| EngineError::Corrupt {
-                path: paths[0].clone(),
-                reason: format!("invalid JSON: {e}"),
-            })?,
-        };
+        let status: JobStatus =
+            json(nodes, paths, 0)?.ok_or_else(|| EngineError::NoJob(job.to_string()))?;
         let bid = text(1)?.ok_or_else(|| EngineError::NoJob(job.to_string()))?;
         let bid = BatchId::parse(&bid).map_err(|e| EngineError::Corrupt {
             path: paths[1].clone(),
@@ -281,9 +286,9 @@ impl Engine {
             status,
             priority,
             space_needed: number(3)?.unwrap_or(0),
-            configuration: Recorded::of(&paths[4], json(4)?.unwrap_or(Value::Null)),
-            identifiers: typed(json(5)?, &paths[5])?.unwrap_or_default(),
-            metadata: typed(json(6)?, &paths[6])?.unwrap_or_default(),
+            configuration: Recorded::of(&paths[4], json(nodes, paths, 4)?.unwrap_or(Value::Null)),
+            identifiers: json(nodes, paths, 5)?.unwrap_or_default(),
+            metadata: json(nodes, paths, 6)?.unwrap_or_default(),
             locked: nodes[7].is_some(),
         })
     }
@@ -582,14 +587,4 @@ impl Engine {
         }
         Ok(out)
     }
-}
-
-/// A record read as JSON, in its type; one that does not fit is corrupt, named by `path`.
-fn typed<T: serde::de::DeserializeOwned>(v: Option<Value>, path: &str) -> Result<Option<T>> {
-    v.map(serde_json::from_value)
-        .transpose()
-        .map_err(|e| EngineError::Corrupt {
-            path: path.to_string(),
-            reason: format!("unexpected JSON: {e}"),
-        })
 }

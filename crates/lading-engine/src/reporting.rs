@@ -229,7 +229,8 @@ impl Engine {
             }
             let status = batch_node(&b, "status");
             let starting = self.shared_watch(&status, WatchKind::Data).await?;
-            match self.batch_status(&b).await {
+            // Remembered under that same watch: every wake of this list read every status.
+            match self.batch_status_watched(&b).await {
                 Ok((st, _)) if st.status == BatchState::Processing => {}
                 // Not started yet, or still being made (Merritt writes its status after its
                 // node): the list is read again when its status is written.

@@ -26,7 +26,7 @@ pub struct Reservation {
 }
 
 pub(crate) fn reservation_path(job: &str) -> String {
-    format!("{RESERVATIONS}/{job}")
+    lading_core::layout::slashed([RESERVATIONS, job])
 }
 
 impl Engine {

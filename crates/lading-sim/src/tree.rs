@@ -80,15 +80,17 @@ struct Waiting {
     tx: oneshot::Sender<()>,
 }
 
-/// Where a watch is kept: its path, and 0 for a data watch or 1 for a children watch.
-type WatchKey = (String, u8);
+/// Watches waiting, data watches first and children watches second, each by path. Hashed:
+/// each commit takes out the watches of every node it changed (with ordered (path, kind)
+/// keys, compared string by string, that was 1% of a run). No order comes from the maps:
+/// what fires together is delivered in the order it was set.
+type Watches = [foldhash::HashMap<String, Vec<Waiting>>; 2];
 
-fn watch_key(path: &str, kind: WatchKind) -> WatchKey {
-    let k = match kind {
+fn kind_index(kind: WatchKind) -> usize {
+    match kind {
         WatchKind::Data => 0,
         WatchKind::Children => 1,
-    };
-    (path.to_string(), k)
+    }
 }
 
 /// Watches set since the last sweep of those nobody waits for any more.
@@ -104,7 +106,7 @@ pub struct State {
     next_session: u64,
     /// Watches by what they watch: a change looks up only its own (the whole list, read at
     /// every change, took a third of a run).
-    watches: BTreeMap<WatchKey, Vec<Waiting>>,
+    watches: Watches,
     watches_set: u64,
     /// Change feeds: their prefixes and where their changes go.
     feeds: Vec<Feeding>,
@@ -213,15 +215,14 @@ impl State {
                 "change feed of handle {handle}: a gap of {n} changes"
             ));
         }
-        let mut fired = self
-            .watches
-            .remove(&watch_key(path, WatchKind::Data))
+        let mut fired = self.watches[kind_index(WatchKind::Data)]
+            .remove(path)
             .unwrap_or_default();
         if created_or_deleted {
             let parent = split_path(path).0;
             fired.extend(
-                self.watches
-                    .remove(&watch_key(parent, WatchKind::Children))
+                self.watches[kind_index(WatchKind::Children)]
+                    .remove(parent)
                     .unwrap_or_default(),
             );
         }
@@ -260,14 +261,16 @@ impl State {
             self.fire(&p, true);
         }
         let mut mine = Vec::new();
-        for list in self.watches.values_mut() {
-            let (m, rest): (Vec<_>, Vec<_>) = std::mem::take(list)
-                .into_iter()
-                .partition(|w| w.session == session);
-            mine.extend(m);
-            *list = rest;
+        for map in &mut self.watches {
+            for list in map.values_mut() {
+                let (m, rest): (Vec<_>, Vec<_>) = std::mem::take(list)
+                    .into_iter()
+                    .partition(|w| w.session == session);
+                mine.extend(m);
+                *list = rest;
+            }
+            map.retain(|_, l| !l.is_empty());
         }
-        self.watches.retain(|_, l| !l.is_empty());
         mine.sort_by_key(|w| w.seq);
         for w in mine {
             self.deliver(w.tx);
@@ -294,7 +297,7 @@ impl World {
                 mem,
                 live: BTreeSet::new(),
                 next_session: 0,
-                watches: BTreeMap::new(),
+                watches: Default::default(),
                 watches_set: 0,
                 feeds: Vec::new(),
                 next_tree: 0,
@@ -710,15 +713,21 @@ impl Tree for SimTree {
             st.watches_set += 1;
             let seq = st.watches_set;
             if seq.is_multiple_of(WATCH_SWEEP) {
-                for list in st.watches.values_mut() {
-                    list.retain(|w| !w.tx.is_closed());
+                for map in &mut st.watches {
+                    for list in map.values_mut() {
+                        list.retain(|w| !w.tx.is_closed());
+                    }
+                    map.retain(|_, l| !l.is_empty());
                 }
-                st.watches.retain(|_, l| !l.is_empty());
             }
-            st.watches
-                .entry(watch_key(path, kind))
-                .or_default()
-                .push(Waiting { seq, session, tx });
+            let waiting = Waiting { seq, session, tx };
+            let map = &mut st.watches[kind_index(kind)];
+            match map.get_mut(path) {
+                Some(list) => list.push(waiting),
+                None => {
+                    map.insert(path.to_string(), vec![waiting]);
+                }
+            }
             Ok(Watch::new(async move {
                 let _ = rx.await;
             }))
