@@ -120,6 +120,19 @@ pub struct OutboxEntry {
     pub dead: bool,
 }
 
+/// What a deliverer's look at the outbox reads of each entry; the rest, its payload (a whole
+/// report, a mail) above all, is skipped over, not built. Every deliverer of every process
+/// read every entry whole at each look: 3% of a simulator run. The entry it claims is read
+/// whole under its lock.
+#[derive(Deserialize)]
+struct Head {
+    kind: EffectKind,
+    #[serde(default)]
+    next_at_ms: u64,
+    #[serde(default)]
+    dead: bool,
+}
+
 /// An entry this process claimed for delivery.
 #[derive(Debug, Clone)]
 pub struct OutboxClaim {
@@ -238,8 +251,8 @@ impl Engine {
                 let (Some(node), held) = read else {
                     continue;
                 };
-                let (entry, _) = crate::read::decode_json::<OutboxEntry>(&path, &node)?;
-                if entry.dead || !kinds.contains(&entry.effect.kind) {
+                let (entry, _) = crate::read::decode_json::<Head>(&path, &node)?;
+                if entry.dead || !kinds.contains(&entry.kind) {
                     continue;
                 }
                 if entry.next_at_ms > now {
