@@ -14,7 +14,8 @@ pub(crate) const RECORD_NODES: [&str; 8] = [
     "lock",
 ];
 
-/// A node's data as JSON of type `T`, with the node's version.
+/// A node's data as JSON of type `T`, with the node's version. Data that is not JSON is
+/// "invalid JSON"; JSON of another shape, "unexpected JSON".
 pub(crate) fn decode_json<T: DeserializeOwned>(
     path: &str,
     node: &lading_core::Node,
@@ -22,7 +23,11 @@ pub(crate) fn decode_json<T: DeserializeOwned>(
     let v = serde_json::from_slice(node.data.as_deref().unwrap_or_default()).map_err(|e| {
         EngineError::Corrupt {
             path: path.to_string(),
-            reason: format!("invalid JSON: {e}"),
+            reason: if e.is_data() {
+                format!("unexpected JSON: {e}")
+            } else {
+                format!("invalid JSON: {e}")
+            },
         }
     })?;
     Ok((v, node.stat.version))
@@ -84,13 +89,7 @@ impl Engine {
             .zip(&paths)
             .map(|(node, path)| {
                 let Some(node) = node else { return Ok(None) };
-                let status: JobStatus = serde_json::from_slice(
-                    node.data.as_deref().unwrap_or_default(),
-                )
-                .map_err(|e| EngineError::Corrupt {
-                    path: path.clone(),
-                    reason: format!("invalid JSON: {e}"),
-                })?;
+                let (status, _) = decode_json::<JobStatus>(path, &node)?;
                 Ok(Some(status.status))
             })
             .collect()
@@ -159,15 +158,8 @@ impl Engine {
         job: &JobId,
         node: Option<&lading_core::Node>,
     ) -> Result<(JobStatus, i32)> {
-        let path = job_node(job, "status");
         let node = node.ok_or_else(|| EngineError::NoJob(job.to_string()))?;
-        let v = serde_json::from_slice(node.data.as_deref().unwrap_or_default()).map_err(|e| {
-            EngineError::Corrupt {
-                path,
-                reason: format!("invalid JSON: {e}"),
-            }
-        })?;
-        Ok((v, node.stat.version))
+        decode_json(&job_node(job, "status"), node)
     }
 
     pub(crate) async fn batch_status(&self, batch: &BatchId) -> Result<(BatchStatus, i32)> {
@@ -235,24 +227,15 @@ impl Engine {
         };
         // Each read straight from its bytes into its type (through a `Value` first, every
         // status was parsed twice).
-        fn json<T: serde::de::DeserializeOwned>(
+        fn json<T: DeserializeOwned>(
             nodes: &[Option<lading_core::Node>],
             paths: &[String],
             i: usize,
         ) -> Result<Option<T>> {
-            match &nodes[i] {
-                None => Ok(None),
-                Some(n) => serde_json::from_slice(n.data.as_deref().unwrap_or_default())
-                    .map(Some)
-                    .map_err(|e| EngineError::Corrupt {
-                        path: paths[i].clone(),
-                        reason: if e.is_data() {
-                            format!("unexpected JSON: {e}")
-                        } else {
-                            format!("invalid JSON: {e}")
-                        },
-                    }),
-            }
+            nodes[i]
+                .as_ref()
+                .map(|n| decode_json(&paths[i], n).map(|(v, _)| v))
+                .transpose()
         }
         let number = |i: usize| -> Result<Option<u64>> {
             match text(i)? {
