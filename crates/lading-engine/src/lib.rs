@@ -212,6 +212,9 @@ pub struct Engine {
     /// Outbox entry locks the last [`Engine::claim_effect`] found held by other sessions:
     /// what the deliverer's [`Engine::wait_outbox`] watches besides the outbox.
     outbox_busy: Mutex<Vec<String>>,
+    /// What the deliverers' looks read of each outbox entry, by name: an entry not changed
+    /// since is not decoded again (see [`outbox::Heads`]).
+    outbox_heads: outbox::Heads,
     /// How often a waiter looks again whatever it was told ([`SWEEP`] unless set by
     /// [`Engine::with_sweep`]).
     sweep: Duration,
@@ -280,6 +283,7 @@ impl Engine {
             parked: tokio::sync::watch::Sender::new(0),
             strays: Mutex::new(Default::default()),
             outbox_busy: Mutex::new(Vec::new()),
+            outbox_heads: Default::default(),
             sweep: SWEEP,
             deps: Default::default(),
         }

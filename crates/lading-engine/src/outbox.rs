@@ -133,6 +133,53 @@ struct Head {
     dead: bool,
 }
 
+/// The heads the deliverers' looks read, by entry name, each with what its node was then
+/// (made at, version, size). An entry's kind never changes, and every write of its due time
+/// or dead flag moves its version; names are sequential, never made twice. An entry not
+/// changed since the last look is not decoded again: every deliverer of every process
+/// looks at every entry whenever the outbox changes, and decoding the heads (the payload
+/// skipped over, but scanned) was 1.3% of a simulator run. Pruned to the listed entries
+/// at the end of each whole look.
+#[derive(Default)]
+pub(crate) struct Heads(std::sync::Mutex<foldhash::HashMap<String, (Seen, Head)>>);
+
+/// An entry's node as a look found it: made at (ms), version, size of its data.
+type Seen = (u64, i32, usize);
+
+impl Heads {
+    /// Entry `name`'s due time, or `None` when it is dead or of no kind in `kinds`.
+    fn due(
+        &self,
+        name: &str,
+        path: &str,
+        node: &lading_core::Node,
+        kinds: &[EffectKind],
+    ) -> Result<Option<u64>> {
+        let seen = (
+            node.stat.ctime_ms,
+            node.stat.version,
+            node.data.as_ref().map_or(0, Vec::len),
+        );
+        let wanted = |h: &Head| (!h.dead && kinds.contains(&h.kind)).then_some(h.next_at_ms);
+        let mut heads = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, head)) = heads.get(name)
+            && *at == seen
+        {
+            return Ok(wanted(head));
+        }
+        let (head, _) = crate::read::decode_json::<Head>(path, node)?;
+        let due = wanted(&head);
+        heads.insert(name.to_string(), (seen, head));
+        Ok(due)
+    }
+
+    /// Forgets the entries not in `listed` (sorted).
+    fn keep(&self, listed: &[String]) {
+        let mut heads = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        heads.retain(|name, _| listed.binary_search(name).is_ok());
+    }
+}
+
 /// An entry this process claimed for delivery.
 #[derive(Debug, Clone)]
 pub struct OutboxClaim {
@@ -251,12 +298,11 @@ impl Engine {
                 let (Some(node), held) = read else {
                     continue;
                 };
-                let (entry, _) = crate::read::decode_json::<Head>(&path, &node)?;
-                if entry.dead || !kinds.contains(&entry.kind) {
+                let Some(next_at_ms) = self.outbox_heads.due(name, &path, &node, kinds)? else {
                     continue;
-                }
-                if entry.next_at_ms > now {
-                    next_due = Some(next_due.map_or(entry.next_at_ms, |n| n.min(entry.next_at_ms)));
+                };
+                if next_at_ms > now {
+                    next_due = Some(next_due.map_or(next_at_ms, |n| n.min(next_at_ms)));
                     continue;
                 }
                 if held.is_some() {
@@ -273,6 +319,7 @@ impl Engine {
                 }
             }
         }
+        self.outbox_heads.keep(&names);
         *self.outbox_busy.lock().unwrap_or_else(|p| p.into_inner()) = busy;
         Ok(Err(next_due))
     }

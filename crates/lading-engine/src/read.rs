@@ -33,6 +33,14 @@ pub(crate) fn decode_json<T: DeserializeOwned>(
     Ok((v, node.stat.version))
 }
 
+/// A status node's state alone: the rest is skipped over, not built (a job's history is up
+/// to 32 strings). What reads only states (the quota's stale-slot sweep reads every held
+/// slot's job) decoded whole statuses: 1.2% of a simulator run.
+#[derive(serde::Deserialize)]
+struct StateOnly<S> {
+    status: S,
+}
+
 impl Engine {
     pub(crate) async fn read_json<T: DeserializeOwned>(
         &self,
@@ -73,7 +81,10 @@ impl Engine {
 
     /// A job's state alone: one read of its status (`NoJob` when it is gone).
     pub async fn job_state(&self, job: &JobId) -> Result<JobState> {
-        Ok(self.job_status(job).await?.0.status)
+        self.read_json::<StateOnly<JobState>>(&job_node(job, "status"))
+            .await?
+            .map(|(s, _)| s.status)
+            .ok_or_else(|| EngineError::NoJob(job.to_string()))
     }
 
     /// Several jobs' states in one read of their statuses (`None` for a job that is gone):
@@ -89,15 +100,18 @@ impl Engine {
             .zip(&paths)
             .map(|(node, path)| {
                 let Some(node) = node else { return Ok(None) };
-                let (status, _) = decode_json::<JobStatus>(path, &node)?;
-                Ok(Some(status.status))
+                let (state, _) = decode_json::<StateOnly<JobState>>(path, &node)?;
+                Ok(Some(state.status))
             })
             .collect()
     }
 
     /// A batch's state alone: one read of its status (`NoBatch` when it is gone).
     pub async fn batch_state(&self, batch: &BatchId) -> Result<BatchState> {
-        Ok(self.batch_status(batch).await?.0.status)
+        self.read_json::<StateOnly<BatchState>>(&batch_node(batch, "status"))
+            .await?
+            .map(|(s, _)| s.status)
+            .ok_or_else(|| EngineError::NoBatch(batch.to_string()))
     }
 
     pub(crate) async fn job_priority(&self, job: &JobId) -> Result<u8> {

@@ -27,6 +27,7 @@ CREATE TABLE IF NOT EXISTS copies(ark TEXT NOT NULL, version INTEGER NOT NULL, p
   PRIMARY KEY(ark, version, path, node));
 CREATE TABLE IF NOT EXISTS deletions(id TEXT PRIMARY KEY, ark TEXT NOT NULL, status TEXT NOT NULL,
   doc TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS copies_due ON copies(checked, ark, version, path, node);
 ";
 
 /// A PostgreSQL error, named with the inventory's location (as shown, without a password).
@@ -729,12 +730,15 @@ pub struct NodeCopies {
 }
 
 /// PostgreSQL's `$N` placeholders as SQLite's `?N`.
+/// (One pass: a `replace` per number was 0.3% of a simulator run.)
 fn sqlite_params(q: &str) -> String {
-    let mut out = q.to_string();
-    for i in (1..=9).rev() {
-        out = out.replace(&format!("${i}"), &format!("?{i}"));
-    }
-    out
+    let b = q.as_bytes();
+    q.char_indices()
+        .map(|(i, c)| match c {
+            '$' if b.get(i + 1).is_some_and(u8::is_ascii_digit) => '?',
+            c => c,
+        })
+        .collect()
 }
 
 impl Drop for Inventory {

@@ -148,19 +148,35 @@ impl State {
     }
 
     pub fn trace(&mut self, line: String) {
-        let mut stamped = String::with_capacity(line.len() + 9);
-        let _ = std::fmt::Write::write_fmt(&mut stamped, format_args!("{:>8} ", self.now_ms()));
-        stamped.push_str(&line);
-        let line = stamped;
+        self.trace_with(|out| out.push_str(&line));
+    }
+
+    /// A trace line written by `write` after its time, in one string (every commit writes
+    /// one: formatted, then copied behind its time, they were 2% of a run).
+    fn trace_with(&mut self, write: impl FnOnce(&mut String)) {
+        let mut line = String::with_capacity(96);
+        let ms = self.now_ms().to_string();
+        for _ in ms.len()..8 {
+            line.push(' ');
+        }
+        line.push_str(&ms);
+        line.push(' ');
+        write(&mut line);
         if self.live_trace {
             eprintln!("{line}");
         }
         // Eight bytes at a time (byte by byte, the hash was 1% of a run); each line ends the
         // same way, so two traces hash alike only if their lines do.
         let mut h = self.trace_hash;
-        for w in line.as_bytes().chunks(8) {
-            let mut word = [0u8; 8];
-            word[..w.len()].copy_from_slice(w);
+        let words = line.as_bytes().chunks_exact(8);
+        let rest = words.remainder();
+        let mut last = [0u8; 8];
+        last[..rest.len()].copy_from_slice(rest);
+        let last = (!rest.is_empty()).then_some(last);
+        for word in words
+            .map(|w| <[u8; 8]>::try_from(w).unwrap_or_default())
+            .chain(last)
+        {
             h = (h.rotate_left(5) ^ u64::from_le_bytes(word)).wrapping_mul(0x517c_c1b7_2722_0a95);
         }
         self.trace_hash =
@@ -493,7 +509,14 @@ impl SimTree {
                 }
             }
         }
-        st.trace(format!("{} s{session} [{}]", self.name, short(ops)));
+        st.trace_with(|l| {
+            l.push_str(&self.name);
+            l.push_str(" s");
+            l.push_str(&session.to_string());
+            l.push_str(" [");
+            push_short(l, ops);
+            l.push(']');
+        });
         for (p, created_or_deleted) in &changed {
             st.fire(p, *created_or_deleted);
         }
@@ -524,6 +547,12 @@ fn node_of(n: &MemNode) -> Node {
 /// commit writes one).
 fn short(ops: &[Op]) -> String {
     let mut out = String::with_capacity(ops.iter().map(|o| o.path().len() + 9).sum());
+    push_short(&mut out, ops);
+    out
+}
+
+/// [`short`], written at the end of `out`.
+fn push_short(out: &mut String, ops: &[Op]) {
     for (i, o) in ops.iter().enumerate() {
         if i > 0 {
             out.push_str(", ");
@@ -536,7 +565,6 @@ fn short(ops: &[Op]) -> String {
         });
         out.push_str(o.path());
     }
-    out
 }
 
 impl SimTree {
