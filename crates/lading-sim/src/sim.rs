@@ -142,15 +142,21 @@ impl Clock for SimClock {
     }
 }
 
-/// The inventory's clock: two days behind the processes'. Every copy's last check (made
-/// when it was recorded, or by the last audit) then looks two days old to the scheduled
-/// fixity audit, which takes copies unchecked for a day: each of its ticks reads every
-/// recorded copy, under the faults.
-struct Behind(lading_core::time::SharedClock);
+/// The inventory's clock: two days behind the processes' while the flag is set. Every
+/// copy's last check (made when it was recorded, or by the last audit) then looks two days
+/// old to the scheduled fixity audit, which takes copies unchecked for a day: each of its
+/// ticks reads every recorded copy, under the faults. The run's end clears the flag for
+/// its last wait ([`Sim::behind`]).
+struct Behind(
+    lading_core::time::SharedClock,
+    Arc<std::sync::atomic::AtomicBool>,
+);
 
 impl Clock for Behind {
     fn now_ms(&self) -> u64 {
-        self.0.now_ms().saturating_sub(2 * 86_400_000)
+        let behind = self.1.load(std::sync::atomic::Ordering::Relaxed);
+        let by = if behind { 2 * 86_400_000 } else { 0 };
+        self.0.now_ms().saturating_sub(by)
     }
 }
 
@@ -202,6 +208,12 @@ struct Sim {
     /// How long ended batches are kept: in a seed of four, none (cleanup removes a batch
     /// and its working folders at its first pass after the batch ended).
     retention_hours: u64,
+    /// The inventory's clock is two days behind ([`Behind`]). Cleared for the run's last
+    /// wait (for an upload left open to be aborted): the faults are over, and the audit's
+    /// ticks there, every copy read again at each, were 8% of a run. The first tick after
+    /// reads each copy once more; the ticks after it find none due, and still abort what
+    /// was left open.
+    behind: Arc<std::sync::atomic::AtomicBool>,
     seed: u64,
     starts: u64,
 }
@@ -320,8 +332,9 @@ impl Sim {
         // Each node with its probe, as a node's ingest registers them.
         ingest.register_dependencies();
         ingest.inventory = Arc::new(
-            lading_ingest::inventory::Inventory::new(ingest.cfg.inventory())
-                .with_clock(Arc::new(Behind(ingest.engine.clock().clone()))),
+            lading_ingest::inventory::Inventory::new(ingest.cfg.inventory()).with_clock(Arc::new(
+                Behind(ingest.engine.clock().clone(), self.behind.clone()),
+            )),
         );
         ingest
     }

@@ -63,6 +63,7 @@ impl Deployment {
             } else {
                 lading_ingest::Config::default().retention_hours
             },
+            behind: Arc::new(std::sync::atomic::AtomicBool::new(true)),
             seed,
             starts: 0,
         };
