@@ -536,11 +536,8 @@ pub fn split_path(path: &str) -> (&str, &str) {
 
 /// Joins a parent path and a child name.
 pub fn join_path(parent: &str, name: &str) -> String {
-    if parent == "/" {
-        format!("/{name}")
-    } else {
-        format!("{parent}/{name}")
-    }
+    let parent = if parent == "/" { "" } else { parent };
+    crate::layout::slashed([parent, name])
 }
 
 #[cfg(test)]

@@ -484,11 +484,15 @@ impl SimTree {
         let results = match ov.apply_multi(&st.mem, ops, session, clock_ms) {
             Ok(r) => r,
             Err(e) => {
-                st.trace(format!(
-                    "{} s{session} refused [{}]: {e}",
-                    self.name,
-                    short(ops)
-                ));
+                st.trace_with(|l| {
+                    l.push_str(&self.name);
+                    l.push_str(" s");
+                    l.push_str(&session.to_string());
+                    l.push_str(" refused [");
+                    push_short(l, ops);
+                    l.push_str("]: ");
+                    l.push_str(&e.to_string());
+                });
                 return Err(e);
             }
         };
