@@ -117,7 +117,7 @@ impl Engine {
                 if known.is_some_and(|t| t != state) {
                     continue;
                 }
-                let (status, version) = match self.batch_status_watched(&bid).await {
+                let read = match self.batch_status_watched(&bid).await {
                     Ok(s) => s,
                     Err(EngineError::NoBatch(_)) => {
                         // Being created (its node comes first, its status in a second
@@ -130,6 +130,7 @@ impl Engine {
                     }
                     Err(e) => return Err(e),
                 };
+                let (status, version) = (&read.0, read.1);
                 if matches!(status.status, BatchState::Completed | BatchState::Deleted) {
                     let mut t = self
                         .terminal_batches
@@ -155,7 +156,7 @@ impl Engine {
                 };
                 let lease = BatchLease {
                     batch: bid.clone(),
-                    status,
+                    status: status.clone(),
                     effects: Vec::new(),
                     report: None,
                     status_version: version,

@@ -91,7 +91,7 @@ impl Engine {
             // leave a finished batch unreported.
             let read = match attempt {
                 0 => match self.batch_status_watched(batch).await {
-                    Ok(s) if s.0.status == BatchState::Processing => Ok(s),
+                    Ok(s) if s.0.status == BatchState::Processing => Ok((*s).clone()),
                     _ => self.batch_status(batch).await,
                 },
                 _ => self.batch_status(batch).await,
@@ -230,11 +230,11 @@ impl Engine {
             let status = batch_node(&b, "status");
             let starting = self.shared_watch(&status, WatchKind::Data).await?;
             // Remembered under that same watch: every wake of this list read every status.
-            match self.batch_status_watched(&b).await {
-                Ok((st, _)) if st.status == BatchState::Processing => {}
+            match self.batch_status_watched(&b).await.map(|s| s.0.status) {
+                Ok(BatchState::Processing) => {}
                 // Not started yet, or still being made (Merritt writes its status after its
                 // node): the list is read again when its status is written.
-                Ok((st, _)) if matches!(st.status, BatchState::Pending | BatchState::Held) => {
+                Ok(BatchState::Pending | BatchState::Held) => {
                     f.stale.push(starting);
                     continue;
                 }
@@ -242,12 +242,7 @@ impl Engine {
                 // and the list is read again then. Dropped, a reopened batch whose last job
                 // finished while its reporter still held the lock was left in Processing
                 // (found by `lading-sim`, seed 5015369 on 447bdb2).
-                Ok((st, _))
-                    if matches!(
-                        st.status,
-                        BatchState::Reporting | BatchState::UpdateReporting | BatchState::Failed
-                    ) =>
-                {
+                Ok(BatchState::Reporting | BatchState::UpdateReporting | BatchState::Failed) => {
                     f.stale.push(starting);
                     continue;
                 }

@@ -42,7 +42,17 @@ use std::task::{Context, Waker};
 /// Values kept at most; past this the whole table is let go (and read again as needed).
 const KEPT: usize = 4096;
 
-type Key = (String, WatchKind);
+/// One map per kind of watch, by path: looked up by `&str`, not by a `(String, kind)` key
+/// made for each lookup.
+type ByKind<V> = [HashMap<String, V>; 2];
+
+fn slot(kind: WatchKind) -> usize {
+    match kind {
+        WatchKind::Data => 0,
+        WatchKind::Children => 1,
+    }
+}
+
 /// A value, the watch it is current until, and the session that watch was set on.
 type Kept = (Box<dyn Any + Send>, Watch, u64);
 
@@ -58,48 +68,48 @@ pub(crate) fn fired<W: Future + Unpin>(watch: &mut W) -> bool {
 
 #[derive(Default)]
 pub(crate) struct Watched {
-    values: Mutex<HashMap<Key, Kept>>,
+    values: Mutex<ByKind<Kept>>,
     /// The pending watch of each node and kind, and the session it was set on.
-    shared: Mutex<HashMap<Key, (u64, Shared<Watch>)>>,
+    shared: Mutex<ByKind<(u64, Shared<Watch>)>>,
 }
 
 impl Watched {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Kept>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ByKind<Kept>> {
         self.values.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The value kept for `path` while its watch, set on `session`, has not fired.
     fn get<T: Clone + 'static>(&self, path: &str, kind: WatchKind, session: u64) -> Option<T> {
         let mut g = self.lock();
-        let key = (path.to_string(), kind);
-        let (value, watch, set_on) = g.get_mut(&key)?;
+        let kept = &mut g[slot(kind)];
+        let (value, watch, set_on) = kept.get_mut(path)?;
         if *set_on == session && !fired(watch) {
             return value.downcast_ref::<T>().cloned();
         }
         // Fired (polled to its end, so never polled again), or set on a session since
         // replaced (see the module's docs).
-        g.remove(&key);
+        kept.remove(path);
         None
     }
 
     fn keep<T: Send + 'static>(&self, key: (&str, WatchKind, u64), value: T, watch: Watch) {
         let (path, kind, session) = key;
         let mut g = self.lock();
-        if g.len() >= KEPT {
-            g.clear();
+        if g.iter().map(HashMap::len).sum::<usize>() >= KEPT {
+            g.iter_mut().for_each(HashMap::clear);
         }
-        g.insert((path.to_string(), kind), (Box::new(value), watch, session));
+        g[slot(kind)].insert(path.to_string(), (Box::new(value), watch, session));
     }
 
     /// A share of the watch on `path` set on `session`, while it has not fired.
     fn share(&self, path: &str, kind: WatchKind, session: u64) -> Option<Watch> {
         let mut g = self.shared.lock().unwrap_or_else(|p| p.into_inner());
-        let key = (path.to_string(), kind);
+        let shared = &mut g[slot(kind)];
         // Fired is asked of the watch itself: `peek` says so only once a share was polled.
-        match g.get(&key) {
+        match shared.get(path) {
             Some((s, w)) if *s == session && !fired(&mut w.clone()) => Some(Watch::new(w.clone())),
             Some(_) => {
-                g.remove(&key);
+                shared.remove(path);
                 None
             }
             None => None,
@@ -108,22 +118,23 @@ impl Watched {
 
     fn keep_shared(&self, path: &str, kind: WatchKind, session: u64, watch: Shared<Watch>) {
         let mut g = self.shared.lock().unwrap_or_else(|p| p.into_inner());
-        if g.len() >= SHARED {
-            g.retain(|_, (_, w)| w.peek().is_none());
-            if g.len() >= SHARED {
-                g.clear();
+        let len = |g: &ByKind<_>| g.iter().map(HashMap::len).sum::<usize>();
+        if len(&g) >= SHARED {
+            for m in g.iter_mut() {
+                m.retain(|_, (_, w)| w.peek().is_none());
+            }
+            if len(&g) >= SHARED {
+                g.iter_mut().for_each(HashMap::clear);
             }
         }
-        g.insert((path.to_string(), kind), (session, watch));
+        g[slot(kind)].insert(path.to_string(), (session, watch));
     }
 
     /// Forgets what is kept of `path`: a watch on it fired elsewhere in this process, or this
     /// process changed it (its own next read must not wait for the watch event).
     pub(crate) fn forget(&self, path: &str, kind: WatchKind) {
         let mut g = self.lock();
-        if !g.is_empty() {
-            g.remove(&(path.to_string(), kind));
-        }
+        g[slot(kind)].remove(path);
     }
 }
 
