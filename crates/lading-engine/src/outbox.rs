@@ -650,4 +650,54 @@ mod tests {
         assert_eq!(newer.kind, EffectKind::Other("sms".into()));
         assert_eq!(serde_json::to_value(&newer).unwrap()["kind"], "sms");
     }
+
+    /// A look decodes an entry again once its node changed (a retry's due time, a dead
+    /// flag, an entry made again under its name), and is told what it is now; an entry the
+    /// outbox no longer lists is forgotten.
+    #[test]
+    fn a_looks_head_of_an_entry_follows_every_change_of_its_node() {
+        let node = |ctime_ms, version, entry: Value| lading_core::Node {
+            data: Some(serde_json::to_vec(&entry).unwrap()),
+            stat: lading_core::tree::Stat {
+                version,
+                ephemeral_owner: 0,
+                ctime_ms,
+                mtime_ms: ctime_ms,
+                pzxid: None,
+            },
+        };
+        let entry = |next_at_ms: u64, dead: bool| {
+            serde_json::json!({"kind": "mail", "key": "k", "payload": {"report": "x"},
+                "next_at_ms": next_at_ms, "dead": dead})
+        };
+        let heads = Heads::default();
+        let due = |n: &lading_core::Node, kinds: &[EffectKind]| {
+            heads
+                .due("e0000000001", "/outbox/e0000000001", n, kinds)
+                .unwrap()
+        };
+        let mail = [EffectKind::Mail];
+        assert_eq!(due(&node(1, 0, entry(5, false)), &mail), Some(5));
+        // Kept: another deliverer's kinds are asked of the kept head.
+        assert_eq!(
+            due(&node(1, 0, entry(5, false)), &[EffectKind::Callback]),
+            None
+        );
+        // A retry moved its due time; then it died.
+        assert_eq!(due(&node(1, 1, entry(9, false)), &mail), Some(9));
+        assert_eq!(due(&node(1, 2, entry(9, true)), &mail), None);
+        // Made again at another time, its version from 0 again.
+        assert_eq!(due(&node(2, 0, entry(3, false)), &mail), Some(3));
+        // Data that is not a head is named, as a whole read names it.
+        let bad = lading_core::Node {
+            data: Some(b"{".to_vec()),
+            ..node(3, 0, Value::Null)
+        };
+        assert!(matches!(
+            heads.due("e0000000001", "/outbox/e0000000001", &bad, &mail),
+            Err(EngineError::Corrupt { .. })
+        ));
+        heads.keep(&[]);
+        assert!(heads.0.lock().unwrap().is_empty());
+    }
 }
