@@ -475,6 +475,17 @@ impl SimTree {
     }
 
     /// Applies `ops` all or nothing, fires the watches, checks the invariants, traces.
+    /// A commit's trace line, `NAME sSESSION[how] [ops]`, written at the end of `l`.
+    fn commit_line(&self, l: &mut String, session: u64, how: &str, ops: &[Op]) {
+        l.push_str(&self.name);
+        l.push_str(" s");
+        l.push_str(&session.to_string());
+        l.push_str(how);
+        l.push_str(" [");
+        push_short(l, ops);
+        l.push(']');
+    }
+
     fn apply(&self, st: &mut State, ops: &[Op], session: u64) -> Result<Vec<OpResult>, TreeError> {
         let probe = check::before_commit(&st.mem, ops);
         let now = st.now_ms();
@@ -485,12 +496,8 @@ impl SimTree {
             Ok(r) => r,
             Err(e) => {
                 st.trace_with(|l| {
-                    l.push_str(&self.name);
-                    l.push_str(" s");
-                    l.push_str(&session.to_string());
-                    l.push_str(" refused [");
-                    push_short(l, ops);
-                    l.push_str("]: ");
+                    self.commit_line(l, session, " refused", ops);
+                    l.push_str(": ");
                     l.push_str(&e.to_string());
                 });
                 return Err(e);
@@ -513,14 +520,7 @@ impl SimTree {
                 }
             }
         }
-        st.trace_with(|l| {
-            l.push_str(&self.name);
-            l.push_str(" s");
-            l.push_str(&session.to_string());
-            l.push_str(" [");
-            push_short(l, ops);
-            l.push(']');
-        });
+        st.trace_with(|l| self.commit_line(l, session, "", ops));
         for (p, created_or_deleted) in &changed {
             st.fire(p, *created_or_deleted);
         }
