@@ -133,19 +133,23 @@ impl JobCtx {
 }
 
 /// Appends `line` to `dir/job.log`, stamped with `now_ms` (the engine's clock) and the
-/// stage, without the passwords of the URLs it quotes. A log that cannot be written is reported through tracing and otherwise ignored: it
-/// must not fail the job.
+/// stage, without the passwords of the URLs it quotes. A log that cannot be written is
+/// reported through tracing and otherwise ignored: it must not fail the job. The line goes
+/// out in one write, so lines appended at once by two handlers of the job never interleave
+/// (`writeln!` on the file wrote each line in six pieces).
 pub fn append_log(dir: &Path, stage: &str, line: &str, now_ms: u64) {
     use std::io::Write;
-    let stamp = lading_core::time::format_ts(now_ms);
+    let mut text = lading_core::time::format_ts(now_ms);
+    text.push_str(" [");
+    text.push_str(stage);
+    text.push_str("] ");
+    text.push_str(&lading_core::text::without_passwords(line));
+    text.push('\n');
     let r = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(dir.join("job.log"))
-        .and_then(|mut f| {
-            let line = lading_core::text::without_passwords(line);
-            writeln!(f, "{stamp} [{stage}] {line}")
-        });
+        .and_then(|mut f| f.write_all(text.as_bytes()));
     if let Err(e) = r {
         tracing::warn!(dir = %dir.display(), error = %e, "cannot write the job log");
     }
@@ -302,7 +306,44 @@ pub fn claim_workdir(dir: &Path, owner: &str, now_ms: u64) -> std::io::Result<()
 
 #[cfg(test)]
 mod tests {
-    use super::claim_workdir;
+    use super::{append_log, claim_workdir};
+
+    /// Lines appended at once by several handlers each reach the log whole, one to a line,
+    /// and a URL's password never does.
+    #[test]
+    fn log_lines_appended_at_once_stay_whole() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().to_path_buf();
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let dir = &dir;
+                s.spawn(move || {
+                    for i in 0..200 {
+                        let line = format!("writer {t} line {i} https://u:secret@host/p");
+                        append_log(dir, "downloading", &line, 1_000);
+                    }
+                });
+            }
+        });
+        let log = std::fs::read_to_string(dir.join("job.log")).unwrap();
+        let lines: Vec<&str> = log.lines().collect();
+        assert_eq!(lines.len(), 800);
+        let stamp = lading_core::time::format_ts(1_000);
+        for l in &lines {
+            let rest = l
+                .strip_prefix(&format!("{stamp} [downloading] writer "))
+                .unwrap_or_else(|| panic!("a broken line: {l:?}"));
+            assert!(rest.contains(" line "), "a broken line: {l:?}");
+            assert!(!rest.contains("secret"), "a password in the log: {l:?}");
+        }
+        for t in 0..4 {
+            let n = lines
+                .iter()
+                .filter(|l| l.contains(&format!("writer {t} line ")))
+                .count();
+            assert_eq!(n, 200);
+        }
+    }
 
     /// A mark that only begins or ends like the owner's, or is not text, is another owner's:
     /// the folder is moved aside whole and a fresh one is marked.
