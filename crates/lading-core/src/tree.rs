@@ -384,7 +384,9 @@ pub trait Tree: Send + Sync + 'static {
     fn children<'a>(&'a self, path: &'a str) -> Names<'a>;
 
     /// At most `max` children, sorted, strictly after `after`. The way to read the head of a
-    /// very long queue without paying for its length.
+    /// very long queue without paying for its length. Fewer than `max` means there are no
+    /// more (as the folder was when read): a reader stops there, without reading an empty
+    /// page after it (on ZooKeeper, a listing each).
     fn children_page<'a>(&'a self, path: &'a str, after: Option<&'a str>, max: usize) -> Names<'a>;
 
     /// Number of children (ZooKeeper's `numChildren`).

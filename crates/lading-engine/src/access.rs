@@ -182,9 +182,8 @@ impl Engine {
                 .tree
                 .children_page(&access_folder(queue), after.as_deref(), PAGE)
                 .await?;
-            let Some(last) = page.last().cloned() else {
-                return Ok(None);
-            };
+            // A short page is the last (see `Tree::children_page`).
+            let last = (page.len() == PAGE).then(|| page.last().cloned()).flatten();
             for name in &page {
                 let Ok(id) = AccessId::parse(name) else {
                     continue;
@@ -233,7 +232,10 @@ impl Engine {
                     session,
                 }));
             }
-            after = Some(last);
+            if last.is_none() {
+                return Ok(None);
+            }
+            after = last;
         }
     }
 

@@ -96,14 +96,9 @@ impl Engine {
                 }
                 Some(a) => self.tree.children_page(BATCHES, Some(a), PAGE).await?,
             };
-            let Some(last) = page.last().cloned() else {
-                *self.live_batches.lock().unwrap_or_else(|p| p.into_inner()) = live;
-                self.locked_batches
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(state, locked);
-                return Ok(None);
-            };
+            // A short page is the last (see `Tree::children_page`): no empty one is read
+            // after it.
+            let last = (page.len() == PAGE).then(|| page.last().cloned()).flatten();
             for name in &page {
                 let Ok(bid) = BatchId::parse(name) else {
                     continue;
@@ -176,7 +171,15 @@ impl Engine {
                 }
                 return Ok(Some(lease));
             }
-            after = Some(last);
+            if last.is_none() {
+                *self.live_batches.lock().unwrap_or_else(|p| p.into_inner()) = live;
+                self.locked_batches
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(state, locked);
+                return Ok(None);
+            }
+            after = last;
         }
     }
 

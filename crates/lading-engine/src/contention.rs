@@ -213,6 +213,26 @@ impl Contention {
         v.into_iter().map(|(k, _, _)| k.clone()).collect()
     }
 
+    /// How long until the earliest reference of `folder` found locked but not proved held
+    /// ([`Seen::Busy`]) is tried again. A look tries one such reference at most, and sets a
+    /// watch on the others' locks only after the attempts that found them locked: a lock
+    /// that went in between (its watch, set on no node, waits for one to be made) would
+    /// otherwise wake nobody until the sweep. The waiter looks again then; by that look the
+    /// reference is either free or proved held (see [`Busy::held`]), so this comes back once
+    /// per reference at most.
+    pub(crate) fn busy_lapse(&self, folder: &str) -> Option<Duration> {
+        let now = Instant::now();
+        lock(&self.busy)
+            .get(folder)?
+            .names
+            .values()
+            .filter(|b| !b.proved())
+            .map(|b| b.at + BUSY_SKIP)
+            .filter(|until| *until > now)
+            .min()
+            .map(|until| until - now)
+    }
+
     /// Forgets the busy references of `folder` that are not in `listed`, the folder's whole
     /// listing: a job that has moved on is no longer waited for there (its lock, watched by
     /// a waiter of this folder, would wake it at every later stage the job goes through).

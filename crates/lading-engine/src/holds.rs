@@ -113,9 +113,8 @@ impl Engine {
                 .tree
                 .children_page(&job_state_folder(JobState::Held), after.as_deref(), PAGE)
                 .await?;
-            let Some(last) = page.last().cloned() else {
-                break;
-            };
+            // A short page is the last (see `Tree::children_page`).
+            let last = (page.len() == PAGE).then(|| page.last().cloned()).flatten();
             for name_ref in &page {
                 let Some((_, job)) = parse_job_ref(name_ref) else {
                     continue;
@@ -126,7 +125,10 @@ impl Engine {
                     released += 1;
                 }
             }
-            after = Some(last);
+            if last.is_none() {
+                break;
+            }
+            after = last;
         }
         Ok(released)
     }

@@ -117,9 +117,12 @@ impl Engine {
                 // The whole folder: busy marks of jobs gone from it are let go.
                 self.contention.keep_busy_listed(&folder, &page);
             }
-            let Some(last) = page.last().cloned() else {
+            if page.is_empty() {
                 return Ok(None);
-            };
+            }
+            // A short page is the last (see `Tree::children_page`): no empty one is read
+            // after it (every round of a waiter on a non-empty state read one).
+            let last = (page.len() == PAGE).then(|| page.last().cloned()).flatten();
             let holds = match holds {
                 Some(h) => h,
                 None => {
@@ -205,7 +208,10 @@ impl Engine {
                     return Ok(Some(lease));
                 }
             }
-            after = Some(last);
+            if last.is_none() {
+                break;
+            }
+            after = last;
         }
         Ok(None)
     }
@@ -503,11 +509,17 @@ impl Engine {
                             .await?;
                     }
                 }
-                // A job of this state deferred after a transient error becomes due.
-                let due = self
-                    .contention
-                    .next_due(&job_state_folder(state), self.clock.now_ms())
-                    .unwrap_or(self.sweep);
+                // A job of this state deferred after a transient error becomes due, or one
+                // found locked is to be tried again.
+                let folder = job_state_folder(state);
+                let due = [
+                    self.contention.next_due(&folder, self.clock.now_ms()),
+                    self.contention.busy_lapse(&folder),
+                ]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap_or(self.sweep);
                 Ok(Round::Wait { due })
             },
         )

@@ -406,6 +406,7 @@ macro_rules! conformance_tests {
             the_waiters_of_one_process_share_its_watches,
             a_waiter_refused_a_local_claim_is_woken_by_its_release_alone,
             a_claim_let_go_wakes_only_the_waiter_it_was_refused_to,
+            a_look_at_a_short_folder_lists_it_once,
             a_waiting_batch_worker_reads_a_status_again_only_once_it_changed,
             generic_jobs_walk_their_states_in_their_own_subtree,
             generic_jobs_racing_acceptors_hold_each_job_alone,

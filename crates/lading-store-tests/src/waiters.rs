@@ -316,3 +316,49 @@ pub async fn a_waiting_batch_worker_reads_a_status_again_only_once_it_changed(h:
     assert!(stored.locked, "held by the waiter's lease");
     w.release_batch_lease(got).await.unwrap();
 }
+
+/// A look at a state whose jobs all fit one page lists the folder once: a page shorter than
+/// asked for is the last (each look used to read an empty page after it, on ZooKeeper a
+/// listing of the whole folder each time a waiter woke).
+pub async fn a_look_at_a_short_folder_lists_it_once(h: &dyn Harness) {
+    let s = h.open().await;
+    let counting = CountingTree::over(s.tree.clone());
+    // No sweep to fall back on: only what the waiter is owed wakes it.
+    let e = Arc::new(
+        Engine::new(counting.clone(), system_clock(), "looker")
+            .with_sweep(Duration::from_secs(3600)),
+    );
+    e.init().await.unwrap();
+    let (other, _s2) = engine(h, "holder").await;
+    let (_, jobs) = batch_with_jobs(&e, 2, &[]).await;
+    let held = take_job(&other, JobState::Pending).await;
+    assert_eq!(held.job, jobs[0]);
+    let folder = job_state_folder(JobState::Pending);
+    let looks = || {
+        let listed = counting.listed.lock().unwrap();
+        listed.iter().filter(|p| **p == folder).count()
+    };
+    // The second job is free: found on the one page.
+    let before = looks();
+    let got = take_job(&e, JobState::Pending).await;
+    assert_eq!(got.job, jobs[1]);
+    assert_eq!(looks() - before, 1, "one listing to find the free job");
+    // Nothing free: the two jobs are held, one by each process.
+    let before = looks();
+    assert!(e.acquire_job(JobState::Pending).await.unwrap().is_none());
+    assert_eq!(looks() - before, 1, "one listing to find nothing free");
+    // Let go before a waiter comes, it is found again: the waiter's first look tries the
+    // other job found locked (its own), and watches this one's lock after it went; it looks
+    // again once the mark lapses (half a second), not at the sweep.
+    other.release_job_lease(held).await.unwrap();
+    let again = e
+        .wait_job_or(
+            JobState::Pending,
+            Duration::from_secs(60),
+            std::future::pending(),
+        )
+        .await
+        .unwrap()
+        .expect("the job let go");
+    assert_eq!(again.job, jobs[0]);
+}
