@@ -213,24 +213,11 @@ impl Contention {
         v.into_iter().map(|(k, _, _)| k.clone()).collect()
     }
 
-    /// How long until the earliest reference of `folder` found locked but not proved held
-    /// ([`Seen::Busy`]) is tried again. A look tries one such reference at most, and sets a
-    /// watch on the others' locks only after the attempts that found them locked: a lock
-    /// that went in between (its watch, set on no node, waits for one to be made) would
-    /// otherwise wake nobody until the sweep. The waiter looks again then; by that look the
-    /// reference is either free or proved held (see [`Busy::held`]), so this comes back once
-    /// per reference at most.
-    pub(crate) fn busy_lapse(&self, folder: &str) -> Option<Duration> {
-        let now = Instant::now();
-        lock(&self.busy)
-            .get(folder)?
-            .names
-            .values()
-            .filter(|b| !b.proved())
-            .map(|b| b.at + BUSY_SKIP)
-            .filter(|until| *until > now)
-            .min()
-            .map(|until| until - now)
+    /// Forgets that `reference` of `folder` was found locked (its lock is gone).
+    pub(crate) fn forget_busy(&self, folder: &str, reference: &str) {
+        if let Some(f) = lock(&self.busy).get_mut(folder) {
+            f.names.remove(reference);
+        }
     }
 
     /// Forgets the busy references of `folder` that are not in `listed`, the folder's whole

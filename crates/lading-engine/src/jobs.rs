@@ -497,33 +497,56 @@ impl Engine {
                 }
                 // Jobs that are there but locked become free when their lock goes (a worker
                 // released it, or its session expired): watch those locks too.
+                let folder = job_state_folder(state);
+                let mut new = Vec::new();
                 for name in self
                     .contention
-                    .busy_names(&job_state_folder(state), WAIT_LOCKS, self.tree.session_id())
+                    .busy_names(&folder, WAIT_LOCKS, self.tree.session_id())
                     .into_iter()
                     .filter(|_| !sabotage::on(sabotage::LOST_LOCK_WAKEUP))
                 {
                     if let Some((_, jid)) = parse_job_ref(&name) {
-                        armed
-                            .watch(self, &job_node(&jid, "lock"), WatchKind::Data)
-                            .await?;
+                        let lock = job_node(&jid, "lock");
+                        let pending = self.pending_watch(&lock, WatchKind::Data).is_some();
+                        armed.watch(self, &lock, WatchKind::Data).await?;
+                        if !pending {
+                            new.push((name, lock));
+                        }
                     }
                 }
-                // A job of this state deferred after a transient error becomes due, or one
-                // found locked is to be tried again.
-                let folder = job_state_folder(state);
-                let due = [
-                    self.contention.next_due(&folder, self.clock.now_ms()),
-                    self.contention.busy_lapse(&folder),
-                ]
-                .into_iter()
-                .flatten()
-                .min()
-                .unwrap_or(self.sweep);
+                if self.gone_since_found(&folder, &new).await? {
+                    return Ok(Round::Again);
+                }
+                // A job of this state deferred after a transient error becomes due.
+                let due = self
+                    .contention
+                    .next_due(&folder, self.clock.now_ms())
+                    .unwrap_or(self.sweep);
                 Ok(Round::Wait { due })
             },
         )
         .await
+    }
+
+    /// Whether any of `watched` (references of `folder` found locked, and their locks, whose
+    /// watches this round set for the first time) has lost its lock already: those are
+    /// forgotten as locked, to be tried at once. A look tries one job found locked at most,
+    /// and the others' locks are watched only after the attempts that found them locked; a
+    /// lock gone in between leaves its watch on no node, which fires only when one is made,
+    /// and the job waited for the sweep (found by a conformance test: ten seconds).
+    async fn gone_since_found(&self, folder: &str, watched: &[(String, String)]) -> Result<bool> {
+        if watched.is_empty() {
+            return Ok(false);
+        }
+        let locks: Vec<String> = watched.iter().map(|(_, l)| l.clone()).collect();
+        let mut gone = false;
+        for ((name, _), node) in watched.iter().zip(self.tree.get_many(&locks).await?) {
+            if node.is_none() {
+                self.contention.forget_busy(folder, name);
+                gone = true;
+            }
+        }
+        Ok(gone)
     }
 
     pub(crate) fn check_job_lease(&self, lease: &JobLease) -> Result<()> {

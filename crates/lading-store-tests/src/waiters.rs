@@ -348,8 +348,8 @@ pub async fn a_look_at_a_short_folder_lists_it_once(h: &dyn Harness) {
     assert!(e.acquire_job(JobState::Pending).await.unwrap().is_none());
     assert_eq!(looks() - before, 1, "one listing to find nothing free");
     // Let go before a waiter comes, it is found again: the waiter's first look tries the
-    // other job found locked (its own), and watches this one's lock after it went; it looks
-    // again once the mark lapses (half a second), not at the sweep.
+    // other job found locked (its own), and watches this one's lock after it went; it reads
+    // the lock once watched, finds it gone and looks again at once, not at the sweep.
     other.release_job_lease(held).await.unwrap();
     let again = e
         .wait_job_or(
