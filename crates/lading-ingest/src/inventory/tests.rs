@@ -284,3 +284,67 @@ fn an_inventory_made_before_carry_over_is_migrated_and_keeps_its_rows() {
         vec![("producer/a.txt".to_string(), "aa".to_string())]
     );
 }
+
+/// The inventory's reads are planned once per connection: each use of a cached statement
+/// binds new values and runs the plan it has. Without the planner's stability guarantee,
+/// SQLite planned a join, an `ORDER BY` or a `LIMIT ?` again for every new value, and
+/// rusqlite's cache clears the values of every statement it takes back: every read was parsed
+/// and planned again. Reads by job go through an index on the job.
+#[test]
+fn reads_are_planned_once_per_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let inv = Inventory::new(Location::Sqlite(dir.path().join("i.db")));
+    let vs = [version(dir.path(), 1), version(dir.path(), 2)];
+    for v in &vs {
+        inv.record(v, None).unwrap();
+        inv.set_copies(&[CopyRow {
+            ark: v.ark.clone(),
+            version: v.version,
+            path: "producer/a.txt".into(),
+            node: 1,
+            status: "ok".into(),
+            found: None,
+        }])
+        .unwrap();
+    }
+    for (i, v) in vs.iter().enumerate() {
+        assert_eq!(inv.job_versions(&v.job).unwrap()[0].files.len(), 2);
+        assert!(inv.job_copies(&v.job).unwrap().iter().any(|c| c.node == 1));
+        assert!(matches!(inv.newest_copies(&v.ark).unwrap(), Some((2, n)) if n.contains(&1)));
+        assert_eq!(inv.versions(&v.ark).unwrap().len(), 2);
+        let due = inv
+            .copies_due("9999-01-01 00:00:00 +0000", 1 + i as i64)
+            .unwrap();
+        assert_eq!(due.len(), 1 + i);
+    }
+    let (statements, replanned, plan) = inv
+        .with(|c, _| {
+            let Conn::Sqlite(c) = c else {
+                unreachable!("a SQLite inventory")
+            };
+            // Every statement the connection keeps (the cache's), and how often SQLite
+            // prepared each again.
+            let (mut n, mut again) = (0, 0);
+            // SAFETY: the connection is held for the whole walk, and the walk only reads
+            // each statement's counter.
+            unsafe {
+                use rusqlite::ffi;
+                let db = c.handle();
+                let mut st = ffi::sqlite3_next_stmt(db, std::ptr::null_mut());
+                while !st.is_null() {
+                    n += 1;
+                    again += ffi::sqlite3_stmt_status(st, ffi::SQLITE_STMTSTATUS_REPREPARE, 0);
+                    st = ffi::sqlite3_next_stmt(db, st);
+                }
+            }
+            let plan: Vec<String> = c
+                .prepare("EXPLAIN QUERY PLAN SELECT path FROM versions WHERE job = ?1")?
+                .query_map(["jid0000000001"], |r| r.get(3))?
+                .collect::<Result<_, _>>()?;
+            Ok((n, again, plan.join("; ")))
+        })
+        .unwrap();
+    assert!(statements >= 5, "{statements} statements kept");
+    assert_eq!(replanned, 0, "statements prepared again");
+    assert!(plan.contains("versions_job"), "{plan}");
+}
