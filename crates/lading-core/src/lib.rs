@@ -4,6 +4,7 @@
 //! **Architecture invariant:** this crate does no I/O and starts no threads. Everything here
 //! is plain data and pure functions, so it is tested exhaustively without a store.
 
+pub mod json;
 pub mod layout;
 pub mod random;
 pub mod recorded;

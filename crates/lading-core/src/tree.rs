@@ -473,6 +473,26 @@ fn unwrap_single(e: TreeError) -> TreeError {
     }
 }
 
+/// What [`validate_path`] looks for in a byte: an ASCII control character, a byte above
+/// ASCII, a dot.
+const CONTROL: u8 = 1;
+const ABOVE_ASCII: u8 = 2;
+const DOT: u8 = 4;
+static BYTE_CLASS: [u8; 256] = {
+    let mut table = [0u8; 256];
+    let mut b = 0;
+    while b < 256 {
+        table[b] = match b {
+            0..0x20 | 0x7f => CONTROL,
+            0x80.. => ABOVE_ASCII,
+            0x2e => DOT,
+            _ => 0,
+        };
+        b += 1;
+    }
+    table
+};
+
 /// Checks a path is absolute, has no empty segment and no trailing slash (`/` alone is the
 /// root).
 pub fn validate_path(path: &str) -> Result<(), TreeError> {
@@ -485,40 +505,32 @@ pub fn validate_path(path: &str) -> Result<(), TreeError> {
     if path.ends_with('/') {
         return Err(TreeError::InvalidPath(path.into(), "must not end with /"));
     }
-    // One pass over the bytes (every `multi` checks every path): segments, and control
-    // characters, of which only C1 (U+0080–U+009F) needs the characters decoded.
-    let bytes = path.as_bytes();
-    let bad_segment = |seg: &[u8]| seg.is_empty() || seg == b"." || seg == b"..";
-    let mut start = 1;
-    let mut ascii = true;
-    for (i, &b) in bytes.iter().enumerate().skip(1) {
-        match b {
-            b'/' => {
-                if bad_segment(&bytes[start..i]) {
-                    return Err(TreeError::InvalidPath(
-                        path.into(),
-                        "empty, . or .. segment",
-                    ));
-                }
-                start = i + 1;
-            }
-            0..0x20 | 0x7f => {
-                return Err(TreeError::InvalidPath(
-                    path.into(),
-                    "contains a control character",
-                ));
-            }
-            0x80.. => ascii = false,
-            _ => {}
-        }
+    // Every call on a tree checks every path it names (`lading-sim` seeds 1-4: 180,000
+    // checks), so the usual path is checked in one pass over a table of byte classes, and
+    // a search for two slashes in a row: a byte-by-byte `match` took 2.5 times the
+    // instructions. Only a path with a dot has its segments looked at one by one, and only
+    // one with a byte above ASCII has its characters decoded (for C1, U+0080–U+009F).
+    let classes = path
+        .bytes()
+        .fold(0u8, |found, b| found | BYTE_CLASS[b as usize]);
+    if classes & CONTROL != 0 {
+        return Err(TreeError::InvalidPath(
+            path.into(),
+            "contains a control character",
+        ));
     }
-    if bad_segment(&bytes[start..]) {
+    if path.contains("//")
+        || (classes & DOT != 0
+            && path[1..]
+                .split('/')
+                .any(|seg| seg.is_empty() || seg == "." || seg == ".."))
+    {
         return Err(TreeError::InvalidPath(
             path.into(),
             "empty, . or .. segment",
         ));
     }
-    if !ascii && path.chars().any(char::is_control) {
+    if classes & ABOVE_ASCII != 0 && path.chars().any(char::is_control) {
         return Err(TreeError::InvalidPath(
             path.into(),
             "contains a control character",
@@ -614,5 +626,32 @@ mod tests {
         );
         assert_eq!(join_path("/", "jobs"), "/jobs");
         assert_eq!(join_path("/jobs", "x"), "/jobs/x");
+    }
+
+    /// The checks agree with the rule read plainly, on every path of up to six characters
+    /// drawn from slashes, dots, a letter, control characters (C0, DEL, C1) and a non-ASCII
+    /// letter.
+    #[test]
+    fn paths_are_validated_as_the_rule_reads() {
+        let plain = |p: &str| {
+            p == "/"
+                || (p.starts_with('/')
+                    && !p.ends_with('/')
+                    && p[1..]
+                        .split('/')
+                        .all(|s| !s.is_empty() && s != "." && s != "..")
+                    && !p.chars().any(char::is_control))
+        };
+        let alphabet = ['/', '.', 'a', '\n', '\u{7f}', '\u{85}', 'é'];
+        let mut paths = vec![String::new()];
+        for _ in 0..6 {
+            paths = paths
+                .iter()
+                .flat_map(|p| alphabet.iter().map(move |c| format!("{p}{c}")))
+                .collect();
+            for p in &paths {
+                assert_eq!(validate_path(p).is_ok(), plain(p), "{p:?}");
+            }
+        }
     }
 }

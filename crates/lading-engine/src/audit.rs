@@ -123,7 +123,8 @@ pub async fn list(tree: &dyn Tree, limit: usize) -> Result<Vec<AdminOperation>> 
         .into_iter()
         .zip(nodes)
         .filter_map(|(name, node)| {
-            let mut op: AdminOperation = serde_json::from_slice(node?.data.as_deref()?).ok()?;
+            let mut op: AdminOperation =
+                lading_core::json::from_bytes(node?.data.as_deref()?).ok()?;
             op.id = name.clone();
             Some(op)
         })

@@ -541,7 +541,7 @@ pub async fn published(engine: &Engine) -> Vec<Health> {
         let Some(p) = node
             .data
             .as_deref()
-            .and_then(|b| serde_json::from_slice::<Published>(b).ok())
+            .and_then(|b| lading_core::json::from_bytes::<Published>(b).ok())
         else {
             continue;
         };

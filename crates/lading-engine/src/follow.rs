@@ -281,14 +281,14 @@ fn fields(data: Option<&[u8]>) -> Option<Fields<'_>> {
     let data = data?;
     // An object (a derived struct would take a list too, its fields in order).
     let object = data.trim_ascii_start().first() == Some(&b'{');
-    if object && let Ok(u) = serde_json::from_slice::<UsualStatus>(data) {
+    if object && let Ok(u) = lading_core::json::from_bytes::<UsualStatus>(data) {
         return Some(Fields {
             state: u.status.into_owned(),
             has_history: u.history.is_some(),
             history: u.history.map(|h| h.into_iter().map(|s| s.0).collect()),
         });
     }
-    let Value::Object(mut m) = serde_json::from_slice(data).ok()? else {
+    let Value::Object(mut m) = lading_core::json::from_bytes(data).ok()? else {
         return None;
     };
     let state = m.remove("status")?.as_str()?.to_string();

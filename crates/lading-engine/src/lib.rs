@@ -624,7 +624,7 @@ pub fn decode(data: Option<&[u8]>) -> Value {
     match data {
         None => Value::Null,
         Some([]) => Value::Null,
-        Some(b) => serde_json::from_slice(b)
+        Some(b) => lading_core::json::from_bytes(b)
             .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(b).into_owned())),
     }
 }

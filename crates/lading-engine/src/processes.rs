@@ -155,7 +155,7 @@ pub async fn list(tree: &dyn Tree) -> Result<Vec<ProcessInfo>> {
         .into_iter()
         .zip(records.into_iter().zip(alive))
         .filter_map(|(name, (node, alive))| {
-            let record = serde_json::from_slice(node?.data.as_deref()?).ok()?;
+            let record = lading_core::json::from_bytes(node?.data.as_deref()?).ok()?;
             Some(ProcessInfo {
                 name,
                 alive: alive.is_some(),

@@ -20,16 +20,17 @@ pub(crate) fn decode_json<T: DeserializeOwned>(
     path: &str,
     node: &lading_core::Node,
 ) -> Result<(T, i32)> {
-    let v = serde_json::from_slice(node.data.as_deref().unwrap_or_default()).map_err(|e| {
-        EngineError::Corrupt {
-            path: path.to_string(),
-            reason: if e.is_data() {
-                format!("unexpected JSON: {e}")
-            } else {
-                format!("invalid JSON: {e}")
-            },
-        }
-    })?;
+    let v =
+        lading_core::json::from_bytes(node.data.as_deref().unwrap_or_default()).map_err(|e| {
+            EngineError::Corrupt {
+                path: path.to_string(),
+                reason: if e.is_data() {
+                    format!("unexpected JSON: {e}")
+                } else {
+                    format!("invalid JSON: {e}")
+                },
+            }
+        })?;
     Ok((v, node.stat.version))
 }
 
@@ -564,7 +565,7 @@ impl Engine {
             let paths: Vec<String> = chunk.iter().map(|b| batch_node(b, "status")).collect();
             for node in self.tree.get_many(&paths).await?.into_iter().flatten() {
                 let bytes = node.data.unwrap_or_default();
-                let done = serde_json::from_slice::<BatchStatus>(&bytes).is_ok_and(|s| {
+                let done = lading_core::json::from_bytes::<BatchStatus>(&bytes).is_ok_and(|s| {
                     matches!(
                         s.status,
                         BatchState::Completed | BatchState::Failed | BatchState::Deleted

@@ -187,7 +187,7 @@ async fn add_hour(
             Some(n) => (
                 n.data
                     .as_deref()
-                    .and_then(|d| serde_json::from_slice::<Hour>(d).ok())
+                    .and_then(|d| lading_core::json::from_bytes::<Hour>(d).ok())
                     .unwrap_or_default(),
                 Some(n.stat.version),
             ),
@@ -302,7 +302,7 @@ pub async fn read(tree: &dyn Tree, now_ms: u64) -> Result<Vec<StageSeries>> {
         };
         let Some(h) = node
             .and_then(|n| n.data)
-            .and_then(|d| serde_json::from_slice::<Hour>(&d).ok())
+            .and_then(|d| lading_core::json::from_bytes::<Hour>(&d).ok())
         else {
             continue;
         };

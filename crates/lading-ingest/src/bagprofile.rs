@@ -71,7 +71,7 @@ impl BagProfile {
         if text.len() > 1 << 20 {
             return Err(format!("BagIt profile {shown}: larger than 1 MiB"));
         }
-        let v: Value = serde_json::from_slice(&text)
+        let v: Value = lading_core::json::from_bytes(&text)
             .map_err(|e| format!("BagIt profile {shown}: not JSON: {e}"))?;
         // Messages about a bag name the profile's file, never the server's folders.
         let name = path

@@ -406,7 +406,10 @@ mod tests {
             post.headers
                 .contains(&("content-type", "application/json".to_string()))
         );
-        assert_eq!(serde_json::from_slice::<Value>(&post.body).unwrap(), body);
+        assert_eq!(
+            lading_core::json::from_bytes::<Value>(&post.body).unwrap(),
+            body
+        );
         for payload in [json!({"body": body}), json!({"url": "", "body": body})] {
             assert_eq!(
                 callback_of(&callback(payload)).unwrap_err(),

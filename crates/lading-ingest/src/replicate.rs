@@ -55,14 +55,15 @@ pub async fn version_on(n: &Node, ark: &str, version: u32) -> Result<NodeVersion
                 .read_small(ark, version, VERSION_RECORD)
                 .await?
                 .ok_or_else(missing)?;
-            let stored: StoredVersion = serde_json::from_slice(&b).map_err(|e| NodeError {
-                what: format!(
-                    "{}: the record of {ark} v{version} is corrupt: {e}",
-                    n.name()
-                ),
-                fatal: true,
-                down: None,
-            })?;
+            let stored: StoredVersion =
+                lading_core::json::from_bytes(&b).map_err(|e| NodeError {
+                    what: format!(
+                        "{}: the record of {ark} v{version} is corrupt: {e}",
+                        n.name()
+                    ),
+                    fatal: true,
+                    down: None,
+                })?;
             let files = crate::blocking::run(move || crate::stages::list_files(&dir))
                 .await
                 .map_err(|e| NodeError {

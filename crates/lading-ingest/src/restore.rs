@@ -241,7 +241,7 @@ pub async fn write_bag<W: Write + Send + 'static>(
 ) -> std::io::Result<(W, Restored)> {
     let list = listing(src).await?;
     let record: Option<serde_json::Value> = if list.iter().any(|(p, _)| p == BAG_RECORD) {
-        serde_json::from_slice(&read_small(src, BAG_RECORD).await?).ok()
+        lading_core::json::from_bytes(&read_small(src, BAG_RECORD).await?).ok()
     } else {
         None
     };

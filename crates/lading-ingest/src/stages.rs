@@ -273,7 +273,7 @@ async fn job_json(job: &JobCtx, name: &str) -> Result<Option<Value>, Outcome> {
         .and_then(|n| n.data);
     match data {
         None => Ok(None),
-        Some(d) => serde_json::from_slice::<Value>(&d)
+        Some(d) => lading_core::json::from_bytes::<Value>(&d)
             .map(Some)
             .map_err(|e| Outcome::fatal(format!("{path} is corrupt: not JSON ({e})"))),
     }

@@ -331,11 +331,13 @@ impl Jobs {
         let mut live: Vec<(&Entry, Record, i32)> = Vec::with_capacity(entries.len());
         for ((e, node), path) in entries.iter().zip(nodes).zip(&paths) {
             let Some(node) = node else { continue };
-            let rec: Record = serde_json::from_slice(node.data.as_deref().unwrap_or(b"null"))
-                .map_err(|err| JobsError::Corrupt {
-                    path: path.clone(),
-                    reason: err.to_string(),
-                })?;
+            let rec: Record = lading_core::json::from_bytes(
+                node.data.as_deref().unwrap_or(b"null"),
+            )
+            .map_err(|err| JobsError::Corrupt {
+                path: path.clone(),
+                reason: err.to_string(),
+            })?;
             if rec.state == State::Pending && rec.scheduled_ms == e.ms && rec.priority == e.priority
             {
                 live.push((e, rec, node.stat.version));
@@ -427,7 +429,7 @@ impl Jobs {
         let mut second = now / 1000;
         let (used, version) = match self.tree.get(&path).await? {
             Some(node) => {
-                let v: Value = serde_json::from_slice(node.data.as_deref().unwrap_or(b"{}"))
+                let v: Value = lading_core::json::from_bytes(node.data.as_deref().unwrap_or(b"{}"))
                     .unwrap_or(Value::Null);
                 let counted = v.get("second").and_then(Value::as_u64).unwrap_or(0);
                 let used = if counted >= second {

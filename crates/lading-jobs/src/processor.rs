@@ -194,7 +194,7 @@ impl CommandProcessor {
         let err = errors.await.unwrap_or_default();
         if status.success() {
             return Ok(Ran::Done(Outcome::Success(
-                serde_json::from_slice::<Value>(&out).ok(),
+                lading_core::json::from_bytes::<Value>(&out).ok(),
             )));
         }
         let said = if err.iter().any(|b| !b.is_ascii_whitespace()) {

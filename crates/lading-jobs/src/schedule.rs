@@ -300,12 +300,12 @@ impl Jobs {
         let Some(node) = self.tree.get(&path).await? else {
             return Ok(None);
         };
-        let s = serde_json::from_slice(node.data.as_deref().unwrap_or(b"null")).map_err(|e| {
-            JobsError::Corrupt {
+        let s = lading_core::json::from_bytes(node.data.as_deref().unwrap_or(b"null")).map_err(
+            |e| JobsError::Corrupt {
                 path,
                 reason: e.to_string(),
-            }
-        })?;
+            },
+        )?;
         Ok(Some((s, node.stat.version)))
     }
 

@@ -277,7 +277,7 @@ impl Jobs {
 }
 
 fn parse_settings(path: &str, data: Option<&[u8]>) -> Result<TypeSettings> {
-    serde_json::from_slice(data.unwrap_or(b"null")).map_err(|e| JobsError::Corrupt {
+    lading_core::json::from_bytes(data.unwrap_or(b"null")).map_err(|e| JobsError::Corrupt {
         path: path.into(),
         reason: e.to_string(),
     })

@@ -582,8 +582,8 @@ pub(crate) async fn bulk(
     let bytes = axum::body::to_bytes(req.into_body(), 64 << 10)
         .await
         .map_err(|e| ApiError::bad_request(format!("reading the body: {e}")))?;
-    let body: crate::bulk::BulkRequest =
-        serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("body: {e}")))?;
+    let body: crate::bulk::BulkRequest = lading_core::json::from_bytes(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("body: {e}")))?;
     let op = crate::bulk::start(&s, &p.name, body).await?;
     Ok((StatusCode::ACCEPTED, Json(op)).into_response())
 }
@@ -615,7 +615,7 @@ async fn optional_body<T: serde::de::DeserializeOwned + Default>(
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    serde_json::from_slice(&bytes).map_err(|e| ApiError::bad_request(format!("body: {e}")))
+    lading_core::json::from_bytes(&bytes).map_err(|e| ApiError::bad_request(format!("body: {e}")))
 }
 
 pub(crate) fn local(s: &AppState) -> Local {

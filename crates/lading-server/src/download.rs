@@ -105,7 +105,7 @@ pub async fn job_download(
         None => None,
         // A store record that cannot be read is named, not taken for "nothing stored yet".
         Some(d) => Some(
-            serde_json::from_slice(&d).map_err(|err| EngineError::Corrupt {
+            lading_core::json::from_bytes(&d).map_err(|err| EngineError::Corrupt {
                 path: path.clone(),
                 reason: err.to_string(),
             })?,

@@ -123,8 +123,8 @@ async fn read(req: hyper::Request<hyper::body::Incoming>) -> Result<(String, Val
             }
         }
     }
-    let body: Value =
-        serde_json::from_slice(&bytes).map_err(|e| format!("a body that is not JSON: {e}"))?;
+    let body: Value = lading_core::json::from_bytes(&bytes)
+        .map_err(|e| format!("a body that is not JSON: {e}"))?;
     let inner = body.get("idempotency_key").and_then(Value::as_str);
     if inner != Some(key.as_str()) {
         return Err(format!("the header's key {key:?} but the body's {inner:?}"));

@@ -49,7 +49,7 @@ fn generic_path(path: &str) -> Option<(&str, &str, &str)> {
 }
 
 fn parsed<T: serde::de::DeserializeOwned>(data: Option<&[u8]>) -> Option<T> {
-    serde_json::from_slice(data?).ok()
+    lading_core::json::from_bytes(data?).ok()
 }
 
 fn type_settings(mem: &Mem, ty: &str) -> Option<TypeSettings> {
@@ -367,7 +367,7 @@ fn reservations_after(mem: &Mem, ops: &[Op]) -> Vec<String> {
         .flatten()
         .filter_map(|j| mem.get(&format!("{prefix}{j}")))
         .filter_map(|n| n.data.as_deref())
-        .filter_map(|d| serde_json::from_slice::<lading_engine::Reservation>(d).ok())
+        .filter_map(|d| lading_core::json::from_bytes::<lading_engine::Reservation>(d).ok())
         .filter(|r| r.root == SPACE_ROOT)
         .map(|r| r.bytes)
         .sum();
@@ -488,7 +488,7 @@ pub fn job_consistent(mem: &Mem, jid: &JobId) -> Vec<String> {
     let state = status
         .data
         .as_deref()
-        .and_then(|d| serde_json::from_slice::<StatusOnly>(d).ok())
+        .and_then(|d| lading_core::json::from_bytes::<StatusOnly>(d).ok())
         .and_then(|v| JobState::parse(&v.status));
     let Some(state) = state else {
         return vec![format!("job {jid}: its status is not readable")];

@@ -269,5 +269,5 @@ fn metadata_from_tags(mut metadata: JobMetadata, bag: &crate::bagit::Bag) -> Job
 /// The bag record Processing left in the working folder, if the job is a bag.
 pub(crate) fn bag_record(workdir: &Path) -> Option<Value> {
     let text = std::fs::read(bag_record_path(workdir)).ok()?;
-    serde_json::from_slice(&text).ok()
+    lading_core::json::from_bytes(&text).ok()
 }

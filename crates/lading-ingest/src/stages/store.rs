@@ -253,7 +253,7 @@ pub(crate) async fn store_locked(
         for v in existing.iter().rev().filter(|_| !sabotaged) {
             let f = object_dir.join(format!("v{v}")).join(VERSION_FILE);
             if let Ok(b) = std::fs::read(&f)
-                && let Ok(s) = serde_json::from_slice::<StoredVersion>(&b)
+                && let Ok(s) = lading_core::json::from_bytes::<StoredVersion>(&b)
                 && s.job == jid
             {
                 return Ok(s);
@@ -264,7 +264,7 @@ pub(crate) async fn store_locked(
         if let Some(v) = existing.last() {
             let f = object_dir.join(format!("v{v}")).join(VERSION_FILE);
             if let Ok(b) = std::fs::read(&f)
-                && let Ok(s) = serde_json::from_slice::<StoredVersion>(&b)
+                && let Ok(s) = lading_core::json::from_bytes::<StoredVersion>(&b)
                 && let Some(owner) = s.collection
                 && owner != collection
             {

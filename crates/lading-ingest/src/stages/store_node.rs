@@ -71,14 +71,16 @@ pub async fn read_node_version(
     let Some(b) = node.read_small(ark, version, VERSION_RECORD).await? else {
         return Ok(None);
     };
-    serde_json::from_slice(&b).map(Some).map_err(|e| NodeError {
-        what: format!(
-            "{}: the record of {ark} v{version} is corrupt: {e}",
-            node.name()
-        ),
-        fatal: true,
-        down: None,
-    })
+    lading_core::json::from_bytes(&b)
+        .map(Some)
+        .map_err(|e| NodeError {
+            what: format!(
+                "{}: the record of {ark} v{version} is corrupt: {e}",
+                node.name()
+            ),
+            fatal: true,
+            down: None,
+        })
 }
 
 /// The files of the working directory's object, relative (`producer/…`, `system/…`).

@@ -767,7 +767,7 @@ fn versions_in_folders(
             let stored = std::fs::read(at.join(lading_ingest::files::VERSION_FILE))
                 .ok()
                 .and_then(|b| {
-                    serde_json::from_slice::<lading_ingest::files::StoredVersion>(&b).ok()
+                    lading_core::json::from_bytes::<lading_ingest::files::StoredVersion>(&b).ok()
                 });
             let Some(stored) = stored else {
                 found.push(format!("storage: {} has no version record", at.display()));
