@@ -160,16 +160,20 @@ impl<'a> RawHistory<'a> {
 }
 
 /// An entry's six `|`-separated fields as `splitn(6, '|')` gives them ("" for those it has
-/// not), found in one pass over the bytes (through `str::split` they were 1% of a
-/// simulator run).
+/// not), found in one pass over the bytes that stops at the fifth bar: the message after it is
+/// taken whole, not read (through `str::split` the fields were 1% of a simulator run; by
+/// `str::find`, 2.5%).
 fn pipe_fields(e: &str) -> [&str; 6] {
     let mut out = [""; 6];
     let (mut start, mut k) = (0, 0);
     for (i, b) in e.bytes().enumerate() {
-        if b == b'|' && k < 5 {
+        if b == b'|' {
             out[k] = &e[start..i];
             k += 1;
             start = i + 1;
+            if k == 5 {
+                break;
+            }
         }
     }
     out[k] = &e[start..];
