@@ -292,6 +292,17 @@ impl Engine {
             .is_some_and(|s| *s != session)
     }
 
+    /// Whether a worker of this process holds the claim on `lock` under the current session
+    /// (what makes [`Engine::claim`] refuse it).
+    pub(crate) fn claimed_here(&self, lock: &str) -> bool {
+        let session = self.tree.session_id();
+        self.claimed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(lock)
+            .is_some_and(|s| *s == session)
+    }
+
     /// Drops the claim on `lock` if it is `session`'s.
     pub(crate) fn unclaim_on(&self, lock: &str, session: u64) {
         if !self.claimed_by_other(lock, session) {
