@@ -27,6 +27,10 @@ pub const LOST_LOCK_WAKEUP: u32 = 64;
 /// Waking a deferred job does not signal this process's waiters: one woken by the wake's
 /// own commit, that looked before the deferral was forgotten, waits for its periodic look.
 pub const LOST_WAKE_SIGNAL: u32 = 128;
+/// A waiter that finds nothing free polls (one read of the tree) and looks again at once
+/// instead of waiting: the simulated clock never moves, which the simulator's watchdog
+/// reports (a livelock like seed 2005835's ends its run with a violation, not never).
+pub const BUSY_WAIT: u32 = 256;
 
 /// Every sabotage, by the name `--sabotage` takes.
 pub const NAMES: &[(&str, u32)] = &[
@@ -38,6 +42,7 @@ pub const NAMES: &[(&str, u32)] = &[
     ("store-twice", STORE_TWICE),
     ("lost-lock-wakeup", LOST_LOCK_WAKEUP),
     ("lost-wake-signal", LOST_WAKE_SIGNAL),
+    ("busy-wait", BUSY_WAIT),
 ];
 
 #[cfg(feature = "sabotage")]

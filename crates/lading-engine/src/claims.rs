@@ -363,6 +363,10 @@ impl Engine {
             {
                 (Round::Got(t), _) => return Ok(Some(t)),
                 (Round::Again, _) => continue,
+                (Round::Wait { .. }, _) if sabotage::on(sabotage::BUSY_WAIT) => {
+                    let _ = self.tree.exists(lading_core::layout::JOBS).await;
+                    continue;
+                }
                 (Round::Wait { due }, lost) => (due, lost),
             };
             let mut watches = armed.take_wanted();
@@ -436,7 +440,11 @@ impl Armed {
     }
 
     /// Watches `path`: the unfired watch a former round set on this session, or a share of
-    /// the process's ([`Engine::shared_watch`]).
+    /// the process's ([`Engine::shared_watch`]). A kept watch that fired since (a round that
+    /// looked again at once never waited on it) is let go, not used again: it would never
+    /// fire again, and the process's registry has let it go too, so the waiter would find the
+    /// node unwatched at every look and look again at once, never waiting (`lading-sim`,
+    /// seed 2005835).
     pub(crate) async fn watch(&self, e: &Engine, path: &str, kind: WatchKind) -> Result<()> {
         let session = e.tree.session_id();
         let found = {
@@ -445,6 +453,7 @@ impl Armed {
                 .iter()
                 .position(|(p, k, s, _)| p == path && *k == kind && *s == session)
                 .map(|i| g.kept.swap_remove(i))
+                .and_then(|mut k| (!crate::watched::fired(&mut k.3)).then_some(k))
         };
         let entry = match found {
             Some(e) => e,

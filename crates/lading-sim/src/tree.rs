@@ -131,6 +131,10 @@ pub struct State {
     pub full: Option<Vec<String>>,
     /// `LADING_SIM_LIVE=1`: every line to stderr as it happens (a run that does not end).
     live_trace: bool,
+    /// The simulated instant of the last tree call, and the calls made at it.
+    still: (u64, u64),
+    /// The clock stood still too long: every call from now on waits for good.
+    pub halted: bool,
 }
 
 /// The simulated wall clock's start (2026-01-01), in ms since the epoch.
@@ -188,6 +192,25 @@ impl State {
             f.push(line.clone());
         }
         self.tail.push_back(line);
+    }
+
+    /// Counts a tree call at this simulated instant: true at the call that makes it
+    /// [`STILL_CALLS`], when the run is marked halted and a violation says so.
+    fn clock_stands_still(&mut self) -> bool {
+        let now = self.now_ms();
+        if self.still.0 != now {
+            self.still = (now, 0);
+        }
+        self.still.1 += 1;
+        if self.still.1 != STILL_CALLS || self.halted {
+            return false;
+        }
+        self.halted = true;
+        self.violation(format!(
+            "the simulated clock stood still at {now} ms for {STILL_CALLS} tree calls: \
+             something loops without ever waiting (the run was ended there)"
+        ));
+        true
     }
 
     pub fn violation(&mut self, what: String) {
@@ -302,7 +325,15 @@ impl State {
 /// The shared world of one simulation run.
 pub struct World {
     st: Mutex<State>,
+    /// Told once the simulated clock stood still for [`STILL_CALLS`] calls: the run ends
+    /// there (see [`World::halted`]).
+    halt: tokio::sync::Notify,
 }
+
+/// Tree calls at one simulated instant past which a run is taken to loop without ever
+/// waiting (a livelock: the clock moves only when every process waits). A whole seed makes
+/// some tens of thousands of calls; seed 2005835's loop made millions and never ended.
+pub const STILL_CALLS: u64 = 200_000;
 
 impl World {
     pub fn new(seed: u64, faults: Option<Faults>, full_trace: bool) -> Arc<World> {
@@ -329,8 +360,18 @@ impl World {
                 tail: VecDeque::new(),
                 full: full_trace.then(Vec::new),
                 live_trace: std::env::var_os("LADING_SIM_LIVE").is_some(),
+                still: (0, 0),
+                halted: false,
             }),
+            halt: tokio::sync::Notify::new(),
         })
+    }
+
+    /// Ready once the run was halted: its clock stood still for [`STILL_CALLS`] tree calls
+    /// (a violation says when). From then on every tree call waits for good, so whatever
+    /// looped stops and the run can end.
+    pub async fn halted(&self) {
+        self.halt.notified().await
     }
 
     pub fn lock(&self) -> MutexGuard<'_, State> {
@@ -454,6 +495,17 @@ impl SimTree {
         };
         if slow > 0 {
             tokio::time::sleep(Duration::from_millis(slow)).await;
+        }
+        let halted = {
+            let mut st = self.world.lock();
+            if st.clock_stands_still() {
+                // `notify_one` keeps the wake-up for a driver not yet waiting on it.
+                self.world.halt.notify_one();
+            }
+            st.halted
+        };
+        if halted {
+            return std::future::pending().await;
         }
         let mut st = self.world.lock();
         if self.dead.load(Ordering::SeqCst) {

@@ -201,23 +201,36 @@ pub fn run(seed: u64, opts: &Options) -> Run {
 /// One seed's run: the deployment built ([`Deployment::new`]), the workload played against
 /// it under faults ([`Deployment::play`]), the faults stopped, and then what must hold
 /// checked (`verdict.rs`).
+/// A run whose clock stood still too long ([`crate::tree::World::halted`]) ends there, with
+/// the violation that says so, instead of never ending.
 pub(super) async fn simulate(seed: u64, opts: &Options) -> Run {
     let mut d = Deployment::new(seed, opts).await;
-    d.play().await;
-    d.faults_stop().await;
-    let open = d.batches_end().await;
-    d.generic_jobs_end().await;
-    let all_ended = open.is_empty();
-    if all_ended {
-        d.wakes_for_new_work().await;
-        d.wakes_when_a_lock_goes().await;
-    }
-    d.events_were_sent(all_ended).await;
-    if all_ended {
-        d.no_space_reserved().await;
-    }
-    let counted = d.outcomes(all_ended).await;
+    let world = d.world.clone();
+    let counted = tokio::select! {
+        biased;
+        () = world.halted() => Default::default(),
+        c = d.play_and_check() => c,
+    };
     d.end(counted).await
+}
+
+impl Deployment {
+    async fn play_and_check(&mut self) -> super::verdict::Counted {
+        self.play().await;
+        self.faults_stop().await;
+        let open = self.batches_end().await;
+        self.generic_jobs_end().await;
+        let all_ended = open.is_empty();
+        if all_ended {
+            self.wakes_for_new_work().await;
+            self.wakes_when_a_lock_goes().await;
+        }
+        self.events_were_sent(all_ended).await;
+        if all_ended {
+            self.no_space_reserved().await;
+        }
+        self.outcomes(all_ended).await
+    }
 }
 
 /// The jobs a report mail lists: its body's indented lines, each starting with a job's id
