@@ -447,14 +447,7 @@ impl Armed {
     /// seed 2005835).
     pub(crate) async fn watch(&self, e: &Engine, path: &str, kind: WatchKind) -> Result<()> {
         let session = e.tree.session_id();
-        let found = {
-            let mut g = self.lock();
-            g.kept
-                .iter()
-                .position(|(p, k, s, _)| p == path && *k == kind && *s == session)
-                .map(|i| g.kept.swap_remove(i))
-                .and_then(|mut k| (!crate::watched::fired(&mut k.3)).then_some(k))
-        };
+        let found = take_unfired(&mut self.lock().kept, path, kind, session);
         let entry = match found {
             Some(e) => e,
             None => {
@@ -493,6 +486,16 @@ impl Armed {
     }
 }
 
+/// The watch `kept` holds on `path` set on `session`, taken out; `None` if there is none or
+/// it has fired (it is then let go: it would never fire again).
+fn take_unfired(kept: &mut Vec<Kept>, path: &str, kind: WatchKind, session: u64) -> Option<Kept> {
+    let i = kept
+        .iter()
+        .position(|(p, k, s, _)| p == path && *k == kind && *s == session)?;
+    let mut k = kept.swap_remove(i);
+    (!crate::watched::fired(&mut k.3)).then_some(k)
+}
+
 /// What one round of [`Engine::wait_until`] found.
 pub(crate) enum Round<T> {
     /// Acquired.
@@ -501,4 +504,39 @@ pub(crate) enum Round<T> {
     Again,
     /// Nothing free: wait for one of the watches the round set (see [`Armed`]), or `due`.
     Wait { due: Duration },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn watch() -> (tokio::sync::oneshot::Sender<()>, Watch) {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let w = Watch::new(async move {
+            let _ = rx.await;
+        });
+        (tx, w)
+    }
+
+    /// A round takes a kept watch again only while it has not fired: one that fired during a
+    /// round that looked again at once is let go, so the node is watched anew.
+    #[test]
+    fn a_kept_watch_is_used_again_only_unfired_and_on_its_session() {
+        let (_pending, a) = watch();
+        let (fire, b) = watch();
+        let (_other, c) = watch();
+        let lock = "/jobs/jid0000000008/lock";
+        let mut kept: Vec<Kept> = vec![
+            ("/locks/queue/ingest".into(), WatchKind::Data, 7, a),
+            (lock.into(), WatchKind::Data, 7, b),
+            (lock.into(), WatchKind::Children, 7, c),
+        ];
+        fire.send(()).unwrap();
+        assert!(take_unfired(&mut kept, lock, WatchKind::Data, 7).is_none());
+        assert_eq!(kept.len(), 2, "the fired watch is let go");
+        assert!(take_unfired(&mut kept, "/locks/queue/ingest", WatchKind::Data, 8).is_none());
+        assert!(take_unfired(&mut kept, "/locks/queue/ingest", WatchKind::Data, 7).is_some());
+        assert!(take_unfired(&mut kept, lock, WatchKind::Children, 7).is_some());
+        assert!(kept.is_empty());
+    }
 }
