@@ -31,6 +31,10 @@ pub const LOST_WAKE_SIGNAL: u32 = 128;
 /// instead of waiting: the simulated clock never moves, which the simulator's watchdog
 /// reports (a livelock like seed 2005835's ends its run with a violation, not never).
 pub const BUSY_WAIT: u32 = 256;
+/// A waiter that finds nothing free looks again at once, reading nothing: a loop that never
+/// reaches the tree, so the simulated clock's watchdog never sees it and the run never ends;
+/// `lading-sim`'s stall monitor names the seed and ends the process instead.
+pub const BUSY_SPIN: u32 = 512;
 
 /// Every sabotage, by the name `--sabotage` takes.
 pub const NAMES: &[(&str, u32)] = &[
@@ -43,6 +47,7 @@ pub const NAMES: &[(&str, u32)] = &[
     ("lost-lock-wakeup", LOST_LOCK_WAKEUP),
     ("lost-wake-signal", LOST_WAKE_SIGNAL),
     ("busy-wait", BUSY_WAIT),
+    ("busy-spin", BUSY_SPIN),
 ];
 
 #[cfg(feature = "sabotage")]

@@ -363,6 +363,7 @@ impl Engine {
             {
                 (Round::Got(t), _) => return Ok(Some(t)),
                 (Round::Again, _) => continue,
+                (Round::Wait { .. }, _) if sabotage::on(sabotage::BUSY_SPIN) => continue,
                 (Round::Wait { .. }, _) if sabotage::on(sabotage::BUSY_WAIT) => {
                     let _ = self.tree.exists(lading_core::layout::JOBS).await;
                     continue;

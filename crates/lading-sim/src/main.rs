@@ -16,7 +16,10 @@
 //! `LADING_SIM_CALLERS=TEXT` as well, the calls whose line contains TEXT are counted per
 //! caller (the first Lading frames of a backtrace; build with `--profile profiling` for
 //! names).
-//! Exit status 1 when any seed broke an invariant.
+//! Exit status 1 when any seed broke an invariant, 3 when a seed was stuck (no commit on any
+//! simulated tree for [`STALL`] of real time, or `LADING_SIM_STALL_S` seconds: a loop that never yields, or never reaches the
+//! tree, which the simulated clock's own watchdog cannot see); the seeds then running are
+//! named with the command that replays them.
 
 use lading_sim::sim::{Options, run};
 
@@ -153,24 +156,76 @@ fn replay(a: &Args, seed: u64) -> String {
     format!("cargo run --release -p lading-sim{features} -- --seed {seed} --trace{sab}{shape}")
 }
 
+/// Real time without a commit on any simulated tree after which the seeds running are taken
+/// to be stuck (a whole seed takes well under a second); `LADING_SIM_STALL_S` sets another.
+const STALL: std::time::Duration = std::time::Duration::from_secs(120);
+
+fn stall() -> std::time::Duration {
+    std::env::var("LADING_SIM_STALL_S")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or(STALL, std::time::Duration::from_secs)
+}
+
+/// Which seed each thread runs (`u64::MAX`: none).
+type Running = Vec<std::sync::atomic::AtomicU64>;
+
+/// Until every thread is done (`alive` disconnects): when no simulated tree has committed
+/// for [`STALL`], names the seeds running and ends the process (exit status 3).
+fn monitor(a: &Args, running: &Running, alive: std::sync::mpsc::Receiver<()>) {
+    use std::sync::mpsc::RecvTimeoutError;
+    let stall = stall();
+    let (mut seen, mut since) = (lading_sim::tree::commits_in_process(), Instant::now());
+    while let Err(RecvTimeoutError::Timeout) = alive.recv_timeout(stall / 24) {
+        let now = lading_sim::tree::commits_in_process();
+        if now != seen {
+            (seen, since) = (now, Instant::now());
+            continue;
+        }
+        if since.elapsed() < stall {
+            continue;
+        }
+        let load = |s: &std::sync::atomic::AtomicU64| s.load(std::sync::atomic::Ordering::SeqCst);
+        for seed in running.iter().map(load).filter(|s| *s != u64::MAX) {
+            println!(
+                "seed {seed}: stuck (no commit on any simulated tree for {} s of real time)\n  replay: {}",
+                stall.as_secs(),
+                replay(a, seed)
+            );
+        }
+        std::process::exit(3);
+    }
+}
+
 /// Every seed asked for, on `threads` threads (each seed on a runtime of its own), in seed
-/// order whatever order the threads ended them in.
+/// order whatever order the threads ended them in; a stuck seed ends the process
+/// ([`monitor`]).
 fn run_all(a: &Args) -> Vec<(u64, lading_sim::sim::Run)> {
     let end = a.first.saturating_add(a.count);
     let next = std::sync::atomic::AtomicU64::new(a.first);
     let stop = std::sync::atomic::AtomicBool::new(false);
     let (tx, rx) = std::sync::mpsc::channel();
+    let threads = a.threads.min(a.count.max(1) as usize);
+    let running: Running = (0..threads)
+        .map(|_| std::sync::atomic::AtomicU64::new(u64::MAX))
+        .collect();
+    let (alive, all_done) = std::sync::mpsc::channel::<()>();
     std::thread::scope(|scope| {
-        for _ in 0..a.threads.min(a.count.max(1) as usize) {
-            let (tx, next, stop) = (tx.clone(), &next, &stop);
+        scope.spawn(|| monitor(a, &running, all_done));
+        for slot in &running {
+            let (tx, next, stop, alive) = (tx.clone(), &next, &stop, alive.clone());
             scope.spawn(move || {
+                // Held while this thread runs seeds: the monitor ends once every one is gone.
+                let _alive = alive;
                 use std::sync::atomic::Ordering::SeqCst;
                 while !stop.load(SeqCst) {
                     let seed = next.fetch_add(1, SeqCst);
                     if seed >= end {
                         break;
                     }
+                    slot.store(seed, SeqCst);
                     let r = run(seed, &a.opts);
+                    slot.store(u64::MAX, SeqCst);
                     if a.stop_first && !r.violations.is_empty() {
                         stop.store(true, SeqCst);
                     }
@@ -180,7 +235,7 @@ fn run_all(a: &Args) -> Vec<(u64, lading_sim::sim::Run)> {
                 }
             });
         }
-        drop(tx);
+        drop((tx, alive));
     });
     let mut results: Vec<_> = rx.into_iter().collect();
     results.sort_by_key(|(seed, _)| *seed);

@@ -335,6 +335,15 @@ pub struct World {
 /// some tens of thousands of calls; seed 2005835's loop made millions and never ended.
 pub const STILL_CALLS: u64 = 200_000;
 
+/// Commits on every simulated tree of this process, all runs together: what
+/// `lading-sim`'s stall monitor watches for a run stuck where no tree call comes.
+static COMMITS: AtomicU64 = AtomicU64::new(0);
+
+/// [`COMMITS`] so far.
+pub fn commits_in_process() -> u64 {
+    COMMITS.load(Ordering::Relaxed)
+}
+
 impl World {
     pub fn new(seed: u64, faults: Option<Faults>, full_trace: bool) -> Arc<World> {
         let mut mem = Mem::default();
@@ -563,6 +572,7 @@ impl SimTree {
         changed.sort();
         ov.apply_to(&mut st.mem);
         st.commits += 1;
+        COMMITS.fetch_add(1, Ordering::Relaxed);
         let deletes = || ops.iter().filter(|o| matches!(o, Op::Delete { .. }));
         if deletes().any(|o| o.path().starts_with("/jobs/") && o.path().ends_with("/status")) {
             for o in deletes() {
