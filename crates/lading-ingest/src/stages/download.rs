@@ -57,9 +57,6 @@ pub(crate) fn append_verified(
 ) -> std::io::Result<()> {
     use std::io::Write;
     let p = verified_path(workdir);
-    if let Some(d) = p.parent() {
-        std::fs::create_dir_all(d)?;
-    }
     let mut line = serde_json::to_vec(&VerifiedLine {
         name: name.to_owned(),
         fetched: fetched.clone(),
@@ -69,11 +66,9 @@ pub(crate) fn append_verified(
     // A line torn by a crash before this one is ended here, so it spoils only itself.
     line.insert(0, b'\n');
     line.push(b'\n');
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&p)?
-        .write_all(&line)
+    let mut opts = std::fs::OpenOptions::new();
+    opts.create(true).append(true);
+    super::fsops::open_making_folder(&p, &opts)?.write_all(&line)
 }
 
 pub(crate) async fn download(ingest: &Ingest, job: &JobCtx) -> Result<Outcome, Outcome> {
