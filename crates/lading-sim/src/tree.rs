@@ -339,7 +339,7 @@ pub const STILL_CALLS: u64 = 200_000;
 /// `lading-sim`'s stall monitor watches for a run stuck where no tree call comes.
 static COMMITS: AtomicU64 = AtomicU64::new(0);
 
-/// [`COMMITS`] so far.
+/// The commits so far on every simulated tree of this process, all runs together.
 pub fn commits_in_process() -> u64 {
     COMMITS.load(Ordering::Relaxed)
 }
