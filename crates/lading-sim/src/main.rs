@@ -16,10 +16,10 @@
 //! `LADING_SIM_CALLERS=TEXT` as well, the calls whose line contains TEXT are counted per
 //! caller (the first Lading frames of a backtrace; build with `--profile profiling` for
 //! names).
-//! Exit status 1 when any seed broke an invariant, 3 when a seed was stuck (no commit on any
-//! simulated tree for 120 s of real time, or `LADING_SIM_STALL_S` seconds: a loop that never yields, or never reaches the
-//! tree, which the simulated clock's own watchdog cannot see); the seeds then running are
-//! named with the command that replays them.
+//! Exit status 1 when any seed broke an invariant, 3 when a seed was stuck: no commit on any
+//! simulated tree for 120 s of real time (`LADING_SIM_STALL_S` sets another figure), a loop
+//! that never yields or never reaches the tree, which the simulated clock's own watchdog
+//! cannot see; the seeds then running are named with the command that replays them.
 
 use lading_sim::sim::{Options, run};
 

@@ -201,6 +201,7 @@ pub fn run(seed: u64, opts: &Options) -> Run {
 /// One seed's run: the deployment built ([`Deployment::new`]), the workload played against
 /// it under faults ([`Deployment::play`]), the faults stopped, and then what must hold
 /// checked (`verdict.rs`).
+///
 /// A run whose clock stood still too long ([`crate::tree::World::halted`]) ends there, with
 /// the violation that says so, instead of never ending.
 pub(super) async fn simulate(seed: u64, opts: &Options) -> Run {
