@@ -16,10 +16,11 @@
 //! `LADING_SIM_CALLERS=TEXT` as well, the calls whose line contains TEXT are counted per
 //! caller (the first Lading frames of a backtrace; build with `--profile profiling` for
 //! names).
-//! Exit status 1 when any seed broke an invariant, 3 when a seed was stuck: no commit on any
+//! Exit status 1 when any seed broke an invariant, 3 when a seed was stuck: no commit on its
 //! simulated tree for 120 s of real time (`LADING_SIM_STALL_S` sets another figure), a loop
 //! that never yields or never reaches the tree, which the simulated clock's own watchdog
-//! cannot see; the seeds then running are named with the command that replays them.
+//! cannot see; each seed stuck is named with the command that replays it, while the other
+//! threads' seeds run on.
 
 use lading_sim::sim::{Options, run};
 
@@ -156,8 +157,9 @@ fn replay(a: &Args, seed: u64) -> String {
     format!("cargo run --release -p lading-sim{features} -- --seed {seed} --trace{sab}{shape}")
 }
 
-/// Real time without a commit on any simulated tree after which the seeds running are taken
-/// to be stuck (a whole seed takes well under a second); `LADING_SIM_STALL_S` sets another.
+/// Real time without a commit on a thread's simulated trees after which the seed it runs is
+/// taken to be stuck (a whole seed takes well under a second); `LADING_SIM_STALL_S` sets
+/// another.
 const STALL: std::time::Duration = std::time::Duration::from_secs(120);
 
 fn stall() -> std::time::Duration {
@@ -167,33 +169,64 @@ fn stall() -> std::time::Duration {
         .map_or(STALL, std::time::Duration::from_secs)
 }
 
-/// Which seed each thread runs (`u64::MAX`: none).
-type Running = Vec<std::sync::atomic::AtomicU64>;
+/// A thread running seeds: the seed it runs (`u64::MAX`: none), and the commits on its
+/// simulated trees so far (see `tree::commits_on_this_thread`), set once it starts.
+#[derive(Default)]
+struct Slot {
+    seed: std::sync::atomic::AtomicU64,
+    commits: std::sync::OnceLock<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+}
 
-/// Until every thread is done (`alive` disconnects): when no simulated tree has committed
-/// for [`STALL`], names the seeds running and ends the process (exit status 3).
-fn monitor(a: &Args, running: &Running, alive: std::sync::mpsc::Receiver<()>) {
+/// Until every thread is done (`alive` disconnects): when a thread's simulated trees have
+/// not committed for [`STALL`] while it runs the same seed, names that seed and ends the
+/// process (exit status 3). Thread by thread: a seed stuck beside others that run on is named
+/// in time too.
+fn monitor(a: &Args, slots: &[Slot], alive: std::sync::mpsc::Receiver<()>) {
     use std::sync::mpsc::RecvTimeoutError;
     let stall = stall();
-    let (mut seen, mut since) = (lading_sim::tree::commits_in_process(), Instant::now());
+    let mut seen = Seen::new(slots, Instant::now());
     while let Err(RecvTimeoutError::Timeout) = alive.recv_timeout(stall / 24) {
-        let now = lading_sim::tree::commits_in_process();
-        if now != seen {
-            (seen, since) = (now, Instant::now());
+        let stuck = seen.stuck(slots, stall, Instant::now());
+        if stuck.is_empty() {
             continue;
         }
-        if since.elapsed() < stall {
-            continue;
-        }
-        let load = |s: &std::sync::atomic::AtomicU64| s.load(std::sync::atomic::Ordering::SeqCst);
-        for seed in running.iter().map(load).filter(|s| *s != u64::MAX) {
+        for seed in stuck {
             println!(
-                "seed {seed}: stuck (no commit on any simulated tree for {} s of real time)\n  replay: {}",
+                "seed {seed}: stuck (no commit on its simulated tree for {} s of real time)\n  replay: {}",
                 stall.as_secs(),
                 replay(a, seed)
             );
         }
         std::process::exit(3);
+    }
+}
+
+/// What the monitor last saw of each thread (its seed and commits) and since when.
+struct Seen(Vec<((u64, u64), Instant)>);
+
+impl Seen {
+    fn look(s: &Slot) -> (u64, u64) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let commits = s.commits.get().map_or(0, |c| c.load(SeqCst));
+        (s.seed.load(SeqCst), commits)
+    }
+
+    fn new(slots: &[Slot], now: Instant) -> Seen {
+        Seen(slots.iter().map(|s| (Seen::look(s), now)).collect())
+    }
+
+    /// The seeds of the threads that have run the same seed without a commit for `stall`.
+    fn stuck(&mut self, slots: &[Slot], stall: std::time::Duration, now: Instant) -> Vec<u64> {
+        let mut stuck = Vec::new();
+        for (slot, (last, since)) in slots.iter().zip(self.0.iter_mut()) {
+            let seen = Seen::look(slot);
+            if seen != *last {
+                (*last, *since) = (seen, now);
+            } else if seen.0 != u64::MAX && now.duration_since(*since) >= stall {
+                stuck.push(seen.0);
+            }
+        }
+        stuck
     }
 }
 
@@ -206,26 +239,30 @@ fn run_all(a: &Args) -> Vec<(u64, lading_sim::sim::Run)> {
     let stop = std::sync::atomic::AtomicBool::new(false);
     let (tx, rx) = std::sync::mpsc::channel();
     let threads = a.threads.min(a.count.max(1) as usize);
-    let running: Running = (0..threads)
-        .map(|_| std::sync::atomic::AtomicU64::new(u64::MAX))
+    let slots: Vec<Slot> = (0..threads)
+        .map(|_| Slot {
+            seed: std::sync::atomic::AtomicU64::new(u64::MAX),
+            ..Default::default()
+        })
         .collect();
     let (alive, all_done) = std::sync::mpsc::channel::<()>();
     std::thread::scope(|scope| {
-        scope.spawn(|| monitor(a, &running, all_done));
-        for slot in &running {
+        scope.spawn(|| monitor(a, &slots, all_done));
+        for slot in &slots {
             let (tx, next, stop, alive) = (tx.clone(), &next, &stop, alive.clone());
             scope.spawn(move || {
                 // Held while this thread runs seeds: the monitor ends once every one is gone.
                 let _alive = alive;
                 use std::sync::atomic::Ordering::SeqCst;
+                let _ = slot.commits.set(lading_sim::tree::commits_on_this_thread());
                 while !stop.load(SeqCst) {
                     let seed = next.fetch_add(1, SeqCst);
                     if seed >= end {
                         break;
                     }
-                    slot.store(seed, SeqCst);
+                    slot.seed.store(seed, SeqCst);
                     let r = run(seed, &a.opts);
-                    slot.store(u64::MAX, SeqCst);
+                    slot.seed.store(u64::MAX, SeqCst);
                     if a.stop_first && !r.violations.is_empty() {
                         stop.store(true, SeqCst);
                     }
@@ -354,4 +391,44 @@ fn random_base() -> u64 {
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
     (t ^ ((std::process::id() as u64) << 32)) % 1_000_000_000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Seen, Slot};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+    use std::time::{Duration, Instant};
+
+    fn slot(seed: u64) -> (Slot, Arc<AtomicU64>) {
+        let commits = Arc::new(AtomicU64::new(0));
+        let s = Slot {
+            seed: AtomicU64::new(seed),
+            commits: commits.clone().into(),
+        };
+        (s, commits)
+    }
+
+    /// A thread whose seed stops committing is named once the stall has passed, while the
+    /// other thread goes on committing (the monitor counted all threads together before, so
+    /// a stuck seed was named only when every other thread had run out of seeds); a thread
+    /// that moved to another seed, or runs none, is not.
+    #[test]
+    fn a_seed_stuck_beside_running_ones_is_named() {
+        let stall = Duration::from_secs(120);
+        let (stuck, _) = slot(7);
+        let (busy, busy_commits) = slot(8);
+        let (idle, _) = slot(u64::MAX);
+        let (moving, _) = slot(10);
+        let slots = [stuck, busy, idle, moving];
+        let t0 = Instant::now();
+        let mut seen = Seen::new(&slots, t0);
+        for minute in 1..=2u64 {
+            busy_commits.fetch_add(1, SeqCst);
+            slots[3].seed.store(10 + minute, SeqCst);
+            let at = t0 + Duration::from_secs(60 * minute);
+            let named = seen.stuck(&slots, stall, at);
+            assert_eq!(named, if minute == 2 { vec![7] } else { vec![] });
+        }
+    }
 }

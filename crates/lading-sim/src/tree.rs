@@ -335,13 +335,17 @@ pub struct World {
 /// some tens of thousands of calls (seed 2: 38,817 in all, `LADING_SIM_CALLS=1`).
 pub const STILL_CALLS: u64 = 200_000;
 
-/// Commits on every simulated tree of this process, all runs together: what
-/// `lading-sim`'s stall monitor watches for a run stuck where no tree call comes.
-static COMMITS: AtomicU64 = AtomicU64::new(0);
+thread_local! {
+    /// Where this thread counts the commits of its runs, once [`commits_on_this_thread`]
+    /// asked (a run's tree lives on the one thread of its runtime).
+    static COMMITS: std::cell::OnceCell<Arc<AtomicU64>> = const { std::cell::OnceCell::new() };
+}
 
-/// The commits so far on every simulated tree of this process, all runs together.
-pub fn commits_in_process() -> u64 {
-    COMMITS.load(Ordering::Relaxed)
+/// The count of commits on every simulated tree of the runs on this thread, so far and from
+/// now on: what `lading-sim`'s stall monitor watches, thread by thread, for a run stuck where
+/// no tree call comes.
+pub fn commits_on_this_thread() -> Arc<AtomicU64> {
+    COMMITS.with(|c| c.get_or_init(Default::default).clone())
 }
 
 impl World {
@@ -572,7 +576,7 @@ impl SimTree {
         changed.sort();
         ov.apply_to(&mut st.mem);
         st.commits += 1;
-        COMMITS.fetch_add(1, Ordering::Relaxed);
+        COMMITS.with(|c| c.get().map(|n| n.fetch_add(1, Ordering::Relaxed)));
         let deletes = || ops.iter().filter(|o| matches!(o, Op::Delete { .. }));
         if deletes().any(|o| o.path().starts_with("/jobs/") && o.path().ends_with("/status")) {
             for o in deletes() {
