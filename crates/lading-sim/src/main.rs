@@ -170,11 +170,19 @@ fn stall() -> std::time::Duration {
 }
 
 /// A thread running seeds: the seed it runs (`u64::MAX`: none), and the commits on its
-/// simulated trees so far (see `tree::commits_on_this_thread`), set once it starts.
-#[derive(Default)]
+/// simulated trees so far (see `tree::count_commits_into`).
 struct Slot {
     seed: std::sync::atomic::AtomicU64,
-    commits: std::sync::OnceLock<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+    commits: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Slot {
+    fn idle() -> Slot {
+        Slot {
+            seed: std::sync::atomic::AtomicU64::new(u64::MAX),
+            commits: Default::default(),
+        }
+    }
 }
 
 /// Until every thread is done (`alive` disconnects): when a thread's simulated trees have
@@ -207,8 +215,7 @@ struct Seen(Vec<((u64, u64), Instant)>);
 impl Seen {
     fn look(s: &Slot) -> (u64, u64) {
         use std::sync::atomic::Ordering::SeqCst;
-        let commits = s.commits.get().map_or(0, |c| c.load(SeqCst));
-        (s.seed.load(SeqCst), commits)
+        (s.seed.load(SeqCst), s.commits.load(SeqCst))
     }
 
     fn new(slots: &[Slot], now: Instant) -> Seen {
@@ -239,12 +246,7 @@ fn run_all(a: &Args) -> Vec<(u64, lading_sim::sim::Run)> {
     let stop = std::sync::atomic::AtomicBool::new(false);
     let (tx, rx) = std::sync::mpsc::channel();
     let threads = a.threads.min(a.count.max(1) as usize);
-    let slots: Vec<Slot> = (0..threads)
-        .map(|_| Slot {
-            seed: std::sync::atomic::AtomicU64::new(u64::MAX),
-            ..Default::default()
-        })
-        .collect();
+    let slots: Vec<Slot> = (0..threads).map(|_| Slot::idle()).collect();
     let (alive, all_done) = std::sync::mpsc::channel::<()>();
     std::thread::scope(|scope| {
         scope.spawn(|| monitor(a, &slots, all_done));
@@ -254,7 +256,7 @@ fn run_all(a: &Args) -> Vec<(u64, lading_sim::sim::Run)> {
                 // Held while this thread runs seeds: the monitor ends once every one is gone.
                 let _alive = alive;
                 use std::sync::atomic::Ordering::SeqCst;
-                let _ = slot.commits.set(lading_sim::tree::commits_on_this_thread());
+                lading_sim::tree::count_commits_into(slot.commits.clone());
                 while !stop.load(SeqCst) {
                     let seed = next.fetch_add(1, SeqCst);
                     if seed >= end {
@@ -401,11 +403,9 @@ mod tests {
     use std::time::{Duration, Instant};
 
     fn slot(seed: u64) -> (Slot, Arc<AtomicU64>) {
-        let commits = Arc::new(AtomicU64::new(0));
-        let s = Slot {
-            seed: AtomicU64::new(seed),
-            commits: commits.clone().into(),
-        };
+        let s = Slot::idle();
+        s.seed.store(seed, SeqCst);
+        let commits = s.commits.clone();
         (s, commits)
     }
 

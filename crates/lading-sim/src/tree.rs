@@ -336,16 +336,18 @@ pub struct World {
 pub const STILL_CALLS: u64 = 200_000;
 
 thread_local! {
-    /// Where this thread counts the commits of its runs, once [`commits_on_this_thread`]
-    /// asked (a run's tree lives on the one thread of its runtime).
+    /// Where the runs on this thread count their commits, once [`count_commits_into`] said
+    /// (a run's tree lives on the one thread of its runtime).
     static COMMITS: std::cell::OnceCell<Arc<AtomicU64>> = const { std::cell::OnceCell::new() };
 }
 
-/// The count of commits on every simulated tree of the runs on this thread, so far and from
-/// now on: what `lading-sim`'s stall monitor watches, thread by thread, for a run stuck where
-/// no tree call comes.
-pub fn commits_on_this_thread() -> Arc<AtomicU64> {
-    COMMITS.with(|c| c.get_or_init(Default::default).clone())
+/// Counts the commits on every simulated tree of the runs on this thread into `count`: what
+/// `lading-sim`'s stall monitor watches, thread by thread, for a run stuck where no tree call
+/// comes. Once per thread; a later call changes nothing.
+pub fn count_commits_into(count: Arc<AtomicU64>) {
+    COMMITS.with(|c| {
+        let _ = c.set(count);
+    });
 }
 
 impl World {
